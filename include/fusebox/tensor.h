@@ -1,0 +1,41 @@
+// fusebox: host tensors, random inputs and .npy files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusebox/dtype.h"
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+// Host memory laid out exactly as the graph tensor is on the device:
+// data.size() == storage_elements(dims, strides) * dtype_size_bytes(dtype).
+struct HostTensor {
+  DType dtype = DType::kFP32;
+  std::vector<int64_t> dims;
+  std::vector<int64_t> strides;
+  std::vector<uint8_t> data;
+
+  static HostTensor like(const ResolvedTensor& t);  // zero-filled storage
+  int64_t element_count() const;
+  // Element at logical coordinates `idx` (size == dims.size()), as double.
+  double at(const std::vector<int64_t>& idx) const;
+  // All elements in logical row-major order, as float.
+  std::vector<float> to_float_logical() const;
+};
+
+// Uniform random values in [lo, hi], rounded to the tensor's dtype; never a
+// constant tensor. Deterministic in (seed, tensor name).
+HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo = -1.0, double hi = 1.0);
+
+// .npy holds the tensor in logical row-major order, whatever its strides.
+// On read: numpy dtypes f2/f4/f8/i4/i8 are accepted; an f4 array can feed a
+// bf16, fp16 or fp8 tensor (rounded to it). Shape must equal the tensor dims.
+Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t);
+// bf16 and fp8 tensors are written as float32 (exact); others keep their type.
+Status write_npy(const std::string& path, const HostTensor& t);
+
+}  // namespace fusebox

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what fusebox needs on a fresh machine: Debian build packages that
+# are missing, and the pinned cuDNN Frontend headers (from its PyPI wheel)
+# unpacked into third_party/ (git-ignored). Idempotent and quick when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FRONTEND_VERSION=1.32.0
+DEST=third_party/cudnn-frontend
+
+# Debian packages (only those missing; apt-get needs root, as on CI).
+need=()
+for p in cmake ninja-build g++ libgtest-dev libsqlite3-dev libcli11-dev libxxhash-dev unzip; do
+  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
+if ((${#need[@]})); then
+  echo "setup: installing Debian packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if [ "$(cat "$DEST/VERSION" 2>/dev/null)" != "$FRONTEND_VERSION" ]; then
+  echo "setup: fetching nvidia-cudnn-frontend==$FRONTEND_VERSION headers"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download -q --no-deps --only-binary=:all: "nvidia-cudnn-frontend==$FRONTEND_VERSION" -d "$tmp" \
+    || python3 -m pip download -q --no-deps --no-binary=:all: "nvidia-cudnn-frontend==$FRONTEND_VERSION" -d "$tmp"
+  rm -rf "$DEST"; mkdir -p "$DEST"
+  f=$(ls "$tmp"/nvidia_cudnn_frontend-* | head -n1)
+  case "$f" in
+    *.whl) unzip -q "$f" 'include/*' -d "$DEST" ;;
+    *.tar.gz) tar -xzf "$f" -C "$tmp" && cp -r "$tmp"/nvidia_cudnn_frontend-*/include "$DEST/" ;;
+  esac
+  test -f "$DEST/include/cudnn_frontend.h" || { echo "setup: cudnn_frontend.h missing after unpacking $f" >&2; exit 1; }
+  echo "$FRONTEND_VERSION" > "$DEST/VERSION"
+fi
+test -f /usr/local/cuda/include/cudnn.h || { echo "setup: cuDNN headers not found in /usr/local/cuda/include" >&2; exit 1; }
+echo "setup: ok (cuDNN Frontend $FRONTEND_VERSION)"

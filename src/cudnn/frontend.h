@@ -1,0 +1,2 @@
+#pragma once
+#include <cudnn_frontend.h>
