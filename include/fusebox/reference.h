@@ -52,6 +52,7 @@ struct Comparison {
   int64_t non_finite = 0;    // NaN/Inf in the actual output
   Tolerance tolerance;
   bool pass = false;
+  std::string error;  // why no comparison was possible (size mismatch); empty otherwise
   std::string ToString() const;  // one line
 };
 

@@ -1,2 +1,214 @@
 #!/usr/bin/env bash
-echo "cli tests: placeholder"
+# CLI contract tests, no GPU needed (ctest's cli_bad_input):
+#   tests/cli/run_cli_tests.sh FUSEBOX_BIN SOURCE_DIR
+# Bad input must exit 2 with one clear error line on stderr (never a crash);
+# valid examples must check and build deviceless for the H200; `run` without a
+# GPU must fail plainly; --help must work for every command.
+# Ends with the line "N passed, M failed" and exits 1 if M > 0.
+set -uo pipefail
+
+if [ $# -ne 2 ]; then
+  echo "usage: $0 FUSEBOX_BIN SOURCE_DIR" >&2
+  exit 2
+fi
+FB=$1
+SRC=$2
+DEVPROP="$SRC/devices/h200-cudnn-9.19.devprop"
+PY=python3
+if [ ! -x "$FB" ]; then
+  echo "cli tests: $FB is not an executable" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/fusebox_cli.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+PASS=0
+FAIL=0
+RC=0
+
+pass() { PASS=$((PASS + 1)); echo "PASS  $1"; }
+fail() {
+  FAIL=$((FAIL + 1))
+  echo "FAIL  $1: $2"
+  echo "      command: fusebox ${CMD[*]}"
+  sed -n '1,6s/^/      stderr| /p' "$TMP/stderr"
+  sed -n '1,4s/^/      stdout| /p' "$TMP/stdout"
+}
+
+# run_fb ARGS...: runs fusebox (2 minutes at most), sets RC, CMD, $TMP/stdout, $TMP/stderr.
+run_fb() {
+  CMD=("$@")
+  timeout 120 "$FB" "$@" > "$TMP/stdout" 2> "$TMP/stderr" < /dev/null
+  RC=$?
+}
+
+# Prints why the last command looks like a crash or hang; nothing if it does not.
+crash_reason() {
+  if [ "$RC" -eq 124 ]; then echo "timed out (120 s)"
+  elif [ "$RC" -ge 128 ]; then echo "killed by signal $((RC - 128)) (exit $RC)"
+  elif grep -qE "terminate called|Segmentation fault|Aborted|core dumped|AddressSanitizer|runtime error:" \
+      "$TMP/stdout" "$TMP/stderr"; then echo "crash text in the output"
+  fi
+}
+
+# expect_bad NAME PATTERN ARGS...: exit 2, one error line on stderr matching
+# PATTERN (extended regex, case-insensitive); a second line may only point at --help.
+expect_bad() {
+  local name=$1 pattern=$2
+  shift 2
+  run_fb "$@"
+  local why lines hints
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "$name" "$why"; return; fi
+  if [ "$RC" -ne 2 ]; then fail "$name" "exit $RC, expected 2 (bad input)"; return; fi
+  lines=$(grep -cv '^[[:space:]]*$' "$TMP/stderr")
+  hints=$(grep -c -- '--help' "$TMP/stderr")
+  if [ "$lines" -eq 0 ]; then fail "$name" "no error message on stderr"; return; fi
+  if [ $((lines - hints)) -gt 1 ] || [ "$lines" -gt 2 ]; then
+    fail "$name" "$lines lines on stderr, expected one error line"; return
+  fi
+  if ! grep -qiE -- "$pattern" "$TMP/stderr"; then
+    fail "$name" "the error does not mention /$pattern/"; return
+  fi
+  pass "$name"
+}
+
+# ---------------------------------------------------------------- bad graphs
+SMALL_CONV="$SRC/examples/graphs/small/conv_bias_relu_small.json"
+[ -f "$SMALL_CONV" ] || SMALL_CONV="$SRC/examples/graphs/conv_bias_relu.json"
+
+# conv_graph X_DIMS [EXTRA_X_FIELD] [OP] [DTYPE]: a small conv graph with one thing changed.
+conv_graph() {
+  local xdims=$1 xextra=${2:-} op=${3:-relu} dtype=${4:-bf16}
+  cat <<EOF
+{
+  "name": "bad", "io_dtype": "$dtype", "intermediate_dtype": "fp32", "compute_dtype": "fp32",
+  "tensors": [
+    {"name": "x", "dims": $xdims, "layout": "nhwc"$xextra},
+    {"name": "w", "dims": [16, 8, 3, 3], "layout": "nhwc"},
+    {"name": "y", "layout": "nhwc"}
+  ],
+  "ops": [
+    {"op": "conv_fprop", "name": "conv1", "inputs": {"x": "x", "w": "w"}, "outputs": {"y": "conv_out"},
+     "padding": [1, 1]},
+    {"op": "$op", "name": "act", "inputs": {"x": "conv_out"}, "outputs": {"y": "y"}}
+  ]
+}
+EOF
+}
+
+printf '{"name": "bad", "tensors": [ {"name": "x", "dims": [1, 2,, 3]} ], "ops": [] }\n' > "$TMP/malformed.json"
+head -c 100 "$SRC/examples/graphs/conv_bias_relu.json" > "$TMP/truncated.json"
+: > "$TMP/empty.json"
+echo '[1, 2, 3]' > "$TMP/array.json"
+conv_graph '[2, 8, 10, 10]' '' frobnicate > "$TMP/unknown_op.json"
+conv_graph '[2, 8, 10, 10]' '' relu bf17 > "$TMP/unknown_dtype.json"
+conv_graph '[2, 8, 10, 10]' ', "layot": "nchw"' > "$TMP/unknown_field.json"
+conv_graph '[2, -8, 10, 10]' > "$TMP/negative_dim.json"
+conv_graph '[2, 0, 10, 10]' > "$TMP/zero_dim.json"
+conv_graph '[4294967296, 4294967296, 4294967296, 2]' > "$TMP/overflow_dims.json"
+conv_graph '[2, 8, 10, 10]' > "$TMP/wrong_type_dims.json"
+sed -i 's/"dims": \[2, 8, 10, 10\]/"dims": [2, "8", 10, 10]/' "$TMP/wrong_type_dims.json"
+conv_graph '[2, 8, 10, 10]' > "$TMP/missing_tensor.json"
+sed -i 's/"inputs": {"x": "conv_out"}/"inputs": {"x": "conv_out", "bias": "no_such_tensor"}/; s/"op": "relu"/"op": "bias_add"/' \
+  "$TMP/missing_tensor.json"
+
+expect_bad "malformed JSON"                  'json|parse|byte|line'  check "$TMP/malformed.json"
+expect_bad "truncated example (100 bytes)"   'json|parse|byte|line|end'  check "$TMP/truncated.json"
+expect_bad "empty graph file"                'json|empty|parse'      check "$TMP/empty.json"
+expect_bad "JSON that is not an object"      'object|expected'       check "$TMP/array.json"
+expect_bad "unknown op"                      'frobnicate'            check "$TMP/unknown_op.json"
+expect_bad "unknown dtype"                   'bf17'                  check "$TMP/unknown_dtype.json"
+expect_bad "unknown field"                   'layot'                 check "$TMP/unknown_field.json"
+expect_bad "negative dim"                    'dim|-8'                check "$TMP/negative_dim.json"
+expect_bad "zero dim"                        'dim'                   check "$TMP/zero_dim.json"
+expect_bad "overflowing dims"                'dim|overflow|element|large|4294967296'  check "$TMP/overflow_dims.json"
+expect_bad "dims of the wrong JSON type"     'integer|dims'          check "$TMP/wrong_type_dims.json"
+expect_bad "missing tensor reference"        'no_such_tensor'        check "$TMP/missing_tensor.json"
+expect_bad "invalid_shapes.json (check)"     'conv1|C='              check "$SRC/examples/graphs/invalid_shapes.json"
+expect_bad "invalid_shapes.json (build)"     'conv1|C='              build "$SRC/examples/graphs/invalid_shapes.json" --device "$DEVPROP"
+expect_bad "nonexistent graph file"          'no_such_graph'         check "$TMP/no_such_graph.json"
+expect_bad "graph path is a directory"       'director|read|open|file'  check "$TMP"
+
+# ---------------------------------------------------------------- bad options
+echo 'this is not json' > "$TMP/not_json.devprop"
+echo '{"name": "not a device", "tensors": []}' > "$TMP/not_device.devprop"
+expect_bad "build --device nonexistent file" 'no_such_device'        build "$SMALL_CONV" --device "$TMP/no_such_device.devprop"
+expect_bad "build --device file not JSON"    'json|parse|device'     build "$SMALL_CONV" --device "$TMP/not_json.devprop"
+expect_bad "build --device JSON not a device" 'device|missing|field|expected'  build "$SMALL_CONV" --device "$TMP/not_device.devprop"
+expect_bad "build --heuristics z"            'heuristic|z'           build "$SMALL_CONV" --device "$DEVPROP" --heuristics z
+expect_bad "unknown command"                 'frobnicate|command'    frobnicate
+expect_bad "unknown flag"                    'frobnicate|option|flag'  check "$SMALL_CONV" --frobnicate
+expect_bad "no command"                      'command|usage|require'
+
+# ---------------------------------------------------------------- valid examples
+VALID=()
+for g in "$SRC"/examples/graphs/*.json "$SRC"/examples/graphs/small/*.json; do
+  [ -f "$g" ] || continue
+  case "$(basename "$g")" in invalid_*) continue ;; esac
+  VALID+=("$g")
+done
+if [ "${#VALID[@]}" -eq 0 ]; then
+  FAIL=$((FAIL + 1))
+  echo "FAIL  examples: no valid graphs in $SRC/examples/graphs"
+fi
+
+for g in "${VALID[@]}"; do
+  name=$(basename "$g" .json)
+  run_fb check "$g"
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "check $name" "$why"
+  elif [ "$RC" -ne 0 ]; then fail "check $name" "exit $RC"
+  elif ! "$PY" - "$g" "$TMP/stdout" <<'PYEOF'
+import json, re, sys
+graph = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+missing = [t["name"] for t in graph["tensors"] if not re.search(r"\b%s\b" % re.escape(t["name"]), text)]
+sys.exit(f"tensors not listed: {missing}" if missing else 0)
+PYEOF
+  then fail "check $name" "the listing does not name every tensor"
+  else pass "check $name"
+  fi
+
+  run_fb build "$g" --device "$DEVPROP" --json
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "build --device $name" "$why"
+  elif [ "$RC" -ne 0 ]; then fail "build --device $name" "exit $RC"
+  elif ! "$PY" -c '
+import json, sys
+r = json.load(sys.stdin)
+sys.exit(0 if r.get("engine") and r.get("ok", True) else "no engine in the JSON: %r" % r)' < "$TMP/stdout"
+  then fail "build --device $name" "stdout is not JSON with an \"engine\""
+  else pass "build --device $name --json"
+  fi
+done
+
+# ---------------------------------------------------------------- no GPU here
+if [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ]; then
+  echo "SKIP  run without a GPU: this machine has one"
+else
+  run_fb run "$SMALL_CONV" --iters 1 --warmup 0
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "run without a GPU" "$why"
+  elif [ "$RC" -eq 0 ]; then fail "run without a GPU" "exit 0 on a machine with no GPU"
+  elif ! grep -qiE 'gpu|cuda|device' "$TMP/stderr"; then fail "run without a GPU" "the error does not say no GPU"
+  else pass "run without a GPU (exit $RC)"
+  fi
+fi
+
+# ---------------------------------------------------------------- --help
+for c in "" info devprop check build run; do
+  # shellcheck disable=SC2086
+  run_fb $c --help
+  label="fusebox${c:+ $c} --help"
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "$label" "$why"
+  elif [ "$RC" -ne 0 ]; then fail "$label" "exit $RC"
+  elif [ ! -s "$TMP/stdout" ]; then fail "$label" "nothing on stdout"
+  else pass "$label"
+  fi
+done
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]

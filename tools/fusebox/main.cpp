@@ -1,1 +1,38 @@
-int main(){return 0;}
+// fusebox: build, select, cache and run cuDNN graphs declared explicitly.
+#include <iostream>
+#include <map>
+
+#include "common.h"
+
+int main(int argc, char** argv) {
+  using namespace fusebox::cli;
+  CLI::App app{"fusebox: define cuDNN graphs explicitly, build them, pick the engine, run and verify them"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, Runner> runners;
+  auto add = [&](Runner (*fn)(CLI::App&)) {
+    Runner r = fn(app);
+    runners[app.get_subcommands({}).back()] = std::move(r);
+  };
+  add(add_info);
+  add(add_devprop);
+  add(add_check);
+  add(add_build);
+  add(add_run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fusebox: " << e.what() << " (see fusebox --help)\n";
+    return kExitBadInput;
+  }
+  try {
+    for (auto* sub : app.get_subcommands()) return runners.at(sub)();
+  } catch (const std::exception& e) {
+    std::cerr << "fusebox: internal error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+  return kExitBadInput;
+}

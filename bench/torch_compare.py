@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""Times fusebox against the same computation done the framework way in PyTorch.
+
+For each graph: `fusebox run GRAPH --warmup W --iters N --json` (its
+latency_ms.median / min), then the graph's ops as separate eager PyTorch ops in
+the graph's io dtype (conv inputs in channels_last, as a model moved to
+channels_last would run), then the same function under torch.compile (skipped,
+with the reason, if it fails). Torch is timed with CUDA events: W warm-up
+calls, then N calls timed one by one; median and min. Prints a markdown table.
+
+    python3 bench/torch_compare.py [GRAPH.json ...] [--fusebox build/fusebox]
+                                   [--markdown-out FILE] [--json-out FILE]
+"""
+import argparse
+import datetime
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+from graph_json import Graph  # noqa: E402
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+L2_BYTES = 60 << 20  # H200; rotate enough input sets that one pass overflows it
+
+
+def default_graphs():
+    paths = sorted(glob.glob(os.path.join(REPO_ROOT, "examples", "graphs", "*.json")))
+    return [p for p in paths if not os.path.basename(p).startswith("invalid_")]
+
+
+def channels_last_tensors(graph):
+    """Inputs that go channels_last: those that feed a conv or are declared NHWC."""
+    names = set()
+    for op in graph.ops:
+        if op["op"] == "conv_fprop":
+            names.update(op["inputs"].values())
+    for name, t in graph.declared.items():
+        if t.get("layout") in ("nhwc", "ndhwc", "channels_last"):
+            names.add(name)
+    return names
+
+
+def make_input_sets(graph, n_sets, device):
+    conv_ins = channels_last_tensors(graph)
+    sets = []
+    gen = torch.Generator(device=device).manual_seed(1234)
+    for _ in range(n_sets):
+        s = {}
+        for name in graph.inputs():
+            dt = TORCH_DTYPES.get(graph.dtype(name), torch.float32)
+            t = (torch.rand(graph.dims[name], generator=gen, device=device) * 2 - 1).to(dt)
+            if name in conv_ins and t.dim() in (4, 5):
+                fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+                t = t.contiguous(memory_format=fmt)
+            s[name] = t
+        sets.append(s)
+    return sets
+
+
+def make_eager_fn(graph):
+    """fn(inputs) running the graph's ops as separate eager ops; returns the outputs."""
+    scalars = {n: float(t["scalar"]) for n, t in graph.declared.items() if "scalar" in t}
+    outputs = graph.outputs()
+    ops = graph.ops
+
+    def fn(inputs):
+        vals = dict(inputs)
+        vals.update(scalars)
+        for op in ops:
+            i = {role: vals[t] for role, t in op["inputs"].items()}
+            kind = op["op"]
+            if kind == "conv_fprop":
+                x = i["x"]
+                nsp = x.dim() - 2
+                conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
+                y = conv(x, i["w"], padding=tuple(op.get("padding") or [0] * nsp),
+                         stride=tuple(op.get("stride") or [1] * nsp),
+                         dilation=tuple(op.get("dilation") or [1] * nsp))
+            elif kind == "matmul":
+                y = torch.matmul(i["a"], i["b"])
+            elif kind == "add":
+                y = i["a"] + i["b"]
+            elif kind == "sub":
+                y = i["a"] - i["b"]
+            elif kind == "mul":
+                y = i["a"] * i["b"]
+            elif kind == "bias_add":
+                y = i["x"] + i["bias"]
+            elif kind == "scale":
+                y = i["x"] * i["scale"]
+            elif kind == "relu":
+                y = torch.relu(i["x"])
+            elif kind == "gelu_tanh":
+                y = F.gelu(i["x"], approximate="tanh")
+            elif kind == "gelu_erf":
+                y = F.gelu(i["x"])
+            elif kind == "silu":
+                y = F.silu(i["x"])
+            elif kind == "sigmoid":
+                y = torch.sigmoid(i["x"])
+            elif kind == "tanh":
+                y = torch.tanh(i["x"])
+            else:
+                raise ValueError(f"no torch version of op {kind!r}")
+            vals[op["outputs"]["y"]] = y
+        return [vals[o] for o in outputs]
+
+    return fn
+
+
+def time_cuda(fn, input_sets, warmup, iters):
+    """Per-call latencies in ms, CUDA events around each call, inputs rotated."""
+    n = len(input_sets)
+    for k in range(warmup):
+        fn(input_sets[k % n])
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for k in range(iters):
+        starts[k].record()
+        fn(input_sets[k % n])
+        ends[k].record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return {"median": statistics.median(times), "min": min(times), "iters": iters}
+
+
+def time_fusebox(fusebox, path, warmup, iters, timeout_s):
+    cmd = [fusebox, "run", path, "--warmup", str(warmup), "--iters", str(iters), "--json"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s} s: {' '.join(cmd)}"
+    if proc.returncode != 0:
+        return None, f"exit {proc.returncode}: {proc.stderr.strip()[-400:]} ({' '.join(cmd)})"
+    try:
+        report = json.loads(proc.stdout)
+        lat = report["latency_ms"]
+        return {"median": float(lat["median"]), "min": float(lat["min"]),
+                "engine": report.get("engine"), "tflops_reported": report.get("tflops")}, None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        return None, f"unreadable --json output ({e}): {proc.stdout[:200]!r}"
+
+
+def fmt_us(t):
+    return f"{t['median'] * 1e3:.1f} ({t['min'] * 1e3:.1f})" if t else "-"
+
+
+def fmt_tflops(flops, t):
+    return f"{flops / (t['median'] * 1e-3) / 1e12:.1f}" if t else "-"
+
+
+def fmt_ratio(num, den):
+    return f"{num['median'] / den['median']:.2f}x" if num and den else "-"
+
+
+def bench_graph(path, args):
+    graph = Graph(path)
+    row = {"graph": graph.name, "path": path, "flops": graph.flops(),
+           "bytes": graph.bytes_moved(), "notes": []}
+    row["fusebox"], err = time_fusebox(args.fusebox, path, args.warmup, args.iters, args.timeout)
+    if err:
+        row["notes"].append(f"fusebox: {err}")
+
+    n_sets = args.rotate or max(1, min(16, -(-2 * L2_BYTES // max(1, graph.bytes_moved()))))
+    row["input_sets"] = n_sets
+    fn = make_eager_fn(graph)
+    row["eager"] = row["compiled"] = None
+    try:
+        with torch.no_grad():
+            sets = make_input_sets(graph, n_sets, "cuda")
+            row["eager"] = time_cuda(fn, sets, args.warmup, args.iters)
+    except Exception as e:
+        row["notes"].append(f"eager: {type(e).__name__}: {e}")
+        sets = None
+    if sets is not None and not args.no_compile:
+        try:
+            with torch.no_grad():
+                compiled = torch.compile(fn, dynamic=False)
+                compiled(sets[0])  # compile outside the timed region
+                row["compiled"] = time_cuda(compiled, sets, args.warmup, args.iters)
+        except Exception as e:
+            msg = str(e).strip().splitlines()
+            row["notes"].append(f"torch.compile skipped: {type(e).__name__}: "
+                                f"{msg[0] if msg else ''}")
+            if args.verbose:
+                traceback.print_exc()
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("graphs", nargs="*", help="graph JSON files (default: examples/graphs/*.json)")
+    ap.add_argument("--fusebox", default=os.path.join(REPO_ROOT, "build", "fusebox"))
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--rotate", type=int, default=0,
+                    help="input sets rotated for torch (default: enough to overflow L2)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per fusebox run")
+    ap.add_argument("--markdown-out", help="also write the report to this file")
+    ap.add_argument("--json-out", help="write all numbers to this file")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args()
+
+    if not torch.cuda.is_available():
+        print("torch_compare: torch sees no GPU", file=sys.stderr)
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True  # the framework's own autotuning, as a model would use
+    graphs = args.graphs or default_graphs()
+
+    rows = []
+    for path in graphs:
+        print(f"torch_compare: {os.path.basename(path)} ...", file=sys.stderr, flush=True)
+        rows.append(bench_graph(path, args))
+
+    cudnn_v = torch.backends.cudnn.version()
+    lines = [
+        "# fusebox vs PyTorch",
+        "",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- GPU: {torch.cuda.get_device_name(0)}",
+        f"- torch {torch.__version__}, cuDNN {cudnn_v} (torch's), CUDA {torch.version.cuda}",
+        f"- {args.warmup} warm-up calls, then {args.iters} timed one by one (CUDA events for torch; "
+        f"fusebox's own timing); times are median (min) in microseconds",
+        "- torch: the graph's ops as separate eager ops in the io dtype, conv tensors channels_last, "
+        "cudnn.benchmark on, TF32 off; torch.compile default mode",
+        "",
+        "| graph | GFLOP | fusebox us | torch eager us | torch.compile us | speedup vs eager "
+        "| speedup vs compile | fusebox TFLOP/s | eager TFLOP/s | compile TFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        fb, ea, co = r["fusebox"], r["eager"], r["compiled"]
+        lines.append(f"| {r['graph']} | {r['flops'] / 1e9:.1f} | {fmt_us(fb)} | {fmt_us(ea)} | "
+                     f"{fmt_us(co)} | {fmt_ratio(ea, fb)} | {fmt_ratio(co, fb)} | "
+                     f"{fmt_tflops(r['flops'], fb)} | {fmt_tflops(r['flops'], ea)} | "
+                     f"{fmt_tflops(r['flops'], co)} |")
+    lines.append("")
+    for r in rows:
+        extra = [f"torch input sets rotated: {r['input_sets']}"]
+        if r["fusebox"] and r["fusebox"].get("engine"):
+            extra.append(f"fusebox engine: {r['fusebox']['engine']}")
+        lines.append(f"- {r['graph']}: " + "; ".join(extra + r["notes"]))
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.markdown_out:
+        with open(args.markdown_out, "w", encoding="utf-8") as f:
+            f.write(report)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump({"torch": torch.__version__, "cudnn": cudnn_v,
+                       "gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=2)
+    return 1 if any(r["fusebox"] is None or r["eager"] is None for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

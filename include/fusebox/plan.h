@@ -1,0 +1,175 @@
+// fusebox: building, selecting, serializing and executing cuDNN execution
+// plans for a ResolvedGraph. No cuDNN type appears here; the only code that
+// includes cudnn_frontend.h lives in src/cudnn/.
+//
+// Thread safety: a Plan may be executed concurrently from several threads
+// with distinct GpuContexts; building is independent per call.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+enum class HeuristicMode { kA, kB, kFallback };
+std::string_view heuristic_mode_name(HeuristicMode m);  // "a", "b", "fallback"
+// "a,b,fallback" -> modes; errors list the accepted names.
+Result<std::vector<HeuristicMode>> parse_heuristic_modes(std::string_view csv);
+
+// The GPU plans are built for: the live GPU, or a device-properties file
+// (deviceless ahead-of-time builds on machines without a GPU).
+struct DeviceTarget {
+  std::string properties_json;  // cuDNN's serialized device description; empty = live GPU
+  int device_id = 0;            // live GPU ordinal
+  // Read from the properties (or the live GPU): for reports and cache keys.
+  std::string device_name;
+  int sm_version = 0;  // e.g. 90
+  int sm_count = 0;
+
+  bool deviceless() const { return !properties_json.empty(); }
+  static Result<DeviceTarget> from_file(const std::string& path);
+  static Result<DeviceTarget> from_properties_json(std::string json, const std::string& origin);
+  static Result<DeviceTarget> live_gpu(int device_id = 0);
+};
+
+// Captures cuDNN's device description of a live GPU (`fusebox devprop`).
+Result<std::string> capture_device_properties(int device_id = 0);
+
+struct BuildOptions {
+  std::vector<HeuristicMode> heuristics{HeuristicMode::kA};
+  // Pin an engine by the name `fusebox engines` shows ("eng41_k2=4_k13=0...").
+  // Empty: the first candidate that passes the support check.
+  std::string engine;
+  int64_t max_workspace_bytes = -1;  // -1: no limit
+};
+
+// One of the five steps (validate, build_operation_graph,
+// create_execution_plans, check_support, build_plans).
+struct StepReport {
+  std::string name;
+  double ms = 0;
+  bool ran = false;
+  Status status;
+};
+
+struct BuildReport {
+  std::vector<StepReport> steps;
+  int64_t candidate_plans = 0;  // offered by the heuristics
+  std::string engine;           // chosen engine-and-knobs name
+  int64_t plan_index = -1;
+  int64_t workspace_bytes = 0;
+  bool deviceless = false;
+  std::string device_name;
+  int sm_version = 0;
+  double total_ms() const;
+};
+
+// Everything known about one candidate plan (`fusebox engines`).
+struct EngineCandidate {
+  int64_t index = 0;
+  std::string name;  // engine and knobs, e.g. "eng41_k2=4_k13=0_k18=0"
+  int64_t engine_id = -1;
+  std::map<std::string, int64_t> knobs;
+  std::vector<std::string> behavior_notes;   // RUNTIME_COMPILATION, CUBLASLT_DEPENDENCY, ...
+  std::vector<std::string> numerical_notes;  // TENSOR_CORE, NONDETERMINISTIC, ...
+  bool supported = false;
+  std::string support_message;  // why not, when unsupported
+  int64_t workspace_bytes = -1;
+};
+
+class GpuContext;
+
+class Plan {
+ public:
+  Plan();
+  Plan(Plan&&) noexcept;
+  Plan& operator=(Plan&&) noexcept;
+  ~Plan();
+
+  const std::string& engine_name() const;
+  int64_t workspace_bytes() const;
+  // The frontend's serialized form (graph structure and compiled plan).
+  Result<std::vector<uint8_t>> serialize() const;
+  // Runs the plan. `buffers` maps every non-virtual graph tensor name to a
+  // device pointer (by-value scalars are taken from the graph); `workspace`
+  // has at least workspace_bytes(). Asynchronous on ctx's stream.
+  Status execute(GpuContext& ctx, const std::map<std::string, void*>& buffers, void* workspace) const;
+
+  struct Impl;
+  explicit Plan(std::unique_ptr<Impl> impl);
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Runs the five steps and builds one plan.
+// `ctx` is needed for a live-GPU target (one is created when null).
+Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
+                        BuildReport* report, GpuContext* ctx = nullptr);
+
+// Steps 1-3, then the support check and workspace of every candidate.
+// With `build_each`, also builds each supported candidate (slow, but says
+// whether it really builds).
+Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const DeviceTarget& target,
+                                                  const BuildOptions& options, bool build_each,
+                                                  BuildReport* report, GpuContext* ctx = nullptr);
+
+// Rebuilds a plan from serialize()'s bytes. Without a GpuContext the target
+// must be deviceless (handle-less deserialization).
+Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
+                              const DeviceTarget& target, GpuContext* ctx);
+
+// A cuDNN handle bound to one GPU and one CUDA stream.
+class GpuContext {
+ public:
+  static Result<std::unique_ptr<GpuContext>> create(int device_id = 0);
+  ~GpuContext();
+  void* stream() const;  // cudaStream_t
+  int device_id() const;
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  explicit GpuContext(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------- system
+
+struct GpuInfo {
+  int id = 0;
+  std::string name;
+  int sm_version = 0;
+  int sm_count = 0;
+  int64_t memory_bytes = 0;
+};
+
+struct SystemInfo {
+  std::string fusebox_version;
+  std::string frontend_version;       // headers compiled against
+  int64_t cudnn_header_version = 0;   // CUDNN_VERSION, e.g. 91900
+  int64_t cudnn_runtime_version = 0;  // cudnnGetVersion()
+  std::string cudnn_library_path;     // the libcudnn actually loaded
+  int cuda_runtime_version = 0;       // cudaRuntimeGetVersion
+  int cuda_driver_version = 0;        // 0 when no driver
+  std::vector<GpuInfo> gpus;
+  std::string gpu_error;  // why no GPU is seen, if none
+};
+SystemInfo system_info();
+
+// Fails with kVersionMismatch, naming both versions and the loaded library's
+// path, when the cuDNN runtime is older than the headers fusebox was built with.
+Status check_cudnn_runtime();
+
+// Number of CUDA GPUs visible (0 on a machine without a GPU or driver).
+int gpu_count();
+
+}  // namespace fusebox

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The fusebox demo (`make demo`): for every valid example graph, check it, build
+# a cuDNN plan for the H200 from the committed device file (no GPU needed),
+# and run + verify it when this machine has a GPU. Then shows that a graph with
+# mismatched shapes is rejected. Exits non-zero if anything unexpected fails.
+#   usage: scripts/demo.sh BUILD_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+BUILD_DIR=${1:-build}
+FB="$BUILD_DIR/fusebox"
+DEVPROP=devices/h200-cudnn-9.19.devprop
+if [ ! -x "$FB" ]; then
+  echo "demo: $FB not found: build first (make build)" >&2
+  exit 1
+fi
+
+FAILED=()
+step() {
+  echo
+  echo "\$ fusebox $*"
+  "$FB" "$@"
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "demo: FAILED (exit $rc): fusebox $*"
+    FAILED+=("fusebox $*")
+  fi
+  return "$rc"
+}
+
+# A GPU is there if `info --json` says so (any of the usual keys, true or a count > 0).
+HAVE_GPU=0
+if info_json=$("$FB" info --json 2>/dev/null) && python3 -c '
+import json, sys
+r = json.loads(sys.argv[1])
+def gpu(v):
+    return bool(v) and (not isinstance(v, (list, dict)) or len(v) > 0)
+keys = ("gpu", "gpus", "gpu_count", "devices", "device_count", "cuda_devices", "cuda_device_count", "has_gpu")
+sys.exit(0 if any(gpu(r.get(k)) for k in keys) else 1)' "$info_json" 2>/dev/null; then
+  HAVE_GPU=1
+fi
+step info
+echo
+if [ "$HAVE_GPU" -eq 1 ]; then
+  echo "demo: a GPU is present: graphs are also run and verified"
+else
+  echo "demo: no GPU here: graphs are checked and built for the H200 from $DEVPROP (deviceless)"
+fi
+
+for g in examples/graphs/*.json examples/graphs/small/*.json; do
+  [ -f "$g" ] || continue
+  case "$(basename "$g")" in invalid_*) continue ;; esac
+  echo
+  echo "=================== $g"
+  step check "$g" || continue
+  step build "$g" --device "$DEVPROP" || continue
+  if [ "$HAVE_GPU" -eq 1 ]; then
+    step run "$g" --verify --warmup 5 --iters 20
+  fi
+done
+
+echo
+echo "=================== examples/graphs/invalid_shapes.json (expected to be rejected)"
+echo "\$ fusebox check examples/graphs/invalid_shapes.json"
+"$FB" check examples/graphs/invalid_shapes.json
+rc=$?
+if [ "$rc" -eq 2 ]; then
+  echo "demo: rejected as expected (exit 2)"
+else
+  echo "demo: FAILED: expected exit 2 for invalid_shapes.json, got $rc"
+  FAILED+=("check examples/graphs/invalid_shapes.json (exit $rc, expected 2)")
+fi
+
+echo
+if [ "${#FAILED[@]}" -eq 0 ]; then
+  echo "demo: all steps ok"
+  exit 0
+fi
+echo "demo: ${#FAILED[@]} step(s) failed:"
+printf '  %s\n' "${FAILED[@]}"
+exit 1

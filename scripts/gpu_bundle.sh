@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Copies what the GPU machine needs from a build folder into .gpu/ (git-ignored):
+# the CLI and the test binaries, nothing else (examples and scripts travel with
+# the repository). Carry .gpu with the device tool and run scripts/gpu_check.sh there.
+#   usage: scripts/gpu_bundle.sh BUILD_DIR
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+BUILD_DIR=${1:-build}
+DEST=.gpu
+
+for required in fusebox fusebox_gpu_tests; do
+  if [ ! -x "$BUILD_DIR/$required" ]; then
+    echo "gpu_bundle: $BUILD_DIR/$required not found: build first (make build)" >&2
+    exit 1
+  fi
+done
+
+rm -rf "$DEST"
+mkdir -p "$DEST"
+cp "$BUILD_DIR/fusebox" "$BUILD_DIR/fusebox_gpu_tests" "$DEST/" || exit 1
+if [ -x "$BUILD_DIR/fusebox_deviceless_tests" ]; then
+  cp "$BUILD_DIR/fusebox_deviceless_tests" "$DEST/" || exit 1
+fi
+# Smaller to carry (the device tool takes 64 MiB in all); keeps the originals intact.
+if command -v strip >/dev/null 2>&1; then
+  strip --strip-debug "$DEST"/* 2>/dev/null || true
+fi
+ls -l "$DEST"
+echo "gpu_bundle: $(du -sh "$DEST" | cut -f1) in $DEST ($(du -sb "$DEST" | cut -f1) bytes; the carry limit is 64 MiB)"

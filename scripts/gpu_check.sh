@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Everything fusebox checks on the GPU machine, in one go, from the repo root:
+#   scripts/gpu_check.sh [BUNDLE_DIR]      (default .gpu, made by scripts/gpu_bundle.sh)
+# Logs go under ${OUT:-/tmp/out}. Every section runs even after a failure; the
+# script exits non-zero if any failed and ends with a summary. About 5-8 minutes.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+FB="$BUNDLE/fusebox"
+DEVPROP=devices/h200-cudnn-9.19.devprop
+CUDA_LIB=/usr/local/cuda-13.0/targets/x86_64-linux/lib
+CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
+SYSTEM_CUDNN_DIR=/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$CUDNN_LIB:$CUDA_LIB"
+if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY=python3; fi
+# Tests that look for the source tree (examples, devices) find it here even if
+# the binaries were built elsewhere.
+export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/$DEVPROP"
+
+# Valid examples: top level and small/, without invalid_*.
+GRAPHS=()
+for g in examples/graphs/*.json examples/graphs/small/*.json; do
+  [ -f "$g" ] || continue
+  case "$(basename "$g")" in invalid_*) continue ;; esac
+  GRAPHS+=("$g")
+done
+SMALL_GRAPH=$(ls examples/graphs/small/*.json 2>/dev/null | head -n1)
+[ -n "$SMALL_GRAPH" ] || SMALL_GRAPH=${GRAPHS[0]:-}
+
+PASSED=()
+FAILED=()
+T0=$SECONDS
+
+# section NAME COMMAND...: prints a header, logs to $OUT/NAME.log, records the result.
+section() {
+  local name=$1
+  shift
+  echo
+  echo "=================== [$name] $(date -u +%H:%M:%S) ==================="
+  local start=$SECONDS
+  "$@" 2>&1 | tee "$OUT/$name.log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then
+    PASSED+=("$name")
+    echo "----- [$name] PASS ($((SECONDS - start)) s)"
+  else
+    FAILED+=("$name (exit $rc)")
+    echo "----- [$name] FAIL: exit $rc ($((SECONDS - start)) s), log $OUT/$name.log"
+  fi
+}
+
+graph_name() { basename "$1" .json; }
+
+# Exit 124 is `timeout`; >= 128 is a signal (a crash), whatever the command.
+crashed() { [ "$1" -ge 124 ]; }
+
+do_info() {
+  echo "+ nvidia-smi"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 || true
+  echo "+ $FB info"
+  "$FB" info || return 1
+  echo "+ $FB info --json"
+  "$FB" info --json > "$OUT/info.json" || return 1
+  cat "$OUT/info.json"
+  "$PY" -c 'import json,sys; json.load(open(sys.argv[1]))' "$OUT/info.json" || { echo "info --json: not JSON"; return 1; }
+}
+
+do_devprop() {
+  echo "+ $FB devprop --out $OUT/h200.devprop"
+  "$FB" devprop --out "$OUT/h200.devprop" || return 1
+  [ -s "$OUT/h200.devprop" ] || { echo "devprop: $OUT/h200.devprop is empty"; return 1; }
+  echo "--- difference from the committed $DEVPROP (informational):"
+  "$PY" - "$DEVPROP" "$OUT/h200.devprop" <<'PYEOF' || true
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+print(json.dumps(diff, indent=1) if diff else "identical")
+PYEOF
+}
+
+do_gtests() {
+  local bin=$1
+  [ -x "$bin" ] || { echo "$bin not in the bundle"; return 1; }
+  timeout 300 "$bin" --gtest_output="xml:$OUT/$(basename "$bin").xml" --gtest_color=no
+}
+
+do_run_verify() {
+  local fails=0 g name rc
+  mkdir -p "$OUT/run"
+  for g in "${GRAPHS[@]}"; do
+    name=$(graph_name "$g")
+    echo "+ $FB run $g --verify --warmup 5 --iters 20"
+    timeout 240 "$FB" run "$g" --verify --warmup 5 --iters 20 > "$OUT/run/$name.txt" 2>&1
+    rc=$?
+    cat "$OUT/run/$name.txt"
+    [ "$rc" -eq 0 ] || { echo "FAIL $name: human run exited $rc"; fails=$((fails + 1)); }
+    echo "+ $FB run $g --verify --warmup 5 --iters 20 --json"
+    timeout 240 "$FB" run "$g" --verify --warmup 5 --iters 20 --json > "$OUT/run/$name.json" 2> "$OUT/run/$name.json.stderr"
+    rc=$?
+    cat "$OUT/run/$name.json.stderr"
+    if [ "$rc" -ne 0 ]; then
+      echo "FAIL $name: --json run exited $rc"
+      fails=$((fails + 1))
+      continue
+    fi
+    "$PY" - "$OUT/run/$name.json" <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except ValueError as e:
+    sys.exit(f"FAIL {sys.argv[1]}: stdout is not JSON: {e}")
+lat = r.get("latency_ms", {})
+ver = r.get("verify") or []
+print(f"{r.get('graph')}: engine {r.get('engine')} median {lat.get('median')} ms "
+      f"tflops {r.get('tflops')} gbps {r.get('gbps')} ok {r.get('ok')}")
+for v in ver:
+    print(f"  verify {v.get('tensor')}: rel_l2 {v.get('rel_l2')} max_abs {v.get('max_abs')} pass {v.get('pass')}")
+if not r.get("ok") or not ver or not all(v.get("pass") for v in ver):
+    sys.exit(f"FAIL {r.get('graph')}: ok={r.get('ok')}, verify={ver}")
+PYEOF
+  done
+  echo "run --verify: ${#GRAPHS[@]} graphs, $fails failures"
+  [ "$fails" -eq 0 ]
+}
+
+do_crosscheck() {
+  timeout 420 "$PY" tools/torch_crosscheck.py --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${GRAPHS[@]}"
+}
+
+do_bench() {
+  timeout 420 "$PY" bench/torch_compare.py --fusebox "$FB" --markdown-out "$OUT/bench.md" \
+    --json-out "$OUT/bench.json"
+}
+
+# A plan built deviceless from the committed device file must run here and give
+# the same bits as a plan built on this GPU.
+do_roundtrip() {
+  local fails=0 g name dir
+  for g in "${GRAPHS[@]}"; do
+    name=$(graph_name "$g")
+    dir="$OUT/roundtrip/$name"
+    rm -rf "$dir"
+    mkdir -p "$dir/d1" "$dir/d2"
+    echo "+ $FB build $g --device $DEVPROP --plan-out $dir/plan --json"
+    if ! timeout 180 "$FB" build "$g" --device "$DEVPROP" --plan-out "$dir/plan" --json > "$dir/build.json"; then
+      echo "FAIL $name: deviceless build"; cat "$dir/build.json"; fails=$((fails + 1)); continue
+    fi
+    echo "+ $FB run $g --plan $dir/plan --save-outputs $dir/d1 --seed 7 --json"
+    if ! timeout 180 "$FB" run "$g" --plan "$dir/plan" --save-outputs "$dir/d1" --seed 7 --warmup 1 --iters 1 --json > "$dir/run1.json"; then
+      echo "FAIL $name: run with the deviceless plan"; fails=$((fails + 1)); continue
+    fi
+    echo "+ $FB run $g --save-outputs $dir/d2 --seed 7 --json"
+    if ! timeout 180 "$FB" run "$g" --save-outputs "$dir/d2" --seed 7 --warmup 1 --iters 1 --json > "$dir/run2.json"; then
+      echo "FAIL $name: run with a plan built here"; fails=$((fails + 1)); continue
+    fi
+    "$PY" - "$name" "$dir" <<'PYEOF' || fails=$((fails + 1))
+import filecmp, json, os, sys
+name, d = sys.argv[1], sys.argv[2]
+def engine(f):
+    try:
+        return json.load(open(os.path.join(d, f))).get("engine")
+    except (OSError, ValueError):
+        return "?"
+e_build, e1, e2 = engine("build.json"), engine("run1.json"), engine("run2.json")
+f1, f2 = sorted(os.listdir(os.path.join(d, "d1"))), sorted(os.listdir(os.path.join(d, "d2")))
+if not f1 or f1 != f2:
+    sys.exit(f"FAIL {name}: output files differ: {f1} vs {f2}")
+bad = [f for f in f1 if not filecmp.cmp(os.path.join(d, "d1", f), os.path.join(d, "d2", f), shallow=False)]
+engines = f"engines: deviceless build {e_build}, run with it {e1}, built here {e2}"
+if bad:
+    sys.exit(f"FAIL {name}: {bad} not bitwise equal ({engines})")
+print(f"ok {name}: {len(f1)} outputs bitwise equal ({engines})")
+PYEOF
+  done
+  [ "$fails" -eq 0 ]
+}
+
+# With the system's older cuDNN first on the path, fusebox must refuse plainly
+# (non-zero exit, a message naming the versions), not crash or compute garbage.
+do_cudnn_mismatch() {
+  local fails=0 rc log
+  local old_path="$SYSTEM_CUDNN_DIR:$CUDA_LIB"
+  ls -l "$SYSTEM_CUDNN_DIR"/libcudnn.so* 2>/dev/null | head -n 3
+  for cmd in "info" "run $SMALL_GRAPH --iters 1 --warmup 0"; do
+    log="$OUT/cudnn_mismatch_$(echo "$cmd" | cut -d' ' -f1).txt"
+    echo "+ LD_LIBRARY_PATH=$old_path $FB $cmd"
+    # shellcheck disable=SC2086
+    LD_LIBRARY_PATH="$old_path" timeout 120 "$FB" $cmd > "$log" 2>&1
+    rc=$?
+    cat "$log"
+    echo "exit $rc"
+    if [ "$rc" -eq 0 ]; then
+      echo "FAIL: '$cmd' succeeded with cuDNN from $SYSTEM_CUDNN_DIR (expected a version-mismatch error)"
+      fails=$((fails + 1))
+    elif crashed "$rc" || grep -qE "terminate called|Segmentation|Aborted|core dumped" "$log"; then
+      echo "FAIL: '$cmd' crashed (exit $rc) instead of reporting the cuDNN version"
+      fails=$((fails + 1))
+    elif grep -q "error while loading shared libraries" "$log"; then
+      echo "FAIL: '$cmd' did not start: a library is missing from the path"
+      fails=$((fails + 1))
+    elif ! grep -qiE "cudnn.*(version|9\.14|older|mismatch)|(version|9\.14|older|mismatch).*cudnn" "$log"; then
+      echo "FAIL: '$cmd' failed but its message does not mention the cuDNN version"
+      fails=$((fails + 1))
+    else
+      echo "ok: '$cmd' refused with a cuDNN version message"
+    fi
+  done
+  [ "$fails" -eq 0 ]
+}
+
+echo "gpu_check: bundle $BUNDLE, logs in $OUT, python $PY, $(date -u)"
+if [ ! -x "$FB" ]; then
+  echo "gpu_check: $FB not found: run scripts/gpu_bundle.sh BUILD_DIR here and carry $BUNDLE" >&2
+  exit 1
+fi
+# Tests built elsewhere may look for the source tree where it was built: point that path here.
+built_src=$(strings -n 8 "$BUNDLE/fusebox_gpu_tests" 2>/dev/null | grep -m1 -E '^/.*/devices/h200-cudnn-9\.19\.devprop$' | sed 's#/devices/h200-cudnn-9\.19\.devprop$##')
+if [ -n "$built_src" ] && [ ! -e "$built_src" ]; then
+  mkdir -p "$(dirname "$built_src")" 2>/dev/null && ln -s "$PWD" "$built_src" 2>/dev/null \
+    && echo "gpu_check: linked $built_src -> $PWD (the tests' compiled-in source dir)"
+fi
+
+section info do_info
+section devprop do_devprop
+section gpu_tests do_gtests "$BUNDLE/fusebox_gpu_tests"
+if [ -x "$BUNDLE/fusebox_deviceless_tests" ]; then
+  section deviceless_tests do_gtests "$BUNDLE/fusebox_deviceless_tests"
+fi
+section run_verify do_run_verify
+section torch_crosscheck do_crosscheck
+section deviceless_roundtrip do_roundtrip
+section cudnn_mismatch do_cudnn_mismatch
+section bench do_bench
+
+echo
+echo "=================== summary ($((SECONDS - T0)) s, logs in $OUT) ==================="
+for s in "${PASSED[@]}"; do echo "PASS  $s"; done
+for s in "${FAILED[@]}"; do echo "FAIL  $s"; done
+echo "gpu_check: ${#PASSED[@]} sections passed, ${#FAILED[@]} failed"
+[ "${#FAILED[@]}" -eq 0 ]

@@ -1,0 +1,77 @@
+// Private to src/cudnn/: the cuDNN-typed state behind Plan and GpuContext,
+// and the conversions at the boundary.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "cudnn/frontend.h"
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+
+namespace fusebox {
+
+struct GpuContext::Impl {
+  int device_id = 0;
+  cudnnHandle_t handle = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
+struct Plan::Impl {
+  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // an FeGraph when built here
+  std::string engine;
+  int64_t plan_index = -1;  // -1: the graph's own candidate (deserialized plans)
+  int64_t workspace_bytes = 0;
+  // graph tensor name -> frontend uid, for every non-virtual, non-scalar tensor
+  std::unordered_map<std::string, int64_t> uids;
+};
+
+namespace cudnn {
+
+// The frontend's Graph, plus access to per-candidate state the frontend
+// keeps in a protected member (numerical notes, per-index support check).
+class FeGraph : public fe::graph::Graph {
+ public:
+  std::vector<std::string> numerical_notes_at(int64_t i) const {
+    std::vector<std::string> out;
+    if (i < 0 || i >= static_cast<int64_t>(plans.numeric_notes.size())) return out;
+    for (auto n : plans.numeric_notes[i]) out.push_back(nlohmann::json(n).get<std::string>());
+    return out;
+  }
+  fe::error_t check_support_at(int64_t i) { return plans.check_support_at_index(i); }
+};
+
+// A frontend error as a fusebox Status, prefixed with the step or op.
+Status from_fe(fe::error_t err, const std::string& where);
+Status cuda_status(cudaError_t err, const std::string& where);
+Status cudnn_status(cudnnStatus_t st, const std::string& where);
+
+// The frontend graph for a ResolvedGraph, with each non-virtual tensor's uid
+// (tensor index + 1). Settings for the target are applied.
+struct LoweredGraph {
+  std::shared_ptr<FeGraph> graph;
+  std::unordered_map<std::string, int64_t> uids;
+};
+Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target);
+
+// Device properties for a deviceless target (parsed once per target).
+Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const DeviceTarget& target);
+
+}  // namespace cudnn
+}  // namespace fusebox
+
+// Runs `expr`, turning any exception from the frontend or the standard
+// library into a Status naming `where`.
+#define FUSEBOX_CATCH_ALL(where)                                                             \
+  catch (const std::exception& e) {                                                          \
+    return ::fusebox::Status(::fusebox::StatusCode::kCudnnError,                             \
+                             std::string(where) + ": exception from cuDNN frontend: " + e.what()); \
+  }                                                                                          \
+  catch (...) {                                                                              \
+    return ::fusebox::Status(::fusebox::StatusCode::kCudnnError,                             \
+                             std::string(where) + ": unknown exception from cuDNN frontend"); \
+  }

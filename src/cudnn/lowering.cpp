@@ -1,0 +1,202 @@
+// ResolvedGraph -> cudnn_frontend::graph::Graph.
+#include <fstream>
+#include <sstream>
+
+#include "cudnn/internal.h"
+
+namespace fusebox::cudnn {
+namespace {
+
+fe::DataType_t to_fe(DType t) {
+  switch (t) {
+    case DType::kBF16: return fe::DataType_t::BFLOAT16;
+    case DType::kFP16: return fe::DataType_t::HALF;
+    case DType::kFP32: return fe::DataType_t::FLOAT;
+    case DType::kFP8E4M3: return fe::DataType_t::FP8_E4M3;
+    case DType::kFP8E5M2: return fe::DataType_t::FP8_E5M2;
+    case DType::kInt32: return fe::DataType_t::INT32;
+    case DType::kInt64: return fe::DataType_t::INT64;
+  }
+  return fe::DataType_t::NOT_SET;
+}
+
+fe::PointwiseMode_t to_fe(PointwiseMode m) {
+  switch (m) {
+    case PointwiseMode::kAdd:
+    case PointwiseMode::kBiasAdd: return fe::PointwiseMode_t::ADD;
+    case PointwiseMode::kSub: return fe::PointwiseMode_t::SUB;
+    case PointwiseMode::kMul:
+    case PointwiseMode::kScale: return fe::PointwiseMode_t::MUL;
+    case PointwiseMode::kRelu: return fe::PointwiseMode_t::RELU_FWD;
+    case PointwiseMode::kGeluTanh: return fe::PointwiseMode_t::GELU_APPROX_TANH_FWD;
+    case PointwiseMode::kGeluErf: return fe::PointwiseMode_t::GELU_FWD;
+    case PointwiseMode::kSilu: return fe::PointwiseMode_t::SWISH_FWD;
+    case PointwiseMode::kSigmoid: return fe::PointwiseMode_t::SIGMOID_FWD;
+    case PointwiseMode::kTanh: return fe::PointwiseMode_t::TANH_FWD;
+  }
+  return fe::PointwiseMode_t::NOT_SET;
+}
+
+const char* fe_code_name(fe::error_code_t c) {
+  switch (c) {
+    case fe::error_code_t::OK: return "OK";
+    case fe::error_code_t::ATTRIBUTE_NOT_SET: return "ATTRIBUTE_NOT_SET";
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED: return "SHAPE_DEDUCTION_FAILED";
+    case fe::error_code_t::INVALID_TENSOR_NAME: return "INVALID_TENSOR_NAME";
+    case fe::error_code_t::INVALID_VARIANT_PACK: return "INVALID_VARIANT_PACK";
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED: return "GRAPH_NOT_SUPPORTED";
+    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED: return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
+    case fe::error_code_t::GRAPH_EXECUTION_FAILED: return "GRAPH_EXECUTION_FAILED";
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED: return "HEURISTIC_QUERY_FAILED";
+    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT: return "UNSUPPORTED_GRAPH_FORMAT";
+    case fe::error_code_t::CUDA_API_FAILED: return "CUDA_API_FAILED";
+    case fe::error_code_t::CUDNN_BACKEND_API_FAILED: return "CUDNN_BACKEND_API_FAILED";
+    case fe::error_code_t::INVALID_CUDA_DEVICE: return "INVALID_CUDA_DEVICE";
+    case fe::error_code_t::HANDLE_ERROR: return "HANDLE_ERROR";
+    case fe::error_code_t::INVALID_VALUE: return "INVALID_VALUE";
+    case fe::error_code_t::NVRTC_COMPILATION_FAILED: return "NVRTC_COMPILATION_FAILED";
+  }
+  return "UNKNOWN";
+}
+
+}  // namespace
+
+Status from_fe(fe::error_t err, const std::string& where) {
+  if (err.is_good()) return Status::Ok();
+  StatusCode code = StatusCode::kCudnnError;
+  switch (err.get_code()) {
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
+    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED: code = StatusCode::kNotSupported; break;
+    case fe::error_code_t::ATTRIBUTE_NOT_SET:
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
+    case fe::error_code_t::INVALID_TENSOR_NAME:
+    case fe::error_code_t::INVALID_VALUE: code = StatusCode::kInvalidArgument; break;
+    case fe::error_code_t::CUDA_API_FAILED:
+    case fe::error_code_t::INVALID_CUDA_DEVICE: code = StatusCode::kCudaError; break;
+    default: break;
+  }
+  std::string msg = err.get_message();
+  while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  return Status(code, where + ": " + fe_code_name(err.get_code()) + (msg.empty() ? "" : ": " + msg));
+}
+
+Status cuda_status(cudaError_t err, const std::string& where) {
+  if (err == cudaSuccess) return Status::Ok();
+  return Status(StatusCode::kCudaError, where + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+Status cudnn_status(cudnnStatus_t st, const std::string& where) {
+  if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
+  char last[512] = {0};
+  cudnnGetLastErrorString(last, sizeof(last));
+  return Status(StatusCode::kCudnnError,
+                where + ": " + cudnnGetErrorString(st) + (last[0] ? std::string(" (") + last + ")" : ""));
+}
+
+Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const DeviceTarget& target) {
+  auto props = std::make_shared<fe::DeviceProperties>();
+  std::vector<uint8_t> bytes(target.properties_json.begin(), target.properties_json.end());
+  try {
+    FUSEBOX_RETURN_IF_ERROR(from_fe(props->deserialize(bytes), "device properties"));
+  }
+  FUSEBOX_CATCH_ALL("device properties")
+  return props;
+}
+
+Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
+  LoweredGraph out;
+  try {
+    auto graph = std::make_shared<FeGraph>();
+    graph->set_name(g.name.empty() ? "fusebox" : g.name)
+        .set_io_data_type(to_fe(g.io_dtype))
+        .set_intermediate_data_type(to_fe(g.intermediate_dtype))
+        .set_compute_data_type(to_fe(g.compute_dtype));
+    if (target.deviceless()) {
+      FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));
+      graph->set_device_properties(props);
+      // Frontend 1.23+: check_support() otherwise asks the CUDA driver for the
+      // SM version and fails without a GPU ("CUDA driver version is insufficient").
+      graph->set_sm_version(target.sm_version);
+    }
+
+    std::vector<std::shared_ptr<fe::graph::Tensor_attributes>> fe_tensors(g.tensors.size());
+    auto uid_of = [](size_t index) { return static_cast<int64_t>(index) + 1; };
+
+    // Graph inputs and by-value scalars.
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      const ResolvedTensor& t = g.tensors[i];
+      if (t.scalar_value) {
+        fe::graph::Tensor_attributes a(static_cast<float>(*t.scalar_value));
+        a.set_name(t.name).set_dim(t.dims).set_stride(t.strides);
+        fe_tensors[i] = graph->tensor(a);
+      } else if (t.is_input) {
+        fe_tensors[i] = graph->tensor(fe::graph::Tensor_attributes()
+                                          .set_name(t.name)
+                                          .set_dim(t.dims)
+                                          .set_stride(t.strides)
+                                          .set_data_type(to_fe(t.dtype))
+                                          .set_uid(uid_of(i)));
+        out.uids[t.name] = uid_of(i);
+      }
+    }
+
+    for (const ResolvedOp& op : g.ops) {
+      const std::string where = "[" + std::string(op_type_name(op.attrs)) + " '" + op.name + "']";
+      auto in = [&](const char* role) -> std::shared_ptr<fe::graph::Tensor_attributes> {
+        auto it = op.inputs.find(role);
+        return it == op.inputs.end() ? nullptr : fe_tensors[it->second];
+      };
+      std::shared_ptr<fe::graph::Tensor_attributes> y;
+      if (auto* conv = std::get_if<ConvFpropAttrs>(&op.attrs)) {
+        y = graph->conv_fprop(in("x"), in("w"),
+                              fe::graph::Conv_fprop_attributes()
+                                  .set_name(op.name)
+                                  .set_padding(conv->padding)
+                                  .set_stride(conv->stride)
+                                  .set_dilation(conv->dilation)
+                                  .set_compute_data_type(to_fe(op.compute_dtype)));
+      } else if (std::holds_alternative<MatmulAttrs>(op.attrs)) {
+        y = graph->matmul(in("a"), in("b"),
+                          fe::graph::Matmul_attributes().set_name(op.name).set_compute_data_type(
+                              to_fe(op.compute_dtype)));
+      } else if (auto* pw = std::get_if<PointwiseAttrs>(&op.attrs)) {
+        auto attrs = fe::graph::Pointwise_attributes()
+                         .set_name(op.name)
+                         .set_mode(to_fe(pw->mode))
+                         .set_compute_data_type(to_fe(op.compute_dtype));
+        if (pw->mode == PointwiseMode::kSilu) attrs.set_swish_beta(1.0f);
+        std::shared_ptr<fe::graph::Tensor_attributes> a, b;
+        switch (pw->mode) {
+          case PointwiseMode::kAdd:
+          case PointwiseMode::kSub:
+          case PointwiseMode::kMul: a = in("a"); b = in("b"); break;
+          case PointwiseMode::kBiasAdd: a = in("x"); b = in("bias"); break;
+          case PointwiseMode::kScale: a = in("x"); b = in("scale"); break;
+          default: a = in("x"); break;
+        }
+        y = b ? graph->pointwise(a, b, attrs) : graph->pointwise(a, attrs);
+      } else {
+        return NotSupported(where + " has no cuDNN lowering");
+      }
+      if (!y) return Internal(where + ": the frontend returned no output tensor");
+      auto out_it = op.outputs.find("y");
+      if (out_it == op.outputs.end()) return Internal(where + ": no output 'y'");
+      const int yi = out_it->second;
+      const ResolvedTensor& yt = g.tensors[yi];
+      y->set_name(yt.name).set_dim(yt.dims).set_stride(yt.strides).set_data_type(to_fe(yt.dtype));
+      if (yt.is_virtual) {
+        y->set_is_virtual(true);
+      } else {
+        y->set_output(true).set_uid(uid_of(yi));
+        out.uids[yt.name] = uid_of(yi);
+      }
+      fe_tensors[yi] = y;
+    }
+    out.graph = std::move(graph);
+  }
+  FUSEBOX_CATCH_ALL("lowering '" + g.name + "'")
+  return out;
+}
+
+}  // namespace fusebox::cudnn

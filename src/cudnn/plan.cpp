@@ -1,0 +1,307 @@
+// The five steps, engine listing, plan (de)serialization and execution.
+#include <chrono>
+#include <functional>
+
+#include "cudnn/internal.h"
+
+namespace fusebox {
+namespace cudnn {
+namespace {
+
+std::vector<fe::HeurMode_t> to_fe(const std::vector<HeuristicMode>& modes) {
+  std::vector<fe::HeurMode_t> out;
+  for (auto m : modes) {
+    switch (m) {
+      case HeuristicMode::kA: out.push_back(fe::HeurMode_t::A); break;
+      case HeuristicMode::kB: out.push_back(fe::HeurMode_t::B); break;
+      case HeuristicMode::kFallback: out.push_back(fe::HeurMode_t::FALLBACK); break;
+    }
+  }
+  return out;
+}
+
+// Runs one named step, timing it and catching anything thrown.
+Status run_step(BuildReport& r, const std::string& name, const std::function<fe::error_t()>& fn) {
+  StepReport step;
+  step.name = name;
+  step.ran = true;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    step.status = from_fe(fn(), name);
+  } catch (const std::exception& e) {
+    step.status = Status(StatusCode::kCudnnError, name + ": exception from cuDNN frontend: " + e.what());
+  } catch (...) {
+    step.status = Status(StatusCode::kCudnnError, name + ": unknown exception from cuDNN frontend");
+  }
+  step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  r.steps.push_back(step);
+  return step.status;
+}
+
+void fill_target(BuildReport& r, const DeviceTarget& t) {
+  r.deviceless = t.deviceless();
+  r.device_name = t.device_name;
+  r.sm_version = t.sm_version;
+}
+
+// Steps 1-3 on a fresh frontend graph. `ctx` may be null for deviceless targets.
+Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarget& target,
+                                       const BuildOptions& options, GpuContext* ctx, BuildReport& r) {
+  fill_target(r, target);
+  if (!target.deviceless() && !ctx) return Internal("a live-GPU build needs a GpuContext");
+  LoweredGraph lowered;
+  // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
+  Status lower_status;
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
+    auto lr = lower(g, target);
+    if (!lr.ok()) {
+      lower_status = lr.status();
+      return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
+    }
+    lowered = std::move(lr).value();
+    return lowered.graph->validate();
+  }));
+  auto& graph = *lowered.graph;
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_operation_graph", [&]() {
+    return ctx ? graph.build_operation_graph(ctx->impl()->handle) : graph.build_operation_graph();
+  }));
+  FUSEBOX_RETURN_IF_ERROR(
+      run_step(r, "create_execution_plans", [&]() { return graph.create_execution_plans(to_fe(options.heuristics)); }));
+  r.candidate_plans = graph.get_execution_plan_count();
+  if (options.max_workspace_bytes >= 0) graph.deselect_workspace_greater_than(options.max_workspace_bytes);
+  return lowered;
+}
+
+Result<int64_t> find_engine(fe::graph::Graph& graph, const std::string& engine) {
+  std::string names;
+  const int64_t n = graph.get_execution_plan_count();
+  for (int64_t i = 0; i < n; ++i) {
+    std::string name;
+    if (graph.get_plan_name_at_index(i, name).is_good()) {
+      if (name == engine) return i;
+      names += "\n  " + name;
+    }
+  }
+  return InvalidArgument("engine '" + engine + "' is not among the " + std::to_string(n) +
+                         " candidates for this graph; candidates are:" + names);
+}
+
+std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext* ctx, Status* st) {
+  if (target.deviceless() || ctx) return nullptr;
+  auto created = GpuContext::create(target.device_id);
+  if (!created.ok()) {
+    *st = created.status();
+    return nullptr;
+  }
+  return std::move(created).value();
+}
+
+}  // namespace
+}  // namespace cudnn
+
+double BuildReport::total_ms() const {
+  double t = 0;
+  for (const auto& s : steps) t += s.ms;
+  return t;
+}
+
+Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
+                        BuildReport* report, GpuContext* ctx) {
+  using namespace cudnn;
+  BuildReport local;
+  BuildReport& r = report ? *report : local;
+  r = BuildReport{};
+  Status ctx_status;
+  auto owned_ctx = maybe_context(target, ctx, &ctx_status);
+  FUSEBOX_RETURN_IF_ERROR(ctx_status);
+  if (owned_ctx) ctx = owned_ctx.get();
+
+  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, first_three_steps(g, target, options, ctx, r));
+  auto& graph = *lowered.graph;
+  int64_t pinned = -1;
+  if (!options.engine.empty()) {
+    FUSEBOX_ASSIGN_OR_RETURN(pinned, find_engine(graph, options.engine));
+  }
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "check_support", [&]() { return graph.check_support(); }));
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_plans", [&]() {
+    return pinned >= 0 ? graph.build_plan_at_index(pinned)
+                       : graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  }));
+
+  auto impl = std::make_unique<Plan::Impl>();
+  try {
+    FUSEBOX_RETURN_IF_ERROR(from_fe(graph.get_plan_name(impl->engine), "get_plan_name"));
+    FUSEBOX_RETURN_IF_ERROR(from_fe(graph.get_workspace_size(impl->workspace_bytes), "get_workspace_size"));
+  }
+  FUSEBOX_CATCH_ALL("plan query")
+  impl->graph = lowered.graph;
+  impl->uids = std::move(lowered.uids);
+  impl->plan_index = pinned;
+  r.engine = impl->engine;
+  r.workspace_bytes = impl->workspace_bytes;
+  if (pinned < 0) {
+    for (int64_t i = 0; i < r.candidate_plans; ++i) {
+      std::string name;
+      if (graph.get_plan_name_at_index(i, name).is_good() && name == impl->engine) {
+        r.plan_index = i;
+        break;
+      }
+    }
+  } else {
+    r.plan_index = pinned;
+  }
+  return Plan(std::move(impl));
+}
+
+Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const DeviceTarget& target,
+                                                  const BuildOptions& options, bool build_each,
+                                                  BuildReport* report, GpuContext* ctx) {
+  using namespace cudnn;
+  BuildReport local;
+  BuildReport& r = report ? *report : local;
+  r = BuildReport{};
+  Status ctx_status;
+  auto owned_ctx = maybe_context(target, ctx, &ctx_status);
+  FUSEBOX_RETURN_IF_ERROR(ctx_status);
+  if (owned_ctx) ctx = owned_ctx.get();
+
+  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, first_three_steps(g, target, options, ctx, r));
+  auto& graph = *lowered.graph;
+  std::vector<EngineCandidate> out;
+  try {
+    const int64_t n = graph.get_execution_plan_count();
+    for (int64_t i = 0; i < n; ++i) {
+      EngineCandidate c;
+      c.index = i;
+      (void)graph.get_plan_name_at_index(i, c.name);
+      std::unordered_map<fe::KnobType_t, int64_t> knobs;
+      if (graph.get_engine_and_knobs_at_index(i, c.engine_id, knobs).is_good()) {
+        for (auto& [k, v] : knobs) c.knobs[nlohmann::json(k).get<std::string>()] = v;
+      }
+      std::vector<fe::BehaviorNote_t> bnotes;
+      if (graph.get_behavior_notes_for_plan_at_index(i, bnotes).is_good()) {
+        for (auto n2 : bnotes) c.behavior_notes.push_back(nlohmann::json(n2).get<std::string>());
+      }
+      c.numerical_notes = graph.numerical_notes_at(i);
+      int64_t ws = -1;
+      if (graph.get_workspace_size_plan_at_index(i, ws).is_good()) c.workspace_bytes = ws;
+      out.push_back(std::move(c));
+    }
+    // The support check per candidate; with build_each, building the plan
+    // is the definitive check.
+    StepReport step{"check_support", 0, true, Status::Ok()};
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& c : out) {
+      auto st = from_fe(graph.check_support_at(c.index), "check_support");
+      if (st.ok() && build_each) st = from_fe(graph.build_plan_at_index(c.index), "build_plan");
+      c.supported = st.ok();
+      if (!st.ok()) c.support_message = st.message();
+    }
+    step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    r.steps.push_back(step);
+  }
+  FUSEBOX_CATCH_ALL("list_engines")
+  return out;
+}
+
+Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
+                              GpuContext* ctx) {
+  using namespace cudnn;
+  auto impl = std::make_unique<Plan::Impl>();
+  try {
+    auto graph = std::make_shared<fe::graph::Graph>();
+    if (ctx) {
+      FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(ctx->impl()->handle, bytes), "deserialize plan"));
+    } else {
+      if (!target.deviceless()) return InvalidArgument("deserialize_plan: no GpuContext and no device properties");
+      FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));
+      graph->set_device_properties(props);
+      FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(bytes), "deserialize plan (handle-less)"));
+    }
+    if (!graph->get_plan_name(impl->engine).is_good()) impl->engine = "(deserialized)";
+    FUSEBOX_RETURN_IF_ERROR(from_fe(graph->get_workspace_size(impl->workspace_bytes), "get_workspace_size"));
+    impl->graph = std::move(graph);
+  }
+  FUSEBOX_CATCH_ALL("deserialize plan")
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    const auto& t = g.tensors[i];
+    if (!t.is_virtual && !t.scalar_value) impl->uids[t.name] = static_cast<int64_t>(i) + 1;
+  }
+  return Plan(std::move(impl));
+}
+
+// ---------------------------------------------------------------- Plan
+
+Plan::Plan() = default;
+Plan::Plan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Plan::Plan(Plan&&) noexcept = default;
+Plan& Plan::operator=(Plan&&) noexcept = default;
+Plan::~Plan() = default;
+
+const std::string& Plan::engine_name() const {
+  static const std::string empty;
+  return impl_ ? impl_->engine : empty;
+}
+int64_t Plan::workspace_bytes() const { return impl_ ? impl_->workspace_bytes : 0; }
+
+Result<std::vector<uint8_t>> Plan::serialize() const {
+  if (!impl_) return Internal("serialize: empty plan");
+  std::vector<uint8_t> bytes;
+  try {
+    FUSEBOX_RETURN_IF_ERROR(cudnn::from_fe(impl_->graph->serialize(bytes), "serialize plan"));
+  }
+  FUSEBOX_CATCH_ALL("serialize plan")
+  return bytes;
+}
+
+Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffers, void* workspace) const {
+  if (!impl_) return Internal("execute: empty plan");
+  std::unordered_map<int64_t, void*> pack;
+  pack.reserve(impl_->uids.size());
+  for (const auto& [name, uid] : impl_->uids) {
+    auto it = buffers.find(name);
+    if (it == buffers.end() || it->second == nullptr) {
+      return InvalidArgument("execute: no device buffer for tensor '" + name + "'");
+    }
+    pack.emplace(uid, it->second);
+  }
+  if (impl_->workspace_bytes > 0 && workspace == nullptr) {
+    return InvalidArgument("execute: plan needs " + std::to_string(impl_->workspace_bytes) +
+                           " bytes of workspace and none was given");
+  }
+  try {
+    return cudnn::from_fe(impl_->graph->execute(ctx.impl()->handle, pack, workspace), "execute '" + impl_->engine + "'");
+  }
+  FUSEBOX_CATCH_ALL("execute")
+}
+
+// ---------------------------------------------------------------- GpuContext
+
+GpuContext::GpuContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuContext::~GpuContext() {
+  if (!impl_) return;
+  if (impl_->handle) cudnnDestroy(impl_->handle);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+void* GpuContext::stream() const { return impl_->stream; }
+int GpuContext::device_id() const { return impl_->device_id; }
+
+Result<std::unique_ptr<GpuContext>> GpuContext::create(int device_id) {
+  using namespace cudnn;
+  FUSEBOX_RETURN_IF_ERROR(check_cudnn_runtime());
+  if (gpu_count() <= device_id) {
+    return Status(StatusCode::kNoDevice, "no CUDA GPU with id " + std::to_string(device_id) + " (" +
+                                             std::to_string(gpu_count()) + " visible)");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->device_id = device_id;
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_id), "cudaSetDevice"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+                                      "cudaStreamCreate"));
+  auto ctx = std::unique_ptr<GpuContext>(new GpuContext(std::move(impl)));
+  FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnCreate(&ctx->impl_->handle), "cudnnCreate"));
+  FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnSetStream(ctx->impl_->handle, ctx->impl_->stream), "cudnnSetStream"));
+  return ctx;
+}
+
+}  // namespace fusebox

@@ -1,0 +1,182 @@
+// Versions, GPUs, device-properties files and the cuDNN runtime check.
+#include <dlfcn.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "cudnn/internal.h"
+
+#ifndef FUSEBOX_VERSION
+#define FUSEBOX_VERSION "0.1.0"
+#endif
+
+namespace fusebox {
+namespace {
+
+std::string version_string(int64_t v) {
+  // cuDNN 9: major*10000 + minor*100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
+}
+
+std::string loaded_cudnn_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cudnnGetVersion), &info) && info.dli_fname) return info.dli_fname;
+  return "(unknown path)";
+}
+
+}  // namespace
+
+std::string_view heuristic_mode_name(HeuristicMode m) {
+  switch (m) {
+    case HeuristicMode::kA: return "a";
+    case HeuristicMode::kB: return "b";
+    case HeuristicMode::kFallback: return "fallback";
+  }
+  return "?";
+}
+
+Result<std::vector<HeuristicMode>> parse_heuristic_modes(std::string_view csv) {
+  std::vector<HeuristicMode> out;
+  size_t start = 0;
+  while (start <= csv.size()) {
+    size_t end = csv.find(',', start);
+    if (end == std::string_view::npos) end = csv.size();
+    std::string_view item = csv.substr(start, end - start);
+    if (item == "a" || item == "A") {
+      out.push_back(HeuristicMode::kA);
+    } else if (item == "b" || item == "B") {
+      out.push_back(HeuristicMode::kB);
+    } else if (item == "fallback") {
+      out.push_back(HeuristicMode::kFallback);
+    } else {
+      return InvalidArgument("--heuristics: unknown mode '" + std::string(item) +
+                             "': accepted are a, b, fallback (comma-separated, e.g. a,fallback)");
+    }
+    start = end + 1;
+  }
+  return out;
+}
+
+int gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+Status check_cudnn_runtime() {
+  const int64_t runtime = static_cast<int64_t>(cudnnGetVersion());
+  if (runtime < CUDNN_VERSION) {
+    return Status(StatusCode::kVersionMismatch,
+                  "cuDNN runtime " + version_string(runtime) + " (loaded from " + loaded_cudnn_path() +
+                      ") is older than the cuDNN headers fusebox was built with (" + version_string(CUDNN_VERSION) +
+                      "): put cuDNN >= " + version_string(CUDNN_VERSION) + " first on LD_LIBRARY_PATH");
+  }
+  return Status::Ok();
+}
+
+SystemInfo system_info() {
+  SystemInfo s;
+  s.fusebox_version = FUSEBOX_VERSION;
+  s.frontend_version = std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
+                       std::to_string(CUDNN_FRONTEND_MINOR_VERSION) + "." +
+                       std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
+  s.cudnn_header_version = CUDNN_VERSION;
+  s.cudnn_runtime_version = static_cast<int64_t>(cudnnGetVersion());
+  s.cudnn_library_path = loaded_cudnn_path();
+  (void)cudaRuntimeGetVersion(&s.cuda_runtime_version);
+  if (cudaDriverGetVersion(&s.cuda_driver_version) != cudaSuccess) s.cuda_driver_version = 0;
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    s.gpu_error = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    s.gpus.push_back({i, p.name, p.major * 10 + p.minor, p.multiProcessorCount,
+                      static_cast<int64_t>(p.totalGlobalMem)});
+  }
+  return s;
+}
+
+Result<std::string> capture_device_properties(int device_id) {
+  using namespace cudnn;
+  FUSEBOX_RETURN_IF_ERROR(check_cudnn_runtime());
+  if (gpu_count() <= device_id) {
+    return Status(StatusCode::kNoDevice, "devprop: no CUDA GPU with id " + std::to_string(device_id) +
+                                             ": run this on the GPU the plans are for");
+  }
+  std::vector<uint8_t> bytes;
+  try {
+    fe::DeviceProperties props;
+    props.set_device_id(device_id);
+    FUSEBOX_RETURN_IF_ERROR(from_fe(props.build(), "devprop: build device properties"));
+    FUSEBOX_RETURN_IF_ERROR(from_fe(props.serialize(bytes), "devprop: serialize device properties"));
+  }
+  FUSEBOX_CATCH_ALL("devprop")
+  while (!bytes.empty() && bytes.back() == 0) bytes.pop_back();
+  return std::string(bytes.begin(), bytes.end());
+}
+
+Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const std::string& origin) {
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return ParseError(origin + ": not a cuDNN device-properties file (expected a JSON object as written by "
+                               "`fusebox devprop`)");
+  }
+  DeviceTarget t;
+  auto int_field = [&](const char* key, int* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer()) {
+      return ParseError(origin + ": device-properties field '" + key + "' is missing or not an integer");
+    }
+    *out = it->get<int>();
+    return Status::Ok();
+  };
+  int device_ver = 0;
+  FUSEBOX_RETURN_IF_ERROR(int_field("deviceVer", &device_ver));
+  FUSEBOX_RETURN_IF_ERROR(int_field("multiProcessorCount", &t.sm_count));
+  t.sm_version = device_ver / 10;
+  if (t.sm_version < 50 || t.sm_count <= 0) {
+    return ParseError(origin + ": implausible device (deviceVer " + std::to_string(device_ver) + ", " +
+                      std::to_string(t.sm_count) + " SMs)");
+  }
+  if (auto it = j.find("deviceName"); it != j.end() && it->is_string()) t.device_name = it->get<std::string>();
+  t.properties_json = std::move(text);
+  // Let cuDNN itself accept it now rather than fail later in a build.
+  auto props = cudnn::device_properties_for(t);
+  if (!props.ok()) return ParseError(origin + ": cuDNN rejected the device properties: " + props.status().message());
+  return t;
+}
+
+Result<DeviceTarget> DeviceTarget::from_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return IoError(path + ": cannot open device-properties file");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  if (text.size() > (1 << 20)) return ParseError(path + ": too large for a device-properties file");
+  return from_properties_json(std::move(text), path);
+}
+
+Result<DeviceTarget> DeviceTarget::live_gpu(int device_id) {
+  if (gpu_count() <= device_id) {
+    return Status(StatusCode::kNoDevice, "no CUDA GPU with id " + std::to_string(device_id) +
+                                             " is visible; build deviceless with --device FILE");
+  }
+  cudaDeviceProp p{};
+  FUSEBOX_RETURN_IF_ERROR(cudnn::cuda_status(cudaGetDeviceProperties(&p, device_id), "cudaGetDeviceProperties"));
+  DeviceTarget t;
+  t.device_id = device_id;
+  t.device_name = p.name;
+  t.sm_version = p.major * 10 + p.minor;
+  t.sm_count = p.multiProcessorCount;
+  return t;
+}
+
+}  // namespace fusebox

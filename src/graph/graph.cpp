@@ -1,0 +1,310 @@
+// fusebox: graph description helpers: layouts, op names, builder, resolved-graph queries.
+#include <algorithm>
+#include <cctype>
+#include <numeric>
+#include <set>
+
+#include "fusebox/graph.h"
+
+namespace fusebox {
+
+namespace {
+
+std::string join_dims(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
+// Strides for dims laid out with `order` listing dims from slowest to fastest.
+Result<std::vector<int64_t>> strides_for_order(const std::vector<int64_t>& dims,
+                                               const std::vector<size_t>& order) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  int64_t running = 1;
+  for (size_t k = order.size(); k-- > 0;) {
+    size_t d = order[k];
+    strides[d] = running;
+    int64_t dim = std::max<int64_t>(dims[d], 1);
+    if (__builtin_mul_overflow(running, dim, &running)) {
+      return InvalidArgument("dims " + join_dims(dims) + " overflow 64-bit strides");
+    }
+  }
+  return strides;
+}
+
+}  // namespace
+
+Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, std::string_view layout_in) {
+  std::string layout(layout_in);
+  for (char& c : layout) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t rank = dims.size();
+  std::vector<size_t> order(rank);
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto need_rank = [&](size_t want) -> Status {
+    if (rank != want) {
+      return InvalidArgument("layout '" + layout + "' needs rank " + std::to_string(want) + " but dims " +
+                             join_dims(dims) + " have rank " + std::to_string(rank) +
+                             " (use 'channels_last' or 'packed' for other ranks)");
+    }
+    return Status::Ok();
+  };
+  if (layout.empty() || layout == "row_major" || layout == "packed") return strides_for_order(dims, order);
+  if (layout == "nchw" || layout == "ncdhw") {
+    FUSEBOX_RETURN_IF_ERROR(need_rank(layout == "nchw" ? 4 : 5));
+    return strides_for_order(dims, order);
+  }
+  if (layout == "nhwc" || layout == "ndhwc" || layout == "channels_last") {
+    if (layout == "nhwc") FUSEBOX_RETURN_IF_ERROR(need_rank(4));
+    if (layout == "ndhwc") FUSEBOX_RETURN_IF_ERROR(need_rank(5));
+    if (rank < 3) {
+      return InvalidArgument("layout '" + layout + "' needs rank >= 3 but dims " + join_dims(dims) +
+                             " have rank " + std::to_string(rank));
+    }
+    // slowest to fastest: N, spatial..., C
+    std::vector<size_t> cl{0};
+    for (size_t d = 2; d < rank; ++d) cl.push_back(d);
+    cl.push_back(1);
+    return strides_for_order(dims, cl);
+  }
+  if (layout == "col_major") {
+    if (rank < 2) {
+      return InvalidArgument("layout 'col_major' needs rank >= 2 but dims " + join_dims(dims) + " have rank " +
+                             std::to_string(rank));
+    }
+    std::swap(order[rank - 1], order[rank - 2]);
+    return strides_for_order(dims, order);
+  }
+  return InvalidArgument("unknown layout '" + std::string(layout_in) +
+                         "': accepted layouts are nchw, ncdhw, nhwc, ndhwc, channels_last, row_major, "
+                         "packed, col_major");
+}
+
+std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims, const std::vector<int64_t>& like) {
+  const size_t rank = dims.size();
+  std::vector<size_t> order(rank);
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (like.size() == rank) {
+    // slowest first; ties keep the declared order (later dim faster)
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return like[a] > like[b]; });
+  }
+  std::vector<int64_t> strides(rank, 1);
+  int64_t running = 1;
+  for (size_t k = rank; k-- > 0;) {
+    strides[order[k]] = running;
+    int64_t next;
+    if (__builtin_mul_overflow(running, std::max<int64_t>(dims[order[k]], 1), &next)) next = running;
+    running = next;
+  }
+  return strides;
+}
+
+// ---------------------------------------------------------------- ops
+
+std::string_view pointwise_mode_name(PointwiseMode m) {
+  switch (m) {
+    case PointwiseMode::kAdd: return "add";
+    case PointwiseMode::kSub: return "sub";
+    case PointwiseMode::kMul: return "mul";
+    case PointwiseMode::kBiasAdd: return "bias_add";
+    case PointwiseMode::kScale: return "scale";
+    case PointwiseMode::kRelu: return "relu";
+    case PointwiseMode::kGeluTanh: return "gelu_tanh";
+    case PointwiseMode::kGeluErf: return "gelu_erf";
+    case PointwiseMode::kSilu: return "silu";
+    case PointwiseMode::kSigmoid: return "sigmoid";
+    case PointwiseMode::kTanh: return "tanh";
+  }
+  return "unknown";
+}
+
+std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s) {
+  for (PointwiseMode m : {PointwiseMode::kAdd, PointwiseMode::kSub, PointwiseMode::kMul, PointwiseMode::kBiasAdd,
+                          PointwiseMode::kScale, PointwiseMode::kRelu, PointwiseMode::kGeluTanh,
+                          PointwiseMode::kGeluErf, PointwiseMode::kSilu, PointwiseMode::kSigmoid,
+                          PointwiseMode::kTanh}) {
+    if (pointwise_mode_name(m) == s) return m;
+  }
+  return std::nullopt;
+}
+
+bool pointwise_is_unary(PointwiseMode m) {
+  switch (m) {
+    case PointwiseMode::kAdd:
+    case PointwiseMode::kSub:
+    case PointwiseMode::kMul:
+    case PointwiseMode::kBiasAdd:
+    case PointwiseMode::kScale: return false;
+    default: return true;
+  }
+}
+
+std::string_view op_type_name(const OpAttrs& attrs) {
+  if (std::holds_alternative<ConvFpropAttrs>(attrs)) return "conv_fprop";
+  if (std::holds_alternative<MatmulAttrs>(attrs)) return "matmul";
+  return pointwise_mode_name(std::get<PointwiseAttrs>(attrs).mode);
+}
+
+std::vector<std::string_view> op_input_roles(const OpAttrs& attrs) {
+  if (std::holds_alternative<ConvFpropAttrs>(attrs)) return {"x", "w"};
+  if (std::holds_alternative<MatmulAttrs>(attrs)) return {"a", "b"};
+  switch (std::get<PointwiseAttrs>(attrs).mode) {
+    case PointwiseMode::kAdd:
+    case PointwiseMode::kSub:
+    case PointwiseMode::kMul: return {"a", "b"};
+    case PointwiseMode::kBiasAdd: return {"x", "bias"};
+    case PointwiseMode::kScale: return {"x", "scale"};
+    default: return {"x"};
+  }
+}
+
+// ---------------------------------------------------------------- builder
+
+namespace {
+
+bool name_taken(const GraphSpec& g, const std::string& n) {
+  for (const auto& t : g.tensors)
+    if (t.name == n) return true;
+  for (const auto& op : g.ops)
+    for (const auto& [role, out] : op.outputs)
+      if (out == n) return true;
+  return false;
+}
+
+std::string add_op(GraphSpec& g, std::string op_name, OpAttrs attrs, std::vector<std::string> in) {
+  OpSpec op;
+  op.name = std::move(op_name);
+  op.attrs = std::move(attrs);
+  auto roles = op_input_roles(op.attrs);
+  for (size_t i = 0; i < roles.size() && i < in.size(); ++i) op.inputs[std::string(roles[i])] = in[i];
+  std::string out = op.name + ".y";
+  for (int k = 2; name_taken(g, out); ++k) out = op.name + ".y" + std::to_string(k);
+  op.outputs["y"] = out;
+  g.ops.push_back(std::move(op));
+  return out;
+}
+
+}  // namespace
+
+std::string GraphSpec::tensor(std::string tensor_name, std::vector<int64_t> dims, std::string layout,
+                              std::optional<DType> dtype) {
+  TensorSpec t;
+  t.name = std::move(tensor_name);
+  t.dims = std::move(dims);
+  t.layout = std::move(layout);
+  t.dtype = dtype;
+  tensors.push_back(t);
+  return t.name;
+}
+
+std::string GraphSpec::scalar(std::string tensor_name, double value, DType dtype) {
+  TensorSpec t;
+  t.name = std::move(tensor_name);
+  t.scalar_value = value;
+  t.dtype = dtype;
+  tensors.push_back(t);
+  return t.name;
+}
+
+std::string GraphSpec::conv_fprop(std::string op_name, const std::string& x, const std::string& w,
+                                  ConvFpropAttrs attrs) {
+  return add_op(*this, std::move(op_name), std::move(attrs), {x, w});
+}
+
+std::string GraphSpec::matmul(std::string op_name, const std::string& a, const std::string& b) {
+  return add_op(*this, std::move(op_name), MatmulAttrs{}, {a, b});
+}
+
+std::string GraphSpec::pointwise(std::string op_name, PointwiseMode mode, const std::string& in0,
+                                 const std::string& in1) {
+  std::vector<std::string> in{in0};
+  if (!pointwise_is_unary(mode)) in.push_back(in1);
+  return add_op(*this, std::move(op_name), PointwiseAttrs{mode}, std::move(in));
+}
+
+void GraphSpec::output(const std::string& tensor_name, std::string layout, std::optional<DType> dtype) {
+  for (auto& t : tensors) {
+    if (t.name == tensor_name) {
+      t.is_virtual = false;
+      if (!layout.empty()) t.layout = layout;
+      if (dtype) t.dtype = dtype;
+      return;
+    }
+  }
+  TensorSpec t;
+  t.name = tensor_name;
+  t.layout = std::move(layout);
+  t.dtype = dtype;
+  tensors.push_back(std::move(t));
+}
+
+// ---------------------------------------------------------------- resolved form
+
+int64_t ResolvedTensor::element_count() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+int64_t ResolvedTensor::storage_elements() const {
+  int64_t span = 1;
+  for (size_t i = 0; i < dims.size() && i < strides.size(); ++i) span += (dims[i] - 1) * strides[i];
+  return span;
+}
+
+int64_t ResolvedTensor::storage_bytes() const {
+  return storage_elements() * static_cast<int64_t>(dtype_size_bytes(dtype));
+}
+
+int ResolvedGraph::find_tensor(std::string_view tensor_name) const {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == tensor_name) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<int> ResolvedGraph::input_tensors() const {
+  std::vector<int> r;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].is_input) r.push_back(static_cast<int>(i));
+  return r;
+}
+
+std::vector<int> ResolvedGraph::output_tensors() const {
+  std::vector<int> r;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].is_output) r.push_back(static_cast<int>(i));
+  return r;
+}
+
+double ResolvedGraph::flops() const {
+  double total = 0;
+  for (const auto& op : ops) {
+    auto in = [&](const char* role) -> const ResolvedTensor& { return tensors[op.inputs.at(role)]; };
+    const ResolvedTensor& y = tensors[op.outputs.at("y")];
+    if (std::holds_alternative<ConvFpropAttrs>(op.attrs)) {
+      const auto& w = in("w");
+      double macs = static_cast<double>(y.element_count());  // N*K*P*Q(*O)
+      for (size_t d = 1; d < w.dims.size(); ++d) macs *= static_cast<double>(w.dims[d]);  // C*R*S
+      total += 2 * macs;
+    } else if (std::holds_alternative<MatmulAttrs>(op.attrs)) {
+      const auto& a = in("a");
+      total += 2.0 * static_cast<double>(y.element_count()) * static_cast<double>(a.dims.back());
+    } else {
+      total += static_cast<double>(y.element_count());
+    }
+  }
+  return total;
+}
+
+double ResolvedGraph::bytes_moved() const {
+  double total = 0;
+  for (const auto& t : tensors) {
+    if (t.is_virtual || t.scalar_value) continue;
+    total += static_cast<double>(t.element_count()) * static_cast<double>(dtype_size_bytes(t.dtype));
+  }
+  return total;
+}
+
+}  // namespace fusebox

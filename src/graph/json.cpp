@@ -1,0 +1,305 @@
+// fusebox: the JSON graph format (docs/graph-format.md).
+// Never converts JSON to or from `float`: the cuDNN frontend specializes
+// nlohmann::adl_serializer<float> in other translation units (ODR), so only
+// double and integers are used here.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <system_error>
+
+#include "fusebox/graph.h"
+
+namespace fusebox {
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+constexpr std::uintmax_t kMaxGraphFileBytes = 64ull << 20;
+
+std::string type_and_value(const json& v) {
+  std::string dump = v.dump();
+  if (dump.size() > 40) dump = dump.substr(0, 37) + "...";
+  if (v.is_string()) return dump;  // already quoted
+  const char* t = v.is_null() ? "null" : v.is_boolean() ? "a boolean" : v.is_number() ? "a number"
+                  : v.is_array() ? "an array" : "an object";
+  if (v.is_number() || v.is_boolean() || v.is_null()) return dump;
+  return std::string(t) + " " + dump;
+}
+
+class Parser {
+ public:
+  explicit Parser(std::string_view origin) : origin_(origin) {}
+
+  Status err(const std::string& path, const std::string& msg) const {
+    return InvalidArgument(origin_ + ": " + path + ": " + msg);
+  }
+  Status expected(const std::string& path, const char* what, const json& v) const {
+    return err(path, std::string("expected ") + what + ", got " + type_and_value(v));
+  }
+
+  Status check_fields(const std::string& path, const json& obj, std::initializer_list<const char*> accepted) const {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      bool ok = false;
+      for (const char* a : accepted) ok = ok || it.key() == a;
+      if (!ok) {
+        std::string list;
+        for (const char* a : accepted) {
+          if (!list.empty()) list += ", ";
+          list += a;
+        }
+        return err(path, "unknown field '" + it.key() + "': accepted fields are " + list);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Result<std::string> get_string(const std::string& path, const json& v) const {
+    if (!v.is_string()) return expected(path, "a string", v);
+    return v.get<std::string>();
+  }
+
+  Result<int64_t> get_int(const std::string& path, const json& v) const {
+    if (v.is_number_unsigned()) {
+      auto u = v.get<uint64_t>();
+      if (u > static_cast<uint64_t>(INT64_MAX)) return err(path, "integer " + v.dump() + " is out of range");
+      return static_cast<int64_t>(u);
+    }
+    if (!v.is_number_integer()) return expected(path, "an integer", v);
+    return v.get<int64_t>();
+  }
+
+  Result<std::vector<int64_t>> get_int_list(const std::string& path, const json& v) const {
+    if (!v.is_array()) return expected(path, "an array of integers", v);
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      FUSEBOX_ASSIGN_OR_RETURN(int64_t x, get_int(path + "[" + std::to_string(i) + "]", v[i]));
+      out.push_back(x);
+    }
+    return out;
+  }
+
+  Result<DType> get_dtype(const std::string& path, const json& v) const {
+    FUSEBOX_ASSIGN_OR_RETURN(std::string s, get_string(path, v));
+    auto t = parse_dtype(s);
+    if (!t) return err(path, "unknown dtype \"" + s + "\": accepted dtypes are " + std::string(dtype_accepted_names()));
+    return *t;
+  }
+
+  Result<TensorSpec> tensor(const std::string& base, const json& v) const {
+    if (!v.is_object()) return expected(base, "an object", v);
+    std::string path = base;
+    if (v.contains("name") && v["name"].is_string()) path += " ('" + v["name"].get<std::string>() + "')";
+    FUSEBOX_RETURN_IF_ERROR(
+        check_fields(path, v, {"name", "dims", "strides", "layout", "dtype", "virtual", "scalar"}));
+    TensorSpec t;
+    if (!v.contains("name")) return err(path, "missing field 'name'");
+    FUSEBOX_ASSIGN_OR_RETURN(t.name, get_string(path + ".name", v["name"]));
+    if (v.contains("dims")) {
+      FUSEBOX_ASSIGN_OR_RETURN(t.dims, get_int_list(path + ".dims", v["dims"]));
+    }
+    if (v.contains("strides")) {
+      FUSEBOX_ASSIGN_OR_RETURN(t.strides, get_int_list(path + ".strides", v["strides"]));
+    }
+    if (v.contains("layout")) {
+      FUSEBOX_ASSIGN_OR_RETURN(t.layout, get_string(path + ".layout", v["layout"]));
+    }
+    if (v.contains("dtype")) {
+      FUSEBOX_ASSIGN_OR_RETURN(t.dtype, get_dtype(path + ".dtype", v["dtype"]));
+    }
+    if (v.contains("virtual")) {
+      if (!v["virtual"].is_boolean()) return expected(path + ".virtual", "true or false", v["virtual"]);
+      t.is_virtual = v["virtual"].get<bool>();
+    }
+    if (v.contains("scalar")) {
+      if (!v["scalar"].is_number()) return expected(path + ".scalar", "a number", v["scalar"]);
+      t.scalar_value = v["scalar"].get<double>();
+    }
+    return t;
+  }
+
+  Result<OpSpec> op(const std::string& base, const json& v) const {
+    if (!v.is_object()) return expected(base, "an object", v);
+    std::string path = base;
+    if (v.contains("name") && v["name"].is_string()) path += " ('" + v["name"].get<std::string>() + "')";
+    OpSpec o;
+    if (!v.contains("op")) return err(path, "missing field 'op' (the op type, e.g. \"conv_fprop\")");
+    FUSEBOX_ASSIGN_OR_RETURN(std::string type, get_string(path + ".op", v["op"]));
+    bool conv = false;
+    if (type == "conv_fprop") {
+      o.attrs = ConvFpropAttrs{};
+      conv = true;
+    } else if (type == "matmul") {
+      o.attrs = MatmulAttrs{};
+    } else if (auto m = parse_pointwise_mode(type)) {
+      o.attrs = PointwiseAttrs{*m};
+    } else {
+      return err(path + ".op", "unknown op \"" + type +
+                                   "\": accepted ops are conv_fprop, matmul, add, sub, mul, bias_add, scale, relu, "
+                                   "gelu_tanh, gelu_erf, silu, sigmoid, tanh");
+    }
+    if (conv) {
+      FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "padding",
+                                                     "stride", "dilation"}));
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype"}));
+    }
+    if (!v.contains("name")) return err(path, "missing field 'name' (every op needs a unique name)");
+    FUSEBOX_ASSIGN_OR_RETURN(o.name, get_string(path + ".name", v["name"]));
+    if (!v.contains("inputs")) return err(path, "missing field 'inputs' (an object: role -> tensor name)");
+    FUSEBOX_ASSIGN_OR_RETURN(o.inputs, role_map(path + ".inputs", v["inputs"]));
+    if (v.contains("outputs")) {
+      FUSEBOX_ASSIGN_OR_RETURN(o.outputs, role_map(path + ".outputs", v["outputs"]));
+    } else {
+      o.outputs["y"] = o.name + ".y";
+    }
+    if (v.contains("compute_dtype")) {
+      FUSEBOX_ASSIGN_OR_RETURN(o.compute_dtype, get_dtype(path + ".compute_dtype", v["compute_dtype"]));
+    }
+    if (conv) {
+      auto& a = std::get<ConvFpropAttrs>(o.attrs);
+      if (v.contains("padding")) {
+      FUSEBOX_ASSIGN_OR_RETURN(a.padding, get_int_list(path + ".padding", v["padding"]));
+    }
+      if (v.contains("stride")) {
+      FUSEBOX_ASSIGN_OR_RETURN(a.stride, get_int_list(path + ".stride", v["stride"]));
+    }
+      if (v.contains("dilation")) {
+        FUSEBOX_ASSIGN_OR_RETURN(a.dilation, get_int_list(path + ".dilation", v["dilation"]));
+      }
+    }
+    return o;
+  }
+
+  Result<std::map<std::string, std::string>> role_map(const std::string& path, const json& v) const {
+    if (!v.is_object()) return expected(path, "an object (role -> tensor name)", v);
+    std::map<std::string, std::string> m;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      FUSEBOX_ASSIGN_OR_RETURN(m[it.key()], get_string(path + "." + it.key(), it.value()));
+    }
+    return m;
+  }
+
+  Result<GraphSpec> graph(const json& root) const {
+    if (!root.is_object()) return expected("graph", "an object", root);
+    FUSEBOX_RETURN_IF_ERROR(
+        check_fields("graph", root, {"name", "io_dtype", "intermediate_dtype", "compute_dtype", "tensors", "ops"}));
+    GraphSpec g;
+    if (root.contains("name")) {
+      FUSEBOX_ASSIGN_OR_RETURN(g.name, get_string("name", root["name"]));
+    }
+    if (root.contains("io_dtype")) {
+      FUSEBOX_ASSIGN_OR_RETURN(g.io_dtype, get_dtype("io_dtype", root["io_dtype"]));
+    }
+    if (root.contains("intermediate_dtype")) {
+      FUSEBOX_ASSIGN_OR_RETURN(g.intermediate_dtype, get_dtype("intermediate_dtype", root["intermediate_dtype"]));
+    }
+    if (root.contains("compute_dtype")) {
+      FUSEBOX_ASSIGN_OR_RETURN(g.compute_dtype, get_dtype("compute_dtype", root["compute_dtype"]));
+    }
+    if (!root.contains("tensors")) return err("graph", "missing field 'tensors' (an array of tensor objects)");
+    if (!root["tensors"].is_array()) return expected("tensors", "an array", root["tensors"]);
+    for (size_t i = 0; i < root["tensors"].size(); ++i) {
+      FUSEBOX_ASSIGN_OR_RETURN(TensorSpec t, tensor("tensors[" + std::to_string(i) + "]", root["tensors"][i]));
+      g.tensors.push_back(std::move(t));
+    }
+    if (!root.contains("ops")) return err("graph", "missing field 'ops' (an array of op objects)");
+    if (!root["ops"].is_array()) return expected("ops", "an array", root["ops"]);
+    for (size_t i = 0; i < root["ops"].size(); ++i) {
+      FUSEBOX_ASSIGN_OR_RETURN(OpSpec o, op("ops[" + std::to_string(i) + "]", root["ops"][i]));
+      g.ops.push_back(std::move(o));
+    }
+    return g;
+  }
+
+ private:
+  std::string origin_;
+};
+
+}  // namespace
+
+Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origin) {
+  try {
+    json root;
+    try {
+      root = json::parse(text.begin(), text.end());
+    } catch (const json::parse_error& e) {
+      // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+      std::string what = e.what();
+      auto p = what.find("] ");
+      if (p != std::string::npos) what = what.substr(p + 2);
+      return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + what);
+    }
+    return Parser(origin).graph(root);
+  } catch (const std::exception& e) {
+    return Internal(std::string(origin) + ": unexpected error while reading the graph: " + e.what());
+  }
+}
+
+Result<GraphSpec> load_graph_file(const std::string& path) {
+  try {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+      return IoError("cannot read graph file '" + path + "': it is a directory");
+    }
+    auto size = std::filesystem::file_size(path, ec);
+    if (ec) return IoError("cannot read graph file '" + path + "': " + ec.message());
+    if (size > kMaxGraphFileBytes) {
+      return IoError("graph file '" + path + "' is " + std::to_string(size) +
+                     " bytes: graph files are limited to 64 MiB");
+    }
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return IoError("cannot read graph file '" + path + "': open failed");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (in.bad()) return IoError("cannot read graph file '" + path + "': read failed");
+    return parse_graph_json(ss.str(), path);
+  } catch (const std::exception& e) {
+    return IoError("cannot read graph file '" + path + "': " + e.what());
+  }
+}
+
+std::string graph_to_json(const GraphSpec& spec, int indent) {
+  ordered_json root;
+  root["name"] = spec.name;
+  root["io_dtype"] = std::string(dtype_name(spec.io_dtype));
+  root["intermediate_dtype"] = std::string(dtype_name(spec.intermediate_dtype));
+  root["compute_dtype"] = std::string(dtype_name(spec.compute_dtype));
+  ordered_json tensors = ordered_json::array();
+  for (const auto& t : spec.tensors) {
+    ordered_json j;
+    j["name"] = t.name;
+    if (!t.dims.empty()) j["dims"] = t.dims;
+    if (!t.strides.empty()) j["strides"] = t.strides;
+    if (!t.layout.empty()) j["layout"] = t.layout;
+    if (t.dtype) j["dtype"] = std::string(dtype_name(*t.dtype));
+    if (t.is_virtual) j["virtual"] = true;
+    if (t.scalar_value) j["scalar"] = static_cast<double>(*t.scalar_value);
+    tensors.push_back(std::move(j));
+  }
+  root["tensors"] = std::move(tensors);
+  ordered_json ops = ordered_json::array();
+  for (const auto& o : spec.ops) {
+    ordered_json j;
+    j["op"] = std::string(op_type_name(o.attrs));
+    j["name"] = o.name;
+    ordered_json in = ordered_json::object(), out = ordered_json::object();
+    for (const auto& [role, name] : o.inputs) in[role] = name;
+    for (const auto& [role, name] : o.outputs) out[role] = name;
+    j["inputs"] = std::move(in);
+    j["outputs"] = std::move(out);
+    if (o.compute_dtype) j["compute_dtype"] = std::string(dtype_name(*o.compute_dtype));
+    if (auto* c = std::get_if<ConvFpropAttrs>(&o.attrs)) {
+      if (!c->padding.empty()) j["padding"] = c->padding;
+      if (!c->stride.empty()) j["stride"] = c->stride;
+      if (!c->dilation.empty()) j["dilation"] = c->dilation;
+    }
+    ops.push_back(std::move(j));
+  }
+  root["ops"] = std::move(ops);
+  return root.dump(indent);
+}
+
+}  // namespace fusebox

@@ -1,0 +1,109 @@
+// fusebox: comparison of an output with its reference.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "fusebox/reference.h"
+
+namespace fusebox {
+
+// Tolerances are relative to the reference's scale (rel_l2 over the whole
+// tensor, max_abs_rel against max|ref|), so they do not depend on the data's
+// magnitude. The reference is unrounded fp32/fp64, so the output's own
+// rounding (half an ulp: bf16 2^-9 = 2e-3, fp16 2^-12 = 2.4e-4, e4m3 2^-4 =
+// 6e-2, e5m2 2^-3 = 1.25e-1) plus cuDNN's accumulation-order and
+// reduced-precision differences must fit:
+//   bf16: rel_l2 1e-2 (about 5x the rounding), max 4e-2 (a few ulps at the peak).
+//   fp16: rel_l2 3e-3, max 1e-2: output rounding is small, but cuDNN may keep
+//         fused intermediates in fp16/bf16-ish precision.
+//   fp32: cuDNN may use TF32 tensor cores (10-bit mantissa, 2^-11 = 4.9e-4 per
+//         product), so the same as fp16 rather than fp32's 1e-6.
+//   fp8:  the quantization step itself: e4m3 7e-2/2.5e-1, e5m2 1.4e-1/5e-1.
+//   int:  exact.
+Tolerance default_tolerance(DType output_dtype) {
+  switch (output_dtype) {
+    case DType::kBF16: return {1e-2, 4e-2};
+    case DType::kFP16: return {3e-3, 1e-2};
+    case DType::kFP32: return {3e-3, 1e-2};
+    case DType::kFP8E4M3: return {7e-2, 2.5e-1};
+    case DType::kFP8E5M2: return {1.4e-1, 5e-1};
+    case DType::kInt32:
+    case DType::kInt64: return {0, 0};
+  }
+  return {1e-2, 4e-2};
+}
+
+Comparison compare(const std::string& tensor, const std::vector<float>& reference, const std::vector<float>& actual,
+                   Tolerance tol) {
+  Comparison c;
+  c.tensor = tensor;
+  c.tolerance = tol;
+  c.elements = static_cast<int64_t>(actual.size());
+  if (reference.size() != actual.size()) {
+    c.error = "size mismatch: actual has " + std::to_string(actual.size()) + " elements, reference " +
+              std::to_string(reference.size());
+    c.pass = false;
+    return c;
+  }
+  double diff2 = 0, ref2 = 0, max_ref = 0;
+  int64_t first_non_finite = -1;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double a = actual[i], r = reference[i];
+    if (!std::isfinite(a)) {
+      if (c.non_finite++ == 0) first_non_finite = static_cast<int64_t>(i);
+      continue;
+    }
+    if (std::isfinite(r)) {
+      ref2 += r * r;
+      max_ref = std::max(max_ref, std::fabs(r));
+    }
+    const double d = std::fabs(a - r);
+    if (!std::isfinite(d)) {
+      // A non-finite reference (overflow in the reference itself) cannot match a finite output.
+      if (c.non_finite++ == 0) first_non_finite = static_cast<int64_t>(i);
+      continue;
+    }
+    diff2 += d * d;
+    if (d > c.max_abs || c.worst_index < 0) {
+      c.max_abs = std::max(c.max_abs, d);
+      c.worst_index = static_cast<int64_t>(i);
+    }
+  }
+  // An all-zero reference has no scale: the errors are taken as absolute
+  // (inputs are drawn in [-1, 1], so unit scale is the natural one).
+  const double ref_norm = std::sqrt(ref2);
+  c.rel_l2 = ref_norm > 0 ? std::sqrt(diff2) / ref_norm : std::sqrt(diff2);
+  c.max_abs_rel = max_ref > 0 ? c.max_abs / max_ref : c.max_abs;
+  if (first_non_finite >= 0) c.worst_index = first_non_finite;
+  c.pass = c.non_finite == 0 && c.rel_l2 <= tol.rel_l2 && c.max_abs_rel <= tol.max_abs_rel;
+  return c;
+}
+
+namespace {
+// "1e-02" when one digit is exact, else "2.5e-01".
+std::string tol_string(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0e", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.1e", v);
+  return buf;
+}
+}  // namespace
+
+std::string Comparison::ToString() const {
+  char buf[512];
+  if (!error.empty()) return tensor + ": " + error + ": FAIL";
+  std::snprintf(buf, sizeof buf,
+                "%s: rel_l2=%.1e max_abs=%.1e (max_abs/max|ref|=%.1e) over %lld elements: %s (tol rel_l2<=%s, "
+                "max<=%s)",
+                tensor.c_str(), rel_l2, max_abs, max_abs_rel, static_cast<long long>(elements),
+                pass ? "PASS" : "FAIL", tol_string(tolerance.rel_l2).c_str(),
+                tol_string(tolerance.max_abs_rel).c_str());
+  std::string s = buf;
+  if (non_finite > 0)
+    s += "; " + std::to_string(non_finite) + " non-finite values, first at index " + std::to_string(worst_index);
+  else if (!pass && worst_index >= 0)
+    s += "; worst at index " + std::to_string(worst_index);
+  return s;
+}
+
+}  // namespace fusebox

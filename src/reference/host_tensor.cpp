@@ -1,0 +1,411 @@
+// fusebox: host tensors, deterministic random inputs, and .npy I/O.
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "fusebox/tensor.h"
+#include "reference/tensor_util.h"
+
+namespace fusebox {
+
+using reference_detail::dims_string;
+using reference_detail::for_each_element;
+using reference_detail::product;
+using reference_detail::storage_span;
+
+static_assert(std::endian::native == std::endian::little, ".npy I/O assumes a little-endian host");
+
+// ---------------------------------------------------------------- HostTensor
+
+HostTensor HostTensor::like(const ResolvedTensor& t) {
+  HostTensor h;
+  h.dtype = t.dtype;
+  h.dims = t.dims;
+  h.strides = t.strides;
+  if (h.strides.size() != h.dims.size()) h.strides = reference_detail::dense_row_major(h.dims);
+  h.data.assign(static_cast<size_t>(storage_span(h.dims, h.strides)) * dtype_size_bytes(h.dtype), 0);
+  return h;
+}
+
+int64_t HostTensor::element_count() const { return product(dims); }
+
+double HostTensor::at(const std::vector<int64_t>& idx) const {
+  int64_t offset = 0;
+  for (size_t i = 0; i < idx.size() && i < strides.size(); ++i) offset += idx[i] * strides[i];
+  return load_element(data.data() + offset * dtype_size_bytes(dtype), dtype);
+}
+
+std::vector<float> HostTensor::to_float_logical() const {
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(element_count(), 0)));
+  const size_t esize = dtype_size_bytes(dtype);
+  for_each_element(dims, strides, [&](int64_t i, int64_t off) {
+    out[i] = static_cast<float>(load_element(data.data() + off * esize, dtype));
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------- random_tensor
+
+namespace {
+
+// FNV-1a: a hash of the name that is the same on every platform (std::hash is not).
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, 1) from the top 53 bits: unlike std::uniform_real_distribution,
+// identical across standard libraries.
+double unit_double(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, double hi) {
+  HostTensor h = HostTensor::like(t);
+  const size_t esize = dtype_size_bytes(h.dtype);
+  uint8_t* base = h.data.data();
+  if (t.scalar_value) {
+    for_each_element(h.dims, h.strides,
+                     [&](int64_t, int64_t off) { store_element(base + off * esize, h.dtype, *t.scalar_value); });
+    return h;
+  }
+  if (hi < lo) std::swap(lo, hi);
+  std::mt19937_64 rng(splitmix64(seed ^ splitmix64(fnv1a(t.name))));
+  // Values are drawn in logical order, so a tensor's values do not depend on its layout.
+  if (dtype_is_float(h.dtype)) {
+    for_each_element(h.dims, h.strides, [&](int64_t, int64_t off) {
+      store_element(base + off * esize, h.dtype, lo + unit_double(rng) * (hi - lo));
+    });
+  } else {
+    // Small integers: the range [ceil(lo), floor(hi)], widened to [-4, 4] if it holds fewer than 2 values.
+    int64_t ilo = static_cast<int64_t>(std::ceil(lo)), ihi = static_cast<int64_t>(std::floor(hi));
+    if (ihi - ilo < 1) ilo = -4, ihi = 4;
+    const uint64_t span = static_cast<uint64_t>(ihi - ilo + 1);
+    for_each_element(h.dims, h.strides, [&](int64_t, int64_t off) {
+      store_element(base + off * esize, h.dtype, static_cast<double>(ilo + static_cast<int64_t>(rng() % span)));
+    });
+  }
+  // Never constant: with a narrow range and a coarse dtype every draw could round alike.
+  if (h.element_count() > 1) {
+    std::vector<float> v = h.to_float_logical();
+    bool constant = true;
+    for (float x : v) constant = constant && x == v[0];
+    if (constant) {
+      // Move element 1 to the nearest value the dtype can tell apart from
+      // element 0, toward the middle of the range (out of it if it is narrower than one step).
+      const double v0 = v[0];
+      const double dir = v0 >= 0.5 * (lo + hi) ? -1.0 : 1.0;
+      int64_t second = -1;
+      for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
+        if (i == 1) second = off;
+      });
+      uint8_t* p = base + second * esize;
+      double step = dtype_is_float(h.dtype) ? std::max(std::fabs(v0), 1e-3) * 0x1.0p-12 : 1.0;
+      for (int tries = 0; tries < 64; ++tries, step *= 2) {
+        store_element(p, h.dtype, v0 + dir * step);
+        if (load_element(p, h.dtype) != v0) break;
+      }
+    }
+  }
+  return h;
+}
+
+// ---------------------------------------------------------------- .npy
+
+namespace {
+
+struct NpyHeader {
+  std::string descr;
+  bool fortran_order = false;
+  bool has_descr = false, has_fortran = false, has_shape = false;
+  std::vector<int64_t> shape;
+};
+
+std::string shape_tuple(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+// Parses the Python dict literal of a .npy header, e.g.
+// {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+class HeaderParser {
+ public:
+  explicit HeaderParser(std::string_view text) : s_(text) {}
+
+  Status Parse(NpyHeader* h) {
+    SkipSpace();
+    if (!Consume('{')) return Error("expected '{'");
+    while (true) {
+      SkipSpace();
+      if (Consume('}')) break;
+      std::string key;
+      FUSEBOX_RETURN_IF_ERROR(ParseString(&key));
+      SkipSpace();
+      if (!Consume(':')) return Error("expected ':' after key '" + key + "'");
+      SkipSpace();
+      if (key == "descr") {
+        FUSEBOX_RETURN_IF_ERROR(ParseString(&h->descr));
+        h->has_descr = true;
+      } else if (key == "fortran_order") {
+        if (ConsumeWord("True")) h->fortran_order = true;
+        else if (ConsumeWord("False")) h->fortran_order = false;
+        else return Error("fortran_order must be True or False");
+        h->has_fortran = true;
+      } else if (key == "shape") {
+        FUSEBOX_RETURN_IF_ERROR(ParseShape(&h->shape));
+        h->has_shape = true;
+      } else {
+        return Error("unexpected key '" + key + "'");
+      }
+      SkipSpace();
+      if (Consume(',')) continue;
+      SkipSpace();
+      if (Consume('}')) break;
+      return Error("expected ',' or '}'");
+    }
+    if (!h->has_descr || !h->has_fortran || !h->has_shape)
+      return Error("header lacks one of 'descr', 'fortran_order', 'shape'");
+    return Status::Ok();
+  }
+
+ private:
+  Status Error(const std::string& what) const {
+    return ParseError("malformed header at offset " + std::to_string(pos_) + ": " + what);
+  }
+  void SkipSpace() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+  }
+  bool Consume(char c) {
+    if (pos_ < s_.size() && s_[pos_] == c) return ++pos_, true;
+    return false;
+  }
+  bool ConsumeWord(std::string_view w) {
+    if (s_.substr(pos_, w.size()) == w) return pos_ += w.size(), true;
+    return false;
+  }
+  Status ParseString(std::string* out) {
+    if (pos_ >= s_.size() || (s_[pos_] != '\'' && s_[pos_] != '"')) return Error("expected a quoted string");
+    const char q = s_[pos_++];
+    const size_t end = s_.find(q, pos_);
+    if (end == std::string_view::npos) return Error("unterminated string");
+    *out = std::string(s_.substr(pos_, end - pos_));
+    pos_ = end + 1;
+    return Status::Ok();
+  }
+  Status ParseShape(std::vector<int64_t>* shape) {
+    if (!Consume('(')) return Error("shape must be a tuple");
+    while (true) {
+      SkipSpace();
+      if (Consume(')')) return Status::Ok();
+      if (pos_ >= s_.size() || s_[pos_] < '0' || s_[pos_] > '9') return Error("shape entries must be non-negative integers");
+      int64_t v = 0;
+      while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
+        if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) return Error("shape entry too large");
+        v = v * 10 + (s_[pos_++] - '0');
+      }
+      if (pos_ < s_.size() && s_[pos_] == 'L') ++pos_;  // Python 2 long suffix
+      shape->push_back(v);
+      SkipSpace();
+      if (Consume(',')) continue;
+      SkipSpace();
+      if (Consume(')')) return Status::Ok();
+      return Error("expected ',' or ')' in shape");
+    }
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+// The numpy type a .npy descr names; nullopt for any we do not read.
+struct NpyType {
+  bool is_float;
+  size_t bytes;
+};
+std::optional<NpyType> parse_descr(const std::string& d) {
+  if (d.size() != 3 || (d[0] != '<' && d[0] != '=' && d[0] != '|')) return std::nullopt;
+  const std::string t = d.substr(1);
+  if (t == "f2") return NpyType{true, 2};
+  if (t == "f4") return NpyType{true, 4};
+  if (t == "f8") return NpyType{true, 8};
+  if (t == "i4") return NpyType{false, 4};
+  if (t == "i8") return NpyType{false, 8};
+  return std::nullopt;
+}
+
+double load_npy_element(const uint8_t* p, const std::string& descr) {
+  const std::string t = descr.substr(1);
+  if (t == "f2") {
+    unsigned short b;
+    std::memcpy(&b, p, 2);
+    return fp16_bits_to_float(b);
+  }
+  if (t == "f4") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  if (t == "f8") {
+    double f;
+    std::memcpy(&f, p, 8);
+    return f;
+  }
+  if (t == "i4") {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return static_cast<double>(v);
+}
+
+}  // namespace
+
+Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t) {
+  const std::string where = path + ": ";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(where + "cannot open for reading (tensor '" + t.name + "')");
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    return IoError(where + "read failed: " + e.what());
+  }
+  if (in.bad()) return IoError(where + "read failed");
+
+  static const uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
+  if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0)
+    return ParseError(where + "not a .npy file (bad magic; expected \\x93NUMPY)");
+  const int major = bytes[6];
+  size_t header_len = 0, prefix = 0;
+  if (major == 1) {
+    header_len = bytes[8] | (static_cast<size_t>(bytes[9]) << 8);
+    prefix = 10;
+  } else if (major == 2 || major == 3) {
+    if (bytes.size() < 12) return ParseError(where + "truncated .npy header");
+    header_len = bytes[8] | (static_cast<size_t>(bytes[9]) << 8) | (static_cast<size_t>(bytes[10]) << 16) |
+                 (static_cast<size_t>(bytes[11]) << 24);
+    prefix = 12;
+  } else {
+    return ParseError(where + "unsupported .npy version " + std::to_string(major) + "." +
+                      std::to_string(bytes[7]) + " (accepted: 1.x, 2.x, 3.x)");
+  }
+  if (header_len > bytes.size() - prefix)
+    return ParseError(where + "truncated .npy header (header length " + std::to_string(header_len) + " but file has " +
+                      std::to_string(bytes.size()) + " bytes)");
+
+  NpyHeader h;
+  const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + prefix), header_len);
+  if (Status st = HeaderParser(header_text).Parse(&h); !st.ok()) return st.WithContext(path);
+  if (h.fortran_order) return NotSupported(where + "fortran_order=True arrays are not supported (save a C-ordered array, e.g. np.ascontiguousarray)");
+  if (!h.descr.empty() && h.descr[0] == '>')
+    return NotSupported(where + "big-endian dtype '" + h.descr + "' is not supported (use '<' little-endian)");
+  const std::optional<NpyType> type = parse_descr(h.descr);
+  if (!type) return NotSupported(where + "unsupported dtype '" + h.descr + "' (accepted: <f2, <f4, <f8, <i4, <i8)");
+  if (type->is_float && !dtype_is_float(t.dtype))
+    return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
+                           std::string(dtype_name(t.dtype)) + " (save an integer array)");
+
+  // Shape must equal the tensor dims; a 0-d array feeds a tensor of one element.
+  const bool scalar_ok = h.shape.empty() && product(t.dims) == 1;
+  if (h.shape != t.dims && !scalar_ok)
+    return InvalidArgument(where + "shape " + shape_tuple(h.shape) + " does not match tensor '" + t.name + "' dims " +
+                           dims_string(t.dims));
+
+  const int64_t count = product(t.dims);
+  const size_t data_bytes = static_cast<size_t>(count) * type->bytes;
+  const size_t have = bytes.size() - prefix - header_len;
+  if (have != data_bytes)
+    return ParseError(where + (have < data_bytes ? "truncated: " : "trailing bytes: ") + "has " + std::to_string(have) +
+                      " data bytes, shape " + shape_tuple(h.shape) + " of '" + h.descr + "' needs " +
+                      std::to_string(data_bytes));
+
+  HostTensor out = HostTensor::like(t);
+  const uint8_t* src = bytes.data() + prefix + header_len;
+  const size_t esize = dtype_size_bytes(out.dtype);
+  for_each_element(out.dims, out.strides, [&](int64_t i, int64_t off) {
+    store_element(out.data.data() + off * esize, out.dtype, load_npy_element(src + i * type->bytes, h.descr));
+  });
+  return out;
+}
+
+Status write_npy(const std::string& path, const HostTensor& t) {
+  std::string descr;
+  size_t npy_bytes = 0;
+  switch (t.dtype) {
+    case DType::kFP16: descr = "<f2", npy_bytes = 2; break;
+    case DType::kInt32: descr = "<i4", npy_bytes = 4; break;
+    case DType::kInt64: descr = "<i8", npy_bytes = 8; break;
+    default: descr = "<f4", npy_bytes = 4; break;  // fp32, and bf16/fp8 widened exactly
+  }
+  if (t.strides.size() != t.dims.size())
+    return InvalidArgument(path + ": tensor has " + std::to_string(t.dims.size()) + " dims but " +
+                           std::to_string(t.strides.size()) + " strides");
+  const size_t esize = dtype_size_bytes(t.dtype);
+  if (t.data.size() < static_cast<size_t>(storage_span(t.dims, t.strides)) * esize)
+    return InvalidArgument(path + ": tensor data holds " + std::to_string(t.data.size()) + " bytes, fewer than its " +
+                           "dims and strides span");
+
+  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_tuple(t.dims) + ", }";
+  // Pad with spaces so that the data starts on a 64-byte boundary, then '\n'.
+  size_t prefix = 10;
+  size_t total = prefix + header.size() + 1;
+  if (total + (64 - total % 64) % 64 - prefix > 65535) prefix = 12;
+  total = prefix + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+
+  std::string out;
+  out.append("\x93NUMPY", 6);
+  out += static_cast<char>(prefix == 10 ? 1 : 2);
+  out += '\0';
+  const size_t hl = header.size();
+  out += static_cast<char>(hl & 0xff);
+  out += static_cast<char>((hl >> 8) & 0xff);
+  if (prefix == 12) {
+    out += static_cast<char>((hl >> 16) & 0xff);
+    out += static_cast<char>((hl >> 24) & 0xff);
+  }
+  out += header;
+  const size_t data_start = out.size();
+  out.resize(data_start + static_cast<size_t>(product(t.dims)) * npy_bytes);
+  char* dst = out.data() + data_start;
+  for_each_element(t.dims, t.strides, [&](int64_t i, int64_t off) {
+    const uint8_t* src = t.data.data() + off * esize;
+    if (descr == "<f4") {
+      const float f = static_cast<float>(load_element(src, t.dtype));
+      std::memcpy(dst + i * 4, &f, 4);
+    } else {
+      std::memcpy(dst + i * npy_bytes, src, npy_bytes);  // same type: copy bits
+    }
+  });
+
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return IoError(path + ": cannot open for writing");
+  f.write(out.data(), static_cast<std::streamsize>(out.size()));
+  f.close();
+  if (!f) return IoError(path + ": write failed");
+  return Status::Ok();
+}
+
+}  // namespace fusebox

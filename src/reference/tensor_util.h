@@ -1,0 +1,61 @@
+// fusebox: small shape helpers shared by the reference layer (private).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fusebox::reference_detail {
+
+inline int64_t product(const std::vector<int64_t>& dims) {
+  int64_t p = 1;
+  for (int64_t d : dims) p *= d;
+  return p;
+}
+
+// Elements of memory touched by (dims, strides): 1 + sum((dim-1)*stride); 0 if empty.
+inline int64_t storage_span(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+  int64_t span = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] <= 0) return 0;
+    span += (dims[i] - 1) * (i < strides.size() ? strides[i] : 0);
+  }
+  return span;
+}
+
+inline std::vector<int64_t> dense_row_major(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> s(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  return s;
+}
+
+// "[16, 64, 56, 56]"
+inline std::string dims_string(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// Calls fn(logical_index, storage_offset) for every element in logical
+// row-major order; the offset is in elements, following `strides`.
+template <typename Fn>
+void for_each_element(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, Fn&& fn) {
+  const int64_t n = product(dims);
+  if (n <= 0) return;
+  const size_t rank = dims.size();
+  std::vector<int64_t> idx(rank, 0);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    fn(i, offset);
+    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
+      if (++idx[d] < dims[d]) {
+        offset += strides[d];
+        break;
+      }
+      offset -= (dims[d] - 1) * strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+}  // namespace fusebox::reference_detail

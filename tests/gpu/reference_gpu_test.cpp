@@ -1,0 +1,269 @@
+// GPU reference against the CPU reference, op by op. Skips without a GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "../unit/reference_test_util.h"
+#include "fusebox/reference.h"
+
+namespace fusebox {
+namespace {
+
+using testing_util::channels_last;
+using testing_util::GraphBuilder;
+
+#define SKIP_WITHOUT_GPU()                                                               \
+  do {                                                                                   \
+    int n = 0;                                                                           \
+    const cudaError_t e = cudaGetDeviceCount(&n);                                        \
+    if (e != cudaSuccess || n == 0)                                                      \
+      GTEST_SKIP() << "no CUDA GPU: " << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"); \
+  } while (0)
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
+
+// Device buffers freed at scope exit.
+struct DeviceBuffers {
+  std::vector<void*> ptrs;
+  ~DeviceBuffers() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(bytes, 1)) != cudaSuccess) return nullptr;
+    ptrs.push_back(p);
+    return p;
+  }
+};
+
+std::map<std::string, HostTensor> random_inputs(const ResolvedGraph& g, uint64_t seed) {
+  std::map<std::string, HostTensor> in;
+  for (const ResolvedTensor& t : g.tensors)
+    if (t.is_input && !t.scalar_value) in[t.name] = random_tensor(t, seed);
+  return in;
+}
+
+// Runs both references on random inputs; every output must agree to rel_l2 < 1e-5.
+void expect_gpu_matches_cpu(const ResolvedGraph& g, uint64_t seed = 1) {
+  const std::map<std::string, HostTensor> in = random_inputs(g, seed);
+  auto cpu = reference_cpu(g, in);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  ASSERT_FALSE(cpu->empty());
+
+  DeviceBuffers buffers;
+  std::map<std::string, const void*> dev_in;
+  for (const auto& [name, h] : in) {
+    void* p = buffers.alloc(h.data.size());
+    ASSERT_NE(p, nullptr);
+    ASSERT_CUDA(cudaMemcpy(p, h.data.data(), h.data.size(), cudaMemcpyHostToDevice));
+    dev_in[name] = p;
+  }
+  std::map<std::string, float*> dev_out;
+  for (const auto& [name, values] : *cpu) {
+    dev_out[name] = static_cast<float*>(buffers.alloc(values.size() * sizeof(float)));
+    ASSERT_NE(dev_out[name], nullptr);
+    ASSERT_CUDA(cudaMemset(dev_out[name], 0xff, values.size() * sizeof(float)));  // NaN: unwritten shows
+  }
+  const Status st = reference_gpu(g, dev_in, dev_out, nullptr);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (const auto& [name, values] : *cpu) {
+    std::vector<float> got(values.size());
+    ASSERT_CUDA(cudaMemcpy(got.data(), dev_out[name], got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    const Comparison c = compare(name, values, got, Tolerance{1e-5, 1e-5});
+    EXPECT_TRUE(c.pass) << g.name << ": " << c.ToString();
+  }
+}
+
+TEST(ReferenceGpu, Conv2dNchwFp32) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "conv2d_nchw";
+  const int x = b.tensor("x", {2, 8, 9, 9});
+  const int w = b.tensor("w", {16, 8, 3, 3});
+  const int y = b.tensor("y", {2, 16, 9, 9});
+  b.op("conv", ConvFpropAttrs{{1, 1}, {1, 1}, {1, 1}}, {{"x", x}, {"w", w}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, Conv2dNhwcBf16StrideDilation) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "conv2d_nhwc";
+  const std::vector<int64_t> xd = {2, 16, 12, 11}, wd = {8, 16, 3, 3};
+  // H: (12 + 4 - 4 - 1) / 2 + 1 = 6; W: (11 + 2 - 2 - 1) / 1 + 1 = 11.
+  const std::vector<int64_t> yd = {2, 8, 6, 11};
+  const int x = b.tensor("x", xd, DType::kBF16, channels_last(xd));
+  const int w = b.tensor("w", wd, DType::kBF16, channels_last(wd));
+  const int y = b.tensor("y", yd, DType::kBF16, channels_last(yd));
+  b.op("conv", ConvFpropAttrs{{2, 1}, {2, 1}, {2, 1}}, {{"x", x}, {"w", w}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, Conv3dFp16) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "conv3d";
+  const int x = b.tensor("x", {1, 4, 5, 6, 7}, DType::kFP16);
+  const int w = b.tensor("w", {6, 4, 3, 3, 3}, DType::kFP16);
+  const int y = b.tensor("y", {1, 6, 5, 3, 4}, DType::kFP16);
+  b.op("conv", ConvFpropAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}}, {{"x", x}, {"w", w}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, GroupedConvFp8Input) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "grouped_conv";
+  const int x = b.tensor("x", {1, 8, 6, 6}, DType::kFP8E4M3);
+  const int w = b.tensor("w", {8, 2, 3, 3}, DType::kFP8E5M2);
+  const int y = b.tensor("y", {1, 8, 4, 4});
+  b.op("conv", ConvFpropAttrs{}, {{"x", x}, {"w", w}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, MatmulOddSizes) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "matmul_odd";
+  const int a = b.tensor("a", {1, 65, 97});
+  const int bb = b.tensor("b", {1, 97, 79});
+  const int y = b.tensor("y", {1, 65, 79});
+  b.op("mm", MatmulAttrs{}, {{"a", a}, {"b", bb}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, MatmulBatchBroadcastColumnMajorBf16) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "matmul_bcast";
+  const int64_t K = 70, N = 129;
+  const int a = b.tensor("a", {2, 3, 33, K}, DType::kBF16);
+  const int bb = b.tensor("b", {2, 1, K, N}, DType::kBF16, {K * N, K * N, 1, K});
+  const int y = b.tensor("y", {2, 3, 33, N}, DType::kBF16);
+  b.op("mm", MatmulAttrs{}, {{"a", a}, {"b", bb}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, EveryPointwiseMode) {
+  SKIP_WITHOUT_GPU();
+  for (PointwiseMode m : {PointwiseMode::kAdd, PointwiseMode::kSub, PointwiseMode::kMul, PointwiseMode::kBiasAdd,
+                          PointwiseMode::kScale, PointwiseMode::kRelu, PointwiseMode::kGeluTanh,
+                          PointwiseMode::kGeluErf, PointwiseMode::kSilu, PointwiseMode::kSigmoid,
+                          PointwiseMode::kTanh}) {
+    GraphBuilder b;
+    b.g.name = std::string(pointwise_mode_name(m));
+    const std::vector<int64_t> d = {2, 3, 4, 5};
+    const int x = b.tensor("x", d, DType::kBF16, channels_last(d));
+    const int y = b.tensor("y", d, DType::kFP16);
+    const auto roles = op_input_roles(PointwiseAttrs{m});
+    if (roles.size() == 1) {
+      b.op("pw", PointwiseAttrs{m}, {{"x", x}}, y);
+    } else {
+      const int other = m == PointwiseMode::kScale ? b.scalar("s", 0.75) : b.tensor("o", {1, 3, 1, 5}, DType::kFP32);
+      b.op("pw", PointwiseAttrs{m}, {{std::string(roles[0]), x}, {std::string(roles[1]), other}}, y);
+    }
+    SCOPED_TRACE(b.g.name);
+    expect_gpu_matches_cpu(b.g);
+  }
+}
+
+TEST(ReferenceGpu, Int32Input) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "int32";
+  const int x = b.tensor("x", {1, 64}, DType::kInt32);
+  const int o = b.tensor("o", {1, 64}, DType::kFP32);
+  const int y = b.tensor("y", {1, 64});
+  b.op("mul", PointwiseAttrs{PointwiseMode::kMul}, {{"a", x}, {"b", o}}, y);
+  expect_gpu_matches_cpu(b.g);
+}
+
+// conv -> bias_add -> gelu, with virtual intermediates, and an output that a
+// later op also reads (matmul -> add -> relu).
+TEST(ReferenceGpu, ChainsWithVirtualIntermediates) {
+  SKIP_WITHOUT_GPU();
+  {
+    GraphBuilder b;
+    b.g.name = "conv_bias_gelu";
+    const std::vector<int64_t> xd = {2, 8, 10, 10}, yd = {2, 16, 10, 10};
+    const int x = b.tensor("x", xd, DType::kBF16, channels_last(xd));
+    const int w = b.tensor("w", {16, 8, 3, 3}, DType::kBF16);
+    const int c = b.tensor("c", yd, DType::kFP32, {}, true);
+    const int bias = b.tensor("bias", {1, 16, 1, 1}, DType::kBF16);
+    const int cb = b.tensor("cb", yd, DType::kFP32, {}, true);
+    const int y = b.tensor("y", yd, DType::kBF16, channels_last(yd));
+    b.op("conv", ConvFpropAttrs{{1, 1}, {1, 1}, {1, 1}}, {{"x", x}, {"w", w}}, c);
+    b.op("bias", PointwiseAttrs{PointwiseMode::kBiasAdd}, {{"x", c}, {"bias", bias}}, cb);
+    b.op("gelu", PointwiseAttrs{PointwiseMode::kGeluErf}, {{"x", cb}}, y);
+    expect_gpu_matches_cpu(b.g);
+  }
+  {
+    GraphBuilder b;
+    b.g.name = "matmul_add_relu";
+    const int a = b.tensor("a", {3, 40, 50}, DType::kFP16);
+    const int bb = b.tensor("b", {3, 50, 60}, DType::kFP16);
+    const int mm = b.tensor("mm", {3, 40, 60});  // non-virtual output, also read by "add"
+    const int r = b.tensor("r", {1, 1, 60});
+    const int s = b.tensor("s", {3, 40, 60}, DType::kFP32, {}, true);
+    const int y = b.tensor("y", {3, 40, 60});
+    b.op("mm", MatmulAttrs{}, {{"a", a}, {"b", bb}}, mm);
+    b.op("add", PointwiseAttrs{PointwiseMode::kAdd}, {{"a", mm}, {"b", r}}, s);
+    b.op("relu", PointwiseAttrs{PointwiseMode::kRelu}, {{"x", s}}, y);
+    expect_gpu_matches_cpu(b.g);
+  }
+}
+
+TEST(ReferenceGpu, MissingBuffersAreErrors) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  const int x = b.tensor("x", {1, 8});
+  const int y = b.tensor("y", {1, 8});
+  b.op("relu", PointwiseAttrs{PointwiseMode::kRelu}, {{"x", x}}, y);
+  DeviceBuffers buf;
+  float* out = static_cast<float*>(buf.alloc(8 * sizeof(float)));
+  Status st = reference_gpu(b.g, {}, {{"y", out}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  const void* in = buf.alloc(8 * sizeof(float));
+  st = reference_gpu(b.g, {{"x", in}}, {});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+}
+
+// The GPU reference exists for shapes the CPU cannot do: 4096^3 must be quick.
+TEST(ReferenceGpu, Matmul4096IsFast) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 4096;
+  GraphBuilder b;
+  b.g.name = "matmul_4096";
+  const int a = b.tensor("a", {1, n, n}, DType::kBF16);
+  const int bb = b.tensor("b", {1, n, n}, DType::kBF16);
+  const int y = b.tensor("y", {1, n, n}, DType::kBF16);
+  b.op("mm", MatmulAttrs{}, {{"a", a}, {"b", bb}}, y);
+  const std::map<std::string, HostTensor> in = random_inputs(b.g, 5);
+  DeviceBuffers buf;
+  void* da = buf.alloc(in.at("a").data.size());
+  void* db = buf.alloc(in.at("b").data.size());
+  float* dy = static_cast<float*>(buf.alloc(n * n * sizeof(float)));
+  ASSERT_TRUE(da && db && dy);
+  ASSERT_CUDA(cudaMemcpy(da, in.at("a").data.data(), in.at("a").data.size(), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(db, in.at("b").data.data(), in.at("b").data.size(), cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = reference_gpu(b.g, {{"a", da}, {"b", db}}, {{"y", dy}});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LT(seconds, 2.0);
+  std::printf("matmul 4096^3 GPU reference: %.1f ms\n", seconds * 1e3);
+  std::vector<float> got(n * n);
+  ASSERT_CUDA(cudaMemcpy(got.data(), dy, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (int64_t m : {int64_t{0}, int64_t{1}, n / 2, n - 1})
+    for (int64_t c : {int64_t{0}, int64_t{7}, n / 3, n - 1}) {
+      double acc = 0;
+      for (int64_t k = 0; k < n; ++k) acc += in.at("a").at({0, m, k}) * in.at("b").at({0, k, c});
+      EXPECT_NEAR(got[m * n + c], acc, 1e-3 * (1 + std::fabs(acc))) << m << "," << c;
+    }
+}
+
+}  // namespace
+}  // namespace fusebox

@@ -1,0 +1,163 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "fusebox/dtype.h"
+#include "fusebox/status.h"
+
+using namespace fusebox;
+
+namespace {
+float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace
+
+TEST(DType, NamesRoundTripAndAliases) {
+  for (DType t : {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt32,
+                  DType::kInt64}) {
+    auto p = parse_dtype(dtype_name(t));
+    ASSERT_TRUE(p.has_value()) << dtype_name(t);
+    EXPECT_EQ(*p, t);
+  }
+  EXPECT_EQ(parse_dtype("half"), DType::kFP16);
+  EXPECT_EQ(parse_dtype("bfloat16"), DType::kBF16);
+  EXPECT_EQ(parse_dtype("float"), DType::kFP32);
+  EXPECT_EQ(parse_dtype("e4m3"), DType::kFP8E4M3);
+  EXPECT_FALSE(parse_dtype("fp64").has_value());
+  EXPECT_EQ(dtype_size_bytes(DType::kBF16), 2u);
+  EXPECT_EQ(dtype_size_bytes(DType::kFP8E5M2), 1u);
+  EXPECT_EQ(dtype_size_bytes(DType::kInt64), 8u);
+  EXPECT_FALSE(dtype_is_float(DType::kInt32));
+  EXPECT_TRUE(dtype_is_float(DType::kFP8E4M3));
+  EXPECT_NE(std::string(dtype_accepted_names()).find("fp8_e5m2"), std::string::npos);
+}
+
+TEST(DType, Bf16KnownBits) {
+  EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3F80);
+  EXPECT_EQ(float_to_bf16_bits(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_bf16_bits(0.0f), 0x0000);
+  EXPECT_EQ(float_to_bf16_bits(-0.0f), 0x8000);
+  // ties to even: 1 + 2^-8 is halfway between 1 and 1+2^-7 -> 1 (even)
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F808000u)), 0x3F80);
+  // 1 + 3*2^-8 is halfway between 1+2^-7 (odd) and 1+2^-6 -> rounds up to even 0x3F82
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F818000u)), 0x3F82);
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F808001u)), 0x3F81);  // above half rounds up
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7F80);  // overflows to inf
+  uint16_t nan = float_to_bf16_bits(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(nan)));
+  // a NaN whose payload is only in the low bits must stay NaN (not become inf)
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(from_bits(0x7F800001u)))));
+  EXPECT_EQ(bf16_bits_to_float(0x3F80), 1.0f);
+  EXPECT_EQ(bf16_bits_to_float(0x0001), from_bits(0x00010000u));  // subnormal
+}
+
+TEST(DType, Fp16KnownBits) {
+  EXPECT_EQ(float_to_fp16_bits(1.0f), 0x3C00);
+  EXPECT_EQ(float_to_fp16_bits(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_fp16_bits(65504.0f), 0x7BFF);
+  EXPECT_EQ(float_to_fp16_bits(65519.0f), 0x7BFF);
+  EXPECT_EQ(float_to_fp16_bits(65520.0f), 0x7C00);  // ties to even -> inf
+  EXPECT_EQ(float_to_fp16_bits(std::numeric_limits<float>::infinity()), 0x7C00);
+  EXPECT_EQ(float_to_fp16_bits(-std::numeric_limits<float>::infinity()), 0xFC00);
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);   // smallest subnormal
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);   // tie -> even (0)
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);   // tie 1.5 -> 2
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);   // smallest normal
+  EXPECT_EQ(float_to_fp16_bits(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie to even
+  EXPECT_EQ(float_to_fp16_bits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);
+  EXPECT_TRUE(std::isnan(fp16_bits_to_float(float_to_fp16_bits(std::nanf("")))));
+  EXPECT_EQ(fp16_bits_to_float(0x3C00), 1.0f);
+  EXPECT_EQ(fp16_bits_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_TRUE(std::isinf(fp16_bits_to_float(0x7C00)));
+  EXPECT_EQ(float_to_fp16_bits(-0.0f), 0x8000);
+}
+
+TEST(DType, Fp8E4M3) {
+  const DType t = DType::kFP8E4M3;
+  EXPECT_EQ(float_to_fp8_bits(1.0f, t), 0x38);
+  EXPECT_EQ(float_to_fp8_bits(448.0f, t), 0x7E);
+  EXPECT_EQ(float_to_fp8_bits(1000.0f, t), 0x7E);   // saturates
+  EXPECT_EQ(float_to_fp8_bits(470.0f, t), 0x7E);    // would round to 480 (NaN pattern): saturates
+  EXPECT_EQ(float_to_fp8_bits(-1e9f, t), 0xFE);
+  EXPECT_EQ(float_to_fp8_bits(std::numeric_limits<float>::infinity(), t), 0x7E);
+  uint8_t n = float_to_fp8_bits(std::nanf(""), t);
+  EXPECT_TRUE(n == 0x7F || n == 0xFF);
+  EXPECT_TRUE(std::isnan(fp8_bits_to_float(0x7F, t)));
+  EXPECT_TRUE(std::isnan(fp8_bits_to_float(0xFF, t)));
+  EXPECT_EQ(fp8_bits_to_float(0x7E, t), 448.0f);
+  EXPECT_EQ(fp8_bits_to_float(0x01, t), std::ldexp(1.0f, -9));  // smallest subnormal
+  EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -9), t), 0x01);
+  EXPECT_EQ(float_to_fp8_bits(1.0625f, t), 0x38);  // 1 + 2^-4: tie -> even (1.0)
+  EXPECT_EQ(float_to_fp8_bits(1.1875f, t), 0x3A);  // 1 + 3*2^-4: tie -> 1.25
+  EXPECT_EQ(fp8_bits_to_float(0x78, t), 256.0f);  // e=15 is a normal exponent in e4m3
+}
+
+TEST(DType, Fp8E5M2) {
+  const DType t = DType::kFP8E5M2;
+  EXPECT_EQ(float_to_fp8_bits(1.0f, t), 0x3C);
+  EXPECT_EQ(float_to_fp8_bits(57344.0f, t), 0x7B);
+  EXPECT_EQ(float_to_fp8_bits(1e6f, t), 0x7B);    // finite overflow saturates
+  EXPECT_EQ(float_to_fp8_bits(-1e6f, t), 0xFB);
+  EXPECT_EQ(float_to_fp8_bits(std::numeric_limits<float>::infinity(), t), 0x7C);
+  EXPECT_TRUE(std::isnan(fp8_bits_to_float(float_to_fp8_bits(std::nanf(""), t), t)));
+  EXPECT_TRUE(std::isinf(fp8_bits_to_float(0x7C, t)));
+  EXPECT_EQ(fp8_bits_to_float(0x7B, t), 57344.0f);
+  EXPECT_EQ(fp8_bits_to_float(0x01, t), std::ldexp(1.0f, -16));
+  EXPECT_EQ(float_to_fp8_bits(1.125f, t), 0x3C);  // tie -> even
+  EXPECT_EQ(float_to_fp8_bits(1.375f, t), 0x3E);  // tie -> 1.5
+}
+
+TEST(DType, AllFp8PatternsRoundTrip) {
+  for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+    for (int b = 0; b < 256; ++b) {
+      float f = fp8_bits_to_float(static_cast<uint8_t>(b), t);
+      if (std::isnan(f)) continue;
+      EXPECT_EQ(float_to_fp8_bits(f, t), b) << dtype_name(t) << " pattern " << b;
+    }
+  }
+  for (int b = 0; b < 65536; ++b) {
+    float f = fp16_bits_to_float(static_cast<uint16_t>(b));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_fp16_bits(f), b);
+  }
+}
+
+TEST(DType, LoadStoreElement) {
+  unsigned char buf[8];
+  for (DType t : {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt32,
+                  DType::kInt64}) {
+    store_element(buf, t, -3.0);
+    EXPECT_EQ(load_element(buf, t), -3.0) << dtype_name(t);
+  }
+  store_element(buf, DType::kInt32, 1e12);
+  EXPECT_EQ(load_element(buf, DType::kInt32), 2147483647.0);
+  store_element(buf, DType::kInt64, 123456789012.0);
+  EXPECT_EQ(load_element(buf, DType::kInt64), 123456789012.0);
+  store_element(buf, DType::kBF16, 1.0);
+  uint16_t bits;
+  std::memcpy(&bits, buf, 2);
+  EXPECT_EQ(bits, 0x3F80);
+  store_element(buf, DType::kFP8E4M3, 1e6);
+  EXPECT_EQ(load_element(buf, DType::kFP8E4M3), 448.0);
+  store_element(buf, DType::kFP16, 0.1);
+  EXPECT_EQ(load_element(buf, DType::kFP16), static_cast<double>(fp16_bits_to_float(float_to_fp16_bits(0.1f))));
+}
+
+TEST(Status, ToStringAndContext) {
+  Status ok;
+  EXPECT_TRUE(ok.ok());
+  Status s = InvalidArgument("[relu 'act'] bad");
+  EXPECT_EQ(s.ToString(), "InvalidArgument: [relu 'act'] bad");
+  EXPECT_EQ(s.WithContext("graph.json").message(), "graph.json: [relu 'act'] bad");
+  EXPECT_EQ(s.WithContext("x").code(), StatusCode::kInvalidArgument);
+  EXPECT_STREQ(status_code_name(StatusCode::kIoError), "IoError");
+  Result<int> r = Status(IoError("nope"));
+  EXPECT_FALSE(r.ok());
+}

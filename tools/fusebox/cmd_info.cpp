@@ -1,0 +1,55 @@
+// fusebox info: versions of everything, GPUs seen.
+#include <cstdio>
+
+#include "common.h"
+
+namespace fusebox::cli {
+
+Runner add_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Print fusebox, cuDNN Frontend, cuDNN and CUDA versions and the GPUs seen");
+  auto json_out = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json_out, "Write one JSON document to stdout");
+  return [json_out]() {
+    SystemInfo s = system_info();
+    Status runtime = check_cudnn_runtime();
+    auto ver = [](int64_t v) {
+      return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
+    };
+    auto cuda_ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
+    if (*json_out) {
+      nlohmann::json gpus = nlohmann::json::array();
+      for (const auto& g : s.gpus) {
+        gpus.push_back({{"id", g.id}, {"name", g.name}, {"sm_version", g.sm_version}, {"sm_count", g.sm_count},
+                        {"memory_bytes", g.memory_bytes}});
+      }
+      nlohmann::json j = {{"fusebox", s.fusebox_version},
+                          {"cudnn_frontend", s.frontend_version},
+                          {"cudnn_headers", ver(s.cudnn_header_version)},
+                          {"cudnn_runtime", ver(s.cudnn_runtime_version)},
+                          {"cudnn_library", s.cudnn_library_path},
+                          {"cudnn_runtime_ok", runtime.ok()},
+                          {"cudnn_runtime_error", runtime.message()},
+                          {"cuda_runtime", cuda_ver(s.cuda_runtime_version)},
+                          {"cuda_driver", s.cuda_driver_version ? cuda_ver(s.cuda_driver_version) : ""},
+                          {"gpus", gpus},
+                          {"gpu_error", s.gpu_error}};
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("fusebox         %s\n", s.fusebox_version.c_str());
+      std::printf("cuDNN Frontend  %s (headers)\n", s.frontend_version.c_str());
+      std::printf("cuDNN           headers %s, runtime %s (%s)\n", ver(s.cudnn_header_version).c_str(),
+                  ver(s.cudnn_runtime_version).c_str(), s.cudnn_library_path.c_str());
+      std::printf("CUDA            runtime %s, driver %s\n", cuda_ver(s.cuda_runtime_version).c_str(),
+                  s.cuda_driver_version ? cuda_ver(s.cuda_driver_version).c_str() : "none");
+      if (s.gpus.empty()) std::printf("GPUs            none (%s)\n", s.gpu_error.c_str());
+      for (const auto& g : s.gpus) {
+        std::printf("GPU %d           %s, sm_%d, %d SMs, %.1f GiB\n", g.id, g.name.c_str(), g.sm_version, g.sm_count,
+                    g.memory_bytes / (1024.0 * 1024 * 1024));
+      }
+    }
+    if (!runtime.ok()) return fail("info", runtime);
+    return kExitOk;
+  };
+}
+
+}  // namespace fusebox::cli

@@ -1,0 +1,162 @@
+// fusebox run: execute on a GPU, verify against the reference, time it.
+#include <cstdio>
+#include <filesystem>
+
+#include "common.h"
+#include "fusebox/plan_file.h"
+
+namespace fusebox::cli {
+namespace {
+
+// "x=a.npy,w=b.npy" -> {x: a.npy, w: b.npy}
+Result<std::map<std::string, std::string>> parse_inputs(const std::string& spec) {
+  std::map<std::string, std::string> out;
+  size_t start = 0;
+  while (start < spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    std::string item = spec.substr(start, end - start);
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+      return InvalidArgument("--inputs: '" + item + "' is not NAME=FILE.npy");
+    }
+    out[item.substr(0, eq)] = item.substr(eq + 1);
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Runner add_run(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "Run a graph on the GPU: verify against the reference and time it");
+  struct Args {
+    std::string graph, plan, inputs, save_outputs, engine, heuristics = "a";
+    bool verify = false, json = false;
+    uint64_t seed = 1;
+    int warmup = 10, iters = 50;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  cmd->add_option("--plan", a->plan, "Use this plan file (from `fusebox build --plan-out`) instead of building");
+  cmd->add_option("--inputs", a->inputs, "Inputs as NAME=FILE.npy,... (others random from --seed)");
+  cmd->add_option("--save-outputs", a->save_outputs, "Write each output to DIR/<tensor>.npy");
+  cmd->add_flag("--verify", a->verify, "Compare outputs with fusebox's reference (a mismatch is an error)");
+  cmd->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
+  cmd->add_option("--warmup", a->warmup, "Untimed runs before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed runs (0: run once, no timing)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--engine", a->engine, "Pin an engine by name");
+  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes when building: a, b, fallback")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  return [a]() {
+    auto g = load_resolved(a->graph);
+    if (!g.ok()) return fail("run", g.status());
+    auto input_files = parse_inputs(a->inputs);
+    if (!input_files.ok()) return fail("run", input_files.status());
+    RunOptions options;
+    options.seed = a->seed;
+    options.verify = a->verify;
+    options.warmup = a->warmup;
+    options.iters = a->iters;
+    for (const auto& [name, file] : *input_files) {
+      int idx = g->find_tensor(name);
+      if (idx < 0 || !g->tensors[idx].is_input || g->tensors[idx].scalar_value) {
+        std::string names;
+        for (int i : g->input_tensors()) {
+          if (!g->tensors[i].scalar_value) names += " " + g->tensors[i].name;
+        }
+        return fail("run", InvalidArgument("--inputs: '" + name + "' is not an input of graph '" + g->name +
+                                           "'; inputs are:" + names));
+      }
+      auto t = read_npy_for(file, g->tensors[idx]);
+      if (!t.ok()) return fail("run", t.status());
+      options.inputs[name] = std::move(t).value();
+    }
+
+    auto ctx = GpuContext::create(0);
+    if (!ctx.ok()) return fail("run", ctx.status());
+    auto target = DeviceTarget::live_gpu(0);
+    if (!target.ok()) return fail("run", target.status());
+
+    BuildReport report;
+    Result<Plan> plan = Status(StatusCode::kInternal, "no plan");
+    std::string plan_source;
+    if (!a->plan.empty()) {
+      auto pf = read_plan_file(a->plan);
+      if (!pf.ok()) return fail("run", pf.status());
+      Status compat = check_plan_compatible(pf->info, *g, *target);
+      if (!compat.ok()) return fail("run", compat.WithContext(a->plan));
+      plan = deserialize_plan(*g, pf->payload, *target, ctx->get());
+      plan_source = std::string("plan file (built ") + (pf->info.built_deviceless ? "deviceless" : "on a GPU") + ")";
+    } else {
+      auto modes = parse_heuristic_modes(a->heuristics);
+      if (!modes.ok()) return fail("run", modes.status());
+      BuildOptions bo;
+      bo.heuristics = *modes;
+      bo.engine = a->engine;
+      plan = build_plan(*g, *target, bo, &report, ctx->get());
+      plan_source = "built now";
+    }
+    if (!plan.ok()) {
+      if (!a->json && !report.steps.empty()) print_build_report(report);
+      return fail("run", plan.status().WithContext("[graph '" + g->name + "']"));
+    }
+
+    auto r = run_plan(*g, *plan, **ctx, options);
+    if (!r.ok()) return fail("run", r.status().WithContext("[graph '" + g->name + "']"));
+
+    std::vector<std::string> saved;
+    if (!a->save_outputs.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(a->save_outputs, ec);
+      for (const auto& [name, t] : r->outputs) {
+        std::string path = (std::filesystem::path(a->save_outputs) / (name + ".npy")).string();
+        Status st = write_npy(path, t);
+        if (!st.ok()) return fail("run", st);
+        saved.push_back(path);
+      }
+    }
+
+    if (a->json) {
+      nlohmann::json verify = nlohmann::json::array();
+      for (const auto& c : r->comparisons) verify.push_back(to_json(c));
+      nlohmann::json j = {{"graph", g->name},
+                          {"graph_file", a->graph},
+                          {"plan_source", plan_source},
+                          {"engine", r->engine},
+                          {"workspace_bytes", r->workspace_bytes},
+                          {"latency_ms",
+                           {{"median", r->latency.median_ms},
+                            {"min", r->latency.min_ms},
+                            {"p90", r->latency.p90_ms},
+                            {"mean", r->latency.mean_ms},
+                            {"iters", r->latency.iters}}},
+                          {"flops", g->flops()},
+                          {"bytes", g->bytes_moved()},
+                          {"tflops", r->tflops},
+                          {"gbps", r->gbps},
+                          {"verify", verify},
+                          {"reference", r->reference_kind},
+                          {"outputs_saved", saved},
+                          {"ok", r->verified_ok}};
+      if (!report.steps.empty()) j["build"] = to_json(report);
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("%s (%s)\n", g->name.c_str(), a->graph.c_str());
+      if (!report.steps.empty()) print_build_report(report);
+      std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), r->engine.c_str(),
+                  format_bytes(r->workspace_bytes).c_str());
+      for (const auto& c : r->comparisons) std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), c.ToString().c_str());
+      if (r->latency.iters > 0) {
+        std::printf("  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
+                    r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
+      }
+      for (const auto& p : saved) std::printf("  saved %s\n", p.c_str());
+    }
+    Status vs = verify_status(*r);
+    if (!vs.ok()) return fail("run", vs.WithContext("[graph '" + g->name + "']"));
+    return kExitOk;
+  };
+}
+
+}  // namespace fusebox::cli

@@ -1,0 +1,80 @@
+#include "common.h"
+
+#include <cstdio>
+#include <iostream>
+
+namespace fusebox::cli {
+
+int exit_code_for(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kOk: return kExitOk;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kParseError:
+    case StatusCode::kIoError: return kExitBadInput;
+    default: return kExitFailure;
+  }
+}
+
+int fail(const std::string& command, const Status& st) {
+  std::cerr << "fusebox " << command << ": " << st.ToString() << "\n";
+  return exit_code_for(st);
+}
+
+Result<ResolvedGraph> load_resolved(const std::string& path) {
+  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, load_graph_file(path));
+  auto resolved = resolve(spec);
+  if (!resolved.ok()) return resolved.status().WithContext(path);
+  return resolved;
+}
+
+nlohmann::json to_json(const BuildReport& r) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& s : r.steps) {
+    steps.push_back({{"name", s.name}, {"ms", s.ms}, {"ok", s.status.ok()}, {"message", s.status.message()}});
+  }
+  return {{"device", {{"name", r.device_name}, {"sm_version", r.sm_version}, {"deviceless", r.deviceless}}},
+          {"steps", steps},
+          {"candidate_plans", r.candidate_plans},
+          {"engine", r.engine},
+          {"plan_index", r.plan_index},
+          {"workspace_bytes", r.workspace_bytes},
+          {"total_ms", r.total_ms()}};
+}
+
+nlohmann::json to_json(const Comparison& c) {
+  return {{"tensor", c.tensor},           {"elements", c.elements},
+          {"rel_l2", c.rel_l2},           {"max_abs", c.max_abs},
+          {"max_abs_rel", c.max_abs_rel}, {"non_finite", c.non_finite},
+          {"tol_rel_l2", c.tolerance.rel_l2}, {"tol_max_abs_rel", c.tolerance.max_abs_rel},
+          {"pass", c.pass}};
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buf[64];
+  if (bytes < 1024) {
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  } else if (bytes < (1 << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", bytes / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  }
+  return buf;
+}
+
+void print_build_report(const BuildReport& r) {
+  std::printf("target: %s (sm_%d)%s\n", r.device_name.c_str(), r.sm_version,
+              r.deviceless ? ", deviceless (device-properties file)" : ", live GPU");
+  int n = 1;
+  for (const auto& s : r.steps) {
+    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, s.name.c_str(), s.ms, s.status.ok() ? "ok" : "FAILED");
+    if (!s.status.ok()) std::printf("     %s\n", s.status.message().c_str());
+  }
+  if (r.candidate_plans) std::printf("  candidate plans: %lld\n", static_cast<long long>(r.candidate_plans));
+  if (!r.engine.empty()) {
+    std::printf("  engine: %s (candidate %lld), workspace %s\n", r.engine.c_str(),
+                static_cast<long long>(r.plan_index), format_bytes(r.workspace_bytes).c_str());
+  }
+  std::printf("  total: %.2f ms\n", r.total_ms());
+}
+
+}  // namespace fusebox::cli

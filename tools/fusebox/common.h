@@ -1,0 +1,42 @@
+// Shared pieces of the fusebox CLI commands.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+#include "fusebox/runtime.h"
+
+namespace fusebox::cli {
+
+// Exit codes: 0 ok, 1 the work failed (cuDNN, verification, no GPU), 2 bad input or usage.
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+int exit_code_for(const Status& st);
+// Prints "fusebox <command>: <message>" to stderr and returns the exit code.
+int fail(const std::string& command, const Status& st);
+
+// Loads and resolves a graph file.
+Result<ResolvedGraph> load_resolved(const std::string& path);
+
+// JSON for reports (doubles only: see docs/architecture.md on the frontend's float serializer).
+nlohmann::json to_json(const BuildReport& r);
+nlohmann::json to_json(const Comparison& c);
+std::string format_bytes(int64_t bytes);
+// Prints the five steps with timings, the candidates and the chosen engine.
+void print_build_report(const BuildReport& r);
+
+// Each command adds its subcommand and returns the function that runs it.
+using Runner = std::function<int()>;
+Runner add_info(CLI::App& app);
+Runner add_devprop(CLI::App& app);
+Runner add_check(CLI::App& app);
+Runner add_build(CLI::App& app);
+Runner add_run(CLI::App& app);
+
+}  // namespace fusebox::cli
