@@ -138,16 +138,22 @@ do_bench() {
 # A plan built deviceless from the committed device file must run here and give
 # the same bits as a plan built on this GPU.
 do_roundtrip() {
-  local fails=0 g name dir
+  local fails=0 built=0 g name dir rc
   for g in "${GRAPHS[@]}"; do
     name=$(graph_name "$g")
     dir="$OUT/roundtrip/$name"
     rm -rf "$dir"
     mkdir -p "$dir/d1" "$dir/d2"
     echo "+ $FB build $g --device $DEVPROP --plan-out $dir/plan --json"
-    if ! timeout 180 "$FB" build "$g" --device "$DEVPROP" --plan-out "$dir/plan" --json > "$dir/build.json"; then
-      echo "FAIL $name: deviceless build"; cat "$dir/build.json"; fails=$((fails + 1)); continue
+    timeout 180 "$FB" build "$g" --device "$DEVPROP" --plan-out "$dir/plan" --json > "$dir/build.json" 2> "$dir/build.stderr"
+    rc=$?
+    if [ "$rc" -eq 1 ] && grep -q NotSupported "$dir/build.stderr" && [[ "$name" != conv_bias_relu* ]]; then
+      # cuDNN 9.19 builds only precompiled engines without a driver.
+      echo "skip $name: not buildable deviceless: $(head -n1 "$dir/build.stderr")"; continue
+    elif [ "$rc" -ne 0 ]; then
+      echo "FAIL $name: deviceless build exited $rc"; cat "$dir/build.stderr"; fails=$((fails + 1)); continue
     fi
+    built=$((built + 1))
     echo "+ $FB run $g --plan $dir/plan --save-outputs $dir/d1 --seed 7 --json"
     if ! timeout 180 "$FB" run "$g" --plan "$dir/plan" --save-outputs "$dir/d1" --seed 7 --warmup 1 --iters 1 --json > "$dir/run1.json"; then
       echo "FAIL $name: run with the deviceless plan"; fails=$((fails + 1)); continue
@@ -171,11 +177,21 @@ if not f1 or f1 != f2:
 bad = [f for f in f1 if not filecmp.cmp(os.path.join(d, "d1", f), os.path.join(d, "d2", f), shallow=False)]
 engines = f"engines: deviceless build {e_build}, run with it {e1}, built here {e2}"
 if bad:
+    import numpy as np
+    for f in bad:
+        a, b = (np.load(os.path.join(d, x, f)).astype(np.float64) for x in ("d1", "d2"))
+        if a.shape != b.shape:
+            print(f"  {f}: shapes {a.shape} vs {b.shape}")
+        else:
+            diff = np.abs(a - b)
+            print(f"  {f}: {int((diff > 0).sum())} of {diff.size} elements differ, max abs diff {diff.max():.3e}")
     sys.exit(f"FAIL {name}: {bad} not bitwise equal ({engines})")
 print(f"ok {name}: {len(f1)} outputs bitwise equal ({engines})")
 PYEOF
+    rm -rf "$dir/d1" "$dir/d2"  # outputs can be 100 MB; the JSON reports stay
   done
-  [ "$fails" -eq 0 ]
+  echo "deviceless round trip: $built graphs built deviceless, $fails failures"
+  [ "$fails" -eq 0 ] && [ "$built" -gt 0 ]
 }
 
 # With the system's older cuDNN first on the path, fusebox must refuse plainly

@@ -57,6 +57,7 @@ struct StepReport {
   double ms = 0;
   bool ran = false;
   Status status;
+  std::string cudnn_log;  // what cuDNN printed during the step (captured)
 };
 
 struct BuildReport {

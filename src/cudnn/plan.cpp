@@ -3,6 +3,7 @@
 #include <functional>
 
 #include "cudnn/internal.h"
+#include "cudnn/stdio_capture.h"
 
 namespace fusebox {
 namespace cudnn {
@@ -26,6 +27,7 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
   step.name = name;
   step.ran = true;
   auto t0 = std::chrono::steady_clock::now();
+  StdioCapture capture;
   try {
     step.status = from_fe(fn(), name);
   } catch (const std::exception& e) {
@@ -33,7 +35,25 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
   } catch (...) {
     step.status = Status(StatusCode::kCudnnError, name + ": unknown exception from cuDNN frontend");
   }
+  step.cudnn_log = capture.finish();
   step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!step.status.ok()) {
+    // The frontend appends cuDNN's whole diagnostic log (hundreds of lines on
+    // a machine without a GPU): keep its first line and the distinct reasons.
+    const std::string& full = step.status.message();
+    const std::string first_line = full.substr(0, full.find('\n'));
+    step.cudnn_log += full;
+    std::string detail = distill_cudnn_log(step.cudnn_log);
+    // cuDNN 9.19 buffers most of these diagnostics inside its own runtime,
+    // so the log can be empty here; the deviceless limitation is explained either way.
+    if (r.deviceless && (name == "create_execution_plans" || name == "check_support" || name == "build_plans")) {
+      detail += "\n  hint: cuDNN 9.19 cannot build its runtime-compiled or cuBLASLt engines without a GPU "
+                "driver (they need NVRTC plus a driver to load the kernel, or a cuBLAS handle); only graphs with a "
+                "precompiled engine (e.g. conv_fprop + bias + relu) build deviceless. Build this one on the GPU "
+                "(without --device)";
+    }
+    step.status = Status(step.status.code(), first_line + detail);
+  }
   r.steps.push_back(step);
   return step.status;
 }
@@ -176,27 +196,30 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
       (void)graph.get_plan_name_at_index(i, c.name);
       std::unordered_map<fe::KnobType_t, int64_t> knobs;
       if (graph.get_engine_and_knobs_at_index(i, c.engine_id, knobs).is_good()) {
-        for (auto& [k, v] : knobs) c.knobs[nlohmann::json(k).get<std::string>()] = v;
+        for (auto& [k, v] : knobs) c.knobs["k" + std::to_string(static_cast<int>(k))] = v;
       }
       std::vector<fe::BehaviorNote_t> bnotes;
       if (graph.get_behavior_notes_for_plan_at_index(i, bnotes).is_good()) {
         for (auto n2 : bnotes) c.behavior_notes.push_back(nlohmann::json(n2).get<std::string>());
       }
       c.numerical_notes = graph.numerical_notes_at(i);
-      int64_t ws = -1;
-      if (graph.get_workspace_size_plan_at_index(i, ws).is_good()) c.workspace_bytes = ws;
       out.push_back(std::move(c));
     }
     // The support check per candidate; with build_each, building the plan
     // is the definitive check.
-    StepReport step{"check_support", 0, true, Status::Ok()};
+    StepReport step{"check_support", 0, true, Status::Ok(), ""};
     auto t0 = std::chrono::steady_clock::now();
+    StdioCapture capture;
     for (auto& c : out) {
       auto st = from_fe(graph.check_support_at(c.index), "check_support");
       if (st.ok() && build_each) st = from_fe(graph.build_plan_at_index(c.index), "build_plan");
       c.supported = st.ok();
-      if (!st.ok()) c.support_message = st.message();
+      if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
+      // The workspace is known once the plan is built.
+      int64_t ws = -1;
+      if (c.supported && graph.get_workspace_size_plan_at_index(c.index, ws).is_good()) c.workspace_bytes = ws;
     }
+    step.cudnn_log = capture.finish();
     step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     r.steps.push_back(step);
   }

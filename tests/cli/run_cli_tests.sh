@@ -154,6 +154,8 @@ if [ "${#VALID[@]}" -eq 0 ]; then
   echo "FAIL  examples: no valid graphs in $SRC/examples/graphs"
 fi
 
+BUILT=0
+SKIPPED=0
 for g in "${VALID[@]}"; do
   name=$(basename "$g" .json)
   run_fb check "$g"
@@ -171,18 +173,31 @@ PYEOF
   else pass "check $name"
   fi
 
+  # cuDNN 9.19 builds only precompiled engines without a driver: a graph that
+  # needs a runtime-compiled or cuBLASLt engine fails NotSupported (exit 1),
+  # which is a known limitation, not a test failure. conv_bias_relu* must build.
   run_fb build "$g" --device "$DEVPROP" --json
   why=$(crash_reason)
   if [ -n "$why" ]; then fail "build --device $name" "$why"
+  elif [ "$RC" -eq 1 ] && grep -q "NotSupported" "$TMP/stderr" && [[ "$name" != conv_bias_relu* ]]; then
+    SKIPPED=$((SKIPPED + 1))
+    echo "SKIP  build --device $name: cuDNN cannot build it deviceless (NotSupported)"
   elif [ "$RC" -ne 0 ]; then fail "build --device $name" "exit $RC"
   elif ! "$PY" -c '
 import json, sys
 r = json.load(sys.stdin)
 sys.exit(0 if r.get("engine") and r.get("ok", True) else "no engine in the JSON: %r" % r)' < "$TMP/stdout"
   then fail "build --device $name" "stdout is not JSON with an \"engine\""
-  else pass "build --device $name --json"
+  else
+    BUILT=$((BUILT + 1))
+    pass "build --device $name --json"
   fi
 done
+
+if [ "${#VALID[@]}" -gt 0 ] && [ "$BUILT" -eq 0 ]; then
+  FAIL=$((FAIL + 1))
+  echo "FAIL  deviceless builds: no example built for the H200 from $DEVPROP"
+fi
 
 # ---------------------------------------------------------------- no GPU here
 if [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ]; then
@@ -210,5 +225,5 @@ for c in "" info devprop check build run; do
   fi
 done
 
-echo "$PASS passed, $FAIL failed"
+echo "$PASS passed, $FAIL failed, $SKIPPED skipped"
 [ "$FAIL" -eq 0 ]

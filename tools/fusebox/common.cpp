@@ -62,12 +62,13 @@ std::string format_bytes(int64_t bytes) {
 }
 
 void print_build_report(const BuildReport& r) {
+  std::fflush(stderr);
   std::printf("target: %s (sm_%d)%s\n", r.device_name.c_str(), r.sm_version,
               r.deviceless ? ", deviceless (device-properties file)" : ", live GPU");
   int n = 1;
   for (const auto& s : r.steps) {
-    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, s.name.c_str(), s.ms, s.status.ok() ? "ok" : "FAILED");
-    if (!s.status.ok()) std::printf("     %s\n", s.status.message().c_str());
+    // A failed step's message goes to stderr once, with the command's error.
+    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, s.name.c_str(), s.ms, s.status.ok() ? "ok" : "FAILED (below)");
   }
   if (r.candidate_plans) std::printf("  candidate plans: %lld\n", static_cast<long long>(r.candidate_plans));
   if (!r.engine.empty()) {
@@ -75,6 +76,7 @@ void print_build_report(const BuildReport& r) {
                 static_cast<long long>(r.plan_index), format_bytes(r.workspace_bytes).c_str());
   }
   std::printf("  total: %.2f ms\n", r.total_ms());
+  std::fflush(stdout);
 }
 
 }  // namespace fusebox::cli

@@ -38,5 +38,6 @@ Runner add_devprop(CLI::App& app);
 Runner add_check(CLI::App& app);
 Runner add_build(CLI::App& app);
 Runner add_run(CLI::App& app);
+Runner add_engines(CLI::App& app);
 
 }  // namespace fusebox::cli

@@ -1,10 +1,14 @@
 // fusebox: build, select, cache and run cuDNN graphs declared explicitly.
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 
 #include "common.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int fusebox_main(int argc, char** argv) {
   using namespace fusebox::cli;
   CLI::App app{"fusebox: define cuDNN graphs explicitly, build them, pick the engine, run and verify them"};
   app.require_subcommand(1);
@@ -18,6 +22,7 @@ int main(int argc, char** argv) {
   add(add_check);
   add(add_build);
   add(add_run);
+  add(add_engines);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -36,3 +41,7 @@ int main(int argc, char** argv) {
   }
   return kExitBadInput;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return fusebox_main(argc, argv); }

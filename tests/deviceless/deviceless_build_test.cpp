@@ -1,0 +1,206 @@
+// Real cuDNN plan builds for the H200 on a machine without a GPU, from the
+// device-properties file in devices/.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <set>
+
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+#include "fusebox/plan_file.h"
+#include "test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing::example_graphs;
+using testing::stem;
+
+// Graphs cuDNN 9.19 has a precompiled engine for on sm_90. The others need
+// runtime-compiled (NVRTC + CUDA driver) or cuBLASLt engines, which cuDNN
+// cannot finalize without a GPU driver.
+const std::set<std::string> kDevicelessBuildable = {"conv_bias_relu", "conv_bias_relu_small"};
+
+DeviceTarget h200() {
+  auto t = DeviceTarget::from_file(FUSEBOX_DEVPROP);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return t.ok() ? *t : DeviceTarget{};
+}
+
+ResolvedGraph load(const std::string& path) {
+  auto spec = load_graph_file(path);
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return *g;
+}
+
+TEST(DevicePropertiesFile, DescribesTheH200) {
+  DeviceTarget t = h200();
+  EXPECT_TRUE(t.deviceless());
+  EXPECT_EQ(t.device_name, "NVIDIA H200");
+  EXPECT_EQ(t.sm_version, 90);
+  EXPECT_EQ(t.sm_count, 132);
+}
+
+TEST(DevicePropertiesFile, RejectsBadFiles) {
+  EXPECT_EQ(DeviceTarget::from_file("/nonexistent/h200.devprop").status().code(), StatusCode::kIoError);
+  auto not_json = DeviceTarget::from_properties_json("this is not json", "bad.devprop");
+  EXPECT_EQ(not_json.status().code(), StatusCode::kParseError);
+  EXPECT_NE(not_json.status().message().find("bad.devprop"), std::string::npos);
+  auto wrong_json = DeviceTarget::from_properties_json(R"({"name": "conv"})", "graph.json");
+  EXPECT_EQ(wrong_json.status().code(), StatusCode::kParseError);
+  EXPECT_NE(wrong_json.status().message().find("deviceVer"), std::string::npos);
+}
+
+TEST(HeuristicModes, ParseAndReject) {
+  auto m = parse_heuristic_modes("a,b,fallback");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->size(), 3u);
+  auto bad = parse_heuristic_modes("a,z");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'z'"), std::string::npos);
+}
+
+class DevicelessExample : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
+  const std::string path = GetParam();
+  ResolvedGraph g = load(path);
+  BuildReport report;
+  auto plan = build_plan(g, h200(), BuildOptions{}, &report);
+  EXPECT_TRUE(report.deviceless);
+  ASSERT_GE(report.steps.size(), 3u);
+  EXPECT_EQ(report.steps[0].name, "validate");
+  EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
+  EXPECT_EQ(report.steps[1].name, "build_operation_graph");
+  EXPECT_TRUE(report.steps[1].status.ok()) << report.steps[1].status.ToString();
+  for (const auto& s : report.steps) EXPECT_GE(s.ms, 0.0);
+
+  if (!kDevicelessBuildable.count(stem(path))) {
+    // The failure must be explained, not a bare "no plans".
+    ASSERT_FALSE(plan.ok()) << stem(path) << " now builds deviceless: add it to kDevicelessBuildable";
+    EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
+    EXPECT_NE(plan.status().message().find("without a GPU"), std::string::npos) << plan.status().message();
+    return;
+  }
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(report.steps.size(), 5u);
+  const char* names[] = {"validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(report.steps[i].name, names[i]);
+    EXPECT_TRUE(report.steps[i].status.ok()) << report.steps[i].status.ToString();
+  }
+  EXPECT_GT(report.candidate_plans, 0);
+  EXPECT_EQ(report.engine.rfind("eng", 0), 0u) << report.engine;
+  EXPECT_EQ(plan->engine_name(), report.engine);
+  EXPECT_GE(plan->workspace_bytes(), 0);
+
+  // Serialize, write a plan file, read it back, deserialize without a handle.
+  auto bytes = plan->serialize();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  ASSERT_GT(bytes->size(), 100u);
+  const std::string file = ::testing::TempDir() + "/" + stem(path) + ".plan";
+  ASSERT_TRUE(write_plan_file(file, make_plan_info(g, *plan, h200()), *bytes).ok());
+  auto pf = read_plan_file(file);
+  ASSERT_TRUE(pf.ok()) << pf.status().ToString();
+  EXPECT_EQ(pf->payload, *bytes);
+  EXPECT_TRUE(pf->info.built_deviceless);
+  EXPECT_EQ(pf->info.engine, plan->engine_name());
+  EXPECT_TRUE(check_plan_compatible(pf->info, g, h200()).ok());
+  auto again = deserialize_plan(g, pf->payload, h200(), nullptr);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->workspace_bytes(), plan->workspace_bytes());
+  std::remove(file.c_str());
+}
+
+TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
+  const std::string path = GetParam();
+  if (!kDevicelessBuildable.count(stem(path))) GTEST_SKIP() << stem(path) << ": no deviceless engines (see above)";
+  ResolvedGraph g = load(path);
+  BuildOptions options;
+  options.heuristics = {HeuristicMode::kA, HeuristicMode::kFallback};
+  auto engines = list_engines(g, h200(), options, /*build_each=*/true, nullptr);
+  ASSERT_TRUE(engines.ok()) << engines.status().ToString();
+  ASSERT_GT(engines->size(), 1u);
+  int supported = 0;
+  std::set<std::string> names;
+  for (const auto& e : *engines) {
+    EXPECT_EQ(e.name.rfind("eng" + std::to_string(e.engine_id), 0), 0u) << e.name;
+    names.insert(e.name);
+    if (e.supported) {
+      ++supported;
+      EXPECT_GE(e.workspace_bytes, 0) << e.name;
+    } else {
+      EXPECT_FALSE(e.support_message.empty()) << e.name;
+    }
+  }
+  EXPECT_GT(supported, 0);
+
+  // Pin the last supported engine by name and get exactly it.
+  std::string pinned;
+  for (const auto& e : *engines) {
+    if (e.supported) pinned = e.name;
+  }
+  BuildOptions pin = options;
+  pin.engine = pinned;
+  BuildReport report;
+  auto plan = build_plan(g, h200(), pin, &report);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->engine_name(), pinned);
+
+  pin.engine = "eng999_k1=1";
+  auto missing = build_plan(g, h200(), pin, nullptr);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("eng999_k1=1"), std::string::npos);
+  EXPECT_NE(missing.status().message().find(*names.begin()), std::string::npos) << "should list the candidates";
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, DevicelessExample, ::testing::ValuesIn(example_graphs()),
+                         [](const auto& info) { return stem(info.param); });
+
+TEST(PlanFile, RejectsCorruptFiles) {
+  ResolvedGraph g = load(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json");
+  auto plan = build_plan(g, h200(), BuildOptions{}, nullptr);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto bytes = plan->serialize();
+  ASSERT_TRUE(bytes.ok());
+  const std::string file = ::testing::TempDir() + "/corrupt.plan";
+  ASSERT_TRUE(write_plan_file(file, make_plan_info(g, *plan, h200()), *bytes).ok());
+  std::string good;
+  {
+    FILE* f = std::fopen(file.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) good.append(buf, n);
+    std::fclose(f);
+  }
+  auto write = [&](const std::string& content) {
+    FILE* f = std::fopen(file.c_str(), "wb");
+    std::fwrite(content.data(), 1, content.size(), f);
+    std::fclose(f);
+  };
+  // Truncated, bit-flipped payload, bad header, empty.
+  write(good.substr(0, good.size() - 10));
+  EXPECT_EQ(read_plan_file(file).status().code(), StatusCode::kParseError);
+  std::string flipped = good;
+  flipped[flipped.size() - 5] ^= 0x10;
+  write(flipped);
+  auto f2 = read_plan_file(file);
+  ASSERT_FALSE(f2.ok());
+  EXPECT_NE(f2.status().message().find("checksum"), std::string::npos);
+  write("{\"magic\": \"nope\"}\nxxxx");
+  EXPECT_EQ(read_plan_file(file).status().code(), StatusCode::kParseError);
+  write("");
+  EXPECT_FALSE(read_plan_file(file).ok());
+  std::remove(file.c_str());
+
+  // A plan for another graph is refused.
+  ResolvedGraph other = load(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/conv_bias_relu.json");
+  PlanFileInfo info = make_plan_info(g, *plan, h200());
+  EXPECT_FALSE(check_plan_compatible(info, other, h200()).ok());
+}
+
+}  // namespace
+}  // namespace fusebox

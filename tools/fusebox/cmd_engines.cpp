@@ -1,0 +1,71 @@
+// fusebox engines: every candidate plan the heuristics offer, with its notes.
+#include <cstdio>
+
+#include "common.h"
+
+namespace fusebox::cli {
+
+Runner add_engines(CLI::App& app) {
+  auto* cmd = app.add_subcommand("engines", "List every candidate engine for a graph: name, knobs, notes, "
+                                            "workspace, support check (deviceless with --device)");
+  struct Args {
+    std::string graph, device, heuristics = "a,b,fallback";
+    bool build = false, json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  cmd->add_option("--device", a->device, "Device-properties file (deviceless)");
+  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
+  cmd->add_flag("--build", a->build, "Also build each supported plan (slower, definitive)");
+  cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  return [a]() {
+    auto g = load_resolved(a->graph);
+    if (!g.ok()) return fail("engines", g.status());
+    auto modes = parse_heuristic_modes(a->heuristics);
+    if (!modes.ok()) return fail("engines", modes.status());
+    auto target = a->device.empty() ? DeviceTarget::live_gpu(0) : DeviceTarget::from_file(a->device);
+    if (!target.ok()) return fail("engines", target.status());
+    BuildOptions options;
+    options.heuristics = *modes;
+    BuildReport report;
+    auto engines = list_engines(*g, *target, options, a->build, &report);
+    if (!engines.ok()) {
+      if (!a->json) print_build_report(report);
+      return fail("engines", engines.status());
+    }
+    if (a->json) {
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& e : *engines) {
+        list.push_back({{"index", e.index},
+                        {"name", e.name},
+                        {"engine_id", e.engine_id},
+                        {"knobs", e.knobs},
+                        {"behavior_notes", e.behavior_notes},
+                        {"numerical_notes", e.numerical_notes},
+                        {"supported", e.supported},
+                        {"support_message", e.support_message},
+                        {"workspace_bytes", e.workspace_bytes}});
+      }
+      nlohmann::json j = to_json(report);
+      j["graph"] = g->name;
+      j["engines"] = list;
+      std::printf("%s\n", j.dump(2).c_str());
+      return kExitOk;
+    }
+    std::printf("%s: %zu candidates for %s (sm_%d)\n", g->name.c_str(), engines->size(), report.device_name.c_str(),
+                report.sm_version);
+    std::printf("%4s  %-44s %-9s %12s  %s\n", "idx", "engine", "supported", "workspace", "notes");
+    for (const auto& e : *engines) {
+      std::string notes;
+      for (const auto& n : e.numerical_notes) notes += n + " ";
+      for (const auto& n : e.behavior_notes) notes += n + " ";
+      std::printf("%4lld  %-44s %-9s %12s  %s\n", static_cast<long long>(e.index), e.name.c_str(),
+                  e.supported ? "yes" : "no", e.workspace_bytes >= 0 ? format_bytes(e.workspace_bytes).c_str() : "(--build)",
+                  notes.c_str());
+      if (!e.supported) std::printf("      why not: %s\n", e.support_message.substr(0, 300).c_str());
+    }
+    return kExitOk;
+  };
+}
+
+}  // namespace fusebox::cli
