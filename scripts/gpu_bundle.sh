@@ -26,5 +26,16 @@ fi
 if command -v strip >/dev/null 2>&1; then
   strip --strip-debug "$DEST"/* 2>/dev/null || true
 fi
+# Plans compiled ahead of time here, on the machine without a GPU, for the
+# GPU to run (scripts/gpu_check.sh, section cpu_built_plans). Graphs cuDNN
+# cannot build without a driver are skipped.
+mkdir -p "$DEST/aot"
+for g in examples/graphs/*.json examples/graphs/small/*.json; do
+  case "$(basename "$g")" in invalid_*) continue ;; esac
+  name=$(basename "$g" .json)
+  if "$BUILD_DIR/fusebox" build "$g" --device devices/h200-cudnn-9.19.devprop --plan-out "$DEST/aot/$name.plan" >/dev/null 2>&1; then
+    echo "gpu_bundle: built $name.plan here (deviceless)"
+  fi
+done
 ls -l "$DEST"
 echo "gpu_bundle: $(du -sh "$DEST" | cut -f1) in $DEST ($(du -sb "$DEST" | cut -f1) bytes; the carry limit is 64 MiB)"

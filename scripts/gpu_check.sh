@@ -138,7 +138,7 @@ do_bench() {
 # A plan built deviceless from the committed device file must run here and give
 # the same bits as a plan built on this GPU.
 do_roundtrip() {
-  local fails=0 built=0 g name dir rc
+  local fails=0 built=0 g name dir rc eng
   for g in "${GRAPHS[@]}"; do
     name=$(graph_name "$g")
     dir="$OUT/roundtrip/$name"
@@ -158,8 +158,10 @@ do_roundtrip() {
     if ! timeout 180 "$FB" run "$g" --plan "$dir/plan" --save-outputs "$dir/d1" --seed 7 --warmup 1 --iters 1 --json > "$dir/run1.json"; then
       echo "FAIL $name: run with the deviceless plan"; fails=$((fails + 1)); continue
     fi
-    echo "+ $FB run $g --save-outputs $dir/d2 --seed 7 --json"
-    if ! timeout 180 "$FB" run "$g" --save-outputs "$dir/d2" --seed 7 --warmup 1 --iters 1 --json > "$dir/run2.json"; then
+    # The same engine, built here on the GPU: outputs must be identical.
+    eng=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["engine"])' "$dir/build.json")
+    echo "+ $FB run $g --engine $eng --save-outputs $dir/d2 --seed 7 --json"
+    if ! timeout 180 "$FB" run "$g" --engine "$eng" --save-outputs "$dir/d2" --seed 7 --warmup 1 --iters 1 --json > "$dir/run2.json"; then
       echo "FAIL $name: run with a plan built here"; fails=$((fails + 1)); continue
     fi
     "$PY" - "$name" "$dir" <<'PYEOF' || fails=$((fails + 1))
@@ -192,6 +194,39 @@ PYEOF
   done
   echo "deviceless round trip: $built graphs built deviceless, $fails failures"
   [ "$fails" -eq 0 ] && [ "$built" -gt 0 ]
+}
+
+# Plans built on the CPU-only development machine (scripts/gpu_bundle.sh puts
+# them in $BUNDLE/aot/NAME.plan): each must run here and give outputs
+# bit-identical to the same engine built here.
+do_cpu_plans() {
+  local fails=0 used=0 p name g dir eng
+  for p in "$BUNDLE"/aot/*.plan; do
+    [ -f "$p" ] || continue
+    name=$(basename "$p" .plan)
+    g=$(ls examples/graphs/"$name".json examples/graphs/small/"$name".json 2>/dev/null | head -n1)
+    [ -n "$g" ] || { echo "FAIL $name: no graph for $p"; fails=$((fails + 1)); continue; }
+    dir="$OUT/cpu_plans/$name"
+    rm -rf "$dir"; mkdir -p "$dir/d1" "$dir/d2"
+    echo "+ $FB run $g --plan $p --verify --save-outputs $dir/d1 --seed 11"
+    if ! timeout 180 "$FB" run "$g" --plan "$p" --verify --save-outputs "$dir/d1" --seed 11 --warmup 1 --iters 1 --json > "$dir/run1.json"; then
+      echo "FAIL $name: the CPU-built plan did not run"; fails=$((fails + 1)); continue
+    fi
+    eng=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["engine"])' "$dir/run1.json")
+    echo "+ $FB run $g --engine $eng --save-outputs $dir/d2 --seed 11"
+    if ! timeout 180 "$FB" run "$g" --engine "$eng" --save-outputs "$dir/d2" --seed 11 --warmup 1 --iters 1 --json > "$dir/run2.json"; then
+      echo "FAIL $name: building $eng here failed"; fails=$((fails + 1)); continue
+    fi
+    used=$((used + 1))
+    if cmp "$dir/d1/y.npy" "$dir/d2/y.npy"; then
+      echo "ok $name: plan built on the CPU machine ($eng) runs here, outputs bit-identical to the same engine built here"
+    else
+      echo "FAIL $name: outputs differ"; fails=$((fails + 1))
+    fi
+    rm -rf "$dir/d1" "$dir/d2"
+  done
+  echo "CPU-built plans: $used run, $fails failures"
+  [ "$fails" -eq 0 ] && [ "$used" -gt 0 ]
 }
 
 # With the system's older cuDNN first on the path, fusebox must refuse plainly
@@ -248,6 +283,7 @@ fi
 section run_verify do_run_verify
 section torch_crosscheck do_crosscheck
 section deviceless_roundtrip do_roundtrip
+section cpu_built_plans do_cpu_plans
 section cudnn_mismatch do_cudnn_mismatch
 section bench do_bench
 

@@ -73,7 +73,7 @@ TEST_P(GpuExample, SerializedPlanGivesIdenticalOutputs) {
 }
 
 TEST_P(GpuExample, DevicelessPlanMatchesGpuBuiltPlanBitForBit) {
-  auto devprop = DeviceTarget::from_file(FUSEBOX_DEVPROP);
+  auto devprop = DeviceTarget::from_file(testing::devprop_path());
   ASSERT_TRUE(devprop.ok()) << devprop.status().ToString();
   if (devprop->sm_version != target_.sm_version || devprop->sm_count != target_.sm_count) {
     GTEST_SKIP() << "device-properties file is for " << devprop->device_name << ", this GPU is " << target_.device_name;
