@@ -123,6 +123,33 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
                                                   const BuildOptions& options, bool build_each,
                                                   BuildReport* report, GpuContext* ctx = nullptr);
 
+// Steps 1-3 run once, then each candidate can be checked, built and turned
+// into a Plan: the basis of `fusebox engines` and `fusebox tune`. Plans taken
+// from one set share its frontend graph. Not thread-safe.
+class CandidateSet {
+ public:
+  static Result<CandidateSet> create(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
+                                     BuildReport* report, GpuContext* ctx = nullptr);
+  CandidateSet(CandidateSet&&) noexcept;
+  CandidateSet& operator=(CandidateSet&&) noexcept;
+  ~CandidateSet();
+
+  // Names, knobs and notes of every candidate, in the heuristics' order.
+  const std::vector<EngineCandidate>& candidates() const;
+  // Runs the support check of every candidate and, with `build`, builds each
+  // supported one (on several threads where the frontend allows it), filling
+  // supported, support_message and workspace_bytes. Timed into the report.
+  void check_all(bool build);
+  // A plan for candidate `index` (built now if needed).
+  Result<Plan> plan_at(int64_t index);
+
+  struct Impl;
+
+ private:
+  explicit CandidateSet(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // Rebuilds a plan from serialize()'s bytes. Without a GpuContext the target
 // must be deviceless (handle-less deserialization).
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,

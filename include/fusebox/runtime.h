@@ -24,6 +24,9 @@ struct RunOptions {
   double cpu_reference_max_flops = 2e9;
   int warmup = 10;
   int iters = 50;  // 0: run once, no timing
+  // Timed runs rotate through copies of the inputs totalling > 2x the L2
+  // cache, so small problems are not timed out of a warm cache.
+  bool rotate_inputs = true;
 };
 
 struct LatencyStats {
@@ -40,6 +43,7 @@ struct RunResult {
   std::string reference_kind;                 // "cpu" or "gpu"
   bool verified_ok = true;
   LatencyStats latency;
+  int input_sets = 1;  // input copies rotated through while timing
   double tflops = 0;  // graph flops / median
   double gbps = 0;    // non-virtual bytes / median
 };

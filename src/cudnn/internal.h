@@ -39,7 +39,9 @@ class FeGraph : public fe::graph::Graph {
   std::vector<std::string> numerical_notes_at(int64_t i) const {
     std::vector<std::string> out;
     if (i < 0 || i >= static_cast<int64_t>(plans.numeric_notes.size())) return out;
-    for (auto n : plans.numeric_notes[i]) out.push_back(nlohmann::json(n).get<std::string>());
+    for (auto n : plans.numeric_notes[i]) {
+      if (n != fe::NumericalNote_t::NOT_SET) out.push_back(nlohmann::json(n).get<std::string>());
+    }
     return out;
   }
   fe::error_t check_support_at(int64_t i) { return plans.check_support_at_index(i); }

@@ -69,15 +69,11 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
                                        const BuildOptions& options, GpuContext* ctx, BuildReport& r) {
   fill_target(r, target);
   if (!target.deviceless() && !ctx) return Internal("a live-GPU build needs a GpuContext");
-  LoweredGraph lowered;
+  cudnn::LoweredGraph lowered;
   // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
-  Status lower_status;
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
     auto lr = lower(g, target);
-    if (!lr.ok()) {
-      lower_status = lr.status();
-      return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
-    }
+    if (!lr.ok()) return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
     lowered = std::move(lr).value();
     return lowered.graph->validate();
   }));
@@ -173,21 +169,33 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   return Plan(std::move(impl));
 }
 
-Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const DeviceTarget& target,
-                                                  const BuildOptions& options, bool build_each,
-                                                  BuildReport* report, GpuContext* ctx) {
-  using namespace cudnn;
-  BuildReport local;
-  BuildReport& r = report ? *report : local;
-  r = BuildReport{};
-  Status ctx_status;
-  auto owned_ctx = maybe_context(target, ctx, &ctx_status);
-  FUSEBOX_RETURN_IF_ERROR(ctx_status);
-  if (owned_ctx) ctx = owned_ctx.get();
+// ---------------------------------------------------------------- CandidateSet
 
-  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, first_three_steps(g, target, options, ctx, r));
-  auto& graph = *lowered.graph;
-  std::vector<EngineCandidate> out;
+struct CandidateSet::Impl {
+  std::unique_ptr<GpuContext> owned_ctx;
+  cudnn::LoweredGraph lowered;
+  std::vector<EngineCandidate> candidates;
+  BuildReport* report = nullptr;
+  BuildReport local_report;
+};
+
+CandidateSet::CandidateSet(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CandidateSet::CandidateSet(CandidateSet&&) noexcept = default;
+CandidateSet& CandidateSet::operator=(CandidateSet&&) noexcept = default;
+CandidateSet::~CandidateSet() = default;
+
+Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTarget& target,
+                                          const BuildOptions& options, BuildReport* report, GpuContext* ctx) {
+  using namespace cudnn;
+  auto impl = std::make_unique<Impl>();
+  impl->report = report ? report : &impl->local_report;
+  *impl->report = BuildReport{};
+  Status ctx_status;
+  impl->owned_ctx = maybe_context(target, ctx, &ctx_status);
+  FUSEBOX_RETURN_IF_ERROR(ctx_status);
+  if (impl->owned_ctx) ctx = impl->owned_ctx.get();
+  FUSEBOX_ASSIGN_OR_RETURN(impl->lowered, first_three_steps(g, target, options, ctx, *impl->report));
+  auto& graph = *impl->lowered.graph;
   try {
     const int64_t n = graph.get_execution_plan_count();
     for (int64_t i = 0; i < n; ++i) {
@@ -200,31 +208,88 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
       }
       std::vector<fe::BehaviorNote_t> bnotes;
       if (graph.get_behavior_notes_for_plan_at_index(i, bnotes).is_good()) {
-        for (auto n2 : bnotes) c.behavior_notes.push_back(nlohmann::json(n2).get<std::string>());
+        for (auto n2 : bnotes) {
+          if (n2 != fe::BehaviorNote_t::NOT_SET) c.behavior_notes.push_back(nlohmann::json(n2).get<std::string>());
+        }
       }
       c.numerical_notes = graph.numerical_notes_at(i);
-      out.push_back(std::move(c));
+      impl->candidates.push_back(std::move(c));
     }
-    // The support check per candidate; with build_each, building the plan
-    // is the definitive check.
-    StepReport step{"check_support", 0, true, Status::Ok(), ""};
+  }
+  FUSEBOX_CATCH_ALL("listing candidates")
+  return CandidateSet(std::move(impl));
+}
+
+const std::vector<EngineCandidate>& CandidateSet::candidates() const { return impl_->candidates; }
+
+void CandidateSet::check_all(bool build) {
+  using namespace cudnn;
+  auto& graph = *impl_->lowered.graph;
+  BuildReport& r = *impl_->report;
+  auto timed = [&](const std::string& name, const std::function<void()>& fn) {
+    StepReport step{name, 0, true, Status::Ok(), ""};
     auto t0 = std::chrono::steady_clock::now();
     StdioCapture capture;
-    for (auto& c : out) {
-      auto st = from_fe(graph.check_support_at(c.index), "check_support");
-      if (st.ok() && build_each) st = from_fe(graph.build_plan_at_index(c.index), "build_plan");
-      c.supported = st.ok();
-      if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
-      // The workspace is known once the plan is built.
-      int64_t ws = -1;
-      if (c.supported && graph.get_workspace_size_plan_at_index(c.index, ws).is_good()) c.workspace_bytes = ws;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      step.status = Status(StatusCode::kCudnnError, name + ": exception from cuDNN frontend: " + e.what());
     }
     step.cudnn_log = capture.finish();
     step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     r.steps.push_back(step);
+  };
+  timed("check_support", [&] {
+    for (auto& c : impl_->candidates) {
+      auto st = from_fe(graph.check_support_at(c.index), "check_support");
+      c.supported = st.ok();
+      if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
+    }
+  });
+  if (!build) return;
+  timed("build_plans", [&] {
+    // Builds every candidate that passed, in parallel; failures are read per index below.
+    (void)graph.build_plans(fe::BuildPlanPolicy_t::ALL, /*do_multithreaded_builds=*/true);
+    for (auto& c : impl_->candidates) {
+      if (!c.supported) continue;
+      auto st = from_fe(graph.build_plan_at_index(c.index), "build_plan");
+      c.supported = st.ok();
+      if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
+      int64_t ws = -1;
+      if (c.supported && graph.get_workspace_size_plan_at_index(c.index, ws).is_good()) c.workspace_bytes = ws;
+    }
+  });
+}
+
+Result<Plan> CandidateSet::plan_at(int64_t index) {
+  using namespace cudnn;
+  if (index < 0 || index >= static_cast<int64_t>(impl_->candidates.size())) {
+    return InvalidArgument("candidate index " + std::to_string(index) + " is out of range (" +
+                           std::to_string(impl_->candidates.size()) + " candidates)");
   }
-  FUSEBOX_CATCH_ALL("list_engines")
-  return out;
+  auto& graph = *impl_->lowered.graph;
+  auto impl = std::make_unique<Plan::Impl>();
+  try {
+    StdioCapture capture;
+    Status st = from_fe(graph.build_plan_at_index(index), "build plan " + impl_->candidates[index].name);
+    if (!st.ok()) return Status(st.code(), st.message().substr(0, st.message().find('\n')));
+    FUSEBOX_RETURN_IF_ERROR(
+        from_fe(graph.get_workspace_size_plan_at_index(index, impl->workspace_bytes), "get_workspace_size"));
+  }
+  FUSEBOX_CATCH_ALL("plan_at")
+  impl->graph = impl_->lowered.graph;
+  impl->uids = impl_->lowered.uids;
+  impl->engine = impl_->candidates[index].name;
+  impl->plan_index = index;
+  return Plan(std::move(impl));
+}
+
+Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const DeviceTarget& target,
+                                                  const BuildOptions& options, bool build_each,
+                                                  BuildReport* report, GpuContext* ctx) {
+  FUSEBOX_ASSIGN_OR_RETURN(CandidateSet set, CandidateSet::create(g, target, options, report, ctx));
+  set.check_all(build_each);
+  return set.candidates();
 }
 
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
@@ -271,6 +336,10 @@ Result<std::vector<uint8_t>> Plan::serialize() const {
   if (!impl_) return Internal("serialize: empty plan");
   std::vector<uint8_t> bytes;
   try {
+    // serialize() writes the graph's current candidate: make it this plan's.
+    if (impl_->plan_index >= 0) {
+      FUSEBOX_RETURN_IF_ERROR(cudnn::from_fe(impl_->graph->build_plan_at_index(impl_->plan_index), "select plan"));
+    }
     FUSEBOX_RETURN_IF_ERROR(cudnn::from_fe(impl_->graph->serialize(bytes), "serialize plan"));
   }
   FUSEBOX_CATCH_ALL("serialize plan")
@@ -293,7 +362,10 @@ Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffer
                            " bytes of workspace and none was given");
   }
   try {
-    return cudnn::from_fe(impl_->graph->execute(ctx.impl()->handle, pack, workspace), "execute '" + impl_->engine + "'");
+    auto err = impl_->plan_index >= 0
+                   ? impl_->graph->execute_plan_at_index(ctx.impl()->handle, pack, workspace, impl_->plan_index)
+                   : impl_->graph->execute(ctx.impl()->handle, pack, workspace);
+    return cudnn::from_fe(err, "execute '" + impl_->engine + "'");
   }
   FUSEBOX_CATCH_ALL("execute")
 }

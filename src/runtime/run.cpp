@@ -5,37 +5,11 @@
 #include <memory>
 
 #include "fusebox/runtime.h"
+#include "runtime/device_buffers.h"
 
 namespace fusebox {
+namespace runtime {
 namespace {
-
-Status cuda_check(cudaError_t err, const std::string& where) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kCudaError, where + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-
-// Device memory that frees itself.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  Status allocate(size_t bytes, const std::string& what) {
-    bytes_ = bytes;
-    if (bytes == 0) return Status::Ok();
-    return cuda_check(cudaMalloc(&ptr_, bytes), "cudaMalloc " + std::to_string(bytes) + " bytes for " + what);
-  }
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 LatencyStats summarize(std::vector<float> ms) {
   LatencyStats s;
@@ -52,6 +26,37 @@ LatencyStats summarize(std::vector<float> ms) {
 }
 
 }  // namespace
+
+Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
+                               int warmup, int iters) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(i), workspace));
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters));
+  Status st;
+  for (auto& e : events) {
+    if (st.ok()) st = cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  for (int i = 0; i < iters && st.ok(); ++i) {
+    cudaEventRecord(events[2 * i], stream);
+    st = plan.execute(ctx, buffers.pointers(warmup + i), workspace);
+    cudaEventRecord(events[2 * i + 1], stream);
+  }
+  if (st.ok()) st = cuda_check(cudaStreamSynchronize(stream), "timed runs of '" + plan.engine_name() + "'");
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters && st.ok(); ++i) {
+    st = cuda_check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+  }
+  for (auto& e : events) {
+    if (e) cudaEventDestroy(e);
+  }
+  FUSEBOX_RETURN_IF_ERROR(st);
+  return summarize(std::move(ms));
+}
+
+}  // namespace runtime
+
+using runtime::cuda_check;
+using runtime::DeviceBuffer;
 
 Status verify_status(const RunResult& r) {
   if (r.verified_ok) return Status::Ok();
@@ -81,37 +86,23 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     }
   }
 
-  // Device buffers for every non-virtual tensor; outputs poisoned with NaN bytes.
-  std::map<std::string, DeviceBuffer> buffers;
-  std::map<std::string, void*> pointers;
-  for (const ResolvedTensor& t : g.tensors) {
-    if (t.is_virtual || t.scalar_value) continue;
-    DeviceBuffer& b = buffers[t.name];
-    FUSEBOX_RETURN_IF_ERROR(b.allocate(static_cast<size_t>(t.storage_bytes()), "tensor '" + t.name + "'"));
-    pointers[t.name] = b.get();
-    if (t.is_input) {
-      const HostTensor& h = result.inputs[t.name];
-      if (h.data.size() != b.bytes()) {
-        return InvalidArgument("input '" + t.name + "' holds " + std::to_string(h.data.size()) +
-                               " bytes; the tensor's storage needs " + std::to_string(b.bytes()));
-      }
-      FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaMemcpyAsync(b.get(), h.data.data(), b.bytes(), cudaMemcpyHostToDevice, stream),
-                                         "upload '" + t.name + "'"));
-    } else {
-      FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaMemsetAsync(b.get(), 0xFF, b.bytes(), stream), "poison '" + t.name + "'"));
-    }
-  }
+  // Device buffers for every non-virtual tensor; outputs poisoned with NaN
+  // bytes; inputs in several copies when timing, so runs rotate through them.
+  runtime::GraphBuffers buffers;
+  const int sets = options.iters > 0 && options.rotate_inputs ? runtime::rotation_sets_for(g) : 1;
+  FUSEBOX_RETURN_IF_ERROR(buffers.prepare(g, result.inputs, sets, stream));
+  result.input_sets = buffers.sets();
   DeviceBuffer workspace;
   FUSEBOX_RETURN_IF_ERROR(workspace.allocate(static_cast<size_t>(plan.workspace_bytes()), "workspace"));
 
-  FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, pointers, workspace.get()));
+  FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(0), workspace.get()));
   FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(stream), "execute '" + plan.engine_name() + "'"));
 
   for (int i : g.output_tensors()) {
     const ResolvedTensor& t = g.tensors[i];
     HostTensor h = HostTensor::like(t);
     FUSEBOX_RETURN_IF_ERROR(cuda_check(
-        cudaMemcpy(h.data.data(), buffers[t.name].get(), h.data.size(), cudaMemcpyDeviceToHost), "download '" + t.name + "'"));
+        cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost), "download '" + t.name + "'"));
     result.outputs[t.name] = std::move(h);
   }
 
@@ -125,7 +116,7 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
       std::map<std::string, const void*> d_in;
       std::map<std::string, float*> d_out;
       std::map<std::string, DeviceBuffer> ref_buffers;
-      for (const auto& [name, _] : result.inputs) d_in[name] = buffers[name].get();
+      for (const auto& [name, _] : result.inputs) d_in[name] = buffers.device(name);
       for (int i : g.output_tensors()) {
         const ResolvedTensor& t = g.tensors[i];
         DeviceBuffer& b = ref_buffers[t.name];
@@ -150,23 +141,8 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
   }
 
   if (options.iters > 0) {
-    for (int i = 0; i < options.warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, pointers, workspace.get()));
-    std::vector<cudaEvent_t> events(2 * static_cast<size_t>(options.iters));
-    for (auto& e : events) FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaEventCreate(&e), "cudaEventCreate"));
-    Status st;
-    for (int i = 0; i < options.iters && st.ok(); ++i) {
-      cudaEventRecord(events[2 * i], stream);
-      st = plan.execute(ctx, pointers, workspace.get());
-      cudaEventRecord(events[2 * i + 1], stream);
-    }
-    if (st.ok()) st = cuda_check(cudaStreamSynchronize(stream), "timed runs");
-    std::vector<float> ms(static_cast<size_t>(options.iters));
-    for (int i = 0; i < options.iters && st.ok(); ++i) {
-      st = cuda_check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
-    }
-    for (auto& e : events) cudaEventDestroy(e);
-    FUSEBOX_RETURN_IF_ERROR(st);
-    result.latency = summarize(std::move(ms));
+    FUSEBOX_ASSIGN_OR_RETURN(result.latency,
+                             runtime::time_plan(plan, ctx, buffers, workspace.get(), options.warmup, options.iters));
     if (result.latency.median_ms > 0) {
       result.tflops = g.flops() / (result.latency.median_ms * 1e-3) / 1e12;
       result.gbps = g.bytes_moved() / (result.latency.median_ms * 1e-3) / 1e9;

@@ -39,5 +39,6 @@ Runner add_check(CLI::App& app);
 Runner add_build(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_engines(CLI::App& app);
+Runner add_tune(CLI::App& app);
 
 }  // namespace fusebox::cli

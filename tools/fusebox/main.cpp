@@ -23,6 +23,7 @@ int fusebox_main(int argc, char** argv) {
   add(add_build);
   add(add_run);
   add(add_engines);
+  add(add_tune);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,72 @@
+// Device memory for a graph's tensors: inputs uploaded (optionally in several
+// rotated copies so timing does not run out of a warm L2), outputs poisoned.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+#include "fusebox/tensor.h"
+
+namespace fusebox::runtime {
+
+Status cuda_check(cudaError_t err, const std::string& where);
+
+// Device memory that frees itself.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; }
+  ~DeviceBuffer();
+  Status allocate(size_t bytes, const std::string& what);
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class GraphBuffers {
+ public:
+  // Uploads `inputs` (every non-scalar graph input) `input_sets` times and
+  // poisons the outputs with NaN bytes (0xFF), on `stream`.
+  Status prepare(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs, int input_sets,
+                 cudaStream_t stream);
+  // Pointers for every non-virtual tensor, inputs from set `set % sets()`.
+  const std::map<std::string, void*>& pointers(int set) const { return pointers_[set % pointers_.size()]; }
+  int sets() const { return static_cast<int>(pointers_.size()); }
+  void* device(const std::string& tensor) const;  // set 0
+
+ private:
+  std::vector<std::map<std::string, DeviceBuffer>> inputs_;
+  std::map<std::string, DeviceBuffer> outputs_;
+  std::vector<std::map<std::string, void*>> pointers_;
+};
+
+// How many input copies make the rotation exceed twice a 60 MiB L2, within
+// 16 copies and 8 GiB.
+int rotation_sets_for(const ResolvedGraph& g);
+
+}  // namespace fusebox::runtime
+
+namespace fusebox {
+class Plan;
+class GpuContext;
+struct LatencyStats;
+}  // namespace fusebox
+
+namespace fusebox::runtime {
+
+// Warm-up runs, then `iters` runs each timed with CUDA events, rotating the
+// input sets; median, min, p90, mean.
+Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
+                               int warmup, int iters);
+
+}  // namespace fusebox::runtime

@@ -1,0 +1,130 @@
+#include "fusebox/tune.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/device_buffers.h"
+
+namespace fusebox {
+namespace {
+
+bool has_note(const std::vector<std::string>& notes, const std::string& n) {
+  return std::find(notes.begin(), notes.end(), n) != notes.end();
+}
+
+}  // namespace
+
+Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolicy& policy,
+                        const TuneProgress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed_ms = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  TuneResult result;
+  FUSEBOX_ASSIGN_OR_RETURN(DeviceTarget target, DeviceTarget::live_gpu(ctx.device_id()));
+  BuildOptions options;
+  options.heuristics = policy.heuristics;
+  options.max_workspace_bytes = policy.max_workspace_bytes;
+  FUSEBOX_ASSIGN_OR_RETURN(CandidateSet set, CandidateSet::create(g, target, options, &result.report, &ctx));
+  set.check_all(/*build=*/true);
+
+  // Inputs once, rotated across copies so small problems are not timed from a warm L2.
+  std::map<std::string, HostTensor> inputs;
+  for (int i : g.input_tensors()) {
+    if (!g.tensors[i].scalar_value) inputs[g.tensors[i].name] = random_tensor(g.tensors[i], policy.seed);
+  }
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  runtime::GraphBuffers buffers;
+  FUSEBOX_RETURN_IF_ERROR(buffers.prepare(g, inputs, runtime::rotation_sets_for(g), stream));
+  result.input_sets = buffers.sets();
+
+  int admissible = 0;
+  bool heuristic_marked = false;
+  for (const EngineCandidate& c : set.candidates()) {
+    TuneEntry e;
+    e.candidate = c;
+    if (policy.deterministic_only && has_note(c.numerical_notes, "NONDETERMINISTIC")) {
+      e.admissible = false;
+      e.skipped_why = "filtered: nondeterministic";
+    } else if (!policy.allow_runtime_compilation && has_note(c.behavior_notes, "RUNTIME_COMPILATION")) {
+      e.admissible = false;
+      e.skipped_why = "filtered: runtime compilation";
+    } else if (!c.supported) {
+      e.admissible = false;
+      e.skipped_why = "not supported: " + c.support_message;
+    } else if (policy.max_workspace_bytes >= 0 && c.workspace_bytes > policy.max_workspace_bytes) {
+      e.admissible = false;
+      e.skipped_why = "filtered: workspace " + std::to_string(c.workspace_bytes) + " bytes";
+    }
+    if (c.supported && !heuristic_marked) {
+      e.heuristic_choice = heuristic_marked = true;  // what build_plan picks: the first that passes
+    }
+    if (e.admissible) ++admissible;
+    result.entries.push_back(std::move(e));
+  }
+  const int to_time = policy.top_k > 0 ? std::min(policy.top_k, admissible) : admissible;
+
+  int done = 0;
+  for (TuneEntry& e : result.entries) {
+    if (!e.admissible) continue;
+    if (done >= to_time) {
+      e.skipped_why = "not timed: beyond --top";
+      continue;
+    }
+    if (policy.budget_ms > 0 && elapsed_ms() > policy.budget_ms) {
+      e.skipped_why = "not timed: time budget spent";
+      continue;
+    }
+    ++done;
+    if (progress) progress(done, to_time, e.candidate.name);
+    auto plan = set.plan_at(e.candidate.index);
+    if (!plan.ok()) {
+      e.skipped_why = "build failed: " + plan.status().message();
+      continue;
+    }
+    runtime::DeviceBuffer workspace;
+    Status st = workspace.allocate(static_cast<size_t>(plan->workspace_bytes()), "workspace");
+    if (!st.ok()) {
+      e.skipped_why = st.message();
+      continue;
+    }
+    auto lat = runtime::time_plan(*plan, ctx, buffers, workspace.get(), policy.warmup, policy.iters);
+    if (!lat.ok()) {
+      e.skipped_why = "execution failed: " + lat.status().message();
+      (void)cudaGetLastError();
+      continue;
+    }
+    e.timed = true;
+    e.latency = *lat;
+  }
+
+  // Rank: timed first by median, then the rest in candidate order.
+  std::stable_sort(result.entries.begin(), result.entries.end(), [](const TuneEntry& a, const TuneEntry& b) {
+    if (a.timed != b.timed) return a.timed;
+    return a.timed && a.latency.median_ms < b.latency.median_ms;
+  });
+  for (size_t i = 0; i < result.entries.size(); ++i) {
+    if (result.entries[i].timed && result.winner < 0) result.winner = static_cast<int>(i);
+    if (result.entries[i].heuristic_choice) result.heuristic = static_cast<int>(i);
+  }
+  if (result.winner < 0) {
+    return NotSupported("tune: no candidate could be timed (" + std::to_string(result.entries.size()) +
+                        " candidates, " + std::to_string(admissible) + " admissible)");
+  }
+  const TuneEntry& w = result.entries[result.winner];
+  if (result.heuristic >= 0 && result.entries[result.heuristic].timed) {
+    result.speedup_over_heuristic = result.entries[result.heuristic].latency.median_ms / w.latency.median_ms;
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(result.winner_plan, set.plan_at(w.candidate.index));
+  if (policy.verify_winner) {
+    RunOptions ro;
+    ro.seed = policy.seed;
+    ro.verify = true;
+    ro.iters = 0;
+    FUSEBOX_ASSIGN_OR_RETURN(result.winner_run, run_plan(g, result.winner_plan, ctx, ro));
+  }
+  result.tuning_ms = elapsed_ms();
+  return result;
+}
+
+}  // namespace fusebox

@@ -1,0 +1,126 @@
+// fusebox tune: time every admissible engine on the GPU, rank, verify the winner.
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "common.h"
+#include "fusebox/plan_file.h"
+#include "fusebox/tune.h"
+
+namespace fusebox::cli {
+
+Runner add_tune(CLI::App& app) {
+  auto* cmd = app.add_subcommand("tune", "Autotune on the GPU: build every admissible engine, time each, verify "
+                                         "the winner, print a ranked table");
+  struct Args {
+    std::string graph, heuristics = "a,b,fallback", plan_out;
+    TunePolicy policy;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
+  cmd->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-workspace", a->policy.max_workspace_bytes, "Drop engines needing more workspace (bytes)");
+  cmd->add_flag("--deterministic", a->policy.deterministic_only, "Drop nondeterministic engines");
+  cmd->add_flag("--no-runtime-compilation", [a](int64_t) { a->policy.allow_runtime_compilation = false; },
+                "Drop runtime-compiled engines");
+  cmd->add_option("--top", a->policy.top_k, "Time only the first K admissible engines")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--budget-ms", a->policy.budget_ms, "Stop timing after this much wall time")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
+  cmd->add_option("--plan-out", a->plan_out, "Write the winner's plan to this file");
+  cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  return [a]() {
+    auto g = load_resolved(a->graph);
+    if (!g.ok()) return fail("tune", g.status());
+    auto modes = parse_heuristic_modes(a->heuristics);
+    if (!modes.ok()) return fail("tune", modes.status());
+    a->policy.heuristics = *modes;
+    auto ctx = GpuContext::create(0);
+    if (!ctx.ok()) return fail("tune", ctx.status());
+    const bool bar = !a->json && isatty(fileno(stderr));
+    TuneProgress progress;
+    if (bar) {
+      progress = [](int done, int total, const std::string& engine) {
+        const int width = 30, filled = total ? width * done / total : width;
+        std::fprintf(stderr, "\r[%.*s%*s] %d/%d %-44s", filled, "##############################", width - filled, "",
+                     done, total, engine.c_str());
+        std::fflush(stderr);
+      };
+    }
+    auto r = tune(*g, **ctx, a->policy, progress);
+    if (bar) std::fprintf(stderr, "\r%*s\r", 90, "");
+    if (!r.ok()) return fail("tune", r.status().WithContext("[graph '" + g->name + "']"));
+
+    if (!a->plan_out.empty()) {
+      auto target = DeviceTarget::live_gpu(0);
+      auto bytes = r->winner_plan.serialize();
+      if (!target.ok() || !bytes.ok()) return fail("tune", target.ok() ? bytes.status() : target.status());
+      Status st = write_plan_file(a->plan_out, make_plan_info(*g, r->winner_plan, *target), *bytes);
+      if (!st.ok()) return fail("tune", st);
+    }
+    const TuneEntry& w = r->entries[r->winner];
+    if (a->json) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& e : r->entries) {
+        rows.push_back({{"index", e.candidate.index},
+                        {"engine", e.candidate.name},
+                        {"heuristic_choice", e.heuristic_choice},
+                        {"timed", e.timed},
+                        {"median_ms", e.latency.median_ms},
+                        {"min_ms", e.latency.min_ms},
+                        {"p90_ms", e.latency.p90_ms},
+                        {"workspace_bytes", e.candidate.workspace_bytes},
+                        {"numerical_notes", e.candidate.numerical_notes},
+                        {"behavior_notes", e.candidate.behavior_notes},
+                        {"skipped_why", e.skipped_why}});
+      }
+      nlohmann::json verify = nlohmann::json::array();
+      for (const auto& c : r->winner_run.comparisons) verify.push_back(to_json(c));
+      nlohmann::json j = {{"graph", g->name},
+                          {"winner", w.candidate.name},
+                          {"winner_median_ms", w.latency.median_ms},
+                          {"heuristic_choice", r->heuristic >= 0 ? r->entries[r->heuristic].candidate.name : ""},
+                          {"speedup_over_heuristic", r->speedup_over_heuristic},
+                          {"tuning_ms", r->tuning_ms},
+                          {"input_sets", r->input_sets},
+                          {"tflops", g->flops() / (w.latency.median_ms * 1e-3) / 1e12},
+                          {"verify", verify},
+                          {"ok", r->winner_run.verified_ok},
+                          {"build", to_json(r->report)},
+                          {"entries", rows}};
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up + %d timed runs each, %d input sets rotated)\n",
+                  g->name.c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters, r->input_sets);
+      std::printf("%4s  %-46s %11s %11s %11s %9s %10s  %s\n", "rank", "engine", "median ms", "min ms", "p90 ms",
+                  "TFLOP/s", "workspace", "");
+      int rank = 1;
+      for (const auto& e : r->entries) {
+        const char* mark = e.heuristic_choice ? "<- heuristic choice" : "";
+        if (e.timed) {
+          std::printf("%4d  %-46s %11.4f %11.4f %11.4f %9.1f %10s  %s\n", rank++, e.candidate.name.c_str(),
+                      e.latency.median_ms, e.latency.min_ms, e.latency.p90_ms,
+                      g->flops() / (e.latency.median_ms * 1e-3) / 1e12, format_bytes(e.candidate.workspace_bytes).c_str(),
+                      mark);
+        } else {
+          std::printf("   -  %-46s %s %s\n", e.candidate.name.c_str(), e.skipped_why.substr(0, 120).c_str(), mark);
+        }
+      }
+      std::printf("winner: %s, %.4f ms", w.candidate.name.c_str(), w.latency.median_ms);
+      if (r->heuristic >= 0 && r->entries[r->heuristic].timed) {
+        std::printf(", %.2fx the heuristic choice %s (%.4f ms)", r->speedup_over_heuristic,
+                    r->entries[r->heuristic].candidate.name.c_str(), r->entries[r->heuristic].latency.median_ms);
+      }
+      std::printf("\n");
+      for (const auto& c : r->winner_run.comparisons) std::printf("winner verify: %s\n", c.ToString().c_str());
+      if (!a->plan_out.empty()) std::printf("winner plan written to %s\n", a->plan_out.c_str());
+    }
+    Status vs = verify_status(r->winner_run);
+    if (!vs.ok()) return fail("tune", vs.WithContext("[graph '" + g->name + "'] winner " + w.candidate.name));
+    return kExitOk;
+  };
+}
+
+}  // namespace fusebox::cli
