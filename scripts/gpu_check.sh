@@ -229,6 +229,50 @@ do_cpu_plans() {
   [ "$fails" -eq 0 ] && [ "$used" -gt 0 ]
 }
 
+# Autotuning (issue 3): the ranked table of two graphs, the same tuning run
+# twice to measure run-to-run spread, then the winner pinned by name.
+do_tune() {
+  local fails=0 g name
+  for g in examples/graphs/conv_bias_relu.json examples/graphs/matmul_bias_gelu.json; do
+    name=$(graph_name "$g")
+    echo "+ $FB tune $g --warmup 10 --iters 50"
+    timeout 300 "$FB" tune "$g" --warmup 10 --iters 50 --json > "$OUT/tune_$name.1.json" || { echo "FAIL $name: tune"; fails=$((fails + 1)); continue; }
+    timeout 300 "$FB" tune "$g" --warmup 10 --iters 50 --json > "$OUT/tune_$name.2.json" || { echo "FAIL $name: second tune"; fails=$((fails + 1)); continue; }
+    "$PY" - "$OUT/tune_$name.1.json" "$OUT/tune_$name.2.json" <<'PYEOF' || fails=$((fails + 1))
+import json, statistics, sys
+r1, r2 = (json.load(open(f)) for f in sys.argv[1:3])
+t1 = {e["engine"]: e for e in r1["entries"] if e["timed"]}
+t2 = {e["engine"]: e for e in r2["entries"] if e["timed"]}
+print(f"{r1['graph']}: {len(r1['entries'])} candidates, {len(t1)} timed, tuned in {r1['tuning_ms']:.0f} ms, {r1['input_sets']} input sets")
+print(f"| rank | engine | median ms | min ms | p90 ms | TFLOP/s | 2nd run median ms | note |")
+print(f"|---:|---|---:|---:|---:|---:|---:|---|")
+for i, e in enumerate([e for e in r1["entries"] if e["timed"]]):
+    m2 = t2.get(e["engine"], {}).get("median_ms", float("nan"))
+    tf = r1["tflops"] * r1["winner_median_ms"] / e["median_ms"]
+    note = "heuristic choice" if e["heuristic_choice"] else ""
+    print(f"| {i+1} | {e['engine']} | {e['median_ms']:.4f} | {e['min_ms']:.4f} | {e['p90_ms']:.4f} | {tf:.1f} | {m2:.4f} | {note} |")
+for e in r1["entries"]:
+    if not e["timed"]:
+        print(f"| - | {e['engine']} | | | | | | {e['skipped_why'][:100]} |")
+spreads = [abs(t1[k]["median_ms"] - t2[k]["median_ms"]) / min(t1[k]["median_ms"], t2[k]["median_ms"]) for k in t1 if k in t2]
+spread = statistics.median(spreads) if spreads else float("nan")
+print(f"run-to-run spread of per-engine medians: median {100*spread:.2f}%, max {100*max(spreads):.2f}% over {len(spreads)} engines")
+for r in (r1, r2):
+    print(f"winner {r['winner']} {r['winner_median_ms']:.4f} ms ({r['tflops']:.1f} TFLOP/s); heuristic {r['heuristic_choice']}; speedup {r['speedup_over_heuristic']:.3f}x; verify ok={r['ok']}")
+w = r1["winner"]
+h = r1["heuristic_choice"]
+if h in t1 and t1[h]["median_ms"] < r1["winner_median_ms"] * (1 - max(spreads)):
+    sys.exit("FAIL: the winner is slower than the heuristic choice by more than the spread")
+if not r1["ok"]:
+    sys.exit("FAIL: winner did not verify")
+PYEOF
+    winner=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["winner"])' "$OUT/tune_$name.1.json")
+    echo "+ $FB run $g --engine $winner --verify"
+    timeout 180 "$FB" run "$g" --engine "$winner" --verify --warmup 10 --iters 50 || { echo "FAIL $name: pinned run"; fails=$((fails + 1)); }
+  done
+  [ "$fails" -eq 0 ]
+}
+
 # With the system's older cuDNN first on the path, fusebox must refuse plainly
 # (non-zero exit, a message naming the versions), not crash or compute garbage.
 do_cudnn_mismatch() {
@@ -284,6 +328,7 @@ section run_verify do_run_verify
 section torch_crosscheck do_crosscheck
 section deviceless_roundtrip do_roundtrip
 section cpu_built_plans do_cpu_plans
+section tune do_tune
 section cudnn_mismatch do_cudnn_mismatch
 section bench do_bench
 

@@ -7,6 +7,7 @@
 #include "fusebox/plan.h"
 #include "fusebox/plan_file.h"
 #include "fusebox/runtime.h"
+#include "fusebox/tune.h"
 
 namespace fusebox {
 namespace {
@@ -134,6 +135,58 @@ TEST(GpuRuntime, PoisonedOutputsAreOverwritten) {
   EXPECT_TRUE(res->comparisons[0].pass) << res->comparisons[0].ToString();
   EXPECT_EQ(res->latency.iters, 3);
   EXPECT_GT(res->latency.median_ms, 0.0);
+}
+
+
+TEST(GpuTune, RanksEnginesVerifiesWinnerAndPinsIt) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+  auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");
+  ASSERT_TRUE(spec.ok());
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok());
+  auto ctx = GpuContext::create(0);
+  ASSERT_TRUE(ctx.ok());
+  TunePolicy policy;
+  policy.warmup = 2;
+  policy.iters = 5;
+  auto r = tune(*g, **ctx, policy);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_GE(r->winner, 0);
+  int timed = 0;
+  double last = 0;
+  for (const auto& e : r->entries) {
+    if (!e.timed) continue;
+    ++timed;
+    EXPECT_GE(e.latency.median_ms, last) << "entries must be ranked fastest first";
+    last = e.latency.median_ms;
+  }
+  EXPECT_GT(timed, 1);
+  EXPECT_TRUE(r->winner_run.verified_ok);
+  EXPECT_GE(r->heuristic, 0);
+  EXPECT_GT(r->speedup_over_heuristic, 0.0);
+
+  // Pinning the winner by name through build_plan gives that engine, and its
+  // serialized form runs.
+  BuildOptions pin;
+  pin.engine = r->entries[r->winner].candidate.name;
+  auto target = DeviceTarget::live_gpu(0);
+  auto plan = build_plan(*g, *target, pin, nullptr, ctx->get());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->engine_name(), pin.engine);
+  auto bytes = r->winner_plan.serialize();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto loaded = deserialize_plan(*g, *bytes, *target, ctx->get());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->engine_name(), pin.engine);
+
+  // Deterministic-only tuning never picks a nondeterministic engine.
+  policy.deterministic_only = true;
+  auto det = tune(*g, **ctx, policy);
+  ASSERT_TRUE(det.ok()) << det.status().ToString();
+  for (const auto& e : det->entries) {
+    if (!e.timed) continue;
+    for (const auto& n : e.candidate.numerical_notes) EXPECT_NE(n, "NONDETERMINISTIC") << e.candidate.name;
+  }
 }
 
 }  // namespace
