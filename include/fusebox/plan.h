@@ -45,6 +45,7 @@ Result<std::string> capture_device_properties(int device_id = 0);
 struct BuildOptions {
   std::vector<HeuristicMode> heuristics{HeuristicMode::kA};
   // Pin an engine by the name `fusebox engines` shows ("eng41_k2=4_k13=0...").
+  // It is looked up among the candidates of all heuristic modes.
   // Empty: the first candidate that passes the support check.
   std::string engine;
   int64_t max_workspace_bytes = -1;  // -1: no limit
@@ -83,6 +84,9 @@ struct EngineCandidate {
   bool supported = false;
   std::string support_message;  // why not, when unsupported
   int64_t workspace_bytes = -1;
+  // The heuristic modes overlap: a later copy of an earlier candidate points
+  // at it (and is neither checked nor timed again).
+  int64_t duplicate_of = -1;
 };
 
 class GpuContext;
@@ -151,9 +155,10 @@ class CandidateSet {
 };
 
 // Rebuilds a plan from serialize()'s bytes. Without a GpuContext the target
-// must be deviceless (handle-less deserialization).
+// must be deviceless (handle-less deserialization). `engine_name` names the
+// plan where the frontend cannot tell after deserializing (a plan file has it).
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
-                              const DeviceTarget& target, GpuContext* ctx);
+                              const DeviceTarget& target, GpuContext* ctx, const std::string& engine_name = "");
 
 // A cuDNN handle bound to one GPU and one CUDA stream.
 class GpuContext {

@@ -132,7 +132,11 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (owned_ctx) ctx = owned_ctx.get();
 
-  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, first_three_steps(g, target, options, ctx, r));
+  BuildOptions effective = options;
+  if (!options.engine.empty()) {
+    effective.heuristics = {HeuristicMode::kA, HeuristicMode::kB, HeuristicMode::kFallback};
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, first_three_steps(g, target, effective, ctx, r));
   auto& graph = *lowered.graph;
   int64_t pinned = -1;
   if (!options.engine.empty()) {
@@ -213,6 +217,9 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
         }
       }
       c.numerical_notes = graph.numerical_notes_at(i);
+      for (const auto& earlier : impl->candidates) {
+        if (earlier.name == c.name && earlier.duplicate_of < 0) c.duplicate_of = earlier.index;
+      }
       impl->candidates.push_back(std::move(c));
     }
   }
@@ -241,17 +248,28 @@ void CandidateSet::check_all(bool build) {
   };
   timed("check_support", [&] {
     for (auto& c : impl_->candidates) {
+      if (c.duplicate_of >= 0) continue;
       auto st = from_fe(graph.check_support_at(c.index), "check_support");
       c.supported = st.ok();
       if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
     }
   });
+  auto copy_to_duplicates = [&] {
+    for (auto& c : impl_->candidates) {
+      if (c.duplicate_of < 0) continue;
+      const auto& o = impl_->candidates[c.duplicate_of];
+      c.supported = o.supported;
+      c.support_message = o.support_message;
+      c.workspace_bytes = o.workspace_bytes;
+    }
+  };
+  copy_to_duplicates();
   if (!build) return;
   timed("build_plans", [&] {
     // Builds every candidate that passed, in parallel; failures are read per index below.
     (void)graph.build_plans(fe::BuildPlanPolicy_t::ALL, /*do_multithreaded_builds=*/true);
     for (auto& c : impl_->candidates) {
-      if (!c.supported) continue;
+      if (!c.supported || c.duplicate_of >= 0) continue;
       auto st = from_fe(graph.build_plan_at_index(c.index), "build_plan");
       c.supported = st.ok();
       if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
@@ -259,6 +277,7 @@ void CandidateSet::check_all(bool build) {
       if (c.supported && graph.get_workspace_size_plan_at_index(c.index, ws).is_good()) c.workspace_bytes = ws;
     }
   });
+  copy_to_duplicates();
 }
 
 Result<Plan> CandidateSet::plan_at(int64_t index) {
@@ -293,7 +312,7 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
 }
 
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
-                              GpuContext* ctx) {
+                              GpuContext* ctx, const std::string& engine_name) {
   using namespace cudnn;
   auto impl = std::make_unique<Plan::Impl>();
   try {
@@ -306,7 +325,9 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
       graph->set_device_properties(props);
       FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(bytes), "deserialize plan (handle-less)"));
     }
-    if (!graph->get_plan_name(impl->engine).is_good()) impl->engine = "(deserialized)";
+    if (!graph->get_plan_name(impl->engine).is_good() || impl->engine.empty()) {
+      impl->engine = engine_name.empty() ? "(deserialized)" : engine_name;
+    }
     FUSEBOX_RETURN_IF_ERROR(from_fe(graph->get_workspace_size(impl->workspace_bytes), "get_workspace_size"));
     impl->graph = std::move(graph);
   }

@@ -43,7 +43,10 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
   for (const EngineCandidate& c : set.candidates()) {
     TuneEntry e;
     e.candidate = c;
-    if (policy.deterministic_only && has_note(c.numerical_notes, "NONDETERMINISTIC")) {
+    if (c.duplicate_of >= 0) {
+      e.admissible = false;
+      e.skipped_why = "duplicate of candidate " + std::to_string(c.duplicate_of);
+    } else if (policy.deterministic_only && has_note(c.numerical_notes, "NONDETERMINISTIC")) {
       e.admissible = false;
       e.skipped_why = "filtered: nondeterministic";
     } else if (!policy.allow_runtime_compilation && has_note(c.behavior_notes, "RUNTIME_COMPILATION")) {

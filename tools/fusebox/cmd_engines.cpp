@@ -44,7 +44,8 @@ Runner add_engines(CLI::App& app) {
                         {"numerical_notes", e.numerical_notes},
                         {"supported", e.supported},
                         {"support_message", e.support_message},
-                        {"workspace_bytes", e.workspace_bytes}});
+                        {"workspace_bytes", e.workspace_bytes},
+                        {"duplicate_of", e.duplicate_of}});
       }
       nlohmann::json j = to_json(report);
       j["graph"] = g->name;
@@ -62,7 +63,11 @@ Runner add_engines(CLI::App& app) {
       std::printf("%4lld  %-44s %-9s %12s  %s\n", static_cast<long long>(e.index), e.name.c_str(),
                   e.supported ? "yes" : "no", e.workspace_bytes >= 0 ? format_bytes(e.workspace_bytes).c_str() : "(--build)",
                   notes.c_str());
-      if (!e.supported) std::printf("      why not: %s\n", e.support_message.substr(0, 300).c_str());
+      if (e.duplicate_of >= 0) {
+        std::printf("      (duplicate of candidate %lld)\n", static_cast<long long>(e.duplicate_of));
+      } else if (!e.supported) {
+        std::printf("      why not: %s\n", e.support_message.substr(0, 300).c_str());
+      }
     }
     return kExitOk;
   };

@@ -86,7 +86,7 @@ Runner add_run(CLI::App& app) {
       if (!pf.ok()) return fail("run", pf.status());
       Status compat = check_plan_compatible(pf->info, *g, *target);
       if (!compat.ok()) return fail("run", compat.WithContext(a->plan));
-      plan = deserialize_plan(*g, pf->payload, *target, ctx->get());
+      plan = deserialize_plan(*g, pf->payload, *target, ctx->get(), pf->info.engine);
       plan_source = std::string("plan file (built ") + (pf->info.built_deviceless ? "deviceless" : "on a GPU") + ")";
     } else {
       auto modes = parse_heuristic_modes(a->heuristics);
