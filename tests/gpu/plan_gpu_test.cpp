@@ -175,9 +175,16 @@ TEST(GpuTune, RanksEnginesVerifiesWinnerAndPinsIt) {
   EXPECT_EQ(plan->engine_name(), pin.engine);
   auto bytes = r->winner_plan.serialize();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-  auto loaded = deserialize_plan(*g, *bytes, *target, ctx->get());
+  // The frontend cannot name a deserialized plan; plan files carry the name.
+  auto loaded = deserialize_plan(*g, *bytes, *target, ctx->get(), pin.engine);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   EXPECT_EQ(loaded->engine_name(), pin.engine);
+  RunOptions once;
+  once.iters = 0;
+  once.verify = true;
+  auto ran = run_plan(*g, *loaded, **ctx, once);
+  ASSERT_TRUE(ran.ok()) << ran.status().ToString();
+  EXPECT_TRUE(ran->verified_ok);
 
   // Deterministic-only tuning never picks a nondeterministic engine.
   policy.deterministic_only = true;

@@ -1,0 +1,638 @@
+#include "fusebox/plan_cache.h"
+
+#include <sqlite3.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+
+#include "cache/entry_codec.h"
+
+namespace fusebox {
+namespace {
+
+using cache_internal::encode_entry_meta;
+using cache_internal::validate_entry_bytes;
+
+constexpr int32_t kApplicationId = 0x46424F58;  // "FBOX" in PRAGMA application_id
+
+struct StmtFinalizer {
+  void operator()(sqlite3_stmt* s) const { sqlite3_finalize(s); }
+};
+using Stmt = std::unique_ptr<sqlite3_stmt, StmtFinalizer>;
+
+int prepare(sqlite3* db, const char* sql, Stmt* out) {
+  sqlite3_stmt* s = nullptr;
+  const int rc = sqlite3_prepare_v2(db, sql, -1, &s, nullptr);
+  out->reset(s);
+  return rc;
+}
+
+int exec(sqlite3* db, const char* sql) { return sqlite3_exec(db, sql, nullptr, nullptr, nullptr); }
+
+std::string db_error(sqlite3* db, int rc) {
+  std::string m = sqlite3_errstr(rc);
+  if (db) {
+    const char* detail = sqlite3_errmsg(db);
+    if (detail && m != detail) m += std::string(" (") + detail + ")";
+  }
+  return m;
+}
+
+// Rolls back unless commit() succeeded: every write is one transaction.
+class Transaction {
+ public:
+  explicit Transaction(sqlite3* db) : db_(db) {}
+  int begin() {
+    const int rc = exec(db_, "BEGIN IMMEDIATE");
+    open_ = rc == SQLITE_OK;
+    return rc;
+  }
+  int commit() {
+    const int rc = exec(db_, "COMMIT");
+    if (rc == SQLITE_OK) open_ = false;
+    return rc;
+  }
+  ~Transaction() {
+    if (open_) exec(db_, "ROLLBACK");
+  }
+
+ private:
+  sqlite3* db_;
+  bool open_ = false;
+};
+
+int64_t now_us() {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// Fixed width, so string order is time order: "2026-11-29T21:00:05.123456Z".
+std::string format_utc(int64_t us) {
+  const std::time_t secs = static_cast<std::time_t>(us / 1000000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(us % 1000000));
+  return buf;
+}
+
+void append_field(std::string* out, std::string_view s) {
+  const uint64_t n = s.size();
+  char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  out->append(len, 8);
+  out->append(s);
+}
+
+bool looks_like_sqlite_or_empty(const std::string& path, std::string* why) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return true;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    *why = "is not a regular file";
+    return false;
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return true;  // sqlite3_open_v2 reports why
+  char head[16] = {};
+  f.read(head, sizeof head);
+  if (f.gcount() == 0) return true;  // empty: a fresh database
+  if (f.gcount() < 16 || std::memcmp(head, "SQLite format 3", 16) != 0) {
+    *why = "is not an SQLite database";
+    return false;
+  }
+  return true;
+}
+
+// One stored row, as read back.
+struct Row {
+  std::string key;
+  std::string meta;
+  const uint8_t* payload = nullptr;
+  size_t payload_size = 0;
+  std::string created_utc;
+  int64_t last_used_us = 0;
+};
+
+constexpr const char* kSelectAll =
+    "SELECT key, meta, payload, created_utc, last_used_us FROM entries ORDER BY last_used_us DESC, key";
+
+Row read_row(sqlite3_stmt* s) {
+  Row r;
+  auto text = [&](int col) {
+    const unsigned char* t = sqlite3_column_text(s, col);
+    const int n = sqlite3_column_bytes(s, col);
+    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<size_t>(n)) : std::string();
+  };
+  r.key = text(0);
+  r.meta = text(1);
+  r.payload = static_cast<const uint8_t*>(sqlite3_column_blob(s, 2));
+  r.payload_size = r.payload ? static_cast<size_t>(sqlite3_column_bytes(s, 2)) : 0;
+  r.created_utc = text(3);
+  r.last_used_us = sqlite3_column_int64(s, 4);
+  return r;
+}
+
+// Newest-created wins; last-used time travels with the entry.
+constexpr const char* kUpsertIfNewer =
+    "INSERT INTO entries(key, meta, payload, created_utc, stored_bytes, last_used_us) VALUES(?1, ?2, ?3, ?4, ?5, ?6) "
+    "ON CONFLICT(key) DO UPDATE SET meta = excluded.meta, payload = excluded.payload, "
+    "created_utc = excluded.created_utc, stored_bytes = excluded.stored_bytes, last_used_us = excluded.last_used_us "
+    "WHERE excluded.created_utc > entries.created_utc";
+
+// Within one transaction: keep the most recently used entries whose running
+// total fits in max_bytes, delete the rest.
+constexpr const char* kEvict =
+    "DELETE FROM entries WHERE key IN (SELECT key FROM (SELECT key, SUM(stored_bytes) OVER "
+    "(ORDER BY last_used_us DESC, key ROWS UNBOUNDED PRECEDING) AS running FROM entries) WHERE running > ?1)";
+
+// Later than any last-use so far, even within one microsecond or across clocks.
+constexpr const char* kNextUse = "MAX(?1, (SELECT COALESCE(MAX(last_used_us), 0) + 1 FROM entries))";
+
+bool is_write_refused(int rc) {
+  const int p = rc & 0xff;
+  return p == SQLITE_READONLY || p == SQLITE_CANTOPEN || p == SQLITE_PERM || p == SQLITE_AUTH;
+}
+
+}  // namespace
+
+std::string cache_key_hash(const CacheKey& k) {
+  std::string s = "fusebox-plan-cache-key";
+  append_field(&s, std::to_string(kPlanCacheFormatVersion));
+  append_field(&s, k.graph_canonical);
+  append_field(&s, k.device_name);
+  append_field(&s, std::to_string(k.sm_version));
+  append_field(&s, std::to_string(k.sm_count));
+  append_field(&s, std::to_string(k.cudnn_version));
+  append_field(&s, k.frontend_version);
+  append_field(&s, k.policy);
+  return cache_internal::hex64(XXH3_64bits(s.data(), s.size()));
+}
+
+std::string default_cache_path() {
+  if (const char* p = std::getenv("FUSEBOX_CACHE"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/fusebox/plans.sqlite";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/fusebox/plans.sqlite";
+  return ".fusebox-cache/plans.sqlite";
+}
+
+void PlanCache::DbCloser::operator()(sqlite3* db) const { sqlite3_close_v2(db); }
+
+PlanCache::PlanCache(PlanCache&&) noexcept = default;
+PlanCache& PlanCache::operator=(PlanCache&&) noexcept = default;
+PlanCache::~PlanCache() = default;
+
+void PlanCache::warn(std::string message) {
+  if (!warning_.empty()) warning_ += '\n';
+  warning_ += message;
+  warnings_.push_back(std::move(message));
+}
+
+void PlanCache::disable(std::string message) {
+  db_.reset();
+  warn("plan cache " + path_ + ": " + message + "; running without a cache");
+}
+
+Status PlanCache::write_failed(const std::string& what, int rc) {
+  const std::string err = db_error(db_.get(), rc);
+  const int p = rc & 0xff;
+  if (p == SQLITE_CORRUPT || p == SQLITE_NOTADB) {
+    disable(what + ": " + err);
+  } else {
+    warn("plan cache " + path_ + ": " + what + " failed: " + err + " (continuing uncached)");
+  }
+  return IoError("plan cache " + path_ + ": " + what + ": " + err);
+}
+
+PlanCache PlanCache::open(const std::string& path, int64_t max_bytes) {
+  PlanCacheOptions o;
+  o.max_bytes = max_bytes;
+  return open(path, o);
+}
+
+PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& options) {
+  PlanCache c;
+  c.path_ = path;
+  c.max_bytes_ = options.max_bytes;
+  c.read_only_ = options.read_only;
+  if (path.empty()) {
+    c.warn("plan cache: no path given; running without a cache");
+    return c;
+  }
+  if (options.max_bytes <= 0) {
+    c.warn("plan cache " + path + ": max_bytes must be positive; running without a cache");
+    return c;
+  }
+  std::string why;
+  if (!looks_like_sqlite_or_empty(path, &why)) {
+    c.warn("plan cache " + path + ": " + why + "; leaving it untouched and running without a cache");
+    return c;
+  }
+  if (!c.read_only_) {
+    std::error_code ec;
+    const auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);  // open reports a failure
+  }
+
+  auto connect = [&](bool read_only) -> int {
+    sqlite3* raw = nullptr;
+    const int flags = read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+    c.db_.reset(raw);
+    if (rc != SQLITE_OK) return rc;
+    sqlite3_extended_result_codes(raw, 1);
+    sqlite3_busy_timeout(raw, options.busy_timeout_ms);
+    return SQLITE_OK;
+  };
+  // Reads the header pragmas: refuses foreign or newer databases.
+  auto check_identity = [&](bool* has_table) -> int {
+    Stmt s;
+    int rc = prepare(c.db_.get(), "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'entries'", &s);
+    if (rc != SQLITE_OK) return rc;
+    rc = sqlite3_step(s.get());
+    if (rc != SQLITE_ROW) return rc;
+    *has_table = sqlite3_column_int(s.get(), 0) > 0;
+    Stmt t;
+    rc = prepare(c.db_.get(), "SELECT (SELECT count(*) FROM sqlite_master), (SELECT application_id FROM pragma_application_id), "
+                 "(SELECT user_version FROM pragma_user_version)", &t);
+    if (rc != SQLITE_OK) return rc;
+    rc = sqlite3_step(t.get());
+    if (rc != SQLITE_ROW) return rc;
+    const int objects = sqlite3_column_int(t.get(), 0);
+    const int32_t app = sqlite3_column_int(t.get(), 1);
+    const int version = sqlite3_column_int(t.get(), 2);
+    if (objects > 0 && app != kApplicationId) {
+      why = "is an SQLite database but not a fusebox plan cache; leaving it untouched";
+      return SQLITE_MISMATCH;
+    }
+    if (version > kPlanCacheFormatVersion) {
+      why = "was written by a newer fusebox (cache format " + std::to_string(version) + ", this one reads " +
+            std::to_string(kPlanCacheFormatVersion) + ")";
+      return SQLITE_MISMATCH;
+    }
+    return SQLITE_OK;
+  };
+  auto init_read_write = [&]() -> int {
+    // WAL lets readers and one writer proceed at once; changing it may
+    // briefly meet another opener's lock.
+    int rc = SQLITE_BUSY;
+    for (int attempt = 0; attempt < 50 && (rc & 0xff) == SQLITE_BUSY; ++attempt) {
+      rc = exec(c.db_.get(), "PRAGMA journal_mode = WAL");
+      if ((rc & 0xff) == SQLITE_BUSY) sqlite3_sleep(20);
+    }
+    if (rc != SQLITE_OK) return rc;
+    exec(c.db_.get(), "PRAGMA synchronous = NORMAL");
+    Transaction tx(c.db_.get());
+    if ((rc = tx.begin()) != SQLITE_OK) return rc;
+    bool has_table = false;
+    if ((rc = check_identity(&has_table)) != SQLITE_OK) return rc;
+    if (!has_table) {
+      const std::string ddl =
+          "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB NOT NULL, "
+          "created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, last_used_us INTEGER NOT NULL);"
+          "CREATE INDEX entries_last_used ON entries(last_used_us);"
+          "PRAGMA application_id = " + std::to_string(kApplicationId) + ";"
+          "PRAGMA user_version = " + std::to_string(kPlanCacheFormatVersion) + ";";
+      if ((rc = exec(c.db_.get(), ddl.c_str())) != SQLITE_OK) return rc;
+    }
+    return tx.commit();
+  };
+
+  int rc = SQLITE_OK;
+  if (!c.read_only_) {
+    rc = connect(false);
+    if (rc == SQLITE_OK) rc = init_read_write();
+    std::error_code ec;
+    if (rc != SQLITE_OK && is_write_refused(rc) && std::filesystem::exists(path, ec)) {
+      c.warn("plan cache " + path + ": cannot write (" + db_error(c.db_.get(), rc) +
+             "); using it read-only, new plans will not be stored");
+      c.read_only_ = true;
+    } else if (rc != SQLITE_OK) {
+      c.disable(rc == SQLITE_MISMATCH ? why : "cannot open: " + db_error(c.db_.get(), rc));
+      return c;
+    }
+  }
+  if (c.read_only_) {
+    rc = connect(true);
+    bool has_table = false;
+    if (rc == SQLITE_OK) rc = check_identity(&has_table);
+    if (rc != SQLITE_OK) {
+      c.disable(rc == SQLITE_MISMATCH ? why : "cannot open read-only: " + db_error(c.db_.get(), rc));
+      return c;
+    }
+    if (!has_table) {
+      c.disable("holds no plan cache and is read-only");
+      return c;
+    }
+  }
+  return c;
+}
+
+Result<std::optional<CacheEntry>> PlanCache::lookup(const std::string& key) {
+  if (!enabled()) return std::optional<CacheEntry>();
+  sqlite3* db = db_.get();
+  Stmt s;
+  int rc = prepare(db, "SELECT key, meta, payload, created_utc, last_used_us FROM entries WHERE key = ?1", &s);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_text(s.get(), 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+    rc = sqlite3_step(s.get());
+  }
+  if (rc == SQLITE_DONE) return std::optional<CacheEntry>();
+  if (rc != SQLITE_ROW) {
+    const int p = rc & 0xff;
+    if (p == SQLITE_CORRUPT || p == SQLITE_NOTADB) {
+      disable("database is corrupt: " + db_error(db, rc));
+    } else {
+      warn("plan cache " + path_ + ": lookup of " + key + " failed (" + db_error(db, rc) + "); treated as a miss");
+    }
+    return std::optional<CacheEntry>();
+  }
+  const Row row = read_row(s.get());
+  CacheEntry e;
+  const Status valid = validate_entry_bytes(key, row.meta, row.payload, row.payload_size, &e);
+  if (!valid.ok()) {
+    s.reset();
+    std::string msg = valid.message() + "; treated as a miss";
+    if (!read_only_) {
+      Stmt d;
+      if (prepare(db, "DELETE FROM entries WHERE key = ?1", &d) == SQLITE_OK) {
+        sqlite3_bind_text(d.get(), 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+        msg += sqlite3_step(d.get()) == SQLITE_DONE ? " and deleted" : " (could not delete it)";
+      }
+    }
+    warn(msg);
+    return std::optional<CacheEntry>();
+  }
+  e.payload.assign(row.payload, row.payload + row.payload_size);
+  e.last_used_utc = format_utc(row.last_used_us);
+  s.reset();
+  if (!read_only_) {
+    // Best effort: a busy or full database only costs LRU accuracy.
+    Stmt u;
+    const std::string sql = std::string("UPDATE entries SET last_used_us = ") + kNextUse + " WHERE key = ?2";
+    if (prepare(db, sql.c_str(), &u) == SQLITE_OK) {
+      const int64_t t = now_us();
+      sqlite3_bind_int64(u.get(), 1, t);
+      sqlite3_bind_text(u.get(), 2, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+      if (sqlite3_step(u.get()) == SQLITE_DONE) e.last_used_utc = format_utc(t);
+    }
+  }
+  return std::optional<CacheEntry>(std::move(e));
+}
+
+Status PlanCache::evict_locked() {
+  Stmt s;
+  int rc = prepare(db_.get(), kEvict, &s);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(s.get(), 1, max_bytes_);
+    rc = sqlite3_step(s.get());
+  }
+  if (rc != SQLITE_DONE) return IoError(db_error(db_.get(), rc));
+  return Status::Ok();
+}
+
+Status PlanCache::store(const CacheEntry& entry) {
+  if (!enabled() || read_only_) return Status::Ok();
+  if (entry.key.empty()) return InvalidArgument("plan cache store: empty key");
+  if (entry.payload.empty() || static_cast<int64_t>(entry.payload.size()) > cache_internal::kMaxPayloadBytes) {
+    return InvalidArgument("plan cache store " + entry.key + ": payload of " + std::to_string(entry.payload.size()) +
+                           " bytes (expected 1 byte to 256 MiB)");
+  }
+  if (!std::isfinite(entry.tuned_median_ms)) {
+    return InvalidArgument("plan cache store " + entry.key + ": tuned_median_ms must be finite (-1: not tuned)");
+  }
+  const int64_t t = now_us();
+  CacheEntry e;  // metadata only; the payload is bound from `entry`
+  e.key = entry.key;
+  e.info = entry.info;
+  e.tuned_median_ms = entry.tuned_median_ms;
+  e.created_utc = entry.created_utc.empty() ? format_utc(t) : entry.created_utc;
+  const std::string meta = encode_entry_meta(e, entry.payload.data(), entry.payload.size());
+  const int64_t stored_bytes = static_cast<int64_t>(meta.size() + entry.payload.size());
+  if (stored_bytes > max_bytes_) {
+    warn("plan cache " + path_ + ": entry " + entry.key + " (" + std::to_string(stored_bytes) +
+         " bytes) is larger than the cache limit " + std::to_string(max_bytes_) + "; not stored");
+    return InvalidArgument("plan cache store " + entry.key + ": larger than max_bytes");
+  }
+
+  sqlite3* db = db_.get();
+  Transaction tx(db);
+  int rc = tx.begin();
+  if (rc != SQLITE_OK) return write_failed("store " + entry.key, rc);
+  Stmt s;
+  const std::string sql =
+      std::string("INSERT OR REPLACE INTO entries(key, meta, payload, created_utc, stored_bytes, last_used_us) "
+                  "VALUES(?2, ?3, ?4, ?5, ?6, ") + kNextUse + ")";
+  rc = prepare(db, sql.c_str(), &s);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int64(s.get(), 1, t);
+    sqlite3_bind_text(s.get(), 2, e.key.data(), static_cast<int>(e.key.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_text(s.get(), 3, meta.data(), static_cast<int>(meta.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_blob(s.get(), 4, entry.payload.data(), static_cast<int>(entry.payload.size()), SQLITE_STATIC);
+    sqlite3_bind_text(s.get(), 5, e.created_utc.data(), static_cast<int>(e.created_utc.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s.get(), 6, stored_bytes);
+    rc = sqlite3_step(s.get());
+  }
+  if (rc != SQLITE_DONE) return write_failed("store " + entry.key, rc);
+  s.reset();
+  if (Status ev = evict_locked(); !ev.ok()) return write_failed("evict", sqlite3_extended_errcode(db));
+  rc = tx.commit();
+  if (rc != SQLITE_OK) return write_failed("store " + entry.key, rc);
+  return Status::Ok();
+}
+
+namespace {
+
+// Streams every row of `src`; invalid rows go to on_bad. fn returns false to stop.
+Status for_each_row(sqlite3* src, const std::function<bool(const Row&, const CacheEntry*, const Status&)>& fn) {
+  Stmt s;
+  int rc = prepare(src, kSelectAll, &s);
+  if (rc != SQLITE_OK) return IoError(db_error(src, rc));
+  while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+    const Row row = read_row(s.get());
+    CacheEntry e;
+    const Status v = validate_entry_bytes(row.key, row.meta, row.payload, row.payload_size, &e);
+    if (!fn(row, v.ok() ? &e : nullptr, v)) return Status::Ok();
+  }
+  if (rc != SQLITE_DONE) return IoError(db_error(src, rc));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<CacheEntry>> PlanCache::list(bool with_payload) {
+  if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
+  std::vector<CacheEntry> out;
+  Status st = for_each_row(db_.get(), [&](const Row& row, const CacheEntry* e, const Status&) {
+    CacheEntry x;
+    if (e) {
+      x = *e;
+      if (with_payload) x.payload.assign(row.payload, row.payload + row.payload_size);
+    } else {
+      x.key = row.key;
+      x.created_utc = row.created_utc;
+      x.payload_bytes = -1;
+    }
+    x.last_used_utc = format_utc(row.last_used_us);
+    out.push_back(std::move(x));
+    return true;
+  });
+  if (!st.ok()) return st.WithContext("plan cache " + path_ + ": list");
+  return out;
+}
+
+Status PlanCache::remove(const std::string& key_prefix) {
+  if (key_prefix.empty()) return InvalidArgument("plan cache remove: empty key prefix (use clear() to remove all)");
+  if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
+  if (read_only_) return IoError("plan cache " + path_ + " is read-only");
+  Stmt s;
+  int rc = prepare(db_.get(), "DELETE FROM entries WHERE substr(key, 1, ?1) = ?2", &s);
+  if (rc == SQLITE_OK) {
+    sqlite3_bind_int(s.get(), 1, static_cast<int>(key_prefix.size()));
+    sqlite3_bind_text(s.get(), 2, key_prefix.data(), static_cast<int>(key_prefix.size()), SQLITE_TRANSIENT);
+    rc = sqlite3_step(s.get());
+  }
+  if (rc != SQLITE_DONE) return write_failed("remove " + key_prefix, rc);
+  return Status::Ok();
+}
+
+Status PlanCache::clear() {
+  if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
+  if (read_only_) return IoError("plan cache " + path_ + " is read-only");
+  const int rc = exec(db_.get(), "DELETE FROM entries");
+  if (rc != SQLITE_OK) return write_failed("clear", rc);
+  return Status::Ok();
+}
+
+Result<int> PlanCache::verify(std::vector<std::string>* bad) {
+  if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
+  {
+    Stmt s;
+    int rc = prepare(db_.get(), "PRAGMA quick_check", &s);
+    std::string problems;
+    while (rc == SQLITE_OK && (rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+      const char* t = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 0));
+      if (t && std::strcmp(t, "ok") != 0) problems += std::string(problems.empty() ? "" : "; ") + t;
+    }
+    if (rc != SQLITE_DONE && rc != SQLITE_OK) problems += db_error(db_.get(), rc);
+    if (!problems.empty()) return ParseError("plan cache " + path_ + ": database is damaged: " + problems);
+  }
+  int checked = 0;
+  Status st = for_each_row(db_.get(), [&](const Row& row, const CacheEntry* e, const Status&) {
+    ++checked;
+    if (!e && bad) bad->push_back(row.key);
+    return true;
+  });
+  if (!st.ok()) return st.WithContext("plan cache " + path_ + ": verify");
+  return checked;
+}
+
+namespace {
+
+// Copies src's valid rows into dst in one transaction (newer created wins).
+// Returns the keys of rows skipped as corrupt in *skipped.
+Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped, std::string* error) {
+  Transaction tx(dst);
+  int rc = tx.begin();
+  if (rc != SQLITE_OK) {
+    *error = db_error(dst, rc);
+    return IoError(*error);
+  }
+  Stmt ins;
+  rc = prepare(dst, kUpsertIfNewer, &ins);
+  if (rc != SQLITE_OK) {
+    *error = db_error(dst, rc);
+    return IoError(*error);
+  }
+  Status st = for_each_row(src, [&](const Row& row, const CacheEntry* e, const Status& v) {
+    if (!e) {
+      skipped->push_back(v.message());
+      return true;
+    }
+    sqlite3_reset(ins.get());
+    sqlite3_bind_text(ins.get(), 1, row.key.data(), static_cast<int>(row.key.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_text(ins.get(), 2, row.meta.data(), static_cast<int>(row.meta.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_blob(ins.get(), 3, row.payload, static_cast<int>(row.payload_size), SQLITE_TRANSIENT);
+    // The checksummed metadata is the authority on when it was made.
+    sqlite3_bind_text(ins.get(), 4, e->created_utc.data(), static_cast<int>(e->created_utc.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_int64(ins.get(), 5, static_cast<int64_t>(row.meta.size() + row.payload_size));
+    sqlite3_bind_int64(ins.get(), 6, row.last_used_us);
+    rc = sqlite3_step(ins.get());
+    return rc == SQLITE_DONE;
+  });
+  if (!st.ok()) return st;
+  if (rc != SQLITE_DONE && rc != SQLITE_OK) {
+    *error = db_error(dst, rc);
+    return IoError(*error);
+  }
+  ins.reset();
+  rc = tx.commit();
+  if (rc != SQLITE_OK) {
+    *error = db_error(dst, rc);
+    return IoError(*error);
+  }
+  return Status::Ok();
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec);
+}
+
+}  // namespace
+
+Status PlanCache::export_to(const std::string& path) {
+  if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
+  if (same_file(path, path_)) return InvalidArgument("plan cache export: " + path + " is this cache's own file");
+  PlanCacheOptions o;
+  o.max_bytes = std::numeric_limits<int64_t>::max();
+  PlanCache dst = PlanCache::open(path, o);
+  if (!dst.enabled() || dst.read_only()) return IoError("plan cache export to " + path + ": " + dst.warning());
+  std::vector<std::string> skipped;
+  std::string error;
+  Status st = merge_rows(db_.get(), dst.db_.get(), &skipped, &error);
+  for (const auto& s : skipped) warn(s + "; not exported");
+  if (!st.ok()) return IoError("plan cache export to " + path + ": " + st.message());
+  return Status::Ok();
+}
+
+Status PlanCache::import_from(const std::string& path) {
+  if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
+  if (read_only_) return IoError("plan cache " + path_ + " is read-only");
+  if (same_file(path, path_)) return InvalidArgument("plan cache import: " + path + " is this cache's own file");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return IoError("plan cache import: " + path + ": no such file");
+  PlanCacheOptions o;
+  o.read_only = true;
+  PlanCache src = PlanCache::open(path, o);
+  if (!src.enabled()) return IoError("plan cache import from " + path + ": " + src.warning());
+  std::vector<std::string> skipped;
+  std::string error;
+  Status st = merge_rows(src.db_.get(), db_.get(), &skipped, &error);
+  for (const auto& s : skipped) warn(s + "; not imported");
+  if (!st.ok()) return write_failed("import from " + path, sqlite3_extended_errcode(db_.get()));
+  Transaction tx(db_.get());
+  int rc = tx.begin();
+  if (rc == SQLITE_OK) rc = evict_locked().ok() ? tx.commit() : sqlite3_extended_errcode(db_.get());
+  if (rc != SQLITE_OK) return write_failed("evict after import", rc);
+  return Status::Ok();
+}
+
+int64_t PlanCache::total_bytes() {
+  if (!enabled()) return 0;
+  Stmt s;
+  if (prepare(db_.get(), "SELECT COALESCE(SUM(stored_bytes), 0) FROM entries", &s) != SQLITE_OK) return 0;
+  if (sqlite3_step(s.get()) != SQLITE_ROW) return 0;
+  return sqlite3_column_int64(s.get(), 0);
+}
+
+}  // namespace fusebox

@@ -1,0 +1,654 @@
+// PlanCache: round trips, corruption, LRU, read-only and foreign files,
+// concurrent processes, export/import. CPU only; runs everywhere.
+#include "fusebox/plan_cache.h"
+
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "cache/entry_codec.h"
+
+namespace fusebox {
+namespace {
+
+namespace fs = std::filesystem;
+
+class PlanCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("fusebox-cache-test-" + std::to_string(getpid()) + "-" + info->test_suite_name() + "-" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    path_ = (dir_ / "plans.sqlite").string();
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::permissions(dir_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(dir_, ec);
+  }
+  fs::path dir_;
+  std::string path_;
+};
+
+CacheKey base_key() {
+  CacheKey k;
+  k.graph_canonical = "conv_fprop x[8,64,56,56] w[64,64,3,3] nhwc half -> relu";
+  k.device_name = "NVIDIA H200";
+  k.sm_version = 90;
+  k.sm_count = 132;
+  k.cudnn_version = 91900;
+  k.frontend_version = "1.17.0";
+  k.policy = "heuristic:a";
+  return k;
+}
+
+CacheEntry make_entry(const std::string& key, size_t payload_bytes = 256, uint8_t fill = 0x5a) {
+  CacheEntry e;
+  e.key = key;
+  e.info.graph_fingerprint = "0123456789abcdef";
+  e.info.engine = "eng7_k2=3_k3=0";
+  e.info.workspace_bytes = 4096;
+  e.info.device_name = "NVIDIA H200";
+  e.info.sm_version = 90;
+  e.info.sm_count = 132;
+  e.info.built_deviceless = true;
+  e.info.cudnn_version = 91900;
+  e.info.frontend_version = "1.17.0";
+  e.info.fusebox_version = "0.1.0";
+  e.tuned_median_ms = 0.125;
+  e.payload.resize(payload_bytes);
+  for (size_t i = 0; i < payload_bytes; ++i) e.payload[i] = static_cast<uint8_t>(fill + i * 7);
+  return e;
+}
+
+// Runs one statement on the cache file directly, as a corrupting disk or user would.
+void raw_sql(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000);
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  EXPECT_EQ(rc, SQLITE_OK) << (err ? err : "");
+  sqlite3_free(err);
+  sqlite3_close(db);
+}
+
+int64_t raw_count(const std::string& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) return -1;
+  sqlite3_stmt* s = nullptr;
+  int64_t n = -1;
+  if (sqlite3_prepare_v2(db, "SELECT count(*) FROM entries", -1, &s, nullptr) == SQLITE_OK &&
+      sqlite3_step(s) == SQLITE_ROW) {
+    n = sqlite3_column_int64(s, 0);
+  }
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return n;
+}
+
+std::optional<CacheEntry> must_lookup(PlanCache& c, const std::string& key) {
+  auto r = c.lookup(key);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : std::nullopt;
+}
+
+TEST(CacheKeyHash, StableAndSensitiveToEveryField) {
+  const CacheKey k = base_key();
+  const std::string h = cache_key_hash(k);
+  EXPECT_EQ(h.size(), 16u);
+  EXPECT_EQ(h, cache_key_hash(base_key()));
+  std::set<std::string> hashes{h};
+  auto differs = [&](CacheKey v, const char* what) {
+    const std::string hv = cache_key_hash(v);
+    EXPECT_TRUE(hashes.insert(hv).second) << what << " did not change the hash";
+  };
+  CacheKey v = k;
+  v.graph_canonical += " ";
+  differs(v, "graph");
+  v = k;
+  v.device_name = "NVIDIA H100";
+  differs(v, "device name");
+  v = k;
+  v.sm_version = 100;
+  differs(v, "sm_version");
+  v = k;
+  v.sm_count = 114;
+  differs(v, "sm_count");
+  v = k;
+  v.cudnn_version = 91800;
+  differs(v, "cudnn version");
+  v = k;
+  v.frontend_version = "1.16.0";
+  differs(v, "frontend version");
+  v = k;
+  v.policy = "tune:median";
+  differs(v, "policy");
+  // Length prefixes: moving a character between fields changes the hash.
+  v = k;
+  v.device_name = "NVIDIA H20";
+  v.frontend_version = "01.17.0";
+  differs(v, "field boundary");
+}
+
+TEST_F(PlanCacheTest, StoreThenLookupRoundTrips) {
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  EXPECT_TRUE(c.warning().empty()) << c.warning();
+  const std::string key = cache_key_hash(base_key());
+  CacheEntry in = make_entry(key);
+  ASSERT_TRUE(c.store(in).ok());
+  auto out = must_lookup(c, key);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->key, key);
+  EXPECT_EQ(out->payload, in.payload);
+  EXPECT_EQ(out->payload_bytes, static_cast<int64_t>(in.payload.size()));
+  EXPECT_EQ(out->info.engine, in.info.engine);
+  EXPECT_EQ(out->info.workspace_bytes, 4096);
+  EXPECT_EQ(out->info.sm_count, 132);
+  EXPECT_EQ(out->info.cudnn_version, 91900);
+  EXPECT_EQ(out->info.frontend_version, "1.17.0");
+  EXPECT_EQ(out->info.fusebox_version, "0.1.0");
+  EXPECT_TRUE(out->info.built_deviceless);
+  EXPECT_DOUBLE_EQ(out->tuned_median_ms, 0.125);
+  EXPECT_EQ(out->created_utc.size(), 27u) << out->created_utc;
+  EXPECT_FALSE(out->last_used_utc.empty());
+  EXPECT_TRUE(c.warning().empty()) << c.warning();
+
+  // Survives closing and reopening; a heuristic (untuned) entry keeps -1.
+  CacheEntry h = make_entry("feedfacefeedface");
+  h.tuned_median_ms = -1;
+  ASSERT_TRUE(c.store(h).ok());
+  PlanCache again = PlanCache::open(path_);
+  auto h2 = must_lookup(again, "feedfacefeedface");
+  ASSERT_TRUE(h2.has_value());
+  EXPECT_EQ(h2->tuned_median_ms, -1);
+  EXPECT_TRUE(must_lookup(again, key).has_value());
+}
+
+TEST_F(PlanCacheTest, MissIsNulloptWithoutWarning) {
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.enabled());
+  EXPECT_FALSE(must_lookup(c, "0000000000000000").has_value());
+  EXPECT_TRUE(c.warning().empty());
+}
+
+TEST_F(PlanCacheTest, StoreReplacesSameKey) {
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.store(make_entry("k1", 100, 1)).ok());
+  ASSERT_TRUE(c.store(make_entry("k1", 50, 2)).ok());
+  auto e = must_lookup(c, "k1");
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->payload, make_entry("k1", 50, 2).payload);
+  EXPECT_EQ(raw_count(path_), 1);
+}
+
+TEST_F(PlanCacheTest, RejectsUnstorableEntries) {
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_EQ(c.store(make_entry("", 10)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.store(make_entry("k", 0)).code(), StatusCode::kInvalidArgument);
+  CacheEntry nan = make_entry("k");
+  nan.tuned_median_ms = std::nan("");
+  EXPECT_EQ(c.store(nan).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(raw_count(path_), 0);
+}
+
+void expect_corrupt_entry_is_dropped(const std::string& path, const std::string& corrupting_sql) {
+  const std::string key = "c0ffee00c0ffee00";
+  {
+    PlanCache c = PlanCache::open(path);
+    ASSERT_TRUE(c.store(make_entry(key, 512)).ok());
+    ASSERT_TRUE(c.store(make_entry("other", 64)).ok());
+  }
+  raw_sql(path, corrupting_sql);
+  PlanCache c = PlanCache::open(path);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  EXPECT_FALSE(must_lookup(c, key).has_value());
+  ASSERT_EQ(c.warnings().size(), 1u) << c.warning();
+  EXPECT_NE(c.warning().find(key), std::string::npos) << c.warning();
+  EXPECT_NE(c.warning().find("deleted"), std::string::npos) << c.warning();
+  EXPECT_EQ(raw_count(path), 1);  // the corrupt one is gone, the other stays
+  EXPECT_FALSE(must_lookup(c, key).has_value());
+  EXPECT_EQ(c.warnings().size(), 1u) << "the second lookup is a plain miss";
+  EXPECT_TRUE(must_lookup(c, "other").has_value());
+}
+
+TEST_F(PlanCacheTest, BitFlippedPayloadIsAMissAndDeleted) {
+  // Flip one bit of byte 100 of the payload.
+  expect_corrupt_entry_is_dropped(
+      path_,
+      "UPDATE entries SET payload = substr(payload, 1, 99) || "
+      "CAST(char(unicode(CAST(substr(payload, 100, 1) AS TEXT))) AS BLOB) || substr(payload, 101) "
+      "WHERE key = 'c0ffee00c0ffee00'");
+}
+
+TEST_F(PlanCacheTest, BitFlippedPayloadViaBlobApiIsAMiss) {
+  const std::string key = "c0ffee00c0ffee00";
+  {
+    PlanCache c = PlanCache::open(path_);
+    ASSERT_TRUE(c.store(make_entry(key, 512)).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  sqlite3_int64 rowid = 0;
+  {
+    sqlite3_stmt* s = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db, "SELECT rowid FROM entries WHERE key = ?1", -1, &s, nullptr), SQLITE_OK);
+    sqlite3_bind_text(s, 1, key.c_str(), -1, SQLITE_TRANSIENT);
+    ASSERT_EQ(sqlite3_step(s), SQLITE_ROW);
+    rowid = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+  }
+  sqlite3_blob* blob = nullptr;
+  ASSERT_EQ(sqlite3_blob_open(db, "main", "entries", "payload", rowid, 1, &blob), SQLITE_OK);
+  unsigned char b = 0;
+  ASSERT_EQ(sqlite3_blob_read(blob, &b, 1, 300), SQLITE_OK);
+  b ^= 0x10;
+  ASSERT_EQ(sqlite3_blob_write(blob, &b, 1, 300), SQLITE_OK);
+  sqlite3_blob_close(blob);
+  sqlite3_close(db);
+
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_FALSE(must_lookup(c, key).has_value());
+  EXPECT_NE(c.warning().find(key), std::string::npos);
+  EXPECT_NE(c.warning().find("checksum"), std::string::npos) << c.warning();
+  EXPECT_EQ(raw_count(path_), 0);
+}
+
+TEST_F(PlanCacheTest, TruncatedPayloadIsAMissAndDeleted) {
+  expect_corrupt_entry_is_dropped(path_,
+                                  "UPDATE entries SET payload = substr(payload, 1, 200) WHERE key = 'c0ffee00c0ffee00'");
+}
+
+TEST_F(PlanCacheTest, EmptyPayloadIsAMissAndDeleted) {
+  expect_corrupt_entry_is_dropped(path_, "UPDATE entries SET payload = X'' WHERE key = 'c0ffee00c0ffee00'");
+}
+
+TEST_F(PlanCacheTest, GarbageMetadataIsAMissAndDeleted) {
+  expect_corrupt_entry_is_dropped(path_,
+                                  "UPDATE entries SET meta = 'not json {' WHERE key = 'c0ffee00c0ffee00'");
+}
+
+TEST_F(PlanCacheTest, RandomRowIsAMissAndDeleted) {
+  expect_corrupt_entry_is_dropped(
+      path_, "UPDATE entries SET meta = CAST(randomblob(300) AS TEXT), payload = randomblob(512) "
+             "WHERE key = 'c0ffee00c0ffee00'");
+}
+
+TEST_F(PlanCacheTest, EntryUnderAnotherKeyIsAMiss) {
+  // A row whose checksummed metadata names a different key (swapped rows).
+  expect_corrupt_entry_is_dropped(
+      path_, "UPDATE entries SET meta = (SELECT meta FROM entries WHERE key = 'other'), "
+             "payload = (SELECT payload FROM entries WHERE key = 'other') WHERE key = 'c0ffee00c0ffee00'");
+}
+
+TEST_F(PlanCacheTest, EvictsLeastRecentlyUsed) {
+  // Each entry is ~1000 payload + ~450 meta bytes: room for three.
+  PlanCache c = PlanCache::open(path_, 4600);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  ASSERT_TRUE(c.store(make_entry("a", 1000)).ok());
+  ASSERT_TRUE(c.store(make_entry("b", 1000)).ok());
+  ASSERT_TRUE(c.store(make_entry("c", 1000)).ok());
+  ASSERT_EQ(raw_count(path_), 3) << "limit too small for the test's assumption: " << c.total_bytes();
+  ASSERT_TRUE(must_lookup(c, "a").has_value());  // a is now the most recent
+  ASSERT_TRUE(c.store(make_entry("d", 1000)).ok());
+  EXPECT_EQ(raw_count(path_), 3);
+  EXPECT_FALSE(must_lookup(c, "b").has_value()) << "b was least recently used";
+  EXPECT_TRUE(must_lookup(c, "a").has_value());
+  EXPECT_TRUE(must_lookup(c, "c").has_value());
+  EXPECT_TRUE(must_lookup(c, "d").has_value());
+  EXPECT_LE(c.total_bytes(), 4600);
+  EXPECT_TRUE(c.warning().empty()) << c.warning();
+
+  // list() is most recently used first.
+  auto l = c.list();
+  ASSERT_TRUE(l.ok());
+  ASSERT_EQ(l->size(), 3u);
+  EXPECT_EQ((*l)[0].key, "d");
+  EXPECT_EQ((*l)[2].key, "a");
+  EXPECT_TRUE((*l)[0].payload.empty());
+
+  // One entry larger than the whole cache is refused, nothing evicted.
+  EXPECT_FALSE(c.store(make_entry("huge", 10000)).ok());
+  EXPECT_EQ(raw_count(path_), 3);
+  EXPECT_NE(c.warning().find("huge"), std::string::npos);
+}
+
+TEST_F(PlanCacheTest, ExplicitReadOnlyServesHitsAndStoresNothing) {
+  {
+    PlanCache c = PlanCache::open(path_);
+    ASSERT_TRUE(c.store(make_entry("k1")).ok());
+  }
+  PlanCacheOptions o;
+  o.read_only = true;
+  PlanCache c = PlanCache::open(path_, o);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  EXPECT_TRUE(c.read_only());
+  EXPECT_TRUE(must_lookup(c, "k1").has_value());
+  EXPECT_TRUE(c.store(make_entry("k2")).ok());  // a no-op
+  EXPECT_FALSE(must_lookup(c, "k2").has_value());
+  EXPECT_FALSE(c.clear().ok());
+  EXPECT_EQ(raw_count(path_), 1);
+}
+
+TEST_F(PlanCacheTest, ReadOnlyOfMissingFileIsDisabled) {
+  PlanCacheOptions o;
+  o.read_only = true;
+  PlanCache c = PlanCache::open(path_, o);
+  EXPECT_FALSE(c.enabled());
+  EXPECT_FALSE(c.warning().empty());
+  EXPECT_FALSE(must_lookup(c, "k").has_value());
+  EXPECT_TRUE(c.store(make_entry("k")).ok());
+  EXPECT_FALSE(fs::exists(path_));
+}
+
+TEST_F(PlanCacheTest, ReadOnlyFileAndDirectoryDegrade) {
+  if (geteuid() == 0) GTEST_SKIP() << "running as root: chmod does not stop writes (read_only option tested above)";
+  {
+    PlanCache c = PlanCache::open(path_);
+    ASSERT_TRUE(c.store(make_entry("k1")).ok());
+  }
+  fs::permissions(path_, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_FALSE(c.warning().empty());
+  if (c.enabled()) {
+    EXPECT_TRUE(c.read_only());
+    EXPECT_TRUE(must_lookup(c, "k1").has_value());
+  }
+  EXPECT_TRUE(c.store(make_entry("k2")).ok());
+  EXPECT_FALSE(must_lookup(c, "k2").has_value());
+  // A new cache in a read-only folder: disabled, no crash.
+  PlanCache d = PlanCache::open((dir_ / "sub" / "new.sqlite").string());
+  EXPECT_FALSE(d.enabled());
+  EXPECT_FALSE(must_lookup(d, "k").has_value());
+}
+
+TEST_F(PlanCacheTest, UnopenablePathIsDisabled) {
+  // A path under a regular file can never be created.
+  { std::ofstream(dir_ / "file") << "x"; }
+  PlanCache c = PlanCache::open((dir_ / "file" / "plans.sqlite").string());
+  EXPECT_FALSE(c.enabled());
+  EXPECT_NE(c.warning().find("running without a cache"), std::string::npos) << c.warning();
+  EXPECT_FALSE(must_lookup(c, "k").has_value());
+  EXPECT_TRUE(c.store(make_entry("k")).ok());
+  EXPECT_FALSE(c.list().ok());
+  PlanCache e = PlanCache::open("");
+  EXPECT_FALSE(e.enabled());
+  PlanCache d = PlanCache::open(dir_.string());  // a folder
+  EXPECT_FALSE(d.enabled());
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST_F(PlanCacheTest, GarbageFileIsLeftUntouched) {
+  std::string garbage(5000, '\0');
+  for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<char>((i * 131 + 17) & 0xff);
+  { std::ofstream(path_, std::ios::binary) << garbage; }
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_FALSE(c.enabled());
+  EXPECT_NE(c.warning().find(path_), std::string::npos) << c.warning();
+  EXPECT_FALSE(must_lookup(c, "k").has_value());
+  EXPECT_TRUE(c.store(make_entry("k")).ok());
+  EXPECT_FALSE(c.clear().ok());
+  EXPECT_EQ(read_all(path_), garbage);
+  EXPECT_FALSE(fs::exists(path_ + "-wal"));
+}
+
+TEST_F(PlanCacheTest, SqliteHeaderWithGarbageIsLeftUntouched) {
+  std::string garbage = std::string("SQLite format 3", 16) + std::string(4080, '\x7f');
+  { std::ofstream(path_, std::ios::binary) << garbage; }
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_FALSE(c.enabled());
+  EXPECT_FALSE(c.warning().empty());
+  EXPECT_TRUE(c.store(make_entry("k")).ok());
+  EXPECT_EQ(read_all(path_), garbage);
+}
+
+TEST_F(PlanCacheTest, ForeignSqliteDatabaseIsLeftUntouched) {
+  raw_sql(path_, "CREATE TABLE photos(id INTEGER PRIMARY KEY, data BLOB); INSERT INTO photos VALUES(1, X'00');");
+  const std::string before = read_all(path_);
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_FALSE(c.enabled());
+  EXPECT_NE(c.warning().find("not a fusebox plan cache"), std::string::npos) << c.warning();
+  EXPECT_EQ(read_all(path_), before);
+}
+
+TEST_F(PlanCacheTest, NewerFormatIsDisabled) {
+  { PlanCache c = PlanCache::open(path_); }
+  raw_sql(path_, "PRAGMA user_version = 99");
+  PlanCache c = PlanCache::open(path_);
+  EXPECT_FALSE(c.enabled());
+  EXPECT_NE(c.warning().find("newer"), std::string::npos) << c.warning();
+}
+
+TEST_F(PlanCacheTest, CreatesParentFolders) {
+  const std::string deep = (dir_ / "a" / "b" / "c" / "plans.sqlite").string();
+  PlanCache c = PlanCache::open(deep);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  ASSERT_TRUE(c.store(make_entry("k")).ok());
+  EXPECT_TRUE(fs::exists(deep));
+}
+
+TEST_F(PlanCacheTest, EightProcessesShareOneFile) {
+  constexpr int kProcs = 8, kPerProc = 20, kShared = 5;
+  { PlanCache warm = PlanCache::open(path_); }  // not needed, but mirrors a real first run
+  fs::remove(path_);                             // ...and then race the creation too
+  std::vector<pid_t> kids;
+  for (int p = 0; p < kProcs; ++p) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int failures = 0;
+      PlanCache c = PlanCache::open(path_);
+      if (!c.enabled() || !c.warning().empty()) _exit(100);
+      for (int i = 0; i < kPerProc; ++i) {
+        const std::string own = "p" + std::to_string(p) + "-" + std::to_string(i);
+        if (!c.store(make_entry(own, 300, static_cast<uint8_t>(p))).ok()) ++failures;
+        const std::string shared = "shared-" + std::to_string(i % kShared);
+        if (!c.store(make_entry(shared, 300, 0x33)).ok()) ++failures;
+        auto r = c.lookup(own);
+        if (!r.ok() || !r->has_value() || (*r)->payload != make_entry(own, 300, static_cast<uint8_t>(p)).payload) {
+          ++failures;
+        }
+        auto s = c.lookup(shared);
+        if (!s.ok() || !s->has_value() || (*s)->payload != make_entry(shared, 300, 0x33).payload) ++failures;
+      }
+      if (!c.warning().empty()) ++failures;
+      _exit(failures > 99 ? 99 : failures);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "child " << pid << " failed (100: open failed)";
+  }
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  for (int p = 0; p < kProcs; ++p) {
+    for (int i = 0; i < kPerProc; ++i) {
+      const std::string own = "p" + std::to_string(p) + "-" + std::to_string(i);
+      auto e = must_lookup(c, own);
+      ASSERT_TRUE(e.has_value()) << own;
+      EXPECT_EQ(e->payload, make_entry(own, 300, static_cast<uint8_t>(p)).payload);
+    }
+  }
+  EXPECT_EQ(raw_count(path_), kProcs * kPerProc + kShared);
+  std::vector<std::string> bad;
+  auto n = c.verify(&bad);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, kProcs * kPerProc + kShared);
+  EXPECT_TRUE(bad.empty());
+}
+
+TEST_F(PlanCacheTest, ExportImportMergeRoundTrip) {
+  const std::string a_path = (dir_ / "a.sqlite").string(), b_path = (dir_ / "b.sqlite").string();
+  const std::string x_path = (dir_ / "export.sqlite").string();
+  PlanCache a = PlanCache::open(a_path);
+  PlanCache b = PlanCache::open(b_path);
+  CacheEntry old_shared = make_entry("shared", 100, 1);
+  old_shared.created_utc = "2026-01-01T00:00:00.000000Z";
+  CacheEntry new_shared = make_entry("shared", 100, 2);
+  new_shared.created_utc = "2026-06-01T00:00:00.000000Z";
+  ASSERT_TRUE(a.store(make_entry("only-a", 100, 3)).ok());
+  ASSERT_TRUE(a.store(old_shared).ok());
+  ASSERT_TRUE(b.store(make_entry("only-b", 100, 4)).ok());
+  ASSERT_TRUE(b.store(new_shared).ok());
+
+  ASSERT_TRUE(a.export_to(x_path).ok());
+  PlanCache x = PlanCache::open(x_path);
+  ASSERT_TRUE(x.enabled()) << x.warning();
+  auto xl = x.list(true);
+  ASSERT_TRUE(xl.ok());
+  EXPECT_EQ(xl->size(), 2u);
+  auto xa = must_lookup(x, "only-a");
+  ASSERT_TRUE(xa.has_value());
+  EXPECT_EQ(xa->payload, make_entry("only-a", 100, 3).payload);
+  EXPECT_EQ(xa->info.engine, "eng7_k2=3_k3=0");
+
+  // Merge b into a: newer "shared" wins, both unique entries present.
+  ASSERT_TRUE(a.import_from(b_path).ok()) << a.warning();
+  EXPECT_EQ(raw_count(a_path), 3);
+  auto s = must_lookup(a, "shared");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->payload, new_shared.payload);
+  EXPECT_EQ(s->created_utc, new_shared.created_utc);
+  EXPECT_TRUE(must_lookup(a, "only-b").has_value());
+
+  // Merging the older one back into b does not overwrite b's newer entry.
+  ASSERT_TRUE(b.import_from(x_path).ok());
+  auto bs = must_lookup(b, "shared");
+  ASSERT_TRUE(bs.has_value());
+  EXPECT_EQ(bs->payload, new_shared.payload);
+  EXPECT_TRUE(must_lookup(b, "only-a").has_value());
+
+  // Import skips (and names) a corrupt entry of the source.
+  raw_sql(x_path, "UPDATE entries SET payload = substr(payload, 1, 10) WHERE key = 'only-a'");
+  PlanCache c = PlanCache::open((dir_ / "c.sqlite").string());
+  ASSERT_TRUE(c.import_from(x_path).ok());
+  EXPECT_FALSE(must_lookup(c, "only-a").has_value());
+  EXPECT_TRUE(must_lookup(c, "shared").has_value());
+  EXPECT_NE(c.warning().find("only-a"), std::string::npos) << c.warning();
+
+  // Import of a missing or garbage file fails cleanly.
+  EXPECT_FALSE(c.import_from((dir_ / "missing.sqlite").string()).ok());
+  { std::ofstream(dir_ / "junk.sqlite") << "junk junk junk junk junk"; }
+  EXPECT_FALSE(c.import_from((dir_ / "junk.sqlite").string()).ok());
+  EXPECT_TRUE(c.enabled());
+  EXPECT_FALSE(a.export_to(a_path).ok()) << "exporting onto itself";
+}
+
+TEST_F(PlanCacheTest, ImportRespectsSizeLimit) {
+  const std::string big = (dir_ / "big.sqlite").string();
+  {
+    PlanCache b = PlanCache::open(big);
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(b.store(make_entry("k" + std::to_string(i), 1000)).ok());
+  }
+  PlanCache small = PlanCache::open(path_, 5000);
+  ASSERT_TRUE(small.import_from(big).ok());
+  EXPECT_LE(small.total_bytes(), 5000);
+  EXPECT_GT(raw_count(path_), 0);
+  EXPECT_LT(raw_count(path_), 10);
+  EXPECT_TRUE(must_lookup(small, "k9").has_value()) << "the most recently used survive";
+}
+
+TEST_F(PlanCacheTest, VerifyFindsCorruptedEntry) {
+  PlanCache c = PlanCache::open(path_);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(c.store(make_entry("k" + std::to_string(i))).ok());
+  raw_sql(path_, "UPDATE entries SET payload = randomblob(256) WHERE key = 'k2'");
+  std::vector<std::string> bad;
+  auto n = c.verify(&bad);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 4);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0], "k2");
+  EXPECT_EQ(raw_count(path_), 4) << "verify deletes nothing";
+  auto l = c.list();
+  ASSERT_TRUE(l.ok());
+  int flagged = 0;
+  for (const auto& e : *l) flagged += e.payload_bytes == -1;
+  EXPECT_EQ(flagged, 1);
+}
+
+TEST_F(PlanCacheTest, RemoveByPrefixAndClear) {
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.store(make_entry("abc1")).ok());
+  ASSERT_TRUE(c.store(make_entry("abc2")).ok());
+  ASSERT_TRUE(c.store(make_entry("abd1")).ok());
+  ASSERT_TRUE(c.store(make_entry("a%c_")).ok());
+  EXPECT_FALSE(c.remove("").ok());
+  ASSERT_TRUE(c.remove("abc").ok());
+  EXPECT_EQ(raw_count(path_), 2);
+  ASSERT_TRUE(c.remove("a%").ok());  // no LIKE wildcards
+  EXPECT_EQ(raw_count(path_), 1);
+  EXPECT_TRUE(must_lookup(c, "abd1").has_value());
+  ASSERT_TRUE(c.clear().ok());
+  EXPECT_EQ(raw_count(path_), 0);
+  EXPECT_EQ(c.total_bytes(), 0);
+}
+
+TEST(DefaultCachePath, FollowsEnvironment) {
+  const char* saved_fc = std::getenv("FUSEBOX_CACHE");
+  const char* saved_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string fc = saved_fc ? saved_fc : "", xdg = saved_xdg ? saved_xdg : "";
+  setenv("FUSEBOX_CACHE", "/x/y.sqlite", 1);
+  EXPECT_EQ(default_cache_path(), "/x/y.sqlite");
+  unsetenv("FUSEBOX_CACHE");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(default_cache_path(), "/xdg/fusebox/plans.sqlite");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", getenv("HOME") ? getenv("HOME") : "/home/u", 1);
+  EXPECT_EQ(default_cache_path(), std::string(getenv("HOME")) + "/.cache/fusebox/plans.sqlite");
+  if (saved_fc) setenv("FUSEBOX_CACHE", fc.c_str(), 1);
+  if (saved_xdg) setenv("XDG_CACHE_HOME", xdg.c_str(), 1);
+}
+
+TEST(EntryCodec, ValidRoundTripAndEveryFieldChecked) {
+  using namespace cache_internal;
+  CacheEntry e = make_entry("key1", 64);
+  e.created_utc = "2026-11-29T21:00:05.000000Z";
+  const std::string meta = encode_entry_meta(e, e.payload.data(), e.payload.size());
+  CacheEntry out;
+  ASSERT_TRUE(validate_entry_bytes("key1", meta, e.payload.data(), e.payload.size(), &out).ok());
+  EXPECT_EQ(out.info.engine, e.info.engine);
+  EXPECT_EQ(out.created_utc, e.created_utc);
+  EXPECT_FALSE(validate_entry_bytes("key2", meta, e.payload.data(), e.payload.size(), nullptr).ok());
+  EXPECT_FALSE(validate_entry_bytes("key1", meta, e.payload.data(), e.payload.size() - 1, nullptr).ok());
+  EXPECT_FALSE(validate_entry_bytes("key1", meta, nullptr, 0, nullptr).ok());
+  EXPECT_FALSE(validate_entry_bytes("key1", "", e.payload.data(), e.payload.size(), nullptr).ok());
+  // Each field removed or retyped is rejected, not thrown.
+  for (const char* field : {"magic", "format", "key", "engine", "workspace_bytes", "sm_count", "deviceless", "cudnn",
+                            "xxh3", "payload_bytes", "tuned_median_ms", "created_utc"}) {
+    std::string needle = std::string("\"") + field + "\":";
+    const size_t at = meta.find(needle);
+    ASSERT_NE(at, std::string::npos) << field;
+    std::string renamed = meta;
+    renamed.replace(at + 1, 1, "_");
+    EXPECT_FALSE(validate_entry_bytes("key1", renamed, e.payload.data(), e.payload.size(), nullptr).ok()) << field;
+    std::string retyped = meta;
+    retyped.insert(at + needle.size(), "[");
+    const size_t end = retyped.find_first_of(",}", at + needle.size() + 1);
+    retyped.insert(end, "]");
+    EXPECT_FALSE(validate_entry_bytes("key1", retyped, e.payload.data(), e.payload.size(), nullptr).ok()) << field;
+  }
+}
+
+}  // namespace
+}  // namespace fusebox
