@@ -22,11 +22,11 @@ import sys
 import traceback
 
 import torch
-import torch.nn.functional as F
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
 from graph_json import Graph  # noqa: E402
+from torch_ops import apply_op  # noqa: E402
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 L2_BYTES = 60 << 20  # H200; rotate enough input sets that one pass overflows it
@@ -77,40 +77,7 @@ def make_eager_fn(graph):
         vals.update(scalars)
         for op in ops:
             i = {role: vals[t] for role, t in op["inputs"].items()}
-            kind = op["op"]
-            if kind == "conv_fprop":
-                x = i["x"]
-                nsp = x.dim() - 2
-                conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
-                y = conv(x, i["w"], padding=tuple(op.get("padding") or [0] * nsp),
-                         stride=tuple(op.get("stride") or [1] * nsp),
-                         dilation=tuple(op.get("dilation") or [1] * nsp))
-            elif kind == "matmul":
-                y = torch.matmul(i["a"], i["b"])
-            elif kind == "add":
-                y = i["a"] + i["b"]
-            elif kind == "sub":
-                y = i["a"] - i["b"]
-            elif kind == "mul":
-                y = i["a"] * i["b"]
-            elif kind == "bias_add":
-                y = i["x"] + i["bias"]
-            elif kind == "scale":
-                y = i["x"] * i["scale"]
-            elif kind == "relu":
-                y = torch.relu(i["x"])
-            elif kind == "gelu_tanh":
-                y = F.gelu(i["x"], approximate="tanh")
-            elif kind == "gelu_erf":
-                y = F.gelu(i["x"])
-            elif kind == "silu":
-                y = F.silu(i["x"])
-            elif kind == "sigmoid":
-                y = torch.sigmoid(i["x"])
-            elif kind == "tanh":
-                y = torch.tanh(i["x"])
-            else:
-                raise ValueError(f"no torch version of op {kind!r}")
+            y = apply_op(op, i)
             vals[op["outputs"]["y"]] = y
         return [vals[o] for o in outputs]
 

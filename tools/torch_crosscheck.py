@@ -19,10 +19,10 @@ import tempfile
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_json import Graph, default_graphs  # noqa: E402
+from torch_ops import apply_op  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,14 +46,6 @@ def make_inputs(graph, seed, device):
     return inputs
 
 
-def conv(x, w, op):
-    nsp = x.dim() - 2
-    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
-    return fn(x, w, padding=tuple(op.get("padding") or [0] * nsp),
-              stride=tuple(op.get("stride") or [1] * nsp),
-              dilation=tuple(op.get("dilation") or [1] * nsp))
-
-
 def torch_reference(graph, inputs, device):
     """Every tensor of the graph computed in float32; intermediates whose dtype
     is not fp32 are rounded to it, as fusebox stores them."""
@@ -64,35 +56,7 @@ def torch_reference(graph, inputs, device):
                                     dtype=torch.float32, device=device)
     for op in graph.ops:
         ins = {role: vals[t] for role, t in op["inputs"].items()}
-        kind = op["op"]
-        if kind == "conv_fprop":
-            y = conv(ins["x"], ins["w"], op)
-        elif kind == "matmul":
-            y = torch.matmul(ins["a"], ins["b"])
-        elif kind == "add":
-            y = ins["a"] + ins["b"]
-        elif kind == "sub":
-            y = ins["a"] - ins["b"]
-        elif kind == "mul":
-            y = ins["a"] * ins["b"]
-        elif kind == "bias_add":
-            y = ins["x"] + ins["bias"]
-        elif kind == "scale":
-            y = ins["x"] * ins["scale"]
-        elif kind == "relu":
-            y = torch.relu(ins["x"])
-        elif kind == "gelu_tanh":
-            y = F.gelu(ins["x"], approximate="tanh")
-        elif kind == "gelu_erf":
-            y = F.gelu(ins["x"])
-        elif kind == "silu":
-            y = F.silu(ins["x"])
-        elif kind == "sigmoid":
-            y = torch.sigmoid(ins["x"])
-        elif kind == "tanh":
-            y = torch.tanh(ins["x"])
-        else:
-            raise ValueError(f"op {op['name']!r}: no torch reference for {kind!r}")
+        y = apply_op(op, ins)
         out = op["outputs"]["y"]
         if out not in graph.outputs():
             y = round_to(y, graph.dtype(out))
