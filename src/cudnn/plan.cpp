@@ -88,6 +88,27 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
   return lowered;
 }
 
+// "eng41_k2=4_k13=0" -> {k2: 4, k13: 0}: the knob numbering of the name
+// (cuDNN's backend knob types), which is what users pin by.
+std::map<std::string, int64_t> knobs_from_name(const std::string& name) {
+  std::map<std::string, int64_t> out;
+  size_t pos = name.find('_');
+  while (pos != std::string::npos) {
+    size_t end = name.find('_', pos + 1);
+    std::string item = name.substr(pos + 1, end == std::string::npos ? std::string::npos : end - pos - 1);
+    size_t eq = item.find('=');
+    if (eq != std::string::npos) {
+      try {
+        out[item.substr(0, eq)] = std::stoll(item.substr(eq + 1));
+      } catch (const std::exception&) {
+        // not a knob: leave it out
+      }
+    }
+    pos = end;
+  }
+  return out;
+}
+
 Result<int64_t> find_engine(fe::graph::Graph& graph, const std::string& engine) {
   std::string names;
   const int64_t n = graph.get_execution_plan_count();
@@ -207,9 +228,8 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
       c.index = i;
       (void)graph.get_plan_name_at_index(i, c.name);
       std::unordered_map<fe::KnobType_t, int64_t> knobs;
-      if (graph.get_engine_and_knobs_at_index(i, c.engine_id, knobs).is_good()) {
-        for (auto& [k, v] : knobs) c.knobs["k" + std::to_string(static_cast<int>(k))] = v;
-      }
+      (void)graph.get_engine_and_knobs_at_index(i, c.engine_id, knobs);
+      c.knobs = knobs_from_name(c.name);
       std::vector<fe::BehaviorNote_t> bnotes;
       if (graph.get_behavior_notes_for_plan_at_index(i, bnotes).is_good()) {
         for (auto n2 : bnotes) {

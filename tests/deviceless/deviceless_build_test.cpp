@@ -131,6 +131,14 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
   std::set<std::string> names;
   for (const auto& e : *engines) {
     EXPECT_EQ(e.name.rfind("eng" + std::to_string(e.engine_id), 0), 0u) << e.name;
+    // The knobs are exactly the ones the name spells out.
+    size_t spelled = 0;
+    for (const auto& [k, v] : e.knobs) {
+      EXPECT_NE(e.name.find("_" + k + "=" + std::to_string(v)), std::string::npos) << e.name << " lacks " << k;
+      spelled += 1;
+    }
+    EXPECT_EQ(spelled, static_cast<size_t>(std::count(e.name.begin(), e.name.end(), '='))) << e.name;
+    EXPECT_TRUE(e.numerical_notes.empty() || e.numerical_notes.front() != "NOT_SET") << e.name;
     names.insert(e.name);
     if (e.supported) {
       ++supported;
