@@ -43,13 +43,13 @@ namespace fusebox {
 inline constexpr int kPlanCacheFormatVersion = 1;
 
 struct CacheKey {
-  std::string graph_canonical;   // describe(resolved graph): the canonical form
+  std::string graph_canonical;  // describe(resolved graph): the canonical form
   std::string device_name;
   int sm_version = 0;
   int sm_count = 0;
-  int64_t cudnn_version = 0;     // the runtime's version
+  int64_t cudnn_version = 0;  // the runtime's version
   std::string frontend_version;
-  std::string policy;            // tuning policy, e.g. "heuristic:a" or "tune:median,budget=..."
+  std::string policy;  // tuning policy, e.g. "heuristic:a" or "tune:median,budget=..."
 };
 
 // 16 hex digits: XXH3-64 of a length-prefixed serialization of every field
@@ -57,13 +57,13 @@ struct CacheKey {
 std::string cache_key_hash(const CacheKey& key);
 
 struct CacheEntry {
-  std::string key;                 // cache_key_hash(...)
-  PlanFileInfo info;               // provenance: engine, workspace, device, versions
-  double tuned_median_ms = -1;     // -1: heuristic choice, not tuned
-  std::string created_utc;         // "2026-11-29T21:00:05.123456Z"; store(): empty = now
-  std::string last_used_utc;       // set by the cache (ignored by store())
-  int64_t payload_bytes = 0;       // set by the cache from payload.size()
-  std::vector<uint8_t> payload;    // the frontend's serialized plan
+  std::string key;               // cache_key_hash(...)
+  PlanFileInfo info;             // provenance: engine, workspace, device, versions
+  double tuned_median_ms = -1;   // -1: heuristic choice, not tuned
+  std::string created_utc;       // "2026-11-29T21:00:05.123456Z"; store(): empty = now
+  std::string last_used_utc;     // set by the cache (ignored by store())
+  int64_t payload_bytes = 0;     // set by the cache from payload.size()
+  std::vector<uint8_t> payload;  // the frontend's serialized plan
 };
 
 struct PlanCacheOptions {
@@ -93,7 +93,8 @@ class PlanCache {
 
   // A hit, or nullopt for a miss, a corrupt entry (deleted, with a warning)
   // or a disabled cache. A hit updates the entry's last-used time.
-  // Errors only for a database failure other than "busy"/"read-only".
+  // Never an error today: a database failure (busy past the timeout, I/O)
+  // is a miss with a warning; callers may treat an error as a miss.
   Result<std::optional<CacheEntry>> lookup(const std::string& key);
 
   // Inserts or replaces entry.key in one transaction, then evicts the least
@@ -124,6 +125,7 @@ class PlanCache {
   int64_t total_bytes();  // payload + metadata bytes held; 0 when disabled
 
  private:
+  friend struct PlanCacheTestPeer;  // tests: simulate a full disk
   PlanCache() = default;
   void warn(std::string message);
   void disable(std::string message);

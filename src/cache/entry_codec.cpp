@@ -47,8 +47,11 @@ std::string encode_entry_meta(const CacheEntry& e, const uint8_t* payload, size_
 
 Status validate_entry_bytes(std::string_view key, std::string_view meta, const uint8_t* payload, size_t n,
                             CacheEntry* out) {
-  auto bad = [&](const std::string& why) { return ParseError("plan cache entry " + std::string(key) + ": " + why); };
-  if (meta.size() > kMaxMetaBytes) return bad("metadata too large (" + std::to_string(meta.size()) + " bytes)");
+  auto bad = [&](const std::string& why) {
+    return ParseError("plan cache entry " + std::string(key) + ": " + why);
+  };
+  if (meta.size() > kMaxMetaBytes)
+    return bad("metadata too large (" + std::to_string(meta.size()) + " bytes)");
   try {
     auto m = nlohmann::json::parse(meta.begin(), meta.end(), nullptr, /*allow_exceptions=*/false);
     if (m.is_discarded() || !m.is_object()) return bad("metadata is not a JSON object");
@@ -65,8 +68,8 @@ Status validate_entry_bytes(std::string_view key, std::string_view meta, const u
       return bad("implausible payload length " + std::to_string(promised));
     }
     if (static_cast<uint64_t>(promised) != n) {
-      return bad("truncated or padded: metadata promises " + std::to_string(promised) + " payload bytes, row has " +
-                 std::to_string(n));
+      return bad("truncated or padded: metadata promises " + std::to_string(promised) +
+                 " payload bytes, row has " + std::to_string(n));
     }
     if (m.at("xxh3").get<std::string>() != payload_xxh3(payload, n)) return bad("payload checksum mismatch");
 

@@ -80,7 +80,7 @@ std::string format_utc(int64_t us) {
   const std::time_t secs = static_cast<std::time_t>(us / 1000000);
   std::tm tm{};
   gmtime_r(&secs, &tm);
-  char buf[40];
+  char buf[64];
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900, tm.tm_mon + 1,
                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(us % 1000000));
   return buf;
@@ -92,6 +92,21 @@ void append_field(std::string* out, std::string_view s) {
   for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xff);
   out->append(len, 8);
   out->append(s);
+}
+
+// A path for an SQLite "file:" URI: %-escape what URIs reserve.
+std::string uri_path(const std::string& path) {
+  std::string out;
+  for (unsigned char ch : path) {
+    if (ch == '%' || ch == '?' || ch == '#' || ch <= 0x20 || ch >= 0x7f) {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", ch);
+      out += buf;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out;
 }
 
 bool looks_like_sqlite_or_empty(const std::string& path, std::string* why) {
@@ -144,9 +159,11 @@ Row read_row(sqlite3_stmt* s) {
 
 // Newest-created wins; last-used time travels with the entry.
 constexpr const char* kUpsertIfNewer =
-    "INSERT INTO entries(key, meta, payload, created_utc, stored_bytes, last_used_us) VALUES(?1, ?2, ?3, ?4, ?5, ?6) "
+    "INSERT INTO entries(key, meta, payload, created_utc, stored_bytes, last_used_us) VALUES(?1, ?2, ?3, ?4, "
+    "?5, ?6) "
     "ON CONFLICT(key) DO UPDATE SET meta = excluded.meta, payload = excluded.payload, "
-    "created_utc = excluded.created_utc, stored_bytes = excluded.stored_bytes, last_used_us = excluded.last_used_us "
+    "created_utc = excluded.created_utc, stored_bytes = excluded.stored_bytes, last_used_us = "
+    "excluded.last_used_us "
     "WHERE excluded.created_utc > entries.created_utc";
 
 // Within one transaction: keep the most recently used entries whose running
@@ -243,10 +260,15 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
     if (!parent.empty()) std::filesystem::create_directories(parent, ec);  // open reports a failure
   }
 
-  auto connect = [&](bool read_only) -> int {
+  auto connect = [&](bool read_only, bool immutable = false) -> int {
     sqlite3* raw = nullptr;
-    const int flags = read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
-    const int rc = sqlite3_open_v2(path.c_str(), &raw, flags, nullptr);
+    int flags = read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    std::string name = path;
+    if (immutable) {
+      flags |= SQLITE_OPEN_URI;
+      name = "file:" + uri_path(path) + "?immutable=1";
+    }
+    const int rc = sqlite3_open_v2(name.c_str(), &raw, flags, nullptr);
     c.db_.reset(raw);
     if (rc != SQLITE_OK) return rc;
     sqlite3_extended_result_codes(raw, 1);
@@ -256,14 +278,18 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
   // Reads the header pragmas: refuses foreign or newer databases.
   auto check_identity = [&](bool* has_table) -> int {
     Stmt s;
-    int rc = prepare(c.db_.get(), "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'entries'", &s);
+    int rc = prepare(c.db_.get(),
+                     "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'entries'", &s);
     if (rc != SQLITE_OK) return rc;
     rc = sqlite3_step(s.get());
     if (rc != SQLITE_ROW) return rc;
     *has_table = sqlite3_column_int(s.get(), 0) > 0;
     Stmt t;
-    rc = prepare(c.db_.get(), "SELECT (SELECT count(*) FROM sqlite_master), (SELECT application_id FROM pragma_application_id), "
-                 "(SELECT user_version FROM pragma_user_version)", &t);
+    rc = prepare(
+        c.db_.get(),
+        "SELECT (SELECT count(*) FROM sqlite_master), (SELECT application_id FROM pragma_application_id), "
+        "(SELECT user_version FROM pragma_user_version)",
+        &t);
     if (rc != SQLITE_OK) return rc;
     rc = sqlite3_step(t.get());
     if (rc != SQLITE_ROW) return rc;
@@ -284,7 +310,11 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
   auto init_read_write = [&]() -> int {
     // WAL lets readers and one writer proceed at once; changing it may
     // briefly meet another opener's lock.
-    int rc = SQLITE_BUSY;
+    // Refuse a foreign database before anything (even journal_mode) writes to it.
+    bool has_table = false;
+    int rc = check_identity(&has_table);
+    if (rc != SQLITE_OK) return rc;
+    rc = SQLITE_BUSY;
     for (int attempt = 0; attempt < 50 && (rc & 0xff) == SQLITE_BUSY; ++attempt) {
       rc = exec(c.db_.get(), "PRAGMA journal_mode = WAL");
       if ((rc & 0xff) == SQLITE_BUSY) sqlite3_sleep(20);
@@ -293,15 +323,17 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
     exec(c.db_.get(), "PRAGMA synchronous = NORMAL");
     Transaction tx(c.db_.get());
     if ((rc = tx.begin()) != SQLITE_OK) return rc;
-    bool has_table = false;
     if ((rc = check_identity(&has_table)) != SQLITE_OK) return rc;
     if (!has_table) {
       const std::string ddl =
           "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB NOT NULL, "
           "created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, last_used_us INTEGER NOT NULL);"
           "CREATE INDEX entries_last_used ON entries(last_used_us);"
-          "PRAGMA application_id = " + std::to_string(kApplicationId) + ";"
-          "PRAGMA user_version = " + std::to_string(kPlanCacheFormatVersion) + ";";
+          "PRAGMA application_id = " +
+          std::to_string(kApplicationId) +
+          ";"
+          "PRAGMA user_version = " +
+          std::to_string(kPlanCacheFormatVersion) + ";";
       if ((rc = exec(c.db_.get(), ddl.c_str())) != SQLITE_OK) return rc;
     }
     return tx.commit();
@@ -325,6 +357,16 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
     rc = connect(true);
     bool has_table = false;
     if (rc == SQLITE_OK) rc = check_identity(&has_table);
+    if (rc != SQLITE_OK && rc != SQLITE_MISMATCH && is_write_refused(rc)) {
+      // A WAL database in a read-only folder without its -shm file can only
+      // be read as immutable (SQLite >= 3.22 docs, "Read-Only Databases").
+      rc = connect(true, /*immutable=*/true);
+      if (rc == SQLITE_OK) rc = check_identity(&has_table);
+      if (rc == SQLITE_OK) {
+        c.warn("plan cache " + path +
+               ": folder is read-only; reading it as immutable (a concurrent writer's changes are not seen)");
+      }
+    }
     if (rc != SQLITE_OK) {
       c.disable(rc == SQLITE_MISMATCH ? why : "cannot open read-only: " + db_error(c.db_.get(), rc));
       return c;
@@ -341,7 +383,8 @@ Result<std::optional<CacheEntry>> PlanCache::lookup(const std::string& key) {
   if (!enabled()) return std::optional<CacheEntry>();
   sqlite3* db = db_.get();
   Stmt s;
-  int rc = prepare(db, "SELECT key, meta, payload, created_utc, last_used_us FROM entries WHERE key = ?1", &s);
+  int rc =
+      prepare(db, "SELECT key, meta, payload, created_utc, last_used_us FROM entries WHERE key = ?1", &s);
   if (rc == SQLITE_OK) {
     sqlite3_bind_text(s.get(), 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
     rc = sqlite3_step(s.get());
@@ -352,7 +395,8 @@ Result<std::optional<CacheEntry>> PlanCache::lookup(const std::string& key) {
     if (p == SQLITE_CORRUPT || p == SQLITE_NOTADB) {
       disable("database is corrupt: " + db_error(db, rc));
     } else {
-      warn("plan cache " + path_ + ": lookup of " + key + " failed (" + db_error(db, rc) + "); treated as a miss");
+      warn("plan cache " + path_ + ": lookup of " + key + " failed (" + db_error(db, rc) +
+           "); treated as a miss");
     }
     return std::optional<CacheEntry>();
   }
@@ -364,8 +408,10 @@ Result<std::optional<CacheEntry>> PlanCache::lookup(const std::string& key) {
     std::string msg = valid.message() + "; treated as a miss";
     if (!read_only_) {
       Stmt d;
-      if (prepare(db, "DELETE FROM entries WHERE key = ?1", &d) == SQLITE_OK) {
+      // Only the row we judged: another process may have replaced it meanwhile.
+      if (prepare(db, "DELETE FROM entries WHERE key = ?1 AND CAST(meta AS BLOB) = ?2", &d) == SQLITE_OK) {
         sqlite3_bind_text(d.get(), 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+        sqlite3_bind_blob(d.get(), 2, row.meta.data(), static_cast<int>(row.meta.size()), SQLITE_TRANSIENT);
         msg += sqlite3_step(d.get()) == SQLITE_DONE ? " and deleted" : " (could not delete it)";
       }
     }
@@ -403,12 +449,14 @@ Status PlanCache::evict_locked() {
 Status PlanCache::store(const CacheEntry& entry) {
   if (!enabled() || read_only_) return Status::Ok();
   if (entry.key.empty()) return InvalidArgument("plan cache store: empty key");
-  if (entry.payload.empty() || static_cast<int64_t>(entry.payload.size()) > cache_internal::kMaxPayloadBytes) {
-    return InvalidArgument("plan cache store " + entry.key + ": payload of " + std::to_string(entry.payload.size()) +
-                           " bytes (expected 1 byte to 256 MiB)");
+  if (entry.payload.empty() ||
+      static_cast<int64_t>(entry.payload.size()) > cache_internal::kMaxPayloadBytes) {
+    return InvalidArgument("plan cache store " + entry.key + ": payload of " +
+                           std::to_string(entry.payload.size()) + " bytes (expected 1 byte to 256 MiB)");
   }
   if (!std::isfinite(entry.tuned_median_ms)) {
-    return InvalidArgument("plan cache store " + entry.key + ": tuned_median_ms must be finite (-1: not tuned)");
+    return InvalidArgument("plan cache store " + entry.key +
+                           ": tuned_median_ms must be finite (-1: not tuned)");
   }
   const int64_t t = now_us();
   CacheEntry e;  // metadata only; the payload is bound from `entry`
@@ -430,15 +478,19 @@ Status PlanCache::store(const CacheEntry& entry) {
   if (rc != SQLITE_OK) return write_failed("store " + entry.key, rc);
   Stmt s;
   const std::string sql =
-      std::string("INSERT OR REPLACE INTO entries(key, meta, payload, created_utc, stored_bytes, last_used_us) "
-                  "VALUES(?2, ?3, ?4, ?5, ?6, ") + kNextUse + ")";
+      std::string(
+          "INSERT OR REPLACE INTO entries(key, meta, payload, created_utc, stored_bytes, last_used_us) "
+          "VALUES(?2, ?3, ?4, ?5, ?6, ") +
+      kNextUse + ")";
   rc = prepare(db, sql.c_str(), &s);
   if (rc == SQLITE_OK) {
     sqlite3_bind_int64(s.get(), 1, t);
     sqlite3_bind_text(s.get(), 2, e.key.data(), static_cast<int>(e.key.size()), SQLITE_TRANSIENT);
     sqlite3_bind_text(s.get(), 3, meta.data(), static_cast<int>(meta.size()), SQLITE_TRANSIENT);
-    sqlite3_bind_blob(s.get(), 4, entry.payload.data(), static_cast<int>(entry.payload.size()), SQLITE_STATIC);
-    sqlite3_bind_text(s.get(), 5, e.created_utc.data(), static_cast<int>(e.created_utc.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_blob(s.get(), 4, entry.payload.data(), static_cast<int>(entry.payload.size()),
+                      SQLITE_STATIC);
+    sqlite3_bind_text(s.get(), 5, e.created_utc.data(), static_cast<int>(e.created_utc.size()),
+                      SQLITE_TRANSIENT);
     sqlite3_bind_int64(s.get(), 6, stored_bytes);
     rc = sqlite3_step(s.get());
   }
@@ -453,7 +505,8 @@ Status PlanCache::store(const CacheEntry& entry) {
 namespace {
 
 // Streams every row of `src`; invalid rows go to on_bad. fn returns false to stop.
-Status for_each_row(sqlite3* src, const std::function<bool(const Row&, const CacheEntry*, const Status&)>& fn) {
+Status for_each_row(sqlite3* src,
+                    const std::function<bool(const Row&, const CacheEntry*, const Status&)>& fn) {
   Stmt s;
   int rc = prepare(src, kSelectAll, &s);
   if (rc != SQLITE_OK) return IoError(db_error(src, rc));
@@ -491,7 +544,8 @@ Result<std::vector<CacheEntry>> PlanCache::list(bool with_payload) {
 }
 
 Status PlanCache::remove(const std::string& key_prefix) {
-  if (key_prefix.empty()) return InvalidArgument("plan cache remove: empty key prefix (use clear() to remove all)");
+  if (key_prefix.empty())
+    return InvalidArgument("plan cache remove: empty key prefix (use clear() to remove all)");
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   if (read_only_) return IoError("plan cache " + path_ + " is read-only");
   Stmt s;
@@ -519,11 +573,13 @@ Result<int> PlanCache::verify(std::vector<std::string>* bad) {
     Stmt s;
     int rc = prepare(db_.get(), "PRAGMA quick_check", &s);
     std::string problems;
-    while (rc == SQLITE_OK && (rc = sqlite3_step(s.get())) == SQLITE_ROW) {
-      const char* t = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 0));
-      if (t && std::strcmp(t, "ok") != 0) problems += std::string(problems.empty() ? "" : "; ") + t;
+    if (rc == SQLITE_OK) {
+      while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+        const char* t = reinterpret_cast<const char*>(sqlite3_column_text(s.get(), 0));
+        if (t && std::strcmp(t, "ok") != 0) problems += std::string(problems.empty() ? "" : "; ") + t;
+      }
     }
-    if (rc != SQLITE_DONE && rc != SQLITE_OK) problems += db_error(db_.get(), rc);
+    if (rc != SQLITE_DONE) problems += db_error(db_.get(), rc);
     if (!problems.empty()) return ParseError("plan cache " + path_ + ": database is damaged: " + problems);
   }
   int checked = 0;
@@ -563,7 +619,8 @@ Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped,
     sqlite3_bind_text(ins.get(), 2, row.meta.data(), static_cast<int>(row.meta.size()), SQLITE_TRANSIENT);
     sqlite3_bind_blob(ins.get(), 3, row.payload, static_cast<int>(row.payload_size), SQLITE_TRANSIENT);
     // The checksummed metadata is the authority on when it was made.
-    sqlite3_bind_text(ins.get(), 4, e->created_utc.data(), static_cast<int>(e->created_utc.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_text(ins.get(), 4, e->created_utc.data(), static_cast<int>(e->created_utc.size()),
+                      SQLITE_TRANSIENT);
     sqlite3_bind_int64(ins.get(), 5, static_cast<int64_t>(row.meta.size() + row.payload_size));
     sqlite3_bind_int64(ins.get(), 6, row.last_used_us);
     rc = sqlite3_step(ins.get());
@@ -592,11 +649,13 @@ bool same_file(const std::string& a, const std::string& b) {
 
 Status PlanCache::export_to(const std::string& path) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
-  if (same_file(path, path_)) return InvalidArgument("plan cache export: " + path + " is this cache's own file");
+  if (same_file(path, path_))
+    return InvalidArgument("plan cache export: " + path + " is this cache's own file");
   PlanCacheOptions o;
   o.max_bytes = std::numeric_limits<int64_t>::max();
   PlanCache dst = PlanCache::open(path, o);
-  if (!dst.enabled() || dst.read_only()) return IoError("plan cache export to " + path + ": " + dst.warning());
+  if (!dst.enabled() || dst.read_only())
+    return IoError("plan cache export to " + path + ": " + dst.warning());
   std::vector<std::string> skipped;
   std::string error;
   Status st = merge_rows(db_.get(), dst.db_.get(), &skipped, &error);
@@ -608,7 +667,8 @@ Status PlanCache::export_to(const std::string& path) {
 Status PlanCache::import_from(const std::string& path) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   if (read_only_) return IoError("plan cache " + path_ + " is read-only");
-  if (same_file(path, path_)) return InvalidArgument("plan cache import: " + path + " is this cache's own file");
+  if (same_file(path, path_))
+    return InvalidArgument("plan cache import: " + path + " is this cache's own file");
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return IoError("plan cache import: " + path + ": no such file");
   PlanCacheOptions o;
