@@ -273,6 +273,44 @@ PYEOF
   [ "$fails" -eq 0 ]
 }
 
+# Plan cache (issue 4): cold start (heuristics, build, tune) against warm start
+# (lookup + deserialize) per graph, the GPU context / cuDNN load reported
+# apart; and a cache filled deviceless on the CPU machine, used here.
+do_cache() {
+  local fails=0 g name c
+  for g in examples/graphs/conv_bias_relu.json examples/graphs/conv_bias_add_relu.json \
+           examples/graphs/matmul_bias_gelu.json examples/graphs/matmul_scale_relu.json; do
+    name=$(graph_name "$g")
+    c="$OUT/cache_$name.sqlite"
+    rm -f "$c"*
+    timeout 300 "$FB" tune "$g" --cache "$c" --warmup 5 --iters 20 --json > "$OUT/cache_cold_$name.json" || { echo "FAIL $name: cold tune"; fails=$((fails + 1)); continue; }
+    timeout 120 "$FB" run "$g" --cache "$c" --warmup 2 --iters 10 --verify --json > "$OUT/cache_warm_$name.json" || { echo "FAIL $name: warm run"; fails=$((fails + 1)); continue; }
+    "$PY" - "$OUT/cache_cold_$name.json" "$OUT/cache_warm_$name.json" <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+cold, warm = (json.load(open(f)) for f in sys.argv[1:3])
+s = warm["startup_ms"]
+warm_ms = s["cache_lookup"] + s["deserialize"]
+print(f"{cold['graph']}: cold {cold['cache']}: heuristics+build+tune {cold['tuning_ms']:.1f} ms "
+      f"(build steps {cold['build']['total_ms']:.1f} ms) -> winner {cold['winner']}; "
+      f"warm {warm['cache']}: lookup {s['cache_lookup']:.2f} ms + deserialize {s['deserialize']:.2f} ms = {warm_ms:.2f} ms "
+      f"({cold['tuning_ms'] / warm_ms:.0f}x faster); GPU context + cuDNN load {s['context_create']:.1f} ms (apart); "
+      f"warm plan {warm['engine']}, verify ok={warm['ok']}")
+if warm["cache"] != "hit" or not warm["ok"] or warm["engine"] != cold["winner"]:
+    sys.exit("FAIL: the warm start did not use the tuned plan")
+PYEOF
+  done
+  # A cache filled deviceless on the CPU machine (scripts/gpu_bundle.sh).
+  if [ -f "$BUNDLE/aot/cache.sqlite" ]; then
+    cp "$BUNDLE/aot/cache.sqlite" "$OUT/aot_cache.sqlite"
+    for g in examples/graphs/conv_bias_relu.json examples/graphs/small/conv_bias_relu_small.json; do
+      timeout 120 "$FB" run "$g" --cache "$OUT/aot_cache.sqlite" --iters 0 --verify --json > "$OUT/aot_cache_run.json" || { echo "FAIL $g: run from the CPU-filled cache"; fails=$((fails + 1)); continue; }
+      "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["graph"], "cache", d["cache"], d["plan_source"], d["engine"], "verify ok", d["ok"]); sys.exit(0 if d["cache"] == "hit" and d["ok"] else 1)' "$OUT/aot_cache_run.json" || fails=$((fails + 1))
+    done
+  fi
+  rm -f "$OUT"/cache_*.sqlite* "$OUT"/aot_cache.sqlite*
+  [ "$fails" -eq 0 ]
+}
+
 # With the system's older cuDNN first on the path, fusebox must refuse plainly
 # (non-zero exit, a message naming the versions), not crash or compute garbage.
 do_cudnn_mismatch() {
@@ -329,6 +367,7 @@ section torch_crosscheck do_crosscheck
 section deviceless_roundtrip do_roundtrip
 section cpu_built_plans do_cpu_plans
 section tune do_tune
+section plan_cache do_cache
 section cudnn_mismatch do_cudnn_mismatch
 section bench do_bench
 

@@ -23,6 +23,8 @@ fi
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/fusebox_cli.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
+# The default plan cache lives in the test's own folder, never in ~/.cache.
+export FUSEBOX_CACHE="$TMP/default-cache.sqlite"
 PASS=0
 FAIL=0
 RC=0
@@ -212,8 +214,56 @@ else
   fi
 fi
 
+# ---------------------------------------------------------------- plan cache
+# Never worse than no cache: garbage at the cache path, a corrupt entry, a
+# second build that hits.
+CACHE="$TMP/cache/plans.sqlite"
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
+if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["cache"] == "miss"' "$TMP/stdout"; then
+  fail "cache: first build is a miss" "exit $RC"
+else pass "cache: first build is a miss and stores"; fi
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
+if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["cache"] == "hit" and d["engine"].startswith("eng")' "$TMP/stdout"; then
+  fail "cache: second build hits" "exit $RC"
+else pass "cache: second build hits (no heuristics)"; fi
+run_fb cache ls --cache "$CACHE" --json
+if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; assert len(json.load(open(sys.argv[1]))["entries"]) == 1' "$TMP/stdout"; then
+  fail "cache ls" "exit $RC"
+else pass "cache ls lists the entry"; fi
+# Flip one payload byte behind the cache's back: a miss with a warning, then a rebuild.
+python3 - "$CACHE" <<'PYEOF'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+key, payload = db.execute("select key, payload from entries").fetchone()
+b = bytearray(payload); b[len(b) // 2] ^= 0x40
+db.execute("update entries set payload = ? where key = ?", (bytes(b), key)); db.commit()
+PYEOF
+run_fb cache verify --cache "$CACHE"
+if [ "$RC" -ne 1 ]; then fail "cache verify finds the corrupt entry" "exit $RC"; else pass "cache verify finds the corrupt entry (exit 1)"; fi
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
+why=$(crash_reason)
+if [ -n "$why" ]; then fail "cache: corrupt entry" "$why"
+elif [ "$RC" -ne 0 ] || ! grep -qi "warning" "$TMP/stderr" || \
+    ! python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["cache"] == "miss"' "$TMP/stdout"; then
+  fail "cache: corrupt entry is a miss with a warning, then rebuilt" "exit $RC"
+else pass "cache: corrupt entry is a miss with a warning, then rebuilt"; fi
+# A file that is not a cache: used uncached, left untouched.
+printf 'my precious notes, not a database\n' > "$TMP/notes.txt"
+cp "$TMP/notes.txt" "$TMP/notes.orig"
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$TMP/notes.txt" --json
+why=$(crash_reason)
+if [ -n "$why" ]; then fail "cache: garbage file" "$why"
+elif [ "$RC" -ne 0 ] || ! cmp -s "$TMP/notes.txt" "$TMP/notes.orig" || ! grep -qi "warning" "$TMP/stderr"; then
+  fail "cache: a non-cache file is left alone and the build runs uncached" "exit $RC"
+else pass "cache: a non-cache file is left alone and the build runs uncached"; fi
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --no-cache --json
+if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["cache"] == "off"' "$TMP/stdout"; then
+  fail "--no-cache" "exit $RC"
+else pass "--no-cache builds without the cache"; fi
+expect_bad "cache show without a key"        'argument|show'         cache show --cache "$CACHE"
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run; do
+for c in "" info devprop check build run engines tune cache; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

@@ -1,21 +1,103 @@
-// fusebox build: the five steps, timed, deviceless with --device.
+// fusebox build: the five steps, timed, deviceless with --device; through the
+// plan cache unless --no-cache.
 #include <cstdio>
 
 #include "common.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox::cli {
+namespace {
+
+struct BuildArgs {
+  std::vector<std::string> graphs;
+  std::string device, heuristics = "a", engine, plan_out;
+  int64_t max_workspace = -1;
+  bool json = false;
+  CacheFlags cache;
+};
+
+// Builds one graph; appends its JSON report to `all` when given.
+int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlohmann::json* all) {
+  auto emit_error = [&](const Status& st, const BuildReport* r) {
+    if (all) {
+      nlohmann::json j = r ? to_json(*r) : nlohmann::json::object();
+      j["graph_file"] = path;
+      j["ok"] = false;
+      j["error"] = st.message();
+      all->push_back(j);
+    } else if (r && !r->steps.empty()) {
+      print_build_report(*r);
+    }
+    return fail("build", st);
+  };
+  auto g = load_resolved(path);
+  if (!g.ok()) return emit_error(g.status(), nullptr);
+  auto modes = parse_heuristic_modes(a.heuristics);
+  if (!modes.ok()) return emit_error(modes.status(), nullptr);
+  auto target = a.device.empty() ? DeviceTarget::live_gpu(0) : DeviceTarget::from_file(a.device);
+  if (!target.ok()) return emit_error(target.status(), nullptr);
+
+  BuildOptions options;
+  options.heuristics = *modes;
+  options.engine = a.engine;
+  options.max_workspace_bytes = a.max_workspace;
+  std::unique_ptr<GpuContext> ctx;
+  if (!target->deviceless()) {
+    auto created = GpuContext::create(target->device_id);
+    if (!created.ok()) return emit_error(created.status(), nullptr);
+    ctx = std::move(created).value();
+  }
+  auto got = plan_through_cache(cache, *g, *target, options, ctx.get());
+  if (!got.ok()) return emit_error(got.status().WithContext("[graph '" + g->name + "']"), nullptr);
+  print_warnings(got->warnings);
+  const Plan& plan = got->plan;
+  if (!a.plan_out.empty()) {
+    auto bytes = plan.serialize();
+    if (!bytes.ok()) return emit_error(bytes.status(), &got->report);
+    Status st = write_plan_file(a.plan_out, make_plan_info(*g, plan, *target), *bytes);
+    if (!st.ok()) return emit_error(st, &got->report);
+  }
+  const std::string state = cache_state(cache, got->hit);
+  if (all) {
+    nlohmann::json j = to_json(got->report);
+    j["graph"] = g->name;
+    j["graph_file"] = path;
+    j["plan_out"] = a.plan_out;
+    j["cache"] = state;
+    j["cache_key"] = got->key;
+    if (got->hit) {
+      j["engine"] = plan.engine_name();
+      j["workspace_bytes"] = plan.workspace_bytes();
+      j["cache_lookup_ms"] = got->lookup_ms;
+      j["deserialize_ms"] = got->deserialize_ms;
+      j["cached_built_deviceless"] = got->entry.info.built_deviceless;
+      j["cached_created_utc"] = got->entry.created_utc;
+    }
+    j["ok"] = true;
+    all->push_back(j);
+  } else {
+    std::printf("%s (%s)\n", g->name.c_str(), path.c_str());
+    if (got->hit) {
+      std::printf("  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f ms\n",
+                  got->key.c_str(), plan.engine_name().c_str(), format_bytes(plan.workspace_bytes()).c_str(),
+                  got->entry.info.built_deviceless ? "deviceless" : "on a GPU", got->entry.created_utc.c_str(),
+                  got->lookup_ms, got->deserialize_ms);
+    } else {
+      print_build_report(got->report);
+      if (state == "miss") std::printf("  stored in the plan cache (%s)\n", got->key.c_str());
+    }
+    if (!a.plan_out.empty()) std::printf("  plan written to %s\n", a.plan_out.c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
 
 Runner add_build(CLI::App& app) {
   auto* cmd = app.add_subcommand("build", "Run the five steps (validate, build operation graph, create execution "
                                           "plans, check support, build plans) and report each");
-  struct Args {
-    std::string graph, device, heuristics = "a", engine, plan_out;
-    int64_t max_workspace = -1;
-    bool json = false;
-  };
-  auto a = std::make_shared<Args>();
-  cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  auto a = std::make_shared<BuildArgs>();
+  cmd->add_option("graph", a->graphs, "Graph JSON file(s)")->required();
   cmd->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU (no GPU needed)");
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes, comma-separated: a, b, fallback")
       ->capture_default_str();
@@ -23,52 +105,21 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--max-workspace", a->max_workspace, "Reject plans needing more workspace (bytes)");
   cmd->add_option("--plan-out", a->plan_out, "Write the built plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(cmd, a->cache);
   return [a]() {
-    auto emit_error = [&](const Status& st, const BuildReport* r) {
-      if (a->json) {
-        nlohmann::json j = r ? to_json(*r) : nlohmann::json::object();
-        j["graph_file"] = a->graph;
-        j["ok"] = false;
-        j["error"] = st.message();
-        std::printf("%s\n", j.dump(2).c_str());
-      } else if (r && !r->steps.empty()) {
-        print_build_report(*r);
-      }
-      return fail("build", st);
-    };
-    auto g = load_resolved(a->graph);
-    if (!g.ok()) return emit_error(g.status(), nullptr);
-    auto modes = parse_heuristic_modes(a->heuristics);
-    if (!modes.ok()) return emit_error(modes.status(), nullptr);
-    auto target = a->device.empty() ? DeviceTarget::live_gpu(0) : DeviceTarget::from_file(a->device);
-    if (!target.ok()) return emit_error(target.status(), nullptr);
-
-    BuildOptions options;
-    options.heuristics = *modes;
-    options.engine = a->engine;
-    options.max_workspace_bytes = a->max_workspace;
-    BuildReport report;
-    auto plan = build_plan(*g, *target, options, &report);
-    if (!plan.ok()) return emit_error(plan.status().WithContext("[graph '" + g->name + "']"), &report);
-    if (!a->plan_out.empty()) {
-      auto bytes = plan->serialize();
-      if (!bytes.ok()) return emit_error(bytes.status(), &report);
-      Status st = write_plan_file(a->plan_out, make_plan_info(*g, *plan, *target), *bytes);
-      if (!st.ok()) return emit_error(st, &report);
+    if (a->graphs.size() > 1 && !a->plan_out.empty()) {
+      return fail("build", InvalidArgument("--plan-out takes one graph; " + std::to_string(a->graphs.size()) +
+                                           " were given (use --cache to keep plans for several)"));
     }
-    if (a->json) {
-      nlohmann::json j = to_json(report);
-      j["graph"] = g->name;
-      j["graph_file"] = a->graph;
-      j["plan_out"] = a->plan_out;
-      j["ok"] = true;
-      std::printf("%s\n", j.dump(2).c_str());
-    } else {
-      std::printf("%s (%s)\n", g->name.c_str(), a->graph.c_str());
-      print_build_report(report);
-      if (!a->plan_out.empty()) std::printf("  plan written to %s\n", a->plan_out.c_str());
+    auto cache = open_cache(a->cache);
+    nlohmann::json all = nlohmann::json::array();
+    int rc = kExitOk;
+    for (const std::string& graph : a->graphs) {
+      int one = build_one(*a, graph, cache.get(), a->json ? &all : nullptr);
+      if (one != kExitOk && rc == kExitOk) rc = one;
     }
-    return kExitOk;
+    if (a->json) std::printf("%s\n", (all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).dump(2).c_str());
+    return rc;
   };
 }
 

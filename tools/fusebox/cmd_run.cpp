@@ -1,4 +1,5 @@
 // fusebox run: execute on a GPU, verify against the reference, time it.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -26,6 +27,10 @@ Result<std::map<std::string, std::string>> parse_inputs(const std::string& spec)
   return out;
 }
 
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 Runner add_run(CLI::App& app) {
@@ -33,6 +38,7 @@ Runner add_run(CLI::App& app) {
   struct Args {
     std::string graph, plan, inputs, save_outputs, engine, heuristics = "a";
     bool verify = false, json = false;
+    CacheFlags cache;
     uint64_t seed = 1;
     int warmup = 10, iters = 50;
   };
@@ -48,6 +54,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--engine", a->engine, "Pin an engine by name");
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes when building: a, b, fallback")->capture_default_str();
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(cmd, a->cache);
   return [a]() {
     auto g = load_resolved(a->graph);
     if (!g.ok()) return fail("run", g.status());
@@ -73,14 +80,19 @@ Runner add_run(CLI::App& app) {
       options.inputs[name] = std::move(t).value();
     }
 
+    // Start-up, timed in parts: the first cuDNN call loads its libraries.
+    auto t_ctx = std::chrono::steady_clock::now();
     auto ctx = GpuContext::create(0);
     if (!ctx.ok()) return fail("run", ctx.status());
+    const double context_ms = ms_since(t_ctx);
     auto target = DeviceTarget::live_gpu(0);
     if (!target.ok()) return fail("run", target.status());
 
     BuildReport report;
     Result<Plan> plan = Status(StatusCode::kInternal, "no plan");
-    std::string plan_source;
+    std::string plan_source, cache_result = "off", cache_key;
+    double lookup_ms = 0, deserialize_ms = 0;
+    auto t_plan = std::chrono::steady_clock::now();
     if (!a->plan.empty()) {
       auto pf = read_plan_file(a->plan);
       if (!pf.ok()) return fail("run", pf.status());
@@ -94,9 +106,29 @@ Runner add_run(CLI::App& app) {
       BuildOptions bo;
       bo.heuristics = *modes;
       bo.engine = a->engine;
-      plan = build_plan(*g, *target, bo, &report, ctx->get());
-      plan_source = "built now";
+      auto cache = open_cache(a->cache);
+      // A tuned plan (default tuning policy) first, unless an engine is pinned.
+      Result<CachedPlan> got = Status(StatusCode::kInternal, "no plan");
+      if (a->engine.empty()) {
+        got = lookup_cached_plan(cache.get(), *g, *target, tune_policy_key(TunePolicy{}), ctx->get());
+        if (got.ok()) print_warnings(got->warnings);
+      }
+      if (!got.ok() || !got->hit) got = plan_through_cache(cache.get(), *g, *target, bo, ctx->get());
+      if (!got.ok()) return fail("run", got.status().WithContext("[graph '" + g->name + "']"));
+      if (!got->hit) print_warnings(got->warnings);
+      report = got->report;
+      cache_result = cache_state(cache.get(), got->hit);
+      cache_key = got->key;
+      lookup_ms = got->lookup_ms;
+      deserialize_ms = got->deserialize_ms;
+      if (got->hit) {
+        plan_source = got->entry.tuned_median_ms >= 0 ? "plan cache (tuned)" : "plan cache (heuristic choice)";
+      } else {
+        plan_source = "built now";
+      }
+      plan = std::move(got->plan);
     }
+    const double plan_ms = ms_since(t_plan);
     if (!plan.ok()) {
       if (!a->json && !report.steps.empty()) print_build_report(report);
       return fail("run", plan.status().WithContext("[graph '" + g->name + "']"));
@@ -137,6 +169,15 @@ Runner add_run(CLI::App& app) {
                           {"gbps", r->gbps},
                           {"verify", verify},
                           {"reference", r->reference_kind},
+                          {"cache", cache_result},
+                          {"cache_key", cache_key},
+                          {"startup_ms",
+                           {{"context_create", context_ms},
+                            {"plan_total", plan_ms},
+                            {"cache_lookup", lookup_ms},
+                            {"deserialize", deserialize_ms},
+                            {"build_steps", report.total_ms()}}},
+                          {"input_sets", r->input_sets},
                           {"outputs_saved", saved},
                           {"ok", r->verified_ok}};
       if (!report.steps.empty()) j["build"] = to_json(report);
@@ -146,6 +187,10 @@ Runner add_run(CLI::App& app) {
       if (!report.steps.empty()) print_build_report(report);
       std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), r->engine.c_str(),
                   format_bytes(r->workspace_bytes).c_str());
+      std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms, plan_ms,
+                  cache_result.c_str());
+      if (cache_result == "hit") std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
+      std::printf(")\n");
       for (const auto& c : r->comparisons) std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), c.ToString().c_str());
       if (r->latency.iters > 0) {
         std::printf("  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",

@@ -16,6 +16,7 @@ Runner add_tune(CLI::App& app) {
     std::string graph, heuristics = "a,b,fallback", plan_out;
     TunePolicy policy;
     bool json = false;
+    CacheFlags cache;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
@@ -31,6 +32,7 @@ Runner add_tune(CLI::App& app) {
   cmd->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
   cmd->add_option("--plan-out", a->plan_out, "Write the winner's plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(cmd, a->cache);
   return [a]() {
     auto g = load_resolved(a->graph);
     if (!g.ok()) return fail("tune", g.status());
@@ -39,6 +41,46 @@ Runner add_tune(CLI::App& app) {
     a->policy.heuristics = *modes;
     auto ctx = GpuContext::create(0);
     if (!ctx.ok()) return fail("tune", ctx.status());
+    auto target = DeviceTarget::live_gpu(0);
+    if (!target.ok()) return fail("tune", target.status());
+    auto cache = open_cache(a->cache);
+    const std::string policy_key = tune_policy_key(a->policy);
+    auto cached = lookup_cached_plan(cache.get(), *g, *target, policy_key, ctx->get());
+    if (cached.ok()) print_warnings(cached->warnings);
+    if (cached.ok() && cached->hit) {
+      // A hit: no heuristics, no tuning. The plan is still checked against the reference.
+      RunOptions ro;
+      ro.seed = a->policy.seed;
+      ro.verify = true;
+      ro.iters = 0;
+      auto run = run_plan(*g, cached->plan, **ctx, ro);
+      if (!run.ok()) return fail("tune", run.status());
+      if (a->json) {
+        nlohmann::json verify = nlohmann::json::array();
+        for (const auto& c : run->comparisons) verify.push_back(to_json(c));
+        std::printf("%s\n", nlohmann::json({{"graph", g->name},
+                                             {"cache", "hit"},
+                                             {"cache_key", cached->key},
+                                             {"winner", cached->plan.engine_name()},
+                                             {"winner_median_ms", cached->entry.tuned_median_ms},
+                                             {"tuned_utc", cached->entry.created_utc},
+                                             {"cache_lookup_ms", cached->lookup_ms},
+                                             {"deserialize_ms", cached->deserialize_ms},
+                                             {"verify", verify},
+                                             {"ok", run->verified_ok}})
+                                   .dump(2)
+                                   .c_str());
+      } else {
+        std::printf("%s: plan cache hit (%s): tuned winner %s (%.4f ms when tuned on %s); lookup %.2f ms, "
+                    "deserialize %.2f ms; not tuned again (--no-cache to retune)\n",
+                    g->name.c_str(), cached->key.c_str(), cached->plan.engine_name().c_str(),
+                    cached->entry.tuned_median_ms, cached->entry.created_utc.c_str(), cached->lookup_ms,
+                    cached->deserialize_ms);
+        for (const auto& c : run->comparisons) std::printf("verify: %s\n", c.ToString().c_str());
+      }
+      Status vs = verify_status(*run);
+      return vs.ok() ? kExitOk : fail("tune", vs);
+    }
     const bool bar = !a->json && isatty(fileno(stderr));
     TuneProgress progress;
     if (bar) {
@@ -53,14 +95,19 @@ Runner add_tune(CLI::App& app) {
     if (bar) std::fprintf(stderr, "\r%*s\r", 90, "");
     if (!r.ok()) return fail("tune", r.status().WithContext("[graph '" + g->name + "']"));
 
+    const TuneEntry& w = r->entries[r->winner];
     if (!a->plan_out.empty()) {
-      auto target = DeviceTarget::live_gpu(0);
       auto bytes = r->winner_plan.serialize();
-      if (!target.ok() || !bytes.ok()) return fail("tune", target.ok() ? bytes.status() : target.status());
+      if (!bytes.ok()) return fail("tune", bytes.status());
       Status st = write_plan_file(a->plan_out, make_plan_info(*g, r->winner_plan, *target), *bytes);
       if (!st.ok()) return fail("tune", st);
     }
-    const TuneEntry& w = r->entries[r->winner];
+    std::vector<std::string> store_warnings;
+    if (r->winner_run.verified_ok) {
+      store_plan(cache.get(), *g, *target, policy_key, r->winner_plan, w.latency.median_ms, &store_warnings);
+    }
+    print_warnings(store_warnings);
+    const std::string cache_result = cache_state(cache.get(), false);
     if (a->json) {
       nlohmann::json rows = nlohmann::json::array();
       for (const auto& e : r->entries) {
@@ -79,6 +126,7 @@ Runner add_tune(CLI::App& app) {
       nlohmann::json verify = nlohmann::json::array();
       for (const auto& c : r->winner_run.comparisons) verify.push_back(to_json(c));
       nlohmann::json j = {{"graph", g->name},
+                          {"cache", cache_result},
                           {"winner", w.candidate.name},
                           {"winner_median_ms", w.latency.median_ms},
                           {"heuristic_choice", r->heuristic >= 0 ? r->entries[r->heuristic].candidate.name : ""},

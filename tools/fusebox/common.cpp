@@ -79,4 +79,25 @@ void print_build_report(const BuildReport& r) {
   std::fflush(stdout);
 }
 
+void add_cache_flags(CLI::App* cmd, CacheFlags& flags) {
+  cmd->add_option("--cache", flags.path, "Plan cache file (default $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite)");
+  cmd->add_flag("--no-cache", flags.off, "Do not use the plan cache");
+}
+
+std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags) {
+  if (flags.off) return nullptr;
+  auto cache = std::make_unique<PlanCache>(PlanCache::open(flags.path.empty() ? default_cache_path() : flags.path));
+  print_warnings(cache->warnings());
+  return cache;
+}
+
+void print_warnings(const std::vector<std::string>& warnings) {
+  for (const auto& w : warnings) std::fprintf(stderr, "fusebox: warning: %s\n", w.c_str());
+}
+
+std::string cache_state(const PlanCache* cache, bool hit) {
+  if (!cache || !cache->enabled()) return "off";
+  return hit ? "hit" : "miss";
+}
+
 }  // namespace fusebox::cli

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "fusebox/cached_plan.h"
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/runtime.h"
@@ -31,6 +32,19 @@ std::string format_bytes(int64_t bytes);
 // Prints the five steps with timings, the candidates and the chosen engine.
 void print_build_report(const BuildReport& r);
 
+// --cache PATH / --no-cache, shared by build, tune and run.
+struct CacheFlags {
+  std::string path;  // empty: $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite
+  bool off = false;
+};
+void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
+// nullptr with --no-cache; otherwise the cache (possibly disabled, with its
+// warning printed to stderr).
+std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags);
+void print_warnings(const std::vector<std::string>& warnings);
+// "hit", "miss" or "off".
+std::string cache_state(const PlanCache* cache, bool hit);
+
 // Each command adds its subcommand and returns the function that runs it.
 using Runner = std::function<int()>;
 Runner add_info(CLI::App& app);
@@ -40,5 +54,6 @@ Runner add_build(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_engines(CLI::App& app);
 Runner add_tune(CLI::App& app);
+Runner add_cache(CLI::App& app);
 
 }  // namespace fusebox::cli

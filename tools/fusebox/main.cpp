@@ -24,6 +24,7 @@ int fusebox_main(int argc, char** argv) {
   add(add_run);
   add(add_engines);
   add(add_tune);
+  add(add_cache);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,48 @@
+// fusebox: getting a plan through the plan cache. A hit means no heuristics,
+// no build and no tuning; a miss builds (or tunes) and stores. Any cache
+// problem degrades to a miss with a warning, never to an error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+#include "fusebox/plan_cache.h"
+#include "fusebox/status.h"
+#include "fusebox/tune.h"
+
+namespace fusebox {
+
+struct CachedPlan {
+  Plan plan;
+  bool hit = false;
+  std::string key;
+  CacheEntry entry;          // on a hit: the provenance (payload emptied)
+  BuildReport report;        // on a miss: the five steps
+  double lookup_ms = 0;      // cache lookup, checksum included
+  double deserialize_ms = 0; // frontend deserialize on a hit
+  std::vector<std::string> warnings;
+};
+
+// The policy part of a cache key.
+std::string build_policy_key(const BuildOptions& options);
+std::string tune_policy_key(const TunePolicy& policy);
+std::string cache_key_for(const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy);
+
+// Looks `g` up under `policy_key`, else builds with `options` and stores.
+// `cache` may be null (no cache). `ctx` as for build_plan.
+Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
+                                      const BuildOptions& options, GpuContext* ctx);
+
+// Looks up a plan stored under `policy_key` only (no build on a miss):
+// result.hit tells. Used by `run` to find a tuned plan first.
+Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
+                                      const std::string& policy_key, GpuContext* ctx);
+
+// Stores a plan under `policy_key` (tuned_median_ms < 0: heuristic choice).
+// A failure becomes a warning in `warnings`.
+void store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
+                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings);
+
+}  // namespace fusebox

@@ -1,0 +1,116 @@
+#include "fusebox/cached_plan.h"
+
+#include <chrono>
+
+#include "fusebox/plan_file.h"
+
+namespace fusebox {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string modes_string(const std::vector<HeuristicMode>& modes) {
+  std::string s;
+  for (auto m : modes) s += std::string(s.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
+  return s;
+}
+
+// New warnings of the cache since `before`.
+void collect_warnings(const PlanCache* cache, size_t before, std::vector<std::string>* out) {
+  if (!cache) return;
+  const auto& w = cache->warnings();
+  for (size_t i = before; i < w.size(); ++i) out->push_back(w[i]);
+}
+
+}  // namespace
+
+std::string build_policy_key(const BuildOptions& o) {
+  return "build;modes=" + modes_string(o.heuristics) + ";engine=" + o.engine +
+         ";max_ws=" + std::to_string(o.max_workspace_bytes);
+}
+
+std::string tune_policy_key(const TunePolicy& p) {
+  // What changes the winner; measurement settings (warm-up, iterations, seed) do not.
+  return "tune;modes=" + modes_string(p.heuristics) + ";max_ws=" + std::to_string(p.max_workspace_bytes) +
+         ";det=" + std::to_string(p.deterministic_only) + ";rtc=" + std::to_string(p.allow_runtime_compilation) +
+         ";top=" + std::to_string(p.top_k) + ";budget_ms=" + std::to_string(p.budget_ms);
+}
+
+std::string cache_key_for(const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy) {
+  SystemInfo s = system_info();
+  CacheKey k;
+  k.graph_canonical = describe(g);
+  k.device_name = target.device_name;
+  k.sm_version = target.sm_version;
+  k.sm_count = target.sm_count;
+  k.cudnn_version = s.cudnn_runtime_version;
+  k.frontend_version = s.frontend_version;
+  k.policy = policy;
+  return cache_key_hash(k);
+}
+
+Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
+                                      const std::string& policy_key, GpuContext* ctx) {
+  CachedPlan out;
+  out.key = cache_key_for(g, target, policy_key);
+  if (!cache || !cache->enabled()) return out;
+  const size_t before = cache->warnings().size();
+  auto t0 = std::chrono::steady_clock::now();
+  auto found = cache->lookup(out.key);
+  out.lookup_ms = ms_since(t0);
+  collect_warnings(cache, before, &out.warnings);
+  if (!found.ok() || !found->has_value()) return out;
+  CacheEntry entry = std::move(**found);
+  // A 64-bit key could collide: the provenance must also fit.
+  Status compat = check_plan_compatible(entry.info, g, target);
+  if (!compat.ok()) {
+    out.warnings.push_back("plan cache entry " + out.key + " ignored: " + compat.message());
+    return out;
+  }
+  t0 = std::chrono::steady_clock::now();
+  auto plan = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
+  out.deserialize_ms = ms_since(t0);
+  if (!plan.ok()) {
+    out.warnings.push_back("plan cache entry " + out.key + " could not be deserialized, rebuilding: " +
+                           plan.status().message().substr(0, 300));
+    return out;
+  }
+  out.plan = std::move(plan).value();
+  entry.payload.clear();
+  out.entry = std::move(entry);
+  out.hit = true;
+  return out;
+}
+
+void store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
+                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings) {
+  if (!cache || !cache->enabled() || cache->read_only()) return;
+  auto bytes = plan.serialize();
+  if (!bytes.ok()) {
+    warnings->push_back("plan not cached: " + bytes.status().message());
+    return;
+  }
+  CacheEntry e;
+  e.key = cache_key_for(g, target, policy_key);
+  e.info = make_plan_info(g, plan, target);
+  e.tuned_median_ms = tuned_median_ms;
+  e.payload = std::move(bytes).value();
+  const size_t before = cache->warnings().size();
+  Status st = cache->store(e);
+  collect_warnings(cache, before, warnings);
+  if (!st.ok() && cache->warnings().size() == before) warnings->push_back("plan not cached: " + st.message());
+}
+
+Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
+                                      const BuildOptions& options, GpuContext* ctx) {
+  const std::string policy = build_policy_key(options);
+  FUSEBOX_ASSIGN_OR_RETURN(CachedPlan out, lookup_cached_plan(cache, g, target, policy, ctx));
+  if (out.hit) return out;
+  FUSEBOX_ASSIGN_OR_RETURN(out.plan, build_plan(g, target, options, &out.report, ctx));
+  store_plan(cache, g, target, policy, out.plan, -1, &out.warnings);
+  return out;
+}
+
+}  // namespace fusebox
