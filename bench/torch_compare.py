@@ -77,8 +77,11 @@ def make_eager_fn(graph):
         vals.update(scalars)
         for op in ops:
             i = {role: vals[t] for role, t in op["inputs"].items()}
-            y = apply_op(op, i)
-            vals[op["outputs"]["y"]] = y
+            res = apply_op(op, i)
+            if not isinstance(res, dict):
+                res = {"y": res}
+            for role, name in op["outputs"].items():
+                vals[name] = res[role]
         return [vals[o] for o in outputs]
 
     return fn

@@ -46,6 +46,19 @@ def conv_out_dims(x_dims, w_dims, padding, stride, dilation):
     return out
 
 
+def primary_role(op):
+    """The op's main output role: "o" for sdpa_fwd, "y" for every other op."""
+    return "o" if op["op"] == "sdpa_fwd" else "y"
+
+
+def sdpa_unmasked_pairs(sq, skv, causal):
+    """Query/key pairs scored per (batch, head); top-left causal: row i sees keys j <= i."""
+    if not causal:
+        return sq * skv
+    full = min(sq, skv)
+    return full * (full + 1) // 2 + max(sq - skv, 0) * skv
+
+
 def broadcast_dims(a, b):
     if len(a) != len(b):
         # Scalars without dims broadcast to anything.
@@ -67,9 +80,10 @@ class Graph:
         self.declared = {t["name"]: t for t in doc["tensors"]}
         produced = {}
         for op in doc["ops"]:
-            y = op.get("outputs", {}).get("y", op["name"] + ".y")
-            produced[y] = op
-            op.setdefault("outputs", {"y": y})
+            role = primary_role(op)
+            op.setdefault("outputs", {role: op["name"] + "." + role})
+            for y in op["outputs"].values():
+                produced[y] = op
         self.produced = produced
         self.ops = self._topo_sort(doc["ops"])
         self.dims = {}
@@ -79,7 +93,11 @@ class Graph:
             elif name not in produced:
                 self.dims[name] = list(t["dims"])
         for op in self.ops:
-            self.dims[op["outputs"]["y"]] = self._infer(op)
+            dims = self._infer(op)
+            if not isinstance(dims, dict):
+                dims = {"y": dims}
+            for role, name in op["outputs"].items():
+                self.dims[name] = dims[role]
 
     def _topo_sort(self, ops):
         done, order, pending = set(), [], list(ops)
@@ -90,7 +108,7 @@ class Graph:
                 raise ValueError(f"{self.path}: ops form a cycle or use undefined tensors")
             for op in ready:
                 order.append(op)
-                done.add(op["outputs"]["y"])
+                done.update(op["outputs"].values())
                 pending.remove(op)
         return order
 
@@ -107,6 +125,9 @@ class Graph:
             return broadcast_dims(self.dims[ins["a"]], self.dims[ins["b"]])
         if kind in ("bias_add", "scale") or kind in UNARY_OPS:
             return list(self.dims[ins["x"]])
+        if kind == "sdpa_fwd":
+            q, v = self.dims[ins["q"]], self.dims[ins["v"]]
+            return {"o": [q[0], q[1], q[2], v[3]], "stats": [q[0], q[1], q[2], 1]}
         raise ValueError(f"{self.path}: unknown op {kind!r}")
 
     def is_scalar(self, name):
@@ -123,6 +144,10 @@ class Graph:
 
     def dtype(self, name):
         t = self.declared.get(name)
+        op = self.produced.get(name)
+        if (op is not None and op["op"] == "sdpa_fwd" and op["outputs"].get("stats") == name
+                and (t is None or "dtype" not in t)):
+            return "fp32"  # sdpa stats are always fp32
         if t is not None and "dtype" in t:
             return canonical_dtype(t["dtype"])
         if t is not None and "scalar" in t:
@@ -132,9 +157,15 @@ class Graph:
         return self.io_dtype
 
     def flops(self):
-        """2*MACs for conv and matmul, one per output element for pointwise ops."""
+        """2*MACs for conv and matmul, one per output element for pointwise ops,
+        2*B*Hq*(D+Dv) per unmasked query/key pair for sdpa_fwd."""
         total = 0
         for op in self.ops:
+            if op["op"] == "sdpa_fwd":
+                q, k, v = (self.dims[op["inputs"][r]] for r in ("q", "k", "v"))
+                pairs = sdpa_unmasked_pairs(q[2], k[2], bool(op.get("causal", False)))
+                total += 2 * q[0] * q[1] * pairs * (q[3] + v[3])
+                continue
             y = self.dims[op["outputs"]["y"]]
             n_out = prod(y)
             if op["op"] == "conv_fprop":

@@ -56,11 +56,14 @@ def torch_reference(graph, inputs, device):
                                     dtype=torch.float32, device=device)
     for op in graph.ops:
         ins = {role: vals[t] for role, t in op["inputs"].items()}
-        y = apply_op(op, ins)
-        out = op["outputs"]["y"]
-        if out not in graph.outputs():
-            y = round_to(y, graph.dtype(out))
-        vals[out] = y
+        res = apply_op(op, ins)
+        if not isinstance(res, dict):
+            res = {"y": res}
+        for role, out in op["outputs"].items():
+            y = res[role]
+            if out not in graph.outputs():
+                y = round_to(y, graph.dtype(out))
+            vals[out] = y
     return vals
 
 

@@ -1,6 +1,8 @@
 """One graph op computed with PyTorch: shared by tools/torch_crosscheck.py (the
 float32 reference) and bench/torch_compare.py (the framework path)."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -28,9 +30,35 @@ _POINTWISE = {
 }
 
 
+def sdpa_fwd(q, k, v, op):
+    """Outputs of sdpa_fwd by role: "o" and, when the op names a "stats" output,
+    "stats" = logsumexp of the scaled, masked scores (natural log), [B,Hq,Sq,1]."""
+    scale = op.get("attn_scale")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    causal = bool(op.get("causal", False))
+    hq, hk = q.shape[1], k.shape[1]
+    kwargs = {"enable_gqa": True} if hq != hk else {}
+    # top-left causal, as torch's is_causal
+    out = {"o": F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **kwargs)}
+    if "stats" in op.get("outputs", {}):
+        kk = k.repeat_interleave(hq // hk, dim=1) if hq != hk else k
+        s = torch.matmul(q, kk.transpose(-2, -1)) * scale
+        if causal:
+            sq, skv = s.shape[-2], s.shape[-1]
+            mask = torch.ones(sq, skv, dtype=torch.bool, device=s.device).tril()
+            s = s.masked_fill(~mask, float("-inf"))
+        out["stats"] = torch.logsumexp(s, dim=-1, keepdim=True)
+    return out
+
+
 def apply_op(op, ins):
-    """`op` is the JSON op object, `ins` maps its input roles to tensors."""
+    """`op` is the JSON op object, `ins` maps its input roles to tensors.
+    Returns a tensor (the "y" output), or for multi-output ops (sdpa_fwd) a
+    dict output role -> tensor."""
     kind = op["op"]
+    if kind == "sdpa_fwd":
+        return sdpa_fwd(ins["q"], ins["k"], ins["v"], op)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":

@@ -43,7 +43,10 @@ struct TensorSpec {
 // Strides for `dims` laid out as `layout`:
 //   "nchw", "ncdhw", "row_major", "packed": dense, last dim fastest;
 //   "nhwc", "ndhwc", "channels_last": dim 1 fastest, then the spatial dims;
-//   "col_major": the last two dims swapped (matrices stored column-major).
+//   "col_major": the last two dims swapped (matrices stored column-major);
+//   "bhsd": rank 4, dense (same as row_major);
+//   "bshd": rank 4 dims [B,H,S,D] stored as [B,S,H,D] (attention tensors
+//           with heads interleaved): strides [S*H*D, D, H*D, 1].
 Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, std::string_view layout);
 // Dense strides with the same stride order as `like_strides` (ties: later dim faster).
 std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
@@ -77,7 +80,20 @@ struct PointwiseAttrs {
   PointwiseMode mode = PointwiseMode::kAdd;
 };
 
-using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs>;
+// Scaled-dot-product attention, forward (cuDNN's fused flash attention):
+//   o = softmax(attn_scale * q @ k^T  [+ causal mask]) @ v
+// Inputs q [B,Hq,Sq,D], k [B,Hk,Skv,D], v [B,Hk,Skv,Dv] with Hq % Hk == 0
+// (grouped-query / multi-query attention: q head h reads kv head h / (Hq/Hk)).
+// Outputs "o" [B,Hq,Sq,Dv] and, with generate_stats, "stats" [B,Hq,Sq,1] fp32:
+// the per-row logsumexp of the scaled, masked scores in natural log
+// (max + log(sum(exp(s - max)))), as cuDNN defines it.
+struct SdpaFwdAttrs {
+  std::optional<double> attn_scale;  // empty: 1/sqrt(D); resolve() fills it in
+  bool causal = false;               // top-left aligned: q row i sees kv rows j <= i
+  bool generate_stats = false;       // also write the "stats" output
+};
+
+using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs>;
 
 // The op's type name as in the JSON format: "conv_fprop", "matmul", "add",
 // "bias_add", "relu", "gelu_tanh", ...
@@ -86,17 +102,24 @@ std::string_view pointwise_mode_name(PointwiseMode m);
 std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s);
 bool pointwise_is_unary(PointwiseMode m);
 
-// Input roles per op type (output role is always "y"):
+// Input roles per op type:
 //   conv_fprop: x, w      matmul: a, b
 //   add/sub/mul: a, b     bias_add: x, bias     scale: x, scale
-//   unary pointwise: x
+//   unary pointwise: x    sdpa_fwd: q, k, v
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
+// Output roles per op type: "y" for every op but sdpa_fwd, which has "o"
+// and, with generate_stats, "stats". The first is the primary output.
+std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
+std::string_view op_primary_output_role(const OpAttrs& attrs);
+// Query/key pairs sdpa_fwd scores per (batch, head): Sq*Skv, or with the
+// top-left causal mask sum over rows i of min(i + 1, Skv).
+double sdpa_unmasked_pairs(int64_t sq, int64_t skv, bool causal);
 
 struct OpSpec {
   std::string name;                           // unique within the graph
   OpAttrs attrs;
   std::map<std::string, std::string> inputs;  // role -> tensor name
-  std::map<std::string, std::string> outputs; // role -> tensor name ("y")
+  std::map<std::string, std::string> outputs; // role -> tensor name ("y"; sdpa_fwd: "o", "stats")
   std::optional<DType> compute_dtype;         // empty: graph compute dtype
 };
 
@@ -119,6 +142,11 @@ struct GraphSpec {
   std::string matmul(std::string op_name, const std::string& a, const std::string& b);
   std::string pointwise(std::string op_name, PointwiseMode mode, const std::string& in0,
                         const std::string& in1 = "");
+  // Returns the "o" output's name; with attrs.generate_stats the "stats"
+  // output is named "<op_name>.stats". sdpa_fwd outputs must be graph
+  // outputs: declare them with output().
+  std::string sdpa_fwd(std::string op_name, const std::string& q, const std::string& k, const std::string& v,
+                       SdpaFwdAttrs attrs = {});
   // Declares the tensor `tensor_name` (produced by some op) a graph output
   // with an optional layout; dims are inferred.
   void output(const std::string& tensor_name, std::string layout = "",
@@ -148,7 +176,8 @@ struct ResolvedOp {
   std::map<std::string, int> inputs;   // role -> index into ResolvedGraph::tensors
   std::map<std::string, int> outputs;  // role -> index
   DType compute_dtype = DType::kFP32;
-  // Filled by resolve() for conv_fprop: padding/stride/dilation with defaults applied.
+  // Filled by resolve(): conv_fprop padding/stride/dilation with defaults
+  // applied; sdpa_fwd attn_scale (1/sqrt(D) when not given).
 };
 
 struct ResolvedGraph {
@@ -163,7 +192,8 @@ struct ResolvedGraph {
   std::vector<int> input_tensors() const;
   std::vector<int> output_tensors() const;
   // Useful work, for TFLOP/s: 2*MACs for conv and matmul, one per element
-  // for pointwise ops.
+  // for pointwise ops, 2*B*Hq*(D+Dv) per unmasked query/key pair for sdpa_fwd
+  // (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal).
   double flops() const;
   // Bytes of non-virtual tensors read and written once, for GB/s.
   double bytes_moved() const;

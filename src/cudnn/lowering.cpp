@@ -1,4 +1,5 @@
 // ResolvedGraph -> cudnn_frontend::graph::Graph.
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -141,12 +142,50 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
       }
     }
 
+    // Names, dims, strides and dtype of op output `role` from the resolved graph;
+    // a uid and the output flag unless virtual.
+    auto bind_output = [&](const ResolvedOp& op, const std::string& where, const std::string& role,
+                           const std::shared_ptr<fe::graph::Tensor_attributes>& y) -> Status {
+      if (!y) return Internal(where + ": the frontend returned no output tensor '" + role + "'");
+      auto out_it = op.outputs.find(role);
+      if (out_it == op.outputs.end()) return Internal(where + ": no output '" + role + "'");
+      const int yi = out_it->second;
+      const ResolvedTensor& yt = g.tensors[yi];
+      y->set_name(yt.name).set_dim(yt.dims).set_stride(yt.strides).set_data_type(to_fe(yt.dtype));
+      if (yt.is_virtual) {
+        y->set_is_virtual(true);
+      } else {
+        y->set_output(true).set_uid(uid_of(yi));
+        out.uids[yt.name] = uid_of(yi);
+      }
+      fe_tensors[yi] = y;
+      return Status::Ok();
+    };
+
     for (const ResolvedOp& op : g.ops) {
       const std::string where = "[" + std::string(op_type_name(op.attrs)) + " '" + op.name + "']";
       auto in = [&](const char* role) -> std::shared_ptr<fe::graph::Tensor_attributes> {
         auto it = op.inputs.find(role);
         return it == op.inputs.end() ? nullptr : fe_tensors[it->second];
       };
+      if (auto* sdpa = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+        // resolve() fills attn_scale; 1/sqrt(D) guards hand-built graphs.
+        const double scale = sdpa->attn_scale
+                                 ? *sdpa->attn_scale
+                                 : 1.0 / std::sqrt(static_cast<double>(g.tensors[op.inputs.at("q")].dims.back()));
+        auto attrs = fe::graph::SDPA_attributes()
+                         .set_name(op.name)
+                         .set_generate_stats(sdpa->generate_stats)
+                         .set_attn_scale(static_cast<float>(scale))
+                         .set_compute_data_type(to_fe(op.compute_dtype));
+        if (sdpa->causal) {
+          attrs.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+        }
+        auto [o, stats] = graph->sdpa(in("q"), in("k"), in("v"), attrs);
+        FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "o", o));
+        if (sdpa->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
+        continue;
+      }
       std::shared_ptr<fe::graph::Tensor_attributes> y;
       if (auto* conv = std::get_if<ConvFpropAttrs>(&op.attrs)) {
         y = graph->conv_fprop(in("x"), in("w"),
@@ -179,19 +218,7 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
       } else {
         return NotSupported(where + " has no cuDNN lowering");
       }
-      if (!y) return Internal(where + ": the frontend returned no output tensor");
-      auto out_it = op.outputs.find("y");
-      if (out_it == op.outputs.end()) return Internal(where + ": no output 'y'");
-      const int yi = out_it->second;
-      const ResolvedTensor& yt = g.tensors[yi];
-      y->set_name(yt.name).set_dim(yt.dims).set_stride(yt.strides).set_data_type(to_fe(yt.dtype));
-      if (yt.is_virtual) {
-        y->set_is_virtual(true);
-      } else {
-        y->set_output(true).set_uid(uid_of(yi));
-        out.uids[yt.name] = uid_of(yi);
-      }
-      fe_tensors[yi] = y;
+      FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "y", y));
     }
     out.graph = std::move(graph);
   }

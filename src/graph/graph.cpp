@@ -52,6 +52,14 @@ Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, st
     return Status::Ok();
   };
   if (layout.empty() || layout == "row_major" || layout == "packed") return strides_for_order(dims, order);
+  if (layout == "bhsd") {
+    FUSEBOX_RETURN_IF_ERROR(need_rank(4));
+    return strides_for_order(dims, order);
+  }
+  if (layout == "bshd") {
+    FUSEBOX_RETURN_IF_ERROR(need_rank(4));
+    return strides_for_order(dims, {0, 2, 1, 3});  // slowest to fastest: B, S, H, D
+  }
   if (layout == "nchw" || layout == "ncdhw") {
     FUSEBOX_RETURN_IF_ERROR(need_rank(layout == "nchw" ? 4 : 5));
     return strides_for_order(dims, order);
@@ -79,7 +87,7 @@ Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, st
   }
   return InvalidArgument("unknown layout '" + std::string(layout_in) +
                          "': accepted layouts are nchw, ncdhw, nhwc, ndhwc, channels_last, row_major, "
-                         "packed, col_major");
+                         "packed, col_major, bhsd, bshd");
 }
 
 std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims, const std::vector<int64_t>& like) {
@@ -144,12 +152,35 @@ bool pointwise_is_unary(PointwiseMode m) {
 std::string_view op_type_name(const OpAttrs& attrs) {
   if (std::holds_alternative<ConvFpropAttrs>(attrs)) return "conv_fprop";
   if (std::holds_alternative<MatmulAttrs>(attrs)) return "matmul";
+  if (std::holds_alternative<SdpaFwdAttrs>(attrs)) return "sdpa_fwd";
   return pointwise_mode_name(std::get<PointwiseAttrs>(attrs).mode);
+}
+
+std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
+  if (auto* s = std::get_if<SdpaFwdAttrs>(&attrs)) {
+    if (s->generate_stats) return {"o", "stats"};
+    return {"o"};
+  }
+  return {"y"};
+}
+
+std::string_view op_primary_output_role(const OpAttrs& attrs) {
+  return std::holds_alternative<SdpaFwdAttrs>(attrs) ? "o" : "y";
+}
+
+double sdpa_unmasked_pairs(int64_t sq, int64_t skv, bool causal) {
+  if (!causal) return static_cast<double>(sq) * static_cast<double>(skv);
+  // rows i < skv see i + 1 keys; rows i >= skv see all skv keys
+  const double full = static_cast<double>(std::min(sq, skv));
+  double pairs = full * (full + 1) / 2;
+  if (sq > skv) pairs += static_cast<double>(sq - skv) * static_cast<double>(skv);
+  return pairs;
 }
 
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs) {
   if (std::holds_alternative<ConvFpropAttrs>(attrs)) return {"x", "w"};
   if (std::holds_alternative<MatmulAttrs>(attrs)) return {"a", "b"};
+  if (std::holds_alternative<SdpaFwdAttrs>(attrs)) return {"q", "k", "v"};
   switch (std::get<PointwiseAttrs>(attrs).mode) {
     case PointwiseMode::kAdd:
     case PointwiseMode::kSub:
@@ -179,11 +210,16 @@ std::string add_op(GraphSpec& g, std::string op_name, OpAttrs attrs, std::vector
   op.attrs = std::move(attrs);
   auto roles = op_input_roles(op.attrs);
   for (size_t i = 0; i < roles.size() && i < in.size(); ++i) op.inputs[std::string(roles[i])] = in[i];
-  std::string out = op.name + ".y";
-  for (int k = 2; name_taken(g, out); ++k) out = op.name + ".y" + std::to_string(k);
-  op.outputs["y"] = out;
+  std::string primary;
+  for (auto role : op_output_roles(op.attrs)) {
+    const std::string base = op.name + "." + std::string(role);
+    std::string out = base;
+    for (int k = 2; name_taken(g, out); ++k) out = base + std::to_string(k);
+    op.outputs[std::string(role)] = out;
+    if (primary.empty()) primary = out;
+  }
   g.ops.push_back(std::move(op));
-  return out;
+  return primary;
 }
 
 }  // namespace
@@ -222,6 +258,11 @@ std::string GraphSpec::pointwise(std::string op_name, PointwiseMode mode, const 
   std::vector<std::string> in{in0};
   if (!pointwise_is_unary(mode)) in.push_back(in1);
   return add_op(*this, std::move(op_name), PointwiseAttrs{mode}, std::move(in));
+}
+
+std::string GraphSpec::sdpa_fwd(std::string op_name, const std::string& q, const std::string& k,
+                                const std::string& v, SdpaFwdAttrs attrs) {
+  return add_op(*this, std::move(op_name), attrs, {q, k, v});
 }
 
 void GraphSpec::output(const std::string& tensor_name, std::string layout, std::optional<DType> dtype) {
@@ -282,6 +323,15 @@ double ResolvedGraph::flops() const {
   double total = 0;
   for (const auto& op : ops) {
     auto in = [&](const char* role) -> const ResolvedTensor& { return tensors[op.inputs.at(role)]; };
+    if (auto* s = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+      const auto& q = in("q");
+      const auto& k = in("k");
+      const auto& v = in("v");
+      const double pairs = sdpa_unmasked_pairs(q.dims[2], k.dims[2], s->causal);
+      total += 2.0 * static_cast<double>(q.dims[0]) * static_cast<double>(q.dims[1]) * pairs *
+               static_cast<double>(q.dims[3] + v.dims[3]);
+      continue;
+    }
     const ResolvedTensor& y = tensors[op.outputs.at("y")];
     if (std::holds_alternative<ConvFpropAttrs>(op.attrs)) {
       const auto& w = in("w");

@@ -127,22 +127,28 @@ class Parser {
     OpSpec o;
     if (!v.contains("op")) return err(path, "missing field 'op' (the op type, e.g. \"conv_fprop\")");
     FUSEBOX_ASSIGN_OR_RETURN(std::string type, get_string(path + ".op", v["op"]));
-    bool conv = false;
+    bool conv = false, sdpa = false;
     if (type == "conv_fprop") {
       o.attrs = ConvFpropAttrs{};
       conv = true;
+    } else if (type == "sdpa_fwd") {
+      o.attrs = SdpaFwdAttrs{};
+      sdpa = true;
     } else if (type == "matmul") {
       o.attrs = MatmulAttrs{};
     } else if (auto m = parse_pointwise_mode(type)) {
       o.attrs = PointwiseAttrs{*m};
     } else {
       return err(path + ".op", "unknown op \"" + type +
-                                   "\": accepted ops are conv_fprop, matmul, add, sub, mul, bias_add, scale, relu, "
-                                   "gelu_tanh, gelu_erf, silu, sigmoid, tanh");
+                                   "\": accepted ops are conv_fprop, matmul, sdpa_fwd, add, sub, mul, bias_add, scale, "
+                                   "relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh");
     }
     if (conv) {
       FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "padding",
                                                      "stride", "dilation"}));
+    } else if (sdpa) {
+      FUSEBOX_RETURN_IF_ERROR(
+          check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "attn_scale", "causal"}));
     } else {
       FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype"}));
     }
@@ -153,7 +159,8 @@ class Parser {
     if (v.contains("outputs")) {
       FUSEBOX_ASSIGN_OR_RETURN(o.outputs, role_map(path + ".outputs", v["outputs"]));
     } else {
-      o.outputs["y"] = o.name + ".y";
+      const std::string primary(op_primary_output_role(o.attrs));
+      o.outputs[primary] = o.name + "." + primary;
     }
     if (v.contains("compute_dtype")) {
       FUSEBOX_ASSIGN_OR_RETURN(o.compute_dtype, get_dtype(path + ".compute_dtype", v["compute_dtype"]));
@@ -169,6 +176,19 @@ class Parser {
       if (v.contains("dilation")) {
         FUSEBOX_ASSIGN_OR_RETURN(a.dilation, get_int_list(path + ".dilation", v["dilation"]));
       }
+    }
+    if (sdpa) {
+      auto& a = std::get<SdpaFwdAttrs>(o.attrs);
+      if (v.contains("attn_scale")) {
+        if (!v["attn_scale"].is_number()) return expected(path + ".attn_scale", "a number", v["attn_scale"]);
+        a.attn_scale = v["attn_scale"].get<double>();
+      }
+      if (v.contains("causal")) {
+        if (!v["causal"].is_boolean()) return expected(path + ".causal", "true or false", v["causal"]);
+        a.causal = v["causal"].get<bool>();
+      }
+      // Stats are generated exactly when a "stats" output is named.
+      a.generate_stats = o.outputs.count("stats") > 0;
     }
     return o;
   }
@@ -295,6 +315,10 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
       if (!c->padding.empty()) j["padding"] = c->padding;
       if (!c->stride.empty()) j["stride"] = c->stride;
       if (!c->dilation.empty()) j["dilation"] = c->dilation;
+    }
+    if (auto* a = std::get_if<SdpaFwdAttrs>(&o.attrs)) {
+      if (a->attn_scale) j["attn_scale"] = static_cast<double>(*a->attn_scale);
+      if (a->causal) j["causal"] = true;
     }
     ops.push_back(std::move(j));
   }

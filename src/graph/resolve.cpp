@@ -1,5 +1,6 @@
 // fusebox: resolve(): validation, topological sort, shape/stride/dtype inference; describe().
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>
@@ -32,14 +33,16 @@ std::string op_where(const OpSpec& op) {
   return s;
 }
 
-std::string roles_str(const OpAttrs& a) {
+std::string join_roles(const std::vector<std::string_view>& roles) {
   std::string s;
-  for (auto r : op_input_roles(a)) {
+  for (auto r : roles) {
     if (!s.empty()) s += ", ";
     s += r;
   }
   return s;
 }
+
+std::string roles_str(const OpAttrs& a) { return join_roles(op_input_roles(a)); }
 
 // Checks dims: rank 1..8, each dim in [1, 2^31-1], product <= 2^62.
 Status check_dims(const std::string& where, const std::vector<int64_t>& dims) {
@@ -240,6 +243,86 @@ Result<std::vector<int64_t>> infer_matmul(const std::string& where, const Resolv
   return out;
 }
 
+struct SdpaShapes {
+  std::vector<int64_t> o, stats;
+};
+
+// Validates q/k/v of sdpa_fwd and fills attrs.attn_scale (1/sqrt(D) when not given).
+Result<SdpaShapes> infer_sdpa(const std::string& where, const ResolvedTensor& qt, const ResolvedTensor& k,
+                              const ResolvedTensor& v, SdpaFwdAttrs& attrs) {
+  struct Named {
+    const char* role;
+    const ResolvedTensor* t;
+    const char* shape;
+  };
+  for (Named n : {Named{"q", &qt, "[B, Hq, Sq, D]"}, Named{"k", &k, "[B, Hk, Skv, D]"},
+                  Named{"v", &v, "[B, Hk, Skv, Dv]"}}) {
+    const std::string in = where + " input '" + n.role + "' (" + q(n.t->name) + ")";
+    if (n.t->dims.size() != 4) {
+      return InvalidArgument(in + " has rank " + std::to_string(n.t->dims.size()) + " " + dims_str(n.t->dims) +
+                             ": sdpa_fwd takes rank-4 " + n.shape +
+                             " (logical order; use layout \"bshd\" or strides for [B, S, H, D] memory)");
+    }
+    if (!n.t->is_input) {
+      return InvalidArgument(in + " is produced by another op: sdpa_fwd reads q, k and v from memory, so they must "
+                             "be graph inputs");
+    }
+    if (n.t->dtype != DType::kBF16 && n.t->dtype != DType::kFP16) {
+      return InvalidArgument(in + " has dtype " + std::string(dtype_name(n.t->dtype)) +
+                             ": sdpa_fwd takes bf16 or fp16 q, k and v");
+    }
+    if (n.t->dtype != qt.dtype) {
+      return InvalidArgument(in + " has dtype " + std::string(dtype_name(n.t->dtype)) + " but 'q' (" + q(qt.name) +
+                             ") has " + std::string(dtype_name(qt.dtype)) + ": q, k and v must share one dtype");
+    }
+    if (n.t->strides.size() != 4 || n.t->strides[3] != 1) {
+      return InvalidArgument(in + " has strides " + dims_str(n.t->strides) +
+                             ": the head dim (dim 3) must be contiguous (stride 1), e.g. layout \"bhsd\" or \"bshd\"");
+    }
+  }
+  const int64_t B = qt.dims[0], Hq = qt.dims[1], Sq = qt.dims[2], D = qt.dims[3];
+  const int64_t Hk = k.dims[1], Skv = k.dims[2], Dv = v.dims[3];
+  auto kv_mismatch = [&](const char* role, const ResolvedTensor& t, size_t dim, const char* what, int64_t want,
+                         const char* want_from) {
+    return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") " + dims_str(t.dims) + " has " + what +
+                           "=" + std::to_string(t.dims[dim]) + " but " + want_from + " has " + std::to_string(want) +
+                           ": " + what + " must match");
+  };
+  if (k.dims[0] != B) return kv_mismatch("k", k, 0, "B", B, "q");
+  if (v.dims[0] != B) return kv_mismatch("v", v, 0, "B", B, "q");
+  if (k.dims[3] != D) {
+    return InvalidArgument(where + " input 'k' (" + q(k.name) + ") " + dims_str(k.dims) + " has head dim D=" +
+                           std::to_string(k.dims[3]) + " but 'q' (" + q(qt.name) + ") " + dims_str(qt.dims) +
+                           " has D=" + std::to_string(D) + ": q and k must have the same head dim");
+  }
+  if (v.dims[1] != Hk) return kv_mismatch("v", v, 1, "Hk", Hk, "k");
+  if (v.dims[2] != Skv) return kv_mismatch("v", v, 2, "Skv", Skv, "k");
+  if (Hq % Hk != 0) {
+    return InvalidArgument(where + " 'q' (" + q(qt.name) + ") has Hq=" + std::to_string(Hq) + " heads but 'k' (" +
+                           q(k.name) + ") has Hk=" + std::to_string(Hk) +
+                           ": Hq must be a multiple of Hk (Hk == Hq: multi-head, Hk == 1: multi-query, "
+                           "otherwise grouped-query attention)");
+  }
+  for (auto [name, val] : {std::pair<const char*, int64_t>{"D (q/k head dim)", D}, {"Dv (v head dim)", Dv}}) {
+    if (val > 256 || val % 8 != 0) {
+      return InvalidArgument(where + " " + name + " is " + std::to_string(val) +
+                             ": cuDNN 9.19 SDPA needs head dims <= 256 and a multiple of 8 "
+                             "(on Hopper, multiples of 16 up to 256)");
+    }
+  }
+  if (attrs.attn_scale) {
+    if (!std::isfinite(*attrs.attn_scale)) {
+      return InvalidArgument(where + " attn_scale is not finite: give a finite number (default 1/sqrt(D))");
+    }
+  } else {
+    attrs.attn_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  }
+  SdpaShapes s;
+  s.o = {B, Hq, Sq, Dv};
+  s.stats = {B, Hq, Sq, 1};
+  return s;
+}
+
 }  // namespace
 
 Result<ResolvedGraph> resolve(const GraphSpec& spec) {
@@ -285,25 +368,45 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
                                std::string(op_type_name(op.attrs)) + " takes inputs " + roles_str(op.attrs));
       }
     }
-    if (op.outputs.size() != 1 || !op.outputs.count("y")) {
+    const auto out_roles = op_output_roles(op.attrs);
+    bool roles_ok = op.outputs.size() == out_roles.size();
+    for (auto r : out_roles) roles_ok = roles_ok && op.outputs.count(std::string(r));
+    if (!roles_ok) {
       std::string got;
       for (const auto& [role, name] : op.outputs) {
         if (!got.empty()) got += ", ";
         got += role;
       }
-      return InvalidArgument(where + " outputs must be exactly one role 'y' (got: " + (got.empty() ? "none" : got) + ")");
+      std::string want = out_roles.size() == 1 ? "exactly one role '" + std::string(out_roles[0]) + "'"
+                                               : "exactly the roles " + join_roles(out_roles);
+      if (std::holds_alternative<SdpaFwdAttrs>(op.attrs)) {
+        want += std::get<SdpaFwdAttrs>(op.attrs).generate_stats
+                    ? " (generate_stats is on: give 'o' and 'stats')"
+                    : " (generate_stats is off: give only 'o'; a 'stats' output turns it on)";
+      }
+      return InvalidArgument(where + " outputs must be " + want + " (got: " + (got.empty() ? "none" : got) + ")");
     }
-    const std::string& y = op.outputs.at("y");
-    if (y.empty()) return InvalidArgument(where + " output 'y' names no tensor");
-    auto [it, fresh] = producer.emplace(y, i);
-    if (!fresh) {
-      return InvalidArgument(where + " output 'y': tensor " + q(y) + " is also produced by " +
-                             op_where(spec.ops[it->second]) + ": a tensor can be produced by one op only");
-    }
-    auto d = declared.find(y);
-    if (d != declared.end() && spec.tensors[d->second].scalar_value) {
-      return InvalidArgument(where + " output 'y': tensor " + q(y) +
-                             " is a by-value scalar: scalars can only be inputs");
+    for (auto r : out_roles) {
+      const std::string role(r);
+      const std::string& y = op.outputs.at(role);
+      if (y.empty()) return InvalidArgument(where + " output " + q(role) + " names no tensor");
+      auto [it, fresh] = producer.emplace(y, i);
+      if (!fresh) {
+        return InvalidArgument(where + " output " + q(role) + ": tensor " + q(y) + " is also produced by " +
+                               op_where(spec.ops[it->second]) + ": a tensor can be produced by one op only");
+      }
+      auto d = declared.find(y);
+      if (d != declared.end() && spec.tensors[d->second].scalar_value) {
+        return InvalidArgument(where + " output " + q(role) + ": tensor " + q(y) +
+                               " is a by-value scalar: scalars can only be inputs");
+      }
+      if (std::holds_alternative<SdpaFwdAttrs>(op.attrs) &&
+          (d == declared.end() || spec.tensors[d->second].is_virtual)) {
+        return InvalidArgument(where + " output " + q(role) + ": tensor " + q(y) +
+                               (d == declared.end() ? " is not declared" : " is virtual") +
+                               ": sdpa_fwd writes its outputs to memory, so declare it in 'tensors' as a graph "
+                               "output (not virtual)");
+      }
     }
   }
   for (size_t i = 0; i < spec.ops.size(); ++i) {
@@ -332,7 +435,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         if (!ready) continue;
         done[i] = true;
         order.push_back(i);
-        available.insert(spec.ops[i].outputs.at("y"));
+        for (const auto& [role, name] : spec.ops[i].outputs) available.insert(name);
         progressed = true;
         break;
       }
@@ -360,13 +463,15 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     tspec.push_back(&t);
   }
   for (size_t i : order) {
-    const std::string& y = spec.ops[i].outputs.at("y");
-    if (index.count(y)) continue;
-    ResolvedTensor r;
-    r.name = y;
-    index[y] = static_cast<int>(g.tensors.size());
-    g.tensors.push_back(r);
-    tspec.push_back(nullptr);
+    for (auto role : op_output_roles(spec.ops[i].attrs)) {
+      const std::string& y = spec.ops[i].outputs.at(std::string(role));
+      if (index.count(y)) continue;
+      ResolvedTensor r;
+      r.name = y;
+      index[y] = static_cast<int>(g.tensors.size());
+      g.tensors.push_back(r);
+      tspec.push_back(nullptr);
+    }
   }
   std::vector<bool> known(g.tensors.size(), false);
   std::set<std::string> used;
@@ -424,8 +529,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     rop.attrs = op.attrs;
     rop.compute_dtype = op.compute_dtype.value_or(spec.compute_dtype);
     for (const auto& [role, name] : op.inputs) rop.inputs[role] = index.at(name);
-    const int yi = index.at(op.outputs.at("y"));
-    rop.outputs["y"] = yi;
+    for (const auto& [role, name] : op.outputs) rop.outputs[role] = index.at(name);
 
     auto roles = op_input_roles(op.attrs);
     // by-value scalars without dims take the rank of the op's other input
@@ -453,6 +557,60 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
       return g.tensors[rop.inputs.at(std::string(role))];
     };
 
+    // Sets an output's dims, strides (declared, else `dense`) and dtype (declared, else `dflt`).
+    auto finish_output = [&](const std::string& role, const std::vector<int64_t>& dims,
+                             const std::vector<int64_t>& dense, DType dflt) -> Status {
+      const int oi = rop.outputs.at(role);
+      ResolvedTensor& y = g.tensors[oi];
+      const TensorSpec* ys = tspec[oi];
+      const std::string ywhere = where + " output " + q(role) + " (" + q(y.name) + ")";
+      FUSEBOX_RETURN_IF_ERROR(check_dims(ywhere, dims));
+      y.dims = dims;
+      if (ys) {
+        if (!ys->dims.empty() && ys->dims != dims) {
+          return InvalidArgument(ywhere + " is declared with dims " + dims_str(ys->dims) + " but the op produces " +
+                                 dims_str(dims) + ": fix the dims or omit them to infer");
+        }
+        FUSEBOX_ASSIGN_OR_RETURN(y.strides, tensor_strides(ywhere, *ys, dims, dense));
+        y.is_virtual = ys->is_virtual;
+        y.dtype = ys->dtype.value_or(ys->is_virtual ? spec.intermediate_dtype : dflt);
+      } else {
+        y.strides = dense;
+        y.is_virtual = true;
+        y.dtype = spec.intermediate_dtype;
+      }
+      y.is_output = !y.is_virtual;
+      known[oi] = true;
+      return Status::Ok();
+    };
+
+    if (auto* sdpa = std::get_if<SdpaFwdAttrs>(&rop.attrs)) {
+      FUSEBOX_ASSIGN_OR_RETURN(SdpaShapes shapes, infer_sdpa(where, in("q"), in("k"), in("v"), *sdpa));
+      // o like q's stride order (bshd q gives bshd o); stats dense [B, H, S, 1].
+      FUSEBOX_RETURN_IF_ERROR(
+          finish_output("o", shapes.o, dense_strides_like(shapes.o, in("q").strides), spec.io_dtype));
+      const ResolvedTensor& o = g.tensors[rop.outputs.at("o")];
+      if (o.dtype != DType::kBF16 && o.dtype != DType::kFP16) {
+        return InvalidArgument(where + " output 'o' (" + q(o.name) + ") has dtype " +
+                               std::string(dtype_name(o.dtype)) + ": sdpa_fwd writes o in bf16 or fp16");
+      }
+      if (o.strides[3] != 1) {
+        return InvalidArgument(where + " output 'o' (" + q(o.name) + ") has strides " + dims_str(o.strides) +
+                               ": the head dim (dim 3) must be contiguous (stride 1)");
+      }
+      if (sdpa->generate_stats) {
+        FUSEBOX_RETURN_IF_ERROR(finish_output("stats", shapes.stats, dense_strides_like(shapes.stats, {}),
+                                              DType::kFP32));
+        const ResolvedTensor& st = g.tensors[rop.outputs.at("stats")];
+        if (st.dtype != DType::kFP32) {
+          return InvalidArgument(where + " output 'stats' (" + q(st.name) + ") has dtype " +
+                                 std::string(dtype_name(st.dtype)) + ": cuDNN writes stats in fp32 only");
+        }
+      }
+      g.ops.push_back(std::move(rop));
+      continue;
+    }
+
     std::vector<int64_t> ydims;
     if (auto* conv = std::get_if<ConvFpropAttrs>(&rop.attrs)) {
       FUSEBOX_ASSIGN_OR_RETURN(ydims, infer_conv(where, in("x"), in("w"), *conv));
@@ -468,8 +626,6 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         FUSEBOX_ASSIGN_OR_RETURN(ydims, broadcast(where, r0, in(r0), r1, in(r1), into));
       }
     }
-    FUSEBOX_RETURN_IF_ERROR(check_dims(where + " output 'y' (" + q(g.tensors[yi].name) + ")", ydims));
-
     // strides like the op's first non-scalar input
     std::vector<int64_t> like;
     for (auto role : roles) {
@@ -479,26 +635,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         break;
       }
     }
-    std::vector<int64_t> dense = dense_strides_like(ydims, like);
-    ResolvedTensor& y = g.tensors[yi];
-    const TensorSpec* ys = tspec[yi];
-    const std::string ywhere = where + " output 'y' (" + q(y.name) + ")";
-    y.dims = ydims;
-    if (ys) {
-      if (!ys->dims.empty() && ys->dims != ydims) {
-        return InvalidArgument(ywhere + " is declared with dims " + dims_str(ys->dims) + " but the op produces " +
-                               dims_str(ydims) + ": fix the dims or omit them to infer");
-      }
-      FUSEBOX_ASSIGN_OR_RETURN(y.strides, tensor_strides(ywhere, *ys, ydims, dense));
-      y.is_virtual = ys->is_virtual;
-      y.dtype = ys->dtype.value_or(ys->is_virtual ? spec.intermediate_dtype : spec.io_dtype);
-    } else {
-      y.strides = dense;
-      y.is_virtual = true;
-      y.dtype = spec.intermediate_dtype;
-    }
-    y.is_output = !y.is_virtual;
-    known[yi] = true;
+    FUSEBOX_RETURN_IF_ERROR(finish_output("y", ydims, dense_strides_like(ydims, like), spec.io_dtype));
     g.ops.push_back(std::move(rop));
   }
 
@@ -507,10 +644,11 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
   }
   for (const auto& t : g.tensors) {
     if (t.is_virtual && !used.count(t.name)) {
-      std::string by;
+      std::string by, by_role = "y";
       for (const auto& op : spec.ops)
-        if (op.outputs.at("y") == t.name) by = op_where(op);
-      return InvalidArgument(by + " output 'y' (" + q(t.name) +
+        for (const auto& [role, name] : op.outputs)
+          if (name == t.name) by = op_where(op), by_role = role;
+      return InvalidArgument(by + " output " + q(by_role) + " (" + q(t.name) +
                              ") is virtual and no op uses it: declare it in 'tensors' (non-virtual) to make it a graph output");
     }
   }
@@ -556,10 +694,21 @@ std::string describe(const ResolvedGraph& g) {
       os << (first ? "" : ", ") << role << "=" << g.tensors[it->second].name;
       first = false;
     }
-    os << ") -> " << g.tensors[op.outputs.at("y")].name << " " << vec(g.tensors[op.outputs.at("y")].dims)
-       << ", compute " << dtype_name(op.compute_dtype);
+    os << ") ->";
+    for (auto role : op_output_roles(op.attrs)) {
+      auto it = op.outputs.find(std::string(role));
+      if (it == op.outputs.end()) continue;
+      if (role != "y") os << " " << role << "=";
+      else os << " ";
+      os << g.tensors[it->second].name << " " << vec(g.tensors[it->second].dims);
+    }
+    os << ", compute " << dtype_name(op.compute_dtype);
     if (auto* c = std::get_if<ConvFpropAttrs>(&op.attrs)) {
       os << ", padding " << vec(c->padding) << ", stride " << vec(c->stride) << ", dilation " << vec(c->dilation);
+    }
+    if (auto* s = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+      os << ", attn_scale " << (s->attn_scale ? *s->attn_scale : 0.0) << (s->causal ? ", causal" : "")
+         << (s->generate_stats ? ", stats" : "");
     }
     os << "\n";
   }

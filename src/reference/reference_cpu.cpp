@@ -6,6 +6,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "fusebox/reference.h"
@@ -256,6 +257,72 @@ Status run_matmul(const ResolvedOp& op, const Values& a, const Values& b, Values
   return Status::Ok();
 }
 
+// Scaled-dot-product attention forward. q [B,Hq,Sq,D], k [B,Hk,Skv,D],
+// v [B,Hk,Skv,Dv]; o [B,Hq,Sq,Dv]; stats [B,Hq,Sq,1] (natural-log logsumexp
+// of the scaled, masked scores) when `stats` is not null.
+Status run_sdpa(const ResolvedOp& op, const SdpaFwdAttrs& attrs, const Values& q, const Values& k, const Values& v,
+                Values* o, Values* stats) {
+  if (q.dims.size() != 4 || k.dims.size() != 4 || v.dims.size() != 4)
+    return InvalidArgument(op_where(op) + "q, k and v must have rank 4; got q " + dims_string(q.dims) + ", k " +
+                           dims_string(k.dims) + ", v " + dims_string(v.dims));
+  const int64_t B = q.dims[0], Hq = q.dims[1], Sq = q.dims[2], D = q.dims[3];
+  const int64_t Hk = k.dims[1], Skv = k.dims[2], Dv = v.dims[3];
+  if (k.dims[0] != B || v.dims[0] != B || k.dims[3] != D || v.dims[1] != Hk || v.dims[2] != Skv || Hk < 1 ||
+      Hq % Hk != 0 || o->dims != std::vector<int64_t>{B, Hq, Sq, Dv} ||
+      (stats && stats->dims != std::vector<int64_t>{B, Hq, Sq, 1}))
+    return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(q.dims) + ", k " +
+                           dims_string(k.dims) + ", v " + dims_string(v.dims) + ", o " + dims_string(o->dims));
+  const double scale = attrs.attn_scale ? *attrs.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const int64_t group = Hq / Hk;
+  parallel_for(B * Hq * Sq, static_cast<double>(Skv) * (D + Dv), [&](int64_t begin, int64_t end) {
+    std::vector<double> s(static_cast<size_t>(Skv)), acc(static_cast<size_t>(Dv));
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % Sq, bh = row / Sq, h = bh % Hq, b = bh / Hq;
+      const int64_t hk = h / group;
+      const float* qr = q.data.data() + row * D;
+      const float* kb = k.data.data() + (b * Hk + hk) * Skv * D;
+      const float* vb = v.data.data() + (b * Hk + hk) * Skv * Dv;
+      // top-left causal: row i sees keys j <= i
+      const int64_t n = attrs.causal ? std::min(Skv, i + 1) : Skv;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0;
+        const float* kr = kb + j * D;
+        for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+        s[j] = dot * scale;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        const double p = std::exp(s[j] - mx);
+        sum += p;
+        const float* vr = vb + j * Dv;
+        for (int64_t d = 0; d < Dv; ++d) acc[d] += p * vr[d];
+      }
+      float* orow = o->data.data() + row * Dv;
+      for (int64_t d = 0; d < Dv; ++d) orow[d] = n > 0 ? static_cast<float>(acc[d] / sum) : 0.0f;
+      if (stats) stats->data[row] = n > 0 ? static_cast<float>(mx + std::log(sum)) : -INFINITY;
+    }
+  });
+  return Status::Ok();
+}
+
+// The op's output tensor index for `role`, checked.
+Result<int> output_index(const ResolvedGraph& g, const ResolvedOp& op, const std::string& role) {
+  auto it = op.outputs.find(role);
+  if (it == op.outputs.end() || it->second < 0 || it->second >= static_cast<int>(g.tensors.size()))
+    return InvalidArgument(op_where(op) + "has no valid output '" + role + "'");
+  return it->second;
+}
+
+Values zeros_like(const ResolvedTensor& t) {
+  Values v;
+  v.dims = t.dims;
+  v.data.assign(static_cast<size_t>(std::max<int64_t>(product(t.dims), 0)), 0.0f);
+  return v;
+}
+
 Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
   std::vector<std::optional<Values>> values(g.tensors.size());
 
@@ -291,13 +358,30 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
   };
 
   for (const ResolvedOp& op : g.ops) {
-    auto out_it = op.outputs.find("y");
-    if (out_it == op.outputs.end() || out_it->second < 0 || out_it->second >= static_cast<int>(g.tensors.size()))
-      return InvalidArgument(op_where(op) + "has no valid output 'y'");
-    const ResolvedTensor& yt = g.tensors[out_it->second];
-    Values y;
-    y.dims = yt.dims;
-    y.data.assign(static_cast<size_t>(std::max<int64_t>(product(yt.dims), 0)), 0.0f);
+    if (const auto* sdpa = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+      std::vector<const Values*> qkv;
+      for (const char* role : {"q", "k", "v"}) {
+        auto it = op.inputs.find(role);
+        if (it == op.inputs.end()) return InvalidArgument(op_where(op) + "missing input '" + role + "'");
+        FUSEBOX_ASSIGN_OR_RETURN(const Values* v, get(op, role, it->second));
+        qkv.push_back(v);
+      }
+      FUSEBOX_ASSIGN_OR_RETURN(const int oi, output_index(g, op, "o"));
+      Values o = zeros_like(g.tensors[oi]);
+      std::optional<Values> stats;
+      int si = -1;
+      if (sdpa->generate_stats) {
+        FUSEBOX_ASSIGN_OR_RETURN(si, output_index(g, op, "stats"));
+        stats = zeros_like(g.tensors[si]);
+      }
+      FUSEBOX_RETURN_IF_ERROR(run_sdpa(op, *sdpa, *qkv[0], *qkv[1], *qkv[2], &o, stats ? &*stats : nullptr));
+      values[oi] = std::move(o);
+      if (stats) values[si] = std::move(*stats);
+      continue;
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(const int yidx, output_index(g, op, "y"));
+    const ResolvedTensor& yt = g.tensors[yidx];
+    Values y = zeros_like(yt);
 
     std::vector<std::string> roles;
     for (std::string_view r : op_input_roles(op.attrs)) roles.emplace_back(r);
@@ -333,14 +417,15 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
                           std::string(op_type_name(op.attrs)) + "'");
     }
     FUSEBOX_RETURN_IF_ERROR(st);
-    values[out_it->second] = std::move(y);
+    values[yidx] = std::move(y);
   }
 
   ReferenceOutputs out;
   for (const ResolvedOp& op : g.ops) {
-    const int idx = op.outputs.at("y");
-    const ResolvedTensor& t = g.tensors[idx];
-    if (!t.is_virtual && values[idx]) out[t.name] = values[idx]->data;
+    for (const auto& [role, idx] : op.outputs) {
+      const ResolvedTensor& t = g.tensors[idx];
+      if (!t.is_virtual && values[idx]) out[t.name] = values[idx]->data;
+    }
   }
   return out;
 }

@@ -225,6 +225,91 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(MatmulArgs p, float* y
   }
 }
 
+// ---------------------------------------------------------------- sdpa_fwd
+
+// One block per (b, h, query row); keys in chunks of kSdpaChunk whose scores
+// live in shared memory, with an online (flash-attention style) softmax: the
+// running max m, sum l and output accumulators are rescaled per chunk. Each
+// thread owns output dims d = tid, tid + 128 (Dv <= 256).
+constexpr int kSdpaThreads = 128, kSdpaChunk = 1024, kSdpaMaxDvPerThread = 2;
+
+struct SdpaArgs {
+  DevTensor q, k, v;  // rank 4, logical [B,H,S,D] strides
+  int64_t B, Hq, Hk, Sq, Skv, D, Dv;
+  float scale;
+  int causal;  // top-left: row i sees keys j <= i
+};
+
+// Block-wide max (is_max) or sum over kSdpaThreads threads; every thread gets the result.
+__device__ float sdpa_block_reduce(float x, bool is_max, float* red) {
+  for (int off = 16; off > 0; off /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, off);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // red may still be read by a previous call
+  if (lane == 0) red[warp] = x;
+  __syncthreads();
+  float r = red[0];
+  for (int w = 1; w < kSdpaThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+  return r;
+}
+
+__global__ void __launch_bounds__(kSdpaThreads) sdpa_fwd_kernel(SdpaArgs a, float* o, float* stats) {
+  extern __shared__ float smem[];
+  float* qs = smem;          // D values of this query row
+  float* ps = smem + a.D;    // scores, then probabilities, of one key chunk
+  __shared__ float red[kSdpaThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int64_t i = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
+  const int64_t hk = h / (a.Hq / a.Hk);
+  const int tid = threadIdx.x;
+  const int64_t qoff = b * a.q.strides[0] + h * a.q.strides[1] + i * a.q.strides[2];
+  const int64_t koff = b * a.k.strides[0] + hk * a.k.strides[1];
+  const int64_t voff = b * a.v.strides[0] + hk * a.v.strides[1];
+  for (int64_t d = tid; d < a.D; d += kSdpaThreads) qs[d] = load_at(a.q, qoff + d * a.q.strides[3]);
+  const int64_t n = (a.causal && i + 1 < a.Skv) ? i + 1 : a.Skv;
+  float m = -INFINITY, l = 0.0f;
+  float acc[kSdpaMaxDvPerThread] = {};
+  for (int64_t j0 = 0; j0 < n; j0 += kSdpaChunk) {
+    const int cnt = static_cast<int>(n - j0 < kSdpaChunk ? n - j0 : kSdpaChunk);
+    __syncthreads();  // qs loaded; ps of the previous chunk consumed
+    float local_max = -INFINITY;
+    for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
+      const int64_t kr = koff + (j0 + jj) * a.k.strides[2];
+      float dot = 0.0f;
+      for (int64_t d = 0; d < a.D; ++d) dot += qs[d] * load_at(a.k, kr + d * a.k.strides[3]);
+      const float sc = dot * a.scale;
+      ps[jj] = sc;
+      local_max = fmaxf(local_max, sc);
+    }
+    const float new_m = fmaxf(m, sdpa_block_reduce(local_max, true, red));
+    const float corr = expf(m - new_m);  // 0 on the first chunk (m = -inf)
+    float local_sum = 0.0f;
+    for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
+      const float p = expf(ps[jj] - new_m);
+      ps[jj] = p;
+      local_sum += p;
+    }
+    l = l * corr + sdpa_block_reduce(local_sum, false, red);  // its __syncthreads publish ps
+    m = new_m;
+#pragma unroll
+    for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
+      const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
+      if (d >= a.Dv) continue;
+      float sum = 0.0f;
+      for (int jj = 0; jj < cnt; ++jj) sum += ps[jj] * load_at(a.v, voff + (j0 + jj) * a.v.strides[2] + d * a.v.strides[3]);
+      acc[r] = acc[r] * corr + sum;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
+    const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
+    if (d < a.Dv) o[row * a.Dv + d] = n > 0 ? acc[r] / l : 0.0f;
+  }
+  if (stats && tid == 0) stats[row] = n > 0 ? m + logf(l) : -INFINITY;
+}
+
 // ---------------------------------------------------------------- host side
 
 std::string op_where(const ResolvedOp& op) {
@@ -343,7 +428,49 @@ class GpuReference {
     return p;
   }
 
+  Status RunSdpa(const ResolvedOp& op, const SdpaFwdAttrs& attrs) {
+    std::vector<Located> in;
+    for (const char* role : {"q", "k", "v"}) {
+      auto it = op.inputs.find(role);
+      if (it == op.inputs.end()) return InvalidArgument(op_where(op) + "missing input '" + role + "'");
+      FUSEBOX_ASSIGN_OR_RETURN(Located l, Get(op, role, it->second));
+      if (l.dims.size() != 4) return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
+      in.push_back(l);
+    }
+    SdpaArgs a{};
+    a.q = in[0].t, a.k = in[1].t, a.v = in[2].t;
+    a.B = in[0].dims[0], a.Hq = in[0].dims[1], a.Sq = in[0].dims[2], a.D = in[0].dims[3];
+    a.Hk = in[1].dims[1], a.Skv = in[1].dims[2], a.Dv = in[2].dims[3];
+    if (in[1].dims[0] != a.B || in[2].dims[0] != a.B || in[1].dims[3] != a.D || in[2].dims[1] != a.Hk ||
+        in[2].dims[2] != a.Skv || a.Hk < 1 || a.Hq % a.Hk != 0)
+      return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(in[0].dims) + ", k " +
+                             dims_string(in[1].dims) + ", v " + dims_string(in[2].dims));
+    if (a.Dv > kSdpaThreads * kSdpaMaxDvPerThread)
+      return NotSupported(op_where(op) + "the GPU reference handles Dv <= 256");
+    a.scale = static_cast<float>(attrs.attn_scale ? *attrs.attn_scale : 1.0 / std::sqrt(static_cast<double>(a.D)));
+    a.causal = attrs.causal ? 1 : 0;
+    auto oit = op.outputs.find("o");
+    if (oit == op.outputs.end()) return InvalidArgument(op_where(op) + "has no output 'o'");
+    FUSEBOX_ASSIGN_OR_RETURN(float* o, Destination(op, oit->second));
+    located_[oit->second] = pending_;
+    float* stats = nullptr;
+    if (attrs.generate_stats) {
+      auto sit = op.outputs.find("stats");
+      if (sit == op.outputs.end()) return InvalidArgument(op_where(op) + "has no output 'stats'");
+      FUSEBOX_ASSIGN_OR_RETURN(stats, Destination(op, sit->second));
+      located_[sit->second] = pending_;
+    }
+    const int64_t rows = a.B * a.Hq * a.Sq;
+    if (rows <= 0) return Status::Ok();
+    if (rows > 2147483647) return NotSupported(op_where(op) + "the GPU reference handles B*Hq*Sq < 2^31");
+    const size_t shmem = static_cast<size_t>(a.D + kSdpaChunk) * sizeof(float);
+    sdpa_fwd_kernel<<<static_cast<unsigned>(rows), kSdpaThreads, shmem, stream_>>>(a, o, stats);
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+    return Status::Ok();
+  }
+
   Status RunOp(const ResolvedOp& op) {
+    if (const auto* sdpa = std::get_if<SdpaFwdAttrs>(&op.attrs)) return RunSdpa(op, *sdpa);
     auto yit = op.outputs.find("y");
     if (yit == op.outputs.end() || yit->second < 0 || yit->second >= static_cast<int>(g_.tensors.size()))
       return InvalidArgument(op_where(op) + "has no valid output 'y'");

@@ -265,5 +265,39 @@ TEST(ReferenceGpu, Matmul4096IsFast) {
     }
 }
 
+// sdpa_fwd: GQA, causal, stats; bshd inputs; a key count over one chunk (1024).
+ResolvedGraph sdpa_resolved(const std::string& name, int64_t B, int64_t Hq, int64_t Hk, int64_t Sq, int64_t Skv,
+                            int64_t D, bool causal, bool stats, const std::string& layout = "") {
+  GraphSpec spec;
+  spec.name = name;
+  spec.tensor("q", {B, Hq, Sq, D}, layout);
+  spec.tensor("k", {B, Hk, Skv, D}, layout);
+  spec.tensor("v", {B, Hk, Skv, D}, layout);
+  SdpaFwdAttrs a;
+  a.causal = causal;
+  a.generate_stats = stats;
+  spec.output(spec.sdpa_fwd("attn", "q", "k", "v", a), layout);
+  if (stats) spec.output("attn.stats");
+  auto g = resolve(spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return g.ok() ? *g : ResolvedGraph{};
+}
+
+TEST(ReferenceGpu, SdpaGqaCausalWithStats) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(sdpa_resolved("sdpa_gqa_causal", 2, 4, 2, 64, 64, 64, true, true));
+}
+
+TEST(ReferenceGpu, SdpaBshdLongKeysNonCausal) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(sdpa_resolved("sdpa_bshd_long", 1, 2, 1, 3, 1500, 32, false, true, "bshd"));
+}
+
+TEST(ReferenceGpu, SdpaCausalMoreQueriesThanKeys) {
+  SKIP_WITHOUT_GPU();
+  ResolvedGraph g = sdpa_resolved("sdpa_causal_sq_gt_skv", 1, 2, 2, 40, 16, 16, true, true);
+  expect_gpu_matches_cpu(g);
+}
+
 }  // namespace
 }  // namespace fusebox
