@@ -9,38 +9,17 @@
 
 namespace fusebox::cache_internal {
 
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-std::string payload_xxh3(const uint8_t* data, size_t n) {
-  // XXH3 accepts (nullptr, 0); keep the pointer valid anyway.
-  static const uint8_t kEmpty = 0;
-  return hex64(XXH3_64bits(n ? data : &kEmpty, n));
-}
-
 std::string encode_entry_meta(const CacheEntry& e, const uint8_t* payload, size_t n) {
   const PlanFileInfo& i = e.info;
   nlohmann::json m = {{"magic", kEntryMagic},
                       {"format", kPlanCacheFormatVersion},
                       {"key", e.key},
                       {"plan_format", i.format},
-                      {"graph", i.graph_fingerprint},
-                      {"engine", i.engine},
-                      {"workspace_bytes", i.workspace_bytes},
-                      {"device", i.device_name},
-                      {"sm_version", i.sm_version},
-                      {"sm_count", i.sm_count},
-                      {"deviceless", i.built_deviceless},
-                      {"cudnn", i.cudnn_version},
-                      {"frontend", i.frontend_version},
-                      {"fusebox", i.fusebox_version},
                       {"tuned_median_ms", e.tuned_median_ms},
                       {"created_utc", e.created_utc},
                       {"payload_bytes", static_cast<int64_t>(n)},
                       {"xxh3", payload_xxh3(payload, n)}};
+  plan_info_json::write(i, m);
   // Replace, not throw, on invalid UTF-8 in caller strings.
   return m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -76,16 +55,7 @@ Status validate_entry_bytes(std::string_view key, std::string_view meta, const u
     CacheEntry e;
     e.key = std::string(key);
     e.info.format = m.at("plan_format").get<int>();
-    e.info.graph_fingerprint = m.at("graph").get<std::string>();
-    e.info.engine = m.at("engine").get<std::string>();
-    e.info.workspace_bytes = m.at("workspace_bytes").get<int64_t>();
-    e.info.device_name = m.at("device").get<std::string>();
-    e.info.sm_version = m.at("sm_version").get<int>();
-    e.info.sm_count = m.at("sm_count").get<int>();
-    e.info.built_deviceless = m.at("deviceless").get<bool>();
-    e.info.cudnn_version = m.at("cudnn").get<int64_t>();
-    e.info.frontend_version = m.at("frontend").get<std::string>();
-    e.info.fusebox_version = m.at("fusebox").get<std::string>();
+    plan_info_json::read(m, &e.info);
     e.tuned_median_ms = m.at("tuned_median_ms").get<double>();
     e.created_utc = m.at("created_utc").get<std::string>();
     e.payload_bytes = promised;

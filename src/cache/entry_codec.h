@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "cache/plan_info_json.h"
 #include "fusebox/plan_cache.h"
 #include "fusebox/status.h"
 
@@ -17,8 +18,8 @@ inline constexpr const char* kEntryMagic = "FUSEBOX-PLAN-CACHE";
 inline constexpr size_t kMaxMetaBytes = 64 * 1024;
 inline constexpr int64_t kMaxPayloadBytes = int64_t{256} << 20;
 
-std::string hex64(uint64_t v);
-std::string payload_xxh3(const uint8_t* data, size_t n);
+using plan_info_json::hex64;
+using plan_info_json::payload_xxh3;
 
 // The `meta` column for `entry` (entry.key, .info, .tuned_median_ms,
 // .created_utc) and a payload of n bytes at `payload`.

@@ -1,6 +1,6 @@
 #include "fusebox/plan_file.h"
 
-#include <xxhash.h>
+#include "cache/plan_info_json.h"
 
 #include <cstdio>
 #include <fstream>
@@ -12,12 +12,8 @@ namespace {
 
 constexpr const char* kMagic = "FUSEBOX-PLAN";
 constexpr int64_t kMaxPayloadBytes = int64_t{256} << 20;
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
+using plan_info_json::hex64;
+using plan_info_json::payload_xxh3;
 
 }  // namespace
 
@@ -45,18 +41,9 @@ PlanFileInfo make_plan_info(const ResolvedGraph& g, const Plan& plan, const Devi
 Status write_plan_file(const std::string& path, const PlanFileInfo& info, const std::vector<uint8_t>& payload) {
   nlohmann::json h = {{"magic", kMagic},
                       {"format", info.format},
-                      {"graph", info.graph_fingerprint},
-                      {"engine", info.engine},
-                      {"workspace_bytes", info.workspace_bytes},
-                      {"device", info.device_name},
-                      {"sm_version", info.sm_version},
-                      {"sm_count", info.sm_count},
-                      {"deviceless", info.built_deviceless},
-                      {"cudnn", info.cudnn_version},
-                      {"frontend", info.frontend_version},
-                      {"fusebox", info.fusebox_version},
                       {"payload_bytes", static_cast<int64_t>(payload.size())},
-                      {"xxh3", hex64(XXH3_64bits(payload.data(), payload.size()))}};
+                      {"xxh3", payload_xxh3(payload.data(), payload.size())}};
+  plan_info_json::write(info, h);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -93,16 +80,7 @@ Result<PlanFile> read_plan_file(const std::string& path) {
     if (pf.info.format != 1) {
       return ParseError(path + ": plan file format " + std::to_string(pf.info.format) + " is not supported (expected 1)");
     }
-    pf.info.graph_fingerprint = h.at("graph").get<std::string>();
-    pf.info.engine = h.at("engine").get<std::string>();
-    pf.info.workspace_bytes = h.at("workspace_bytes").get<int64_t>();
-    pf.info.device_name = h.at("device").get<std::string>();
-    pf.info.sm_version = h.at("sm_version").get<int>();
-    pf.info.sm_count = h.at("sm_count").get<int>();
-    pf.info.built_deviceless = h.at("deviceless").get<bool>();
-    pf.info.cudnn_version = h.at("cudnn").get<int64_t>();
-    pf.info.frontend_version = h.at("frontend").get<std::string>();
-    pf.info.fusebox_version = h.at("fusebox").get<std::string>();
+    plan_info_json::read(h, &pf.info);
     const int64_t n = h.at("payload_bytes").get<int64_t>();
     if (n <= 0 || n > kMaxPayloadBytes) return ParseError(path + ": implausible payload length " + std::to_string(n));
     pf.payload.resize(static_cast<size_t>(n));
@@ -112,7 +90,7 @@ Result<PlanFile> read_plan_file(const std::string& path) {
                         std::to_string(f.gcount()));
     }
     if (f.peek() != std::char_traits<char>::eof()) return ParseError(path + ": trailing bytes after the payload");
-    if (hex64(XXH3_64bits(pf.payload.data(), pf.payload.size())) != h.at("xxh3").get<std::string>()) {
+    if (payload_xxh3(pf.payload.data(), pf.payload.size()) != h.at("xxh3").get<std::string>()) {
       return ParseError(path + ": checksum mismatch: the plan file is corrupt");
     }
   } catch (const std::exception& e) {
