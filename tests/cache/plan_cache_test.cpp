@@ -3,6 +3,8 @@
 #include "fusebox/plan_cache.h"
 
 #include <gtest/gtest.h>
+
+#include <csignal>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -524,6 +526,47 @@ TEST_F(PlanCacheTest, EightProcessesShareOneFile) {
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(*n, kProcs * kPerProc + kShared);
   EXPECT_TRUE(bad.empty());
+}
+
+TEST_F(PlanCacheTest, KillNineMidWriteLeavesOldEntryOrNone) {
+  // A writer killed with SIGKILL at random points while replacing entries:
+  // afterwards every entry is whole (old or new), none is torn.
+  int replaced = 0;  // entries the killed writer did replace: the test must exercise writes
+  for (int round = 0; round < 5; ++round) {
+    {
+      PlanCache c = PlanCache::open(path_);
+      ASSERT_TRUE(c.enabled()) << c.warning();
+      for (int i = 0; i < 10; ++i) ASSERT_TRUE(c.store(make_entry("k" + std::to_string(i), 4096, 0x11)).ok());
+    }
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      PlanCache c = PlanCache::open(path_);
+      for (int n = 0;; ++n) {
+        (void)c.store(make_entry("k" + std::to_string(n % 10), 4096 + n % 977, static_cast<uint8_t>(n)));
+      }
+    }
+    usleep(20000 + 15000 * round);  // let it write for a while
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status));
+
+    PlanCache c = PlanCache::open(path_);
+    ASSERT_TRUE(c.enabled()) << c.warning();
+    std::vector<std::string> bad;
+    auto checked = c.verify(&bad);
+    ASSERT_TRUE(checked.ok()) << checked.status().ToString();
+    EXPECT_EQ(*checked, 10) << "round " << round;
+    EXPECT_TRUE(bad.empty()) << "round " << round << ": torn entry " << (bad.empty() ? "" : bad.front());
+    for (int i = 0; i < 10; ++i) {
+      auto e = must_lookup(c, "k" + std::to_string(i));
+      EXPECT_TRUE(e.has_value()) << "k" << i << " lost in round " << round;
+      if (e && e->payload != make_entry("k" + std::to_string(i), 4096, 0x11).payload) ++replaced;
+    }
+    EXPECT_TRUE(c.warning().empty()) << c.warning();
+  }
+  EXPECT_GT(replaced, 0) << "the writer never replaced an entry before being killed";
 }
 
 TEST_F(PlanCacheTest, ExportImportMergeRoundTrip) {
