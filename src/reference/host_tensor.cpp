@@ -1,4 +1,5 @@
 // fusebox: host tensors, deterministic random inputs, and .npy I/O.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "fusebox/tensor.h"
 #include "reference/tensor_util.h"
@@ -90,9 +92,22 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, doub
   std::mt19937_64 rng(splitmix64(seed ^ splitmix64(fnv1a(t.name))));
   // Values are drawn in logical order, so a tensor's values do not depend on its layout.
   if (dtype_is_float(h.dtype)) {
-    for_each_element(h.dims, h.strides, [&](int64_t, int64_t off) {
-      store_element(base + off * esize, h.dtype, lo + unit_double(rng) * (hi - lo));
-    });
+    // Counter-based (element i gets splitmix64(stream + i)), so large tensors
+    // fill on several threads with the same values as on one.
+    const uint64_t stream = rng();
+    const int64_t n = h.element_count();
+    const int64_t threads =
+        std::clamp<int64_t>(n / (int64_t{1} << 20), 1, std::max(1u, std::thread::hardware_concurrency()));
+    auto fill = [&](int64_t begin, int64_t end) {
+      reference_detail::for_each_element_in(h.dims, h.strides, begin, end, [&](int64_t i, int64_t off) {
+        const double u = static_cast<double>(splitmix64(stream + static_cast<uint64_t>(i)) >> 11) * 0x1.0p-53;
+        store_element(base + off * esize, h.dtype, lo + u * (hi - lo));
+      });
+    };
+    std::vector<std::thread> pool;
+    for (int64_t k = 1; k < threads; ++k) pool.emplace_back(fill, n * k / threads, n * (k + 1) / threads);
+    fill(0, n / threads);
+    for (auto& th : pool) th.join();
   } else {
     // Small integers: the range [ceil(lo), floor(hi)], widened to [-4, 4] if it holds fewer than 2 values.
     int64_t ilo = static_cast<int64_t>(std::ceil(lo)), ihi = static_cast<int64_t>(std::floor(hi));
@@ -103,7 +118,12 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, doub
     });
   }
   // Never constant: with a narrow range and a coarse dtype every draw could round alike.
+  // (Element 0 differing from element 1 settles it without a full scan.)
+  int64_t off0 = 0, off1 = 0;
   if (h.element_count() > 1) {
+    reference_detail::for_each_element_in(h.dims, h.strides, 1, 2, [&](int64_t, int64_t off) { off1 = off; });
+  }
+  if (h.element_count() > 1 && std::memcmp(base + off0 * esize, base + off1 * esize, esize) == 0) {
     std::vector<float> v = h.to_float_logical();
     bool constant = true;
     for (float x : v) constant = constant && x == v[0];

@@ -58,4 +58,30 @@ void for_each_element(const std::vector<int64_t>& dims, const std::vector<int64_
   }
 }
 
+// Like for_each_element, for the logical indices [begin, end) only.
+template <typename Fn>
+void for_each_element_in(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, int64_t begin,
+                         int64_t end, Fn&& fn) {
+  if (begin >= end) return;
+  const size_t rank = dims.size();
+  std::vector<int64_t> idx(rank, 0);
+  int64_t offset = 0, rest = begin;
+  for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
+    idx[d] = rest % dims[d];
+    rest /= dims[d];
+    offset += idx[d] * strides[d];
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    fn(i, offset);
+    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
+      if (++idx[d] < dims[d]) {
+        offset += strides[d];
+        break;
+      }
+      offset -= (dims[d] - 1) * strides[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 }  // namespace fusebox::reference_detail
