@@ -218,6 +218,7 @@ fi
 # Never worse than no cache: garbage at the cache path, a corrupt entry, a
 # second build that hits.
 CACHE="$TMP/cache/plans.sqlite"
+CONV_BIG="$SRC/examples/graphs/conv_bias_relu.json"
 run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
 if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["cache"] == "miss"' "$TMP/stdout"; then
   fail "cache: first build is a miss" "exit $RC"
@@ -260,6 +261,14 @@ run_fb build "$SMALL_CONV" --device "$DEVPROP" --no-cache --json
 if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; assert json.load(open(sys.argv[1]))["cache"] == "off"' "$TMP/stdout"; then
   fail "--no-cache" "exit $RC"
 else pass "--no-cache builds without the cache"; fi
+# A size bound evicts the least recently used entry.
+BOUNDED="$TMP/bounded.sqlite"
+run_fb build "$CONV_BIG" --device "$DEVPROP" --cache "$BOUNDED" --cache-max-bytes 7000
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$BOUNDED" --cache-max-bytes 7000
+run_fb cache ls --cache "$BOUNDED" --json
+if [ "$RC" -ne 0 ] || ! python3 -c 'import json,sys; e=json.load(open(sys.argv[1]))["entries"]; assert len(e) == 1 and e[0]["engine"] == sys.argv[2], e' "$TMP/stdout" "eng11_k2=4_k3=0"; then
+  fail "cache: --cache-max-bytes evicts the least recently used entry" "exit $RC"
+else pass "cache: --cache-max-bytes evicts the least recently used entry"; fi
 expect_bad "cache show without a key"        'argument|show'         cache show --cache "$CACHE"
 
 # ---------------------------------------------------------------- --help

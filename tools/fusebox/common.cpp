@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 namespace fusebox::cli {
@@ -82,11 +83,29 @@ void print_build_report(const BuildReport& r) {
 void add_cache_flags(CLI::App* cmd, CacheFlags& flags) {
   cmd->add_option("--cache", flags.path, "Plan cache file (default $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite)");
   cmd->add_flag("--no-cache", flags.off, "Do not use the plan cache");
+  cmd->add_option("--cache-max-bytes", flags.max_bytes,
+                  "Plan cache size bound; least recently used entries are evicted beyond it "
+                  "(default $FUSEBOX_CACHE_MAX_BYTES, else 1 GiB)")
+      ->check(CLI::PositiveNumber);
 }
 
 std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags) {
   if (flags.off) return nullptr;
-  auto cache = std::make_unique<PlanCache>(PlanCache::open(flags.path.empty() ? default_cache_path() : flags.path));
+  PlanCacheOptions options;
+  if (flags.max_bytes > 0) {
+    options.max_bytes = flags.max_bytes;
+  } else if (const char* env = std::getenv("FUSEBOX_CACHE_MAX_BYTES"); env && *env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (end && *end == '\0' && v > 0) {
+      options.max_bytes = v;
+    } else {
+      std::fprintf(stderr, "fusebox: warning: FUSEBOX_CACHE_MAX_BYTES='%s' is not a positive byte count; using %lld\n",
+                   env, static_cast<long long>(options.max_bytes));
+    }
+  }
+  auto cache = std::make_unique<PlanCache>(
+      PlanCache::open(flags.path.empty() ? default_cache_path() : flags.path, options));
   print_warnings(cache->warnings());
   return cache;
 }

@@ -36,6 +36,7 @@ void print_build_report(const BuildReport& r);
 struct CacheFlags {
   std::string path;  // empty: $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite
   bool off = false;
+  int64_t max_bytes = -1;  // -1: $FUSEBOX_CACHE_MAX_BYTES, else 1 GiB
 };
 void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
 // nullptr with --no-cache; otherwise the cache (possibly disabled, with its
