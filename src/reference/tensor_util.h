@@ -36,29 +36,9 @@ inline std::string dims_string(const std::vector<int64_t>& dims) {
   return s + "]";
 }
 
-// Calls fn(logical_index, storage_offset) for every element in logical
-// row-major order; the offset is in elements, following `strides`.
-template <typename Fn>
-void for_each_element(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, Fn&& fn) {
-  const int64_t n = product(dims);
-  if (n <= 0) return;
-  const size_t rank = dims.size();
-  std::vector<int64_t> idx(rank, 0);
-  int64_t offset = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    fn(i, offset);
-    for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {
-      if (++idx[d] < dims[d]) {
-        offset += strides[d];
-        break;
-      }
-      offset -= (dims[d] - 1) * strides[d];
-      idx[d] = 0;
-    }
-  }
-}
-
-// Like for_each_element, for the logical indices [begin, end) only.
+// Calls fn(logical_index, storage_offset) for the elements with logical
+// (row-major) indices [begin, end), in order; the offset is in elements,
+// following `strides`.
 template <typename Fn>
 void for_each_element_in(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, int64_t begin,
                          int64_t end, Fn&& fn) {
@@ -82,6 +62,12 @@ void for_each_element_in(const std::vector<int64_t>& dims, const std::vector<int
       idx[d] = 0;
     }
   }
+}
+
+// The same for every element.
+template <typename Fn>
+void for_each_element(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides, Fn&& fn) {
+  for_each_element_in(dims, strides, 0, product(dims), fn);
 }
 
 }  // namespace fusebox::reference_detail
