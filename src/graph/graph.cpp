@@ -5,19 +5,12 @@
 #include <set>
 
 #include "fusebox/graph.h"
+#include "graph/dims_string.h"
 
 namespace fusebox {
 
 namespace {
 
-std::string join_dims(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
 
 // Strides for dims laid out with `order` listing dims from slowest to fastest.
 Result<std::vector<int64_t>> strides_for_order(const std::vector<int64_t>& dims,
@@ -29,7 +22,7 @@ Result<std::vector<int64_t>> strides_for_order(const std::vector<int64_t>& dims,
     strides[d] = running;
     int64_t dim = std::max<int64_t>(dims[d], 1);
     if (__builtin_mul_overflow(running, dim, &running)) {
-      return InvalidArgument("dims " + join_dims(dims) + " overflow 64-bit strides");
+      return InvalidArgument("dims " + dims_string(dims) + " overflow 64-bit strides");
     }
   }
   return strides;
@@ -46,7 +39,7 @@ Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, st
   auto need_rank = [&](size_t want) -> Status {
     if (rank != want) {
       return InvalidArgument("layout '" + layout + "' needs rank " + std::to_string(want) + " but dims " +
-                             join_dims(dims) + " have rank " + std::to_string(rank) +
+                             dims_string(dims) + " have rank " + std::to_string(rank) +
                              " (use 'channels_last' or 'packed' for other ranks)");
     }
     return Status::Ok();
@@ -68,7 +61,7 @@ Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, st
     if (layout == "nhwc") FUSEBOX_RETURN_IF_ERROR(need_rank(4));
     if (layout == "ndhwc") FUSEBOX_RETURN_IF_ERROR(need_rank(5));
     if (rank < 3) {
-      return InvalidArgument("layout '" + layout + "' needs rank >= 3 but dims " + join_dims(dims) +
+      return InvalidArgument("layout '" + layout + "' needs rank >= 3 but dims " + dims_string(dims) +
                              " have rank " + std::to_string(rank));
     }
     // slowest to fastest: N, spatial..., C
@@ -79,7 +72,7 @@ Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, st
   }
   if (layout == "col_major") {
     if (rank < 2) {
-      return InvalidArgument("layout 'col_major' needs rank >= 2 but dims " + join_dims(dims) + " have rank " +
+      return InvalidArgument("layout 'col_major' needs rank >= 2 but dims " + dims_string(dims) + " have rank " +
                              std::to_string(rank));
     }
     std::swap(order[rank - 1], order[rank - 2]);

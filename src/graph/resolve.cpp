@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "fusebox/graph.h"
+#include "graph/dims_string.h"
 
 namespace fusebox {
 
@@ -15,14 +16,6 @@ constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxElements = int64_t{1} << 62;
 constexpr size_t kMaxRank = 8;
 
-std::string dims_str(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
@@ -47,7 +40,7 @@ std::string roles_str(const OpAttrs& a) { return join_roles(op_input_roles(a)); 
 // Checks dims: rank 1..8, each dim in [1, 2^31-1], product <= 2^62.
 Status check_dims(const std::string& where, const std::vector<int64_t>& dims) {
   if (dims.empty() || dims.size() > kMaxRank) {
-    return InvalidArgument(where + " has rank " + std::to_string(dims.size()) + " " + dims_str(dims) +
+    return InvalidArgument(where + " has rank " + std::to_string(dims.size()) + " " + dims_string(dims) +
                            ": rank must be 1 to 8");
   }
   int64_t n = 1;
@@ -61,7 +54,7 @@ Status check_dims(const std::string& where, const std::vector<int64_t>& dims) {
                              ": dims must be <= 2147483647");
     }
     if (__builtin_mul_overflow(n, dims[i], &n) || n > kMaxElements) {
-      return InvalidArgument(where + ": dims " + dims_str(dims) + " hold more than 2^62 elements");
+      return InvalidArgument(where + ": dims " + dims_string(dims) + " hold more than 2^62 elements");
     }
   }
   return Status::Ok();
@@ -71,8 +64,8 @@ Status check_dims(const std::string& where, const std::vector<int64_t>& dims) {
 Status check_strides(const std::string& where, const std::vector<int64_t>& dims,
                      const std::vector<int64_t>& strides) {
   if (strides.size() != dims.size()) {
-    return InvalidArgument(where + ": strides " + dims_str(strides) + " have rank " +
-                           std::to_string(strides.size()) + " but dims " + dims_str(dims) + " have rank " +
+    return InvalidArgument(where + ": strides " + dims_string(strides) + " have rank " +
+                           std::to_string(strides.size()) + " but dims " + dims_string(dims) + " have rank " +
                            std::to_string(dims.size()) + ": give one stride per dim");
   }
   int64_t span = 1;
@@ -84,7 +77,7 @@ Status check_strides(const std::string& where, const std::vector<int64_t>& dims,
     int64_t term;
     if (__builtin_mul_overflow(dims[i] - 1, strides[i], &term) || __builtin_add_overflow(span, term, &span) ||
         span > kMaxElements) {
-      return InvalidArgument(where + ": strides " + dims_str(strides) + " span more than 2^62 elements");
+      return InvalidArgument(where + ": strides " + dims_string(strides) + " span more than 2^62 elements");
     }
   }
   return Status::Ok();
@@ -103,8 +96,8 @@ Result<std::vector<int64_t>> tensor_strides(const std::string& where, const Tens
   if (!t.strides.empty()) {
     FUSEBOX_RETURN_IF_ERROR(check_strides(where, dims, t.strides));
     if (from_layout && *from_layout != t.strides) {
-      return InvalidArgument(where + ": strides " + dims_str(t.strides) + " disagree with layout " + q(t.layout) +
-                             ", which gives " + dims_str(*from_layout) + ": give one or make them agree");
+      return InvalidArgument(where + ": strides " + dims_string(t.strides) + " disagree with layout " + q(t.layout) +
+                             ", which gives " + dims_string(*from_layout) + ": give one or make them agree");
     }
     return t.strides;
   }
@@ -127,8 +120,8 @@ Result<std::vector<int64_t>> broadcast(const std::string& where, const std::stri
                                        const std::string& rb, const ResolvedTensor& b, bool into_a) {
   if (a.dims.size() != b.dims.size()) {
     return InvalidArgument(where + " input " + q(rb) + " (" + q(b.name) + ") has rank " +
-                           std::to_string(b.dims.size()) + " " + dims_str(b.dims) + " but input " + q(ra) + " (" +
-                           q(a.name) + ") has rank " + std::to_string(a.dims.size()) + " " + dims_str(a.dims) +
+                           std::to_string(b.dims.size()) + " " + dims_string(b.dims) + " but input " + q(ra) + " (" +
+                           q(a.name) + ") has rank " + std::to_string(a.dims.size()) + " " + dims_string(a.dims) +
                            ": pointwise inputs must have equal ranks (write 1 for broadcast dims)");
   }
   std::vector<int64_t> out(a.dims.size());
@@ -137,13 +130,13 @@ Result<std::vector<int64_t>> broadcast(const std::string& where, const std::stri
     bool ok = into_a ? (db == da || db == 1) : (da == db || da == 1 || db == 1);
     if (!ok) {
       if (into_a) {
-        return InvalidArgument(where + " input " + q(rb) + " (" + q(b.name) + ") " + dims_str(b.dims) +
+        return InvalidArgument(where + " input " + q(rb) + " (" + q(b.name) + ") " + dims_string(b.dims) +
                                " does not broadcast into input " + q(ra) + " (" + q(a.name) + ") " +
-                               dims_str(a.dims) + ": dim " + std::to_string(i) + " must be " + std::to_string(da) +
+                               dims_string(a.dims) + ": dim " + std::to_string(i) + " must be " + std::to_string(da) +
                                " or 1");
       }
-      return InvalidArgument(where + " inputs " + q(ra) + " (" + q(a.name) + ") " + dims_str(a.dims) + " and " +
-                             q(rb) + " (" + q(b.name) + ") " + dims_str(b.dims) + " do not broadcast: dim " +
+      return InvalidArgument(where + " inputs " + q(ra) + " (" + q(a.name) + ") " + dims_string(a.dims) + " and " +
+                             q(rb) + " (" + q(b.name) + ") " + dims_string(b.dims) + " do not broadcast: dim " +
                              std::to_string(i) + " is " + std::to_string(da) + " vs " + std::to_string(db) +
                              " (dims must be equal or 1)");
     }
@@ -157,11 +150,11 @@ Result<std::vector<int64_t>> infer_conv(const std::string& where, const Resolved
   const size_t rank = x.dims.size();
   if (rank != 4 && rank != 5) {
     return InvalidArgument(where + " input 'x' (" + q(x.name) + ") has rank " + std::to_string(rank) + " " +
-                           dims_str(x.dims) + ": conv_fprop takes [N,C,H,W] or [N,C,D,H,W]");
+                           dims_string(x.dims) + ": conv_fprop takes [N,C,H,W] or [N,C,D,H,W]");
   }
   if (w.dims.size() != rank) {
     return InvalidArgument(where + " input 'w' (" + q(w.name) + ") has rank " + std::to_string(w.dims.size()) +
-                           " " + dims_str(w.dims) + " but input 'x' (" + q(x.name) + ") has rank " +
+                           " " + dims_string(w.dims) + " but input 'x' (" + q(x.name) + ") has rank " +
                            std::to_string(rank) + ": the filter must be [K,C,R,S] (or [K,C,T,R,S]) matching x");
   }
   if (w.dims[1] != x.dims[1]) {
@@ -180,7 +173,7 @@ Result<std::vector<int64_t>> infer_conv(const std::string& where, const Resolved
                   Field{"dilation", &attrs.dilation, 1, 1}}) {
     if (f.v->empty()) f.v->assign(sp, f.def);
     if (f.v->size() != sp) {
-      return InvalidArgument(where + " " + f.name + " " + dims_str(*f.v) + " has " + std::to_string(f.v->size()) +
+      return InvalidArgument(where + " " + f.name + " " + dims_string(*f.v) + " has " + std::to_string(f.v->size()) +
                              " values but the convolution has " + std::to_string(sp) +
                              " spatial dims: give one per spatial dim (or none for the default " +
                              std::to_string(f.def) + ")");
@@ -215,17 +208,17 @@ Result<std::vector<int64_t>> infer_matmul(const std::string& where, const Resolv
   const size_t rank = a.dims.size();
   if (rank < 3) {
     return InvalidArgument(where + " input 'a' (" + q(a.name) + ") has rank " + std::to_string(rank) + " " +
-                           dims_str(a.dims) + ": matmul takes [batch..., M, K] with rank >= 3 (write [1, M, K] for a plain GEMM)");
+                           dims_string(a.dims) + ": matmul takes [batch..., M, K] with rank >= 3 (write [1, M, K] for a plain GEMM)");
   }
   if (b.dims.size() != rank) {
     return InvalidArgument(where + " input 'b' (" + q(b.name) + ") has rank " + std::to_string(b.dims.size()) + " " +
-                           dims_str(b.dims) + " but input 'a' (" + q(a.name) + ") has rank " + std::to_string(rank) +
+                           dims_string(b.dims) + " but input 'a' (" + q(a.name) + ") has rank " + std::to_string(rank) +
                            ": both must have the same rank");
   }
   if (a.dims[rank - 1] != b.dims[rank - 2]) {
-    return InvalidArgument(where + " input 'a' (" + q(a.name) + ") " + dims_str(a.dims) + " has K=" +
+    return InvalidArgument(where + " input 'a' (" + q(a.name) + ") " + dims_string(a.dims) + " has K=" +
                            std::to_string(a.dims[rank - 1]) + " but input 'b' (" + q(b.name) + ") " +
-                           dims_str(b.dims) + " has K=" + std::to_string(b.dims[rank - 2]) +
+                           dims_string(b.dims) + " has K=" + std::to_string(b.dims[rank - 2]) +
                            ": a's last dim must equal b's second-to-last");
   }
   std::vector<int64_t> out;
@@ -259,7 +252,7 @@ Result<SdpaShapes> infer_sdpa(const std::string& where, const ResolvedTensor& qt
                   Named{"v", &v, "[B, Hk, Skv, Dv]"}}) {
     const std::string in = where + " input '" + n.role + "' (" + q(n.t->name) + ")";
     if (n.t->dims.size() != 4) {
-      return InvalidArgument(in + " has rank " + std::to_string(n.t->dims.size()) + " " + dims_str(n.t->dims) +
+      return InvalidArgument(in + " has rank " + std::to_string(n.t->dims.size()) + " " + dims_string(n.t->dims) +
                              ": sdpa_fwd takes rank-4 " + n.shape +
                              " (logical order; use layout \"bshd\" or strides for [B, S, H, D] memory)");
     }
@@ -276,7 +269,7 @@ Result<SdpaShapes> infer_sdpa(const std::string& where, const ResolvedTensor& qt
                              ") has " + std::string(dtype_name(qt.dtype)) + ": q, k and v must share one dtype");
     }
     if (n.t->strides.size() != 4 || n.t->strides[3] != 1) {
-      return InvalidArgument(in + " has strides " + dims_str(n.t->strides) +
+      return InvalidArgument(in + " has strides " + dims_string(n.t->strides) +
                              ": the head dim (dim 3) must be contiguous (stride 1), e.g. layout \"bhsd\" or \"bshd\"");
     }
   }
@@ -284,15 +277,15 @@ Result<SdpaShapes> infer_sdpa(const std::string& where, const ResolvedTensor& qt
   const int64_t Hk = k.dims[1], Skv = k.dims[2], Dv = v.dims[3];
   auto kv_mismatch = [&](const char* role, const ResolvedTensor& t, size_t dim, const char* what, int64_t want,
                          const char* want_from) {
-    return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") " + dims_str(t.dims) + " has " + what +
+    return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") " + dims_string(t.dims) + " has " + what +
                            "=" + std::to_string(t.dims[dim]) + " but " + want_from + " has " + std::to_string(want) +
                            ": " + what + " must match");
   };
   if (k.dims[0] != B) return kv_mismatch("k", k, 0, "B", B, "q");
   if (v.dims[0] != B) return kv_mismatch("v", v, 0, "B", B, "q");
   if (k.dims[3] != D) {
-    return InvalidArgument(where + " input 'k' (" + q(k.name) + ") " + dims_str(k.dims) + " has head dim D=" +
-                           std::to_string(k.dims[3]) + " but 'q' (" + q(qt.name) + ") " + dims_str(qt.dims) +
+    return InvalidArgument(where + " input 'k' (" + q(k.name) + ") " + dims_string(k.dims) + " has head dim D=" +
+                           std::to_string(k.dims[3]) + " but 'q' (" + q(qt.name) + ") " + dims_string(qt.dims) +
                            " has D=" + std::to_string(D) + ": q and k must have the same head dim");
   }
   if (v.dims[1] != Hk) return kv_mismatch("v", v, 1, "Hk", Hk, "k");
@@ -495,7 +488,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         FUSEBOX_RETURN_IF_ERROR(check_dims(where, t.dims));
         for (int64_t d : t.dims)
           if (d != 1) {
-            return InvalidArgument(where + " is a by-value scalar with dims " + dims_str(t.dims) +
+            return InvalidArgument(where + " is a by-value scalar with dims " + dims_string(t.dims) +
                                    ": a scalar's dims must all be 1 (or be omitted)");
           }
         r.dims = t.dims;
@@ -568,8 +561,8 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
       y.dims = dims;
       if (ys) {
         if (!ys->dims.empty() && ys->dims != dims) {
-          return InvalidArgument(ywhere + " is declared with dims " + dims_str(ys->dims) + " but the op produces " +
-                                 dims_str(dims) + ": fix the dims or omit them to infer");
+          return InvalidArgument(ywhere + " is declared with dims " + dims_string(ys->dims) + " but the op produces " +
+                                 dims_string(dims) + ": fix the dims or omit them to infer");
         }
         FUSEBOX_ASSIGN_OR_RETURN(y.strides, tensor_strides(ywhere, *ys, dims, dense));
         y.is_virtual = ys->is_virtual;
@@ -595,7 +588,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
                                std::string(dtype_name(o.dtype)) + ": sdpa_fwd writes o in bf16 or fp16");
       }
       if (o.strides[3] != 1) {
-        return InvalidArgument(where + " output 'o' (" + q(o.name) + ") has strides " + dims_str(o.strides) +
+        return InvalidArgument(where + " output 'o' (" + q(o.name) + ") has strides " + dims_string(o.strides) +
                                ": the head dim (dim 3) must be contiguous (stride 1)");
       }
       if (sdpa->generate_stats) {
@@ -658,7 +651,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
 // ---------------------------------------------------------------- describe
 
 std::string describe(const ResolvedGraph& g) {
-  auto vec = [](const std::vector<int64_t>& v) { return dims_str(v); };
+  auto vec = [](const std::vector<int64_t>& v) { return dims_string(v); };
   std::ostringstream os;
   os << "graph '" << g.name << "': io " << dtype_name(g.io_dtype) << ", intermediate "
      << dtype_name(g.intermediate_dtype) << ", compute " << dtype_name(g.compute_dtype) << "\n";

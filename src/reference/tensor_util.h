@@ -1,6 +1,8 @@
 // fusebox: small shape helpers shared by the reference layer (private).
 #pragma once
 
+#include "graph/dims_string.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,12 +31,7 @@ inline std::vector<int64_t> dense_row_major(const std::vector<int64_t>& dims) {
   return s;
 }
 
-// "[16, 64, 56, 56]"
-inline std::string dims_string(const std::vector<int64_t>& dims) {
-  std::string s = "[";
-  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
-  return s + "]";
-}
+using ::fusebox::dims_string;
 
 // Calls fn(logical_index, storage_offset) for the elements with logical
 // (row-major) indices [begin, end), in order; the offset is in elements,
