@@ -196,7 +196,9 @@ struct SystemInfo {
   std::vector<GpuInfo> gpus;
   std::string gpu_error;  // why no GPU is seen, if none
 };
-SystemInfo system_info();
+// With `enumerate_gpus` false, only the versions (cheap: no CUDA device
+// queries), which is all plan-file and cache-key checks need on start-up.
+SystemInfo system_info(bool enumerate_gpus = true);
 
 // Fails with kVersionMismatch, naming both versions and the loaded library's
 // path, when the cuDNN runtime is older than the headers fusebox was built with.

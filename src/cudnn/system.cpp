@@ -77,7 +77,7 @@ Status check_cudnn_runtime() {
   return Status::Ok();
 }
 
-SystemInfo system_info() {
+SystemInfo system_info(bool enumerate_gpus) {
   SystemInfo s;
   s.fusebox_version = FUSEBOX_VERSION;
   s.frontend_version = std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." +
@@ -88,6 +88,7 @@ SystemInfo system_info() {
   s.cudnn_library_path = loaded_cudnn_path();
   (void)cudaRuntimeGetVersion(&s.cuda_runtime_version);
   if (cudaDriverGetVersion(&s.cuda_driver_version) != cudaSuccess) s.cuda_driver_version = 0;
+  if (!enumerate_gpus) return s;
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {

@@ -23,7 +23,7 @@ std::string graph_fingerprint(const ResolvedGraph& g) {
 }
 
 PlanFileInfo make_plan_info(const ResolvedGraph& g, const Plan& plan, const DeviceTarget& target) {
-  SystemInfo s = system_info();
+  SystemInfo s = system_info(/*enumerate_gpus=*/false);
   PlanFileInfo info;
   info.graph_fingerprint = graph_fingerprint(g);
   info.engine = plan.engine_name();
@@ -100,7 +100,7 @@ Result<PlanFile> read_plan_file(const std::string& path) {
 }
 
 Status check_plan_compatible(const PlanFileInfo& file, const ResolvedGraph& g, const DeviceTarget& target) {
-  SystemInfo s = system_info();
+  SystemInfo s = system_info(/*enumerate_gpus=*/false);
   if (file.graph_fingerprint != graph_fingerprint(g)) {
     return InvalidArgument("plan was built for a different graph (fingerprint " + file.graph_fingerprint +
                            ", this graph " + graph_fingerprint(g) + ")");
