@@ -38,6 +38,10 @@ struct TensorSpec {
   std::optional<DType> dtype;    // empty: graph io dtype (intermediate dtype if virtual)
   bool is_virtual = false;       // an intermediate that never reaches memory
   std::optional<double> scalar_value;  // a by-value scalar (dims all 1)
+  // Fixed contents of a graph input, logical row-major (element_count()
+  // values): e.g. per-sequence lengths or FP8 scales. Used instead of random
+  // values when fusebox makes inputs; files given with --inputs still win.
+  std::vector<double> values;
 };
 
 // Strides for `dims` laid out as `layout`:
@@ -80,20 +84,84 @@ struct PointwiseAttrs {
   PointwiseMode mode = PointwiseMode::kAdd;
 };
 
-// Scaled-dot-product attention, forward (cuDNN's fused flash attention):
-//   o = softmax(attn_scale * q @ k^T  [+ causal mask]) @ v
-// Inputs q [B,Hq,Sq,D], k [B,Hk,Skv,D], v [B,Hk,Skv,Dv] with Hq % Hk == 0
-// (grouped-query / multi-query attention: q head h reads kv head h / (Hq/Hk)).
-// Outputs "o" [B,Hq,Sq,Dv] and, with generate_stats, "stats" [B,Hq,Sq,1] fp32:
-// the per-row logsumexp of the scaled, masked scores in natural log
-// (max + log(sum(exp(s - max)))), as cuDNN defines it.
-struct SdpaFwdAttrs {
-  std::optional<double> attn_scale;  // empty: 1/sqrt(D); resolve() fills it in
-  bool causal = false;               // top-left aligned: q row i sees kv rows j <= i
-  bool generate_stats = false;       // also write the "stats" output
+// ---- Scaled-dot-product attention (cuDNN's fused flash attention).
+//
+// Tensors are logical [B, H, S, D] (bshd memory through strides):
+//   q [B,Hq,Sq,D], k [B,Hk,Skv,D], v [B,Hk,Skv,Dv], Hq % Hk == 0 (grouped-query /
+//   multi-query attention: q head h reads kv head h / (Hq/Hk)).
+// Score of query row i and key column j in batch b, head h:
+//   s = attn_scale * q_i . k_j  [+ bias[b,h,i,j]]  [+ alibi_slope(h) * (j - i)]
+// A score is kept (else it is -inf before the softmax) iff, with
+//   lq  = seq_len_q[b]  (padding) or Sq,   lkv = seq_len_kv[b] (padding) or Skv,
+//   off = lkv - lq when alignment is bottom-right, else 0:
+//   j <  lkv                                      (padding only)
+//   j <= i + off + right_bound                    (when right_bound is set; causal sets 0)
+//   j >  i + off - left_bound                     (when left_bound is set: a sliding window
+//                                                  of left_bound keys ending at the diagonal)
+// Rows i >= lq (padding) are "don't care": no reference value, verification skips them
+// (and, in backward, dk/dv rows j >= lkv).
+// P = softmax(s) over kept columns; with dropout, each P element is kept with
+// probability 1 - dropout and scaled by 1 / (1 - dropout) (Philox, from seed and offset).
+// o = P @ v. stats = the per-row logsumexp of the kept scores in natural log
+// (max + log(sum(exp(s - max)))), fp32 [B,Hq,Sq,1]: what backward needs.
+enum class SdpaAlignment { kTopLeft, kBottomRight };
+std::string_view sdpa_alignment_name(SdpaAlignment a);  // "top_left", "bottom_right"
+
+struct SdpaOptions {
+  std::optional<double> attn_scale;    // empty: 1/sqrt(D); resolve() fills it in
+  bool causal = false;                 // sets right_bound = 0 when right_bound is not given
+  SdpaAlignment alignment = SdpaAlignment::kTopLeft;
+  std::optional<int64_t> left_bound;   // sliding window length (>= 1)
+  std::optional<int64_t> right_bound;  // >= 0; resolve() sets 0 when causal
+  bool padding = false;   // inputs "seq_len_q", "seq_len_kv": int32 [B,1,1,1]
+  bool bias = false;      // input "bias": additive, [B|1, Hq|1, Sq, Skv]
+  bool alibi = false;     // ALiBi with cuDNN's slopes (alibi_slopes()); needs causal
+  std::optional<double> dropout;  // probability in [0, 1); inputs "seed", "offset": int64 [1,1,1,1]
 };
 
-using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs>;
+// sdpa_fwd: inputs q, k, v (bf16 or fp16) [+ the optional inputs above];
+// outputs "o" [B,Hq,Sq,Dv] and, with generate_stats, "stats".
+struct SdpaFwdAttrs : SdpaOptions {
+  bool generate_stats = false;  // also write "stats" (training mode)
+};
+
+// sdpa_bwd: inputs q, k, v, o, do (dL/do, like o), stats (from sdpa_fwd with
+// generate_stats) [+ the optional inputs above, the same as the forward's];
+// outputs "dq", "dk", "dv" shaped like q, k, v. With dropout, the same seed and
+// offset as the forward regenerate its mask.
+struct SdpaBwdAttrs : SdpaOptions {};
+
+// sdpa_fp8_fwd (FP8 e4m3 q, k, v; cuDNN 9.19 on Hopper: fp8 output, no bias,
+// no bottom-right alignment). Extra inputs, fp32 [1,1,1,1]: descale_q,
+// descale_k, descale_v, descale_s, scale_s, scale_o. Computes
+//   s   = attn_scale * descale_q * descale_k * (q @ k^T), masked as above
+//   P   = softmax(s);  amax_s = max(P)
+//   P8  = fp8_e4m3(P * scale_s)
+//   O   = descale_s * descale_v * (P8 @ v);  amax_o = max|O|
+//   o   = fp8_e4m3(O * scale_o)
+// Outputs "o" (fp8 e4m3) [B,Hq,Sq,Dv], "amax_s" and "amax_o" (fp32 [1,1,1,1]),
+// and, with generate_stats, "stats".
+struct SdpaFp8FwdAttrs : SdpaOptions {
+  bool generate_stats = false;
+};
+
+// cuDNN's ALiBi slope of each of `heads` query heads (the frontend's get_alibi_slope):
+// with n the largest power of two <= heads, head h < n gets 2^(-8(h+1)/n), and the
+// remaining heads get 2^(-4(2m+1)/n) for m = 0, 1, ...
+std::vector<double> alibi_slopes(int64_t heads);
+// Whether score (i, j) is kept under `o` (fully resolved: right_bound set for
+// causal) with actual lengths lq, lkv (Sq and Skv without padding).
+bool sdpa_keeps(const SdpaOptions& o, int64_t i, int64_t j, int64_t lq, int64_t lkv);
+// Kept (query, key) pairs of one (batch, head): the sum over rows i < lq of the
+// kept columns. For TFLOP/s, counting only unmasked elements.
+double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv);
+
+using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs, SdpaBwdAttrs,
+                             SdpaFp8FwdAttrs>;
+
+// The SdpaOptions of an sdpa op, nullptr for other ops.
+const SdpaOptions* sdpa_options(const OpAttrs& attrs);
+SdpaOptions* sdpa_options(OpAttrs& attrs);
 
 // The op's type name as in the JSON format: "conv_fprop", "matmul", "add",
 // "bias_add", "relu", "gelu_tanh", ...
@@ -105,15 +173,17 @@ bool pointwise_is_unary(PointwiseMode m);
 // Input roles per op type:
 //   conv_fprop: x, w      matmul: a, b
 //   add/sub/mul: a, b     bias_add: x, bias     scale: x, scale
-//   unary pointwise: x    sdpa_fwd: q, k, v
+//   unary pointwise: x
+//   sdpa_fwd: q, k, v     sdpa_bwd: q, k, v, o, do, stats
+//   sdpa_fp8_fwd: q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o
+//   every sdpa op, per SdpaOptions: + seq_len_q, seq_len_kv (padding),
+//   + bias (bias), + seed, offset (dropout)
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
-// Output roles per op type: "y" for every op but sdpa_fwd, which has "o"
-// and, with generate_stats, "stats". The first is the primary output.
+// Output roles per op type: "y" for conv/matmul/pointwise; sdpa_fwd "o"
+// (+ "stats"); sdpa_bwd "dq", "dk", "dv"; sdpa_fp8_fwd "o", "amax_s",
+// "amax_o" (+ "stats"). The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
-// Query/key pairs sdpa_fwd scores per (batch, head): Sq*Skv, or with the
-// top-left causal mask sum over rows i of min(i + 1, Skv).
-double sdpa_unmasked_pairs(int64_t sq, int64_t skv, bool causal);
 
 struct OpSpec {
   std::string name;                           // unique within the graph
@@ -144,9 +214,19 @@ struct GraphSpec {
                         const std::string& in1 = "");
   // Returns the "o" output's name; with attrs.generate_stats the "stats"
   // output is named "<op_name>.stats". sdpa_fwd outputs must be graph
-  // outputs: declare them with output().
+  // outputs: declare them with output(). Optional inputs (padding, bias,
+  // dropout) are passed in `extra` by role: {{"bias", "b"}, {"seq_len_q", ...}}.
   std::string sdpa_fwd(std::string op_name, const std::string& q, const std::string& k, const std::string& v,
-                       SdpaFwdAttrs attrs = {});
+                       SdpaFwdAttrs attrs = {}, std::map<std::string, std::string> extra = {});
+  // Outputs named "<op_name>.dq", ".dk", ".dv"; returns the op name.
+  std::string sdpa_bwd(std::string op_name, const std::string& q, const std::string& k, const std::string& v,
+                       const std::string& o, const std::string& d_o, const std::string& stats,
+                       SdpaBwdAttrs attrs = {}, std::map<std::string, std::string> extra = {});
+  // `scales` maps descale_q ... scale_o to tensor names. Outputs "<op_name>.o",
+  // ".amax_s", ".amax_o" (+ ".stats"); returns the "o" output's name.
+  std::string sdpa_fp8_fwd(std::string op_name, const std::string& q, const std::string& k,
+                           const std::string& v, std::map<std::string, std::string> scales,
+                           SdpaFp8FwdAttrs attrs = {});
   // Declares the tensor `tensor_name` (produced by some op) a graph output
   // with an optional layout; dims are inferred.
   void output(const std::string& tensor_name, std::string layout = "",
@@ -164,6 +244,10 @@ struct ResolvedTensor {
   bool is_input = false;   // non-virtual, produced by no op: the caller supplies it
   bool is_output = false;  // non-virtual, produced by an op
   std::optional<double> scalar_value;
+  std::vector<double> values;  // fixed contents (TensorSpec::values), else empty
+  // The range random inputs are drawn from: [-1, 1] unless an op needs other
+  // values (sequence lengths: [1, S]; dropout seed and offset).
+  double random_lo = -1.0, random_hi = 1.0;
 
   int64_t element_count() const;    // product of dims
   int64_t storage_elements() const; // 1 + sum((dim-1)*stride): span of memory touched
@@ -177,7 +261,8 @@ struct ResolvedOp {
   std::map<std::string, int> outputs;  // role -> index
   DType compute_dtype = DType::kFP32;
   // Filled by resolve(): conv_fprop padding/stride/dilation with defaults
-  // applied; sdpa_fwd attn_scale (1/sqrt(D) when not given).
+  // applied; sdpa attn_scale (1/sqrt(D) when not given) and right_bound
+  // (0 when causal).
 };
 
 struct ResolvedGraph {
@@ -192,9 +277,12 @@ struct ResolvedGraph {
   std::vector<int> input_tensors() const;
   std::vector<int> output_tensors() const;
   // Useful work, for TFLOP/s: 2*MACs for conv and matmul, one per element
-  // for pointwise ops, 2*B*Hq*(D+Dv) per unmasked query/key pair for sdpa_fwd
-  // (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal).
-  double flops() const;
+  // for pointwise ops, 2*B*Hq*(D+Dv) per kept query/key pair for sdpa_fwd
+  // and sdpa_fp8_fwd (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal),
+  // and 2.5 times that for sdpa_bwd (five matmuls against two). With padding
+  // the lengths are data: `inputs` maps input tensor names to their values
+  // (logical order); seq_len tensors missing from it count as full length.
+  double flops(const std::map<std::string, std::vector<double>>& inputs = {}) const;
   // Bytes of non-virtual tensors read and written once, for GB/s.
   double bytes_moved() const;
 };

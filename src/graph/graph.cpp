@@ -1,6 +1,7 @@
 // fusebox: graph description helpers: layouts, op names, builder, resolved-graph queries.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <numeric>
 #include <set>
 
@@ -146,7 +147,60 @@ std::string_view op_type_name(const OpAttrs& attrs) {
   if (std::holds_alternative<ConvFpropAttrs>(attrs)) return "conv_fprop";
   if (std::holds_alternative<MatmulAttrs>(attrs)) return "matmul";
   if (std::holds_alternative<SdpaFwdAttrs>(attrs)) return "sdpa_fwd";
+  if (std::holds_alternative<SdpaBwdAttrs>(attrs)) return "sdpa_bwd";
+  if (std::holds_alternative<SdpaFp8FwdAttrs>(attrs)) return "sdpa_fp8_fwd";
   return pointwise_mode_name(std::get<PointwiseAttrs>(attrs).mode);
+}
+
+const SdpaOptions* sdpa_options(const OpAttrs& attrs) {
+  if (auto* s = std::get_if<SdpaFwdAttrs>(&attrs)) return s;
+  if (auto* s = std::get_if<SdpaBwdAttrs>(&attrs)) return s;
+  if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) return s;
+  return nullptr;
+}
+
+SdpaOptions* sdpa_options(OpAttrs& attrs) {
+  return const_cast<SdpaOptions*>(sdpa_options(static_cast<const OpAttrs&>(attrs)));
+}
+
+std::string_view sdpa_alignment_name(SdpaAlignment a) {
+  return a == SdpaAlignment::kBottomRight ? "bottom_right" : "top_left";
+}
+
+std::vector<double> alibi_slopes(int64_t heads) {
+  std::vector<double> exps;  // slope = 2^(-8 * e / n)
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  for (int64_t h = 0; h < n; ++h) exps.push_back(static_cast<double>(h + 1));
+  for (int64_t m = 0; m < 2 * (heads - n); m += 2) exps.push_back(static_cast<double>(m + 1) * 0.5);
+  std::vector<double> slopes;
+  for (double e : exps) slopes.push_back(static_cast<double>(std::pow(2.0f, -8.0f * static_cast<float>(e) /
+                                                                               static_cast<float>(n))));
+  return slopes;
+}
+
+bool sdpa_keeps(const SdpaOptions& o, int64_t i, int64_t j, int64_t lq, int64_t lkv) {
+  if (o.padding && (j >= lkv || i >= lq)) return false;
+  const int64_t off = o.alignment == SdpaAlignment::kBottomRight ? lkv - lq : 0;
+  const bool has_right = o.right_bound || o.causal;
+  if (has_right && j > i + off + o.right_bound.value_or(0)) return false;
+  if (o.left_bound && j <= i + off - *o.left_bound) return false;
+  return true;
+}
+
+double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
+  const bool has_right = o.right_bound || o.causal;
+  const int64_t right = o.right_bound.value_or(0);
+  const int64_t off = o.alignment == SdpaAlignment::kBottomRight ? lkv - lq : 0;
+  double pairs = 0;
+  for (int64_t i = 0; i < lq; ++i) {
+    int64_t hi = lkv - 1;  // kept columns form the interval [lo, hi]
+    if (has_right) hi = std::min(hi, i + off + right);
+    int64_t lo = 0;
+    if (o.left_bound) lo = std::max<int64_t>(lo, i + off - *o.left_bound + 1);
+    if (hi >= lo) pairs += static_cast<double>(hi - lo + 1);
+  }
+  return pairs;
 }
 
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
@@ -154,26 +208,30 @@ std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
     if (s->generate_stats) return {"o", "stats"};
     return {"o"};
   }
+  if (std::holds_alternative<SdpaBwdAttrs>(attrs)) return {"dq", "dk", "dv"};
+  if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) {
+    if (s->generate_stats) return {"o", "amax_s", "amax_o", "stats"};
+    return {"o", "amax_s", "amax_o"};
+  }
   return {"y"};
 }
 
-std::string_view op_primary_output_role(const OpAttrs& attrs) {
-  return std::holds_alternative<SdpaFwdAttrs>(attrs) ? "o" : "y";
-}
-
-double sdpa_unmasked_pairs(int64_t sq, int64_t skv, bool causal) {
-  if (!causal) return static_cast<double>(sq) * static_cast<double>(skv);
-  // rows i < skv see i + 1 keys; rows i >= skv see all skv keys
-  const double full = static_cast<double>(std::min(sq, skv));
-  double pairs = full * (full + 1) / 2;
-  if (sq > skv) pairs += static_cast<double>(sq - skv) * static_cast<double>(skv);
-  return pairs;
-}
+std::string_view op_primary_output_role(const OpAttrs& attrs) { return op_output_roles(attrs).front(); }
 
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs) {
   if (std::holds_alternative<ConvFpropAttrs>(attrs)) return {"x", "w"};
   if (std::holds_alternative<MatmulAttrs>(attrs)) return {"a", "b"};
-  if (std::holds_alternative<SdpaFwdAttrs>(attrs)) return {"q", "k", "v"};
+  if (const SdpaOptions* o = sdpa_options(attrs)) {
+    std::vector<std::string_view> r = {"q", "k", "v"};
+    if (std::holds_alternative<SdpaBwdAttrs>(attrs)) r.insert(r.end(), {"o", "do", "stats"});
+    if (std::holds_alternative<SdpaFp8FwdAttrs>(attrs)) {
+      r.insert(r.end(), {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"});
+    }
+    if (o->padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
+    if (o->bias) r.push_back("bias");
+    if (o->dropout) r.insert(r.end(), {"seed", "offset"});
+    return r;
+  }
   switch (std::get<PointwiseAttrs>(attrs).mode) {
     case PointwiseMode::kAdd:
     case PointwiseMode::kSub:
@@ -253,9 +311,60 @@ std::string GraphSpec::pointwise(std::string op_name, PointwiseMode mode, const 
   return add_op(*this, std::move(op_name), PointwiseAttrs{mode}, std::move(in));
 }
 
+namespace {
+
+// Adds an sdpa op with inputs by role; outputs "<op_name>.<role>" declared as
+// graph outputs.
+void add_sdpa_op(GraphSpec& g, const std::string& op_name, OpAttrs attrs, std::map<std::string, std::string> inputs) {
+  OpSpec op;
+  op.name = op_name;
+  op.attrs = std::move(attrs);
+  op.inputs = std::move(inputs);
+  // Optional inputs switch their feature on, as in the JSON format.
+  SdpaOptions& o = *sdpa_options(op.attrs);
+  if (op.inputs.count("seq_len_q") || op.inputs.count("seq_len_kv")) o.padding = true;
+  if (op.inputs.count("bias")) o.bias = true;
+  for (auto role : op_output_roles(op.attrs)) {
+    const std::string y = op_name + "." + std::string(role);
+    op.outputs[std::string(role)] = y;
+    g.output(y);
+  }
+  g.ops.push_back(std::move(op));
+}
+
+}  // namespace
+
 std::string GraphSpec::sdpa_fwd(std::string op_name, const std::string& q, const std::string& k,
-                                const std::string& v, SdpaFwdAttrs attrs) {
-  return add_op(*this, std::move(op_name), attrs, {q, k, v});
+                                const std::string& v, SdpaFwdAttrs attrs, std::map<std::string, std::string> extra) {
+  extra["q"] = q;
+  extra["k"] = k;
+  extra["v"] = v;
+  add_sdpa_op(*this, op_name, attrs, std::move(extra));
+  return op_name + ".o";
+}
+
+std::string GraphSpec::sdpa_bwd(std::string op_name, const std::string& q, const std::string& k,
+                                const std::string& v, const std::string& o, const std::string& d_o,
+                                const std::string& stats, SdpaBwdAttrs attrs,
+                                std::map<std::string, std::string> extra) {
+  extra["q"] = q;
+  extra["k"] = k;
+  extra["v"] = v;
+  extra["o"] = o;
+  extra["do"] = d_o;
+  extra["stats"] = stats;
+  add_sdpa_op(*this, op_name, attrs, std::move(extra));
+  return op_name;
+}
+
+std::string GraphSpec::sdpa_fp8_fwd(std::string op_name, const std::string& q, const std::string& k,
+                                    const std::string& v, std::map<std::string, std::string> scales,
+                                    SdpaFp8FwdAttrs attrs) {
+  scales["q"] = q;
+  scales["k"] = k;
+  scales["v"] = v;
+  add_sdpa_op(*this, op_name, attrs, std::move(scales));
+  return op_name + ".o";
 }
 
 void GraphSpec::output(const std::string& tensor_name, std::string layout, std::optional<DType> dtype) {
@@ -312,17 +421,32 @@ std::vector<int> ResolvedGraph::output_tensors() const {
   return r;
 }
 
-double ResolvedGraph::flops() const {
+double ResolvedGraph::flops(const std::map<std::string, std::vector<double>>& inputs) const {
   double total = 0;
   for (const auto& op : ops) {
     auto in = [&](const char* role) -> const ResolvedTensor& { return tensors[op.inputs.at(role)]; };
-    if (auto* s = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+    if (const SdpaOptions* s = sdpa_options(op.attrs)) {
       const auto& q = in("q");
       const auto& k = in("k");
       const auto& v = in("v");
-      const double pairs = sdpa_unmasked_pairs(q.dims[2], k.dims[2], s->causal);
-      total += 2.0 * static_cast<double>(q.dims[0]) * static_cast<double>(q.dims[1]) * pairs *
-               static_cast<double>(q.dims[3] + v.dims[3]);
+      // Per-batch lengths when padding and the values are known, else full.
+      auto lengths = [&](const char* role, int64_t full) {
+        std::vector<int64_t> r(static_cast<size_t>(q.dims[0]), full);
+        if (!s->padding) return r;
+        auto it = inputs.find(in(role).name);
+        if (it == inputs.end()) return r;
+        for (size_t b = 0; b < r.size() && b < it->second.size(); ++b) {
+          r[b] = std::clamp<int64_t>(static_cast<int64_t>(it->second[b]), 0, full);
+        }
+        return r;
+      };
+      const auto lq = lengths("seq_len_q", q.dims[2]);
+      const auto lkv = lengths("seq_len_kv", k.dims[2]);
+      double pairs = 0;
+      for (size_t b = 0; b < lq.size(); ++b) pairs += sdpa_kept_pairs(*s, lq[b], lkv[b]);
+      double f = 2.0 * static_cast<double>(q.dims[1]) * pairs * static_cast<double>(q.dims[3] + v.dims[3]);
+      if (std::holds_alternative<SdpaBwdAttrs>(op.attrs)) f *= 2.5;
+      total += f;
       continue;
     }
     const ResolvedTensor& y = tensors[op.outputs.at("y")];

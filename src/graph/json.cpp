@@ -93,7 +93,7 @@ class Parser {
     std::string path = base;
     if (v.contains("name") && v["name"].is_string()) path += " ('" + v["name"].get<std::string>() + "')";
     FUSEBOX_RETURN_IF_ERROR(
-        check_fields(path, v, {"name", "dims", "strides", "layout", "dtype", "virtual", "scalar"}));
+        check_fields(path, v, {"name", "dims", "strides", "layout", "dtype", "virtual", "scalar", "values"}));
     TensorSpec t;
     if (!v.contains("name")) return err(path, "missing field 'name'");
     FUSEBOX_ASSIGN_OR_RETURN(t.name, get_string(path + ".name", v["name"]));
@@ -117,6 +117,14 @@ class Parser {
       if (!v["scalar"].is_number()) return expected(path + ".scalar", "a number", v["scalar"]);
       t.scalar_value = v["scalar"].get<double>();
     }
+    if (v.contains("values")) {
+      const json& vals = v["values"];
+      if (!vals.is_array()) return expected(path + ".values", "an array of numbers", vals);
+      for (size_t i = 0; i < vals.size(); ++i) {
+        if (!vals[i].is_number()) return expected(path + ".values[" + std::to_string(i) + "]", "a number", vals[i]);
+        t.values.push_back(vals[i].get<double>());
+      }
+    }
     return t;
   }
 
@@ -134,13 +142,19 @@ class Parser {
     } else if (type == "sdpa_fwd") {
       o.attrs = SdpaFwdAttrs{};
       sdpa = true;
+    } else if (type == "sdpa_bwd") {
+      o.attrs = SdpaBwdAttrs{};
+      sdpa = true;
+    } else if (type == "sdpa_fp8_fwd") {
+      o.attrs = SdpaFp8FwdAttrs{};
+      sdpa = true;
     } else if (type == "matmul") {
       o.attrs = MatmulAttrs{};
     } else if (auto m = parse_pointwise_mode(type)) {
       o.attrs = PointwiseAttrs{*m};
     } else {
       return err(path + ".op", "unknown op \"" + type +
-                                   "\": accepted ops are conv_fprop, matmul, sdpa_fwd, add, sub, mul, bias_add, scale, "
+                                   "\": accepted ops are conv_fprop, matmul, sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd, add, sub, mul, bias_add, scale, "
                                    "relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh");
     }
     if (conv) {
@@ -148,7 +162,8 @@ class Parser {
                                                      "stride", "dilation"}));
     } else if (sdpa) {
       FUSEBOX_RETURN_IF_ERROR(
-          check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "attn_scale", "causal"}));
+          check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "attn_scale", "causal", "alignment",
+                                 "left_bound", "right_bound", "alibi", "dropout"}));
     } else {
       FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype"}));
     }
@@ -178,17 +193,47 @@ class Parser {
       }
     }
     if (sdpa) {
-      auto& a = std::get<SdpaFwdAttrs>(o.attrs);
-      if (v.contains("attn_scale")) {
-        if (!v["attn_scale"].is_number()) return expected(path + ".attn_scale", "a number", v["attn_scale"]);
-        a.attn_scale = v["attn_scale"].get<double>();
+      SdpaOptions& a = *sdpa_options(o.attrs);
+      auto get_bool = [&](const char* key, bool& out) -> Status {
+        if (!v.contains(key)) return Status::Ok();
+        if (!v[key].is_boolean()) return expected(path + "." + key, "true or false", v[key]);
+        out = v[key].get<bool>();
+        return Status::Ok();
+      };
+      auto get_number = [&](const char* key, std::optional<double>& out) -> Status {
+        if (!v.contains(key)) return Status::Ok();
+        if (!v[key].is_number()) return expected(path + "." + key, "a number", v[key]);
+        out = v[key].get<double>();
+        return Status::Ok();
+      };
+      auto get_opt_int = [&](const char* key, std::optional<int64_t>& out) -> Status {
+        if (!v.contains(key)) return Status::Ok();
+        FUSEBOX_ASSIGN_OR_RETURN(out, get_int(path + "." + key, v[key]));
+        return Status::Ok();
+      };
+      FUSEBOX_RETURN_IF_ERROR(get_number("attn_scale", a.attn_scale));
+      FUSEBOX_RETURN_IF_ERROR(get_bool("causal", a.causal));
+      FUSEBOX_RETURN_IF_ERROR(get_bool("alibi", a.alibi));
+      FUSEBOX_RETURN_IF_ERROR(get_opt_int("left_bound", a.left_bound));
+      FUSEBOX_RETURN_IF_ERROR(get_opt_int("right_bound", a.right_bound));
+      FUSEBOX_RETURN_IF_ERROR(get_number("dropout", a.dropout));
+      if (v.contains("alignment")) {
+        FUSEBOX_ASSIGN_OR_RETURN(std::string al, get_string(path + ".alignment", v["alignment"]));
+        if (al == "top_left") {
+          a.alignment = SdpaAlignment::kTopLeft;
+        } else if (al == "bottom_right") {
+          a.alignment = SdpaAlignment::kBottomRight;
+        } else {
+          return err(path + ".alignment", "unknown alignment \"" + al + "\": accepted are \"top_left\" (query row i "
+                                          "sees keys j <= i) and \"bottom_right\" (the diagonal ends at the last key)");
+        }
       }
-      if (v.contains("causal")) {
-        if (!v["causal"].is_boolean()) return expected(path + ".causal", "true or false", v["causal"]);
-        a.causal = v["causal"].get<bool>();
-      }
+      // Optional inputs switch their feature on: seq_len_q/seq_len_kv -> padding, bias -> bias.
+      a.padding = o.inputs.count("seq_len_q") > 0 || o.inputs.count("seq_len_kv") > 0;
+      a.bias = o.inputs.count("bias") > 0;
       // Stats are generated exactly when a "stats" output is named.
-      a.generate_stats = o.outputs.count("stats") > 0;
+      if (auto* f = std::get_if<SdpaFwdAttrs>(&o.attrs)) f->generate_stats = o.outputs.count("stats") > 0;
+      if (auto* f = std::get_if<SdpaFp8FwdAttrs>(&o.attrs)) f->generate_stats = o.outputs.count("stats") > 0;
     }
     return o;
   }
@@ -297,6 +342,7 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
     if (t.dtype) j["dtype"] = std::string(dtype_name(*t.dtype));
     if (t.is_virtual) j["virtual"] = true;
     if (t.scalar_value) j["scalar"] = static_cast<double>(*t.scalar_value);
+    if (!t.values.empty()) j["values"] = t.values;
     tensors.push_back(std::move(j));
   }
   root["tensors"] = std::move(tensors);
@@ -316,9 +362,14 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
       if (!c->stride.empty()) j["stride"] = c->stride;
       if (!c->dilation.empty()) j["dilation"] = c->dilation;
     }
-    if (auto* a = std::get_if<SdpaFwdAttrs>(&o.attrs)) {
+    if (const SdpaOptions* a = sdpa_options(o.attrs)) {
       if (a->attn_scale) j["attn_scale"] = static_cast<double>(*a->attn_scale);
       if (a->causal) j["causal"] = true;
+      if (a->alignment != SdpaAlignment::kTopLeft) j["alignment"] = std::string(sdpa_alignment_name(a->alignment));
+      if (a->left_bound) j["left_bound"] = *a->left_bound;
+      if (a->right_bound) j["right_bound"] = *a->right_bound;
+      if (a->alibi) j["alibi"] = true;
+      if (a->dropout) j["dropout"] = static_cast<double>(*a->dropout);
     }
     ops.push_back(std::move(j));
   }

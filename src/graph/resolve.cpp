@@ -236,13 +236,47 @@ Result<std::vector<int64_t>> infer_matmul(const std::string& where, const Resolv
   return out;
 }
 
-struct SdpaShapes {
-  std::vector<int64_t> o, stats;
+// Checks one sdpa input: rank 4, a graph input, the head dim contiguous.
+Status check_sdpa_tensor(const std::string& where, const char* role, const ResolvedTensor& t, const char* shape,
+                         const std::string& op_type) {
+  const std::string in = where + " input '" + role + "' (" + q(t.name) + ")";
+  if (t.dims.size() != 4) {
+    return InvalidArgument(in + " has rank " + std::to_string(t.dims.size()) + " " + dims_string(t.dims) + ": " +
+                           op_type + " takes rank-4 " + shape +
+                           " (logical order; use layout \"bshd\" or strides for [B, S, H, D] memory)");
+  }
+  if (!t.is_input) {
+    return InvalidArgument(in + " is produced by another op: " + op_type + " reads its inputs from memory, so '" +
+                           role + "' must be a graph input");
+  }
+  if (t.strides.size() != 4 || t.strides[3] != 1) {
+    return InvalidArgument(in + " has strides " + dims_string(t.strides) +
+                           ": the last dim must be contiguous (stride 1), e.g. layout \"bhsd\" or \"bshd\"");
+  }
+  return Status::Ok();
+}
+
+Status check_dtype_in(const std::string& what, DType got, std::initializer_list<DType> allowed, const std::string& why) {
+  for (DType d : allowed)
+    if (d == got) return Status::Ok();
+  return InvalidArgument(what + " has dtype " + std::string(dtype_name(got)) + ": " + why);
+}
+
+struct SdpaDims {
+  int64_t B = 0, Hq = 0, Sq = 0, D = 0, Hk = 0, Skv = 0, Dv = 0;
 };
 
-// Validates q/k/v of sdpa_fwd and fills attrs.attn_scale (1/sqrt(D) when not given).
-Result<SdpaShapes> infer_sdpa(const std::string& where, const ResolvedTensor& qt, const ResolvedTensor& k,
-                              const ResolvedTensor& v, SdpaFwdAttrs& attrs) {
+// Validates q/k/v (shared by every sdpa op), the options and the optional
+// inputs; fills attn_scale, right_bound (causal) and the random ranges of
+// sequence-length and dropout inputs.
+Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vector<ResolvedTensor>& tensors) {
+  const std::string type(op_type_name(op.attrs));
+  const bool fp8 = std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs);
+  SdpaOptions& o = *sdpa_options(op.attrs);
+  auto in = [&](const char* role) -> ResolvedTensor& { return tensors[op.inputs.at(role)]; };
+  const ResolvedTensor& qt = in("q");
+  const ResolvedTensor& k = in("k");
+  const ResolvedTensor& v = in("v");
   struct Named {
     const char* role;
     const ResolvedTensor* t;
@@ -250,70 +284,171 @@ Result<SdpaShapes> infer_sdpa(const std::string& where, const ResolvedTensor& qt
   };
   for (Named n : {Named{"q", &qt, "[B, Hq, Sq, D]"}, Named{"k", &k, "[B, Hk, Skv, D]"},
                   Named{"v", &v, "[B, Hk, Skv, Dv]"}}) {
-    const std::string in = where + " input '" + n.role + "' (" + q(n.t->name) + ")";
-    if (n.t->dims.size() != 4) {
-      return InvalidArgument(in + " has rank " + std::to_string(n.t->dims.size()) + " " + dims_string(n.t->dims) +
-                             ": sdpa_fwd takes rank-4 " + n.shape +
-                             " (logical order; use layout \"bshd\" or strides for [B, S, H, D] memory)");
-    }
-    if (!n.t->is_input) {
-      return InvalidArgument(in + " is produced by another op: sdpa_fwd reads q, k and v from memory, so they must "
-                             "be graph inputs");
-    }
-    if (n.t->dtype != DType::kBF16 && n.t->dtype != DType::kFP16) {
-      return InvalidArgument(in + " has dtype " + std::string(dtype_name(n.t->dtype)) +
-                             ": sdpa_fwd takes bf16 or fp16 q, k and v");
+    FUSEBOX_RETURN_IF_ERROR(check_sdpa_tensor(where, n.role, *n.t, n.shape, type));
+    const std::string in_where = where + " input '" + n.role + "' (" + q(n.t->name) + ")";
+    if (fp8) {
+      FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kFP8E4M3},
+                                             "sdpa_fp8_fwd takes fp8_e4m3 q, k and v (cuDNN 9.19 on Hopper)"));
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kBF16, DType::kFP16},
+                                             type + " takes bf16 or fp16 q, k and v (sdpa_fp8_fwd takes fp8)"));
     }
     if (n.t->dtype != qt.dtype) {
-      return InvalidArgument(in + " has dtype " + std::string(dtype_name(n.t->dtype)) + " but 'q' (" + q(qt.name) +
-                             ") has " + std::string(dtype_name(qt.dtype)) + ": q, k and v must share one dtype");
-    }
-    if (n.t->strides.size() != 4 || n.t->strides[3] != 1) {
-      return InvalidArgument(in + " has strides " + dims_string(n.t->strides) +
-                             ": the head dim (dim 3) must be contiguous (stride 1), e.g. layout \"bhsd\" or \"bshd\"");
+      return InvalidArgument(in_where + " has dtype " + std::string(dtype_name(n.t->dtype)) + " but 'q' (" +
+                             q(qt.name) + ") has " + std::string(dtype_name(qt.dtype)) +
+                             ": q, k and v must share one dtype");
     }
   }
-  const int64_t B = qt.dims[0], Hq = qt.dims[1], Sq = qt.dims[2], D = qt.dims[3];
-  const int64_t Hk = k.dims[1], Skv = k.dims[2], Dv = v.dims[3];
+  SdpaDims d;
+  d.B = qt.dims[0], d.Hq = qt.dims[1], d.Sq = qt.dims[2], d.D = qt.dims[3];
+  d.Hk = k.dims[1], d.Skv = k.dims[2], d.Dv = v.dims[3];
   auto kv_mismatch = [&](const char* role, const ResolvedTensor& t, size_t dim, const char* what, int64_t want,
                          const char* want_from) {
     return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") " + dims_string(t.dims) + " has " + what +
                            "=" + std::to_string(t.dims[dim]) + " but " + want_from + " has " + std::to_string(want) +
                            ": " + what + " must match");
   };
-  if (k.dims[0] != B) return kv_mismatch("k", k, 0, "B", B, "q");
-  if (v.dims[0] != B) return kv_mismatch("v", v, 0, "B", B, "q");
-  if (k.dims[3] != D) {
+  if (k.dims[0] != d.B) return kv_mismatch("k", k, 0, "B", d.B, "q");
+  if (v.dims[0] != d.B) return kv_mismatch("v", v, 0, "B", d.B, "q");
+  if (k.dims[3] != d.D) {
     return InvalidArgument(where + " input 'k' (" + q(k.name) + ") " + dims_string(k.dims) + " has head dim D=" +
                            std::to_string(k.dims[3]) + " but 'q' (" + q(qt.name) + ") " + dims_string(qt.dims) +
-                           " has D=" + std::to_string(D) + ": q and k must have the same head dim");
+                           " has D=" + std::to_string(d.D) + ": q and k must have the same head dim");
   }
-  if (v.dims[1] != Hk) return kv_mismatch("v", v, 1, "Hk", Hk, "k");
-  if (v.dims[2] != Skv) return kv_mismatch("v", v, 2, "Skv", Skv, "k");
-  if (Hq % Hk != 0) {
-    return InvalidArgument(where + " 'q' (" + q(qt.name) + ") has Hq=" + std::to_string(Hq) + " heads but 'k' (" +
-                           q(k.name) + ") has Hk=" + std::to_string(Hk) +
+  if (v.dims[1] != d.Hk) return kv_mismatch("v", v, 1, "Hk", d.Hk, "k");
+  if (v.dims[2] != d.Skv) return kv_mismatch("v", v, 2, "Skv", d.Skv, "k");
+  if (d.Hq % d.Hk != 0) {
+    return InvalidArgument(where + " 'q' (" + q(qt.name) + ") has Hq=" + std::to_string(d.Hq) + " heads but 'k' (" +
+                           q(k.name) + ") has Hk=" + std::to_string(d.Hk) +
                            ": Hq must be a multiple of Hk (Hk == Hq: multi-head, Hk == 1: multi-query, "
                            "otherwise grouped-query attention)");
   }
-  for (auto [name, val] : {std::pair<const char*, int64_t>{"D (q/k head dim)", D}, {"Dv (v head dim)", Dv}}) {
-    if (val > 256 || val % 8 != 0) {
-      return InvalidArgument(where + " " + name + " is " + std::to_string(val) +
-                             ": cuDNN 9.19 SDPA needs head dims <= 256 and a multiple of 8 "
-                             "(on Hopper, multiples of 16 up to 256)");
+  const int64_t multiple = fp8 ? 16 : 8;
+  for (auto [name, val] : {std::pair<const char*, int64_t>{"D (q/k head dim)", d.D}, {"Dv (v head dim)", d.Dv}}) {
+    if (val > 256 || val % multiple != 0) {
+      return InvalidArgument(where + " " + name + " is " + std::to_string(val) + ": cuDNN 9.19 " +
+                             (fp8 ? "FP8 SDPA needs head dims <= 256 and a multiple of 16"
+                                  : "SDPA needs head dims <= 256 and a multiple of 8 (e.g. 64, 128)"));
     }
   }
-  if (attrs.attn_scale) {
-    if (!std::isfinite(*attrs.attn_scale)) {
+
+  // --- options
+  if (o.attn_scale) {
+    if (!std::isfinite(*o.attn_scale)) {
       return InvalidArgument(where + " attn_scale is not finite: give a finite number (default 1/sqrt(D))");
     }
   } else {
-    attrs.attn_scale = 1.0 / std::sqrt(static_cast<double>(D));
+    o.attn_scale = 1.0 / std::sqrt(static_cast<double>(d.D));
   }
-  SdpaShapes s;
-  s.o = {B, Hq, Sq, Dv};
-  s.stats = {B, Hq, Sq, 1};
-  return s;
+  if (o.right_bound && *o.right_bound < 0) {
+    return InvalidArgument(where + " right_bound is " + std::to_string(*o.right_bound) +
+                           ": give a bound >= 0 (0: causal; key j is kept while j <= i + right_bound)");
+  }
+  if (o.causal && o.right_bound && *o.right_bound != 0) {
+    return InvalidArgument(where + " causal is set with right_bound " + std::to_string(*o.right_bound) +
+                           ": causal means right_bound 0; give one or the other");
+  }
+  if (o.causal) o.right_bound = 0;
+  if (o.left_bound && *o.left_bound < 1) {
+    return InvalidArgument(where + " left_bound (sliding window) is " + std::to_string(*o.left_bound) +
+                           ": give a window of at least 1 key");
+  }
+  if (o.dropout && !(*o.dropout >= 0.0 && *o.dropout < 1.0)) {
+    return InvalidArgument(where + " dropout is " + std::to_string(*o.dropout) +
+                           ": give a probability in [0, 1) (0: no dropout)");
+  }
+  if (o.alibi && !(o.right_bound && *o.right_bound == 0)) {
+    return InvalidArgument(where + " alibi needs a causal mask in cuDNN 9.19: set \"causal\": true with \"alibi\"");
+  }
+
+  // --- optional inputs
+  auto check_small = [&](const char* role, DType want, const std::vector<int64_t>& dims,
+                         const std::string& what) -> Status {
+    ResolvedTensor& t = in(role);
+    const std::string w = where + " input '" + role + "' (" + q(t.name) + ")";
+    if (t.scalar_value || !t.is_input) {
+      return InvalidArgument(w + " must be a graph input tensor in memory: " + what);
+    }
+    if (t.dims != dims) {
+      return InvalidArgument(w + " has dims " + dims_string(t.dims) + ": " + what + " has dims " + dims_string(dims));
+    }
+    if (t.dtype != want) {
+      return InvalidArgument(w + " has dtype " + std::string(dtype_name(t.dtype)) + ": " + what + " is " +
+                             std::string(dtype_name(want)));
+    }
+    return Status::Ok();
+  };
+  if (o.padding) {
+    FUSEBOX_RETURN_IF_ERROR(check_small("seq_len_q", DType::kInt32, {d.B, 1, 1, 1},
+                                        "seq_len_q holds each sequence's query length"));
+    FUSEBOX_RETURN_IF_ERROR(check_small("seq_len_kv", DType::kInt32, {d.B, 1, 1, 1},
+                                        "seq_len_kv holds each sequence's key/value length"));
+    for (auto [role, full] : {std::pair<const char*, int64_t>{"seq_len_q", d.Sq}, {"seq_len_kv", d.Skv}}) {
+      ResolvedTensor& t = in(role);
+      t.random_lo = 1;
+      t.random_hi = static_cast<double>(full);
+      for (double x : t.values) {
+        if (x < 0 || x > static_cast<double>(full) || x != std::floor(x)) {
+          return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") holds the value " +
+                                 std::to_string(x) + ": each length must be an integer in [0, " +
+                                 std::to_string(full) + "]");
+        }
+      }
+    }
+  }
+  if (o.bias) {
+    ResolvedTensor& t = in("bias");
+    const std::string w = where + " input 'bias' (" + q(t.name) + ")";
+    if (!t.is_input || t.dims.size() != 4 || (t.dims[0] != 1 && t.dims[0] != d.B) ||
+        (t.dims[1] != 1 && t.dims[1] != d.Hq) || t.dims[2] != d.Sq || t.dims[3] != d.Skv) {
+      return InvalidArgument(w + " has dims " + dims_string(t.dims) + ": the bias is a graph input [B or 1, Hq or 1, " +
+                             "Sq, Skv] = [" + std::to_string(d.B) + " or 1, " + std::to_string(d.Hq) + " or 1, " +
+                             std::to_string(d.Sq) + ", " + std::to_string(d.Skv) + "]");
+    }
+    if (fp8) return InvalidArgument(w + ": cuDNN 9.19 FP8 SDPA takes no bias");
+    FUSEBOX_RETURN_IF_ERROR(check_dtype_in(w, t.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
+                                           "the bias is bf16, fp16 or fp32"));
+    if (t.strides[3] != 1) return InvalidArgument(w + ": its last dim must be contiguous (stride 1)");
+  }
+  if (o.dropout) {
+    for (const char* role : {"seed", "offset"}) {
+      FUSEBOX_RETURN_IF_ERROR(check_small(role, DType::kInt64, {1, 1, 1, 1},
+                                          std::string("the dropout ") + role + " (Philox RNG)"));
+      in(role).random_lo = 0;
+      in(role).random_hi = 2147483647.0;
+    }
+  }
+  if (fp8) {
+    for (const char* role : {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"}) {
+      FUSEBOX_RETURN_IF_ERROR(check_small(role, DType::kFP32, {1, 1, 1, 1},
+                                          std::string("the FP8 scale factor ") + role + " (one fp32 value)"));
+      ResolvedTensor& t = in(role);
+      // Random scales near 1 keep the fp8 values in range; fixed values win.
+      t.random_lo = 0.5;
+      t.random_hi = 2.0;
+    }
+  }
+  if (auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs)) {
+    (void)bwd;
+    const std::vector<int64_t> o_dims = {d.B, d.Hq, d.Sq, d.Dv}, stats_dims = {d.B, d.Hq, d.Sq, 1};
+    for (const char* role : {"o", "do"}) {
+      const ResolvedTensor& t = in(role);
+      FUSEBOX_RETURN_IF_ERROR(check_sdpa_tensor(where, role, t, "[B, Hq, Sq, Dv]", type));
+      if (t.dims != o_dims) {
+        return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") has dims " + dims_string(t.dims) +
+                               ": sdpa_bwd needs [B, Hq, Sq, Dv] = " + dims_string(o_dims) + " from q and v");
+      }
+      FUSEBOX_RETURN_IF_ERROR(check_dtype_in(where + " input '" + role + "' (" + q(t.name) + ")", t.dtype,
+                                             {qt.dtype}, "it must have q's dtype"));
+    }
+    const ResolvedTensor& st = in("stats");
+    if (!st.is_input || st.dims != stats_dims || st.dtype != DType::kFP32) {
+      return InvalidArgument(where + " input 'stats' (" + q(st.name) + ") is " + dims_string(st.dims) + " " +
+                             std::string(dtype_name(st.dtype)) + ": sdpa_bwd needs the forward's softmax stats, " +
+                             "an fp32 graph input " + dims_string(stats_dims));
+    }
+  }
+  return d;
 }
 
 }  // namespace
@@ -372,10 +507,12 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
       }
       std::string want = out_roles.size() == 1 ? "exactly one role '" + std::string(out_roles[0]) + "'"
                                                : "exactly the roles " + join_roles(out_roles);
-      if (std::holds_alternative<SdpaFwdAttrs>(op.attrs)) {
-        want += std::get<SdpaFwdAttrs>(op.attrs).generate_stats
-                    ? " (generate_stats is on: give 'o' and 'stats')"
-                    : " (generate_stats is off: give only 'o'; a 'stats' output turns it on)";
+      if (std::holds_alternative<SdpaFwdAttrs>(op.attrs) || std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs)) {
+        const bool stats = std::holds_alternative<SdpaFwdAttrs>(op.attrs)
+                               ? std::get<SdpaFwdAttrs>(op.attrs).generate_stats
+                               : std::get<SdpaFp8FwdAttrs>(op.attrs).generate_stats;
+        want += stats ? " (generate_stats is on: give 'stats' too)"
+                      : " (generate_stats is off; a 'stats' output turns it on)";
       }
       return InvalidArgument(where + " outputs must be " + want + " (got: " + (got.empty() ? "none" : got) + ")");
     }
@@ -393,11 +530,11 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         return InvalidArgument(where + " output " + q(role) + ": tensor " + q(y) +
                                " is a by-value scalar: scalars can only be inputs");
       }
-      if (std::holds_alternative<SdpaFwdAttrs>(op.attrs) &&
-          (d == declared.end() || spec.tensors[d->second].is_virtual)) {
+      if (sdpa_options(op.attrs) && (d == declared.end() || spec.tensors[d->second].is_virtual)) {
         return InvalidArgument(where + " output " + q(role) + ": tensor " + q(y) +
-                               (d == declared.end() ? " is not declared" : " is virtual") +
-                               ": sdpa_fwd writes its outputs to memory, so declare it in 'tensors' as a graph "
+                               (d == declared.end() ? " is not declared" : " is virtual") + ": " +
+                               std::string(op_type_name(op.attrs)) +
+                               " writes its outputs to memory, so declare it in 'tensors' as a graph "
                                "output (not virtual)");
       }
     }
@@ -476,7 +613,12 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     const TensorSpec& t = spec.tensors[i];
     ResolvedTensor& r = g.tensors[i];
     const std::string where = "tensor " + q(t.name);
-    if (producer.count(t.name)) continue;
+    if (producer.count(t.name)) {
+      if (!t.values.empty()) {
+        return InvalidArgument(where + " has 'values' but is produced by an op: only graph inputs take fixed values");
+      }
+      continue;
+    }
     if (!used.count(t.name)) {
       return InvalidArgument(where + " is declared but no op uses it or produces it: remove it or connect it");
     }
@@ -510,6 +652,17 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     FUSEBOX_ASSIGN_OR_RETURN(r.strides, tensor_strides(where, t, t.dims, *dense));
     r.dtype = t.dtype.value_or(spec.io_dtype);
     r.is_input = true;
+    if (!t.values.empty()) {
+      if (static_cast<int64_t>(t.values.size()) != r.element_count()) {
+        return InvalidArgument(where + " has " + std::to_string(t.values.size()) + " values but dims " +
+                               dims_string(t.dims) + " hold " + std::to_string(r.element_count()) +
+                               ": give one value per element (logical row-major order)");
+      }
+      for (double x : t.values) {
+        if (!std::isfinite(x)) return InvalidArgument(where + " has a non-finite value: values must be finite");
+      }
+      r.values = t.values;
+    }
     known[i] = true;
   }
 
@@ -577,27 +730,44 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
       return Status::Ok();
     };
 
-    if (auto* sdpa = std::get_if<SdpaFwdAttrs>(&rop.attrs)) {
-      FUSEBOX_ASSIGN_OR_RETURN(SdpaShapes shapes, infer_sdpa(where, in("q"), in("k"), in("v"), *sdpa));
-      // o like q's stride order (bshd q gives bshd o); stats dense [B, H, S, 1].
-      FUSEBOX_RETURN_IF_ERROR(
-          finish_output("o", shapes.o, dense_strides_like(shapes.o, in("q").strides), spec.io_dtype));
-      const ResolvedTensor& o = g.tensors[rop.outputs.at("o")];
-      if (o.dtype != DType::kBF16 && o.dtype != DType::kFP16) {
-        return InvalidArgument(where + " output 'o' (" + q(o.name) + ") has dtype " +
-                               std::string(dtype_name(o.dtype)) + ": sdpa_fwd writes o in bf16 or fp16");
-      }
-      if (o.strides[3] != 1) {
-        return InvalidArgument(where + " output 'o' (" + q(o.name) + ") has strides " + dims_string(o.strides) +
-                               ": the head dim (dim 3) must be contiguous (stride 1)");
-      }
-      if (sdpa->generate_stats) {
-        FUSEBOX_RETURN_IF_ERROR(finish_output("stats", shapes.stats, dense_strides_like(shapes.stats, {}),
-                                              DType::kFP32));
-        const ResolvedTensor& st = g.tensors[rop.outputs.at("stats")];
-        if (st.dtype != DType::kFP32) {
-          return InvalidArgument(where + " output 'stats' (" + q(st.name) + ") has dtype " +
-                                 std::string(dtype_name(st.dtype)) + ": cuDNN writes stats in fp32 only");
+    if (sdpa_options(rop.attrs)) {
+      FUSEBOX_ASSIGN_OR_RETURN(SdpaDims d, infer_sdpa(where, rop, g.tensors));
+      const std::vector<int64_t> o_dims = {d.B, d.Hq, d.Sq, d.Dv}, stats_dims = {d.B, d.Hq, d.Sq, 1};
+      auto out = [&](const char* role) -> const ResolvedTensor& { return g.tensors[rop.outputs.at(role)]; };
+      auto check_out = [&](const char* role, std::initializer_list<DType> allowed, const std::string& why) -> Status {
+        const ResolvedTensor& t = out(role);
+        const std::string w = where + " output '" + role + "' (" + q(t.name) + ")";
+        FUSEBOX_RETURN_IF_ERROR(check_dtype_in(w, t.dtype, allowed, why));
+        if (t.dims.size() == 4 && t.strides[3] != 1) {
+          return InvalidArgument(w + " has strides " + dims_string(t.strides) +
+                                 ": the last dim must be contiguous (stride 1)");
+        }
+        return Status::Ok();
+      };
+      auto stats_out = [&]() -> Status {
+        FUSEBOX_RETURN_IF_ERROR(finish_output("stats", stats_dims, dense_strides_like(stats_dims, {}), DType::kFP32));
+        return check_out("stats", {DType::kFP32}, "cuDNN writes stats in fp32 only");
+      };
+      if (auto* f = std::get_if<SdpaFwdAttrs>(&rop.attrs)) {
+        // o like q's stride order (bshd q gives bshd o); stats dense [B, H, S, 1].
+        FUSEBOX_RETURN_IF_ERROR(finish_output("o", o_dims, dense_strides_like(o_dims, in("q").strides), in("q").dtype));
+        FUSEBOX_RETURN_IF_ERROR(check_out("o", {DType::kBF16, DType::kFP16}, "sdpa_fwd writes o in bf16 or fp16"));
+        if (f->generate_stats) FUSEBOX_RETURN_IF_ERROR(stats_out());
+      } else if (auto* f8 = std::get_if<SdpaFp8FwdAttrs>(&rop.attrs)) {
+        FUSEBOX_RETURN_IF_ERROR(finish_output("o", o_dims, dense_strides_like(o_dims, in("q").strides), in("q").dtype));
+        FUSEBOX_RETURN_IF_ERROR(check_out("o", {DType::kFP8E4M3},
+                                          "sdpa_fp8_fwd writes o in fp8_e4m3 on Hopper (cuDNN 9.19)"));
+        for (const char* role : {"amax_s", "amax_o"}) {
+          FUSEBOX_RETURN_IF_ERROR(finish_output(role, {1, 1, 1, 1}, {1, 1, 1, 1}, DType::kFP32));
+          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP32}, "amax outputs are fp32 [1,1,1,1]"));
+        }
+        if (f8->generate_stats) FUSEBOX_RETURN_IF_ERROR(stats_out());
+      } else {
+        for (const char* role : {"dq", "dk", "dv"}) {
+          const ResolvedTensor& like = in(role + 1);
+          FUSEBOX_RETURN_IF_ERROR(
+              finish_output(role, like.dims, dense_strides_like(like.dims, like.strides), in("q").dtype));
+          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kBF16, DType::kFP16}, "sdpa_bwd writes gradients in bf16 or fp16"));
         }
       }
       g.ops.push_back(std::move(rop));
@@ -699,9 +869,17 @@ std::string describe(const ResolvedGraph& g) {
     if (auto* c = std::get_if<ConvFpropAttrs>(&op.attrs)) {
       os << ", padding " << vec(c->padding) << ", stride " << vec(c->stride) << ", dilation " << vec(c->dilation);
     }
-    if (auto* s = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
-      os << ", attn_scale " << (s->attn_scale ? *s->attn_scale : 0.0) << (s->causal ? ", causal" : "")
-         << (s->generate_stats ? ", stats" : "");
+    if (const SdpaOptions* s = sdpa_options(op.attrs)) {
+      os << ", attn_scale " << (s->attn_scale ? *s->attn_scale : 0.0) << (s->causal ? ", causal" : "");
+      if (s->right_bound) os << ", right_bound " << *s->right_bound;
+      if (s->left_bound) os << ", left_bound " << *s->left_bound;
+      if (s->alignment == SdpaAlignment::kBottomRight) os << ", bottom_right";
+      if (s->padding) os << ", padding";
+      if (s->bias) os << ", bias";
+      if (s->alibi) os << ", alibi";
+      if (s->dropout) os << ", dropout " << *s->dropout;
+      const auto roles = op_output_roles(op.attrs);
+      if (std::find(roles.begin(), roles.end(), "stats") != roles.end()) os << ", stats";
     }
     os << "\n";
   }

@@ -71,10 +71,62 @@ TEST(SdpaResolve, FlopsNonCausalAndCausalLongQuery) {
   auto r = resolve(sdpa_graph({1, 2, 8, 16}, {1, 2, 8, 16}, {1, 2, 8, 16}, {}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_DOUBLE_EQ(r->flops(), 4.0 * 1 * 2 * 8 * 8 * 16);
-  EXPECT_DOUBLE_EQ(sdpa_unmasked_pairs(4, 4, true), 10);
-  EXPECT_DOUBLE_EQ(sdpa_unmasked_pairs(3, 5, true), 6);
-  EXPECT_DOUBLE_EQ(sdpa_unmasked_pairs(5, 3, true), 1 + 2 + 3 + 3 + 3);
-  EXPECT_DOUBLE_EQ(sdpa_unmasked_pairs(5, 3, false), 15);
+  SdpaOptions causal;
+  causal.causal = true;
+  EXPECT_DOUBLE_EQ(sdpa_kept_pairs(causal, 4, 4), 10);
+  EXPECT_DOUBLE_EQ(sdpa_kept_pairs(causal, 3, 5), 6);
+  EXPECT_DOUBLE_EQ(sdpa_kept_pairs(causal, 5, 3), 1 + 2 + 3 + 3 + 3);
+  EXPECT_DOUBLE_EQ(sdpa_kept_pairs(SdpaOptions{}, 5, 3), 15);
+}
+
+// sdpa_kept_pairs must agree with counting sdpa_keeps over every (i, j).
+TEST(SdpaMask, KeptPairsMatchesKeepsEverywhere) {
+  int checked = 0;
+  for (int align = 0; align < 2; ++align)
+    for (int right = -1; right <= 2; ++right)
+      for (int left = 0; left <= 3; ++left)
+        for (int64_t lq : {1, 3, 7})
+          for (int64_t lkv : {1, 4, 7, 9}) {
+            SdpaOptions o;
+            o.alignment = align ? SdpaAlignment::kBottomRight : SdpaAlignment::kTopLeft;
+            if (right >= 0) o.right_bound = right;
+            if (left > 0) o.left_bound = left;
+            double count = 0;
+            for (int64_t i = 0; i < lq; ++i)
+              for (int64_t j = 0; j < lkv; ++j) count += sdpa_keeps(o, i, j, lq, lkv) ? 1 : 0;
+            EXPECT_DOUBLE_EQ(sdpa_kept_pairs(o, lq, lkv), count)
+                << "align " << align << " right " << right << " left " << left << " lq " << lq << " lkv " << lkv;
+            ++checked;
+          }
+  EXPECT_EQ(checked, 2 * 4 * 4 * 3 * 4);
+}
+
+// Bottom-right causal with Sq < Skv: the last query row sees every key.
+TEST(SdpaMask, BottomRightCausalAndWindow) {
+  SdpaOptions o;
+  o.causal = true;
+  o.alignment = SdpaAlignment::kBottomRight;
+  EXPECT_TRUE(sdpa_keeps(o, 1, 4, 2, 5));   // off = 3: row 1 sees j <= 4
+  EXPECT_FALSE(sdpa_keeps(o, 0, 4, 2, 5));  // row 0 sees j <= 3
+  EXPECT_TRUE(sdpa_keeps(o, 0, 3, 2, 5));
+  o.left_bound = 2;  // window of 2 keys ending at the diagonal
+  EXPECT_TRUE(sdpa_keeps(o, 1, 3, 2, 5));
+  EXPECT_FALSE(sdpa_keeps(o, 1, 2, 2, 5));
+  o.padding = true;  // keys past lkv and rows past lq are dropped
+  EXPECT_FALSE(sdpa_keeps(o, 2, 3, 2, 5));
+}
+
+// The frontend's get_alibi_slope: powers of two, then the odd half-steps.
+TEST(SdpaMask, AlibiSlopes) {
+  const auto s8 = alibi_slopes(8);
+  ASSERT_EQ(s8.size(), 8u);
+  for (int h = 0; h < 8; ++h) EXPECT_NEAR(s8[h], std::pow(2.0, -(h + 1.0)), 1e-7);
+  const auto s6 = alibi_slopes(6);  // n = 4: 2^-2, 2^-4, 2^-6, 2^-8, then 2^-1, 2^-3
+  ASSERT_EQ(s6.size(), 6u);
+  EXPECT_NEAR(s6[0], 0.25, 1e-7);
+  EXPECT_NEAR(s6[3], std::pow(2.0, -8), 1e-9);
+  EXPECT_NEAR(s6[4], 0.5, 1e-7);
+  EXPECT_NEAR(s6[5], 0.125, 1e-7);
 }
 
 TEST(SdpaResolve, BshdOutputFollowsQ) {
@@ -109,12 +161,14 @@ TEST(SdpaResolve, BadShapesNameOpTensorAndRule) {
     expect_error(g, {"'q'", "fp32", "bf16 or fp16"});
   }
   {
-    // o not declared: it would be virtual.
+    // o declared virtual: sdpa writes to memory.
     GraphSpec g;
     g.tensor("q", {2, 4, 8, 64});
     g.tensor("k", {2, 4, 8, 64});
     g.tensor("v", {2, 4, 8, 64});
-    g.sdpa_fwd("attn", "q", "k", "v");
+    const std::string o = g.sdpa_fwd("attn", "q", "k", "v");
+    for (auto& t : g.tensors)
+      if (t.name == o) t.is_virtual = true;
     expect_error(g, {"[sdpa_fwd 'attn']", "output 'o'", "declare it in 'tensors'"});
   }
   {
@@ -131,7 +185,7 @@ TEST(SdpaResolve, BadShapesNameOpTensorAndRule) {
   {
     GraphSpec g = sdpa_graph({2, 4, 8, 64}, {2, 4, 8, 64}, {2, 4, 8, 64}, {});
     g.tensors[0].strides = {2048, 1, 256, 4};  // head dim not contiguous
-    expect_error(g, {"'q'", "head dim", "stride 1"});
+    expect_error(g, {"'q'", "last dim", "stride 1"});
   }
 }
 
