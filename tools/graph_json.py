@@ -7,6 +7,7 @@ tools only read graphs that fusebox accepts.
 """
 import glob
 import json
+import math
 import os
 
 DTYPE_ALIASES = {
@@ -46,17 +47,87 @@ def conv_out_dims(x_dims, w_dims, padding, stride, dilation):
     return out
 
 
+SDPA_OPS = {"sdpa_fwd", "sdpa_bwd", "sdpa_fp8_fwd"}
+FP8_SCALE_ROLES = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
+SEQ_LEN_ROLES = ("seq_len_q", "seq_len_kv")
+INT_DTYPES = {"int32", "int64"}
+
+
 def primary_role(op):
-    """The op's main output role: "o" for sdpa_fwd, "y" for every other op."""
-    return "o" if op["op"] == "sdpa_fwd" else "y"
+    """The op's main output role: "o" for sdpa_fwd and sdpa_fp8_fwd, "dq" for
+    sdpa_bwd, "y" for every other op."""
+    return {"sdpa_fwd": "o", "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq"}.get(op["op"], "y")
 
 
-def sdpa_unmasked_pairs(sq, skv, causal):
-    """Query/key pairs scored per (batch, head); top-left causal: row i sees keys j <= i."""
-    if not causal:
-        return sq * skv
-    full = min(sq, skv)
-    return full * (full + 1) // 2 + max(sq - skv, 0) * skv
+class SdpaOptions:
+    """An sdpa op's options, resolved as fusebox's resolve() does (graph.h,
+    SdpaOptions): attn_scale defaults to 1/sqrt(D); causal sets right_bound 0;
+    padding and bias are on when the op names those inputs."""
+
+    def __init__(self, op, head_dim):
+        self.kind = op["op"]
+        scale = op.get("attn_scale")
+        self.attn_scale = float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+        self.causal = bool(op.get("causal", False))
+        alignment = op.get("alignment", "top_left")
+        if alignment not in ("top_left", "bottom_right"):
+            raise ValueError(f"op {op.get('name')!r}: unknown alignment {alignment!r}")
+        self.bottom_right = alignment == "bottom_right"
+        self.left_bound = op.get("left_bound")
+        self.right_bound = op.get("right_bound")
+        if self.causal and self.right_bound is None:
+            self.right_bound = 0
+        self.alibi = bool(op.get("alibi", False))
+        self.dropout = op.get("dropout")
+        ins = op["inputs"]
+        self.padding = any(r in ins for r in SEQ_LEN_ROLES)
+        self.bias = "bias" in ins
+
+    def offset(self, lq, lkv):
+        return lkv - lq if self.bottom_right else 0
+
+    def keeps(self, i, j, lq, lkv):
+        """Whether score (i, j) is kept: sdpa_keeps() of src/graph/graph.cpp."""
+        if self.padding and (j >= lkv or i >= lq):
+            return False
+        off = self.offset(lq, lkv)
+        if self.right_bound is not None and j > i + off + self.right_bound:
+            return False
+        if self.left_bound is not None and j <= i + off - self.left_bound:
+            return False
+        return True
+
+    def kept_pairs(self, lq, lkv):
+        """Kept (query, key) pairs of one (batch, head) with actual lengths lq, lkv."""
+        off = self.offset(lq, lkv)
+        pairs = 0
+        for i in range(lq):
+            hi = lkv - 1
+            if self.right_bound is not None:
+                hi = min(hi, i + off + self.right_bound)
+            lo = 0
+            if self.left_bound is not None:
+                lo = max(lo, i + off - self.left_bound + 1)
+            if hi >= lo:
+                pairs += hi - lo + 1
+        return pairs
+
+
+def alibi_slopes(heads):
+    """cuDNN's ALiBi slope per query head (alibi_slopes() of graph.cpp, the
+    frontend's get_alibi_slope): n = largest power of two <= heads; head h < n
+    gets 2^(-8(h+1)/n), the others 2^(-4(2m+1)/n), m = 0, 1, ... Computed in
+    float32 like the C++ (float exponent, powf)."""
+    import numpy as np  # local: graph_json itself stays stdlib-only for other users
+    n = 1
+    while n * 2 <= heads:
+        n *= 2
+    exps = [float(h + 1) for h in range(n)] + [(m + 1) * 0.5 for m in range(0, 2 * (heads - n), 2)]
+    out = []
+    for e in exps:
+        x = np.float32(-8.0) * np.float32(e) / np.float32(n)
+        out.append(float(np.power(np.float32(2.0), x, dtype=np.float32)))
+    return out
 
 
 def broadcast_dims(a, b):
@@ -125,9 +196,13 @@ class Graph:
             return broadcast_dims(self.dims[ins["a"]], self.dims[ins["b"]])
         if kind in ("bias_add", "scale") or kind in UNARY_OPS:
             return list(self.dims[ins["x"]])
-        if kind == "sdpa_fwd":
+        if kind in ("sdpa_fwd", "sdpa_fp8_fwd"):
             q, v = self.dims[ins["q"]], self.dims[ins["v"]]
-            return {"o": [q[0], q[1], q[2], v[3]], "stats": [q[0], q[1], q[2], 1]}
+            return {"o": [q[0], q[1], q[2], v[3]], "stats": [q[0], q[1], q[2], 1],
+                    "amax_s": [1, 1, 1, 1], "amax_o": [1, 1, 1, 1]}
+        if kind == "sdpa_bwd":
+            return {"dq": list(self.dims[ins["q"]]), "dk": list(self.dims[ins["k"]]),
+                    "dv": list(self.dims[ins["v"]])}
         raise ValueError(f"{self.path}: unknown op {kind!r}")
 
     def is_scalar(self, name):
@@ -142,12 +217,33 @@ class Graph:
         return [n for n, t in self.declared.items()
                 if n in self.produced and not t.get("virtual", False)]
 
+    def values(self, name):
+        """A graph input's fixed contents ("values", logical row-major), else None."""
+        v = self.declared.get(name, {}).get("values")
+        return list(v) if v else None
+
+    def sdpa_options(self, op):
+        return SdpaOptions(op, self.dims[op["inputs"]["q"]][3])
+
+    def consumers(self, name):
+        """(op, role) pairs reading tensor `name`."""
+        return [(op, role) for op in self.ops for role, t in op["inputs"].items() if t == name]
+
+    def output_role(self, name):
+        """(op, role) producing tensor `name`, or (None, None)."""
+        op = self.produced.get(name)
+        if op is None:
+            return None, None
+        return op, next(r for r, t in op["outputs"].items() if t == name)
+
     def dtype(self, name):
         t = self.declared.get(name)
-        op = self.produced.get(name)
-        if (op is not None and op["op"] == "sdpa_fwd" and op["outputs"].get("stats") == name
-                and (t is None or "dtype" not in t)):
-            return "fp32"  # sdpa stats are always fp32
+        op, role = self.output_role(name)
+        if op is not None and op["op"] in SDPA_OPS and (t is None or "dtype" not in t):
+            # resolve(): stats and amax are fp32; o, dq, dk, dv take q's dtype.
+            if role in ("stats", "amax_s", "amax_o"):
+                return "fp32"
+            return self.dtype(op["inputs"]["q"])
         if t is not None and "dtype" in t:
             return canonical_dtype(t["dtype"])
         if t is not None and "scalar" in t:
@@ -156,15 +252,49 @@ class Graph:
             return self.intermediate_dtype
         return self.io_dtype
 
-    def flops(self):
+    def seq_lens(self, op, inputs=None):
+        """Per-batch (lq, lkv) lists of an sdpa op: from `inputs` (tensor name ->
+        values, anything iterable), else the tensor's "values", else full length."""
+        q, k = self.dims[op["inputs"]["q"]], self.dims[op["inputs"]["k"]]
+        out = []
+        for role, full in (("seq_len_q", q[2]), ("seq_len_kv", k[2])):
+            name = op["inputs"].get(role)
+            vals = None
+            if name is not None:
+                if inputs is not None and name in inputs:
+                    vals = [int(x) for x in _flat(inputs[name])]
+                elif self.values(name):
+                    vals = [int(x) for x in self.values(name)]
+            out.append(vals if vals is not None else [full] * q[0])
+        return out[0], out[1]
+
+    def sdpa_kept_pairs(self, op, inputs=None):
+        """Kept (query, key) pairs summed over the batch (per head)."""
+        opts = self.sdpa_options(op)
+        lq, lkv = self.seq_lens(op, inputs)
+        cache, pairs = {}, 0
+        for a, b in zip(lq, lkv):
+            if (a, b) not in cache:
+                cache[(a, b)] = opts.kept_pairs(a, b)
+            pairs += cache[(a, b)]
+        return pairs
+
+    def sdpa_flops(self, op, inputs=None):
+        """fusebox's count: 2*Hq*(D+Dv) per kept pair (4*B*Hq*D*pairs when Dv == D);
+        2.5 times that for sdpa_bwd."""
+        q, v = self.dims[op["inputs"]["q"]], self.dims[op["inputs"]["v"]]
+        f = 2 * q[1] * self.sdpa_kept_pairs(op, inputs) * (q[3] + v[3])
+        return f * 2.5 if op["op"] == "sdpa_bwd" else f
+
+    def flops(self, inputs=None):
         """2*MACs for conv and matmul, one per output element for pointwise ops,
-        2*B*Hq*(D+Dv) per unmasked query/key pair for sdpa_fwd."""
+        2*B*Hq*(D+Dv) per kept query/key pair for the sdpa forwards, 2.5 times
+        that for sdpa_bwd (as ResolvedGraph::flops). `inputs`: tensor name ->
+        values for seq_len tensors (padding); missing ones count as full length."""
         total = 0
         for op in self.ops:
-            if op["op"] == "sdpa_fwd":
-                q, k, v = (self.dims[op["inputs"][r]] for r in ("q", "k", "v"))
-                pairs = sdpa_unmasked_pairs(q[2], k[2], bool(op.get("causal", False)))
-                total += 2 * q[0] * q[1] * pairs * (q[3] + v[3])
+            if op["op"] in SDPA_OPS:
+                total += self.sdpa_flops(op, inputs)
                 continue
             y = self.dims[op["outputs"]["y"]]
             n_out = prod(y)
@@ -180,6 +310,15 @@ class Graph:
     def bytes_moved(self):
         names = self.inputs() + self.outputs()
         return sum(prod(self.dims[n]) * DTYPE_BYTES[self.dtype(n)] for n in names)
+
+
+def _flat(x):
+    if hasattr(x, "reshape") and hasattr(x, "tolist"):
+        return x.reshape(-1).tolist()
+    out = []
+    for e in x:
+        out.extend(_flat(e) if isinstance(e, (list, tuple)) else [e])
+    return out
 
 
 def prod(xs):

@@ -1,5 +1,7 @@
 """One graph op computed with PyTorch: shared by tools/torch_crosscheck.py (the
-float32 reference) and bench/torch_compare.py (the framework path)."""
+float32 reference) and bench/torch_compare.py (the framework path; its SDPA
+comparison uses torch's own scaled_dot_product_attention instead, see
+bench/sdpa_compare.py)."""
 
 import math
 
@@ -30,35 +32,246 @@ _POINTWISE = {
 }
 
 
-def sdpa_fwd(q, k, v, op):
-    """Outputs of sdpa_fwd by role: "o" and, when the op names a "stats" output,
-    "stats" = logsumexp of the scaled, masked scores (natural log), [B,Hq,Sq,1]."""
-    scale = op.get("attn_scale")
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
-    causal = bool(op.get("causal", False))
-    hq, hk = q.shape[1], k.shape[1]
-    kwargs = {"enable_gqa": True} if hq != hk else {}
-    # top-left causal, as torch's is_causal
-    out = {"o": F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **kwargs)}
-    if "stats" in op.get("outputs", {}):
-        kk = k.repeat_interleave(hq // hk, dim=1) if hq != hk else k
-        s = torch.matmul(q, kk.transpose(-2, -1)) * scale
-        if causal:
-            sq, skv = s.shape[-2], s.shape[-1]
-            mask = torch.ones(sq, skv, dtype=torch.bool, device=s.device).tril()
-            s = s.masked_fill(~mask, float("-inf"))
-        out["stats"] = torch.logsumexp(s, dim=-1, keepdim=True)
+# ---------------------------------------------------------------- attention
+#
+# Written from the rules in include/fusebox/graph.h (not from fusebox's C++
+# reference): explicit scores, an explicit boolean mask, bias, ALiBi, a
+# masked softmax, stats = logsumexp. All math in float32 (callers turn TF32
+# off). Work is split per (batch, kv head) and into blocks of query rows so
+# that the [rows, Skv] score blocks stay around SCORE_BLOCK_ELEMS elements
+# (the 8192-long examples would need 17 GB of fp32 scores at once).
+
+SCORE_BLOCK_ELEMS = 1 << 28  # 1 GiB of fp32 scores per block
+
+FP8_E4M3_MAX = 448.0
+
+
+class SdpaSkip(Exception):
+    """The op cannot be cross-checked in torch (e.g. dropout: Philox bits)."""
+
+
+def _sdpa_config(op, q):
+    """Resolved options (graph_json.SdpaOptions) of `op` for query tensor `q`."""
+    from graph_json import SdpaOptions  # tools/ is on sys.path for every user of this module
+    return SdpaOptions(op, q.shape[-1])
+
+
+def _lengths(ins, role, batch, full, device):
+    t = ins.get(role)
+    if t is None:
+        return torch.full((batch,), full, dtype=torch.long, device=device)
+    return t.reshape(-1).to(device=device, dtype=torch.long)
+
+
+def sdpa_keep_mask(opts, rows, skv, lq, lkv):
+    """Boolean [len(rows), skv]: score (i, j) kept for query rows `rows` (a 1-D
+    long tensor) with this batch's lengths lq, lkv (Python ints). The rules of
+    graph.h: j < lkv and i < lq (padding); j <= i + off + right_bound;
+    j > i + off - left_bound; off = lkv - lq for bottom-right alignment."""
+    i = rows.view(-1, 1)
+    j = torch.arange(skv, device=rows.device).view(1, -1)
+    keep = torch.ones(rows.numel(), skv, dtype=torch.bool, device=rows.device)
+    if opts.padding:
+        keep &= (j < lkv) & (i < lq)
+    off = (lkv - lq) if opts.bottom_right else 0
+    if opts.right_bound is not None:
+        keep &= j <= i + off + int(opts.right_bound)
+    if opts.left_bound is not None:
+        keep &= j > i + off - int(opts.left_bound)
+    return keep
+
+
+def alibi_slopes_tensor(heads, device):
+    from graph_json import alibi_slopes
+    return torch.tensor(alibi_slopes(heads), dtype=torch.float32, device=device)
+
+
+def _masked_softmax(s, keep):
+    """P, row logsumexp (natural log) and row max of scores `s` [..., rows, skv]
+    under `keep` (broadcast). Rows with no kept score give P = 0, stats = -inf.
+    Differentiable (no NaN gradients from empty rows)."""
+    s = s.masked_fill(~keep, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    e = torch.exp(s - m)
+    l = e.sum(dim=-1, keepdim=True)
+    p = e / torch.where(l > 0, l, torch.ones_like(l))
+    stats = m + torch.log(l)  # -inf where the row kept nothing
+    return p, stats
+
+
+def _score_block(q_blk, k_h, opts, rows, heads, b, lq, lkv, ins, slopes, qk_scale):
+    """Scores [g, rows, Skv] of query heads `heads` (a range) against kv head
+    k_h [Skv, D], with bias and ALiBi added, and the keep mask [rows, Skv]."""
+    s = torch.matmul(q_blk, k_h.transpose(-2, -1)) * qk_scale
+    if "bias" in ins:
+        bias = ins["bias"]
+        bb = bias[b if bias.shape[0] > 1 else 0]
+        bh = bb[heads.start:heads.stop] if bb.shape[0] > 1 else bb
+        s = s + bh[:, rows[0].item():rows[-1].item() + 1, :].float()
+    if opts.alibi:
+        j = torch.arange(s.shape[-1], device=s.device, dtype=torch.float32).view(1, 1, -1)
+        i = rows.to(torch.float32).view(1, -1, 1)
+        s = s + slopes[heads.start:heads.stop].view(-1, 1, 1) * (j - i)
+    keep = sdpa_keep_mask(opts, rows, s.shape[-1], lq, lkv)
+    return s, keep
+
+
+def _row_blocks(sq, g, skv):
+    step = max(1, min(sq, SCORE_BLOCK_ELEMS // max(1, g * skv)))
+    for r0 in range(0, sq, step):
+        yield r0, min(sq, r0 + step)
+
+
+def sdpa_forward(ins, op, fp8=False):
+    """sdpa_fwd / sdpa_fp8_fwd outputs by role (float32 tensors): "o", "stats",
+    and for fp8 "amax_s", "amax_o" (o already rounded to fp8_e4m3 values)."""
+    q, k, v = (ins[r].float() for r in ("q", "k", "v"))
+    opts = _sdpa_config(op, q)
+    if opts.dropout:
+        raise SdpaSkip(f"dropout {opts.dropout}: cuDNN's Philox dropout mask is not reproduced in torch")
+    B, Hq, Sq, D = q.shape
+    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    g = Hq // Hk
+    dev = q.device
+    lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
+    lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
+    slopes = alibi_slopes_tensor(Hq, dev) if opts.alibi else None
+    qk_scale = opts.attn_scale
+    if fp8:
+        sc = {r: float(ins[r].reshape(-1)[0]) for r in
+              ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")}
+        qk_scale = opts.attn_scale * sc["descale_q"] * sc["descale_k"]
+    o = torch.zeros(B, Hq, Sq, Dv, dtype=torch.float32, device=dev)
+    stats = torch.full((B, Hq, Sq, 1), float("-inf"), dtype=torch.float32, device=dev)
+    amax_s = torch.zeros((), dtype=torch.float32, device=dev)
+    amax_o = torch.zeros((), dtype=torch.float32, device=dev)
+    for b in range(B):
+        lq, lkv = int(lq_all[b]), int(lkv_all[b])
+        for hk in range(Hk):
+            heads = range(hk * g, (hk + 1) * g)
+            for r0, r1 in _row_blocks(Sq, g, Skv):
+                rows = torch.arange(r0, r1, device=dev)
+                s, keep = _score_block(q[b, heads.start:heads.stop, r0:r1], k[b, hk], opts, rows, heads,
+                                       b, lq, lkv, ins, slopes, qk_scale)
+                p, st = _masked_softmax(s, keep)
+                stats[b, heads.start:heads.stop, r0:r1] = st
+                if not fp8:
+                    o[b, heads.start:heads.stop, r0:r1] = torch.matmul(p, v[b, hk])
+                    continue
+                # amax over the rows that are not padding ("don't care" rows excluded)
+                valid = (rows < lq) if opts.padding else torch.ones_like(rows, dtype=torch.bool)
+                if valid.any():
+                    amax_s = torch.maximum(amax_s, p[:, valid].amax())
+                p8 = round_fp8(p * sc["scale_s"])
+                big_o = sc["descale_s"] * sc["descale_v"] * torch.matmul(p8, v[b, hk])
+                if valid.any():
+                    amax_o = torch.maximum(amax_o, big_o[:, valid].abs().amax())
+                o[b, heads.start:heads.stop, r0:r1] = round_fp8(big_o * sc["scale_o"])
+    out = {"o": o, "stats": stats}
+    if fp8:
+        out["amax_s"] = amax_s.reshape(1, 1, 1, 1)
+        out["amax_o"] = amax_o.reshape(1, 1, 1, 1)
     return out
+
+
+def sdpa_backward(ins, op):
+    """sdpa_bwd outputs "dq", "dk", "dv" (float32): torch autograd through the
+    forward math above, from q, k, v and the given "do". The given o and stats
+    are not used (cuDNN's backward reads them; they must be the forward's).
+    GQA: each kv head's block is used by its g query heads through matmul
+    broadcasting, so autograd sums their gradients into dk, dv."""
+    q, k, v, do = (ins[r].float() for r in ("q", "k", "v", "do"))
+    opts = _sdpa_config(op, q)
+    if opts.dropout:
+        raise SdpaSkip(f"dropout {opts.dropout}: cuDNN's Philox dropout mask is not reproduced in torch")
+    B, Hq, Sq, D = q.shape
+    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    g = Hq // Hk
+    dev = q.device
+    lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
+    lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
+    slopes = alibi_slopes_tensor(Hq, dev) if opts.alibi else None
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    with torch.enable_grad():
+        for b in range(B):
+            lq, lkv = int(lq_all[b]), int(lkv_all[b])
+            for hk in range(Hk):
+                heads = range(hk * g, (hk + 1) * g)
+                k_h = k[b, hk].detach().clone().requires_grad_(True)
+                v_h = v[b, hk].detach().clone().requires_grad_(True)
+                for r0, r1 in _row_blocks(Sq, g, Skv):
+                    rows = torch.arange(r0, r1, device=dev)
+                    q_blk = q[b, heads.start:heads.stop, r0:r1].detach().clone().requires_grad_(True)
+                    s, keep = _score_block(q_blk, k_h, opts, rows, heads, b, lq, lkv, ins, slopes,
+                                           opts.attn_scale)
+                    p, _ = _masked_softmax(s, keep)
+                    o_blk = torch.matmul(p, v_h)
+                    o_blk.backward(do[b, heads.start:heads.stop, r0:r1])
+                    dq[b, heads.start:heads.stop, r0:r1] = q_blk.grad
+                dk[b, hk] = k_h.grad
+                dv[b, hk] = v_h.grad
+    return {"dq": dq, "dk": dk, "dv": dv}
+
+
+def round_fp8(t):
+    """float32 -> nearest fp8_e4m3 value (saturating at +-448, as cuDNN's
+    conversions do; torch's own cast would give NaN past the range) -> float32."""
+    return t.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+
+
+def sdpa_care_masks(op, ins, out_dims):
+    """Per output role, a boolean tensor broadcastable to the output: False
+    where the value is "don't care" (graph.h): query rows i >= seq_len_q[b],
+    rows with no kept key at all (their softmax is empty), and for sdpa_bwd
+    dk/dv rows j >= seq_len_kv[b]. Roles absent from the result have no
+    don't-care elements."""
+    q = ins["q"]
+    opts = _sdpa_config(op, q)
+    B, Hq, Sq, _ = q.shape
+    Skv = ins["k"].shape[2]
+    dev = q.device
+    lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
+    lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
+    rows_ok = torch.zeros(B, 1, Sq, 1, dtype=torch.bool, device=dev)
+    keys_ok = torch.zeros(B, 1, Skv, 1, dtype=torch.bool, device=dev)
+    rows = torch.arange(Sq, device=dev)
+    for b in range(B):
+        lq, lkv = int(lq_all[b]), int(lkv_all[b])
+        # a row is cared for if it keeps at least one key (for padding, this also needs i < lq)
+        any_kept = torch.zeros(Sq, dtype=torch.bool, device=dev)
+        for r0, r1 in _row_blocks(Sq, 1, Skv):
+            any_kept[r0:r1] = sdpa_keep_mask(opts, rows[r0:r1], Skv, lq, lkv).any(dim=1)
+        if opts.padding:
+            any_kept &= rows < lq
+        rows_ok[b, 0, :, 0] = any_kept
+        keys_ok[b, 0, :, 0] = torch.arange(Skv, device=dev) < (lkv if opts.padding else Skv)
+    if op["op"] == "sdpa_bwd":
+        return {"dq": rows_ok, "dk": keys_ok, "dv": keys_ok}
+    return {"o": rows_ok, "stats": rows_ok}
+
+
+def sdpa_fwd(q, k, v, op):
+    """Kept for callers of the old signature: sdpa_fwd outputs from q, k, v."""
+    return sdpa_forward({"q": q, "k": k, "v": v}, op)
 
 
 def apply_op(op, ins):
     """`op` is the JSON op object, `ins` maps its input roles to tensors.
-    Returns a tensor (the "y" output), or for multi-output ops (sdpa_fwd) a
-    dict output role -> tensor."""
+    Returns a tensor (the "y" output), or for the sdpa ops a dict output
+    role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
+    (dropout)."""
     kind = op["op"]
     if kind == "sdpa_fwd":
-        return sdpa_fwd(ins["q"], ins["k"], ins["v"], op)
+        res = sdpa_forward(ins, op)
+        return {r: res[r] for r in op.get("outputs", {"o": None})}
+    if kind == "sdpa_fp8_fwd":
+        res = sdpa_forward(ins, op, fp8=True)
+        return {r: res[r] for r in op.get("outputs", {"o": None})}
+    if kind == "sdpa_bwd":
+        return sdpa_backward(ins, op)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":

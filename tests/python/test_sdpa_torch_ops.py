@@ -1,0 +1,267 @@
+"""CPU checks of tools/torch_ops.py's attention math and tools/graph_json.py's
+mask rules (no GPU, no fusebox binary needed).
+
+    python3 -m pytest tests/python            # or: python3 tests/python/test_sdpa_torch_ops.py
+"""
+import math
+import os
+import random
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+import torch_ops  # noqa: E402
+from graph_json import Graph, SdpaOptions, alibi_slopes, default_graphs  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def rand(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(*shape, generator=g) * 2 - 1
+
+
+def brute_force(q, k, v, op, lq=None, lkv=None, bias=None):
+    """Element-by-element reference in float64 from graph.h's rules."""
+    B, Hq, Sq, D = q.shape
+    Hk, Skv = k.shape[1], k.shape[2]
+    opts = SdpaOptions(op, D)
+    slopes = alibi_slopes(Hq)
+    o = torch.zeros(B, Hq, Sq, v.shape[3], dtype=torch.float64)
+    st = torch.full((B, Hq, Sq, 1), float("-inf"), dtype=torch.float64)
+    for b in range(B):
+        a = lq[b] if lq is not None else Sq
+        c = lkv[b] if lkv is not None else Skv
+        for h in range(Hq):
+            hk = h // (Hq // Hk)
+            for i in range(Sq):
+                cols = [j for j in range(Skv) if opts.keeps(i, j, a, c)]
+                if not cols:
+                    continue
+                s = torch.tensor([opts.attn_scale * float(q[b, h, i].double() @ k[b, hk, j].double())
+                                  + (float(bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0, i, j])
+                                     if bias is not None else 0.0)
+                                  + (slopes[h] * (j - i) if opts.alibi else 0.0) for j in cols],
+                                 dtype=torch.float64)
+                p = torch.softmax(s, 0)
+                o[b, h, i] = p @ v[b, hk, cols].double()
+                st[b, h, i, 0] = torch.logsumexp(s, 0)
+    return o, st
+
+
+def check_close(a, b, tol=1e-5):
+    a, b = a.double(), b.double()
+    fin = torch.isfinite(b)
+    assert torch.equal(fin, torch.isfinite(a)), "non-finite pattern differs"
+    err = (a[fin] - b[fin]).abs().max().item() if fin.any() else 0.0
+    assert err <= tol, err
+
+
+def test_alibi_slopes():
+    assert alibi_slopes(8) == [2 ** (-(h + 1)) for h in range(8)]
+    s12 = alibi_slopes(12)
+    assert s12[:8] == [2 ** (-(h + 1)) for h in range(8)]
+    for m, x in enumerate(s12[8:]):
+        assert abs(x - 2 ** (-4 * (2 * m + 1) / 8)) < 1e-7
+
+
+def test_kept_pairs_match_keeps():
+    rnd = random.Random(0)
+    for _ in range(300):
+        op = {"op": "sdpa_fwd", "inputs": {"q": "q"}}
+        if rnd.random() < .5:
+            op["causal"] = True
+        elif rnd.random() < .3:
+            op["right_bound"] = rnd.randint(0, 5)
+        if rnd.random() < .5:
+            op["left_bound"] = rnd.randint(1, 6)
+        if rnd.random() < .5:
+            op["alignment"] = "bottom_right"
+        if rnd.random() < .5:
+            op["inputs"]["seq_len_q"] = "lq"
+        o = SdpaOptions(op, 64)
+        lq, lkv = rnd.randint(0, 9), rnd.randint(0, 9)
+        assert o.kept_pairs(lq, lkv) == sum(o.keeps(i, j, lq, lkv) for i in range(lq) for j in range(lkv))
+
+
+def test_causal_matches_torch_sdpa():
+    q, k, v = rand(2, 4, 33, 16, seed=1), rand(2, 2, 33, 16, seed=2), rand(2, 2, 33, 16, seed=3)
+    op = {"op": "sdpa_fwd", "inputs": {"q": "q", "k": "k", "v": "v"}, "causal": True,
+          "outputs": {"o": "o", "stats": "s"}}
+    out = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, op)
+    want = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                          is_causal=True)
+    check_close(out["o"], want, 1e-5)
+    s = (q @ k.repeat_interleave(2, 1).transpose(-2, -1)) / math.sqrt(16)
+    s = s.masked_fill(~torch.ones(33, 33, dtype=torch.bool).tril(), float("-inf"))
+    check_close(out["stats"], torch.logsumexp(s, -1, keepdim=True), 1e-5)
+
+
+def test_masks_against_brute_force():
+    rnd = random.Random(1)
+    for trial in range(12):
+        B, Hk, g = 2, rnd.choice([1, 2]), rnd.choice([1, 3])
+        Hq, Sq, Skv, D = Hk * g, rnd.randint(1, 9), rnd.randint(1, 11), 8
+        q, k, v = rand(B, Hq, Sq, D, seed=trial), rand(B, Hk, Skv, D, seed=100 + trial), rand(B, Hk, Skv, D, seed=200 + trial)
+        op = {"op": "sdpa_fwd", "inputs": {"q": "q", "k": "k", "v": "v"}}
+        ins = {"q": q, "k": k, "v": v}
+        if rnd.random() < .6:
+            op["causal"] = True
+            op["alibi"] = rnd.random() < .4
+        if rnd.random() < .5:
+            op["left_bound"] = rnd.randint(1, 5)
+        if rnd.random() < .5:
+            op["alignment"] = "bottom_right"
+        lq = lkv = bias = None
+        if rnd.random() < .5:
+            lq = [rnd.randint(1, Sq) for _ in range(B)]
+            lkv = [rnd.randint(1, Skv) for _ in range(B)]
+            op["inputs"].update(seq_len_q="lq", seq_len_kv="lkv")
+            ins["seq_len_q"] = torch.tensor(lq, dtype=torch.int64).reshape(B, 1, 1, 1)
+            ins["seq_len_kv"] = torch.tensor(lkv, dtype=torch.int64).reshape(B, 1, 1, 1)
+        if rnd.random() < .4:
+            bias = rand(rnd.choice([1, B]), rnd.choice([1, Hq]), Sq, Skv, seed=300 + trial)
+            op["inputs"]["bias"] = "bias"
+            ins["bias"] = bias
+        out = torch_ops.sdpa_forward(ins, op)
+        o, st = brute_force(q, k, v, op, lq, lkv, bias)
+        check_close(out["o"], o, 1e-5)
+        check_close(out["stats"], st, 1e-5)
+        # care mask: exactly the rows with a finite brute-force stats
+        care = torch_ops.sdpa_care_masks(op, ins, None)["o"]
+        assert torch.equal(torch.broadcast_to(care, st.shape), torch.isfinite(st)), op
+
+
+def test_small_row_blocks():
+    """Splitting rows into blocks gives the same result."""
+    q, k, v = rand(1, 2, 40, 8, seed=5), rand(1, 1, 50, 8, seed=6), rand(1, 1, 50, 8, seed=7)
+    op = {"op": "sdpa_fwd", "inputs": {"q": "q", "k": "k", "v": "v"}, "causal": True,
+          "alignment": "bottom_right", "left_bound": 7}
+    full = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, op)
+    old = torch_ops.SCORE_BLOCK_ELEMS
+    torch_ops.SCORE_BLOCK_ELEMS = 2 * 50 * 3
+    try:
+        blk = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, op)
+        bwd_op = dict(op, op="sdpa_bwd")
+        do = rand(1, 2, 40, 8, seed=8)
+        g_blk = torch_ops.sdpa_backward({"q": q, "k": k, "v": v, "do": do}, bwd_op)
+    finally:
+        torch_ops.SCORE_BLOCK_ELEMS = old
+    g_full = torch_ops.sdpa_backward({"q": q, "k": k, "v": v, "do": do}, bwd_op)
+    check_close(blk["o"], full["o"], 1e-6)
+    check_close(blk["stats"], full["stats"], 1e-6)
+    for r in ("dq", "dk", "dv"):
+        check_close(g_blk[r], g_full[r], 1e-5)
+
+
+def test_backward_matches_torch_autograd_gqa():
+    q, k, v = rand(2, 4, 24, 16, seed=11), rand(2, 2, 30, 16, seed=12), rand(2, 2, 30, 16, seed=13)
+    do = rand(2, 4, 24, 16, seed=14)
+    op = {"op": "sdpa_bwd", "inputs": {"q": "q", "k": "k", "v": "v", "o": "o", "do": "do", "stats": "s"},
+          "causal": True, "alignment": "bottom_right"}
+    got = torch_ops.sdpa_backward({"q": q, "k": k, "v": v, "do": do}, op)
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    mask = torch.ones(24, 30, dtype=torch.bool).tril(diagonal=30 - 24)
+    out = F.scaled_dot_product_attention(qq, kk.repeat_interleave(2, 1), vv.repeat_interleave(2, 1),
+                                         attn_mask=mask)
+    out.backward(do)
+    check_close(got["dq"], qq.grad, 1e-5)
+    check_close(got["dk"], kk.grad, 1e-5)
+    check_close(got["dv"], vv.grad, 1e-5)
+
+
+def test_backward_padding_rows_zero():
+    q, k, v, do = rand(2, 2, 10, 8, seed=21), rand(2, 2, 12, 8, seed=22), rand(2, 2, 12, 8, seed=23), rand(2, 2, 10, 8, seed=24)
+    ins = {"q": q, "k": k, "v": v, "do": do,
+           "seq_len_q": torch.tensor([10, 4]).reshape(2, 1, 1, 1),
+           "seq_len_kv": torch.tensor([12, 5]).reshape(2, 1, 1, 1)}
+    op = {"op": "sdpa_bwd", "inputs": {r: r for r in ins}}
+    got = torch_ops.sdpa_backward(ins, op)
+    assert got["dq"][1, :, 4:].abs().max() == 0
+    assert got["dk"][1, :, 5:].abs().max() == 0 and got["dv"][1, :, 5:].abs().max() == 0
+    care = torch_ops.sdpa_care_masks(op, ins, None)
+    assert care["dk"][1, 0, :, 0].tolist() == [True] * 5 + [False] * 7
+    assert care["dq"][1, 0, :, 0].tolist() == [True] * 4 + [False] * 6
+
+
+def test_fp8_emulation():
+    q, k, v = (torch_ops.round_fp8(rand(1, 2, 16, 16, seed=s)) for s in (31, 32, 33))
+    sc = {"descale_q": 1.0, "descale_k": 1.0, "descale_v": 1.0, "descale_s": 1 / 448, "scale_s": 448.0,
+          "scale_o": 16.0}
+    ins = {"q": q, "k": k, "v": v}
+    ins.update({r: torch.tensor([x]).reshape(1, 1, 1, 1) for r, x in sc.items()})
+    op = {"op": "sdpa_fp8_fwd", "inputs": {r: r for r in ins}, "causal": True}
+    out = torch_ops.sdpa_forward(ins, op, fp8=True)
+    ref = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, dict(op, op="sdpa_fwd"))
+    # o is fp8 (values exactly representable), about ref * scale_o
+    assert torch.equal(torch_ops.round_fp8(out["o"]), out["o"])
+    rel = (out["o"] / 16 - ref["o"]).norm() / ref["o"].norm()
+    assert rel < 0.1, rel
+    assert out["amax_s"].item() == 1.0  # row 0 of a causal mask has one key: P = 1
+    big_o = out["o"] / 16
+    assert abs(out["amax_o"].item() - big_o.abs().max().item()) / out["amax_o"].item() < 0.07
+    assert torch_ops.round_fp8(torch.tensor([1000.0, -1000.0])).tolist() == [448.0, -448.0]
+
+
+def test_examples_parse():
+    for path in default_graphs(REPO_ROOT):
+        g = Graph(path)
+        assert g.outputs(), path
+        for name in g.outputs():
+            g.dtype(name)
+        g.flops()
+
+
+def test_crosscheck_inputs_and_reference_small_examples():
+    """make_inputs + torch_reference on every small sdpa example (CPU)."""
+    import torch_crosscheck as xc
+    small = [p for p in default_graphs(REPO_ROOT) if "/small/" in p and "sdpa" in os.path.basename(p)]
+    for path in small:
+        g = Graph(path)
+        ins = xc.make_inputs(g, 1234, "cpu")
+        assert set(ins) == set(g.inputs()), path
+        for name, t in ins.items():
+            dt = g.dtype(name)
+            vals = g.values(name)
+            if vals:
+                want = torch.tensor(vals, dtype=torch.float64)
+                want = want.to(torch.int64) if dt in ("int32", "int64") else want.to(torch.float32)
+                assert torch.equal(t.reshape(-1), want), (path, name)
+            if dt == "fp8_e4m3":
+                assert torch.equal(torch_ops.round_fp8(t), t)
+            if not vals and (name.startswith("descale") or name.startswith("scale")):
+                assert 0.5 <= float(t.reshape(-1)[0]) <= 2
+            with tempfile.TemporaryDirectory() as d:
+                f = os.path.join(d, "x.npy")
+                xc.save_input(f, t, dt)
+                arr = np.load(f)
+                assert arr.dtype == {"int32": np.int32, "int64": np.int64}.get(dt, np.float32)
+                assert list(arr.shape) == g.dims[name]
+        vals, care = xc.torch_reference(g, ins, "cpu")
+        for name in g.outputs():
+            assert list(vals[name].shape) == g.dims[name], (path, name)
+            m = xc.compare(vals[name], vals[name], care.get(name))
+            assert m["rel_l2"] == 0.0
+        if any(op["op"] == "sdpa_bwd" for op in g.ops):
+            op = g.ops[0]
+            fwd = torch_ops.sdpa_forward({r: ins[op["inputs"][r]] for r in ("q", "k", "v")}, op)
+            assert torch.equal(ins[op["inputs"]["o"]], xc.round_to(fwd["o"], g.dtype(op["inputs"]["o"])))
+
+
+if __name__ == "__main__":
+    failed = 0
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
+    for n, f in tests:
+        try:
+            f()
+            print(f"ok   {n}")
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL {n}: {type(e).__name__}: {e}")
+    print(f"{len(tests) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
