@@ -8,6 +8,11 @@ channels_last would run), then the same function under torch.compile (skipped,
 with the reason, if it fails). Torch is timed with CUDA events: W warm-up
 calls, then N calls timed one by one; median and min. Prints a markdown table.
 
+Graphs with an sdpa op (sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd) go to
+bench/sdpa_compare.py instead: torch's scaled_dot_product_attention with the
+cuDNN and flash backends, inference/training forward or backward only, one
+FLOP count for everyone; they get their own table.
+
     python3 bench/torch_compare.py [GRAPH.json ...] [--fusebox build/fusebox]
                                    [--markdown-out FILE] [--json-out FILE]
 """
@@ -25,8 +30,10 @@ import torch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "bench"))
 from graph_json import Graph  # noqa: E402
 from torch_ops import apply_op  # noqa: E402
+import sdpa_compare  # noqa: E402
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 L2_BYTES = 60 << 20  # H200; rotate enough input sets that one pass overflows it
@@ -182,6 +189,7 @@ def main():
     ap.add_argument("--markdown-out", help="also write the report to this file")
     ap.add_argument("--json-out", help="write all numbers to this file")
     ap.add_argument("--verbose", action="store_true")
+    sdpa_compare.add_args(ap)
     args = ap.parse_args()
 
     if not torch.cuda.is_available():
@@ -192,10 +200,19 @@ def main():
     torch.backends.cudnn.benchmark = True  # the framework's own autotuning, as a model would use
     graphs = args.graphs or default_graphs()
 
-    rows = []
+    rows, sdpa_rows = [], []
     for path in graphs:
         print(f"torch_compare: {os.path.basename(path)} ...", file=sys.stderr, flush=True)
-        rows.append(bench_graph(path, args))
+        try:
+            if sdpa_compare.is_sdpa_graph(Graph(path)):
+                sdpa_rows.extend(sdpa_compare.bench_sdpa_graph(path, args))
+                continue
+            rows.append(bench_graph(path, args))
+        except Exception as e:  # one broken graph must not stop the others
+            traceback.print_exc()
+            rows.append({"graph": os.path.basename(path), "path": path, "flops": 0, "bytes": 0,
+                         "fusebox": None, "eager": None, "compiled": None, "input_sets": 0,
+                         "notes": [f"error: {type(e).__name__}: {e}"]})
 
     cudnn_v = torch.backends.cudnn.version()
     lines = [
@@ -225,6 +242,9 @@ def main():
         if r["fusebox"] and r["fusebox"].get("engine"):
             extra.append(f"fusebox engine: {r['fusebox']['engine']}")
         lines.append(f"- {r['graph']}: " + "; ".join(extra + r["notes"]))
+    if sdpa_rows:
+        lines += ["", "## SDPA: fusebox vs torch scaled_dot_product_attention", ""]
+        lines += sdpa_compare.report_lines(sdpa_rows)
     report = "\n".join(lines) + "\n"
     print(report)
     if args.markdown_out:
@@ -233,8 +253,10 @@ def main():
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump({"torch": torch.__version__, "cudnn": cudnn_v,
-                       "gpu": torch.cuda.get_device_name(0), "rows": rows}, f, indent=2)
-    return 1 if any(r["fusebox"] is None or r["eager"] is None for r in rows) else 0
+                       "gpu": torch.cuda.get_device_name(0), "rows": rows, "sdpa_rows": sdpa_rows},
+                      f, indent=2)
+    return 1 if (any(r["fusebox"] is None or r["eager"] is None for r in rows)
+                 or any(r.get("fusebox") is None for r in sdpa_rows)) else 0
 
 
 if __name__ == "__main__":

@@ -210,9 +210,8 @@ def compare(got, ref, care=None):
 
 
 def run_fusebox(fusebox, graph_path, input_files, out_dir, timeout_s, verify=True):
-    cmd = [fusebox, "run", graph_path, "--save-outputs", out_dir, "--json"]
-    if verify:
-        cmd.insert(4, "--verify")
+    cmd = [fusebox, "run", graph_path, "--save-outputs", out_dir] + (["--verify"] if verify else []) \
+        + ["--json"]
     if input_files:
         cmd += ["--inputs", ",".join(f"{n}={p}" for n, p in input_files.items())]
     try:

@@ -253,6 +253,42 @@ def test_crosscheck_inputs_and_reference_small_examples():
             assert torch.equal(ins[op["inputs"]["o"]], xc.round_to(fwd["o"], g.dtype(op["inputs"]["o"])))
 
 
+def test_bench_mask_kwargs_match_reference():
+    """bench/sdpa_compare.py's torch mask arguments give the same attention as
+    torch_ops' explicit math (CPU, float32)."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "bench"))
+    import sdpa_compare as sc
+    for path in default_graphs(REPO_ROOT):
+        if "/small/" not in path or "sdpa" not in os.path.basename(path):
+            continue
+        g = Graph(path)
+        op = g.ops[0]
+        if op["op"] != "sdpa_fwd":
+            continue
+        lq, lkv, arrays = sc.seq_lens(g, op, 5)
+        gen = torch.Generator().manual_seed(3)
+        kw, note = sc.torch_mask_kwargs(g, op, lq, lkv, torch.float32, "cpu", gen)
+        qkv = sc.make_qkv(g, op, torch.float32, "cpu", torch.Generator().manual_seed(4))
+        Hq, Hk = qkv["q"].shape[1], qkv["k"].shape[1]
+        got = F.scaled_dot_product_attention(qkv["q"], qkv["k"], qkv["v"],
+                                             **({"enable_gqa": True} if Hq != Hk else {}), **kw)
+        ins = dict(qkv)
+        if lq is not None:
+            ins["seq_len_q"] = torch.tensor(lq).reshape(-1, 1, 1, 1)
+            ins["seq_len_kv"] = torch.tensor(lkv).reshape(-1, 1, 1, 1)
+        if "bias" in op["inputs"]:
+            # the bench draws its own bias: recover it from the additive mask (finite part)
+            m = kw["attn_mask"]
+            ins["bias"] = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        want = torch_ops.sdpa_forward(ins, op)["o"]
+        care = torch.broadcast_to(torch_ops.sdpa_care_masks(op, ins, None)["o"], want.shape)
+        err = (torch.where(care, got, 0.0) - torch.where(care, want, 0.0)).abs().max().item()
+        assert err < 1e-5, (path, note, err)
+        fl = g.sdpa_flops(op, {op["inputs"]["seq_len_q"]: lq, op["inputs"]["seq_len_kv"]: lkv}
+                          if lq is not None else None)
+        assert fl > 0
+
+
 if __name__ == "__main__":
     failed = 0
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
