@@ -6,6 +6,8 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <map>
+#include <string_view>
 #include <optional>
 #include <thread>
 
@@ -257,54 +259,301 @@ Status run_matmul(const ResolvedOp& op, const Values& a, const Values& b, Values
   return Status::Ok();
 }
 
-// Scaled-dot-product attention forward. q [B,Hq,Sq,D], k [B,Hk,Skv,D],
-// v [B,Hk,Skv,Dv]; o [B,Hq,Sq,Dv]; stats [B,Hq,Sq,1] (natural-log logsumexp
-// of the scaled, masked scores) when `stats` is not null.
-Status run_sdpa(const ResolvedOp& op, const SdpaFwdAttrs& attrs, const Values& q, const Values& k, const Values& v,
-                Values* o, Values* stats) {
+// ---------------------------------------------------------------- sdpa
+
+// An sdpa op's tensors by role: inputs as read, outputs to write.
+struct SdpaTensors {
+  std::map<std::string, const Values*, std::less<>> in;
+  std::map<std::string, Values*, std::less<>> out;
+  const Values& operator[](std::string_view role) const { return *in.find(role)->second; }
+};
+
+struct SdpaShape {
+  int64_t B = 0, Hq = 0, Hk = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
+  int64_t group() const { return Hq / Hk; }  // query heads per kv head
+};
+
+// Checks every tensor of an sdpa op against the dims q, k and v imply, so the
+// loops below can index them as dense logical arrays.
+Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
+  const Values &q = t["q"], &k = t["k"], &v = t["v"];
   if (q.dims.size() != 4 || k.dims.size() != 4 || v.dims.size() != 4)
     return InvalidArgument(op_where(op) + "q, k and v must have rank 4; got q " + dims_string(q.dims) + ", k " +
                            dims_string(k.dims) + ", v " + dims_string(v.dims));
-  const int64_t B = q.dims[0], Hq = q.dims[1], Sq = q.dims[2], D = q.dims[3];
-  const int64_t Hk = k.dims[1], Skv = k.dims[2], Dv = v.dims[3];
-  if (k.dims[0] != B || v.dims[0] != B || k.dims[3] != D || v.dims[1] != Hk || v.dims[2] != Skv || Hk < 1 ||
-      Hq % Hk != 0 || o->dims != std::vector<int64_t>{B, Hq, Sq, Dv} ||
-      (stats && stats->dims != std::vector<int64_t>{B, Hq, Sq, 1}))
+  SdpaShape s;
+  s.B = q.dims[0], s.Hq = q.dims[1], s.Sq = q.dims[2], s.D = q.dims[3];
+  s.Hk = k.dims[1], s.Skv = k.dims[2], s.Dv = v.dims[3];
+  if (k.dims[0] != s.B || v.dims[0] != s.B || k.dims[3] != s.D || v.dims[1] != s.Hk || v.dims[2] != s.Skv ||
+      s.Hk < 1 || s.Hq % s.Hk != 0)
     return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(q.dims) + ", k " +
-                           dims_string(k.dims) + ", v " + dims_string(v.dims) + ", o " + dims_string(o->dims));
-  const double scale = attrs.attn_scale ? *attrs.attn_scale : 1.0 / std::sqrt(static_cast<double>(D));
-  const int64_t group = Hq / Hk;
-  parallel_for(B * Hq * Sq, static_cast<double>(Skv) * (D + Dv), [&](int64_t begin, int64_t end) {
-    std::vector<double> s(static_cast<size_t>(Skv)), acc(static_cast<size_t>(Dv));
+                           dims_string(k.dims) + ", v " + dims_string(v.dims));
+  const std::vector<int64_t> o_dims = {s.B, s.Hq, s.Sq, s.Dv}, stats_dims = {s.B, s.Hq, s.Sq, 1},
+                             len_dims = {s.B, 1, 1, 1};
+  // The dims `role` must have, or {} for a single value (fp8 scales, amax).
+  auto want = [&](std::string_view role) -> std::vector<int64_t> {
+    if (role == "o" || role == "do") return o_dims;
+    if (role == "stats") return stats_dims;
+    if (role == "seq_len_q" || role == "seq_len_kv") return len_dims;
+    if (role == "dq") return q.dims;
+    if (role == "dk") return k.dims;
+    if (role == "dv") return v.dims;
+    return {};
+  };
+  auto check = [&](const char* kind, std::string_view role, const std::vector<int64_t>& dims) -> Status {
+    const std::string what = op_where(op) + kind + " '" + std::string(role) + "' has dims " + dims_string(dims);
+    if (role == "q" || role == "k" || role == "v") return Status::Ok();
+    if (role == "bias") {
+      if (dims.size() == 4 && (dims[0] == 1 || dims[0] == s.B) && (dims[1] == 1 || dims[1] == s.Hq) &&
+          dims[2] == s.Sq && dims[3] == s.Skv)
+        return Status::Ok();
+      return InvalidArgument(what + " but q and k need [B or 1, Hq or 1, Sq, Skv] = [" + std::to_string(s.B) +
+                             " or 1, " + std::to_string(s.Hq) + " or 1, " + std::to_string(s.Sq) + ", " +
+                             std::to_string(s.Skv) + "]");
+    }
+    const std::vector<int64_t> w = want(role);
+    if (w.empty() ? product(dims) == 1 : dims == w) return Status::Ok();
+    return InvalidArgument(what + " but q, k and v need " + (w.empty() ? "one element" : dims_string(w)));
+  };
+  for (const auto& [role, x] : t.in) FUSEBOX_RETURN_IF_ERROR(check("input", role, x->dims));
+  for (const auto& [role, x] : t.out) FUSEBOX_RETURN_IF_ERROR(check("output", role, x->dims));
+  return s;
+}
+
+// Each sequence's length: seq_len_q/kv[b] with padding, else the full `full`.
+Result<std::vector<int64_t>> sdpa_lengths(const ResolvedOp& op, const SdpaOptions& o, const SdpaTensors& t,
+                                          const char* role, int64_t B, int64_t full) {
+  std::vector<int64_t> len(static_cast<size_t>(B), full);
+  if (!o.padding) return len;
+  const Values& v = t[role];
+  for (int64_t b = 0; b < B; ++b) {
+    const double x = v.data[b];
+    if (!(x >= 0 && x <= static_cast<double>(full) && x == std::floor(x)))
+      return InvalidArgument(op_where(op) + "input '" + role + "' holds " + std::to_string(x) + " for batch " +
+                             std::to_string(b) + ": each length must be an integer in [0, " + std::to_string(full) +
+                             "]");
+    len[b] = static_cast<int64_t>(x);
+  }
+  return len;
+}
+
+// The scores of one sdpa op, s(b, h, i, j) = scale * q_i . k_j [+ bias] [+ alibi],
+// and which of them its mask keeps: sdpa_keeps() with each sequence's lengths.
+class SdpaScores {
+ public:
+  SdpaScores(const SdpaOptions& o, const SdpaShape& sh, double scale, const Values& q, const Values& k,
+             const Values* bias, std::vector<int64_t> lq, std::vector<int64_t> lkv)
+      : o_(o), sh_(sh), scale_(scale), q_(q), k_(k), bias_(bias), lq_(std::move(lq)), lkv_(std::move(lkv)) {
+    if (o.alibi) slopes_ = alibi_slopes(sh.Hq);
+    if (bias) {  // [B or 1, Hq or 1, Sq, Skv]: stride 0 along a broadcast dim
+      bias_h_stride_ = bias->dims[1] == 1 ? 0 : sh.Sq * sh.Skv;
+      bias_b_stride_ = bias->dims[0] == 1 ? 0 : bias->dims[1] * sh.Sq * sh.Skv;
+    }
+  }
+
+  int64_t lq(int64_t b) const { return lq_[b]; }
+  int64_t lkv(int64_t b) const { return lkv_[b]; }
+  bool keeps(int64_t b, int64_t i, int64_t j) const { return sdpa_keeps(o_, i, j, lq_[b], lkv_[b]); }
+
+  double score(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    const float* qr = q_.data.data() + ((b * sh_.Hq + h) * sh_.Sq + i) * sh_.D;
+    const float* kr = k_.data.data() + ((b * sh_.Hk + h / sh_.group()) * sh_.Skv + j) * sh_.D;
+    double dot = 0;
+    for (int64_t d = 0; d < sh_.D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+    double s = scale_ * dot;
+    if (bias_) s += bias_->data[b * bias_b_stride_ + h * bias_h_stride_ + i * sh_.Skv + j];
+    if (!slopes_.empty()) s += slopes_[h] * static_cast<double>(j - i);
+    return s;
+  }
+
+  // Row (b, h, i) into s[0, Skv): the score where kept, -inf elsewhere.
+  // Returns the row's max, -inf when the row keeps no key.
+  double row(int64_t b, int64_t h, int64_t i, std::vector<double>& s) const {
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < sh_.Skv; ++j) {
+      s[j] = keeps(b, i, j) ? score(b, h, i, j) : -INFINITY;
+      mx = std::max(mx, s[j]);
+    }
+    return mx;
+  }
+
+ private:
+  const SdpaOptions& o_;
+  SdpaShape sh_;
+  double scale_;
+  const Values& q_;
+  const Values& k_;
+  const Values* bias_;
+  std::vector<int64_t> lq_, lkv_;
+  std::vector<double> slopes_;
+  int64_t bias_b_stride_ = 0, bias_h_stride_ = 0;
+};
+
+// fp8_e4m3(x), saturating, round to nearest even: what sdpa_fp8_fwd does to P * scale_s.
+double round_to_e4m3(double x) {
+  unsigned char b = 0;
+  store_element(&b, DType::kFP8E4M3, x);
+  return load_element(&b, DType::kFP8E4M3);
+}
+
+struct Fp8Scales {
+  double descale_s = 1, descale_v = 1, scale_s = 1, scale_o = 1;
+};
+
+// sdpa_fwd (fp8 == nullptr) and sdpa_fp8_fwd, row by row: P = softmax of the
+// kept scores, stats = their logsumexp, o = P @ v (fp8: P rounded to e4m3
+// after scale_s, then the descales and scale_o, with both amax values).
+// Rows i >= lq (padding) are don't care and stay 0; a row that keeps no key
+// gets o = 0 and stats = -inf (the logsumexp of nothing).
+void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, const Fp8Scales* fp8, Values* o,
+                  Values* stats, double* amax_s, double* amax_o) {
+  const int64_t rows = sh.B * sh.Hq * sh.Sq;
+  std::vector<double> row_amax_s(fp8 ? rows : 0), row_amax_o(fp8 ? rows : 0);
+  parallel_for(rows, static_cast<double>(sh.Skv) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    std::vector<double> s(static_cast<size_t>(sh.Skv)), acc(static_cast<size_t>(sh.Dv));
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % Sq, bh = row / Sq, h = bh % Hq, b = bh / Hq;
-      const int64_t hk = h / group;
-      const float* qr = q.data.data() + row * D;
-      const float* kb = k.data.data() + (b * Hk + hk) * Skv * D;
-      const float* vb = v.data.data() + (b * Hk + hk) * Skv * Dv;
-      // top-left causal: row i sees keys j <= i
-      const int64_t n = attrs.causal ? std::min(Skv, i + 1) : Skv;
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        double dot = 0;
-        const float* kr = kb + j * D;
-        for (int64_t d = 0; d < D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
-        s[j] = dot * scale;
-        mx = std::max(mx, s[j]);
+      const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
+      if (i >= sc.lq(b)) continue;
+      const double mx = sc.row(b, h, i, s);
+      if (mx == -INFINITY) {
+        if (stats) stats->data[row] = -INFINITY;
+        continue;
       }
       double sum = 0;
+      for (int64_t j = 0; j < sh.Skv; ++j) sum += std::exp(s[j] - mx);
+      const double lse = mx + std::log(sum);
+      if (stats) stats->data[row] = static_cast<float>(lse);
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = 0; j < n; ++j) {
-        const double p = std::exp(s[j] - mx);
-        sum += p;
-        const float* vr = vb + j * Dv;
-        for (int64_t d = 0; d < Dv; ++d) acc[d] += p * vr[d];
+      double p_max = 0;
+      const float* vb = v.data.data() + (b * sh.Hk + h / sh.group()) * sh.Skv * sh.Dv;
+      for (int64_t j = 0; j < sh.Skv; ++j) {
+        if (s[j] == -INFINITY) continue;
+        double p = std::exp(s[j] - lse);
+        if (fp8) {
+          p_max = std::max(p_max, p);
+          p = round_to_e4m3(p * fp8->scale_s);
+        }
+        const float* vr = vb + j * sh.Dv;
+        for (int64_t d = 0; d < sh.Dv; ++d) acc[d] += p * vr[d];
       }
-      float* orow = o->data.data() + row * Dv;
-      for (int64_t d = 0; d < Dv; ++d) orow[d] = n > 0 ? static_cast<float>(acc[d] / sum) : 0.0f;
-      if (stats) stats->data[row] = n > 0 ? static_cast<float>(mx + std::log(sum)) : -INFINITY;
+      float* orow = o->data.data() + row * sh.Dv;
+      if (!fp8) {
+        for (int64_t d = 0; d < sh.Dv; ++d) orow[d] = static_cast<float>(acc[d]);
+        continue;
+      }
+      double o_max = 0;
+      for (int64_t d = 0; d < sh.Dv; ++d) {
+        const double out = fp8->descale_s * fp8->descale_v * acc[d];
+        o_max = std::max(o_max, std::fabs(out));
+        orow[d] = static_cast<float>(out * fp8->scale_o);
+      }
+      row_amax_s[row] = p_max;
+      row_amax_o[row] = o_max;
     }
   });
+  if (!fp8) return;
+  *amax_s = *amax_o = 0;
+  for (int64_t r = 0; r < rows; ++r) *amax_s = std::max(*amax_s, row_amax_s[r]), *amax_o = std::max(*amax_o, row_amax_o[r]);
+}
+
+// sdpa_bwd from the given o, do and stats, with P recomputed as exp(s - stats):
+//   Di = do_i . o_i,  dP = do @ v^T,  dS = P * (dP - Di),
+//   dq = scale * dS @ k,  dk = scale * dS^T @ q,  dv = P^T @ do,
+// dk and dv summed over the query heads that share a kv head. One pass per
+// query row (Di, dq), then one per key row (dk, dv), so that each thread owns
+// the rows it writes. Padded rows and keys (and keys no row keeps) stay 0.
+void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, const SdpaTensors& t, Values* dq,
+                   Values* dk, Values* dv) {
+  const Values &q = t["q"], &k = t["k"], &v = t["v"], &o = t["o"], &dout = t["do"], &stats = t["stats"];
+  const int64_t rows = sh.B * sh.Hq * sh.Sq, G = sh.group();
+  std::vector<double> Di(static_cast<size_t>(rows));
+  // P and dS of a kept (b, h, i, j).
+  auto p_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* p, double* ds) {
+    const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
+    *p = std::exp(sc.score(b, h, i, j) - stats.data[row]);
+    const float* dor = dout.data.data() + row * sh.Dv;
+    const float* vr = v.data.data() + ((b * sh.Hk + h / G) * sh.Skv + j) * sh.Dv;
+    double dp = 0;
+    for (int64_t d = 0; d < sh.Dv; ++d) dp += static_cast<double>(dor[d]) * vr[d];
+    *ds = *p * (dp - Di[row]);
+  };
+  parallel_for(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    std::vector<double> acc(static_cast<size_t>(sh.D));
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
+      if (i >= sc.lq(b)) continue;
+      double di = 0;
+      for (int64_t d = 0; d < sh.Dv; ++d) di += static_cast<double>(dout.data[row * sh.Dv + d]) * o.data[row * sh.Dv + d];
+      Di[row] = di;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < sh.Skv; ++j) {
+        if (!sc.keeps(b, i, j)) continue;
+        double p, ds;
+        p_and_ds(b, h, i, j, &p, &ds);
+        const float* kr = k.data.data() + ((b * sh.Hk + h / G) * sh.Skv + j) * sh.D;
+        for (int64_t d = 0; d < sh.D; ++d) acc[d] += ds * kr[d];
+      }
+      for (int64_t d = 0; d < sh.D; ++d) dq->data[row * sh.D + d] = static_cast<float>(scale * acc[d]);
+    }
+  });
+  const int64_t keys = sh.B * sh.Hk * sh.Skv;
+  parallel_for(keys, static_cast<double>(G * sh.Sq) * 2 * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    std::vector<double> acc_k(static_cast<size_t>(sh.D)), acc_v(static_cast<size_t>(sh.Dv));
+    for (int64_t key = begin; key < end; ++key) {
+      const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;
+      if (j >= sc.lkv(b)) continue;
+      std::fill(acc_k.begin(), acc_k.end(), 0.0);
+      std::fill(acc_v.begin(), acc_v.end(), 0.0);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+        for (int64_t i = 0; i < sh.Sq; ++i) {
+          if (!sc.keeps(b, i, j)) continue;
+          double p, ds;
+          p_and_ds(b, h, i, j, &p, &ds);
+          const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
+          const float* qr = q.data.data() + row * sh.D;
+          const float* dor = dout.data.data() + row * sh.Dv;
+          for (int64_t d = 0; d < sh.D; ++d) acc_k[d] += ds * qr[d];
+          for (int64_t d = 0; d < sh.Dv; ++d) acc_v[d] += p * dor[d];
+        }
+      for (int64_t d = 0; d < sh.D; ++d) dk->data[key * sh.D + d] = static_cast<float>(scale * acc_k[d]);
+      for (int64_t d = 0; d < sh.Dv; ++d) dv->data[key * sh.Dv + d] = static_cast<float>(acc_v[d]);
+    }
+  });
+}
+
+// One value of a single-element input (an fp8 scale).
+double single(const SdpaTensors& t, std::string_view role) { return t[role].data[0]; }
+
+Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, const SdpaTensors& t) {
+  if (o.dropout && *o.dropout > 0)
+    return NotSupported(op_where(op) + "no reference for dropout (dropout " + std::to_string(*o.dropout) +
+                        "): the references do not implement cuDNN's Philox mask; run without --verify");
+  FUSEBOX_ASSIGN_OR_RETURN(const SdpaShape sh, sdpa_shape(op, t));
+  FUSEBOX_ASSIGN_OR_RETURN(std::vector<int64_t> lq, sdpa_lengths(op, o, t, "seq_len_q", sh.B, sh.Sq));
+  FUSEBOX_ASSIGN_OR_RETURN(std::vector<int64_t> lkv, sdpa_lengths(op, o, t, "seq_len_kv", sh.B, sh.Skv));
+  const double attn_scale = o.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(sh.D)));
+  const bool fp8 = std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs);
+  // fp8 q and k are descaled before the product: s = attn_scale * dq * dk * (q @ k^T).
+  const double score_scale = fp8 ? attn_scale * single(t, "descale_q") * single(t, "descale_k") : attn_scale;
+  const SdpaScores sc(o, sh, score_scale, t["q"], t["k"], o.bias ? &t["bias"] : nullptr, std::move(lq),
+                      std::move(lkv));
+  auto out = [&](std::string_view role) -> Values* {
+    auto it = t.out.find(role);
+    return it == t.out.end() ? nullptr : it->second;
+  };
+  if (std::holds_alternative<SdpaBwdAttrs>(op.attrs)) {
+    sdpa_backward(sc, sh, attn_scale, t, out("dq"), out("dk"), out("dv"));
+    return Status::Ok();
+  }
+  Fp8Scales scales;
+  if (fp8) {
+    scales = {single(t, "descale_s"), single(t, "descale_v"), single(t, "scale_s"), single(t, "scale_o")};
+  }
+  double amax_s = 0, amax_o = 0;
+  sdpa_forward(sc, sh, t["v"], fp8 ? &scales : nullptr, out("o"), out("stats"), &amax_s, &amax_o);
+  if (fp8) {
+    out("amax_s")->data[0] = static_cast<float>(amax_s);
+    out("amax_o")->data[0] = static_cast<float>(amax_o);
+  }
   return Status::Ok();
 }
 
@@ -358,25 +607,22 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
   };
 
   for (const ResolvedOp& op : g.ops) {
-    if (const auto* sdpa = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
-      std::vector<const Values*> qkv;
-      for (const char* role : {"q", "k", "v"}) {
+    if (const SdpaOptions* so = sdpa_options(op.attrs)) {
+      SdpaTensors t;
+      for (std::string_view r : op_input_roles(op.attrs)) {
+        const std::string role(r);
         auto it = op.inputs.find(role);
         if (it == op.inputs.end()) return InvalidArgument(op_where(op) + "missing input '" + role + "'");
-        FUSEBOX_ASSIGN_OR_RETURN(const Values* v, get(op, role, it->second));
-        qkv.push_back(v);
+        FUSEBOX_ASSIGN_OR_RETURN(t.in[role], get(op, role, it->second));
       }
-      FUSEBOX_ASSIGN_OR_RETURN(const int oi, output_index(g, op, "o"));
-      Values o = zeros_like(g.tensors[oi]);
-      std::optional<Values> stats;
-      int si = -1;
-      if (sdpa->generate_stats) {
-        FUSEBOX_ASSIGN_OR_RETURN(si, output_index(g, op, "stats"));
-        stats = zeros_like(g.tensors[si]);
+      std::map<std::string, std::pair<int, Values>> outs;  // role -> (tensor index, values)
+      for (std::string_view r : op_output_roles(op.attrs)) {
+        FUSEBOX_ASSIGN_OR_RETURN(const int idx, output_index(g, op, std::string(r)));
+        outs[std::string(r)] = {idx, zeros_like(g.tensors[idx])};
       }
-      FUSEBOX_RETURN_IF_ERROR(run_sdpa(op, *sdpa, *qkv[0], *qkv[1], *qkv[2], &o, stats ? &*stats : nullptr));
-      values[oi] = std::move(o);
-      if (stats) values[si] = std::move(*stats);
+      for (auto& [role, slot] : outs) t.out[role] = &slot.second;
+      FUSEBOX_RETURN_IF_ERROR(run_sdpa(op, *so, t));
+      for (auto& [role, slot] : outs) values[slot.first] = std::move(slot.second);
       continue;
     }
     FUSEBOX_ASSIGN_OR_RETURN(const int yidx, output_index(g, op, "y"));

@@ -646,4 +646,48 @@ Status reference_gpu(const ResolvedGraph& g, const std::map<std::string, const v
   }
 }
 
+Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+  const std::string where = "[reference_gpu] graph '" + g.name + "': ";
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return Status(StatusCode::kNoDevice, where + "no CUDA GPU");
+  }
+  // Device buffers freed on every return.
+  struct Buffers {
+    std::vector<void*> ptrs;
+    ~Buffers() {
+      for (void* p : ptrs) cudaFree(p);
+    }
+    Status alloc(size_t bytes, const std::string& where, void** p) {
+      FUSEBOX_CUDA_RETURN(where, cudaMalloc(p, std::max<size_t>(bytes, 1)));
+      ptrs.push_back(*p);
+      return Status::Ok();
+    }
+  } buffers;
+  std::map<std::string, const void*> d_in;
+  for (const auto& [name, h] : inputs) {
+    void* p = nullptr;
+    FUSEBOX_RETURN_IF_ERROR(buffers.alloc(h.data.size(), where + "input '" + name + "': ", &p));
+    FUSEBOX_CUDA_RETURN(where, cudaMemcpy(p, h.data.data(), h.data.size(), cudaMemcpyHostToDevice));
+    d_in[name] = p;
+  }
+  std::map<std::string, float*> d_out;
+  for (int i : g.output_tensors()) {
+    const ResolvedTensor& t = g.tensors[i];
+    void* p = nullptr;
+    FUSEBOX_RETURN_IF_ERROR(
+        buffers.alloc(static_cast<size_t>(t.element_count()) * sizeof(float), where + "output '" + t.name + "': ", &p));
+    d_out[t.name] = static_cast<float*>(p);
+  }
+  FUSEBOX_RETURN_IF_ERROR(reference_gpu(g, d_in, d_out, nullptr));
+  ReferenceOutputs out;
+  for (const auto& [name, p] : d_out) {
+    std::vector<float> v(static_cast<size_t>(g.tensors[g.find_tensor(name)].element_count()));
+    FUSEBOX_CUDA_RETURN(where, cudaMemcpy(v.data(), p, v.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    out[name] = std::move(v);
+  }
+  return out;
+}
+
 }  // namespace fusebox

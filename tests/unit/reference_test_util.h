@@ -1,6 +1,7 @@
 // fusebox tests: building ResolvedGraphs by hand (no resolve()), for the reference tests.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,16 @@ struct GraphBuilder {
     g.tensors[y].is_input = false;
     g.tensors[y].is_output = !g.tensors[y].is_virtual;
     g.ops.push_back(std::move(o));
+  }
+  // An op with several outputs by role (sdpa ops).
+  void op_outputs(const std::string& name, OpAttrs attrs, std::map<std::string, int> inputs,
+                  std::map<std::string, int> outputs) {
+    op(name, std::move(attrs), std::move(inputs), outputs.begin()->second);
+    g.ops.back().outputs = outputs;
+    for (const auto& [role, idx] : outputs) {
+      g.tensors[idx].is_input = false;
+      g.tensors[idx].is_output = !g.tensors[idx].is_virtual;
+    }
   }
   const ResolvedTensor& t(int i) const { return g.tensors[i]; }
 };
