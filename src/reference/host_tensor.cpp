@@ -73,10 +73,6 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Uniform in [0, 1) from the top 53 bits: unlike std::uniform_real_distribution,
-// identical across standard libraries.
-double unit_double(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
-
 }  // namespace
 
 HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, double hi) {

@@ -11,9 +11,12 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <map>
 #include <optional>
+#include <string_view>
 
 #include "fusebox/reference.h"
+#include "reference/sdpa_mask.h"
 #include "reference/tensor_util.h"
 
 namespace fusebox {
@@ -225,20 +228,67 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(MatmulArgs p, float* y
   }
 }
 
-// ---------------------------------------------------------------- sdpa_fwd
+// ---------------------------------------------------------------- sdpa
 
-// One block per (b, h, query row); keys in chunks of kSdpaChunk whose scores
-// live in shared memory, with an online (flash-attention style) softmax: the
-// running max m, sum l and output accumulators are rescaled per chunk. Each
-// thread owns output dims d = tid, tid + 128 (Dv <= 256).
+// One block per query row (forward, dq) or key row (dk/dv); keys (rows) in
+// chunks of kSdpaChunk whose scores live in shared memory. Each thread owns
+// head dims d = tid, tid + 128 of the accumulators (D, Dv <= 256). Masks are
+// the kept intervals of sdpa_mask.h, so masked pairs cost nothing.
 constexpr int kSdpaThreads = 128, kSdpaChunk = 1024, kSdpaMaxDvPerThread = 2;
 
+// What every sdpa kernel needs to form a score and its mask.
 struct SdpaArgs {
   DevTensor q, k, v;  // rank 4, logical [B,H,S,D] strides
+  DevTensor bias;     // ptr == nullptr: no bias; strides 0 along broadcast dims
+  const int* seq_len_q = nullptr;  // int32 [B,1,1,1] with padding, else nullptr
+  const int* seq_len_kv = nullptr;
+  int64_t seq_len_q_stride = 0, seq_len_kv_stride = 0;
+  const float* slopes = nullptr;  // ALiBi slope per query head, else nullptr
+  reference_detail::SdpaMaskParams mask;
   int64_t B, Hq, Hk, Sq, Skv, D, Dv;
-  float scale;
-  int causal;  // top-left: row i sees keys j <= i
+  float scale;  // attn_scale
 };
+
+// The fp8 scales (device scalars) and amax outputs of sdpa_fp8_fwd.
+struct SdpaFp8Args {
+  DevTensor descale_q, descale_k, descale_v, descale_s, scale_s, scale_o;
+  float* amax_s;
+  float* amax_o;
+};
+
+// The backward's extra inputs and its per-row Di = do . o.
+struct SdpaBwdArgs {
+  DevTensor o, dout, stats;
+  float* di;  // [B*Hq*Sq], written by the dq kernel, read by the dk/dv kernel
+};
+
+__device__ __forceinline__ int64_t sdpa_len_q(const SdpaArgs& a, int64_t b) {
+  return a.seq_len_q ? a.seq_len_q[b * a.seq_len_q_stride] : a.Sq;
+}
+__device__ __forceinline__ int64_t sdpa_len_kv(const SdpaArgs& a, int64_t b) {
+  return a.seq_len_kv ? a.seq_len_kv[b * a.seq_len_kv_stride] : a.Skv;
+}
+
+// x (n values in shared memory) . row of t starting at `base`, along dim 3.
+__device__ __forceinline__ float dot_row(const float* x, const DevTensor& t, int64_t base, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t d = 0; d < n; ++d) acc += x[d] * load_at(t, base + d * t.strides[3]);
+  return acc;
+}
+
+__device__ __forceinline__ int64_t row_offset(const DevTensor& t, int64_t b, int64_t h, int64_t s) {
+  return b * t.strides[0] + h * t.strides[1] + s * t.strides[2];
+}
+
+// The score of (b, h, i, j) from q_i . k_j: scale * dot [+ bias] [+ alibi].
+__device__ __forceinline__ float sdpa_score(const SdpaArgs& a, float scale, float dot, int64_t b, int64_t h,
+                                            int64_t i, int64_t j) {
+  float s = dot * scale;
+  if (a.bias.ptr) s += load_at(a.bias, b * a.bias.strides[0] + h * a.bias.strides[1] + i * a.bias.strides[2] +
+                                           j * a.bias.strides[3]);
+  if (a.slopes) s += a.slopes[h] * static_cast<float>(j - i);
+  return s;
+}
 
 // Block-wide max (is_max) or sum over kSdpaThreads threads; every thread gets the result.
 __device__ float sdpa_block_reduce(float x, bool is_max, float* red) {
@@ -255,34 +305,69 @@ __device__ float sdpa_block_reduce(float x, bool is_max, float* red) {
   return r;
 }
 
-__global__ void __launch_bounds__(kSdpaThreads) sdpa_fwd_kernel(SdpaArgs a, float* o, float* stats) {
+// Scores of keys [j0, j0 + cnt) of row (b, h, i) into ps; returns this thread's max.
+__device__ float sdpa_chunk_scores(const SdpaArgs& a, float scale, const float* qs, int64_t b, int64_t h,
+                                   int64_t hk, int64_t i, int64_t j0, int cnt, float* ps) {
+  float local_max = -INFINITY;
+  for (int jj = threadIdx.x; jj < cnt; jj += kSdpaThreads) {
+    const float dot = dot_row(qs, a.k, row_offset(a.k, b, hk, j0 + jj), a.D);
+    ps[jj] = sdpa_score(a, scale, dot, b, h, i, j0 + jj);
+    local_max = fmaxf(local_max, ps[jj]);
+  }
+  return local_max;
+}
+
+// Non-negative floats order like their bits as ints.
+__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
+  atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
+}
+
+__device__ __forceinline__ float round_to_e4m3(float x) {
+  const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+}
+
+// sdpa_fwd (kFp8 false): one pass with an online (flash-attention style)
+// softmax, the running max m, sum l and accumulators rescaled per chunk.
+// sdpa_fp8_fwd (kFp8 true): P must be normalized before its e4m3 rounding, so
+// a first pass finds m and l, and a second forms P, rounds and accumulates.
+// Padded rows get o = 0, stats = 0; rows that keep no key o = 0, stats = -inf
+// (as the CPU reference).
+template <bool kFp8>
+__global__ void __launch_bounds__(kSdpaThreads)
+    sdpa_fwd_kernel(SdpaArgs a, SdpaFp8Args f8, float* o, float* stats) {
   extern __shared__ float smem[];
-  float* qs = smem;          // D values of this query row
-  float* ps = smem + a.D;    // scores, then probabilities, of one key chunk
+  float* qs = smem;        // D values of this query row
+  float* ps = smem + a.D;  // scores, then probabilities, of one key chunk
   __shared__ float red[kSdpaThreads / 32];
   const int64_t row = blockIdx.x;
   const int64_t i = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
   const int64_t hk = h / (a.Hq / a.Hk);
   const int tid = threadIdx.x;
-  const int64_t qoff = b * a.q.strides[0] + h * a.q.strides[1] + i * a.q.strides[2];
-  const int64_t koff = b * a.k.strides[0] + hk * a.k.strides[1];
-  const int64_t voff = b * a.v.strides[0] + hk * a.v.strides[1];
+  const int64_t qoff = row_offset(a.q, b, h, i);
   for (int64_t d = tid; d < a.D; d += kSdpaThreads) qs[d] = load_at(a.q, qoff + d * a.q.strides[3]);
-  const int64_t n = (a.causal && i + 1 < a.Skv) ? i + 1 : a.Skv;
+  const int64_t lq = sdpa_len_q(a, b);
+  int64_t lo, hi;
+  reference_detail::sdpa_kept_keys(a.mask, i, lq, sdpa_len_kv(a, b), &lo, &hi);
+  const float scale = kFp8 ? a.scale * load_at(f8.descale_q, 0) * load_at(f8.descale_k, 0) : a.scale;
+  const int64_t voff = b * a.v.strides[0] + hk * a.v.strides[1];
   float m = -INFINITY, l = 0.0f;
   float acc[kSdpaMaxDvPerThread] = {};
-  for (int64_t j0 = 0; j0 < n; j0 += kSdpaChunk) {
-    const int cnt = static_cast<int>(n - j0 < kSdpaChunk ? n - j0 : kSdpaChunk);
-    __syncthreads();  // qs loaded; ps of the previous chunk consumed
-    float local_max = -INFINITY;
-    for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
-      const int64_t kr = koff + (j0 + jj) * a.k.strides[2];
-      float dot = 0.0f;
-      for (int64_t d = 0; d < a.D; ++d) dot += qs[d] * load_at(a.k, kr + d * a.k.strides[3]);
-      const float sc = dot * a.scale;
-      ps[jj] = sc;
-      local_max = fmaxf(local_max, sc);
+  // Accumulates ps[0, cnt) @ v rows [j0, j0 + cnt) into acc, after scaling acc by corr.
+  auto accumulate = [&](int64_t j0, int cnt, float corr) {
+#pragma unroll
+    for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
+      const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
+      if (d >= a.Dv) continue;
+      float sum = 0.0f;
+      for (int jj = 0; jj < cnt; ++jj) sum += ps[jj] * load_at(a.v, voff + (j0 + jj) * a.v.strides[2] + d * a.v.strides[3]);
+      acc[r] = acc[r] * corr + sum;
     }
+  };
+  for (int64_t j0 = lo; j0 <= hi; j0 += kSdpaChunk) {
+    const int cnt = static_cast<int>(hi + 1 - j0 < kSdpaChunk ? hi + 1 - j0 : kSdpaChunk);
+    __syncthreads();  // qs loaded; ps of the previous chunk consumed
+    const float local_max = sdpa_chunk_scores(a, scale, qs, b, h, hk, i, j0, cnt, ps);
     const float new_m = fmaxf(m, sdpa_block_reduce(local_max, true, red));
     const float corr = expf(m - new_m);  // 0 on the first chunk (m = -inf)
     float local_sum = 0.0f;
@@ -293,21 +378,148 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_fwd_kernel(SdpaArgs a, floa
     }
     l = l * corr + sdpa_block_reduce(local_sum, false, red);  // its __syncthreads publish ps
     m = new_m;
+    if (!kFp8) accumulate(j0, cnt, corr);
+  }
+  const bool kept = lo <= hi;
+  float p_max = 0.0f;
+  if (kFp8 && kept) {
+    const float lse = m + logf(l), scale_s = load_at(f8.scale_s, 0);
+    for (int64_t j0 = lo; j0 <= hi; j0 += kSdpaChunk) {
+      const int cnt = static_cast<int>(hi + 1 - j0 < kSdpaChunk ? hi + 1 - j0 : kSdpaChunk);
+      __syncthreads();  // ps of the previous chunk consumed
+      sdpa_chunk_scores(a, scale, qs, b, h, hk, i, j0, cnt, ps);
+      for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
+        const float p = expf(ps[jj] - lse);
+        p_max = fmaxf(p_max, p);
+        ps[jj] = round_to_e4m3(p * scale_s);
+      }
+      __syncthreads();
+      accumulate(j0, cnt, 1.0f);
+    }
+  }
+  const float out_scale = kFp8 ? load_at(f8.descale_s, 0) * load_at(f8.descale_v, 0) : 1.0f;
+  float o_max = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
+    const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
+    if (d >= a.Dv) continue;
+    // fp8: acc is P8 @ v already normalized; otherwise divide by the running sum.
+    const float out = !kept ? 0.0f : kFp8 ? out_scale * acc[r] : acc[r] / l;
+    o_max = fmaxf(o_max, fabsf(out));
+    o[row * a.Dv + d] = kFp8 ? out * load_at(f8.scale_o, 0) : out;
+  }
+  if (stats && tid == 0) stats[row] = i >= lq ? 0.0f : kept ? m + logf(l) : -INFINITY;
+  if (kFp8) {
+    p_max = sdpa_block_reduce(p_max, true, red);
+    o_max = sdpa_block_reduce(o_max, true, red);
+    if (tid == 0) {
+      atomic_max_nonneg(f8.amax_s, p_max);
+      atomic_max_nonneg(f8.amax_o, o_max);
+    }
+  }
+}
+
+// sdpa_bwd, one block per query row: Di = do_i . o_i, then over the kept keys
+// P = exp(s - stats_i), dS = P * (do_i . v_j - Di), dq_i = scale * sum dS k_j.
+__global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, SdpaBwdArgs w, float* dq) {
+  extern __shared__ float smem[];
+  float* qs = smem;                // D
+  float* dos = smem + a.D;         // Dv
+  float* ds = dos + a.Dv;          // dS of one key chunk
+  __shared__ float red[kSdpaThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int64_t i = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
+  const int64_t hk = h / (a.Hq / a.Hk);
+  const int tid = threadIdx.x;
+  const int64_t qoff = row_offset(a.q, b, h, i), dooff = row_offset(w.dout, b, h, i), ooff = row_offset(w.o, b, h, i);
+  for (int64_t d = tid; d < a.D; d += kSdpaThreads) qs[d] = load_at(a.q, qoff + d * a.q.strides[3]);
+  float di_part = 0.0f;
+  for (int64_t d = tid; d < a.Dv; d += kSdpaThreads) {
+    dos[d] = load_at(w.dout, dooff + d * w.dout.strides[3]);
+    di_part += dos[d] * load_at(w.o, ooff + d * w.o.strides[3]);
+  }
+  const float di = sdpa_block_reduce(di_part, false, red);  // its __syncthreads publish qs, dos
+  if (tid == 0) w.di[row] = di;
+  const float lse = load_at(w.stats, row_offset(w.stats, b, h, i));
+  int64_t lo, hi;
+  reference_detail::sdpa_kept_keys(a.mask, i, sdpa_len_q(a, b), sdpa_len_kv(a, b), &lo, &hi);
+  float acc[kSdpaMaxDvPerThread] = {};
+  for (int64_t j0 = lo; j0 <= hi; j0 += kSdpaChunk) {
+    const int cnt = static_cast<int>(hi + 1 - j0 < kSdpaChunk ? hi + 1 - j0 : kSdpaChunk);
+    __syncthreads();  // ds of the previous chunk consumed
+    sdpa_chunk_scores(a, a.scale, qs, b, h, hk, i, j0, cnt, ds);
+    for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
+      const float p = expf(ds[jj] - lse);
+      const float dp = dot_row(dos, a.v, row_offset(a.v, b, hk, j0 + jj), a.Dv);
+      ds[jj] = p * (dp - di);
+    }
+    __syncthreads();
 #pragma unroll
     for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
       const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
-      if (d >= a.Dv) continue;
-      float sum = 0.0f;
-      for (int jj = 0; jj < cnt; ++jj) sum += ps[jj] * load_at(a.v, voff + (j0 + jj) * a.v.strides[2] + d * a.v.strides[3]);
-      acc[r] = acc[r] * corr + sum;
+      if (d >= a.D) continue;
+      const int64_t kbase = row_offset(a.k, b, hk, j0) + d * a.k.strides[3];
+      for (int jj = 0; jj < cnt; ++jj) acc[r] += ds[jj] * load_at(a.k, kbase + jj * a.k.strides[2]);
     }
   }
 #pragma unroll
   for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
     const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
-    if (d < a.Dv) o[row * a.Dv + d] = n > 0 ? acc[r] / l : 0.0f;
+    if (d < a.D) dq[row * a.D + d] = a.scale * acc[r];
   }
-  if (stats && tid == 0) stats[row] = n > 0 ? m + logf(l) : -INFINITY;
+}
+
+// sdpa_bwd, one block per key row j of kv head hk: over the group's query
+// heads and the rows that keep j, recomputes P and dS (with Di from the dq
+// kernel) and sums dk_j = scale * sum dS q_i and dv_j = sum P do_i.
+__global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a, SdpaBwdArgs w, float* dk, float* dv) {
+  extern __shared__ float smem[];
+  float* ks = smem;              // D
+  float* vs = smem + a.D;        // Dv
+  float* ps = vs + a.Dv;         // P of one row chunk
+  float* ds = ps + kSdpaChunk;   // dS of one row chunk
+  const int64_t key = blockIdx.x;
+  const int64_t j = key % a.Skv, bhk = key / a.Skv, hk = bhk % a.Hk, b = bhk / a.Hk;
+  const int tid = threadIdx.x;
+  const int64_t koff = row_offset(a.k, b, hk, j), voff = row_offset(a.v, b, hk, j);
+  for (int64_t d = tid; d < a.D; d += kSdpaThreads) ks[d] = load_at(a.k, koff + d * a.k.strides[3]);
+  for (int64_t d = tid; d < a.Dv; d += kSdpaThreads) vs[d] = load_at(a.v, voff + d * a.v.strides[3]);
+  int64_t lo, hi;
+  reference_detail::sdpa_kept_rows(a.mask, j, sdpa_len_q(a, b), sdpa_len_kv(a, b), &lo, &hi);
+  float acc_k[kSdpaMaxDvPerThread] = {}, acc_v[kSdpaMaxDvPerThread] = {};
+  const int64_t group = a.Hq / a.Hk;
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+    for (int64_t i0 = lo; i0 <= hi; i0 += kSdpaChunk) {
+      const int cnt = static_cast<int>(hi + 1 - i0 < kSdpaChunk ? hi + 1 - i0 : kSdpaChunk);
+      __syncthreads();  // ks, vs loaded; ps, ds of the previous chunk consumed
+      for (int ii = tid; ii < cnt; ii += kSdpaThreads) {
+        const int64_t i = i0 + ii, row = (b * a.Hq + h) * a.Sq + i;
+        const float dot = dot_row(ks, a.q, row_offset(a.q, b, h, i), a.D);
+        const float p = expf(sdpa_score(a, a.scale, dot, b, h, i, j) - load_at(w.stats, row_offset(w.stats, b, h, i)));
+        const float dp = dot_row(vs, w.dout, row_offset(w.dout, b, h, i), a.Dv);
+        ps[ii] = p;
+        ds[ii] = p * (dp - w.di[row]);
+      }
+      __syncthreads();
+#pragma unroll
+      for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
+        const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
+        if (d < a.D) {
+          const int64_t qbase = row_offset(a.q, b, h, i0) + d * a.q.strides[3];
+          for (int ii = 0; ii < cnt; ++ii) acc_k[r] += ds[ii] * load_at(a.q, qbase + ii * a.q.strides[2]);
+        }
+        if (d < a.Dv) {
+          const int64_t dobase = row_offset(w.dout, b, h, i0) + d * w.dout.strides[3];
+          for (int ii = 0; ii < cnt; ++ii) acc_v[r] += ps[ii] * load_at(w.dout, dobase + ii * w.dout.strides[2]);
+        }
+      }
+    }
+#pragma unroll
+  for (int r = 0; r < kSdpaMaxDvPerThread; ++r) {
+    const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
+    if (d < a.D) dk[key * a.D + d] = a.scale * acc_k[r];
+    if (d < a.Dv) dv[key * a.Dv + d] = acc_v[r];
+  }
 }
 
 // ---------------------------------------------------------------- host side
@@ -428,49 +640,129 @@ class GpuReference {
     return p;
   }
 
-  Status RunSdpa(const ResolvedOp& op, const SdpaFwdAttrs& attrs) {
-    std::vector<Located> in;
-    for (const char* role : {"q", "k", "v"}) {
+  // A device buffer of `count` floats, freed after the run.
+  Result<float*> Temporary(const ResolvedOp& op, int64_t count) {
+    float* p = nullptr;
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaMallocAsync(reinterpret_cast<void**>(&p),
+                                                      std::max<size_t>(1, static_cast<size_t>(count)) * sizeof(float),
+                                                      stream_));
+    temporaries_.push_back(p);
+    return p;
+  }
+
+  // Checks an int32 [B,1,1,1] length input and that every length is in [0, full]
+  // (copied to the host once: a bad length would make the kernels read out of bounds).
+  Result<const int*> SeqLens(const ResolvedOp& op, const char* role, const Located& l, int64_t B, int64_t full) {
+    if (l.t.dtype != static_cast<int>(DType::kInt32) || !l.t.ptr || l.dims != std::vector<int64_t>{B, 1, 1, 1})
+      return InvalidArgument(op_where(op) + "input '" + role + "' must be an int32 tensor [" + std::to_string(B) +
+                             ", 1, 1, 1] in memory; got dims " + dims_string(l.dims));
+    std::vector<int> host(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b)
+      FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpyAsync(&host[b], static_cast<const int*>(l.t.ptr) + b * l.t.strides[0],
+                                                        sizeof(int), cudaMemcpyDeviceToHost, stream_));
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(stream_));
+    for (int64_t b = 0; b < B; ++b)
+      if (host[b] < 0 || host[b] > full)
+        return InvalidArgument(op_where(op) + "input '" + role + "' holds " + std::to_string(host[b]) + " for batch " +
+                               std::to_string(b) + ": each length must be an integer in [0, " + std::to_string(full) +
+                               "]");
+    return static_cast<const int*>(l.t.ptr);
+  }
+
+  // sdpa_fwd, sdpa_bwd and sdpa_fp8_fwd.
+  Status RunSdpa(const ResolvedOp& op, const SdpaOptions& o) {
+    if (o.dropout && *o.dropout > 0)
+      return NotSupported(op_where(op) + "no reference for dropout (dropout " + std::to_string(*o.dropout) +
+                          "): the references do not implement cuDNN's Philox mask; run without --verify");
+    std::map<std::string, Located> in;
+    for (std::string_view r : op_input_roles(op.attrs)) {
+      const std::string role(r);
       auto it = op.inputs.find(role);
       if (it == op.inputs.end()) return InvalidArgument(op_where(op) + "missing input '" + role + "'");
-      FUSEBOX_ASSIGN_OR_RETURN(Located l, Get(op, role, it->second));
-      if (l.dims.size() != 4) return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
-      in.push_back(l);
+      FUSEBOX_ASSIGN_OR_RETURN(in[role], Get(op, role, it->second));
+      if (in[role].dims.size() != 4) return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
     }
     SdpaArgs a{};
-    a.q = in[0].t, a.k = in[1].t, a.v = in[2].t;
-    a.B = in[0].dims[0], a.Hq = in[0].dims[1], a.Sq = in[0].dims[2], a.D = in[0].dims[3];
-    a.Hk = in[1].dims[1], a.Skv = in[1].dims[2], a.Dv = in[2].dims[3];
-    if (in[1].dims[0] != a.B || in[2].dims[0] != a.B || in[1].dims[3] != a.D || in[2].dims[1] != a.Hk ||
-        in[2].dims[2] != a.Skv || a.Hk < 1 || a.Hq % a.Hk != 0)
-      return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(in[0].dims) + ", k " +
-                             dims_string(in[1].dims) + ", v " + dims_string(in[2].dims));
-    if (a.Dv > kSdpaThreads * kSdpaMaxDvPerThread)
-      return NotSupported(op_where(op) + "the GPU reference handles Dv <= 256");
-    a.scale = static_cast<float>(attrs.attn_scale ? *attrs.attn_scale : 1.0 / std::sqrt(static_cast<double>(a.D)));
-    a.causal = attrs.causal ? 1 : 0;
-    auto oit = op.outputs.find("o");
-    if (oit == op.outputs.end()) return InvalidArgument(op_where(op) + "has no output 'o'");
-    FUSEBOX_ASSIGN_OR_RETURN(float* o, Destination(op, oit->second));
-    located_[oit->second] = pending_;
-    float* stats = nullptr;
-    if (attrs.generate_stats) {
-      auto sit = op.outputs.find("stats");
-      if (sit == op.outputs.end()) return InvalidArgument(op_where(op) + "has no output 'stats'");
-      FUSEBOX_ASSIGN_OR_RETURN(stats, Destination(op, sit->second));
-      located_[sit->second] = pending_;
+    a.q = in["q"].t, a.k = in["k"].t, a.v = in["v"].t;
+    const std::vector<int64_t>&qd = in["q"].dims, &kd = in["k"].dims, &vd = in["v"].dims;
+    a.B = qd[0], a.Hq = qd[1], a.Sq = qd[2], a.D = qd[3];
+    a.Hk = kd[1], a.Skv = kd[2], a.Dv = vd[3];
+    if (kd[0] != a.B || vd[0] != a.B || kd[3] != a.D || vd[1] != a.Hk || vd[2] != a.Skv || a.Hk < 1 || a.Hq % a.Hk != 0)
+      return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(qd) + ", k " + dims_string(kd) +
+                             ", v " + dims_string(vd));
+    if (a.D > kSdpaThreads * kSdpaMaxDvPerThread || a.Dv > kSdpaThreads * kSdpaMaxDvPerThread)
+      return NotSupported(op_where(op) + "the GPU reference handles D, Dv <= 256");
+    a.scale = static_cast<float>(o.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.D))));
+    a.mask = reference_detail::sdpa_mask_params(o);
+    if (o.padding) {
+      FUSEBOX_ASSIGN_OR_RETURN(a.seq_len_q, SeqLens(op, "seq_len_q", in["seq_len_q"], a.B, a.Sq));
+      FUSEBOX_ASSIGN_OR_RETURN(a.seq_len_kv, SeqLens(op, "seq_len_kv", in["seq_len_kv"], a.B, a.Skv));
+      a.seq_len_q_stride = in["seq_len_q"].t.strides[0];
+      a.seq_len_kv_stride = in["seq_len_kv"].t.strides[0];
     }
-    const int64_t rows = a.B * a.Hq * a.Sq;
-    if (rows <= 0) return Status::Ok();
-    if (rows > 2147483647) return NotSupported(op_where(op) + "the GPU reference handles B*Hq*Sq < 2^31");
-    const size_t shmem = static_cast<size_t>(a.D + kSdpaChunk) * sizeof(float);
-    sdpa_fwd_kernel<<<static_cast<unsigned>(rows), kSdpaThreads, shmem, stream_>>>(a, o, stats);
+    if (o.bias) {
+      const std::vector<int64_t>& bd = in["bias"].dims;
+      if ((bd[0] != 1 && bd[0] != a.B) || (bd[1] != 1 && bd[1] != a.Hq) || bd[2] != a.Sq || bd[3] != a.Skv)
+        return InvalidArgument(op_where(op) + "input 'bias' has dims " + dims_string(bd) +
+                               " but q and k need [B or 1, Hq or 1, Sq, Skv]");
+      a.bias = broadcast_to(in["bias"], {a.B, a.Hq, a.Sq, a.Skv});
+    }
+    if (o.alibi) {
+      const std::vector<double> slopes = alibi_slopes(a.Hq);
+      const std::vector<float> host(slopes.begin(), slopes.end());
+      FUSEBOX_ASSIGN_OR_RETURN(float* dev, Temporary(op, a.Hq));
+      FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(float),
+                                                        cudaMemcpyHostToDevice, stream_));
+      FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(stream_));  // `host` dies here
+      a.slopes = dev;
+    }
+    std::map<std::string, float*> out;
+    for (std::string_view r : op_output_roles(op.attrs)) {
+      const std::string role(r);
+      auto it = op.outputs.find(role);
+      if (it == op.outputs.end()) return InvalidArgument(op_where(op) + "has no output '" + role + "'");
+      FUSEBOX_ASSIGN_OR_RETURN(out[role], Destination(op, it->second));
+      located_[it->second] = pending_;
+    }
+    const int64_t rows = a.B * a.Hq * a.Sq, keys = a.B * a.Hk * a.Skv;
+    if (rows > 2147483647 || keys > 2147483647)
+      return NotSupported(op_where(op) + "the GPU reference handles B*Hq*Sq and B*Hk*Skv < 2^31");
+    const size_t row_smem = static_cast<size_t>(a.D + a.Dv + kSdpaChunk) * sizeof(float);
+    auto stats_out = [&]() { return out.count("stats") ? out["stats"] : nullptr; };
+
+    if (std::holds_alternative<SdpaBwdAttrs>(op.attrs)) {
+      SdpaBwdArgs w{};
+      w.o = in["o"].t, w.dout = in["do"].t, w.stats = in["stats"].t;
+      FUSEBOX_ASSIGN_OR_RETURN(w.di, Temporary(op, rows));
+      if (rows > 0) {
+        sdpa_bwd_dq_kernel<<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, stream_>>>(a, w, out["dq"]);
+        FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+      }
+      if (keys > 0) {
+        const size_t key_smem = static_cast<size_t>(a.D + a.Dv + 2 * kSdpaChunk) * sizeof(float);
+        sdpa_bwd_dkdv_kernel<<<static_cast<unsigned>(keys), kSdpaThreads, key_smem, stream_>>>(a, w, out["dk"],
+                                                                                                out["dv"]);
+        FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+      }
+      return Status::Ok();
+    }
+    SdpaFp8Args f8{};
+    if (std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs)) {
+      f8.descale_q = in["descale_q"].t, f8.descale_k = in["descale_k"].t, f8.descale_v = in["descale_v"].t;
+      f8.descale_s = in["descale_s"].t, f8.scale_s = in["scale_s"].t, f8.scale_o = in["scale_o"].t;
+      f8.amax_s = out["amax_s"], f8.amax_o = out["amax_o"];
+      FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(f8.amax_s, 0, sizeof(float), stream_));
+      FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(f8.amax_o, 0, sizeof(float), stream_));
+      if (rows > 0) sdpa_fwd_kernel<true><<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, stream_>>>(a, f8, out["o"], stats_out());
+    } else if (rows > 0) {
+      sdpa_fwd_kernel<false><<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, stream_>>>(a, f8, out["o"], stats_out());
+    }
     FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
     return Status::Ok();
   }
 
   Status RunOp(const ResolvedOp& op) {
-    if (const auto* sdpa = std::get_if<SdpaFwdAttrs>(&op.attrs)) return RunSdpa(op, *sdpa);
+    if (const SdpaOptions* sdpa = sdpa_options(op.attrs)) return RunSdpa(op, *sdpa);
     auto yit = op.outputs.find("y");
     if (yit == op.outputs.end() || yit->second < 0 || yit->second >= static_cast<int>(g_.tensors.size()))
       return InvalidArgument(op_where(op) + "has no valid output 'y'");

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "../unit/reference_test_sdpa.h"
 #include "../unit/reference_test_util.h"
 #include "fusebox/reference.h"
 
@@ -45,9 +46,9 @@ std::map<std::string, HostTensor> random_inputs(const ResolvedGraph& g, uint64_t
   return in;
 }
 
-// Runs both references on random inputs; every output must agree to rel_l2 < 1e-5.
-void expect_gpu_matches_cpu(const ResolvedGraph& g, uint64_t seed = 1) {
-  const std::map<std::string, HostTensor> in = random_inputs(g, seed);
+// Runs both references on `in`; every output must agree within `tol`.
+void expect_gpu_matches_cpu_on(const ResolvedGraph& g, const std::map<std::string, HostTensor>& in,
+                               Tolerance tol = {1e-5, 1e-5}) {
   auto cpu = reference_cpu(g, in);
   ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
   ASSERT_FALSE(cpu->empty());
@@ -68,12 +69,25 @@ void expect_gpu_matches_cpu(const ResolvedGraph& g, uint64_t seed = 1) {
   }
   const Status st = reference_gpu(g, dev_in, dev_out, nullptr);
   ASSERT_TRUE(st.ok()) << st.ToString();
+  std::map<std::string, std::vector<float>> gpu;
   for (const auto& [name, values] : *cpu) {
-    std::vector<float> got(values.size());
+    std::vector<float>& got = gpu[name];
+    got.resize(values.size());
     ASSERT_CUDA(cudaMemcpy(got.data(), dev_out[name], got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    const Comparison c = compare(name, values, got, Tolerance{1e-5, 1e-5});
+  }
+  // Rows the mask keeps nothing of hold -inf stats in both; compare() takes finite values only.
+  std::map<std::string, std::vector<float>> ref = *cpu;
+  ASSERT_TRUE(mask_dont_care(g, in, ref).ok());
+  ASSERT_TRUE(mask_dont_care(g, in, gpu).ok());
+  for (const auto& [name, values] : ref) {
+    const Comparison c = compare(name, values, gpu[name], tol);
     EXPECT_TRUE(c.pass) << g.name << ": " << c.ToString();
   }
+}
+
+// The same on random inputs.
+void expect_gpu_matches_cpu(const ResolvedGraph& g, uint64_t seed = 1) {
+  expect_gpu_matches_cpu_on(g, random_inputs(g, seed));
 }
 
 TEST(ReferenceGpu, Conv2dNchwFp32) {
@@ -297,6 +311,139 @@ TEST(ReferenceGpu, SdpaCausalMoreQueriesThanKeys) {
   SKIP_WITHOUT_GPU();
   ResolvedGraph g = sdpa_resolved("sdpa_causal_sq_gt_skv", 1, 2, 2, 40, 16, 16, true, true);
   expect_gpu_matches_cpu(g);
+}
+
+// ---- every SDPA variant: masks, padding, bias, ALiBi, GQA, bshd, more keys than one chunk.
+
+using testing_util::make_sdpa;
+using testing_util::SdpaCase;
+using testing_util::SdpaKind;
+
+std::vector<std::pair<std::string, SdpaCase>> sdpa_variants() {
+  std::vector<std::pair<std::string, SdpaCase>> v;
+  SdpaCase base;
+  base.B = 2, base.Hq = 4, base.Hk = 2, base.Sq = 40, base.Skv = 48, base.D = 64, base.Dv = 32;
+  base.dtype = DType::kBF16;
+  v.emplace_back("plain", base);
+  SdpaCase c = base;
+  c.options.causal = true;
+  c.bshd = true;
+  v.emplace_back("causal_gqa_bshd", c);
+  c = base;
+  c.options.padding = true;
+  c.seq_len_q = {17, 40};
+  c.seq_len_kv = {48, 5};
+  v.emplace_back("padding", c);
+  c.options.causal = true;
+  c.options.alignment = SdpaAlignment::kBottomRight;
+  v.emplace_back("padding_bottom_right_causal", c);
+  c = base;
+  c.options.bias = true;
+  c.bias_dims = {2, 1, 40, 48};
+  v.emplace_back("bias_per_batch", c);
+  c.bias_dims = {1, 4, 40, 48};
+  c.options.causal = true;
+  v.emplace_back("bias_per_head_causal", c);
+  c = base;
+  c.options.alibi = true;
+  c.options.causal = true;
+  v.emplace_back("alibi", c);
+  c = base;
+  c.options.causal = true;
+  c.options.left_bound = 7;
+  v.emplace_back("sliding_window", c);
+  c = base;
+  c.options.right_bound = 3;
+  c.options.left_bound = 5;
+  c.options.alignment = SdpaAlignment::kBottomRight;
+  v.emplace_back("band_bottom_right", c);
+  c = base;
+  c.Sq = 60, c.Skv = 20;
+  c.options.causal = true;
+  c.options.alignment = SdpaAlignment::kBottomRight;
+  v.emplace_back("bottom_right_empty_rows", c);
+  c = base;
+  c.B = 1, c.Sq = 6, c.Skv = 1500, c.Hk = 1;  // keys span two chunks of 1024 (rows too, in backward: Sq below)
+  c.options.causal = true;
+  c.options.alignment = SdpaAlignment::kBottomRight;
+  v.emplace_back("long_keys", c);
+  c = base;
+  c.B = 1, c.Sq = 1100, c.Skv = 30, c.Hq = 2, c.Hk = 1;
+  v.emplace_back("long_rows", c);
+  return v;
+}
+
+TEST(ReferenceGpu, SdpaFwdEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, c] : sdpa_variants()) {
+    SCOPED_TRACE(name);
+    const auto p = make_sdpa(c, SdpaKind::kFwd);
+    expect_gpu_matches_cpu_on(p.g, p.inputs, {2e-5, 5e-5});
+  }
+}
+
+// Gradients cancel (sum_j dS_ij = 0), so fp32 accumulation order shows more than in forward.
+TEST(ReferenceGpu, SdpaBwdEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, c] : sdpa_variants()) {
+    SCOPED_TRACE(name);
+    auto p = make_sdpa(c, SdpaKind::kBwd);
+    ASSERT_TRUE(derive_sdpa_bwd_inputs(p.g, p.inputs).ok());
+    expect_gpu_matches_cpu_on(p.g, p.inputs, {2e-4, 5e-4});
+  }
+}
+
+// P rounds to e4m3 from fp32 here and fp64 there: a P on a rounding tie may land one
+// e4m3 step apart, hence the looser tolerance.
+TEST(ReferenceGpu, SdpaFp8FwdEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, c0] : sdpa_variants()) {
+    if (c0.options.bias) continue;  // cuDNN's FP8 SDPA takes no bias; the references would
+    SdpaCase c = c0;
+    c.D = c.Dv = 64;
+    SCOPED_TRACE(name);
+    const auto p = make_sdpa(c, SdpaKind::kFp8Fwd);
+    expect_gpu_matches_cpu_on(p.g, p.inputs, {2e-3, 2e-2});
+  }
+}
+
+// derive_sdpa_bwd_inputs on the GPU (cpu_max_flops 0) gives the CPU's o and stats.
+TEST(ReferenceGpu, SdpaDeriveBwdInputsOnGpu) {
+  SKIP_WITHOUT_GPU();
+  SdpaCase c = sdpa_variants()[3].second;  // padding, bottom-right causal
+  auto gpu = make_sdpa(c, SdpaKind::kBwd), cpu = make_sdpa(c, SdpaKind::kBwd);
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(gpu.g, gpu.inputs, 0).ok());
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(cpu.g, cpu.inputs).ok());
+  for (const char* name : {"o", "stats"}) {
+    const std::vector<float> a = gpu.inputs.at(name).to_float_logical(), b = cpu.inputs.at(name).to_float_logical();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t e = 0; e < a.size(); ++e) {
+      if (std::isinf(b[e])) EXPECT_EQ(a[e], b[e]) << name << " " << e;
+      else EXPECT_NEAR(a[e], b[e], 1e-2 * (1 + std::fabs(b[e]))) << name << " " << e;  // a bf16 step
+    }
+  }
+}
+
+// The GPU reference exists for long sequences: forward and backward at S = 4096
+// must take seconds.
+TEST(ReferenceGpu, SdpaLongSequenceIsFast) {
+  SKIP_WITHOUT_GPU();
+  SdpaCase c;
+  c.B = 1, c.Hq = 8, c.Hk = 2, c.Sq = 4096, c.Skv = 4096, c.D = 128, c.Dv = 128;
+  c.dtype = DType::kBF16;
+  c.options.causal = true;
+  auto p = make_sdpa(c, SdpaKind::kBwd);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(p.g, p.inputs, 0).ok());  // the forward, on the GPU
+  const auto t1 = std::chrono::steady_clock::now();
+  auto r = reference_gpu_host(p.g, p.inputs);
+  const auto t2 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const double fwd_s = std::chrono::duration<double>(t1 - t0).count(), bwd_s = std::chrono::duration<double>(t2 - t1).count();
+  std::printf("sdpa GPU reference, B=1 Hq=8 Hk=2 S=4096 D=128 causal: forward %.2f s, backward %.2f s\n", fwd_s, bwd_s);
+  EXPECT_LT(fwd_s + bwd_s, 30.0);
+  for (const auto& [name, v] : *r)
+    for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
 }
 
 }  // namespace
