@@ -4,7 +4,7 @@
 // sdpa_keeps() (graph.h) is the definition. Its conditions are bounds on j for
 // a fixed row i (and on i for a fixed key j), so the kept set of a row, and of
 // a column, is one interval. The GPU kernels loop over these intervals;
-// tests/unit/sdpa_reference_test.cpp checks them against sdpa_keeps() for
+// tests/unit/reference_test_sdpa.cpp checks them against sdpa_keeps() for
 // every small case. Compiles as host and device code.
 #pragma once
 
