@@ -21,7 +21,12 @@ struct CachedPlan {
   CacheEntry entry;          // on a hit: the provenance (payload emptied)
   BuildReport report;        // on a miss: the five steps
   double lookup_ms = 0;      // cache lookup, checksum included
-  double deserialize_ms = 0; // frontend deserialize on a hit
+  double deserialize_ms = 0; // frontend deserialize on a hit (the first in a process also loads
+                             // cuDNN's engine libraries)
+  // With measure_repeat: a second deserialize of the same entry, timed. The
+  // per-graph cost once the libraries are loaded; deserialize_ms minus this
+  // is the one-time load. -1 when not measured.
+  double deserialize_again_ms = -1;
   std::vector<std::string> warnings;
 };
 
@@ -38,7 +43,7 @@ Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, 
 // Looks up a plan stored under `policy_key` only (no build on a miss):
 // result.hit tells. Used by `run` to find a tuned plan first.
 Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const std::string& policy_key, GpuContext* ctx);
+                                      const std::string& policy_key, GpuContext* ctx, bool measure_repeat = false);
 
 // Stores a plan under `policy_key` (tuned_median_ms < 0: heuristic choice).
 // A failure becomes a warning in `warnings`.

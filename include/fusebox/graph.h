@@ -281,7 +281,8 @@ struct ResolvedGraph {
   // and sdpa_fp8_fwd (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal),
   // and 2.5 times that for sdpa_bwd (five matmuls against two). With padding
   // the lengths are data: `inputs` maps input tensor names to their values
-  // (logical order); seq_len tensors missing from it count as full length.
+  // (logical order); seq_len tensors missing from it use their fixed values,
+  // else count as full length.
   double flops(const std::map<std::string, std::vector<double>>& inputs = {}) const;
   // Bytes of non-virtual tensors read and written once, for GB/s.
   double bytes_moved() const;

@@ -15,6 +15,21 @@
 
 namespace fusebox {
 
+// One graph input as fusebox makes it: the tensor's fixed values when it has
+// them, else seeded random values in [random_lo, random_hi] (never constant).
+HostTensor make_input(const ResolvedTensor& t, uint64_t seed);
+// Every non-scalar graph input: `given` first, then make_input(). Backward
+// attention inputs o and stats are then recomputed from q, k and v by the
+// forward reference (CPU up to `cpu_reference_max_flops`, else the GPU), so
+// a backward graph runs on a consistent forward. Fails when `given` names a
+// tensor that is not a graph input.
+Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, uint64_t seed,
+                                                      const std::map<std::string, HostTensor>& given = {},
+                                                      double cpu_reference_max_flops = 2e9);
+// The sequence-length inputs' values, for ResolvedGraph::flops().
+std::map<std::string, std::vector<double>> input_values_for_flops(const ResolvedGraph& g,
+                                                                  const std::map<std::string, HostTensor>& inputs);
+
 struct RunOptions {
   uint64_t seed = 1;
   // Graph inputs given by the caller (others are random from `seed`).
@@ -44,7 +59,9 @@ struct RunResult {
   bool verified_ok = true;
   LatencyStats latency;
   int input_sets = 1;  // input copies rotated through while timing
-  double tflops = 0;  // graph flops / median
+  double first_execute_ms = 0;  // the first execution, synchronized (loads the kernels)
+  double flops = 0;   // the graph's useful work with these inputs (sequence lengths)
+  double tflops = 0;  // flops / median
   double gbps = 0;    // non-virtual bytes / median
 };
 

@@ -42,6 +42,7 @@ struct TuneResult {
   double speedup_over_heuristic = 0;
   double tuning_ms = 0;  // whole tune wall time
   int input_sets = 1;
+  double flops = 0;  // the graph's useful work with the tuning inputs (sequence lengths)
   BuildReport report;
   Plan winner_plan;
   RunResult winner_run;  // the verification run of the winner

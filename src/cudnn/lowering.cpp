@@ -1,6 +1,7 @@
 // ResolvedGraph -> cudnn_frontend::graph::Graph.
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "cudnn/internal.h"
@@ -58,6 +59,27 @@ const char* fe_code_name(fe::error_code_t c) {
     case fe::error_code_t::NVRTC_COMPILATION_FAILED: return "NVRTC_COMPILATION_FAILED";
   }
   return "UNKNOWN";
+}
+
+// Applies the options shared by every sdpa op to SDPA_attributes or
+// SDPA_backward_attributes (the frontend gives both the same setters).
+template <typename Attrs>
+void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale,
+                        const std::function<std::shared_ptr<fe::graph::Tensor_attributes>(const char*)>& in) {
+  attrs.set_attn_scale(static_cast<float>(scale));
+  attrs.set_diagonal_alignment(o.alignment == SdpaAlignment::kBottomRight ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                                          : fe::DiagonalAlignment_t::TOP_LEFT);
+  // resolve() turns causal into right_bound 0; the fallback guards hand-built graphs.
+  if (o.right_bound) {
+    attrs.set_diagonal_band_right_bound(static_cast<int>(*o.right_bound));
+  } else if (o.causal) {
+    attrs.set_diagonal_band_right_bound(0);
+  }
+  if (o.left_bound) attrs.set_diagonal_band_left_bound(static_cast<int>(*o.left_bound));
+  if (o.padding) attrs.set_padding_mask(true).set_seq_len_q(in("seq_len_q")).set_seq_len_kv(in("seq_len_kv"));
+  if (o.bias) attrs.set_bias(in("bias"));
+  if (o.alibi) attrs.set_alibi_mask(true);
+  if (o.dropout) attrs.set_dropout(static_cast<float>(*o.dropout), in("seed"), in("offset"));
 }
 
 }  // namespace
@@ -168,22 +190,44 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
         auto it = op.inputs.find(role);
         return it == op.inputs.end() ? nullptr : fe_tensors[it->second];
       };
-      if (auto* sdpa = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+      if (const SdpaOptions* so = sdpa_options(op.attrs)) {
         // resolve() fills attn_scale; 1/sqrt(D) guards hand-built graphs.
-        const double scale = sdpa->attn_scale
-                                 ? *sdpa->attn_scale
-                                 : 1.0 / std::sqrt(static_cast<double>(g.tensors[op.inputs.at("q")].dims.back()));
-        auto attrs = fe::graph::SDPA_attributes()
-                         .set_name(op.name)
-                         .set_generate_stats(sdpa->generate_stats)
-                         .set_attn_scale(static_cast<float>(scale))
-                         .set_compute_data_type(to_fe(op.compute_dtype));
-        if (sdpa->causal) {
-          attrs.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+        const double scale = so->attn_scale ? *so->attn_scale
+                                            : 1.0 / std::sqrt(static_cast<double>(
+                                                        g.tensors[op.inputs.at("q")].dims.back()));
+        const std::function<std::shared_ptr<fe::graph::Tensor_attributes>(const char*)> in_fn = in;
+        if (auto* fwd = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
+          auto attrs = fe::graph::SDPA_attributes()
+                           .set_name(op.name)
+                           .set_generate_stats(fwd->generate_stats)
+                           .set_compute_data_type(to_fe(op.compute_dtype));
+          apply_sdpa_options(attrs, *so, scale, in_fn);
+          auto [o, stats] = graph->sdpa(in("q"), in("k"), in("v"), attrs);
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "o", o));
+          if (fwd->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
+        } else if (auto* f8 = std::get_if<SdpaFp8FwdAttrs>(&op.attrs)) {
+          auto attrs = fe::graph::SDPA_fp8_attributes()
+                           .set_name(op.name)
+                           .set_generate_stats(f8->generate_stats)
+                           .set_compute_data_type(to_fe(op.compute_dtype));
+          apply_sdpa_options(attrs, *so, scale, in_fn);
+          auto [o, stats, amax_s, amax_o] =
+              graph->sdpa_fp8(in("q"), in("k"), in("v"), in("descale_q"), in("descale_k"), in("descale_v"),
+                              in("descale_s"), in("scale_s"), in("scale_o"), attrs);
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "o", o));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_s", amax_s));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_o", amax_o));
+          if (f8->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
+        } else {
+          auto attrs = fe::graph::SDPA_backward_attributes().set_name(op.name).set_compute_data_type(
+              to_fe(op.compute_dtype));
+          apply_sdpa_options(attrs, *so, scale, in_fn);
+          auto [dq, dk, dv] =
+              graph->sdpa_backward(in("q"), in("k"), in("v"), in("o"), in("do"), in("stats"), attrs);
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dq", dq));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dk", dk));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dv", dv));
         }
-        auto [o, stats] = graph->sdpa(in("q"), in("k"), in("v"), attrs);
-        FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "o", o));
-        if (sdpa->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
         continue;
       }
       std::shared_ptr<fe::graph::Tensor_attributes> y;

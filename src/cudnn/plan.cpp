@@ -338,7 +338,11 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
   try {
     auto graph = std::make_shared<fe::graph::Graph>();
     if (ctx) {
-      FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(ctx->impl()->handle, bytes), "deserialize plan"));
+      // No warm-up capture (the frontend's default): the first execution loads
+      // the kernels instead, and fusebox reports it as such.
+      FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(ctx->impl()->handle, bytes, /*enforce_precompiled=*/false,
+                                                         /*run_warmup=*/false),
+                                      "deserialize plan"));
     } else {
       if (!target.deviceless()) return InvalidArgument("deserialize_plan: no GpuContext and no device properties");
       FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));

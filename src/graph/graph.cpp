@@ -434,9 +434,9 @@ double ResolvedGraph::flops(const std::map<std::string, std::vector<double>>& in
         std::vector<int64_t> r(static_cast<size_t>(q.dims[0]), full);
         if (!s->padding) return r;
         auto it = inputs.find(in(role).name);
-        if (it == inputs.end()) return r;
-        for (size_t b = 0; b < r.size() && b < it->second.size(); ++b) {
-          r[b] = std::clamp<int64_t>(static_cast<int64_t>(it->second[b]), 0, full);
+        const std::vector<double>& vals = it != inputs.end() ? it->second : in(role).values;
+        for (size_t b = 0; b < r.size() && b < vals.size(); ++b) {
+          r[b] = std::clamp<int64_t>(static_cast<int64_t>(vals[b]), 0, full);
         }
         return r;
       };

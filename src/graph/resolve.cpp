@@ -389,8 +389,10 @@ Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vecto
       t.random_hi = static_cast<double>(full);
       for (double x : t.values) {
         if (x < 0 || x > static_cast<double>(full) || x != std::floor(x)) {
-          return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") holds the value " +
-                                 std::to_string(x) + ": each length must be an integer in [0, " +
+          std::ostringstream v;
+          v << x;
+          return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") holds the value " + v.str() +
+                                 ": each length must be an integer in [0, " +
                                  std::to_string(full) + "]");
         }
       }

@@ -52,7 +52,7 @@ std::string cache_key_for(const ResolvedGraph& g, const DeviceTarget& target, co
 }
 
 Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const std::string& policy_key, GpuContext* ctx) {
+                                      const std::string& policy_key, GpuContext* ctx, bool measure_repeat) {
   CachedPlan out;
   out.key = cache_key_for(g, target, policy_key);
   if (!cache || !cache->enabled()) return out;
@@ -78,6 +78,11 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
     return out;
   }
   out.plan = std::move(plan).value();
+  if (measure_repeat) {
+    t0 = std::chrono::steady_clock::now();
+    auto again = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
+    if (again.ok()) out.deserialize_again_ms = ms_since(t0);
+  }
   entry.payload.clear();
   out.entry = std::move(entry);
   out.hit = true;

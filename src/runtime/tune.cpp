@@ -29,10 +29,8 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
   set.check_all(/*build=*/true);
 
   // Inputs once, rotated across copies so small problems are not timed from a warm L2.
-  std::map<std::string, HostTensor> inputs;
-  for (int i : g.input_tensors()) {
-    if (!g.tensors[i].scalar_value) inputs[g.tensors[i].name] = random_tensor(g.tensors[i], policy.seed);
-  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto inputs, make_inputs(g, policy.seed));
+  result.flops = g.flops(input_values_for_flops(g, inputs));
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   runtime::GraphBuffers buffers;
   FUSEBOX_RETURN_IF_ERROR(buffers.prepare(g, inputs, runtime::rotation_sets_for(g), stream));

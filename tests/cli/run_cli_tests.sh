@@ -56,14 +56,16 @@ crash_reason() {
 
 # expect_bad NAME PATTERN ARGS...: exit 2, one error line on stderr matching
 # PATTERN (extended regex, case-insensitive); a second line may only point at --help.
+# expect_bad NAME PATTERN ARGS...: exit 2 (bad input), one error line matching PATTERN.
+# EXPECT_RC=1 expect_bad ...: the same for a graph the backend refuses (exit 1).
 expect_bad() {
-  local name=$1 pattern=$2
+  local name=$1 pattern=$2 want_rc=${EXPECT_RC:-2}
   shift 2
   run_fb "$@"
   local why lines hints
   why=$(crash_reason)
   if [ -n "$why" ]; then fail "$name" "$why"; return; fi
-  if [ "$RC" -ne 2 ]; then fail "$name" "exit $RC, expected 2 (bad input)"; return; fi
+  if [ "$RC" -ne "$want_rc" ]; then fail "$name" "exit $RC, expected $want_rc"; return; fi
   lines=$(grep -cv '^[[:space:]]*$' "$TMP/stderr")
   hints=$(grep -c -- '--help' "$TMP/stderr")
   if [ "$lines" -eq 0 ]; then fail "$name" "no error message on stderr"; return; fi
@@ -130,6 +132,8 @@ expect_bad "dims of the wrong JSON type"     'integer|dims'          check "$TMP
 expect_bad "missing tensor reference"        'no_such_tensor'        check "$TMP/missing_tensor.json"
 expect_bad "invalid_shapes.json (check)"     'conv1|C='              check "$SRC/examples/graphs/invalid_shapes.json"
 expect_bad "invalid_shapes.json (build)"     'conv1|C='              build "$SRC/examples/graphs/invalid_shapes.json" --device "$DEVPROP"
+EXPECT_RC=1 expect_bad "sdpa: bottom-right with bias (build)" 'validate.*Bottom right causal mask.*is_bias=False'  build "$SRC/examples/graphs/invalid_sdpa_bottom_right_bias.json" --device "$DEVPROP"
+expect_bad "sdpa: seq_len value > Sq"        "seq_len_q.*500.*\\[0, 96\\]"  check "$SRC/examples/graphs/invalid_sdpa_lengths.json"
 expect_bad "nonexistent graph file"          'no_such_graph'         check "$TMP/no_such_graph.json"
 expect_bad "graph path is a directory"       'director|read|open|file'  check "$TMP"
 

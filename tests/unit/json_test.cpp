@@ -162,6 +162,14 @@ TEST(Json, EveryExampleResolves) {
       for (const char* n : {"conv1", "'w'", "'x'", "C=32", "C=64"}) EXPECT_NE(m.find(n), std::string::npos) << m;
       continue;
     }
+    if (e.path().filename() == "invalid_sdpa_lengths.json") {
+      ASSERT_FALSE(g.ok()) << e.path();
+      const std::string& m = g.status().message();
+      for (const char* n : {"[sdpa_fwd 'attn']", "'seq_len_q'", "500", "[0, 96]"}) {
+        EXPECT_NE(m.find(n), std::string::npos) << m;
+      }
+      continue;
+    }
     ASSERT_TRUE(g.ok()) << e.path() << ": " << g.status().ToString();
     EXPECT_FALSE(g->output_tensors().empty());
     EXPECT_FALSE(describe(*g).empty());
@@ -172,8 +180,10 @@ TEST(Json, EveryExampleResolves) {
     ASSERT_TRUE(g2.ok());
     EXPECT_EQ(describe(*g2), describe(*g));
     if (e.path().parent_path().filename() == "small") {
+      // Small examples are checked by the CPU reference everywhere (fp64, well
+      // under a second each): keep them under 5e7 multiply-adds.
       double macs = g->flops() / 2;  // upper bound on conv/matmul MACs (includes pointwise)
-      EXPECT_LT(macs, 1e7) << e.path();
+      EXPECT_LT(macs, 5e7) << e.path();
     }
   }
   EXPECT_GE(files, 9);

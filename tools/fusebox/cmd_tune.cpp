@@ -133,7 +133,7 @@ Runner add_tune(CLI::App& app) {
                           {"speedup_over_heuristic", r->speedup_over_heuristic},
                           {"tuning_ms", r->tuning_ms},
                           {"input_sets", r->input_sets},
-                          {"tflops", g->flops() / (w.latency.median_ms * 1e-3) / 1e12},
+                          {"tflops", r->flops / (w.latency.median_ms * 1e-3) / 1e12},
                           {"verify", verify},
                           {"ok", r->winner_run.verified_ok},
                           {"build", to_json(r->report)},
@@ -150,7 +150,7 @@ Runner add_tune(CLI::App& app) {
         if (e.timed) {
           std::printf("%4d  %-46s %11.4f %11.4f %11.4f %9.1f %10s  %s\n", rank++, e.candidate.name.c_str(),
                       e.latency.median_ms, e.latency.min_ms, e.latency.p90_ms,
-                      g->flops() / (e.latency.median_ms * 1e-3) / 1e12, format_bytes(e.candidate.workspace_bytes).c_str(),
+                      r->flops / (e.latency.median_ms * 1e-3) / 1e12, format_bytes(e.candidate.workspace_bytes).c_str(),
                       mark);
         } else {
           std::printf("   -  %-46s %s %s\n", e.candidate.name.c_str(), e.skipped_why.substr(0, 120).c_str(), mark);
