@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A targeted GPU-machine pass (a subset of scripts/gpu_check.sh) for when the
+# device budget is short: GPU tests matching GTEST_FILTER, `fusebox run
+# --verify` of the graphs matching GRAPH_FILTER, the PyTorch cross-check of the
+# small ones, the SDPA benchmark against torch and the plan-cache start-up.
+#   OUT=DIR GTEST_FILTER='*Sdpa*' GRAPH_FILTER=sdpa scripts/gpu_quick.sh [BUNDLE_DIR]
+# Every step writes its own log under $OUT as it goes, so a timeout keeps what ran.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+FB="$BUNDLE/fusebox"
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
+export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/devices/h200-cudnn-9.19.devprop"
+PY=/opt/torch/.venv/bin/python3
+[ -x "$PY" ] || PY=python3
+GRAPH_FILTER=${GRAPH_FILTER:-.}
+fails=0
+step() { echo "== $(date -u +%T) $*"; }
+
+step gpu_tests "${GTEST_FILTER:-*}"
+GTEST_FILTER=${GTEST_FILTER:-*} timeout "${GTEST_TIMEOUT:-240}" "$BUNDLE/fusebox_gpu_tests" > "$OUT/gpu_tests.log" 2>&1 || fails=$((fails + 1))
+tail -n 3 "$OUT/gpu_tests.log"
+
+mkdir -p "$OUT/run"
+for g in examples/graphs/small/*.json examples/graphs/*.json; do
+  case "$(basename "$g")" in invalid_*) continue ;; esac
+  [[ "$g" =~ $GRAPH_FILTER ]] || continue
+  name=$(basename "$g" .json)
+  step run "$name"
+  timeout 120 "$FB" run "$g" --verify --warmup 5 --iters 20 > "$OUT/run/$name.txt" 2>&1 || { echo "FAIL run $name"; fails=$((fails + 1)); }
+  grep -E "verify|latency|plan:|first execution" "$OUT/run/$name.txt" | cut -c1-220
+done
+
+SMALL=()
+for g in examples/graphs/small/*.json; do [[ "$g" =~ $GRAPH_FILTER ]] && SMALL+=("$g"); done
+if [ "${#SMALL[@]}" -gt 0 ]; then
+  step torch_crosscheck
+  timeout 200 "$PY" tools/torch_crosscheck.py --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${SMALL[@]}" > "$OUT/crosscheck.log" 2>&1 || fails=$((fails + 1))
+  tail -n 25 "$OUT/crosscheck.log"
+fi
+
+if [ -n "${BENCH_GRAPHS:-}" ]; then
+  step sdpa_bench
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-240}" "$PY" bench/sdpa_compare.py --fusebox "$FB" --warmup 5 --iters 30 \
+    --json-out "$OUT/sdpa_bench.json" --markdown-out "$OUT/sdpa_bench.md" $BENCH_GRAPHS > "$OUT/sdpa_bench.log" 2>&1 || fails=$((fails + 1))
+  cat "$OUT/sdpa_bench.md" 2>/dev/null || tail -n 30 "$OUT/sdpa_bench.log"
+fi
+
+if [ -n "${CACHE:-}" ]; then
+  step plan_cache
+  SECTIONS=plan_cache OUT="$OUT/cache" bash scripts/gpu_check.sh "$BUNDLE" > "$OUT/plan_cache.log" 2>&1 || fails=$((fails + 1))
+  grep -E "cold|FAIL|aot|cache hit" "$OUT/plan_cache.log" | cut -c1-600
+fi
+echo "gpu_quick: $fails failed steps"
+[ "$fails" -eq 0 ]
