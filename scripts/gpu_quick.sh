@@ -41,6 +41,24 @@ if [ "${#SMALL[@]}" -gt 0 ]; then
   tail -n 25 "$OUT/crosscheck.log"
 fi
 
+# TUNE_GRAPHS: tune each (and, for an sdpa forward, its training-mode variant
+# with a stats output, as bench/sdpa_compare.py times it) into $FUSEBOX_CACHE,
+# so the benchmark below runs the tuned plans.
+if [ -n "${TUNE_GRAPHS:-}" ]; then
+  export FUSEBOX_CACHE=${FUSEBOX_CACHE:-/tmp/fusebox_tuned.sqlite}
+  mkdir -p "$OUT/tune"
+  for g in $TUNE_GRAPHS; do
+    for v in $("$PY" -c 'import sys, tempfile; sys.path.insert(0, "bench"); import sdpa_compare as s; from graph_json import Graph
+g = sys.argv[1]; ops = [o for o in Graph(g).ops if o["op"] == "sdpa_fwd"]
+print(g); [print(s.stats_variant(g, o["name"], "/tmp", True)) for o in ops[:1]]' "$g" 2>/dev/null || echo "$g"); do
+      name=$(basename "$v" .json)
+      step tune "$name"
+      timeout "${TUNE_TIMEOUT:-150}" "$FB" tune "$v" --warmup 5 --iters 20 > "$OUT/tune/$name.txt" 2>&1 || { echo "FAIL tune $name"; fails=$((fails + 1)); }
+      head -n 14 "$OUT/tune/$name.txt" | cut -c1-200
+    done
+  done
+fi
+
 if [ -n "${BENCH_GRAPHS:-}" ]; then
   step sdpa_bench
   # shellcheck disable=SC2086

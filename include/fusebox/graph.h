@@ -117,6 +117,10 @@ struct SdpaOptions {
   bool bias = false;      // input "bias": additive, [B|1, Hq|1, Sq, Skv]
   bool alibi = false;     // ALiBi with cuDNN's slopes (alibi_slopes()); needs causal
   std::optional<double> dropout;  // probability in [0, 1); inputs "seed", "offset": int64 [1,1,1,1]
+  // With dropout: also write the Bernoulli keep-mask cuDNN drew (1 kept, 0
+  // dropped) as output "dropout_mask", fp32 [B,Hq,Sq,Skv] (cuDNN's RNG dump,
+  // a debugging output): the references read it, so dropout can be verified.
+  bool dump_dropout_mask = false;
 };
 
 // sdpa_fwd: inputs q, k, v (bf16 or fp16) [+ the optional inputs above];
@@ -129,7 +133,10 @@ struct SdpaFwdAttrs : SdpaOptions {
 // generate_stats) [+ the optional inputs above, the same as the forward's];
 // outputs "dq", "dk", "dv" shaped like q, k, v. With dropout, the same seed and
 // offset as the forward regenerate its mask.
-struct SdpaBwdAttrs : SdpaOptions {};
+struct SdpaBwdAttrs : SdpaOptions {
+  // cuDNN's deterministic backward (no atomics in dq): bit-reproducible, slower.
+  bool deterministic = false;
+};
 
 // sdpa_fp8_fwd (FP8 e4m3 q, k, v; cuDNN 9.19 on Hopper: fp8 output, no bias,
 // no bottom-right alignment). Extra inputs, fp32 [1,1,1,1]: descale_q,
@@ -181,7 +188,8 @@ bool pointwise_is_unary(PointwiseMode m);
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv/matmul/pointwise; sdpa_fwd "o"
 // (+ "stats"); sdpa_bwd "dq", "dk", "dv"; sdpa_fp8_fwd "o", "amax_s",
-// "amax_o" (+ "stats"). The first is the primary output.
+// "amax_o" (+ "stats"); every sdpa op + "dropout_mask" with
+// dump_dropout_mask. The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 

@@ -196,12 +196,28 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
                                             : 1.0 / std::sqrt(static_cast<double>(
                                                         g.tensors[op.inputs.at("q")].dims.back()));
         const std::function<std::shared_ptr<fe::graph::Tensor_attributes>(const char*)> in_fn = in;
+        // The RNG dump is a tensor the caller creates and the op writes.
+        auto rng_dump = [&]() {
+          const int mi = op.outputs.at("dropout_mask");
+          const ResolvedTensor& mt = g.tensors[mi];
+          auto t = graph->tensor(fe::graph::Tensor_attributes()
+                                     .set_name(mt.name)
+                                     .set_dim(mt.dims)
+                                     .set_stride(mt.strides)
+                                     .set_data_type(to_fe(mt.dtype))
+                                     .set_output(true)
+                                     .set_uid(uid_of(mi)));
+          out.uids[mt.name] = uid_of(mi);
+          fe_tensors[mi] = t;
+          return t;
+        };
         if (auto* fwd = std::get_if<SdpaFwdAttrs>(&op.attrs)) {
           auto attrs = fe::graph::SDPA_attributes()
                            .set_name(op.name)
                            .set_generate_stats(fwd->generate_stats)
                            .set_compute_data_type(to_fe(op.compute_dtype));
           apply_sdpa_options(attrs, *so, scale, in_fn);
+          if (so->dump_dropout_mask) attrs.set_rng_dump(rng_dump());
           auto [o, stats] = graph->sdpa(in("q"), in("k"), in("v"), attrs);
           FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "o", o));
           if (fwd->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
@@ -219,9 +235,12 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
           FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_o", amax_o));
           if (f8->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
         } else {
-          auto attrs = fe::graph::SDPA_backward_attributes().set_name(op.name).set_compute_data_type(
-              to_fe(op.compute_dtype));
+          auto attrs = fe::graph::SDPA_backward_attributes()
+                           .set_name(op.name)
+                           .set_compute_data_type(to_fe(op.compute_dtype))
+                           .set_deterministic_algorithm(std::get<SdpaBwdAttrs>(op.attrs).deterministic);
           apply_sdpa_options(attrs, *so, scale, in_fn);
+          if (so->dump_dropout_mask) attrs.set_rng_dump(rng_dump());
           auto [dq, dk, dv] =
               graph->sdpa_backward(in("q"), in("k"), in("v"), in("o"), in("do"), in("stats"), attrs);
           FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dq", dq));

@@ -204,16 +204,20 @@ double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
 }
 
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
+  std::vector<std::string_view> r;
   if (auto* s = std::get_if<SdpaFwdAttrs>(&attrs)) {
-    if (s->generate_stats) return {"o", "stats"};
-    return {"o"};
+    r = {"o"};
+    if (s->generate_stats) r.push_back("stats");
+  } else if (std::holds_alternative<SdpaBwdAttrs>(attrs)) {
+    r = {"dq", "dk", "dv"};
+  } else if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) {
+    r = {"o", "amax_s", "amax_o"};
+    if (s->generate_stats) r.push_back("stats");
+  } else {
+    return {"y"};
   }
-  if (std::holds_alternative<SdpaBwdAttrs>(attrs)) return {"dq", "dk", "dv"};
-  if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) {
-    if (s->generate_stats) return {"o", "amax_s", "amax_o", "stats"};
-    return {"o", "amax_s", "amax_o"};
-  }
-  return {"y"};
+  if (sdpa_options(attrs)->dump_dropout_mask) r.push_back("dropout_mask");
+  return r;
 }
 
 std::string_view op_primary_output_role(const OpAttrs& attrs) { return op_output_roles(attrs).front(); }

@@ -163,7 +163,7 @@ class Parser {
     } else if (sdpa) {
       FUSEBOX_RETURN_IF_ERROR(
           check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "attn_scale", "causal", "alignment",
-                                 "left_bound", "right_bound", "alibi", "dropout"}));
+                                 "left_bound", "right_bound", "alibi", "dropout", "deterministic"}));
     } else {
       FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype"}));
     }
@@ -231,6 +231,12 @@ class Parser {
       // Optional inputs switch their feature on: seq_len_q/seq_len_kv -> padding, bias -> bias.
       a.padding = o.inputs.count("seq_len_q") > 0 || o.inputs.count("seq_len_kv") > 0;
       a.bias = o.inputs.count("bias") > 0;
+      a.dump_dropout_mask = o.outputs.count("dropout_mask") > 0;
+      if (v.contains("deterministic")) {
+        auto* bwd = std::get_if<SdpaBwdAttrs>(&o.attrs);
+        if (!bwd) return err(path + ".deterministic", "only sdpa_bwd has a deterministic variant");
+        FUSEBOX_RETURN_IF_ERROR(get_bool("deterministic", bwd->deterministic));
+      }
       // Stats are generated exactly when a "stats" output is named.
       if (auto* f = std::get_if<SdpaFwdAttrs>(&o.attrs)) f->generate_stats = o.outputs.count("stats") > 0;
       if (auto* f = std::get_if<SdpaFp8FwdAttrs>(&o.attrs)) f->generate_stats = o.outputs.count("stats") > 0;
@@ -371,6 +377,7 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
       if (a->alibi) j["alibi"] = true;
       if (a->dropout) j["dropout"] = static_cast<double>(*a->dropout);
     }
+    if (auto* b = std::get_if<SdpaBwdAttrs>(&o.attrs); b && b->deterministic) j["deterministic"] = true;
     ops.push_back(std::move(j));
   }
   root["ops"] = std::move(ops);

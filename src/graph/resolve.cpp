@@ -357,6 +357,10 @@ Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vecto
     return InvalidArgument(where + " dropout is " + std::to_string(*o.dropout) +
                            ": give a probability in [0, 1) (0: no dropout)");
   }
+  if (o.dump_dropout_mask && !o.dropout) {
+    return InvalidArgument(where + " has a 'dropout_mask' output but no dropout: set \"dropout\" (a probability) "
+                           "or remove the output");
+  }
   if (o.alibi && !(o.right_bound && *o.right_bound == 0)) {
     return InvalidArgument(where + " alibi needs a causal mask in cuDNN 9.19: set \"causal\": true with \"alibi\"");
   }
@@ -750,6 +754,12 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         FUSEBOX_RETURN_IF_ERROR(finish_output("stats", stats_dims, dense_strides_like(stats_dims, {}), DType::kFP32));
         return check_out("stats", {DType::kFP32}, "cuDNN writes stats in fp32 only");
       };
+      if (sdpa_options(rop.attrs)->dump_dropout_mask) {
+        const std::vector<int64_t> mask_dims = {d.B, d.Hq, d.Sq, d.Skv};
+        FUSEBOX_RETURN_IF_ERROR(
+            finish_output("dropout_mask", mask_dims, dense_strides_like(mask_dims, {}), DType::kFP32));
+        FUSEBOX_RETURN_IF_ERROR(check_out("dropout_mask", {DType::kFP32}, "the dropout mask dump is fp32"));
+      }
       if (auto* f = std::get_if<SdpaFwdAttrs>(&rop.attrs)) {
         // o like q's stride order (bshd q gives bshd o); stats dense [B, H, S, 1].
         FUSEBOX_RETURN_IF_ERROR(finish_output("o", o_dims, dense_strides_like(o_dims, in("q").strides), in("q").dtype));
@@ -880,6 +890,7 @@ std::string describe(const ResolvedGraph& g) {
       if (s->bias) os << ", bias";
       if (s->alibi) os << ", alibi";
       if (s->dropout) os << ", dropout " << *s->dropout;
+      if (auto* b = std::get_if<SdpaBwdAttrs>(&op.attrs); b && b->deterministic) os << ", deterministic";
       const auto roles = op_output_roles(op.attrs);
       if (std::find(roles.begin(), roles.end(), "stats") != roles.end()) os << ", stats";
     }
