@@ -152,6 +152,16 @@ struct SdpaFp8FwdAttrs : SdpaOptions {
   bool generate_stats = false;
 };
 
+// sdpa_fp8_bwd (cuDNN 9.19 on Hopper: fp8 gradients). Inputs q, k, v, o
+// (fp8_e4m3), do (fp8_e4m3 or fp8_e5m2), stats (fp32, from the forward), and
+// fp32 [1,1,1,1] factors descale_q, descale_k, descale_v, descale_o,
+// descale_do, descale_s, descale_dp, scale_s, scale_dq, scale_dk, scale_dv,
+// scale_dp (+ the optional mask inputs). Outputs dq, dk, dv (fp8, shaped
+// like q, k, v) and amax_dq, amax_dk, amax_dv, amax_dp (fp32 [1,1,1,1]).
+// The quantization points are cuDNN's (the frontend's SDPAFP8BackwardNode);
+// the references document them.
+struct SdpaFp8BwdAttrs : SdpaOptions {};
+
 // cuDNN's ALiBi slope of each of `heads` query heads (the frontend's get_alibi_slope):
 // with n the largest power of two <= heads, head h < n gets 2^(-8(h+1)/n), and the
 // remaining heads get 2^(-4(2m+1)/n) for m = 0, 1, ...
@@ -164,7 +174,7 @@ bool sdpa_keeps(const SdpaOptions& o, int64_t i, int64_t j, int64_t lq, int64_t 
 double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv);
 
 using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs, SdpaBwdAttrs,
-                             SdpaFp8FwdAttrs>;
+                             SdpaFp8FwdAttrs, SdpaFp8BwdAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -183,12 +193,16 @@ bool pointwise_is_unary(PointwiseMode m);
 //   unary pointwise: x
 //   sdpa_fwd: q, k, v     sdpa_bwd: q, k, v, o, do, stats
 //   sdpa_fp8_fwd: q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o
+//   sdpa_fp8_bwd: q, k, v, o, do, stats, descale_q, descale_k, descale_v, descale_o,
+//                 descale_do, descale_s, descale_dp, scale_s, scale_dq, scale_dk,
+//                 scale_dv, scale_dp
 //   every sdpa op, per SdpaOptions: + seq_len_q, seq_len_kv (padding),
 //   + bias (bias), + seed, offset (dropout)
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv/matmul/pointwise; sdpa_fwd "o"
 // (+ "stats"); sdpa_bwd "dq", "dk", "dv"; sdpa_fp8_fwd "o", "amax_s",
-// "amax_o" (+ "stats"); every sdpa op + "dropout_mask" with
+// "amax_o" (+ "stats"); sdpa_fp8_bwd "dq", "dk", "dv", "amax_dq", "amax_dk",
+// "amax_dv", "amax_dp"; every sdpa op + "dropout_mask" with
 // dump_dropout_mask. The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);

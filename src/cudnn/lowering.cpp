@@ -61,8 +61,10 @@ const char* fe_code_name(fe::error_code_t c) {
   return "UNKNOWN";
 }
 
-// Applies the options shared by every sdpa op to SDPA_attributes or
-// SDPA_backward_attributes (the frontend gives both the same setters).
+// Applies the options shared by every sdpa op to SDPA_attributes,
+// SDPA_backward_attributes or SDPA_fp8_backward_attributes (the frontend gives
+// them the same setters; ALiBi and the RNG dump are set by the callers, as FP8
+// backward has neither).
 template <typename Attrs>
 void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale,
                         const std::function<std::shared_ptr<fe::graph::Tensor_attributes>(const char*)>& in) {
@@ -78,7 +80,6 @@ void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale,
   if (o.left_bound) attrs.set_diagonal_band_left_bound(static_cast<int>(*o.left_bound));
   if (o.padding) attrs.set_padding_mask(true).set_seq_len_q(in("seq_len_q")).set_seq_len_kv(in("seq_len_kv"));
   if (o.bias) attrs.set_bias(in("bias"));
-  if (o.alibi) attrs.set_alibi_mask(true);
   if (o.dropout) attrs.set_dropout(static_cast<float>(*o.dropout), in("seed"), in("offset"));
 }
 
@@ -217,6 +218,7 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
                            .set_generate_stats(fwd->generate_stats)
                            .set_compute_data_type(to_fe(op.compute_dtype));
           apply_sdpa_options(attrs, *so, scale, in_fn);
+          if (so->alibi) attrs.set_alibi_mask(true);
           if (so->dump_dropout_mask) attrs.set_rng_dump(rng_dump());
           auto [o, stats] = graph->sdpa(in("q"), in("k"), in("v"), attrs);
           FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "o", o));
@@ -227,6 +229,8 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
                            .set_generate_stats(f8->generate_stats)
                            .set_compute_data_type(to_fe(op.compute_dtype));
           apply_sdpa_options(attrs, *so, scale, in_fn);
+          if (so->alibi) attrs.set_alibi_mask(true);
+          if (so->dump_dropout_mask) attrs.set_rng_dump(rng_dump());
           auto [o, stats, amax_s, amax_o] =
               graph->sdpa_fp8(in("q"), in("k"), in("v"), in("descale_q"), in("descale_k"), in("descale_v"),
                               in("descale_s"), in("scale_s"), in("scale_o"), attrs);
@@ -234,12 +238,32 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
           FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_s", amax_s));
           FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_o", amax_o));
           if (f8->generate_stats) FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "stats", stats));
+        } else if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) {
+          if (so->alibi || so->dump_dropout_mask) {
+            return NotSupported(where + std::string(so->alibi ? " alibi" : " a 'dropout_mask' output") +
+                                ": the cuDNN frontend has no such option for FP8 backward; remove it");
+          }
+          auto attrs = fe::graph::SDPA_fp8_backward_attributes().set_name(op.name).set_compute_data_type(
+              to_fe(op.compute_dtype));
+          apply_sdpa_options(attrs, *so, scale, in_fn);
+          auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = graph->sdpa_fp8_backward(
+              in("q"), in("k"), in("v"), in("o"), in("do"), in("stats"), in("descale_q"), in("descale_k"),
+              in("descale_v"), in("descale_o"), in("descale_do"), in("descale_s"), in("descale_dp"), in("scale_s"),
+              in("scale_dq"), in("scale_dk"), in("scale_dv"), in("scale_dp"), attrs);
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dq", dq));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dk", dk));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "dv", dv));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_dq", amax_dq));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_dk", amax_dk));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_dv", amax_dv));
+          FUSEBOX_RETURN_IF_ERROR(bind_output(op, where, "amax_dp", amax_dp));
         } else {
           auto attrs = fe::graph::SDPA_backward_attributes()
                            .set_name(op.name)
                            .set_compute_data_type(to_fe(op.compute_dtype))
                            .set_deterministic_algorithm(std::get<SdpaBwdAttrs>(op.attrs).deterministic);
           apply_sdpa_options(attrs, *so, scale, in_fn);
+          if (so->alibi) attrs.set_alibi_mask(true);
           if (so->dump_dropout_mask) attrs.set_rng_dump(rng_dump());
           auto [dq, dk, dv] =
               graph->sdpa_backward(in("q"), in("k"), in("v"), in("o"), in("do"), in("stats"), attrs);

@@ -149,6 +149,7 @@ std::string_view op_type_name(const OpAttrs& attrs) {
   if (std::holds_alternative<SdpaFwdAttrs>(attrs)) return "sdpa_fwd";
   if (std::holds_alternative<SdpaBwdAttrs>(attrs)) return "sdpa_bwd";
   if (std::holds_alternative<SdpaFp8FwdAttrs>(attrs)) return "sdpa_fp8_fwd";
+  if (std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) return "sdpa_fp8_bwd";
   return pointwise_mode_name(std::get<PointwiseAttrs>(attrs).mode);
 }
 
@@ -156,6 +157,7 @@ const SdpaOptions* sdpa_options(const OpAttrs& attrs) {
   if (auto* s = std::get_if<SdpaFwdAttrs>(&attrs)) return s;
   if (auto* s = std::get_if<SdpaBwdAttrs>(&attrs)) return s;
   if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) return s;
+  if (auto* s = std::get_if<SdpaFp8BwdAttrs>(&attrs)) return s;
   return nullptr;
 }
 
@@ -213,6 +215,8 @@ std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
   } else if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) {
     r = {"o", "amax_s", "amax_o"};
     if (s->generate_stats) r.push_back("stats");
+  } else if (std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) {
+    r = {"dq", "dk", "dv", "amax_dq", "amax_dk", "amax_dv", "amax_dp"};
   } else {
     return {"y"};
   }
@@ -227,7 +231,13 @@ std::vector<std::string_view> op_input_roles(const OpAttrs& attrs) {
   if (std::holds_alternative<MatmulAttrs>(attrs)) return {"a", "b"};
   if (const SdpaOptions* o = sdpa_options(attrs)) {
     std::vector<std::string_view> r = {"q", "k", "v"};
-    if (std::holds_alternative<SdpaBwdAttrs>(attrs)) r.insert(r.end(), {"o", "do", "stats"});
+    if (std::holds_alternative<SdpaBwdAttrs>(attrs) || std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) {
+      r.insert(r.end(), {"o", "do", "stats"});
+    }
+    if (std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) {
+      r.insert(r.end(), {"descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "descale_s", "descale_dp",
+                         "scale_s", "scale_dq", "scale_dk", "scale_dv", "scale_dp"});
+    }
     if (std::holds_alternative<SdpaFp8FwdAttrs>(attrs)) {
       r.insert(r.end(), {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"});
     }
@@ -449,7 +459,7 @@ double ResolvedGraph::flops(const std::map<std::string, std::vector<double>>& in
       double pairs = 0;
       for (size_t b = 0; b < lq.size(); ++b) pairs += sdpa_kept_pairs(*s, lq[b], lkv[b]);
       double f = 2.0 * static_cast<double>(q.dims[1]) * pairs * static_cast<double>(q.dims[3] + v.dims[3]);
-      if (std::holds_alternative<SdpaBwdAttrs>(op.attrs)) f *= 2.5;
+      if (std::holds_alternative<SdpaBwdAttrs>(op.attrs) || std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) f *= 2.5;
       total += f;
       continue;
     }

@@ -148,13 +148,16 @@ class Parser {
     } else if (type == "sdpa_fp8_fwd") {
       o.attrs = SdpaFp8FwdAttrs{};
       sdpa = true;
+    } else if (type == "sdpa_fp8_bwd") {
+      o.attrs = SdpaFp8BwdAttrs{};
+      sdpa = true;
     } else if (type == "matmul") {
       o.attrs = MatmulAttrs{};
     } else if (auto m = parse_pointwise_mode(type)) {
       o.attrs = PointwiseAttrs{*m};
     } else {
       return err(path + ".op", "unknown op \"" + type +
-                                   "\": accepted ops are conv_fprop, matmul, sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd, add, sub, mul, bias_add, scale, "
+                                   "\": accepted ops are conv_fprop, matmul, sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd, sdpa_fp8_bwd, add, sub, mul, bias_add, scale, "
                                    "relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh");
     }
     if (conv) {

@@ -271,7 +271,9 @@ struct SdpaDims {
 // sequence-length and dropout inputs.
 Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vector<ResolvedTensor>& tensors) {
   const std::string type(op_type_name(op.attrs));
-  const bool fp8 = std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs);
+  const bool fp8_bwd = std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs);
+  const bool fp8 = std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs) || fp8_bwd;
+  const bool bwd = std::holds_alternative<SdpaBwdAttrs>(op.attrs) || fp8_bwd;
   SdpaOptions& o = *sdpa_options(op.attrs);
   auto in = [&](const char* role) -> ResolvedTensor& { return tensors[op.inputs.at(role)]; };
   const ResolvedTensor& qt = in("q");
@@ -288,7 +290,7 @@ Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vecto
     const std::string in_where = where + " input '" + n.role + "' (" + q(n.t->name) + ")";
     if (fp8) {
       FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kFP8E4M3},
-                                             "sdpa_fp8_fwd takes fp8_e4m3 q, k and v (cuDNN 9.19 on Hopper)"));
+                                             type + " takes fp8_e4m3 q, k and v (cuDNN 9.19 on Hopper)"));
     } else {
       FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kBF16, DType::kFP16},
                                              type + " takes bf16 or fp16 q, k and v (sdpa_fp8_fwd takes fp8)"));
@@ -425,7 +427,12 @@ Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vecto
     }
   }
   if (fp8) {
-    for (const char* role : {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"}) {
+    const std::vector<const char*> scales =
+        fp8_bwd ? std::vector<const char*>{"descale_q", "descale_k", "descale_v", "descale_o", "descale_do",
+                                           "descale_s", "descale_dp", "scale_s", "scale_dq", "scale_dk", "scale_dv",
+                                           "scale_dp"}
+                : std::vector<const char*>{"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"};
+    for (const char* role : scales) {
       FUSEBOX_RETURN_IF_ERROR(check_small(role, DType::kFP32, {1, 1, 1, 1},
                                           std::string("the FP8 scale factor ") + role + " (one fp32 value)"));
       ResolvedTensor& t = in(role);
@@ -434,23 +441,27 @@ Result<SdpaDims> infer_sdpa(const std::string& where, ResolvedOp& op, std::vecto
       t.random_hi = 2.0;
     }
   }
-  if (auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs)) {
-    (void)bwd;
+  if (bwd) {
     const std::vector<int64_t> o_dims = {d.B, d.Hq, d.Sq, d.Dv}, stats_dims = {d.B, d.Hq, d.Sq, 1};
     for (const char* role : {"o", "do"}) {
       const ResolvedTensor& t = in(role);
       FUSEBOX_RETURN_IF_ERROR(check_sdpa_tensor(where, role, t, "[B, Hq, Sq, Dv]", type));
       if (t.dims != o_dims) {
         return InvalidArgument(where + " input '" + role + "' (" + q(t.name) + ") has dims " + dims_string(t.dims) +
-                               ": sdpa_bwd needs [B, Hq, Sq, Dv] = " + dims_string(o_dims) + " from q and v");
+                               ": " + type + " needs [B, Hq, Sq, Dv] = " + dims_string(o_dims) + " from q and v");
       }
-      FUSEBOX_RETURN_IF_ERROR(check_dtype_in(where + " input '" + role + "' (" + q(t.name) + ")", t.dtype,
-                                             {qt.dtype}, "it must have q's dtype"));
+      const std::string w = where + " input '" + role + "' (" + q(t.name) + ")";
+      if (fp8_bwd && std::string(role) == "do") {
+        FUSEBOX_RETURN_IF_ERROR(check_dtype_in(w, t.dtype, {DType::kFP8E4M3, DType::kFP8E5M2},
+                                               "sdpa_fp8_bwd takes do in fp8_e4m3 or fp8_e5m2"));
+      } else {
+        FUSEBOX_RETURN_IF_ERROR(check_dtype_in(w, t.dtype, {qt.dtype}, "it must have q's dtype"));
+      }
     }
     const ResolvedTensor& st = in("stats");
     if (!st.is_input || st.dims != stats_dims || st.dtype != DType::kFP32) {
       return InvalidArgument(where + " input 'stats' (" + q(st.name) + ") is " + dims_string(st.dims) + " " +
-                             std::string(dtype_name(st.dtype)) + ": sdpa_bwd needs the forward's softmax stats, " +
+                             std::string(dtype_name(st.dtype)) + ": " + type + " needs the forward's softmax stats, " +
                              "an fp32 graph input " + dims_string(stats_dims));
     }
   }
@@ -774,6 +785,18 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
           FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP32}, "amax outputs are fp32 [1,1,1,1]"));
         }
         if (f8->generate_stats) FUSEBOX_RETURN_IF_ERROR(stats_out());
+      } else if (std::holds_alternative<SdpaFp8BwdAttrs>(rop.attrs)) {
+        for (const char* role : {"dq", "dk", "dv"}) {
+          const ResolvedTensor& like = in(role + 1);
+          FUSEBOX_RETURN_IF_ERROR(
+              finish_output(role, like.dims, dense_strides_like(like.dims, like.strides), in("q").dtype));
+          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP8E4M3, DType::kFP8E5M2},
+                                            "sdpa_fp8_bwd writes fp8 gradients on Hopper (cuDNN 9.19)"));
+        }
+        for (const char* role : {"amax_dq", "amax_dk", "amax_dv", "amax_dp"}) {
+          FUSEBOX_RETURN_IF_ERROR(finish_output(role, {1, 1, 1, 1}, {1, 1, 1, 1}, DType::kFP32));
+          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP32}, "amax outputs are fp32 [1,1,1,1]"));
+        }
       } else {
         for (const char* role : {"dq", "dk", "dv"}) {
           const ResolvedTensor& like = in(role + 1);

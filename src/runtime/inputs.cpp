@@ -36,11 +36,13 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
   // unless the caller gave them.
   bool derive = false;
   for (const auto& op : g.ops) {
-    if (!std::holds_alternative<SdpaBwdAttrs>(op.attrs)) continue;
+    if (!std::holds_alternative<SdpaBwdAttrs>(op.attrs) && !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) {
+      continue;
+    }
     const bool given_o = given.count(g.tensors[op.inputs.at("o")].name) > 0;
     const bool given_stats = given.count(g.tensors[op.inputs.at("stats")].name) > 0;
     if (given_o != given_stats) {
-      return InvalidArgument("[sdpa_bwd '" + op.name + "'] --inputs gives only one of 'o' and 'stats': give both " +
+      return InvalidArgument("[" + std::string(op_type_name(op.attrs)) + " '" + op.name + "'] --inputs gives only one of 'o' and 'stats': give both " +
                              "(from the same forward pass) or neither (fusebox computes them from q, k and v)");
     }
     derive = derive || !given_o;
