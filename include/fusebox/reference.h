@@ -5,6 +5,7 @@
 // virtual tensors in the intermediate dtype. They are deliberately naive.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,26 @@ using ReferenceOutputs = std::map<std::string, std::vector<float>>;
 
 // CPU reference. `inputs` holds every graph input by name. Practical for up
 // to about 1e9 multiply-adds.
+//
+// SDPA dropout (dropout > 0): the references do not reimplement cuDNN's
+// Philox generator; they read the keep-mask cuDNN drew. The op must declare a
+// "dropout_mask" output (SdpaOptions::dump_dropout_mask), and the caller puts
+// cuDNN's dumped values of that output into the inputs under that output
+// tensor's name: for reference_cpu a HostTensor like the graph tensor (fp32
+// [B,Hq,Sq,Skv], dense row-major: HostTensor::like(tensor) then its bytes);
+// for reference_gpu a device pointer to cuDNN's fp32 output buffer, laid out
+// as the graph tensor (dense row-major). Values: 1 kept, 0 dropped; only the
+// positions the attention mask keeps are read. Without the output or the
+// values: NotSupported, naming the op. Semantics (cuDNN's composite SDPA):
+//   forward:  P = softmax(s), stats = logsumexp(s) (before dropout),
+//             P' = P * M / (1 - p), o = P' @ v; sdpa_fp8_fwd: amax_s = max P',
+//             P8 = e4m3(P' * scale_s).
+//   backward: dv = P'^T @ do, dP = (do @ v^T) * M / (1 - p),
+//             Di = rowsum(do * o) from the given o, dS = P * (dP - Di),
+//             dq, dk from dS as without dropout.
+// The references never produce a value for "dropout_mask" (it is left out of
+// ReferenceOutputs and of reference_gpu's outputs); check it with
+// check_dropout_mask(s). Dropout exactly 0 is no dropout (cuDNN draws no mask).
 Result<ReferenceOutputs> reference_cpu(const ResolvedGraph& g,
                                        const std::map<std::string, HostTensor>& inputs);
 
@@ -39,7 +60,8 @@ Status reference_gpu(const ResolvedGraph& g, const std::map<std::string, const v
 Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
 
 // ---- SDPA verification helpers (the references cover sdpa_fwd, sdpa_bwd and
-// sdpa_fp8_fwd with every SdpaOptions feature but dropout, which is NotSupported).
+// sdpa_fp8_fwd with every SdpaOptions feature; dropout through the dumped mask,
+// see above).
 
 // Makes each sdpa_bwd op's "o" and "stats" inputs those of the forward of the
 // same q, k, v (and seq_len, bias inputs and options), overwriting
@@ -49,7 +71,13 @@ Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::m
 // stats) cuDNN might form there is 0, never NaN. Computed on the GPU
 // reference when the forward exceeds `cpu_max_flops` and a GPU is present,
 // else on the CPU. Call it after filling q, k, v (and the mask inputs), before
-// uploading. NotSupported with dropout.
+// uploading.
+// With dropout, the forward's mask is unknown before cuDNN runs, so o and
+// stats come from the dropout-free forward: stats exactly (the logsumexp is
+// taken before dropout), and o as the dropout-free attention output. The
+// backward uses o only through Di = rowsum(do * o), so cuDNN and the
+// reference still compute the same function of the same inputs (not the true
+// gradient of the dropout forward, which would need the forward's own o).
 Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, HostTensor>& inputs,
                               double cpu_max_flops = 2e9);
 
@@ -60,6 +88,8 @@ Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, Host
 // keeps no key (e.g. bottom-right with Sq > Skv); dk and dv rows j >=
 // seq_len_kv[b]. `inputs` supplies the seq_len tensors (padding). InvalidArgument
 // when a length is missing or outside [0, S], or an output has the wrong size.
+// "dropout_mask" outputs are left untouched (check_dropout_masks() counts only
+// the kept positions instead).
 Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
                       std::map<std::string, std::vector<float>>& outputs);
 
@@ -92,5 +122,25 @@ struct Comparison {
 // Compares `actual` (logical row-major floats) with `reference`.
 Comparison compare(const std::string& tensor, const std::vector<float>& reference,
                    const std::vector<float>& actual, Tolerance tol);
+
+// Checks a dumped dropout keep-mask (logical row-major fp32) drawn with
+// dropout probability `p`: every counted value is exactly 0 or 1, and the
+// kept fraction is within 1 - p +- max(6 sigma, 1e-3), sigma = sqrt(p (1-p) / n)
+// over the n counted values. `counted` (same size as mask, nonzero: count)
+// restricts the check to some positions; nullptr counts all. Fills elements
+// (n), rel_l2 (|kept fraction - (1 - p)|), tolerance.rel_l2 (the allowed
+// deviation), max_abs (the largest distance of a value from {0, 1}),
+// worst_index, non_finite, pass, and error (why it fails; empty on a pass).
+Comparison check_dropout_mask(const std::string& tensor, const std::vector<float>& mask, double p,
+                              const std::vector<uint8_t>* counted = nullptr);
+
+// check_dropout_mask() for every sdpa op of `g` with dropout > 0 and a
+// "dropout_mask" output found in `outputs` (by tensor name; absent ones are
+// skipped), counting only the positions the attention mask keeps (padding,
+// causal, windows; cuDNN may leave the others unwritten). `inputs` supplies the
+// seq_len tensors. InvalidArgument when a mask has the wrong size.
+Result<std::vector<Comparison>> check_dropout_masks(const ResolvedGraph& g,
+                                                    const std::map<std::string, HostTensor>& inputs,
+                                                    const std::map<std::string, std::vector<float>>& outputs);
 
 }  // namespace fusebox

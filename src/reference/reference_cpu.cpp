@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "fusebox/reference.h"
+#include "reference/sdpa_dropout.h"
 #include "reference/tensor_util.h"
 
 namespace fusebox {
@@ -294,6 +295,7 @@ Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
     if (role == "o" || role == "do") return o_dims;
     if (role == "stats") return stats_dims;
     if (role == "seq_len_q" || role == "seq_len_kv") return len_dims;
+    if (role == "dropout_mask") return {s.B, s.Hq, s.Sq, s.Skv};
     if (role == "dq") return q.dims;
     if (role == "dk") return k.dims;
     if (role == "dv") return v.dims;
@@ -399,13 +401,33 @@ struct Fp8Scales {
   double descale_s = 1, descale_v = 1, scale_s = 1, scale_o = 1;
 };
 
+// Dropout as cuDNN applies it after the softmax: P' = P * M / (1 - p), with M
+// the keep-mask it drew (the op's "dropout_mask" values, fed in as an input).
+// Without dropout every factor is 1.
+class SdpaDropout {
+ public:
+  SdpaDropout() = default;
+  SdpaDropout(const Values* mask, double p, const SdpaShape& sh)
+      : mask_(mask), scale_(1.0 / (1.0 - p)), Skv_(sh.Skv) {}
+  // M / (1 - p) at row (b * Hq + h) * Sq + i, key j.
+  double factor(int64_t row, int64_t j) const {
+    return mask_ ? mask_->data[static_cast<size_t>(row * Skv_ + j)] * scale_ : 1.0;
+  }
+
+ private:
+  const Values* mask_ = nullptr;
+  double scale_ = 1;
+  int64_t Skv_ = 0;
+};
+
 // sdpa_fwd (fp8 == nullptr) and sdpa_fp8_fwd, row by row: P = softmax of the
-// kept scores, stats = their logsumexp, o = P @ v (fp8: P rounded to e4m3
-// after scale_s, then the descales and scale_o, with both amax values).
+// kept scores, stats = their logsumexp (before dropout), P' = P * M / (1 - p)
+// with dropout, o = P' @ v (fp8: amax_s = max P', P' rounded to e4m3 after
+// scale_s, then the descales and scale_o, with both amax values).
 // Rows i >= lq (padding) are don't care and stay 0; a row that keeps no key
 // gets o = 0 and stats = -inf (the logsumexp of nothing).
-void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, const Fp8Scales* fp8, Values* o,
-                  Values* stats, double* amax_s, double* amax_o) {
+void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, const SdpaDropout& drop,
+                  const Fp8Scales* fp8, Values* o, Values* stats, double* amax_s, double* amax_o) {
   const int64_t rows = sh.B * sh.Hq * sh.Sq;
   std::vector<double> row_amax_s(fp8 ? rows : 0), row_amax_o(fp8 ? rows : 0);
   parallel_for(rows, static_cast<double>(sh.Skv) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
@@ -427,7 +449,7 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
       const float* vb = v.data.data() + (b * sh.Hk + h / sh.group()) * sh.Skv * sh.Dv;
       for (int64_t j = 0; j < sh.Skv; ++j) {
         if (s[j] == -INFINITY) continue;
-        double p = std::exp(s[j] - lse);
+        double p = std::exp(s[j] - lse) * drop.factor(row, j);
         if (fp8) {
           p_max = std::max(p_max, p);
           p = round_to_e4m3(p * fp8->scale_s);
@@ -455,26 +477,28 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
   for (int64_t r = 0; r < rows; ++r) *amax_s = std::max(*amax_s, row_amax_s[r]), *amax_o = std::max(*amax_o, row_amax_o[r]);
 }
 
-// sdpa_bwd from the given o, do and stats, with P recomputed as exp(s - stats):
-//   Di = do_i . o_i,  dP = do @ v^T,  dS = P * (dP - Di),
-//   dq = scale * dS @ k,  dk = scale * dS^T @ q,  dv = P^T @ do,
+// sdpa_bwd from the given o, do and stats, with P recomputed as exp(s - stats)
+// and, with dropout, F = M / (1 - p) (else 1):
+//   Di = do_i . o_i,  dP = F * (do @ v^T),  dS = P * (dP - Di),
+//   dq = scale * dS @ k,  dk = scale * dS^T @ q,  dv = (P * F)^T @ do,
 // dk and dv summed over the query heads that share a kv head. One pass per
 // query row (Di, dq), then one per key row (dk, dv), so that each thread owns
 // the rows it writes. Padded rows and keys (and keys no row keeps) stay 0.
-void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, const SdpaTensors& t, Values* dq,
-                   Values* dk, Values* dv) {
+void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, const SdpaDropout& drop,
+                   const SdpaTensors& t, Values* dq, Values* dk, Values* dv) {
   const Values &q = t["q"], &k = t["k"], &v = t["v"], &o = t["o"], &dout = t["do"], &stats = t["stats"];
   const int64_t rows = sh.B * sh.Hq * sh.Sq, G = sh.group();
   std::vector<double> Di(static_cast<size_t>(rows));
-  // P and dS of a kept (b, h, i, j).
-  auto p_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* p, double* ds) {
+  // P' (P after dropout) and dS of a kept (b, h, i, j).
+  auto p_and_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* p_drop, double* ds) {
     const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
-    *p = std::exp(sc.score(b, h, i, j) - stats.data[row]);
+    const double p = std::exp(sc.score(b, h, i, j) - stats.data[row]), f = drop.factor(row, j);
+    *p_drop = p * f;
     const float* dor = dout.data.data() + row * sh.Dv;
     const float* vr = v.data.data() + ((b * sh.Hk + h / G) * sh.Skv + j) * sh.Dv;
     double dp = 0;
     for (int64_t d = 0; d < sh.Dv; ++d) dp += static_cast<double>(dor[d]) * vr[d];
-    *ds = *p * (dp - Di[row]);
+    *ds = p * (f * dp - Di[row]);
   };
   parallel_for(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(sh.D));
@@ -523,11 +547,13 @@ void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, cons
 // One value of a single-element input (an fp8 scale).
 double single(const SdpaTensors& t, std::string_view role) { return t[role].data[0]; }
 
+// With dropout, t.in holds "dropout_mask" (checked by the caller).
 Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, const SdpaTensors& t) {
-  if (o.dropout && *o.dropout > 0)
-    return NotSupported(op_where(op) + "no reference for dropout (dropout " + std::to_string(*o.dropout) +
-                        "): the references do not implement cuDNN's Philox mask; run without --verify");
+  if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))
+    return NotSupported(op_where(op) + "the CPU reference does not implement sdpa_fp8_bwd yet");
   FUSEBOX_ASSIGN_OR_RETURN(const SdpaShape sh, sdpa_shape(op, t));
+  const bool dropout = o.dropout && *o.dropout > 0;
+  const SdpaDropout drop = dropout ? SdpaDropout(&t["dropout_mask"], *o.dropout, sh) : SdpaDropout();
   FUSEBOX_ASSIGN_OR_RETURN(std::vector<int64_t> lq, sdpa_lengths(op, o, t, "seq_len_q", sh.B, sh.Sq));
   FUSEBOX_ASSIGN_OR_RETURN(std::vector<int64_t> lkv, sdpa_lengths(op, o, t, "seq_len_kv", sh.B, sh.Skv));
   const double attn_scale = o.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(sh.D)));
@@ -541,7 +567,7 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, const SdpaTensors& t
     return it == t.out.end() ? nullptr : it->second;
   };
   if (std::holds_alternative<SdpaBwdAttrs>(op.attrs)) {
-    sdpa_backward(sc, sh, attn_scale, t, out("dq"), out("dk"), out("dv"));
+    sdpa_backward(sc, sh, attn_scale, drop, t, out("dq"), out("dk"), out("dv"));
     return Status::Ok();
   }
   Fp8Scales scales;
@@ -549,7 +575,7 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, const SdpaTensors& t
     scales = {single(t, "descale_s"), single(t, "descale_v"), single(t, "scale_s"), single(t, "scale_o")};
   }
   double amax_s = 0, amax_o = 0;
-  sdpa_forward(sc, sh, t["v"], fp8 ? &scales : nullptr, out("o"), out("stats"), &amax_s, &amax_o);
+  sdpa_forward(sc, sh, t["v"], drop, fp8 ? &scales : nullptr, out("o"), out("stats"), &amax_s, &amax_o);
   if (fp8) {
     out("amax_s")->data[0] = static_cast<float>(amax_s);
     out("amax_o")->data[0] = static_cast<float>(amax_o);
@@ -615,8 +641,14 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
         if (it == op.inputs.end()) return InvalidArgument(op_where(op) + "missing input '" + role + "'");
         FUSEBOX_ASSIGN_OR_RETURN(t.in[role], get(op, role, it->second));
       }
+      if (so->dropout && *so->dropout > 0) {
+        // The mask cuDNN drew: its "dropout_mask" output's values, given as an input.
+        FUSEBOX_ASSIGN_OR_RETURN(const std::string mask_name, reference_detail::sdpa_dropout_mask_name(g, op, inputs));
+        FUSEBOX_ASSIGN_OR_RETURN(t.in["dropout_mask"], get(op, "dropout_mask", g.find_tensor(mask_name)));
+      }
       std::map<std::string, std::pair<int, Values>> outs;  // role -> (tensor index, values)
       for (std::string_view r : op_output_roles(op.attrs)) {
+        if (r == "dropout_mask") continue;  // cuDNN's RNG dump: an input to the reference, never computed
         FUSEBOX_ASSIGN_OR_RETURN(const int idx, output_index(g, op, std::string(r)));
         outs[std::string(r)] = {idx, zeros_like(g.tensors[idx])};
       }
@@ -670,6 +702,7 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
   for (const ResolvedOp& op : g.ops) {
     for (const auto& [role, idx] : op.outputs) {
       const ResolvedTensor& t = g.tensors[idx];
+      if (role == "dropout_mask") continue;  // read from the inputs, not computed
       if (!t.is_virtual && values[idx]) out[t.name] = values[idx]->data;
     }
   }

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "fusebox/reference.h"
+#include "reference/sdpa_dropout.h"
 #include "reference/sdpa_mask.h"
 #include "reference/tensor_util.h"
 
@@ -247,6 +248,9 @@ struct SdpaArgs {
   reference_detail::SdpaMaskParams mask;
   int64_t B, Hq, Hk, Sq, Skv, D, Dv;
   float scale;  // attn_scale
+  // Dropout: cuDNN's keep-mask M [B,Hq,Sq,Skv] (ptr == nullptr: no dropout) and 1 / (1 - p).
+  DevTensor dropout_mask;
+  float dropout_scale = 1.0f;
 };
 
 // The fp8 scales (device scalars) and amax outputs of sdpa_fp8_fwd.
@@ -290,6 +294,13 @@ __device__ __forceinline__ float sdpa_score(const SdpaArgs& a, float scale, floa
   return s;
 }
 
+// Dropout's factor M / (1 - p) of (b, h, i, j); 1 without dropout.
+__device__ __forceinline__ float sdpa_dropout(const SdpaArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (!a.dropout_mask.ptr) return 1.0f;
+  const DevTensor& m = a.dropout_mask;
+  return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
+}
+
 // Block-wide max (is_max) or sum over kSdpaThreads threads; every thread gets the result.
 __device__ float sdpa_block_reduce(float x, bool is_max, float* red) {
   for (int off = 16; off > 0; off /= 2) {
@@ -328,7 +339,8 @@ __device__ __forceinline__ float round_to_e4m3(float x) {
 }
 
 // sdpa_fwd (kFp8 false): one pass with an online (flash-attention style)
-// softmax, the running max m, sum l and accumulators rescaled per chunk.
+// softmax, the running max m, sum l and accumulators rescaled per chunk;
+// dropout scales each P after it entered l (P' = P * M / (1 - p)).
 // sdpa_fp8_fwd (kFp8 true): P must be normalized before its e4m3 rounding, so
 // a first pass finds m and l, and a second forms P, rounds and accumulates.
 // Padded rows get o = 0, stats = 0; rows that keep no key o = 0, stats = -inf
@@ -373,7 +385,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
     float local_sum = 0.0f;
     for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
       const float p = expf(ps[jj] - new_m);
-      ps[jj] = p;
+      ps[jj] = p * sdpa_dropout(a, b, h, i, j0 + jj);
       local_sum += p;
     }
     l = l * corr + sdpa_block_reduce(local_sum, false, red);  // its __syncthreads publish ps
@@ -389,7 +401,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
       __syncthreads();  // ps of the previous chunk consumed
       sdpa_chunk_scores(a, scale, qs, b, h, hk, i, j0, cnt, ps);
       for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
-        const float p = expf(ps[jj] - lse);
+        const float p = expf(ps[jj] - lse) * sdpa_dropout(a, b, h, i, j0 + jj);  // P' (amax_s after dropout)
         p_max = fmaxf(p_max, p);
         ps[jj] = round_to_e4m3(p * scale_s);
       }
@@ -420,7 +432,8 @@ __global__ void __launch_bounds__(kSdpaThreads)
 }
 
 // sdpa_bwd, one block per query row: Di = do_i . o_i, then over the kept keys
-// P = exp(s - stats_i), dS = P * (do_i . v_j - Di), dq_i = scale * sum dS k_j.
+// P = exp(s - stats_i), dS = P * (F * do_i . v_j - Di), dq_i = scale * sum dS k_j
+// (F = M / (1 - p) with dropout, else 1).
 __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, SdpaBwdArgs w, float* dq) {
   extern __shared__ float smem[];
   float* qs = smem;                // D
@@ -450,7 +463,7 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, S
     sdpa_chunk_scores(a, a.scale, qs, b, h, hk, i, j0, cnt, ds);
     for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
       const float p = expf(ds[jj] - lse);
-      const float dp = dot_row(dos, a.v, row_offset(a.v, b, hk, j0 + jj), a.Dv);
+      const float dp = dot_row(dos, a.v, row_offset(a.v, b, hk, j0 + jj), a.Dv) * sdpa_dropout(a, b, h, i, j0 + jj);
       ds[jj] = p * (dp - di);
     }
     __syncthreads();
@@ -471,7 +484,7 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, S
 
 // sdpa_bwd, one block per key row j of kv head hk: over the group's query
 // heads and the rows that keep j, recomputes P and dS (with Di from the dq
-// kernel) and sums dk_j = scale * sum dS q_i and dv_j = sum P do_i.
+// kernel) and sums dk_j = scale * sum dS q_i and dv_j = sum P' do_i (P' = P F).
 __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a, SdpaBwdArgs w, float* dk, float* dv) {
   extern __shared__ float smem[];
   float* ks = smem;              // D
@@ -496,8 +509,9 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a,
         const int64_t i = i0 + ii, row = (b * a.Hq + h) * a.Sq + i;
         const float dot = dot_row(ks, a.q, row_offset(a.q, b, h, i), a.D);
         const float p = expf(sdpa_score(a, a.scale, dot, b, h, i, j) - load_at(w.stats, row_offset(w.stats, b, h, i)));
-        const float dp = dot_row(vs, w.dout, row_offset(w.dout, b, h, i), a.Dv);
-        ps[ii] = p;
+        const float f = sdpa_dropout(a, b, h, i, j);
+        const float dp = dot_row(vs, w.dout, row_offset(w.dout, b, h, i), a.Dv) * f;
+        ps[ii] = p * f;
         ds[ii] = p * (dp - w.di[row]);
       }
       __syncthreads();
@@ -671,9 +685,13 @@ class GpuReference {
 
   // sdpa_fwd, sdpa_bwd and sdpa_fp8_fwd.
   Status RunSdpa(const ResolvedOp& op, const SdpaOptions& o) {
-    if (o.dropout && *o.dropout > 0)
-      return NotSupported(op_where(op) + "no reference for dropout (dropout " + std::to_string(*o.dropout) +
-                          "): the references do not implement cuDNN's Philox mask; run without --verify");
+    if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))
+      return NotSupported(op_where(op) + "the GPU reference does not implement sdpa_fp8_bwd yet");
+    const bool dropout = o.dropout && *o.dropout > 0;
+    std::string mask_name;
+    if (dropout) {
+      FUSEBOX_ASSIGN_OR_RETURN(mask_name, reference_detail::sdpa_dropout_mask_name(g_, op, inputs_));
+    }
     std::map<std::string, Located> in;
     for (std::string_view r : op_input_roles(op.attrs)) {
       const std::string role(r);
@@ -716,9 +734,20 @@ class GpuReference {
       FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(stream_));  // `host` dies here
       a.slopes = dev;
     }
+    if (dropout) {
+      // cuDNN's dumped keep-mask, read as the graph tensor says (fp32, dense [B,Hq,Sq,Skv]).
+      FUSEBOX_ASSIGN_OR_RETURN(const Located m, Get(op, "dropout_mask", g_.find_tensor(mask_name)));
+      if (m.dims != std::vector<int64_t>{a.B, a.Hq, a.Sq, a.Skv} || !m.t.ptr)
+        return InvalidArgument(op_where(op) + "'dropout_mask' tensor '" + mask_name + "' has dims " +
+                               dims_string(m.dims) + " but q and k need [B, Hq, Sq, Skv] = " +
+                               dims_string({a.B, a.Hq, a.Sq, a.Skv}));
+      a.dropout_mask = m.t;
+      a.dropout_scale = static_cast<float>(1.0 / (1.0 - *o.dropout));
+    }
     std::map<std::string, float*> out;
     for (std::string_view r : op_output_roles(op.attrs)) {
       const std::string role(r);
+      if (role == "dropout_mask") continue;  // cuDNN's RNG dump: an input here, never written
       auto it = op.outputs.find(role);
       if (it == op.outputs.end()) return InvalidArgument(op_where(op) + "has no output '" + role + "'");
       FUSEBOX_ASSIGN_OR_RETURN(out[role], Destination(op, it->second));
@@ -964,8 +993,15 @@ Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::m
     FUSEBOX_CUDA_RETURN(where, cudaMemcpy(p, h.data.data(), h.data.size(), cudaMemcpyHostToDevice));
     d_in[name] = p;
   }
+  // Every output but the dropout masks (inputs to the reference, never computed).
+  std::vector<bool> is_mask(g.tensors.size(), false);
+  for (const ResolvedOp& op : g.ops) {
+    auto m = op.outputs.find("dropout_mask");
+    if (m != op.outputs.end() && m->second >= 0 && m->second < static_cast<int>(is_mask.size())) is_mask[m->second] = true;
+  }
   std::map<std::string, float*> d_out;
   for (int i : g.output_tensors()) {
+    if (is_mask[i]) continue;
     const ResolvedTensor& t = g.tensors[i];
     void* p = nullptr;
     FUSEBOX_RETURN_IF_ERROR(

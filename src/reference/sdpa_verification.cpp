@@ -1,7 +1,9 @@
 // fusebox: what verifying sdpa ops needs besides the references: backward
 // inputs consistent with the forward, and masking the values cuDNN leaves
 // undefined.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 #include <variant>
 
@@ -77,6 +79,8 @@ bool row_is_empty(const reference_detail::SdpaMaskParams& m, const Lengths& l, i
 // The forward of sdpa_bwd op `op` (same q, k, v, mask inputs and options,
 // generate_stats) as a graph of its own whose o and stats are the bwd's o and
 // stats tensors, so the forward's outputs land under the names bwd reads.
+// Without dropout: its mask is cuDNN's, unknown before cuDNN runs (stats do
+// not depend on it; o is the dropout-free one, see reference.h).
 Result<ResolvedGraph> forward_of(const ResolvedGraph& g, const ResolvedOp& op, const SdpaBwdAttrs& bwd) {
   ResolvedGraph f;
   f.name = g.name + "/" + op.name + ".forward";
@@ -84,6 +88,8 @@ Result<ResolvedGraph> forward_of(const ResolvedGraph& g, const ResolvedOp& op, c
   fop.name = op.name;
   SdpaFwdAttrs attrs;
   static_cast<SdpaOptions&>(attrs) = bwd;
+  attrs.dropout.reset();
+  attrs.dump_dropout_mask = false;
   attrs.generate_stats = true;
   fop.attrs = attrs;
   for (std::string_view r : op_input_roles(fop.attrs)) {
@@ -111,8 +117,6 @@ Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, Host
   for (const ResolvedOp& op : g.ops) {
     const auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs);
     if (!bwd) continue;
-    if (bwd->dropout && *bwd->dropout > 0)
-      return NotSupported(op_where(op) + "cannot derive inputs 'o' and 'stats': no reference for dropout");
     FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph fwd, forward_of(g, op, *bwd));
     FUSEBOX_ASSIGN_OR_RETURN(const Lengths lengths, sequence_lengths(g, op, *bwd, inputs));
     Result<ReferenceOutputs> ref = Status(StatusCode::kNoDevice, "");
@@ -171,6 +175,90 @@ Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTe
     }
   }
   return Status::Ok();
+}
+
+Comparison check_dropout_mask(const std::string& tensor, const std::vector<float>& mask, double p,
+                              const std::vector<uint8_t>* counted) {
+  Comparison c;
+  c.tensor = tensor;
+  if (!(p >= 0 && p < 1)) {
+    c.error = "dropout probability " + std::to_string(p) + " outside [0, 1)";
+    return c;
+  }
+  if (counted && counted->size() != mask.size()) {
+    c.error = "size mismatch: the mask has " + std::to_string(mask.size()) + " values, the positions to count " +
+              std::to_string(counted->size());
+    return c;
+  }
+  int64_t n = 0, kept = 0, not_binary = 0, first_bad = -1;
+  double worst = 0;  // the largest distance of a value from {0, 1}
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (counted && !(*counted)[i]) continue;
+    ++n;
+    const float v = mask[i];
+    if (v == 1.0f) {
+      ++kept;
+    } else if (v != 0.0f) {
+      if (!std::isfinite(v)) ++c.non_finite;
+      const double x = v, d = std::isfinite(x) ? std::min(std::fabs(x), std::fabs(x - 1.0)) : INFINITY;
+      if (not_binary++ == 0) first_bad = static_cast<int64_t>(i);
+      if (d > worst || c.worst_index < 0) worst = d, c.worst_index = static_cast<int64_t>(i);
+    }
+  }
+  c.elements = n;
+  const double expected = 1.0 - p;
+  const double allowed = n > 0 ? std::max(6.0 * std::sqrt(p * (1.0 - p) / static_cast<double>(n)), 1e-3) : 0.0;
+  const double observed = n > 0 ? static_cast<double>(kept) / static_cast<double>(n) : expected;
+  c.rel_l2 = std::fabs(observed - expected);
+  c.max_abs = worst;
+  c.max_abs_rel = worst;
+  c.tolerance = {allowed, 0.0};
+  if (c.non_finite > 0) c.worst_index = first_bad;
+  c.pass = not_binary == 0 && c.rel_l2 <= allowed;
+  if (not_binary > 0) {
+    c.error = std::to_string(not_binary) + " of " + std::to_string(n) + " values are neither 0 nor 1 (first at index " +
+              std::to_string(first_bad) + ": " + std::to_string(mask[static_cast<size_t>(first_bad)]) +
+              "): not a keep-mask";
+  } else if (!c.pass) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "kept fraction %.5f over %lld values, expected 1 - dropout = %.5f +- %.1e: not a Bernoulli(%.4g) "
+                  "keep-mask",
+                  observed, static_cast<long long>(n), expected, allowed, expected);
+    c.error = buf;
+  }
+  return c;
+}
+
+Result<std::vector<Comparison>> check_dropout_masks(const ResolvedGraph& g,
+                                                    const std::map<std::string, HostTensor>& inputs,
+                                                    const std::map<std::string, std::vector<float>>& outputs) {
+  std::vector<Comparison> out;
+  for (const ResolvedOp& op : g.ops) {
+    const SdpaOptions* o = sdpa_options(op.attrs);
+    if (!o || !o->dropout || !(*o->dropout > 0)) continue;  // dropout 0: cuDNN draws no mask
+    auto role = op.outputs.find("dropout_mask");
+    if (role == op.outputs.end()) continue;
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* t, op_tensor(g, op, op.outputs, "dropout_mask"));
+    auto it = outputs.find(t->name);
+    if (it == outputs.end()) continue;
+    if (t->dims.size() != 4 || static_cast<int64_t>(it->second.size()) != t->element_count())
+      return InvalidArgument(op_where(op) + "output 'dropout_mask' (tensor '" + t->name + "') has " +
+                             std::to_string(it->second.size()) + " values; its dims " + dims_string(t->dims) +
+                             " need " + std::to_string(t->element_count()));
+    FUSEBOX_ASSIGN_OR_RETURN(const Lengths lengths, sequence_lengths(g, op, *o, inputs));
+    const reference_detail::SdpaMaskParams mask = sdpa_mask_params(*o);
+    const int64_t H = t->dims[1], Sq = t->dims[2], Skv = t->dims[3];
+    std::vector<uint8_t> counted(it->second.size(), 0);
+    for (int64_t row = 0; row < t->dims[0] * H * Sq; ++row) {
+      const int64_t b = row / (H * Sq), i = row % Sq;
+      int64_t lo = 0, hi = -1;
+      sdpa_kept_keys(mask, i, lengths.q[b], lengths.kv[b], &lo, &hi);
+      for (int64_t j = std::max<int64_t>(lo, 0); j <= std::min(hi, Skv - 1); ++j) counted[row * Skv + j] = 1;
+    }
+    out.push_back(check_dropout_mask(t->name, it->second, *o->dropout, &counted));
+  }
+  return out;
 }
 
 }  // namespace fusebox

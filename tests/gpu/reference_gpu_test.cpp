@@ -424,6 +424,81 @@ TEST(ReferenceGpu, SdpaDeriveBwdInputsOnGpu) {
   }
 }
 
+// Dropout: every variant with dropout 0.25 and a fed-in keep-mask (as cuDNN's
+// RNG dump gives it), through the same kernels.
+std::vector<std::pair<std::string, SdpaCase>> sdpa_dropout_variants() {
+  std::vector<std::pair<std::string, SdpaCase>> v = sdpa_variants();
+  for (auto& [name, c] : v) {
+    c.options.dropout = 0.25;
+    c.options.dump_dropout_mask = true;
+    name += "_dropout";
+  }
+  return v;
+}
+
+TEST(ReferenceGpu, SdpaDropoutFwdEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, c] : sdpa_dropout_variants()) {
+    SCOPED_TRACE(name);
+    const auto p = make_sdpa(c, SdpaKind::kFwd);
+    expect_gpu_matches_cpu_on(p.g, p.inputs, {2e-5, 5e-5});
+  }
+}
+
+TEST(ReferenceGpu, SdpaDropoutBwdEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, c] : sdpa_dropout_variants()) {
+    SCOPED_TRACE(name);
+    auto p = make_sdpa(c, SdpaKind::kBwd);
+    ASSERT_TRUE(derive_sdpa_bwd_inputs(p.g, p.inputs).ok());
+    expect_gpu_matches_cpu_on(p.g, p.inputs, {2e-4, 5e-4});
+  }
+}
+
+TEST(ReferenceGpu, SdpaDropoutFp8FwdEveryVariant) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [name, c0] : sdpa_dropout_variants()) {
+    if (c0.options.bias) continue;
+    SdpaCase c = c0;
+    c.D = c.Dv = 64;
+    SCOPED_TRACE(name);
+    const auto p = make_sdpa(c, SdpaKind::kFp8Fwd);
+    expect_gpu_matches_cpu_on(p.g, p.inputs, {2e-3, 2e-2});
+  }
+}
+
+// reference_gpu_host leaves the mask out of its outputs, and needs it among the inputs;
+// derive_sdpa_bwd_inputs on the GPU gives the CPU's (dropout-free) o and stats.
+TEST(ReferenceGpu, SdpaDropoutHostAndDerive) {
+  SKIP_WITHOUT_GPU();
+  SdpaCase c = sdpa_dropout_variants()[1].second;  // causal, GQA, bshd
+  auto p = make_sdpa(c, SdpaKind::kFwd);
+  auto gpu = reference_gpu_host(p.g, p.inputs);
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  EXPECT_EQ(gpu->count("dropout_mask"), 0u);
+  auto cpu = reference_cpu(p.g, p.inputs);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  for (const auto& [name, values] : *cpu) {
+    const Comparison cmp = compare(name, values, gpu->at(name), {2e-5, 5e-5});
+    EXPECT_TRUE(cmp.pass) << cmp.ToString();
+  }
+  p.inputs.erase("dropout_mask");
+  gpu = reference_gpu_host(p.g, p.inputs);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(gpu.status().message().find("declare a 'dropout_mask' output to verify dropout"), std::string::npos)
+      << gpu.status().message();
+
+  auto on_gpu = make_sdpa(c, SdpaKind::kBwd), on_cpu = make_sdpa(c, SdpaKind::kBwd);
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(on_gpu.g, on_gpu.inputs, 0).ok());
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(on_cpu.g, on_cpu.inputs).ok());
+  for (const char* name : {"o", "stats"}) {
+    const std::vector<float> a = on_gpu.inputs.at(name).to_float_logical(), b = on_cpu.inputs.at(name).to_float_logical();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a[e], b[e], 1e-2 * (1 + std::fabs(b[e]))) << name << " " << e;
+  }
+}
+
 // The GPU reference exists for long sequences: forward and backward at S = 4096
 // must take seconds.
 TEST(ReferenceGpu, SdpaLongSequenceIsFast) {

@@ -1,10 +1,12 @@
 // SDPA references on the CPU: masks, bias, ALiBi, padding, GQA; sdpa_bwd
 // against finite differences of the forward; sdpa_fp8_fwd against an fp64
 // loop with the P rounding emulated; backward-input derivation and
-// don't-care masking.
+// don't-care masking; dropout through a fixed (dumped) keep-mask, and the
+// checks of a dumped mask.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "../../src/reference/sdpa_mask.h"
 #include "fusebox/reference.h"
@@ -169,26 +171,6 @@ TEST(SdpaReferenceCpu, BottomRightEmptyRows) {
   SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
   for (int64_t d = 0; d < c.Dv; ++d) EXPECT_NEAR(r.at("o")[2 * c.Dv + d], p.inputs.at("v").at({0, 0, 0, d}), 1e-7);
   EXPECT_TRUE(std::isfinite(r.at("stats")[4]));
-}
-
-TEST(SdpaReferenceCpu, DropoutIsNotSupported) {
-  SdpaCase c;
-  c.options.dropout = 0.1;
-  SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
-  // seed and offset are inputs with dropout
-  GraphSpec unused;
-  for (const char* role : {"seed", "offset"}) {
-    ResolvedTensor t;
-    t.name = role, t.dims = {1, 1, 1, 1}, t.strides = {1, 1, 1, 1}, t.dtype = DType::kInt64, t.is_input = true;
-    p.g.ops[0].inputs[role] = static_cast<int>(p.g.tensors.size());
-    p.g.tensors.push_back(t);
-    p.inputs[role] = testing_util::host_from(t, {7});
-  }
-  auto r = reference_cpu(p.g, p.inputs);
-  ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
-  EXPECT_NE(r.status().message().find("[sdpa_fwd 'attn'] no reference for dropout"), std::string::npos)
-      << r.status().message();
 }
 
 TEST(SdpaReferenceCpu, BadLengthNamesOpAndTensor) {
@@ -410,6 +392,341 @@ TEST(SdpaFp8ReferenceCpu, MatchesFp64WithRoundedP) {
   EXPECT_FLOAT_EQ(r.at("amax_o")[0], static_cast<float>(amax_o));
   EXPECT_EQ(amax_s, 1.0);  // causal row 0 keeps one key
   EXPECT_GT(rounding_effect, 1e-3);  // the e4m3 rounding of P is visible at this size
+}
+
+// ---------------------------------------------------------------- dropout
+
+using testing_util::bernoulli_mask;
+
+// A causal GQA case with dropout and the keep-mask dumped (and fed back in).
+SdpaCase dropout_case(double p = 0.3) {
+  SdpaCase c;
+  c.options.causal = true;
+  c.options.dropout = p;
+  c.options.dump_dropout_mask = true;
+  return c;
+}
+
+// Independent fp64 loop for a top-left causal case: P = softmax, stats before
+// dropout, P' = P * M / (1 - p), o = P' @ v; fp8: amax_s = max P', P' * scale_s
+// rounded to e4m3, descales and scale_o.
+struct ByHand {
+  std::vector<double> o, stats;
+  double amax_s = 0, amax_o = 0;
+  int64_t dropped = 0, kept = 0;  // mask values at the positions the causal mask keeps
+};
+
+ByHand dropout_forward_by_hand(const SdpaCase& c, const SdpaProblem& p, bool fp8) {
+  const auto& sc = testing_util::fp8_scales();
+  const HostTensor &q = p.inputs.at("q"), &k = p.inputs.at("k"), &v = p.inputs.at("v");
+  const std::vector<float> mask = p.inputs.at("dropout_mask").to_float_logical();
+  const double drop = *c.options.dropout, G = static_cast<double>(c.Hq / c.Hk);
+  const double scale = (fp8 ? sc.at("descale_q") * sc.at("descale_k") : 1.0) / std::sqrt(static_cast<double>(c.D));
+  ByHand r;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < c.Sq; ++i) {
+        const int64_t hk = static_cast<int64_t>(h / G), row = (b * c.Hq + h) * c.Sq + i;
+        std::vector<double> s;
+        for (int64_t j = 0; j <= std::min(i, c.Skv - 1); ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < c.D; ++d) dot += q.at({b, h, i, d}) * k.at({b, hk, j, d});
+          s.push_back(scale * dot);
+        }
+        double mx = -INFINITY, sum = 0;
+        for (double x : s) mx = std::max(mx, x);
+        for (double x : s) sum += std::exp(x - mx);
+        const double lse = mx + std::log(sum);
+        r.stats.push_back(lse);
+        for (size_t j = 0; j < s.size(); ++j) (mask[row * c.Skv + j] == 0 ? r.dropped : r.kept)++;
+        for (int64_t d = 0; d < c.Dv; ++d) {
+          double acc = 0;
+          for (size_t j = 0; j < s.size(); ++j) {
+            double pj = std::exp(s[j] - lse) * mask[row * c.Skv + j] / (1 - drop);
+            r.amax_s = std::max(r.amax_s, pj);
+            if (fp8)
+              pj = fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(pj * sc.at("scale_s")), DType::kFP8E4M3),
+                                     DType::kFP8E4M3);
+            acc += pj * v.at({b, hk, static_cast<int64_t>(j), d});
+          }
+          const double O = fp8 ? sc.at("descale_s") * sc.at("descale_v") * acc : acc;
+          r.amax_o = std::max(r.amax_o, std::fabs(O));
+          r.o.push_back(fp8 ? O * sc.at("scale_o") : O);
+        }
+      }
+  return r;
+}
+
+TEST(SdpaDropoutReferenceCpu, ForwardMatchesFp64ByHand) {
+  const SdpaCase c = dropout_case();
+  const SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
+  const ReferenceOutputs r = run_cpu(p);
+  EXPECT_EQ(r.count("dropout_mask"), 0u) << "the reference must not produce the mask";
+  const ByHand want = dropout_forward_by_hand(c, p, false);
+  EXPECT_GT(want.dropped, 5);  // the mask drops something, and keeps most
+  EXPECT_GT(want.kept, want.dropped);
+  ASSERT_EQ(r.at("o").size(), want.o.size());
+  for (size_t e = 0; e < want.o.size(); ++e) EXPECT_NEAR(r.at("o")[e], want.o[e], 1e-5) << e;
+  for (size_t e = 0; e < want.stats.size(); ++e) EXPECT_NEAR(r.at("stats")[e], want.stats[e], 1e-5) << e;
+  // Dropout changes o (else the test would not see it).
+  SdpaCase none = c;
+  none.options.dropout.reset();
+  none.options.dump_dropout_mask = false;
+  const ReferenceOutputs plain = run_cpu(make_sdpa(none, SdpaKind::kFwd));
+  EXPECT_FALSE(compare("o", plain.at("o"), r.at("o"), Tolerance{1e-2, 1e-2}).pass);
+  EXPECT_EQ(plain.at("stats"), r.at("stats"));  // stats are taken before dropout
+}
+
+// sdpa_fp8_fwd: amax_s is the max of P after dropout (which can exceed 1), and
+// P' is what rounds to e4m3.
+TEST(SdpaDropoutReferenceCpu, Fp8ForwardAmaxSAfterDropout) {
+  SdpaCase c = dropout_case(0.5);
+  c.B = 1, c.Hq = 2, c.Hk = 1, c.Sq = 4, c.Skv = 7, c.D = 16, c.Dv = 16;
+  const SdpaProblem p = make_sdpa(c, SdpaKind::kFp8Fwd);
+  const ReferenceOutputs r = run_cpu(p);
+  EXPECT_EQ(r.count("dropout_mask"), 0u);
+  const ByHand want = dropout_forward_by_hand(c, p, true);
+  for (size_t e = 0; e < want.o.size(); ++e) EXPECT_NEAR(r.at("o")[e], want.o[e], 1e-5) << e;
+  for (size_t e = 0; e < want.stats.size(); ++e) EXPECT_NEAR(r.at("stats")[e], want.stats[e], 1e-5) << e;
+  EXPECT_FLOAT_EQ(r.at("amax_s")[0], static_cast<float>(want.amax_s));
+  EXPECT_FLOAT_EQ(r.at("amax_o")[0], static_cast<float>(want.amax_o));
+  EXPECT_GT(want.amax_s, 1.0);  // P' = 2 P: row 0 keeps one key with P = 1, unless dropped
+}
+
+// With a fixed mask the dropout forward is a deterministic function of q, k, v:
+// the backward (fed that forward's own o, and the derived stats) is its gradient.
+void expect_dropout_gradients_match_finite_differences(const SdpaCase& c) {
+  SdpaProblem bwd = make_sdpa(c, SdpaKind::kBwd), fwd = make_sdpa(c, SdpaKind::kFwd);
+  for (auto& [name, h] : fwd.inputs) h = bwd.inputs.at(name);
+  const Status st = derive_sdpa_bwd_inputs(bwd.g, bwd.inputs);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // The derived o is the dropout-free one; the true gradient needs the forward's own (through Di).
+  const ReferenceOutputs f = run_cpu(fwd);
+  const std::vector<float>& o = f.at("o");
+  bwd.inputs["o"] = testing_util::host_from(bwd.g.tensors[bwd.g.find_tensor("o")],
+                                            std::vector<double>(o.begin(), o.end()));
+  auto grads = reference_cpu(bwd.g, bwd.inputs);
+  ASSERT_TRUE(grads.ok()) << grads.status().ToString();
+  EXPECT_EQ(grads->count("dropout_mask"), 0u);
+  const std::vector<float> dout = bwd.inputs.at("do").to_float_logical();
+  for (auto [grad, input] : {std::pair{"dq", "q"}, std::pair{"dk", "k"}, std::pair{"dv", "v"}}) {
+    const std::vector<float> numeric = numeric_gradient(fwd, input, dout);
+    const Comparison cmp = compare(grad, numeric, grads->at(grad), Tolerance{2e-3, 5e-3});
+    EXPECT_TRUE(cmp.pass) << cmp.ToString();
+    double norm = 0;
+    for (float g : numeric) norm += g * g;
+    EXPECT_GT(norm, 1e-4) << grad << " is all zero: the case tests nothing";
+  }
+  // Without the dropout in the backward the gradients would differ.
+  SdpaProblem plain = bwd;
+  std::get<SdpaBwdAttrs>(plain.g.ops[0].attrs).dropout = 0.0;
+  auto wrong = reference_cpu(plain.g, plain.inputs);
+  ASSERT_TRUE(wrong.ok()) << wrong.status().ToString();
+  EXPECT_FALSE(compare("dv", grads->at("dv"), wrong->at("dv"), Tolerance{2e-3, 5e-3}).pass);
+}
+
+TEST(SdpaDropoutBwdReferenceCpu, CausalGqaMatchesFiniteDifferences) {
+  expect_dropout_gradients_match_finite_differences(dropout_case());
+}
+
+TEST(SdpaDropoutBwdReferenceCpu, PaddingBiasMatchesFiniteDifferences) {
+  SdpaCase c = dropout_case(0.5);
+  c.options.causal = false;
+  c.options.padding = true;
+  c.seq_len_q = {3, 5};
+  c.seq_len_kv = {6, 2};
+  c.options.bias = true;
+  c.bias_dims = {1, 4, 5, 6};
+  expect_dropout_gradients_match_finite_differences(c);
+}
+
+// derive_sdpa_bwd_inputs with dropout: stats exactly, o of the dropout-free forward.
+TEST(SdpaDropoutDeriveBwdInputs, StatsExactOFromTheDropoutFreeForward) {
+  SdpaCase c = dropout_case();
+  c.options.dump_dropout_mask = false;  // derivation needs no mask
+  SdpaProblem bwd = make_sdpa(c, SdpaKind::kBwd);
+  const Status st = derive_sdpa_bwd_inputs(bwd.g, bwd.inputs);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  SdpaCase none = c;
+  none.options.dropout.reset();
+  SdpaProblem fwd = make_sdpa(none, SdpaKind::kFwd);
+  for (auto& [name, h] : fwd.inputs) h = bwd.inputs.at(name);
+  const ReferenceOutputs f = run_cpu(fwd);
+  EXPECT_EQ(bwd.inputs.at("o").to_float_logical(), f.at("o"));
+  EXPECT_EQ(bwd.inputs.at("stats").to_float_logical(), f.at("stats"));
+}
+
+// Dropout exactly 0 is no dropout: the mask (here dropping half) is ignored.
+TEST(SdpaDropoutReferenceCpu, ZeroProbabilityEqualsNoDropout) {
+  for (SdpaKind kind : {SdpaKind::kFwd, SdpaKind::kBwd, SdpaKind::kFp8Fwd}) {
+    SdpaCase zero = dropout_case(0.0), none = zero;
+    none.options.dropout.reset();
+    none.options.dump_dropout_mask = false;
+    SdpaProblem pz = make_sdpa(zero, kind), pn = make_sdpa(none, kind);
+    const ResolvedTensor& mt = pz.g.tensors[pz.g.find_tensor("dropout_mask")];
+    pz.inputs["dropout_mask"] = bernoulli_mask(mt, 0.5, 3);
+    if (kind == SdpaKind::kBwd) {
+      ASSERT_TRUE(derive_sdpa_bwd_inputs(pn.g, pn.inputs).ok());
+      for (const char* name : {"o", "stats"}) pz.inputs[name] = pn.inputs.at(name);
+    }
+    const ReferenceOutputs rz = run_cpu(pz), rn = run_cpu(pn);
+    EXPECT_EQ(rz, rn) << static_cast<int>(kind);
+    // Without a mask output or values too.
+    pz.inputs.erase("dropout_mask");
+    EXPECT_TRUE(reference_cpu(pz.g, pz.inputs).ok());
+  }
+}
+
+TEST(SdpaDropoutReferenceCpu, MissingMaskIsNotSupported) {
+  // No "dropout_mask" output.
+  SdpaCase c = dropout_case(0.1);
+  c.options.dump_dropout_mask = false;
+  SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
+  auto r = reference_cpu(p.g, p.inputs);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(r.status().message().find("[sdpa_fwd 'attn'] dropout 0.1"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("declare a 'dropout_mask' output to verify dropout"), std::string::npos)
+      << r.status().message();
+  // The output is declared but its values were not fed in.
+  SdpaProblem b = make_sdpa(dropout_case(0.1), SdpaKind::kBwd);
+  b.inputs.erase("dropout_mask");
+  r = reference_cpu(b.g, b.inputs);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(r.status().message().find("[sdpa_bwd 'attn']"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("'dropout_mask' output 'dropout_mask'"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("declare a 'dropout_mask' output to verify dropout"), std::string::npos)
+      << r.status().message();
+  // A mask of the wrong dims is an error, not a silent misread.
+  SdpaProblem w = make_sdpa(dropout_case(0.1), SdpaKind::kFwd);
+  ResolvedTensor small = w.g.tensors[w.g.find_tensor("dropout_mask")];
+  small.dims = {2, 4, 5, 5};
+  small.strides = testing_util::dense(small.dims);
+  w.inputs["dropout_mask"] = bernoulli_mask(small, 0.9, 1);
+  r = reference_cpu(w.g, w.inputs);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+}
+
+TEST(SdpaDropoutMaskDontCare, LeavesTheMaskAlone) {
+  SdpaCase c = dropout_case();
+  c.Sq = 4, c.Skv = 3;
+  c.options.padding = true;
+  c.seq_len_q = {4, 2};
+  c.seq_len_kv = {3, 1};
+  SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
+  std::map<std::string, std::vector<float>> outs;
+  for (int i : p.g.output_tensors()) outs[p.g.tensors[i].name].assign(p.g.tensors[i].element_count(), 1.0f);
+  ASSERT_TRUE(outs.count("dropout_mask"));
+  ASSERT_TRUE(mask_dont_care(p.g, p.inputs, outs).ok());
+  for (float x : outs.at("dropout_mask")) ASSERT_EQ(x, 1.0f);
+}
+
+// ---------------------------------------------------------------- dumped mask checks
+
+std::vector<float> bernoulli_sample(size_t n, double keep, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<float> m(n);
+  for (float& x : m) x = u(rng) < keep ? 1.0f : 0.0f;
+  return m;
+}
+
+TEST(CheckDropoutMask, BernoulliSamplesPass) {
+  for (double p : {0.0, 0.1, 0.5, 0.9})
+    for (size_t n : {size_t{100}, size_t{100000}}) {
+      const Comparison c = check_dropout_mask("m", bernoulli_sample(n, 1 - p, 42 + n), p);
+      EXPECT_TRUE(c.pass) << p << " " << n << ": " << c.ToString();
+      EXPECT_TRUE(c.error.empty()) << c.error;
+      EXPECT_EQ(c.elements, static_cast<int64_t>(n));
+      EXPECT_LE(c.rel_l2, c.tolerance.rel_l2);
+    }
+}
+
+TEST(CheckDropoutMask, WrongFractionFails) {
+  const std::vector<float> ones(100000, 1.0f);
+  Comparison c = check_dropout_mask("m", ones, 0.2);
+  EXPECT_FALSE(c.pass);
+  EXPECT_NEAR(c.rel_l2, 0.2, 1e-12);
+  EXPECT_NE(c.error.find("kept fraction"), std::string::npos) << c.error;
+  EXPECT_NE(c.ToString().find("FAIL"), std::string::npos);
+  // Drawn with p = 0.3 but checked against 0.2: 0.1 off, far beyond 6 sigma at n = 1e5.
+  c = check_dropout_mask("m", bernoulli_sample(100000, 0.7, 5), 0.2);
+  EXPECT_FALSE(c.pass) << c.ToString();
+  // Only the counted positions count: ones elsewhere do not matter.
+  std::vector<float> m = bernoulli_sample(20000, 0.8, 9);
+  std::vector<uint8_t> counted(40000, 0);
+  std::fill(counted.begin(), counted.begin() + 20000, 1);
+  m.resize(40000, 1.0f);
+  EXPECT_FALSE(check_dropout_mask("m", m, 0.2).pass);
+  c = check_dropout_mask("m", m, 0.2, &counted);
+  EXPECT_TRUE(c.pass) << c.ToString();
+  EXPECT_EQ(c.elements, 20000);
+}
+
+TEST(CheckDropoutMask, NonBinaryValuesFail) {
+  std::vector<float> m = bernoulli_sample(1000, 0.9, 3);
+  m[17] = 0.5f;
+  Comparison c = check_dropout_mask("m", m, 0.1);
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.worst_index, 17);
+  EXPECT_EQ(c.max_abs, 0.5);
+  EXPECT_NE(c.error.find("neither 0 nor 1"), std::string::npos) << c.error;
+  m[17] = 1.0f / (1 - 0.1f);  // a scaled mask is not a keep-mask either
+  EXPECT_FALSE(check_dropout_mask("m", m, 0.1).pass);
+  m[17] = NAN;
+  c = check_dropout_mask("m", m, 0.1);
+  EXPECT_FALSE(c.pass);
+  EXPECT_EQ(c.non_finite, 1);
+  EXPECT_FALSE(check_dropout_mask("m", m, 1.0).pass);  // p outside [0, 1)
+  const std::vector<uint8_t> three(3, 1);
+  c = check_dropout_mask("m", m, 0.1, &three);  // sizes differ
+  EXPECT_FALSE(c.pass);
+  EXPECT_NE(c.error.find("size mismatch"), std::string::npos) << c.error;
+}
+
+// check_dropout_masks counts the positions the attention mask keeps only
+// (cuDNN may leave the rest unwritten), and skips dropout 0.
+TEST(CheckDropoutMask, GraphChecksKeptPositionsOnly) {
+  SdpaCase c = dropout_case(0.25);
+  c.B = 2, c.Hq = 4, c.Hk = 2, c.Sq = 64, c.Skv = 80;
+  c.options.padding = true;
+  c.seq_len_q = {64, 30};
+  c.seq_len_kv = {70, 80};
+  SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
+  std::vector<float> mask = p.inputs.at("dropout_mask").to_float_logical();
+  int64_t kept_pairs = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < c.Sq; ++i)
+        for (int64_t j = 0; j < c.Skv; ++j) {
+          const bool keeps = sdpa_keeps(c.options, i, j, static_cast<int64_t>(c.seq_len_q[b]),
+                                        static_cast<int64_t>(c.seq_len_kv[b]));
+          if (keeps) ++kept_pairs;
+          else mask[((b * c.Hq + h) * c.Sq + i) * c.Skv + j] = 0.5f;  // garbage where nothing reads it
+        }
+  std::map<std::string, std::vector<float>> outs = {{"dropout_mask", mask}, {"o", {}}};
+  auto r = check_dropout_masks(p.g, p.inputs, outs);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_TRUE(r->front().pass) << r->front().ToString();
+  EXPECT_EQ(r->front().elements, kept_pairs);
+  EXPECT_EQ(r->front().tensor, "dropout_mask");
+  // All ones where it counts: fails.
+  for (float& x : outs["dropout_mask"]) x = x == 0.0f ? 1.0f : x;
+  r = check_dropout_masks(p.g, p.inputs, outs);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->front().pass);
+  // Wrong size: an error.
+  outs["dropout_mask"].pop_back();
+  EXPECT_EQ(check_dropout_masks(p.g, p.inputs, outs).status().code(), StatusCode::kInvalidArgument);
+  // Absent: nothing to check; dropout 0: skipped.
+  outs.erase("dropout_mask");
+  EXPECT_TRUE(check_dropout_masks(p.g, p.inputs, outs)->empty());
+  SdpaProblem z = make_sdpa(dropout_case(0.0), SdpaKind::kFwd);
+  EXPECT_TRUE(check_dropout_masks(z.g, z.inputs, {{"dropout_mask", std::vector<float>(240, 0.5f)}})->empty());
 }
 
 // ---------------------------------------------------------------- tolerances

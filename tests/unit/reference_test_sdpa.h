@@ -22,7 +22,18 @@ struct SdpaCase {
   DType dtype = DType::kFP32;                  // q, k, v, o, do (fp8 ops: e4m3 q, k, v; o stays this)
   bool bshd = false;                           // [B, S, H, D] memory for q, k, v, o, do
   double q_range = 2.0;                        // q in [-q_range, q_range]: peaky enough softmax rows
+  // options.dropout adds inputs "seed" and "offset"; options.dump_dropout_mask
+  // the output "dropout_mask", whose values (a Bernoulli(1 - dropout) keep-mask
+  // drawn from the problem's seed, as cuDNN would dump it) go into the inputs.
 };
+
+// A keep-mask like cuDNN's RNG dump: each value 1 with probability `keep`, else 0.
+inline HostTensor bernoulli_mask(const ResolvedTensor& t, double keep, uint64_t seed) {
+  const HostTensor u = random_tensor(t, seed, 0.0, 1.0);
+  std::vector<double> values;
+  for (float x : u.to_float_logical()) values.push_back(x < keep ? 1.0 : 0.0);
+  return host_from(t, values);
+}
 
 struct SdpaProblem {
   ResolvedGraph g;
@@ -64,6 +75,10 @@ inline SdpaProblem make_sdpa(const SdpaCase& c, SdpaKind kind, uint64_t seed = 1
     in["seq_len_kv"] = b.tensor("seq_len_kv", {c.B, 1, 1, 1}, DType::kInt32);
   }
   if (c.options.bias) in["bias"] = b.tensor("bias", c.bias_dims);
+  if (c.options.dropout) {
+    in["seed"] = b.tensor("seed", one, DType::kInt64);
+    in["offset"] = b.tensor("offset", one, DType::kInt64);
+  }
   if (kind == SdpaKind::kBwd) {
     out["dq"] = b.tensor("dq", qd, c.dtype);
     out["dk"] = b.tensor("dk", kd, c.dtype);
@@ -76,6 +91,7 @@ inline SdpaProblem make_sdpa(const SdpaCase& c, SdpaKind kind, uint64_t seed = 1
     out["amax_s"] = b.tensor("amax_s", one);
     out["amax_o"] = b.tensor("amax_o", one);
   }
+  if (c.options.dump_dropout_mask) out["dropout_mask"] = b.tensor("dropout_mask", {c.B, c.Hq, c.Sq, c.Skv});
   OpAttrs attrs;
   if (kind == SdpaKind::kFwd) {
     SdpaFwdAttrs a;
@@ -100,8 +116,14 @@ inline SdpaProblem make_sdpa(const SdpaCase& c, SdpaKind kind, uint64_t seed = 1
     if (role == "seq_len_q") p.inputs[t.name] = host_from(t, c.seq_len_q);
     else if (role == "seq_len_kv") p.inputs[t.name] = host_from(t, c.seq_len_kv);
     else if (fp8_scales().count(role)) p.inputs[t.name] = host_from(t, {fp8_scales().at(role)});
+    else if (role == "seed") p.inputs[t.name] = host_from(t, {static_cast<double>(seed)});
+    else if (role == "offset") p.inputs[t.name] = host_from(t, {0});
     else if (role == "q") p.inputs[t.name] = random_tensor(t, seed, -c.q_range, c.q_range);
     else p.inputs[t.name] = random_tensor(t, seed);
+  }
+  if (c.options.dump_dropout_mask) {
+    const ResolvedTensor& t = b.g.tensors[out.at("dropout_mask")];
+    p.inputs[t.name] = bernoulli_mask(t, 1.0 - c.options.dropout.value_or(0.0), seed);
   }
   p.g = std::move(b.g);
   return p;
