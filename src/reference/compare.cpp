@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "fusebox/reference.h"
+#include "reference/sdpa_fp8_bwd.h"
 
 namespace fusebox {
 
@@ -55,6 +56,8 @@ Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
       if (out != idx) continue;
       if (std::holds_alternative<SdpaBwdAttrs>(op.attrs))
         return dtype == DType::kFP16 ? Tolerance{6e-3, 3e-2} : Tolerance{2e-2, 8e-2};
+      if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))  // src/reference/sdpa_fp8_bwd_cpu.cpp
+        return reference_detail::sdpa_fp8_bwd_tolerance(role, dtype);
       if (std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs)) {
         if (role == "o") return {1e-1, 3e-1};
         if (role == "amax_s") return {2e-2, 2e-2};

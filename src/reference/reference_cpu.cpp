@@ -13,6 +13,7 @@
 
 #include "fusebox/reference.h"
 #include "reference/sdpa_dropout.h"
+#include "reference/sdpa_fp8_bwd.h"
 #include "reference/tensor_util.h"
 
 namespace fusebox {
@@ -653,7 +654,10 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
         outs[std::string(r)] = {idx, zeros_like(g.tensors[idx])};
       }
       for (auto& [role, slot] : outs) t.out[role] = &slot.second;
-      FUSEBOX_RETURN_IF_ERROR(run_sdpa(op, *so, t));
+      if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))  // src/reference/sdpa_fp8_bwd_cpu.cpp
+        FUSEBOX_RETURN_IF_ERROR(reference_detail::sdpa_fp8_bwd_cpu(g, op, t.in, t.out));
+      else
+        FUSEBOX_RETURN_IF_ERROR(run_sdpa(op, *so, t));
       for (auto& [role, slot] : outs) values[slot.first] = std::move(slot.second);
       continue;
     }

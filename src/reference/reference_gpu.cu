@@ -17,6 +17,7 @@
 
 #include "fusebox/reference.h"
 #include "reference/sdpa_dropout.h"
+#include "reference/sdpa_fp8_bwd.h"
 #include "reference/sdpa_mask.h"
 #include "reference/tensor_util.h"
 
@@ -759,6 +760,8 @@ class GpuReference {
     const size_t row_smem = static_cast<size_t>(a.D + a.Dv + kSdpaChunk) * sizeof(float);
     auto stats_out = [&]() { return out.count("stats") ? out["stats"] : nullptr; };
 
+    if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))  // src/reference/sdpa_fp8_bwd_gpu.cu
+      return reference_detail::sdpa_fp8_bwd_gpu(op_where(op), in, a, out, stream_);
     if (std::holds_alternative<SdpaBwdAttrs>(op.attrs)) {
       SdpaBwdArgs w{};
       w.o = in["o"].t, w.dout = in["do"].t, w.stats = in["stats"].t;

@@ -8,6 +8,7 @@
 #include <variant>
 
 #include "fusebox/reference.h"
+#include "reference/sdpa_fp8_bwd.h"
 #include "reference/sdpa_mask.h"
 #include "reference/tensor_util.h"
 
@@ -115,9 +116,12 @@ Result<ResolvedGraph> forward_of(const ResolvedGraph& g, const ResolvedOp& op, c
 Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, HostTensor>& inputs,
                               double cpu_max_flops) {
   for (const ResolvedOp& op : g.ops) {
-    const auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs);
-    if (!bwd) continue;
-    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph fwd, forward_of(g, op, *bwd));
+    const auto* bwd_only = std::get_if<SdpaBwdAttrs>(&op.attrs);
+    const SdpaOptions* bwd = sdpa_options(op.attrs);
+    if (!bwd_only && !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) continue;
+    // sdpa_fp8_bwd: o and stats from the FP8 forward, scale_o = 1 / descale_o (sdpa_fp8_bwd.h).
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph fwd, bwd_only ? forward_of(g, op, *bwd_only)
+                                                               : reference_detail::sdpa_fp8_bwd_forward_of(g, op, inputs));
     FUSEBOX_ASSIGN_OR_RETURN(const Lengths lengths, sequence_lengths(g, op, *bwd, inputs));
     Result<ReferenceOutputs> ref = Status(StatusCode::kNoDevice, "");
     if (fwd.flops() > cpu_max_flops && gpu_reference_available()) ref = reference_gpu_host(fwd, inputs);

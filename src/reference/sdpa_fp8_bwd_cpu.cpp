@@ -1,0 +1,346 @@
+// fusebox: CPU reference of sdpa_fp8_bwd (semantics: sdpa_fp8_bwd.h), fp64
+// accumulation with cuDNN's two fp8 roundings (P8, dS8) emulated.
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <thread>
+#include <tuple>
+#include <variant>
+
+#include "reference/sdpa_fp8_bwd.h"
+#include "reference/tensor_util.h"
+
+namespace fusebox::reference_detail {
+
+namespace {
+
+std::string where_of(const ResolvedOp& op) {
+  std::string s = "[";
+  s.append(op_type_name(op.attrs)).append(" '").append(op.name).append("'] ");
+  return s;
+}
+
+// fn(begin, end) over [0, count) on a few threads.
+void parallel_rows(int64_t count, double work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  int64_t threads = std::min<int64_t>({static_cast<int64_t>(hw), 16, count});
+  if (count * work_per_item < 2e5) threads = 1;
+  if (threads <= 1) return fn(0, count);
+  std::vector<std::thread> pool;
+  const int64_t chunk = (count + threads - 1) / threads;
+  int64_t begin = chunk;
+  try {
+    for (; begin < count; begin += chunk) pool.emplace_back(fn, begin, std::min(count, begin + chunk));
+  } catch (const std::exception&) {
+    for (auto& t : pool) t.join();
+    // The threads that started covered [chunk, begin); do the rest here.
+    fn(0, chunk);
+    if (begin < count) fn(begin, count);
+    return;
+  }
+  fn(0, std::min(count, chunk));
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+const std::vector<std::string>& sdpa_fp8_bwd_scale_roles() {
+  static const std::vector<std::string> r = {"descale_q",  "descale_k", "descale_v", "descale_o",
+                                             "descale_do", "descale_s", "descale_dp", "scale_s",
+                                             "scale_dq",   "scale_dk",  "scale_dv",  "scale_dp"};
+  return r;
+}
+
+double round_to_fp8(double x, DType t) {
+  if (std::isnan(x)) return x;
+  return fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(x), t), t);
+}
+
+void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, float* dv, double amax[4]) {
+  const SdpaFp8BwdShape& sh = a.sh;
+  const SdpaFp8BwdScales& sc = a.sc;
+  const int64_t G = sh.Hq / sh.Hk, rows = sh.B * sh.Hq * sh.Sq, keys = sh.B * sh.Hk * sh.Skv;
+  const double score_scale = a.attn_scale * sc.descale_q * sc.descale_k;
+  std::vector<double> Di(static_cast<size_t>(rows), 0.0);
+  for (int64_t row = 0; row < rows; ++row) {
+    double di = 0;
+    for (int64_t d = 0; d < sh.Dv; ++d)
+      di += static_cast<double>(a.dout[row * sh.Dv + d]) * a.o[row * sh.Dv + d];
+    Di[row] = di * sc.descale_do * sc.descale_o;
+  }
+  // P (before dropout), F, and dS (after attn_scale, unrounded) of a kept (b, h, i, j).
+  auto p_f_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* p, double* f, double* ds) {
+    const int64_t row = (b * sh.Hq + h) * sh.Sq + i, hk = h / G;
+    const float* qr = a.q + row * sh.D;
+    const float* kr = a.k + ((b * sh.Hk + hk) * sh.Skv + j) * sh.D;
+    double dot = 0;
+    for (int64_t d = 0; d < sh.D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+    *p = std::exp(score_scale * dot - a.stats[row]);
+    *f = a.dropout_mask ? a.dropout_mask[row * sh.Skv + j] * a.dropout_scale : 1.0;
+    const float* dor = a.dout + row * sh.Dv;
+    const float* vr = a.v + ((b * sh.Hk + hk) * sh.Skv + j) * sh.Dv;
+    double dp = 0;
+    for (int64_t d = 0; d < sh.Dv; ++d) dp += static_cast<double>(dor[d]) * vr[d];
+    dp *= sc.descale_do * sc.descale_v;
+    *ds = *p * (*f * dp - Di[row]) * a.attn_scale;
+  };
+  std::vector<double> row_amax_dq(static_cast<size_t>(rows), 0.0), row_amax_dp(static_cast<size_t>(rows), 0.0);
+  parallel_rows(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    std::vector<double> acc(static_cast<size_t>(sh.D));
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
+      std::fill(acc.begin(), acc.end(), 0.0);
+      int64_t lo, hi;
+      sdpa_kept_keys(a.mask, i, a.lq[b], a.lkv[b], &lo, &hi);
+      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Skv - 1);
+      double dp_max = 0;
+      for (int64_t j = lo; j <= hi; ++j) {
+        double p, f, ds;
+        p_f_ds(b, h, i, j, &p, &f, &ds);
+        dp_max = std::max(dp_max, std::fabs(ds));
+        const double ds8 = round_to_fp8(ds * sc.scale_dp, a.ds_dtype);
+        const float* kr = a.k + ((b * sh.Hk + h / G) * sh.Skv + j) * sh.D;
+        for (int64_t d = 0; d < sh.D; ++d) acc[d] += ds8 * kr[d];
+      }
+      double dq_max = 0;
+      for (int64_t d = 0; d < sh.D; ++d) {
+        const double x = acc[d] * sc.descale_dp * sc.descale_k;
+        dq_max = std::max(dq_max, std::fabs(x));
+        dq[row * sh.D + d] = static_cast<float>(x * sc.scale_dq);
+      }
+      row_amax_dq[row] = dq_max;
+      row_amax_dp[row] = dp_max;
+    }
+  });
+  std::vector<double> key_amax_dk(static_cast<size_t>(keys), 0.0), key_amax_dv(static_cast<size_t>(keys), 0.0);
+  parallel_rows(keys, static_cast<double>(G * sh.Sq) * 2 * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    std::vector<double> acc_k(static_cast<size_t>(sh.D)), acc_v(static_cast<size_t>(sh.Dv));
+    for (int64_t key = begin; key < end; ++key) {
+      const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;
+      std::fill(acc_k.begin(), acc_k.end(), 0.0);
+      std::fill(acc_v.begin(), acc_v.end(), 0.0);
+      int64_t lo, hi;
+      sdpa_kept_rows(a.mask, j, a.lq[b], a.lkv[b], &lo, &hi);
+      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Sq - 1);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+        for (int64_t i = lo; i <= hi; ++i) {
+          double p, f, ds;
+          p_f_ds(b, h, i, j, &p, &f, &ds);
+          const double p8 = round_to_fp8(p * f * sc.scale_s, a.p_dtype);
+          const double ds8 = round_to_fp8(ds * sc.scale_dp, a.ds_dtype);
+          const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
+          const float* qr = a.q + row * sh.D;
+          const float* dor = a.dout + row * sh.Dv;
+          for (int64_t d = 0; d < sh.D; ++d) acc_k[d] += ds8 * qr[d];
+          for (int64_t d = 0; d < sh.Dv; ++d) acc_v[d] += p8 * dor[d];
+        }
+      double k_max = 0, v_max = 0;
+      for (int64_t d = 0; d < sh.D; ++d) {
+        const double x = acc_k[d] * sc.descale_dp * sc.descale_q;
+        k_max = std::max(k_max, std::fabs(x));
+        dk[key * sh.D + d] = static_cast<float>(x * sc.scale_dk);
+      }
+      for (int64_t d = 0; d < sh.Dv; ++d) {
+        const double x = acc_v[d] * sc.descale_s * sc.descale_do;
+        v_max = std::max(v_max, std::fabs(x));
+        dv[key * sh.Dv + d] = static_cast<float>(x * sc.scale_dv);
+      }
+      key_amax_dk[key] = k_max;
+      key_amax_dv[key] = v_max;
+    }
+  });
+  for (int n = 0; n < 4; ++n) amax[n] = 0;
+  for (int64_t r = 0; r < rows; ++r) amax[0] = std::max(amax[0], row_amax_dq[r]), amax[3] = std::max(amax[3], row_amax_dp[r]);
+  for (int64_t k = 0; k < keys; ++k) amax[1] = std::max(amax[1], key_amax_dk[k]), amax[2] = std::max(amax[2], key_amax_dv[k]);
+}
+
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const std::map<std::string, SdpaFp8BwdValues>& in,
+                        const std::map<std::string, std::vector<float>*>& out) {
+  const std::string where = where_of(op);
+  const SdpaOptions* o = sdpa_options(op.attrs);
+  if (!o || !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) return Internal(where + "not an sdpa_fp8_bwd op");
+  if (o->bias || o->alibi) return NotSupported(where + "sdpa_fp8_bwd takes no bias and no ALiBi");
+  auto get = [&](const std::string& role) -> const SdpaFp8BwdValues* {
+    auto it = in.find(role);
+    return it == in.end() ? nullptr : &it->second;
+  };
+  for (const char* role : {"q", "k", "v", "o", "do", "stats"})
+    if (!get(role)) return InvalidArgument(where + "missing input '" + role + "'");
+  const std::vector<int64_t>&qd = *get("q")->dims, &kd = *get("k")->dims, &vd = *get("v")->dims;
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4)
+    return InvalidArgument(where + "q, k and v must have rank 4");
+  SdpaFp8BwdCpuArgs a;
+  SdpaFp8BwdShape& sh = a.sh;
+  sh = {qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3]};
+  if (kd[0] != sh.B || vd[0] != sh.B || kd[3] != sh.D || vd[1] != sh.Hk || vd[2] != sh.Skv || sh.Hk < 1 ||
+      sh.Hq % sh.Hk != 0)
+    return InvalidArgument(where + "inconsistent shapes: q " + dims_string(qd) + ", k " + dims_string(kd) + ", v " +
+                           dims_string(vd));
+  const std::vector<int64_t> od = {sh.B, sh.Hq, sh.Sq, sh.Dv}, sd = {sh.B, sh.Hq, sh.Sq, 1};
+  for (const char* role : {"o", "do"})
+    if (*get(role)->dims != od)
+      return InvalidArgument(where + "input '" + role + "' has dims " + dims_string(*get(role)->dims) + "; need " +
+                             dims_string(od));
+  if (*get("stats")->dims != sd)
+    return InvalidArgument(where + "input 'stats' has dims " + dims_string(*get("stats")->dims) + "; need " +
+                           dims_string(sd));
+  const std::vector<std::string>& roles = sdpa_fp8_bwd_scale_roles();
+  double* scale_slots[12] = {&a.sc.descale_q,  &a.sc.descale_k, &a.sc.descale_v,  &a.sc.descale_o,
+                             &a.sc.descale_do, &a.sc.descale_s, &a.sc.descale_dp, &a.sc.scale_s,
+                             &a.sc.scale_dq,   &a.sc.scale_dk,  &a.sc.scale_dv,   &a.sc.scale_dp};
+  for (size_t n = 0; n < roles.size(); ++n) {
+    const SdpaFp8BwdValues* s = get(roles[n]);
+    if (!s || s->data->size() != 1) return InvalidArgument(where + "input '" + roles[n] + "' must be one value");
+    *scale_slots[n] = (*s->data)[0];
+  }
+  a.lq.assign(static_cast<size_t>(sh.B), sh.Sq);
+  a.lkv.assign(static_cast<size_t>(sh.B), sh.Skv);
+  if (o->padding) {
+    for (auto [role, len, full] : {std::tuple{"seq_len_q", &a.lq, sh.Sq}, std::tuple{"seq_len_kv", &a.lkv, sh.Skv}}) {
+      const SdpaFp8BwdValues* l = get(role);
+      if (!l || static_cast<int64_t>(l->data->size()) != sh.B)
+        return InvalidArgument(where + "input '" + role + "' must hold one length per batch");
+      for (int64_t b = 0; b < sh.B; ++b) {
+        const double x = (*l->data)[b];
+        if (!(x >= 0 && x <= static_cast<double>(full) && x == std::floor(x)))
+          return InvalidArgument(where + "input '" + role + "' holds " + std::to_string(x) + " for batch " +
+                                 std::to_string(b) + ": each length must be an integer in [0, " +
+                                 std::to_string(full) + "]");
+        (*len)[b] = static_cast<int64_t>(x);
+      }
+    }
+  }
+  if (o->dropout && *o->dropout > 0) {
+    const SdpaFp8BwdValues* m = get("dropout_mask");
+    if (!m || *m->dims != std::vector<int64_t>{sh.B, sh.Hq, sh.Sq, sh.Skv})
+      return InvalidArgument(where + "the dropout keep-mask must be given as [B, Hq, Sq, Skv]");
+    a.dropout_mask = m->data->data();
+    a.dropout_scale = 1.0 / (1.0 - *o->dropout);
+  }
+  a.mask = sdpa_mask_params(*o);
+  a.attn_scale = o->attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(sh.D)));
+  auto dtype_of = [&](const char* role) {
+    auto it = op.inputs.find(role);
+    return it == op.inputs.end() || it->second < 0 || it->second >= static_cast<int>(g.tensors.size())
+               ? DType::kFP8E4M3
+               : g.tensors[it->second].dtype;
+  };
+  // P8 takes q's dtype, dS8 do's (fp32 test graphs: e4m3 for both).
+  auto fp8_or_e4m3 = [](DType t) { return t == DType::kFP8E5M2 ? t : DType::kFP8E4M3; };
+  a.p_dtype = fp8_or_e4m3(dtype_of("q"));
+  a.ds_dtype = fp8_or_e4m3(dtype_of("do"));
+  a.q = get("q")->data->data(), a.k = get("k")->data->data(), a.v = get("v")->data->data();
+  a.o = get("o")->data->data(), a.dout = get("do")->data->data(), a.stats = get("stats")->data->data();
+  std::vector<float>* dst[3];
+  const char* grads[3] = {"dq", "dk", "dv"};
+  const int64_t sizes[3] = {sh.B * sh.Hq * sh.Sq * sh.D, sh.B * sh.Hk * sh.Skv * sh.D, sh.B * sh.Hk * sh.Skv * sh.Dv};
+  for (int n = 0; n < 3; ++n) {
+    auto it = out.find(grads[n]);
+    if (it == out.end() || static_cast<int64_t>(it->second->size()) != sizes[n])
+      return InvalidArgument(where + "output '" + grads[n] + "' missing or of the wrong size");
+    dst[n] = it->second;
+  }
+  double amax[4];
+  sdpa_fp8_bwd_cpu_core(a, dst[0]->data(), dst[1]->data(), dst[2]->data(), amax);
+  const char* amax_roles[4] = {"amax_dq", "amax_dk", "amax_dv", "amax_dp"};
+  for (int n = 0; n < 4; ++n) {
+    auto it = out.find(amax_roles[n]);
+    if (it == out.end()) continue;
+    if (it->second->size() != 1) return InvalidArgument(where + "output '" + amax_roles[n] + "' must be one value");
+    (*it->second)[0] = static_cast<float>(amax[n]);
+  }
+  return Status::Ok();
+}
+
+Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const ResolvedOp& op,
+                                              const std::map<std::string, HostTensor>& inputs) {
+  const std::string where = where_of(op);
+  const auto* bwd = std::get_if<SdpaFp8BwdAttrs>(&op.attrs);
+  if (!bwd) return Internal(where + "not an sdpa_fp8_bwd op");
+  auto tensor = [&](const std::map<std::string, int>& roles, const std::string& role) -> Result<const ResolvedTensor*> {
+    auto it = roles.find(role);
+    if (it == roles.end() || it->second < 0 || it->second >= static_cast<int>(g.tensors.size()))
+      return InvalidArgument(where + "has no tensor '" + role + "'");
+    return &g.tensors[it->second];
+  };
+  FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* descale_o, tensor(op.inputs, "descale_o"));
+  double descale_o_value = 0;
+  if (descale_o->scalar_value) {
+    descale_o_value = *descale_o->scalar_value;
+  } else {
+    auto it = inputs.find(descale_o->name);
+    if (it == inputs.end() || it->second.element_count() != 1)
+      return InvalidArgument(where + "input 'descale_o' (tensor '" + descale_o->name + "'): no single value given");
+    descale_o_value = it->second.to_float_logical()[0];
+  }
+  if (!(descale_o_value != 0 && std::isfinite(descale_o_value)))
+    return InvalidArgument(where + "input 'descale_o' is " + std::to_string(descale_o_value) +
+                           ": the forward's scale_o = 1 / descale_o needs a finite nonzero value");
+  ResolvedGraph f;
+  f.name = g.name + "/" + op.name + ".forward";
+  ResolvedOp fop;
+  fop.name = op.name;
+  SdpaFp8FwdAttrs attrs;
+  static_cast<SdpaOptions&>(attrs) = *bwd;
+  attrs.dropout.reset();
+  attrs.dump_dropout_mask = false;
+  attrs.generate_stats = true;
+  fop.attrs = attrs;
+  for (std::string_view r : op_input_roles(fop.attrs)) {
+    const std::string role(r);
+    fop.inputs[role] = static_cast<int>(f.tensors.size());
+    if (role == "scale_o") {
+      ResolvedTensor s = *descale_o;
+      s.name = op.name + ".forward.scale_o";
+      s.scalar_value = 1.0 / descale_o_value;
+      s.dtype = DType::kFP32;
+      f.tensors.push_back(std::move(s));
+      continue;
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* t, tensor(op.inputs, role));
+    f.tensors.push_back(*t);
+  }
+  for (const char* role : {"o", "stats", "amax_s", "amax_o"}) {
+    ResolvedTensor out;
+    if (std::string_view(role) == "o" || std::string_view(role) == "stats") {
+      FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* t, tensor(op.inputs, role));
+      out = *t;
+    } else {
+      out.name = op.name + ".forward." + role;
+      out.dims = {1, 1, 1, 1};
+      out.strides = {1, 1, 1, 1};
+      out.dtype = DType::kFP32;
+    }
+    out.is_input = false;
+    out.is_output = true;
+    out.is_virtual = false;
+    out.scalar_value.reset();
+    fop.outputs[role] = static_cast<int>(f.tensors.size());
+    f.tensors.push_back(std::move(out));
+  }
+  f.ops.push_back(std::move(fop));
+  return f;
+}
+
+// Tolerances of sdpa_fp8_bwd outputs. The references emulate cuDNN's two
+// internal roundings (P8, dS8), so what is left is the output's own fp8
+// rounding (the references do not round: e4m3 half-ulp 6.25%, rms about 2-3%
+// of each value; e5m2 twice that) plus the rare internal value that lands on
+// the other side of a rounding boundary (fp32 vs fp64) and moves by one fp8
+// step:
+//   dq, dk, dv: e4m3 {8e-2, 2.5e-1}, e5m2 {1.5e-1, 5e-1}.
+//   amax_dp = max|dS|: no fp8 rounding before it, 2e-2.
+//   amax_dq/dk/dv: the max of a sum of fp8-rounded dS (or P) terms with
+//     cancellation (dS sums to ~0 over a row), 5e-2.
+// A wrong scale moves values by the scale factor (>= 2x for any wrong
+// power-of-two scale); a wrong mask (causal vs not) moves the first rows by
+// O(1) of their value: both fail (tests/unit/reference_test_sdpa_fp8_bwd.cpp).
+Tolerance sdpa_fp8_bwd_tolerance(const std::string& role, DType dtype) {
+  if (role == "amax_dp") return {2e-2, 2e-2};
+  if (role == "amax_dq" || role == "amax_dk" || role == "amax_dv") return {5e-2, 5e-2};
+  if (dtype == DType::kFP8E5M2) return {1.5e-1, 5e-1};
+  return {8e-2, 2.5e-1};
+}
+
+}  // namespace fusebox::reference_detail
