@@ -550,8 +550,6 @@ double single(const SdpaTensors& t, std::string_view role) { return t[role].data
 
 // With dropout, t.in holds "dropout_mask" (checked by the caller).
 Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, const SdpaTensors& t) {
-  if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))
-    return NotSupported(op_where(op) + "the CPU reference does not implement sdpa_fp8_bwd yet");
   FUSEBOX_ASSIGN_OR_RETURN(const SdpaShape sh, sdpa_shape(op, t));
   const bool dropout = o.dropout && *o.dropout > 0;
   const SdpaDropout drop = dropout ? SdpaDropout(&t["dropout_mask"], *o.dropout, sh) : SdpaDropout();

@@ -684,10 +684,8 @@ class GpuReference {
     return static_cast<const int*>(l.t.ptr);
   }
 
-  // sdpa_fwd, sdpa_bwd and sdpa_fp8_fwd.
+  // sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd (and sdpa_fp8_bwd: sdpa_fp8_bwd_gpu.cu).
   Status RunSdpa(const ResolvedOp& op, const SdpaOptions& o) {
-    if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))
-      return NotSupported(op_where(op) + "the GPU reference does not implement sdpa_fp8_bwd yet");
     const bool dropout = o.dropout && *o.dropout > 0;
     std::string mask_name;
     if (dropout) {
