@@ -1,0 +1,275 @@
+// fusebox tests: the sdpa_fp8_bwd references (src/reference/sdpa_fp8_bwd.h)
+// against an independent loop over full score matrices with the same fp8
+// rounding points; derived inputs; tolerances that reject wrong scales and masks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/reference.h"
+#include "fusebox/tensor.h"
+#include "reference_test_sdpa_fp8_bwd.h"
+#include "reference_test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing_util::Fp8BwdCase;
+using testing_util::Fp8BwdProblem;
+using testing_util::host_from;
+using testing_util::make_fp8_bwd;
+using testing_util::r8;
+using testing_util::fp8_bwd_variants;
+
+// The independent computation: per (b, h) the full S, P, dP, dS matrices, with
+// sdpa_keeps() as the mask. Real = double: fp64 like the CPU reference;
+// float: fp32 arithmetic (as a GPU would), for the tolerance tests.
+template <typename Real>
+ReferenceOutputs by_hand(const Fp8BwdCase& c, const Fp8BwdProblem& p) {
+  auto vals = [&](const char* n) { return p.inputs.at(n).to_float_logical(); };
+  const std::vector<float> q = vals("q"), k = vals("k"), v = vals("v"), o = vals("o"), dout = vals("do"),
+                           stats = vals("stats");
+  auto s = [&](const char* n) { return static_cast<Real>(c.scales.at(n)); };
+  const Real attn = static_cast<Real>(c.options.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.D))));
+  const int64_t G = c.Hq / c.Hk;
+  ReferenceOutputs r;
+  r["dq"].assign(static_cast<size_t>(c.B * c.Hq * c.Sq * c.D), 0.0f);
+  r["dk"].assign(static_cast<size_t>(c.B * c.Hk * c.Skv * c.D), 0.0f);
+  r["dv"].assign(static_cast<size_t>(c.B * c.Hk * c.Skv * c.Dv), 0.0f);
+  std::vector<Real> dk_acc(r["dk"].size(), 0), dv_acc(r["dv"].size(), 0);
+  Real amax_dq = 0, amax_dp = 0;
+  for (int64_t b = 0; b < c.B; ++b) {
+    const int64_t lq = c.options.padding ? static_cast<int64_t>(c.seq_len_q[b]) : c.Sq;
+    const int64_t lkv = c.options.padding ? static_cast<int64_t>(c.seq_len_kv[b]) : c.Skv;
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const int64_t hk = h / G;
+      for (int64_t i = 0; i < c.Sq; ++i) {
+        const int64_t row = (b * c.Hq + h) * c.Sq + i;
+        Real di = 0;
+        for (int64_t d = 0; d < c.Dv; ++d) di += static_cast<Real>(dout[row * c.Dv + d]) * o[row * c.Dv + d];
+        di = di * s("descale_do") * s("descale_o");
+        std::vector<Real> dq_acc(static_cast<size_t>(c.D), 0);
+        for (int64_t j = 0; j < c.Skv; ++j) {
+          if (!sdpa_keeps(c.options, i, j, lq, lkv)) continue;
+          const int64_t kr = (b * c.Hk + hk) * c.Skv + j;
+          Real qk = 0, dp = 0;
+          for (int64_t d = 0; d < c.D; ++d) qk += static_cast<Real>(q[row * c.D + d]) * k[kr * c.D + d];
+          for (int64_t d = 0; d < c.Dv; ++d) dp += static_cast<Real>(dout[row * c.Dv + d]) * v[kr * c.Dv + d];
+          const Real sc = qk * attn * s("descale_q") * s("descale_k");
+          const Real P = std::exp(sc - static_cast<Real>(stats[row]));
+          const Real p8 = static_cast<Real>(r8(P * s("scale_s"), DType::kFP8E4M3));
+          dp = dp * s("descale_do") * s("descale_v");
+          const Real ds = (dp - di) * P * attn;
+          amax_dp = std::max(amax_dp, std::fabs(ds));
+          const Real ds8 = static_cast<Real>(r8(ds * s("scale_dp"), c.do_dtype));
+          for (int64_t d = 0; d < c.D; ++d) {
+            dq_acc[d] += ds8 * k[kr * c.D + d];
+            dk_acc[kr * c.D + d] += ds8 * q[row * c.D + d];
+          }
+          for (int64_t d = 0; d < c.Dv; ++d) dv_acc[kr * c.Dv + d] += p8 * dout[row * c.Dv + d];
+        }
+        for (int64_t d = 0; d < c.D; ++d) {
+          const Real x = dq_acc[d] * s("descale_dp") * s("descale_k");
+          amax_dq = std::max(amax_dq, std::fabs(x));
+          r["dq"][row * c.D + d] = static_cast<float>(x * s("scale_dq"));
+        }
+      }
+    }
+  }
+  Real amax_dk = 0, amax_dv = 0;
+  for (size_t e = 0; e < dk_acc.size(); ++e) {
+    const Real x = dk_acc[e] * s("descale_dp") * s("descale_q");
+    amax_dk = std::max(amax_dk, std::fabs(x));
+    r["dk"][e] = static_cast<float>(x * s("scale_dk"));
+  }
+  for (size_t e = 0; e < dv_acc.size(); ++e) {
+    const Real x = dv_acc[e] * s("descale_s") * s("descale_do");
+    amax_dv = std::max(amax_dv, std::fabs(x));
+    r["dv"][e] = static_cast<float>(x * s("scale_dv"));
+  }
+  r["amax_dq"] = {static_cast<float>(amax_dq)};
+  r["amax_dk"] = {static_cast<float>(amax_dk)};
+  r["amax_dv"] = {static_cast<float>(amax_dv)};
+  r["amax_dp"] = {static_cast<float>(amax_dp)};
+  return r;
+}
+
+const char* const kOutputs[] = {"dq", "dk", "dv", "amax_dq", "amax_dk", "amax_dv", "amax_dp"};
+
+TEST(SdpaFp8BwdReferenceCpu, MatchesIndependentFp64Loop) {
+  for (const auto& [name, c] : fp8_bwd_variants()) {
+    SCOPED_TRACE(name);
+    const Fp8BwdProblem p = make_fp8_bwd(c);
+    auto ref = reference_cpu(p.g, p.inputs);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    const ReferenceOutputs want = by_hand<double>(c, p);
+    for (const char* out : kOutputs) {
+      const Comparison cmp = compare(out, want.at(out), ref->at(out), {1e-6, 1e-5});
+      EXPECT_TRUE(cmp.pass) << cmp.ToString();
+    }
+    EXPECT_GT(ref->at("amax_dp")[0], 0.0f);
+    EXPECT_GT(ref->at("amax_dv")[0], 0.0f);
+  }
+}
+
+// cuDNN computes in fp32 and writes fp8: the fp32 loop, outputs rounded to the
+// output dtype, must pass tolerance_for() (loose enough), for each variant.
+TEST(SdpaFp8BwdReferenceCpu, ToleranceAbsorbsFp32AndOutputRounding) {
+  for (const auto& [name, c] : fp8_bwd_variants()) {
+    SCOPED_TRACE(name);
+    const Fp8BwdProblem p = make_fp8_bwd(c);
+    auto ref = reference_cpu(p.g, p.inputs);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    ReferenceOutputs actual = by_hand<float>(c, p);
+    for (const char* out : {"dq", "dk", "dv"})
+      for (float& x : actual[out]) x = static_cast<float>(r8(x, DType::kFP8E4M3));
+    for (const char* out : kOutputs) {
+      const Comparison cmp = compare(out, ref->at(out), actual.at(out), tolerance_for(p.g, out));
+      EXPECT_TRUE(cmp.pass) << cmp.ToString();
+    }
+  }
+}
+
+// Wrong scales and masks fail tolerance_for() (tight enough): the reference of
+// a perturbed problem, rounded to fp8 like cuDNN's output, against the correct one.
+TEST(SdpaFp8BwdReferenceCpu, WrongScaleOrMaskFails) {
+  Fp8BwdCase base = fp8_bwd_variants()[1].second;  // causal
+  base.Sq = base.Skv = 16;
+  const Fp8BwdProblem good = make_fp8_bwd(base);
+  auto ref = reference_cpu(good.g, good.inputs);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  auto run_with = [&](const Fp8BwdCase& c) {
+    Fp8BwdProblem p = make_fp8_bwd(c);
+    for (const char* n : {"q", "k", "v", "o", "do", "stats"}) p.inputs[n] = good.inputs.at(n);  // same data
+    auto r = reference_cpu(p.g, p.inputs);
+    EXPECT_TRUE(r.ok());
+    ReferenceOutputs out = *r;
+    for (const char* o : {"dq", "dk", "dv"})
+      for (float& x : out[o]) x = static_cast<float>(r8(x, DType::kFP8E4M3));
+    return out;
+  };
+  auto fails = [&](const ReferenceOutputs& actual, const char* out) {
+    return !compare(out, ref->at(out), actual.at(out), tolerance_for(good.g, out)).pass;
+  };
+  struct Wrong {
+    const char* what;
+    Fp8BwdCase c;
+    std::vector<const char*> must_fail;
+  };
+  std::vector<Wrong> wrongs;
+  auto scaled = [&](const char* role, double f) {
+    Fp8BwdCase c = base;
+    c.scales[role] *= f;
+    return c;
+  };
+  // An output scale off by 2 (or an amax taken after it) moves the output 2x.
+  wrongs.push_back({"scale_dq x2", scaled("scale_dq", 2), {"dq"}});
+  wrongs.push_back({"scale_dk x0.5", scaled("scale_dk", 0.5), {"dk"}});
+  wrongs.push_back({"scale_dv x2", scaled("scale_dv", 2), {"dv"}});
+  // A descale of the dS matmuls: dq, dk and their amaxes.
+  wrongs.push_back({"descale_dp x2", scaled("descale_dp", 2), {"dq", "dk", "amax_dq", "amax_dk"}});
+  // descale_do enters everything but is not an output scale.
+  wrongs.push_back({"descale_do x2", scaled("descale_do", 2), {"dq", "dk", "dv", "amax_dp", "amax_dv"}});
+  // descale_o only through Di.
+  wrongs.push_back({"descale_o x2", scaled("descale_o", 2), {"dq", "dk", "amax_dp"}});
+  // attn_scale applied to dS or not (amax_dp before attn_scale).
+  {
+    Fp8BwdCase c = base;
+    c.options.attn_scale = 1.0 / std::sqrt(static_cast<double>(c.D)) * 1.25;
+    wrongs.push_back({"attn_scale x1.25", c, {"dq", "dk", "amax_dp"}});
+  }
+  // Masks: no causal mask; causal with a sliding window of 4.
+  {
+    Fp8BwdCase c = base;
+    c.options.causal = false;
+    c.options.right_bound.reset();
+    wrongs.push_back({"not causal", c, {"dq", "dk", "dv"}});
+    Fp8BwdCase w = base;
+    w.options.left_bound = 4;
+    wrongs.push_back({"window 4", w, {"dq", "dk", "dv"}});
+  }
+  for (const Wrong& w : wrongs) {
+    SCOPED_TRACE(w.what);
+    const ReferenceOutputs actual = run_with(w.c);
+    for (const char* out : w.must_fail) EXPECT_TRUE(fails(actual, out)) << out << " passed";
+  }
+}
+
+// derive_sdpa_bwd_inputs: o = e4m3(O / descale_o) of the FP8 forward
+// (descale_s, scale_s from the bwd's inputs), stats its logsumexp.
+TEST(SdpaFp8BwdReferenceCpu, DerivedInputsAreTheFp8Forward) {
+  Fp8BwdCase c = fp8_bwd_variants()[3].second;  // causal + padding
+  const Fp8BwdProblem p = make_fp8_bwd(c);
+  EXPECT_EQ(p.inputs.at("o").dtype, DType::kFP8E4M3);
+  const std::vector<float> q = p.inputs.at("q").to_float_logical(), k = p.inputs.at("k").to_float_logical(),
+                           v = p.inputs.at("v").to_float_logical(), o = p.inputs.at("o").to_float_logical(),
+                           stats = p.inputs.at("stats").to_float_logical();
+  const double scale = c.scales["descale_q"] * c.scales["descale_k"] / std::sqrt(static_cast<double>(c.D));
+  const int64_t G = c.Hq / c.Hk;
+  int checked = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < c.Sq; ++i) {
+        const int64_t row = (b * c.Hq + h) * c.Sq + i, lq = c.seq_len_q[b], lkv = c.seq_len_kv[b];
+        std::vector<double> s(c.Skv, -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < c.Skv; ++j) {
+          if (!sdpa_keeps(c.options, i, j, lq, lkv)) continue;
+          double dot = 0;
+          for (int64_t d = 0; d < c.D; ++d) dot += static_cast<double>(q[row * c.D + d]) * k[((b * c.Hk + h / G) * c.Skv + j) * c.D + d];
+          s[j] = scale * dot;
+          mx = std::max(mx, s[j]);
+        }
+        if (mx == -INFINITY) {
+          EXPECT_TRUE(std::isinf(stats[row]) && stats[row] > 0) << row;
+          for (int64_t d = 0; d < c.Dv; ++d) EXPECT_EQ(o[row * c.Dv + d], 0.0f);
+          continue;
+        }
+        double sum = 0;
+        for (double x : s) sum += std::exp(x - mx);
+        const double lse = mx + std::log(sum);
+        EXPECT_NEAR(stats[row], lse, 1e-5 * (1 + std::fabs(lse)));
+        for (int64_t d = 0; d < c.Dv; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < c.Skv; ++j)
+            if (s[j] != -INFINITY)
+              acc += r8(std::exp(s[j] - lse) * c.scales["scale_s"], DType::kFP8E4M3) *
+                     v[((b * c.Hk + h / G) * c.Skv + j) * c.Dv + d];
+          const double O = c.scales["descale_s"] * c.scales["descale_v"] * acc;
+          EXPECT_EQ(o[row * c.Dv + d], static_cast<float>(r8(O / c.scales["descale_o"], DType::kFP8E4M3))) << row;
+          ++checked;
+        }
+      }
+  EXPECT_GT(checked, 0);
+}
+
+// The example graph resolves, derives and runs on the CPU reference; its
+// amax values (printed) hint at scales (dq * scale_dq should reach e4m3's 448).
+TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
+  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/sdpa_fp8_bwd_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::map<std::string, HostTensor> inputs;
+  uint64_t seed = 1;
+  for (const ResolvedTensor& t : g->tensors) {
+    if (!t.is_input || t.scalar_value) continue;
+    inputs[t.name] = t.values.empty() ? random_tensor(t, seed++) : host_from(t, t.values);
+  }
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(*g, inputs).ok());
+  auto ref = reference_cpu(*g, inputs);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  for (const char* a : {"amax_dq", "amax_dk", "amax_dv", "amax_dp"}) {
+    const float x = ref->at(a)[0];
+    EXPECT_TRUE(std::isfinite(x) && x > 0) << a << " " << x;
+    std::printf("  sdpa_fp8_bwd_small %s = %g\n", a, x);
+  }
+}
+
+}  // namespace
+}  // namespace fusebox
