@@ -63,7 +63,9 @@ Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::m
 // sdpa_fp8_fwd with every SdpaOptions feature; dropout through the dumped mask,
 // see above).
 
-// Makes each sdpa_bwd op's "o" and "stats" inputs those of the forward of the
+// Makes each sdpa_bwd (and sdpa_fp8_bwd: its FP8 forward with the bwd's
+// descale_q/k/v, descale_s, scale_s and scale_o = 1 / descale_o, o rounded to
+// e4m3; src/reference/sdpa_fp8_bwd.h) op's "o" and "stats" inputs those of the forward of the
 // same q, k, v (and seq_len, bias inputs and options), overwriting
 // inputs[o] (rounded to o's dtype, in its strides) and inputs[stats]; random
 // o and stats would make the gradients meaningless. Rows that keep no key
