@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <set>
 
 #include "fusebox/runtime.h"
 #include "runtime/device_buffers.h"
@@ -105,18 +106,27 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
   }
 
   if (options.verify) {
+    // cuDNN's dumped dropout masks are references' inputs, not outputs to compare.
+    std::set<std::string> dropout_masks;
+    for (const auto& op : g.ops) {
+      auto it = op.outputs.find("dropout_mask");
+      if (it != op.outputs.end()) dropout_masks.insert(g.tensors[it->second].name);
+    }
+    std::map<std::string, HostTensor> ref_inputs = result.inputs;
+    for (const auto& name : dropout_masks) ref_inputs[name] = result.outputs.at(name);
     ReferenceOutputs ref;
     if (flops <= options.cpu_reference_max_flops || !gpu_reference_available()) {
       result.reference_kind = "cpu";
-      FUSEBOX_ASSIGN_OR_RETURN(ref, reference_cpu(g, result.inputs));
+      FUSEBOX_ASSIGN_OR_RETURN(ref, reference_cpu(g, ref_inputs));
     } else {
       result.reference_kind = "gpu";
       std::map<std::string, const void*> d_in;
       std::map<std::string, float*> d_out;
       std::map<std::string, DeviceBuffer> ref_buffers;
-      for (const auto& [name, _] : result.inputs) d_in[name] = buffers.device(name);
+      for (const auto& [name, _] : ref_inputs) d_in[name] = buffers.device(name);
       for (int i : g.output_tensors()) {
         const ResolvedTensor& t = g.tensors[i];
+        if (dropout_masks.count(t.name)) continue;
         DeviceBuffer& b = ref_buffers[t.name];
         FUSEBOX_RETURN_IF_ERROR(b.allocate(static_cast<size_t>(t.element_count()) * sizeof(float), "reference '" + t.name + "'"));
         d_out[t.name] = static_cast<float*>(b.get());
@@ -134,7 +144,14 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     for (const auto& [name, out] : result.outputs) actual[name] = out.to_float_logical();
     FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, actual));
     FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, ref));
+    // The masks themselves: only 0 and 1, kept at rate 1 - p.
+    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, result.inputs, actual));
+    for (Comparison& c : mask_checks) {
+      result.verified_ok = result.verified_ok && c.pass;
+      result.comparisons.push_back(std::move(c));
+    }
     for (const auto& [name, out] : actual) {
+      if (dropout_masks.count(name)) continue;
       auto it = ref.find(name);
       if (it == ref.end()) return Internal("the reference produced no output '" + name + "'");
       Comparison c = compare(name, it->second, out, tolerance_for(g, name));
