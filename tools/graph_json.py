@@ -47,7 +47,7 @@ def conv_out_dims(x_dims, w_dims, padding, stride, dilation):
     return out
 
 
-SDPA_OPS = {"sdpa_fwd", "sdpa_bwd", "sdpa_fp8_fwd"}
+SDPA_OPS = {"sdpa_fwd", "sdpa_bwd", "sdpa_fp8_fwd", "sdpa_fp8_bwd"}
 FP8_SCALE_ROLES = ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
 SEQ_LEN_ROLES = ("seq_len_q", "seq_len_kv")
 INT_DTYPES = {"int32", "int64"}
@@ -196,13 +196,17 @@ class Graph:
             return broadcast_dims(self.dims[ins["a"]], self.dims[ins["b"]])
         if kind in ("bias_add", "scale") or kind in UNARY_OPS:
             return list(self.dims[ins["x"]])
-        if kind in ("sdpa_fwd", "sdpa_fp8_fwd"):
-            q, v = self.dims[ins["q"]], self.dims[ins["v"]]
-            return {"o": [q[0], q[1], q[2], v[3]], "stats": [q[0], q[1], q[2], 1],
-                    "amax_s": [1, 1, 1, 1], "amax_o": [1, 1, 1, 1]}
-        if kind == "sdpa_bwd":
-            return {"dq": list(self.dims[ins["q"]]), "dk": list(self.dims[ins["k"]]),
-                    "dv": list(self.dims[ins["v"]])}
+        if kind in SDPA_OPS:
+            q, k, v = self.dims[ins["q"]], self.dims[ins["k"]], self.dims[ins["v"]]
+            one = [1, 1, 1, 1]
+            out = {"dropout_mask": [q[0], q[1], q[2], k[2]]}
+            if kind in ("sdpa_fwd", "sdpa_fp8_fwd"):
+                out.update({"o": [q[0], q[1], q[2], v[3]], "stats": [q[0], q[1], q[2], 1],
+                            "amax_s": one, "amax_o": one})
+            else:
+                out.update({"dq": list(q), "dk": list(k), "dv": list(v), "amax_dq": one, "amax_dk": one,
+                            "amax_dv": one, "amax_dp": one})
+            return out
         raise ValueError(f"{self.path}: unknown op {kind!r}")
 
     def is_scalar(self, name):

@@ -139,7 +139,10 @@ def make_inputs(graph, seed, device):
             continue
         op = next(o for o, r in graph.consumers(name) if o["op"] == "sdpa_bwd" and r in ("o", "stats"))
         ins = {r: inputs[t] for r, t in op["inputs"].items() if t in inputs}
-        fwd = sdpa_forward(ins, op)
+        # o and stats of the forward without dropout (fusebox's choice too:
+        # the mask is unknown before cuDNN runs; the backward takes o only
+        # through rowsum(do * o), so both sides compute the same function).
+        fwd = sdpa_forward(ins, {k: v for k, v in op.items() if k != "dropout"})
         for role in ("o", "stats"):
             t_name = op["inputs"][role]
             if t_name not in bwd_pending or t_name in done:
@@ -163,7 +166,14 @@ def save_input(path, t, dtype):
 
 
 def has_dropout(graph):
-    return any(op["op"] in SDPA_OPS and op.get("dropout") for op in graph.ops)
+    """Dropout without a dumped mask: neither fusebox nor torch can verify it."""
+    return any(op["op"] in SDPA_OPS and op.get("dropout") and "dropout_mask" not in op.get("outputs", {})
+               for op in graph.ops)
+
+
+def dropout_mask_outputs(graph):
+    return [op["outputs"]["dropout_mask"] for op in graph.ops
+            if op["op"] in SDPA_OPS and "dropout_mask" in op.get("outputs", {})]
 
 
 def torch_reference(graph, inputs, device):
@@ -177,11 +187,15 @@ def torch_reference(graph, inputs, device):
     care = {}
     for op in graph.ops:
         ins = {role: vals[t] for role, t in op["inputs"].items()}
+        if op["op"] in SDPA_OPS and op.get("outputs", {}).get("dropout_mask") in vals:
+            ins["dropout_mask"] = vals[op["outputs"]["dropout_mask"]]  # cuDNN's dump, an input here
         res = apply_op(op, ins)
         if not isinstance(res, dict):
             res = {"y": res}
         masks = sdpa_care_masks(op, ins, None) if op["op"] in SDPA_OPS else {}
         for role, out in op["outputs"].items():
+            if role not in res:
+                continue  # the dropout mask: cuDNN's, not computed here
             y = res[role]
             if out not in graph.outputs():
                 y = round_to(y, graph.dtype(out))
@@ -255,14 +269,20 @@ def check_graph(path, args, device):
                                  "fusebox ran (exit 0) but its outputs are not compared")
             result["pass"] = True
             return result
+        masks = dropout_mask_outputs(graph)
+        ref_inputs = dict(inputs)
+        for name in masks:  # cuDNN's dumped keep-masks feed the torch computation
+            ref_inputs[name] = torch.from_numpy(np.load(os.path.join(out_dir, f"{name}.npy"))).float().to(device)
         try:
-            ref, care = torch_reference(graph, inputs, device)
+            ref, care = torch_reference(graph, ref_inputs, device)
         except SdpaSkip as e:
             result["skipped"] = str(e)
             result["pass"] = True
             return result
         ok = True
         for name in graph.outputs():
+            if name in masks:
+                continue  # an input of the comparison above, checked by fusebox's --verify
             dt = graph.dtype(name)
             rel_tol, max_tol = tolerance(graph, name)
             out_file = os.path.join(out_dir, f"{name}.npy")

@@ -123,13 +123,24 @@ def _row_blocks(sq, g, skv):
         yield r0, min(sq, r0 + step)
 
 
+def _dropout_keep(ins, opts):
+    """With dropout: the keep-mask cuDNN drew (its dumped "dropout_mask"
+    output, passed in `ins` under that role) times 1/(1-p); None without
+    dropout. Without the dump, cuDNN's Philox bits cannot be reproduced."""
+    if not opts.dropout:
+        return None
+    mask = ins.get("dropout_mask")
+    if mask is None:
+        raise SdpaSkip(f"dropout {opts.dropout}: no 'dropout_mask' output to reproduce cuDNN's Philox mask")
+    return mask.float() / (1.0 - opts.dropout)
+
+
 def sdpa_forward(ins, op, fp8=False):
     """sdpa_fwd / sdpa_fp8_fwd outputs by role (float32 tensors): "o", "stats",
     and for fp8 "amax_s", "amax_o" (o already rounded to fp8_e4m3 values)."""
     q, k, v = (ins[r].float() for r in ("q", "k", "v"))
     opts = _sdpa_config(op, q)
-    if opts.dropout:
-        raise SdpaSkip(f"dropout {opts.dropout}: cuDNN's Philox dropout mask is not reproduced in torch")
+    keep_scale = _dropout_keep(ins, opts)
     B, Hq, Sq, D = q.shape
     Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
     g = Hq // Hk
@@ -156,6 +167,8 @@ def sdpa_forward(ins, op, fp8=False):
                                        b, lq, lkv, ins, slopes, qk_scale)
                 p, st = _masked_softmax(s, keep)
                 stats[b, heads.start:heads.stop, r0:r1] = st
+                if keep_scale is not None:  # dropout after the softmax (stats are before it)
+                    p = p * keep_scale[b, heads.start:heads.stop, r0:r1]
                 if not fp8:
                     o[b, heads.start:heads.stop, r0:r1] = torch.matmul(p, v[b, hk])
                     continue
@@ -183,8 +196,7 @@ def sdpa_backward(ins, op):
     broadcasting, so autograd sums their gradients into dk, dv."""
     q, k, v, do = (ins[r].float() for r in ("q", "k", "v", "do"))
     opts = _sdpa_config(op, q)
-    if opts.dropout:
-        raise SdpaSkip(f"dropout {opts.dropout}: cuDNN's Philox dropout mask is not reproduced in torch")
+    keep_scale = _dropout_keep(ins, opts)
     B, Hq, Sq, D = q.shape
     Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
     g = Hq // Hk
@@ -208,6 +220,8 @@ def sdpa_backward(ins, op):
                     s, keep = _score_block(q_blk, k_h, opts, rows, heads, b, lq, lkv, ins, slopes,
                                            opts.attn_scale)
                     p, _ = _masked_softmax(s, keep)
+                    if keep_scale is not None:
+                        p = p * keep_scale[b, heads.start:heads.stop, r0:r1]
                     o_blk = torch.matmul(p, v_h)
                     o_blk.backward(do[b, heads.start:heads.stop, r0:r1])
                     dq[b, heads.start:heads.stop, r0:r1] = q_blk.grad
@@ -266,12 +280,15 @@ def apply_op(op, ins):
     kind = op["op"]
     if kind == "sdpa_fwd":
         res = sdpa_forward(ins, op)
-        return {r: res[r] for r in op.get("outputs", {"o": None})}
+        return {r: res[r] for r in op.get("outputs", {"o": None}) if r in res}
     if kind == "sdpa_fp8_fwd":
         res = sdpa_forward(ins, op, fp8=True)
-        return {r: res[r] for r in op.get("outputs", {"o": None})}
+        return {r: res[r] for r in op.get("outputs", {"o": None}) if r in res}
     if kind == "sdpa_bwd":
         return sdpa_backward(ins, op)
+    if kind == "sdpa_fp8_bwd":
+        raise SdpaSkip("sdpa_fp8_bwd: no torch emulation of cuDNN's FP8 backward quantization points "
+                       "(fusebox's own references check it)")
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":
