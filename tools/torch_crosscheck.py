@@ -240,9 +240,28 @@ def run_fusebox(fusebox, graph_path, input_files, out_dir, timeout_s, verify=Tru
     return cmd, proc.returncode, proc.stderr, report
 
 
+def dropout_backward_ops(graph):
+    return [op for op in graph.ops
+            if op["op"] == "sdpa_bwd" and op.get("dropout") and "dropout_mask" in op.get("outputs", {})]
+
+
+def forward_with_mask(graph, op, inputs, mask, device):
+    """o of the dropout forward that drew `mask` (cuDNN's dump), rounded to o's dtype."""
+    ins = {r: inputs[t] for r, t in op["inputs"].items() if t in inputs}
+    ins["dropout_mask"] = mask
+    o = sdpa_forward(ins, op)["o"]
+    return round_to(o, graph.dtype(op["inputs"]["o"]))
+
+
 def check_graph(path, args, device):
     graph = Graph(path)
     result = {"graph": graph.name, "path": path, "outputs": [], "pass": False}
+    if any(op["op"] == "sdpa_fp8_bwd" for op in graph.ops):
+        # No torch emulation; and inputs made here (o, stats) would not come
+        # from an FP8 forward. `fusebox run --verify` checks it on its own.
+        result.update(skipped="sdpa_fp8_bwd: no torch emulation of cuDNN's FP8 backward quantization",
+                      **{"pass": True})
+        return result
     work = tempfile.mkdtemp(prefix=f"xcheck_{graph.name}_")
     try:
         inputs = make_inputs(graph, args.seed, device)
@@ -255,6 +274,19 @@ def check_graph(path, args, device):
         dropout = has_dropout(graph)  # fusebox's reference cannot verify dropout either
         cmd, rc, stderr, report = run_fusebox(args.fusebox, path, files, out_dir, args.timeout,
                                               verify=not dropout)
+        if rc == 0 and dropout_backward_ops(graph):
+            # The backward takes o through rowsum(do * o); torch autograd uses
+            # the dropout forward's o. The mask is known only after a run
+            # (cuDNN draws it from seed and offset), so: run, rebuild o with
+            # the dumped mask, run again on that o (same seed: same mask).
+            for op in dropout_backward_ops(graph):
+                mask_name = op["outputs"]["dropout_mask"]
+                mask = torch.from_numpy(np.load(os.path.join(out_dir, f"{mask_name}.npy"))).float().to(device)
+                o_name = op["inputs"]["o"]
+                inputs[o_name] = forward_with_mask(graph, op, inputs, mask, device)
+                save_input(files[o_name], inputs[o_name], graph.dtype(o_name))
+            cmd, rc, stderr, report = run_fusebox(args.fusebox, path, files, out_dir, args.timeout,
+                                                  verify=not dropout)
         result["command"] = " ".join(cmd)
         result["fusebox_rc"] = rc
         result["fusebox_report"] = report
