@@ -152,7 +152,7 @@ def make_qkv(graph, op, dtype, device, gen, requires_grad=False):
     """q, k, v (and do for sdpa_bwd) as torch [B,H,S,D] views in the graph's
     memory layout (bshd -> [B,S,H,D] storage)."""
     out = {}
-    roles = ["q", "k", "v"] + (["do"] if op["op"] == "sdpa_bwd" else [])
+    roles = ["q", "k", "v"] + (["do"] if op["op"] in ("sdpa_bwd", "sdpa_fp8_bwd") else [])
     for role in roles:
         name = op["inputs"][role]
         b, h, s, d = graph.dims[name]
@@ -373,7 +373,7 @@ def bench_sdpa_graph(path, args):
     # fusebox: the graph as given, and for forwards its stats/no-stats counterpart
     has_stats = "stats" in op.get("outputs", {})
     fb_modes = {}
-    if kind == "sdpa_bwd":
+    if kind in ("sdpa_bwd", "sdpa_fp8_bwd"):
         fb_modes["backward"] = path
     elif args.no_stats_variant:
         fb_modes["training" if has_stats else "inference"] = path
@@ -384,16 +384,16 @@ def bench_sdpa_graph(path, args):
     rows = []
     torch_dtype = TORCH_DTYPES.get(graph.dtype(op["inputs"]["q"]))
     torch_note = ""
-    if kind == "sdpa_fp8_fwd":
+    if kind in ("sdpa_fp8_fwd", "sdpa_fp8_bwd"):
         torch_dtype = torch.bfloat16
-        torch_note = "torch: bf16 SDPA of the same shape (fp8: see fp8 note)"
+        torch_note = "torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)"
     n_sets = args.rotate or max(1, min(16, -(-2 * L2_BYTES // max(1, graph.bytes_moved()))))
     dev_gen = torch.Generator(device=DEVICE).manual_seed(99)
     try:
         kw, mask_note = torch_mask_kwargs(graph, op, lq, lkv, torch_dtype, DEVICE, dev_gen)
     except Exception as e:
         kw, mask_note = None, f"torch mask: {type(e).__name__}: {e}"
-    modes = ["backward"] if kind == "sdpa_bwd" else ["inference", "training"]
+    modes = ["backward"] if kind in ("sdpa_bwd", "sdpa_fp8_bwd") else ["inference", "training"]
     fp8_note = ""
     if kind == "sdpa_fp8_fwd" and kw is not None:
         fp8_note = try_torch_fp8(graph, op, kw, Hq // Hk)

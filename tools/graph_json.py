@@ -288,7 +288,7 @@ class Graph:
         2.5 times that for sdpa_bwd."""
         q, v = self.dims[op["inputs"]["q"]], self.dims[op["inputs"]["v"]]
         f = 2 * q[1] * self.sdpa_kept_pairs(op, inputs) * (q[3] + v[3])
-        return f * 2.5 if op["op"] == "sdpa_bwd" else f
+        return f * 2.5 if op["op"] in ("sdpa_bwd", "sdpa_fp8_bwd") else f
 
     def flops(self, inputs=None):
         """2*MACs for conv and matmul, one per output element for pointwise ops,
