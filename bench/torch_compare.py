@@ -21,7 +21,6 @@ import datetime
 import glob
 import json
 import os
-import statistics
 import subprocess
 import sys
 import traceback
@@ -94,21 +93,8 @@ def make_eager_fn(graph):
     return fn
 
 
-def time_cuda(fn, input_sets, warmup, iters):
-    """Per-call latencies in ms, CUDA events around each call, inputs rotated."""
-    n = len(input_sets)
-    for k in range(warmup):
-        fn(input_sets[k % n])
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for k in range(iters):
-        starts[k].record()
-        fn(input_sets[k % n])
-        ends[k].record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    return {"median": statistics.median(times), "min": min(times), "iters": iters}
+# Per-call latencies in ms, CUDA events around each call, inputs rotated.
+time_cuda = sdpa_compare.time_cuda
 
 
 def time_fusebox(fusebox, path, warmup, iters, timeout_s):

@@ -19,6 +19,7 @@
 namespace fusebox {
 
 using reference_detail::dims_string;
+using reference_detail::parallel_for;
 using reference_detail::product;
 
 namespace {
@@ -29,27 +30,6 @@ struct Values {
   std::vector<float> data;
 };
 
-// Runs fn(begin, end) over [0, count) on a few threads when the work is large
-// enough to pay for them; falls back to one thread if threads cannot start.
-void parallel_for(int64_t count, double work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  int64_t threads = std::min<int64_t>({static_cast<int64_t>(hw), 16, count});
-  if (count * work_per_item < 2e5) threads = 1;
-  if (threads <= 1) return fn(0, count);
-  std::vector<std::thread> pool;
-  const int64_t chunk = (count + threads - 1) / threads;
-  int64_t begin = chunk;  // this thread takes the first chunk
-  try {
-    for (; begin < count; begin += chunk) pool.emplace_back(fn, begin, std::min(count, begin + chunk));
-  } catch (const std::exception&) {
-    for (auto& t : pool) t.join();
-    pool.clear();
-    fn(0, count);  // could not start threads: do it all here
-    return;
-  }
-  fn(0, std::min(count, chunk));
-  for (auto& t : pool) t.join();
-}
 
 std::string op_where(const ResolvedOp& op) {
   std::string s = "[";  // appended piecewise: GCC 12 flags "[" + std::string(...) with a false -Wrestrict
@@ -722,5 +702,29 @@ Result<ReferenceOutputs> reference_cpu(const ResolvedGraph& g, const std::map<st
     return Internal("[reference_cpu] unexpected exception: " + std::string(e.what()));
   }
 }
+
+namespace reference_detail {
+
+void parallel_for(int64_t count, double work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  int64_t threads = std::min<int64_t>({static_cast<int64_t>(hw), 16, count});
+  if (count * work_per_item < 2e5) threads = 1;
+  if (threads <= 1) return fn(0, count);
+  std::vector<std::thread> pool;
+  const int64_t chunk = (count + threads - 1) / threads;
+  int64_t begin = chunk;  // this thread takes the first chunk
+  try {
+    for (; begin < count; begin += chunk) pool.emplace_back(fn, begin, std::min(count, begin + chunk));
+  } catch (const std::exception&) {
+    for (auto& t : pool) t.join();
+    pool.clear();
+    fn(0, count);  // could not start threads: do it all here
+    return;
+  }
+  fn(0, std::min(count, chunk));
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace reference_detail
 
 }  // namespace fusebox

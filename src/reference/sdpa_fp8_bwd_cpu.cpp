@@ -21,28 +21,6 @@ std::string where_of(const ResolvedOp& op) {
   return s;
 }
 
-// fn(begin, end) over [0, count) on a few threads.
-void parallel_rows(int64_t count, double work_per_item, const std::function<void(int64_t, int64_t)>& fn) {
-  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  int64_t threads = std::min<int64_t>({static_cast<int64_t>(hw), 16, count});
-  if (count * work_per_item < 2e5) threads = 1;
-  if (threads <= 1) return fn(0, count);
-  std::vector<std::thread> pool;
-  const int64_t chunk = (count + threads - 1) / threads;
-  int64_t begin = chunk;
-  try {
-    for (; begin < count; begin += chunk) pool.emplace_back(fn, begin, std::min(count, begin + chunk));
-  } catch (const std::exception&) {
-    for (auto& t : pool) t.join();
-    // The threads that started covered [chunk, begin); do the rest here.
-    fn(0, chunk);
-    if (begin < count) fn(begin, count);
-    return;
-  }
-  fn(0, std::min(count, chunk));
-  for (auto& t : pool) t.join();
-}
-
 }  // namespace
 
 const std::vector<std::string>& sdpa_fp8_bwd_scale_roles() {
@@ -86,7 +64,7 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
     *ds = *p * (*f * dp - Di[row]) * a.attn_scale;
   };
   std::vector<double> row_amax_dq(static_cast<size_t>(rows), 0.0), row_amax_dp(static_cast<size_t>(rows), 0.0);
-  parallel_rows(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+  parallel_for(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(sh.D));
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
@@ -114,7 +92,7 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
     }
   });
   std::vector<double> key_amax_dk(static_cast<size_t>(keys), 0.0), key_amax_dv(static_cast<size_t>(keys), 0.0);
-  parallel_rows(keys, static_cast<double>(G * sh.Sq) * 2 * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+  parallel_for(keys, static_cast<double>(G * sh.Sq) * 2 * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc_k(static_cast<size_t>(sh.D)), acc_v(static_cast<size_t>(sh.Dv));
     for (int64_t key = begin; key < end; ++key) {
       const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;

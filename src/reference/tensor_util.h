@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <functional>
 #include <vector>
 
 namespace fusebox::reference_detail {
@@ -60,6 +61,11 @@ void for_each_element_in(const std::vector<int64_t>& dims, const std::vector<int
     }
   }
 }
+
+// Runs fn(begin, end) over [0, count) on a few threads when count *
+// work_per_item is large enough to pay for them; on one thread if threads
+// cannot start. Defined in reference_cpu.cpp.
+void parallel_for(int64_t count, double work_per_item, const std::function<void(int64_t, int64_t)>& fn);
 
 // The same for every element.
 template <typename Fn>
