@@ -230,6 +230,114 @@ def sdpa_backward(ins, op):
     return {"dq": dq, "dk": dk, "dv": dv}
 
 
+FP8_E5M2_MAX = 57344.0
+
+FP8_BWD_SCALE_ROLES = ("descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "descale_s",
+                       "descale_dp", "scale_s", "scale_dq", "scale_dk", "scale_dv", "scale_dp")
+
+
+def sdpa_fp8_backward(ins, op, dtypes=None):
+    """sdpa_fp8_bwd outputs by role (float32 tensors): "dq", "dk", "dv" (the
+    values after the output scales, rounded to the outputs' dtypes: fp8_e4m3
+    unless `dtypes` says otherwise) and "amax_dq", "amax_dk", "amax_dv",
+    "amax_dp" ([1,1,1,1]). `dtypes` maps roles to dtype names ("q" and "do"
+    pick the two internal roundings, "dq"/"dk"/"dv" the output roundings);
+    absent: fp8_e4m3 (non-fp8 "q"/"do" also round to e4m3 inside, as fusebox).
+
+    cuDNN's per-tensor-scaled FP8 backward (the frontend's SDPAFP8BackwardNode,
+    line references in src/reference/sdpa_fp8_bwd.h), with q8, k8, v8, o8,
+    do8 the fp8 inputs as given and F = keep-mask / (1 - p) with dropout:
+      Di   = rowsum(do8 * o8) * descale_do * descale_o
+      s    = (q8 @ k8^T) * attn_scale * descale_q * descale_k, masked
+      P    = exp(s - stats)                 (0 where masked)
+      P8   = fp8[q's dtype](P * F * scale_s)
+      dV'  = (P8^T @ do8) * descale_s * descale_do      amax_dv = max|dV'|
+      dP   = (do8 @ v8^T) * descale_do * descale_v
+      dS   = P * (F * dP - Di) * attn_scale             amax_dp = max|dS|
+      dS8  = fp8[do's dtype](dS * scale_dp)
+      dQ'  = (dS8 @ k8) * descale_dp * descale_k        amax_dq = max|dQ'|
+      dK'  = (dS8^T @ q8) * descale_dp * descale_q      amax_dk = max|dK'|
+      dq, dk, dv = fp8[output dtype](dQ' * scale_dq, dK' * scale_dk, dV' * scale_dv)
+    dK', dV' are summed over the query heads sharing a kv head (GQA). Every
+    rounding saturates and rounds to nearest even. No bias, no ALiBi."""
+    dtypes = dtypes or {}
+    q, k, v, o, do, stats = (ins[r].float() for r in ("q", "k", "v", "o", "do", "stats"))
+    opts = _sdpa_config(op, q)
+    if opts.alibi or "bias" in ins:
+        raise SdpaSkip("sdpa_fp8_bwd with bias or ALiBi: not supported (cuDNN's FP8 backward has neither)")
+    keep_scale = _dropout_keep(ins, opts)
+    sc = {r: float(ins[r].reshape(-1)[0]) for r in FP8_BWD_SCALE_ROLES}
+    p_round = lambda t: round_to_dtype(t, "fp8_e5m2" if dtypes.get("q") == "fp8_e5m2" else "fp8_e4m3")
+    ds_round = lambda t: round_to_dtype(t, "fp8_e5m2" if dtypes.get("do") == "fp8_e5m2" else "fp8_e4m3")
+    B, Hq, Sq, D = q.shape
+    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    g = Hq // Hk
+    dev = q.device
+    lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
+    lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
+    attn_scale = opts.attn_scale
+    qk_scale = attn_scale * sc["descale_q"] * sc["descale_k"]
+    # Di per query row, [B, Hq, Sq, 1]
+    di = (do * o).sum(dim=-1, keepdim=True) * (sc["descale_do"] * sc["descale_o"])
+    big_dq = torch.zeros(B, Hq, Sq, D, dtype=torch.float32, device=dev)
+    big_dk = torch.zeros(B, Hk, Skv, D, dtype=torch.float32, device=dev)
+    big_dv = torch.zeros(B, Hk, Skv, Dv, dtype=torch.float32, device=dev)
+    amax_dp = torch.zeros((), dtype=torch.float32, device=dev)
+    zero = torch.zeros((), dtype=torch.float32, device=dev)
+    for b in range(B):
+        lq, lkv = int(lq_all[b]), int(lkv_all[b])
+        for hk in range(Hk):
+            heads = range(hk * g, (hk + 1) * g)
+            hs = slice(heads.start, heads.stop)
+            for r0, r1 in _row_blocks(Sq, g, Skv):
+                rows = torch.arange(r0, r1, device=dev)
+                q_blk = q[b, hs, r0:r1]                                     # [g, rows, D]
+                s, keep = _score_block(q_blk, k[b, hk], opts, rows, heads, b, lq, lkv, ins, None, qk_scale)
+                p = torch.where(keep, torch.exp(s - stats[b, hs, r0:r1]), zero)  # [g, rows, Skv]
+                f = keep_scale[b, hs, r0:r1] if keep_scale is not None else None
+                pf = p * f if f is not None else p
+                p8 = p_round(pf * sc["scale_s"])
+                do_blk = do[b, hs, r0:r1]                                   # [g, rows, Dv]
+                big_dv[b, hk] += torch.matmul(p8.transpose(-2, -1), do_blk).sum(dim=0) \
+                    * (sc["descale_s"] * sc["descale_do"])
+                dp = torch.matmul(do_blk, v[b, hk].transpose(-2, -1)) * (sc["descale_do"] * sc["descale_v"])
+                fdp = dp * f if f is not None else dp
+                ds = torch.where(keep, p * (fdp - di[b, hs, r0:r1]) * attn_scale, zero)
+                if ds.numel():
+                    amax_dp = torch.maximum(amax_dp, ds.abs().amax())
+                ds8 = ds_round(ds * sc["scale_dp"])
+                big_dq[b, hs, r0:r1] = torch.matmul(ds8, k[b, hk]) * (sc["descale_dp"] * sc["descale_k"])
+                big_dk[b, hk] += torch.matmul(ds8.transpose(-2, -1), q_blk).sum(dim=0) \
+                    * (sc["descale_dp"] * sc["descale_q"])
+
+    def amax(t):
+        return (t.abs().amax() if t.numel() else zero).reshape(1, 1, 1, 1)
+
+    out = {"amax_dq": amax(big_dq), "amax_dk": amax(big_dk), "amax_dv": amax(big_dv),
+           "amax_dp": amax_dp.reshape(1, 1, 1, 1)}
+    for role, big in (("dq", big_dq), ("dk", big_dk), ("dv", big_dv)):
+        out[role] = round_to_dtype(big * sc["scale_" + role], dtypes.get(role, "fp8_e4m3"))
+    return out
+
+
+def round_fp8_e5m2(t):
+    """float32 -> nearest fp8_e5m2 value (saturating at +-57344) -> float32."""
+    return t.clamp(-FP8_E5M2_MAX, FP8_E5M2_MAX).to(torch.float8_e5m2).to(torch.float32)
+
+
+def round_to_dtype(t, dtype):
+    """float32 tensor rounded to graph dtype `dtype` and back (fp32, ints: unchanged)."""
+    if dtype == "fp8_e4m3":
+        return round_fp8(t)
+    if dtype == "fp8_e5m2":
+        return round_fp8_e5m2(t)
+    if dtype == "bf16":
+        return t.to(torch.bfloat16).to(torch.float32)
+    if dtype == "fp16":
+        return t.to(torch.float16).to(torch.float32)
+    return t
+
+
 def round_fp8(t):
     """float32 -> nearest fp8_e4m3 value (saturating at +-448, as cuDNN's
     conversions do; torch's own cast would give NaN past the range) -> float32."""
@@ -240,7 +348,7 @@ def sdpa_care_masks(op, ins, out_dims):
     """Per output role, a boolean tensor broadcastable to the output: False
     where the value is "don't care" (graph.h): query rows i >= seq_len_q[b],
     rows with no kept key at all (their softmax is empty), and for sdpa_bwd
-    dk/dv rows j >= seq_len_kv[b]. Roles absent from the result have no
+    and sdpa_fp8_bwd dk/dv rows j >= seq_len_kv[b]. Roles absent from the result have no
     don't-care elements."""
     q = ins["q"]
     opts = _sdpa_config(op, q)
@@ -262,7 +370,8 @@ def sdpa_care_masks(op, ins, out_dims):
             any_kept &= rows < lq
         rows_ok[b, 0, :, 0] = any_kept
         keys_ok[b, 0, :, 0] = torch.arange(Skv, device=dev) < (lkv if opts.padding else Skv)
-    if op["op"] == "sdpa_bwd":
+    if op["op"] in ("sdpa_bwd", "sdpa_fp8_bwd"):
+        # sdpa_fp8_bwd's amax_* outputs have no don't-care elements
         return {"dq": rows_ok, "dk": keys_ok, "dv": keys_ok}
     return {"o": rows_ok, "stats": rows_ok}
 
@@ -272,8 +381,10 @@ def sdpa_fwd(q, k, v, op):
     return sdpa_forward({"q": q, "k": k, "v": v}, op)
 
 
-def apply_op(op, ins):
-    """`op` is the JSON op object, `ins` maps its input roles to tensors.
+def apply_op(op, ins, dtypes=None):
+    """`op` is the JSON op object, `ins` maps its input roles to tensors;
+    `dtypes` (optional) maps its input and output roles to dtype names (used
+    by sdpa_fp8_bwd: its internal and output fp8 roundings).
     Returns a tensor (the "y" output), or for the sdpa ops a dict output
     role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
     (dropout)."""
@@ -287,8 +398,8 @@ def apply_op(op, ins):
     if kind == "sdpa_bwd":
         return sdpa_backward(ins, op)
     if kind == "sdpa_fp8_bwd":
-        raise SdpaSkip("sdpa_fp8_bwd: no torch emulation of cuDNN's FP8 backward quantization points "
-                       "(fusebox's own references check it)")
+        res = sdpa_fp8_backward(ins, op, dtypes)
+        return {r: res[r] for r in op.get("outputs", res) if r in res}
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":

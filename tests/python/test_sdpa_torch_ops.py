@@ -208,6 +208,150 @@ def test_fp8_emulation():
     assert torch_ops.round_fp8(torch.tensor([1000.0, -1000.0])).tolist() == [448.0, -448.0]
 
 
+FP8_BWD_SCALES = {"descale_q": 0.5, "descale_k": 1.25, "descale_v": 0.75, "descale_o": 0.0625,
+                  "descale_do": 1.5, "descale_s": 1 / 448, "descale_dp": 1 / 64, "scale_s": 448.0,
+                  "scale_dq": 64.0, "scale_dk": 64.0, "scale_dv": 32.0, "scale_dp": 64.0}
+
+
+def fp8_round64(x, dtype):
+    """float64 -> fp8 value of `dtype` (saturating, nearest even) -> float64."""
+    mx = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}[dtype]
+    t = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[dtype]
+    return x.clamp(-mx, mx).to(torch.float32).to(t).to(torch.float64)
+
+
+def fp8_bwd_brute_force(ins, op, sc, p_dtype, ds_dtype):
+    """sdpa_fp8_bwd in float64, one (batch, head) at a time, unblocked, with
+    the mask from graph_json's SdpaOptions.keeps and cuDNN's two roundings
+    (P8, dS8). dq, dk, dv after the output scales, unrounded; amax values."""
+    q, k, v, o, do, st = (ins[r].double() for r in ("q", "k", "v", "o", "do", "stats"))
+    B, Hq, Sq, D = q.shape
+    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    opts = SdpaOptions(op, D)
+    lq = ins["seq_len_q"].reshape(-1).tolist() if "seq_len_q" in ins else [Sq] * B
+    lkv = ins["seq_len_kv"].reshape(-1).tolist() if "seq_len_kv" in ins else [Skv] * B
+    dq = torch.zeros(B, Hq, Sq, D, dtype=torch.float64)
+    dk = torch.zeros(B, Hk, Skv, D, dtype=torch.float64)
+    dv = torch.zeros(B, Hk, Skv, Dv, dtype=torch.float64)
+    amax_dp = 0.0
+    for b in range(B):
+        keep = torch.tensor([[opts.keeps(i, j, lq[b], lkv[b]) for j in range(Skv)] for i in range(Sq)])
+        for h in range(Hq):
+            hk = h // (Hq // Hk)
+            s = (q[b, h] @ k[b, hk].T) * (opts.attn_scale * sc["descale_q"] * sc["descale_k"])
+            p = torch.where(keep, torch.exp(s - st[b, h]), torch.zeros(()).double())
+            p8 = fp8_round64(p * sc["scale_s"], p_dtype)
+            dv[b, hk] += (p8.T @ do[b, h]) * sc["descale_s"] * sc["descale_do"]
+            di = (do[b, h] * o[b, h]).sum(-1, keepdim=True) * sc["descale_do"] * sc["descale_o"]
+            dp = (do[b, h] @ v[b, hk].T) * sc["descale_do"] * sc["descale_v"]
+            ds = torch.where(keep, p * (dp - di) * opts.attn_scale, torch.zeros(()).double())
+            amax_dp = max(amax_dp, ds.abs().max().item())
+            ds8 = fp8_round64(ds * sc["scale_dp"], ds_dtype)
+            dq[b, h] = (ds8 @ k[b, hk]) * sc["descale_dp"] * sc["descale_k"]
+            dk[b, hk] += (ds8.T @ q[b, h]) * sc["descale_dp"] * sc["descale_q"]
+    amax = {"amax_dq": dq.abs().max().item(), "amax_dk": dk.abs().max().item(),
+            "amax_dv": dv.abs().max().item(), "amax_dp": amax_dp}
+    return {"dq": dq * sc["scale_dq"], "dk": dk * sc["scale_dk"], "dv": dv * sc["scale_dv"]}, amax
+
+
+def fp8_bwd_case(do_dtype="fp8_e4m3", padding=True, seed=40, **scale_overrides):
+    B, Hq, Hk, Sq, Skv, D = 2, 4, 2, 7, 9, 8
+    rd = {"fp8_e4m3": torch_ops.round_fp8, "fp8_e5m2": torch_ops.round_fp8_e5m2}
+    q = torch_ops.round_fp8(rand(B, Hq, Sq, D, seed=seed) * 2)
+    k = torch_ops.round_fp8(rand(B, Hk, Skv, D, seed=seed + 1) * 2)
+    v = torch_ops.round_fp8(rand(B, Hk, Skv, D, seed=seed + 2) * 2)
+    o = torch_ops.round_fp8(rand(B, Hq, Sq, D, seed=seed + 3) * 8)
+    do = rd[do_dtype](rand(B, Hq, Sq, D, seed=seed + 4) * 2)
+    op = {"op": "sdpa_fp8_bwd", "causal": True, "alignment": "bottom_right",
+          "inputs": {r: r for r in ("q", "k", "v", "o", "do", "stats") + torch_ops.FP8_BWD_SCALE_ROLES}}
+    sc = dict(FP8_BWD_SCALES, **scale_overrides)
+    ins = {"q": q, "k": k, "v": v, "o": o, "do": do}
+    ins.update({r: torch.tensor([x]).reshape(1, 1, 1, 1) for r, x in sc.items()})
+    if padding:
+        ins["seq_len_q"] = torch.tensor([7, 5]).reshape(B, 1, 1, 1)
+        ins["seq_len_kv"] = torch.tensor([9, 3]).reshape(B, 1, 1, 1)
+        op["inputs"].update(seq_len_q="seq_len_q", seq_len_kv="seq_len_kv")
+    # stats: the float64 logsumexp of the kept scores (0 for rows keeping none)
+    opts = SdpaOptions(op, D)
+    lq = [7, 5] if padding else [Sq] * B
+    lkv = [9, 3] if padding else [Skv] * B
+    st = torch.zeros(B, Hq, Sq, 1, dtype=torch.float64)
+    for b in range(B):
+        keep = torch.tensor([[opts.keeps(i, j, lq[b], lkv[b]) for j in range(Skv)] for i in range(Sq)])
+        for h in range(Hq):
+            s = (q[b, h].double() @ k[b, h // 2].double().T) * opts.attn_scale * sc["descale_q"] * sc["descale_k"]
+            s = s.masked_fill(~keep, float("-inf"))
+            l = torch.logsumexp(s, -1)
+            st[b, h, :, 0] = torch.where(torch.isfinite(l), l, torch.zeros_like(l))
+    ins["stats"] = st.float()
+    return ins, op, sc
+
+
+def test_fp8_backward_against_brute_force():
+    for do_dtype, padding in (("fp8_e4m3", True), ("fp8_e5m2", True), ("fp8_e4m3", False)):
+        ins, op, sc = fp8_bwd_case(do_dtype, padding)
+        want, want_amax = fp8_bwd_brute_force(ins, op, sc, "fp8_e4m3", do_dtype)
+        # fp32 outputs: no output rounding, so the values before it
+        raw = torch_ops.sdpa_fp8_backward(ins, op, {"do": do_dtype, "dq": "fp32", "dk": "fp32", "dv": "fp32"})
+        for r in ("dq", "dk", "dv"):
+            err = (raw[r].double() - want[r]).abs().max().item() / want[r].abs().max().item()
+            assert err < 1e-4, (do_dtype, padding, r, err)
+        for r, x in want_amax.items():
+            assert abs(raw[r].item() - x) <= 1e-5 * x, (r, raw[r].item(), x)
+            assert list(raw[r].shape) == [1, 1, 1, 1]
+        # fp8 outputs (default e4m3; e5m2 where asked): the same values, rounded
+        out = torch_ops.sdpa_fp8_backward(ins, op, {"do": do_dtype, "dk": "fp8_e5m2"})
+        assert torch.equal(out["dq"], torch_ops.round_fp8(raw["dq"]))
+        assert torch.equal(out["dk"], torch_ops.round_fp8_e5m2(raw["dk"]))
+        assert torch.equal(out["dv"], torch_ops.round_fp8(raw["dv"]))
+        for r in ("dq", "dv"):
+            ref8 = torch_ops.round_fp8(want[r].float()).double()
+            m = (out[r].double() - ref8).abs().max().item() / ref8.abs().max().item()
+            assert m <= 0.13, (r, m)  # at most one e4m3 step where fp32 and fp64 straddle a boundary
+        if padding:  # padding rows / keys are zero
+            assert raw["dq"][1, :, 5:].abs().max() == 0
+            assert raw["dk"][1, :, 3:].abs().max() == 0 and raw["dv"][1, :, 3:].abs().max() == 0
+            care = torch_ops.sdpa_care_masks(op, ins, None)
+            # bottom-right causal, lq 5, lkv 3: row i keeps j <= i - 2 (rows 0, 1 keep none)
+            assert care["dq"][1, 0, :, 0].tolist() == [False] * 2 + [True] * 3 + [False] * 2
+            assert care["dk"][1, 0, :, 0].tolist() == [True] * 3 + [False] * 6
+            assert "amax_dq" not in care
+
+
+def test_fp8_backward_scales_move_result():
+    f32 = {"dq": "fp32", "dk": "fp32", "dv": "fp32"}
+    ins, op, sc = fp8_bwd_case()
+    base = torch_ops.sdpa_fp8_backward(ins, op, f32)
+    # the output scale scales its output only (power of two: exactly)
+    ins2, _, _ = fp8_bwd_case(scale_dv=64.0)
+    out = torch_ops.sdpa_fp8_backward(ins2, op, f32)
+    assert torch.equal(out["dv"], 2 * base["dv"]) and torch.equal(out["dq"], base["dq"])
+    assert out["amax_dv"].item() == base["amax_dv"].item()
+    # descale_do doubles dP and Di, so dS, and every gradient (up to dS8 rounding)
+    ins2, _, sc2 = fp8_bwd_case(descale_do=3.0)
+    out = torch_ops.sdpa_fp8_backward(ins2, op, f32)
+    for r in ("dq", "dk", "dv"):
+        rel = (out[r] - 2 * base[r]).norm() / (2 * base[r]).norm()
+        assert rel < 0.05, (r, rel)
+    assert abs(out["amax_dp"].item() / base["amax_dp"].item() - 2) < 1e-5
+    # a coarser scale_dp moves dq through dS8's rounding (and the brute force agrees)
+    ins2, _, sc2 = fp8_bwd_case(scale_dp=16.0, descale_dp=1 / 16)
+    out = torch_ops.sdpa_fp8_backward(ins2, op, f32)
+    assert not torch.equal(out["dq"], base["dq"])
+    want, _ = fp8_bwd_brute_force(ins2, op, sc2, "fp8_e4m3", "fp8_e4m3")
+    err = (out["dq"].double() - want["dq"]).abs().max().item() / want["dq"].abs().max().item()
+    assert err < 1e-4, err
+    # blocks of rows give the same result
+    old = torch_ops.SCORE_BLOCK_ELEMS
+    torch_ops.SCORE_BLOCK_ELEMS = 2 * 9 * 2
+    try:
+        blk = torch_ops.sdpa_fp8_backward(ins, op, f32)
+    finally:
+        torch_ops.SCORE_BLOCK_ELEMS = old
+    for r in base:
+        check_close(blk[r], base[r], 1e-4)
+
+
 def test_examples_parse():
     for path in default_graphs(REPO_ROOT):
         g = Graph(path)
@@ -223,8 +367,6 @@ def test_crosscheck_inputs_and_reference_small_examples():
     small = [p for p in default_graphs(REPO_ROOT) if "/small/" in p and "sdpa" in os.path.basename(p)]
     for path in small:
         g = Graph(path)
-        if any(op["op"] == "sdpa_fp8_bwd" for op in g.ops):
-            continue  # no torch version (fusebox's references check it)
         ins = xc.make_inputs(g, 1234, "cpu")
         assert set(ins) == set(g.inputs()), path
         for name, t in ins.items():
@@ -256,6 +398,25 @@ def test_crosscheck_inputs_and_reference_small_examples():
             op = {k: v for k, v in g.ops[0].items() if k != "dropout"}
             fwd = torch_ops.sdpa_forward({r: ins[op["inputs"][r]] for r in ("q", "k", "v")}, op)
             assert torch.equal(ins[op["inputs"]["o"]], xc.round_to(fwd["o"], g.dtype(op["inputs"]["o"])))
+        if any(op["op"] == "sdpa_fp8_bwd" for op in g.ops):
+            # o and stats: the FP8 forward with scale_o = 1 / descale_o
+            op = g.ops[0]
+            fins = {r: ins[op["inputs"][r]] for r in ("q", "k", "v", "descale_q", "descale_k", "descale_v",
+                                                       "descale_s", "scale_s")}
+            fins["scale_o"] = 1 / ins[op["inputs"]["descale_o"]]
+            fwd = torch_ops.sdpa_forward(fins, dict(op, op="sdpa_fp8_fwd"), fp8=True)
+            assert torch.equal(ins[op["inputs"]["o"]], fwd["o"]), path
+            st = fwd["stats"]
+            assert torch.equal(ins[op["inputs"]["stats"]], torch.where(torch.isfinite(st), st, 0.0)), path
+            for name in g.outputs():
+                role = next(r for r, t in op["outputs"].items() if t == name)
+                if role in ("dq", "dk", "dv"):
+                    assert torch.equal(vals[name], torch_ops.round_fp8(vals[name])), (path, name)
+                    assert vals[name].abs().max() > 0, (path, name)
+                    assert care[name] is not None
+                else:
+                    assert vals[name].item() > 0, (path, name)
+                    assert xc.tolerance(g, name) == ((2e-2, 2e-2) if role == "amax_dp" else (5e-2, 5e-2))
 
 
 def test_bench_mask_kwargs_match_reference():
