@@ -245,7 +245,7 @@ class Graph:
         op, role = self.output_role(name)
         if op is not None and op["op"] in SDPA_OPS and (t is None or "dtype" not in t):
             # resolve(): stats and amax are fp32; o, dq, dk, dv take q's dtype.
-            if role in ("stats", "amax_s", "amax_o"):
+            if role in ("stats", "amax_s", "amax_o", "amax_dq", "amax_dk", "amax_dv", "amax_dp", "dropout_mask"):
                 return "fp32"
             return self.dtype(op["inputs"]["q"])
         if t is not None and "dtype" in t:
