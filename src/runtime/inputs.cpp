@@ -42,8 +42,11 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
     const bool given_o = given.count(g.tensors[op.inputs.at("o")].name) > 0;
     const bool given_stats = given.count(g.tensors[op.inputs.at("stats")].name) > 0;
     if (given_o != given_stats) {
-      return InvalidArgument("[" + std::string(op_type_name(op.attrs)) + " '" + op.name + "'] --inputs gives only one of 'o' and 'stats': give both " +
-                             "(from the same forward pass) or neither (fusebox computes them from q, k and v)");
+      std::string msg = "[";
+      msg.append(op_type_name(op.attrs)).append(" '").append(op.name);
+      msg.append("'] the inputs give only one of 'o' and 'stats': give both (from the same forward pass) "
+                 "or neither (fusebox computes them from q, k and v)");
+      return InvalidArgument(msg);
     }
     derive = derive || !given_o;
   }
