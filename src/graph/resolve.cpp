@@ -761,6 +761,23 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         }
         return Status::Ok();
       };
+      auto amax_out = [&](std::initializer_list<const char*> roles) -> Status {
+        for (const char* role : roles) {
+          FUSEBOX_RETURN_IF_ERROR(finish_output(role, {1, 1, 1, 1}, {1, 1, 1, 1}, DType::kFP32));
+          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP32}, "amax outputs are fp32 [1,1,1,1]"));
+        }
+        return Status::Ok();
+      };
+      // dq, dk, dv shaped like q, k, v, in their stride order, q's dtype by default.
+      auto gradients_out = [&](std::initializer_list<DType> allowed, const std::string& why) -> Status {
+        for (auto [grad, like_role] : {std::pair<const char*, const char*>{"dq", "q"}, {"dk", "k"}, {"dv", "v"}}) {
+          const ResolvedTensor& like = in(like_role);
+          FUSEBOX_RETURN_IF_ERROR(
+              finish_output(grad, like.dims, dense_strides_like(like.dims, like.strides), in("q").dtype));
+          FUSEBOX_RETURN_IF_ERROR(check_out(grad, allowed, why));
+        }
+        return Status::Ok();
+      };
       auto stats_out = [&]() -> Status {
         FUSEBOX_RETURN_IF_ERROR(finish_output("stats", stats_dims, dense_strides_like(stats_dims, {}), DType::kFP32));
         return check_out("stats", {DType::kFP32}, "cuDNN writes stats in fp32 only");
@@ -780,30 +797,15 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
         FUSEBOX_RETURN_IF_ERROR(finish_output("o", o_dims, dense_strides_like(o_dims, in("q").strides), in("q").dtype));
         FUSEBOX_RETURN_IF_ERROR(check_out("o", {DType::kFP8E4M3},
                                           "sdpa_fp8_fwd writes o in fp8_e4m3 on Hopper (cuDNN 9.19)"));
-        for (const char* role : {"amax_s", "amax_o"}) {
-          FUSEBOX_RETURN_IF_ERROR(finish_output(role, {1, 1, 1, 1}, {1, 1, 1, 1}, DType::kFP32));
-          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP32}, "amax outputs are fp32 [1,1,1,1]"));
-        }
+        FUSEBOX_RETURN_IF_ERROR(amax_out({"amax_s", "amax_o"}));
         if (f8->generate_stats) FUSEBOX_RETURN_IF_ERROR(stats_out());
       } else if (std::holds_alternative<SdpaFp8BwdAttrs>(rop.attrs)) {
-        for (const char* role : {"dq", "dk", "dv"}) {
-          const ResolvedTensor& like = in(role + 1);
-          FUSEBOX_RETURN_IF_ERROR(
-              finish_output(role, like.dims, dense_strides_like(like.dims, like.strides), in("q").dtype));
-          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP8E4M3, DType::kFP8E5M2},
-                                            "sdpa_fp8_bwd writes fp8 gradients on Hopper (cuDNN 9.19)"));
-        }
-        for (const char* role : {"amax_dq", "amax_dk", "amax_dv", "amax_dp"}) {
-          FUSEBOX_RETURN_IF_ERROR(finish_output(role, {1, 1, 1, 1}, {1, 1, 1, 1}, DType::kFP32));
-          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kFP32}, "amax outputs are fp32 [1,1,1,1]"));
-        }
+        FUSEBOX_RETURN_IF_ERROR(gradients_out({DType::kFP8E4M3, DType::kFP8E5M2},
+                                              "sdpa_fp8_bwd writes fp8 gradients on Hopper (cuDNN 9.19)"));
+        FUSEBOX_RETURN_IF_ERROR(amax_out({"amax_dq", "amax_dk", "amax_dv", "amax_dp"}));
       } else {
-        for (const char* role : {"dq", "dk", "dv"}) {
-          const ResolvedTensor& like = in(role + 1);
-          FUSEBOX_RETURN_IF_ERROR(
-              finish_output(role, like.dims, dense_strides_like(like.dims, like.strides), in("q").dtype));
-          FUSEBOX_RETURN_IF_ERROR(check_out(role, {DType::kBF16, DType::kFP16}, "sdpa_bwd writes gradients in bf16 or fp16"));
-        }
+        FUSEBOX_RETURN_IF_ERROR(
+            gradients_out({DType::kBF16, DType::kFP16}, "sdpa_bwd writes gradients in bf16 or fp16"));
       }
       g.ops.push_back(std::move(rop));
       continue;

@@ -373,3 +373,142 @@ TEST(SdpaReferenceCpu, GqaMatchesRepeatedKvAndLayoutsAgree) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// A backward graph through the C++ builder: q [2,4,16,64], k/v [2,2,16,64].
+GraphSpec bwd_graph(SdpaBwdAttrs attrs = {}, std::vector<int64_t> o_dims = {2, 4, 16, 64}) {
+  GraphSpec g;
+  g.name = "bwd";
+  g.tensor("q", {2, 4, 16, 64});
+  g.tensor("k", {2, 2, 16, 64});
+  g.tensor("v", {2, 2, 16, 64});
+  g.tensor("o", o_dims);
+  g.tensor("do", {2, 4, 16, 64});
+  g.tensor("stats", {2, 4, 16, 1}, "", DType::kFP32);
+  g.sdpa_bwd("attn_bwd", "q", "k", "v", "o", "do", "stats", attrs);
+  return g;
+}
+
+TEST(SdpaBwdResolve, GradientsLikeInputsAndFlops) {
+  SdpaBwdAttrs a;
+  a.causal = true;
+  auto r = resolve(bwd_graph(a));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tensors[r->find_tensor("attn_bwd.dq")].dims, V({2, 4, 16, 64}));
+  EXPECT_EQ(r->tensors[r->find_tensor("attn_bwd.dk")].dims, V({2, 2, 16, 64}));
+  EXPECT_EQ(r->tensors[r->find_tensor("attn_bwd.dv")].dtype, DType::kBF16);
+  // 2.5x the forward: 2*B*Hq*(D+Dv) per kept pair, causal 16*17/2 pairs.
+  EXPECT_DOUBLE_EQ(r->flops(), 2.5 * 2.0 * 2 * 4 * (16 * 17 / 2) * (64 + 64));
+  // causal becomes right_bound 0
+  EXPECT_EQ(std::get<SdpaBwdAttrs>(r->ops[0].attrs).right_bound, 0);
+}
+
+TEST(SdpaBwdResolve, BadInputsNameTheRole) {
+  expect_error(bwd_graph({}, {2, 4, 16, 32}), {"[sdpa_bwd 'attn_bwd']", "'o'", "[B, Hq, Sq, Dv]"});
+  GraphSpec g = bwd_graph();
+  for (auto& t : g.tensors)
+    if (t.name == "stats") t.dtype = DType::kBF16;
+  expect_error(g, {"'stats'", "fp32"});
+}
+
+TEST(SdpaOptionsResolve, RejectsImpossibleOptions) {
+  SdpaFwdAttrs a;
+  a.left_bound = 0;
+  expect_error(sdpa_graph({1, 2, 8, 64}, {1, 2, 8, 64}, {1, 2, 8, 64}, a), {"left_bound", "at least 1"});
+  a = {};
+  a.causal = true;
+  a.right_bound = 3;
+  expect_error(sdpa_graph({1, 2, 8, 64}, {1, 2, 8, 64}, {1, 2, 8, 64}, a), {"causal", "right_bound 3"});
+  a = {};
+  a.dropout = 1.0;
+  GraphSpec g = sdpa_graph({1, 2, 8, 64}, {1, 2, 8, 64}, {1, 2, 8, 64}, a);
+  g.tensor("seed", {1, 1, 1, 1}, "", DType::kInt64);
+  g.tensor("offset", {1, 1, 1, 1}, "", DType::kInt64);
+  g.ops[0].inputs["seed"] = "seed";
+  g.ops[0].inputs["offset"] = "offset";
+  expect_error(g, {"dropout", "[0, 1)"});
+  a = {};
+  a.alibi = true;
+  expect_error(sdpa_graph({1, 2, 8, 64}, {1, 2, 8, 64}, {1, 2, 8, 64}, a), {"alibi", "causal"});
+}
+
+TEST(SdpaOptionsResolve, PaddingLengthsAndValues) {
+  GraphSpec g;
+  g.tensor("q", {2, 4, 16, 64});
+  g.tensor("k", {2, 4, 24, 64});
+  g.tensor("v", {2, 4, 24, 64});
+  g.tensor("lq", {2, 1, 1, 1}, "", DType::kInt32);
+  g.tensor("lkv", {2, 1, 1, 1}, "", DType::kInt32);
+  g.tensors.back().values = {24, 5};
+  g.tensors[3].values = {16, 3};
+  g.sdpa_fwd("attn", "q", "k", "v", {}, {{"seq_len_q", "lq"}, {"seq_len_kv", "lkv"}});
+  auto r = resolve(g);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::get<SdpaFwdAttrs>(r->ops[0].attrs).padding);
+  // The lengths come from the fixed values: 16*24 + 3*5 pairs per head.
+  EXPECT_DOUBLE_EQ(r->flops(), 2.0 * 4 * (16 * 24 + 3 * 5) * (64 + 64));
+  EXPECT_EQ(r->tensors[r->find_tensor("lq")].random_hi, 16);
+  EXPECT_EQ(r->tensors[r->find_tensor("lkv")].random_hi, 24);
+  // Lengths from the run's inputs win over fixed values.
+  EXPECT_DOUBLE_EQ(r->flops({{"lq", {1, 1}}, {"lkv", {1, 1}}}), 2.0 * 4 * 2 * (64 + 64));
+  g.tensors[3].values = {16};
+  expect_error(g, {"'lq'", "1 values", "hold 2"});
+  g.tensors[3].values = {17, 3};
+  expect_error(g, {"'seq_len_q'", "17", "[0, 16]"});
+}
+
+TEST(SdpaJson, NewOptionsRoundTrip) {
+  const char* text = R"({
+    "name": "x", "io_dtype": "bf16",
+    "tensors": [
+      {"name": "q", "dims": [1, 2, 8, 64]}, {"name": "k", "dims": [1, 2, 8, 64]},
+      {"name": "v", "dims": [1, 2, 8, 64]}, {"name": "o", "dims": [1, 2, 8, 64]},
+      {"name": "do", "dims": [1, 2, 8, 64]}, {"name": "stats", "dims": [1, 2, 8, 1], "dtype": "fp32"},
+      {"name": "seed", "dims": [1, 1, 1, 1], "dtype": "int64", "values": [7]},
+      {"name": "offset", "dims": [1, 1, 1, 1], "dtype": "int64", "values": [0]},
+      {"name": "dq"}, {"name": "dk"}, {"name": "dv"}, {"name": "mask", "dtype": "fp32"}
+    ],
+    "ops": [{"op": "sdpa_bwd", "name": "b",
+             "inputs": {"q": "q", "k": "k", "v": "v", "o": "o", "do": "do", "stats": "stats",
+                        "seed": "seed", "offset": "offset"},
+             "outputs": {"dq": "dq", "dk": "dk", "dv": "dv", "dropout_mask": "mask"},
+             "alignment": "bottom_right", "left_bound": 4, "right_bound": 1, "dropout": 0.25,
+             "deterministic": true}]
+  })";
+  auto spec = parse_graph_json(text);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const auto& a = std::get<SdpaBwdAttrs>(spec->ops[0].attrs);
+  EXPECT_EQ(a.alignment, SdpaAlignment::kBottomRight);
+  EXPECT_EQ(a.left_bound, 4);
+  EXPECT_EQ(a.right_bound, 1);
+  EXPECT_EQ(a.dropout, 0.25);
+  EXPECT_TRUE(a.dump_dropout_mask);
+  EXPECT_TRUE(a.deterministic);
+  auto r = resolve(*spec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tensors[r->find_tensor("mask")].dims, V({1, 2, 8, 8}));
+  EXPECT_EQ(r->tensors[r->find_tensor("seed")].values, std::vector<double>{7});
+  auto again = parse_graph_json(graph_to_json(*spec));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  auto r2 = resolve(*again);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(describe(*r2), describe(*r));
+  // "deterministic" belongs to sdpa_bwd only; a bad alignment names the choices.
+  std::string fwd = R"({"name": "y", "tensors": [{"name": "q", "dims": [1, 2, 8, 64]},
+    {"name": "k", "dims": [1, 2, 8, 64]}, {"name": "v", "dims": [1, 2, 8, 64]}, {"name": "o"}],
+    "ops": [{"op": "sdpa_fwd", "name": "f", "inputs": {"q": "q", "k": "k", "v": "v"}, "outputs": {"o": "o"},
+             "deterministic": true}]})";
+  auto bad = parse_graph_json(fwd);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("only sdpa_bwd"), std::string::npos) << bad.status().message();
+  const std::string key = "\"deterministic\": true";
+  fwd.replace(fwd.find(key), key.size(), "\"alignment\": \"diagonal\"");
+  bad = parse_graph_json(fwd);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bottom_right"), std::string::npos) << bad.status().message();
+}
+
+}  // namespace
+}  // namespace fusebox
