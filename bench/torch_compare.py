@@ -21,7 +21,6 @@ import datetime
 import glob
 import json
 import os
-import subprocess
 import sys
 import traceback
 
@@ -98,20 +97,8 @@ time_cuda = sdpa_compare.time_cuda
 
 
 def time_fusebox(fusebox, path, warmup, iters, timeout_s):
-    cmd = [fusebox, "run", path, "--warmup", str(warmup), "--iters", str(iters), "--json"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout_s} s: {' '.join(cmd)}"
-    if proc.returncode != 0:
-        return None, f"exit {proc.returncode}: {proc.stderr.strip()[-400:]} ({' '.join(cmd)})"
-    try:
-        report = json.loads(proc.stdout)
-        lat = report["latency_ms"]
-        return {"median": float(lat["median"]), "min": float(lat["min"]),
-                "engine": report.get("engine"), "tflops_reported": report.get("tflops")}, None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        return None, f"unreadable --json output ({e}): {proc.stdout[:200]!r}"
+    """`fusebox run --json` latency of a graph with fusebox's own inputs."""
+    return sdpa_compare.time_fusebox(fusebox, path, {}, warmup, iters, timeout_s)
 
 
 def fmt_us(t):

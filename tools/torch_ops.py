@@ -135,19 +135,27 @@ def _dropout_keep(ins, opts):
     return mask.float() / (1.0 - opts.dropout)
 
 
-def sdpa_forward(ins, op, fp8=False):
-    """sdpa_fwd / sdpa_fp8_fwd outputs by role (float32 tensors): "o", "stats",
-    and for fp8 "amax_s", "amax_o" (o already rounded to fp8_e4m3 values)."""
-    q, k, v = (ins[r].float() for r in ("q", "k", "v"))
+def _sdpa_setup(ins, op):
+    """What every sdpa computation here starts from: the options, the shapes
+    (B, Hq, Sq, D, Hk, Skv, Dv, g = Hq // Hk), the device, the per-batch
+    lengths, the ALiBi slopes (or None) and the dropout factors (or None)."""
+    q, k, v = ins["q"], ins["k"], ins["v"]
     opts = _sdpa_config(op, q)
-    keep_scale = _dropout_keep(ins, opts)
     B, Hq, Sq, D = q.shape
     Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
-    g = Hq // Hk
     dev = q.device
     lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
     lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
     slopes = alibi_slopes_tensor(Hq, dev) if opts.alibi else None
+    return (opts, (B, Hq, Sq, D, Hk, Skv, Dv, Hq // Hk), dev, lq_all, lkv_all, slopes,
+            _dropout_keep(ins, opts))
+
+
+def sdpa_forward(ins, op, fp8=False):
+    """sdpa_fwd / sdpa_fp8_fwd outputs by role (float32 tensors): "o", "stats",
+    and for fp8 "amax_s", "amax_o" (o already rounded to fp8_e4m3 values)."""
+    q, k, v = (ins[r].float() for r in ("q", "k", "v"))
+    opts, (B, Hq, Sq, D, Hk, Skv, Dv, g), dev, lq_all, lkv_all, slopes, keep_scale = _sdpa_setup(ins, op)
     qk_scale = opts.attn_scale
     if fp8:
         sc = {r: float(ins[r].reshape(-1)[0]) for r in
@@ -195,15 +203,7 @@ def sdpa_backward(ins, op):
     GQA: each kv head's block is used by its g query heads through matmul
     broadcasting, so autograd sums their gradients into dk, dv."""
     q, k, v, do = (ins[r].float() for r in ("q", "k", "v", "do"))
-    opts = _sdpa_config(op, q)
-    keep_scale = _dropout_keep(ins, opts)
-    B, Hq, Sq, D = q.shape
-    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
-    g = Hq // Hk
-    dev = q.device
-    lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
-    lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
-    slopes = alibi_slopes_tensor(Hq, dev) if opts.alibi else None
+    opts, (B, Hq, Sq, D, Hk, Skv, Dv, g), dev, lq_all, lkv_all, slopes, keep_scale = _sdpa_setup(ins, op)
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
@@ -262,19 +262,12 @@ def sdpa_fp8_backward(ins, op, dtypes=None):
     rounding saturates and rounds to nearest even. No bias, no ALiBi."""
     dtypes = dtypes or {}
     q, k, v, o, do, stats = (ins[r].float() for r in ("q", "k", "v", "o", "do", "stats"))
-    opts = _sdpa_config(op, q)
-    if opts.alibi or "bias" in ins:
+    if _sdpa_config(op, q).alibi or "bias" in ins:
         raise SdpaSkip("sdpa_fp8_bwd with bias or ALiBi: not supported (cuDNN's FP8 backward has neither)")
-    keep_scale = _dropout_keep(ins, opts)
+    opts, (B, Hq, Sq, D, Hk, Skv, Dv, g), dev, lq_all, lkv_all, _, keep_scale = _sdpa_setup(ins, op)
     sc = {r: float(ins[r].reshape(-1)[0]) for r in FP8_BWD_SCALE_ROLES}
     p_round = lambda t: round_to_dtype(t, "fp8_e5m2" if dtypes.get("q") == "fp8_e5m2" else "fp8_e4m3")
     ds_round = lambda t: round_to_dtype(t, "fp8_e5m2" if dtypes.get("do") == "fp8_e5m2" else "fp8_e4m3")
-    B, Hq, Sq, D = q.shape
-    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
-    g = Hq // Hk
-    dev = q.device
-    lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
-    lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
     attn_scale = opts.attn_scale
     qk_scale = attn_scale * sc["descale_q"] * sc["descale_k"]
     # Di per query row, [B, Hq, Sq, 1]

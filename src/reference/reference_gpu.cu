@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "fusebox/reference.h"
+#include "reference/gpu_util.cuh"
 #include "reference/sdpa_dropout.h"
 #include "reference/sdpa_fp8_bwd.h"
 #include "reference/sdpa_mask.h"
@@ -30,6 +31,8 @@ bool gpu_reference_available() { return true; }
 
 namespace {
 
+using namespace reference_detail::gpu;
+
 constexpr int kMaxRank = 8;
 
 // How a kernel reads one tensor: pointer, dtype and strides (in elements).
@@ -42,32 +45,6 @@ struct DevTensor {
   int64_t strides[kMaxRank] = {};
   float scalar = 0;  // used when ptr == nullptr (a by-value scalar)
 };
-
-__device__ __forceinline__ float load_as_float(const void* p, int dtype, int64_t off) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::kFP32: return static_cast<const float*>(p)[off];
-    case DType::kBF16: {
-      const unsigned int b = static_cast<const unsigned short*>(p)[off];
-      return __uint_as_float(b << 16);
-    }
-    case DType::kFP16: return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[off]));
-    case DType::kFP8E4M3: {
-      __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[off], __NV_E4M3);
-      return __half2float(__half(h));
-    }
-    case DType::kFP8E5M2: {
-      __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[off], __NV_E5M2);
-      return __half2float(__half(h));
-    }
-    case DType::kInt32: return static_cast<float>(static_cast<const int*>(p)[off]);
-    case DType::kInt64: return static_cast<float>(static_cast<const long long*>(p)[off]);
-  }
-  return 0.0f;
-}
-
-__device__ __forceinline__ float load_at(const DevTensor& t, int64_t off) {
-  return t.ptr ? load_as_float(t.ptr, t.dtype, off) : t.scalar;
-}
 
 // ---------------------------------------------------------------- pointwise
 
@@ -274,17 +251,6 @@ __device__ __forceinline__ int64_t sdpa_len_kv(const SdpaArgs& a, int64_t b) {
   return a.seq_len_kv ? a.seq_len_kv[b * a.seq_len_kv_stride] : a.Skv;
 }
 
-// x (n values in shared memory) . row of t starting at `base`, along dim 3.
-__device__ __forceinline__ float dot_row(const float* x, const DevTensor& t, int64_t base, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t d = 0; d < n; ++d) acc += x[d] * load_at(t, base + d * t.strides[3]);
-  return acc;
-}
-
-__device__ __forceinline__ int64_t row_offset(const DevTensor& t, int64_t b, int64_t h, int64_t s) {
-  return b * t.strides[0] + h * t.strides[1] + s * t.strides[2];
-}
-
 // The score of (b, h, i, j) from q_i . k_j: scale * dot [+ bias] [+ alibi].
 __device__ __forceinline__ float sdpa_score(const SdpaArgs& a, float scale, float dot, int64_t b, int64_t h,
                                             int64_t i, int64_t j) {
@@ -302,21 +268,6 @@ __device__ __forceinline__ float sdpa_dropout(const SdpaArgs& a, int64_t b, int6
   return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
 }
 
-// Block-wide max (is_max) or sum over kSdpaThreads threads; every thread gets the result.
-__device__ float sdpa_block_reduce(float x, bool is_max, float* red) {
-  for (int off = 16; off > 0; off /= 2) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, off);
-    x = is_max ? fmaxf(x, y) : x + y;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // red may still be read by a previous call
-  if (lane == 0) red[warp] = x;
-  __syncthreads();
-  float r = red[0];
-  for (int w = 1; w < kSdpaThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-  return r;
-}
-
 // Scores of keys [j0, j0 + cnt) of row (b, h, i) into ps; returns this thread's max.
 __device__ float sdpa_chunk_scores(const SdpaArgs& a, float scale, const float* qs, int64_t b, int64_t h,
                                    int64_t hk, int64_t i, int64_t j0, int cnt, float* ps) {
@@ -327,16 +278,6 @@ __device__ float sdpa_chunk_scores(const SdpaArgs& a, float scale, const float* 
     local_max = fmaxf(local_max, ps[jj]);
   }
   return local_max;
-}
-
-// Non-negative floats order like their bits as ints.
-__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
-  atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
-}
-
-__device__ __forceinline__ float round_to_e4m3(float x) {
-  const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
 }
 
 // sdpa_fwd (kFp8 false): one pass with an online (flash-attention style)
@@ -381,7 +322,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
     const int cnt = static_cast<int>(hi + 1 - j0 < kSdpaChunk ? hi + 1 - j0 : kSdpaChunk);
     __syncthreads();  // qs loaded; ps of the previous chunk consumed
     const float local_max = sdpa_chunk_scores(a, scale, qs, b, h, hk, i, j0, cnt, ps);
-    const float new_m = fmaxf(m, sdpa_block_reduce(local_max, true, red));
+    const float new_m = fmaxf(m, block_reduce<kSdpaThreads>(local_max, true, red));
     const float corr = expf(m - new_m);  // 0 on the first chunk (m = -inf)
     float local_sum = 0.0f;
     for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
@@ -389,7 +330,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
       ps[jj] = p * sdpa_dropout(a, b, h, i, j0 + jj);
       local_sum += p;
     }
-    l = l * corr + sdpa_block_reduce(local_sum, false, red);  // its __syncthreads publish ps
+    l = l * corr + block_reduce<kSdpaThreads>(local_sum, false, red);  // its __syncthreads publish ps
     m = new_m;
     if (!kFp8) accumulate(j0, cnt, corr);
   }
@@ -404,7 +345,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
       for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
         const float p = expf(ps[jj] - lse) * sdpa_dropout(a, b, h, i, j0 + jj);  // P' (amax_s after dropout)
         p_max = fmaxf(p_max, p);
-        ps[jj] = round_to_e4m3(p * scale_s);
+        ps[jj] = round_fp8(p * scale_s);
       }
       __syncthreads();
       accumulate(j0, cnt, 1.0f);
@@ -423,8 +364,8 @@ __global__ void __launch_bounds__(kSdpaThreads)
   }
   if (stats && tid == 0) stats[row] = i >= lq ? 0.0f : kept ? m + logf(l) : -INFINITY;
   if (kFp8) {
-    p_max = sdpa_block_reduce(p_max, true, red);
-    o_max = sdpa_block_reduce(o_max, true, red);
+    p_max = block_reduce<kSdpaThreads>(p_max, true, red);
+    o_max = block_reduce<kSdpaThreads>(o_max, true, red);
     if (tid == 0) {
       atomic_max_nonneg(f8.amax_s, p_max);
       atomic_max_nonneg(f8.amax_o, o_max);
@@ -452,7 +393,7 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, S
     dos[d] = load_at(w.dout, dooff + d * w.dout.strides[3]);
     di_part += dos[d] * load_at(w.o, ooff + d * w.o.strides[3]);
   }
-  const float di = sdpa_block_reduce(di_part, false, red);  // its __syncthreads publish qs, dos
+  const float di = block_reduce<kSdpaThreads>(di_part, false, red);  // its __syncthreads publish qs, dos
   if (tid == 0) w.di[row] = di;
   const float lse = load_at(w.stats, row_offset(w.stats, b, h, i));
   int64_t lo, hi;

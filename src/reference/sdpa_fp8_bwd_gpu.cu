@@ -10,48 +10,17 @@
 
 #include <string>
 
+#include "reference/gpu_util.cuh"
 #include "reference/sdpa_fp8_bwd.h"
 
 namespace fusebox::reference_detail {
 
 namespace {
 
+using namespace gpu;
+
 constexpr int kThreads = 128, kChunk = 1024, kMaxPerThread = 2;
 using Tensor = SdpaFp8BwdDevTensor;
-
-__device__ __forceinline__ float load(const Tensor& t, int64_t off) {
-  if (!t.ptr) return t.scalar;
-  switch (static_cast<DType>(t.dtype)) {
-    case DType::kFP32: return static_cast<const float*>(t.ptr)[off];
-    case DType::kBF16: return __uint_as_float(static_cast<unsigned int>(static_cast<const unsigned short*>(t.ptr)[off]) << 16);
-    case DType::kFP16: return __half2float(__ushort_as_half(static_cast<const unsigned short*>(t.ptr)[off]));
-    case DType::kFP8E4M3:
-      return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(t.ptr)[off], __NV_E4M3)));
-    case DType::kFP8E5M2:
-      return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(t.ptr)[off], __NV_E5M2)));
-    case DType::kInt32: return static_cast<float>(static_cast<const int*>(t.ptr)[off]);
-    case DType::kInt64: return static_cast<float>(static_cast<const long long*>(t.ptr)[off]);
-  }
-  return 0.0f;
-}
-
-__device__ __forceinline__ int64_t row_off(const Tensor& t, int64_t b, int64_t h, int64_t s) {
-  return b * t.strides[0] + h * t.strides[1] + s * t.strides[2];
-}
-
-// x (n floats in shared memory) . the row of t at `base` along dim 3.
-__device__ __forceinline__ float dot(const float* x, const Tensor& t, int64_t base, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t d = 0; d < n; ++d) acc += x[d] * load(t, base + d * t.strides[3]);
-  return acc;
-}
-
-// Saturating, round-to-nearest-even fp8 (e5m2 when `e5m2`, else e4m3).
-__device__ __forceinline__ float round_fp8(float x, bool e5m2) {
-  const __nv_fp8_interpretation_t k = e5m2 ? __NV_E5M2 : __NV_E4M3;
-  const __nv_fp8_storage_t b = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, k);
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, k)));
-}
 
 __device__ __forceinline__ int64_t len_q(const SdpaFp8BwdGpuArgs& a, int64_t b) {
   return a.seq_len_q ? a.seq_len_q[b * a.seq_len_q_stride] : a.sh.Sq;
@@ -63,7 +32,7 @@ __device__ __forceinline__ int64_t len_kv(const SdpaFp8BwdGpuArgs& a, int64_t b)
 __device__ __forceinline__ float dropout_factor(const SdpaFp8BwdGpuArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (!a.dropout_mask.ptr) return 1.0f;
   const Tensor& m = a.dropout_mask;
-  return load(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
+  return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
 }
 
 // The 12 factors, read once per block.
@@ -74,26 +43,8 @@ struct Scales {
 __device__ Scales read_scales(const SdpaFp8BwdGpuArgs& a) {
   Scales s;
   float* f = &s.descale_q;
-  for (int n = 0; n < 12; ++n) f[n] = load(a.scales[n], 0);
+  for (int n = 0; n < 12; ++n) f[n] = load_at(a.scales[n], 0);
   return s;
-}
-
-__device__ float block_reduce(float x, bool is_max, float* red) {
-  for (int off = 16; off > 0; off /= 2) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, off);
-    x = is_max ? fmaxf(x, y) : x + y;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) red[warp] = x;
-  __syncthreads();
-  float r = red[0];
-  for (int w = 1; w < kThreads / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-  return r;
-}
-
-__device__ __forceinline__ void atomic_max_nonneg(float* p, float v) {
-  if (p) atomicMax(reinterpret_cast<int*>(p), __float_as_int(v));
 }
 
 // One block per query row: Di, then over the kept keys dS (amax_dp) and
@@ -111,16 +62,16 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs 
   const int64_t row = blockIdx.x;
   const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq, hk = h / (sh.Hq / sh.Hk);
   const int tid = threadIdx.x;
-  const int64_t qoff = row_off(a.q, b, h, i), dooff = row_off(a.dout, b, h, i), ooff = row_off(a.o, b, h, i);
-  for (int64_t d = tid; d < sh.D; d += kThreads) qs[d] = load(a.q, qoff + d * a.q.strides[3]);
+  const int64_t qoff = row_offset(a.q, b, h, i), dooff = row_offset(a.dout, b, h, i), ooff = row_offset(a.o, b, h, i);
+  for (int64_t d = tid; d < sh.D; d += kThreads) qs[d] = load_at(a.q, qoff + d * a.q.strides[3]);
   float di_part = 0.0f;
   for (int64_t d = tid; d < sh.Dv; d += kThreads) {
-    dos[d] = load(a.dout, dooff + d * a.dout.strides[3]);
-    di_part += dos[d] * load(a.o, ooff + d * a.o.strides[3]);
+    dos[d] = load_at(a.dout, dooff + d * a.dout.strides[3]);
+    di_part += dos[d] * load_at(a.o, ooff + d * a.o.strides[3]);
   }
-  const float di = block_reduce(di_part, false, red) * sc.descale_do * sc.descale_o;
+  const float di = block_reduce<kThreads>(di_part, false, red) * sc.descale_do * sc.descale_o;
   if (tid == 0) di_out[row] = di;
-  const float lse = load(a.stats, row_off(a.stats, b, h, i));
+  const float lse = load_at(a.stats, row_offset(a.stats, b, h, i));
   const float score_scale = a.attn_scale * sc.descale_q * sc.descale_k, dp_scale = sc.descale_do * sc.descale_v;
   int64_t lo, hi;
   sdpa_kept_keys(a.mask, i, len_q(a, b), len_kv(a, b), &lo, &hi);
@@ -133,9 +84,9 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs 
     __syncthreads();  // qs, dos loaded; ds of the previous chunk consumed
     for (int jj = tid; jj < cnt; jj += kThreads) {
       const int64_t j = j0 + jj;
-      const float s = score_scale * dot(qs, a.k, row_off(a.k, b, hk, j), sh.D);
+      const float s = score_scale * dot_row(qs, a.k, row_offset(a.k, b, hk, j), sh.D);
       const float p = expf(s - lse);
-      const float dp = dot(dos, a.v, row_off(a.v, b, hk, j), sh.Dv) * dp_scale;
+      const float dp = dot_row(dos, a.v, row_offset(a.v, b, hk, j), sh.Dv) * dp_scale;
       const float dsv = p * (dropout_factor(a, b, h, i, j) * dp - di) * a.attn_scale;
       dp_max = fmaxf(dp_max, fabsf(dsv));
       ds[jj] = round_fp8(dsv * sc.scale_dp, ds_e5m2);
@@ -145,8 +96,8 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs 
     for (int r = 0; r < kMaxPerThread; ++r) {
       const int64_t d = tid + static_cast<int64_t>(r) * kThreads;
       if (d >= sh.D) continue;
-      const int64_t kbase = row_off(a.k, b, hk, j0) + d * a.k.strides[3];
-      for (int jj = 0; jj < cnt; ++jj) acc[r] += ds[jj] * load(a.k, kbase + jj * a.k.strides[2]);
+      const int64_t kbase = row_offset(a.k, b, hk, j0) + d * a.k.strides[3];
+      for (int jj = 0; jj < cnt; ++jj) acc[r] += ds[jj] * load_at(a.k, kbase + jj * a.k.strides[2]);
     }
   }
   float dq_max = 0.0f;
@@ -158,8 +109,8 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs 
     dq_max = fmaxf(dq_max, fabsf(x));
     dq[row * sh.D + d] = x * sc.scale_dq;
   }
-  dq_max = block_reduce(dq_max, true, red);
-  dp_max = block_reduce(dp_max, true, red);
+  dq_max = block_reduce<kThreads>(dq_max, true, red);
+  dp_max = block_reduce<kThreads>(dp_max, true, red);
   if (tid == 0) {
     atomic_max_nonneg(amax_dq, dq_max);
     atomic_max_nonneg(amax_dp, dp_max);
@@ -184,9 +135,9 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
   const int64_t key = blockIdx.x;
   const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;
   const int tid = threadIdx.x;
-  const int64_t koff = row_off(a.k, b, hk, j), voff = row_off(a.v, b, hk, j);
-  for (int64_t d = tid; d < sh.D; d += kThreads) ks[d] = load(a.k, koff + d * a.k.strides[3]);
-  for (int64_t d = tid; d < sh.Dv; d += kThreads) vs[d] = load(a.v, voff + d * a.v.strides[3]);
+  const int64_t koff = row_offset(a.k, b, hk, j), voff = row_offset(a.v, b, hk, j);
+  for (int64_t d = tid; d < sh.D; d += kThreads) ks[d] = load_at(a.k, koff + d * a.k.strides[3]);
+  for (int64_t d = tid; d < sh.Dv; d += kThreads) vs[d] = load_at(a.v, voff + d * a.v.strides[3]);
   const float score_scale = a.attn_scale * sc.descale_q * sc.descale_k, dp_scale = sc.descale_do * sc.descale_v;
   int64_t lo, hi;
   sdpa_kept_rows(a.mask, j, len_q(a, b), len_kv(a, b), &lo, &hi);
@@ -200,10 +151,10 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
       __syncthreads();  // ks, vs loaded; ps, ds of the previous chunk consumed
       for (int ii = tid; ii < cnt; ii += kThreads) {
         const int64_t i = i0 + ii, row = (b * sh.Hq + h) * sh.Sq + i;
-        const float s = score_scale * dot(ks, a.q, row_off(a.q, b, h, i), sh.D);
-        const float p = expf(s - load(a.stats, row_off(a.stats, b, h, i)));
+        const float s = score_scale * dot_row(ks, a.q, row_offset(a.q, b, h, i), sh.D);
+        const float p = expf(s - load_at(a.stats, row_offset(a.stats, b, h, i)));
         const float f = dropout_factor(a, b, h, i, j);
-        const float dp = dot(vs, a.dout, row_off(a.dout, b, h, i), sh.Dv) * dp_scale;
+        const float dp = dot_row(vs, a.dout, row_offset(a.dout, b, h, i), sh.Dv) * dp_scale;
         ps[ii] = round_fp8(p * f * sc.scale_s, p_e5m2);
         ds[ii] = round_fp8(p * (f * dp - di[row]) * a.attn_scale * sc.scale_dp, ds_e5m2);
       }
@@ -212,12 +163,12 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
       for (int r = 0; r < kMaxPerThread; ++r) {
         const int64_t d = tid + static_cast<int64_t>(r) * kThreads;
         if (d < sh.D) {
-          const int64_t qbase = row_off(a.q, b, h, i0) + d * a.q.strides[3];
-          for (int ii = 0; ii < cnt; ++ii) acc_k[r] += ds[ii] * load(a.q, qbase + ii * a.q.strides[2]);
+          const int64_t qbase = row_offset(a.q, b, h, i0) + d * a.q.strides[3];
+          for (int ii = 0; ii < cnt; ++ii) acc_k[r] += ds[ii] * load_at(a.q, qbase + ii * a.q.strides[2]);
         }
         if (d < sh.Dv) {
-          const int64_t dobase = row_off(a.dout, b, h, i0) + d * a.dout.strides[3];
-          for (int ii = 0; ii < cnt; ++ii) acc_v[r] += ps[ii] * load(a.dout, dobase + ii * a.dout.strides[2]);
+          const int64_t dobase = row_offset(a.dout, b, h, i0) + d * a.dout.strides[3];
+          for (int ii = 0; ii < cnt; ++ii) acc_v[r] += ps[ii] * load_at(a.dout, dobase + ii * a.dout.strides[2]);
         }
       }
     }
@@ -236,8 +187,8 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
       dv[key * sh.Dv + d] = x * sc.scale_dv;
     }
   }
-  k_max = block_reduce(k_max, true, red);
-  v_max = block_reduce(v_max, true, red);
+  k_max = block_reduce<kThreads>(k_max, true, red);
+  v_max = block_reduce<kThreads>(v_max, true, red);
   if (tid == 0) {
     atomic_max_nonneg(amax_dk, k_max);
     atomic_max_nonneg(amax_dv, v_max);
