@@ -24,6 +24,10 @@
 #include <vector>
 
 #include "fusebox/dtype.h"
+#include "fusebox/ops/conv.h"
+#include "fusebox/ops/matmul.h"
+#include "fusebox/ops/pointwise.h"
+#include "fusebox/ops/sdpa.h"
 #include "fusebox/status.h"
 
 namespace fusebox {
@@ -57,122 +61,8 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
                                         const std::vector<int64_t>& like_strides);
 
 // ---------------------------------------------------------------- ops
-
-struct ConvFpropAttrs {
-  std::vector<int64_t> padding;   // per spatial dim; default 0
-  std::vector<int64_t> stride;    // default 1
-  std::vector<int64_t> dilation;  // default 1
-};
-
-struct MatmulAttrs {};
-
-enum class PointwiseMode {
-  kAdd,       // y = a + b            (inputs a, b)
-  kSub,       // y = a - b            (inputs a, b)
-  kMul,       // y = a * b            (inputs a, b)
-  kBiasAdd,   // y = x + bias         (inputs x, bias; bias broadcast, e.g. [1,K,1,1])
-  kScale,     // y = x * scale        (inputs x, scale; scale a by-value scalar or tensor)
-  kRelu,      // y = max(x, 0)        (input x)
-  kGeluTanh,  // tanh approximation   (input x)
-  kGeluErf,   // exact erf form       (input x)
-  kSilu,      // x * sigmoid(x)       (input x)
-  kSigmoid,   // (input x)
-  kTanh,      // (input x)
-};
-
-struct PointwiseAttrs {
-  PointwiseMode mode = PointwiseMode::kAdd;
-};
-
-// ---- Scaled-dot-product attention (cuDNN's fused flash attention).
-//
-// Tensors are logical [B, H, S, D] (bshd memory through strides):
-//   q [B,Hq,Sq,D], k [B,Hk,Skv,D], v [B,Hk,Skv,Dv], Hq % Hk == 0 (grouped-query /
-//   multi-query attention: q head h reads kv head h / (Hq/Hk)).
-// Score of query row i and key column j in batch b, head h:
-//   s = attn_scale * q_i . k_j  [+ bias[b,h,i,j]]  [+ alibi_slope(h) * (j - i)]
-// A score is kept (else it is -inf before the softmax) iff, with
-//   lq  = seq_len_q[b]  (padding) or Sq,   lkv = seq_len_kv[b] (padding) or Skv,
-//   off = lkv - lq when alignment is bottom-right, else 0:
-//   j <  lkv                                      (padding only)
-//   j <= i + off + right_bound                    (when right_bound is set; causal sets 0)
-//   j >  i + off - left_bound                     (when left_bound is set: a sliding window
-//                                                  of left_bound keys ending at the diagonal)
-// Rows i >= lq (padding) are "don't care": no reference value, verification skips them
-// (and, in backward, dk/dv rows j >= lkv).
-// P = softmax(s) over kept columns; with dropout, each P element is kept with
-// probability 1 - dropout and scaled by 1 / (1 - dropout) (Philox, from seed and offset).
-// o = P @ v. stats = the per-row logsumexp of the kept scores in natural log
-// (max + log(sum(exp(s - max)))), fp32 [B,Hq,Sq,1]: what backward needs.
-enum class SdpaAlignment { kTopLeft, kBottomRight };
-std::string_view sdpa_alignment_name(SdpaAlignment a);  // "top_left", "bottom_right"
-
-struct SdpaOptions {
-  std::optional<double> attn_scale;    // empty: 1/sqrt(D); resolve() fills it in
-  bool causal = false;                 // sets right_bound = 0 when right_bound is not given
-  SdpaAlignment alignment = SdpaAlignment::kTopLeft;
-  std::optional<int64_t> left_bound;   // sliding window length (>= 1)
-  std::optional<int64_t> right_bound;  // >= 0; resolve() sets 0 when causal
-  bool padding = false;   // inputs "seq_len_q", "seq_len_kv": int32 [B,1,1,1]
-  bool bias = false;      // input "bias": additive, [B|1, Hq|1, Sq, Skv]
-  bool alibi = false;     // ALiBi with cuDNN's slopes (alibi_slopes()); needs causal
-  std::optional<double> dropout;  // probability in [0, 1); inputs "seed", "offset": int64 [1,1,1,1]
-  // With dropout: also write the Bernoulli keep-mask cuDNN drew (1 kept, 0
-  // dropped) as output "dropout_mask", fp32 [B,Hq,Sq,Skv] (cuDNN's RNG dump,
-  // a debugging output): the references read it, so dropout can be verified.
-  bool dump_dropout_mask = false;
-};
-
-// sdpa_fwd: inputs q, k, v (bf16 or fp16) [+ the optional inputs above];
-// outputs "o" [B,Hq,Sq,Dv] and, with generate_stats, "stats".
-struct SdpaFwdAttrs : SdpaOptions {
-  bool generate_stats = false;  // also write "stats" (training mode)
-};
-
-// sdpa_bwd: inputs q, k, v, o, do (dL/do, like o), stats (from sdpa_fwd with
-// generate_stats) [+ the optional inputs above, the same as the forward's];
-// outputs "dq", "dk", "dv" shaped like q, k, v. With dropout, the same seed and
-// offset as the forward regenerate its mask.
-struct SdpaBwdAttrs : SdpaOptions {
-  // cuDNN's deterministic backward (no atomics in dq): bit-reproducible, slower.
-  bool deterministic = false;
-};
-
-// sdpa_fp8_fwd (FP8 e4m3 q, k, v; cuDNN 9.19 on Hopper: fp8 output, no bias,
-// no bottom-right alignment). Extra inputs, fp32 [1,1,1,1]: descale_q,
-// descale_k, descale_v, descale_s, scale_s, scale_o. Computes
-//   s   = attn_scale * descale_q * descale_k * (q @ k^T), masked as above
-//   P   = softmax(s);  amax_s = max(P)
-//   P8  = fp8_e4m3(P * scale_s)
-//   O   = descale_s * descale_v * (P8 @ v);  amax_o = max|O|
-//   o   = fp8_e4m3(O * scale_o)
-// Outputs "o" (fp8 e4m3) [B,Hq,Sq,Dv], "amax_s" and "amax_o" (fp32 [1,1,1,1]),
-// and, with generate_stats, "stats".
-struct SdpaFp8FwdAttrs : SdpaOptions {
-  bool generate_stats = false;
-};
-
-// sdpa_fp8_bwd (cuDNN 9.19 on Hopper: fp8 gradients). Inputs q, k, v, o
-// (fp8_e4m3), do (fp8_e4m3 or fp8_e5m2), stats (fp32, from the forward), and
-// fp32 [1,1,1,1] factors descale_q, descale_k, descale_v, descale_o,
-// descale_do, descale_s, descale_dp, scale_s, scale_dq, scale_dk, scale_dv,
-// scale_dp (+ the optional mask inputs). Outputs dq, dk, dv (fp8, shaped
-// like q, k, v) and amax_dq, amax_dk, amax_dv, amax_dp (fp32 [1,1,1,1]).
-// The quantization points are cuDNN's (the frontend's SDPAFP8BackwardNode);
-// the references document them.
-struct SdpaFp8BwdAttrs : SdpaOptions {};
-
-// cuDNN's ALiBi slope of each of `heads` query heads (the frontend's get_alibi_slope):
-// with n the largest power of two <= heads, head h < n gets 2^(-8(h+1)/n), and the
-// remaining heads get 2^(-4(2m+1)/n) for m = 0, 1, ...
-std::vector<double> alibi_slopes(int64_t heads);
-// Whether score (i, j) is kept under `o` (fully resolved: right_bound set for
-// causal) with actual lengths lq, lkv (Sq and Skv without padding).
-bool sdpa_keeps(const SdpaOptions& o, int64_t i, int64_t j, int64_t lq, int64_t lkv);
-// Kept (query, key) pairs of one (batch, head): the sum over rows i < lq of the
-// kept columns. For TFLOP/s, counting only unmasked elements.
-double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv);
-
+// One header per op family; adding a family adds its header here and its
+// attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
 using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs, SdpaBwdAttrs,
                              SdpaFp8FwdAttrs, SdpaFp8BwdAttrs>;
 
@@ -183,9 +73,6 @@ SdpaOptions* sdpa_options(OpAttrs& attrs);
 // The op's type name as in the JSON format: "conv_fprop", "matmul", "add",
 // "bias_add", "relu", "gelu_tanh", ...
 std::string_view op_type_name(const OpAttrs& attrs);
-std::string_view pointwise_mode_name(PointwiseMode m);
-std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s);
-bool pointwise_is_unary(PointwiseMode m);
 
 // Input roles per op type:
 //   conv_fprop: x, w      matmul: a, b
