@@ -157,6 +157,10 @@ struct ResolvedTensor {
   // The range random inputs are drawn from: [-1, 1] unless an op needs other
   // values (sequence lengths: [1, S]; dropout seed and offset).
   double random_lo = -1.0, random_hi = 1.0;
+  // The frontend uid of a non-virtual, non-scalar tensor: 1 + its id in the
+  // canonical form (canonicalize()), so that equal canonical forms bind alike
+  // whatever the tensors' names and order. 0 for virtual tensors and scalars.
+  int64_t uid = 0;
 
   int64_t element_count() const;    // product of dims
   int64_t storage_elements() const; // 1 + sum((dim-1)*stride): span of memory touched
@@ -180,7 +184,9 @@ struct ResolvedGraph {
   DType intermediate_dtype = DType::kFP32;
   DType compute_dtype = DType::kFP32;
   std::vector<ResolvedTensor> tensors;
-  std::vector<ResolvedOp> ops;  // topological order
+  std::vector<ResolvedOp> ops;  // topological order (the canonical form's)
+  // The canonical form (canonical_form()), filled by resolve().
+  std::string canonical;
 
   int find_tensor(std::string_view tensor_name) const;  // -1 if absent
   std::vector<int> input_tensors() const;
@@ -200,6 +206,24 @@ struct ResolvedGraph {
 // Validates `spec` and infers shapes, strides and dtypes. Errors name the op
 // and tensor: "[conv_fprop 'conv1'] input 'w' has C=32 but x has C=64 ...".
 Result<ResolvedGraph> resolve(const GraphSpec& spec);
+
+// ---------------------------------------------------------------- identity
+
+// The version of the canonical form: a change of what it holds or how it is
+// written bumps it, so that plan caches and plan files keyed on an older form
+// miss cleanly instead of matching a different graph.
+inline constexpr int kCanonicalFormVersion = 1;
+
+// Computes g.canonical, orders g.ops canonically and sets every tensor's uid
+// (resolve() calls it; graphs built by hand must too).
+Status canonicalize(ResolvedGraph& g);
+// The canonical form of g: versioned text of exactly what a plan depends on
+// (dtypes, dims, strides, scalars and attributes, numbers exact), independent
+// of names and of the order of tensors and ops (src/graph/canonical.cpp).
+std::string canonical_form(const ResolvedGraph& g);
+// XXH3-64 of the canonical form, 16 hex digits: the graph's identity in plan
+// files and plan-cache keys.
+std::string graph_fingerprint(const ResolvedGraph& g);
 
 // ---------------------------------------------------------------- JSON
 

@@ -43,7 +43,7 @@ namespace fusebox {
 inline constexpr int kPlanCacheFormatVersion = 1;
 
 struct CacheKey {
-  std::string graph_canonical;  // describe(resolved graph): the canonical form
+  std::string graph_canonical;  // canonical_form(resolved graph), versioned
   std::string device_name;
   int sm_version = 0;
   int sm_count = 0;

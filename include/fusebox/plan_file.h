@@ -19,7 +19,7 @@ namespace fusebox {
 
 struct PlanFileInfo {
   int format = 1;
-  std::string graph_fingerprint;  // graph_fingerprint(g)
+  std::string graph_fingerprint;  // graph_fingerprint(g) (fusebox/graph.h)
   std::string engine;
   int64_t workspace_bytes = 0;
   std::string device_name;
@@ -31,8 +31,6 @@ struct PlanFileInfo {
   std::string fusebox_version;
 };
 
-// A stable 64-bit hash (XXH3) of the resolved graph's canonical description, as hex.
-std::string graph_fingerprint(const ResolvedGraph& g);
 
 // Writes atomically (temporary file, then rename).
 Status write_plan_file(const std::string& path, const PlanFileInfo& info, const std::vector<uint8_t>& payload);

@@ -145,7 +145,15 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
     }
 
     std::vector<std::shared_ptr<fe::graph::Tensor_attributes>> fe_tensors(g.tensors.size());
-    auto uid_of = [](size_t index) { return static_cast<int64_t>(index) + 1; };
+    // uids are canonical (ResolvedTensor::uid), so a plan serves every graph
+    // with the same canonical form, whatever its tensor names and order.
+    for (const ResolvedTensor& t : g.tensors) {
+      if (!t.is_virtual && !t.scalar_value && t.uid <= 0) {
+        return Internal("lowering '" + g.name + "': tensor '" + t.name +
+                        "' has no uid: the graph was not canonicalized (resolve() does it)");
+      }
+    }
+    auto uid_of = [&](size_t index) { return g.tensors[index].uid; };
 
     // Graph inputs and by-value scalars.
     for (size_t i = 0; i < g.tensors.size(); ++i) {

@@ -358,7 +358,7 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
   FUSEBOX_CATCH_ALL("deserialize plan")
   for (size_t i = 0; i < g.tensors.size(); ++i) {
     const auto& t = g.tensors[i];
-    if (!t.is_virtual && !t.scalar_value) impl->uids[t.name] = static_cast<int64_t>(i) + 1;
+    if (t.uid > 0) impl->uids[t.name] = t.uid;  // canonical, as when it was built (lowering.cpp)
   }
   return Plan(std::move(impl));
 }

@@ -7,6 +7,7 @@
 
 #include "fusebox/graph.h"
 #include "graph/dims_string.h"
+#include "graph/ops/ops.h"
 
 namespace fusebox {
 
@@ -103,158 +104,7 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims, const 
   return strides;
 }
 
-// ---------------------------------------------------------------- ops
-
-std::string_view pointwise_mode_name(PointwiseMode m) {
-  switch (m) {
-    case PointwiseMode::kAdd: return "add";
-    case PointwiseMode::kSub: return "sub";
-    case PointwiseMode::kMul: return "mul";
-    case PointwiseMode::kBiasAdd: return "bias_add";
-    case PointwiseMode::kScale: return "scale";
-    case PointwiseMode::kRelu: return "relu";
-    case PointwiseMode::kGeluTanh: return "gelu_tanh";
-    case PointwiseMode::kGeluErf: return "gelu_erf";
-    case PointwiseMode::kSilu: return "silu";
-    case PointwiseMode::kSigmoid: return "sigmoid";
-    case PointwiseMode::kTanh: return "tanh";
-  }
-  return "unknown";
-}
-
-std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s) {
-  for (PointwiseMode m : {PointwiseMode::kAdd, PointwiseMode::kSub, PointwiseMode::kMul, PointwiseMode::kBiasAdd,
-                          PointwiseMode::kScale, PointwiseMode::kRelu, PointwiseMode::kGeluTanh,
-                          PointwiseMode::kGeluErf, PointwiseMode::kSilu, PointwiseMode::kSigmoid,
-                          PointwiseMode::kTanh}) {
-    if (pointwise_mode_name(m) == s) return m;
-  }
-  return std::nullopt;
-}
-
-bool pointwise_is_unary(PointwiseMode m) {
-  switch (m) {
-    case PointwiseMode::kAdd:
-    case PointwiseMode::kSub:
-    case PointwiseMode::kMul:
-    case PointwiseMode::kBiasAdd:
-    case PointwiseMode::kScale: return false;
-    default: return true;
-  }
-}
-
-std::string_view op_type_name(const OpAttrs& attrs) {
-  if (std::holds_alternative<ConvFpropAttrs>(attrs)) return "conv_fprop";
-  if (std::holds_alternative<MatmulAttrs>(attrs)) return "matmul";
-  if (std::holds_alternative<SdpaFwdAttrs>(attrs)) return "sdpa_fwd";
-  if (std::holds_alternative<SdpaBwdAttrs>(attrs)) return "sdpa_bwd";
-  if (std::holds_alternative<SdpaFp8FwdAttrs>(attrs)) return "sdpa_fp8_fwd";
-  if (std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) return "sdpa_fp8_bwd";
-  return pointwise_mode_name(std::get<PointwiseAttrs>(attrs).mode);
-}
-
-const SdpaOptions* sdpa_options(const OpAttrs& attrs) {
-  if (auto* s = std::get_if<SdpaFwdAttrs>(&attrs)) return s;
-  if (auto* s = std::get_if<SdpaBwdAttrs>(&attrs)) return s;
-  if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) return s;
-  if (auto* s = std::get_if<SdpaFp8BwdAttrs>(&attrs)) return s;
-  return nullptr;
-}
-
-SdpaOptions* sdpa_options(OpAttrs& attrs) {
-  return const_cast<SdpaOptions*>(sdpa_options(static_cast<const OpAttrs&>(attrs)));
-}
-
-std::string_view sdpa_alignment_name(SdpaAlignment a) {
-  return a == SdpaAlignment::kBottomRight ? "bottom_right" : "top_left";
-}
-
-std::vector<double> alibi_slopes(int64_t heads) {
-  std::vector<double> exps;  // slope = 2^(-8 * e / n)
-  int64_t n = 1;
-  while (n * 2 <= heads) n *= 2;
-  for (int64_t h = 0; h < n; ++h) exps.push_back(static_cast<double>(h + 1));
-  for (int64_t m = 0; m < 2 * (heads - n); m += 2) exps.push_back(static_cast<double>(m + 1) * 0.5);
-  std::vector<double> slopes;
-  for (double e : exps) slopes.push_back(static_cast<double>(std::pow(2.0f, -8.0f * static_cast<float>(e) /
-                                                                               static_cast<float>(n))));
-  return slopes;
-}
-
-bool sdpa_keeps(const SdpaOptions& o, int64_t i, int64_t j, int64_t lq, int64_t lkv) {
-  if (o.padding && (j >= lkv || i >= lq)) return false;
-  const int64_t off = o.alignment == SdpaAlignment::kBottomRight ? lkv - lq : 0;
-  const bool has_right = o.right_bound || o.causal;
-  if (has_right && j > i + off + o.right_bound.value_or(0)) return false;
-  if (o.left_bound && j <= i + off - *o.left_bound) return false;
-  return true;
-}
-
-double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
-  const bool has_right = o.right_bound || o.causal;
-  const int64_t right = o.right_bound.value_or(0);
-  const int64_t off = o.alignment == SdpaAlignment::kBottomRight ? lkv - lq : 0;
-  double pairs = 0;
-  for (int64_t i = 0; i < lq; ++i) {
-    int64_t hi = lkv - 1;  // kept columns form the interval [lo, hi]
-    if (has_right) hi = std::min(hi, i + off + right);
-    int64_t lo = 0;
-    if (o.left_bound) lo = std::max<int64_t>(lo, i + off - *o.left_bound + 1);
-    if (hi >= lo) pairs += static_cast<double>(hi - lo + 1);
-  }
-  return pairs;
-}
-
-std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
-  std::vector<std::string_view> r;
-  if (auto* s = std::get_if<SdpaFwdAttrs>(&attrs)) {
-    r = {"o"};
-    if (s->generate_stats) r.push_back("stats");
-  } else if (std::holds_alternative<SdpaBwdAttrs>(attrs)) {
-    r = {"dq", "dk", "dv"};
-  } else if (auto* s = std::get_if<SdpaFp8FwdAttrs>(&attrs)) {
-    r = {"o", "amax_s", "amax_o"};
-    if (s->generate_stats) r.push_back("stats");
-  } else if (std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) {
-    r = {"dq", "dk", "dv", "amax_dq", "amax_dk", "amax_dv", "amax_dp"};
-  } else {
-    return {"y"};
-  }
-  if (sdpa_options(attrs)->dump_dropout_mask) r.push_back("dropout_mask");
-  return r;
-}
-
-std::string_view op_primary_output_role(const OpAttrs& attrs) { return op_output_roles(attrs).front(); }
-
-std::vector<std::string_view> op_input_roles(const OpAttrs& attrs) {
-  if (std::holds_alternative<ConvFpropAttrs>(attrs)) return {"x", "w"};
-  if (std::holds_alternative<MatmulAttrs>(attrs)) return {"a", "b"};
-  if (const SdpaOptions* o = sdpa_options(attrs)) {
-    std::vector<std::string_view> r = {"q", "k", "v"};
-    if (std::holds_alternative<SdpaBwdAttrs>(attrs) || std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) {
-      r.insert(r.end(), {"o", "do", "stats"});
-    }
-    if (std::holds_alternative<SdpaFp8BwdAttrs>(attrs)) {
-      r.insert(r.end(), {"descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "descale_s", "descale_dp",
-                         "scale_s", "scale_dq", "scale_dk", "scale_dv", "scale_dp"});
-    }
-    if (std::holds_alternative<SdpaFp8FwdAttrs>(attrs)) {
-      r.insert(r.end(), {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"});
-    }
-    if (o->padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
-    if (o->bias) r.push_back("bias");
-    if (o->dropout) r.insert(r.end(), {"seed", "offset"});
-    return r;
-  }
-  switch (std::get<PointwiseAttrs>(attrs).mode) {
-    case PointwiseMode::kAdd:
-    case PointwiseMode::kSub:
-    case PointwiseMode::kMul: return {"a", "b"};
-    case PointwiseMode::kBiasAdd: return {"x", "bias"};
-    case PointwiseMode::kScale: return {"x", "scale"};
-    default: return {"x"};
-  }
-}
+// Op names, roles and per-op properties: src/graph/ops/ (registry.cpp and one file per family).
 
 // ---------------------------------------------------------------- builder
 
@@ -438,43 +288,8 @@ std::vector<int> ResolvedGraph::output_tensors() const {
 double ResolvedGraph::flops(const std::map<std::string, std::vector<double>>& inputs) const {
   double total = 0;
   for (const auto& op : ops) {
-    auto in = [&](const char* role) -> const ResolvedTensor& { return tensors[op.inputs.at(role)]; };
-    if (const SdpaOptions* s = sdpa_options(op.attrs)) {
-      const auto& q = in("q");
-      const auto& k = in("k");
-      const auto& v = in("v");
-      // Per-batch lengths when padding and the values are known, else full.
-      auto lengths = [&](const char* role, int64_t full) {
-        std::vector<int64_t> r(static_cast<size_t>(q.dims[0]), full);
-        if (!s->padding) return r;
-        auto it = inputs.find(in(role).name);
-        const std::vector<double>& vals = it != inputs.end() ? it->second : in(role).values;
-        for (size_t b = 0; b < r.size() && b < vals.size(); ++b) {
-          r[b] = std::clamp<int64_t>(static_cast<int64_t>(vals[b]), 0, full);
-        }
-        return r;
-      };
-      const auto lq = lengths("seq_len_q", q.dims[2]);
-      const auto lkv = lengths("seq_len_kv", k.dims[2]);
-      double pairs = 0;
-      for (size_t b = 0; b < lq.size(); ++b) pairs += sdpa_kept_pairs(*s, lq[b], lkv[b]);
-      double f = 2.0 * static_cast<double>(q.dims[1]) * pairs * static_cast<double>(q.dims[3] + v.dims[3]);
-      if (std::holds_alternative<SdpaBwdAttrs>(op.attrs) || std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) f *= 2.5;
-      total += f;
-      continue;
-    }
-    const ResolvedTensor& y = tensors[op.outputs.at("y")];
-    if (std::holds_alternative<ConvFpropAttrs>(op.attrs)) {
-      const auto& w = in("w");
-      double macs = static_cast<double>(y.element_count());  // N*K*P*Q(*O)
-      for (size_t d = 1; d < w.dims.size(); ++d) macs *= static_cast<double>(w.dims[d]);  // C*R*S
-      total += 2 * macs;
-    } else if (std::holds_alternative<MatmulAttrs>(op.attrs)) {
-      const auto& a = in("a");
-      total += 2.0 * static_cast<double>(y.element_count()) * static_cast<double>(a.dims.back());
-    } else {
-      total += static_cast<double>(y.element_count());
-    }
+    const graph_ops::FlopsContext ctx{*this, op, inputs};
+    total += std::visit([&](const auto& a) { return graph_ops::flops(ctx, a); }, op.attrs);
   }
   return total;
 }

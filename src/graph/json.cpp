@@ -9,6 +9,8 @@
 #include <system_error>
 
 #include "fusebox/graph.h"
+#include "graph/json_reader.h"
+#include "graph/ops/ops.h"
 
 namespace fusebox {
 
@@ -19,74 +21,9 @@ using ordered_json = nlohmann::ordered_json;
 
 constexpr std::uintmax_t kMaxGraphFileBytes = 64ull << 20;
 
-std::string type_and_value(const json& v) {
-  std::string dump = v.dump();
-  if (dump.size() > 40) dump = dump.substr(0, 37) + "...";
-  if (v.is_string()) return dump;  // already quoted
-  const char* t = v.is_null() ? "null" : v.is_boolean() ? "a boolean" : v.is_number() ? "a number"
-                  : v.is_array() ? "an array" : "an object";
-  if (v.is_number() || v.is_boolean() || v.is_null()) return dump;
-  return std::string(t) + " " + dump;
-}
-
-class Parser {
+class Parser : public JsonReader {
  public:
-  explicit Parser(std::string_view origin) : origin_(origin) {}
-
-  Status err(const std::string& path, const std::string& msg) const {
-    return InvalidArgument(origin_ + ": " + path + ": " + msg);
-  }
-  Status expected(const std::string& path, const char* what, const json& v) const {
-    return err(path, std::string("expected ") + what + ", got " + type_and_value(v));
-  }
-
-  Status check_fields(const std::string& path, const json& obj, std::initializer_list<const char*> accepted) const {
-    for (auto it = obj.begin(); it != obj.end(); ++it) {
-      bool ok = false;
-      for (const char* a : accepted) ok = ok || it.key() == a;
-      if (!ok) {
-        std::string list;
-        for (const char* a : accepted) {
-          if (!list.empty()) list += ", ";
-          list += a;
-        }
-        return err(path, "unknown field '" + it.key() + "': accepted fields are " + list);
-      }
-    }
-    return Status::Ok();
-  }
-
-  Result<std::string> get_string(const std::string& path, const json& v) const {
-    if (!v.is_string()) return expected(path, "a string", v);
-    return v.get<std::string>();
-  }
-
-  Result<int64_t> get_int(const std::string& path, const json& v) const {
-    if (v.is_number_unsigned()) {
-      auto u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(INT64_MAX)) return err(path, "integer " + v.dump() + " is out of range");
-      return static_cast<int64_t>(u);
-    }
-    if (!v.is_number_integer()) return expected(path, "an integer", v);
-    return v.get<int64_t>();
-  }
-
-  Result<std::vector<int64_t>> get_int_list(const std::string& path, const json& v) const {
-    if (!v.is_array()) return expected(path, "an array of integers", v);
-    std::vector<int64_t> out;
-    for (size_t i = 0; i < v.size(); ++i) {
-      FUSEBOX_ASSIGN_OR_RETURN(int64_t x, get_int(path + "[" + std::to_string(i) + "]", v[i]));
-      out.push_back(x);
-    }
-    return out;
-  }
-
-  Result<DType> get_dtype(const std::string& path, const json& v) const {
-    FUSEBOX_ASSIGN_OR_RETURN(std::string s, get_string(path, v));
-    auto t = parse_dtype(s);
-    if (!t) return err(path, "unknown dtype \"" + s + "\": accepted dtypes are " + std::string(dtype_accepted_names()));
-    return *t;
-  }
+  explicit Parser(std::string_view origin) : JsonReader(origin) {}
 
   Result<TensorSpec> tensor(const std::string& base, const json& v) const {
     if (!v.is_object()) return expected(base, "an object", v);
@@ -135,114 +72,32 @@ class Parser {
     OpSpec o;
     if (!v.contains("op")) return err(path, "missing field 'op' (the op type, e.g. \"conv_fprop\")");
     FUSEBOX_ASSIGN_OR_RETURN(std::string type, get_string(path + ".op", v["op"]));
-    bool conv = false, sdpa = false;
-    if (type == "conv_fprop") {
-      o.attrs = ConvFpropAttrs{};
-      conv = true;
-    } else if (type == "sdpa_fwd") {
-      o.attrs = SdpaFwdAttrs{};
-      sdpa = true;
-    } else if (type == "sdpa_bwd") {
-      o.attrs = SdpaBwdAttrs{};
-      sdpa = true;
-    } else if (type == "sdpa_fp8_fwd") {
-      o.attrs = SdpaFp8FwdAttrs{};
-      sdpa = true;
-    } else if (type == "sdpa_fp8_bwd") {
-      o.attrs = SdpaFp8BwdAttrs{};
-      sdpa = true;
-    } else if (type == "matmul") {
-      o.attrs = MatmulAttrs{};
-    } else if (auto m = parse_pointwise_mode(type)) {
-      o.attrs = PointwiseAttrs{*m};
-    } else {
-      return err(path + ".op", "unknown op \"" + type +
-                                   "\": accepted ops are conv_fprop, matmul, sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd, sdpa_fp8_bwd, add, sub, mul, bias_add, scale, "
-                                   "relu, gelu_tanh, gelu_erf, silu, sigmoid, tanh");
+    auto attrs = graph_ops::attrs_for_type_name(type);
+    if (!attrs) {
+      return err(path + ".op", "unknown op \"" + type + "\": accepted ops are " + graph_ops::accepted_type_names());
     }
-    if (conv) {
-      FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "padding",
-                                                     "stride", "dilation"}));
-    } else if (sdpa) {
-      FUSEBOX_RETURN_IF_ERROR(
-          check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype", "attn_scale", "causal", "alignment",
-                                 "left_bound", "right_bound", "alibi", "dropout", "deterministic"}));
-    } else {
-      FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, {"op", "name", "inputs", "outputs", "compute_dtype"}));
+    o.attrs = std::move(*attrs);
+    std::vector<std::string_view> fields = {"op", "name", "inputs", "outputs", "compute_dtype"};
+    for (std::string_view f : std::visit([](const auto& a) { return graph_ops::json_fields(a); }, o.attrs)) {
+      fields.push_back(f);
     }
+    FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, fields));
     if (!v.contains("name")) return err(path, "missing field 'name' (every op needs a unique name)");
     FUSEBOX_ASSIGN_OR_RETURN(o.name, get_string(path + ".name", v["name"]));
     if (!v.contains("inputs")) return err(path, "missing field 'inputs' (an object: role -> tensor name)");
     FUSEBOX_ASSIGN_OR_RETURN(o.inputs, role_map(path + ".inputs", v["inputs"]));
     if (v.contains("outputs")) {
       FUSEBOX_ASSIGN_OR_RETURN(o.outputs, role_map(path + ".outputs", v["outputs"]));
-    } else {
-      const std::string primary(op_primary_output_role(o.attrs));
-      o.outputs[primary] = o.name + "." + primary;
     }
     if (v.contains("compute_dtype")) {
       FUSEBOX_ASSIGN_OR_RETURN(o.compute_dtype, get_dtype(path + ".compute_dtype", v["compute_dtype"]));
     }
-    if (conv) {
-      auto& a = std::get<ConvFpropAttrs>(o.attrs);
-      if (v.contains("padding")) {
-      FUSEBOX_ASSIGN_OR_RETURN(a.padding, get_int_list(path + ".padding", v["padding"]));
-    }
-      if (v.contains("stride")) {
-      FUSEBOX_ASSIGN_OR_RETURN(a.stride, get_int_list(path + ".stride", v["stride"]));
-    }
-      if (v.contains("dilation")) {
-        FUSEBOX_ASSIGN_OR_RETURN(a.dilation, get_int_list(path + ".dilation", v["dilation"]));
-      }
-    }
-    if (sdpa) {
-      SdpaOptions& a = *sdpa_options(o.attrs);
-      auto get_bool = [&](const char* key, bool& out) -> Status {
-        if (!v.contains(key)) return Status::Ok();
-        if (!v[key].is_boolean()) return expected(path + "." + key, "true or false", v[key]);
-        out = v[key].get<bool>();
-        return Status::Ok();
-      };
-      auto get_number = [&](const char* key, std::optional<double>& out) -> Status {
-        if (!v.contains(key)) return Status::Ok();
-        if (!v[key].is_number()) return expected(path + "." + key, "a number", v[key]);
-        out = v[key].get<double>();
-        return Status::Ok();
-      };
-      auto get_opt_int = [&](const char* key, std::optional<int64_t>& out) -> Status {
-        if (!v.contains(key)) return Status::Ok();
-        FUSEBOX_ASSIGN_OR_RETURN(out, get_int(path + "." + key, v[key]));
-        return Status::Ok();
-      };
-      FUSEBOX_RETURN_IF_ERROR(get_number("attn_scale", a.attn_scale));
-      FUSEBOX_RETURN_IF_ERROR(get_bool("causal", a.causal));
-      FUSEBOX_RETURN_IF_ERROR(get_bool("alibi", a.alibi));
-      FUSEBOX_RETURN_IF_ERROR(get_opt_int("left_bound", a.left_bound));
-      FUSEBOX_RETURN_IF_ERROR(get_opt_int("right_bound", a.right_bound));
-      FUSEBOX_RETURN_IF_ERROR(get_number("dropout", a.dropout));
-      if (v.contains("alignment")) {
-        FUSEBOX_ASSIGN_OR_RETURN(std::string al, get_string(path + ".alignment", v["alignment"]));
-        if (al == "top_left") {
-          a.alignment = SdpaAlignment::kTopLeft;
-        } else if (al == "bottom_right") {
-          a.alignment = SdpaAlignment::kBottomRight;
-        } else {
-          return err(path + ".alignment", "unknown alignment \"" + al + "\": accepted are \"top_left\" (query row i "
-                                          "sees keys j <= i) and \"bottom_right\" (the diagonal ends at the last key)");
-        }
-      }
-      // Optional inputs switch their feature on: seq_len_q/seq_len_kv -> padding, bias -> bias.
-      a.padding = o.inputs.count("seq_len_q") > 0 || o.inputs.count("seq_len_kv") > 0;
-      a.bias = o.inputs.count("bias") > 0;
-      a.dump_dropout_mask = o.outputs.count("dropout_mask") > 0;
-      if (v.contains("deterministic")) {
-        auto* bwd = std::get_if<SdpaBwdAttrs>(&o.attrs);
-        if (!bwd) return err(path + ".deterministic", "only sdpa_bwd has a deterministic variant");
-        FUSEBOX_RETURN_IF_ERROR(get_bool("deterministic", bwd->deterministic));
-      }
-      // Stats are generated exactly when a "stats" output is named.
-      if (auto* f = std::get_if<SdpaFwdAttrs>(&o.attrs)) f->generate_stats = o.outputs.count("stats") > 0;
-      if (auto* f = std::get_if<SdpaFp8FwdAttrs>(&o.attrs)) f->generate_stats = o.outputs.count("stats") > 0;
+    // The family reads its own fields (and may switch features on from the roles given).
+    FUSEBOX_RETURN_IF_ERROR(
+        std::visit([&](auto& a) { return graph_ops::parse_json(*this, v, path, o, a); }, o.attrs));
+    if (!v.contains("outputs")) {
+      const std::string primary(op_primary_output_role(o.attrs));
+      o.outputs[primary] = o.name + "." + primary;
     }
     return o;
   }
@@ -288,8 +143,6 @@ class Parser {
     return g;
   }
 
- private:
-  std::string origin_;
 };
 
 }  // namespace
@@ -366,21 +219,7 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
     j["inputs"] = std::move(in);
     j["outputs"] = std::move(out);
     if (o.compute_dtype) j["compute_dtype"] = std::string(dtype_name(*o.compute_dtype));
-    if (auto* c = std::get_if<ConvFpropAttrs>(&o.attrs)) {
-      if (!c->padding.empty()) j["padding"] = c->padding;
-      if (!c->stride.empty()) j["stride"] = c->stride;
-      if (!c->dilation.empty()) j["dilation"] = c->dilation;
-    }
-    if (const SdpaOptions* a = sdpa_options(o.attrs)) {
-      if (a->attn_scale) j["attn_scale"] = static_cast<double>(*a->attn_scale);
-      if (a->causal) j["causal"] = true;
-      if (a->alignment != SdpaAlignment::kTopLeft) j["alignment"] = std::string(sdpa_alignment_name(a->alignment));
-      if (a->left_bound) j["left_bound"] = *a->left_bound;
-      if (a->right_bound) j["right_bound"] = *a->right_bound;
-      if (a->alibi) j["alibi"] = true;
-      if (a->dropout) j["dropout"] = static_cast<double>(*a->dropout);
-    }
-    if (auto* b = std::get_if<SdpaBwdAttrs>(&o.attrs); b && b->deterministic) j["deterministic"] = true;
+    std::visit([&](const auto& a) { graph_ops::write_json(a, j); }, o.attrs);
     ops.push_back(std::move(j));
   }
   root["ops"] = std::move(ops);

@@ -41,7 +41,7 @@ std::string tune_policy_key(const TunePolicy& p) {
 std::string cache_key_for(const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy) {
   SystemInfo s = system_info(/*enumerate_gpus=*/false);
   CacheKey k;
-  k.graph_canonical = describe(g);
+  k.graph_canonical = canonical_form(g);
   k.device_name = target.device_name;
   k.sm_version = target.sm_version;
   k.sm_count = target.sm_count;

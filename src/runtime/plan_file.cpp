@@ -17,11 +17,6 @@ using plan_info_json::payload_xxh3;
 
 }  // namespace
 
-std::string graph_fingerprint(const ResolvedGraph& g) {
-  const std::string canonical = describe(g);
-  return hex64(XXH3_64bits(canonical.data(), canonical.size()));
-}
-
 PlanFileInfo make_plan_info(const ResolvedGraph& g, const Plan& plan, const DeviceTarget& target) {
   SystemInfo s = system_info(/*enumerate_gpus=*/false);
   PlanFileInfo info;

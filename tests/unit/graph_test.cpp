@@ -107,8 +107,19 @@ TEST(Resolve, ConvDefaultsFilledAndStridesFollowInput) {
   EXPECT_DOUBLE_EQ(r->bytes_moved(), 2.0 * (4 * 49 + 2 * 4 * 9 + 2 * 25));
 }
 
+TEST(Resolve, GroupedConv) {
+  // 64 channels in 4 groups of 16; 32 filters, 8 per group.
+  auto r = resolve(conv_graph({2, 64, 9, 9}, {32, 16, 3, 3}, {{1, 1}, {2, 2}, {}}));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const auto& y = r->tensors[r->find_tensor("conv1.y")];
+  EXPECT_EQ(y.dims, V({2, 32, 5, 5}));
+  EXPECT_DOUBLE_EQ(r->flops(), 2.0 * 2 * 32 * 5 * 5 * 16 * 3 * 3);  // C/G MACs per output
+}
+
 TEST(Resolve, ConvErrors) {
-  expect_error(conv_graph({16, 64, 56, 56}, {64, 32, 3, 3}, {}), {"conv1", "C=32", "C=64", "'w'", "'x'", "group"});
+  // w's C must equal x's or divide it (grouped), and K must split into the groups.
+  expect_error(conv_graph({16, 64, 56, 56}, {64, 48, 3, 3}, {}), {"conv1", "C=48", "C=64", "'w'", "'x'", "divide"});
+  expect_error(conv_graph({16, 64, 56, 56}, {63, 32, 3, 3}, {}), {"conv1", "K=63", "2 groups", "multiple"});
   expect_error(conv_graph({1, 4, 7}, {2, 4, 3}, {}), {"conv1", "rank 3"});
   expect_error(conv_graph({1, 4, 7, 7}, {2, 4, 3}, {}), {"conv1", "'w'", "rank"});
   expect_error(conv_graph({1, 4, 7, 7}, {2, 4, 3, 3}, {{1}, {}, {}}), {"conv1", "padding", "2 spatial"});

@@ -101,6 +101,38 @@ TEST(ReferenceCpu, ConvLayoutDoesNotChangeLogicalResult) {
   EXPECT_TRUE(nonzero);
 }
 
+// Grouped conv (3 groups of 2 channels, 2 filters per group) against a direct loop.
+TEST(ReferenceCpu, GroupedConvMatchesLoop) {
+  GraphBuilder b;
+  const int64_t N = 2, C = 6, H = 5, W = 4, K = 6, G = 3, Cg = C / G, Kg = K / G, R = 3, S = 3;
+  const int64_t OH = H, OW = W;  // padding 1, stride 1
+  const int x = b.tensor("x", {N, C, H, W});
+  const int w = b.tensor("w", {K, Cg, R, S});
+  const int y = b.tensor("y", {N, K, OH, OW});
+  b.op("gconv", ConvFpropAttrs{{1, 1}, {1, 1}, {1, 1}}, {{"x", x}, {"w", w}}, y);
+  HostTensor hx = random_tensor(b.t(x), 3), hw = random_tensor(b.t(w), 4);
+  auto r = reference_cpu(b.g, {{"x", hx}, {"w", hw}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::vector<float>& got = r->at("y");
+  ASSERT_EQ(static_cast<int64_t>(got.size()), N * K * OH * OW);
+  int64_t i = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow, ++i) {
+          const int64_t g = k / Kg;  // filter k reads input channels g*Cg .. g*Cg+Cg-1
+          double acc = 0;
+          for (int64_t c = 0; c < Cg; ++c)
+            for (int64_t rr = 0; rr < R; ++rr)
+              for (int64_t s = 0; s < S; ++s) {
+                const int64_t ih = oh - 1 + rr, iw = ow - 1 + s;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                acc += hx.at({n, g * Cg + c, ih, iw}) * hw.at({k, c, rr, s});
+              }
+          EXPECT_NEAR(got[i], acc, 1e-5) << "at " << i;
+        }
+}
+
 // 3-D conv against a direct loop, with padding, stride and dilation per dim.
 TEST(ReferenceCpu, Conv3dMatchesLoop) {
   GraphBuilder b;

@@ -1,0 +1,66 @@
+// fusebox op family matmul (graph layer): a [batch..., M, K] x b [batch..., K, N]
+// -> y [batch..., M, N], batch dims equal or 1 (broadcast), rank >= 3.
+#include "graph/dims_string.h"
+#include "graph/ops/ops.h"
+
+namespace fusebox::graph_ops {
+
+std::vector<std::string_view> type_names(std::type_identity<MatmulAttrs>) { return {"matmul"}; }
+std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<MatmulAttrs>) {
+  if (name == "matmul") return OpAttrs{MatmulAttrs{}};
+  return std::nullopt;
+}
+std::string_view type_name(const MatmulAttrs&) { return "matmul"; }
+std::vector<std::string_view> input_roles(const MatmulAttrs&) { return {"a", "b"}; }
+std::vector<std::string_view> output_roles(const MatmulAttrs&) { return {"y"}; }
+std::vector<std::string_view> json_fields(const MatmulAttrs&) { return {}; }
+bool accepts_scalar_inputs(const MatmulAttrs&) { return false; }
+bool outputs_in_memory(const MatmulAttrs&) { return false; }
+std::string output_roles_hint(const MatmulAttrs&) { return ""; }
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, MatmulAttrs&) {
+  return Status::Ok();
+}
+void write_json(const MatmulAttrs&, nlohmann::ordered_json&) {}
+
+Status infer(const InferContext& ctx, MatmulAttrs&) {
+  const ResolvedTensor& a = ctx.in("a");
+  const ResolvedTensor& b = ctx.in("b");
+  const size_t rank = a.dims.size();
+  if (rank < 3) {
+    return InvalidArgument(ctx.in_where("a") + " has rank " + std::to_string(rank) + " " + dims_string(a.dims) +
+                           ": matmul takes [batch..., M, K] with rank >= 3 (write [1, M, K] for a plain GEMM)");
+  }
+  if (b.dims.size() != rank) {
+    return InvalidArgument(ctx.in_where("b") + " has rank " + std::to_string(b.dims.size()) + " " +
+                           dims_string(b.dims) + " but input 'a' (" + squote(a.name) + ") has rank " +
+                           std::to_string(rank) + ": both must have the same rank");
+  }
+  if (a.dims[rank - 1] != b.dims[rank - 2]) {
+    return InvalidArgument(ctx.in_where("a") + " " + dims_string(a.dims) + " has K=" +
+                           std::to_string(a.dims[rank - 1]) + " but input 'b' (" + squote(b.name) + ") " +
+                           dims_string(b.dims) + " has K=" + std::to_string(b.dims[rank - 2]) +
+                           ": a's last dim must equal b's second-to-last");
+  }
+  std::vector<int64_t> out;
+  for (size_t i = 0; i + 2 < rank; ++i) {
+    int64_t da = a.dims[i], db = b.dims[i];
+    if (da != db && da != 1 && db != 1) {
+      return InvalidArgument(ctx.where + " batch dim " + std::to_string(i) + " is " + std::to_string(da) +
+                             " in 'a' (" + squote(a.name) + ") but " + std::to_string(db) + " in 'b' (" +
+                             squote(b.name) + "): batch dims must be equal or 1 (broadcast)");
+    }
+    out.push_back(std::max(da, db));
+  }
+  out.push_back(a.dims[rank - 2]);
+  out.push_back(b.dims[rank - 1]);
+  return ctx.finish_output("y", out, dense_strides_like(out, a.strides), ctx.io_dtype);
+}
+
+void canonical(const MatmulAttrs&, CanonicalWriter&) {}
+void describe(const MatmulAttrs&, std::ostream&) {}
+
+double flops(const FlopsContext& ctx, const MatmulAttrs&) {
+  return 2.0 * static_cast<double>(ctx.out("y").element_count()) * static_cast<double>(ctx.in("a").dims.back());
+}
+
+}  // namespace fusebox::graph_ops

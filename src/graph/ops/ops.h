@@ -1,0 +1,125 @@
+// fusebox graph layer: the registration point of the op families.
+//
+// Every alternative T of OpAttrs (fusebox/graph.h) has one overload of each
+// function below, written in the family's file (src/graph/ops/<family>.cpp).
+// Callers dispatch with std::visit over a generic lambda (visit_op), so an
+// alternative without its overload is a compile error, never a runtime
+// default. To add an op: its attrs in include/fusebox/ops/<family>.h and in
+// OpAttrs, one block of declarations here, src/graph/ops/<family>.cpp
+// (docs/architecture.md, "Adding an op").
+#pragma once
+
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "graph/canonical_writer.h"
+#include "graph/json_reader.h"
+
+namespace fusebox::graph_ops {
+
+// What resolve() gives an op's inference: its tensors by role, and a way to
+// finish an output (dims, strides: declared else `dense`, dtype: declared
+// else `dflt`).
+struct InferContext {
+  std::string where;  // "[conv_fprop 'conv1']"
+  ResolvedOp& op;
+  std::vector<ResolvedTensor>& tensors;
+  DType io_dtype;
+  std::function<Status(const std::string& role, const std::vector<int64_t>& dims,
+                       const std::vector<int64_t>& dense, DType dflt)>
+      finish_output;
+
+  ResolvedTensor& in(std::string_view role) const { return tensors[op.inputs.at(std::string(role))]; }
+  ResolvedTensor& out(std::string_view role) const { return tensors[op.outputs.at(std::string(role))]; }
+  // "[op 'name'] input 'role' ('tensor')"
+  std::string in_where(std::string_view role) const;
+  std::string out_where(std::string_view role) const;
+};
+
+// What flops() sees: the op's tensors, and data values of inputs where known
+// (sequence lengths), by tensor name.
+struct FlopsContext {
+  const ResolvedGraph& g;
+  const ResolvedOp& op;
+  const std::map<std::string, std::vector<double>>& inputs;
+  const ResolvedTensor& in(std::string_view role) const { return g.tensors[op.inputs.at(std::string(role))]; }
+  const ResolvedTensor& out(std::string_view role) const { return g.tensors[op.outputs.at(std::string(role))]; }
+};
+
+// The per-op functions. For each family: the JSON type names it owns
+// (type_names/make_attrs), roles, JSON attributes, inference, canonical form,
+// human-readable attributes and FLOPs.
+#define FUSEBOX_GRAPH_OP_FUNCTIONS(T)                                                              \
+  std::string_view type_name(const T&);                                                            \
+  std::vector<std::string_view> input_roles(const T&);                                             \
+  std::vector<std::string_view> output_roles(const T&);                                            \
+  /* op-specific JSON fields accepted besides op, name, inputs, outputs, compute_dtype */          \
+  std::vector<std::string_view> json_fields(const T&);                                             \
+  Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a); \
+  void write_json(const T& a, nlohmann::ordered_json& j);                                          \
+  /* whether inputs may be by-value scalars (else they must be tensors) */                         \
+  bool accepts_scalar_inputs(const T&);                                                            \
+  /* whether outputs must be declared non-virtual (the op writes memory, not a fused epilogue) */  \
+  bool outputs_in_memory(const T&);                                                                \
+  /* extra text for a wrong set of output roles (e.g. generate_stats), may be empty */             \
+  std::string output_roles_hint(const T&);                                                         \
+  Status infer(const InferContext& ctx, T& a);                                                     \
+  void canonical(const T& a, CanonicalWriter& w);                                                  \
+  void describe(const T& a, std::ostream& os);                                                     \
+  double flops(const FlopsContext& ctx, const T& a);
+
+// conv.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(ConvFpropAttrs)
+// matmul.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(MatmulAttrs)
+// pointwise.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(PointwiseAttrs)
+// sdpa.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFwdAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaBwdAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8FwdAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8BwdAttrs)
+
+#undef FUSEBOX_GRAPH_OP_FUNCTIONS
+
+// The JSON type names each family owns, and the attrs a name denotes
+// (pointwise owns one per mode).
+std::vector<std::string_view> type_names(std::type_identity<ConvFpropAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<MatmulAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<PointwiseAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<SdpaFwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<SdpaBwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<SdpaFp8FwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<SdpaFp8BwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<MatmulAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PointwiseAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaBwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8FwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8BwdAttrs>);
+
+// Dispatch: fn(attrs) for the op's alternative.
+template <typename Attrs, typename Fn>
+decltype(auto) visit_op(Attrs&& attrs, Fn&& fn) {
+  return std::visit(std::forward<Fn>(fn), std::forward<Attrs>(attrs));
+}
+
+// The attrs for a JSON type name, over every alternative; nullopt if none owns it.
+std::optional<OpAttrs> attrs_for_type_name(std::string_view name);
+// Every op type name, for error messages ("accepted ops are ...").
+std::string accepted_type_names();
+
+// Shared helpers of the family files.
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // a dim, stride, padding, ... (cuDNN's int32)
+std::string squote(const std::string& s);  // 'name'
+Status check_dtype_in(const std::string& what, DType got, std::initializer_list<DType> allowed,
+                      const std::string& why);
+
+}  // namespace fusebox::graph_ops

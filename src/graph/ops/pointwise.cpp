@@ -1,0 +1,153 @@
+// fusebox op family pointwise (graph layer): add, sub, mul, bias_add, scale
+// (binary, numpy-style broadcast over equal ranks) and relu, gelu_tanh,
+// gelu_erf, silu, sigmoid, tanh (unary). One attrs type, one JSON name per mode.
+#include "graph/dims_string.h"
+#include "graph/ops/ops.h"
+
+namespace fusebox {
+
+namespace {
+constexpr PointwiseMode kAllModes[] = {PointwiseMode::kAdd,      PointwiseMode::kSub,     PointwiseMode::kMul,
+                                       PointwiseMode::kBiasAdd,  PointwiseMode::kScale,   PointwiseMode::kRelu,
+                                       PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf, PointwiseMode::kSilu,
+                                       PointwiseMode::kSigmoid,  PointwiseMode::kTanh};
+}  // namespace
+
+std::string_view pointwise_mode_name(PointwiseMode m) {
+  switch (m) {
+    case PointwiseMode::kAdd: return "add";
+    case PointwiseMode::kSub: return "sub";
+    case PointwiseMode::kMul: return "mul";
+    case PointwiseMode::kBiasAdd: return "bias_add";
+    case PointwiseMode::kScale: return "scale";
+    case PointwiseMode::kRelu: return "relu";
+    case PointwiseMode::kGeluTanh: return "gelu_tanh";
+    case PointwiseMode::kGeluErf: return "gelu_erf";
+    case PointwiseMode::kSilu: return "silu";
+    case PointwiseMode::kSigmoid: return "sigmoid";
+    case PointwiseMode::kTanh: return "tanh";
+  }
+  return "unknown";
+}
+
+std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s) {
+  for (PointwiseMode m : kAllModes)
+    if (pointwise_mode_name(m) == s) return m;
+  return std::nullopt;
+}
+
+bool pointwise_is_unary(PointwiseMode m) {
+  switch (m) {
+    case PointwiseMode::kAdd:
+    case PointwiseMode::kSub:
+    case PointwiseMode::kMul:
+    case PointwiseMode::kBiasAdd:
+    case PointwiseMode::kScale: return false;
+    case PointwiseMode::kRelu:
+    case PointwiseMode::kGeluTanh:
+    case PointwiseMode::kGeluErf:
+    case PointwiseMode::kSilu:
+    case PointwiseMode::kSigmoid:
+    case PointwiseMode::kTanh: return true;
+  }
+  return true;
+}
+
+namespace graph_ops {
+
+std::vector<std::string_view> type_names(std::type_identity<PointwiseAttrs>) {
+  std::vector<std::string_view> r;
+  for (PointwiseMode m : kAllModes) r.push_back(pointwise_mode_name(m));
+  return r;
+}
+std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<PointwiseAttrs>) {
+  if (auto m = parse_pointwise_mode(name)) return OpAttrs{PointwiseAttrs{*m}};
+  return std::nullopt;
+}
+std::string_view type_name(const PointwiseAttrs& a) { return pointwise_mode_name(a.mode); }
+
+std::vector<std::string_view> input_roles(const PointwiseAttrs& a) {
+  switch (a.mode) {
+    case PointwiseMode::kAdd:
+    case PointwiseMode::kSub:
+    case PointwiseMode::kMul: return {"a", "b"};
+    case PointwiseMode::kBiasAdd: return {"x", "bias"};
+    case PointwiseMode::kScale: return {"x", "scale"};
+    default: return {"x"};
+  }
+}
+std::vector<std::string_view> output_roles(const PointwiseAttrs&) { return {"y"}; }
+std::vector<std::string_view> json_fields(const PointwiseAttrs&) { return {}; }
+bool accepts_scalar_inputs(const PointwiseAttrs&) { return true; }
+bool outputs_in_memory(const PointwiseAttrs&) { return false; }
+std::string output_roles_hint(const PointwiseAttrs&) { return ""; }
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, PointwiseAttrs&) {
+  return Status::Ok();
+}
+void write_json(const PointwiseAttrs&, nlohmann::ordered_json&) {}
+
+namespace {
+
+// Output dims of a binary broadcast; `into_a` requires the result to equal a's dims.
+Result<std::vector<int64_t>> broadcast(const std::string& where, const std::string& ra, const ResolvedTensor& a,
+                                       const std::string& rb, const ResolvedTensor& b, bool into_a) {
+  if (a.dims.size() != b.dims.size()) {
+    return InvalidArgument(where + " input " + squote(rb) + " (" + squote(b.name) + ") has rank " +
+                           std::to_string(b.dims.size()) + " " + dims_string(b.dims) + " but input " + squote(ra) +
+                           " (" + squote(a.name) + ") has rank " + std::to_string(a.dims.size()) + " " +
+                           dims_string(a.dims) + ": pointwise inputs must have equal ranks (write 1 for broadcast dims)");
+  }
+  std::vector<int64_t> out(a.dims.size());
+  for (size_t i = 0; i < a.dims.size(); ++i) {
+    int64_t da = a.dims[i], db = b.dims[i];
+    bool ok = into_a ? (db == da || db == 1) : (da == db || da == 1 || db == 1);
+    if (!ok) {
+      if (into_a) {
+        return InvalidArgument(where + " input " + squote(rb) + " (" + squote(b.name) + ") " + dims_string(b.dims) +
+                               " does not broadcast into input " + squote(ra) + " (" + squote(a.name) + ") " +
+                               dims_string(a.dims) + ": dim " + std::to_string(i) + " must be " +
+                               std::to_string(da) + " or 1");
+      }
+      return InvalidArgument(where + " inputs " + squote(ra) + " (" + squote(a.name) + ") " + dims_string(a.dims) +
+                             " and " + squote(rb) + " (" + squote(b.name) + ") " + dims_string(b.dims) +
+                             " do not broadcast: dim " + std::to_string(i) + " is " + std::to_string(da) + " vs " +
+                             std::to_string(db) + " (dims must be equal or 1)");
+    }
+    out[i] = std::max(da, db);
+  }
+  return out;
+}
+
+}  // namespace
+
+Status infer(const InferContext& ctx, PointwiseAttrs& a) {
+  const auto roles = input_roles(a);
+  std::vector<int64_t> ydims;
+  if (pointwise_is_unary(a.mode)) {
+    ydims = ctx.in("x").dims;
+  } else {
+    const std::string r0(roles[0]), r1(roles[1]);
+    const bool into = a.mode == PointwiseMode::kBiasAdd || a.mode == PointwiseMode::kScale;
+    FUSEBOX_ASSIGN_OR_RETURN(ydims, broadcast(ctx.where, r0, ctx.in(r0), r1, ctx.in(r1), into));
+  }
+  // strides like the op's first non-scalar input
+  std::vector<int64_t> like;
+  for (auto role : roles) {
+    const auto& t = ctx.in(role);
+    if (!t.scalar_value) {
+      like = t.strides;
+      break;
+    }
+  }
+  return ctx.finish_output("y", ydims, dense_strides_like(ydims, like), ctx.io_dtype);
+}
+
+void canonical(const PointwiseAttrs&, CanonicalWriter&) {}  // the mode is the type name
+void describe(const PointwiseAttrs&, std::ostream&) {}
+
+double flops(const FlopsContext& ctx, const PointwiseAttrs&) {
+  return static_cast<double>(ctx.out("y").element_count());
+}
+
+}  // namespace graph_ops
+}  // namespace fusebox
