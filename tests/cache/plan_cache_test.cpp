@@ -1,5 +1,6 @@
 // PlanCache: round trips, corruption, LRU, read-only and foreign files,
 // concurrent processes, export/import. CPU only; runs everywhere.
+#include "fusebox/graph.h"
 #include "fusebox/plan_cache.h"
 
 #include <gtest/gtest.h>
@@ -194,6 +195,40 @@ TEST_F(PlanCacheTest, MissIsNulloptWithoutWarning) {
   ASSERT_TRUE(c.enabled());
   EXPECT_FALSE(must_lookup(c, "0000000000000000").has_value());
   EXPECT_TRUE(c.warning().empty());
+}
+
+// Keys hash the canonical form, which starts with its version: entries keyed
+// on another version (or on the pre-version describe() text) miss cleanly,
+// and the new form fills the cache beside them.
+TEST_F(PlanCacheTest, CanonicalFormVersionChangeMissesOldEntries) {
+  GraphSpec spec;
+  spec.tensor("a", {1, 8, 8});
+  spec.tensor("b", {1, 8, 8});
+  spec.output(spec.matmul("mm", "a", "b"));
+  auto g = resolve(spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const std::string form = canonical_form(*g);
+  const std::string version_line = "fusebox-canonical-form=" + std::to_string(kCanonicalFormVersion) + "\n";
+  ASSERT_EQ(form.rfind(version_line, 0), 0u) << form;
+
+  CacheKey old_key = base_key(), new_key = base_key();
+  old_key.graph_canonical = "fusebox-canonical-form=" + std::to_string(kCanonicalFormVersion - 1) + "\n" +
+                            form.substr(version_line.size());
+  new_key.graph_canonical = form;
+  CacheKey describe_key = base_key();
+  describe_key.graph_canonical = describe(*g);  // what keyed the cache before the canonical form
+
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.enabled());
+  ASSERT_TRUE(c.store(make_entry(cache_key_hash(old_key))).ok());
+  ASSERT_TRUE(c.store(make_entry(cache_key_hash(describe_key), 256, 0x11)).ok());
+  EXPECT_FALSE(must_lookup(c, cache_key_hash(new_key)).has_value());
+  EXPECT_TRUE(c.warning().empty());
+  ASSERT_TRUE(c.store(make_entry(cache_key_hash(new_key), 256, 0x33)).ok());
+  auto hit = must_lookup(c, cache_key_hash(new_key));
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->payload, make_entry("", 256, 0x33).payload);
+  EXPECT_EQ(raw_count(path_), 3);  // the old entries stay until LRU eviction
 }
 
 TEST_F(PlanCacheTest, StoreReplacesSameKey) {
