@@ -29,8 +29,8 @@ namespace reference_detail {
 // Computed earlier, a by-value scalar, or a caller input.
 Result<const Values*> CpuOpContext::tensor(const std::string& role, int idx) {
   if (idx < 0 || idx >= static_cast<int>(g_.tensors.size()))
-    return InvalidArgument(op_where(op_) + "input '" + role + "' refers to tensor index " + std::to_string(idx) +
-                           " outside the graph");
+    return InvalidArgument(op_where(op_) + "input '" + role + "' refers to tensor index " +
+                           std::to_string(idx) + " outside the graph");
   if (values_[idx]) return &*values_[idx];
   const ResolvedTensor& t = g_.tensors[idx];
   Values v;
@@ -48,8 +48,8 @@ Result<const Values*> CpuOpContext::tensor(const std::string& role, int idx) {
                              " but the graph says " + dims_string(t.dims));
     if (h.strides.size() != h.dims.size() ||
         h.data.size() < static_cast<size_t>(storage_span(h.dims, h.strides)) * dtype_size_bytes(h.dtype))
-      return InvalidArgument(op_where(op_) + "input tensor '" + t.name + "': its data is smaller than its dims " +
-                             "and strides span");
+      return InvalidArgument(op_where(op_) + "input tensor '" + t.name +
+                             "': its data is smaller than its dims " + "and strides span");
     v.data = h.to_float_logical();
   }
   values_[idx] = std::move(v);
@@ -82,7 +82,8 @@ void CpuOpContext::commit() {
 
 namespace {
 
-Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g,
+                                            const std::map<std::string, HostTensor>& inputs) {
   std::vector<std::optional<Values>> values(g.tensors.size());
   for (const ResolvedOp& op : g.ops) {
     CpuOpContext ctx(g, inputs, values, op);
@@ -104,7 +105,8 @@ Result<ReferenceOutputs> reference_cpu_impl(const ResolvedGraph& g, const std::m
 
 }  // namespace
 
-Result<ReferenceOutputs> reference_cpu(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+Result<ReferenceOutputs> reference_cpu(const ResolvedGraph& g,
+                                       const std::map<std::string, HostTensor>& inputs) {
   try {
     return reference_cpu_impl(g, inputs);
   } catch (const std::bad_alloc&) {

@@ -70,7 +70,8 @@ Result<Located> GpuOpContext::tensor(const std::string& role, int idx) {
   } else {
     auto it = run_.inputs.find(t.name);
     if (it == run_.inputs.end() || !it->second)
-      return InvalidArgument(op_where(op_) + "input '" + role + "': no device pointer for tensor '" + t.name + "'");
+      return InvalidArgument(op_where(op_) + "input '" + role + "': no device pointer for tensor '" + t.name +
+                             "'");
     if (t.strides.size() != t.dims.size())
       return InvalidArgument(op_where(op_) + "tensor '" + t.name + "' has no strides");
     l.t.ptr = it->second;
@@ -120,9 +121,10 @@ Result<float*> GpuOpContext::destination(int idx) {
 
 Result<float*> GpuOpContext::temporary(int64_t count) {
   float* p = nullptr;
-  FUSEBOX_CUDA_RETURN(op_where(op_), cudaMallocAsync(reinterpret_cast<void**>(&p),
-                                                     std::max<size_t>(1, static_cast<size_t>(count)) * sizeof(float),
-                                                     run_.stream));
+  FUSEBOX_CUDA_RETURN(
+      op_where(op_),
+      cudaMallocAsync(reinterpret_cast<void**>(&p),
+                      std::max<size_t>(1, static_cast<size_t>(count)) * sizeof(float), run_.stream));
   run_.temporaries.push_back(p);
   return p;
 }
@@ -154,7 +156,8 @@ Status reference_gpu(const ResolvedGraph& g, const std::map<std::string, const v
   }
 }
 
-Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g,
+                                            const std::map<std::string, HostTensor>& inputs) {
   const std::string where = "[reference_gpu] graph '" + g.name + "': ";
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -184,15 +187,16 @@ Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::m
   std::vector<bool> is_mask(g.tensors.size(), false);
   for (const ResolvedOp& op : g.ops) {
     auto m = op.outputs.find("dropout_mask");
-    if (m != op.outputs.end() && m->second >= 0 && m->second < static_cast<int>(is_mask.size())) is_mask[m->second] = true;
+    if (m != op.outputs.end() && m->second >= 0 && m->second < static_cast<int>(is_mask.size()))
+      is_mask[m->second] = true;
   }
   std::map<std::string, float*> d_out;
   for (int i : g.output_tensors()) {
     if (is_mask[i]) continue;
     const ResolvedTensor& t = g.tensors[i];
     void* p = nullptr;
-    FUSEBOX_RETURN_IF_ERROR(
-        buffers.alloc(static_cast<size_t>(t.element_count()) * sizeof(float), where + "output '" + t.name + "': ", &p));
+    FUSEBOX_RETURN_IF_ERROR(buffers.alloc(static_cast<size_t>(t.element_count()) * sizeof(float),
+                                          where + "output '" + t.name + "': ", &p));
     d_out[t.name] = static_cast<float*>(p);
   }
   FUSEBOX_RETURN_IF_ERROR(reference_gpu(g, d_in, d_out, nullptr));

@@ -59,8 +59,8 @@ __global__ void conv_fprop_kernel(ConvArgs a, float* y) {
   }
 }
 
-Status launch_conv(GpuOpContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& attrs, const Located& x, const Located& w,
-                   const std::vector<int64_t>& ydims, float* y) {
+Status launch_conv(GpuOpContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& attrs, const Located& x,
+                   const Located& w, const std::vector<int64_t>& ydims, float* y) {
   const size_t rank = x.dims.size();
   if (rank < 3 || rank > 5 || w.dims.size() != rank || ydims.size() != rank)
     return InvalidArgument(op_where(op) + "x, w and y must have the same rank, 3 to 5");

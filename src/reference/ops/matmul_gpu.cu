@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(MatmulArgs p, float* y
   }
 }
 
-Status launch_matmul(GpuOpContext& ctx, const ResolvedOp& op, const Located& a, const Located& b, const std::vector<int64_t>& ydims,
-                    float* y) {
+Status launch_matmul(GpuOpContext& ctx, const ResolvedOp& op, const Located& a, const Located& b,
+                     const std::vector<int64_t>& ydims, float* y) {
   const size_t rank = ydims.size();
   if (rank < 2 || a.dims.size() < 2 || b.dims.size() < 2 || a.dims.size() > rank || b.dims.size() > rank)
     return InvalidArgument(op_where(op) + "matmul needs rank >= 2 with a, b no larger than y");

@@ -380,7 +380,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& a
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& a) {
   SdpaTensors t;
   FUSEBOX_RETURN_IF_ERROR(gather(ctx, op, a, t));
-  return sdpa_fp8_bwd_cpu(ctx.graph(), op, t.in, t.out);  // ops/sdpa_fp8_bwd_cpu.cpp
+  return sdpa_fp8_bwd_cpu(ctx.graph(), op, a, t.in, t.out);  // ops/sdpa_fp8_bwd_cpu.cpp
 }
 
 // Tolerances of the outputs that need more than their dtype's default

@@ -92,16 +92,17 @@ struct SdpaFp8BwdValues {
   const std::vector<int64_t>* dims = nullptr;
   const std::vector<float>* data = nullptr;
 };
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op,
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
                         const std::map<std::string, SdpaFp8BwdValues>& in,
                         const std::map<std::string, std::vector<float>*>& out);
 template <typename InMap, typename OutMap>
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const InMap& in, const OutMap& out) {
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs, const InMap& in,
+                        const OutMap& out) {
   std::map<std::string, SdpaFp8BwdValues> i;
   std::map<std::string, std::vector<float>*> o;
   for (const auto& [role, x] : in) i[std::string(role)] = {&x->dims, &x->data};
   for (const auto& [role, x] : out) o[std::string(role)] = &x->data;
-  return sdpa_fp8_bwd_cpu(g, op, i, o);
+  return sdpa_fp8_bwd_cpu(g, op, attrs, i, o);
 }
 
 // ---- GPU (ops/sdpa_fp8_bwd_gpu.cu)

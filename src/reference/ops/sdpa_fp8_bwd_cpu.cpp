@@ -125,11 +125,11 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
   for (int64_t k = 0; k < keys; ++k) amax[1] = std::max(amax[1], key_amax_dk[k]), amax[2] = std::max(amax[2], key_amax_dv[k]);
 }
 
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const std::map<std::string, SdpaFp8BwdValues>& in,
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
+                        const std::map<std::string, SdpaFp8BwdValues>& in,
                         const std::map<std::string, std::vector<float>*>& out) {
   const std::string where = op_where(op);
-  const SdpaOptions* o = sdpa_options(op.attrs);
-  if (!o || !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) return Internal(where + "not an sdpa_fp8_bwd op");
+  const SdpaOptions* o = &attrs;
   if (o->bias || o->alibi) return NotSupported(where + "sdpa_fp8_bwd takes no bias and no ALiBi");
   auto get = [&](const std::string& role) -> const SdpaFp8BwdValues* {
     auto it = in.find(role);

@@ -315,6 +315,7 @@ enum class SdpaKind { kFwd, kBwd, kFp8Fwd, kFp8Bwd };
 
 // sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd (and sdpa_fp8_bwd: ops/sdpa_fp8_bwd_gpu.cu).
 Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind) {
+  const cudaStream_t stream = ctx.stream();
   const bool dropout = o.dropout && *o.dropout > 0;
   std::string mask_name;
   if (dropout) {
@@ -324,16 +325,18 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
   for (std::string_view r : op_input_roles(op.attrs)) {
     const std::string role(r);
     FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
-    if (in[role].dims.size() != 4) return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
+    if (in[role].dims.size() != 4)
+      return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
   }
   SdpaArgs a{};
   a.q = in["q"].t, a.k = in["k"].t, a.v = in["v"].t;
   const std::vector<int64_t>&qd = in["q"].dims, &kd = in["k"].dims, &vd = in["v"].dims;
   a.B = qd[0], a.Hq = qd[1], a.Sq = qd[2], a.D = qd[3];
   a.Hk = kd[1], a.Skv = kd[2], a.Dv = vd[3];
-  if (kd[0] != a.B || vd[0] != a.B || kd[3] != a.D || vd[1] != a.Hk || vd[2] != a.Skv || a.Hk < 1 || a.Hq % a.Hk != 0)
-    return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(qd) + ", k " + dims_string(kd) +
-                           ", v " + dims_string(vd));
+  if (kd[0] != a.B || vd[0] != a.B || kd[3] != a.D || vd[1] != a.Hk || vd[2] != a.Skv || a.Hk < 1 ||
+      a.Hq % a.Hk != 0)
+    return InvalidArgument(op_where(op) + "inconsistent shapes: q " + dims_string(qd) + ", k " +
+                           dims_string(kd) + ", v " + dims_string(vd));
   if (a.D > kSdpaThreads * kSdpaMaxDvPerThread || a.Dv > kSdpaThreads * kSdpaMaxDvPerThread)
     return NotSupported(op_where(op) + "the GPU reference handles D, Dv <= 256");
   a.scale = static_cast<float>(o.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(a.D))));
@@ -356,8 +359,8 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
     const std::vector<float> host(slopes.begin(), slopes.end());
     FUSEBOX_ASSIGN_OR_RETURN(float* dev, ctx.temporary(a.Hq));
     FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(float),
-                                                      cudaMemcpyHostToDevice, ctx.stream()));
-    FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(ctx.stream()));  // `host` dies here
+                                                      cudaMemcpyHostToDevice, stream));
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(stream));  // `host` dies here
     a.slopes = dev;
   }
   if (dropout) {
@@ -365,8 +368,8 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
     FUSEBOX_ASSIGN_OR_RETURN(const Located m, ctx.tensor("dropout_mask", ctx.graph().find_tensor(mask_name)));
     if (m.dims != std::vector<int64_t>{a.B, a.Hq, a.Sq, a.Skv} || !m.t.ptr)
       return InvalidArgument(op_where(op) + "'dropout_mask' tensor '" + mask_name + "' has dims " +
-                             dims_string(m.dims) + " but q and k need [B, Hq, Sq, Skv] = " +
-                             dims_string({a.B, a.Hq, a.Sq, a.Skv}));
+                             dims_string(m.dims) +
+                             " but q and k need [B, Hq, Sq, Skv] = " + dims_string({a.B, a.Hq, a.Sq, a.Skv}));
     a.dropout_mask = m.t;
     a.dropout_scale = static_cast<float>(1.0 / (1.0 - *o.dropout));
   }
@@ -385,19 +388,19 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
   auto stats_out = [&]() { return out.count("stats") ? out["stats"] : nullptr; };
 
   if (kind == SdpaKind::kFp8Bwd)  // ops/sdpa_fp8_bwd_gpu.cu
-    return sdpa_fp8_bwd_gpu(op_where(op), in, a, out, ctx.stream());
+    return sdpa_fp8_bwd_gpu(op_where(op), in, a, out, stream);
   if (kind == SdpaKind::kBwd) {
     SdpaBwdArgs w{};
     w.o = in["o"].t, w.dout = in["do"].t, w.stats = in["stats"].t;
     FUSEBOX_ASSIGN_OR_RETURN(w.di, ctx.temporary(rows));
     if (rows > 0) {
-      sdpa_bwd_dq_kernel<<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, ctx.stream()>>>(a, w, out["dq"]);
+      sdpa_bwd_dq_kernel<<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, stream>>>(a, w, out["dq"]);
       FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
     }
     if (keys > 0) {
       const size_t key_smem = static_cast<size_t>(a.D + a.Dv + 2 * kSdpaChunk) * sizeof(float);
-      sdpa_bwd_dkdv_kernel<<<static_cast<unsigned>(keys), kSdpaThreads, key_smem, ctx.stream()>>>(a, w, out["dk"],
-                                                                                              out["dv"]);
+      sdpa_bwd_dkdv_kernel<<<static_cast<unsigned>(keys), kSdpaThreads, key_smem, stream>>>(a, w, out["dk"],
+                                                                                            out["dv"]);
       FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
     }
     return Status::Ok();
@@ -407,11 +410,14 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
     f8.descale_q = in["descale_q"].t, f8.descale_k = in["descale_k"].t, f8.descale_v = in["descale_v"].t;
     f8.descale_s = in["descale_s"].t, f8.scale_s = in["scale_s"].t, f8.scale_o = in["scale_o"].t;
     f8.amax_s = out["amax_s"], f8.amax_o = out["amax_o"];
-    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(f8.amax_s, 0, sizeof(float), ctx.stream()));
-    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(f8.amax_o, 0, sizeof(float), ctx.stream()));
-    if (rows > 0) sdpa_fwd_kernel<true><<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, ctx.stream()>>>(a, f8, out["o"], stats_out());
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(f8.amax_s, 0, sizeof(float), stream));
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(f8.amax_o, 0, sizeof(float), stream));
+    if (rows > 0)
+      sdpa_fwd_kernel<true>
+          <<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, stream>>>(a, f8, out["o"], stats_out());
   } else if (rows > 0) {
-    sdpa_fwd_kernel<false><<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, ctx.stream()>>>(a, f8, out["o"], stats_out());
+    sdpa_fwd_kernel<false>
+        <<<static_cast<unsigned>(rows), kSdpaThreads, row_smem, stream>>>(a, f8, out["o"], stats_out());
   }
   FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
   return Status::Ok();
