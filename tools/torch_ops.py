@@ -245,7 +245,7 @@ def sdpa_fp8_backward(ins, op, dtypes=None):
     absent: fp8_e4m3 (non-fp8 "q"/"do" also round to e4m3 inside, as fusebox).
 
     cuDNN's per-tensor-scaled FP8 backward (the frontend's SDPAFP8BackwardNode,
-    line references in src/reference/sdpa_fp8_bwd.h), with q8, k8, v8, o8,
+    line references in src/reference/ops/sdpa_fp8_bwd.h), with q8, k8, v8, o8,
     do8 the fp8 inputs as given and F = keep-mask / (1 - p) with dropout:
       Di   = rowsum(do8 * o8) * descale_do * descale_o
       s    = (q8 @ k8^T) * attn_scale * descale_q * descale_k, masked

@@ -65,7 +65,7 @@ Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::m
 
 // Makes each sdpa_bwd (and sdpa_fp8_bwd: its FP8 forward with the bwd's
 // descale_q/k/v, descale_s, scale_s and scale_o = 1 / descale_o, o rounded to
-// e4m3; src/reference/sdpa_fp8_bwd.h) op's "o" and "stats" inputs those of the forward of the
+// e4m3; src/reference/ops/sdpa_fp8_bwd.h) op's "o" and "stats" inputs those of the forward of the
 // same q, k, v (and seq_len, bias inputs and options), overwriting
 // inputs[o] (rounded to o's dtype, in its strides) and inputs[stats]; random
 // o and stats would make the gradients meaningless. Rows that keep no key
@@ -103,8 +103,9 @@ struct Tolerance {
 // fp32 allows TF32 tensor-core math.
 Tolerance default_tolerance(DType output_dtype);
 // The tolerance for graph output `output`: default_tolerance(dtype) except
-// where an op needs its own (sdpa_bwd gradients, sdpa_fp8_fwd o and amax; see
-// compare.cpp). Unknown names get the bf16 default.
+// where the producing op needs its own (sdpa_bwd gradients, sdpa_fp8_fwd o and
+// amax; see each family's tolerance() in src/reference/ops/). Unknown names
+// get the bf16 default.
 Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output);
 
 struct Comparison {

@@ -5,7 +5,7 @@
 #include <variant>
 
 #include "fusebox/reference.h"
-#include "reference/sdpa_fp8_bwd.h"
+#include "reference/ops/ops.h"
 
 namespace fusebox {
 
@@ -35,18 +35,8 @@ Tolerance default_tolerance(DType output_dtype) {
   return {1e-2, 4e-2};
 }
 
-// Ops whose outputs need more than their dtype's default:
-//   sdpa_bwd dq, dk, dv: cuDNN rounds P and dS to the io dtype before its
-//     matmuls and sums over every kept key (and, for dk/dv, every row of the
-//     group's heads): bf16 2e-2/8e-2, fp16 6e-3/3e-2, twice the forward's.
-//   sdpa_fp8_fwd o: the e4m3 output rounding (rms 3.6% of each value) plus the
-//     rounding of P to e4m3, which cuDNN may apply at another point (to
-//     unnormalized exp(s - max)) than the documented softmax: 1e-1/3e-1.
-//   sdpa_fp8_fwd amax_s: max(P) in fp32, 2e-2; amax_o: the max of O, which
-//     carries the P rounding above, 1.5e-1.
-// Wrong masks still fail: causal vs not, or a window off by one key, move the
-// affected rows by 1/(kept keys) of their value, far above these for rows
-// with few keys (the first rows of a causal mask, every row of a window).
+// The producing op's tolerance (ops/ops.h: each family's tolerance()
+// overloads, with their rationale).
 Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
   const int idx = g.find_tensor(output);
   if (idx < 0) return default_tolerance(DType::kBF16);
@@ -54,15 +44,8 @@ Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
   for (const ResolvedOp& op : g.ops) {
     for (const auto& [role, out] : op.outputs) {
       if (out != idx) continue;
-      if (std::holds_alternative<SdpaBwdAttrs>(op.attrs))
-        return dtype == DType::kFP16 ? Tolerance{6e-3, 3e-2} : Tolerance{2e-2, 8e-2};
-      if (std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs))  // src/reference/sdpa_fp8_bwd_cpu.cpp
-        return reference_detail::sdpa_fp8_bwd_tolerance(role, dtype);
-      if (std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs)) {
-        if (role == "o") return {1e-1, 3e-1};
-        if (role == "amax_s") return {2e-2, 2e-2};
-        if (role == "amax_o") return {1.5e-1, 1.5e-1};
-      }
+      return std::visit([&](const auto& attrs) { return reference_detail::tolerance(attrs, role, dtype); },
+                        op.attrs);
     }
   }
   return default_tolerance(dtype);

@@ -1,8 +1,10 @@
 // fusebox: small shape helpers shared by the reference layer (private).
 #pragma once
 
+#include "fusebox/graph.h"
 #include "graph/dims_string.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <functional>
@@ -33,6 +35,20 @@ inline std::vector<int64_t> dense_row_major(const std::vector<int64_t>& dims) {
 }
 
 using ::fusebox::dims_string;
+
+// "[conv_fprop 'conv1'] ": how reference messages name an op.
+inline std::string op_where(const ResolvedOp& op) {
+  std::string s = "[";  // appended piecewise: GCC 12 flags "[" + std::string(...) with a false -Wrestrict
+  s.append(op_type_name(op.attrs)).append(" '").append(op.name).append("'] ");
+  return s;
+}
+
+// Pads `dims` on the left with 1s to `rank`.
+inline std::vector<int64_t> left_pad(const std::vector<int64_t>& dims, size_t rank) {
+  std::vector<int64_t> out(rank - std::min(rank, dims.size()), 1);
+  out.insert(out.end(), dims.begin(), dims.end());
+  return out;
+}
 
 // Calls fn(logical_index, storage_offset) for the elements with logical
 // (row-major) indices [begin, end), in order; the offset is in elements,

@@ -1,4 +1,4 @@
-// fusebox GPU tests: the sdpa_fp8_bwd GPU reference (sdpa_fp8_bwd_gpu.cu)
+// fusebox GPU tests: the sdpa_fp8_bwd GPU reference (src/reference/ops/sdpa_fp8_bwd_gpu.cu)
 // against the CPU reference, and its speed at a large shape.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

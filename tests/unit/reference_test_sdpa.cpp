@@ -8,7 +8,7 @@
 #include <cmath>
 #include <random>
 
-#include "../../src/reference/sdpa_mask.h"
+#include "../../src/reference/ops/sdpa_mask.h"
 #include "fusebox/reference.h"
 #include "reference_test_sdpa.h"
 

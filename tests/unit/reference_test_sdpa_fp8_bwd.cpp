@@ -1,4 +1,4 @@
-// fusebox tests: the sdpa_fp8_bwd references (src/reference/sdpa_fp8_bwd.h)
+// fusebox tests: the sdpa_fp8_bwd references (src/reference/ops/sdpa_fp8_bwd.h)
 // against an independent loop over full score matrices with the same fp8
 // rounding points; derived inputs; tolerances that reject wrong scales and masks.
 #include <gtest/gtest.h>

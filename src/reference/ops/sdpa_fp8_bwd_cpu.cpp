@@ -1,5 +1,6 @@
 // fusebox: CPU reference of sdpa_fp8_bwd (semantics: sdpa_fp8_bwd.h), fp64
-// accumulation with cuDNN's two fp8 roundings (P8, dS8) emulated.
+// accumulation with cuDNN's two fp8 roundings (P8, dS8) emulated; its
+// verification tolerance.
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -8,20 +9,11 @@
 #include <tuple>
 #include <variant>
 
-#include "reference/sdpa_fp8_bwd.h"
+#include "reference/ops/ops.h"
+#include "reference/ops/sdpa_fp8_bwd.h"
 #include "reference/tensor_util.h"
 
 namespace fusebox::reference_detail {
-
-namespace {
-
-std::string where_of(const ResolvedOp& op) {
-  std::string s = "[";
-  s.append(op_type_name(op.attrs)).append(" '").append(op.name).append("'] ");
-  return s;
-}
-
-}  // namespace
 
 const std::vector<std::string>& sdpa_fp8_bwd_scale_roles() {
   static const std::vector<std::string> r = {"descale_q",  "descale_k", "descale_v", "descale_o",
@@ -133,11 +125,11 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
   for (int64_t k = 0; k < keys; ++k) amax[1] = std::max(amax[1], key_amax_dk[k]), amax[2] = std::max(amax[2], key_amax_dv[k]);
 }
 
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const std::map<std::string, SdpaFp8BwdValues>& in,
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
+                        const std::map<std::string, SdpaFp8BwdValues>& in,
                         const std::map<std::string, std::vector<float>*>& out) {
-  const std::string where = where_of(op);
-  const SdpaOptions* o = sdpa_options(op.attrs);
-  if (!o || !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) return Internal(where + "not an sdpa_fp8_bwd op");
+  const std::string where = op_where(op);
+  const SdpaOptions* o = &attrs;
   if (o->bias || o->alibi) return NotSupported(where + "sdpa_fp8_bwd takes no bias and no ALiBi");
   auto get = [&](const std::string& role) -> const SdpaFp8BwdValues* {
     auto it = in.find(role);
@@ -233,7 +225,7 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const std:
 
 Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const ResolvedOp& op,
                                               const std::map<std::string, HostTensor>& inputs) {
-  const std::string where = where_of(op);
+  const std::string where = op_where(op);
   const auto* bwd = std::get_if<SdpaFp8BwdAttrs>(&op.attrs);
   if (!bwd) return Internal(where + "not an sdpa_fp8_bwd op");
   auto tensor = [&](const std::map<std::string, int>& roles, const std::string& role) -> Result<const ResolvedTensor*> {
@@ -314,7 +306,7 @@ Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const Reso
 // A wrong scale moves values by the scale factor (>= 2x for any wrong
 // power-of-two scale); a wrong mask (causal vs not) moves the first rows by
 // O(1) of their value: both fail (tests/unit/reference_test_sdpa_fp8_bwd.cpp).
-Tolerance sdpa_fp8_bwd_tolerance(const std::string& role, DType dtype) {
+Tolerance tolerance(const SdpaFp8BwdAttrs&, std::string_view role, DType dtype) {
   if (role == "amax_dp") return {2e-2, 2e-2};
   if (role == "amax_dq" || role == "amax_dk" || role == "amax_dv") return {5e-2, 5e-2};
   if (dtype == DType::kFP8E5M2) return {1.5e-1, 5e-1};

@@ -46,7 +46,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/reference.h"
 #include "fusebox/status.h"
-#include "reference/sdpa_mask.h"
+#include "reference/ops/sdpa_mask.h"
 
 namespace fusebox::reference_detail {
 
@@ -85,26 +85,27 @@ struct SdpaFp8BwdCpuArgs {
 };
 void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, float* dv, double amax[4]);
 
-// The adapter reference_cpu calls: `in` / `out` map roles to objects with
+// The adapter the CPU reference (ops/sdpa_cpu.cpp) calls: `in` / `out` map roles to objects with
 // `dims` and `data` (logical row-major floats), as its SdpaTensors hold them
 // (in also "dropout_mask" with dropout). Checks shapes and lengths.
 struct SdpaFp8BwdValues {
   const std::vector<int64_t>* dims = nullptr;
   const std::vector<float>* data = nullptr;
 };
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op,
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
                         const std::map<std::string, SdpaFp8BwdValues>& in,
                         const std::map<std::string, std::vector<float>*>& out);
 template <typename InMap, typename OutMap>
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const InMap& in, const OutMap& out) {
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs, const InMap& in,
+                        const OutMap& out) {
   std::map<std::string, SdpaFp8BwdValues> i;
   std::map<std::string, std::vector<float>*> o;
   for (const auto& [role, x] : in) i[std::string(role)] = {&x->dims, &x->data};
   for (const auto& [role, x] : out) o[std::string(role)] = &x->data;
-  return sdpa_fp8_bwd_cpu(g, op, i, o);
+  return sdpa_fp8_bwd_cpu(g, op, attrs, i, o);
 }
 
-// ---- GPU (sdpa_fp8_bwd_gpu.cu)
+// ---- GPU (ops/sdpa_fp8_bwd_gpu.cu)
 
 // One tensor as a kernel reads it: graph dtype and strides of its 4 dims;
 // ptr == nullptr: the by-value `scalar`.
@@ -135,7 +136,7 @@ struct SdpaFp8BwdGpuArgs {
 Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs& a, float* dq, float* dk, float* dv,
                                float* amax_dq, float* amax_dk, float* amax_dv, float* amax_dp, void* stream);
 
-// The adapter reference_gpu calls, from its per-role Located inputs (`.t` a
+// The adapter the GPU reference (ops/sdpa_gpu.cu) calls, from its per-role Located inputs (`.t` a
 // DevTensor with ptr, dtype, strides[], scalar) and its SdpaArgs (shape, mask,
 // seq_len pointers, dropout mask, attn scale), which it has checked.
 template <typename LocatedMap, typename Args>
@@ -168,7 +169,7 @@ Status sdpa_fp8_bwd_gpu(const std::string& where, const LocatedMap& in, const Ar
                                  o("amax_dp"), stream);
 }
 
-// ---- verification helpers (sdpa_fp8_bwd_cpu.cpp)
+// ---- verification helpers (ops/sdpa_fp8_bwd_cpu.cpp)
 
 // The sdpa_fp8_fwd of sdpa_fp8_bwd op `op` as a graph of its own: same q, k,
 // v, mask inputs and options (no dropout), descale_q/k/v, descale_s and
@@ -178,8 +179,5 @@ Status sdpa_fp8_bwd_gpu(const std::string& where, const LocatedMap& in, const Ar
 // descale_o's value.
 Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const ResolvedOp& op,
                                               const std::map<std::string, HostTensor>& inputs);
-
-// tolerance_for() of sdpa_fp8_bwd output `role` of dtype `dtype`.
-Tolerance sdpa_fp8_bwd_tolerance(const std::string& role, DType dtype);
 
 }  // namespace fusebox::reference_detail

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "reference/gpu_util.cuh"
-#include "reference/sdpa_fp8_bwd.h"
+#include "reference/ops/sdpa_fp8_bwd.h"
 
 namespace fusebox::reference_detail {
 

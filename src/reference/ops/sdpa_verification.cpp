@@ -8,24 +8,19 @@
 #include <variant>
 
 #include "fusebox/reference.h"
-#include "reference/sdpa_fp8_bwd.h"
-#include "reference/sdpa_mask.h"
+#include "reference/ops/sdpa_fp8_bwd.h"
+#include "reference/ops/sdpa_mask.h"
 #include "reference/tensor_util.h"
 
 namespace fusebox {
 
 using reference_detail::dims_string;
 using reference_detail::for_each_element;
+using reference_detail::op_where;
 using reference_detail::sdpa_kept_keys;
 using reference_detail::sdpa_mask_params;
 
 namespace {
-
-std::string op_where(const ResolvedOp& op) {
-  std::string s = "[";  // appended piecewise: GCC 12 flags "[" + std::string(...) with a false -Wrestrict
-  s.append(op_type_name(op.attrs)).append(" '").append(op.name).append("'] ");
-  return s;
-}
 
 Result<const ResolvedTensor*> op_tensor(const ResolvedGraph& g, const ResolvedOp& op,
                                         const std::map<std::string, int>& roles, const char* role) {

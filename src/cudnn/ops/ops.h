@@ -1,0 +1,62 @@
+// fusebox: the cuDNN layer's op registry (private to src/cudnn/). One
+// lower_op() overload per OpAttrs alternative; lower() (lowering.cpp) calls
+// them through std::visit, so an alternative without its lowering is a
+// compile error. Adding an op: its line here, in its family's
+// ops/<family>_lowering.cpp.
+//
+// Declare overloads for the concrete attrs types only: the sdpa ones derive
+// from SdpaOptions, and an SdpaOptions overload would silently take a new
+// sdpa op.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cudnn/internal.h"
+
+namespace fusebox::cudnn {
+
+using FeTensor = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+fe::DataType_t to_fe(DType t);  // lowering.cpp
+
+struct LowerState;  // lowering.cpp: the frontend graph, its tensors and uids so far
+
+// What the lowering of one op sees of the driver (lowering.cpp), which owns
+// the frontend tensors and assigns every uid.
+class LowerContext {
+ public:
+  LowerContext(LowerState& state, const ResolvedOp& op);
+
+  FeGraph& graph() const;
+  const ResolvedGraph& resolved() const;
+  // "[conv_fprop 'conv1']": the start of the op's messages.
+  const std::string& where() const { return where_; }
+  // The frontend tensor of input `role`; nullptr when the op has none.
+  FeTensor in(const char* role) const;
+  // Gives the frontend's output `y` the name, dims, strides and dtype of the
+  // op's output `role` (and, unless virtual, a uid and the output flag).
+  Status bind_output(const std::string& role, const FeTensor& y);
+  // A tensor the caller creates for the op to write (cuDNN's RNG dump):
+  // output `role`, non-virtual, with its uid.
+  FeTensor create_output(const std::string& role);
+
+ private:
+  LowerState& state_;
+  const ResolvedOp& op_;
+  std::string where_;
+};
+
+// ---- conv: ops/conv_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& attrs);
+// ---- matmul: ops/matmul_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attrs);
+// ---- pointwise: ops/pointwise_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& attrs);
+// ---- sdpa: ops/sdpa_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs);
+
+}  // namespace fusebox::cudnn

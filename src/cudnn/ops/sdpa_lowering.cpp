@@ -1,0 +1,117 @@
+// fusebox: the cuDNN lowering of the sdpa ops (sdpa_fwd, sdpa_bwd,
+// sdpa_fp8_fwd, sdpa_fp8_bwd).
+#include <cmath>
+
+#include "cudnn/ops/ops.h"
+
+namespace fusebox::cudnn {
+namespace {
+
+// resolve() fills attn_scale; 1/sqrt(D) guards hand-built graphs.
+double attn_scale(const LowerContext& ctx, const ResolvedOp& op, const SdpaOptions& o) {
+  return o.attn_scale
+             ? *o.attn_scale
+             : 1.0 / std::sqrt(static_cast<double>(ctx.resolved().tensors[op.inputs.at("q")].dims.back()));
+}
+
+// Applies the options shared by every sdpa op to SDPA_attributes,
+// SDPA_backward_attributes or SDPA_fp8_backward_attributes (the frontend gives
+// them the same setters; ALiBi and the RNG dump are set by the callers, as FP8
+// backward has neither).
+template <typename Attrs>
+void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, const LowerContext& ctx) {
+  attrs.set_attn_scale(static_cast<float>(scale));
+  attrs.set_diagonal_alignment(o.alignment == SdpaAlignment::kBottomRight
+                                   ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                   : fe::DiagonalAlignment_t::TOP_LEFT);
+  // resolve() turns causal into right_bound 0; the fallback guards hand-built graphs.
+  if (o.right_bound) {
+    attrs.set_diagonal_band_right_bound(static_cast<int>(*o.right_bound));
+  } else if (o.causal) {
+    attrs.set_diagonal_band_right_bound(0);
+  }
+  if (o.left_bound) attrs.set_diagonal_band_left_bound(static_cast<int>(*o.left_bound));
+  if (o.padding)
+    attrs.set_padding_mask(true).set_seq_len_q(ctx.in("seq_len_q")).set_seq_len_kv(ctx.in("seq_len_kv"));
+  if (o.bias) attrs.set_bias(ctx.in("bias"));
+  if (o.dropout) attrs.set_dropout(static_cast<float>(*o.dropout), ctx.in("seed"), ctx.in("offset"));
+}
+
+}  // namespace
+
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd) {
+  const double scale = attn_scale(ctx, op, fwd);
+  auto attrs = fe::graph::SDPA_attributes()
+                   .set_name(op.name)
+                   .set_generate_stats(fwd.generate_stats)
+                   .set_compute_data_type(to_fe(op.compute_dtype));
+  apply_sdpa_options(attrs, fwd, scale, ctx);
+  if (fwd.alibi) attrs.set_alibi_mask(true);
+  if (fwd.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
+  auto [o, stats] = ctx.graph().sdpa(ctx.in("q"), ctx.in("k"), ctx.in("v"), attrs);
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("o", o));
+  if (fwd.generate_stats) FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("stats", stats));
+  return Status::Ok();
+}
+
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& bwd) {
+  const double scale = attn_scale(ctx, op, bwd);
+  auto attrs = fe::graph::SDPA_backward_attributes()
+                   .set_name(op.name)
+                   .set_compute_data_type(to_fe(op.compute_dtype))
+                   .set_deterministic_algorithm(bwd.deterministic);
+  apply_sdpa_options(attrs, bwd, scale, ctx);
+  if (bwd.alibi) attrs.set_alibi_mask(true);
+  if (bwd.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
+  auto [dq, dk, dv] = ctx.graph().sdpa_backward(ctx.in("q"), ctx.in("k"), ctx.in("v"), ctx.in("o"),
+                                                ctx.in("do"), ctx.in("stats"), attrs);
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dq", dq));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dk", dk));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dv", dv));
+  return Status::Ok();
+}
+
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& f8) {
+  const double scale = attn_scale(ctx, op, f8);
+  auto attrs = fe::graph::SDPA_fp8_attributes()
+                   .set_name(op.name)
+                   .set_generate_stats(f8.generate_stats)
+                   .set_compute_data_type(to_fe(op.compute_dtype));
+  apply_sdpa_options(attrs, f8, scale, ctx);
+  if (f8.alibi) attrs.set_alibi_mask(true);
+  if (f8.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
+  auto [o, stats, amax_s, amax_o] = ctx.graph().sdpa_fp8(
+      ctx.in("q"), ctx.in("k"), ctx.in("v"), ctx.in("descale_q"), ctx.in("descale_k"), ctx.in("descale_v"),
+      ctx.in("descale_s"), ctx.in("scale_s"), ctx.in("scale_o"), attrs);
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("o", o));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("amax_s", amax_s));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("amax_o", amax_o));
+  if (f8.generate_stats) FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("stats", stats));
+  return Status::Ok();
+}
+
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& b8) {
+  const double scale = attn_scale(ctx, op, b8);
+  if (b8.alibi || b8.dump_dropout_mask) {
+    return NotSupported(ctx.where() + std::string(b8.alibi ? " alibi" : " a 'dropout_mask' output") +
+                        ": the cuDNN frontend has no such option for FP8 backward; remove it");
+  }
+  auto attrs = fe::graph::SDPA_fp8_backward_attributes().set_name(op.name).set_compute_data_type(
+      to_fe(op.compute_dtype));
+  apply_sdpa_options(attrs, b8, scale, ctx);
+  auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = ctx.graph().sdpa_fp8_backward(
+      ctx.in("q"), ctx.in("k"), ctx.in("v"), ctx.in("o"), ctx.in("do"), ctx.in("stats"), ctx.in("descale_q"),
+      ctx.in("descale_k"), ctx.in("descale_v"), ctx.in("descale_o"), ctx.in("descale_do"),
+      ctx.in("descale_s"), ctx.in("descale_dp"), ctx.in("scale_s"), ctx.in("scale_dq"), ctx.in("scale_dk"),
+      ctx.in("scale_dv"), ctx.in("scale_dp"), attrs);
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dq", dq));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dk", dk));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dv", dv));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("amax_dq", amax_dq));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("amax_dk", amax_dk));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("amax_dv", amax_dv));
+  FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("amax_dp", amax_dp));
+  return Status::Ok();
+}
+
+}  // namespace fusebox::cudnn
