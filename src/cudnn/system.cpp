@@ -1,9 +1,10 @@
 // Versions, GPUs, device-properties files and the cuDNN runtime check.
 #include <dlfcn.h>
 
-#include <fstream>
-#include <sstream>
+#include <limits>
 
+#include "common/file_io.h"
+#include "common/json_util.h"
 #include "cudnn/internal.h"
 
 #ifndef FUSEBOX_VERSION
@@ -12,6 +13,8 @@
 
 namespace fusebox {
 namespace {
+
+constexpr uint64_t kMaxDevicePropertiesBytes = 1 << 20;
 
 std::string version_string(int64_t v) {
   // cuDNN 9: major*10000 + minor*100 + patch.
@@ -136,7 +139,11 @@ Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const 
     if (it == j.end() || !it->is_number_integer()) {
       return ParseError(origin + ": device-properties field '" + key + "' is missing or not an integer");
     }
-    *out = it->get<int>();
+    try {
+      *out = static_cast<int>(common::json_int_at(j, key, 0, std::numeric_limits<int>::max()));
+    } catch (const std::exception& e) {
+      return ParseError(origin + ": device-properties " + e.what());
+    }
     return Status::Ok();
   };
   int device_ver = 0;
@@ -156,12 +163,8 @@ Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const 
 }
 
 Result<DeviceTarget> DeviceTarget::from_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError(path + ": cannot open device-properties file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string text = ss.str();
-  if (text.size() > (1 << 20)) return ParseError(path + ": too large for a device-properties file");
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text,
+                           common::read_file_bounded(path, kMaxDevicePropertiesBytes, "device-properties file"));
   return from_properties_json(std::move(text), path);
 }
 
