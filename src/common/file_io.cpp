@@ -49,15 +49,14 @@ uint64_t random_u64() {
   return v;
 }
 
-void split_path(const std::string& path, std::string* dir, std::string* base) {
+// The folder holding `path` ("." or "/" when it has none) and its last component.
+struct SplitPath {
+  std::string dir, base;
+};
+SplitPath split_path(const std::string& path) {
   const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) {
-    *dir = ".";
-    *base = path;
-  } else {
-    *dir = slash == 0 ? "/" : path.substr(0, slash);
-    *base = path.substr(slash + 1);
-  }
+  if (slash == std::string::npos) return {std::string(1, '.'), path};
+  return {slash == 0 ? std::string(1, '/') : path.substr(0, slash), path.substr(slash + 1)};
 }
 
 }  // namespace
@@ -136,8 +135,7 @@ Status check_replaceable(const std::string& path, std::string_view what) {
 
 Result<AtomicFile> AtomicFile::create(const std::string& path, std::string_view what) {
   FUSEBOX_RETURN_IF_ERROR(check_replaceable(path, what));
-  std::string dir, base;
-  split_path(path, &dir, &base);
+  auto [dir, base] = split_path(path);
   if (base.empty() || base == "." || base == "..") {
     return IoError(quoted(what, path) + ": names a folder, not a file");
   }
@@ -213,8 +211,7 @@ Status AtomicFile::commit() {
   }
   if (::rename(temp_.c_str(), path_.c_str()) != 0) return failed("rename", errno);
   done_ = true;
-  std::string dir, base;
-  split_path(path_, &dir, &base);
+  const std::string dir = split_path(path_).dir;
   // Best effort: makes the rename itself durable.
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     (void)::fsync(dfd);

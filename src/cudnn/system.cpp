@@ -128,8 +128,14 @@ Result<std::string> capture_device_properties(int device_id) {
 }
 
 Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const std::string& origin) {
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. a number literal that overflows a double, or a truncated file
+    return ParseError(origin + ": not a cuDNN device-properties file: invalid JSON: " + e.what());
+  }
+  if (!j.is_object()) {
     return ParseError(origin + ": not a cuDNN device-properties file (expected a JSON object as written by "
                                "`fusebox devprop`)");
   }

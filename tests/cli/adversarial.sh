@@ -123,7 +123,7 @@ out, n = re.subn(r'"deviceVer"\s*:\s*-?[0-9.eE+]+', '"deviceVer": ' + sys.argv[3
 assert n == 1, "deviceVer not found in the committed devprop"
 open(sys.argv[2], "w").write(out)
 PYEOF
-  expect "devprop deviceVer = $v" 2 ParseError 'deviceVer' build "$GRAPH" --device "$TMP/dev_$v.devprop" --no-cache
+  expect "devprop deviceVer = $v" 2 ParseError 'deviceVer|overflow' build "$GRAPH" --device "$TMP/dev_$v.devprop" --no-cache
 done
 
 # ---------------------------------------------------------------- .npy inputs (read before any GPU work)
