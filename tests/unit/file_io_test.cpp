@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -150,14 +151,20 @@ TEST_F(FileIoTest, AtomicWriteRefusesASymlinkTarget) {
 TEST_F(FileIoTest, AtomicWriteRefusesDirectoryFifoAndDeviceTargets) {
   fs::create_directory(path("d"));
   ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
-  for (const std::string& target : {path("d"), path("fifo"), std::string("/dev/null")}) {
+  std::vector<std::string> targets = {path("d"), path("fifo")};
+  // A device node of our own (root only), never /dev/null itself: a regression
+  // would replace the system's /dev/null with a regular file.
+  const bool have_dev = ::mknod(path("null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
+  if (have_dev) targets.push_back(path("null"));
+  for (const std::string& target : targets) {
     Status st = write_file_atomic(target, "x", "plan file");
     EXPECT_FALSE(st.ok()) << target;
     EXPECT_NE(st.message().find("only a regular file is replaced"), std::string::npos) << st.message();
   }
   EXPECT_TRUE(fs::is_directory(path("d")));
   EXPECT_TRUE(fs::is_fifo(path("fifo")));
-  EXPECT_TRUE(others({"d", "fifo"}).empty());
+  if (have_dev) EXPECT_TRUE(fs::is_character_file(path("null")));
+  EXPECT_TRUE(others({"d", "fifo", "null"}).empty());
 }
 
 TEST_F(FileIoTest, FailedWriteLeavesTheOldFileAndNoTemporary) {
