@@ -62,16 +62,20 @@ SplitPath split_path(const std::string& path) {
 }  // namespace
 
 std::string format_limit(uint64_t bytes) {
-  if (bytes >= (uint64_t{1} << 30) && bytes % (uint64_t{1} << 30) == 0) return std::to_string(bytes >> 30) + " GiB";
-  if (bytes >= (uint64_t{1} << 20) && bytes % (uint64_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
-  if (bytes >= (uint64_t{1} << 10) && bytes % (uint64_t{1} << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  if (bytes >= (uint64_t{1} << 30) && bytes % (uint64_t{1} << 30) == 0)
+    return std::to_string(bytes >> 30) + " GiB";
+  if (bytes >= (uint64_t{1} << 20) && bytes % (uint64_t{1} << 20) == 0)
+    return std::to_string(bytes >> 20) + " MiB";
+  if (bytes >= (uint64_t{1} << 10) && bytes % (uint64_t{1} << 10) == 0)
+    return std::to_string(bytes >> 10) + " KiB";
   return std::to_string(bytes) + " bytes";
 }
 
 Status require_regular_file(const std::string& path, std::string_view what) {
   if (path.find('\0') != std::string::npos) return has_nul(what, path);
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return IoError(quoted(what, path) + ": cannot open: " + errno_text(errno));
+  if (::stat(path.c_str(), &st) != 0)
+    return IoError(quoted(what, path) + ": cannot open: " + errno_text(errno));
   if (!S_ISREG(st.st_mode)) return not_regular(what, path, st.st_mode);
   return Status::Ok();
 }
@@ -125,7 +129,8 @@ Status check_replaceable(const std::string& path, std::string_view what) {
     return IoError(quoted(what, path) + ": cannot stat: " + errno_text(errno));
   }
   if (S_ISLNK(st.st_mode)) {
-    return IoError(quoted(what, path) + ": is a symbolic link; refusing to replace it (name the file itself)");
+    return IoError(quoted(what, path) +
+                   ": is a symbolic link; refusing to replace it (name the file itself)");
   }
   if (!S_ISREG(st.st_mode)) {
     return IoError(quoted(what, path) + ": is " + kind_of(st.st_mode) + "; only a regular file is replaced");
@@ -147,14 +152,16 @@ Result<AtomicFile> AtomicFile::create(const std::string& path, std::string_view 
     char suffix[17];
     std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(random_u64()));
     std::string temp = (dir == "/" ? "" : dir) + "/." + base + ".tmp-" + suffix;
-    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0666);
+    const int fd =
+        ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0666);
     if (fd >= 0) {
       f.fd_ = fd;
       f.temp_ = std::move(temp);
       break;
     }
     if (errno != EEXIST) {
-      return IoError(quoted(what, path) + ": cannot create a temporary file in '" + dir + "': " + errno_text(errno));
+      return IoError(quoted(what, path) + ": cannot create a temporary file in '" + dir +
+                     "': " + errno_text(errno));
     }
   }
   if (f.fd_ < 0) return IoError(quoted(what, path) + ": no unused temporary file name in '" + dir + "'");
@@ -165,7 +172,11 @@ Result<AtomicFile> AtomicFile::create(const std::string& path, std::string_view 
 }
 
 AtomicFile::AtomicFile(AtomicFile&& o) noexcept
-    : path_(std::move(o.path_)), temp_(std::move(o.temp_)), what_(std::move(o.what_)), fd_(o.fd_), done_(o.done_) {
+    : path_(std::move(o.path_)),
+      temp_(std::move(o.temp_)),
+      what_(std::move(o.what_)),
+      fd_(o.fd_),
+      done_(o.done_) {
   o.fd_ = -1;
   o.done_ = true;
 }
@@ -187,7 +198,8 @@ Status AtomicFile::write(std::string_view bytes) {
       if (errno == EINTR) continue;
       const int err = errno;
       discard();
-      return IoError(quoted(what_, path_) + ": write failed: " + errno_text(err) + "; the old file is unchanged");
+      return IoError(quoted(what_, path_) + ": write failed: " + errno_text(err) +
+                     "; the old file is unchanged");
     }
     bytes.remove_prefix(static_cast<size_t>(n));
   }
@@ -198,7 +210,8 @@ Status AtomicFile::commit() {
   if (done_ || fd_ < 0) return Internal(quoted(what_, path_) + ": commit twice");
   auto failed = [&](const std::string& step, int err) {
     discard();
-    return IoError(quoted(what_, path_) + ": " + step + " failed: " + errno_text(err) + "; the old file is unchanged");
+    return IoError(quoted(what_, path_) + ": " + step + " failed: " + errno_text(err) +
+                   "; the old file is unchanged");
   };
   if (::fsync(fd_) != 0) return failed("fsync", errno);
   const int fd = fd_;
@@ -228,7 +241,8 @@ Status write_file_atomic(const std::string& path, std::string_view bytes, std::s
 
 std::optional<FileId> file_id(const std::string& path) {
   struct stat st {};
-  if (path.empty() || path.find('\0') != std::string::npos || ::stat(path.c_str(), &st) != 0) return std::nullopt;
+  if (path.empty() || path.find('\0') != std::string::npos || ::stat(path.c_str(), &st) != 0)
+    return std::nullopt;
   return FileId{st.st_dev, st.st_ino};
 }
 
@@ -239,7 +253,8 @@ Status refuse_overwriting_input(const std::string& output, std::string_view outp
   for (const auto& in : inputs) {
     if (in.path.empty()) continue;
     if (file_id(in.path) == out) {
-      return InvalidArgument(quoted(output_what, output) + " is the same file as the " + in.what + " '" + in.path +
+      return InvalidArgument(quoted(output_what, output) + " is the same file as the " + in.what + " '" +
+                             in.path +
                              "': refusing to overwrite an input of this command (write to another file)");
     }
   }

@@ -52,12 +52,12 @@ class PlanFileLimits : public ::testing::Test {
 
 TEST_F(PlanFileLimits, IntegersBeyondTheirRangeAreParseErrors) {
   const std::pair<const char*, const char*> cases[] = {
-      {"format", "4294967297"},          // would truncate to 1 as an int
-      {"format", "1.0"},                 // not an integer literal
+      {"format", "4294967297"},  // would truncate to 1 as an int
+      {"format", "1.0"},         // not an integer literal
       {"format", "1e400"},
       {"payload_bytes", "18446744073709551615"},
       {"payload_bytes", "123456789012345678901234567890"},
-      {"sm_version", "4294967386"},      // would truncate to 90
+      {"sm_version", "4294967386"},  // would truncate to 90
       {"sm_count", "-1"},
       {"workspace_bytes", "9223372036854775808"},
       {"cudnn", "1e30"},
@@ -65,10 +65,12 @@ TEST_F(PlanFileLimits, IntegersBeyondTheirRangeAreParseErrors) {
   for (const auto& [field, value] : cases) {
     auto r = read_with(field, value);
     ASSERT_FALSE(r.ok()) << field << " = " << value;
-    EXPECT_EQ(r.status().code(), StatusCode::kParseError) << field << " = " << value << ": " << r.status().ToString();
+    EXPECT_EQ(r.status().code(), StatusCode::kParseError)
+        << field << " = " << value << ": " << r.status().ToString();
     // 1e400 fails JSON parsing itself ("bad header"); the others name the field.
-    const bool names_it = r.status().message().find(field) != std::string::npos ||
-                          (std::string(value) == "1e400" && r.status().message().find("header") != std::string::npos);
+    const bool names_it =
+        r.status().message().find(field) != std::string::npos ||
+        (std::string(value) == "1e400" && r.status().message().find("header") != std::string::npos);
     EXPECT_TRUE(names_it) << r.status().message();
   }
 }

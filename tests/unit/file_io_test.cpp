@@ -1,5 +1,7 @@
 // fusebox_common: bounded reads, atomic writes, output-is-input, printable
 // text, checked JSON integers and the .npy reader's limits.
+#include "common/file_io.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -14,7 +16,6 @@
 #include <string>
 
 #include "common/checked_math.h"
-#include "common/file_io.h"
 #include "common/json_util.h"
 #include "common/text.h"
 #include "fusebox/tensor.h"
@@ -29,9 +30,8 @@ using common::write_file_atomic;
 class FileIoTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("fusebox_file_io_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("fusebox_file_io_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -187,7 +187,8 @@ TEST_F(FileIoTest, FailedWriteLeavesTheOldFileAndNoTemporary) {
 }
 
 TEST_F(FileIoTest, WriteIntoAReadOnlyFolderFailsCleanly) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores folder permissions (EFBIG test above covers the failure path)";
+  if (::geteuid() == 0)
+    GTEST_SKIP() << "root ignores folder permissions (EFBIG test above covers the failure path)";
   put(path("out"), "old");
   fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
   Status st = write_file_atomic(path("out"), "new", "plan file");
@@ -224,7 +225,8 @@ TEST_F(FileIoTest, OutputThatIsAnInputIsRefused) {
   ASSERT_FALSE(same.ok());
   EXPECT_EQ(same.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(same.message().find("graph file"), std::string::npos) << same.message();
-  EXPECT_FALSE(common::refuse_overwriting_input(path("hard.json"), "--plan-out", inputs).ok()) << "a hard link";
+  EXPECT_FALSE(common::refuse_overwriting_input(path("hard.json"), "--plan-out", inputs).ok())
+      << "a hard link";
   EXPECT_FALSE(common::refuse_overwriting_input(dir_.string() + "/./g.json", "--plan-out", inputs).ok());
   EXPECT_TRUE(common::refuse_overwriting_input(path("new.plan"), "--plan-out", inputs).ok());
   put(path("other"), "x");
@@ -240,7 +242,9 @@ TEST(Printable, EscapesControlBytesAndInvalidUtf8KeepsText) {
   EXPECT_EQ(printable("a\x1b]0;pwned\x07"), "a\\x1B]0;pwned\\x07");
   EXPECT_EQ(printable("x\ry"), "x\\x0Dy");
   EXPECT_EQ(printable("\x7f"), "\\x7F");
-  EXPECT_EQ(printable("\xC2\x9B" "2J"), "\\xC2\\x9B2J");  // C1 CSI
+  EXPECT_EQ(printable("\xC2\x9B"
+                      "2J"),
+            "\\xC2\\x9B2J");  // C1 CSI
   EXPECT_EQ(printable("\xff\xfe"), "\\xFF\\xFE");
   EXPECT_EQ(printable("\xC0\xAF"), "\\xC0\\xAF");  // overlong '/'
   EXPECT_EQ(printable("\xE6\x97"), "\\xE6\\x97");  // truncated sequence
@@ -294,7 +298,8 @@ ResolvedTensor tensor(std::vector<int64_t> dims) {
   t.name = "x";
   t.dims = std::move(dims);
   t.strides.assign(t.dims.size(), 1);
-  for (int i = static_cast<int>(t.dims.size()) - 2; i >= 0; --i) t.strides[i] = t.strides[i + 1] * t.dims[i + 1];
+  for (int i = static_cast<int>(t.dims.size()) - 2; i >= 0; --i)
+    t.strides[i] = t.strides[i + 1] * t.dims[i + 1];
   t.dtype = DType::kFP32;
   t.is_input = true;
   return t;

@@ -22,13 +22,15 @@ std::string json_dump(const Json& j, int indent = -1) {
 // when it is missing, not an integer literal (1.0 and 1e3 are not), or out
 // of range (including literals beyond int64). For parsers that already turn
 // exceptions into ParseError.
-inline int64_t json_int_at(const nlohmann::json& j, const char* key, int64_t lo = std::numeric_limits<int64_t>::min(),
+inline int64_t json_int_at(const nlohmann::json& j, const char* key,
+                           int64_t lo = std::numeric_limits<int64_t>::min(),
                            int64_t hi = std::numeric_limits<int64_t>::max()) {
   auto it = j.find(key);
   if (it == j.end()) throw std::out_of_range(std::string("field '") + key + "' is missing");
   const nlohmann::json& v = *it;
   if (!v.is_number_integer()) {
-    throw std::out_of_range(std::string("field '") + key + "' is not an integer: " + json_dump(v).substr(0, 40));
+    throw std::out_of_range(std::string("field '") + key +
+                            "' is not an integer: " + json_dump(v).substr(0, 40));
   }
   bool in_range = false;
   int64_t x = 0;
