@@ -20,6 +20,7 @@ struct CachedPlan {
   std::string key;
   CacheEntry entry;          // on a hit: the provenance (payload emptied)
   BuildReport report;        // on a miss: the five steps
+  bool stored = false;       // on a miss: the new plan was written to the cache
   double lookup_ms = 0;      // cache lookup, checksum included
   double deserialize_ms = 0; // frontend deserialize on a hit (the first in a process also loads
                              // cuDNN's engine libraries)
@@ -36,9 +37,11 @@ std::string tune_policy_key(const TunePolicy& policy);
 std::string cache_key_for(const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy);
 
 // Looks `g` up under `policy_key`, else builds with `options` and stores.
-// `cache` may be null (no cache). `ctx` as for build_plan.
+// `cache` may be null (no cache). `ctx` as for build_plan. When the build
+// fails, *failed_report (if given) receives the steps that ran.
 Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const BuildOptions& options, GpuContext* ctx);
+                                      const BuildOptions& options, GpuContext* ctx,
+                                      BuildReport* failed_report = nullptr);
 
 // Looks up a plan stored under `policy_key` only (no build on a miss):
 // result.hit tells. Used by `run` to find a tuned plan first.
@@ -46,8 +49,9 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
                                       const std::string& policy_key, GpuContext* ctx, bool measure_repeat = false);
 
 // Stores a plan under `policy_key` (tuned_median_ms < 0: heuristic choice).
-// A failure becomes a warning in `warnings`.
-void store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
+// A failure becomes a warning in `warnings`. True only if it was stored (not
+// with no cache, a disabled or read-only one, or a failed write).
+bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
                 const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings);
 
 }  // namespace fusebox

@@ -10,7 +10,8 @@
 //     before lookup() returns it; a corrupt entry is a miss, is deleted, and
 //     leaves one warning naming its key;
 //   * a file that cannot be opened or written (read-only, not SQLite, not a
-//     fusebox cache, newer format) gives a disabled cache: lookups miss,
+//     fusebox cache, newer format, a symbolic link or anything but a regular
+//     file) gives a disabled cache: lookups miss,
 //     stores do nothing, warning() says why. The file is never overwritten.
 // Warnings are collected in the object; the library prints nothing.
 //
@@ -108,15 +109,19 @@ class PlanCache {
   // that fail validation are listed with an empty engine and payload_bytes -1
   // (verify() names them).
   Result<std::vector<CacheEntry>> list(bool with_payload = false);
-  // Deletes the entries whose key starts with key_prefix (non-empty).
-  Status remove(const std::string& key_prefix);
-  Status clear();
+  // Deletes the entries whose key starts with key_prefix (non-empty);
+  // *removed (if given) receives how many were deleted.
+  Status remove(const std::string& key_prefix, int64_t* removed = nullptr);
+  Status clear(int64_t* removed = nullptr);
   // Checks the database and every entry; appends the keys of bad entries to
   // *bad (may be null). Returns how many entries were checked. Deletes nothing.
   Result<int> verify(std::vector<std::string>* bad);
 
   // Copies every valid entry into the cache file at `path` (created if
   // missing; an existing fusebox cache there is merged into, newer wins).
+  // Written to a temporary file next to `path`, then renamed over it: a
+  // failure leaves `path` as it was. `path` must be absent or a regular file
+  // (not a symbolic link) and not this cache's own file.
   Status export_to(const std::string& path);
   // Merges every valid entry of the cache file at `path` into this one: an
   // entry replaces ours only if it was created later. Evicts afterwards.

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "common/json_util.h"
 
 namespace fusebox::cache_internal {
 
@@ -21,7 +24,7 @@ std::string encode_entry_meta(const CacheEntry& e, const uint8_t* payload, size_
                       {"xxh3", payload_xxh3(payload, n)}};
   plan_info_json::write(i, m);
   // Replace, not throw, on invalid UTF-8 in caller strings.
-  return m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return common::json_dump(m);
 }
 
 Status validate_entry_bytes(std::string_view key, std::string_view meta, const uint8_t* payload, size_t n,
@@ -42,7 +45,7 @@ Status validate_entry_bytes(std::string_view key, std::string_view meta, const u
       return bad("unsupported entry format (expected " + std::to_string(kPlanCacheFormatVersion) + ")");
     }
     if (m.at("key").get<std::string>() != key) return bad("metadata names a different key");
-    const int64_t promised = m.at("payload_bytes").get<int64_t>();
+    const int64_t promised = common::json_int_at(m, "payload_bytes");
     if (promised <= 0 || promised > kMaxPayloadBytes) {
       return bad("implausible payload length " + std::to_string(promised));
     }
@@ -54,7 +57,7 @@ Status validate_entry_bytes(std::string_view key, std::string_view meta, const u
 
     CacheEntry e;
     e.key = std::string(key);
-    e.info.format = m.at("plan_format").get<int>();
+    e.info.format = static_cast<int>(common::json_int_at(m, "plan_format", 0, std::numeric_limits<int>::max()));
     plan_info_json::read(m, &e.info);
     e.tuned_median_ms = m.at("tuned_median_ms").get<double>();
     e.created_utc = m.at("created_utc").get<std::string>();

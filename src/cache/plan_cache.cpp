@@ -1,6 +1,9 @@
 #include "fusebox/plan_cache.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
@@ -8,13 +11,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cerrno>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
 
 #include "cache/entry_codec.h"
+#include "common/file_io.h"
 
 namespace fusebox {
 namespace {
@@ -109,19 +113,36 @@ std::string uri_path(const std::string& path) {
   return out;
 }
 
+// The cache path itself must be absent or a regular file: never a link (a
+// link could point SQLite's writes anywhere), a FIFO (would block) or a device.
 bool looks_like_sqlite_or_empty(const std::string& path, std::string* why) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return true;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return true;  // absent: created; otherwise sqlite3_open_v2 reports why
+  if (S_ISLNK(st.st_mode)) {
+    *why = "is a symbolic link (give the path of the file itself)";
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
     *why = "is not a regular file";
     return false;
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return true;  // sqlite3_open_v2 reports why
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return true;  // sqlite3_open_v2 reports why
   char head[16] = {};
-  f.read(head, sizeof head);
-  if (f.gcount() == 0) return true;  // empty: a fresh database
-  if (f.gcount() < 16 || std::memcmp(head, "SQLite format 3", 16) != 0) {
+  ssize_t got = 0;
+  struct stat fst {};
+  if (::fstat(fd, &fst) == 0 && S_ISREG(fst.st_mode)) {
+    got = ::read(fd, head, sizeof head);
+  } else {
+    got = -2;
+  }
+  ::close(fd);
+  if (got == -2) {
+    *why = "is not a regular file";
+    return false;
+  }
+  if (got == 0) return true;  // empty: a fresh database
+  if (got < 16 || std::memcmp(head, "SQLite format 3", 16) != 0) {
     *why = "is not an SQLite database";
     return false;
   }
@@ -262,7 +283,8 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
 
   auto connect = [&](bool read_only, bool immutable = false) -> int {
     sqlite3* raw = nullptr;
-    int flags = read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE);
+    int flags = (read_only ? SQLITE_OPEN_READONLY : (SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE)) |
+                SQLITE_OPEN_NOFOLLOW;
     std::string name = path;
     if (immutable) {
       flags |= SQLITE_OPEN_URI;
@@ -543,7 +565,8 @@ Result<std::vector<CacheEntry>> PlanCache::list(bool with_payload) {
   return out;
 }
 
-Status PlanCache::remove(const std::string& key_prefix) {
+Status PlanCache::remove(const std::string& key_prefix, int64_t* removed) {
+  if (removed) *removed = 0;
   if (key_prefix.empty())
     return InvalidArgument("plan cache remove: empty key prefix (use clear() to remove all)");
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
@@ -556,14 +579,17 @@ Status PlanCache::remove(const std::string& key_prefix) {
     rc = sqlite3_step(s.get());
   }
   if (rc != SQLITE_DONE) return write_failed("remove " + key_prefix, rc);
+  if (removed) *removed = sqlite3_changes64(db_.get());
   return Status::Ok();
 }
 
-Status PlanCache::clear() {
+Status PlanCache::clear(int64_t* removed) {
+  if (removed) *removed = 0;
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   if (read_only_) return IoError("plan cache " + path_ + " is read-only");
   const int rc = exec(db_.get(), "DELETE FROM entries");
   if (rc != SQLITE_OK) return write_failed("clear", rc);
+  if (removed) *removed = sqlite3_changes64(db_.get());
   return Status::Ok();
 }
 
@@ -641,8 +667,8 @@ Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped,
 }
 
 bool same_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return std::filesystem::equivalent(a, b, ec);
+  const auto ia = common::file_id(a);
+  return ia && ia == common::file_id(b);
 }
 
 }  // namespace
@@ -651,17 +677,35 @@ Status PlanCache::export_to(const std::string& path) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   if (same_file(path, path_))
     return InvalidArgument("plan cache export: " + path + " is this cache's own file");
+  // Built in a temporary file next to `path`, renamed over it at the end: a
+  // failed export leaves no partial file and an old one intact.
+  auto tmp = common::AtomicFile::create(path, "cache export file");
+  if (!tmp.ok()) return tmp.status();
   PlanCacheOptions o;
   o.max_bytes = std::numeric_limits<int64_t>::max();
-  PlanCache dst = PlanCache::open(path, o);
-  if (!dst.enabled() || dst.read_only())
-    return IoError("plan cache export to " + path + ": " + dst.warning());
   std::vector<std::string> skipped;
   std::string error;
-  Status st = merge_rows(db_.get(), dst.db_.get(), &skipped, &error);
-  for (const auto& s : skipped) warn(s + "; not exported");
-  if (!st.ok()) return IoError("plan cache export to " + path + ": " + st.message());
-  return Status::Ok();
+  {
+    PlanCache dst = PlanCache::open(tmp->temp_path(), o);
+    if (!dst.enabled() || dst.read_only())
+      return IoError("plan cache export to " + path + ": " + dst.warning());
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && st.st_size > 0) {
+      // An existing cache there is merged into (newer wins); anything else is left alone.
+      PlanCacheOptions ro = o;
+      ro.read_only = true;
+      PlanCache old = PlanCache::open(path, ro);
+      if (!old.enabled()) return IoError("plan cache export to " + path + ": " + old.warning());
+      std::vector<std::string> dropped;
+      Status st_old = merge_rows(old.db_.get(), dst.db_.get(), &dropped, &error);
+      for (const auto& d : dropped) warn(d + "; dropped from " + path);
+      if (!st_old.ok()) return IoError("plan cache export to " + path + ": " + st_old.message());
+    }
+    Status st_new = merge_rows(db_.get(), dst.db_.get(), &skipped, &error);
+    for (const auto& s : skipped) warn(s + "; not exported");
+    if (!st_new.ok()) return IoError("plan cache export to " + path + ": " + st_new.message());
+  }  // closed: SQLite checkpoints and removes its -wal file
+  return tmp->commit();
 }
 
 Status PlanCache::import_from(const std::string& path) {
@@ -669,8 +713,8 @@ Status PlanCache::import_from(const std::string& path) {
   if (read_only_) return IoError("plan cache " + path_ + " is read-only");
   if (same_file(path, path_))
     return InvalidArgument("plan cache import: " + path + " is this cache's own file");
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return IoError("plan cache import: " + path + ": no such file");
+  // Not a FIFO or device: SQLite would block on one or read it forever.
+  if (Status st = common::require_regular_file(path, "plan cache import file"); !st.ok()) return st;
   PlanCacheOptions o;
   o.read_only = true;
   PlanCache src = PlanCache::open(path, o);

@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/json_util.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox::plan_info_json {
@@ -39,16 +41,18 @@ inline void write(const PlanFileInfo& i, nlohmann::json& j) {
   j["fusebox"] = i.fusebox_version;
 }
 
-// Reads them back; throws nlohmann::json exceptions on a missing or mistyped field.
+// Reads them back; throws (nlohmann::json exceptions, std::out_of_range) on a
+// missing or mistyped field or an integer out of range.
 inline void read(const nlohmann::json& j, PlanFileInfo* i) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   i->graph_fingerprint = j.at("graph").get<std::string>();
   i->engine = j.at("engine").get<std::string>();
-  i->workspace_bytes = j.at("workspace_bytes").get<int64_t>();
+  i->workspace_bytes = common::json_int_at(j, "workspace_bytes", 0);
   i->device_name = j.at("device").get<std::string>();
-  i->sm_version = j.at("sm_version").get<int>();
-  i->sm_count = j.at("sm_count").get<int>();
+  i->sm_version = static_cast<int>(common::json_int_at(j, "sm_version", 0, kIntMax));
+  i->sm_count = static_cast<int>(common::json_int_at(j, "sm_count", 0, kIntMax));
   i->built_deviceless = j.at("deviceless").get<bool>();
-  i->cudnn_version = j.at("cudnn").get<int64_t>();
+  i->cudnn_version = common::json_int_at(j, "cudnn", 0);
   i->frontend_version = j.at("frontend").get<std::string>();
   i->fusebox_version = j.at("fusebox").get<std::string>();
 }

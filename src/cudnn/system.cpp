@@ -1,9 +1,10 @@
 // Versions, GPUs, device-properties files and the cuDNN runtime check.
 #include <dlfcn.h>
 
-#include <fstream>
-#include <sstream>
+#include <limits>
 
+#include "common/file_io.h"
+#include "common/json_util.h"
 #include "cudnn/internal.h"
 
 #ifndef FUSEBOX_VERSION
@@ -12,6 +13,8 @@
 
 namespace fusebox {
 namespace {
+
+constexpr uint64_t kMaxDevicePropertiesBytes = 1 << 20;
 
 std::string version_string(int64_t v) {
   // cuDNN 9: major*10000 + minor*100 + patch.
@@ -125,8 +128,14 @@ Result<std::string> capture_device_properties(int device_id) {
 }
 
 Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const std::string& origin) {
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    // e.g. a number literal that overflows a double, or a truncated file
+    return ParseError(origin + ": not a cuDNN device-properties file: invalid JSON: " + e.what());
+  }
+  if (!j.is_object()) {
     return ParseError(origin + ": not a cuDNN device-properties file (expected a JSON object as written by "
                                "`fusebox devprop`)");
   }
@@ -136,7 +145,11 @@ Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const 
     if (it == j.end() || !it->is_number_integer()) {
       return ParseError(origin + ": device-properties field '" + key + "' is missing or not an integer");
     }
-    *out = it->get<int>();
+    try {
+      *out = static_cast<int>(common::json_int_at(j, key, 0, std::numeric_limits<int>::max()));
+    } catch (const std::exception& e) {
+      return ParseError(origin + ": device-properties " + e.what());
+    }
     return Status::Ok();
   };
   int device_ver = 0;
@@ -156,12 +169,8 @@ Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const 
 }
 
 Result<DeviceTarget> DeviceTarget::from_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError(path + ": cannot open device-properties file");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string text = ss.str();
-  if (text.size() > (1 << 20)) return ParseError(path + ": too large for a device-properties file");
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text,
+                           common::read_file_bounded(path, kMaxDevicePropertiesBytes, "device-properties file"));
   return from_properties_json(std::move(text), path);
 }
 

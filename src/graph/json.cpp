@@ -2,12 +2,10 @@
 // Never converts JSON to or from `float`: the cuDNN frontend specializes
 // nlohmann::adl_serializer<float> in other translation units (ODR), so only
 // double and integers are used here.
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
-#include <system_error>
 
+#include "common/file_io.h"
+#include "common/json_util.h"
 #include "fusebox/graph.h"
 #include "graph/json_reader.h"
 #include "graph/ops/ops.h"
@@ -19,7 +17,7 @@ namespace {
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
-constexpr std::uintmax_t kMaxGraphFileBytes = 64ull << 20;
+constexpr uint64_t kMaxGraphFileBytes = 64ull << 20;
 
 class Parser : public JsonReader {
  public:
@@ -166,26 +164,8 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
 }
 
 Result<GraphSpec> load_graph_file(const std::string& path) {
-  try {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) {
-      return IoError("cannot read graph file '" + path + "': it is a directory");
-    }
-    auto size = std::filesystem::file_size(path, ec);
-    if (ec) return IoError("cannot read graph file '" + path + "': " + ec.message());
-    if (size > kMaxGraphFileBytes) {
-      return IoError("graph file '" + path + "' is " + std::to_string(size) +
-                     " bytes: graph files are limited to 64 MiB");
-    }
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return IoError("cannot read graph file '" + path + "': open failed");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) return IoError("cannot read graph file '" + path + "': read failed");
-    return parse_graph_json(ss.str(), path);
-  } catch (const std::exception& e) {
-    return IoError("cannot read graph file '" + path + "': " + e.what());
-  }
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, kMaxGraphFileBytes, "graph file"));
+  return parse_graph_json(text, path);
 }
 
 std::string graph_to_json(const GraphSpec& spec, int indent) {
@@ -223,7 +203,7 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
     ops.push_back(std::move(j));
   }
   root["ops"] = std::move(ops);
-  return root.dump(indent);
+  return common::json_dump(root, indent);
 }
 
 }  // namespace fusebox

@@ -4,13 +4,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <limits>
+#include <optional>
+#include <span>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "common/checked_math.h"
+#include "common/file_io.h"
 #include "fusebox/tensor.h"
 #include "reference/tensor_util.h"
 
@@ -55,6 +58,7 @@ std::vector<float> HostTensor::to_float_logical() const {
 // ---------------------------------------------------------------- random_tensor
 
 namespace {
+
 
 // FNV-1a: a hash of the name that is the same on every platform (std::hash is not).
 uint64_t fnv1a(const std::string& s) {
@@ -146,6 +150,9 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, doub
 // ---------------------------------------------------------------- .npy
 
 namespace {
+
+// numpy itself refuses headers over 10 kB by default; 1 MiB is generous.
+constexpr int64_t kMaxNpyHeaderBytes = int64_t{1} << 20;
 
 struct NpyHeader {
   std::string descr;
@@ -299,15 +306,20 @@ double load_npy_element(const uint8_t* p, const std::string& descr) {
 
 Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t) {
   const std::string where = path + ": ";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IoError(where + "cannot open for reading (tensor '" + t.name + "')");
-  std::vector<uint8_t> bytes;
-  try {
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::exception& e) {
-    return IoError(where + "read failed: " + e.what());
+  // The tensor bounds the file: its data at the widest accepted type (8 bytes)
+  // plus a header. Checked before reading, so a huge or endless file costs nothing.
+  const std::optional<int64_t> elements = common::checked_product(t.dims);
+  const std::optional<int64_t> max_data = elements ? common::checked_mul(*elements, 8) : std::nullopt;
+  if (!max_data || *max_data > std::numeric_limits<int64_t>::max() - kMaxNpyHeaderBytes) {
+    return InvalidArgument(where + "tensor '" + t.name + "' dims " + dims_string(t.dims) +
+                           " are too large to read from a .npy file (element count times element size overflows)");
   }
-  if (in.bad()) return IoError(where + "read failed");
+  auto read = common::read_file_bounded(path, static_cast<uint64_t>(*max_data + kMaxNpyHeaderBytes), ".npy file");
+  if (!read.ok()) {
+    return read.status().WithContext("tensor '" + t.name + "' " + dims_string(t.dims) + " (at most " +
+                                     std::to_string(*max_data) + " data bytes)");
+  }
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(read->data()), read->size());
 
   static const uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0)
@@ -326,6 +338,9 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
     return ParseError(where + "unsupported .npy version " + std::to_string(major) + "." +
                       std::to_string(bytes[7]) + " (accepted: 1.x, 2.x, 3.x)");
   }
+  if (header_len > kMaxNpyHeaderBytes - prefix)
+    return ParseError(where + ".npy header length " + std::to_string(header_len) + " is larger than " +
+                      std::to_string(kMaxNpyHeaderBytes - prefix) + " bytes");
   if (header_len > bytes.size() - prefix)
     return ParseError(where + "truncated .npy header (header length " + std::to_string(header_len) + " but file has " +
                       std::to_string(bytes.size()) + " bytes)");
@@ -342,14 +357,21 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
     return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
                            std::string(dtype_name(t.dtype)) + " (save an integer array)");
 
+  // The header's own numbers first: a shape whose size overflows is an error, not a wrap.
+  const std::optional<int64_t> shape_elements = common::checked_product(h.shape);
+  const std::optional<int64_t> shape_bytes =
+      shape_elements ? common::checked_mul(*shape_elements, static_cast<int64_t>(type->bytes)) : std::nullopt;
+  if (!shape_bytes)
+    return ParseError(where + "shape " + shape_tuple(h.shape) + " of '" + h.descr +
+                      "' overflows: its element count times " + std::to_string(type->bytes) +
+                      " bytes exceeds 2^63 - 1");
   // Shape must equal the tensor dims; a 0-d array feeds a tensor of one element.
   const bool scalar_ok = h.shape.empty() && product(t.dims) == 1;
   if (h.shape != t.dims && !scalar_ok)
     return InvalidArgument(where + "shape " + shape_tuple(h.shape) + " does not match tensor '" + t.name + "' dims " +
                            dims_string(t.dims));
 
-  const int64_t count = product(t.dims);
-  const size_t data_bytes = static_cast<size_t>(count) * type->bytes;
+  const size_t data_bytes = static_cast<size_t>(*shape_bytes);
   const size_t have = bytes.size() - prefix - header_len;
   if (have != data_bytes)
     return ParseError(where + (have < data_bytes ? "truncated: " : "trailing bytes: ") + "has " + std::to_string(have) +
@@ -416,12 +438,7 @@ Status write_npy(const std::string& path, const HostTensor& t) {
     }
   });
 
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return IoError(path + ": cannot open for writing");
-  f.write(out.data(), static_cast<std::streamsize>(out.size()));
-  f.close();
-  if (!f) return IoError(path + ": write failed");
-  return Status::Ok();
+  return common::write_file_atomic(path, out, ".npy file");
 }
 
 }  // namespace fusebox

@@ -89,13 +89,13 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
   return out;
 }
 
-void store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
+bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
                 const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings) {
-  if (!cache || !cache->enabled() || cache->read_only()) return;
+  if (!cache || !cache->enabled() || cache->read_only()) return false;
   auto bytes = plan.serialize();
   if (!bytes.ok()) {
     warnings->push_back("plan not cached: " + bytes.status().message());
-    return;
+    return false;
   }
   CacheEntry e;
   e.key = cache_key_for(g, target, policy_key);
@@ -106,15 +106,22 @@ void store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& ta
   Status st = cache->store(e);
   collect_warnings(cache, before, warnings);
   if (!st.ok() && cache->warnings().size() == before) warnings->push_back("plan not cached: " + st.message());
+  // store() is a no-op on a cache disabled meanwhile (e.g. found corrupt).
+  return st.ok() && cache->enabled();
 }
 
 Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const BuildOptions& options, GpuContext* ctx) {
+                                      const BuildOptions& options, GpuContext* ctx, BuildReport* failed_report) {
   const std::string policy = build_policy_key(options);
   FUSEBOX_ASSIGN_OR_RETURN(CachedPlan out, lookup_cached_plan(cache, g, target, policy, ctx));
   if (out.hit) return out;
-  FUSEBOX_ASSIGN_OR_RETURN(out.plan, build_plan(g, target, options, &out.report, ctx));
-  store_plan(cache, g, target, policy, out.plan, -1, &out.warnings);
+  auto built = build_plan(g, target, options, &out.report, ctx);
+  if (!built.ok()) {
+    if (failed_report) *failed_report = out.report;
+    return built.status();
+  }
+  out.plan = std::move(built).value();
+  out.stored = store_plan(cache, g, target, policy, out.plan, -1, &out.warnings);
   return out;
 }
 

@@ -2,16 +2,18 @@
 
 #include "cache/plan_info_json.h"
 
-#include <cstdio>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "common/file_io.h"
+#include "common/json_util.h"
 
 namespace fusebox {
 namespace {
 
 constexpr const char* kMagic = "FUSEBOX-PLAN";
 constexpr int64_t kMaxPayloadBytes = int64_t{256} << 20;
+constexpr size_t kMaxHeaderBytes = 65536;
 using plan_info_json::hex64;
 using plan_info_json::payload_xxh3;
 
@@ -39,52 +41,39 @@ Status write_plan_file(const std::string& path, const PlanFileInfo& info, const 
                       {"payload_bytes", static_cast<int64_t>(payload.size())},
                       {"xxh3", payload_xxh3(payload.data(), payload.size())}};
   plan_info_json::write(info, h);
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError(tmp + ": cannot open for writing");
-    f << h.dump() << '\n';
-    f.write(reinterpret_cast<const char*>(payload.data()), static_cast<std::streamsize>(payload.size()));
-    f.flush();
-    if (!f.good()) {
-      std::remove(tmp.c_str());
-      return IoError(tmp + ": write failed (disk full?)");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    return IoError(path + ": cannot rename the new plan file into place");
-  }
-  return Status::Ok();
+  std::string bytes = common::json_dump(h) + '\n';
+  bytes.append(reinterpret_cast<const char*>(payload.data()), payload.size());
+  return common::write_file_atomic(path, bytes, "plan file");
 }
 
 Result<PlanFile> read_plan_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError(path + ": cannot open plan file");
-  std::string header;
-  if (!std::getline(f, header) || header.size() > 65536) {
+  FUSEBOX_ASSIGN_OR_RETURN(const std::string bytes,
+                           common::read_file_bounded(path, kMaxHeaderBytes + 1 + kMaxPayloadBytes, "plan file"));
+  const size_t eol = bytes.find('\n');
+  if (eol == std::string::npos || eol > kMaxHeaderBytes) {
     return ParseError(path + ": not a fusebox plan file (no header line)");
   }
-  auto h = nlohmann::json::parse(header, nullptr, false);
-  if (h.is_discarded() || !h.is_object() || h.value("magic", "") != kMagic) {
+  auto h = nlohmann::json::parse(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(eol), nullptr, false);
+  if (h.is_discarded() || !h.is_object() || !h.contains("magic") || !h["magic"].is_string() ||
+      h["magic"].get<std::string>() != kMagic) {
     return ParseError(path + ": not a fusebox plan file (bad header)");
   }
   PlanFile pf;
   try {
-    pf.info.format = h.at("format").get<int>();
+    pf.info.format = static_cast<int>(common::json_int_at(h, "format", 0, std::numeric_limits<int>::max()));
     if (pf.info.format != 1) {
       return ParseError(path + ": plan file format " + std::to_string(pf.info.format) + " is not supported (expected 1)");
     }
     plan_info_json::read(h, &pf.info);
-    const int64_t n = h.at("payload_bytes").get<int64_t>();
+    const int64_t n = common::json_int_at(h, "payload_bytes");
     if (n <= 0 || n > kMaxPayloadBytes) return ParseError(path + ": implausible payload length " + std::to_string(n));
-    pf.payload.resize(static_cast<size_t>(n));
-    f.read(reinterpret_cast<char*>(pf.payload.data()), n);
-    if (f.gcount() != n) {
+    const size_t have = bytes.size() - eol - 1;
+    if (have < static_cast<uint64_t>(n)) {
       return ParseError(path + ": truncated: header promises " + std::to_string(n) + " payload bytes, file has " +
-                        std::to_string(f.gcount()));
+                        std::to_string(have));
     }
-    if (f.peek() != std::char_traits<char>::eof()) return ParseError(path + ": trailing bytes after the payload");
+    if (have > static_cast<uint64_t>(n)) return ParseError(path + ": trailing bytes after the payload");
+    pf.payload.assign(bytes.begin() + static_cast<std::ptrdiff_t>(eol + 1), bytes.end());
     if (payload_xxh3(pf.payload.data(), pf.payload.size()) != h.at("xxh3").get<std::string>()) {
       return ParseError(path + ": checksum mismatch: the plan file is corrupt");
     }

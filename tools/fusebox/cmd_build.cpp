@@ -26,10 +26,17 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
       j["error"] = st.message();
       all->push_back(j);
     } else if (r && !r->steps.empty()) {
+      std::printf("%s\n", safe(path).c_str());
       print_build_report(*r);
     }
     return fail("build", st);
   };
+  if (!a.plan_out.empty()) {
+    Status st = common::refuse_overwriting_input(
+        a.plan_out, "--plan-out",
+        {{"graph file", path}, {"--device file", a.device}, {"plan cache", cache ? cache->path() : ""}});
+    if (!st.ok()) return emit_error(st, nullptr);
+  }
   auto g = load_resolved(path);
   if (!g.ok()) return emit_error(g.status(), nullptr);
   auto modes = parse_heuristic_modes(a.heuristics);
@@ -47,8 +54,9 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     if (!created.ok()) return emit_error(created.status(), nullptr);
     ctx = std::move(created).value();
   }
-  auto got = plan_through_cache(cache, *g, *target, options, ctx.get());
-  if (!got.ok()) return emit_error(got.status().WithContext("[graph '" + g->name + "']"), nullptr);
+  BuildReport failed;
+  auto got = plan_through_cache(cache, *g, *target, options, ctx.get(), &failed);
+  if (!got.ok()) return emit_error(got.status().WithContext("[graph '" + g->name + "']"), &failed);
   print_warnings(got->warnings);
   const Plan& plan = got->plan;
   if (!a.plan_out.empty()) {
@@ -65,6 +73,7 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     j["plan_out"] = a.plan_out;
     j["cache"] = state;
     j["cache_key"] = got->key;
+    j["cache_stored"] = got->stored;
     if (got->hit) {
       j["engine"] = plan.engine_name();
       j["workspace_bytes"] = plan.workspace_bytes();
@@ -76,17 +85,17 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     j["ok"] = true;
     all->push_back(j);
   } else {
-    std::printf("%s (%s)\n", g->name.c_str(), path.c_str());
+    std::printf("%s (%s)\n", safe(g->name).c_str(), safe(path).c_str());
     if (got->hit) {
       std::printf("  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f ms\n",
-                  got->key.c_str(), plan.engine_name().c_str(), format_bytes(plan.workspace_bytes()).c_str(),
-                  got->entry.info.built_deviceless ? "deviceless" : "on a GPU", got->entry.created_utc.c_str(),
+                  got->key.c_str(), safe(plan.engine_name()).c_str(), format_bytes(plan.workspace_bytes()).c_str(),
+                  got->entry.info.built_deviceless ? "deviceless" : "on a GPU", safe(got->entry.created_utc).c_str(),
                   got->lookup_ms, got->deserialize_ms);
     } else {
       print_build_report(got->report);
-      if (state == "miss") std::printf("  stored in the plan cache (%s)\n", got->key.c_str());
+      if (got->stored) std::printf("  stored in the plan cache (%s)\n", got->key.c_str());
     }
-    if (!a.plan_out.empty()) std::printf("  plan written to %s\n", a.plan_out.c_str());
+    if (!a.plan_out.empty()) std::printf("  plan written to %s\n", safe(a.plan_out).c_str());
   }
   return kExitOk;
 }
@@ -118,7 +127,7 @@ Runner add_build(CLI::App& app) {
       int one = build_one(*a, graph, cache.get(), a->json ? &all : nullptr);
       if (one != kExitOk && rc == kExitOk) rc = one;
     }
-    if (a->json) std::printf("%s\n", (all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).dump(2).c_str());
+    if (a->json) std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).c_str());
     return rc;
   };
 }

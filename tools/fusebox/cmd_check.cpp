@@ -14,7 +14,7 @@ Runner add_check(CLI::App& app) {
   return [path, json_out]() {
     auto g = load_resolved(*path);
     if (!g.ok()) {
-      if (*json_out) std::printf("%s\n", nlohmann::json({{"ok", false}, {"error", g.status().message()}}).dump(2).c_str());
+      if (*json_out) std::printf("%s\n", dump(nlohmann::json({{"ok", false}, {"error", g.status().message()}})).c_str());
       return fail("check", g.status());
     }
     if (*json_out) {
@@ -28,12 +28,11 @@ Runner add_check(CLI::App& app) {
       }
       nlohmann::json ops = nlohmann::json::array();
       for (const auto& op : g->ops) ops.push_back({{"name", op.name}, {"op", std::string(op_type_name(op.attrs))}});
-      std::printf("%s\n", nlohmann::json({{"ok", true}, {"graph", g->name}, {"tensors", tensors}, {"ops", ops},
-                                          {"flops", g->flops()}, {"bytes", g->bytes_moved()}})
-                              .dump(2)
+      std::printf("%s\n", dump(nlohmann::json({{"ok", true}, {"graph", g->name}, {"tensors", tensors}, {"ops", ops},
+                                               {"flops", g->flops()}, {"bytes", g->bytes_moved()}}))
                               .c_str());
     } else {
-      std::printf("%s: ok\n%s", path->c_str(), describe(*g).c_str());
+      std::printf("%s: ok\n%s", safe(*path).c_str(), common::printable(describe(*g), /*keep_newlines=*/true).c_str());
     }
     return kExitOk;
   };

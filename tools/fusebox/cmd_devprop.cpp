@@ -1,6 +1,5 @@
 // fusebox devprop: capture cuDNN's description of a live GPU for deviceless builds.
 #include <cstdio>
-#include <fstream>
 
 #include "common.h"
 
@@ -18,15 +17,10 @@ Runner add_devprop(CLI::App& app) {
     // Check it loads back before writing, then write atomically.
     auto target = DeviceTarget::from_properties_json(*props, "captured properties");
     if (!target.ok()) return fail("devprop", target.status());
-    const std::string tmp = *out + ".tmp";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f << *props;
-      if (!f.good()) return fail("devprop", IoError(tmp + ": cannot write"));
-    }
-    if (std::rename(tmp.c_str(), out->c_str()) != 0) return fail("devprop", IoError(*out + ": cannot rename into place"));
-    std::printf("wrote %s: %s, sm_%d, %d SMs\n", out->c_str(), target->device_name.c_str(), target->sm_version,
-                target->sm_count);
+    Status st = common::write_file_atomic(*out, *props, "device-properties file");
+    if (!st.ok()) return fail("devprop", st);
+    std::printf("wrote %s: %s, sm_%d, %d SMs\n", safe(*out).c_str(), safe(target->device_name).c_str(),
+                target->sm_version, target->sm_count);
     return kExitOk;
   };
 }

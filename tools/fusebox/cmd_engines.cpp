@@ -50,10 +50,10 @@ Runner add_engines(CLI::App& app) {
       nlohmann::json j = to_json(report);
       j["graph"] = g->name;
       j["engines"] = list;
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", dump(j).c_str());
       return kExitOk;
     }
-    std::printf("%s: %zu candidates for %s (sm_%d)\n", g->name.c_str(), engines->size(), report.device_name.c_str(),
+    std::printf("%s: %zu candidates for %s (sm_%d)\n", safe(g->name).c_str(), engines->size(), safe(report.device_name).c_str(),
                 report.sm_version);
     std::printf("%4s  %-44s %-9s %12s  %s\n", "idx", "engine", "supported", "workspace", "notes");
     for (const auto& e : *engines) {
@@ -66,7 +66,7 @@ Runner add_engines(CLI::App& app) {
       if (e.duplicate_of >= 0) {
         std::printf("      (duplicate of candidate %lld)\n", static_cast<long long>(e.duplicate_of));
       } else if (!e.supported) {
-        std::printf("      why not: %s\n", e.support_message.substr(0, 300).c_str());
+        std::printf("      why not: %s\n", safe(e.support_message.substr(0, 300)).c_str());
       }
     }
     return kExitOk;

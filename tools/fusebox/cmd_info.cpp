@@ -33,17 +33,17 @@ Runner add_info(CLI::App& app) {
                           {"cuda_driver", s.cuda_driver_version ? cuda_ver(s.cuda_driver_version) : ""},
                           {"gpus", gpus},
                           {"gpu_error", s.gpu_error}};
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", dump(j).c_str());
     } else {
       std::printf("fusebox         %s\n", s.fusebox_version.c_str());
       std::printf("cuDNN Frontend  %s (headers)\n", s.frontend_version.c_str());
       std::printf("cuDNN           headers %s, runtime %s (%s)\n", ver(s.cudnn_header_version).c_str(),
-                  ver(s.cudnn_runtime_version).c_str(), s.cudnn_library_path.c_str());
+                  ver(s.cudnn_runtime_version).c_str(), safe(s.cudnn_library_path).c_str());
       std::printf("CUDA            runtime %s, driver %s\n", cuda_ver(s.cuda_runtime_version).c_str(),
                   s.cuda_driver_version ? cuda_ver(s.cuda_driver_version).c_str() : "none");
-      if (s.gpus.empty()) std::printf("GPUs            none (%s)\n", s.gpu_error.c_str());
+      if (s.gpus.empty()) std::printf("GPUs            none (%s)\n", safe(s.gpu_error).c_str());
       for (const auto& g : s.gpus) {
-        std::printf("GPU %d           %s, sm_%d, %d SMs, %.1f GiB\n", g.id, g.name.c_str(), g.sm_version, g.sm_count,
+        std::printf("GPU %d           %s, sm_%d, %d SMs, %.1f GiB\n", g.id, safe(g.name).c_str(), g.sm_version, g.sm_count,
                     g.memory_bytes / (1024.0 * 1024 * 1024));
       }
     }

@@ -1,4 +1,6 @@
 // fusebox run: execute on a GPU, verify against the reference, time it.
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +25,35 @@ Result<std::map<std::string, std::string>> parse_inputs(const std::string& spec)
     }
     out[item.substr(0, eq)] = item.substr(eq + 1);
     start = end + 1;
+  }
+  return out;
+}
+
+// DIR/<name>.npy, refused when the name is not one file name (names are
+// free text in the graph file) or the file is an input of this run.
+Result<std::string> output_path(const std::string& name, const std::string& dir,
+                                const std::vector<common::NamedPath>& inputs) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return InvalidArgument("--save-outputs: output tensor '" + name +
+                           "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
+  }
+  const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
+  FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, "--save-outputs file", inputs));
+  FUSEBOX_RETURN_IF_ERROR(common::check_replaceable(path, "--save-outputs file"));
+  return path;
+}
+
+Result<std::map<std::string, std::string>> output_paths(const ResolvedGraph& g, const std::string& dir,
+                                                        const std::vector<common::NamedPath>& inputs) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return InvalidArgument("--save-outputs '" + dir + "' exists and is not a directory");
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& t : g.tensors) {
+    if (!t.is_output) continue;
+    FUSEBOX_ASSIGN_OR_RETURN(out[t.name], output_path(t.name, dir, inputs));
   }
   return out;
 }
@@ -62,6 +93,15 @@ Runner add_run(CLI::App& app) {
     if (!g.ok()) return fail("run", g.status());
     auto input_files = parse_inputs(a->inputs);
     if (!input_files.ok()) return fail("run", input_files.status());
+    // Before any GPU work: --save-outputs must not overwrite an input of this run.
+    std::map<std::string, std::string> save_paths;
+    std::vector<common::NamedPath> inputs = {{"graph file", a->graph}, {"--plan file", a->plan}};
+    if (!a->save_outputs.empty()) {
+      for (const auto& [name, file] : *input_files) inputs.push_back({"--inputs file for '" + name + "'", file});
+      auto paths = output_paths(*g, a->save_outputs, inputs);
+      if (!paths.ok()) return fail("run", paths.status());
+      save_paths = std::move(paths).value();
+    }
     RunOptions options;
     options.seed = a->seed;
     options.verify = a->verify;
@@ -116,8 +156,12 @@ Runner add_run(CLI::App& app) {
                                  a->measure_startup);
         if (got.ok()) print_warnings(got->warnings);
       }
-      if (!got.ok() || !got->hit) got = plan_through_cache(cache.get(), *g, *target, bo, ctx->get());
-      if (!got.ok()) return fail("run", got.status().WithContext("[graph '" + g->name + "']"));
+      BuildReport failed;
+      if (!got.ok() || !got->hit) got = plan_through_cache(cache.get(), *g, *target, bo, ctx->get(), &failed);
+      if (!got.ok()) {
+        if (!a->json && !failed.steps.empty()) print_build_report(failed);
+        return fail("run", got.status().WithContext("[graph '" + g->name + "']"));
+      }
       if (!got->hit) print_warnings(got->warnings);
       report = got->report;
       cache_result = cache_state(cache.get(), got->hit);
@@ -144,9 +188,13 @@ Runner add_run(CLI::App& app) {
     std::vector<std::string> saved;
     if (!a->save_outputs.empty()) {
       std::error_code ec;
-      std::filesystem::create_directories(a->save_outputs, ec);
+      std::filesystem::create_directories(a->save_outputs, ec);  // a failure shows in the write below
       for (const auto& [name, t] : r->outputs) {
-        std::string path = (std::filesystem::path(a->save_outputs) / (name + ".npy")).string();
+        auto it = save_paths.find(name);
+        auto checked = it != save_paths.end() ? Result<std::string>(it->second)
+                                              : output_path(name, a->save_outputs, inputs);
+        if (!checked.ok()) return fail("run", checked.status());
+        const std::string path = *checked;
         Status st = write_npy(path, t);
         if (!st.ok()) return fail("run", st);
         saved.push_back(path);
@@ -187,23 +235,25 @@ Runner add_run(CLI::App& app) {
                           {"outputs_saved", saved},
                           {"ok", r->verified_ok}};
       if (!report.steps.empty()) j["build"] = to_json(report);
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", dump(j).c_str());
     } else {
-      std::printf("%s (%s)\n", g->name.c_str(), a->graph.c_str());
+      std::printf("%s (%s)\n", safe(g->name).c_str(), safe(a->graph).c_str());
       if (!report.steps.empty()) print_build_report(report);
-      std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), r->engine.c_str(),
+      std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), safe(r->engine).c_str(),
                   format_bytes(r->workspace_bytes).c_str());
       std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms, plan_ms,
                   cache_result.c_str());
       if (cache_result == "hit") std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
       if (deserialize_again_ms >= 0) std::printf(", again %.2f ms", deserialize_again_ms);
       std::printf("), first execution %.2f ms\n", r->first_execute_ms);
-      for (const auto& c : r->comparisons) std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), c.ToString().c_str());
+      for (const auto& c : r->comparisons) {
+        std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), safe(c.ToString()).c_str());
+      }
       if (r->latency.iters > 0) {
         std::printf("  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
                     r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
       }
-      for (const auto& p : saved) std::printf("  saved %s\n", p.c_str());
+      for (const auto& p : saved) std::printf("  saved %s\n", safe(p).c_str());
     }
     Status vs = verify_status(*r);
     if (!vs.ok()) return fail("run", vs.WithContext("[graph '" + g->name + "']"));

@@ -44,6 +44,12 @@ Runner add_tune(CLI::App& app) {
     auto target = DeviceTarget::live_gpu(0);
     if (!target.ok()) return fail("tune", target.status());
     auto cache = open_cache(a->cache);
+    if (!a->plan_out.empty()) {
+      Status st = common::refuse_overwriting_input(
+          a->plan_out, "--plan-out",
+          {{"graph file", a->graph}, {"plan cache", cache && cache->enabled() ? cache->path() : ""}});
+      if (!st.ok()) return fail("tune", st);
+    }
     const std::string policy_key = tune_policy_key(a->policy);
     auto cached = lookup_cached_plan(cache.get(), *g, *target, policy_key, ctx->get());
     if (cached.ok()) print_warnings(cached->warnings);
@@ -58,7 +64,7 @@ Runner add_tune(CLI::App& app) {
       if (a->json) {
         nlohmann::json verify = nlohmann::json::array();
         for (const auto& c : run->comparisons) verify.push_back(to_json(c));
-        std::printf("%s\n", nlohmann::json({{"graph", g->name},
+        std::printf("%s\n", dump(nlohmann::json{{"graph", g->name},
                                              {"cache", "hit"},
                                              {"cache_key", cached->key},
                                              {"winner", cached->plan.engine_name()},
@@ -67,14 +73,13 @@ Runner add_tune(CLI::App& app) {
                                              {"cache_lookup_ms", cached->lookup_ms},
                                              {"deserialize_ms", cached->deserialize_ms},
                                              {"verify", verify},
-                                             {"ok", run->verified_ok}})
-                                   .dump(2)
+                                             {"ok", run->verified_ok}}, 2)
                                    .c_str());
       } else {
         std::printf("%s: plan cache hit (%s): tuned winner %s (%.4f ms when tuned on %s); lookup %.2f ms, "
                     "deserialize %.2f ms; not tuned again (--no-cache to retune)\n",
-                    g->name.c_str(), cached->key.c_str(), cached->plan.engine_name().c_str(),
-                    cached->entry.tuned_median_ms, cached->entry.created_utc.c_str(), cached->lookup_ms,
+                    safe(g->name).c_str(), cached->key.c_str(), safe(cached->plan.engine_name()).c_str(),
+                    cached->entry.tuned_median_ms, safe(cached->entry.created_utc).c_str(), cached->lookup_ms,
                     cached->deserialize_ms);
         for (const auto& c : run->comparisons) std::printf("verify: %s\n", c.ToString().c_str());
       }
@@ -138,10 +143,10 @@ Runner add_tune(CLI::App& app) {
                           {"ok", r->winner_run.verified_ok},
                           {"build", to_json(r->report)},
                           {"entries", rows}};
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", dump(j).c_str());
     } else {
       std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up + %d timed runs each, %d input sets rotated)\n",
-                  g->name.c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters, r->input_sets);
+                  safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters, r->input_sets);
       std::printf("%4s  %-46s %11s %11s %11s %9s %10s  %s\n", "rank", "engine", "median ms", "min ms", "p90 ms",
                   "TFLOP/s", "workspace", "");
       int rank = 1;
@@ -163,7 +168,7 @@ Runner add_tune(CLI::App& app) {
       }
       std::printf("\n");
       for (const auto& c : r->winner_run.comparisons) std::printf("winner verify: %s\n", c.ToString().c_str());
-      if (!a->plan_out.empty()) std::printf("winner plan written to %s\n", a->plan_out.c_str());
+      if (!a->plan_out.empty()) std::printf("winner plan written to %s\n", safe(a->plan_out).c_str());
     }
     Status vs = verify_status(r->winner_run);
     if (!vs.ok()) return fail("tune", vs.WithContext("[graph '" + g->name + "'] winner " + w.candidate.name));

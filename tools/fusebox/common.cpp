@@ -17,7 +17,7 @@ int exit_code_for(const Status& st) {
 }
 
 int fail(const std::string& command, const Status& st) {
-  std::cerr << "fusebox " << command << ": " << st.ToString() << "\n";
+  std::cerr << "fusebox " << command << ": " << common::printable(st.ToString(), /*keep_newlines=*/true) << "\n";
   return exit_code_for(st);
 }
 
@@ -64,16 +64,16 @@ std::string format_bytes(int64_t bytes) {
 
 void print_build_report(const BuildReport& r) {
   std::fflush(stderr);
-  std::printf("target: %s (sm_%d)%s\n", r.device_name.c_str(), r.sm_version,
+  std::printf("target: %s (sm_%d)%s\n", safe(r.device_name).c_str(), r.sm_version,
               r.deviceless ? ", deviceless (device-properties file)" : ", live GPU");
   int n = 1;
   for (const auto& s : r.steps) {
     // A failed step's message goes to stderr once, with the command's error.
-    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, s.name.c_str(), s.ms, s.status.ok() ? "ok" : "FAILED (below)");
+    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, safe(s.name).c_str(), s.ms, s.status.ok() ? "ok" : "FAILED (below)");
   }
   if (r.candidate_plans) std::printf("  candidate plans: %lld\n", static_cast<long long>(r.candidate_plans));
   if (!r.engine.empty()) {
-    std::printf("  engine: %s (candidate %lld), workspace %s\n", r.engine.c_str(),
+    std::printf("  engine: %s (candidate %lld), workspace %s\n", safe(r.engine).c_str(),
                 static_cast<long long>(r.plan_index), format_bytes(r.workspace_bytes).c_str());
   }
   std::printf("  total: %.2f ms\n", r.total_ms());
@@ -101,7 +101,7 @@ std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags) {
       options.max_bytes = v;
     } else {
       std::fprintf(stderr, "fusebox: warning: FUSEBOX_CACHE_MAX_BYTES='%s' is not a positive byte count; using %lld\n",
-                   env, static_cast<long long>(options.max_bytes));
+                   safe(env).c_str(), static_cast<long long>(options.max_bytes));
     }
   }
   auto cache = std::make_unique<PlanCache>(
@@ -111,7 +111,9 @@ std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags) {
 }
 
 void print_warnings(const std::vector<std::string>& warnings) {
-  for (const auto& w : warnings) std::fprintf(stderr, "fusebox: warning: %s\n", w.c_str());
+  for (const auto& w : warnings) {
+    std::fprintf(stderr, "fusebox: warning: %s\n", common::printable(w, /*keep_newlines=*/true).c_str());
+  }
 }
 
 std::string cache_state(const PlanCache* cache, bool hit) {

@@ -6,6 +6,9 @@
 
 #include <string>
 
+#include "common/file_io.h"
+#include "common/json_util.h"
+#include "common/text.h"
 #include "fusebox/cached_plan.h"
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
@@ -19,8 +22,16 @@ constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;
 
 int exit_code_for(const Status& st);
-// Prints "fusebox <command>: <message>" to stderr and returns the exit code.
+// Prints "fusebox <command>: <message>" to stderr (control bytes escaped) and
+// returns the exit code.
 int fail(const std::string& command, const Status& st);
+
+// Text for a terminal: names, paths and foreign strings with control bytes
+// escaped (common::printable), so a file name cannot move the cursor or
+// retitle the terminal.
+inline std::string safe(std::string_view s) { return common::printable(s); }
+// A JSON document for stdout: never throws on invalid UTF-8 (replaced).
+inline std::string dump(const nlohmann::json& j, int indent = 2) { return common::json_dump(j, indent); }
 
 // Loads and resolves a graph file.
 Result<ResolvedGraph> load_resolved(const std::string& path);

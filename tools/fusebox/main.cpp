@@ -1,6 +1,8 @@
 // fusebox: build, select, cache and run cuDNN graphs declared explicitly.
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 
@@ -8,10 +10,35 @@
 
 namespace {
 
+// What `fusebox --version` prints: versions known at build time plus the
+// loaded cuDNN's, none of which needs a GPU.
+std::string version_text() {
+  const fusebox::SystemInfo s = fusebox::system_info(/*enumerate_gpus=*/false);
+  auto ver = [](int64_t v) {
+    return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
+  };
+  return "fusebox " + s.fusebox_version + "\ncuDNN Frontend " + s.frontend_version + " (headers)\ncuDNN " +
+         ver(s.cudnn_header_version) + " (headers), " + ver(s.cudnn_runtime_version) + " (runtime)";
+}
+
+// A command whose output could not be written (disk full, closed pipe) did
+// not succeed: report it instead of exiting 0.
+int check_stdout(int rc) {
+  std::cout.flush();
+  errno = 0;
+  const bool bad = std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout.good();
+  if (!bad) return rc;
+  const int err = errno;
+  std::fprintf(stderr, "fusebox: IoError: cannot write to standard output%s%s\n", err ? ": " : "",
+               err ? std::strerror(err) : "");
+  return rc != fusebox::cli::kExitOk ? rc : fusebox::cli::kExitBadInput;
+}
+
 int fusebox_main(int argc, char** argv) {
   using namespace fusebox::cli;
   CLI::App app{"fusebox: define cuDNN graphs explicitly, build them, pick the engine, run and verify them"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text, "Print the fusebox, cuDNN Frontend and cuDNN versions and exit");
   std::map<CLI::App*, Runner> runners;
   auto add = [&](Runner (*fn)(CLI::App&)) {
     Runner r = fn(app);
@@ -31,6 +58,8 @@ int fusebox_main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "fusebox: " << e.what() << " (see fusebox --help)\n";
     return kExitBadInput;
@@ -46,4 +75,4 @@ int fusebox_main(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return fusebox_main(argc, argv); }
+int main(int argc, char** argv) { return check_stdout(fusebox_main(argc, argv)); }
