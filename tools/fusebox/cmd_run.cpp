@@ -9,24 +9,6 @@
 namespace fusebox::cli {
 namespace {
 
-// "x=a.npy,w=b.npy" -> {x: a.npy, w: b.npy}
-Result<std::map<std::string, std::string>> parse_inputs(const std::string& spec) {
-  std::map<std::string, std::string> out;
-  size_t start = 0;
-  while (start < spec.size()) {
-    size_t end = spec.find(',', start);
-    if (end == std::string::npos) end = spec.size();
-    std::string item = spec.substr(start, end - start);
-    size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
-      return InvalidArgument("--inputs: '" + item + "' is not NAME=FILE.npy");
-    }
-    out[item.substr(0, eq)] = item.substr(eq + 1);
-    start = end + 1;
-  }
-  return out;
-}
-
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -60,27 +42,14 @@ Runner add_run(CLI::App& app) {
   return [a]() {
     auto g = load_resolved(a->graph);
     if (!g.ok()) return fail("run", g.status());
-    auto input_files = parse_inputs(a->inputs);
-    if (!input_files.ok()) return fail("run", input_files.status());
+    auto inputs = load_input_files(*g, a->inputs);
+    if (!inputs.ok()) return fail("run", inputs.status());
     RunOptions options;
     options.seed = a->seed;
     options.verify = a->verify;
     options.warmup = a->warmup;
     options.iters = a->iters;
-    for (const auto& [name, file] : *input_files) {
-      int idx = g->find_tensor(name);
-      if (idx < 0 || !g->tensors[idx].is_input || g->tensors[idx].scalar_value) {
-        std::string names;
-        for (int i : g->input_tensors()) {
-          if (!g->tensors[i].scalar_value) names += " " + g->tensors[i].name;
-        }
-        return fail("run", InvalidArgument("--inputs: '" + name + "' is not an input of graph '" + g->name +
-                                           "'; inputs are:" + names));
-      }
-      auto t = read_npy_for(file, g->tensors[idx]);
-      if (!t.ok()) return fail("run", t.status());
-      options.inputs[name] = std::move(t).value();
-    }
+    options.inputs = std::move(inputs).value();
 
     // Start-up, timed in parts: the first cuDNN call loads its libraries.
     auto t_ctx = std::chrono::steady_clock::now();
