@@ -64,9 +64,9 @@ def bwd_forward_role(graph, name):
     return None
 
 
-def without_dropout(op, **changes):
-    """A copy of `op` with no dropout (and the given top-level changes)."""
-    return dict(op, attrs=dict(op["attrs"], dropout=None), **changes)
+def without_dropout(src, **changes):
+    """A copy of op `src` with no dropout (and the given top-level changes, e.g. op="sdpa_fp8_fwd")."""
+    return dict(src, attrs=dict(src["attrs"], dropout=None), **changes)
 
 
 def make_inputs(graph, seed, device):

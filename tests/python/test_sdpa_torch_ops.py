@@ -438,3 +438,70 @@ def test_bench_mask_kwargs_match_reference(fusebox, path):
     err = (torch.where(care, got, 0.0) - torch.where(care, want, 0.0)).abs().max().item()
     assert err < 1e-5, (path, note, err)
 
+
+
+def fake_fusebox_run(graph, factor=1.0):
+    """Stands in for `fusebox run ... --save-outputs DIR`: writes the torch
+    reference of the given inputs (times `factor`) as fusebox's outputs, and a
+    keep-mask drawn here for dropout_mask outputs."""
+
+    def run(fusebox, path, files, out_dir, timeout_s, verify=True):
+        ins = {}
+        for name, f in files.items():
+            t = torch.from_numpy(np.load(f))
+            ins[name] = t.to(torch.int64) if graph.dtype(name) in ("int32", "int64") else t.to(torch.float32)
+        masks = {}
+        for name in xc.dropout_mask_outputs(graph):
+            p = next(op["attrs"]["dropout"] for op in graph.sdpa_ops() if op["outputs"].get("dropout_mask") == name)
+            masks[name] = (torch.rand(graph.dims[name], generator=torch.Generator().manual_seed(5)) >= p).float()
+        vals, _ = xc.torch_reference(graph, dict(ins, **masks), "cpu")
+        for name in graph.outputs():
+            y = masks[name] if name in masks else vals[name] * factor
+            np.save(os.path.join(out_dir, f"{name}.npy"), y.numpy())
+        report = {"ok": True, "verify": [{"tensor": n, "pass": True} for n in graph.outputs()]}
+        return ["fusebox", "run", path], 0, "", report
+
+    return run
+
+
+SMALL = [p for p in default_graphs() if "/small/" in p]
+
+
+@pytest.mark.parametrize("path", SMALL, ids=os.path.basename)
+def test_crosscheck_check_graph_on_cpu(fusebox, path, monkeypatch):
+    """crosscheck.check_graph end to end on the CPU, fusebox's run replaced by
+    the torch reference itself: every small example passes, and fails once the
+    outputs are off by 30%."""
+    import types
+    g = Graph.load(path, fusebox)
+    args = types.SimpleNamespace(fusebox=fusebox, seed=1234, timeout=60, keep=False)
+    monkeypatch.setattr(xc, "run_fusebox", fake_fusebox_run(g))
+    r = xc.check_graph(path, args, "cpu")
+    assert r["pass"] and "error" not in r, r
+    if r.get("skipped"):
+        assert xc.has_dropout(g), r
+        return
+    compared = [o["tensor"] for o in r["outputs"]]
+    assert compared and set(compared) == set(g.outputs()) - set(xc.dropout_mask_outputs(g))
+    for o in r["outputs"]:
+        assert (o["tol_rel_l2"], o["tol_max_abs_rel"]) == g.tolerance(o["tensor"])
+    monkeypatch.setattr(xc, "run_fusebox", fake_fusebox_run(g, factor=1.3))
+    r = xc.check_graph(path, args, "cpu")
+    assert not r["pass"] and not any(o["pass"] for o in r["outputs"]), r
+
+
+@pytest.mark.parametrize("path", [p for p in SMALL if "sdpa" not in os.path.basename(p)], ids=os.path.basename)
+def test_torch_compare_eager_fn(fusebox, path):
+    """torch_compare's eager graph on the CPU: inputs with the graph's strides
+    and dtypes, outputs matching the float32 reference within bf16 rounding."""
+    from fusebox_tools import torch_compare
+    g = Graph.load(path, fusebox)
+    (ins,) = torch_compare.make_input_sets(g, 1, "cpu")
+    for name, t in ins.items():
+        assert list(t.shape) == g.dims[name] and list(t.stride()) == g.strides(name), name
+    outs = torch_compare.make_eager_fn(g)(ins)
+    ref, _ = xc.torch_reference(g, {n: t.float() for n, t in ins.items()}, "cpu")
+    for name, y in zip(g.outputs(), outs):
+        assert list(y.shape) == g.dims[name], name
+        m = xc.compare(y.float(), ref[name])
+        assert m["rel_l2"] < 2e-2, (name, m)
