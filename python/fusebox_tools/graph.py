@@ -39,11 +39,11 @@ class FuseboxError(Exception):
 
 def fusebox_bin(fusebox=None):
     """Path of the fusebox binary (see the module doc for the search order)."""
-    if fusebox:
-        return fusebox
-    env = os.environ.get("FUSEBOX_BIN")
-    if env:
-        return env
+    for given, what in ((fusebox, "--fusebox"), (os.environ.get("FUSEBOX_BIN"), "FUSEBOX_BIN")):
+        if given:
+            if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+                raise FuseboxError(f"{what}={given} is not an executable file (build it with make build)")
+            return given
     local = os.path.join(REPO_ROOT, "build", "fusebox")
     if os.path.exists(local):
         return local
@@ -70,10 +70,11 @@ def check_json(path, fusebox=None, inputs=None, timeout_s=120):
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError as e:
         raise FuseboxError(f"{' '.join(cmd)} exited {proc.returncode} without a JSON document "
-                           f"({e}); stderr: {proc.stderr.strip()[-400:]}",
+                           f"({e}); stdout: {proc.stdout.strip()[:200]!r}; stderr: {proc.stderr.strip()[-400:]!r}",
                            returncode=proc.returncode) from e
     if not doc.get("ok"):
-        raise FuseboxError(f"{path}: {doc.get('code', 'error')}: {doc.get('error')}", code=doc.get("code"),
+        # fusebox's message already names the file
+        raise FuseboxError(f"{doc.get('code', 'error')}: {doc.get('error')}", code=doc.get("code"),
                            returncode=proc.returncode)
     if doc.get("version") != CHECK_JSON_VERSION:
         raise FuseboxError(f"{exe} prints check --json version {doc.get('version')}, this module reads "

@@ -532,7 +532,7 @@ def main():
                          "mask": "-", "flops": 0, "torch_mask": "-", "input_sets": 0,
                          "fusebox": None, "cudnn": None, "flash": None, "efficient": None,
                          "notes": [f"error: {type(e).__name__}: {e}"]})
-    header = [f"# fusebox SDPA vs PyTorch scaled_dot_product_attention", "",
+    header = ["# fusebox SDPA vs PyTorch scaled_dot_product_attention", "",
               f"- GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, cuDNN "
               f"{torch.backends.cudnn.version()}, CUDA {torch.version.cuda}",
               f"- {args.warmup} warm-up calls, then {args.iters} timed; median (min) in microseconds", ""]

@@ -2,7 +2,6 @@
 `fusebox check --json`, and its mask rule (SdpaOptions.keeps, which the torch
 cross-check applies) counts the same kept pairs as fusebox's FLOP count.
 Needs the fusebox binary and numpy (no torch)."""
-import math
 import os
 
 import pytest
@@ -60,7 +59,13 @@ def test_load_errors(fusebox, repo_root, tmp_path):
     assert e.value.code == "IoError"
     with pytest.raises(FuseboxError) as e:
         Graph.load(os.path.join(repo_root, "examples/graphs/conv_bias_relu.json"), str(tmp_path / "no-fusebox"))
-    assert "cannot run" in str(e.value)
+    assert "--fusebox=" in str(e.value) and "no-fusebox" in str(e.value)
+    not_fusebox = tmp_path / "not-fusebox"
+    not_fusebox.write_text("#!/bin/sh\necho oops\n")
+    not_fusebox.chmod(0o755)
+    with pytest.raises(FuseboxError) as e:
+        Graph.load(os.path.join(repo_root, "examples/graphs/conv_bias_relu.json"), str(not_fusebox))
+    assert "without a JSON document" in str(e.value) and "oops" in str(e.value)
 
 
 def test_fusebox_bin_from_env(fusebox, repo_root, monkeypatch, tmp_path):

@@ -2,6 +2,7 @@
 // `--json` prints the resolved graph: what the Python tools (python/fusebox_tools)
 // read instead of re-deriving shapes, roles, FLOPs, tolerances and masks.
 #include <cstdio>
+#include <type_traits>
 #include <variant>
 
 #include "common.h"
@@ -71,8 +72,12 @@ ordered_json attrs_json(const ResolvedGraph& g, const ResolvedOp& op) {
             j["generate_stats"] = a.generate_stats;
           }
           if constexpr (std::is_same_v<A, SdpaBwdAttrs>) j["deterministic"] = a.deterministic;
+        } else if constexpr (std::is_same_v<A, MatmulAttrs> || std::is_same_v<A, PointwiseAttrs>) {
+          // No attributes (a pointwise op's mode is its type name).
+        } else {
+          // A new op type: say what the tools need of its attributes here (docs/cli.md).
+          static_assert(sizeof(A) == 0, "check --json: attributes of a new op type");
         }
-        // matmul and pointwise ops: no attributes (the pointwise mode is the op type).
       },
       op.attrs);
   return j;
