@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies what the GPU machine needs from a build folder into .gpu/ (git-ignored):
-# the CLI and the test binaries, nothing else (examples and scripts travel with
-# the repository). Carry .gpu with the device tool and run scripts/gpu_check.sh there.
+# the CLI and the test binaries, nothing else (examples, scripts and the Python
+# tools in python/ travel with the repository). Carry .gpu with the device tool and run scripts/gpu_check.sh there.
 #   usage: scripts/gpu_bundle.sh BUILD_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

@@ -19,6 +19,8 @@ if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; el
 # Tests that look for the source tree (examples, devices) find it here even if
 # the binaries were built elsewhere.
 export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/$DEVPROP"
+# The Python tools (python/fusebox_tools) read graphs through this fusebox.
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
 
 # Valid examples: top level and small/, without invalid_*.
 GRAPHS=()
@@ -136,11 +138,16 @@ PYEOF
 }
 
 do_crosscheck() {
-  timeout 420 "$PY" tools/torch_crosscheck.py --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${GRAPHS[@]}"
+  timeout 420 "$PY" -m fusebox_tools.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${GRAPHS[@]}"
+}
+
+# tests/python with torch (CI has none, so its torch tests skip there).
+do_python_tests() {
+  timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/python
 }
 
 do_bench() {
-  timeout 420 "$PY" bench/torch_compare.py --fusebox "$FB" --markdown-out "$OUT/bench.md" \
+  timeout 420 "$PY" -m fusebox_tools.torch_compare --fusebox "$FB" --markdown-out "$OUT/bench.md" \
     --json-out "$OUT/bench.json"
 }
 
@@ -388,6 +395,7 @@ if [ -x "$BUNDLE/fusebox_deviceless_tests" ]; then
 fi
 section run_verify do_run_verify
 section torch_crosscheck do_crosscheck
+section python_tests do_python_tests
 section deviceless_roundtrip do_roundtrip
 section cpu_built_plans do_cpu_plans
 section tune do_tune

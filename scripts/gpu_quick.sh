@@ -13,6 +13,8 @@ mkdir -p "$OUT"
 FB="$BUNDLE/fusebox"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
 export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/devices/h200-cudnn-9.19.devprop"
+# The Python tools (python/fusebox_tools) read graphs through this fusebox.
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
 GRAPH_FILTER=${GRAPH_FILTER:-.}
@@ -37,19 +39,19 @@ SMALL=()
 for g in examples/graphs/small/*.json; do [[ "$g" =~ $GRAPH_FILTER ]] && SMALL+=("$g"); done
 if [ "${#SMALL[@]}" -gt 0 ]; then
   step torch_crosscheck
-  timeout 200 "$PY" tools/torch_crosscheck.py --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${SMALL[@]}" > "$OUT/crosscheck.log" 2>&1 || fails=$((fails + 1))
+  timeout 200 "$PY" -m fusebox_tools.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${SMALL[@]}" > "$OUT/crosscheck.log" 2>&1 || fails=$((fails + 1))
   tail -n 25 "$OUT/crosscheck.log"
 fi
 
 # TUNE_GRAPHS: tune each (and, for an sdpa forward, its training-mode variant
-# with a stats output, as bench/sdpa_compare.py times it) into $FUSEBOX_CACHE,
+# with a stats output, as fusebox_tools.sdpa_compare times it) into $FUSEBOX_CACHE,
 # so the benchmark below runs the tuned plans.
 if [ -n "${TUNE_GRAPHS:-}" ]; then
   export FUSEBOX_CACHE=${FUSEBOX_CACHE:-/tmp/fusebox_tuned.sqlite}
   mkdir -p "$OUT/tune"
   for g in $TUNE_GRAPHS; do
-    for v in $("$PY" -c 'import sys, tempfile; sys.path.insert(0, "bench"); import sdpa_compare as s; from graph_json import Graph
-g = sys.argv[1]; ops = [o for o in Graph(g).ops if o["op"] == "sdpa_fwd"]
+    for v in $("$PY" -c 'import sys; from fusebox_tools import sdpa_compare as s; from fusebox_tools.graph import Graph
+g = sys.argv[1]; ops = [o for o in Graph.load(g).ops if o["op"] == "sdpa_fwd"]
 print(g); [print(s.stats_variant(g, o["name"], "/tmp", True)) for o in ops[:1]]' "$g" 2>/dev/null || echo "$g"); do
       name=$(basename "$v" .json)
       step tune "$name"
@@ -62,7 +64,7 @@ fi
 if [ -n "${BENCH_GRAPHS:-}" ]; then
   step sdpa_bench
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-240}" "$PY" bench/sdpa_compare.py --fusebox "$FB" --warmup 5 --iters 30 \
+  timeout "${BENCH_TIMEOUT:-240}" "$PY" -m fusebox_tools.sdpa_compare --fusebox "$FB" --warmup 5 --iters 30 \
     --json-out "$OUT/sdpa_bench.json" --markdown-out "$OUT/sdpa_bench.md" $BENCH_GRAPHS > "$OUT/sdpa_bench.log" 2>&1 || fails=$((fails + 1))
   cat "$OUT/sdpa_bench.md" 2>/dev/null || tail -n 30 "$OUT/sdpa_bench.log"
 fi

@@ -35,5 +35,11 @@ if [ "$(cat "$DEST/VERSION" 2>/dev/null)" != "$FRONTEND_VERSION" ]; then
   test -f "$DEST/include/cudnn_frontend.h" || { echo "setup: cudnn_frontend.h missing after unpacking $f" >&2; exit 1; }
   echo "$FRONTEND_VERSION" > "$DEST/VERSION"
 fi
+# The Python tests (ctest's `python`): pytest and numpy, for the python3 on PATH.
+# torch is not installed (several GB): the tests that need it skip.
+if ! python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
+  echo "setup: installing pytest and numpy (pip)"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy
+fi
 test -f /usr/local/cuda/include/cudnn.h || { echo "setup: cuDNN headers not found in /usr/local/cuda/include" >&2; exit 1; }
 echo "setup: ok (cuDNN Frontend $FRONTEND_VERSION)"

@@ -1,24 +1,58 @@
-"""CPU checks of tools/torch_ops.py's attention math and tools/graph_json.py's
-mask rules (no GPU, no fusebox binary needed).
+"""CPU checks of fusebox_tools.torch_ops' attention math (the torch side of the
+cross-check) and of the crosscheck / sdpa_compare helpers on the small
+examples. Needs torch (skipped without it: CI has none) and numpy; the tests
+on examples also need the fusebox binary.
 
-    python3 -m pytest tests/python            # or: python3 tests/python/test_sdpa_torch_ops.py
+    python3 -m pytest tests/python/test_sdpa_torch_ops.py
 """
+import json
 import math
 import os
 import random
-import sys
 import tempfile
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
-import torch_ops  # noqa: E402
-from graph_json import Graph, SdpaOptions, alibi_slopes, default_graphs  # noqa: E402
+torch = pytest.importorskip("torch", reason="torch is not installed (CPU torch is enough: pip install torch)")
+np = pytest.importorskip("numpy")
+import torch.nn.functional as F  # noqa: E402
+
+from fusebox_tools import crosscheck as xc  # noqa: E402
+from fusebox_tools import sdpa_compare  # noqa: E402
+from fusebox_tools import torch_ops  # noqa: E402
+from fusebox_tools.graph import Graph, SdpaOptions, default_graphs  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
+SMALL_SDPA = [p for p in default_graphs() if "/small/" in p and "sdpa" in os.path.basename(p)]
+
+
+def _plain_forward(path):
+    """Only picks tests: a one-op sdpa_fwd file without dropout (fusebox resolves it in the test)."""
+    with open(path, encoding="utf-8") as f:
+        ops = json.load(f)["ops"]
+    return len(ops) == 1 and ops[0]["op"] == "sdpa_fwd" and not ops[0].get("dropout")
+
+
+def slopes(heads):
+    """ALiBi-like slopes for hand-built ops (fusebox gives the real ones; the
+    tests only need both sides to use the same)."""
+    return [2.0 ** (-(h + 1) / 2) for h in range(heads)]
+
+
+def sdpa_op(kind, inputs, head_dim, causal=False, right_bound=None, left_bound=None, alignment="top_left",
+            alibi_heads=None, dropout=None, outputs=None):
+    """An sdpa op in the form of check --json, its attrs resolved by hand
+    (attn_scale 1/sqrt(D), causal sets right_bound 0): what the torch math
+    reads. The resolution itself is fusebox's, tested in test_check_json."""
+    roles = {r: r for r in inputs} if not isinstance(inputs, dict) else inputs
+    if causal and right_bound is None:
+        right_bound = 0
+    attrs = {"attn_scale": 1.0 / math.sqrt(head_dim), "causal": causal, "alignment": alignment,
+             "left_bound": left_bound, "right_bound": right_bound, "padding": "seq_len_q" in roles,
+             "bias": "bias" in roles, "alibi": alibi_heads is not None,
+             "alibi_slopes": slopes(alibi_heads) if alibi_heads else None, "dropout": dropout,
+             "dump_dropout_mask": False}
+    return {"name": "attn", "op": kind, "inputs": roles, "outputs": outputs or {}, "attrs": attrs}
 
 
 def rand(*shape, seed=0):
@@ -30,8 +64,7 @@ def brute_force(q, k, v, op, lq=None, lkv=None, bias=None):
     """Element-by-element reference in float64 from graph.h's rules."""
     B, Hq, Sq, D = q.shape
     Hk, Skv = k.shape[1], k.shape[2]
-    opts = SdpaOptions(op, D)
-    slopes = alibi_slopes(Hq)
+    opts = SdpaOptions.from_attrs(op["attrs"])
     o = torch.zeros(B, Hq, Sq, v.shape[3], dtype=torch.float64)
     st = torch.full((B, Hq, Sq, 1), float("-inf"), dtype=torch.float64)
     for b in range(B):
@@ -46,7 +79,7 @@ def brute_force(q, k, v, op, lq=None, lkv=None, bias=None):
                 s = torch.tensor([opts.attn_scale * float(q[b, h, i].double() @ k[b, hk, j].double())
                                   + (float(bias[b if bias.shape[0] > 1 else 0, h if bias.shape[1] > 1 else 0, i, j])
                                      if bias is not None else 0.0)
-                                  + (slopes[h] * (j - i) if opts.alibi else 0.0) for j in cols],
+                                  + (opts.alibi_slopes[h] * (j - i) if opts.alibi else 0.0) for j in cols],
                                  dtype=torch.float64)
                 p = torch.softmax(s, 0)
                 o[b, h, i] = p @ v[b, hk, cols].double()
@@ -62,37 +95,9 @@ def check_close(a, b, tol=1e-5):
     assert err <= tol, err
 
 
-def test_alibi_slopes():
-    assert alibi_slopes(8) == [2 ** (-(h + 1)) for h in range(8)]
-    s12 = alibi_slopes(12)
-    assert s12[:8] == [2 ** (-(h + 1)) for h in range(8)]
-    for m, x in enumerate(s12[8:]):
-        assert abs(x - 2 ** (-4 * (2 * m + 1) / 8)) < 1e-7
-
-
-def test_kept_pairs_match_keeps():
-    rnd = random.Random(0)
-    for _ in range(300):
-        op = {"op": "sdpa_fwd", "inputs": {"q": "q"}}
-        if rnd.random() < .5:
-            op["causal"] = True
-        elif rnd.random() < .3:
-            op["right_bound"] = rnd.randint(0, 5)
-        if rnd.random() < .5:
-            op["left_bound"] = rnd.randint(1, 6)
-        if rnd.random() < .5:
-            op["alignment"] = "bottom_right"
-        if rnd.random() < .5:
-            op["inputs"]["seq_len_q"] = "lq"
-        o = SdpaOptions(op, 64)
-        lq, lkv = rnd.randint(0, 9), rnd.randint(0, 9)
-        assert o.kept_pairs(lq, lkv) == sum(o.keeps(i, j, lq, lkv) for i in range(lq) for j in range(lkv))
-
-
 def test_causal_matches_torch_sdpa():
     q, k, v = rand(2, 4, 33, 16, seed=1), rand(2, 2, 33, 16, seed=2), rand(2, 2, 33, 16, seed=3)
-    op = {"op": "sdpa_fwd", "inputs": {"q": "q", "k": "k", "v": "v"}, "causal": True,
-          "outputs": {"o": "o", "stats": "s"}}
+    op = sdpa_op("sdpa_fwd", ("q", "k", "v"), 16, causal=True, outputs={"o": "o", "stats": "s"})
     out = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, op)
     want = F.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
                                           is_causal=True)
@@ -108,26 +113,29 @@ def test_masks_against_brute_force():
         B, Hk, g = 2, rnd.choice([1, 2]), rnd.choice([1, 3])
         Hq, Sq, Skv, D = Hk * g, rnd.randint(1, 9), rnd.randint(1, 11), 8
         q, k, v = rand(B, Hq, Sq, D, seed=trial), rand(B, Hk, Skv, D, seed=100 + trial), rand(B, Hk, Skv, D, seed=200 + trial)
-        op = {"op": "sdpa_fwd", "inputs": {"q": "q", "k": "k", "v": "v"}}
+        roles = ["q", "k", "v"]
         ins = {"q": q, "k": k, "v": v}
+        opt = {}
         if rnd.random() < .6:
-            op["causal"] = True
-            op["alibi"] = rnd.random() < .4
+            opt["causal"] = True
+            if rnd.random() < .4:
+                opt["alibi_heads"] = Hq
         if rnd.random() < .5:
-            op["left_bound"] = rnd.randint(1, 5)
+            opt["left_bound"] = rnd.randint(1, 5)
         if rnd.random() < .5:
-            op["alignment"] = "bottom_right"
+            opt["alignment"] = "bottom_right"
         lq = lkv = bias = None
         if rnd.random() < .5:
             lq = [rnd.randint(1, Sq) for _ in range(B)]
             lkv = [rnd.randint(1, Skv) for _ in range(B)]
-            op["inputs"].update(seq_len_q="lq", seq_len_kv="lkv")
+            roles += ["seq_len_q", "seq_len_kv"]
             ins["seq_len_q"] = torch.tensor(lq, dtype=torch.int64).reshape(B, 1, 1, 1)
             ins["seq_len_kv"] = torch.tensor(lkv, dtype=torch.int64).reshape(B, 1, 1, 1)
         if rnd.random() < .4:
             bias = rand(rnd.choice([1, B]), rnd.choice([1, Hq]), Sq, Skv, seed=300 + trial)
-            op["inputs"]["bias"] = "bias"
+            roles.append("bias")
             ins["bias"] = bias
+        op = sdpa_op("sdpa_fwd", roles, D, **opt)
         out = torch_ops.sdpa_forward(ins, op)
         o, st = brute_force(q, k, v, op, lq, lkv, bias)
         check_close(out["o"], o, 1e-5)
@@ -140,8 +148,7 @@ def test_masks_against_brute_force():
 def test_small_row_blocks():
     """Splitting rows into blocks gives the same result."""
     q, k, v = rand(1, 2, 40, 8, seed=5), rand(1, 1, 50, 8, seed=6), rand(1, 1, 50, 8, seed=7)
-    op = {"op": "sdpa_fwd", "inputs": {"q": "q", "k": "k", "v": "v"}, "causal": True,
-          "alignment": "bottom_right", "left_bound": 7}
+    op = sdpa_op("sdpa_fwd", ("q", "k", "v"), 8, causal=True, alignment="bottom_right", left_bound=7)
     full = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, op)
     old = torch_ops.SCORE_BLOCK_ELEMS
     torch_ops.SCORE_BLOCK_ELEMS = 2 * 50 * 3
@@ -162,8 +169,7 @@ def test_small_row_blocks():
 def test_backward_matches_torch_autograd_gqa():
     q, k, v = rand(2, 4, 24, 16, seed=11), rand(2, 2, 30, 16, seed=12), rand(2, 2, 30, 16, seed=13)
     do = rand(2, 4, 24, 16, seed=14)
-    op = {"op": "sdpa_bwd", "inputs": {"q": "q", "k": "k", "v": "v", "o": "o", "do": "do", "stats": "s"},
-          "causal": True, "alignment": "bottom_right"}
+    op = sdpa_op("sdpa_bwd", ("q", "k", "v", "o", "do", "stats"), 16, causal=True, alignment="bottom_right")
     got = torch_ops.sdpa_backward({"q": q, "k": k, "v": v, "do": do}, op)
     qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
     mask = torch.ones(24, 30, dtype=torch.bool).tril(diagonal=30 - 24)
@@ -180,7 +186,7 @@ def test_backward_padding_rows_zero():
     ins = {"q": q, "k": k, "v": v, "do": do,
            "seq_len_q": torch.tensor([10, 4]).reshape(2, 1, 1, 1),
            "seq_len_kv": torch.tensor([12, 5]).reshape(2, 1, 1, 1)}
-    op = {"op": "sdpa_bwd", "inputs": {r: r for r in ins}}
+    op = sdpa_op("sdpa_bwd", list(ins), 8)
     got = torch_ops.sdpa_backward(ins, op)
     assert got["dq"][1, :, 4:].abs().max() == 0
     assert got["dk"][1, :, 5:].abs().max() == 0 and got["dv"][1, :, 5:].abs().max() == 0
@@ -195,7 +201,7 @@ def test_fp8_emulation():
           "scale_o": 16.0}
     ins = {"q": q, "k": k, "v": v}
     ins.update({r: torch.tensor([x]).reshape(1, 1, 1, 1) for r, x in sc.items()})
-    op = {"op": "sdpa_fp8_fwd", "inputs": {r: r for r in ins}, "causal": True}
+    op = sdpa_op("sdpa_fp8_fwd", list(ins), 16, causal=True)
     out = torch_ops.sdpa_forward(ins, op, fp8=True)
     ref = torch_ops.sdpa_forward({"q": q, "k": k, "v": v}, dict(op, op="sdpa_fwd"))
     # o is fp8 (values exactly representable), about ref * scale_o
@@ -222,12 +228,12 @@ def fp8_round64(x, dtype):
 
 def fp8_bwd_brute_force(ins, op, sc, p_dtype, ds_dtype):
     """sdpa_fp8_bwd in float64, one (batch, head) at a time, unblocked, with
-    the mask from graph_json's SdpaOptions.keeps and cuDNN's two roundings
+    the mask from SdpaOptions.keeps and cuDNN's two roundings
     (P8, dS8). dq, dk, dv after the output scales, unrounded; amax values."""
     q, k, v, o, do, st = (ins[r].double() for r in ("q", "k", "v", "o", "do", "stats"))
     B, Hq, Sq, D = q.shape
     Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
-    opts = SdpaOptions(op, D)
+    opts = SdpaOptions.from_attrs(op["attrs"])
     lq = ins["seq_len_q"].reshape(-1).tolist() if "seq_len_q" in ins else [Sq] * B
     lkv = ins["seq_len_kv"].reshape(-1).tolist() if "seq_len_kv" in ins else [Skv] * B
     dq = torch.zeros(B, Hq, Sq, D, dtype=torch.float64)
@@ -262,17 +268,18 @@ def fp8_bwd_case(do_dtype="fp8_e4m3", padding=True, seed=40, **scale_overrides):
     v = torch_ops.round_fp8(rand(B, Hk, Skv, D, seed=seed + 2) * 2)
     o = torch_ops.round_fp8(rand(B, Hq, Sq, D, seed=seed + 3) * 8)
     do = rd[do_dtype](rand(B, Hq, Sq, D, seed=seed + 4) * 2)
-    op = {"op": "sdpa_fp8_bwd", "causal": True, "alignment": "bottom_right",
-          "inputs": {r: r for r in ("q", "k", "v", "o", "do", "stats") + torch_ops.FP8_BWD_SCALE_ROLES}}
+    roles = ["q", "k", "v", "o", "do", "stats", *torch_ops.FP8_BWD_SCALE_ROLES]
+    if padding:
+        roles += ["seq_len_q", "seq_len_kv"]
+    op = sdpa_op("sdpa_fp8_bwd", roles, D, causal=True, alignment="bottom_right")
     sc = dict(FP8_BWD_SCALES, **scale_overrides)
     ins = {"q": q, "k": k, "v": v, "o": o, "do": do}
     ins.update({r: torch.tensor([x]).reshape(1, 1, 1, 1) for r, x in sc.items()})
     if padding:
         ins["seq_len_q"] = torch.tensor([7, 5]).reshape(B, 1, 1, 1)
         ins["seq_len_kv"] = torch.tensor([9, 3]).reshape(B, 1, 1, 1)
-        op["inputs"].update(seq_len_q="seq_len_q", seq_len_kv="seq_len_kv")
     # stats: the float64 logsumexp of the kept scores (0 for rows keeping none)
-    opts = SdpaOptions(op, D)
+    opts = SdpaOptions.from_attrs(op["attrs"])
     lq = [7, 5] if padding else [Sq] * B
     lkv = [9, 3] if padding else [Skv] * B
     st = torch.zeros(B, Hq, Sq, 1, dtype=torch.float64)
@@ -352,118 +359,156 @@ def test_fp8_backward_scales_move_result():
         check_close(blk[r], base[r], 1e-4)
 
 
-def test_examples_parse():
-    for path in default_graphs(REPO_ROOT):
-        g = Graph(path)
-        assert g.outputs(), path
-        for name in g.outputs():
-            g.dtype(name)
-        g.flops()
-
-
-def test_crosscheck_inputs_and_reference_small_examples():
+@pytest.mark.parametrize("path", SMALL_SDPA, ids=os.path.basename)
+def test_crosscheck_inputs_and_reference_small_examples(fusebox, path):
     """make_inputs + torch_reference on every small sdpa example (CPU)."""
-    import torch_crosscheck as xc
-    small = [p for p in default_graphs(REPO_ROOT) if "/small/" in p and "sdpa" in os.path.basename(p)]
-    for path in small:
-        g = Graph(path)
-        ins = xc.make_inputs(g, 1234, "cpu")
-        assert set(ins) == set(g.inputs()), path
-        for name, t in ins.items():
-            dt = g.dtype(name)
-            vals = g.values(name)
-            if vals:
-                want = torch.tensor(vals, dtype=torch.float64)
-                want = want.to(torch.int64) if dt in ("int32", "int64") else want.to(torch.float32)
-                assert torch.equal(t.reshape(-1), want), (path, name)
-            if dt == "fp8_e4m3":
-                assert torch.equal(torch_ops.round_fp8(t), t)
-            if not vals and (name.startswith("descale") or name.startswith("scale")):
-                assert 0.5 <= float(t.reshape(-1)[0]) <= 2
-            with tempfile.TemporaryDirectory() as d:
-                f = os.path.join(d, "x.npy")
-                xc.save_input(f, t, dt)
-                arr = np.load(f)
-                assert arr.dtype == {"int32": np.int32, "int64": np.int64}.get(dt, np.float32)
-                assert list(arr.shape) == g.dims[name]
-        ref_ins = dict(ins)
-        for name in xc.dropout_mask_outputs(g):  # stands in for cuDNN's dumped keep-mask
-            ref_ins[name] = (torch.rand(g.dims[name], generator=torch.Generator().manual_seed(5)) > 0.2).float()
-        vals, care = xc.torch_reference(g, ref_ins, "cpu")
-        for name in g.outputs():
-            assert list(vals[name].shape) == g.dims[name], (path, name)
-            m = xc.compare(vals[name], vals[name], care.get(name))
-            assert m["rel_l2"] == 0.0
-        if any(op["op"] == "sdpa_bwd" for op in g.ops):
-            op = {k: v for k, v in g.ops[0].items() if k != "dropout"}
-            fwd = torch_ops.sdpa_forward({r: ins[op["inputs"][r]] for r in ("q", "k", "v")}, op)
-            assert torch.equal(ins[op["inputs"]["o"]], xc.round_to(fwd["o"], g.dtype(op["inputs"]["o"])))
-        if any(op["op"] == "sdpa_fp8_bwd" for op in g.ops):
-            # o and stats: the FP8 forward with scale_o = 1 / descale_o
-            op = g.ops[0]
-            fins = {r: ins[op["inputs"][r]] for r in ("q", "k", "v", "descale_q", "descale_k", "descale_v",
-                                                       "descale_s", "scale_s")}
-            fins["scale_o"] = 1 / ins[op["inputs"]["descale_o"]]
-            fwd = torch_ops.sdpa_forward(fins, dict(op, op="sdpa_fp8_fwd"), fp8=True)
-            assert torch.equal(ins[op["inputs"]["o"]], fwd["o"]), path
-            st = fwd["stats"]
-            assert torch.equal(ins[op["inputs"]["stats"]], torch.where(torch.isfinite(st), st, 0.0)), path
-            for name in g.outputs():
-                role = next(r for r, t in op["outputs"].items() if t == name)
-                if role in ("dq", "dk", "dv"):
-                    assert torch.equal(vals[name], torch_ops.round_fp8(vals[name])), (path, name)
-                    assert vals[name].abs().max() > 0, (path, name)
-                    assert care[name] is not None
-                else:
-                    assert vals[name].item() > 0, (path, name)
-                    assert xc.tolerance(g, name) == ((2e-2, 2e-2) if role == "amax_dp" else (5e-2, 5e-2))
-
-
-def test_bench_mask_kwargs_match_reference():
-    """bench/sdpa_compare.py's torch mask arguments give the same attention as
-    torch_ops' explicit math (CPU, float32)."""
-    sys.path.insert(0, os.path.join(REPO_ROOT, "bench"))
-    import sdpa_compare as sc
-    for path in default_graphs(REPO_ROOT):
-        if "/small/" not in path or "sdpa" not in os.path.basename(path):
-            continue
-        g = Graph(path)
+    g = Graph.load(path, fusebox)
+    ins = xc.make_inputs(g, 1234, "cpu")
+    assert set(ins) == set(g.inputs()), path
+    for name, t in ins.items():
+        dt = g.dtype(name)
+        vals = g.values(name)
+        if vals:
+            want = torch.tensor(vals, dtype=torch.float64)
+            want = want.to(torch.int64) if dt in ("int32", "int64") else want.to(torch.float32)
+            assert torch.equal(t.reshape(-1), want), (path, name)
+        if dt == "fp8_e4m3":
+            assert torch.equal(torch_ops.round_fp8(t), t)
+        lo, hi = g.random_range(name)
+        if not vals and xc.bwd_forward_role(g, name) is None:
+            assert lo <= t.min().item() and t.max().item() <= hi, (path, name)
+        if not vals and (name.startswith("descale") or name.startswith("scale")):
+            assert 0.5 <= float(t.reshape(-1)[0]) <= 2
+        with tempfile.TemporaryDirectory() as d:
+            f = os.path.join(d, "x.npy")
+            xc.save_input(f, t, dt)
+            arr = np.load(f)
+            assert arr.dtype == {"int32": np.int32, "int64": np.int64}.get(dt, np.float32)
+            assert list(arr.shape) == g.dims[name]
+    ref_ins = dict(ins)
+    for name in xc.dropout_mask_outputs(g):  # stands in for cuDNN's dumped keep-mask
+        ref_ins[name] = (torch.rand(g.dims[name], generator=torch.Generator().manual_seed(5)) > 0.2).float()
+    vals, care = xc.torch_reference(g, ref_ins, "cpu")
+    for name in g.outputs():
+        assert list(vals[name].shape) == g.dims[name], (path, name)
+        m = xc.compare(vals[name], vals[name], care.get(name))
+        assert m["rel_l2"] == 0.0
+    if any(op["op"] == "sdpa_bwd" for op in g.ops):
+        op = xc.without_dropout(g.ops[0])
+        fwd = torch_ops.sdpa_forward({r: ins[op["inputs"][r]] for r in ("q", "k", "v")}, op)
+        assert torch.equal(ins[op["inputs"]["o"]], xc.round_to(fwd["o"], g.dtype(op["inputs"]["o"])))
+    if any(op["op"] == "sdpa_fp8_bwd" for op in g.ops):
+        # o and stats: the FP8 forward with scale_o = 1 / descale_o
         op = g.ops[0]
-        if op["op"] != "sdpa_fwd" or op.get("dropout"):
-            continue
-        lq, lkv, arrays = sc.seq_lens(g, op, 5)
-        gen = torch.Generator().manual_seed(3)
-        kw, note = sc.torch_mask_kwargs(g, op, lq, lkv, torch.float32, "cpu", gen)
-        qkv = sc.make_qkv(g, op, torch.float32, "cpu", torch.Generator().manual_seed(4))
-        Hq, Hk = qkv["q"].shape[1], qkv["k"].shape[1]
-        got = F.scaled_dot_product_attention(qkv["q"], qkv["k"], qkv["v"],
-                                             **({"enable_gqa": True} if Hq != Hk else {}), **kw)
-        ins = dict(qkv)
-        if lq is not None:
-            ins["seq_len_q"] = torch.tensor(lq).reshape(-1, 1, 1, 1)
-            ins["seq_len_kv"] = torch.tensor(lkv).reshape(-1, 1, 1, 1)
-        if "bias" in op["inputs"]:
-            # the bench draws its own bias: recover it from the additive mask (finite part)
-            m = kw["attn_mask"]
-            ins["bias"] = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        want = torch_ops.sdpa_forward(ins, op)["o"]
-        care = torch.broadcast_to(torch_ops.sdpa_care_masks(op, ins, None)["o"], want.shape)
-        err = (torch.where(care, got, 0.0) - torch.where(care, want, 0.0)).abs().max().item()
-        assert err < 1e-5, (path, note, err)
-        fl = g.sdpa_flops(op, {op["inputs"]["seq_len_q"]: lq, op["inputs"]["seq_len_kv"]: lkv}
-                          if lq is not None else None)
-        assert fl > 0
+        fins = {r: ins[op["inputs"][r]] for r in ("q", "k", "v", "descale_q", "descale_k", "descale_v",
+                                                   "descale_s", "scale_s")}
+        fins["scale_o"] = 1 / ins[op["inputs"]["descale_o"]]
+        fwd = torch_ops.sdpa_forward(fins, xc.without_dropout(op, op="sdpa_fp8_fwd"), fp8=True)
+        assert torch.equal(ins[op["inputs"]["o"]], fwd["o"]), path
+        st = fwd["stats"]
+        assert torch.equal(ins[op["inputs"]["stats"]], torch.where(torch.isfinite(st), st, 0.0)), path
+        for name in g.outputs():
+            role = next(r for r, t in op["outputs"].items() if t == name)
+            if role in ("dq", "dk", "dv"):
+                assert torch.equal(vals[name], torch_ops.round_fp8(vals[name])), (path, name)
+                assert vals[name].abs().max() > 0, (path, name)
+                assert care[name] is not None
+            else:
+                assert vals[name].item() > 0, (path, name)
+                assert g.tolerance(name) == ((2e-2, 2e-2) if role == "amax_dp" else (5e-2, 5e-2))
 
 
-if __name__ == "__main__":
-    failed = 0
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    for n, f in tests:
-        try:
-            f()
-            print(f"ok   {n}")
-        except Exception as e:  # noqa: BLE001
-            failed += 1
-            print(f"FAIL {n}: {type(e).__name__}: {e}")
-    print(f"{len(tests) - failed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+@pytest.mark.parametrize("path", [p for p in SMALL_SDPA if _plain_forward(p)], ids=os.path.basename)
+def test_bench_mask_kwargs_match_reference(fusebox, path):
+    """sdpa_compare's torch mask arguments give the same attention as
+    torch_ops' explicit math (CPU, float32)."""
+    g = Graph.load(path, fusebox)
+    op = g.ops[0]
+    assert op["op"] == "sdpa_fwd" and not op["attrs"]["dropout"]
+    lq, lkv, arrays = sdpa_compare.seq_lens(g, op, 5)
+    gen = torch.Generator().manual_seed(3)
+    kw, note = sdpa_compare.torch_mask_kwargs(g, op, lq, lkv, torch.float32, "cpu", gen)
+    qkv = sdpa_compare.make_qkv(g, op, torch.float32, "cpu", torch.Generator().manual_seed(4))
+    Hq, Hk = qkv["q"].shape[1], qkv["k"].shape[1]
+    got = F.scaled_dot_product_attention(qkv["q"], qkv["k"], qkv["v"],
+                                         **({"enable_gqa": True} if Hq != Hk else {}), **kw)
+    ins = dict(qkv)
+    if lq is not None:
+        ins["seq_len_q"] = torch.tensor(lq).reshape(-1, 1, 1, 1)
+        ins["seq_len_kv"] = torch.tensor(lkv).reshape(-1, 1, 1, 1)
+    if "bias" in op["inputs"]:
+        # the bench draws its own bias: recover it from the additive mask (finite part)
+        m = kw["attn_mask"]
+        ins["bias"] = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    want = torch_ops.sdpa_forward(ins, op)["o"]
+    care = torch.broadcast_to(torch_ops.sdpa_care_masks(op, ins, None)["o"], want.shape)
+    err = (torch.where(care, got, 0.0) - torch.where(care, want, 0.0)).abs().max().item()
+    assert err < 1e-5, (path, note, err)
+
+
+
+def fake_fusebox_run(graph, factor=1.0):
+    """Stands in for `fusebox run ... --save-outputs DIR`: writes the torch
+    reference of the given inputs (times `factor`) as fusebox's outputs, and a
+    keep-mask drawn here for dropout_mask outputs."""
+
+    def run(fusebox, path, files, out_dir, timeout_s, verify=True):
+        ins = {}
+        for name, f in files.items():
+            t = torch.from_numpy(np.load(f))
+            ins[name] = t.to(torch.int64) if graph.dtype(name) in ("int32", "int64") else t.to(torch.float32)
+        masks = {}
+        for name in xc.dropout_mask_outputs(graph):
+            p = next(op["attrs"]["dropout"] for op in graph.sdpa_ops() if op["outputs"].get("dropout_mask") == name)
+            masks[name] = (torch.rand(graph.dims[name], generator=torch.Generator().manual_seed(5)) >= p).float()
+        vals, _ = xc.torch_reference(graph, dict(ins, **masks), "cpu")
+        for name in graph.outputs():
+            y = masks[name] if name in masks else vals[name] * factor
+            np.save(os.path.join(out_dir, f"{name}.npy"), y.numpy())
+        report = {"ok": True, "verify": [{"tensor": n, "pass": True} for n in graph.outputs()]}
+        return ["fusebox", "run", path], 0, "", report
+
+    return run
+
+
+SMALL = [p for p in default_graphs() if "/small/" in p]
+
+
+@pytest.mark.parametrize("path", SMALL, ids=os.path.basename)
+def test_crosscheck_check_graph_on_cpu(fusebox, path, monkeypatch):
+    """crosscheck.check_graph end to end on the CPU, fusebox's run replaced by
+    the torch reference itself: every small example passes, and fails once the
+    outputs are off by 30%."""
+    import types
+    g = Graph.load(path, fusebox)
+    args = types.SimpleNamespace(fusebox=fusebox, seed=1234, timeout=60, keep=False)
+    monkeypatch.setattr(xc, "run_fusebox", fake_fusebox_run(g))
+    r = xc.check_graph(path, args, "cpu")
+    assert r["pass"] and "error" not in r, r
+    if r.get("skipped"):
+        assert xc.has_dropout(g), r
+        return
+    compared = [o["tensor"] for o in r["outputs"]]
+    assert compared and set(compared) == set(g.outputs()) - set(xc.dropout_mask_outputs(g))
+    for o in r["outputs"]:
+        assert (o["tol_rel_l2"], o["tol_max_abs_rel"]) == g.tolerance(o["tensor"])
+    monkeypatch.setattr(xc, "run_fusebox", fake_fusebox_run(g, factor=1.3))
+    r = xc.check_graph(path, args, "cpu")
+    assert not r["pass"] and not any(o["pass"] for o in r["outputs"]), r
+
+
+@pytest.mark.parametrize("path", [p for p in SMALL if "sdpa" not in os.path.basename(p)], ids=os.path.basename)
+def test_torch_compare_eager_fn(fusebox, path):
+    """torch_compare's eager graph on the CPU: inputs with the graph's strides
+    and dtypes, outputs matching the float32 reference within bf16 rounding."""
+    from fusebox_tools import torch_compare
+    g = Graph.load(path, fusebox)
+    (ins,) = torch_compare.make_input_sets(g, 1, "cpu")
+    for name, t in ins.items():
+        assert list(t.shape) == g.dims[name] and list(t.stride()) == g.strides(name), name
+    outs = torch_compare.make_eager_fn(g)(ins)
+    ref, _ = xc.torch_reference(g, {n: t.float() for n, t in ins.items()}, "cpu")
+    for name, y in zip(g.outputs(), outs):
+        assert list(y.shape) == g.dims[name], name
+        m = xc.compare(y.float(), ref[name])
+        assert m["rel_l2"] < 2e-2, (name, m)

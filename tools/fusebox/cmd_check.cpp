@@ -1,38 +1,161 @@
 // fusebox check: validate a graph file and print its tensors with inferred shapes.
+// `--json` prints the resolved graph: what the Python tools (python/fusebox_tools)
+// read instead of re-deriving shapes, roles, FLOPs, tolerances and masks.
 #include <cstdio>
+#include <type_traits>
+#include <variant>
 
 #include "common.h"
+#include "fusebox/reference.h"
 
 namespace fusebox::cli {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+// Bump when a key changes meaning or goes away (adding keys keeps the version).
+constexpr int kCheckJsonVersion = 1;
+
+std::string tensor_kind(const ResolvedTensor& t) {
+  if (t.scalar_value) return "scalar";
+  if (t.is_input) return "input";
+  if (t.is_output) return "output";
+  return "virtual";
+}
+
+ordered_json tensor_json(const ResolvedTensor& t) {
+  ordered_json j;
+  j["name"] = t.name;
+  j["kind"] = tensor_kind(t);
+  j["dtype"] = std::string(dtype_name(t.dtype));
+  j["dims"] = t.dims;
+  j["strides"] = t.strides;
+  j["storage_bytes"] = t.storage_bytes();
+  j["scalar"] = t.scalar_value ? ordered_json(*t.scalar_value) : ordered_json(nullptr);
+  j["values"] = t.values.empty() ? ordered_json(nullptr) : ordered_json(t.values);
+  j["random_lo"] = t.random_lo;
+  j["random_hi"] = t.random_hi;
+  return j;
+}
+
+template <class T>
+ordered_json optional_json(const std::optional<T>& v) {
+  return v ? ordered_json(*v) : ordered_json(nullptr);
+}
+
+// The op's attributes as resolve() left them (defaults applied).
+ordered_json attrs_json(const ResolvedGraph& g, const ResolvedOp& op) {
+  ordered_json j = ordered_json::object();
+  std::visit(
+      [&](const auto& a) {
+        using A = std::decay_t<decltype(a)>;
+        if constexpr (std::is_same_v<A, ConvFpropAttrs>) {
+          j["padding"] = a.padding;
+          j["stride"] = a.stride;
+          j["dilation"] = a.dilation;
+        } else if constexpr (std::is_base_of_v<SdpaOptions, A>) {
+          j["attn_scale"] = optional_json(a.attn_scale);
+          j["causal"] = a.causal;
+          j["alignment"] = std::string(sdpa_alignment_name(a.alignment));
+          j["left_bound"] = optional_json(a.left_bound);
+          j["right_bound"] = optional_json(a.right_bound);
+          j["padding"] = a.padding;
+          j["bias"] = a.bias;
+          j["alibi"] = a.alibi;
+          // Per query head, so that no tool recomputes cuDNN's slopes.
+          j["alibi_slopes"] = a.alibi ? ordered_json(alibi_slopes(g.tensors[op.inputs.at("q")].dims.at(1)))
+                                      : ordered_json(nullptr);
+          j["dropout"] = optional_json(a.dropout);
+          j["dump_dropout_mask"] = a.dump_dropout_mask;
+          if constexpr (std::is_same_v<A, SdpaFwdAttrs> || std::is_same_v<A, SdpaFp8FwdAttrs>) {
+            j["generate_stats"] = a.generate_stats;
+          }
+          if constexpr (std::is_same_v<A, SdpaBwdAttrs>) j["deterministic"] = a.deterministic;
+        } else if constexpr (std::is_same_v<A, MatmulAttrs> || std::is_same_v<A, PointwiseAttrs>) {
+          // No attributes (a pointwise op's mode is its type name).
+        } else {
+          // A new op type: say what the tools need of its attributes here (docs/cli.md).
+          static_assert(sizeof(A) == 0, "check --json: attributes of a new op type");
+        }
+      },
+      op.attrs);
+  return j;
+}
+
+ordered_json op_json(const ResolvedGraph& g, const ResolvedOp& op) {
+  ordered_json j;
+  j["name"] = op.name;
+  j["op"] = std::string(op_type_name(op.attrs));
+  ordered_json in = ordered_json::object(), out = ordered_json::object(), tol = ordered_json::object();
+  for (const auto& [role, idx] : op.inputs) in[role] = g.tensors[idx].name;
+  for (const auto& [role, idx] : op.outputs) {
+    const ResolvedTensor& t = g.tensors[idx];
+    out[role] = t.name;
+    if (!t.is_output) continue;  // virtual: never compared
+    const Tolerance tl = tolerance_for(g, t.name);
+    tol[role] = {{"rel_l2", tl.rel_l2}, {"max_abs_rel", tl.max_abs_rel}};
+  }
+  j["inputs"] = std::move(in);
+  j["outputs"] = std::move(out);
+  j["primary_output"] = std::string(op_primary_output_role(op.attrs));
+  j["compute_dtype"] = std::string(dtype_name(op.compute_dtype));
+  j["attrs"] = attrs_json(g, op);
+  j["tolerances"] = std::move(tol);
+  return j;
+}
+
+ordered_json graph_json(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+  ordered_json tensors = ordered_json::array(), ops = ordered_json::array();
+  for (const auto& t : g.tensors) tensors.push_back(tensor_json(t));
+  for (const auto& op : g.ops) ops.push_back(op_json(g, op));
+  ordered_json j;
+  j["ok"] = true;
+  j["version"] = kCheckJsonVersion;
+  j["graph"] = g.name;
+  j["io_dtype"] = std::string(dtype_name(g.io_dtype));
+  j["intermediate_dtype"] = std::string(dtype_name(g.intermediate_dtype));
+  j["compute_dtype"] = std::string(dtype_name(g.compute_dtype));
+  j["fingerprint"] = graph_fingerprint(g);
+  j["flops"] = g.flops(input_values_for_flops(g, inputs));
+  j["bytes"] = g.bytes_moved();
+  j["tensors"] = std::move(tensors);
+  j["ops"] = std::move(ops);
+  return j;
+}
+
+}  // namespace
 
 Runner add_check(CLI::App& app) {
-  auto* cmd = app.add_subcommand("check", "Validate a graph file; print tensors and inferred shapes (no GPU, no cuDNN)");
-  auto path = std::make_shared<std::string>();
-  auto json_out = std::make_shared<bool>(false);
-  cmd->add_option("graph", *path, "Graph JSON file")->required();
-  cmd->add_flag("--json", *json_out, "Write one JSON document to stdout");
-  return [path, json_out]() {
-    auto g = load_resolved(*path);
-    if (!g.ok()) {
-      if (*json_out) std::printf("%s\n", dump(nlohmann::json({{"ok", false}, {"error", g.status().message()}})).c_str());
-      return fail("check", g.status());
-    }
-    if (*json_out) {
-      nlohmann::json tensors = nlohmann::json::array();
-      for (const auto& t : g->tensors) {
-        tensors.push_back({{"name", t.name},
-                           {"dims", t.dims},
-                           {"strides", t.strides},
-                           {"dtype", std::string(dtype_name(t.dtype))},
-                           {"kind", t.scalar_value ? "scalar" : t.is_input ? "input" : t.is_output ? "output" : "virtual"}});
-      }
-      nlohmann::json ops = nlohmann::json::array();
-      for (const auto& op : g->ops) ops.push_back({{"name", op.name}, {"op", std::string(op_type_name(op.attrs))}});
-      std::printf("%s\n", dump(nlohmann::json({{"ok", true}, {"graph", g->name}, {"tensors", tensors}, {"ops", ops},
-                                               {"flops", g->flops()}, {"bytes", g->bytes_moved()}}))
-                              .c_str());
+  auto* cmd = app.add_subcommand(
+      "check", "Validate a graph file; print tensors and inferred shapes (no GPU, no cuDNN)");
+  struct Args {
+    std::string path, inputs;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("graph", a->path, "Graph JSON file")->required();
+  cmd->add_flag("--json", a->json, "Write the resolved graph as one JSON document to stdout");
+  cmd->add_option("--inputs", a->inputs,
+                  "Inputs as NAME=FILE.npy,...: sequence lengths for the FLOP count (others: full length)");
+  return [a]() {
+    auto fail_json = [&](const Status& st) {
+      if (a->json)
+        std::printf(
+            "%s\n",
+            common::json_dump(ordered_json({{"ok", false}, {"code", status_code_name(st.code())}, {"error", st.message()}}), 2)
+                .c_str());
+      return fail("check", st);
+    };
+    auto g = load_resolved(a->path);
+    if (!g.ok()) return fail_json(g.status());
+    auto inputs = load_input_files(*g, a->inputs);
+    if (!inputs.ok()) return fail_json(inputs.status());
+    if (a->json) {
+      std::printf("%s\n", common::json_dump(graph_json(*g, *inputs), 2).c_str());
     } else {
-      std::printf("%s: ok\n%s", safe(*path).c_str(), common::printable(describe(*g), /*keep_newlines=*/true).c_str());
+      std::printf("%s: ok\n%s", safe(a->path).c_str(), common::printable(describe(*g), /*keep_newlines=*/true).c_str());
+      if (!inputs->empty())
+        std::printf("flops with the given inputs %g\n", g->flops(input_values_for_flops(*g, *inputs)));
     }
     return kExitOk;
   };

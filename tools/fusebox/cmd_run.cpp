@@ -102,25 +102,14 @@ Runner add_run(CLI::App& app) {
       if (!paths.ok()) return fail("run", paths.status());
       save_paths = std::move(paths).value();
     }
+    auto input_tensors = load_input_files(*g, a->inputs);
+    if (!input_tensors.ok()) return fail("run", input_tensors.status());
     RunOptions options;
     options.seed = a->seed;
     options.verify = a->verify;
     options.warmup = a->warmup;
     options.iters = a->iters;
-    for (const auto& [name, file] : *input_files) {
-      int idx = g->find_tensor(name);
-      if (idx < 0 || !g->tensors[idx].is_input || g->tensors[idx].scalar_value) {
-        std::string names;
-        for (int i : g->input_tensors()) {
-          if (!g->tensors[i].scalar_value) names += " " + g->tensors[i].name;
-        }
-        return fail("run", InvalidArgument("--inputs: '" + name + "' is not an input of graph '" + g->name +
-                                           "'; inputs are:" + names));
-      }
-      auto t = read_npy_for(file, g->tensors[idx]);
-      if (!t.ok()) return fail("run", t.status());
-      options.inputs[name] = std::move(t).value();
-    }
+    options.inputs = std::move(input_tensors).value();
 
     // Start-up, timed in parts: the first cuDNN call loads its libraries.
     auto t_ctx = std::chrono::steady_clock::now();

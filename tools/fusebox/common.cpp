@@ -28,6 +28,34 @@ Result<ResolvedGraph> load_resolved(const std::string& path) {
   return resolved;
 }
 
+Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec) {
+  std::map<std::string, HostTensor> out;
+  size_t start = 0;
+  while (start < spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+      return InvalidArgument("--inputs: '" + item + "' is not NAME=FILE.npy");
+    }
+    const std::string name = item.substr(0, eq);
+    const int idx = g.find_tensor(name);
+    if (idx < 0 || !g.tensors[idx].is_input || g.tensors[idx].scalar_value) {
+      std::string names;
+      for (int i : g.input_tensors()) {
+        if (!g.tensors[i].scalar_value) names += " " + g.tensors[i].name;
+      }
+      return InvalidArgument("--inputs: '" + name + "' is not an input of graph '" + g.name +
+                             "'; inputs are:" + names);
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(HostTensor t, read_npy_for(item.substr(eq + 1), g.tensors[idx]));
+    out[name] = std::move(t);
+  }
+  return out;
+}
+
 nlohmann::json to_json(const BuildReport& r) {
   nlohmann::json steps = nlohmann::json::array();
   for (const auto& s : r.steps) {

@@ -13,6 +13,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/runtime.h"
+#include "fusebox/tensor.h"
 
 namespace fusebox::cli {
 
@@ -35,6 +36,9 @@ inline std::string dump(const nlohmann::json& j, int indent = 2) { return common
 
 // Loads and resolves a graph file.
 Result<ResolvedGraph> load_resolved(const std::string& path);
+// --inputs "x=a.npy,w=b.npy": each NAME must be a (non-scalar) input of `g`;
+// the files are read as that tensor (shape checked). Empty spec: no inputs.
+Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec);
 
 // JSON for reports (doubles only: see docs/architecture.md on the frontend's float serializer).
 nlohmann::json to_json(const BuildReport& r);

@@ -1,20 +1,22 @@
-"""One graph op computed with PyTorch: shared by tools/torch_crosscheck.py (the
-float32 reference) and bench/torch_compare.py (the framework path; its SDPA
-comparison uses torch's own scaled_dot_product_attention instead, see
-bench/sdpa_compare.py)."""
+"""One graph op computed with PyTorch: shared by fusebox_tools.crosscheck (the
+float32 reference) and fusebox_tools.torch_compare (the framework path; its
+SDPA comparison uses torch's own scaled_dot_product_attention instead, see
+fusebox_tools.sdpa_compare).
 
-import math
+`op` is an op of `fusebox check --json` (fusebox_tools.graph.Graph.ops): its
+"attrs" are resolved (defaults applied), so nothing here re-derives them."""
 
 import torch
 import torch.nn.functional as F
+
+from fusebox_tools.graph import SDPA_BWD_OPS, SdpaOptions
 
 
 def conv(x, w, op):
     nsp = x.dim() - 2
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
-    return fn(x, w, padding=tuple(op.get("padding") or [0] * nsp),
-              stride=tuple(op.get("stride") or [1] * nsp),
-              dilation=tuple(op.get("dilation") or [1] * nsp))
+    a = op["attrs"]
+    return fn(x, w, padding=tuple(a["padding"]), stride=tuple(a["stride"]), dilation=tuple(a["dilation"]))
 
 
 _POINTWISE = {
@@ -50,10 +52,9 @@ class SdpaSkip(Exception):
     """The op cannot be cross-checked in torch (e.g. dropout: Philox bits)."""
 
 
-def _sdpa_config(op, q):
-    """Resolved options (graph_json.SdpaOptions) of `op` for query tensor `q`."""
-    from graph_json import SdpaOptions  # tools/ is on sys.path for every user of this module
-    return SdpaOptions(op, q.shape[-1])
+def _sdpa_config(op):
+    """The op's resolved options (fusebox_tools.graph.SdpaOptions)."""
+    return SdpaOptions.from_attrs(op["attrs"])
 
 
 def _lengths(ins, role, batch, full, device):
@@ -65,25 +66,16 @@ def _lengths(ins, role, batch, full, device):
 
 def sdpa_keep_mask(opts, rows, skv, lq, lkv):
     """Boolean [len(rows), skv]: score (i, j) kept for query rows `rows` (a 1-D
-    long tensor) with this batch's lengths lq, lkv (Python ints). The rules of
-    graph.h: j < lkv and i < lq (padding); j <= i + off + right_bound;
-    j > i + off - left_bound; off = lkv - lq for bottom-right alignment."""
+    long tensor) with this batch's lengths lq, lkv (Python ints), by
+    SdpaOptions.keeps (the rule of graph.h)."""
     i = rows.view(-1, 1)
     j = torch.arange(skv, device=rows.device).view(1, -1)
-    keep = torch.ones(rows.numel(), skv, dtype=torch.bool, device=rows.device)
-    if opts.padding:
-        keep &= (j < lkv) & (i < lq)
-    off = (lkv - lq) if opts.bottom_right else 0
-    if opts.right_bound is not None:
-        keep &= j <= i + off + int(opts.right_bound)
-    if opts.left_bound is not None:
-        keep &= j > i + off - int(opts.left_bound)
-    return keep
+    return torch.broadcast_to(opts.keeps(i, j, int(lq), int(lkv)), (rows.numel(), skv))
 
 
-def alibi_slopes_tensor(heads, device):
-    from graph_json import alibi_slopes
-    return torch.tensor(alibi_slopes(heads), dtype=torch.float32, device=device)
+def alibi_slopes_tensor(opts, device):
+    """cuDNN's ALiBi slope per query head, as fusebox gives it (attrs "alibi_slopes")."""
+    return torch.tensor(opts.alibi_slopes, dtype=torch.float32, device=device)
 
 
 def _masked_softmax(s, keep):
@@ -140,13 +132,13 @@ def _sdpa_setup(ins, op):
     (B, Hq, Sq, D, Hk, Skv, Dv, g = Hq // Hk), the device, the per-batch
     lengths, the ALiBi slopes (or None) and the dropout factors (or None)."""
     q, k, v = ins["q"], ins["k"], ins["v"]
-    opts = _sdpa_config(op, q)
+    opts = _sdpa_config(op)
     B, Hq, Sq, D = q.shape
     Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
     dev = q.device
     lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
     lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
-    slopes = alibi_slopes_tensor(Hq, dev) if opts.alibi else None
+    slopes = alibi_slopes_tensor(opts, dev) if opts.alibi else None
     return (opts, (B, Hq, Sq, D, Hk, Skv, Dv, Hq // Hk), dev, lq_all, lkv_all, slopes,
             _dropout_keep(ins, opts))
 
@@ -262,7 +254,7 @@ def sdpa_fp8_backward(ins, op, dtypes=None):
     rounding saturates and rounds to nearest even. No bias, no ALiBi."""
     dtypes = dtypes or {}
     q, k, v, o, do, stats = (ins[r].float() for r in ("q", "k", "v", "o", "do", "stats"))
-    if _sdpa_config(op, q).alibi or "bias" in ins:
+    if _sdpa_config(op).alibi or "bias" in ins:
         raise SdpaSkip("sdpa_fp8_bwd with bias or ALiBi: not supported (cuDNN's FP8 backward has neither)")
     opts, (B, Hq, Sq, D, Hk, Skv, Dv, g), dev, lq_all, lkv_all, _, keep_scale = _sdpa_setup(ins, op)
     sc = {r: float(ins[r].reshape(-1)[0]) for r in FP8_BWD_SCALE_ROLES}
@@ -344,7 +336,7 @@ def sdpa_care_masks(op, ins, out_dims):
     and sdpa_fp8_bwd dk/dv rows j >= seq_len_kv[b]. Roles absent from the result have no
     don't-care elements."""
     q = ins["q"]
-    opts = _sdpa_config(op, q)
+    opts = _sdpa_config(op)
     B, Hq, Sq, _ = q.shape
     Skv = ins["k"].shape[2]
     dev = q.device
@@ -363,19 +355,14 @@ def sdpa_care_masks(op, ins, out_dims):
             any_kept &= rows < lq
         rows_ok[b, 0, :, 0] = any_kept
         keys_ok[b, 0, :, 0] = torch.arange(Skv, device=dev) < (lkv if opts.padding else Skv)
-    if op["op"] in ("sdpa_bwd", "sdpa_fp8_bwd"):
+    if op["op"] in SDPA_BWD_OPS:
         # sdpa_fp8_bwd's amax_* outputs have no don't-care elements
         return {"dq": rows_ok, "dk": keys_ok, "dv": keys_ok}
     return {"o": rows_ok, "stats": rows_ok}
 
 
-def sdpa_fwd(q, k, v, op):
-    """Kept for callers of the old signature: sdpa_fwd outputs from q, k, v."""
-    return sdpa_forward({"q": q, "k": k, "v": v}, op)
-
-
 def apply_op(op, ins, dtypes=None):
-    """`op` is the JSON op object, `ins` maps its input roles to tensors;
+    """`op` is an op of check --json, `ins` maps its input roles to tensors;
     `dtypes` (optional) maps its input and output roles to dtype names (used
     by sdpa_fp8_bwd: its internal and output fp8 roundings).
     Returns a tensor (the "y" output), or for the sdpa ops a dict output
@@ -384,19 +371,19 @@ def apply_op(op, ins, dtypes=None):
     kind = op["op"]
     if kind == "sdpa_fwd":
         res = sdpa_forward(ins, op)
-        return {r: res[r] for r in op.get("outputs", {"o": None}) if r in res}
+        return {r: res[r] for r in op["outputs"] if r in res}
     if kind == "sdpa_fp8_fwd":
         res = sdpa_forward(ins, op, fp8=True)
-        return {r: res[r] for r in op.get("outputs", {"o": None}) if r in res}
+        return {r: res[r] for r in op["outputs"] if r in res}
     if kind == "sdpa_bwd":
         return sdpa_backward(ins, op)
     if kind == "sdpa_fp8_bwd":
         res = sdpa_fp8_backward(ins, op, dtypes)
-        return {r: res[r] for r in op.get("outputs", res) if r in res}
+        return {r: res[r] for r in op["outputs"] if r in res}
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":
         return torch.matmul(ins["a"], ins["b"])
     if kind in _POINTWISE:
         return _POINTWISE[kind](ins)
-    raise ValueError(f"op {op.get('name')!r}: no torch version of {kind!r}")
+    raise ValueError(f"op {op['name']!r}: no torch version of {kind!r}")

@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
 """Times fusebox's SDPA graphs against PyTorch's scaled_dot_product_attention.
 
-For each graph with an sdpa op (sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd; written
-generically from the JSON: shapes, GQA, masks, padding lengths, bias, ALiBi):
+For each graph with an sdpa op (sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd, sdpa_fp8_bwd;
+written generically from fusebox's resolution of the graph, `fusebox check
+--json`: shapes, strides, GQA, masks, padding lengths, bias, ALiBi):
 
   fusebox   `fusebox run GRAPH --warmup W --iters N --json` (latency_ms).
             A forward without a "stats" output is also timed as a variant
@@ -11,12 +11,12 @@ generically from the JSON: shapes, GQA, masks, padding lengths, bias, ALiBi):
             torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION) and
             (FLASH_ATTENTION), with EFFICIENT_ATTENTION when flash refuses
             (--all-backends: always). Inputs in the graph's dtype and memory
-            layout (bshd stays [B,S,H,D] in memory). GQA: enable_gqa=True,
+            memory layout (the graph's strides: bshd stays [B,S,H,D] in memory). GQA: enable_gqa=True,
             else kv heads expanded beforehand (noted). Masks: is_causal for
             top-left causal, causal_lower_right for bottom-right causal, else
             an explicit boolean mask / additive bias (padding lengths,
             sliding window, bias, ALiBi) built from the same rules as
-            tools/torch_ops.py.
+            fusebox_tools.torch_ops.
   modes     forward: "inference" (torch.no_grad; fusebox without stats) and
             "training" (requires_grad inputs, so torch's forward saves the
             logsumexp; fusebox with stats). sdpa_bwd: only the backward is
@@ -26,19 +26,18 @@ generically from the JSON: shapes, GQA, masks, padding lengths, bias, ALiBi):
             kernel in most builds, so the bf16 SDPA of the same shape is
             timed instead and marked as such.
 
-Everyone's TFLOP/s uses the same count: 4*B*Hq*D*(kept query/key pairs)
-forward (2*B*Hq*(D+Dv) per pair), 2.5x for backward, with the padding lengths
-actually used. Torch is timed with CUDA events (W warm-up calls, then N calls
+Everyone's TFLOP/s uses the same count, fusebox's (check --json with the
+padding lengths actually used): 4*B*Hq*D*(kept query/key pairs) forward
+(2*B*Hq*(D+Dv) per pair), 2.5x for backward. Torch is timed with CUDA events (W warm-up calls, then N calls
 timed one by one, inputs rotated to overflow L2); median (min). A backend
 that refuses a configuration is reported with its reason; the run goes on.
 
-    python3 bench/sdpa_compare.py [GRAPH.json ...] [--fusebox build/fusebox]
-                                  [--json-out FILE] [--markdown-out FILE]
-bench/torch_compare.py calls this for its sdpa graphs.
+    python3 -m fusebox_tools.sdpa_compare [GRAPH.json ...] [--fusebox build/fusebox]
+                                          [--json-out FILE] [--markdown-out FILE]
+fusebox_tools.torch_compare calls this for its sdpa graphs.
 """
 import argparse
 import copy
-import glob
 import json
 import os
 import statistics
@@ -52,10 +51,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
-from graph_json import SDPA_OPS, Graph  # noqa: E402
-from torch_ops import alibi_slopes_tensor, sdpa_keep_mask  # noqa: E402
+from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.torch_ops import alibi_slopes_tensor, sdpa_keep_mask
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 L2_BYTES = 60 << 20  # H200
@@ -63,7 +60,7 @@ DEVICE = "cuda"  # tests/python runs the logic on "cpu"
 
 
 def is_sdpa_graph(graph):
-    return any(op["op"] in SDPA_OPS for op in graph.ops)
+    return bool(graph.sdpa_ops())
 
 
 # ---------------------------------------------------------------- timing
@@ -142,25 +139,22 @@ def seq_lens(graph, op, seed):
         if vals:
             out.append([int(x) for x in vals])
         else:
-            arr = rng.integers(1, full + 1, size=graph.dims[name], dtype=np.int64).astype(np.int32)
+            lo, hi = graph.random_range(name)  # [1, S]
+            arr = rng.integers(int(lo), int(hi) + 1, size=graph.dims[name], dtype=np.int64).astype(np.int32)
             arrays[name] = arr
             out.append([int(x) for x in arr.reshape(-1)])
     return out[0], out[1], arrays
 
 
 def make_qkv(graph, op, dtype, device, gen, requires_grad=False):
-    """q, k, v (and do for sdpa_bwd) as torch [B,H,S,D] views in the graph's
-    memory layout (bshd -> [B,S,H,D] storage)."""
+    """q, k, v (and do for the backwards) as torch [B,H,S,D] tensors with the
+    graph's strides (bshd: [B,S,H,D] storage)."""
     out = {}
-    roles = ["q", "k", "v"] + (["do"] if op["op"] in ("sdpa_bwd", "sdpa_fp8_bwd") else [])
+    roles = ["q", "k", "v"] + (["do"] if op["op"] in SDPA_BWD_OPS else [])
     for role in roles:
         name = op["inputs"][role]
-        b, h, s, d = graph.dims[name]
-        layout = graph.declared.get(name, {}).get("layout")
-        if layout == "bshd":
-            t = (torch.rand(b, s, h, d, generator=gen, device=device) * 2 - 1).to(dtype).transpose(1, 2)
-        else:
-            t = (torch.rand(b, h, s, d, generator=gen, device=device) * 2 - 1).to(dtype)
+        t = torch.empty_strided(graph.dims[name], graph.strides(name), dtype=dtype, device=device)
+        t.copy_(torch.rand(graph.dims[name], generator=gen, device=device) * 2 - 1)
         if requires_grad and role != "do":
             t.requires_grad_(True)
         out[role] = t
@@ -207,7 +201,7 @@ def torch_mask_kwargs(graph, op, lq, lkv, dtype, device, gen):
         add = add + (torch.rand(bdims, generator=gen, device=device) * 2 - 1)
         notes.append("bias")
     if opts.alibi:
-        slopes = alibi_slopes_tensor(Hq, device).view(1, Hq, 1, 1)
+        slopes = alibi_slopes_tensor(opts, device).view(1, Hq, 1, 1)
         j = torch.arange(Skv, device=device, dtype=torch.float32).view(1, 1, 1, -1)
         i = rows.to(torch.float32).view(1, 1, -1, 1)
         add = add + slopes * (j - i)
@@ -325,11 +319,10 @@ def stats_variant(graph_path, op_name, out_dir, want_stats):
     return path
 
 
-def bench_sdpa_graph(path, args):
+def bench_sdpa_graph(path, args, graph=None):
     """Rows (one per mode) for an sdpa graph: fusebox and torch timings."""
-    graph = Graph(path)
-    ops = [op for op in graph.ops if op["op"] in SDPA_OPS]
-    op = ops[0]
+    graph = graph or Graph.load(path, args.fusebox)
+    op = graph.sdpa_ops()[0]
     notes = []
     if len(graph.ops) > 1:
         notes.append(f"graph has {len(graph.ops)} ops; torch side times only '{op['name']}'")
@@ -338,12 +331,13 @@ def bench_sdpa_graph(path, args):
     B, Hq, Sq, D = q
     Hk, Skv, Dv = k[1], k[2], v[3]
     lq, lkv, seq_arrays = seq_lens(graph, op, args.seed)
-    seq_inputs = {}
-    if lq is not None:
-        for name in (op["inputs"].get("seq_len_q"), op["inputs"].get("seq_len_kv")):
-            seq_inputs[name] = [int(x) for x in (seq_arrays[name].reshape(-1) if name in seq_arrays
-                                                 else graph.values(name))]
-    flops = graph.sdpa_flops(op, seq_inputs or None)
+    work = tempfile.mkdtemp(prefix="sdpa_bench_")
+    files = {}
+    for name, arr in seq_arrays.items():
+        files[name] = os.path.join(work, f"{name}.npy")
+        np.save(files[name], arr)
+    # fusebox's count with the lengths everyone uses (the whole graph's; notes say when it has more ops)
+    flops = Graph.load(path, args.fusebox, files).flops if files else graph.flops
     shape = (f"B{B} Hq{Hq}" + (f" Hk{Hk}" if Hk != Hq else "") + f" Sq{Sq}"
              + (f" Skv{Skv}" if Skv != Sq else "") + f" D{D}" + (f" Dv{Dv}" if Dv != D else "")
              + f" {graph.dtype(op['inputs']['q'])}")
@@ -364,16 +358,10 @@ def bench_sdpa_graph(path, args):
     if opts.dropout:
         mask_desc.append(f"dropout {opts.dropout}")
 
-    work = tempfile.mkdtemp(prefix="sdpa_bench_")
-    files = {}
-    for name, arr in seq_arrays.items():
-        files[name] = os.path.join(work, f"{name}.npy")
-        np.save(files[name], arr)
-
     # fusebox: the graph as given, and for forwards its stats/no-stats counterpart
-    has_stats = "stats" in op.get("outputs", {})
+    has_stats = "stats" in op["outputs"]
     fb_modes = {}
-    if kind in ("sdpa_bwd", "sdpa_fp8_bwd"):
+    if kind in SDPA_BWD_OPS:
         fb_modes["backward"] = path
     elif args.no_stats_variant:
         fb_modes["training" if has_stats else "inference"] = path
@@ -387,13 +375,13 @@ def bench_sdpa_graph(path, args):
     if kind in ("sdpa_fp8_fwd", "sdpa_fp8_bwd"):
         torch_dtype = torch.bfloat16
         torch_note = "torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)"
-    n_sets = args.rotate or max(1, min(16, -(-2 * L2_BYTES // max(1, graph.bytes_moved()))))
+    n_sets = args.rotate or max(1, min(16, int(-(-2 * L2_BYTES // max(1, graph.bytes)))))
     dev_gen = torch.Generator(device=DEVICE).manual_seed(99)
     try:
         kw, mask_note = torch_mask_kwargs(graph, op, lq, lkv, torch_dtype, DEVICE, dev_gen)
     except Exception as e:
         kw, mask_note = None, f"torch mask: {type(e).__name__}: {e}"
-    modes = ["backward"] if kind in ("sdpa_bwd", "sdpa_fp8_bwd") else ["inference", "training"]
+    modes = ["backward"] if kind in SDPA_BWD_OPS else ["inference", "training"]
     fp8_note = ""
     if kind == "sdpa_fp8_fwd" and kw is not None:
         fp8_note = try_torch_fp8(graph, op, kw, Hq // Hk)
@@ -506,14 +494,15 @@ def add_args(ap):
 
 
 def default_sdpa_graphs():
-    paths = sorted(glob.glob(os.path.join(REPO_ROOT, "examples", "graphs", "sdpa_*.json")))
-    return [p for p in paths if not os.path.basename(p).startswith("invalid_")]
+    """examples/graphs/sdpa_*.json (not small/, not invalid_*)."""
+    return [p for p in default_graphs()
+            if os.path.basename(p).startswith("sdpa_") and os.path.basename(os.path.dirname(p)) == "graphs"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="*", help="graph JSON files (default: examples/graphs/sdpa_*.json)")
-    ap.add_argument("--fusebox", default=os.path.join(REPO_ROOT, "build", "fusebox"))
+    ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--rotate", type=int, default=0, help="input sets rotated for torch (default: overflow L2)")
@@ -523,6 +512,11 @@ def main():
     ap.add_argument("--verbose", action="store_true")
     add_args(ap)
     args = ap.parse_args()
+    try:
+        args.fusebox = fusebox_bin(args.fusebox)
+    except FuseboxError as e:
+        print(f"sdpa_compare: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("sdpa_compare: torch sees no GPU", file=sys.stderr)
         return 1
@@ -538,7 +532,7 @@ def main():
                          "mask": "-", "flops": 0, "torch_mask": "-", "input_sets": 0,
                          "fusebox": None, "cudnn": None, "flash": None, "efficient": None,
                          "notes": [f"error: {type(e).__name__}: {e}"]})
-    header = [f"# fusebox SDPA vs PyTorch scaled_dot_product_attention", "",
+    header = ["# fusebox SDPA vs PyTorch scaled_dot_product_attention", "",
               f"- GPU: {torch.cuda.get_device_name(0)}; torch {torch.__version__}, cuDNN "
               f"{torch.backends.cudnn.version()}, CUDA {torch.version.cuda}",
               f"- {args.warmup} warm-up calls, then {args.iters} timed; median (min) in microseconds", ""]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Cross-checks fusebox's outputs against the same graph computed in PyTorch.
 
 For each graph: inputs made here (fixed seed), `fusebox run --inputs ...
@@ -6,21 +5,26 @@ For each graph: inputs made here (fixed seed), `fusebox run --inputs ...
 float32 on the GPU (TF32 off) from the same inputs. One line per output; exit
 1 if any graph fails.
 
-Inputs: a tensor with "values" in the graph gets them; sdpa sequence lengths
-(int32) random integers in [1, S]; dropout seed/offset (int64) random in
-[0, 2^31); FP8 scale factors (descale_*, scale_*) uniform in [0.5, 2]; fp8
-tensors uniform in [-1, 1] rounded to fp8_e4m3 (saved as float32 .npy, which
-fusebox reads into fp8 exactly); everything else uniform in [-1, 1] rounded to
-its dtype. For sdpa_bwd, "o" and "stats" are the forward's, computed here from
+The graph (shapes, dtypes, roles, resolved attributes, input ranges,
+tolerances) is fusebox's own resolution of it, `fusebox check --json`.
+
+Inputs: a tensor with "values" in the graph gets them; other inputs are
+random in fusebox's range for them (random_lo/random_hi: sequence lengths
+[1, S], dropout seed/offset [0, 2^31), FP8 scale factors [0.5, 2], others
+[-1, 1]), integers for int32/int64 tensors, otherwise uniform and rounded to
+the tensor's dtype (fp8 saved as float32 .npy, which fusebox reads into fp8
+exactly). For sdpa_bwd, "o" and "stats" are the forward's, computed here from
 q, k, v (o rounded to its dtype); for sdpa_fp8_bwd, the FP8 forward's (the
 bwd op's descale_q/k/v, descale_s, scale_s and scale_o = 1 / descale_o, o
 rounded to fp8_e4m3), as fusebox makes them itself. "Don't care" elements of sdpa outputs
 (padding rows, rows with no kept key; dk/dv rows past seq_len_kv) are zeroed on
-both sides before comparing. Graphs with dropout are run through fusebox but
-not compared (SKIP: torch cannot reproduce cuDNN's Philox mask).
+both sides before comparing; each output must be within the tolerance
+fusebox's own --verify allows it (check --json "tolerances"). Graphs with
+dropout and no dumped "dropout_mask" are run through fusebox but not compared
+(SKIP: torch cannot reproduce cuDNN's Philox mask).
 
-    python3 tools/torch_crosscheck.py [GRAPH.json ...] [--fusebox build/fusebox]
-                                      [--seed 1234] [--json-out results.json]
+    python3 -m fusebox_tools.crosscheck [GRAPH.json ...] [--fusebox build/fusebox]
+                                        [--seed 1234] [--json-out results.json]
 """
 import argparse
 import json
@@ -33,49 +37,9 @@ import tempfile
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from graph_json import FP8_SCALE_ROLES, INT_DTYPES, SDPA_OPS, Graph, default_graphs  # noqa: E402
-from torch_ops import (FP8_BWD_SCALE_ROLES, SdpaSkip, apply_op, round_fp8, round_fp8_e5m2,  # noqa: E402
-                       sdpa_care_masks, sdpa_forward)
+from fusebox_tools.graph import INT_DTYPES, SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.torch_ops import SdpaSkip, apply_op, round_fp8, round_fp8_e5m2, sdpa_care_masks, sdpa_forward
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Per output dtype: (rel_l2, max_abs / max|ref|).
-#   fp8_e4m3: 3 mantissa bits, so one rounding of o is up to 2^-4 relative
-#   (RMS ~3.6%), and a value that lands near a rounding boundary can round
-#   one way in cuDNN and the other here (one ulp: 6-12% of the value). The
-#   kernel also rounds P*scale_s to fp8 inside its online softmax (against a
-#   running max, before the final normalisation), not exactly where the
-#   emulation does. rel_l2 <= 0.1 admits all of that; max_abs_rel <= 0.25 is
-#   two ulps of the top binade. A wrong mask or scale is off by far more.
-TOLERANCES = {"bf16": (1e-2, 4e-2), "fp16": (3e-3, 1e-2), "fp32": (3e-3, 1e-2),
-              "fp8_e4m3": (1e-1, 2.5e-1)}
-# Per (op type, output role), overriding the dtype's:
-#   amax_s / amax_o (fp32 scalars): relative error <= 5%: amax_o is the max of
-#   an output computed from fp8-rounded P, so it inherits ~2^-4 / sqrt(keys)
-#   relative noise, and amax_s may come from the kernel's own P (running-max
-#   rounding); a scale bug is a factor, not 5%.
-#   sdpa_bwd bf16/fp16 gradients: the kernel rounds P and dS to the io dtype
-#   for its dV, dK, dQ matmuls (two roundings the forward does not have) and
-#   its D = rowsum(dO * O) uses the rounded o: twice the forward's bounds.
-#   sdpa_fp8_bwd (the emulation has cuDNN's two internal roundings, P8 and
-#   dS8; left are the rare internal value on the other side of a rounding
-#   boundary, a one-ulp flip of the output rounding, and accumulation order):
-#   amax_dp = max|dS| has no fp8 rounding before it: 2%; amax_dq/dk/dv are
-#   maxima of sums of fp8-rounded terms with cancellation: 5%. dq, dk, dv per
-#   output dtype in FP8_BWD_GRAD_TOLERANCES.
-ROLE_TOLERANCES = {
-    ("sdpa_fp8_fwd", "amax_s"): (5e-2, 5e-2),
-    ("sdpa_fp8_fwd", "amax_o"): (5e-2, 5e-2),
-    ("sdpa_fp8_bwd", "amax_dq"): (5e-2, 5e-2),
-    ("sdpa_fp8_bwd", "amax_dk"): (5e-2, 5e-2),
-    ("sdpa_fp8_bwd", "amax_dv"): (5e-2, 5e-2),
-    ("sdpa_fp8_bwd", "amax_dp"): (2e-2, 2e-2),
-}
-# sdpa_fp8_bwd dq, dk, dv by output dtype (fusebox's sdpa_fp8_bwd_tolerance):
-# e4m3 one rounding is up to 6.25% of a value; e5m2 has one mantissa bit less.
-FP8_BWD_GRAD_TOLERANCES = {"fp8_e4m3": (8e-2, 2.5e-1), "fp8_e5m2": (1.5e-1, 5e-1)}
-BWD_FACTOR = 2.0
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NPY_DTYPES = {"int32": np.int32, "int64": np.int64}
 
@@ -91,39 +55,18 @@ def round_to(t, dtype):
     return t
 
 
-def tolerance(graph, name):
-    op, role = graph.output_role(name)
-    dt = graph.dtype(name)
-    if op is not None and (op["op"], role) in ROLE_TOLERANCES:
-        return ROLE_TOLERANCES[(op["op"], role)]
-    if op is not None and op["op"] == "sdpa_fp8_bwd" and role in ("dq", "dk", "dv"):
-        return FP8_BWD_GRAD_TOLERANCES.get(dt, FP8_BWD_GRAD_TOLERANCES["fp8_e4m3"])
-    rel, mx = TOLERANCES.get(dt, TOLERANCES["fp32"])
-    if op is not None and op["op"] == "sdpa_bwd":
-        rel, mx = rel * BWD_FACTOR, mx * BWD_FACTOR
-    return rel, mx
-
-
-def input_kind(graph, name):
-    """How an input is made: ("values",), ("seq_len", S), ("rng",),
-    ("fp8_scale",), ("bwd_fwd", role) for sdpa_bwd's and sdpa_fp8_bwd's
-    o/stats, or ("uniform",)."""
-    if graph.values(name):
-        return ("values",)
+def bwd_forward_role(graph, name):
+    """The role ("o" or "stats") for which `name` feeds an sdpa backward op
+    (its forward's output, computed here), else None."""
     for op, role in graph.consumers(name):
-        if op["op"] not in SDPA_OPS:
-            continue
-        if role == "seq_len_q":
-            return ("seq_len", graph.dims[op["inputs"]["q"]][2])
-        if role == "seq_len_kv":
-            return ("seq_len", graph.dims[op["inputs"]["k"]][2])
-        if role in ("seed", "offset"):
-            return ("rng",)
-        if role in FP8_SCALE_ROLES or (op["op"] == "sdpa_fp8_bwd" and role in FP8_BWD_SCALE_ROLES):
-            return ("fp8_scale",)
-        if op["op"] in ("sdpa_bwd", "sdpa_fp8_bwd") and role in ("o", "stats"):
-            return ("bwd_fwd", role)
-    return ("uniform",)
+        if op["op"] in SDPA_BWD_OPS and role in ("o", "stats"):
+            return role
+    return None
+
+
+def without_dropout(src, **changes):
+    """A copy of op `src` with no dropout (and the given top-level changes, e.g. op="sdpa_fp8_fwd")."""
+    return dict(src, attrs=dict(src["attrs"], dropout=None), **changes)
 
 
 def make_inputs(graph, seed, device):
@@ -134,47 +77,42 @@ def make_inputs(graph, seed, device):
     for name in graph.inputs():
         dims = graph.dims[name]
         dt = graph.dtype(name)
-        kind = input_kind(graph, name)
-        if kind[0] == "values":
+        lo, hi = graph.random_range(name)
+        if graph.values(name):
             t = torch.tensor(graph.values(name), dtype=torch.float64).reshape(dims)
             t = t.to(torch.int64) if dt in INT_DTYPES else round_to(t.to(torch.float32), dt)
-        elif kind[0] == "seq_len":
-            t = torch.randint(1, kind[1] + 1, dims, generator=gen, dtype=torch.int64)
-        elif kind[0] == "rng":
-            t = torch.randint(0, 2**31 - 1, dims, generator=gen, dtype=torch.int64)
-        elif kind[0] == "fp8_scale":
-            t = torch.rand(dims, generator=gen, dtype=torch.float32) * 1.5 + 0.5
-        elif kind[0] == "bwd_fwd":
+        elif bwd_forward_role(graph, name):
             bwd_pending.append(name)
             continue
+        elif dt in INT_DTYPES:
+            t = torch.randint(int(lo), int(hi) + 1, dims, generator=gen, dtype=torch.int64)
         else:
-            t = torch.rand(dims, generator=gen, dtype=torch.float32) * 2 - 1
-            t = t.round().to(torch.int64) if dt in INT_DTYPES else round_to(t, dt)
+            t = torch.rand(dims, generator=gen, dtype=torch.float64) * (hi - lo) + lo
+            t = round_to(t.to(torch.float32), dt)
         inputs[name] = t.to(device)
     # sdpa_bwd's / sdpa_fp8_bwd's o and stats: the forward of the same q, k, v (and masks).
     done = set()
     for name in bwd_pending:
         if name in done:
             continue
-        op = next(o for o, r in graph.consumers(name)
-                  if o["op"] in ("sdpa_bwd", "sdpa_fp8_bwd") and r in ("o", "stats"))
+        op = next(o for o, r in graph.consumers(name) if o["op"] in SDPA_BWD_OPS and r in ("o", "stats"))
         ins = {r: inputs[t] for r, t in op["inputs"].items() if t in inputs}
         # o and stats of the forward without dropout (fusebox's choice too:
         # the mask is unknown before cuDNN runs; the backward takes o only
         # through rowsum(do * o), so both sides compute the same function).
-        fwd_op = {k: v for k, v in op.items() if k != "dropout"}
+        fwd_op = without_dropout(op)
         if op["op"] == "sdpa_fp8_bwd":
             # The FP8 forward with the bwd's descale_q/k/v, descale_s, scale_s
             # and scale_o = 1 / descale_o, so that descale_o * o8 is O
             # (fusebox's sdpa_fp8_bwd_forward_of); o comes back rounded to e4m3.
             descale_o = inputs.get(op["inputs"]["descale_o"])
             if descale_o is None:  # a by-value scalar
-                descale_o = torch.tensor(float(graph.declared[op["inputs"]["descale_o"]]["scalar"]))
+                descale_o = torch.tensor(float(graph.scalar_value(op["inputs"]["descale_o"])))
             for r in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s"):
                 if r not in ins:  # a by-value scalar
-                    ins[r] = torch.tensor(float(graph.declared[op["inputs"][r]]["scalar"]))
+                    ins[r] = torch.tensor(float(graph.scalar_value(op["inputs"][r])))
             ins["scale_o"] = 1.0 / descale_o.float().reshape(1, 1, 1, 1)
-            fwd_op = dict(fwd_op, op="sdpa_fp8_fwd")
+            fwd_op = without_dropout(op, op="sdpa_fp8_fwd")
             fwd = sdpa_forward(ins, fwd_op, fp8=True)
         else:
             fwd = sdpa_forward(ins, fwd_op)
@@ -202,27 +140,25 @@ def save_input(path, t, dtype):
 
 def has_dropout(graph):
     """Dropout without a dumped mask: neither fusebox nor torch can verify it."""
-    return any(op["op"] in SDPA_OPS and op.get("dropout") and "dropout_mask" not in op.get("outputs", {})
-               for op in graph.ops)
+    return any(op["attrs"]["dropout"] and "dropout_mask" not in op["outputs"] for op in graph.sdpa_ops())
 
 
 def dropout_mask_outputs(graph):
-    return [op["outputs"]["dropout_mask"] for op in graph.ops
-            if op["op"] in SDPA_OPS and "dropout_mask" in op.get("outputs", {})]
+    return [op["outputs"]["dropout_mask"] for op in graph.sdpa_ops() if "dropout_mask" in op["outputs"]]
 
 
 def torch_reference(graph, inputs, device):
     """Every tensor of the graph computed in float32; intermediates whose dtype
     is not fp32 are rounded to it, as fusebox stores them."""
     vals = dict(inputs)
-    for name, t in graph.declared.items():
-        if "scalar" in t:
-            vals[name] = torch.full(graph.dims[name] or [], float(t["scalar"]),
+    for name in graph.tensors:
+        if graph.is_scalar(name):
+            vals[name] = torch.full(graph.dims[name], float(graph.scalar_value(name)),
                                     dtype=torch.float32, device=device)
     care = {}
     for op in graph.ops:
         ins = {role: vals[t] for role, t in op["inputs"].items()}
-        if op["op"] in SDPA_OPS and op.get("outputs", {}).get("dropout_mask") in vals:
+        if op["op"] in SDPA_OPS and op["outputs"].get("dropout_mask") in vals:
             ins["dropout_mask"] = vals[op["outputs"]["dropout_mask"]]  # cuDNN's dump, an input here
         roles = dict(op["inputs"], **op["outputs"])
         res = apply_op(op, ins, dtypes={role: graph.dtype(t) for role, t in roles.items()})
@@ -278,7 +214,7 @@ def run_fusebox(fusebox, graph_path, input_files, out_dir, timeout_s, verify=Tru
 
 def dropout_backward_ops(graph):
     return [op for op in graph.ops
-            if op["op"] == "sdpa_bwd" and op.get("dropout") and "dropout_mask" in op.get("outputs", {})]
+            if op["op"] == "sdpa_bwd" and op["attrs"]["dropout"] and "dropout_mask" in op["outputs"]]
 
 
 def forward_with_mask(graph, op, inputs, mask, device):
@@ -290,7 +226,10 @@ def forward_with_mask(graph, op, inputs, mask, device):
 
 
 def check_graph(path, args, device):
-    graph = Graph(path)
+    try:
+        graph = Graph.load(path, args.fusebox)
+    except FuseboxError as e:
+        return {"graph": os.path.basename(path), "path": path, "outputs": [], "pass": False, "error": str(e)}
     result = {"graph": graph.name, "path": path, "outputs": [], "pass": False}
     work = tempfile.mkdtemp(prefix=f"xcheck_{graph.name}_")
     try:
@@ -346,7 +285,7 @@ def check_graph(path, args, device):
             if name in masks:
                 continue  # an input of the comparison above, checked by fusebox's --verify
             dt = graph.dtype(name)
-            rel_tol, max_tol = tolerance(graph, name)
+            rel_tol, max_tol = graph.tolerance(name)
             out_file = os.path.join(out_dir, f"{name}.npy")
             entry = {"tensor": name, "dtype": dt}
             if not os.path.exists(out_file):
@@ -386,22 +325,27 @@ def check_graph(path, args, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="*", help="graph JSON files (default: the valid examples)")
-    ap.add_argument("--fusebox", default=os.path.join(REPO_ROOT, "build", "fusebox"))
+    ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per fusebox run")
     ap.add_argument("--json-out", help="write all results to this file")
     ap.add_argument("--keep", action="store_true", help="keep the temp dirs (inputs, outputs)")
     args = ap.parse_args()
+    try:
+        args.fusebox = fusebox_bin(args.fusebox)
+    except FuseboxError as e:
+        print(f"crosscheck: {e}", file=sys.stderr)
+        return 2
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
-        print("torch_crosscheck: warning: torch sees no GPU, the reference runs on the CPU",
+        print("crosscheck: warning: torch sees no GPU, the reference runs on the CPU",
               file=sys.stderr)
-    graphs = args.graphs or default_graphs(REPO_ROOT)
+    graphs = args.graphs or default_graphs()
     if not graphs:
-        print("torch_crosscheck: no graphs given or found", file=sys.stderr)
+        print("crosscheck: no graphs given or found", file=sys.stderr)
         return 2
 
     results, failed = [], 0
@@ -430,7 +374,7 @@ def main():
         sys.stdout.flush()
 
     skipped = sum(1 for r in results if r.get("skipped"))
-    print(f"torch_crosscheck: {len(results) - failed - skipped} passed, {failed} failed, "
+    print(f"crosscheck: {len(results) - failed - skipped} passed, {failed} failed, "
           f"{skipped} skipped")
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:

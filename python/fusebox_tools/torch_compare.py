@@ -1,24 +1,22 @@
-#!/usr/bin/env python3
 """Times fusebox against the same computation done the framework way in PyTorch.
 
 For each graph: `fusebox run GRAPH --warmup W --iters N --json` (its
 latency_ms.median / min), then the graph's ops as separate eager PyTorch ops in
-the graph's io dtype (conv inputs in channels_last, as a model moved to
-channels_last would run), then the same function under torch.compile (skipped,
+the graph's dtypes and memory layouts (its strides: NHWC conv inputs are
+channels_last, as a model moved to channels_last would run), then the same function under torch.compile (skipped,
 with the reason, if it fails). Torch is timed with CUDA events: W warm-up
 calls, then N calls timed one by one; median and min. Prints a markdown table.
 
-Graphs with an sdpa op (sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd) go to
-bench/sdpa_compare.py instead: torch's scaled_dot_product_attention with the
+Shapes, strides, dtypes and the FLOP count are fusebox's (`fusebox check
+--json`). Graphs with an sdpa op go to fusebox_tools.sdpa_compare instead: torch's scaled_dot_product_attention with the
 cuDNN and flash backends, inference/training forward or backward only, one
 FLOP count for everyone; they get their own table.
 
-    python3 bench/torch_compare.py [GRAPH.json ...] [--fusebox build/fusebox]
-                                   [--markdown-out FILE] [--json-out FILE]
+    python3 -m fusebox_tools.torch_compare [GRAPH.json ...] [--fusebox build/fusebox]
+                                           [--markdown-out FILE] [--json-out FILE]
 """
 import argparse
 import datetime
-import glob
 import json
 import os
 import sys
@@ -26,46 +24,30 @@ import traceback
 
 import torch
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
-sys.path.insert(0, os.path.join(REPO_ROOT, "bench"))
-from graph_json import Graph  # noqa: E402
-from torch_ops import apply_op  # noqa: E402
-import sdpa_compare  # noqa: E402
+from fusebox_tools import sdpa_compare
+from fusebox_tools.graph import FuseboxError, Graph, fusebox_bin
+from fusebox_tools.torch_ops import apply_op
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 L2_BYTES = 60 << 20  # H200; rotate enough input sets that one pass overflows it
 
 
 def default_graphs():
-    paths = sorted(glob.glob(os.path.join(REPO_ROOT, "examples", "graphs", "*.json")))
-    return [p for p in paths if not os.path.basename(p).startswith("invalid_")]
-
-
-def channels_last_tensors(graph):
-    """Inputs that go channels_last: those that feed a conv or are declared NHWC."""
-    names = set()
-    for op in graph.ops:
-        if op["op"] == "conv_fprop":
-            names.update(op["inputs"].values())
-    for name, t in graph.declared.items():
-        if t.get("layout") in ("nhwc", "ndhwc", "channels_last"):
-            names.add(name)
-    return names
+    """examples/graphs/*.json (not small/, not invalid_*)."""
+    from fusebox_tools.graph import default_graphs as all_graphs
+    return [p for p in all_graphs() if os.path.basename(os.path.dirname(p)) == "graphs"]
 
 
 def make_input_sets(graph, n_sets, device):
-    conv_ins = channels_last_tensors(graph)
+    """Random inputs in each tensor's dtype with the graph's strides."""
     sets = []
     gen = torch.Generator(device=device).manual_seed(1234)
     for _ in range(n_sets):
         s = {}
         for name in graph.inputs():
             dt = TORCH_DTYPES.get(graph.dtype(name), torch.float32)
-            t = (torch.rand(graph.dims[name], generator=gen, device=device) * 2 - 1).to(dt)
-            if name in conv_ins and t.dim() in (4, 5):
-                fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
-                t = t.contiguous(memory_format=fmt)
+            t = torch.empty_strided(graph.dims[name], graph.strides(name), dtype=dt, device=device)
+            t.copy_(torch.rand(graph.dims[name], generator=gen, device=device) * 2 - 1)
             s[name] = t
         sets.append(s)
     return sets
@@ -73,7 +55,7 @@ def make_input_sets(graph, n_sets, device):
 
 def make_eager_fn(graph):
     """fn(inputs) running the graph's ops as separate eager ops; returns the outputs."""
-    scalars = {n: float(t["scalar"]) for n, t in graph.declared.items() if "scalar" in t}
+    scalars = {n: float(graph.scalar_value(n)) for n in graph.tensors if graph.is_scalar(n)}
     outputs = graph.outputs()
     ops = graph.ops
 
@@ -113,15 +95,13 @@ def fmt_ratio(num, den):
     return f"{num['median'] / den['median']:.2f}x" if num and den else "-"
 
 
-def bench_graph(path, args):
-    graph = Graph(path)
-    row = {"graph": graph.name, "path": path, "flops": graph.flops(),
-           "bytes": graph.bytes_moved(), "notes": []}
+def bench_graph(path, args, graph):
+    row = {"graph": graph.name, "path": path, "flops": graph.flops, "bytes": graph.bytes, "notes": []}
     row["fusebox"], err = time_fusebox(args.fusebox, path, args.warmup, args.iters, args.timeout)
     if err:
         row["notes"].append(f"fusebox: {err}")
 
-    n_sets = args.rotate or max(1, min(16, -(-2 * L2_BYTES // max(1, graph.bytes_moved()))))
+    n_sets = args.rotate or max(1, min(16, int(-(-2 * L2_BYTES // max(1, graph.bytes)))))
     row["input_sets"] = n_sets
     fn = make_eager_fn(graph)
     row["eager"] = row["compiled"] = None
@@ -152,7 +132,7 @@ def bench_graph(path, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("graphs", nargs="*", help="graph JSON files (default: examples/graphs/*.json)")
-    ap.add_argument("--fusebox", default=os.path.join(REPO_ROOT, "build", "fusebox"))
+    ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--rotate", type=int, default=0,
@@ -164,7 +144,11 @@ def main():
     ap.add_argument("--verbose", action="store_true")
     sdpa_compare.add_args(ap)
     args = ap.parse_args()
-
+    try:
+        args.fusebox = fusebox_bin(args.fusebox)
+    except FuseboxError as e:
+        print(f"torch_compare: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("torch_compare: torch sees no GPU", file=sys.stderr)
         return 1
@@ -177,10 +161,11 @@ def main():
     for path in graphs:
         print(f"torch_compare: {os.path.basename(path)} ...", file=sys.stderr, flush=True)
         try:
-            if sdpa_compare.is_sdpa_graph(Graph(path)):
-                sdpa_rows.extend(sdpa_compare.bench_sdpa_graph(path, args))
+            graph = Graph.load(path, args.fusebox)
+            if sdpa_compare.is_sdpa_graph(graph):
+                sdpa_rows.extend(sdpa_compare.bench_sdpa_graph(path, args, graph))
                 continue
-            rows.append(bench_graph(path, args))
+            rows.append(bench_graph(path, args, graph))
         except Exception as e:  # one broken graph must not stop the others
             traceback.print_exc()
             rows.append({"graph": os.path.basename(path), "path": path, "flops": 0, "bytes": 0,

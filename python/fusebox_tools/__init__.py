@@ -1,0 +1,6 @@
+"""fusebox's Python tools: graphs as fusebox resolves them (graph), the same
+ops in PyTorch (torch_ops), and the checks and benchmarks built on them
+(crosscheck, sdpa_compare, torch_compare; run each with `python3 -m`).
+
+Only graph needs nothing beyond the standard library and the fusebox binary;
+the others need torch and numpy."""
