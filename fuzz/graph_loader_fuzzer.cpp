@@ -2,8 +2,9 @@
 // API the CLI uses: parse_graph_json -> resolve -> describe, and
 // graph_to_json -> parse_graph_json again. See fuzz/README.md.
 //
-// Properties: never crash, hang, leak or throw; a graph that parsed once must
-// parse again from its own graph_to_json text, and resolve to the same answer.
+// Properties: never crash, hang, leak or throw; no error is Internal (a bad
+// file is the caller's problem, not a fusebox bug); a graph that parsed once
+// must parse again from its own graph_to_json text, and resolve the same way.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,9 +28,15 @@ void check(bool ok, const char* what, const std::string& detail) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   auto spec = fusebox::parse_graph_json(text, "fuzz.json");
-  if (!spec.ok()) return 0;
+  if (!spec.ok()) {
+    check(spec.status().code() != fusebox::StatusCode::kInternal, "parse error reported as Internal",
+          spec.status().ToString());
+    return 0;
+  }
 
   auto resolved = fusebox::resolve(*spec);
+  check(resolved.ok() || resolved.status().code() != fusebox::StatusCode::kInternal,
+        "resolve error reported as Internal", resolved.status().ToString());
   if (resolved.ok()) {
     const std::string listing = fusebox::describe(*resolved);
     check(!listing.empty(), "describe() of a resolved graph is empty", "");

@@ -367,31 +367,53 @@ class Parser {
   std::string origin_;
 };
 
+// Where arrays and objects in `text` first nest deeper than the limit, or npos.
+// A linear scan before parsing: nlohmann::json prints (in error messages) and
+// compares recursively, and its parse callback is quadratic in an array's length.
+size_t too_deep_at(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limits::kMaxJsonDepth) return i;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origin) {
   try {
-    json root;
-    // Thrown by the parse callback: parsing stops at the first container too deep.
-    struct TooDeep {};
-    const auto refuse_deep = [](int depth, json::parse_event_t event, json&) {
-      const bool opens =
-          event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
-      if (opens && depth >= limits::kMaxJsonDepth) throw TooDeep{};  // depth: the enclosing containers
-      return true;
-    };
-    try {
-      root = json::parse(text.begin(), text.end(), refuse_deep);
-    } catch (const TooDeep&) {
-      return InvalidArgument(std::string(origin) +
+    if (size_t at = too_deep_at(text); at != std::string_view::npos) {
+      return InvalidArgument(std::string(origin) + ": at byte " + std::to_string(at + 1) +
                              ": JSON arrays and objects nest deeper than the limit of " +
                              std::to_string(limits::kMaxJsonDepth) + " levels (a graph file needs 4)");
-    } catch (const json::parse_error& e) {
-      // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
-      std::string what = e.what();
+    }
+    json root;
+    // what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    const auto without_id = [](const std::string& what) {
       auto p = what.find("] ");
-      if (p != std::string::npos) what = what.substr(p + 2);
-      return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + what);
+      return p == std::string::npos ? what : what.substr(p + 2);
+    };
+    try {
+      root = json::parse(text.begin(), text.end());
+    } catch (const json::parse_error& e) {
+      return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
+                        without_id(e.what()));
+    } catch (const json::out_of_range& e) {  // a number too large for a double: 1e999
+      return ParseError(std::string(origin) + ": invalid JSON: " + without_id(e.what()));
     }
     return Parser(origin).graph(root);
   } catch (const std::exception& e) {
