@@ -42,7 +42,8 @@ TEST(GraphLoaderRegression, EveryKeptCrasherIsAStatus) {
     auto spec = parse_graph_json(read_bytes(p), origin);
     if (!spec.ok()) {
       EXPECT_NE(spec.status().code(), StatusCode::kInternal) << spec.status().ToString();
-      EXPECT_EQ(spec.status().message().rfind(origin + ": ", 0), 0u) << spec.status().message().substr(0, 300);
+      EXPECT_EQ(spec.status().message().rfind(origin + ": ", 0), 0u)
+          << spec.status().message().substr(0, 300);
       continue;
     }
     auto resolved = resolve(*spec);
