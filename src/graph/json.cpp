@@ -367,11 +367,12 @@ class Parser {
   std::string origin_;
 };
 
-// Where arrays and objects in `text` first nest deeper than the limit, or npos.
-// A linear scan before parsing: nlohmann::json prints (in error messages) and
-// compares recursively, and its parse callback is quadratic in an array's length.
-size_t too_deep_at(std::string_view text) {
+// The first place where the shape of `text` exceeds a limit, as a message; empty
+// if none. A linear scan before parsing: nlohmann::json prints (in messages) and
+// compares recursively, and its DOM takes up to ~40 times a file's size.
+std::string json_shape_error(std::string_view text) {
   int depth = 0;
+  size_t items = 1;  // an upper bound on the values: one per '[', '{' or ','
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -381,25 +382,33 @@ size_t too_deep_at(std::string_view text) {
       } else if (c == '"') {
         in_string = false;
       }
-    } else if (c == '"') {
+      continue;
+    }
+    if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > limits::kMaxJsonDepth) return i;
+      if (++depth > limits::kMaxJsonDepth) {
+        return "at byte " + std::to_string(i + 1) +
+               ": JSON arrays and objects nest deeper than the limit of " +
+               std::to_string(limits::kMaxJsonDepth) + " levels (a graph file needs 4)";
+      }
     } else if (c == ']' || c == '}') {
       --depth;
     }
+    if ((c == '[' || c == '{' || c == ',') && ++items > limits::kMaxJsonValues) {
+      return "at byte " + std::to_string(i + 1) + ": more than " + std::to_string(limits::kMaxJsonValues) +
+             " JSON values (numbers, strings, arrays, objects), the limit per graph file";
+    }
   }
-  return std::string_view::npos;
+  return "";
 }
 
 }  // namespace
 
 Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origin) {
   try {
-    if (size_t at = too_deep_at(text); at != std::string_view::npos) {
-      return InvalidArgument(std::string(origin) + ": at byte " + std::to_string(at + 1) +
-                             ": JSON arrays and objects nest deeper than the limit of " +
-                             std::to_string(limits::kMaxJsonDepth) + " levels (a graph file needs 4)");
+    if (std::string e = json_shape_error(text); !e.empty()) {
+      return InvalidArgument(std::string(origin) + ": " + e);
     }
     json root;
     // what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."

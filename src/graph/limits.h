@@ -12,6 +12,10 @@ namespace fusebox::graph_limits {
 // op, "inputs"); nlohmann::json prints and compares recursively, so deep
 // input would overflow the stack.
 inline constexpr int kMaxJsonDepth = 64;
+// JSON values in a file (counted as '[', '{' and ','): bounds the parsed
+// document (~64 bytes a value at worst) to about 0.5 GiB whatever the file.
+// A graph at the tensor and op limits needs about 3 million.
+inline constexpr std::size_t kMaxJsonValues = std::size_t{1} << 23;
 inline constexpr std::size_t kMaxTensors = 100000;
 inline constexpr std::size_t kMaxOps = 100000;
 // Graph, tensor and op names, role names and layouts.

@@ -154,3 +154,18 @@ TEST(GraphLimits, NumbersBeyondDoubleAndInt64) {
   expect_invalid(graph().replace(graph().find("[2, 3]"), 6, "[2, 100000000000000000000]"),
                  {"tensors[0] ('x').dims[1]: expected an integer, got 1e+20"});
 }
+
+TEST(GraphLimits, JsonValuesPerFile) {
+  // An array of 2^23 + 1 numbers: refused before the document is built (it would take ~40 times the text).
+  std::string many = "[0";
+  for (size_t i = 1; i <= limits::kMaxJsonValues; ++i) many += ",0";
+  expect_invalid(many + "]",
+                 {"big.json: at byte " + std::to_string(2 * limits::kMaxJsonValues - 1) +
+                  ": more than 8388608 JSON values (numbers, strings, arrays, objects), the limit "
+                  "per graph file"});
+  // Commas and brackets in strings are not counted.
+  const std::string name = R"([,{,]\",)";
+  auto r = parse_graph_json(graph(R"(, {"name": ")" + name + R"(", "scalar": 1})"), "big.json");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tensors.back().name, "[,{,]\",");
+}
