@@ -9,6 +9,7 @@
 #include "fusebox/graph.h"
 #include "graph/json_reader.h"
 #include "graph/ops/ops.h"
+#include "graph/limits.h"
 
 namespace fusebox {
 
@@ -19,12 +20,44 @@ using ordered_json = nlohmann::ordered_json;
 
 constexpr uint64_t kMaxGraphFileBytes = 64ull << 20;
 
+namespace limits = graph_limits;
+
+// "300 bytes exceed the limit of 256 bytes per name"
+std::string over_limit(size_t n, size_t limit, const char* unit, const char* per) {
+  return std::to_string(n) + " " + unit + " exceed the limit of " + std::to_string(limit) + " " + unit + " " +
+         per;
+}
+
 class Parser : public JsonReader {
  public:
   explicit Parser(std::string_view origin) : JsonReader(origin) {}
 
+  // The "name" of a tensor or op object, checked before it goes into error paths.
+  Status check_name_length(const std::string& path, const json& obj) const {
+    auto it = obj.find("name");
+    if (it == obj.end() || !it->is_string()) return Status::Ok();
+    const size_t n = it->get_ref<const std::string&>().size();
+    if (n <= limits::kMaxNameBytes) return Status::Ok();
+    return err(path + ".name", over_limit(n, limits::kMaxNameBytes, "bytes", "per name"));
+  }
+
+  // Product of dims, saturated just past the per-graph limit; 0 when there are
+  // none or resolve() rejects them anyway (a dim < 1).
+  static int64_t declared_elements(const std::vector<int64_t>& dims) {
+    if (dims.empty()) return 0;
+    int64_t n = 1;
+    for (int64_t d : dims) {
+      if (d < 1) return 0;
+      if (__builtin_mul_overflow(n, d, &n) || n > limits::kMaxTotalElements) {
+        return limits::kMaxTotalElements + 1;
+      }
+    }
+    return n;
+  }
+
   Result<TensorSpec> tensor(const std::string& base, const json& v) const {
     if (!v.is_object()) return expected(base, "an object", v);
+    FUSEBOX_RETURN_IF_ERROR(check_name_length(base, v));
     std::string path = base;
     if (v.contains("name") && v["name"].is_string()) path += " ('" + v["name"].get<std::string>() + "')";
     FUSEBOX_RETURN_IF_ERROR(
@@ -40,6 +73,10 @@ class Parser : public JsonReader {
     }
     if (v.contains("layout")) {
       FUSEBOX_ASSIGN_OR_RETURN(t.layout, get_string(path + ".layout", v["layout"]));
+      if (t.layout.size() > limits::kMaxNameBytes) {
+        return err(path + ".layout",
+                   over_limit(t.layout.size(), limits::kMaxNameBytes, "bytes", "per layout"));
+      }
     }
     if (v.contains("dtype")) {
       FUSEBOX_ASSIGN_OR_RETURN(t.dtype, get_dtype(path + ".dtype", v["dtype"]));
@@ -55,6 +92,9 @@ class Parser : public JsonReader {
     if (v.contains("values")) {
       const json& vals = v["values"];
       if (!vals.is_array()) return expected(path + ".values", "an array of numbers", vals);
+      if (vals.size() > limits::kMaxValues) {
+        return err(path + ".values", over_limit(vals.size(), limits::kMaxValues, "entries", "per tensor"));
+      }
       for (size_t i = 0; i < vals.size(); ++i) {
         if (!vals[i].is_number()) return expected(path + ".values[" + std::to_string(i) + "]", "a number", vals[i]);
         t.values.push_back(vals[i].get<double>());
@@ -104,7 +144,17 @@ class Parser : public JsonReader {
     if (!v.is_object()) return expected(path, "an object (role -> tensor name)", v);
     std::map<std::string, std::string> m;
     for (auto it = v.begin(); it != v.end(); ++it) {
-      FUSEBOX_ASSIGN_OR_RETURN(m[it.key()], get_string(path + "." + it.key(), it.value()));
+      if (it.key().size() > limits::kMaxNameBytes) {
+        return err(path, "a role name of " +
+                             over_limit(it.key().size(), limits::kMaxNameBytes, "bytes", "per name"));
+      }
+      const std::string where = path + "." + it.key();
+      FUSEBOX_ASSIGN_OR_RETURN(std::string name, get_string(where, it.value()));
+      if (name.size() > limits::kMaxNameBytes) {
+        return err(where,
+                   "a tensor name of " + over_limit(name.size(), limits::kMaxNameBytes, "bytes", "per name"));
+      }
+      m[it.key()] = std::move(name);
     }
     return m;
   }
@@ -116,6 +166,9 @@ class Parser : public JsonReader {
     GraphSpec g;
     if (root.contains("name")) {
       FUSEBOX_ASSIGN_OR_RETURN(g.name, get_string("name", root["name"]));
+      if (g.name.size() > limits::kMaxNameBytes) {
+        return err("name", over_limit(g.name.size(), limits::kMaxNameBytes, "bytes", "per name"));
+      }
     }
     if (root.contains("io_dtype")) {
       FUSEBOX_ASSIGN_OR_RETURN(g.io_dtype, get_dtype("io_dtype", root["io_dtype"]));
@@ -127,15 +180,37 @@ class Parser : public JsonReader {
       FUSEBOX_ASSIGN_OR_RETURN(g.compute_dtype, get_dtype("compute_dtype", root["compute_dtype"]));
     }
     if (!root.contains("tensors")) return err("graph", "missing field 'tensors' (an array of tensor objects)");
-    if (!root["tensors"].is_array()) return expected("tensors", "an array", root["tensors"]);
-    for (size_t i = 0; i < root["tensors"].size(); ++i) {
-      FUSEBOX_ASSIGN_OR_RETURN(TensorSpec t, tensor("tensors[" + std::to_string(i) + "]", root["tensors"][i]));
+    const json& tensors = root["tensors"];
+    if (!tensors.is_array()) return expected("tensors", "an array", tensors);
+    if (tensors.size() > limits::kMaxTensors) {
+      return err("tensors", over_limit(tensors.size(), limits::kMaxTensors, "tensors", "per graph"));
+    }
+    int64_t total_elements = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string where = "tensors[" + std::to_string(i) + "]";
+      FUSEBOX_ASSIGN_OR_RETURN(TensorSpec t, tensor(where, tensors[i]));
+      const int64_t n = declared_elements(t.dims);
+      if (n > limits::kMaxTotalElements - total_elements) {
+        const std::string held = n > limits::kMaxTotalElements
+                                     ? "alone holds more than " + std::to_string(limits::kMaxTotalElements)
+                                     : "brings the tensors so far to " + std::to_string(total_elements + n);
+        return err(where + " ('" + t.name + "').dims", "this tensor " + held + " elements: the limit is " +
+                                                           std::to_string(limits::kMaxTotalElements) +
+                                                           " (2^40) elements per graph");
+      }
+      total_elements += n;
       g.tensors.push_back(std::move(t));
     }
     if (!root.contains("ops")) return err("graph", "missing field 'ops' (an array of op objects)");
-    if (!root["ops"].is_array()) return expected("ops", "an array", root["ops"]);
-    for (size_t i = 0; i < root["ops"].size(); ++i) {
-      FUSEBOX_ASSIGN_OR_RETURN(OpSpec o, op("ops[" + std::to_string(i) + "]", root["ops"][i]));
+    const json& ops = root["ops"];
+    if (!ops.is_array()) return expected("ops", "an array", ops);
+    if (ops.size() > limits::kMaxOps) {
+      return err("ops", over_limit(ops.size(), limits::kMaxOps, "ops", "per graph"));
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const std::string where = "ops[" + std::to_string(i) + "]";
+      if (ops[i].is_object()) FUSEBOX_RETURN_IF_ERROR(check_name_length(where, ops[i]));
+      FUSEBOX_ASSIGN_OR_RETURN(OpSpec o, op(where, ops[i]));
       g.ops.push_back(std::move(o));
     }
     return g;
@@ -143,19 +218,62 @@ class Parser : public JsonReader {
 
 };
 
+// The first place where the shape of `text` exceeds a limit, as a message; empty
+// if none. A linear scan before parsing: nlohmann::json prints (in messages) and
+// compares recursively, and its DOM takes up to ~40 times a file's size.
+std::string json_shape_error(std::string_view text) {
+  int depth = 0;
+  size_t items = 1;  // an upper bound on the values: one per '[', '{' or ','
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limits::kMaxJsonDepth) {
+        return "at byte " + std::to_string(i + 1) +
+               ": JSON arrays and objects nest deeper than the limit of " +
+               std::to_string(limits::kMaxJsonDepth) + " levels (a graph file needs 4)";
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+    if ((c == '[' || c == '{' || c == ',') && ++items > limits::kMaxJsonValues) {
+      return "at byte " + std::to_string(i + 1) + ": more than " + std::to_string(limits::kMaxJsonValues) +
+             " JSON values (numbers, strings, arrays, objects), the limit per graph file";
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origin) {
   try {
+    if (std::string e = json_shape_error(text); !e.empty()) {
+      return InvalidArgument(std::string(origin) + ": " + e);
+    }
     json root;
+    // what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
+    const auto without_id = [](const std::string& what) {
+      auto p = what.find("] ");
+      return p == std::string::npos ? what : what.substr(p + 2);
+    };
     try {
       root = json::parse(text.begin(), text.end());
     } catch (const json::parse_error& e) {
-      // e.what(): "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
-      std::string what = e.what();
-      auto p = what.find("] ");
-      if (p != std::string::npos) what = what.substr(p + 2);
-      return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " + what);
+      return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
+                        without_id(e.what()));
+    } catch (const json::out_of_range& e) {  // a number too large for a double: 1e999
+      return ParseError(std::string(origin) + ": invalid JSON: " + without_id(e.what()));
     }
     return Parser(origin).graph(root);
   } catch (const std::exception& e) {

@@ -52,6 +52,20 @@ int fusebox_main(int argc, char** argv) {
   add(add_engines);
   add(add_tune);
   add(add_cache);
+  // CLI11 reports an unknown command only as "A subcommand is required": name it.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::cerr << "fusebox: unknown command '" << argv[1] << "': accepted commands are " << names
+                << " (see fusebox --help)\n";
+      return kExitBadInput;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

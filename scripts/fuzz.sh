@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds and runs one libFuzzer target (see fuzz/README.md).
+#   scripts/fuzz.sh [graph_loader|plan_cache_entry] [seconds] [extra libFuzzer flags...]
+# Installs clang and the libFuzzer runtime (apt) when missing. Builds into
+# build-fuzz/ without configuring the CUDA project, copies the seed corpus into
+# build-fuzz/corpus-<target>/ (libFuzzer adds inputs there) and writes crashers
+# to build-fuzz/artifacts-<target>/. One process, one core (a crash ends the
+# run; add -fork=1 -ignore_crashes=1 to keep going).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+target=${1:-graph_loader}
+seconds=${2:-600}
+shift $(($# > 2 ? 2 : $#)) || true
+
+# clang++ plus libclang_rt.fuzzer (Debian: clang + libclang-rt-dev).
+need=()
+command -v clang++ >/dev/null || need+=(clang)
+dpkg -s libclang-rt-dev >/dev/null 2>&1 || need+=(libclang-rt-dev)
+if ((${#need[@]})); then
+  echo "fuzz: installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+test -f third_party/cudnn-frontend/include/cudnn_frontend/thirdparty/nlohmann/json.hpp || bash scripts/setup.sh
+
+out=build-fuzz
+mkdir -p "$out"
+flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+       -Iinclude -Isrc -isystem third_party/cudnn-frontend/include/cudnn_frontend/thirdparty)
+case "$target" in
+  graph_loader)
+    srcs=(fuzz/graph_loader_fuzzer.cpp src/graph/*.cpp); libs=()
+    seeds=$(find examples/graphs -name '*.json'; ls fuzz/regressions/graph_loader/* 2>/dev/null || true)
+    run_flags=(-max_len=65536 -dict=fuzz/graph.dict) ;;
+  plan_cache_entry)
+    srcs=(fuzz/plan_cache_entry_fuzzer.cpp src/cache/entry_codec.cpp); libs=(-lxxhash)
+    seeds=$(ls fuzz/corpus/plan_cache_entry/*)
+    run_flags=(-max_len=4096) ;;
+  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry)" >&2; exit 2 ;;
+esac
+bin=$out/${target}_fuzzer
+echo "fuzz: building $bin"
+clang++ "${flags[@]}" "${srcs[@]}" "${libs[@]}" -o "$bin"
+
+corpus=$out/corpus-$target
+artifacts=$out/artifacts-$target
+mkdir -p "$corpus" "$artifacts"
+for f in $seeds; do cp "$f" "$corpus/seed-$(basename "$(dirname "$f")")-$(basename "$f")"; done
+echo "fuzz: running $bin for ${seconds}s on $(ls "$corpus" | wc -l) inputs"
+"$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" "${run_flags[@]}" "$@" "$corpus" 2>&1 | tee "$out/$target.log"
