@@ -38,5 +38,13 @@ for g in examples/graphs/*.json examples/graphs/small/*.json; do
     echo "gpu_bundle: built $name.plan here (deviceless)"
   fi
 done
+# The same cache exported as a file to import on the GPU machine (section cache_migration).
+if [ -f "$DEST/aot/cache.sqlite" ]; then
+  "$BUILD_DIR/fusebox" cache export "$DEST/aot/export.sqlite" --cache "$DEST/aot/cache.sqlite" || exit 1
+fi
+# The binary from before the canonical form (issue 9), if built: FUSEBOX_OLD_BIN=path.
+if [ -n "${FUSEBOX_OLD_BIN:-}" ] && [ -x "$FUSEBOX_OLD_BIN" ]; then
+  mkdir -p "$DEST/old" && cp "$FUSEBOX_OLD_BIN" "$DEST/old/fusebox" || exit 1
+fi
 ls -l "$DEST"
 echo "gpu_bundle: $(du -sh "$DEST" | cut -f1) in $DEST ($(du -sb "$DEST" | cut -f1) bytes; the carry limit is 64 MiB)"

@@ -342,6 +342,58 @@ PYEOF
   [ "$fails" -eq 0 ]
 }
 
+# Issue 9: a tuned cache filled by the binary before the canonical form
+# ($BUNDLE/old/fusebox, keyed on describe()) must miss cleanly with this one,
+# then be refilled and hit. Issue 10: a cache filled on the CPU machine and
+# imported here with `cache import` is still a hit.
+do_cache_migration() {
+  local fails=0 g name c j
+  if [ ! -x "$BUNDLE/old/fusebox" ]; then echo "no $BUNDLE/old/fusebox: skipped"; return 0; fi
+  for g in examples/graphs/small/conv_bias_relu_small.json examples/graphs/small/matmul_bias_gelu_small.json; do
+    name=$(graph_name "$g")
+    c="$OUT/migrate_$name.sqlite"
+    rm -f "$c"*
+    timeout 200 "$BUNDLE/old/fusebox" tune "$g" --cache "$c" --warmup 3 --iters 10 --json > "$OUT/migrate_old_tune_$name.json" \
+      || { echo "FAIL $name: old tune"; fails=$((fails + 1)); continue; }
+    timeout 120 "$BUNDLE/old/fusebox" run "$g" --cache "$c" --iters 0 --verify --json > "$OUT/migrate_old_run_$name.json" \
+      || { echo "FAIL $name: old run"; fails=$((fails + 1)); continue; }
+    timeout 120 "$FB" run "$g" --cache "$c" --iters 0 --verify --json > "$OUT/migrate_new_run1_$name.json" \
+      || { echo "FAIL $name: new run on the old cache"; fails=$((fails + 1)); continue; }
+    timeout 200 "$FB" tune "$g" --cache "$c" --warmup 3 --iters 10 --json > "$OUT/migrate_new_tune_$name.json" \
+      || { echo "FAIL $name: new tune"; fails=$((fails + 1)); continue; }
+    timeout 120 "$FB" run "$g" --cache "$c" --iters 0 --verify --json > "$OUT/migrate_new_run2_$name.json" \
+      || { echo "FAIL $name: new run after refill"; fails=$((fails + 1)); continue; }
+    "$FB" cache ls --cache "$c" > "$OUT/migrate_ls_$name.txt" 2>&1
+    "$PY" - "$OUT" "$name" <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+out, name = sys.argv[1:3]
+ld = lambda k: json.load(open(f"{out}/migrate_{k}_{name}.json"))
+old_run, new1, new2 = ld("old_run"), ld("new_run1"), ld("new_run2")
+print(f"{name}: old binary warm run: cache {old_run['cache']} ({old_run['plan_source']}); "
+      f"new binary on the old cache: cache {new1['cache']} ({new1['plan_source']}), verify ok {new1['ok']}; "
+      f"after new tune: cache {new2['cache']} ({new2['plan_source']}), verify ok {new2['ok']}")
+ok = old_run["cache"] == "hit" and new1["cache"] != "hit" and new1["ok"] and new2["cache"] == "hit" and new2["ok"] \
+     and "tuned" in new2["plan_source"]
+sys.exit(0 if ok else "FAIL: expected old hit, new miss, refilled hit")
+PYEOF
+    sed 's/^/  /' "$OUT/migrate_ls_$name.txt" | head -8
+  done
+  # Filled deviceless on the CPU machine (gpu_bundle.sh), exported there, imported here.
+  if [ -f "$BUNDLE/aot/export.sqlite" ]; then
+    c="$OUT/imported.sqlite"
+    rm -f "$c"*
+    "$FB" cache import "$BUNDLE/aot/export.sqlite" --cache "$c" > "$OUT/import.txt" 2>&1 || { echo "FAIL cache import"; cat "$OUT/import.txt"; fails=$((fails + 1)); }
+    cat "$OUT/import.txt"
+    for g in examples/graphs/conv_bias_relu.json examples/graphs/small/conv_grouped_small.json; do
+      j="$OUT/imported_run_$(graph_name "$g").json"
+      timeout 120 "$FB" run "$g" --cache "$c" --iters 0 --verify --json > "$j" || { echo "FAIL $g: run from the imported cache"; fails=$((fails + 1)); continue; }
+      "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["graph"], "imported cache:", d["cache"], d["plan_source"], d["engine"], "verify ok", d["ok"]); sys.exit(0 if d["cache"] == "hit" and d["ok"] else 1)' "$j" || fails=$((fails + 1))
+    done
+  fi
+  rm -f "$OUT"/migrate_*.sqlite* "$OUT"/imported.sqlite*
+  [ "$fails" -eq 0 ]
+}
+
 # With the system's older cuDNN first on the path, fusebox must refuse plainly
 # (non-zero exit, a message naming the versions), not crash or compute garbage.
 do_cudnn_mismatch() {
@@ -400,6 +452,7 @@ section deviceless_roundtrip do_roundtrip
 section cpu_built_plans do_cpu_plans
 section tune do_tune
 section plan_cache do_cache
+section cache_migration do_cache_migration
 section cudnn_mismatch do_cudnn_mismatch
 section bench do_bench
 

@@ -169,13 +169,13 @@ expect_bad "invalid_shapes.json (check)"     "\[conv_fprop 'conv1'\] input 'w' \
 expect_bad "invalid_shapes.json (build)"     "\[conv_fprop 'conv1'\] input 'w' \('w'\) has C=48 but input 'x' \('x'\) has C=64: the filter's dim 1 must equal x's channels, or divide them"  build "$SRC/examples/graphs/invalid_shapes.json" --device "$DEVPROP"
 EXPECT_RC=1 expect_bad "sdpa: bottom-right with bias (build)" 'Bottom right causal mask is only supported with is_bias=False'  build "$SRC/examples/graphs/invalid_sdpa_bottom_right_bias.json" --device "$DEVPROP"
 expect_bad "sdpa: seq_len value > Sq"        "\[sdpa_fwd 'attn'\] input 'seq_len_q' \('seq_len_q'\) holds the value 500: each length must be an integer in \[0, 96\]"  check "$SRC/examples/graphs/invalid_sdpa_lengths.json"
-expect_bad "nonexistent graph file"          "'$TMP/no_such_graph\.json': No such file or directory"  check "$TMP/no_such_graph.json"
+expect_bad "nonexistent graph file"          "graph file '$TMP/no_such_graph\.json': cannot open: No such file or directory"  check "$TMP/no_such_graph.json"
 expect_bad "graph path is a directory"       "'$TMP'.*is a directory"  check "$TMP"
 
 # ---------------------------------------------------------------- bad options
 echo 'this is not json' > "$TMP/not_json.devprop"
 echo '{"name": "not a device", "tensors": []}' > "$TMP/not_device.devprop"
-expect_bad "build --device nonexistent file" 'no_such_device\.devprop: cannot open device-properties file'  build "$SMALL_CONV" --device "$TMP/no_such_device.devprop"
+expect_bad "build --device nonexistent file" "device-properties file '$TMP/no_such_device\.devprop': cannot open: No such file or directory"  build "$SMALL_CONV" --device "$TMP/no_such_device.devprop"
 expect_bad "build --device file not JSON"    'not_json\.devprop: not a cuDNN device-properties file'  build "$SMALL_CONV" --device "$TMP/not_json.devprop"
 expect_bad "build --device JSON not a device" "not_device\.devprop: device-properties field 'deviceVer' is missing"  build "$SMALL_CONV" --device "$TMP/not_device.devprop"
 expect_bad "build --heuristics z"            "--heuristics: unknown mode 'z': accepted are a, b, fallback"  build "$SMALL_CONV" --device "$DEVPROP" --heuristics z
