@@ -16,7 +16,9 @@ def conv(x, w, op):
     nsp = x.dim() - 2
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
     a = op["attrs"]
-    return fn(x, w, padding=tuple(a["padding"]), stride=tuple(a["stride"]), dilation=tuple(a["dilation"]))
+    groups = x.shape[1] // w.shape[1]  # grouped convolution: w holds C/groups channels
+    return fn(x, w, padding=tuple(a["padding"]), stride=tuple(a["stride"]), dilation=tuple(a["dilation"]),
+              groups=groups)
 
 
 _POINTWISE = {
