@@ -203,6 +203,10 @@ struct ResolvedGraph {
   double bytes_moved() const;
 };
 
+// The op's attributes as resolve() left them (defaults applied), as a JSON
+// object: what `fusebox check --json` prints under "attrs" (docs/cli.md).
+std::string op_resolved_attrs_json(const ResolvedGraph& g, const ResolvedOp& op);
+
 // Validates `spec` and infers shapes, strides and dtypes. Errors name the op
 // and tensor: "[conv_fprop 'conv1'] input 'w' has C=32 but x has C=64 ...".
 Result<ResolvedGraph> resolve(const GraphSpec& spec);

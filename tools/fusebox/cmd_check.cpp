@@ -2,8 +2,6 @@
 // `--json` prints the resolved graph: what the Python tools (python/fusebox_tools)
 // read instead of re-deriving shapes, roles, FLOPs, tolerances and masks.
 #include <cstdio>
-#include <type_traits>
-#include <variant>
 
 #include "common.h"
 #include "fusebox/reference.h"
@@ -38,50 +36,6 @@ ordered_json tensor_json(const ResolvedTensor& t) {
   return j;
 }
 
-template <class T>
-ordered_json optional_json(const std::optional<T>& v) {
-  return v ? ordered_json(*v) : ordered_json(nullptr);
-}
-
-// The op's attributes as resolve() left them (defaults applied).
-ordered_json attrs_json(const ResolvedGraph& g, const ResolvedOp& op) {
-  ordered_json j = ordered_json::object();
-  std::visit(
-      [&](const auto& a) {
-        using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, ConvFpropAttrs>) {
-          j["padding"] = a.padding;
-          j["stride"] = a.stride;
-          j["dilation"] = a.dilation;
-        } else if constexpr (std::is_base_of_v<SdpaOptions, A>) {
-          j["attn_scale"] = optional_json(a.attn_scale);
-          j["causal"] = a.causal;
-          j["alignment"] = std::string(sdpa_alignment_name(a.alignment));
-          j["left_bound"] = optional_json(a.left_bound);
-          j["right_bound"] = optional_json(a.right_bound);
-          j["padding"] = a.padding;
-          j["bias"] = a.bias;
-          j["alibi"] = a.alibi;
-          // Per query head, so that no tool recomputes cuDNN's slopes.
-          j["alibi_slopes"] = a.alibi ? ordered_json(alibi_slopes(g.tensors[op.inputs.at("q")].dims.at(1)))
-                                      : ordered_json(nullptr);
-          j["dropout"] = optional_json(a.dropout);
-          j["dump_dropout_mask"] = a.dump_dropout_mask;
-          if constexpr (std::is_same_v<A, SdpaFwdAttrs> || std::is_same_v<A, SdpaFp8FwdAttrs>) {
-            j["generate_stats"] = a.generate_stats;
-          }
-          if constexpr (std::is_same_v<A, SdpaBwdAttrs>) j["deterministic"] = a.deterministic;
-        } else if constexpr (std::is_same_v<A, MatmulAttrs> || std::is_same_v<A, PointwiseAttrs>) {
-          // No attributes (a pointwise op's mode is its type name).
-        } else {
-          // A new op type: say what the tools need of its attributes here (docs/cli.md).
-          static_assert(sizeof(A) == 0, "check --json: attributes of a new op type");
-        }
-      },
-      op.attrs);
-  return j;
-}
-
 ordered_json op_json(const ResolvedGraph& g, const ResolvedOp& op) {
   ordered_json j;
   j["name"] = op.name;
@@ -99,7 +53,7 @@ ordered_json op_json(const ResolvedGraph& g, const ResolvedOp& op) {
   j["outputs"] = std::move(out);
   j["primary_output"] = std::string(op_primary_output_role(op.attrs));
   j["compute_dtype"] = std::string(dtype_name(op.compute_dtype));
-  j["attrs"] = attrs_json(g, op);
+  j["attrs"] = ordered_json::parse(op_resolved_attrs_json(g, op));  // the family's own (src/graph/ops/)
   j["tolerances"] = std::move(tol);
   return j;
 }
@@ -120,6 +74,7 @@ ordered_json graph_json(const ResolvedGraph& g, const std::map<std::string, Host
   j["bytes"] = g.bytes_moved();
   j["tensors"] = std::move(tensors);
   j["ops"] = std::move(ops);
+  j["canonical_form_version"] = kCanonicalFormVersion;
   return j;
 }
 

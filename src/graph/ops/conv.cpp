@@ -114,6 +114,12 @@ void describe(const ConvFpropAttrs& a, std::ostream& os) {
      << dims_string(a.dilation);
 }
 
+void resolved_json(const FlopsContext&, const ConvFpropAttrs& a, nlohmann::ordered_json& j) {
+  j["padding"] = a.padding;
+  j["stride"] = a.stride;
+  j["dilation"] = a.dilation;
+}
+
 double flops(const FlopsContext& ctx, const ConvFpropAttrs&) {
   const ResolvedTensor& w = ctx.in("w");
   double macs = static_cast<double>(ctx.out("y").element_count());  // N*K*P*Q(*O)

@@ -58,6 +58,7 @@ Status infer(const InferContext& ctx, MatmulAttrs&) {
 
 void canonical(const MatmulAttrs&, CanonicalWriter&) {}
 void describe(const MatmulAttrs&, std::ostream&) {}
+void resolved_json(const FlopsContext&, const MatmulAttrs&, nlohmann::ordered_json&) {}
 
 double flops(const FlopsContext& ctx, const MatmulAttrs&) {
   return 2.0 * static_cast<double>(ctx.out("y").element_count()) * static_cast<double>(ctx.in("a").dims.back());

@@ -72,6 +72,8 @@ struct FlopsContext {
   Status infer(const InferContext& ctx, T& a);                                                     \
   void canonical(const T& a, CanonicalWriter& w);                                                  \
   void describe(const T& a, std::ostream& os);                                                     \
+  /* the resolved attributes for `fusebox check --json` (defaults applied; docs/cli.md) */         \
+  void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j);              \
   double flops(const FlopsContext& ctx, const T& a);
 
 // conv.cpp

@@ -144,6 +144,7 @@ Status infer(const InferContext& ctx, PointwiseAttrs& a) {
 
 void canonical(const PointwiseAttrs&, CanonicalWriter&) {}  // the mode is the type name
 void describe(const PointwiseAttrs&, std::ostream&) {}
+void resolved_json(const FlopsContext&, const PointwiseAttrs&, nlohmann::ordered_json&) {}  // mode = type name
 
 double flops(const FlopsContext& ctx, const PointwiseAttrs&) {
   return static_cast<double>(ctx.out("y").element_count());

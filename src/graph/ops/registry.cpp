@@ -72,4 +72,12 @@ std::vector<std::string_view> op_output_roles(const OpAttrs& attrs) {
 
 std::string_view op_primary_output_role(const OpAttrs& attrs) { return op_output_roles(attrs).front(); }
 
+std::string op_resolved_attrs_json(const ResolvedGraph& g, const ResolvedOp& op) {
+  static const std::map<std::string, std::vector<double>> kNoInputs;
+  const graph_ops::FlopsContext ctx{g, op, kNoInputs};
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  std::visit([&](const auto& a) { graph_ops::resolved_json(ctx, a, j); }, op.attrs);
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 }  // namespace fusebox

@@ -501,6 +501,32 @@ void sdpa_describe(const T& a, std::ostream& os) {
   }
 }
 
+template <class V>
+nlohmann::ordered_json optional_json(const std::optional<V>& v) {
+  return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+}
+
+template <typename T>
+void sdpa_resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j) {
+  j["attn_scale"] = optional_json(a.attn_scale);
+  j["causal"] = a.causal;
+  j["alignment"] = std::string(sdpa_alignment_name(a.alignment));
+  j["left_bound"] = optional_json(a.left_bound);
+  j["right_bound"] = optional_json(a.right_bound);
+  j["padding"] = a.padding;
+  j["bias"] = a.bias;
+  j["alibi"] = a.alibi;
+  // Per query head, so that no tool recomputes cuDNN's slopes.
+  j["alibi_slopes"] = a.alibi ? nlohmann::ordered_json(alibi_slopes(ctx.in("q").dims.at(1)))
+                              : nlohmann::ordered_json(nullptr);
+  j["dropout"] = optional_json(a.dropout);
+  j["dump_dropout_mask"] = a.dump_dropout_mask;
+  if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
+    j["generate_stats"] = a.generate_stats;
+  }
+  if constexpr (std::is_same_v<T, SdpaBwdAttrs>) j["deterministic"] = a.deterministic;
+}
+
 // 2*B*Hq*(D+Dv) per kept (query, key) pair; backward 2.5 times that (five
 // matmuls against two). With padding, lengths are data: from ctx.inputs, else
 // the tensor's fixed values, else full length.
@@ -551,6 +577,9 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
   Status infer(const InferContext& ctx, T& a) { return sdpa_infer(ctx, a); }                                   \
   void canonical(const T& a, CanonicalWriter& w) { sdpa_canonical(a, w); }                                     \
   void describe(const T& a, std::ostream& os) { sdpa_describe(a, os); }                                        \
+  void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j) {                         \
+    sdpa_resolved_json(ctx, a, j);                                                                             \
+  }                                                                                                            \
   double flops(const FlopsContext& ctx, const T& a) { return sdpa_flops(ctx, a); }
 
 FUSEBOX_SDPA_OP(SdpaFwdAttrs, "sdpa_fwd")
