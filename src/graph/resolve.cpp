@@ -19,7 +19,8 @@ constexpr int64_t kMaxElements = int64_t{1} << 62;
 constexpr size_t kMaxRank = 8;
 
 
-std::string q(const std::string& s) { return "'" + s + "'"; }
+// One quoting helper for the graph layer (src/graph/ops/registry.cpp).
+std::string q(const std::string& s) { return graph_ops::squote(s); }
 
 std::string op_where(const OpSpec& op) {
   std::string s = "[";

@@ -14,7 +14,6 @@ namespace {
 constexpr const char* kMagic = "FUSEBOX-PLAN";
 constexpr int64_t kMaxPayloadBytes = int64_t{256} << 20;
 constexpr size_t kMaxHeaderBytes = 65536;
-using plan_info_json::hex64;
 using plan_info_json::payload_xxh3;
 
 }  // namespace
