@@ -5,11 +5,13 @@
 #include <numeric>
 #include <set>
 
+#include "common/dims_string.h"
 #include "fusebox/graph.h"
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox {
+
+using common::dims_string;
 
 namespace {
 
