@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/dims_string.h"
+#include "common/strided.h"
 #include "fusebox/graph.h"
 #include "ops/ops.h"
 
@@ -251,11 +252,7 @@ void GraphSpec::output(const std::string& tensor_name, std::string layout, std::
 
 // ---------------------------------------------------------------- resolved form
 
-int64_t ResolvedTensor::element_count() const {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
+int64_t ResolvedTensor::element_count() const { return common::product(dims); }
 
 int64_t ResolvedTensor::storage_elements() const {
   int64_t span = 1;
