@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "cache/entry_codec.h"
+#include "entry_codec.h"
 
 using fusebox::CacheEntry;
 using fusebox::cache_internal::encode_entry_meta;

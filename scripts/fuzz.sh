@@ -28,14 +28,16 @@ test -f third_party/cudnn-frontend/include/cudnn_frontend/thirdparty/nlohmann/js
 out=build-fuzz
 mkdir -p "$out"
 flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -Iinclude -Isrc -isystem third_party/cudnn-frontend/include/cudnn_frontend/thirdparty)
+       -Iinclude -Isrc/common/include -isystem third_party/cudnn-frontend/include/cudnn_frontend/thirdparty)
 case "$target" in
   graph_loader)
-    srcs=(fuzz/graph_loader_fuzzer.cpp src/graph/*.cpp); libs=()
+    srcs=(fuzz/graph_loader_fuzzer.cpp src/graph/*.cpp src/graph/ops/*.cpp src/common/*.cpp)
+    flags+=(-Isrc/graph); libs=(-lxxhash)
     seeds=$(find examples/graphs -name '*.json'; ls fuzz/regressions/graph_loader/* 2>/dev/null || true)
     run_flags=(-max_len=65536 -dict=fuzz/graph.dict) ;;
   plan_cache_entry)
-    srcs=(fuzz/plan_cache_entry_fuzzer.cpp src/cache/entry_codec.cpp); libs=(-lxxhash)
+    srcs=(fuzz/plan_cache_entry_fuzzer.cpp src/cache/entry_codec.cpp src/common/*.cpp)
+    flags+=(-Isrc/cache); libs=(-lxxhash)
     seeds=$(ls fuzz/corpus/plan_cache_entry/*)
     run_flags=(-max_len=4096) ;;
   *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry)" >&2; exit 2 ;;

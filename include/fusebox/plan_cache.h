@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "fusebox/plan_file.h"
+#include "fusebox/plan_info.h"
 #include "fusebox/status.h"
 
 struct sqlite3;

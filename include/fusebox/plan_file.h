@@ -13,24 +13,10 @@
 
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
+#include "fusebox/plan_info.h"
 #include "fusebox/status.h"
 
 namespace fusebox {
-
-struct PlanFileInfo {
-  int format = 1;
-  std::string graph_fingerprint;  // graph_fingerprint(g) (fusebox/graph.h)
-  std::string engine;
-  int64_t workspace_bytes = 0;
-  std::string device_name;
-  int sm_version = 0;
-  int sm_count = 0;
-  bool built_deviceless = false;
-  int64_t cudnn_version = 0;      // the runtime that built it
-  std::string frontend_version;
-  std::string fusebox_version;
-};
-
 
 // Writes atomically (temporary file, then rename).
 Status write_plan_file(const std::string& path, const PlanFileInfo& info, const std::vector<uint8_t>& payload);

@@ -1,4 +1,4 @@
-#include "cache/entry_codec.h"
+#include "entry_codec.h"
 
 #include <xxhash.h>
 

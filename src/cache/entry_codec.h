@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "cache/plan_info_json.h"
+#include "common/plan_info_json.h"
 #include "fusebox/plan_cache.h"
 #include "fusebox/status.h"
 

@@ -17,8 +17,8 @@
 #include <functional>
 #include <limits>
 
-#include "cache/entry_codec.h"
 #include "common/file_io.h"
+#include "entry_codec.h"
 
 namespace fusebox {
 namespace {

@@ -9,7 +9,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "cudnn/frontend.h"
+#include "common/cuda_status.h"
+#include "frontend.h"
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 
@@ -47,9 +48,10 @@ class FeGraph : public fe::graph::Graph {
   fe::error_t check_support_at(int64_t i) { return plans.check_support_at_index(i); }
 };
 
+using common::cuda_status;  // "<where>: cudaErrorX: text"
+
 // A frontend error as a fusebox Status, prefixed with the step or op.
 Status from_fe(fe::error_t err, const std::string& where);
-Status cuda_status(cudaError_t err, const std::string& where);
 Status cudnn_status(cudnnStatus_t st, const std::string& where);
 
 // The frontend graph for a ResolvedGraph, with each non-virtual tensor's uid

@@ -5,8 +5,9 @@
 #include <variant>
 #include <vector>
 
-#include "cudnn/internal.h"
-#include "cudnn/ops/ops.h"
+#include "common/op_where.h"
+#include "internal.h"
+#include "ops/ops.h"
 
 namespace fusebox::cudnn {
 
@@ -69,11 +70,6 @@ Status from_fe(fe::error_t err, const std::string& where) {
   return Status(code, where + ": " + fe_code_name(err.get_code()) + (msg.empty() ? "" : ": " + msg));
 }
 
-Status cuda_status(cudaError_t err, const std::string& where) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kCudaError, where + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-
 Status cudnn_status(cudnnStatus_t st, const std::string& where) {
   if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
   char last[512] = {0};
@@ -110,7 +106,7 @@ struct LowerState {
 };
 
 LowerContext::LowerContext(LowerState& state, const ResolvedOp& op)
-    : state_(state), op_(op), where_("[" + std::string(op_type_name(op.attrs)) + " '" + op.name + "']") {}
+    : state_(state), op_(op), where_(common::op_where(op_type_name(op.attrs), op.name)) {}
 
 FeGraph& LowerContext::graph() const { return state_.graph; }
 const ResolvedGraph& LowerContext::resolved() const { return state_.g; }

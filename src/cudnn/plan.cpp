@@ -1,9 +1,9 @@
 // The five steps, engine listing, plan (de)serialization and execution.
-#include <chrono>
 #include <functional>
 
-#include "cudnn/internal.h"
-#include "cudnn/stdio_capture.h"
+#include "common/stopwatch.h"
+#include "internal.h"
+#include "stdio_capture.h"
 
 namespace fusebox {
 namespace cudnn {
@@ -26,7 +26,7 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
   StepReport step;
   step.name = name;
   step.ran = true;
-  auto t0 = std::chrono::steady_clock::now();
+  common::Stopwatch watch;
   StdioCapture capture;
   try {
     step.status = from_fe(fn(), name);
@@ -36,7 +36,7 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
     step.status = Status(StatusCode::kCudnnError, name + ": unknown exception from cuDNN frontend");
   }
   step.cudnn_log = capture.finish();
-  step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  step.ms = watch.ms();
   if (!step.status.ok()) {
     // The frontend appends cuDNN's whole diagnostic log (hundreds of lines on
     // a machine without a GPU): keep its first line and the distinct reasons.
@@ -255,7 +255,7 @@ void CandidateSet::check_all(bool build) {
   BuildReport& r = *impl_->report;
   auto timed = [&](const std::string& name, const std::function<void()>& fn) {
     StepReport step{name, 0, true, Status::Ok(), ""};
-    auto t0 = std::chrono::steady_clock::now();
+    common::Stopwatch watch;
     StdioCapture capture;
     try {
       fn();
@@ -263,7 +263,7 @@ void CandidateSet::check_all(bool build) {
       step.status = Status(StatusCode::kCudnnError, name + ": exception from cuDNN frontend: " + e.what());
     }
     step.cudnn_log = capture.finish();
-    step.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    step.ms = watch.ms();
     r.steps.push_back(step);
   };
   timed("check_support", [&] {

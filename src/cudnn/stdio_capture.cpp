@@ -1,4 +1,4 @@
-#include "cudnn/stdio_capture.h"
+#include "stdio_capture.h"
 
 #include <unistd.h>
 

@@ -5,7 +5,7 @@
 
 #include "common/file_io.h"
 #include "common/json_util.h"
-#include "cudnn/internal.h"
+#include "internal.h"
 
 #ifndef FUSEBOX_VERSION
 #define FUSEBOX_VERSION "0.1.0"

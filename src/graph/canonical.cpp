@@ -18,7 +18,7 @@
 #include <queue>
 #include <sstream>
 
-#include "graph/ops/ops.h"
+#include "ops/ops.h"
 #include "xxhash.h"
 
 namespace fusebox {

@@ -5,11 +5,14 @@
 #include <numeric>
 #include <set>
 
+#include "common/dims_string.h"
+#include "common/strided.h"
 #include "fusebox/graph.h"
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox {
+
+using common::dims_string;
 
 namespace {
 
@@ -249,11 +252,7 @@ void GraphSpec::output(const std::string& tensor_name, std::string layout, std::
 
 // ---------------------------------------------------------------- resolved form
 
-int64_t ResolvedTensor::element_count() const {
-  int64_t n = 1;
-  for (int64_t d : dims) n *= d;
-  return n;
-}
+int64_t ResolvedTensor::element_count() const { return common::product(dims); }
 
 int64_t ResolvedTensor::storage_elements() const {
   int64_t span = 1;

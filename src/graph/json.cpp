@@ -7,9 +7,9 @@
 #include "common/file_io.h"
 #include "common/json_util.h"
 #include "fusebox/graph.h"
-#include "graph/json_reader.h"
-#include "graph/ops/ops.h"
-#include "graph/limits.h"
+#include "graph_limits.h"
+#include "json_reader.h"
+#include "ops/ops.h"
 
 namespace fusebox {
 

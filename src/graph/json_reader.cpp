@@ -1,5 +1,5 @@
 // fusebox graph layer: typed JSON reads with path-naming errors (json_reader.h).
-#include "graph/json_reader.h"
+#include "json_reader.h"
 
 namespace fusebox {
 

@@ -6,11 +6,14 @@
 #include <set>
 #include <sstream>
 
+#include "common/dims_string.h"
+#include "common/op_where.h"
 #include "fusebox/graph.h"
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox {
+
+using common::dims_string;
 
 namespace {
 
@@ -22,12 +25,7 @@ constexpr size_t kMaxRank = 8;
 // One quoting helper for the graph layer (src/graph/ops/registry.cpp).
 std::string q(const std::string& s) { return graph_ops::squote(s); }
 
-std::string op_where(const OpSpec& op) {
-  std::string s = "[";
-  s.append(op_type_name(op.attrs));
-  s.append(" '").append(op.name).append("']");
-  return s;
-}
+std::string op_where(const OpSpec& op) { return common::op_where(op_type_name(op.attrs), op.name); }
 
 std::string join_roles(const std::vector<std::string_view>& roles) {
   std::string s;

@@ -5,7 +5,7 @@
 #include <variant>
 
 #include "fusebox/reference.h"
-#include "reference/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox {
 

@@ -15,7 +15,7 @@
 #include "common/checked_math.h"
 #include "common/file_io.h"
 #include "fusebox/tensor.h"
-#include "reference/tensor_util.h"
+#include "tensor_util.h"
 
 namespace fusebox {
 

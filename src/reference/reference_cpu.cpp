@@ -12,9 +12,9 @@
 #include <variant>
 
 #include "fusebox/reference.h"
-#include "reference/ops/cpu_context.h"
-#include "reference/ops/ops.h"
-#include "reference/tensor_util.h"
+#include "ops/cpu_context.h"
+#include "ops/ops.h"
+#include "tensor_util.h"
 
 namespace fusebox {
 

@@ -11,9 +11,9 @@
 #include <variant>
 
 #include "fusebox/reference.h"
-#include "reference/ops/gpu_context.cuh"
-#include "reference/ops/ops.h"
-#include "reference/tensor_util.h"
+#include "ops/gpu_context.cuh"
+#include "ops/ops.h"
+#include "tensor_util.h"
 
 namespace fusebox {
 

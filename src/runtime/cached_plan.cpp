@@ -1,15 +1,10 @@
 #include "fusebox/cached_plan.h"
 
-#include <chrono>
-
+#include "common/stopwatch.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::string modes_string(const std::vector<HeuristicMode>& modes) {
   std::string s;
@@ -57,9 +52,9 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
   out.key = cache_key_for(g, target, policy_key);
   if (!cache || !cache->enabled()) return out;
   const size_t before = cache->warnings().size();
-  auto t0 = std::chrono::steady_clock::now();
+  common::Stopwatch watch;
   auto found = cache->lookup(out.key);
-  out.lookup_ms = ms_since(t0);
+  out.lookup_ms = watch.ms();
   collect_warnings(cache, before, &out.warnings);
   if (!found.ok() || !found->has_value()) return out;
   CacheEntry entry = std::move(**found);
@@ -69,9 +64,9 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
     out.warnings.push_back("plan cache entry " + out.key + " ignored: " + compat.message());
     return out;
   }
-  t0 = std::chrono::steady_clock::now();
+  watch.restart();
   auto plan = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
-  out.deserialize_ms = ms_since(t0);
+  out.deserialize_ms = watch.ms();
   if (!plan.ok()) {
     out.warnings.push_back("plan cache entry " + out.key + " could not be deserialized, rebuilding: " +
                            plan.status().message().substr(0, 300));
@@ -79,9 +74,9 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
   }
   out.plan = std::move(plan).value();
   if (measure_repeat) {
-    t0 = std::chrono::steady_clock::now();
+    watch.restart();
     auto again = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
-    if (again.ok()) out.deserialize_again_ms = ms_since(t0);
+    if (again.ok()) out.deserialize_again_ms = watch.ms();
   }
   entry.payload.clear();
   out.entry = std::move(entry);

@@ -1,13 +1,8 @@
-#include "runtime/device_buffers.h"
+#include "device_buffers.h"
 
 #include <algorithm>
 
 namespace fusebox::runtime {
-
-Status cuda_check(cudaError_t err, const std::string& where) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kCudaError, where + ": " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
 
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) cudaFree(ptr_);
@@ -16,7 +11,7 @@ DeviceBuffer::~DeviceBuffer() {
 Status DeviceBuffer::allocate(size_t bytes, const std::string& what) {
   bytes_ = bytes;
   if (bytes == 0) return Status::Ok();
-  return cuda_check(cudaMalloc(&ptr_, bytes), "cudaMalloc " + std::to_string(bytes) + " bytes for " + what);
+  return cuda_status(cudaMalloc(&ptr_, bytes), "cudaMalloc " + std::to_string(bytes) + " bytes for " + what);
 }
 
 Status GraphBuffers::prepare(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs, int input_sets,
@@ -38,14 +33,14 @@ Status GraphBuffers::prepare(const ResolvedGraph& g, const std::map<std::string,
       for (int s = 0; s < input_sets; ++s) {
         DeviceBuffer& b = inputs_[s][t.name];
         FUSEBOX_RETURN_IF_ERROR(b.allocate(h.data.size(), "input '" + t.name + "'"));
-        FUSEBOX_RETURN_IF_ERROR(cuda_check(
+        FUSEBOX_RETURN_IF_ERROR(cuda_status(
             cudaMemcpyAsync(b.get(), h.data.data(), b.bytes(), cudaMemcpyHostToDevice, stream), "upload '" + t.name + "'"));
         pointers_[s][t.name] = b.get();
       }
     } else {
       DeviceBuffer& b = outputs_[t.name];
       FUSEBOX_RETURN_IF_ERROR(b.allocate(static_cast<size_t>(t.storage_bytes()), "output '" + t.name + "'"));
-      FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaMemsetAsync(b.get(), 0xFF, b.bytes(), stream), "poison '" + t.name + "'"));
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(b.get(), 0xFF, b.bytes(), stream), "poison '" + t.name + "'"));
       for (auto& p : pointers_) p[t.name] = b.get();
     }
   }

@@ -8,13 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_status.h"
 #include "fusebox/graph.h"
 #include "fusebox/status.h"
 #include "fusebox/tensor.h"
 
 namespace fusebox::runtime {
 
-Status cuda_check(cudaError_t err, const std::string& where);
+using common::cuda_status;  // "<where>: cudaErrorX: text"
 
 // Device memory that frees itself.
 class DeviceBuffer {

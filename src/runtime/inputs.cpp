@@ -1,9 +1,10 @@
 // make_inputs: what fusebox feeds a graph when the caller gives no files.
 #include <string>
 
+#include "common/op_where.h"
+#include "common/strided.h"
 #include "fusebox/reference.h"
 #include "fusebox/runtime.h"
-#include "reference/tensor_util.h"
 
 namespace fusebox {
 
@@ -11,7 +12,7 @@ HostTensor make_input(const ResolvedTensor& t, uint64_t seed) {
   if (t.values.empty()) return random_tensor(t, seed, t.random_lo, t.random_hi);
   HostTensor h = HostTensor::like(t);
   const size_t esize = dtype_size_bytes(h.dtype);
-  reference_detail::for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
+  common::for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
     store_element(h.data.data() + off * static_cast<int64_t>(esize), h.dtype, t.values[static_cast<size_t>(i)]);
   });
   return h;
@@ -42,9 +43,8 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
     const bool given_o = given.count(g.tensors[op.inputs.at("o")].name) > 0;
     const bool given_stats = given.count(g.tensors[op.inputs.at("stats")].name) > 0;
     if (given_o != given_stats) {
-      std::string msg = "[";
-      msg.append(op_type_name(op.attrs)).append(" '").append(op.name);
-      msg.append("'] the inputs give only one of 'o' and 'stats': give both (from the same forward pass) "
+      std::string msg = common::op_where(op_type_name(op.attrs), op.name);
+      msg.append(" the inputs give only one of 'o' and 'stats': give both (from the same forward pass) "
                  "or neither (fusebox computes them from q, k and v)");
       return InvalidArgument(msg);
     }

@@ -1,6 +1,6 @@
 #include "fusebox/plan_file.h"
 
-#include "cache/plan_info_json.h"
+#include "common/plan_info_json.h"
 
 #include <limits>
 #include <nlohmann/json.hpp>

@@ -2,12 +2,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <set>
 
+#include "common/stopwatch.h"
+#include "device_buffers.h"
 #include "fusebox/runtime.h"
-#include "runtime/device_buffers.h"
 
 namespace fusebox {
 namespace runtime {
@@ -36,17 +36,17 @@ Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuf
   std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters));
   Status st;
   for (auto& e : events) {
-    if (st.ok()) st = cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+    if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
   }
   for (int i = 0; i < iters && st.ok(); ++i) {
     cudaEventRecord(events[2 * i], stream);
     st = plan.execute(ctx, buffers.pointers(warmup + i), workspace);
     cudaEventRecord(events[2 * i + 1], stream);
   }
-  if (st.ok()) st = cuda_check(cudaStreamSynchronize(stream), "timed runs of '" + plan.engine_name() + "'");
+  if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "timed runs of '" + plan.engine_name() + "'");
   std::vector<float> ms(static_cast<size_t>(iters));
   for (int i = 0; i < iters && st.ok(); ++i) {
-    st = cuda_check(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+    st = cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
   }
   for (auto& e : events) {
     if (e) cudaEventDestroy(e);
@@ -57,7 +57,7 @@ Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuf
 
 }  // namespace runtime
 
-using runtime::cuda_check;
+using runtime::cuda_status;
 using runtime::DeviceBuffer;
 
 Status verify_status(const RunResult& r) {
@@ -90,17 +90,16 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
   DeviceBuffer workspace;
   FUSEBOX_RETURN_IF_ERROR(workspace.allocate(static_cast<size_t>(plan.workspace_bytes()), "workspace"));
 
-  FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(stream), "upload inputs"));
-  const auto t_first = std::chrono::steady_clock::now();
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "upload inputs"));
+  const common::Stopwatch first_execute;
   FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(0), workspace.get()));
-  FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(stream), "execute '" + plan.engine_name() + "'"));
-  result.first_execute_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_first).count();
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "execute '" + plan.engine_name() + "'"));
+  result.first_execute_ms = first_execute.ms();
 
   for (int i : g.output_tensors()) {
     const ResolvedTensor& t = g.tensors[i];
     HostTensor h = HostTensor::like(t);
-    FUSEBOX_RETURN_IF_ERROR(cuda_check(
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(
         cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost), "download '" + t.name + "'"));
     result.outputs[t.name] = std::move(h);
   }
@@ -132,10 +131,10 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
         d_out[t.name] = static_cast<float*>(b.get());
       }
       FUSEBOX_RETURN_IF_ERROR(reference_gpu(g, d_in, d_out, stream));
-      FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaStreamSynchronize(stream), "GPU reference"));
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "GPU reference"));
       for (auto& [name, b] : ref_buffers) {
         std::vector<float> v(b.bytes() / sizeof(float));
-        FUSEBOX_RETURN_IF_ERROR(cuda_check(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost), "download reference"));
+        FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost), "download reference"));
         ref[name] = std::move(v);
       }
     }

@@ -1,9 +1,9 @@
 #include "fusebox/tune.h"
 
 #include <algorithm>
-#include <chrono>
 
-#include "runtime/device_buffers.h"
+#include "common/stopwatch.h"
+#include "device_buffers.h"
 
 namespace fusebox {
 namespace {
@@ -16,10 +16,7 @@ bool has_note(const std::vector<std::string>& notes, const std::string& n) {
 
 Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolicy& policy,
                         const TuneProgress& progress) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed_ms = [&] {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  };
+  const common::Stopwatch elapsed;
   TuneResult result;
   FUSEBOX_ASSIGN_OR_RETURN(DeviceTarget target, DeviceTarget::live_gpu(ctx.device_id()));
   BuildOptions options;
@@ -72,7 +69,7 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
       e.skipped_why = "not timed: beyond --top";
       continue;
     }
-    if (policy.budget_ms > 0 && elapsed_ms() > policy.budget_ms) {
+    if (policy.budget_ms > 0 && elapsed.ms() > policy.budget_ms) {
       e.skipped_why = "not timed: time budget spent";
       continue;
     }
@@ -124,7 +121,7 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
     ro.iters = 0;
     FUSEBOX_ASSIGN_OR_RETURN(result.winner_run, run_plan(g, result.winner_plan, ctx, ro));
   }
-  result.tuning_ms = elapsed_ms();
+  result.tuning_ms = elapsed.ms();
   return result;
 }
 

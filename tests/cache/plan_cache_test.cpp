@@ -18,7 +18,7 @@
 #include <set>
 #include <sstream>
 
-#include "cache/entry_codec.h"
+#include "entry_codec.h"
 
 namespace fusebox {
 

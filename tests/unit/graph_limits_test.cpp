@@ -1,4 +1,4 @@
-// The graph loader's limits (src/graph/limits.h): each one, just under and just
+// The graph loader's limits (src/graph/graph_limits.h): each one, just under and just
 // over, on inputs generated here. Over a limit: InvalidArgument naming the place
 // and the limit; under it, the file still parses.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "fusebox/graph.h"
-#include "graph/limits.h"
+#include "graph_limits.h"
 
 using namespace fusebox;
 namespace limits = fusebox::graph_limits;

@@ -1,11 +1,11 @@
 // fusebox run: execute on a GPU, verify against the reference, time it.
 #include <sys/stat.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
 #include "common.h"
+#include "common/stopwatch.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox::cli {
@@ -58,10 +58,6 @@ Result<std::map<std::string, std::string>> output_paths(const ResolvedGraph& g, 
   return out;
 }
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 Runner add_run(CLI::App& app) {
@@ -112,10 +108,10 @@ Runner add_run(CLI::App& app) {
     options.inputs = std::move(input_tensors).value();
 
     // Start-up, timed in parts: the first cuDNN call loads its libraries.
-    auto t_ctx = std::chrono::steady_clock::now();
+    const common::Stopwatch context_watch;
     auto ctx = GpuContext::create(0);
     if (!ctx.ok()) return fail("run", ctx.status());
-    const double context_ms = ms_since(t_ctx);
+    const double context_ms = context_watch.ms();
     auto target = DeviceTarget::live_gpu(0);
     if (!target.ok()) return fail("run", target.status());
 
@@ -123,7 +119,7 @@ Runner add_run(CLI::App& app) {
     Result<Plan> plan = Status(StatusCode::kInternal, "no plan");
     std::string plan_source, cache_result = "off", cache_key;
     double lookup_ms = 0, deserialize_ms = 0, deserialize_again_ms = -1;
-    auto t_plan = std::chrono::steady_clock::now();
+    const common::Stopwatch plan_watch;
     if (!a->plan.empty()) {
       auto pf = read_plan_file(a->plan);
       if (!pf.ok()) return fail("run", pf.status());
@@ -165,7 +161,7 @@ Runner add_run(CLI::App& app) {
       }
       plan = std::move(got->plan);
     }
-    const double plan_ms = ms_since(t_plan);
+    const double plan_ms = plan_watch.ms();
     if (!plan.ok()) {
       if (!a->json && !report.steps.empty()) print_build_report(report);
       return fail("run", plan.status().WithContext("[graph '" + g->name + "']"));

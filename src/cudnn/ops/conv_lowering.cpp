@@ -1,5 +1,5 @@
 // fusebox: the cuDNN lowering of conv_fprop.
-#include "cudnn/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox::cudnn {
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "cudnn/internal.h"
+#include "internal.h"
 
 namespace fusebox::cudnn {
 

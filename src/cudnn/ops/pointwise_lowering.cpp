@@ -1,5 +1,5 @@
 // fusebox: the cuDNN lowering of the pointwise ops.
-#include "cudnn/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox::cudnn {
 namespace {

@@ -2,7 +2,7 @@
 // sdpa_fp8_fwd, sdpa_fp8_bwd).
 #include <cmath>
 
-#include "cudnn/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox::cudnn {
 namespace {

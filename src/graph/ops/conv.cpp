@@ -3,10 +3,12 @@
 // G = C / w's dim 1 groups (1: a plain convolution); K must be a multiple of G.
 #include <sstream>
 
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "common/dims_string.h"
+#include "ops/ops.h"
 
 namespace fusebox::graph_ops {
+
+using common::dims_string;
 
 std::vector<std::string_view> type_names(std::type_identity<ConvFpropAttrs>) { return {"conv_fprop"}; }
 std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<ConvFpropAttrs>) {

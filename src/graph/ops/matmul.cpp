@@ -1,9 +1,11 @@
 // fusebox op family matmul (graph layer): a [batch..., M, K] x b [batch..., K, N]
 // -> y [batch..., M, N], batch dims equal or 1 (broadcast), rank >= 3.
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "common/dims_string.h"
+#include "ops/ops.h"
 
 namespace fusebox::graph_ops {
+
+using common::dims_string;
 
 std::vector<std::string_view> type_names(std::type_identity<MatmulAttrs>) { return {"matmul"}; }
 std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<MatmulAttrs>) {

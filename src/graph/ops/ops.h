@@ -17,9 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "canonical_writer.h"
 #include "fusebox/graph.h"
-#include "graph/canonical_writer.h"
-#include "graph/json_reader.h"
+#include "json_reader.h"
 
 namespace fusebox::graph_ops {
 

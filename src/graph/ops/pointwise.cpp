@@ -1,10 +1,12 @@
 // fusebox op family pointwise (graph layer): add, sub, mul, bias_add, scale
 // (binary, numpy-style broadcast over equal ranks) and relu, gelu_tanh,
 // gelu_erf, silu, sigmoid, tanh (unary). One attrs type, one JSON name per mode.
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "common/dims_string.h"
+#include "ops/ops.h"
 
 namespace fusebox {
+
+using common::dims_string;
 
 namespace {
 constexpr PointwiseMode kAllModes[] = {PointwiseMode::kAdd,      PointwiseMode::kSub,     PointwiseMode::kMul,

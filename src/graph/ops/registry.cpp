@@ -1,6 +1,6 @@
 // fusebox graph layer: what is shared by every op family, and the dispatch
 // over OpAttrs that needs every alternative (type names).
-#include "graph/ops/ops.h"
+#include "ops/ops.h"
 
 namespace fusebox::graph_ops {
 

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <sstream>
 
-#include "graph/dims_string.h"
-#include "graph/ops/ops.h"
+#include "common/dims_string.h"
+#include "ops/ops.h"
 
 namespace fusebox {
+
+using common::dims_string;
 
 const SdpaOptions* sdpa_options(const OpAttrs& attrs) {
   return std::visit(

@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "reference/gpu_util.cuh"
-#include "reference/ops/gpu_context.cuh"
-#include "reference/ops/ops.h"
-#include "reference/tensor_util.h"
+#include "gpu_util.cuh"
+#include "ops/gpu_context.cuh"
+#include "ops/ops.h"
+#include "tensor_util.h"
 
 namespace fusebox::reference_detail {
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_status.h"
 #include "fusebox/graph.h"
 #include "fusebox/status.h"
 
@@ -46,16 +47,10 @@ inline int grid_for(int64_t count, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((count + threads - 1) / threads, 1 << 20)));
 }
 
-inline Status cuda_status(cudaError_t e, const std::string& where, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kCudaError,
-                where + what + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
 }  // namespace gpu
 
 #define FUSEBOX_CUDA_RETURN(where, expr) \
-  FUSEBOX_RETURN_IF_ERROR(::fusebox::reference_detail::gpu::cuda_status((expr), (where), #expr))
+  FUSEBOX_RETURN_IF_ERROR(::fusebox::common::cuda_status((expr), (where), #expr))
 
 // The state of one GPU reference run: the caller's buffers, where each
 // tensor is, and the temporaries to free (the driver's; reference_gpu.cu).

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "reference/ops/cpu_context.h"
-#include "reference/ops/ops.h"
-#include "reference/tensor_util.h"
+#include "ops/cpu_context.h"
+#include "ops/ops.h"
+#include "tensor_util.h"
 
 namespace fusebox::reference_detail {
 

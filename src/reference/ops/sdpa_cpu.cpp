@@ -9,11 +9,11 @@
 #include <string_view>
 #include <vector>
 
-#include "reference/ops/cpu_context.h"
-#include "reference/ops/ops.h"
-#include "reference/ops/sdpa_dropout.h"
-#include "reference/ops/sdpa_fp8_bwd.h"
-#include "reference/tensor_util.h"
+#include "ops/cpu_context.h"
+#include "ops/ops.h"
+#include "ops/sdpa_dropout.h"
+#include "ops/sdpa_fp8_bwd.h"
+#include "tensor_util.h"
 
 namespace fusebox::reference_detail {
 

@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "common/op_where.h"
 #include "fusebox/graph.h"
 #include "fusebox/status.h"
 
@@ -21,8 +22,8 @@ namespace fusebox::reference_detail {
 // only for dropout > 0.
 template <typename Map>
 Result<std::string> sdpa_dropout_mask_name(const ResolvedGraph& g, const ResolvedOp& op, const Map& inputs) {
-  std::string where = "[";
-  where.append(op_type_name(op.attrs)).append(" '").append(op.name).append("'] ");
+  std::string where = common::op_where(op_type_name(op.attrs), op.name);
+  where += ' ';
   const SdpaOptions* o = sdpa_options(op.attrs);
   where += "dropout " + std::to_string(o && o->dropout ? *o->dropout : 0.0) + ": ";
   auto it = op.outputs.find("dropout_mask");

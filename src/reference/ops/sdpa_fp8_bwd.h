@@ -46,7 +46,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/reference.h"
 #include "fusebox/status.h"
-#include "reference/ops/sdpa_mask.h"
+#include "ops/sdpa_mask.h"
 
 namespace fusebox::reference_detail {
 

@@ -9,9 +9,9 @@
 #include <tuple>
 #include <variant>
 
-#include "reference/ops/ops.h"
-#include "reference/ops/sdpa_fp8_bwd.h"
-#include "reference/tensor_util.h"
+#include "ops/ops.h"
+#include "ops/sdpa_fp8_bwd.h"
+#include "tensor_util.h"
 
 namespace fusebox::reference_detail {
 

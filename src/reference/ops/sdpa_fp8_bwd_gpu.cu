@@ -10,8 +10,9 @@
 
 #include <string>
 
-#include "reference/gpu_util.cuh"
-#include "reference/ops/sdpa_fp8_bwd.h"
+#include "common/cuda_status.h"
+#include "gpu_util.cuh"
+#include "ops/sdpa_fp8_bwd.h"
 
 namespace fusebox::reference_detail {
 
@@ -195,10 +196,7 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
   }
 }
 
-Status cuda_status(cudaError_t e, const std::string& where, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status(StatusCode::kCudaError, where + what + " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
+using common::cuda_status;
 
 #define FP8_BWD_CUDA(expr) FUSEBOX_RETURN_IF_ERROR(cuda_status((expr), where, #expr))
 

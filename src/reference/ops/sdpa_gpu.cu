@@ -9,13 +9,13 @@
 #include <string_view>
 #include <vector>
 
-#include "reference/gpu_util.cuh"
-#include "reference/ops/gpu_context.cuh"
-#include "reference/ops/ops.h"
-#include "reference/ops/sdpa_dropout.h"
-#include "reference/ops/sdpa_fp8_bwd.h"
-#include "reference/ops/sdpa_mask.h"
-#include "reference/tensor_util.h"
+#include "gpu_util.cuh"
+#include "ops/gpu_context.cuh"
+#include "ops/ops.h"
+#include "ops/sdpa_dropout.h"
+#include "ops/sdpa_fp8_bwd.h"
+#include "ops/sdpa_mask.h"
+#include "tensor_util.h"
 
 namespace fusebox::reference_detail {
 

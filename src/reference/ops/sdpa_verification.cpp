@@ -8,9 +8,9 @@
 #include <variant>
 
 #include "fusebox/reference.h"
-#include "reference/ops/sdpa_fp8_bwd.h"
-#include "reference/ops/sdpa_mask.h"
-#include "reference/tensor_util.h"
+#include "ops/sdpa_fp8_bwd.h"
+#include "ops/sdpa_mask.h"
+#include "tensor_util.h"
 
 namespace fusebox {
 

@@ -1,6 +1,7 @@
-// The provenance of a plan (PlanFileInfo) as JSON fields, and the payload
-// checksum: shared by plan files (src/runtime/plan_file.cpp) and cache
-// entries (src/cache/entry_codec.cpp), so both spell them the same way.
+// fusebox_common: the provenance of a plan (PlanFileInfo) as JSON fields, and
+// the payload checksum: shared by plan files (src/runtime/plan_file.cpp) and
+// cache entries (src/cache/entry_codec.cpp), so both spell them the same way.
+// Header-only: users link fusebox_json and xxhash themselves.
 #pragma once
 
 #include <xxhash.h>
@@ -12,7 +13,7 @@
 #include <string>
 
 #include "common/json_util.h"
-#include "fusebox/plan_file.h"
+#include "fusebox/plan_info.h"
 
 namespace fusebox::plan_info_json {
 

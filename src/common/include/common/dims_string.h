@@ -1,11 +1,11 @@
-// "[16, 64, 56, 56]": how fusebox prints dims and strides in messages.
+// fusebox_common: "[16, 64, 56, 56]": how fusebox prints dims and strides in messages.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-namespace fusebox {
+namespace fusebox::common {
 
 inline std::string dims_string(const std::vector<int64_t>& v) {
   std::string s = "[";
@@ -16,4 +16,4 @@ inline std::string dims_string(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-}  // namespace fusebox
+}  // namespace fusebox::common

@@ -1,0 +1,28 @@
+// fusebox: the provenance of a serialized plan (engine, workspace, device,
+// versions), as plan files and plan cache entries both record it.
+//
+// Owned by the plan cache layer (fusebox_cache), the lower of the two users:
+// plan_file.h (runtime) includes it, so the cache never includes a runtime
+// header.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace fusebox {
+
+struct PlanFileInfo {
+  int format = 1;
+  std::string graph_fingerprint;  // graph_fingerprint(g) (fusebox/graph.h)
+  std::string engine;
+  int64_t workspace_bytes = 0;
+  std::string device_name;
+  int sm_version = 0;
+  int sm_count = 0;
+  bool built_deviceless = false;
+  int64_t cudnn_version = 0;  // the runtime that built it
+  std::string frontend_version;
+  std::string fusebox_version;
+};
+
+}  // namespace fusebox
