@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fusebox/graph.h"
+#include "graph/checks.h"
 #include "graph/dims_string.h"
 #include "graph/ops/ops.h"
 
@@ -421,6 +422,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     }
   }
   FUSEBOX_RETURN_IF_ERROR(canonicalize(g));
+  FUSEBOX_RETURN_IF_ERROR(graph_checks::check_cudnn_rules(g));
   return g;
 }
 
