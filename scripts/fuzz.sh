@@ -57,7 +57,7 @@ case "$target" in
     run_flags=(-max_len=65536) ;;
   npy_reader)
     srcs=(fuzz/npy_reader_fuzzer.cpp src/reference/host_tensor.cpp src/common/*.cpp src/graph/*.cpp src/graph/ops/*.cpp)
-    libs=()
+    libs=(-lxxhash)
     seeds=$(ls fuzz/corpus/npy_reader/* fuzz/regressions/npy_reader/* 2>/dev/null || true)
     run_flags=(-max_len=4096) ;;
   *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader)" >&2

@@ -1,26 +1,25 @@
 // PlanCache: round trips, corruption, LRU, read-only and foreign files,
 // concurrent processes, export/import. CPU only; runs everywhere.
-#include "fusebox/graph.h"
 #include "fusebox/plan_cache.h"
 
 #include <gtest/gtest.h>
-
-#include <csignal>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "cache/entry_codec.h"
-#include <nlohmann/json.hpp>
-#include <cstdio>
+#include "fusebox/graph.h"
 
 namespace fusebox {
 
@@ -76,11 +75,12 @@ std::vector<uint8_t> valid_payload(size_t bytes, uint8_t fill) {
   auto make = [&](size_t pad) {
     std::string p(pad, 'a');
     for (size_t i = 0; i < pad; ++i) p[i] = static_cast<char>('a' + (fill + i * 7) % 26);
-    nlohmann::json backend = {{"cudnnVersion", 91900},
-                              {"schemaVersion", 4},
-                              {"engine", {{"engineId", 7}}},
-                              {"operationGraph",
-                               {{"tensors", nlohmann::json::array()}, {"nodes", nlohmann::json::array()}, {"pad", p}}}};
+    nlohmann::json backend = {
+        {"cudnnVersion", 91900},
+        {"schemaVersion", 4},
+        {"engine", {{"engineId", 7}}},
+        {"operationGraph",
+         {{"tensors", nlohmann::json::array()}, {"nodes", nlohmann::json::array()}, {"pad", p}}}};
     nlohmann::json j = {{"json_version", "2.0"},
                         {"cudnn_backend_data", backend.dump()},
                         {"behavior_notes", nlohmann::json::array({nlohmann::json::array()})},
@@ -302,12 +302,14 @@ void expect_corrupt_entry_is_dropped(const std::string& path, const std::string&
 }
 
 TEST_F(PlanCacheTest, BitFlippedPayloadIsAMissAndDeleted) {
-  // Flip the lowest bit of payload byte 99 (0-based): still a well-formed payload, so the checksum must catch it.
+  // Flip the lowest bit of payload byte 99 (0-based): still a well-formed payload, so the checksum must catch
+  // it.
   const uint8_t b = make_entry("x", 512).payload[99] ^ 1;
   char hex[8];
   std::snprintf(hex, sizeof hex, "%02X", b);
-  expect_corrupt_entry_is_dropped(path_, std::string("UPDATE entries SET payload = substr(payload, 1, 99) || X'") +
-                                             hex + "' || substr(payload, 101) WHERE key = 'c0ffee00c0ffee00'");
+  expect_corrupt_entry_is_dropped(
+      path_, std::string("UPDATE entries SET payload = substr(payload, 1, 99) || X'") + hex +
+                 "' || substr(payload, 101) WHERE key = 'c0ffee00c0ffee00'");
 }
 
 TEST_F(PlanCacheTest, BitFlippedPayloadViaBlobApiIsAMiss) {
@@ -755,11 +757,13 @@ TEST_F(PlanCacheTest, VerifyImportAndExportFlagEntriesThatWouldFailToLoad) {
     PlanCache s = PlanCache::open(src);
     ASSERT_TRUE(s.store(hostile_entry("bad")).ok());
     ASSERT_TRUE(s.store(make_entry("good")).ok());
-    std::vector<std::string> bad;
-    auto n = s.verify(&bad);
+    std::vector<std::string> bad, why;
+    auto n = s.verify(&bad, &why);
     ASSERT_TRUE(n.ok());
     EXPECT_EQ(*n, 2);
     EXPECT_EQ(bad, std::vector<std::string>{"bad"});
+    ASSERT_EQ(why.size(), 1u);
+    EXPECT_EQ(why[0], "plan cache entry bad: plan payload field 'fe_workspace_size' is missing");
   }
   PlanCache c = PlanCache::open(path_);
   ASSERT_TRUE(c.import_from(src).ok());
@@ -859,11 +863,12 @@ TEST(PlanCacheFuzzRegression, SeedsAndCrashersAreAStatus) {
       const size_t a = rest.find('\n');
       const size_t b = a == std::string::npos ? a : rest.find('\n', a + 1);
       const std::string key = rest.substr(0, a);
-      const std::string meta = a == std::string::npos ? "" : rest.substr(a + 1, b == std::string::npos ? b : b - a - 1);
+      const std::string meta =
+          a == std::string::npos ? "" : rest.substr(a + 1, b == std::string::npos ? b : b - a - 1);
       const std::string payload = b == std::string::npos ? "" : rest.substr(b + 1);
       CacheEntry out;
-      const Status st = cache_internal::validate_entry_bytes(key, meta, reinterpret_cast<const uint8_t*>(payload.data()),
-                                             payload.size(), &out);
+      const Status st = cache_internal::validate_entry_bytes(
+          key, meta, reinterpret_cast<const uint8_t*>(payload.data()), payload.size(), &out);
       if (!st.ok()) EXPECT_EQ(st.code(), StatusCode::kParseError) << e.path() << ": " << st.ToString();
       ++n;
     }
