@@ -6,12 +6,12 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cerrno>
 #include <ctime>
 #include <filesystem>
 #include <functional>

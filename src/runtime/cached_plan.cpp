@@ -34,9 +34,8 @@ std::string build_policy_key(const BuildOptions& o) {
 std::string tune_policy_key(const TunePolicy& p) {
   // What changes the winner; measurement settings (warm-up, iterations, seed) do not.
   return "tune;modes=" + modes_string(p.heuristics) + ";max_ws=" + std::to_string(p.max_workspace_bytes) +
-         ";det=" + std::to_string(p.deterministic_only) +
-         ";rtc=" + std::to_string(p.allow_runtime_compilation) + ";top=" + std::to_string(p.top_k) +
-         ";budget_ms=" + std::to_string(p.budget_ms);
+         ";det=" + std::to_string(p.deterministic_only) + ";rtc=" + std::to_string(p.allow_runtime_compilation) +
+         ";top=" + std::to_string(p.top_k) + ";budget_ms=" + std::to_string(p.budget_ms);
 }
 
 std::string cache_key_for(const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy) {
@@ -79,8 +78,7 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
     int64_t removed = 0;
     const bool evicted = !cache->read_only() && cache->remove(out.key, &removed).ok() && removed > 0;
     out.warnings.push_back("plan cache entry " + out.key + " could not be deserialized" +
-                           (evicted ? " (deleted)" : "") +
-                           ", rebuilding: " + plan.status().message().substr(0, 300));
+                           (evicted ? " (deleted)" : "") + ", rebuilding: " + plan.status().message().substr(0, 300));
     return out;
   }
   out.plan = std::move(plan).value();
@@ -95,9 +93,8 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
   return out;
 }
 
-bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                const std::string& policy_key, const Plan& plan, double tuned_median_ms,
-                std::vector<std::string>* warnings) {
+bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
+                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings) {
   if (!cache || !cache->enabled() || cache->read_only()) return false;
   auto bytes = plan.serialize();
   if (!bytes.ok()) {
@@ -118,8 +115,7 @@ bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& ta
 }
 
 Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const BuildOptions& options, GpuContext* ctx,
-                                      BuildReport* failed_report) {
+                                      const BuildOptions& options, GpuContext* ctx, BuildReport* failed_report) {
   const std::string policy = build_policy_key(options);
   FUSEBOX_ASSIGN_OR_RETURN(CachedPlan out, lookup_cached_plan(cache, g, target, policy, ctx));
   if (out.hit) return out;

@@ -1,25 +1,26 @@
 // PlanCache: round trips, corruption, LRU, read-only and foreign files,
 // concurrent processes, export/import. CPU only; runs everywhere.
+#include "fusebox/graph.h"
 #include "fusebox/plan_cache.h"
 
 #include <gtest/gtest.h>
+
+#include <csignal>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <csignal>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "cache/entry_codec.h"
-#include "fusebox/graph.h"
+#include <nlohmann/json.hpp>
+#include <cstdio>
 
 namespace fusebox {
 
