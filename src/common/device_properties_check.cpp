@@ -93,6 +93,10 @@ Status check_device_properties(std::string_view text, const std::string& origin,
                       ": not a cuDNN device-properties file (expected a JSON object as written by "
                       "`fusebox devprop`)");
   }
+  // The two keys fusebox itself reads first: a graph file given as --device says so.
+  for (const char* k : {"deviceVer", "multiProcessorCount"}) {
+    if (!j.contains(k)) return bad(k, "is missing");
+  }
   const auto& ints = integer_fields();
   const auto& vecs = vector_fields();
   for (const auto& [k, _] : j.items()) {
