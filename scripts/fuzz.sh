@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs one libFuzzer target (see fuzz/README.md).
-#   scripts/fuzz.sh [graph_loader|plan_cache_entry] [seconds] [extra libFuzzer flags...]
+#   scripts/fuzz.sh TARGET [seconds] [extra libFuzzer flags...]
+# TARGET: graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader.
 # Installs clang and the libFuzzer runtime (apt) when missing. Builds into
 # build-fuzz/ without configuring the CUDA project, copies the seed corpus into
 # build-fuzz/corpus-<target>/ (libFuzzer adds inputs there) and writes crashers
@@ -29,6 +30,10 @@ out=build-fuzz
 mkdir -p "$out"
 flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -Iinclude -Isrc/common/include -isystem third_party/cudnn-frontend/include/cudnn_frontend/thirdparty)
+# The cuDNN frontend headers, cuDNN and the CUDA runtime (host code only, no nvcc).
+cuda=${CUDA_HOME:-/usr/local/cuda}
+cudnn_flags=(-isystem third_party/cudnn-frontend/include -isystem "$cuda/include")
+cudnn_libs=(-L"$cuda/lib64" -Wl,-rpath,"$cuda/lib64" -lcudnn -lcudart -ldl)
 case "$target" in
   graph_loader)
     srcs=(fuzz/graph_loader_fuzzer.cpp src/graph/*.cpp src/graph/ops/*.cpp src/common/*.cpp)
@@ -38,9 +43,27 @@ case "$target" in
   plan_cache_entry)
     srcs=(fuzz/plan_cache_entry_fuzzer.cpp src/cache/entry_codec.cpp src/common/*.cpp)
     flags+=(-Isrc/cache); libs=(-lxxhash)
-    seeds=$(ls fuzz/corpus/plan_cache_entry/*)
+    seeds=$(ls fuzz/corpus/plan_cache_entry/* fuzz/regressions/plan_cache_entry/* 2>/dev/null || true)
+    run_flags=(-max_len=16384) ;;
+  device_properties)
+    # cuDNN's own parser runs too (handle-less, no GPU): links libcudnn.
+    srcs=(fuzz/device_properties_fuzzer.cpp src/common/*.cpp); libs=("${cudnn_libs[@]}")
+    flags+=("${cudnn_flags[@]}")
+    seeds=$(ls devices/*.devprop fuzz/corpus/device_properties/* fuzz/regressions/device_properties/* 2>/dev/null || true)
+    run_flags=(-max_len=4096 -dict=fuzz/devprop.dict) ;;
+  plan_file)
+    srcs=(fuzz/plan_file_fuzzer.cpp src/runtime/plan_file.cpp src/common/*.cpp src/graph/*.cpp src/graph/ops/*.cpp)
+    flags+=(-Isrc/graph -Isrc/runtime); libs=(-lxxhash "${cudnn_libs[@]}")
+    flags+=("${cudnn_flags[@]}" -DFUSEBOX_DEVPROP="\"$PWD/devices/h200-cudnn-9.19.devprop\"")
+    seeds=$(ls fuzz/corpus/plan_file/* fuzz/regressions/plan_file/* 2>/dev/null || true)
+    run_flags=(-max_len=65536) ;;
+  npy_reader)
+    srcs=(fuzz/npy_reader_fuzzer.cpp src/reference/host_tensor.cpp src/common/*.cpp src/graph/*.cpp src/graph/ops/*.cpp)
+    flags+=(-Isrc/graph -Isrc/reference); libs=(-lxxhash)
+    seeds=$(ls fuzz/corpus/npy_reader/* fuzz/regressions/npy_reader/* 2>/dev/null || true)
     run_flags=(-max_len=4096) ;;
-  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry)" >&2; exit 2 ;;
+  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader)" >&2
+     exit 2 ;;
 esac
 bin=$out/${target}_fuzzer
 echo "fuzz: building $bin"

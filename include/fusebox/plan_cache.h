@@ -115,7 +115,8 @@ class PlanCache {
   Status clear(int64_t* removed = nullptr);
   // Checks the database and every entry; appends the keys of bad entries to
   // *bad (may be null). Returns how many entries were checked. Deletes nothing.
-  Result<int> verify(std::vector<std::string>* bad);
+  // `why`, if given, gets each bad entry's reason (the check that failed), in step with `bad`.
+  Result<int> verify(std::vector<std::string>* bad, std::vector<std::string>* why = nullptr);
 
   // Copies every valid entry into the cache file at `path` (created if
   // missing; an existing fusebox cache there is merged into, newer wins).

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_util.h"
+#include "common/plan_payload_check.h"
 
 namespace fusebox::cache_internal {
 
@@ -54,6 +55,8 @@ Status validate_entry_bytes(std::string_view key, std::string_view meta, const u
                  " payload bytes, row has " + std::to_string(n));
     }
     if (m.at("xxh3").get<std::string>() != payload_xxh3(payload, n)) return bad("payload checksum mismatch");
+    // What PlanCache::lookup() returns goes to the cuDNN frontend: check it as it will be read.
+    if (Status p = common::check_plan_payload(payload, n, "plan cache entry " + std::string(key)); !p.ok()) return p;
 
     CacheEntry e;
     e.key = std::string(key);

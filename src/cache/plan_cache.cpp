@@ -593,7 +593,7 @@ Status PlanCache::clear(int64_t* removed) {
   return Status::Ok();
 }
 
-Result<int> PlanCache::verify(std::vector<std::string>* bad) {
+Result<int> PlanCache::verify(std::vector<std::string>* bad, std::vector<std::string>* why) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   {
     Stmt s;
@@ -609,9 +609,10 @@ Result<int> PlanCache::verify(std::vector<std::string>* bad) {
     if (!problems.empty()) return ParseError("plan cache " + path_ + ": database is damaged: " + problems);
   }
   int checked = 0;
-  Status st = for_each_row(db_.get(), [&](const Row& row, const CacheEntry* e, const Status&) {
+  Status st = for_each_row(db_.get(), [&](const Row& row, const CacheEntry* e, const Status& v) {
     ++checked;
     if (!e && bad) bad->push_back(row.key);
+    if (!e && why) why->push_back(v.message());
     return true;
   });
   if (!st.ok()) return st.WithContext("plan cache " + path_ + ": verify");

@@ -5,6 +5,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/device_properties_check.h"
 #include "common/op_where.h"
 #include "internal.h"
 #include "ops/ops.h"
@@ -79,6 +80,8 @@ Status cudnn_status(cudnnStatus_t st, const std::string& where) {
 }
 
 Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const DeviceTarget& target) {
+  // Also here: a DeviceTarget can be filled in by hand, not only from a file.
+  FUSEBOX_RETURN_IF_ERROR(common::check_device_properties(target.properties_json, "device properties"));
   auto props = std::make_shared<fe::DeviceProperties>();
   std::vector<uint8_t> bytes(target.properties_json.begin(), target.properties_json.end());
   try {

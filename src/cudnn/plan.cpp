@@ -1,6 +1,7 @@
 // The five steps, engine listing, plan (de)serialization and execution.
 #include <functional>
 
+#include "common/plan_payload_check.h"
 #include "common/stopwatch.h"
 #include "internal.h"
 #include "stdio_capture.h"
@@ -334,6 +335,9 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
                               GpuContext* ctx, const std::string& engine_name) {
   using namespace cudnn;
+  // Callers that read a file or cache entry have checked it already, naming
+  // it; this covers every other caller (common/plan_payload_check.h).
+  FUSEBOX_RETURN_IF_ERROR(common::check_plan_payload(bytes.data(), bytes.size(), "plan"));
   auto impl = std::make_unique<Plan::Impl>();
   try {
     auto graph = std::make_shared<fe::graph::Graph>();

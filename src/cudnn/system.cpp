@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "common/device_properties_check.h"
 #include "common/file_io.h"
 #include "common/json_util.h"
 #include "internal.h"
@@ -128,40 +129,17 @@ Result<std::string> capture_device_properties(int device_id) {
 }
 
 Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const std::string& origin) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    // e.g. a number literal that overflows a double, or a truncated file
-    return ParseError(origin + ": not a cuDNN device-properties file: invalid JSON: " + e.what());
-  }
-  if (!j.is_object()) {
-    return ParseError(origin + ": not a cuDNN device-properties file (expected a JSON object as written by "
-                               "`fusebox devprop`)");
-  }
+  // Checked by fusebox first (common/device_properties_check.h); cuDNN is
+  // given fusebox's own rewrite of the checked object, never the raw text.
+  std::string canonical;
+  FUSEBOX_RETURN_IF_ERROR(common::check_device_properties(text, origin, &canonical));
+  const nlohmann::json j = nlohmann::json::parse(canonical);
   DeviceTarget t;
-  auto int_field = [&](const char* key, int* out) -> Status {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number_integer()) {
-      return ParseError(origin + ": device-properties field '" + key + "' is missing or not an integer");
-    }
-    try {
-      *out = static_cast<int>(common::json_int_at(j, key, 0, std::numeric_limits<int>::max()));
-    } catch (const std::exception& e) {
-      return ParseError(origin + ": device-properties " + e.what());
-    }
-    return Status::Ok();
-  };
-  int device_ver = 0;
-  FUSEBOX_RETURN_IF_ERROR(int_field("deviceVer", &device_ver));
-  FUSEBOX_RETURN_IF_ERROR(int_field("multiProcessorCount", &t.sm_count));
+  const int device_ver = j["deviceVer"].get<int>();
+  t.sm_count = j["multiProcessorCount"].get<int>();
   t.sm_version = device_ver / 10;
-  if (t.sm_version < 50 || t.sm_count <= 0) {
-    return ParseError(origin + ": implausible device (deviceVer " + std::to_string(device_ver) + ", " +
-                      std::to_string(t.sm_count) + " SMs)");
-  }
-  if (auto it = j.find("deviceName"); it != j.end() && it->is_string()) t.device_name = it->get<std::string>();
-  t.properties_json = std::move(text);
+  t.device_name = j["deviceName"].get<std::string>();
+  t.properties_json = std::move(canonical);
   // Let cuDNN itself accept it now rather than fail later in a build.
   auto props = cudnn::device_properties_for(t);
   if (!props.ok()) return ParseError(origin + ": cuDNN rejected the device properties: " + props.status().message());

@@ -9,6 +9,7 @@
 #include "common/dims_string.h"
 #include "common/op_where.h"
 #include "fusebox/graph.h"
+#include "checks.h"
 #include "ops/ops.h"
 
 namespace fusebox {
@@ -420,6 +421,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     }
   }
   FUSEBOX_RETURN_IF_ERROR(canonicalize(g));
+  FUSEBOX_RETURN_IF_ERROR(graph_checks::check_cudnn_rules(g));
   return g;
 }
 

@@ -68,8 +68,12 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
   auto plan = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
   out.deserialize_ms = watch.ms();
   if (!plan.ok()) {
-    out.warnings.push_back("plan cache entry " + out.key + " could not be deserialized, rebuilding: " +
-                           plan.status().message().substr(0, 300));
+    // Evicted, so that the rebuilt plan replaces it and later builds do not
+    // trip on it again (even when this build fails or stores nothing).
+    int64_t removed = 0;
+    const bool evicted = !cache->read_only() && cache->remove(out.key, &removed).ok() && removed > 0;
+    out.warnings.push_back("plan cache entry " + out.key + " could not be deserialized" +
+                           (evicted ? " (deleted)" : "") + ", rebuilding: " + plan.status().message().substr(0, 300));
     return out;
   }
   out.plan = std::move(plan).value();

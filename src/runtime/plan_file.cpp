@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
+#include "common/plan_payload_check.h"
 #include "common/json_util.h"
 
 namespace fusebox {
@@ -76,6 +77,7 @@ Result<PlanFile> read_plan_file(const std::string& path) {
     if (payload_xxh3(pf.payload.data(), pf.payload.size()) != h.at("xxh3").get<std::string>()) {
       return ParseError(path + ": checksum mismatch: the plan file is corrupt");
     }
+    FUSEBOX_RETURN_IF_ERROR(common::check_plan_payload(pf.payload.data(), pf.payload.size(), path));
   } catch (const std::exception& e) {
     return ParseError(path + ": bad plan file header: " + e.what());
   }

@@ -18,6 +18,9 @@
 #include <set>
 #include <sstream>
 
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
 #include "entry_codec.h"
 
 namespace fusebox {
@@ -66,6 +69,36 @@ CacheKey base_key() {
   return k;
 }
 
+// A payload that passes common::check_plan_payload() (the keys the frontend
+// reads), padded with letters that depend on `fill` to exactly `bytes` when
+// that is at least the ~170 bytes of the smallest one.
+std::vector<uint8_t> valid_payload(size_t bytes, uint8_t fill) {
+  if (bytes == 0) return {};
+  auto make = [&](size_t pad) {
+    std::string p(pad, 'a');
+    for (size_t i = 0; i < pad; ++i) p[i] = static_cast<char>('a' + (fill + i * 7) % 26);
+    nlohmann::json backend = {
+        {"cudnnVersion", 91900},
+        {"schemaVersion", 4},
+        {"engine", {{"engineId", 7}}},
+        {"operationGraph",
+         {{"tensors", nlohmann::json::array()}, {"nodes", nlohmann::json::array()}, {"pad", p}}}};
+    nlohmann::json j = {{"json_version", "2.0"},
+                        {"cudnn_backend_data", backend.dump()},
+                        {"behavior_notes", nlohmann::json::array({nlohmann::json::array()})},
+                        {"variant_pack_uids", nlohmann::json::array()},
+                        {"variant_pack_replacements", nlohmann::json::array()},
+                        {"fe_workspace_size", 0}};
+    return nlohmann::json::to_ubjson(j);
+  };
+  std::vector<uint8_t> v = make(0);
+  if (v.size() < bytes) {
+    size_t pad = bytes - v.size();
+    while (pad > 0 && (v = make(pad)).size() > bytes) --pad;
+  }
+  return v;
+}
+
 CacheEntry make_entry(const std::string& key, size_t payload_bytes = 256, uint8_t fill = 0x5a) {
   CacheEntry e;
   e.key = key;
@@ -80,8 +113,7 @@ CacheEntry make_entry(const std::string& key, size_t payload_bytes = 256, uint8_
   e.info.frontend_version = "1.17.0";
   e.info.fusebox_version = "0.1.0";
   e.tuned_median_ms = 0.125;
-  e.payload.resize(payload_bytes);
-  for (size_t i = 0; i < payload_bytes; ++i) e.payload[i] = static_cast<uint8_t>(fill + i * 7);
+  e.payload = valid_payload(payload_bytes, fill);
   return e;
 }
 
@@ -272,12 +304,14 @@ void expect_corrupt_entry_is_dropped(const std::string& path, const std::string&
 }
 
 TEST_F(PlanCacheTest, BitFlippedPayloadIsAMissAndDeleted) {
-  // Payload byte 99 (0-based) is (0x5a + 99 * 7) & 0xff = 0x0f: flip its lowest bit.
-  ASSERT_EQ(make_entry("x", 512).payload[99], 0x0f);
+  // Flip the lowest bit of payload byte 99 (0-based): still a well-formed payload, so the checksum must catch
+  // it.
+  const uint8_t b = make_entry("x", 512).payload[99] ^ 1;
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "%02X", b);
   expect_corrupt_entry_is_dropped(
-      path_,
-      "UPDATE entries SET payload = substr(payload, 1, 99) || X'0E' || substr(payload, 101) "
-      "WHERE key = 'c0ffee00c0ffee00'");
+      path_, std::string("UPDATE entries SET payload = substr(payload, 1, 99) || X'") + hex +
+                 "' || substr(payload, 101) WHERE key = 'c0ffee00c0ffee00'");
 }
 
 TEST_F(PlanCacheTest, BitFlippedPayloadViaBlobApiIsAMiss) {
@@ -693,6 +727,58 @@ TEST_F(PlanCacheTest, VerifyFindsCorruptedEntry) {
   EXPECT_EQ(flagged, 1);
 }
 
+// A row with a good checksum whose payload the cuDNN frontend would crash on
+// (Graph::deserialize reads "fe_workspace_size" without checking it exists):
+// what an entry from a hostile or older cache looks like.
+CacheEntry hostile_entry(const std::string& key) {
+  CacheEntry e = make_entry(key);
+  auto j = nlohmann::json::from_ubjson(e.payload);
+  j.erase("fe_workspace_size");
+  e.payload = nlohmann::json::to_ubjson(j);
+  return e;
+}
+
+TEST_F(PlanCacheTest, PayloadTheFrontendWouldCrashOnIsAMissAndDeleted) {
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.store(hostile_entry("bad")).ok());
+  ASSERT_TRUE(c.store(make_entry("good")).ok());
+  EXPECT_FALSE(must_lookup(c, "bad").has_value());
+  EXPECT_NE(c.warning().find("plan cache entry bad: plan payload field 'fe_workspace_size' is missing"),
+            std::string::npos)
+      << c.warning();
+  EXPECT_NE(c.warning().find("deleted"), std::string::npos) << c.warning();
+  EXPECT_EQ(raw_count(path_), 1);
+  EXPECT_TRUE(must_lookup(c, "good").has_value()) << "one bad entry breaks nothing else";
+  ASSERT_TRUE(c.store(make_entry("bad")).ok());
+  EXPECT_TRUE(must_lookup(c, "bad").has_value()) << "and its key can be stored again";
+}
+
+TEST_F(PlanCacheTest, VerifyImportAndExportFlagEntriesThatWouldFailToLoad) {
+  const std::string src = (dir_ / "src.sqlite").string();
+  {
+    PlanCache s = PlanCache::open(src);
+    ASSERT_TRUE(s.store(hostile_entry("bad")).ok());
+    ASSERT_TRUE(s.store(make_entry("good")).ok());
+    std::vector<std::string> bad, why;
+    auto n = s.verify(&bad, &why);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(*n, 2);
+    EXPECT_EQ(bad, std::vector<std::string>{"bad"});
+    ASSERT_EQ(why.size(), 1u);
+    EXPECT_EQ(why[0], "plan cache entry bad: plan payload field 'fe_workspace_size' is missing");
+  }
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.import_from(src).ok());
+  EXPECT_EQ(raw_count(path_), 1);
+  EXPECT_NE(c.warning().find("fe_workspace_size"), std::string::npos) << c.warning();
+  EXPECT_NE(c.warning().find("not imported"), std::string::npos) << c.warning();
+  PlanCache s = PlanCache::open(src);
+  const std::string out = (dir_ / "out.sqlite").string();
+  ASSERT_TRUE(s.export_to(out).ok());
+  EXPECT_EQ(raw_count(out), 1);
+  EXPECT_NE(s.warning().find("not exported"), std::string::npos) << s.warning();
+}
+
 TEST_F(PlanCacheTest, RemoveByPrefixAndClear) {
   PlanCache c = PlanCache::open(path_);
   ASSERT_TRUE(c.store(make_entry("abc1")).ok());
@@ -760,3 +846,34 @@ TEST(EntryCodec, ValidRoundTripAndEveryFieldChecked) {
 
 }  // namespace
 }  // namespace fusebox
+
+// The plan_cache_entry_fuzzer's seeds and kept crashers (fuzz/README.md), as
+// raw rows (its mode 0): validation gives a Status, never a crash.
+TEST(PlanCacheFuzzRegression, SeedsAndCrashersAreAStatus) {
+  using namespace fusebox;
+  namespace fs = std::filesystem;
+  int n = 0;
+  for (const char* kind : {"corpus", "regressions"}) {
+    const fs::path dir = fs::path(FUSEBOX_SOURCE_DIR) / "fuzz" / kind / "plan_cache_entry";
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (!e.is_regular_file() || e.path().filename() == "README.md") continue;
+      std::ifstream in(e.path(), std::ios::binary);
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      const std::string rest = ss.str().empty() ? "" : ss.str().substr(1);
+      const size_t a = rest.find('\n');
+      const size_t b = a == std::string::npos ? a : rest.find('\n', a + 1);
+      const std::string key = rest.substr(0, a);
+      const std::string meta =
+          a == std::string::npos ? "" : rest.substr(a + 1, b == std::string::npos ? b : b - a - 1);
+      const std::string payload = b == std::string::npos ? "" : rest.substr(b + 1);
+      CacheEntry out;
+      const Status st = cache_internal::validate_entry_bytes(
+          key, meta, reinterpret_cast<const uint8_t*>(payload.data()), payload.size(), &out);
+      if (!st.ok()) EXPECT_EQ(st.code(), StatusCode::kParseError) << e.path() << ": " << st.ToString();
+      ++n;
+    }
+  }
+  EXPECT_GT(n, 0);
+}

@@ -278,7 +278,8 @@ import json, sys
 d = json.load(open(sys.argv[1])); d["deviceName"] = "H200\u001b]0;pwned\u0007"
 open(sys.argv[2], "w").write(json.dumps(d))
 PYEOF
-expect "build: a device name with escapes" 0 "" 'target' build "$GRAPH" --device "$TMP/esc_dev.devprop" --no-cache
+expect "build: a device name with escapes is refused" 2 ParseError "'deviceName' contains a control character" \
+  build "$GRAPH" --device "$TMP/esc_dev.devprop" --no-cache
 check "... prints no control bytes" no_control_bytes "$TMP/stdout" "$TMP/stderr"
 
 # A failed build shows the steps that ran, in text and in --json.
@@ -288,6 +289,87 @@ run_fb build "$BR" --device "$DEVPROP" --no-cache --json
 check "failed build --json has ok=false and the failing step" test \
   "$(json_field "$TMP/stdout" '(d["ok"], [s["name"] for s in d["steps"]], d["steps"][-1]["ok"], bool(d["steps"][-1]["message"]))')" \
   = "(False, ['validate'], False, True)"
+
+# ---------------------------------------------------------------- what would reach cuDNN's parsers
+# Device files: checked by fusebox (schema, ranges, depth) before cuDNN sees them.
+python3 - "$DEVPROP" "$TMP" <<'PYEOF'
+import json, sys
+d = json.load(open(sys.argv[1])); out = sys.argv[2]
+def w(name, obj=None, text=None):
+    open(out + "/" + name + ".devprop", "w").write(text if text is not None else json.dumps(obj))
+w("unknown_key", dict(d, futureField=1))
+w("warp_zero", dict(d, warpSize=0))
+w("sms_huge", dict(d, multiProcessorCount=1 << 40))
+w("grid_short", dict(d, maxGridSize=[1, 2]))
+w("no_name", {k: v for k, v in d.items() if k != "deviceName"})
+w("deep", text='{"maxGridSize": ' + "[" * 100000 + "]" * 100000 + "}")
+w("array", text="[1, 2]")
+PYEOF
+expect "devprop: an unknown key"          2 ParseError "'\"futureField\"' is not one cuDNN 9.19 writes" \
+  build "$GRAPH" --device "$TMP/unknown_key.devprop" --no-cache
+expect "devprop: warpSize 0"              2 ParseError "'warpSize' = 0 is out of range \[1, 1024\]" \
+  build "$GRAPH" --device "$TMP/warp_zero.devprop" --no-cache
+expect "devprop: 2^40 SMs"                2 ParseError "'multiProcessorCount' = 1099511627776 is out of range" \
+  build "$GRAPH" --device "$TMP/sms_huge.devprop" --no-cache
+expect "devprop: a 2-vector grid"         2 ParseError "'maxGridSize' must be an array of 3 integers" \
+  build "$GRAPH" --device "$TMP/grid_short.devprop" --no-cache
+expect "devprop: no deviceName"           2 ParseError "'deviceName' is missing" \
+  build "$GRAPH" --device "$TMP/no_name.devprop" --no-cache
+expect "devprop: 100,000 nested arrays"   2 ParseError 'nested deeper than 2 levels' \
+  build "$GRAPH" --device "$TMP/deep.devprop" --no-cache
+expect "devprop: not an object"           2 ParseError 'expected a JSON object' \
+  build "$GRAPH" --device "$TMP/array.devprop" --no-cache
+
+# Cache entries with a good checksum whose payload the frontend would crash on
+# (a key Graph::deserialize reads unchecked, renamed; the XXH3 recomputed):
+# verify names them, import skips them, build deletes one and rebuilds.
+HC="$TMP/hostile.sqlite"
+expect "hostile cache: filled by a build" 0 "" 'stored in the plan cache' build "$GRAPH" --device "$DEVPROP" --cache "$HC"
+python3 - "$HC" <<'PYEOF'
+import ctypes, ctypes.util, json, sqlite3, sys
+lib = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+lib.XXH3_64bits.restype = ctypes.c_uint64
+lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+db = sqlite3.connect(sys.argv[1])
+key, meta, payload = db.execute("SELECT key, meta, payload FROM entries").fetchone()
+payload = bytes(payload).replace(b"fe_workspace_size", b"fe_workspace_sizX")
+m = json.loads(meta); m["xxh3"] = "%016x" % lib.XXH3_64bits(payload, len(payload))
+db.execute("UPDATE entries SET meta = ?, payload = ? WHERE key = ?", (json.dumps(m), payload, key))
+db.commit()
+PYEOF
+expect "hostile cache: verify names the entry and why" 1 "" "bad: plan cache entry [0-9a-f]{16}: plan payload field 'fe_workspace_sizX' is not written by the cuDNN frontend" \
+  cache verify --cache "$HC"
+expect "hostile cache: import skips it" 0 "" 'fe_workspace_sizX.*not imported' \
+  cache import "$HC" --cache "$TMP/importer.sqlite"
+expect "hostile cache: nothing was imported" 0 "" '0 entries checked, 0 bad' cache verify --cache "$TMP/importer.sqlite"
+expect "hostile cache: build deletes it and rebuilds" 0 "" 'fe_workspace_sizX.*deleted' \
+  build "$GRAPH" --device "$DEVPROP" --cache "$HC"
+check "... and stores the rebuilt plan" grep -q 'stored in the plan cache' "$TMP/stdout"
+expect "hostile cache: the next build is a hit" 0 "" 'plan cache hit' build "$GRAPH" --device "$DEVPROP" --cache "$HC"
+
+# Graphs cuDNN would refuse at build time: refused by check.
+python3 - "$TMP" <<'PYEOF'
+import json, sys
+out = sys.argv[1]
+def relu(x_strides=None, y_strides=None, dims=(4, 4)):
+    x = {"name": "x", "dims": list(dims)}
+    if x_strides: x["strides"] = x_strides
+    y = {"name": "y"}
+    if y_strides: y["strides"] = y_strides
+    return {"name": "g", "tensors": [x, y], "ops": [{"op": "relu", "name": "r", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]}
+json.dump(relu([1, 1]), open(out + "/alias_in.json", "w"))
+json.dump(relu(None, [2, 1]), open(out + "/alias_out.json", "w"))
+json.dump(relu([1, 2, 3], None, (2, 2, 2)), open(out + "/alias_three.json", "w"))
+ops = [{"op": "relu", "name": "r%d" % i, "inputs": {"x": "x" if i == 0 else "t%d" % (i - 1)},
+        "outputs": {"y": "y" if i == 250 else "t%d" % i}} for i in range(251)]
+json.dump({"name": "long", "tensors": [{"name": "x", "dims": [4]}, {"name": "y"}], "ops": ops},
+          open(out + "/ops251.json", "w"))
+PYEOF
+expect "check: aliasing input strides"  2 InvalidArgument "tensor 'x' \(graph input\).*dims 0 and 1 overlap" check "$TMP/alias_in.json"
+expect "check: aliasing output strides" 2 InvalidArgument "tensor 'y' \(graph output\).*dims 0 and 1 overlap" check "$TMP/alias_out.json"
+expect "check: three dims that alias together" 2 InvalidArgument '8 elements fit in 7 addresses' check "$TMP/alias_three.json"
+expect "check: 251 ops" 2 InvalidArgument "has 251 ops; cuDNN accepts at most 250 operations.*\[relu 'r250'\]" \
+  check "$TMP/ops251.json"
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -26,7 +26,13 @@ class PlanFileLimits : public ::testing::Test {
     info.cudnn_version = 91900;
     info.frontend_version = "1.32.0";
     info.fusebox_version = "0.1.0";
-    ASSERT_TRUE(write_plan_file(path_, info, std::vector<uint8_t>(64, 7)).ok());
+    // A real payload (the fuzz seed: conv_bias_relu built deviceless): read_plan_file checks it.
+    std::ifstream seed(std::string(FUSEBOX_SOURCE_DIR) + "/fuzz/corpus/plan_file/conv_bias_relu_payload",
+                       std::ios::binary);
+    std::vector<uint8_t> payload(std::istreambuf_iterator<char>(seed), {});
+    ASSERT_GT(payload.size(), 1u);
+    payload.erase(payload.begin());  // the fuzzer's mode byte
+    ASSERT_TRUE(write_plan_file(path_, info, payload).ok());
     std::ifstream f(path_, std::ios::binary);
     good_.assign(std::istreambuf_iterator<char>(f), {});
     ASSERT_TRUE(read_plan_file(path_).ok());

@@ -90,14 +90,16 @@ Runner add_cache(CLI::App& app) {
       }
       out["entries"] = list;
     } else if (act == "verify") {
-      std::vector<std::string> bad;
-      auto checked = cache.verify(&bad);
+      std::vector<std::string> bad, why;
+      auto checked = cache.verify(&bad, &why);
       if (!checked.ok()) return fail("cache", checked.status());
       out["checked"] = *checked;
       out["bad"] = bad;
+      out["bad_reasons"] = why;
       if (!a->json) {
         std::printf("%d entries checked, %zu bad\n", *checked, bad.size());
-        for (const auto& k : bad) std::printf("  bad: %s\n", safe(k).c_str());
+        // Why lookup() would refuse (and delete) the entry.
+        for (size_t i = 0; i < bad.size(); ++i) std::printf("  bad: %s\n", safe(why[i]).c_str());
       }
       if (a->json) std::printf("%s\n", dump(out).c_str());
       return bad.empty() ? kExitOk : kExitFailure;
