@@ -126,7 +126,8 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
   options.heuristics = {HeuristicMode::kA, HeuristicMode::kFallback};
   auto engines = list_engines(g, h200(), options, /*build_each=*/true, nullptr);
   ASSERT_TRUE(engines.ok()) << engines.status().ToString();
-  ASSERT_GT(engines->size(), 1u);
+  // Some graphs have a single engine in cuDNN 9.19 (FP8 SDPA backward on the H200).
+  ASSERT_FALSE(engines->empty());
   int supported = 0;
   std::set<std::string> names;
   for (const auto& e : *engines) {
