@@ -596,7 +596,9 @@ Status check_plan_payload(const uint8_t* data, size_t n, const std::string& wher
         FUSEBOX_RETURN_IF_ERROR(s.array(v, f, 3));
         if (v.size() != 3) return s.bad(f, "must be [operation, offset, values]");
         int64_t op = 0, offset = 0;
-        FUSEBOX_RETURN_IF_ERROR(s.integer(v[0], f + "[0] (operation)", 0, 1, &op));
+        // 0: host-to-device copy, 1: memset, 2: space the engine only reserves (SDPA backward's
+        // dQ accumulator and softmax sum; the frontend executes nothing for it).
+        FUSEBOX_RETURN_IF_ERROR(s.integer(v[0], f + "[0] (operation)", 0, 2, &op));
         FUSEBOX_RETURN_IF_ERROR(s.integer(v[1], f + "[1] (offset)", 0, fe_ws, &offset));
         FUSEBOX_RETURN_IF_ERROR(s.array(v[2], f + "[2] (values)", static_cast<size_t>(fe_ws / 4) + 1));
         std::vector<float> values(v[2].size());
@@ -604,7 +606,9 @@ Status check_plan_payload(const uint8_t* data, size_t n, const std::string& wher
           FUSEBOX_RETURN_IF_ERROR(s.hex_float(v[2][i], f + "[2][" + std::to_string(i) + "]", &values[i]));
         }
         int64_t bytes = 0;
-        if (op == 0) {
+        if (op == 2) {
+          if (!values.empty()) return s.bad(f + "[2]", "must be empty (operation 2 writes nothing)");
+        } else if (op == 0) {
           bytes = static_cast<int64_t>(values.size()) * 4;
         } else {
           if (values.empty()) return s.bad(f + "[2]", "must hold the memset size (operation 1)");

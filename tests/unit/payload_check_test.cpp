@@ -142,6 +142,15 @@ TEST(PlanPayloadCheck, DevicePointerArithmeticIsRefused) {
   EXPECT_TRUE(check(j).ok()) << check(j).ToString();
   j["workspace_modifications"] = {{"7x", json::array({0, 0, json::array()})}};
   expect_error(check(j), "has key '7x', which is not a decimal tensor uid");
+  // Operation 2 only reserves space (what SDPA backward writes on the H200): no values.
+  j["workspace_modifications"] = {{"7", json::array({2, 32, json::array()})}};
+  EXPECT_TRUE(check(j).ok()) << check(j).ToString();
+  j["workspace_modifications"] = {{"7", json::array({2, 65, json::array()})}};
+  expect_error(check(j), "[1] (offset)' = 65 is out of range [0, 64]");
+  j["workspace_modifications"] = {{"7", json::array({2, 0, json::array({"3F800000"})})}};
+  expect_error(check(j), "must be empty (operation 2 writes nothing)");
+  j["workspace_modifications"] = {{"7", json::array({3, 0, json::array()})}};
+  expect_error(check(j), "[0] (operation)' = 3 is out of range [0, 2]");
 }
 
 TEST(PlanPayloadCheck, CudnnExecutionPlanJson) {
