@@ -394,6 +394,11 @@ def plots(doc, stats, out_dir, rel_to=None):
         ax.set_yscale("log")
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+        from matplotlib.ticker import FuncFormatter
+        for axis in (ax.yaxis,):
+            axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+            axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ax.set_ylabel("speedup vs best PyTorch (log)")
         ax.set_title(f"fusebox vs best PyTorch variant, {doc.get('gpu', '')} {doc.get('date', '')[:10]}")
         ax.legend()
