@@ -2,9 +2,8 @@
 // names from the graph file only ever appear inside escaped quoted labels.
 #include "dot.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common.h"
@@ -29,7 +28,8 @@ std::string tensor_label(const ResolvedTensor& t) {
     std::snprintf(buf, sizeof buf, "%g", *t.scalar_value);
     return dot_escape(t.name) + "\\n= " + buf + " (" + std::string(dtype_name(t.dtype)) + ")";
   }
-  std::string s = dot_escape(t.name) + "\\n" + common::dims_string(t.dims) + " " + std::string(dtype_name(t.dtype));
+  std::string s =
+      dot_escape(t.name) + "\\n" + common::dims_string(t.dims) + " " + std::string(dtype_name(t.dtype));
   if (!t.is_virtual) s += "\\nstrides " + common::dims_string(t.strides);
   return s + "\\n" + tensor_kind(t);
 }
@@ -41,16 +41,17 @@ std::string attr_value(const nlohmann::ordered_json& v) {
 }
 
 std::string op_label(const ResolvedGraph& g, const ResolvedOp& op) {
-  std::string s = dot_escape(op.name) + "\\n" + dot_escape(op_type_name(op.attrs));
-  const auto attrs = nlohmann::ordered_json::parse(op_resolved_attrs_json(g, op), nullptr, /*allow_exceptions=*/false);
+  // Name and type centred, then one left-justified line (\l) per attribute.
+  std::string s = dot_escape(op.name) + "\\n" + dot_escape(op_type_name(op.attrs)) + "\\n";
+  const auto attrs =
+      nlohmann::ordered_json::parse(op_resolved_attrs_json(g, op), nullptr, /*allow_exceptions=*/false);
   if (attrs.is_object()) {
     for (const auto& [k, v] : attrs.items()) {
       if (v.is_null()) continue;  // unset options say nothing
-      s += "\\l" + dot_escape(k) + ": " + dot_escape(attr_value(v));
+      s += dot_escape(k) + ": " + dot_escape(attr_value(v)) + "\\l";
     }
-    if (!attrs.empty()) s += "\\l";
   }
-  return s + "\\ncompute " + std::string(dtype_name(op.compute_dtype));
+  return s + "compute " + std::string(dtype_name(op.compute_dtype)) + "\\l";
 }
 
 }  // namespace
