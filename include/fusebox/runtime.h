@@ -27,8 +27,8 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
                                                       const std::map<std::string, HostTensor>& given = {},
                                                       double cpu_reference_max_flops = 2e9);
 // The sequence-length inputs' values, for ResolvedGraph::flops().
-std::map<std::string, std::vector<double>> input_values_for_flops(
-    const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
+std::map<std::string, std::vector<double>> input_values_for_flops(const ResolvedGraph& g,
+                                                                  const std::map<std::string, HostTensor>& inputs);
 
 struct RunOptions {
   uint64_t seed = 1;
@@ -65,19 +65,18 @@ struct RunResult {
   LatencyStats latency;
   std::vector<double> gpu_time_ms;      // RunOptions::samples: per call, back to back
   std::vector<double> host_latency_ms;  // RunOptions::samples: one synchronized call each
-  int input_sets = 1;                   // input copies rotated through while timing
-  double first_execute_ms = 0;          // the first execution, synchronized (loads the kernels)
-  double flops = 0;                     // the graph's useful work with these inputs (sequence lengths)
-  double tflops = 0;                    // flops / median
-  double gbps = 0;                      // non-virtual bytes / median
+  int input_sets = 1;  // input copies rotated through while timing
+  double first_execute_ms = 0;  // the first execution, synchronized (loads the kernels)
+  double flops = 0;   // the graph's useful work with these inputs (sequence lengths)
+  double tflops = 0;  // flops / median
+  double gbps = 0;    // non-virtual bytes / median
 };
 
 // Runs `plan` for `g` on ctx's GPU: uploads inputs, poisons outputs with NaN,
 // allocates the workspace, executes, downloads, verifies, times.
 // A verification mismatch is reported in RunResult (verified_ok = false) and
 // as a kVerificationFailed status by verify_status().
-Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx,
-                           const RunOptions& options);
+Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx, const RunOptions& options);
 
 Status verify_status(const RunResult& r);
 

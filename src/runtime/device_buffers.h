@@ -67,8 +67,8 @@ namespace fusebox::runtime {
 
 // Warm-up runs, then `iters` runs each timed with CUDA events, rotating the
 // input sets; median, min, p90, mean.
-Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
-                               void* workspace, int warmup, int iters);
+Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
+                               int warmup, int iters);
 // Benchmark samples (RunOptions::samples): GPU time per call of `calls`
 // back-to-back executions between two events, and host latency of one
 // synchronized execution, `samples` of each; inputs rotated as above.

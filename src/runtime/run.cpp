@@ -29,8 +29,8 @@ LatencyStats summarize(std::vector<float> ms) {
 
 }  // namespace
 
-Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
-                               void* workspace, int warmup, int iters) {
+Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
+                               int warmup, int iters) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(i), workspace));
   std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters));
@@ -66,8 +66,7 @@ Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffer
     cudaEventRecord(ev[0], stream);
     for (int i = 0; i < calls && st.ok(); ++i) st = plan.execute(ctx, buffers.pointers(k++), workspace);
     cudaEventRecord(ev[1], stream);
-    if (st.ok())
-      st = cuda_status(cudaEventSynchronize(ev[1]), "back-to-back runs of '" + plan.engine_name() + "'");
+    if (st.ok()) st = cuda_status(cudaEventSynchronize(ev[1]), "back-to-back runs of '" + plan.engine_name() + "'");
     float ms = 0;
     if (st.ok()) st = cuda_status(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
     if (st.ok()) gpu_ms.push_back(static_cast<double>(ms) / calls);
@@ -75,8 +74,7 @@ Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffer
   for (int s = 0; s < samples && st.ok(); ++s) {
     const common::Stopwatch watch;
     st = plan.execute(ctx, buffers.pointers(k++), workspace);
-    if (st.ok())
-      st = cuda_status(cudaStreamSynchronize(stream), "synchronized run of '" + plan.engine_name() + "'");
+    if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "synchronized run of '" + plan.engine_name() + "'");
     if (st.ok()) host_ms.push_back(watch.ms());
   }
   for (auto& e : ev) {
@@ -99,8 +97,7 @@ Status verify_status(const RunResult& r) {
   return Status(StatusCode::kVerificationFailed, msg);
 }
 
-Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx,
-                           const RunOptions& options) {
+Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx, const RunOptions& options) {
   RunResult result;
   result.engine = plan.engine_name();
   result.workspace_bytes = plan.workspace_bytes();
@@ -130,9 +127,8 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
   for (int i : g.output_tensors()) {
     const ResolvedTensor& t = g.tensors[i];
     HostTensor h = HostTensor::like(t);
-    FUSEBOX_RETURN_IF_ERROR(
-        cuda_status(cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost),
-                    "download '" + t.name + "'"));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost), "download '" + t.name + "'"));
     result.outputs[t.name] = std::move(h);
   }
 
@@ -159,16 +155,14 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
         const ResolvedTensor& t = g.tensors[i];
         if (dropout_masks.count(t.name)) continue;
         DeviceBuffer& b = ref_buffers[t.name];
-        FUSEBOX_RETURN_IF_ERROR(
-            b.allocate(static_cast<size_t>(t.element_count()) * sizeof(float), "reference '" + t.name + "'"));
+        FUSEBOX_RETURN_IF_ERROR(b.allocate(static_cast<size_t>(t.element_count()) * sizeof(float), "reference '" + t.name + "'"));
         d_out[t.name] = static_cast<float*>(b.get());
       }
       FUSEBOX_RETURN_IF_ERROR(reference_gpu(g, d_in, d_out, stream));
       FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "GPU reference"));
       for (auto& [name, b] : ref_buffers) {
         std::vector<float> v(b.bytes() / sizeof(float));
-        FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost),
-                                            "download reference"));
+        FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost), "download reference"));
         ref[name] = std::move(v);
       }
     }
@@ -178,8 +172,7 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, actual));
     FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, ref));
     // The masks themselves: only 0 and 1, kept at rate 1 - p.
-    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks,
-                             check_dropout_masks(g, result.inputs, actual));
+    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, result.inputs, actual));
     for (Comparison& c : mask_checks) {
       result.verified_ok = result.verified_ok && c.pass;
       result.comparisons.push_back(std::move(c));
@@ -195,16 +188,15 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
   }
 
   if (options.iters > 0) {
-    FUSEBOX_ASSIGN_OR_RETURN(result.latency, runtime::time_plan(plan, ctx, buffers, workspace.get(),
-                                                                options.warmup, options.iters));
+    FUSEBOX_ASSIGN_OR_RETURN(result.latency,
+                             runtime::time_plan(plan, ctx, buffers, workspace.get(), options.warmup, options.iters));
     if (result.latency.median_ms > 0) {
       result.tflops = flops / (result.latency.median_ms * 1e-3) / 1e12;
       result.gbps = g.bytes_moved() / (result.latency.median_ms * 1e-3) / 1e9;
     }
     if (options.samples > 0) {
       FUSEBOX_RETURN_IF_ERROR(runtime::sample_plan(plan, ctx, buffers, workspace.get(), options.iters,
-                                                   options.samples, result.gpu_time_ms,
-                                                   result.host_latency_ms));
+                                                   options.samples, result.gpu_time_ms, result.host_latency_ms));
     }
   }
   return result;

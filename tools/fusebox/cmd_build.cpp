@@ -105,12 +105,10 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
   } else {
     std::printf("%s (%s)\n", safe(g->name).c_str(), safe(path).c_str());
     if (got->hit) {
-      std::printf(
-          "  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f "
-          "ms\n",
-          got->key.c_str(), safe(plan.engine_name()).c_str(), format_bytes(plan.workspace_bytes()).c_str(),
-          got->entry.info.built_deviceless ? "deviceless" : "on a GPU", safe(got->entry.created_utc).c_str(),
-          got->lookup_ms, got->deserialize_ms);
+      std::printf("  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f ms\n",
+                  got->key.c_str(), safe(plan.engine_name()).c_str(), format_bytes(plan.workspace_bytes()).c_str(),
+                  got->entry.info.built_deviceless ? "deviceless" : "on a GPU", safe(got->entry.created_utc).c_str(),
+                  got->lookup_ms, got->deserialize_ms);
     } else {
       print_build_report(got->report);
       if (got->stored) std::printf("  stored in the plan cache (%s)\n", got->key.c_str());
@@ -123,24 +121,21 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
 }  // namespace
 
 Runner add_build(CLI::App& app) {
-  auto* cmd = app.add_subcommand("build",
-                                 "Run the five steps (validate, build operation graph, create execution "
-                                 "plans, check support, build plans) and report each");
+  auto* cmd = app.add_subcommand("build", "Run the five steps (validate, build operation graph, create execution "
+                                          "plans, check support, build plans) and report each");
   auto a = std::make_shared<BuildArgs>();
   cmd->add_option("graph", a->graphs, "Graph JSON file(s)")->required();
-  cmd->add_option("--device", a->device,
-                  "Device-properties file: build deviceless for that GPU (no GPU needed)");
+  cmd->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU (no GPU needed)");
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes, comma-separated: a, b, fallback")
       ->capture_default_str();
   cmd->add_option("--engine", a->engine, "Pin an engine by name (see `fusebox engines`)");
   cmd->add_option("--max-workspace", a->max_workspace, "Reject plans needing more workspace (bytes)");
   cmd->add_option("--plan-out", a->plan_out, "Write the built plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
-  auto* dot =
-      cmd->add_option("--dot", a->dot,
-                      "Write a Graphviz picture of the graph and the engine chosen (one engine for the "
-                      "whole graph) to FILE (no FILE or '-': stdout; write --dot=FILE)")
-          ->expected(0, 1);
+  auto* dot = cmd->add_option("--dot", a->dot,
+                              "Write a Graphviz picture of the graph and the engine chosen (one engine for the "
+                              "whole graph) to FILE (no FILE or '-': stdout; write --dot=FILE)")
+                  ->expected(0, 1);
   add_cache_flags(cmd, a->cache);
   return [a, dot]() {
     a->want_dot = dot->count() > 0;
@@ -161,8 +156,7 @@ Runner add_build(CLI::App& app) {
       int one = build_one(*a, graph, cache.get(), a->json ? &all : nullptr);
       if (one != kExitOk && rc == kExitOk) rc = one;
     }
-    if (a->json)
-      std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).c_str());
+    if (a->json) std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).c_str());
     return rc;
   };
 }

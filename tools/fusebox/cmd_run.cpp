@@ -36,9 +36,8 @@ Result<std::string> output_path(const std::string& name, const std::string& dir,
                                 const std::vector<common::NamedPath>& inputs) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos) {
-    return InvalidArgument(
-        "--save-outputs: output tensor '" + name +
-        "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
+    return InvalidArgument("--save-outputs: output tensor '" + name +
+                           "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
   }
   const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
   FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, "--save-outputs file", inputs));
@@ -73,32 +72,24 @@ Runner add_run(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
-  cmd->add_option("--plan", a->plan,
-                  "Use this plan file (from `fusebox build --plan-out`) instead of building");
+  cmd->add_option("--plan", a->plan, "Use this plan file (from `fusebox build --plan-out`) instead of building");
   cmd->add_option("--inputs", a->inputs, "Inputs as NAME=FILE.npy,... (others random from --seed)");
   cmd->add_option("--save-outputs", a->save_outputs, "Write each output to DIR/<tensor>.npy");
   cmd->add_flag("--verify", a->verify, "Compare outputs with fusebox's reference (a mismatch is an error)");
   cmd->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
-  cmd->add_option("--warmup", a->warmup, "Untimed runs before timing")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--iters", a->iters, "Timed runs (0: run once, no timing)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option(
-         "--samples", a->samples,
-         "Benchmark samples after the timed runs: this many GPU-time samples of --iters back-to-back "
-         "runs between two events, and this many host latencies of one synchronized run (--json: "
-         "gpu_time_ms, host_latency_ms)")
+  cmd->add_option("--warmup", a->warmup, "Untimed runs before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed runs (0: run once, no timing)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--samples", a->samples,
+                  "Benchmark samples after the timed runs: this many GPU-time samples of --iters back-to-back "
+                  "runs between two events, and this many host latencies of one synchronized run (--json: "
+                  "gpu_time_ms, host_latency_ms)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--engine", a->engine, "Pin an engine by name");
-  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes when building: a, b, fallback")
-      ->capture_default_str();
+  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes when building: a, b, fallback")->capture_default_str();
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
-  cmd->add_flag(
-      "--measure-startup", a->measure_startup,
-      "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
+  cmd->add_flag("--measure-startup", a->measure_startup,
+                "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
   add_cache_flags(cmd, a->cache);
   return [a]() {
     auto g = load_resolved(a->graph);
@@ -109,8 +100,7 @@ Runner add_run(CLI::App& app) {
     std::map<std::string, std::string> save_paths;
     std::vector<common::NamedPath> inputs = {{"graph file", a->graph}, {"--plan file", a->plan}};
     if (!a->save_outputs.empty()) {
-      for (const auto& [name, file] : *input_files)
-        inputs.push_back({"--inputs file for '" + name + "'", file});
+      for (const auto& [name, file] : *input_files) inputs.push_back({"--inputs file for '" + name + "'", file});
       auto paths = output_paths(*g, a->save_outputs, inputs);
       if (!paths.ok()) return fail("run", paths.status());
       save_paths = std::move(paths).value();
@@ -146,8 +136,7 @@ Runner add_run(CLI::App& app) {
       Status compat = check_plan_compatible(pf->info, *g, *target);
       if (!compat.ok()) return fail("run", compat.WithContext(a->plan));
       plan = deserialize_plan(*g, pf->payload, *target, ctx->get(), pf->info.engine);
-      plan_source =
-          std::string("plan file (built ") + (pf->info.built_deviceless ? "deviceless" : "on a GPU") + ")";
+      plan_source = std::string("plan file (built ") + (pf->info.built_deviceless ? "deviceless" : "on a GPU") + ")";
     } else {
       auto modes = parse_heuristic_modes(a->heuristics);
       if (!modes.ok()) return fail("run", modes.status());
@@ -176,8 +165,7 @@ Runner add_run(CLI::App& app) {
       deserialize_ms = got->deserialize_ms;
       deserialize_again_ms = got->deserialize_again_ms;
       if (got->hit) {
-        plan_source =
-            got->entry.tuned_median_ms >= 0 ? "plan cache (tuned)" : "plan cache (heuristic choice)";
+        plan_source = got->entry.tuned_median_ms >= 0 ? "plan cache (tuned)" : "plan cache (heuristic choice)";
       } else {
         plan_source = "built now";
       }
@@ -250,30 +238,27 @@ Runner add_run(CLI::App& app) {
       if (!report.steps.empty()) print_build_report(report);
       std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), safe(r->engine).c_str(),
                   format_bytes(r->workspace_bytes).c_str());
-      std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms,
-                  plan_ms, cache_result.c_str());
-      if (cache_result == "hit")
-        std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
+      std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms, plan_ms,
+                  cache_result.c_str());
+      if (cache_result == "hit") std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
       if (deserialize_again_ms >= 0) std::printf(", again %.2f ms", deserialize_again_ms);
       std::printf("), first execution %.2f ms\n", r->first_execute_ms);
       for (const auto& c : r->comparisons) {
         std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), safe(c.ToString()).c_str());
       }
       if (r->latency.iters > 0) {
-        std::printf(
-            "  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
-            r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
+        std::printf("  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
+                    r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
       }
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
       };
       if (!r->gpu_time_ms.empty()) {
-        std::printf(
-            "  benchmark: GPU time %.4f ms per run (median of %zu samples of %d back-to-back runs), "
-            "host latency %.4f ms (median of %zu synchronized runs)\n",
-            median(r->gpu_time_ms), r->gpu_time_ms.size(), a->iters, median(r->host_latency_ms),
-            r->host_latency_ms.size());
+        std::printf("  benchmark: GPU time %.4f ms per run (median of %zu samples of %d back-to-back runs), "
+                    "host latency %.4f ms (median of %zu synchronized runs)\n",
+                    median(r->gpu_time_ms), r->gpu_time_ms.size(), a->iters, median(r->host_latency_ms),
+                    r->host_latency_ms.size());
       }
       for (const auto& p : saved) std::printf("  saved %s\n", safe(p).c_str());
     }
