@@ -240,7 +240,7 @@ def time_fusebox(args, path, input_files, notes):
         notes.append(f"fusebox: unreadable --json ({e})")
         return None
     out = {"engine": r.get("engine"), "workspace_bytes": r.get("workspace_bytes"), "plan_source": r.get("plan_source"),
-           "per_call_events_ms": r.get("latency_ms")}
+           "per_call_events_ms": r.get("latency_ms"), "input_sets": r.get("input_sets")}
     gpu = (r.get("gpu_time_ms") or {}).get("samples")
     lat = (r.get("host_latency_ms") or {}).get("samples")
     if gpu:
@@ -261,7 +261,12 @@ def family(graph):
 
 
 def n_sets(graph):
-    return max(1, min(16, int(-(-2 * L2_BYTES // max(1, graph.bytes)))))
+    """Input copies to rotate through: fusebox's rule (runtime::rotation_sets_for), so
+    both sides read their inputs from beyond the L2 alike."""
+    nbytes = sum(t["storage_bytes"] for t in graph.tensors.values() if t["kind"] == "input")
+    if nbytes <= 0:
+        return 1
+    return max(1, min(int(2 * L2_BYTES / nbytes) + 1, 16, int(8 * (1 << 30) / nbytes)))
 
 
 def bench_plain(path, graph, args, row):
