@@ -15,7 +15,8 @@
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
 # each row finishes: run again, it skips the rows done (FORCE=1 redoes them). On a
-# fresh machine carry .bench to resume. Everything written is also copied to $OUT.
+# fresh machine carry .bench to resume. Everything written is also copied to $OUT
+# (the parts to $OUT/bench_parts/RUN/: copy them into .bench/RUN/ before the next call).
 # BENCH_CALLS (50) calls per GPU-time sample, BENCH_SAMPLES (10) samples; GRAPHS="a.json
 # b.json" benchmarks those graphs in the part instead of the examples.
 set -uo pipefail
@@ -83,7 +84,7 @@ for part in "${parts[@]}"; do
   esac
   echo "bench: $part took $((SECONDS - T0)) s"
   # What the parts have so far comes back with every call.
-  mkdir -p "$OUT/$WORK" && cp "$WORK"/*.json "$OUT/$WORK/" 2>/dev/null
+  mkdir -p "$OUT/bench_parts/$RUN" && cp "$WORK"/*.json "$OUT/bench_parts/$RUN/" 2>/dev/null
 done
 echo "bench: $fails failed parts"
 [ "$fails" -eq 0 ]
