@@ -31,8 +31,9 @@ FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
 [ -x "$FB" ] || FB=build/fusebox
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
-# torch.compile's autotuning results survive between calls on a warm machine (and in a carried .bench).
-export TORCHINDUCTOR_CACHE_DIR="$PWD/$BENCH_DIR/inductor"
+# torch.compile's autotuning results survive between calls on a warm machine; outside
+# .bench, which stays small enough to carry (JSON only).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fusebox_bench_inductor}
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
 
