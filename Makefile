@@ -1,9 +1,10 @@
 # fusebox: `make demo` and `make test` work on a fresh machine (they run setup first).
 BUILD ?= build
 JOBS ?= $(shell nproc)
+BUNDLE ?= .gpu
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup configure build test demo gpu-bundle clean format
+.PHONY: setup configure build test demo gpu-bundle bench docs clean format
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +26,16 @@ demo: build
 # Copies binaries and data the GPU machine needs into .gpu/ (see docs/gpu.md).
 gpu-bundle: build
 	bash scripts/gpu_bundle.sh $(BUILD)
+
+# On the GPU machine (docs/gpu.md, "Benchmarks"): PARTS=conv make bench, one part per call.
+bench:
+	bash scripts/bench.sh $(BUNDLE)
+
+# Pictures of the example graphs (docs/images/*.svg) with Graphviz, which setup
+# installs only here (FUSEBOX_GRAPHVIZ=1).
+docs: build
+	FUSEBOX_GRAPHVIZ=1 bash scripts/setup.sh
+	bash scripts/render_graphs.sh $(BUILD)
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu')

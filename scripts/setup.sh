@@ -13,6 +13,10 @@ need=()
 for p in cmake ninja-build g++ libgtest-dev libsqlite3-dev libcli11-dev libxxhash-dev unzip time; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
+# Graphviz (`dot`, for `fusebox check --dot` pictures: make docs) only when asked.
+if [ -n "${FUSEBOX_GRAPHVIZ:-}" ]; then
+  dpkg -s graphviz >/dev/null 2>&1 || need+=(graphviz)
+fi
 if ((${#need[@]})); then
   echo "setup: installing Debian packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

@@ -42,6 +42,11 @@ struct RunOptions {
   // Timed runs rotate through copies of the inputs totalling > 2x the L2
   // cache, so small problems are not timed out of a warm cache.
   bool rotate_inputs = true;
+  // Benchmark samples (fusebox_tools.bench_run), 0: none. After the per-call
+  // timing: `samples` GPU-time samples, each `iters` calls back to back
+  // between two events, divided by `iters`; and `samples` host latencies,
+  // each one call from before execute() until its stream is synchronized.
+  int samples = 0;
 };
 
 struct LatencyStats {
@@ -58,6 +63,8 @@ struct RunResult {
   std::string reference_kind;                 // "cpu" or "gpu"
   bool verified_ok = true;
   LatencyStats latency;
+  std::vector<double> gpu_time_ms;      // RunOptions::samples: per call, back to back
+  std::vector<double> host_latency_ms;  // RunOptions::samples: one synchronized call each
   int input_sets = 1;  // input copies rotated through while timing
   double first_execute_ms = 0;  // the first execution, synchronized (loads the kernels)
   double flops = 0;   // the graph's useful work with these inputs (sequence lengths)

@@ -69,5 +69,10 @@ namespace fusebox::runtime {
 // input sets; median, min, p90, mean.
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
                                int warmup, int iters);
+// Benchmark samples (RunOptions::samples): GPU time per call of `calls`
+// back-to-back executions between two events, and host latency of one
+// synchronized execution, `samples` of each; inputs rotated as above.
+Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace, int calls,
+                   int samples, std::vector<double>& gpu_ms, std::vector<double>& host_ms);
 
 }  // namespace fusebox::runtime

@@ -55,6 +55,34 @@ Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuf
   return summarize(std::move(ms));
 }
 
+Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace, int calls,
+                   int samples, std::vector<double>& gpu_ms, std::vector<double>& host_ms) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  Status st = cuda_status(cudaEventCreate(&ev[0]), "cudaEventCreate");
+  if (st.ok()) st = cuda_status(cudaEventCreate(&ev[1]), "cudaEventCreate");
+  int k = 0;  // input set rotation, continued across samples
+  for (int s = 0; s < samples && st.ok(); ++s) {
+    cudaEventRecord(ev[0], stream);
+    for (int i = 0; i < calls && st.ok(); ++i) st = plan.execute(ctx, buffers.pointers(k++), workspace);
+    cudaEventRecord(ev[1], stream);
+    if (st.ok()) st = cuda_status(cudaEventSynchronize(ev[1]), "back-to-back runs of '" + plan.engine_name() + "'");
+    float ms = 0;
+    if (st.ok()) st = cuda_status(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
+    if (st.ok()) gpu_ms.push_back(static_cast<double>(ms) / calls);
+  }
+  for (int s = 0; s < samples && st.ok(); ++s) {
+    const common::Stopwatch watch;
+    st = plan.execute(ctx, buffers.pointers(k++), workspace);
+    if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "synchronized run of '" + plan.engine_name() + "'");
+    if (st.ok()) host_ms.push_back(watch.ms());
+  }
+  for (auto& e : ev) {
+    if (e) cudaEventDestroy(e);
+  }
+  return st;
+}
+
 }  // namespace runtime
 
 using runtime::cuda_status;
@@ -165,6 +193,10 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     if (result.latency.median_ms > 0) {
       result.tflops = flops / (result.latency.median_ms * 1e-3) / 1e12;
       result.gbps = g.bytes_moved() / (result.latency.median_ms * 1e-3) / 1e9;
+    }
+    if (options.samples > 0) {
+      FUSEBOX_RETURN_IF_ERROR(runtime::sample_plan(plan, ctx, buffers, workspace.get(), options.iters,
+                                                   options.samples, result.gpu_time_ms, result.host_latency_ms));
     }
   }
   return result;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "dot.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox::cli {
@@ -10,7 +11,8 @@ namespace {
 
 struct BuildArgs {
   std::vector<std::string> graphs;
-  std::string device, heuristics = "a", engine, plan_out;
+  std::string device, heuristics = "a", engine, plan_out, dot;
+  bool want_dot = false;
   int64_t max_workspace = -1;
   bool json = false;
   CacheFlags cache;
@@ -31,6 +33,11 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     }
     return fail("build", st);
   };
+  if (a.want_dot && !a.dot.empty() && a.dot != "-") {
+    Status st = common::refuse_overwriting_input(a.dot, "--dot file",
+                                                 {{"graph file", path}, {"--device file", a.device}});
+    if (!st.ok()) return emit_error(st, nullptr);
+  }
   if (!a.plan_out.empty()) {
     Status st = common::refuse_overwriting_input(
         a.plan_out, "--plan-out",
@@ -65,6 +72,15 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     Status st = write_plan_file(a.plan_out, make_plan_info(*g, plan, *target), *bytes);
     if (!st.ok()) return emit_error(st, &got->report);
   }
+  if (a.want_dot) {
+    DotPlan dp;
+    dp.engine = plan.engine_name();
+    dp.workspace_bytes = plan.workspace_bytes();
+    dp.source = got->hit ? "plan cache hit" : "built now";
+    dp.device = target->device_name + (target->deviceless() ? " (deviceless)" : "");
+    Status st = write_dot(a.dot, graph_dot(*g, &dp));
+    if (!st.ok()) return emit_error(st, &got->report);
+  }
   const std::string state = cache_state(cache, got->hit);
   if (all) {
     nlohmann::json j = to_json(got->report);
@@ -84,6 +100,8 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     }
     j["ok"] = true;
     all->push_back(j);
+  } else if (a.want_dot && (a.dot.empty() || a.dot == "-")) {
+    // stdout holds the picture alone, for `| dot -Tsvg`
   } else {
     std::printf("%s (%s)\n", safe(g->name).c_str(), safe(path).c_str());
     if (got->hit) {
@@ -114,8 +132,19 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--max-workspace", a->max_workspace, "Reject plans needing more workspace (bytes)");
   cmd->add_option("--plan-out", a->plan_out, "Write the built plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  auto* dot = cmd->add_option("--dot", a->dot,
+                              "Write a Graphviz picture of the graph and the engine chosen (one engine for the "
+                              "whole graph) to FILE (no FILE or '-': stdout; write --dot=FILE)")
+                  ->expected(0, 1);
   add_cache_flags(cmd, a->cache);
-  return [a]() {
+  return [a, dot]() {
+    a->want_dot = dot->count() > 0;
+    if (a->want_dot && a->graphs.size() > 1) {
+      return fail("build", InvalidArgument("--dot takes one graph; " + std::to_string(a->graphs.size()) +
+                                           " were given"));
+    }
+    if (a->want_dot && a->json && (a->dot.empty() || a->dot == "-"))
+      return fail("build", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
     if (a->graphs.size() > 1 && !a->plan_out.empty()) {
       return fail("build", InvalidArgument("--plan-out takes one graph; " + std::to_string(a->graphs.size()) +
                                            " were given (use --cache to keep plans for several)"));

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "dot.h"
 #include "fusebox/reference.h"
 
 namespace fusebox::cli {
@@ -84,15 +85,26 @@ Runner add_check(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "check", "Validate a graph file; print tensors and inferred shapes (no GPU, no cuDNN)");
   struct Args {
-    std::string path, inputs;
+    std::string path, inputs, dot;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->path, "Graph JSON file")->required();
   cmd->add_flag("--json", a->json, "Write the resolved graph as one JSON document to stdout");
+  auto* dot = cmd->add_option("--dot", a->dot,
+                              "Write a Graphviz picture of the resolved graph to FILE (no FILE or '-': stdout; "
+                              "write --dot=FILE, or put --dot after the graph)")
+                  ->expected(0, 1);
   cmd->add_option("--inputs", a->inputs,
                   "Inputs as NAME=FILE.npy,...: sequence lengths for the FLOP count (others: full length)");
-  return [a]() {
+  return [a, dot]() {
+    const bool want_dot = dot->count() > 0;
+    if (want_dot && a->json && (a->dot.empty() || a->dot == "-"))
+      return fail("check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
+    if (want_dot && !a->dot.empty() && a->dot != "-") {
+      Status st = common::refuse_overwriting_input(a->dot, "--dot file", {{"graph file", a->path}});
+      if (!st.ok()) return fail("check", st);
+    }
     auto fail_json = [&](const Status& st) {
       if (a->json)
         std::printf(
@@ -105,8 +117,14 @@ Runner add_check(CLI::App& app) {
     if (!g.ok()) return fail_json(g.status());
     auto inputs = load_input_files(*g, a->inputs);
     if (!inputs.ok()) return fail_json(inputs.status());
+    if (want_dot) {
+      Status st = write_dot(a->dot, graph_dot(*g));
+      if (!st.ok()) return fail("check", st);
+    }
     if (a->json) {
       std::printf("%s\n", common::json_dump(graph_json(*g, *inputs), 2).c_str());
+    } else if (want_dot && (a->dot.empty() || a->dot == "-")) {
+      // stdout holds the picture alone, for `| dot -Tsvg`
     } else {
       std::printf("%s: ok\n%s", safe(a->path).c_str(), common::printable(describe(*g), /*keep_newlines=*/true).c_str());
       if (!inputs->empty())

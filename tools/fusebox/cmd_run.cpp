@@ -1,6 +1,7 @@
 // fusebox run: execute on a GPU, verify against the reference, time it.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -67,7 +68,7 @@ Runner add_run(CLI::App& app) {
     bool verify = false, json = false, measure_startup = false;
     CacheFlags cache;
     uint64_t seed = 1;
-    int warmup = 10, iters = 50;
+    int warmup = 10, iters = 50, samples = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
@@ -78,6 +79,12 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "Untimed runs before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--iters", a->iters, "Timed runs (0: run once, no timing)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--samples", a->samples,
+                  "Benchmark samples after the timed runs: this many GPU-time samples of --iters back-to-back "
+                  "runs between two events, and this many host latencies of one synchronized run (--json: "
+                  "gpu_time_ms, host_latency_ms)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--engine", a->engine, "Pin an engine by name");
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes when building: a, b, fallback")->capture_default_str();
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
@@ -105,6 +112,9 @@ Runner add_run(CLI::App& app) {
     options.verify = a->verify;
     options.warmup = a->warmup;
     options.iters = a->iters;
+    options.samples = a->samples;
+    if (a->samples > 0 && a->iters == 0)
+      return fail("run", InvalidArgument("--samples needs --iters >= 1 (the runs per GPU-time sample)"));
     options.inputs = std::move(input_tensors).value();
 
     // Start-up, timed in parts: the first cuDNN call loads its libraries.
@@ -200,6 +210,8 @@ Runner add_run(CLI::App& app) {
                             {"p90", r->latency.p90_ms},
                             {"mean", r->latency.mean_ms},
                             {"iters", r->latency.iters}}},
+                          {"gpu_time_ms", {{"samples", r->gpu_time_ms}, {"calls_per_sample", a->iters}}},
+                          {"host_latency_ms", {{"samples", r->host_latency_ms}}},
                           {"flops", r->flops},
                           {"bytes", g->bytes_moved()},
                           {"tflops", r->tflops},
@@ -237,6 +249,16 @@ Runner add_run(CLI::App& app) {
       if (r->latency.iters > 0) {
         std::printf("  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
                     r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+      };
+      if (!r->gpu_time_ms.empty()) {
+        std::printf("  benchmark: GPU time %.4f ms per run (median of %zu samples of %d back-to-back runs), "
+                    "host latency %.4f ms (median of %zu synchronized runs)\n",
+                    median(r->gpu_time_ms), r->gpu_time_ms.size(), a->iters, median(r->host_latency_ms),
+                    r->host_latency_ms.size());
       }
       for (const auto& p : saved) std::printf("  saved %s\n", safe(p).c_str());
     }

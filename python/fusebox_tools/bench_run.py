@@ -1,0 +1,516 @@
+"""Runs one part of the benchmark on the GPU machine and writes its results
+file (the format fusebox_tools.bench_report reads). scripts/bench.sh runs the
+parts and the report; see docs/gpu.md, "Benchmarks".
+
+Parts: conv, matmul, sdpa (the example graphs of each family,
+examples/graphs/*.json; GRAPHS=... to choose others) and peaks (dense bf16 and
+FP8 matmul TFLOP/s, device copy GB/s). Each finished row is written at once;
+a part run again skips the rows its file already holds (--force: redo), so a
+part cut off by a time limit resumes where it stopped.
+
+Every row, both sides, the same two ways:
+  GPU time   SAMPLES samples of CALLS back-to-back calls between two CUDA
+             events (torch's CUDA-graph variant: a graph of CALLS calls,
+             replayed between the events), divided by CALLS.
+  latency    SAMPLES single calls, host clock from before the call until the
+             GPU has finished it (synchronize): what an eager caller sees.
+fusebox: `fusebox run GRAPH --json --warmup W --iters CALLS --samples SAMPLES`
+(gpu_time_ms, host_latency_ms). torch: eager ops of the graph
+(fusebox_tools.torch_compare's, for sdpa F.scaled_dot_product_attention with
+the fastest backend of cuDNN/flash/efficient), torch.compile of them
+(mode max-autotune-no-cudagraphs) and a torch.cuda.CUDAGraph of the eager
+calls. Inputs: uniform in [-1, 1] on both sides (fusebox's random inputs),
+rotated through copies totalling more than twice the L2 on both sides. The
+GPU clocks (nvidia-smi) are recorded before and after each row.
+
+    python3 -m fusebox_tools.bench_run --part conv --out .bench/RUN/conv.json
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fusebox_tools import sdpa_compare, torch_compare
+from fusebox_tools.bench_report import SCHEMA
+from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+
+PARTS = ("conv", "matmul", "sdpa", "peaks")
+FAMILY_OF_OP = {"conv_fprop": "conv", "matmul": "matmul", "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa",
+                "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
+L2_BYTES = 60 << 20  # H200
+COMPILE_MODE = os.environ.get("BENCH_COMPILE_MODE", "max-autotune-no-cudagraphs")
+
+
+def log(msg):
+    print(f"bench_run {datetime.datetime.now(datetime.timezone.utc).strftime('%H:%M:%S')}: {msg}",
+          file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the machine
+
+def nvidia_smi(query):
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+        return [x.strip() for x in out.splitlines()[0].split(",")] if out else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return None
+
+
+def clocks():
+    """SM and memory clocks, temperature, power and throttle reasons now."""
+    v = nvidia_smi("clocks.sm,clocks.mem,temperature.gpu,power.draw")
+    if not v or len(v) < 4:
+        return {"error": "nvidia-smi unavailable"}
+
+    def num(x):
+        try:
+            return float(x)
+        except ValueError:
+            return x
+    out = {"sm_mhz": num(v[0]), "mem_mhz": num(v[1]), "temp_c": num(v[2]), "power_w": num(v[3])}
+    for field in ("clocks_event_reasons.active", "clocks_throttle_reasons.active"):  # newer, older name
+        r = nvidia_smi(field)
+        if r and r[0].startswith("0x"):
+            out["throttle"] = r[0]
+            break
+    return out
+
+
+def versions(fusebox):
+    out = {"torch": torch.__version__, "torch_cudnn": str(torch.backends.cudnn.version()),
+           "cuda": torch.version.cuda}
+    v = nvidia_smi("driver_version")
+    out["driver"] = v[0] if v else None
+    try:
+        text = subprocess.run([fusebox, "--version"], capture_output=True, text=True, timeout=60).stdout
+        for line in text.splitlines():
+            if line.startswith("fusebox "):
+                out["fusebox"] = line.split(" ", 1)[1]
+            elif line.startswith("cuDNN Frontend "):
+                out["frontend"] = line.split()[2]
+            elif line.startswith("cuDNN "):
+                out["cudnn"] = line.split(",")[-1].strip().split()[0]  # the runtime's
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return out
+
+
+# ---------------------------------------------------------------- timing (torch)
+
+def gpu_samples(fn, sets, calls, samples, warmup):
+    """Per-call GPU time of `calls` back-to-back calls, `samples` times (ms)."""
+    n = len(sets)
+    for k in range(warmup):
+        fn(sets[k % n])
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out, k = [], 0
+    for _ in range(samples):
+        e0.record()
+        for _ in range(calls):
+            fn(sets[k % n])
+            k += 1
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1) / calls)
+    return out
+
+
+def latency_samples(fn, sets, samples):
+    """Host time of one call until the GPU has finished it (ms), `samples` times."""
+    torch.cuda.synchronize()
+    out = []
+    for k in range(samples):
+        t0 = time.perf_counter()
+        fn(sets[k % len(sets)])
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def graph_variant(fn, sets, calls, samples, warmup):
+    """A torch.cuda.CUDAGraph of `calls` calls over the rotated sets: GPU time
+    per call (replays between events) and latency (one replay of a one-call
+    graph, synchronized)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for k in range(max(3, warmup)):
+            fn(sets[k % len(sets)])
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    many, one = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(many):
+        keep = [fn(sets[k % len(sets)]) for k in range(calls)]
+    with torch.cuda.graph(one):
+        keep.append(fn(sets[0]))
+    for _ in range(3):
+        many.replay()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu = []
+    for _ in range(samples):
+        e0.record()
+        many.replay()
+        e1.record()
+        e1.synchronize()
+        gpu.append(e0.elapsed_time(e1) / calls)
+    lat = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        one.replay()
+        torch.cuda.synchronize()
+        lat.append((time.perf_counter() - t0) * 1e3)
+    del keep, many, one
+    return {"gpu_ms": gpu, "latency_ms": lat}
+
+
+def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True):
+    """eager, compile and cuda_graph timings of fn; a variant that fails is
+    None with the reason in notes."""
+    out = {}
+    try:
+        out["eager"] = {"gpu_ms": gpu_samples(fn, sets, args.calls, args.samples, args.warmup),
+                        "latency_ms": latency_samples(fn, sets, args.samples)}
+    except Exception as e:
+        out["eager"] = None
+        notes.append(f"torch eager failed: {type(e).__name__}: {first_line(e)}")
+        return out
+    out["compile"] = None
+    if compile_fn and not args.no_compile:
+        try:
+            t0 = time.perf_counter()
+            c = torch.compile(fn, mode=COMPILE_MODE, dynamic=False)
+            for k in range(len(sets)):  # compiles (and autotunes) outside the timed region
+                c(sets[k])
+            torch.cuda.synchronize()
+            notes.append(f"torch.compile({COMPILE_MODE}) took {time.perf_counter() - t0:.0f} s")
+            out["compile"] = {"gpu_ms": gpu_samples(c, sets, args.calls, args.samples, args.warmup),
+                              "latency_ms": latency_samples(c, sets, args.samples)}
+        except Exception as e:
+            notes.append(f"torch.compile skipped: {type(e).__name__}: {first_line(e)}")
+            if args.verbose:
+                traceback.print_exc()
+    out["cuda_graph"] = None
+    if graph_ok:
+        try:
+            out["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup)
+        except Exception as e:
+            notes.append(f"CUDA graph skipped: {type(e).__name__}: {first_line(e)}")
+            if args.verbose:
+                traceback.print_exc()
+    torch.cuda.synchronize()
+    return out
+
+
+def first_line(e):
+    msg = str(e).strip().splitlines()
+    return msg[0][:300] if msg else ""
+
+
+# ---------------------------------------------------------------- fusebox
+
+def time_fusebox(args, path, input_files, notes):
+    cmd = [args.fusebox, "run", path, "--json", "--warmup", str(args.warmup), "--iters", str(args.calls),
+           "--samples", str(args.samples)]
+    if input_files:
+        cmd += ["--inputs", ",".join(f"{n}={p}" for n, p in input_files.items())]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        notes.append(f"fusebox: {type(e).__name__}: {e}")
+        return None
+    if proc.returncode != 0:
+        notes.append(f"fusebox: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        return None
+    try:
+        r = json.loads(proc.stdout)
+    except ValueError as e:
+        notes.append(f"fusebox: unreadable --json ({e})")
+        return None
+    out = {"engine": r.get("engine"), "workspace_bytes": r.get("workspace_bytes"), "plan_source": r.get("plan_source"),
+           "per_call_events_ms": r.get("latency_ms"), "input_sets": r.get("input_sets")}
+    gpu = (r.get("gpu_time_ms") or {}).get("samples")
+    lat = (r.get("host_latency_ms") or {}).get("samples")
+    if gpu:
+        out["gpu_ms"], out["latency_ms"] = gpu, lat
+    else:  # a fusebox from before --samples: events around each call
+        out["gpu_ms"] = [r["latency_ms"]["median"]]
+        notes.append("fusebox without --samples: GPU time = median of events around each call")
+    return out
+
+
+# ---------------------------------------------------------------- rows
+
+def family(graph):
+    for op in graph.ops:
+        if op["op"] in FAMILY_OF_OP:
+            return FAMILY_OF_OP[op["op"]]
+    return "pointwise"
+
+
+def n_sets(graph):
+    """Input copies to rotate through: fusebox's rule (runtime::rotation_sets_for), so
+    both sides read their inputs from beyond the L2 alike."""
+    nbytes = sum(t["storage_bytes"] for t in graph.tensors.values() if t["kind"] == "input")
+    if nbytes <= 0:
+        return 1
+    return max(1, min(int(2 * L2_BYTES / nbytes) + 1, 16, int(8 * (1 << 30) / nbytes)))
+
+
+def bench_plain(path, graph, args, row):
+    notes = row["notes"]
+    row["fusebox"] = time_fusebox(args, path, {}, notes)
+    fn = torch_compare.make_eager_fn(graph)
+    with torch.no_grad():
+        sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
+        row["input_sets"] = len(sets)
+        row["torch"] = torch_variants(fn, sets, args, notes)
+    del sets
+
+
+def bench_sdpa(path, graph, args, row):
+    """The graph's first sdpa op in torch: forward (no_grad, or requires_grad
+    inputs when the graph writes stats, as training does) or the backward
+    alone (autograd.grad on a forward done beforehand)."""
+    notes = row["notes"]
+    op = graph.sdpa_ops()[0]
+    if len(graph.ops) > 1:
+        notes.append(f"graph has {len(graph.ops)} ops; torch times only '{op['name']}'")
+    kind = op["op"]
+    lq, lkv, arrays = sdpa_compare.seq_lens(graph, op, args.seed)
+    work = tempfile.mkdtemp(prefix="bench_sdpa_")
+    files = {}
+    for name, arr in arrays.items():
+        files[name] = os.path.join(work, f"{name}.npy")
+        np.save(files[name], arr)
+    if files:
+        row["flops"] = Graph.load(path, args.fusebox, files).flops
+    row["fusebox"] = time_fusebox(args, path, files, notes)
+    shutil.rmtree(work, ignore_errors=True)
+
+    dtype = sdpa_compare.TORCH_DTYPES.get(graph.dtype(op["inputs"]["q"]), torch.bfloat16)
+    if kind in ("sdpa_fp8_fwd", "sdpa_fp8_bwd"):
+        dtype = torch.bfloat16
+        notes.append("torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)")
+    gen = torch.Generator(device="cuda").manual_seed(99)
+    kw, mask_note = sdpa_compare.torch_mask_kwargs(graph, op, lq, lkv, dtype, "cuda", gen)
+    notes.append(f"torch mask: {mask_note}")
+    groups = graph.dims[op["inputs"]["q"]][1] // graph.dims[op["inputs"]["k"]][1]
+    backward = kind in SDPA_BWD_OPS
+    train = backward or "stats" in op["outputs"]
+    extra = {"enable_gqa": True} if groups > 1 else {}
+    sets = []
+    for _ in range(n_sets(graph)):
+        sets.append(sdpa_compare.make_qkv(graph, op, dtype, "cuda", gen, requires_grad=train))
+    row["input_sets"] = len(sets)
+
+    def fwd(s):
+        with torch.set_grad_enabled(train):
+            return F.scaled_dot_product_attention(s["q"], s["k"], s["v"], **kw, **extra)
+
+    def prepare():
+        # the backward's kernel follows the forward's backend: redo the forward under it
+        if backward:
+            for s in sets:
+                s["out"] = fwd(s)
+
+    if backward:
+        def fn(s):
+            return torch.autograd.grad(s["out"], (s["q"], s["k"], s["v"]), s["do"], retain_graph=True)
+    else:
+        fn = fwd
+
+    # The fastest backend for this shape (a short eager run each), then every variant under it.
+    best, best_ms = None, None
+    for b in ("cudnn", "flash", "efficient"):
+        try:
+            with sdpa_compare.backend_ctx(b):
+                prepare()
+                ms = min(gpu_samples(fn, sets, max(2, args.calls // 5), 3, 3))
+            if best_ms is None or ms < best_ms:
+                best, best_ms = b, ms
+        except Exception as e:
+            notes.append(f"torch {b} refused: {first_line(e)[:120]}")
+    if best is None:
+        row["torch"] = None
+        return
+    notes.append(f"torch backend: {best} (fastest of those that accepted)")
+    with sdpa_compare.backend_ctx(best):
+        prepare()
+        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=not backward, graph_ok=True)
+    if backward:
+        notes.append("torch.compile not timed for the backward (autograd.grad of a saved forward)")
+    del sets
+
+
+def bench_graph(path, args):
+    graph = Graph.load(path, args.fusebox)
+    q = graph.sdpa_ops()[0]["inputs"]["q"] if graph.sdpa_ops() else graph.inputs()[0]
+    row = {"family": family(graph), "name": graph.name, "graph": os.path.relpath(path), "flops": graph.flops,
+           "bytes": graph.bytes, "dtype": graph.dtype(q), "notes": [], "clocks": {"before": clocks()}}
+    t0 = time.perf_counter()
+    try:
+        if graph.sdpa_ops():
+            bench_sdpa(path, graph, args, row)
+        else:
+            bench_plain(path, graph, args, row)
+    except Exception as e:  # one graph must not stop the part
+        row["notes"].append(f"error: {type(e).__name__}: {first_line(e)}")
+        traceback.print_exc()
+    torch.cuda.empty_cache()
+    row["clocks"]["after"] = clocks()
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+# ---------------------------------------------------------------- peaks
+
+def peaks(args):
+    """Dense bf16 and FP8 matmul TFLOP/s and device copy GB/s (read + write)."""
+    out, notes = {}, []
+    n = 8192
+    a = torch.rand(n, n, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    b = torch.rand(n, n, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    ms = gpu_samples(lambda s: torch.matmul(a, b), [None], 20, args.samples, 10)
+    out["bf16_tflops"] = 2 * n ** 3 / (min(ms) * 1e-3) / 1e12
+    out["bf16_tflops_median"] = 2 * n ** 3 / (sorted(ms)[len(ms) // 2] * 1e-3) / 1e12
+    try:
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+        one = torch.tensor(1.0, device="cuda")
+        for fast in (False, True):  # fast accumulation: the usual way to reach the FP8 peak
+            ms = gpu_samples(lambda s: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                        use_fast_accum=fast), [None], 20, args.samples, 10)
+            tf = 2 * n ** 3 / (min(ms) * 1e-3) / 1e12
+            out["fp8_tflops_fast_accum" if fast else "fp8_tflops_exact_accum"] = tf
+            out["fp8_tflops"] = max(out.get("fp8_tflops", 0), tf)
+    except Exception as e:
+        notes.append(f"fp8 peak not measured: {type(e).__name__}: {first_line(e)}")
+    nbytes = 1 << 30
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = gpu_samples(lambda s: dst.copy_(src), [None], 10, args.samples, 5)
+    out["copy_gbps"] = 2 * nbytes / (min(ms) * 1e-3) / 1e9
+    out["method"] = ("best of the samples: bf16 and FP8 (torch._scaled_mm, e4m3, unit scales, the faster of exact "
+                     "and fast accumulation) 8192^3 matmuls, "
+                     "20 back-to-back per sample; copy: 1 GiB device-to-device, bytes read + written")
+    del a, b, src, dst
+    torch.cuda.empty_cache()
+    return out, notes
+
+
+# ---------------------------------------------------------------- the part file
+
+def load_part(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) and isinstance(doc.get("rows"), list) else None
+    except (OSError, ValueError):
+        return None
+
+
+def save(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
+def part_graphs(part, args):
+    if args.graphs:
+        paths = args.graphs
+    else:
+        paths = [p for p in default_graphs() if os.path.basename(os.path.dirname(p)) == "graphs"]
+    out = []
+    for p in paths:
+        try:
+            if family(Graph.load(p, args.fusebox)) == part or args.graphs:
+                out.append(p)
+        except FuseboxError as e:
+            log(f"{p}: skipped: {e}")
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", required=True, choices=PARTS)
+    ap.add_argument("--out", required=True, help="the part's results file (resumed when it exists)")
+    ap.add_argument("graphs", nargs="*", help="graph files instead of the part's examples")
+    ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
+    ap.add_argument("--calls", type=int, default=int(os.environ.get("BENCH_CALLS", 50)),
+                    help="back-to-back calls per GPU-time sample")
+    ap.add_argument("--samples", type=int, default=int(os.environ.get("BENCH_SAMPLES", 10)))
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per fusebox run")
+    ap.add_argument("--seed", type=int, default=1234, help="padding lengths without fixed values")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--force", action="store_true", help="redo rows already in --out")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        args.fusebox = fusebox_bin(args.fusebox)
+    except FuseboxError as e:
+        log(str(e))
+        return 2
+    if not torch.cuda.is_available():
+        log("torch sees no GPU")
+        return 1
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    doc = None if args.force else load_part(args.out)
+    if doc is None:
+        doc = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+               "gpu": torch.cuda.get_device_name(0), "versions": versions(args.fusebox), "peaks": {},
+               "method": {"calls_per_sample": args.calls, "samples": args.samples, "latency_samples": args.samples,
+                          "warmup": args.warmup, "l2": "input copies > 2x the 60 MiB L2, both sides",
+                          "compile_mode": COMPILE_MODE},
+               "rows": []}
+    if args.part == "peaks":
+        if doc.get("peaks") and not args.force:
+            log(f"peaks already in {args.out}: {doc['peaks']}")
+            return 0
+        doc["peaks"], notes = peaks(args)
+        doc["peaks_notes"] = notes
+        save(args.out, doc)
+        log(f"peaks: {doc['peaks']} {notes}")
+        return 0
+    done = {r["graph"] for r in doc["rows"]}
+    fails = 0
+    for path in part_graphs(args.part, args):
+        if os.path.relpath(path) in done:
+            log(f"{path}: already done, skipped (--force to redo)")
+            continue
+        log(f"{path} ...")
+        row = bench_graph(path, args)
+        doc["rows"].append(row)
+        save(args.out, doc)
+        fb = row.get("fusebox") or {}
+        t = row.get("torch") or {}
+        med = lambda s: f"{sorted(s)[len(s) // 2] * 1e3:.1f}" if s else "-"  # noqa: E731
+        log(f"{row['name']}: fusebox GPU {med(fb.get('gpu_ms'))} us, latency {med(fb.get('latency_ms'))} us; "
+            + ", ".join(f"{k} GPU {med((v or {}).get('gpu_ms'))} us / latency {med((v or {}).get('latency_ms'))} us"
+                        for k, v in t.items())
+            + f" ({row['seconds']} s)")
+        for n in row["notes"]:
+            log(f"  note: {n}")
+        fails += row.get("fusebox") is None or not t
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

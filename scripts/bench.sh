@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The benchmark on the GPU machine (issue 16): fusebox against PyTorch eager,
+# torch.compile (max-autotune-no-cudagraphs) and CUDA graphs, GPU time and
+# per-call latency on both sides, the measured peaks for the roofline, then
+# bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
+#
+#   [PARTS=peaks,conv,matmul,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#
+# Parts (run one per device-tool call: each fits in its 10 minutes):
+#   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
+#   conv     examples/graphs conv graphs (2-4 min: torch.compile max-autotune)
+#   matmul   examples/graphs matmul graphs (2-4 min)
+#   sdpa     examples/graphs sdpa graphs (4-7 min)
+#   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
+#            (and plots where matplotlib is installed), compares with the previous results file
+# A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
+# each row finishes: run again, it skips the rows done (FORCE=1 redoes them). On a
+# fresh machine carry .bench to resume. Everything written is also copied to $OUT
+# (the parts to $OUT/bench_parts/RUN/: copy them into .bench/RUN/ before the next call).
+# BENCH_CALLS (50) calls per GPU-time sample, BENCH_SAMPLES (10) samples; GRAPHS="a.json
+# b.json" benchmarks those graphs in the part instead of the examples.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+BUNDLE=${1:-.gpu}
+OUT=${OUT:-/tmp/out}
+BENCH_DIR=${BENCH_DIR:-.bench}
+PARTS=${PARTS:-peaks,conv,matmul,sdpa,report}
+mkdir -p "$OUT"
+
+FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
+[ -x "$FB" ] || FB=build/fusebox
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
+# torch.compile's autotuning results survive between calls on a warm machine; outside
+# .bench, which stays small enough to carry (JSON only).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fusebox_bench_inductor}
+PY=/opt/torch/.venv/bin/python3
+[ -x "$PY" ] || PY=python3
+
+if [ -z "${RUN:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | head -n1 | awk '{print $NF}' | tr -cd 'A-Za-z0-9_-')
+  RUN="$(date -u +%F)-${gpu:-GPU}"
+fi
+WORK="$BENCH_DIR/$RUN"
+mkdir -p "$WORK" bench/results
+echo "bench: run $RUN, parts $PARTS, fusebox $FB, python $PY, work $WORK, $(date -u)"
+if [ ! -x "$FB" ]; then
+  echo "bench: no fusebox binary ($BUNDLE/fusebox or build/fusebox): make gpu-bundle here and carry .gpu" >&2
+  exit 1
+fi
+"$FB" --version
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>/dev/null
+
+fails=0
+IFS=, read -r -a parts <<< "$PARTS"
+for part in "${parts[@]}"; do
+  T0=$SECONDS
+  case "$part" in
+    peaks|conv|matmul|sdpa)
+      echo "== $(date -u +%T) part $part"
+      args=(--part "$part" --out "$WORK/$part.json")
+      [ -n "${FORCE:-}" ] && args+=(--force)
+      # shellcheck disable=SC2086
+      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.bench_run "${args[@]}" ${GRAPHS:-} 2>&1 | tee "$OUT/bench_$part.log"
+      rc=${PIPESTATUS[0]}
+      [ "$rc" -eq 0 ] || { echo "bench: part $part exited $rc (rows done so far are kept; run it again to resume)"; fails=$((fails + 1)); }
+      ;;
+    report)
+      echo "== $(date -u +%T) report"
+      have=()
+      for p in peaks conv matmul sdpa; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
+      if [ "${#have[@]}" -eq 0 ]; then echo "bench: no part results in $WORK"; fails=$((fails + 1)); continue; fi
+      "$PY" -m fusebox_tools.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
+      "$PY" -m fusebox_tools.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
+        --markdown-out "$OUT/bench_report.md" || { fails=$((fails + 1)); continue; }
+      cat "$OUT/bench_report.md"
+      mkdir -p "$OUT/bench/results" "$OUT/bench/plots"
+      cp "bench/results/$RUN.json" "$OUT/bench/results/" && cp BENCHMARKS.md "$OUT/"
+      cp bench/plots/*.png "$OUT/bench/plots/" 2>/dev/null || true
+      ;;
+    *)
+      echo "bench: unknown part '$part': accepted parts are peaks, conv, matmul, sdpa, report" >&2
+      exit 2
+      ;;
+  esac
+  echo "bench: $part took $((SECONDS - T0)) s"
+  # What the parts have so far comes back with every call.
+  mkdir -p "$OUT/bench_parts/$RUN" && cp "$WORK"/*.json "$OUT/bench_parts/$RUN/" 2>/dev/null
+done
+echo "bench: $fails failed parts"
+[ "$fails" -eq 0 ]

@@ -1,0 +1,199 @@
+"""fusebox_tools.bench_report on CPU with two results files in the format
+bench_run writes (tests/python/data/bench: made up for these tests from the
+shapes of the 2026-11-29 H200 numbers; the later one has conv_bias_relu 10%
+slower). Statistics, headline ratio, geometric means, roofline, the
+regression flag, the Markdown and the plots (skipped without matplotlib)."""
+import builtins
+import json
+import math
+import os
+
+import pytest
+
+from fusebox_tools import bench_report as br
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "bench")
+OLD = os.path.join(DATA, "2026-11-30-H200.json")
+NEW = os.path.join(DATA, "2026-12-01-H200.json")
+
+
+def test_quantile_matches_linear_interpolation():
+    xs = [4, 1, 3, 2, 5]
+    assert br.quantile(xs, 0.5) == 3
+    assert br.quantile(xs, 0.0) == 1 and br.quantile(xs, 1.0) == 5
+    assert br.quantile(xs, 0.25) == 2
+    assert br.quantile([1, 2, 3, 4], 0.5) == 2.5
+    assert br.quantile([1, 2, 3, 4], 0.1) == pytest.approx(1.3)
+    with pytest.raises(ValueError):
+        br.quantile([], 0.5)
+
+
+def test_summarize():
+    s = br.summarize([10, 20, 30, 40, 50, None, float("nan")])
+    assert s["n"] == 5 and s["median"] == 30 and s["min"] == 10
+    assert s["q1"] == 20 and s["q3"] == 40 and s["iqr"] == 20
+    assert s["p10"] == pytest.approx(14) and s["p90"] == pytest.approx(46)
+    assert s["spread"] == pytest.approx(20 / 30)
+    assert br.summarize([]) is None and br.summarize(None) is None
+
+
+def test_geomean():
+    assert br.geomean([2, 8]) == pytest.approx(4)
+    assert br.geomean([1.0, None, 4.0]) == pytest.approx(2)
+    assert br.geomean([None]) is None
+
+
+def row(fb_gpu, eager=None, compile_=None, graph=None, flops=2e12, nbytes=1e9, dtype="bf16"):
+    t = {}
+    for k, v in (("eager", eager), ("compile", compile_), ("cuda_graph", graph)):
+        t[k] = {"gpu_ms": v, "latency_ms": [x * 2 for x in v]} if v else None
+    return {"family": "f", "name": "r", "flops": flops, "bytes": nbytes, "dtype": dtype,
+            "fusebox": {"gpu_ms": fb_gpu, "latency_ms": [x * 3 for x in fb_gpu]}, "torch": t}
+
+
+def test_headline_is_against_the_best_torch_gpu_time():
+    st = br.row_stats(row([1.0, 1.0, 1.2], eager=[3.0], compile_=[2.0, 2.0, 2.2], graph=[2.5]))
+    assert st["best_torch"] == "compile"
+    assert st["speedup"] == pytest.approx(2.0)
+    # latencies: fusebox 3.0, compile 4.0 (best), so 4/3 and never mixed with GPU time
+    assert st["best_torch_latency"] == "compile"
+    assert st["latency_speedup"] == pytest.approx(4.0 / 3.0)
+
+
+def test_missing_sides_give_no_ratio():
+    st = br.row_stats(row([1.0]))
+    assert st["best_torch"] is None and st["speedup"] is None
+    r = row([1.0], eager=[2.0])
+    r["fusebox"] = None
+    st = br.row_stats(r)
+    assert st["speedup"] is None and st["roofline"] is None
+
+
+def test_roofline_compute_and_memory_bound():
+    peaks = {"bf16_tflops": 800.0, "fp8_tflops": 1600.0, "copy_gbps": 4000.0}
+    # 2 TFLOP in 4 ms = 500 TFLOP/s; intensity 2000 FLOP/B: compute bound, 500/800
+    r = br.roofline(row([4.0]), 4.0, peaks)
+    assert r["tflops"] == pytest.approx(500) and r["bound"] == "compute"
+    assert r["frac"] == pytest.approx(500 / 800) and r["compute_frac"] == pytest.approx(500 / 800)
+    assert r["gbps"] == pytest.approx(250) and r["bandwidth_frac"] == pytest.approx(250 / 4000)
+    # 1 GFLOP, 1 GB in 0.5 ms: 2000 GB/s; intensity 1: roof 4 TFLOP/s: memory bound at 50%
+    r = br.roofline(row([0.5], flops=1e9, nbytes=1e9), 0.5, peaks)
+    assert r["bound"] == "memory" and r["frac"] == pytest.approx(0.5)
+    # fp8 rows against the fp8 peak
+    r = br.roofline(row([4.0], dtype="fp8_e4m3"), 4.0, peaks)
+    assert r["peak"] == "fp8" and r["frac"] == pytest.approx(500 / 1600)
+    assert br.roofline(row([1.0]), 1.0, None)["frac"] is None
+
+
+def test_family_geomeans_and_regressions_on_fixtures():
+    new, old = br.load(NEW), br.load(OLD)
+    stats = [br.row_stats(r, new["peaks"]) for r in new["rows"]]
+    fams = br.family_geomeans(new["rows"], stats)
+    assert set(fams) == {"conv", "matmul", "sdpa"} and fams["conv"]["rows"] == 2
+    conv = [s["speedup"] for r, s in zip(new["rows"], stats) if r["family"] == "conv"]
+    assert fams["conv"]["speedup"] == pytest.approx(math.sqrt(conv[0] * conv[1]))
+    flagged, changes = br.regressions(new["rows"], stats, old)
+    assert [f[0] for f in flagged] == ["conv_bias_relu"]
+    assert 0.05 < flagged[0][3] < 0.2
+    assert set(changes) == {r["name"] for r in new["rows"]}
+    # the same file against itself: nothing flagged
+    assert br.regressions(new["rows"], stats, new)[0] == []
+
+
+def test_previous_results_is_the_newest_older_file(tmp_path):
+    for n in ("2026-11-01-H200.json", "2026-11-30-H200.json", "2026-12-01-H200.json", "2026-12-02-H200.json"):
+        (tmp_path / n).write_text("{}")
+    assert os.path.basename(br.previous_results(str(tmp_path / "2026-12-01-H200.json"))) == "2026-11-30-H200.json"
+    assert br.previous_results(str(tmp_path / "2026-11-01-H200.json")) is None
+
+
+def test_markdown_report(tmp_path):
+    bm = tmp_path / "BENCHMARKS.md"
+    bm.write_text("# Benchmarks\n\nintro\n\n## Older, hand-written\n\nkept\n")
+    section = br.report(NEW, OLD, update=str(bm))
+    text = bm.read_text()
+    assert text.count(br.BEGIN) == 1 and text.count(br.END) == 1
+    assert text.index("# Benchmarks") < text.index(br.BEGIN) < text.index("## Older, hand-written")
+    assert "kept" in text
+    for want in ("NVIDIA H200", "580.159.04", "cuDNN 9.19.0", "Frontend 1.32.0", "PyTorch 2.11.0+cu130",
+                 "max-autotune-no-cudagraphs", "| conv | 2 |", "**SLOWER** conv_bias_relu",
+                 "Speedup = best PyTorch variant's GPU time / fusebox's GPU time", "sdpa_fp8_fwd",
+                 "torch.compile skipped: Unsupported"):
+        assert want in section, want
+    # GPU-time table: fusebox median and [p10-p90] in µs, the best variant named
+    line = next(ln for ln in section.splitlines() if ln.startswith("| conv | conv_bias_relu |"))
+    s = br.summarize(br.load(NEW)["rows"][0]["fusebox"]["gpu_ms"])
+    assert f"{s['median'] * 1e3:.1f} [{s['p10'] * 1e3:.1f}-{s['p90'] * 1e3:.1f}]" in line
+    assert "torch.compile" in line
+    # a second update replaces the section instead of adding one
+    br.report(NEW, None, update=str(bm))
+    text = bm.read_text()
+    assert text.count(br.BEGIN) == 1 and "No previous results file" in text and "kept" in text
+
+
+def test_names_cannot_break_the_table(tmp_path):
+    doc = br.load(NEW)
+    doc["rows"][0]["name"] = "evil | name\nnext"
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    section = br.report(str(p))
+    assert "evil \\| name next" in section
+
+
+def test_bad_documents(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text("[1, 2]")
+    with pytest.raises(br.ReportError, match="not a results document"):
+        br.load(str(p))
+    p.write_text(json.dumps({"schema": 99, "rows": []}))
+    with pytest.raises(br.ReportError, match="schema 99"):
+        br.load(str(p))
+    assert br.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_merge_parts(tmp_path):
+    a, b = br.load(OLD), br.load(NEW)
+    a["rows"], b["rows"] = a["rows"][:2], b["rows"][1:]
+    b["peaks"] = {"fp8_tflops": 1500.0}
+    pa, pb = tmp_path / "conv.json", tmp_path / "rest.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    out = tmp_path / "all.json"
+    assert br.main(["--merge", str(pa), str(pb), "--out", str(out)]) == 0
+    m = br.load(str(out))
+    assert [r["name"] for r in m["rows"]] == ["conv_bias_relu", "conv_bias_add_relu", "matmul_bias_gelu",
+                                              "sdpa_fp8_fwd"]
+    # conv_bias_add_relu from the later part wins; peaks merged key by key
+    assert m["rows"][1] == b["rows"][0]
+    assert m["peaks"]["fp8_tflops"] == 1500.0 and m["peaks"]["bf16_tflops"] == a["peaks"]["bf16_tflops"]
+
+
+def test_plots_skip_without_matplotlib(monkeypatch, tmp_path, capsys):
+    real_import = builtins.__import__
+
+    def no_mpl(name, *a, **kw):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_mpl)
+    doc = br.load(NEW)
+    stats = [br.row_stats(r, doc["peaks"]) for r in doc["rows"]]
+    assert br.plots(doc, stats, str(tmp_path / "plots")) == []
+    assert "matplotlib is not installed" in capsys.readouterr().err
+
+
+def test_plots_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    bm = tmp_path / "BENCHMARKS.md"
+    br.report(NEW, OLD, update=str(bm), plots_dir=str(tmp_path / "plots"))
+    for p in ("speedup.png", "roofline.png"):
+        data = (tmp_path / "plots" / p).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"(plots/{p})" in bm.read_text()
+
+
+def test_cli_writes_markdown(tmp_path):
+    out = tmp_path / "r.md"
+    assert br.main([NEW, "--markdown-out", str(out)]) == 0  # previous found beside it
+    assert "2026-11-30-H200.json" in out.read_text()

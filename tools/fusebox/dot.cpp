@@ -1,0 +1,137 @@
+// Graphviz pictures of resolved graphs. Node ids are generated (t0, op0, ...):
+// names from the graph file only ever appear inside escaped quoted labels.
+#include "dot.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common.h"
+#include "common/dims_string.h"
+
+namespace fusebox::cli {
+namespace {
+
+// Attribute values longer than this are cut (ALiBi slopes, long lists).
+constexpr size_t kMaxAttrChars = 48;
+
+std::string tensor_kind(const ResolvedTensor& t) {
+  if (t.scalar_value) return "scalar";
+  if (t.is_input) return "input";
+  if (t.is_output) return "output";
+  return "virtual";
+}
+
+std::string tensor_label(const ResolvedTensor& t) {
+  if (t.scalar_value) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", *t.scalar_value);
+    return dot_escape(t.name) + "\\n= " + buf + " (" + std::string(dtype_name(t.dtype)) + ")";
+  }
+  std::string s =
+      dot_escape(t.name) + "\\n" + common::dims_string(t.dims) + " " + std::string(dtype_name(t.dtype));
+  if (!t.is_virtual) s += "\\nstrides " + common::dims_string(t.strides);
+  return s + "\\n" + tensor_kind(t);
+}
+
+std::string attr_value(const nlohmann::ordered_json& v) {
+  std::string s = v.is_string() ? v.get<std::string>() : common::json_dump(v, -1);
+  if (s.size() > kMaxAttrChars) s = s.substr(0, kMaxAttrChars) + "...";
+  return s;
+}
+
+std::string op_label(const ResolvedGraph& g, const ResolvedOp& op) {
+  // Name and type centred, then one left-justified line (\l) per attribute.
+  std::string s = dot_escape(op.name) + "\\n" + dot_escape(op_type_name(op.attrs)) + "\\n";
+  const auto attrs =
+      nlohmann::ordered_json::parse(op_resolved_attrs_json(g, op), nullptr, /*allow_exceptions=*/false);
+  if (attrs.is_object()) {
+    for (const auto& [k, v] : attrs.items()) {
+      if (v.is_null()) continue;  // unset options say nothing
+      s += dot_escape(k) + ": " + dot_escape(attr_value(v)) + "\\l";
+    }
+  }
+  return s + "compute " + std::string(dtype_name(op.compute_dtype)) + "\\l";
+}
+
+}  // namespace
+
+std::string dot_escape(std::string_view s) {
+  // Control bytes and invalid UTF-8 first, as the terminal output does; the
+  // backslashes printable() adds are then escaped like any other.
+  const std::string p = common::printable(s);
+  std::string out;
+  out.reserve(p.size() + 8);
+  for (char c : p) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan) {
+  std::ostringstream o;
+  char flops[96];
+  std::snprintf(flops, sizeof flops, "%.3g GFLOP, %.3g MB moved", g.flops() / 1e9, g.bytes_moved() / 1e6);
+  o << "digraph fusebox {\n"
+    << "  graph [rankdir=TB, fontname=\"Helvetica\", labelloc=t, label=\"" << dot_escape(g.name) << " ("
+    << flops << "; io " << dtype_name(g.io_dtype) << ", intermediate " << dtype_name(g.intermediate_dtype)
+    << ")\\nboxes: tensors in memory; dashed: virtual tensors (never written to memory); rounded: ops\"];\n"
+    << "  node [fontname=\"Helvetica\", fontsize=10];\n"
+    << "  edge [fontname=\"Helvetica\", fontsize=9];\n";
+  auto tensor_node = [&](size_t i, const char* indent) {
+    const ResolvedTensor& t = g.tensors[i];
+    o << indent << "t" << i << " [label=\"" << tensor_label(t) << "\"";
+    if (t.scalar_value) {
+      o << ", shape=plaintext";
+    } else if (t.is_virtual) {
+      o << ", shape=box, style=dashed, color=gray40";
+    } else {
+      o << ", shape=box, style=filled, fillcolor=" << (t.is_input ? "lightblue" : "palegreen");
+    }
+    o << "];\n";
+  };
+  auto op_node = [&](size_t i, const char* indent) {
+    o << indent << "op" << i << " [label=\"" << op_label(g, g.ops[i])
+      << "\", shape=box, style=\"rounded,filled\", fillcolor=lightyellow];\n";
+  };
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    if (!plan || !g.tensors[i].is_virtual) tensor_node(i, "  ");
+  }
+  if (plan) {
+    // cuDNN runs the whole graph as one engine: one cluster holds every op and
+    // the virtual tensors that stay inside it.
+    o << "  subgraph cluster_plan {\n"
+      << "    label=\"one cuDNN engine for the whole graph: " << dot_escape(plan->engine) << "\\nworkspace "
+      << dot_escape(format_bytes(plan->workspace_bytes)) << " (" << plan->workspace_bytes << " bytes); "
+      << dot_escape(plan->source);
+    if (!plan->device.empty()) o << "; " << dot_escape(plan->device);
+    o << "\";\n    style=\"rounded,bold\"; color=darkorange;\n";
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      if (g.tensors[i].is_virtual) tensor_node(i, "    ");
+    }
+    for (size_t i = 0; i < g.ops.size(); ++i) op_node(i, "    ");
+    o << "  }\n";
+  } else {
+    for (size_t i = 0; i < g.ops.size(); ++i) op_node(i, "  ");
+  }
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    for (const auto& [role, idx] : g.ops[i].inputs)
+      o << "  t" << idx << " -> op" << i << " [label=\"" << dot_escape(role) << "\"];\n";
+    for (const auto& [role, idx] : g.ops[i].outputs)
+      o << "  op" << i << " -> t" << idx << " [label=\"" << dot_escape(role) << "\"];\n";
+  }
+  o << "}\n";
+  return o.str();
+}
+
+Status write_dot(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size())
+      return IoError("--dot: cannot write to standard output");
+    return Status::Ok();
+  }
+  return common::write_file_atomic(path, text, "--dot file");
+}
+
+}  // namespace fusebox::cli

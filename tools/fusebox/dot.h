@@ -1,0 +1,35 @@
+// Graphviz (DOT) pictures of a resolved graph: `fusebox check --dot` and
+// `fusebox build --dot` (docs/cli.md, "Pictures of graphs").
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "fusebox/graph.h"
+
+namespace fusebox::cli {
+
+// What a build adds to the picture: the plan cuDNN chose for the whole graph.
+struct DotPlan {
+  std::string engine;
+  int64_t workspace_bytes = 0;
+  std::string source;  // "built now", "plan cache hit", ...
+  std::string device;  // device name, or the devprop file when deviceless
+};
+
+// `s` as the inside of a DOT double-quoted string: '"' and '\' escaped (so no
+// graph name can end the string or start a Graphviz escape such as \N), line
+// breaks and control bytes shown as text, invalid UTF-8 as \xNN.
+std::string dot_escape(std::string_view s);
+
+// A digraph: one node per tensor (label: name, dims, dtype, kind; virtual
+// tensors dashed, scalars as plain text), one per op (name, type, resolved
+// attributes), edges tensor -> op and op -> tensor labelled by role. With
+// `plan`, the ops sit in one cluster labelled with the engine and workspace:
+// cuDNN runs the whole graph as one engine per plan.
+std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan = nullptr);
+
+// Writes `text` to `path` ("-" or empty: stdout).
+Status write_dot(const std::string& path, const std::string& text);
+
+}  // namespace fusebox::cli
