@@ -87,12 +87,19 @@ struct Case {
   std::string name;
   std::vector<int64_t> x, w, pad, stride, dil;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<double> random_values(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<double> u(-1, 1);
   std::vector<double> v(n);
   for (double& e : v) e = static_cast<float>(u(rng));  // exact in the fp32 tensors
   return v;
+}
+
+size_t count(const std::vector<int64_t>& dims) {
+  size_t n = 1;
+  for (int64_t d : dims) n *= static_cast<size_t>(d);
+  return n;
 }
 
 double dot(const std::vector<float>& a, const std::vector<double>& b) {
@@ -129,9 +136,9 @@ TEST_P(ConvAdjoint, DgradAndWgradAreTheForwardsAdjoints) {
   b.op("fprop", f, {{"x", x}, {"w", w}}, y);
   b.op_outputs("dgrad", ConvDgradAttrs{c.pad, c.stride, c.dil, c.x}, {{"dy", dy}, {"w", w}}, {{"dx", dx}});
   b.op_outputs("wgrad", ConvWgradAttrs{c.pad, c.stride, c.dil, c.w}, {{"dy", dy}, {"x", x}}, {{"dw", dw}});
-  const auto xv = random_values(common::product(c.x), rng);
-  const auto wv = random_values(common::product(c.w), rng);
-  const auto dyv = random_values(common::product(ydims), rng);
+  const auto xv = random_values(count(c.x), rng);
+  const auto wv = random_values(count(c.w), rng);
+  const auto dyv = random_values(count(ydims), rng);
   auto r = reference_cpu(b.g, {{"x", host_from(b.t(x), xv)}, {"w", host_from(b.t(w), wv)},
                                {"dy", host_from(b.t(dy), dyv)}});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -164,8 +171,8 @@ INSTANTIATE_TEST_SUITE_P(
 std::string dgrad_doc(const std::string& op_fields, const std::string& dy = "[2, 32, 8, 8]",
                       const std::string& w = "[32, 16, 3, 3]") {
   return R"({"name": "g", "tensors": [
-    {"name": "dy", "dims": )" + dy + R"(, "layout": "nhwc"},
-    {"name": "w", "dims": )" + w + R"(, "layout": "nhwc"},
+    {"name": "dy", "dims": )" + dy + R"(, "layout": "channels_last"},
+    {"name": "w", "dims": )" + w + R"(, "layout": "channels_last"},
     {"name": "dx"}],
   "ops": [{"op": "conv_dgrad", "name": "dg", "inputs": {"dy": "dy", "w": "w"}, "outputs": {"dx": "dx"})" +
          op_fields + "}]}";
@@ -174,8 +181,8 @@ std::string dgrad_doc(const std::string& op_fields, const std::string& dy = "[2,
 std::string wgrad_doc(const std::string& op_fields, const std::string& dy = "[2, 32, 8, 8]",
                       const std::string& x = "[2, 16, 15, 15]") {
   return R"({"name": "g", "tensors": [
-    {"name": "dy", "dims": )" + dy + R"(, "layout": "nhwc"},
-    {"name": "x", "dims": )" + x + R"(, "layout": "nhwc"},
+    {"name": "dy", "dims": )" + dy + R"(, "layout": "channels_last"},
+    {"name": "x", "dims": )" + x + R"(, "layout": "channels_last"},
     {"name": "dw"}],
   "ops": [{"op": "conv_wgrad", "name": "wg", "inputs": {"dy": "dy", "x": "x"}, "outputs": {"dw": "dw"})" +
          op_fields + "}]}";
