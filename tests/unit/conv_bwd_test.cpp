@@ -22,7 +22,8 @@ using testing_util::host_from;
 const std::vector<double> kX3x3 = {1, 2, 3, 4, 5, 6, 7, 8, 9};
 const std::vector<double> k2x2 = {1, 2, 3, 4};
 
-std::vector<float> run_one(GraphBuilder& b, const std::map<std::string, HostTensor>& in, const std::string& out) {
+std::vector<float> run_one(GraphBuilder& b, const std::map<std::string, HostTensor>& in,
+                           const std::string& out) {
   auto r = reference_cpu(b.g, in);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? r->at(out) : std::vector<float>{};
@@ -46,7 +47,8 @@ TEST(ConvDgradReference, FullCorrelationByHand) {
 
 TEST(ConvDgradReference, PaddingOneStrideTwoByHand) {
   // i = 2*oh - 1 + r: row 0 only from (oh 0, r 1), row 1 from (1, 0), row 2 from (1, 1).
-  EXPECT_EQ(dgrad_tiny({{1, 1}, {2, 2}, {1, 1}, {1, 1, 3, 3}}), (std::vector<float>{4, 6, 8, 6, 4, 8, 12, 12, 16}));
+  EXPECT_EQ(dgrad_tiny({{1, 1}, {2, 2}, {1, 1}, {1, 1, 3, 3}}),
+            (std::vector<float>{4, 6, 8, 6, 4, 8, 12, 12, 16}));
 }
 
 TEST(ConvDgradReference, StrideTwoInputRowsNoTapReachesAreZero) {
@@ -55,7 +57,9 @@ TEST(ConvDgradReference, StrideTwoInputRowsNoTapReachesAreZero) {
   ASSERT_EQ(dx.size(), 25u);
   for (int i = 0; i < 5; ++i)
     for (int j = 0; j < 5; ++j) {
-      const float expect = (i == 4 || j == 4) ? 0.0f : static_cast<float>(k2x2[(i / 2) * 2 + j / 2] * k2x2[(i % 2) * 2 + j % 2]);
+      const float expect = (i == 4 || j == 4)
+                               ? 0.0f
+                               : static_cast<float>(k2x2[(i / 2) * 2 + j / 2] * k2x2[(i % 2) * 2 + j % 2]);
       EXPECT_EQ(dx[i * 5 + j], expect) << i << "," << j;
     }
 }
@@ -77,8 +81,9 @@ TEST(ReluBwdReference, PassesDyWhereXIsPositive) {
   const int x = b.tensor("x", {1, 1, 1, 4});
   const int y = b.tensor("y", {1, 1, 1, 4});
   b.op("drelu", PointwiseAttrs{PointwiseMode::kReluBwd}, {{"dy", dy}, {"x", x}}, y);
-  EXPECT_EQ(run_one(b, {{"dy", host_from(b.t(dy), {1, 2, 3, 4})}, {"x", host_from(b.t(x), {-1, 0, 0.5, 2})}}, "y"),
-            (std::vector<float>{0, 0, 3, 4}));
+  EXPECT_EQ(
+      run_one(b, {{"dy", host_from(b.t(dy), {1, 2, 3, 4})}, {"x", host_from(b.t(x), {-1, 0, 0.5, 2})}}, "y"),
+      (std::vector<float>{0, 0, 3, 4}));
 }
 
 // ---------------------------------------------------------------- references, adjoint identities
@@ -139,8 +144,8 @@ TEST_P(ConvAdjoint, DgradAndWgradAreTheForwardsAdjoints) {
   const auto xv = random_values(count(c.x), rng);
   const auto wv = random_values(count(c.w), rng);
   const auto dyv = random_values(count(ydims), rng);
-  auto r = reference_cpu(b.g, {{"x", host_from(b.t(x), xv)}, {"w", host_from(b.t(w), wv)},
-                               {"dy", host_from(b.t(dy), dyv)}});
+  auto r = reference_cpu(
+      b.g, {{"x", host_from(b.t(x), xv)}, {"w", host_from(b.t(w), wv)}, {"dy", host_from(b.t(dy), dyv)}});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const double fwd = dot(r->at("y"), dyv);
   const double via_dgrad = dot(r->at("dx"), xv);
@@ -171,8 +176,10 @@ INSTANTIATE_TEST_SUITE_P(
 std::string dgrad_doc(const std::string& op_fields, const std::string& dy = "[2, 32, 8, 8]",
                       const std::string& w = "[32, 16, 3, 3]") {
   return R"({"name": "g", "tensors": [
-    {"name": "dy", "dims": )" + dy + R"(, "layout": "channels_last"},
-    {"name": "w", "dims": )" + w + R"(, "layout": "channels_last"},
+    {"name": "dy", "dims": )" +
+         dy + R"(, "layout": "channels_last"},
+    {"name": "w", "dims": )" +
+         w + R"(, "layout": "channels_last"},
     {"name": "dx"}],
   "ops": [{"op": "conv_dgrad", "name": "dg", "inputs": {"dy": "dy", "w": "w"}, "outputs": {"dx": "dx"})" +
          op_fields + "}]}";
@@ -181,8 +188,10 @@ std::string dgrad_doc(const std::string& op_fields, const std::string& dy = "[2,
 std::string wgrad_doc(const std::string& op_fields, const std::string& dy = "[2, 32, 8, 8]",
                       const std::string& x = "[2, 16, 15, 15]") {
   return R"({"name": "g", "tensors": [
-    {"name": "dy", "dims": )" + dy + R"(, "layout": "channels_last"},
-    {"name": "x", "dims": )" + x + R"(, "layout": "channels_last"},
+    {"name": "dy", "dims": )" +
+         dy + R"(, "layout": "channels_last"},
+    {"name": "x", "dims": )" +
+         x + R"(, "layout": "channels_last"},
     {"name": "dw"}],
   "ops": [{"op": "conv_wgrad", "name": "wg", "inputs": {"dy": "dy", "x": "x"}, "outputs": {"dw": "dw"})" +
          op_fields + "}]}";
@@ -230,7 +239,8 @@ TEST(ConvDgradGraph, XDimsIsPartOfTheIdentity) {
 }
 
 TEST(ConvDgradGraph, RoundTripsThroughJson) {
-  auto spec = parse_graph_json(dgrad_doc(R"(, "x_dims": [2, 16, 15, 15], "padding": [1, 1], "stride": [2, 2])"));
+  auto spec =
+      parse_graph_json(dgrad_doc(R"(, "x_dims": [2, 16, 15, 15], "padding": [1, 1], "stride": [2, 2])"));
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   auto back = parse_graph_json(graph_to_json(*spec));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
@@ -240,33 +250,40 @@ TEST(ConvDgradGraph, RoundTripsThroughJson) {
 }
 
 TEST(ConvDgradGraph, ErrorsNameOpTensorAndWhatIsAccepted) {
-  EXPECT_HAS(error_of(dgrad_doc("")), "[conv_dgrad 'dg'] needs 'x_dims': the forward input's dims [N, C, H, W]");
+  EXPECT_HAS(error_of(dgrad_doc("")),
+             "[conv_dgrad 'dg'] needs 'x_dims': the forward input's dims [N, C, H, W]");
   EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 15])")),
              "[conv_dgrad 'dg'] x_dims [2, 16, 15] has 3 values but input 'dy' has rank 4");
-  EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 0, 15])")), "x_dims[2] is 0: dims must be in [1, 2147483647]");
+  EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 0, 15])")),
+             "x_dims[2] is 0: dims must be in [1, 2147483647]");
   // dx inconsistent with dy, w, padding and stride: says which y the forward would give.
-  EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 17, 17], "padding": [1, 1], "stride": [2, 2])")),
-             "[conv_dgrad 'dg'] input 'dy' ('dy') has dims [2, 32, 8, 8] but the forward convolution of x_dims "
-             "[2, 16, 17, 17] with 'w' ('w') [32, 16, 3, 3] (padding [1, 1], stride [2, 2], dilation [1, 1]) gives "
-             "y dims [2, 32, 9, 9]: dy must have the forward output's dims");
-  EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8])", "[2, 32, 8, 8]", "[16, 16, 3, 3]")),
-             "input 'w' ('w') has K=16 output channels but input 'dy' ('dy') has K=32 (dim 1): they must be equal");
+  EXPECT_HAS(
+      error_of(dgrad_doc(R"(, "x_dims": [2, 16, 17, 17], "padding": [1, 1], "stride": [2, 2])")),
+      "[conv_dgrad 'dg'] input 'dy' ('dy') has dims [2, 32, 8, 8] but the forward convolution of x_dims "
+      "[2, 16, 17, 17] with 'w' ('w') [32, 16, 3, 3] (padding [1, 1], stride [2, 2], dilation [1, 1]) gives "
+      "y dims [2, 32, 9, 9]: dy must have the forward output's dims");
+  EXPECT_HAS(
+      error_of(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8])", "[2, 32, 8, 8]", "[16, 16, 3, 3]")),
+      "input 'w' ('w') has K=16 output channels but input 'dy' ('dy') has K=32 (dim 1): they must be equal");
   EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [4, 16, 8, 8], "padding": [1, 1])")),
              "x_dims [4, 16, 8, 8] has N=4 but input 'dy' ('dy') has N=2: they must be equal");
   EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 24, 8, 8], "padding": [1, 1])")),
-             "input 'w' ('w') has C=16 but x_dims [2, 24, 8, 8] has C=24: the filter's dim 1 must equal x's channels, "
+             "input 'w' ('w') has C=16 but x_dims [2, 24, 8, 8] has C=24: the filter's dim 1 must equal x's "
+             "channels, "
              "or divide them");
   EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8], "padding": [1])")),
              "[conv_dgrad 'dg'] padding [1] has 1 values but the convolution has 2 spatial dims");
   EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8], "stride": [0, 1])")),
              "stride[0] is 0: stride must be in [1, 2147483647]");
-  EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 1, 1])")), "is larger than the padded input of x_dims");
+  EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 1, 1])")),
+             "is larger than the padded input of x_dims");
   EXPECT_HAS(error_of(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8])", "[2, 32, 8, 8]", "[32, 16, 3, 3, 3]")),
              "input 'w' ('w') has rank 5 [32, 16, 3, 3, 3] but input 'dy' ('dy') has rank 4");
 }
 
 TEST(ConvDgradGraph, JsonRejectsFieldsOfOtherOps) {
-  auto bad = parse_graph_json(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8], "w_dims": [32, 16, 3, 3])"), "graph.json");
+  auto bad =
+      parse_graph_json(dgrad_doc(R"(, "x_dims": [2, 16, 8, 8], "w_dims": [32, 16, 3, 3])"), "graph.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_HAS(bad.status().message(), "unknown field 'w_dims'");
   EXPECT_HAS(bad.status().message(), "x_dims");  // the accepted fields are listed
@@ -290,26 +307,31 @@ TEST(ConvWgradGraph, GroupedFromWDims) {
 }
 
 TEST(ConvWgradGraph, ErrorsNameOpTensorAndWhatIsAccepted) {
-  EXPECT_HAS(error_of(wgrad_doc("")), "[conv_wgrad 'wg'] needs 'w_dims': the filter's dims [K, C/groups, R, S]");
-  EXPECT_HAS(error_of(wgrad_doc(R"(, "w_dims": [32, 16, 5, 5], "padding": [1, 1], "stride": [2, 2])")),
-             "[conv_wgrad 'wg'] input 'dy' ('dy') has dims [2, 32, 8, 8] but the forward convolution of input 'x' "
-             "('x') [2, 16, 15, 15] with w_dims [32, 16, 5, 5] (padding [1, 1], stride [2, 2], dilation [1, 1]) "
-             "gives y dims [2, 32, 7, 7]: dy must have the forward output's dims");
+  EXPECT_HAS(error_of(wgrad_doc("")),
+             "[conv_wgrad 'wg'] needs 'w_dims': the filter's dims [K, C/groups, R, S]");
+  EXPECT_HAS(
+      error_of(wgrad_doc(R"(, "w_dims": [32, 16, 5, 5], "padding": [1, 1], "stride": [2, 2])")),
+      "[conv_wgrad 'wg'] input 'dy' ('dy') has dims [2, 32, 8, 8] but the forward convolution of input 'x' "
+      "('x') [2, 16, 15, 15] with w_dims [32, 16, 5, 5] (padding [1, 1], stride [2, 2], dilation [1, 1]) "
+      "gives y dims [2, 32, 7, 7]: dy must have the forward output's dims");
   EXPECT_HAS(error_of(wgrad_doc(R"(, "w_dims": [16, 16, 3, 3], "padding": [1, 1], "stride": [2, 2])")),
              "w_dims [16, 16, 3, 3] has K=16 output channels but input 'dy' ('dy') has K=32 (dim 1)");
-  EXPECT_HAS(error_of(wgrad_doc(R"(, "w_dims": [32, 6, 3, 3], "padding": [1, 1], "stride": [2, 2])")),
-             "[conv_wgrad 'wg'] w_dims [32, 6, 3, 3] has C=6 but input 'x' ('x') has C=16: the filter's dim 1 must "
-             "equal x's channels, or divide them");
+  EXPECT_HAS(
+      error_of(wgrad_doc(R"(, "w_dims": [32, 6, 3, 3], "padding": [1, 1], "stride": [2, 2])")),
+      "[conv_wgrad 'wg'] w_dims [32, 6, 3, 3] has C=6 but input 'x' ('x') has C=16: the filter's dim 1 must "
+      "equal x's channels, or divide them");
   EXPECT_HAS(error_of(wgrad_doc(R"(, "w_dims": [32, 16, 3, 3])", "[2, 32, 8, 8]", "[4, 16, 15, 15]")),
              "input 'x' ('x') has N=4 but input 'dy' ('dy') has N=2: they must be equal");
   EXPECT_HAS(error_of(wgrad_doc(R"(, "w_dims": [32, 16, 3, 3])", "[2, 32, 8, 8]", "[2, 16, 15, 15, 15]")),
              "input 'x' ('x') has rank 5 [2, 16, 15, 15, 15] but input 'dy' ('dy') has rank 4");
   EXPECT_HAS(error_of(wgrad_doc(R"(, "w_dims": [32, 16, 3, 3])", "[2, 32, 8]", "[2, 16, 15]")),
-             "[conv_wgrad 'wg'] input 'dy' ('dy') has rank 3 [2, 32, 8]: conv_wgrad takes dy [N,K,P,Q] or [N,K,O,P,Q]");
+             "[conv_wgrad 'wg'] input 'dy' ('dy') has rank 3 [2, 32, 8]: conv_wgrad takes dy [N,K,P,Q] or "
+             "[N,K,O,P,Q]");
 }
 
 TEST(ReluBwdGraph, RolesAndShape) {
-  EXPECT_EQ(op_input_roles(PointwiseAttrs{PointwiseMode::kReluBwd}), (std::vector<std::string_view>{"dy", "x"}));
+  EXPECT_EQ(op_input_roles(PointwiseAttrs{PointwiseMode::kReluBwd}),
+            (std::vector<std::string_view>{"dy", "x"}));
   EXPECT_EQ(parse_pointwise_mode("relu_bwd"), PointwiseMode::kReluBwd);
   GraphSpec s;
   s.name = "drelu";
@@ -324,7 +346,8 @@ TEST(ReluBwdGraph, RolesAndShape) {
   bad.tensors[0].dims = {2, 8, 1, 1};
   auto e = resolve(bad);
   ASSERT_FALSE(e.ok());
-  EXPECT_HAS(e.status().message(), "[relu_bwd 'drelu'] input 'x' ('x') [2, 8, 4, 4] does not broadcast into input 'dy'");
+  EXPECT_HAS(e.status().message(),
+             "[relu_bwd 'drelu'] input 'x' ('x') [2, 8, 4, 4] does not broadcast into input 'dy'");
 }
 
 TEST(ConvBwdBuilder, DgradThenReluBwd) {

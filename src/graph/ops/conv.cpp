@@ -22,8 +22,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 Status check_conv_rank(const std::string& what, const std::vector<int64_t>& dims, const char* op,
                        const char* expected) {
   if (dims.size() == 4 || dims.size() == 5) return Status::Ok();
-  return InvalidArgument(what + " has rank " + str(static_cast<int64_t>(dims.size())) + " " + dims_string(dims) +
-                         ": " + op + " takes " + expected);
+  return InvalidArgument(what + " has rank " + str(static_cast<int64_t>(dims.size())) + " " +
+                         dims_string(dims) + ": " + op + " takes " + expected);
 }
 
 // padding, stride, dilation: defaults applied, one per spatial dim, in range.
@@ -41,7 +41,8 @@ Status resolve_geometry(const std::string& where, size_t sp, std::vector<int64_t
     if (f.v->size() != sp) {
       return InvalidArgument(where + " " + f.name + " " + dims_string(*f.v) + " has " + str(f.v->size()) +
                              " values but the convolution has " + str(sp) +
-                             " spatial dims: give one per spatial dim (or none for the default " + str(f.def) + ")");
+                             " spatial dims: give one per spatial dim (or none for the default " +
+                             str(f.def) + ")");
     }
     for (size_t i = 0; i < sp; ++i) {
       int64_t v = (*f.v)[i];
@@ -59,14 +60,15 @@ Status resolve_geometry(const std::string& where, size_t sp, std::vector<int64_t
 Status check_groups(const std::string& x_what, const std::vector<int64_t>& xd, const std::string& w_what,
                     const std::vector<int64_t>& wd) {
   if (xd[1] % wd[1] != 0) {
-    return InvalidArgument(w_what + " has C=" + str(wd[1]) + " but " + x_what + " has C=" + str(xd[1]) +
-                           ": the filter's dim 1 must equal x's channels, or divide them (grouped convolution: "
-                           "C/groups)");
+    return InvalidArgument(
+        w_what + " has C=" + str(wd[1]) + " but " + x_what + " has C=" + str(xd[1]) +
+        ": the filter's dim 1 must equal x's channels, or divide them (grouped convolution: "
+        "C/groups)");
   }
   const int64_t groups = xd[1] / wd[1];
   if (wd[0] % groups != 0) {
-    return InvalidArgument(w_what + " has K=" + str(wd[0]) + " output channels but " + str(groups) + " groups (" +
-                           x_what + " C=" + str(xd[1]) + " / w's C=" + str(wd[1]) +
+    return InvalidArgument(w_what + " has K=" + str(wd[0]) + " output channels but " + str(groups) +
+                           " groups (" + x_what + " C=" + str(xd[1]) + " / w's C=" + str(wd[1]) +
                            "): K must be a multiple of the group count");
   }
   return Status::Ok();
@@ -77,17 +79,18 @@ Status check_groups(const std::string& x_what, const std::vector<int64_t>& xd, c
 Result<std::vector<int64_t>> forward_dims(const std::string& where, const std::string& x_what,
                                           const std::vector<int64_t>& xd, const std::string& w_what,
                                           const std::vector<int64_t>& wd, const std::vector<int64_t>& padding,
-                                          const std::vector<int64_t>& stride, const std::vector<int64_t>& dilation) {
+                                          const std::vector<int64_t>& stride,
+                                          const std::vector<int64_t>& dilation) {
   std::vector<int64_t> out{xd[0], wd[0]};
   for (size_t i = 0; i + 2 < xd.size(); ++i) {
     int64_t in = xd[2 + i], f = wd[2 + i];
     int64_t p = padding[i], s = stride[i], d = dilation[i];
     int64_t num = in + 2 * p - d * (f - 1) - 1;  // all terms < 2^33: no overflow
     if (num < 0) {
-      return InvalidArgument(where + " spatial dim " + str(i) +
-                             ": output size (in + 2*pad - dil*(f-1) - 1)/stride + 1 = (" + str(in) + " + 2*" +
-                             str(p) + " - " + str(d) + "*(" + str(f) + "-1) - 1)/" + str(s) +
-                             " + 1 is < 1: the dilated filter of " + w_what + " is larger than the padded " + x_what);
+      return InvalidArgument(
+          where + " spatial dim " + str(i) + ": output size (in + 2*pad - dil*(f-1) - 1)/stride + 1 = (" +
+          str(in) + " + 2*" + str(p) + " - " + str(d) + "*(" + str(f) + "-1) - 1)/" + str(s) +
+          " + 1 is < 1: the dilated filter of " + w_what + " is larger than the padded " + x_what);
     }
     out.push_back(num / s + 1);
   }
@@ -203,7 +206,8 @@ Status infer(const InferContext& ctx, ConvFpropAttrs& attrs) {
   const ResolvedTensor& x = ctx.in("x");
   const ResolvedTensor& w = ctx.in("w");
   const size_t rank = x.dims.size();
-  FUSEBOX_RETURN_IF_ERROR(check_conv_rank(ctx.in_where("x"), x.dims, "conv_fprop", "[N,C,H,W] or [N,C,D,H,W]"));
+  FUSEBOX_RETURN_IF_ERROR(
+      check_conv_rank(ctx.in_where("x"), x.dims, "conv_fprop", "[N,C,H,W] or [N,C,D,H,W]"));
   if (w.dims.size() != rank) {
     return InvalidArgument(ctx.in_where("w") + " has rank " + str(w.dims.size()) + " " + dims_string(w.dims) +
                            " but input 'x' (" + squote(x.name) + ") has rank " + str(rank) +
@@ -219,7 +223,9 @@ Status infer(const InferContext& ctx, ConvFpropAttrs& attrs) {
 
 void canonical(const ConvFpropAttrs& a, CanonicalWriter& w) { canonical_geometry(a, w); }
 void describe(const ConvFpropAttrs& a, std::ostream& os) { describe_geometry(a, os); }
-void resolved_json(const FlopsContext&, const ConvFpropAttrs& a, nlohmann::ordered_json& j) { json_geometry(a, j); }
+void resolved_json(const FlopsContext&, const ConvFpropAttrs& a, nlohmann::ordered_json& j) {
+  json_geometry(a, j);
+}
 
 double flops(const FlopsContext& ctx, const ConvFpropAttrs&) {
   return conv_flops(ctx.out("y").dims, ctx.in("w").dims);
@@ -267,19 +273,21 @@ Status infer(const InferContext& ctx, ConvDgradAttrs& attrs) {
   FUSEBOX_RETURN_IF_ERROR(check_dims_attr(ctx.where, "x_dims", attrs.x_dims, rank, kXDimsHelp));
   const std::vector<int64_t>& xd = attrs.x_dims;
   if (w.dims[0] != dy.dims[1]) {
-    return InvalidArgument(ctx.in_where("w") + " has K=" + str(w.dims[0]) + " output channels but input 'dy' (" +
-                           squote(dy.name) + ") has K=" + str(dy.dims[1]) + " (dim 1): they must be equal");
+    return InvalidArgument(ctx.in_where("w") + " has K=" + str(w.dims[0]) +
+                           " output channels but input 'dy' (" + squote(dy.name) +
+                           ") has K=" + str(dy.dims[1]) + " (dim 1): they must be equal");
   }
   if (xd[0] != dy.dims[0]) {
-    return InvalidArgument(ctx.where + " x_dims " + dims_string(xd) + " has N=" + str(xd[0]) + " but input 'dy' (" +
-                           squote(dy.name) + ") has N=" + str(dy.dims[0]) + ": they must be equal");
+    return InvalidArgument(ctx.where + " x_dims " + dims_string(xd) + " has N=" + str(xd[0]) +
+                           " but input 'dy' (" + squote(dy.name) + ") has N=" + str(dy.dims[0]) +
+                           ": they must be equal");
   }
   const std::string x_what = "x_dims " + dims_string(xd);
   FUSEBOX_RETURN_IF_ERROR(check_groups(x_what, xd, ctx.in_where("w"), w.dims));
   FUSEBOX_RETURN_IF_ERROR(resolve_geometry(ctx.where, rank - 2, attrs.padding, attrs.stride, attrs.dilation));
   const std::string w_what = "'w' (" + squote(w.name) + ")";
-  FUSEBOX_ASSIGN_OR_RETURN(auto y, forward_dims(ctx.where, "input of " + x_what, xd, w_what, w.dims, attrs.padding,
-                                                attrs.stride, attrs.dilation));
+  FUSEBOX_ASSIGN_OR_RETURN(auto y, forward_dims(ctx.where, "input of " + x_what, xd, w_what, w.dims,
+                                                attrs.padding, attrs.stride, attrs.dilation));
   FUSEBOX_RETURN_IF_ERROR(check_dy(ctx, y,
                                    "the forward convolution of " + x_what + " with " + w_what + " " +
                                        dims_string(w.dims) + " (" +
@@ -343,23 +351,23 @@ Status infer(const InferContext& ctx, ConvWgradAttrs& attrs) {
   FUSEBOX_RETURN_IF_ERROR(check_dims_attr(ctx.where, "w_dims", attrs.w_dims, rank, kWDimsHelp));
   const std::vector<int64_t>& wd = attrs.w_dims;
   if (x.dims[0] != dy.dims[0]) {
-    return InvalidArgument(ctx.in_where("x") + " has N=" + str(x.dims[0]) + " but input 'dy' (" + squote(dy.name) +
-                           ") has N=" + str(dy.dims[0]) + ": they must be equal");
+    return InvalidArgument(ctx.in_where("x") + " has N=" + str(x.dims[0]) + " but input 'dy' (" +
+                           squote(dy.name) + ") has N=" + str(dy.dims[0]) + ": they must be equal");
   }
   if (wd[0] != dy.dims[1]) {
     return InvalidArgument(ctx.where + " w_dims " + dims_string(wd) + " has K=" + str(wd[0]) +
-                           " output channels but input 'dy' (" + squote(dy.name) + ") has K=" + str(dy.dims[1]) +
-                           " (dim 1): they must be equal");
+                           " output channels but input 'dy' (" + squote(dy.name) +
+                           ") has K=" + str(dy.dims[1]) + " (dim 1): they must be equal");
   }
   const std::string x_what = "input 'x' (" + squote(x.name) + ")";
   const std::string w_what = "w_dims " + dims_string(wd);
   FUSEBOX_RETURN_IF_ERROR(check_groups(x_what, x.dims, ctx.where + " " + w_what, wd));
   FUSEBOX_RETURN_IF_ERROR(resolve_geometry(ctx.where, rank - 2, attrs.padding, attrs.stride, attrs.dilation));
-  FUSEBOX_ASSIGN_OR_RETURN(
-      auto y, forward_dims(ctx.where, x_what, x.dims, w_what, wd, attrs.padding, attrs.stride, attrs.dilation));
+  FUSEBOX_ASSIGN_OR_RETURN(auto y, forward_dims(ctx.where, x_what, x.dims, w_what, wd, attrs.padding,
+                                                attrs.stride, attrs.dilation));
   FUSEBOX_RETURN_IF_ERROR(check_dy(ctx, y,
-                                   "the forward convolution of " + x_what + " " + dims_string(x.dims) + " with " +
-                                       w_what + " (" +
+                                   "the forward convolution of " + x_what + " " + dims_string(x.dims) +
+                                       " with " + w_what + " (" +
                                        geometry_string(attrs.padding, attrs.stride, attrs.dilation) + ")"));
   return ctx.finish_output("dw", wd, dense_strides_like(wd, x.strides), ctx.io_dtype);
 }
@@ -374,6 +382,8 @@ void resolved_json(const FlopsContext&, const ConvWgradAttrs& a, nlohmann::order
   j["w_dims"] = a.w_dims;
 }
 
-double flops(const FlopsContext& ctx, const ConvWgradAttrs& a) { return conv_flops(ctx.in("dy").dims, a.w_dims); }
+double flops(const FlopsContext& ctx, const ConvWgradAttrs& a) {
+  return conv_flops(ctx.in("dy").dims, a.w_dims);
+}
 
 }  // namespace fusebox::graph_ops

@@ -39,8 +39,8 @@ Result<ConvShape> conv_shape(const ResolvedOp& op, const A& attrs, const std::ve
                              const std::vector<int64_t>& w, const std::vector<int64_t>& y) {
   const size_t rank = x.size();
   if (rank < 3 || rank > 5 || w.size() != rank || y.size() != rank)
-    return InvalidArgument(op_where(op) + "x, w and y must have the same rank, 3 to 5; got x " + dims_string(x) +
-                           ", w " + dims_string(w) + ", y " + dims_string(y));
+    return InvalidArgument(op_where(op) + "x, w and y must have the same rank, 3 to 5; got x " +
+                           dims_string(x) + ", w " + dims_string(w) + ", y " + dims_string(y));
   ConvShape c;
   const size_t ns = rank - 2;
   for (size_t i = 0; i < ns; ++i) {
@@ -93,91 +93,99 @@ void for_each_row(const ConvShape& c, int64_t t, int64_t r, int64_t s, Fn&& fn) 
 // Per (n, k) plane: filter taps outermost, output columns innermost, so the
 // hot loop is a contiguous, branch-free axpy.
 void conv_fprop(const ConvShape& c, const float* x, const float* w, float* y) {
-  parallel_for(c.N * c.K, static_cast<double>(c.out_plane) * c.Cg * c.f_plane, [&](int64_t begin, int64_t end) {
-    std::vector<double> acc(static_cast<size_t>(c.out_plane));
-    for (int64_t nk = begin; nk < end; ++nk) {
-      const int64_t n = nk / c.K, k = nk % c.K, g = k / c.Kg;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t ci = 0; ci < c.Cg; ++ci) {
-        const float* xc = x + (n * c.C + g * c.Cg + ci) * c.in_plane;
-        const float* wk = w + (k * c.Cg + ci) * c.f_plane;
-        for (int64_t t = 0; t < c.f_sp[0]; ++t)
-          for (int64_t r = 0; r < c.f_sp[1]; ++r)
-            for (int64_t s = 0; s < c.f_sp[2]; ++s) {
-              const double wv = wk[(t * c.f_sp[1] + r) * c.f_sp[2] + s];
-              for_each_row(c, t, r, s, [&](int64_t xr, int64_t yr, int64_t lo, int64_t hi, int64_t shift) {
-                const float* xrow = xc + xr;
-                double* arow = acc.data() + yr;
-                for (int64_t ow = lo; ow <= hi; ++ow) arow[ow] += wv * xrow[ow * c.str[2] + shift];
-              });
-            }
-      }
-      float* yo = y + nk * c.out_plane;
-      for (int64_t i = 0; i < c.out_plane; ++i) yo[i] = static_cast<float>(acc[i]);
-    }
-  });
+  parallel_for(c.N * c.K, static_cast<double>(c.out_plane) * c.Cg * c.f_plane,
+               [&](int64_t begin, int64_t end) {
+                 std::vector<double> acc(static_cast<size_t>(c.out_plane));
+                 for (int64_t nk = begin; nk < end; ++nk) {
+                   const int64_t n = nk / c.K, k = nk % c.K, g = k / c.Kg;
+                   std::fill(acc.begin(), acc.end(), 0.0);
+                   for (int64_t ci = 0; ci < c.Cg; ++ci) {
+                     const float* xc = x + (n * c.C + g * c.Cg + ci) * c.in_plane;
+                     const float* wk = w + (k * c.Cg + ci) * c.f_plane;
+                     for (int64_t t = 0; t < c.f_sp[0]; ++t)
+                       for (int64_t r = 0; r < c.f_sp[1]; ++r)
+                         for (int64_t s = 0; s < c.f_sp[2]; ++s) {
+                           const double wv = wk[(t * c.f_sp[1] + r) * c.f_sp[2] + s];
+                           for_each_row(c, t, r, s,
+                                        [&](int64_t xr, int64_t yr, int64_t lo, int64_t hi, int64_t shift) {
+                                          const float* xrow = xc + xr;
+                                          double* arow = acc.data() + yr;
+                                          for (int64_t ow = lo; ow <= hi; ++ow)
+                                            arow[ow] += wv * xrow[ow * c.str[2] + shift];
+                                        });
+                         }
+                   }
+                   float* yo = y + nk * c.out_plane;
+                   for (int64_t i = 0; i < c.out_plane; ++i) yo[i] = static_cast<float>(acc[i]);
+                 }
+               });
 }
 
 // dx[n,c] = sum over k in c's group, taps: w[k,c,tap] * dy[n,k] scattered
 // back to the input positions fprop read. Per (n, c) plane, so each thread
 // owns the dx elements it scatters into.
 void conv_dgrad(const ConvShape& c, const float* dy, const float* w, float* dx) {
-  parallel_for(c.N * c.C, static_cast<double>(c.out_plane) * c.Kg * c.f_plane, [&](int64_t begin, int64_t end) {
-    std::vector<double> acc(static_cast<size_t>(c.in_plane));
-    for (int64_t nc = begin; nc < end; ++nc) {
-      const int64_t n = nc / c.C, ch = nc % c.C, g = ch / c.Cg, ci = ch % c.Cg;
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t kj = 0; kj < c.Kg; ++kj) {
-        const int64_t k = g * c.Kg + kj;
-        const float* dyk = dy + (n * c.K + k) * c.out_plane;
-        const float* wk = w + (k * c.Cg + ci) * c.f_plane;
-        for (int64_t t = 0; t < c.f_sp[0]; ++t)
-          for (int64_t r = 0; r < c.f_sp[1]; ++r)
-            for (int64_t s = 0; s < c.f_sp[2]; ++s) {
-              const double wv = wk[(t * c.f_sp[1] + r) * c.f_sp[2] + s];
-              for_each_row(c, t, r, s, [&](int64_t xr, int64_t yr, int64_t lo, int64_t hi, int64_t shift) {
-                double* arow = acc.data() + xr;
-                const float* dyrow = dyk + yr;
-                for (int64_t ow = lo; ow <= hi; ++ow) arow[ow * c.str[2] + shift] += wv * dyrow[ow];
-              });
-            }
-      }
-      float* o = dx + nc * c.in_plane;
-      for (int64_t i = 0; i < c.in_plane; ++i) o[i] = static_cast<float>(acc[i]);
-    }
-  });
+  parallel_for(c.N * c.C, static_cast<double>(c.out_plane) * c.Kg * c.f_plane,
+               [&](int64_t begin, int64_t end) {
+                 std::vector<double> acc(static_cast<size_t>(c.in_plane));
+                 for (int64_t nc = begin; nc < end; ++nc) {
+                   const int64_t n = nc / c.C, ch = nc % c.C, g = ch / c.Cg, ci = ch % c.Cg;
+                   std::fill(acc.begin(), acc.end(), 0.0);
+                   for (int64_t kj = 0; kj < c.Kg; ++kj) {
+                     const int64_t k = g * c.Kg + kj;
+                     const float* dyk = dy + (n * c.K + k) * c.out_plane;
+                     const float* wk = w + (k * c.Cg + ci) * c.f_plane;
+                     for (int64_t t = 0; t < c.f_sp[0]; ++t)
+                       for (int64_t r = 0; r < c.f_sp[1]; ++r)
+                         for (int64_t s = 0; s < c.f_sp[2]; ++s) {
+                           const double wv = wk[(t * c.f_sp[1] + r) * c.f_sp[2] + s];
+                           for_each_row(c, t, r, s,
+                                        [&](int64_t xr, int64_t yr, int64_t lo, int64_t hi, int64_t shift) {
+                                          double* arow = acc.data() + xr;
+                                          const float* dyrow = dyk + yr;
+                                          for (int64_t ow = lo; ow <= hi; ++ow)
+                                            arow[ow * c.str[2] + shift] += wv * dyrow[ow];
+                                        });
+                         }
+                   }
+                   float* o = dx + nc * c.in_plane;
+                   for (int64_t i = 0; i < c.in_plane; ++i) o[i] = static_cast<float>(acc[i]);
+                 }
+               });
 }
 
 // dw[k,c,tap] = sum over n and output positions: dy[n,k,o] * x[n,c,at(o, tap)].
 // Per (k, c) filter, so each thread owns the dw elements it sums into.
 void conv_wgrad(const ConvShape& c, const float* dy, const float* x, float* dw) {
-  parallel_for(c.K * c.Cg, static_cast<double>(c.N) * c.out_plane * c.f_plane, [&](int64_t begin, int64_t end) {
-    for (int64_t kc = begin; kc < end; ++kc) {
-      const int64_t k = kc / c.Cg, ci = kc % c.Cg, ch = (k / c.Kg) * c.Cg + ci;
-      for (int64_t t = 0; t < c.f_sp[0]; ++t)
-        for (int64_t r = 0; r < c.f_sp[1]; ++r)
-          for (int64_t s = 0; s < c.f_sp[2]; ++s) {
-            double sum = 0;
-            for (int64_t n = 0; n < c.N; ++n) {
-              const float* xc = x + (n * c.C + ch) * c.in_plane;
-              const float* dyk = dy + (n * c.K + k) * c.out_plane;
-              for_each_row(c, t, r, s, [&](int64_t xr, int64_t yr, int64_t lo, int64_t hi, int64_t shift) {
-                const float* xrow = xc + xr;
-                const float* dyrow = dyk + yr;
-                for (int64_t ow = lo; ow <= hi; ++ow)
-                  sum += static_cast<double>(dyrow[ow]) * xrow[ow * c.str[2] + shift];
-              });
-            }
-            dw[kc * c.f_plane + (t * c.f_sp[1] + r) * c.f_sp[2] + s] = static_cast<float>(sum);
-          }
-    }
-  });
+  parallel_for(
+      c.K * c.Cg, static_cast<double>(c.N) * c.out_plane * c.f_plane, [&](int64_t begin, int64_t end) {
+        for (int64_t kc = begin; kc < end; ++kc) {
+          const int64_t k = kc / c.Cg, ci = kc % c.Cg, ch = (k / c.Kg) * c.Cg + ci;
+          for (int64_t t = 0; t < c.f_sp[0]; ++t)
+            for (int64_t r = 0; r < c.f_sp[1]; ++r)
+              for (int64_t s = 0; s < c.f_sp[2]; ++s) {
+                double sum = 0;
+                for (int64_t n = 0; n < c.N; ++n) {
+                  const float* xc = x + (n * c.C + ch) * c.in_plane;
+                  const float* dyk = dy + (n * c.K + k) * c.out_plane;
+                  for_each_row(c, t, r, s,
+                               [&](int64_t xr, int64_t yr, int64_t lo, int64_t hi, int64_t shift) {
+                                 const float* xrow = xc + xr;
+                                 const float* dyrow = dyk + yr;
+                                 for (int64_t ow = lo; ow <= hi; ++ow)
+                                   sum += static_cast<double>(dyrow[ow]) * xrow[ow * c.str[2] + shift];
+                               });
+                }
+                dw[kc * c.f_plane + (t * c.f_sp[1] + r) * c.f_sp[2] + s] = static_cast<float>(sum);
+              }
+        }
+      });
 }
 
 }  // namespace
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& a) {
-  FUSEBOX_ASSIGN_OR_RETURN(Values* y, ctx.out("y"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * y, ctx.out("y"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* x, ctx.in("x"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* w, ctx.in("w"));
   FUSEBOX_ASSIGN_OR_RETURN(const ConvShape c, conv_shape(op, a, x->dims, w->dims, y->dims));
@@ -186,7 +194,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& a)
 }
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& a) {
-  FUSEBOX_ASSIGN_OR_RETURN(Values* dx, ctx.out("dx"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * dx, ctx.out("dx"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* dy, ctx.in("dy"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* w, ctx.in("w"));
   FUSEBOX_ASSIGN_OR_RETURN(const ConvShape c, conv_shape(op, a, dx->dims, w->dims, dy->dims));
@@ -195,7 +203,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& a)
 }
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& a) {
-  FUSEBOX_ASSIGN_OR_RETURN(Values* dw, ctx.out("dw"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * dw, ctx.out("dw"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* dy, ctx.in("dy"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* x, ctx.in("x"));
   FUSEBOX_ASSIGN_OR_RETURN(const ConvShape c, conv_shape(op, a, x->dims, dw->dims, dy->dims));

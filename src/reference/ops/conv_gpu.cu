@@ -28,7 +28,8 @@ struct ConvArgs {
   int64_t count;  // elements of the op's output
 };
 
-__device__ __forceinline__ int64_t off5(const DevTensor& t, int64_t a, int64_t b, int64_t c, int64_t d, int64_t e) {
+__device__ __forceinline__ int64_t off5(const DevTensor& t, int64_t a, int64_t b, int64_t c, int64_t d,
+                                        int64_t e) {
   return a * t.strides[0] + b * t.strides[1] + c * t.strides[2] + d * t.strides[3] + e * t.strides[4];
 }
 
@@ -170,8 +171,9 @@ Result<ConvArgs> conv_args(const ResolvedOp& op, const A& attrs, const std::vect
       return InvalidArgument(op_where(op) + "stride and dilation must be >= 1 and padding >= 0");
     const int64_t expect = (a.in_sp[j] + 2 * a.pad[j] - a.dil[j] * (a.f_sp[j] - 1) - 1) / a.str[j] + 1;
     if (expect != a.out_sp[j])
-      return InvalidArgument(op_where(op) + "y dims " + dims_string(y) + " do not match the convolution of x " +
-                             dims_string(x) + " with w " + dims_string(w));
+      return InvalidArgument(op_where(op) + "y dims " + dims_string(y) +
+                             " do not match the convolution of x " + dims_string(x) + " with w " +
+                             dims_string(w));
   }
   a.N = x[0], a.C = x[1], a.K = w[0], a.Cg = w[1];
   if (a.Cg <= 0 || a.C % a.Cg != 0 || a.K % (a.C / a.Cg) != 0 || y[0] != a.N || y[1] != a.K)
