@@ -63,8 +63,8 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 // ---------------------------------------------------------------- ops
 // One header per op family; adding a family adds its header here and its
 // attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
-using OpAttrs = std::variant<ConvFpropAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs, SdpaBwdAttrs,
-                             SdpaFp8FwdAttrs, SdpaFp8BwdAttrs>;
+using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
+                             SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -75,8 +75,10 @@ SdpaOptions* sdpa_options(OpAttrs& attrs);
 std::string_view op_type_name(const OpAttrs& attrs);
 
 // Input roles per op type:
-//   conv_fprop: x, w      matmul: a, b
+//   conv_fprop: x, w      conv_dgrad: dy, w     conv_wgrad: dy, x
+//   matmul: a, b
 //   add/sub/mul: a, b     bias_add: x, bias     scale: x, scale
+//   relu_bwd: dy, x
 //   unary pointwise: x
 //   sdpa_fwd: q, k, v     sdpa_bwd: q, k, v, o, do, stats
 //   sdpa_fp8_fwd: q, k, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o
@@ -86,7 +88,8 @@ std::string_view op_type_name(const OpAttrs& attrs);
 //   every sdpa op, per SdpaOptions: + seq_len_q, seq_len_kv (padding),
 //   + bias (bias), + seed, offset (dropout)
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
-// Output roles per op type: "y" for conv/matmul/pointwise; sdpa_fwd "o"
+// Output roles per op type: "y" for conv_fprop/matmul/pointwise;
+// conv_dgrad "dx"; conv_wgrad "dw"; sdpa_fwd "o"
 // (+ "stats"); sdpa_bwd "dq", "dk", "dv"; sdpa_fp8_fwd "o", "amax_s",
 // "amax_o" (+ "stats"); sdpa_fp8_bwd "dq", "dk", "dv", "amax_dq", "amax_dk",
 // "amax_dv", "amax_dp"; every sdpa op + "dropout_mask" with
@@ -118,6 +121,9 @@ struct GraphSpec {
   std::string scalar(std::string tensor_name, double value, DType dtype = DType::kFP32);
   std::string conv_fprop(std::string op_name, const std::string& x, const std::string& w,
                          ConvFpropAttrs attrs);
+  // Return the "dx" / "dw" output's name (attrs.x_dims / attrs.w_dims required).
+  std::string conv_dgrad(std::string op_name, const std::string& dy, const std::string& w, ConvDgradAttrs attrs);
+  std::string conv_wgrad(std::string op_name, const std::string& dy, const std::string& x, ConvWgradAttrs attrs);
   std::string matmul(std::string op_name, const std::string& a, const std::string& b);
   std::string pointwise(std::string op_name, PointwiseMode mode, const std::string& in0,
                         const std::string& in1 = "");
@@ -173,7 +179,7 @@ struct ResolvedOp {
   std::map<std::string, int> inputs;   // role -> index into ResolvedGraph::tensors
   std::map<std::string, int> outputs;  // role -> index
   DType compute_dtype = DType::kFP32;
-  // Filled by resolve(): conv_fprop padding/stride/dilation with defaults
+  // Filled by resolve(): conv padding/stride/dilation with defaults
   // applied; sdpa attn_scale (1/sqrt(D) when not given) and right_bound
   // (0 when causal).
 };
@@ -191,7 +197,7 @@ struct ResolvedGraph {
   int find_tensor(std::string_view tensor_name) const;  // -1 if absent
   std::vector<int> input_tensors() const;
   std::vector<int> output_tensors() const;
-  // Useful work, for TFLOP/s: 2*MACs for conv and matmul, one per element
+  // Useful work, for TFLOP/s: 2*MACs for conv (fprop, dgrad and wgrad alike) and matmul, one per element
   // for pointwise ops, 2*B*Hq*(D+Dv) per kept query/key pair for sdpa_fwd
   // and sdpa_fp8_fwd (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal),
   // and 2.5 times that for sdpa_bwd (five matmuls against two). With padding

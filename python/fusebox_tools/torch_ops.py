@@ -12,13 +12,30 @@ import torch.nn.functional as F
 from fusebox_tools.graph import SDPA_BWD_OPS, SdpaOptions
 
 
+def _conv_geometry(op):
+    a = op["attrs"]
+    return dict(padding=tuple(a["padding"]), stride=tuple(a["stride"]), dilation=tuple(a["dilation"]))
+
+
 def conv(x, w, op):
     nsp = x.dim() - 2
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
-    a = op["attrs"]
     groups = x.shape[1] // w.shape[1]  # grouped convolution: w holds C/groups channels
-    return fn(x, w, padding=tuple(a["padding"]), stride=tuple(a["stride"]), dilation=tuple(a["dilation"]),
-              groups=groups)
+    return fn(x, w, groups=groups, **_conv_geometry(op))
+
+
+def conv_dgrad(dy, w, op):
+    """dL/dx of conv(x, w) given dy = dL/dy; x's dims are the op's "x_dims"."""
+    x_dims = op["attrs"]["x_dims"]
+    fn = {1: torch.nn.grad.conv1d_input, 2: torch.nn.grad.conv2d_input, 3: torch.nn.grad.conv3d_input}[dy.dim() - 2]
+    return fn(list(x_dims), w, dy, groups=x_dims[1] // w.shape[1], **_conv_geometry(op))
+
+
+def conv_wgrad(dy, x, op):
+    """dL/dw of conv(x, w) given dy = dL/dy; w's dims are the op's "w_dims"."""
+    w_dims = op["attrs"]["w_dims"]
+    fn = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight, 3: torch.nn.grad.conv3d_weight}[dy.dim() - 2]
+    return fn(x, list(w_dims), dy, groups=x.shape[1] // w_dims[1], **_conv_geometry(op))
 
 
 _POINTWISE = {
@@ -33,6 +50,7 @@ _POINTWISE = {
     "silu": lambda i: F.silu(i["x"]),
     "sigmoid": lambda i: torch.sigmoid(i["x"]),
     "tanh": lambda i: torch.tanh(i["x"]),
+    "relu_bwd": lambda i: torch.where(i["x"] > 0, i["dy"], torch.zeros_like(i["dy"])),
 }
 
 
@@ -384,6 +402,10 @@ def apply_op(op, ins, dtypes=None):
         return {r: res[r] for r in op["outputs"] if r in res}
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
+    if kind == "conv_dgrad":
+        return {"dx": conv_dgrad(ins["dy"], ins["w"], op)}
+    if kind == "conv_wgrad":
+        return {"dw": conv_wgrad(ins["dy"], ins["x"], op)}
     if kind == "matmul":
         return torch.matmul(ins["a"], ins["b"])
     if kind in _POINTWISE:

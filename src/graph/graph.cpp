@@ -167,6 +167,16 @@ std::string GraphSpec::conv_fprop(std::string op_name, const std::string& x, con
   return add_op(*this, std::move(op_name), std::move(attrs), {x, w});
 }
 
+std::string GraphSpec::conv_dgrad(std::string op_name, const std::string& dy, const std::string& w,
+                                  ConvDgradAttrs attrs) {
+  return add_op(*this, std::move(op_name), std::move(attrs), {dy, w});
+}
+
+std::string GraphSpec::conv_wgrad(std::string op_name, const std::string& dy, const std::string& x,
+                                  ConvWgradAttrs attrs) {
+  return add_op(*this, std::move(op_name), std::move(attrs), {dy, x});
+}
+
 std::string GraphSpec::matmul(std::string op_name, const std::string& a, const std::string& b) {
   return add_op(*this, std::move(op_name), MatmulAttrs{}, {a, b});
 }

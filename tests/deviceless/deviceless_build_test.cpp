@@ -18,8 +18,12 @@ using testing::stem;
 
 // Graphs cuDNN 9.19 has a precompiled engine for on sm_90. The others need
 // runtime-compiled (NVRTC + CUDA driver) or cuBLASLt engines, which cuDNN
-// cannot finalize without a GPU driver.
-const std::set<std::string> kDevicelessBuildable = {"conv_bias_relu", "conv_bias_relu_small", "conv_grouped_small"};
+// cannot finalize without a GPU driver. Plain conv_dgrad and conv_wgrad (2-D,
+// 3-D, grouped) build; conv_dgrad + relu_bwd needs the runtime-fusion engine.
+const std::set<std::string> kDevicelessBuildable = {
+    "conv_bias_relu",   "conv_bias_relu_small",       "conv_grouped_small",
+    "conv_dgrad",       "conv_dgrad_small",           "conv_wgrad",
+    "conv_wgrad_small", "conv3d_dgrad_grouped_small", "conv3d_wgrad_grouped_small"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());
@@ -88,7 +92,8 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
   }
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   ASSERT_EQ(report.steps.size(), 5u);
-  const char* names[] = {"validate", "build_operation_graph", "create_execution_plans", "check_support", "build_plans"};
+  const char* names[] = {"validate", "build_operation_graph", "create_execution_plans", "check_support",
+                         "build_plans"};
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(report.steps[i].name, names[i]);
     EXPECT_TRUE(report.steps[i].status.ok()) << report.steps[i].status.ToString();
@@ -119,7 +124,8 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
 TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
   const std::string path = GetParam();
   if (!kDevicelessBuildable.count(stem(path)) && gpu_count() == 0) {
-    GTEST_SKIP() << stem(path) << ": no deviceless engines without a GPU driver (see RunsTheFiveStepsForTheH200)";
+    GTEST_SKIP() << stem(path)
+                 << ": no deviceless engines without a GPU driver (see RunsTheFiveStepsForTheH200)";
   }
   ResolvedGraph g = load(path);
   BuildOptions options;
@@ -135,7 +141,8 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
     // The knobs are exactly the ones the name spells out.
     size_t spelled = 0;
     for (const auto& [k, v] : e.knobs) {
-      EXPECT_NE(e.name.find("_" + k + "=" + std::to_string(v)), std::string::npos) << e.name << " lacks " << k;
+      EXPECT_NE(e.name.find("_" + k + "=" + std::to_string(v)), std::string::npos)
+          << e.name << " lacks " << k;
       spelled += 1;
     }
     EXPECT_EQ(spelled, static_cast<size_t>(std::count(e.name.begin(), e.name.end(), '='))) << e.name;
@@ -166,7 +173,8 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
   auto missing = build_plan(g, h200(), pin, nullptr);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("eng999_k1=1"), std::string::npos);
-  EXPECT_NE(missing.status().message().find(*names.begin()), std::string::npos) << "should list the candidates";
+  EXPECT_NE(missing.status().message().find(*names.begin()), std::string::npos)
+      << "should list the candidates";
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, DevicelessExample, ::testing::ValuesIn(example_graphs()),

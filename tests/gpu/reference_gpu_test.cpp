@@ -137,6 +137,42 @@ TEST(ReferenceGpu, GroupedConvFp8Input) {
   expect_gpu_matches_cpu(b.g);
 }
 
+// conv_dgrad and conv_wgrad: stride 2 onto an odd input (rows no tap reaches),
+// padding and dilation, NHWC bf16.
+TEST(ReferenceGpu, ConvDgradWgradNhwcBf16StrideDilation) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "conv_bwd_nhwc";
+  const std::vector<int64_t> xd = {2, 16, 13, 11}, wd = {24, 16, 3, 2};
+  // H: (13 + 2 - 2*2 - 1) / 2 + 1 = 6; W: (11 + 0 - 1 - 1) / 2 + 1 = 5.
+  const std::vector<int64_t> yd = {2, 24, 6, 5};
+  const std::vector<int64_t> pad = {1, 0}, str = {2, 2}, dil = {2, 1};
+  const int dy = b.tensor("dy", yd, DType::kBF16, channels_last(yd));
+  const int w = b.tensor("w", wd, DType::kBF16, channels_last(wd));
+  const int x = b.tensor("x", xd, DType::kBF16, channels_last(xd));
+  const int dx = b.tensor("dx", xd, DType::kBF16, channels_last(xd));
+  const int dw = b.tensor("dw", wd, DType::kFP32, channels_last(wd));
+  b.op_outputs("dgrad", ConvDgradAttrs{pad, str, dil, xd}, {{"dy", dy}, {"w", w}}, {{"dx", dx}});
+  b.op_outputs("wgrad", ConvWgradAttrs{pad, str, dil, wd}, {{"dy", dy}, {"x", x}}, {{"dw", dw}});
+  expect_gpu_matches_cpu(b.g);
+}
+
+TEST(ReferenceGpu, Conv3dGroupedDgradWgradFp16) {
+  SKIP_WITHOUT_GPU();
+  GraphBuilder b;
+  b.g.name = "conv3d_bwd_grouped";
+  const std::vector<int64_t> xd = {2, 8, 5, 6, 7}, wd = {6, 4, 3, 3, 3};  // 2 groups
+  const std::vector<int64_t> yd = {2, 6, 5, 3, 4};  // pad 1, stride (1, 2, 2)
+  const int dy = b.tensor("dy", yd, DType::kFP16);
+  const int w = b.tensor("w", wd, DType::kFP16);
+  const int x = b.tensor("x", xd, DType::kFP16);
+  const int dx = b.tensor("dx", xd);
+  const int dw = b.tensor("dw", wd);
+  b.op_outputs("dgrad", ConvDgradAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}, xd}, {{"dy", dy}, {"w", w}}, {{"dx", dx}});
+  b.op_outputs("wgrad", ConvWgradAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}, wd}, {{"dy", dy}, {"x", x}}, {{"dw", dw}});
+  expect_gpu_matches_cpu(b.g);
+}
+
 TEST(ReferenceGpu, MatmulOddSizes) {
   SKIP_WITHOUT_GPU();
   GraphBuilder b;
@@ -165,7 +201,7 @@ TEST(ReferenceGpu, EveryPointwiseMode) {
   for (PointwiseMode m : {PointwiseMode::kAdd, PointwiseMode::kSub, PointwiseMode::kMul, PointwiseMode::kBiasAdd,
                           PointwiseMode::kScale, PointwiseMode::kRelu, PointwiseMode::kGeluTanh,
                           PointwiseMode::kGeluErf, PointwiseMode::kSilu, PointwiseMode::kSigmoid,
-                          PointwiseMode::kTanh}) {
+                          PointwiseMode::kTanh, PointwiseMode::kReluBwd}) {
     GraphBuilder b;
     b.g.name = std::string(pointwise_mode_name(m));
     const std::vector<int64_t> d = {2, 3, 4, 5};

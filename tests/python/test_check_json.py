@@ -15,11 +15,11 @@ OP_KEYS = ["name", "op", "inputs", "outputs", "primary_output", "compute_dtype",
 SDPA_ATTR_KEYS = {"attn_scale", "causal", "alignment", "left_bound", "right_bound", "padding", "bias", "alibi",
                   "alibi_slopes", "dropout", "dump_dropout_mask"}
 # The primary output of each op type (graph.h, op_output_roles: the first).
-PRIMARY = {"conv_fprop": "y", "matmul": "y", "sdpa_fwd": "o", "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq",
+PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": "y", "sdpa_fwd": "o", "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq",
            "sdpa_fp8_bwd": "dq"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
-             "sigmoid": ("x",), "tanh": ("x",)}
+             "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
 
 
 def name_of(path):
@@ -82,9 +82,14 @@ def test_example_document(run_check, path):
             assert op["attrs"]["attn_scale"] > 0
             if op["attrs"]["causal"]:
                 assert op["attrs"]["right_bound"] is not None
-        elif op["op"] == "conv_fprop":
-            nsp = len(tensors[op["inputs"]["x"]]["dims"]) - 2
+        elif op["op"] in ("conv_fprop", "conv_dgrad", "conv_wgrad"):
+            first = "x" if op["op"] == "conv_fprop" else "dy"
+            nsp = len(tensors[op["inputs"][first]]["dims"]) - 2
             assert [len(op["attrs"][k]) for k in ("padding", "stride", "dilation")] == [nsp] * 3
+            if op["op"] == "conv_dgrad":
+                assert op["attrs"]["x_dims"] == tensors[op["outputs"]["dx"]]["dims"]
+            if op["op"] == "conv_wgrad":
+                assert op["attrs"]["w_dims"] == tensors[op["outputs"]["dw"]]["dims"]
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}

@@ -20,6 +20,7 @@ enum class PointwiseMode {
   kSilu,      // x * sigmoid(x)       (input x)
   kSigmoid,   // (input x)
   kTanh,      // (input x)
+  kReluBwd,   // y = x > 0 ? dy : 0   (inputs dy, x: the gradient and relu's forward input)
 };
 
 struct PointwiseAttrs {

@@ -49,6 +49,8 @@ class LowerContext {
 
 // ---- conv: ops/conv_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& attrs);
 // ---- matmul: ops/matmul_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attrs);
 // ---- pointwise: ops/pointwise_lowering.cpp

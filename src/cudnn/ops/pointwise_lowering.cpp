@@ -17,6 +17,7 @@ fe::PointwiseMode_t to_fe(PointwiseMode m) {
     case PointwiseMode::kSilu: return fe::PointwiseMode_t::SWISH_FWD;
     case PointwiseMode::kSigmoid: return fe::PointwiseMode_t::SIGMOID_FWD;
     case PointwiseMode::kTanh: return fe::PointwiseMode_t::TANH_FWD;
+    case PointwiseMode::kReluBwd: return fe::PointwiseMode_t::RELU_BWD;
   }
   return fe::PointwiseMode_t::NOT_SET;
 }
@@ -36,6 +37,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& p
     case PointwiseMode::kMul: a = ctx.in("a"); b = ctx.in("b"); break;
     case PointwiseMode::kBiasAdd: a = ctx.in("x"); b = ctx.in("bias"); break;
     case PointwiseMode::kScale: a = ctx.in("x"); b = ctx.in("scale"); break;
+    case PointwiseMode::kReluBwd: a = ctx.in("dy"); b = ctx.in("x"); break;  // IN_0 = dy, IN_1 = x
     default: a = ctx.in("x"); break;
   }
   FeTensor y = b ? ctx.graph().pointwise(a, b, attrs) : ctx.graph().pointwise(a, attrs);

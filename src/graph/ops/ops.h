@@ -78,6 +78,8 @@ struct FlopsContext {
 
 // conv.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(ConvFpropAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(ConvDgradAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(ConvWgradAttrs)
 // matmul.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(MatmulAttrs)
 // pointwise.cpp
@@ -93,6 +95,8 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8BwdAttrs)
 // The JSON type names each family owns, and the attrs a name denotes
 // (pointwise owns one per mode).
 std::vector<std::string_view> type_names(std::type_identity<ConvFpropAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<ConvDgradAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<ConvWgradAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<MatmulAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<PointwiseAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFwdAttrs>);
@@ -100,6 +104,8 @@ std::vector<std::string_view> type_names(std::type_identity<SdpaBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8FwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8BwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<MatmulAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PointwiseAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFwdAttrs>);

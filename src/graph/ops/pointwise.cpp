@@ -1,6 +1,6 @@
 // fusebox op family pointwise (graph layer): add, sub, mul, bias_add, scale
-// (binary, numpy-style broadcast over equal ranks) and relu, gelu_tanh,
-// gelu_erf, silu, sigmoid, tanh (unary). One attrs type, one JSON name per mode.
+// (binary, numpy-style broadcast over equal ranks), relu, gelu_tanh,
+// gelu_erf, silu, sigmoid, tanh (unary) and relu_bwd (dy, x: dy where x > 0). One attrs type, one JSON name per mode.
 #include "common/dims_string.h"
 #include "ops/ops.h"
 
@@ -12,7 +12,7 @@ namespace {
 constexpr PointwiseMode kAllModes[] = {PointwiseMode::kAdd,      PointwiseMode::kSub,     PointwiseMode::kMul,
                                        PointwiseMode::kBiasAdd,  PointwiseMode::kScale,   PointwiseMode::kRelu,
                                        PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf, PointwiseMode::kSilu,
-                                       PointwiseMode::kSigmoid,  PointwiseMode::kTanh};
+                                       PointwiseMode::kSigmoid,  PointwiseMode::kTanh,    PointwiseMode::kReluBwd};
 }  // namespace
 
 std::string_view pointwise_mode_name(PointwiseMode m) {
@@ -28,6 +28,7 @@ std::string_view pointwise_mode_name(PointwiseMode m) {
     case PointwiseMode::kSilu: return "silu";
     case PointwiseMode::kSigmoid: return "sigmoid";
     case PointwiseMode::kTanh: return "tanh";
+    case PointwiseMode::kReluBwd: return "relu_bwd";
   }
   return "unknown";
 }
@@ -44,7 +45,8 @@ bool pointwise_is_unary(PointwiseMode m) {
     case PointwiseMode::kSub:
     case PointwiseMode::kMul:
     case PointwiseMode::kBiasAdd:
-    case PointwiseMode::kScale: return false;
+    case PointwiseMode::kScale:
+    case PointwiseMode::kReluBwd: return false;
     case PointwiseMode::kRelu:
     case PointwiseMode::kGeluTanh:
     case PointwiseMode::kGeluErf:
@@ -75,6 +77,7 @@ std::vector<std::string_view> input_roles(const PointwiseAttrs& a) {
     case PointwiseMode::kMul: return {"a", "b"};
     case PointwiseMode::kBiasAdd: return {"x", "bias"};
     case PointwiseMode::kScale: return {"x", "scale"};
+    case PointwiseMode::kReluBwd: return {"dy", "x"};
     default: return {"x"};
   }
 }
@@ -129,7 +132,8 @@ Status infer(const InferContext& ctx, PointwiseAttrs& a) {
     ydims = ctx.in("x").dims;
   } else {
     const std::string r0(roles[0]), r1(roles[1]);
-    const bool into = a.mode == PointwiseMode::kBiasAdd || a.mode == PointwiseMode::kScale;
+    const bool into = a.mode == PointwiseMode::kBiasAdd || a.mode == PointwiseMode::kScale ||
+                      a.mode == PointwiseMode::kReluBwd;
     FUSEBOX_ASSIGN_OR_RETURN(ydims, broadcast(ctx.where, r0, ctx.in(r0), r1, ctx.in(r1), into));
   }
   // strides like the op's first non-scalar input

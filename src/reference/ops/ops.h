@@ -30,6 +30,12 @@ class GpuOpContext;  // ops/gpu_context.cuh: the same on the device, and the str
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& a);
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& a);
 Tolerance tolerance(const ConvFpropAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& a);
+Tolerance tolerance(const ConvDgradAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& a);
+Tolerance tolerance(const ConvWgradAttrs& a, std::string_view role, DType dtype);
 
 // ---- matmul: ops/matmul_cpu.cpp, ops/matmul_gpu.cu
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const MatmulAttrs& a);

@@ -57,6 +57,7 @@ double apply_binary(PointwiseMode m, double a, double b) {
     case PointwiseMode::kSub: return a - b;
     case PointwiseMode::kMul:
     case PointwiseMode::kScale: return a * b;
+    case PointwiseMode::kReluBwd: return b > 0 ? a : 0.0;  // a = dy, b = x
     default: return a;
   }
 }
@@ -103,6 +104,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const PointwiseAttrs& a)
     case PointwiseMode::kBiasAdd: case PointwiseMode::kScale:
     case PointwiseMode::kRelu: case PointwiseMode::kGeluTanh: case PointwiseMode::kGeluErf:
     case PointwiseMode::kSilu: case PointwiseMode::kSigmoid: case PointwiseMode::kTanh:
+    case PointwiseMode::kReluBwd:
       if (in.size() != (pointwise_is_unary(a.mode) ? 1u : 2u)) return Internal(op_where(op) + "unexpected input count");
       return pointwise(op, a.mode, in, roles, y);
   }

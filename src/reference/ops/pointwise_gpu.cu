@@ -41,6 +41,7 @@ __device__ float apply_pointwise(int mode, float a, float b) {
     case PointwiseMode::kSilu: return a / (1.0f + expf(-a));
     case PointwiseMode::kSigmoid: return 1.0f / (1.0f + expf(-a));
     case PointwiseMode::kTanh: return tanhf(a);
+    case PointwiseMode::kReluBwd: return b > 0.0f ? a : 0.0f;  // a = dy, b = x
   }
   return a;
 }
@@ -75,7 +76,7 @@ Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const PointwiseAttrs& pw
   }
   FUSEBOX_ASSIGN_OR_RETURN(float* y, ctx.destination(yidx));
   const int64_t count = product(ydims);
-  if (static_cast<int>(pw.mode) < 0 || pw.mode > PointwiseMode::kTanh)
+  if (static_cast<int>(pw.mode) < 0 || pw.mode > PointwiseMode::kReluBwd)
     return NotSupported(op_where(op) + "the GPU reference does not implement this pointwise mode");
   PointwiseArgs a{};
   a.rank = static_cast<int>(ydims.size());
