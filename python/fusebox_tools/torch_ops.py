@@ -36,6 +36,37 @@ _POINTWISE = {
 }
 
 
+# ---------------------------------------------------------------- normalization
+#
+# From the rules in include/fusebox/ops/norm.h, through torch's own
+# F.layer_norm for y (an implementation independent of fusebox's), and the
+# statistics written out explicitly (biased variance, float32). The
+# normalized dims come resolved from check --json ("normalized_dims": the
+# trailing dims of x that scale covers).
+
+NORM_OPS = ("layernorm",)
+
+
+def _norm_shape(x, op):
+    dims = op["attrs"]["normalized_dims"]
+    return tuple(x.shape[d] for d in dims), tuple(dims)
+
+
+def layernorm(ins, op):
+    """layernorm outputs by role: "y" and, in the training phase, "mean" and "inv_variance"."""
+    x = ins["x"].float()
+    eps = float(op["attrs"]["epsilon"])
+    shape, dims = _norm_shape(x, op)
+    y = F.layer_norm(x, shape, ins["scale"].float().reshape(shape), ins["bias"].float().reshape(shape), eps)
+    out = {"y": y}
+    if op["attrs"]["phase"] == "training":
+        mean = x.mean(dim=dims, keepdim=True)
+        var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
+        out["mean"] = mean
+        out["inv_variance"] = torch.rsqrt(var + eps)
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
 # ---------------------------------------------------------------- attention
 #
 # Written from the rules in include/fusebox/graph.h (not from fusebox's C++
@@ -367,8 +398,8 @@ def apply_op(op, ins, dtypes=None):
     """`op` is an op of check --json, `ins` maps its input roles to tensors;
     `dtypes` (optional) maps its input and output roles to dtype names (used
     by sdpa_fp8_bwd: its internal and output fp8 roundings).
-    Returns a tensor (the "y" output), or for the sdpa ops a dict output
-    role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
+    Returns a tensor (the "y" output), or for the sdpa and norm ops a dict
+    output role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
     (dropout)."""
     kind = op["op"]
     if kind == "sdpa_fwd":
@@ -382,6 +413,8 @@ def apply_op(op, ins, dtypes=None):
     if kind == "sdpa_fp8_bwd":
         res = sdpa_fp8_backward(ins, op, dtypes)
         return {r: res[r] for r in op["outputs"] if r in res}
+    if kind == "layernorm":
+        return layernorm(ins, op)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":

@@ -58,5 +58,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& att
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs);
+// ---- norm: ops/norm_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormAttrs& attrs);
 
 }  // namespace fusebox::cudnn

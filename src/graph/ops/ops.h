@@ -87,6 +87,8 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaBwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8FwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8BwdAttrs)
+// norm.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -99,6 +101,7 @@ std::vector<std::string_view> type_names(std::type_identity<SdpaFwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8FwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8BwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<LayerNormAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<MatmulAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PointwiseAttrs>);
@@ -106,6 +109,7 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8FwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8BwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

@@ -1,0 +1,344 @@
+// Norm ops (layernorm): resolve() rules and errors, JSON, canonical form, and
+// the CPU reference against hand-computed values and invariants.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "fusebox/graph.h"
+#include "fusebox/reference.h"
+#include "reference_test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing_util::host_from;
+
+std::vector<int64_t> V(std::initializer_list<int64_t> v) { return v; }
+
+struct NormGraph {
+  std::vector<int64_t> x = {8, 16, 1, 1}, scale = {1, 16, 1, 1};
+  std::string layout = "nhwc";
+  bool training = false;
+  double epsilon = 1e-5;
+  DType stats_dtype = DType::kFP32;
+  bool stats_virtual = false;
+  bool only_mean = false;  // name "mean" without "inv_variance"
+};
+
+GraphSpec layernorm_graph(const NormGraph& p) {
+  GraphSpec g;
+  g.name = "ln";
+  const std::string lay = p.x.size() == 4 ? p.layout : "";
+  g.tensor("x", p.x, lay);
+  g.tensor("scale", p.scale, lay, DType::kFP32);
+  g.tensor("bias", p.scale, lay, DType::kFP32);
+  OpSpec op;
+  op.name = "ln";
+  op.attrs = LayerNormAttrs{p.epsilon, p.training ? NormPhase::kTraining : NormPhase::kInference};
+  op.inputs = {{"x", "x"}, {"scale", "scale"}, {"bias", "bias"}};
+  op.outputs = {{"y", "y"}};
+  g.output("y", lay);
+  if (p.training || p.only_mean) {
+    op.outputs["mean"] = "mean";
+    TensorSpec m;
+    m.name = "mean";
+    m.dtype = p.stats_dtype;
+    m.is_virtual = p.stats_virtual;
+    g.tensors.push_back(m);
+  }
+  if (p.training) {
+    op.outputs["inv_variance"] = "inv_variance";
+    TensorSpec iv;
+    iv.name = "inv_variance";
+    iv.dtype = p.stats_dtype;
+    iv.is_virtual = p.stats_virtual;
+    g.tensors.push_back(iv);
+  }
+  g.ops.push_back(op);
+  return g;
+}
+
+void expect_error(const GraphSpec& g, std::initializer_list<const char*> needles) {
+  auto r = resolve(g);
+  ASSERT_FALSE(r.ok()) << "expected resolve() to fail";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  for (const char* n : needles)
+    EXPECT_NE(r.status().message().find(n), std::string::npos)
+        << "message lacks '" << n << "': " << r.status().message();
+}
+
+const ResolvedTensor& T(const ResolvedGraph& g, const std::string& name) { return g.tensors[g.find_tensor(name)]; }
+
+TEST(NormRowDims, TrailingDimsOnly) {
+  EXPECT_EQ(norm_row_dims({8192, 4096, 1, 1}, {1, 4096, 1, 1}), 1);
+  EXPECT_EQ(norm_row_dims({4, 32, 64}, {1, 1, 64}), 2);
+  EXPECT_EQ(norm_row_dims({4, 32, 64}, {1, 32, 64}), 1);
+  EXPECT_EQ(norm_row_dims({4, 32, 64}, {1, 32, 1}), -1);    // not trailing
+  EXPECT_EQ(norm_row_dims({4, 32, 64}, {4, 32, 64}), -1);   // the first dim is a row dim
+  EXPECT_EQ(norm_row_dims({4, 32, 64}, {1, 64}), -1);       // ranks differ
+  EXPECT_EQ(norm_row_dims({4}, {1}), -1);                   // rank 1 has nothing to normalize
+}
+
+TEST(LayerNormResolve, InferenceAndTraining) {
+  NormGraph p;
+  auto r = resolve(layernorm_graph(p));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(T(*r, "y").dims, V({8, 16, 1, 1}));
+  EXPECT_EQ(T(*r, "y").strides, T(*r, "x").strides);
+  EXPECT_EQ(T(*r, "y").dtype, DType::kBF16);
+  EXPECT_EQ(r->output_tensors().size(), 1u);
+  EXPECT_DOUBLE_EQ(r->flops(), 8.0 * 8 * 16);
+  // Random gains near 1.
+  EXPECT_EQ(T(*r, "scale").random_lo, 0.5);
+  EXPECT_EQ(T(*r, "scale").random_hi, 1.5);
+
+  p.training = true;
+  auto t = resolve(layernorm_graph(p));
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  for (const char* s : {"mean", "inv_variance"}) {
+    EXPECT_EQ(T(*t, s).dims, V({8, 1, 1, 1})) << s;
+    EXPECT_EQ(T(*t, s).dtype, DType::kFP32) << s;
+    EXPECT_TRUE(T(*t, s).is_output) << s;
+  }
+  EXPECT_NE(describe(*t).find("epsilon 1e-05, training"), std::string::npos) << describe(*t);
+  const std::string j = op_resolved_attrs_json(*t, t->ops[0]);
+  EXPECT_NE(j.find("\"phase\":\"training\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"normalized_dims\":[1,2,3]"), std::string::npos) << j;
+  EXPECT_NE(graph_fingerprint(*r), graph_fingerprint(*t));  // the phase is part of the plan
+}
+
+TEST(LayerNormResolve, RankThreeOverTheLastDim) {
+  NormGraph p;
+  p.x = {2, 5, 32};
+  p.scale = {1, 1, 32};
+  p.training = true;
+  auto r = resolve(layernorm_graph(p));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(T(*r, "mean").dims, V({2, 5, 1}));
+  EXPECT_EQ(T(*r, "mean").strides, V({5, 1, 1}));
+  EXPECT_NE(op_resolved_attrs_json(*r, r->ops[0]).find("\"normalized_dims\":[2]"), std::string::npos);
+}
+
+TEST(LayerNormResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
+  NormGraph p;
+  p.x = {8192, 4096, 1, 1};
+  p.scale = {1, 4000, 1, 1};
+  expect_error(layernorm_graph(p), {"[layernorm 'ln'] input 'scale' ('scale') has dims [1, 4000, 1, 1]",
+                                    "'x' ('x') is [8192, 4096, 1, 1]", "e.g. [1, 4096, 1, 1]"});
+  p.scale = {8192, 4096, 1, 1};
+  expect_error(layernorm_graph(p), {"input 'scale'", "1 on its row (leading) dims"});
+
+  NormGraph bias;
+  GraphSpec g = layernorm_graph(bias);
+  g.tensors[2].dims = {1, 8, 1, 1};
+  expect_error(g, {"input 'bias' ('bias') has dims [1, 8, 1, 1] but 'scale' ('scale') has [1, 16, 1, 1]"});
+
+  NormGraph rank1;
+  rank1.x = {16};
+  rank1.scale = {16};
+  expect_error(layernorm_graph(rank1), {"input 'x' ('x') has rank 1", "rank >= 2"});
+
+  NormGraph ints;
+  g = layernorm_graph(ints);
+  g.tensors[0].dtype = DType::kInt32;
+  expect_error(g, {"input 'x' ('x') has dtype int32", "bf16, fp16 or fp32"});
+
+  NormGraph eps;
+  eps.epsilon = -1e-5;
+  expect_error(layernorm_graph(eps), {"[layernorm 'ln'] epsilon is -1e-05", ">= 0"});
+  eps.epsilon = NAN;
+  expect_error(layernorm_graph(eps), {"epsilon is nan"});
+
+  NormGraph stats;
+  stats.training = true;
+  stats.stats_dtype = DType::kBF16;
+  expect_error(layernorm_graph(stats), {"output 'mean' ('mean') has dtype bf16", "fp32 only"});
+  stats.stats_dtype = DType::kFP32;
+  stats.stats_virtual = true;
+  expect_error(layernorm_graph(stats), {"output 'mean' ('mean') is virtual", "graph output"});
+
+  NormGraph half;
+  half.only_mean = true;
+  GraphSpec hg = layernorm_graph(half);
+  std::get<LayerNormAttrs>(hg.ops[0].attrs).phase = NormPhase::kTraining;  // as the JSON parser sets it
+  expect_error(hg, {"outputs must be exactly the roles y, mean, inv_variance", "training phase"});
+}
+
+const char* kLayerNormJson = R"({
+  "name": "ln",
+  "tensors": [
+    {"name": "x", "dims": [64, 128, 1, 1], "layout": "nhwc"},
+    {"name": "scale", "dims": [1, 128, 1, 1], "layout": "nhwc", "dtype": "fp32"},
+    {"name": "bias", "dims": [1, 128, 1, 1], "layout": "nhwc", "dtype": "fp32"},
+    {"name": "y", "layout": "nhwc"},
+    {"name": "mean", "dtype": "fp32"}, {"name": "inv_variance", "dtype": "fp32"}
+  ],
+  "ops": [{"op": "layernorm", "name": "ln", "epsilon": 0.001,
+           "inputs": {"x": "x", "scale": "scale", "bias": "bias"},
+           "outputs": {"y": "y", "mean": "mean", "inv_variance": "inv_variance"}}]
+})";
+
+TEST(LayerNormJson, ParsesRoundTripsAndKeepsEpsilonExact) {
+  auto spec = parse_graph_json(kLayerNormJson, "ln.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const auto& a = std::get<LayerNormAttrs>(spec->ops[0].attrs);
+  EXPECT_EQ(a.phase, NormPhase::kTraining);
+  EXPECT_EQ(a.epsilon, 0.001);
+  auto again = parse_graph_json(graph_to_json(*spec), "round trip");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(graph_to_json(*again), graph_to_json(*spec));
+
+  auto r = resolve(*spec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->canonical.find("epsilon=0.001"), std::string::npos) << r->canonical;
+  // epsilon's last bit is a different plan.
+  std::string next = kLayerNormJson;
+  next.replace(next.find("0.001"), 5, "0.0010000000000000002");
+  auto rn = resolve(*parse_graph_json(next, "next.json"));
+  ASSERT_TRUE(rn.ok()) << rn.status().ToString();
+  EXPECT_NE(graph_fingerprint(*r), graph_fingerprint(*rn));
+
+  // Without statistics: inference; without epsilon: 1e-5.
+  std::string inf = kLayerNormJson;
+  inf.replace(inf.find(", \"mean\": \"mean\", \"inv_variance\": \"inv_variance\""),
+              std::string(", \"mean\": \"mean\", \"inv_variance\": \"inv_variance\"").size(), "");
+  inf.replace(inf.find(",\n    {\"name\": \"mean\""), std::string(",\n    {\"name\": \"mean\", \"dtype\": \"fp32\"}, "
+                                                                    "{\"name\": \"inv_variance\", \"dtype\": \"fp32\"}")
+                                                          .size(),
+              "");
+  inf.replace(inf.find("\"epsilon\": 0.001, "), std::string("\"epsilon\": 0.001, ").size(), "");
+  auto is = parse_graph_json(inf, "inference.json");
+  ASSERT_TRUE(is.ok()) << is.status().ToString();
+  EXPECT_EQ(std::get<LayerNormAttrs>(is->ops[0].attrs).phase, NormPhase::kInference);
+  EXPECT_EQ(std::get<LayerNormAttrs>(is->ops[0].attrs).epsilon, 1e-5);
+}
+
+TEST(LayerNormJson, Errors) {
+  std::string bad = kLayerNormJson;
+  bad.replace(bad.find("0.001"), 5, "\"small\"");
+  auto r = parse_graph_json(bad, "bad.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("bad.json: ops[0] ('ln').epsilon: expected a number"), std::string::npos)
+      << r.status().message();
+
+  std::string unknown = kLayerNormJson;
+  unknown.replace(unknown.find("\"epsilon\""), std::string("\"epsilon\"").size(), "\"eps\"");
+  r = parse_graph_json(unknown, "unknown.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("epsilon"), std::string::npos) << r.status().message();
+}
+
+// ---------------------------------------------------------------- CPU reference
+
+struct Run {
+  ResolvedGraph g;
+  std::map<std::string, HostTensor> inputs;
+  ReferenceOutputs out;
+};
+
+Run run_layernorm(NormGraph p, const std::vector<double>& x, const std::vector<double>& scale,
+                  const std::vector<double>& bias) {
+  Run run;
+  auto r = resolve(layernorm_graph(p));
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  run.g = *r;
+  run.inputs["x"] = host_from(T(run.g, "x"), x);
+  run.inputs["scale"] = host_from(T(run.g, "scale"), scale);
+  run.inputs["bias"] = host_from(T(run.g, "bias"), bias);
+  auto out = reference_cpu(run.g, run.inputs);
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  if (out.ok()) run.out = *out;
+  return run;
+}
+
+TEST(LayerNormReferenceCpu, ByHand) {
+  // Row 0 [1, 2, 3, 4]: mean 2.5, var 1.25; epsilon 0.75 makes var + eps = 2.
+  // Row 1 constant: var 0, so y = bias whatever the scale.
+  NormGraph p;
+  p.x = {2, 4, 1, 1};
+  p.scale = {1, 4, 1, 1};
+  p.training = true;
+  p.epsilon = 0.75;
+  const std::vector<double> scale = {1, 2, 0.5, -1}, bias = {0, 0.25, -0.5, 1};
+  Run run = run_layernorm(p, {1, 2, 3, 4, 5, 5, 5, 5}, scale, bias);
+  const std::vector<float>& y = run.out.at("y");
+  ASSERT_EQ(y.size(), 8u);
+  const double inv0 = 1.0 / std::sqrt(2.0);
+  const double x0[] = {1, 2, 3, 4};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[i], (x0[i] - 2.5) * inv0 * scale[i] + bias[i], 1e-6) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[4 + i], bias[i], 1e-6) << i;
+  EXPECT_NEAR(run.out.at("mean")[0], 2.5, 1e-7);
+  EXPECT_NEAR(run.out.at("mean")[1], 5.0, 1e-7);
+  EXPECT_NEAR(run.out.at("inv_variance")[0], inv0, 1e-7);
+  EXPECT_NEAR(run.out.at("inv_variance")[1], 1.0 / std::sqrt(0.75), 1e-6);
+}
+
+TEST(LayerNormReferenceCpu, NormalizesEachRowAndIgnoresShiftAndScale) {
+  NormGraph p;
+  p.x = {3, 5, 64};  // rank 3: rows [3, 5], normalized over the last dim
+  p.scale = {1, 1, 64};
+  p.epsilon = 0;  // exact invariance under x -> a * x + c
+  p.training = true;
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> x(3 * 5 * 64), moved(x.size());
+  // x is bf16: multiples of 1/64 in [-1, 1] survive the rounding, and so does 0.5 * x + 0.25.
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = std::round(u(gen) * 64) / 64;
+    moved[i] = 0.5 * x[i] + 0.25;
+  }
+  const std::vector<double> ones(64, 1.0), zeros(64, 0.0);
+  Run a = run_layernorm(p, x, ones, zeros);
+  Run b = run_layernorm(p, moved, ones, zeros);
+  const std::vector<float>& y = a.out.at("y");
+  for (int r = 0; r < 15; ++r) {
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 64; ++i) s += y[r * 64 + i], s2 += y[r * 64 + i] * y[r * 64 + i];
+    EXPECT_NEAR(s / 64, 0.0, 1e-6) << r;
+    EXPECT_NEAR(s2 / 64, 1.0, 1e-5) << r;
+    EXPECT_NEAR(b.out.at("mean")[r], 0.5 * a.out.at("mean")[r] + 0.25, 1e-6) << r;
+    EXPECT_NEAR(b.out.at("inv_variance")[r], 2.0 * a.out.at("inv_variance")[r], 1e-4 * a.out.at("inv_variance")[r]);
+  }
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(b.out.at("y")[i], y[i], 1e-5) << i;
+}
+
+TEST(LayerNormReferenceCpu, FeedsALaterOp) {
+  // y virtual, then relu: the reference hands the norm's output on.
+  GraphSpec g = layernorm_graph(NormGraph{});
+  g.tensors.erase(g.tensors.begin() + 3);  // "y" no longer declared: virtual
+  g.pointwise("act", PointwiseMode::kRelu, "y");
+  g.output("act.y");
+  auto r = resolve(g);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(T(*r, "y").is_virtual);
+  std::vector<double> x(8 * 16), scale(16), bias(16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>((i * 37) % 17) / 8.0 - 1.0;
+  for (size_t i = 0; i < 16; ++i) scale[i] = 0.5 + static_cast<double>(i) / 16, bias[i] = 0.125 * (i % 3);
+  Run plain = run_layernorm(NormGraph{}, x, scale, bias);
+  std::map<std::string, HostTensor> in = {{"x", host_from(T(*r, "x"), x)},
+                                          {"scale", host_from(T(*r, "scale"), scale)},
+                                          {"bias", host_from(T(*r, "bias"), bias)}};
+  auto out = reference_cpu(*r, in);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const std::vector<float>& act = out->at("act.y");
+  ASSERT_EQ(act.size(), plain.out.at("y").size());
+  int negative = 0;
+  for (size_t i = 0; i < act.size(); ++i) {
+    negative += plain.out.at("y")[i] < 0;
+    EXPECT_EQ(act[i], std::max(plain.out.at("y")[i], 0.0f)) << i;
+  }
+  EXPECT_GT(negative, 0);  // relu did something
+}
+
+TEST(LayerNormExamples, Resolve) {
+  for (const char* f : {"layernorm_train.json", "small/layernorm_small.json"}) {
+    auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    auto r = resolve(*spec);
+    ASSERT_TRUE(r.ok()) << f << ": " << r.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace fusebox
