@@ -44,7 +44,7 @@ _POINTWISE = {
 # normalized dims come resolved from check --json ("normalized_dims": the
 # trailing dims of x that scale covers).
 
-NORM_OPS = ("layernorm",)
+NORM_OPS = ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd")
 
 
 def _norm_shape(x, op):
@@ -64,6 +64,42 @@ def layernorm(ins, op):
         var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
         out["mean"] = mean
         out["inv_variance"] = torch.rsqrt(var + eps)
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
+def rmsnorm(ins, op):
+    """rmsnorm outputs by role: "y" and, in the training phase, "inv_variance"."""
+    x = ins["x"].float()
+    eps = float(op["attrs"]["epsilon"])
+    shape, dims = _norm_shape(x, op)
+    inv = torch.rsqrt((x * x).mean(dim=dims, keepdim=True) + eps)
+    y = x * inv * ins["scale"].float()
+    if "bias" in ins:
+        y = y + ins["bias"].float()
+    out = {"y": y, "inv_variance": inv}
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
+def norm_backward(ins, op):
+    """layernorm_bwd / rmsnorm_bwd outputs by role: "dx", "dscale" (and
+    "dbias"), from the given statistics (norm.h: the backward does not
+    recompute them from x), by norm.h's formulas. When the statistics are x's
+    own, this is autograd's gradient of F.layer_norm / the RMS norm
+    (tests/python/test_norm_torch_ops.py checks that)."""
+    x = ins["x"].float()
+    dy = ins["dy"].float()
+    g = ins["scale"].float()
+    shape, dims = _norm_shape(x, op)
+    inv = ins["inv_variance"].float()
+    mean = ins["mean"].float() if op["op"] == "layernorm_bwd" else None
+    xhat = (x - mean) * inv if mean is not None else x * inv
+    gdy = g * dy
+    c2 = (gdy * xhat).mean(dim=dims, keepdim=True)
+    c1 = gdy.mean(dim=dims, keepdim=True) if mean is not None else 0.0
+    row_dims = tuple(d for d in range(x.dim()) if d not in dims)
+    out = {"dx": inv * (gdy - c1 - xhat * c2),
+           "dscale": (dy * xhat).sum(dim=row_dims, keepdim=True),
+           "dbias": dy.sum(dim=row_dims, keepdim=True)}
     return {r: out[r] for r in op["outputs"] if r in out}
 
 
@@ -415,6 +451,10 @@ def apply_op(op, ins, dtypes=None):
         return {r: res[r] for r in op["outputs"] if r in res}
     if kind == "layernorm":
         return layernorm(ins, op)
+    if kind == "rmsnorm":
+        return rmsnorm(ins, op)
+    if kind in ("layernorm_bwd", "rmsnorm_bwd"):
+        return norm_backward(ins, op)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "matmul":

@@ -1,4 +1,4 @@
-// Norm ops (layernorm): resolve() rules and errors, JSON, canonical form, and
+// Norm ops (layernorm, rmsnorm and their backward ops): resolve() rules and errors, JSON, canonical form, and
 // the CPU reference against hand-computed values and invariants.
 #include <gtest/gtest.h>
 
@@ -24,6 +24,8 @@ struct NormGraph {
   DType stats_dtype = DType::kFP32;
   bool stats_virtual = false;
   bool only_mean = false;  // name "mean" without "inv_variance"
+  bool rms = false;        // rmsnorm (no "mean" output)
+  bool bias = true;        // rmsnorm: whether it has a bias
 };
 
 GraphSpec layernorm_graph(const NormGraph& p) {
@@ -32,14 +34,20 @@ GraphSpec layernorm_graph(const NormGraph& p) {
   const std::string lay = p.x.size() == 4 ? p.layout : "";
   g.tensor("x", p.x, lay);
   g.tensor("scale", p.scale, lay, DType::kFP32);
-  g.tensor("bias", p.scale, lay, DType::kFP32);
+  if (p.bias) g.tensor("bias", p.scale, lay, DType::kFP32);
   OpSpec op;
   op.name = "ln";
-  op.attrs = LayerNormAttrs{p.epsilon, p.training ? NormPhase::kTraining : NormPhase::kInference};
-  op.inputs = {{"x", "x"}, {"scale", "scale"}, {"bias", "bias"}};
+  const NormPhase phase = p.training ? NormPhase::kTraining : NormPhase::kInference;
+  if (p.rms) {
+    op.attrs = RmsNormAttrs{p.epsilon, phase, p.bias};
+  } else {
+    op.attrs = LayerNormAttrs{p.epsilon, phase};
+  }
+  op.inputs = {{"x", "x"}, {"scale", "scale"}};
+  if (p.bias) op.inputs["bias"] = "bias";
   op.outputs = {{"y", "y"}};
   g.output("y", lay);
-  if (p.training || p.only_mean) {
+  if ((p.training && !p.rms) || p.only_mean) {
     op.outputs["mean"] = "mean";
     TensorSpec m;
     m.name = "mean";
@@ -245,7 +253,7 @@ Run run_layernorm(NormGraph p, const std::vector<double>& x, const std::vector<d
   run.g = *r;
   run.inputs["x"] = host_from(T(run.g, "x"), x);
   run.inputs["scale"] = host_from(T(run.g, "scale"), scale);
-  run.inputs["bias"] = host_from(T(run.g, "bias"), bias);
+  if (p.bias) run.inputs["bias"] = host_from(T(run.g, "bias"), bias);
   auto out = reference_cpu(run.g, run.inputs);
   EXPECT_TRUE(out.ok()) << out.status().ToString();
   if (out.ok()) run.out = *out;
@@ -331,8 +339,296 @@ TEST(LayerNormReferenceCpu, FeedsALaterOp) {
   EXPECT_GT(negative, 0);  // relu did something
 }
 
+// ---------------------------------------------------------------- rmsnorm
+
+TEST(RmsNormResolve, PhaseBiasAndErrors) {
+  NormGraph p;
+  p.rms = true;
+  p.bias = false;
+  p.training = true;
+  auto r = resolve(layernorm_graph(p));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(T(*r, "inv_variance").dims, V({8, 1, 1, 1}));
+  EXPECT_EQ(r->find_tensor("mean"), -1);
+  EXPECT_EQ(r->ops[0].inputs.size(), 2u);
+  EXPECT_DOUBLE_EQ(r->flops(), 4.0 * 8 * 16);
+  p.bias = true;
+  auto b = resolve(layernorm_graph(p));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_DOUBLE_EQ(b->flops(), 5.0 * 8 * 16);
+  EXPECT_NE(graph_fingerprint(*r), graph_fingerprint(*b));
+  EXPECT_NE(describe(*b).find("rmsnorm(x=x, scale=scale, bias=bias) -> y [8, 16, 1, 1]"), std::string::npos)
+      << describe(*b);
+
+  p.scale = {1, 15, 1, 1};
+  expect_error(layernorm_graph(p), {"[rmsnorm 'ln'] input 'scale' ('scale') has dims [1, 15, 1, 1]",
+                                    "e.g. [1, 16, 1, 1]"});
+}
+
+const char* kRmsNormJson = R"({
+  "name": "rms",
+  "tensors": [
+    {"name": "x", "dims": [4, 6, 32]}, {"name": "scale", "dims": [1, 1, 32], "dtype": "fp32"},
+    {"name": "y"}, {"name": "inv_variance", "dtype": "fp32"}
+  ],
+  "ops": [{"op": "rmsnorm", "name": "rms", "epsilon": 1e-6, "inputs": {"x": "x", "scale": "scale"},
+           "outputs": {"y": "y", "inv_variance": "inv_variance"}}]
+})";
+
+TEST(RmsNormJson, PhaseFromOutputsBiasFromInputs) {
+  auto spec = parse_graph_json(kRmsNormJson, "rms.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const auto& a = std::get<RmsNormAttrs>(spec->ops[0].attrs);
+  EXPECT_EQ(a.phase, NormPhase::kTraining);
+  EXPECT_FALSE(a.bias);
+  EXPECT_EQ(a.epsilon, 1e-6);
+  auto r = resolve(*spec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(T(*r, "inv_variance").dims, V({4, 6, 1}));
+  auto again = parse_graph_json(graph_to_json(*spec), "round trip");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(graph_to_json(*again), graph_to_json(*spec));
+
+  std::string with_mean = kRmsNormJson;
+  with_mean.replace(with_mean.find(""inv_variance": "inv_variance""),
+                    std::string(""inv_variance": "inv_variance"").size(), ""mean": "inv_variance"");
+  auto wm = parse_graph_json(with_mean, "mean.json");
+  ASSERT_TRUE(wm.ok()) << wm.status().ToString();
+  auto rm = resolve(*wm);
+  ASSERT_FALSE(rm.ok());
+  EXPECT_NE(rm.status().message().find("[rmsnorm 'rms'] outputs must be exactly one role 'y'"), std::string::npos)
+      << rm.status().message();
+}
+
+TEST(RmsNormReferenceCpu, ByHandWithAndWithoutBias) {
+  // Row [3, 4] (rank 2): mean of squares 12.5, epsilon 3.5 makes it 16: inv 0.25.
+  NormGraph p;
+  p.rms = true;
+  p.x = {2, 2};
+  p.scale = {1, 2};
+  p.epsilon = 3.5;
+  p.training = true;
+  p.bias = false;
+  Run run = run_layernorm(p, {3, 4, -1, 1}, {1, 2}, {});
+  EXPECT_NEAR(run.out.at("y")[0], 0.75, 1e-7);
+  EXPECT_NEAR(run.out.at("y")[1], 2.0, 1e-7);
+  EXPECT_NEAR(run.out.at("inv_variance")[0], 0.25, 1e-7);
+  // Row [-1, 1]: mean of squares 1, + 3.5: inv 1/sqrt(4.5).
+  EXPECT_NEAR(run.out.at("inv_variance")[1], 1.0 / std::sqrt(4.5), 1e-7);
+  EXPECT_NEAR(run.out.at("y")[2], -1.0 / std::sqrt(4.5), 1e-7);
+  p.bias = true;
+  p.training = false;
+  Run biased = run_layernorm(p, {3, 4, -1, 1}, {1, 2}, {0.5, -0.5});
+  EXPECT_NEAR(biased.out.at("y")[0], 1.25, 1e-7);
+  EXPECT_NEAR(biased.out.at("y")[1], 1.5, 1e-7);
+  EXPECT_EQ(biased.out.count("inv_variance"), 0u);
+}
+
+TEST(RmsNormReferenceCpu, ScaleInvariantWithoutEpsilon) {
+  // rmsnorm(a * x) == rmsnorm(x) for a > 0 when epsilon is 0; unlike
+  // layernorm it is not shift invariant.
+  NormGraph p;
+  p.rms = true;
+  p.bias = false;
+  p.epsilon = 0;
+  std::vector<double> x(8 * 16), twice(x.size()), shifted(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<double>((i * 29) % 31) / 16.0 - 1.0;
+    twice[i] = 2 * x[i];
+    shifted[i] = x[i] + 0.5;
+  }
+  const std::vector<double> ones(16, 1.0);
+  Run a = run_layernorm(p, x, ones, {});
+  Run b = run_layernorm(p, twice, ones, {});
+  Run c = run_layernorm(p, shifted, ones, {});
+  double moved = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(a.out.at("y")[i], b.out.at("y")[i], 1e-6) << i;
+    moved = std::max(moved, std::fabs(static_cast<double>(a.out.at("y")[i] - c.out.at("y")[i])));
+  }
+  EXPECT_GT(moved, 0.1);
+  // Each row's mean square is 1.
+  for (int r = 0; r < 8; ++r) {
+    double s2 = 0;
+    for (int i = 0; i < 16; ++i) s2 += a.out.at("y")[r * 16 + i] * a.out.at("y")[r * 16 + i];
+    EXPECT_NEAR(s2 / 16, 1.0, 1e-5) << r;
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// dy, x [rows, n] fp32 (io fp32: no rounding in the finite differences), scale
+// [1, n], the statistics [rows, 1].
+GraphSpec bwd_graph(bool rms, int64_t rows, int64_t n, bool dbias = true) {
+  GraphSpec g;
+  g.name = "bwd";
+  g.io_dtype = DType::kFP32;
+  g.tensor("dy", {rows, n});
+  g.tensor("x", {rows, n});
+  g.tensor("scale", {1, n});
+  if (!rms) g.tensor("mean", {rows, 1});
+  g.tensor("inv_variance", {rows, 1});
+  OpSpec op;
+  op.name = "bwd";
+  op.inputs = {{"dy", "dy"}, {"x", "x"}, {"scale", "scale"}, {"inv_variance", "inv_variance"}};
+  if (!rms) op.inputs["mean"] = "mean";
+  op.outputs = {{"dx", "dx"}, {"dscale", "dscale"}};
+  if (dbias) op.outputs["dbias"] = "dbias";
+  if (rms) {
+    op.attrs = RmsNormBwdAttrs{dbias};
+  } else {
+    op.attrs = LayerNormBwdAttrs{};
+  }
+  g.ops.push_back(op);
+  for (const auto& [role, t] : op.outputs) g.output(t);
+  return g;
+}
+
+TEST(NormBwdResolve, ShapesRangesAndErrors) {
+  auto r = resolve(bwd_graph(false, 8, 16));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(T(*r, "dx").dims, V({8, 16}));
+  EXPECT_EQ(T(*r, "dscale").dims, V({1, 16}));
+  EXPECT_EQ(T(*r, "dbias").dtype, DType::kFP32);
+  EXPECT_EQ(T(*r, "mean").random_lo, -0.05);
+  EXPECT_EQ(T(*r, "inv_variance").random_lo, 1.6);
+  EXPECT_DOUBLE_EQ(r->flops(), 14.0 * 8 * 16);
+  auto rms = resolve(bwd_graph(true, 8, 16, /*dbias=*/false));
+  ASSERT_TRUE(rms.ok()) << rms.status().ToString();
+  EXPECT_EQ(rms->find_tensor("dbias"), -1);
+  EXPECT_DOUBLE_EQ(rms->flops(), 11.0 * 8 * 16);
+  EXPECT_NE(graph_fingerprint(*rms), graph_fingerprint(*resolve(bwd_graph(true, 8, 16, true))));
+
+  GraphSpec g = bwd_graph(false, 8, 16);
+  g.tensors[3].dims = {1, 8};  // mean transposed
+  expect_error(g, {"[layernorm_bwd 'bwd'] input 'mean' ('mean') is [1, 8] fp32", "fp32 [8, 1]"});
+  g = bwd_graph(true, 8, 16);
+  g.tensors[0].dims = {8, 15};
+  expect_error(g, {"[rmsnorm_bwd 'bwd'] input 'dy' ('dy') has dims [8, 15] but 'x' ('x') has [8, 16]"});
+  g = bwd_graph(true, 8, 16);
+  g.tensors[3].dtype = DType::kBF16;
+  expect_error(g, {"input 'inv_variance' ('inv_variance') is [8, 1] bf16"});
+  g = bwd_graph(false, 8, 16);
+  for (auto& t : g.tensors)
+    if (t.name == "dscale") t.is_virtual = true;
+  expect_error(g, {"output 'dscale': tensor 'dscale' is virtual", "writes its outputs to memory"});
+}
+
+// Runs the forward (training) and feeds its statistics to the backward: dx
+// must be the gradient of sum(y * dy), by central differences in double.
+void check_bwd_against_finite_differences(bool rms) {
+  const int64_t rows = 3, n = 8;
+  const double eps = 1e-3;
+  std::vector<double> x(rows * n), dy(rows * n), scale(n), bias(n, 0.0);
+  for (int64_t i = 0; i < rows * n; ++i) {
+    x[i] = std::sin(0.7 * static_cast<double>(i)) + 0.1 * static_cast<double>(i % 3);
+    dy[i] = std::cos(1.3 * static_cast<double>(i));
+  }
+  for (int64_t i = 0; i < n; ++i) scale[i] = 0.5 + 0.125 * static_cast<double>(i);
+  NormGraph p;
+  p.rms = rms;
+  p.x = {rows, n};
+  p.scale = {1, n};
+  p.epsilon = eps;
+  p.training = true;
+  p.bias = !rms;
+  GraphSpec fg = layernorm_graph(p);
+  fg.io_dtype = DType::kFP32;
+  auto fr = resolve(fg);
+  ASSERT_TRUE(fr.ok()) << fr.status().ToString();
+  auto forward = [&](const std::vector<double>& xv) {
+    std::map<std::string, HostTensor> in = {{"x", host_from(T(*fr, "x"), xv)},
+                                            {"scale", host_from(T(*fr, "scale"), scale)}};
+    if (!rms) in["bias"] = host_from(T(*fr, "bias"), bias);
+    auto out = reference_cpu(*fr, in);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return *out;
+  };
+  const ReferenceOutputs f0 = forward(x);
+  auto loss = [&](const std::vector<double>& xv) {
+    const ReferenceOutputs o = forward(xv);
+    double l = 0;
+    for (size_t i = 0; i < dy.size(); ++i) l += static_cast<double>(o.at("y")[i]) * dy[i];
+    return l;
+  };
+
+  auto br = resolve(bwd_graph(rms, rows, n));
+  ASSERT_TRUE(br.ok()) << br.status().ToString();
+  std::map<std::string, HostTensor> bin = {
+      {"dy", host_from(T(*br, "dy"), dy)},
+      {"x", host_from(T(*br, "x"), x)},
+      {"scale", host_from(T(*br, "scale"), scale)},
+      {"inv_variance", host_from(T(*br, "inv_variance"), std::vector<double>(f0.at("inv_variance").begin(),
+                                                                               f0.at("inv_variance").end()))}};
+  if (!rms)
+    bin["mean"] = host_from(T(*br, "mean"), std::vector<double>(f0.at("mean").begin(), f0.at("mean").end()));
+  auto b = reference_cpu(*br, bin);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  const double h = 1e-3;
+  for (int64_t i = 0; i < rows * n; ++i) {
+    std::vector<double> up = x, down = x;
+    up[i] += h;
+    down[i] -= h;
+    const double fd = (loss(up) - loss(down)) / (2 * h);
+    EXPECT_NEAR(b->at("dx")[i], fd, 2e-3 * (1 + std::fabs(fd))) << (rms ? "rms " : "ln ") << i;
+  }
+  // dscale = sum over rows of dy * xhat, dbias = sum of dy: against the forward's y (bias 0, so xhat = y / scale).
+  for (int64_t c = 0; c < n; ++c) {
+    double ds = 0, db = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      ds += dy[r * n + c] * f0.at("y")[r * n + c] / scale[c];
+      db += dy[r * n + c];
+    }
+    EXPECT_NEAR(b->at("dscale")[c], ds, 1e-5) << c;
+    EXPECT_NEAR(b->at("dbias")[c], db, 1e-5) << c;
+  }
+  if (!rms) {
+    // Shift invariance of the forward: each row of dx sums to 0.
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < n; ++c) s += b->at("dx")[r * n + c];
+      EXPECT_NEAR(s, 0.0, 1e-5) << r;
+    }
+  }
+}
+
+TEST(NormBwdReferenceCpu, LayerNormMatchesFiniteDifferences) { check_bwd_against_finite_differences(false); }
+TEST(NormBwdReferenceCpu, RmsNormMatchesFiniteDifferences) { check_bwd_against_finite_differences(true); }
+
+TEST(LayerNormReferenceCpu, ResidualAddFeedsTheNorm) {
+  // add(x, residual) -> virtual h -> layernorm: the same as layernorm of x + residual.
+  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/add_layernorm_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto r = resolve(*spec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(T(*r, "h").is_virtual);
+  EXPECT_EQ(T(*r, "h").dtype, DType::kFP32);
+  const int64_t rows = 64, n = 256;
+  std::vector<double> x(rows * n), res(rows * n), sum(rows * n), scale(n), bias(n);
+  for (int64_t i = 0; i < rows * n; ++i) {
+    x[i] = static_cast<double>((i * 7) % 64) / 64.0 - 0.5;  // exact in bf16, and so is the sum
+    res[i] = static_cast<double>((i * 13) % 32) / 32.0 - 0.5;
+    sum[i] = x[i] + res[i];
+  }
+  for (int64_t i = 0; i < n; ++i) scale[i] = 1.0 + static_cast<double>(i % 4) / 8, bias[i] = (i % 5) / 10.0;
+  auto fused = reference_cpu(*r, {{"x", host_from(T(*r, "x"), x)},
+                                  {"residual", host_from(T(*r, "residual"), res)},
+                                  {"scale", host_from(T(*r, "scale"), scale)},
+                                  {"bias", host_from(T(*r, "bias"), bias)}});
+  ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+  NormGraph p;
+  p.x = {rows, n, 1, 1};
+  p.scale = {1, n, 1, 1};
+  Run plain = run_layernorm(p, sum, scale, bias);
+  ASSERT_EQ(fused->at("y").size(), plain.out.at("y").size());
+  for (size_t i = 0; i < plain.out.at("y").size(); ++i) EXPECT_FLOAT_EQ(fused->at("y")[i], plain.out.at("y")[i]) << i;
+}
+
 TEST(LayerNormExamples, Resolve) {
-  for (const char* f : {"layernorm_train.json", "small/layernorm_small.json"}) {
+  for (const char* f : {"layernorm_train.json", "small/layernorm_small.json", "rmsnorm_train.json",
+                        "small/rmsnorm_bias_small.json", "layernorm_bwd.json", "small/layernorm_bwd_small.json",
+                        "rmsnorm_bwd.json", "small/rmsnorm_bwd_dbias_small.json",
+                        "small/add_layernorm_small.json"}) {
     auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     auto r = resolve(*spec);

@@ -1,5 +1,5 @@
-// fusebox op family norm (graph layer): layernorm (include/fusebox/ops/norm.h
-// has the semantics). x [rows..., normalized...] with scale/bias [1..., normalized...];
+// fusebox op family norm (graph layer): layernorm, rmsnorm, layernorm_bwd and
+// rmsnorm_bwd (include/fusebox/ops/norm.h has the semantics). x [rows..., normalized...] with scale/bias [1..., normalized...];
 // the training phase also writes fp32 statistics [rows..., 1...].
 #include <cmath>
 #include <sstream>
@@ -198,6 +198,190 @@ void resolved_json(const FlopsContext& ctx, const LayerNormAttrs& a, nlohmann::o
 // Per element of x: mean 1, variance 3 (sub, square, add), normalize 2, scale and bias 2.
 double flops(const FlopsContext& ctx, const LayerNormAttrs&) {
   return 8.0 * static_cast<double>(ctx.in("x").element_count());
+}
+
+
+// ---------------------------------------------------------------- rmsnorm
+
+std::vector<std::string_view> type_names(std::type_identity<RmsNormAttrs>) { return {"rmsnorm"}; }
+std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<RmsNormAttrs>) {
+  if (name == "rmsnorm") return OpAttrs{RmsNormAttrs{}};
+  return std::nullopt;
+}
+std::string_view type_name(const RmsNormAttrs&) { return "rmsnorm"; }
+std::vector<std::string_view> input_roles(const RmsNormAttrs& a) {
+  if (a.bias) return {"x", "scale", "bias"};
+  return {"x", "scale"};
+}
+std::vector<std::string_view> output_roles(const RmsNormAttrs& a) {
+  if (a.phase == NormPhase::kTraining) return {"y", "inv_variance"};
+  return {"y"};
+}
+std::vector<std::string_view> json_fields(const RmsNormAttrs&) { return {"epsilon"}; }
+bool accepts_scalar_inputs(const RmsNormAttrs&) { return false; }
+bool outputs_in_memory(const RmsNormAttrs&) { return false; }
+std::string output_roles_hint(const RmsNormAttrs& a) { return phase_hint(a.phase, "'inv_variance'"); }
+
+Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op,
+                  RmsNormAttrs& a) {
+  a.phase = op.outputs.count("inv_variance") ? NormPhase::kTraining : NormPhase::kInference;
+  a.bias = op.inputs.count("bias") > 0;  // an optional input
+  return parse_epsilon(r, v, path, a.epsilon);
+}
+void write_json(const RmsNormAttrs& a, nlohmann::ordered_json& j) { j["epsilon"] = a.epsilon; }
+
+Status infer(const InferContext& ctx, RmsNormAttrs& a) {
+  const std::string type = "rmsnorm";
+  FUSEBOX_RETURN_IF_ERROR(check_epsilon(ctx.where, a.epsilon));
+  FUSEBOX_RETURN_IF_ERROR(check_x(ctx, "x", type));
+  FUSEBOX_ASSIGN_OR_RETURN(const int64_t k, check_scale(ctx, "scale", "x", type));
+  if (a.bias) FUSEBOX_RETURN_IF_ERROR(check_like_scale(ctx, "bias", type));
+  FUSEBOX_RETURN_IF_ERROR(finish_like_x(ctx, "y", "x", type));
+  if (a.phase == NormPhase::kTraining) {
+    FUSEBOX_RETURN_IF_ERROR(finish_stats(ctx, "inv_variance", stats_dims(ctx.in("x").dims, k), type));
+  }
+  return Status::Ok();
+}
+
+void canonical(const RmsNormAttrs& a, CanonicalWriter& w) {
+  w.field("epsilon", a.epsilon);
+  w.field("phase", norm_phase_name(a.phase));
+  w.field("bias", a.bias);
+}
+void describe(const RmsNormAttrs& a, std::ostream& os) {
+  os << ", epsilon " << a.epsilon << ", " << norm_phase_name(a.phase) << (a.bias ? ", bias" : "");
+}
+void resolved_json(const FlopsContext& ctx, const RmsNormAttrs& a, nlohmann::ordered_json& j) {
+  j["epsilon"] = a.epsilon;
+  j["phase"] = std::string(norm_phase_name(a.phase));
+  j["bias"] = a.bias;
+  resolved_norm_json(ctx, "x", j);
+}
+// Per element of x: square and add 2, normalize 1, scale 1 (and bias 1).
+double flops(const FlopsContext& ctx, const RmsNormAttrs& a) {
+  return (a.bias ? 5.0 : 4.0) * static_cast<double>(ctx.in("x").element_count());
+}
+
+// ---------------------------------------------------------------- backward
+
+namespace {
+
+// dy like x; the saved statistics fp32 with the forward's dims. Random
+// statistics near those of x in [-1, 1] (mean about 0, mean square 1/3, so
+// inv_variance about sqrt(3)): the backward uses them as given, so any values
+// give a well-defined, comparable result; these keep it realistic.
+Status check_bwd_inputs(const InferContext& ctx, const std::string& type, bool has_mean) {
+  FUSEBOX_RETURN_IF_ERROR(check_x(ctx, "x", type));
+  FUSEBOX_RETURN_IF_ERROR(check_x(ctx, "dy", type));
+  const ResolvedTensor& x = ctx.in("x");
+  const ResolvedTensor& dy = ctx.in("dy");
+  if (dy.dims != x.dims) {
+    return InvalidArgument(ctx.in_where("dy") + " has dims " + dims_string(dy.dims) + " but 'x' (" + squote(x.name) +
+                           ") has " + dims_string(x.dims) + ": " + type + "'s dy is the gradient of y, shaped like x");
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(const int64_t k, check_scale(ctx, "scale", "x", type));
+  const std::vector<int64_t> sd = stats_dims(x.dims, k);
+  std::vector<const char*> stats = {"inv_variance"};
+  if (has_mean) stats.insert(stats.begin(), "mean");
+  for (const char* role : stats) {
+    ResolvedTensor& t = ctx.in(role);
+    if (t.dims != sd || t.dtype != DType::kFP32) {
+      return InvalidArgument(ctx.in_where(role) + " is " + dims_string(t.dims) + " " +
+                             std::string(dtype_name(t.dtype)) + ": " + type + " takes the forward's " + role +
+                             ", fp32 " + dims_string(sd) + " (x's row dims, 1 on the normalized ones)");
+    }
+    const bool is_mean = std::string(role) == "mean";
+    t.random_lo = is_mean ? -0.05 : 1.6;
+    t.random_hi = is_mean ? 0.05 : 1.9;
+  }
+  return Status::Ok();
+}
+
+Status finish_bwd_outputs(const InferContext& ctx, const std::string& type, bool dbias) {
+  FUSEBOX_RETURN_IF_ERROR(finish_like_x(ctx, "dx", "x", type));
+  const ResolvedTensor& s = ctx.in("scale");
+  std::vector<const char*> roles = {"dscale"};
+  if (dbias) roles.push_back("dbias");
+  for (const char* role : roles) {
+    FUSEBOX_RETURN_IF_ERROR(ctx.finish_output(role, s.dims, dense_strides_like(s.dims, s.strides), s.dtype));
+    FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.out_where(role), ctx.out(role).dtype,
+                                           {DType::kFP32, DType::kBF16, DType::kFP16},
+                                           type + " writes " + role + " in fp32, bf16 or fp16"));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string_view> type_names(std::type_identity<LayerNormBwdAttrs>) { return {"layernorm_bwd"}; }
+std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<LayerNormBwdAttrs>) {
+  if (name == "layernorm_bwd") return OpAttrs{LayerNormBwdAttrs{}};
+  return std::nullopt;
+}
+std::string_view type_name(const LayerNormBwdAttrs&) { return "layernorm_bwd"; }
+std::vector<std::string_view> input_roles(const LayerNormBwdAttrs&) {
+  return {"dy", "x", "scale", "mean", "inv_variance"};
+}
+std::vector<std::string_view> output_roles(const LayerNormBwdAttrs&) { return {"dx", "dscale", "dbias"}; }
+std::vector<std::string_view> json_fields(const LayerNormBwdAttrs&) { return {}; }
+bool accepts_scalar_inputs(const LayerNormBwdAttrs&) { return false; }
+bool outputs_in_memory(const LayerNormBwdAttrs&) { return true; }
+std::string output_roles_hint(const LayerNormBwdAttrs&) { return ""; }
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, LayerNormBwdAttrs&) {
+  return Status::Ok();
+}
+void write_json(const LayerNormBwdAttrs&, nlohmann::ordered_json&) {}
+Status infer(const InferContext& ctx, LayerNormBwdAttrs&) {
+  FUSEBOX_RETURN_IF_ERROR(check_bwd_inputs(ctx, "layernorm_bwd", /*has_mean=*/true));
+  return finish_bwd_outputs(ctx, "layernorm_bwd", /*dbias=*/true);
+}
+void canonical(const LayerNormBwdAttrs&, CanonicalWriter&) {}
+void describe(const LayerNormBwdAttrs&, std::ostream&) {}
+void resolved_json(const FlopsContext& ctx, const LayerNormBwdAttrs&, nlohmann::ordered_json& j) {
+  resolved_norm_json(ctx, "x", j);
+}
+// Per element of x: xhat 2, g*dy 1, two row means 3, dx 4, dscale 2, dbias 1, and the rest rounded up.
+double flops(const FlopsContext& ctx, const LayerNormBwdAttrs&) {
+  return 14.0 * static_cast<double>(ctx.in("x").element_count());
+}
+
+std::vector<std::string_view> type_names(std::type_identity<RmsNormBwdAttrs>) { return {"rmsnorm_bwd"}; }
+std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<RmsNormBwdAttrs>) {
+  if (name == "rmsnorm_bwd") return OpAttrs{RmsNormBwdAttrs{}};
+  return std::nullopt;
+}
+std::string_view type_name(const RmsNormBwdAttrs&) { return "rmsnorm_bwd"; }
+std::vector<std::string_view> input_roles(const RmsNormBwdAttrs&) { return {"dy", "x", "scale", "inv_variance"}; }
+std::vector<std::string_view> output_roles(const RmsNormBwdAttrs& a) {
+  if (a.dbias) return {"dx", "dscale", "dbias"};
+  return {"dx", "dscale"};
+}
+std::vector<std::string_view> json_fields(const RmsNormBwdAttrs&) { return {}; }
+bool accepts_scalar_inputs(const RmsNormBwdAttrs&) { return false; }
+bool outputs_in_memory(const RmsNormBwdAttrs&) { return true; }
+std::string output_roles_hint(const RmsNormBwdAttrs& a) {
+  return a.dbias ? " (a 'dbias' output is named: the forward had a bias)" : " ('dbias' is optional: name it when the forward had a bias)";
+}
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op, RmsNormBwdAttrs& a) {
+  a.dbias = op.outputs.count("dbias") > 0;
+  return Status::Ok();
+}
+void write_json(const RmsNormBwdAttrs&, nlohmann::ordered_json&) {}
+Status infer(const InferContext& ctx, RmsNormBwdAttrs& a) {
+  FUSEBOX_RETURN_IF_ERROR(check_bwd_inputs(ctx, "rmsnorm_bwd", /*has_mean=*/false));
+  return finish_bwd_outputs(ctx, "rmsnorm_bwd", a.dbias);
+}
+void canonical(const RmsNormBwdAttrs& a, CanonicalWriter& w) { w.field("dbias", a.dbias); }
+void describe(const RmsNormBwdAttrs& a, std::ostream& os) {
+  if (a.dbias) os << ", dbias";
+}
+void resolved_json(const FlopsContext& ctx, const RmsNormBwdAttrs& a, nlohmann::ordered_json& j) {
+  j["dbias"] = a.dbias;
+  resolved_norm_json(ctx, "x", j);
+}
+// Per element of x: layernorm_bwd's less the mean terms.
+double flops(const FlopsContext& ctx, const RmsNormBwdAttrs&) {
+  return 11.0 * static_cast<double>(ctx.in("x").element_count());
 }
 
 }  // namespace graph_ops

@@ -89,6 +89,9 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8FwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8BwdAttrs)
 // norm.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormBwdAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormBwdAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -102,6 +105,9 @@ std::vector<std::string_view> type_names(std::type_identity<SdpaBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8FwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8BwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<LayerNormAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<RmsNormAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<LayerNormBwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<RmsNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<MatmulAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PointwiseAttrs>);
@@ -110,6 +116,9 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8FwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8BwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormBwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormBwdAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>
