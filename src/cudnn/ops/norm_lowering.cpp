@@ -45,7 +45,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormAttrs& rms
   if (bias) attrs.set_bias(bias);
   auto [y, inv_variance] = ctx.graph().rmsnorm(ctx.in("x"), ctx.in("scale"), attrs);
   FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("y", y));
-  if (rms.phase == NormPhase::kTraining) FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("inv_variance", inv_variance));
+  if (rms.phase == NormPhase::kTraining)
+    FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("inv_variance", inv_variance));
   return Status::Ok();
 }
 
@@ -54,17 +55,17 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs
                    .set_name(op.name)
                    .set_saved_mean_and_inv_variance(ctx.in("mean"), ctx.in("inv_variance"))
                    .set_compute_data_type(to_fe(op.compute_dtype));
-  auto [dx, dscale, dbias] = ctx.graph().layernorm_backward(ctx.in("dy"), ctx.in("x"), ctx.in("scale"), attrs);
+  auto [dx, dscale, dbias] =
+      ctx.graph().layernorm_backward(ctx.in("dy"), ctx.in("x"), ctx.in("scale"), attrs);
   FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dx", dx));
   FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dscale", dscale));
   return ctx.bind_output("dbias", dbias);
 }
 
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a) {
-  auto attrs = fe::graph::Rmsnorm_backward_attributes()
-                   .set_name(op.name)
-                   .has_dbias(a.dbias)
-                   .set_compute_data_type(to_fe(op.compute_dtype));
+  auto attrs =
+      fe::graph::Rmsnorm_backward_attributes().set_name(op.name).has_dbias(a.dbias).set_compute_data_type(
+          to_fe(op.compute_dtype));
   auto [dx, dscale, dbias] =
       ctx.graph().rmsnorm_backward(ctx.in("dy"), ctx.in("x"), ctx.in("scale"), ctx.in("inv_variance"), attrs);
   FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dx", dx));

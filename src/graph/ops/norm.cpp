@@ -1,6 +1,6 @@
 // fusebox op family norm (graph layer): layernorm, rmsnorm, layernorm_bwd and
-// rmsnorm_bwd (include/fusebox/ops/norm.h has the semantics). x [rows..., normalized...] with scale/bias [1..., normalized...];
-// the training phase also writes fp32 statistics [rows..., 1...].
+// rmsnorm_bwd (include/fusebox/ops/norm.h has the semantics). x [rows..., normalized...] with scale/bias
+// [1..., normalized...]; the training phase also writes fp32 statistics [rows..., 1...].
 #include <cmath>
 #include <sstream>
 
@@ -59,9 +59,9 @@ Status check_epsilon(const std::string& where, double eps) {
 Status check_x(const InferContext& ctx, const char* role, const std::string& type) {
   const ResolvedTensor& x = ctx.in(role);
   if (x.dims.size() < 2) {
-    return InvalidArgument(ctx.in_where(role) + " has rank " + std::to_string(x.dims.size()) + " " +
-                           dims_string(x.dims) + ": " + type +
-                           " takes x of rank >= 2, [rows..., normalized...] (e.g. [B*S, H, 1, 1] or [B, S, H])");
+    return InvalidArgument(
+        ctx.in_where(role) + " has rank " + std::to_string(x.dims.size()) + " " + dims_string(x.dims) + ": " +
+        type + " takes x of rank >= 2, [rows..., normalized...] (e.g. [B*S, H, 1, 1] or [B, S, H])");
   }
   return check_dtype_in(ctx.in_where(role), x.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
                         type + " takes bf16, fp16 or fp32 " + role);
@@ -69,19 +69,22 @@ Status check_x(const InferContext& ctx, const char* role, const std::string& typ
 
 // scale (or bias): x's dims with the leading row dims 1, a floating dtype.
 // Returns the number of row dims.
-Result<int64_t> check_scale(const InferContext& ctx, const char* role, const char* x_role, const std::string& type) {
+Result<int64_t> check_scale(const InferContext& ctx, const char* role, const char* x_role,
+                            const std::string& type) {
   const ResolvedTensor& x = ctx.in(x_role);
   const ResolvedTensor& s = ctx.in(role);
   const int64_t k = norm_row_dims(x.dims, s.dims);
   if (k < 0) {
     std::vector<int64_t> example = x.dims;
     example[0] = 1;
-    return InvalidArgument(ctx.in_where(role) + " has dims " + dims_string(s.dims) + " but '" + x_role + "' (" +
-                           squote(x.name) + ") is " + dims_string(x.dims) + ": " + type + "'s " + role +
+    return InvalidArgument(ctx.in_where(role) + " has dims " + dims_string(s.dims) + " but '" + x_role +
+                           "' (" + squote(x.name) + ") is " + dims_string(x.dims) + ": " + type + "'s " +
+                           role +
                            " has x's normalized (trailing) dims and 1 on its row (leading) dims, e.g. " +
                            dims_string(example) + " to normalize over all dims but the first");
   }
-  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where(role), s.dtype, {DType::kFP32, DType::kBF16, DType::kFP16},
+  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where(role), s.dtype,
+                                         {DType::kFP32, DType::kBF16, DType::kFP16},
                                          type + " takes an fp32, bf16 or fp16 " + role));
   // Random gains near 1, as trained ones are: y stays on x's scale.
   ctx.in(role).random_lo = 0.5;
@@ -103,10 +106,13 @@ Status check_like_scale(const InferContext& ctx, const char* role, const std::st
 }
 
 // y like x (x's stride order), the io dtype unless declared.
-Status finish_like_x(const InferContext& ctx, const char* out_role, const char* x_role, const std::string& type) {
+Status finish_like_x(const InferContext& ctx, const char* out_role, const char* x_role,
+                     const std::string& type) {
   const ResolvedTensor& x = ctx.in(x_role);
-  FUSEBOX_RETURN_IF_ERROR(ctx.finish_output(out_role, x.dims, dense_strides_like(x.dims, x.strides), ctx.io_dtype));
-  return check_dtype_in(ctx.out_where(out_role), ctx.out(out_role).dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
+  FUSEBOX_RETURN_IF_ERROR(
+      ctx.finish_output(out_role, x.dims, dense_strides_like(x.dims, x.strides), ctx.io_dtype));
+  return check_dtype_in(ctx.out_where(out_role), ctx.out(out_role).dtype,
+                        {DType::kBF16, DType::kFP16, DType::kFP32},
                         type + " writes " + out_role + " in bf16, fp16 or fp32");
 }
 
@@ -117,9 +123,10 @@ Status finish_stats(const InferContext& ctx, const char* role, const std::vector
   FUSEBOX_RETURN_IF_ERROR(ctx.finish_output(role, dims, dense_strides_like(dims, x.strides), DType::kFP32));
   const ResolvedTensor& t = ctx.out(role);
   if (t.is_virtual) {
-    return InvalidArgument(ctx.out_where(role) + " is virtual: " + type +
-                           " writes its statistics to memory for the backward pass; declare it in 'tensors' as a "
-                           "graph output (not virtual), or leave it out for the inference phase");
+    return InvalidArgument(
+        ctx.out_where(role) + " is virtual: " + type +
+        " writes its statistics to memory for the backward pass; declare it in 'tensors' as a "
+        "graph output (not virtual), or leave it out for the inference phase");
   }
   return check_dtype_in(ctx.out_where(role), t.dtype, {DType::kFP32},
                         type + " writes " + role + " in fp32 only (dims " + dims_string(dims) + ")");
@@ -134,7 +141,8 @@ std::string phase_hint(NormPhase p, const char* stats) {
 void resolved_norm_json(const FlopsContext& ctx, const char* x_role, nlohmann::ordered_json& j) {
   const int64_t k = norm_row_dims(ctx.in(x_role).dims, ctx.in("scale").dims);
   std::vector<int64_t> axes;
-  for (int64_t i = std::max<int64_t>(k, 1); i < static_cast<int64_t>(ctx.in(x_role).dims.size()); ++i) axes.push_back(i);
+  for (int64_t i = std::max<int64_t>(k, 1); i < static_cast<int64_t>(ctx.in(x_role).dims.size()); ++i)
+    axes.push_back(i);
   j["normalized_dims"] = axes;
 }
 
@@ -157,7 +165,9 @@ std::vector<std::string_view> json_fields(const LayerNormAttrs&) { return {"epsi
 bool accepts_scalar_inputs(const LayerNormAttrs&) { return false; }
 // y may feed a pointwise op; the statistics are checked to be in memory (infer).
 bool outputs_in_memory(const LayerNormAttrs&) { return false; }
-std::string output_roles_hint(const LayerNormAttrs& a) { return phase_hint(a.phase, "'mean' and 'inv_variance'"); }
+std::string output_roles_hint(const LayerNormAttrs& a) {
+  return phase_hint(a.phase, "'mean' and 'inv_variance'");
+}
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op,
                   LayerNormAttrs& a) {
@@ -199,7 +209,6 @@ void resolved_json(const FlopsContext& ctx, const LayerNormAttrs& a, nlohmann::o
 double flops(const FlopsContext& ctx, const LayerNormAttrs&) {
   return 8.0 * static_cast<double>(ctx.in("x").element_count());
 }
-
 
 // ---------------------------------------------------------------- rmsnorm
 
@@ -276,8 +285,9 @@ Status check_bwd_inputs(const InferContext& ctx, const std::string& type, bool h
   const ResolvedTensor& x = ctx.in("x");
   const ResolvedTensor& dy = ctx.in("dy");
   if (dy.dims != x.dims) {
-    return InvalidArgument(ctx.in_where("dy") + " has dims " + dims_string(dy.dims) + " but 'x' (" + squote(x.name) +
-                           ") has " + dims_string(x.dims) + ": " + type + "'s dy is the gradient of y, shaped like x");
+    return InvalidArgument(ctx.in_where("dy") + " has dims " + dims_string(dy.dims) + " but 'x' (" +
+                           squote(x.name) + ") has " + dims_string(x.dims) + ": " + type +
+                           "'s dy is the gradient of y, shaped like x");
   }
   FUSEBOX_ASSIGN_OR_RETURN(const int64_t k, check_scale(ctx, "scale", "x", type));
   const std::vector<int64_t> sd = stats_dims(x.dims, k);
@@ -351,7 +361,9 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<RmsN
   return std::nullopt;
 }
 std::string_view type_name(const RmsNormBwdAttrs&) { return "rmsnorm_bwd"; }
-std::vector<std::string_view> input_roles(const RmsNormBwdAttrs&) { return {"dy", "x", "scale", "inv_variance"}; }
+std::vector<std::string_view> input_roles(const RmsNormBwdAttrs&) {
+  return {"dy", "x", "scale", "inv_variance"};
+}
 std::vector<std::string_view> output_roles(const RmsNormBwdAttrs& a) {
   if (a.dbias) return {"dx", "dscale", "dbias"};
   return {"dx", "dscale"};
@@ -360,9 +372,11 @@ std::vector<std::string_view> json_fields(const RmsNormBwdAttrs&) { return {}; }
 bool accepts_scalar_inputs(const RmsNormBwdAttrs&) { return false; }
 bool outputs_in_memory(const RmsNormBwdAttrs&) { return true; }
 std::string output_roles_hint(const RmsNormBwdAttrs& a) {
-  return a.dbias ? " (a 'dbias' output is named: the forward had a bias)" : " ('dbias' is optional: name it when the forward had a bias)";
+  return a.dbias ? " (a 'dbias' output is named: the forward had a bias)"
+                 : " ('dbias' is optional: name it when the forward had a bias)";
 }
-Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op, RmsNormBwdAttrs& a) {
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op,
+                  RmsNormBwdAttrs& a) {
   a.dbias = op.outputs.count("dbias") > 0;
   return Status::Ok();
 }

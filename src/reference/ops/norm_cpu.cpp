@@ -22,8 +22,8 @@ struct RowsCols {
 Result<RowsCols> rows_cols(const ResolvedOp& op, const Values& x, const Values& scale) {
   const int64_t k = norm_row_dims(x.dims, scale.dims);
   if (k < 1)
-    return InvalidArgument(op_where(op) + "scale dims " + dims_string(scale.dims) + " are not the trailing dims of x " +
-                           dims_string(x.dims));
+    return InvalidArgument(op_where(op) + "scale dims " + dims_string(scale.dims) +
+                           " are not the trailing dims of x " + dims_string(x.dims));
   RowsCols rc{1, 1};
   for (size_t i = 0; i < x.dims.size(); ++i) (static_cast<int64_t>(i) < k ? rc.rows : rc.n) *= x.dims[i];
   return rc;
@@ -36,7 +36,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const LayerNormAttrs& a)
   FUSEBOX_ASSIGN_OR_RETURN(const Values* scale, ctx.in("scale"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* bias, ctx.in("bias"));
   FUSEBOX_ASSIGN_OR_RETURN(const RowsCols rc, rows_cols(op, *x, *scale));
-  FUSEBOX_ASSIGN_OR_RETURN(Values* y, ctx.out("y"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * y, ctx.out("y"));
   Values* mean = nullptr;
   Values* inv_var = nullptr;
   if (a.phase == NormPhase::kTraining) {
@@ -71,7 +71,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RmsNormAttrs& a) {
     FUSEBOX_ASSIGN_OR_RETURN(bias, ctx.in("bias"));
   }
   FUSEBOX_ASSIGN_OR_RETURN(const RowsCols rc, rows_cols(op, *x, *scale));
-  FUSEBOX_ASSIGN_OR_RETURN(Values* y, ctx.out("y"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * y, ctx.out("y"));
   Values* inv_var = nullptr;
   if (a.phase == NormPhase::kTraining) {
     FUSEBOX_ASSIGN_OR_RETURN(inv_var, ctx.out("inv_variance"));
@@ -105,8 +105,8 @@ Status norm_bwd(CpuOpContext& ctx, const ResolvedOp& op, bool has_mean, bool dbi
   }
   FUSEBOX_ASSIGN_OR_RETURN(const Values* inv_var, ctx.in("inv_variance"));
   FUSEBOX_ASSIGN_OR_RETURN(const RowsCols rc, rows_cols(op, *x, *scale));
-  FUSEBOX_ASSIGN_OR_RETURN(Values* dx, ctx.out("dx"));
-  FUSEBOX_ASSIGN_OR_RETURN(Values* dscale, ctx.out("dscale"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * dx, ctx.out("dx"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * dscale, ctx.out("dscale"));
   Values* dbias = nullptr;
   if (dbias_out) {
     FUSEBOX_ASSIGN_OR_RETURN(dbias, ctx.out("dbias"));
@@ -172,7 +172,11 @@ Tolerance tolerance(const RmsNormAttrs&, std::string_view, DType dtype) { return
 // in fp32, whatever order cuDNN adds them in), all far below the defaults;
 // dx's cancellation (g*dy minus the row means) happens in fp32 on both sides
 // from exactly the same inputs, so it adds rounding, not bias.
-Tolerance tolerance(const LayerNormBwdAttrs&, std::string_view, DType dtype) { return default_tolerance(dtype); }
-Tolerance tolerance(const RmsNormBwdAttrs&, std::string_view, DType dtype) { return default_tolerance(dtype); }
+Tolerance tolerance(const LayerNormBwdAttrs&, std::string_view, DType dtype) {
+  return default_tolerance(dtype);
+}
+Tolerance tolerance(const RmsNormBwdAttrs&, std::string_view, DType dtype) {
+  return default_tolerance(dtype);
+}
 
 }  // namespace fusebox::reference_detail

@@ -30,7 +30,9 @@ __device__ __forceinline__ int64_t offset_of(const DevTensor& t, int64_t i) {
   return off;
 }
 
-__device__ __forceinline__ float load_logical(const DevTensor& t, int64_t i) { return load_at(t, offset_of(t, i)); }
+__device__ __forceinline__ float load_logical(const DevTensor& t, int64_t i) {
+  return load_at(t, offset_of(t, i));
+}
 
 struct NormArgs {
   DevTensor x, scale, bias;  // bias.ptr == nullptr and scalar 0: no bias
@@ -118,8 +120,8 @@ __global__ void norm_bwd_dscale_kernel(NormBwdArgs a, float* dscale, float* dbia
 Status rows_cols(const ResolvedOp& op, const Located& x, const Located& scale, int64_t& rows, int64_t& n) {
   const int64_t k = norm_row_dims(x.dims, scale.dims);
   if (k < 1)
-    return InvalidArgument(op_where(op) + "scale dims " + dims_string(scale.dims) + " are not the trailing dims of x " +
-                           dims_string(x.dims));
+    return InvalidArgument(op_where(op) + "scale dims " + dims_string(scale.dims) +
+                           " are not the trailing dims of x " + dims_string(x.dims));
   rows = n = 1;
   for (size_t i = 0; i < x.dims.size(); ++i) (static_cast<int64_t>(i) < k ? rows : n) *= x.dims[i];
   return Status::Ok();
