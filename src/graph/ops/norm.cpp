@@ -1,6 +1,7 @@
 // fusebox op family norm (graph layer): layernorm, rmsnorm, layernorm_bwd and
-// rmsnorm_bwd (include/fusebox/ops/norm.h has the semantics). x [rows..., normalized...] with scale/bias
-// [1..., normalized...]; the training phase also writes fp32 statistics [rows..., 1...].
+// rmsnorm_bwd (include/fusebox/ops/norm.h has the semantics). x [rows...,
+// normalized...] with scale/bias [1..., normalized...]; the training phase also
+// writes fp32 statistics [rows..., 1...].
 #include <cmath>
 #include <sstream>
 
