@@ -133,17 +133,22 @@ Status norm_bwd(CpuOpContext& ctx, const ResolvedOp& op, bool has_mean, bool dbi
       }
     }
   });
-  // dscale, dbias column by column (sums over the rows).
+  // dscale, dbias: sums over the rows, each thread a block of columns, rows in
+  // order (contiguous reads).
   parallel_for(n, 3.0 * static_cast<double>(rows), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      double ds = 0, db = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const double g = dy->data[r * n + i];
-        ds += g * (x->data[r * n + i] - (mean ? mean->data[r] : 0.0)) * inv_var->data[r];
-        db += g;
+    std::vector<double> ds(static_cast<size_t>(end - begin), 0.0), db(ds.size(), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const double m = mean ? mean->data[r] : 0.0, inv = inv_var->data[r];
+      const float* xr = x->data.data() + r * n;
+      const float* dyr = dy->data.data() + r * n;
+      for (int64_t i = begin; i < end; ++i) {
+        ds[i - begin] += static_cast<double>(dyr[i]) * (xr[i] - m) * inv;
+        db[i - begin] += dyr[i];
       }
-      dscale->data[i] = static_cast<float>(ds);
-      if (dbias) dbias->data[i] = static_cast<float>(db);
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      dscale->data[i] = static_cast<float>(ds[i - begin]);
+      if (dbias) dbias->data[i] = static_cast<float>(db[i - begin]);
     }
   });
   return Status::Ok();
