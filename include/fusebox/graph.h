@@ -26,6 +26,7 @@
 #include "fusebox/dtype.h"
 #include "fusebox/ops/conv.h"
 #include "fusebox/ops/matmul.h"
+#include "fusebox/ops/norm.h"
 #include "fusebox/ops/pointwise.h"
 #include "fusebox/ops/sdpa.h"
 #include "fusebox/status.h"
@@ -64,7 +65,8 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 // One header per op family; adding a family adds its header here and its
 // attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
 using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
-                             SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs>;
+                             SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs,
+                             RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -87,13 +89,17 @@ std::string_view op_type_name(const OpAttrs& attrs);
 //                 scale_dv, scale_dp
 //   every sdpa op, per SdpaOptions: + seq_len_q, seq_len_kv (padding),
 //   + bias (bias), + seed, offset (dropout)
+//   layernorm: x, scale, bias     rmsnorm: x, scale (+ bias)
+//   layernorm_bwd: dy, x, scale, mean, inv_variance   rmsnorm_bwd: dy, x, scale, inv_variance
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv_fprop/matmul/pointwise;
 // conv_dgrad "dx"; conv_wgrad "dw"; sdpa_fwd "o"
 // (+ "stats"); sdpa_bwd "dq", "dk", "dv"; sdpa_fp8_fwd "o", "amax_s",
 // "amax_o" (+ "stats"); sdpa_fp8_bwd "dq", "dk", "dv", "amax_dq", "amax_dk",
 // "amax_dv", "amax_dp"; every sdpa op + "dropout_mask" with
-// dump_dropout_mask. The first is the primary output.
+// dump_dropout_mask; layernorm "y" (+ "mean", "inv_variance" in the training
+// phase); rmsnorm "y" (+ "inv_variance"); layernorm_bwd "dx", "dscale",
+// "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"). The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 
@@ -200,7 +206,9 @@ struct ResolvedGraph {
   // Useful work, for TFLOP/s: 2*MACs for conv (fprop, dgrad and wgrad alike) and matmul, one per element
   // for pointwise ops, 2*B*Hq*(D+Dv) per kept query/key pair for sdpa_fwd
   // and sdpa_fp8_fwd (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal),
-  // and 2.5 times that for sdpa_bwd (five matmuls against two). With padding
+  // and 2.5 times that for sdpa_bwd (five matmuls against two), 8 per element
+  // of x for layernorm, 4 for rmsnorm (5 with a bias), 14 for layernorm_bwd
+  // and 11 for rmsnorm_bwd. With padding
   // the lengths are data: `inputs` maps input tensor names to their values
   // (logical order); seq_len tensors missing from it use their fixed values,
   // else count as full length.

@@ -54,6 +54,73 @@ _POINTWISE = {
 }
 
 
+# ---------------------------------------------------------------- normalization
+#
+# From the rules in include/fusebox/ops/norm.h, through torch's own
+# F.layer_norm for y (an implementation independent of fusebox's), and the
+# statistics written out explicitly (biased variance, float32). The
+# normalized dims come resolved from check --json ("normalized_dims": the
+# trailing dims of x that scale covers).
+
+NORM_OPS = ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd")
+
+
+def _norm_shape(x, op):
+    dims = op["attrs"]["normalized_dims"]
+    return tuple(x.shape[d] for d in dims), tuple(dims)
+
+
+def layernorm(ins, op):
+    """layernorm outputs by role: "y" and, in the training phase, "mean" and "inv_variance"."""
+    x = ins["x"].float()
+    eps = float(op["attrs"]["epsilon"])
+    shape, dims = _norm_shape(x, op)
+    y = F.layer_norm(x, shape, ins["scale"].float().reshape(shape), ins["bias"].float().reshape(shape), eps)
+    out = {"y": y}
+    if op["attrs"]["phase"] == "training":
+        mean = x.mean(dim=dims, keepdim=True)
+        var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
+        out["mean"] = mean
+        out["inv_variance"] = torch.rsqrt(var + eps)
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
+def rmsnorm(ins, op):
+    """rmsnorm outputs by role: "y" and, in the training phase, "inv_variance"."""
+    x = ins["x"].float()
+    eps = float(op["attrs"]["epsilon"])
+    shape, dims = _norm_shape(x, op)
+    inv = torch.rsqrt((x * x).mean(dim=dims, keepdim=True) + eps)
+    y = x * inv * ins["scale"].float()
+    if "bias" in ins:
+        y = y + ins["bias"].float()
+    out = {"y": y, "inv_variance": inv}
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
+def norm_backward(ins, op):
+    """layernorm_bwd / rmsnorm_bwd outputs by role: "dx", "dscale" (and
+    "dbias"), from the given statistics (norm.h: the backward does not
+    recompute them from x), by norm.h's formulas. When the statistics are x's
+    own, this is autograd's gradient of F.layer_norm / the RMS norm
+    (tests/python/test_norm_torch_ops.py checks that)."""
+    x = ins["x"].float()
+    dy = ins["dy"].float()
+    g = ins["scale"].float()
+    shape, dims = _norm_shape(x, op)
+    inv = ins["inv_variance"].float()
+    mean = ins["mean"].float() if op["op"] == "layernorm_bwd" else None
+    xhat = (x - mean) * inv if mean is not None else x * inv
+    gdy = g * dy
+    c2 = (gdy * xhat).mean(dim=dims, keepdim=True)
+    c1 = gdy.mean(dim=dims, keepdim=True) if mean is not None else 0.0
+    row_dims = tuple(d for d in range(x.dim()) if d not in dims)
+    out = {"dx": inv * (gdy - c1 - xhat * c2),
+           "dscale": (dy * xhat).sum(dim=row_dims, keepdim=True),
+           "dbias": dy.sum(dim=row_dims, keepdim=True)}
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
 # ---------------------------------------------------------------- attention
 #
 # Written from the rules in include/fusebox/graph.h (not from fusebox's C++
@@ -385,8 +452,8 @@ def apply_op(op, ins, dtypes=None):
     """`op` is an op of check --json, `ins` maps its input roles to tensors;
     `dtypes` (optional) maps its input and output roles to dtype names (used
     by sdpa_fp8_bwd: its internal and output fp8 roundings).
-    Returns a tensor (the "y" output), or for the sdpa ops a dict output
-    role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
+    Returns a tensor (the "y" output), or for the sdpa and norm ops a dict
+    output role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
     (dropout)."""
     kind = op["op"]
     if kind == "sdpa_fwd":
@@ -400,6 +467,12 @@ def apply_op(op, ins, dtypes=None):
     if kind == "sdpa_fp8_bwd":
         res = sdpa_fp8_backward(ins, op, dtypes)
         return {r: res[r] for r in op["outputs"] if r in res}
+    if kind == "layernorm":
+        return layernorm(ins, op)
+    if kind == "rmsnorm":
+        return rmsnorm(ins, op)
+    if kind in ("layernorm_bwd", "rmsnorm_bwd"):
+        return norm_backward(ins, op)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "conv_dgrad":

@@ -168,6 +168,21 @@ expect_bad "number beyond a double"          "huge_number\.json: invalid JSON: n
 expect_bad "invalid_shapes.json (check)"     "\[conv_fprop 'conv1'\] input 'w' \('w'\) has C=48 but input 'x' \('x'\) has C=64: the filter's dim 1 must equal x's channels, or divide them"  check "$SRC/examples/graphs/invalid_shapes.json"
 expect_bad "invalid_shapes.json (build)"     "\[conv_fprop 'conv1'\] input 'w' \('w'\) has C=48 but input 'x' \('x'\) has C=64: the filter's dim 1 must equal x's channels, or divide them"  build "$SRC/examples/graphs/invalid_shapes.json" --device "$DEVPROP"
 EXPECT_RC=1 expect_bad "sdpa: bottom-right with bias (build)" 'Bottom right causal mask is only supported with is_bias=False'  build "$SRC/examples/graphs/invalid_sdpa_bottom_right_bias.json" --device "$DEVPROP"
+# Norms: a scale that is not x's trailing dims (exit 2, naming op, tensor and
+# what is accepted); a residual add feeding layernorm is a valid graph that
+# cuDNN 9.19's norm engine refuses (no pointwise prologue or epilogue).
+sed 's/"dims": \[1, 128, 1, 1\]/"dims": [1, 120, 1, 1]/' "$SRC/examples/graphs/small/layernorm_small.json" > "$TMP/bad_scale.json"
+expect_bad "layernorm: scale of wrong length" "\[layernorm 'ln'\] input 'scale' \('scale'\) has dims \[1, 120, 1, 1\] but 'x' \('x'\) is \[64, 128, 1, 1\]: layernorm's scale has x's normalized \(trailing\) dims and 1 on its row \(leading\) dims, e\.g\. \[1, 128, 1, 1\]"  check "$TMP/bad_scale.json"
+# (cuDNN's refusal lists several reasons, so not expect_bad's one line.)
+run_fb build "$SRC/examples/graphs/invalid_add_layernorm.json" --device "$DEVPROP"
+why=$(crash_reason)
+if [ -n "$why" ]; then fail "layernorm after add (build)" "$why"
+elif [ "$RC" -ne 1 ]; then fail "layernorm after add (build)" "exit $RC, expected 1"
+elif ! grep -q 'NotSupported: .*create_execution_plans' "$TMP/stderr" || \
+     ! grep -qF 'matcher->hasProloguePwNodes() || matcher->hasEpiloguePwNodes()' "$TMP/stderr"; then
+  fail "layernorm after add (build)" "cuDNN's reason (pointwise prologue/epilogue) is not quoted"
+else pass "layernorm after add (build): NotSupported, cuDNN's norm engine refuses the prologue"
+fi
 expect_bad "sdpa: seq_len value > Sq"        "\[sdpa_fwd 'attn'\] input 'seq_len_q' \('seq_len_q'\) holds the value 500: each length must be an integer in \[0, 96\]"  check "$SRC/examples/graphs/invalid_sdpa_lengths.json"
 expect_bad "nonexistent graph file"          "graph file '$TMP/no_such_graph\.json': cannot open: No such file or directory"  check "$TMP/no_such_graph.json"
 expect_bad "graph path is a directory"       "'$TMP'.*is a directory"  check "$TMP"

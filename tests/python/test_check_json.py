@@ -15,8 +15,9 @@ OP_KEYS = ["name", "op", "inputs", "outputs", "primary_output", "compute_dtype",
 SDPA_ATTR_KEYS = {"attn_scale", "causal", "alignment", "left_bound", "right_bound", "padding", "bias", "alibi",
                   "alibi_slopes", "dropout", "dump_dropout_mask"}
 # The primary output of each op type (graph.h, op_output_roles: the first).
-PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": "y", "sdpa_fwd": "o", "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq",
-           "sdpa_fp8_bwd": "dq"}
+PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": "y", "sdpa_fwd": "o",
+           "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
+           "layernorm_bwd": "dx", "rmsnorm_bwd": "dx"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
@@ -90,6 +91,19 @@ def test_example_document(run_check, path):
                 assert op["attrs"]["x_dims"] == tensors[op["outputs"]["dx"]]["dims"]
             if op["op"] == "conv_wgrad":
                 assert op["attrs"]["w_dims"] == tensors[op["outputs"]["dw"]]["dims"]
+        elif op["op"] in ("layernorm", "rmsnorm"):
+            a = op["attrs"]
+            assert a["epsilon"] >= 0 and a["phase"] in ("inference", "training")
+            assert (a["phase"] == "training") == ("inv_variance" in op["outputs"])
+            # the normalized dims are where scale has x's dims, the trailing ones
+            x, scale = tensors[op["inputs"]["x"]]["dims"], tensors[op["inputs"]["scale"]]["dims"]
+            assert a["normalized_dims"] == list(range(a["normalized_dims"][0], len(x)))
+            assert all(scale[d] == (x[d] if d in a["normalized_dims"] else 1) for d in range(len(x)))
+        elif op["op"] in ("layernorm_bwd", "rmsnorm_bwd"):
+            x = tensors[op["inputs"]["x"]]["dims"]
+            assert op["attrs"]["normalized_dims"] and op["attrs"]["normalized_dims"][-1] == len(x) - 1
+            assert tensors[op["outputs"]["dx"]]["dims"] == x
+            assert tensors[op["outputs"]["dscale"]]["dims"] == tensors[op["inputs"]["scale"]]["dims"]
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}

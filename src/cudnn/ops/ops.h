@@ -60,5 +60,10 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& att
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs);
+// ---- norm: ops/norm_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& attrs);
 
 }  // namespace fusebox::cudnn

@@ -89,6 +89,11 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaBwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8FwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8BwdAttrs)
+// norm.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormBwdAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormBwdAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -103,6 +108,10 @@ std::vector<std::string_view> type_names(std::type_identity<SdpaFwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8FwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<SdpaFp8BwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<LayerNormAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<RmsNormAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<LayerNormBwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<RmsNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
@@ -112,6 +121,10 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8FwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8BwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormBwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormBwdAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

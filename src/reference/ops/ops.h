@@ -62,4 +62,18 @@ Tolerance tolerance(const SdpaBwdAttrs& a, std::string_view role, DType dtype);
 Tolerance tolerance(const SdpaFp8FwdAttrs& a, std::string_view role, DType dtype);
 Tolerance tolerance(const SdpaFp8BwdAttrs& a, std::string_view role, DType dtype);
 
+// ---- norm: ops/norm_cpu.cpp, ops/norm_gpu.cu
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const LayerNormAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const LayerNormAttrs& a);
+Tolerance tolerance(const LayerNormAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RmsNormAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const RmsNormAttrs& a);
+Tolerance tolerance(const RmsNormAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs& a);
+Tolerance tolerance(const LayerNormBwdAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a);
+Tolerance tolerance(const RmsNormBwdAttrs& a, std::string_view role, DType dtype);
+
 }  // namespace fusebox::reference_detail
