@@ -77,7 +77,7 @@ bool another_mode_may_help(const Status& st, const BuildReport& failed) {
 Result<Plan> build_modes_in_turn(const BuildOptions& base, const std::vector<std::vector<HeuristicMode>>& order,
                                  const BuildFn& build, std::vector<ModeAttempt>* attempts) {
   if (order.empty()) return InvalidArgument("no heuristic mode to try");
-  Status last = Internal("no build tried");
+  std::vector<Status> failures;
   for (const auto& modes : order) {
     BuildOptions o = base;
     o.heuristics = modes;
@@ -88,14 +88,20 @@ Result<Plan> build_modes_in_turn(const BuildOptions& base, const std::vector<std
     const bool may_help = !plan.ok() && another_mode_may_help(attempt.status, attempt.report);
     if (attempts) attempts->push_back(std::move(attempt));
     if (plan.ok()) return plan;
-    last = plan.status();
-    if (!may_help) return last;
+    if (!may_help) return plan.status();
+    failures.push_back(plan.status());
   }
-  if (order.size() == 1) return last;
-  std::string tried;
-  for (const auto& modes : order) tried += (tried.empty() ? "" : ", ") + modes_csv(modes);
-  return Status(last.code(), "heuristic modes " + tried + " tried in turn, none yielded a buildable engine; the last: " +
-                                 last.message());
+  if (order.size() == 1) return failures[0];
+  // The first mode's error in full (cuDNN's reasons, hints), then one line per other mode.
+  std::string tried, rest;
+  for (size_t i = 0; i < order.size(); ++i) {
+    tried += (i ? ", " : "") + modes_csv(order[i]);
+    if (i == 0) continue;
+    const std::string& m = failures[i].message();
+    rest += "\n  mode " + modes_csv(order[i]) + ": " + m.substr(0, m.find('\n'));
+  }
+  return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried +
+                                        "); mode " + modes_csv(order[0]) + ": " + failures[0].message() + rest);
 }
 
 std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace) {
