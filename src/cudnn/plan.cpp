@@ -216,6 +216,12 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   int64_t pinned = -1;
   if (!options.engine.empty()) {
     FUSEBOX_ASSIGN_OR_RETURN(pinned, find_engine(graph, options.engine));
+    for (const auto& d : r.dropped) {
+      if (d.index == pinned) {
+        return InvalidArgument("pinned engine '" + options.engine + "' " + d.why +
+                               ": raise the workspace limit or pin another engine");
+      }
+    }
   }
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "check_support", [&]() { return graph.check_support(); }));
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_plans", [&]() {

@@ -307,6 +307,27 @@ TEST_F(DevicelessSession, WorkspaceLimitDropsLargerCandidatesAndSaysWhich) {
   }
 }
 
+TEST_F(DevicelessSession, APinnedEngineOverTheLimitIsRefusedSayingWhy) {
+  ResolvedGraph big = load(source_dir() + "/examples/graphs/conv_bias_relu.json");
+  auto s = session(nullptr);
+  ASSERT_TRUE(s);
+  auto first = s->get_plan(big);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  if (first->workspace_bytes() == 0) GTEST_SKIP() << "the heuristic choice needs no workspace with this cuDNN";
+  PlanRequest req;
+  req.engine = first->engine_name();
+  req.max_workspace_bytes = first->workspace_bytes() - 1;
+  PlanReport r;
+  auto pinned = s->get_plan(big, req, &r);
+  ASSERT_FALSE(pinned.ok());
+  EXPECT_EQ(pinned.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(pinned.status().message().find("pinned engine '" + req.engine + "' needs " +
+                                           std::to_string(first->workspace_bytes()) + " bytes of workspace"),
+            std::string::npos)
+      << pinned.status().message();
+  EXPECT_EQ(r.attempts.size(), 1u);
+}
+
 TEST_F(DevicelessSession, NoCandidateUnderTheLimitIsOneClearError) {
   // A session-wide limit of 0 bytes on a graph whose every candidate needs some.
   ResolvedGraph big = load(source_dir() + "/examples/graphs/conv_bias_relu.json");

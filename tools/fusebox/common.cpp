@@ -114,10 +114,14 @@ void print_build_report(const BuildReport& r) {
   if (r.workspace_limit >= 0) {
     std::printf("  workspace limit %s: %zu candidate(s) dropped\n", format_bytes(r.workspace_limit).c_str(),
                 r.dropped.size());
-    for (const auto& d : r.dropped) {
+    // The first few; --json lists them all.
+    const size_t shown = std::min<size_t>(r.dropped.size(), 8);
+    for (size_t i = 0; i < shown; ++i) {
+      const auto& d = r.dropped[i];
       std::printf("    - %s (candidate %lld): %s\n", safe(d.name).c_str(), static_cast<long long>(d.index),
                   safe(d.why).c_str());
     }
+    if (shown < r.dropped.size()) std::printf("    ... and %zu more (--json lists all)\n", r.dropped.size() - shown);
   }
   std::printf("  total: %.2f ms\n", r.total_ms());
   std::fflush(stdout);
@@ -148,6 +152,8 @@ nlohmann::json to_json(const PlanReport& r) {
 }
 
 void print_attempts(const PlanReport& r) {
+  // One attempt: its error goes to stderr as the command's error, once.
+  if (r.attempts.size() < 2) return;
   for (const auto& a : r.attempts) {
     if (a.status.ok()) continue;
     std::string modes;
