@@ -7,8 +7,8 @@
 //   build/bound_execute_bench [GRAPH.json] [--iters N] [--rounds R]
 //
 // Needs a GPU; without one it says so and exits 0.
-#include <cudnn.h>
 #include <cuda_runtime_api.h>
+#include <cudnn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -59,7 +59,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string graph_path = std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json";
+  std::string graph_path =
+      std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json";
   int iters = 2000, rounds = 5;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
     }
   }
   if (gpu_count() == 0) {
-    std::printf("bound_execute_bench: skipped: no CUDA GPU visible (this benchmark times executions on a GPU)\n");
+    std::printf(
+        "bound_execute_bench: skipped: no CUDA GPU visible (this benchmark times executions on a GPU)\n");
     return 0;
   }
   auto spec = load_graph_file(graph_path);
@@ -109,8 +111,9 @@ int main(int argc, char** argv) {
   auto backend_plan = static_cast<cudnnBackendDescriptor_t>(bound->backend_plan());
   auto pack = static_cast<cudnnBackendDescriptor_t>(bound->backend_variant_pack());
   std::printf("graph %s (%s), engine %s, workspace %lld B, plan %s, bound path: %s\n", g->name.c_str(),
-              graph_path.c_str(), plan->engine_name().c_str(), static_cast<long long>(plan->workspace_bytes()),
-              rep.source_text().c_str(), bound->direct() ? "direct (prebuilt variant pack)" : "frontend pointer array");
+              graph_path.c_str(), plan->engine_name().c_str(),
+              static_cast<long long>(plan->workspace_bytes()), rep.source_text().c_str(),
+              bound->direct() ? "direct (prebuilt variant pack)" : "frontend pointer array");
 
   struct Row {
     const char* name;
@@ -120,10 +123,12 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   rows.push_back({"BoundPlan::execute", [&] { return bound->execute().ok(); }, {}});
   if (bound->direct()) {
-    rows.push_back(
-        {"cudnnBackendExecute (bare)", [&] { return cudnnBackendExecute(handle, backend_plan, pack) == CUDNN_STATUS_SUCCESS; }, {}});
+    rows.push_back({"cudnnBackendExecute (bare)",
+                    [&] { return cudnnBackendExecute(handle, backend_plan, pack) == CUDNN_STATUS_SUCCESS; },
+                    {}});
   }
-  rows.push_back({"Plan::execute (unbound)", [&] { return plan->execute(ctx, buffers, workspace).ok(); }, {}});
+  rows.push_back(
+      {"Plan::execute (unbound)", [&] { return plan->execute(ctx, buffers, workspace).ok(); }, {}});
   // Warm-up (loads the kernels), then rounds interleaved so drift hits every row alike.
   for (auto& r : rows) {
     if (time_calls(r.call, stream, 64).empty()) {

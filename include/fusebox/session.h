@@ -49,20 +49,20 @@ struct ModeAttempt {
 // Where a plan came from and what it cost.
 struct PlanReport {
   PlanSource source = PlanSource::kNone;
-  std::string heuristic_mode;         // the modes that served a build ("a", "fallback", "a,b"); empty otherwise
+  std::string heuristic_mode;  // the modes that served a build ("a", "fallback", "a,b"); empty otherwise
   std::vector<ModeAttempt> attempts;  // builds tried, in order; the last one served when the plan was built
   BuildReport build;                  // the five steps of the serving (or last failed) build
   std::string engine;
   int64_t workspace_bytes = 0;
   std::string cache = "off";  // "hit", "miss" or "off"
   std::string cache_key;
-  bool stored = false;         // a build was stored in the cache
-  CacheEntry cache_entry;      // provenance on a cache hit (payload emptied)
+  bool stored = false;     // a build was stored in the cache
+  CacheEntry cache_entry;  // provenance on a cache hit (payload emptied)
   bool plan_file_built_deviceless = false;
-  double lookup_ms = 0;        // cache lookups (tuned, then heuristic)
-  double deserialize_ms = 0;   // plan file or cache entry
+  double lookup_ms = 0;       // cache lookups (tuned, then heuristic)
+  double deserialize_ms = 0;  // plan file or cache entry
   double deserialize_again_ms = -1;
-  double total_ms = 0;         // get_plan wall time
+  double total_ms = 0;  // get_plan wall time
   std::vector<std::string> warnings;
 
   // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
@@ -78,8 +78,9 @@ bool another_mode_may_help(const Status& st, const BuildReport& failed);
 // with each entry of `order` as the modes until one succeeds or a failure
 // another mode cannot fix; every try is appended to `attempts`.
 using BuildFn = std::function<Result<Plan>(const BuildOptions&, BuildReport*)>;
-Result<Plan> build_modes_in_turn(const BuildOptions& base, const std::vector<std::vector<HeuristicMode>>& order,
-                                 const BuildFn& build, std::vector<ModeAttempt>* attempts);
+Result<Plan> build_modes_in_turn(const BuildOptions& base,
+                                 const std::vector<std::vector<HeuristicMode>>& order, const BuildFn& build,
+                                 std::vector<ModeAttempt>* attempts);
 // The cache policy key of a request ("build;modes=a>b>fallback;..." for the default).
 std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace);
 
@@ -95,9 +96,9 @@ struct SessionOptions {
 };
 
 struct SessionTune {
-  bool hit = false;     // a tuned plan was in the cache: not tuned again
-  Plan plan;            // the cached plan, or the winner
-  CacheEntry entry;     // on a hit
+  bool hit = false;  // a tuned plan was in the cache: not tuned again
+  Plan plan;         // the cached plan, or the winner
+  CacheEntry entry;  // on a hit
   std::string cache = "off";
   std::string cache_key;
   double lookup_ms = 0, deserialize_ms = 0;
@@ -115,17 +116,19 @@ class Session {
 
   const DeviceTarget& target() const;
   bool deviceless() const;
-  GpuContext* context();    // null when deviceless
+  GpuContext* context();  // null when deviceless
   PlanCache* cache();
   double context_create_ms() const;  // the GPU context and cuDNN handle, at create()
 
   // A plan for `g` by the request's policy. `report` (optional) is filled on
   // success and failure alike (a failed build's steps are in it).
-  Result<Plan> get_plan(const ResolvedGraph& g, const PlanRequest& request = {}, PlanReport* report = nullptr);
+  Result<Plan> get_plan(const ResolvedGraph& g, const PlanRequest& request = {},
+                        PlanReport* report = nullptr);
 
   // The cached winner of `policy` if there is one, else tunes on the GPU and
   // stores the winner when it verifies.
-  Result<SessionTune> tune(const ResolvedGraph& g, const TunePolicy& policy, const TuneProgress& progress = nullptr);
+  Result<SessionTune> tune(const ResolvedGraph& g, const TunePolicy& policy,
+                           const TuneProgress& progress = nullptr);
 
   // Binds `plan` to device buffers (every non-virtual tensor by name) on this
   // session's stream and workspace arena, growing the arena if the plan needs

@@ -35,7 +35,8 @@ struct BoundPlan::Impl {
   // cuDNN's alignment rule for a pointer (checked by the frontend on every
   // execute; here once per bind or rebind).
   Status check_alignment(size_t i) const {
-    if (i >= alignment.size() || reinterpret_cast<uintptr_t>(user_ptrs[i]) % alignment[i] == 0) return Status::Ok();
+    if (i >= alignment.size() || reinterpret_cast<uintptr_t>(user_ptrs[i]) % alignment[i] == 0)
+      return Status::Ok();
     return InvalidArgument("bind '" + engine + "': the pointer for '" + names[i] + "' is not aligned to " +
                            std::to_string(alignment[i]) + " bytes");
   }
@@ -60,19 +61,20 @@ struct BoundPlan::Impl {
       pack = nullptr;
     }
     FUSEBOX_RETURN_IF_ERROR(check_workspace());
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
-                                         "bind: create variant pack"));
+    FUSEBOX_RETURN_IF_ERROR(
+        cudnn_status(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
+                     "bind: create variant pack"));
     void* ws = ws_ptr();
     const auto n = static_cast<int64_t>(all_uids.size());
     FUSEBOX_RETURN_IF_ERROR(cudnn_status(
         cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws),
         "bind: variant pack workspace"));
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(
-        cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, all_ptrs.data()),
-        "bind: variant pack pointers"));
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(
-        cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, all_uids.data()),
-        "bind: variant pack uids"));
+    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                                                  CUDNN_TYPE_VOID_PTR, n, all_ptrs.data()),
+                                         "bind: variant pack pointers"));
+    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                                                  CUDNN_TYPE_INT64, n, all_uids.data()),
+                                         "bind: variant pack uids"));
     FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendFinalize(pack), "bind: finalize variant pack"));
     workspace_generation = workspace ? workspace->generation : 0;
     return Status::Ok();
@@ -85,7 +87,8 @@ BoundPlan::BoundPlan(BoundPlan&&) noexcept = default;
 BoundPlan& BoundPlan::operator=(BoundPlan&&) noexcept = default;
 BoundPlan::~BoundPlan() = default;
 
-Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx, const std::map<std::string, void*>& buffers,
+Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
+                                  const std::map<std::string, void*>& buffers,
                                   std::shared_ptr<const WorkspaceBinding> workspace) {
   using namespace cudnn;
   const Plan::Impl* p = plan.impl();
@@ -101,8 +104,8 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx, const std::
     if (!p->uids.count(name)) {
       std::string known;
       for (const auto& [n, uid] : p->uids) known += " " + n;
-      return InvalidArgument("bind '" + p->engine + "': '" + name + "' is not a tensor of the plan; tensors are:" +
-                             known);
+      return InvalidArgument("bind '" + p->engine + "': '" + name +
+                             "' is not a tensor of the plan; tensors are:" + known);
     }
   }
   try {
@@ -116,7 +119,8 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx, const std::
     for (int slot : t.user_slots) {
       const int64_t uid = t.all_uids[slot];
       auto it = name_of.find(uid);
-      if (it == name_of.end()) return Internal("bind: cuDNN expects uid " + std::to_string(uid) + ", no tensor has it");
+      if (it == name_of.end())
+        return Internal("bind: cuDNN expects uid " + std::to_string(uid) + ", no tensor has it");
       auto b = buffers.find(it->second);
       if (b == buffers.end() || b->second == nullptr) {
         return InvalidArgument("bind '" + p->engine + "': no device buffer for tensor '" + it->second + "'");
@@ -129,9 +133,10 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx, const std::
     // replacements, or a frontend-implemented engine.
     const fe::ExecutionPlan* ep = graph->execution_plan_at(impl->plan_index);
     int64_t total_ws = 0;
-    FUSEBOX_RETURN_IF_ERROR(from_fe(graph->get_workspace_size_plan_at_index(impl->plan_index, total_ws), "bind"));
-    const bool fe_work = !t.workspace_slots.empty() || !t.replacement_slots.empty() || !t.backend_slots.empty() ||
-                         !ep || total_ws != ep->getWorkspaceSize();
+    FUSEBOX_RETURN_IF_ERROR(
+        from_fe(graph->get_workspace_size_plan_at_index(impl->plan_index, total_ws), "bind"));
+    const bool fe_work = !t.workspace_slots.empty() || !t.replacement_slots.empty() ||
+                         !t.backend_slots.empty() || !ep || total_ws != ep->getWorkspaceSize();
     if (!fe_work) {
       impl->direct = true;
       impl->backend_plan = ep->get_raw_desc();
@@ -173,10 +178,11 @@ int BoundPlan::slot_of(std::string_view name) const {
 Status BoundPlan::rebind(int slot, void* ptr) {
   if (!impl_) return Internal("rebind: unbound plan");
   if (slot < 0 || slot >= static_cast<int>(impl_->names.size())) {
-    return InvalidArgument("rebind '" + impl_->engine + "': slot " + std::to_string(slot) + " is out of range (" +
-                           std::to_string(impl_->names.size()) + " tensors)");
+    return InvalidArgument("rebind '" + impl_->engine + "': slot " + std::to_string(slot) +
+                           " is out of range (" + std::to_string(impl_->names.size()) + " tensors)");
   }
-  if (ptr == nullptr) return InvalidArgument("rebind '" + impl_->engine + "': null pointer for '" + impl_->names[slot] + "'");
+  if (ptr == nullptr)
+    return InvalidArgument("rebind '" + impl_->engine + "': null pointer for '" + impl_->names[slot] + "'");
   void* old = impl_->user_ptrs[slot];
   impl_->user_ptrs[slot] = ptr;
   if (!impl_->direct) return Status::Ok();
@@ -194,7 +200,8 @@ Status BoundPlan::rebind(std::string_view name, void* ptr) {
   if (slot < 0) {
     std::string known;
     for (const auto& n : tensor_names()) known += " " + n;
-    return InvalidArgument("rebind: '" + std::string(name) + "' is not a tensor of the plan; tensors are:" + known);
+    return InvalidArgument("rebind: '" + std::string(name) +
+                           "' is not a tensor of the plan; tensors are:" + known);
   }
   return rebind(slot, ptr);
 }
@@ -204,16 +211,18 @@ Status BoundPlan::execute() {
   Impl& b = *impl_;
   if (b.direct) {
     // A grown arena moved the workspace: rebuild the pack once.
-    if (b.workspace && b.workspace->generation != b.workspace_generation) FUSEBOX_RETURN_IF_ERROR(b.build_pack());
+    if (b.workspace && b.workspace->generation != b.workspace_generation)
+      FUSEBOX_RETURN_IF_ERROR(b.build_pack());
     const cudnnStatus_t st = cudnnBackendExecute(b.handle, b.backend_plan, b.pack);
     if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
     return cudnn::cudnn_status(st, "execute '" + b.engine + "'");
   }
   FUSEBOX_RETURN_IF_ERROR(b.check_workspace());
   try {
-    return cudnn::from_fe(b.fe->execute_plan_at_index(b.handle, b.user_ptrs.data(), static_cast<int>(b.user_ptrs.size()),
-                                                      b.ws_ptr(), b.plan_index),
-                          "execute '" + b.engine + "'");
+    return cudnn::from_fe(
+        b.fe->execute_plan_at_index(b.handle, b.user_ptrs.data(), static_cast<int>(b.user_ptrs.size()),
+                                    b.ws_ptr(), b.plan_index),
+        "execute '" + b.engine + "'");
   }
   FUSEBOX_CATCH_ALL("execute")
 }

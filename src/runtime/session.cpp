@@ -32,11 +32,16 @@ void append(std::vector<std::string>& to, const std::vector<std::string>& from) 
 
 std::string_view plan_source_name(PlanSource s) {
   switch (s) {
-    case PlanSource::kNone: return "none";
-    case PlanSource::kPlanFile: return "plan file";
-    case PlanSource::kTunedCache: return "tuned cache";
-    case PlanSource::kHeuristicCache: return "heuristic cache";
-    case PlanSource::kBuilt: return "built";
+    case PlanSource::kNone:
+      return "none";
+    case PlanSource::kPlanFile:
+      return "plan file";
+    case PlanSource::kTunedCache:
+      return "tuned cache";
+    case PlanSource::kHeuristicCache:
+      return "heuristic cache";
+    case PlanSource::kBuilt:
+      return "built";
   }
   return "none";
 }
@@ -44,9 +49,12 @@ std::string_view plan_source_name(PlanSource s) {
 std::string PlanReport::source_text() const {
   switch (source) {
     case PlanSource::kPlanFile:
-      return std::string("plan file (built ") + (plan_file_built_deviceless ? "deviceless" : "on a GPU") + ")";
-    case PlanSource::kTunedCache: return "plan cache (tuned)";
-    case PlanSource::kHeuristicCache: return "plan cache (heuristic choice)";
+      return std::string("plan file (built ") + (plan_file_built_deviceless ? "deviceless" : "on a GPU") +
+             ")";
+    case PlanSource::kTunedCache:
+      return "plan cache (tuned)";
+    case PlanSource::kHeuristicCache:
+      return "plan cache (heuristic choice)";
     case PlanSource::kBuilt: {
       std::string s = "built now";
       if (attempts.size() > 1) {
@@ -58,7 +66,8 @@ std::string PlanReport::source_text() const {
       }
       return s;
     }
-    case PlanSource::kNone: break;
+    case PlanSource::kNone:
+      break;
   }
   return "none";
 }
@@ -74,8 +83,9 @@ bool another_mode_may_help(const Status& st, const BuildReport& failed) {
   return failed.steps.size() >= 3;
 }
 
-Result<Plan> build_modes_in_turn(const BuildOptions& base, const std::vector<std::vector<HeuristicMode>>& order,
-                                 const BuildFn& build, std::vector<ModeAttempt>* attempts) {
+Result<Plan> build_modes_in_turn(const BuildOptions& base,
+                                 const std::vector<std::vector<HeuristicMode>>& order, const BuildFn& build,
+                                 std::vector<ModeAttempt>* attempts) {
   if (order.empty()) return InvalidArgument("no heuristic mode to try");
   std::vector<Status> failures;
   for (const auto& modes : order) {
@@ -101,7 +111,8 @@ Result<Plan> build_modes_in_turn(const BuildOptions& base, const std::vector<std
     rest += "\n  mode " + modes_csv(order[i]) + ": " + m.substr(0, m.find('\n'));
   }
   return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried +
-                                        "); mode " + modes_csv(order[0]) + ": " + failures[0].message() + rest);
+                                        "); mode " + modes_csv(order[0]) + ": " + failures[0].message() +
+                                        rest);
 }
 
 std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace) {
@@ -133,7 +144,8 @@ struct Session::Impl {
   // A plan from somewhere other than a build must meet the limit too.
   Status check_limit(const Plan& plan, int64_t limit, const std::string& what) const {
     if (limit < 0 || plan.workspace_bytes() <= limit) return Status::Ok();
-    return InvalidArgument(what + ": plan '" + plan.engine_name() + "' needs " + std::to_string(plan.workspace_bytes()) +
+    return InvalidArgument(what + ": plan '" + plan.engine_name() + "' needs " +
+                           std::to_string(plan.workspace_bytes()) +
                            " bytes of workspace, over the limit of " + std::to_string(limit));
   }
 };
@@ -200,8 +212,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     if (!got.hit) return false;
     if (!s.check_limit(got.plan, limit, "plan cache entry " + got.key).ok()) {
       rep.warnings.push_back("plan cache entry " + got.key + " ignored: its plan needs " +
-                             std::to_string(got.plan.workspace_bytes()) + " bytes of workspace, over the limit of " +
-                             std::to_string(limit));
+                             std::to_string(got.plan.workspace_bytes()) +
+                             " bytes of workspace, over the limit of " + std::to_string(limit));
       return false;
     }
     rep.source = source;
@@ -213,7 +225,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     return true;
   };
   if (request.engine.empty() && request.use_tuned_cache) {
-    auto got = lookup_cached_plan(cache, g, s.target, tune_policy_key(TunePolicy{}), ctx, request.measure_startup);
+    auto got =
+        lookup_cached_plan(cache, g, s.target, tune_policy_key(TunePolicy{}), ctx, request.measure_startup);
     if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) return finish(std::move(got->plan));
   }
   const std::string policy = request_policy_key(request, limit);
@@ -225,13 +238,15 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   BuildOptions base;
   base.engine = request.engine;
   base.max_workspace_bytes = limit;
-  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) { return build_plan(g, s.target, o, r, ctx); };
+  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) {
+    return build_plan(g, s.target, o, r, ctx);
+  };
   // A pinned engine is searched among every mode's candidates by build_plan itself.
   const bool in_turn = request.heuristics.empty() && request.engine.empty();
   std::vector<std::vector<HeuristicMode>> order =
       in_turn ? default_mode_order()
               : std::vector<std::vector<HeuristicMode>>{request.heuristics.empty() ? default_mode_order()[0]
-                                                                                    : request.heuristics};
+                                                                                   : request.heuristics};
   auto plan = build_modes_in_turn(base, order, build, &rep.attempts);
   if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
   if (!plan.ok()) return finish(plan.status());
@@ -241,9 +256,11 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   return finish(std::move(plan));
 }
 
-Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& policy_in, const TuneProgress& progress) {
+Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& policy_in,
+                                  const TuneProgress& progress) {
   Impl& s = *impl_;
-  if (!s.ctx) return Status(StatusCode::kNoDevice, "tune: a deviceless session cannot time plans; tune on the GPU");
+  if (!s.ctx)
+    return Status(StatusCode::kNoDevice, "tune: a deviceless session cannot time plans; tune on the GPU");
   TunePolicy policy = policy_in;
   policy.max_workspace_bytes = tighter(policy.max_workspace_bytes, s.options.workspace_limit_bytes);
   SessionTune out;
@@ -280,14 +297,15 @@ Status Session::reserve_workspace(int64_t bytes) {
   // Round up so a run of slightly larger plans does not regrow each time.
   const int64_t size = (std::max(bytes, s.workspace->bytes * 2) + 255) / 256 * 256;
   // Plans in flight may still use the old arena.
-  FUSEBOX_RETURN_IF_ERROR(
-      common::cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(s.ctx->stream())), "workspace arena"));
+  FUSEBOX_RETURN_IF_ERROR(common::cuda_status(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(s.ctx->stream())), "workspace arena"));
   if (s.arena) {
     FUSEBOX_RETURN_IF_ERROR(common::cuda_status(cudaFree(s.arena), "workspace arena: cudaFree"));
     s.arena = nullptr;
   }
-  FUSEBOX_RETURN_IF_ERROR(common::cuda_status(cudaMalloc(&s.arena, static_cast<size_t>(size)),
-                                              "workspace arena: cudaMalloc of " + std::to_string(size) + " bytes"));
+  FUSEBOX_RETURN_IF_ERROR(
+      common::cuda_status(cudaMalloc(&s.arena, static_cast<size_t>(size)),
+                          "workspace arena: cudaMalloc of " + std::to_string(size) + " bytes"));
   s.workspace->ptr = s.arena;
   s.workspace->bytes = size;
   ++s.workspace->generation;

@@ -1,14 +1,14 @@
 // The Session's plan policy without a GPU: the mode order with a fake
 // builder, and cache-source selection and the workspace limit with real
 // deviceless builds of conv + bias + relu (which cuDNN builds without a driver).
-#include <gtest/gtest.h>
+#include "fusebox/session.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "fusebox/plan_file.h"
-#include "fusebox/session.h"
 #include "test_util.h"
 
 namespace fusebox {
@@ -106,7 +106,9 @@ TEST(SessionPolicy, AllModesFailingNamesThemAll) {
   auto plan = build_modes_in_turn({}, default_mode_order(), b.fn(), &attempts);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
-  EXPECT_NE(plan.status().message().find("no heuristic mode yielded a buildable engine (tried in turn: a, b, fallback)"), std::string::npos)
+  EXPECT_NE(plan.status().message().find(
+                "no heuristic mode yielded a buildable engine (tried in turn: a, b, fallback)"),
+            std::string::npos)
       << plan.status().message();
   EXPECT_EQ(attempts.size(), 3u);
 }
@@ -205,7 +207,8 @@ TEST_F(DevicelessSession, ATunedEntryComesFirstUnlessAnEngineIsPinnedOrTunedIsOf
   auto plan = s->get_plan(g_);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   std::vector<std::string> warnings;
-  ASSERT_TRUE(store_plan(cache_.get(), g_, s->target(), tune_policy_key(TunePolicy{}), *plan, 0.25, &warnings));
+  ASSERT_TRUE(
+      store_plan(cache_.get(), g_, s->target(), tune_policy_key(TunePolicy{}), *plan, 0.25, &warnings));
 
   PlanReport r;
   ASSERT_TRUE(s->get_plan(g_, {}, &r).ok());
@@ -303,7 +306,8 @@ TEST_F(DevicelessSession, WorkspaceLimitDropsLargerCandidatesAndSaysWhich) {
     EXPECT_LE(limited->workspace_bytes(), need - 1);
     EXPECT_NE(limited->engine_name(), first->engine_name());
   } else {
-    EXPECT_NE(limited.status().message().find("workspace limit"), std::string::npos) << limited.status().message();
+    EXPECT_NE(limited.status().message().find("workspace limit"), std::string::npos)
+        << limited.status().message();
   }
 }
 
@@ -313,7 +317,8 @@ TEST_F(DevicelessSession, APinnedEngineOverTheLimitIsRefusedSayingWhy) {
   ASSERT_TRUE(s);
   auto first = s->get_plan(big);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  if (first->workspace_bytes() == 0) GTEST_SKIP() << "the heuristic choice needs no workspace with this cuDNN";
+  if (first->workspace_bytes() == 0)
+    GTEST_SKIP() << "the heuristic choice needs no workspace with this cuDNN";
   PlanRequest req;
   req.engine = first->engine_name();
   req.max_workspace_bytes = first->workspace_bytes() - 1;
@@ -340,7 +345,8 @@ TEST_F(DevicelessSession, NoCandidateUnderTheLimitIsOneClearError) {
     GTEST_SKIP() << "a candidate needing no workspace exists with this cuDNN";
   }
   EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
-  EXPECT_NE(plan.status().message().find("workspace limit of 0 bytes: no candidate meets it"), std::string::npos)
+  EXPECT_NE(plan.status().message().find("workspace limit of 0 bytes: no candidate meets it"),
+            std::string::npos)
       << plan.status().message();
   EXPECT_EQ(r.attempts.size(), 3u) << "every mode is tried before giving up";
 }
@@ -353,7 +359,8 @@ TEST_F(DevicelessSession, ACachedPlanOverTheLimitIsIgnoredWithAWarning) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   if (plan->workspace_bytes() == 0) GTEST_SKIP() << "the plan needs no workspace";
   std::vector<std::string> warnings;
-  ASSERT_TRUE(store_plan(cache_.get(), big, unlimited->target(), tune_policy_key(TunePolicy{}), *plan, 1.0, &warnings));
+  ASSERT_TRUE(store_plan(cache_.get(), big, unlimited->target(), tune_policy_key(TunePolicy{}), *plan, 1.0,
+                         &warnings));
   auto limited = session(cache_.get(), plan->workspace_bytes() - 1);
   PlanReport r;
   (void)limited->get_plan(big, {}, &r);

@@ -63,7 +63,9 @@ class SessionGpu : public ::testing::Test {
     EXPECT_EQ(cudaMemcpy(out.data(), p, n, cudaMemcpyDeviceToHost), cudaSuccess);
     return out;
   }
-  void sync() { ASSERT_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(session_->context()->stream()))); }
+  void sync() {
+    ASSERT_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(session_->context()->stream())));
+  }
 
   std::unique_ptr<Session> session_;
 };
@@ -74,7 +76,8 @@ TEST_P(SessionGpuExample, BoundExecuteMatchesUnboundBitForBit) {
   ResolvedGraph g = load(source_dir() + "/examples/graphs/small/" + GetParam() + ".json");
   PlanReport rep;
   auto plan = session_->get_plan(g, {}, &rep);
-  if (!plan.ok()) GTEST_SKIP() << "no plan for this graph on this GPU: " << plan.status().message().substr(0, 200);
+  if (!plan.ok())
+    GTEST_SKIP() << "no plan for this graph on this GPU: " << plan.status().message().substr(0, 200);
   DeviceBuffers unbound_bufs, bound_bufs;
   allocate(g, unbound_bufs);
   allocate(g, bound_bufs);
