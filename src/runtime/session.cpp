@@ -102,17 +102,17 @@ Result<Plan> build_modes_in_turn(const BuildOptions& base,
     failures.push_back(plan.status());
   }
   if (order.size() == 1) return failures[0];
-  // The first mode's error in full (cuDNN's reasons, hints), then one line per other mode.
-  std::string tried, rest;
+  // One line per mode, then the first mode's details (cuDNN's reasons, hints).
+  std::string tried, lines;
   for (size_t i = 0; i < order.size(); ++i) {
     tried += (i ? ", " : "") + modes_csv(order[i]);
-    if (i == 0) continue;
     const std::string& m = failures[i].message();
-    rest += "\n  mode " + modes_csv(order[i]) + ": " + m.substr(0, m.find('\n'));
+    lines += "\n  mode " + modes_csv(order[i]) + ": " + m.substr(0, m.find('\n'));
   }
-  return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried +
-                                        "); mode " + modes_csv(order[0]) + ": " + failures[0].message() +
-                                        rest);
+  const std::string& first = failures[0].message();
+  const size_t nl = first.find('\n');
+  return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried + ")" +
+                                        lines + (nl == std::string::npos ? "" : first.substr(nl)));
 }
 
 std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace) {

@@ -321,6 +321,24 @@ check_json "build --heuristics fallback pins that mode" \
 run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
 check_json "build --json on a cache hit reports the heuristic cache as the source" \
   'd["cache"] == "hit" and d["plan"]["source"] == "heuristic cache" and d["plan"]["attempts"] == []'
+# Issue #11's graph: fp16 conv, dilation 2, fp32 output. Mode A has no engine
+# for it (on the GPU fallback has; deviceless none has): every mode is tried, in order.
+cat > "$TMP/conv_dilated.json" <<'EOF2'
+{"name": "conv_dilated_fp16_fp32out", "io_dtype": "fp16", "intermediate_dtype": "fp32", "compute_dtype": "fp32",
+ "tensors": [{"name": "x", "dims": [2, 16, 20, 20], "layout": "nhwc"}, {"name": "w", "dims": [16, 16, 3, 3], "layout": "nhwc"},
+             {"name": "y", "dtype": "fp32", "layout": "nhwc"}],
+ "ops": [{"op": "conv_fprop", "name": "conv1", "inputs": {"x": "x", "w": "w"}, "outputs": {"y": "y"},
+          "padding": [2, 2], "stride": [1, 1], "dilation": [2, 2]}]}
+EOF2
+run_fb build "$TMP/conv_dilated.json" --device "$DEVPROP" --no-cache --json
+if [ -n "$(crash_reason)" ]; then fail "build tries heuristic modes in turn" "$(crash_reason)"
+elif [ "$RC" -eq 0 ] && json_check 'd["plan"]["attempts"][-1]["ok"] and [a["modes"] for a in d["plan"]["attempts"]] == ["a", "b", "fallback"][:len(d["plan"]["attempts"])]'; then
+  pass "build tries heuristic modes in turn (built with mode $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["plan"]["heuristic_mode"])' "$TMP/stdout"))"
+elif [ "$RC" -eq 1 ] && grep -q "tried in turn: a, b, fallback" "$TMP/stderr" && grep -q "^  mode fallback: " "$TMP/stderr" \
+     && json_check '[a["modes"] for a in d["plan"]["attempts"]] == ["a", "b", "fallback"] and not any(a["ok"] for a in d["plan"]["attempts"])'; then
+  pass "build tries heuristic modes in turn (a, b, fallback; none builds it deviceless) and names each"
+else fail "build tries heuristic modes in turn" "exit 0 with the serving mode, or exit 1 naming a, b and fallback in order"
+fi
 run_fb build "$CONV_BIG" --device "$DEVPROP" --no-cache --json
 BIG_ENGINE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("engine", ""))' "$TMP/stdout" 2>/dev/null)
 BIG_WS=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("workspace_bytes", 0))' "$TMP/stdout" 2>/dev/null)
