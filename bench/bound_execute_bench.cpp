@@ -139,6 +139,10 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     for (auto& r : rows) {
       auto ns = time_calls(r.call, stream, iters);
+      if (ns.empty()) {
+        std::fprintf(stderr, "bound_execute_bench: %s failed\n", r.name);
+        return 1;
+      }
       r.ns.insert(r.ns.end(), ns.begin(), ns.end());
     }
   }
