@@ -57,6 +57,8 @@ class SessionGpu : public ::testing::Test {
         ASSERT_CUDA(cudaMemset(p, 0xFF, n));
       }
     }
+    // The session's stream is non-blocking: nothing orders it after the legacy stream's memsets.
+    ASSERT_CUDA(cudaDeviceSynchronize());
   }
   static std::vector<uint8_t> download(void* p, size_t n) {
     std::vector<uint8_t> out(n);
@@ -121,6 +123,7 @@ TEST_F(SessionGpu, RebindMovesOneTensor) {
   ASSERT_CUDA(cudaMalloc(&other, n));
   ASSERT_CUDA(cudaMemset(other, 0xFF, n));
   ASSERT_CUDA(cudaMemset(bufs.ptrs["y"], 0xFF, n));
+  ASSERT_CUDA(cudaDeviceSynchronize());
   const int slot = bound->slot_of("y");
   ASSERT_GE(slot, 0);
   EXPECT_EQ(bound->tensor_names()[slot], "y");
@@ -176,6 +179,7 @@ TEST_F(SessionGpu, ArenaGrowsToTheLargestBoundPlanAndOldBindingsFollow) {
   EXPECT_GE(session_->workspace_bytes(), grown);
   // The first binding sees the moved arena.
   ASSERT_CUDA(cudaMemset(b1.ptrs["y"], 0xFF, b1.bytes["y"]));
+  ASSERT_CUDA(cudaDeviceSynchronize());
   ASSERT_TRUE(bound1->execute().ok());
   sync();
   EXPECT_EQ(download(b1.ptrs["y"], b1.bytes["y"]), before);
