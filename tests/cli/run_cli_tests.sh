@@ -321,16 +321,10 @@ check_json "build --heuristics fallback pins that mode" \
 run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
 check_json "build --json on a cache hit reports the heuristic cache as the source" \
   'd["cache"] == "hit" and d["plan"]["source"] == "heuristic cache" and d["plan"]["attempts"] == []'
-# Issue #11's graph: fp16 conv, dilation 2, fp32 output. Mode A has no engine
-# for it (on the GPU fallback has; deviceless none has): every mode is tried, in order.
-cat > "$TMP/conv_dilated.json" <<'EOF2'
-{"name": "conv_dilated_fp16_fp32out", "io_dtype": "fp16", "intermediate_dtype": "fp32", "compute_dtype": "fp32",
- "tensors": [{"name": "x", "dims": [2, 16, 20, 20], "layout": "nhwc"}, {"name": "w", "dims": [16, 16, 3, 3], "layout": "nhwc"},
-             {"name": "y", "dtype": "fp32", "layout": "nhwc"}],
- "ops": [{"op": "conv_fprop", "name": "conv1", "inputs": {"x": "x", "w": "w"}, "outputs": {"y": "y"},
-          "padding": [2, 2], "stride": [1, 1], "dilation": [2, 2]}]}
-EOF2
-run_fb build "$TMP/conv_dilated.json" --device "$DEVPROP" --no-cache --json
+# Issue #11's graph (tests/data/conv_dilated_fp16_fp32out.json): fp16 conv, dilation 2, fp32
+# output. Mode A has no engine for it (on the GPU fallback has; deviceless none has): every mode
+# is tried, in order.
+run_fb build "$SRC/tests/data/conv_dilated_fp16_fp32out.json" --device "$DEVPROP" --no-cache --json
 if [ -n "$(crash_reason)" ]; then fail "build tries heuristic modes in turn" "$(crash_reason)"
 elif [ "$RC" -eq 0 ] && json_check 'd["plan"]["attempts"][-1]["ok"] and [a["modes"] for a in d["plan"]["attempts"]] == ["a", "b", "fallback"][:len(d["plan"]["attempts"])]'; then
   pass "build tries heuristic modes in turn (built with mode $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["plan"]["heuristic_mode"])' "$TMP/stdout"))"
