@@ -19,9 +19,11 @@ done
 rm -rf "$DEST"
 mkdir -p "$DEST"
 cp "$BUILD_DIR/fusebox" "$BUILD_DIR/fusebox_gpu_tests" "$DEST/" || exit 1
-if [ -x "$BUILD_DIR/fusebox_deviceless_tests" ]; then
-  cp "$BUILD_DIR/fusebox_deviceless_tests" "$DEST/" || exit 1
-fi
+for optional in fusebox_deviceless_tests bound_execute_bench; do
+  if [ -x "$BUILD_DIR/$optional" ]; then
+    cp "$BUILD_DIR/$optional" "$DEST/" || exit 1
+  fi
+done
 # Smaller to carry (the device tool takes 64 MiB in all); keeps the originals intact.
 if command -v strip >/dev/null 2>&1; then
   strip --strip-debug "$DEST"/* 2>/dev/null || true

@@ -146,6 +146,16 @@ do_python_tests() {
   timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/python
 }
 
+# Host cost of one execute: a bound plan against the bare cudnnBackendExecute
+# on the same plan and variant pack (issue #11: at most 1.2x).
+do_host_overhead() {
+  if [ ! -x "$BUNDLE/bound_execute_bench" ]; then
+    echo "bound_execute_bench is not in $BUNDLE (rebuild the bundle)"
+    return 1
+  fi
+  "$BUNDLE/bound_execute_bench" examples/graphs/small/conv_bias_relu_small.json --iters 5000 --rounds 5
+}
+
 do_bench() {
   timeout 420 "$PY" -m fusebox_tools.torch_compare --fusebox "$FB" --markdown-out "$OUT/bench.md" \
     --json-out "$OUT/bench.json"
@@ -454,6 +464,7 @@ section tune do_tune
 section plan_cache do_cache
 section cache_migration do_cache_migration
 section cudnn_mismatch do_cudnn_mismatch
+section host_overhead do_host_overhead
 section bench do_bench
 
 echo

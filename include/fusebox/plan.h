@@ -61,8 +61,18 @@ struct StepReport {
   std::string cudnn_log;  // what cuDNN printed during the step (captured)
 };
 
+// A candidate left out by the workspace limit (BuildOptions::max_workspace_bytes).
+struct DroppedCandidate {
+  int64_t index = 0;
+  std::string name;
+  int64_t workspace_bytes = -1;  // what it needs
+  std::string why;
+};
+
 struct BuildReport {
   std::vector<StepReport> steps;
+  int64_t workspace_limit = -1;             // the limit applied, -1: none
+  std::vector<DroppedCandidate> dropped;    // candidates over the limit
   int64_t candidate_plans = 0;  // offered by the heuristics
   std::string engine;           // chosen engine-and-knobs name
   int64_t plan_index = -1;
@@ -151,6 +161,63 @@ class CandidateSet {
 
  private:
   explicit CandidateSet(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The workspace a BoundPlan executes with, owned by whoever binds (a
+// Session's arena). `generation` changes whenever `ptr` does, so bound plans
+// notice a grown arena without being told.
+struct WorkspaceBinding {
+  void* ptr = nullptr;
+  int64_t bytes = 0;
+  uint64_t generation = 0;
+};
+
+// A plan bound once to its tensors: device pointers held in cuDNN's uid
+// order, so execute() allocates nothing and looks nothing up by name. Where
+// the plan allows (no frontend-side workspace work, the usual case), the
+// cuDNN variant pack is built at bind time and execute() is one
+// cudnnBackendExecute; otherwise it is the frontend's execute from the
+// pointer array. The plan, GpuContext and workspace must outlive it.
+// Not thread-safe (one stream, one thread at a time).
+class BoundPlan {
+ public:
+  BoundPlan();
+  BoundPlan(BoundPlan&&) noexcept;
+  BoundPlan& operator=(BoundPlan&&) noexcept;
+  ~BoundPlan();
+
+  // Every non-virtual tensor of the plan needs a pointer in `buffers` (by
+  // name); unknown names are refused.
+  static Result<BoundPlan> bind(const Plan& plan, GpuContext& ctx, const std::map<std::string, void*>& buffers,
+                                std::shared_ptr<const WorkspaceBinding> workspace);
+
+  // Tensor names in slot order (ascending cuDNN uid).
+  const std::vector<std::string>& tensor_names() const;
+  // The slot of a tensor, for rebind(int, ...); -1 when the plan has none by that name.
+  int slot_of(std::string_view name) const;
+  // Points one tensor elsewhere. With the slot: no lookup; the variant pack
+  // is rebuilt here (microseconds), never in execute().
+  Status rebind(int slot, void* ptr);
+  Status rebind(std::string_view name, void* ptr);
+  // Asynchronous on the context's stream.
+  Status execute();
+
+  const std::string& engine_name() const;
+  int64_t workspace_bytes() const;
+  // True when execute() is a bare cudnnBackendExecute on a prebuilt variant pack.
+  bool direct() const;
+  // For benchmarks that call cuDNN themselves: cudnnHandle_t, and the
+  // cudnnBackendDescriptor_t of the execution plan and of the current variant
+  // pack (null unless direct()).
+  void* cudnn_handle() const;
+  void* backend_plan() const;
+  void* backend_variant_pack() const;
+
+  struct Impl;
+
+ private:
+  explicit BoundPlan(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

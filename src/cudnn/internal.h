@@ -23,7 +23,7 @@ struct GpuContext::Impl {
 };
 
 struct Plan::Impl {
-  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // an FeGraph when built here
+  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // always a cudnn::FeGraph (built or deserialized)
   std::string engine;
   int64_t plan_index = -1;  // -1: the graph's own candidate (deserialized plans)
   int64_t workspace_bytes = 0;
@@ -46,6 +46,13 @@ class FeGraph : public fe::graph::Graph {
     return out;
   }
   fe::error_t check_support_at(int64_t i) { return plans.check_support_at_index(i); }
+  // The plan execute() runs when no index is given.
+  int64_t current_candidate() const { return plans.candidate; }
+  // The built backend execution plan of candidate i, or null.
+  const fe::ExecutionPlan* execution_plan_at(int64_t i) const {
+    if (i < 0 || i >= static_cast<int64_t>(plans.execution_plans.size())) return nullptr;
+    return plans.execution_plans[i].get();
+  }
 };
 
 using common::cuda_status;  // "<where>: cudaErrorX: text"

@@ -65,6 +65,56 @@ void fill_target(BuildReport& r, const DeviceTarget& t) {
   r.sm_version = t.sm_version;
 }
 
+// Runs the support check of every candidate under the limit set on `graph`
+// and lists those the limit drops (cuDNN reads each engine config's workspace
+// without building it), so the report says which and why. Timed into the
+// create_execution_plans step. No candidate left: an error naming the limit.
+Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
+  r.workspace_limit = limit;
+  common::Stopwatch watch;
+  int64_t supported = 0, smallest = -1;
+  {
+    StdioCapture capture;
+    const std::string marker = "workspace violation. Requires ";
+    try {
+      for (int64_t i = 0; i < r.candidate_plans; ++i) {
+        auto st = graph.check_support_at(i);
+        if (st.is_good()) {
+          ++supported;
+          continue;
+        }
+        const std::string& msg = st.get_message();
+        const size_t at = msg.find(marker);
+        if (at == std::string::npos) continue;  // unsupported for another reason: not the limit's doing
+        DroppedCandidate d;
+        d.index = i;
+        (void)graph.get_plan_name_at_index(i, d.name);
+        try {
+          d.workspace_bytes = std::stoll(msg.substr(at + marker.size()));
+        } catch (const std::exception&) {
+          d.workspace_bytes = -1;
+        }
+        d.why = "needs " + (d.workspace_bytes >= 0 ? std::to_string(d.workspace_bytes) : std::string("more")) +
+                " bytes of workspace, over the limit of " + std::to_string(limit);
+        if (d.workspace_bytes >= 0 && (smallest < 0 || d.workspace_bytes < smallest)) smallest = d.workspace_bytes;
+        r.dropped.push_back(std::move(d));
+      }
+    } catch (const std::exception& e) {
+      return Status(StatusCode::kCudnnError, std::string("workspace limit: exception from cuDNN frontend: ") + e.what());
+    }
+    (void)capture.finish();
+  }
+  if (!r.steps.empty()) r.steps.back().ms += watch.ms();
+  if (supported == 0 && !r.dropped.empty()) {
+    return Status(StatusCode::kNotSupported,
+                  "workspace limit of " + std::to_string(limit) + " bytes: no candidate meets it; " +
+                      std::to_string(r.dropped.size()) + " of " + std::to_string(r.candidate_plans) +
+                      " candidates need more (the smallest needs " + std::to_string(smallest) +
+                      " bytes), the others are unsupported; raise the limit to at least " + std::to_string(smallest));
+  }
+  return Status::Ok();
+}
+
 // Steps 1-3 on a fresh frontend graph. `ctx` may be null for deviceless targets.
 Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarget& target,
                                        const BuildOptions& options, GpuContext* ctx, BuildReport& r) {
@@ -85,7 +135,10 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
   FUSEBOX_RETURN_IF_ERROR(
       run_step(r, "create_execution_plans", [&]() { return graph.create_execution_plans(to_fe(options.heuristics)); }));
   r.candidate_plans = graph.get_execution_plan_count();
-  if (options.max_workspace_bytes >= 0) graph.deselect_workspace_greater_than(options.max_workspace_bytes);
+  if (options.max_workspace_bytes >= 0) {
+    graph.deselect_workspace_greater_than(options.max_workspace_bytes);
+    FUSEBOX_RETURN_IF_ERROR(apply_workspace_limit(graph, options.max_workspace_bytes, r));
+  }
   return lowered;
 }
 
@@ -163,6 +216,12 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   int64_t pinned = -1;
   if (!options.engine.empty()) {
     FUSEBOX_ASSIGN_OR_RETURN(pinned, find_engine(graph, options.engine));
+    for (const auto& d : r.dropped) {
+      if (d.index == pinned) {
+        return InvalidArgument("pinned engine '" + options.engine + "' " + d.why +
+                               ": raise the workspace limit or pin another engine");
+      }
+    }
   }
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "check_support", [&]() { return graph.check_support(); }));
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_plans", [&]() {
@@ -340,7 +399,7 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
   FUSEBOX_RETURN_IF_ERROR(common::check_plan_payload(bytes.data(), bytes.size(), "plan"));
   auto impl = std::make_unique<Plan::Impl>();
   try {
-    auto graph = std::make_shared<fe::graph::Graph>();
+    auto graph = std::make_shared<FeGraph>();  // FeGraph: BoundPlan reads its execution plans
     if (ctx) {
       // No warm-up capture (the frontend's default): the first execution loads
       // the kernels instead, and fusebox reports it as such.

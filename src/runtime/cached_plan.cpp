@@ -22,7 +22,8 @@ void collect_warnings(const PlanCache* cache, size_t before, std::vector<std::st
 }  // namespace
 
 std::string build_policy_key(const BuildOptions& o) {
-  return "build;modes=" + modes_string(o.heuristics) + ";engine=" + o.engine +
+  // No modes: the Session's default, each mode alone in turn.
+  return "build;modes=" + (o.heuristics.empty() ? std::string("a>b>fallback") : modes_string(o.heuristics)) + ";engine=" + o.engine +
          ";max_ws=" + std::to_string(o.max_workspace_bytes);
 }
 

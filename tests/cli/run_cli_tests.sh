@@ -324,6 +324,48 @@ check_json "cache: --cache-max-bytes evicts the least recently used entry" \
   'args[0] != args[1] and [e["key"] for e in d["entries"]] == args[:1]' "$SMALL_KEY" "$BIG_KEY"
 expect_bad "cache show without a key"        "'cache show' needs an argument"  cache show --cache "$CACHE"
 
+# ---------------------------------------------------------------- session: plan policy report
+# Where the plan came from: the default policy tries heuristic modes in turn
+# (a first); a pinned mode is tried alone; a workspace limit lists what it drops.
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --no-cache --json
+check_json "build --json reports the plan's source and the mode that served" \
+  'd["plan"]["source"] == "built" and d["plan"]["heuristic_mode"] == "a" and [a["modes"] for a in d["plan"]["attempts"]] == ["a"] and d["plan"]["attempts"][0]["ok"] and d["workspace_limit"] == -1 and d["dropped"] == []'
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --no-cache --heuristics fallback --json
+check_json "build --heuristics fallback pins that mode" \
+  'd["plan"]["heuristic_mode"] == "fallback" and len(d["plan"]["attempts"]) == 1'
+run_fb build "$SMALL_CONV" --device "$DEVPROP" --cache "$CACHE" --json
+check_json "build --json on a cache hit reports the heuristic cache as the source" \
+  'd["cache"] == "hit" and d["plan"]["source"] == "heuristic cache" and d["plan"]["attempts"] == []'
+# Issue #11's graph (tests/data/conv_dilated_fp16_fp32out.json): fp16 conv, dilation 2, fp32
+# output. Mode A has no engine for it (on the GPU fallback has; deviceless none has): every mode
+# is tried, in order.
+run_fb build "$SRC/tests/data/conv_dilated_fp16_fp32out.json" --device "$DEVPROP" --no-cache --json
+if [ -n "$(crash_reason)" ]; then fail "build tries heuristic modes in turn" "$(crash_reason)"
+elif [ "$RC" -eq 0 ] && json_check 'd["plan"]["attempts"][-1]["ok"] and [a["modes"] for a in d["plan"]["attempts"]] == ["a", "b", "fallback"][:len(d["plan"]["attempts"])]'; then
+  pass "build tries heuristic modes in turn (built with mode $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["plan"]["heuristic_mode"])' "$TMP/stdout"))"
+elif [ "$RC" -eq 1 ] && grep -q "tried in turn: a, b, fallback" "$TMP/stderr" && grep -q "^  mode fallback: " "$TMP/stderr" \
+     && json_check '[a["modes"] for a in d["plan"]["attempts"]] == ["a", "b", "fallback"] and not any(a["ok"] for a in d["plan"]["attempts"])'; then
+  pass "build tries heuristic modes in turn (a, b, fallback; none builds it deviceless) and names each"
+else fail "build tries heuristic modes in turn" "exit 0 with the serving mode, or exit 1 naming a, b and fallback in order"
+fi
+run_fb build "$CONV_BIG" --device "$DEVPROP" --no-cache --json
+BIG_ENGINE=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("engine", ""))' "$TMP/stdout" 2>/dev/null)
+BIG_WS=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1])).get("workspace_bytes", 0))' "$TMP/stdout" 2>/dev/null)
+if [ "${BIG_WS:-0}" -gt 0 ]; then
+  run_fb build "$CONV_BIG" --device "$DEVPROP" --no-cache --max-workspace $((BIG_WS - 1)) --json
+  if [ -n "$(crash_reason)" ]; then fail "build --max-workspace lists the dropped candidates" "$(crash_reason)"
+  elif json_check 'd["workspace_limit"] == int(args[1]) - 1 and args[0] in [x["engine"] for x in d["dropped"]] and all(x["workspace_bytes"] >= int(args[1]) and "over the limit" in x["why"] for x in d["dropped"]) and (d["ok"] is False or d["workspace_bytes"] < int(args[1]))' "$BIG_ENGINE" "$BIG_WS"
+  then pass "build --max-workspace lists the dropped candidates (the unlimited choice among them)"
+  else fail "build --max-workspace lists the dropped candidates" "$WHY"
+  fi
+  run_fb build "$CONV_BIG" --device "$DEVPROP" --no-cache --max-workspace $((BIG_WS - 1))
+  if grep -q "workspace limit .*candidate(s) dropped" "$TMP/stdout"; then pass "build --max-workspace prints the dropped candidates"
+  else fail "build --max-workspace prints the dropped candidates" "a 'workspace limit ... dropped' line on stdout"
+  fi
+else
+  echo "SKIP  build --max-workspace: the big conv's plan needs no workspace here"
+fi
+
 # ---------------------------------------------------------------- --help
 for c in "" info devprop check build run engines tune cache; do
   # shellcheck disable=SC2086

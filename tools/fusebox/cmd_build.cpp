@@ -11,25 +11,29 @@ namespace {
 
 struct BuildArgs {
   std::vector<std::string> graphs;
-  std::string device, heuristics = "a", engine, plan_out, dot;
+  std::string device, heuristics = "auto", engine, plan_out, dot;
   bool want_dot = false;
   int64_t max_workspace = -1;
   bool json = false;
   CacheFlags cache;
 };
 
-// Builds one graph; appends its JSON report to `all` when given.
-int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlohmann::json* all) {
-  auto emit_error = [&](const Status& st, const BuildReport* r) {
+// Builds one graph through the session; appends its JSON report to `all` when given.
+int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_ptr<Session>>& session,
+              nlohmann::json* all) {
+  PlanCache* cache = session.ok() ? (*session)->cache() : nullptr;
+  auto emit_error = [&](const Status& st, const PlanReport* r) {
     if (all) {
-      nlohmann::json j = r ? to_json(*r) : nlohmann::json::object();
+      nlohmann::json j = r ? to_json(r->build) : nlohmann::json::object();
+      if (r) j["plan"] = to_json(*r);
       j["graph_file"] = path;
       j["ok"] = false;
       j["error"] = st.message();
       all->push_back(j);
-    } else if (r && !r->steps.empty()) {
+    } else if (r && !r->build.steps.empty()) {
       std::printf("%s\n", safe(path).c_str());
-      print_build_report(*r);
+      print_attempts(*r);
+      print_build_report(r->build);
     }
     return fail("build", st);
   };
@@ -46,57 +50,53 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
   }
   auto g = load_resolved(path);
   if (!g.ok()) return emit_error(g.status(), nullptr);
-  auto modes = parse_heuristic_modes(a.heuristics);
+  auto modes = parse_heuristics_flag(a.heuristics);
   if (!modes.ok()) return emit_error(modes.status(), nullptr);
-  auto target = a.device.empty() ? DeviceTarget::live_gpu(0) : DeviceTarget::from_file(a.device);
-  if (!target.ok()) return emit_error(target.status(), nullptr);
+  if (!session.ok()) return emit_error(session.status(), nullptr);
 
-  BuildOptions options;
-  options.heuristics = *modes;
-  options.engine = a.engine;
-  options.max_workspace_bytes = a.max_workspace;
-  std::unique_ptr<GpuContext> ctx;
-  if (!target->deviceless()) {
-    auto created = GpuContext::create(target->device_id);
-    if (!created.ok()) return emit_error(created.status(), nullptr);
-    ctx = std::move(created).value();
-  }
-  BuildReport failed;
-  auto got = plan_through_cache(cache, *g, *target, options, ctx.get(), &failed);
-  if (!got.ok()) return emit_error(got.status().WithContext("[graph '" + g->name + "']"), &failed);
-  print_warnings(got->warnings);
-  const Plan& plan = got->plan;
+  PlanRequest request;
+  request.heuristics = *modes;
+  request.engine = a.engine;
+  request.max_workspace_bytes = a.max_workspace;
+  request.use_tuned_cache = false;  // build reports what the heuristics choose
+  PlanReport rep;
+  auto got = (*session)->get_plan(*g, request, &rep);
+  print_warnings(rep.warnings);
+  if (!got.ok()) return emit_error(got.status().WithContext("[graph '" + g->name + "']"), &rep);
+  const Plan& plan = *got;
+  const bool hit = rep.cache == "hit";
   if (!a.plan_out.empty()) {
     auto bytes = plan.serialize();
-    if (!bytes.ok()) return emit_error(bytes.status(), &got->report);
-    Status st = write_plan_file(a.plan_out, make_plan_info(*g, plan, *target), *bytes);
-    if (!st.ok()) return emit_error(st, &got->report);
+    if (!bytes.ok()) return emit_error(bytes.status(), &rep);
+    Status st = write_plan_file(a.plan_out, make_plan_info(*g, plan, (*session)->target()), *bytes);
+    if (!st.ok()) return emit_error(st, &rep);
   }
   if (a.want_dot) {
     DotPlan dp;
     dp.engine = plan.engine_name();
     dp.workspace_bytes = plan.workspace_bytes();
-    dp.source = got->hit ? "plan cache hit" : "built now";
-    dp.device = target->device_name + (target->deviceless() ? " (deviceless)" : "");
+    dp.source = hit ? "plan cache hit" : "built now";
+    const DeviceTarget& target = (*session)->target();
+    dp.device = target.device_name + (target.deviceless() ? " (deviceless)" : "");
     Status st = write_dot(a.dot, graph_dot(*g, &dp));
-    if (!st.ok()) return emit_error(st, &got->report);
+    if (!st.ok()) return emit_error(st, &rep);
   }
-  const std::string state = cache_state(cache, got->hit);
   if (all) {
-    nlohmann::json j = to_json(got->report);
+    nlohmann::json j = to_json(rep.build);
     j["graph"] = g->name;
     j["graph_file"] = path;
     j["plan_out"] = a.plan_out;
-    j["cache"] = state;
-    j["cache_key"] = got->key;
-    j["cache_stored"] = got->stored;
-    if (got->hit) {
+    j["cache"] = rep.cache;
+    j["cache_key"] = rep.cache_key;
+    j["cache_stored"] = rep.stored;
+    j["plan"] = to_json(rep);
+    if (hit) {
       j["engine"] = plan.engine_name();
       j["workspace_bytes"] = plan.workspace_bytes();
-      j["cache_lookup_ms"] = got->lookup_ms;
-      j["deserialize_ms"] = got->deserialize_ms;
-      j["cached_built_deviceless"] = got->entry.info.built_deviceless;
-      j["cached_created_utc"] = got->entry.created_utc;
+      j["cache_lookup_ms"] = rep.lookup_ms;
+      j["deserialize_ms"] = rep.deserialize_ms;
+      j["cached_built_deviceless"] = rep.cache_entry.info.built_deviceless;
+      j["cached_created_utc"] = rep.cache_entry.created_utc;
     }
     j["ok"] = true;
     all->push_back(j);
@@ -104,14 +104,15 @@ int build_one(const BuildArgs& a, const std::string& path, PlanCache* cache, nlo
     // stdout holds the picture alone, for `| dot -Tsvg`
   } else {
     std::printf("%s (%s)\n", safe(g->name).c_str(), safe(path).c_str());
-    if (got->hit) {
+    if (hit) {
       std::printf("  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f ms\n",
-                  got->key.c_str(), safe(plan.engine_name()).c_str(), format_bytes(plan.workspace_bytes()).c_str(),
-                  got->entry.info.built_deviceless ? "deviceless" : "on a GPU", safe(got->entry.created_utc).c_str(),
-                  got->lookup_ms, got->deserialize_ms);
+                  rep.cache_key.c_str(), safe(plan.engine_name()).c_str(), format_bytes(plan.workspace_bytes()).c_str(),
+                  rep.cache_entry.info.built_deviceless ? "deviceless" : "on a GPU",
+                  safe(rep.cache_entry.created_utc).c_str(), rep.lookup_ms, rep.deserialize_ms);
     } else {
-      print_build_report(got->report);
-      if (got->stored) std::printf("  stored in the plan cache (%s)\n", got->key.c_str());
+      print_attempts(rep);
+      print_build_report(rep.build);
+      if (rep.stored) std::printf("  stored in the plan cache (%s)\n", rep.cache_key.c_str());
     }
     if (!a.plan_out.empty()) std::printf("  plan written to %s\n", safe(a.plan_out).c_str());
   }
@@ -126,7 +127,9 @@ Runner add_build(CLI::App& app) {
   auto a = std::make_shared<BuildArgs>();
   cmd->add_option("graph", a->graphs, "Graph JSON file(s)")->required();
   cmd->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU (no GPU needed)");
-  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes, comma-separated: a, b, fallback")
+  cmd->add_option("--heuristics", a->heuristics,
+                  "Heuristic modes: auto (a, then b, then fallback, until one yields an engine), or a "
+                  "comma-separated list of a, b, fallback to pin")
       ->capture_default_str();
   cmd->add_option("--engine", a->engine, "Pin an engine by name (see `fusebox engines`)");
   cmd->add_option("--max-workspace", a->max_workspace, "Reject plans needing more workspace (bytes)");
@@ -150,10 +153,14 @@ Runner add_build(CLI::App& app) {
                                            " were given (use --cache to keep plans for several)"));
     }
     auto cache = open_cache(a->cache);
+    SessionOptions so;
+    so.device_properties_file = a->device;
+    so.cache = cache.get();
+    auto session = Session::create(so);
     nlohmann::json all = nlohmann::json::array();
     int rc = kExitOk;
     for (const std::string& graph : a->graphs) {
-      int one = build_one(*a, graph, cache.get(), a->json ? &all : nullptr);
+      int one = build_one(*a, graph, session, a->json ? &all : nullptr);
       if (one != kExitOk && rc == kExitOk) rc = one;
     }
     if (a->json) std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).c_str());

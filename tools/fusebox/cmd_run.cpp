@@ -64,7 +64,7 @@ Result<std::map<std::string, std::string>> output_paths(const ResolvedGraph& g, 
 Runner add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run a graph on the GPU: verify against the reference and time it");
   struct Args {
-    std::string graph, plan, inputs, save_outputs, engine, heuristics = "a";
+    std::string graph, plan, inputs, save_outputs, engine, heuristics = "auto";
     bool verify = false, json = false, measure_startup = false;
     CacheFlags cache;
     uint64_t seed = 1;
@@ -86,7 +86,8 @@ Runner add_run(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--engine", a->engine, "Pin an engine by name");
-  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes when building: a, b, fallback")->capture_default_str();
+  cmd->add_option("--heuristics", a->heuristics,
+                  "Heuristic modes when building: auto (a, then b, then fallback), or a list of a, b, fallback to pin")->capture_default_str();
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   cmd->add_flag("--measure-startup", a->measure_startup,
                 "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
@@ -118,66 +119,39 @@ Runner add_run(CLI::App& app) {
     options.inputs = std::move(input_tensors).value();
 
     // Start-up, timed in parts: the first cuDNN call loads its libraries.
-    const common::Stopwatch context_watch;
-    auto ctx = GpuContext::create(0);
-    if (!ctx.ok()) return fail("run", ctx.status());
-    const double context_ms = context_watch.ms();
-    auto target = DeviceTarget::live_gpu(0);
-    if (!target.ok()) return fail("run", target.status());
+    auto modes = parse_heuristics_flag(a->heuristics);
+    if (!modes.ok()) return fail("run", modes.status());
+    std::unique_ptr<PlanCache> cache;
+    if (a->plan.empty()) cache = open_cache(a->cache);
+    SessionOptions so;
+    so.cache = cache.get();
+    auto session = Session::create(so);
+    if (!session.ok()) return fail("run", session.status());
+    const double context_ms = (*session)->context_create_ms();
 
-    BuildReport report;
-    Result<Plan> plan = Status(StatusCode::kInternal, "no plan");
-    std::string plan_source, cache_result = "off", cache_key;
-    double lookup_ms = 0, deserialize_ms = 0, deserialize_again_ms = -1;
-    const common::Stopwatch plan_watch;
-    if (!a->plan.empty()) {
-      auto pf = read_plan_file(a->plan);
-      if (!pf.ok()) return fail("run", pf.status());
-      Status compat = check_plan_compatible(pf->info, *g, *target);
-      if (!compat.ok()) return fail("run", compat.WithContext(a->plan));
-      plan = deserialize_plan(*g, pf->payload, *target, ctx->get(), pf->info.engine);
-      plan_source = std::string("plan file (built ") + (pf->info.built_deviceless ? "deviceless" : "on a GPU") + ")";
-    } else {
-      auto modes = parse_heuristic_modes(a->heuristics);
-      if (!modes.ok()) return fail("run", modes.status());
-      BuildOptions bo;
-      bo.heuristics = *modes;
-      bo.engine = a->engine;
-      auto cache = open_cache(a->cache);
-      // A tuned plan (default tuning policy) first, unless an engine is pinned.
-      Result<CachedPlan> got = Status(StatusCode::kInternal, "no plan");
-      if (a->engine.empty()) {
-        got = lookup_cached_plan(cache.get(), *g, *target, tune_policy_key(TunePolicy{}), ctx->get(),
-                                 a->measure_startup);
-        if (got.ok()) print_warnings(got->warnings);
-      }
-      BuildReport failed;
-      if (!got.ok() || !got->hit) got = plan_through_cache(cache.get(), *g, *target, bo, ctx->get(), &failed);
-      if (!got.ok()) {
-        if (!a->json && !failed.steps.empty()) print_build_report(failed);
-        return fail("run", got.status().WithContext("[graph '" + g->name + "']"));
-      }
-      if (!got->hit) print_warnings(got->warnings);
-      report = got->report;
-      cache_result = cache_state(cache.get(), got->hit);
-      cache_key = got->key;
-      lookup_ms = got->lookup_ms;
-      deserialize_ms = got->deserialize_ms;
-      deserialize_again_ms = got->deserialize_again_ms;
-      if (got->hit) {
-        plan_source = got->entry.tuned_median_ms >= 0 ? "plan cache (tuned)" : "plan cache (heuristic choice)";
-      } else {
-        plan_source = "built now";
-      }
-      plan = std::move(got->plan);
-    }
-    const double plan_ms = plan_watch.ms();
+    PlanRequest request;
+    request.plan_file = a->plan;
+    request.heuristics = *modes;
+    request.engine = a->engine;
+    request.measure_startup = a->measure_startup;
+    PlanReport rep;
+    auto plan = (*session)->get_plan(*g, request, &rep);
+    print_warnings(rep.warnings);
+    const BuildReport& report = rep.build;
+    const std::string plan_source = rep.source_text(), cache_result = rep.cache, cache_key = rep.cache_key;
+    const double plan_ms = rep.total_ms, lookup_ms = rep.lookup_ms, deserialize_ms = rep.deserialize_ms,
+                 deserialize_again_ms = rep.deserialize_again_ms;
     if (!plan.ok()) {
-      if (!a->json && !report.steps.empty()) print_build_report(report);
-      return fail("run", plan.status().WithContext("[graph '" + g->name + "']"));
+      if (!a->json && !report.steps.empty()) {
+        print_attempts(rep);
+        print_build_report(report);
+      }
+      const Status st = plan.status();
+      return fail("run", a->plan.empty() ? st.WithContext("[graph '" + g->name + "']") : st);
     }
+    GpuContext& ctx = *(*session)->context();
 
-    auto r = run_plan(*g, *plan, **ctx, options);
+    auto r = run_plan(*g, *plan, ctx, options);
     if (!r.ok()) return fail("run", r.status().WithContext("[graph '" + g->name + "']"));
 
     std::vector<std::string> saved;
@@ -202,6 +176,7 @@ Runner add_run(CLI::App& app) {
       nlohmann::json j = {{"graph", g->name},
                           {"graph_file", a->graph},
                           {"plan_source", plan_source},
+                          {"plan", to_json(rep)},
                           {"engine", r->engine},
                           {"workspace_bytes", r->workspace_bytes},
                           {"latency_ms",
@@ -235,7 +210,10 @@ Runner add_run(CLI::App& app) {
       std::printf("%s\n", dump(j).c_str());
     } else {
       std::printf("%s (%s)\n", safe(g->name).c_str(), safe(a->graph).c_str());
-      if (!report.steps.empty()) print_build_report(report);
+      if (!report.steps.empty()) {
+        print_attempts(rep);
+        print_build_report(report);
+      }
       std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), safe(r->engine).c_str(),
                   format_bytes(r->workspace_bytes).c_str());
       std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms, plan_ms,

@@ -39,10 +39,6 @@ Runner add_tune(CLI::App& app) {
     auto modes = parse_heuristic_modes(a->heuristics);
     if (!modes.ok()) return fail("tune", modes.status());
     a->policy.heuristics = *modes;
-    auto ctx = GpuContext::create(0);
-    if (!ctx.ok()) return fail("tune", ctx.status());
-    auto target = DeviceTarget::live_gpu(0);
-    if (!target.ok()) return fail("tune", target.status());
     auto cache = open_cache(a->cache);
     if (!a->plan_out.empty()) {
       Status st = common::refuse_overwriting_input(
@@ -50,23 +46,39 @@ Runner add_tune(CLI::App& app) {
           {{"graph file", a->graph}, {"plan cache", cache && cache->enabled() ? cache->path() : ""}});
       if (!st.ok()) return fail("tune", st);
     }
-    const std::string policy_key = tune_policy_key(a->policy);
-    auto cached = lookup_cached_plan(cache.get(), *g, *target, policy_key, ctx->get());
-    if (cached.ok()) print_warnings(cached->warnings);
-    if (cached.ok() && cached->hit) {
+    SessionOptions so;
+    so.cache = cache.get();
+    auto session = Session::create(so);
+    if (!session.ok()) return fail("tune", session.status());
+    GpuContext& ctx = *(*session)->context();
+    const bool bar = !a->json && isatty(fileno(stderr));
+    TuneProgress progress;
+    if (bar) {
+      progress = [](int done, int total, const std::string& engine) {
+        const int width = 30, filled = total ? width * done / total : width;
+        std::fprintf(stderr, "\r[%.*s%*s] %d/%d %-44s", filled, "##############################", width - filled, "",
+                     done, total, engine.c_str());
+        std::fflush(stderr);
+      };
+    }
+    auto tuned = (*session)->tune(*g, a->policy, progress);
+    if (bar) std::fprintf(stderr, "\r%*s\r", 90, "");
+    if (tuned.ok()) print_warnings(tuned->warnings);
+    if (tuned.ok() && tuned->hit) {
+      auto cached = &*tuned;
       // A hit: no heuristics, no tuning. The plan is still checked against the reference.
       RunOptions ro;
       ro.seed = a->policy.seed;
       ro.verify = true;
       ro.iters = 0;
-      auto run = run_plan(*g, cached->plan, **ctx, ro);
+      auto run = run_plan(*g, cached->plan, ctx, ro);
       if (!run.ok()) return fail("tune", run.status());
       if (a->json) {
         nlohmann::json verify = nlohmann::json::array();
         for (const auto& c : run->comparisons) verify.push_back(to_json(c));
         std::printf("%s\n", dump(nlohmann::json{{"graph", g->name},
                                              {"cache", "hit"},
-                                             {"cache_key", cached->key},
+                                             {"cache_key", cached->cache_key},
                                              {"winner", cached->plan.engine_name()},
                                              {"winner_median_ms", cached->entry.tuned_median_ms},
                                              {"tuned_utc", cached->entry.created_utc},
@@ -78,7 +90,7 @@ Runner add_tune(CLI::App& app) {
       } else {
         std::printf("%s: plan cache hit (%s): tuned winner %s (%.4f ms when tuned on %s); lookup %.2f ms, "
                     "deserialize %.2f ms; not tuned again (--no-cache to retune)\n",
-                    safe(g->name).c_str(), cached->key.c_str(), safe(cached->plan.engine_name()).c_str(),
+                    safe(g->name).c_str(), cached->cache_key.c_str(), safe(cached->plan.engine_name()).c_str(),
                     cached->entry.tuned_median_ms, safe(cached->entry.created_utc).c_str(), cached->lookup_ms,
                     cached->deserialize_ms);
         for (const auto& c : run->comparisons) std::printf("verify: %s\n", c.ToString().c_str());
@@ -86,33 +98,16 @@ Runner add_tune(CLI::App& app) {
       Status vs = verify_status(*run);
       return vs.ok() ? kExitOk : fail("tune", vs);
     }
-    const bool bar = !a->json && isatty(fileno(stderr));
-    TuneProgress progress;
-    if (bar) {
-      progress = [](int done, int total, const std::string& engine) {
-        const int width = 30, filled = total ? width * done / total : width;
-        std::fprintf(stderr, "\r[%.*s%*s] %d/%d %-44s", filled, "##############################", width - filled, "",
-                     done, total, engine.c_str());
-        std::fflush(stderr);
-      };
-    }
-    auto r = tune(*g, **ctx, a->policy, progress);
-    if (bar) std::fprintf(stderr, "\r%*s\r", 90, "");
-    if (!r.ok()) return fail("tune", r.status().WithContext("[graph '" + g->name + "']"));
-
+    if (!tuned.ok()) return fail("tune", tuned.status().WithContext("[graph '" + g->name + "']"));
+    auto r = &tuned->result;
     const TuneEntry& w = r->entries[r->winner];
     if (!a->plan_out.empty()) {
-      auto bytes = r->winner_plan.serialize();
+      auto bytes = tuned->plan.serialize();
       if (!bytes.ok()) return fail("tune", bytes.status());
-      Status st = write_plan_file(a->plan_out, make_plan_info(*g, r->winner_plan, *target), *bytes);
+      Status st = write_plan_file(a->plan_out, make_plan_info(*g, tuned->plan, (*session)->target()), *bytes);
       if (!st.ok()) return fail("tune", st);
     }
-    std::vector<std::string> store_warnings;
-    if (r->winner_run.verified_ok) {
-      store_plan(cache.get(), *g, *target, policy_key, r->winner_plan, w.latency.median_ms, &store_warnings);
-    }
-    print_warnings(store_warnings);
-    const std::string cache_result = cache_state(cache.get(), false);
+    const std::string cache_result = tuned->cache;
     if (a->json) {
       nlohmann::json rows = nlohmann::json::array();
       for (const auto& e : r->entries) {

@@ -1,5 +1,6 @@
 #include "common.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -61,8 +62,14 @@ nlohmann::json to_json(const BuildReport& r) {
   for (const auto& s : r.steps) {
     steps.push_back({{"name", s.name}, {"ms", s.ms}, {"ok", s.status.ok()}, {"message", s.status.message()}});
   }
+  nlohmann::json dropped = nlohmann::json::array();
+  for (const auto& d : r.dropped) {
+    dropped.push_back({{"index", d.index}, {"engine", d.name}, {"workspace_bytes", d.workspace_bytes}, {"why", d.why}});
+  }
   return {{"device", {{"name", r.device_name}, {"sm_version", r.sm_version}, {"deviceless", r.deviceless}}},
           {"steps", steps},
+          {"workspace_limit", r.workspace_limit},
+          {"dropped", dropped},
           {"candidate_plans", r.candidate_plans},
           {"engine", r.engine},
           {"plan_index", r.plan_index},
@@ -104,8 +111,65 @@ void print_build_report(const BuildReport& r) {
     std::printf("  engine: %s (candidate %lld), workspace %s\n", safe(r.engine).c_str(),
                 static_cast<long long>(r.plan_index), format_bytes(r.workspace_bytes).c_str());
   }
+  if (r.workspace_limit >= 0) {
+    std::printf("  workspace limit %s: %zu candidate(s) dropped\n", format_bytes(r.workspace_limit).c_str(),
+                r.dropped.size());
+    // The first few; --json lists them all.
+    const size_t shown = std::min<size_t>(r.dropped.size(), 8);
+    for (size_t i = 0; i < shown; ++i) {
+      const auto& d = r.dropped[i];
+      std::printf("    - %s (candidate %lld): %s\n", safe(d.name).c_str(), static_cast<long long>(d.index),
+                  safe(d.why).c_str());
+    }
+    if (shown < r.dropped.size()) std::printf("    ... and %zu more (--json lists all)\n", r.dropped.size() - shown);
+  }
   std::printf("  total: %.2f ms\n", r.total_ms());
   std::fflush(stdout);
+}
+
+nlohmann::json to_json(const PlanReport& r) {
+  nlohmann::json attempts = nlohmann::json::array();
+  for (const auto& a : r.attempts) {
+    std::string modes;
+    for (auto m : a.modes) modes += std::string(modes.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
+    attempts.push_back({{"modes", modes},
+                        {"ok", a.status.ok()},
+                        {"message", a.status.message().substr(0, a.status.message().find('\n'))},
+                        {"ms", a.report.total_ms()}});
+  }
+  return {{"source", plan_source_name(r.source)},
+          {"source_text", r.source_text()},
+          {"heuristic_mode", r.heuristic_mode},
+          {"attempts", attempts},
+          {"engine", r.engine},
+          {"workspace_bytes", r.workspace_bytes},
+          {"cache", r.cache},
+          {"cache_key", r.cache_key},
+          {"stored", r.stored},
+          {"lookup_ms", r.lookup_ms},
+          {"deserialize_ms", r.deserialize_ms},
+          {"total_ms", r.total_ms}};
+}
+
+void print_attempts(const PlanReport& r) {
+  // One attempt: its error goes to stderr as the command's error, once.
+  if (r.attempts.size() < 2) return;
+  for (const auto& a : r.attempts) {
+    if (a.status.ok()) continue;
+    std::string modes;
+    for (auto m : a.modes) modes += std::string(modes.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
+    const std::string& msg = a.status.message();
+    std::printf("  heuristic mode %s: no engine (%.2f ms): %s\n", modes.c_str(), a.report.total_ms(),
+                safe(msg.substr(0, std::min<size_t>(msg.find('\n'), 160))).c_str());
+  }
+  if (r.attempts.size() > 1 && r.attempts.back().status.ok()) {
+    std::printf("  heuristic mode %s served\n", r.heuristic_mode.c_str());
+  }
+}
+
+Result<std::vector<HeuristicMode>> parse_heuristics_flag(const std::string& flag) {
+  if (flag == "auto" || flag.empty()) return std::vector<HeuristicMode>{};
+  return parse_heuristic_modes(flag);
 }
 
 void add_cache_flags(CLI::App* cmd, CacheFlags& flags) {

@@ -13,6 +13,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/runtime.h"
+#include "fusebox/session.h"
 #include "fusebox/tensor.h"
 
 namespace fusebox::cli {
@@ -46,6 +47,12 @@ nlohmann::json to_json(const Comparison& c);
 std::string format_bytes(int64_t bytes);
 // Prints the five steps with timings, the candidates and the chosen engine.
 void print_build_report(const BuildReport& r);
+// Where a plan came from: source, modes tried, cache, costs.
+nlohmann::json to_json(const PlanReport& r);
+// The heuristic modes tried before the one that served (or all, on failure).
+void print_attempts(const PlanReport& r);
+// --heuristics: "auto" (empty: the session's modes in turn) or "a,b,fallback".
+Result<std::vector<HeuristicMode>> parse_heuristics_flag(const std::string& flag);
 
 // --cache PATH / --no-cache, shared by build, tune and run.
 struct CacheFlags {

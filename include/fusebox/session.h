@@ -1,0 +1,150 @@
+// fusebox: a Session is the library's entry point for one device and stream:
+// it owns the cuDNN context (handle + stream), uses a plan cache, decides
+// where each plan comes from (plan file, tuned cache entry, heuristic cache
+// entry, build, tune) and reports it, and owns one workspace arena shared by
+// every plan it binds. `fusebox build|run|tune` are thin callers of it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusebox/cached_plan.h"
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+#include "fusebox/plan_cache.h"
+#include "fusebox/status.h"
+#include "fusebox/tune.h"
+
+namespace fusebox {
+
+enum class PlanSource { kNone, kPlanFile, kTunedCache, kHeuristicCache, kBuilt };
+// "plan file", "tuned cache", "heuristic cache", "built" (for JSON).
+std::string_view plan_source_name(PlanSource s);
+
+// How Session::get_plan finds a plan. The default: a tuned cache entry (the
+// default tuning policy's), then the heuristic cache entry, then a build that
+// tries heuristic modes A, B and fallback in turn until one yields an engine.
+struct PlanRequest {
+  std::string plan_file;  // non-empty: this plan file, nothing else
+  // Empty: modes in turn (above). Non-empty: pinned, one build with exactly
+  // these modes (the candidates of all of them).
+  std::vector<HeuristicMode> heuristics;
+  std::string engine;                // pin an engine by name (skips the tuned entry)
+  int64_t max_workspace_bytes = -1;  // -1: the session's limit only
+  bool use_tuned_cache = true;
+  bool measure_startup = false;  // on a hit, deserialize twice (one-time library load apart)
+};
+
+// One build tried by the policy.
+struct ModeAttempt {
+  std::vector<HeuristicMode> modes;
+  Status status;
+  BuildReport report;
+};
+
+// Where a plan came from and what it cost.
+struct PlanReport {
+  PlanSource source = PlanSource::kNone;
+  std::string heuristic_mode;  // the modes that served a build ("a", "fallback", "a,b"); empty otherwise
+  std::vector<ModeAttempt> attempts;  // builds tried, in order; the last one served when the plan was built
+  BuildReport build;                  // the five steps of the serving (or last failed) build
+  std::string engine;
+  int64_t workspace_bytes = 0;
+  std::string cache = "off";  // "hit", "miss" or "off"
+  std::string cache_key;
+  bool stored = false;     // a build was stored in the cache
+  CacheEntry cache_entry;  // provenance on a cache hit (payload emptied)
+  bool plan_file_built_deviceless = false;
+  double lookup_ms = 0;       // cache lookups (tuned, then heuristic)
+  double deserialize_ms = 0;  // plan file or cache entry
+  double deserialize_again_ms = -1;
+  double total_ms = 0;  // get_plan wall time
+  std::vector<std::string> warnings;
+
+  // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
+  std::string source_text() const;
+};
+
+// The order the default policy tries heuristic modes: {a}, {b}, {fallback}.
+std::vector<std::vector<HeuristicMode>> default_mode_order();
+// Whether another heuristic mode could succeed where `st` failed: cuDNN found
+// no engine (steps 3-5, or the workspace limit), not a graph or CUDA error.
+bool another_mode_may_help(const Status& st, const BuildReport& failed);
+// The policy's build loop, apart from cuDNN so it is testable: calls `build`
+// with each entry of `order` as the modes until one succeeds or a failure
+// another mode cannot fix; every try is appended to `attempts`.
+using BuildFn = std::function<Result<Plan>(const BuildOptions&, BuildReport*)>;
+Result<Plan> build_modes_in_turn(const BuildOptions& base,
+                                 const std::vector<std::vector<HeuristicMode>>& order, const BuildFn& build,
+                                 std::vector<ModeAttempt>* attempts);
+// The cache policy key of a request ("build;modes=a>b>fallback;..." for the default).
+std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace);
+
+struct SessionOptions {
+  int device_id = 0;
+  // Non-empty: a deviceless session building for the GPU this
+  // device-properties file describes (no GPU needed; cannot bind or run).
+  std::string device_properties_file;
+  PlanCache* cache = nullptr;  // not owned; null: no cache
+  // Applied to every build: candidates needing more are dropped (and listed
+  // in the report); a cached or file plan needing more is refused.
+  int64_t workspace_limit_bytes = -1;
+};
+
+struct SessionTune {
+  bool hit = false;  // a tuned plan was in the cache: not tuned again
+  Plan plan;         // the cached plan, or the winner
+  CacheEntry entry;  // on a hit
+  std::string cache = "off";
+  std::string cache_key;
+  double lookup_ms = 0, deserialize_ms = 0;
+  TuneResult result;    // when tuned now (winner_plan moved into `plan`)
+  bool stored = false;  // the verified winner was stored
+  std::vector<std::string> warnings;
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> create(const SessionOptions& options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  const DeviceTarget& target() const;
+  bool deviceless() const;
+  GpuContext* context();  // null when deviceless
+  PlanCache* cache();
+  double context_create_ms() const;  // the GPU context and cuDNN handle, at create()
+
+  // A plan for `g` by the request's policy. `report` (optional) is filled on
+  // success and failure alike (a failed build's steps are in it).
+  Result<Plan> get_plan(const ResolvedGraph& g, const PlanRequest& request = {},
+                        PlanReport* report = nullptr);
+
+  // The cached winner of `policy` if there is one, else tunes on the GPU and
+  // stores the winner when it verifies.
+  Result<SessionTune> tune(const ResolvedGraph& g, const TunePolicy& policy,
+                           const TuneProgress& progress = nullptr);
+
+  // Binds `plan` to device buffers (every non-virtual tensor by name) on this
+  // session's stream and workspace arena, growing the arena if the plan needs
+  // more. The plan and the session must outlive the BoundPlan.
+  Result<BoundPlan> bind(const Plan& plan, const std::map<std::string, void*>& buffers);
+  // Grows the arena to at least `bytes` now (a later bind then never waits
+  // for the stream to free the old one; a grown arena makes each bound plan
+  // rebuild its variant pack once, at its next execute).
+  Status reserve_workspace(int64_t bytes);
+  int64_t workspace_bytes() const;  // the arena's size: the largest bound plan's need so far
+
+  struct Impl;
+
+ private:
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fusebox

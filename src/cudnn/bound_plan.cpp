@@ -1,0 +1,240 @@
+// BoundPlan: a plan bound once to its tensors in cuDNN's uid order.
+#include <algorithm>
+
+#include "internal.h"
+
+namespace fusebox {
+
+struct BoundPlan::Impl {
+  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // keeps the plan alive
+  const cudnn::FeGraph* fe = nullptr;
+  cudnnHandle_t handle = nullptr;
+  int64_t plan_index = -1;
+  std::string engine;
+  int64_t workspace_bytes = 0;
+  std::shared_ptr<const WorkspaceBinding> workspace;
+  uint64_t workspace_generation = 0;
+
+  std::vector<std::string> names;  // slot order = ascending uid (the frontend's user slots)
+  std::vector<void*> user_ptrs;    // parallel to names
+
+  // Direct path: the frontend's template completed with our pointers, and
+  // the variant pack built from it.
+  bool direct = false;
+  cudnnBackendDescriptor_t backend_plan = nullptr;
+  std::vector<int> user_slot_index;  // names[i] -> index into all_ptrs
+  std::vector<void*> all_ptrs;       // template order (all uids the backend sees)
+  std::vector<int64_t> all_uids;
+  std::vector<int64_t> alignment;  // per user slot, 1 when cuDNN asks none
+  cudnnBackendDescriptor_t pack = nullptr;
+
+  ~Impl() {
+    if (pack) cudnnBackendDestroyDescriptor(pack);
+  }
+
+  // cuDNN's alignment rule for a pointer (checked by the frontend on every
+  // execute; here once per bind or rebind).
+  Status check_alignment(size_t i) const {
+    if (i >= alignment.size() || reinterpret_cast<uintptr_t>(user_ptrs[i]) % alignment[i] == 0)
+      return Status::Ok();
+    return InvalidArgument("bind '" + engine + "': the pointer for '" + names[i] + "' is not aligned to " +
+                           std::to_string(alignment[i]) + " bytes");
+  }
+
+  void* ws_ptr() const { return workspace ? workspace->ptr : nullptr; }
+
+  Status check_workspace() const {
+    if (workspace_bytes == 0) return Status::Ok();
+    if (!workspace || !workspace->ptr || workspace->bytes < workspace_bytes) {
+      return InvalidArgument("execute '" + engine + "': plan needs " + std::to_string(workspace_bytes) +
+                             " bytes of workspace, the bound workspace has " +
+                             std::to_string(workspace ? workspace->bytes : 0));
+    }
+    return Status::Ok();
+  }
+
+  // (Re)builds the variant pack from all_ptrs and the current workspace.
+  Status build_pack() {
+    using cudnn::cudnn_status;
+    if (pack) {
+      cudnnBackendDestroyDescriptor(pack);
+      pack = nullptr;
+    }
+    FUSEBOX_RETURN_IF_ERROR(check_workspace());
+    FUSEBOX_RETURN_IF_ERROR(
+        cudnn_status(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
+                     "bind: create variant pack"));
+    void* ws = ws_ptr();
+    const auto n = static_cast<int64_t>(all_uids.size());
+    FUSEBOX_RETURN_IF_ERROR(cudnn_status(
+        cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws),
+        "bind: variant pack workspace"));
+    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                                                                  CUDNN_TYPE_VOID_PTR, n, all_ptrs.data()),
+                                         "bind: variant pack pointers"));
+    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+                                                                  CUDNN_TYPE_INT64, n, all_uids.data()),
+                                         "bind: variant pack uids"));
+    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendFinalize(pack), "bind: finalize variant pack"));
+    workspace_generation = workspace ? workspace->generation : 0;
+    return Status::Ok();
+  }
+};
+
+BoundPlan::BoundPlan() = default;
+BoundPlan::BoundPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BoundPlan::BoundPlan(BoundPlan&&) noexcept = default;
+BoundPlan& BoundPlan::operator=(BoundPlan&&) noexcept = default;
+BoundPlan::~BoundPlan() = default;
+
+Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
+                                  const std::map<std::string, void*>& buffers,
+                                  std::shared_ptr<const WorkspaceBinding> workspace) {
+  using namespace cudnn;
+  const Plan::Impl* p = plan.impl();
+  if (!p || !p->graph) return InvalidArgument("bind: empty plan");
+  auto impl = std::make_unique<Impl>();
+  impl->graph = p->graph;
+  impl->fe = static_cast<const FeGraph*>(p->graph.get());
+  impl->handle = ctx.impl()->handle;
+  impl->engine = p->engine;
+  impl->workspace_bytes = p->workspace_bytes;
+  impl->workspace = std::move(workspace);
+  for (const auto& [name, ptr] : buffers) {
+    if (!p->uids.count(name)) {
+      std::string known;
+      for (const auto& [n, uid] : p->uids) known += " " + n;
+      return InvalidArgument("bind '" + p->engine + "': '" + name +
+                             "' is not a tensor of the plan; tensors are:" + known);
+    }
+  }
+  try {
+    auto* graph = const_cast<FeGraph*>(impl->fe);
+    FUSEBOX_RETURN_IF_ERROR(from_fe(graph->prepare_variant_pack_template(), "bind: prepare variant pack"));
+    impl->plan_index = p->plan_index >= 0 ? p->plan_index : graph->current_candidate();
+    const auto& t = graph->varpack_template;
+    // The frontend's user slots are in ascending uid order: name them.
+    std::unordered_map<int64_t, std::string> name_of;
+    for (const auto& [name, uid] : p->uids) name_of[uid] = name;
+    for (int slot : t.user_slots) {
+      const int64_t uid = t.all_uids[slot];
+      auto it = name_of.find(uid);
+      if (it == name_of.end())
+        return Internal("bind: cuDNN expects uid " + std::to_string(uid) + ", no tensor has it");
+      auto b = buffers.find(it->second);
+      if (b == buffers.end() || b->second == nullptr) {
+        return InvalidArgument("bind '" + p->engine + "': no device buffer for tensor '" + it->second + "'");
+      }
+      impl->names.push_back(it->second);
+      impl->user_ptrs.push_back(b->second);
+    }
+    // Direct path unless the frontend has work of its own around the
+    // backend call: workspace writes or auxiliary kernels, pointer
+    // replacements, or a frontend-implemented engine.
+    const fe::ExecutionPlan* ep = graph->execution_plan_at(impl->plan_index);
+    int64_t total_ws = 0;
+    FUSEBOX_RETURN_IF_ERROR(
+        from_fe(graph->get_workspace_size_plan_at_index(impl->plan_index, total_ws), "bind"));
+    const bool fe_work = !t.workspace_slots.empty() || !t.replacement_slots.empty() ||
+                         !t.backend_slots.empty() || !ep || total_ws != ep->getWorkspaceSize();
+    if (!fe_work) {
+      impl->direct = true;
+      impl->backend_plan = ep->get_raw_desc();
+      impl->all_uids = t.all_uids;
+      impl->all_ptrs = t.template_ptrs;  // by-value scalars point into the graph (kept alive above)
+      for (size_t i = 0; i < t.user_slots.size(); ++i) {
+        impl->user_slot_index.push_back(t.user_slots[i]);
+        impl->all_ptrs[t.user_slots[i]] = impl->user_ptrs[i];
+      }
+      impl->alignment.assign(t.user_slots.size(), 1);
+      for (const auto& [slot, alignment] : t.aligned_slots) {
+        for (size_t i = 0; i < t.user_slots.size(); ++i) {
+          if (t.user_slots[i] == slot) impl->alignment[i] = alignment;
+        }
+      }
+      for (size_t i = 0; i < impl->names.size(); ++i) FUSEBOX_RETURN_IF_ERROR(impl->check_alignment(i));
+      FUSEBOX_RETURN_IF_ERROR(impl->build_pack());
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(impl->check_workspace());
+    }
+  }
+  FUSEBOX_CATCH_ALL("bind")
+  return BoundPlan(std::move(impl));
+}
+
+const std::vector<std::string>& BoundPlan::tensor_names() const {
+  static const std::vector<std::string> none;
+  return impl_ ? impl_->names : none;
+}
+
+int BoundPlan::slot_of(std::string_view name) const {
+  if (!impl_) return -1;
+  for (size_t i = 0; i < impl_->names.size(); ++i) {
+    if (impl_->names[i] == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Status BoundPlan::rebind(int slot, void* ptr) {
+  if (!impl_) return Internal("rebind: unbound plan");
+  if (slot < 0 || slot >= static_cast<int>(impl_->names.size())) {
+    return InvalidArgument("rebind '" + impl_->engine + "': slot " + std::to_string(slot) +
+                           " is out of range (" + std::to_string(impl_->names.size()) + " tensors)");
+  }
+  if (ptr == nullptr)
+    return InvalidArgument("rebind '" + impl_->engine + "': null pointer for '" + impl_->names[slot] + "'");
+  void* old = impl_->user_ptrs[slot];
+  impl_->user_ptrs[slot] = ptr;
+  if (!impl_->direct) return Status::Ok();
+  Status aligned = impl_->check_alignment(slot);
+  if (!aligned.ok()) {
+    impl_->user_ptrs[slot] = old;
+    return aligned;
+  }
+  impl_->all_ptrs[impl_->user_slot_index[slot]] = ptr;
+  return impl_->build_pack();
+}
+
+Status BoundPlan::rebind(std::string_view name, void* ptr) {
+  const int slot = slot_of(name);
+  if (slot < 0) {
+    std::string known;
+    for (const auto& n : tensor_names()) known += " " + n;
+    return InvalidArgument("rebind: '" + std::string(name) +
+                           "' is not a tensor of the plan; tensors are:" + known);
+  }
+  return rebind(slot, ptr);
+}
+
+Status BoundPlan::execute() {
+  if (!impl_) return Internal("execute: unbound plan");
+  Impl& b = *impl_;
+  if (b.direct) {
+    // A grown arena moved the workspace: rebuild the pack once.
+    if (b.workspace && b.workspace->generation != b.workspace_generation)
+      FUSEBOX_RETURN_IF_ERROR(b.build_pack());
+    const cudnnStatus_t st = cudnnBackendExecute(b.handle, b.backend_plan, b.pack);
+    if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
+    return cudnn::cudnn_status(st, "execute '" + b.engine + "'");
+  }
+  FUSEBOX_RETURN_IF_ERROR(b.check_workspace());
+  try {
+    return cudnn::from_fe(
+        b.fe->execute_plan_at_index(b.handle, b.user_ptrs.data(), static_cast<int>(b.user_ptrs.size()),
+                                    b.ws_ptr(), b.plan_index),
+        "execute '" + b.engine + "'");
+  }
+  FUSEBOX_CATCH_ALL("execute")
+}
+
+const std::string& BoundPlan::engine_name() const {
+  static const std::string empty;
+  return impl_ ? impl_->engine : empty;
+}
+int64_t BoundPlan::workspace_bytes() const { return impl_ ? impl_->workspace_bytes : 0; }
+bool BoundPlan::direct() const { return impl_ && impl_->direct; }
+void* BoundPlan::cudnn_handle() const { return impl_ ? impl_->handle : nullptr; }
+void* BoundPlan::backend_plan() const { return impl_ && impl_->direct ? impl_->backend_plan : nullptr; }
+void* BoundPlan::backend_variant_pack() const { return impl_ && impl_->direct ? impl_->pack : nullptr; }
+
+}  // namespace fusebox

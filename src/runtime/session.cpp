@@ -1,0 +1,323 @@
+#include "fusebox/session.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "common/cuda_status.h"
+#include "common/stopwatch.h"
+#include "fusebox/plan_file.h"
+
+namespace fusebox {
+namespace {
+
+std::string modes_csv(const std::vector<HeuristicMode>& modes) {
+  std::string s;
+  for (auto m : modes) s += std::string(s.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
+  return s;
+}
+
+// The tighter of two limits (-1: none).
+int64_t tighter(int64_t a, int64_t b) {
+  if (a < 0) return b;
+  if (b < 0) return a;
+  return std::min(a, b);
+}
+
+void append(std::vector<std::string>& to, const std::vector<std::string>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+
+}  // namespace
+
+std::string_view plan_source_name(PlanSource s) {
+  switch (s) {
+    case PlanSource::kNone:
+      return "none";
+    case PlanSource::kPlanFile:
+      return "plan file";
+    case PlanSource::kTunedCache:
+      return "tuned cache";
+    case PlanSource::kHeuristicCache:
+      return "heuristic cache";
+    case PlanSource::kBuilt:
+      return "built";
+  }
+  return "none";
+}
+
+std::string PlanReport::source_text() const {
+  switch (source) {
+    case PlanSource::kPlanFile:
+      return std::string("plan file (built ") + (plan_file_built_deviceless ? "deviceless" : "on a GPU") +
+             ")";
+    case PlanSource::kTunedCache:
+      return "plan cache (tuned)";
+    case PlanSource::kHeuristicCache:
+      return "plan cache (heuristic choice)";
+    case PlanSource::kBuilt: {
+      std::string s = "built now";
+      if (attempts.size() > 1) {
+        s += " (heuristic mode " + heuristic_mode + "; ";
+        for (size_t i = 0; i + 1 < attempts.size(); ++i) {
+          s += (i ? ", " : "") + modes_csv(attempts[i].modes);
+        }
+        s += " found no engine)";
+      }
+      return s;
+    }
+    case PlanSource::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::vector<std::vector<HeuristicMode>> default_mode_order() {
+  return {{HeuristicMode::kA}, {HeuristicMode::kB}, {HeuristicMode::kFallback}};
+}
+
+bool another_mode_may_help(const Status& st, const BuildReport& failed) {
+  if (st.code() != StatusCode::kNotSupported && st.code() != StatusCode::kCudnnError) return false;
+  // validate and build_operation_graph do not depend on the mode: a failure
+  // there (fewer than three steps ran) fails every mode alike.
+  return failed.steps.size() >= 3;
+}
+
+Result<Plan> build_modes_in_turn(const BuildOptions& base,
+                                 const std::vector<std::vector<HeuristicMode>>& order, const BuildFn& build,
+                                 std::vector<ModeAttempt>* attempts) {
+  if (order.empty()) return InvalidArgument("no heuristic mode to try");
+  std::vector<Status> failures;
+  for (const auto& modes : order) {
+    BuildOptions o = base;
+    o.heuristics = modes;
+    ModeAttempt attempt;
+    attempt.modes = modes;
+    auto plan = build(o, &attempt.report);
+    attempt.status = plan.ok() ? Status::Ok() : plan.status();
+    const bool may_help = !plan.ok() && another_mode_may_help(attempt.status, attempt.report);
+    if (attempts) attempts->push_back(std::move(attempt));
+    if (plan.ok()) return plan;
+    if (!may_help) return plan.status();
+    failures.push_back(plan.status());
+  }
+  if (order.size() == 1) return failures[0];
+  // One line per mode, then the first mode's details (cuDNN's reasons, hints).
+  std::string tried, lines;
+  for (size_t i = 0; i < order.size(); ++i) {
+    tried += (i ? ", " : "") + modes_csv(order[i]);
+    const std::string& m = failures[i].message();
+    lines += "\n  mode " + modes_csv(order[i]) + ": " + m.substr(0, m.find('\n'));
+  }
+  const std::string& first = failures[0].message();
+  const size_t nl = first.find('\n');
+  return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried + ")" +
+                                        lines + (nl == std::string::npos ? "" : first.substr(nl)));
+}
+
+std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace) {
+  BuildOptions o;
+  o.heuristics = r.heuristics;
+  o.engine = r.engine;
+  o.max_workspace_bytes = effective_max_workspace;
+  return build_policy_key(o);  // empty modes: the in-turn order's own key
+}
+
+// ---------------------------------------------------------------- Session
+
+struct Session::Impl {
+  SessionOptions options;
+  DeviceTarget target;
+  std::unique_ptr<GpuContext> ctx;
+  double context_ms = 0;
+  // The arena: one workspace for every plan bound on this stream.
+  void* arena = nullptr;
+  std::shared_ptr<WorkspaceBinding> workspace = std::make_shared<WorkspaceBinding>();
+
+  ~Impl() {
+    if (arena) {
+      if (ctx) cudaStreamSynchronize(static_cast<cudaStream_t>(ctx->stream()));
+      cudaFree(arena);
+    }
+  }
+
+  // A plan from somewhere other than a build must meet the limit too.
+  Status check_limit(const Plan& plan, int64_t limit, const std::string& what) const {
+    if (limit < 0 || plan.workspace_bytes() <= limit) return Status::Ok();
+    return InvalidArgument(what + ": plan '" + plan.engine_name() + "' needs " +
+                           std::to_string(plan.workspace_bytes()) +
+                           " bytes of workspace, over the limit of " + std::to_string(limit));
+  }
+};
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+Result<std::unique_ptr<Session>> Session::create(const SessionOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (!options.device_properties_file.empty()) {
+    FUSEBOX_ASSIGN_OR_RETURN(impl->target, DeviceTarget::from_file(options.device_properties_file));
+  } else {
+    const common::Stopwatch watch;
+    FUSEBOX_ASSIGN_OR_RETURN(impl->ctx, GpuContext::create(options.device_id));
+    impl->context_ms = watch.ms();
+    FUSEBOX_ASSIGN_OR_RETURN(impl->target, DeviceTarget::live_gpu(options.device_id));
+  }
+  return std::unique_ptr<Session>(new Session(std::move(impl)));
+}
+
+const DeviceTarget& Session::target() const { return impl_->target; }
+bool Session::deviceless() const { return impl_->target.deviceless(); }
+GpuContext* Session::context() { return impl_->ctx.get(); }
+PlanCache* Session::cache() { return impl_->options.cache; }
+double Session::context_create_ms() const { return impl_->context_ms; }
+int64_t Session::workspace_bytes() const { return impl_->workspace->bytes; }
+
+Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& request, PlanReport* report_out) {
+  PlanReport local;
+  PlanReport& rep = report_out ? *report_out : local;
+  rep = PlanReport{};
+  const common::Stopwatch total;
+  auto finish = [&](Result<Plan> plan) -> Result<Plan> {
+    rep.total_ms = total.ms();
+    if (plan.ok()) {
+      rep.engine = plan->engine_name();
+      rep.workspace_bytes = plan->workspace_bytes();
+    }
+    return plan;
+  };
+  Impl& s = *impl_;
+  PlanCache* cache = s.options.cache;
+  const int64_t limit = tighter(request.max_workspace_bytes, s.options.workspace_limit_bytes);
+  GpuContext* ctx = s.ctx.get();
+
+  if (!request.plan_file.empty()) {
+    FUSEBOX_ASSIGN_OR_RETURN(PlanFile pf, read_plan_file(request.plan_file));
+    Status compat = check_plan_compatible(pf.info, g, s.target);
+    if (!compat.ok()) return finish(compat.WithContext(request.plan_file));
+    rep.source = PlanSource::kPlanFile;
+    rep.plan_file_built_deviceless = pf.info.built_deviceless;
+    const common::Stopwatch watch;
+    auto plan = deserialize_plan(g, pf.payload, s.target, ctx, pf.info.engine);
+    rep.deserialize_ms = watch.ms();
+    if (plan.ok()) FUSEBOX_RETURN_IF_ERROR(s.check_limit(*plan, limit, request.plan_file));
+    return finish(std::move(plan));
+  }
+
+  // A cache hit, unless its plan breaks the workspace limit.
+  auto take_hit = [&](CachedPlan& got, PlanSource source) -> bool {
+    append(rep.warnings, got.warnings);
+    rep.lookup_ms += got.lookup_ms;
+    if (!got.hit) return false;
+    if (!s.check_limit(got.plan, limit, "plan cache entry " + got.key).ok()) {
+      rep.warnings.push_back("plan cache entry " + got.key + " ignored: its plan needs " +
+                             std::to_string(got.plan.workspace_bytes()) +
+                             " bytes of workspace, over the limit of " + std::to_string(limit));
+      return false;
+    }
+    rep.source = source;
+    rep.cache = "hit";
+    rep.cache_key = got.key;
+    rep.cache_entry = got.entry;
+    rep.deserialize_ms = got.deserialize_ms;
+    rep.deserialize_again_ms = got.deserialize_again_ms;
+    return true;
+  };
+  if (request.engine.empty() && request.use_tuned_cache) {
+    auto got =
+        lookup_cached_plan(cache, g, s.target, tune_policy_key(TunePolicy{}), ctx, request.measure_startup);
+    if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) return finish(std::move(got->plan));
+  }
+  const std::string policy = request_policy_key(request, limit);
+  auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
+  if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
+  rep.cache = cache && cache->enabled() ? "miss" : "off";
+  rep.cache_key = cache_key_for(g, s.target, policy);
+
+  BuildOptions base;
+  base.engine = request.engine;
+  base.max_workspace_bytes = limit;
+  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) {
+    return build_plan(g, s.target, o, r, ctx);
+  };
+  // A pinned engine is searched among every mode's candidates by build_plan itself.
+  const bool in_turn = request.heuristics.empty() && request.engine.empty();
+  std::vector<std::vector<HeuristicMode>> order =
+      in_turn ? default_mode_order()
+              : std::vector<std::vector<HeuristicMode>>{request.heuristics.empty() ? default_mode_order()[0]
+                                                                                   : request.heuristics};
+  auto plan = build_modes_in_turn(base, order, build, &rep.attempts);
+  if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+  if (!plan.ok()) return finish(plan.status());
+  rep.source = PlanSource::kBuilt;
+  rep.heuristic_mode = request.engine.empty() ? modes_csv(rep.attempts.back().modes) : "a,b,fallback";
+  rep.stored = store_plan(cache, g, s.target, policy, *plan, -1, &rep.warnings);
+  return finish(std::move(plan));
+}
+
+Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& policy_in,
+                                  const TuneProgress& progress) {
+  Impl& s = *impl_;
+  if (!s.ctx)
+    return Status(StatusCode::kNoDevice, "tune: a deviceless session cannot time plans; tune on the GPU");
+  TunePolicy policy = policy_in;
+  policy.max_workspace_bytes = tighter(policy.max_workspace_bytes, s.options.workspace_limit_bytes);
+  SessionTune out;
+  const std::string key = tune_policy_key(policy);
+  PlanCache* cache = s.options.cache;
+  out.cache = cache && cache->enabled() ? "miss" : "off";
+  auto cached = lookup_cached_plan(cache, g, s.target, key, s.ctx.get());
+  if (cached.ok()) {
+    append(out.warnings, cached->warnings);
+    out.cache_key = cached->key;
+    out.lookup_ms = cached->lookup_ms;
+    if (cached->hit) {
+      out.hit = true;
+      out.cache = "hit";
+      out.plan = std::move(cached->plan);
+      out.entry = cached->entry;
+      out.deserialize_ms = cached->deserialize_ms;
+      return out;
+    }
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(out.result, fusebox::tune(g, *s.ctx, policy, progress));
+  out.plan = std::move(out.result.winner_plan);
+  if (out.result.winner_run.verified_ok) {
+    const TuneEntry& w = out.result.entries[out.result.winner];
+    out.stored = store_plan(cache, g, s.target, key, out.plan, w.latency.median_ms, &out.warnings);
+  }
+  return out;
+}
+
+Status Session::reserve_workspace(int64_t bytes) {
+  Impl& s = *impl_;
+  if (bytes <= s.workspace->bytes) return Status::Ok();
+  if (!s.ctx) return Status(StatusCode::kNoDevice, "workspace: a deviceless session has no device memory");
+  // Round up so a run of slightly larger plans does not regrow each time.
+  const int64_t size = (std::max(bytes, s.workspace->bytes * 2) + 255) / 256 * 256;
+  // Plans in flight may still use the old arena.
+  FUSEBOX_RETURN_IF_ERROR(common::cuda_status(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(s.ctx->stream())), "workspace arena"));
+  if (s.arena) {
+    FUSEBOX_RETURN_IF_ERROR(common::cuda_status(cudaFree(s.arena), "workspace arena: cudaFree"));
+    s.arena = nullptr;
+  }
+  FUSEBOX_RETURN_IF_ERROR(
+      common::cuda_status(cudaMalloc(&s.arena, static_cast<size_t>(size)),
+                          "workspace arena: cudaMalloc of " + std::to_string(size) + " bytes"));
+  s.workspace->ptr = s.arena;
+  s.workspace->bytes = size;
+  ++s.workspace->generation;
+  return Status::Ok();
+}
+
+Result<BoundPlan> Session::bind(const Plan& plan, const std::map<std::string, void*>& buffers) {
+  Impl& s = *impl_;
+  if (!s.ctx) return Status(StatusCode::kNoDevice, "bind: a deviceless session cannot run plans");
+  FUSEBOX_RETURN_IF_ERROR(s.check_limit(plan, s.options.workspace_limit_bytes, "bind"));
+  FUSEBOX_RETURN_IF_ERROR(reserve_workspace(plan.workspace_bytes()));
+  return BoundPlan::bind(plan, *s.ctx, buffers, s.workspace);
+}
+
+}  // namespace fusebox
