@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/device_properties_check.h"
+#include "common/json_text.h"
 #include "common/json_util.h"
 
 namespace fusebox::common {
@@ -458,28 +459,10 @@ Status check_backend_json(const std::string& text, const Schema& s) {
 }  // namespace
 
 Status check_json_text_depth(std::string_view text, int max_depth, const std::string& where) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) {
-        return ParseError(where + ": JSON nested deeper than " + std::to_string(max_depth) +
-                          " levels (at byte " + std::to_string(i) + ")");
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
+  const JsonTextLimit hit = scan_json_text(text, max_depth, static_cast<size_t>(-1));
+  if (hit.kind == JsonTextLimit::Kind::kDepth) {
+    return ParseError(where + ": JSON nested deeper than " + std::to_string(max_depth) + " levels (at byte " +
+                      std::to_string(hit.byte) + ")");
   }
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
+#include "common/json_text.h"
 #include "common/json_util.h"
 #include "fusebox/graph.h"
 #include "graph_limits.h"
@@ -222,34 +223,17 @@ class Parser : public JsonReader {
 // if none. A linear scan before parsing: nlohmann::json prints (in messages) and
 // compares recursively, and its DOM takes up to ~40 times a file's size.
 std::string json_shape_error(std::string_view text) {
-  int depth = 0;
-  size_t items = 1;  // an upper bound on the values: one per '[', '{' or ','
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limits::kMaxJsonDepth) {
-        return "at byte " + std::to_string(i + 1) +
-               ": JSON arrays and objects nest deeper than the limit of " +
-               std::to_string(limits::kMaxJsonDepth) + " levels (a graph file needs 4)";
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-    if ((c == '[' || c == '{' || c == ',') && ++items > limits::kMaxJsonValues) {
-      return "at byte " + std::to_string(i + 1) + ": more than " + std::to_string(limits::kMaxJsonValues) +
+  const common::JsonTextLimit hit = common::scan_json_text(text, limits::kMaxJsonDepth, limits::kMaxJsonValues);
+  const std::string at = "at byte " + std::to_string(hit.byte + 1);
+  switch (hit.kind) {
+    case common::JsonTextLimit::Kind::kNone:
+      return "";
+    case common::JsonTextLimit::Kind::kDepth:
+      return at + ": JSON arrays and objects nest deeper than the limit of " + std::to_string(limits::kMaxJsonDepth) +
+             " levels (a graph file needs 4)";
+    case common::JsonTextLimit::Kind::kValues:
+      return at + ": more than " + std::to_string(limits::kMaxJsonValues) +
              " JSON values (numbers, strings, arrays, objects), the limit per graph file";
-    }
   }
   return "";
 }

@@ -9,6 +9,7 @@
 
 #include "common/cuda_status.h"
 #include "common/dims_string.h"
+#include "common/json_text.h"
 #include "common/op_where.h"
 #include "common/stopwatch.h"
 #include "common/strided.h"
@@ -64,3 +65,19 @@ TEST(CommonHelpersTest, StopwatchCountsUpAndRestarts) {
 
 }  // namespace
 }  // namespace fusebox
+
+TEST(JsonText, DepthAndValuesOutsideStrings) {
+  using fusebox::common::JsonTextLimit;
+  using fusebox::common::scan_json_text;
+  EXPECT_EQ(scan_json_text(R"({"a": [1, 2, {"b": 3}]})", 3, 100).kind, JsonTextLimit::Kind::kNone);
+  // Brackets, commas and escaped quotes inside strings do not count.
+  EXPECT_EQ(scan_json_text(R"(["[[[{,,,", "\"[[["])", 1, 3).kind, JsonTextLimit::Kind::kNone);
+  const JsonTextLimit deep = scan_json_text("[[[1]]]", 2, 100);
+  EXPECT_EQ(deep.kind, JsonTextLimit::Kind::kDepth);
+  EXPECT_EQ(deep.byte, 2u);
+  // 1 + '[' + ',' at byte 2 = 3 values; the ',' at byte 4 makes 4 > 3.
+  const JsonTextLimit many = scan_json_text("[1,2,3,4]", 8, 3);
+  EXPECT_EQ(many.kind, JsonTextLimit::Kind::kValues);
+  EXPECT_EQ(many.byte, 4u);
+  EXPECT_EQ(scan_json_text("[1,2]]]]", 1, 100).kind, JsonTextLimit::Kind::kNone);  // unbalanced: the parser's job
+}
