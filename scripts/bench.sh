@@ -4,12 +4,14 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,matmul,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
 #   conv     examples/graphs conv graphs (2-4 min: torch.compile max-autotune)
+#   conv_bwd examples/graphs conv_dgrad / conv_wgrad graphs (torch: aten convolution backward via torch.nn.grad)
 #   matmul   examples/graphs matmul graphs (2-4 min)
+#   norm     examples/graphs layernorm / rmsnorm graphs (torch: its native norm kernels)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
@@ -24,7 +26,7 @@ cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
-PARTS=${PARTS:-peaks,conv,matmul,sdpa,report}
+PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,report}
 mkdir -p "$OUT"
 
 FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}

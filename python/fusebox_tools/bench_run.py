@@ -44,9 +44,10 @@ from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
 from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
-PARTS = ("conv", "matmul", "sdpa", "peaks")
-FAMILY_OF_OP = {"conv_fprop": "conv", "matmul": "matmul", "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa",
-                "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
+PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks")
+FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "conv_bwd", "matmul": "matmul",
+                "layernorm": "norm", "rmsnorm": "norm", "layernorm_bwd": "norm", "rmsnorm_bwd": "norm",
+                "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
 L2_BYTES = 60 << 20  # H200
 COMPILE_MODE = os.environ.get("BENCH_COMPILE_MODE", "max-autotune-no-cudagraphs")
 
@@ -280,6 +281,82 @@ def bench_plain(path, graph, args, row):
     del sets
 
 
+def norm_torch_fn(graph, notes):
+    """The graph's norm op with PyTorch's own kernels, as a framework user runs it
+    (torch_ops' versions are the float32 cross-check reference, not a speed
+    baseline): native_layer_norm (training: y, mean, rstd) or F.layer_norm,
+    F.rms_norm, native_layer_norm_backward; rmsnorm_bwd as autograd.grad of a
+    saved F.rms_norm forward (torch has no public RMS-norm backward op).
+    Returns (fn, compile_ok)."""
+    op = next(o for o in graph.ops if o["op"] in ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd"))
+    if len(graph.ops) > 1:
+        notes.append(f"graph has {len(graph.ops)} ops; torch times only '{op['name']}'")
+    kind, a, t = op["op"], op["attrs"], op["inputs"]
+    dims, eps = a["normalized_dims"], float(a.get("epsilon", 1e-5))
+
+    def shape(x):
+        return tuple(x.shape[d] for d in dims)
+
+    if kind == "layernorm":
+        training = a["phase"] == "training"
+        if training:
+            notes.append("torch: aten.native_layer_norm (y, mean, rstd)")
+
+        def fn(s):
+            x = s[t["x"]]
+            sh = shape(x)
+            w, b = s[t["scale"]].reshape(sh), s[t["bias"]].reshape(sh)
+            if training:
+                return list(torch.ops.aten.native_layer_norm(x, list(sh), w, b, eps))
+            return [F.layer_norm(x, sh, w, b, eps)]
+        return fn, True
+    if kind == "rmsnorm":
+        if a["phase"] == "training":
+            notes.append("torch: F.rms_norm returns no inv_variance (fusebox also writes it)")
+
+        def fn(s):
+            x = s[t["x"]]
+            sh = shape(x)
+            y = F.rms_norm(x, sh, s[t["scale"]].reshape(sh), eps)
+            return [y + s[t["bias"]].reshape(sh)] if "bias" in t else [y]
+        return fn, True
+    if kind == "layernorm_bwd":
+        notes.append("torch: aten.native_layer_norm_backward (dx, dscale, dbias)")
+
+        def fn(s):
+            x = s[t["x"]]
+            sh = shape(x)
+            w = s[t["scale"]].reshape(sh)
+            return list(torch.ops.aten.native_layer_norm_backward(
+                s[t["dy"]], x, list(sh), s[t["mean"]], s[t["inv_variance"]], w, torch.zeros_like(w),
+                [True, True, True]))
+        return fn, True
+    notes.append("torch: autograd.grad of a saved F.rms_norm forward (dx, dscale); torch.compile not timed")
+
+    def fn(s):
+        if "_y" not in s:  # the forward, once per input set, outside the timing after the first call
+            s["_xg"] = s[t["x"]].detach().requires_grad_(True)
+            s["_wg"] = s[t["scale"]].detach().reshape(shape(s["_xg"])).requires_grad_(True)
+            s["_y"] = F.rms_norm(s["_xg"], shape(s["_xg"]), s["_wg"], eps)
+        return torch.autograd.grad(s["_y"], (s["_xg"], s["_wg"]), s[t["dy"]], retain_graph=True)
+    return fn, False
+
+
+def bench_norm(path, graph, args, row):
+    notes = row["notes"]
+    row["fusebox"] = time_fusebox(args, path, {}, notes)
+    fn, compile_ok = norm_torch_fn(graph, notes)
+    sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
+    row["input_sets"] = len(sets)
+    for s in sets:  # the forward of rmsnorm_bwd, before any timing
+        with torch.enable_grad():
+            fn(s)
+    torch.cuda.synchronize()
+    with torch.set_grad_enabled(not compile_ok):
+        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=compile_ok)
+    del sets
+
+
 def bench_sdpa(path, graph, args, row):
     """The graph's first sdpa op in torch: forward (no_grad, or requires_grad
     inputs when the graph writes stats, as training does) or the backward
@@ -364,6 +441,8 @@ def bench_graph(path, args):
     try:
         if graph.sdpa_ops():
             bench_sdpa(path, graph, args, row)
+        elif row["family"] == "norm":
+            bench_norm(path, graph, args, row)
         else:
             bench_plain(path, graph, args, row)
     except Exception as e:  # one graph must not stop the part
