@@ -59,7 +59,7 @@ struct PipelineStage {
 
 struct Pipeline {
   std::string name;
-  std::string path;  // the pipeline file
+  std::string path;                     // the pipeline file
   std::vector<PipelineStage> stages;    // in file order
   std::vector<PipelineBuffer> buffers;  // in file order
   // Stage indices in an order where every buffer is written before it is
@@ -76,7 +76,8 @@ struct Pipeline {
 // `base_dir` (empty: the working directory); `origin` names the file in
 // messages. Errors are InvalidArgument (ParseError for malformed JSON,
 // IoError for unreadable files) and start with "origin: pipeline 'NAME'".
-Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin, const std::string& base_dir);
+Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin,
+                                     const std::string& base_dir);
 Result<Pipeline> load_pipeline_file(const std::string& path);
 
 }  // namespace fusebox

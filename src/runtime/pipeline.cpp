@@ -3,9 +3,8 @@
 // (docs/architecture.md): strings and objects only here.
 #include "fusebox/pipeline.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <queue>
 #include <set>
 
@@ -26,7 +25,7 @@ constexpr size_t kMaxStages = 4096;
 constexpr size_t kMaxNameBytes = 256;
 constexpr size_t kMaxPathBytes = 4096;
 
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string sq(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -49,7 +48,9 @@ std::string shape_string(DType dtype, const std::vector<int64_t>& dims, const st
 }
 
 // A memory tensor: one that a buffer backs (not virtual, not a by-value scalar).
-bool is_memory(const ResolvedTensor& t) { return !t.is_virtual && !t.scalar_value && (t.is_input || t.is_output); }
+bool is_memory(const ResolvedTensor& t) {
+  return !t.is_virtual && !t.scalar_value && (t.is_input || t.is_output);
+}
 
 std::string join_path(const std::string& base_dir, const std::string& p) {
   if (p.empty() || p[0] == '/' || base_dir.empty()) return p;
@@ -74,11 +75,11 @@ class Loader {
  private:
   // Where messages start: "p.json: pipeline 'two_convs'".
   std::string where() const {
-    return std::string(origin_) + (p_.name.empty() ? "" : ": pipeline " + quoted(p_.name));
+    return std::string(origin_) + (p_.name.empty() ? "" : ": pipeline " + sq(p_.name));
   }
   Status bad(const std::string& msg) const { return InvalidArgument(where() + ": " + msg); }
   Status bad_stage(int s, const std::string& msg) const {
-    return bad("stage " + quoted(p_.stages[s].name) + ": " + msg);
+    return bad("stage " + sq(p_.stages[s].name) + ": " + msg);
   }
 
   Result<ordered_json> parse(std::string_view text) const {
@@ -101,15 +102,15 @@ class Loader {
     auto cb = [&](int, ordered_json::parse_event_t ev, ordered_json& parsed) {
       if (ev == ordered_json::parse_event_t::object_start) keys.emplace_back();
       if (ev == ordered_json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      if (ev == ordered_json::parse_event_t::key && !keys.empty() && duplicate.empty() && parsed.is_string() &&
-          !keys.back().insert(parsed.get<std::string>()).second)
+      if (ev == ordered_json::parse_event_t::key && !keys.empty() && duplicate.empty() &&
+          parsed.is_string() && !keys.back().insert(parsed.get<std::string>()).second)
         duplicate = parsed.get<std::string>();
       return true;
     };
     try {
       ordered_json root = ordered_json::parse(text.begin(), text.end(), cb);
       if (!duplicate.empty())
-        return InvalidArgument(std::string(origin_) + ": key " + quoted(duplicate) +
+        return InvalidArgument(std::string(origin_) + ": key " + sq(duplicate) +
                                " appears twice in one object: each key (stage, buffer, graph tensor) once");
       return root;
     } catch (const ordered_json::parse_error& e) {
@@ -120,10 +121,11 @@ class Loader {
     }
   }
 
-  Status fields(const std::string& path, const ordered_json& obj, const std::vector<std::string>& accepted) const {
+  Status fields(const std::string& path, const ordered_json& obj,
+                const std::vector<std::string>& accepted) const {
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       if (std::find(accepted.begin(), accepted.end(), it.key()) == accepted.end())
-        return bad(path + ": unknown field " + quoted(it.key()) + ": accepted fields are " + join(accepted));
+        return bad(path + ": unknown field " + sq(it.key()) + ": accepted fields are " + join(accepted));
     }
     return Status::Ok();
   }
@@ -133,7 +135,8 @@ class Loader {
     std::string s = v.get<std::string>();
     if (s.empty()) return bad(path + ": must not be empty");
     if (s.size() > limit)
-      return bad(path + ": " + std::to_string(s.size()) + " bytes exceed the limit of " + std::to_string(limit));
+      return bad(path + ": " + std::to_string(s.size()) + " bytes exceed the limit of " +
+                 std::to_string(limit));
     return s;
   }
 
@@ -141,7 +144,7 @@ class Loader {
     if (!root.is_object()) return bad("expected an object, got " + json_kind(root));
     FUSEBOX_RETURN_IF_ERROR(fields("pipeline", root, {"name", "graphs", "buffers", "bind"}));
     for (const char* key : {"name", "graphs", "buffers", "bind"}) {
-      if (!root.contains(key)) return bad(std::string("missing field ") + quoted(key));
+      if (!root.contains(key)) return bad(std::string("missing field ") + sq(key));
     }
     FUSEBOX_ASSIGN_OR_RETURN(p_.name, name_at("name", root["name"], kMaxNameBytes));
 
@@ -178,11 +181,17 @@ class Loader {
       PipelineBuffer b;
       b.name = it.key();
       FUSEBOX_ASSIGN_OR_RETURN(std::string kind, name_at(path + ".kind", v["kind"], kMaxNameBytes));
-      if (kind == "input") b.kind = BufferKind::kInput;
-      else if (kind == "output") b.kind = BufferKind::kOutput;
-      else if (kind == "constant") b.kind = BufferKind::kConstant;
-      else if (kind == "intermediate") b.kind = BufferKind::kIntermediate;
-      else return bad(path + ".kind: unknown kind \"" + kind + "\": accepted kinds are input, output, constant, intermediate");
+      if (kind == "input")
+        b.kind = BufferKind::kInput;
+      else if (kind == "output")
+        b.kind = BufferKind::kOutput;
+      else if (kind == "constant")
+        b.kind = BufferKind::kConstant;
+      else if (kind == "intermediate")
+        b.kind = BufferKind::kIntermediate;
+      else
+        return bad(path + ".kind: unknown kind \"" + kind +
+                   "\": accepted kinds are input, output, constant, intermediate");
       if (b.kind == BufferKind::kConstant) {
         if (!v.contains("file")) return bad(path + ": a constant needs 'file' (a .npy file with its values)");
         FUSEBOX_ASSIGN_OR_RETURN(b.file, name_at(path + ".file", v["file"], kMaxPathBytes));
@@ -195,27 +204,31 @@ class Loader {
     }
 
     const ordered_json& bind = root["bind"];
-    if (!bind.is_object()) return bad("bind: expected an object of stage name -> {graph tensor: buffer}, got " + json_kind(bind));
+    if (!bind.is_object())
+      return bad("bind: expected an object of stage name -> {graph tensor: buffer}, got " + json_kind(bind));
     std::vector<std::string> stage_names;
     for (const auto& s : p_.stages) stage_names.push_back(s.name);
     for (auto it = bind.begin(); it != bind.end(); ++it) {
       const int s = p_.find_stage(it.key());
-      if (s < 0) return bad("bind: " + quoted(it.key()) + " is not a stage: the stages (graphs) are " + join(stage_names));
+      if (s < 0)
+        return bad("bind: " + sq(it.key()) + " is not a stage: the stages (graphs) are " + join(stage_names));
       const ordered_json& v = it.value();
       const std::string path = "bind." + it.key();
-      if (!v.is_object()) return bad(path + ": expected an object of graph tensor -> buffer, got " + json_kind(v));
+      if (!v.is_object())
+        return bad(path + ": expected an object of graph tensor -> buffer, got " + json_kind(v));
       for (auto t = v.begin(); t != v.end(); ++t) {
         FUSEBOX_ASSIGN_OR_RETURN(std::string buf, name_at(path + "." + t.key(), t.value(), kMaxNameBytes));
         auto b = buffer_index_.find(buf);
         if (b == buffer_index_.end())
-          return bad_stage(s, "graph tensor " + quoted(t.key()) + " is bound to buffer " + quoted(buf) +
+          return bad_stage(s, "graph tensor " + sq(t.key()) + " is bound to buffer " + sq(buf) +
                                   ", which is not declared in 'buffers'");
         raw_bind_[s].emplace_back(t.key(), b->second);
       }
     }
     for (size_t s = 0; s < p_.stages.size(); ++s) {
       if (!bind.contains(p_.stages[s].name))
-        return bad_stage(static_cast<int>(s), "missing from 'bind': every stage binds its graph's memory inputs and outputs");
+        return bad_stage(static_cast<int>(s),
+                         "missing from 'bind': every stage binds its graph's memory inputs and outputs");
     }
     return Status::Ok();
   }
@@ -225,7 +238,8 @@ class Loader {
       if (b.kind != BufferKind::kConstant) continue;
       Status st = common::require_regular_file(b.file_path, "weights file");
       if (!st.ok())
-        return bad("constant buffer " + quoted(b.name) + ": weights file '" + b.file + "' cannot be used: " + st.message());
+        return bad("constant buffer " + sq(b.name) + ": weights file '" + b.file +
+                   "' cannot be used: " + st.message());
     }
     return Status::Ok();
   }
@@ -234,9 +248,10 @@ class Loader {
     for (size_t s = 0; s < p_.stages.size(); ++s) {
       PipelineStage& st = p_.stages[s];
       auto spec = load_graph_file(st.graph_path);
-      if (!spec.ok()) return spec.status().WithContext(where() + ": stage " + quoted(st.name));
+      if (!spec.ok()) return spec.status().WithContext(where() + ": stage " + sq(st.name));
       auto g = resolve(*spec);
-      if (!g.ok()) return g.status().WithContext(where() + ": stage " + quoted(st.name) + " (" + st.graph_path + ")");
+      if (!g.ok())
+        return g.status().WithContext(where() + ": stage " + sq(st.name) + " (" + st.graph_path + ")");
       st.graph = std::move(*g);
     }
     return Status::Ok();
@@ -250,40 +265,43 @@ class Loader {
       const ResolvedGraph& g = st.graph;
       std::vector<std::string> memory;
       for (const auto& t : g.tensors)
-        if (is_memory(t)) memory.push_back(quoted(t.name));
+        if (is_memory(t)) memory.push_back(sq(t.name));
       for (const auto& [tname, bi] : raw_bind_[s]) {
         const int ti = g.find_tensor(tname);
         if (ti < 0)
-          return bad_stage(s, "binds " + quoted(tname) + ", which is not a tensor of graph " + quoted(g.name) + " (" +
+          return bad_stage(s, "binds " + sq(tname) + ", which is not a tensor of graph " + sq(g.name) + " (" +
                                   st.graph_path + "): its memory inputs and outputs are " + join(memory));
         const ResolvedTensor& t = g.tensors[ti];
         if (!is_memory(t)) {
           const std::string what = t.scalar_value ? "a by-value scalar" : "virtual (it never reaches memory)";
-          return bad_stage(s, "graph tensor " + quoted(tname) + " is " + what +
-                                  " and takes no buffer: bind only memory inputs and outputs (" + join(memory) + ")");
+          return bad_stage(s, "graph tensor " + sq(tname) + " is " + what +
+                                  " and takes no buffer: bind only memory inputs and outputs (" +
+                                  join(memory) + ")");
         }
         st.bind[tname] = bi;
         FUSEBOX_RETURN_IF_ERROR(use_buffer(s, t, bi));
       }
       std::vector<std::string> unbound;
       for (const auto& t : g.tensors)
-        if (is_memory(t) && !st.bind.count(t.name)) unbound.push_back(quoted(t.name));
+        if (is_memory(t) && !st.bind.count(t.name)) unbound.push_back(sq(t.name));
       if (!unbound.empty())
-        return bad_stage(s, "graph " + std::string(unbound.size() == 1 ? "tensor " : "tensors ") + join(unbound) +
-                                " of " + quoted(g.name) + " not bound to a buffer: bind every memory input and output");
+        return bad_stage(s, "graph " + std::string(unbound.size() == 1 ? "tensor " : "tensors ") +
+                                join(unbound) + " of " + sq(g.name) +
+                                " not bound to a buffer: bind every memory input and output");
     }
     return Status::Ok();
   }
 
   Status use_buffer(int s, const ResolvedTensor& t, int bi) {
     PipelineBuffer& b = p_.buffers[bi];
-    const std::string buf = "buffer " + quoted(b.name);
+    const std::string buf = "buffer " + sq(b.name);
     const BufferUse* first = b.writer ? &*b.writer : (b.readers.empty() ? nullptr : &b.readers.front());
     if (first) {
       if (t.dims != b.dims || t.strides != b.strides || t.dtype != b.dtype)
-        return bad_stage(s, "graph tensor " + quoted(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
-                                " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) + " in stage " +
-                                quoted(p_.stages[first->stage].name) + " (graph tensor " + quoted(first->tensor) +
+        return bad_stage(s, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
+                                " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) +
+                                " in stage " + sq(p_.stages[first->stage].name) + " (graph tensor " +
+                                sq(first->tensor) +
                                 "): every stage must see a buffer with the same dims, strides and dtype");
     } else {
       b.dims = t.dims;
@@ -295,13 +313,13 @@ class Loader {
       return Status::Ok();
     }
     if (b.kind == BufferKind::kInput || b.kind == BufferKind::kConstant)
-      return bad_stage(s, "graph output " + quoted(t.name) + " writes " + buf + ", a pipeline " +
-                              std::string(buffer_kind_name(b.kind)) + ": " + std::string(buffer_kind_name(b.kind)) +
-                              "s are only read");
+      return bad_stage(s, "graph output " + sq(t.name) + " writes " + buf + ", a pipeline " +
+                              std::string(buffer_kind_name(b.kind)) + ": " +
+                              std::string(buffer_kind_name(b.kind)) + "s are only read");
     if (b.writer)
-      return bad_stage(s, "graph output " + quoted(t.name) + " writes " + buf + ", which stage " +
-                              quoted(p_.stages[b.writer->stage].name) + " already writes (as " +
-                              quoted(b.writer->tensor) + "): a buffer has one writer");
+      return bad_stage(s, "graph output " + sq(t.name) + " writes " + buf + ", which stage " +
+                              sq(p_.stages[b.writer->stage].name) + " already writes (as " +
+                              sq(b.writer->tensor) + "): a buffer has one writer");
     b.writer = BufferUse{s, t.name};
     return Status::Ok();
   }
@@ -313,18 +331,20 @@ class Loader {
         case BufferKind::kInput:
         case BufferKind::kConstant:
           if (b.readers.empty())
-            return bad(kind + " buffer " + quoted(b.name) + " is read by no stage: bind it to a graph input or remove it");
+            return bad(kind + " buffer " + sq(b.name) +
+                       " is read by no stage: bind it to a graph input or remove it");
           break;
         case BufferKind::kOutput:
-          if (!b.writer) return bad("output buffer " + quoted(b.name) + " is written by no stage: bind it to a graph output");
+          if (!b.writer)
+            return bad("output buffer " + sq(b.name) + " is written by no stage: bind it to a graph output");
           break;
         case BufferKind::kIntermediate:
           if (!b.writer)
-            return bad("intermediate buffer " + quoted(b.name) +
+            return bad("intermediate buffer " + sq(b.name) +
                        " is written by no stage: bind it to a graph output, or make it an input");
           if (b.readers.empty())
-            return bad("intermediate buffer " + quoted(b.name) + " is written by stage " +
-                       quoted(p_.stages[b.writer->stage].name) +
+            return bad("intermediate buffer " + sq(b.name) + " is written by stage " +
+                       sq(p_.stages[b.writer->stage].name) +
                        " but read by no stage: bind it to a graph input, or make it an output");
           break;
       }
@@ -342,8 +362,8 @@ class Loader {
       const int w = b.writer->stage;
       for (const auto& r : b.readers) {
         if (r.stage == w)
-          return bad_stage(w, "reads buffer " + quoted(b.name) + " (as " + quoted(r.tensor) +
-                                  ") that it writes itself (as " + quoted(b.writer->tensor) +
+          return bad_stage(w, "reads buffer " + sq(b.name) + " (as " + sq(r.tensor) +
+                                  ") that it writes itself (as " + sq(b.writer->tensor) +
                                   "): a stage cannot work in place");
         next[w].push_back(r.stage);
         ++indegree[r.stage];
@@ -380,9 +400,9 @@ class Loader {
       }
     }
     // path[seen[s]..] read backwards is the cycle in data-flow order.
-    std::string cycle = quoted(p_.stages[s].name);
+    std::string cycle = sq(p_.stages[s].name);
     for (size_t i = path.size(); i-- > static_cast<size_t>(seen[s]);)
-      cycle += " -> (" + quoted(via[i]) + ") -> " + quoted(p_.stages[path[i]].name);
+      cycle += " -> (" + sq(via[i]) + ") -> " + sq(p_.stages[path[i]].name);
     return bad("the stages form a cycle: " + cycle + ": each buffer must be written before it is read");
   }
 
@@ -397,10 +417,14 @@ class Loader {
 
 std::string_view buffer_kind_name(BufferKind kind) {
   switch (kind) {
-    case BufferKind::kInput: return "input";
-    case BufferKind::kOutput: return "output";
-    case BufferKind::kConstant: return "constant";
-    case BufferKind::kIntermediate: return "intermediate";
+    case BufferKind::kInput:
+      return "input";
+    case BufferKind::kOutput:
+      return "output";
+    case BufferKind::kConstant:
+      return "constant";
+    case BufferKind::kIntermediate:
+      return "intermediate";
   }
   return "?";
 }
@@ -423,7 +447,8 @@ double Pipeline::flops() const {
   return f;
 }
 
-Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin, const std::string& base_dir) {
+Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin,
+                                     const std::string& base_dir) {
   try {
     auto p = Loader(origin, base_dir).load(text);
     if (p.ok()) p->path = std::string(origin);

@@ -66,8 +66,8 @@ void print_pipeline(const Pipeline& p) {
               safe(p.name).c_str(), p.stages.size(), p.buffers.size());
   for (size_t i = 0; i < p.order.size(); ++i) {
     const PipelineStage& st = p.stages[p.order[i]];
-    std::printf("  %zu. %s  graph %s (%s)  %g flops\n", i + 1, safe(st.name).c_str(), safe(st.graph.name).c_str(),
-                safe(st.graph_file).c_str(), st.graph.flops());
+    std::printf("  %zu. %s  graph %s (%s)  %g flops\n", i + 1, safe(st.name).c_str(),
+                safe(st.graph.name).c_str(), safe(st.graph_file).c_str(), st.graph.flops());
   }
   std::printf("buffers:\n");
   for (const auto& b : p.buffers) {
@@ -76,8 +76,9 @@ void print_pipeline(const Pipeline& p) {
     for (const auto& r : b.readers) rd += (rd.empty() ? "" : ", ") + use_text(p, r);
     who += ", read by " + (rd.empty() ? std::string("-") : rd);
     if (!b.file.empty()) who += ", file " + b.file;
-    std::printf("  %-12s %-12s %s %s  %s\n", safe(b.name).c_str(), std::string(buffer_kind_name(b.kind)).c_str(),
-                std::string(dtype_name(b.dtype)).c_str(), common::dims_string(b.dims).c_str(), safe(who).c_str());
+    std::printf("  %-12s %-12s %s %s  %s\n", safe(b.name).c_str(),
+                std::string(buffer_kind_name(b.kind)).c_str(), std::string(dtype_name(b.dtype)).c_str(),
+                common::dims_string(b.dims).c_str(), safe(who).c_str());
   }
   std::printf("total flops %g\n", p.flops());
 }
@@ -93,7 +94,8 @@ Runner add_pipeline(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   auto* check = cmd->add_subcommand(
-      "check", "Load a pipeline file, check how its stages connect; print the stage order and buffers (no GPU)");
+      "check",
+      "Load a pipeline file, check how its stages connect; print the stage order and buffers (no GPU)");
   check->add_option("pipeline", a->path, "Pipeline JSON file")->required();
   check->add_flag("--json", a->json, "Write the checked pipeline as one JSON document to stdout");
   return [a, check]() {
@@ -102,13 +104,16 @@ Runner add_pipeline(CLI::App& app) {
     if (!p.ok()) {
       if (a->json)
         std::printf("%s\n", common::json_dump(ordered_json({{"ok", false},
-                                               {"code", status_code_name(p.status().code())},
-                                               {"error", p.status().message()}}), 2)
+                                                            {"code", status_code_name(p.status().code())},
+                                                            {"error", p.status().message()}}),
+                                              2)
                                 .c_str());
       return fail("pipeline check", p.status());
     }
-    if (a->json) std::printf("%s\n", common::json_dump(pipeline_json(*p), 2).c_str());
-    else print_pipeline(*p);
+    if (a->json)
+      std::printf("%s\n", common::json_dump(pipeline_json(*p), 2).c_str());
+    else
+      print_pipeline(*p);
     return kExitOk;
   };
 }
