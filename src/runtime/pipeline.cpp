@@ -162,6 +162,7 @@ class Loader {
       st.name = it.key();
       FUSEBOX_ASSIGN_OR_RETURN(st.graph_file, name_at("graphs." + it.key(), it.value(), kMaxPathBytes));
       st.graph_path = join_path(base_dir_, st.graph_file);
+      stage_index_[st.name] = static_cast<int>(p_.stages.size());
       p_.stages.push_back(std::move(st));
     }
 
@@ -209,7 +210,8 @@ class Loader {
     std::vector<std::string> stage_names;
     for (const auto& s : p_.stages) stage_names.push_back(s.name);
     for (auto it = bind.begin(); it != bind.end(); ++it) {
-      const int s = p_.find_stage(it.key());
+      auto found = stage_index_.find(it.key());
+      const int s = found == stage_index_.end() ? -1 : found->second;
       if (s < 0)
         return bad("bind: " + sq(it.key()) + " is not a stage: the stages (graphs) are " + join(stage_names));
       const ordered_json& v = it.value();
@@ -409,7 +411,7 @@ class Loader {
   std::string_view origin_;
   std::string base_dir_;
   Pipeline p_;
-  std::map<std::string, int> buffer_index_;
+  std::map<std::string, int> buffer_index_, stage_index_;
   std::map<int, std::vector<std::pair<std::string, int>>> raw_bind_;
 };
 

@@ -375,6 +375,8 @@ P_W='"w1": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_w1.npy"}
  "b1": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b1.npy"},
  "w2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_w2.npy"},
  "b2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b2.npy"}'
+P_W2='"w2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_w2.npy"},
+ "b2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b2.npy"}'
 P_IO='"x": {"kind": "input"}, "h": {"kind": "intermediate"}, "y": {"kind": "output"}, '
 P_TWO='"a": "'"$P_DOWN"'", "b": "'"$P_SAME"'"'
 P_BA='"a": {"x": "x", "w": "w1", "b": "b1", "y": "h"}'
@@ -391,8 +393,8 @@ pipe p_unwritten "$P_TWO" '"x": {"kind": "input"}, "g": {"kind": "intermediate"}
 pipe p_unused    "$P_TWO" "$P_IO$P_W"', "spare": {"kind": "input"}' "$P_BA, $(p_same b h y)"
 pipe p_twowriter '"a": "'"$P_SAME"'", "b": "'"$P_SAME"'"' '"x": {"kind": "input"}, "y": {"kind": "output"}, '"$P_W" "$(p_same a x y), $(p_same b x y)"
 pipe p_inwritten '"b": "'"$P_SAME"'"' '"x": {"kind": "input"}, "y": {"kind": "input"}, '"$P_W" "$(p_same b x y)"
-pipe p_cycle     '"a": "'"$P_SAME"'", "b": "'"$P_SAME"'"' '"h1": {"kind": "intermediate"}, "h2": {"kind": "intermediate"}, '"$P_W" "$(p_same a h2 h1), $(p_same b h1 h2)"
-pipe p_inplace   '"a": "'"$P_SAME"'"' '"h": {"kind": "intermediate"}, '"$P_W" "$(p_same a h h)"
+pipe p_cycle     '"a": "'"$P_SAME"'", "b": "'"$P_SAME"'"' '"h1": {"kind": "intermediate"}, "h2": {"kind": "intermediate"}, '"$P_W2" "$(p_same a h2 h1), $(p_same b h1 h2)"
+pipe p_inplace   '"a": "'"$P_SAME"'"' '"h": {"kind": "intermediate"}, '"$P_W2" "$(p_same a h h)"
 pipe p_noweights "$P_TWO" "$P_IO$P_W"', "w9": {"kind": "constant", "file": "no_such_weights.npy"}' "$P_BA, $(p_same b h y)"
 pipe p_twice     "$P_TWO" "$P_IO$P_W" "$P_BA"', "b": {"x": "h", "w": "w2", "b": "b2", "y": "y", "x": "h"}'
 pipe p_virtual   "$P_TWO" "$P_IO$P_W" "$P_BA"', "b": {"x": "h", "w": "w2", "b": "b2", "y": "y", "conv_out": "h"}'

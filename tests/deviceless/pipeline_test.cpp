@@ -29,6 +29,11 @@ const std::string kWeights =
        "w2": {"kind": "constant", "file": "weights/two_convs_w2.npy"},
        "b2": {"kind": "constant", "file": "weights/two_convs_b2.npy"})";
 
+// Only those of 16->16 stages.
+const std::string kWeights2 =
+    R"("w2": {"kind": "constant", "file": "weights/two_convs_w2.npy"},
+       "b2": {"kind": "constant", "file": "weights/two_convs_b2.npy"})";
+
 std::string same_bind(const std::string& stage, const std::string& in, const std::string& out) {
   return "\"" + stage + R"(": {"x": ")" + in + R"(", "w": "w2", "b": "b2", "y": ")" + out + "\"}";
 }
@@ -75,13 +80,13 @@ TEST(Pipeline, OrderFollowsDataNotFileOrder) {
 // A chain of n stages listed last to first: the order reverses it (heap-based, not quadratic).
 TEST(Pipeline, LongChainInReverse) {
   const int n = 300;
-  std::string graphs, buffers = R"("b0": {"kind": "input"}, )" + kWeights, bind;
+  std::string graphs, buffers = R"("c0": {"kind": "input"}, )" + kWeights2, bind;
   for (int i = n; i >= 1; --i) {
     const std::string s = "s" + std::to_string(i);
     graphs += (graphs.empty() ? "" : ", ") + ("\"" + s + "\": \"" + kSame + "\"");
-    bind += (bind.empty() ? "" : ", ") + same_bind(s, "b" + std::to_string(i - 1), "b" + std::to_string(i));
+    bind += (bind.empty() ? "" : ", ") + same_bind(s, "c" + std::to_string(i - 1), "c" + std::to_string(i));
     buffers +=
-        ", \"b" + std::to_string(i) + "\": {\"kind\": \"" + (i == n ? "output" : "intermediate") + "\"}";
+        ", \"c" + std::to_string(i) + "\": {\"kind\": \"" + (i == n ? "output" : "intermediate") + "\"}";
   }
   auto p = parse(graphs, buffers, bind);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -178,13 +183,13 @@ TEST(Pipeline, Cycle) {
       parse(
           graphs,
           R"("h1": {"kind": "intermediate"}, "h2": {"kind": "intermediate"}, "h3": {"kind": "intermediate"}, )" +
-              kWeights,
+              kWeights2,
           same_bind("a", "h3", "h1") + ", " + same_bind("b", "h1", "h2") + ", " + same_bind("c", "h2", "h3")),
       "the stages form a cycle: 'a' -> ('h1') -> 'b' -> ('h2') -> 'c' -> ('h3') -> 'a'");
 }
 
 TEST(Pipeline, InPlace) {
-  expect_error(parse("\"a\": \"" + kSame + "\"", R"("h": {"kind": "intermediate"}, )" + kWeights,
+  expect_error(parse("\"a\": \"" + kSame + "\"", R"("h": {"kind": "intermediate"}, )" + kWeights2,
                      same_bind("a", "h", "h")),
                "stage 'a': reads buffer 'h' (as 'x') that it writes itself (as 'y')");
 }
