@@ -418,7 +418,7 @@ expect_bad "pipeline: virtual tensor bound"   "p_virtual\.json: pipeline 'p': st
 expect_bad "pipeline: undeclared buffer"      "p_nobuffer\.json: pipeline 'p': stage 'b': graph tensor 'y' is bound to buffer 'out', which is not declared in 'buffers'"  pipeline check "$TMP/p_nobuffer.json"
 expect_bad "pipeline: bind of an unknown stage" "p_nostage\.json: pipeline 'p': bind: 'c' is not a stage: the stages \(graphs\) are a, b"  pipeline check "$TMP/p_nostage.json"
 expect_bad "pipeline: missing graph file"     "p_nograph\.json: pipeline 'p': stage 'a': .*no_such_graph\.json"  pipeline check "$TMP/p_nograph.json"
-expect_bad "pipeline: no subcommand"          "pipeline"  pipeline
+expect_bad "pipeline: no subcommand"          "fusebox pipeline: InvalidArgument: a subcommand is needed: accepted subcommands are check"  pipeline
 
 run_fb pipeline check "$PIPE_EX/two_convs.json"
 if [ "$RC" -eq 0 ] && grep -q "1. conv1 " "$TMP/stdout" && grep -q "2. conv2 " "$TMP/stdout" \

@@ -87,7 +87,6 @@ void print_pipeline(const Pipeline& p) {
 
 Runner add_pipeline(CLI::App& app) {
   auto* cmd = app.add_subcommand("pipeline", "Pipelines of graphs (docs/pipeline-format.md)");
-  cmd->require_subcommand(1);
   struct Args {
     std::string path;
     bool json = false;
@@ -99,7 +98,11 @@ Runner add_pipeline(CLI::App& app) {
   check->add_option("pipeline", a->path, "Pipeline JSON file")->required();
   check->add_flag("--json", a->json, "Write the checked pipeline as one JSON document to stdout");
   return [a, check]() {
-    if (!check->parsed()) return fail("pipeline", InvalidArgument("accepted subcommands are: check"));
+    if (!check->parsed())
+      return fail(
+          "pipeline",
+          InvalidArgument(
+              "a subcommand is needed: accepted subcommands are check (see fusebox pipeline --help)"));
     auto p = load_pipeline_file(a->path);
     if (!p.ok()) {
       if (a->json)
