@@ -367,8 +367,79 @@ else
   echo "SKIP  build --max-workspace: the big conv's plan needs no workspace here"
 fi
 
+# ---------------------------------------------------------------- pipelines (docs/pipeline-format.md)
+PIPE_EX="$SRC/examples/pipelines"
+P_DOWN="$SRC/examples/graphs/small/conv_bias_relu_small.json"      # x [2,8,10,10] -> y [2,16,5,5]
+P_SAME="$PIPE_EX/graphs/conv_bias_relu_16to16_small.json"          # x [2,16,5,5] -> y [2,16,5,5]
+P_W='"w1": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_w1.npy"},
+ "b1": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b1.npy"},
+ "w2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_w2.npy"},
+ "b2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b2.npy"}'
+P_W2='"w2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_w2.npy"},
+ "b2": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b2.npy"}'
+P_IO='"x": {"kind": "input"}, "h": {"kind": "intermediate"}, "y": {"kind": "output"}, '
+P_TWO='"a": "'"$P_DOWN"'", "b": "'"$P_SAME"'"'
+P_BA='"a": {"x": "x", "w": "w1", "b": "b1", "y": "h"}'
+# p_same STAGE IN OUT: the bind entry of a 16->16 stage.
+p_same() { echo "\"$1\": {\"x\": \"$2\", \"w\": \"w2\", \"b\": \"b2\", \"y\": \"$3\"}"; }
+# pipe NAME GRAPHS BUFFERS BIND: writes $TMP/NAME.json.
+pipe() { printf '{"name": "p", "graphs": {%s}, "buffers": {%s}, "bind": {%s}}\n' "$2" "$3" "$4" > "$TMP/$1.json"; }
+pipe p_unbound   "$P_TWO" "$P_IO$P_W" "$P_BA"', "b": {"x": "h", "w": "w2", "y": "y"}'
+pipe p_shape     '"a": "'"$P_DOWN"'", "b": "'"$P_DOWN"'"' "$P_IO$P_W" "$P_BA"', "b": {"x": "h", "w": "w1", "b": "b1", "y": "y"}'
+sed 's/"io_dtype": "bf16"/"io_dtype": "fp16"/' "$P_SAME" > "$TMP/same_fp16.json"
+pipe p_dtype     '"a": "'"$P_DOWN"'", "b": "'"$TMP/same_fp16.json"'"' "$P_IO$P_W" "$P_BA, $(p_same b h y)"
+pipe p_unread    '"a": "'"$P_DOWN"'"' '"x": {"kind": "input"}, "h": {"kind": "intermediate"}, '"$P_W" "$P_BA"
+pipe p_unwritten "$P_TWO" '"x": {"kind": "input"}, "g": {"kind": "intermediate"}, "h": {"kind": "intermediate"}, "y": {"kind": "output"}, '"$P_W" "$P_BA, $(p_same b g y)"
+pipe p_unused    "$P_TWO" "$P_IO$P_W"', "spare": {"kind": "input"}' "$P_BA, $(p_same b h y)"
+pipe p_twowriter '"a": "'"$P_SAME"'", "b": "'"$P_SAME"'"' '"x": {"kind": "input"}, "y": {"kind": "output"}, '"$P_W" "$(p_same a x y), $(p_same b x y)"
+pipe p_inwritten '"b": "'"$P_SAME"'"' '"x": {"kind": "input"}, "y": {"kind": "input"}, '"$P_W" "$(p_same b x y)"
+pipe p_cycle     '"a": "'"$P_SAME"'", "b": "'"$P_SAME"'"' '"h1": {"kind": "intermediate"}, "h2": {"kind": "intermediate"}, '"$P_W2" "$(p_same a h2 h1), $(p_same b h1 h2)"
+pipe p_inplace   '"a": "'"$P_SAME"'"' '"h": {"kind": "intermediate"}, '"$P_W2" "$(p_same a h h)"
+pipe p_noweights "$P_TWO" "$P_IO$P_W"', "w9": {"kind": "constant", "file": "no_such_weights.npy"}' "$P_BA, $(p_same b h y)"
+pipe p_twice     "$P_TWO" "$P_IO$P_W" "$P_BA"', "b": {"x": "h", "w": "w2", "b": "b2", "y": "y", "x": "h"}'
+pipe p_virtual   "$P_TWO" "$P_IO$P_W" "$P_BA"', "b": {"x": "h", "w": "w2", "b": "b2", "y": "y", "conv_out": "h"}'
+pipe p_nobuffer  "$P_TWO" "$P_IO$P_W" "$P_BA, $(p_same b h out)"
+pipe p_nostage   "$P_TWO" "$P_IO$P_W" "$P_BA, $(p_same b h y), $(p_same c h y)"
+pipe p_nograph   '"a": "'"$TMP"'/no_such_graph.json"' '"x": {"kind": "input"}' '"a": {}'
+
+expect_bad "pipeline: tensor not bound"       "p_unbound\.json: pipeline 'p': stage 'b': graph tensor 'b' of 'conv_bias_relu_16to16_small' not bound to a buffer: bind every memory input and output"  pipeline check "$TMP/p_unbound.json"
+expect_bad "pipeline: shapes disagree"        "p_shape\.json: pipeline 'p': stage 'b': graph tensor 'x' is bf16 \[2, 8, 10, 10\] strides \[800, 1, 80, 8\] but buffer 'h' is bf16 \[2, 16, 5, 5\] strides \[400, 1, 80, 16\] in stage 'a' \(graph tensor 'y'\): every stage must see a buffer with the same dims, strides and dtype"  pipeline check "$TMP/p_shape.json"
+expect_bad "pipeline: dtypes disagree"        "p_dtype\.json: pipeline 'p': stage 'b': graph tensor 'x' is fp16 \[2, 16, 5, 5\] strides \[400, 1, 80, 16\] but buffer 'h' is bf16 \[2, 16, 5, 5\] strides \[400, 1, 80, 16\] in stage 'a' \(graph tensor 'y'\)"  pipeline check "$TMP/p_dtype.json"
+expect_bad "pipeline: intermediate not read"  "p_unread\.json: pipeline 'p': intermediate buffer 'h' is written by stage 'a' but read by no stage: bind it to a graph input, or make it an output"  pipeline check "$TMP/p_unread.json"
+expect_bad "pipeline: intermediate not written" "p_unwritten\.json: pipeline 'p': intermediate buffer 'g' is written by no stage: bind it to a graph output, or make it an input"  pipeline check "$TMP/p_unwritten.json"
+expect_bad "pipeline: unused input"           "p_unused\.json: pipeline 'p': input buffer 'spare' is read by no stage: bind it to a graph input or remove it"  pipeline check "$TMP/p_unused.json"
+expect_bad "pipeline: two writers"            "p_twowriter\.json: pipeline 'p': stage 'b': graph output 'y' writes buffer 'y', which stage 'a' already writes \(as 'y'\): a buffer has one writer"  pipeline check "$TMP/p_twowriter.json"
+expect_bad "pipeline: input written"          "p_inwritten\.json: pipeline 'p': stage 'b': graph output 'y' writes buffer 'y', a pipeline input: inputs are only read"  pipeline check "$TMP/p_inwritten.json"
+expect_bad "pipeline: cycle"                  "p_cycle\.json: pipeline 'p': the stages form a cycle: 'a' -> \('h1'\) -> 'b' -> \('h2'\) -> 'a': each buffer must be written before it is read"  pipeline check "$TMP/p_cycle.json"
+expect_bad "pipeline: stage in place"         "p_inplace\.json: pipeline 'p': stage 'a': reads buffer 'h' \(as 'x'\) that it writes itself \(as 'y'\): a stage cannot work in place"  pipeline check "$TMP/p_inplace.json"
+expect_bad "pipeline: missing weights file"   "p_noweights\.json: pipeline 'p': constant buffer 'w9': weights file 'no_such_weights\.npy' cannot be used: "  pipeline check "$TMP/p_noweights.json"
+expect_bad "pipeline: tensor bound twice"     "p_twice\.json: key 'x' appears twice in one object: each key \(stage, buffer, graph tensor\) once"  pipeline check "$TMP/p_twice.json"
+expect_bad "pipeline: virtual tensor bound"   "p_virtual\.json: pipeline 'p': stage 'b': graph tensor 'conv_out' is virtual \(it never reaches memory\) and takes no buffer"  pipeline check "$TMP/p_virtual.json"
+expect_bad "pipeline: undeclared buffer"      "p_nobuffer\.json: pipeline 'p': stage 'b': graph tensor 'y' is bound to buffer 'out', which is not declared in 'buffers'"  pipeline check "$TMP/p_nobuffer.json"
+expect_bad "pipeline: bind of an unknown stage" "p_nostage\.json: pipeline 'p': bind: 'c' is not a stage: the stages \(graphs\) are a, b"  pipeline check "$TMP/p_nostage.json"
+expect_bad "pipeline: missing graph file"     "p_nograph\.json: pipeline 'p': stage 'a': .*no_such_graph\.json"  pipeline check "$TMP/p_nograph.json"
+expect_bad "pipeline: no subcommand"          "fusebox pipeline: InvalidArgument: a subcommand is needed: accepted subcommands are check"  pipeline
+
+run_fb pipeline check "$PIPE_EX/two_convs.json"
+if [ "$RC" -eq 0 ] && grep -q "1. conv1 " "$TMP/stdout" && grep -q "2. conv2 " "$TMP/stdout" \
+   && grep -qE "hidden +intermediate +bf16 \[2, 16, 5, 5\]  written by conv1\.y, read by conv2\.x" "$TMP/stdout" \
+   && grep -q "^total flops " "$TMP/stdout"; then pass "pipeline check two_convs.json"
+else fail "pipeline check two_convs.json" "exit 0, stages conv1 then conv2, hidden written by conv1.y and read by conv2.x"
+fi
+run_fb pipeline check "$PIPE_EX/two_convs.json" --json
+if [ "$RC" -ne 0 ]; then fail "pipeline check --json" "exit 0"
+elif json_check 'd["ok"] and [s["name"] for s in d["stages"]] == ["conv1", "conv2"] and {b["name"]: b for b in d["buffers"]}["hidden"]["writer"] == {"stage": "conv1", "tensor": "y"} and {b["name"]: b for b in d["buffers"]}["image"]["dims"] == [2, 8, 10, 10] and abs(d["flops"] - sum(s["flops"] for s in d["stages"])) < 1 and d["flops"] > 0'
+then pass "pipeline check --json"
+else fail "pipeline check --json" "$WHY"
+fi
+run_fb pipeline check "$TMP/p_cycle.json" --json
+if [ "$RC" -eq 2 ] && json_check 'd["ok"] is False and d["code"] == "InvalidArgument" and "cycle" in d["error"]'
+then pass "pipeline check --json on error"
+else fail "pipeline check --json on error" "exit 2 and {ok: false, code: InvalidArgument}${WHY:+: $WHY}"
+fi
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache; do
+for c in "" info devprop check build run engines tune cache pipeline "pipeline check"; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

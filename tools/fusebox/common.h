@@ -78,5 +78,6 @@ Runner add_run(CLI::App& app);
 Runner add_engines(CLI::App& app);
 Runner add_tune(CLI::App& app);
 Runner add_cache(CLI::App& app);
+Runner add_pipeline(CLI::App& app);
 
 }  // namespace fusebox::cli

@@ -52,6 +52,7 @@ int fusebox_main(int argc, char** argv) {
   add(add_engines);
   add(add_tune);
   add(add_cache);
+  add(add_pipeline);
   // CLI11 reports an unknown command only as "A subcommand is required": name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;

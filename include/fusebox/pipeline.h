@@ -1,0 +1,83 @@
+// fusebox: pipelines of graphs (docs/pipeline-format.md).
+//
+// A pipeline names several graph files (its stages) and the buffers that
+// connect them: a stage's graph output feeds a later stage's graph input.
+// load_pipeline_file() parses the file, loads and resolves every stage's
+// graph and checks the wiring before anything is built: every memory tensor
+// bound exactly once, one shape (dims, strides, dtype) per buffer, one writer
+// per buffer, no cycles, no unused inputs, constants' files present.
+// Nothing here touches a GPU or mentions cuDNN.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fusebox/dtype.h"
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+enum class BufferKind { kInput, kOutput, kConstant, kIntermediate };
+// "input", "output", "constant", "intermediate": the names in the file.
+std::string_view buffer_kind_name(BufferKind kind);
+
+// One stage's graph tensor bound to a buffer.
+struct BufferUse {
+  int stage = -1;      // index into Pipeline::stages
+  std::string tensor;  // the graph tensor's name
+};
+
+struct PipelineBuffer {
+  std::string name;
+  BufferKind kind = BufferKind::kIntermediate;
+  // Constants: the weights file as written and resolved against the
+  // pipeline file's folder (checked to exist; read when the pipeline runs).
+  std::string file;
+  std::string file_path;
+  // From the graph tensors bound to it (all agree).
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> dims;
+  std::vector<int64_t> strides;
+  std::optional<BufferUse> writer;  // the stage that writes it (none for inputs and constants)
+  std::vector<BufferUse> readers;   // in stage order
+};
+
+struct PipelineStage {
+  std::string name;
+  std::string graph_file;  // as written in the pipeline file
+  std::string graph_path;  // resolved against the pipeline file's folder
+  ResolvedGraph graph;
+  // Graph tensor name -> index into Pipeline::buffers, one per memory input
+  // and output of the graph.
+  std::map<std::string, int> bind;
+};
+
+struct Pipeline {
+  std::string name;
+  std::string path;                     // the pipeline file
+  std::vector<PipelineStage> stages;    // in file order
+  std::vector<PipelineBuffer> buffers;  // in file order
+  // Stage indices in an order where every buffer is written before it is
+  // read (ties: file order).
+  std::vector<int> order;
+
+  int find_stage(std::string_view name) const;   // -1 if absent
+  int find_buffer(std::string_view name) const;  // -1 if absent
+  // Sum of the stages' flops() (sequence lengths at full length).
+  double flops() const;
+};
+
+// Parses and checks a pipeline. Graph and weights paths are relative to
+// `base_dir` (empty: the working directory); `origin` names the file in
+// messages. Errors are InvalidArgument (ParseError for malformed JSON,
+// IoError for unreadable files) and start with "origin: pipeline 'NAME'".
+Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin,
+                                     const std::string& base_dir);
+Result<Pipeline> load_pipeline_file(const std::string& path);
+
+}  // namespace fusebox

@@ -1,0 +1,471 @@
+// fusebox: pipeline files (docs/pipeline-format.md): parsing and the checks
+// made before anything is built. Never converts JSON to or from `float`
+// (docs/architecture.md): strings and objects only here.
+#include "fusebox/pipeline.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <set>
+
+#include "common/dims_string.h"
+#include "common/file_io.h"
+#include "common/json_text.h"
+
+namespace fusebox {
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxPipelineFileBytes = 4ull << 20;
+constexpr int kMaxJsonDepth = 16;  // a pipeline file needs 3
+constexpr size_t kMaxJsonValues = 1u << 20;
+constexpr size_t kMaxStages = 4096;
+constexpr size_t kMaxNameBytes = 256;
+constexpr size_t kMaxPathBytes = 4096;
+
+std::string sq(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "(none)" : s;
+}
+
+std::string json_kind(const ordered_json& v) {
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  if (v.is_string()) return "a string";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_null()) return "null";
+  return "a number";
+}
+
+std::string shape_string(DType dtype, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+  return std::string(dtype_name(dtype)) + " " + common::dims_string(dims) + " strides " +
+         common::dims_string(strides);
+}
+
+// A memory tensor: one that a buffer backs (not virtual, not a by-value scalar).
+bool is_memory(const ResolvedTensor& t) {
+  return !t.is_virtual && !t.scalar_value && (t.is_input || t.is_output);
+}
+
+std::string join_path(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || p[0] == '/' || base_dir.empty()) return p;
+  return base_dir + "/" + p;
+}
+
+class Loader {
+ public:
+  Loader(std::string_view origin, std::string base_dir) : origin_(origin), base_dir_(std::move(base_dir)) {}
+
+  Result<Pipeline> load(std::string_view text) {
+    FUSEBOX_ASSIGN_OR_RETURN(ordered_json root, parse(text));
+    FUSEBOX_RETURN_IF_ERROR(read_structure(root));
+    FUSEBOX_RETURN_IF_ERROR(check_constants());
+    FUSEBOX_RETURN_IF_ERROR(load_graphs());
+    FUSEBOX_RETURN_IF_ERROR(bind_stages());
+    FUSEBOX_RETURN_IF_ERROR(check_buffers());
+    FUSEBOX_RETURN_IF_ERROR(order_stages());
+    return std::move(p_);
+  }
+
+ private:
+  // Where messages start: "p.json: pipeline 'two_convs'".
+  std::string where() const {
+    return std::string(origin_) + (p_.name.empty() ? "" : ": pipeline " + sq(p_.name));
+  }
+  Status bad(const std::string& msg) const { return InvalidArgument(where() + ": " + msg); }
+  Status bad_stage(int s, const std::string& msg) const {
+    return bad("stage " + sq(p_.stages[s].name) + ": " + msg);
+  }
+
+  Result<ordered_json> parse(std::string_view text) const {
+    const common::JsonTextLimit hit = common::scan_json_text(text, kMaxJsonDepth, kMaxJsonValues);
+    const std::string at = std::string(origin_) + ": at byte " + std::to_string(hit.byte + 1);
+    if (hit.kind == common::JsonTextLimit::Kind::kDepth)
+      return InvalidArgument(at + ": JSON arrays and objects nest deeper than the limit of " +
+                             std::to_string(kMaxJsonDepth) + " levels (a pipeline file needs 3)");
+    if (hit.kind == common::JsonTextLimit::Kind::kValues)
+      return InvalidArgument(at + ": more than " + std::to_string(kMaxJsonValues) +
+                             " JSON values, the limit per pipeline file");
+    const auto without_id = [](const std::string& what) {
+      auto p = what.find("] ");
+      return p == std::string::npos ? what : what.substr(p + 2);
+    };
+    // A repeated key would silently replace the first (a tensor bound twice):
+    // the parser callback finds it.
+    std::vector<std::set<std::string>> keys;
+    std::string duplicate;
+    auto cb = [&](int, ordered_json::parse_event_t ev, ordered_json& parsed) {
+      if (ev == ordered_json::parse_event_t::object_start) keys.emplace_back();
+      if (ev == ordered_json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+      if (ev == ordered_json::parse_event_t::key && !keys.empty() && duplicate.empty() &&
+          parsed.is_string() && !keys.back().insert(parsed.get<std::string>()).second)
+        duplicate = parsed.get<std::string>();
+      return true;
+    };
+    try {
+      ordered_json root = ordered_json::parse(text.begin(), text.end(), cb);
+      if (!duplicate.empty())
+        return InvalidArgument(std::string(origin_) + ": key " + sq(duplicate) +
+                               " appears twice in one object: each key (stage, buffer, graph tensor) once");
+      return root;
+    } catch (const ordered_json::parse_error& e) {
+      return ParseError(std::string(origin_) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
+                        without_id(e.what()));
+    } catch (const ordered_json::out_of_range& e) {
+      return ParseError(std::string(origin_) + ": invalid JSON: " + without_id(e.what()));
+    }
+  }
+
+  Status fields(const std::string& path, const ordered_json& obj,
+                const std::vector<std::string>& accepted) const {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      if (std::find(accepted.begin(), accepted.end(), it.key()) == accepted.end())
+        return bad(path + ": unknown field " + sq(it.key()) + ": accepted fields are " + join(accepted));
+    }
+    return Status::Ok();
+  }
+
+  Result<std::string> name_at(const std::string& path, const ordered_json& v, size_t limit) const {
+    if (!v.is_string()) return bad(path + ": expected a string, got " + json_kind(v));
+    std::string s = v.get<std::string>();
+    if (s.empty()) return bad(path + ": must not be empty");
+    if (s.size() > limit)
+      return bad(path + ": " + std::to_string(s.size()) + " bytes exceed the limit of " +
+                 std::to_string(limit));
+    return s;
+  }
+
+  Status read_structure(const ordered_json& root) {
+    if (!root.is_object()) return bad("expected an object, got " + json_kind(root));
+    FUSEBOX_RETURN_IF_ERROR(fields("pipeline", root, {"name", "graphs", "buffers", "bind"}));
+    for (const char* key : {"name", "graphs", "buffers", "bind"}) {
+      if (!root.contains(key)) return bad(std::string("missing field ") + sq(key));
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(p_.name, name_at("name", root["name"], kMaxNameBytes));
+
+    const ordered_json& graphs = root["graphs"];
+    if (!graphs.is_object() || graphs.empty())
+      return bad("graphs: expected an object of stage name -> graph file, got " +
+                 (graphs.is_object() ? std::string("an empty one") : json_kind(graphs)));
+    if (graphs.size() > kMaxStages)
+      return bad("graphs: " + std::to_string(graphs.size()) + " stages exceed the limit of " +
+                 std::to_string(kMaxStages));
+    for (auto it = graphs.begin(); it != graphs.end(); ++it) {
+      if (it.key().empty() || it.key().size() > kMaxNameBytes)
+        return bad("graphs: a stage name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+      PipelineStage st;
+      st.name = it.key();
+      FUSEBOX_ASSIGN_OR_RETURN(st.graph_file, name_at("graphs." + it.key(), it.value(), kMaxPathBytes));
+      st.graph_path = join_path(base_dir_, st.graph_file);
+      stage_index_[st.name] = static_cast<int>(p_.stages.size());
+      p_.stages.push_back(std::move(st));
+    }
+
+    const ordered_json& buffers = root["buffers"];
+    if (!buffers.is_object() || buffers.empty())
+      return bad("buffers: expected an object of buffer name -> {\"kind\": ...}, got " +
+                 (buffers.is_object() ? std::string("an empty one") : json_kind(buffers)));
+    for (auto it = buffers.begin(); it != buffers.end(); ++it) {
+      const std::string path = "buffers." + it.key();
+      if (it.key().empty() || it.key().size() > kMaxNameBytes)
+        return bad("buffers: a buffer name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+      const ordered_json& v = it.value();
+      if (!v.is_object()) return bad(path + ": expected an object ({\"kind\": ...}), got " + json_kind(v));
+      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file"}));
+      if (!v.contains("kind"))
+        return bad(path + ": missing field 'kind' (input, output, constant or intermediate)");
+      PipelineBuffer b;
+      b.name = it.key();
+      FUSEBOX_ASSIGN_OR_RETURN(std::string kind, name_at(path + ".kind", v["kind"], kMaxNameBytes));
+      if (kind == "input")
+        b.kind = BufferKind::kInput;
+      else if (kind == "output")
+        b.kind = BufferKind::kOutput;
+      else if (kind == "constant")
+        b.kind = BufferKind::kConstant;
+      else if (kind == "intermediate")
+        b.kind = BufferKind::kIntermediate;
+      else
+        return bad(path + ".kind: unknown kind \"" + kind +
+                   "\": accepted kinds are input, output, constant, intermediate");
+      if (b.kind == BufferKind::kConstant) {
+        if (!v.contains("file")) return bad(path + ": a constant needs 'file' (a .npy file with its values)");
+        FUSEBOX_ASSIGN_OR_RETURN(b.file, name_at(path + ".file", v["file"], kMaxPathBytes));
+        b.file_path = join_path(base_dir_, b.file);
+      } else if (v.contains("file")) {
+        return bad(path + ": only a constant takes 'file' (this buffer is " + kind + ")");
+      }
+      buffer_index_[b.name] = static_cast<int>(p_.buffers.size());
+      p_.buffers.push_back(std::move(b));
+    }
+
+    const ordered_json& bind = root["bind"];
+    if (!bind.is_object())
+      return bad("bind: expected an object of stage name -> {graph tensor: buffer}, got " + json_kind(bind));
+    std::vector<std::string> stage_names;
+    for (const auto& s : p_.stages) stage_names.push_back(s.name);
+    for (auto it = bind.begin(); it != bind.end(); ++it) {
+      auto found = stage_index_.find(it.key());
+      const int s = found == stage_index_.end() ? -1 : found->second;
+      if (s < 0)
+        return bad("bind: " + sq(it.key()) + " is not a stage: the stages (graphs) are " + join(stage_names));
+      const ordered_json& v = it.value();
+      const std::string path = "bind." + it.key();
+      if (!v.is_object())
+        return bad(path + ": expected an object of graph tensor -> buffer, got " + json_kind(v));
+      for (auto t = v.begin(); t != v.end(); ++t) {
+        FUSEBOX_ASSIGN_OR_RETURN(std::string buf, name_at(path + "." + t.key(), t.value(), kMaxNameBytes));
+        auto b = buffer_index_.find(buf);
+        if (b == buffer_index_.end())
+          return bad_stage(s, "graph tensor " + sq(t.key()) + " is bound to buffer " + sq(buf) +
+                                  ", which is not declared in 'buffers'");
+        raw_bind_[s].emplace_back(t.key(), b->second);
+      }
+    }
+    for (size_t s = 0; s < p_.stages.size(); ++s) {
+      if (!bind.contains(p_.stages[s].name))
+        return bad_stage(static_cast<int>(s),
+                         "missing from 'bind': every stage binds its graph's memory inputs and outputs");
+    }
+    return Status::Ok();
+  }
+
+  Status check_constants() const {
+    for (const auto& b : p_.buffers) {
+      if (b.kind != BufferKind::kConstant) continue;
+      Status st = common::require_regular_file(b.file_path, "weights file");
+      if (!st.ok())
+        return bad("constant buffer " + sq(b.name) + ": weights file '" + b.file +
+                   "' cannot be used: " + st.message());
+    }
+    return Status::Ok();
+  }
+
+  Status load_graphs() {
+    for (size_t s = 0; s < p_.stages.size(); ++s) {
+      PipelineStage& st = p_.stages[s];
+      auto spec = load_graph_file(st.graph_path);
+      if (!spec.ok()) return spec.status().WithContext(where() + ": stage " + sq(st.name));
+      auto g = resolve(*spec);
+      if (!g.ok())
+        return g.status().WithContext(where() + ": stage " + sq(st.name) + " (" + st.graph_path + ")");
+      st.graph = std::move(*g);
+    }
+    return Status::Ok();
+  }
+
+  // Every memory tensor bound once, to a buffer of one shape; one writer per buffer.
+  Status bind_stages() {
+    for (size_t si = 0; si < p_.stages.size(); ++si) {
+      const int s = static_cast<int>(si);
+      PipelineStage& st = p_.stages[si];
+      const ResolvedGraph& g = st.graph;
+      std::vector<std::string> memory;
+      for (const auto& t : g.tensors)
+        if (is_memory(t)) memory.push_back(sq(t.name));
+      for (const auto& [tname, bi] : raw_bind_[s]) {
+        const int ti = g.find_tensor(tname);
+        if (ti < 0)
+          return bad_stage(s, "binds " + sq(tname) + ", which is not a tensor of graph " + sq(g.name) + " (" +
+                                  st.graph_path + "): its memory inputs and outputs are " + join(memory));
+        const ResolvedTensor& t = g.tensors[ti];
+        if (!is_memory(t)) {
+          const std::string what = t.scalar_value ? "a by-value scalar" : "virtual (it never reaches memory)";
+          return bad_stage(s, "graph tensor " + sq(tname) + " is " + what +
+                                  " and takes no buffer: bind only memory inputs and outputs (" +
+                                  join(memory) + ")");
+        }
+        st.bind[tname] = bi;
+        FUSEBOX_RETURN_IF_ERROR(use_buffer(s, t, bi));
+      }
+      std::vector<std::string> unbound;
+      for (const auto& t : g.tensors)
+        if (is_memory(t) && !st.bind.count(t.name)) unbound.push_back(sq(t.name));
+      if (!unbound.empty())
+        return bad_stage(s, "graph " + std::string(unbound.size() == 1 ? "tensor " : "tensors ") +
+                                join(unbound) + " of " + sq(g.name) +
+                                " not bound to a buffer: bind every memory input and output");
+    }
+    return Status::Ok();
+  }
+
+  Status use_buffer(int s, const ResolvedTensor& t, int bi) {
+    PipelineBuffer& b = p_.buffers[bi];
+    const std::string buf = "buffer " + sq(b.name);
+    const BufferUse* first = b.writer ? &*b.writer : (b.readers.empty() ? nullptr : &b.readers.front());
+    if (first) {
+      if (t.dims != b.dims || t.strides != b.strides || t.dtype != b.dtype)
+        return bad_stage(s, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
+                                " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) +
+                                " in stage " + sq(p_.stages[first->stage].name) + " (graph tensor " +
+                                sq(first->tensor) +
+                                "): every stage must see a buffer with the same dims, strides and dtype");
+    } else {
+      b.dims = t.dims;
+      b.strides = t.strides;
+      b.dtype = t.dtype;
+    }
+    if (t.is_input) {
+      b.readers.push_back({s, t.name});
+      return Status::Ok();
+    }
+    if (b.kind == BufferKind::kInput || b.kind == BufferKind::kConstant)
+      return bad_stage(s, "graph output " + sq(t.name) + " writes " + buf + ", a pipeline " +
+                              std::string(buffer_kind_name(b.kind)) + ": " +
+                              std::string(buffer_kind_name(b.kind)) + "s are only read");
+    if (b.writer)
+      return bad_stage(s, "graph output " + sq(t.name) + " writes " + buf + ", which stage " +
+                              sq(p_.stages[b.writer->stage].name) + " already writes (as " +
+                              sq(b.writer->tensor) + "): a buffer has one writer");
+    b.writer = BufferUse{s, t.name};
+    return Status::Ok();
+  }
+
+  Status check_buffers() const {
+    for (const auto& b : p_.buffers) {
+      const std::string kind(buffer_kind_name(b.kind));
+      switch (b.kind) {
+        case BufferKind::kInput:
+        case BufferKind::kConstant:
+          if (b.readers.empty())
+            return bad(kind + " buffer " + sq(b.name) +
+                       " is read by no stage: bind it to a graph input or remove it");
+          break;
+        case BufferKind::kOutput:
+          if (!b.writer)
+            return bad("output buffer " + sq(b.name) + " is written by no stage: bind it to a graph output");
+          break;
+        case BufferKind::kIntermediate:
+          if (!b.writer)
+            return bad("intermediate buffer " + sq(b.name) +
+                       " is written by no stage: bind it to a graph output, or make it an input");
+          if (b.readers.empty())
+            return bad("intermediate buffer " + sq(b.name) + " is written by stage " +
+                       sq(p_.stages[b.writer->stage].name) +
+                       " but read by no stage: bind it to a graph input, or make it an output");
+          break;
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Kahn's algorithm with a heap on the file position: O((S + E) log S).
+  Status order_stages() {
+    const size_t n = p_.stages.size();
+    std::vector<std::vector<int>> next(n);
+    std::vector<int> indegree(n, 0);
+    for (const auto& b : p_.buffers) {
+      if (!b.writer) continue;
+      const int w = b.writer->stage;
+      for (const auto& r : b.readers) {
+        if (r.stage == w)
+          return bad_stage(w, "reads buffer " + sq(b.name) + " (as " + sq(r.tensor) +
+                                  ") that it writes itself (as " + sq(b.writer->tensor) +
+                                  "): a stage cannot work in place");
+        next[w].push_back(r.stage);
+        ++indegree[r.stage];
+      }
+    }
+    std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+    for (size_t s = 0; s < n; ++s)
+      if (indegree[s] == 0) ready.push(static_cast<int>(s));
+    std::vector<int> left = indegree;
+    while (!ready.empty()) {
+      const int s = ready.top();
+      ready.pop();
+      p_.order.push_back(s);
+      for (int t : next[s])
+        if (--left[t] == 0) ready.push(t);
+    }
+    if (p_.order.size() == n) return Status::Ok();
+    // Walk back along writers among the stages left until one repeats.
+    int s = 0;
+    while (left[s] == 0) ++s;
+    std::vector<int> seen(n, -1), path;
+    std::vector<std::string> via;
+    while (seen[s] < 0) {
+      seen[s] = static_cast<int>(path.size());
+      path.push_back(s);
+      for (const auto& [tname, bi] : p_.stages[s].bind) {
+        const PipelineBuffer& b = p_.buffers[bi];
+        if (b.writer && b.writer->stage != s && left[b.writer->stage] > 0 &&
+            p_.stages[s].graph.tensors[p_.stages[s].graph.find_tensor(tname)].is_input) {
+          via.push_back(b.name);
+          s = b.writer->stage;
+          break;
+        }
+      }
+    }
+    // path[seen[s]..] read backwards is the cycle in data-flow order.
+    std::string cycle = sq(p_.stages[s].name);
+    for (size_t i = path.size(); i-- > static_cast<size_t>(seen[s]);)
+      cycle += " -> (" + sq(via[i]) + ") -> " + sq(p_.stages[path[i]].name);
+    return bad("the stages form a cycle: " + cycle + ": each buffer must be written before it is read");
+  }
+
+  std::string_view origin_;
+  std::string base_dir_;
+  Pipeline p_;
+  std::map<std::string, int> buffer_index_, stage_index_;
+  std::map<int, std::vector<std::pair<std::string, int>>> raw_bind_;
+};
+
+}  // namespace
+
+std::string_view buffer_kind_name(BufferKind kind) {
+  switch (kind) {
+    case BufferKind::kInput:
+      return "input";
+    case BufferKind::kOutput:
+      return "output";
+    case BufferKind::kConstant:
+      return "constant";
+    case BufferKind::kIntermediate:
+      return "intermediate";
+  }
+  return "?";
+}
+
+int Pipeline::find_stage(std::string_view n) const {
+  for (size_t i = 0; i < stages.size(); ++i)
+    if (stages[i].name == n) return static_cast<int>(i);
+  return -1;
+}
+
+int Pipeline::find_buffer(std::string_view n) const {
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i].name == n) return static_cast<int>(i);
+  return -1;
+}
+
+double Pipeline::flops() const {
+  double f = 0;
+  for (const auto& s : stages) f += s.graph.flops();
+  return f;
+}
+
+Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin,
+                                     const std::string& base_dir) {
+  try {
+    auto p = Loader(origin, base_dir).load(text);
+    if (p.ok()) p->path = std::string(origin);
+    return p;
+  } catch (const std::exception& e) {
+    return Internal(std::string(origin) + ": unexpected error while reading the pipeline: " + e.what());
+  }
+}
+
+Result<Pipeline> load_pipeline_file(const std::string& path) {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text,
+                           common::read_file_bounded(path, kMaxPipelineFileBytes, "pipeline file"));
+  const size_t slash = path.rfind('/');
+  const std::string base = slash == std::string::npos ? "" : path.substr(0, slash == 0 ? 1 : slash);
+  return parse_pipeline_json(text, path, base);
+}
+
+}  // namespace fusebox
