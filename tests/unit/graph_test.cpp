@@ -1,10 +1,14 @@
 #include <gtest/gtest.h>
 
 #include "fusebox/graph.h"
+#include "reference_test_util.h"
 
 using namespace fusebox;
 
 namespace {
+
+// resolve() fails with InvalidArgument naming every needle (reference_test_util.h).
+constexpr auto expect_error = testing_util::expect_resolve_error;
 
 std::vector<int64_t> V(std::initializer_list<int64_t> v) { return v; }
 
@@ -19,13 +23,6 @@ GraphSpec conv_graph(std::vector<int64_t> x, std::vector<int64_t> w, ConvFpropAt
   return g;
 }
 
-void expect_error(const GraphSpec& g, std::initializer_list<const char*> needles) {
-  auto r = resolve(g);
-  ASSERT_FALSE(r.ok()) << "expected resolve() to fail";
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  for (const char* n : needles) EXPECT_NE(r.status().message().find(n), std::string::npos)
-      << "message lacks '" << n << "': " << r.status().message();
-}
 
 }  // namespace
 

@@ -1,6 +1,9 @@
 // fusebox tests: building ResolvedGraphs by hand (no resolve()), for the reference tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -88,6 +91,16 @@ inline HostTensor host_from(const ResolvedTensor& t, const std::vector<double>& 
     store_element(h.data.data() + off * es, h.dtype, values[i]);
   }
   return h;
+}
+
+// resolve(g) fails with InvalidArgument and a message holding every needle.
+inline void expect_resolve_error(const GraphSpec& g, std::initializer_list<const char*> needles) {
+  auto r = resolve(g);
+  ASSERT_FALSE(r.ok()) << "expected resolve() to fail";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  for (const char* n : needles)
+    EXPECT_NE(r.status().message().find(n), std::string::npos)
+        << "message lacks '" << n << "': " << r.status().message();
 }
 
 }  // namespace fusebox::testing_util
