@@ -2,6 +2,7 @@
 (torch is not installed here): which part each example graph belongs to, and
 which PyTorch kernels a norm graph is timed against."""
 import importlib
+import os
 import sys
 import types
 from unittest import mock
