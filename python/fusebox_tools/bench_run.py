@@ -301,6 +301,15 @@ def norm_torch_fn(graph, notes):
     def shape(x):
         return tuple(x.shape[d] for d in dims)
 
+    def param(s, role, x):
+        # aten's layer norm wants its parameters in x's dtype (as a bf16 model
+        # holds them): converted once per input set (the first call is a
+        # warm-up), never inside the timing
+        key = "_" + role
+        if key not in s:
+            s[key] = s[t[role]].reshape(shape(x)).to(x.dtype)
+        return s[key]
+
     if kind == "layernorm":
         training = a["phase"] == "training"
         if training:
@@ -309,7 +318,7 @@ def norm_torch_fn(graph, notes):
         def fn(s):
             x = s[t["x"]]
             sh = shape(x)
-            w, b = s[t["scale"]].reshape(sh), s[t["bias"]].reshape(sh)
+            w, b = param(s, "scale", x), param(s, "bias", x)
             if training:
                 return list(torch.ops.aten.native_layer_norm(x, list(sh), w, b, eps))
             return [F.layer_norm(x, sh, w, b, eps)]
@@ -330,9 +339,11 @@ def norm_torch_fn(graph, notes):
         def fn(s):
             x = s[t["x"]]
             sh = shape(x)
-            w = s[t["scale"]].reshape(sh)
+            w = param(s, "scale", x)
+            if "_zero_bias" not in s:  # once per set, outside the timing (as param())
+                s["_zero_bias"] = torch.zeros_like(w)
             return list(torch.ops.aten.native_layer_norm_backward(
-                s[t["dy"]], x, list(sh), s[t["mean"]], s[t["inv_variance"]], w, torch.zeros_like(w),
+                s[t["dy"]], x, list(sh), s[t["mean"]], s[t["inv_variance"]], w, s["_zero_bias"],
                 [True, True, True]))
         return fn, True
     notes.append("torch: autograd.grad of a saved F.rms_norm forward (dx, dscale); torch.compile not timed")
