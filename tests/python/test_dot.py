@@ -289,6 +289,11 @@ def test_pipeline_dot_refuses_to_overwrite_the_pipeline(fusebox, tmp_path):
     src = PIPELINES[0]
     p = run(fusebox, "pipeline", "check", src, f"--dot={src}")
     assert p.returncode == 2 and "refusing to overwrite" in p.stderr, p.stderr
+    stage_graph = os.path.join(os.path.dirname(src), next(iter(json.loads(open(src).read())["graphs"].values())))
+    before = open(stage_graph).read()
+    p = run(fusebox, "pipeline", "check", src, f"--dot={stage_graph}")
+    assert p.returncode == 2 and "refusing to overwrite" in p.stderr, p.stderr
+    assert open(stage_graph).read() == before
     p = run(fusebox, "pipeline", "check", src, "--json", "--dot")
     assert p.returncode == 2 and "both write to stdout" in p.stderr, p.stderr
     out = tmp_path / "p.dot"

@@ -113,10 +113,6 @@ Runner add_pipeline(CLI::App& app) {
     const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
     if (dot_stdout && a->json)
       return fail("pipeline check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
-    if (want_dot && !dot_stdout) {
-      Status st = common::refuse_overwriting_input(a->dot, "--dot file", {{"pipeline file", a->path}});
-      if (!st.ok()) return fail("pipeline check", st);
-    }
     auto p = load_pipeline_file(a->path);
     if (!p.ok()) {
       if (a->json)
@@ -126,6 +122,15 @@ Runner add_pipeline(CLI::App& app) {
                                               2)
                                 .c_str());
       return fail("pipeline check", p.status());
+    }
+    if (want_dot && !dot_stdout) {
+      // Never onto a file the pipeline reads: itself, a stage's graph, a weights file.
+      std::vector<common::NamedPath> inputs = {{"pipeline file", a->path}};
+      for (const auto& st : p->stages) inputs.push_back({"graph file of stage '" + st.name + "'", st.graph_path});
+      for (const auto& b : p->buffers)
+        if (!b.file_path.empty()) inputs.push_back({"weights file of buffer '" + b.name + "'", b.file_path});
+      if (Status st = common::refuse_overwriting_input(a->dot, "--dot file", inputs); !st.ok())
+        return fail("pipeline check", st);
     }
     if (want_dot) {
       if (Status st = write_dot(a->dot, pipeline_dot(*p)); !st.ok()) return fail("pipeline check", st);
