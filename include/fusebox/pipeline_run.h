@@ -175,6 +175,15 @@ Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline
                                                                   double cpu_reference_max_flops,
                                                                   std::string* kind = nullptr);
 
+// The verification of run_pipeline from the values every buffer held after a
+// run (`buffers`, by buffer index; inputs and constants may come from
+// `data`): each stage's outputs against its reference on the inputs it read,
+// then the final outputs against reference_chain(). Fills r->stages (one per
+// stage in Pipeline::order when empty), r->chain and r->verified_ok. No GPU
+// unless a stage is over `cpu_reference_max_flops`.
+Status verify_pipeline(const Pipeline& p, const PipelineHostData& data, std::map<int, HostTensor> buffers,
+                       double cpu_reference_max_flops, PipelineRunResult* r);
+
 // Ok, or kVerificationFailed naming the first stage (in order) whose outputs
 // diverge and each failing buffer, then any failing final output.
 Status pipeline_verify_status(const Pipeline& p, const PipelineRunResult& r);

@@ -363,6 +363,69 @@ Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline
   return out;
 }
 
+Status verify_pipeline(const Pipeline& p, const PipelineHostData& data, std::map<int, HostTensor> host,
+                       double cpu_reference_max_flops, PipelineRunResult* result) {
+  PipelineRunResult& r = *result;
+  if (r.stages.empty()) {
+    for (int s : p.order) {
+      StageRun sr;
+      sr.stage = s;
+      r.stages.push_back(std::move(sr));
+    }
+  }
+    for (const auto& [bi, h] : data) host.emplace(bi, h);  // constants
+    for (size_t bi = 0; bi < p.buffers.size(); ++bi)
+      if (!host.count(static_cast<int>(bi)))
+        return InvalidArgument(where(p) + ": verify: no value for buffer " + sq(p.buffers[bi].name));
+    for (StageRun& sr : r.stages) {
+      const PipelineStage& st = p.stages[static_cast<size_t>(sr.stage)];
+      const ResolvedGraph& g = st.graph;
+      const std::set<std::string> masks = dropout_masks(g);
+      std::map<std::string, HostTensor> inputs;
+      std::map<std::string, std::vector<float>> actual;
+      for (const auto& [tensor, bi] : st.bind) {
+        const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
+        if (t.is_input || masks.count(tensor)) inputs[tensor] = host.at(bi);
+        if (t.is_output) actual[tensor] = host.at(bi).to_float_logical();
+      }
+      bool gpu = false;
+      auto ref = stage_reference(g, inputs, cpu_reference_max_flops, &gpu);
+      if (!ref.ok()) return ref.status().WithContext(stage_where(p, sr.stage) + ": reference");
+      sr.reference_kind = gpu ? "gpu" : "cpu";
+      FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
+      FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, *ref));
+      FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, inputs, actual));
+      for (Comparison& c : mask_checks) sr.comparisons.push_back(std::move(c));
+      for (const auto& [tensor, values] : actual) {
+        if (masks.count(tensor)) continue;
+        auto it = ref->find(tensor);
+        if (it == ref->end()) return Internal(stage_where(p, sr.stage) + ": the reference produced no " + sq(tensor));
+        // Named by buffer: that is what the pipeline's user knows.
+        const std::string& buffer = p.buffers[static_cast<size_t>(st.bind.at(tensor))].name;
+        sr.comparisons.push_back(compare(buffer, it->second, values, tolerance_for(g, tensor)));
+      }
+      for (const Comparison& c : sr.comparisons) sr.verified_ok = sr.verified_ok && c.pass;
+      r.verified_ok = r.verified_ok && sr.verified_ok;
+    }
+
+    // The whole chain on the references alone.
+    std::string kind;
+    auto chain = reference_chain(p, data, cpu_reference_max_flops, &kind);
+    if (!chain.ok()) return chain.status();
+    r.chain_reference_kind = kind;
+    for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+      const PipelineBuffer& b = p.buffers[bi];
+      if (b.kind != BufferKind::kOutput) continue;
+      auto it = chain->find(b.name);
+      if (it == chain->end()) continue;  // a dropout mask
+      Comparison c = compare(b.name, it->second, host.at(static_cast<int>(bi)).to_float_logical(),
+                             chain_tolerance(p, static_cast<int>(bi)));
+      r.verified_ok = r.verified_ok && c.pass;
+      r.chain.push_back(std::move(c));
+    }
+    return Status::Ok();
+}
+
 Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p, const std::vector<const Plan*>& plans,
                                        const PipelineHostData& data, const PipelineRunOptions& options) {
   PipelineRunResult r;
@@ -398,55 +461,7 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p, cons
       r.outputs[b.name] = host[static_cast<int>(bi)];
   }
 
-  if (options.verify) {
-    for (const auto& [bi, h] : data) host.emplace(bi, h);  // constants
-    for (StageRun& sr : r.stages) {
-      const PipelineStage& st = p.stages[static_cast<size_t>(sr.stage)];
-      const ResolvedGraph& g = st.graph;
-      const std::set<std::string> masks = dropout_masks(g);
-      std::map<std::string, HostTensor> inputs;
-      std::map<std::string, std::vector<float>> actual;
-      for (const auto& [tensor, bi] : st.bind) {
-        const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
-        if (t.is_input || masks.count(tensor)) inputs[tensor] = host.at(bi);
-        if (t.is_output) actual[tensor] = host.at(bi).to_float_logical();
-      }
-      bool gpu = false;
-      auto ref = stage_reference(g, inputs, options.cpu_reference_max_flops, &gpu);
-      if (!ref.ok()) return ref.status().WithContext(stage_where(p, sr.stage) + ": reference");
-      sr.reference_kind = gpu ? "gpu" : "cpu";
-      FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
-      FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, *ref));
-      FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, inputs, actual));
-      for (Comparison& c : mask_checks) sr.comparisons.push_back(std::move(c));
-      for (const auto& [tensor, values] : actual) {
-        if (masks.count(tensor)) continue;
-        auto it = ref->find(tensor);
-        if (it == ref->end()) return Internal(stage_where(p, sr.stage) + ": the reference produced no " + sq(tensor));
-        // Named by buffer: that is what the pipeline's user knows.
-        const std::string& buffer = p.buffers[static_cast<size_t>(st.bind.at(tensor))].name;
-        sr.comparisons.push_back(compare(buffer, it->second, values, tolerance_for(g, tensor)));
-      }
-      for (const Comparison& c : sr.comparisons) sr.verified_ok = sr.verified_ok && c.pass;
-      r.verified_ok = r.verified_ok && sr.verified_ok;
-    }
-
-    // The whole chain on the references alone.
-    std::string kind;
-    auto chain = reference_chain(p, data, options.cpu_reference_max_flops, &kind);
-    if (!chain.ok()) return chain.status();
-    r.chain_reference_kind = kind;
-    for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
-      const PipelineBuffer& b = p.buffers[bi];
-      if (b.kind != BufferKind::kOutput) continue;
-      auto it = chain->find(b.name);
-      if (it == chain->end()) continue;  // a dropout mask
-      Comparison c = compare(b.name, it->second, host.at(static_cast<int>(bi)).to_float_logical(),
-                             chain_tolerance(p, static_cast<int>(bi)));
-      r.verified_ok = r.verified_ok && c.pass;
-      r.chain.push_back(std::move(c));
-    }
-  }
+  if (options.verify) FUSEBOX_RETURN_IF_ERROR(verify_pipeline(p, data, host, options.cpu_reference_max_flops, &r));
 
   if (options.iters > 0) {
     auto stream = static_cast<cudaStream_t>(session.context()->stream());
