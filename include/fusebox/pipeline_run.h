@@ -145,9 +145,9 @@ struct StageRun {
 };
 
 struct PipelineRunResult {
-  std::vector<StageRun> stages;                // in Pipeline::order
-  std::map<std::string, HostTensor> outputs;   // output buffers (and intermediates when kept), by name
-  std::map<std::string, HostTensor> inputs;    // input buffers, by name
+  std::vector<StageRun> stages;               // in Pipeline::order
+  std::map<std::string, HostTensor> outputs;  // output buffers (and intermediates when kept), by name
+  std::map<std::string, HostTensor> inputs;   // input buffers, by name
   // Final outputs against the references chained on their own outputs
   // (rounded to each buffer's dtype between stages).
   std::vector<Comparison> chain;
@@ -161,8 +161,9 @@ struct PipelineRunResult {
 
 // Creates the executor, runs once (verifying when asked), then times
 // `iters` runs of the whole pipeline.
-Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p, const std::vector<const Plan*>& plans,
-                                       const PipelineHostData& data, const PipelineRunOptions& options);
+Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
+                                       const std::vector<const Plan*>& plans, const PipelineHostData& data,
+                                       const PipelineRunOptions& options);
 
 // The chain's tolerance for a final output: the producing op's tolerance
 // times the number of stages on the longest path from the pipeline's inputs
@@ -171,7 +172,8 @@ Tolerance chain_tolerance(const Pipeline& p, int buffer);
 // Per-stage outputs with the references chained on their own outputs from
 // `data`; keyed by buffer name (fp32, logical row-major). `kind` gets
 // "cpu", "gpu" or "cpu+gpu". For tests and the verification above.
-Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline& p, const PipelineHostData& data,
+Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline& p,
+                                                                  const PipelineHostData& data,
                                                                   double cpu_reference_max_flops,
                                                                   std::string* kind = nullptr);
 

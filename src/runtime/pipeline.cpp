@@ -3,11 +3,12 @@
 // (docs/architecture.md): strings and objects only here.
 #include "fusebox/pipeline.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <set>
-#include <sys/stat.h>
 
 #include "common/dims_string.h"
 #include "common/file_io.h"
@@ -266,8 +267,9 @@ class Loader {
     for (const auto& b : p_.buffers)
       if (b.kind == BufferKind::kConstant) total += size_of(b.file_path);
     if (total > kMaxPipelineTotalFileBytes)
-      return bad("the graph and weights files add up to " + std::to_string(total) + " bytes, over the limit of " +
-                 common::format_limit(kMaxPipelineTotalFileBytes) + " per pipeline");
+      return bad("the graph and weights files add up to " + std::to_string(total) +
+                 " bytes, over the limit of " + common::format_limit(kMaxPipelineTotalFileBytes) +
+                 " per pipeline");
     return Status::Ok();
   }
 

@@ -156,7 +156,8 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       for (const auto& buf : p.buffers)
         if (buf.kind == BufferKind::kInput) inputs += (inputs.empty() ? "" : ", ") + sq(buf.name);
       return InvalidArgument(where(p) + ": --input " + sq(name) + " (" + file +
-                             ") is not an input buffer: the inputs are " + (inputs.empty() ? "(none)" : inputs));
+                             ") is not an input buffer: the inputs are " +
+                             (inputs.empty() ? "(none)" : inputs));
     }
   }
   PipelineHostData data;
@@ -180,9 +181,10 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       const std::string expected = std::string(dtype_is_float(buf.dtype) ? "a float" : "an integer") +
                                    " array of shape " + common::dims_string(buf.dims) + " for " +
                                    std::string(dtype_name(buf.dtype)) + " " + common::dims_string(buf.dims);
-      return Status(h.status().code(), where(p) + ": " + std::string(buffer_kind_name(buf.kind)) + " buffer " +
-                                           sq(buf.name) + ": file '" + file + "' does not fit: expected " +
-                                           expected + ": " + h.status().message());
+      return Status(h.status().code(), where(p) + ": " + std::string(buffer_kind_name(buf.kind)) +
+                                           " buffer " + sq(buf.name) + ": file '" + file +
+                                           "' does not fit: expected " + expected + ": " +
+                                           h.status().message());
     }
     data[static_cast<int>(bi)] = std::move(h).value();
   }
@@ -234,8 +236,8 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
           cudaMemcpy(d.get(), it->second.data.data(), it->second.data.size(), cudaMemcpyHostToDevice),
           where(p) + ": upload buffer " + sq(buf.name)));
     } else if (buf.kind == BufferKind::kInput || buf.kind == BufferKind::kConstant) {
-      return InvalidArgument(where(p) + ": no data for " + std::string(buffer_kind_name(buf.kind)) + " buffer " +
-                             sq(buf.name));
+      return InvalidArgument(where(p) + ": no data for " + std::string(buffer_kind_name(buf.kind)) +
+                             " buffer " + sq(buf.name));
     } else {
       FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemset(d.get(), 0xFF, static_cast<size_t>(bytes)),
                                           where(p) + ": poison buffer " + sq(buf.name)));
@@ -282,9 +284,9 @@ void* PipelineExecutor::device(int buffer) const { return impl_->buffers[static_
 Result<HostTensor> PipelineExecutor::download(int buffer) const {
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(impl_->stream()), where(*impl_->p) + ": run"));
   HostTensor h = HostTensor::like(buffer_tensor(*impl_->p, buffer));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(h.data.data(), device(buffer), h.data.size(), cudaMemcpyDeviceToHost),
-                                      where(*impl_->p) + ": download buffer " +
-                                          sq(impl_->p->buffers[static_cast<size_t>(buffer)].name)));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpy(h.data.data(), device(buffer), h.data.size(), cudaMemcpyDeviceToHost),
+      where(*impl_->p) + ": download buffer " + sq(impl_->p->buffers[static_cast<size_t>(buffer)].name)));
   return h;
 }
 
@@ -318,7 +320,8 @@ Tolerance chain_tolerance(const Pipeline& p, int buffer) {
 namespace {
 
 // The reference outputs of stage `s` from host inputs (by graph tensor).
-Result<ReferenceOutputs> stage_reference(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
+Result<ReferenceOutputs> stage_reference(const ResolvedGraph& g,
+                                         const std::map<std::string, HostTensor>& inputs,
                                          double cpu_max_flops, bool* gpu) {
   const double flops = g.flops(input_values_for_flops(g, inputs));
   *gpu = flops > cpu_max_flops && gpu_reference_available() && gpu_count() > 0;
@@ -329,7 +332,8 @@ std::string kind_of(bool cpu, bool gpu) { return cpu && gpu ? "cpu+gpu" : gpu ? 
 
 }  // namespace
 
-Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline& p, const PipelineHostData& data,
+Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline& p,
+                                                                  const PipelineHostData& data,
                                                                   double cpu_reference_max_flops,
                                                                   std::string* kind) {
   std::map<int, HostTensor> values = data;  // by buffer index, as the buffers lay them out
@@ -343,7 +347,8 @@ Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline
       if (!t.is_input) continue;
       auto it = values.find(bi);
       if (it == values.end())
-        return Internal(stage_where(p, s) + ": reference chain: buffer " + sq(p.buffers[bi].name) + " has no value");
+        return Internal(stage_where(p, s) + ": reference chain: buffer " + sq(p.buffers[bi].name) +
+                        " has no value");
       inputs[tensor] = it->second;
     }
     bool gpu = false;
@@ -373,63 +378,66 @@ Status verify_pipeline(const Pipeline& p, const PipelineHostData& data, std::map
       r.stages.push_back(std::move(sr));
     }
   }
-    for (const auto& [bi, h] : data) host.emplace(bi, h);  // constants
-    for (size_t bi = 0; bi < p.buffers.size(); ++bi)
-      if (!host.count(static_cast<int>(bi)))
-        return InvalidArgument(where(p) + ": verify: no value for buffer " + sq(p.buffers[bi].name));
-    for (StageRun& sr : r.stages) {
-      const PipelineStage& st = p.stages[static_cast<size_t>(sr.stage)];
-      const ResolvedGraph& g = st.graph;
-      const std::set<std::string> masks = dropout_masks(g);
-      std::map<std::string, HostTensor> inputs;
-      std::map<std::string, std::vector<float>> actual;
-      for (const auto& [tensor, bi] : st.bind) {
-        const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
-        if (t.is_input || masks.count(tensor)) inputs[tensor] = host.at(bi);
-        if (t.is_output) actual[tensor] = host.at(bi).to_float_logical();
-      }
-      bool gpu = false;
-      auto ref = stage_reference(g, inputs, cpu_reference_max_flops, &gpu);
-      if (!ref.ok()) return ref.status().WithContext(stage_where(p, sr.stage) + ": reference");
-      sr.reference_kind = gpu ? "gpu" : "cpu";
-      FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
-      FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, *ref));
-      FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, inputs, actual));
-      for (Comparison& c : mask_checks) sr.comparisons.push_back(std::move(c));
-      for (const auto& [tensor, values] : actual) {
-        if (masks.count(tensor)) continue;
-        auto it = ref->find(tensor);
-        if (it == ref->end()) return Internal(stage_where(p, sr.stage) + ": the reference produced no " + sq(tensor));
-        // Named by buffer: that is what the pipeline's user knows.
-        const std::string& buffer = p.buffers[static_cast<size_t>(st.bind.at(tensor))].name;
-        sr.comparisons.push_back(compare(buffer, it->second, values, tolerance_for(g, tensor)));
-      }
-      for (const Comparison& c : sr.comparisons) sr.verified_ok = sr.verified_ok && c.pass;
-      r.verified_ok = r.verified_ok && sr.verified_ok;
+  for (const auto& [bi, h] : data) host.emplace(bi, h);  // constants
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi)
+    if (!host.count(static_cast<int>(bi)))
+      return InvalidArgument(where(p) + ": verify: no value for buffer " + sq(p.buffers[bi].name));
+  for (StageRun& sr : r.stages) {
+    const PipelineStage& st = p.stages[static_cast<size_t>(sr.stage)];
+    const ResolvedGraph& g = st.graph;
+    const std::set<std::string> masks = dropout_masks(g);
+    std::map<std::string, HostTensor> inputs;
+    std::map<std::string, std::vector<float>> actual;
+    for (const auto& [tensor, bi] : st.bind) {
+      const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
+      if (t.is_input || masks.count(tensor)) inputs[tensor] = host.at(bi);
+      if (t.is_output) actual[tensor] = host.at(bi).to_float_logical();
     }
+    bool gpu = false;
+    auto ref = stage_reference(g, inputs, cpu_reference_max_flops, &gpu);
+    if (!ref.ok()) return ref.status().WithContext(stage_where(p, sr.stage) + ": reference");
+    sr.reference_kind = gpu ? "gpu" : "cpu";
+    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
+    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, *ref));
+    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, inputs, actual));
+    for (Comparison& c : mask_checks) sr.comparisons.push_back(std::move(c));
+    for (const auto& [tensor, values] : actual) {
+      if (masks.count(tensor)) continue;
+      auto it = ref->find(tensor);
+      if (it == ref->end())
+        return Internal(stage_where(p, sr.stage) + ": the reference produced no " + sq(tensor));
+      // Named by buffer: that is what the pipeline's user knows.
+      const std::string& buffer = p.buffers[static_cast<size_t>(st.bind.at(tensor))].name;
+      sr.comparisons.push_back(compare(buffer, it->second, values, tolerance_for(g, tensor)));
+    }
+    for (const Comparison& c : sr.comparisons) sr.verified_ok = sr.verified_ok && c.pass;
+    r.verified_ok = r.verified_ok && sr.verified_ok;
+  }
 
-    // The whole chain on the references alone.
-    std::string kind;
-    auto chain = reference_chain(p, data, cpu_reference_max_flops, &kind);
-    if (!chain.ok()) return chain.status();
-    r.chain_reference_kind = kind;
-    for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
-      const PipelineBuffer& b = p.buffers[bi];
-      if (b.kind != BufferKind::kOutput) continue;
-      auto it = chain->find(b.name);
-      if (it == chain->end()) continue;  // a dropout mask
-      Comparison c = compare(b.name, it->second, host.at(static_cast<int>(bi)).to_float_logical(),
-                             chain_tolerance(p, static_cast<int>(bi)));
-      r.verified_ok = r.verified_ok && c.pass;
-      r.chain.push_back(std::move(c));
-    }
-    return Status::Ok();
+  // The whole chain on the references alone.
+  std::string kind;
+  auto chain = reference_chain(p, data, cpu_reference_max_flops, &kind);
+  if (!chain.ok()) return chain.status();
+  r.chain_reference_kind = kind;
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+    const PipelineBuffer& b = p.buffers[bi];
+    if (b.kind != BufferKind::kOutput) continue;
+    auto it = chain->find(b.name);
+    if (it == chain->end()) continue;  // a dropout mask
+    Comparison c = compare(b.name, it->second, host.at(static_cast<int>(bi)).to_float_logical(),
+                           chain_tolerance(p, static_cast<int>(bi)));
+    r.verified_ok = r.verified_ok && c.pass;
+    r.chain.push_back(std::move(c));
+  }
+  return Status::Ok();
 }
 
-Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p, const std::vector<const Plan*>& plans,
-                                       const PipelineHostData& data, const PipelineRunOptions& options) {
+Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
+                                       const std::vector<const Plan*>& plans, const PipelineHostData& data,
+                                       const PipelineRunOptions& options) {
   PipelineRunResult r;
-  FUSEBOX_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> ex, PipelineExecutor::create(session, p, plans, data));
+  FUSEBOX_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> ex,
+                           PipelineExecutor::create(session, p, plans, data));
   r.buffer_bytes = ex->buffer_bytes();
   r.workspace_bytes = session.workspace_bytes();
   r.peak_device_bytes = ex->peak_device_bytes();
@@ -461,7 +469,8 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p, cons
       r.outputs[b.name] = host[static_cast<int>(bi)];
   }
 
-  if (options.verify) FUSEBOX_RETURN_IF_ERROR(verify_pipeline(p, data, host, options.cpu_reference_max_flops, &r));
+  if (options.verify)
+    FUSEBOX_RETURN_IF_ERROR(verify_pipeline(p, data, host, options.cpu_reference_max_flops, &r));
 
   if (options.iters > 0) {
     auto stream = static_cast<cudaStream_t>(session.context()->stream());
@@ -478,7 +487,8 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p, cons
     if (st.ok()) st = ex->synchronize();
     std::vector<float> ms(static_cast<size_t>(options.iters));
     for (int i = 0; i < options.iters && st.ok(); ++i)
-      st = cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+      st =
+          cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
     for (auto& e : events)
       if (e) cudaEventDestroy(e);
     FUSEBOX_RETURN_IF_ERROR(st);
@@ -492,14 +502,16 @@ Status pipeline_verify_status(const Pipeline& p, const PipelineRunResult& r) {
   if (r.verified_ok) return Status::Ok();
   for (const StageRun& sr : r.stages) {
     if (sr.verified_ok) continue;
-    std::string msg = stage_where(p, sr.stage) + " (graph " + sq(p.stages[static_cast<size_t>(sr.stage)].graph.name) +
-                      ", engine " + sr.engine + ") is the first stage whose outputs do not match the " +
-                      sr.reference_kind + " reference on its own inputs:";
+    std::string msg = stage_where(p, sr.stage) + " (graph " +
+                      sq(p.stages[static_cast<size_t>(sr.stage)].graph.name) + ", engine " + sr.engine +
+                      ") is the first stage whose outputs do not match the " + sr.reference_kind +
+                      " reference on its own inputs:";
     for (const auto& c : sr.comparisons)
       if (!c.pass) msg += "\n  buffer " + c.ToString();
     return Status(StatusCode::kVerificationFailed, msg);
   }
-  std::string msg = where(p) + ": every stage matches its reference, but the final outputs do not match the " +
+  std::string msg = where(p) +
+                    ": every stage matches its reference, but the final outputs do not match the " +
                     r.chain_reference_kind + " references chained on their own outputs:";
   for (const auto& c : r.chain)
     if (!c.pass) msg += "\n  buffer " + c.ToString();

@@ -34,9 +34,7 @@ struct TempDir {
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path) << text;
-}
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 // two_convs with absolute graph paths and w1 from `w1_file` (relative to the temp folder).
 std::string two_convs_with(const TempDir& dir, const std::string& w1_file) {
@@ -44,10 +42,14 @@ std::string two_convs_with(const TempDir& dir, const std::string& w1_file) {
   const std::string text = R"({"name": "twc", "graphs": {"conv1": ")" + source_dir() +
                            R"(/examples/graphs/small/conv_bias_relu_small.json", "conv2": ")" + pipelines() +
                            R"(/graphs/conv_bias_relu_16to16_small.json"},
-    "buffers": {"image": {"kind": "input"}, "w1": {"kind": "constant", "file": ")" + w1_file + R"("},
-      "b1": {"kind": "constant", "file": ")" + w + R"(two_convs_b1.npy"}, "hidden": {"kind": "intermediate"},
-      "w2": {"kind": "constant", "file": ")" + w + R"(two_convs_w2.npy"},
-      "b2": {"kind": "constant", "file": ")" + w + R"(two_convs_b2.npy"}, "out": {"kind": "output"}},
+    "buffers": {"image": {"kind": "input"}, "w1": {"kind": "constant", "file": ")" +
+                           w1_file + R"("},
+      "b1": {"kind": "constant", "file": ")" +
+                           w + R"(two_convs_b1.npy"}, "hidden": {"kind": "intermediate"},
+      "w2": {"kind": "constant", "file": ")" +
+                           w + R"(two_convs_w2.npy"},
+      "b2": {"kind": "constant", "file": ")" +
+                           w + R"(two_convs_b2.npy"}, "out": {"kind": "output"}},
     "bind": {"conv1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"},
              "conv2": {"x": "hidden", "w": "w2", "b": "b2", "y": "out"}}})";
   const std::string path = dir.file("twc.json");
@@ -66,7 +68,8 @@ HostTensor dense(DType dtype, std::vector<int64_t> dims) {
 }
 
 void expect_has(const Status& st, const std::vector<std::string>& parts) {
-  for (const auto& part : parts) EXPECT_NE(st.message().find(part), std::string::npos) << part << " in: " << st.message();
+  for (const auto& part : parts)
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in: " << st.message();
 }
 
 TEST(PipelineData, ExampleInputsAndConstants) {
@@ -145,9 +148,7 @@ TEST(PipelineData, NotNpyWeights) {
 TEST(PipelineLimits, WeightsOverTheTotalCap) {
   TempDir dir;
   // Sparse: the size is what counts, checked before a byte is read.
-  {
-    std::ofstream(dir.file("huge.npy")).put('x');
-  }
+  { std::ofstream(dir.file("huge.npy")).put('x'); }
   fs::resize_file(dir.file("huge.npy"), kMaxPipelineTotalFileBytes + 1);
   auto p = load_pipeline_file(two_convs_with(dir, dir.file("huge.npy")));
   ASSERT_FALSE(p.ok());
@@ -158,9 +159,7 @@ TEST(PipelineLimits, WeightsOverTheTotalCap) {
 TEST(PipelineLimits, GraphFilesOverTheCapPerStage) {
   TempDir dir;
   // 5 stages naming one 60 MiB graph file (under the per-file limit): 300 MiB read in all.
-  {
-    std::ofstream(dir.file("g.json")).put('{');
-  }
+  { std::ofstream(dir.file("g.json")).put('{'); }
   fs::resize_file(dir.file("g.json"), uint64_t{60} << 20);
   std::string graphs, bind;
   for (int i = 0; i < 5; ++i) {
@@ -301,7 +300,6 @@ TEST(PipelineReference, VerifyStatusNamesTheFirstFailingStage) {
   r.verified_ok = true;
   EXPECT_TRUE(pipeline_verify_status(*p, r).ok());
 }
-
 
 // Every buffer as the references make them: what a correct run leaves.
 std::map<int, HostTensor> reference_buffers(const Pipeline& p, const PipelineHostData& data) {

@@ -80,7 +80,6 @@ TEST_P(PipelineGpu, ExecutorIsDeterministic) {
   auto second = (*ex)->download(out);
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(first->data, second->data) << "two eager runs differ";
-
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, PipelineGpu, ::testing::Values("two_convs", "conv10"));

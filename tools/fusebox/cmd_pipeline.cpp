@@ -108,7 +108,8 @@ ordered_json header_json(const Pipeline& p, const Session* session) {
   j["pipeline_file"] = p.path;
   if (session) {
     const DeviceTarget& t = session->target();
-    j["target"] = {{"device_name", t.device_name}, {"sm_version", t.sm_version}, {"deviceless", t.deviceless()}};
+    j["target"] = {
+        {"device_name", t.device_name}, {"sm_version", t.sm_version}, {"deviceless", t.deviceless()}};
   }
   return j;
 }
@@ -191,10 +192,11 @@ Runner add_pipeline_build(CLI::App& cmd) {
     CacheFlags cache;
   };
   auto a = std::make_shared<Args>();
-  auto* c = cmd.add_subcommand("build",
-                               "Build every stage's plan (the five steps, or the plan cache), deviceless with --device");
+  auto* c = cmd.add_subcommand(
+      "build", "Build every stage's plan (the five steps, or the plan cache), deviceless with --device");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
-  c->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU (no GPU needed)");
+  c->add_option("--device", a->device,
+                "Device-properties file: build deviceless for that GPU (no GPU needed)");
   add_plan_flags(c, a->plan);
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
@@ -254,15 +256,23 @@ Runner add_pipeline_tune(CLI::App& cmd) {
     CacheFlags cache;
   };
   auto a = std::make_shared<Args>();
-  auto* c = cmd.add_subcommand("tune", "Autotune every stage on the GPU (as `fusebox tune`), through the plan cache");
+  auto* c = cmd.add_subcommand("tune",
+                               "Autotune every stage on the GPU (as `fusebox tune`), through the plan cache");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
   c->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
-  c->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")->check(CLI::NonNegativeNumber)->capture_default_str();
-  c->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  c->add_option("--max-workspace", a->policy.max_workspace_bytes, "Drop engines needing more workspace (bytes)");
+  c->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--max-workspace", a->policy.max_workspace_bytes,
+                "Drop engines needing more workspace (bytes)");
   c->add_flag("--deterministic", a->policy.deterministic_only, "Drop nondeterministic engines");
-  c->add_option("--top", a->policy.top_k, "Time only the first K admissible engines per stage")->check(CLI::NonNegativeNumber);
-  c->add_option("--budget-ms", a->policy.budget_ms, "Per stage: stop timing after this much wall time")->check(CLI::NonNegativeNumber);
+  c->add_option("--top", a->policy.top_k, "Time only the first K admissible engines per stage")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--budget-ms", a->policy.budget_ms, "Per stage: stop timing after this much wall time")
+      ->check(CLI::NonNegativeNumber);
   c->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
@@ -304,13 +314,14 @@ Runner add_pipeline_tune(CLI::App& cmd) {
         e["cache_key"] = s.tune.cache_key;
         e["stored"] = s.tune.stored;
         e["winner"] = s.ok || tuned ? s.tune.plan.engine_name() : "";
-        e["winner_median_ms"] = s.tune.hit ? s.tune.entry.tuned_median_ms
-                                           : (tuned ? r.entries[r.winner].latency.median_ms : 0.0);
+        e["winner_median_ms"] =
+            s.tune.hit ? s.tune.entry.tuned_median_ms : (tuned ? r.entries[r.winner].latency.median_ms : 0.0);
         e["heuristic_choice"] = tuned && r.heuristic >= 0 ? r.entries[r.heuristic].candidate.name : "";
         e["speedup_over_heuristic"] = tuned ? r.speedup_over_heuristic : 0.0;
         e["candidates"] = tuned ? r.entries.size() : 0;
         ordered_json verify = ordered_json::array();
-        for (const auto& cmp : r.winner_run.comparisons) verify.push_back(ordered_json::parse(to_json(cmp).dump()));
+        for (const auto& cmp : r.winner_run.comparisons)
+          verify.push_back(ordered_json::parse(to_json(cmp).dump()));
         e["verify"] = std::move(verify);
         stages.push_back(std::move(e));
       }
@@ -326,15 +337,17 @@ Runner add_pipeline_tune(CLI::App& cmd) {
         const TuneResult& r = s.tune.result;
         std::printf("  %d. %-12s graph %s: ", ++n, safe(ps.name).c_str(), safe(ps.graph.name).c_str());
         if (s.tune.hit)
-          std::printf("plan cache hit, tuned winner %s (%.4f ms when tuned)\n", safe(s.tune.plan.engine_name()).c_str(),
-                      s.tune.entry.tuned_median_ms);
+          std::printf("plan cache hit, tuned winner %s (%.4f ms when tuned)\n",
+                      safe(s.tune.plan.engine_name()).c_str(), s.tune.entry.tuned_median_ms);
         else if (r.winner >= 0)
           std::printf("winner %s, %.4f ms, %.2fx the heuristic choice; %zu candidates in %.0f ms%s\n",
                       safe(r.entries[r.winner].candidate.name).c_str(), r.entries[r.winner].latency.median_ms,
-                      r.speedup_over_heuristic, r.entries.size(), s.ms, s.tune.stored ? ", stored in the cache" : "");
+                      r.speedup_over_heuristic, r.entries.size(), s.ms,
+                      s.tune.stored ? ", stored in the cache" : "");
         else
           std::printf("failed after %.0f ms\n", s.ms);
-        for (const auto& cmp : r.winner_run.comparisons) std::printf("     verify: %s\n", safe(cmp.ToString()).c_str());
+        for (const auto& cmp : r.winner_run.comparisons)
+          std::printf("     verify: %s\n", safe(cmp.ToString()).c_str());
       }
       if (st.ok()) std::printf("  total %.0f ms\n", t.total_ms);
     }
@@ -347,8 +360,9 @@ Result<std::string> save_path(const std::string& name, const std::string& dir,
                               const std::vector<common::NamedPath>& inputs) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos)
-    return InvalidArgument("--save-outputs: buffer '" + name +
-                           "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the pipeline");
+    return InvalidArgument(
+        "--save-outputs: buffer '" + name +
+        "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the pipeline");
   const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
   FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, "--save-outputs file", inputs));
   FUSEBOX_RETURN_IF_ERROR(common::check_replaceable(path, "--save-outputs file"));
@@ -366,17 +380,21 @@ Runner add_pipeline_run(CLI::App& cmd) {
     CacheFlags cache;
   };
   auto a = std::make_shared<Args>();
-  auto* c = cmd.add_subcommand("run",
-                               "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
+  auto* c = cmd.add_subcommand(
+      "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
-  c->add_option("--input", a->inputs, "An input buffer's values, NAME=FILE.npy (repeatable; others random from --seed)");
+  c->add_option("--input", a->inputs,
+                "An input buffer's values, NAME=FILE.npy (repeatable; others random from --seed)");
   c->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
   c->add_flag("--verify", a->verify,
               "Check each stage against the reference on its own inputs, and the final outputs against the "
               "references chained (a mismatch is an error naming the stage and buffer)");
-  c->add_option("--save-outputs", a->save_outputs,
-                "Write every buffer a stage writes to DIR/<buffer>.npy and every input to DIR/inputs/<buffer>.npy");
-  c->add_option("--warmup", a->warmup, "Untimed runs before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option(
+      "--save-outputs", a->save_outputs,
+      "Write every buffer a stage writes to DIR/<buffer>.npy and every input to DIR/inputs/<buffer>.npy");
+  c->add_option("--warmup", a->warmup, "Untimed runs before timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   c->add_option("--iters", a->iters, "Timed runs of the whole pipeline (0: run once, no timing)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -407,15 +425,17 @@ Runner add_pipeline_run(CLI::App& cmd) {
       if (::stat(a->save_outputs.c_str(), &sb) == 0 && !S_ISDIR(sb.st_mode))
         return bad(InvalidArgument("--save-outputs '" + a->save_outputs + "' exists and is not a directory"));
       std::vector<common::NamedPath> ins = {{"pipeline file", a->path}};
-      for (const auto& st : p->stages) ins.push_back({"graph file of stage '" + st.name + "'", st.graph_path});
+      for (const auto& st : p->stages)
+        ins.push_back({"graph file of stage '" + st.name + "'", st.graph_path});
       for (const auto& b : p->buffers)
         if (!b.file_path.empty()) ins.push_back({"weights file of '" + b.name + "'", b.file_path});
       for (const auto& [name, file] : input_files) ins.push_back({"--input file for '" + name + "'", file});
       for (size_t bi = 0; bi < p->buffers.size(); ++bi) {
         const PipelineBuffer& b = p->buffers[bi];
         if (b.kind == BufferKind::kConstant) continue;
-        const std::string dir =
-            b.kind == BufferKind::kInput ? (std::filesystem::path(a->save_outputs) / "inputs").string() : a->save_outputs;
+        const std::string dir = b.kind == BufferKind::kInput
+                                    ? (std::filesystem::path(a->save_outputs) / "inputs").string()
+                                    : a->save_outputs;
         auto path = save_path(b.name, dir, ins);
         if (!path.ok()) return bad(path.status());
         save[static_cast<int>(bi)] = *path;
@@ -493,9 +513,8 @@ Runner add_pipeline_run(CLI::App& cmd) {
       j["chain_verify"] = std::move(chain);
       j["chain_reference"] = r->chain_reference_kind;
       j["verified"] = a->verify;
-      j["memory_bytes"] = {{"buffers", r->buffer_bytes},
-                           {"workspace", r->workspace_bytes},
-                           {"peak", r->peak_device_bytes}};
+      j["memory_bytes"] = {
+          {"buffers", r->buffer_bytes}, {"workspace", r->workspace_bytes}, {"peak", r->peak_device_bytes}};
       j["build_ms"] = b.total_ms;
       j["context_create_ms"] = (*session)->context_create_ms();
       j["first_execute_ms"] = r->first_execute_ms;
@@ -510,14 +529,15 @@ Runner add_pipeline_run(CLI::App& cmd) {
       j["ok"] = r->verified_ok;
       std::printf("%s\n", common::json_dump(j, 2).c_str());
     } else {
-      std::printf("%s (%s): %zu stages on %s\n", safe(p->name).c_str(), safe(p->path).c_str(), p->stages.size(),
-                  target_text(**session).c_str());
+      std::printf("%s (%s): %zu stages on %s\n", safe(p->name).c_str(), safe(p->path).c_str(),
+                  p->stages.size(), target_text(**session).c_str());
       for (size_t i = 0; i < r->stages.size(); ++i) {
         const StageRun& sr = r->stages[i];
         const PipelineStage& ps = p->stages[static_cast<size_t>(sr.stage)];
         std::printf("  %zu. %-12s graph %s: plan %s (%.2f ms), engine %s, workspace %s\n", i + 1,
-                    safe(ps.name).c_str(), safe(ps.graph.name).c_str(), safe(b.stages[i].report.source_text()).c_str(),
-                    b.stages[i].ms, safe(sr.engine).c_str(), format_bytes(sr.workspace_bytes).c_str());
+                    safe(ps.name).c_str(), safe(ps.graph.name).c_str(),
+                    safe(b.stages[i].report.source_text()).c_str(), b.stages[i].ms, safe(sr.engine).c_str(),
+                    format_bytes(sr.workspace_bytes).c_str());
         for (const auto& cmp : sr.comparisons)
           std::printf("     verify (%s reference, this stage's inputs): %s\n", sr.reference_kind.c_str(),
                       safe(cmp.ToString()).c_str());
@@ -525,15 +545,17 @@ Runner add_pipeline_run(CLI::App& cmd) {
       for (const auto& cmp : r->chain)
         std::printf("  whole pipeline (%s references chained): %s\n", r->chain_reference_kind.c_str(),
                     safe(cmp.ToString()).c_str());
-      std::printf("  device memory: buffers %s + workspace arena %s = peak %s\n", format_bytes(r->buffer_bytes).c_str(),
-                  format_bytes(r->workspace_bytes).c_str(), format_bytes(r->peak_device_bytes).c_str());
+      std::printf("  device memory: buffers %s + workspace arena %s = peak %s\n",
+                  format_bytes(r->buffer_bytes).c_str(), format_bytes(r->workspace_bytes).c_str(),
+                  format_bytes(r->peak_device_bytes).c_str());
       std::printf("  start-up: GPU context and cuDNN load %.1f ms, plans %.2f ms, first run %.2f ms\n",
                   (*session)->context_create_ms(), b.total_ms, r->first_execute_ms);
       if (r->latency.iters > 0)
-        std::printf("  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms; "
-                    "%.1f TFLOP/s\n",
-                    r->latency.iters, r->stages.size(), r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms,
-                    r->tflops);
+        std::printf(
+            "  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms; "
+            "%.1f TFLOP/s\n",
+            r->latency.iters, r->stages.size(), r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms,
+            r->tflops);
       for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
     }
     Status vs = pipeline_verify_status(*p, *r);
