@@ -202,7 +202,8 @@ def main(argv=None):
 
     load = lambda f: torch.from_numpy(np.load(f).astype(np.float32)).to(device)  # noqa: E731
     files = saved_files(p, out_dir)
-    constants = {n: load(f) for n, f in p.constant_files().items()}
+    # As fusebox reads them: rounded to the buffer's dtype.
+    constants = {n: round_to(load(f), p.buffers[n]["dtype"]) for n, f in p.constant_files().items()}
     saved = {n: load(f) for n, f in files.items()}
     results, ok = [], True
     run = torch_stage(device)
