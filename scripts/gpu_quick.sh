@@ -2,7 +2,9 @@
 # A targeted GPU-machine pass (a subset of scripts/gpu_check.sh) for when the
 # device budget is short: GPU tests matching GTEST_FILTER, `fusebox run
 # --verify` of the graphs matching GRAPH_FILTER, the PyTorch cross-check of the
-# small ones, the SDPA benchmark against torch and the plan-cache start-up.
+# small ones, the SDPA benchmark against torch and the plan-cache start-up;
+# with PIPELINES=1, `pipeline run --verify` of every example pipeline and its
+# PyTorch cross-check (GRAPH_FILTER=none skips the graphs).
 #   OUT=DIR GTEST_FILTER='*Sdpa*' GRAPH_FILTER=sdpa scripts/gpu_quick.sh [BUNDLE_DIR]
 # Every step writes its own log under $OUT as it goes, so a timeout keeps what ran.
 set -uo pipefail
@@ -58,6 +60,23 @@ print(g); [print(s.stats_variant(g, o["name"], "/tmp", True)) for o in ops[:1]]'
       timeout "${TUNE_TIMEOUT:-150}" "$FB" tune "$v" --warmup 5 --iters 20 > "$OUT/tune/$name.txt" 2>&1 || { echo "FAIL tune $name"; fails=$((fails + 1)); }
       head -n 14 "$OUT/tune/$name.txt" | cut -c1-200
     done
+  done
+fi
+
+if [ -n "${PIPELINES:-}" ]; then
+  mkdir -p "$OUT/pipelines"
+  for p in examples/pipelines/*.json; do
+    name=$(basename "$p" .json)
+    step pipeline_run "$name"
+    timeout 240 "$FB" pipeline run "$p" --verify --warmup 5 --iters 20 --no-cache > "$OUT/pipelines/$name.txt" 2>&1 \
+      || { echo "FAIL pipeline run $name"; fails=$((fails + 1)); }
+    cut -c1-220 "$OUT/pipelines/$name.txt"
+    step pipeline_crosscheck "$name"
+    timeout 300 "$PY" -m fusebox_tools.pipeline_crosscheck "$p" --fusebox "$FB" --out "$OUT/pipelines/$name.out" \
+      --json-out "$OUT/pipelines/$name.crosscheck.json" > "$OUT/pipelines/$name.crosscheck.log" 2>&1 \
+      || { echo "FAIL pipeline_crosscheck $name"; fails=$((fails + 1)); }
+    tail -n 14 "$OUT/pipelines/$name.crosscheck.log"
+    rm -rf "$OUT/pipelines/$name.out"  # conv10's saved buffers are 60 MiB
   done
 fi
 

@@ -72,6 +72,14 @@ struct Pipeline {
   double flops() const;
 };
 
+// Limits on what one pipeline may make fusebox read, checked (from the file
+// sizes) before any graph or weights file is read: its stages' graph files
+// summed over the stages (a file named by n stages counts n times), and those
+// plus its weights files. Each file also has its own limit (a graph file 64
+// MiB; a .npy file its tensor's size).
+inline constexpr uint64_t kMaxPipelineGraphBytes = uint64_t{256} << 20;
+inline constexpr uint64_t kMaxPipelineTotalFileBytes = uint64_t{64} << 30;
+
 // Parses and checks a pipeline. Graph and weights paths are relative to
 // `base_dir` (empty: the working directory); `origin` names the file in
 // messages. Errors are InvalidArgument (ParseError for malformed JSON,

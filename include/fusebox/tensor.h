@@ -34,7 +34,9 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo = -1.
 // .npy holds the tensor in logical row-major order, whatever its strides.
 // On read: numpy dtypes f2/f4/f8/i4/i8 are accepted; an f4 array can feed a
 // bf16, fp16 or fp8 tensor (rounded to it). Shape must equal the tensor dims.
-Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t);
+// With `same_kind`, an integer array cannot feed a float tensor either
+// (pipeline weights: an int array there is a wrong file, not a conversion).
+Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t, bool same_kind = false);
 // bf16 and fp8 tensors are written as float32 (exact); others keep their type.
 Status write_npy(const std::string& path, const HostTensor& t);
 

@@ -304,7 +304,7 @@ double load_npy_element(const uint8_t* p, const std::string& descr) {
 
 }  // namespace
 
-Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t) {
+Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t, bool same_kind) {
   const std::string where = path + ": ";
   // The tensor bounds the file: its data at the widest accepted type (8 bytes)
   // plus a header. Checked before reading, so a huge or endless file costs nothing.
@@ -356,6 +356,9 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
   if (type->is_float && !dtype_is_float(t.dtype))
     return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
                            std::string(dtype_name(t.dtype)) + " (save an integer array)");
+  if (same_kind && !type->is_float && dtype_is_float(t.dtype))
+    return InvalidArgument(where + "integer array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
+                           std::string(dtype_name(t.dtype)) + " (save a float array: <f2, <f4 or <f8)");
 
   // The header's own numbers first: a shape whose size overflows is an error, not a wrap.
   const std::optional<int64_t> shape_elements = common::checked_product(h.shape);

@@ -3,6 +3,8 @@
 // (docs/architecture.md): strings and objects only here.
 #include "fusebox/pipeline.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -65,6 +67,7 @@ class Loader {
     FUSEBOX_ASSIGN_OR_RETURN(ordered_json root, parse(text));
     FUSEBOX_RETURN_IF_ERROR(read_structure(root));
     FUSEBOX_RETURN_IF_ERROR(check_constants());
+    FUSEBOX_RETURN_IF_ERROR(check_total_size());
     FUSEBOX_RETURN_IF_ERROR(load_graphs());
     FUSEBOX_RETURN_IF_ERROR(bind_stages());
     FUSEBOX_RETURN_IF_ERROR(check_buffers());
@@ -243,6 +246,30 @@ class Loader {
         return bad("constant buffer " + sq(b.name) + ": weights file '" + b.file +
                    "' cannot be used: " + st.message());
     }
+    return Status::Ok();
+  }
+
+  // Before reading any graph or weights: what the files add up to (sizes as
+  // stat reports them; each read is bounded again by its own per-file limit).
+  Status check_total_size() const {
+    uint64_t graphs = 0, total = 0;
+    auto size_of = [](const std::string& path) -> uint64_t {
+      struct stat st {};
+      return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+    };
+    // Per stage, not per distinct file: each stage loads and resolves its graph.
+    for (const auto& st : p_.stages) graphs += size_of(st.graph_path);
+    if (graphs > kMaxPipelineGraphBytes)
+      return bad("the stages' graph files add up to " + std::to_string(graphs) +
+                 " bytes (each counted once per stage that names it), over the limit of " +
+                 common::format_limit(kMaxPipelineGraphBytes) + " per pipeline");
+    total = graphs;
+    for (const auto& b : p_.buffers)
+      if (b.kind == BufferKind::kConstant) total += size_of(b.file_path);
+    if (total > kMaxPipelineTotalFileBytes)
+      return bad("the graph and weights files add up to " + std::to_string(total) +
+                 " bytes, over the limit of " + common::format_limit(kMaxPipelineTotalFileBytes) +
+                 " per pipeline");
     return Status::Ok();
   }
 

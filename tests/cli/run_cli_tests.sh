@@ -438,8 +438,71 @@ then pass "pipeline check --json on error"
 else fail "pipeline check --json on error" "exit 2 and {ok: false, code: InvalidArgument}${WHY:+: $WHY}"
 fi
 
+# ---------------------------------------------------------------- pipeline build, tune, run
+# Built deviceless here; run and tune need a GPU, but everything wrong with the
+# caller's files is found before any GPU work (exit 2).
+run_fb pipeline build "$PIPE_EX/two_convs.json" --device "$DEVPROP" --no-cache
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build --device two_convs" "exit 0 $(crash_reason)"
+elif grep -q "deviceless" "$TMP/stdout" && grep -qE "1\. conv1 +graph conv_bias_relu_small: built now" "$TMP/stdout" \
+   && grep -qE "2\. conv2 +graph conv_bias_relu_16to16_small: built now" "$TMP/stdout" \
+   && grep -q "workspace arena needed" "$TMP/stdout"; then pass "pipeline build --device two_convs"
+else fail "pipeline build --device two_convs" "stages conv1 then conv2 built now, deviceless, the arena size"
+fi
+# conv10: 10 stages of one graph; the first builds, the other nine hit the heuristic cache entry.
+run_fb pipeline build "$PIPE_EX/conv10.json" --device "$DEVPROP" --cache "$TMP/pipe-cache.sqlite" --json
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build --device conv10 --json" "exit 0 $(crash_reason)"
+elif json_check 'd["ok"] and d["version"] == 1 and d["target"]["deviceless"] and [s["stage"] for s in d["stages"]] == ["conv%d" % i for i in range(1, 11)] and all(s["ok"] and s["engine"] for s in d["stages"]) and d["stages"][0]["plan"]["source"] == "built" and all(s["plan"]["cache"] == "hit" for s in d["stages"][1:]) and d["workspace_bytes"] == max(s["workspace_bytes"] for s in d["stages"])'
+then pass "pipeline build --device conv10 --json"
+else fail "pipeline build --device conv10 --json" "$WHY"
+fi
+run_fb pipeline build "$PIPE_EX/two_convs.json" --device "$DEVPROP" --no-cache --engine eng9999_nothing --json
+if [ -n "$(crash_reason)" ]; then fail "pipeline build: unknown engine" "$(crash_reason)"
+elif [ "$RC" -ne 0 ] && json_check 'd["ok"] is False and "stage '"'"'conv1'"'"'" in d["error"] and len(d["stages"]) == 1 and not d["stages"][0]["ok"]'
+then pass "pipeline build: unknown engine names the stage (exit $RC)"
+else fail "pipeline build: unknown engine" "non-zero exit, ok false, the error names stage conv1${WHY:+: $WHY}"
+fi
+
+# Weights that do not fit their buffer (w1 is bf16 [16, 8, 3, 3]).
+"$PY" - "$TMP" <<'PYEOF'
+import sys, numpy as np
+d = sys.argv[1]
+np.save(f"{d}/w1_shape.npy", np.zeros((16, 8, 3, 1), np.float32))
+np.save(f"{d}/w1_int.npy", np.zeros((16, 8, 3, 3), np.int32))
+np.save(f"{d}/image_shape.npy", np.zeros((2, 8, 10, 9), np.float32))
+PYEOF
+P_W1REST='"b1": {"kind": "constant", "file": "'"$PIPE_EX"'/weights/two_convs_b1.npy"}, '"$P_W2"
+pipe p_wshape "$P_TWO" "$P_IO"'"w1": {"kind": "constant", "file": "w1_shape.npy"}, '"$P_W1REST" "$P_BA, $(p_same b h y)"
+pipe p_wint   "$P_TWO" "$P_IO"'"w1": {"kind": "constant", "file": "w1_int.npy"}, '"$P_W1REST" "$P_BA, $(p_same b h y)"
+: > "$TMP/huge.npy"
+truncate -s 70G "$TMP/huge.npy"
+pipe p_huge   "$P_TWO" "$P_IO"'"w1": {"kind": "constant", "file": "huge.npy"}, '"$P_W1REST" "$P_BA, $(p_same b h y)"
+expect_bad "pipeline run: wrong-shaped weights" "p_wshape\.json: pipeline 'p': constant buffer 'w1': file 'w1_shape\.npy' does not fit: expected a float array of shape \[16, 8, 3, 3\] for bf16 \[16, 8, 3, 3\]: .*shape \(16, 8, 3, 1\) does not match"  pipeline run "$TMP/p_wshape.json" --iters 0
+expect_bad "pipeline run: wrong dtype weights"  "p_wint\.json: pipeline 'p': constant buffer 'w1': file 'w1_int\.npy' does not fit: expected a float array .*integer array '<i4' cannot feed"  pipeline run "$TMP/p_wint.json" --iters 0
+expect_bad "pipeline run: missing weights file" "p_noweights\.json: pipeline 'p': constant buffer 'w9': weights file 'no_such_weights\.npy' cannot be used"  pipeline run "$TMP/p_noweights.json"
+expect_bad "pipeline run: files over the size cap" "p_huge\.json: pipeline 'p': the graph and weights files add up to [0-9]+ bytes, over the limit of 64 GiB per pipeline"  pipeline run "$TMP/p_huge.json"
+expect_bad "pipeline build: files over the size cap" "p_huge\.json: pipeline 'p': the graph and weights files add up to"  pipeline build "$TMP/p_huge.json" --device "$DEVPROP"
+expect_bad "pipeline run: --input not an input" "pipeline 'two_convs': --input 'hidden' \(.*\) is not an input buffer: the inputs are 'image'"  pipeline run "$PIPE_EX/two_convs.json" --input "hidden=$TMP/image_shape.npy"
+expect_bad "pipeline run: --input wrong shape"  "pipeline 'two_convs': input buffer 'image': file '.*image_shape\.npy' does not fit: expected a float array of shape \[2, 8, 10, 10\]"  pipeline run "$PIPE_EX/two_convs.json" --input "image=$TMP/image_shape.npy"
+expect_bad "pipeline run: --input not NAME=FILE" "--input: 'image' is not NAME=FILE\.npy"  pipeline run "$PIPE_EX/two_convs.json" --input image
+run_fb pipeline run "$TMP/p_wshape.json" --json
+if [ "$RC" -eq 2 ] && json_check 'd["ok"] is False and d["code"] == "InvalidArgument" and "w1_shape.npy" in d["error"]'
+then pass "pipeline run --json on bad weights"
+else fail "pipeline run --json on bad weights" "exit 2 and {ok: false, code: InvalidArgument}${WHY:+: $WHY}"
+fi
+if [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ]; then
+  echo "SKIP  pipeline run/tune without a GPU: this machine has one"
+else
+  for sub in run tune; do
+    run_fb pipeline $sub "$PIPE_EX/two_convs.json" --no-cache
+    if [ -n "$(crash_reason)" ]; then fail "pipeline $sub without a GPU" "$(crash_reason)"
+    elif [ "$RC" -eq 1 ] && grep -qE 'NoDevice: no CUDA GPU' "$TMP/stderr"; then pass "pipeline $sub without a GPU (exit 1)"
+    else fail "pipeline $sub without a GPU" "exit 1 with NoDevice: no CUDA GPU"
+    fi
+  done
+fi
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache pipeline "pipeline check"; do
+for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run"; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

@@ -1,12 +1,18 @@
-// fusebox pipeline check: load a pipeline file (docs/pipeline-format.md), check
-// the wiring of its stages, print the stage order and buffers. Thin over
-// fusebox/pipeline.h. build, tune and run come later (issue 11).
+// fusebox pipeline check|build|tune|run: pipeline files (docs/pipeline-format.md).
+// check: the wiring of the stages, the stage order and buffers (no GPU).
+// build, tune, run: every stage through one Session, as `fusebox build|tune|run`
+// do for one graph. Thin over fusebox/pipeline.h and fusebox/pipeline_run.h.
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "common.h"
 #include "common/dims_string.h"
 #include "dot.h"
 #include "fusebox/pipeline.h"
+#include "fusebox/pipeline_run.h"
 
 namespace fusebox::cli {
 namespace {
@@ -84,6 +90,480 @@ void print_pipeline(const Pipeline& p) {
   std::printf("total flops %g\n", p.flops());
 }
 
+// ---------------------------------------------------------------- build, tune, run
+
+// Bump when a key of build/tune/run --json changes meaning or goes away.
+constexpr int kPipelineRunJsonVersion = 1;
+
+void print_json_error(const Status& st, ordered_json extra = ordered_json::object()) {
+  ordered_json j = {{"ok", false}, {"code", status_code_name(st.code())}, {"error", st.message()}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+  std::printf("%s\n", common::json_dump(j, 2).c_str());
+}
+
+ordered_json header_json(const Pipeline& p, const Session* session) {
+  ordered_json j;
+  j["ok"] = true;
+  j["version"] = kPipelineRunJsonVersion;
+  j["pipeline"] = p.name;
+  j["pipeline_file"] = p.path;
+  if (session) {
+    const DeviceTarget& t = session->target();
+    j["target"] = {
+        {"device_name", t.device_name}, {"sm_version", t.sm_version}, {"deviceless", t.deviceless()}};
+  }
+  return j;
+}
+
+ordered_json stage_json(const Pipeline& p, int s) {
+  const PipelineStage& st = p.stages[static_cast<size_t>(s)];
+  return {{"stage", st.name}, {"graph", st.graph.name}, {"graph_file", st.graph_file}};
+}
+
+ordered_json build_stages_json(const Pipeline& p, const PipelineBuild& b) {
+  ordered_json stages = ordered_json::array();
+  for (const StageBuild& sb : b.stages) {
+    ordered_json j = stage_json(p, sb.stage);
+    j["ok"] = sb.ok;
+    j["ms"] = sb.ms;
+    j["plan_source"] = sb.report.source_text();
+    j["engine"] = sb.ok ? sb.plan.engine_name() : sb.report.engine;
+    j["workspace_bytes"] = sb.ok ? sb.plan.workspace_bytes() : sb.report.workspace_bytes;
+    j["plan"] = ordered_json::parse(to_json(sb.report).dump());
+    if (!sb.report.build.steps.empty()) j["build"] = ordered_json::parse(to_json(sb.report.build).dump());
+    stages.push_back(std::move(j));
+  }
+  return stages;
+}
+
+int64_t largest_workspace(const PipelineBuild& b) {
+  int64_t ws = 0;
+  for (const auto& s : b.stages)
+    if (s.ok) ws = std::max(ws, s.plan.workspace_bytes());
+  return ws;
+}
+
+void print_build_stages(const Pipeline& p, const PipelineBuild& b) {
+  int n = 0;
+  for (const StageBuild& sb : b.stages) {
+    const PipelineStage& st = p.stages[static_cast<size_t>(sb.stage)];
+    std::printf("  %d. %-12s graph %s: ", ++n, safe(st.name).c_str(), safe(st.graph.name).c_str());
+    if (sb.ok)
+      std::printf("%s, engine %s, workspace %s, %.2f ms (cache %s)\n", safe(sb.report.source_text()).c_str(),
+                  safe(sb.plan.engine_name()).c_str(), format_bytes(sb.plan.workspace_bytes()).c_str(), sb.ms,
+                  sb.report.cache.c_str());
+    else
+      std::printf("failed after %.2f ms\n", sb.ms);
+  }
+}
+
+std::string target_text(const Session& s) {
+  const DeviceTarget& t = s.target();
+  return safe(t.device_name) + " (sm_" + std::to_string(t.sm_version) + ")" +
+         (t.deviceless() ? ", deviceless (device-properties file)" : "");
+}
+
+struct PlanFlags {
+  std::string heuristics = "auto", engine;
+  int64_t max_workspace = -1;
+};
+
+void add_plan_flags(CLI::App* c, PlanFlags& f) {
+  c->add_option("--heuristics", f.heuristics,
+                "Heuristic modes: auto (a, then b, then fallback, until one yields an engine), or a "
+                "comma-separated list of a, b, fallback to pin")
+      ->capture_default_str();
+  c->add_option("--engine", f.engine, "Pin an engine by name for every stage (see `fusebox engines`)");
+  c->add_option("--max-workspace", f.max_workspace, "Reject plans needing more workspace (bytes)");
+}
+
+Result<PlanRequest> plan_request(const PlanFlags& f) {
+  PlanRequest r;
+  FUSEBOX_ASSIGN_OR_RETURN(r.heuristics, parse_heuristics_flag(f.heuristics));
+  r.engine = f.engine;
+  r.max_workspace_bytes = f.max_workspace;
+  return r;
+}
+
+Runner add_pipeline_build(CLI::App& cmd) {
+  struct Args {
+    std::string path, device;
+    PlanFlags plan;
+    bool json = false;
+    CacheFlags cache;
+  };
+  auto a = std::make_shared<Args>();
+  auto* c = cmd.add_subcommand(
+      "build", "Build every stage's plan (the five steps, or the plan cache), deviceless with --device");
+  c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  c->add_option("--device", a->device,
+                "Device-properties file: build deviceless for that GPU (no GPU needed)");
+  add_plan_flags(c, a->plan);
+  c->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(c, a->cache);
+  return [a]() {
+    auto p = load_pipeline_file(a->path);
+    auto request = plan_request(a->plan);
+    Status st = !p.ok() ? p.status() : request.status();
+    if (!st.ok()) {
+      if (a->json) print_json_error(st);
+      return fail("pipeline build", st);
+    }
+    request->use_tuned_cache = false;  // build reports what the heuristics choose, as `fusebox build`
+    auto cache = open_cache(a->cache);
+    SessionOptions so;
+    so.device_properties_file = a->device;
+    so.cache = cache.get();
+    auto session = Session::create(so);
+    if (!session.ok()) {
+      if (a->json) print_json_error(session.status());
+      return fail("pipeline build", session.status());
+    }
+    PipelineBuild b;
+    st = build_pipeline(**session, *p, *request, &b);
+    for (const auto& sb : b.stages) print_warnings(sb.report.warnings);
+    if (a->json) {
+      ordered_json j = header_json(*p, session->get());
+      j["ok"] = st.ok();
+      if (!st.ok()) {
+        j["code"] = status_code_name(st.code());
+        j["error"] = st.message();
+      }
+      j["stages"] = build_stages_json(*p, b);
+      j["total_ms"] = b.total_ms;
+      j["workspace_bytes"] = largest_workspace(b);
+      std::printf("%s\n", common::json_dump(j, 2).c_str());
+    } else {
+      std::printf("%s (%s): %zu stages, target %s\n", safe(p->name).c_str(), safe(p->path).c_str(),
+                  p->stages.size(), target_text(**session).c_str());
+      print_build_stages(*p, b);
+      if (!st.ok() && !b.stages.empty() && !b.stages.back().report.build.steps.empty()) {
+        print_attempts(b.stages.back().report);
+        print_build_report(b.stages.back().report.build);
+      }
+      if (st.ok())
+        std::printf("  total %.2f ms; workspace arena needed: %s (the largest stage's)\n", b.total_ms,
+                    format_bytes(largest_workspace(b)).c_str());
+    }
+    return st.ok() ? kExitOk : fail("pipeline build", st);
+  };
+}
+
+Runner add_pipeline_tune(CLI::App& cmd) {
+  struct Args {
+    std::string path, heuristics = "a,b,fallback";
+    TunePolicy policy;
+    bool json = false;
+    CacheFlags cache;
+  };
+  auto a = std::make_shared<Args>();
+  auto* c = cmd.add_subcommand("tune",
+                               "Autotune every stage on the GPU (as `fusebox tune`), through the plan cache");
+  c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  c->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
+  c->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  c->add_option("--max-workspace", a->policy.max_workspace_bytes,
+                "Drop engines needing more workspace (bytes)");
+  c->add_flag("--deterministic", a->policy.deterministic_only, "Drop nondeterministic engines");
+  c->add_option("--top", a->policy.top_k, "Time only the first K admissible engines per stage")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--budget-ms", a->policy.budget_ms, "Per stage: stop timing after this much wall time")
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
+  c->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(c, a->cache);
+  return [a]() {
+    auto p = load_pipeline_file(a->path);
+    auto modes = parse_heuristic_modes(a->heuristics);
+    Status st = !p.ok() ? p.status() : modes.status();
+    if (!st.ok()) {
+      if (a->json) print_json_error(st);
+      return fail("pipeline tune", st);
+    }
+    a->policy.heuristics = *modes;
+    auto cache = open_cache(a->cache);
+    SessionOptions so;
+    so.cache = cache.get();
+    auto session = Session::create(so);
+    if (!session.ok()) {
+      if (a->json) print_json_error(session.status());
+      return fail("pipeline tune", session.status());
+    }
+    PipelineTune t;
+    st = tune_pipeline(**session, *p, a->policy, &t);
+    for (const auto& s : t.stages) print_warnings(s.tune.warnings);
+    if (a->json) {
+      ordered_json j = header_json(*p, session->get());
+      j["ok"] = st.ok();
+      if (!st.ok()) {
+        j["code"] = status_code_name(st.code());
+        j["error"] = st.message();
+      }
+      ordered_json stages = ordered_json::array();
+      for (const StageTune& s : t.stages) {
+        ordered_json e = stage_json(*p, s.stage);
+        const TuneResult& r = s.tune.result;
+        const bool tuned = !s.tune.hit && r.winner >= 0;
+        e["ok"] = s.ok;
+        e["ms"] = s.ms;
+        e["cache"] = s.tune.hit ? "hit" : s.tune.cache;
+        e["cache_key"] = s.tune.cache_key;
+        e["stored"] = s.tune.stored;
+        e["winner"] = s.ok || tuned ? s.tune.plan.engine_name() : "";
+        e["winner_median_ms"] =
+            s.tune.hit ? s.tune.entry.tuned_median_ms : (tuned ? r.entries[r.winner].latency.median_ms : 0.0);
+        e["heuristic_choice"] = tuned && r.heuristic >= 0 ? r.entries[r.heuristic].candidate.name : "";
+        e["speedup_over_heuristic"] = tuned ? r.speedup_over_heuristic : 0.0;
+        e["candidates"] = tuned ? r.entries.size() : 0;
+        ordered_json verify = ordered_json::array();
+        for (const auto& cmp : r.winner_run.comparisons)
+          verify.push_back(ordered_json::parse(to_json(cmp).dump()));
+        e["verify"] = std::move(verify);
+        stages.push_back(std::move(e));
+      }
+      j["stages"] = std::move(stages);
+      j["total_ms"] = t.total_ms;
+      std::printf("%s\n", common::json_dump(j, 2).c_str());
+    } else {
+      std::printf("%s (%s): %zu stages, tuned on %s\n", safe(p->name).c_str(), safe(p->path).c_str(),
+                  p->stages.size(), target_text(**session).c_str());
+      int n = 0;
+      for (const StageTune& s : t.stages) {
+        const PipelineStage& ps = p->stages[static_cast<size_t>(s.stage)];
+        const TuneResult& r = s.tune.result;
+        std::printf("  %d. %-12s graph %s: ", ++n, safe(ps.name).c_str(), safe(ps.graph.name).c_str());
+        if (s.tune.hit)
+          std::printf("plan cache hit, tuned winner %s (%.4f ms when tuned)\n",
+                      safe(s.tune.plan.engine_name()).c_str(), s.tune.entry.tuned_median_ms);
+        else if (r.winner >= 0)
+          std::printf("winner %s, %.4f ms, %.2fx the heuristic choice; %zu candidates in %.0f ms%s\n",
+                      safe(r.entries[r.winner].candidate.name).c_str(), r.entries[r.winner].latency.median_ms,
+                      r.speedup_over_heuristic, r.entries.size(), s.ms,
+                      s.tune.stored ? ", stored in the cache" : "");
+        else
+          std::printf("failed after %.0f ms\n", s.ms);
+        for (const auto& cmp : r.winner_run.comparisons)
+          std::printf("     verify: %s\n", safe(cmp.ToString()).c_str());
+      }
+      if (st.ok()) std::printf("  total %.0f ms\n", t.total_ms);
+    }
+    return st.ok() ? kExitOk : fail("pipeline tune", st);
+  };
+}
+
+// A buffer name as one file name in DIR (names are free text in the pipeline file).
+Result<std::string> save_path(const std::string& name, const std::string& dir,
+                              const std::vector<common::NamedPath>& inputs) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos)
+    return InvalidArgument(
+        "--save-outputs: buffer '" + name +
+        "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the pipeline");
+  const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
+  FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, "--save-outputs file", inputs));
+  FUSEBOX_RETURN_IF_ERROR(common::check_replaceable(path, "--save-outputs file"));
+  return path;
+}
+
+Runner add_pipeline_run(CLI::App& cmd) {
+  struct Args {
+    std::string path, save_outputs;
+    std::vector<std::string> inputs;
+    PlanFlags plan;
+    bool verify = false, json = false;
+    uint64_t seed = 1;
+    int warmup = 10, iters = 50;
+    CacheFlags cache;
+  };
+  auto a = std::make_shared<Args>();
+  auto* c = cmd.add_subcommand(
+      "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
+  c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  c->add_option("--input", a->inputs,
+                "An input buffer's values, NAME=FILE.npy (repeatable; others random from --seed)");
+  c->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
+  c->add_flag("--verify", a->verify,
+              "Check each stage against the reference on its own inputs, and the final outputs against the "
+              "references chained (a mismatch is an error naming the stage and buffer)");
+  c->add_option(
+      "--save-outputs", a->save_outputs,
+      "Write every buffer a stage writes to DIR/<buffer>.npy and every input to DIR/inputs/<buffer>.npy");
+  c->add_option("--warmup", a->warmup, "Untimed runs before timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--iters", a->iters, "Timed runs of the whole pipeline (0: run once, no timing)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  add_plan_flags(c, a->plan);
+  c->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(c, a->cache);
+  return [a]() {
+    auto bad = [&](const Status& st) {
+      if (a->json) print_json_error(st);
+      return fail("pipeline run", st);
+    };
+    auto p = load_pipeline_file(a->path);
+    if (!p.ok()) return bad(p.status());
+    auto request = plan_request(a->plan);
+    if (!request.ok()) return bad(request.status());
+    std::map<std::string, std::string> input_files;
+    for (const std::string& item : a->inputs) {
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+        return bad(InvalidArgument("--input: '" + item + "' is not NAME=FILE.npy"));
+      if (!input_files.emplace(item.substr(0, eq), item.substr(eq + 1)).second)
+        return bad(InvalidArgument("--input: buffer '" + item.substr(0, eq) + "' is given twice"));
+    }
+    // Before any GPU work: where outputs go (never over an input of this run), then every input and constant.
+    std::map<int, std::string> save;
+    if (!a->save_outputs.empty()) {
+      struct stat sb {};
+      if (::stat(a->save_outputs.c_str(), &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return bad(InvalidArgument("--save-outputs '" + a->save_outputs + "' exists and is not a directory"));
+      std::vector<common::NamedPath> ins = {{"pipeline file", a->path}};
+      for (const auto& st : p->stages)
+        ins.push_back({"graph file of stage '" + st.name + "'", st.graph_path});
+      for (const auto& b : p->buffers)
+        if (!b.file_path.empty()) ins.push_back({"weights file of '" + b.name + "'", b.file_path});
+      for (const auto& [name, file] : input_files) ins.push_back({"--input file for '" + name + "'", file});
+      for (size_t bi = 0; bi < p->buffers.size(); ++bi) {
+        const PipelineBuffer& b = p->buffers[bi];
+        if (b.kind == BufferKind::kConstant) continue;
+        const std::string dir = b.kind == BufferKind::kInput
+                                    ? (std::filesystem::path(a->save_outputs) / "inputs").string()
+                                    : a->save_outputs;
+        auto path = save_path(b.name, dir, ins);
+        if (!path.ok()) return bad(path.status());
+        save[static_cast<int>(bi)] = *path;
+      }
+    }
+    auto data = load_pipeline_data(*p, a->seed, input_files);
+    if (!data.ok()) return bad(data.status());
+
+    auto cache = open_cache(a->cache);
+    SessionOptions so;
+    so.cache = cache.get();
+    auto session = Session::create(so);
+    if (!session.ok()) return bad(session.status());
+    PipelineBuild b;
+    Status st = build_pipeline(**session, *p, *request, &b);
+    for (const auto& sb : b.stages) print_warnings(sb.report.warnings);
+    if (!st.ok()) {
+      if (a->json) {
+        ordered_json j = header_json(*p, session->get());
+        j["ok"] = false;
+        j["code"] = status_code_name(st.code());
+        j["error"] = st.message();
+        j["stages"] = build_stages_json(*p, b);
+        std::printf("%s\n", common::json_dump(j, 2).c_str());
+      } else {
+        print_build_stages(*p, b);
+      }
+      return fail("pipeline run", st);
+    }
+    PipelineRunOptions ro;
+    ro.verify = a->verify;
+    ro.warmup = a->warmup;
+    ro.iters = a->iters;
+    ro.keep_intermediates = !a->save_outputs.empty();
+    auto r = run_pipeline(**session, *p, b.plans_by_stage(*p), *data, ro);
+    if (!r.ok()) return bad(r.status());
+
+    std::vector<std::string> saved;
+    if (!a->save_outputs.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(a->save_outputs) / "inputs", ec);
+      for (const auto& [bi, path] : save) {
+        const PipelineBuffer& buf = p->buffers[static_cast<size_t>(bi)];
+        auto& from = buf.kind == BufferKind::kInput ? r->inputs : r->outputs;
+        auto it = from.find(buf.name);
+        if (it == from.end()) continue;
+        st = write_npy(path, it->second);
+        if (!st.ok()) return bad(st);
+        saved.push_back(path);
+      }
+    }
+
+    if (a->json) {
+      ordered_json j = header_json(*p, session->get());
+      ordered_json stages = ordered_json::array();
+      for (size_t i = 0; i < r->stages.size(); ++i) {
+        const StageRun& sr = r->stages[i];
+        const StageBuild& sb = b.stages[i];
+        ordered_json e = stage_json(*p, sr.stage);
+        e["engine"] = sr.engine;
+        e["workspace_bytes"] = sr.workspace_bytes;
+        e["plan_source"] = sb.report.source_text();
+        e["plan"] = ordered_json::parse(to_json(sb.report).dump());
+        e["plan_ms"] = sb.ms;
+        e["reference"] = sr.reference_kind;
+        ordered_json verify = ordered_json::array();
+        for (const auto& cmp : sr.comparisons) verify.push_back(ordered_json::parse(to_json(cmp).dump()));
+        e["verify"] = std::move(verify);
+        e["verified_ok"] = sr.verified_ok;
+        stages.push_back(std::move(e));
+      }
+      j["stages"] = std::move(stages);
+      ordered_json chain = ordered_json::array();
+      for (const auto& cmp : r->chain) chain.push_back(ordered_json::parse(to_json(cmp).dump()));
+      j["chain_verify"] = std::move(chain);
+      j["chain_reference"] = r->chain_reference_kind;
+      j["verified"] = a->verify;
+      j["memory_bytes"] = {
+          {"buffers", r->buffer_bytes}, {"workspace", r->workspace_bytes}, {"peak", r->peak_device_bytes}};
+      j["build_ms"] = b.total_ms;
+      j["context_create_ms"] = (*session)->context_create_ms();
+      j["first_execute_ms"] = r->first_execute_ms;
+      j["latency_ms"] = {{"median", r->latency.median_ms},
+                         {"min", r->latency.min_ms},
+                         {"p90", r->latency.p90_ms},
+                         {"mean", r->latency.mean_ms},
+                         {"iters", r->latency.iters}};
+      j["flops"] = r->flops;
+      j["tflops"] = r->tflops;
+      j["outputs_saved"] = saved;
+      j["ok"] = r->verified_ok;
+      std::printf("%s\n", common::json_dump(j, 2).c_str());
+    } else {
+      std::printf("%s (%s): %zu stages on %s\n", safe(p->name).c_str(), safe(p->path).c_str(),
+                  p->stages.size(), target_text(**session).c_str());
+      for (size_t i = 0; i < r->stages.size(); ++i) {
+        const StageRun& sr = r->stages[i];
+        const PipelineStage& ps = p->stages[static_cast<size_t>(sr.stage)];
+        std::printf("  %zu. %-12s graph %s: plan %s (%.2f ms), engine %s, workspace %s\n", i + 1,
+                    safe(ps.name).c_str(), safe(ps.graph.name).c_str(),
+                    safe(b.stages[i].report.source_text()).c_str(), b.stages[i].ms, safe(sr.engine).c_str(),
+                    format_bytes(sr.workspace_bytes).c_str());
+        for (const auto& cmp : sr.comparisons)
+          std::printf("     verify (%s reference, this stage's inputs): %s\n", sr.reference_kind.c_str(),
+                      safe(cmp.ToString()).c_str());
+      }
+      for (const auto& cmp : r->chain)
+        std::printf("  whole pipeline (%s references chained): %s\n", r->chain_reference_kind.c_str(),
+                    safe(cmp.ToString()).c_str());
+      std::printf("  device memory: buffers %s + workspace arena %s = peak %s\n",
+                  format_bytes(r->buffer_bytes).c_str(), format_bytes(r->workspace_bytes).c_str(),
+                  format_bytes(r->peak_device_bytes).c_str());
+      std::printf("  start-up: GPU context and cuDNN load %.1f ms, plans %.2f ms, first run %.2f ms\n",
+                  (*session)->context_create_ms(), b.total_ms, r->first_execute_ms);
+      if (r->latency.iters > 0)
+        std::printf(
+            "  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms; "
+            "%.1f TFLOP/s\n",
+            r->latency.iters, r->stages.size(), r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms,
+            r->tflops);
+      for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
+    }
+    Status vs = pipeline_verify_status(*p, *r);
+    return vs.ok() ? kExitOk : fail("pipeline run", vs);
+  };
+}
+
 }  // namespace
 
 Runner add_pipeline(CLI::App& app) {
@@ -103,24 +583,22 @@ Runner add_pipeline(CLI::App& app) {
                                 "Write a Graphviz picture of the pipeline (buffers, stages, their ops) to FILE (no "
                                 "FILE or '-': stdout; write --dot=FILE, or put --dot after the pipeline)")
                   ->expected(0, 1);
-  return [a, check, dot]() {
+  Runner build = add_pipeline_build(*cmd), tune = add_pipeline_tune(*cmd), run = add_pipeline_run(*cmd);
+  return [a, cmd, check, dot, build, tune, run]() {
+    if (cmd->got_subcommand("build")) return build();
+    if (cmd->got_subcommand("tune")) return tune();
+    if (cmd->got_subcommand("run")) return run();
     if (!check->parsed())
-      return fail(
-          "pipeline",
-          InvalidArgument(
-              "a subcommand is needed: accepted subcommands are check (see fusebox pipeline --help)"));
+      return fail("pipeline",
+                  InvalidArgument("a subcommand is needed: accepted subcommands are check, build, tune, run "
+                                  "(see fusebox pipeline --help)"));
     const bool want_dot = dot->count() > 0;
     const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
     if (dot_stdout && a->json)
       return fail("pipeline check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
     auto p = load_pipeline_file(a->path);
     if (!p.ok()) {
-      if (a->json)
-        std::printf("%s\n", common::json_dump(ordered_json({{"ok", false},
-                                                            {"code", status_code_name(p.status().code())},
-                                                            {"error", p.status().message()}}),
-                                              2)
-                                .c_str());
+      if (a->json) print_json_error(p.status());
       return fail("pipeline check", p.status());
     }
     if (want_dot && !dot_stdout) {

@@ -1,0 +1,521 @@
+// fusebox: building, tuning and running pipelines (include/fusebox/pipeline_run.h).
+#include "fusebox/pipeline_run.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <set>
+
+#include "common/dims_string.h"
+#include "common/stopwatch.h"
+#include "common/strided.h"
+#include "device_buffers.h"
+
+namespace fusebox {
+
+namespace {
+
+using runtime::cuda_status;
+using runtime::DeviceBuffer;
+
+std::string sq(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+std::string where(const Pipeline& p) { return p.path + ": pipeline " + sq(p.name); }
+std::string stage_where(const Pipeline& p, int s) { return where(p) + ": stage " + sq(p.stages[s].name); }
+
+std::vector<const Plan*> by_stage(const Pipeline& p, const std::vector<std::pair<int, const Plan*>>& built) {
+  std::vector<const Plan*> out(p.stages.size(), nullptr);
+  for (const auto& [s, plan] : built) out[static_cast<size_t>(s)] = plan;
+  return out;
+}
+
+LatencyStats summarize(std::vector<float> ms) {
+  LatencyStats s;
+  s.iters = static_cast<int>(ms.size());
+  if (ms.empty()) return s;
+  std::sort(ms.begin(), ms.end());
+  s.min_ms = ms.front();
+  s.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  s.p90_ms = ms[std::min(ms.size() - 1, static_cast<size_t>(0.9 * static_cast<double>(ms.size())))];
+  double sum = 0;
+  for (float v : ms) sum += v;
+  s.mean_ms = sum / static_cast<double>(ms.size());
+  return s;
+}
+
+// The graph tensors of stage `s` that are cuDNN's dumped dropout masks:
+// reference inputs, not outputs to compare.
+std::set<std::string> dropout_masks(const ResolvedGraph& g) {
+  std::set<std::string> out;
+  for (const auto& op : g.ops) {
+    auto it = op.outputs.find("dropout_mask");
+    if (it != op.outputs.end()) out.insert(g.tensors[it->second].name);
+  }
+  return out;
+}
+
+// A HostTensor laid out as `t` holding `logical` (row-major fp32), rounded to t's dtype.
+HostTensor from_logical(const ResolvedTensor& t, const std::vector<float>& logical) {
+  HostTensor h = HostTensor::like(t);
+  const int64_t esize = static_cast<int64_t>(dtype_size_bytes(h.dtype));
+  common::for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
+    store_element(h.data.data() + off * esize, h.dtype, logical[static_cast<size_t>(i)]);
+  });
+  return h;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- build, tune
+
+std::vector<const Plan*> PipelineBuild::plans_by_stage(const Pipeline& p) const {
+  std::vector<std::pair<int, const Plan*>> built;
+  for (const auto& s : stages)
+    if (s.ok) built.emplace_back(s.stage, &s.plan);
+  return by_stage(p, built);
+}
+
+std::vector<const Plan*> PipelineTune::plans_by_stage(const Pipeline& p) const {
+  std::vector<std::pair<int, const Plan*>> built;
+  for (const auto& s : stages)
+    if (s.ok) built.emplace_back(s.stage, &s.tune.plan);
+  return by_stage(p, built);
+}
+
+Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& request, PipelineBuild* out) {
+  const common::Stopwatch total;
+  out->stages.clear();
+  out->stages.reserve(p.order.size());  // Plans are referenced by pointer later
+  for (int s : p.order) {
+    StageBuild& sb = out->stages.emplace_back();
+    sb.stage = s;
+    const common::Stopwatch watch;
+    auto plan = session.get_plan(p.stages[s].graph, request, &sb.report);
+    sb.ms = watch.ms();
+    out->total_ms = total.ms();
+    if (!plan.ok())
+      return plan.status().WithContext(stage_where(p, s) + " (graph " + sq(p.stages[s].graph.name) + ")");
+    sb.plan = std::move(plan).value();
+    sb.ok = true;
+  }
+  out->total_ms = total.ms();
+  return Status::Ok();
+}
+
+Status tune_pipeline(Session& session, const Pipeline& p, const TunePolicy& policy, PipelineTune* out) {
+  const common::Stopwatch total;
+  out->stages.clear();
+  out->stages.reserve(p.order.size());
+  for (int s : p.order) {
+    StageTune& st = out->stages.emplace_back();
+    st.stage = s;
+    const common::Stopwatch watch;
+    auto tuned = session.tune(p.stages[s].graph, policy);
+    st.ms = watch.ms();
+    out->total_ms = total.ms();
+    const std::string at = stage_where(p, s) + " (graph " + sq(p.stages[s].graph.name) + ")";
+    if (!tuned.ok()) return tuned.status().WithContext(at);
+    st.tune = std::move(tuned).value();
+    if (!st.tune.hit && !st.tune.result.winner_run.verified_ok) {
+      Status vs = verify_status(st.tune.result.winner_run);
+      return vs.WithContext(at + " winner " + st.tune.plan.engine_name());
+    }
+    st.ok = true;
+  }
+  out->total_ms = total.ms();
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- host data
+
+ResolvedTensor buffer_tensor(const Pipeline& p, int b) {
+  const PipelineBuffer& buf = p.buffers[static_cast<size_t>(b)];
+  ResolvedTensor t;
+  // The first reading (else the writing) graph tensor gives fixed values and the random range.
+  const BufferUse* use = !buf.readers.empty() ? &buf.readers.front() : (buf.writer ? &*buf.writer : nullptr);
+  if (use) {
+    const ResolvedGraph& g = p.stages[static_cast<size_t>(use->stage)].graph;
+    const int ti = g.find_tensor(use->tensor);
+    if (ti >= 0) t = g.tensors[static_cast<size_t>(ti)];
+  }
+  t.name = buf.name;  // random values differ per buffer, not per graph tensor name
+  t.dtype = buf.dtype;
+  t.dims = buf.dims;
+  t.strides = buf.strides;
+  t.is_virtual = false;
+  t.scalar_value.reset();
+  return t;
+}
+
+Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
+                                            const std::map<std::string, std::string>& input_files) {
+  for (const auto& [name, file] : input_files) {
+    const int b = p.find_buffer(name);
+    if (b < 0 || p.buffers[static_cast<size_t>(b)].kind != BufferKind::kInput) {
+      std::string inputs;
+      for (const auto& buf : p.buffers)
+        if (buf.kind == BufferKind::kInput) inputs += (inputs.empty() ? "" : ", ") + sq(buf.name);
+      return InvalidArgument(where(p) + ": --input " + sq(name) + " (" + file +
+                             ") is not an input buffer: the inputs are " +
+                             (inputs.empty() ? "(none)" : inputs));
+    }
+  }
+  PipelineHostData data;
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+    const PipelineBuffer& buf = p.buffers[bi];
+    if (buf.kind != BufferKind::kInput && buf.kind != BufferKind::kConstant) continue;
+    const ResolvedTensor t = buffer_tensor(p, static_cast<int>(bi));
+    std::string file, path;
+    if (buf.kind == BufferKind::kConstant) {
+      file = buf.file;
+      path = buf.file_path;
+    } else if (auto it = input_files.find(buf.name); it != input_files.end()) {
+      file = path = it->second;
+    }
+    if (path.empty()) {
+      data[static_cast<int>(bi)] = make_input(t, seed);
+      continue;
+    }
+    auto h = read_npy_for(path, t, /*same_kind=*/true);
+    if (!h.ok()) {
+      const std::string expected = std::string(dtype_is_float(buf.dtype) ? "a float" : "an integer") +
+                                   " array of shape " + common::dims_string(buf.dims) + " for " +
+                                   std::string(dtype_name(buf.dtype)) + " " + common::dims_string(buf.dims);
+      return Status(h.status().code(), where(p) + ": " + std::string(buffer_kind_name(buf.kind)) +
+                                           " buffer " + sq(buf.name) + ": file '" + file +
+                                           "' does not fit: expected " + expected + ": " +
+                                           h.status().message());
+    }
+    data[static_cast<int>(bi)] = std::move(h).value();
+  }
+  return data;
+}
+
+// ---------------------------------------------------------------- executor
+
+struct PipelineExecutor::Impl {
+  Session* session = nullptr;
+  const Pipeline* p = nullptr;
+  std::vector<DeviceBuffer> buffers;  // by buffer index
+  std::vector<BoundPlan> steps;
+  std::vector<int> step_stages;
+  int64_t buffer_bytes = 0;
+
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(session->context()->stream()); }
+};
+
+PipelineExecutor::PipelineExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PipelineExecutor::~PipelineExecutor() = default;
+
+Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& session, const Pipeline& p,
+                                                                   const std::vector<const Plan*>& plans,
+                                                                   const PipelineHostData& data) {
+  if (session.deviceless() || !session.context())
+    return Status(StatusCode::kNoDevice, where(p) + ": a deviceless session cannot run a pipeline");
+  if (plans.size() != p.stages.size())
+    return InvalidArgument(where(p) + ": " + std::to_string(plans.size()) + " plans for " +
+                           std::to_string(p.stages.size()) + " stages");
+  auto impl = std::make_unique<Impl>();
+  impl->session = &session;
+  impl->p = &p;
+  impl->buffers.resize(p.buffers.size());
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+    const PipelineBuffer& buf = p.buffers[bi];
+    const ResolvedTensor t = buffer_tensor(p, static_cast<int>(bi));
+    const int64_t bytes = std::max<int64_t>(t.storage_bytes(), 1);
+    DeviceBuffer& d = impl->buffers[bi];
+    FUSEBOX_RETURN_IF_ERROR(d.allocate(static_cast<size_t>(bytes), where(p) + ": buffer " + sq(buf.name)));
+    impl->buffer_bytes += bytes;
+    auto it = data.find(static_cast<int>(bi));
+    if (it != data.end()) {
+      if (it->second.data.size() != static_cast<size_t>(t.storage_bytes()))
+        return InvalidArgument(where(p) + ": buffer " + sq(buf.name) + ": the data holds " +
+                               std::to_string(it->second.data.size()) + " bytes, the buffer " +
+                               std::to_string(t.storage_bytes()));
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemcpy(d.get(), it->second.data.data(), it->second.data.size(), cudaMemcpyHostToDevice),
+          where(p) + ": upload buffer " + sq(buf.name)));
+    } else if (buf.kind == BufferKind::kInput || buf.kind == BufferKind::kConstant) {
+      return InvalidArgument(where(p) + ": no data for " + std::string(buffer_kind_name(buf.kind)) +
+                             " buffer " + sq(buf.name));
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemset(d.get(), 0xFF, static_cast<size_t>(bytes)),
+                                          where(p) + ": poison buffer " + sq(buf.name)));
+    }
+  }
+  // The session's stream is non-blocking: nothing orders it after the legacy stream's copies.
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), where(p) + ": upload buffers"));
+  // The arena sized once to the largest plan, so no bind waits to regrow it.
+  int64_t ws = 0;
+  for (int s : p.order) {
+    if (!plans[static_cast<size_t>(s)]) return InvalidArgument(stage_where(p, s) + ": no plan");
+    ws = std::max(ws, plans[static_cast<size_t>(s)]->workspace_bytes());
+  }
+  FUSEBOX_RETURN_IF_ERROR(session.reserve_workspace(ws));
+  for (int s : p.order) {
+    std::map<std::string, void*> ptrs;
+    for (const auto& [tensor, bi] : p.stages[static_cast<size_t>(s)].bind)
+      ptrs[tensor] = impl->buffers[static_cast<size_t>(bi)].get();
+    auto bound = session.bind(*plans[static_cast<size_t>(s)], ptrs);
+    if (!bound.ok()) return bound.status().WithContext(stage_where(p, s));
+    impl->steps.push_back(std::move(bound).value());
+    impl->step_stages.push_back(s);
+  }
+  return std::unique_ptr<PipelineExecutor>(new PipelineExecutor(std::move(impl)));
+}
+
+std::vector<BoundPlan>& PipelineExecutor::steps() { return impl_->steps; }
+const std::vector<int>& PipelineExecutor::step_stages() const { return impl_->step_stages; }
+
+Status PipelineExecutor::execute() {
+  for (size_t i = 0; i < impl_->steps.size(); ++i) {
+    Status st = impl_->steps[i].execute();
+    if (!st.ok()) return st.WithContext(stage_where(*impl_->p, impl_->step_stages[i]));
+  }
+  return Status::Ok();
+}
+
+Status PipelineExecutor::synchronize() {
+  return cuda_status(cudaStreamSynchronize(impl_->stream()), where(*impl_->p) + ": run");
+}
+
+void* PipelineExecutor::device(int buffer) const { return impl_->buffers[static_cast<size_t>(buffer)].get(); }
+
+Result<HostTensor> PipelineExecutor::download(int buffer) const {
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(impl_->stream()), where(*impl_->p) + ": run"));
+  HostTensor h = HostTensor::like(buffer_tensor(*impl_->p, buffer));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpy(h.data.data(), device(buffer), h.data.size(), cudaMemcpyDeviceToHost),
+      where(*impl_->p) + ": download buffer " + sq(impl_->p->buffers[static_cast<size_t>(buffer)].name)));
+  return h;
+}
+
+int64_t PipelineExecutor::buffer_bytes() const { return impl_->buffer_bytes; }
+int64_t PipelineExecutor::peak_device_bytes() const {
+  return impl_->buffer_bytes + impl_->session->workspace_bytes();
+}
+
+// ---------------------------------------------------------------- verification
+
+Tolerance chain_tolerance(const Pipeline& p, int buffer) {
+  // Longest path (in stages) from the inputs to each stage, in stage order.
+  std::vector<int> depth(p.stages.size(), 0);
+  for (int s : p.order) {
+    int d = 0;
+    for (const auto& [tensor, bi] : p.stages[static_cast<size_t>(s)].bind) {
+      const PipelineBuffer& b = p.buffers[static_cast<size_t>(bi)];
+      if (b.writer && b.writer->stage != s) d = std::max(d, depth[static_cast<size_t>(b.writer->stage)]);
+    }
+    depth[static_cast<size_t>(s)] = d + 1;
+  }
+  const PipelineBuffer& b = p.buffers[static_cast<size_t>(buffer)];
+  if (!b.writer) return default_tolerance(b.dtype);
+  const int s = b.writer->stage;
+  Tolerance t = tolerance_for(p.stages[static_cast<size_t>(s)].graph, b.writer->tensor);
+  t.rel_l2 *= depth[static_cast<size_t>(s)];
+  t.max_abs_rel *= depth[static_cast<size_t>(s)];
+  return t;
+}
+
+namespace {
+
+// The reference outputs of stage `s` from host inputs (by graph tensor).
+Result<ReferenceOutputs> stage_reference(const ResolvedGraph& g,
+                                         const std::map<std::string, HostTensor>& inputs,
+                                         double cpu_max_flops, bool* gpu) {
+  const double flops = g.flops(input_values_for_flops(g, inputs));
+  *gpu = flops > cpu_max_flops && gpu_reference_available() && gpu_count() > 0;
+  return *gpu ? reference_gpu_host(g, inputs) : reference_cpu(g, inputs);
+}
+
+std::string kind_of(bool cpu, bool gpu) { return cpu && gpu ? "cpu+gpu" : gpu ? "gpu" : "cpu"; }
+
+}  // namespace
+
+Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline& p,
+                                                                  const PipelineHostData& data,
+                                                                  double cpu_reference_max_flops,
+                                                                  std::string* kind) {
+  std::map<int, HostTensor> values = data;  // by buffer index, as the buffers lay them out
+  std::map<std::string, std::vector<float>> out;
+  bool any_cpu = false, any_gpu = false;
+  for (int s : p.order) {
+    const PipelineStage& st = p.stages[static_cast<size_t>(s)];
+    std::map<std::string, HostTensor> inputs;
+    for (const auto& [tensor, bi] : st.bind) {
+      const ResolvedTensor& t = st.graph.tensors[static_cast<size_t>(st.graph.find_tensor(tensor))];
+      if (!t.is_input) continue;
+      auto it = values.find(bi);
+      if (it == values.end())
+        return Internal(stage_where(p, s) + ": reference chain: buffer " + sq(p.buffers[bi].name) +
+                        " has no value");
+      inputs[tensor] = it->second;
+    }
+    bool gpu = false;
+    auto ref = stage_reference(st.graph, inputs, cpu_reference_max_flops, &gpu);
+    if (!ref.ok()) return ref.status().WithContext(stage_where(p, s) + ": reference");
+    (gpu ? any_gpu : any_cpu) = true;
+    for (const auto& [tensor, bi] : st.bind) {
+      const ResolvedTensor& t = st.graph.tensors[static_cast<size_t>(st.graph.find_tensor(tensor))];
+      if (!t.is_output) continue;
+      auto it = ref->find(tensor);
+      if (it == ref->end()) continue;  // a dropout mask: no reference value
+      values[bi] = from_logical(t, it->second);
+      out[p.buffers[static_cast<size_t>(bi)].name] = std::move(it->second);
+    }
+  }
+  if (kind) *kind = kind_of(any_cpu, any_gpu);
+  return out;
+}
+
+Status verify_pipeline(const Pipeline& p, const PipelineHostData& data, std::map<int, HostTensor> host,
+                       double cpu_reference_max_flops, PipelineRunResult* result) {
+  PipelineRunResult& r = *result;
+  if (r.stages.empty()) {
+    for (int s : p.order) {
+      StageRun sr;
+      sr.stage = s;
+      r.stages.push_back(std::move(sr));
+    }
+  }
+  for (const auto& [bi, h] : data) host.emplace(bi, h);  // constants
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi)
+    if (!host.count(static_cast<int>(bi)))
+      return InvalidArgument(where(p) + ": verify: no value for buffer " + sq(p.buffers[bi].name));
+  for (StageRun& sr : r.stages) {
+    const PipelineStage& st = p.stages[static_cast<size_t>(sr.stage)];
+    const ResolvedGraph& g = st.graph;
+    const std::set<std::string> masks = dropout_masks(g);
+    std::map<std::string, HostTensor> inputs;
+    std::map<std::string, std::vector<float>> actual;
+    for (const auto& [tensor, bi] : st.bind) {
+      const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
+      if (t.is_input || masks.count(tensor)) inputs[tensor] = host.at(bi);
+      if (t.is_output) actual[tensor] = host.at(bi).to_float_logical();
+    }
+    bool gpu = false;
+    auto ref = stage_reference(g, inputs, cpu_reference_max_flops, &gpu);
+    if (!ref.ok()) return ref.status().WithContext(stage_where(p, sr.stage) + ": reference");
+    sr.reference_kind = gpu ? "gpu" : "cpu";
+    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
+    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, *ref));
+    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, inputs, actual));
+    for (Comparison& c : mask_checks) sr.comparisons.push_back(std::move(c));
+    for (const auto& [tensor, values] : actual) {
+      if (masks.count(tensor)) continue;
+      auto it = ref->find(tensor);
+      if (it == ref->end())
+        return Internal(stage_where(p, sr.stage) + ": the reference produced no " + sq(tensor));
+      // Named by buffer: that is what the pipeline's user knows.
+      const std::string& buffer = p.buffers[static_cast<size_t>(st.bind.at(tensor))].name;
+      sr.comparisons.push_back(compare(buffer, it->second, values, tolerance_for(g, tensor)));
+    }
+    for (const Comparison& c : sr.comparisons) sr.verified_ok = sr.verified_ok && c.pass;
+    r.verified_ok = r.verified_ok && sr.verified_ok;
+  }
+
+  // The whole chain on the references alone.
+  std::string kind;
+  auto chain = reference_chain(p, data, cpu_reference_max_flops, &kind);
+  if (!chain.ok()) return chain.status();
+  r.chain_reference_kind = kind;
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+    const PipelineBuffer& b = p.buffers[bi];
+    if (b.kind != BufferKind::kOutput) continue;
+    auto it = chain->find(b.name);
+    if (it == chain->end()) continue;  // a dropout mask
+    Comparison c = compare(b.name, it->second, host.at(static_cast<int>(bi)).to_float_logical(),
+                           chain_tolerance(p, static_cast<int>(bi)));
+    r.verified_ok = r.verified_ok && c.pass;
+    r.chain.push_back(std::move(c));
+  }
+  return Status::Ok();
+}
+
+Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
+                                       const std::vector<const Plan*>& plans, const PipelineHostData& data,
+                                       const PipelineRunOptions& options) {
+  PipelineRunResult r;
+  FUSEBOX_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> ex,
+                           PipelineExecutor::create(session, p, plans, data));
+  r.buffer_bytes = ex->buffer_bytes();
+  r.workspace_bytes = session.workspace_bytes();
+  r.peak_device_bytes = ex->peak_device_bytes();
+  r.flops = p.flops();
+  for (size_t i = 0; i < ex->steps().size(); ++i) {
+    StageRun sr;
+    sr.stage = ex->step_stages()[i];
+    sr.engine = ex->steps()[i].engine_name();
+    sr.workspace_bytes = ex->steps()[i].workspace_bytes();
+    r.stages.push_back(std::move(sr));
+  }
+
+  const common::Stopwatch first;
+  FUSEBOX_RETURN_IF_ERROR(ex->execute());
+  FUSEBOX_RETURN_IF_ERROR(ex->synchronize());
+  r.first_execute_ms = first.ms();
+
+  // Every buffer on the host: each has one writer and is never overwritten,
+  // so after the run each stage's inputs are exactly what it read.
+  std::map<int, HostTensor> host;
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+    const PipelineBuffer& b = p.buffers[bi];
+    const bool want = b.kind == BufferKind::kOutput || b.kind == BufferKind::kInput ||
+                      (b.kind == BufferKind::kIntermediate && (options.verify || options.keep_intermediates));
+    if (!want) continue;
+    FUSEBOX_ASSIGN_OR_RETURN(host[static_cast<int>(bi)], ex->download(static_cast<int>(bi)));
+    if (b.kind == BufferKind::kInput) r.inputs[b.name] = host[static_cast<int>(bi)];
+    if (b.kind == BufferKind::kOutput || (b.kind == BufferKind::kIntermediate && options.keep_intermediates))
+      r.outputs[b.name] = host[static_cast<int>(bi)];
+  }
+
+  if (options.verify)
+    FUSEBOX_RETURN_IF_ERROR(verify_pipeline(p, data, host, options.cpu_reference_max_flops, &r));
+
+  if (options.iters > 0) {
+    auto stream = static_cast<cudaStream_t>(session.context()->stream());
+    for (int i = 0; i < options.warmup; ++i) FUSEBOX_RETURN_IF_ERROR(ex->execute());
+    std::vector<cudaEvent_t> events(2 * static_cast<size_t>(options.iters), nullptr);
+    Status st;
+    for (auto& e : events)
+      if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
+    for (int i = 0; i < options.iters && st.ok(); ++i) {
+      cudaEventRecord(events[2 * i], stream);
+      st = ex->execute();
+      cudaEventRecord(events[2 * i + 1], stream);
+    }
+    if (st.ok()) st = ex->synchronize();
+    std::vector<float> ms(static_cast<size_t>(options.iters));
+    for (int i = 0; i < options.iters && st.ok(); ++i)
+      st =
+          cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+    for (auto& e : events)
+      if (e) cudaEventDestroy(e);
+    FUSEBOX_RETURN_IF_ERROR(st);
+    r.latency = summarize(std::move(ms));
+    if (r.latency.median_ms > 0) r.tflops = r.flops / (r.latency.median_ms * 1e-3) / 1e12;
+  }
+  return r;
+}
+
+Status pipeline_verify_status(const Pipeline& p, const PipelineRunResult& r) {
+  if (r.verified_ok) return Status::Ok();
+  for (const StageRun& sr : r.stages) {
+    if (sr.verified_ok) continue;
+    std::string msg = stage_where(p, sr.stage) + " (graph " +
+                      sq(p.stages[static_cast<size_t>(sr.stage)].graph.name) + ", engine " + sr.engine +
+                      ") is the first stage whose outputs do not match the " + sr.reference_kind +
+                      " reference on its own inputs:";
+    for (const auto& c : sr.comparisons)
+      if (!c.pass) msg += "\n  buffer " + c.ToString();
+    return Status(StatusCode::kVerificationFailed, msg);
+  }
+  std::string msg = where(p) +
+                    ": every stage matches its reference, but the final outputs do not match the " +
+                    r.chain_reference_kind + " references chained on their own outputs:";
+  for (const auto& c : r.chain)
+    if (!c.pass) msg += "\n  buffer " + c.ToString();
+  return Status(StatusCode::kVerificationFailed, msg);
+}
+
+}  // namespace fusebox

@@ -1,0 +1,88 @@
+// Pipelines on the GPU: two_convs and conv10 run eagerly (one bound plan per
+// stage, one workspace arena), verified stage by stage and as a whole chain;
+// a second run gives the same bits. Skipped without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "../deviceless/test_util.h"
+#include "fusebox/pipeline_run.h"
+
+namespace fusebox {
+namespace {
+
+using testing::source_dir;
+
+class PipelineGpu : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+    auto s = Session::create();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    session_ = std::move(s).value();
+  }
+  Pipeline load(const std::string& name) {
+    auto p = load_pipeline_file(source_dir() + "/examples/pipelines/" + name + ".json");
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return std::move(p).value();
+  }
+  std::unique_ptr<Session> session_;
+};
+
+TEST_P(PipelineGpu, RunsAndVerifies) {
+  const Pipeline p = load(GetParam());
+  PipelineBuild b;
+  ASSERT_TRUE(build_pipeline(*session_, p, {}, &b).ok());
+  auto data = load_pipeline_data(p, 5);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  PipelineRunOptions o;
+  o.verify = true;
+  o.iters = 5;
+  o.warmup = 1;
+  // conv10's stages through the GPU reference, two_convs' through the CPU one.
+  if (p.name == "conv10") o.cpu_reference_max_flops = 0;
+  auto r = run_pipeline(*session_, p, b.plans_by_stage(p), *data, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Status vs = pipeline_verify_status(p, *r);
+  EXPECT_TRUE(vs.ok()) << vs.ToString();
+  ASSERT_EQ(r->stages.size(), p.stages.size());
+  for (const StageRun& s : r->stages) {
+    EXPECT_FALSE(s.engine.empty());
+    ASSERT_EQ(s.comparisons.size(), 1u);
+    EXPECT_TRUE(s.comparisons[0].pass) << s.comparisons[0].ToString();
+    EXPECT_EQ(s.comparisons[0].non_finite, 0);
+    EXPECT_EQ(s.reference_kind, p.name == "conv10" ? "gpu" : "cpu");
+  }
+  ASSERT_EQ(r->chain.size(), 1u);
+  EXPECT_EQ(r->chain[0].tensor, "out");
+  EXPECT_TRUE(r->chain[0].pass) << r->chain[0].ToString();
+  EXPECT_EQ(r->peak_device_bytes, r->buffer_bytes + r->workspace_bytes);
+  EXPECT_GT(r->latency.median_ms, 0);
+  std::printf("[ pipeline ] %s: %zu stages, median %.4f ms, peak %lld bytes, chain %s\n", p.name.c_str(),
+              p.stages.size(), r->latency.median_ms, static_cast<long long>(r->peak_device_bytes),
+              r->chain[0].ToString().c_str());
+}
+
+TEST_P(PipelineGpu, ExecutorIsDeterministic) {
+  const Pipeline p = load(GetParam());
+  PipelineBuild b;
+  ASSERT_TRUE(build_pipeline(*session_, p, {}, &b).ok());
+  auto data = load_pipeline_data(p, 9);
+  ASSERT_TRUE(data.ok());
+  auto ex = PipelineExecutor::create(*session_, p, b.plans_by_stage(p), *data);
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  ASSERT_EQ((*ex)->steps().size(), p.stages.size());
+  EXPECT_EQ((*ex)->step_stages(), p.order);
+  const int out = p.find_buffer("out");
+  ASSERT_TRUE((*ex)->execute().ok());
+  auto first = (*ex)->download(out);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*ex)->execute().ok());
+  auto second = (*ex)->download(out);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(first->data, second->data) << "two eager runs differ";
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, PipelineGpu, ::testing::Values("two_convs", "conv10"));
+
+}  // namespace
+}  // namespace fusebox
