@@ -4,7 +4,7 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,runtime,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
@@ -13,6 +13,9 @@
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm graphs (torch: its native norm kernels)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
+#   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
+#            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)
+#            and the same chain in PyTorch eager, torch.compile and torch.cuda.CUDAGraph (2-4 min)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
@@ -26,11 +29,17 @@ cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
-PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,report}
+PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,runtime,report}
 mkdir -p "$OUT"
 
 FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
 [ -x "$FB" ] || FB=build/fusebox
+# The runtime part's binary: beside fusebox in the bundle, else in build/.
+if [ -z "${FUSEBOX_RUNTIME_BENCH:-}" ]; then
+  FUSEBOX_RUNTIME_BENCH="$(dirname "$FB")/bound_execute_bench"
+  [ -x "$FUSEBOX_RUNTIME_BENCH" ] || FUSEBOX_RUNTIME_BENCH=build/bound_execute_bench
+fi
+export FUSEBOX_RUNTIME_BENCH
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
 # torch.compile's autotuning results survive between calls on a warm machine; outside
@@ -58,7 +67,7 @@ IFS=, read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do
   T0=$SECONDS
   case "$part" in
-    peaks|conv|matmul|sdpa)
+    peaks|conv|matmul|sdpa|runtime)
       echo "== $(date -u +%T) part $part"
       args=(--part "$part" --out "$WORK/$part.json")
       [ -n "${FORCE:-}" ] && args+=(--force)
@@ -70,7 +79,7 @@ for part in "${parts[@]}"; do
     report)
       echo "== $(date -u +%T) report"
       have=()
-      for p in peaks conv matmul sdpa; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
+      for p in peaks conv matmul sdpa runtime; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
       if [ "${#have[@]}" -eq 0 ]; then echo "bench: no part results in $WORK"; fails=$((fails + 1)); continue; fi
       "$PY" -m fusebox_tools.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
       "$PY" -m fusebox_tools.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
@@ -81,7 +90,7 @@ for part in "${parts[@]}"; do
       cp bench/plots/*.png "$OUT/bench/plots/" 2>/dev/null || true
       ;;
     *)
-      echo "bench: unknown part '$part': accepted parts are peaks, conv, matmul, sdpa, report" >&2
+      echo "bench: unknown part '$part': accepted parts are peaks, conv, matmul, sdpa, runtime, report" >&2
       exit 2
       ;;
   esac

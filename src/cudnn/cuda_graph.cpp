@@ -258,7 +258,7 @@ Status CudaGraph::launch() {
   // A grown arena moved the workspace: that step's node follows it once.
   for (size_t i = 0; i < g.steps.size(); ++i) {
     const BoundPlan::Impl& b = *g.steps[i].plan->impl();
-    if (b.workspace && b.workspace->generation != g.steps[i].workspace_generation) {
+    if (b.workspace_bytes > 0 && b.workspace && b.workspace->generation != g.steps[i].workspace_generation) {
       FUSEBOX_RETURN_IF_ERROR(g.update_step(i));
     }
   }
