@@ -29,7 +29,9 @@ cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
-PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,runtime,report}
+# The parts of fusebox_tools.bench_run (its PARTS), in the order the report merges them.
+BENCH_PARTS="peaks conv conv_bwd matmul norm sdpa runtime"
+PARTS=${PARTS:-${BENCH_PARTS// /,},report}
 mkdir -p "$OUT"
 
 FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
@@ -66,8 +68,10 @@ fails=0
 IFS=, read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do
   T0=$SECONDS
-  case "$part" in
-    peaks|conv|matmul|sdpa|runtime)
+  case " $BENCH_PARTS " in *" $part "*) is_bench=1 ;; *) is_bench=0 ;; esac
+  [ "$part" = report ] && is_bench=report
+  case "$is_bench" in
+    1)
       echo "== $(date -u +%T) part $part"
       args=(--part "$part" --out "$WORK/$part.json")
       [ -n "${FORCE:-}" ] && args+=(--force)
@@ -79,7 +83,7 @@ for part in "${parts[@]}"; do
     report)
       echo "== $(date -u +%T) report"
       have=()
-      for p in peaks conv matmul sdpa runtime; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
+      for p in $BENCH_PARTS; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
       if [ "${#have[@]}" -eq 0 ]; then echo "bench: no part results in $WORK"; fails=$((fails + 1)); continue; fi
       "$PY" -m fusebox_tools.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
       "$PY" -m fusebox_tools.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
@@ -90,7 +94,7 @@ for part in "${parts[@]}"; do
       cp bench/plots/*.png "$OUT/bench/plots/" 2>/dev/null || true
       ;;
     *)
-      echo "bench: unknown part '$part': accepted parts are peaks, conv, matmul, sdpa, runtime, report" >&2
+      echo "bench: unknown part '$part': accepted parts are ${BENCH_PARTS// /, }, report" >&2
       exit 2
       ;;
   esac
