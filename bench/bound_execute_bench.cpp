@@ -248,7 +248,7 @@ bool bench_chain(Session& session, int64_t batch, int layers, int calls, int sam
   std::printf("  %-28s %12.1f %12.1f\n", "CUDA graph replay", median(gg) * 1e3, median(gl) * 1e3);
   std::printf("  eager / replay: GPU time %.2fx, latency %.2fx (issue #11 target: >= 2x)\n", median(eg) / median(gg),
               median(el) / median(gl));
-  cg = CudaGraph();  // before the plans it records
+  *cg = CudaGraph();  // before the plans it records
   bound.clear();
   for (void* p : owned) cudaFree(p);
   return identical;
@@ -420,7 +420,7 @@ int main(int argc, char** argv) {
                         {"eager_gpu_ns_per_execute", median(eager_gpu)},
                         {"replay_gpu_ns_samples", graph_gpu},
                         {"eager_gpu_ns_samples", eager_gpu}};
-  cg = CudaGraph();
+  *cg = CudaGraph();
 
   nlohmann::json doc = {{"host_overhead", host}, {"chain", nlohmann::json::array()}};
   bool ok = true;

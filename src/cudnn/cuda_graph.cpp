@@ -127,6 +127,8 @@ struct CudaGraph::Impl {
   bool stale = false;  // a failed update left the executable graph behind the plans
 
   ~Impl() {
+    // A launch in flight still runs the plans' kernels: let it finish before they may go.
+    if (exec && stream) cudaStreamSynchronize(stream);
     if (exec) cudaGraphExecDestroy(exec);
     if (parent) cudaGraphDestroy(parent);
     for (auto& s : steps) {

@@ -75,3 +75,11 @@ def test_bench_sh_accepts_every_bench_run_part():
     parts = next(ast.literal_eval(n.value) for n in tree.body
                  if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARTS")
     assert sorted(listed) == sorted(parts)
+
+
+def test_runtime_part_finds_its_bench_binary(bench_run, monkeypatch):
+    monkeypatch.delenv("FUSEBOX_RUNTIME_BENCH", raising=False)
+    assert bench_run.runtime_bench_bin("/x/.gpu/fusebox") == "/x/.gpu/bound_execute_bench"
+    monkeypatch.setenv("FUSEBOX_RUNTIME_BENCH", "/y/bench")
+    assert bench_run.runtime_bench_bin("/x/.gpu/fusebox") == "/y/bench"
+    assert "runtime" in bench_run.PARTS
