@@ -29,7 +29,7 @@ struct Step {
   BoundPlan* plan = nullptr;
   std::shared_ptr<cudnn::fe::graph::Graph> keep;  // the execution plan the graph launches
   GraphRecording recording = GraphRecording::kCapture;
-  cudaGraph_t own = nullptr;      // the child graph: cuDNN updates it, then it is set on `node`
+  cudaGraph_t own = nullptr;       // the child graph: cuDNN updates it, then it is set on `node`
   cudaGraphNode_t node = nullptr;  // in the parent graph
   uint64_t workspace_generation = 0;
 };
@@ -40,7 +40,8 @@ bool has_native_note(const BoundPlan::Impl& b) {
   const cudnn::fe::ExecutionPlan* ep = b.fe ? b.fe->execution_plan_at(b.plan_index) : nullptr;
   if (!ep) return false;
   const auto& notes = ep->getAllBehaviorNotes();
-  return std::find(notes.begin(), notes.end(), CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API) != notes.end();
+  return std::find(notes.begin(), notes.end(), CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API) !=
+         notes.end();
 }
 
 std::unordered_map<int64_t, void*> uid_map(const BoundPlan::Impl& b) {
@@ -66,7 +67,8 @@ cudaGraph_t record_native(BoundPlan::Impl& b, GraphRecording* rec, std::string* 
     *why = "cudaGraphCreate failed";
     return nullptr;
   }
-  const std::string note = has_native_note(b) ? "" : " (the engine has no SUPPORTS_CUDA_GRAPH_NATIVE_API note)";
+  const std::string note =
+      has_native_note(b) ? "" : " (the engine has no SUPPORTS_CUDA_GRAPH_NATIVE_API note)";
   if (b.direct) {
     const cudnnStatus_t st = cudnnBackendPopulateCudaGraph(b.handle, b.backend_plan, b.pack, g);
     if (st == CUDNN_STATUS_SUCCESS) {
@@ -146,15 +148,16 @@ struct CudaGraph::Impl {
     switch (s.recording) {
       case GraphRecording::kNative: {
         const cudnnStatus_t st = cudnnBackendUpdateCudaGraph(b.handle, b.backend_plan, b.pack, s.own);
-        if (st != CUDNN_STATUS_SUCCESS) return cudnn::cudnn_status(st, where + ": cudnnBackendUpdateCudaGraph");
+        if (st != CUDNN_STATUS_SUCCESS)
+          return cudnn::cudnn_status(st, where + ": cudnnBackendUpdateCudaGraph");
         break;
       }
       case GraphRecording::kNativeFrontend: {
         try {
           auto m = uid_map(b);
           auto* fe = const_cast<cudnn::FeGraph*>(b.fe);
-          FUSEBOX_RETURN_IF_ERROR(
-              cudnn::from_fe(fe->update_cuda_graph(b.handle, m, b.ws_ptr(), s.own), where + ": update_cuda_graph"));
+          FUSEBOX_RETURN_IF_ERROR(cudnn::from_fe(fe->update_cuda_graph(b.handle, m, b.ws_ptr(), s.own),
+                                                 where + ": update_cuda_graph"));
         }
         FUSEBOX_CATCH_ALL(where)
         break;
@@ -169,8 +172,9 @@ struct CudaGraph::Impl {
     const cudaError_t set = cudaGraphExecChildGraphNodeSetParams(exec, s.node, source);
     if (set != cudaSuccess) {
       if (fresh) cudaGraphDestroy(fresh);
-      return cuda_status(set, where + ": cudaGraphExecChildGraphNodeSetParams (the new recording does not match "
-                                      "the instantiated one)");
+      return cuda_status(set, where +
+                                  ": cudaGraphExecChildGraphNodeSetParams (the new recording does not match "
+                                  "the instantiated one)");
     }
     if (fresh) {
       cudaGraphDestroy(s.own);
@@ -203,17 +207,20 @@ Result<CudaGraph> CudaGraph::create(const std::vector<BoundPlan*>& plans, const 
   auto impl = std::make_unique<Impl>();
   for (size_t i = 0; i < plans.size(); ++i) {
     if (!plans[i] || !plans[i]->impl()) {
-      return InvalidArgument("CUDA graph: step " + std::to_string(i) + " is not a bound plan (null or moved-from)");
+      return InvalidArgument("CUDA graph: step " + std::to_string(i) +
+                             " is not a bound plan (null or moved-from)");
     }
     const BoundPlan::Impl& b = *plans[i]->impl();
     if (i == 0) impl->stream = b.stream;
     if (b.stream != impl->stream) {
-      return InvalidArgument("CUDA graph: step " + std::to_string(i) + " ('" + b.engine +
-                             "') is bound on another stream than step 0; bind every plan on one GpuContext (Session)");
+      return InvalidArgument(
+          "CUDA graph: step " + std::to_string(i) + " ('" + b.engine +
+          "') is bound on another stream than step 0; bind every plan on one GpuContext (Session)");
     }
   }
   if (!impl->stream) {
-    return InvalidArgument("CUDA graph: the plans run on the legacy default stream, which cannot be captured");
+    return InvalidArgument(
+        "CUDA graph: the plans run on the legacy default stream, which cannot be captured");
   }
   const std::string where = "CUDA graph";
   // One recording per step (a plan listed twice is recorded twice: each node is its own).
@@ -224,12 +231,15 @@ Result<CudaGraph> CudaGraph::create(const std::vector<BoundPlan*>& plans, const 
     s.keep = b.graph;
     CudaGraphStep info;
     info.engine = b.engine;
-    if (options.allow_native) s.own = record_native(b, &s.recording, &info.why_not_native);
-    else info.why_not_native = "the native path was turned off (CudaGraphOptions::allow_native)";
+    if (options.allow_native)
+      s.own = record_native(b, &s.recording, &info.why_not_native);
+    else
+      info.why_not_native = "the native path was turned off (CudaGraphOptions::allow_native)";
     if (!s.own) {
       s.recording = GraphRecording::kCapture;
       if (options.warm_up_captured) {
-        FUSEBOX_RETURN_IF_ERROR(plans[i]->execute().WithContext(where + " step " + std::to_string(i) + " warm-up"));
+        FUSEBOX_RETURN_IF_ERROR(
+            plans[i]->execute().WithContext(where + " step " + std::to_string(i) + " warm-up"));
       }
       auto g = record_capture(*plans[i]);
       if (!g.ok()) return g.status().WithContext(where + " step " + std::to_string(i));

@@ -72,7 +72,9 @@ class CudaGraphGpu : public ::testing::Test {
     }
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
-  void sync() { ASSERT_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(session_->context()->stream()))); }
+  void sync() {
+    ASSERT_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(session_->context()->stream())));
+  }
 
   std::unique_ptr<Session> session_;
 };
@@ -87,7 +89,8 @@ class CudaGraphGpuExample : public CudaGraphGpu, public ::testing::WithParamInte
 TEST_P(CudaGraphGpuExample, ReplayIsBitIdenticalToEager) {
   ResolvedGraph g = load(source_dir() + "/examples/graphs/small/" + GetParam().graph + ".json");
   auto plan = session_->get_plan(g);
-  if (!plan.ok()) GTEST_SKIP() << "no plan for this graph on this GPU: " << plan.status().message().substr(0, 200);
+  if (!plan.ok())
+    GTEST_SKIP() << "no plan for this graph on this GPU: " << plan.status().message().substr(0, 200);
   Buffers b;
   allocate(g, b);
   auto bound = session_->bind(*plan, b.ptrs);
@@ -104,8 +107,9 @@ TEST_P(CudaGraphGpuExample, ReplayIsBitIdenticalToEager) {
   ASSERT_TRUE(cg.ok()) << cg.status().ToString();
   ASSERT_EQ(cg->size(), 1u);
   const CudaGraphStep& step = cg->steps()[0];
-  std::printf("[ note ] %s: engine %s, bound path %s, recording %s%s%s\n", g.name.c_str(), step.engine.c_str(),
-              bound->direct() ? "direct" : "frontend", std::string(graph_recording_name(step.recording)).c_str(),
+  std::printf("[ note ] %s: engine %s, bound path %s, recording %s%s%s\n", g.name.c_str(),
+              step.engine.c_str(), bound->direct() ? "direct" : "frontend",
+              std::string(graph_recording_name(step.recording)).c_str(),
               step.why_not_native.empty() ? "" : ": ", step.why_not_native.c_str());
   if (!GetParam().native) EXPECT_EQ(step.recording, GraphRecording::kCapture);
   for (int rep = 0; rep < 2; ++rep) {  // the second launch replays the uploaded graph
@@ -116,13 +120,13 @@ TEST_P(CudaGraphGpuExample, ReplayIsBitIdenticalToEager) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Small, CudaGraphGpuExample,
-                         ::testing::Values(Case{"conv_bias_relu_small", true}, Case{"conv_bias_relu_small", false},
-                                           Case{"matmul_bias_gelu_small", true},
-                                           Case{"matmul_bias_gelu_small", false}, Case{"sdpa_fwd_small", true},
-                                           Case{"sdpa_fwd_small", false}, Case{"sdpa_alibi_small", true},
-                                           Case{"sdpa_alibi_small", false}),
-                         [](const auto& info) { return info.param.graph + (info.param.native ? "_native" : "_capture"); });
+INSTANTIATE_TEST_SUITE_P(
+    Small, CudaGraphGpuExample,
+    ::testing::Values(Case{"conv_bias_relu_small", true}, Case{"conv_bias_relu_small", false},
+                      Case{"matmul_bias_gelu_small", true}, Case{"matmul_bias_gelu_small", false},
+                      Case{"sdpa_fwd_small", true}, Case{"sdpa_fwd_small", false},
+                      Case{"sdpa_alibi_small", true}, Case{"sdpa_alibi_small", false}),
+    [](const auto& info) { return info.param.graph + (info.param.native ? "_native" : "_capture"); });
 
 // Rebinding an input and an output updates the executable graph: the next
 // launch reads the new input and writes the new output.
@@ -237,7 +241,8 @@ TEST_P(CudaGraphGpuPath, MovedWorkspaceArenaIsFollowed) {
   ASSERT_TRUE(cg->launch().ok());
   sync();
   for (const auto& [name, bytes] : before) EXPECT_EQ(download(b.ptrs[name], b.bytes[name]), bytes) << name;
-  EXPECT_EQ(cg->steps()[0].updates, plan->workspace_bytes() > 0 ? 1 : 0) << "only a plan using the workspace follows it";
+  EXPECT_EQ(cg->steps()[0].updates, plan->workspace_bytes() > 0 ? 1 : 0)
+      << "only a plan using the workspace follows it";
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, CudaGraphGpuPath, ::testing::Values(true, false),
@@ -251,9 +256,10 @@ TEST_F(CudaGraphGpu, ChainOfPlansReplaysAsEager) {
   s.tensor("x", {2, 16, 12, 12}, "nhwc");
   s.tensor("w", {16, 16, 3, 3}, "nhwc");
   s.tensor("b", {1, 16, 1, 1}, "nhwc");
-  const std::string y = s.pointwise(
-      "act", PointwiseMode::kRelu,
-      s.pointwise("bias", PointwiseMode::kBiasAdd, s.conv_fprop("conv", "x", "w", {{1, 1}, {1, 1}, {1, 1}}), "b"));
+  const std::string y =
+      s.pointwise("act", PointwiseMode::kRelu,
+                  s.pointwise("bias", PointwiseMode::kBiasAdd,
+                              s.conv_fprop("conv", "x", "w", {{1, 1}, {1, 1}, {1, 1}}), "b"));
   s.output(y, "nhwc");
   auto g = resolve(s);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
