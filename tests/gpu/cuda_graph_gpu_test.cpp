@@ -159,21 +159,28 @@ TEST_P(CudaGraphGpuPath, RebindUpdatesWithoutANewGraph) {
   const auto expect_first = download(first.ptrs["y"], ny);
   EXPECT_NE(expect_first, expect_second) << "the two input sets must give different outputs";
 
-  // Input x and output y to new buffers; the graph is updated in place.
+  // Every input (x, w, b) and the output y to new buffers; the graph is updated in place.
+  std::vector<std::string> inputs;
+  for (const auto& t : g.tensors) {
+    if (t.is_input && !t.scalar_value) inputs.push_back(t.name);
+  }
   void* y2 = nullptr;
   ASSERT_CUDA(cudaMalloc(&y2, ny));
   ASSERT_CUDA(cudaMemset(y2, 0xFF, ny));
   poison(g, first);
-  ASSERT_TRUE(cg->rebind(0, "x", second.ptrs["x"], static_cast<int64_t>(second.bytes["x"])).ok());
+  for (const auto& name : inputs) {
+    Status st = cg->rebind(0, name, second.ptrs[name], static_cast<int64_t>(second.bytes[name]));
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
   ASSERT_TRUE(cg->rebind(0, bound->slot_of("y"), y2, static_cast<int64_t>(ny)).ok());
-  EXPECT_EQ(cg->steps()[0].updates, 2);
+  EXPECT_EQ(cg->steps()[0].updates, static_cast<int64_t>(inputs.size()) + 1);
   ASSERT_TRUE(cg->launch().ok());
   sync();
-  EXPECT_EQ(download(y2, ny), expect_second) << "the new input, into the new output";
+  EXPECT_EQ(download(y2, ny), expect_second) << "the new inputs, into the new output";
   EXPECT_EQ(download(first.ptrs["y"], ny), std::vector<uint8_t>(ny, 0xFF)) << "the old output is untouched";
 
   // Back to the first input set through BoundPlan::rebind and update().
-  ASSERT_TRUE(bound->rebind("x", first.ptrs["x"]).ok());
+  for (const auto& name : inputs) ASSERT_TRUE(bound->rebind(name, first.ptrs[name]).ok());
   ASSERT_TRUE(cg->update().ok());
   ASSERT_TRUE(cg->launch().ok());
   sync();
