@@ -267,7 +267,7 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
           "download '" + t.name + "' (CUDA graph)"));
       graph_outputs[t.name] = std::move(h);
     }
-    compare_bytes(result.outputs, graph_outputs, cg);
+    runtime::compare_bytes(result.outputs, graph_outputs, cg);
     if (!cg.bit_identical) {
       std::string msg = "the CUDA graph's outputs differ from the eager execution's (" + cg.recording + " recording):";
       for (const auto& m : cg.mismatches) msg += "\n  " + m;
