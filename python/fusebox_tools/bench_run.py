@@ -31,6 +31,7 @@ GPU clocks (nvidia-smi) are recorded before and after each row.
 """
 import argparse
 import datetime
+import glob
 import json
 import os
 import shutil
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 
 from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
-from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
 PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks", "runtime")
 FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "conv_bwd", "matmul": "matmul",
@@ -282,6 +283,8 @@ def bench_plain(path, graph, args, row):
     notes = row["notes"]
     row["fusebox"] = time_fusebox(args, path, {}, notes)
     fn = torch_compare.make_eager_fn(graph)
+    if family(graph) == "conv_bwd":
+        notes.append("torch: aten.convolution_backward (torch.nn.grad.conv*d_input / _weight), channels_last")
     with torch.no_grad():
         sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
         row["input_sets"] = len(sets)
@@ -596,11 +599,19 @@ def save(path, doc):
     os.replace(tmp, path)
 
 
+def bench_graphs():
+    """Graphs benchmarked beside the examples (bench/graphs/*.json: e.g. the
+    ResNet-50 convolution backward shapes), kept out of examples/ so the
+    example-wide tests do not run them all."""
+    return sorted(glob.glob(os.path.join(REPO_ROOT, "bench", "graphs", "*.json")))
+
+
 def part_graphs(part, args):
     if args.graphs:
         paths = args.graphs
     else:
         paths = [p for p in default_graphs() if os.path.basename(os.path.dirname(p)) == "graphs"]
+        paths += bench_graphs()
     out = []
     for p in paths:
         try:

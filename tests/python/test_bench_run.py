@@ -2,6 +2,7 @@
 (torch is not installed here): which part each example graph belongs to, and
 which PyTorch kernels a norm graph is timed against."""
 import importlib
+import json
 import os
 import sys
 import types
@@ -83,3 +84,25 @@ def test_runtime_part_finds_its_bench_binary(bench_run, monkeypatch):
     monkeypatch.setenv("FUSEBOX_RUNTIME_BENCH", "/y/bench")
     assert bench_run.runtime_bench_bin("/x/.gpu/fusebox") == "/y/bench"
     assert "runtime" in bench_run.PARTS
+
+
+def test_bench_graphs_check_and_belong_to_a_part(fusebox):
+    """bench/graphs/*.json (benchmarked beside the examples) are valid graphs
+    of a family some part benchmarks."""
+    import ast
+    import glob
+    import subprocess
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    paths = sorted(glob.glob(os.path.join(root, "bench", "graphs", "*.json")))
+    assert len(paths) >= 10
+    src = open(os.path.join(root, "python", "fusebox_tools", "bench_run.py")).read()
+    tree = ast.parse(src)
+    parts = next(ast.literal_eval(n.value) for n in tree.body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARTS")
+    family_of_op = next(ast.literal_eval(n.value) for n in tree.body
+                        if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FAMILY_OF_OP")
+    for p in paths:
+        r = subprocess.run([fusebox, "check", p, "--json"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (p, r.stderr)
+        ops = [o["op"] for o in json.loads(r.stdout)["ops"]]
+        assert any(family_of_op.get(o) in parts for o in ops), (p, ops)

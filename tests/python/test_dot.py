@@ -2,6 +2,7 @@
 (docs/cli.md): the DOT text parsed structurally against `check --json` of the
 same graph on every example; hostile names stay inside their labels; and, where
 Graphviz is installed, `dot -Tsvg` accepts every picture."""
+import glob
 import json
 import os
 import re
@@ -245,3 +246,52 @@ def test_build_dot_shows_the_engine(fusebox, tmp_path):
         if shutil.which("dot"):
             svg = subprocess.run(["dot", "-Tsvg"], input=p.stdout, capture_output=True, text=True, timeout=60)
             assert svg.returncode == 0, svg.stderr
+
+
+PIPELINES = sorted(glob.glob(os.path.join(REPO_ROOT, "examples", "pipelines", "*.json")))
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: os.path.basename(p))
+def test_pipeline_dot_matches_the_checked_pipeline(fusebox, path):
+    """`pipeline check --dot`: one node per buffer with its dims and kind, one
+    cluster per stage (in stage order) holding its graph's ops, and an edge for
+    every stage tensor bound to a buffer (buffer -> op for reads, op -> buffer
+    for writes), labelled with the graph tensor."""
+    p = run(fusebox, "pipeline", "check", path, "--dot")
+    assert p.returncode == 0, p.stderr
+    dot = parse_dot(p.stdout)
+    q = run(fusebox, "pipeline", "check", path, "--json")
+    assert q.returncode == 0, q.stderr
+    doc = json.loads(q.stdout)
+    buffers = {k: v for k, v in dot["nodes"].items() if re.fullmatch(r"b\d+", k)}
+    assert [label_name(buffers[f"b{i}"]["label"]) for i in range(len(doc["buffers"]))] == \
+        [b["name"] for b in doc["buffers"]]
+    for i, b in enumerate(doc["buffers"]):
+        label = buffers[f"b{i}"]["label"]
+        assert "[" + ", ".join(str(d) for d in b["dims"]) + "] " + b["dtype"] in label, label
+        assert b["kind"] in label, label
+    assert len(dot["clusters"]) == len(doc["stages"])
+    stage_labels = [c["attrs"]["label"] for c in dot["clusters"].values()]
+    for k, st in enumerate(doc["stages"]):
+        assert any(lab.startswith(f"{k + 1}. {st['name']}: graph {st['graph']}") for lab in stage_labels), stage_labels
+    # every bound tensor is one labelled edge between its buffer and an op of its stage
+    index = {b["name"]: i for i, b in enumerate(doc["buffers"])}
+    bound = [(f"b{index[buf]}", tensor) for st in doc["stages"] for tensor, buf in st["bind"].items()]
+    buffer_edges = [(s if s.startswith("b") else d, a["label"]) for s, d, a in dot["edges"]
+                    if s.startswith("b") or d.startswith("b")]
+    assert sorted(buffer_edges) == sorted(bound)
+    if shutil.which("dot"):
+        svg = subprocess.run(["dot", "-Tsvg"], input=p.stdout, capture_output=True, text=True, timeout=60)
+        assert svg.returncode == 0 and "<svg" in svg.stdout, svg.stderr
+
+
+def test_pipeline_dot_refuses_to_overwrite_the_pipeline(fusebox, tmp_path):
+    src = PIPELINES[0]
+    p = run(fusebox, "pipeline", "check", src, f"--dot={src}")
+    assert p.returncode == 2 and "refusing to overwrite" in p.stderr, p.stderr
+    p = run(fusebox, "pipeline", "check", src, "--json", "--dot")
+    assert p.returncode == 2 and "both write to stdout" in p.stderr, p.stderr
+    out = tmp_path / "p.dot"
+    p = run(fusebox, "pipeline", "check", src, f"--dot={out}")
+    assert p.returncode == 0 and ": ok" in p.stdout, p.stdout
+    parse_dot(out.read_text())

@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "common/dims_string.h"
+#include "dot.h"
 #include "fusebox/pipeline.h"
 
 namespace fusebox::cli {
@@ -90,6 +91,7 @@ Runner add_pipeline(CLI::App& app) {
   struct Args {
     std::string path;
     bool json = false;
+    std::string dot;
   };
   auto a = std::make_shared<Args>();
   auto* check = cmd->add_subcommand(
@@ -97,12 +99,24 @@ Runner add_pipeline(CLI::App& app) {
       "Load a pipeline file, check how its stages connect; print the stage order and buffers (no GPU)");
   check->add_option("pipeline", a->path, "Pipeline JSON file")->required();
   check->add_flag("--json", a->json, "Write the checked pipeline as one JSON document to stdout");
-  return [a, check]() {
+  auto* dot = check->add_option("--dot", a->dot,
+                                "Write a Graphviz picture of the pipeline (buffers, stages, their ops) to FILE (no "
+                                "FILE or '-': stdout; write --dot=FILE, or put --dot after the pipeline)")
+                  ->expected(0, 1);
+  return [a, check, dot]() {
     if (!check->parsed())
       return fail(
           "pipeline",
           InvalidArgument(
               "a subcommand is needed: accepted subcommands are check (see fusebox pipeline --help)"));
+    const bool want_dot = dot->count() > 0;
+    const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
+    if (dot_stdout && a->json)
+      return fail("pipeline check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
+    if (want_dot && !dot_stdout) {
+      Status st = common::refuse_overwriting_input(a->dot, "--dot file", {{"pipeline file", a->path}});
+      if (!st.ok()) return fail("pipeline check", st);
+    }
     auto p = load_pipeline_file(a->path);
     if (!p.ok()) {
       if (a->json)
@@ -112,6 +126,10 @@ Runner add_pipeline(CLI::App& app) {
                                               2)
                                 .c_str());
       return fail("pipeline check", p.status());
+    }
+    if (want_dot) {
+      if (Status st = write_dot(a->dot, pipeline_dot(*p)); !st.ok()) return fail("pipeline check", st);
+      if (dot_stdout) return kExitOk;  // stdout holds the picture alone, for `| dot -Tsvg`
     }
     if (a->json)
       std::printf("%s\n", common::json_dump(pipeline_json(*p), 2).c_str());

@@ -3,6 +3,7 @@
 #include "dot.h"
 
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -120,6 +121,70 @@ std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan) {
       o << "  t" << idx << " -> op" << i << " [label=\"" << dot_escape(role) << "\"];\n";
     for (const auto& [role, idx] : g.ops[i].outputs)
       o << "  op" << i << " -> t" << idx << " [label=\"" << dot_escape(role) << "\"];\n";
+  }
+  o << "}\n";
+  return o.str();
+}
+
+std::string pipeline_dot(const Pipeline& p) {
+  std::ostringstream o;
+  char flops[64];
+  std::snprintf(flops, sizeof flops, "%.3g GFLOP", p.flops() / 1e9);
+  o << "digraph fusebox_pipeline {\n"
+    << "  graph [rankdir=TB, fontname=\"Helvetica\", labelloc=t, label=\"pipeline " << dot_escape(p.name) << " ("
+    << p.stages.size() << " stages, " << flops
+    << ")\\nboxes: buffers (blue: inputs, grey: constants, white: intermediates, green: outputs); "
+       "clusters: stages, one cuDNN graph each\"];\n"
+    << "  node [fontname=\"Helvetica\", fontsize=10];\n"
+    << "  edge [fontname=\"Helvetica\", fontsize=9];\n";
+  for (size_t b = 0; b < p.buffers.size(); ++b) {
+    const PipelineBuffer& buf = p.buffers[b];
+    const char* fill = buf.kind == BufferKind::kInput      ? "lightblue"
+                       : buf.kind == BufferKind::kConstant ? "lightgray"
+                       : buf.kind == BufferKind::kOutput   ? "palegreen"
+                                                           : "white";
+    o << "  b" << b << " [label=\"" << dot_escape(buf.name) << "\\n" << common::dims_string(buf.dims) << " "
+      << dtype_name(buf.dtype) << "\\n" << buffer_kind_name(buf.kind);
+    if (!buf.file.empty()) o << " " << dot_escape(buf.file);
+    o << "\", shape=box, style=filled, fillcolor=" << fill << "];\n";
+  }
+  // Op nodes are s<stage>_<op>; a stage's graph tensors bound to buffers are
+  // drawn as edges to and from the buffer nodes, the rest stay inside.
+  for (size_t k = 0; k < p.order.size(); ++k) {
+    const int s = p.order[k];
+    const PipelineStage& st = p.stages[s];
+    o << "  subgraph cluster_s" << s << " {\n    label=\"" << (k + 1) << ". " << dot_escape(st.name) << ": graph "
+      << dot_escape(st.graph.name) << " (" << dot_escape(st.graph_file) << ")\";\n"
+      << "    style=\"rounded,bold\"; color=darkorange;\n";
+    for (size_t i = 0; i < st.graph.ops.size(); ++i) {
+      const ResolvedOp& op = st.graph.ops[i];
+      o << "    s" << s << "_" << i << " [label=\"" << dot_escape(op.name) << "\\n"
+        << dot_escape(op_type_name(op.attrs)) << "\", shape=box, style=\"rounded,filled\", fillcolor=lightyellow];\n";
+    }
+    o << "  }\n";
+    // Inside a stage: op -> op through virtual tensors, labelled with the tensor.
+    std::map<int, size_t> writer;  // graph tensor index -> op writing it
+    for (size_t i = 0; i < st.graph.ops.size(); ++i)
+      for (const auto& [role, t] : st.graph.ops[i].outputs) writer[t] = i;
+    for (size_t i = 0; i < st.graph.ops.size(); ++i) {
+      for (const auto& [role, t] : st.graph.ops[i].inputs) {
+        const ResolvedTensor& tensor = st.graph.tensors[t];
+        auto bound = st.bind.find(tensor.name);
+        if (bound != st.bind.end()) {
+          o << "  b" << bound->second << " -> s" << s << "_" << i << " [label=\"" << dot_escape(tensor.name)
+            << "\"];\n";
+        } else if (auto w = writer.find(t); w != writer.end()) {
+          o << "  s" << s << "_" << w->second << " -> s" << s << "_" << i << " [label=\"" << dot_escape(tensor.name)
+            << "\", style=dashed];\n";
+        }
+      }
+      for (const auto& [role, t] : st.graph.ops[i].outputs) {
+        const ResolvedTensor& tensor = st.graph.tensors[t];
+        if (auto bound = st.bind.find(tensor.name); bound != st.bind.end())
+          o << "  s" << s << "_" << i << " -> b" << bound->second << " [label=\"" << dot_escape(tensor.name)
+            << "\"];\n";
+      }
+    }
   }
   o << "}\n";
   return o.str();

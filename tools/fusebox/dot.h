@@ -1,11 +1,12 @@
 // Graphviz (DOT) pictures of a resolved graph: `fusebox check --dot` and
-// `fusebox build --dot` (docs/cli.md, "Pictures of graphs").
+// `fusebox build --dot`, `fusebox pipeline check --dot` (docs/cli.md, "Pictures of graphs").
 #pragma once
 
 #include <string>
 #include <string_view>
 
 #include "fusebox/graph.h"
+#include "fusebox/pipeline.h"
 
 namespace fusebox::cli {
 
@@ -28,6 +29,13 @@ std::string dot_escape(std::string_view s);
 // `plan`, the ops sit in one cluster labelled with the engine and workspace:
 // cuDNN runs the whole graph as one engine per plan.
 std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan = nullptr);
+
+// A pipeline: one node per buffer (name, dims, dtype, kind: input, constant
+// with its file, intermediate, output) and one cluster per stage holding its
+// graph's ops (name and type), in the stage order; edges buffer -> op and
+// op -> buffer labelled with the graph tensor, so a reader follows each
+// buffer from the stage that writes it to the ones that read it.
+std::string pipeline_dot(const Pipeline& p);
 
 // Writes `text` to `path` ("-" or empty: stdout).
 Status write_dot(const std::string& path, const std::string& text);
