@@ -4,7 +4,7 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,runtime,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
@@ -13,6 +13,9 @@
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm graphs (torch: its native norm kernels)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
+#   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
+#            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)
+#            and the same chain in PyTorch eager, torch.compile and torch.cuda.CUDAGraph (2-4 min)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
@@ -27,12 +30,18 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
 # The parts of fusebox_tools.bench_run (its PARTS), in the order the report merges them.
-BENCH_PARTS="peaks conv conv_bwd matmul norm sdpa"
+BENCH_PARTS="peaks conv conv_bwd matmul norm sdpa runtime"
 PARTS=${PARTS:-${BENCH_PARTS// /,},report}
 mkdir -p "$OUT"
 
 FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
 [ -x "$FB" ] || FB=build/fusebox
+# The runtime part's binary: beside fusebox in the bundle, else in build/.
+if [ -z "${FUSEBOX_RUNTIME_BENCH:-}" ]; then
+  FUSEBOX_RUNTIME_BENCH="$(dirname "$FB")/bound_execute_bench"
+  [ -x "$FUSEBOX_RUNTIME_BENCH" ] || FUSEBOX_RUNTIME_BENCH=build/bound_execute_bench
+fi
+export FUSEBOX_RUNTIME_BENCH
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
 # torch.compile's autotuning results survive between calls on a warm machine; outside

@@ -156,6 +156,35 @@ do_host_overhead() {
   "$BUNDLE/bound_execute_bench" examples/graphs/small/conv_bias_relu_small.json --iters 5000 --rounds 5
 }
 
+# Every graph eager and as a CUDA graph (issue #11): outputs bit-identical
+# between the two, verified against the reference, and how each was recorded.
+do_cuda_graph() {
+  local fails=0 g name rc
+  mkdir -p "$OUT/cuda_graph"
+  for g in "${GRAPHS[@]}"; do
+    name=$(graph_name "$g")
+    timeout 240 "$FB" run "$g" --cuda-graph --verify --warmup 5 --iters 20 --json > "$OUT/cuda_graph/$name.json" \
+      2> "$OUT/cuda_graph/$name.stderr"
+    rc=$?
+    "$PY" - "$OUT/cuda_graph/$name.json" "$rc" <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+path, rc = sys.argv[1], int(sys.argv[2])
+try:
+    r = json.load(open(path))
+except ValueError:
+    sys.exit(f"FAIL {path}: exit {rc}, no JSON: " + open(path.replace('.json', '.stderr')).read()[:400])
+cg = r.get("cuda_graph") or {}
+print(f"{r.get('graph')}: {cg.get('recording')} recording, bit-identical {cg.get('bit_identical_to_eager')}, "
+      f"verified {r.get('ok')}, median {r.get('latency_ms', {}).get('median')} ms per graph launch"
+      + (f" (not native: {cg.get('why_not_native')})" if cg.get("why_not_native") else ""))
+if rc != 0 or not cg.get("bit_identical_to_eager") or not r.get("ok"):
+    sys.exit(f"FAIL {r.get('graph')}: exit {rc}, {cg.get('mismatches')}")
+PYEOF
+  done
+  echo "run --cuda-graph: ${#GRAPHS[@]} graphs, $fails failures"
+  [ "$fails" -eq 0 ]
+}
+
 do_bench() {
   timeout 420 "$PY" -m fusebox_tools.torch_compare --fusebox "$FB" --markdown-out "$OUT/bench.md" \
     --json-out "$OUT/bench.json"
@@ -465,6 +494,7 @@ section plan_cache do_cache
 section cache_migration do_cache_migration
 section cudnn_mismatch do_cudnn_mismatch
 section host_overhead do_host_overhead
+section cuda_graph do_cuda_graph
 section bench do_bench
 
 echo

@@ -5,7 +5,8 @@
 # small ones, the SDPA benchmark against torch and the plan-cache start-up;
 # with PIPELINES=1, `pipeline run --verify` of every example pipeline and its
 # PyTorch cross-check (GRAPH_FILTER=none skips the graphs).
-#   OUT=DIR GTEST_FILTER='*Sdpa*' GRAPH_FILTER=sdpa scripts/gpu_quick.sh [BUNDLE_DIR]
+#   OUT=DIR GTEST_FILTER='*Sdpa*' GRAPH_FILTER=sdpa [CUDA_GRAPH=1] [PIPELINES=1] scripts/gpu_quick.sh [BUNDLE_DIR]
+# CUDA_GRAPH=1 also runs each graph with --cuda-graph (bit-identical to eager, verified).
 # Every step writes its own log under $OUT as it goes, so a timeout keeps what ran.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -35,6 +36,13 @@ for g in examples/graphs/small/*.json examples/graphs/*.json; do
   step run "$name"
   timeout 120 "$FB" run "$g" --verify --warmup 5 --iters 20 > "$OUT/run/$name.txt" 2>&1 || { echo "FAIL run $name"; fails=$((fails + 1)); }
   grep -E "verify|latency|plan:|first execution" "$OUT/run/$name.txt" | cut -c1-220
+  if [ -n "${CUDA_GRAPH:-}" ]; then
+    # CUDA_GRAPH=1: also as a CUDA graph, outputs bit-identical to eager (issue #11).
+    step run --cuda-graph "$name"
+    timeout 120 "$FB" run "$g" --cuda-graph --verify --warmup 5 --iters 20 > "$OUT/run/$name.cuda_graph.txt" 2>&1 \
+      || { echo "FAIL run --cuda-graph $name"; fails=$((fails + 1)); }
+    grep -E "CUDA graph|verify|latency|rror" "$OUT/run/$name.cuda_graph.txt" | cut -c1-220
+  fi
 done
 
 SMALL=()

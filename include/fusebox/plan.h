@@ -200,6 +200,15 @@ class BoundPlan {
   // is rebuilt here (microseconds), never in execute().
   Status rebind(int slot, void* ptr);
   Status rebind(std::string_view name, void* ptr);
+  // The same, refusing a buffer of `buffer_bytes` smaller than the tensor
+  // (the error names the tensor and both sizes); nothing changes then.
+  Status rebind(int slot, void* ptr, int64_t buffer_bytes);
+  Status rebind(std::string_view name, void* ptr, int64_t buffer_bytes);
+  // The bytes a buffer for the tensor in `slot` must hold (its storage:
+  // strides included), -1 for an unknown slot.
+  int64_t tensor_bytes(int slot) const;
+  // Whether a buffer of `buffer_bytes` can hold the tensor in `slot`.
+  Status check_buffer(int slot, int64_t buffer_bytes) const;
   // Asynchronous on the context's stream.
   Status execute();
 
@@ -215,6 +224,7 @@ class BoundPlan {
   void* backend_variant_pack() const;
 
   struct Impl;
+  Impl* impl() const { return impl_.get(); }
 
  private:
   explicit BoundPlan(std::unique_ptr<Impl> impl);

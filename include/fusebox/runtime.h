@@ -47,6 +47,23 @@ struct RunOptions {
   // between two events, divided by `iters`; and `samples` host latencies,
   // each one call from before execute() until its stream is synchronized.
   int samples = 0;
+  // Also run through a CUDA graph (fusebox/cuda_graph.h): after the eager
+  // execution, the graph is launched on re-poisoned outputs and its outputs
+  // are compared byte for byte with the eager ones (a difference is an
+  // error); verification and timing then use the graph (one graph per input
+  // set, launched in rotation; samples launch one graph of `iters` executes).
+  bool cuda_graph = false;
+};
+
+// What RunOptions::cuda_graph did.
+struct CudaGraphRun {
+  bool used = false;
+  std::string recording;       // "native", "native (frontend)" or "capture"
+  std::string why_not_native;  // for "capture"
+  bool bit_identical = false;  // every output byte equal to the eager run's
+  int64_t bytes_compared = 0;
+  std::vector<std::string> mismatches;  // "y: 12 of 4096 bytes differ, first at byte 8"
+  double create_ms = 0;                 // recording and instantiating the graphs
 };
 
 struct LatencyStats {
@@ -70,6 +87,7 @@ struct RunResult {
   double flops = 0;   // the graph's useful work with these inputs (sequence lengths)
   double tflops = 0;  // flops / median
   double gbps = 0;    // non-virtual bytes / median
+  CudaGraphRun cuda_graph;
 };
 
 // Runs `plan` for `g` on ctx's GPU: uploads inputs, poisons outputs with NaN,

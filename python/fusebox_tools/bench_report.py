@@ -15,6 +15,19 @@ Input: a results file written by fusebox_tools.bench_run (bench/results/DATE-GPU
                "clocks": {"before": {"sm_mhz": ..., ...}, "after": {...}},
                "notes": [...]}]}
 
+A "runtime" object (bench_run --part runtime, from build/bound_execute_bench
+--json) adds two tables: host overhead of one bound execute against the bare
+cuDNN call and per execute replayed in a CUDA graph, and a 10-layer
+conv+bias+relu chain, eager launches against one CUDA graph, beside PyTorch:
+
+    "runtime": {"host_overhead": {"graph": ..., "bound_over_bare": 1.05,
+                                  "rows": [{"call": "BoundPlan::execute", "host_ns": 2100}, ...],
+                                  "cuda_graph": {"launch_host_ns_per_execute": ..., "replay_gpu_ns_per_execute": ...,
+                                                 "eager_gpu_ns_per_execute": ..., "recording": "native"}},
+                "chain": [{"name": "conv3x3_chain10_b1", "batch": 1, "layers": 10, "bit_identical": true,
+                           "fusebox": {"eager": {"gpu_ms": [...], "latency_ms": [...]}, "cuda_graph": {...}},
+                           "torch": {"eager": {...}, "compile": {...}, "cuda_graph": {...}}}]}
+
 gpu_ms samples: GPU time per call, each sample one timing of back-to-back
 calls (or of a CUDA graph of N calls) divided by N. latency_ms samples: one
 call each, host clock from before the call until its results are ready, as an
@@ -214,11 +227,107 @@ def merge(parts):
         for k in ("peaks", "versions"):
             if d.get(k):
                 out.setdefault(k, {}).update({kk: vv for kk, vv in d[k].items() if vv is not None})
+        if d.get("runtime"):
+            out["runtime"] = d["runtime"]  # one part writes it; a later one wins
         for r in d["rows"]:
             rows[(r.get("family"), r["name"])] = r
     out["rows"] = list(rows.values())
     out["parts"] = [os.path.basename(p) for p in parts]
     return out
+
+
+# ---------------------------------------------------------------- runtime
+
+RUNTIME_REPLAY_TARGET_NS = 2000  # issue #11: at most 2 µs per graph replayed
+RUNTIME_BOUND_TARGET = 1.2       # bound execute at most 1.2x the bare backend call
+RUNTIME_CHAIN_TARGET = 2.0       # CUDA-graph replay at least 2x faster than eager launches
+
+
+def chain_stats(row):
+    """Summaries and ratios of one chain row: fusebox eager and CUDA graph,
+    the torch variants, replay speedup over eager, and against the best torch."""
+    fb = row.get("fusebox") or {}
+    out = {"eager": side_stats(fb.get("eager")), "graph": side_stats(fb.get("cuda_graph")), "torch": {}}
+    for v in TORCH_VARIANTS:
+        out["torch"][v] = side_stats((row.get("torch") or {}).get(v))
+    for key, kind in (("replay_speedup", "gpu"), ("replay_latency_speedup", "latency")):
+        e, g = out["eager"][kind], out["graph"][kind]
+        out[key] = e["median"] / g["median"] if e and g and g["median"] > 0 else None
+    gpu = {v: s["gpu"]["median"] for v, s in out["torch"].items() if s["gpu"]}
+    lat = {v: s["latency"]["median"] for v, s in out["torch"].items() if s["latency"]}
+    out["best_torch"] = min(gpu, key=gpu.get) if gpu else None
+    out["best_torch_latency"] = min(lat, key=lat.get) if lat else None
+    g, gl = out["graph"]["gpu"], out["graph"]["latency"]
+    out["vs_torch"] = gpu[out["best_torch"]] / g["median"] if g and out["best_torch"] else None
+    out["vs_torch_latency"] = lat[out["best_torch_latency"]] / gl["median"] if gl and out["best_torch_latency"] else None
+    return out
+
+
+def met(value, target, at_most):
+    if value is None:
+        return "-"
+    return "yes" if (value <= target if at_most else value >= target) else "**no**"
+
+
+def runtime_markdown(rt):
+    """The runtime tables (empty when the run has no runtime part)."""
+    if not rt:
+        return []
+    L = []
+    h = rt.get("host_overhead") or {}
+    if h:
+        L += [f"### Runtime: host cost of one execute (graph `{md_cell(h.get('graph', '?'))}`, "
+              f"engine `{md_cell(h.get('engine', '?'))}`, bound path {md_cell(h.get('bound_path', '?'))})", "",
+              "| call | median ns on the host |", "|---|---:|"]
+        for r in h.get("rows") or []:
+            L.append(f"| {md_cell(r.get('call', '?'))} | {float(r.get('host_ns') or 0):.0f} |")
+        ratio_bb = h.get("bound_over_bare")
+        cg = h.get("cuda_graph") or {}
+        L.append("")
+        if ratio_bb is not None:
+            L.append(f"Bound / bare: **{ratio_bb:.3f}** (target ≤ {RUNTIME_BOUND_TARGET}: "
+                     f"{met(ratio_bb, RUNTIME_BOUND_TARGET, True)}).")
+        if cg:
+            replay = cg.get("replay_gpu_ns_per_execute")
+            L.append(f"In one CUDA graph of {cg.get('executes_per_graph', '?')} executes "
+                     f"({md_cell(cg.get('recording', '?'))} recording): "
+                     f"launch {float(cg.get('launch_host_ns_per_execute') or 0):.0f} ns on the host and "
+                     f"**{float(replay or 0):.0f} ns** on the GPU per execute replayed "
+                     f"(target ≤ {RUNTIME_REPLAY_TARGET_NS} ns: {met(replay, RUNTIME_REPLAY_TARGET_NS, True)}), "
+                     f"against {float(cg.get('eager_gpu_ns_per_execute') or 0):.0f} ns per eager execute "
+                     "back to back.")
+        L.append("")
+    chain = rt.get("chain") or []
+    if chain:
+        first = chain[0]
+        L += [f"### Runtime: {first.get('layers', '?')} conv+bias+relu 3x3 layers, {first.get('channels', '?')} channels, "
+              f"{first.get('hw', '?')}x{first.get('hw', '?')}, {md_cell(first.get('dtype', '?'))} "
+              f"{md_cell(first.get('layout', ''))}: CUDA graph against eager launches", "",
+              "Per forward of the whole chain, µs, median [p10-p90]. fusebox eager = one BoundPlan execute per "
+              "layer; fusebox CUDA graph = one launch of a CudaGraph of the layers. "
+              f"Targets: replay ≥ {RUNTIME_CHAIN_TARGET:.0f}x faster than eager, and faster than every PyTorch variant.", "",
+              "| | batch | fusebox eager | fusebox CUDA graph | replay speedup | torch eager | torch.compile "
+              "| torch CUDA graph | vs best PyTorch | graph = eager bits |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for kind, title in (("gpu", "GPU time"), ("latency", "latency")):
+            for row in chain:
+                st = chain_stats(row)
+                t = st["torch"]
+                sp = st["replay_speedup" if kind == "gpu" else "replay_latency_speedup"]
+                vs = st["vs_torch" if kind == "gpu" else "vs_torch_latency"]
+                L.append(f"| {title} | {row.get('batch', '?')} | {us_spread(st['eager'][kind])} "
+                         f"| {us_spread(st['graph'][kind])} | **{ratio(sp)}** ({met(sp, RUNTIME_CHAIN_TARGET, False)}) "
+                         f"| {us_spread(t['eager'][kind])} | {us_spread(t['compile'][kind])} "
+                         f"| {us_spread(t['cuda_graph'][kind])} | {ratio(vs)} "
+                         f"| {'yes' if row.get('bit_identical') else '**no**'} |")
+        L.append("")
+        notes = sorted({n for row in chain for n in (row.get("notes") or [])} | set(rt.get("notes") or []))
+        recs = sorted({r for row in chain for r in (row.get("recordings") or [])})
+        L.append(f"Engines: {', '.join(sorted({md_cell(r.get('engine', '?')) for r in chain}))}; "
+                 f"CUDA graph recording: {', '.join(recs) or '?'}."
+                 + (f" Notes: {md_cell('; '.join(notes))}." if notes else ""))
+        L.append("")
+    return L
 
 
 # ---------------------------------------------------------------- Markdown
@@ -314,6 +423,8 @@ def markdown(doc, stats, previous=None, previous_path=None, plots=None):
         L.append(f"| {md_cell(row['name'])} | {r['tflops']:.1f} | {r['gbps']:.0f} | {pct(r['compute_frac'])} "
                  f"({r['peak']}) | {pct(r['bandwidth_frac'])} | {r['bound'] or '-'} | {pct(r['frac'])} |")
     L.append("")
+
+    L += runtime_markdown(doc.get("runtime"))
 
     flagged, changes = regressions(rows, stats, previous)
     L += ["### Against the previous run", ""]

@@ -3,8 +3,12 @@ file (the format fusebox_tools.bench_report reads). scripts/bench.sh runs the
 parts and the report; see docs/gpu.md, "Benchmarks".
 
 Parts: conv, matmul, sdpa (the example graphs of each family,
-examples/graphs/*.json; GRAPHS=... to choose others) and peaks (dense bf16 and
-FP8 matmul TFLOP/s, device copy GB/s). Each finished row is written at once;
+examples/graphs/*.json; GRAPHS=... to choose others), peaks (dense bf16 and
+FP8 matmul TFLOP/s, device copy GB/s) and runtime (build/bound_execute_bench
+--json: host overhead of one bound execute and per execute replayed in a CUDA
+graph; a chain of 10 conv+bias+relu 3x3 layers, eager launches against one
+CUDA graph, beside the same network in PyTorch eager, torch.compile and a
+torch.cuda.CUDAGraph; the part file's "runtime" object). Each finished row is written at once;
 a part run again skips the rows its file already holds (--force: redo), so a
 part cut off by a time limit resumes where it stopped.
 
@@ -45,7 +49,7 @@ from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
-PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks")
+PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks", "runtime")
 FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "conv_bwd", "matmul": "matmul",
                 "layernorm": "norm", "rmsnorm": "norm", "layernorm_bwd": "norm", "rmsnorm_bwd": "norm",
                 "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
@@ -517,6 +521,66 @@ def peaks(args):
     return out, notes
 
 
+# ---------------------------------------------------------------- runtime
+
+def runtime_bench_bin(fusebox):
+    """bound_execute_bench: $FUSEBOX_RUNTIME_BENCH, else beside the fusebox binary."""
+    env = os.environ.get("FUSEBOX_RUNTIME_BENCH")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(fusebox)), "bound_execute_bench")
+
+
+def conv_chain(batch, layers, channels, hw, seed=1234):
+    """The bench's 10-layer network in torch: conv 3x3 (padding 1) + bias + relu,
+    bf16 channels_last, inputs, weights and biases uniform in [-1, 1] as
+    fusebox's random inputs. Returns (fn, x)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def uniform(*shape):
+        return torch.rand(*shape, generator=g, device="cuda", dtype=torch.float32).mul_(2).sub_(1)
+    x = uniform(batch, channels, hw, hw).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    ws = [uniform(channels, channels, 3, 3).to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+          for _ in range(layers)]
+    bs = [uniform(channels).to(torch.bfloat16) for _ in range(layers)]
+
+    def fn(inp):
+        for w, b in zip(ws, bs):
+            inp = F.relu(F.conv2d(inp, w, b, padding=1))
+        return inp
+    return fn, x
+
+
+def runtime_part(args):
+    """The runtime part: fusebox's bench binary, then torch's side of each chain row."""
+    exe = runtime_bench_bin(args.fusebox)
+    notes = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "runtime.json")
+        cmd = [exe, "--json", out, "--calls", str(args.calls), "--samples", str(args.samples)]
+        log(" ".join(cmd))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        sys.stderr.write(p.stdout + p.stderr)
+        if not os.path.exists(out):
+            raise FuseboxError(f"{exe} exited {p.returncode} without writing its results: {first_line(p.stderr)}")
+        with open(out) as f:
+            rt = json.load(f)
+        if p.returncode != 0:
+            notes.append(f"{os.path.basename(exe)} exited {p.returncode}: {first_line(p.stderr)}")
+    for row in rt.get("chain", []):
+        row["clocks"] = {"before": clocks()}
+        fn, x = conv_chain(row["batch"], row["layers"], row["channels"], row["hw"])
+        row_notes = []
+        row["torch"] = torch_variants(fn, [x], args, row_notes)
+        row["clocks"]["after"] = clocks()
+        row["notes"] = row.get("notes", []) + row_notes + [
+            "no input rotation on either side: the chain's activations stay in the L2"]
+        del fn, x
+        torch.cuda.empty_cache()
+    rt["notes"] = notes
+    return rt
+
+
 # ---------------------------------------------------------------- the part file
 
 def load_part(path):
@@ -602,6 +666,23 @@ def main(argv=None):
         doc["peaks_notes"] = notes
         save(args.out, doc)
         log(f"peaks: {doc['peaks']} {notes}")
+        return 0
+    if args.part == "runtime":
+        if doc.get("runtime") and not args.force:
+            log(f"runtime already in {args.out} (--force to redo)")
+            return 0
+        try:
+            doc["runtime"] = runtime_part(args)
+        except (FuseboxError, OSError, subprocess.TimeoutExpired, ValueError) as e:
+            log(f"runtime: {e}")
+            return 1
+        save(args.out, doc)
+        for row in doc["runtime"].get("chain", []):
+            fb, t = row["fusebox"], row.get("torch") or {}
+            med = lambda s: f"{sorted(s)[len(s) // 2] * 1e3:.1f}" if s else "-"  # noqa: E731
+            log(f"{row['name']}: fusebox eager {med(fb['eager']['gpu_ms'])} us, CUDA graph "
+                f"{med(fb['cuda_graph']['gpu_ms'])} us; "
+                + ", ".join(f"torch {k} {med((v or {}).get('gpu_ms'))} us" for k, v in t.items()))
         return 0
     done = {r["graph"] for r in doc["rows"]}
     fails = 0

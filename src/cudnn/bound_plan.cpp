@@ -1,85 +1,9 @@
 // BoundPlan: a plan bound once to its tensors in cuDNN's uid order.
 #include <algorithm>
 
-#include "internal.h"
+#include "bound_plan_impl.h"
 
 namespace fusebox {
-
-struct BoundPlan::Impl {
-  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // keeps the plan alive
-  const cudnn::FeGraph* fe = nullptr;
-  cudnnHandle_t handle = nullptr;
-  int64_t plan_index = -1;
-  std::string engine;
-  int64_t workspace_bytes = 0;
-  std::shared_ptr<const WorkspaceBinding> workspace;
-  uint64_t workspace_generation = 0;
-
-  std::vector<std::string> names;  // slot order = ascending uid (the frontend's user slots)
-  std::vector<void*> user_ptrs;    // parallel to names
-
-  // Direct path: the frontend's template completed with our pointers, and
-  // the variant pack built from it.
-  bool direct = false;
-  cudnnBackendDescriptor_t backend_plan = nullptr;
-  std::vector<int> user_slot_index;  // names[i] -> index into all_ptrs
-  std::vector<void*> all_ptrs;       // template order (all uids the backend sees)
-  std::vector<int64_t> all_uids;
-  std::vector<int64_t> alignment;  // per user slot, 1 when cuDNN asks none
-  cudnnBackendDescriptor_t pack = nullptr;
-
-  ~Impl() {
-    if (pack) cudnnBackendDestroyDescriptor(pack);
-  }
-
-  // cuDNN's alignment rule for a pointer (checked by the frontend on every
-  // execute; here once per bind or rebind).
-  Status check_alignment(size_t i) const {
-    if (i >= alignment.size() || reinterpret_cast<uintptr_t>(user_ptrs[i]) % alignment[i] == 0)
-      return Status::Ok();
-    return InvalidArgument("bind '" + engine + "': the pointer for '" + names[i] + "' is not aligned to " +
-                           std::to_string(alignment[i]) + " bytes");
-  }
-
-  void* ws_ptr() const { return workspace ? workspace->ptr : nullptr; }
-
-  Status check_workspace() const {
-    if (workspace_bytes == 0) return Status::Ok();
-    if (!workspace || !workspace->ptr || workspace->bytes < workspace_bytes) {
-      return InvalidArgument("execute '" + engine + "': plan needs " + std::to_string(workspace_bytes) +
-                             " bytes of workspace, the bound workspace has " +
-                             std::to_string(workspace ? workspace->bytes : 0));
-    }
-    return Status::Ok();
-  }
-
-  // (Re)builds the variant pack from all_ptrs and the current workspace.
-  Status build_pack() {
-    using cudnn::cudnn_status;
-    if (pack) {
-      cudnnBackendDestroyDescriptor(pack);
-      pack = nullptr;
-    }
-    FUSEBOX_RETURN_IF_ERROR(check_workspace());
-    FUSEBOX_RETURN_IF_ERROR(
-        cudnn_status(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack),
-                     "bind: create variant pack"));
-    void* ws = ws_ptr();
-    const auto n = static_cast<int64_t>(all_uids.size());
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(
-        cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws),
-        "bind: variant pack workspace"));
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
-                                                                  CUDNN_TYPE_VOID_PTR, n, all_ptrs.data()),
-                                         "bind: variant pack pointers"));
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
-                                                                  CUDNN_TYPE_INT64, n, all_uids.data()),
-                                         "bind: variant pack uids"));
-    FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnBackendFinalize(pack), "bind: finalize variant pack"));
-    workspace_generation = workspace ? workspace->generation : 0;
-    return Status::Ok();
-  }
-};
 
 BoundPlan::BoundPlan() = default;
 BoundPlan::BoundPlan(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -97,6 +21,7 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
   impl->graph = p->graph;
   impl->fe = static_cast<const FeGraph*>(p->graph.get());
   impl->handle = ctx.impl()->handle;
+  impl->stream = ctx.impl()->stream;
   impl->engine = p->engine;
   impl->workspace_bytes = p->workspace_bytes;
   impl->workspace = std::move(workspace);
@@ -127,6 +52,9 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
       }
       impl->names.push_back(it->second);
       impl->user_ptrs.push_back(b->second);
+      impl->user_uids.push_back(uid);
+      auto sz = p->tensor_bytes.find(it->second);
+      impl->bytes.push_back(sz == p->tensor_bytes.end() ? -1 : sz->second);
     }
     // Direct path unless the frontend has work of its own around the
     // backend call: workspace writes or auxiliary kernels, pointer
@@ -193,6 +121,41 @@ Status BoundPlan::rebind(int slot, void* ptr) {
   }
   impl_->all_ptrs[impl_->user_slot_index[slot]] = ptr;
   return impl_->build_pack();
+}
+
+int64_t BoundPlan::tensor_bytes(int slot) const {
+  if (!impl_ || slot < 0 || slot >= static_cast<int>(impl_->bytes.size())) return -1;
+  return impl_->bytes[slot];
+}
+
+Status BoundPlan::check_buffer(int slot, int64_t buffer_bytes) const {
+  if (!impl_) return Internal("rebind: unbound plan");
+  if (slot < 0 || slot >= static_cast<int>(impl_->names.size())) {
+    return InvalidArgument("rebind '" + impl_->engine + "': slot " + std::to_string(slot) +
+                           " is out of range (" + std::to_string(impl_->names.size()) + " tensors)");
+  }
+  const int64_t need = impl_->bytes[slot];
+  if (buffer_bytes < 0) {
+    return InvalidArgument("rebind '" + impl_->engine + "': tensor '" + impl_->names[slot] +
+                           "': buffer size " + std::to_string(buffer_bytes) + " is negative; give the bytes the buffer holds (the tensor needs " +
+                           std::to_string(need) + ")");
+  }
+  if (need >= 0 && buffer_bytes < need) {
+    return InvalidArgument("rebind '" + impl_->engine + "': tensor '" + impl_->names[slot] + "' needs " +
+                           std::to_string(need) + " bytes, the new buffer has " + std::to_string(buffer_bytes));
+  }
+  return Status::Ok();
+}
+
+Status BoundPlan::rebind(int slot, void* ptr, int64_t buffer_bytes) {
+  FUSEBOX_RETURN_IF_ERROR(check_buffer(slot, buffer_bytes));
+  return rebind(slot, ptr);
+}
+
+Status BoundPlan::rebind(std::string_view name, void* ptr, int64_t buffer_bytes) {
+  const int slot = slot_of(name);
+  if (slot < 0) return rebind(name, ptr);  // the unknown-name error
+  return rebind(slot, ptr, buffer_bytes);
 }
 
 Status BoundPlan::rebind(std::string_view name, void* ptr) {

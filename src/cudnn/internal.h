@@ -29,6 +29,8 @@ struct Plan::Impl {
   int64_t workspace_bytes = 0;
   // graph tensor name -> frontend uid, for every non-virtual, non-scalar tensor
   std::unordered_map<std::string, int64_t> uids;
+  // graph tensor name -> storage bytes (ResolvedTensor::storage_bytes), same keys as uids
+  std::unordered_map<std::string, int64_t> tensor_bytes;
 };
 
 namespace cudnn {
@@ -66,6 +68,7 @@ Status cudnn_status(cudnnStatus_t st, const std::string& where);
 struct LoweredGraph {
   std::shared_ptr<FeGraph> graph;
   std::unordered_map<std::string, int64_t> uids;
+  std::unordered_map<std::string, int64_t> tensor_bytes;  // same keys as uids
 };
 Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target);
 

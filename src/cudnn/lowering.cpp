@@ -196,6 +196,9 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
       LowerContext ctx(state, op);
       FUSEBOX_RETURN_IF_ERROR(std::visit([&](const auto& attrs) { return lower_op(ctx, op, attrs); }, op.attrs));
     }
+    for (const ResolvedTensor& t : g.tensors) {
+      if (out.uids.count(t.name)) out.tensor_bytes[t.name] = t.storage_bytes();
+    }
     out.graph = std::move(graph);
   }
   FUSEBOX_CATCH_ALL("lowering '" + g.name + "'")

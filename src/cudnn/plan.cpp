@@ -237,6 +237,7 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   FUSEBOX_CATCH_ALL("plan query")
   impl->graph = lowered.graph;
   impl->uids = std::move(lowered.uids);
+  impl->tensor_bytes = std::move(lowered.tensor_bytes);
   impl->plan_index = pinned;
   r.engine = impl->engine;
   r.workspace_bytes = impl->workspace_bytes;
@@ -378,6 +379,7 @@ Result<Plan> CandidateSet::plan_at(int64_t index) {
   FUSEBOX_CATCH_ALL("plan_at")
   impl->graph = impl_->lowered.graph;
   impl->uids = impl_->lowered.uids;
+  impl->tensor_bytes = impl_->lowered.tensor_bytes;
   impl->engine = impl_->candidates[index].name;
   impl->plan_index = index;
   return Plan(std::move(impl));
@@ -421,7 +423,10 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
   FUSEBOX_CATCH_ALL("deserialize plan")
   for (size_t i = 0; i < g.tensors.size(); ++i) {
     const auto& t = g.tensors[i];
-    if (t.uid > 0) impl->uids[t.name] = t.uid;  // canonical, as when it was built (lowering.cpp)
+    if (t.uid > 0) {
+      impl->uids[t.name] = t.uid;  // canonical, as when it was built (lowering.cpp)
+      impl->tensor_bytes[t.name] = t.storage_bytes();
+    }
   }
   return Plan(std::move(impl));
 }

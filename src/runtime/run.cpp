@@ -7,6 +7,7 @@
 
 #include "common/stopwatch.h"
 #include "device_buffers.h"
+#include "fusebox/cuda_graph.h"
 #include "fusebox/runtime.h"
 
 namespace fusebox {
@@ -28,6 +29,112 @@ LatencyStats summarize(std::vector<float> ms) {
 }
 
 }  // namespace
+
+// RunOptions::cuda_graph: one bound plan and one CUDA graph per input set.
+struct GraphRunner {
+  std::shared_ptr<WorkspaceBinding> workspace;
+  std::vector<std::unique_ptr<BoundPlan>> bound;  // stable addresses: the graphs point at them
+  std::vector<CudaGraph> graphs;
+
+  Status record(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* ws) {
+    workspace = std::make_shared<WorkspaceBinding>(WorkspaceBinding{ws, plan.workspace_bytes(), 1});
+    for (int s = 0; s < buffers.sets(); ++s) {
+      FUSEBOX_ASSIGN_OR_RETURN(BoundPlan b, BoundPlan::bind(plan, ctx, buffers.pointers(s), workspace));
+      bound.push_back(std::make_unique<BoundPlan>(std::move(b)));
+      FUSEBOX_ASSIGN_OR_RETURN(CudaGraph cg, CudaGraph::create({bound.back().get()}));
+      graphs.push_back(std::move(cg));
+    }
+    return Status::Ok();
+  }
+};
+
+// `iters` launches of the graphs (rotating the input sets) each between two events.
+Result<LatencyStats> time_graphs(std::vector<CudaGraph>& graphs, GpuContext& ctx, int warmup, int iters) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  const size_t n = graphs.size();
+  for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(graphs[i % n].launch());
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters));
+  Status st;
+  for (auto& e : events) {
+    if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  for (int i = 0; i < iters && st.ok(); ++i) {
+    cudaEventRecord(events[2 * i], stream);
+    st = graphs[(warmup + i) % n].launch();
+    cudaEventRecord(events[2 * i + 1], stream);
+  }
+  if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "timed CUDA graph launches");
+  std::vector<float> ms(static_cast<size_t>(iters));
+  for (int i = 0; i < iters && st.ok(); ++i) {
+    st = cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
+  }
+  for (auto& e : events) {
+    if (e) cudaEventDestroy(e);
+  }
+  FUSEBOX_RETURN_IF_ERROR(st);
+  return summarize(std::move(ms));
+}
+
+// Samples through CUDA graphs: GPU time per execute of one graph of `calls`
+// executes back to back (input sets in rotation), and host latency of one
+// launch of a one-execute graph until its stream is synchronized.
+Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms,
+                     std::vector<double>& host_ms) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  std::vector<BoundPlan*> chain;
+  for (int i = 0; i < calls; ++i) chain.push_back(runner.bound[i % runner.bound.size()].get());
+  FUSEBOX_ASSIGN_OR_RETURN(CudaGraph many, CudaGraph::create(chain));
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  Status st = cuda_status(cudaEventCreate(&ev[0]), "cudaEventCreate");
+  if (st.ok()) st = cuda_status(cudaEventCreate(&ev[1]), "cudaEventCreate");
+  if (st.ok()) st = many.launch();  // warm-up: the graph's first launch uploads it
+  for (int s = 0; s < samples && st.ok(); ++s) {
+    cudaEventRecord(ev[0], stream);
+    st = many.launch();
+    cudaEventRecord(ev[1], stream);
+    if (st.ok()) st = cuda_status(cudaEventSynchronize(ev[1]), "CUDA graph of " + std::to_string(calls) + " executes");
+    float ms = 0;
+    if (st.ok()) st = cuda_status(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
+    if (st.ok()) gpu_ms.push_back(static_cast<double>(ms) / calls);
+  }
+  for (int s = 0; s < samples && st.ok(); ++s) {
+    const common::Stopwatch watch;
+    st = runner.graphs[s % runner.graphs.size()].launch();
+    if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "synchronized CUDA graph launch");
+    if (st.ok()) host_ms.push_back(watch.ms());
+  }
+  for (auto& e : ev) {
+    if (e) cudaEventDestroy(e);
+  }
+  return st;
+}
+
+// Byte-for-byte comparison of the graph's outputs with the eager ones.
+void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::map<std::string, HostTensor>& graph,
+                   CudaGraphRun& out) {
+  out.bit_identical = true;
+  for (const auto& [name, e] : eager) {
+    auto it = graph.find(name);
+    if (it == graph.end() || it->second.data.size() != e.data.size()) {
+      out.bit_identical = false;
+      out.mismatches.push_back(name + ": missing or of another size in the CUDA graph's outputs");
+      continue;
+    }
+    int64_t differ = 0, first = -1;
+    for (size_t i = 0; i < e.data.size(); ++i) {
+      if (e.data[i] != it->second.data[i]) {
+        if (first < 0) first = static_cast<int64_t>(i);
+        ++differ;
+      }
+    }
+    out.bytes_compared += static_cast<int64_t>(e.data.size());
+    if (differ) {
+      out.bit_identical = false;
+      out.mismatches.push_back(name + ": " + std::to_string(differ) + " of " + std::to_string(e.data.size()) +
+                               " bytes differ, first at byte " + std::to_string(first));
+    }
+  }
+}
 
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
                                int warmup, int iters) {
@@ -87,6 +194,7 @@ Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffer
 
 using runtime::cuda_status;
 using runtime::DeviceBuffer;
+using runtime::GraphRunner;
 
 Status verify_status(const RunResult& r) {
   if (r.verified_ok) return Status::Ok();
@@ -130,6 +238,42 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     FUSEBOX_RETURN_IF_ERROR(cuda_status(
         cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost), "download '" + t.name + "'"));
     result.outputs[t.name] = std::move(h);
+  }
+
+  GraphRunner runner;
+  if (options.cuda_graph) {
+    CudaGraphRun& cg = result.cuda_graph;
+    cg.used = true;
+    const common::Stopwatch recording;
+    FUSEBOX_RETURN_IF_ERROR(runner.record(plan, ctx, buffers, workspace.get()));
+    cg.create_ms = recording.ms();
+    cg.recording = std::string(graph_recording_name(runner.graphs[0].steps()[0].recording));
+    cg.why_not_native = runner.graphs[0].steps()[0].why_not_native;
+    // Poisoned again after recording (a captured plan's warm-up wrote them).
+    for (int i : g.output_tensors()) {
+      const ResolvedTensor& t = g.tensors[i];
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemsetAsync(buffers.device(t.name), 0xFF, result.outputs.at(t.name).data.size(), stream),
+          "poison '" + t.name + "'"));
+    }
+    FUSEBOX_RETURN_IF_ERROR(runner.graphs[0].launch());
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "CUDA graph of '" + plan.engine_name() + "'"));
+    std::map<std::string, HostTensor> graph_outputs;
+    for (int i : g.output_tensors()) {
+      const ResolvedTensor& t = g.tensors[i];
+      HostTensor h = HostTensor::like(t);
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost),
+          "download '" + t.name + "' (CUDA graph)"));
+      graph_outputs[t.name] = std::move(h);
+    }
+    runtime::compare_bytes(result.outputs, graph_outputs, cg);
+    if (!cg.bit_identical) {
+      std::string msg = "the CUDA graph's outputs differ from the eager execution's (" + cg.recording + " recording):";
+      for (const auto& m : cg.mismatches) msg += "\n  " + m;
+      return Status(StatusCode::kVerificationFailed, msg);
+    }
+    result.outputs = std::move(graph_outputs);  // verified below: what the graph computed
   }
 
   if (options.verify) {
@@ -187,7 +331,18 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     }
   }
 
-  if (options.iters > 0) {
+  if (options.iters > 0 && options.cuda_graph) {
+    FUSEBOX_ASSIGN_OR_RETURN(result.latency,
+                             runtime::time_graphs(runner.graphs, ctx, options.warmup, options.iters));
+    if (result.latency.median_ms > 0) {
+      result.tflops = flops / (result.latency.median_ms * 1e-3) / 1e12;
+      result.gbps = g.bytes_moved() / (result.latency.median_ms * 1e-3) / 1e9;
+    }
+    if (options.samples > 0) {
+      FUSEBOX_RETURN_IF_ERROR(runtime::sample_graphs(runner, ctx, options.iters, options.samples,
+                                                     result.gpu_time_ms, result.host_latency_ms));
+    }
+  } else if (options.iters > 0) {
     FUSEBOX_ASSIGN_OR_RETURN(result.latency,
                              runtime::time_plan(plan, ctx, buffers, workspace.get(), options.warmup, options.iters));
     if (result.latency.median_ms > 0) {

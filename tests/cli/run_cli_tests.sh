@@ -263,6 +263,14 @@ else
   elif ! grep -qE 'NoDevice: no CUDA GPU' "$TMP/stderr"; then fail "run without a GPU" "the error does not match /NoDevice: no CUDA GPU/"
   else pass "run without a GPU (exit $RC)"
   fi
+  # --cuda-graph is an accepted flag (not a usage error) that needs a GPU like any run.
+  run_fb run "$SMALL_CONV" --cuda-graph --verify --iters 1 --warmup 0
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "run --cuda-graph without a GPU" "$why"
+  elif [ "$RC" -ne 1 ]; then fail "run --cuda-graph without a GPU" "exit $RC, 1 (NoDevice) expected"
+  elif ! grep -qE 'NoDevice: no CUDA GPU' "$TMP/stderr"; then fail "run --cuda-graph without a GPU" "the error does not match /NoDevice: no CUDA GPU/"
+  else pass "run --cuda-graph without a GPU (exit $RC)"
+  fi
 fi
 
 # ---------------------------------------------------------------- plan cache

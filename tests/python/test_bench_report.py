@@ -197,3 +197,59 @@ def test_cli_writes_markdown(tmp_path):
     out = tmp_path / "r.md"
     assert br.main([NEW, "--markdown-out", str(out)]) == 0  # previous found beside it
     assert "2026-11-30-H200.json" in out.read_text()
+
+
+# ---------------------------------------------------------------- runtime part
+
+RUNTIME = os.path.join(os.path.dirname(__file__), "data", "bench_runtime", "runtime_part.json")
+
+
+def test_chain_stats_ratios():
+    doc = br.load(RUNTIME)
+    b1, b8 = (br.chain_stats(r) for r in doc["runtime"]["chain"])
+    # batch 1: eager 0.120 ms, graph 0.050 ms; torch best (CUDA graph) 0.070 ms
+    assert b1["replay_speedup"] == pytest.approx(0.120 / 0.050)
+    assert b1["best_torch"] == "cuda_graph"
+    assert b1["vs_torch"] == pytest.approx(0.070 / 0.050)
+    # latency medians: eager 0.240, graph 0.075
+    assert b1["replay_latency_speedup"] == pytest.approx(0.240 / 0.075)
+    assert b8["replay_speedup"] == pytest.approx(0.300 / 0.240)
+    assert br.chain_stats({"fusebox": {}})["replay_speedup"] is None
+
+
+def test_runtime_tables_in_the_report(tmp_path):
+    doc = br.load(RUNTIME)
+    out = tmp_path / "r.md"
+    section = br.report(RUNTIME, markdown_out=str(out))
+    assert out.read_text() == section
+    assert "### Runtime: host cost of one execute" in section
+    assert "| BoundPlan::execute | 2100 |" in section
+    assert "Bound / bare: **1.050** (target ≤ 1.2: yes)" in section
+    assert "**1800 ns** on the GPU per execute replayed (target ≤ 2000 ns: yes)" in section
+    assert "10 conv+bias+relu 3x3 layers, 64 channels, 56x56, bf16 nhwc" in section
+    # batch 1 meets the 2x target, batch 8 (1.25x) does not, and it says so
+    assert "| GPU time | 1 | 120.0 [" in section and "**2.40x** (yes)" in section
+    assert "**1.25x** (**no**)" in section
+    assert "CUDA graph recording: native" in section
+    assert len(doc["runtime"]["chain"]) == 2
+
+
+def test_merge_carries_the_runtime_part_and_reports_without_it(tmp_path):
+    merged = br.merge([NEW, RUNTIME])
+    assert merged["runtime"]["host_overhead"]["bound_over_bare"] == 1.05
+    assert len(merged["rows"]) == len(br.load(NEW)["rows"])  # the runtime part adds no graph rows
+    path = tmp_path / "2026-12-02-H200.json"
+    path.write_text(json.dumps(merged))
+    section = br.report(str(path))
+    assert "### Runtime: host cost" in section and "### GPU time" in section
+    # a run without the part: no runtime section
+    assert "### Runtime" not in br.report(NEW)
+
+
+def test_runtime_section_tolerates_missing_pieces():
+    assert br.runtime_markdown(None) == []
+    assert br.runtime_markdown({}) == []
+    lines = br.runtime_markdown({"host_overhead": {"rows": [{"call": "x", "host_ns": 5}]},
+                                 "chain": [{"name": "c", "batch": 1, "fusebox": {"eager": None}}]})
+    text = "\n".join(lines)
+    assert "| x | 5 |" in text and "| GPU time | 1 | - | - | **-** (-)" in text

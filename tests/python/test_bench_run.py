@@ -78,6 +78,14 @@ def test_bench_sh_accepts_every_bench_run_part():
     assert sorted(listed) == sorted(parts)
 
 
+def test_runtime_part_finds_its_bench_binary(bench_run, monkeypatch):
+    monkeypatch.delenv("FUSEBOX_RUNTIME_BENCH", raising=False)
+    assert bench_run.runtime_bench_bin("/x/.gpu/fusebox") == "/x/.gpu/bound_execute_bench"
+    monkeypatch.setenv("FUSEBOX_RUNTIME_BENCH", "/y/bench")
+    assert bench_run.runtime_bench_bin("/x/.gpu/fusebox") == "/y/bench"
+    assert "runtime" in bench_run.PARTS
+
+
 def test_bench_graphs_check_and_belong_to_a_part(fusebox):
     """bench/graphs/*.json (benchmarked beside the examples) are valid graphs
     of a family some part benchmarks."""

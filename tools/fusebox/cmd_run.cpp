@@ -65,7 +65,7 @@ Runner add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run a graph on the GPU: verify against the reference and time it");
   struct Args {
     std::string graph, plan, inputs, save_outputs, engine, heuristics = "auto";
-    bool verify = false, json = false, measure_startup = false;
+    bool verify = false, json = false, measure_startup = false, cuda_graph = false;
     CacheFlags cache;
     uint64_t seed = 1;
     int warmup = 10, iters = 50, samples = 0;
@@ -88,6 +88,10 @@ Runner add_run(CLI::App& app) {
   cmd->add_option("--engine", a->engine, "Pin an engine by name");
   cmd->add_option("--heuristics", a->heuristics,
                   "Heuristic modes when building: auto (a, then b, then fallback), or a list of a, b, fallback to pin")->capture_default_str();
+  cmd->add_flag("--cuda-graph", a->cuda_graph,
+                "Also run the plan as a CUDA graph (cuDNN's native recording where the engine supports it, "
+                "stream capture otherwise): its outputs must be bit-identical to the eager run's; "
+                "--verify, timing and --samples then use the graph");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   cmd->add_flag("--measure-startup", a->measure_startup,
                 "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
@@ -114,6 +118,7 @@ Runner add_run(CLI::App& app) {
     options.warmup = a->warmup;
     options.iters = a->iters;
     options.samples = a->samples;
+    options.cuda_graph = a->cuda_graph;
     if (a->samples > 0 && a->iters == 0)
       return fail("run", InvalidArgument("--samples needs --iters >= 1 (the runs per GPU-time sample)"));
     options.inputs = std::move(input_tensors).value();
@@ -207,6 +212,17 @@ Runner add_run(CLI::App& app) {
                           {"outputs_saved", saved},
                           {"ok", r->verified_ok}};
       if (!report.steps.empty()) j["build"] = to_json(report);
+      if (r->cuda_graph.used) {
+        const CudaGraphRun& cg = r->cuda_graph;
+        j["cuda_graph"] = {{"recording", cg.recording},
+                           {"why_not_native", cg.why_not_native},
+                           {"bit_identical_to_eager", cg.bit_identical},
+                           {"bytes_compared", cg.bytes_compared},
+                           {"mismatches", cg.mismatches},
+                           {"create_ms", cg.create_ms}};
+      } else {
+        j["cuda_graph"] = nullptr;
+      }
       std::printf("%s\n", dump(j).c_str());
     } else {
       std::printf("%s (%s)\n", safe(g->name).c_str(), safe(a->graph).c_str());
@@ -221,12 +237,19 @@ Runner add_run(CLI::App& app) {
       if (cache_result == "hit") std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
       if (deserialize_again_ms >= 0) std::printf(", again %.2f ms", deserialize_again_ms);
       std::printf("), first execution %.2f ms\n", r->first_execute_ms);
+      if (r->cuda_graph.used) {
+        const CudaGraphRun& cg = r->cuda_graph;
+        std::printf("  CUDA graph: %s recording", cg.recording.c_str());
+        if (!cg.why_not_native.empty()) std::printf(" (not native: %s)", safe(cg.why_not_native).c_str());
+        std::printf(", made in %.2f ms; outputs bit-identical to eager: %s (%lld bytes compared)\n", cg.create_ms,
+                    cg.bit_identical ? "yes" : "no", static_cast<long long>(cg.bytes_compared));
+      }
       for (const auto& c : r->comparisons) {
         std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), safe(c.ToString()).c_str());
       }
       if (r->latency.iters > 0) {
-        std::printf("  latency over %d runs: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
-                    r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
+        std::printf("  latency over %d %s: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
+                    r->latency.iters, r->cuda_graph.used ? "CUDA graph launches" : "runs", r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
       }
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
