@@ -13,6 +13,8 @@
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm graphs (torch: its native norm kernels)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
+#   shapes   32 new shapes of each symbolic example (conv, matmul, sdpa), kernel cache
+#            against cold builds: `fusebox shapes` (issue 11; a few minutes)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
@@ -26,7 +28,7 @@ cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
-PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,report}
+PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,shapes,report}
 mkdir -p "$OUT"
 
 FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
@@ -58,7 +60,7 @@ IFS=, read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do
   T0=$SECONDS
   case "$part" in
-    peaks|conv|matmul|sdpa)
+    peaks|conv|conv_bwd|matmul|norm|sdpa|shapes)
       echo "== $(date -u +%T) part $part"
       args=(--part "$part" --out "$WORK/$part.json")
       [ -n "${FORCE:-}" ] && args+=(--force)
@@ -70,7 +72,7 @@ for part in "${parts[@]}"; do
     report)
       echo "== $(date -u +%T) report"
       have=()
-      for p in peaks conv matmul sdpa; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
+      for p in peaks conv conv_bwd matmul norm sdpa shapes; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
       if [ "${#have[@]}" -eq 0 ]; then echo "bench: no part results in $WORK"; fails=$((fails + 1)); continue; fi
       "$PY" -m fusebox_tools.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
       "$PY" -m fusebox_tools.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
@@ -81,7 +83,7 @@ for part in "${parts[@]}"; do
       cp bench/plots/*.png "$OUT/bench/plots/" 2>/dev/null || true
       ;;
     *)
-      echo "bench: unknown part '$part': accepted parts are peaks, conv, matmul, sdpa, report" >&2
+      echo "bench: unknown part '$part': accepted parts are peaks, conv, conv_bwd, matmul, norm, sdpa, shapes, report" >&2
       exit 2
       ;;
   esac

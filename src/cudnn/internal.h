@@ -31,6 +31,10 @@ struct Plan::Impl {
   std::unordered_map<std::string, int64_t> uids;
 };
 
+struct KernelCache::Impl {
+  std::shared_ptr<cudnn::fe::KernelCache> cache;
+};
+
 namespace cudnn {
 
 // The frontend's Graph, plus access to per-candidate state the frontend

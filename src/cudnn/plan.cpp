@@ -119,6 +119,8 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
 Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarget& target,
                                        const BuildOptions& options, GpuContext* ctx, BuildReport& r) {
   fill_target(r, target);
+  r.dynamic_shape = options.dynamic_shape;
+  r.kernel_cache = options.dynamic_shape && options.kernel_cache != nullptr;
   if (!target.deviceless() && !ctx) return Internal("a live-GPU build needs a GpuContext");
   cudnn::LoweredGraph lowered;
   // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
@@ -126,8 +128,15 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
     auto lr = lower(g, target);
     if (!lr.ok()) return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
     lowered = std::move(lr).value();
+    if (options.dynamic_shape) {
+      // Before build_operation_graph: that is where the frontend ties the
+      // kernel cache to the operation graph.
+      lowered.graph->set_dynamic_shape_enabled(true);
+      if (options.kernel_cache) lowered.graph->set_kernel_cache(options.kernel_cache->impl()->cache);
+    }
     return lowered.graph->validate();
   }));
+
   auto& graph = *lowered.graph;
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_operation_graph", [&]() {
     return ctx ? graph.build_operation_graph(ctx->impl()->handle) : graph.build_operation_graph();
@@ -189,6 +198,12 @@ std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext
 
 }  // namespace
 }  // namespace cudnn
+
+KernelCache::KernelCache() : impl_(std::make_unique<Impl>()) {
+  impl_->cache = std::make_shared<cudnn::fe::KernelCache>();
+}
+KernelCache::~KernelCache() = default;
+std::shared_ptr<KernelCache> KernelCache::create() { return std::shared_ptr<KernelCache>(new KernelCache()); }
 
 double BuildReport::total_ms() const {
   double t = 0;

@@ -46,7 +46,28 @@ std::string_view plan_source_name(PlanSource s) {
   return "none";
 }
 
+std::string PlanReport::shape_summary() const {
+  if (shape.empty()) return "";
+  std::string s = "shape " + shape_text(shape) + ": ";
+  if (source != PlanSource::kBuilt) return s + "plan for this shape from the " + std::string(plan_source_name(source));
+  if (dynamic_shape) {
+    s += "dynamic shapes, kernel cache " + kernel_cache;
+    if (kernel_cache_builds_before > 0) {
+      s += " (" + std::to_string(kernel_cache_builds_before) + " earlier build" +
+           (kernel_cache_builds_before == 1 ? "" : "s") + " of this graph)";
+    }
+    return s;
+  }
+  if (!dynamic_fallback.empty()) return s + "static build (dynamic shapes refused: " + dynamic_fallback + ")";
+  return s + "static build";
+}
+
 std::string PlanReport::source_text() const {
+  std::string text = source_text_base();
+  return shape.empty() ? text : text + " [" + shape_summary() + "]";
+}
+
+std::string PlanReport::source_text_base() const {
   switch (source) {
     case PlanSource::kPlanFile:
       return std::string("plan file (built ") + (plan_file_built_deviceless ? "deviceless" : "on a GPU") +
@@ -133,6 +154,13 @@ struct Session::Impl {
   // The arena: one workspace for every plan bound on this stream.
   void* arena = nullptr;
   std::shared_ptr<WorkspaceBinding> workspace = std::make_shared<WorkspaceBinding>();
+  // One kernel cache per symbolic graph (ResolvedGraph::symbolic_id).
+  struct KernelCacheSlot {
+    std::shared_ptr<KernelCache> cache;
+    int builds = 0;                // dynamic builds that used it
+    std::string refused;           // a dynamic build was refused: later shapes build static
+  };
+  std::map<std::string, KernelCacheSlot> kernel_caches;
 
   ~Impl() {
     if (arena) {
@@ -229,7 +257,13 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
         lookup_cached_plan(cache, g, s.target, tune_policy_key(TunePolicy{}), ctx, request.measure_startup);
     if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) return finish(std::move(got->plan));
   }
-  const std::string policy = request_policy_key(request, limit);
+  // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
+  const bool symbolic = !g.symbolic_id.empty();
+  rep.shape = g.shape;
+  Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
+  const bool dynamic = slot && slot->refused.empty();
+  if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
+  const std::string policy = request_policy_key(request, limit) + (dynamic ? ";dyn=1" : "");
   auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
   if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
   rep.cache = cache && cache->enabled() ? "miss" : "off";
@@ -238,8 +272,32 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   BuildOptions base;
   base.engine = request.engine;
   base.max_workspace_bytes = limit;
-  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) {
-    return build_plan(g, s.target, o, r, ctx);
+  if (dynamic) {
+    if (!slot->cache) slot->cache = KernelCache::create();
+    base.dynamic_shape = true;
+    base.kernel_cache = slot->cache;
+  }
+  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) -> Result<Plan> {
+    if (!o.dynamic_shape || !slot->refused.empty()) {
+      BuildOptions fixed = o;
+      fixed.dynamic_shape = false;
+      fixed.kernel_cache = nullptr;
+      return build_plan(g, s.target, fixed, r, ctx);
+    }
+    auto plan = build_plan(g, s.target, o, r, ctx);
+    const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
+    if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
+    // Engines that refuse dynamic shapes (cuDNN's unified SDPA, some
+    // precompiled ones) may still build statically: the graph builds static
+    // from now on in this session.
+    const std::string& m = plan.status().message();
+    slot->refused = m.substr(0, m.find('\n'));
+    rep.dynamic_fallback = slot->refused;
+    rep.dynamic_failed_ms += r->total_ms();
+    BuildOptions fixed = o;
+    fixed.dynamic_shape = false;
+    fixed.kernel_cache = nullptr;
+    return build_plan(g, s.target, fixed, r, ctx);
   };
   // A pinned engine is searched among every mode's candidates by build_plan itself.
   const bool in_turn = request.heuristics.empty() && request.engine.empty();
@@ -251,10 +309,26 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
+  if (rep.build.dynamic_shape) {
+    rep.dynamic_shape = true;
+    rep.kernel_cache = slot->builds == 0 ? "cold" : "warm";
+    rep.kernel_cache_builds_before = slot->builds;
+    ++slot->builds;
+  }
   rep.heuristic_mode = request.engine.empty() ? modes_csv(rep.attempts.back().modes) : "a,b,fallback";
   rep.stored = store_plan(cache, g, s.target, policy, *plan, -1, &rep.warnings);
   return finish(std::move(plan));
 }
+
+Result<Session::ShapedPlan> Session::get_plan(const GraphSpec& spec, const ShapeValues& values,
+                                               const PlanRequest& request, PlanReport* report) {
+  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec bound, bind_shape(spec, values));
+  FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(bound));
+  FUSEBOX_ASSIGN_OR_RETURN(Plan plan, get_plan(g, request, report));
+  return ShapedPlan{std::move(g), std::move(plan)};
+}
+
+int Session::kernel_cache_count() const { return static_cast<int>(impl_->kernel_caches.size()); }
 
 Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& policy_in,
                                   const TuneProgress& progress) {

@@ -85,11 +85,13 @@ Runner add_check(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "check", "Validate a graph file; print tensors and inferred shapes (no GPU, no cuDNN)");
   struct Args {
+    std::string shape;
     std::string path, inputs, dot;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->path, "Graph JSON file")->required();
+  add_shape_flag(cmd, a->shape);
   cmd->add_flag("--json", a->json, "Write the resolved graph as one JSON document to stdout");
   auto* dot = cmd->add_option("--dot", a->dot,
                               "Write a Graphviz picture of the resolved graph to FILE (no FILE or '-': stdout; "
@@ -113,7 +115,7 @@ Runner add_check(CLI::App& app) {
                 .c_str());
       return fail("check", st);
     };
-    auto g = load_resolved(a->path);
+    auto g = load_resolved(a->path, a->shape);
     if (!g.ok()) return fail_json(g.status());
     auto inputs = load_input_files(*g, a->inputs);
     if (!inputs.ok()) return fail_json(inputs.status());
