@@ -71,7 +71,8 @@ struct LoweredGraph {
   std::shared_ptr<FeGraph> graph;
   std::unordered_map<std::string, int64_t> uids;
 };
-Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target);
+// `dynamic_shape`: build with cuDNN's dynamic shapes (set before any op is added).
+Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape = false);
 
 // Device properties for a deviceless target (parsed once per target).
 Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const DeviceTarget& target);

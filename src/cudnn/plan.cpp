@@ -125,14 +125,13 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
   cudnn::LoweredGraph lowered;
   // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
-    auto lr = lower(g, target);
+    auto lr = lower(g, target, options.dynamic_shape);
     if (!lr.ok()) return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
     lowered = std::move(lr).value();
-    if (options.dynamic_shape) {
-      // Before build_operation_graph: that is where the frontend ties the
-      // kernel cache to the operation graph.
-      lowered.graph->set_dynamic_shape_enabled(true);
-      if (options.kernel_cache) lowered.graph->set_kernel_cache(options.kernel_cache->impl()->cache);
+    // Before build_operation_graph: that is where the frontend ties the
+    // kernel cache to the operation graph.
+    if (options.dynamic_shape && options.kernel_cache) {
+      lowered.graph->set_kernel_cache(options.kernel_cache->impl()->cache);
     }
     return lowered.graph->validate();
   }));

@@ -316,7 +316,11 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     ++slot->builds;
   }
   rep.heuristic_mode = request.engine.empty() ? modes_csv(rep.attempts.back().modes) : "a,b,fallback";
-  rep.stored = store_plan(cache, g, s.target, policy, *plan, -1, &rep.warnings);
+  // A static build that stood in for a refused dynamic one is stored as what it is.
+  const std::string stored_policy =
+      dynamic && !rep.build.dynamic_shape ? request_policy_key(request, limit) : policy;
+  if (stored_policy != policy) rep.cache_key = cache_key_for(g, s.target, stored_policy);
+  rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings);
   return finish(std::move(plan));
 }
 

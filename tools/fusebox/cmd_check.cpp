@@ -71,6 +71,8 @@ ordered_json graph_json(const ResolvedGraph& g, const std::map<std::string, Host
   j["intermediate_dtype"] = std::string(dtype_name(g.intermediate_dtype));
   j["compute_dtype"] = std::string(dtype_name(g.compute_dtype));
   j["fingerprint"] = graph_fingerprint(g);
+  // A symbolic graph: the concrete shape it was resolved at ({} for a static graph).
+  j["shape"] = g.shape.empty() ? ordered_json::object() : ordered_json(g.shape);
   j["flops"] = g.flops(input_values_for_flops(g, inputs));
   j["bytes"] = g.bytes_moved();
   j["tensors"] = std::move(tensors);
