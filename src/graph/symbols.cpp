@@ -42,15 +42,17 @@ Status check_symbols(const GraphSpec& spec) {
     const std::string where = "symbol " + q(name) + ": ";
     if (name.empty()) return InvalidArgument("symbols: a symbol name is empty");
     if (r.min < 1 || r.max < r.min || r.max > graph_ops::kMaxDim) {
-      return InvalidArgument(where + "range " + range_text(r) + " is not a range of dims: it needs 1 <= min <= max <= " +
-                             std::to_string(graph_ops::kMaxDim));
+      return InvalidArgument(
+          where + "range " + range_text(r) +
+          " is not a range of dims: it needs 1 <= min <= max <= " + std::to_string(graph_ops::kMaxDim));
     }
     if (r.default_value < r.min || r.default_value > r.max) {
       return InvalidArgument(where + "default " + std::to_string(r.default_value) + " is outside its range " +
                              range_text(r));
     }
     if (r.value < r.min || r.value > r.max) {
-      return InvalidArgument(where + "value " + std::to_string(r.value) + " is outside its range " + range_text(r));
+      return InvalidArgument(where + "value " + std::to_string(r.value) + " is outside its range " +
+                             range_text(r));
     }
   }
   for (const auto& t : spec.tensors) {
@@ -58,7 +60,8 @@ Status check_symbols(const GraphSpec& spec) {
     const std::string where = "tensor " + q(t.name) + ": ";
     if (t.dim_symbols.size() != t.dims.size()) {
       return InvalidArgument(where + "has " + std::to_string(t.dims.size()) + " dims but " +
-                             std::to_string(t.dim_symbols.size()) + " dim_symbols entries (one per dim, \"\" for a number)");
+                             std::to_string(t.dim_symbols.size()) +
+                             " dim_symbols entries (one per dim, \"\" for a number)");
     }
     bool any = false;
     for (size_t i = 0; i < t.dims.size(); ++i) {
@@ -78,11 +81,13 @@ Status check_symbols(const GraphSpec& spec) {
     }
     if (!any) continue;
     if (!t.strides.empty()) {
-      return InvalidArgument(where + "has symbolic dims and explicit strides: strides cannot follow the shape; give "
-                                     "a 'layout' (e.g. \"nhwc\", \"row_major\") or leave them to inference");
+      return InvalidArgument(where +
+                             "has symbolic dims and explicit strides: strides cannot follow the shape; give "
+                             "a 'layout' (e.g. \"nhwc\", \"row_major\") or leave them to inference");
     }
     if (!t.values.empty()) {
-      return InvalidArgument(where + "has symbolic dims and fixed 'values': their count cannot follow the shape");
+      return InvalidArgument(where +
+                             "has symbolic dims and fixed 'values': their count cannot follow the shape");
     }
   }
   return Status::Ok();
@@ -166,8 +171,9 @@ std::string shape_text(const ShapeValues& values) {
 Result<ShapeSweep> parse_shape_sweep(std::string_view text) {
   constexpr size_t kMaxValues = 4096;
   const auto bad = [&](const std::string& why) {
-    return InvalidArgument("shapes '" + std::string(text.substr(0, 200)) + "': " + why +
-                           " (expected NAME=LO..HI, NAME=LO..HI:STEP or NAME=V1,V2,..., e.g. B=1..64 or S=16..512:16)");
+    return InvalidArgument(
+        "shapes '" + std::string(text.substr(0, 200)) + "': " + why +
+        " (expected NAME=LO..HI, NAME=LO..HI:STEP or NAME=V1,V2,..., e.g. B=1..64 or S=16..512:16)");
   };
   const auto number = [](std::string_view s, int64_t& v) {
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
@@ -201,7 +207,8 @@ Result<ShapeSweep> parse_shape_sweep(std::string_view text) {
   size_t start = 0;
   while (true) {
     const size_t comma = rest.find(',', start);
-    const std::string_view item = rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::string_view item =
+        rest.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     int64_t v = 0;
     if (!number(item, v)) return bad("'" + std::string(item.substr(0, 32)) + "' is not a positive integer");
     if (out.values.size() == kMaxValues) return bad("more than " + std::to_string(kMaxValues) + " values");
@@ -243,7 +250,8 @@ std::string symbolic_graph_id(const GraphSpec& spec) {
   for (auto& [name, r] : s.symbols) r.value = r.default_value;
   const std::string text = graph_to_json(s, -1);
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
   return hex;
 }
 

@@ -206,6 +206,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   PlanReport local;
   PlanReport& rep = report_out ? *report_out : local;
   rep = PlanReport{};
+  rep.shape = g.shape;
   const common::Stopwatch total;
   auto finish = [&](Result<Plan> plan) -> Result<Plan> {
     rep.total_ms = total.ms();
@@ -259,7 +260,6 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   }
   // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
   const bool symbolic = !g.symbolic_id.empty();
-  rep.shape = g.shape;
   Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
   const bool dynamic = slot && slot->refused.empty();
   if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
@@ -291,13 +291,19 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     // precompiled ones) may still build statically: the graph builds static
     // from now on in this session.
     const std::string& m = plan.status().message();
-    slot->refused = m.substr(0, m.find('\n'));
-    rep.dynamic_fallback = slot->refused;
-    rep.dynamic_failed_ms += r->total_ms();
+    const std::string refused = m.substr(0, m.find('\n'));
+    const double failed_ms = r->total_ms();
     BuildOptions fixed = o;
     fixed.dynamic_shape = false;
     fixed.kernel_cache = nullptr;
-    return build_plan(g, s.target, fixed, r, ctx);
+    auto static_plan = build_plan(g, s.target, fixed, r, ctx);
+    // Only a static success shows that dynamic shapes were the obstacle.
+    if (static_plan.ok()) {
+      slot->refused = refused;
+      rep.dynamic_fallback = refused;
+      rep.dynamic_failed_ms += failed_ms;
+    }
+    return static_plan;
   };
   // A pinned engine is searched among every mode's candidates by build_plan itself.
   const bool in_turn = request.heuristics.empty() && request.engine.empty();

@@ -20,8 +20,9 @@ using testing::source_dir;
 class DynamicShapeDeviceless : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("fusebox_dynshape_test_" + std::to_string(::getpid()) + "_" +
-                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = std::filesystem::temp_directory_path() /
+           ("fusebox_dynshape_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     cache_ = std::make_unique<PlanCache>(PlanCache::open((dir_ / "plans.sqlite").string()));

@@ -9,13 +9,16 @@ using namespace fusebox;
 
 namespace {
 
-const std::string kSmall = std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_dyn_small.json";
+const std::string kSmall =
+    std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_dyn_small.json";
 
 // A conv + relu whose batch is the symbol N; `symbols` and x's dims are spliced in.
-std::string conv_json(const std::string& symbols, const std::string& x_dims, const std::string& x_extra = "") {
+std::string conv_json(const std::string& symbols, const std::string& x_dims,
+                      const std::string& x_extra = "") {
   return R"({"name": "c", "symbols": )" + symbols + R"(,
     "tensors": [
-      {"name": "x", "dims": )" + x_dims + R"(, "layout": "nhwc")" + x_extra + R"(},
+      {"name": "x", "dims": )" +
+         x_dims + R"(, "layout": "nhwc")" + x_extra + R"(},
       {"name": "w", "dims": [16, 8, 3, 3], "layout": "nhwc"},
       {"name": "y", "layout": "nhwc"}],
     "ops": [
@@ -26,7 +29,8 @@ std::string conv_json(const std::string& symbols, const std::string& x_dims, con
 void expect_error(const Status& st, std::initializer_list<const char*> parts) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  for (const char* p : parts) EXPECT_NE(st.message().find(p), std::string::npos) << "'" << p << "' in " << st.message();
+  for (const char* p : parts)
+    EXPECT_NE(st.message().find(p), std::string::npos) << "'" << p << "' in " << st.message();
 }
 
 GraphSpec must_load(const std::string& path) {
@@ -72,21 +76,22 @@ TEST(Symbols, ParseErrorsNameTheSymbol) {
                {"symbols.N", "[8, 4]", "min <= max"});
   expect_error(parse_graph_json(conv_json(R"({"N": [0, 4]})", R"(["N", 8, 6, 6])"), "g.json").status(),
                {"symbols.N", "1 <= min"});
-  expect_error(
-      parse_graph_json(conv_json(R"({"N": {"min": 1, "max": 4, "default": 5}})", R"(["N", 8, 6, 6])"), "g.json")
-          .status(),
-      {"symbols.N.default", "5", "[1, 4]"});
+  expect_error(parse_graph_json(
+                   conv_json(R"({"N": {"min": 1, "max": 4, "default": 5}})", R"(["N", 8, 6, 6])"), "g.json")
+                   .status(),
+               {"symbols.N.default", "5", "[1, 4]"});
   expect_error(parse_graph_json(conv_json(R"({"N": [1, 2, 3]})", R"(["N", 8, 6, 6])"), "g.json").status(),
                {"symbols.N", "[min, max]"});
-  expect_error(parse_graph_json(conv_json(R"({"N": {"min": 1, "max": 4, "step": 2}})", R"(["N", 8, 6, 6])"),
-                                "g.json")
-                   .status(),
-               {"symbols.N", "step"});
+  expect_error(
+      parse_graph_json(conv_json(R"({"N": {"min": 1, "max": 4, "step": 2}})", R"(["N", 8, 6, 6])"), "g.json")
+          .status(),
+      {"symbols.N", "step"});
   expect_error(parse_graph_json(conv_json(R"([1, 4])", R"(["N", 8, 6, 6])"), "g.json").status(), {"symbols"});
 }
 
 TEST(Symbols, StridesOrValuesCannotFollowASymbolicShape) {
-  auto s = parse_graph_json(conv_json(R"({"N": [1, 4]})", R"(["N", 8, 6, 6])", R"(, "strides": [288, 1, 48, 8])"));
+  auto s =
+      parse_graph_json(conv_json(R"({"N": [1, 4]})", R"(["N", 8, 6, 6])", R"(, "strides": [288, 1, 48, 8])"));
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   expect_error(resolve(*s).status(), {"'x'", "symbolic dims and explicit strides", "layout"});
 }
@@ -112,11 +117,12 @@ TEST(Symbols, BindDerivesDimsAndStridesPerShape) {
 
 TEST(Symbols, OutOfRangeNamesTheDimAndTheRange) {
   GraphSpec s = must_load(kSmall);
-  expect_error(bind_shape(s, {{"N", 9}}).status(),
-               {"[graph 'conv_bias_relu_dyn_small']", "symbol 'N'", "dim 0 of 'x'", "= 9", "outside its range [1, 8]"});
+  expect_error(bind_shape(s, {{"N", 9}}).status(), {"[graph 'conv_bias_relu_dyn_small']", "symbol 'N'",
+                                                    "dim 0 of 'x'", "= 9", "outside its range [1, 8]"});
   expect_error(bind_shape(s, {{"N", 0}}).status(), {"symbol 'N'", "[1, 8]"});
   expect_error(bind_shape(s, {{"B", 2}}).status(), {"unknown symbol 'B'", "declares N"});
-  GraphSpec fixed = must_load(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json");
+  GraphSpec fixed =
+      must_load(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json");
   expect_error(bind_shape(fixed, {{"N", 2}}).status(), {"declares no symbols"});
   EXPECT_TRUE(bind_shape(fixed, {}).ok());
 }
@@ -131,8 +137,8 @@ TEST(Symbols, EachShapeHasItsOwnKeyAndOneGraphIdentity) {
   EXPECT_EQ(g2.symbolic_id, g4.symbolic_id);
   EXPECT_EQ(g2.symbolic_id, symbolic_graph_id(s));
   // At N=2 it is the same concrete graph as the static small example.
-  ResolvedGraph fixed =
-      must_resolve(must_load(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json"));
+  ResolvedGraph fixed = must_resolve(
+      must_load(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/conv_bias_relu_small.json"));
   EXPECT_EQ(graph_fingerprint(g2), graph_fingerprint(fixed));
   EXPECT_TRUE(fixed.symbolic_id.empty());
   EXPECT_TRUE(fixed.shape.empty());
@@ -163,10 +169,12 @@ TEST(Symbols, ShapeValuesParse) {
   EXPECT_EQ(*v, (ShapeValues{{"B", 8}, {"S", 128}}));
   EXPECT_EQ(shape_text(*v), "B=8,S=128");
   EXPECT_TRUE(parse_shape_values("")->empty());
-  for (const char* bad : {"B", "=8", "B=0", "B=-1", "B=x", "B=8,", "B=8,B=9", "B=8,,S=1", "B=99999999999999999999"}) {
+  for (const char* bad :
+       {"B", "=8", "B=0", "B=-1", "B=x", "B=8,", "B=8,B=9", "B=8,,S=1", "B=99999999999999999999"}) {
     auto r = parse_shape_values(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_NE(r.status().message().find("NAME=VALUE"), std::string::npos) << r.status().message();
+    if (!r.ok())
+      EXPECT_NE(r.status().message().find("NAME=VALUE"), std::string::npos) << r.status().message();
   }
 }
 

@@ -48,8 +48,9 @@ double total(const std::vector<Row>& rows) {
 
 Runner add_shapes(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "shapes", "Build many concrete shapes of a symbolic graph, through the kernel cache (dynamic shapes) and "
-                "cold (static builds), and report each shape's cost");
+      "shapes",
+      "Build many concrete shapes of a symbolic graph, through the kernel cache (dynamic shapes) and "
+      "cold (static builds), and report each shape's cost");
   auto a = std::make_shared<ShapesArgs>();
   cmd->add_option("graph", a->graph, "Symbolic graph JSON file")->required();
   cmd->add_option("--shapes", a->sweeps,
@@ -60,19 +61,22 @@ Runner add_shapes(CLI::App& app) {
       ->check(CLI::IsMember({"both", "kernel-cache", "cold"}))
       ->capture_default_str();
   cmd->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU");
-  cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: auto, or a comma-separated list of a, b, fallback")
+  cmd->add_option("--heuristics", a->heuristics,
+                  "Heuristic modes: auto, or a comma-separated list of a, b, fallback")
       ->capture_default_str();
   cmd->add_option("--target-speedup", a->target_speedup,
                   "Cold total over kernel-cache total that counts as met in the summary")
       ->capture_default_str();
-  cmd->add_flag("--json", a->json, "Write one JSON document to stdout (a row per shape and mode, and a summary)");
+  cmd->add_flag("--json", a->json,
+                "Write one JSON document to stdout (a row per shape and mode, and a summary)");
   return [a]() -> int {
     auto spec = load_graph_file(a->graph);
     if (!spec.ok()) return fail("shapes", spec.status());
     if (spec->symbols.empty()) {
-      return fail("shapes", InvalidArgument(a->graph + ": graph '" + spec->name +
-                                            "' declares no symbols: nothing to sweep (see docs/graph-format.md, "
-                                            "\"Symbolic dims\")"));
+      return fail("shapes",
+                  InvalidArgument(a->graph + ": graph '" + spec->name +
+                                  "' declares no symbols: nothing to sweep (see docs/graph-format.md, "
+                                  "\"Symbolic dims\")"));
     }
     std::vector<ShapeSweep> sweeps;
     for (const auto& text : a->sweeps) {
@@ -117,9 +121,11 @@ Runner add_shapes(CLI::App& app) {
         row.ok = got.ok();
         if (!got.ok()) row.error = got.status().message().substr(0, got.status().message().find('\n'));
         if (!a->json) {
-          std::fprintf(stderr, "  %-12s %-20s %10.2f ms  %s\n", pass.c_str(), safe(shape_text(shape)).c_str(), row.ms,
-                       row.ok ? safe(row.rep.kernel_cache == "off" ? "static" : "kernel cache " + row.rep.kernel_cache).c_str()
-                              : ("FAILED: " + safe(row.error)).c_str());
+          std::fprintf(
+              stderr, "  %-12s %-20s %10.2f ms  %s\n", pass.c_str(), safe(shape_text(shape)).c_str(), row.ms,
+              row.ok ? safe(row.rep.kernel_cache == "off" ? "static" : "kernel cache " + row.rep.kernel_cache)
+                           .c_str()
+                     : ("FAILED: " + safe(row.error)).c_str());
         }
         rows[pass].push_back(std::move(row));
       }
@@ -174,7 +180,9 @@ Runner add_shapes(CLI::App& app) {
         if (rows.count("kernel_cache")) {
           const Row& r = rows["kernel_cache"][i];
           std::snprintf(buf, sizeof buf, "%.2f %s", r.ms,
-                        !r.ok ? "FAILED" : r.rep.kernel_cache == "off" ? "static" : r.rep.kernel_cache.c_str());
+                        !r.ok                         ? "FAILED"
+                        : r.rep.kernel_cache == "off" ? "static"
+                                                      : r.rep.kernel_cache.c_str());
           kc = buf;
           engine = r.rep.engine;
         }
@@ -187,16 +195,20 @@ Runner add_shapes(CLI::App& app) {
         std::printf("  %-20s %22s %14s  %s\n", safe(shape_text(shapes[i])).c_str(), kc.c_str(), cold.c_str(),
                     safe(engine).c_str());
       }
-      if (!fallback.empty()) std::printf("  dynamic shapes refused, static builds served: %s\n", safe(fallback).c_str());
+      if (!fallback.empty())
+        std::printf("  dynamic shapes refused, static builds served: %s\n", safe(fallback).c_str());
       if (both) {
-        std::printf("  total: kernel cache %.2f ms, cold %.2f ms: %.1fx less time (target %.0fx: %s)\n", kc_ms, cold_ms,
-                    speedup, a->target_speedup, failed == 0 && speedup >= a->target_speedup ? "met" : "NOT met");
+        std::printf("  total: kernel cache %.2f ms, cold %.2f ms: %.1fx less time (target %.0fx: %s)\n",
+                    kc_ms, cold_ms, speedup, a->target_speedup,
+                    failed == 0 && speedup >= a->target_speedup ? "met" : "NOT met");
       } else {
         std::printf("  total: %.2f ms\n", kc_ms + cold_ms);
       }
       for (const auto& [pass, list] : rows)
         for (const auto& r : list)
-          if (!r.ok) std::printf("  %s %s failed: %s\n", pass.c_str(), safe(shape_text(r.shape)).c_str(), safe(r.error).c_str());
+          if (!r.ok)
+            std::printf("  %s %s failed: %s\n", pass.c_str(), safe(shape_text(r.shape)).c_str(),
+                        safe(r.error).c_str());
     }
     return failed ? kExitFailure : kExitOk;
   };
