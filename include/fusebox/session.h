@@ -159,8 +159,8 @@ class Session {
     ResolvedGraph graph;
     Plan plan;
   };
-  Result<ShapedPlan> get_plan(const GraphSpec& spec, const ShapeValues& values, const PlanRequest& request = {},
-                              PlanReport* report = nullptr);
+  Result<ShapedPlan> get_plan(const GraphSpec& spec, const ShapeValues& values,
+                              const PlanRequest& request = {}, PlanReport* report = nullptr);
   // Symbolic graphs holding a kernel cache in this session.
   int kernel_cache_count() const;
 

@@ -3,7 +3,6 @@
 // nlohmann::adl_serializer<float> in other translation units (ODR), so only
 // double and integers are used here.
 #include <cctype>
-
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
@@ -140,14 +139,16 @@ class Parser : public JsonReader {
 
   // "symbols": {"B": [1, 64], "S": {"min": 16, "max": 512, "default": 128}}
   Status symbols(const json& v) {
-    if (!v.is_object()) return expected("symbols", "an object (symbol name -> [min, max] or {min, max, default})", v);
+    if (!v.is_object())
+      return expected("symbols", "an object (symbol name -> [min, max] or {min, max, default})", v);
     if (v.size() > limits::kMaxTensors) {
       return err("symbols", over_limit(v.size(), limits::kMaxTensors, "symbols", "per graph"));
     }
     for (auto it = v.begin(); it != v.end(); ++it) {
       const std::string& name = it.key();
       if (name.size() > limits::kMaxNameBytes) {
-        return err("symbols", "a symbol name of " + over_limit(name.size(), limits::kMaxNameBytes, "bytes", "per name"));
+        return err("symbols",
+                   "a symbol name of " + over_limit(name.size(), limits::kMaxNameBytes, "bytes", "per name"));
       }
       const std::string path = "symbols." + name;
       if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) {
@@ -174,7 +175,8 @@ class Parser : public JsonReader {
       }
       if (r.min < 1 || r.max < r.min || r.max > graph_ops::kMaxDim) {
         return err(path, "[" + std::to_string(r.min) + ", " + std::to_string(r.max) +
-                             "] is not a range of dims: it needs 1 <= min <= max <= " + std::to_string(graph_ops::kMaxDim));
+                             "] is not a range of dims: it needs 1 <= min <= max <= " +
+                             std::to_string(graph_ops::kMaxDim));
       }
       if (r.default_value < r.min || r.default_value > r.max) {
         return err(path + ".default", std::to_string(r.default_value) + " is outside the range [" +
@@ -245,7 +247,8 @@ class Parser : public JsonReader {
   Result<GraphSpec> graph(const json& root) {
     if (!root.is_object()) return expected("graph", "an object", root);
     FUSEBOX_RETURN_IF_ERROR(check_fields(
-        "graph", root, {"name", "io_dtype", "intermediate_dtype", "compute_dtype", "symbols", "tensors", "ops"}));
+        "graph", root,
+        {"name", "io_dtype", "intermediate_dtype", "compute_dtype", "symbols", "tensors", "ops"}));
     GraphSpec g;
     if (root.contains("symbols")) {
       FUSEBOX_RETURN_IF_ERROR(symbols(root["symbols"]));

@@ -49,7 +49,8 @@ std::string_view plan_source_name(PlanSource s) {
 std::string PlanReport::shape_summary() const {
   if (shape.empty()) return "";
   std::string s = "shape " + shape_text(shape) + ": ";
-  if (source != PlanSource::kBuilt) return s + "plan for this shape from the " + std::string(plan_source_name(source));
+  if (source != PlanSource::kBuilt)
+    return s + "plan for this shape from the " + std::string(plan_source_name(source));
   if (dynamic_shape) {
     s += "dynamic shapes, kernel cache " + kernel_cache;
     if (kernel_cache_builds_before > 0) {
@@ -157,8 +158,8 @@ struct Session::Impl {
   // One kernel cache per symbolic graph (ResolvedGraph::symbolic_id).
   struct KernelCacheSlot {
     std::shared_ptr<KernelCache> cache;
-    int builds = 0;                // dynamic builds that used it
-    std::string refused;           // a dynamic build was refused: later shapes build static
+    int builds = 0;       // dynamic builds that used it
+    std::string refused;  // a dynamic build was refused: later shapes build static
   };
   std::map<std::string, KernelCacheSlot> kernel_caches;
 
@@ -331,7 +332,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
 }
 
 Result<Session::ShapedPlan> Session::get_plan(const GraphSpec& spec, const ShapeValues& values,
-                                               const PlanRequest& request, PlanReport* report) {
+                                              const PlanRequest& request, PlanReport* report) {
   FUSEBOX_ASSIGN_OR_RETURN(GraphSpec bound, bind_shape(spec, values));
   FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(bound));
   FUSEBOX_ASSIGN_OR_RETURN(Plan plan, get_plan(g, request, report));

@@ -37,9 +37,10 @@ Result<ResolvedGraph> load_resolved(const std::string& path, const std::string& 
 }
 
 void add_shape_flag(CLI::App* cmd, std::string& shape) {
-  cmd->add_option("--shape", shape,
-                  "Concrete values for a symbolic graph's symbols, NAME=VALUE,... (e.g. B=8,S=128); symbols not "
-                  "given take their default");
+  cmd->add_option(
+      "--shape", shape,
+      "Concrete values for a symbolic graph's symbols, NAME=VALUE,... (e.g. B=8,S=128); symbols not "
+      "given take their default");
 }
 
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec) {
