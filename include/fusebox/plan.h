@@ -61,6 +61,15 @@ class KernelCache {
   std::unique_ptr<Impl> impl_;
 };
 
+// An engine and its knob choices, as cuDNN numbers them: what a build chose,
+// replayed by a later build of the same graph at another shape without the
+// heuristics (BuildOptions::replay).
+struct EngineChoice {
+  int64_t engine_id = -1;       // -1: none
+  std::map<int, int64_t> knobs;  // cuDNN frontend knob type -> value
+  bool empty() const { return engine_id < 0; }
+};
+
 struct BuildOptions {
   std::vector<HeuristicMode> heuristics{HeuristicMode::kA};
   // Pin an engine by the name `fusebox engines` shows ("eng41_k2=4_k13=0...").
@@ -72,6 +81,10 @@ struct BuildOptions {
   // shape-generic kernels), reusing and filling `kernel_cache` when given.
   bool dynamic_shape = false;
   std::shared_ptr<KernelCache> kernel_cache;  // only with dynamic_shape
+  // Non-empty: step 3 creates this one engine config instead of asking the
+  // heuristics (the `heuristics` and `engine` fields are not used); a shape
+  // it does not support fails in check_support.
+  EngineChoice replay;
 };
 
 // One of the five steps (validate, build_operation_graph,
@@ -105,6 +118,8 @@ struct BuildReport {
   int sm_version = 0;
   bool dynamic_shape = false;  // built with cuDNN's dynamic shapes
   bool kernel_cache = false;   // ... and a kernel cache
+  bool replayed = false;       // step 3 replayed BuildOptions::replay (no heuristics)
+  EngineChoice choice;         // the engine and knobs built (empty if unknown)
   double total_ms() const;
 };
 

@@ -43,6 +43,12 @@ struct PlanRequest {
   // refuse dynamic shapes, a static build serves (PlanReport says why).
   // false: a static build, as for any graph (the cold baseline).
   bool dynamic_shape = true;
+  // With dynamic shapes and no pinned engine: a later shape first replays the
+  // engine and knobs the graph's first dynamic build chose (no heuristics,
+  // like one engine per TensorRT profile, and the kernels that engine
+  // compiled are the ones the kernel cache holds); where that engine does not
+  // support the shape, the heuristics choose as usual.
+  bool reuse_engine = true;
 };
 
 // One build tried by the policy.
@@ -82,6 +88,8 @@ struct PlanReport {
   // cuDNN's first line), when a static build served instead.
   std::string dynamic_fallback;
   double dynamic_failed_ms = 0;  // time spent on the refused dynamic build
+  bool engine_replayed = false;  // built with the first shape's engine, no heuristics
+  std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
 
   // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
   // (a symbolic graph's shape and kernel-cache use appended in brackets).

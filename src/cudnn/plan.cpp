@@ -140,8 +140,13 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_operation_graph", [&]() {
     return ctx ? graph.build_operation_graph(ctx->impl()->handle) : graph.build_operation_graph();
   }));
-  FUSEBOX_RETURN_IF_ERROR(
-      run_step(r, "create_execution_plans", [&]() { return graph.create_execution_plans(to_fe(options.heuristics)); }));
+  r.replayed = !options.replay.empty();
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "create_execution_plans", [&]() -> fe::error_t {
+    if (options.replay.empty()) return graph.create_execution_plans(to_fe(options.heuristics));
+    std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    for (const auto& [type, value] : options.replay.knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
+    return graph.create_execution_plan(options.replay.engine_id, knobs);
+  }));
   r.candidate_plans = graph.get_execution_plan_count();
   if (options.max_workspace_bytes >= 0) {
     graph.deselect_workspace_greater_than(options.max_workspace_bytes);
@@ -264,6 +269,18 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     }
   } else {
     r.plan_index = pinned;
+  }
+  if (r.plan_index >= 0) {
+    std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    try {
+      if (graph.get_engine_and_knobs_at_index(r.plan_index, r.choice.engine_id, knobs).is_good()) {
+        for (const auto& [type, value] : knobs) r.choice.knobs[static_cast<int>(type)] = value;
+      } else {
+        r.choice = EngineChoice{};
+      }
+    } catch (const std::exception&) {
+      r.choice = EngineChoice{};  // only a report detail: the plan stands
+    }
   }
   return Plan(std::move(impl));
 }

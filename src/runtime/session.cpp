@@ -53,6 +53,7 @@ std::string PlanReport::shape_summary() const {
     return s + "plan for this shape from the " + std::string(plan_source_name(source));
   if (dynamic_shape) {
     s += "dynamic shapes, kernel cache " + kernel_cache;
+    if (engine_replayed) s += ", engine of the first shape reused";
     if (kernel_cache_builds_before > 0) {
       s += " (" + std::to_string(kernel_cache_builds_before) + " earlier build" +
            (kernel_cache_builds_before == 1 ? "" : "s") + " of this graph)";
@@ -160,6 +161,8 @@ struct Session::Impl {
     std::shared_ptr<KernelCache> cache;
     int builds = 0;       // dynamic builds that used it
     std::string refused;  // a dynamic build was refused: later shapes build static
+    // The engine the first dynamic build chose, per request policy (PlanRequest::reuse_engine).
+    std::map<std::string, EngineChoice> engines;
   };
   std::map<std::string, KernelCacheSlot> kernel_caches;
 
@@ -306,23 +309,49 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     }
     return static_plan;
   };
-  // A pinned engine is searched among every mode's candidates by build_plan itself.
-  const bool in_turn = request.heuristics.empty() && request.engine.empty();
-  std::vector<std::vector<HeuristicMode>> order =
-      in_turn ? default_mode_order()
-              : std::vector<std::vector<HeuristicMode>>{request.heuristics.empty() ? default_mode_order()[0]
-                                                                                   : request.heuristics};
-  auto plan = build_modes_in_turn(base, order, build, &rep.attempts);
-  if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+  // A later shape replays the first shape's engine when it can.
+  const std::string engine_key = request_policy_key(request, limit);
+  Result<Plan> plan = Status(StatusCode::kInternal, "no build ran");
+  if (dynamic && request.engine.empty() && request.reuse_engine) {
+    auto it = slot->engines.find(engine_key);
+    if (it != slot->engines.end()) {
+      BuildOptions o = base;
+      o.replay = it->second;
+      BuildReport replay_report;
+      plan = build_plan(g, s.target, o, &replay_report, ctx);
+      if (plan.ok()) {
+        rep.engine_replayed = true;
+        rep.build = std::move(replay_report);
+      } else {
+        const std::string& m = plan.status().message();
+        rep.replay_failed = m.substr(0, m.find('\n'));
+      }
+    }
+  }
+  if (!rep.engine_replayed) {
+    // A pinned engine is searched among every mode's candidates by build_plan itself.
+    const bool in_turn = request.heuristics.empty() && request.engine.empty();
+    std::vector<std::vector<HeuristicMode>> order =
+        in_turn ? default_mode_order()
+                : std::vector<std::vector<HeuristicMode>>{
+                      request.heuristics.empty() ? default_mode_order()[0] : request.heuristics};
+    plan = build_modes_in_turn(base, order, build, &rep.attempts);
+    if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+  }
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
+  if (rep.build.dynamic_shape && !rep.build.choice.empty() && !slot->engines.count(engine_key)) {
+    slot->engines[engine_key] = rep.build.choice;
+  }
   if (rep.build.dynamic_shape) {
     rep.dynamic_shape = true;
     rep.kernel_cache = slot->builds == 0 ? "cold" : "warm";
     rep.kernel_cache_builds_before = slot->builds;
     ++slot->builds;
   }
-  rep.heuristic_mode = request.engine.empty() ? modes_csv(rep.attempts.back().modes) : "a,b,fallback";
+  rep.heuristic_mode = rep.engine_replayed        ? "replay"
+                       : request.engine.empty() ? modes_csv(rep.attempts.back().modes)
+                                                : "a,b,fallback";
   // A static build that stood in for a refused dynamic one is stored as what it is.
   const std::string stored_policy =
       dynamic && !rep.build.dynamic_shape ? request_policy_key(request, limit) : policy;

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "fusebox/graph.h"
+#include "fusebox/plan.h"
 #include "fusebox/plan_cache.h"
 #include "fusebox/session.h"
 #include "test_util.h"
@@ -83,6 +84,15 @@ TEST_F(DynamicShapeDeviceless, TwoShapesGiveTwoCacheEntries) {
     EXPECT_NE(r->source_text().find("[shape N="), std::string::npos) << r->source_text();
     EXPECT_FALSE(r->shape_summary().empty());
   }
+  // The second shape replays the first one's engine (or says why it could not).
+  if (r2.dynamic_shape && !r2.build.choice.empty()) {
+    EXPECT_TRUE(r4.engine_replayed || !r4.replay_failed.empty());
+    if (r4.engine_replayed) {
+      EXPECT_EQ(r4.engine, r2.engine);
+      EXPECT_EQ(r4.heuristic_mode, "replay");
+      EXPECT_TRUE(r4.build.replayed);
+    }
+  }
   if (r2.dynamic_shape && r4.dynamic_shape) {
     EXPECT_EQ(r2.kernel_cache, "cold");
     EXPECT_EQ(r4.kernel_cache, "warm");
@@ -111,6 +121,39 @@ TEST_F(DynamicShapeDeviceless, StaticBuildsOfEachShapeAreTheirOwnEntries) {
   EXPECT_EQ(entries(), 2u);
   EXPECT_EQ(session_->kernel_cache_count(), 0);
   EXPECT_EQ(a.shape_summary(), "shape N=1: static build");
+}
+
+TEST_F(DynamicShapeDeviceless, AnEngineChoiceReplaysAtAnotherShape) {
+  auto target = DeviceTarget::from_file(devprop_path());
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  auto at = [&](int64_t n) {
+    auto b = bind_shape(spec_, {{"N", n}});
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    auto g = resolve(*b);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return *g;
+  };
+  const ResolvedGraph g2 = at(2), g6 = at(6);
+  BuildReport first;
+  auto p2 = build_plan(g2, *target, BuildOptions{}, &first);
+  ASSERT_TRUE(p2.ok()) << p2.status().ToString();
+  ASSERT_FALSE(first.choice.empty()) << "the build reports its engine and knobs";
+  EXPECT_FALSE(first.replayed);
+  BuildOptions replay;
+  replay.replay = first.choice;
+  BuildReport second;
+  auto p6 = build_plan(g6, *target, replay, &second);
+  ASSERT_TRUE(p6.ok()) << p6.status().ToString();
+  EXPECT_TRUE(second.replayed);
+  EXPECT_EQ(p6->engine_name(), p2->engine_name());
+  EXPECT_EQ(second.candidate_plans, 1);  // one engine config, no heuristic query
+  EXPECT_EQ(second.choice.engine_id, first.choice.engine_id);
+  EXPECT_EQ(second.choice.knobs, first.choice.knobs);
+  // A bogus engine fails plainly, never a crash.
+  BuildOptions bogus;
+  bogus.replay.engine_id = 1000000;
+  BuildReport none;
+  EXPECT_FALSE(build_plan(g6, *target, bogus, &none).ok());
 }
 
 TEST_F(DynamicShapeDeviceless, OutOfRangeIsRefusedBeforeBuilding) {

@@ -14,6 +14,7 @@ struct ShapesArgs {
   std::vector<std::string> sweeps;
   double target_speedup = 10;
   bool json = false;
+  bool no_engine_reuse = false;
 };
 
 struct Row {
@@ -35,6 +36,8 @@ nlohmann::json row_json(const std::string& mode, const Row& r) {
           {"dynamic_shape", r.rep.dynamic_shape},
           {"kernel_cache", r.rep.kernel_cache},
           {"dynamic_fallback", r.rep.dynamic_fallback},
+          {"engine_replayed", r.rep.engine_replayed},
+          {"replay_failed", r.rep.replay_failed},
           {"error", r.error}};
 }
 
@@ -67,6 +70,10 @@ Runner add_shapes(CLI::App& app) {
   cmd->add_option("--target-speedup", a->target_speedup,
                   "Cold total over kernel-cache total that counts as met in the summary")
       ->capture_default_str();
+  cmd->add_flag(
+      "--no-engine-reuse", a->no_engine_reuse,
+      "Kernel-cache pass: let the heuristics choose an engine for every shape instead of reusing the "
+      "first shape's");
   cmd->add_flag("--json", a->json,
                 "Write one JSON document to stdout (a row per shape and mode, and a summary)");
   return [a]() -> int {
@@ -112,6 +119,7 @@ Runner add_shapes(CLI::App& app) {
       request.heuristics = *modes;
       request.use_tuned_cache = false;
       request.dynamic_shape = pass == "kernel_cache";
+      request.reuse_engine = !a->no_engine_reuse;
       for (const auto& shape : shapes) {
         Row row;
         row.shape = shape;
@@ -179,10 +187,12 @@ Runner add_shapes(CLI::App& app) {
         char buf[64];
         if (rows.count("kernel_cache")) {
           const Row& r = rows["kernel_cache"][i];
-          std::snprintf(buf, sizeof buf, "%.2f %s", r.ms,
-                        !r.ok                         ? "FAILED"
-                        : r.rep.kernel_cache == "off" ? "static"
-                                                      : r.rep.kernel_cache.c_str());
+          // "warm+reuse": the first shape's engine replayed (no heuristics).
+          const std::string state = !r.ok ? "FAILED"
+                                    : r.rep.kernel_cache == "off"
+                                        ? "static"
+                                        : r.rep.kernel_cache + (r.rep.engine_replayed ? "+reuse" : "");
+          std::snprintf(buf, sizeof buf, "%.2f %s", r.ms, state.c_str());
           kc = buf;
           engine = r.rep.engine;
         }

@@ -168,7 +168,9 @@ nlohmann::json to_json(const PlanReport& r) {
           {"kernel_cache", r.kernel_cache},
           {"kernel_cache_builds_before", r.kernel_cache_builds_before},
           {"dynamic_fallback", r.dynamic_fallback},
-          {"dynamic_failed_ms", r.dynamic_failed_ms}};
+          {"dynamic_failed_ms", r.dynamic_failed_ms},
+          {"engine_replayed", r.engine_replayed},
+          {"replay_failed", r.replay_failed}};
 }
 
 void print_attempts(const PlanReport& r) {
