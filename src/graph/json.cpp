@@ -110,7 +110,8 @@ class Parser : public JsonReader {
     if (!v.is_array()) return expected(path, "an array of integers and symbol names", v);
     bool symbolic = false;
     for (const auto& d : v) symbolic = symbolic || d.is_string();
-    if (!symbolic) {
+    // Without declared symbols a string is a type error, as it always was.
+    if (!symbolic || symbols_.empty()) {
       FUSEBOX_ASSIGN_OR_RETURN(t.dims, get_int_list(path, v));
       return Status::Ok();
     }

@@ -89,6 +89,11 @@ TEST(Symbols, ParseErrorsNameTheSymbol) {
   expect_error(parse_graph_json(conv_json(R"([1, 4])", R"(["N", 8, 6, 6])"), "g.json").status(), {"symbols"});
 }
 
+TEST(Symbols, AStringDimWithoutSymbolsIsATypeError) {
+  auto r = parse_graph_json(R"({"tensors": [{"name": "x", "dims": [2, "N"]}], "ops": []})", "g.json");
+  expect_error(r.status(), {"tensors[0] ('x').dims[1]", "expected an integer", "\"N\""});
+}
+
 TEST(Symbols, StridesOrValuesCannotFollowASymbolicShape) {
   auto s =
       parse_graph_json(conv_json(R"({"N": [1, 4]})", R"(["N", 8, 6, 6])", R"(, "strides": [288, 1, 48, 8])"));
