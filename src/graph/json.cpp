@@ -8,10 +8,12 @@
 #include "common/file_io.h"
 #include "common/json_text.h"
 #include "common/json_util.h"
+#include "common/text.h"
 #include "fusebox/graph.h"
 #include "graph_limits.h"
 #include "json_reader.h"
 #include "ops/ops.h"
+#include "symbols.h"
 
 namespace fusebox {
 
@@ -152,8 +154,9 @@ class Parser : public JsonReader {
                    "a symbol name of " + over_limit(name.size(), limits::kMaxNameBytes, "bytes", "per name"));
       }
       const std::string path = "symbols." + name;
-      if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) {
-        return err(path, "a symbol name must be non-empty and not start with a digit");
+      if (!graph_symbols::is_symbol_name(name)) {
+        return err("symbols", "symbol name \"" + common::printable(name) +
+                                  "\" is not a name: letters, digits and '_', not starting with a digit");
       }
       SymbolRange r;
       const json& d = it.value();

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdio>
 
+#include "common/text.h"
 #include "graph_limits.h"
 #include "ops/ops.h"
 #include "xxhash.h"
@@ -28,6 +29,15 @@ std::string declared_names(const GraphSpec& spec) {
 
 }  // namespace
 
+bool is_symbol_name(std::string_view name) {
+  if (name.empty() || name.size() > graph_limits::kMaxNameBytes) return false;
+  if (std::isdigit(static_cast<unsigned char>(name[0]))) return false;
+  for (char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
 std::string symbol_use(const GraphSpec& spec, const std::string& symbol) {
   for (const auto& t : spec.tensors) {
     for (size_t i = 0; i < t.dim_symbols.size(); ++i) {
@@ -40,7 +50,10 @@ std::string symbol_use(const GraphSpec& spec, const std::string& symbol) {
 Status check_symbols(const GraphSpec& spec) {
   for (const auto& [name, r] : spec.symbols) {
     const std::string where = "symbol " + q(name) + ": ";
-    if (name.empty()) return InvalidArgument("symbols: a symbol name is empty");
+    if (!is_symbol_name(name)) {
+      return InvalidArgument("symbols: \"" + common::printable(name) +
+                             "\" is not a symbol name: letters, digits and '_', not starting with a digit");
+    }
     if (r.min < 1 || r.max < r.min || r.max > graph_ops::kMaxDim) {
       return InvalidArgument(
           where + "range " + range_text(r) +

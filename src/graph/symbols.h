@@ -12,6 +12,10 @@ namespace fusebox::graph_symbols {
 // shape). resolve() checks it first.
 Status check_symbols(const GraphSpec& spec);
 
+// Letters, digits and '_', not starting with a digit: names stay readable in
+// messages and unambiguous in "--shape B=8,S=128".
+bool is_symbol_name(std::string_view name);
+
 // "dim 0 of 'x'": where a symbol is used, for messages ("" if unused).
 std::string symbol_use(const GraphSpec& spec, const std::string& symbol);
 
