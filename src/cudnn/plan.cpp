@@ -275,6 +275,8 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     try {
       if (graph.get_engine_and_knobs_at_index(r.plan_index, r.choice.engine_id, knobs).is_good()) {
         for (const auto& [type, value] : knobs) r.choice.knobs[static_cast<int>(type)] = value;
+        // NOT_SET: a knob the frontend cannot name, nor pass back: not replayable.
+        if (knobs.count(fe::KnobType_t::NOT_SET)) r.choice = EngineChoice{};
       } else {
         r.choice = EngineChoice{};
       }
