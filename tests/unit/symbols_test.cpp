@@ -89,7 +89,7 @@ TEST(Symbols, ParseErrorsNameTheSymbol) {
   expect_error(parse_graph_json(conv_json(R"([1, 4])", R"(["N", 8, 6, 6])"), "g.json").status(), {"symbols"});
   // Names stay plain: no '=' or ',' (they would break --shape), no control bytes.
   for (const char* bad : {R"({"B=1": [1, 4]})", R"({"a,b": [1, 4]})", R"({"1N": [1, 4]})", R"({"": [1, 4]})",
-                          R"({"N": [1, 4]})"}) {
+                          R"({"N\u001b": [1, 4]})"}) {
     expect_error(parse_graph_json(conv_json(bad, R"([2, 8, 6, 6])"), "g.json").status(),
                  {"symbols", "letters, digits and '_'"});
   }
