@@ -4,7 +4,7 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,runtime,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,runtime,shapes,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
@@ -16,6 +16,8 @@
 #   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
 #            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)
 #            and the same chain in PyTorch eager, torch.compile and torch.cuda.CUDAGraph (2-4 min)
+#   shapes   32 new shapes of each symbolic example (conv, matmul, sdpa), kernel cache
+#            against cold builds: `fusebox shapes` (issue 11; a few minutes)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
@@ -30,7 +32,7 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
 # The parts of fusebox_tools.bench_run (its PARTS), in the order the report merges them.
-BENCH_PARTS="peaks conv conv_bwd matmul norm sdpa runtime"
+BENCH_PARTS="peaks conv conv_bwd matmul norm sdpa runtime shapes"
 PARTS=${PARTS:-${BENCH_PARTS// /,},report}
 mkdir -p "$OUT"
 

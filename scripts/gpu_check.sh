@@ -466,6 +466,33 @@ do_cudnn_mismatch() {
   [ "$fails" -eq 0 ]
 }
 
+# Issue 11's new-shape cost: 32 shapes of each symbolic example through one
+# kernel cache and cold (`fusebox shapes`). Fails on a failed build; the
+# speedup against the 10x target is reported (summary line per graph).
+do_dynamic_shapes() {
+  local fails=0 g sweep name
+  for spec in "examples/graphs/conv_bias_relu_dyn.json N=1..32" "examples/graphs/matmul_bias_gelu_dyn.json M=64..2048:64" \
+              "examples/graphs/sdpa_fwd_dyn.json S=16..512:16"; do
+    g=${spec%% *}
+    sweep=${spec#* }
+    name=$(basename "$g" .json)
+    echo "\$ fusebox shapes $g --shapes $sweep"
+    "$FB" shapes "$g" --shapes "$sweep" --json > "$OUT/shapes_$name.json" 2> "$OUT/shapes_$name.err" || fails=$((fails + 1))
+    "$PY" - "$OUT/shapes_$name.json" <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+d = json.load(open(sys.argv[1]))
+s = d["summary"]
+line = (f"  {d['graph']}: {s['shapes']} shapes, kernel cache {s['kernel_cache_total_ms']:.1f} ms, "
+        f"cold {s['cold_total_ms']:.1f} ms: {s['speedup']:.1f}x (target {s['target_speedup']:.0f}x: "
+        f"{'met' if s['meets_target'] else 'NOT met'}), {s['failed']} failed")
+if s["dynamic_fallback"]:
+    line += "; dynamic shapes refused: " + s["dynamic_fallback"]
+print(line)
+PYEOF
+  done
+  [ "$fails" -eq 0 ]
+}
+
 echo "gpu_check: bundle $BUNDLE, logs in $OUT, python $PY, $(date -u)"
 if [ ! -x "$FB" ]; then
   echo "gpu_check: $FB not found: run scripts/gpu_bundle.sh BUILD_DIR here and carry $BUNDLE" >&2
@@ -496,6 +523,8 @@ section cudnn_mismatch do_cudnn_mismatch
 section host_overhead do_host_overhead
 section cuda_graph do_cuda_graph
 section bench do_bench
+# Opt-in (a few minutes): SECTIONS=dynamic_shapes.
+if [[ ",${SECTIONS:-}," == *",dynamic_shapes,"* ]]; then section dynamic_shapes do_dynamic_shapes; fi
 
 echo
 echo "=================== summary ($((SECONDS - T0)) s, logs in $OUT) ==================="

@@ -47,7 +47,23 @@ struct TensorSpec {
   // values): e.g. per-sequence lengths or FP8 scales. Used instead of random
   // values when fusebox makes inputs; files given with --inputs still win.
   std::vector<double> values;
+  // Symbolic dims (GraphSpec::symbols): per dim the symbol it is, "" for a
+  // number; empty when no dim is symbolic. `dims` holds the symbols' current
+  // values (bind_shape()).
+  std::vector<std::string> dim_symbols;
 };
+
+// A symbol's declared range, like a TensorRT optimization profile
+// (docs/graph-format.md, "Symbolic dims").
+struct SymbolRange {
+  int64_t min = 1;
+  int64_t max = 1;
+  int64_t default_value = 1;  // the JSON `default`, else max: used when no value is given
+  int64_t value = 1;          // the value the spec's dims hold now
+};
+
+// Concrete values of symbols: {"B": 8, "S": 128}.
+using ShapeValues = std::map<std::string, int64_t>;
 
 // Strides for `dims` laid out as `layout`:
 //   "nchw", "ncdhw", "row_major", "packed": dense, last dim fastest;
@@ -118,6 +134,8 @@ struct GraphSpec {
   DType compute_dtype = DType::kFP32;
   std::vector<TensorSpec> tensors;  // inputs, outputs and named intermediates
   std::vector<OpSpec> ops;          // any order; resolve() sorts topologically
+  // Declared symbols (dims that vary between runs), by name. Empty: a static graph.
+  std::map<std::string, SymbolRange> symbols;
 
   // --- C++ builder helpers. Each returns the name of the tensor it declares
   // or produces, so calls chain: relu("act", bias_add("b", conv_fprop(...), "bias")).
@@ -199,6 +217,11 @@ struct ResolvedGraph {
   std::vector<ResolvedOp> ops;  // topological order (the canonical form's)
   // The canonical form (canonical_form()), filled by resolve().
   std::string canonical;
+  // A symbolic graph at one concrete shape: the symbols' values, and the
+  // identity shared by every shape of the graph (symbolic_graph_id()), which
+  // keys the session's kernel cache. Both empty for a static graph.
+  ShapeValues shape;
+  std::string symbolic_id;
 
   int find_tensor(std::string_view tensor_name) const;  // -1 if absent
   std::vector<int> input_tensors() const;
@@ -224,6 +247,32 @@ std::string op_resolved_attrs_json(const ResolvedGraph& g, const ResolvedOp& op)
 // Validates `spec` and infers shapes, strides and dtypes. Errors name the op
 // and tensor: "[conv_fprop 'conv1'] input 'w' has C=32 but x has C=64 ...".
 Result<ResolvedGraph> resolve(const GraphSpec& spec);
+
+// ---------------------------------------------------------------- symbolic dims
+
+// The spec with its symbols set to `values` (symbols not named take their
+// default) and every symbolic dim replaced. A value outside the declared
+// range, an unknown symbol, or values for a graph without symbols is
+// InvalidArgument naming the symbol, a dim that uses it and the range.
+Result<GraphSpec> bind_shape(const GraphSpec& spec, const ShapeValues& values);
+// "B=8,S=128" -> values (names and positive integers; errors say the form).
+Result<ShapeValues> parse_shape_values(std::string_view text);
+// "B=8,S=128" (names in order).
+std::string shape_text(const ShapeValues& values);
+// One symbol's values to sweep: "B=1..64" (each value), "S=16..512:16"
+// (from 16 in steps of 16), "B=1,2,4,8" (a list); at most 4096 values.
+struct ShapeSweep {
+  std::string symbol;
+  std::vector<int64_t> values;
+};
+Result<ShapeSweep> parse_shape_sweep(std::string_view text);
+// Every combination of the sweeps' values (the last sweep varies fastest).
+std::vector<ShapeValues> sweep_shapes(const std::vector<ShapeSweep>& sweeps);
+// The identity of a symbolic spec, the same at every shape (16 hex digits);
+// empty when the spec declares no symbol.
+std::string symbolic_graph_id(const GraphSpec& spec);
+// The current values of the spec's symbols.
+ShapeValues current_shape(const GraphSpec& spec);
 
 // ---------------------------------------------------------------- identity
 

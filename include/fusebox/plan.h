@@ -42,6 +42,34 @@ struct DeviceTarget {
 // Captures cuDNN's device description of a live GPU (`fusebox devprop`).
 Result<std::string> capture_device_properties(int device_id = 0);
 
+// cuDNN's kernel cache: a dynamic-shape build (BuildOptions::dynamic_shape)
+// given one reuses the kernels an earlier build of the same graph at another
+// shape compiled, instead of compiling them again. One per symbolic graph
+// (the first build ties it to that graph's topology); shared by its builds,
+// thread-safe. Opaque: no cuDNN type here.
+class KernelCache {
+ public:
+  static std::shared_ptr<KernelCache> create();
+  ~KernelCache();
+  KernelCache(const KernelCache&) = delete;
+  KernelCache& operator=(const KernelCache&) = delete;
+  struct Impl;
+  Impl* impl() const { return impl_.get(); }
+
+ private:
+  KernelCache();
+  std::unique_ptr<Impl> impl_;
+};
+
+// An engine and its knob choices, as cuDNN numbers them: what a build chose,
+// replayed by a later build of the same graph at another shape without the
+// heuristics (BuildOptions::replay).
+struct EngineChoice {
+  int64_t engine_id = -1;       // -1: none
+  std::map<int, int64_t> knobs;  // cuDNN frontend knob type -> value
+  bool empty() const { return engine_id < 0; }
+};
+
 struct BuildOptions {
   std::vector<HeuristicMode> heuristics{HeuristicMode::kA};
   // Pin an engine by the name `fusebox engines` shows ("eng41_k2=4_k13=0...").
@@ -49,6 +77,14 @@ struct BuildOptions {
   // Empty: the first candidate that passes the support check.
   std::string engine;
   int64_t max_workspace_bytes = -1;  // -1: no limit
+  // Build with cuDNN's dynamic shapes (engines that support them compile
+  // shape-generic kernels), reusing and filling `kernel_cache` when given.
+  bool dynamic_shape = false;
+  std::shared_ptr<KernelCache> kernel_cache;  // only with dynamic_shape
+  // Non-empty: step 3 creates this one engine config instead of asking the
+  // heuristics (the `heuristics` and `engine` fields are not used); a shape
+  // it does not support fails in check_support.
+  EngineChoice replay;
 };
 
 // One of the five steps (validate, build_operation_graph,
@@ -80,6 +116,10 @@ struct BuildReport {
   bool deviceless = false;
   std::string device_name;
   int sm_version = 0;
+  bool dynamic_shape = false;  // built with cuDNN's dynamic shapes
+  bool kernel_cache = false;   // ... and a kernel cache
+  bool replayed = false;       // step 3 replayed BuildOptions::replay (no heuristics)
+  EngineChoice choice;         // the engine and knobs built (empty if unknown)
   double total_ms() const;
 };
 

@@ -37,6 +37,18 @@ struct PlanRequest {
   int64_t max_workspace_bytes = -1;  // -1: the session's limit only
   bool use_tuned_cache = true;
   bool measure_startup = false;  // on a hit, deserialize twice (one-time library load apart)
+  // A symbolic graph (ResolvedGraph::symbolic_id set) builds with cuDNN's
+  // dynamic shapes and the session's kernel cache for that graph, so a new
+  // shape reuses the kernels earlier shapes compiled; where the engines
+  // refuse dynamic shapes, a static build serves (PlanReport says why).
+  // false: a static build, as for any graph (the cold baseline).
+  bool dynamic_shape = true;
+  // With dynamic shapes and no pinned engine: a later shape first replays the
+  // engine and knobs the graph's first dynamic build chose (no heuristics,
+  // like one engine per TensorRT profile, and the kernels that engine
+  // compiled are the ones the kernel cache holds); where that engine does not
+  // support the shape, the heuristics choose as usual.
+  bool reuse_engine = true;
 };
 
 // One build tried by the policy.
@@ -64,9 +76,30 @@ struct PlanReport {
   double deserialize_again_ms = -1;
   double total_ms = 0;  // get_plan wall time
   std::vector<std::string> warnings;
+  // A symbolic graph: its concrete values, and how a build used the
+  // session's kernel cache for the graph: "off" (no dynamic-shape build),
+  // "cold" (the graph's first dynamic build in this session: compiles and
+  // fills the cache) or "warm" (earlier builds filled it).
+  ShapeValues shape;
+  bool dynamic_shape = false;  // the serving plan was built with dynamic shapes
+  std::string kernel_cache = "off";
+  int kernel_cache_builds_before = 0;  // dynamic builds of this graph in the session before this one
+  // Why dynamic shapes were not used for this graph (a refused dynamic build:
+  // cuDNN's first line), when a static build served instead.
+  std::string dynamic_fallback;
+  double dynamic_failed_ms = 0;  // time spent on the refused dynamic build
+  bool engine_replayed = false;  // built with the first shape's engine, no heuristics
+  std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
 
   // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
+  // (a symbolic graph's shape and kernel-cache use appended in brackets).
   std::string source_text() const;
+  // A symbolic graph: "shape B=8,S=128: dynamic shapes, kernel cache warm (3 earlier builds)",
+  // or why a static build served; empty for a static graph.
+  std::string shape_summary() const;
+
+ private:
+  std::string source_text_base() const;
 };
 
 // The order the default policy tries heuristic modes: {a}, {b}, {fallback}.
@@ -124,6 +157,20 @@ class Session {
   // success and failure alike (a failed build's steps are in it).
   Result<Plan> get_plan(const ResolvedGraph& g, const PlanRequest& request = {},
                         PlanReport* report = nullptr);
+
+  // A symbolic graph at concrete values: bind_shape(), resolve(), then
+  // get_plan() above. `graph` is what the plan was built for (bind buffers
+  // by its tensors). Every shape of one spec shares the session's kernel
+  // cache for it; plans are cached per concrete shape (the cache key holds
+  // the dims).
+  struct ShapedPlan {
+    ResolvedGraph graph;
+    Plan plan;
+  };
+  Result<ShapedPlan> get_plan(const GraphSpec& spec, const ShapeValues& values,
+                              const PlanRequest& request = {}, PlanReport* report = nullptr);
+  // Symbolic graphs holding a kernel cache in this session.
+  int kernel_cache_count() const;
 
   // The cached winner of `policy` if there is one, else tunes on the GPU and
   // stores the winner when it verifies.

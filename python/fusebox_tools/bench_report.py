@@ -232,6 +232,12 @@ def merge(parts):
         for r in d["rows"]:
             rows[(r.get("family"), r["name"])] = r
     out["rows"] = list(rows.values())
+    shapes = {}
+    for d in docs:
+        for e in d.get("shapes") or []:
+            shapes[e["graph"]] = e
+    if shapes:
+        out["shapes"] = list(shapes.values())
     out["parts"] = [os.path.basename(p) for p in parts]
     return out
 
@@ -355,6 +361,34 @@ def md_cell(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def shapes_markdown(entries):
+    """Part shapes: the cost of new shapes of symbolic graphs, kernel cache against cold."""
+    if not entries:
+        return []
+    L = ["### New shapes of symbolic graphs (kernel cache against cold builds)", "",
+         "`fusebox shapes`: every shape built in one process, first through one cuDNN kernel cache "
+         "(dynamic shapes), then cold (static builds); bind + resolve + build, wall clock, no plan cache. "
+         "Issue 11's target: at least 10x less total time with the kernel cache.", "",
+         "| graph | shapes | kernel cache total ms | first build ms | median later build ms | cold total ms "
+         "| cold median ms | **speedup** | note |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for e in entries:
+        s = e.get("summary") or {}
+        kc = [r["ms"] for r in e.get("rows", []) if r.get("mode") == "kernel_cache" and r.get("ok")]
+        cold = sorted(r["ms"] for r in e.get("rows", []) if r.get("mode") == "cold" and r.get("ok"))
+        later = sorted(kc[1:])
+        med = lambda v: f"{v[len(v) // 2]:.1f}" if v else "-"  # noqa: E731
+        note = "dynamic shapes refused: " + s["dynamic_fallback"] if s.get("dynamic_fallback") else ""
+        if s.get("failed"):
+            note = (note + "; " if note else "") + f"{s['failed']} builds failed"
+        L.append(f"| {md_cell(e.get('name') or e['graph'])} | {md_cell(' '.join(e.get('sweeps') or []))} "
+                 f"| {float(s.get('kernel_cache_total_ms') or 0):.1f} | {f'{kc[0]:.1f}' if kc else '-'} | {med(later)} "
+                 f"| {float(s.get('cold_total_ms') or 0):.1f} | {med(cold)} | **{ratio(s.get('speedup'))}** "
+                 f"| {md_cell(note)} |")
+    L.append("")
+    return L
+
+
 def markdown(doc, stats, previous=None, previous_path=None, plots=None):
     rows = doc["rows"]
     v = doc.get("versions") or {}
@@ -425,6 +459,7 @@ def markdown(doc, stats, previous=None, previous_path=None, plots=None):
     L.append("")
 
     L += runtime_markdown(doc.get("runtime"))
+    L += shapes_markdown(doc.get("shapes"))
 
     flagged, changes = regressions(rows, stats, previous)
     L += ["### Against the previous run", ""]

@@ -8,7 +8,10 @@ FP8 matmul TFLOP/s, device copy GB/s) and runtime (build/bound_execute_bench
 --json: host overhead of one bound execute and per execute replayed in a CUDA
 graph; a chain of 10 conv+bias+relu 3x3 layers, eager launches against one
 CUDA graph, beside the same network in PyTorch eager, torch.compile and a
-torch.cuda.CUDAGraph; the part file's "runtime" object). Each finished row is written at once;
+torch.cuda.CUDAGraph; the part file's "runtime" object) and shapes (32 new
+shapes of each symbolic example, built through the kernel cache and cold:
+`fusebox shapes`). Symbolic examples are left out of the family parts.
+Each finished row is written at once;
 a part run again skips the rows its file already holds (--force: redo), so a
 part cut off by a time limit resumes where it stopped.
 
@@ -49,7 +52,14 @@ from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
-PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks", "runtime")
+PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks", "runtime", "shapes")
+# Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
+# kernel cache and cold, by `fusebox shapes --json`.
+SHAPE_SWEEPS = {
+    "examples/graphs/conv_bias_relu_dyn.json": ["N=1..32"],
+    "examples/graphs/matmul_bias_gelu_dyn.json": ["M=64..2048:64"],
+    "examples/graphs/sdpa_fwd_dyn.json": ["S=16..512:16"],
+}
 FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "conv_bwd", "matmul": "matmul",
                 "layernorm": "norm", "rmsnorm": "norm", "layernorm_bwd": "norm", "rmsnorm_bwd": "norm",
                 "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
@@ -604,13 +614,58 @@ def bench_graphs():
     ResNet-50 convolution backward shapes), kept out of examples/ so the
     example-wide tests do not run them all."""
     return sorted(glob.glob(os.path.join(REPO_ROOT, "bench", "graphs", "*.json")))
+def is_symbolic(path):
+    """A graph that declares symbols: benchmarked by part shapes, not at its defaults."""
+    try:
+        with open(path) as f:
+            return bool(json.load(f).get("symbols"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def shapes_part(args, doc):
+    """`fusebox shapes --json` per symbolic example: per-shape build cost with
+    the kernel cache and cold; doc["shapes"] keeps one entry per graph."""
+    fails = 0
+    done = {e["graph"] for e in doc.get("shapes", [])}
+    sweeps = {p: v for p, v in SHAPE_SWEEPS.items()} if not args.graphs else {p: None for p in args.graphs}
+    for path, sweep in sweeps.items():
+        if sweep is None:
+            log(f"{path}: part shapes takes the examples' sweeps only (SHAPE_SWEEPS); skipped")
+            continue
+        if os.path.relpath(path) in done:
+            log(f"{path}: already done, skipped (--force to redo)")
+            continue
+        cmd = [args.fusebox, "shapes", path, "--json"] + [a for s in sweep for a in ("--shapes", s)]
+        log(" ".join(cmd))
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout * 2)
+            res = json.loads(p.stdout)
+        except (subprocess.TimeoutExpired, ValueError) as e:
+            log(f"{path}: fusebox shapes failed: {first_line(e)}")
+            fails += 1
+            continue
+        summary = res.get("summary", {})
+        doc.setdefault("shapes", []).append({
+            "graph": os.path.relpath(path), "name": res.get("graph"), "sweeps": sweep, "summary": summary,
+            "rows": [{k: r.get(k) for k in ("mode", "shape_text", "ok", "ms", "kernel_cache", "engine")}
+                     for r in res.get("rows", [])],
+            "seconds": round(time.perf_counter() - t0, 1)})
+        save(args.out, doc)
+        log(f"{res.get('graph')}: {summary.get('shapes')} shapes, kernel cache {summary.get('kernel_cache_total_ms', 0):.0f} ms, "
+            f"cold {summary.get('cold_total_ms', 0):.0f} ms: {summary.get('speedup', 0):.1f}x"
+            + (f" (dynamic shapes refused: {summary['dynamic_fallback']})" if summary.get("dynamic_fallback") else ""))
+        fails += p.returncode != 0
+    return 1 if fails else 0
 
 
 def part_graphs(part, args):
     if args.graphs:
         paths = args.graphs
     else:
-        paths = [p for p in default_graphs() if os.path.basename(os.path.dirname(p)) == "graphs"]
+        paths = [p for p in default_graphs()
+                 if os.path.basename(os.path.dirname(p)) == "graphs" and not is_symbolic(p)]
         paths += bench_graphs()
     out = []
     for p in paths:
@@ -684,6 +739,8 @@ def main(argv=None):
                 f"{med(fb['cuda_graph']['gpu_ms'])} us; "
                 + ", ".join(f"torch {k} {med((v or {}).get('gpu_ms'))} us" for k, v in t.items()))
         return 0
+    if args.part == "shapes":
+        return shapes_part(args, doc)
     done = {r["graph"] for r in doc["rows"]}
     fails = 0
     for path in part_graphs(args.part, args):

@@ -33,6 +33,10 @@ struct Plan::Impl {
   std::unordered_map<std::string, int64_t> tensor_bytes;
 };
 
+struct KernelCache::Impl {
+  std::shared_ptr<cudnn::fe::KernelCache> cache;
+};
+
 namespace cudnn {
 
 // The frontend's Graph, plus access to per-candidate state the frontend
@@ -70,7 +74,8 @@ struct LoweredGraph {
   std::unordered_map<std::string, int64_t> uids;
   std::unordered_map<std::string, int64_t> tensor_bytes;  // same keys as uids
 };
-Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target);
+// `dynamic_shape`: build with cuDNN's dynamic shapes (set before any op is added).
+Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape = false);
 
 // Device properties for a deviceless target (parsed once per target).
 Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const DeviceTarget& target);

@@ -149,7 +149,7 @@ FeTensor LowerContext::create_output(const std::string& role) {
   return t;
 }
 
-Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
+Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape) {
   LoweredGraph out;
   try {
     auto graph = std::make_shared<FeGraph>();
@@ -157,6 +157,9 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target) {
         .set_io_data_type(to_fe(g.io_dtype))
         .set_intermediate_data_type(to_fe(g.intermediate_dtype))
         .set_compute_data_type(to_fe(g.compute_dtype));
+    // Before any op: the frontend picks an op's implementation (e.g. composite
+    // or unified SDPA) when the op is added, by whether shapes are dynamic.
+    if (dynamic_shape) graph->set_dynamic_shape_enabled(true);
     if (target.deviceless()) {
       FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));
       graph->set_device_properties(props);

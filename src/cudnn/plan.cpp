@@ -119,21 +119,34 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
 Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarget& target,
                                        const BuildOptions& options, GpuContext* ctx, BuildReport& r) {
   fill_target(r, target);
+  r.dynamic_shape = options.dynamic_shape;
+  r.kernel_cache = options.dynamic_shape && options.kernel_cache != nullptr;
   if (!target.deviceless() && !ctx) return Internal("a live-GPU build needs a GpuContext");
   cudnn::LoweredGraph lowered;
   // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
-    auto lr = lower(g, target);
+    auto lr = lower(g, target, options.dynamic_shape);
     if (!lr.ok()) return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
     lowered = std::move(lr).value();
+    // Before build_operation_graph: that is where the frontend ties the
+    // kernel cache to the operation graph.
+    if (options.dynamic_shape && options.kernel_cache) {
+      lowered.graph->set_kernel_cache(options.kernel_cache->impl()->cache);
+    }
     return lowered.graph->validate();
   }));
+
   auto& graph = *lowered.graph;
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_operation_graph", [&]() {
     return ctx ? graph.build_operation_graph(ctx->impl()->handle) : graph.build_operation_graph();
   }));
-  FUSEBOX_RETURN_IF_ERROR(
-      run_step(r, "create_execution_plans", [&]() { return graph.create_execution_plans(to_fe(options.heuristics)); }));
+  r.replayed = !options.replay.empty();
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "create_execution_plans", [&]() -> fe::error_t {
+    if (options.replay.empty()) return graph.create_execution_plans(to_fe(options.heuristics));
+    std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    for (const auto& [type, value] : options.replay.knobs) knobs[static_cast<fe::KnobType_t>(type)] = value;
+    return graph.create_execution_plan(options.replay.engine_id, knobs);
+  }));
   r.candidate_plans = graph.get_execution_plan_count();
   if (options.max_workspace_bytes >= 0) {
     graph.deselect_workspace_greater_than(options.max_workspace_bytes);
@@ -189,6 +202,12 @@ std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext
 
 }  // namespace
 }  // namespace cudnn
+
+KernelCache::KernelCache() : impl_(std::make_unique<Impl>()) {
+  impl_->cache = std::make_shared<cudnn::fe::KernelCache>();
+}
+KernelCache::~KernelCache() = default;
+std::shared_ptr<KernelCache> KernelCache::create() { return std::shared_ptr<KernelCache>(new KernelCache()); }
 
 double BuildReport::total_ms() const {
   double t = 0;
@@ -251,6 +270,20 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     }
   } else {
     r.plan_index = pinned;
+  }
+  if (r.plan_index >= 0) {
+    std::unordered_map<fe::KnobType_t, int64_t> knobs;
+    try {
+      if (graph.get_engine_and_knobs_at_index(r.plan_index, r.choice.engine_id, knobs).is_good()) {
+        for (const auto& [type, value] : knobs) r.choice.knobs[static_cast<int>(type)] = value;
+        // NOT_SET: a knob the frontend cannot name, nor pass back: not replayable.
+        if (knobs.count(fe::KnobType_t::NOT_SET)) r.choice = EngineChoice{};
+      } else {
+        r.choice = EngineChoice{};
+      }
+    } catch (const std::exception&) {
+      r.choice = EngineChoice{};  // only a report detail: the plan stands
+    }
   }
   return Plan(std::move(impl));
 }

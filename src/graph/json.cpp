@@ -2,15 +2,18 @@
 // Never converts JSON to or from `float`: the cuDNN frontend specializes
 // nlohmann::adl_serializer<float> in other translation units (ODR), so only
 // double and integers are used here.
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
 #include "common/json_text.h"
 #include "common/json_util.h"
+#include "common/text.h"
 #include "fusebox/graph.h"
 #include "graph_limits.h"
 #include "json_reader.h"
 #include "ops/ops.h"
+#include "symbols.h"
 
 namespace fusebox {
 
@@ -67,7 +70,7 @@ class Parser : public JsonReader {
     if (!v.contains("name")) return err(path, "missing field 'name'");
     FUSEBOX_ASSIGN_OR_RETURN(t.name, get_string(path + ".name", v["name"]));
     if (v.contains("dims")) {
-      FUSEBOX_ASSIGN_OR_RETURN(t.dims, get_int_list(path + ".dims", v["dims"]));
+      FUSEBOX_RETURN_IF_ERROR(dims(path + ".dims", v["dims"], t));
     }
     if (v.contains("strides")) {
       FUSEBOX_ASSIGN_OR_RETURN(t.strides, get_int_list(path + ".strides", v["strides"]));
@@ -102,6 +105,91 @@ class Parser : public JsonReader {
       }
     }
     return t;
+  }
+
+  // Dims are integers or declared symbols' names (set to the symbol's default).
+  Status dims(const std::string& path, const json& v, TensorSpec& t) const {
+    if (!v.is_array()) return expected(path, "an array of integers and symbol names", v);
+    bool symbolic = false;
+    for (const auto& d : v) symbolic = symbolic || d.is_string();
+    // Without declared symbols a string is a type error, as it always was.
+    if (!symbolic || symbols_.empty()) {
+      FUSEBOX_ASSIGN_OR_RETURN(t.dims, get_int_list(path, v));
+      return Status::Ok();
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string where = path + "[" + std::to_string(i) + "]";
+      if (v[i].is_string()) {
+        const std::string& name = v[i].get_ref<const std::string&>();
+        auto it = symbols_.find(name);
+        if (it == symbols_.end()) {
+          std::string names;
+          for (const auto& [n, r] : symbols_) names += (names.empty() ? "" : ", ") + n;
+          return err(where, "unknown symbol \"" + name.substr(0, limits::kMaxNameBytes) +
+                                "\": declare it in the graph's \"symbols\" (declared: " +
+                                (names.empty() ? "none" : names) + ")");
+        }
+        t.dims.push_back(it->second.value);
+        t.dim_symbols.push_back(name);
+      } else {
+        FUSEBOX_ASSIGN_OR_RETURN(int64_t d, get_int(where, v[i]));
+        t.dims.push_back(d);
+        t.dim_symbols.emplace_back();
+      }
+    }
+    return Status::Ok();
+  }
+
+  // "symbols": {"B": [1, 64], "S": {"min": 16, "max": 512, "default": 128}}
+  Status symbols(const json& v) {
+    if (!v.is_object())
+      return expected("symbols", "an object (symbol name -> [min, max] or {min, max, default})", v);
+    if (v.size() > limits::kMaxTensors) {
+      return err("symbols", over_limit(v.size(), limits::kMaxTensors, "symbols", "per graph"));
+    }
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string& name = it.key();
+      if (name.size() > limits::kMaxNameBytes) {
+        return err("symbols",
+                   "a symbol name of " + over_limit(name.size(), limits::kMaxNameBytes, "bytes", "per name"));
+      }
+      const std::string path = "symbols." + name;
+      if (!graph_symbols::is_symbol_name(name)) {
+        return err("symbols", "symbol name \"" + common::printable(name) +
+                                  "\" is not a name: letters, digits and '_', not starting with a digit");
+      }
+      SymbolRange r;
+      const json& d = it.value();
+      if (d.is_array()) {
+        if (d.size() != 2) return expected(path, "[min, max] or {\"min\", \"max\", \"default\"}", d);
+        FUSEBOX_ASSIGN_OR_RETURN(r.min, get_int(path + "[0]", d[0]));
+        FUSEBOX_ASSIGN_OR_RETURN(r.max, get_int(path + "[1]", d[1]));
+        r.default_value = r.max;
+      } else if (d.is_object()) {
+        FUSEBOX_RETURN_IF_ERROR(check_fields(path, d, {"min", "max", "default"}));
+        if (!d.contains("min") || !d.contains("max")) return err(path, "needs \"min\" and \"max\"");
+        FUSEBOX_ASSIGN_OR_RETURN(r.min, get_int(path + ".min", d["min"]));
+        FUSEBOX_ASSIGN_OR_RETURN(r.max, get_int(path + ".max", d["max"]));
+        r.default_value = r.max;
+        if (d.contains("default")) {
+          FUSEBOX_ASSIGN_OR_RETURN(r.default_value, get_int(path + ".default", d["default"]));
+        }
+      } else {
+        return expected(path, "[min, max] or {\"min\", \"max\", \"default\"}", d);
+      }
+      if (r.min < 1 || r.max < r.min || r.max > graph_ops::kMaxDim) {
+        return err(path, "[" + std::to_string(r.min) + ", " + std::to_string(r.max) +
+                             "] is not a range of dims: it needs 1 <= min <= max <= " +
+                             std::to_string(graph_ops::kMaxDim));
+      }
+      if (r.default_value < r.min || r.default_value > r.max) {
+        return err(path + ".default", std::to_string(r.default_value) + " is outside the range [" +
+                                          std::to_string(r.min) + ", " + std::to_string(r.max) + "]");
+      }
+      r.value = r.default_value;
+      symbols_[name] = r;
+    }
+    return Status::Ok();
   }
 
   Result<OpSpec> op(const std::string& base, const json& v) const {
@@ -160,11 +248,16 @@ class Parser : public JsonReader {
     return m;
   }
 
-  Result<GraphSpec> graph(const json& root) const {
+  Result<GraphSpec> graph(const json& root) {
     if (!root.is_object()) return expected("graph", "an object", root);
-    FUSEBOX_RETURN_IF_ERROR(
-        check_fields("graph", root, {"name", "io_dtype", "intermediate_dtype", "compute_dtype", "tensors", "ops"}));
+    FUSEBOX_RETURN_IF_ERROR(check_fields(
+        "graph", root,
+        {"name", "io_dtype", "intermediate_dtype", "compute_dtype", "symbols", "tensors", "ops"}));
     GraphSpec g;
+    if (root.contains("symbols")) {
+      FUSEBOX_RETURN_IF_ERROR(symbols(root["symbols"]));
+      g.symbols = symbols_;
+    }
     if (root.contains("name")) {
       FUSEBOX_ASSIGN_OR_RETURN(g.name, get_string("name", root["name"]));
       if (g.name.size() > limits::kMaxNameBytes) {
@@ -217,6 +310,8 @@ class Parser : public JsonReader {
     return g;
   }
 
+ private:
+  std::map<std::string, SymbolRange> symbols_;
 };
 
 // The first place where the shape of `text` exceeds a limit, as a message; empty
@@ -259,7 +354,8 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
     } catch (const json::out_of_range& e) {  // a number too large for a double: 1e999
       return ParseError(std::string(origin) + ": invalid JSON: " + without_id(e.what()));
     }
-    return Parser(origin).graph(root);
+    Parser parser(origin);
+    return parser.graph(root);
   } catch (const std::exception& e) {
     return Internal(std::string(origin) + ": unexpected error while reading the graph: " + e.what());
   }
@@ -276,11 +372,30 @@ std::string graph_to_json(const GraphSpec& spec, int indent) {
   root["io_dtype"] = std::string(dtype_name(spec.io_dtype));
   root["intermediate_dtype"] = std::string(dtype_name(spec.intermediate_dtype));
   root["compute_dtype"] = std::string(dtype_name(spec.compute_dtype));
+  if (!spec.symbols.empty()) {
+    ordered_json syms = ordered_json::object();
+    for (const auto& [name, r] : spec.symbols) {
+      syms[name] = ordered_json{{"min", r.min}, {"max", r.max}, {"default", r.default_value}};
+    }
+    root["symbols"] = std::move(syms);
+  }
   ordered_json tensors = ordered_json::array();
   for (const auto& t : spec.tensors) {
     ordered_json j;
     j["name"] = t.name;
-    if (!t.dims.empty()) j["dims"] = t.dims;
+    if (!t.dim_symbols.empty() && t.dim_symbols.size() == t.dims.size()) {
+      ordered_json d = ordered_json::array();
+      for (size_t i = 0; i < t.dims.size(); ++i) {
+        if (t.dim_symbols[i].empty()) {
+          d.push_back(t.dims[i]);
+        } else {
+          d.push_back(t.dim_symbols[i]);
+        }
+      }
+      j["dims"] = std::move(d);
+    } else if (!t.dims.empty()) {
+      j["dims"] = t.dims;
+    }
     if (!t.strides.empty()) j["strides"] = t.strides;
     if (!t.layout.empty()) j["layout"] = t.layout;
     if (t.dtype) j["dtype"] = std::string(dtype_name(*t.dtype));

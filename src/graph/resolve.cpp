@@ -11,6 +11,7 @@
 #include "fusebox/graph.h"
 #include "checks.h"
 #include "ops/ops.h"
+#include "symbols.h"
 
 namespace fusebox {
 
@@ -218,6 +219,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
   g.io_dtype = spec.io_dtype;
   g.intermediate_dtype = spec.intermediate_dtype;
   g.compute_dtype = spec.compute_dtype;
+  FUSEBOX_RETURN_IF_ERROR(graph_symbols::check_symbols(spec));
 
   // --- names
   std::map<std::string, size_t> declared;  // tensor name -> index in spec.tensors
@@ -422,6 +424,8 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
   }
   FUSEBOX_RETURN_IF_ERROR(canonicalize(g));
   FUSEBOX_RETURN_IF_ERROR(graph_checks::check_cudnn_rules(g));
+  g.shape = current_shape(spec);
+  g.symbolic_id = symbolic_graph_id(spec);
   return g;
 }
 
@@ -432,6 +436,7 @@ std::string describe(const ResolvedGraph& g) {
   std::ostringstream os;
   os << "graph '" << g.name << "': io " << dtype_name(g.io_dtype) << ", intermediate "
      << dtype_name(g.intermediate_dtype) << ", compute " << dtype_name(g.compute_dtype) << "\n";
+  if (!g.shape.empty()) os << "symbolic, at shape " << shape_text(g.shape) << "\n";
   size_t wn = 4, wd = 4;
   for (const auto& t : g.tensors) {
     wn = std::max(wn, t.name.size());

@@ -46,7 +46,30 @@ std::string_view plan_source_name(PlanSource s) {
   return "none";
 }
 
+std::string PlanReport::shape_summary() const {
+  if (shape.empty()) return "";
+  std::string s = "shape " + shape_text(shape) + ": ";
+  if (source != PlanSource::kBuilt)
+    return s + "plan for this shape from the " + std::string(plan_source_name(source));
+  if (dynamic_shape) {
+    s += "dynamic shapes, kernel cache " + kernel_cache;
+    if (engine_replayed) s += ", engine of the first shape reused";
+    if (kernel_cache_builds_before > 0) {
+      s += " (" + std::to_string(kernel_cache_builds_before) + " earlier build" +
+           (kernel_cache_builds_before == 1 ? "" : "s") + " of this graph)";
+    }
+    return s;
+  }
+  if (!dynamic_fallback.empty()) return s + "static build (dynamic shapes refused: " + dynamic_fallback + ")";
+  return s + "static build";
+}
+
 std::string PlanReport::source_text() const {
+  std::string text = source_text_base();
+  return shape.empty() ? text : text + " [" + shape_summary() + "]";
+}
+
+std::string PlanReport::source_text_base() const {
   switch (source) {
     case PlanSource::kPlanFile:
       return std::string("plan file (built ") + (plan_file_built_deviceless ? "deviceless" : "on a GPU") +
@@ -133,6 +156,15 @@ struct Session::Impl {
   // The arena: one workspace for every plan bound on this stream.
   void* arena = nullptr;
   std::shared_ptr<WorkspaceBinding> workspace = std::make_shared<WorkspaceBinding>();
+  // One kernel cache per symbolic graph (ResolvedGraph::symbolic_id).
+  struct KernelCacheSlot {
+    std::shared_ptr<KernelCache> cache;
+    int builds = 0;       // dynamic builds that used it
+    std::string refused;  // a dynamic build was refused: later shapes build static
+    // The engine the first dynamic build chose, per request policy (PlanRequest::reuse_engine).
+    std::map<std::string, EngineChoice> engines;
+  };
+  std::map<std::string, KernelCacheSlot> kernel_caches;
 
   ~Impl() {
     if (arena) {
@@ -178,6 +210,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   PlanReport local;
   PlanReport& rep = report_out ? *report_out : local;
   rep = PlanReport{};
+  rep.shape = g.shape;
   const common::Stopwatch total;
   auto finish = [&](Result<Plan> plan) -> Result<Plan> {
     rep.total_ms = total.ms();
@@ -229,7 +262,12 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
         lookup_cached_plan(cache, g, s.target, tune_policy_key(TunePolicy{}), ctx, request.measure_startup);
     if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) return finish(std::move(got->plan));
   }
-  const std::string policy = request_policy_key(request, limit);
+  // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
+  const bool symbolic = !g.symbolic_id.empty();
+  Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
+  const bool dynamic = slot && slot->refused.empty();
+  if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
+  const std::string policy = request_policy_key(request, limit) + (dynamic ? ";dyn=1" : "");
   auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
   if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
   rep.cache = cache && cache->enabled() ? "miss" : "off";
@@ -238,23 +276,99 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   BuildOptions base;
   base.engine = request.engine;
   base.max_workspace_bytes = limit;
-  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) {
-    return build_plan(g, s.target, o, r, ctx);
+  if (dynamic) {
+    if (!slot->cache) slot->cache = KernelCache::create();
+    base.dynamic_shape = true;
+    base.kernel_cache = slot->cache;
+  }
+  const BuildFn build = [&](const BuildOptions& o, BuildReport* r) -> Result<Plan> {
+    if (!o.dynamic_shape || !slot->refused.empty()) {
+      BuildOptions fixed = o;
+      fixed.dynamic_shape = false;
+      fixed.kernel_cache = nullptr;
+      return build_plan(g, s.target, fixed, r, ctx);
+    }
+    auto plan = build_plan(g, s.target, o, r, ctx);
+    const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
+    if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
+    // Engines that refuse dynamic shapes (cuDNN's unified SDPA, some
+    // precompiled ones) may still build statically: the graph builds static
+    // from now on in this session.
+    const std::string& m = plan.status().message();
+    const std::string refused = m.substr(0, m.find('\n'));
+    const double failed_ms = r->total_ms();
+    BuildOptions fixed = o;
+    fixed.dynamic_shape = false;
+    fixed.kernel_cache = nullptr;
+    auto static_plan = build_plan(g, s.target, fixed, r, ctx);
+    // Only a static success shows that dynamic shapes were the obstacle.
+    if (static_plan.ok()) {
+      slot->refused = refused;
+      rep.dynamic_fallback = refused;
+      rep.dynamic_failed_ms += failed_ms;
+    }
+    return static_plan;
   };
-  // A pinned engine is searched among every mode's candidates by build_plan itself.
-  const bool in_turn = request.heuristics.empty() && request.engine.empty();
-  std::vector<std::vector<HeuristicMode>> order =
-      in_turn ? default_mode_order()
-              : std::vector<std::vector<HeuristicMode>>{request.heuristics.empty() ? default_mode_order()[0]
-                                                                                   : request.heuristics};
-  auto plan = build_modes_in_turn(base, order, build, &rep.attempts);
-  if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+  // A later shape replays the first shape's engine when it can.
+  const std::string engine_key = request_policy_key(request, limit);
+  Result<Plan> plan = Status(StatusCode::kInternal, "no build ran");
+  if (dynamic && request.engine.empty() && request.reuse_engine) {
+    auto it = slot->engines.find(engine_key);
+    if (it != slot->engines.end()) {
+      BuildOptions o = base;
+      o.replay = it->second;
+      BuildReport replay_report;
+      plan = build_plan(g, s.target, o, &replay_report, ctx);
+      if (plan.ok()) {
+        rep.engine_replayed = true;
+        rep.build = std::move(replay_report);
+      } else {
+        const std::string& m = plan.status().message();
+        rep.replay_failed = m.substr(0, m.find('\n'));
+      }
+    }
+  }
+  if (!rep.engine_replayed) {
+    // A pinned engine is searched among every mode's candidates by build_plan itself.
+    const bool in_turn = request.heuristics.empty() && request.engine.empty();
+    std::vector<std::vector<HeuristicMode>> order =
+        in_turn ? default_mode_order()
+                : std::vector<std::vector<HeuristicMode>>{
+                      request.heuristics.empty() ? default_mode_order()[0] : request.heuristics};
+    plan = build_modes_in_turn(base, order, build, &rep.attempts);
+    if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+  }
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
-  rep.heuristic_mode = request.engine.empty() ? modes_csv(rep.attempts.back().modes) : "a,b,fallback";
-  rep.stored = store_plan(cache, g, s.target, policy, *plan, -1, &rep.warnings);
+  if (rep.build.dynamic_shape && !rep.build.choice.empty() && !slot->engines.count(engine_key)) {
+    slot->engines[engine_key] = rep.build.choice;
+  }
+  if (rep.build.dynamic_shape) {
+    rep.dynamic_shape = true;
+    rep.kernel_cache = slot->builds == 0 ? "cold" : "warm";
+    rep.kernel_cache_builds_before = slot->builds;
+    ++slot->builds;
+  }
+  rep.heuristic_mode = rep.engine_replayed        ? "replay"
+                       : request.engine.empty() ? modes_csv(rep.attempts.back().modes)
+                                                : "a,b,fallback";
+  // A static build that stood in for a refused dynamic one is stored as what it is.
+  const std::string stored_policy =
+      dynamic && !rep.build.dynamic_shape ? request_policy_key(request, limit) : policy;
+  if (stored_policy != policy) rep.cache_key = cache_key_for(g, s.target, stored_policy);
+  rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings);
   return finish(std::move(plan));
 }
+
+Result<Session::ShapedPlan> Session::get_plan(const GraphSpec& spec, const ShapeValues& values,
+                                              const PlanRequest& request, PlanReport* report) {
+  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec bound, bind_shape(spec, values));
+  FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(bound));
+  FUSEBOX_ASSIGN_OR_RETURN(Plan plan, get_plan(g, request, report));
+  return ShapedPlan{std::move(g), std::move(plan)};
+}
+
+int Session::kernel_cache_count() const { return static_cast<int>(impl_->kernel_caches.size()); }
 
 Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& policy_in,
                                   const TuneProgress& progress) {

@@ -509,8 +509,55 @@ else
   done
 fi
 
+# ---------------------------------------------------------------- symbolic graphs (graph-format.md, "Symbolic dims")
+DYN="$SRC/examples/graphs/small/conv_bias_relu_dyn_small.json"
+expect_bad "build --shape out of range"   "symbol 'N' \(dim 0 of 'x'\) = 9 is outside its range \[1, 8\]"  build "$DYN" --device "$DEVPROP" --shape N=9
+expect_bad "run --shape out of range"     "symbol 'N' \(dim 0 of 'x'\) = 0|not a positive integer"  run "$DYN" --shape N=0
+expect_bad "check --shape unknown symbol" "unknown symbol 'B': the graph declares N"  check "$DYN" --shape B=2
+expect_bad "check --shape malformed"      "--shape: shape 'N': no NAME=.*NAME=VALUE"  check "$DYN" --shape N
+expect_bad "check --shape on a static graph" "declares no symbols"  check "$SMALL_CONV" --shape N=2
+expect_bad "shapes on a static graph"     "declares no symbols: nothing to sweep"  shapes "$SMALL_CONV" --shapes N=1..2 --device "$DEVPROP"
+expect_bad "shapes out of range"          "symbol 'N' \(dim 0 of 'x'\) = 9 is outside its range \[1, 8\]"  shapes "$DYN" --shapes N=7..9 --device "$DEVPROP"
+expect_bad "shapes bad sweep"             "--shapes: shapes 'N=4..1': HI is below LO"  shapes "$DYN" --shapes N=4..1 --device "$DEVPROP"
+sed 's/"layout": "nhwc"}/"layout": "nhwc", "strides": [800, 1, 80, 8]}/' "$DYN" > "$TMP/dyn_strides.json"
+expect_bad "symbolic dims with strides"   "'x': has symbolic dims and explicit strides"  check "$TMP/dyn_strides.json"
+sed 's/"dims": \["N", 8/"dims": ["B", 8/' "$DYN" > "$TMP/dyn_unknown.json"
+expect_bad "undeclared symbol in dims"    "dims\[0\]: unknown symbol \"B\".*declared: N"  check "$TMP/dyn_unknown.json"
+
+run_fb check "$DYN" --shape N=5 --json
+if [ "$RC" -ne 0 ]; then fail "check --shape N=5 --json" "exit 0 expected"
+elif ! json_check '[t["dims"] for t in d["tensors"] if t["name"] in ("x", "y")] == [[5, 8, 10, 10], [5, 16, 5, 5]]'; then
+  fail "check --shape N=5 --json" "$WHY"
+else pass "check --shape N=5: dims follow the shape"
+fi
+run_fb check "$DYN" --shape N=5
+if [ "$RC" -ne 0 ] || ! grep -q "symbolic, at shape N=5" "$TMP/stdout"; then fail "check --shape N=5" "'symbolic, at shape N=5' expected"
+else pass "check --shape N=5 text"
+fi
+# Two shapes in one cache: two entries.
+run_fb build "$DYN" --device "$DEVPROP" --shape N=3 --cache "$TMP/dyn.sqlite" --json
+if [ "$RC" -ne 0 ]; then fail "build --shape N=3" "exit 0 expected"
+elif ! json_check 'd["plan"]["shape"] == {"N": 3} and d["cache_stored"]'; then fail "build --shape N=3" "$WHY"
+else pass "build --shape N=3 --json: shape in the report, stored"
+fi
+run_fb build "$DYN" --device "$DEVPROP" --shape N=4 --cache "$TMP/dyn.sqlite"
+if [ "$RC" -ne 0 ] || ! grep -q "shape N=4: " "$TMP/stdout"; then fail "build --shape N=4" "exit 0 and a 'shape N=4:' line expected"
+else pass "build --shape N=4 text"
+fi
+run_fb cache ls --cache "$TMP/dyn.sqlite" --json
+if [ "$RC" -ne 0 ]; then fail "cache list after two shapes" "exit 0 expected"
+elif ! json_check 'len(d["entries"]) == 2'; then fail "cache list after two shapes" "$WHY"
+else pass "two shapes, two plan-cache entries"
+fi
+run_fb shapes "$DYN" --shapes N=1,2 --device "$DEVPROP" --json
+if [ "$RC" -ne 0 ]; then fail "shapes --device --json" "exit 0 expected"
+elif ! json_check 'len(d["rows"]) == 4 and all(r["ok"] for r in d["rows"]) and {r["mode"] for r in d["rows"]} == {"kernel_cache", "cold"} and d["summary"]["shapes"] == 2 and d["summary"]["cold_total_ms"] > 0'; then
+  fail "shapes --device --json" "$WHY"
+else pass "shapes --device --json: a row per shape and pass"
+fi
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run"; do
+for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

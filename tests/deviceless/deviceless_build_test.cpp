@@ -23,7 +23,9 @@ using testing::stem;
 const std::set<std::string> kDevicelessBuildable = {
     "conv_bias_relu",   "conv_bias_relu_small",       "conv_grouped_small",
     "conv_dgrad",       "conv_dgrad_small",           "conv_wgrad",
-    "conv_wgrad_small", "conv3d_dgrad_grouped_small", "conv3d_wgrad_grouped_small"};
+    "conv_wgrad_small", "conv3d_dgrad_grouped_small", "conv3d_wgrad_grouped_small",
+    // Symbolic, at their default shapes (graph-format.md, "Symbolic dims").
+    "conv_bias_relu_dyn", "conv_bias_relu_dyn_small"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());

@@ -253,3 +253,36 @@ def test_runtime_section_tolerates_missing_pieces():
                                  "chain": [{"name": "c", "batch": 1, "fusebox": {"eager": None}}]})
     text = "\n".join(lines)
     assert "| x | 5 |" in text and "| GPU time | 1 | - | - | **-** (-)" in text
+def _shapes_entry(graph, kc_ms, cold_ms, fallback=""):
+    rows = [{"mode": "kernel_cache", "shape_text": f"N={i + 1}", "ok": True, "ms": v, "kernel_cache": "warm" if i else "cold"}
+            for i, v in enumerate(kc_ms)]
+    rows += [{"mode": "cold", "shape_text": f"N={i + 1}", "ok": True, "ms": v, "kernel_cache": "off"}
+             for i, v in enumerate(cold_ms)]
+    return {"graph": graph, "name": graph.rsplit("/", 1)[-1][:-5], "sweeps": ["N=1..3"], "rows": rows,
+            "summary": {"shapes": len(kc_ms), "failed": 0, "kernel_cache_total_ms": sum(kc_ms),
+                        "cold_total_ms": sum(cold_ms), "speedup": sum(cold_ms) / sum(kc_ms),
+                        "target_speedup": 10, "meets_target": sum(cold_ms) >= 10 * sum(kc_ms),
+                        "dynamic_fallback": fallback}}
+
+
+def test_shapes_part_merges_and_reports(tmp_path):
+    """Part shapes (fusebox shapes): merged per graph (later wins) and one table row each."""
+    a, b = br.load(OLD), br.load(NEW)
+    a["shapes"] = [_shapes_entry("examples/graphs/conv_bias_relu_dyn.json", [500, 10, 10], [480, 470, 490]),
+                   _shapes_entry("examples/graphs/sdpa_fwd_dyn.json", [900, 800, 800], [850, 800, 810], "refused")]
+    b["rows"] = []
+    b["shapes"] = [_shapes_entry("examples/graphs/conv_bias_relu_dyn.json", [400, 8, 12], [480, 470, 490])]
+    pa, pb = tmp_path / "a.json", tmp_path / "shapes.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    m = br.merge([str(pa), str(pb)])
+    assert [e["graph"] for e in m["shapes"]] == ["examples/graphs/conv_bias_relu_dyn.json",
+                                                 "examples/graphs/sdpa_fwd_dyn.json"]
+    assert m["shapes"][0]["summary"]["kernel_cache_total_ms"] == 420  # the later part's
+    lines = br.shapes_markdown(m["shapes"])
+    conv = next(line for line in lines if line.startswith("| conv_bias_relu_dyn"))
+    # total 420, first build 400, median later 12, cold total 1440, cold median 480, 1440/420
+    assert "| 420.0 | 400.0 | 12.0 | 1440.0 | 480.0 | **3.43x** |" in conv, conv
+    sdpa = next(line for line in lines if line.startswith("| sdpa_fwd_dyn"))
+    assert "dynamic shapes refused: refused" in sdpa
+    assert br.shapes_markdown(None) == [] and br.shapes_markdown([]) == []

@@ -106,3 +106,19 @@ def test_bench_graphs_check_and_belong_to_a_part(fusebox):
         assert r.returncode == 0, (p, r.stderr)
         ops = [o["op"] for o in json.loads(r.stdout)["ops"]]
         assert any(family_of_op.get(o) in parts for o in ops), (p, ops)
+def test_symbolic_examples_are_benchmarked_by_part_shapes(bench_run, repo_root):
+    """Every symbolic example has its sweep in part shapes (32 shapes each, issue 11)
+    and is left out of the per-family parts, which would time it at its defaults only."""
+    import os
+    symbolic = {os.path.relpath(p, repo_root) for p in default_graphs(repo_root)
+                if p.rsplit("/", 2)[-2] == "graphs" and bench_run.is_symbolic(p)}
+    assert symbolic == set(bench_run.SHAPE_SWEEPS), symbolic
+    assert "shapes" in bench_run.PARTS
+    for path, sweeps in bench_run.SHAPE_SWEEPS.items():
+        n = 1
+        for s in sweeps:
+            lo_hi, _, step = s.split("=", 1)[1].partition(":")
+            lo, hi = (int(x) for x in lo_hi.split(".."))
+            n *= len(range(lo, hi + 1, int(step or 1)))
+        assert n == 32, (path, sweeps)
+    assert not bench_run.is_symbolic(os.path.join(repo_root, "examples/graphs/conv_bias_relu.json"))

@@ -11,7 +11,7 @@ namespace {
 
 struct BuildArgs {
   std::vector<std::string> graphs;
-  std::string device, heuristics = "auto", engine, plan_out, dot;
+  std::string device, heuristics = "auto", engine, plan_out, dot, shape;
   bool want_dot = false;
   int64_t max_workspace = -1;
   bool json = false;
@@ -48,7 +48,7 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
         {{"graph file", path}, {"--device file", a.device}, {"plan cache", cache ? cache->path() : ""}});
     if (!st.ok()) return emit_error(st, nullptr);
   }
-  auto g = load_resolved(path);
+  auto g = load_resolved(path, a.shape);
   if (!g.ok()) return emit_error(g.status(), nullptr);
   auto modes = parse_heuristics_flag(a.heuristics);
   if (!modes.ok()) return emit_error(modes.status(), nullptr);
@@ -112,6 +112,7 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
     } else {
       print_attempts(rep);
       print_build_report(rep.build);
+      if (!rep.shape.empty()) std::printf("  %s\n", safe(rep.shape_summary()).c_str());
       if (rep.stored) std::printf("  stored in the plan cache (%s)\n", rep.cache_key.c_str());
     }
     if (!a.plan_out.empty()) std::printf("  plan written to %s\n", safe(a.plan_out).c_str());
@@ -126,6 +127,7 @@ Runner add_build(CLI::App& app) {
                                           "plans, check support, build plans) and report each");
   auto a = std::make_shared<BuildArgs>();
   cmd->add_option("graph", a->graphs, "Graph JSON file(s)")->required();
+  add_shape_flag(cmd, a->shape);
   cmd->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU (no GPU needed)");
   cmd->add_option("--heuristics", a->heuristics,
                   "Heuristic modes: auto (a, then b, then fallback, until one yields an engine), or a "

@@ -71,6 +71,8 @@ ordered_json graph_json(const ResolvedGraph& g, const std::map<std::string, Host
   j["intermediate_dtype"] = std::string(dtype_name(g.intermediate_dtype));
   j["compute_dtype"] = std::string(dtype_name(g.compute_dtype));
   j["fingerprint"] = graph_fingerprint(g);
+  // A symbolic graph: the concrete shape it was resolved at ({} for a static graph).
+  j["shape"] = g.shape.empty() ? ordered_json::object() : ordered_json(g.shape);
   j["flops"] = g.flops(input_values_for_flops(g, inputs));
   j["bytes"] = g.bytes_moved();
   j["tensors"] = std::move(tensors);
@@ -85,11 +87,13 @@ Runner add_check(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "check", "Validate a graph file; print tensors and inferred shapes (no GPU, no cuDNN)");
   struct Args {
+    std::string shape;
     std::string path, inputs, dot;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->path, "Graph JSON file")->required();
+  add_shape_flag(cmd, a->shape);
   cmd->add_flag("--json", a->json, "Write the resolved graph as one JSON document to stdout");
   auto* dot = cmd->add_option("--dot", a->dot,
                               "Write a Graphviz picture of the resolved graph to FILE (no FILE or '-': stdout; "
@@ -113,7 +117,7 @@ Runner add_check(CLI::App& app) {
                 .c_str());
       return fail("check", st);
     };
-    auto g = load_resolved(a->path);
+    auto g = load_resolved(a->path, a->shape);
     if (!g.ok()) return fail_json(g.status());
     auto inputs = load_input_files(*g, a->inputs);
     if (!inputs.ok()) return fail_json(inputs.status());

@@ -9,17 +9,19 @@ Runner add_engines(CLI::App& app) {
   auto* cmd = app.add_subcommand("engines", "List every candidate engine for a graph: name, knobs, notes, "
                                             "workspace, support check (deviceless with --device)");
   struct Args {
+    std::string shape;
     std::string graph, device, heuristics = "a,b,fallback";
     bool build = false, json = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  add_shape_flag(cmd, a->shape);
   cmd->add_option("--device", a->device, "Device-properties file (deviceless)");
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
   cmd->add_flag("--build", a->build, "Also build each supported plan (slower, definitive)");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   return [a]() {
-    auto g = load_resolved(a->graph);
+    auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("engines", g.status());
     auto modes = parse_heuristic_modes(a->heuristics);
     if (!modes.ok()) return fail("engines", modes.status());

@@ -64,6 +64,7 @@ Result<std::map<std::string, std::string>> output_paths(const ResolvedGraph& g, 
 Runner add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run a graph on the GPU: verify against the reference and time it");
   struct Args {
+    std::string shape;
     std::string graph, plan, inputs, save_outputs, engine, heuristics = "auto";
     bool verify = false, json = false, measure_startup = false, cuda_graph = false;
     CacheFlags cache;
@@ -72,6 +73,7 @@ Runner add_run(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  add_shape_flag(cmd, a->shape);
   cmd->add_option("--plan", a->plan, "Use this plan file (from `fusebox build --plan-out`) instead of building");
   cmd->add_option("--inputs", a->inputs, "Inputs as NAME=FILE.npy,... (others random from --seed)");
   cmd->add_option("--save-outputs", a->save_outputs, "Write each output to DIR/<tensor>.npy");
@@ -97,7 +99,7 @@ Runner add_run(CLI::App& app) {
                 "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
   add_cache_flags(cmd, a->cache);
   return [a]() {
-    auto g = load_resolved(a->graph);
+    auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("run", g.status());
     auto input_files = parse_inputs(a->inputs);
     if (!input_files.ok()) return fail("run", input_files.status());

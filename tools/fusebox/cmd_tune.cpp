@@ -13,6 +13,7 @@ Runner add_tune(CLI::App& app) {
   auto* cmd = app.add_subcommand("tune", "Autotune on the GPU: build every admissible engine, time each, verify "
                                          "the winner, print a ranked table");
   struct Args {
+    std::string shape;
     std::string graph, heuristics = "a,b,fallback", plan_out;
     TunePolicy policy;
     bool json = false;
@@ -20,6 +21,7 @@ Runner add_tune(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
+  add_shape_flag(cmd, a->shape);
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
   cmd->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")->check(CLI::PositiveNumber)->capture_default_str();
@@ -34,7 +36,7 @@ Runner add_tune(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(cmd, a->cache);
   return [a]() {
-    auto g = load_resolved(a->graph);
+    auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("tune", g.status());
     auto modes = parse_heuristic_modes(a->heuristics);
     if (!modes.ok()) return fail("tune", modes.status());

@@ -22,11 +22,25 @@ int fail(const std::string& command, const Status& st) {
   return exit_code_for(st);
 }
 
-Result<ResolvedGraph> load_resolved(const std::string& path) {
+Result<ResolvedGraph> load_resolved(const std::string& path, const std::string& shape) {
   FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, load_graph_file(path));
+  if (!shape.empty()) {
+    auto values = parse_shape_values(shape);
+    if (!values.ok()) return values.status().WithContext("--shape");
+    auto bound = bind_shape(spec, *values);
+    if (!bound.ok()) return bound.status().WithContext(path);
+    spec = std::move(bound).value();
+  }
   auto resolved = resolve(spec);
   if (!resolved.ok()) return resolved.status().WithContext(path);
   return resolved;
+}
+
+void add_shape_flag(CLI::App* cmd, std::string& shape) {
+  cmd->add_option(
+      "--shape", shape,
+      "Concrete values for a symbolic graph's symbols, NAME=VALUE,... (e.g. B=8,S=128); symbols not "
+      "given take their default");
 }
 
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec) {
@@ -148,7 +162,15 @@ nlohmann::json to_json(const PlanReport& r) {
           {"stored", r.stored},
           {"lookup_ms", r.lookup_ms},
           {"deserialize_ms", r.deserialize_ms},
-          {"total_ms", r.total_ms}};
+          {"total_ms", r.total_ms},
+          {"shape", r.shape},
+          {"dynamic_shape", r.dynamic_shape},
+          {"kernel_cache", r.kernel_cache},
+          {"kernel_cache_builds_before", r.kernel_cache_builds_before},
+          {"dynamic_fallback", r.dynamic_fallback},
+          {"dynamic_failed_ms", r.dynamic_failed_ms},
+          {"engine_replayed", r.engine_replayed},
+          {"replay_failed", r.replay_failed}};
 }
 
 void print_attempts(const PlanReport& r) {

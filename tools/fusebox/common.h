@@ -35,8 +35,11 @@ inline std::string safe(std::string_view s) { return common::printable(s); }
 // A JSON document for stdout: never throws on invalid UTF-8 (replaced).
 inline std::string dump(const nlohmann::json& j, int indent = 2) { return common::json_dump(j, indent); }
 
-// Loads and resolves a graph file.
-Result<ResolvedGraph> load_resolved(const std::string& path);
+// Loads and resolves a graph file; a symbolic graph at `shape` ("B=8,S=128",
+// empty: each symbol's default).
+Result<ResolvedGraph> load_resolved(const std::string& path, const std::string& shape = "");
+// --shape NAME=VALUE,...: concrete values for a symbolic graph's symbols.
+void add_shape_flag(CLI::App* cmd, std::string& shape);
 // --inputs "x=a.npy,w=b.npy": each NAME must be a (non-scalar) input of `g`;
 // the files are read as that tensor (shape checked). Empty spec: no inputs.
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec);
@@ -79,5 +82,6 @@ Runner add_engines(CLI::App& app);
 Runner add_tune(CLI::App& app);
 Runner add_cache(CLI::App& app);
 Runner add_pipeline(CLI::App& app);
+Runner add_shapes(CLI::App& app);
 
 }  // namespace fusebox::cli

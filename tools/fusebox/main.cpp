@@ -53,6 +53,7 @@ int fusebox_main(int argc, char** argv) {
   add(add_tune);
   add(add_cache);
   add(add_pipeline);
+  add(add_shapes);
   // CLI11 reports an unknown command only as "A subcommand is required": name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
