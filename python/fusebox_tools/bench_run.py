@@ -142,21 +142,25 @@ def latency_samples(fn, sets, samples):
     return out
 
 
-def graph_variant(fn, sets, calls, samples, warmup):
+def graph_variant(fn, sets, calls, samples, warmup, prepare=None):
     """A torch.cuda.CUDAGraph of `calls` calls over the rotated sets: GPU time
     per call (replays between events) and latency (one replay of a one-call
-    graph, synchronized)."""
+    graph, synchronized). `prepare` (autograd backwards) redoes the forward on
+    the capture stream first: autograd runs a backward op on its forward's
+    stream, so a forward left on the default stream breaks the capture."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
+        if prepare is not None:
+            prepare()
         for k in range(max(3, warmup)):
             fn(sets[k % len(sets)])
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     many, one = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(many):
+    with torch.cuda.graph(many, stream=s):
         keep = [fn(sets[k % len(sets)]) for k in range(calls)]
-    with torch.cuda.graph(one):
+    with torch.cuda.graph(one, stream=s):
         keep.append(fn(sets[0]))
     for _ in range(3):
         many.replay()
@@ -179,9 +183,9 @@ def graph_variant(fn, sets, calls, samples, warmup):
     return {"gpu_ms": gpu, "latency_ms": lat}
 
 
-def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True):
+def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True, prepare=None):
     """eager, compile and cuda_graph timings of fn; a variant that fails is
-    None with the reason in notes."""
+    None with the reason in notes. `prepare`: see graph_variant."""
     out = {}
     try:
         out["eager"] = {"gpu_ms": gpu_samples(fn, sets, args.calls, args.samples, args.warmup),
@@ -208,7 +212,7 @@ def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True):
     out["cuda_graph"] = None
     if graph_ok:
         try:
-            out["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup)
+            out["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup, prepare)
         except Exception as e:
             notes.append(f"CUDA graph skipped: {type(e).__name__}: {first_line(e)}")
             if args.verbose:
@@ -397,6 +401,15 @@ def norm_torch_fn(graph, notes):
     def shape(x):
         return tuple(x.shape[d] for d in dims)
 
+    def param(s, role, x):
+        # aten's layer norm wants its parameters in x's dtype (as a bf16 model
+        # holds them): converted once per input set (the first call is a
+        # warm-up), never inside the timing
+        key = "_" + role
+        if key not in s:
+            s[key] = s[t[role]].reshape(shape(x)).to(x.dtype)
+        return s[key]
+
     if kind == "layernorm":
         training = a["phase"] == "training"
         if training:
@@ -405,7 +418,7 @@ def norm_torch_fn(graph, notes):
         def fn(s):
             x = s[t["x"]]
             sh = shape(x)
-            w, b = s[t["scale"]].reshape(sh), s[t["bias"]].reshape(sh)
+            w, b = param(s, "scale", x), param(s, "bias", x)
             if training:
                 return list(torch.ops.aten.native_layer_norm(x, list(sh), w, b, eps))
             return [F.layer_norm(x, sh, w, b, eps)]
@@ -426,15 +439,17 @@ def norm_torch_fn(graph, notes):
         def fn(s):
             x = s[t["x"]]
             sh = shape(x)
-            w = s[t["scale"]].reshape(sh)
+            w = param(s, "scale", x)
+            if "_zero_bias" not in s:  # once per set, outside the timing (as param())
+                s["_zero_bias"] = torch.zeros_like(w)
             return list(torch.ops.aten.native_layer_norm_backward(
-                s[t["dy"]], x, list(sh), s[t["mean"]], s[t["inv_variance"]], w, torch.zeros_like(w),
+                s[t["dy"]], x, list(sh), s[t["mean"]], s[t["inv_variance"]], w, s["_zero_bias"],
                 [True, True, True]))
         return fn, True
     notes.append("torch: autograd.grad of a saved F.rms_norm forward (dx, dscale); torch.compile not timed")
 
     def fn(s):
-        if "_y" not in s:  # the forward, once per input set, outside the timing after the first call
+        if "_y" not in s:  # the forward, once per input set (bench_norm does it before any timing)
             s["_xg"] = s[t["x"]].detach().requires_grad_(True)
             s["_wg"] = s[t["scale"]].detach().reshape(shape(s["_xg"])).requires_grad_(True)
             s["_y"] = F.rms_norm(s["_xg"], shape(s["_xg"]), s["_wg"], eps)
@@ -446,22 +461,30 @@ def bench_norm(path, graph, args, row):
     notes = row["notes"]
     row["fusebox"] = time_fusebox(args, path, {}, notes)
     bn = next((o for o in graph.ops if o["op"] in BATCHNORM_OPS), None)
-    prepare = None
+    bn_prepare = None
     if bn is not None:
-        fn, prepare, compile_ok = batchnorm_torch_fn(graph, bn, notes)
+        fn, bn_prepare, compile_ok = batchnorm_torch_fn(graph, bn, notes)
     else:
         fn, compile_ok = norm_torch_fn(graph, notes)
     sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
     row["input_sets"] = len(sets)
-    if prepare is not None:
+    if bn_prepare is not None:  # torch's form of the statistics, outside the timing
         for s in sets:
-            prepare(s)
+            bn_prepare(s)
     for s in sets:  # the forward of rmsnorm_bwd, before any timing
         with torch.enable_grad():
             fn(s)
     torch.cuda.synchronize()
+
+    def prepare():  # the saved forwards again, on the capturing stream (graph_variant)
+        for s in sets:
+            s.pop("_y", None)
+            with torch.enable_grad():
+                fn(s)
+
     with torch.set_grad_enabled(not compile_ok):
-        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=compile_ok)
+        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=compile_ok,
+                                      prepare=None if compile_ok else prepare)
     del sets
 
 
@@ -534,7 +557,8 @@ def bench_sdpa(path, graph, args, row):
     notes.append(f"torch backend: {best} (fastest of those that accepted)")
     with sdpa_compare.backend_ctx(best):
         prepare()
-        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=not backward, graph_ok=True)
+        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=not backward, graph_ok=True,
+                                      prepare=prepare if backward else None)
     if backward:
         notes.append("torch.compile not timed for the backward (autograd.grad of a saved forward)")
     del sets

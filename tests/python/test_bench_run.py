@@ -2,6 +2,7 @@
 (torch is not installed here): which part each example graph belongs to, and
 which PyTorch kernels a norm graph is timed against."""
 import importlib
+import os
 import sys
 import types
 from unittest import mock
@@ -93,3 +94,18 @@ def test_batchnorm_graphs_use_torchs_own_kernels(bench_run, fusebox):
         assert callable(fn) and callable(prepare) and compile_ok, name
         assert len(notes) == 1 and note in notes[0], (name, notes)
         assert notes[0].endswith(" + F.relu") == relu, (name, notes)
+
+
+def test_bench_sh_accepts_every_bench_run_part():
+    """scripts/bench.sh runs and merges the parts it lists: one that
+    bench_run gained but bench.sh did not would be refused (it happened
+    with conv_bwd and norm) or left out of the report."""
+    import ast
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    sh = open(os.path.join(root, "scripts", "bench.sh")).read()
+    listed = re.search(r'^BENCH_PARTS="([^"]*)"', sh, re.M).group(1).split()
+    tree = ast.parse(open(os.path.join(root, "python", "fusebox_tools", "bench_run.py")).read())
+    parts = next(ast.literal_eval(n.value) for n in tree.body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARTS")
+    assert sorted(listed) == sorted(parts)
