@@ -17,7 +17,9 @@ using testing_util::host_from;
 
 std::vector<int64_t> V(std::initializer_list<int64_t> v) { return v; }
 
-const ResolvedTensor& T(const ResolvedGraph& g, const std::string& name) { return g.tensors[g.find_tensor(name)]; }
+const ResolvedTensor& T(const ResolvedGraph& g, const std::string& name) {
+  return g.tensors[g.find_tensor(name)];
+}
 
 std::string example(const char* f) { return std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f; }
 
@@ -40,15 +42,18 @@ GraphSpec train_graph(const BnGraph& p) {
   GraphSpec g;
   g.name = "bn";
   g.io_dtype = DType::kFP32;
-  g.tensor("x", p.x, "nhwc");
-  g.tensor("scale", p.scale, "nhwc", DType::kFP32);
-  g.tensor("bias", p.scale, "nhwc", DType::kFP32);
-  g.tensor("running_mean", channel(p.x), "nhwc", DType::kFP32);
-  g.tensor("running_var", channel(p.x), "nhwc", DType::kFP32);
+  g.tensor("x", p.x, "channels_last");
+  g.tensor("scale", p.scale, "channels_last", DType::kFP32);
+  g.tensor("bias", p.scale, "channels_last", DType::kFP32);
+  g.tensor("running_mean", channel(p.x), "channels_last", DType::kFP32);
+  g.tensor("running_var", channel(p.x), "channels_last", DType::kFP32);
   OpSpec op;
   op.name = "bn";
   op.attrs = BatchNormAttrs{p.epsilon, p.momentum};
-  op.inputs = {{"x", "x"}, {"scale", "scale"}, {"bias", "bias"}, {"running_mean", "running_mean"},
+  op.inputs = {{"x", "x"},
+               {"scale", "scale"},
+               {"bias", "bias"},
+               {"running_mean", "running_mean"},
                {"running_var", "running_var"}};
   op.outputs = {{"y", p.relu ? "bn_out" : "y"}};
   for (const char* s : {"mean", "inv_variance", "next_running_mean", "next_running_var"}) {
@@ -61,7 +66,7 @@ GraphSpec train_graph(const BnGraph& p) {
   }
   g.ops.push_back(op);
   if (p.relu) g.pointwise("act", PointwiseMode::kRelu, "bn_out");
-  g.output(p.relu ? "act.y" : "y", "nhwc");
+  g.output(p.relu ? "act.y" : "y", "channels_last");
   return g;
 }
 
@@ -69,13 +74,15 @@ GraphSpec bwd_graph(const std::vector<int64_t>& x, const std::vector<int64_t>& d
   GraphSpec g;
   g.name = "dbn";
   g.io_dtype = DType::kFP32;
-  g.tensor("dy", dy, "nhwc");
-  g.tensor("x", x, "nhwc");
-  for (const char* s : {"scale", "mean", "inv_variance"}) g.tensor(s, channel(x), "nhwc", DType::kFP32);
+  g.tensor("dy", dy, "channels_last");
+  g.tensor("x", x, "channels_last");
+  for (const char* s : {"scale", "mean", "inv_variance"})
+    g.tensor(s, channel(x), "channels_last", DType::kFP32);
   OpSpec op;
   op.name = "dbn";
   op.attrs = BatchNormBwdAttrs{};
-  op.inputs = {{"dy", "dy"}, {"x", "x"}, {"scale", "scale"}, {"mean", "mean"}, {"inv_variance", "inv_variance"}};
+  op.inputs = {
+      {"dy", "dy"}, {"x", "x"}, {"scale", "scale"}, {"mean", "mean"}, {"inv_variance", "inv_variance"}};
   op.outputs = {{"dx", "dx"}, {"dscale", "dscale"}, {"dbias", "dbias"}};
   g.ops.push_back(op);
   for (const char* s : {"dx", "dscale", "dbias"}) g.output(s);
@@ -108,8 +115,9 @@ TEST(BatchNormResolve, TrainingOutputs) {
 TEST(BatchNormResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
   BnGraph p;
   p.scale = {1, 3, 1, 1};
-  expect_error(train_graph(p), {"[batchnorm 'bn'] input 'scale' ('scale') has dims [1, 3, 1, 1]",
-                                "'x' ('x') is [2, 4, 3, 3] (C=4)", "one value per channel, dims [1, 4, 1, 1]"});
+  expect_error(train_graph(p),
+               {"[batchnorm 'bn'] input 'scale' ('scale') has dims [1, 3, 1, 1]",
+                "'x' ('x') is [2, 4, 3, 3] (C=4)", "one value per channel, dims [1, 4, 1, 1]"});
   p.scale = {1, 4, 3, 3};
   expect_error(train_graph(p), {"input 'scale'", "dims [1, 4, 1, 1]"});
 
@@ -140,9 +148,10 @@ TEST(BatchNormResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
   one.x = {1, 4, 1, 1};
   expect_error(train_graph(one), {"needs at least 2 elements per channel"});
 
-  expect_error(bwd_graph({2, 4, 3, 3}, {2, 4, 3, 2}),
-               {"[batchnorm_bwd 'dbn'] input 'dy' ('dy') has dims [2, 4, 3, 2] but 'x' ('x') has [2, 4, 3, 3]",
-                "shaped like x"});
+  expect_error(
+      bwd_graph({2, 4, 3, 3}, {2, 4, 3, 2}),
+      {"[batchnorm_bwd 'dbn'] input 'dy' ('dy') has dims [2, 4, 3, 2] but 'x' ('x') has [2, 4, 3, 3]",
+       "shaped like x"});
 }
 
 TEST(BatchNormJson, ParsesRoundTripsTheExamples) {
@@ -177,7 +186,8 @@ std::vector<double> values(size_t n, unsigned seed, double lo = -1, double hi = 
 using Outputs = std::map<std::string, std::vector<float>>;
 
 Outputs run_train(const BnGraph& p, const std::vector<double>& x, const std::vector<double>& scale,
-                  const std::vector<double>& bias, const std::vector<double>& rm, const std::vector<double>& rv) {
+                  const std::vector<double>& bias, const std::vector<double>& rm,
+                  const std::vector<double>& rv) {
   auto r = resolve(train_graph(p));
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (!r.ok()) return {};
@@ -212,13 +222,15 @@ TEST(BatchNormReferenceCpu, TrainingByHand) {
 TEST(BatchNormReferenceCpu, ChannelsAreIndependentAndReluFuses) {
   BnGraph p;
   p.relu = true;
-  const auto x = values(72, 1), s = values(4, 2, 0.5, 1.5), b = values(4, 3), rm = values(4, 4), rv = values(4, 5, 0.5, 1.5);
+  const auto x = values(72, 1), s = values(4, 2, 0.5, 1.5), b = values(4, 3), rm = values(4, 4),
+             rv = values(4, 5, 0.5, 1.5);
   Outputs fused = run_train(p, x, s, b, rm, rv);
   p.relu = false;
   Outputs plain = run_train(p, x, s, b, rm, rv);
   ASSERT_FALSE(fused.empty());
   ASSERT_FALSE(plain.empty());
-  for (size_t i = 0; i < plain["y"].size(); ++i) EXPECT_FLOAT_EQ(fused["act.y"][i], std::max(0.0f, plain["y"][i]));
+  for (size_t i = 0; i < plain["y"].size(); ++i)
+    EXPECT_FLOAT_EQ(fused["act.y"][i], std::max(0.0f, plain["y"][i]));
   // Per channel: y has mean bias and (biased) variance scale^2 * var / (var + eps).
   for (int c = 0; c < 4; ++c) {
     double sum = 0, sq = 0;
@@ -243,23 +255,26 @@ TEST(BatchNormReferenceCpu, InferenceWithTheSavedStatisticsIsTheTrainingOutput) 
   GraphSpec g;
   g.name = "bni";
   g.io_dtype = DType::kFP32;
-  g.tensor("x", p.x, "nhwc");
-  for (const char* n : {"scale", "bias", "mean", "inv_variance"}) g.tensor(n, p.scale, "nhwc", DType::kFP32);
+  g.tensor("x", p.x, "channels_last");
+  for (const char* n : {"scale", "bias", "mean", "inv_variance"})
+    g.tensor(n, p.scale, "channels_last", DType::kFP32);
   OpSpec op;
   op.name = "bn";
   op.attrs = BatchNormInferenceAttrs{};
-  op.inputs = {{"x", "x"}, {"scale", "scale"}, {"bias", "bias"}, {"mean", "mean"}, {"inv_variance", "inv_variance"}};
+  op.inputs = {
+      {"x", "x"}, {"scale", "scale"}, {"bias", "bias"}, {"mean", "mean"}, {"inv_variance", "inv_variance"}};
   op.outputs = {{"y", "y"}};
   g.ops.push_back(op);
-  g.output("y", "nhwc");
+  g.output("y", "channels_last");
   auto r = resolve(g);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
-  auto out = reference_cpu(*r, {{"x", host_from(T(*r, "x"), x)},
-                                {"scale", host_from(T(*r, "scale"), s)},
-                                {"bias", host_from(T(*r, "bias"), b)},
-                                {"mean", host_from(T(*r, "mean"), as_double(t["mean"]))},
-                                {"inv_variance", host_from(T(*r, "inv_variance"), as_double(t["inv_variance"]))}});
+  auto out =
+      reference_cpu(*r, {{"x", host_from(T(*r, "x"), x)},
+                         {"scale", host_from(T(*r, "scale"), s)},
+                         {"bias", host_from(T(*r, "bias"), b)},
+                         {"mean", host_from(T(*r, "mean"), as_double(t["mean"]))},
+                         {"inv_variance", host_from(T(*r, "inv_variance"), as_double(t["inv_variance"]))}});
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   for (size_t i = 0; i < t["y"].size(); ++i) EXPECT_NEAR(out->at("y")[i], t["y"][i], 1e-5) << i;
 }
@@ -271,7 +286,8 @@ TEST(BatchNormBwdReferenceCpu, MatchesFiniteDifferencesOfTheTrainingForward) {
   p.epsilon = 1e-3;
   auto x = values(72, 21), s = values(4, 22, 0.5, 1.5), b = values(4, 23);
   const auto dy = values(72, 24), rm = values(4, 25), rv = values(4, 26, 0.5, 1.5);
-  auto loss = [&](const std::vector<double>& xv, const std::vector<double>& sv, const std::vector<double>& bv) {
+  auto loss = [&](const std::vector<double>& xv, const std::vector<double>& sv,
+                  const std::vector<double>& bv) {
     Outputs o = run_train(p, xv, sv, bv, rm, rv);
     double l = 0;
     for (size_t i = 0; i < dy.size(); ++i) l += dy[i] * o["y"][i];
@@ -282,11 +298,12 @@ TEST(BatchNormBwdReferenceCpu, MatchesFiniteDifferencesOfTheTrainingForward) {
   auto r = resolve(bwd_graph(p.x, p.x));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
-  auto g = reference_cpu(*r, {{"dy", host_from(T(*r, "dy"), dy)},
-                              {"x", host_from(T(*r, "x"), x)},
-                              {"scale", host_from(T(*r, "scale"), s)},
-                              {"mean", host_from(T(*r, "mean"), as_double(fwd["mean"]))},
-                              {"inv_variance", host_from(T(*r, "inv_variance"), as_double(fwd["inv_variance"]))}});
+  auto g =
+      reference_cpu(*r, {{"dy", host_from(T(*r, "dy"), dy)},
+                         {"x", host_from(T(*r, "x"), x)},
+                         {"scale", host_from(T(*r, "scale"), s)},
+                         {"mean", host_from(T(*r, "mean"), as_double(fwd["mean"]))},
+                         {"inv_variance", host_from(T(*r, "inv_variance"), as_double(fwd["inv_variance"]))}});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const double h = 1e-3;  // fp32 outputs: central differences good to about 1e-3
   for (size_t i : {size_t{0}, size_t{5}, size_t{17}, size_t{40}, size_t{71}}) {

@@ -20,10 +20,9 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormAttrs& b
   FeTensor momentum = scalar_tensor(ctx, op, "momentum", bn.momentum);
   FeTensor run_mean = ctx.in("running_mean");
   FeTensor run_var = ctx.in("running_var");
-  auto attrs = fe::graph::Batchnorm_attributes()
-                   .set_name(op.name)
-                   .set_epsilon(eps)
-                   .set_previous_running_stats(run_mean, run_var, momentum);
+  auto attrs =
+      fe::graph::Batchnorm_attributes().set_name(op.name).set_epsilon(eps).set_previous_running_stats(
+          run_mean, run_var, momentum);
   attrs.set_compute_data_type(to_fe(op.compute_dtype));
   auto [y, mean, inv_variance, next_mean, next_var] =
       ctx.graph().batchnorm(ctx.in("x"), ctx.in("scale"), ctx.in("bias"), attrs);
@@ -46,7 +45,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs
   auto attrs = fe::graph::Batchnorm_backward_attributes().set_name(op.name).set_saved_mean_and_inv_variance(
       ctx.in("mean"), ctx.in("inv_variance"));
   attrs.set_compute_data_type(to_fe(op.compute_dtype));
-  auto [dx, dscale, dbias] = ctx.graph().batchnorm_backward(ctx.in("dy"), ctx.in("x"), ctx.in("scale"), attrs);
+  auto [dx, dscale, dbias] =
+      ctx.graph().batchnorm_backward(ctx.in("dy"), ctx.in("x"), ctx.in("scale"), attrs);
   FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dx", dx));
   FUSEBOX_RETURN_IF_ERROR(ctx.bind_output("dscale", dscale));
   return ctx.bind_output("dbias", dbias);

@@ -32,8 +32,8 @@ std::vector<int64_t> channel_dims(const std::vector<int64_t>& xd) {
 Status check_x(const InferContext& ctx, const char* role, const std::string& type) {
   const ResolvedTensor& x = ctx.in(role);
   if (x.dims.size() != 4 && x.dims.size() != 5) {
-    return InvalidArgument(ctx.in_where(role) + " has rank " + str(static_cast<int64_t>(x.dims.size())) + " " +
-                           dims_string(x.dims) + ": " + type + " takes " + role +
+    return InvalidArgument(ctx.in_where(role) + " has rank " + str(static_cast<int64_t>(x.dims.size())) +
+                           " " + dims_string(x.dims) + ": " + type + " takes " + role +
                            " [N, C, H, W] or [N, C, D, H, W], normalized per channel C");
   }
   if (x.element_count() / std::max<int64_t>(x.dims[1], 1) < 2 && type == "batchnorm") {
@@ -60,7 +60,8 @@ Status check_channel_input(const InferContext& ctx, const char* role, const std:
     FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where(role), t.dtype, {DType::kFP32},
                                            type + " takes its " + role + " in fp32 only"));
   } else {
-    FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where(role), t.dtype, {DType::kFP32, DType::kBF16, DType::kFP16},
+    FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where(role), t.dtype,
+                                           {DType::kFP32, DType::kBF16, DType::kFP16},
                                            type + " takes an fp32, bf16 or fp16 " + role));
   }
   t.random_lo = lo;
@@ -71,8 +72,10 @@ Status check_channel_input(const InferContext& ctx, const char* role, const std:
 // y (or dx) like x, the io dtype unless declared.
 Status finish_like_x(const InferContext& ctx, const char* out_role, const std::string& type) {
   const ResolvedTensor& x = ctx.in("x");
-  FUSEBOX_RETURN_IF_ERROR(ctx.finish_output(out_role, x.dims, dense_strides_like(x.dims, x.strides), ctx.io_dtype));
-  return check_dtype_in(ctx.out_where(out_role), ctx.out(out_role).dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
+  FUSEBOX_RETURN_IF_ERROR(
+      ctx.finish_output(out_role, x.dims, dense_strides_like(x.dims, x.strides), ctx.io_dtype));
+  return check_dtype_in(ctx.out_where(out_role), ctx.out(out_role).dtype,
+                        {DType::kBF16, DType::kFP16, DType::kFP32},
                         type + " writes " + out_role + " in bf16, fp16 or fp32");
 }
 
@@ -207,7 +210,8 @@ std::vector<std::string_view> json_fields(const BatchNormInferenceAttrs&) { retu
 bool accepts_scalar_inputs(const BatchNormInferenceAttrs&) { return false; }
 bool outputs_in_memory(const BatchNormInferenceAttrs&) { return false; }
 std::string output_roles_hint(const BatchNormInferenceAttrs&) { return ""; }
-Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, BatchNormInferenceAttrs&) {
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&,
+                  BatchNormInferenceAttrs&) {
   return Status::Ok();
 }
 void write_json(const BatchNormInferenceAttrs&, nlohmann::ordered_json&) {}
@@ -257,8 +261,9 @@ Status infer(const InferContext& ctx, BatchNormBwdAttrs&) {
   const ResolvedTensor& x = ctx.in("x");
   const ResolvedTensor& dy = ctx.in("dy");
   if (dy.dims != x.dims) {
-    return InvalidArgument(ctx.in_where("dy") + " has dims " + dims_string(dy.dims) + " but 'x' (" + squote(x.name) +
-                           ") has " + dims_string(x.dims) + ": " + type + "'s dy is the gradient of y, shaped like x");
+    return InvalidArgument(ctx.in_where("dy") + " has dims " + dims_string(dy.dims) + " but 'x' (" +
+                           squote(x.name) + ") has " + dims_string(x.dims) + ": " + type +
+                           "'s dy is the gradient of y, shaped like x");
   }
   FUSEBOX_RETURN_IF_ERROR(check_channel_input(ctx, "scale", type, false, kScaleLo, kScaleHi));
   FUSEBOX_RETURN_IF_ERROR(check_channel_input(ctx, "mean", type, true, kMeanLo, kMeanHi));

@@ -23,12 +23,13 @@ std::string_view pool_type_name(const PoolAttrs& a) {
 
 // window (required unless global), stride (default the window), padding
 // (default 0): one per spatial dim, in range, padding < window.
-Status resolve_pool_geometry(const std::string& where, const std::string& type, const std::vector<int64_t>& xd,
-                             PoolAttrs& a) {
+Status resolve_pool_geometry(const std::string& where, const std::string& type,
+                             const std::vector<int64_t>& xd, PoolAttrs& a) {
   const size_t sp = xd.size() - 2;
   if (a.global) {
     if (!a.window.empty() || !a.stride.empty() || !a.padding.empty()) {
-      return InvalidArgument(where + " global_avg_pool takes no window, stride or padding: its window is x's " +
+      return InvalidArgument(where +
+                             " global_avg_pool takes no window, stride or padding: its window is x's " +
                              "spatial dims; use avg_pool for another window");
     }
     a.window.assign(xd.begin() + 2, xd.end());
@@ -48,11 +49,13 @@ Status resolve_pool_geometry(const std::string& where, const std::string& type, 
     std::vector<int64_t>* v;
     int64_t min;
   };
-  for (Field f : {Field{"window", &a.window, 1}, Field{"stride", &a.stride, 1}, Field{"padding", &a.padding, 0}}) {
+  for (Field f :
+       {Field{"window", &a.window, 1}, Field{"stride", &a.stride, 1}, Field{"padding", &a.padding, 0}}) {
     if (f.v->size() != sp) {
       return InvalidArgument(where + " " + f.name + " " + dims_string(*f.v) + " has " +
                              str(static_cast<int64_t>(f.v->size())) + " values but x " + dims_string(xd) +
-                             " has " + str(static_cast<int64_t>(sp)) + " spatial dims: give one per spatial dim");
+                             " has " + str(static_cast<int64_t>(sp)) +
+                             " spatial dims: give one per spatial dim");
     }
     for (size_t i = 0; i < sp; ++i) {
       const int64_t v = (*f.v)[i];
@@ -64,8 +67,9 @@ Status resolve_pool_geometry(const std::string& where, const std::string& type, 
   }
   for (size_t i = 0; i < sp; ++i) {
     if (a.padding[i] >= a.window[i]) {
-      return InvalidArgument(where + " padding[" + str(static_cast<int64_t>(i)) + "] is " + str(a.padding[i]) +
-                             " but window[" + str(static_cast<int64_t>(i)) + "] is " + str(a.window[i]) +
+      return InvalidArgument(where + " padding[" + str(static_cast<int64_t>(i)) + "] is " +
+                             str(a.padding[i]) + " but window[" + str(static_cast<int64_t>(i)) + "] is " +
+                             str(a.window[i]) +
                              ": every window must cover an element of x; give padding < window (at most " +
                              str(a.window[i] - 1) + ")");
     }
@@ -99,12 +103,14 @@ bool accepts_scalar_inputs(const PoolAttrs&) { return false; }
 bool outputs_in_memory(const PoolAttrs&) { return false; }
 std::string output_roles_hint(const PoolAttrs&) { return ""; }
 
-Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&, PoolAttrs& a) {
+Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&,
+                  PoolAttrs& a) {
   if (a.global) return Status::Ok();
   FUSEBOX_RETURN_IF_ERROR(r.opt_int_list(v, path, "window", a.window));
   FUSEBOX_RETURN_IF_ERROR(r.opt_int_list(v, path, "stride", a.stride));
   FUSEBOX_RETURN_IF_ERROR(r.opt_int_list(v, path, "padding", a.padding));
-  if (a.mode == PoolMode::kAvg) FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "count_include_pad", a.count_include_pad));
+  if (a.mode == PoolMode::kAvg)
+    FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "count_include_pad", a.count_include_pad));
   return Status::Ok();
 }
 void write_json(const PoolAttrs& a, nlohmann::ordered_json& j) {
@@ -122,19 +128,19 @@ Status infer(const InferContext& ctx, PoolAttrs& a) {
     return InvalidArgument(ctx.in_where("x") + " has rank " + str(static_cast<int64_t>(x.dims.size())) + " " +
                            dims_string(x.dims) + ": " + type + " takes x [N, C, H, W] or [N, C, D, H, W]");
   }
-  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where("x"), x.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
+  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where("x"), x.dtype,
+                                         {DType::kBF16, DType::kFP16, DType::kFP32},
                                          type + " takes bf16, fp16 or fp32 x"));
   FUSEBOX_RETURN_IF_ERROR(resolve_pool_geometry(ctx.where, type, x.dims, a));
   std::vector<int64_t> yd = {x.dims[0], x.dims[1]};
   for (size_t i = 0; i + 2 < x.dims.size(); ++i) {
     const int64_t padded = x.dims[i + 2] + 2 * a.padding[i];
     if (a.window[i] > padded) {
-      return InvalidArgument(ctx.where + " window[" + str(static_cast<int64_t>(i)) + "] is " + str(a.window[i]) +
-                             " but x's spatial dim " + str(static_cast<int64_t>(i)) + " is " +
-                             str(x.dims[i + 2]) + " (" + str(padded) + " padded, x " + dims_string(x.dims) +
-                             ", padding " + dims_string(a.padding) +
-                             "): the window must fit in the padded input; give window <= " + str(padded) +
-                             " or more padding");
+      return InvalidArgument(
+          ctx.where + " window[" + str(static_cast<int64_t>(i)) + "] is " + str(a.window[i]) +
+          " but x's spatial dim " + str(static_cast<int64_t>(i)) + " is " + str(x.dims[i + 2]) + " (" +
+          str(padded) + " padded, x " + dims_string(x.dims) + ", padding " + dims_string(a.padding) +
+          "): the window must fit in the padded input; give window <= " + str(padded) + " or more padding");
     }
     yd.push_back((padded - a.window[i]) / a.stride[i] + 1);
   }

@@ -38,9 +38,10 @@ void for_channel(const NCS& d, int64_t c, Fn&& fn) {
 }
 
 // y = (x - mean) * inv * scale + bias for channel c.
-void normalize_channel(const NCS& d, int64_t c, const Values& x, double mean, double inv, double scale, double bias,
-                       Values& y) {
-  for_channel(d, c, [&](int64_t i) { y.data[i] = static_cast<float>((x.data[i] - mean) * inv * scale + bias); });
+void normalize_channel(const NCS& d, int64_t c, const Values& x, double mean, double inv, double scale,
+                       double bias, Values& y) {
+  for_channel(d, c,
+              [&](int64_t i) { y.data[i] = static_cast<float>((x.data[i] - mean) * inv * scale + bias); });
 }
 
 }  // namespace
@@ -143,6 +144,8 @@ Tolerance tolerance(const BatchNormInferenceAttrs&, std::string_view, DType dtyp
 // sqrt(M) * 2^-24 in the worst order, 4e-5 for M = 401408), below fp32's
 // 3e-3; dx's cancellation (dy minus the channel means) is done in fp32 on
 // both sides from the same inputs.
-Tolerance tolerance(const BatchNormBwdAttrs&, std::string_view, DType dtype) { return default_tolerance(dtype); }
+Tolerance tolerance(const BatchNormBwdAttrs&, std::string_view, DType dtype) {
+  return default_tolerance(dtype);
+}
 
 }  // namespace fusebox::reference_detail

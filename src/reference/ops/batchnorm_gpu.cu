@@ -27,7 +27,9 @@ __device__ __forceinline__ int64_t offset_of(const DevTensor& t, int64_t i) {
   return off;
 }
 
-__device__ __forceinline__ float load_logical(const DevTensor& t, int64_t i) { return load_at(t, offset_of(t, i)); }
+__device__ __forceinline__ float load_logical(const DevTensor& t, int64_t i) {
+  return load_at(t, offset_of(t, i));
+}
 
 struct BnArgs {
   DevTensor x, dy, scale, bias, mean, inv_var, run_mean, run_var;
@@ -77,7 +79,8 @@ __global__ void __launch_bounds__(kBnThreads)
   }
 }
 
-__global__ void __launch_bounds__(kBnThreads) bn_bwd_kernel(BnArgs a, float* dx, float* dscale, float* dbias) {
+__global__ void __launch_bounds__(kBnThreads)
+    bn_bwd_kernel(BnArgs a, float* dx, float* dscale, float* dbias) {
   __shared__ float red[kBnThreads / 32];
   const int64_t m = a.n * a.s;
   for (int64_t c = blockIdx.x; c < a.c; c += gridDim.x) {
@@ -148,14 +151,15 @@ Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const BatchNormInference
   FUSEBOX_ASSIGN_OR_RETURN(const Located x, ctx.in("x"));
   FUSEBOX_RETURN_IF_ERROR(shape(op, x, a));
   a.x = x.t;
-  for (auto [role, dst] : {std::pair{"scale", &a.scale}, std::pair{"bias", &a.bias}, std::pair{"mean", &a.mean},
-                           std::pair{"inv_variance", &a.inv_var}}) {
+  for (auto [role, dst] : {std::pair{"scale", &a.scale}, std::pair{"bias", &a.bias},
+                           std::pair{"mean", &a.mean}, std::pair{"inv_variance", &a.inv_var}}) {
     FUSEBOX_ASSIGN_OR_RETURN(const Located t, ctx.in(role));
     *dst = t.t;
   }
   FUSEBOX_ASSIGN_OR_RETURN(float* y, out(ctx, "y"));
   if (a.c > 0 && a.n * a.s > 0) {
-    bn_fwd_kernel<<<grid_for(a.c, 1), kBnThreads, 0, ctx.stream()>>>(a, 0, y, nullptr, nullptr, nullptr, nullptr);
+    bn_fwd_kernel<<<grid_for(a.c, 1), kBnThreads, 0, ctx.stream()>>>(a, 0, y, nullptr, nullptr, nullptr,
+                                                                     nullptr);
     FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
   }
   return Status::Ok();

@@ -76,7 +76,9 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const PoolAttrs& a) {
             }
             // padding < window (resolve), so every window covers an element of x.
             double r = acc;
-            if (!is_max) r = acc / (a.count_include_pad ? window_size : static_cast<double>(std::max<int64_t>(covered, 1)));
+            if (!is_max)
+              r = acc /
+                  (a.count_include_pad ? window_size : static_cast<double>(std::max<int64_t>(covered, 1)));
             yp[(od * g.out[1] + oh) * g.out[2] + ow] = static_cast<float>(r);
           }
     }
@@ -100,10 +102,17 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const PoolAttrs& a) {
 Tolerance tolerance(const PoolAttrs& a, std::string_view, DType dtype) {
   double u = 0;
   switch (dtype) {
-    case DType::kBF16: u = 0x1p-8; break;
-    case DType::kFP16: u = 0x1p-11; break;
-    case DType::kFP32: u = 1e-6; break;
-    default: return default_tolerance(dtype);
+    case DType::kBF16:
+      u = 0x1p-8;
+      break;
+    case DType::kFP16:
+      u = 0x1p-11;
+      break;
+    case DType::kFP32:
+      u = 1e-6;
+      break;
+    default:
+      return default_tolerance(dtype);
   }
   if (a.mode == PoolMode::kMax) return {u, u};
   if (dtype == DType::kFP32) return {1e-5, 1e-5};

@@ -55,7 +55,8 @@ __global__ void pool_kernel(PoolArgs a, float* y) {
       }
     }
     if (!a.is_max) {
-      const int64_t div = a.include_pad ? a.window[0] * a.window[1] * a.window[2] : (covered > 0 ? covered : 1);
+      const int64_t div =
+          a.include_pad ? a.window[0] * a.window[1] * a.window[2] : (covered > 0 ? covered : 1);
       acc /= static_cast<float>(div);
     }
     y[i] = acc;
@@ -69,8 +70,8 @@ Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const PoolAttrs& pa) {
   FUSEBOX_ASSIGN_OR_RETURN(const int yidx, ctx.output_index("y"));
   const std::vector<int64_t>& yd = ctx.graph().tensors[yidx].dims;
   const size_t sp = x.dims.size() >= 2 ? x.dims.size() - 2 : 0;
-  if ((sp != 2 && sp != 3) || yd.size() != x.dims.size() || pa.window.size() != sp || pa.stride.size() != sp ||
-      pa.padding.size() != sp)
+  if ((sp != 2 && sp != 3) || yd.size() != x.dims.size() || pa.window.size() != sp ||
+      pa.stride.size() != sp || pa.padding.size() != sp)
     return InvalidArgument(op_where(op) + "x " + dims_string(x.dims) + " and y " + dims_string(yd) +
                            " do not match the resolved window/stride/padding");
   PoolArgs a{};
