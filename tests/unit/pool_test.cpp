@@ -106,9 +106,11 @@ TEST(PoolResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
   PoolAttrs big = max3x3s2p1();
   big.window = {5, 5};
   big.padding = {0, 0};
-  expect_error(pool_graph(big, {1, 4, 3, 8}),
-               {"[max_pool 'pool'] window[0] is 5 but x's spatial dim 0 is 3 (3 padded",
-                "the window must fit in the padded input; give window <= 3 or more padding"});
+  expect_error(
+      pool_graph(big, {1, 4, 3, 8}),
+      {"[max_pool 'pool'] input 'x' ('x') [1, 4, 3, 8] has 3 in spatial dim 0 (3 with padding [0, 0]) "
+       "but window[0] is 5",
+       "the window must fit in the padded input; give window[0] <= 3 or more padding"});
 
   PoolAttrs pad = max3x3s2p1();
   pad.padding = {3, 1};

@@ -136,11 +136,12 @@ Status infer(const InferContext& ctx, PoolAttrs& a) {
   for (size_t i = 0; i + 2 < x.dims.size(); ++i) {
     const int64_t padded = x.dims[i + 2] + 2 * a.padding[i];
     if (a.window[i] > padded) {
-      return InvalidArgument(
-          ctx.where + " window[" + str(static_cast<int64_t>(i)) + "] is " + str(a.window[i]) +
-          " but x's spatial dim " + str(static_cast<int64_t>(i)) + " is " + str(x.dims[i + 2]) + " (" +
-          str(padded) + " padded, x " + dims_string(x.dims) + ", padding " + dims_string(a.padding) +
-          "): the window must fit in the padded input; give window <= " + str(padded) + " or more padding");
+      const std::string si = str(static_cast<int64_t>(i));
+      return InvalidArgument(ctx.in_where("x") + " " + dims_string(x.dims) + " has " + str(x.dims[i + 2]) +
+                             " in spatial dim " + si + " (" + str(padded) + " with padding " +
+                             dims_string(a.padding) + ") but window[" + si + "] is " + str(a.window[i]) +
+                             ": the window must fit in the padded input; give window[" + si +
+                             "] <= " + str(padded) + " or more padding");
     }
     yd.push_back((padded - a.window[i]) / a.stride[i] + 1);
   }
