@@ -105,6 +105,22 @@ def test_example_document(run_check, path):
             assert op["attrs"]["normalized_dims"] and op["attrs"]["normalized_dims"][-1] == len(x) - 1
             assert tensors[op["outputs"]["dx"]]["dims"] == x
             assert tensors[op["outputs"]["dscale"]]["dims"] == tensors[op["inputs"]["scale"]]["dims"]
+        elif op["op"] in ("batchnorm", "batchnorm_inference", "batchnorm_bwd"):
+            x = tensors[op["inputs"]["x"]]["dims"]
+            # statistics per channel: over every dim but 1
+            assert op["attrs"]["normalized_dims"] == [0] + list(range(2, len(x)))
+            assert tensors[op["inputs"]["scale"]]["dims"] == [1, x[1]] + [1] * (len(x) - 2)
+            if op["op"] == "batchnorm":
+                assert op["attrs"]["epsilon"] >= 0 and 0 <= op["attrs"]["momentum"] <= 1
+        elif op["op"] in ("max_pool", "avg_pool", "global_avg_pool"):
+            a = op["attrs"]
+            x, y = tensors[op["inputs"]["x"]]["dims"], tensors[op["outputs"]["y"]]["dims"]
+            assert a["mode"] == ("max" if op["op"] == "max_pool" else "avg")
+            assert y[:2] == x[:2]
+            for i in range(len(x) - 2):  # out = (in + 2*pad - window) // stride + 1
+                assert y[i + 2] == (x[i + 2] + 2 * a["padding"][i] - a["window"][i]) // a["stride"][i] + 1
+            if op["op"] == "global_avg_pool":
+                assert a["window"] == x[2:] and y[2:] == [1] * (len(x) - 2)
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}
