@@ -24,10 +24,12 @@
 #include <vector>
 
 #include "fusebox/dtype.h"
+#include "fusebox/ops/batchnorm.h"
 #include "fusebox/ops/conv.h"
 #include "fusebox/ops/matmul.h"
 #include "fusebox/ops/norm.h"
 #include "fusebox/ops/pointwise.h"
+#include "fusebox/ops/pool.h"
 #include "fusebox/ops/sdpa.h"
 #include "fusebox/status.h"
 
@@ -82,7 +84,8 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 // attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
 using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
                              SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs,
-                             RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs>;
+                             RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs,
+                             BatchNormInferenceAttrs, BatchNormBwdAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -107,6 +110,10 @@ std::string_view op_type_name(const OpAttrs& attrs);
 //   + bias (bias), + seed, offset (dropout)
 //   layernorm: x, scale, bias     rmsnorm: x, scale (+ bias)
 //   layernorm_bwd: dy, x, scale, mean, inv_variance   rmsnorm_bwd: dy, x, scale, inv_variance
+//   max_pool, avg_pool, global_avg_pool: x
+//   batchnorm: x, scale, bias, running_mean, running_var
+//   batchnorm_inference: x, scale, bias, mean, inv_variance
+//   batchnorm_bwd: dy, x, scale, mean, inv_variance
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv_fprop/matmul/pointwise;
 // conv_dgrad "dx"; conv_wgrad "dw"; sdpa_fwd "o"
@@ -115,7 +122,10 @@ std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // "amax_dv", "amax_dp"; every sdpa op + "dropout_mask" with
 // dump_dropout_mask; layernorm "y" (+ "mean", "inv_variance" in the training
 // phase); rmsnorm "y" (+ "inv_variance"); layernorm_bwd "dx", "dscale",
-// "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"). The first is the primary output.
+// "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"); pooling "y"; batchnorm
+// "y", "mean", "inv_variance", "next_running_mean", "next_running_var";
+// batchnorm_inference "y"; batchnorm_bwd "dx", "dscale", "dbias". The first
+// is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 
@@ -231,7 +241,8 @@ struct ResolvedGraph {
   // and sdpa_fp8_fwd (4*B*Hq*Sq*Skv*D when Dv == D, about half of it causal),
   // and 2.5 times that for sdpa_bwd (five matmuls against two), 8 per element
   // of x for layernorm, 4 for rmsnorm (5 with a bias), 14 for layernorm_bwd
-  // and 11 for rmsnorm_bwd. With padding
+  // and 11 for rmsnorm_bwd, one per window element per output for pooling,
+  // 8 (batchnorm), 4 (batchnorm_inference) and 10 (batchnorm_bwd) per element of x. With padding
   // the lengths are data: `inputs` maps input tensor names to their values
   // (logical order); seq_len tensors missing from it use their fixed values,
   // else count as full length.

@@ -2,7 +2,7 @@
 file (the format fusebox_tools.bench_report reads). scripts/bench.sh runs the
 parts and the report; see docs/gpu.md, "Benchmarks".
 
-Parts: conv, matmul, sdpa (the example graphs of each family,
+Parts: conv, conv_bwd, matmul, norm (with batchnorm), pool, sdpa (the example graphs of each family,
 examples/graphs/*.json; GRAPHS=... to choose others), peaks (dense bf16 and
 FP8 matmul TFLOP/s, device copy GB/s) and runtime (build/bound_execute_bench
 --json: host overhead of one bound execute and per execute replayed in a CUDA
@@ -52,7 +52,7 @@ from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
-PARTS = ("conv", "conv_bwd", "matmul", "norm", "sdpa", "peaks", "runtime", "shapes")
+PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "sdpa", "peaks", "runtime", "shapes")
 # Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
 # kernel cache and cold, by `fusebox shapes --json`.
 SHAPE_SWEEPS = {
@@ -62,6 +62,8 @@ SHAPE_SWEEPS = {
 }
 FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "conv_bwd", "matmul": "matmul",
                 "layernorm": "norm", "rmsnorm": "norm", "layernorm_bwd": "norm", "rmsnorm_bwd": "norm",
+                "batchnorm": "norm", "batchnorm_inference": "norm", "batchnorm_bwd": "norm",
+                "max_pool": "pool", "avg_pool": "pool", "global_avg_pool": "pool",
                 "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
 L2_BYTES = 60 << 20  # H200
 COMPILE_MODE = os.environ.get("BENCH_COMPILE_MODE", "max-autotune-no-cudagraphs")
@@ -302,6 +304,104 @@ def bench_plain(path, graph, args, row):
     del sets
 
 
+BATCHNORM_OPS = ("batchnorm", "batchnorm_inference", "batchnorm_bwd")
+
+
+def _relu_after(graph, op):
+    """Whether a relu reads the op's "y" (the fused batchnorm + ReLU examples)."""
+    y = op["outputs"].get("y")
+    return any(o["op"] == "relu" and o["inputs"].get("x") == y for o in graph.ops)
+
+
+def batchnorm_torch_fn(graph, op, notes):
+    """The graph's batchnorm op with PyTorch's own kernels (channels_last
+    inputs as the graph lays them out, fp32 per-channel tensors):
+    F.batch_norm in training mode (it updates the running statistics in
+    place, as fusebox writes next_running_*), F.batch_norm in eval mode from
+    running_var = 1/inv_variance^2 - eps (computed once, outside the timing:
+    cuDNN's op takes the inverse standard deviation, torch the variance), and
+    aten.native_batch_norm_backward. A relu after the op is applied too (one
+    more kernel in eager; torch.compile may fuse it). Returns (fn, compile_ok)."""
+    kind, a, t = op["op"], op["attrs"], op["inputs"]
+    eps, momentum = float(a.get("epsilon", 1e-5)), float(a.get("momentum", 0.1))
+    relu = _relu_after(graph, op)
+
+    def flat(x):
+        return x.reshape(-1)
+
+    def act(y):
+        return F.relu(y) if relu else y
+
+    if kind == "batchnorm":
+        notes.append("torch: F.batch_norm(training=True) (y; running statistics updated in place)"
+                     + (" + F.relu" if relu else ""))
+
+        def fn(s):
+            return [act(F.batch_norm(s[t["x"]], s["_rm"], s["_rv"], flat(s[t["scale"]]), flat(s[t["bias"]]),
+                                     training=True, momentum=momentum, eps=eps))]
+
+        def prepare(s):
+            s["_rm"] = flat(s[t["running_mean"]]).float().clone()
+            s["_rv"] = flat(s[t["running_var"]]).float().clone()
+    elif kind == "batchnorm_inference":
+        notes.append("torch: F.batch_norm(training=False), running_var = 1/inv_variance^2 - eps"
+                     + (" + F.relu" if relu else ""))
+
+        def fn(s):
+            return [act(F.batch_norm(s[t["x"]], s["_rm"], s["_rv"], flat(s[t["scale"]]), flat(s[t["bias"]]),
+                                     training=False, eps=eps))]
+
+        def prepare(s):
+            s["_rm"] = flat(s[t["mean"]]).float()
+            s["_rv"] = flat(s[t["inv_variance"]]).float().pow(-2) - eps
+    else:
+        notes.append("torch: aten.native_batch_norm_backward (dx, dscale, dbias)")
+
+        def fn(s):
+            return list(torch.ops.aten.native_batch_norm_backward(
+                s[t["dy"]], s[t["x"]], flat(s[t["scale"]]), None, None, flat(s[t["mean"]]),
+                flat(s[t["inv_variance"]]), True, eps, [True, True, True]))
+
+        def prepare(s):
+            pass
+    return fn, prepare, True
+
+
+def pool_torch_fn(graph, notes):
+    """The graph's pooling op with PyTorch's own kernels on the channels_last
+    input: F.max_pool2d/3d, F.avg_pool2d/3d (count_include_pad as the graph
+    says), and for global_avg_pool F.adaptive_avg_pool2d/3d(x, 1) (what
+    torchvision's ResNet runs)."""
+    op = next(o for o in graph.ops if o["op"] in ("max_pool", "avg_pool", "global_avg_pool"))
+    if len(graph.ops) > 1:
+        notes.append(f"graph has {len(graph.ops)} ops; torch times only '{op['name']}'")
+    kind, a, x = op["op"], op["attrs"], op["inputs"]["x"]
+    nsp = len(graph.dims[x]) - 2
+    geometry = dict(kernel_size=tuple(a["window"]), stride=tuple(a["stride"]), padding=tuple(a["padding"]))
+    if kind == "global_avg_pool":
+        notes.append(f"torch: F.adaptive_avg_pool{nsp}d(x, 1)")
+        pool = F.adaptive_avg_pool2d if nsp == 2 else F.adaptive_avg_pool3d
+        return lambda s: [pool(s[x], 1)]
+    if kind == "max_pool":
+        notes.append(f"torch: F.max_pool{nsp}d")
+        pool = F.max_pool2d if nsp == 2 else F.max_pool3d
+        return lambda s: [pool(s[x], **geometry)]
+    notes.append(f"torch: F.avg_pool{nsp}d(count_include_pad={bool(a['count_include_pad'])})")
+    pool = F.avg_pool2d if nsp == 2 else F.avg_pool3d
+    return lambda s: [pool(s[x], count_include_pad=bool(a["count_include_pad"]), **geometry)]
+
+
+def bench_pool(path, graph, args, row):
+    notes = row["notes"]
+    row["fusebox"] = time_fusebox(args, path, {}, notes)
+    fn = pool_torch_fn(graph, notes)
+    with torch.no_grad():
+        sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
+        row["input_sets"] = len(sets)
+        row["torch"] = torch_variants(fn, sets, args, notes)
+    del sets
+
+
 def norm_torch_fn(graph, notes):
     """The graph's norm op with PyTorch's own kernels, as a framework user runs it
     (torch_ops' versions are the float32 cross-check reference, not a speed
@@ -377,9 +477,17 @@ def norm_torch_fn(graph, notes):
 def bench_norm(path, graph, args, row):
     notes = row["notes"]
     row["fusebox"] = time_fusebox(args, path, {}, notes)
-    fn, compile_ok = norm_torch_fn(graph, notes)
+    bn = next((o for o in graph.ops if o["op"] in BATCHNORM_OPS), None)
+    bn_prepare = None
+    if bn is not None:
+        fn, bn_prepare, compile_ok = batchnorm_torch_fn(graph, bn, notes)
+    else:
+        fn, compile_ok = norm_torch_fn(graph, notes)
     sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
     row["input_sets"] = len(sets)
+    if bn_prepare is not None:  # torch's form of the statistics, outside the timing
+        for s in sets:
+            bn_prepare(s)
     for s in sets:  # the forward of rmsnorm_bwd, before any timing
         with torch.enable_grad():
             fn(s)
@@ -484,6 +592,8 @@ def bench_graph(path, args):
             bench_sdpa(path, graph, args, row)
         elif row["family"] == "norm":
             bench_norm(path, graph, args, row)
+        elif row["family"] == "pool":
+            bench_pool(path, graph, args, row)
         else:
             bench_plain(path, graph, args, row)
     except Exception as e:  # one graph must not stop the part

@@ -121,6 +121,83 @@ def norm_backward(ins, op):
     return {r: out[r] for r in op["outputs"] if r in out}
 
 
+# ---------------------------------------------------------------- pooling
+#
+# From include/fusebox/ops/pool.h, through torch's own pooling functions (the
+# window, stride and padding come resolved from check --json; global_avg_pool
+# is avg_pool with the window the whole spatial extent).
+
+POOL_OPS = ("max_pool", "avg_pool", "global_avg_pool")
+
+
+def pool(ins, op):
+    """max_pool / avg_pool / global_avg_pool: y."""
+    x = ins["x"].float()
+    a = op["attrs"]
+    nsp = x.dim() - 2
+    geometry = dict(kernel_size=tuple(a["window"]), stride=tuple(a["stride"]), padding=tuple(a["padding"]))
+    if a["mode"] == "max":
+        return {2: F.max_pool2d, 3: F.max_pool3d}[nsp](x, **geometry)
+    fn = {2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
+    return fn(x, count_include_pad=bool(a["count_include_pad"]), **geometry)
+
+
+# ---------------------------------------------------------------- batch normalization
+#
+# From include/fusebox/ops/batchnorm.h: y through torch's F.batch_norm (in
+# training mode it also updates the running statistics, with the unbiased
+# batch variance, as batchnorm.h says cuDNN does), the saved statistics
+# written out (biased variance, float32). Per-channel tensors are [1, C, 1, 1].
+
+BATCHNORM_OPS = ("batchnorm", "batchnorm_inference", "batchnorm_bwd")
+
+
+def _channel(t):
+    return t.float().reshape(-1)
+
+
+def batchnorm(ins, op):
+    """batchnorm (training forward): y, mean, inv_variance, next_running_mean, next_running_var."""
+    x = ins["x"].float()
+    a = op["attrs"]
+    eps, momentum = float(a["epsilon"]), float(a["momentum"])
+    run_mean = _channel(ins["running_mean"]).clone()
+    run_var = _channel(ins["running_var"]).clone()
+    y = F.batch_norm(x, run_mean, run_var, _channel(ins["scale"]), _channel(ins["bias"]), training=True,
+                     momentum=momentum, eps=eps)
+    dims = tuple(d for d in range(x.dim()) if d != 1)
+    mean = x.mean(dim=dims, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
+    shape = mean.shape
+    out = {"y": y, "mean": mean, "inv_variance": torch.rsqrt(var + eps),
+           "next_running_mean": run_mean.reshape(shape), "next_running_var": run_var.reshape(shape)}
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
+def batchnorm_inference(ins, op):
+    """batchnorm_inference: y = (x - mean) * inv_variance * scale + bias."""
+    x = ins["x"].float()
+    return {"y": (x - ins["mean"].float()) * ins["inv_variance"].float() * ins["scale"].float() + ins["bias"].float()}
+
+
+def batchnorm_backward(ins, op):
+    """batchnorm_bwd: dx, dscale, dbias from the given statistics, by
+    batchnorm.h's formulas (autograd's gradient of F.batch_norm in training
+    mode when the statistics are x's own: tests/python/test_norm_torch_ops.py)."""
+    x = ins["x"].float()
+    dy = ins["dy"].float()
+    g = ins["scale"].float()
+    inv = ins["inv_variance"].float()
+    xhat = (x - ins["mean"].float()) * inv
+    dims = tuple(d for d in range(x.dim()) if d != 1)
+    c1 = dy.mean(dim=dims, keepdim=True)
+    c2 = (dy * xhat).mean(dim=dims, keepdim=True)
+    out = {"dx": g * inv * (dy - c1 - xhat * c2),
+           "dscale": (dy * xhat).sum(dim=dims, keepdim=True),
+           "dbias": dy.sum(dim=dims, keepdim=True)}
+    return {r: out[r] for r in op["outputs"] if r in out}
+
+
 # ---------------------------------------------------------------- attention
 #
 # Written from the rules in include/fusebox/graph.h (not from fusebox's C++
@@ -452,7 +529,7 @@ def apply_op(op, ins, dtypes=None):
     """`op` is an op of check --json, `ins` maps its input roles to tensors;
     `dtypes` (optional) maps its input and output roles to dtype names (used
     by sdpa_fp8_bwd: its internal and output fp8 roundings).
-    Returns a tensor (the "y" output), or for the sdpa and norm ops a dict
+    Returns a tensor (the "y" output), or for the sdpa, norm and batchnorm ops a dict
     output role -> float32 tensor. Raises SdpaSkip for what torch cannot reproduce
     (dropout)."""
     kind = op["op"]
@@ -473,6 +550,14 @@ def apply_op(op, ins, dtypes=None):
         return rmsnorm(ins, op)
     if kind in ("layernorm_bwd", "rmsnorm_bwd"):
         return norm_backward(ins, op)
+    if kind in POOL_OPS:
+        return pool(ins, op)
+    if kind == "batchnorm":
+        return batchnorm(ins, op)
+    if kind == "batchnorm_inference":
+        return batchnorm_inference(ins, op)
+    if kind == "batchnorm_bwd":
+        return batchnorm_backward(ins, op)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "conv_dgrad":

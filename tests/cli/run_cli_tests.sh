@@ -173,6 +173,12 @@ EXPECT_RC=1 expect_bad "sdpa: bottom-right with bias (build)" 'Bottom right caus
 # cuDNN 9.19's norm engine refuses (no pointwise prologue or epilogue).
 sed 's/"dims": \[1, 128, 1, 1\]/"dims": [1, 120, 1, 1]/' "$SRC/examples/graphs/small/layernorm_small.json" > "$TMP/bad_scale.json"
 expect_bad "layernorm: scale of wrong length" "\[layernorm 'ln'\] input 'scale' \('scale'\) has dims \[1, 120, 1, 1\] but 'x' \('x'\) is \[64, 128, 1, 1\]: layernorm's scale has x's normalized \(trailing\) dims and 1 on its row \(leading\) dims, e\.g\. \[1, 128, 1, 1\]"  check "$TMP/bad_scale.json"
+# Pooling and batchnorm: a window larger than the padded input, a per-channel
+# tensor of the wrong length (exit 2, naming op, tensor and what is accepted).
+sed 's/"window": \[3, 3\], "stride": \[2, 2\], "padding": \[1, 1\]/"window": [12, 3], "stride": [2, 2], "padding": [1, 1]/' "$SRC/examples/graphs/small/max_pool_small.json" > "$TMP/bad_window.json"
+expect_bad "max_pool: window larger than the padded input" "\[max_pool 'pool'\] input 'x' \('x'\) \[2, 16, 9, 9\] has 9 in spatial dim 0 \(11 with padding \[1, 1\]\) but window\[0\] is 12: the window must fit in the padded input; give window\[0\] <= 11 or more padding"  check "$TMP/bad_window.json"
+sed 's/{"name": "scale", "dims": \[1, 16, 1, 1\]/{"name": "scale", "dims": [1, 8, 1, 1]/' "$SRC/examples/graphs/small/batchnorm_train_relu_small.json" > "$TMP/bad_bn_scale.json"
+expect_bad "batchnorm: scale of wrong length" "\[batchnorm 'bn'\] input 'scale' \('scale'\) has dims \[1, 8, 1, 1\] but 'x' \('x'\) is \[2, 16, 2, 2\] \(C=16\): batchnorm's scale has one value per channel, dims \[1, 16, 1, 1\]"  check "$TMP/bad_bn_scale.json"
 # (cuDNN's refusal lists several reasons, so not expect_bad's one line.)
 run_fb build "$SRC/examples/graphs/invalid_add_layernorm.json" --device "$DEVPROP"
 why=$(crash_reason)

@@ -598,5 +598,25 @@ TEST(ReferenceGpu, NormOpsMatchTheCpu) {
   expect_gpu_matches_cpu_on(*g, random_inputs(*g, 3), {1e-5, 1e-5});
 }
 
+// Pool and batchnorm ops: the GPU reference against the CPU one on every
+// example (the large ones are the ResNet shapes: 32x64x112x112).
+TEST(ReferenceGpu, PoolAndBatchNormOpsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* f : {"small/max_pool_small.json", "small/avg_pool_small.json", "small/avg_pool_exclude_pad_small.json",
+                        "small/global_avg_pool_small.json", "max_pool_resnet_stem.json", "global_avg_pool.json",
+                        "small/batchnorm_train_small.json", "small/batchnorm_train_relu_small.json",
+                        "small/batchnorm_inference_relu_small.json", "small/batchnorm_bwd_small.json",
+                        "batchnorm_train.json", "batchnorm_train_relu.json", "batchnorm_inference_relu.json",
+                        "batchnorm_bwd.json"}) {
+    auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    auto g = resolve(*spec);
+    ASSERT_TRUE(g.ok()) << f << ": " << g.status().ToString();
+    // fp32 sums of up to 401408 terms per channel (block reductions) against
+    // double on the CPU: about 1e-6 relative.
+    expect_gpu_matches_cpu_on(*g, random_inputs(*g, 7), {1e-4, 1e-4});
+  }
+}
+
 }  // namespace
 }  // namespace fusebox

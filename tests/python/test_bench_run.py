@@ -63,6 +63,40 @@ def test_norm_graphs_use_torchs_own_kernels(bench_run, fusebox):
         assert any(note in n for n in notes), (name, notes)
 
 
+def test_pool_and_batchnorm_parts(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    fams = {name: bench_run.family(g) for name, g in graphs.items()}
+    assert fams["max_pool_resnet_stem"] == fams["global_avg_pool"] == "pool"
+    assert fams["batchnorm_train"] == fams["batchnorm_train_relu"] == fams["batchnorm_bwd"] == "norm"
+    assert fams["batchnorm_inference_relu"] == "norm"
+    assert "pool" in bench_run.PARTS
+
+
+def test_pool_graphs_use_torchs_own_kernels(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    for name, note in {"max_pool_resnet_stem": "F.max_pool2d", "global_avg_pool": "F.adaptive_avg_pool2d(x, 1)"}.items():
+        notes = []
+        fn = bench_run.pool_torch_fn(graphs[name], notes)
+        assert callable(fn), name
+        assert notes == [f"torch: {note}"], (name, notes)
+
+
+def test_batchnorm_graphs_use_torchs_own_kernels(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    expected = {"batchnorm_train": ("F.batch_norm(training=True)", False),
+                "batchnorm_train_relu": ("F.batch_norm(training=True)", True),
+                "batchnorm_inference_relu": ("1/inv_variance^2 - eps", True),
+                "batchnorm_bwd": ("native_batch_norm_backward", False)}
+    for name, (note, relu) in expected.items():
+        g = graphs[name]
+        op = next(o for o in g.ops if o["op"] in bench_run.BATCHNORM_OPS)
+        notes = []
+        fn, prepare, compile_ok = bench_run.batchnorm_torch_fn(g, op, notes)
+        assert callable(fn) and callable(prepare) and compile_ok, name
+        assert len(notes) == 1 and note in notes[0], (name, notes)
+        assert notes[0].endswith(" + F.relu") == relu, (name, notes)
+
+
 def test_bench_sh_accepts_every_bench_run_part():
     """scripts/bench.sh runs and merges the parts it lists: one that
     bench_run gained but bench.sh did not would be refused (it happened

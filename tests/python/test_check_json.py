@@ -17,7 +17,8 @@ SDPA_ATTR_KEYS = {"attn_scale", "causal", "alignment", "left_bound", "right_boun
 # The primary output of each op type (graph.h, op_output_roles: the first).
 PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": "y", "sdpa_fwd": "o",
            "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
-           "layernorm_bwd": "dx", "rmsnorm_bwd": "dx"}
+           "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
+           "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
@@ -104,6 +105,22 @@ def test_example_document(run_check, path):
             assert op["attrs"]["normalized_dims"] and op["attrs"]["normalized_dims"][-1] == len(x) - 1
             assert tensors[op["outputs"]["dx"]]["dims"] == x
             assert tensors[op["outputs"]["dscale"]]["dims"] == tensors[op["inputs"]["scale"]]["dims"]
+        elif op["op"] in ("batchnorm", "batchnorm_inference", "batchnorm_bwd"):
+            x = tensors[op["inputs"]["x"]]["dims"]
+            # statistics per channel: over every dim but 1
+            assert op["attrs"]["normalized_dims"] == [0] + list(range(2, len(x)))
+            assert tensors[op["inputs"]["scale"]]["dims"] == [1, x[1]] + [1] * (len(x) - 2)
+            if op["op"] == "batchnorm":
+                assert op["attrs"]["epsilon"] >= 0 and 0 <= op["attrs"]["momentum"] <= 1
+        elif op["op"] in ("max_pool", "avg_pool", "global_avg_pool"):
+            a = op["attrs"]
+            x, y = tensors[op["inputs"]["x"]]["dims"], tensors[op["outputs"]["y"]]["dims"]
+            assert a["mode"] == ("max" if op["op"] == "max_pool" else "avg")
+            assert y[:2] == x[:2]
+            for i in range(len(x) - 2):  # out = (in + 2*pad - window) // stride + 1
+                assert y[i + 2] == (x[i + 2] + 2 * a["padding"][i] - a["window"][i]) // a["stride"][i] + 1
+            if op["op"] == "global_avg_pool":
+                assert a["window"] == x[2:] and y[2:] == [1] * (len(x) - 2)
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}

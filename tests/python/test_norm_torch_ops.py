@@ -1,7 +1,8 @@
 """CPU checks of fusebox_tools.torch_ops' norm math (the torch side of the
 cross-check): hand-computed values, and the backward formulas against
 autograd through torch's own layer norm / an RMS norm when the statistics are
-x's own. Needs torch (skipped without it).
+x's own; batchnorm (running statistics by hand, the backward against autograd
+through F.batch_norm) and pooling by hand. Needs torch (skipped without it).
 
     python3 -m pytest tests/python/test_norm_torch_ops.py
 """
@@ -68,3 +69,61 @@ def test_backward_is_autograds_gradient(kind):
     assert torch.allclose(res["dx"].double(), x.grad, atol=1e-5)
     assert torch.allclose(res["dscale"].double(), g.grad, atol=1e-5)
     assert torch.allclose(res["dbias"].double(), b.grad, atol=1e-5)
+
+
+# ---------------------------------------------------------------- batchnorm and pooling
+
+def bn_op(kind, outputs, **attrs):
+    a = {"normalized_dims": [0, 2, 3]}
+    a.update(attrs)
+    return {"op": kind, "name": "bn", "attrs": a, "outputs": {r: r for r in outputs}}
+
+
+def test_batchnorm_training_by_hand():
+    # x [2, 1, 1, 2] = 1, 3, 5, 7: mean 4, biased var 5, unbiased 20/3.
+    x = torch.tensor([1.0, 3.0, 5.0, 7.0]).reshape(2, 1, 1, 2)
+    one = lambda v: torch.tensor([v]).reshape(1, 1, 1, 1)  # noqa: E731
+    outs = ["y", "mean", "inv_variance", "next_running_mean", "next_running_var"]
+    res = torch_ops.apply_op(bn_op("batchnorm", outs, epsilon=0.0, momentum=0.25),
+                             {"x": x, "scale": one(2.0), "bias": one(0.5), "running_mean": one(1.0),
+                              "running_var": one(2.0)})
+    assert res["mean"].item() == pytest.approx(4.0)
+    assert res["inv_variance"].item() == pytest.approx(5 ** -0.5)
+    assert res["next_running_mean"].item() == pytest.approx(0.75 + 1.0)
+    assert res["next_running_var"].item() == pytest.approx(0.75 * 2 + 0.25 * 20 / 3)
+    assert res["y"].flatten().tolist() == pytest.approx([(v - 4) * 5 ** -0.5 * 2 + 0.5 for v in (1, 3, 5, 7)])
+
+
+def test_batchnorm_backward_is_autograds_gradient():
+    gen = torch.Generator().manual_seed(5)
+    n, c, h, w, eps = 3, 4, 5, 5, 1e-5
+    x = (torch.rand(n, c, h, w, generator=gen, dtype=torch.float64) * 2 - 1).requires_grad_(True)
+    g = (torch.rand(c, generator=gen, dtype=torch.float64) + 0.5).requires_grad_(True)
+    b = (torch.rand(c, generator=gen, dtype=torch.float64) - 0.5).requires_grad_(True)
+    dy = torch.rand(n, c, h, w, generator=gen, dtype=torch.float64) * 2 - 1
+    y = F.batch_norm(x, None, None, g, b, training=True, eps=eps)
+    y.backward(dy)
+    mean = x.detach().mean(dim=(0, 2, 3), keepdim=True)
+    var = ((x.detach() - mean) ** 2).mean(dim=(0, 2, 3), keepdim=True)
+    ins = {"dy": dy, "x": x.detach(), "scale": g.detach().reshape(1, c, 1, 1), "mean": mean,
+           "inv_variance": torch.rsqrt(var + eps)}
+    res = torch_ops.apply_op(bn_op("batchnorm_bwd", ["dx", "dscale", "dbias"]), ins)
+    assert torch.allclose(res["dx"].double(), x.grad, atol=1e-5)
+    assert torch.allclose(res["dscale"].double().flatten(), g.grad, atol=1e-4)
+    assert torch.allclose(res["dbias"].double().flatten(), b.grad, atol=1e-4)
+
+
+def pool_op(kind, **attrs):
+    return {"op": kind, "name": "p", "attrs": attrs, "outputs": {"y": "y"}}
+
+
+def test_pooling_by_hand():
+    x = torch.arange(16.0).reshape(1, 1, 4, 4)
+    geometry = dict(window=[3, 3], stride=[2, 2], padding=[1, 1])
+    y = torch_ops.apply_op(pool_op("max_pool", mode="max", count_include_pad=True, **geometry), {"x": x})
+    assert y.flatten().tolist() == [5, 7, 13, 15]
+    y = torch_ops.apply_op(pool_op("avg_pool", mode="avg", count_include_pad=False, **geometry), {"x": x})
+    assert y.flatten().tolist() == pytest.approx([10 / 4, 24 / 6, 51 / 6, 90 / 9])
+    y = torch_ops.apply_op(pool_op("global_avg_pool", mode="avg", count_include_pad=True, window=[4, 4],
+                                   stride=[4, 4], padding=[0, 0]), {"x": x})
+    assert y.flatten().tolist() == [7.5]

@@ -66,4 +66,12 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormAttrs& att
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& attrs);
 
+// ---- pool: ops/pool_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PoolAttrs& attrs);
+
+// ---- batchnorm: ops/batchnorm_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormInferenceAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs& attrs);
+
 }  // namespace fusebox::cudnn

@@ -94,6 +94,12 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormBwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormBwdAttrs)
+// pool.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(PoolAttrs)
+// batchnorm.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormInferenceAttrs)
+FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormBwdAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -112,6 +118,10 @@ std::vector<std::string_view> type_names(std::type_identity<LayerNormAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<RmsNormAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<LayerNormBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<RmsNormBwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<PoolAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<BatchNormAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<BatchNormInferenceAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<BatchNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
@@ -125,6 +135,10 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormBwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PoolAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormInferenceAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormBwdAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

@@ -76,4 +76,20 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a);
 Tolerance tolerance(const RmsNormBwdAttrs& a, std::string_view role, DType dtype);
 
+// ---- pool: ops/pool_cpu.cpp, ops/pool_gpu.cu
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const PoolAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const PoolAttrs& a);
+Tolerance tolerance(const PoolAttrs& a, std::string_view role, DType dtype);
+
+// ---- batchnorm: ops/batchnorm_cpu.cpp, ops/batchnorm_gpu.cu
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const BatchNormAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const BatchNormAttrs& a);
+Tolerance tolerance(const BatchNormAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const BatchNormInferenceAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const BatchNormInferenceAttrs& a);
+Tolerance tolerance(const BatchNormInferenceAttrs& a, std::string_view role, DType dtype);
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs& a);
+Tolerance tolerance(const BatchNormBwdAttrs& a, std::string_view role, DType dtype);
+
 }  // namespace fusebox::reference_detail

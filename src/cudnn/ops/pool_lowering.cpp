@@ -1,0 +1,31 @@
+// fusebox: the cuDNN lowering of the pool ops (the frontend's resample).
+// max_pool pads with -infinity (padding is never the maximum), avg_pool with
+// zeros, counted in the divisor or not (count_include_pad). No index output:
+// it would only feed a max-pool backward, which the frontend 1.32 graph API
+// does not offer (include/fusebox/ops/pool.h).
+#include "ops/ops.h"
+
+namespace fusebox::cudnn {
+
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PoolAttrs& a) {
+  fe::ResampleMode_t mode = fe::ResampleMode_t::MAXPOOL;
+  if (a.mode == PoolMode::kAvg)
+    mode = a.count_include_pad ? fe::ResampleMode_t::AVGPOOL_INCLUDE_PADDING
+                               : fe::ResampleMode_t::AVGPOOL_EXCLUDE_PADDING;
+  auto attrs = fe::graph::Resample_attributes()
+                   .set_name(op.name)
+                   .set_generate_index(false)
+                   .set_resampling_mode(mode)
+                   .set_padding_mode(a.mode == PoolMode::kMax ? fe::PaddingMode_t::NEG_INF_PAD
+                                                              : fe::PaddingMode_t::ZERO_PAD)
+                   .set_window(a.window)
+                   .set_stride(a.stride)
+                   .set_pre_padding(a.padding)
+                   .set_post_padding(a.padding);
+  attrs.set_compute_data_type(to_fe(op.compute_dtype));
+  auto [y, index] = ctx.graph().resample(ctx.in("x"), attrs);
+  (void)index;  // nullptr: generate_index is false
+  return ctx.bind_output("y", y);
+}
+
+}  // namespace fusebox::cudnn
