@@ -28,6 +28,7 @@
 #include "fusebox/ops/matmul.h"
 #include "fusebox/ops/norm.h"
 #include "fusebox/ops/pointwise.h"
+#include "fusebox/ops/reduction.h"
 #include "fusebox/ops/sdpa.h"
 #include "fusebox/status.h"
 
@@ -66,7 +67,7 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 // attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
 using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
                              SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs,
-                             RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs>;
+                             RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs, ReductionAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -91,6 +92,7 @@ std::string_view op_type_name(const OpAttrs& attrs);
 //   + bias (bias), + seed, offset (dropout)
 //   layernorm: x, scale, bias     rmsnorm: x, scale (+ bias)
 //   layernorm_bwd: dy, x, scale, mean, inv_variance   rmsnorm_bwd: dy, x, scale, inv_variance
+//   reduce_sum/max/min/amax/mean: x
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv_fprop/matmul/pointwise;
 // conv_dgrad "dx"; conv_wgrad "dw"; sdpa_fwd "o"
@@ -99,7 +101,7 @@ std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // "amax_dv", "amax_dp"; every sdpa op + "dropout_mask" with
 // dump_dropout_mask; layernorm "y" (+ "mean", "inv_variance" in the training
 // phase); rmsnorm "y" (+ "inv_variance"); layernorm_bwd "dx", "dscale",
-// "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"). The first is the primary output.
+// "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"); reductions "y". The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 
@@ -133,6 +135,9 @@ struct GraphSpec {
   std::string matmul(std::string op_name, const std::string& a, const std::string& b);
   std::string pointwise(std::string op_name, PointwiseMode mode, const std::string& in0,
                         const std::string& in1 = "");
+  // A reduction of x over `reduce_dims` (empty: every dim); returns "y".
+  std::string reduction(std::string op_name, ReductionMode mode, const std::string& x,
+                        std::vector<int64_t> reduce_dims = {});
   // Returns the "o" output's name; with attrs.generate_stats the "stats"
   // output is named "<op_name>.stats". sdpa_fwd outputs must be graph
   // outputs: declare them with output(). Optional inputs (padding, bias,

@@ -17,7 +17,8 @@ SDPA_ATTR_KEYS = {"attn_scale", "causal", "alignment", "left_bound", "right_boun
 # The primary output of each op type (graph.h, op_output_roles: the first).
 PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": "y", "sdpa_fwd": "o",
            "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
-           "layernorm_bwd": "dx", "rmsnorm_bwd": "dx"}
+           "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y", "reduce_min": "y",
+           "reduce_amax": "y", "reduce_mean": "y"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}

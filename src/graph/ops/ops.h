@@ -94,6 +94,8 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormBwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormBwdAttrs)
+// reduction.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(ReductionAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -112,6 +114,7 @@ std::vector<std::string_view> type_names(std::type_identity<LayerNormAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<RmsNormAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<LayerNormBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<RmsNormBwdAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<ReductionAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
@@ -125,6 +128,7 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormBwdAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ReductionAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

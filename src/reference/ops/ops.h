@@ -76,4 +76,9 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& a);
 Tolerance tolerance(const RmsNormBwdAttrs& a, std::string_view role, DType dtype);
 
+// ---- reduction: ops/reduction_cpu.cpp, ops/reduction_gpu.cu
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a);
+Tolerance tolerance(const ReductionAttrs& a, std::string_view role, DType dtype);
+
 }  // namespace fusebox::reference_detail
