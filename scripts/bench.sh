@@ -4,7 +4,7 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,conv_bwd,matmul,norm,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,reduction,sdpa,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
@@ -12,6 +12,7 @@
 #   conv_bwd examples/graphs conv_dgrad / conv_wgrad graphs (torch: aten convolution backward via torch.nn.grad)
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm graphs (torch: its native norm kernels)
+#   reduction examples/graphs standalone reduce_* graphs (torch: eager sum/amax/..., compile, CUDA graph)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
-PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,sdpa,report}
+PARTS=${PARTS:-peaks,conv,conv_bwd,matmul,norm,reduction,sdpa,report}
 mkdir -p "$OUT"
 
 FB=${FUSEBOX_BIN:-$BUNDLE/fusebox}
@@ -58,7 +59,7 @@ IFS=, read -r -a parts <<< "$PARTS"
 for part in "${parts[@]}"; do
   T0=$SECONDS
   case "$part" in
-    peaks|conv|matmul|sdpa)
+    peaks|conv|conv_bwd|matmul|norm|reduction|sdpa)
       echo "== $(date -u +%T) part $part"
       args=(--part "$part" --out "$WORK/$part.json")
       [ -n "${FORCE:-}" ] && args+=(--force)
@@ -70,7 +71,7 @@ for part in "${parts[@]}"; do
     report)
       echo "== $(date -u +%T) report"
       have=()
-      for p in peaks conv matmul sdpa; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
+      for p in peaks conv conv_bwd matmul norm reduction sdpa; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
       if [ "${#have[@]}" -eq 0 ]; then echo "bench: no part results in $WORK"; fails=$((fails + 1)); continue; fi
       "$PY" -m fusebox_tools.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
       "$PY" -m fusebox_tools.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
@@ -81,7 +82,7 @@ for part in "${parts[@]}"; do
       cp bench/plots/*.png "$OUT/bench/plots/" 2>/dev/null || true
       ;;
     *)
-      echo "bench: unknown part '$part': accepted parts are peaks, conv, matmul, sdpa, report" >&2
+      echo "bench: unknown part '$part': accepted parts are peaks, conv, conv_bwd, matmul, norm, reduction, sdpa, report" >&2
       exit 2
       ;;
   esac

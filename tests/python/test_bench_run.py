@@ -59,3 +59,21 @@ def test_norm_graphs_use_torchs_own_kernels(bench_run, fusebox):
         fn, compile_ok = bench_run.norm_torch_fn(graphs[name], notes)
         assert callable(fn) and compile_ok == compiles, name
         assert any(note in n for n in notes), (name, notes)
+
+
+def test_reduction_and_fp8_examples_parts(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    fams = {name: bench_run.family(g) for name, g in graphs.items()}
+    assert fams["reduce_sum_bias_grad"] == "reduction"
+    # an epilogue reduction stays with its GEMM
+    assert fams["matmul_amax"] == fams["fp8_matmul_amax_fp8"] == fams["swiglu_up_mul"] == "matmul"
+
+
+def test_fp8_matmul_plan(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    plan = bench_run.fp8_matmul_plan(graphs["fp8_matmul_amax_fp8"])
+    assert plan == {"a": "a", "b": "b", "descale_a": "descale_a", "descale_b": "descale_b", "scale_y": "scale_y",
+                    "y": "y", "amax": "amax_y", "out_dtype": "fp8_e4m3"}
+    plan = bench_run.fp8_matmul_plan(graphs["fp8_matmul_bf16"])
+    assert plan["scale_y"] is None and plan["amax"] is None and plan["out_dtype"] == "bf16"
+    assert bench_run.fp8_matmul_plan(graphs["matmul_bias_gelu"]) is None
