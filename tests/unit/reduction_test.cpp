@@ -65,11 +65,13 @@ TEST(Reduction, Errors) {
   expect_error(reduce_graph(ReductionMode::kMax, {4, 16}, {1, 1}), {"[reduce_max 'r']", "names dim 1 twice"});
   // A declared y that does not match reduce_dims: say what the op produces and how to fix it.
   expect_error(reduce_graph(ReductionMode::kSum, {4, 16, 7, 7}, {0, 2, 3}, {1, 1, 7, 7}),
-               {"[reduce_sum 'r'] output 'y' ('y') is declared with dims [1, 1, 7, 7] but the op produces [1, 16, 1, 1]",
+               {"[reduce_sum 'r'] output 'y' ('y') is declared with dims [1, 1, 7, 7] but the op produces "
+                "[1, 16, 1, 1]",
                 "set reduce_dims to the dims where y is 1"});
   GraphSpec g = reduce_graph(ReductionMode::kSum, {4, 16}, {0});
   g.tensors[1].dtype = DType::kFP8E4M3;
-  expect_error(g, {"[reduce_sum 'r'] output 'y' ('y') has dtype fp8_e4m3", "fp32 (the default), bf16 or fp16"});
+  expect_error(g,
+               {"[reduce_sum 'r'] output 'y' ('y') has dtype fp8_e4m3", "fp32 (the default), bf16 or fp16"});
   GraphSpec gi = reduce_graph(ReductionMode::kSum, {4, 16}, {0});
   gi.tensors[0].dtype = DType::kInt32;
   expect_error(gi, {"[reduce_sum 'r'] input 'x' ('x') has dtype int32", "takes a floating x"});
@@ -185,7 +187,8 @@ TEST(Fp8Matmul, Errors) {
 
 // Descales, bias, relu, amax before the output scale: the reference by hand.
 TEST(Fp8Matmul, EpilogueReferenceByHand) {
-  const std::string path = std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/fp8_matmul_bias_relu_amax_small.json";
+  const std::string path =
+      std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/fp8_matmul_bias_relu_amax_small.json";
   auto spec = load_graph_file(path);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   // Shrink to a 1x2 @ 2x2 product.
@@ -215,9 +218,9 @@ TEST(ReductionExamples, SmallOnesRunOnTheCpu) {
   const std::string dir = std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/";
   for (const char* name :
        {"reduce_sum_bias_grad_small.json", "reduce_max_rows_small.json", "reduce_mean_small.json",
-        "matmul_gelu_rowsum_small.json", "conv_relu_channel_sum_small.json", "fp8_matmul_bias_relu_amax_small.json",
-        "fp8_matmul_e5m2_bf16_small.json", "matmul_rowbias_residual_small.json", "swiglu_gate_small.json",
-        "swiglu_up_mul_small.json"}) {
+        "matmul_gelu_rowsum_small.json", "conv_relu_channel_sum_small.json",
+        "fp8_matmul_bias_relu_amax_small.json", "fp8_matmul_e5m2_bf16_small.json",
+        "matmul_rowbias_residual_small.json", "swiglu_gate_small.json", "swiglu_up_mul_small.json"}) {
     auto spec = load_graph_file(dir + name);
     ASSERT_TRUE(spec.ok()) << name << ": " << spec.status().ToString();
     auto r = resolve(*spec);
@@ -226,7 +229,8 @@ TEST(ReductionExamples, SmallOnesRunOnTheCpu) {
     uint64_t seed = 7;
     for (const ResolvedTensor& t : r->tensors) {
       if (!t.is_input || t.scalar_value) continue;
-      in[t.name] = t.values.empty() ? random_tensor(t, seed++, t.random_lo, t.random_hi) : host_from(t, t.values);
+      in[t.name] =
+          t.values.empty() ? random_tensor(t, seed++, t.random_lo, t.random_hi) : host_from(t, t.values);
     }
     auto out = reference_cpu(*r, in);
     ASSERT_TRUE(out.ok()) << name << ": " << out.status().ToString();
@@ -235,7 +239,8 @@ TEST(ReductionExamples, SmallOnesRunOnTheCpu) {
   }
   // The two SwiGLU stages compose to silu(x @ Wg) * (x @ Wu); one graph holding both GEMMs resolves too
   // (cuDNN refuses it at the support check, not resolve()).
-  auto one = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/invalid_swiglu_one_graph.json");
+  auto one =
+      load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/invalid_swiglu_one_graph.json");
   ASSERT_TRUE(one.ok());
   EXPECT_TRUE(resolve(*one).ok());
 }

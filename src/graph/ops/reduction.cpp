@@ -17,11 +17,16 @@ constexpr ReductionMode kAllReductionModes[] = {ReductionMode::kSum, ReductionMo
 
 std::string_view reduction_mode_name(ReductionMode m) {
   switch (m) {
-    case ReductionMode::kSum: return "reduce_sum";
-    case ReductionMode::kMax: return "reduce_max";
-    case ReductionMode::kMin: return "reduce_min";
-    case ReductionMode::kAmax: return "reduce_amax";
-    case ReductionMode::kMean: return "reduce_mean";
+    case ReductionMode::kSum:
+      return "reduce_sum";
+    case ReductionMode::kMax:
+      return "reduce_max";
+    case ReductionMode::kMin:
+      return "reduce_min";
+    case ReductionMode::kAmax:
+      return "reduce_amax";
+    case ReductionMode::kMean:
+      return "reduce_mean";
   }
   return "unknown";
 }
@@ -61,9 +66,10 @@ Status infer(const InferContext& ctx, ReductionAttrs& a) {
   const ResolvedTensor& x = ctx.in("x");
   const int64_t rank = static_cast<int64_t>(x.dims.size());
   const std::string type(reduction_mode_name(a.mode));
-  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where("x"), x.dtype,
-                                         {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3, DType::kFP8E5M2},
-                                         type + " takes a floating x (bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)"));
+  FUSEBOX_RETURN_IF_ERROR(
+      check_dtype_in(ctx.in_where("x"), x.dtype,
+                     {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3, DType::kFP8E5M2},
+                     type + " takes a floating x (bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2)"));
   // No reduce_dims: every dim (a one-element result such as an amax).
   if (a.reduce_dims.empty()) {
     for (int64_t d = 0; d < rank; ++d) a.reduce_dims.push_back(d);
@@ -73,10 +79,10 @@ Status infer(const InferContext& ctx, ReductionAttrs& a) {
   for (size_t i = 0; i < sorted.size(); ++i) {
     if (sorted[i] < 0 || sorted[i] >= rank) {
       return InvalidArgument(ctx.where + " reduce_dims " + dims_string(a.reduce_dims) + " names dim " +
-                             std::to_string(sorted[i]) + " but " + ctx.in_where("x").substr(ctx.where.size() + 1) +
-                             " " + dims_string(x.dims) + " has rank " + std::to_string(rank) +
-                             ": give dims from 0 to " + std::to_string(rank - 1) +
-                             " (or omit reduce_dims to reduce over every dim)");
+                             std::to_string(sorted[i]) + " but " +
+                             ctx.in_where("x").substr(ctx.where.size() + 1) + " " + dims_string(x.dims) +
+                             " has rank " + std::to_string(rank) + ": give dims from 0 to " +
+                             std::to_string(rank - 1) + " (or omit reduce_dims to reduce over every dim)");
     }
     if (i > 0 && sorted[i] == sorted[i - 1]) {
       return InvalidArgument(ctx.where + " reduce_dims " + dims_string(a.reduce_dims) + " names dim " +
@@ -89,8 +95,8 @@ Status infer(const InferContext& ctx, ReductionAttrs& a) {
   // cuDNN infers the reduced dims from y's dims, so a declared y must agree.
   Status st = ctx.finish_output("y", ydims, dense_strides_like(ydims, x.strides), DType::kFP32);
   if (!st.ok()) {
-    return Status(st.code(), st.message() + " (" + type + " over reduce_dims " + dims_string(sorted) + " of x " +
-                                 dims_string(x.dims) + " gives " + dims_string(ydims) +
+    return Status(st.code(), st.message() + " (" + type + " over reduce_dims " + dims_string(sorted) +
+                                 " of x " + dims_string(x.dims) + " gives " + dims_string(ydims) +
                                  ": set reduce_dims to the dims where y is 1)");
   }
   return check_dtype_in(ctx.out_where("y"), ctx.out("y").dtype, {DType::kFP32, DType::kBF16, DType::kFP16},
@@ -98,7 +104,9 @@ Status infer(const InferContext& ctx, ReductionAttrs& a) {
 }
 
 void canonical(const ReductionAttrs& a, CanonicalWriter& w) { w.field("reduce_dims", a.reduce_dims); }
-void describe(const ReductionAttrs& a, std::ostream& os) { os << ", reduce_dims " << dims_string(a.reduce_dims); }
+void describe(const ReductionAttrs& a, std::ostream& os) {
+  os << ", reduce_dims " << dims_string(a.reduce_dims);
+}
 void resolved_json(const FlopsContext&, const ReductionAttrs& a, nlohmann::ordered_json& j) {
   j["reduce_dims"] = a.reduce_dims;
 }

@@ -23,8 +23,8 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a)
   std::vector<int64_t> step(rank, 0);
   for (size_t d = 0; d < rank; ++d) {
     if (y->dims[d] != 1 && y->dims[d] != x->dims[d])
-      return InvalidArgument(op_where(op) + "y " + dims_string(y->dims) + " is not x " + dims_string(x->dims) +
-                             " with 1 on the reduced dims");
+      return InvalidArgument(op_where(op) + "y " + dims_string(y->dims) + " is not x " +
+                             dims_string(x->dims) + " with 1 on the reduced dims");
     if (y->dims[d] != 1) step[d] = ys[d];
   }
   const int64_t ny = product(y->dims);
@@ -40,10 +40,18 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a)
     double& r = acc[static_cast<size_t>(yoff)];
     switch (a.mode) {
       case ReductionMode::kSum:
-      case ReductionMode::kMean: r += v; break;
-      case ReductionMode::kMax: r = std::max(r, v); break;
-      case ReductionMode::kMin: r = std::min(r, v); break;
-      case ReductionMode::kAmax: r = std::max(r, std::fabs(v)); break;
+      case ReductionMode::kMean:
+        r += v;
+        break;
+      case ReductionMode::kMax:
+        r = std::max(r, v);
+        break;
+      case ReductionMode::kMin:
+        r = std::min(r, v);
+        break;
+      case ReductionMode::kAmax:
+        r = std::max(r, std::fabs(v));
+        break;
     }
     // Next logical index of x, carrying yoff along.
     for (int d = static_cast<int>(rank) - 1; d >= 0; --d) {

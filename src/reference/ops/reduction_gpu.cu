@@ -21,7 +21,7 @@ constexpr int kThreads = 256;
 
 struct ReductionArgs {
   DevTensor x;
-  int mode;  // static_cast<int>(ReductionMode)
+  int mode;    // static_cast<int>(ReductionMode)
   int nk, nr;  // kept and reduced dims of x, outer first
   int64_t kdims[kMaxRank], kstrides[kMaxRank], rdims[kMaxRank], rstrides[kMaxRank];
   int64_t ny, nred;
@@ -30,9 +30,12 @@ struct ReductionArgs {
 __device__ double combine(int mode, double a, double b) {
   switch (static_cast<ReductionMode>(mode)) {
     case ReductionMode::kMax:
-    case ReductionMode::kAmax: return fmax(a, b);
-    case ReductionMode::kMin: return fmin(a, b);
-    default: return a + b;
+    case ReductionMode::kAmax:
+      return fmax(a, b);
+    case ReductionMode::kMin:
+      return fmin(a, b);
+    default:
+      return a + b;
   }
 }
 
