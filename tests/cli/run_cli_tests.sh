@@ -193,6 +193,9 @@ sed 's/{"name": "descale_a", "dims": \[1, 1, 1\], "dtype": "fp32"/{"name": "desc
 expect_bad "fp8 matmul: a bf16 descale" "\[scale 'descale_a'\] input 'scale' \('descale_a'\) is bf16 \[1, 1, 1\]: a per-tensor scale \(FP8 descale or scale\) must be an fp32 tensor with every dim 1"  check "$TMP/bad_fp8_scale.json"
 sed 's/"dims": \[1, 48, 40\], "layout": "col_major"/"dims": [1, 48, 40], "layout": "col_major", "dtype": "bf16"/' "$SRC/examples/graphs/small/fp8_matmul_bias_relu_amax_small.json" > "$TMP/bad_fp8_mixed.json"
 expect_bad "fp8 matmul: fp8 a with bf16 b" "\[matmul 'gemm'\] input 'b' \('b'\) is bf16 but input 'a' \('a'\) is fp8_e4m3: an FP8 matmul takes fp8_e4m3 or fp8_e5m2 for both a and b"  check "$TMP/bad_fp8_mixed.json"
+# cuDNN 9.19 refuses the AVG reduction descriptor itself (finalize: NOT_SUPPORTED,
+# measured deviceless), so reduce_mean fails at build_operation_graph (exit 1).
+EXPECT_RC=1 expect_bad "reduce_mean (build)" "build_operation_graph: CUDNN_BACKEND_API_FAILED: .*reduction_descriptor.*CUDNN_STATUS_NOT_SUPPORTED"  build "$SRC/examples/graphs/invalid_reduce_mean.json" --device "$DEVPROP"
 # SwiGLU as one graph (two GEMMs sharing x) is a valid graph that cuDNN 9.19
 # refuses at the support check (exit 1); the two-graph form is in the examples.
 run_fb build "$SRC/examples/graphs/invalid_swiglu_one_graph.json" --device "$DEVPROP"
