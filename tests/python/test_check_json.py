@@ -105,6 +105,12 @@ def test_example_document(run_check, path):
             assert op["attrs"]["normalized_dims"] and op["attrs"]["normalized_dims"][-1] == len(x) - 1
             assert tensors[op["outputs"]["dx"]]["dims"] == x
             assert tensors[op["outputs"]["dscale"]]["dims"] == tensors[op["inputs"]["scale"]]["dims"]
+        elif op["op"].startswith("reduce_"):
+            # y keeps x's rank with 1 exactly on the (resolved, ascending) reduced dims
+            x, y = tensors[op["inputs"]["x"]]["dims"], tensors[op["outputs"]["y"]]["dims"]
+            dims = op["attrs"]["reduce_dims"]
+            assert dims == sorted(set(dims)) and all(0 <= d < len(x) for d in dims), dims
+            assert y == [1 if d in dims else x[d] for d in range(len(x))], (x, y, dims)
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}
@@ -127,6 +133,12 @@ def test_primary_output_of_every_op_type(run_check, write_graph, repo_root):
         assert rc == 0, (kind, err)
         for op in out["ops"]:
             seen[op["op"]] = op["primary_output"]
+    for kind in [k for k in PRIMARY if k.startswith("reduce_")]:  # reduce_mean has only an invalid_ example
+        doc = {"name": kind, "tensors": [{"name": "x", "dims": [2, 3]}, {"name": "y"}],
+               "ops": [{"op": kind, "name": "r", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]}
+        rc, out, err = run_check(write_graph(doc, kind + ".json"))
+        assert rc == 0, (kind, err)
+        seen[kind] = out["ops"][0]["primary_output"]
     for path in EXAMPLES:
         rc, out, err = run_check(path)
         for op in out["ops"]:
