@@ -4,7 +4,7 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,conv_bwd,matmul,norm,pool,sdpa,runtime,shapes,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,pool,reduction,sdpa,runtime,shapes,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
@@ -13,6 +13,7 @@
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm / batchnorm graphs (torch: its native norm kernels)
 #   pool     examples/graphs max_pool / avg_pool / global_avg_pool graphs (torch: F.max_pool2d, F.adaptive_avg_pool2d)
+#   reduction examples/graphs standalone reduce_* graphs (torch: eager sum/amax/..., compile, CUDA graph)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
 #   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
 #            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)
@@ -33,7 +34,7 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
 # The parts of fusebox_tools.bench_run (its PARTS), in the order the report merges them.
-BENCH_PARTS="peaks conv conv_bwd matmul norm pool sdpa runtime shapes"
+BENCH_PARTS="peaks conv conv_bwd matmul norm pool reduction sdpa runtime shapes"
 PARTS=${PARTS:-${BENCH_PARTS// /,},report}
 mkdir -p "$OUT"
 

@@ -30,6 +30,7 @@
 #include "fusebox/ops/norm.h"
 #include "fusebox/ops/pointwise.h"
 #include "fusebox/ops/pool.h"
+#include "fusebox/ops/reduction.h"
 #include "fusebox/ops/sdpa.h"
 #include "fusebox/status.h"
 
@@ -85,7 +86,7 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
                              SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs,
                              RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs,
-                             BatchNormInferenceAttrs, BatchNormBwdAttrs>;
+                             BatchNormInferenceAttrs, BatchNormBwdAttrs, ReductionAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -114,6 +115,7 @@ std::string_view op_type_name(const OpAttrs& attrs);
 //   batchnorm: x, scale, bias, running_mean, running_var
 //   batchnorm_inference: x, scale, bias, mean, inv_variance
 //   batchnorm_bwd: dy, x, scale, mean, inv_variance
+//   reduce_sum/max/min/amax/mean: x
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv_fprop/matmul/pointwise;
 // conv_dgrad "dx"; conv_wgrad "dw"; sdpa_fwd "o"
@@ -124,8 +126,8 @@ std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // phase); rmsnorm "y" (+ "inv_variance"); layernorm_bwd "dx", "dscale",
 // "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"); pooling "y"; batchnorm
 // "y", "mean", "inv_variance", "next_running_mean", "next_running_var";
-// batchnorm_inference "y"; batchnorm_bwd "dx", "dscale", "dbias". The first
-// is the primary output.
+// batchnorm_inference "y"; batchnorm_bwd "dx", "dscale", "dbias"; reductions
+// "y". The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 
@@ -161,6 +163,9 @@ struct GraphSpec {
   std::string matmul(std::string op_name, const std::string& a, const std::string& b);
   std::string pointwise(std::string op_name, PointwiseMode mode, const std::string& in0,
                         const std::string& in1 = "");
+  // A reduction of x over `reduce_dims` (empty: every dim); returns "y".
+  std::string reduction(std::string op_name, ReductionMode mode, const std::string& x,
+                        std::vector<int64_t> reduce_dims = {});
   // Returns the "o" output's name; with attrs.generate_stats the "stats"
   // output is named "<op_name>.stats". sdpa_fwd outputs must be graph
   // outputs: declare them with output(). Optional inputs (padding, bias,

@@ -2,7 +2,8 @@
 file (the format fusebox_tools.bench_report reads). scripts/bench.sh runs the
 parts and the report; see docs/gpu.md, "Benchmarks".
 
-Parts: conv, conv_bwd, matmul, norm (with batchnorm), pool, sdpa (the example graphs of each family,
+Parts: conv, conv_bwd, matmul (FP8 matmul graphs against torch._scaled_mm),
+norm (with batchnorm), pool, reduction, sdpa (the example graphs of each family,
 examples/graphs/*.json; GRAPHS=... to choose others), peaks (dense bf16 and
 FP8 matmul TFLOP/s, device copy GB/s) and runtime (build/bound_execute_bench
 --json: host overhead of one bound execute and per execute replayed in a CUDA
@@ -52,7 +53,7 @@ from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
-PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "sdpa", "peaks", "runtime", "shapes")
+PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes")
 # Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
 # kernel cache and cold, by `fusebox shapes --json`.
 SHAPE_SWEEPS = {
@@ -64,7 +65,10 @@ FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "c
                 "layernorm": "norm", "rmsnorm": "norm", "layernorm_bwd": "norm", "rmsnorm_bwd": "norm",
                 "batchnorm": "norm", "batchnorm_inference": "norm", "batchnorm_bwd": "norm",
                 "max_pool": "pool", "avg_pool": "pool", "global_avg_pool": "pool",
-                "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa"}
+                "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa",
+                "reduce_sum": "reduction", "reduce_max": "reduction", "reduce_min": "reduction",
+                "reduce_amax": "reduction", "reduce_mean": "reduction"}
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 L2_BYTES = 60 << 20  # H200
 COMPILE_MODE = os.environ.get("BENCH_COMPILE_MODE", "max-autotune-no-cudagraphs")
 
@@ -505,6 +509,75 @@ def bench_norm(path, graph, args, row):
     del sets
 
 
+def fp8_matmul_plan(graph):
+    """The tensors of an FP8 matmul graph (docs/graph-format.md, "FP8 epilogues"),
+    or None when the graph's matmul does not take FP8 inputs: a, b, the first two
+    `scale` ops' factors (descale_a, descale_b), a third one (scale_y: the output
+    scale), the output "y" and its dtype, and the reduce_amax output if any."""
+    mm = next((o for o in graph.ops if o["op"] == "matmul"), None)
+    if mm is None or graph.dtype(mm["inputs"]["a"]) not in FP8_DTYPES:
+        return None
+    scales = [o["inputs"]["scale"] for o in graph.ops if o["op"] == "scale"]
+    amax = next((o["outputs"]["y"] for o in graph.ops if o["op"] == "reduce_amax"), None)
+    outs = [n for n in graph.outputs() if n != amax]
+    plan = {"a": mm["inputs"]["a"], "b": mm["inputs"]["b"], "descale_a": scales[0] if scales else None,
+            "descale_b": scales[1] if len(scales) > 1 else None, "scale_y": scales[2] if len(scales) > 2 else None,
+            "y": outs[0] if outs else None, "amax": amax}
+    plan["out_dtype"] = graph.dtype(plan["y"]) if plan["y"] else None
+    return plan
+
+
+def bench_fp8_matmul(path, graph, args, row):
+    """An FP8 matmul graph against torch._scaled_mm (cuBLASLt's FP8 GEMM) with the
+    same per-tensor scales and output dtype: torch computes no amax (fusebox
+    does, when the graph has a reduce_amax)."""
+    notes = row["notes"]
+    plan = fp8_matmul_plan(graph)
+    row["fusebox"] = time_fusebox(args, path, {}, notes)
+    tdt = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "bf16": torch.bfloat16,
+           "fp16": torch.float16, "fp32": torch.float32}
+    a_dims, b_dims = graph.dims[plan["a"]], graph.dims[plan["b"]]
+    m, k, n = a_dims[-2], a_dims[-1], b_dims[-1]
+    if any(d != 1 for d in a_dims[:-2] + b_dims[:-2]):
+        notes.append("torch: _scaled_mm is 2-D only; batch dims not timed")
+        row["torch"] = None
+        return
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+
+    def scalar(name, default=1.0):
+        v = graph.values(name) if name else None
+        return torch.tensor(float(v[0]) if v else default, dtype=torch.float32, device="cuda")
+
+    sets = []
+    for _ in range(n_sets(graph)):
+        a = (torch.rand(m, k, generator=gen, device="cuda") * 2 - 1).to(tdt[graph.dtype(plan["a"])])
+        b = (torch.rand(n, k, generator=gen, device="cuda") * 2 - 1).to(tdt[graph.dtype(plan["b"])]).t()
+        sets.append({"a": a, "b": b, "sa": scalar(plan["descale_a"]), "sb": scalar(plan["descale_b"]),
+                     "sy": scalar(plan["scale_y"])})
+    row["input_sets"] = len(sets)
+    out_dtype = tdt[plan["out_dtype"]]
+    fp8_out = plan["out_dtype"] in FP8_DTYPES
+    notes.append(f"torch: _scaled_mm({graph.dtype(plan['a'])} x {graph.dtype(plan['b'])} col-major -> "
+                 f"{plan['out_dtype']}{', scale_result' if fp8_out else ''}, use_fast_accum=False)"
+                 + ("; torch computes no amax, fusebox does" if plan["amax"] else ""))
+
+    def make_fn(fast):
+        def fn(s):
+            kw = {"scale_result": s["sy"]} if fp8_out else {}
+            return torch._scaled_mm(s["a"], s["b"], scale_a=s["sa"], scale_b=s["sb"], out_dtype=out_dtype,
+                                    use_fast_accum=fast, **kw)
+        return fn
+
+    with torch.no_grad():
+        try:
+            fast_ms = gpu_samples(make_fn(True), sets, args.calls, args.samples, args.warmup)
+            notes.append(f"torch _scaled_mm with use_fast_accum=True: {sorted(fast_ms)[len(fast_ms) // 2] * 1e3:.1f} us")
+        except Exception as e:
+            notes.append(f"torch use_fast_accum=True failed: {type(e).__name__}: {first_line(e)}")
+        row["torch"] = torch_variants(make_fn(False), sets, args, notes)
+    del sets
+
+
 def bench_sdpa(path, graph, args, row):
     """The graph's first sdpa op in torch: forward (no_grad, or requires_grad
     inputs when the graph writes stats, as training does) or the backward
@@ -594,6 +667,8 @@ def bench_graph(path, args):
             bench_norm(path, graph, args, row)
         elif row["family"] == "pool":
             bench_pool(path, graph, args, row)
+        elif fp8_matmul_plan(graph):
+            bench_fp8_matmul(path, graph, args, row)
         else:
             bench_plain(path, graph, args, row)
     except Exception as e:  # one graph must not stop the part

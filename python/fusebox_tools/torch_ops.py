@@ -54,6 +54,31 @@ _POINTWISE = {
 }
 
 
+# ---------------------------------------------------------------- reductions
+#
+# include/fusebox/ops/reduction.h: y keeps x's rank with 1 on the reduced dims
+# ("reduce_dims", resolved by check --json: every dim when the graph gives none).
+
+REDUCTION_OPS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_amax", "reduce_mean")
+
+
+def reduction(x, op):
+    dims = tuple(op["attrs"]["reduce_dims"])
+    x = x.float()
+    kind = op["op"]
+    if kind == "reduce_sum":
+        return x.sum(dim=dims, keepdim=True)
+    if kind == "reduce_mean":
+        return x.mean(dim=dims, keepdim=True)
+    if kind == "reduce_max":
+        return x.amax(dim=dims, keepdim=True)
+    if kind == "reduce_min":
+        return x.amin(dim=dims, keepdim=True)
+    if kind == "reduce_amax":
+        return x.abs().amax(dim=dims, keepdim=True)
+    raise ValueError(f"op {op['name']!r}: no torch version of {kind!r}")
+
+
 # ---------------------------------------------------------------- normalization
 #
 # From the rules in include/fusebox/ops/norm.h, through torch's own
@@ -566,6 +591,8 @@ def apply_op(op, ins, dtypes=None):
         return {"dw": conv_wgrad(ins["dy"], ins["x"], op)}
     if kind == "matmul":
         return torch.matmul(ins["a"], ins["b"])
+    if kind in REDUCTION_OPS:
+        return reduction(ins["x"], op)
     if kind in _POINTWISE:
         return _POINTWISE[kind](ins)
     raise ValueError(f"op {op['name']!r}: no torch version of {kind!r}")

@@ -188,6 +188,11 @@ std::string GraphSpec::pointwise(std::string op_name, PointwiseMode mode, const 
   return add_op(*this, std::move(op_name), PointwiseAttrs{mode}, std::move(in));
 }
 
+std::string GraphSpec::reduction(std::string op_name, ReductionMode mode, const std::string& x,
+                                 std::vector<int64_t> reduce_dims) {
+  return add_op(*this, std::move(op_name), ReductionAttrs{mode, std::move(reduce_dims)}, {x});
+}
+
 namespace {
 
 // Adds an sdpa op with inputs by role; outputs "<op_name>.<role>" declared as

@@ -190,6 +190,27 @@ elif ! grep -q 'NotSupported: .*no heuristic mode yielded a buildable engine' "$
   fail "layernorm after add (build)" "cuDNN's reason (pointwise prologue/epilogue) is not quoted"
 else pass "layernorm after add (build): NotSupported, cuDNN's norm engine refuses the prologue"
 fi
+# Reductions and FP8 epilogues: refused at check (exit 2), naming op, tensor and what is accepted.
+sed 's/"reduce_dims": \[0, 2, 3\]/"reduce_dims": [0, 2, 4]/' "$SRC/examples/graphs/small/reduce_sum_bias_grad_small.json" > "$TMP/bad_reduce_dims.json"
+expect_bad "reduce_sum: reduce_dims beyond x's rank" "\[reduce_sum 'dbias'\] reduce_dims \[0, 2, 4\] names dim 4 but input 'x' \('dy'\) \[4, 16, 7, 7\] has rank 4: give dims from 0 to 3"  check "$TMP/bad_reduce_dims.json"
+sed 's/"name": "dbias", "dtype": "fp32"/"name": "dbias", "dtype": "fp32", "dims": [1, 1, 7, 7]/' "$SRC/examples/graphs/small/reduce_sum_bias_grad_small.json" > "$TMP/bad_reduce_y.json"
+expect_bad "reduce_sum: declared y not the reduced dims" "\[reduce_sum 'dbias'\] output 'y' \('dbias'\) is declared with dims \[1, 1, 7, 7\] but the op produces \[1, 16, 1, 1\].*set reduce_dims to the dims where y is 1"  check "$TMP/bad_reduce_y.json"
+sed 's/{"name": "descale_a", "dims": \[1, 1, 1\], "dtype": "fp32"/{"name": "descale_a", "dims": [1, 1, 1], "dtype": "bf16"/' "$SRC/examples/graphs/small/fp8_matmul_bias_relu_amax_small.json" > "$TMP/bad_fp8_scale.json"
+expect_bad "fp8 matmul: a bf16 descale" "\[scale 'descale_a'\] input 'scale' \('descale_a'\) is bf16 \[1, 1, 1\]: a per-tensor scale \(FP8 descale or scale\) must be an fp32 tensor with every dim 1"  check "$TMP/bad_fp8_scale.json"
+sed 's/"dims": \[1, 48, 40\], "layout": "col_major"/"dims": [1, 48, 40], "layout": "col_major", "dtype": "bf16"/' "$SRC/examples/graphs/small/fp8_matmul_bias_relu_amax_small.json" > "$TMP/bad_fp8_mixed.json"
+expect_bad "fp8 matmul: fp8 a with bf16 b" "\[matmul 'gemm'\] input 'b' \('b'\) is bf16 but input 'a' \('a'\) is fp8_e4m3: an FP8 matmul takes fp8_e4m3 or fp8_e5m2 for both a and b"  check "$TMP/bad_fp8_mixed.json"
+# cuDNN 9.19 refuses the AVG reduction descriptor itself (finalize: NOT_SUPPORTED,
+# measured deviceless), so reduce_mean fails at build_operation_graph (exit 1).
+EXPECT_RC=1 expect_bad "reduce_mean (build)" "build_operation_graph: CUDNN_BACKEND_API_FAILED: .*reduction_descriptor.*CUDNN_STATUS_NOT_SUPPORTED"  build "$SRC/examples/graphs/invalid_reduce_mean.json" --device "$DEVPROP"
+# SwiGLU as one graph (two GEMMs sharing x) is a valid graph that cuDNN 9.19
+# refuses at the support check (exit 1); the two-graph form is in the examples.
+run_fb build "$SRC/examples/graphs/invalid_swiglu_one_graph.json" --device "$DEVPROP"
+why=$(crash_reason)
+if [ -n "$why" ]; then fail "swiglu in one graph (build)" "$why"
+elif [ "$RC" -ne 1 ]; then fail "swiglu in one graph (build)" "exit $RC, expected 1"
+elif ! grep -q 'NotSupported: ' "$TMP/stderr"; then fail "swiglu in one graph (build)" "no NotSupported reason"
+else pass "swiglu in one graph (build): NotSupported"
+fi
 expect_bad "sdpa: seq_len value > Sq"        "\[sdpa_fwd 'attn'\] input 'seq_len_q' \('seq_len_q'\) holds the value 500: each length must be an integer in \[0, 96\]"  check "$SRC/examples/graphs/invalid_sdpa_lengths.json"
 expect_bad "nonexistent graph file"          "graph file '$TMP/no_such_graph\.json': cannot open: No such file or directory"  check "$TMP/no_such_graph.json"
 expect_bad "graph path is a directory"       "'$TMP'.*is a directory"  check "$TMP"

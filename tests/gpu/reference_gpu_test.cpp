@@ -620,3 +620,42 @@ TEST(ReferenceGpu, PoolAndBatchNormOpsMatchTheCpu) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// Reductions: the GPU reference against the CPU one on the reduction and FP8
+// epilogue examples, and on a strided (NHWC) x reduced over every mode.
+TEST(ReferenceGpu, ReductionOpsMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* f : {"small/reduce_sum_bias_grad_small.json", "small/reduce_max_rows_small.json",
+                        "invalid_reduce_mean.json", "small/matmul_gelu_rowsum_small.json",
+                        "small/conv_relu_channel_sum_small.json", "small/fp8_matmul_bias_relu_amax_small.json",
+                        "small/fp8_matmul_e5m2_bf16_small.json"}) {
+    auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    auto g = resolve(*spec);
+    ASSERT_TRUE(g.ok()) << f << ": " << g.status().ToString();
+    auto in = random_inputs(*g, 11);
+    for (const ResolvedTensor& t : g->tensors)
+      if (t.is_input && !t.values.empty()) in[t.name] = testing_util::host_from(t, t.values);
+    // fp32 matmul sums on the GPU against double on the CPU.
+    expect_gpu_matches_cpu_on(*g, in, {1e-5, 1e-5});
+  }
+  for (ReductionMode m : {ReductionMode::kSum, ReductionMode::kMax, ReductionMode::kMin, ReductionMode::kAmax,
+                          ReductionMode::kMean}) {
+    for (std::vector<int64_t> dims : {std::vector<int64_t>{0, 2, 3}, std::vector<int64_t>{1},
+                                      std::vector<int64_t>{}}) {
+      GraphSpec s;
+      s.name = std::string(reduction_mode_name(m));
+      s.tensor("x", {3, 40, 9, 7}, "nhwc");
+      s.output(s.reduction("r", m, "x", dims));
+      auto g = resolve(s);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      expect_gpu_matches_cpu_on(*g, random_inputs(*g, 5), {1e-6, 1e-6});
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fusebox

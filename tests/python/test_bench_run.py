@@ -140,6 +140,8 @@ def test_bench_graphs_check_and_belong_to_a_part(fusebox):
         assert r.returncode == 0, (p, r.stderr)
         ops = [o["op"] for o in json.loads(r.stdout)["ops"]]
         assert any(family_of_op.get(o) in parts for o in ops), (p, ops)
+
+
 def test_symbolic_examples_are_benchmarked_by_part_shapes(bench_run, repo_root):
     """Every symbolic example has its sweep in part shapes (32 shapes each, issue 11)
     and is left out of the per-family parts, which would time it at its defaults only."""
@@ -156,3 +158,21 @@ def test_symbolic_examples_are_benchmarked_by_part_shapes(bench_run, repo_root):
             n *= len(range(lo, hi + 1, int(step or 1)))
         assert n == 32, (path, sweeps)
     assert not bench_run.is_symbolic(os.path.join(repo_root, "examples/graphs/conv_bias_relu.json"))
+
+
+def test_reduction_and_fp8_examples_parts(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    fams = {name: bench_run.family(g) for name, g in graphs.items()}
+    assert fams["reduce_sum_bias_grad"] == "reduction"
+    # an epilogue reduction stays with its GEMM
+    assert fams["matmul_amax"] == fams["fp8_matmul_amax_fp8"] == fams["swiglu_up_mul"] == "matmul"
+
+
+def test_fp8_matmul_plan(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    plan = bench_run.fp8_matmul_plan(graphs["fp8_matmul_amax_fp8"])
+    assert plan == {"a": "a", "b": "b", "descale_a": "descale_a", "descale_b": "descale_b", "scale_y": "scale_y",
+                    "y": "y", "amax": "amax_y", "out_dtype": "fp8_e4m3"}
+    plan = bench_run.fp8_matmul_plan(graphs["fp8_matmul_bf16"])
+    assert plan["scale_y"] is None and plan["amax"] is None and plan["out_dtype"] == "bf16"
+    assert bench_run.fp8_matmul_plan(graphs["matmul_bias_gelu"]) is None

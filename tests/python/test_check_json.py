@@ -18,7 +18,8 @@ SDPA_ATTR_KEYS = {"attn_scale", "causal", "alignment", "left_bound", "right_boun
 PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": "y", "sdpa_fwd": "o",
            "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
            "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
-           "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx"}
+           "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
+           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
@@ -121,6 +122,12 @@ def test_example_document(run_check, path):
                 assert y[i + 2] == (x[i + 2] + 2 * a["padding"][i] - a["window"][i]) // a["stride"][i] + 1
             if op["op"] == "global_avg_pool":
                 assert a["window"] == x[2:] and y[2:] == [1] * (len(x) - 2)
+        elif op["op"].startswith("reduce_"):
+            # y keeps x's rank with 1 exactly on the (resolved, ascending) reduced dims
+            x, y = tensors[op["inputs"]["x"]]["dims"], tensors[op["outputs"]["y"]]["dims"]
+            dims = op["attrs"]["reduce_dims"]
+            assert dims == sorted(set(dims)) and all(0 <= d < len(x) for d in dims), dims
+            assert y == [1 if d in dims else x[d] for d in range(len(x))], (x, y, dims)
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}
@@ -143,6 +150,12 @@ def test_primary_output_of_every_op_type(run_check, write_graph, repo_root):
         assert rc == 0, (kind, err)
         for op in out["ops"]:
             seen[op["op"]] = op["primary_output"]
+    for kind in [k for k in PRIMARY if k.startswith("reduce_")]:  # reduce_mean has only an invalid_ example
+        doc = {"name": kind, "tensors": [{"name": "x", "dims": [2, 3]}, {"name": "y"}],
+               "ops": [{"op": kind, "name": "r", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]}
+        rc, out, err = run_check(write_graph(doc, kind + ".json"))
+        assert rc == 0, (kind, err)
+        seen[kind] = out["ops"][0]["primary_output"]
     for path in EXAMPLES:
         rc, out, err = run_check(path)
         for op in out["ops"]:

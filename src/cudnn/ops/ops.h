@@ -65,6 +65,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormAttrs& a
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& attrs);
+// ---- reduction: ops/reduction_lowering.cpp
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ReductionAttrs& attrs);
 
 // ---- pool: ops/pool_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PoolAttrs& attrs);

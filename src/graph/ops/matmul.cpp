@@ -24,6 +24,38 @@ Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, 
 }
 void write_json(const MatmulAttrs&, nlohmann::ordered_json&) {}
 
+namespace {
+
+bool is_fp8(DType t) { return t == DType::kFP8E4M3 || t == DType::kFP8E5M2; }
+
+// FP8 GEMM (cuDNN's "FP8-style epilogue"): both inputs FP8, the product kept
+// in fp32 so that the per-tensor descales (scale ops) apply before any rounding.
+Status check_fp8(const InferContext& ctx) {
+  const ResolvedTensor& a = ctx.in("a");
+  const ResolvedTensor& b = ctx.in("b");
+  if (!is_fp8(a.dtype) && !is_fp8(b.dtype)) return Status::Ok();
+  for (const char* role : {"a", "b"}) {
+    const ResolvedTensor& t = ctx.in(role);
+    if (!is_fp8(t.dtype)) {
+      const char* other = std::string(role) == "a" ? "b" : "a";
+      return InvalidArgument(ctx.in_where(role) + " is " + std::string(dtype_name(t.dtype)) + " but input '" +
+                             other + "' (" + squote(ctx.in(other).name) + ") is " +
+                             std::string(dtype_name(ctx.in(other).dtype)) +
+                             ": an FP8 matmul takes fp8_e4m3 or fp8_e5m2 for both a and b");
+    }
+  }
+  const ResolvedTensor& y = ctx.out("y");
+  if (y.dtype != DType::kFP32) {
+    return InvalidArgument(ctx.out_where("y") + " is " + std::string(dtype_name(y.dtype)) +
+                           ": an FP8 matmul's product is fp32 (leave it undeclared or virtual fp32), then "
+                           "scale ops apply the fp32 [1,...,1] descales and the output dtype (bf16, fp8) goes on "
+                           "the last op (docs/graph-format.md, FP8 epilogues)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status infer(const InferContext& ctx, MatmulAttrs&) {
   const ResolvedTensor& a = ctx.in("a");
   const ResolvedTensor& b = ctx.in("b");
@@ -55,7 +87,8 @@ Status infer(const InferContext& ctx, MatmulAttrs&) {
   }
   out.push_back(a.dims[rank - 2]);
   out.push_back(b.dims[rank - 1]);
-  return ctx.finish_output("y", out, dense_strides_like(out, a.strides), ctx.io_dtype);
+  FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("y", out, dense_strides_like(out, a.strides), ctx.io_dtype));
+  return check_fp8(ctx);
 }
 
 void canonical(const MatmulAttrs&, CanonicalWriter&) {}

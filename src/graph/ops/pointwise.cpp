@@ -136,6 +136,16 @@ Status infer(const InferContext& ctx, PointwiseAttrs& a) {
                       a.mode == PointwiseMode::kReluBwd;
     FUSEBOX_ASSIGN_OR_RETURN(ydims, broadcast(ctx.where, r0, ctx.in(r0), r1, ctx.in(r1), into));
   }
+  // A per-tensor scale given as a tensor (an FP8 descale or scale) is an fp32
+  // scalar tensor, as cuDNN's FP8 graphs take it.
+  if (a.mode == PointwiseMode::kScale) {
+    const ResolvedTensor& s = ctx.in("scale");
+    if (!s.scalar_value && s.element_count() == 1 && s.dtype != DType::kFP32) {
+      return InvalidArgument(ctx.in_where("scale") + " is " + std::string(dtype_name(s.dtype)) + " " +
+                             dims_string(s.dims) +
+                             ": a per-tensor scale (FP8 descale or scale) must be an fp32 tensor with every dim 1");
+    }
+  }
   // strides like the op's first non-scalar input
   std::vector<int64_t> like;
   for (auto role : roles) {

@@ -92,4 +92,9 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs&
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs& a);
 Tolerance tolerance(const BatchNormBwdAttrs& a, std::string_view role, DType dtype);
 
+// ---- reduction: ops/reduction_cpu.cpp, ops/reduction_gpu.cu
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a);
+Tolerance tolerance(const ReductionAttrs& a, std::string_view role, DType dtype);
+
 }  // namespace fusebox::reference_detail
