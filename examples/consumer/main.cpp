@@ -25,8 +25,10 @@ Result<ResolvedGraph> conv_bias_relu() {
   std::string x = spec.tensor("x", {2, 64, 8, 8}, "nhwc");
   std::string w = spec.tensor("w", {64, 64, 3, 3}, "nhwc");
   std::string b = spec.tensor("b", {1, 64, 1, 1}, "nhwc");
-  std::string conv = spec.conv_fprop("conv1", x, w, {.padding = {1, 1}, .stride = {1, 1}, .dilation = {1, 1}});
-  std::string y = spec.pointwise("act", PointwiseMode::kRelu, spec.pointwise("bias", PointwiseMode::kBiasAdd, conv, b));
+  std::string conv =
+      spec.conv_fprop("conv1", x, w, {.padding = {1, 1}, .stride = {1, 1}, .dilation = {1, 1}});
+  std::string y =
+      spec.pointwise("act", PointwiseMode::kRelu, spec.pointwise("bias", PointwiseMode::kBiasAdd, conv, b));
   spec.output(y, "nhwc");
   return resolve(spec);
 }
@@ -36,7 +38,9 @@ int fail(const char* what, const Status& st) {
   return 1;
 }
 
-std::vector<uint16_t> bf16_filled(int64_t n, float v) { return std::vector<uint16_t>(n, float_to_bf16_bits(v)); }
+std::vector<uint16_t> bf16_filled(int64_t n, float v) {
+  return std::vector<uint16_t>(n, float_to_bf16_bits(v));
+}
 
 // Builds, binds and runs on GPU 0; 0 when the output is right.
 int run_on_gpu(const ResolvedGraph& g) {
@@ -56,7 +60,9 @@ int run_on_gpu(const ResolvedGraph& g) {
   const std::string out = g.tensors[g.output_tensors().at(0)].name;
   std::map<std::string, void*> buffers;
   std::map<std::string, std::vector<uint16_t>> host = {
-      {"x", bf16_filled(2 * 64 * 8 * 8, 1)}, {"w", bf16_filled(64 * 64 * 9, 1)}, {"b", bf16_filled(64, -4)},
+      {"x", bf16_filled(2 * 64 * 8 * 8, 1)},
+      {"w", bf16_filled(64 * 64 * 9, 1)},
+      {"b", bf16_filled(64, -4)},
       {out, std::vector<uint16_t>(2 * 64 * 8 * 8, 0xFFFF)}};  // poisoned: NaN in bf16
   for (auto& [name, data] : host) {
     void* d = nullptr;

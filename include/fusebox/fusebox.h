@@ -29,17 +29,17 @@ extern "C" {
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
-  FUSEBOX_INVALID_ARGUMENT = 1,     /* a NULL handle, an unknown tensor, a bad graph or option */
-  FUSEBOX_PARSE_ERROR = 2,          /* JSON text or a file could not be parsed */
-  FUSEBOX_NOT_SUPPORTED = 3,        /* valid, but no cuDNN engine accepts it */
-  FUSEBOX_IO_ERROR = 4,             /* a file could not be read or written */
-  FUSEBOX_CUDNN_ERROR = 5,          /* cuDNN or the cuDNN Frontend reported an error */
-  FUSEBOX_CUDA_ERROR = 6,           /* the CUDA runtime reported an error */
-  FUSEBOX_NO_DEVICE = 7,            /* a GPU is needed and none is there (or the session is deviceless) */
-  FUSEBOX_VERSION_MISMATCH = 8,     /* the loaded cuDNN is older than the one fusebox was built with */
-  FUSEBOX_VERIFICATION_FAILED = 9,  /* outputs did not match the reference */
-  FUSEBOX_INTERNAL = 10,            /* a fusebox bug */
-  FUSEBOX_OUT_OF_MEMORY = 11        /* host memory ran out */
+  FUSEBOX_INVALID_ARGUMENT = 1,    /* a NULL handle, an unknown tensor, a bad graph or option */
+  FUSEBOX_PARSE_ERROR = 2,         /* JSON text or a file could not be parsed */
+  FUSEBOX_NOT_SUPPORTED = 3,       /* valid, but no cuDNN engine accepts it */
+  FUSEBOX_IO_ERROR = 4,            /* a file could not be read or written */
+  FUSEBOX_CUDNN_ERROR = 5,         /* cuDNN or the cuDNN Frontend reported an error */
+  FUSEBOX_CUDA_ERROR = 6,          /* the CUDA runtime reported an error */
+  FUSEBOX_NO_DEVICE = 7,           /* a GPU is needed and none is there (or the session is deviceless) */
+  FUSEBOX_VERSION_MISMATCH = 8,    /* the loaded cuDNN is older than the one fusebox was built with */
+  FUSEBOX_VERIFICATION_FAILED = 9, /* outputs did not match the reference */
+  FUSEBOX_INTERNAL = 10,           /* a fusebox bug */
+  FUSEBOX_OUT_OF_MEMORY = 11       /* host memory ran out */
 } fusebox_status;
 
 typedef struct fusebox_graph fusebox_graph;
@@ -74,8 +74,8 @@ const char* fusebox_graph_name(const fusebox_graph* graph);
 const char* fusebox_graph_describe(const fusebox_graph* graph);
 
 typedef enum fusebox_tensor_kind {
-  FUSEBOX_TENSOR_INPUT = 0,  /* the caller supplies it */
-  FUSEBOX_TENSOR_OUTPUT = 1  /* an op writes it */
+  FUSEBOX_TENSOR_INPUT = 0, /* the caller supplies it */
+  FUSEBOX_TENSOR_OUTPUT = 1 /* an op writes it */
 } fusebox_tensor_kind;
 
 /* One tensor the caller binds (virtual tensors and by-value scalars are not
@@ -101,8 +101,8 @@ fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fu
  * the GPU that file describes (e.g. devices/h200-cudnn-9.19.devprop) and
  * cannot bind or run them. cache_path NULL: no plan cache; otherwise the
  * SQLite plan cache there (created if missing), as `fusebox --cache`. */
-fusebox_status fusebox_session_create(int device_id, const char* device_properties_file, const char* cache_path,
-                                      fusebox_session** out);
+fusebox_status fusebox_session_create(int device_id, const char* device_properties_file,
+                                      const char* cache_path, fusebox_session** out);
 void fusebox_session_free(fusebox_session* session);
 /* 1 for a deviceless session, 0 for a GPU one, -1 for NULL. */
 int fusebox_session_deviceless(const fusebox_session* session);

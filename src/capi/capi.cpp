@@ -1,8 +1,6 @@
 // fusebox C API over the C++ API (include/fusebox/fusebox.h). Every entry
 // point runs its body through guarded(), so no exception reaches C code: a
 // std::bad_alloc becomes FUSEBOX_OUT_OF_MEMORY, anything else FUSEBOX_INTERNAL.
-#include "fusebox/fusebox.h"
-
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -12,6 +10,7 @@
 #include <utility>
 
 #include "fusebox/dtype.h"
+#include "fusebox/fusebox.h"
 #include "fusebox/plan_file.h"
 #include "handles.h"
 
@@ -29,17 +28,28 @@ thread_local ThreadError t_error;
 
 fusebox_status to_c(StatusCode c) {
   switch (c) {
-    case StatusCode::kOk: return FUSEBOX_OK;
-    case StatusCode::kInvalidArgument: return FUSEBOX_INVALID_ARGUMENT;
-    case StatusCode::kParseError: return FUSEBOX_PARSE_ERROR;
-    case StatusCode::kNotSupported: return FUSEBOX_NOT_SUPPORTED;
-    case StatusCode::kIoError: return FUSEBOX_IO_ERROR;
-    case StatusCode::kCudnnError: return FUSEBOX_CUDNN_ERROR;
-    case StatusCode::kCudaError: return FUSEBOX_CUDA_ERROR;
-    case StatusCode::kNoDevice: return FUSEBOX_NO_DEVICE;
-    case StatusCode::kVersionMismatch: return FUSEBOX_VERSION_MISMATCH;
-    case StatusCode::kVerificationFailed: return FUSEBOX_VERIFICATION_FAILED;
-    case StatusCode::kInternal: return FUSEBOX_INTERNAL;
+    case StatusCode::kOk:
+      return FUSEBOX_OK;
+    case StatusCode::kInvalidArgument:
+      return FUSEBOX_INVALID_ARGUMENT;
+    case StatusCode::kParseError:
+      return FUSEBOX_PARSE_ERROR;
+    case StatusCode::kNotSupported:
+      return FUSEBOX_NOT_SUPPORTED;
+    case StatusCode::kIoError:
+      return FUSEBOX_IO_ERROR;
+    case StatusCode::kCudnnError:
+      return FUSEBOX_CUDNN_ERROR;
+    case StatusCode::kCudaError:
+      return FUSEBOX_CUDA_ERROR;
+    case StatusCode::kNoDevice:
+      return FUSEBOX_NO_DEVICE;
+    case StatusCode::kVersionMismatch:
+      return FUSEBOX_VERSION_MISMATCH;
+    case StatusCode::kVerificationFailed:
+      return FUSEBOX_VERIFICATION_FAILED;
+    case StatusCode::kInternal:
+      return FUSEBOX_INTERNAL;
   }
   return FUSEBOX_INTERNAL;
 }
@@ -106,18 +116,30 @@ int fusebox_c_api_version(void) { return FUSEBOX_C_API_VERSION; }
 
 const char* fusebox_status_name(fusebox_status status) {
   switch (status) {
-    case FUSEBOX_OK: return "Ok";
-    case FUSEBOX_INVALID_ARGUMENT: return "InvalidArgument";
-    case FUSEBOX_PARSE_ERROR: return "ParseError";
-    case FUSEBOX_NOT_SUPPORTED: return "NotSupported";
-    case FUSEBOX_IO_ERROR: return "IoError";
-    case FUSEBOX_CUDNN_ERROR: return "CudnnError";
-    case FUSEBOX_CUDA_ERROR: return "CudaError";
-    case FUSEBOX_NO_DEVICE: return "NoDevice";
-    case FUSEBOX_VERSION_MISMATCH: return "VersionMismatch";
-    case FUSEBOX_VERIFICATION_FAILED: return "VerificationFailed";
-    case FUSEBOX_INTERNAL: return "Internal";
-    case FUSEBOX_OUT_OF_MEMORY: return "OutOfMemory";
+    case FUSEBOX_OK:
+      return "Ok";
+    case FUSEBOX_INVALID_ARGUMENT:
+      return "InvalidArgument";
+    case FUSEBOX_PARSE_ERROR:
+      return "ParseError";
+    case FUSEBOX_NOT_SUPPORTED:
+      return "NotSupported";
+    case FUSEBOX_IO_ERROR:
+      return "IoError";
+    case FUSEBOX_CUDNN_ERROR:
+      return "CudnnError";
+    case FUSEBOX_CUDA_ERROR:
+      return "CudaError";
+    case FUSEBOX_NO_DEVICE:
+      return "NoDevice";
+    case FUSEBOX_VERSION_MISMATCH:
+      return "VersionMismatch";
+    case FUSEBOX_VERIFICATION_FAILED:
+      return "VerificationFailed";
+    case FUSEBOX_INTERNAL:
+      return "Internal";
+    case FUSEBOX_OUT_OF_MEMORY:
+      return "OutOfMemory";
   }
   return "Unknown";
 }
@@ -192,8 +214,8 @@ fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fu
 
 // ---------------------------------------------------------------- sessions
 
-fusebox_status fusebox_session_create(int device_id, const char* device_properties_file, const char* cache_path,
-                                      fusebox_session** out) {
+fusebox_status fusebox_session_create(int device_id, const char* device_properties_file,
+                                      const char* cache_path, fusebox_session** out) {
   const char* fn = "fusebox_session_create";
   return guarded(fn, [&] {
     if (!out) return null_arg(fn, "out");
@@ -249,7 +271,8 @@ fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_
       if (request->plan_file) req.plan_file = request->plan_file;
       if (request->engine) req.engine = request->engine;
       if (request->heuristics) {
-        Result<std::vector<fusebox::HeuristicMode>> modes = fusebox::parse_heuristic_modes(request->heuristics);
+        Result<std::vector<fusebox::HeuristicMode>> modes =
+            fusebox::parse_heuristic_modes(request->heuristics);
         if (!modes.ok()) return fail(fn, modes.status());
         req.heuristics = std::move(*modes);
       }
@@ -271,8 +294,12 @@ fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_
 
 void fusebox_plan_free(fusebox_plan* plan) { delete plan; }
 
-const char* fusebox_plan_engine(const fusebox_plan* plan) { return plan ? plan->plan->engine_name().c_str() : nullptr; }
-int64_t fusebox_plan_workspace_bytes(const fusebox_plan* plan) { return plan ? plan->plan->workspace_bytes() : -1; }
+const char* fusebox_plan_engine(const fusebox_plan* plan) {
+  return plan ? plan->plan->engine_name().c_str() : nullptr;
+}
+int64_t fusebox_plan_workspace_bytes(const fusebox_plan* plan) {
+  return plan ? plan->plan->workspace_bytes() : -1;
+}
 const char* fusebox_plan_source(const fusebox_plan* plan) { return plan ? plan->source.c_str() : nullptr; }
 
 fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
@@ -283,7 +310,8 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
     Result<std::vector<uint8_t>> bytes = plan->plan->serialize();
     if (!bytes.ok()) return fail(fn, bytes.status());
     const fusebox::DeviceTarget& target = plan->box->session->target();
-    Status st = fusebox::write_plan_file(path, fusebox::make_plan_info(*plan->graph, *plan->plan, target), *bytes);
+    Status st =
+        fusebox::write_plan_file(path, fusebox::make_plan_info(*plan->graph, *plan->plan, target), *bytes);
     return st.ok() ? FUSEBOX_OK : fail(fn, st);
   });
 }
@@ -332,7 +360,8 @@ fusebox_status fusebox_bind(fusebox_session* session, const fusebox_plan* plan, 
     }
     if (!missing.empty()) {
       return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": no pointer for " + missing + " of graph '" +
-                                                plan->graph->name + "' (it binds " + bindable_names(view) + ")");
+                                                plan->graph->name + "' (it binds " + bindable_names(view) +
+                                                ")");
     }
     if (session->box->session->deviceless()) {
       return fail(FUSEBOX_NO_DEVICE, std::string(fn) + ": the session is deviceless (built for " +
@@ -353,7 +382,8 @@ fusebox_status fusebox_bound_plan_rebind(fusebox_bound_plan* bound, const char* 
   return guarded(fn, [&] {
     if (!bound) return null_arg(fn, "bound");
     if (!name) return null_arg(fn, "name");
-    if (!pointer) return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' has a NULL pointer");
+    if (!pointer)
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' has a NULL pointer");
     Status st = bound->bound.rebind(std::string_view(name), pointer);
     return st.ok() ? FUSEBOX_OK : fail(fn, st);
   });
