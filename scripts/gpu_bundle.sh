@@ -24,6 +24,23 @@ for optional in fusebox_deviceless_tests bound_execute_bench; do
     cp "$BUILD_DIR/$optional" "$DEST/" || exit 1
   fi
 done
+# The C API test and the installed-package consumer (docs/c-api.md, README), with
+# libfusebox.so under its soname: run them with LD_LIBRARY_PATH=.gpu.
+if [ -x "$BUILD_DIR/fusebox_capi_test" ] && [ -e "$BUILD_DIR/libfusebox.so" ]; then
+  cp "$BUILD_DIR/fusebox_capi_test" "$DEST/" || exit 1
+  soname=$(objdump -p "$BUILD_DIR/libfusebox.so" | awk '/SONAME/ {print $2}')
+  cp -L "$BUILD_DIR/libfusebox.so" "$DEST/${soname:-libfusebox.so}" || exit 1
+  prefix=$(mktemp -d)
+  if cmake --install "$BUILD_DIR" --prefix "$prefix/p" >/dev/null &&
+     cmake -S examples/consumer -B "$prefix/c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/p" >/dev/null &&
+     cmake --build "$prefix/c" >/dev/null; then
+    cp "$prefix/c/consumer" "$DEST/" || exit 1
+    echo "gpu_bundle: built examples/consumer against an installed prefix"
+  else
+    echo "gpu_bundle: examples/consumer did not build (ctest package_consumer says why)" >&2
+  fi
+  rm -rf "$prefix"
+fi
 # Smaller to carry (the device tool takes 64 MiB in all); keeps the originals intact.
 if command -v strip >/dev/null 2>&1; then
   strip --strip-debug "$DEST"/* 2>/dev/null || true

@@ -68,6 +68,23 @@ graph_name() { basename "$1" .json; }
 # Exit 124 is `timeout`; >= 128 is a signal (a crash), whatever the command.
 crashed() { [ "$1" -ge 124 ]; }
 
+# The C API test program and examples/consumer (built against an installed
+# prefix), both with libfusebox.so from the bundle. On a GPU neither may skip.
+do_capi_consumer() {
+  local rc=0
+  [ -x "$BUNDLE/fusebox_capi_test" ] && [ -x "$BUNDLE/consumer" ] \
+    || { echo "no fusebox_capi_test/consumer in $BUNDLE: rebuild the bundle"; return 1; }
+  echo "+ fusebox_capi_test"
+  LD_LIBRARY_PATH="$BUNDLE:$LD_LIBRARY_PATH" "$BUNDLE/fusebox_capi_test" "$OUT/capi_test.plan" | tee "$OUT/capi.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  grep -q "^GPU run on" "$OUT/capi.txt" || { echo "capi: no GPU run"; rc=1; }
+  echo "+ consumer $DEVPROP"
+  LD_LIBRARY_PATH="$BUNDLE:$LD_LIBRARY_PATH" "$BUNDLE/consumer" "$DEVPROP" | tee "$OUT/consumer.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  grep -q "^GPU run on" "$OUT/consumer.txt" || { echo "consumer: no GPU run"; rc=1; }
+  return $rc
+}
+
 do_info() {
   echo "+ nvidia-smi"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 || true
@@ -506,6 +523,7 @@ if [ -n "$built_src" ] && [ ! -e "$built_src" ]; then
 fi
 
 section info do_info
+section c_api_and_consumer do_capi_consumer
 section devprop do_devprop
 section gpu_tests do_gtests "$BUNDLE/fusebox_gpu_tests"
 if [ -x "$BUNDLE/fusebox_deviceless_tests" ]; then

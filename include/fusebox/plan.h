@@ -282,8 +282,13 @@ class GpuContext {
  public:
   static Result<std::unique_ptr<GpuContext>> create(int device_id = 0);
   ~GpuContext();
-  void* stream() const;  // cudaStream_t
+  void* stream() const;  // cudaStream_t: the context's own, or the last set_stream()'s
   int device_id() const;
+  // Sends later work (executes, and the session's own work) to `stream`, a
+  // cudaStream_t the caller owns and keeps alive while it is set (nullptr:
+  // CUDA's default stream). use_own_stream() goes back to the context's own.
+  Status set_stream(void* stream);
+  Status use_own_stream();
   struct Impl;
   Impl* impl() const { return impl_.get(); }
 

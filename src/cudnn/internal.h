@@ -19,7 +19,8 @@ namespace fusebox {
 struct GpuContext::Impl {
   int device_id = 0;
   cudnnHandle_t handle = nullptr;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;      // where work goes now
+  cudaStream_t own_stream = nullptr;  // created and destroyed by the context
 };
 
 struct Plan::Impl {

@@ -522,10 +522,18 @@ GpuContext::GpuContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GpuContext::~GpuContext() {
   if (!impl_) return;
   if (impl_->handle) cudnnDestroy(impl_->handle);
-  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+  if (impl_->own_stream) cudaStreamDestroy(impl_->own_stream);
 }
 void* GpuContext::stream() const { return impl_->stream; }
 int GpuContext::device_id() const { return impl_->device_id; }
+Status GpuContext::set_stream(void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (s == impl_->stream) return Status::Ok();  // the common case: one call per execute
+  FUSEBOX_RETURN_IF_ERROR(cudnn::cudnn_status(cudnnSetStream(impl_->handle, s), "cudnnSetStream"));
+  impl_->stream = s;
+  return Status::Ok();
+}
+Status GpuContext::use_own_stream() { return set_stream(impl_->own_stream); }
 
 Result<std::unique_ptr<GpuContext>> GpuContext::create(int device_id) {
   using namespace cudnn;
@@ -537,8 +545,9 @@ Result<std::unique_ptr<GpuContext>> GpuContext::create(int device_id) {
   auto impl = std::make_unique<Impl>();
   impl->device_id = device_id;
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_id), "cudaSetDevice"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking),
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&impl->own_stream, cudaStreamNonBlocking),
                                       "cudaStreamCreate"));
+  impl->stream = impl->own_stream;
   auto ctx = std::unique_ptr<GpuContext>(new GpuContext(std::move(impl)));
   FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnCreate(&ctx->impl_->handle), "cudnnCreate"));
   FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnSetStream(ctx->impl_->handle, ctx->impl_->stream), "cudnnSetStream"));

@@ -1,0 +1,158 @@
+/* fusebox C API (C99): load a graph, get a plan through a session, bind
+ * device pointers by tensor name, execute on a CUDA stream. The stable ABI
+ * other languages bind to; libfusebox.so implements it over the C++ API and
+ * no exception crosses it. Guide: docs/c-api.md.
+ *
+ * Every fallible call returns a fusebox_status; on an error the calling
+ * thread's fusebox_last_error() says what and where (e.g.
+ * "fusebox_bind: unknown tensor 'q'; the plan's tensors are b, w, x, y").
+ * Output handles are set only on success (NULL otherwise).
+ *
+ * Handles: a graph is checked when it is created; a session owns one GPU
+ * (or, deviceless, a device-properties file to build plans for); a plan is
+ * built or fetched for one graph; a bound plan is a plan with a pointer for
+ * every graph tensor. Each handle keeps what it needs alive (a bound plan its
+ * plan and session, a plan its graph), so they may be freed in any order.
+ * A session and its plans are not thread-safe: one thread at a time. */
+#ifndef FUSEBOX_FUSEBOX_H_
+#define FUSEBOX_FUSEBOX_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The C API's version: bumped when a declaration here changes. */
+#define FUSEBOX_C_API_VERSION 1
+
+typedef enum fusebox_status {
+  FUSEBOX_OK = 0,
+  FUSEBOX_INVALID_ARGUMENT = 1,    /* a NULL handle, an unknown tensor, a bad graph or option */
+  FUSEBOX_PARSE_ERROR = 2,         /* JSON text or a file could not be parsed */
+  FUSEBOX_NOT_SUPPORTED = 3,       /* valid, but no cuDNN engine accepts it */
+  FUSEBOX_IO_ERROR = 4,            /* a file could not be read or written */
+  FUSEBOX_CUDNN_ERROR = 5,         /* cuDNN or the cuDNN Frontend reported an error */
+  FUSEBOX_CUDA_ERROR = 6,          /* the CUDA runtime reported an error */
+  FUSEBOX_NO_DEVICE = 7,           /* a GPU is needed and none is there (or the session is deviceless) */
+  FUSEBOX_VERSION_MISMATCH = 8,    /* the loaded cuDNN is older than the one fusebox was built with */
+  FUSEBOX_VERIFICATION_FAILED = 9, /* outputs did not match the reference */
+  FUSEBOX_INTERNAL = 10,           /* a fusebox bug */
+  FUSEBOX_OUT_OF_MEMORY = 11       /* host memory ran out */
+} fusebox_status;
+
+typedef struct fusebox_graph fusebox_graph;
+typedef struct fusebox_session fusebox_session;
+typedef struct fusebox_plan fusebox_plan;
+typedef struct fusebox_bound_plan fusebox_bound_plan;
+
+/* ---- versions and errors */
+
+/* The library's version, e.g. "0.1.0". */
+const char* fusebox_version(void);
+/* FUSEBOX_C_API_VERSION of the library loaded (compare with the header's). */
+int fusebox_c_api_version(void);
+/* "Ok", "InvalidArgument", ... ("Unknown" for a value not in the enum). */
+const char* fusebox_status_name(fusebox_status status);
+/* The message of the last call on this thread that failed ("" if none).
+ * Valid until the next failing call on this thread. */
+const char* fusebox_last_error(void);
+/* The code of that call (FUSEBOX_OK if none). */
+fusebox_status fusebox_last_status(void);
+
+/* ---- graphs (docs/graph-format.md) */
+
+/* Parses and checks a graph (shapes, strides and dtypes inferred).
+ * `json` need not be NUL-terminated: `length` bytes are read. */
+fusebox_status fusebox_graph_from_json(const char* json, size_t length, fusebox_graph** out);
+fusebox_status fusebox_graph_load(const char* path, fusebox_graph** out);
+void fusebox_graph_free(fusebox_graph* graph);
+
+const char* fusebox_graph_name(const fusebox_graph* graph);
+/* A readable listing of tensors and ops, as `fusebox check` prints. */
+const char* fusebox_graph_describe(const fusebox_graph* graph);
+
+typedef enum fusebox_tensor_kind {
+  FUSEBOX_TENSOR_INPUT = 0, /* the caller supplies it */
+  FUSEBOX_TENSOR_OUTPUT = 1 /* an op writes it */
+} fusebox_tensor_kind;
+
+/* One tensor the caller binds (virtual tensors and by-value scalars are not
+ * listed). Pointers are valid while the graph lives. */
+typedef struct fusebox_tensor_info {
+  const char* name;
+  fusebox_tensor_kind kind;
+  const char* dtype; /* "bf16", "fp16", "fp32", "fp8_e4m3", ... */
+  int rank;
+  const int64_t* dims;    /* rank values, logical order */
+  const int64_t* strides; /* rank values, in elements */
+  int64_t bytes;          /* the device memory it spans */
+} fusebox_tensor_info;
+
+/* The tensors to bind, in the graph's order: indices 0 .. count-1. */
+size_t fusebox_graph_tensor_count(const fusebox_graph* graph);
+fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fusebox_tensor_info* info);
+
+/* ---- sessions */
+
+/* device_properties_file NULL: a session on GPU `device_id` (its own cuDNN
+ * handle and stream); otherwise a deviceless session that builds plans for
+ * the GPU that file describes (e.g. devices/h200-cudnn-9.19.devprop) and
+ * cannot bind or run them. cache_path NULL: no plan cache; otherwise the
+ * SQLite plan cache there (created if missing), as `fusebox --cache`. */
+fusebox_status fusebox_session_create(int device_id, const char* device_properties_file,
+                                      const char* cache_path, fusebox_session** out);
+void fusebox_session_free(fusebox_session* session);
+/* 1 for a deviceless session, 0 for a GPU one, -1 for NULL. */
+int fusebox_session_deviceless(const fusebox_session* session);
+/* The target GPU's name, e.g. "NVIDIA H200". */
+const char* fusebox_session_device_name(const fusebox_session* session);
+
+/* ---- plans */
+
+/* How a plan is found (the session's plan policy, docs/architecture.md). */
+typedef struct fusebox_plan_request {
+  const char* plan_file;       /* non-NULL: load this plan file, nothing else */
+  const char* engine;          /* non-NULL: pin this engine by name */
+  const char* heuristics;      /* non-NULL: pinned modes, e.g. "a" or "a,b"; NULL: a, then b, then fallback */
+  int64_t max_workspace_bytes; /* -1: no limit */
+  int use_tuned_cache;         /* nonzero: a tuned cache entry wins */
+} fusebox_plan_request;
+
+/* The default request: a tuned cache entry, then a heuristic cache entry,
+ * then a build trying heuristic modes a, b and fallback in turn. */
+fusebox_plan_request fusebox_plan_request_default(void);
+
+/* request NULL: the default. */
+fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_graph* graph,
+                                        const fusebox_plan_request* request, fusebox_plan** out);
+void fusebox_plan_free(fusebox_plan* plan);
+/* The engine and knobs, e.g. "eng41_k2=4_k13=0_k18=0_k25=1_k27=7_k28=1". */
+const char* fusebox_plan_engine(const fusebox_plan* plan);
+int64_t fusebox_plan_workspace_bytes(const fusebox_plan* plan);
+/* Where it came from: "built now", "plan cache (heuristic)", "plan file (built deviceless)", ... */
+const char* fusebox_plan_source(const fusebox_plan* plan);
+/* Writes the plan file `fusebox run --plan` and plan_file requests read. */
+fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path);
+
+/* ---- binding and execution (GPU sessions only) */
+
+/* Binds every tensor of the graph (fusebox_graph_tensor) to a device
+ * pointer: names[i] -> pointers[i] for i < count. A missing, unknown or
+ * repeated name, or a NULL pointer, is FUSEBOX_INVALID_ARGUMENT. */
+fusebox_status fusebox_bind(fusebox_session* session, const fusebox_plan* plan, size_t count,
+                            const char* const* names, void* const* pointers, fusebox_bound_plan** out);
+void fusebox_bound_plan_free(fusebox_bound_plan* bound);
+/* Points one tensor elsewhere (cheap: no rebuild at execute). */
+fusebox_status fusebox_bound_plan_rebind(fusebox_bound_plan* bound, const char* name, void* pointer);
+/* Enqueues one execution on `stream` (a cudaStream_t; NULL: CUDA's default
+ * stream) and returns without waiting. The session's plans share one
+ * workspace: executes on different streams must not overlap. */
+fusebox_status fusebox_execute(fusebox_bound_plan* bound, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSEBOX_FUSEBOX_H_ */

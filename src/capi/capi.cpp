@@ -1,0 +1,403 @@
+// fusebox C API over the C++ API (include/fusebox/fusebox.h). Every entry
+// point runs its body through guarded(), so no exception reaches C code: a
+// std::bad_alloc becomes FUSEBOX_OUT_OF_MEMORY, anything else FUSEBOX_INTERNAL.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "fusebox/dtype.h"
+#include "fusebox/fusebox.h"
+#include "fusebox/plan_file.h"
+#include "handles.h"
+
+namespace {
+
+using fusebox::Result;
+using fusebox::Status;
+using fusebox::StatusCode;
+
+struct ThreadError {
+  fusebox_status code = FUSEBOX_OK;
+  std::string message;
+};
+thread_local ThreadError t_error;
+
+fusebox_status to_c(StatusCode c) {
+  switch (c) {
+    case StatusCode::kOk:
+      return FUSEBOX_OK;
+    case StatusCode::kInvalidArgument:
+      return FUSEBOX_INVALID_ARGUMENT;
+    case StatusCode::kParseError:
+      return FUSEBOX_PARSE_ERROR;
+    case StatusCode::kNotSupported:
+      return FUSEBOX_NOT_SUPPORTED;
+    case StatusCode::kIoError:
+      return FUSEBOX_IO_ERROR;
+    case StatusCode::kCudnnError:
+      return FUSEBOX_CUDNN_ERROR;
+    case StatusCode::kCudaError:
+      return FUSEBOX_CUDA_ERROR;
+    case StatusCode::kNoDevice:
+      return FUSEBOX_NO_DEVICE;
+    case StatusCode::kVersionMismatch:
+      return FUSEBOX_VERSION_MISMATCH;
+    case StatusCode::kVerificationFailed:
+      return FUSEBOX_VERIFICATION_FAILED;
+    case StatusCode::kInternal:
+      return FUSEBOX_INTERNAL;
+  }
+  return FUSEBOX_INTERNAL;
+}
+
+fusebox_status fail(fusebox_status code, std::string message) {
+  // Assigning may throw bad_alloc; the code still gets through.
+  t_error.code = code;
+  try {
+    t_error.message = std::move(message);
+  } catch (...) {
+    t_error.message.clear();
+  }
+  return code;
+}
+
+fusebox_status fail(const char* fn, const Status& st) {
+  return fail(to_c(st.code()), std::string(fn) + ": " + st.message());
+}
+
+fusebox_status null_arg(const char* fn, const char* what) {
+  return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": " + what + " is NULL");
+}
+
+template <typename F>
+fusebox_status guarded(const char* fn, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(FUSEBOX_OUT_OF_MEMORY, std::string(fn) + ": out of host memory");
+  } catch (const std::exception& e) {
+    return fail(FUSEBOX_INTERNAL, std::string(fn) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return fail(FUSEBOX_INTERNAL, std::string(fn) + ": unexpected exception");
+  }
+}
+
+fusebox_status make_graph(const char* fn, Result<fusebox::GraphSpec> spec, fusebox_graph** out) {
+  if (!spec.ok()) return fail(fn, spec.status());
+  Result<fusebox::ResolvedGraph> g = fusebox::resolve(*spec);
+  if (!g.ok()) return fail(fn, g.status());
+  auto h = std::make_unique<fusebox_graph>();
+  h->graph = std::make_shared<const fusebox::ResolvedGraph>(std::move(*g));
+  const auto& tensors = h->graph->tensors;
+  for (int i = 0; i < static_cast<int>(tensors.size()); ++i) {
+    // By-value scalars are taken from the graph, never bound.
+    if (!tensors[i].is_virtual && !tensors[i].scalar_value) h->bindable.push_back(i);
+  }
+  *out = h.release();
+  return FUSEBOX_OK;
+}
+
+std::string bindable_names(const fusebox_graph& g) {
+  std::string s;
+  for (int i : g.bindable) s += (s.empty() ? "" : ", ") + g.graph->tensors[i].name;
+  return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* fusebox_version(void) { return FUSEBOX_VERSION; }
+int fusebox_c_api_version(void) { return FUSEBOX_C_API_VERSION; }
+
+const char* fusebox_status_name(fusebox_status status) {
+  switch (status) {
+    case FUSEBOX_OK:
+      return "Ok";
+    case FUSEBOX_INVALID_ARGUMENT:
+      return "InvalidArgument";
+    case FUSEBOX_PARSE_ERROR:
+      return "ParseError";
+    case FUSEBOX_NOT_SUPPORTED:
+      return "NotSupported";
+    case FUSEBOX_IO_ERROR:
+      return "IoError";
+    case FUSEBOX_CUDNN_ERROR:
+      return "CudnnError";
+    case FUSEBOX_CUDA_ERROR:
+      return "CudaError";
+    case FUSEBOX_NO_DEVICE:
+      return "NoDevice";
+    case FUSEBOX_VERSION_MISMATCH:
+      return "VersionMismatch";
+    case FUSEBOX_VERIFICATION_FAILED:
+      return "VerificationFailed";
+    case FUSEBOX_INTERNAL:
+      return "Internal";
+    case FUSEBOX_OUT_OF_MEMORY:
+      return "OutOfMemory";
+  }
+  return "Unknown";
+}
+
+const char* fusebox_last_error(void) { return t_error.message.c_str(); }
+fusebox_status fusebox_last_status(void) { return t_error.code; }
+
+// ---------------------------------------------------------------- graphs
+
+fusebox_status fusebox_graph_from_json(const char* json, size_t length, fusebox_graph** out) {
+  const char* fn = "fusebox_graph_from_json";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!json) return null_arg(fn, "json");
+    return make_graph(fn, fusebox::parse_graph_json(std::string_view(json, length), "<json text>"), out);
+  });
+}
+
+fusebox_status fusebox_graph_load(const char* path, fusebox_graph** out) {
+  const char* fn = "fusebox_graph_load";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!path) return null_arg(fn, "path");
+    return make_graph(fn, fusebox::load_graph_file(path), out);
+  });
+}
+
+void fusebox_graph_free(fusebox_graph* graph) { delete graph; }
+
+const char* fusebox_graph_name(const fusebox_graph* graph) {
+  return graph ? graph->graph->name.c_str() : nullptr;
+}
+
+const char* fusebox_graph_describe(const fusebox_graph* graph) {
+  if (!graph) return nullptr;
+  auto* g = const_cast<fusebox_graph*>(graph);  // a cache, filled once
+  if (g->describe.empty()) {
+    try {
+      g->describe = fusebox::describe(*g->graph);
+    } catch (...) {
+      return "";
+    }
+  }
+  return g->describe.c_str();
+}
+
+size_t fusebox_graph_tensor_count(const fusebox_graph* graph) { return graph ? graph->bindable.size() : 0; }
+
+fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fusebox_tensor_info* info) {
+  const char* fn = "fusebox_graph_tensor";
+  return guarded(fn, [&] {
+    if (!graph) return null_arg(fn, "graph");
+    if (!info) return null_arg(fn, "info");
+    if (index >= graph->bindable.size()) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": index " + std::to_string(index) +
+                                                " out of range; graph '" + graph->graph->name + "' has " +
+                                                std::to_string(graph->bindable.size()) + " tensors to bind");
+    }
+    const fusebox::ResolvedTensor& t = graph->graph->tensors[graph->bindable[index]];
+    info->name = t.name.c_str();
+    info->kind = t.is_output ? FUSEBOX_TENSOR_OUTPUT : FUSEBOX_TENSOR_INPUT;
+    info->dtype = fusebox::dtype_name(t.dtype).data();  // names are string literals
+    info->rank = static_cast<int>(t.dims.size());
+    info->dims = t.dims.data();
+    info->strides = t.strides.data();
+    info->bytes = t.storage_bytes();
+    return FUSEBOX_OK;
+  });
+}
+
+// ---------------------------------------------------------------- sessions
+
+fusebox_status fusebox_session_create(int device_id, const char* device_properties_file,
+                                      const char* cache_path, fusebox_session** out) {
+  const char* fn = "fusebox_session_create";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    auto box = std::make_shared<SessionBox>();
+    fusebox::SessionOptions so;
+    so.device_id = device_id;
+    if (device_properties_file) so.device_properties_file = device_properties_file;
+    if (cache_path) {
+      box->cache.emplace(fusebox::PlanCache::open(cache_path));
+      so.cache = &*box->cache;
+    }
+    Result<std::unique_ptr<fusebox::Session>> s = fusebox::Session::create(so);
+    if (!s.ok()) return fail(fn, s.status());
+    box->session = std::move(*s);
+    *out = new fusebox_session{std::move(box)};
+    return FUSEBOX_OK;
+  });
+}
+
+void fusebox_session_free(fusebox_session* session) { delete session; }
+
+int fusebox_session_deviceless(const fusebox_session* session) {
+  return session ? (session->box->session->deviceless() ? 1 : 0) : -1;
+}
+
+const char* fusebox_session_device_name(const fusebox_session* session) {
+  return session ? session->box->session->target().device_name.c_str() : nullptr;
+}
+
+// ---------------------------------------------------------------- plans
+
+fusebox_plan_request fusebox_plan_request_default(void) {
+  fusebox_plan_request r;
+  r.plan_file = nullptr;
+  r.engine = nullptr;
+  r.heuristics = nullptr;
+  r.max_workspace_bytes = -1;
+  r.use_tuned_cache = 1;
+  return r;
+}
+
+fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_graph* graph,
+                                        const fusebox_plan_request* request, fusebox_plan** out) {
+  const char* fn = "fusebox_session_get_plan";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!session) return null_arg(fn, "session");
+    if (!graph) return null_arg(fn, "graph");
+    fusebox::PlanRequest req;
+    if (request) {
+      if (request->plan_file) req.plan_file = request->plan_file;
+      if (request->engine) req.engine = request->engine;
+      if (request->heuristics) {
+        Result<std::vector<fusebox::HeuristicMode>> modes =
+            fusebox::parse_heuristic_modes(request->heuristics);
+        if (!modes.ok()) return fail(fn, modes.status());
+        req.heuristics = std::move(*modes);
+      }
+      req.max_workspace_bytes = request->max_workspace_bytes;
+      req.use_tuned_cache = request->use_tuned_cache != 0;
+    }
+    fusebox::PlanReport report;
+    Result<fusebox::Plan> plan = session->box->session->get_plan(*graph->graph, req, &report);
+    if (!plan.ok()) return fail(fn, plan.status());
+    auto h = std::make_unique<fusebox_plan>();
+    h->graph = graph->graph;
+    h->box = session->box;
+    h->plan = std::make_shared<fusebox::Plan>(std::move(*plan));
+    h->source = report.source_text();
+    *out = h.release();
+    return FUSEBOX_OK;
+  });
+}
+
+void fusebox_plan_free(fusebox_plan* plan) { delete plan; }
+
+const char* fusebox_plan_engine(const fusebox_plan* plan) {
+  return plan ? plan->plan->engine_name().c_str() : nullptr;
+}
+int64_t fusebox_plan_workspace_bytes(const fusebox_plan* plan) {
+  return plan ? plan->plan->workspace_bytes() : -1;
+}
+const char* fusebox_plan_source(const fusebox_plan* plan) { return plan ? plan->source.c_str() : nullptr; }
+
+fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
+  const char* fn = "fusebox_plan_save";
+  return guarded(fn, [&] {
+    if (!plan) return null_arg(fn, "plan");
+    if (!path) return null_arg(fn, "path");
+    Result<std::vector<uint8_t>> bytes = plan->plan->serialize();
+    if (!bytes.ok()) return fail(fn, bytes.status());
+    const fusebox::DeviceTarget& target = plan->box->session->target();
+    Status st =
+        fusebox::write_plan_file(path, fusebox::make_plan_info(*plan->graph, *plan->plan, target), *bytes);
+    return st.ok() ? FUSEBOX_OK : fail(fn, st);
+  });
+}
+
+// ---------------------------------------------------------------- binding and execution
+
+fusebox_status fusebox_bind(fusebox_session* session, const fusebox_plan* plan, size_t count,
+                            const char* const* names, void* const* pointers, fusebox_bound_plan** out) {
+  const char* fn = "fusebox_bind";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!session) return null_arg(fn, "session");
+    if (!plan) return null_arg(fn, "plan");
+    if (count > 0 && !names) return null_arg(fn, "names");
+    if (count > 0 && !pointers) return null_arg(fn, "pointers");
+    // Checked here, before the session, so a deviceless caller sees name errors too.
+    fusebox_graph view;  // the plan's graph, for its bindable tensors
+    view.graph = plan->graph;
+    std::set<std::string> expected;
+    for (int i = 0; i < static_cast<int>(plan->graph->tensors.size()); ++i) {
+      const auto& t = plan->graph->tensors[i];
+      if (!t.is_virtual && !t.scalar_value) {
+        view.bindable.push_back(i);
+        expected.insert(t.name);
+      }
+    }
+    std::map<std::string, void*> buffers;
+    for (size_t i = 0; i < count; ++i) {
+      if (!names[i]) return null_arg(fn, ("names[" + std::to_string(i) + "]").c_str());
+      std::string name = names[i];
+      if (!expected.count(name)) {
+        return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": unknown tensor '" + name + "'; graph '" +
+                                                  plan->graph->name + "' binds " + bindable_names(view));
+      }
+      if (!pointers[i]) {
+        return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' has a NULL pointer");
+      }
+      if (!buffers.emplace(name, pointers[i]).second) {
+        return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' given twice");
+      }
+    }
+    std::string missing;
+    for (const std::string& name : expected) {
+      if (!buffers.count(name)) missing += (missing.empty() ? "'" : ", '") + name + "'";
+    }
+    if (!missing.empty()) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": no pointer for " + missing + " of graph '" +
+                                                plan->graph->name + "' (it binds " + bindable_names(view) +
+                                                ")");
+    }
+    if (session->box->session->deviceless()) {
+      return fail(FUSEBOX_NO_DEVICE, std::string(fn) + ": the session is deviceless (built for " +
+                                         session->box->session->target().device_name +
+                                         "); create one with a device id to run plans");
+    }
+    Result<fusebox::BoundPlan> bound = session->box->session->bind(*plan->plan, buffers);
+    if (!bound.ok()) return fail(fn, bound.status());
+    *out = new fusebox_bound_plan{session->box, plan->plan, std::move(*bound)};
+    return FUSEBOX_OK;
+  });
+}
+
+void fusebox_bound_plan_free(fusebox_bound_plan* bound) { delete bound; }
+
+fusebox_status fusebox_bound_plan_rebind(fusebox_bound_plan* bound, const char* name, void* pointer) {
+  const char* fn = "fusebox_bound_plan_rebind";
+  return guarded(fn, [&] {
+    if (!bound) return null_arg(fn, "bound");
+    if (!name) return null_arg(fn, "name");
+    if (!pointer)
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' has a NULL pointer");
+    Status st = bound->bound.rebind(std::string_view(name), pointer);
+    return st.ok() ? FUSEBOX_OK : fail(fn, st);
+  });
+}
+
+fusebox_status fusebox_execute(fusebox_bound_plan* bound, void* stream) {
+  const char* fn = "fusebox_execute";
+  return guarded(fn, [&] {
+    if (!bound) return null_arg(fn, "bound");
+    fusebox::GpuContext* ctx = bound->box->session->context();
+    Status st = ctx->set_stream(stream);
+    if (st.ok()) st = bound->bound.execute();
+    return st.ok() ? FUSEBOX_OK : fail(fn, st);
+  });
+}
+
+}  // extern "C"

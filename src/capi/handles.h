@@ -1,0 +1,44 @@
+// fusebox C API: what the opaque handles of include/fusebox/fusebox.h hold.
+// Each keeps what it depends on alive through shared_ptr, so C callers may
+// free handles in any order.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+#include "fusebox/plan_cache.h"
+#include "fusebox/session.h"
+
+struct fusebox_graph {
+  std::shared_ptr<const fusebox::ResolvedGraph> graph;
+  std::vector<int> bindable;  // indices of the tensors the caller binds, in graph order
+  std::string describe;       // filled on first fusebox_graph_describe
+};
+
+// The cache outlives the session that points at it (members die in reverse order).
+struct SessionBox {
+  std::optional<fusebox::PlanCache> cache;
+  std::unique_ptr<fusebox::Session> session;
+};
+
+struct fusebox_session {
+  std::shared_ptr<SessionBox> box;
+};
+
+struct fusebox_plan {
+  std::shared_ptr<const fusebox::ResolvedGraph> graph;
+  std::shared_ptr<SessionBox> box;  // plans built on a GPU use its context
+  std::shared_ptr<fusebox::Plan> plan;
+  std::string source;
+};
+
+struct fusebox_bound_plan {
+  std::shared_ptr<SessionBox> box;
+  std::shared_ptr<fusebox::Plan> plan;
+  fusebox::BoundPlan bound;
+};
