@@ -75,3 +75,19 @@ def test_bench_sh_accepts_every_bench_run_part():
     parts = next(ast.literal_eval(n.value) for n in tree.body
                  if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARTS")
     assert sorted(listed) == sorted(parts)
+
+
+def test_paged_decode_kv_bytes_count_the_lengths_not_the_pool(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    g = graphs["sdpa_paged_decode"]
+    op = g.sdpa_ops()[0]
+    assert op["attrs"]["paged"] and op["attrs"]["max_seq_len_kv"] == 8192
+    assert bench_run.family(g) == "sdpa"
+    # B=64, Hkv=8, D=Dv=128, bf16: per key 8 heads * (128 + 128) * 2 bytes
+    lkv = [100] * 32 + [8192] * 32
+    assert bench_run.kv_read_bytes(g, op, lkv) == sum(lkv) * 8 * 256 * 2
+    # without lengths: every sequence at max_seq_len_kv, which is the pools' size here
+    full = bench_run.kv_read_bytes(g, op, None)
+    assert full == 64 * 8192 * 8 * 256 * 2
+    pools = sum(g.dims[op["inputs"][r]][0] * 8 * 64 * 128 * 2 for r in ("k", "v"))
+    assert full == pools
