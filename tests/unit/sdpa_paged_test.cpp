@@ -23,7 +23,7 @@ struct PagedCase {
   std::string v_dims = "[24, 2, 16, 64]";
   std::string table_values;  // JSON array for page_table_k, or empty
   std::string lengths_kv = "[128, 37, 90]";
-  std::string extra_attrs;   // e.g. ", \"max_seq_len_kv\": 100"
+  std::string extra_attrs;  // e.g. ", \"max_seq_len_kv\": 100"
   std::string op = "sdpa_fwd";
   bool padding = true;
 };
@@ -33,14 +33,19 @@ std::string paged_json(const PagedCase& c) {
   std::string s = R"({"name": "paged", "io_dtype": "bf16", "tensors": [
     {"name": "q", "dims": [3, 8, 1, 64]},
     {"name": "k_cache", "dims": [24, 2, 16, 64]},
-    {"name": "v_cache", "dims": )" + c.v_dims + R"(},
-    {"name": "pt_k", "dtype": ")" + c.table_dtype + R"(", "dims": )" + c.table_dims +
+    {"name": "v_cache", "dims": )" +
+                  c.v_dims + R"(},
+    {"name": "pt_k", "dtype": ")" +
+                  c.table_dtype + R"(", "dims": )" + c.table_dims +
                   (c.table_values.empty() ? "" : ", \"values\": " + c.table_values) + R"(},
-    {"name": "pt_v", "dtype": "int32", "dims": )" + c.table_v_dims + R"(},
+    {"name": "pt_v", "dtype": "int32", "dims": )" +
+                  c.table_v_dims + R"(},
     {"name": "lq", "dtype": "int32", "dims": [3, 1, 1, 1], "values": [1, 1, 1]},
-    {"name": "lkv", "dtype": "int32", "dims": [3, 1, 1, 1], "values": )" + c.lengths_kv + R"(},
+    {"name": "lkv", "dtype": "int32", "dims": [3, 1, 1, 1], "values": )" +
+                  c.lengths_kv + R"(},
     {"name": "o"}],
-  "ops": [{"op": ")" + c.op + R"(", "name": "attn", "causal": true, "alignment": "bottom_right")" + c.extra_attrs +
+  "ops": [{"op": ")" +
+                  c.op + R"(", "name": "attn", "causal": true, "alignment": "bottom_right")" + c.extra_attrs +
                   R"(, "inputs": {"q": "q", "k": "k_cache", "v": "v_cache", )" +
                   (c.padding ? R"("seq_len_q": "lq", "seq_len_kv": "lkv", )" : "") +
                   R"("page_table_k": "pt_k", "page_table_v": "pt_v"}, "outputs": {"o": "o"}}]})";
@@ -208,7 +213,8 @@ ResolvedGraph dense_graph(int64_t skv) {
   const std::string s = std::to_string(skv);
   auto r = resolve_json(R"({"name": "dense", "io_dtype": "bf16", "tensors": [
     {"name": "q", "dims": [3, 8, 1, 64]},
-    {"name": "k", "dims": [3, 2, )" + s + R"(, 64]}, {"name": "v", "dims": [3, 2, )" + s + R"(, 64]},
+    {"name": "k", "dims": [3, 2, )" +
+                        s + R"(, 64]}, {"name": "v", "dims": [3, 2, )" + s + R"(, 64]},
     {"name": "lq", "dtype": "int32", "dims": [3, 1, 1, 1]}, {"name": "lkv", "dtype": "int32", "dims": [3, 1, 1, 1]},
     {"name": "o"}, {"name": "stats", "dtype": "fp32"}],
   "ops": [{"op": "sdpa_fwd", "name": "attn", "causal": true, "alignment": "bottom_right",
@@ -219,7 +225,8 @@ ResolvedGraph dense_graph(int64_t skv) {
 }
 
 // pool [24, 2, 16, 64] read through `table` (or in pool order when null) into [3, 2, skv, 64].
-HostTensor gather(const ResolvedTensor& dense, const HostTensor& pool, const std::vector<float>* table, int64_t skv) {
+HostTensor gather(const ResolvedTensor& dense, const HostTensor& pool, const std::vector<float>* table,
+                  int64_t skv) {
   std::vector<double> v;
   for (int64_t b = 0; b < 3; ++b)
     for (int64_t h = 0; h < 2; ++h)
@@ -275,7 +282,8 @@ TEST(SdpaPagedInputs, BadTableOrLengthNamesTensorAndBatchEntry) {
   Status s = check_sdpa_paged_inputs(p.g, bad_table);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  for (const char* n : {"[sdpa_fwd 'attn']", "page_table_v", "'pt_v'", "page 24", "batch entry 2", "slot 5", "[0, 24)"})
+  for (const char* n :
+       {"[sdpa_fwd 'attn']", "page_table_v", "'pt_v'", "page 24", "batch entry 2", "slot 5", "[0, 24)"})
     EXPECT_NE(s.message().find(n), std::string::npos) << n << ": " << s.message();
   // The reference refuses it too, rather than read past the pool.
   auto ref = reference_cpu(p.g, bad_table);
