@@ -424,6 +424,8 @@ def bench_sdpa(path, graph, args, row):
         row["bytes"] = row["kv_bytes"] + 2 * qd[0] * qd[1] * qd[2] * qd[3] * DTYPE_BYTES[graph.dtype(op["inputs"]["q"])]
         notes.append("paged K/V: torch gathers each sequence's pages into a contiguous cache (timed, part of "
                      "every call), then SDPA on it; kv_bytes counts the keys and values the lengths cover")
+    if op["attrs"].get("sink"):
+        notes.append("torch: no attention sinks (its SDPA has none): the same attention without the sink logits")
     if kind in ("sdpa_fp8_fwd", "sdpa_fp8_bwd"):
         dtype = torch.bfloat16
         notes.append("torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)")

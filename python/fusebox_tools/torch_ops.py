@@ -267,6 +267,8 @@ def sdpa_forward(ins, op, fp8=False):
         sc = {r: float(ins[r].reshape(-1)[0]) for r in
               ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")}
         qk_scale = opts.attn_scale * sc["descale_q"] * sc["descale_k"]
+    # attention sinks: one fp32 logit per query head ("sink_token" [1, Hq, 1, 1])
+    sink = ins["sink_token"].reshape(-1).float() if "sink_token" in ins else None
     o = torch.zeros(B, Hq, Sq, Dv, dtype=torch.float32, device=dev)
     stats = torch.full((B, Hq, Sq, 1), float("-inf"), dtype=torch.float32, device=dev)
     amax_s = torch.zeros((), dtype=torch.float32, device=dev)
@@ -279,7 +281,14 @@ def sdpa_forward(ins, op, fp8=False):
                 rows = torch.arange(r0, r1, device=dev)
                 s, keep = _score_block(q[b, heads.start:heads.stop, r0:r1], k[b, hk], opts, rows, heads,
                                        b, lq, lkv, ins, slopes, qk_scale)
+                if sink is not None:  # one more logit per row, always kept, with no value
+                    col = sink[heads.start:heads.stop].view(-1, 1, 1).expand(-1, s.shape[1], 1)
+                    s = torch.cat([s, col], dim=-1)
+                    keep = torch.cat([torch.broadcast_to(keep, s.shape[:-1] + (s.shape[-1] - 1,)),
+                                      torch.ones(s.shape[:-1] + (1,), dtype=torch.bool, device=dev)], dim=-1)
                 p, st = _masked_softmax(s, keep)
+                if sink is not None:
+                    p = p[..., :-1]
                 stats[b, heads.start:heads.stop, r0:r1] = st
                 if keep_scale is not None:  # dropout after the softmax (stats are before it)
                     p = p * keep_scale[b, heads.start:heads.stop, r0:r1]

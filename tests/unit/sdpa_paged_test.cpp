@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "fusebox/graph.h"
 #include "fusebox/reference.h"
@@ -312,6 +316,75 @@ TEST(SdpaPagedJson, ExamplesResolveWithShuffledFixedTables) {
     EXPECT_TRUE(std::get<SdpaFwdAttrs>(r->ops[0].attrs).paged) << f;
     EXPECT_GT(r->flops(), 0);
   }
+}
+
+}  // namespace
+}  // namespace fusebox
+
+// ---------------------------------------------------------------- attention sinks
+
+namespace fusebox {
+namespace {
+
+std::string sink_json(const std::string& op, const std::string& sink_dims, const std::string& sink_dtype) {
+  const bool bwd = op == "sdpa_bwd";
+  return R"({"name": "sink", "io_dtype": "bf16", "tensors": [
+    {"name": "q", "dims": [1, 2, 3, 64]}, {"name": "k", "dims": [1, 1, 3, 64]}, {"name": "v", "dims": [1, 1, 3, 64]},
+    {"name": "sink", "dtype": ")" +
+         sink_dtype + R"(", "dims": )" + sink_dims + R"(, "values": [0.5, -1.0]},)" +
+         (bwd ? R"({"name": "o_in", "dims": [1, 2, 3, 64]}, {"name": "do", "dims": [1, 2, 3, 64]},
+                   {"name": "st", "dtype": "fp32", "dims": [1, 2, 3, 1]}, {"name": "dq"}, {"name": "dk"}, {"name": "dv"}],)"
+              : R"({"name": "o"}, {"name": "stats", "dtype": "fp32"}],)") +
+         R"("ops": [{"op": ")" + op + R"(", "name": "attn", "causal": true, "inputs": {"q": "q", "k": "k", "v": "v", )" +
+         (bwd ? R"("o": "o_in", "do": "do", "stats": "st", )" : "") + R"("sink_token": "sink"}, "outputs": )" +
+         (bwd ? R"({"dq": "dq", "dk": "dk", "dv": "dv"})" : R"({"o": "o", "stats": "stats"})") + "}]}";
+}
+
+TEST(SdpaSinkResolve, RulesAndMessages) {
+  auto r = resolve_json(sink_json("sdpa_fwd", "[1, 2, 1, 1]", "fp32"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::get<SdpaFwdAttrs>(r->ops[0].attrs).sink);
+  EXPECT_NE(describe(*r).find("sink tokens"), std::string::npos);
+  for (const auto& [dims, dtype, needles] :
+       std::vector<std::tuple<std::string, std::string, std::vector<std::string>>>{
+           {"[1, 1, 1, 2]", "fp32", {"'sink_token' ('sink')", "[1, 2, 1, 1]", "one fp32 logit per query head"}},
+           {"[1, 2, 1, 1]", "bf16", {"'sink_token'", "bf16", "fp32"}}}) {
+    auto bad = resolve_json(sink_json("sdpa_fwd", dims, dtype));
+    ASSERT_FALSE(bad.ok()) << dims << " " << dtype;
+    for (const std::string& n : needles)
+      EXPECT_NE(bad.status().message().find(n), std::string::npos) << n << ": " << bad.status().message();
+  }
+  auto bwd = resolve_json(sink_json("sdpa_bwd", "[1, 2, 1, 1]", "fp32"));
+  ASSERT_FALSE(bwd.ok());
+  EXPECT_NE(bwd.status().message().find("forwards only"), std::string::npos) << bwd.status().message();
+}
+
+// q = 0: every kept score is 0, so with n kept keys P = 1 / (n + exp(sink)),
+// stats = log(n + exp(sink)), and o = P * (sum of the kept v rows).
+TEST(SdpaSinkReferenceCpu, SinkJoinsTheSoftmaxWithoutAValue) {
+  auto r = resolve_json(sink_json("sdpa_fwd", "[1, 2, 1, 1]", "fp32"));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::map<std::string, HostTensor> in;
+  for (int i : r->input_tensors()) {
+    const ResolvedTensor& t = r->tensors[i];
+    in[t.name] = t.name == "q" ? host_from(t, std::vector<double>(2 * 3 * 64, 0.0))
+                 : t.values.empty() ? random_tensor(t, 9)
+                                    : host_from(t, t.values);
+  }
+  auto out = reference_cpu(*r, in);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const std::vector<float> v = in.at("v").to_float_logical();
+  const double sink[2] = {0.5, -1.0};
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 3; ++i) {
+      const double z = (i + 1) + std::exp(sink[h]);  // causal: keys 0..i
+      EXPECT_NEAR(out->at("stats")[h * 3 + i], std::log(z), 1e-6) << h << "," << i;
+      for (int d = 0; d < 64; d += 21) {
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += v[j * 64 + d];
+        EXPECT_NEAR(out->at("o")[(h * 3 + i) * 64 + d], sum / z, 1e-6) << h << "," << i << "," << d;
+      }
+    }
 }
 
 }  // namespace

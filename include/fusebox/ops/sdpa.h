@@ -60,6 +60,12 @@ struct SdpaOptions {
   // set_paged_attention_max_seq_len_kv): <= max_pages * page_size; resolve()
   // fills max_pages * page_size when not given.
   std::optional<int64_t> max_seq_len_kv;
+  // Attention sinks (sdpa_fwd, sdpa_fp8_fwd; cuDNN's set_sink_token): input
+  // "sink_token", fp32 [1,Hq,1,1], a learned logit per query head that joins
+  // every row's softmax without a value: stats = log(exp(sink[h]) + sum over
+  // kept j of exp(s_ij)), P_ij = exp(s_ij - stats) (a row sums to < 1),
+  // o = P @ v. A row that keeps no key gets o = 0, stats = sink[h].
+  bool sink = false;
 };
 
 // The logical key length of an sdpa op whose k has dims `k_dims`: max_seq_len_kv

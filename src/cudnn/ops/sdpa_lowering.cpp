@@ -56,6 +56,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd
                    .set_compute_data_type(to_fe(op.compute_dtype));
   apply_sdpa_options(attrs, fwd, scale, ctx);
   apply_paged(attrs, fwd, ctx);
+  if (fwd.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (fwd.alibi) attrs.set_alibi_mask(true);
   if (fwd.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
   auto [o, stats] = ctx.graph().sdpa(ctx.in("q"), ctx.in("k"), ctx.in("v"), attrs);
@@ -89,6 +90,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& 
                    .set_compute_data_type(to_fe(op.compute_dtype));
   apply_sdpa_options(attrs, f8, scale, ctx);
   apply_paged(attrs, f8, ctx);
+  if (f8.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (f8.alibi) attrs.set_alibi_mask(true);
   if (f8.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
   auto [o, stats, amax_s, amax_o] = ctx.graph().sdpa_fp8(

@@ -88,6 +88,7 @@ std::vector<std::string_view> sdpa_input_roles(const T& a) {
   if constexpr (std::is_same_v<T, SdpaFp8FwdAttrs>) r.insert(r.end(), std::begin(kFp8FwdScales), std::end(kFp8FwdScales));
   if (a.padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
   if (a.paged) r.insert(r.end(), {"page_table_k", "page_table_v"});
+  if (a.sink) r.push_back("sink_token");
   if (a.bias) r.push_back("bias");
   if (a.dropout) r.insert(r.end(), {"seed", "offset"});
   return r;
@@ -155,6 +156,7 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
                  "max_seq_len_kv is the key length of a paged K/V cache: give inputs 'page_table_k' and "
                  "'page_table_v' with it, or remove it (a dense k has its length in its dims)");
   }
+  a.sink = op.inputs.count("sink_token") > 0;  // sink_token -> attention sinks
   a.dump_dropout_mask = op.outputs.count("dropout_mask") > 0;
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "deterministic", a.deterministic));
@@ -423,6 +425,14 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
       }
     }
   }
+  if (o.sink) {
+    if constexpr (kIsBwd<T>) {
+      return InvalidArgument(ctx.in_where("sink_token") + ": fusebox has attention sinks in the forwards only "
+                             "(sdpa_fwd, sdpa_fp8_fwd); remove 'sink_token' from " + type);
+    }
+    FUSEBOX_RETURN_IF_ERROR(check_small("sink_token", DType::kFP32, {1, d.Hq, 1, 1},
+                                        "the sink token (one fp32 logit per query head)"));
+  }
   if (o.bias) {
     ResolvedTensor& t = ctx.in("bias");
     const std::string w = ctx.in_where("bias");
@@ -570,6 +580,7 @@ void sdpa_canonical(const T& a, CanonicalWriter& w) {
   w.field("alibi", a.alibi);
   if (a.dropout) w.field("dropout", *a.dropout);
   w.field("dropout_mask", a.dump_dropout_mask);
+  if (a.sink) w.field("sink", true);  // absent without: fingerprints stay as they were
   if (a.paged) {  // absent for dense ops: their fingerprints stay as they were
     w.field("paged", true);
     w.field("max_seq_len_kv", *a.max_seq_len_kv);
@@ -591,6 +602,7 @@ void sdpa_describe(const T& a, std::ostream& os) {
   if (a.alibi) os << ", alibi";
   if (a.dropout) os << ", dropout " << *a.dropout;
   if (a.paged) os << ", paged K/V, max_seq_len_kv " << a.max_seq_len_kv.value_or(0);
+  if (a.sink) os << ", sink tokens";
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     if (a.deterministic) os << ", deterministic";
   }
@@ -621,6 +633,7 @@ void sdpa_resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_j
   j["dump_dropout_mask"] = a.dump_dropout_mask;
   j["paged"] = a.paged;
   j["max_seq_len_kv"] = optional_json(a.max_seq_len_kv);
+  j["sink"] = a.sink;
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     j["generate_stats"] = a.generate_stats;
   }

@@ -63,6 +63,10 @@ Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
     const std::string what = op_where(op) + kind + " '" + std::string(role) + "' has dims " + dims_string(dims);
     if (role == "q" || role == "k" || role == "v") return Status::Ok();
     if (role == "page_table_k" || role == "page_table_v") return Status::Ok();  // read by gather_pages()
+    if (role == "sink_token") {
+      if (dims == std::vector<int64_t>{1, s.Hq, 1, 1}) return Status::Ok();
+      return InvalidArgument(what + " but q needs [1, Hq, 1, 1] = [1, " + std::to_string(s.Hq) + ", 1, 1]");
+    }
     if (role == "bias") {
       if (dims.size() == 4 && (dims[0] == 1 || dims[0] == s.B) && (dims[1] == 1 || dims[1] == s.Hq) &&
           dims[2] == s.Sq && dims[3] == s.Skv)
@@ -184,9 +188,11 @@ class SdpaDropout {
 // with dropout, o = P' @ v (fp8: amax_s = max P', P' rounded to e4m3 after
 // scale_s, then the descales and scale_o, with both amax values).
 // Rows i >= lq (padding) are don't care and stay 0; a row that keeps no key
-// gets o = 0 and stats = -inf (the logsumexp of nothing).
+// gets o = 0 and stats = -inf (the logsumexp of nothing), or sink[h] with
+// attention sinks (`sink`: one logit per query head, in the softmax, no value).
 void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, const SdpaDropout& drop,
-                  const Fp8Scales* fp8, Values* o, Values* stats, double* amax_s, double* amax_o) {
+                  const Fp8Scales* fp8, const Values* sink, Values* o, Values* stats, double* amax_s,
+                  double* amax_o) {
   const int64_t rows = sh.B * sh.Hq * sh.Sq;
   std::vector<double> row_amax_s(fp8 ? rows : 0), row_amax_o(fp8 ? rows : 0);
   parallel_for(rows, static_cast<double>(sh.Skv) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
@@ -194,12 +200,13 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
       if (i >= sc.lq(b)) continue;
-      const double mx = sc.row(b, h, i, s);
+      const double sink_logit = sink ? static_cast<double>(sink->data[h]) : -INFINITY;
+      const double mx = std::max(sc.row(b, h, i, s), sink_logit);
       if (mx == -INFINITY) {
         if (stats) stats->data[row] = -INFINITY;
         continue;
       }
-      double sum = 0;
+      double sum = sink ? std::exp(sink_logit - mx) : 0.0;
       for (int64_t j = 0; j < sh.Skv; ++j) sum += std::exp(s[j] - mx);
       const double lse = mx + std::log(sum);
       if (stats) stats->data[row] = static_cast<float>(lse);
@@ -335,7 +342,8 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind, const
     scales = {single(t, "descale_s"), single(t, "descale_v"), single(t, "scale_s"), single(t, "scale_o")};
   }
   double amax_s = 0, amax_o = 0;
-  sdpa_forward(sc, sh, t["v"], drop, fp8 ? &scales : nullptr, out("o"), out("stats"), &amax_s, &amax_o);
+  sdpa_forward(sc, sh, t["v"], drop, fp8 ? &scales : nullptr, o.sink ? &t["sink_token"] : nullptr, out("o"),
+               out("stats"), &amax_s, &amax_o);
   if (fp8) {
     out("amax_s")->data[0] = static_cast<float>(amax_s);
     out("amax_o")->data[0] = static_cast<float>(amax_o);

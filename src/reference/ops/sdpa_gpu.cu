@@ -44,6 +44,7 @@ struct SdpaArgs {
   // Dropout: cuDNN's keep-mask M [B,Hq,Sq,Skv] (ptr == nullptr: no dropout) and 1 / (1 - p).
   DevTensor dropout_mask;
   float dropout_scale = 1.0f;
+  DevTensor sink;  // attention sinks: fp32 [1,Hq,1,1] (ptr == nullptr: none)
 };
 
 // The fp8 scales (device scalars) and amax outputs of sdpa_fp8_fwd.
@@ -120,7 +121,9 @@ __global__ void __launch_bounds__(kSdpaThreads)
   sdpa_kept_keys(a.mask, i, lq, sdpa_len_kv(a, b), &lo, &hi);
   const float scale = kFp8 ? a.scale * load_at(f8.descale_q, 0) * load_at(f8.descale_k, 0) : a.scale;
   const int64_t voff = b * a.v.strides[0] + hk * a.v.strides[1];
-  float m = -INFINITY, l = 0.0f;
+  // An attention sink starts the running softmax as one more logit without a value.
+  const bool sink = a.sink.ptr != nullptr;
+  float m = sink ? load_at(a.sink, h * a.sink.strides[1]) : -INFINITY, l = sink ? 1.0f : 0.0f;
   float acc[kSdpaMaxDvPerThread] = {};
   // Accumulates ps[0, cnt) @ v rows [j0, j0 + cnt) into acc, after scaling acc by corr.
   auto accumulate = [&](int64_t j0, int cnt, float corr) {
@@ -177,7 +180,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
     o_max = fmaxf(o_max, fabsf(out));
     o[row * a.Dv + d] = kFp8 ? out * load_at(f8.scale_o, 0) : out;
   }
-  if (stats && tid == 0) stats[row] = i >= lq ? 0.0f : kept ? m + logf(l) : -INFINITY;
+  if (stats && tid == 0) stats[row] = i >= lq ? 0.0f : (kept || sink) ? m + logf(l) : -INFINITY;
   if (kFp8) {
     p_max = block_reduce<kSdpaThreads>(p_max, true, red);
     o_max = block_reduce<kSdpaThreads>(o_max, true, red);
@@ -423,6 +426,13 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
                                                       cudaMemcpyHostToDevice, stream));
     FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(stream));  // `host` dies here
     a.slopes = dev;
+  }
+  if (o.sink) {
+    const std::vector<int64_t>& sd = in["sink_token"].dims;
+    if (sd != std::vector<int64_t>{1, a.Hq, 1, 1} || in["sink_token"].t.dtype != static_cast<int>(DType::kFP32))
+      return InvalidArgument(op_where(op) + "input 'sink_token' must be fp32 [1, " + std::to_string(a.Hq) +
+                             ", 1, 1]; got dims " + dims_string(sd));
+    a.sink = in["sink_token"].t;
   }
   if (dropout) {
     // cuDNN's dumped keep-mask, read as the graph tensor says (fp32, dense [B,Hq,Sq,Skv]).
