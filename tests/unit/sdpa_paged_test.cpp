@@ -43,10 +43,12 @@ std::string paged_json(const PagedCase& c) {
                   c.table_dtype + R"(", "dims": )" + c.table_dims +
                   (c.table_values.empty() ? "" : ", \"values\": " + c.table_values) + R"(},
     {"name": "pt_v", "dtype": "int32", "dims": )" +
-                  c.table_v_dims + R"(},
-    {"name": "lq", "dtype": "int32", "dims": [3, 1, 1, 1], "values": [1, 1, 1]},
+                  c.table_v_dims + R"(},)" +
+                  (c.padding ? R"({"name": "lq", "dtype": "int32", "dims": [3, 1, 1, 1], "values": [1, 1, 1]},
     {"name": "lkv", "dtype": "int32", "dims": [3, 1, 1, 1], "values": )" +
-                  c.lengths_kv + R"(},
+                                   c.lengths_kv + "},"
+                             : std::string()) +
+                  R"(
     {"name": "o"}],
   "ops": [{"op": ")" +
                   c.op + R"(", "name": "attn", "causal": true, "alignment": "bottom_right")" + c.extra_attrs +
