@@ -27,7 +27,7 @@ struct PagedCase {
   std::string v_dims = "[24, 2, 16, 64]";
   std::string table_values;  // JSON array for page_table_k, or empty
   std::string lengths_kv = "[128, 37, 90]";
-  std::string extra_attrs;  // e.g. ", \"max_seq_len_kv\": 100"
+  std::string extra_attrs;  // e.g. ", \"max_seq_len_kv\": 120"
   std::string op = "sdpa_fwd";
   bool padding = true;
 };
@@ -90,18 +90,18 @@ TEST(SdpaPagedResolve, FillsMaxSeqLenAndCountsLogicalKeys) {
 
 TEST(SdpaPagedJson, RoundTripsAndFingerprintsDifferFromDense) {
   PagedCase c;
-  c.extra_attrs = R"(, "max_seq_len_kv": 100)";
-  c.lengths_kv = "[100, 37, 90]";
+  c.extra_attrs = R"(, "max_seq_len_kv": 120)";
+  c.lengths_kv = "[120, 37, 90]";
   auto spec = parse_graph_json(paged_json(c));
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   const std::string text = graph_to_json(*spec);
-  EXPECT_NE(text.find("\"max_seq_len_kv\": 100"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"max_seq_len_kv\": 120"), std::string::npos) << text;
   auto again = parse_graph_json(text);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   auto r1 = resolve(*spec), r2 = resolve(*again);
   ASSERT_TRUE(r1.ok() && r2.ok());
   EXPECT_EQ(graph_fingerprint(*r1), graph_fingerprint(*r2));
-  EXPECT_EQ(*std::get<SdpaFwdAttrs>(r1->ops[0].attrs).max_seq_len_kv, 100);
+  EXPECT_EQ(*std::get<SdpaFwdAttrs>(r1->ops[0].attrs).max_seq_len_kv, 120);
   auto r3 = resolve_json(paged_json({}));  // max_seq_len_kv 128: another plan
   ASSERT_TRUE(r3.ok());
   EXPECT_NE(graph_fingerprint(*r1), graph_fingerprint(*r3));
@@ -132,7 +132,9 @@ TEST(SdpaPagedResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
   {
     PagedCase c;
     c.extra_attrs = R"(, "max_seq_len_kv": 129)";
-    expect_error(c, {"max_seq_len_kv is 129", "1..128", "max_pages 8", "page_size 16"});
+    expect_error(c, {"max_seq_len_kv is 129", "113..128", "max_pages 8", "page_size 16"});
+    c.extra_attrs = R"(, "max_seq_len_kv": 112)";  // 7 pages of 16: cuDNN wants tables of 7
+    expect_error(c, {"max_seq_len_kv is 112", "113..128", "ceil(max_seq_len_kv / page_size)"});
   }
   {
     PagedCase c;
@@ -146,8 +148,8 @@ TEST(SdpaPagedResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
   }
   {
     PagedCase c;  // a sequence longer than its pages
-    c.extra_attrs = R"(, "max_seq_len_kv": 100)";
-    expect_error(c, {"seq_len_kv", "'lkv'", "128", "[0, 100]"});
+    c.extra_attrs = R"(, "max_seq_len_kv": 120)";
+    expect_error(c, {"seq_len_kv", "'lkv'", "128", "[0, 120]"});
   }
 }
 
@@ -245,7 +247,7 @@ HostTensor gather(const ResolvedTensor& dense, const HostTensor& pool, const std
 }
 
 TEST(SdpaPagedReferenceCpu, EqualsDenseReferenceOnTheGatheredCache) {
-  for (int64_t skv : {128, 100}) {
+  for (int64_t skv : {128, 120}) {
     PagedCase c;
     c.extra_attrs = R"(, "max_seq_len_kv": )" + std::to_string(skv);
     c.lengths_kv = "[" + std::to_string(skv) + ", 37, 90]";

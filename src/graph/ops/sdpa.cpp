@@ -251,10 +251,13 @@ Status infer_sdpa_paged(const InferContext& ctx, T& o, SdpaDims& d) {
     }
     const int64_t max_pages = table_dims[2], capacity = max_pages * page_size;
     if (!o.max_seq_len_kv) o.max_seq_len_kv = capacity;
-    if (*o.max_seq_len_kv < 1 || *o.max_seq_len_kv > capacity) {
-      return InvalidArgument(ctx.where + " max_seq_len_kv is " + std::to_string(*o.max_seq_len_kv) +
-                             ": give 1.." + std::to_string(capacity) + " (max_pages " + std::to_string(max_pages) +
-                             " of the page tables times page_size " + std::to_string(page_size) +
+    // cuDNN 9.19's paged cache load: the tables hold exactly ceil(max_seq_len_kv / page_size) pages.
+    const int64_t lowest = capacity - page_size + 1;
+    if (*o.max_seq_len_kv < lowest || *o.max_seq_len_kv > capacity) {
+      return InvalidArgument(ctx.where + " max_seq_len_kv is " + std::to_string(*o.max_seq_len_kv) + ": give " +
+                             std::to_string(lowest) + ".." + std::to_string(capacity) +
+                             " (cuDNN wants tables of exactly ceil(max_seq_len_kv / page_size) pages: max_pages " +
+                             std::to_string(max_pages) + " of the page tables, page_size " + std::to_string(page_size) +
                              " of the pools), or leave it out for " + std::to_string(capacity));
     }
     d.Skv = *o.max_seq_len_kv;
