@@ -416,7 +416,8 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                                         "seq_len_kv holds each sequence's key/value length"));
     for (auto [role, full] : {std::pair<const char*, int64_t>{"seq_len_q", d.Sq}, {"seq_len_kv", d.Skv}}) {
       ResolvedTensor& t = ctx.in(role);
-      t.random_lo = 1;
+      // [1, S]; for S = 1 (decode) [0, 1]: random integers need a range of two values at least.
+      t.random_lo = full == 1 ? 0 : 1;
       t.random_hi = static_cast<double>(full);
       for (double x : t.values) {
         if (x < 0 || x > static_cast<double>(full) || x != std::floor(x)) {
