@@ -95,6 +95,13 @@ Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, Host
 Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
                       std::map<std::string, std::vector<float>>& outputs);
 
+// Checks the inputs of every paged sdpa op (SdpaOptions::paged) of `g`, by
+// tensor name in `inputs`, before anything runs: every page-table entry an
+// integer page of its pool, [0, num_pages) (unused slots too), seq_len_q in
+// [0, Sq] and seq_len_kv in [0, max_seq_len_kv] (a longer sequence would read
+// past its pages). InvalidArgument naming the op, the tensor and the batch entry.
+Status check_sdpa_paged_inputs(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
+
 struct Tolerance {
   double rel_l2 = 0;       // ||a - r||_2 / ||r||_2
   double max_abs_rel = 0;  // max|a - r| / max|r|

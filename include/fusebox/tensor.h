@@ -31,6 +31,14 @@ struct HostTensor {
 // constant tensor. Deterministic in (seed, tensor name).
 HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo = -1.0, double hi = 1.0);
 
+// A page table of paged attention (int32 [B,1,max_pages,1], SdpaOptions::paged)
+// over a pool of num_pages pages: entry e (logical order) is perm[e % num_pages]
+// for a seeded random permutation perm of the pool's pages, so entries are
+// distinct while the pool holds B * max_pages pages and a sequence's pages are
+// not in order (a reader that ignores the table reads the wrong keys).
+// Deterministic in (seed, tensor name).
+HostTensor random_page_table(const ResolvedTensor& t, uint64_t seed, int64_t num_pages);
+
 // .npy holds the tensor in logical row-major order, whatever its strides.
 // On read: numpy dtypes f2/f4/f8/i4/i8 are accepted; an f4 array can feed a
 // bf16, fp16 or fp8 tensor (rounded to it). Shape must equal the tensor dims.

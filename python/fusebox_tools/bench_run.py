@@ -578,6 +578,20 @@ def bench_fp8_matmul(path, graph, args, row):
     del sets
 
 
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def kv_read_bytes(graph, op, lkv):
+    """The K and V bytes a paged (or padded) attention must read: each
+    sequence's lkv keys of every kv head, k and v rows once (the pool's unused
+    pages are not read). `lkv`: per-batch key lengths, or None (all Skv)."""
+    k, v = graph.dims[op["inputs"]["k"]], graph.dims[op["inputs"]["v"]]
+    B = graph.dims[op["inputs"]["q"]][0]
+    lkv = lkv or [sdpa_compare.kv_length(graph, op)] * B
+    row = k[1] * (k[3] * DTYPE_BYTES[graph.dtype(op["inputs"]["k"])] + v[3] * DTYPE_BYTES[graph.dtype(op["inputs"]["v"])])
+    return sum(int(x) for x in lkv) * row
+
+
 def bench_sdpa(path, graph, args, row):
     """The graph's first sdpa op in torch: forward (no_grad, or requires_grad
     inputs when the graph writes stats, as training does) or the backward
@@ -599,6 +613,17 @@ def bench_sdpa(path, graph, args, row):
     shutil.rmtree(work, ignore_errors=True)
 
     dtype = sdpa_compare.TORCH_DTYPES.get(graph.dtype(op["inputs"]["q"]), torch.bfloat16)
+    if op["attrs"].get("paged"):
+        # Effective KV bandwidth: bytes the sequences' keys and values hold / time (fusebox_gbps_kv in the report).
+        row["kv_bytes"] = kv_read_bytes(graph, op, lkv)
+        # The roofline's bytes: what is read and written (keys and values the lengths cover, q and o),
+        # not the whole pools the graph declares.
+        qd = graph.dims[op["inputs"]["q"]]
+        row["bytes"] = row["kv_bytes"] + 2 * qd[0] * qd[1] * qd[2] * qd[3] * DTYPE_BYTES[graph.dtype(op["inputs"]["q"])]
+        notes.append("paged K/V: torch gathers each sequence's pages into a contiguous cache (timed, part of "
+                     "every call), then SDPA on it; kv_bytes counts the keys and values the lengths cover")
+    if op["attrs"].get("sink"):
+        notes.append("torch: no attention sinks (its SDPA has none): the same attention without the sink logits")
     if kind in ("sdpa_fp8_fwd", "sdpa_fp8_bwd"):
         dtype = torch.bfloat16
         notes.append("torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)")
@@ -616,7 +641,8 @@ def bench_sdpa(path, graph, args, row):
 
     def fwd(s):
         with torch.set_grad_enabled(train):
-            return F.scaled_dot_product_attention(s["q"], s["k"], s["v"], **kw, **extra)
+            k, v = sdpa_compare.paged_kv(s)  # the gather of a paged op, timed with the attention
+            return F.scaled_dot_product_attention(s["q"], k, v, **kw, **extra)
 
     def prepare():
         # the backward's kernel follows the forward's backend: redo the forward under it

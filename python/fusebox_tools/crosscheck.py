@@ -28,6 +28,7 @@ dropout and no dumped "dropout_mask" are run through fusebox but not compared
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -69,6 +70,15 @@ def without_dropout(src, **changes):
     return dict(src, attrs=dict(src["attrs"], dropout=None), **changes)
 
 
+def page_table_pool(graph, name):
+    """The pool (k or v tensor name) that page table `name` indexes, or None
+    when `name` is not a page table of a paged sdpa op."""
+    for op, role in graph.consumers(name):
+        if role in ("page_table_k", "page_table_v"):
+            return op["inputs"]["k" if role == "page_table_k" else "v"]
+    return None
+
+
 def make_inputs(graph, seed, device):
     """Input name -> tensor on `device`: float32 (values exact in the tensor's
     dtype) or, for int32/int64 tensors, int64."""
@@ -84,6 +94,12 @@ def make_inputs(graph, seed, device):
         elif bwd_forward_role(graph, name):
             bwd_pending.append(name)
             continue
+        elif page_table_pool(graph, name) is not None:
+            # a shuffled permutation of the pool's pages, as fusebox makes them
+            pages = graph.dims[page_table_pool(graph, name)][0]
+            perm = torch.randperm(pages, generator=gen)
+            n = math.prod(dims)
+            t = perm[torch.arange(n) % pages].reshape(dims).to(torch.int64)
         elif dt in INT_DTYPES:
             t = torch.randint(int(lo), int(hi) + 1, dims, generator=gen, dtype=torch.int64)
         else:

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
-from fusebox_tools.torch_ops import alibi_slopes_tensor, sdpa_keep_mask
+from fusebox_tools.torch_ops import alibi_slopes_tensor, gather_pages, sdpa_keep_mask
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 L2_BYTES = 60 << 20  # H200
@@ -120,6 +120,14 @@ def _time_wall(fn, input_sets, warmup, iters):
 
 # ---------------------------------------------------------------- inputs and masks
 
+def kv_length(graph, op):
+    """The op's logical key length Skv: max_seq_len_kv for a paged K/V cache
+    (k is then a page pool), else k's S."""
+    if op["attrs"].get("paged"):
+        return int(op["attrs"]["max_seq_len_kv"])
+    return graph.dims[op["inputs"]["k"]][2]
+
+
 def seq_lens(graph, op, seed):
     """Per-batch lengths used by everyone: the graph's "values", else random in
     [1, S] (fixed seed; passed to fusebox with --inputs). Returns (lq, lkv, files
@@ -128,9 +136,9 @@ def seq_lens(graph, op, seed):
     if "seq_len_q" not in ins and "seq_len_kv" not in ins:
         return None, None, {}
     rng = np.random.default_rng(seed)
-    q, k = graph.dims[ins["q"]], graph.dims[ins["k"]]
+    q = graph.dims[ins["q"]]
     out, arrays = [], {}
-    for role, full in (("seq_len_q", q[2]), ("seq_len_kv", k[2])):
+    for role, full in (("seq_len_q", q[2]), ("seq_len_kv", kv_length(graph, op))):
         name = ins.get(role)
         if name is None:
             out.append([full] * q[0])
@@ -148,8 +156,18 @@ def seq_lens(graph, op, seed):
 
 def make_qkv(graph, op, dtype, device, gen, requires_grad=False):
     """q, k, v (and do for the backwards) as torch [B,H,S,D] tensors with the
-    graph's strides (bshd: [B,S,H,D] storage)."""
+    graph's strides (bshd: [B,S,H,D] storage). For a paged op, k and v are the
+    page pools and "page_table_k", "page_table_v" shuffled int32 tables (a
+    random permutation of each pool's pages)."""
     out = {}
+    if op["attrs"].get("paged"):
+        for role, pool in (("page_table_k", "k"), ("page_table_v", "v")):
+            dims = graph.dims[op["inputs"][role]]
+            pages = graph.dims[op["inputs"][pool]][0]
+            perm = torch.randperm(pages, generator=gen, device=device)
+            n = dims[0] * dims[2]
+            out[role] = perm[torch.arange(n, device=device) % pages].reshape(dims).to(torch.int32)
+        out["max_seq_len_kv"] = kv_length(graph, op)
     roles = ["q", "k", "v"] + (["do"] if op["op"] in SDPA_BWD_OPS else [])
     for role in roles:
         name = op["inputs"][role]
@@ -166,9 +184,9 @@ def torch_mask_kwargs(graph, op, lq, lkv, dtype, device, gen):
     note. Raises NotImplementedError for what torch cannot express (dropout
     with cuDNN's Philox stream is expressible only as dropout_p; we pass it)."""
     opts = graph.sdpa_options(op)
-    q, k = graph.dims[op["inputs"]["q"]], graph.dims[op["inputs"]["k"]]
+    q = graph.dims[op["inputs"]["q"]]
     B, Hq, Sq, _ = q
-    Skv = k[2]
+    Skv = kv_length(graph, op)
     kw = {"scale": opts.attn_scale}
     if opts.dropout:
         kw["dropout_p"] = float(opts.dropout)
@@ -221,8 +239,19 @@ def backend_ctx(name):
     return sdpa_kernel(getattr(SDPBackend, BACKENDS[name]))
 
 
+def paged_kv(qkv):
+    """k and v of make_qkv's dict as contiguous [B, H, Skv, D] caches: gathered
+    through the page tables when paged (the gather is part of what is timed:
+    torch's SDPA has no paged form), else as they are."""
+    if "page_table_k" not in qkv:
+        return qkv["k"], qkv["v"]
+    skv = qkv["max_seq_len_kv"]
+    return (gather_pages(qkv["k"], qkv["page_table_k"], skv), gather_pages(qkv["v"], qkv["page_table_v"], skv))
+
+
 def _call(qkv, kw, gqa):
-    q, k, v = qkv["q"], qkv["k"], qkv["v"]
+    q = qkv["q"]
+    k, v = paged_kv(qkv)
     if gqa == "enable_gqa":
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
     return F.scaled_dot_product_attention(q, k, v, **kw)
@@ -329,7 +358,7 @@ def bench_sdpa_graph(path, args, graph=None):
     kind = op["op"]
     q, k, v = (graph.dims[op["inputs"][r]] for r in ("q", "k", "v"))
     B, Hq, Sq, D = q
-    Hk, Skv, Dv = k[1], k[2], v[3]
+    Hk, Skv, Dv = k[1], kv_length(graph, op), v[3]
     lq, lkv, seq_arrays = seq_lens(graph, op, args.seed)
     work = tempfile.mkdtemp(prefix="sdpa_bench_")
     files = {}

@@ -246,6 +246,32 @@ def _sdpa_config(op):
     return SdpaOptions.from_attrs(op["attrs"])
 
 
+def gather_pages(pool, table, max_seq_len_kv):
+    """A paged K/V cache as the dense [B, H, Skv, D] tensor each sequence
+    sees: key j of sequence b is row j % page_size of page
+    table[b, 0, j // page_size, 0] of `pool` [num_pages, H, page_size, D]
+    (SdpaOptions::paged, include/fusebox/ops/sdpa.h). An explicit gather:
+    what a contiguous-cache attention (torch SDPA) needs first."""
+    idx = table.reshape(table.shape[0], -1).to(device=pool.device, dtype=torch.long)  # [B, P]
+    pages = pool[idx]  # [B, P, H, page_size, D]
+    B, P, H, ps, D = pages.shape
+    dense = pages.permute(0, 2, 1, 3, 4).reshape(B, H, P * ps, D)
+    return dense[:, :, :max_seq_len_kv]
+
+
+def unpage(ins, op):
+    """`ins` with k and v gathered through the page tables when the op is
+    paged (attrs "paged"), else `ins` itself."""
+    attrs = op["attrs"]
+    if not attrs.get("paged"):
+        return ins
+    out = dict(ins)
+    skv = int(attrs["max_seq_len_kv"])
+    out["k"] = gather_pages(ins["k"], ins["page_table_k"], skv)
+    out["v"] = gather_pages(ins["v"], ins["page_table_v"], skv)
+    return out
+
+
 def _lengths(ins, role, batch, full, device):
     t = ins.get(role)
     if t is None:
@@ -335,6 +361,7 @@ def _sdpa_setup(ins, op):
 def sdpa_forward(ins, op, fp8=False):
     """sdpa_fwd / sdpa_fp8_fwd outputs by role (float32 tensors): "o", "stats",
     and for fp8 "amax_s", "amax_o" (o already rounded to fp8_e4m3 values)."""
+    ins = unpage(ins, op)
     q, k, v = (ins[r].float() for r in ("q", "k", "v"))
     opts, (B, Hq, Sq, D, Hk, Skv, Dv, g), dev, lq_all, lkv_all, slopes, keep_scale = _sdpa_setup(ins, op)
     qk_scale = opts.attn_scale
@@ -342,6 +369,8 @@ def sdpa_forward(ins, op, fp8=False):
         sc = {r: float(ins[r].reshape(-1)[0]) for r in
               ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")}
         qk_scale = opts.attn_scale * sc["descale_q"] * sc["descale_k"]
+    # attention sinks: one fp32 logit per query head ("sink_token" [1, Hq, 1, 1])
+    sink = ins["sink_token"].reshape(-1).float() if "sink_token" in ins else None
     o = torch.zeros(B, Hq, Sq, Dv, dtype=torch.float32, device=dev)
     stats = torch.full((B, Hq, Sq, 1), float("-inf"), dtype=torch.float32, device=dev)
     amax_s = torch.zeros((), dtype=torch.float32, device=dev)
@@ -354,7 +383,14 @@ def sdpa_forward(ins, op, fp8=False):
                 rows = torch.arange(r0, r1, device=dev)
                 s, keep = _score_block(q[b, heads.start:heads.stop, r0:r1], k[b, hk], opts, rows, heads,
                                        b, lq, lkv, ins, slopes, qk_scale)
+                if sink is not None:  # one more logit per row, always kept, with no value
+                    col = sink[heads.start:heads.stop].view(-1, 1, 1).expand(-1, s.shape[1], 1)
+                    s = torch.cat([s, col], dim=-1)
+                    keep = torch.cat([torch.broadcast_to(keep, s.shape[:-1] + (s.shape[-1] - 1,)),
+                                      torch.ones(s.shape[:-1] + (1,), dtype=torch.bool, device=dev)], dim=-1)
                 p, st = _masked_softmax(s, keep)
+                if sink is not None:
+                    p = p[..., :-1]
                 stats[b, heads.start:heads.stop, r0:r1] = st
                 if keep_scale is not None:  # dropout after the softmax (stats are before it)
                     p = p * keep_scale[b, heads.start:heads.stop, r0:r1]
@@ -527,7 +563,7 @@ def sdpa_care_masks(op, ins, out_dims):
     q = ins["q"]
     opts = _sdpa_config(op)
     B, Hq, Sq, _ = q.shape
-    Skv = ins["k"].shape[2]
+    Skv = int(op["attrs"]["max_seq_len_kv"]) if op["attrs"].get("paged") else ins["k"].shape[2]
     dev = q.device
     lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
     lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()

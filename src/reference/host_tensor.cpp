@@ -147,6 +147,25 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, doub
   return h;
 }
 
+HostTensor random_page_table(const ResolvedTensor& t, uint64_t seed, int64_t num_pages) {
+  HostTensor h = HostTensor::like(t);
+  const int64_t n = h.element_count();
+  if (num_pages < 1 || n < 1) return h;
+  std::vector<int64_t> perm(static_cast<size_t>(num_pages));
+  for (int64_t p = 0; p < num_pages; ++p) perm[static_cast<size_t>(p)] = p;
+  std::mt19937_64 rng(splitmix64(seed ^ splitmix64(fnv1a(t.name) ^ 0x70616765ull)));
+  // Fisher-Yates with our own draws (std::shuffle's are not the same on every platform).
+  for (int64_t p = num_pages - 1; p > 0; --p) {
+    std::swap(perm[static_cast<size_t>(p)], perm[static_cast<size_t>(rng() % static_cast<uint64_t>(p + 1))]);
+  }
+  const size_t esize = dtype_size_bytes(h.dtype);
+  for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
+    store_element(h.data.data() + off * static_cast<int64_t>(esize), h.dtype,
+                  static_cast<double>(perm[static_cast<size_t>(i % num_pages)]));
+  });
+  return h;
+}
+
 // ---------------------------------------------------------------- .npy
 
 namespace {

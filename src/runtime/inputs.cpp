@@ -33,6 +33,19 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
       return InvalidArgument("input '" + name + "' is not an input tensor of graph '" + g.name + "'");
     }
   }
+  // Paged K/V: page tables without given or fixed values are shuffled valid
+  // ones (random_tensor's would repeat pages and sit in no useful order); then
+  // every table and length is checked before anything reads through them.
+  for (const auto& op : g.ops) {
+    const SdpaOptions* o = sdpa_options(op.attrs);
+    if (!o || !o->paged) continue;
+    for (auto [table_role, pool_role] : {std::pair{"page_table_k", "k"}, std::pair{"page_table_v", "v"}}) {
+      const ResolvedTensor& table = g.tensors[op.inputs.at(table_role)];
+      if (given.count(table.name) || !table.values.empty()) continue;
+      inputs[table.name] = random_page_table(table, seed, g.tensors[op.inputs.at(pool_role)].dims.at(0));
+    }
+  }
+  FUSEBOX_RETURN_IF_ERROR(check_sdpa_paged_inputs(g, inputs));
   // A backward graph runs on a real forward: o and stats from q, k and v,
   // unless the caller gave them.
   bool derive = false;

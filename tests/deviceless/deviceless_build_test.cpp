@@ -225,5 +225,38 @@ TEST(PlanFile, RejectsCorruptFiles) {
   EXPECT_FALSE(check_plan_compatible(info, other, h200()).ok());
 }
 
+// The support matrix (issue #13, item 4): a combination cuDNN 9.19 refuses on
+// Hopper fails at the first step with the frontend's reason, not later with a
+// bare "no engine". FP8 forward with bottom-right alignment is Blackwell-only.
+TEST(SdpaSupportMatrix, Fp8BottomRightRefusedWithCudnnsReason) {
+  auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/sdpa_fp8_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  std::get<SdpaFp8FwdAttrs>(spec->ops[0].attrs).alignment = SdpaAlignment::kBottomRight;
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();  // fusebox leaves the decision to cuDNN
+  BuildReport report;
+  auto plan = build_plan(*g, h200(), BuildOptions{}, &report);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported) << plan.status().ToString();
+  ASSERT_FALSE(report.steps.empty());
+  EXPECT_EQ(report.steps[0].name, "validate");
+  EXPECT_FALSE(report.steps[0].status.ok());
+  EXPECT_NE(plan.status().message().find("Blackwell"), std::string::npos) << plan.status().message();
+}
+
+// A paged K/V graph lowers (page tables, max_seq_len_kv) and passes the
+// frontend's validation and operation-graph build for the H200.
+TEST(SdpaSupportMatrix, PagedForwardValidates) {
+  auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/sdpa_paged_decode_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  BuildReport report;
+  (void)build_plan(*g, h200(), BuildOptions{}, &report);
+  ASSERT_GE(report.steps.size(), 2u);
+  EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
+  EXPECT_TRUE(report.steps[1].status.ok()) << report.steps[1].status.ToString();
+}
+
 }  // namespace
 }  // namespace fusebox

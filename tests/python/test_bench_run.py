@@ -176,3 +176,19 @@ def test_fp8_matmul_plan(bench_run, fusebox):
     plan = bench_run.fp8_matmul_plan(graphs["fp8_matmul_bf16"])
     assert plan["scale_y"] is None and plan["amax"] is None and plan["out_dtype"] == "bf16"
     assert bench_run.fp8_matmul_plan(graphs["matmul_bias_gelu"]) is None
+
+
+def test_paged_decode_kv_bytes_count_the_lengths_not_the_pool(bench_run, fusebox):
+    graphs = _examples(fusebox)
+    g = graphs["sdpa_paged_decode"]
+    op = g.sdpa_ops()[0]
+    assert op["attrs"]["paged"] and op["attrs"]["max_seq_len_kv"] == 8192
+    assert bench_run.family(g) == "sdpa"
+    # B=64, Hkv=8, D=Dv=128, bf16: per key 8 heads * (128 + 128) * 2 bytes
+    lkv = [100] * 32 + [8192] * 32
+    assert bench_run.kv_read_bytes(g, op, lkv) == sum(lkv) * 8 * 256 * 2
+    # without lengths: every sequence at max_seq_len_kv, which is the pools' size here
+    full = bench_run.kv_read_bytes(g, op, None)
+    assert full == 64 * 8192 * 8 * 256 * 2
+    pools = sum(g.dims[op["inputs"][r]][0] * 8 * 64 * 128 * 2 for r in ("k", "v"))
+    assert full == pools

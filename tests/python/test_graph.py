@@ -97,7 +97,8 @@ def sdpa_flops_from_mask(g, op, lengths):
     q, k, v = (g.dims[op["inputs"][r]] for r in ("q", "k", "v"))
     opts = g.sdpa_options(op)
     lq, lkv = lengths
-    pairs = sum(kept_pairs(opts, lq[b], lkv[b], q[2], k[2]) for b in range(q[0]))
+    skv = op["attrs"]["max_seq_len_kv"] if op["attrs"].get("paged") else k[2]  # paged: k is a page pool
+    pairs = sum(kept_pairs(opts, lq[b], lkv[b], q[2], skv) for b in range(q[0]))
     f = 2 * q[1] * pairs * (q[3] + v[3])
     return f * 2.5 if op["op"] in SDPA_BWD_OPS else f
 
@@ -107,6 +108,8 @@ def fixed_lengths(g, op):
     for role, src in (("seq_len_q", "q"), ("seq_len_kv", "k")):
         name = op["inputs"].get(role)
         full = g.dims[op["inputs"][src]][2]
+        if src == "k" and op["attrs"].get("paged"):
+            full = op["attrs"]["max_seq_len_kv"]
         vals = g.values(name) if name else None
         out.append([int(x) for x in vals] if vals else [full] * g.dims[op["inputs"]["q"]][0])
     return out

@@ -30,7 +30,9 @@ def _plain_forward(path):
     """Only picks tests: a one-op sdpa_fwd file without dropout (fusebox resolves it in the test)."""
     with open(path, encoding="utf-8") as f:
         ops = json.load(f)["ops"]
-    return len(ops) == 1 and ops[0]["op"] == "sdpa_fwd" and not ops[0].get("dropout")
+    # torch's SDPA has no attention sinks
+    return (len(ops) == 1 and ops[0]["op"] == "sdpa_fwd" and not ops[0].get("dropout")
+            and "sink_token" not in ops[0]["inputs"])
 
 
 def slopes(heads):
@@ -93,6 +95,44 @@ def check_close(a, b, tol=1e-5):
     assert torch.equal(fin, torch.isfinite(a)), "non-finite pattern differs"
     err = (a[fin] - b[fin]).abs().max().item() if fin.any() else 0.0
     assert err <= tol, err
+
+
+def test_gather_pages_reads_through_the_table():
+    pool = rand(6, 2, 4, 8, seed=3)
+    table = torch.tensor([[5, 0, 3], [1, 4, 2]]).reshape(2, 1, 3, 1)
+    dense = torch_ops.gather_pages(pool, table, 10)
+    assert dense.shape == (2, 2, 10, 8)
+    for b in range(2):
+        for j in range(10):
+            assert torch.equal(dense[b, :, j], pool[table[b, 0, j // 4, 0], :, j % 4])
+    # sdpa_forward on a paged op equals the dense op on the gathered cache
+    op = sdpa_op("sdpa_fwd", ["q", "k", "v", "seq_len_q", "seq_len_kv", "page_table_k", "page_table_v"], 8,
+                 causal=True, alignment="bottom_right")
+    op["attrs"].update(paged=True, max_seq_len_kv=10)
+    q = rand(2, 4, 3, 8, seed=4)
+    lens = {"seq_len_q": torch.tensor([3, 2]).reshape(2, 1, 1, 1), "seq_len_kv": torch.tensor([10, 6]).reshape(2, 1, 1, 1)}
+    paged = torch_ops.sdpa_forward(dict(q=q, k=pool, v=pool * 2, page_table_k=table, page_table_v=table.flip(2),
+                                        **lens), op)
+    dense_op = sdpa_op("sdpa_fwd", ["q", "k", "v", "seq_len_q", "seq_len_kv"], 8, causal=True,
+                       alignment="bottom_right")
+    want = torch_ops.sdpa_forward(dict(q=q, k=dense, v=torch_ops.gather_pages(pool * 2, table.flip(2), 10), **lens),
+                                  dense_op)
+    check_close(paged["o"], want["o"], 0)
+
+
+def test_sink_tokens_join_the_softmax():
+    q, k, v = rand(1, 2, 3, 8, seed=5), rand(1, 1, 5, 8, seed=6), rand(1, 1, 5, 8, seed=7)
+    sink = torch.tensor([0.5, -1.0]).reshape(1, 2, 1, 1)
+    op = sdpa_op("sdpa_fwd", ["q", "k", "v", "sink_token"], 8, causal=True)
+    out = torch_ops.sdpa_forward(dict(q=q, k=k, v=v, sink_token=sink), op)
+    for h in range(2):
+        for i in range(3):
+            s = torch.tensor([float(q[0, h, i].double() @ k[0, 0, j].double()) / math.sqrt(8) for j in range(i + 1)],
+                             dtype=torch.float64)
+            z = torch.logsumexp(torch.cat([s, torch.tensor([float(sink[0, h, 0, 0])], dtype=torch.float64)]), 0)
+            p = torch.exp(s - z)
+            assert abs(float(out["stats"][0, h, i, 0]) - float(z)) < 1e-5
+            check_close(out["o"][0, h, i], (p @ v[0, 0, :i + 1].double()).float())
 
 
 def test_causal_matches_torch_sdpa():
@@ -429,10 +469,11 @@ def test_bench_mask_kwargs_match_reference(fusebox, path):
     gen = torch.Generator().manual_seed(3)
     kw, note = sdpa_compare.torch_mask_kwargs(g, op, lq, lkv, torch.float32, "cpu", gen)
     qkv = sdpa_compare.make_qkv(g, op, torch.float32, "cpu", torch.Generator().manual_seed(4))
-    Hq, Hk = qkv["q"].shape[1], qkv["k"].shape[1]
-    got = F.scaled_dot_product_attention(qkv["q"], qkv["k"], qkv["v"],
+    k, v = sdpa_compare.paged_kv(qkv)  # paged: gathered through the shuffled tables
+    Hq, Hk = qkv["q"].shape[1], k.shape[1]
+    got = F.scaled_dot_product_attention(qkv["q"], k, v,
                                          **({"enable_gqa": True} if Hq != Hk else {}), **kw)
-    ins = dict(qkv)
+    ins = {r: t for r, t in qkv.items() if r != "max_seq_len_kv"}
     if lq is not None:
         ins["seq_len_q"] = torch.tensor(lq).reshape(-1, 1, 1, 1)
         ins["seq_len_kv"] = torch.tensor(lkv).reshape(-1, 1, 1, 1)

@@ -14,7 +14,8 @@ namespace fusebox {
 // ---- Scaled-dot-product attention (cuDNN's fused flash attention).
 //
 // Tensors are logical [B, H, S, D] (bshd memory through strides):
-//   q [B,Hq,Sq,D], k [B,Hk,Skv,D], v [B,Hk,Skv,Dv], Hq % Hk == 0 (grouped-query /
+//   q [B,Hq,Sq,D], k [B,Hk,Skv,D], v [B,Hk,Skv,Dv] (or page pools, see
+//   SdpaOptions::paged), Hq % Hk == 0 (grouped-query /
 //   multi-query attention: q head h reads kv head h / (Hq/Hk)).
 // Score of query row i and key column j in batch b, head h:
 //   s = attn_scale * q_i . k_j  [+ bias[b,h,i,j]]  [+ alibi_slope(h) * (j - i)]
@@ -48,7 +49,30 @@ struct SdpaOptions {
   // dropped) as output "dropout_mask", fp32 [B,Hq,Sq,Skv] (cuDNN's RNG dump,
   // a debugging output): the references read it, so dropout can be verified.
   bool dump_dropout_mask = false;
+  // Paged K/V cache (sdpa_fwd, sdpa_fp8_fwd): inputs "page_table_k" and
+  // "page_table_v", int32 [B,1,max_pages,1]; k and v are then page pools
+  // [num_pages, Hk, page_size, D] and [num_pages_v, Hk, page_size, Dv]. Key j of
+  // sequence b is row j % page_size of page page_table[b,0,j / page_size,0] of
+  // the pool. Needs padding (seq_len_kv[b] <= max_seq_len_kv). Every table entry
+  // is a page of its pool, [0, num_pages), unused slots included.
+  bool paged = false;
+  // The logical key length Skv of a paged op (the frontend's
+  // set_paged_attention_max_seq_len_kv): <= max_pages * page_size; resolve()
+  // fills max_pages * page_size when not given.
+  std::optional<int64_t> max_seq_len_kv;
+  // Attention sinks (sdpa_fwd, sdpa_fp8_fwd; cuDNN's set_sink_token): input
+  // "sink_token", fp32 [1,Hq,1,1], a learned logit per query head that joins
+  // every row's softmax without a value: stats = log(exp(sink[h]) + sum over
+  // kept j of exp(s_ij)), P_ij = exp(s_ij - stats) (a row sums to < 1),
+  // o = P @ v. A row that keeps no key gets o = 0, stats = sink[h].
+  bool sink = false;
 };
+
+// The logical key length of an sdpa op whose k has dims `k_dims`: max_seq_len_kv
+// when paged, else k's S.
+inline int64_t sdpa_kv_length(const SdpaOptions& o, const std::vector<int64_t>& k_dims) {
+  return o.paged && o.max_seq_len_kv ? *o.max_seq_len_kv : k_dims.at(2);
+}
 
 // sdpa_fwd: inputs q, k, v (bf16 or fp16) [+ the optional inputs above];
 // outputs "o" [B,Hq,Sq,Dv] and, with generate_stats, "stats".

@@ -37,6 +37,15 @@ void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, const 
   if (o.dropout) attrs.set_dropout(static_cast<float>(*o.dropout), ctx.in("seed"), ctx.in("offset"));
 }
 
+// Paged K/V (forward attributes only: the frontend has no paged backward):
+// k and v are the page pools, the tables say where each sequence's pages are.
+void apply_paged(fe::graph::SDPA_attributes& attrs, const SdpaOptions& o, const LowerContext& ctx) {
+  if (!o.paged) return;
+  attrs.set_paged_attention_k_table(ctx.in("page_table_k")).set_paged_attention_v_table(ctx.in("page_table_v"));
+  // resolve() fills it; without it the frontend infers it from the tables.
+  if (o.max_seq_len_kv) attrs.set_paged_attention_max_seq_len_kv(static_cast<int>(*o.max_seq_len_kv));
+}
+
 }  // namespace
 
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd) {
@@ -46,6 +55,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd
                    .set_generate_stats(fwd.generate_stats)
                    .set_compute_data_type(to_fe(op.compute_dtype));
   apply_sdpa_options(attrs, fwd, scale, ctx);
+  apply_paged(attrs, fwd, ctx);
+  if (fwd.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (fwd.alibi) attrs.set_alibi_mask(true);
   if (fwd.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
   auto [o, stats] = ctx.graph().sdpa(ctx.in("q"), ctx.in("k"), ctx.in("v"), attrs);
@@ -78,6 +89,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& 
                    .set_generate_stats(f8.generate_stats)
                    .set_compute_data_type(to_fe(op.compute_dtype));
   apply_sdpa_options(attrs, f8, scale, ctx);
+  apply_paged(attrs, f8, ctx);
+  if (f8.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (f8.alibi) attrs.set_alibi_mask(true);
   if (f8.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
   auto [o, stats, amax_s, amax_o] = ctx.graph().sdpa_fp8(

@@ -87,6 +87,8 @@ std::vector<std::string_view> sdpa_input_roles(const T& a) {
   if constexpr (std::is_same_v<T, SdpaFp8BwdAttrs>) r.insert(r.end(), std::begin(kFp8BwdScales), std::end(kFp8BwdScales));
   if constexpr (std::is_same_v<T, SdpaFp8FwdAttrs>) r.insert(r.end(), std::begin(kFp8FwdScales), std::end(kFp8FwdScales));
   if (a.padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
+  if (a.paged) r.insert(r.end(), {"page_table_k", "page_table_v"});
+  if (a.sink) r.push_back("sink_token");
   if (a.bias) r.push_back("bias");
   if (a.dropout) r.insert(r.end(), {"seed", "offset"});
   return r;
@@ -119,8 +121,9 @@ std::string sdpa_output_roles_hint(const T& a) {
   return "";
 }
 
-const std::vector<std::string_view> kSdpaJsonFields = {"attn_scale", "causal",  "alignment",    "left_bound",
-                                                       "right_bound", "alibi",   "dropout",      "deterministic"};
+const std::vector<std::string_view> kSdpaJsonFields = {"attn_scale",  "causal",  "alignment",     "left_bound",
+                                                       "right_bound", "alibi",   "dropout",       "deterministic",
+                                                       "max_seq_len_kv"};
 
 template <typename T>
 Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a) {
@@ -130,6 +133,7 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
   FUSEBOX_RETURN_IF_ERROR(r.opt_int(v, path, "left_bound", a.left_bound));
   FUSEBOX_RETURN_IF_ERROR(r.opt_int(v, path, "right_bound", a.right_bound));
   FUSEBOX_RETURN_IF_ERROR(r.opt_number(v, path, "dropout", a.dropout));
+  FUSEBOX_RETURN_IF_ERROR(r.opt_int(v, path, "max_seq_len_kv", a.max_seq_len_kv));
   if (v.contains("alignment")) {
     FUSEBOX_ASSIGN_OR_RETURN(std::string al, r.get_string(path + ".alignment", v["alignment"]));
     if (al == "top_left") {
@@ -145,6 +149,14 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
   // Optional inputs switch their feature on: seq_len_q/seq_len_kv -> padding, bias -> bias.
   a.padding = op.inputs.count("seq_len_q") > 0 || op.inputs.count("seq_len_kv") > 0;
   a.bias = op.inputs.count("bias") > 0;
+  // page_table_k/page_table_v -> paged K/V (the role check then asks for both).
+  a.paged = op.inputs.count("page_table_k") > 0 || op.inputs.count("page_table_v") > 0;
+  if (a.max_seq_len_kv && !a.paged) {
+    return r.err(path + ".max_seq_len_kv",
+                 "max_seq_len_kv is the key length of a paged K/V cache: give inputs 'page_table_k' and "
+                 "'page_table_v' with it, or remove it (a dense k has its length in its dims)");
+  }
+  a.sink = op.inputs.count("sink_token") > 0;  // sink_token -> attention sinks
   a.dump_dropout_mask = op.outputs.count("dropout_mask") > 0;
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "deterministic", a.deterministic));
@@ -167,6 +179,7 @@ void sdpa_write_json(const T& a, nlohmann::ordered_json& j) {
   if (a.right_bound) j["right_bound"] = *a.right_bound;
   if (a.alibi) j["alibi"] = true;
   if (a.dropout) j["dropout"] = static_cast<double>(*a.dropout);
+  if (a.max_seq_len_kv) j["max_seq_len_kv"] = *a.max_seq_len_kv;
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     if (a.deterministic) j["deterministic"] = true;
   }
@@ -195,6 +208,88 @@ Status check_sdpa_tensor(const InferContext& ctx, const char* role, const char* 
 struct SdpaDims {
   int64_t B = 0, Hq = 0, Sq = 0, D = 0, Hk = 0, Skv = 0, Dv = 0;
 };
+
+// Paged K/V: k and v are page pools [num_pages, Hk, page_size, D(v)], the page
+// tables int32 [B, 1, max_pages, 1]. Sets d.Skv to max_seq_len_kv (filled in
+// as max_pages * page_size when not given) and checks fixed table values.
+template <typename T>
+Status infer_sdpa_paged(const InferContext& ctx, T& o, SdpaDims& d) {
+  const std::string type(type_name(o));
+  if constexpr (kIsBwd<T>) {
+    return InvalidArgument(ctx.in_where("page_table_k") + ": " + type +
+                           " takes no page tables: paged K/V caches are for inference (sdpa_fwd, sdpa_fp8_fwd); "
+                           "cuDNN has no paged backward");
+  } else {
+    const ResolvedTensor& k = ctx.in("k");
+    const int64_t page_size = k.dims[2];
+    if (!o.padding) {
+      return InvalidArgument(ctx.where + " paged K/V needs each sequence's lengths: give inputs 'seq_len_q' and "
+                             "'seq_len_kv' (int32 [B,1,1,1]); cuDNN reads a paged cache only with a padding mask");
+    }
+    const std::vector<int64_t>& table_dims = ctx.in("page_table_k").dims;
+    for (const char* role : {"page_table_k", "page_table_v"}) {
+      const ResolvedTensor& t = ctx.in(role);
+      const std::string w = ctx.in_where(role);
+      if (t.scalar_value || !t.is_input) {
+        return InvalidArgument(w + " must be a graph input tensor in memory: a page table is int32 "
+                               "[B, 1, max_pages, 1], the pool's page index of each page of each sequence");
+      }
+      if (t.dtype != DType::kInt32) {
+        return InvalidArgument(w + " has dtype " + std::string(dtype_name(t.dtype)) +
+                               ": a page table is int32 (page indices into the pool)");
+      }
+      if (t.dims.size() != 4 || t.dims[0] != d.B || t.dims[1] != 1 || t.dims[2] < 1 || t.dims[3] != 1) {
+        return InvalidArgument(w + " has dims " + dims_string(t.dims) + ": a page table is [B, 1, max_pages, 1] = [" +
+                               std::to_string(d.B) + ", 1, max_pages, 1] (B from q; one row of page indices per "
+                               "sequence)");
+      }
+      if (t.dims != table_dims) {
+        return InvalidArgument(w + " has dims " + dims_string(t.dims) + " but 'page_table_k' (" +
+                               squote(ctx.in("page_table_k").name) + ") has " + dims_string(table_dims) +
+                               ": the k and v page tables must have the same dims");
+      }
+    }
+    const int64_t max_pages = table_dims[2], capacity = max_pages * page_size;
+    if (!o.max_seq_len_kv) o.max_seq_len_kv = capacity;
+    // cuDNN 9.19's paged cache load: the tables hold exactly ceil(max_seq_len_kv / page_size) pages.
+    const int64_t lowest = capacity - page_size + 1;
+    if (*o.max_seq_len_kv < lowest || *o.max_seq_len_kv > capacity) {
+      return InvalidArgument(ctx.where + " max_seq_len_kv is " + std::to_string(*o.max_seq_len_kv) + ": give " +
+                             std::to_string(lowest) + ".." + std::to_string(capacity) +
+                             " (cuDNN wants tables of exactly ceil(max_seq_len_kv / page_size) pages: max_pages " +
+                             std::to_string(max_pages) + " of the page tables, page_size " + std::to_string(page_size) +
+                             " of the pools), or leave it out for " + std::to_string(capacity));
+    }
+    d.Skv = *o.max_seq_len_kv;
+    for (auto [role, pool_role] : {std::pair<const char*, const char*>{"page_table_k", "k"}, {"page_table_v", "v"}}) {
+      ResolvedTensor& t = ctx.in(role);
+      const ResolvedTensor& pool = ctx.in(pool_role);
+      const int64_t num_pages = pool.dims[0];
+      if (num_pages > (int64_t{1} << 24)) {  // the references hold indices as floats
+        return InvalidArgument(ctx.in_where(pool_role) + " has " + std::to_string(num_pages) +
+                               " pages: fusebox handles pools of at most 2^24 pages");
+      }
+      // fusebox replaces random tables by shuffled valid ones (make_inputs);
+      // this range only keeps a table made elsewhere in bounds.
+      t.random_lo = 0;
+      t.random_hi = static_cast<double>(num_pages - 1);
+      for (size_t idx = 0; idx < t.values.size(); ++idx) {
+        const double x = t.values[idx];
+        if (x < 0 || x >= static_cast<double>(num_pages) || x != std::floor(x)) {
+          std::ostringstream vs;
+          vs << x;
+          return InvalidArgument(ctx.in_where(role) + " holds page " + vs.str() + " for batch entry " +
+                                 std::to_string(idx / static_cast<size_t>(max_pages)) + " (slot " +
+                                 std::to_string(idx % static_cast<size_t>(max_pages)) + "): the pool '" +
+                                 std::string(pool_role) + "' (" + squote(pool.name) + ") has " +
+                                 std::to_string(num_pages) + " pages, so every entry (unused slots too) must be " +
+                                 "an integer in [0, " + std::to_string(num_pages) + ")");
+        }
+      }
+    }
+    return Status::Ok();
+  }
+}
 
 // Validates q/k/v (shared by every sdpa op), the options and the optional
 // inputs; fills attn_scale, right_bound (causal) and the random ranges of
@@ -239,15 +334,15 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                            std::to_string(t.dims[dim]) + " but " + want_from + " has " + std::to_string(want) + ": " +
                            what + " must match");
   };
-  if (k.dims[0] != d.B) return kv_mismatch("k", k, 0, "B", d.B, "q");
-  if (v.dims[0] != d.B) return kv_mismatch("v", v, 0, "B", d.B, "q");
+  if (!o.paged && k.dims[0] != d.B) return kv_mismatch("k", k, 0, "B", d.B, "q");
+  if (!o.paged && v.dims[0] != d.B) return kv_mismatch("v", v, 0, "B", d.B, "q");
   if (k.dims[3] != d.D) {
     return InvalidArgument(ctx.in_where("k") + " " + dims_string(k.dims) + " has head dim D=" +
                            std::to_string(k.dims[3]) + " but 'q' (" + squote(qt.name) + ") " + dims_string(qt.dims) +
                            " has D=" + std::to_string(d.D) + ": q and k must have the same head dim");
   }
   if (v.dims[1] != d.Hk) return kv_mismatch("v", v, 1, "Hk", d.Hk, "k");
-  if (v.dims[2] != d.Skv) return kv_mismatch("v", v, 2, "Skv", d.Skv, "k");
+  if (v.dims[2] != d.Skv) return kv_mismatch("v", v, 2, o.paged ? "page_size" : "Skv", d.Skv, "k");
   if (d.Hq % d.Hk != 0) {
     return InvalidArgument(where + " 'q' (" + squote(qt.name) + ") has Hq=" + std::to_string(d.Hq) +
                            " heads but 'k' (" + squote(k.name) + ") has Hk=" + std::to_string(d.Hk) +
@@ -313,6 +408,7 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
     }
     return Status::Ok();
   };
+  if (o.paged) FUSEBOX_RETURN_IF_ERROR(infer_sdpa_paged(ctx, o, d));
   if (o.padding) {
     FUSEBOX_RETURN_IF_ERROR(check_small("seq_len_q", DType::kInt32, {d.B, 1, 1, 1},
                                         "seq_len_q holds each sequence's query length"));
@@ -320,7 +416,8 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                                         "seq_len_kv holds each sequence's key/value length"));
     for (auto [role, full] : {std::pair<const char*, int64_t>{"seq_len_q", d.Sq}, {"seq_len_kv", d.Skv}}) {
       ResolvedTensor& t = ctx.in(role);
-      t.random_lo = 1;
+      // [1, S]; for S = 1 (decode) [0, 1]: random integers need a range of two values at least.
+      t.random_lo = full == 1 ? 0 : 1;
       t.random_hi = static_cast<double>(full);
       for (double x : t.values) {
         if (x < 0 || x > static_cast<double>(full) || x != std::floor(x)) {
@@ -331,6 +428,14 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
         }
       }
     }
+  }
+  if (o.sink) {
+    if constexpr (kIsBwd<T>) {
+      return InvalidArgument(ctx.in_where("sink_token") + ": fusebox has attention sinks in the forwards only "
+                             "(sdpa_fwd, sdpa_fp8_fwd); remove 'sink_token' from " + type);
+    }
+    FUSEBOX_RETURN_IF_ERROR(check_small("sink_token", DType::kFP32, {1, d.Hq, 1, 1},
+                                        "the sink token (one fp32 logit per query head)"));
   }
   if (o.bias) {
     ResolvedTensor& t = ctx.in("bias");
@@ -479,6 +584,11 @@ void sdpa_canonical(const T& a, CanonicalWriter& w) {
   w.field("alibi", a.alibi);
   if (a.dropout) w.field("dropout", *a.dropout);
   w.field("dropout_mask", a.dump_dropout_mask);
+  if (a.sink) w.field("sink", true);  // absent without: fingerprints stay as they were
+  if (a.paged) {  // absent for dense ops: their fingerprints stay as they were
+    w.field("paged", true);
+    w.field("max_seq_len_kv", *a.max_seq_len_kv);
+  }
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     w.field("stats", a.generate_stats);
   }
@@ -495,6 +605,8 @@ void sdpa_describe(const T& a, std::ostream& os) {
   if (a.bias) os << ", bias";
   if (a.alibi) os << ", alibi";
   if (a.dropout) os << ", dropout " << *a.dropout;
+  if (a.paged) os << ", paged K/V, max_seq_len_kv " << a.max_seq_len_kv.value_or(0);
+  if (a.sink) os << ", sink tokens";
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     if (a.deterministic) os << ", deterministic";
   }
@@ -523,6 +635,9 @@ void sdpa_resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_j
                               : nlohmann::ordered_json(nullptr);
   j["dropout"] = optional_json(a.dropout);
   j["dump_dropout_mask"] = a.dump_dropout_mask;
+  j["paged"] = a.paged;
+  j["max_seq_len_kv"] = optional_json(a.max_seq_len_kv);
+  j["sink"] = a.sink;
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     j["generate_stats"] = a.generate_stats;
   }
@@ -548,7 +663,7 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
     return r;
   };
   const auto lq = lengths("seq_len_q", q.dims[2]);
-  const auto lkv = lengths("seq_len_kv", k.dims[2]);
+  const auto lkv = lengths("seq_len_kv", sdpa_kv_length(s, k.dims));
   double pairs = 0;
   for (size_t b = 0; b < lq.size(); ++b) pairs += sdpa_kept_pairs(s, lq[b], lkv[b]);
   double f = 2.0 * static_cast<double>(q.dims[1]) * pairs * static_cast<double>(q.dims[3] + v.dims[3]);

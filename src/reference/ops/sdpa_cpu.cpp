@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "ops/sdpa_dropout.h"
 #include "ops/sdpa_fp8_bwd.h"
+#include "ops/sdpa_paged.h"
 #include "tensor_util.h"
 
 namespace fusebox::reference_detail {
@@ -61,6 +62,11 @@ Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
   auto check = [&](const char* kind, std::string_view role, const std::vector<int64_t>& dims) -> Status {
     const std::string what = op_where(op) + kind + " '" + std::string(role) + "' has dims " + dims_string(dims);
     if (role == "q" || role == "k" || role == "v") return Status::Ok();
+    if (role == "page_table_k" || role == "page_table_v") return Status::Ok();  // read by gather_pages()
+    if (role == "sink_token") {
+      if (dims == std::vector<int64_t>{1, s.Hq, 1, 1}) return Status::Ok();
+      return InvalidArgument(what + " but q needs [1, Hq, 1, 1] = [1, " + std::to_string(s.Hq) + ", 1, 1]");
+    }
     if (role == "bias") {
       if (dims.size() == 4 && (dims[0] == 1 || dims[0] == s.B) && (dims[1] == 1 || dims[1] == s.Hq) &&
           dims[2] == s.Sq && dims[3] == s.Skv)
@@ -182,9 +188,11 @@ class SdpaDropout {
 // with dropout, o = P' @ v (fp8: amax_s = max P', P' rounded to e4m3 after
 // scale_s, then the descales and scale_o, with both amax values).
 // Rows i >= lq (padding) are don't care and stay 0; a row that keeps no key
-// gets o = 0 and stats = -inf (the logsumexp of nothing).
+// gets o = 0 and stats = -inf (the logsumexp of nothing), or sink[h] with
+// attention sinks (`sink`: one logit per query head, in the softmax, no value).
 void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, const SdpaDropout& drop,
-                  const Fp8Scales* fp8, Values* o, Values* stats, double* amax_s, double* amax_o) {
+                  const Fp8Scales* fp8, const Values* sink, Values* o, Values* stats, double* amax_s,
+                  double* amax_o) {
   const int64_t rows = sh.B * sh.Hq * sh.Sq;
   std::vector<double> row_amax_s(fp8 ? rows : 0), row_amax_o(fp8 ? rows : 0);
   parallel_for(rows, static_cast<double>(sh.Skv) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
@@ -192,12 +200,13 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
     for (int64_t row = begin; row < end; ++row) {
       const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
       if (i >= sc.lq(b)) continue;
-      const double mx = sc.row(b, h, i, s);
+      const double sink_logit = sink ? static_cast<double>(sink->data[h]) : -INFINITY;
+      const double mx = std::max(sc.row(b, h, i, s), sink_logit);
       if (mx == -INFINITY) {
         if (stats) stats->data[row] = -INFINITY;
         continue;
       }
-      double sum = 0;
+      double sum = sink ? std::exp(sink_logit - mx) : 0.0;
       for (int64_t j = 0; j < sh.Skv; ++j) sum += std::exp(s[j] - mx);
       const double lse = mx + std::log(sum);
       if (stats) stats->data[row] = static_cast<float>(lse);
@@ -333,7 +342,8 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind, const
     scales = {single(t, "descale_s"), single(t, "descale_v"), single(t, "scale_s"), single(t, "scale_o")};
   }
   double amax_s = 0, amax_o = 0;
-  sdpa_forward(sc, sh, t["v"], drop, fp8 ? &scales : nullptr, out("o"), out("stats"), &amax_s, &amax_o);
+  sdpa_forward(sc, sh, t["v"], drop, fp8 ? &scales : nullptr, o.sink ? &t["sink_token"] : nullptr, out("o"),
+               out("stats"), &amax_s, &amax_o);
   if (fp8) {
     out("amax_s")->data[0] = static_cast<float>(amax_s);
     out("amax_o")->data[0] = static_cast<float>(amax_o);
@@ -360,9 +370,47 @@ Status gather(CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, Sdp
   return Status::Ok();
 }
 
+// Paged K/V: the dense [B, Hk, Skv, D] cache of pool `pool_role` as each
+// sequence sees it through table `table_role` (SdpaOptions::paged), after
+// checking every table entry.
+Result<Values> gather_pages(const CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o,
+                            const SdpaTensors& t, const char* pool_role, const char* table_role) {
+  const Values &pool = t[pool_role], &table = t[table_role];
+  const int64_t B = t["q"].dims.at(0);
+  if (pool.dims.size() != 4 || table.dims.size() != 4 || table.dims[0] != B || !o.max_seq_len_kv)
+    return InvalidArgument(op_where(op) + "paged input '" + pool_role + "' " + dims_string(pool.dims) +
+                           " or '" + table_role + "' " + dims_string(table.dims) +
+                           " is not a pool [num_pages, Hk, page_size, D] with a table [B, 1, max_pages, 1]");
+  const int64_t pages = pool.dims[0], H = pool.dims[1], page_size = pool.dims[2], D = pool.dims[3];
+  const int64_t max_pages = table.dims[2], Skv = *o.max_seq_len_kv;
+  if (Skv > max_pages * page_size)
+    return InvalidArgument(op_where(op) + "max_seq_len_kv " + std::to_string(Skv) + " exceeds the " +
+                           std::to_string(max_pages) + " pages of " + std::to_string(page_size) +
+                           " keys of input '" + table_role + "'");
+  const std::string& name = ctx.graph().tensors[op.inputs.at(table_role)].name;
+  FUSEBOX_RETURN_IF_ERROR(check_page_table(op, table_role, name, table.data, B, max_pages, pages));
+  Values dense{{B, H, Skv, D}, std::vector<float>(static_cast<size_t>(B * H * Skv * D))};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < Skv; ++j) {
+        int64_t page = 0;
+        const int64_t r = paged_row(table.data.data() + b * max_pages, page_size, j, &page);
+        const float* src = pool.data.data() + ((page * H + h) * page_size + r) * D;
+        std::copy(src, src + D, dense.data.begin() + ((b * H + h) * Skv + j) * D);
+      }
+  return dense;
+}
+
 Status run(CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind) {
   SdpaTensors t;
   FUSEBOX_RETURN_IF_ERROR(gather(ctx, op, o, t));
+  Values dense_k, dense_v;  // with paged K/V: what t.in["k"], t.in["v"] point to
+  if (o.paged) {
+    FUSEBOX_ASSIGN_OR_RETURN(dense_k, gather_pages(ctx, op, o, t, "k", "page_table_k"));
+    FUSEBOX_ASSIGN_OR_RETURN(dense_v, gather_pages(ctx, op, o, t, "v", "page_table_v"));
+    t.in["k"] = &dense_k;
+    t.in["v"] = &dense_v;
+  }
   return run_sdpa(op, o, kind, t);
 }
 

@@ -15,6 +15,7 @@
 #include "ops/sdpa_dropout.h"
 #include "ops/sdpa_fp8_bwd.h"
 #include "ops/sdpa_mask.h"
+#include "ops/sdpa_paged.h"
 #include "tensor_util.h"
 
 namespace fusebox::reference_detail {
@@ -43,6 +44,7 @@ struct SdpaArgs {
   // Dropout: cuDNN's keep-mask M [B,Hq,Sq,Skv] (ptr == nullptr: no dropout) and 1 / (1 - p).
   DevTensor dropout_mask;
   float dropout_scale = 1.0f;
+  DevTensor sink;  // attention sinks: fp32 [1,Hq,1,1] (ptr == nullptr: none)
 };
 
 // The fp8 scales (device scalars) and amax outputs of sdpa_fp8_fwd.
@@ -119,7 +121,9 @@ __global__ void __launch_bounds__(kSdpaThreads)
   sdpa_kept_keys(a.mask, i, lq, sdpa_len_kv(a, b), &lo, &hi);
   const float scale = kFp8 ? a.scale * load_at(f8.descale_q, 0) * load_at(f8.descale_k, 0) : a.scale;
   const int64_t voff = b * a.v.strides[0] + hk * a.v.strides[1];
-  float m = -INFINITY, l = 0.0f;
+  // An attention sink starts the running softmax as one more logit without a value.
+  const bool sink = a.sink.ptr != nullptr;
+  float m = sink ? load_at(a.sink, h * a.sink.strides[1]) : -INFINITY, l = sink ? 1.0f : 0.0f;
   float acc[kSdpaMaxDvPerThread] = {};
   // Accumulates ps[0, cnt) @ v rows [j0, j0 + cnt) into acc, after scaling acc by corr.
   auto accumulate = [&](int64_t j0, int cnt, float corr) {
@@ -176,7 +180,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
     o_max = fmaxf(o_max, fabsf(out));
     o[row * a.Dv + d] = kFp8 ? out * load_at(f8.scale_o, 0) : out;
   }
-  if (stats && tid == 0) stats[row] = i >= lq ? 0.0f : kept ? m + logf(l) : -INFINITY;
+  if (stats && tid == 0) stats[row] = i >= lq ? 0.0f : (kept || sink) ? m + logf(l) : -INFINITY;
   if (kFp8) {
     p_max = block_reduce<kSdpaThreads>(p_max, true, red);
     o_max = block_reduce<kSdpaThreads>(o_max, true, red);
@@ -311,6 +315,62 @@ Result<const int*> seq_lens(GpuOpContext& ctx, const ResolvedOp& op, const char*
   return static_cast<const int*>(l.t.ptr);
 }
 
+// Paged K/V: dense[b, h, j, :] = pool[table[b, j / page_size], h, j % page_size, :]
+// into fp32 [B, H, Skv, D], one thread per element (the table checked on the host first).
+__global__ void sdpa_gather_pages_kernel(DevTensor pool, DevTensor table, int64_t B, int64_t H, int64_t Skv,
+                                         int64_t D, float* dense) {
+  const int64_t n = B * H * Skv * D, page_size = pool.dims[2];
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = e % D, j = (e / D) % Skv, h = (e / (D * Skv)) % H, b = e / (D * Skv * H);
+    const int64_t page = static_cast<const int*>(table.ptr)[b * table.strides[0] + (j / page_size) * table.strides[2]];
+    dense[e] = load_at(pool, page * pool.strides[0] + h * pool.strides[1] + (j % page_size) * pool.strides[2] +
+                                 d * pool.strides[3]);
+  }
+}
+
+// The dense fp32 cache of pool `pool_role` as each sequence sees it through
+// table `table_role`; `located` becomes it (dims [B, H, Skv, D]).
+Status gather_pages(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, std::map<std::string, Located>& in,
+                    const char* pool_role, const char* table_role) {
+  const Located &pool = in[pool_role], &table = in[table_role];
+  const int64_t B = in["q"].dims[0];
+  if (table.dims.size() != 4 || table.dims[0] != B || table.dims[1] != 1 || table.dims[3] != 1 ||
+      table.t.dtype != static_cast<int>(DType::kInt32) || !table.t.ptr || !pool.t.ptr || !o.max_seq_len_kv)
+    return InvalidArgument(op_where(op) + "input '" + table_role + "' must be an int32 page table [" +
+                           std::to_string(B) + ", 1, max_pages, 1] in memory; got dims " + dims_string(table.dims));
+  const int64_t H = pool.dims[1], page_size = pool.dims[2], D = pool.dims[3], max_pages = table.dims[2];
+  const int64_t Skv = *o.max_seq_len_kv;
+  if (Skv > max_pages * page_size)
+    return InvalidArgument(op_where(op) + "max_seq_len_kv " + std::to_string(Skv) + " exceeds the " +
+                           std::to_string(max_pages) + " pages of " + std::to_string(page_size) +
+                           " keys of input '" + table_role + "'");
+  // Every entry checked on the host before the kernel uses it as an address.
+  std::vector<int> host(static_cast<size_t>(B * max_pages));
+  for (int64_t b = 0; b < B; ++b)
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpy2DAsync(host.data() + b * max_pages, sizeof(int),
+                                                        static_cast<const int*>(table.t.ptr) + b * table.t.strides[0],
+                                                        table.t.strides[2] * sizeof(int), sizeof(int), max_pages,
+                                                        cudaMemcpyDeviceToHost, ctx.stream()));
+  FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(ctx.stream()));
+  const std::string& name = ctx.graph().tensors[op.inputs.at(table_role)].name;
+  FUSEBOX_RETURN_IF_ERROR(
+      check_page_table(op, table_role, name, std::vector<float>(host.begin(), host.end()), B, max_pages, pool.dims[0]));
+  FUSEBOX_ASSIGN_OR_RETURN(float* dense, ctx.temporary(B * H * Skv * D));
+  sdpa_gather_pages_kernel<<<grid_for(B * H * Skv * D, 256), 256, 0, ctx.stream()>>>(pool.t, table.t, B, H, Skv, D,
+                                                                                      dense);
+  FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+  Located g;
+  g.dims = {B, H, Skv, D};
+  g.t.ptr = dense;
+  g.t.dtype = static_cast<int>(DType::kFP32);
+  g.t.rank = 4;
+  const int64_t strides[4] = {H * Skv * D, Skv * D, D, 1};
+  for (int r = 0; r < 4; ++r) g.t.dims[r] = g.dims[r], g.t.strides[r] = strides[r];
+  in[pool_role] = g;
+  return Status::Ok();
+}
+
 enum class SdpaKind { kFwd, kBwd, kFp8Fwd, kFp8Bwd };
 
 // sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd (and sdpa_fp8_bwd: ops/sdpa_fp8_bwd_gpu.cu).
@@ -327,6 +387,10 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
     FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
     if (in[role].dims.size() != 4)
       return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
+  }
+  if (o.paged) {
+    FUSEBOX_RETURN_IF_ERROR(gather_pages(ctx, op, o, in, "k", "page_table_k"));
+    FUSEBOX_RETURN_IF_ERROR(gather_pages(ctx, op, o, in, "v", "page_table_v"));
   }
   SdpaArgs a{};
   a.q = in["q"].t, a.k = in["k"].t, a.v = in["v"].t;
@@ -362,6 +426,13 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
                                                       cudaMemcpyHostToDevice, stream));
     FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(stream));  // `host` dies here
     a.slopes = dev;
+  }
+  if (o.sink) {
+    const std::vector<int64_t>& sd = in["sink_token"].dims;
+    if (sd != std::vector<int64_t>{1, a.Hq, 1, 1} || in["sink_token"].t.dtype != static_cast<int>(DType::kFP32))
+      return InvalidArgument(op_where(op) + "input 'sink_token' must be fp32 [1, " + std::to_string(a.Hq) +
+                             ", 1, 1]; got dims " + dims_string(sd));
+    a.sink = in["sink_token"].t;
   }
   if (dropout) {
     // cuDNN's dumped keep-mask, read as the graph tensor says (fp32, dense [B,Hq,Sq,Skv]).

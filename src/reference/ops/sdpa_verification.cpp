@@ -10,6 +10,7 @@
 #include "fusebox/reference.h"
 #include "ops/sdpa_fp8_bwd.h"
 #include "ops/sdpa_mask.h"
+#include "ops/sdpa_paged.h"
 #include "tensor_util.h"
 
 namespace fusebox {
@@ -43,9 +44,10 @@ Result<Lengths> sequence_lengths(const ResolvedGraph& g, const ResolvedOp& op, c
   if (q->dims.size() != 4 || k->dims.size() != 4)
     return InvalidArgument(op_where(op) + "q and k must have rank 4");
   const int64_t B = q->dims[0];
-  Lengths l{std::vector<int64_t>(B, q->dims[2]), std::vector<int64_t>(B, k->dims[2])};
+  const int64_t Skv = sdpa_kv_length(o, k->dims);
+  Lengths l{std::vector<int64_t>(B, q->dims[2]), std::vector<int64_t>(B, Skv)};
   if (!o.padding) return l;
-  for (auto [role, len, full] : {std::tuple{"seq_len_q", &l.q, q->dims[2]}, std::tuple{"seq_len_kv", &l.kv, k->dims[2]}}) {
+  for (auto [role, len, full] : {std::tuple{"seq_len_q", &l.q, q->dims[2]}, std::tuple{"seq_len_kv", &l.kv, Skv}}) {
     FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* t, op_tensor(g, op, op.inputs, role));
     auto it = inputs.find(t->name);
     if (it == inputs.end())
@@ -58,7 +60,10 @@ Result<Lengths> sequence_lengths(const ResolvedGraph& g, const ResolvedOp& op, c
       if (!(v[b] >= 0 && v[b] <= static_cast<float>(full) && v[b] == std::floor(v[b])))
         return InvalidArgument(op_where(op) + "input '" + role + "' (tensor '" + t->name + "') holds " +
                                std::to_string(v[b]) + " for batch " + std::to_string(b) +
-                               ": each length must be an integer in [0, " + std::to_string(full) + "]");
+                               ": each length must be an integer in [0, " + std::to_string(full) + "]" +
+                               (o.paged && std::string_view(role) == "seq_len_kv"
+                                    ? " (max_seq_len_kv: a longer sequence would read past its pages)"
+                                    : ""));
       (*len)[b] = static_cast<int64_t>(v[b]);
     }
   }
@@ -141,6 +146,54 @@ Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, Host
       });
       inputs[t.name] = std::move(h);
     }
+  }
+  return Status::Ok();
+}
+
+namespace reference_detail {
+
+Status check_page_table(const ResolvedOp& op, const char* role, const std::string& tensor,
+                        const std::vector<float>& values, int64_t B, int64_t max_pages, int64_t num_pages) {
+  if (static_cast<int64_t>(values.size()) != B * max_pages)
+    return InvalidArgument(op_where(op) + "input '" + role + "' ('" + tensor + "') has " +
+                           std::to_string(values.size()) + " entries: a page table [B, 1, max_pages, 1] has " +
+                           std::to_string(B * max_pages));
+  for (int64_t e = 0; e < B * max_pages; ++e) {
+    const float x = values[static_cast<size_t>(e)];
+    if (x >= 0 && x < static_cast<float>(num_pages) && x == std::floor(x)) continue;
+    char text[64];
+    std::snprintf(text, sizeof text, "%.9g", static_cast<double>(x));
+    return InvalidArgument(op_where(op) + "input '" + role + "' ('" + tensor + "') holds page " + text +
+                           " for batch entry " + std::to_string(e / max_pages) + " (slot " +
+                           std::to_string(e % max_pages) + "): its pool has " + std::to_string(num_pages) +
+                           " pages, so every entry (unused slots too) must be an integer in [0, " +
+                           std::to_string(num_pages) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace reference_detail
+
+Status check_sdpa_paged_inputs(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+  for (const ResolvedOp& op : g.ops) {
+    const SdpaOptions* o = sdpa_options(op.attrs);
+    if (!o || !o->paged) continue;
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* q, op_tensor(g, op, op.inputs, "q"));
+    const int64_t B = q->dims.at(0);
+    for (auto [table_role, pool_role] : {std::pair{"page_table_k", "k"}, std::pair{"page_table_v", "v"}}) {
+      FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* table, op_tensor(g, op, op.inputs, table_role));
+      FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* pool, op_tensor(g, op, op.inputs, pool_role));
+      auto it = inputs.find(table->name);
+      if (it == inputs.end())
+        return InvalidArgument(op_where(op) + "input '" + table_role + "': no values for tensor '" + table->name + "'");
+      FUSEBOX_RETURN_IF_ERROR(reference_detail::check_page_table(op, table_role, table->name,
+                                                                it->second.to_float_logical(), B,
+                                                                table->dims.at(2), pool->dims.at(0)));
+    }
+    // Lengths within [0, Sq] and [0, max_seq_len_kv]: longer than its pages, a
+    // sequence would send cuDNN past the end of its table row.
+    FUSEBOX_ASSIGN_OR_RETURN(const Lengths lengths, sequence_lengths(g, op, *o, inputs));
+    (void)lengths;
   }
   return Status::Ok();
 }
