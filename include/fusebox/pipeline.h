@@ -39,6 +39,9 @@ struct PipelineBuffer {
   // pipeline file's folder (checked to exist; read when the pipeline runs).
   std::string file;
   std::string file_path;
+  // A `.safetensors` file: the tensor's name in it ("key"; the buffer's
+  // name when the pipeline gives none). Empty for a .npy file.
+  std::string key;
   // From the graph tensors bound to it (all agree).
   DType dtype = DType::kBF16;
   std::vector<int64_t> dims;

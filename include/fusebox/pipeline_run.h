@@ -133,6 +133,11 @@ struct PipelineRunOptions {
   int iters = 50;  // 0: run once, no timing
   // Download every buffer a stage writes (intermediates too), not only outputs.
   bool keep_intermediates = false;
+  // After the eager run: record every step into one CUDA graph (CudaGraph),
+  // poison the buffers the stages write, launch it once and compare every
+  // written buffer byte for byte with the eager run; then time graph
+  // launches (PipelineRunResult::latency) beside eager runs (eager_latency).
+  bool cuda_graph = false;
 };
 
 struct StageRun {
@@ -155,12 +160,17 @@ struct PipelineRunResult {
   bool verified_ok = true;
   int64_t buffer_bytes = 0, workspace_bytes = 0, peak_device_bytes = 0;
   double first_execute_ms = 0;  // the first run of every stage, synchronized
-  LatencyStats latency;         // the whole pipeline per run
+  LatencyStats latency;         // the whole pipeline per run (per graph launch with cuda_graph)
+  LatencyStats eager_latency;   // with cuda_graph: the same runs launched stage by stage
+  // With cuda_graph: how the steps were recorded ("native" for all, or a
+  // count per kind), bit_identical over every buffer a stage writes.
+  CudaGraphRun cuda_graph;
   double flops = 0, tflops = 0;
 };
 
 // Creates the executor, runs once (verifying when asked), then times
-// `iters` runs of the whole pipeline.
+// `iters` runs of the whole pipeline (and, with cuda_graph, checks and times
+// it as one CUDA graph).
 Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
                                        const std::vector<const Plan*>& plans, const PipelineHostData& data,
                                        const PipelineRunOptions& options);

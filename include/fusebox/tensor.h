@@ -45,6 +45,12 @@ HostTensor random_page_table(const ResolvedTensor& t, uint64_t seed, int64_t num
 // With `same_kind`, an integer array cannot feed a float tensor either
 // (pipeline weights: an int array there is a wrong file, not a conversion).
 Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t, bool same_kind = false);
+// Tensor `key` of a safetensors file (a model's weights as saved by torch or
+// the safetensors package): F64/F32/F16/BF16/F8_E4M3/F8_E5M2 feed a float
+// tensor (rounded to its dtype), I64/I32 an integer one; the shape must equal
+// the tensor dims, or equal them once dims of 1 are dropped. Only the header
+// (at most 100 MiB) and this tensor's bytes are read.
+Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key, const ResolvedTensor& t);
 // bf16 and fp8 tensors are written as float32 (exact); others keep their type.
 Status write_npy(const std::string& path, const HostTensor& t);
 

@@ -33,6 +33,7 @@ import tempfile
 
 import numpy as np
 
+from fusebox_tools import safetensors_np
 from fusebox_tools.graph import FuseboxError, Graph, fusebox_bin
 
 # The "version" of `fusebox pipeline check --json` and `pipeline run --json` this module reads.
@@ -85,6 +86,14 @@ class Pipeline:
                 f = b["file"]
                 out[name] = f if os.path.isabs(f) else os.path.join(self.folder(), f)
         return out
+
+    def constant(self, name):
+        """A constant's values as float32 (int64 for integers) in the buffer's dims,
+        from its .npy or its tensor ("key") in a .safetensors file."""
+        f, b = self.constant_files()[name], self.buffers[name]
+        a = safetensors_np.read(f, b["key"]) if b.get("key") else np.load(f)
+        a = a.reshape(b["dims"])  # a safetensors tensor may drop the dims of 1
+        return a.astype(np.int64 if a.dtype.kind in "iu" else np.float32)
 
     def inputs(self):
         return [n for n, b in self.buffers.items() if b["kind"] == "input"]
@@ -203,7 +212,8 @@ def main(argv=None):
     load = lambda f: torch.from_numpy(np.load(f).astype(np.float32)).to(device)  # noqa: E731
     files = saved_files(p, out_dir)
     # As fusebox reads them: rounded to the buffer's dtype.
-    constants = {n: round_to(load(f), p.buffers[n]["dtype"]) for n, f in p.constant_files().items()}
+    constants = {n: round_to(torch.from_numpy(p.constant(n)).to(device), p.buffers[n]["dtype"])
+                 for n in p.constant_files()}
     saved = {n: load(f) for n, f in files.items()}
     results, ok = [], True
     run = torch_stage(device)

@@ -54,6 +54,11 @@ bool is_memory(const ResolvedTensor& t) {
   return !t.is_virtual && !t.scalar_value && (t.is_input || t.is_output);
 }
 
+bool is_safetensors(const std::string& file) {
+  static const std::string ext = ".safetensors";
+  return file.size() >= ext.size() && file.compare(file.size() - ext.size(), ext.size(), ext) == 0;
+}
+
 std::string join_path(const std::string& base_dir, const std::string& p) {
   if (p.empty() || p[0] == '/' || base_dir.empty()) return p;
   return base_dir + "/" + p;
@@ -179,7 +184,7 @@ class Loader {
         return bad("buffers: a buffer name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
       const ordered_json& v = it.value();
       if (!v.is_object()) return bad(path + ": expected an object ({\"kind\": ...}), got " + json_kind(v));
-      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file"}));
+      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file", "key"}));
       if (!v.contains("kind"))
         return bad(path + ": missing field 'kind' (input, output, constant or intermediate)");
       PipelineBuffer b;
@@ -197,11 +202,20 @@ class Loader {
         return bad(path + ".kind: unknown kind \"" + kind +
                    "\": accepted kinds are input, output, constant, intermediate");
       if (b.kind == BufferKind::kConstant) {
-        if (!v.contains("file")) return bad(path + ": a constant needs 'file' (a .npy file with its values)");
+        if (!v.contains("file"))
+          return bad(path + ": a constant needs 'file' (a .npy or .safetensors file with its values)");
         FUSEBOX_ASSIGN_OR_RETURN(b.file, name_at(path + ".file", v["file"], kMaxPathBytes));
         b.file_path = join_path(base_dir_, b.file);
-      } else if (v.contains("file")) {
-        return bad(path + ": only a constant takes 'file' (this buffer is " + kind + ")");
+        if (is_safetensors(b.file)) {
+          b.key = b.name;
+          if (v.contains("key")) {
+            FUSEBOX_ASSIGN_OR_RETURN(b.key, name_at(path + ".key", v["key"], kMaxPathBytes));
+          }
+        } else if (v.contains("key")) {
+          return bad(path + ": 'key' names a tensor in a .safetensors file, but 'file' is " + sq(b.file));
+        }
+      } else if (v.contains("file") || v.contains("key")) {
+        return bad(path + ": only a constant takes 'file' and 'key' (this buffer is " + kind + ")");
       }
       buffer_index_[b.name] = static_cast<int>(p_.buffers.size());
       p_.buffers.push_back(std::move(b));
@@ -264,8 +278,10 @@ class Loader {
                  " bytes (each counted once per stage that names it), over the limit of " +
                  common::format_limit(kMaxPipelineGraphBytes) + " per pipeline");
     total = graphs;
+    // A weights file shared by several constants (one safetensors file) counts once.
+    std::set<std::string> files;
     for (const auto& b : p_.buffers)
-      if (b.kind == BufferKind::kConstant) total += size_of(b.file_path);
+      if (b.kind == BufferKind::kConstant && files.insert(b.file_path).second) total += size_of(b.file_path);
     if (total > kMaxPipelineTotalFileBytes)
       return bad("the graph and weights files add up to " + std::to_string(total) +
                  " bytes, over the limit of " + common::format_limit(kMaxPipelineTotalFileBytes) +

@@ -4,12 +4,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <set>
 
 #include "common/dims_string.h"
 #include "common/stopwatch.h"
 #include "common/strided.h"
 #include "device_buffers.h"
+#include "fusebox/cuda_graph.h"
 
 namespace fusebox {
 
@@ -176,13 +179,15 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       data[static_cast<int>(bi)] = make_input(t, seed);
       continue;
     }
-    auto h = read_npy_for(path, t, /*same_kind=*/true);
+    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty() ? read_safetensors_for(path, buf.key, t)
+                                                                  : read_npy_for(path, t, /*same_kind=*/true);
     if (!h.ok()) {
       const std::string expected = std::string(dtype_is_float(buf.dtype) ? "a float" : "an integer") +
                                    " array of shape " + common::dims_string(buf.dims) + " for " +
                                    std::string(dtype_name(buf.dtype)) + " " + common::dims_string(buf.dims);
       return Status(h.status().code(), where(p) + ": " + std::string(buffer_kind_name(buf.kind)) +
                                            " buffer " + sq(buf.name) + ": file '" + file +
+                                           (buf.key.empty() ? "" : "' tensor '" + buf.key) +
                                            "' does not fit: expected " + expected + ": " +
                                            h.status().message());
     }
@@ -460,8 +465,9 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
   std::map<int, HostTensor> host;
   for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
     const PipelineBuffer& b = p.buffers[bi];
-    const bool want = b.kind == BufferKind::kOutput || b.kind == BufferKind::kInput ||
-                      (b.kind == BufferKind::kIntermediate && (options.verify || options.keep_intermediates));
+    const bool want =
+        b.kind == BufferKind::kOutput || b.kind == BufferKind::kInput ||
+        (b.kind == BufferKind::kIntermediate && (options.verify || options.keep_intermediates || options.cuda_graph));
     if (!want) continue;
     FUSEBOX_ASSIGN_OR_RETURN(host[static_cast<int>(bi)], ex->download(static_cast<int>(bi)));
     if (b.kind == BufferKind::kInput) r.inputs[b.name] = host[static_cast<int>(bi)];
@@ -472,16 +478,17 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
   if (options.verify)
     FUSEBOX_RETURN_IF_ERROR(verify_pipeline(p, data, host, options.cpu_reference_max_flops, &r));
 
-  if (options.iters > 0) {
-    auto stream = static_cast<cudaStream_t>(session.context()->stream());
-    for (int i = 0; i < options.warmup; ++i) FUSEBOX_RETURN_IF_ERROR(ex->execute());
+  // Times `iters` calls of `run` (after `warmup`), each between two CUDA events.
+  auto stream = static_cast<cudaStream_t>(session.context()->stream());
+  auto time_runs = [&](const std::function<Status()>& run, LatencyStats* out) -> Status {
+    for (int i = 0; i < options.warmup; ++i) FUSEBOX_RETURN_IF_ERROR(run());
     std::vector<cudaEvent_t> events(2 * static_cast<size_t>(options.iters), nullptr);
     Status st;
     for (auto& e : events)
       if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
     for (int i = 0; i < options.iters && st.ok(); ++i) {
       cudaEventRecord(events[2 * i], stream);
-      st = ex->execute();
+      st = run();
       cudaEventRecord(events[2 * i + 1], stream);
     }
     if (st.ok()) st = ex->synchronize();
@@ -492,7 +499,79 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
     for (auto& e : events)
       if (e) cudaEventDestroy(e);
     FUSEBOX_RETURN_IF_ERROR(st);
-    r.latency = summarize(std::move(ms));
+    *out = summarize(std::move(ms));
+    return Status::Ok();
+  };
+  auto eager = [&]() { return ex->execute(); };
+
+  std::optional<CudaGraph> graph;
+  if (options.cuda_graph) {
+    CudaGraphRun& cg = r.cuda_graph;
+    const common::Stopwatch made;
+    std::vector<BoundPlan*> steps;
+    for (BoundPlan& b : ex->steps()) steps.push_back(&b);
+    auto g = CudaGraph::create(steps);
+    if (!g.ok()) return g.status().WithContext(where(p) + ": CUDA graph of " + std::to_string(steps.size()) + " steps");
+    graph.emplace(std::move(g).value());
+    cg.used = true;
+    cg.create_ms = made.ms();
+    std::map<std::string, int> kinds;
+    for (size_t i = 0; i < graph->steps().size(); ++i) {
+      const CudaGraphStep& st = graph->steps()[i];
+      ++kinds[std::string(graph_recording_name(st.recording))];
+      if (st.recording == GraphRecording::kCapture && cg.why_not_native.empty())
+        cg.why_not_native = stage_where(p, ex->step_stages()[i]) + ": " + st.why_not_native;
+    }
+    if (kinds.size() == 1) {
+      cg.recording = kinds.begin()->first;
+    } else {
+      for (const auto& [k, n] : kinds) cg.recording += (cg.recording.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    }
+    // The graph's outputs must be its own: poison every written buffer, launch once, compare.
+    FUSEBOX_RETURN_IF_ERROR(ex->synchronize());
+    for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+      const BufferKind k = p.buffers[bi].kind;
+      if (k != BufferKind::kOutput && k != BufferKind::kIntermediate) continue;
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemsetAsync(ex->device(static_cast<int>(bi)), 0xFF, host[static_cast<int>(bi)].data.size(), stream),
+          where(p) + ": poison buffer " + sq(p.buffers[bi].name)));
+    }
+    FUSEBOX_RETURN_IF_ERROR(graph->launch());
+    FUSEBOX_RETURN_IF_ERROR(ex->synchronize());
+    cg.bit_identical = true;
+    for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+      const BufferKind k = p.buffers[bi].kind;
+      if (k != BufferKind::kOutput && k != BufferKind::kIntermediate) continue;
+      FUSEBOX_ASSIGN_OR_RETURN(HostTensor again, ex->download(static_cast<int>(bi)));
+      const std::vector<uint8_t>& want = host[static_cast<int>(bi)].data;
+      cg.bytes_compared += static_cast<int64_t>(want.size());
+      int64_t differ = 0, first = -1;
+      for (size_t i = 0; i < want.size(); ++i)
+        if (want[i] != again.data[i]) {
+          if (first < 0) first = static_cast<int64_t>(i);
+          ++differ;
+        }
+      if (differ) {
+        cg.bit_identical = false;
+        cg.mismatches.push_back(p.buffers[bi].name + ": " + std::to_string(differ) + " of " +
+                                std::to_string(want.size()) + " bytes differ, first at byte " + std::to_string(first));
+      }
+    }
+    if (!cg.bit_identical) {
+      std::string msg = where(p) + ": the CUDA graph's buffers differ from the eager run's (" + cg.recording +
+                        " recording):";
+      for (const auto& m : cg.mismatches) msg += "\n  buffer " + m;
+      return Status(StatusCode::kVerificationFailed, msg);
+    }
+  }
+
+  if (options.iters > 0) {
+    if (graph) {
+      FUSEBOX_RETURN_IF_ERROR(time_runs(eager, &r.eager_latency));
+      FUSEBOX_RETURN_IF_ERROR(time_runs([&]() { return graph->launch(); }, &r.latency));
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(time_runs(eager, &r.latency));
+    }
     if (r.latency.median_ms > 0) r.tflops = r.flops / (r.latency.median_ms * 1e-3) / 1e12;
   }
   return r;

@@ -82,6 +82,36 @@ TEST_P(PipelineGpu, ExecutorIsDeterministic) {
   EXPECT_EQ(first->data, second->data) << "two eager runs differ";
 }
 
+// The whole pipeline as one CUDA graph: every buffer a stage writes equals the
+// eager run's byte for byte (run_pipeline fails otherwise), and both are timed.
+TEST_P(PipelineGpu, CudaGraphMatchesEagerBitForBit) {
+  const Pipeline p = load(GetParam());
+  PipelineBuild b;
+  ASSERT_TRUE(build_pipeline(*session_, p, {}, &b).ok());
+  auto data = load_pipeline_data(p, 13);
+  ASSERT_TRUE(data.ok());
+  PipelineRunOptions o;
+  o.cuda_graph = true;
+  o.iters = 20;
+  o.warmup = 2;
+  auto r = run_pipeline(*session_, p, b.plans_by_stage(p), *data, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->cuda_graph.used);
+  EXPECT_TRUE(r->cuda_graph.bit_identical);
+  EXPECT_TRUE(r->cuda_graph.mismatches.empty());
+  int64_t written = 0;
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi)
+    if (p.buffers[bi].kind == BufferKind::kOutput || p.buffers[bi].kind == BufferKind::kIntermediate)
+      written += buffer_tensor(p, static_cast<int>(bi)).storage_bytes();
+  EXPECT_EQ(r->cuda_graph.bytes_compared, written);
+  EXPECT_FALSE(r->cuda_graph.recording.empty());
+  EXPECT_GT(r->latency.median_ms, 0);
+  EXPECT_GT(r->eager_latency.median_ms, 0);
+  std::printf("[ pipeline ] %s: CUDA graph (%s) median %.4f ms, eager %.4f ms (%.2fx)\n", p.name.c_str(),
+              r->cuda_graph.recording.c_str(), r->latency.median_ms, r->eager_latency.median_ms,
+              r->eager_latency.median_ms / r->latency.median_ms);
+}
+
 INSTANTIATE_TEST_SUITE_P(Examples, PipelineGpu, ::testing::Values("two_convs", "conv10"));
 
 }  // namespace

@@ -59,6 +59,7 @@ ordered_json pipeline_json(const Pipeline& p) {
     e["dims"] = b.dims;
     e["strides"] = b.strides;
     e["file"] = b.file.empty() ? ordered_json(nullptr) : ordered_json(b.file);
+    e["key"] = b.key.empty() ? ordered_json(nullptr) : ordered_json(b.key);
     e["writer"] = b.writer ? use_json(p, *b.writer) : ordered_json(nullptr);
     e["readers"] = std::move(rd);
     buffers.push_back(std::move(e));
@@ -82,7 +83,7 @@ void print_pipeline(const Pipeline& p) {
     std::string rd;
     for (const auto& r : b.readers) rd += (rd.empty() ? "" : ", ") + use_text(p, r);
     who += ", read by " + (rd.empty() ? std::string("-") : rd);
-    if (!b.file.empty()) who += ", file " + b.file;
+    if (!b.file.empty()) who += ", file " + b.file + (b.key.empty() ? "" : " tensor " + b.key);
     std::printf("  %-12s %-12s %s %s  %s\n", safe(b.name).c_str(),
                 std::string(buffer_kind_name(b.kind)).c_str(), std::string(dtype_name(b.dtype)).c_str(),
                 common::dims_string(b.dims).c_str(), safe(who).c_str());
@@ -375,7 +376,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     std::string path, save_outputs;
     std::vector<std::string> inputs;
     PlanFlags plan;
-    bool verify = false, json = false;
+    bool verify = false, json = false, cuda_graph = false;
     uint64_t seed = 1;
     int warmup = 10, iters = 50;
     CacheFlags cache;
@@ -399,6 +400,9 @@ Runner add_pipeline_run(CLI::App& cmd) {
   c->add_option("--iters", a->iters, "Timed runs of the whole pipeline (0: run once, no timing)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  c->add_flag("--cuda-graph", a->cuda_graph,
+              "Also record every stage into one CUDA graph: its buffers must equal the eager run's byte for byte; "
+              "time graph launches beside eager runs");
   add_plan_flags(c, a->plan);
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
@@ -471,6 +475,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     ro.warmup = a->warmup;
     ro.iters = a->iters;
     ro.keep_intermediates = !a->save_outputs.empty();
+    ro.cuda_graph = a->cuda_graph;
     auto r = run_pipeline(**session, *p, b.plans_by_stage(*p), *data, ro);
     if (!r.ok()) return bad(r.status());
 
@@ -524,6 +529,22 @@ Runner add_pipeline_run(CLI::App& cmd) {
                          {"p90", r->latency.p90_ms},
                          {"mean", r->latency.mean_ms},
                          {"iters", r->latency.iters}};
+      if (r->cuda_graph.used) {
+        const CudaGraphRun& cg = r->cuda_graph;
+        j["cuda_graph"] = {{"recording", cg.recording},
+                           {"why_not_native", cg.why_not_native},
+                           {"bit_identical_to_eager", cg.bit_identical},
+                           {"bytes_compared", cg.bytes_compared},
+                           {"mismatches", cg.mismatches},
+                           {"create_ms", cg.create_ms}};
+        j["eager_latency_ms"] = {{"median", r->eager_latency.median_ms},
+                                 {"min", r->eager_latency.min_ms},
+                                 {"p90", r->eager_latency.p90_ms},
+                                 {"mean", r->eager_latency.mean_ms},
+                                 {"iters", r->eager_latency.iters}};
+      } else {
+        j["cuda_graph"] = nullptr;
+      }
       j["flops"] = r->flops;
       j["tflops"] = r->tflops;
       j["outputs_saved"] = saved;
@@ -551,12 +572,28 @@ Runner add_pipeline_run(CLI::App& cmd) {
                   format_bytes(r->peak_device_bytes).c_str());
       std::printf("  start-up: GPU context and cuDNN load %.1f ms, plans %.2f ms, first run %.2f ms\n",
                   (*session)->context_create_ms(), b.total_ms, r->first_execute_ms);
-      if (r->latency.iters > 0)
-        std::printf(
-            "  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms; "
-            "%.1f TFLOP/s\n",
-            r->latency.iters, r->stages.size(), r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms,
-            r->tflops);
+      if (r->cuda_graph.used) {
+        const CudaGraphRun& cg = r->cuda_graph;
+        std::printf("  CUDA graph of %zu steps: %s recording", r->stages.size(), cg.recording.c_str());
+        if (!cg.why_not_native.empty()) std::printf(" (not native: %s)", safe(cg.why_not_native).c_str());
+        std::printf(", made in %.2f ms; buffers bit-identical to eager: %s (%lld bytes compared)\n", cg.create_ms,
+                    cg.bit_identical ? "yes" : "no", static_cast<long long>(cg.bytes_compared));
+      }
+      if (r->eager_latency.iters > 0)
+        std::printf("  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms\n",
+                    r->eager_latency.iters, r->stages.size(), r->eager_latency.median_ms, r->eager_latency.min_ms,
+                    r->eager_latency.p90_ms);
+      if (r->latency.iters > 0) {
+        if (r->cuda_graph.used)
+          std::printf("  latency over %d CUDA graph launches: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s\n",
+                      r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops);
+        else
+          std::printf(
+              "  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms; "
+              "%.1f TFLOP/s\n",
+              r->latency.iters, r->stages.size(), r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms,
+              r->tflops);
+      }
       for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
     }
     Status vs = pipeline_verify_status(*p, *r);

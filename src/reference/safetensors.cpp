@@ -1,0 +1,170 @@
+// fusebox: one tensor out of a safetensors file (include/fusebox/tensor.h).
+//
+// The format: 8 bytes little-endian N, then N bytes of JSON
+// {"name": {"dtype": "BF16", "shape": [...], "data_offsets": [begin, end]}, ...,
+// "__metadata__": {...}}, then the data; offsets are relative to the byte
+// after the header. Only the header and the one tensor's bytes are read, each
+// bounded by what the header and the tensor allow, so a hostile file costs at
+// most its header limit plus the tensor's size.
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/checked_math.h"
+#include "common/dims_string.h"
+#include "common/file_io.h"
+#include "fusebox/tensor.h"
+#include "tensor_util.h"
+
+namespace fusebox {
+namespace {
+
+using common::dims_string;
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the format's own limit
+
+struct StType {
+  const char* name;
+  size_t bytes;
+  bool is_float;
+};
+constexpr StType kTypes[] = {{"F64", 8, true},  {"F32", 4, true},     {"F16", 2, true},
+                             {"BF16", 2, true}, {"F8_E4M3", 1, true}, {"F8_E5M2", 1, true},
+                             {"I64", 8, false}, {"I32", 4, false}};
+
+const StType* find_type(const std::string& s) {
+  for (const StType& t : kTypes)
+    if (s == t.name) return &t;
+  return nullptr;
+}
+
+double load_element(const uint8_t* p, const std::string& type) {
+  if (type == "F64") {
+    double v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  if (type == "F32") {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  if (type == "F16" || type == "BF16") {
+    unsigned short b;
+    std::memcpy(&b, p, 2);
+    return type == "F16" ? fp16_bits_to_float(b) : bf16_bits_to_float(b);
+  }
+  if (type == "F8_E4M3") return fp8_bits_to_float(*p, DType::kFP8E4M3);
+  if (type == "F8_E5M2") return fp8_bits_to_float(*p, DType::kFP8E5M2);
+  if (type == "I32") {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return static_cast<double>(v);
+}
+
+std::vector<int64_t> without_ones(const std::vector<int64_t>& d) {
+  std::vector<int64_t> out;
+  for (int64_t x : d)
+    if (x != 1) out.push_back(x);
+  return out;
+}
+
+}  // namespace
+
+Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key, const ResolvedTensor& t) {
+  const std::string where = path + ": ";
+  if (Status st = common::require_regular_file(path, "safetensors file"); !st.ok()) return st;
+  struct stat sb {};
+  if (::stat(path.c_str(), &sb) != 0) return IoError(where + "cannot stat the file");
+  const uint64_t file_size = static_cast<uint64_t>(sb.st_size);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return IoError(where + "cannot open the file");
+  uint8_t len_bytes[8];
+  if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))
+    return ParseError(where + "not a safetensors file: shorter than its 8-byte header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeaderBytes)
+    return ParseError(where + "safetensors header length " + std::to_string(header_len) + " is over the limit of " +
+                      std::to_string(kMaxHeaderBytes) + " bytes");
+  if (header_len > file_size - 8)
+    return ParseError(where + "truncated safetensors file: the header says " + std::to_string(header_len) +
+                      " bytes, the file has " + std::to_string(file_size - 8) + " after the length");
+  std::string header(static_cast<size_t>(header_len), '\0');
+  if (!in.read(header.data(), static_cast<std::streamsize>(header_len)))
+    return ParseError(where + "cannot read the safetensors header");
+  const nlohmann::json root = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object())
+    return ParseError(where + "the safetensors header is not a JSON object");
+  const uint64_t data_size = file_size - 8 - header_len;
+
+  auto it = root.find(key);
+  if (it == root.end() || key == "__metadata__") {
+    std::string some;
+    int n = 0;
+    for (auto k = root.begin(); k != root.end() && n < 5; ++k)
+      if (k.key() != "__metadata__") some += std::string(n++ ? ", " : "") + "'" + k.key() + "'";
+    return InvalidArgument(where + "no tensor named '" + key + "' (the file holds " +
+                           std::to_string(root.size() - (root.contains("__metadata__") ? 1 : 0)) + " tensors" +
+                           (some.empty() ? "" : ", e.g. " + some) + ")");
+  }
+  const nlohmann::json& e = *it;
+  const std::string what = where + "tensor '" + key + "': ";
+  if (!e.is_object() || !e.contains("dtype") || !e["dtype"].is_string() || !e.contains("shape") ||
+      !e["shape"].is_array() || !e.contains("data_offsets") || !e["data_offsets"].is_array() ||
+      e["data_offsets"].size() != 2)
+    return ParseError(what + "expected {\"dtype\": string, \"shape\": [ints], \"data_offsets\": [begin, end]}");
+  const std::string dtype = e["dtype"].get<std::string>();
+  const StType* type = find_type(dtype);
+  if (!type)
+    return InvalidArgument(what + "dtype " + dtype + " is not read (accepted: F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32)");
+  std::vector<int64_t> shape;
+  for (const auto& d : e["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      return ParseError(what + "shape entries must be non-negative integers");
+    shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  for (const auto& o : e["data_offsets"])
+    if (!o.is_number_unsigned()) return ParseError(what + "data_offsets must be non-negative integers");
+  const uint64_t begin = e["data_offsets"][0].get<uint64_t>(), end = e["data_offsets"][1].get<uint64_t>();
+  if (begin > end || end > data_size)
+    return ParseError(what + "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      "] fall outside the file's " + std::to_string(data_size) + " data bytes");
+  const std::optional<int64_t> elements = common::checked_product(shape);
+  const std::optional<int64_t> bytes =
+      elements ? common::checked_mul(*elements, static_cast<int64_t>(type->bytes)) : std::nullopt;
+  if (!bytes || static_cast<uint64_t>(*bytes) != end - begin)
+    return ParseError(what + "shape " + dims_string(shape) + " of " + dtype + " does not fill data_offsets [" +
+                      std::to_string(begin) + ", " + std::to_string(end) + "]");
+  if (type->is_float != dtype_is_float(t.dtype))
+    return InvalidArgument(what + dtype + " cannot feed tensor '" + t.name + "' of dtype " +
+                           std::string(dtype_name(t.dtype)) + " (a float tensor needs a float one and an integer "
+                           "tensor an integer one)");
+  // Equal shapes, or equal once dims of 1 are dropped (a bias [384] for a [1, 1, 384] buffer).
+  if (shape != t.dims && without_ones(shape) != without_ones(t.dims))
+    return InvalidArgument(what + "shape " + dims_string(shape) + " does not match tensor '" + t.name + "' dims " +
+                           dims_string(t.dims) + " (equal, or equal without the dims of 1)");
+
+  std::vector<uint8_t> raw(static_cast<size_t>(*bytes));
+  in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
+  if (!raw.empty() && !in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size())))
+    return ParseError(what + "cannot read its " + std::to_string(raw.size()) + " data bytes");
+  HostTensor out = HostTensor::like(t);
+  const size_t esize = dtype_size_bytes(out.dtype);
+  reference_detail::for_each_element(out.dims, out.strides, [&](int64_t i, int64_t off) {
+    store_element(out.data.data() + off * esize, out.dtype, load_element(raw.data() + i * type->bytes, dtype));
+  });
+  return out;
+}
+
+}  // namespace fusebox
