@@ -1,5 +1,6 @@
 """`fusebox check --json` (docs/cli.md): its shape on every example graph,
 resolved attributes, exact numbers and errors. Needs only the fusebox binary."""
+import json
 import math
 import os
 
@@ -39,8 +40,11 @@ def test_example_document(run_check, path):
     rc, doc, err = run_check(path)
     assert rc == 0, err
     assert doc["ok"] is True and doc["version"] == CHECK_JSON_VERSION
-    assert list(doc)[:11] == ["ok", "version", "graph", "io_dtype", "intermediate_dtype", "compute_dtype",
-                              "fingerprint", "flops", "bytes", "tensors", "ops"]
+    assert list(doc)[:12] == ["ok", "version", "graph", "io_dtype", "intermediate_dtype", "compute_dtype",
+                              "fingerprint", "shape", "flops", "bytes", "tensors", "ops"]
+    # the concrete shape of a symbolic graph (its defaults here), {} for a static one
+    symbolic = "symbols" in json.load(open(path))
+    assert (doc["shape"] != {}) == symbolic and all(isinstance(v, int) and v > 0 for v in doc["shape"].values())
     assert int(doc["fingerprint"], 16) >= 0 and len(doc["fingerprint"]) >= 16
     assert doc["flops"] > 0 and doc["bytes"] > 0
     tensors = {t["name"]: t for t in doc["tensors"]}
