@@ -29,10 +29,15 @@ const std::set<std::string> kDevicelessPlanNondeterministic = {"sdpa_decode"};
 // cuDNN's SDPA backward accumulates dq with atomics unless asked for its
 // deterministic algorithm ("deterministic": true), so only those graphs
 // repeat bit for bit. Such outputs are compared against the reference only.
+// Reductions (reduce_sum as a bias gradient, a GEMM's row sums) add their
+// partial sums in no fixed order: on the H200 two runs of the same plan
+// differed in the last bits (measured 2026-12-01, reduce_sum_bias_grad and
+// matmul_gelu_rowsum_small), though cuDNN sets no NONDETERMINISTIC note.
 bool bit_reproducible(const ResolvedGraph& g) {
   for (const auto& op : g.ops) {
     auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs);
     if (bwd && !bwd->deterministic) return false;
+    if (std::holds_alternative<ReductionAttrs>(op.attrs)) return false;
   }
   return true;
 }
@@ -52,6 +57,15 @@ bool engine_nondeterministic(const ResolvedGraph& g, const DeviceTarget& target,
     return nd;
   }
   return false;
+}
+
+// Every heuristic mode's candidates, in the order a, b, fallback (as a
+// Session's policy tries them): a bf16 pool bars mode a's only engine (eng3,
+// wrong for bf16 in cuDNN 9.19: ops/pool_lowering.cpp), mode b offers eng2.
+BuildOptions any_mode() {
+  BuildOptions o;
+  o.heuristics = {HeuristicMode::kA, HeuristicMode::kB, HeuristicMode::kFallback};
+  return o;
 }
 
 // Outputs of two runs of the same graph: bit-identical, or where that is not
@@ -94,7 +108,7 @@ class GpuExample : public ::testing::TestWithParam<std::string> {
 
 TEST_P(GpuExample, BuildsRunsAndMatchesTheReference) {
   BuildReport report;
-  auto plan = build_plan(g_, target_, BuildOptions{}, &report, ctx_.get());
+  auto plan = build_plan(g_, target_, any_mode(), &report, ctx_.get());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   RunOptions opt;
   opt.verify = true;
@@ -112,7 +126,7 @@ TEST_P(GpuExample, BuildsRunsAndMatchesTheReference) {
 }
 
 TEST_P(GpuExample, SerializedPlanGivesIdenticalOutputs) {
-  auto plan = build_plan(g_, target_, BuildOptions{}, nullptr, ctx_.get());
+  auto plan = build_plan(g_, target_, any_mode(), nullptr, ctx_.get());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   auto bytes = plan->serialize();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();

@@ -645,8 +645,8 @@ TEST(ReferenceGpu, PoolAndBatchNormOpsMatchTheCpu) {
   for (const char* f : {"small/max_pool_small.json", "small/avg_pool_small.json", "small/avg_pool_exclude_pad_small.json",
                         "small/global_avg_pool_small.json", "max_pool_resnet_stem.json", "global_avg_pool.json",
                         "small/batchnorm_train_small.json", "small/batchnorm_train_relu_small.json",
-                        "small/batchnorm_inference_relu_small.json", "small/batchnorm_bwd_small.json",
-                        "batchnorm_train.json", "batchnorm_train_relu.json", "batchnorm_inference_relu.json",
+                        "small/invalid_batchnorm_inference_relu_small.json", "small/batchnorm_bwd_small.json",
+                        "batchnorm_train.json", "batchnorm_train_relu.json", "invalid_batchnorm_inference_relu.json",
                         "batchnorm_bwd.json"}) {
     auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
@@ -668,7 +668,7 @@ namespace {
 // epilogue examples, and on a strided (NHWC) x reduced over every mode.
 TEST(ReferenceGpu, ReductionOpsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (const char* f : {"small/reduce_sum_bias_grad_small.json", "small/reduce_max_rows_small.json",
+  for (const char* f : {"small/reduce_sum_bias_grad_small.json", "small/invalid_reduce_max_rows_small.json",
                         "invalid_reduce_mean.json", "small/matmul_gelu_rowsum_small.json",
                         "small/conv_relu_channel_sum_small.json", "small/fp8_matmul_bias_relu_amax_small.json",
                         "small/fp8_matmul_e5m2_bf16_small.json"}) {

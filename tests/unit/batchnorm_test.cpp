@@ -156,8 +156,8 @@ TEST(BatchNormResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
 
 TEST(BatchNormJson, ParsesRoundTripsTheExamples) {
   for (const char* f : {"batchnorm_train.json", "batchnorm_train_relu.json", "batchnorm_bwd.json",
-                        "batchnorm_inference_relu.json", "small/batchnorm_train_relu_small.json",
-                        "small/batchnorm_train_small.json", "small/batchnorm_inference_relu_small.json",
+                        "invalid_batchnorm_inference_relu.json", "small/batchnorm_train_relu_small.json",
+                        "small/batchnorm_train_small.json", "small/invalid_batchnorm_inference_relu_small.json",
                         "small/batchnorm_bwd_small.json"}) {
     auto spec = load_graph_file(example(f));
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
@@ -249,7 +249,7 @@ TEST(BatchNormReferenceCpu, InferenceWithTheSavedStatisticsIsTheTrainingOutput) 
   const auto x = values(72, 11), s = values(4, 12, 0.5, 1.5), b = values(4, 13);
   Outputs t = run_train(p, x, s, b, values(4, 14), values(4, 15, 0.5, 1.5));
   ASSERT_FALSE(t.empty());
-  auto spec = load_graph_file(example("small/batchnorm_inference_relu_small.json"));
+  auto spec = load_graph_file(example("small/invalid_batchnorm_inference_relu_small.json"));
   ASSERT_TRUE(spec.ok());
   // The same graph shape as the example but x [2, 4, 3, 3] and no relu: build it directly.
   GraphSpec g;
