@@ -17,7 +17,8 @@ fi
 
 FAILED=()
 TMP_ERR=$(mktemp)
-trap 'rm -f "$TMP_ERR"' EXIT
+RN50_DIR=$(mktemp -d)
+trap 'rm -f "$TMP_ERR"; rm -rf "$RN50_DIR"' EXIT
 step() {
   echo
   echo "\$ fusebox $*"
@@ -73,6 +74,55 @@ for g in examples/graphs/*.json examples/graphs/small/*.json; do
     step run "$g" --verify --warmup 5 --iters 20
   fi
 done
+
+# ResNet-50 (torchvision's, bf16 NHWC, batch norm folded) as a pipeline of 56
+# stages on 27 distinct graphs (docs/models.md): generated, checked, and each
+# distinct graph built for the H200 deviceless where cuDNN can.
+echo
+echo "=================== ResNet-50 pipeline (scripts/make_resnet50_pipeline.py)"
+if python3 -c 'import numpy' 2>/dev/null; then
+  echo "\$ python3 scripts/make_resnet50_pipeline.py --out $RN50_DIR --batch 8"
+  if python3 scripts/make_resnet50_pipeline.py --out "$RN50_DIR" --batch 8; then
+    RN50="$RN50_DIR/resnet50.json"
+    echo
+    echo "\$ fusebox pipeline check $RN50   (first and last lines)"
+    "$FB" pipeline check "$RN50" > "$TMP_ERR" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+      head -n 6 "$TMP_ERR"; echo "  ..."; grep -E "^  [0-9]+\. (avgpool|fc) " "$TMP_ERR"
+      grep -E "^  (layer1\.2|layer4\.2|avgpool|logits) " "$TMP_ERR"; tail -n 1 "$TMP_ERR"
+    else
+      cat "$TMP_ERR"
+      echo "demo: FAILED (exit $rc): fusebox pipeline check $RN50"
+      FAILED+=("fusebox pipeline check (resnet50)")
+    fi
+    echo
+    echo "\$ fusebox build GRAPH --device $DEVPROP   (each of the pipeline's distinct graphs)"
+    built=0; refused=0
+    for g in "$RN50_DIR"/graphs/*.json; do
+      "$FB" build "$g" --device "$DEVPROP" --no-cache > /dev/null 2> "$TMP_ERR"
+      rc=$?
+      if [ "$rc" -eq 0 ]; then
+        built=$((built + 1)); echo "  built    $(basename "$g")"
+      elif [ "$rc" -eq 1 ] && grep -q NotSupported "$TMP_ERR"; then
+        refused=$((refused + 1)); echo "  refused  $(basename "$g") (NotSupported deviceless: built on the GPU)"
+      else
+        cat "$TMP_ERR"
+        echo "demo: FAILED (exit $rc): fusebox build $g --device $DEVPROP"
+        FAILED+=("fusebox build $(basename "$g") --device $DEVPROP (resnet50)")
+      fi
+    done
+    echo "demo: ResNet-50: $built graphs built deviceless, $refused need the GPU (cuDNN 9.19 compiles conv+bias+add+relu and pooling at run time)"
+    if [ "$HAVE_GPU" -eq 1 ]; then
+      step pipeline run "$RN50" --verify --warmup 5 --iters 20
+    fi
+  else
+    echo "demo: FAILED: scripts/make_resnet50_pipeline.py"
+    FAILED+=("scripts/make_resnet50_pipeline.py")
+  fi
+else
+  echo "demo: numpy is missing (scripts/setup.sh installs it): the ResNet-50 pipeline is skipped"
+fi
 
 echo
 echo "=================== examples/graphs/invalid_shapes.json (expected to be rejected)"

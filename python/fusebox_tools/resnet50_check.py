@@ -1,0 +1,303 @@
+"""ResNet-50 in fusebox against torchvision's on the GPU: logits and time.
+
+    python3 -m fusebox_tools.resnet50_check [--fusebox .gpu/fusebox] [--out models/resnet50]
+        [--batch 8] [--seed 50] [--image-seed 1] [--warmup 10] [--iters 50] [--no-compile]
+        [--json-out results.json]
+
+1. Writes the pipeline (fusebox_tools.resnet50: batch norm folded, bf16 NHWC)
+   into --out, and a seeded random image batch [N, 3, 224, 224], rounded to
+   bf16 so every model sees exactly the same input.
+2. `fusebox pipeline run resnet50.json --input image=... --verify
+   --save-outputs DIR --warmup W --iters I --json`: every stage checked
+   against fusebox's reference on its own inputs and the chain end to end
+   (fails on a mismatch), the logits saved, the whole pipeline timed (GPU
+   time of one eager run, CUDA events, median).
+3. torchvision.models.resnet50() (a hand-written copy with the same
+   state_dict names when torchvision is absent) loads the same *unfolded*
+   weights (resnet50_state_dict.npz), eval mode, in float32 (TF32 off: the
+   reference) and in bf16 channels_last (what fusebox computes).
+4. Compares the logits with the float32 reference: relative L2 error and max
+   error (over max |reference|), and top-1 agreement; the same for torch's
+   own bf16 model, for scale.
+5. Times torch bf16 channels_last eager, torch.compile (default mode) and the
+   eager model replayed as a CUDA graph: GPU time per batch between CUDA
+   events, median of --iters, as fusebox's.
+
+Tolerance (logits against the float32 reference): relative L2 <= 4e-2 and
+max error <= 8e-2 of max |reference|. Why: bf16 keeps 8 significant bits
+(unit roundoff 2^-9); each stage rounds its weights and its output (relative
+rms error about 1.1e-3 each), about 55 stages lie on the longest path, and a
+deep random network amplifies an early error somewhat (each bottleneck's
+branch adds its own). A float32 numpy model of exactly fusebox's arithmetic
+(folded weights, biases and every stage's output rounded to bf16, fp32
+accumulation) gives, at these weights and batch 8, relative L2 1.2e-2 and
+max error 1.4e-2 of max |reference| against the unfolded float32 network
+(docs/models.md); the bounds are about 3x and 5x that, far below what a
+wrong wiring, layout or folding gives (errors of order 1). torch's bf16
+model (which rounds more often: conv, batch norm and add separately) is
+reported alongside for scale.
+Exit 0 when the run verified and the logits are within tolerance, else 1.
+"""
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from fusebox_tools import resnet50
+from fusebox_tools.graph import REPO_ROOT, fusebox_bin
+from fusebox_tools.resnet50 import round_bf16
+
+TOL_REL_L2 = 4e-2
+TOL_MAX = 8e-2
+
+
+def compare(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    diff = np.abs(got - ref)
+    return {
+        "rel_l2": float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30)),
+        "max_abs": float(diff.max()),
+        "max_rel_to_max_ref": float(diff.max() / max(np.abs(ref).max(), 1e-30)),
+        "top1_agree": int((got.argmax(axis=1) == ref.argmax(axis=1)).sum()),
+        "n": int(ref.shape[0]),
+    }
+
+
+# ---------------------------------------------------------------------------
+# torch
+
+def torch_resnet50():
+    """torchvision's resnet50 (no weights), else a copy with the same names."""
+    try:
+        import torchvision
+        return torchvision.models.resnet50(weights=None), f"torchvision {torchvision.__version__}"
+    except Exception as e:  # absent or broken: the same architecture by hand
+        why = f"{type(e).__name__}: {e}"
+    import torch.nn as nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, cin, width, stride, down):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3 = nn.Conv2d(width, width * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(width * 4)
+            self.relu = nn.ReLU(inplace=True)
+            self.downsample = (nn.Sequential(nn.Conv2d(cin, width * 4, 1, stride, bias=False),
+                                             nn.BatchNorm2d(width * 4)) if down else None)
+
+        def forward(self, x):
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            identity = x if self.downsample is None else self.downsample(x)
+            return self.relu(out + identity)
+
+    class ResNet50(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            self.relu = nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            cin = 64
+            for li, (blocks, width) in enumerate(zip(resnet50.BLOCKS, resnet50.WIDTHS), start=1):
+                layer = []
+                for bi in range(blocks):
+                    stride = 2 if (bi == 0 and li > 1) else 1
+                    layer.append(Bottleneck(cin, width, stride, bi == 0))
+                    cin = width * 4
+                setattr(self, f"layer{li}", nn.Sequential(*layer))
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(2048, resnet50.NUM_CLASSES)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(self.avgpool(x).flatten(1))
+
+    return ResNet50(), f"hand-written torch ResNet-50 (torchvision unavailable: {why})"
+
+
+def gpu_time_ms(fn, warmup, iters):
+    """Median, min of the GPU time of fn() between CUDA events, in ms."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return {"median": float(np.median(times)), "min": float(np.min(times)), "iters": iters}
+
+
+def run_torch(sd_file, image, args, results):
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, what = torch_resnet50()
+    results["torch_model"] = what
+    results["torch_version"] = torch.__version__
+    sd = {k: torch.from_numpy(np.asarray(v)) for k, v in np.load(sd_file).items()}
+    model.load_state_dict(sd, strict=True)
+    model.eval().cuda()
+    x32 = torch.from_numpy(image).cuda()
+    with torch.inference_mode():
+        ref = model(x32).double().cpu().numpy()
+    m16 = copy.deepcopy(model).to(dtype=torch.bfloat16, memory_format=torch.channels_last)
+    x16 = x32.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        bf = m16(x16).double().cpu().numpy()
+    del model
+    torch.cuda.empty_cache()
+    timing = {}
+    with torch.inference_mode():
+        timing["torch_eager_bf16"] = gpu_time_ms(lambda: m16(x16), args.warmup, args.iters)
+        # CUDA graph of the eager model (warmed up on a side stream first, as torch asks).
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                m16(x16)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = m16(x16)
+        timing["torch_cuda_graph_bf16"] = gpu_time_ms(g.replay, args.warmup, args.iters)
+        graph_logits = static_out.double().cpu().numpy()
+        results["torch_cuda_graph_matches_eager"] = bool(np.array_equal(graph_logits, bf))
+    if not args.no_compile:
+        try:
+            t0 = time.time()
+            mc = torch.compile(m16)
+            with torch.inference_mode():
+                mc(x16)
+                torch.cuda.synchronize()
+                results["torch_compile_s"] = time.time() - t0
+                timing["torch_compile_bf16"] = gpu_time_ms(lambda: mc(x16), args.warmup, args.iters)
+                results["torch_compile_vs_fp32"] = compare(mc(x16).double().cpu().numpy(), ref)
+        except Exception as e:  # report, do not fail the check: the comparison is fusebox's
+            results["torch_compile_error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    return ref, bf, timing
+
+
+# ---------------------------------------------------------------------------
+
+def run_fusebox(exe, pipeline, image_file, save_dir, args):
+    cmd = [exe, "pipeline", "run", pipeline, "--input", f"image={image_file}", "--verify", "--save-outputs",
+           save_dir, "--warmup", str(args.warmup), "--iters", str(args.iters), "--json"]
+    print("$ " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    wall = time.time() - t0
+    try:
+        doc = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        doc = {"ok": False, "error": f"no JSON (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"}
+    doc["_exit"] = proc.returncode
+    doc["_wall_s"] = wall
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+    return doc
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fusebox", default=None, help="the fusebox binary (default: $FUSEBOX_BIN, build/fusebox)")
+    ap.add_argument("--out", default=os.path.join(REPO_ROOT, "models", "resnet50"), help="pipeline folder")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=50, help="weights seed")
+    ap.add_argument("--image-seed", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a minute)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds for the fusebox run")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args(argv)
+
+    exe = fusebox_bin(args.fusebox)
+    t0 = time.time()
+    pipeline = resnet50.write_resnet50(args.out, batch=args.batch, seed=args.seed)
+    print(f"resnet50_check: wrote {pipeline} in {time.time() - t0:.1f} s", flush=True)
+    run_dir = os.path.join(args.out, "run")
+    os.makedirs(os.path.join(run_dir, "outputs"), exist_ok=True)
+    rng = np.random.default_rng(args.image_seed)
+    image = round_bf16(rng.standard_normal((args.batch, 3, resnet50.IMAGE, resnet50.IMAGE), dtype=np.float32))
+    image_file = os.path.join(run_dir, "image.npy")
+    np.save(image_file, image)
+
+    results = {"batch": args.batch, "seed": args.seed, "tolerance": {"rel_l2": TOL_REL_L2, "max": TOL_MAX}}
+    fb = run_fusebox(exe, pipeline, image_file, os.path.join(run_dir, "outputs"), args)
+    results["fusebox"] = {k: fb.get(k) for k in ("ok", "verified", "error", "code", "latency_ms", "memory_bytes",
+                                                 "build_ms", "first_execute_ms", "tflops", "_exit", "_wall_s")}
+    results["fusebox"]["engines"] = sorted({s.get("engine") for s in fb.get("stages", []) if s.get("engine")})
+    ok = fb.get("_exit") == 0 and bool(fb.get("ok", False))
+    logits_file = os.path.join(run_dir, "outputs", "logits.npy")
+    fb_logits = np.load(logits_file).reshape(args.batch, -1) if os.path.isfile(logits_file) else None
+
+    import torch  # noqa: F401  (after fusebox: its failure is reported even without torch)
+    ref, bf, timing = run_torch(os.path.join(args.out, resnet50.STATE_DICT_FILE), image, args, results)
+    results["torch_bf16_vs_fp32"] = compare(bf, ref)
+    # The same pipeline files in numpy: float32 (must match torch's float32 to
+    # ~1e-5: the architecture and the folding) and with fusebox's bf16
+    # rounding (the error fusebox's arithmetic is expected to have).
+    order = [s["stage"] for s in fb.get("stages", []) if s.get("stage")] or None
+    for key, rnd in (("numpy_fp32_vs_torch_fp32", None), ("numpy_bf16_model_vs_fp32", resnet50.round_bf16)):
+        vals = resnet50.run_pipeline_numpy(pipeline, {"image": image}, order, rnd)
+        results[key] = compare(vals["logits"].reshape(args.batch, -1), ref)
+        if rnd is not None and fb_logits is not None:
+            results["fusebox_vs_numpy_bf16_model"] = compare(fb_logits, vals["logits"].reshape(args.batch, -1))
+    if fb_logits is not None:
+        results["fusebox_vs_fp32"] = c = compare(fb_logits, ref)
+        results["fusebox_vs_torch_bf16"] = compare(fb_logits, bf)
+        within = c["rel_l2"] <= TOL_REL_L2 and c["max_rel_to_max_ref"] <= TOL_MAX
+        results["within_tolerance"] = within
+        ok = ok and within
+    else:
+        ok = False
+    if fb.get("latency_ms"):
+        timing["fusebox_pipeline_eager"] = {"median": fb["latency_ms"].get("median"),
+                                            "min": fb["latency_ms"].get("min"), "iters": fb["latency_ms"].get("iters")}
+    results["gpu_time_ms"] = timing
+    results["ok"] = ok
+
+    print()
+    print(f"fusebox pipeline run: exit {fb.get('_exit')}, verified {fb.get('verified')}, "
+          f"{fb.get('_wall_s', 0):.1f} s wall; engines {results['fusebox']['engines']}")
+    if fb.get("error"):
+        print(f"  error: {fb.get('error')}")
+    print(f"torch: {results['torch_model']}, torch {results['torch_version']}")
+    for key in ("fusebox_vs_fp32", "torch_bf16_vs_fp32", "fusebox_vs_torch_bf16", "torch_compile_vs_fp32",
+                "numpy_fp32_vs_torch_fp32", "numpy_bf16_model_vs_fp32", "fusebox_vs_numpy_bf16_model"):
+        if key in results:
+            c = results[key]
+            print(f"  {key:28s} rel_l2 {c['rel_l2']:.3e}  max_err {c['max_abs']:.3e} "
+                  f"({c['max_rel_to_max_ref']:.3e} of max|ref|)  top-1 agree {c['top1_agree']}/{c['n']}")
+    print(f"  tolerance (fusebox vs fp32): rel_l2 <= {TOL_REL_L2}, max_err <= {TOL_MAX} of max|ref|: "
+          f"{'ok' if results.get('within_tolerance') else 'FAILED'}")
+    print(f"GPU time per batch of {args.batch} (median of {args.iters}, CUDA events):")
+    for k, v in timing.items():
+        print(f"  {k:28s} {v['median']:.3f} ms (min {v['min']:.3f})")
+    if "torch_compile_error" in results:
+        print(f"  torch.compile failed: {results['torch_compile_error']}")
+    print("resnet50_check: " + ("ok" if ok else "FAILED"))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
