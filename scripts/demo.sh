@@ -76,8 +76,8 @@ for g in examples/graphs/*.json examples/graphs/small/*.json; do
 done
 
 # ResNet-50 (torchvision's, bf16 NHWC, batch norm folded) as a pipeline of 56
-# stages on 27 distinct graphs (docs/models.md): generated, checked, and each
-# distinct graph built for the H200 deviceless where cuDNN can.
+# stages on 27 distinct graphs (docs/models.md): generated, checked, and every
+# stage built for the H200 deviceless where cuDNN can.
 echo
 echo "=================== ResNet-50 pipeline (scripts/make_resnet50_pipeline.py)"
 if python3 -c 'import numpy' 2>/dev/null; then
@@ -97,22 +97,20 @@ if python3 -c 'import numpy' 2>/dev/null; then
       FAILED+=("fusebox pipeline check (resnet50)")
     fi
     echo
-    echo "\$ fusebox build GRAPH --device $DEVPROP   (each of the pipeline's distinct graphs)"
-    built=0; refused=0
-    for g in "$RN50_DIR"/graphs/*.json; do
-      "$FB" build "$g" --device "$DEVPROP" --no-cache > /dev/null 2> "$TMP_ERR"
-      rc=$?
-      if [ "$rc" -eq 0 ]; then
-        built=$((built + 1)); echo "  built    $(basename "$g")"
-      elif [ "$rc" -eq 1 ] && grep -q NotSupported "$TMP_ERR"; then
-        refused=$((refused + 1)); echo "  refused  $(basename "$g") (NotSupported deviceless: built on the GPU)"
-      else
-        cat "$TMP_ERR"
-        echo "demo: FAILED (exit $rc): fusebox build $g --device $DEVPROP"
-        FAILED+=("fusebox build $(basename "$g") --device $DEVPROP (resnet50)")
-      fi
-    done
-    echo "demo: ResNet-50: $built graphs built deviceless, $refused need the GPU (cuDNN 9.19 compiles conv+bias+add+relu and pooling at run time)"
+    echo "\$ fusebox pipeline build $RN50 --device $DEVPROP --keep-going"
+    "$FB" pipeline build "$RN50" --device "$DEVPROP" --keep-going > "$TMP_ERR" 2>&1
+    rc=$?
+    grep -E "^  [0-9]+\. |stages built" "$TMP_ERR"
+    failed_other=$(grep -E "^  [0-9]+\. .*: failed after" "$TMP_ERR" | grep -vc "NotSupported")
+    if [ "$rc" -eq 0 ]; then
+      echo "demo: ResNet-50: every stage built deviceless"
+    elif [ "$rc" -eq 1 ] && [ "$failed_other" -eq 0 ] && grep -q "stages built" "$TMP_ERR"; then
+      echo "demo: ResNet-50: the stages above marked NotSupported need the GPU (cuDNN 9.19 compiles conv+bias+add+relu and pooling at run time): a known limitation, not a failure"
+    else
+      cat "$TMP_ERR"
+      echo "demo: FAILED (exit $rc): fusebox pipeline build $RN50 --device $DEVPROP --keep-going"
+      FAILED+=("fusebox pipeline build (resnet50) --device $DEVPROP --keep-going")
+    fi
     if [ "$HAVE_GPU" -eq 1 ]; then
       step pipeline run "$RN50" --verify --warmup 5 --iters 20
     fi

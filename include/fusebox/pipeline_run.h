@@ -33,10 +33,11 @@ struct StageBuild {
   Plan plan;  // when ok
   PlanReport report;
   double ms = 0;  // get_plan wall time
+  Status error;   // when not ok: why, naming the pipeline and stage
 };
 
 struct PipelineBuild {
-  std::vector<StageBuild> stages;  // in Pipeline::order (up to the failed one)
+  std::vector<StageBuild> stages;  // in Pipeline::order (up to the failed one, or all with keep_going)
   double total_ms = 0;
   // Plans by stage index (Pipeline::stages), for PipelineExecutor; null for a
   // stage not built.
@@ -46,7 +47,11 @@ struct PipelineBuild {
 // Every stage's plan through session.get_plan(request), in Pipeline::order.
 // Stops at the first failure: its error names the pipeline and stage, and
 // `out` holds the stages so far, the failed one last (with its report).
-Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& request, PipelineBuild* out);
+// With keep_going, every stage is tried (e.g. a deviceless build where cuDNN
+// refuses some graphs): `out` holds them all, each failed one with its
+// error, and the status is the first failure's, saying how many failed.
+Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& request, PipelineBuild* out,
+                      bool keep_going = false);
 
 struct StageTune {
   int stage = -1;

@@ -247,7 +247,12 @@ def main(argv=None):
     logits_file = os.path.join(run_dir, "outputs", "logits.npy")
     fb_logits = np.load(logits_file).reshape(args.batch, -1) if os.path.isfile(logits_file) else None
 
-    import torch  # noqa: F401  (after fusebox: its failure is reported even without torch)
+    try:
+        import torch  # noqa: F401  (after fusebox: its result is reported even without torch)
+    except ImportError as e:
+        print(f"resnet50_check: fusebox run exit {fb.get('_exit')}, verified {fb.get('verified')}; "
+              f"no torch here ({e}): run with the Python that has torch (on the H200 /opt/torch/.venv/bin/python3)")
+        return 1
     ref, bf, timing = run_torch(os.path.join(args.out, resnet50.STATE_DICT_FILE), image, args, results)
     results["torch_bf16_vs_fp32"] = compare(bf, ref)
     # The same pipeline files in numpy: float32 (must match torch's float32 to

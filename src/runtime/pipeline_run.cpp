@@ -85,10 +85,13 @@ std::vector<const Plan*> PipelineTune::plans_by_stage(const Pipeline& p) const {
   return by_stage(p, built);
 }
 
-Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& request, PipelineBuild* out) {
+Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& request, PipelineBuild* out,
+                      bool keep_going) {
   const common::Stopwatch total;
   out->stages.clear();
   out->stages.reserve(p.order.size());  // Plans are referenced by pointer later
+  Status first;
+  size_t failed = 0;
   for (int s : p.order) {
     StageBuild& sb = out->stages.emplace_back();
     sb.stage = s;
@@ -96,12 +99,19 @@ Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& re
     auto plan = session.get_plan(p.stages[s].graph, request, &sb.report);
     sb.ms = watch.ms();
     out->total_ms = total.ms();
-    if (!plan.ok())
-      return plan.status().WithContext(stage_where(p, s) + " (graph " + sq(p.stages[s].graph.name) + ")");
+    if (!plan.ok()) {
+      sb.error = plan.status().WithContext(stage_where(p, s) + " (graph " + sq(p.stages[s].graph.name) + ")");
+      if (!keep_going) return sb.error;
+      if (failed++ == 0) first = sb.error;
+      continue;
+    }
     sb.plan = std::move(plan).value();
     sb.ok = true;
   }
   out->total_ms = total.ms();
+  if (failed > 0)
+    return Status(first.code(), first.message() + " [" + std::to_string(failed) + " of " +
+                                    std::to_string(p.order.size()) + " stages failed to build; this is the first]");
   return Status::Ok();
 }
 

@@ -220,6 +220,33 @@ TEST(PipelineBuildDeviceless, FailureNamesTheStage) {
   EXPECT_FALSE(b.stages[0].ok);
 }
 
+TEST(PipelineBuildDeviceless, KeepGoingTriesEveryStage) {
+  auto p = load_pipeline_file(pipelines() + "/two_convs.json");
+  ASSERT_TRUE(p.ok());
+  SessionOptions so;
+  so.device_properties_file = devprop_path();
+  auto s = Session::create(so);
+  ASSERT_TRUE(s.ok());
+  PlanRequest r;
+  r.engine = "eng9999_no_such_engine";
+  PipelineBuild b;
+  Status st = build_pipeline(**s, *p, r, &b, /*keep_going=*/true);
+  ASSERT_FALSE(st.ok());
+  expect_has(st, {"pipeline 'two_convs'", "stage 'conv1'", "2 of 2 stages failed to build"});
+  ASSERT_EQ(b.stages.size(), 2u);  // both tried
+  for (const auto& sb : b.stages) {
+    EXPECT_FALSE(sb.ok);
+    EXPECT_FALSE(sb.error.ok());
+  }
+  expect_has(b.stages[1].error, {"stage 'conv2'"});
+  EXPECT_EQ(b.plans_by_stage(*p)[1], nullptr);
+
+  // Nothing fails: the same as without keep_going.
+  PipelineBuild ok;
+  ASSERT_TRUE(build_pipeline(**s, *p, {}, &ok, true).ok());
+  EXPECT_EQ(ok.stages.size(), 2u);
+}
+
 TEST(PipelineReference, ChainIsStageByStage) {
   auto p = load_pipeline_file(pipelines() + "/two_convs.json");
   ASSERT_TRUE(p.ok());

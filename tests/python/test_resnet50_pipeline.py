@@ -8,9 +8,9 @@ generated at batch 2 into a temporary folder, then
 * the pipeline's files run in numpy (conv, bias, add, relu, pools, read from
   the JSON and .npy the generator wrote) == the unfolded network from the
   torchvision-named state dict;
-* the deviceless build for the H200: every conv+bias(+relu) graph builds; the
-  ones cuDNN 9.19 refuses without a GPU (conv+bias+add+relu, the pools) fail
-  cleanly with NotSupported.
+* the deviceless build for the H200 (`pipeline build --keep-going`): every
+  conv+bias(+relu) stage builds; the ones cuDNN 9.19 refuses without a GPU
+  (conv+bias+add+relu, the pools) fail cleanly with NotSupported.
 
 Needs numpy and the fusebox binary; a few seconds."""
 import json
@@ -170,19 +170,23 @@ def test_symbolic_batch(fusebox, tmp_path):
         assert y["dims"] == [dim, 256, 56, 56]
 
 
-def test_deviceless_build(model, checked, fusebox):
-    """Each distinct graph built for the H200 from its device file: the
-    conv+bias(+relu) graphs build; the others may only fail cleanly."""
-    folder = os.path.dirname(model)
-    built, refused = [], []
-    for f in sorted({s["graph_file"] for s in checked["stages"]}):
-        proc = subprocess.run([fusebox, "build", os.path.join(folder, f), "--device", DEVPROP, "--no-cache"],
-                              capture_output=True, text=True, timeout=120)
-        name = os.path.basename(f)
-        if proc.returncode == 0:
-            built.append(name)
-        else:
-            assert proc.returncode == 1 and "NotSupported" in proc.stderr, (name, proc.stderr[-2000:])
-            refused.append(name)
-    assert all(not n.startswith(("cbr_", "cb_")) for n in refused), refused
-    assert len(built) >= 21, (built, refused)
+def test_deviceless_build(model, fusebox):
+    """`pipeline build --device --keep-going` for the H200: every conv+bias(+relu)
+    stage builds (38 of 56); the ones cuDNN 9.19 refuses without a GPU
+    (conv+bias+add+relu, the pools) fail cleanly with NotSupported."""
+    proc = subprocess.run([fusebox, "pipeline", "build", model, "--device", DEVPROP, "--no-cache", "--keep-going",
+                           "--json"], capture_output=True, text=True, timeout=300)
+    doc = json.loads(proc.stdout)
+    stages = doc["stages"]
+    assert len(stages) == 56 and doc["target"]["deviceless"]
+    refused = [s for s in stages if not s["ok"]]
+    for s in refused:
+        assert s["code"] == "NotSupported", (s["stage"], s.get("error"))
+        assert os.path.basename(s["graph_file"]).startswith(("cbar_", "max_pool", "global_avg_pool")), s["stage"]
+    built = [s["stage"] for s in stages if s["ok"]]
+    assert len(built) >= 38 and "conv1" in built and "fc" in built and "layer4.0.downsample" in built
+    if refused:
+        assert proc.returncode == 1 and not doc["ok"] and doc["code"] == "NotSupported"
+        assert f"{len(refused)} of 56 stages failed to build" in doc["error"]
+    else:  # a cuDNN that builds them all deviceless
+        assert proc.returncode == 0 and doc["ok"]

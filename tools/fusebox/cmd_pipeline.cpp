@@ -132,6 +132,10 @@ ordered_json build_stages_json(const Pipeline& p, const PipelineBuild& b) {
     j["workspace_bytes"] = sb.ok ? sb.plan.workspace_bytes() : sb.report.workspace_bytes;
     j["plan"] = ordered_json::parse(to_json(sb.report).dump());
     if (!sb.report.build.steps.empty()) j["build"] = ordered_json::parse(to_json(sb.report.build).dump());
+    if (!sb.ok && !sb.error.ok()) {
+      j["code"] = status_code_name(sb.error.code());
+      j["error"] = sb.error.message();
+    }
     stages.push_back(std::move(j));
   }
   return stages;
@@ -144,7 +148,17 @@ int64_t largest_workspace(const PipelineBuild& b) {
   return ws;
 }
 
-void print_build_stages(const Pipeline& p, const PipelineBuild& b) {
+// The part of a stage's build error after "...: stage 'NAME' (graph 'G'): ".
+std::string stage_reason(const Status& st) {
+  const std::string& m = st.message();
+  const size_t at = m.find("): ");
+  const std::string code = status_code_name(st.code());
+  return code + ": " + (at == std::string::npos ? m : m.substr(at + 3));
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+void print_build_stages(const Pipeline& p, const PipelineBuild& b, bool keep_going = false) {
   int n = 0;
   for (const StageBuild& sb : b.stages) {
     const PipelineStage& st = p.stages[static_cast<size_t>(sb.stage)];
@@ -153,6 +167,8 @@ void print_build_stages(const Pipeline& p, const PipelineBuild& b) {
       std::printf("%s, engine %s, workspace %s, %.2f ms (cache %s)\n", safe(sb.report.source_text()).c_str(),
                   safe(sb.plan.engine_name()).c_str(), format_bytes(sb.plan.workspace_bytes()).c_str(), sb.ms,
                   sb.report.cache.c_str());
+    else if (keep_going)  // one line per failed stage: its reason, without the pipeline prefix
+      std::printf("failed after %.2f ms: %s\n", sb.ms, safe(first_line(stage_reason(sb.error))).c_str());
     else
       std::printf("failed after %.2f ms\n", sb.ms);
   }
@@ -190,7 +206,7 @@ Runner add_pipeline_build(CLI::App& cmd) {
   struct Args {
     std::string path, device;
     PlanFlags plan;
-    bool json = false;
+    bool json = false, keep_going = false;
     CacheFlags cache;
   };
   auto a = std::make_shared<Args>();
@@ -200,6 +216,9 @@ Runner add_pipeline_build(CLI::App& cmd) {
   c->add_option("--device", a->device,
                 "Device-properties file: build deviceless for that GPU (no GPU needed)");
   add_plan_flags(c, a->plan);
+  c->add_flag("--keep-going", a->keep_going,
+              "Try every stage even after one fails (e.g. deviceless, where cuDNN refuses some graphs); "
+              "exit 1 if any failed");
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
   return [a]() {
@@ -221,7 +240,7 @@ Runner add_pipeline_build(CLI::App& cmd) {
       return fail("pipeline build", session.status());
     }
     PipelineBuild b;
-    st = build_pipeline(**session, *p, *request, &b);
+    st = build_pipeline(**session, *p, *request, &b, a->keep_going);
     for (const auto& sb : b.stages) print_warnings(sb.report.warnings);
     if (a->json) {
       ordered_json j = header_json(*p, session->get());
@@ -237,8 +256,13 @@ Runner add_pipeline_build(CLI::App& cmd) {
     } else {
       std::printf("%s (%s): %zu stages, target %s\n", safe(p->name).c_str(), safe(p->path).c_str(),
                   p->stages.size(), target_text(**session).c_str());
-      print_build_stages(*p, b);
-      if (!st.ok() && !b.stages.empty() && !b.stages.back().report.build.steps.empty()) {
+      print_build_stages(*p, b, a->keep_going);
+      if (a->keep_going) {
+        size_t built = 0;
+        for (const auto& sb : b.stages) built += sb.ok ? 1 : 0;
+        std::printf("  %zu of %zu stages built, %zu failed; total %.2f ms\n", built, b.stages.size(),
+                    b.stages.size() - built, b.total_ms);
+      } else if (!st.ok() && !b.stages.empty() && !b.stages.back().report.build.steps.empty()) {
         print_attempts(b.stages.back().report);
         print_build_report(b.stages.back().report.build);
       }
