@@ -111,7 +111,8 @@ Status build_pipeline(Session& session, const Pipeline& p, const PlanRequest& re
   out->total_ms = total.ms();
   if (failed > 0)
     return Status(first.code(), first.message() + " [" + std::to_string(failed) + " of " +
-                                    std::to_string(p.order.size()) + " stages failed to build; this is the first]");
+                                    std::to_string(p.order.size()) +
+                                    " stages failed to build; this is the first]");
   return Status::Ok();
 }
 
