@@ -355,9 +355,9 @@ def pool_graph(kind, batch, c, hw, max_batch=None):
     return name + ".json", _graph(name, batch, max_batch, tensors, [op])
 
 
-def fc_conv(final_hw_channels=512 * EXPANSION):
+def fc_conv(channels=512 * EXPANSION):
     """The fc as a 1x1 convolution on the pooled [N, 2048, 1, 1]."""
-    return Conv("fc", "fc.weight", None, final_hw_channels, NUM_CLASSES, 1, 1, 0, 1, "conv_bias", "avgpool", "logits")
+    return Conv("fc", "fc.weight", None, channels, NUM_CLASSES, 1, 1, 0, 1, "conv_bias", "avgpool", "logits")
 
 
 def build(batch=8, max_batch=None, image=IMAGE):
