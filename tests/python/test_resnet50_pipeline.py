@@ -190,3 +190,17 @@ def test_deviceless_build(model, fusebox):
         assert f"{len(refused)} of 56 stages failed to build" in doc["error"]
     else:  # a cuDNN that builds them all deviceless
         assert proc.returncode == 0 and doc["ok"]
+
+
+def test_check_helpers_without_torch():
+    """resnet50_check imports torch only to compute: its bf16 rounding and
+    comparison are plain numpy."""
+    from fusebox_tools import resnet50_check as chk
+    x = np.array([1.0, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -9, -3.14159265], np.float32)
+    # bf16 keeps 8 significant bits: 1 + 2^-8 is a tie (to even: 1), 1 + 3*2^-8 ties up to 1 + 2^-6.
+    np.testing.assert_array_equal(chk.round_bf16(x), np.array([1.0, 1.0, 1.0 + 2.0 ** -6, 1.0, -3.140625],
+                                                              np.float32))
+    ref = np.array([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
+    c = chk.compare(ref + np.array([[0.0, 0.0, 0.5], [0.0, 0.0, 0.0]]), ref)
+    assert c["top1_agree"] == 2 and c["n"] == 2
+    assert abs(c["rel_l2"] - 0.5 / np.sqrt(15)) < 1e-12 and c["max_rel_to_max_ref"] == 0.5 / 3
