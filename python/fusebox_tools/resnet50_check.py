@@ -2,16 +2,17 @@
 
     python3 -m fusebox_tools.resnet50_check [--fusebox .gpu/fusebox] [--out models/resnet50]
         [--batch 8] [--seed 50] [--image-seed 1] [--warmup 10] [--iters 50] [--no-compile]
-        [--json-out results.json]
+        [--no-cuda-graph] [--json-out results.json]
 
 1. Writes the pipeline (fusebox_tools.resnet50: batch norm folded, bf16 NHWC)
    into --out, and a seeded random image batch [N, 3, 224, 224], rounded to
    bf16 so every model sees exactly the same input.
 2. `fusebox pipeline run resnet50.json --input image=... --verify
-   --save-outputs DIR --warmup W --iters I --json`: every stage checked
-   against fusebox's reference on its own inputs and the chain end to end
-   (fails on a mismatch), the logits saved, the whole pipeline timed (GPU
-   time of one eager run, CUDA events, median).
+   --save-outputs DIR --cuda-graph --warmup W --iters I --json`: every stage
+   checked against fusebox's reference on its own inputs and the chain end to
+   end (fails on a mismatch), the whole pipeline also recorded as one CUDA
+   graph (bit-identical to eager), the logits saved, the pipeline timed eager
+   and as the graph (GPU time per run, CUDA events, median).
 3. torchvision.models.resnet50() (a hand-written copy with the same
    state_dict names when torchvision is absent) loads the same *unfolded*
    weights (resnet50_state_dict.npz), eval mode, in float32 (TF32 off: the
@@ -198,6 +199,8 @@ def run_torch(sd_file, image, args, results):
 def run_fusebox(exe, pipeline, image_file, save_dir, args):
     cmd = [exe, "pipeline", "run", pipeline, "--input", f"image={image_file}", "--verify", "--save-outputs",
            save_dir, "--warmup", str(args.warmup), "--iters", str(args.iters), "--json"]
+    if not args.no_cuda_graph:
+        cmd.append("--cuda-graph")
     print("$ " + " ".join(cmd), flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -223,6 +226,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a minute)")
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="run fusebox's pipeline eager only (no `pipeline run --cuda-graph`)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for the fusebox run")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
@@ -240,8 +245,9 @@ def main(argv=None):
 
     results = {"batch": args.batch, "seed": args.seed, "tolerance": {"rel_l2": TOL_REL_L2, "max": TOL_MAX}}
     fb = run_fusebox(exe, pipeline, image_file, os.path.join(run_dir, "outputs"), args)
-    results["fusebox"] = {k: fb.get(k) for k in ("ok", "verified", "error", "code", "latency_ms", "memory_bytes",
-                                                 "build_ms", "first_execute_ms", "tflops", "_exit", "_wall_s")}
+    results["fusebox"] = {k: fb.get(k) for k in ("ok", "verified", "error", "code", "latency_ms", "eager_latency_ms",
+                                                 "cuda_graph", "memory_bytes", "build_ms", "first_execute_ms",
+                                                 "tflops", "_exit", "_wall_s")}
     results["fusebox"]["engines"] = sorted({s.get("engine") for s in fb.get("stages", []) if s.get("engine")})
     ok = fb.get("_exit") == 0 and bool(fb.get("ok", False))
     logits_file = os.path.join(run_dir, "outputs", "logits.npy")
@@ -272,15 +278,22 @@ def main(argv=None):
         ok = ok and within
     else:
         ok = False
-    if fb.get("latency_ms"):
-        timing["fusebox_pipeline_eager"] = {"median": fb["latency_ms"].get("median"),
-                                            "min": fb["latency_ms"].get("min"), "iters": fb["latency_ms"].get("iters")}
+    # With --cuda-graph, latency_ms is the graph's and eager_latency_ms the eager run's.
+    graph = fb.get("cuda_graph") is not None
+    for key, name in (("eager_latency_ms" if graph else "latency_ms", "fusebox_pipeline_eager"),
+                      ("latency_ms" if graph else None, "fusebox_pipeline_cuda_graph")):
+        lat = fb.get(key) if key else None
+        if lat:
+            timing[name] = {"median": lat.get("median"), "min": lat.get("min"), "iters": lat.get("iters")}
     results["gpu_time_ms"] = timing
     results["ok"] = ok
 
     print()
     print(f"fusebox pipeline run: exit {fb.get('_exit')}, verified {fb.get('verified')}, "
           f"{fb.get('_wall_s', 0):.1f} s wall; engines {results['fusebox']['engines']}")
+    if graph:
+        cg = fb["cuda_graph"]
+        print(f"  CUDA graph: {cg.get('recording')}, bit-identical to eager: {cg.get('bit_identical_to_eager')}")
     if fb.get("error"):
         print(f"  error: {fb.get('error')}")
     print(f"torch: {results['torch_model']}, torch {results['torch_version']}")
