@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/minilm_gpu}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export FUSEBOX_BIN=${FUSEBOX_BIN:-$PWD/.gpu/fusebox}
-export FUSEBOX_CACHE=$OUT/plans.sqlite
+export FUSEBOX_CACHE=${FUSEBOX_CACHE:-${TMPDIR:-/tmp}/minilm_plans.sqlite}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 PY=${PYTHON:-/opt/torch/.venv/bin/python3}
 [ -x "$PY" ] || PY=python3

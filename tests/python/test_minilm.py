@@ -176,6 +176,24 @@ def test_pipeline_without_reshape_is_refused(fusebox, tiny, tmp_path):
     assert "stage 'attn0': graph tensor 'q'" in proc.stderr and '"reshape": true' in proc.stderr
 
 
+def test_graphs_pass_cudnn_operation_graph_deviceless(fusebox, tiny, repo_root):
+    """No stage builds without a GPU (matmul, layernorm and sdpa engines are
+    runtime-compiled in cuDNN 9.19), but cuDNN's frontend validates every graph
+    and builds its operation graph for the H200 here: the shapes, layouts and
+    attributes are ones cuDNN takes; only engine creation needs the driver."""
+    out, _, _ = tiny
+    devprop = os.path.join(repo_root, "devices", "h200-cudnn-9.19.devprop")
+    folder = os.path.join(out, f"graphs/b{B}_s{S}")
+    for name in sorted(os.listdir(folder)):
+        proc = subprocess.run([fusebox, "build", os.path.join(folder, name), "--device", devprop, "--no-cache",
+                               "--json"], capture_output=True, text=True, timeout=120)
+        doc = json.loads(proc.stdout)
+        steps = {st["name"]: st["ok"] for st in doc.get("steps", [])}
+        assert steps.get("validate") and steps.get("build_operation_graph"), (name, doc)
+        # Where a build does stop deviceless, it is at engine creation, with exit 1 (NotSupported).
+        assert doc["ok"] or (proc.returncode == 1 and steps.get("create_execution_plans") is False), (name, doc)
+
+
 def test_weights_files(tiny):
     out, _, p = tiny
     q, cfg = m.load_converted(out)
