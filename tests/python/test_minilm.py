@@ -382,3 +382,17 @@ def test_tokenize_when_tokenizers_is_installed(tmp_path):
     ids, lengths = me.tokenize(path, ["a man eats", "a dog"], 8)
     assert ids.tolist() == [[2, 4, 5, 6, 3, 0, 0, 0], [2, 4, 1, 3, 0, 0, 0, 0]]
     assert lengths.tolist() == [5, 4]
+
+
+def test_real_weights_reproduce_the_model_card(repo_root):
+    """With the real weights (scripts/fetch_minilm.sh; absent in CI): the numpy
+    reference gives sentence-transformers' README similarities."""
+    hf = os.path.join(repo_root, "models", "minilm", "hf")
+    if not os.path.isfile(os.path.join(hf, "model.safetensors")):
+        pytest.skip("real weights not fetched (scripts/fetch_minilm.sh)")
+    pytest.importorskip("tokenizers", reason="tokenizers not installed (scripts/fetch_minilm.sh)")
+    p, cfg = m.load_hf(hf)
+    ids, lengths = me.tokenize(os.path.join(hf, "tokenizer.json"), me.DEFAULT_SENTENCES[:3], 32)
+    emb, _, _ = m.reference(p, cfg, ids, lengths, 32)
+    c = m.cosine_matrix(emb)
+    np.testing.assert_allclose([c[0, 1], c[0, 2], c[1, 2]], [0.6660, 0.1046, 0.1411], atol=6e-5)
