@@ -43,6 +43,7 @@ DEFAULT_SENTENCES = [
     "A man is eating a piece of bread.",
     "A man is riding a horse.",
     "A man is riding a white horse on an enclosed ground.",
+    "A monkey is playing drums.",
 ]
 
 
