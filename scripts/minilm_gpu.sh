@@ -5,7 +5,7 @@
 #  2. the real model (converted weights carried in MODEL, default models/minilm/fusebox):
 #     8 sentences, S=64, `pipeline run --verify`, against the numpy float32 reference and
 #     transformers' BertModel in torch with the same weights;
-#  3. the same at S=128 timed (pipeline run --iters 50), with the same checks.
+#  3. the same at S=128 timed (pipeline run --iters 50 --cuda-graph), with the same checks.
 # Logs and JSON under $OUT (default /tmp/minilm_gpu). Exit 1 if any part failed.
 #   usage: scripts/minilm_gpu.sh [MODEL]        (FUSEBOX_BIN default .gpu/fusebox)
 set -uo pipefail
@@ -37,7 +37,7 @@ part tiny_torch_crosscheck "$PY" -m fusebox_tools.pipeline_crosscheck "$OUT/tiny
 if [ -f "$MODEL/minilm_config.json" ]; then
   part real_s64_verify "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 64 --verify --reference \
     --torch --out "$OUT/real_s64" --json-out "$OUT/real_s64.json"
-  part real_s128_timed "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 128 --iters 50 --reference \
+  part real_s128_timed "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 128 --iters 50 --cuda-graph --reference \
     --torch --out "$OUT/real_s128" --json-out "$OUT/real_s128.json"
 else
   echo "== real model: $MODEL/minilm_config.json missing (carry models/minilm/fusebox: docs/models.md)"

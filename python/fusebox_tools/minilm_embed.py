@@ -60,7 +60,7 @@ def tokenize(tokenizer_json, sentences, S):
     return ids, lengths
 
 
-def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900):
+def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900, cuda_graph=False):
     """`fusebox pipeline run` with these inputs; returns (report dict, run folder)."""
     in_dir = os.path.join(out_dir, "inputs_given")
     os.makedirs(in_dir, exist_ok=True)
@@ -73,6 +73,8 @@ def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, 
     cmd += ["--save-outputs", run_dir]
     if verify:
         cmd.append("--verify")
+    if cuda_graph:
+        cmd.append("--cuda-graph")
     print("minilm_embed: " + " ".join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     try:
@@ -229,6 +231,7 @@ def main(argv=None):
     ap.add_argument("--no-fusebox", action="store_true", help="run only the references (no GPU)")
     ap.add_argument("--verify", action="store_true", help="pipeline run --verify (per-stage references)")
     ap.add_argument("--iters", type=int, default=0, help="timed pipeline runs (pipeline run --iters)")
+    ap.add_argument("--cuda-graph", action="store_true", help="pipeline run --cuda-graph (timed as one CUDA graph)")
     ap.add_argument("--reference", action="store_true", help="check against the numpy float32 reference")
     ap.add_argument("--torch", action="store_true", help="check against torch (transformers BertModel)")
     ap.add_argument("--min-cos", type=float, default=0.999)
@@ -255,9 +258,9 @@ def main(argv=None):
             pipeline = m.write_pipeline(a.model, B, S)
         out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
         report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
-                                      a.verify, a.iters)
-        doc["fusebox"] = {k: report.get(k) for k in ("ok", "error", "verified", "latency_ms", "build_ms",
-                                                      "memory_bytes", "chain_verify")}
+                                      a.verify, a.iters, cuda_graph=a.cuda_graph)
+        doc["fusebox"] = {k: report.get(k) for k in ("ok", "error", "verified", "latency_ms", "eager_latency_ms",
+                                                      "cuda_graph", "build_ms", "memory_bytes", "chain_verify")}
         if not report.get("ok"):
             print(f"minilm_embed: fusebox pipeline run failed: {report.get('error')}", file=sys.stderr)
             doc["ok"] = False
@@ -265,8 +268,9 @@ def main(argv=None):
             return 1
         lat = report.get("latency_ms") or {}
         if lat.get("iters"):
+            eager = report.get("eager_latency_ms") or {}
             print(f"fusebox pipeline: median {lat['median']:.3f} ms for {B} x {S} tokens ({len(report['stages'])} "
-                  f"stages)")
+                  f"stages{', one CUDA graph; eager %.3f ms' % eager['median'] if eager.get('median') else ''})")
         embeddings = m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)
         last = f"h{cfg['layers']}"
         hidden = np.load(os.path.join(run_dir, f"{last}.npy")).reshape(B, S, cfg["hidden"])
