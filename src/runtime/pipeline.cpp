@@ -348,8 +348,9 @@ class Loader {
     const BufferUse* first = b.writer ? &*b.writer : (b.readers.empty() ? nullptr : &b.readers.front());
     if (first) {
       const bool same = t.dims == b.dims && t.strides == b.strides && t.dtype == b.dtype;
-      const std::string seen = " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) + " in stage " +
-                               sq(p_.stages[first->stage].name) + " (graph tensor " + sq(first->tensor) + ")";
+      const std::string seen = " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) +
+                               " in stage " + sq(p_.stages[first->stage].name) + " (graph tensor " +
+                               sq(first->tensor) + ")";
       if (!same && !b.reshape)
         return bad_stage(s, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
                                 seen +
@@ -401,9 +402,10 @@ class Loader {
     const bool ok = t.dtype == b.dtype && t.element_count() == bt.element_count() &&
                     dense(t.dtype, t.dims, t.strides) && dense(b.dtype, b.dims, b.strides);
     if (ok) return Status::Ok();
-    return bad_stage(s, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) + seen +
-                            ": the views of a \"reshape\" buffer must have the same dtype and element count and "
-                            "be dense (no gaps between elements), so that each covers the same memory");
+    return bad_stage(s,
+                     "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) + seen +
+                         ": the views of a \"reshape\" buffer must have the same dtype and element count and "
+                         "be dense (no gaps between elements), so that each covers the same memory");
   }
 
   Status check_buffers() const {
