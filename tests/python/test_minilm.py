@@ -342,6 +342,12 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny):
         for t, buf in st["bind"].items():
             if t in g.outputs():
                 values[buf] = pc.to_buffer_view(pl, g, t, buf, vals[t])
+    # Every file `pipeline run` reads has its buffer's shape (what the loader checks before the GPU work).
+    for name, f in pl.constant_files().items():
+        assert list(np.load(f).shape) == pl.buffers[name]["dims"], name
+    for name, arr in m.pipeline_inputs(p, ids, lengths, S).items():
+        assert list(arr.shape) == pl.buffers[name]["dims"], name
+        assert (arr.dtype.kind == "i") == (pl.buffers[name]["dtype"] == "int32"), name
     emb = m.finish(values["pooled_sum"], lengths)
     ref, hidden, pooled = m.reference(p, cfg, ids, lengths, S)
     np.testing.assert_allclose(values["pooled_sum"].reshape(B, -1), pooled, rtol=1e-4, atol=1e-4)
