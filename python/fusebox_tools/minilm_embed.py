@@ -141,10 +141,8 @@ def _hf_bert(p, cfg, ids, mask, dev):
                       num_attention_heads=cfg["heads"], intermediate_size=cfg["ffn"], hidden_act="gelu",
                       layer_norm_eps=cfg["eps"], max_position_embeddings=cfg["max_pos"],
                       type_vocab_size=cfg["type_vocab"], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    try:
-        model = BertModel(conf, add_pooling_layer=False, attn_implementation="eager")
-    except TypeError:
-        model = BertModel(conf, add_pooling_layer=False)
+    conf._attn_implementation = "eager"  # plain float32 softmax(QK^T)V, no fused kernel
+    model = BertModel(conf, add_pooling_layer=False)
     missing, unexpected = model.load_state_dict(_state_dict(p, cfg), strict=False)
     missing = [k for k in missing if "position_ids" not in k and "token_type_ids" not in k]
     if missing or unexpected:
