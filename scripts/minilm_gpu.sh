@@ -3,7 +3,7 @@
 #  1. a tiny random-weights MiniLM pipeline: fusebox's per-stage verification and the torch
 #     cross-check of every stage (python/fusebox_tools/pipeline_crosscheck.py);
 #  2. the real model (converted weights carried in MODEL, default models/minilm/fusebox):
-#     8 sentences, S=64, `pipeline run --verify`, against the numpy float32 reference and
+#     8 sentences, S=32 (a small CPU reference), `pipeline run --verify`, against the numpy float32 reference and
 #     transformers' BertModel in torch with the same weights;
 #  3. the same at S=128 timed (pipeline run --iters 50 --cuda-graph), with the same checks.
 # Logs and JSON under $OUT (default /tmp/minilm_gpu). Exit 1 if any part failed.
@@ -35,14 +35,14 @@ part tiny_run_verify "$FUSEBOX_BIN" pipeline run "$OUT/tiny/minilm_b2_s64.json" 
 part tiny_torch_crosscheck "$PY" -m fusebox_tools.pipeline_crosscheck "$OUT/tiny/minilm_b2_s64.json" \
   --out "$OUT/tiny_saved" --json-out "$OUT/tiny_crosscheck.json"
 if [ -f "$MODEL/minilm_config.json" ]; then
-  part real_s64_verify "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 64 --verify --reference \
-    --torch --out "$OUT/real_s64" --json-out "$OUT/real_s64.json"
+  part real_s32_verify "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 32 --verify --reference \
+    --torch --out "$OUT/real_s32" --json-out "$OUT/real_s32.json"
   part real_s128_timed "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 128 --iters 50 --cuda-graph --reference \
     --torch --out "$OUT/real_s128" --json-out "$OUT/real_s128.json"
 else
   echo "== real model: $MODEL/minilm_config.json missing (carry models/minilm/fusebox: docs/models.md)"
   fail=1
 fi
-rm -rf "$OUT/tiny_saved" "$OUT/real_s64/run" "$OUT/real_s128/run"  # large saved buffers; the logs stay
+rm -rf "$OUT/tiny_saved" "$OUT/real_s32/run" "$OUT/real_s128/run"  # large saved buffers; the logs stay
 echo "minilm_gpu: $([ $fail = 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
 exit $fail
