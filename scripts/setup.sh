@@ -45,5 +45,13 @@ if ! python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
   echo "setup: installing pytest and numpy (pip)"
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy
 fi
+# Real model weights for docs/models.md, only when asked (never for make test):
+# FUSEBOX_MODELS=minilm scripts/setup.sh (a comma-separated list).
+for model in ${FUSEBOX_MODELS//,/ }; do
+  case "$model" in
+    minilm) bash scripts/fetch_minilm.sh ;;
+    *) echo "setup: unknown model '$model' in FUSEBOX_MODELS (known: minilm)" >&2; exit 2 ;;
+  esac
+done
 test -f /usr/local/cuda/include/cudnn.h || { echo "setup: cuDNN headers not found in /usr/local/cuda/include" >&2; exit 1; }
 echo "setup: ok (cuDNN Frontend $FRONTEND_VERSION)"

@@ -42,7 +42,12 @@ struct PipelineBuffer {
   // A `.safetensors` file: the tensor's name in it ("key"; the buffer's
   // name when the pipeline gives none). Empty for a .npy file.
   std::string key;
-  // From the graph tensors bound to it (all agree).
+  // "reshape": true: stages may see the buffer with different dims and strides,
+  // views of one dense block (same dtype and element count, no gaps). Its dims
+  // and strides below are then its writer's (inputs, constants: the first
+  // reader's in file order); each stage's own are its graph tensor's.
+  bool reshape = false;
+  // From the graph tensors bound to it (all agree, unless `reshape`).
   DType dtype = DType::kBF16;
   std::vector<int64_t> dims;
   std::vector<int64_t> strides;

@@ -13,6 +13,9 @@ own weights files:
   final outputs, within the producing op's tolerance times the stage depth
   (as `pipeline run --verify` allows its reference chain).
 
+A buffer marked "reshape" is seen by each stage through its graph tensor's
+dims and strides (the same memory): values are reinterpreted accordingly.
+
 The pipeline's stage order, bindings and buffer shapes come from `fusebox
 pipeline check --json`; each graph from `fusebox check --json` (graph.py).
 One line per comparison; exit 1 if any fails.
@@ -122,6 +125,37 @@ class Pipeline:
         return out
 
 
+def reinterpret(x, src_dims, src_strides, dst_dims, dst_strides):
+    """A logical array laid out with (src_dims, src_strides), read back through
+    (dst_dims, dst_strides) over the same memory: a "reshape" buffer's value as
+    another stage's graph tensor sees it. numpy arrays or torch tensors."""
+    if list(src_dims) == list(dst_dims) and list(src_strides) == list(dst_strides):
+        return x
+    span = 1 + sum((d - 1) * s for d, s in zip(src_dims, src_strides))
+    if hasattr(x, "as_strided"):  # torch
+        flat = x.new_zeros(span)
+        flat.as_strided(list(src_dims), list(src_strides)).copy_(x.reshape(list(src_dims)))
+        return flat.as_strided(list(dst_dims), list(dst_strides)).clone()
+    x = np.asarray(x)
+    flat = np.zeros(span, dtype=x.dtype)
+    isz = flat.itemsize
+    np.lib.stride_tricks.as_strided(flat, tuple(src_dims), tuple(s * isz for s in src_strides))[...] = \
+        x.reshape(tuple(src_dims))
+    return np.lib.stride_tricks.as_strided(flat, tuple(dst_dims), tuple(s * isz for s in dst_strides)).copy()
+
+
+def to_tensor_view(pipeline, graph, tensor, buffer, value):
+    """`value` (the buffer's logical value) as graph tensor `tensor` sees it."""
+    b = pipeline.buffers[buffer]
+    return reinterpret(value, b["dims"], b["strides"], graph.dims[tensor], graph.strides(tensor))
+
+
+def to_buffer_view(pipeline, graph, tensor, buffer, value):
+    """A stage's output (tensor's logical value) as the buffer's logical value."""
+    b = pipeline.buffers[buffer]
+    return reinterpret(value, graph.dims[tensor], graph.strides(tensor), b["dims"], b["strides"])
+
+
 def saved_files(pipeline, out_dir):
     """Buffer -> the .npy `pipeline run --save-outputs DIR` wrote for it:
     DIR/inputs/<buffer>.npy for inputs, DIR/<buffer>.npy for written buffers."""
@@ -141,12 +175,14 @@ def run_chain(pipeline, graphs, values, run_stage, round_to=None):
     for st in pipeline.stages:
         g = graphs[st["name"]]
         outs_of = set(g.outputs())
-        ins = {t: values[buf] for t, buf in st["bind"].items() if t not in outs_of}
+        ins = {t: to_tensor_view(pipeline, g, t, buf, values[buf]) for t, buf in st["bind"].items()
+               if t not in outs_of}
         res = run_stage(st, g, ins)
         for t, buf in st["bind"].items():
             if t in outs_of:
-                produced[buf] = res[t]
-                values[buf] = round_to(res[t], g.dtype(t)) if round_to else res[t]
+                y = to_buffer_view(pipeline, g, t, buf, res[t])
+                produced[buf] = y
+                values[buf] = round_to(y, g.dtype(t)) if round_to else y
     return produced
 
 
@@ -221,12 +257,13 @@ def main(argv=None):
     # Per stage, on fusebox's own inputs.
     for st in p.stages:
         g = graphs[st["name"]]
-        ins = {t: (constants[b] if b in constants else saved[b]) for t, b in stage_inputs(st, g).items()}
+        ins = {t: to_tensor_view(p, g, t, b, constants[b] if b in constants else saved[b])
+               for t, b in stage_inputs(st, g).items()}
         outs = run(st, g, ins)
         for t, buf in st["bind"].items():
             if t not in outs:
                 continue
-            m = compare(saved[buf], outs[t])
+            m = compare(saved[buf], to_buffer_view(p, g, t, buf, outs[t]))
             tol = tolerance(p, graphs, buf)
             passed = judge(m, tol)
             ok = ok and passed

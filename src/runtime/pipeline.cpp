@@ -184,7 +184,7 @@ class Loader {
         return bad("buffers: a buffer name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
       const ordered_json& v = it.value();
       if (!v.is_object()) return bad(path + ": expected an object ({\"kind\": ...}), got " + json_kind(v));
-      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file", "key"}));
+      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file", "key", "reshape"}));
       if (!v.contains("kind"))
         return bad(path + ": missing field 'kind' (input, output, constant or intermediate)");
       PipelineBuffer b;
@@ -216,6 +216,11 @@ class Loader {
         }
       } else if (v.contains("file") || v.contains("key")) {
         return bad(path + ": only a constant takes 'file' and 'key' (this buffer is " + kind + ")");
+      }
+      if (v.contains("reshape")) {
+        if (!v["reshape"].is_boolean())
+          return bad(path + ".reshape: expected true or false, got " + json_kind(v["reshape"]));
+        b.reshape = v["reshape"].get<bool>();
       }
       buffer_index_[b.name] = static_cast<int>(p_.buffers.size());
       p_.buffers.push_back(std::move(b));
@@ -342,12 +347,23 @@ class Loader {
     const std::string buf = "buffer " + sq(b.name);
     const BufferUse* first = b.writer ? &*b.writer : (b.readers.empty() ? nullptr : &b.readers.front());
     if (first) {
-      if (t.dims != b.dims || t.strides != b.strides || t.dtype != b.dtype)
+      const bool same = t.dims == b.dims && t.strides == b.strides && t.dtype == b.dtype;
+      const std::string seen = " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) +
+                               " in stage " + sq(p_.stages[first->stage].name) + " (graph tensor " +
+                               sq(first->tensor) + ")";
+      if (!same && !b.reshape)
         return bad_stage(s, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
-                                " but " + buf + " is " + shape_string(b.dtype, b.dims, b.strides) +
-                                " in stage " + sq(p_.stages[first->stage].name) + " (graph tensor " +
-                                sq(first->tensor) +
-                                "): every stage must see a buffer with the same dims, strides and dtype");
+                                seen +
+                                ": every stage must see a buffer with the same dims, strides and dtype "
+                                "(or mark the buffer \"reshape\": true to view the same dense memory "
+                                "with other dims)");
+      if (!same) FUSEBOX_RETURN_IF_ERROR(check_view(s, t, b, seen));
+      // A reshape buffer takes its writer's dims and strides (what --save-outputs and
+      // the references hold); before the writer is bound, its first reader's.
+      if (!t.is_input && b.reshape) {
+        b.dims = t.dims;
+        b.strides = t.strides;
+      }
     } else {
       b.dims = t.dims;
       b.strides = t.strides;
@@ -367,6 +383,29 @@ class Loader {
                               sq(b.writer->tensor) + "): a buffer has one writer");
     b.writer = BufferUse{s, t.name};
     return Status::Ok();
+  }
+
+  // A reshape view: the same dtype and the same dense memory (no holes, as many
+  // elements), so every view covers exactly the bytes the writer writes.
+  Status check_view(int s, const ResolvedTensor& t, const PipelineBuffer& b, const std::string& seen) const {
+    const auto dense = [](DType dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+      ResolvedTensor x;
+      x.dtype = dt;
+      x.dims = dims;
+      x.strides = strides;
+      return x.storage_bytes() == x.element_count() * static_cast<int64_t>(dtype_size_bytes(dt));
+    };
+    ResolvedTensor bt;
+    bt.dtype = b.dtype;
+    bt.dims = b.dims;
+    bt.strides = b.strides;
+    const bool ok = t.dtype == b.dtype && t.element_count() == bt.element_count() &&
+                    dense(t.dtype, t.dims, t.strides) && dense(b.dtype, b.dims, b.strides);
+    if (ok) return Status::Ok();
+    return bad_stage(s,
+                     "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) + seen +
+                         ": the views of a \"reshape\" buffer must have the same dtype and element count and "
+                         "be dense (no gaps between elements), so that each covers the same memory");
   }
 
   Status check_buffers() const {

@@ -67,6 +67,15 @@ HostTensor from_logical(const ResolvedTensor& t, const std::vector<float>& logic
   return h;
 }
 
+// The bytes of a buffer as stage tensor `t` sees them: the same memory with
+// t's dims and strides (they differ only for a "reshape" buffer's views).
+HostTensor view_as(const HostTensor& h, const ResolvedTensor& t) {
+  HostTensor v = h;
+  v.dims = t.dims;
+  v.strides = t.strides;
+  return v;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- build, tune
@@ -365,7 +374,7 @@ Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline
       if (it == values.end())
         return Internal(stage_where(p, s) + ": reference chain: buffer " + sq(p.buffers[bi].name) +
                         " has no value");
-      inputs[tensor] = it->second;
+      inputs[tensor] = view_as(it->second, t);
     }
     bool gpu = false;
     auto ref = stage_reference(st.graph, inputs, cpu_reference_max_flops, &gpu);
@@ -406,8 +415,8 @@ Status verify_pipeline(const Pipeline& p, const PipelineHostData& data, std::map
     std::map<std::string, std::vector<float>> actual;
     for (const auto& [tensor, bi] : st.bind) {
       const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
-      if (t.is_input || masks.count(tensor)) inputs[tensor] = host.at(bi);
-      if (t.is_output) actual[tensor] = host.at(bi).to_float_logical();
+      if (t.is_input || masks.count(tensor)) inputs[tensor] = view_as(host.at(bi), t);
+      if (t.is_output) actual[tensor] = view_as(host.at(bi), t).to_float_logical();
     }
     bool gpu = false;
     auto ref = stage_reference(g, inputs, cpu_reference_max_flops, &gpu);

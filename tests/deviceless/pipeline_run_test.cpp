@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -399,6 +400,85 @@ TEST(PipelineVerify, AttributesTheFirstDivergingStage) {
   bad.erase(p->find_buffer("hidden"));
   PipelineRunResult r3;
   EXPECT_EQ(verify_pipeline(*p, *data, bad, 2e9, &r3).code(), StatusCode::kInvalidArgument);
+}
+
+// A "reshape" buffer (docs/pipeline-format.md): stage a writes h as [1, 6, 8]
+// row-major; stage b reads the same memory as [1, 8, 6] column-major (a
+// transpose) and adds a bias per column. The references and the verification
+// read each stage's view, not the buffer's.
+struct ReshapePipeline {
+  TempDir dir;
+  std::string path;
+  ReshapePipeline(const std::string& reshape_field = R"(, "reshape": true)",
+                  const std::string& b_dims = R"([1, 8, 6], "layout": "col_major")") {
+    write_text(dir.file("a.json"), R"({"name": "relu_rows", "tensors": [{"name": "x", "dims": [1, 6, 8]},
+      {"name": "y"}], "ops": [{"op": "relu", "name": "r", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]})");
+    write_text(dir.file("b.json"), R"({"name": "bias_cols", "tensors": [{"name": "x", "dims": )" + b_dims +
+                                       R"(}, {"name": "bias", "dims": [1, 1, 6]}, {"name": "y"}],
+      "ops": [{"op": "bias_add", "name": "b", "inputs": {"x": "x", "bias": "bias"}, "outputs": {"y": "y"}}]})");
+    path = dir.file("p.json");
+    write_text(path, R"({"name": "p", "graphs": {"a": "a.json", "b": "b.json"},
+      "buffers": {"x": {"kind": "input"}, "h": {"kind": "intermediate")" +
+                         reshape_field + R"(}, "bias": {"kind": "input"}, "out": {"kind": "output"}},
+      "bind": {"a": {"x": "x", "y": "h"}, "b": {"x": "h", "bias": "bias", "y": "out"}}})");
+  }
+};
+
+TEST(PipelineReshape, ViewsOfOneBuffer) {
+  ReshapePipeline rp;
+  auto p = load_pipeline_file(rp.path);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const PipelineBuffer& h = p->buffers[p->find_buffer("h")];
+  EXPECT_TRUE(h.reshape);
+  EXPECT_EQ(h.dims, (std::vector<int64_t>{1, 6, 8}));  // the writer's
+  EXPECT_EQ(h.strides, (std::vector<int64_t>{48, 8, 1}));
+  auto data = load_pipeline_data(*p, 5);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  auto chain = reference_chain(*p, *data, 2e9);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  const std::vector<float> x = data->at(p->find_buffer("x")).to_float_logical();
+  const std::vector<float> bias = data->at(p->find_buffer("bias")).to_float_logical();
+  const std::vector<float>& out = chain->at("out");  // logical [1, 8, 6]
+  ASSERT_EQ(out.size(), 48u);
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 6; ++i) {
+      const float want = std::max(x[i * 8 + j], 0.0f) + bias[i];
+      ASSERT_NEAR(out[j * 6 + i], want, 1e-6) << "out[0, " << j << ", " << i << "]";
+    }
+  // What a correct run leaves verifies; the stage reads h through its own view.
+  PipelineRunResult r;
+  ASSERT_TRUE(verify_pipeline(*p, *data, reference_buffers(*p, *data), 2e9, &r).ok());
+  EXPECT_TRUE(r.verified_ok) << pipeline_verify_status(*p, r).ToString();
+}
+
+TEST(PipelineReshape, RefusedWithoutTheFlagOrWhenNotTheSameMemory) {
+  {
+    ReshapePipeline rp("");
+    auto p = load_pipeline_file(rp.path);
+    ASSERT_FALSE(p.ok());
+    expect_has(p.status(), {"stage 'b': graph tensor 'x' is bf16 [1, 8, 6]", "buffer 'h' is bf16 [1, 6, 8]",
+                            "\"reshape\": true"});
+  }
+  {
+    ReshapePipeline rp(R"(, "reshape": true)", R"([1, 4, 6])");
+    auto p = load_pipeline_file(rp.path);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+    expect_has(p.status(), {"stage 'b'", "same dtype and element count and be dense"});
+  }
+  {
+    // Gaps: [1, 8, 6] with a row stride of 7 spans 55 elements for 48.
+    ReshapePipeline rp(R"(, "reshape": true)", R"([1, 8, 6], "strides": [56, 7, 1])");
+    auto p = load_pipeline_file(rp.path);
+    ASSERT_FALSE(p.ok());
+    expect_has(p.status(), {"be dense"});
+  }
+  {
+    ReshapePipeline rp(R"(, "reshape": "yes")");
+    auto p = load_pipeline_file(rp.path);
+    ASSERT_FALSE(p.ok());
+    expect_has(p.status(), {"buffers.h.reshape: expected true or false, got a string"});
+  }
 }
 
 }  // namespace

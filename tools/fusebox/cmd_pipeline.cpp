@@ -58,6 +58,7 @@ ordered_json pipeline_json(const Pipeline& p) {
     e["dtype"] = std::string(dtype_name(b.dtype));
     e["dims"] = b.dims;
     e["strides"] = b.strides;
+    e["reshape"] = b.reshape;
     e["file"] = b.file.empty() ? ordered_json(nullptr) : ordered_json(b.file);
     e["key"] = b.key.empty() ? ordered_json(nullptr) : ordered_json(b.key);
     e["writer"] = b.writer ? use_json(p, *b.writer) : ordered_json(nullptr);

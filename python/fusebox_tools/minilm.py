@@ -1,0 +1,633 @@
+"""all-MiniLM-L6-v2 (a 6-layer BERT encoder) as a fusebox pipeline.
+
+Converts the model's safetensors into .npy weights in the layout the graphs
+want, writes the graph files (shared by the layers) and the pipeline file for
+a batch B and sequence length S, and holds a float32 numpy reference of the
+whole model (docs/models.md, "all-MiniLM-L6-v2").
+
+    python3 -m fusebox_tools.minilm convert --model models/minilm/hf --out models/minilm/fusebox
+    python3 -m fusebox_tools.minilm pipeline --out models/minilm/fusebox --batch 4 --seq 128
+    python3 -m fusebox_tools.minilm random --out DIR [--layers 2 --hidden 64 --heads 2 --ffn 128]
+
+What runs where (B sequences of S tokens, N = B*S rows, H hidden):
+
+  host/runner  ids -> word + position + token_type embeddings (a gather; no cuDNN op)
+               -> buffer `emb` [N, H] (bf16)
+  stage emb_ln         layernorm(emb)                                   -> h0
+  per layer l (9 stages, 7 graph files shared by all layers):
+    q{l}, k{l}, v{l}   matmul + bias            h @ Wq^T + bq           -> [N, H]
+    attn{l}            sdpa_fwd, bf16, [B, heads, S, head_dim] (bshd views of q, k, v),
+                       padding mask: seq_len_kv = each sequence's tokens,
+                       seq_len_q = S (padded query rows stay finite; pooling drops them)
+    out{l}             matmul + bias + residual add (attention output projection)
+    ln1_{l}            layernorm (post-LN)
+    up{l}              matmul + bias + gelu_erf (FFN up)
+    down{l}            matmul + bias + residual add (FFN down)
+    ln2_{l}            layernorm (post-LN)                               -> h{l+1}
+  stage pool           matmul of the 0/1 token mask [B, N] with h6: per-sequence sums over
+                       the non-padding tokens, fp32                      -> pooled_sum [B, H]
+  host/runner  mean (divide by the token count) and L2 normalisation (B x H: a host step;
+               cuDNN 9.19 allows a reduction only as a graph's last op, so a norm after
+               it cannot be fused)
+
+The attention stage reads q, k, v and writes o through views (buffers marked
+"reshape": docs/pipeline-format.md): the projections see [1, N, H] row-major,
+the attention [B, heads, S, head_dim] bshd, the same bytes. Q, K and V are
+three GEMMs (three stages): a single [H, 3H] GEMM would need buffer slices
+(offsets), which the pipeline format does not have.
+
+Weights: the matmul weights are transposed here ([in, out], so `x @ W`), rounded
+to bf16 (what the graphs read) and stored as float16 .npy (<f2: exact for every
+bf16 value with |v| >= 2^-17; smaller ones round by less than 2^-25), half the
+bytes of float32: the six layers take 21 MB. LayerNorm gains and biases are
+fp32 (<f4). The embedding tables (host side) are float16 (the runner adds them
+in float32 and the sum is rounded to bf16 for the pipeline). Everything the GPU
+machine needs is about 45 MB (one carry).
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import sys
+
+import numpy as np
+
+# ------------------------------------------------------------------ config
+
+MINILM_CONFIG = {
+    "hidden": 384, "heads": 12, "ffn": 1536, "layers": 6, "eps": 1e-12,
+    "vocab": 30522, "max_pos": 512, "type_vocab": 2,
+}
+CONFIG_FILE = "minilm_config.json"
+# Graph files per shape live in graphs/b{B}_s{S}/; weights in weights/, host tables in host/.
+LAYER_TENSORS = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln1_g", "ln1_b",
+                 "w1", "b1", "w2", "b2", "ln2_g", "ln2_b")
+
+
+class MiniLMError(Exception):
+    pass
+
+
+def check_config(cfg):
+    for k in ("hidden", "heads", "ffn", "layers", "vocab", "max_pos", "type_vocab"):
+        v = cfg.get(k)
+        if not isinstance(v, int) or v < 1:
+            raise MiniLMError(f"config: {k} must be a positive integer, got {v!r}")
+    if cfg["hidden"] % cfg["heads"]:
+        raise MiniLMError(f"config: hidden {cfg['hidden']} is not a multiple of heads {cfg['heads']}")
+    d = cfg["hidden"] // cfg["heads"]
+    if d % 8 or d > 256:
+        raise MiniLMError(f"config: head dim {d} must be a multiple of 8 and <= 256 (cuDNN sdpa_fwd)")
+    if not (isinstance(cfg.get("eps"), float) and cfg["eps"] > 0):
+        raise MiniLMError(f"config: eps must be a positive number, got {cfg.get('eps')!r}")
+    return cfg
+
+
+def head_dim(cfg):
+    return cfg["hidden"] // cfg["heads"]
+
+
+# ------------------------------------------------------------------ safetensors
+
+_ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"),
+              "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "BF16": "bf16"}
+_ST_MAX_HEADER = 100 << 20
+
+
+def read_safetensors(path):
+    """name -> numpy array (float32 for BF16) of a .safetensors file. A file that
+    does not follow the format is a MiniLMError naming the file and the entry."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise MiniLMError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(_ST_MAX_HEADER, size - 8):
+            raise MiniLMError(f"{path}: header length {n} exceeds the file ({size} bytes) or 100 MiB")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise MiniLMError(f"{path}: header is not JSON: {e}") from e
+        if not isinstance(header, dict):
+            raise MiniLMError(f"{path}: header is not a JSON object")
+        data_len = size - 8 - n
+        out = {}
+        for name, e in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                dt, shape, (lo, hi) = _ST_DTYPES[e["dtype"]], [int(s) for s in e["shape"]], e["data_offsets"]
+            except (KeyError, TypeError, ValueError) as err:
+                raise MiniLMError(f"{path}: entry {name!r}: bad dtype, shape or data_offsets ({err})") from err
+            count = math.prod(shape)
+            itemsize = 2 if dt == "bf16" else dt.itemsize
+            if any(s < 0 for s in shape) or not (0 <= lo <= hi <= data_len) or hi - lo != count * itemsize:
+                raise MiniLMError(f"{path}: entry {name!r}: shape {shape} x {itemsize} bytes does not fit "
+                                  f"data_offsets [{lo}, {hi}) of {data_len} data bytes")
+            f.seek(8 + n + lo)
+            raw = f.read(hi - lo)
+            if dt == "bf16":
+                arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+            else:
+                arr = np.frombuffer(raw, dtype=dt)
+            out[name] = arr.reshape(shape).copy()
+    return out
+
+
+# ------------------------------------------------------------------ parameters
+
+def params_from_hf(tensors, cfg):
+    """The canonical parameter dict from BERT's HF names (transposes to [in, out])."""
+    def get(name, shape):
+        if name not in tensors:
+            raise MiniLMError(f"weights: {name!r} missing")
+        a = np.asarray(tensors[name], dtype=np.float32)
+        if list(a.shape) != list(shape):
+            raise MiniLMError(f"weights: {name!r} has shape {list(a.shape)}, expected {list(shape)}")
+        return a
+
+    H, F = cfg["hidden"], cfg["ffn"]
+    p = {
+        "word_emb": get("embeddings.word_embeddings.weight", (cfg["vocab"], H)),
+        "pos_emb": get("embeddings.position_embeddings.weight", (cfg["max_pos"], H)),
+        "type_emb": get("embeddings.token_type_embeddings.weight", (cfg["type_vocab"], H)),
+        "emb_ln_g": get("embeddings.LayerNorm.weight", (H,)),
+        "emb_ln_b": get("embeddings.LayerNorm.bias", (H,)),
+        "layers": [],
+    }
+    for l in range(cfg["layers"]):
+        pre = f"encoder.layer.{l}."
+        L = {}
+        for short, hf in (("q", "attention.self.query"), ("k", "attention.self.key"),
+                          ("v", "attention.self.value"), ("o", "attention.output.dense")):
+            L["w" + short] = get(pre + hf + ".weight", (H, H)).T.copy()
+            L["b" + short] = get(pre + hf + ".bias", (H,))
+        L["ln1_g"] = get(pre + "attention.output.LayerNorm.weight", (H,))
+        L["ln1_b"] = get(pre + "attention.output.LayerNorm.bias", (H,))
+        L["w1"] = get(pre + "intermediate.dense.weight", (F, H)).T.copy()
+        L["b1"] = get(pre + "intermediate.dense.bias", (F,))
+        L["w2"] = get(pre + "output.dense.weight", (H, F)).T.copy()
+        L["b2"] = get(pre + "output.dense.bias", (H,))
+        L["ln2_g"] = get(pre + "output.LayerNorm.weight", (H,))
+        L["ln2_b"] = get(pre + "output.LayerNorm.bias", (H,))
+        p["layers"].append(L)
+    return p
+
+
+def load_hf(model_dir):
+    """(params, cfg) of the unpacked model (scripts/fetch_minilm.sh)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        hf = json.load(f)
+    if hf.get("hidden_act") not in ("gelu", "gelu_python") or hf.get("model_type") != "bert":
+        raise MiniLMError(f"{model_dir}/config.json: a BERT with erf GELU is expected, got "
+                          f"model_type {hf.get('model_type')!r}, hidden_act {hf.get('hidden_act')!r}")
+    cfg = check_config({
+        "hidden": hf["hidden_size"], "heads": hf["num_attention_heads"], "ffn": hf["intermediate_size"],
+        "layers": hf["num_hidden_layers"], "eps": float(hf["layer_norm_eps"]), "vocab": hf["vocab_size"],
+        "max_pos": hf["max_position_embeddings"], "type_vocab": hf["type_vocab_size"],
+    })
+    return params_from_hf(read_safetensors(os.path.join(model_dir, "model.safetensors")), cfg), cfg
+
+
+def random_params(cfg, seed=0):
+    """Random parameters of the right shapes (tests: no real weights needed)."""
+    rng = np.random.default_rng(seed)
+    H, F = cfg["hidden"], cfg["ffn"]
+
+    def w(*shape, scale=None):
+        s = scale if scale is not None else 1.0 / math.sqrt(shape[0])
+        return rng.uniform(-s, s, size=shape).astype(np.float32)
+
+    p = {"word_emb": w(cfg["vocab"], H, scale=1.0), "pos_emb": w(cfg["max_pos"], H, scale=0.5),
+         "type_emb": w(cfg["type_vocab"], H, scale=0.5),
+         "emb_ln_g": rng.uniform(0.5, 1.5, H).astype(np.float32), "emb_ln_b": w(H, scale=0.2), "layers": []}
+    for _ in range(cfg["layers"]):
+        L = {"wq": w(H, H), "bq": w(H, scale=0.1), "wk": w(H, H), "bk": w(H, scale=0.1),
+             "wv": w(H, H), "bv": w(H, scale=0.1), "wo": w(H, H), "bo": w(H, scale=0.1),
+             "ln1_g": rng.uniform(0.5, 1.5, H).astype(np.float32), "ln1_b": w(H, scale=0.2),
+             "w1": w(H, F), "b1": w(F, scale=0.1), "w2": w(F, H), "b2": w(H, scale=0.1),
+             "ln2_g": rng.uniform(0.5, 1.5, H).astype(np.float32), "ln2_b": w(H, scale=0.2)}
+        p["layers"].append(L)
+    return p
+
+
+def round_bf16(x):
+    """float32 -> nearest bf16 (ties to even), as float32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)).astype(np.uint32)
+    nan = np.isnan(x)
+    out = r.view(np.float32).copy()
+    out[nan] = np.nan
+    return out
+
+
+def pipeline_params(p):
+    """The parameters as the pipeline reads them: matmul weights and biases bf16,
+    layernorm gains and biases fp32, embedding tables float16 (stored so)."""
+    q = {"word_emb": p["word_emb"].astype(np.float16).astype(np.float32),
+         "pos_emb": p["pos_emb"].astype(np.float16).astype(np.float32),
+         "type_emb": p["type_emb"].astype(np.float16).astype(np.float32),
+         "emb_ln_g": p["emb_ln_g"], "emb_ln_b": p["emb_ln_b"], "layers": []}
+    for L in p["layers"]:
+        q["layers"].append({k: (v if k.startswith("ln") else f16_exact(round_bf16(v))) for k, v in L.items()})
+    return q
+
+
+def f16_exact(x):
+    """What a bf16 value stored as float16 reads back as (identical unless |x| < 2^-17)."""
+    return x.astype(np.float16).astype(np.float32)
+
+
+# ------------------------------------------------------------------ weights on disk
+
+def weight_shapes(cfg):
+    """Layer tensor -> (file shape, dtype) as the graphs read them."""
+    H, F = cfg["hidden"], cfg["ffn"]
+    s = {}
+    for n in ("wq", "wk", "wv", "wo"):
+        s[n] = ([1, H, H], "<f2")
+    for n in ("bq", "bk", "bv", "bo", "b2"):
+        s[n] = ([1, 1, H], "<f2")
+    s["w1"], s["b1"], s["w2"] = ([1, H, F], "<f2"), ([1, 1, F], "<f2"), ([1, F, H], "<f2")
+    for n in ("ln1_g", "ln1_b", "ln2_g", "ln2_b"):
+        s[n] = ([1, H, 1, 1], "<f4")
+    return s
+
+
+def write_weights(p, cfg, out_dir):
+    """Writes weights/*.npy (pipeline constants), host/*.npy (embedding tables)
+    and minilm_config.json into out_dir. Returns the bytes written."""
+    check_config(cfg)
+    os.makedirs(os.path.join(out_dir, "weights"), exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "host"), exist_ok=True)
+    total = 0
+
+    def save(rel, arr):
+        nonlocal total
+        path = os.path.join(out_dir, rel)
+        np.save(path, arr)
+        total += os.path.getsize(path)
+
+    q = pipeline_params(p)
+    shapes = weight_shapes(cfg)
+    H = cfg["hidden"]
+    save("weights/emb_ln_g.npy", q["emb_ln_g"].reshape(1, H, 1, 1).astype("<f4"))
+    save("weights/emb_ln_b.npy", q["emb_ln_b"].reshape(1, H, 1, 1).astype("<f4"))
+    for l, L in enumerate(q["layers"]):
+        for name in LAYER_TENSORS:
+            shape, dt = shapes[name]
+            save(f"weights/l{l}_{name}.npy", L[name].reshape(shape).astype(dt))
+    for name in ("word_emb", "pos_emb", "type_emb"):
+        save(f"host/{name}.npy", q[name].astype("<f2"))
+    with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return total
+
+
+def load_config(out_dir):
+    with open(os.path.join(out_dir, CONFIG_FILE)) as f:
+        return check_config(json.load(f))
+
+
+def load_converted(out_dir):
+    """(params, cfg) read back from write_weights' files (float32 arrays, in the
+    canonical layout): exactly the values the pipeline reads."""
+    cfg = load_config(out_dir)
+    H = cfg["hidden"]
+
+    def ld(rel):
+        return np.load(os.path.join(out_dir, rel), allow_pickle=False).astype(np.float32)
+
+    p = {n: ld(f"host/{n}.npy") for n in ("word_emb", "pos_emb", "type_emb")}
+    p["emb_ln_g"], p["emb_ln_b"] = ld("weights/emb_ln_g.npy").reshape(H), ld("weights/emb_ln_b.npy").reshape(H)
+    p["layers"] = []
+    for l in range(cfg["layers"]):
+        L = {}
+        for name in LAYER_TENSORS:
+            a = ld(f"weights/l{l}_{name}.npy")
+            L[name] = a.reshape(a.shape[-2], a.shape[-1]) if name.startswith("w") else a.reshape(-1)
+        p["layers"].append(L)
+    return p, cfg
+
+
+# ------------------------------------------------------------------ graphs and pipeline
+
+def _t(name, dims, **kw):
+    d = {"name": name}
+    if dims is not None:
+        d["dims"] = dims
+    d.update(kw)
+    return d
+
+
+def _graph(name, tensors, ops):
+    return {"name": name, "io_dtype": "bf16", "intermediate_dtype": "fp32", "compute_dtype": "fp32",
+            "tensors": tensors, "ops": ops}
+
+
+def ln_graph(N, H, eps):
+    """LayerNorm over H of N rows, cuDNN's own layout: x [N, H, 1, 1] NHWC, fp32 gain and bias."""
+    return _graph(f"minilm_layernorm_{N}x{H}", [
+        _t("x", [N, H, 1, 1], layout="nhwc"),
+        _t("scale", [1, H, 1, 1], layout="nhwc", dtype="fp32"),
+        _t("bias", [1, H, 1, 1], layout="nhwc", dtype="fp32"),
+        _t("y", None, layout="nhwc"),
+    ], [{"op": "layernorm", "name": "ln", "epsilon": eps,
+         "inputs": {"x": "x", "scale": "scale", "bias": "bias"}, "outputs": {"y": "y"}}])
+
+
+def linear_graph(M, K, Nout, act=None, residual=False):
+    """y = [act](a @ b + bias) [+ residual]; a [1, M, K], b [1, K, Nout]."""
+    tag = "_gelu" if act else ""
+    tag += "_residual" if residual else ""
+    tensors = [_t("a", [1, M, K]), _t("b", [1, K, Nout]), _t("bias", [1, 1, Nout])]
+    ops = [{"op": "matmul", "name": "gemm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "gemm_out"}},
+           {"op": "bias_add", "name": "bias", "inputs": {"x": "gemm_out", "bias": "bias"},
+            "outputs": {"y": "biased"}}]
+    last = "biased"
+    if act:
+        ops.append({"op": "gelu_erf", "name": "gelu", "inputs": {"x": last}, "outputs": {"y": "act"}})
+        last = "act"
+    if residual:
+        tensors.append(_t("residual", [1, M, Nout]))
+        ops.append({"op": "add", "name": "residual", "inputs": {"a": last, "b": "residual"},
+                    "outputs": {"y": "sum"}})
+        last = "sum"
+    ops[-1]["outputs"]["y"] = "y"
+    tensors.append(_t("y", None))
+    return _graph(f"minilm_linear_{M}x{K}x{Nout}{tag}", tensors, ops)
+
+
+def attn_graph(B, heads, S, d):
+    """Bidirectional attention with a key padding mask, q/k/v/o bshd (= [B*S, heads*d] row-major)."""
+    return _graph(f"minilm_attention_b{B}_h{heads}_s{S}_d{d}", [
+        _t("q", [B, heads, S, d], layout="bshd"),
+        _t("k", [B, heads, S, d], layout="bshd"),
+        _t("v", [B, heads, S, d], layout="bshd"),
+        # Every query row is computed (padded rows attend to the real keys and stay finite);
+        # fixed here so that runs with fusebox-made inputs do the same.
+        _t("seq_len_q", [B, 1, 1, 1], dtype="int32", values=[S] * B),
+        _t("seq_len_kv", [B, 1, 1, 1], dtype="int32"),
+        _t("o", None, layout="bshd"),
+    ], [{"op": "sdpa_fwd", "name": "attn", "attn_scale": 1.0 / math.sqrt(d),
+         "inputs": {"q": "q", "k": "k", "v": "v", "seq_len_q": "seq_len_q", "seq_len_kv": "seq_len_kv"},
+         "outputs": {"o": "o"}}])
+
+
+def pool_graph(B, N, H):
+    """pooled_sum [1, B, H] (fp32) = mask [1, B, N] @ h [1, N, H]: per-sequence sums of
+    the non-padding tokens (mask[b, n] = 1 for the tokens of sequence b)."""
+    return _graph(f"minilm_pool_b{B}_n{N}_h{H}", [
+        _t("mask", [1, B, N]), _t("h", [1, N, H]), _t("y", None, dtype="fp32"),
+    ], [{"op": "matmul", "name": "pool", "inputs": {"a": "mask", "b": "h"}, "outputs": {"y": "y"}}])
+
+
+def write_pipeline(out_dir, B, S, cfg=None):
+    """Writes graphs/b{B}_s{S}/*.json and minilm_b{B}_s{S}.json into out_dir (whose
+    weights write_weights made, or at least whose config is given). Returns the
+    pipeline file's path."""
+    cfg = check_config(cfg or load_config(out_dir))
+    if not (isinstance(B, int) and isinstance(S, int) and B >= 1 and 1 <= S <= cfg["max_pos"]):
+        raise MiniLMError(f"batch {B} and sequence length {S} must be >= 1, S <= {cfg['max_pos']}")
+    H, F, nh, d, L = cfg["hidden"], cfg["ffn"], cfg["heads"], head_dim(cfg), cfg["layers"]
+    N = B * S
+    gdir = f"graphs/b{B}_s{S}"
+    os.makedirs(os.path.join(out_dir, gdir), exist_ok=True)
+    graphs = {
+        "ln": ln_graph(N, H, cfg["eps"]),
+        "proj": linear_graph(N, H, H),
+        "proj_residual": linear_graph(N, H, H, residual=True),
+        "ffn_up": linear_graph(N, H, F, act="gelu_erf"),
+        "ffn_down": linear_graph(N, F, H, residual=True),
+        "attn": attn_graph(B, nh, S, d),
+        "pool": pool_graph(B, N, H),
+    }
+    files = {}
+    for key, g in graphs.items():
+        rel = f"{gdir}/{key}.json"
+        with open(os.path.join(out_dir, rel), "w") as f:
+            json.dump(g, f, indent=1)
+        files[key] = rel
+
+    stages, buffers, bind = {}, {}, {}
+
+    def const(name):
+        buffers[name] = {"kind": "constant", "file": f"weights/{name}.npy"}
+        return name
+
+    buffers["emb"] = {"kind": "input"}
+    buffers["seq_len_q"] = {"kind": "input"}
+    buffers["seq_len_kv"] = {"kind": "input"}
+    buffers["pool_mask"] = {"kind": "input"}
+    stages["emb_ln"] = files["ln"]
+    buffers["h0"] = {"kind": "intermediate", "reshape": True}
+    bind["emb_ln"] = {"x": "emb", "scale": const("emb_ln_g"), "bias": const("emb_ln_b"), "y": "h0"}
+    # `emb` is read by the layernorm only: [N, H, 1, 1], the same bytes as [N, H].
+    for l in range(L):
+        h, w = f"h{l}", lambda n: const(f"l{l}_{n}")  # noqa: E731
+        for x in ("q", "k", "v"):
+            stages[f"{x}{l}"] = files["proj"]
+            buffers[f"{x}{l}"] = {"kind": "intermediate", "reshape": True}
+            bind[f"{x}{l}"] = {"a": h, "b": w("w" + x), "bias": w("b" + x), "y": f"{x}{l}"}
+        stages[f"attn{l}"] = files["attn"]
+        buffers[f"ctx{l}"] = {"kind": "intermediate", "reshape": True}
+        bind[f"attn{l}"] = {"q": f"q{l}", "k": f"k{l}", "v": f"v{l}", "seq_len_q": "seq_len_q",
+                            "seq_len_kv": "seq_len_kv", "o": f"ctx{l}"}
+        stages[f"out{l}"] = files["proj_residual"]
+        buffers[f"attn_res{l}"] = {"kind": "intermediate", "reshape": True}
+        bind[f"out{l}"] = {"a": f"ctx{l}", "b": w("wo"), "bias": w("bo"), "residual": h, "y": f"attn_res{l}"}
+        stages[f"ln1_{l}"] = files["ln"]
+        buffers[f"a{l}"] = {"kind": "intermediate", "reshape": True}
+        bind[f"ln1_{l}"] = {"x": f"attn_res{l}", "scale": w("ln1_g"), "bias": w("ln1_b"), "y": f"a{l}"}
+        stages[f"up{l}"] = files["ffn_up"]
+        buffers[f"ffn{l}"] = {"kind": "intermediate"}
+        bind[f"up{l}"] = {"a": f"a{l}", "b": w("w1"), "bias": w("b1"), "y": f"ffn{l}"}
+        stages[f"down{l}"] = files["ffn_down"]
+        buffers[f"ffn_res{l}"] = {"kind": "intermediate", "reshape": True}
+        bind[f"down{l}"] = {"a": f"ffn{l}", "b": w("w2"), "bias": w("b2"), "residual": f"a{l}",
+                            "y": f"ffn_res{l}"}
+        stages[f"ln2_{l}"] = files["ln"]
+        buffers[f"h{l + 1}"] = {"kind": "intermediate", "reshape": True}
+        bind[f"ln2_{l}"] = {"x": f"ffn_res{l}", "scale": w("ln2_g"), "bias": w("ln2_b"), "y": f"h{l + 1}"}
+    stages["pool"] = files["pool"]
+    buffers["pooled_sum"] = {"kind": "output"}
+    # Buffers read both as [N, H, 1, 1] (layernorm) and [1, N, H] (GEMMs) or
+    # [B, heads, S, d] bshd (attention) are marked "reshape"; the rest keep one shape.
+    bind["pool"] = {"mask": "pool_mask", "h": f"h{L}", "y": "pooled_sum"}
+    doc = {"name": f"minilm_b{B}_s{S}", "graphs": stages, "buffers": buffers, "bind": bind}
+    path = os.path.join(out_dir, f"minilm_b{B}_s{S}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return path
+
+
+def stage_count(cfg):
+    return 2 + 9 * cfg["layers"]
+
+
+# ------------------------------------------------------------------ inputs (the runner's host step)
+
+def embed(p, ids, lengths, S, token_types=None):
+    """The embedding lookup (host step): word[ids] + position[0..S) + token_type,
+    float32 [B, S, H]. ids [B, S] int (padding positions hold the pad id)."""
+    ids = np.asarray(ids)
+    B = ids.shape[0]
+    if ids.shape != (B, S):
+        raise MiniLMError(f"ids have shape {ids.shape}, expected ({B}, {S})")
+    if ids.min() < 0 or ids.max() >= p["word_emb"].shape[0]:
+        raise MiniLMError(f"token ids must be in [0, {p['word_emb'].shape[0]})")
+    tt = np.zeros((B, S), dtype=np.int64) if token_types is None else np.asarray(token_types)
+    return (p["word_emb"][ids] + p["pos_emb"][None, :S] + p["type_emb"][tt]).astype(np.float32)
+
+
+def pipeline_inputs(p, ids, lengths, S):
+    """The pipeline's input buffers for `fusebox pipeline run --input`: name -> array."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    B = lengths.shape[0]
+    if np.any(lengths < 1) or np.any(lengths > S):
+        raise MiniLMError(f"sequence lengths must be in [1, {S}], got {lengths.tolist()}")
+    emb = embed(p, ids, lengths, S)
+    H = emb.shape[-1]
+    mask = np.zeros((1, B, B * S), dtype=np.float32)
+    for b, n in enumerate(lengths):
+        mask[0, b, b * S:b * S + n] = 1.0
+    return {
+        "emb": emb.reshape(B * S, H, 1, 1),
+        "seq_len_q": np.full((B, 1, 1, 1), S, dtype=np.int32),
+        "seq_len_kv": lengths.astype(np.int32).reshape(B, 1, 1, 1),
+        "pool_mask": mask,
+    }
+
+
+def finish(pooled_sum, lengths):
+    """The runner's host step after the pipeline: mean over the tokens, L2 normalisation."""
+    pooled = np.asarray(pooled_sum, dtype=np.float64).reshape(len(lengths), -1)
+    mean = pooled / np.asarray(lengths, dtype=np.float64)[:, None]
+    norm = np.maximum(np.linalg.norm(mean, axis=1, keepdims=True), 1e-12)
+    return (mean / norm).astype(np.float32)
+
+
+# ------------------------------------------------------------------ numpy reference
+
+def erf(x):
+    """erf to about 1e-7 absolute (Abramowitz & Stegun 7.1.26), vectorized float64."""
+    x = np.asarray(x, dtype=np.float64)
+    s = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * \
+        np.exp(-a * a)
+    return s * y
+
+
+def gelu_erf(x):
+    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(np.float32)
+
+
+def layernorm(x, g, b, eps):
+    x64 = x.astype(np.float64)
+    mu = x64.mean(-1, keepdims=True)
+    var = ((x64 - mu) ** 2).mean(-1, keepdims=True)
+    return ((x64 - mu) / np.sqrt(var + eps) * g + b).astype(np.float32)
+
+
+def attention(q, k, v, lengths):
+    """Multi-head attention with a key padding mask. q, k, v [B, heads, S, d];
+    key j of sequence b is kept iff j < lengths[b]; every query row is computed."""
+    d = q.shape[-1]
+    s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), k.astype(np.float64)) / math.sqrt(d)
+    S = k.shape[2]
+    keep = np.arange(S)[None, :] < np.asarray(lengths)[:, None]  # [B, S]
+    s = np.where(keep[:, None, None, :], s, -np.inf)
+    s -= s.max(-1, keepdims=True)
+    e = np.exp(s)
+    return (np.einsum("bhij,bhjd->bhid", e / e.sum(-1, keepdims=True), v.astype(np.float64))).astype(np.float32)
+
+
+def encoder_layer(x, L, cfg, lengths, rnd=None):
+    """One post-LN BERT layer on x [B, S, H] (float32). rnd(x): rounding of each
+    stage's output (bf16 buffers for a pipeline emulation; None: float32)."""
+    r = rnd or (lambda a: a)
+    B, S, H = x.shape
+    nh, d = cfg["heads"], head_dim(cfg)
+
+    def heads(t):  # [B, S, H] -> [B, heads, S, d]
+        return t.reshape(B, S, nh, d).transpose(0, 2, 1, 3)
+
+    q, k, v = (r(x @ L["w" + n] + L["b" + n]) for n in ("q", "k", "v"))
+    ctx = r(attention(heads(q), heads(k), heads(v), lengths).transpose(0, 2, 1, 3).reshape(B, S, H))
+    a = r(layernorm(r(ctx @ L["wo"] + L["bo"] + x), L["ln1_g"], L["ln1_b"], cfg["eps"]))
+    f = r(gelu_erf(a @ L["w1"] + L["b1"]))
+    return r(layernorm(r(f @ L["w2"] + L["b2"] + a), L["ln2_g"], L["ln2_b"], cfg["eps"]))
+
+
+def reference(p, cfg, ids, lengths, S, rnd=None):
+    """The whole model in numpy: (sentence embeddings [B, H] (mean pooled, L2
+    normalised), last hidden state [B, S, H], pooled sums [B, H])."""
+    r = rnd or (lambda a: a)
+    x = r(embed(p, ids, lengths, S))
+    x = r(layernorm(x, p["emb_ln_g"], p["emb_ln_b"], cfg["eps"]))
+    for L in p["layers"]:
+        x = encoder_layer(x, L, cfg, lengths, rnd)
+    keep = (np.arange(S)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
+    pooled_sum = np.einsum("bs,bsh->bh", keep.astype(np.float64), x.astype(np.float64)).astype(np.float32)
+    return finish(pooled_sum, lengths), x, pooled_sum
+
+
+def cosine_matrix(e):
+    e = np.asarray(e, dtype=np.float64)
+    n = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+    return n @ n.T
+
+
+# ------------------------------------------------------------------ CLI
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="safetensors -> weights/*.npy, host/*.npy and a pipeline")
+    c.add_argument("--model", default="models/minilm/hf", help="the unpacked model (scripts/fetch_minilm.sh)")
+    c.add_argument("--out", default="models/minilm/fusebox")
+    c.add_argument("--batch", type=int, default=4)
+    c.add_argument("--seq", type=int, default=128)
+    pp = sub.add_parser("pipeline", help="graphs and pipeline file for another batch / sequence length")
+    pp.add_argument("--out", default="models/minilm/fusebox")
+    pp.add_argument("--batch", type=int, required=True)
+    pp.add_argument("--seq", type=int, required=True)
+    r = sub.add_parser("random", help="random weights of the right shapes (tests, no download)")
+    r.add_argument("--out", required=True)
+    r.add_argument("--batch", type=int, default=2)
+    r.add_argument("--seq", type=int, default=16)
+    r.add_argument("--layers", type=int, default=2)
+    r.add_argument("--hidden", type=int, default=64)
+    r.add_argument("--heads", type=int, default=2)
+    r.add_argument("--ffn", type=int, default=128)
+    r.add_argument("--vocab", type=int, default=100)
+    r.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "convert":
+            p, cfg = load_hf(a.model)
+            n = write_weights(p, cfg, a.out)
+            # The runner's tokenizer travels with the converted weights (one folder to carry).
+            shutil.copyfile(os.path.join(a.model, "tokenizer.json"), os.path.join(a.out, "host", "tokenizer.json"))
+            path = write_pipeline(a.out, a.batch, a.seq)
+            print(f"minilm: wrote {n / 1e6:.1f} MB of weights into {a.out}; pipeline {path}")
+        elif a.cmd == "pipeline":
+            print(write_pipeline(a.out, a.batch, a.seq))
+        else:
+            cfg = check_config(dict(MINILM_CONFIG, layers=a.layers, hidden=a.hidden, heads=a.heads, ffn=a.ffn,
+                                    vocab=a.vocab, max_pos=max(a.seq, 16)))
+            write_weights(random_params(cfg, a.seed), cfg, a.out)
+            print(write_pipeline(a.out, a.batch, a.seq))
+    except (MiniLMError, OSError) as e:
+        print(f"minilm: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Sentence embeddings with all-MiniLM-L6-v2 run as a fusebox pipeline.
+
+text -> token ids (the `tokenizers` package, the model's tokenizer.json) ->
+embedding lookup (numpy, the runner's host step) -> `fusebox pipeline run
+--input ... --save-outputs` (the encoder and the pooling sums on the GPU) ->
+mean and L2 normalisation (host) -> embeddings; prints the cosine
+similarities of the sentences. Checks (each exits 1 on a mismatch):
+
+  --reference   the float32 numpy reference of the whole model (fusebox_tools.minilm)
+                with the same (bf16-rounded) weights: per-sentence cosine >= --min-cos,
+                and the last hidden state (buffer h6) within --max-rel-l2
+  --torch       the same in torch on the GPU: transformers' BertModel loaded with these
+                weights (the hand-written torch encoder below if transformers is absent)
+  --verify      fusebox's own per-stage verification (`pipeline run --verify`)
+  --no-fusebox  the references alone (CPU, no GPU needed): what the model gives
+
+    python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox [--seq 128]
+        [--reference] [--torch] [--verify] [--iters 20] [--json-out F] [SENTENCE ...]
+
+The model folder is what `python3 -m fusebox_tools.minilm convert` wrote
+(weights/, host/ with the embedding tables and tokenizer.json,
+minilm_config.json); the pipeline for this batch and length is written into
+it when missing.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from fusebox_tools import minilm as m
+from fusebox_tools.graph import fusebox_bin
+
+DEFAULT_SENTENCES = [
+    # sentence-transformers' README example: similarities 0.6660, 0.1046, 0.1411
+    "The weather is lovely today.",
+    "It's so sunny outside!",
+    "He drove to the stadium.",
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "A man is riding a horse.",
+    "A man is riding a white horse on an enclosed ground.",
+    "A monkey is playing drums.",
+]
+
+
+def tokenize(tokenizer_json, sentences, S):
+    """(ids [B, S] int64 padded with [PAD]=0, lengths [B]) with BERT's special tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_json)
+    tok.enable_truncation(max_length=S)
+    tok.enable_padding(length=S, pad_id=0, pad_token="[PAD]")
+    enc = tok.encode_batch(list(sentences))
+    ids = np.array([e.ids for e in enc], dtype=np.int64)
+    lengths = np.array([int(sum(e.attention_mask)) for e in enc], dtype=np.int64)
+    return ids, lengths
+
+
+def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900, cuda_graph=False):
+    """`fusebox pipeline run` with these inputs; returns (report dict, run folder)."""
+    in_dir = os.path.join(out_dir, "inputs_given")
+    os.makedirs(in_dir, exist_ok=True)
+    cmd = [fusebox_bin(fusebox), "pipeline", "run", pipeline, "--json", "--iters", str(iters)]
+    for name, arr in inputs.items():
+        path = os.path.join(in_dir, f"{name}.npy")
+        np.save(path, arr)
+        cmd += ["--input", f"{name}={path}"]
+    run_dir = os.path.join(out_dir, "run")
+    cmd += ["--save-outputs", run_dir]
+    if verify:
+        cmd.append("--verify")
+    if cuda_graph:
+        cmd.append("--cuda-graph")
+    print("minilm_embed: " + " ".join(cmd), file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        report = {"ok": False, "error": proc.stderr.strip()[-2000:]}
+    if proc.returncode != 0:
+        report["ok"] = False
+        report.setdefault("error", proc.stderr.strip()[-2000:])
+        report["stderr"] = proc.stderr.strip()[-2000:]
+    return report, run_dir
+
+
+# ------------------------------------------------------------------ torch
+
+def torch_embeddings(p, cfg, ids, lengths, S, device=None):
+    """(embeddings [B, H], last hidden [B, S, H], what) in torch float32 with the
+    same weights: transformers' BertModel when importable, else the encoder below."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    ids_t = torch.as_tensor(ids, device=dev)
+    mask = (torch.arange(S, device=dev)[None, :] < torch.as_tensor(lengths, device=dev)[:, None]).long()
+    try:
+        hidden, what = _hf_bert(p, cfg, ids_t, mask, dev), "transformers BertModel (eager attention)"
+    except ImportError:
+        hidden, what = _torch_bert(p, cfg, ids_t, mask, dev), "hand-written torch BERT"
+    maskf = mask.to(hidden.dtype)[..., None]
+    mean = (hidden * maskf).sum(1) / maskf.sum(1).clamp(min=1e-9)
+    emb = torch.nn.functional.normalize(mean, p=2, dim=1)
+    return emb.double().cpu().numpy(), hidden.double().cpu().numpy(), what
+
+
+def _state_dict(p, cfg):
+    import torch
+
+    sd = {"embeddings.word_embeddings.weight": p["word_emb"], "embeddings.position_embeddings.weight": p["pos_emb"],
+          "embeddings.token_type_embeddings.weight": p["type_emb"], "embeddings.LayerNorm.weight": p["emb_ln_g"],
+          "embeddings.LayerNorm.bias": p["emb_ln_b"]}
+    for l, L in enumerate(p["layers"]):
+        pre = f"encoder.layer.{l}."
+        for short, hf in (("q", "attention.self.query"), ("k", "attention.self.key"),
+                          ("v", "attention.self.value"), ("o", "attention.output.dense")):
+            sd[pre + hf + ".weight"] = L["w" + short].T
+            sd[pre + hf + ".bias"] = L["b" + short]
+        sd[pre + "attention.output.LayerNorm.weight"] = L["ln1_g"]
+        sd[pre + "attention.output.LayerNorm.bias"] = L["ln1_b"]
+        sd[pre + "intermediate.dense.weight"] = L["w1"].T
+        sd[pre + "intermediate.dense.bias"] = L["b1"]
+        sd[pre + "output.dense.weight"] = L["w2"].T
+        sd[pre + "output.dense.bias"] = L["b2"]
+        sd[pre + "output.LayerNorm.weight"] = L["ln2_g"]
+        sd[pre + "output.LayerNorm.bias"] = L["ln2_b"]
+    return {k: torch.as_tensor(np.ascontiguousarray(v, dtype=np.float32)) for k, v in sd.items()}
+
+
+def _hf_bert(p, cfg, ids, mask, dev):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    conf = BertConfig(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
+                      num_attention_heads=cfg["heads"], intermediate_size=cfg["ffn"], hidden_act="gelu",
+                      layer_norm_eps=cfg["eps"], max_position_embeddings=cfg["max_pos"],
+                      type_vocab_size=cfg["type_vocab"], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    conf._attn_implementation = "eager"  # plain float32 softmax(QK^T)V, no fused kernel
+    model = BertModel(conf, add_pooling_layer=False)
+    missing, unexpected = model.load_state_dict(_state_dict(p, cfg), strict=False)
+    missing = [k for k in missing if "position_ids" not in k and "token_type_ids" not in k]
+    if missing or unexpected:
+        raise RuntimeError(f"BertModel state dict: missing {missing}, unexpected {unexpected}")
+    model = model.to(dev).eval()
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask,
+                     token_type_ids=torch.zeros_like(ids)).last_hidden_state.float()
+
+
+def _torch_bert(p, cfg, ids, mask, dev):
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    sd = {k: v.to(dev) for k, v in _state_dict(p, cfg).items()}
+    B, S = ids.shape
+    H, nh = cfg["hidden"], cfg["heads"]
+    d = H // nh
+
+    def ln(x, pre):
+        return F.layer_norm(x, (H,), sd[pre + ".weight"], sd[pre + ".bias"], cfg["eps"])
+
+    def lin(x, pre):
+        return x @ sd[pre + ".weight"].T + sd[pre + ".bias"]
+
+    x = sd["embeddings.word_embeddings.weight"][ids] + sd["embeddings.position_embeddings.weight"][:S][None] + \
+        sd["embeddings.token_type_embeddings.weight"][0]
+    x = ln(x, "embeddings.LayerNorm")
+    neg = torch.where(mask[:, None, None, :].bool(), 0.0, float("-inf")).to(x.dtype)
+    with torch.no_grad():
+        for l in range(cfg["layers"]):
+            pre = f"encoder.layer.{l}."
+
+            def heads(t):
+                return t.view(B, S, nh, d).transpose(1, 2)
+
+            q, k, v = (heads(lin(x, pre + "attention.self." + n)) for n in ("query", "key", "value"))
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + neg, dim=-1) @ v
+            ctx = att.transpose(1, 2).reshape(B, S, H)
+            x = ln(lin(ctx, pre + "attention.output.dense") + x, pre + "attention.output.LayerNorm")
+            f = F.gelu(lin(x, pre + "intermediate.dense"))
+            x = ln(lin(f, pre + "output.dense") + x, pre + "output.LayerNorm")
+    return x
+
+
+# ------------------------------------------------------------------ comparisons
+
+def compare_embeddings(name, got, ref, lengths, hidden_got=None, hidden_ref=None, min_cos=0.999,
+                       max_rel_l2=0.03):
+    """One result dict: per-sentence cosine of the embeddings, max |difference|,
+    and the rel. L2 error of the last hidden state over the real tokens."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    cos = (got * ref).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
+    res = {"against": name, "min_cos": float(cos.min()), "cos": [float(c) for c in cos],
+           "max_abs": float(np.abs(got - ref).max()), "pass": bool(cos.min() >= min_cos)}
+    if hidden_got is not None and hidden_ref is not None:
+        keep = np.arange(hidden_ref.shape[1])[None, :] < np.asarray(lengths)[:, None]
+        hg, hr = np.asarray(hidden_got, np.float64)[keep], np.asarray(hidden_ref, np.float64)[keep]
+        rel = float(np.linalg.norm(hg - hr) / max(np.linalg.norm(hr), 1e-30))
+        res["hidden_rel_l2"] = rel
+        res["pass"] = res["pass"] and rel <= max_rel_l2
+    return res
+
+
+def print_similarities(sentences, emb):
+    c = m.cosine_matrix(emb)
+    print("cosine similarities:")
+    for i, s in enumerate(sentences):
+        print(f"  [{i}] {s}")
+    print("      " + " ".join(f"{j:>6}" for j in range(len(sentences))))
+    for i in range(len(sentences)):
+        print(f"  [{i}] " + " ".join(f"{c[i, j]:6.3f}" for j in range(len(sentences))))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sentences", nargs="*", help=f"default: {len(DEFAULT_SENTENCES)} example sentences")
+    ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
+    ap.add_argument("--tokenizer", help="tokenizer.json (default: MODEL/host/tokenizer.json)")
+    ap.add_argument("--seq", type=int, default=128, help="S: tokens per sequence, padded (default 128)")
+    ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
+    ap.add_argument("--no-fusebox", action="store_true", help="run only the references (no GPU)")
+    ap.add_argument("--verify", action="store_true", help="pipeline run --verify (per-stage references)")
+    ap.add_argument("--iters", type=int, default=0, help="timed pipeline runs (pipeline run --iters)")
+    ap.add_argument("--cuda-graph", action="store_true", help="pipeline run --cuda-graph (timed as one CUDA graph)")
+    ap.add_argument("--reference", action="store_true", help="check against the numpy float32 reference")
+    ap.add_argument("--torch", action="store_true", help="check against torch (transformers BertModel)")
+    ap.add_argument("--min-cos", type=float, default=0.999)
+    ap.add_argument("--max-rel-l2", type=float, default=0.03)
+    ap.add_argument("--out", help="keep inputs and fusebox's saved buffers here (default: a temporary folder)")
+    ap.add_argument("--json-out")
+    a = ap.parse_args(argv)
+
+    sentences = a.sentences or DEFAULT_SENTENCES
+    try:
+        p, cfg = m.load_converted(a.model)
+        ids, lengths = tokenize(a.tokenizer or os.path.join(a.model, "host", "tokenizer.json"), sentences, a.seq)
+    except (m.MiniLMError, OSError, ValueError) as e:
+        print(f"minilm_embed: {e}", file=sys.stderr)
+        return 2
+    B, S = len(sentences), a.seq
+    print(f"minilm_embed: {B} sentences, S={S}, tokens per sentence {lengths.tolist()}")
+    doc = {"sentences": sentences, "lengths": lengths.tolist(), "seq": S, "checks": [], "ok": True}
+    embeddings, hidden = None, None
+
+    if not a.no_fusebox:
+        pipeline = os.path.join(a.model, f"minilm_b{B}_s{S}.json")
+        if not os.path.exists(pipeline):
+            pipeline = m.write_pipeline(a.model, B, S)
+        out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
+        report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
+                                      a.verify, a.iters, cuda_graph=a.cuda_graph)
+        doc["fusebox"] = {k: report.get(k) for k in ("ok", "error", "verified", "latency_ms", "eager_latency_ms",
+                                                      "cuda_graph", "build_ms", "memory_bytes", "chain_verify")}
+        if not report.get("ok"):
+            print(f"minilm_embed: fusebox pipeline run failed: {report.get('error')}", file=sys.stderr)
+            doc["ok"] = False
+            _dump(a.json_out, doc)
+            return 1
+        lat = report.get("latency_ms") or {}
+        if lat.get("iters"):
+            eager = report.get("eager_latency_ms") or {}
+            print(f"fusebox pipeline: median {lat['median']:.3f} ms for {B} x {S} tokens ({len(report['stages'])} "
+                  f"stages{', one CUDA graph; eager %.3f ms' % eager['median'] if eager.get('median') else ''})")
+        embeddings = m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)
+        last = f"h{cfg['layers']}"
+        hidden = np.load(os.path.join(run_dir, f"{last}.npy")).reshape(B, S, cfg["hidden"])
+        print("embeddings from fusebox:")
+        print_similarities(sentences, embeddings)
+
+    if a.reference or a.no_fusebox:
+        ref, ref_hidden, _ = m.reference(p, cfg, ids, lengths, S)
+        if embeddings is None:
+            print("embeddings from the numpy float32 reference:")
+            print_similarities(sentences, ref)
+        else:
+            doc["checks"].append(compare_embeddings("numpy float32 reference", embeddings, ref, lengths, hidden,
+                                                    ref_hidden, a.min_cos, a.max_rel_l2))
+    if a.torch:
+        temb, thidden, what = torch_embeddings(p, cfg, ids, lengths, S)
+        if embeddings is None:
+            ref_np = m.reference(p, cfg, ids, lengths, S)[0]
+            doc["checks"].append(compare_embeddings(f"{what} vs numpy", ref_np, temb, lengths, min_cos=0.99999))
+        else:
+            doc["checks"].append(compare_embeddings(what, embeddings, temb, lengths, hidden, thidden, a.min_cos,
+                                                    a.max_rel_l2))
+    for c in doc["checks"]:
+        extra = f", last hidden state rel_l2 {c['hidden_rel_l2']:.2e}" if "hidden_rel_l2" in c else ""
+        print(f"{'PASS' if c['pass'] else 'FAIL'} against {c['against']}: min cosine {c['min_cos']:.6f}, "
+              f"max |diff| {c['max_abs']:.2e}{extra}")
+        doc["ok"] = doc["ok"] and c["pass"]
+    if embeddings is not None:
+        doc["embeddings"] = embeddings.tolist()
+    _dump(a.json_out, doc)
+    return 0 if doc["ok"] else 1
+
+
+def _dump(path, doc):
+    if path:
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
