@@ -47,7 +47,8 @@ if ! python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
 fi
 # Real model weights for docs/models.md, only when asked (never for make test):
 # FUSEBOX_MODELS=minilm scripts/setup.sh (a comma-separated list).
-for model in ${FUSEBOX_MODELS//,/ }; do
+MODELS=${FUSEBOX_MODELS:-}
+for model in ${MODELS//,/ }; do
   case "$model" in
     minilm) bash scripts/fetch_minilm.sh ;;
     *) echo "setup: unknown model '$model' in FUSEBOX_MODELS (known: minilm)" >&2; exit 2 ;;
