@@ -21,6 +21,10 @@ if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; el
 export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/$DEVPROP"
 # The Python tools (python/fusebox_tools) read graphs through this fusebox.
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
+# The Python module (python/fusebox, docs/python.md) loads the bundle's libfusebox.so.
+for lib in "$BUNDLE"/libfusebox.so*; do
+  [ -f "$lib" ] && export FUSEBOX_LIBRARY="$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")" && break
+done
 
 # Valid examples: top level and small/, without invalid_*.
 GRAPHS=()
@@ -160,7 +164,19 @@ do_crosscheck() {
 
 # tests/python with torch (CI has none, so its torch tests skip there).
 do_python_tests() {
-  timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/python
+  timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/python --ignore=tests/python/test_pymod_gpu.py
+}
+
+# The Python module on torch tensors (docs/python.md): three small graphs against
+# torch's math, torch.compile(fullgraph=True) and CUDA-graph capture of the custom
+# op, the errors; then its CPU tests with this library. A skip fails the section.
+do_python_module() {
+  [ -n "${FUSEBOX_LIBRARY:-}" ] || { echo "no libfusebox.so in $BUNDLE: rebuild the bundle"; return 1; }
+  "$PY" -c 'import torch; assert torch.cuda.is_available(), "torch sees no GPU"' || return 1
+  timeout 500 "$PY" -m pytest -v -s -rs -p no:cacheprovider tests/python/test_pymod_gpu.py tests/python/test_pymod.py \
+    | tee "$OUT/python_module.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  ! grep -q "SKIPPED" "$OUT/python_module.txt" || { echo "python_module: tests skipped"; return 1; }
 }
 
 # Host cost of one execute: a bound plan against the bare cudnnBackendExecute
@@ -532,6 +548,7 @@ fi
 section run_verify do_run_verify
 section torch_crosscheck do_crosscheck
 section python_tests do_python_tests
+section python_module do_python_module
 section deviceless_roundtrip do_roundtrip
 section cpu_built_plans do_cpu_plans
 section tune do_tune

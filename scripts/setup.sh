@@ -39,11 +39,12 @@ if [ "$(cat "$DEST/VERSION" 2>/dev/null)" != "$FRONTEND_VERSION" ]; then
   test -f "$DEST/include/cudnn_frontend.h" || { echo "setup: cudnn_frontend.h missing after unpacking $f" >&2; exit 1; }
   echo "$FRONTEND_VERSION" > "$DEST/VERSION"
 fi
-# The Python tests (ctest's `python`): pytest and numpy, for the python3 on PATH.
-# torch is not installed (several GB): the tests that need it skip.
-if ! python3 -c 'import pytest, numpy' >/dev/null 2>&1; then
-  echo "setup: installing pytest and numpy (pip)"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy
+# The Python tests (ctest's `python`): pytest and numpy, for the python3 on PATH;
+# scikit-build-core for the wheel of the Python module (ctest `python_wheel`,
+# `pip wheel .`). torch is not installed (several GB): the tests that need it skip.
+if ! python3 -c 'import pytest, numpy, scikit_build_core' >/dev/null 2>&1; then
+  echo "setup: installing pytest, numpy and scikit-build-core (pip)"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy scikit-build-core
 fi
 # Real model weights for docs/models.md, only when asked (never for make test):
 # FUSEBOX_MODELS=minilm scripts/setup.sh (a comma-separated list).

@@ -24,8 +24,10 @@
 extern "C" {
 #endif
 
-/* The C API's version: bumped when a declaration here changes. */
-#define FUSEBOX_C_API_VERSION 1
+/* The C API's version: bumped when a declaration here changes. Additions
+ * only: version 2 added the calls marked "(v2)"; a program built against
+ * version 1 runs unchanged. */
+#define FUSEBOX_C_API_VERSION 2
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -93,6 +95,9 @@ typedef struct fusebox_tensor_info {
 /* The tensors to bind, in the graph's order: indices 0 .. count-1. */
 size_t fusebox_graph_tensor_count(const fusebox_graph* graph);
 fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fusebox_tensor_info* info);
+/* (v2) The same by name; an unknown name (or a virtual tensor, or a by-value
+ * scalar) is FUSEBOX_INVALID_ARGUMENT, and the message lists the names. */
+fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char* name, fusebox_tensor_info* info);
 
 /* ---- sessions */
 
@@ -108,6 +113,8 @@ void fusebox_session_free(fusebox_session* session);
 int fusebox_session_deviceless(const fusebox_session* session);
 /* The target GPU's name, e.g. "NVIDIA H200". */
 const char* fusebox_session_device_name(const fusebox_session* session);
+/* (v2) The CUDA device id of a GPU session; -1 for a deviceless one or NULL. */
+int fusebox_session_device_id(const fusebox_session* session);
 
 /* ---- plans */
 
@@ -135,6 +142,32 @@ int64_t fusebox_plan_workspace_bytes(const fusebox_plan* plan);
 const char* fusebox_plan_source(const fusebox_plan* plan);
 /* Writes the plan file `fusebox run --plan` and plan_file requests read. */
 fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path);
+/* (v2) The plan cache's part: "hit", "miss" (looked up, then built or tuned)
+ * or "off" (no cache, or a plan file). */
+const char* fusebox_plan_cache_result(const fusebox_plan* plan);
+
+/* (v2) Autotuning (GPU sessions only): every admissible candidate is built
+ * and timed on the session's GPU, the fastest is verified against the
+ * reference and stored in the session's plan cache, where a later
+ * fusebox_session_get_plan (use_tuned_cache) finds it. A tuned entry already
+ * in the cache is returned without tuning ("plan cache (tuned)"). */
+typedef struct fusebox_tune_request {
+  const char* heuristics;      /* NULL: "a,b,fallback" (the candidates of every mode) */
+  int warmup;                  /* untimed executions per candidate (default 5) */
+  int iters;                   /* timed executions per candidate (default 20) */
+  int64_t max_workspace_bytes; /* -1: no limit */
+  int top_k;                   /* >0: time only the first K admissible candidates */
+  double budget_ms;            /* >0: stop timing once this much wall time is spent */
+  int deterministic_only;      /* nonzero: drop non-deterministic candidates */
+} fusebox_tune_request;
+
+fusebox_tune_request fusebox_tune_request_default(void);
+/* request NULL: the default. A deviceless session is FUSEBOX_NO_DEVICE; a
+ * winner that fails verification is FUSEBOX_VERIFICATION_FAILED (nothing is
+ * stored). fusebox_plan_source says "tuned now (N candidates timed, ...)"
+ * or "plan cache (tuned)". */
+fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_graph* graph,
+                                    const fusebox_tune_request* request, fusebox_plan** out);
 
 /* ---- binding and execution (GPU sessions only) */
 
@@ -143,12 +176,23 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path);
  * repeated name, or a NULL pointer, is FUSEBOX_INVALID_ARGUMENT. */
 fusebox_status fusebox_bind(fusebox_session* session, const fusebox_plan* plan, size_t count,
                             const char* const* names, void* const* pointers, fusebox_bound_plan** out);
+/* (v2) The same, executing with the caller's workspace instead of the
+ * session's arena: `workspace` must hold at least `workspace_bytes` bytes and
+ * workspace_bytes must be at least fusebox_plan_workspace_bytes (NULL and 0
+ * when the plan needs none). Nothing is allocated and nothing waits for the
+ * GPU (safe while a stream is being captured into a CUDA graph); the caller
+ * keeps the workspace alive, and unused by other work, while executes of the
+ * bound plan are pending. */
+fusebox_status fusebox_bind_with_workspace(fusebox_session* session, const fusebox_plan* plan, size_t count,
+                                           const char* const* names, void* const* pointers, void* workspace,
+                                           int64_t workspace_bytes, fusebox_bound_plan** out);
 void fusebox_bound_plan_free(fusebox_bound_plan* bound);
 /* Points one tensor elsewhere (cheap: no rebuild at execute). */
 fusebox_status fusebox_bound_plan_rebind(fusebox_bound_plan* bound, const char* name, void* pointer);
 /* Enqueues one execution on `stream` (a cudaStream_t; NULL: CUDA's default
- * stream) and returns without waiting. The session's plans share one
- * workspace: executes on different streams must not overlap. */
+ * stream) and returns without waiting. Plans bound by fusebox_bind share the
+ * session's workspace: their executes on different streams must not overlap
+ * (fusebox_bind_with_workspace gives each its own). */
 fusebox_status fusebox_execute(fusebox_bound_plan* bound, void* stream);
 
 #ifdef __cplusplus

@@ -2,6 +2,7 @@
 // point runs its body through guarded(), so no exception reaches C code: a
 // std::bad_alloc becomes FUSEBOX_OUT_OF_MEMORY, anything else FUSEBOX_INTERNAL.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -212,6 +213,21 @@ fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fu
   });
 }
 
+fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char* name, fusebox_tensor_info* info) {
+  const char* fn = "fusebox_graph_find_tensor";
+  return guarded(fn, [&] {
+    if (!graph) return null_arg(fn, "graph");
+    if (!name) return null_arg(fn, "name");
+    if (!info) return null_arg(fn, "info");
+    for (size_t i = 0; i < graph->bindable.size(); ++i) {
+      if (graph->graph->tensors[graph->bindable[i]].name == name) return fusebox_graph_tensor(graph, i, info);
+    }
+    return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": graph '" + graph->graph->name +
+                                              "' binds no tensor '" + name + "'; it binds " +
+                                              bindable_names(*graph));
+  });
+}
+
 // ---------------------------------------------------------------- sessions
 
 fusebox_status fusebox_session_create(int device_id, const char* device_properties_file,
@@ -244,6 +260,12 @@ int fusebox_session_deviceless(const fusebox_session* session) {
 
 const char* fusebox_session_device_name(const fusebox_session* session) {
   return session ? session->box->session->target().device_name.c_str() : nullptr;
+}
+
+int fusebox_session_device_id(const fusebox_session* session) {
+  if (!session) return -1;
+  fusebox::GpuContext* ctx = session->box->session->context();
+  return ctx ? ctx->device_id() : -1;
 }
 
 // ---------------------------------------------------------------- plans
@@ -287,6 +309,7 @@ fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_
     h->box = session->box;
     h->plan = std::make_shared<fusebox::Plan>(std::move(*plan));
     h->source = report.source_text();
+    h->cache = report.cache;
     *out = h.release();
     return FUSEBOX_OK;
   });
@@ -316,7 +339,141 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
   });
 }
 
+const char* fusebox_plan_cache_result(const fusebox_plan* plan) { return plan ? plan->cache.c_str() : nullptr; }
+
+fusebox_tune_request fusebox_tune_request_default(void) {
+  const fusebox::TunePolicy p;
+  fusebox_tune_request r;
+  r.heuristics = nullptr;
+  r.warmup = p.warmup;
+  r.iters = p.iters;
+  r.max_workspace_bytes = p.max_workspace_bytes;
+  r.top_k = p.top_k;
+  r.budget_ms = p.budget_ms;
+  r.deterministic_only = p.deterministic_only ? 1 : 0;
+  return r;
+}
+
+fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_graph* graph,
+                                    const fusebox_tune_request* request, fusebox_plan** out) {
+  const char* fn = "fusebox_session_tune";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!session) return null_arg(fn, "session");
+    if (!graph) return null_arg(fn, "graph");
+    const fusebox_tune_request r = request ? *request : fusebox_tune_request_default();
+    fusebox::TunePolicy policy;
+    if (r.heuristics) {
+      Result<std::vector<fusebox::HeuristicMode>> modes = fusebox::parse_heuristic_modes(r.heuristics);
+      if (!modes.ok()) return fail(fn, modes.status());
+      policy.heuristics = std::move(*modes);
+    }
+    if (r.warmup < 0 || r.iters < 1) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": warmup " + std::to_string(r.warmup) +
+                                                " and iters " + std::to_string(r.iters) +
+                                                ": need warmup >= 0 and iters >= 1");
+    }
+    policy.warmup = r.warmup;
+    policy.iters = r.iters;
+    policy.max_workspace_bytes = r.max_workspace_bytes;
+    policy.top_k = std::max(0, r.top_k);
+    policy.budget_ms = std::max(0.0, r.budget_ms);
+    policy.deterministic_only = r.deterministic_only != 0;
+    Result<fusebox::SessionTune> t = session->box->session->tune(*graph->graph, policy);
+    if (!t.ok()) return fail(fn, t.status());
+    std::string source = "plan cache (tuned)";
+    if (!t->hit) {
+      const fusebox::TuneResult& res = t->result;
+      if (!res.winner_run.verified_ok) {
+        return fail(FUSEBOX_VERIFICATION_FAILED, std::string(fn) + ": graph '" + graph->graph->name +
+                                                     "': the fastest engine " + t->plan.engine_name() +
+                                                     " failed verification against the reference; nothing stored");
+      }
+      int timed = 0;
+      for (const auto& e : res.entries) timed += e.timed ? 1 : 0;
+      source = "tuned now (" + std::to_string(timed) + " candidates timed";
+      if (res.heuristic >= 0 && res.speedup_over_heuristic > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.2f", res.speedup_over_heuristic);
+        source += std::string(", ") + buf + "x the heuristic choice";
+      }
+      source += t->stored ? ", stored)" : ")";
+    }
+    auto h = std::make_unique<fusebox_plan>();
+    h->graph = graph->graph;
+    h->box = session->box;
+    h->plan = std::make_shared<fusebox::Plan>(std::move(t->plan));
+    h->source = std::move(source);
+    h->cache = t->cache;
+    *out = h.release();
+    return FUSEBOX_OK;
+  });
+}
+
 // ---------------------------------------------------------------- binding and execution
+
+namespace {
+
+// fusebox_bind and fusebox_bind_with_workspace: `workspace` null binds to
+// the session's arena.
+fusebox_status bind_plan(const char* fn, fusebox_session* session, const fusebox_plan* plan, size_t count,
+                         const char* const* names, void* const* pointers,
+                         std::shared_ptr<fusebox::WorkspaceBinding> workspace, fusebox_bound_plan** out) {
+  if (!session) return null_arg(fn, "session");
+  if (!plan) return null_arg(fn, "plan");
+  if (count > 0 && !names) return null_arg(fn, "names");
+  if (count > 0 && !pointers) return null_arg(fn, "pointers");
+  // Checked here, before the session, so a deviceless caller sees name errors too.
+  fusebox_graph view;  // the plan's graph, for its bindable tensors
+  view.graph = plan->graph;
+  std::set<std::string> expected;
+  for (int i = 0; i < static_cast<int>(plan->graph->tensors.size()); ++i) {
+    const auto& t = plan->graph->tensors[i];
+    if (!t.is_virtual && !t.scalar_value) {
+      view.bindable.push_back(i);
+      expected.insert(t.name);
+    }
+  }
+  std::map<std::string, void*> buffers;
+  for (size_t i = 0; i < count; ++i) {
+    if (!names[i]) return null_arg(fn, ("names[" + std::to_string(i) + "]").c_str());
+    std::string name = names[i];
+    if (!expected.count(name)) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": unknown tensor '" + name + "'; graph '" +
+                                                plan->graph->name + "' binds " + bindable_names(view));
+    }
+    if (!pointers[i]) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' has a NULL pointer");
+    }
+    if (!buffers.emplace(name, pointers[i]).second) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' given twice");
+    }
+  }
+  std::string missing;
+  for (const std::string& name : expected) {
+    if (!buffers.count(name)) missing += (missing.empty() ? "'" : ", '") + name + "'";
+  }
+  if (!missing.empty()) {
+    return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": no pointer for " + missing + " of graph '" +
+                                              plan->graph->name + "' (it binds " + bindable_names(view) +
+                                              ")");
+  }
+  if (session->box->session->deviceless()) {
+    return fail(FUSEBOX_NO_DEVICE, std::string(fn) + ": the session is deviceless (built for " +
+                                       session->box->session->target().device_name +
+                                       "); create one with a device id to run plans");
+  }
+  Result<fusebox::BoundPlan> bound =
+      workspace ? fusebox::BoundPlan::bind(*plan->plan, *session->box->session->context(), buffers,
+                                           std::move(workspace))
+                : session->box->session->bind(*plan->plan, buffers);
+  if (!bound.ok()) return fail(fn, bound.status());
+  *out = new fusebox_bound_plan{session->box, plan->plan, std::move(*bound)};
+  return FUSEBOX_OK;
+}
+
+}  // namespace
 
 fusebox_status fusebox_bind(fusebox_session* session, const fusebox_plan* plan, size_t count,
                             const char* const* names, void* const* pointers, fusebox_bound_plan** out) {
@@ -324,54 +481,32 @@ fusebox_status fusebox_bind(fusebox_session* session, const fusebox_plan* plan, 
   return guarded(fn, [&] {
     if (!out) return null_arg(fn, "out");
     *out = nullptr;
-    if (!session) return null_arg(fn, "session");
+    return bind_plan(fn, session, plan, count, names, pointers, nullptr, out);
+  });
+}
+
+fusebox_status fusebox_bind_with_workspace(fusebox_session* session, const fusebox_plan* plan, size_t count,
+                                           const char* const* names, void* const* pointers, void* workspace,
+                                           int64_t workspace_bytes, fusebox_bound_plan** out) {
+  const char* fn = "fusebox_bind_with_workspace";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
     if (!plan) return null_arg(fn, "plan");
-    if (count > 0 && !names) return null_arg(fn, "names");
-    if (count > 0 && !pointers) return null_arg(fn, "pointers");
-    // Checked here, before the session, so a deviceless caller sees name errors too.
-    fusebox_graph view;  // the plan's graph, for its bindable tensors
-    view.graph = plan->graph;
-    std::set<std::string> expected;
-    for (int i = 0; i < static_cast<int>(plan->graph->tensors.size()); ++i) {
-      const auto& t = plan->graph->tensors[i];
-      if (!t.is_virtual && !t.scalar_value) {
-        view.bindable.push_back(i);
-        expected.insert(t.name);
-      }
+    const int64_t need = plan->plan->workspace_bytes();
+    if (workspace_bytes < need) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": the plan (engine " + plan->plan->engine_name() +
+                                                ") needs " + std::to_string(need) +
+                                                " bytes of workspace; given " + std::to_string(workspace_bytes));
     }
-    std::map<std::string, void*> buffers;
-    for (size_t i = 0; i < count; ++i) {
-      if (!names[i]) return null_arg(fn, ("names[" + std::to_string(i) + "]").c_str());
-      std::string name = names[i];
-      if (!expected.count(name)) {
-        return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": unknown tensor '" + name + "'; graph '" +
-                                                  plan->graph->name + "' binds " + bindable_names(view));
-      }
-      if (!pointers[i]) {
-        return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' has a NULL pointer");
-      }
-      if (!buffers.emplace(name, pointers[i]).second) {
-        return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": tensor '" + name + "' given twice");
-      }
+    if (need > 0 && !workspace) {
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": workspace is NULL; the plan needs " +
+                                                std::to_string(need) + " bytes");
     }
-    std::string missing;
-    for (const std::string& name : expected) {
-      if (!buffers.count(name)) missing += (missing.empty() ? "'" : ", '") + name + "'";
-    }
-    if (!missing.empty()) {
-      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": no pointer for " + missing + " of graph '" +
-                                                plan->graph->name + "' (it binds " + bindable_names(view) +
-                                                ")");
-    }
-    if (session->box->session->deviceless()) {
-      return fail(FUSEBOX_NO_DEVICE, std::string(fn) + ": the session is deviceless (built for " +
-                                         session->box->session->target().device_name +
-                                         "); create one with a device id to run plans");
-    }
-    Result<fusebox::BoundPlan> bound = session->box->session->bind(*plan->plan, buffers);
-    if (!bound.ok()) return fail(fn, bound.status());
-    *out = new fusebox_bound_plan{session->box, plan->plan, std::move(*bound)};
-    return FUSEBOX_OK;
+    auto ws = std::make_shared<fusebox::WorkspaceBinding>();
+    ws->ptr = workspace;
+    ws->bytes = workspace_bytes;
+    return bind_plan(fn, session, plan, count, names, pointers, std::move(ws), out);
   });
 }
 

@@ -35,6 +35,7 @@ struct fusebox_plan {
   std::shared_ptr<SessionBox> box;  // plans built on a GPU use its context
   std::shared_ptr<fusebox::Plan> plan;
   std::string source;
+  std::string cache = "off";  // the plan cache's part: "hit", "miss", "off"
 };
 
 struct fusebox_bound_plan {

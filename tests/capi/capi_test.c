@@ -77,6 +77,14 @@ static void test_graph(void) {
   }
   CHECK(fusebox_graph_tensor(g, 4, &info) == FUSEBOX_INVALID_ARGUMENT, "index 4 is out of range");
   CHECK(strstr(fusebox_last_error(), "out of range") != NULL, "message: %s", fusebox_last_error());
+  /* (v2) by name */
+  CHECK(fusebox_graph_find_tensor(g, "w", &info) == FUSEBOX_OK && strcmp(info.name, "w") == 0 &&
+            info.kind == FUSEBOX_TENSOR_INPUT && info.rank == 4 && info.dims[0] == 64,
+        "find_tensor w");
+  CHECK(fusebox_graph_find_tensor(g, "conv_out", &info) == FUSEBOX_INVALID_ARGUMENT, "virtual tensor not bindable");
+  CHECK(strstr(fusebox_last_error(), "binds no tensor 'conv_out'; it binds x, w, b, y") != NULL, "message: %s",
+        fusebox_last_error());
+  CHECK(fusebox_graph_find_tensor(g, NULL, &info) == FUSEBOX_INVALID_ARGUMENT, "NULL name");
   CHECK(strstr(fusebox_graph_describe(g), "conv_fprop") != NULL, "describe lists the ops");
   fusebox_graph_free(g);
 
@@ -127,6 +135,17 @@ static void test_errors(void) {
   CHECK(fusebox_plan_save(NULL, "p.plan") == FUSEBOX_INVALID_ARGUMENT, "NULL plan");
   CHECK(fusebox_graph_name(NULL) == NULL && fusebox_plan_engine(NULL) == NULL, "NULL getters");
   CHECK(fusebox_session_deviceless(NULL) == -1, "NULL session");
+  CHECK(fusebox_session_device_id(NULL) == -1 && fusebox_plan_cache_result(NULL) == NULL, "NULL getters (v2)");
+  CHECK(fusebox_session_tune(NULL, NULL, NULL, NULL) == FUSEBOX_INVALID_ARGUMENT, "NULL tune");
+  CHECK(fusebox_bind_with_workspace(NULL, NULL, 0, NULL, NULL, NULL, 0, &bound) == FUSEBOX_INVALID_ARGUMENT &&
+            bound == NULL,
+        "NULL bind_with_workspace");
+  {
+    fusebox_tune_request tr = fusebox_tune_request_default();
+    CHECK(tr.heuristics == NULL && tr.warmup == 5 && tr.iters == 20 && tr.max_workspace_bytes == -1 &&
+              tr.top_k == 0 && tr.deterministic_only == 0,
+          "tune request defaults");
+  }
   fusebox_graph_free(NULL);
   fusebox_session_free(NULL);
   fusebox_plan_free(NULL);
@@ -203,11 +222,62 @@ static void test_deviceless(const char* plan_path) {
   st = fusebox_bind(s, p, 4, names, ptrs, &bound);
   CHECK(st == FUSEBOX_NO_DEVICE && bound == NULL, "deviceless bind: %s", fusebox_status_name(st));
 
+  /* (v2) the caller's workspace: its size is checked first, then names, then the device */
+  CHECK(fusebox_session_device_id(s) == -1, "deviceless: no device id");
+  CHECK(strcmp(fusebox_plan_cache_result(p), "off") == 0, "no cache: %s", fusebox_plan_cache_result(p));
+  if (fusebox_plan_workspace_bytes(p) > 0) {
+    st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, (void*)4096, fusebox_plan_workspace_bytes(p) - 1, &bound);
+    CHECK(st == FUSEBOX_INVALID_ARGUMENT && strstr(fusebox_last_error(), "bytes of workspace; given") != NULL,
+          "small workspace: %s", fusebox_last_error());
+    st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, NULL, fusebox_plan_workspace_bytes(p), &bound);
+    CHECK(st == FUSEBOX_INVALID_ARGUMENT && strstr(fusebox_last_error(), "workspace is NULL") != NULL,
+          "NULL workspace: %s", fusebox_last_error());
+  }
+  st = fusebox_bind_with_workspace(s, p, 3, names, ptrs, (void*)4096, 1 << 20, &bound);
+  CHECK(st == FUSEBOX_INVALID_ARGUMENT && strstr(fusebox_last_error(), "fusebox_bind_with_workspace: no pointer for 'y'"),
+        "missing tensor: %s", fusebox_last_error());
+  st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, (void*)4096, 1 << 20, &bound);
+  CHECK(st == FUSEBOX_NO_DEVICE && bound == NULL, "deviceless bind_with_workspace: %s", fusebox_status_name(st));
+  {
+    fusebox_plan* tuned = NULL;
+    st = fusebox_session_tune(s, g, NULL, &tuned);
+    CHECK(st == FUSEBOX_NO_DEVICE && tuned == NULL, "deviceless tune: %s", fusebox_status_name(st));
+    printf("deviceless tune -> %s: %s\n", fusebox_status_name(st), fusebox_last_error());
+  }
+
 done:
   /* Freed out of order on purpose: handles keep what they need alive. */
   fusebox_session_free(s);
   fusebox_graph_free(g);
   fusebox_plan_free(p);
+}
+
+/* (v2) The plan cache's part, deviceless: a miss that stores, then a hit in a new session. */
+static void test_cache(const char* plan_path) {
+  char cache_path[4096];
+  fusebox_graph* g = load_example();
+  int round;
+  if (!g) return;
+  snprintf(cache_path, sizeof cache_path, "%s.cache.sqlite", plan_path);
+  remove(cache_path);
+  for (round = 0; round < 2; ++round) {
+    fusebox_session* s = NULL;
+    fusebox_plan* p = NULL;
+    fusebox_status st = fusebox_session_create(0, FUSEBOX_DEVPROP, cache_path, &s);
+    CHECK(st == FUSEBOX_OK, "deviceless session with a cache: %s", fusebox_status_name(st));
+    if (s) st = fusebox_session_get_plan(s, g, NULL, &p);
+    CHECK(p != NULL, "plan through the cache: %s", fusebox_status_name(st));
+    if (p) {
+      const char* want = round == 0 ? "miss" : "hit";
+      CHECK(strcmp(fusebox_plan_cache_result(p), want) == 0, "round %d: cache %s, expected %s (source %s)", round,
+            fusebox_plan_cache_result(p), want, fusebox_plan_source(p));
+      printf("cache round %d: %s, %s\n", round, fusebox_plan_cache_result(p), fusebox_plan_source(p));
+    }
+    fusebox_plan_free(p);
+    fusebox_session_free(s);
+  }
+  remove(cache_path);
+  fusebox_graph_free(g);
 }
 
 static uint16_t bf16_of_small_int(int v) {
@@ -289,6 +359,29 @@ static void test_gpu(void) {
     printf("GPU run on %s: engine %s, y inside %g, edge %g, corner %g (expected 572, 380, 252)\n",
            fusebox_session_device_name(s), fusebox_plan_engine(p), inside, edge, corner);
   }
+  CHECK(fusebox_session_device_id(s) == 0, "device id %d", fusebox_session_device_id(s));
+
+  /* (v2) again with the caller's workspace */
+  {
+    fusebox_bound_plan* own = NULL;
+    void* ws = NULL;
+    int64_t ws_bytes = fusebox_plan_workspace_bytes(p);
+    if (ws_bytes > 0) CHECK(cudaMalloc(&ws, (size_t)ws_bytes) == cudaSuccess, "cudaMalloc workspace");
+    CHECK(cudaMemset(ptrs[3], 0xFF, counts[3] * 2) == cudaSuccess, "poison y");
+    st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, ws, ws_bytes, &own);
+    CHECK(st == FUSEBOX_OK, "bind_with_workspace: %s", fusebox_status_name(st));
+    if (own) {
+      CHECK(fusebox_execute(own, stream) == FUSEBOX_OK, "execute with own workspace");
+      CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "synchronize");
+      CHECK(cudaMemcpy(y, ptrs[3], counts[3] * 2, cudaMemcpyDeviceToHost) == cudaSuccess, "download y");
+      CHECK(float_of_bf16(y[((1 * 8 + 4) * 8 + 4) * 64 + 7]) == 572.0f, "own workspace: y inside %g",
+            float_of_bf16(y[((1 * 8 + 4) * 8 + 4) * 64 + 7]));
+      printf("GPU run with the caller's workspace (%lld B): y inside %g\n", (long long)ws_bytes,
+             float_of_bf16(y[((1 * 8 + 4) * 8 + 4) * 64 + 7]));
+    }
+    fusebox_bound_plan_free(own);
+    if (ws) cudaFree(ws);
+  }
 
 done:
   fusebox_bound_plan_free(bound);
@@ -308,6 +401,7 @@ int main(int argc, char** argv) {
   test_graph();
   test_errors();
   test_deviceless(plan_path);
+  test_cache(plan_path);
   test_gpu();
   if (failures) {
     printf("FAIL: %d check(s) failed\n", failures);

@@ -1,0 +1,231 @@
+"""fusebox.Session and fusebox.Plan over the C API's session, plan and bound
+plan handles (include/fusebox/fusebox.h)."""
+import ctypes
+import os
+import sys
+
+from . import _lib, _tensors, errors
+from ._graph import Graph
+
+
+class Session:
+    """One GPU (its own cuDNN handle), or deviceless: plans built for the GPU a
+    device-properties file describes, on a machine without one (they can be
+    saved, not run). `cache`: a SQLite plan cache path (created if missing),
+    as `fusebox --cache`. One thread at a time."""
+
+    def __init__(self, device=0, *, device_properties=None, cache=None):
+        if device_properties is None and not isinstance(device, int):
+            device = _device_index(device)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib().fusebox_session_create(int(device or 0), _lib.encode(device_properties),
+                                                     _lib.encode(cache), ctypes.byref(h)))
+        self._h = h
+        self.cache = None if cache is None else os.fspath(cache)
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h and _lib._lib is not None:
+            _lib._lib.fusebox_session_free(h)
+
+    def close(self):
+        """Frees the session now (plans made from it keep what they need)."""
+        self.__del__()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def deviceless(self) -> bool:
+        return _lib.lib().fusebox_session_deviceless(self._h) == 1
+
+    @property
+    def device(self):
+        """The CUDA device id, None for a deviceless session."""
+        d = _lib.lib().fusebox_session_device_id(self._h)
+        return None if d < 0 else d
+
+    @property
+    def device_name(self) -> str:
+        return _lib.text(_lib.lib().fusebox_session_device_name(self._h))
+
+    def build(self, graph, *, heuristics=None, engine=None, plan_file=None, max_workspace_bytes=None,
+              use_tuned_cache=True) -> "Plan":
+        """A plan for `graph` by the session's policy: a tuned cache entry, a heuristic cache entry,
+        then a build trying heuristic modes a, b, fallback. `heuristics` ("a", "a,b") pins the modes,
+        `engine` an engine by name, `plan_file` loads that plan file and nothing else."""
+        graph = Graph.coerce(graph)
+        req = _lib.PlanRequest(plan_file=_lib.encode(plan_file), engine=_lib.encode(engine),
+                               heuristics=_lib.encode(heuristics),
+                               max_workspace_bytes=-1 if max_workspace_bytes is None else int(max_workspace_bytes),
+                               use_tuned_cache=1 if use_tuned_cache else 0)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib().fusebox_session_get_plan(self._h, graph._h, ctypes.byref(req), ctypes.byref(h)))
+        return Plan(h, graph, self)
+
+    get_plan = build
+
+    def tune(self, graph, *, heuristics=None, warmup=5, iters=20, top_k=0, budget_ms=0.0,
+             max_workspace_bytes=None, deterministic_only=False) -> "Plan":
+        """Times every admissible candidate on the session's GPU, verifies the fastest and stores it in
+        the plan cache (a tuned entry already there is returned as is). NoDevice when deviceless."""
+        graph = Graph.coerce(graph)
+        req = _lib.TuneRequest(heuristics=_lib.encode(heuristics), warmup=int(warmup), iters=int(iters),
+                               max_workspace_bytes=-1 if max_workspace_bytes is None else int(max_workspace_bytes),
+                               top_k=int(top_k), budget_ms=float(budget_ms),
+                               deterministic_only=1 if deterministic_only else 0)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib().fusebox_session_tune(self._h, graph._h, ctypes.byref(req), ctypes.byref(h)))
+        return Plan(h, graph, self)
+
+    def run(self, plan, tensors, stream=None):
+        """Executes `plan` on {name: tensor} (every tensor of the graph, outputs included), in place,
+        asynchronously on `stream` (default: torch's current stream on the session's device, else
+        CUDA's default stream). Each tensor is checked first: device, dtype, shape, strides."""
+        if not isinstance(plan, Plan):
+            raise errors.InvalidArgument(f"Session.run: expected a fusebox.Plan, got {type(plan).__name__}")
+        if plan.session is not self:
+            raise errors.InvalidArgument("Session.run: the plan was made by another session; run it there "
+                                         "(plan(**tensors)) or build it in this one")
+        return plan._run(tensors, stream)
+
+    def __repr__(self):
+        where = "deviceless" if self.deviceless else f"cuda:{self.device}"
+        return f"fusebox.Session({self.device_name!r}, {where})"
+
+
+def _device_index(device):
+    # torch.device("cuda:1"), "cuda:1", or an int
+    idx = getattr(device, "index", None)
+    if idx is not None:
+        return int(idx)
+    if isinstance(device, str) and device.startswith("cuda"):
+        return int(device.partition(":")[2] or 0)
+    if getattr(device, "type", None) == "cuda":
+        return 0
+    raise errors.InvalidArgument(f"Session: device {device!r} is not a CUDA device id")
+
+
+def _stream_handle(stream, device):
+    """A cudaStream_t as an int: torch's current stream by default."""
+    torch = sys.modules.get("torch")
+    if stream is None:
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.current_stream(device).cuda_stream
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            return cupy.cuda.get_current_stream().ptr
+        return 0
+    for attr in ("cuda_stream", "ptr"):  # torch.cuda.Stream, cupy.cuda.Stream
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    return int(stream)
+
+
+class Plan:
+    """A plan for one graph, from Session.build or Session.tune. Call it with the tensors:
+    plan(x=x, w=w, b=b, y=y)."""
+
+    def __init__(self, handle, graph, session):
+        self._h = handle
+        self.graph = graph
+        self.session = session
+        self._bound = None  # (key, fusebox_bound_plan*): reused while the pointers stay the same
+
+    def __del__(self):
+        self._drop_bound()
+        h, self._h = getattr(self, "_h", None), None
+        if h and _lib._lib is not None:
+            _lib._lib.fusebox_plan_free(h)
+
+    def _drop_bound(self):
+        b, self._bound = getattr(self, "_bound", None), None
+        if b and _lib._lib is not None:
+            _lib._lib.fusebox_bound_plan_free(b[1])
+
+    @property
+    def engine(self) -> str:
+        return _lib.text(_lib.lib().fusebox_plan_engine(self._h))
+
+    @property
+    def workspace_bytes(self) -> int:
+        return int(_lib.lib().fusebox_plan_workspace_bytes(self._h))
+
+    @property
+    def source(self) -> str:
+        """"built now", "plan cache (tuned)", "plan file (built deviceless)", "tuned now (...)", ..."""
+        return _lib.text(_lib.lib().fusebox_plan_source(self._h))
+
+    @property
+    def cache(self) -> str:
+        """The plan cache's part: "hit", "miss" or "off"."""
+        return _lib.text(_lib.lib().fusebox_plan_cache_result(self._h))
+
+    def save(self, path):
+        """Writes a plan file (as `fusebox build --plan-out`); Session.build(plan_file=path) reads it."""
+        _lib.check(_lib.lib().fusebox_plan_save(self._h, _lib.encode(path)))
+
+    def check_tensors(self, tensors, device=None):
+        """Checks {name: tensor} as a run would, without running: InvalidArgument names the tensor and
+        what was expected. `device`: the CUDA device they must be on (default: the session's)."""
+        dev = self.session.device if device is None else device
+        return _tensors.check_all("fusebox.Plan", self.graph.name, self.graph.tensors, tensors, dev)
+
+    def __call__(self, **tensors):
+        """Runs on torch's current stream: plan(x=x, w=w, b=b, y=y)."""
+        return self._run(tensors, None)
+
+    def run(self, tensors, stream=None):
+        """Runs on {name: tensor} on `stream` (a torch.cuda.Stream, a cupy stream or a cudaStream_t
+        as an int; default torch's current stream)."""
+        return self._run(tensors, stream)
+
+    def _run(self, tensors, stream):
+        views = self.check_tensors(tensors)
+        s = self.session
+        if s.deviceless:
+            raise errors.NoDevice(f"fusebox.Plan: the session is deviceless (built for {s.device_name}); "
+                                  "create Session(device=N) to run plans")
+        device = s.device
+        torch = sys.modules.get("torch")
+        uses_torch = torch is not None and any(v.kind == "torch" for _, v in views)
+        workspace, ws_ptr, ws_bytes = None, None, self.workspace_bytes
+        handle = _stream_handle(stream, device)
+        if ws_bytes > 0:
+            if uses_torch:
+                workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=f"cuda:{device}")
+                if stream is not None:  # allocated for the current stream, used on another one
+                    workspace.record_stream(torch.cuda.ExternalStream(handle, device=f"cuda:{device}"))
+                ws_ptr = workspace.data_ptr()
+            elif sys.modules.get("cupy") is not None:
+                cupy = sys.modules["cupy"]
+                with cupy.cuda.Device(device):
+                    workspace = cupy.empty(ws_bytes, dtype=cupy.uint8)
+                ws_ptr = workspace.data.ptr
+        key = (tuple(v.ptr for _, v in views), ws_ptr, ws_bytes if ws_ptr else None)
+        if self._bound is None or self._bound[0] != key:
+            self._drop_bound()
+            n = len(views)
+            names = (ctypes.c_char_p * n)(*[name.encode("utf-8") for name, _ in views])
+            ptrs = (ctypes.c_void_p * n)(*[v.ptr for _, v in views])
+            out = ctypes.c_void_p()
+            lib = _lib.lib()
+            if ws_ptr is None and ws_bytes > 0:  # no torch or cupy to allocate with: the session's arena
+                _lib.check(lib.fusebox_bind(s._h, self._h, n, names, ptrs, ctypes.byref(out)))
+            else:
+                _lib.check(lib.fusebox_bind_with_workspace(s._h, self._h, n, names, ptrs, ws_ptr, ws_bytes if ws_ptr
+                                                           else 0, ctypes.byref(out)))
+            self._bound = (key, out)
+        if uses_torch:
+            with torch.cuda.device(device):
+                _lib.check(_lib.lib().fusebox_execute(self._bound[1], handle))
+        else:
+            _lib.check(_lib.lib().fusebox_execute(self._bound[1], handle))
+        return None
+
+    def __repr__(self):
+        return (f"fusebox.Plan(graph={self.graph.name!r}, engine={self.engine!r}, "
+                f"workspace_bytes={self.workspace_bytes}, source={self.source!r})")

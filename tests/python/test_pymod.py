@@ -1,0 +1,314 @@
+"""The Python module `fusebox` (python/fusebox) without torch or a GPU: graphs
+loaded and checked through libfusebox.so, deviceless builds for the H200
+through a Session, the plan cache and plan files, and every check a run makes
+before binding, driven by a fake tensor that quacks like a torch tensor.
+libfusebox.so: $FUSEBOX_LIBRARY (ctest sets it), else build/libfusebox.so."""
+import glob
+import json
+import os
+import types
+
+import pytest
+
+import fusebox
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMALL = os.path.join(REPO, "examples", "graphs", "small")
+CBR = os.path.join(SMALL, "conv_bias_relu_small.json")
+MATMUL = os.path.join(SMALL, "matmul_bias_gelu_small.json")
+DEVPROP = os.path.join(REPO, "devices", "h200-cudnn-9.19.devprop")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    try:
+        return fusebox.library_path()
+    except fusebox.LibraryNotFound as e:
+        pytest.fail(f"{e} (make build, or set FUSEBOX_LIBRARY)")
+
+
+@pytest.fixture(scope="module")
+def deviceless():
+    return fusebox.Session(device_properties=DEVPROP)
+
+
+@pytest.fixture(scope="module")
+def cbr_plan(deviceless):
+    return deviceless.build(fusebox.Graph.from_json(CBR))
+
+
+class FakeDType:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return "torch." + self.name
+
+
+class FakeTensor:
+    """dtype, shape, stride(), device, data_ptr(): what fusebox reads of a torch tensor."""
+
+    def __init__(self, shape, dtype="bfloat16", strides=None, device="cuda:0", ptr=1 << 20):
+        self.shape = tuple(shape)
+        self.dtype = FakeDType(dtype)
+        if strides is None:
+            strides, acc = [], 1
+            for d in reversed(self.shape):
+                strides.insert(0, acc)
+                acc *= d
+        self._strides = tuple(strides)
+        typ, _, idx = device.partition(":")
+        self.device = types.SimpleNamespace(type=typ, index=int(idx) if idx else None)
+        self._ptr = ptr
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self):
+        return self._ptr
+
+
+class FakeCai:
+    """An object with __cuda_array_interface__ (as cupy's arrays), on device 0."""
+
+    def __init__(self, shape, typestr="<f2", strides=None, ptr=1 << 20, device=0):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (ptr, False),
+                                         "strides": strides, "version": 3}
+        self.device = types.SimpleNamespace(id=device)
+
+
+def like_graph(graph, **overrides):
+    """A FakeTensor per tensor of the graph, laid out as the graph says; overrides replace some."""
+    out = {}
+    for i, t in enumerate(graph.tensors):
+        out[t.name] = FakeTensor(t.dims, dtype={"bf16": "bfloat16", "fp32": "float32"}[t.dtype], strides=t.strides,
+                                 ptr=(i + 1) << 20)
+    out.update(overrides)
+    return out
+
+
+# ---------------------------------------------------------------- graphs
+
+def test_version_and_library(library):
+    assert fusebox.version() == "0.1.0"
+    assert os.path.isfile(library)
+    assert fusebox.C_API_VERSION == 2
+
+
+def test_graph_from_path_check_info():
+    g = fusebox.Graph.from_json(CBR)
+    info = g.check()
+    assert info.name == g.name == "conv_bias_relu_small"
+    assert [t.name for t in info.tensors] == ["x", "w", "b", "y"]
+    assert [t.name for t in info.inputs] == ["x", "w", "b"] and [t.name for t in info.outputs] == ["y"]
+    y = info["y"]
+    assert y.kind == "output" and y.dtype == "bf16"
+    assert y.dims == (2, 16, 5, 5)
+    assert y.strides == (16 * 5 * 5, 1, 5 * 16, 16)  # nhwc
+    assert y.bytes == 2 * 16 * 5 * 5 * 2
+    assert "conv_fprop" in info.text
+    assert g.tensor("w").dims == (16, 8, 3, 3)
+    assert info.to_dict()["tensors"][0]["name"] == "x"
+
+
+def test_graph_from_text_dict_and_pathlike(tmp_path):
+    import pathlib
+    text = open(MATMUL).read()
+    doc = json.loads(text)
+    for g in (fusebox.Graph.from_json(text), fusebox.Graph.from_dict(doc), fusebox.Graph.from_json(pathlib.Path(MATMUL)),
+              fusebox.Graph.load(MATMUL), fusebox.Graph.from_json(text.encode())):
+        assert g.name == "matmul_bias_gelu_small"
+        assert g.tensor("y").dims == (1, 64, 40)
+        assert g.tensor("a").strides == (64 * 48, 48, 1)
+
+
+def test_graph_errors(tmp_path):
+    with pytest.raises(fusebox.ParseError, match="fusebox_graph_from_json"):
+        fusebox.Graph.from_json('{"name": "broken", "tensors": [')
+    with pytest.raises(fusebox.InvalidArgument, match=r"\[conv_fprop"):
+        fusebox.Graph.from_json(os.path.join(REPO, "examples", "graphs", "invalid_shapes.json"))
+    with pytest.raises(fusebox.IoError):
+        fusebox.Graph.from_json(str(tmp_path / "no_such.json"))
+    with pytest.raises(fusebox.InvalidArgument, match="expected a dict"):
+        fusebox.Graph.from_dict([1, 2])
+    with pytest.raises(fusebox.InvalidArgument, match="not a JSON document"):
+        fusebox.Graph.from_dict({"name": float("nan")})
+    with pytest.raises(fusebox.InvalidArgument, match="expected JSON text or a path"):
+        fusebox.Graph.from_json(42)
+    g = fusebox.Graph.from_json(CBR)
+    with pytest.raises(fusebox.InvalidArgument, match="binds no tensor 'conv_out'; it binds x, w, b, y"):
+        g.tensor("conv_out")
+    assert issubclass(fusebox.InvalidArgument, fusebox.Error) and issubclass(fusebox.InvalidArgument, ValueError)
+
+
+# ---------------------------------------------------------------- deviceless sessions and plans
+
+def conv_bias_relu_graphs():
+    found = sorted(glob.glob(os.path.join(REPO, "examples", "graphs", "conv_bias_relu*.json")) +
+                   glob.glob(os.path.join(SMALL, "conv_bias_relu*.json")))
+    assert found
+    return found
+
+
+@pytest.mark.parametrize("path", conv_bias_relu_graphs(), ids=os.path.basename)
+def test_deviceless_build(deviceless, path):
+    plan = deviceless.build(fusebox.Graph.from_json(path))
+    assert plan.engine.startswith("eng"), plan.engine
+    assert plan.workspace_bytes >= 0
+    assert plan.source == "built now"
+    assert plan.cache == "off"
+
+
+def test_session_properties(deviceless):
+    assert deviceless.deviceless
+    assert deviceless.device is None
+    assert deviceless.device_name == "NVIDIA H200"
+    assert "deviceless" in repr(deviceless)
+
+
+def test_build_options_and_plan_file(deviceless, cbr_plan, tmp_path):
+    g = cbr_plan.graph
+    pinned = deviceless.build(g, engine=cbr_plan.engine)
+    assert pinned.engine == cbr_plan.engine
+    assert deviceless.build(g, heuristics="a").engine.startswith("eng")
+    with pytest.raises(fusebox.InvalidArgument):
+        deviceless.build(g, heuristics="z")
+    path = tmp_path / "cbr.plan"
+    cbr_plan.save(path)
+    again = deviceless.build(g, plan_file=path)
+    assert again.engine == cbr_plan.engine
+    assert again.source == "plan file (built deviceless)"
+    with pytest.raises(fusebox.IoError):
+        deviceless.build(g, plan_file=tmp_path / "missing.plan")
+
+
+def test_plan_cache_miss_then_hit(tmp_path):
+    cache = tmp_path / "plans.sqlite"
+    g = fusebox.Graph.from_json(CBR)
+    first = fusebox.Session(device_properties=DEVPROP, cache=cache).build(g)
+    assert first.cache == "miss" and first.source == "built now"
+    second = fusebox.Session(device_properties=DEVPROP, cache=str(cache)).build(g)
+    assert second.cache == "hit", second.source
+    assert second.source.startswith("plan cache")
+    assert second.engine == first.engine
+
+
+def test_session_errors(deviceless, cbr_plan, tmp_path):
+    with pytest.raises(fusebox.IoError):
+        fusebox.Session(device_properties=tmp_path / "no.devprop")
+    with pytest.raises(fusebox.NoDevice, match="deviceless"):
+        deviceless.tune(cbr_plan.graph)
+    other = fusebox.Session(device_properties=DEVPROP)
+    with pytest.raises(fusebox.InvalidArgument, match="another session"):
+        other.run(cbr_plan, {})
+
+
+# ---------------------------------------------------------------- the checks before binding
+
+def test_valid_tensors_reach_the_device_check(cbr_plan):
+    tensors = like_graph(cbr_plan.graph)
+    checked = cbr_plan.check_tensors(tensors, device=0)
+    assert [n for n, _ in checked] == ["x", "w", "b", "y"]
+    with pytest.raises(fusebox.NoDevice, match="deviceless"):
+        cbr_plan(**tensors)
+    # A size-1 dimension's stride does not matter: a contiguous bias [1, 16, 1, 1] is fine.
+    ok = like_graph(cbr_plan.graph, b=FakeTensor((1, 16, 1, 1)))
+    cbr_plan.check_tensors(ok, device=0)
+
+
+def expect(plan, tensors, pattern, device=0):
+    with pytest.raises(fusebox.InvalidArgument, match=pattern) as e:
+        plan.check_tensors(tensors, device=device)
+    return str(e.value)
+
+
+def test_unknown_and_missing_names(cbr_plan):
+    g = cbr_plan.graph
+    t = like_graph(g, q=FakeTensor((1,)))
+    expect(cbr_plan, t, r"graph 'conv_bias_relu_small' has no tensor 'q' to bind; it binds x, w, b, y")
+    t = like_graph(g)
+    del t["y"], t["b"]
+    expect(cbr_plan, t, r"no tensor given for 'b', 'y' of graph 'conv_bias_relu_small' \(it binds x, w, b, y\)")
+    # Through the call as well, before the deviceless session says NoDevice.
+    with pytest.raises(fusebox.InvalidArgument, match="no tensor given for 'b', 'y'"):
+        cbr_plan(**t)
+
+
+def test_wrong_device(cbr_plan):
+    g = cbr_plan.graph
+    expect(cbr_plan, like_graph(g, x=FakeTensor((2, 8, 10, 10), device="cpu")),
+           r"tensor 'x' is on cpu; expected a CUDA tensor on cuda:0")
+    expect(cbr_plan, like_graph(g, w=FakeTensor((16, 8, 3, 3), strides=g.tensor("w").strides, device="cuda:1")),
+           r"tensor 'w' is on cuda:1; the session runs on cuda:0")
+
+
+def test_wrong_dtype(cbr_plan):
+    g = cbr_plan.graph
+    msg = expect(cbr_plan, like_graph(g, b=FakeTensor((1, 16, 1, 1), dtype="float32")),
+                 r"tensor 'b' has dtype torch.float32; expected bf16 \(torch.bfloat16\)")
+    assert msg.startswith("fusebox.Plan: ")
+    expect(cbr_plan, like_graph(g, y=FakeTensor((2, 16, 5, 5), dtype="float64", strides=g.tensor("y").strides)),
+           r"tensor 'y' has dtype torch.float64; expected bf16")
+
+
+def test_wrong_shape(cbr_plan):
+    g = cbr_plan.graph
+    expect(cbr_plan, like_graph(g, y=FakeTensor((2, 16, 5, 4))), r"tensor 'y' has shape \[2, 16, 5, 4\]; "
+           r"expected \[2, 16, 5, 5\]")
+    expect(cbr_plan, like_graph(g, b=FakeTensor((16,))), r"tensor 'b' has shape \[16\]; expected \[1, 16, 1, 1\]")
+
+
+def test_wrong_strides(cbr_plan):
+    g = cbr_plan.graph
+    # NCHW-contiguous where the graph lays x out NHWC: the hint names channels_last.
+    msg = expect(cbr_plan, like_graph(g, x=FakeTensor((2, 8, 10, 10))),
+                 r"tensor 'x' has strides \[800, 100, 10, 1\]; expected strides \[800, 1, 80, 8\]")
+    assert "channels_last" in msg
+
+
+def test_non_contiguous_where_graph_is_contiguous(deviceless):
+    plan = deviceless.build(fusebox.Graph.from_json(MATMUL))
+    g = plan.graph
+    # a transposed view: shape [1, 64, 48], strides of a [1, 48, 64] tensor swapped
+    msg = expect(plan, like_graph(g, a=FakeTensor((1, 64, 48), strides=(3072, 1, 64))),
+                 r"tensor 'a' has strides \[3072, 1, 64\] \(not contiguous\); expected strides \[3072, 48, 1\]")
+    assert "contiguous()" in msg
+    with pytest.raises(fusebox.NoDevice):
+        plan(**like_graph(g))
+
+
+def test_not_a_tensor_null_and_misaligned(cbr_plan):
+    g = cbr_plan.graph
+    expect(cbr_plan, like_graph(g, x=[1, 2, 3]), r"tensor 'x': a builtins.list is not a device tensor")
+    expect(cbr_plan, like_graph(g, y=FakeTensor((2, 16, 5, 5), strides=g.tensor("y").strides, ptr=0)),
+           r"tensor 'y' has a NULL data pointer")
+    expect(cbr_plan, like_graph(g, y=FakeTensor((2, 16, 5, 5), strides=g.tensor("y").strides, ptr=(1 << 20) + 1)),
+           r"tensor 'y': data pointer 0x100001 is not aligned to its 2-byte elements")
+
+
+def test_cuda_array_interface(deviceless):
+    # fp16 in, to check dtype spelling: matmul_bias_gelu_small is bf16, which the interface cannot spell.
+    plan = deviceless.build(fusebox.Graph.from_json(MATMUL))
+    g = plan.graph
+    t = {n: FakeCai(g.tensor(n).dims, typestr="<f2", ptr=(i + 1) << 20) for i, n in enumerate(["a", "b", "bias", "y"])}
+    expect(plan, t, r"tensor 'a' has dtype typestr '<f2'; expected bf16$")
+    doc = json.load(open(MATMUL))
+    doc["io_dtype"] = "fp16"
+    plan16 = deviceless.build(fusebox.Graph.from_dict(doc))
+    plan16.check_tensors(t, device=0)
+    with pytest.raises(fusebox.NoDevice):
+        plan16.run(t, stream=0)
+    bad = dict(t, a=FakeCai((1, 64, 48), typestr="<f2", strides=(6144, 2, 128)))
+    expect(plan16, bad, r"tensor 'a' has strides \[3072, 1, 64\] \(not contiguous\)")
+    expect(plan16, dict(t, y=FakeCai((1, 64, 40), device=1)), r"tensor 'y' is on cuda:1; the session runs on cuda:0")
+    expect(plan16, dict(t, y=FakeCai((1, 64, 40), typestr="<f4")), r"tensor 'y' has dtype typestr '<f4'; expected fp16")
+
+
+def test_torch_op_needs_torch():
+    # With torch, tests/python/test_pymod_gpu.py covers torch_op (no skip here: the GPU section
+    # of scripts/gpu_check.sh fails on any skip).
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            fusebox.torch_op(CBR, name="fusebox_test::no_torch")
