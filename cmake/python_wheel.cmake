@@ -9,7 +9,11 @@
 # compiles nothing (ctest python_wheel: the packaging and the import, in
 # seconds); the root CMakeLists.txt then includes this file alone.
 if(FUSEBOX_WHEEL_LIBRARY)
-  set(_fusebox_wheel_lib ${FUSEBOX_WHEEL_LIBRARY})
+  if(NOT EXISTS ${FUSEBOX_WHEEL_LIBRARY})
+    message(FATAL_ERROR "FUSEBOX_WHEEL_LIBRARY: ${FUSEBOX_WHEEL_LIBRARY} does not exist")
+  endif()
+  file(REAL_PATH ${FUSEBOX_WHEEL_LIBRARY} _fusebox_wheel_lib)  # the file, not a soname link
+  add_custom_target(fusebox_shared)  # the target pyproject.toml builds: nothing to do
 else()
   set(_fusebox_wheel_lib $<TARGET_FILE:fusebox_shared>)
 endif()

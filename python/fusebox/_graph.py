@@ -160,6 +160,13 @@ class Graph:
         """The graph as fusebox resolved it: every tensor to bind with dims, strides, dtype, kind, bytes."""
         return GraphInfo(name=self.name, tensors=self.tensors, text=self.describe())
 
+    def check_tensors(self, tensors, device=None):
+        """Checks {name: tensor} against the graph as a run does (names, device, dtype, shape, strides,
+        pointer), without a plan: InvalidArgument names the tensor and what was expected.
+        `device`: the CUDA device id they must be on (None: any)."""
+        from ._tensors import check_all
+        return check_all("fusebox.Graph", self.name, self.tensors, tensors, device)
+
     def empty(self, name, device=None):
         """A torch tensor laid out as the graph's tensor `name` (torch.empty_strided: dims, strides, dtype)."""
         from ._tensors import torch_dtype

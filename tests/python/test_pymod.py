@@ -266,15 +266,15 @@ def test_wrong_strides(cbr_plan):
     assert "channels_last" in msg
 
 
-def test_non_contiguous_where_graph_is_contiguous(deviceless):
-    plan = deviceless.build(fusebox.Graph.from_json(MATMUL))
-    g = plan.graph
+def test_non_contiguous_where_graph_is_contiguous():
+    g = fusebox.Graph.from_json(MATMUL)  # checked by the graph: no plan needed
     # a transposed view: shape [1, 64, 48], strides of a [1, 48, 64] tensor swapped
-    msg = expect(plan, like_graph(g, a=FakeTensor((1, 64, 48), strides=(3072, 1, 64))),
-                 r"tensor 'a' has strides \[3072, 1, 64\] \(not contiguous\); expected strides \[3072, 48, 1\]")
-    assert "contiguous()" in msg
-    with pytest.raises(fusebox.NoDevice):
-        plan(**like_graph(g))
+    with pytest.raises(fusebox.InvalidArgument,
+                       match=r"fusebox.Graph: tensor 'a' has strides \[3072, 1, 64\] \(not "
+                             r"contiguous\); expected strides \[3072, 48, 1\]: the graph declares it contiguous; "
+                             r"pass tensor.contiguous\(\)"):
+        g.check_tensors(like_graph(g, a=FakeTensor((1, 64, 48), strides=(3072, 1, 64))), device=0)
+    assert [n for n, _ in g.check_tensors(like_graph(g), device=0)] == ["a", "b", "bias", "y"]
 
 
 def test_not_a_tensor_null_and_misaligned(cbr_plan):
@@ -287,21 +287,34 @@ def test_not_a_tensor_null_and_misaligned(cbr_plan):
 
 
 def test_cuda_array_interface(deviceless):
-    # fp16 in, to check dtype spelling: matmul_bias_gelu_small is bf16, which the interface cannot spell.
-    plan = deviceless.build(fusebox.Graph.from_json(MATMUL))
-    g = plan.graph
+    # The interface cannot spell bf16: an fp16 copy of the graphs binds cupy-like objects.
+    g = fusebox.Graph.from_json(MATMUL)
     t = {n: FakeCai(g.tensor(n).dims, typestr="<f2", ptr=(i + 1) << 20) for i, n in enumerate(["a", "b", "bias", "y"])}
-    expect(plan, t, r"tensor 'a' has dtype typestr '<f2'; expected bf16$")
+    with pytest.raises(fusebox.InvalidArgument, match=r"tensor 'a' has dtype typestr '<f2'; expected bf16$"):
+        g.check_tensors(t, device=0)
     doc = json.load(open(MATMUL))
     doc["io_dtype"] = "fp16"
+    g16 = fusebox.Graph.from_dict(doc)
+    g16.check_tensors(t, device=0)
+
+    def bad(pattern, **over):
+        with pytest.raises(fusebox.InvalidArgument, match=pattern):
+            g16.check_tensors(dict(t, **over), device=0)
+
+    bad(r"tensor 'a' has strides \[3072, 1, 64\] \(not contiguous\)",
+        a=FakeCai((1, 64, 48), typestr="<f2", strides=(6144, 2, 128)))
+    bad(r"tensor 'a' has strides that are not whole elements", a=FakeCai((1, 64, 48), strides=(6144, 96, 3)))
+    bad(r"tensor 'y' is on cuda:1; the session runs on cuda:0", y=FakeCai((1, 64, 40), device=1))
+    bad(r"tensor 'y' has dtype typestr '<f4'; expected fp16$", y=FakeCai((1, 64, 40), typestr="<f4"))
+    # Through a deviceless plan: the checks, then NoDevice.
+    doc = json.load(open(CBR))
+    doc["io_dtype"] = "fp16"
     plan16 = deviceless.build(fusebox.Graph.from_dict(doc))
-    plan16.check_tensors(t, device=0)
+    tc = {x.name: FakeCai(x.dims, strides=tuple(s * 2 for s in x.strides), ptr=(i + 1) << 20)
+          for i, x in enumerate(plan16.graph.tensors)}
+    plan16.check_tensors(tc, device=0)
     with pytest.raises(fusebox.NoDevice):
-        plan16.run(t, stream=0)
-    bad = dict(t, a=FakeCai((1, 64, 48), typestr="<f2", strides=(6144, 2, 128)))
-    expect(plan16, bad, r"tensor 'a' has strides \[3072, 1, 64\] \(not contiguous\)")
-    expect(plan16, dict(t, y=FakeCai((1, 64, 40), device=1)), r"tensor 'y' is on cuda:1; the session runs on cuda:0")
-    expect(plan16, dict(t, y=FakeCai((1, 64, 40), typestr="<f4")), r"tensor 'y' has dtype typestr '<f4'; expected fp16")
+        plan16.run(tc, stream=0)
 
 
 def test_torch_op_needs_torch():

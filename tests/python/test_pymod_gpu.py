@@ -175,3 +175,27 @@ def test_errors_on_gpu(cbr):
     # (the dispatcher hands the Python exception back as it was raised)
     with pytest.raises(fusebox.InvalidArgument, match="tensor 'b' has dtype torch.float32"):
         op(x, w, b.float())
+
+
+def test_tune_then_cache(tmp_path):
+    g = small("conv_bias_relu_small")
+    s = fusebox.Session(device=torch.cuda.current_device(), cache=tmp_path / "plans.sqlite")
+    tuned = s.tune(g, warmup=2, iters=5)  # the default policy: what build() looks up
+    print(f"tune: {tuned.engine}: {tuned.source}")
+    assert tuned.source.startswith("tuned now"), tuned.source
+    again = s.build(g)
+    assert again.source == "plan cache (tuned)" and again.cache == "hit", again.source
+    assert again.engine == tuned.engine
+    assert s.tune(g, warmup=1, iters=3).source == "plan cache (tuned)"
+
+
+def test_deviceless_plan_file_runs(cbr, tmp_path):
+    g, plan, x, w, b = cbr
+    offline = fusebox.Session(device_properties=fusebox.devprop_path()).build(g)
+    offline.save(tmp_path / "cbr.plan")
+    loaded = plan.session.build(g, plan_file=tmp_path / "cbr.plan")
+    assert loaded.source == "plan file (built deviceless)" and loaded.engine == offline.engine
+    y = poison(g.empty("y"))
+    loaded(x=x, w=w, b=b, y=y)
+    torch.cuda.synchronize()
+    assert rel_l2(y, cbr_reference(x, w, b)) < 1e-2
