@@ -155,7 +155,7 @@ def test_deviceless_build(deviceless, path):
     plan = deviceless.build(fusebox.Graph.from_json(path))
     assert plan.engine.startswith("eng"), plan.engine
     assert plan.workspace_bytes >= 0
-    assert plan.source == "built now"
+    assert plan.source.startswith("built now")  # a symbolic (_dyn) graph adds its shape in brackets
     assert plan.cache == "off"
 
 
