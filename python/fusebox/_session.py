@@ -109,12 +109,11 @@ def _device_index(device):
     raise errors.InvalidArgument(f"Session: device {device!r} is not a CUDA device id")
 
 
-def _stream_handle(stream, device):
-    """A cudaStream_t as an int: torch's current stream by default."""
-    torch = sys.modules.get("torch")
+def _stream_handle(stream, device, uses_torch):
+    """A cudaStream_t as an int: torch's current stream by default (for torch tensors)."""
     if stream is None:
-        if torch is not None and torch.cuda.is_available():
-            return torch.cuda.current_stream(device).cuda_stream
+        if uses_torch:
+            return sys.modules["torch"].cuda.current_stream(device).cuda_stream
         cupy = sys.modules.get("cupy")
         if cupy is not None:
             return cupy.cuda.get_current_stream().ptr
@@ -193,7 +192,7 @@ class Plan:
         torch = sys.modules.get("torch")
         uses_torch = torch is not None and any(v.kind == "torch" for _, v in views)
         workspace, ws_ptr, ws_bytes = None, None, self.workspace_bytes
-        handle = _stream_handle(stream, device)
+        handle = _stream_handle(stream, device, uses_torch)
         if ws_bytes > 0:
             if uses_torch:
                 workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=f"cuda:{device}")
