@@ -11,11 +11,14 @@ from ._session import Session
 from ._tensors import check, torch_dtype, view
 
 _registered = {}
+# Names a schema argument cannot take (torch's schema parser reads them as types or keywords).
+_RESERVED = {"self", "out", "Tensor", "int", "float", "bool", "str", "None", "Scalar", "Device", "Layout",
+             "ScalarType", "Generator", "Storage", "Any", "True", "False"}
 
 
 def _ident(name, used):
     s = re.sub(r"\W", "_", name)
-    if not s or s[0].isdigit() or keyword.iskeyword(s) or s in used or s in ("self", "out"):
+    if not s or s[0].isdigit() or keyword.iskeyword(s) or s in used or s in _RESERVED:
         s = f"t{len(used)}_{s}"
     used.add(s)
     return s

@@ -325,3 +325,52 @@ def test_torch_op_needs_torch():
     except ImportError:
         with pytest.raises(ImportError):
             fusebox.torch_op(CBR, name="fusebox_test::no_torch")
+
+
+def test_torch_op_schema_and_fake_kernel(monkeypatch, cbr_plan):
+    """torch_op's registration and fake kernel against a stub of torch.library (the real one is
+    exercised by test_pymod_gpu.py; with torch installed this test leaves torch alone)."""
+    try:
+        import torch  # noqa: F401
+        return
+    except ImportError:
+        pass
+    registered = {}
+
+    def custom_op(name, fn, mutates_args, schema):
+        op = types.SimpleNamespace(name=name, schema=schema, fn=fn, mutates_args=mutates_args)
+        op.register_fake = lambda f: setattr(op, "fake", f)
+        registered[name] = op
+        return op
+
+    stub = types.SimpleNamespace(
+        library=types.SimpleNamespace(custom_op=custom_op), bfloat16="torch.bfloat16",
+        device=lambda t, i: types.SimpleNamespace(type=t, index=i),
+        empty_strided=lambda dims, strides, dtype, device: FakeTensor(dims, strides=strides),
+        cuda=types.SimpleNamespace(current_device=lambda: 0))
+    monkeypatch.setitem(__import__("sys").modules, "torch", stub)
+    g = cbr_plan.graph
+    op = fusebox.torch_op(g, name="fusebox_test::stub_cbr", plan=cbr_plan)
+    assert op.schema == "(Tensor x, Tensor w, Tensor b) -> Tensor" and op.mutates_args == ()
+    args = [FakeTensor(t.dims, strides=t.strides) for t in g.inputs]
+    y = op.fake(*args)
+    assert y.shape == (2, 16, 5, 5) and y.stride() == (400, 1, 80, 16)
+    with pytest.raises(fusebox.InvalidArgument, match=r"fusebox op 'fusebox_test::stub_cbr': takes 3 tensors "
+                                                      r"\(x, w, b\); given 2"):
+        op.fake(*args[:2])
+    with pytest.raises(fusebox.InvalidArgument, match=r"tensor 'b' has dtype torch.float32; expected bf16"):
+        op.fake(args[0], args[1], FakeTensor((1, 16, 1, 1), dtype="float32"))
+    # The real kernel: outputs from torch.empty_strided, then the run's checks; deviceless: NoDevice.
+    with pytest.raises(fusebox.NoDevice):
+        op.fn(*args)
+    with pytest.raises(fusebox.InvalidArgument, match="registered already"):
+        fusebox.torch_op(g, name="fusebox_test::stub_cbr", plan=cbr_plan)
+    with pytest.raises(fusebox.InvalidArgument, match="'zz' is not an output of graph 'conv_bias_relu_small'"):
+        fusebox.torch_op(g, name="fusebox_test::stub_zz", plan=cbr_plan, outputs=["zz"])
+    doc = json.load(open(CBR))
+    doc["tensors"][1]["name"] = "float"  # a name the schema cannot take as is
+    for op_ in doc["ops"]:
+        op_["inputs"] = {k: ("float" if v == "w" else v) for k, v in op_["inputs"].items()}
+    g2 = fusebox.Graph.from_dict(doc)
+    op2 = fusebox.torch_op(g2, name="fusebox_test::stub_renamed", plan=cbr_plan.session.build(g2))
+    assert op2.schema == "(Tensor x, Tensor t1_float, Tensor b) -> Tensor"
