@@ -25,7 +25,8 @@ for optional in fusebox_deviceless_tests bound_execute_bench; do
   fi
 done
 # The C API test and the installed-package consumer (docs/c-api.md, README), with
-# libfusebox.so under its soname: run them with LD_LIBRARY_PATH=.gpu.
+# libfusebox.so under its soname: run them with LD_LIBRARY_PATH=.gpu. The Python
+# module (python/fusebox, docs/python.md) loads the same file (FUSEBOX_LIBRARY).
 if [ -x "$BUILD_DIR/fusebox_capi_test" ] && [ -e "$BUILD_DIR/libfusebox.so" ]; then
   cp "$BUILD_DIR/fusebox_capi_test" "$DEST/" || exit 1
   soname=$(objdump -p "$BUILD_DIR/libfusebox.so" | awk '/SONAME/ {print $2}')
