@@ -38,7 +38,7 @@ if [ -f "$MODEL/minilm_config.json" ]; then
   part real_s32_verify "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 32 --verify --reference \
     --torch --out "$OUT/real_s32" --json-out "$OUT/real_s32.json"
   part real_s128_timed "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 128 --iters 50 --cuda-graph --reference \
-    --torch --out "$OUT/real_s128" --json-out "$OUT/real_s128.json"
+    --torch --torch-time --out "$OUT/real_s128" --json-out "$OUT/real_s128.json"
 else
   echo "== real model: $MODEL/minilm_config.json missing (carry models/minilm/fusebox: docs/models.md)"
   fail=1

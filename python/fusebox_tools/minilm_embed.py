@@ -153,6 +153,57 @@ def _hf_bert(p, cfg, ids, mask, dev):
                      token_type_ids=torch.zeros_like(ids)).last_hidden_state.float()
 
 
+def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True):
+    """GPU time of the same work in PyTorch, timed as fusebox's pipeline is
+    (CUDA events around each call, median): transformers' BertModel in bf16
+    with its default (SDPA) attention and the padding mask, plus the masked
+    sum over tokens that fusebox's pool stage computes; eager, as one
+    torch.cuda.CUDAGraph, and torch.compile (max-autotune-no-cudagraphs).
+    torch also does the embedding lookup, which fusebox leaves to the host."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from fusebox_tools.resnet50_check import gpu_time_ms
+
+    conf = BertConfig(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
+                      num_attention_heads=cfg["heads"], intermediate_size=cfg["ffn"], hidden_act="gelu",
+                      layer_norm_eps=cfg["eps"], max_position_embeddings=cfg["max_pos"],
+                      type_vocab_size=cfg["type_vocab"], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertModel(conf, add_pooling_layer=False)
+    model.load_state_dict(_state_dict(p, cfg), strict=False)
+    model = model.to("cuda", dtype=torch.bfloat16).eval()
+    ids_t = torch.as_tensor(ids, device="cuda")
+    mask = (torch.arange(S, device="cuda")[None, :] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
+    types = torch.zeros_like(ids_t)
+    maskf = mask.to(torch.bfloat16)[..., None]
+
+    def fwd():
+        h = model(input_ids=ids_t, attention_mask=mask, token_type_ids=types).last_hidden_state
+        return (h * maskf).sum(1)
+
+    out = {"torch": torch.__version__, "attention": getattr(model.config, "_attn_implementation", "?")}
+    with torch.inference_mode():
+        out["eager"] = gpu_time_ms(fwd, warmup, iters)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fwd()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fwd()
+        out["cuda_graph"] = gpu_time_ms(g.replay, warmup, iters)
+        if compile_too:
+            try:
+                cf = torch.compile(fwd, mode="max-autotune-no-cudagraphs")
+                cf()
+                out["compile"] = gpu_time_ms(cf, warmup, iters)
+            except Exception as e:  # reported, not fatal: the comparison is fusebox's
+                out["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    return out
+
+
 def _torch_bert(p, cfg, ids, mask, dev):
     import math
 
@@ -232,6 +283,9 @@ def main(argv=None):
     ap.add_argument("--cuda-graph", action="store_true", help="pipeline run --cuda-graph (timed as one CUDA graph)")
     ap.add_argument("--reference", action="store_true", help="check against the numpy float32 reference")
     ap.add_argument("--torch", action="store_true", help="check against torch (transformers BertModel)")
+    ap.add_argument("--torch-time", action="store_true",
+                    help="time the same work in torch bf16: eager, CUDA graph, torch.compile (GPU)")
+    ap.add_argument("--no-compile", action="store_true", help="with --torch-time: skip torch.compile")
     ap.add_argument("--min-cos", type=float, default=0.999)
     ap.add_argument("--max-rel-l2", type=float, default=0.03)
     ap.add_argument("--out", help="keep inputs and fusebox's saved buffers here (default: a temporary folder)")
@@ -291,6 +345,18 @@ def main(argv=None):
         else:
             doc["checks"].append(compare_embeddings(what, embeddings, temb, lengths, hidden, thidden, a.min_cos,
                                                     a.max_rel_l2))
+    if a.torch_time:
+        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile)
+        doc["torch_timing"] = t
+        lat = (doc.get("fusebox") or {}).get("latency_ms") or {}
+        print(f"torch {t['torch']} ({t['attention']} attention), GPU time per batch of {B} x {S} tokens, median:")
+        for k in ("eager", "cuda_graph", "compile"):
+            if k in t:
+                ratio = f"  (fusebox {lat['median']:.3f} ms: {t[k]['median'] / lat['median']:.2f}x)" if lat.get(
+                    "median") else ""
+                print(f"  torch {k:<11} {t[k]['median']:.3f} ms{ratio}")
+        if "compile_error" in t:
+            print(f"  torch compile failed: {t['compile_error']}")
     for c in doc["checks"]:
         extra = f", last hidden state rel_l2 {c['hidden_rel_l2']:.2e}" if "hidden_rel_l2" in c else ""
         print(f"{'PASS' if c['pass'] else 'FAIL'} against {c['against']}: min cosine {c['min_cos']:.6f}, "
