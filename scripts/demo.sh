@@ -122,6 +122,41 @@ else
   echo "demo: numpy is missing (scripts/setup.sh installs it): the ResNet-50 pipeline is skipped"
 fi
 
+# all-MiniLM-L6-v2 (docs/models.md): the pipeline at the real architecture (6 layers, hidden 384,
+# 12 heads, FFN 1536; batch 8, 128 tokens) with random weights, checked. No stage builds without a
+# GPU (cuDNN 9.19 compiles matmul epilogues, norms and attention at run time), so the deviceless
+# build is not attempted. On a GPU with the real weights converted (scripts/fetch_minilm.sh, then
+# python3 -m fusebox_tools.minilm convert), a few sentences are embedded and compared.
+echo
+echo "=================== all-MiniLM-L6-v2 pipeline (python3 -m fusebox_tools.minilm)"
+ML_DIR="$RN50_DIR/minilm"
+if python3 -c 'import numpy' 2>/dev/null; then
+  echo "\$ python3 -m fusebox_tools.minilm random --out $ML_DIR --batch 8 --seq 128 --layers 6 --hidden 384 --heads 12 --ffn 1536"
+  if PYTHONPATH=python python3 -m fusebox_tools.minilm random --out "$ML_DIR" --batch 8 --seq 128 --layers 6 \
+      --hidden 384 --heads 12 --ffn 1536 --vocab 1000 > /dev/null; then
+    echo "\$ fusebox pipeline check $ML_DIR/minilm_b8_s128.json   (first stages and the total)"
+    if "$FB" pipeline check "$ML_DIR/minilm_b8_s128.json" > "$TMP_ERR" 2>&1; then
+      head -n 12 "$TMP_ERR"; echo "  ..."; tail -n 1 "$TMP_ERR"
+    else
+      cat "$TMP_ERR"
+      echo "demo: FAILED: fusebox pipeline check (minilm)"
+      FAILED+=("fusebox pipeline check (minilm)")
+    fi
+  else
+    echo "demo: FAILED: python3 -m fusebox_tools.minilm random"
+    FAILED+=("fusebox_tools.minilm random")
+  fi
+  if [ "$HAVE_GPU" -eq 1 ] && [ -f models/minilm/fusebox/minilm_config.json ]; then
+    echo "\$ python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox --seq 32 --reference"
+    PYTHONPATH=python FUSEBOX_BIN="$FB" python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox --seq 32 \
+      --reference || FAILED+=("fusebox_tools.minilm_embed")
+  elif [ "$HAVE_GPU" -eq 1 ]; then
+    echo "demo: the real MiniLM weights are not converted here (scripts/fetch_minilm.sh; docs/models.md): no sentences embedded"
+  fi
+else
+  echo "demo: numpy is missing (scripts/setup.sh installs it): the MiniLM pipeline is skipped"
+fi
+
 echo
 echo "=================== examples/graphs/invalid_shapes.json (expected to be rejected)"
 echo "\$ fusebox check examples/graphs/invalid_shapes.json"
