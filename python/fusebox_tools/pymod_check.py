@@ -188,6 +188,9 @@ def main(argv=None):
             except Exception as e:  # one graph's failure is reported, the others still run
                 row = {"graph": os.path.basename(path), "status": "fail", "why": f"{type(e).__name__}: {e}"}
             rows.append(row)
+            if a.json_out:  # after every graph, so a run cut off by a time limit keeps what it did
+                with open(a.json_out, "w") as f:
+                    json.dump({"rows": rows}, f, indent=1)
             print(f"{row['status']:<8} {row['graph']:<34} {row.get('compared', '')} "
                   f"{'; '.join(row.get('details', [])) if row['status'] == 'fail' else ''}{row.get('why', '')}"[:300],
                   flush=True)
