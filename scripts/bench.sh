@@ -4,7 +4,7 @@
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
-#   [PARTS=peaks,conv,conv_bwd,matmul,norm,pool,reduction,sdpa,runtime,shapes,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
+#   [PARTS=peaks,conv,conv_bwd,matmul,norm,pool,reduction,sdpa,runtime,shapes,models,report] [RUN=2026-12-01-H200] scripts/bench.sh [BUNDLE_DIR]
 #
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
@@ -18,6 +18,8 @@
 #   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
 #            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)
 #            and the same chain in PyTorch eager, torch.compile and torch.cuda.CUDAGraph (2-4 min)
+#   models   ResNet-50 (batch 8) and all-MiniLM-L6-v2 (8 x 128; needs models/minilm/fusebox) as
+#            pipelines against torch eager, CUDA graph and compile (docs/models.md; a few min)
 #   shapes   32 new shapes of each symbolic example (conv, matmul, sdpa), kernel cache
 #            against cold builds: `fusebox shapes` (issue 11; a few minutes)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
@@ -34,7 +36,7 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
 # The parts of fusebox_tools.bench_run (its PARTS), in the order the report merges them.
-BENCH_PARTS="peaks conv conv_bwd matmul norm pool reduction sdpa runtime shapes"
+BENCH_PARTS="peaks conv conv_bwd matmul norm pool reduction sdpa runtime shapes models"
 PARTS=${PARTS:-${BENCH_PARTS// /,},report}
 mkdir -p "$OUT"
 

@@ -232,12 +232,16 @@ def merge(parts):
         for r in d["rows"]:
             rows[(r.get("family"), r["name"])] = r
     out["rows"] = list(rows.values())
-    shapes = {}
+    shapes, models = {}, {}
     for d in docs:
         for e in d.get("shapes") or []:
             shapes[e["graph"]] = e
+        for m in d.get("models") or []:
+            models[m["name"]] = m  # a later part's row wins
     if shapes:
         out["shapes"] = list(shapes.values())
+    if models:
+        out["models"] = list(models.values())
     out["parts"] = [os.path.basename(p) for p in parts]
     return out
 
@@ -361,6 +365,24 @@ def md_cell(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def models_markdown(models):
+    """Part "models": whole networks, GPU ms per batch (median), fusebox against torch."""
+    if not models:
+        return []
+    f = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+    L = ["### Whole networks (GPU ms per batch, median; docs/models.md)", "",
+         "| model | fusebox CUDA graph | fusebox eager | torch eager | torch CUDA graph | torch.compile | "
+         "best torch / best fusebox | verified |",
+         "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for m in models:
+        fb, t = m.get("fusebox_ms") or {}, m.get("torch_ms") or {}
+        sp = m.get("speedup")
+        L.append(f"| {md_cell(m['name'])} | {f(fb.get('cuda_graph'))} | {f(fb.get('eager'))} | {f(t.get('eager'))} | "
+                 f"{f(t.get('cuda_graph'))} | {f(t.get('compile'))} | {f'**{sp:.2f}x**' if sp else '-'} | "
+                 f"{'yes' if m.get('verified') else '**no**'} |")
+    return L + [""]
+
+
 def shapes_markdown(entries):
     """Part shapes: the cost of new shapes of symbolic graphs, kernel cache against cold."""
     if not entries:
@@ -460,6 +482,7 @@ def markdown(doc, stats, previous=None, previous_path=None, plots=None):
 
     L += runtime_markdown(doc.get("runtime"))
     L += shapes_markdown(doc.get("shapes"))
+    L += models_markdown(doc.get("models"))
 
     flagged, changes = regressions(rows, stats, previous)
     L += ["### Against the previous run", ""]

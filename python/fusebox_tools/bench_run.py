@@ -53,7 +53,7 @@ from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
-PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes")
+PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes", "models")
 # Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
 # kernel cache and cold, by `fusebox shapes --json`.
 SHAPE_SWEEPS = {
@@ -871,6 +871,72 @@ def shapes_part(args, doc):
     return 1 if fails else 0
 
 
+# Part "models" (issue 14): whole networks as pipelines, each timed against torch
+# by its own checker in one process (docs/models.md). name -> (module, args).
+MODEL_RUNS = {
+    "resnet50_b8": ("fusebox_tools.resnet50_check", ["--batch", "8"]),
+    "minilm_b8_s128": ("fusebox_tools.minilm_embed", ["--model", os.path.join(REPO_ROOT, "models", "minilm", "fusebox"),
+                                                      "--seq", "128",
+                                                      "--iters", "50", "--cuda-graph", "--torch", "--torch-time"]),
+}
+
+
+def model_row(name, res):
+    """One models row from a checker's JSON: GPU ms (median) per variant, verified."""
+    if "gpu_time_ms" in res:  # resnet50_check
+        t = res["gpu_time_ms"]
+        pick = lambda k: (t.get(k) or {}).get("median")  # noqa: E731
+        fb = {"cuda_graph": pick("fusebox_pipeline_cuda_graph"), "eager": pick("fusebox_pipeline_eager")}
+        torch_ms = {"eager": pick("torch_eager_bf16"), "cuda_graph": pick("torch_cuda_graph_bf16"),
+                    "compile": pick("torch_compile_bf16")}
+        verified = bool(res.get("ok"))
+        check = res.get("fusebox_vs_fp32")
+    else:  # minilm_embed
+        f = res.get("fusebox") or {}
+        fb = {"cuda_graph": (f.get("latency_ms") or {}).get("median") if f.get("cuda_graph") else None,
+              "eager": ((f.get("eager_latency_ms") or f.get("latency_ms")) or {}).get("median")}
+        tt = res.get("torch_timing") or {}
+        torch_ms = {k: (tt.get(k) or {}).get("median") for k in ("eager", "cuda_graph", "compile")}
+        verified = bool(res.get("ok"))
+        check = (res.get("checks") or [None])[-1]
+    best_fb = min([v for v in fb.values() if v] or [None]) if any(fb.values()) else None
+    best_torch = min([v for v in torch_ms.values() if v] or [None]) if any(torch_ms.values()) else None
+    return {"name": name, "fusebox_ms": fb, "torch_ms": torch_ms, "verified": verified, "check": check,
+            "speedup": best_torch / best_fb if best_fb and best_torch else None}
+
+
+def models_part(args, doc):
+    """Each MODEL_RUNS checker with --json-out; doc["models"] keeps one row per model."""
+    fails = 0
+    done = {m["name"] for m in doc.get("models", [])}
+    for name, (module, extra) in MODEL_RUNS.items():
+        if name in done and not args.force:
+            log(f"{name}: already done, skipped (--force to redo)")
+            continue
+        if "--model" in extra and not os.path.exists(os.path.join(extra[extra.index("--model") + 1],
+                                                                  "minilm_config.json")):
+            log(f"{name}: the converted weights are not here (docs/models.md: carry models/minilm/fusebox); skipped")
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as tmp:
+            out = os.path.join(tmp, "result.json")
+            cmd = [sys.executable, "-m", module, "--fusebox", args.fusebox, "--out", os.path.join(tmp, "run"),
+                   "--json-out", out] + extra
+            log(" ".join(cmd))
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout * 4)
+                res = json.load(open(out))
+            except (subprocess.TimeoutExpired, OSError, ValueError) as e:
+                log(f"{name}: {first_line(e)}")
+                fails += 1
+                continue
+        row = model_row(name, res)
+        doc.setdefault("models", [m for m in doc.get("models", []) if m["name"] != name]).append(row)
+        save(args.out, doc)
+        log(f"{name}: fusebox {row['fusebox_ms']} ms, torch {row['torch_ms']} ms, verified {row['verified']}")
+        fails += p.returncode != 0
+    return 1 if fails else 0
+
+
 def part_graphs(part, args):
     if args.graphs:
         paths = args.graphs
@@ -952,6 +1018,8 @@ def main(argv=None):
         return 0
     if args.part == "shapes":
         return shapes_part(args, doc)
+    if args.part == "models":
+        return models_part(args, doc)
     done = {r["graph"] for r in doc["rows"]}
     fails = 0
     for path in part_graphs(args.part, args):

@@ -286,3 +286,25 @@ def test_shapes_part_merges_and_reports(tmp_path):
     sdpa = next(line for line in lines if line.startswith("| sdpa_fwd_dyn"))
     assert "dynamic shapes refused: refused" in sdpa
     assert br.shapes_markdown(None) == [] and br.shapes_markdown([]) == []
+
+
+def test_models_part_merges_and_reports(tmp_path):
+    a, b = br.load(OLD), br.load(NEW)
+    a["models"] = [{"name": "resnet50_b8", "fusebox_ms": {"cuda_graph": 0.6, "eager": 0.7},
+                    "torch_ms": {"eager": 5.0, "cuda_graph": 1.2, "compile": 1.8}, "verified": True, "speedup": 2.0}]
+    b["rows"] = []
+    b["models"] = [{"name": "resnet50_b8", "fusebox_ms": {"cuda_graph": 0.572, "eager": 0.636},
+                    "torch_ms": {"eager": 5.19, "cuda_graph": 1.145, "compile": None}, "verified": False,
+                    "speedup": 1.145 / 0.572},
+                   {"name": "minilm_b8_s128", "fusebox_ms": {}, "torch_ms": {}, "verified": True, "speedup": None}]
+    pa, pb = tmp_path / "a.json", tmp_path / "models.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    m = br.merge([str(pa), str(pb)])
+    assert [x["name"] for x in m["models"]] == ["resnet50_b8", "minilm_b8_s128"]
+    assert m["models"][0]["fusebox_ms"]["cuda_graph"] == 0.572  # the later part's row
+    lines = br.models_markdown(m["models"])
+    rn = next(line for line in lines if line.startswith("| resnet50_b8"))
+    assert "| 0.572 | 0.636 | 5.190 | 1.145 | - | **2.00x** | **no** |" in rn, rn
+    assert "| minilm_b8_s128 | - | - | - | - | - | - | yes |" in lines
+    assert br.models_markdown(None) == [] and br.models_markdown([]) == []

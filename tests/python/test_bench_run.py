@@ -8,6 +8,7 @@ import sys
 import types
 from unittest import mock
 
+import numpy  # noqa: F401  (loaded once, before the torch stub re-imports bench_run: numpy cannot load twice)
 import pytest
 
 from fusebox_tools.graph import Graph, default_graphs
@@ -197,3 +198,26 @@ def test_paged_decode_kv_bytes_count_the_lengths_not_the_pool(bench_run, fusebox
     assert full == 64 * 8192 * 8 * 256 * 2
     pools = sum(g.dims[op["inputs"][r]][0] * 8 * 64 * 128 * 2 for r in ("k", "v"))
     assert full == pools
+
+
+def test_models_part_rows_from_the_checkers_json(bench_run):
+    """Part models: a row from resnet50_check's and minilm_embed's --json-out (measured shapes)."""
+    assert "models" in bench_run.PARTS and set(bench_run.MODEL_RUNS) == {"resnet50_b8", "minilm_b8_s128"}
+    rn = {"ok": True, "fusebox_vs_fp32": {"rel_l2": 0.0119},
+          "gpu_time_ms": {"torch_eager_bf16": {"median": 5.19}, "torch_cuda_graph_bf16": {"median": 1.145},
+                          "torch_compile_bf16": {"median": 1.777}, "fusebox_pipeline_eager": {"median": 0.636},
+                          "fusebox_pipeline_cuda_graph": {"median": 0.572}}}
+    row = bench_run.model_row("resnet50_b8", rn)
+    assert row["fusebox_ms"] == {"cuda_graph": 0.572, "eager": 0.636}
+    assert row["torch_ms"] == {"eager": 5.19, "cuda_graph": 1.145, "compile": 1.777}
+    assert row["speedup"] == pytest.approx(1.145 / 0.572) and row["verified"]
+    ml = {"ok": True, "checks": [{"against": "x", "pass": True}],
+          "fusebox": {"cuda_graph": {"recording": "capture"}, "latency_ms": {"median": 0.335},
+                      "eager_latency_ms": {"median": 0.343}},
+          "torch_timing": {"eager": {"median": 2.84}, "cuda_graph": {"median": 0.388}, "compile": {"median": 2.32}}}
+    row = bench_run.model_row("minilm_b8_s128", ml)
+    assert row["fusebox_ms"] == {"cuda_graph": 0.335, "eager": 0.343}
+    assert row["speedup"] == pytest.approx(0.388 / 0.335)
+    # a failed fusebox run: no times, no speedup, not verified
+    row = bench_run.model_row("minilm_b8_s128", {"ok": False, "fusebox": {}, "torch_timing": {}})
+    assert row["speedup"] is None and not row["verified"]
