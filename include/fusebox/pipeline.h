@@ -73,6 +73,10 @@ struct Pipeline {
   // Stage indices in an order where every buffer is written before it is
   // read (ties: file order).
   std::vector<int> order;
+  // The symbols of the stages' symbolic graphs at the values they were
+  // resolved with (the `shape` given to the loader, defaults for the rest);
+  // empty when no stage is symbolic.
+  ShapeValues shape;
 
   int find_stage(std::string_view name) const;   // -1 if absent
   int find_buffer(std::string_view name) const;  // -1 if absent
@@ -92,8 +96,13 @@ inline constexpr uint64_t kMaxPipelineTotalFileBytes = uint64_t{64} << 30;
 // `base_dir` (empty: the working directory); `origin` names the file in
 // messages. Errors are InvalidArgument (ParseError for malformed JSON,
 // IoError for unreadable files) and start with "origin: pipeline 'NAME'".
+// `shape`: values for the symbols of the stages' symbolic graphs (docs/graph-format.md,
+// "Symbolic dims"), shared by name across stages, so a symbol "N" means the same batch in
+// every graph that declares it; symbols not given take each graph's default. A symbol no
+// stage declares, a value outside a graph's range, or a shape for a pipeline without
+// symbolic graphs is InvalidArgument naming the pipeline (and the stage and symbol).
 Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin,
-                                     const std::string& base_dir);
-Result<Pipeline> load_pipeline_file(const std::string& path);
+                                     const std::string& base_dir, const ShapeValues& shape = {});
+Result<Pipeline> load_pipeline_file(const std::string& path, const ShapeValues& shape = {});
 
 }  // namespace fusebox

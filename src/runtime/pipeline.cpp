@@ -66,7 +66,8 @@ std::string join_path(const std::string& base_dir, const std::string& p) {
 
 class Loader {
  public:
-  Loader(std::string_view origin, std::string base_dir) : origin_(origin), base_dir_(std::move(base_dir)) {}
+  Loader(std::string_view origin, std::string base_dir, ShapeValues shape)
+      : origin_(origin), base_dir_(std::move(base_dir)), shape_(std::move(shape)) {}
 
   Result<Pipeline> load(std::string_view text) {
     FUSEBOX_ASSIGN_OR_RETURN(ordered_json root, parse(text));
@@ -295,14 +296,43 @@ class Loader {
   }
 
   Status load_graphs() {
+    std::set<std::string> declared;
     for (size_t s = 0; s < p_.stages.size(); ++s) {
       PipelineStage& st = p_.stages[s];
       auto spec = load_graph_file(st.graph_path);
       if (!spec.ok()) return spec.status().WithContext(where() + ": stage " + sq(st.name));
+      if (!spec->symbols.empty()) {
+        // The pipeline's shape, as far as this graph declares the symbols.
+        ShapeValues mine;
+        for (const auto& [sym, range] : spec->symbols) {
+          declared.insert(sym);
+          if (auto it = shape_.find(sym); it != shape_.end()) mine[sym] = it->second;
+        }
+        auto bound = bind_shape(*spec, mine);
+        if (!bound.ok())
+          return bound.status().WithContext(where() + ": stage " + sq(st.name) + " (" + st.graph_path + ")");
+        spec = std::move(bound);
+        for (const auto& [sym, value] : current_shape(*spec)) {
+          auto [it, fresh] = p_.shape.emplace(sym, value);
+          if (!fresh && it->second != value)  // defaults that differ between graphs, no value given
+            return bad_stage(static_cast<int>(s), "symbol " + sq(sym) + " is " + std::to_string(value) +
+                                                      " here but " + std::to_string(it->second) +
+                                                      " in an earlier stage (their defaults differ): give it "
+                                                      "with --shape " + sym + "=VALUE");
+        }
+      }
       auto g = resolve(*spec);
       if (!g.ok())
         return g.status().WithContext(where() + ": stage " + sq(st.name) + " (" + st.graph_path + ")");
       st.graph = std::move(*g);
+    }
+    for (const auto& [sym, value] : shape_) {
+      if (declared.count(sym)) continue;
+      std::string names;
+      for (const auto& d : declared) names += (names.empty() ? "" : ", ") + d;
+      return bad(declared.empty() ? "--shape " + sym + "=" + std::to_string(value) +
+                                        ": no stage's graph declares symbols (the pipeline is static)"
+                                  : "unknown symbol " + sq(sym) + ": the stages' graphs declare " + names);
     }
     return Status::Ok();
   }
@@ -492,6 +522,7 @@ class Loader {
 
   std::string_view origin_;
   std::string base_dir_;
+  ShapeValues shape_;
   Pipeline p_;
   std::map<std::string, int> buffer_index_, stage_index_;
   std::map<int, std::vector<std::pair<std::string, int>>> raw_bind_;
@@ -532,9 +563,9 @@ double Pipeline::flops() const {
 }
 
 Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view origin,
-                                     const std::string& base_dir) {
+                                     const std::string& base_dir, const ShapeValues& shape) {
   try {
-    auto p = Loader(origin, base_dir).load(text);
+    auto p = Loader(origin, base_dir, shape).load(text);
     if (p.ok()) p->path = std::string(origin);
     return p;
   } catch (const std::exception& e) {
@@ -542,12 +573,12 @@ Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view ori
   }
 }
 
-Result<Pipeline> load_pipeline_file(const std::string& path) {
+Result<Pipeline> load_pipeline_file(const std::string& path, const ShapeValues& shape) {
   FUSEBOX_ASSIGN_OR_RETURN(std::string text,
                            common::read_file_bounded(path, kMaxPipelineFileBytes, "pipeline file"));
   const size_t slash = path.rfind('/');
   const std::string base = slash == std::string::npos ? "" : path.substr(0, slash == 0 ? 1 : slash);
-  return parse_pipeline_json(text, path, base);
+  return parse_pipeline_json(text, path, base, shape);
 }
 
 }  // namespace fusebox

@@ -17,6 +17,23 @@
 namespace fusebox::cli {
 namespace {
 
+// --shape for pipelines: values for the symbols of the stages' symbolic graphs.
+void add_pipeline_shape_flag(CLI::App* cmd, std::string& shape) {
+  cmd->add_option("--shape", shape,
+                  "Values for the symbols of the stages' symbolic graphs, NAME=VALUE,... (e.g. N=4): a symbol "
+                  "means the same in every stage that declares it; others take their defaults");
+}
+
+Result<Pipeline> load_pipeline(const std::string& path, const std::string& shape) {
+  ShapeValues values;
+  if (!shape.empty()) {
+    auto v = parse_shape_values(shape);
+    if (!v.ok()) return v.status().WithContext("--shape");
+    values = std::move(v).value();
+  }
+  return load_pipeline_file(path, values);
+}
+
 using ordered_json = nlohmann::ordered_json;
 
 // Bump when a key changes meaning or goes away (adding keys keeps the version).
@@ -35,6 +52,7 @@ ordered_json pipeline_json(const Pipeline& p) {
   j["ok"] = true;
   j["version"] = kPipelineCheckJsonVersion;
   j["pipeline"] = p.name;
+  j["shape"] = p.shape;  // the symbols' values ({} for a static pipeline)
   ordered_json stages = ordered_json::array();
   for (int s : p.order) {
     const PipelineStage& st = p.stages[s];
@@ -71,8 +89,10 @@ ordered_json pipeline_json(const Pipeline& p) {
 }
 
 void print_pipeline(const Pipeline& p) {
-  std::printf("%s: ok\npipeline %s: %zu stages, %zu buffers\nstage order:\n", safe(p.path).c_str(),
-              safe(p.name).c_str(), p.stages.size(), p.buffers.size());
+  std::printf("%s: ok\npipeline %s: %zu stages, %zu buffers\n", safe(p.path).c_str(), safe(p.name).c_str(),
+              p.stages.size(), p.buffers.size());
+  if (!p.shape.empty()) std::printf("symbolic, at shape %s\n", safe(shape_text(p.shape)).c_str());
+  std::printf("stage order:\n");
   for (size_t i = 0; i < p.order.size(); ++i) {
     const PipelineStage& st = p.stages[p.order[i]];
     std::printf("  %zu. %s  graph %s (%s)  %g flops\n", i + 1, safe(st.name).c_str(),
@@ -205,7 +225,7 @@ Result<PlanRequest> plan_request(const PlanFlags& f) {
 
 Runner add_pipeline_build(CLI::App& cmd) {
   struct Args {
-    std::string path, device;
+    std::string path, device, shape;
     PlanFlags plan;
     bool json = false, keep_going = false;
     CacheFlags cache;
@@ -214,6 +234,7 @@ Runner add_pipeline_build(CLI::App& cmd) {
   auto* c = cmd.add_subcommand(
       "build", "Build every stage's plan (the five steps, or the plan cache), deviceless with --device");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  add_pipeline_shape_flag(c, a->shape);
   c->add_option("--device", a->device,
                 "Device-properties file: build deviceless for that GPU (no GPU needed)");
   add_plan_flags(c, a->plan);
@@ -223,7 +244,7 @@ Runner add_pipeline_build(CLI::App& cmd) {
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
   return [a]() {
-    auto p = load_pipeline_file(a->path);
+    auto p = load_pipeline(a->path, a->shape);
     auto request = plan_request(a->plan);
     Status st = !p.ok() ? p.status() : request.status();
     if (!st.ok()) {
@@ -277,7 +298,7 @@ Runner add_pipeline_build(CLI::App& cmd) {
 
 Runner add_pipeline_tune(CLI::App& cmd) {
   struct Args {
-    std::string path, heuristics = "a,b,fallback";
+    std::string path, heuristics = "a,b,fallback", shape;
     TunePolicy policy;
     bool json = false;
     CacheFlags cache;
@@ -286,6 +307,7 @@ Runner add_pipeline_tune(CLI::App& cmd) {
   auto* c = cmd.add_subcommand("tune",
                                "Autotune every stage on the GPU (as `fusebox tune`), through the plan cache");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  add_pipeline_shape_flag(c, a->shape);
   c->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
   c->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")
       ->check(CLI::NonNegativeNumber)
@@ -304,7 +326,7 @@ Runner add_pipeline_tune(CLI::App& cmd) {
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
   return [a]() {
-    auto p = load_pipeline_file(a->path);
+    auto p = load_pipeline(a->path, a->shape);
     auto modes = parse_heuristic_modes(a->heuristics);
     Status st = !p.ok() ? p.status() : modes.status();
     if (!st.ok()) {
@@ -398,7 +420,7 @@ Result<std::string> save_path(const std::string& name, const std::string& dir,
 
 Runner add_pipeline_run(CLI::App& cmd) {
   struct Args {
-    std::string path, save_outputs;
+    std::string path, save_outputs, shape;
     std::vector<std::string> inputs;
     PlanFlags plan;
     bool verify = false, json = false, cuda_graph = false;
@@ -410,6 +432,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
   auto* c = cmd.add_subcommand(
       "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  add_pipeline_shape_flag(c, a->shape);
   c->add_option("--input", a->inputs,
                 "An input buffer's values, NAME=FILE.npy (repeatable; others random from --seed)");
   c->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
@@ -436,7 +459,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
       if (a->json) print_json_error(st);
       return fail("pipeline run", st);
     };
-    auto p = load_pipeline_file(a->path);
+    auto p = load_pipeline(a->path, a->shape);
     if (!p.ok()) return bad(p.status());
     auto request = plan_request(a->plan);
     if (!request.ok()) return bad(request.status());
@@ -633,13 +656,14 @@ Runner add_pipeline(CLI::App& app) {
   struct Args {
     std::string path;
     bool json = false;
-    std::string dot;
+    std::string dot, shape;
   };
   auto a = std::make_shared<Args>();
   auto* check = cmd->add_subcommand(
       "check",
       "Load a pipeline file, check how its stages connect; print the stage order and buffers (no GPU)");
   check->add_option("pipeline", a->path, "Pipeline JSON file")->required();
+  add_pipeline_shape_flag(check, a->shape);
   check->add_flag("--json", a->json, "Write the checked pipeline as one JSON document to stdout");
   auto* dot = check->add_option("--dot", a->dot,
                                 "Write a Graphviz picture of the pipeline (buffers, stages, their ops) to FILE (no "
@@ -658,7 +682,7 @@ Runner add_pipeline(CLI::App& app) {
     const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
     if (dot_stdout && a->json)
       return fail("pipeline check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
-    auto p = load_pipeline_file(a->path);
+    auto p = load_pipeline(a->path, a->shape);
     if (!p.ok()) {
       if (a->json) print_json_error(p.status());
       return fail("pipeline check", p.status());
