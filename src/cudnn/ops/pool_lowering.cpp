@@ -10,6 +10,8 @@
 // 32x64x112x112 or a 32x2048x7x7 global average an illegal memory access,
 // while the same graphs in fp16 or fp32 on eng3, and in bf16 on eng2, match
 // the reference exactly. So a bf16 pool bars eng3; eng2 (or eng1) serves it.
+// The frontend bars by substring of the engine tag ("eng3_k24=0"): "eng3_k"
+// names engine 3 with its knobs and not engines 30-39.
 #include "ops/ops.h"
 
 namespace fusebox::cudnn {
@@ -31,7 +33,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PoolAttrs& a) {
                    .set_post_padding(a.padding);
   attrs.set_compute_data_type(to_fe(op.compute_dtype));
   if (ctx.resolved().tensors[static_cast<size_t>(op.inputs.at("x"))].dtype == DType::kBF16)
-    ctx.graph().deselect_engines({"eng3"});
+    ctx.graph().deselect_engines({"eng3_k"});
   auto [y, index] = ctx.graph().resample(ctx.in("x"), attrs);
   (void)index;  // nullptr: generate_index is false
   return ctx.bind_output("y", y);
