@@ -577,21 +577,13 @@ Runner add_pipeline_run(CLI::App& cmd) {
                          {"p90", r->latency.p90_ms},
                          {"mean", r->latency.mean_ms},
                          {"iters", r->latency.iters}};
+      j["cuda_graph"] = ordered_json::parse(to_json(r->cuda_graph).dump());
       if (r->cuda_graph.used) {
-        const CudaGraphRun& cg = r->cuda_graph;
-        j["cuda_graph"] = {{"recording", cg.recording},
-                           {"why_not_native", cg.why_not_native},
-                           {"bit_identical_to_eager", cg.bit_identical},
-                           {"bytes_compared", cg.bytes_compared},
-                           {"mismatches", cg.mismatches},
-                           {"create_ms", cg.create_ms}};
         j["eager_latency_ms"] = {{"median", r->eager_latency.median_ms},
                                  {"min", r->eager_latency.min_ms},
                                  {"p90", r->eager_latency.p90_ms},
                                  {"mean", r->eager_latency.mean_ms},
                                  {"iters", r->eager_latency.iters}};
-      } else {
-        j["cuda_graph"] = nullptr;
       }
       j["flops"] = r->flops;
       j["tflops"] = r->tflops;

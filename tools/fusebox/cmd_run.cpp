@@ -214,17 +214,7 @@ Runner add_run(CLI::App& app) {
                           {"outputs_saved", saved},
                           {"ok", r->verified_ok}};
       if (!report.steps.empty()) j["build"] = to_json(report);
-      if (r->cuda_graph.used) {
-        const CudaGraphRun& cg = r->cuda_graph;
-        j["cuda_graph"] = {{"recording", cg.recording},
-                           {"why_not_native", cg.why_not_native},
-                           {"bit_identical_to_eager", cg.bit_identical},
-                           {"bytes_compared", cg.bytes_compared},
-                           {"mismatches", cg.mismatches},
-                           {"create_ms", cg.create_ms}};
-      } else {
-        j["cuda_graph"] = nullptr;
-      }
+      j["cuda_graph"] = to_json(r->cuda_graph);
       std::printf("%s\n", dump(j).c_str());
     } else {
       std::printf("%s (%s)\n", safe(g->name).c_str(), safe(a->graph).c_str());

@@ -235,4 +235,14 @@ std::string cache_state(const PlanCache* cache, bool hit) {
   return hit ? "hit" : "miss";
 }
 
+nlohmann::json to_json(const CudaGraphRun& cg) {
+  if (!cg.used) return nullptr;
+  return {{"recording", cg.recording},
+          {"why_not_native", cg.why_not_native},
+          {"bit_identical_to_eager", cg.bit_identical},
+          {"bytes_compared", cg.bytes_compared},
+          {"mismatches", cg.mismatches},
+          {"create_ms", cg.create_ms}};
+}
+
 }  // namespace fusebox::cli

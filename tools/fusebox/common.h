@@ -52,6 +52,9 @@ std::string format_bytes(int64_t bytes);
 void print_build_report(const BuildReport& r);
 // Where a plan came from: source, modes tried, cache, costs.
 nlohmann::json to_json(const PlanReport& r);
+// `run --cuda-graph` / `pipeline run --cuda-graph`: recording, why not native,
+// bit_identical_to_eager, bytes_compared, mismatches, create_ms; null when unused.
+nlohmann::json to_json(const CudaGraphRun& cg);
 // The heuristic modes tried before the one that served (or all, on failure).
 void print_attempts(const PlanReport& r);
 // --heuristics: "auto" (empty: the session's modes in turn) or "a,b,fallback".
