@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -61,10 +62,21 @@ namespace fusebox {
 class Plan;
 class GpuContext;
 struct LatencyStats;
+struct CudaGraphRun;
 }  // namespace fusebox
 
 namespace fusebox::runtime {
 
+// `warmup` untimed calls run(0), ..., run(warmup - 1), then `iters` calls
+// run(warmup + i), each between two CUDA events on `stream` (`what` names the
+// synchronize in errors); median, min, p90, mean of the per-call GPU ms. The
+// one timing loop of run, tune and pipeline run.
+Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, const std::function<Status(int)>& run,
+                                const std::string& what);
+// Byte-for-byte comparison of a CUDA graph's outputs with the eager run's,
+// by name: fills out.bit_identical, bytes_compared and mismatches.
+void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::map<std::string, HostTensor>& graph,
+                   CudaGraphRun& out);
 // Warm-up runs, then `iters` runs each timed with CUDA events, rotating the
 // input sets; median, min, p90, mean.
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,

@@ -32,20 +32,6 @@ std::vector<const Plan*> by_stage(const Pipeline& p, const std::vector<std::pair
   return out;
 }
 
-LatencyStats summarize(std::vector<float> ms) {
-  LatencyStats s;
-  s.iters = static_cast<int>(ms.size());
-  if (ms.empty()) return s;
-  std::sort(ms.begin(), ms.end());
-  s.min_ms = ms.front();
-  s.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-  s.p90_ms = ms[std::min(ms.size() - 1, static_cast<size_t>(0.9 * static_cast<double>(ms.size())))];
-  double sum = 0;
-  for (float v : ms) sum += v;
-  s.mean_ms = sum / static_cast<double>(ms.size());
-  return s;
-}
-
 // The graph tensors of stage `s` that are cuDNN's dumped dropout masks:
 // reference inputs, not outputs to compare.
 std::set<std::string> dropout_masks(const ResolvedGraph& g) {
@@ -498,28 +484,10 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
   if (options.verify)
     FUSEBOX_RETURN_IF_ERROR(verify_pipeline(p, data, host, options.cpu_reference_max_flops, &r));
 
-  // Times `iters` calls of `run` (after `warmup`), each between two CUDA events.
   auto stream = static_cast<cudaStream_t>(session.context()->stream());
   auto time_runs = [&](const std::function<Status()>& run, LatencyStats* out) -> Status {
-    for (int i = 0; i < options.warmup; ++i) FUSEBOX_RETURN_IF_ERROR(run());
-    std::vector<cudaEvent_t> events(2 * static_cast<size_t>(options.iters), nullptr);
-    Status st;
-    for (auto& e : events)
-      if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
-    for (int i = 0; i < options.iters && st.ok(); ++i) {
-      cudaEventRecord(events[2 * i], stream);
-      st = run();
-      cudaEventRecord(events[2 * i + 1], stream);
-    }
-    if (st.ok()) st = ex->synchronize();
-    std::vector<float> ms(static_cast<size_t>(options.iters));
-    for (int i = 0; i < options.iters && st.ok(); ++i)
-      st =
-          cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
-    for (auto& e : events)
-      if (e) cudaEventDestroy(e);
-    FUSEBOX_RETURN_IF_ERROR(st);
-    *out = summarize(std::move(ms));
+    FUSEBOX_ASSIGN_OR_RETURN(*out, runtime::time_calls(stream, options.warmup, options.iters,
+                                                       [&](int) { return run(); }, where(p) + ": timed runs"));
     return Status::Ok();
   };
   auto eager = [&]() { return ex->execute(); };
@@ -558,25 +526,14 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
     }
     FUSEBOX_RETURN_IF_ERROR(graph->launch());
     FUSEBOX_RETURN_IF_ERROR(ex->synchronize());
-    cg.bit_identical = true;
+    std::map<std::string, HostTensor> eager_bytes, graph_bytes;
     for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
       const BufferKind k = p.buffers[bi].kind;
       if (k != BufferKind::kOutput && k != BufferKind::kIntermediate) continue;
-      FUSEBOX_ASSIGN_OR_RETURN(HostTensor again, ex->download(static_cast<int>(bi)));
-      const std::vector<uint8_t>& want = host[static_cast<int>(bi)].data;
-      cg.bytes_compared += static_cast<int64_t>(want.size());
-      int64_t differ = 0, first = -1;
-      for (size_t i = 0; i < want.size(); ++i)
-        if (want[i] != again.data[i]) {
-          if (first < 0) first = static_cast<int64_t>(i);
-          ++differ;
-        }
-      if (differ) {
-        cg.bit_identical = false;
-        cg.mismatches.push_back(p.buffers[bi].name + ": " + std::to_string(differ) + " of " +
-                                std::to_string(want.size()) + " bytes differ, first at byte " + std::to_string(first));
-      }
+      eager_bytes[p.buffers[bi].name] = host[static_cast<int>(bi)];
+      FUSEBOX_ASSIGN_OR_RETURN(graph_bytes[p.buffers[bi].name], ex->download(static_cast<int>(bi)));
     }
+    runtime::compare_bytes(eager_bytes, graph_bytes, cg);
     if (!cg.bit_identical) {
       std::string msg = where(p) + ": the CUDA graph's buffers differ from the eager run's (" + cg.recording +
                         " recording):";

@@ -48,22 +48,20 @@ struct GraphRunner {
   }
 };
 
-// `iters` launches of the graphs (rotating the input sets) each between two events.
-Result<LatencyStats> time_graphs(std::vector<CudaGraph>& graphs, GpuContext& ctx, int warmup, int iters) {
-  auto stream = static_cast<cudaStream_t>(ctx.stream());
-  const size_t n = graphs.size();
-  for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(graphs[i % n].launch());
-  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters));
+Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, const std::function<Status(int)>& run,
+                                const std::string& what) {
+  for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(run(i));
+  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters), nullptr);
   Status st;
   for (auto& e : events) {
     if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
   }
   for (int i = 0; i < iters && st.ok(); ++i) {
     cudaEventRecord(events[2 * i], stream);
-    st = graphs[(warmup + i) % n].launch();
+    st = run(warmup + i);
     cudaEventRecord(events[2 * i + 1], stream);
   }
-  if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "timed CUDA graph launches");
+  if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), what);
   std::vector<float> ms(static_cast<size_t>(iters));
   for (int i = 0; i < iters && st.ok(); ++i) {
     st = cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
@@ -73,6 +71,13 @@ Result<LatencyStats> time_graphs(std::vector<CudaGraph>& graphs, GpuContext& ctx
   }
   FUSEBOX_RETURN_IF_ERROR(st);
   return summarize(std::move(ms));
+}
+
+// `iters` launches of the graphs (rotating the input sets) each between two events.
+Result<LatencyStats> time_graphs(std::vector<CudaGraph>& graphs, GpuContext& ctx, int warmup, int iters) {
+  return time_calls(static_cast<cudaStream_t>(ctx.stream()), warmup, iters,
+                    [&](int i) { return graphs[static_cast<size_t>(i) % graphs.size()].launch(); },
+                    "timed CUDA graph launches");
 }
 
 // Samples through CUDA graphs: GPU time per execute of one graph of `calls`
@@ -138,28 +143,9 @@ void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::ma
 
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
                                int warmup, int iters) {
-  auto stream = static_cast<cudaStream_t>(ctx.stream());
-  for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(i), workspace));
-  std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters));
-  Status st;
-  for (auto& e : events) {
-    if (st.ok()) st = cuda_status(cudaEventCreate(&e), "cudaEventCreate");
-  }
-  for (int i = 0; i < iters && st.ok(); ++i) {
-    cudaEventRecord(events[2 * i], stream);
-    st = plan.execute(ctx, buffers.pointers(warmup + i), workspace);
-    cudaEventRecord(events[2 * i + 1], stream);
-  }
-  if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "timed runs of '" + plan.engine_name() + "'");
-  std::vector<float> ms(static_cast<size_t>(iters));
-  for (int i = 0; i < iters && st.ok(); ++i) {
-    st = cuda_status(cudaEventElapsedTime(&ms[i], events[2 * i], events[2 * i + 1]), "cudaEventElapsedTime");
-  }
-  for (auto& e : events) {
-    if (e) cudaEventDestroy(e);
-  }
-  FUSEBOX_RETURN_IF_ERROR(st);
-  return summarize(std::move(ms));
+  return time_calls(static_cast<cudaStream_t>(ctx.stream()), warmup, iters,
+                    [&](int i) { return plan.execute(ctx, buffers.pointers(i), workspace); },
+                    "timed runs of '" + plan.engine_name() + "'");
 }
 
 Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace, int calls,
