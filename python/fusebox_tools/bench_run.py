@@ -236,6 +236,7 @@ def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True, prepar
             notes.append(f"CUDA graph skipped: {type(e).__name__}: {first_line(e)}")
             if args.verbose:
                 traceback.print_exc()
+            torch.cuda.synchronize()
     torch.cuda.synchronize()
     return out
 
@@ -675,9 +676,53 @@ def bench_sdpa(path, graph, args, row):
         prepare()
         row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=not backward, graph_ok=True,
                                       prepare=prepare if backward else None)
+        if backward and row["torch"].get("eager") and row["torch"].get("cuda_graph") is None and best == "cudnn":
+            direct_bwd_graph(sets, kw, extra, fn, args, row["torch"], notes)
     if backward:
         notes.append("torch.compile not timed for the backward (autograd.grad of a saved forward)")
     del sets
+
+
+def direct_bwd_graph(sets, kw, extra, autograd_fn, args, torch_row, notes):
+    """torch's cuDNN SDPA backward as one aten call (no autograd engine) in a
+    CUDA graph, where autograd.grad would not capture: on the H200 the engine
+    makes the legacy stream wait on the capturing one (cudaErrorStreamCaptureImplicit).
+    The same kernel as the eager row; its gradients are checked against
+    autograd's before it is timed."""
+    if set(kw) - {"scale", "is_causal"} or extra or "page_table_k" in sets[0]:
+        notes.append("no direct aten backward for this mask, GQA or paged K/V: CUDA graph not timed")
+        return
+    fwd_op = torch.ops.aten._scaled_dot_product_cudnn_attention
+    bwd_op = torch.ops.aten._scaled_dot_product_cudnn_attention_backward
+    causal, scale = bool(kw.get("is_causal", False)), kw.get("scale")
+    try:
+        with torch.no_grad():
+            for s in sets:
+                q, k, v = (s[n].detach() for n in ("q", "k", "v"))
+                o, lse, cq, ck, mq, mk, seed, off, _ = fwd_op(q, k, v, None, True, 0.0, causal, False, scale=scale)
+                s["_aten"] = (q, k, v, o, lse, seed, off, cq, ck, mq, mk)
+
+        def fn(s):
+            q, k, v, o, lse, seed, off, cq, ck, mq, mk = s["_aten"]
+            return bwd_op(s["do"], q, k, v, o, lse, seed, off, None, cq, ck, mq, mk, 0.0, causal, scale=scale)
+
+        with torch.no_grad():
+            mine, ref = fn(sets[0]), autograd_fn(sets[0])
+            worst = max(float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+                        for a, b in zip(mine, ref))
+        if not worst <= 1e-2:
+            notes.append(f"direct aten backward differs from autograd's (rel_l2 {worst:.1e}): CUDA graph not timed")
+            return
+        torch_row["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup)
+        notes.append("torch CUDA graph: aten._scaled_dot_product_cudnn_attention_backward captured directly "
+                     f"(the eager row's kernel; gradients equal autograd's to rel_l2 {worst:.1e})")
+    except Exception as e:
+        notes.append(f"direct aten backward: {type(e).__name__}: {first_line(e)}")
+        if args.verbose:
+            traceback.print_exc()
+    finally:
+        for s in sets:
+            s.pop("_aten", None)
 
 
 def bench_graph(path, args):

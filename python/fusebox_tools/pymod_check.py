@@ -1,6 +1,6 @@
 """The Python module `fusebox` against the CLI on the GPU (issue 15's "done when").
 
-    python3 -m fusebox_tools.pymod_check [--fusebox BIN] [--json-out F] [GRAPH ...]
+    python3 -m fusebox_tools.pymod_check [--fusebox BIN] [--json-out F] [--no-overhead | --overhead-only] [GRAPH ...]
 
 For every example graph (default: examples/graphs and examples/graphs/small,
 not invalid_*): one plan built through `fusebox.Session` and saved as a plan
@@ -174,7 +174,9 @@ def main(argv=None):
     ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json-out")
-    ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--no-overhead", action="store_true", help="check the graphs only")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="measure the host cost only (on a quiet GPU: run it apart from other work)")
     a = ap.parse_args(argv)
     import fusebox as fb
 
@@ -182,7 +184,7 @@ def main(argv=None):
     check_graph.session = fb.Session(device=0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="pymod_check_") as work:
-        for path in a.graphs or default_graphs():
+        for path in [] if a.overhead_only else a.graphs or default_graphs():
             try:
                 row = check_graph(fusebox, path, a.seed, work)
             except Exception as e:  # one graph's failure is reported, the others still run
