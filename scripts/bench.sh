@@ -27,7 +27,8 @@
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
 # each row finishes: run again, it skips the rows done (FORCE=1 redoes them). On a
 # fresh machine carry .bench to resume. Everything written is also copied to $OUT
-# (the parts to $OUT/bench_parts/RUN/: copy them into .bench/RUN/ before the next call).
+# (the parts as $OUT/bench_parts.tgz: `tar xzf bench_parts.tgz` in the repository
+# root here restores .bench/RUN/ before the next call).
 # BENCH_CALLS (50) calls per GPU-time sample, BENCH_SAMPLES (10) samples; GRAPHS="a.json
 # b.json" benchmarks those graphs in the part instead of the examples.
 set -uo pipefail
@@ -82,7 +83,7 @@ for part in "${parts[@]}"; do
       args=(--part "$part" --out "$WORK/$part.json")
       [ -n "${FORCE:-}" ] && args+=(--force)
       # shellcheck disable=SC2086
-      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.bench_run "${args[@]}" ${GRAPHS:-} 2>&1 | tee "$OUT/bench_$part.log"
+      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.bench_run "${args[@]}" ${GRAPHS:-} 2>&1 | tee "$WORK/$part.log"
       rc=${PIPESTATUS[0]}
       [ "$rc" -eq 0 ] || { echo "bench: part $part exited $rc (rows done so far are kept; run it again to resume)"; fails=$((fails + 1)); }
       ;;
@@ -105,8 +106,9 @@ for part in "${parts[@]}"; do
       ;;
   esac
   echo "bench: $part took $((SECONDS - T0)) s"
-  # What the parts have so far comes back with every call.
-  mkdir -p "$OUT/bench_parts/$RUN" && cp "$WORK"/*.json "$OUT/bench_parts/$RUN/" 2>/dev/null
+  # What the parts have so far comes back with every call, as one file (the device
+  # tool returns a limited number of files; twelve part files did not all come back).
+  tar czf "$OUT/bench_parts.tgz" "$WORK" 2>/dev/null
 done
 echo "bench: $fails failed parts"
 [ "$fails" -eq 0 ]

@@ -50,7 +50,8 @@ struct RunOptions {
   // Also run through a CUDA graph (fusebox/cuda_graph.h): after the eager
   // execution, the graph is launched on re-poisoned outputs and its outputs
   // are compared byte for byte with the eager ones (a difference is an
-  // error); verification and timing then use the graph (one graph per input
+  // error; for a graph that is not bit-reproducible by design, see
+  // not_bit_reproducible(), within the outputs' tolerance instead); verification and timing then use the graph (one graph per input
   // set, launched in rotation; samples launch one graph of `iters` executes).
   bool cuda_graph = false;
 };
@@ -64,7 +65,21 @@ struct CudaGraphRun {
   int64_t bytes_compared = 0;
   std::vector<std::string> mismatches;  // "y: 12 of 4096 bytes differ, first at byte 8"
   double create_ms = 0;                 // recording and instantiating the graphs
+  // Set when the outputs may differ bitwise by design (not_bit_reproducible()):
+  // why; they were then compared within tolerance, and `within_tolerance` says
+  // whether every one passed (its comparison lines are in `mismatches`).
+  std::string not_reproducible;
+  bool within_tolerance = false;
 };
+
+// Why two executions of one plan for g may give different bits by design, or
+// "" when they repeat bit for bit: an sdpa backward without its deterministic
+// algorithm accumulates dq with atomics; reductions (reduce_* ops: a bias
+// gradient, a GEMM's row sums, amax) add partial sums in no fixed order (on
+// the H200 two runs of one plan differed in the last bits, though cuDNN sets
+// no NONDETERMINISTIC note). Engines cuDNN flags NONDETERMINISTIC are not
+// covered here: the plan's engine decides those.
+std::string not_bit_reproducible(const ResolvedGraph& g);
 
 struct LatencyStats {
   int iters = 0;

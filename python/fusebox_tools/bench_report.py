@@ -555,7 +555,7 @@ def plots(doc, stats, out_dir, rel_to=None):
     gpu = [s["speedup"] for s in stats if s["speedup"]]
     lat = [s["latency_speedup"] or 0 for s in stats if s["speedup"]]
     if names:
-        fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names) + 2), 4.5))
+        fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(names) + 2), 6))
         xs = range(len(names))
         ax.bar([x - 0.2 for x in xs], gpu, width=0.4, label="GPU time")
         ax.bar([x + 0.2 for x in xs], lat, width=0.4, label="latency")
@@ -563,11 +563,14 @@ def plots(doc, stats, out_dir, rel_to=None):
         ax.set_yscale("log")
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
-        from matplotlib.ticker import FuncFormatter
-        for axis in (ax.yaxis,):
-            axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
-            axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
-        ax.tick_params(axis="y", which="minor", labelsize=7)
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+        shown = [v for v in gpu + lat if v > 0]
+        lo, hi = min(shown + [1.0]), max(shown + [1.0])
+        ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if lo / 2 <= t <= hi * 2]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(axis="y", which="major", linewidth=0.3)
         ax.set_ylabel("speedup vs best PyTorch (log)")
         ax.set_title(f"fusebox vs best PyTorch variant, {doc.get('gpu', '')} {doc.get('date', '')[:10]}")
         ax.legend()
@@ -580,22 +583,29 @@ def plots(doc, stats, out_dir, rel_to=None):
     peaks = doc.get("peaks") or {}
     pts = [(r, s["roofline"]) for r, s in zip(rows, stats) if s["roofline"] and r.get("bytes") and r.get("flops")]
     if pts and peaks.get("bf16_tflops") and peaks.get("copy_gbps"):
-        fig, ax = plt.subplots(figsize=(7, 5))
+        fig, ax = plt.subplots(figsize=(9, 6))
         ai = [float(r["flops"]) / float(r["bytes"]) for r, _ in pts]
         lo, hi = min(ai + [1.0]) / 2, max(ai + [1e4]) * 2
         xs = [lo * (hi / lo) ** (k / 100) for k in range(101)]
         for key, label in (("bf16_tflops", "bf16"), ("fp8_tflops", "FP8")):
             if peaks.get(key):
                 ax.plot(xs, [min(peaks[key], x * peaks["copy_gbps"] / 1e3) for x in xs], label=f"roof ({label})")
-        ax.scatter(ai, [rf["tflops"] for _, rf in pts], color="C3", zorder=3)
+        # One colour per family; names only for points far under their roof (under 30%),
+        # which are the ones a reader looks for; the tables have every row.
+        families = sorted({r.get("family", "?") for r, _ in pts})
+        for k, fam in enumerate(families):
+            sel = [(x, rf) for (r, rf), x in zip(pts, ai) if r.get("family", "?") == fam]
+            ax.scatter([x for x, _ in sel], [rf["tflops"] for _, rf in sel], color=f"C{(k + 2) % 10}", zorder=3,
+                       label=fam, s=18)
         for (r, rf), x in zip(pts, ai):
-            ax.annotate(r["name"], (x, rf["tflops"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            if (rf.get("frac") or 1) < 0.3:
+                ax.annotate(r["name"], (x, rf["tflops"]), fontsize=7, xytext=(3, -9), textcoords="offset points")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("FLOP per byte moved")
         ax.set_ylabel("TFLOP/s (fusebox, median GPU time)")
         ax.set_title("Roofline with the measured peaks")
-        ax.legend()
+        ax.legend(fontsize=8, loc="lower right")
         fig.tight_layout()
         p = os.path.join(out_dir, "roofline.png")
         fig.savefig(p, dpi=110)

@@ -11,6 +11,7 @@
 
 #include "common/cuda_status.h"
 #include "fusebox/graph.h"
+#include "fusebox/reference.h"
 #include "fusebox/status.h"
 #include "fusebox/tensor.h"
 
@@ -77,6 +78,15 @@ Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, cons
 // by name: fills out.bit_identical, bytes_compared and mismatches.
 void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::map<std::string, HostTensor>& graph,
                    CudaGraphRun& out);
+// The CUDA graph's outputs against the eager run's: compare_bytes, and where
+// they differ but `not_reproducible` says why they may (not_bit_reproducible),
+// each output within tolerance(name) instead (out.not_reproducible,
+// out.within_tolerance, comparison lines in out.mismatches). VerificationFailed
+// naming `what` and the outputs when they do not match.
+Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
+                           const std::map<std::string, HostTensor>& graph, const std::string& not_reproducible,
+                           const std::function<Tolerance(const std::string&)>& tolerance, const std::string& what,
+                           CudaGraphRun& out);
 // Warm-up runs, then `iters` runs each timed with CUDA events, rotating the
 // input sets; median, min, p90, mean.
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,

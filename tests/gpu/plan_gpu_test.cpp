@@ -26,21 +26,9 @@ using testing::stem;
 // Both verify against the reference.
 const std::set<std::string> kDevicelessPlanNondeterministic = {"sdpa_decode"};
 
-// cuDNN's SDPA backward accumulates dq with atomics unless asked for its
-// deterministic algorithm ("deterministic": true), so only those graphs
-// repeat bit for bit. Such outputs are compared against the reference only.
-// Reductions (reduce_sum as a bias gradient, a GEMM's row sums) add their
-// partial sums in no fixed order: on the H200 two runs of the same plan
-// differed in the last bits (measured 2026-12-01, reduce_sum_bias_grad and
-// matmul_gelu_rowsum_small), though cuDNN sets no NONDETERMINISTIC note.
-bool bit_reproducible(const ResolvedGraph& g) {
-  for (const auto& op : g.ops) {
-    auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs);
-    if (bwd && !bwd->deterministic) return false;
-    if (std::holds_alternative<ReductionAttrs>(op.attrs)) return false;
-  }
-  return true;
-}
+// Graphs not bit-reproducible by design (fusebox::not_bit_reproducible: sdpa
+// backward atomics, reductions) are compared against the reference only.
+bool bit_reproducible(const ResolvedGraph& g) { return not_bit_reproducible(g).empty(); }
 
 // Whether cuDNN flags `engine` for g with the NONDETERMINISTIC numerical
 // note: e.g. convolution dgrad/wgrad engines that split the reduction and

@@ -151,6 +151,31 @@ def test_cuda_graph_capture_and_replay(cbr, session):
         assert err < 1e-2
 
 
+def test_repeated_calls_skip_checks_but_never_a_change(cbr):
+    """The second call with the same tensors takes the fast path (no checks, no rebinding);
+    new data in them is computed, and any change the checks would see goes through the checks."""
+    g, plan, x, w, b = cbr
+    y = poison(g.empty("y"))
+    plan(x=x, w=w, b=b, y=y)
+    assert plan._fast is not None  # the signature of this call is kept
+    x2 = x.clone(memory_format=torch.channels_last)
+    x.mul_(-0.5)  # new values in the same tensor: the fast path computes them
+    plan(x=x, w=w, b=b, y=y)
+    torch.cuda.synchronize()
+    assert rel_l2(y, cbr_reference(x, w, b)) < 1e-2
+    x.copy_(x2)
+    y2 = poison(g.empty("y"))  # another output pointer: checked and bound again
+    plan(x=x, w=w, b=b, y=y2)
+    torch.cuda.synchronize()
+    assert rel_l2(y2, cbr_reference(x, w, b)) < 1e-2
+    with pytest.raises(fusebox.InvalidArgument, match=r"tensor 'b' has dtype torch.float32; expected bf16"):
+        plan(x=x, w=w, b=b.float(), y=y2)  # right after a fast-path-eligible call
+    with pytest.raises(fusebox.InvalidArgument, match=r"tensor 'x' has strides .*channels_last"):
+        plan(x=x.contiguous(), w=w, b=b, y=y2)
+    with pytest.raises(fusebox.InvalidArgument, match="no tensor given for 'y'"):
+        plan(x=x, w=w, b=b)
+
+
 def test_errors_on_gpu(cbr):
     g, plan, x, w, b = cbr
     y = g.empty("y")

@@ -616,8 +616,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
         const CudaGraphRun& cg = r->cuda_graph;
         std::printf("  CUDA graph of %zu steps: %s recording", r->stages.size(), cg.recording.c_str());
         if (!cg.why_not_native.empty()) std::printf(" (not native: %s)", safe(cg.why_not_native).c_str());
-        std::printf(", made in %.2f ms; buffers bit-identical to eager: %s (%lld bytes compared)\n", cg.create_ms,
-                    cg.bit_identical ? "yes" : "no", static_cast<long long>(cg.bytes_compared));
+        std::printf(", made in %.2f ms; %s\n", cg.create_ms, common::printable(graph_equality(cg, "buffers"), true).c_str());
       }
       if (r->eager_latency.iters > 0)
         std::printf("  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms\n",

@@ -235,12 +235,27 @@ std::string cache_state(const PlanCache* cache, bool hit) {
   return hit ? "hit" : "miss";
 }
 
+std::string graph_equality(const CudaGraphRun& cg, const char* noun) {
+  std::string out = std::string(noun) + " bit-identical to eager: " + (cg.bit_identical ? "yes" : "no") + " (" +
+                    std::to_string(cg.bytes_compared) + " bytes compared)";
+  if (!cg.bit_identical && !cg.not_reproducible.empty()) {
+    out += "; not bit-reproducible by design (" + cg.not_reproducible + "), so compared within tolerance: " +
+           (cg.within_tolerance ? "yes" : "no");
+    for (const auto& m : cg.mismatches) out += "\n    " + m;
+  }
+  return out;
+}
+
 nlohmann::json to_json(const CudaGraphRun& cg) {
   if (!cg.used) return nullptr;
   return {{"recording", cg.recording},
           {"why_not_native", cg.why_not_native},
           {"bit_identical_to_eager", cg.bit_identical},
           {"bytes_compared", cg.bytes_compared},
+          {"not_bit_reproducible", cg.not_reproducible.empty() ? nlohmann::json(nullptr)
+                                                                : nlohmann::json(cg.not_reproducible)},
+          {"within_tolerance_of_eager", cg.not_reproducible.empty() ? nlohmann::json(nullptr)
+                                                                    : nlohmann::json(cg.within_tolerance)},
           {"mismatches", cg.mismatches},
           {"create_ms", cg.create_ms}};
 }

@@ -52,8 +52,12 @@ std::string format_bytes(int64_t bytes);
 void print_build_report(const BuildReport& r);
 // Where a plan came from: source, modes tried, cache, costs.
 nlohmann::json to_json(const PlanReport& r);
+// "outputs bit-identical to eager: yes (N bytes compared)", or for a graph not
+// bit-reproducible by design, why and the within-tolerance comparisons (one per line).
+std::string graph_equality(const CudaGraphRun& cg, const char* noun);
 // `run --cuda-graph` / `pipeline run --cuda-graph`: recording, why not native,
-// bit_identical_to_eager, bytes_compared, mismatches, create_ms; null when unused.
+// bit_identical_to_eager, bytes_compared, not_bit_reproducible,
+// within_tolerance_of_eager, mismatches, create_ms; null when unused.
 nlohmann::json to_json(const CudaGraphRun& cg);
 // The heuristic modes tried before the one that served (or all, on failure).
 void print_attempts(const PlanReport& r);
