@@ -418,12 +418,17 @@ def sdpa_backward(ins, op):
     forward math above, from q, k, v and the given "do". The given o and stats
     are not used (cuDNN's backward reads them; they must be the forward's).
     GQA: each kv head's block is used by its g query heads through matmul
-    broadcasting, so autograd sums their gradients into dk, dv."""
+    broadcasting, so autograd sums their gradients into dk, dv. With attention
+    sinks ("sink_token") the sink logit joins every row's softmax as in
+    sdpa_forward, and with a "dsink_token" output its gradient comes back too."""
     q, k, v, do = (ins[r].float() for r in ("q", "k", "v", "do"))
     opts, (B, Hq, Sq, D, Hk, Skv, Dv, g), dev, lq_all, lkv_all, slopes, keep_scale = _sdpa_setup(ins, op)
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
+    sink = None
+    if "sink_token" in ins:
+        sink = ins["sink_token"].reshape(-1).float().detach().clone().requires_grad_(True)
     with torch.enable_grad():
         for b in range(B):
             lq, lkv = int(lq_all[b]), int(lkv_all[b])
@@ -436,7 +441,14 @@ def sdpa_backward(ins, op):
                     q_blk = q[b, heads.start:heads.stop, r0:r1].detach().clone().requires_grad_(True)
                     s, keep = _score_block(q_blk, k_h, opts, rows, heads, b, lq, lkv, ins, slopes,
                                            opts.attn_scale)
+                    if sink is not None:  # one more logit per row, always kept, with no value
+                        col = sink[heads.start:heads.stop].view(-1, 1, 1).expand(-1, s.shape[1], 1)
+                        s = torch.cat([s, col], dim=-1)
+                        keep = torch.cat([torch.broadcast_to(keep, s.shape[:-1] + (s.shape[-1] - 1,)),
+                                          torch.ones(s.shape[:-1] + (1,), dtype=torch.bool, device=dev)], dim=-1)
                     p, _ = _masked_softmax(s, keep)
+                    if sink is not None:
+                        p = p[..., :-1]
                     if keep_scale is not None:
                         p = p * keep_scale[b, heads.start:heads.stop, r0:r1]
                     o_blk = torch.matmul(p, v_h)
@@ -444,7 +456,11 @@ def sdpa_backward(ins, op):
                     dq[b, heads.start:heads.stop, r0:r1] = q_blk.grad
                 dk[b, hk] = k_h.grad
                 dv[b, hk] = v_h.grad
-    return {"dq": dq, "dk": dk, "dv": dv}
+    out = {"dq": dq, "dk": dk, "dv": dv}
+    if sink is not None and "dsink_token" in op.get("outputs", {}):
+        grad = sink.grad if sink.grad is not None else torch.zeros_like(sink)
+        out["dsink_token"] = grad.detach().reshape(1, Hq, 1, 1)
+    return out
 
 
 FP8_E5M2_MAX = 57344.0

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <string>
@@ -358,9 +359,101 @@ TEST(SdpaSinkResolve, RulesAndMessages) {
     for (const std::string& n : needles)
       EXPECT_NE(bad.status().message().find(n), std::string::npos) << n << ": " << bad.status().message();
   }
+  // sdpa_bwd takes the sink (its stats include it); without a dsink_token output it writes no gradient.
   auto bwd = resolve_json(sink_json("sdpa_bwd", "[1, 2, 1, 1]", "fp32"));
-  ASSERT_FALSE(bwd.ok());
-  EXPECT_NE(bwd.status().message().find("forwards only"), std::string::npos) << bwd.status().message();
+  ASSERT_TRUE(bwd.ok()) << bwd.status().ToString();
+  EXPECT_TRUE(std::get<SdpaBwdAttrs>(bwd->ops[0].attrs).sink);
+  EXPECT_FALSE(std::get<SdpaBwdAttrs>(bwd->ops[0].attrs).sink_grad);
+}
+
+// sink_json("sdpa_bwd") with a "dsink_token" output (tensor "ds", dims given or inferred).
+std::string sink_bwd_json(const std::string& ds_tensor = R"({"name": "ds", "dtype": "fp32"})",
+                          bool with_sink = true) {
+  std::string j = sink_json("sdpa_bwd", "[1, 2, 1, 1]", "fp32");
+  const std::string outs = R"({"dq": "dq", "dk": "dk", "dv": "dv"})";
+  j.replace(j.find(outs), outs.size(), R"({"dq": "dq", "dk": "dk", "dv": "dv", "dsink_token": "ds"})");
+  const std::string last = R"({"name": "dv"}],)";
+  j.replace(j.find(last), last.size(), R"({"name": "dv"}, )" + ds_tensor + "],");
+  if (!with_sink) {
+    const std::string in = R"(, "sink_token": "sink"})";
+    j.replace(j.find(in), in.size(), "}");
+  }
+  return j;
+}
+
+TEST(SdpaSinkResolve, BackwardSinkGradientRulesAndMessages) {
+  auto r = resolve_json(sink_bwd_json());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(std::get<SdpaBwdAttrs>(r->ops[0].attrs).sink_grad);
+  EXPECT_NE(describe(*r).find("sink gradient"), std::string::npos) << describe(*r);
+  const ResolvedTensor& ds = r->tensors[r->find_tensor("ds")];
+  EXPECT_EQ(ds.dims, (std::vector<int64_t>{1, 2, 1, 1}));
+  EXPECT_EQ(ds.dtype, DType::kFP32);
+  // fingerprints: the gradient output changes the graph
+  auto plain = resolve_json(sink_json("sdpa_bwd", "[1, 2, 1, 1]", "fp32"));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_NE(graph_fingerprint(*r), graph_fingerprint(*plain));
+
+  auto no_sink = resolve_json(sink_bwd_json(R"({"name": "ds", "dtype": "fp32"})", false));
+  ASSERT_FALSE(no_sink.ok());
+  EXPECT_NE(no_sink.status().message().find("dsink_token"), std::string::npos) << no_sink.status().message();
+  EXPECT_NE(no_sink.status().message().find("'sink_token'"), std::string::npos) << no_sink.status().message();
+
+  auto bf16 = resolve_json(sink_bwd_json(R"({"name": "ds", "dtype": "bf16"})"));
+  ASSERT_FALSE(bf16.ok());
+  EXPECT_NE(bf16.status().message().find("fp32"), std::string::npos) << bf16.status().message();
+  auto dims = resolve_json(sink_bwd_json(R"({"name": "ds", "dtype": "fp32", "dims": [1, 1, 1, 2]})"));
+  ASSERT_FALSE(dims.ok());
+  EXPECT_NE(dims.status().message().find("[1, 2, 1, 1]"), std::string::npos) << dims.status().message();
+}
+
+// The CPU reference's dsink against a central difference of the forward
+// reference: L(sink) = sum(do * o(sink)), dL/dsink[h] by (L(+e) - L(-e)) / 2e,
+// with the backward fed the forward's o and stats (as fusebox derives them).
+TEST(SdpaSinkReferenceCpu, SinkGradientIsTheDerivativeOfTheForward) {
+  auto fwd = resolve_json(sink_json("sdpa_fwd", "[1, 2, 1, 1]", "fp32"));
+  auto bwd = resolve_json(sink_bwd_json());
+  ASSERT_TRUE(fwd.ok()) << fwd.status().ToString();
+  ASSERT_TRUE(bwd.ok()) << bwd.status().ToString();
+  std::map<std::string, HostTensor> in;
+  for (const char* name : {"q", "k", "v", "do"}) {
+    const ResolvedTensor& t = bwd->tensors[bwd->find_tensor(name)];
+    in[name] = random_tensor(t, 31 + static_cast<int>(std::string(name).size()) * 7 + name[0]);
+  }
+  const ResolvedTensor& sink_t = fwd->tensors[fwd->find_tensor("sink")];
+  auto forward = [&](double s0, double s1) {
+    std::map<std::string, HostTensor> f = {{"q", in["q"]}, {"k", in["k"]}, {"v", in["v"]},
+                                           {"sink", host_from(sink_t, {s0, s1})}};
+    return reference_cpu(*fwd, f);
+  };
+  auto base = forward(0.5, -1.0);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  const std::vector<float> dout = in["do"].to_float_logical();
+  auto loss = [&](const ReferenceOutputs& r) {
+    double l = 0;
+    const std::vector<float>& o = r.at("o");
+    for (size_t i = 0; i < o.size(); ++i) l += static_cast<double>(o[i]) * dout[i];
+    return l;
+  };
+  std::map<std::string, HostTensor> b = in;
+  b["sink"] = host_from(sink_t, {0.5, -1.0});
+  const ResolvedTensor& o_t = bwd->tensors[bwd->find_tensor("o_in")];
+  const ResolvedTensor& st_t = bwd->tensors[bwd->find_tensor("st")];
+  b["o_in"] = host_from(o_t, std::vector<double>(base->at("o").begin(), base->at("o").end()));
+  b["st"] = host_from(st_t, std::vector<double>(base->at("stats").begin(), base->at("stats").end()));
+  auto grads = reference_cpu(*bwd, b);
+  ASSERT_TRUE(grads.ok()) << grads.status().ToString();
+  const double e = 1e-3;
+  for (int h = 0; h < 2; ++h) {
+    auto plus = forward(0.5 + (h == 0 ? e : 0), -1.0 + (h == 1 ? e : 0));
+    auto minus = forward(0.5 - (h == 0 ? e : 0), -1.0 - (h == 1 ? e : 0));
+    ASSERT_TRUE(plus.ok() && minus.ok());
+    const double fd = (loss(*plus) - loss(*minus)) / (2 * e);
+    const double got = grads->at("ds")[h];
+    std::printf("[ sink ] head %d: dsink %.6f, central difference %.6f\n", h, got, fd);
+    EXPECT_NEAR(got, fd, 2e-3 + 2e-2 * std::abs(fd)) << "head " << h;
+    EXPECT_GT(std::abs(fd), 1e-2) << "head " << h << ": a sink gradient of ~0 tests nothing";
+  }
 }
 
 // q = 0: every kept score is 0, so with n kept keys P = 1 / (n + exp(sink)),

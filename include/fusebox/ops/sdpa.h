@@ -65,6 +65,8 @@ struct SdpaOptions {
   // every row's softmax without a value: stats = log(exp(sink[h]) + sum over
   // kept j of exp(s_ij)), P_ij = exp(s_ij - stats) (a row sums to < 1),
   // o = P @ v. A row that keeps no key gets o = 0, stats = sink[h].
+  // sdpa_bwd takes the same input (with the forward's stats, which include
+  // the sink) and, with sink_grad, writes its gradient.
   bool sink = false;
 };
 
@@ -87,6 +89,11 @@ struct SdpaFwdAttrs : SdpaOptions {
 struct SdpaBwdAttrs : SdpaOptions {
   // cuDNN's deterministic backward (no atomics in dq): bit-reproducible, slower.
   bool deterministic = false;
+  // Output "dsink_token", fp32 [1,Hq,1,1] (cuDNN's set_dsink_token; needs the
+  // "sink_token" input): dL/dsink[h] = -sum over b, i of exp(sink[h] -
+  // stats[b,h,i]) * sum_d(do * o)[b,h,i], the sink's share of each row's
+  // softmax times the row's dP . P (a sink takes probability from every key).
+  bool sink_grad = false;
 };
 
 // sdpa_fp8_fwd (FP8 e4m3 q, k, v; cuDNN 9.19 on Hopper: fp8 output, no bias,

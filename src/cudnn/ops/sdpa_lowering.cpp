@@ -72,6 +72,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& bwd
                    .set_compute_data_type(to_fe(op.compute_dtype))
                    .set_deterministic_algorithm(bwd.deterministic);
   apply_sdpa_options(attrs, bwd, scale, ctx);
+  if (bwd.sink) attrs.set_sink_token(ctx.in("sink_token"));
+  if (bwd.sink_grad) attrs.set_dsink_token(ctx.create_output("dsink_token"));
   if (bwd.alibi) attrs.set_alibi_mask(true);
   if (bwd.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
   auto [dq, dk, dv] = ctx.graph().sdpa_backward(ctx.in("q"), ctx.in("k"), ctx.in("v"), ctx.in("o"),

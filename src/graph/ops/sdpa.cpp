@@ -102,6 +102,7 @@ std::vector<std::string_view> sdpa_output_roles(const T& a) {
     if (a.generate_stats) r.push_back("stats");
   } else if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     r = {"dq", "dk", "dv"};
+    if (a.sink_grad) r.push_back("dsink_token");
   } else if constexpr (std::is_same_v<T, SdpaFp8FwdAttrs>) {
     r = {"o", "amax_s", "amax_o"};
     if (a.generate_stats) r.push_back("stats");
@@ -160,6 +161,12 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
   a.dump_dropout_mask = op.outputs.count("dropout_mask") > 0;
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "deterministic", a.deterministic));
+    a.sink_grad = op.outputs.count("dsink_token") > 0;  // dsink_token -> the sink's gradient
+    if (a.sink_grad && !a.sink) {
+      return r.err(path + ".outputs.dsink_token",
+                   "a 'dsink_token' output is the gradient of the sink logits: give the forward's 'sink_token' "
+                   "input too");
+    }
   } else if (v.contains("deterministic")) {
     return r.err(path + ".deterministic", "only sdpa_bwd has a deterministic variant");
   }
@@ -430,9 +437,9 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
     }
   }
   if (o.sink) {
-    if constexpr (kIsBwd<T>) {
-      return InvalidArgument(ctx.in_where("sink_token") + ": fusebox has attention sinks in the forwards only "
-                             "(sdpa_fwd, sdpa_fp8_fwd); remove 'sink_token' from " + type);
+    if constexpr (std::is_same_v<T, SdpaFp8BwdAttrs>) {
+      return InvalidArgument(ctx.in_where("sink_token") + ": fusebox has attention sinks in sdpa_fwd, "
+                             "sdpa_fp8_fwd and sdpa_bwd, not in the FP8 backward; remove 'sink_token' from " + type);
     }
     FUSEBOX_RETURN_IF_ERROR(check_small("sink_token", DType::kFP32, {1, d.Hq, 1, 1},
                                         "the sink token (one fp32 logit per query head)"));
@@ -543,6 +550,16 @@ struct SdpaOutputs {
     FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("stats", dims, dense_strides_like(dims, {}), DType::kFP32));
     return check("stats", {DType::kFP32}, "cuDNN writes stats in fp32 only");
   }
+  Status dsink() const {
+    const std::vector<int64_t> dims = {1, d.Hq, 1, 1};
+    FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("dsink_token", dims, dense_strides_like(dims, {}), DType::kFP32));
+    const ResolvedTensor& t = ctx.out("dsink_token");
+    if (t.dims != dims) {
+      return InvalidArgument(ctx.out_where("dsink_token") + " has dims " + dims_string(t.dims) +
+                             ": the sink gradient is like the sink token, fp32 " + dims_string(dims));
+    }
+    return check("dsink_token", {DType::kFP32}, "the sink gradient is fp32, like the sink token");
+  }
   Status dropout_mask() const {
     const std::vector<int64_t> dims = {d.B, d.Hq, d.Sq, d.Skv};
     FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("dropout_mask", dims, dense_strides_like(dims, {}), DType::kFP32));
@@ -568,6 +585,7 @@ Status sdpa_infer(const InferContext& ctx, T& a) {
     FUSEBOX_RETURN_IF_ERROR(out.amax({"amax_dq", "amax_dk", "amax_dv", "amax_dp"}));
   } else {
     FUSEBOX_RETURN_IF_ERROR(out.gradients({DType::kBF16, DType::kFP16}, "sdpa_bwd writes gradients in bf16 or fp16"));
+    if (a.sink_grad) FUSEBOX_RETURN_IF_ERROR(out.dsink());
   }
   return Status::Ok();
 }
@@ -592,7 +610,10 @@ void sdpa_canonical(const T& a, CanonicalWriter& w) {
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     w.field("stats", a.generate_stats);
   }
-  if constexpr (std::is_same_v<T, SdpaBwdAttrs>) w.field("deterministic", a.deterministic);
+  if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
+    w.field("deterministic", a.deterministic);
+    if (a.sink_grad) w.field("sink_grad", true);  // absent without: fingerprints stay as they were
+  }
 }
 
 template <typename T>
@@ -609,6 +630,7 @@ void sdpa_describe(const T& a, std::ostream& os) {
   if (a.sink) os << ", sink tokens";
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     if (a.deterministic) os << ", deterministic";
+    if (a.sink_grad) os << ", sink gradient";
   }
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     if (a.generate_stats) os << ", stats";
@@ -641,7 +663,10 @@ void sdpa_resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_j
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     j["generate_stats"] = a.generate_stats;
   }
-  if constexpr (std::is_same_v<T, SdpaBwdAttrs>) j["deterministic"] = a.deterministic;
+  if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
+    j["deterministic"] = a.deterministic;
+    j["sink_grad"] = a.sink_grad;
+  }
 }
 
 // 2*B*Hq*(D+Dv) per kept (query, key) pair; backward 2.5 times that (five

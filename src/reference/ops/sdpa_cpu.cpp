@@ -54,6 +54,7 @@ Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
     if (role == "stats") return stats_dims;
     if (role == "seq_len_q" || role == "seq_len_kv") return len_dims;
     if (role == "dropout_mask") return {s.B, s.Hq, s.Sq, s.Skv};
+    if (role == "dsink_token") return {1, s.Hq, 1, 1};
     if (role == "dq") return q.dims;
     if (role == "dk") return k.dims;
     if (role == "dv") return v.dims;
@@ -250,8 +251,11 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
 // dk and dv summed over the query heads that share a kv head. One pass per
 // query row (Di, dq), then one per key row (dk, dv), so that each thread owns
 // the rows it writes. Padded rows and keys (and keys no row keeps) stay 0.
+// With attention sinks and `dsink`: dsink[h] = -sum over the rows of head h
+// of exp(sink[h] - stats_i) * Di (the sink's probability takes from every
+// key's, so d stats / d sink = P_sink; padded rows are not rows).
 void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, const SdpaDropout& drop,
-                   const SdpaTensors& t, Values* dq, Values* dk, Values* dv) {
+                   const SdpaTensors& t, Values* dq, Values* dk, Values* dv, const Values* sink, Values* dsink) {
   const Values &q = t["q"], &k = t["k"], &v = t["v"], &o = t["o"], &dout = t["do"], &stats = t["stats"];
   const int64_t rows = sh.B * sh.Hq * sh.Sq, G = sh.group();
   std::vector<double> Di(static_cast<size_t>(rows));
@@ -308,6 +312,17 @@ void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, cons
       for (int64_t d = 0; d < sh.Dv; ++d) dv->data[key * sh.Dv + d] = static_cast<float>(acc_v[d]);
     }
   });
+  if (sink && dsink) {
+    for (int64_t h = 0; h < sh.Hq; ++h) {
+      double acc = 0;
+      for (int64_t b = 0; b < sh.B; ++b)
+        for (int64_t i = 0; i < sc.lq(b); ++i) {
+          const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
+          acc += std::exp(static_cast<double>(sink->data[h]) - stats.data[row]) * Di[row];
+        }
+      dsink->data[h] = static_cast<float>(-acc);
+    }
+  }
 }
 
 // One value of a single-element input (an fp8 scale).
@@ -334,7 +349,8 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind, const
     return it == t.out.end() ? nullptr : it->second;
   };
   if (kind == SdpaKind::kBwd) {
-    sdpa_backward(sc, sh, attn_scale, drop, t, out("dq"), out("dk"), out("dv"));
+    sdpa_backward(sc, sh, attn_scale, drop, t, out("dq"), out("dk"), out("dv"), o.sink ? &t["sink_token"] : nullptr,
+                  out("dsink_token"));
     return Status::Ok();
   }
   Fp8Scales scales;

@@ -296,6 +296,25 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a,
   }
 }
 
+// sdpa_bwd with attention sinks, one block per query head h (after the dq
+// kernel wrote Di): dsink[h] = -sum over b and the rows i < len_q(b) of
+// exp(sink[h] - stats[b,h,i]) * Di (the CPU reference's sdpa_backward).
+__global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dsink_kernel(SdpaArgs a, SdpaBwdArgs w, float* dsink) {
+  __shared__ float red[kSdpaThreads / 32];
+  const int64_t h = blockIdx.x;
+  const float sink = load_at(a.sink, h * a.sink.strides[1]);
+  float part = 0.0f;
+  for (int64_t b = 0; b < a.B; ++b) {
+    const int64_t lq = sdpa_len_q(a, b);
+    for (int64_t i = threadIdx.x; i < lq; i += kSdpaThreads) {
+      const int64_t row = (b * a.Hq + h) * a.Sq + i;
+      part += expf(sink - load_at(w.stats, row_offset(w.stats, b, h, i))) * w.di[row];
+    }
+  }
+  const float total = block_reduce<kSdpaThreads>(part, false, red);
+  if (threadIdx.x == 0) dsink[h] = -total;
+}
+
 // Checks an int32 [B,1,1,1] length input and that every length is in [0, full]
 // (copied to the host once: a bad length would make the kernels read out of bounds).
 Result<const int*> seq_lens(GpuOpContext& ctx, const ResolvedOp& op, const char* role, const Located& l, int64_t B, int64_t full) {
@@ -473,6 +492,15 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
       sdpa_bwd_dkdv_kernel<<<static_cast<unsigned>(keys), kSdpaThreads, key_smem, stream>>>(a, w, out["dk"],
                                                                                             out["dv"]);
       FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+    }
+    if (out.count("dsink_token")) {
+      if (rows == 0) {
+        FUSEBOX_CUDA_RETURN(op_where(op),
+                            cudaMemsetAsync(out["dsink_token"], 0, static_cast<size_t>(a.Hq) * sizeof(float), stream));
+      } else {
+        sdpa_bwd_dsink_kernel<<<static_cast<unsigned>(a.Hq), kSdpaThreads, 0, stream>>>(a, w, out["dsink_token"]);
+        FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+      }
     }
     return Status::Ok();
   }
