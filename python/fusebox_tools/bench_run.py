@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebox_tools import sdpa_compare, torch_compare
-from fusebox_tools.bench_report import SCHEMA
+from fusebox_tools.bench_report import SCHEMA, model_target
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
 PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes", "models")
@@ -948,22 +948,6 @@ MODEL_RUNS = {
 }
 MODEL_DEFAULT = ("minilm_b1_s32", "minilm_b32_s128", "minilm_b256_s128", "resnet50_b1", "resnet50_b32",
                  "resnet50_b256")
-# Issue 14's targets: best PyTorch GPU time / fusebox's at least this.
-# MiniLM 1.5x at batch 1, 1.2x at the larger sizes; ResNet-50 1.3x at batch 1,
-# 1.1x at 256 (batches between: held to the large-batch target).
-MODEL_TARGETS = {"minilm": (1.5, 1.2), "resnet50": (1.3, 1.1)}
-
-
-def model_target(name):
-    """Issue 14's speedup target of a models row (None for an unknown model)."""
-    import re
-    mm = re.match(r"^(minilm|resnet50)_b(\d+)", name)
-    if not mm:
-        return None
-    small, large = MODEL_TARGETS[mm.group(1)]
-    return small if int(mm.group(2)) == 1 else large
-
-
 def model_selection(env=None):
     """The MODEL_RUNS names to run: $MODEL_SIZES (comma list) or MODEL_DEFAULT.
     An unknown name is a ValueError naming the accepted ones."""
