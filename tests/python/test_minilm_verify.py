@@ -85,6 +85,7 @@ def test_ranking_identical_and_monotone_changes_pass():
     r = rng.uniform(-0.2, 1, 300)
     res = ms.ranking_check(r, r, tie=0.0)
     assert res["ok"] and res["overtaken"] == 0 and res["spearman"] == pytest.approx(1.0) and res["first"] is None
+    assert res["resolution"] == 0.0
     res = ms.ranking_check(r, 0.5 * r + 0.1, tie=0.0)  # any increasing map keeps the ranking
     assert res["ok"] and res["max_abs_change"] > 0.1
 
@@ -103,7 +104,7 @@ def test_ranking_swap_beyond_and_within_tie():
     f = r.copy()
     f[[3, 4]] = [0.506, 0.504]      # swapped within the tie: accepted, counted strictly
     res = ms.ranking_check(r, f, tie=0.01)
-    assert res["ok"] and res["overtaken"] == 0 and res["overtaken_strict"] == 1
+    assert res["ok"] and res["overtaken"] == 0 and res["resolution"] == pytest.approx(0.005)
     # a tie in fusebox of two pairs the reference separates is a disagreement
     f = r.copy()
     f[2] = f[1]
@@ -121,6 +122,9 @@ def test_ranking_matches_brute_force(tie):
         f = r + rng.normal(0, 0.02, 40)
         res = ms.ranking_check(r, f, tie)
         bad = brute_force(r, f, tie)
+        gaps = [r[q] - r[p] for p in range(len(r)) for q in range(len(r)) if r[q] > r[p] and f[p] >= f[q]]
+        assert res["resolution"] == pytest.approx(max(gaps, default=0.0))
+        assert res["ok"] == (res["resolution"] <= tie)
         assert res["overtaken"] == len(bad) and res["ok"] == (not bad)
         if bad:  # the first disagreement: the overtaken pair lowest in the reference's order
             q = res["first"]["higher_in_reference"]["pair_index"]
