@@ -24,8 +24,10 @@ embedded by fusebox's pipeline and by the reference, same weights.
                           Transformer loaded from a folder written here with the same
                           (converted, bf16-rounded) weights and tokenizer.json; its own
                           tokenization (compared with ours: reported) at its
-                          max_seq_length (256, sentence_bert_config.json of the model) or at
-                          S when some sentence is truncated at S
+                          max_seq_length (256: sentence_bert_config.json, read from --hf when
+                          there) or at S when some sentence is truncated at S (the
+                          same tokens on both sides). The tokenizer.json of the model
+                          truncates at 128 itself; both sides override that.
    transformers           transformers' BertModel with those weights (eager attention), our
                           tokens, masked mean over the real tokens, L2 normalisation: what
                           sentence-transformers computes for this model
@@ -67,6 +69,21 @@ from fusebox_tools import minilm as m
 from fusebox_tools import minilm_sentences as ms
 
 ST_MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
+
+
+def st_max_seq_length(hf_dir):
+    """(max_seq_length, where from): the model's sentence_bert_config.json
+    (scripts/fetch_minilm.sh unpacks it into models/minilm/hf) when present,
+    else 256, what that file holds for all-MiniLM-L6-v2."""
+    path = os.path.join(hf_dir or "", "sentence_bert_config.json")
+    try:
+        with open(path) as f:
+            v = json.load(f).get("max_seq_length")
+        if isinstance(v, int) and v > 0:
+            return v, path
+    except (OSError, ValueError, AttributeError):
+        pass
+    return ST_MAX_SEQ_LENGTH, "built in (sentence_bert_config.json of all-MiniLM-L6-v2)"
 
 
 def token_counts(tokenizer_json, sentences):
@@ -194,7 +211,8 @@ def _st_reference(args, p, cfg, sentences, truncated):
     folder = tempfile.mkdtemp(prefix="minilm_st_")
     try:
         write_hf_folder(p, cfg, os.path.join(args.model, "host", "tokenizer.json"), folder)
-        max_len = args.seq if truncated else ST_MAX_SEQ_LENGTH
+        st_len, st_from = st_max_seq_length(args.hf)
+        max_len = args.seq if truncated else st_len
         tr = models.Transformer(folder, max_seq_length=max_len)
         pool = models.Pooling(tr.get_word_embedding_dimension(), pooling_mode="mean")
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -216,6 +234,7 @@ def _st_reference(args, p, cfg, sentences, truncated):
         "reference": "sentence-transformers", "version": sentence_transformers.__version__,
         "torch": torch.__version__, "device": dev, "dtype": "float32 (TF32 off)",
         "modules": "Transformer (BertModel, same weights) + Pooling(mean) + Normalize", "max_seq_length": max_len,
+        "model_max_seq_length": st_len, "model_max_seq_length_from": st_from,
         "tokens_differ": len(differ), "tokens_differ_first": differ[:5]}
 
 
@@ -298,6 +317,8 @@ def summary_lines(doc):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
+    ap.add_argument("--hf", default="models/minilm/hf",
+                    help="the unpacked model (its sentence_bert_config.json: max_seq_length), when present")
     ap.add_argument("--sentences", type=int, default=200, help="how many generated sentences (default 200)")
     ap.add_argument("--seed", type=int, default=14, help="the sentence generator's seed")
     ap.add_argument("--batch", type=int, default=50, help="sentences per pipeline run (the pipeline's B)")

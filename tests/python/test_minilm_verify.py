@@ -263,3 +263,11 @@ def test_bad_arguments_exit_2(tiny_model, tmp_path, capsys):
     assert mv.main(["--model", tiny_model, "--sentences", "1", "--emulate"]) == 2
     assert mv.main(["--model", tiny_model, "--seq", "4096", "--emulate"]) == 2
     assert "exceeds" in capsys.readouterr().err
+
+
+def test_st_max_seq_length(tmp_path):
+    assert mv.st_max_seq_length(str(tmp_path))[0] == 256
+    (tmp_path / "sentence_bert_config.json").write_text('{"max_seq_length": 384, "do_lower_case": false}')
+    assert mv.st_max_seq_length(str(tmp_path)) == (384, str(tmp_path / "sentence_bert_config.json"))
+    (tmp_path / "sentence_bert_config.json").write_text('[1, 2]')
+    assert mv.st_max_seq_length(str(tmp_path))[0] == 256
