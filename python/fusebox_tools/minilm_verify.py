@@ -32,7 +32,8 @@ embedded by fusebox's pipeline and by the reference, same weights.
                           tokens, masked mean over the real tokens, L2 normalisation: what
                           sentence-transformers computes for this model
    numpy                  fusebox_tools.minilm.reference, float32 (CPU)
-   auto (default)         the first of these that imports. The JSON says which one ran.
+   auto (default)         the first of these that imports and runs (the JSON says which one
+                          ran, and why the ones before it did not: `not_used`).
 5. Checks: per-sentence cosine of the two embeddings >= --min-cos (0.999) for
    every sentence; the similarity ranking of all sentence pairs unchanged
    (minilm_sentences.ranking_check: no two pairs whose reference
@@ -159,15 +160,19 @@ def reference_embeddings(args, p, cfg, sentences, truncated, log):
     for kind in (["sentence-transformers", "transformers", "numpy"] if want == "auto" else [want]):
         try:
             if kind == "sentence-transformers":
-                return _st_reference(args, p, cfg, sentences, truncated)
-            if kind == "transformers":
-                return _hf_reference(args, p, cfg, sentences)
-            return _numpy_reference(args, p, cfg, sentences)
-        except ImportError as e:
-            tried.append(f"{kind}: {e}")
-            log(f"reference {kind} not available ({e})")
-            if want != "auto":
+                emb, info = _st_reference(args, p, cfg, sentences, truncated)
+            elif kind == "transformers":
+                emb, info = _hf_reference(args, p, cfg, sentences)
+            else:
+                emb, info = _numpy_reference(args, p, cfg, sentences)
+            if tried:
+                info["not_used"] = tried
+            return emb, info
+        except Exception as e:  # auto: the next reference, saying why; a named one: the error
+            if want != "auto" or isinstance(e, KeyboardInterrupt):
                 raise
+            tried.append(f"{kind}: {type(e).__name__}: {str(e)[:300]}")
+            log(f"reference {kind} not used ({type(e).__name__}: {str(e)[:300]})")
     raise ImportError("no reference available: " + "; ".join(tried))
 
 
@@ -295,7 +300,8 @@ def summary_lines(doc):
          f"{doc['truncated']} truncated",
          f"  fusebox: {doc['fusebox'].get('pipeline')}",
          f"  reference: {ref.get('reference')} {ref.get('version', '')} ({ref.get('model') or ref.get('modules', '')})"
-         + (f"; its tokens differ from ours for {ref['tokens_differ']} sentences" if "tokens_differ" in ref else ""),
+         + (f"; its tokens differ from ours for {ref['tokens_differ']} sentences" if "tokens_differ" in ref else "")
+         + (f"; not used: {' | '.join(ref['not_used'])}" if ref.get("not_used") else ""),
          f"  cosine per sentence: min {c['min']:.6f}, median {c['median']:.6f}, {c['below']} below {c['min_cos']}"
          f": {'ok' if c['ok'] else 'FAIL'}"]
     for w in c["worst"]:
@@ -371,9 +377,9 @@ def main(argv=None):
         t0 = time.time()
         ref, doc["reference"] = reference_embeddings(a, p, cfg, sentences, truncated, log)
         doc["reference"]["seconds"] = round(time.time() - t0, 1)
-    except (RuntimeError, ImportError, OSError, m.MiniLMError) as e:
-        print(f"minilm_verify: {e}", file=sys.stderr)
-        doc["error"] = str(e)
+    except Exception as e:  # one message and exit 1 (the JSON says what failed), not a traceback
+        print(f"minilm_verify: {type(e).__name__}: {e}", file=sys.stderr)
+        doc["error"] = f"{type(e).__name__}: {e}"
         _dump(a.json_out, doc)
         return 1
     doc["verdict"] = verdict(sentences, tokens, got, ref, a.min_cos, a.rank_tie, a.seq)

@@ -271,3 +271,24 @@ def test_st_max_seq_length(tmp_path):
     assert mv.st_max_seq_length(str(tmp_path)) == (384, str(tmp_path / "sentence_bert_config.json"))
     (tmp_path / "sentence_bert_config.json").write_text('[1, 2]')
     assert mv.st_max_seq_length(str(tmp_path))[0] == 256
+
+
+def test_auto_reference_falls_back_and_says_why(tiny_model, monkeypatch, tmp_path, capsys):
+    def st_broken(*a):
+        raise TypeError("Transformer() got an unexpected keyword argument")
+
+    def no_transformers(*a):
+        raise ImportError("No module named 'transformers'")
+
+    monkeypatch.setattr(mv, "_st_reference", st_broken)
+    monkeypatch.setattr(mv, "_hf_reference", no_transformers)
+    js = str(tmp_path / "v.json")
+    assert mv.main(["--model", tiny_model, "--sentences", "6", "--batch", "6", "--seq", "64", "--emulate",
+                    "--json-out", js]) == 0
+    ref = json.load(open(js))["reference"]
+    assert ref["reference"] == "numpy" and len(ref["not_used"]) == 2
+    assert ref["not_used"][0].startswith("sentence-transformers: TypeError")
+    assert "not used: sentence-transformers: TypeError" in capsys.readouterr().out
+    # a reference asked for by name: its error, exit 1
+    assert mv.main(["--model", tiny_model, "--sentences", "6", "--batch", "6", "--seq", "64", "--emulate",
+                    "--reference", "transformers"]) == 1
