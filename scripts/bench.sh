@@ -18,8 +18,10 @@
 #   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
 #            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)
 #            and the same chain in PyTorch eager, torch.compile and torch.cuda.CUDAGraph (2-4 min)
-#   models   ResNet-50 (batch 8) and all-MiniLM-L6-v2 (8 x 128; needs models/minilm/fusebox) as
-#            pipelines against torch eager, CUDA graph and compile (docs/models.md; a few min)
+#   models   issue 14's sizes: all-MiniLM-L6-v2 1 x 32, 32 x 128, 256 x 128 tokens (needs
+#            models/minilm/fusebox) and ResNet-50 batch 1, 32, 256 as pipelines against torch eager,
+#            CUDA graph and compile (docs/models.md; 1-3 min per row): MODEL_SIZES=minilm_b1_s32,...
+#            runs some rows (split the part over calls), MODEL_COMPILE_MODE=default compiles faster
 #   shapes   32 new shapes of each symbolic example (conv, matmul, sdpa), kernel cache
 #            against cold builds: `fusebox shapes` (issue 11; a few minutes)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebox_tools import sdpa_compare, torch_compare
-from fusebox_tools.bench_report import SCHEMA
+from fusebox_tools.bench_report import SCHEMA, model_target
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 
 PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes", "models")
@@ -918,12 +918,47 @@ def shapes_part(args, doc):
 
 # Part "models" (issue 14): whole networks as pipelines, each timed against torch
 # by its own checker in one process (docs/models.md). name -> (module, args).
+# Issue 14's sizes: MiniLM 1 x 32, 32 x 128, 256 x 128 tokens; ResNet-50 batch
+# 1, 32, 256 (the batch-8 rows of earlier runs stay selectable). MODEL_SIZES=a,b
+# runs those rows only (a part call of ~9 minutes holds about three of them).
+MINILM_DIR = os.path.join(REPO_ROOT, "models", "minilm", "fusebox")
+
+
+def _resnet(batch, verify=True):
+    return ("fusebox_tools.resnet50_check", ["--batch", str(batch)] + ([] if verify else ["--no-verify"]))
+
+
+def _minilm(batch, seq):
+    return ("fusebox_tools.minilm_embed", ["--model", MINILM_DIR, "--seq", str(seq)]
+            + (["--batch", str(batch)] if batch != 8 else [])
+            + ["--iters", "50", "--cuda-graph", "--torch", "--torch-time"])
+
+
 MODEL_RUNS = {
-    "resnet50_b8": ("fusebox_tools.resnet50_check", ["--batch", "8"]),
-    "minilm_b8_s128": ("fusebox_tools.minilm_embed", ["--model", os.path.join(REPO_ROOT, "models", "minilm", "fusebox"),
-                                                      "--seq", "128",
-                                                      "--iters", "50", "--cuda-graph", "--torch", "--torch-time"]),
+    "minilm_b1_s32": _minilm(1, 32),
+    "minilm_b32_s128": _minilm(32, 128),
+    "minilm_b256_s128": _minilm(256, 128),
+    # batch 256: no per-stage `--verify` (its references at 2 TFLOP would not fit a part call);
+    # the logits are checked against torchvision's float32 all the same
+    "resnet50_b1": _resnet(1),
+    "resnet50_b32": _resnet(32),
+    "resnet50_b256": _resnet(256, verify=False),
+    "resnet50_b8": _resnet(8),
+    "minilm_b8_s128": _minilm(8, 128),
 }
+MODEL_DEFAULT = ("minilm_b1_s32", "minilm_b32_s128", "minilm_b256_s128", "resnet50_b1", "resnet50_b32",
+                 "resnet50_b256")
+def model_selection(env=None):
+    """The MODEL_RUNS names to run: $MODEL_SIZES (comma list) or MODEL_DEFAULT.
+    An unknown name is a ValueError naming the accepted ones."""
+    raw = (os.environ.get("MODEL_SIZES", "") if env is None else env).strip()
+    if not raw:
+        return list(MODEL_DEFAULT)
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    bad = [n for n in names if n not in MODEL_RUNS]
+    if bad:
+        raise ValueError(f"MODEL_SIZES: unknown {', '.join(bad)}; accepted: {', '.join(MODEL_RUNS)}")
+    return names
 
 
 def model_row(name, res):
@@ -936,6 +971,9 @@ def model_row(name, res):
                     "compile": pick("torch_compile_bf16")}
         verified = bool(res.get("ok"))
         check = res.get("fusebox_vs_fp32")
+        compile_mode = res.get("torch_compile_mode")
+        compile_error = res.get("torch_compile_error")
+        stage_verify = (res.get("fusebox") or {}).get("stage_verify")
     else:  # minilm_embed
         f = res.get("fusebox") or {}
         fb = {"cuda_graph": (f.get("latency_ms") or {}).get("median") if f.get("cuda_graph") else None,
@@ -944,40 +982,76 @@ def model_row(name, res):
         torch_ms = {k: (tt.get(k) or {}).get("median") for k in ("eager", "cuda_graph", "compile")}
         verified = bool(res.get("ok"))
         check = (res.get("checks") or [None])[-1]
+        compile_mode = tt.get("compile_mode")
+        compile_error = tt.get("compile_error")
+        stage_verify = None
     best_fb = min([v for v in fb.values() if v] or [None]) if any(fb.values()) else None
     best_torch = min([v for v in torch_ms.values() if v] or [None]) if any(torch_ms.values()) else None
-    return {"name": name, "fusebox_ms": fb, "torch_ms": torch_ms, "verified": verified, "check": check,
-            "speedup": best_torch / best_fb if best_fb and best_torch else None}
+    row = {"name": name, "fusebox_ms": fb, "torch_ms": torch_ms, "verified": verified, "check": check,
+           "speedup": best_torch / best_fb if best_fb and best_torch else None, "target": model_target(name)}
+    if compile_mode:
+        row["compile_mode"] = compile_mode
+    if compile_error:
+        row["compile_error"] = compile_error
+    if stage_verify is not None:
+        row["stage_verify"] = stage_verify
+    return row
+
+
+def model_command(name, fusebox, out_dir, json_out, compile_mode=None):
+    """The checker's command line of a MODEL_RUNS row."""
+    module, extra = MODEL_RUNS[name]
+    cmd = [sys.executable, "-m", module, "--fusebox", fusebox, "--out", out_dir, "--json-out", json_out] + extra
+    mode = compile_mode if compile_mode is not None else os.environ.get("MODEL_COMPILE_MODE", COMPILE_MODE)
+    return cmd + ["--compile-mode", mode]
 
 
 def models_part(args, doc):
-    """Each MODEL_RUNS checker with --json-out; doc["models"] keeps one row per model."""
+    """The MODEL_RUNS rows of model_selection() with --json-out; doc["models"]
+    keeps one row per name; rows already there are skipped (--force: redone)."""
     fails = 0
+    try:
+        names = model_selection()
+    except ValueError as e:
+        log(str(e))
+        return 2
     done = {m["name"] for m in doc.get("models", [])}
-    for name, (module, extra) in MODEL_RUNS.items():
+    for name in names:
+        module, extra = MODEL_RUNS[name]
         if name in done and not args.force:
             log(f"{name}: already done, skipped (--force to redo)")
             continue
         if "--model" in extra and not os.path.exists(os.path.join(extra[extra.index("--model") + 1],
                                                                   "minilm_config.json")):
             log(f"{name}: the converted weights are not here (docs/models.md: carry models/minilm/fusebox); skipped")
+            fails += 1
             continue
+        t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as tmp:
             out = os.path.join(tmp, "result.json")
-            cmd = [sys.executable, "-m", module, "--fusebox", args.fusebox, "--out", os.path.join(tmp, "run"),
-                   "--json-out", out] + extra
+            cmd = model_command(name, args.fusebox, os.path.join(tmp, "run"), out)
             log(" ".join(cmd))
+            p = None
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout * 4)
-                res = json.load(open(out))
+                with open(out) as f:
+                    res = json.load(f)
             except (subprocess.TimeoutExpired, OSError, ValueError) as e:
                 log(f"{name}: {first_line(e)}")
+                tail = p.stderr if p is not None else getattr(e, "stderr", None)
+                if tail:
+                    log(f"{name}: stderr tail: {tail[-1500:] if isinstance(tail, str) else tail[-1500:].decode(errors='replace')}")
                 fails += 1
                 continue
         row = model_row(name, res)
+        row["seconds"] = round(time.perf_counter() - t0, 1)
         doc.setdefault("models", [m for m in doc.get("models", []) if m["name"] != name]).append(row)
         save(args.out, doc)
-        log(f"{name}: fusebox {row['fusebox_ms']} ms, torch {row['torch_ms']} ms, verified {row['verified']}")
+        sp = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+        log(f"{name}: fusebox {row['fusebox_ms']} ms, torch {row['torch_ms']} ms, best torch / fusebox {sp} "
+            f"(target {row['target']}x), verified {row['verified']} ({row['seconds']} s)")
+        if p.returncode != 0:
+            log(f"{name}: checker exit {p.returncode}: {p.stdout.strip()[-1500:]}")
         fails += p.returncode != 0
     return 1 if fails else 0
 

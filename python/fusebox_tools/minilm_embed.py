@@ -33,6 +33,7 @@ import numpy as np
 
 from fusebox_tools import minilm as m
 from fusebox_tools.graph import fusebox_bin
+from fusebox_tools.minilm_sentences import make_sentences
 
 DEFAULT_SENTENCES = [
     # sentence-transformers' README example: similarities 0.6660, 0.1046, 0.1411
@@ -153,12 +154,14 @@ def _hf_bert(p, cfg, ids, mask, dev):
                      token_type_ids=torch.zeros_like(ids)).last_hidden_state.float()
 
 
-def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True):
+def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
+                 compile_mode="max-autotune-no-cudagraphs"):
     """GPU time of the same work in PyTorch, timed as fusebox's pipeline is
     (CUDA events around each call, median): transformers' BertModel in bf16
     with its default (SDPA) attention and the padding mask, plus the masked
     sum over tokens that fusebox's pool stage computes; eager, as one
-    torch.cuda.CUDAGraph, and torch.compile (max-autotune-no-cudagraphs).
+    torch.cuda.CUDAGraph, and torch.compile (compile_mode, default
+    max-autotune-no-cudagraphs: the CUDA graph is the variant beside it).
     torch also does the embedding lookup, which fusebox leaves to the host."""
     import torch
     from transformers import BertConfig, BertModel
@@ -181,7 +184,8 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True)
         h = model(input_ids=ids_t, attention_mask=mask, token_type_ids=types).last_hidden_state
         return (h * maskf).sum(1)
 
-    out = {"torch": torch.__version__, "attention": getattr(model.config, "_attn_implementation", "?")}
+    out = {"torch": torch.__version__, "attention": getattr(model.config, "_attn_implementation", "?"),
+           "compile_mode": compile_mode}
     with torch.inference_mode():
         out["eager"] = gpu_time_ms(fwd, warmup, iters)
         s = torch.cuda.Stream()
@@ -196,8 +200,13 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True)
         out["cuda_graph"] = gpu_time_ms(g.replay, warmup, iters)
         if compile_too:
             try:
-                cf = torch.compile(fwd, mode="max-autotune-no-cudagraphs")
+                import time
+
+                t0 = time.time()
+                cf = torch.compile(fwd, mode=compile_mode)
                 cf()
+                torch.cuda.synchronize()
+                out["compile_s"] = round(time.time() - t0, 1)
                 out["compile"] = gpu_time_ms(cf, warmup, iters)
             except Exception as e:  # reported, not fatal: the comparison is fusebox's
                 out["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -260,8 +269,13 @@ def compare_embeddings(name, got, ref, lengths, hidden_got=None, hidden_ref=None
     return res
 
 
-def print_similarities(sentences, emb):
+def print_similarities(sentences, emb, most=16):
     c = m.cosine_matrix(emb)
+    if len(sentences) > most:  # the benchmark's batches of 32 and 256: no 256 x 256 table
+        off = c[~np.eye(len(sentences), dtype=bool)]
+        print(f"cosine similarities of {len(sentences)} sentences: off-diagonal min {off.min():.3f}, "
+              f"median {np.median(off):.3f}, max {off.max():.3f}")
+        return
     print("cosine similarities:")
     for i, s in enumerate(sentences):
         print(f"  [{i}] {s}")
@@ -273,6 +287,9 @@ def print_similarities(sentences, emb):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sentences", nargs="*", help=f"default: {len(DEFAULT_SENTENCES)} example sentences")
+    ap.add_argument("--batch", type=int,
+                    help="B generated sentences (fusebox_tools.minilm_sentences, 3 to 100 words) instead of the "
+                         "examples: the benchmark's batch sizes")
     ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: MODEL/host/tokenizer.json)")
     ap.add_argument("--seq", type=int, default=128, help="S: tokens per sequence, padded (default 128)")
@@ -286,13 +303,18 @@ def main(argv=None):
     ap.add_argument("--torch-time", action="store_true",
                     help="time the same work in torch bf16: eager, CUDA graph, torch.compile (GPU)")
     ap.add_argument("--no-compile", action="store_true", help="with --torch-time: skip torch.compile")
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                    help="with --torch-time: torch.compile's mode (default max-autotune-no-cudagraphs)")
     ap.add_argument("--min-cos", type=float, default=0.999)
     ap.add_argument("--max-rel-l2", type=float, default=0.03)
     ap.add_argument("--out", help="keep inputs and fusebox's saved buffers here (default: a temporary folder)")
     ap.add_argument("--json-out")
     a = ap.parse_args(argv)
 
-    sentences = a.sentences or DEFAULT_SENTENCES
+    if a.batch is not None and (a.batch < 1 or a.sentences):
+        print("minilm_embed: --batch B takes a positive B and no sentences (it generates B of them)", file=sys.stderr)
+        return 2
+    sentences = a.sentences or (make_sentences(a.batch) if a.batch else DEFAULT_SENTENCES)
     try:
         p, cfg = m.load_converted(a.model)
         ids, lengths = tokenize(a.tokenizer or os.path.join(a.model, "host", "tokenizer.json"), sentences, a.seq)
@@ -346,7 +368,7 @@ def main(argv=None):
             doc["checks"].append(compare_embeddings(what, embeddings, temb, lengths, hidden, thidden, a.min_cos,
                                                     a.max_rel_l2))
     if a.torch_time:
-        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile)
+        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile, compile_mode=a.compile_mode)
         doc["torch_timing"] = t
         lat = (doc.get("fusebox") or {}).get("latency_ms") or {}
         print(f"torch {t['torch']} ({t['attention']} attention), GPU time per batch of {B} x {S} tokens, median:")

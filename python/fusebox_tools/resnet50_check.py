@@ -38,11 +38,32 @@ wrong wiring, layout or folding gives (errors of order 1). torch's bf16
 model (which rounds more often: conv, batch norm and add separately) is
 reported alongside for scale.
 Exit 0 when the run verified and the logits are within tolerance, else 1.
+The numpy runs take the first --numpy-images (8) images only (they check the
+architecture and the rounding model, the same at any batch; at batch 256 they
+would take minutes). torch.compile's mode: --compile-mode (default "default";
+the benchmark passes its own, max-autotune-no-cudagraphs).
+
+--images N (issue 14's accuracy check): N seeded random images (256 for the
+issue) through the pipeline of batch --batch, one `pipeline run` per batch
+of images (the pipeline's batch is fixed; plans come from the plan cache
+after the first; the last batch is filled up with copies and the copies
+dropped; `--verify` on the first batch only, which names the first
+diverging stage if any), no timing; torchvision's model in float32 and in
+bf16 channels_last on the same images. Reports, over all N: top-1 agreement
+of fusebox with float32 (and torch bf16's, for scale), with the reference's
+top-2 logit gap of each disagreeing image; relative L2 and max error of the
+logits against float32 and against torch bf16. PASS when the top-1
+agreement is at least --min-top1 (0.99) of N and the logits are within the
+tolerance above. Exit 0 on PASS, else 1.
+
+    python3 -m fusebox_tools.resnet50_check --images 256 --batch 64 --json-out rn50_images.json
 """
 import argparse
 import copy
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -182,7 +203,8 @@ def run_torch(sd_file, image, args, results):
     if not args.no_compile:
         try:
             t0 = time.time()
-            mc = torch.compile(m16)
+            mc = torch.compile(m16, mode=args.compile_mode)
+            results["torch_compile_mode"] = args.compile_mode
             with torch.inference_mode():
                 mc(x16)
                 torch.cuda.synchronize()
@@ -197,8 +219,10 @@ def run_torch(sd_file, image, args, results):
 # ---------------------------------------------------------------------------
 
 def run_fusebox(exe, pipeline, image_file, save_dir, args):
-    cmd = [exe, "pipeline", "run", pipeline, "--input", f"image={image_file}", "--verify", "--save-outputs",
+    cmd = [exe, "pipeline", "run", pipeline, "--input", f"image={image_file}", "--save-outputs",
            save_dir, "--warmup", str(args.warmup), "--iters", str(args.iters), "--json"]
+    if not args.no_verify:
+        cmd.append("--verify")
     if not args.no_cuda_graph:
         cmd.append("--cuda-graph")
     print("$ " + " ".join(cmd), flush=True)
@@ -229,10 +253,25 @@ def main(argv=None):
     ap.add_argument("--no-cuda-graph", action="store_true",
                     help="run fusebox's pipeline eager only (no `pipeline run --cuda-graph`)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for the fusebox run")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile's mode (default, max-autotune-no-cudagraphs, max-autotune, ...)")
+    ap.add_argument("--numpy-images", type=int, default=8,
+                    help="images the numpy pipeline models run on (the first ones; 0: none)")
+    ap.add_argument("--images", type=int, default=0,
+                    help="accuracy check on this many images in batches of --batch (issue 14: 256), no timing")
+    ap.add_argument("--min-top1", type=float, default=0.99, help="with --images: top-1 agreement needed")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="no `pipeline run --verify` (per-stage references: slow at batch 256); the logits are "
+                         "still checked against torch")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
 
     exe = fusebox_bin(args.fusebox)
+    if args.images:
+        if args.images < 1 or args.batch < 1:
+            print("resnet50_check: --images and --batch must be positive", file=sys.stderr)
+            return 2
+        return images_main(args, exe)
     t0 = time.time()
     pipeline = resnet50.write_resnet50(args.out, batch=args.batch, seed=args.seed)
     print(f"resnet50_check: wrote {pipeline} in {time.time() - t0:.1f} s", flush=True)
@@ -250,6 +289,7 @@ def main(argv=None):
                                                  "tflops", "_exit", "_wall_s")}
     results["fusebox"]["engines"] = sorted({s.get("engine") for s in fb.get("stages", []) if s.get("engine")})
     ok = fb.get("_exit") == 0 and bool(fb.get("ok", False))
+    results["fusebox"]["stage_verify"] = not args.no_verify
     logits_file = os.path.join(run_dir, "outputs", "logits.npy")
     fb_logits = np.load(logits_file).reshape(args.batch, -1) if os.path.isfile(logits_file) else None
 
@@ -265,11 +305,14 @@ def main(argv=None):
     # ~1e-5: the architecture and the folding) and with fusebox's bf16
     # rounding (the error fusebox's arithmetic is expected to have).
     order = [s["stage"] for s in fb.get("stages", []) if s.get("stage")] or None
+    k = min(args.batch, max(args.numpy_images, 0))
     for key, rnd in (("numpy_fp32_vs_torch_fp32", None), ("numpy_bf16_model_vs_fp32", resnet50.round_bf16)):
-        vals = resnet50.run_pipeline_numpy(pipeline, {"image": image}, order, rnd)
-        results[key] = compare(vals["logits"].reshape(args.batch, -1), ref)
+        if not k:
+            break
+        vals = resnet50.run_pipeline_numpy(pipeline, {"image": image[:k]}, order, rnd)
+        results[key] = compare(vals["logits"].reshape(k, -1), ref[:k])
         if rnd is not None and fb_logits is not None:
-            results["fusebox_vs_numpy_bf16_model"] = compare(fb_logits, vals["logits"].reshape(args.batch, -1))
+            results["fusebox_vs_numpy_bf16_model"] = compare(fb_logits[:k], vals["logits"].reshape(k, -1))
     if fb_logits is not None:
         results["fusebox_vs_fp32"] = c = compare(fb_logits, ref)
         results["fusebox_vs_torch_bf16"] = compare(fb_logits, bf)
@@ -315,6 +358,136 @@ def main(argv=None):
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=2)
     return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------
+# --images N: top-1 agreement and logits error over many images
+
+def disagreements(got, ref, limit=10):
+    """Images whose top-1 class differs: index, both classes, the reference's
+    gap between its top two logits (a small gap: a near tie that bf16 may flip)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    out = []
+    for i in np.flatnonzero(got.argmax(1) != ref.argmax(1))[:limit]:
+        top2 = np.sort(ref[i])[-2:]
+        out.append({"image": int(i), "reference_class": int(ref[i].argmax()), "class": int(got[i].argmax()),
+                    "reference_top2_gap": float(top2[1] - top2[0]),
+                    "reference_logit_of_class": float(ref[i, got[i].argmax()])})
+    return out
+
+
+def images_verdict(fb, ref, bf, min_top1):
+    """The --images checks on [N, 1000] logits: a JSON-able dict with ok."""
+    n = int(ref.shape[0])
+    need = int(math.ceil(min_top1 * n - 1e-9))
+    res = {"n": n, "min_top1": min_top1, "top1_needed": need, "tolerance": {"rel_l2": TOL_REL_L2, "max": TOL_MAX}}
+    if fb is not None:
+        res["fusebox_vs_fp32"] = c = compare(fb, ref)
+        res["fusebox_disagreements"] = disagreements(fb, ref)
+        if bf is not None:
+            res["fusebox_vs_torch_bf16"] = compare(fb, bf)
+        res["top1_ok"] = c["top1_agree"] >= need
+        res["within_tolerance"] = c["rel_l2"] <= TOL_REL_L2 and c["max_rel_to_max_ref"] <= TOL_MAX
+    if bf is not None:
+        res["torch_bf16_vs_fp32"] = compare(bf, ref)
+        res["torch_bf16_disagreements"] = disagreements(bf, ref)
+    res["ok"] = bool(fb is not None and res["top1_ok"] and res["within_tolerance"])
+    return res
+
+
+def images_main(args, exe):
+    n, B = args.images, args.batch
+    t0 = time.time()
+    pipeline = resnet50.write_resnet50(args.out, batch=B, seed=args.seed)
+    print(f"resnet50_check: wrote {pipeline} (batch {B}) in {time.time() - t0:.1f} s", flush=True)
+    rng = np.random.default_rng(args.image_seed)
+    images = round_bf16(rng.standard_normal((n, 3, resnet50.IMAGE, resnet50.IMAGE), dtype=np.float32))
+    work = os.path.join(args.out, "run_images")
+    os.makedirs(work, exist_ok=True)
+    results = {"images": n, "batch": B, "seed": args.seed, "image_seed": args.image_seed, "runs": []}
+    logits = []
+    for k, a in enumerate(range(0, n, B)):
+        chunk = images[a:a + B]
+        real = len(chunk)
+        if real < B:
+            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], B - real, axis=0)])
+        image_file = os.path.join(work, "image.npy")
+        np.save(image_file, chunk)
+        save = os.path.join(work, "outputs")
+        shutil.rmtree(save, ignore_errors=True)
+        cmd = [exe, "pipeline", "run", pipeline, "--input", f"image={image_file}", "--save-outputs", save, "--json"]
+        if k == 0 and not args.no_verify:
+            cmd.append("--verify")
+        print("$ " + " ".join(cmd), flush=True)
+        t1 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        try:
+            doc = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            doc = {"ok": False, "error": f"no JSON (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"}
+        run = {"batch": k, "images": [a, a + real], "exit": proc.returncode, "ok": bool(doc.get("ok")),
+               "verified": doc.get("verified"), "wall_s": round(time.time() - t1, 1), "error": doc.get("error")}
+        results["runs"].append(run)
+        logits_file = os.path.join(save, "logits.npy")
+        if proc.returncode != 0 or not doc.get("ok") or not os.path.isfile(logits_file):
+            sys.stderr.write(proc.stderr[-4000:])
+            print(f"resnet50_check: fusebox run of images {a}..{a + real - 1} failed: {doc.get('error')}")
+            break
+        logits.append(np.load(logits_file).reshape(B, -1)[:real].astype(np.float64))
+        shutil.rmtree(save, ignore_errors=True)  # every buffer was saved: GBs at large batches
+        print(f"  images {a}..{a + real - 1}: {run['wall_s']} s{', verified' if run['verified'] else ''}",
+              flush=True)
+    fb = np.concatenate(logits) if len(logits) * B >= n else None
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        ref, bf = torch_logits(os.path.join(args.out, resnet50.STATE_DICT_FILE), images, B, results)
+    except ImportError as e:
+        print(f"resnet50_check: no torch here ({e}): run with the Python that has torch "
+              "(on the H200 /opt/torch/.venv/bin/python3)")
+        ref = bf = None
+    if ref is not None:
+        results.update(images_verdict(fb, ref, bf, args.min_top1))
+    results["ok"] = bool(results.get("ok"))
+    print()
+    print(f"resnet50_check --images {n}: torch {results.get('torch_model', '-')}")
+    for key in ("fusebox_vs_fp32", "fusebox_vs_torch_bf16", "torch_bf16_vs_fp32"):
+        if key in results:
+            c = results[key]
+            print(f"  {key:24s} rel_l2 {c['rel_l2']:.3e}  max_err {c['max_rel_to_max_ref']:.3e} of max|ref|  "
+                  f"top-1 agree {c['top1_agree']}/{c['n']} ({100.0 * c['top1_agree'] / c['n']:.2f}%)")
+    for d in results.get("fusebox_disagreements", []):
+        print(f"  image {d['image']}: fusebox class {d['class']}, float32 class {d['reference_class']} "
+              f"(float32's top-2 gap {d['reference_top2_gap']:.3f})")
+    if "top1_ok" in results:
+        print(f"  top-1 agreement >= {results['top1_needed']}/{n}: {'ok' if results['top1_ok'] else 'FAILED'}; "
+              f"logits within rel_l2 <= {TOL_REL_L2}, max <= {TOL_MAX}: "
+              f"{'ok' if results['within_tolerance'] else 'FAILED'}")
+    print("resnet50_check: " + ("PASS" if results["ok"] else "FAIL"))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0 if results["ok"] else 1
+
+
+def torch_logits(sd_file, images, chunk, results):
+    """torchvision's model (same unfolded weights) in float32 (TF32 off) and in
+    bf16 channels_last on all images, chunk at a time: (fp32, bf16) [N, 1000]."""
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, what = torch_resnet50()
+    results["torch_model"] = what
+    results["torch_version"] = torch.__version__
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in np.load(sd_file).items()}, strict=True)
+    model.eval().cuda()
+    m16 = copy.deepcopy(model).to(dtype=torch.bfloat16, memory_format=torch.channels_last)
+    ref, bf = [], []
+    with torch.inference_mode():
+        for a in range(0, len(images), chunk):
+            x32 = torch.from_numpy(images[a:a + chunk]).cuda()
+            ref.append(model(x32).double().cpu().numpy())
+            bf.append(m16(x32.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)).double().cpu().numpy())
+    return np.concatenate(ref), np.concatenate(bf)
 
 
 if __name__ == "__main__":

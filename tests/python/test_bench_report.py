@@ -305,6 +305,59 @@ def test_models_part_merges_and_reports(tmp_path):
     assert m["models"][0]["fusebox_ms"]["cuda_graph"] == 0.572  # the later part's row
     lines = br.models_markdown(m["models"])
     rn = next(line for line in lines if line.startswith("| resnet50_b8"))
-    assert "| 0.572 | 0.636 | 5.190 | 1.145 | - | **2.00x** | **no** |" in rn, rn
-    assert "| minilm_b8_s128 | - | - | - | - | - | - | yes |" in lines
+    assert "| 0.572 | 0.636 | 5.190 | 1.145 | - | **2.00x** | 1.1x | yes | **no** |" in rn, rn  # target by name
+    assert "| minilm_b8_s128 | - | - | - | - | - | - | 1.2x | - | yes |" in lines
     assert br.models_markdown(None) == [] and br.models_markdown([]) == []
+
+
+# Issue 14's size sweep: three sizes per network, made up in the shape of the 2026-12-01 numbers.
+SWEEP = [
+    {"name": "resnet50_b256", "fusebox_ms": {"cuda_graph": 16.0, "eager": 16.2},
+     "torch_ms": {"eager": 20.0, "cuda_graph": 19.0, "compile": 17.0}, "verified": True, "speedup": 17.0 / 16.0,
+     "target": 1.1, "compile_mode": "max-autotune-no-cudagraphs"},
+    {"name": "minilm_b1_s32", "fusebox_ms": {"cuda_graph": 0.2, "eager": 0.25},
+     "torch_ms": {"eager": 2.5, "cuda_graph": 0.35, "compile": 1.9}, "verified": True, "speedup": 1.75,
+     "target": 1.5, "compile_mode": "max-autotune-no-cudagraphs"},
+    {"name": "resnet50_b1", "fusebox_ms": {"cuda_graph": 0.4, "eager": 0.5},
+     "torch_ms": {"eager": 4.0, "cuda_graph": 0.6, "compile": None}, "verified": True, "speedup": 1.5,
+     "target": 1.3, "compile_error": "RuntimeError: x"},
+    {"name": "minilm_b256_s128", "fusebox_ms": {"cuda_graph": 5.0, "eager": 5.1},
+     "torch_ms": {"eager": 7.0, "cuda_graph": 5.5, "compile": 5.4}, "verified": False, "speedup": 1.08,
+     "target": 1.2},
+    {"name": "minilm_b32_s128", "fusebox_ms": {"cuda_graph": 0.9, "eager": 1.0},
+     "torch_ms": {"eager": 3.0, "cuda_graph": 1.2, "compile": 1.3}, "verified": True, "speedup": 1.2 / 0.9,
+     "target": 1.2},
+]
+
+
+def test_models_table_targets_and_order():
+    lines = br.models_markdown(SWEEP)
+    names = [ln.split("|")[1].strip() for ln in lines if ln.startswith("| ") and "_b" in ln.split("|")[1]]
+    assert names == ["minilm_b1_s32", "minilm_b32_s128", "minilm_b256_s128", "resnet50_b1", "resnet50_b256"]
+    row = {ln.split("|")[1].strip(): ln for ln in lines if ln.startswith("| ")}
+    assert row["minilm_b1_s32"].endswith("| **1.75x** | 1.5x | yes | yes |")
+    assert row["minilm_b256_s128"].endswith("| **1.08x** | 1.2x | **no** (10% short) | **no** |")
+    assert row["resnet50_b256"].endswith("| **1.06x** | 1.1x | **no** (3% short) | yes |")
+    assert "| failed |" in row["resnet50_b1"]  # torch.compile raised
+    assert "`max-autotune-no-cudagraphs`" in "\n".join(lines) and "1.5x at batch 1" in "\n".join(lines)
+
+
+def test_models_plot_and_report(tmp_path):
+    pytest.importorskip("matplotlib")
+    doc = br.load(NEW)
+    doc["models"] = SWEEP
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(doc))
+    bm = tmp_path / "BENCHMARKS.md"
+    br.report(str(path), None, update=str(bm), plots_dir=str(tmp_path / "plots"))
+    data = (tmp_path / "plots" / "models.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    text = bm.read_text()
+    assert "(plots/models.png)" in text and "| minilm_b32_s128 |" in text
+    # rows without fusebox times give no plot; one network alone gives one panel
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    assert br.models_plot([{"name": "resnet50_b1", "fusebox_ms": {}, "torch_ms": {}}], str(tmp_path), plt) is None
+    (tmp_path / "one").mkdir()
+    assert br.models_plot(SWEEP[:1], str(tmp_path / "one"), plt) == str(tmp_path / "one" / "models.png")

@@ -202,12 +202,17 @@ def test_paged_decode_kv_bytes_count_the_lengths_not_the_pool(bench_run, fusebox
 
 def test_models_part_rows_from_the_checkers_json(bench_run):
     """Part models: a row from resnet50_check's and minilm_embed's --json-out (measured shapes)."""
-    assert "models" in bench_run.PARTS and set(bench_run.MODEL_RUNS) == {"resnet50_b8", "minilm_b8_s128"}
+    assert "models" in bench_run.PARTS
+    assert set(bench_run.MODEL_DEFAULT) == {"minilm_b1_s32", "minilm_b32_s128", "minilm_b256_s128", "resnet50_b1",
+                                            "resnet50_b32", "resnet50_b256"}
+    assert set(bench_run.MODEL_DEFAULT) < set(bench_run.MODEL_RUNS)
+    assert {"resnet50_b8", "minilm_b8_s128"} < set(bench_run.MODEL_RUNS)
     rn = {"ok": True, "fusebox_vs_fp32": {"rel_l2": 0.0119},
           "gpu_time_ms": {"torch_eager_bf16": {"median": 5.19}, "torch_cuda_graph_bf16": {"median": 1.145},
                           "torch_compile_bf16": {"median": 1.777}, "fusebox_pipeline_eager": {"median": 0.636},
                           "fusebox_pipeline_cuda_graph": {"median": 0.572}}}
     row = bench_run.model_row("resnet50_b8", rn)
+    assert row["target"] == 1.1
     assert row["fusebox_ms"] == {"cuda_graph": 0.572, "eager": 0.636}
     assert row["torch_ms"] == {"eager": 5.19, "cuda_graph": 1.145, "compile": 1.777}
     assert row["speedup"] == pytest.approx(1.145 / 0.572) and row["verified"]
@@ -221,3 +226,75 @@ def test_models_part_rows_from_the_checkers_json(bench_run):
     # a failed fusebox run: no times, no speedup, not verified
     row = bench_run.model_row("minilm_b8_s128", {"ok": False, "fusebox": {}, "torch_timing": {}})
     assert row["speedup"] is None and not row["verified"]
+
+
+def test_model_targets_and_selection(bench_run, monkeypatch):
+    t = bench_run.model_target
+    assert (t("minilm_b1_s32"), t("minilm_b32_s128"), t("minilm_b256_s128")) == (1.5, 1.2, 1.2)
+    assert (t("resnet50_b1"), t("resnet50_b32"), t("resnet50_b256")) == (1.3, 1.1, 1.1)
+    assert t("other_b1") is None and t("resnet50") is None
+    monkeypatch.delenv("MODEL_SIZES", raising=False)
+    assert bench_run.model_selection() == list(bench_run.MODEL_DEFAULT)
+    assert bench_run.model_selection(" resnet50_b1, resnet50_b32 ") == ["resnet50_b1", "resnet50_b32"]
+    monkeypatch.setenv("MODEL_SIZES", "minilm_b8_s128")
+    assert bench_run.model_selection() == ["minilm_b8_s128"]
+    with pytest.raises(ValueError, match="unknown resnet50_b7.*accepted: .*resnet50_b256"):
+        bench_run.model_selection("resnet50_b7")
+
+
+def test_model_commands(bench_run, monkeypatch):
+    """Each row's checker at its size, torch.compile in the bench's mode (MODEL_COMPILE_MODE overrides)."""
+    monkeypatch.delenv("MODEL_COMPILE_MODE", raising=False)
+    cmd = bench_run.model_command("resnet50_b256", "/fb", "/tmp/run", "/tmp/r.json")
+    assert cmd[1:3] == ["-m", "fusebox_tools.resnet50_check"]
+    assert cmd[cmd.index("--batch") + 1] == "256" and "--no-verify" in cmd
+    assert cmd[cmd.index("--compile-mode") + 1] == bench_run.COMPILE_MODE
+    cmd = bench_run.model_command("resnet50_b1", "/fb", "/tmp/run", "/tmp/r.json")
+    assert "--no-verify" not in cmd and cmd[cmd.index("--batch") + 1] == "1"
+    monkeypatch.setenv("MODEL_COMPILE_MODE", "default")
+    cmd = bench_run.model_command("minilm_b256_s128", "/fb", "/tmp/run", "/tmp/r.json")
+    assert cmd[cmd.index("--batch") + 1] == "256" and cmd[cmd.index("--seq") + 1] == "128"
+    assert cmd[cmd.index("--compile-mode") + 1] == "default" and "--torch-time" in cmd
+    cmd = bench_run.model_command("minilm_b1_s32", "/fb", "/tmp/run", "/tmp/r.json")
+    assert cmd[cmd.index("--batch") + 1] == "1" and cmd[cmd.index("--seq") + 1] == "32"
+    assert "--batch" not in bench_run.model_command("minilm_b8_s128", "/fb", "/r", "/j")  # the 8 example sentences
+
+
+def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path):
+    """Rows already in the part file are skipped; MODEL_SIZES picks the rows;
+    each finished row is saved at once (a part cut off resumes)."""
+    import subprocess as sp
+    ran = []
+
+    def fake_run(cmd, **kw):
+        name = next(n for n in bench_run.MODEL_RUNS if bench_run.MODEL_RUNS[n][0] == cmd[2])
+        batch = int(cmd[cmd.index("--batch") + 1])
+        ran.append((cmd[2], batch))
+        res = {"ok": True, "torch_compile_mode": "max-autotune-no-cudagraphs",
+               "gpu_time_ms": {"torch_eager_bf16": {"median": 3.0}, "torch_cuda_graph_bf16": {"median": 1.2},
+                               "torch_compile_bf16": {"median": 1.5}, "fusebox_pipeline_cuda_graph": {"median": 1.0},
+                               "fusebox_pipeline_eager": {"median": 1.1}}}
+        with open(cmd[cmd.index("--json-out") + 1], "w") as f:
+            json.dump(res, f)
+        assert name.startswith("resnet50")
+        return sp.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bench_run.subprocess, "run", fake_run)
+    args = types.SimpleNamespace(force=False, fusebox="/fb", timeout=10, out=str(tmp_path / "models.json"))
+    doc = {"models": [{"name": "resnet50_b1", "speedup": 1.4}]}
+    monkeypatch.setenv("MODEL_SIZES", "resnet50_b1,resnet50_b32,resnet50_b256")
+    assert bench_run.models_part(args, doc) == 0
+    assert ran == [("fusebox_tools.resnet50_check", 32), ("fusebox_tools.resnet50_check", 256)]
+    saved = json.load(open(args.out))
+    assert [m["name"] for m in saved["models"]] == ["resnet50_b1", "resnet50_b32", "resnet50_b256"]
+    row = saved["models"][1]
+    assert row["speedup"] == pytest.approx(1.2) and row["target"] == 1.1 and row["verified"]
+    assert row["compile_mode"] == "max-autotune-no-cudagraphs" and row["seconds"] >= 0
+    monkeypatch.setenv("MODEL_SIZES", "resnet50_b2")
+    assert bench_run.models_part(args, doc) == 2
+    # the MiniLM rows without the converted weights: counted as failed, nothing run
+    monkeypatch.setattr(bench_run, "MINILM_DIR", str(tmp_path / "none"))
+    monkeypatch.setitem(bench_run.MODEL_RUNS, "minilm_b1_s32", bench_run._minilm(1, 32))
+    monkeypatch.setenv("MODEL_SIZES", "minilm_b1_s32")
+    ran.clear()
+    assert bench_run.models_part(args, doc) == 1 and ran == []
