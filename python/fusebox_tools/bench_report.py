@@ -686,6 +686,7 @@ def models_plot(models, out_dir, plt, doc=None):
             labelled.add(key)
             return text
 
+        shown = [1.0]  # every bar and target of the panel: the log axis spans them
         for k, m in enumerate(sel):
             _, b, sq = model_sort_key(m)
             labels.append(f"{b} x {sq}" if sq else f"{b}")
@@ -698,7 +699,10 @@ def models_plot(models, out_dir, plt, doc=None):
                            label=once(v, {"eager": "vs torch eager", "compile": "vs torch.compile",
                                           "cuda_graph": "vs torch CUDA graph"}[v]))
                     top.append(t / best_fb)
+                    shown.append(t / best_fb)
             tg = m.get("target", model_target(m.get("name")))
+            if tg:
+                shown.append(tg)
             if tg:
                 ax.plot([k - 1.6 * width, k + 1.6 * width], [tg] * 2, color="black", linewidth=2.2,
                         label=once("target", "issue 14 target"))
@@ -706,12 +710,14 @@ def models_plot(models, out_dir, plt, doc=None):
                 ax.annotate(f"{m['speedup']:.2f}x", (k, max(top)), xytext=(0, 3), textcoords="offset points",
                             ha="center", fontsize=8, fontweight="bold")
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        lo, hi = ax.get_ylim()
-        ax.set_ylim(lo, hi * 1.4)  # room for the bold labels
         ax.set_xticks(range(len(sel)))
         ax.set_xticklabels(labels)
         ax.set_yscale("log")
-        from matplotlib.ticker import FuncFormatter, NullFormatter
+        lo, hi = min(shown) / 1.5, max(shown) * 1.8  # room for the bold labels
+        ax.set_ylim(lo, hi)
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+        ax.yaxis.set_major_locator(FixedLocator(
+            [t for t in (0.1, 0.2, 0.5, 1, 1.2, 1.5, 2, 5, 10, 20, 50) if lo <= t <= hi]))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}x"))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(axis="y", which="major", linewidth=0.3)
