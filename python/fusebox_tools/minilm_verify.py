@@ -68,6 +68,7 @@ import numpy as np
 
 from fusebox_tools import minilm as m
 from fusebox_tools import minilm_sentences as ms
+from fusebox_tools.minilm_embed import _dump  # the JSON writer both MiniLM tools share
 
 ST_MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
 
@@ -388,12 +389,6 @@ def main(argv=None):
     print("\n".join(summary_lines(doc)))
     _dump(a.json_out, doc)
     return 0 if doc["ok"] else 1
-
-
-def _dump(path, doc):
-    if path:
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":
