@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "../deviceless/test_util.h"
+#include "fusebox/pipeline_parallel.h"
 #include "fusebox/pipeline_run.h"
 
 namespace fusebox {
@@ -113,6 +114,52 @@ TEST_P(PipelineGpu, CudaGraphMatchesEagerBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, PipelineGpu, ::testing::Values("two_convs", "conv10"));
+
+// Data parallel (pipeline run --devices): two_convs_dyn at N=5 split 3 + 2
+// over two sessions (devices 0,1 where there are two GPUs, else 0,0), every
+// share verified, the stacked output equal to one device's run of N=5 within
+// the chain's tolerance (a share's batch may pick another engine).
+TEST(PipelineDataParallelGpu, SplitsVerifiesAndStacks) {
+  const int gpus = gpu_count();
+  if (gpus == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+  auto full = load_pipeline_file(source_dir() + "/examples/pipelines/two_convs_dyn.json", {{"N", 5}});
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  auto data = load_pipeline_data(*full, 11);
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  DataParallelOptions o;
+  o.devices = {0, gpus > 1 ? 1 : 0};
+  o.run.verify = true;
+  o.run.iters = 5;
+  o.run.warmup = 1;
+  auto r = run_pipeline_data_parallel(*full, *data, o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->shares.size(), 2u);
+  EXPECT_EQ(r->shares[0].batch, 3);
+  EXPECT_EQ(r->shares[1].offset, 3);
+  EXPECT_TRUE(r->verified_ok);
+  for (size_t i = 0; i < r->shares.size(); ++i) {
+    Status vs = pipeline_verify_status(r->share_pipelines[i], r->shares[i].result);
+    EXPECT_TRUE(vs.ok()) << vs.ToString();
+  }
+  ASSERT_EQ(r->outputs.count("out"), 1u);
+  const HostTensor& stacked = r->outputs.at("out");
+  EXPECT_EQ(stacked.dims[0], 5);
+
+  auto session = Session::create();
+  ASSERT_TRUE(session.ok());
+  PipelineBuild b;
+  ASSERT_TRUE(build_pipeline(**session, *full, {}, &b).ok());
+  PipelineRunOptions one;
+  one.iters = 0;
+  auto whole = run_pipeline(**session, *full, b.plans_by_stage(*full), *data, one);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  const int out = full->find_buffer("out");
+  Comparison c = compare("out", whole->outputs.at("out").to_float_logical(), stacked.to_float_logical(),
+                         chain_tolerance(*full, out));
+  EXPECT_TRUE(c.pass) << c.ToString();
+  std::printf("[ pipeline ] two_convs_dyn N=5 over devices %d,%d: %s; wall %.1f ms\n", o.devices[0], o.devices[1],
+              c.ToString().c_str(), r->wall_ms);
+}
 
 }  // namespace
 }  // namespace fusebox

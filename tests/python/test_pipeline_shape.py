@@ -82,3 +82,25 @@ def test_deviceless_build_at_two_shapes_shares_one_cache(fusebox, repo_root, tmp
         assert all(s["ok"] and s["engine"] for s in d["stages"])
     p = run(fusebox, repo_root, "cache", "ls", "--cache", cache, "--json")
     assert p.returncode == 0 and len(json.loads(p.stdout)["entries"]) == 4  # 2 stages x 2 shapes
+
+
+@pytest.mark.parametrize("args,error", [
+    (["examples/pipelines/two_convs.json", "--devices", "0,1"],
+     r"pipeline 'two_convs' declares no symbols: a data-parallel run splits a symbolic batch"),
+    (["examples/pipelines/two_convs_dyn.json", "--devices", "0,one"], r"--devices '0,one': 'one' is not a device id"),
+    (["examples/pipelines/two_convs_dyn.json", "--devices", "0,1", "--shape", "N=1"],
+     r"pipeline 'two_convs_dyn': N=1: a batch of 1 cannot be split over 2 devices"),
+    (["examples/pipelines/two_convs_dyn.json", "--devices", "0,1", "--batch-symbol", "M"],
+     r"pipeline 'two_convs_dyn' has no symbol 'M' to split; its symbols: N=2"),
+    (["examples/pipelines/two_convs_dyn.json", "--batch-symbol", "N"], r"--batch-symbol goes with --devices"),
+    (["examples/pipelines/two_convs_dyn.json", "--devices", "0,1", "--save-outputs", "/tmp/never"],
+     r"--save-outputs with --devices is not supported yet"),
+])
+def test_bad_data_parallel_runs_are_one_error_before_any_gpu_work(fusebox, repo_root, args, error):
+    """pipeline run --devices: what cannot be split is refused before a session is made (exit 2, also on
+    a machine without a GPU)."""
+    import re
+    p = run(fusebox, repo_root, "pipeline", "run", *args, "--no-cache")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert re.search(error, p.stderr), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

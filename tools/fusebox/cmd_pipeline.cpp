@@ -12,10 +12,30 @@
 #include "common/dims_string.h"
 #include "dot.h"
 #include "fusebox/pipeline.h"
+#include "fusebox/pipeline_parallel.h"
 #include "fusebox/pipeline_run.h"
 
 namespace fusebox::cli {
 namespace {
+
+// --devices "0,1": CUDA device ids (a device may repeat: two sessions on one GPU).
+Result<std::vector<int>> parse_device_list(const std::string& text) {
+  std::vector<int> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || !end || *end != '\0' || v < 0 || v > 1023)
+      return InvalidArgument("--devices '" + text + "': '" + item +
+                             "' is not a device id (accepted: a comma-separated list such as 0,1)");
+    out.push_back(static_cast<int>(v));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
 
 // --shape for pipelines: values for the symbols of the stages' symbolic graphs.
 void add_pipeline_shape_flag(CLI::App* cmd, std::string& shape) {
@@ -178,6 +198,80 @@ std::string stage_reason(const Status& st) {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+ordered_json latency_json(const LatencyStats& l) {
+  return {{"median", l.median_ms}, {"min", l.min_ms}, {"p90", l.p90_ms}, {"mean", l.mean_ms}, {"iters", l.iters}};
+}
+
+// `pipeline run --devices`: per device its rows, plans, verification and
+// latency (timed on each device while the others ran theirs), then the whole.
+void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool json) {
+  bool ok = r.verified_ok;
+  if (json) {
+    ordered_json j = header_json(p, nullptr);
+    j["data_parallel"] = {{"batch_symbol", r.batch_symbol}, {"batch", r.batch}, {"wall_ms", r.wall_ms}};
+    ordered_json shares = ordered_json::array();
+    for (size_t i = 0; i < r.shares.size(); ++i) {
+      const DeviceShare& s = r.shares[i];
+      ordered_json stages = ordered_json::array();
+      for (const StageRun& sr : s.result.stages) {
+        ordered_json verify = ordered_json::array();
+        for (const auto& cmp : sr.comparisons) verify.push_back(ordered_json::parse(to_json(cmp).dump()));
+        stages.push_back({{"stage", r.share_pipelines[i].stages[static_cast<size_t>(sr.stage)].name},
+                          {"engine", sr.engine},
+                          {"verify", std::move(verify)},
+                          {"verified_ok", sr.verified_ok}});
+      }
+      ordered_json chain = ordered_json::array();
+      for (const auto& cmp : s.result.chain) chain.push_back(ordered_json::parse(to_json(cmp).dump()));
+      shares.push_back({{"device", s.device},
+                        {"device_name", s.device_name},
+                        {"rows", {s.offset, s.offset + s.batch}},
+                        {"build_ms", s.build_ms},
+                        {"stages", std::move(stages)},
+                        {"chain_verify", std::move(chain)},
+                        {"latency_ms", latency_json(s.result.latency)},
+                        {"cuda_graph", ordered_json::parse(to_json(s.result.cuda_graph).dump())},
+                        {"verified_ok", s.result.verified_ok}});
+    }
+    j["shares"] = std::move(shares);
+    ordered_json outs = ordered_json::object();
+    for (const auto& [name, t] : r.outputs) outs[name] = {{"dims", t.dims}, {"dtype", dtype_name(t.dtype)}};
+    j["outputs"] = std::move(outs);
+    j["ok"] = ok;
+    std::printf("%s\n", common::json_dump(j, 2).c_str());
+    return;
+  }
+  std::printf("%s (%s): data parallel over %zu devices, %s=%lld split as", safe(p.name).c_str(), safe(p.path).c_str(),
+              r.shares.size(), safe(r.batch_symbol).c_str(), static_cast<long long>(r.batch));
+  for (const DeviceShare& s : r.shares) std::printf(" %lld", static_cast<long long>(s.batch));
+  std::printf("\n");
+  for (size_t i = 0; i < r.shares.size(); ++i) {
+    const DeviceShare& s = r.shares[i];
+    std::printf("  device %d (%s), rows %lld..%lld: plans %.2f ms\n", s.device, safe(s.device_name).c_str(),
+                static_cast<long long>(s.offset), static_cast<long long>(s.offset + s.batch - 1), s.build_ms);
+    for (const StageRun& sr : s.result.stages) {
+      std::printf("    %-12s engine %s\n", safe(r.share_pipelines[i].stages[static_cast<size_t>(sr.stage)].name).c_str(),
+                  safe(sr.engine).c_str());
+      for (const auto& cmp : sr.comparisons)
+        std::printf("      verify (%s reference, this stage's inputs): %s\n", sr.reference_kind.c_str(),
+                    safe(cmp.ToString()).c_str());
+    }
+    for (const auto& cmp : s.result.chain)
+      std::printf("    whole pipeline (%s references chained): %s\n", s.result.chain_reference_kind.c_str(),
+                  safe(cmp.ToString()).c_str());
+    if (s.result.cuda_graph.used)
+      std::printf("    CUDA graph: %s recording; %s\n", s.result.cuda_graph.recording.c_str(),
+                  common::printable(graph_equality(s.result.cuda_graph, "buffers"), true).c_str());
+    if (s.result.latency.iters > 0)
+      std::printf("    latency over %d runs (timed while the other devices ran theirs): median %.4f ms, min %.4f ms\n",
+                  s.result.latency.iters, s.result.latency.median_ms, s.result.latency.min_ms);
+  }
+  for (const auto& [name, t] : r.outputs)
+    std::printf("  output %s: %s stacked from the devices\n", safe(name).c_str(), common::dims_string(t.dims).c_str());
+  std::printf("  wall time, threads start to last end (sessions, plans, runs): %.1f ms%s\n", r.wall_ms,
+              ok ? "" : "; verification FAILED");
+}
 
 void print_build_stages(const Pipeline& p, const PipelineBuild& b, bool keep_going = false) {
   int n = 0;
@@ -420,7 +514,7 @@ Result<std::string> save_path(const std::string& name, const std::string& dir,
 
 Runner add_pipeline_run(CLI::App& cmd) {
   struct Args {
-    std::string path, save_outputs, shape;
+    std::string path, save_outputs, shape, devices, batch_symbol;
     std::vector<std::string> inputs;
     PlanFlags plan;
     bool verify = false, json = false, cuda_graph = false;
@@ -431,6 +525,11 @@ Runner add_pipeline_run(CLI::App& cmd) {
   auto a = std::make_shared<Args>();
   auto* c = cmd.add_subcommand(
       "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
+  c->add_option("--devices", a->devices,
+                "Data parallel: split the batch symbol over these GPUs, e.g. 0,1 (one session and thread "
+                "each, one plan cache; outputs stacked in this order)");
+  c->add_option("--batch-symbol", a->batch_symbol,
+                "With --devices: the symbol to split (default: the pipeline's only symbol)");
   c->add_option("pipeline", a->path, "Pipeline JSON file")->required();
   add_pipeline_shape_flag(c, a->shape);
   c->add_option("--input", a->inputs,
@@ -459,6 +558,17 @@ Runner add_pipeline_run(CLI::App& cmd) {
       if (a->json) print_json_error(st);
       return fail("pipeline run", st);
     };
+    std::vector<int> devices;
+    if (!a->devices.empty()) {
+      auto d = parse_device_list(a->devices);
+      if (!d.ok()) return bad(d.status());
+      devices = *d;
+      if (!a->save_outputs.empty())
+        return bad(InvalidArgument("--save-outputs with --devices is not supported yet: run on one device to save "
+                                   "every buffer"));
+    } else if (!a->batch_symbol.empty()) {
+      return bad(InvalidArgument("--batch-symbol goes with --devices (the symbol a data-parallel run splits)"));
+    }
     auto p = load_pipeline(a->path, a->shape);
     if (!p.ok()) return bad(p.status());
     auto request = plan_request(a->plan);
@@ -498,6 +608,27 @@ Runner add_pipeline_run(CLI::App& cmd) {
     if (!data.ok()) return bad(data.status());
 
     auto cache = open_cache(a->cache);
+    if (!devices.empty()) {
+      DataParallelOptions dp;
+      dp.devices = devices;
+      dp.batch_symbol = a->batch_symbol;
+      dp.request = *request;
+      dp.cache_path = cache && cache->enabled() ? cache->path() : "";
+      cache.reset();  // each device's thread opens the file itself
+      dp.run.verify = a->verify;
+      dp.run.warmup = a->warmup;
+      dp.run.iters = a->iters;
+      dp.run.cuda_graph = a->cuda_graph;
+      auto r = run_pipeline_data_parallel(*p, *data, dp);
+      if (!r.ok()) return bad(r.status());
+      print_data_parallel(*p, *r, a->json);
+      for (size_t i = 0; i < r->shares.size(); ++i) {
+        Status vs = pipeline_verify_status(r->share_pipelines[i], r->shares[i].result);
+        if (!vs.ok())
+          return fail("pipeline run", vs.WithContext("device " + std::to_string(r->shares[i].device)));
+      }
+      return kExitOk;
+    }
     SessionOptions so;
     so.cache = cache.get();
     auto session = Session::create(so);
