@@ -143,6 +143,10 @@ struct PipelineRunOptions {
   // written buffer byte for byte with the eager run; then time graph
   // launches (PipelineRunResult::latency) beside eager runs (eager_latency).
   bool cuda_graph = false;
+  // After the timing: each stage alone, `iters` executes of its bound plan
+  // timed with CUDA events after `warmup` (StageRun::latency): which stage
+  // costs the time. Stages run on what the last run left in their inputs.
+  bool profile = false;
 };
 
 struct StageRun {
@@ -152,6 +156,8 @@ struct StageRun {
   std::string reference_kind;  // "cpu" or "gpu" when verified
   std::vector<Comparison> comparisons;
   bool verified_ok = true;
+  LatencyStats latency;  // with PipelineRunOptions::profile: this stage alone
+  double flops = 0;      // the stage graph's
 };
 
 struct PipelineRunResult {

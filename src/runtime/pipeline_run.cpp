@@ -458,6 +458,7 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
     sr.stage = ex->step_stages()[i];
     sr.engine = ex->steps()[i].engine_name();
     sr.workspace_bytes = ex->steps()[i].workspace_bytes();
+    sr.flops = p.stages[static_cast<size_t>(sr.stage)].graph.flops();
     r.stages.push_back(std::move(sr));
   }
 
@@ -555,6 +556,13 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
       FUSEBOX_RETURN_IF_ERROR(time_runs(eager, &r.latency));
     }
     if (r.latency.median_ms > 0) r.tflops = r.flops / (r.latency.median_ms * 1e-3) / 1e12;
+    if (options.profile) {
+      std::vector<BoundPlan>& steps = ex->steps();
+      for (size_t i = 0; i < steps.size() && i < r.stages.size(); ++i) {
+        BoundPlan& step = steps[i];
+        FUSEBOX_RETURN_IF_ERROR(time_runs([&]() { return step.execute(); }, &r.stages[i].latency));
+      }
+    }
   }
   return r;
 }

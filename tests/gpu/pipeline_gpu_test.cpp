@@ -39,6 +39,7 @@ TEST_P(PipelineGpu, RunsAndVerifies) {
   o.verify = true;
   o.iters = 5;
   o.warmup = 1;
+  o.profile = true;
   // conv10's stages through the GPU reference, two_convs' through the CPU one.
   if (p.name == "conv10") o.cpu_reference_max_flops = 0;
   auto r = run_pipeline(*session_, p, b.plans_by_stage(p), *data, o);
@@ -52,6 +53,9 @@ TEST_P(PipelineGpu, RunsAndVerifies) {
     EXPECT_TRUE(s.comparisons[0].pass) << s.comparisons[0].ToString();
     EXPECT_EQ(s.comparisons[0].non_finite, 0);
     EXPECT_EQ(s.reference_kind, p.name == "conv10" ? "gpu" : "cpu");
+    EXPECT_EQ(s.latency.iters, 5);  // profiled: each stage alone
+    EXPECT_GT(s.latency.median_ms, 0);
+    EXPECT_GT(s.flops, 0);
   }
   ASSERT_EQ(r->chain.size(), 1u);
   EXPECT_EQ(r->chain[0].tensor, "out");

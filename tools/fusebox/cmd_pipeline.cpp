@@ -517,7 +517,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     std::string path, save_outputs, shape, devices, batch_symbol;
     std::vector<std::string> inputs;
     PlanFlags plan;
-    bool verify = false, json = false, cuda_graph = false;
+    bool verify = false, json = false, cuda_graph = false, profile = false;
     uint64_t seed = 1;
     int warmup = 10, iters = 50;
     CacheFlags cache;
@@ -525,6 +525,8 @@ Runner add_pipeline_run(CLI::App& cmd) {
   auto a = std::make_shared<Args>();
   auto* c = cmd.add_subcommand(
       "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
+  c->add_flag("--profile", a->profile,
+              "After the timing, time each stage alone (--iters executes of its plan): which stage costs the time");
   c->add_option("--devices", a->devices,
                 "Data parallel: split the batch symbol over these GPUs, e.g. 0,1 (one session and thread "
                 "each, one plan cache; outputs stacked in this order)");
@@ -619,6 +621,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
       dp.run.warmup = a->warmup;
       dp.run.iters = a->iters;
       dp.run.cuda_graph = a->cuda_graph;
+      dp.run.profile = a->profile;
       auto r = run_pipeline_data_parallel(*p, *data, dp);
       if (!r.ok()) return bad(r.status());
       print_data_parallel(*p, *r, a->json);
@@ -655,6 +658,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     ro.iters = a->iters;
     ro.keep_intermediates = !a->save_outputs.empty();
     ro.cuda_graph = a->cuda_graph;
+    ro.profile = a->profile;
     auto r = run_pipeline(**session, *p, b.plans_by_stage(*p), *data, ro);
     if (!r.ok()) return bad(r.status());
 
@@ -690,6 +694,8 @@ Runner add_pipeline_run(CLI::App& cmd) {
         for (const auto& cmp : sr.comparisons) verify.push_back(ordered_json::parse(to_json(cmp).dump()));
         e["verify"] = std::move(verify);
         e["verified_ok"] = sr.verified_ok;
+        e["flops"] = sr.flops;
+        e["latency_ms"] = sr.latency.iters > 0 ? latency_json(sr.latency) : ordered_json(nullptr);
         stages.push_back(std::move(e));
       }
       j["stages"] = std::move(stages);
@@ -703,18 +709,10 @@ Runner add_pipeline_run(CLI::App& cmd) {
       j["build_ms"] = b.total_ms;
       j["context_create_ms"] = (*session)->context_create_ms();
       j["first_execute_ms"] = r->first_execute_ms;
-      j["latency_ms"] = {{"median", r->latency.median_ms},
-                         {"min", r->latency.min_ms},
-                         {"p90", r->latency.p90_ms},
-                         {"mean", r->latency.mean_ms},
-                         {"iters", r->latency.iters}};
+      j["latency_ms"] = latency_json(r->latency);
       j["cuda_graph"] = ordered_json::parse(to_json(r->cuda_graph).dump());
       if (r->cuda_graph.used) {
-        j["eager_latency_ms"] = {{"median", r->eager_latency.median_ms},
-                                 {"min", r->eager_latency.min_ms},
-                                 {"p90", r->eager_latency.p90_ms},
-                                 {"mean", r->eager_latency.mean_ms},
-                                 {"iters", r->eager_latency.iters}};
+        j["eager_latency_ms"] = latency_json(r->eager_latency);
       }
       j["flops"] = r->flops;
       j["tflops"] = r->tflops;
@@ -763,6 +761,18 @@ Runner add_pipeline_run(CLI::App& cmd) {
               "%.1f TFLOP/s\n",
               r->latency.iters, r->stages.size(), r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms,
               r->tflops);
+      }
+      if (a->profile && r->latency.iters > 0) {
+        double sum = 0;
+        for (const StageRun& sr : r->stages) sum += sr.latency.median_ms;
+        std::printf("  per stage, each alone (%d executes, median): sum %.4f ms against %.4f ms per run\n",
+                    r->latency.iters, sum, r->latency.median_ms);
+        for (const StageRun& sr : r->stages) {
+          const double ms = sr.latency.median_ms;
+          std::printf("    %-12s %9.4f ms %5.1f%%  %7.1f TFLOP/s  engine %s\n",
+                      safe(p->stages[static_cast<size_t>(sr.stage)].name).c_str(), ms, sum > 0 ? 100 * ms / sum : 0.0,
+                      ms > 0 ? sr.flops / (ms * 1e-3) / 1e12 : 0.0, safe(sr.engine).c_str());
+        }
       }
       for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
     }
