@@ -214,3 +214,31 @@ class Graph:
 
     def sdpa_ops(self):
         return [op for op in self.ops if op["op"] in SDPA_OPS]
+
+
+def stage_profile(doc):
+    """From `fusebox pipeline run --profile --json`: [(stage, ms, share of the stages' sum, TFLOP/s,
+    engine)] by time, slowest first; [] when the run was not profiled."""
+    rows = []
+    for st in doc.get("stages") or []:
+        lat = st.get("latency_ms") or {}
+        if lat.get("median") is None:
+            continue
+        ms = float(lat["median"])
+        tflops = float(st.get("flops") or 0) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+        rows.append((st.get("name") or st.get("stage") or "?", ms, tflops, st.get("engine", "")))
+    total = sum(r[1] for r in rows)
+    out = [(name, ms, ms / total if total > 0 else 0.0, tflops, engine) for name, ms, tflops, engine in rows]
+    return sorted(out, key=lambda r: -r[1])
+
+
+def stage_profile_lines(doc, top=12):
+    """The slowest `top` stages of stage_profile() as text lines (empty when not profiled)."""
+    prof = stage_profile(doc)
+    if not prof:
+        return []
+    lines = [f"per stage, each alone (slowest {min(top, len(prof))} of {len(prof)}; "
+             f"sum {sum(r[1] for r in prof):.4f} ms):"]
+    for name, ms, share, tflops, engine in prof[:top]:
+        lines.append(f"  {name:<20} {ms:9.4f} ms {100 * share:5.1f}% {tflops:7.1f} TFLOP/s  {engine}")
+    return lines

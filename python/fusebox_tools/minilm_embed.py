@@ -32,7 +32,7 @@ import tempfile
 import numpy as np
 
 from fusebox_tools import minilm as m
-from fusebox_tools.graph import fusebox_bin
+from fusebox_tools.graph import fusebox_bin, stage_profile, stage_profile_lines
 from fusebox_tools.minilm_sentences import make_sentences
 
 DEFAULT_SENTENCES = [
@@ -61,7 +61,8 @@ def tokenize(tokenizer_json, sentences, S):
     return ids, lengths
 
 
-def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900, cuda_graph=False):
+def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900, cuda_graph=False,
+                profile=False):
     """`fusebox pipeline run` with these inputs; returns (report dict, run folder)."""
     in_dir = os.path.join(out_dir, "inputs_given")
     os.makedirs(in_dir, exist_ok=True)
@@ -76,6 +77,8 @@ def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, 
         cmd.append("--verify")
     if cuda_graph:
         cmd.append("--cuda-graph")
+    if profile:
+        cmd.append("--profile")
     print("minilm_embed: " + " ".join(cmd), file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     try:
@@ -298,6 +301,8 @@ def main(argv=None):
     ap.add_argument("--verify", action="store_true", help="pipeline run --verify (per-stage references)")
     ap.add_argument("--iters", type=int, default=0, help="timed pipeline runs (pipeline run --iters)")
     ap.add_argument("--cuda-graph", action="store_true", help="pipeline run --cuda-graph (timed as one CUDA graph)")
+    ap.add_argument("--profile", action="store_true",
+                    help="pipeline run --profile: each stage alone, the slowest printed (issue 14's per-stage profile)")
     ap.add_argument("--reference", action="store_true", help="check against the numpy float32 reference")
     ap.add_argument("--torch", action="store_true", help="check against torch (transformers BertModel)")
     ap.add_argument("--torch-time", action="store_true",
@@ -332,7 +337,7 @@ def main(argv=None):
             pipeline = m.write_pipeline(a.model, B, S)
         out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
         report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
-                                      a.verify, a.iters, cuda_graph=a.cuda_graph)
+                                      a.verify, a.iters, cuda_graph=a.cuda_graph, profile=a.profile)
         doc["fusebox"] = {k: report.get(k) for k in ("ok", "error", "verified", "latency_ms", "eager_latency_ms",
                                                       "cuda_graph", "build_ms", "memory_bytes", "chain_verify")}
         if not report.get("ok"):
@@ -345,6 +350,9 @@ def main(argv=None):
             eager = report.get("eager_latency_ms") or {}
             print(f"fusebox pipeline: median {lat['median']:.3f} ms for {B} x {S} tokens ({len(report['stages'])} "
                   f"stages{', one CUDA graph; eager %.3f ms' % eager['median'] if eager.get('median') else ''})")
+        doc["fusebox"]["stage_profile"] = stage_profile(report)
+        for line in stage_profile_lines(report):
+            print(line)
         embeddings = m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)
         last = f"h{cfg['layers']}"
         hidden = np.load(os.path.join(run_dir, f"{last}.npy")).reshape(B, S, cfg["hidden"])

@@ -71,7 +71,7 @@ import time
 import numpy as np
 
 from fusebox_tools import resnet50
-from fusebox_tools.graph import REPO_ROOT, fusebox_bin
+from fusebox_tools.graph import REPO_ROOT, fusebox_bin, stage_profile, stage_profile_lines
 from fusebox_tools.resnet50 import round_bf16
 
 TOL_REL_L2 = 4e-2
@@ -225,6 +225,8 @@ def run_fusebox(exe, pipeline, image_file, save_dir, args):
         cmd.append("--verify")
     if not args.no_cuda_graph:
         cmd.append("--cuda-graph")
+    if getattr(args, "profile", False):
+        cmd.append("--profile")
     print("$ " + " ".join(cmd), flush=True)
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -252,6 +254,8 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile (its compile takes a minute)")
     ap.add_argument("--no-cuda-graph", action="store_true",
                     help="run fusebox's pipeline eager only (no `pipeline run --cuda-graph`)")
+    ap.add_argument("--profile", action="store_true",
+                    help="pipeline run --profile: each stage alone, the slowest printed (issue 14's per-stage profile)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds for the fusebox run")
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile's mode (default, max-autotune-no-cudagraphs, max-autotune, ...)")
@@ -330,6 +334,9 @@ def main(argv=None):
             timing[name] = {"median": lat.get("median"), "min": lat.get("min"), "iters": lat.get("iters")}
     results["gpu_time_ms"] = timing
     results["ok"] = ok
+    results["stage_profile"] = stage_profile(fb)
+    for line in stage_profile_lines(fb):
+        print(line)
 
     print()
     print(f"fusebox pipeline run: exit {fb.get('_exit')}, verified {fb.get('verified')}, "
