@@ -104,3 +104,11 @@ def test_bad_data_parallel_runs_are_one_error_before_any_gpu_work(fusebox, repo_
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert re.search(error, p.stderr), p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_startup_checks_every_file_before_any_gpu_work(fusebox, repo_root):
+    """pipeline startup A B: a bad second file is one error (exit 2) before a session is made."""
+    p = run(fusebox, repo_root, "pipeline", "startup", "examples/pipelines/two_convs.json",
+            "examples/pipelines/missing.json", "--no-cache")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "missing.json" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

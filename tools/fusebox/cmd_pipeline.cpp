@@ -7,9 +7,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "common.h"
 #include "common/dims_string.h"
+#include "common/stopwatch.h"
+#include "fusebox/cuda_graph.h"
 #include "dot.h"
 #include "fusebox/pipeline.h"
 #include "fusebox/pipeline_parallel.h"
@@ -783,6 +786,131 @@ Runner add_pipeline_run(CLI::App& cmd) {
 
 }  // namespace
 
+// `pipeline startup FILE...`: what a serving process pays before its first
+// results, for several pipelines in one process on one session: the GPU
+// context and cuDNN handle, then per pipeline its plans (cache hits or
+// builds), binding with the uploads, the CUDA graph (--cuda-graph) and the
+// first run, synchronized. Run it twice with one --cache: cold, then warm.
+Runner add_pipeline_startup(CLI::App& cmd) {
+  struct Args {
+    std::vector<std::string> paths;
+    PlanFlags plan;
+    bool json = false, cuda_graph = false;
+    uint64_t seed = 1;
+    CacheFlags cache;
+  };
+  auto a = std::make_shared<Args>();
+  auto* c = cmd.add_subcommand(
+      "startup", "Start several pipelines in one process and time each step to their first results "
+                 "(context, plans from the cache or built, binding, CUDA graph, first run)");
+  c->add_option("pipelines", a->paths, "Pipeline JSON files (at their symbols' defaults)")->required();
+  c->add_flag("--cuda-graph", a->cuda_graph, "Record each pipeline as one CUDA graph before its first run");
+  c->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
+  add_plan_flags(c, a->plan);
+  c->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_cache_flags(c, a->cache);
+  return [a]() {
+    const common::Stopwatch total;
+    auto bad = [&](const Status& st) {
+      if (a->json) print_json_error(st);
+      return fail("pipeline startup", st);
+    };
+    auto request = plan_request(a->plan);
+    if (!request.ok()) return bad(request.status());
+    // Host work first: every file and its inputs and weights.
+    const common::Stopwatch load;
+    std::vector<Pipeline> ps;
+    std::vector<PipelineHostData> data;
+    for (const std::string& path : a->paths) {
+      auto p = load_pipeline(path, "");
+      if (!p.ok()) return bad(p.status());
+      auto d = load_pipeline_data(*p, a->seed);
+      if (!d.ok()) return bad(d.status());
+      ps.push_back(std::move(*p));
+      data.push_back(std::move(*d));
+    }
+    const double load_ms = load.ms();
+    auto cache = open_cache(a->cache);
+    SessionOptions so;
+    so.cache = cache.get();
+    auto session = Session::create(so);
+    if (!session.ok()) return bad(session.status());
+    struct Step {
+      PipelineBuild build;
+      std::unique_ptr<PipelineExecutor> ex;
+      std::optional<CudaGraph> graph;
+      int hits = 0;
+      double plans_ms = 0, bind_ms = 0, graph_ms = 0, first_ms = 0;
+    };
+    std::vector<Step> steps(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Step& st = steps[i];
+      const common::Stopwatch plans;
+      Status s = build_pipeline(**session, ps[i], *request, &st.build);
+      st.plans_ms = plans.ms();
+      if (!s.ok()) return bad(s);
+      for (const StageBuild& sb : st.build.stages) st.hits += sb.report.cache == "hit" ? 1 : 0;
+      const common::Stopwatch bind;
+      auto ex = PipelineExecutor::create(**session, ps[i], st.build.plans_by_stage(ps[i]), data[i]);
+      if (!ex.ok()) return bad(ex.status());
+      st.ex = std::move(*ex);
+      st.bind_ms = bind.ms();
+      if (a->cuda_graph) {
+        const common::Stopwatch made;
+        std::vector<BoundPlan*> plans_in_order;
+        for (BoundPlan& b : st.ex->steps()) plans_in_order.push_back(&b);
+        auto g = CudaGraph::create(plans_in_order);
+        if (!g.ok()) return bad(g.status().WithContext(ps[i].path + ": CUDA graph"));
+        st.graph.emplace(std::move(*g));
+        st.graph_ms = made.ms();
+      }
+      const common::Stopwatch first;
+      s = st.graph ? st.graph->launch() : st.ex->execute();
+      if (s.ok()) s = st.ex->synchronize();
+      if (!s.ok()) return bad(s.WithContext(ps[i].path + ": first run"));
+      st.first_ms = first.ms();
+    }
+    const double total_ms = total.ms();
+    const double context_ms = (*session)->context_create_ms();
+    if (a->json) {
+      ordered_json j = header_json(ps[0], session->get());
+      j.erase("pipeline");
+      j.erase("pipeline_file");
+      j["load_ms"] = load_ms;
+      j["context_create_ms"] = context_ms;
+      ordered_json list = ordered_json::array();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        const Step& st = steps[i];
+        list.push_back({{"pipeline", ps[i].name},
+                        {"pipeline_file", ps[i].path},
+                        {"stages", ps[i].stages.size()},
+                        {"cache_hits", st.hits},
+                        {"plans_ms", st.plans_ms},
+                        {"bind_ms", st.bind_ms},
+                        {"cuda_graph_ms", st.graph ? ordered_json(st.graph_ms) : ordered_json(nullptr)},
+                        {"first_run_ms", st.first_ms}});
+      }
+      j["pipelines"] = std::move(list);
+      j["total_ms"] = total_ms;
+      std::printf("%s\n", common::json_dump(j, 2).c_str());
+      return kExitOk;
+    }
+    std::printf("start-up of %zu pipelines in one process on %s (cache %s)\n", ps.size(),
+                target_text(**session).c_str(), cache && cache->enabled() ? safe(cache->path()).c_str() : "off");
+    std::printf("  files, weights and inputs %.1f ms; GPU context and cuDNN handle %.1f ms\n", load_ms, context_ms);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      const Step& st = steps[i];
+      std::printf("  %-16s %3zu stages: plans %.1f ms (%d of %zu from the cache), bind and upload %.1f ms", 
+                  safe(ps[i].name).c_str(), ps[i].stages.size(), st.plans_ms, st.hits, ps[i].stages.size(),
+                  st.bind_ms);
+      if (st.graph) std::printf(", CUDA graph %.1f ms", st.graph_ms);
+      std::printf(", first run %.2f ms\n", st.first_ms);
+    }
+    std::printf("  total %.1f ms from the command's start to the last pipeline's first results\n", total_ms);
+    return kExitOk;
+  };
+}
+
 Runner add_pipeline(CLI::App& app) {
   auto* cmd = app.add_subcommand("pipeline", "Pipelines of graphs (docs/pipeline-format.md)");
   struct Args {
@@ -801,14 +929,16 @@ Runner add_pipeline(CLI::App& app) {
                                 "Write a Graphviz picture of the pipeline (buffers, stages, their ops) to FILE (no "
                                 "FILE or '-': stdout; write --dot=FILE, or put --dot after the pipeline)")
                   ->expected(0, 1);
-  Runner build = add_pipeline_build(*cmd), tune = add_pipeline_tune(*cmd), run = add_pipeline_run(*cmd);
-  return [a, cmd, check, dot, build, tune, run]() {
+  Runner build = add_pipeline_build(*cmd), tune = add_pipeline_tune(*cmd), run = add_pipeline_run(*cmd),
+         startup = add_pipeline_startup(*cmd);
+  return [a, cmd, check, dot, build, tune, run, startup]() {
     if (cmd->got_subcommand("build")) return build();
     if (cmd->got_subcommand("tune")) return tune();
     if (cmd->got_subcommand("run")) return run();
+    if (cmd->got_subcommand("startup")) return startup();
     if (!check->parsed())
       return fail("pipeline",
-                  InvalidArgument("a subcommand is needed: accepted subcommands are check, build, tune, run "
+                  InvalidArgument("a subcommand is needed: accepted subcommands are check, build, tune, run, startup "
                                   "(see fusebox pipeline --help)"));
     const bool want_dot = dot->count() > 0;
     const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
