@@ -48,14 +48,30 @@ DEFAULT_SENTENCES = [
 ]
 
 
-def tokenize(tokenizer_json, sentences, S):
-    """(ids [B, S] int64 padded with [PAD]=0, lengths [B]) with BERT's special tokens."""
+def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
+    """(ids [B, S] int64 padded with [PAD]=0, lengths [B]) with BERT's special tokens.
+    A sentence longer than S tokens is cut to S, as sentence-transformers cuts at its
+    max_seq_length, with one warning line per sentence (`warn`, default stderr). An empty
+    sentence, or S beyond the model's `max_positions`, is a ValueError naming it."""
     from tokenizers import Tokenizer
 
+    if S > max_positions:
+        raise ValueError(f"S={S} tokens exceeds the model's {max_positions} positions: give --seq {max_positions} "
+                         "or less (longer texts are truncated)")
+    sentences = list(sentences)
+    for i, text in enumerate(sentences):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"sentence {i} is empty: nothing to embed (give text with at least one word)")
     tok = Tokenizer.from_file(tokenizer_json)
+    tok.no_truncation()
+    tok.no_padding()
+    for i, e in enumerate(tok.encode_batch(sentences)):
+        if len(e.ids) > S:
+            (warn or (lambda msg: print(msg, file=sys.stderr)))(
+                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to S={S}")
     tok.enable_truncation(max_length=S)
     tok.enable_padding(length=S, pad_id=0, pad_token="[PAD]")
-    enc = tok.encode_batch(list(sentences))
+    enc = tok.encode_batch(sentences)
     ids = np.array([e.ids for e in enc], dtype=np.int64)
     lengths = np.array([int(sum(e.attention_mask)) for e in enc], dtype=np.int64)
     return ids, lengths
@@ -322,7 +338,8 @@ def main(argv=None):
     sentences = a.sentences or (make_sentences(a.batch) if a.batch else DEFAULT_SENTENCES)
     try:
         p, cfg = m.load_converted(a.model)
-        ids, lengths = tokenize(a.tokenizer or os.path.join(a.model, "host", "tokenizer.json"), sentences, a.seq)
+        ids, lengths = tokenize(a.tokenizer or os.path.join(a.model, "host", "tokenizer.json"), sentences, a.seq,
+                                max_positions=int(cfg.get("max_pos", 512)))
     except (m.MiniLMError, OSError, ValueError) as e:
         print(f"minilm_embed: {e}", file=sys.stderr)
         return 2

@@ -388,6 +388,15 @@ def test_tokenize_when_tokenizers_is_installed(tmp_path):
     ids, lengths = me.tokenize(path, ["a man eats", "a dog"], 8)
     assert ids.tolist() == [[2, 4, 5, 6, 3, 0, 0, 0], [2, 4, 1, 3, 0, 0, 0, 0]]
     assert lengths.tolist() == [5, 4]
+    # longer than S: cut to S (the [SEP] included, as the tokenizer truncates), one warning per sentence
+    warnings = []
+    ids, lengths = me.tokenize(path, ["a man eats a man eats", "a man"], 5, warn=warnings.append)
+    assert lengths.tolist() == [5, 4] and ids.shape == (2, 5)
+    assert len(warnings) == 1 and "sentence 0 has 8 tokens; truncated to S=5" in warnings[0]
+    with pytest.raises(ValueError, match="sentence 1 is empty"):
+        me.tokenize(path, ["a man", "   "], 8)
+    with pytest.raises(ValueError, match="exceeds the model's 512 positions"):
+        me.tokenize(path, ["a man"], 1024)
 
 
 def test_real_weights_reproduce_the_model_card(repo_root):
