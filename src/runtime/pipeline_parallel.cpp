@@ -2,6 +2,7 @@
 #include "fusebox/pipeline_parallel.h"
 
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <thread>
 
@@ -227,7 +228,7 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
     std::vector<std::thread> threads;
     threads.reserve(n);
     for (size_t i = 0; i < n; ++i) {
-      threads.emplace_back([&, i]() {
+      auto work = [&, i]() {
         DeviceShare& share = r.shares[i];
         const std::string who = "device " + std::to_string(share.device) + " (rows " + std::to_string(share.offset) +
                                 ".." + std::to_string(share.offset + share.batch - 1) + ")";
@@ -256,7 +257,12 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
           return;
         }
         share.result = std::move(*run);
-      });
+      };
+      try {
+        threads.emplace_back(work);
+      } catch (const std::exception&) {  // no thread: this share runs here, after the others started
+        work();
+      }
     }
     for (auto& t : threads) t.join();
   }
