@@ -93,8 +93,8 @@ def test_deviceless_build_at_two_shapes_shares_one_cache(fusebox, repo_root, tmp
     (["examples/pipelines/two_convs_dyn.json", "--devices", "0,1", "--batch-symbol", "M"],
      r"pipeline 'two_convs_dyn' has no symbol 'M' to split; its symbols: N=2"),
     (["examples/pipelines/two_convs_dyn.json", "--batch-symbol", "N"], r"--batch-symbol goes with --devices"),
-    (["examples/pipelines/two_convs_dyn.json", "--devices", "0,1", "--save-outputs", "/tmp/never"],
-     r"--save-outputs with --devices is not supported yet"),
+    (["examples/pipelines/two_convs_dyn.json", "--devices", "0,1", "--save-outputs", "examples/pipelines/two_convs.json"],
+     r"--save-outputs 'examples/pipelines/two_convs.json' exists and is not a directory"),
 ])
 def test_bad_data_parallel_runs_are_one_error_before_any_gpu_work(fusebox, repo_root, args, error):
     """pipeline run --devices: what cannot be split is refused before a session is made (exit 2, also on

@@ -208,7 +208,8 @@ ordered_json latency_json(const LatencyStats& l) {
 
 // `pipeline run --devices`: per device its rows, plans, verification and
 // latency (timed on each device while the others ran theirs), then the whole.
-void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool json) {
+void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool json,
+                         const std::vector<std::string>& saved) {
   bool ok = r.verified_ok;
   if (json) {
     ordered_json j = header_json(p, nullptr);
@@ -241,6 +242,7 @@ void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool js
     ordered_json outs = ordered_json::object();
     for (const auto& [name, t] : r.outputs) outs[name] = {{"dims", t.dims}, {"dtype", dtype_name(t.dtype)}};
     j["outputs"] = std::move(outs);
+    j["outputs_saved"] = saved;
     j["ok"] = ok;
     std::printf("%s\n", common::json_dump(j, 2).c_str());
     return;
@@ -274,6 +276,7 @@ void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool js
     std::printf("  output %s: %s stacked from the devices\n", safe(name).c_str(), common::dims_string(t.dims).c_str());
   std::printf("  wall time, threads start to last end (sessions, plans, runs): %.1f ms%s\n", r.wall_ms,
               ok ? "" : "; verification FAILED");
+  for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
 }
 
 void print_build_stages(const Pipeline& p, const PipelineBuild& b, bool keep_going = false) {
@@ -568,9 +571,6 @@ Runner add_pipeline_run(CLI::App& cmd) {
       auto d = parse_device_list(a->devices);
       if (!d.ok()) return bad(d.status());
       devices = *d;
-      if (!a->save_outputs.empty())
-        return bad(InvalidArgument("--save-outputs with --devices is not supported yet: run on one device to save "
-                                   "every buffer"));
     } else if (!a->batch_symbol.empty()) {
       return bad(InvalidArgument("--batch-symbol goes with --devices (the symbol a data-parallel run splits)"));
     }
@@ -627,7 +627,24 @@ Runner add_pipeline_run(CLI::App& cmd) {
       dp.run.profile = a->profile;
       auto r = run_pipeline_data_parallel(*p, *data, dp);
       if (!r.ok()) return bad(r.status());
-      print_data_parallel(*p, *r, a->json);
+      // --save-outputs: the inputs as given and the outputs stacked from the devices (each
+      // device's intermediates stay on it).
+      std::vector<std::string> saved;
+      if (!save.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(std::filesystem::path(a->save_outputs) / "inputs", ec);
+        for (const auto& [bi, path] : save) {
+          const PipelineBuffer& buf = p->buffers[static_cast<size_t>(bi)];
+          const HostTensor* t = nullptr;
+          if (buf.kind == BufferKind::kInput && data->count(bi)) t = &data->at(bi);
+          if (buf.kind == BufferKind::kOutput && r->outputs.count(buf.name)) t = &r->outputs.at(buf.name);
+          if (!t) continue;
+          Status st = write_npy(path, *t);
+          if (!st.ok()) return bad(st);
+          saved.push_back(path);
+        }
+      }
+      print_data_parallel(*p, *r, a->json, saved);
       for (size_t i = 0; i < r->shares.size(); ++i) {
         Status vs = pipeline_verify_status(r->share_pipelines[i], r->shares[i].result);
         if (!vs.ok())
