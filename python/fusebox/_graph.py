@@ -25,8 +25,20 @@ class TensorInfo:
         return self.kind == "output"
 
 
+class _TensorLists:
+    """inputs and outputs of anything with `tensors` (GraphInfo, Graph)."""
+
+    @property
+    def inputs(self) -> List[TensorInfo]:
+        return [t for t in self.tensors if not t.is_output]
+
+    @property
+    def outputs(self) -> List[TensorInfo]:
+        return [t for t in self.tensors if t.is_output]
+
+
 @dataclass(frozen=True)
-class GraphInfo:
+class GraphInfo(_TensorLists):
     """What graph.check() returns: the graph's name, its tensors to bind and `fusebox check`'s listing."""
 
     name: str
@@ -38,14 +50,6 @@ class GraphInfo:
             if t.name == name:
                 return t
         raise KeyError(name)
-
-    @property
-    def inputs(self) -> List[TensorInfo]:
-        return [t for t in self.tensors if not t.is_output]
-
-    @property
-    def outputs(self) -> List[TensorInfo]:
-        return [t for t in self.tensors if t.is_output]
 
     def to_dict(self) -> Dict:
         return {"name": self.name,
@@ -60,7 +64,7 @@ def _tensor_info(ti: _lib.TensorInfo) -> TensorInfo:
                       strides=tuple(ti.strides[i] for i in range(n)), bytes=ti.bytes)
 
 
-class Graph:
+class Graph(_TensorLists):
     """A graph in fusebox's JSON format (docs/graph-format.md), checked when made.
 
     Graph.from_json(text or path), Graph.from_dict(dict), Graph.load(path).
@@ -143,14 +147,6 @@ class Graph:
         ti = _lib.TensorInfo()
         _lib.check(_lib.lib().fusebox_graph_find_tensor(self._h, _lib.encode(name), ctypes.byref(ti)))
         return _tensor_info(ti)
-
-    @property
-    def inputs(self) -> List[TensorInfo]:
-        return [t for t in self.tensors if not t.is_output]
-
-    @property
-    def outputs(self) -> List[TensorInfo]:
-        return [t for t in self.tensors if t.is_output]
 
     def describe(self) -> str:
         """`fusebox check`'s listing of tensors and ops."""

@@ -140,7 +140,8 @@ class Plan:
         self.graph = graph
         self.session = session
         self._bound = None  # (key, fusebox_bound_plan*): reused while the pointers stay the same
-        # (signature, workspace pointer): the last call's torch tensors, checked and bound. A call whose
+        # (signature, workspace pointer, workspace bytes): the last call's torch tensors, checked and
+        # bound (no library call on the fast path). A call whose
         # tensors have the same signature (name, pointer, dtype, shape, strides, device: everything the
         # checks look at) skips the checks and the binding (_fast_run).
         self._fast = None
@@ -197,7 +198,7 @@ class Plan:
     def _fast_run(self, tensors):
         """The last call again on new data (same tensors, or tensors with the same pointers and
         layout): True when it ran. Host cost of a call is most of what this saves (docs/python.md)."""
-        sig, ws_ptr = self._fast
+        sig, ws_ptr, ws_bytes = self._fast
         torch = sys.modules.get("torch")
         if torch is None or len(tensors) != len(sig):
             return False
@@ -211,7 +212,7 @@ class Plan:
             return False
         workspace = None
         if ws_ptr is not None:
-            workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=sig[0][5])
+            workspace = torch.empty(ws_bytes, dtype=torch.uint8, device=sig[0][5])
             if workspace.data_ptr() != ws_ptr:
                 return False
         _lib.check(_lib.lib().fusebox_execute(self._bound[1], _current_stream(torch, dev)))
@@ -261,7 +262,7 @@ class Plan:
             if stream is None and all(type(t) is torch.Tensor for t in tensors.values()) and \
                     (ws_bytes == 0 or workspace is not None):
                 self._fast = (tuple((n, t.data_ptr(), t.dtype, t.shape, t.stride(), t.device)
-                                    for n, t in tensors.items()), ws_ptr if ws_bytes > 0 else None)
+                                    for n, t in tensors.items()), ws_ptr if ws_bytes > 0 else None, ws_bytes)
         else:
             _lib.check(_lib.lib().fusebox_execute(self._bound[1], handle))
         return None

@@ -174,17 +174,23 @@ def folded(sd, conv, eps=BN_EPS):
     return w.astype(np.float32), b.reshape(1, -1, 1, 1).astype(np.float32)
 
 
+def _finish_conv(c, y, vals):
+    """The numpy forwards' step after conv + batch norm: the residual, the ReLU (not
+    after a conv_bias), and the stem's max pool after conv1; stores the result in vals."""
+    if c.r is not None:
+        y = y + vals[c.r]
+    vals[c.y] = np.maximum(y, 0) if c.kind != "conv_bias" else y
+    if c.name == "conv1":
+        vals["pool"] = max_pool(vals["stem"])
+
+
 def forward(sd, x):
     """The unfolded network in numpy (eval mode): x [N,3,H,W] -> logits [N,1000]."""
     convs, _, _ = architecture()
     vals = {"image": x}
     for c in convs:
         y = batch_norm(conv2d(vals[c.x], sd[c.weight], c.stride, c.pad), sd, c.bn)
-        if c.r is not None:
-            y = y + vals[c.r]
-        vals[c.y] = np.maximum(y, 0) if c.kind != "conv_bias" else y
-        if c.name == "conv1":
-            vals["pool"] = max_pool(vals["stem"])
+        _finish_conv(c, y, vals)
     pooled = vals[convs[-1].y].mean(axis=(2, 3))
     return pooled @ sd["fc.weight"].T + sd["fc.bias"]
 
@@ -282,11 +288,7 @@ def make_state_dict(seed=50, calib_batch=2, calib_image=96):
         sd[f"{c.bn}.running_mean"] = (mean + rng.normal(0, 0.05, mean.shape) * np.sqrt(var)).astype(np.float32)
         sd[f"{c.bn}.running_var"] = (var * rng.uniform(0.9, 1.1, var.shape)).astype(np.float32)
         y = batch_norm(z, sd, c.bn)
-        if c.r is not None:
-            y = y + vals[c.r]
-        vals[c.y] = np.maximum(y, 0) if c.kind != "conv_bias" else y
-        if c.name == "conv1":
-            vals["pool"] = max_pool(vals["stem"])
+        _finish_conv(c, y, vals)
     pooled = vals[convs[-1].y].mean(axis=(2, 3))
     # fc: logits with a spread of a few units (about 5 at 224 pixels, where
     # the pooled features are larger than at the calibration's size).

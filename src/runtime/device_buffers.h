@@ -74,11 +74,8 @@ namespace fusebox::runtime {
 // one timing loop of run, tune and pipeline run.
 Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, const std::function<Status(int)>& run,
                                 const std::string& what);
-// Byte-for-byte comparison of a CUDA graph's outputs with the eager run's,
-// by name: fills out.bit_identical, bytes_compared and mismatches.
-void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::map<std::string, HostTensor>& graph,
-                   CudaGraphRun& out);
-// The CUDA graph's outputs against the eager run's: compare_bytes, and where
+// The CUDA graph's outputs against the eager run's, by name, byte for byte
+// (out.bit_identical, bytes_compared, mismatches), and where
 // they differ but `not_reproducible` says why they may (not_bit_reproducible),
 // each output within tolerance(name) instead (out.not_reproducible,
 // out.within_tolerance, comparison lines in out.mismatches). VerificationFailed

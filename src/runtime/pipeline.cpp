@@ -13,6 +13,7 @@
 #include "common/dims_string.h"
 #include "common/file_io.h"
 #include "common/json_text.h"
+#include "pipeline_text.h"
 
 namespace fusebox {
 
@@ -27,7 +28,7 @@ constexpr size_t kMaxStages = 4096;
 constexpr size_t kMaxNameBytes = 256;
 constexpr size_t kMaxPathBytes = 4096;
 
-std::string sq(std::string_view s) { return "'" + std::string(s) + "'"; }
+using runtime::sq;
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;

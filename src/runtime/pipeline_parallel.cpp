@@ -9,17 +9,13 @@
 #include "common/dims_string.h"
 #include "common/stopwatch.h"
 #include "fusebox/plan_cache.h"
+#include "pipeline_text.h"
 
 namespace fusebox {
 namespace {
 
-std::string quoted(std::string_view s) {
-  std::string out = "'";
-  out += s;
-  out += '\'';
-  return out;
-}
-std::string pipeline_where(const Pipeline& p) { return p.path + ": pipeline " + quoted(p.name); }
+using runtime::sq;
+using runtime::where;
 
 int64_t product_after_first(const std::vector<int64_t>& dims) {
   int64_t n = 1;
@@ -104,19 +100,19 @@ Result<std::string> batch_symbol_of(const Pipeline& p, const std::string& reques
   std::string names;
   for (const auto& [name, value] : p.shape) names += (names.empty() ? "" : ", ") + name + "=" + std::to_string(value);
   if (p.shape.empty()) {
-    return InvalidArgument(pipeline_where(p) + " declares no symbols: a data-parallel run splits a symbolic batch "
+    return InvalidArgument(where(p) + " declares no symbols: a data-parallel run splits a symbolic batch "
                            "dim across the devices (declare the batch as a symbol in the stages' graphs, "
                            "docs/graph-format.md), or run on one device");
   }
   if (!requested.empty()) {
     if (!p.shape.count(requested)) {
-      return InvalidArgument(pipeline_where(p) + " has no symbol " + quoted(requested) + " to split; its symbols: " +
+      return InvalidArgument(where(p) + " has no symbol " + sq(requested) + " to split; its symbols: " +
                              names);
     }
     return requested;
   }
   if (p.shape.size() > 1) {
-    return InvalidArgument(pipeline_where(p) + " has several symbols (" + names +
+    return InvalidArgument(where(p) + " has several symbols (" + names +
                            "): say which is the batch with --batch-symbol");
   }
   return p.shape.begin()->first;
@@ -128,7 +124,7 @@ Result<std::vector<bool>> batch_split(const Pipeline& full, const std::vector<co
   if (shares.size() != share_batches.size()) return InvalidArgument("batch_split: one batch per share");
   for (size_t s = 0; s < shares.size(); ++s) {
     if (!shares[s] || shares[s]->buffers.size() != full.buffers.size()) {
-      return InvalidArgument(pipeline_where(full) + ": share " + std::to_string(s) +
+      return InvalidArgument(where(full) + ": share " + std::to_string(s) +
                              " does not have the pipeline's buffers");
     }
   }
@@ -136,7 +132,7 @@ Result<std::vector<bool>> batch_split(const Pipeline& full, const std::vector<co
   for (int64_t b : share_batches) total += b;
   for (size_t bi = 0; bi < full.buffers.size(); ++bi) {
     const PipelineBuffer& fb = full.buffers[bi];
-    const std::string what = pipeline_where(full) + ": buffer " + quoted(fb.name);
+    const std::string what = where(full) + ": buffer " + sq(fb.name);
     bool same = true, follows = !fb.dims.empty() && fb.dims[0] == total;
     for (size_t s = 0; s < shares.size(); ++s) {
       const PipelineBuffer& sb = shares[s]->buffers[bi];
@@ -175,7 +171,7 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
   r.batch = full.shape.at(r.batch_symbol);
   auto split_sizes = split_batch(r.batch, static_cast<int>(options.devices.size()));
   if (!split_sizes.ok()) {
-    return split_sizes.status().WithContext(pipeline_where(full) + ": " + r.batch_symbol + "=" +
+    return split_sizes.status().WithContext(where(full) + ": " + r.batch_symbol + "=" +
                                             std::to_string(r.batch));
   }
   const std::vector<int64_t> batches = *split_sizes;
@@ -209,10 +205,10 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
         continue;
       }
       FUSEBOX_ASSIGN_OR_RETURN(share_data[i][bi],
-                               slice_batch(t, offset, batches[i], pipeline_where(full) + ": buffer " + quoted(b.name)));
+                               slice_batch(t, offset, batches[i], where(full) + ": buffer " + sq(b.name)));
       const ResolvedTensor want = buffer_tensor(r.share_pipelines[i], bi);
       if (want.dims != share_data[i][bi].dims || want.strides != share_data[i][bi].strides) {
-        return InvalidArgument(pipeline_where(full) + ": buffer " + quoted(b.name) + " sliced to " +
+        return InvalidArgument(where(full) + ": buffer " + sq(b.name) + " sliced to " +
                                common::dims_string(share_data[i][bi].dims) + " strides " +
                                common::dims_string(share_data[i][bi].strides) + ", but the pipeline at " + r.batch_symbol +
                                "=" + std::to_string(batches[i]) + " lays it out as " + common::dims_string(want.dims) +
@@ -277,7 +273,7 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
       auto it = s.result.outputs.find(b.name);
       parts.push_back(it == s.result.outputs.end() ? nullptr : &it->second);
     }
-    FUSEBOX_ASSIGN_OR_RETURN(r.outputs[b.name], concat_batch(parts, pipeline_where(full) + ": output " + quoted(b.name)));
+    FUSEBOX_ASSIGN_OR_RETURN(r.outputs[b.name], concat_batch(parts, where(full) + ": output " + sq(b.name)));
   }
   for (const DeviceShare& s : r.shares) r.verified_ok = r.verified_ok && s.result.verified_ok;
   return r;

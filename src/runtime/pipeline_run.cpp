@@ -12,6 +12,7 @@
 #include "common/stopwatch.h"
 #include "common/strided.h"
 #include "device_buffers.h"
+#include "pipeline_text.h"
 #include "fusebox/cuda_graph.h"
 
 namespace fusebox {
@@ -21,10 +22,9 @@ namespace {
 using runtime::cuda_status;
 using runtime::DeviceBuffer;
 
-std::string sq(std::string_view s) { return "'" + std::string(s) + "'"; }
-
-std::string where(const Pipeline& p) { return p.path + ": pipeline " + sq(p.name); }
-std::string stage_where(const Pipeline& p, int s) { return where(p) + ": stage " + sq(p.stages[s].name); }
+using runtime::sq;
+using runtime::stage_where;
+using runtime::where;
 
 std::vector<const Plan*> by_stage(const Pipeline& p, const std::vector<std::pair<int, const Plan*>>& built) {
   std::vector<const Plan*> out(p.stages.size(), nullptr);

@@ -114,6 +114,8 @@ Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int sample
   return st;
 }
 
+namespace {
+
 // Byte-for-byte comparison of the graph's outputs with the eager ones.
 void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::map<std::string, HostTensor>& graph,
                    CudaGraphRun& out) {
@@ -140,6 +142,8 @@ void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::ma
     }
   }
 }
+
+}  // namespace
 
 Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
                            const std::map<std::string, HostTensor>& graph, const std::string& not_reproducible,

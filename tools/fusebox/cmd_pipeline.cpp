@@ -202,6 +202,12 @@ std::string stage_reason(const Status& st) {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+ordered_json comparisons_json(const std::vector<Comparison>& cs) {
+  ordered_json out = ordered_json::array();
+  for (const auto& cmp : cs) out.push_back(ordered_json::parse(to_json(cmp).dump()));
+  return out;
+}
+
 ordered_json latency_json(const LatencyStats& l) {
   return {{"median", l.median_ms}, {"min", l.min_ms}, {"p90", l.p90_ms}, {"mean", l.mean_ms}, {"iters", l.iters}};
 }
@@ -219,21 +225,17 @@ void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool js
       const DeviceShare& s = r.shares[i];
       ordered_json stages = ordered_json::array();
       for (const StageRun& sr : s.result.stages) {
-        ordered_json verify = ordered_json::array();
-        for (const auto& cmp : sr.comparisons) verify.push_back(ordered_json::parse(to_json(cmp).dump()));
         stages.push_back({{"stage", r.share_pipelines[i].stages[static_cast<size_t>(sr.stage)].name},
                           {"engine", sr.engine},
-                          {"verify", std::move(verify)},
+                          {"verify", comparisons_json(sr.comparisons)},
                           {"verified_ok", sr.verified_ok}});
       }
-      ordered_json chain = ordered_json::array();
-      for (const auto& cmp : s.result.chain) chain.push_back(ordered_json::parse(to_json(cmp).dump()));
       shares.push_back({{"device", s.device},
                         {"device_name", s.device_name},
                         {"rows", {s.offset, s.offset + s.batch}},
                         {"build_ms", s.build_ms},
                         {"stages", std::move(stages)},
-                        {"chain_verify", std::move(chain)},
+                        {"chain_verify", comparisons_json(s.result.chain)},
                         {"latency_ms", latency_json(s.result.latency)},
                         {"cuda_graph", ordered_json::parse(to_json(s.result.cuda_graph).dump())},
                         {"verified_ok", s.result.verified_ok}});
@@ -468,10 +470,7 @@ Runner add_pipeline_tune(CLI::App& cmd) {
         e["heuristic_choice"] = tuned && r.heuristic >= 0 ? r.entries[r.heuristic].candidate.name : "";
         e["speedup_over_heuristic"] = tuned ? r.speedup_over_heuristic : 0.0;
         e["candidates"] = tuned ? r.entries.size() : 0;
-        ordered_json verify = ordered_json::array();
-        for (const auto& cmp : r.winner_run.comparisons)
-          verify.push_back(ordered_json::parse(to_json(cmp).dump()));
-        e["verify"] = std::move(verify);
+        e["verify"] = comparisons_json(r.winner_run.comparisons);
         stages.push_back(std::move(e));
       }
       j["stages"] = std::move(stages);
@@ -710,18 +709,14 @@ Runner add_pipeline_run(CLI::App& cmd) {
         e["plan"] = ordered_json::parse(to_json(sb.report).dump());
         e["plan_ms"] = sb.ms;
         e["reference"] = sr.reference_kind;
-        ordered_json verify = ordered_json::array();
-        for (const auto& cmp : sr.comparisons) verify.push_back(ordered_json::parse(to_json(cmp).dump()));
-        e["verify"] = std::move(verify);
+        e["verify"] = comparisons_json(sr.comparisons);
         e["verified_ok"] = sr.verified_ok;
         e["flops"] = sr.flops;
         e["latency_ms"] = sr.latency.iters > 0 ? latency_json(sr.latency) : ordered_json(nullptr);
         stages.push_back(std::move(e));
       }
       j["stages"] = std::move(stages);
-      ordered_json chain = ordered_json::array();
-      for (const auto& cmp : r->chain) chain.push_back(ordered_json::parse(to_json(cmp).dump()));
-      j["chain_verify"] = std::move(chain);
+      j["chain_verify"] = comparisons_json(r->chain);
       j["chain_reference"] = r->chain_reference_kind;
       j["verified"] = a->verify;
       j["memory_bytes"] = {
