@@ -188,12 +188,18 @@ def batchnorm(ins, op):
     eps, momentum = float(a["epsilon"]), float(a["momentum"])
     run_mean = _channel(ins["running_mean"]).clone()
     run_var = _channel(ins["running_var"]).clone()
-    y = F.batch_norm(x, run_mean, run_var, _channel(ins["scale"]), _channel(ins["bias"]), training=True,
-                     momentum=momentum, eps=eps)
     dims = tuple(d for d in range(x.dim()) if d != 1)
     mean = x.mean(dim=dims, keepdim=True)
     var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
     shape = mean.shape
+    if eps > 0:
+        y = F.batch_norm(x, run_mean, run_var, _channel(ins["scale"]), _channel(ins["bias"]), training=True,
+                         momentum=momentum, eps=eps)
+    else:  # fusebox accepts epsilon 0; torch >= 2.11 refuses it ("batch_norm eps must be positive")
+        n = x.numel() // x.shape[1]
+        y = (x - mean) * torch.rsqrt(var) * ins["scale"].float().reshape(shape) + ins["bias"].float().reshape(shape)
+        run_mean = (1 - momentum) * run_mean + momentum * mean.reshape(-1)
+        run_var = (1 - momentum) * run_var + momentum * var.reshape(-1) * (n / max(n - 1, 1))
     out = {"y": y, "mean": mean, "inv_variance": torch.rsqrt(var + eps),
            "next_running_mean": run_mean.reshape(shape), "next_running_var": run_var.reshape(shape)}
     return {r: out[r] for r in op["outputs"] if r in out}

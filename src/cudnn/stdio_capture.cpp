@@ -2,27 +2,66 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <vector>
 
 namespace fusebox::cudnn {
 
-StdioCapture::StdioCapture() {
-  char path[] = "/tmp/fusebox-cudnn-log-XXXXXX";
-  fd_ = mkstemp(path);
-  if (fd_ < 0) return;  // no capture: output goes where it went
-  unlink(path);
+namespace {
+
+// File descriptors 1 and 2 belong to the process, so one redirection serves every capture alive
+// at a time: the first capture redirects both into one temporary file, each capture remembers
+// where the file ended when it began, and the last one to finish restores them. (Captures that
+// saved and restored the descriptors on their own, from two threads, left stdout pointing into a
+// deleted file: `pipeline run --devices 0,0` printed nothing.)
+struct Redirect {
+  std::mutex mu;
+  int users = 0;
+  int fd = -1, saved_out = -1, saved_err = -1;
+};
+
+Redirect& redirect() {
+  static Redirect r;
+  return r;
+}
+
+void restore(Redirect& r) {
   std::fflush(stdout);
   std::fflush(stderr);
-  saved_out_ = dup(1);
-  saved_err_ = dup(2);
-  if (saved_out_ < 0 || saved_err_ < 0 || dup2(fd_, 1) < 0 || dup2(fd_, 2) < 0) {
-    finish();
-    return;
+  if (r.saved_out >= 0) dup2(r.saved_out, 1), close(r.saved_out), r.saved_out = -1;
+  if (r.saved_err >= 0) dup2(r.saved_err, 2), close(r.saved_err), r.saved_err = -1;
+  if (r.fd >= 0) close(r.fd), r.fd = -1;
+}
+
+}  // namespace
+
+StdioCapture::StdioCapture() {
+  Redirect& r = redirect();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (r.users == 0) {
+    char path[] = "/tmp/fusebox-cudnn-log-XXXXXX";
+    r.fd = mkstemp(path);
+    if (r.fd < 0) return;  // no capture: output goes where it went
+    unlink(path);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    r.saved_out = dup(1);
+    r.saved_err = dup(2);
+    if (r.saved_out < 0 || r.saved_err < 0 || dup2(r.fd, 1) < 0 || dup2(r.fd, 2) < 0) {
+      restore(r);
+      return;
+    }
   }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const off_t end = lseek(r.fd, 0, SEEK_END);
+  start_ = end < 0 ? 0 : static_cast<int64_t>(end);
+  ++r.users;
   active_ = true;
 }
 
@@ -30,23 +69,23 @@ StdioCapture::~StdioCapture() { finish(); }
 
 std::string StdioCapture::finish() {
   std::string text;
+  if (!active_) return text;
+  active_ = false;
+  Redirect& r = redirect();
+  std::lock_guard<std::mutex> lock(r.mu);
   std::fflush(stdout);
   std::fflush(stderr);
-  if (saved_out_ >= 0) dup2(saved_out_, 1), close(saved_out_), saved_out_ = -1;
-  if (saved_err_ >= 0) dup2(saved_err_, 2), close(saved_err_), saved_err_ = -1;
-  if (fd_ >= 0) {
-    if (active_ && lseek(fd_, 0, SEEK_SET) == 0) {
-      std::vector<char> buf(1 << 20);
-      ssize_t n = read(fd_, buf.data(), buf.size());
-      if (n > 0) text.assign(buf.data(), static_cast<size_t>(n));
-    }
-    close(fd_);
-    fd_ = -1;
+  const off_t end = lseek(r.fd, 0, SEEK_END);
+  if (end > start_) {
+    // What was written since this capture began (with concurrent captures, theirs too), at most 1 MiB.
+    const size_t n = std::min<size_t>(static_cast<size_t>(end - start_), size_t{1} << 20);
+    text.resize(n);
+    const ssize_t got = pread(r.fd, text.data(), n, static_cast<off_t>(start_));
+    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
   }
-  active_ = false;
+  if (--r.users == 0) restore(r);
   return text;
 }
-
 std::string distill_cudnn_log(const std::string& log, int max_lines) {
   std::set<std::string> seen;
   std::string out;

@@ -1,10 +1,12 @@
 // cuDNN 9.19 prints diagnostics to stdout and stderr when it cannot use an
 // engine (e.g. on a machine with no GPU driver); that would corrupt
 // `--json` output. StdioCapture redirects both file descriptors to a
-// temporary file for its lifetime and hands the text back. Not for
-// concurrent use from several threads.
+// temporary file for its lifetime and hands the text back. Captures may overlap, from any
+// threads: the descriptors are redirected while at least one is alive, and each capture's text
+// is what was written meanwhile (with other threads' captures alive, their output too).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fusebox::cudnn {
@@ -19,7 +21,7 @@ class StdioCapture {
   std::string finish();
 
  private:
-  int saved_out_ = -1, saved_err_ = -1, fd_ = -1;
+  int64_t start_ = 0;  // where the shared capture file ended when this capture began
   bool active_ = false;
 };
 

@@ -2,8 +2,14 @@
 // device-properties file in devices/.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <atomic>
 #include <cstdio>
 #include <set>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
@@ -181,6 +187,40 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Examples, DevicelessExample, ::testing::ValuesIn(example_graphs()),
                          [](const auto& info) { return stem(info.param); });
+
+// Builds from several threads at once (`pipeline run --devices 0,0` builds a session per thread):
+// cuDNN's diagnostics are captured by redirecting the process's stdout and stderr while a build
+// runs, and overlapping captures once left stdout pointing into a deleted file: everything the
+// command printed afterwards was lost. After concurrent builds, stdout and stderr must be the files
+// they were before.
+TEST(ConcurrentBuilds, LeaveStdoutAndStderrWhereTheyWere) {
+  auto identity = [](int fd) {
+    struct stat st {};
+    EXPECT_EQ(fstat(fd, &st), 0);
+    return std::make_pair(st.st_dev, st.st_ino);
+  };
+  std::fflush(stdout);
+  const auto out_before = identity(1), err_before = identity(2);
+  // One graph that builds deviceless and one that fails (its failure is where cuDNN prints).
+  const ResolvedGraph ok_graph = load(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");
+  const ResolvedGraph bad_graph = load(testing::source_dir() + "/examples/graphs/small/layernorm_small.json");
+  const DeviceTarget target = h200();
+  std::vector<std::thread> threads;
+  std::atomic<int> built{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 3; ++i) {
+        BuildReport report;
+        auto plan = build_plan((t + i) % 2 ? bad_graph : ok_graph, target, BuildOptions{}, &report);
+        if (plan.ok()) ++built;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_GE(built.load(), 6);
+  EXPECT_EQ(identity(1), out_before) << "stdout no longer the file it was before the builds";
+  EXPECT_EQ(identity(2), err_before) << "stderr no longer the file it was before the builds";
+}
 
 TEST(PlanFile, RejectsCorruptFiles) {
   ResolvedGraph g = load(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");

@@ -463,7 +463,8 @@ def test_crosscheck_inputs_and_reference_small_examples(fusebox, path):
         assert m["rel_l2"] == 0.0
     if any(op["op"] == "sdpa_bwd" for op in g.ops):
         op = xc.without_dropout(g.ops[0])
-        fwd = torch_ops.sdpa_forward({r: ins[op["inputs"][r]] for r in ("q", "k", "v")}, op)
+        roles = [r for r in ("q", "k", "v", "sink_token") if r in op["inputs"]]  # o comes with the sinks
+        fwd = torch_ops.sdpa_forward({r: ins[op["inputs"][r]] for r in roles}, op)
         assert torch.equal(ins[op["inputs"]["o"]], xc.round_to(fwd["o"], g.dtype(op["inputs"]["o"])))
     if any(op["op"] == "sdpa_fp8_bwd" for op in g.ops):
         # o and stats: the FP8 forward with scale_o = 1 / descale_o
