@@ -294,24 +294,23 @@ std::optional<NpyType> parse_descr(const std::string& d) {
   return std::nullopt;
 }
 
-double load_npy_element(const uint8_t* p, const std::string& descr) {
-  const std::string t = descr.substr(1);
-  if (t == "f2") {
-    unsigned short b;
-    std::memcpy(&b, p, 2);
-    return fp16_bits_to_float(b);
-  }
-  if (t == "f4") {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  if (t == "f8") {
+double load_npy_element(const uint8_t* p, const NpyType& type) {
+  if (type.is_float) {
+    if (type.bytes == 2) {
+      unsigned short b;
+      std::memcpy(&b, p, 2);
+      return fp16_bits_to_float(b);
+    }
+    if (type.bytes == 4) {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
     double f;
     std::memcpy(&f, p, 8);
     return f;
   }
-  if (t == "i4") {
+  if (type.bytes == 4) {
     int32_t v;
     std::memcpy(&v, p, 4);
     return v;
@@ -404,7 +403,7 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
   const uint8_t* src = bytes.data() + prefix + header_len;
   const size_t esize = dtype_size_bytes(out.dtype);
   for_each_element(out.dims, out.strides, [&](int64_t i, int64_t off) {
-    store_element(out.data.data() + off * esize, out.dtype, load_npy_element(src + i * type->bytes, h.descr));
+    store_element(out.data.data() + off * esize, out.dtype, load_npy_element(src + i * type->bytes, *type));
   });
   return out;
 }

@@ -161,3 +161,46 @@ TEST(Status, ToStringAndContext) {
   Result<int> r = Status(IoError("nope"));
   EXPECT_FALSE(r.ok());
 }
+
+// store_element to bf16 rounds to the nearest bf16, ties to even, for every kind of float
+// (normal, subnormal, near the overflow threshold, infinities) and for doubles between two
+// floats (which must not be rounded to float first). Checked as a property: the stored value is
+// no further from v than either neighbouring bf16, and on a tie its last mantissa bit is 0.
+TEST(DType, Bf16StoreIsNearestEven) {
+  auto bf16 = [](uint16_t b) { return static_cast<double>(from_bits(static_cast<uint32_t>(b) << 16)); };
+  auto check = [&](double v) {
+    uint16_t got;
+    store_element(&got, DType::kBF16, v);
+    const double g = bf16(got);
+    if (std::isinf(g)) {  // only beyond the largest bf16 plus half its last step
+      EXPECT_GE(std::fabs(v), 0x1.FFp127) << v;
+      EXPECT_EQ(std::signbit(g), std::signbit(v)) << v;
+      return;
+    }
+    for (int step : {-1, 1}) {
+      const uint16_t nb = static_cast<uint16_t>(got + step);
+      const double n = bf16(nb);
+      if (std::isnan(n) || (got & 0x7FFF) == 0 && step == -1) continue;  // no neighbour that way
+      const double dg = std::fabs(g - v), dn = std::fabs(n - v);
+      EXPECT_LE(dg, dn) << "v " << v << " stored as 0x" << std::hex << got;
+      if (dg == dn) EXPECT_EQ(got & 1, 0) << "tie not to even: v " << v << " 0x" << std::hex << got;
+    }
+  };
+  uint64_t s = 12345;
+  auto next = [&] { return s = s * 6364136223846793005ULL + 1442695040888963407ULL, static_cast<uint32_t>(s >> 32); };
+  for (int i = 0; i < 200000; ++i) {
+    const float f = from_bits(next());
+    if (!std::isnan(f)) check(f);
+  }
+  for (uint32_t u : {0x00000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x3F808000u, 0x3F818000u, 0x7F7F7FFFu,
+                     0x7F7F8000u, 0x7F7FFFFFu, 0x7F800000u, 0x80008000u, 0xFF7FFFFFu, 0xFF800000u}) {
+    check(from_bits(u));
+  }
+  // Doubles just beyond a tie between two bf16 (not floats): rounding to float first would make
+  // them ties and round them to even.
+  check(1.0 + 0x1p-8 + 0x1p-40);
+  check(1.0 + 3 * 0x1p-8 - 0x1p-40);
+  uint16_t b;
+  store_element(&b, DType::kBF16, 1.0 + 0x1p-8 + 0x1p-40);
+  EXPECT_EQ(b, 0x3F81);
+}
