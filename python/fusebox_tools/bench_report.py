@@ -419,6 +419,8 @@ def models_markdown(models):
         else:
             hit = f"**no** ({100 * (1 - sp / tg):.0f}% short)"
         comp = f(t.get("compile")) if t.get("compile") is not None else ("failed" if m.get("compile_error") else "-")
+        if len(modes) > 1 and m.get("compile_mode") and t.get("compile") is not None:
+            comp += f" ({md_cell(m['compile_mode'])})"  # rows of one table compiled in different modes
         L.append(f"| {md_cell(m['name'])} | {f(fb.get('cuda_graph'))} | {f(fb.get('eager'))} | {f(t.get('eager'))} | "
                  f"{f(t.get('cuda_graph'))} | {comp} | {f'**{sp:.2f}x**' if sp else '-'} | "
                  f"{f'{tg:g}x' if tg else '-'} | {hit} | {'yes' if m.get('verified') else '**no**'} |")
