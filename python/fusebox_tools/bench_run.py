@@ -928,9 +928,12 @@ def _resnet(batch, verify=True):
     return ("fusebox_tools.resnet50_check", ["--batch", str(batch)] + ([] if verify else ["--no-verify"]))
 
 
-def _minilm(batch, seq):
+def _minilm(batch, seq, dynamic=False):
+    # The symbolic pipeline (minilm.json) at B x S; plans built statically for the shape (kernels
+    # fitted to it) unless `dynamic` (cuDNN's dynamic-shape kernels, the `_dyn` rows).
     return ("fusebox_tools.minilm_embed", ["--model", MINILM_DIR, "--seq", str(seq)]
             + (["--batch", str(batch)] if batch != 8 else [])
+            + ([] if dynamic else ["--static-shapes"])
             + ["--iters", "50", "--cuda-graph", "--torch", "--torch-time"])
 
 
@@ -945,6 +948,10 @@ MODEL_RUNS = {
     "resnet50_b256": _resnet(256, verify=False),
     "resnet50_b8": _resnet(8),
     "minilm_b8_s128": _minilm(8, 128),
+    # The same sizes with dynamic-shape plans (one kernel set for every shape in the ranges).
+    "minilm_b1_s32_dyn": _minilm(1, 32, dynamic=True),
+    "minilm_b32_s128_dyn": _minilm(32, 128, dynamic=True),
+    "minilm_b256_s128_dyn": _minilm(256, 128, dynamic=True),
 }
 MODEL_DEFAULT = ("minilm_b1_s32", "minilm_b32_s128", "minilm_b256_s128", "resnet50_b1", "resnet50_b32",
                  "resnet50_b256")

@@ -54,14 +54,17 @@ def fusebox_bin(fusebox=None):
                        "or put fusebox on PATH")
 
 
-def check_json(path, fusebox=None, inputs=None, timeout_s=120):
-    """The document `fusebox check PATH --json [--inputs ...]` prints, as a dict.
-    `inputs`: tensor name -> .npy file (sequence lengths for the FLOP count).
+def check_json(path, fusebox=None, inputs=None, timeout_s=120, shape=None):
+    """The document `fusebox check PATH --json [--inputs ...] [--shape ...]` prints, as a dict.
+    `inputs`: tensor name -> .npy file (sequence lengths for the FLOP count); `shape`: a symbolic
+    graph's values, "B=2,S=16" (default: the symbols' defaults).
     Raises FuseboxError when fusebox rejects the graph or cannot run."""
     exe = fusebox_bin(fusebox)
     cmd = [exe, "check", path, "--json"]
     if inputs:
         cmd += ["--inputs", ",".join(f"{n}={p}" for n, p in inputs.items())]
+    if shape:
+        cmd += ["--shape", shape]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -156,10 +159,10 @@ class Graph:
                 self._producer[name] = (op, role)
 
     @classmethod
-    def load(cls, path, fusebox=None, inputs=None):
-        """Resolves the graph file `path` with fusebox. `inputs` (name -> .npy
-        file) only changes the FLOP count (sequence lengths)."""
-        return cls(check_json(path, fusebox, inputs), path)
+    def load(cls, path, fusebox=None, inputs=None, shape=None):
+        """Resolves the graph file `path` with fusebox (a symbolic one at `shape`, "B=2,S=16").
+        `inputs` (name -> .npy file) only changes the FLOP count (sequence lengths)."""
+        return cls(check_json(path, fusebox, inputs, shape=shape), path)
 
     def kind(self, name):
         """"input", "output", "virtual" or "scalar"."""

@@ -325,25 +325,33 @@ def _t(name, dims, **kw):
     return d
 
 
-def _graph(name, tensors, ops):
-    return {"name": name, "io_dtype": "bf16", "intermediate_dtype": "fp32", "compute_dtype": "fp32",
-            "tensors": tensors, "ops": ops}
+def _graph(name, tensors, ops, symbols=None):
+    g = {"name": name, "io_dtype": "bf16", "intermediate_dtype": "fp32", "compute_dtype": "fp32"}
+    if symbols:  # only those the graph's dims use, in a fixed order
+        used = {d for t in tensors for d in t.get("dims", []) if isinstance(d, str)}
+        g["symbols"] = {k: v for k, v in symbols.items() if k in used}
+    g.update({"tensors": tensors, "ops": ops})
+    return g
 
 
-def ln_graph(N, H, eps):
+def _dim_name(v):
+    return v if isinstance(v, str) else str(v)
+
+
+def ln_graph(N, H, eps, symbols=None):
     """LayerNorm over H of N rows, cuDNN's own layout: x [N, H, 1, 1] NHWC, bf16 gain and bias (with
     fp32 ones cuDNN 9.19 offers only its generic engine: 80.8 us against 16.5 us at 32768 x 384 on
     the H200, 2026-12-01)."""
-    return _graph(f"minilm_layernorm_{N}x{H}", [
+    return _graph(f"minilm_layernorm_{_dim_name(N)}x{H}", [
         _t("x", [N, H, 1, 1], layout="nhwc"),
         _t("scale", [1, H, 1, 1], layout="nhwc"),
         _t("bias", [1, H, 1, 1], layout="nhwc"),
         _t("y", None, layout="nhwc"),
     ], [{"op": "layernorm", "name": "ln", "epsilon": eps,
-         "inputs": {"x": "x", "scale": "scale", "bias": "bias"}, "outputs": {"y": "y"}}])
+         "inputs": {"x": "x", "scale": "scale", "bias": "bias"}, "outputs": {"y": "y"}}], symbols)
 
 
-def linear_graph(M, K, Nout, act=None, residual=False):
+def linear_graph(M, K, Nout, act=None, residual=False, symbols=None):
     """y = [act](a @ b + bias) [+ residual]; a [1, M, K], b [1, K, Nout]."""
     tag = "_gelu" if act else ""
     tag += "_residual" if residual else ""
@@ -362,52 +370,86 @@ def linear_graph(M, K, Nout, act=None, residual=False):
         last = "sum"
     ops[-1]["outputs"]["y"] = "y"
     tensors.append(_t("y", None))
-    return _graph(f"minilm_linear_{M}x{K}x{Nout}{tag}", tensors, ops)
+    return _graph(f"minilm_linear_{_dim_name(M)}x{K}x{Nout}{tag}", tensors, ops, symbols)
 
 
-def attn_graph(B, heads, S, d):
+def attn_graph(B, heads, S, d, symbols=None):
     """Bidirectional attention with a key padding mask, q/k/v/o bshd (= [B*S, heads*d] row-major)."""
-    return _graph(f"minilm_attention_b{B}_h{heads}_s{S}_d{d}", [
+    # A symbolic S: seq_len_q is an input (the runner gives S for every sequence); fixed values
+    # cannot follow the shape.
+    seq_len_q = (_t("seq_len_q", [B, 1, 1, 1], dtype="int32") if symbols
+                 else _t("seq_len_q", [B, 1, 1, 1], dtype="int32", values=[S] * B))
+    return _graph(f"minilm_attention_b{_dim_name(B)}_h{heads}_s{_dim_name(S)}_d{d}", [
         _t("q", [B, heads, S, d], layout="bshd"),
         _t("k", [B, heads, S, d], layout="bshd"),
         _t("v", [B, heads, S, d], layout="bshd"),
         # Every query row is computed (padded rows attend to the real keys and stay finite);
         # fixed here so that runs with fusebox-made inputs do the same.
-        _t("seq_len_q", [B, 1, 1, 1], dtype="int32", values=[S] * B),
+        seq_len_q,
         _t("seq_len_kv", [B, 1, 1, 1], dtype="int32"),
         _t("o", None, layout="bshd"),
     ], [{"op": "sdpa_fwd", "name": "attn", "attn_scale": 1.0 / math.sqrt(d),
          "inputs": {"q": "q", "k": "k", "v": "v", "seq_len_q": "seq_len_q", "seq_len_kv": "seq_len_kv"},
-         "outputs": {"o": "o"}}])
+         "outputs": {"o": "o"}}], symbols)
 
 
-def pool_graph(B, N, H):
+def pool_graph(B, N, H, symbols=None):
     """pooled_sum [1, B, H] (fp32) = mask [1, B, N] @ h [1, N, H]: per-sequence sums of
     the non-padding tokens (mask[b, n] = 1 for the tokens of sequence b)."""
-    return _graph(f"minilm_pool_b{B}_n{N}_h{H}", [
+    return _graph(f"minilm_pool_b{_dim_name(B)}_n{_dim_name(N)}_h{H}", [
         _t("mask", [1, B, N]), _t("h", [1, N, H]), _t("y", None, dtype="fp32"),
-    ], [{"op": "matmul", "name": "pool", "inputs": {"a": "mask", "b": "h"}, "outputs": {"y": "y"}}])
+    ], [{"op": "matmul", "name": "pool", "inputs": {"a": "mask", "b": "h"}, "outputs": {"y": "y"}}], symbols)
 
 
 def write_pipeline(out_dir, B, S, cfg=None):
     """Writes graphs/b{B}_s{S}/*.json and minilm_b{B}_s{S}.json into out_dir (whose
-    weights write_weights made, or at least whose config is given). Returns the
-    pipeline file's path."""
+    weights write_weights made, or at least whose config is given): every dim concrete.
+    Returns the pipeline file's path."""
     cfg = check_config(cfg or load_config(out_dir))
     if not (isinstance(B, int) and isinstance(S, int) and B >= 1 and 1 <= S <= cfg["max_pos"]):
         raise MiniLMError(f"batch {B} and sequence length {S} must be >= 1, S <= {cfg['max_pos']}")
+    return _write(out_dir, cfg, B, S, B * S, f"graphs/b{B}_s{S}", f"minilm_b{B}_s{S}", None)
+
+
+# The symbolic pipeline's ranges: batch up to 256 sentences (issue 14's largest size; a symbol's
+# range is what cuDNN's dynamic-shape kernels are built for), S up to the model's positions, N = B*S.
+DYN_MAX_BATCH = 256
+DYN_DEFAULT = (8, 128)
+DYN_PIPELINE = "minilm.json"
+
+
+def write_dynamic_pipeline(out_dir, cfg=None, max_batch=DYN_MAX_BATCH):
+    """Writes graphs/dyn/*.json and minilm.json: one pipeline for every batch B and sequence length
+    S, whose graphs declare the symbols B, S and N (the rows, B*S; the reshape buffers that are
+    [N, H] for the GEMMs and [B, heads, S, d] for the attention only agree when N = B*S, which
+    `pipeline check` verifies at every shape). Run with `--shape` (dynamic_shape_args). Returns
+    the pipeline file's path."""
+    cfg = check_config(cfg or load_config(out_dir))
+    if not (isinstance(max_batch, int) and max_batch >= 1):
+        raise MiniLMError(f"max batch {max_batch} must be >= 1")
+    B0, S0 = min(DYN_DEFAULT[0], max_batch), min(DYN_DEFAULT[1], cfg["max_pos"])
+    symbols = {"B": {"min": 1, "max": max_batch, "default": B0},
+               "S": {"min": 1, "max": cfg["max_pos"], "default": S0},
+               "N": {"min": 1, "max": max_batch * cfg["max_pos"], "default": B0 * S0}}
+    return _write(out_dir, cfg, "B", "S", "N", "graphs/dyn", DYN_PIPELINE[:-5], symbols)
+
+
+def dynamic_shape_args(B, S):
+    """`pipeline run --shape` for the symbolic pipeline at B sequences of S tokens."""
+    return ["--shape", f"B={B},S={S},N={B * S}"]
+
+
+def _write(out_dir, cfg, B, S, N, gdir, name, symbols):
     H, F, nh, d, L = cfg["hidden"], cfg["ffn"], cfg["heads"], head_dim(cfg), cfg["layers"]
-    N = B * S
-    gdir = f"graphs/b{B}_s{S}"
     os.makedirs(os.path.join(out_dir, gdir), exist_ok=True)
     graphs = {
-        "ln": ln_graph(N, H, cfg["eps"]),
-        "proj": linear_graph(N, H, H),
-        "proj_residual": linear_graph(N, H, H, residual=True),
-        "ffn_up": linear_graph(N, H, F, act="gelu_erf"),
-        "ffn_down": linear_graph(N, F, H, residual=True),
-        "attn": attn_graph(B, nh, S, d),
-        "pool": pool_graph(B, N, H),
+        "ln": ln_graph(N, H, cfg["eps"], symbols),
+        "proj": linear_graph(N, H, H, symbols=symbols),
+        "proj_residual": linear_graph(N, H, H, residual=True, symbols=symbols),
+        "ffn_up": linear_graph(N, H, F, act="gelu_erf", symbols=symbols),
+        "ffn_down": linear_graph(N, F, H, residual=True, symbols=symbols),
+        "attn": attn_graph(B, nh, S, d, symbols),
+        "pool": pool_graph(B, N, H, symbols),
     }
     files = {}
     for key, g in graphs.items():
@@ -461,8 +503,8 @@ def write_pipeline(out_dir, B, S, cfg=None):
     # Buffers read both as [N, H, 1, 1] (layernorm) and [1, N, H] (GEMMs) or
     # [B, heads, S, d] bshd (attention) are marked "reshape"; the rest keep one shape.
     bind["pool"] = {"mask": "pool_mask", "h": f"h{L}", "y": "pooled_sum"}
-    doc = {"name": f"minilm_b{B}_s{S}", "graphs": stages, "buffers": buffers, "bind": bind}
-    path = os.path.join(out_dir, f"minilm_b{B}_s{S}.json")
+    doc = {"name": name, "graphs": stages, "buffers": buffers, "bind": bind}
+    path = os.path.join(out_dir, f"{name}.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     return path
@@ -597,10 +639,12 @@ def main(argv=None):
     c.add_argument("--out", default="models/minilm/fusebox")
     c.add_argument("--batch", type=int, default=4)
     c.add_argument("--seq", type=int, default=128)
-    pp = sub.add_parser("pipeline", help="graphs and pipeline file for another batch / sequence length")
+    pp = sub.add_parser("pipeline", help="the symbolic pipeline minilm.json (no --batch/--seq), or a concrete "
+                                         "one for a batch and sequence length")
     pp.add_argument("--out", default="models/minilm/fusebox")
-    pp.add_argument("--batch", type=int, required=True)
-    pp.add_argument("--seq", type=int, required=True)
+    pp.add_argument("--batch", type=int)
+    pp.add_argument("--seq", type=int)
+    pp.add_argument("--max-batch", type=int, default=DYN_MAX_BATCH, help="the symbolic pipeline's largest B")
     r = sub.add_parser("random", help="random weights of the right shapes (tests, no download)")
     r.add_argument("--out", required=True)
     r.add_argument("--batch", type=int, default=2)
@@ -619,9 +663,12 @@ def main(argv=None):
             # The runner's tokenizer travels with the converted weights (one folder to carry).
             shutil.copyfile(os.path.join(a.model, "tokenizer.json"), os.path.join(a.out, "host", "tokenizer.json"))
             path = write_pipeline(a.out, a.batch, a.seq)
-            print(f"minilm: wrote {n / 1e6:.1f} MB of weights into {a.out}; pipeline {path}")
+            dyn = write_dynamic_pipeline(a.out)
+            print(f"minilm: wrote {n / 1e6:.1f} MB of weights into {a.out}; pipelines {dyn} (every shape: "
+                  f"--shape B=..,S=..,N=B*S) and {path}")
         elif a.cmd == "pipeline":
-            print(write_pipeline(a.out, a.batch, a.seq))
+            print(write_dynamic_pipeline(a.out, max_batch=a.max_batch) if a.batch is None and a.seq is None
+                  else write_pipeline(a.out, a.batch, a.seq))
         else:
             cfg = check_config(dict(MINILM_CONFIG, layers=a.layers, hidden=a.hidden, heads=a.heads, ffn=a.ffn,
                                     vocab=a.vocab, max_pos=max(a.seq, 16)))

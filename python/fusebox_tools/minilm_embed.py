@@ -48,6 +48,10 @@ DEFAULT_SENTENCES = [
 ]
 
 
+# --seq default: the batch's longest sentence rounded up to a multiple of this.
+SEQ_STEP = 16
+
+
 def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
     """(ids [B, S] int64 padded with [PAD]=0, lengths [B]) with BERT's special tokens.
     A sentence longer than S tokens is cut to S, as sentence-transformers cuts at its
@@ -77,12 +81,32 @@ def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
     return ids, lengths
 
 
+def seq_bucket(longest, max_positions=512, step=SEQ_STEP):
+    """S for a batch whose longest sentence has `longest` tokens: rounded up to a multiple of
+    `step` (so that batches of similar lengths share a shape, hence a plan), at most the model's
+    positions."""
+    return max(step, min(max_positions, -(-int(longest) // step) * step))
+
+
+def pipeline_for(model, B, S, static_pipeline=False):
+    """(pipeline file, extra `pipeline run` arguments) for B sequences of S tokens: the symbolic
+    pipeline minilm.json with --shape (written when missing), or with `static_pipeline` the
+    concrete minilm_b{B}_s{S}.json."""
+    if static_pipeline:
+        path = os.path.join(model, f"minilm_b{B}_s{S}.json")
+        return (path if os.path.exists(path) else m.write_pipeline(model, B, S)), []
+    path = os.path.join(model, m.DYN_PIPELINE)
+    if not os.path.exists(path):
+        path = m.write_dynamic_pipeline(model)
+    return path, m.dynamic_shape_args(B, S)
+
+
 def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900, cuda_graph=False,
-                profile=False):
+                profile=False, extra_args=()):
     """`fusebox pipeline run` with these inputs; returns (report dict, run folder)."""
     in_dir = os.path.join(out_dir, "inputs_given")
     os.makedirs(in_dir, exist_ok=True)
-    cmd = [fusebox_bin(fusebox), "pipeline", "run", pipeline, "--json", "--iters", str(iters)]
+    cmd = [fusebox_bin(fusebox), "pipeline", "run", pipeline, "--json", "--iters", str(iters), *extra_args]
     for name, arr in inputs.items():
         path = os.path.join(in_dir, f"{name}.npy")
         np.save(path, arr)
@@ -311,7 +335,13 @@ def main(argv=None):
                          "examples: the benchmark's batch sizes")
     ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: MODEL/host/tokenizer.json)")
-    ap.add_argument("--seq", type=int, default=128, help="S: tokens per sequence, padded (default 128)")
+    ap.add_argument("--seq", type=int, default=None,
+                    help=f"S: tokens per sequence, padded (default: the longest sentence's, rounded up to a "
+                         f"multiple of {SEQ_STEP})")
+    ap.add_argument("--static-pipeline", action="store_true",
+                    help="run the concrete pipeline minilm_b{B}_s{S}.json instead of the symbolic minilm.json")
+    ap.add_argument("--static-shapes", action="store_true",
+                    help="symbolic pipeline: pipeline run --static-shapes (no dynamic-shape kernels)")
     ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--no-fusebox", action="store_true", help="run only the references (no GPU)")
     ap.add_argument("--verify", action="store_true", help="pipeline run --verify (per-stage references)")
@@ -338,8 +368,12 @@ def main(argv=None):
     sentences = a.sentences or (make_sentences(a.batch) if a.batch else DEFAULT_SENTENCES)
     try:
         p, cfg = m.load_converted(a.model)
-        ids, lengths = tokenize(a.tokenizer or os.path.join(a.model, "host", "tokenizer.json"), sentences, a.seq,
-                                max_positions=int(cfg.get("max_pos", 512)))
+        max_pos = int(cfg.get("max_pos", 512))
+        tok = a.tokenizer or os.path.join(a.model, "host", "tokenizer.json")
+        if a.seq is None:  # dynamic: the batch's own length
+            _, full = tokenize(tok, sentences, max_pos, max_positions=max_pos)
+            a.seq = seq_bucket(full.max(), max_pos)
+        ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos)
     except (m.MiniLMError, OSError, ValueError) as e:
         print(f"minilm_embed: {e}", file=sys.stderr)
         return 2
@@ -349,12 +383,17 @@ def main(argv=None):
     embeddings, hidden = None, None
 
     if not a.no_fusebox:
-        pipeline = os.path.join(a.model, f"minilm_b{B}_s{S}.json")
-        if not os.path.exists(pipeline):
-            pipeline = m.write_pipeline(a.model, B, S)
+        try:
+            pipeline, extra = pipeline_for(a.model, B, S, a.static_pipeline)
+        except (m.MiniLMError, OSError) as e:
+            print(f"minilm_embed: {e}", file=sys.stderr)
+            return 2
+        if a.static_shapes:
+            extra = extra + ["--static-shapes"]
         out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
         report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
-                                      a.verify, a.iters, cuda_graph=a.cuda_graph, profile=a.profile)
+                                      a.verify, a.iters, cuda_graph=a.cuda_graph, profile=a.profile,
+                                      extra_args=extra)
         doc["fusebox"] = {k: report.get(k) for k in ("ok", "error", "verified", "latency_ms", "eager_latency_ms",
                                                       "cuda_graph", "build_ms", "memory_bytes", "chain_verify")}
         if not report.get("ok"):

@@ -112,33 +112,44 @@ def fill(items, B):
 # ------------------------------------------------------------------ the two sides
 
 def fusebox_embeddings(args, p, cfg, sentences, log):
-    from fusebox_tools.minilm_embed import run_fusebox, tokenize
+    """fusebox's embeddings of `sentences`, in batches of --batch through the symbolic pipeline
+    (minilm.json, one plan per shape from the plan cache). The sequence length is dynamic: the
+    sentences are ordered by length (as sentence-transformers batches them) and each batch is
+    padded to its longest sentence rounded up to 16 tokens (at most --seq), so the batches run at
+    several S without a pipeline file of their own; --fixed-seq pads every batch to --seq."""
+    from fusebox_tools.minilm_embed import pipeline_for, run_fusebox, seq_bucket, tokenize
 
-    B, S = args.batch, args.seq
-    pipeline = os.path.join(args.model, f"minilm_b{B}_s{S}.json")
-    if not os.path.exists(pipeline):
-        pipeline = m.write_pipeline(args.model, B, S)
+    B = args.batch
     tok = os.path.join(args.model, "host", "tokenizer.json")
-    out, runs = [], []
+    _, full = tokenize(tok, sentences, args.seq, warn=lambda msg: None)
+    order = np.argsort(full, kind="stable") if not args.fixed_seq else np.arange(len(sentences))
+    out = np.zeros((len(sentences), cfg["hidden"]))
+    runs, pipelines = [], set()
     work = tempfile.mkdtemp(prefix="minilm_verify_")
     todo = batches(len(sentences), B)
     try:
         for k, (a, b) in enumerate(todo):
-            chunk = fill(sentences[a:b], B)
-            ids, lengths = tokenize(tok, chunk, S)
+            idx = order[a:b]
+            S = args.seq if args.fixed_seq else seq_bucket(full[idx].max(), args.seq)
+            chunk = fill([sentences[i] for i in idx], B)
+            ids, lengths = tokenize(tok, chunk, S, warn=lambda msg: None)
+            pipeline, extra = pipeline_for(args.model, B, S, args.static_pipeline)
+            pipelines.add(os.path.relpath(pipeline))
             t0 = time.time()
             report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S),
-                                          os.path.join(work, f"b{k}"), args.fusebox, verify=args.verify_stages)
-            runs.append({"batch": k, "sentences": [a, b], "ok": bool(report.get("ok")), "wall_s": time.time() - t0,
-                         "error": report.get("error"), "verified": report.get("verified")})
+                                          os.path.join(work, f"b{k}"), args.fusebox, verify=args.verify_stages,
+                                          extra_args=extra)
+            runs.append({"batch": k, "sentences": [a, b], "seq": S, "ok": bool(report.get("ok")),
+                         "wall_s": time.time() - t0, "error": report.get("error"), "verified": report.get("verified"),
+                         "plans": [st.get("source") for st in report.get("stages", [])][:1]})
             if not report.get("ok"):
                 raise RuntimeError(f"fusebox pipeline run, batch {k} (sentences {a}..{b - 1}): {report.get('error')}")
-            out.append(m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)[:b - a])
+            out[idx] = m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)[:b - a]
             shutil.rmtree(os.path.join(work, f"b{k}"), ignore_errors=True)  # every buffer was saved: GBs
-            log(f"fusebox batch {k + 1}/{len(todo)}: {time.time() - t0:.1f} s")
+            log(f"fusebox batch {k + 1}/{len(todo)}: {b - a} sentences at S={S}, {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return np.concatenate(out), {"pipeline": os.path.relpath(pipeline), "runs": runs}
+    return out, {"pipeline": sorted(pipelines), "runs": runs, "seqs": [r["seq"] for r in runs]}
 
 
 def emulated_embeddings(args, p, cfg, sentences, log):
@@ -329,7 +340,11 @@ def main(argv=None):
     ap.add_argument("--sentences", type=int, default=200, help="how many generated sentences (default 200)")
     ap.add_argument("--seed", type=int, default=14, help="the sentence generator's seed")
     ap.add_argument("--batch", type=int, default=50, help="sentences per pipeline run (the pipeline's B)")
-    ap.add_argument("--seq", type=int, default=128, help="S: tokens per sentence, padded and truncated")
+    ap.add_argument("--seq", type=int, default=128, help="S: tokens per sentence at most (truncated beyond)")
+    ap.add_argument("--fixed-seq", action="store_true",
+                    help="pad every batch to --seq (default: each batch to its longest sentence, rounded up to 16)")
+    ap.add_argument("--static-pipeline", action="store_true",
+                    help="concrete pipelines minilm_b{B}_s{S}.json instead of the symbolic minilm.json")
     ap.add_argument("--reference", default="auto", choices=("auto", "sentence-transformers", "transformers", "numpy"))
     ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--verify-stages", action="store_true",

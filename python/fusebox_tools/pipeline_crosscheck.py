@@ -58,8 +58,9 @@ class Pipeline:
         self.buffers = {b["name"]: b for b in doc["buffers"]}
 
     @classmethod
-    def load(cls, path, fusebox=None, timeout_s=120):
-        cmd = [fusebox_bin(fusebox), "pipeline", "check", path, "--json"]
+    def load(cls, path, fusebox=None, timeout_s=120, shape=None):
+        """`pipeline check --json` of `path` (its symbolic stages at `shape`, "B=2,S=16")."""
+        cmd = [fusebox_bin(fusebox), "pipeline", "check", path, "--json"] + (["--shape", shape] if shape else [])
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         try:
             doc = json.loads(proc.stdout)

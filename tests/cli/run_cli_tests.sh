@@ -490,6 +490,20 @@ elif json_check 'd["ok"] and d["version"] == 1 and d["target"]["deviceless"] and
 then pass "pipeline build --device conv10 --json"
 else fail "pipeline build --device conv10 --json" "$WHY"
 fi
+# --static-shapes: a symbolic stage builds statically, with no dynamic-shape attempt (without it the
+# dynamic build is tried first and, deviceless, refused: dynamic_fallback says so).
+run_fb pipeline build "$PIPE_EX/two_convs_dyn.json" --device "$DEVPROP" --shape N=3 --no-cache --static-shapes --json
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build --static-shapes" "exit 0 $(crash_reason)"
+elif json_check 'all(s["ok"] and s["plan"]["shape"] == {"N": 3} and not s["plan"]["dynamic_shape"] and s["plan"]["dynamic_fallback"] == "" and "static build]" in s["plan"]["source_text"] for s in d["stages"])'
+then pass "pipeline build --static-shapes: static builds at N=3, no dynamic attempt"
+else fail "pipeline build --static-shapes" "$WHY"
+fi
+run_fb pipeline build "$PIPE_EX/two_convs_dyn.json" --device "$DEVPROP" --shape N=3 --no-cache --json
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build (dynamic shapes)" "exit 0 $(crash_reason)"
+elif json_check 'all(s["ok"] and s["plan"]["dynamic_fallback"] != "" for s in d["stages"])'
+then pass "pipeline build without --static-shapes tries dynamic shapes first (refused deviceless, said so)"
+else fail "pipeline build (dynamic shapes)" "$WHY"
+fi
 run_fb pipeline build "$PIPE_EX/two_convs.json" --device "$DEVPROP" --no-cache --engine eng9999_nothing --json
 if [ -n "$(crash_reason)" ]; then fail "pipeline build: unknown engine" "$(crash_reason)"
 elif [ "$RC" -ne 0 ] && json_check 'd["ok"] is False and "stage '"'"'conv1'"'"'" in d["error"] and len(d["stages"]) == 1 and not d["stages"][0]["ok"]'

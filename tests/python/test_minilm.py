@@ -321,18 +321,26 @@ def run_op(op, vals, g):
     raise AssertionError(f"unexpected op {kind}")
 
 
-def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny):
+@pytest.mark.parametrize("shape", [None, (2, 16), (3, 8)], ids=["static", "symbolic_b2_s16", "symbolic_b3_s8"])
+def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shape):
     """Each stage's graph (as `fusebox check --json` resolves it) run op by op in
     float64 on its buffers seen through its own views: the wiring (which weight,
-    which residual, which view) gives the reference model's output."""
+    which residual, which view) gives the reference model's output. The same for the
+    symbolic pipeline (minilm.json) at two shapes given with --shape."""
     out, path, _ = tiny
-    pl = pc.Pipeline.load(path, fusebox)
+    B, S, at = 2, 16, None
+    if shape:
+        B, S = shape
+        path = m.write_dynamic_pipeline(out, max_batch=4)
+        at = m.dynamic_shape_args(B, S)[1]
+    pl = pc.Pipeline.load(path, fusebox, shape=at)
     graphs = {}
     for st in pl.stages:
         if st["graph_file"] not in graphs:
-            graphs[st["graph_file"]] = Graph.load(pl.graph_path(st), fusebox)
+            graphs[st["graph_file"]] = Graph.load(pl.graph_path(st), fusebox, shape=_graph_shape(pl, st, at))
     p, cfg = m.load_converted(out)
-    ids, lengths = ids_and_lengths(np.random.default_rng(11), [9, 16], S, cfg["vocab"])
+    ids, lengths = ids_and_lengths(np.random.default_rng(11), [9, S, 5][:B] if S >= 9 else [S, 3, 1][:B], S,
+                                   cfg["vocab"])
     values = {n: np.load(f).astype(np.float64) for n, f in pl.constant_files().items()}
     values.update({k: v.astype(np.float64) for k, v in m.pipeline_inputs(p, ids, lengths, S).items()})
     for st in pl.stages:
@@ -355,6 +363,44 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny):
     np.testing.assert_allclose(values["pooled_sum"].reshape(B, -1), pooled, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(emb, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(values[f"h{cfg['layers']}"].reshape(B, S, -1), hidden, rtol=1e-4, atol=1e-4)
+
+
+def _graph_shape(pl, stage, at):
+    """The --shape for one stage's graph file: only the symbols that graph declares."""
+    if not at:
+        return None
+    with open(pl.graph_path(stage)) as f:
+        declared = json.load(f).get("symbols", {})
+    vals = dict(kv.split("=") for kv in at.split(","))
+    return ",".join(f"{k}={vals[k]}" for k in declared) or None
+
+
+def test_symbolic_pipeline_checks_every_shape_and_refuses_bad_ones(fusebox, tiny):
+    """minilm.json: one file for every (B, S); `pipeline check --shape` resolves it; N other than
+    B*S breaks the reshape views (named), a batch beyond the range is refused naming the symbol."""
+    out, _, _ = tiny
+    path = m.write_dynamic_pipeline(out, max_batch=4)
+    H = TINY["hidden"]
+    for B, S in ((1, 1), (2, 16), (4, 32), (3, 7)):
+        proc = subprocess.run([fusebox, "pipeline", "check", path, "--json", *m.dynamic_shape_args(B, S)],
+                              capture_output=True, text=True, timeout=120)
+        doc = json.loads(proc.stdout)
+        assert proc.returncode == 0 and doc["ok"], proc.stderr
+        bufs = {b["name"]: b for b in doc["buffers"]}
+        assert bufs["emb"]["dims"] == [B * S, H, 1, 1] and bufs["pooled_sum"]["dims"] == [1, B, H]
+        assert bufs["seq_len_q"]["dims"] == [B, 1, 1, 1] and bufs["pool_mask"]["dims"] == [1, B, B * S]
+    with open(os.path.join(out, "graphs", "dyn", "attn.json")) as f:
+        attn = json.load(f)
+    assert attn["symbols"]["S"]["max"] == TINY["max_pos"] and "values" not in attn["tensors"][3]
+    bad = subprocess.run([fusebox, "pipeline", "check", path, "--shape", "B=2,S=16,N=33"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and '"reshape" buffer' in bad.stderr, bad.stderr
+    big = subprocess.run([fusebox, "pipeline", "check", path, *m.dynamic_shape_args(5, 8)], capture_output=True,
+                         text=True, timeout=120)
+    assert big.returncode == 2 and "symbol 'B'" in big.stderr and "[1, 4]" in big.stderr, big.stderr
+    long = subprocess.run([fusebox, "pipeline", "check", path, *m.dynamic_shape_args(1, TINY["max_pos"] + 1)],
+                          capture_output=True, text=True, timeout=120)
+    assert long.returncode == 2 and "symbol 'S'" in long.stderr, long.stderr
 
 
 def test_reinterpret_is_a_transpose_view():

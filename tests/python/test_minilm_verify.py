@@ -233,11 +233,17 @@ def test_fusebox_batches_with_a_stub_pipeline_run(tiny_model, monkeypatch, tmp_p
     p, cfg = m.load_converted(tiny_model)
     calls = []
 
-    def fake_run(pipeline, inputs, out_dir, fusebox=None, verify=False, **kw):
+    def fake_run(pipeline, inputs, out_dir, fusebox=None, verify=False, extra_args=(), **kw):
         B = inputs["seq_len_kv"].shape[0]
         S = inputs["emb"].shape[0] // B
         lengths = inputs["seq_len_kv"].reshape(-1)
-        assert os.path.basename(pipeline) == f"minilm_b{B}_s{S}.json" and os.path.isfile(pipeline)
+        if static:
+            assert os.path.basename(pipeline) == f"minilm_b{B}_s{S}.json" and os.path.isfile(pipeline)
+            assert list(extra_args) == []
+        else:  # one symbolic pipeline for every batch, the shape given
+            assert os.path.basename(pipeline) == "minilm.json" and os.path.isfile(pipeline)
+            assert list(extra_args) == ["--shape", f"B={B},S={S},N={B * S}"]
+        seqs.append(S)
         x = inputs["emb"].reshape(B, S, -1)
         x = m.layernorm(x, p["emb_ln_g"], p["emb_ln_b"], cfg["eps"])
         for L in p["layers"]:
@@ -250,12 +256,23 @@ def test_fusebox_batches_with_a_stub_pipeline_run(tiny_model, monkeypatch, tmp_p
         return {"ok": True}, run_dir
 
     monkeypatch.setattr(me, "run_fusebox", fake_run)
-    js = str(tmp_path / "v.json")
-    rc = mv.main(["--model", tiny_model, "--sentences", "23", "--batch", "10", "--seq", "64",
-                  "--reference", "numpy", "--json-out", js, "--fusebox", "/nonexistent/fusebox"])
-    doc = json.load(open(js))
-    assert calls == [10, 10, 10] and [r["sentences"] for r in doc["fusebox"]["runs"]] == [[0, 10], [10, 20], [20, 23]]
-    assert rc == 0 and doc["ok"] and doc["verdict"]["cosine"]["min"] > 0.99999  # float32 both sides
+    lengths = mv.token_counts(os.path.join(tiny_model, "host", "tokenizer.json"), ms.make_sentences(23))
+    for static in (False, True):
+        calls, seqs = [], []
+        js = str(tmp_path / "v.json")
+        flags = ["--fixed-seq", "--static-pipeline"] if static else []
+        rc = mv.main(["--model", tiny_model, "--sentences", "23", "--batch", "10", "--seq", "64",
+                      "--reference", "numpy", "--json-out", js, "--fusebox", "/nonexistent/fusebox", *flags])
+        doc = json.load(open(js))
+        assert calls == [10, 10, 10]
+        assert [r["sentences"] for r in doc["fusebox"]["runs"]] == [[0, 10], [10, 20], [20, 23]]
+        assert rc == 0 and doc["ok"] and doc["verdict"]["cosine"]["min"] > 0.99999  # float32 both sides
+        if static:
+            assert seqs == [64, 64, 64]
+        else:  # sorted by length, each batch padded to its longest rounded up to 16 (at most --seq)
+            srt = sorted(min(n, 64) for n in lengths)
+            assert seqs == [me.seq_bucket(max(srt[a:a + 10]), 64) for a in (0, 10, 20)] == doc["fusebox"]["seqs"]
+            assert seqs == sorted(seqs) and len(set(seqs)) > 1
 
 
 def test_bad_arguments_exit_2(tiny_model, tmp_path, capsys):

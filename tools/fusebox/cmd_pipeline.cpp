@@ -306,6 +306,7 @@ std::string target_text(const Session& s) {
 struct PlanFlags {
   std::string heuristics = "auto", engine;
   int64_t max_workspace = -1;
+  bool static_shapes = false;
 };
 
 void add_plan_flags(CLI::App* c, PlanFlags& f) {
@@ -315,6 +316,9 @@ void add_plan_flags(CLI::App* c, PlanFlags& f) {
       ->capture_default_str();
   c->add_option("--engine", f.engine, "Pin an engine by name for every stage (see `fusebox engines`)");
   c->add_option("--max-workspace", f.max_workspace, "Reject plans needing more workspace (bytes)");
+  c->add_flag("--static-shapes", f.static_shapes,
+              "Symbolic graphs: build each concrete shape statically (kernels fitted to the shape; no kernel "
+              "cache, no dynamic-shape build), cached per shape like the dynamic ones");
 }
 
 Result<PlanRequest> plan_request(const PlanFlags& f) {
@@ -322,6 +326,7 @@ Result<PlanRequest> plan_request(const PlanFlags& f) {
   FUSEBOX_ASSIGN_OR_RETURN(r.heuristics, parse_heuristics_flag(f.heuristics));
   r.engine = f.engine;
   r.max_workspace_bytes = f.max_workspace;
+  r.dynamic_shape = !f.static_shapes;
   return r;
 }
 
