@@ -142,13 +142,31 @@ if python3 -c 'import numpy' 2>/dev/null; then
       echo "demo: FAILED: fusebox pipeline check (minilm)"
       FAILED+=("fusebox pipeline check (minilm)")
     fi
+    # One symbolic pipeline for every batch and sequence length (B, S and N = B*S given per run).
+    for shape in B=8,S=128,N=1024 B=3,S=48,N=144; do
+      echo "\$ fusebox pipeline check $ML_DIR/minilm.json --shape $shape   (the total)"
+      if "$FB" pipeline check "$ML_DIR/minilm.json" --shape "$shape" > "$TMP_ERR" 2>&1; then
+        tail -n 1 "$TMP_ERR"
+      else
+        cat "$TMP_ERR"
+        echo "demo: FAILED: fusebox pipeline check --shape $shape (minilm.json)"
+        FAILED+=("fusebox pipeline check --shape $shape (minilm)")
+      fi
+    done
+    echo "\$ fusebox pipeline check $ML_DIR/minilm.json --shape B=3,S=48,N=145   (N is not B*S: refused, exit 2)"
+    if "$FB" pipeline check "$ML_DIR/minilm.json" --shape B=3,S=48,N=145 > "$TMP_ERR" 2>&1; then
+      echo "demo: FAILED: a wrong N was accepted"
+      FAILED+=("fusebox pipeline check: wrong N accepted (minilm)")
+    else
+      cut -c1-240 "$TMP_ERR" | head -n 2
+    fi
   else
     echo "demo: FAILED: python3 -m fusebox_tools.minilm random"
     FAILED+=("fusebox_tools.minilm random")
   fi
   if [ "$HAVE_GPU" -eq 1 ] && [ -f models/minilm/fusebox/minilm_config.json ]; then
-    echo "\$ python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox --seq 32 --reference"
-    PYTHONPATH=python FUSEBOX_BIN="$FB" python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox --seq 32 \
+    echo "\$ python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox --reference"
+    PYTHONPATH=python FUSEBOX_BIN="$FB" python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox \
       --reference || FAILED+=("fusebox_tools.minilm_embed")
   elif [ "$HAVE_GPU" -eq 1 ]; then
     echo "demo: the real MiniLM weights are not converted here (scripts/fetch_minilm.sh; docs/models.md): no sentences embedded"

@@ -674,6 +674,7 @@ def main(argv=None):
                                     vocab=a.vocab, max_pos=max(a.seq, 16)))
             write_weights(random_params(cfg, a.seed), cfg, a.out)
             print(write_pipeline(a.out, a.batch, a.seq))
+            print(write_dynamic_pipeline(a.out))
     except (MiniLMError, OSError) as e:
         print(f"minilm: {e}", file=sys.stderr)
         return 2
