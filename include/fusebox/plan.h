@@ -120,6 +120,9 @@ struct BuildReport {
   bool kernel_cache = false;   // ... and a kernel cache
   bool replayed = false;       // step 3 replayed BuildOptions::replay (no heuristics)
   EngineChoice choice;         // the engine and knobs built (empty if unknown)
+  // cuDNN's behavior notes of the plan built (RUNTIME_COMPILATION, ...); empty if unknown.
+  std::vector<std::string> behavior_notes;
+  bool notes_known = false;  // behavior_notes were read (an empty list then means none)
   double total_ms() const;
 };
 

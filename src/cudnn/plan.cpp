@@ -284,6 +284,16 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     } catch (const std::exception&) {
       r.choice = EngineChoice{};  // only a report detail: the plan stands
     }
+    try {
+      std::vector<fe::BehaviorNote_t> notes;
+      if (graph.get_behavior_notes_for_plan_at_index(r.plan_index, notes).is_good()) {
+        r.notes_known = true;
+        for (auto n : notes)
+          if (n != fe::BehaviorNote_t::NOT_SET) r.behavior_notes.push_back(nlohmann::json(n).get<std::string>());
+      }
+    } catch (const std::exception&) {
+      r.notes_known = false;  // only a report detail
+    }
   }
   return Plan(std::move(impl));
 }

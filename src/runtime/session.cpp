@@ -61,6 +61,7 @@ std::string PlanReport::shape_summary() const {
     return s;
   }
   if (!dynamic_fallback.empty()) return s + "static build (dynamic shapes refused: " + dynamic_fallback + ")";
+  if (!static_policy.empty()) return s + "static build (" + static_policy + ")";
   return s + "static build";
 }
 
@@ -161,6 +162,7 @@ struct Session::Impl {
     std::shared_ptr<KernelCache> cache;
     int builds = 0;       // dynamic builds that used it
     std::string refused;  // a dynamic build was refused: later shapes build static
+    std::string precompiled;  // the first dynamic build's engine is precompiled: later shapes build static
     // The engine the first dynamic build chose, per request policy (PlanRequest::reuse_engine).
     std::map<std::string, EngineChoice> engines;
   };
@@ -265,8 +267,10 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
   const bool symbolic = !g.symbolic_id.empty();
   Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
-  const bool dynamic = slot && slot->refused.empty();
+  const bool by_policy = slot && slot->refused.empty() && !slot->precompiled.empty() && request.static_when_precompiled;
+  const bool dynamic = slot && slot->refused.empty() && !by_policy;
   if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
+  if (by_policy) rep.static_policy = slot->precompiled;
   const std::string policy = request_policy_key(request, limit) + (dynamic ? ";dyn=1" : "");
   auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
   if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
@@ -348,6 +352,13 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     rep.kernel_cache = slot->builds == 0 ? "cold" : "warm";
     rep.kernel_cache_builds_before = slot->builds;
     ++slot->builds;
+    const auto& notes = rep.build.behavior_notes;
+    if (rep.build.notes_known && slot->precompiled.empty() &&
+        std::find(notes.begin(), notes.end(), "RUNTIME_COMPILATION") == notes.end()) {
+      slot->precompiled = "engine " + plan->engine_name() +
+                          " has precompiled kernels (no RUNTIME_COMPILATION): a static build of a new shape "
+                          "takes milliseconds and a kernel cache has nothing to reuse";
+    }
   }
   rep.heuristic_mode = rep.engine_replayed        ? "replay"
                        : request.engine.empty() ? modes_csv(rep.attempts.back().modes)

@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <set>
@@ -110,6 +111,12 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
   EXPECT_EQ(report.engine.rfind("eng", 0), 0u) << report.engine;
   EXPECT_EQ(plan->engine_name(), report.engine);
   EXPECT_GE(plan->workspace_bytes(), 0);
+  // The built plan's behavior notes are read (the session's static-shape policy keys on them): what
+  // builds without a driver is precompiled, never RUNTIME_COMPILATION.
+  EXPECT_TRUE(report.notes_known);
+  if (gpu_count() == 0) {
+    EXPECT_EQ(std::count(report.behavior_notes.begin(), report.behavior_notes.end(), "RUNTIME_COMPILATION"), 0);
+  }
 
   // Serialize, write a plan file, read it back, deserialize without a handle.
   auto bytes = plan->serialize();

@@ -14,7 +14,7 @@ struct ShapesArgs {
   std::vector<std::string> sweeps;
   double target_speedup = 10;
   bool json = false;
-  bool no_engine_reuse = false;
+  bool no_engine_reuse = false, always_dynamic = false;
 };
 
 struct Row {
@@ -36,6 +36,7 @@ nlohmann::json row_json(const std::string& mode, const Row& r) {
           {"dynamic_shape", r.rep.dynamic_shape},
           {"kernel_cache", r.rep.kernel_cache},
           {"dynamic_fallback", r.rep.dynamic_fallback},
+          {"static_policy", r.rep.static_policy},
           {"engine_replayed", r.rep.engine_replayed},
           {"replay_failed", r.rep.replay_failed},
           {"error", r.error}};
@@ -74,6 +75,9 @@ Runner add_shapes(CLI::App& app) {
       "--no-engine-reuse", a->no_engine_reuse,
       "Kernel-cache pass: let the heuristics choose an engine for every shape instead of reusing the "
       "first shape's");
+  cmd->add_flag("--always-dynamic", a->always_dynamic,
+                "Kernel-cache pass: build every shape with dynamic shapes, also where the first build's engine has "
+                "precompiled kernels (by default those shapes build statically: the session's policy)");
   cmd->add_flag("--json", a->json,
                 "Write one JSON document to stdout (a row per shape and mode, and a summary)");
   return [a]() -> int {
@@ -120,6 +124,7 @@ Runner add_shapes(CLI::App& app) {
       request.use_tuned_cache = false;
       request.dynamic_shape = pass == "kernel_cache";
       request.reuse_engine = !a->no_engine_reuse;
+      request.static_when_precompiled = !a->always_dynamic;
       for (const auto& shape : shapes) {
         Row row;
         row.shape = shape;
@@ -131,7 +136,9 @@ Runner add_shapes(CLI::App& app) {
         if (!a->json) {
           std::fprintf(
               stderr, "  %-12s %-20s %10.2f ms  %s\n", pass.c_str(), safe(shape_text(shape)).c_str(), row.ms,
-              row.ok ? safe(row.rep.kernel_cache == "off" ? "static" : "kernel cache " + row.rep.kernel_cache)
+              row.ok ? safe(row.rep.kernel_cache != "off" ? "kernel cache " + row.rep.kernel_cache
+                            : row.rep.static_policy.empty() ? std::string("static")
+                                                            : std::string("static (precompiled engine)"))
                            .c_str()
                      : ("FAILED: " + safe(row.error)).c_str());
         }

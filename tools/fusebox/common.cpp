@@ -87,6 +87,7 @@ nlohmann::json to_json(const BuildReport& r) {
           {"candidate_plans", r.candidate_plans},
           {"engine", r.engine},
           {"plan_index", r.plan_index},
+          {"behavior_notes", r.notes_known ? nlohmann::json(r.behavior_notes) : nlohmann::json(nullptr)},
           {"workspace_bytes", r.workspace_bytes},
           {"total_ms", r.total_ms()}};
 }
@@ -169,6 +170,7 @@ nlohmann::json to_json(const PlanReport& r) {
           {"kernel_cache_builds_before", r.kernel_cache_builds_before},
           {"dynamic_fallback", r.dynamic_fallback},
           {"dynamic_failed_ms", r.dynamic_failed_ms},
+          {"static_policy", r.static_policy},
           {"engine_replayed", r.engine_replayed},
           {"replay_failed", r.replay_failed}};
 }
