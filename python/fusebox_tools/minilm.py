@@ -434,6 +434,30 @@ def write_dynamic_pipeline(out_dir, cfg=None, max_batch=DYN_MAX_BATCH):
     return _write(out_dir, cfg, "B", "S", "N", "graphs/dyn", DYN_PIPELINE[:-5], symbols)
 
 
+def dynamic_range(out_dir):
+    """{symbol: (min, max)} of the symbolic pipeline's graphs in out_dir (what a run may ask)."""
+    rng = {}
+    gdir = os.path.join(out_dir, "graphs", "dyn")
+    for name in sorted(os.listdir(gdir)):
+        with open(os.path.join(gdir, name)) as f:
+            for sym, r in json.load(f).get("symbols", {}).items():
+                lo, hi = (r["min"], r["max"]) if isinstance(r, dict) else (r[0], r[1])
+                old = rng.get(sym, (lo, hi))
+                rng[sym] = (max(lo, old[0]), min(hi, old[1]))
+    return rng
+
+
+def check_dynamic_shape(out_dir, B, S):
+    """MiniLMError naming the symbol and range when the symbolic pipeline cannot run B x S."""
+    rng = dynamic_range(out_dir)
+    for sym, v, what in (("B", B, "batch"), ("S", S, "sequence length"), ("N", B * S, "token count B*S")):
+        lo, hi = rng.get(sym, (1, v))
+        if not lo <= v <= hi:
+            raise MiniLMError(f"{what} {v} is outside the pipeline's range [{lo}, {hi}] (symbol {sym} of "
+                              f"{os.path.join(out_dir, 'graphs', 'dyn')}): embed in smaller batches, or write "
+                              f"the pipeline for more with `python3 -m fusebox_tools.minilm pipeline --max-batch M`")
+
+
 def dynamic_shape_args(B, S):
     """`pipeline run --shape` for the symbolic pipeline at B sequences of S tokens."""
     return ["--shape", f"B={B},S={S},N={B * S}"]

@@ -98,6 +98,7 @@ def pipeline_for(model, B, S, static_pipeline=False):
     path = os.path.join(model, m.DYN_PIPELINE)
     if not os.path.exists(path):
         path = m.write_dynamic_pipeline(model)
+    m.check_dynamic_shape(model, B, S)
     return path, m.dynamic_shape_args(B, S)
 
 

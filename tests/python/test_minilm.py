@@ -459,3 +459,19 @@ def test_real_weights_reproduce_the_model_card(repo_root):
     emb, _, _ = m.reference(p, cfg, ids, lengths, 32)
     c = m.cosine_matrix(emb)
     np.testing.assert_allclose([c[0, 1], c[0, 2], c[1, 2]], [0.6660, 0.1046, 0.1411], atol=6e-5)
+
+
+def test_runner_refuses_a_batch_beyond_the_symbolic_range(tiny):
+    """A batch larger than the symbolic pipeline's declared range is one clear error before any run
+    (issue 14's bad input), naming the symbol and the range; within it, the --shape arguments."""
+    out, _, _ = tiny
+    m.write_dynamic_pipeline(out, max_batch=4)
+    assert m.dynamic_range(out) == {"B": (1, 4), "S": (1, TINY["max_pos"]), "N": (1, 4 * TINY["max_pos"])}
+    path, extra = me.pipeline_for(out, 4, 16)
+    assert os.path.basename(path) == "minilm.json" and extra == ["--shape", "B=4,S=16,N=64"]
+    with pytest.raises(m.MiniLMError, match=r"batch 5 is outside the pipeline's range \[1, 4\] \(symbol B"):
+        me.pipeline_for(out, 5, 16)
+    with pytest.raises(m.MiniLMError, match=r"sequence length 33 is outside .*\[1, 32\]"):
+        me.pipeline_for(out, 1, 33)
+    assert me.seq_bucket(1) == 16 and me.seq_bucket(16) == 16 and me.seq_bucket(17) == 32
+    assert me.seq_bucket(500) == 512 and me.seq_bucket(600) == 512 and me.seq_bucket(20, 24) == 24
