@@ -31,7 +31,8 @@
 # fresh machine carry .bench to resume. Everything written is also copied to $OUT
 # (the parts as $OUT/bench_parts.tgz: `tar xzf bench_parts.tgz` in the repository
 # root here restores .bench/RUN/ before the next call).
-# BENCH_CALLS (50) calls per GPU-time sample, BENCH_SAMPLES (10) samples; GRAPHS="a.json
+# BENCH_TUNE=1: `fusebox tune` every graph first and time its winner (notes say which, against the
+# heuristics' choice). BENCH_CALLS (50) calls per GPU-time sample, BENCH_SAMPLES (10) samples; GRAPHS="a.json
 # b.json" benchmarks those graphs in the part instead of the examples.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2

@@ -248,11 +248,37 @@ def first_line(e):
 
 # ---------------------------------------------------------------- fusebox
 
+def tune_fusebox(args, path, notes):
+    """BENCH_TUNE=1 (--tune): `fusebox tune` into the part's own plan cache before the timing, so
+    that `run` times the tuned winner (fusebox's autotuning, as torch.compile autotunes). The
+    winner against the heuristics' choice goes into the row's notes. Returns the tune JSON or None."""
+    cmd = [args.fusebox, "tune", path, "--json", "--cache", args.tune_cache, "--iters", "20"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        r = json.loads(proc.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        notes.append(f"fusebox tune failed ({type(e).__name__}); timed the heuristics' choice")
+        return None
+    if proc.returncode != 0 or not r.get("winner"):
+        notes.append(f"fusebox tune: exit {proc.returncode} ({str(r.get('error', ''))[:200]}); timed the heuristics' choice")
+        return None
+    if r.get("heuristic_choice"):
+        notes.append(f"tuned: {r['winner']} ({r['winner_median_ms']:.4f} ms in tune) against the heuristics' "
+                     f"{r['heuristic_choice']} ({r.get('speedup_over_heuristic', 0):.2f}x)")
+    else:
+        notes.append(f"tuned: {r['winner']} (plan cache {r.get('cache')})")
+    return r
+
+
 def time_fusebox(args, path, input_files, notes):
     cmd = [args.fusebox, "run", path, "--json", "--warmup", str(args.warmup), "--iters", str(args.calls),
            "--samples", str(args.samples)]
     if input_files:
         cmd += ["--inputs", ",".join(f"{n}={p}" for n, p in input_files.items())]
+    tuned = None
+    if getattr(args, "tune", False):
+        tuned = tune_fusebox(args, path, notes)
+        cmd += ["--cache", args.tune_cache] if tuned else ["--no-cache"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -267,7 +293,8 @@ def time_fusebox(args, path, input_files, notes):
         notes.append(f"fusebox: unreadable --json ({e})")
         return None
     out = {"engine": r.get("engine"), "workspace_bytes": r.get("workspace_bytes"), "plan_source": r.get("plan_source"),
-           "per_call_events_ms": r.get("latency_ms"), "input_sets": r.get("input_sets")}
+           "per_call_events_ms": r.get("latency_ms"), "input_sets": r.get("input_sets"),
+           "tuned": tuned is not None}
     gpu = (r.get("gpu_time_ms") or {}).get("samples")
     lat = (r.get("host_latency_ms") or {}).get("samples")
     if gpu:
@@ -1095,7 +1122,10 @@ def main(argv=None):
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--force", action="store_true", help="redo rows already in --out")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--tune", action="store_true", default=os.environ.get("BENCH_TUNE", "") == "1",
+                    help="fusebox tune each graph first and time its winner (BENCH_TUNE=1)")
     args = ap.parse_args(argv)
+    args.tune_cache = os.path.join(os.path.dirname(os.path.abspath(args.out)), "tuned_plans.sqlite")
     try:
         args.fusebox = fusebox_bin(args.fusebox)
     except FuseboxError as e:

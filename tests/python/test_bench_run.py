@@ -258,6 +258,44 @@ def test_model_commands(bench_run, monkeypatch):
     cmd = bench_run.model_command("minilm_b1_s32", "/fb", "/tmp/run", "/tmp/r.json")
     assert cmd[cmd.index("--batch") + 1] == "1" and cmd[cmd.index("--seq") + 1] == "32"
     assert "--batch" not in bench_run.model_command("minilm_b8_s128", "/fb", "/r", "/j")  # the 8 example sentences
+    # MiniLM rows: the symbolic pipeline built for the shape; the _dyn rows with dynamic-shape plans.
+    assert "--static-shapes" in bench_run.model_command("minilm_b32_s128", "/fb", "/r", "/j")
+    dyn = bench_run.model_command("minilm_b32_s128_dyn", "/fb", "/r", "/j")
+    assert "--static-shapes" not in dyn and dyn[dyn.index("--batch") + 1] == "32"
+
+
+def test_tuned_timing_runs_tune_first_and_times_its_winner(bench_run, monkeypatch, tmp_path):
+    """BENCH_TUNE=1: `fusebox tune` into the part's plan cache, then `run --cache` of that cache (the
+    winner is timed), the winner against the heuristics' choice in the notes; a failed tune times the
+    heuristics' choice without a cache, and says so."""
+    import types
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        if cmd[1] == "tune":
+            out = {"winner": "eng6_a", "winner_median_ms": 0.0165, "heuristic_choice": "eng1",
+                   "speedup_over_heuristic": 4.9, "cache": "stored"} if tune_ok else {"ok": False, "error": "no GPU"}
+            return types.SimpleNamespace(returncode=0 if tune_ok else 1, stdout=json.dumps(out), stderr="")
+        return types.SimpleNamespace(returncode=0, stdout=json.dumps(
+            {"engine": "eng6_a", "gpu_time_ms": {"samples": [0.017]}, "host_latency_ms": {"samples": [0.03]}}),
+            stderr="")
+
+    monkeypatch.setattr(bench_run.subprocess, "run", fake_run)
+    args = types.SimpleNamespace(fusebox="/fb", warmup=1, calls=2, samples=1, timeout=5, tune=True,
+                                 tune_cache=str(tmp_path / "tuned.sqlite"))
+    for tune_ok in (True, False):
+        calls.clear()
+        notes = []
+        out = bench_run.time_fusebox(args, "/g.json", {}, notes)
+        assert [c[1] for c in calls] == ["tune", "run"]
+        assert calls[0][calls[0].index("--cache") + 1] == args.tune_cache
+        if tune_ok:
+            assert calls[1][calls[1].index("--cache") + 1] == args.tune_cache and out["tuned"]
+            assert "tuned: eng6_a" in notes[0] and "eng1 (4.90x)" in notes[0]
+        else:
+            assert "--no-cache" in calls[1] and not out["tuned"] and "timed the heuristics' choice" in notes[0]
+        assert out["gpu_ms"] == [0.017]
 
 
 def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path):
