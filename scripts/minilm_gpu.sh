@@ -34,7 +34,13 @@ part tiny_check "$FUSEBOX_BIN" pipeline check "$OUT/tiny/minilm_b2_s64.json"
 part tiny_run_verify "$FUSEBOX_BIN" pipeline run "$OUT/tiny/minilm_b2_s64.json" --verify --iters 10
 part tiny_torch_crosscheck "$PY" -m fusebox_tools.pipeline_crosscheck "$OUT/tiny/minilm_b2_s64.json" \
   --out "$OUT/tiny_saved" --json-out "$OUT/tiny_crosscheck.json"
+# The symbolic pipeline (minilm.json) at two shapes, dynamic-shape plans, and the same in torch.
+part tiny_dyn_verify "$FUSEBOX_BIN" pipeline run "$OUT/tiny/minilm.json" --shape B=3,S=24,N=72 --verify --cuda-graph --iters 10
+part tiny_dyn_torch_crosscheck "$PY" -m fusebox_tools.pipeline_crosscheck "$OUT/tiny/minilm.json" --shape B=5,S=40,N=200 \
+  --out "$OUT/tiny_dyn_saved" --json-out "$OUT/tiny_dyn_crosscheck.json"
 if [ -f "$MODEL/minilm_config.json" ]; then
+  part real_auto_seq "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --reference --torch \
+    --out "$OUT/real_auto" --json-out "$OUT/real_auto.json"
   part real_s32_verify "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 32 --verify --reference \
     --torch --out "$OUT/real_s32" --json-out "$OUT/real_s32.json"
   part real_s128_timed "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 128 --iters 50 --cuda-graph --reference \

@@ -44,6 +44,17 @@ CHECK_JSON_VERSION = 1
 RUN_JSON_VERSION = 1
 
 
+def graph_shape(graph_path, shape):
+    """The part of a pipeline's --shape ("B=2,S=16,N=32") that one graph file declares, for
+    `fusebox check --shape` of that graph alone; None when it declares none of them."""
+    if not shape:
+        return None
+    with open(graph_path) as f:
+        declared = json.load(f).get("symbols", {})
+    vals = dict(kv.split("=", 1) for kv in shape.split(","))
+    return ",".join(f"{k}={vals[k]}" for k in declared if k in vals) or None
+
+
 class Pipeline:
     """A pipeline as `fusebox pipeline check --json` gives it."""
 
@@ -222,6 +233,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", help="keep fusebox's saved buffers here (default: a temporary folder)")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--shape", help="a symbolic pipeline's values, SYM=N,... (pipeline run --shape)")
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
 
@@ -231,11 +243,12 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    p = Pipeline.load(args.pipeline, args.fusebox)
-    graphs = {st["name"]: Graph.load(p.graph_path(st), args.fusebox) for st in p.stages}
+    p = Pipeline.load(args.pipeline, args.fusebox, shape=args.shape)
+    graphs = {st["name"]: Graph.load(p.graph_path(st), args.fusebox, shape=graph_shape(p.graph_path(st), args.shape))
+              for st in p.stages}
     out_dir = args.out or tempfile.mkdtemp(prefix=f"xcheck_{p.name}_")
     cmd = [fusebox_bin(args.fusebox), "pipeline", "run", args.pipeline, "--verify", "--iters", "0", "--seed",
-           str(args.seed), "--save-outputs", out_dir, "--json"]
+           str(args.seed), "--save-outputs", out_dir, "--json"] + (["--shape", args.shape] if args.shape else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     try:
         report = json.loads(proc.stdout)

@@ -337,7 +337,7 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shap
     graphs = {}
     for st in pl.stages:
         if st["graph_file"] not in graphs:
-            graphs[st["graph_file"]] = Graph.load(pl.graph_path(st), fusebox, shape=_graph_shape(pl, st, at))
+            graphs[st["graph_file"]] = Graph.load(pl.graph_path(st), fusebox, shape=pc.graph_shape(pl.graph_path(st), at))
     p, cfg = m.load_converted(out)
     ids, lengths = ids_and_lengths(np.random.default_rng(11), [9, S, 5][:B] if S >= 9 else [S, 3, 1][:B], S,
                                    cfg["vocab"])
@@ -363,16 +363,6 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shap
     np.testing.assert_allclose(values["pooled_sum"].reshape(B, -1), pooled, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(emb, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(values[f"h{cfg['layers']}"].reshape(B, S, -1), hidden, rtol=1e-4, atol=1e-4)
-
-
-def _graph_shape(pl, stage, at):
-    """The --shape for one stage's graph file: only the symbols that graph declares."""
-    if not at:
-        return None
-    with open(pl.graph_path(stage)) as f:
-        declared = json.load(f).get("symbols", {})
-    vals = dict(kv.split("=") for kv in at.split(","))
-    return ",".join(f"{k}={vals[k]}" for k in declared) or None
 
 
 def test_symbolic_pipeline_checks_every_shape_and_refuses_bad_ones(fusebox, tiny):
