@@ -32,6 +32,8 @@ struct BufferUse {
   std::string tensor;  // the graph tensor's name
 };
 
+struct Pipeline;
+
 struct PipelineBuffer {
   std::string name;
   BufferKind kind = BufferKind::kIntermediate;
@@ -47,6 +49,16 @@ struct PipelineBuffer {
   // and strides below are then its writer's (inputs, constants: the first
   // reader's in file order); each stage's own are its graph tensor's.
   bool reshape = false;
+  // "view": {"of": PARENT, "part": k, "parts": n}: no memory of its own but part k of n equal,
+  // contiguous parts of buffer PARENT (a dense buffer written by a stage, or an input): elements
+  // [k*c, (k+1)*c) of its memory, c = PARENT's element count / n. Read only; each reader sees it
+  // as a dense tensor of c elements and PARENT's dtype (like a reshape view). Lets one stage write
+  // what several graph inputs read (one Q/K/V GEMM feeding an attention's q, k and v).
+  int view_of = -1;  // index into Pipeline::buffers, -1: not a view
+  int64_t view_part = 0, view_parts = 0;
+  bool is_view() const { return view_of >= 0; }
+  // A view's first element in its parent's memory (elements); 0 for other buffers.
+  int64_t view_offset_elements(const Pipeline& p) const;
   // From the graph tensors bound to it (all agree, unless `reshape`).
   DType dtype = DType::kBF16;
   std::vector<int64_t> dims;

@@ -156,6 +156,23 @@ def reinterpret(x, src_dims, src_strides, dst_dims, dst_strides):
     return np.lib.stride_tricks.as_strided(flat, tuple(dst_dims), tuple(s * isz for s in dst_strides)).copy()
 
 
+def buffer_value(pipeline, values, buffer):
+    """A buffer's logical value from `values` (buffer -> value); a view's (part k of n of its
+    parent, docs/pipeline-format.md) taken from its parent's memory. numpy or torch."""
+    b = pipeline.buffers[buffer]
+    v = b.get("view")
+    if not v:
+        return values[buffer]
+    parent = pipeline.buffers[v["of"]]
+    n = 1
+    for d in parent["dims"]:
+        n *= d
+    flat = reinterpret(values[v["of"]], parent["dims"], parent["strides"], [n], [1])
+    count = n // v["parts"]
+    part = flat[v["offset_elements"]:v["offset_elements"] + count]
+    return reinterpret(part, [count], [1], b["dims"], b["strides"])
+
+
 def to_tensor_view(pipeline, graph, tensor, buffer, value):
     """`value` (the buffer's logical value) as graph tensor `tensor` sees it."""
     b = pipeline.buffers[buffer]
@@ -187,8 +204,8 @@ def run_chain(pipeline, graphs, values, run_stage, round_to=None):
     for st in pipeline.stages:
         g = graphs[st["name"]]
         outs_of = set(g.outputs())
-        ins = {t: to_tensor_view(pipeline, g, t, buf, values[buf]) for t, buf in st["bind"].items()
-               if t not in outs_of}
+        ins = {t: to_tensor_view(pipeline, g, t, buf, buffer_value(pipeline, values, buf))
+               for t, buf in st["bind"].items() if t not in outs_of}
         res = run_stage(st, g, ins)
         for t, buf in st["bind"].items():
             if t in outs_of:
@@ -271,8 +288,8 @@ def main(argv=None):
     # Per stage, on fusebox's own inputs.
     for st in p.stages:
         g = graphs[st["name"]]
-        ins = {t: to_tensor_view(p, g, t, b, constants[b] if b in constants else saved[b])
-               for t, b in stage_inputs(st, g).items()}
+        known = dict(saved, **constants)
+        ins = {t: to_tensor_view(p, g, t, b, buffer_value(p, known, b)) for t, b in stage_inputs(st, g).items()}
         outs = run(st, g, ins)
         for t, buf in st["bind"].items():
             if t not in outs:

@@ -78,6 +78,7 @@ class Loader {
     FUSEBOX_RETURN_IF_ERROR(load_graphs());
     FUSEBOX_RETURN_IF_ERROR(bind_stages());
     FUSEBOX_RETURN_IF_ERROR(check_buffers());
+    FUSEBOX_RETURN_IF_ERROR(check_views());
     FUSEBOX_RETURN_IF_ERROR(order_stages());
     return std::move(p_);
   }
@@ -150,6 +151,26 @@ class Loader {
     return s;
   }
 
+  Status read_view(const std::string& path, const ordered_json& v, const std::string& kind, PipelineBuffer* b) {
+    const std::string vp = path + ".view";
+    if (kind != "intermediate")
+      return bad(vp + ": only an intermediate buffer can be a view (this one is " + kind + ")");
+    if (b->reshape) return bad(vp + ": a view is read as a dense part already; drop \"reshape\"");
+    if (!v.is_object()) return bad(vp + ": expected {\"of\": BUFFER, \"part\": k, \"parts\": n}, got " + json_kind(v));
+    FUSEBOX_RETURN_IF_ERROR(fields(vp, v, {"of", "part", "parts"}));
+    for (const char* key : {"of", "part", "parts"})
+      if (!v.contains(key)) return bad(vp + ": missing field " + sq(key) + " ({\"of\": BUFFER, \"part\": k, \"parts\": n})");
+    FUSEBOX_ASSIGN_OR_RETURN(view_parent_[b->name], name_at(vp + ".of", v["of"], kMaxNameBytes));
+    if (!v["parts"].is_number_integer() || v["parts"].get<int64_t>() < 1 || v["parts"].get<int64_t>() > 4096)
+      return bad(vp + ".parts: expected an integer from 1 to 4096, got " + v["parts"].dump());
+    b->view_parts = v["parts"].get<int64_t>();
+    if (!v["part"].is_number_integer() || v["part"].get<int64_t>() < 0 || v["part"].get<int64_t>() >= b->view_parts)
+      return bad(vp + ".part: expected an integer from 0 to " + std::to_string(b->view_parts - 1) + " (parts - 1), got " +
+                 v["part"].dump());
+    b->view_part = v["part"].get<int64_t>();
+    return Status::Ok();
+  }
+
   Status read_structure(const ordered_json& root) {
     if (!root.is_object()) return bad("expected an object, got " + json_kind(root));
     FUSEBOX_RETURN_IF_ERROR(fields("pipeline", root, {"name", "graphs", "buffers", "bind"}));
@@ -186,7 +207,7 @@ class Loader {
         return bad("buffers: a buffer name must have 1 to " + std::to_string(kMaxNameBytes) + " bytes");
       const ordered_json& v = it.value();
       if (!v.is_object()) return bad(path + ": expected an object ({\"kind\": ...}), got " + json_kind(v));
-      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file", "key", "reshape"}));
+      FUSEBOX_RETURN_IF_ERROR(fields(path, v, {"kind", "file", "key", "reshape", "view"}));
       if (!v.contains("kind"))
         return bad(path + ": missing field 'kind' (input, output, constant or intermediate)");
       PipelineBuffer b;
@@ -224,8 +245,24 @@ class Loader {
           return bad(path + ".reshape: expected true or false, got " + json_kind(v["reshape"]));
         b.reshape = v["reshape"].get<bool>();
       }
+      if (v.contains("view")) FUSEBOX_RETURN_IF_ERROR(read_view(path, v["view"], kind, &b));
       buffer_index_[b.name] = static_cast<int>(p_.buffers.size());
       p_.buffers.push_back(std::move(b));
+    }
+    for (auto& b : p_.buffers) {  // a view's parent, by name, once every buffer is known
+      if (view_parent_.count(b.name) == 0) continue;
+      const std::string& of = view_parent_[b.name];
+      auto it = buffer_index_.find(of);
+      if (it == buffer_index_.end())
+        return bad("buffers." + b.name + ".view.of: " + sq(of) + " is not a buffer");
+      const PipelineBuffer& parent = p_.buffers[static_cast<size_t>(it->second)];
+      if (parent.name == b.name || view_parent_.count(parent.name))
+        return bad("buffers." + b.name + ".view.of: " + sq(of) + (parent.name == b.name ? " is the view itself" : " is a view itself") +
+                   ": a view is part of a buffer with memory of its own");
+      if (parent.kind == BufferKind::kConstant)
+        return bad("buffers." + b.name + ".view.of: " + sq(of) +
+                   " is a constant: view the parts of an input, intermediate or output buffer");
+      b.view_of = it->second;
     }
 
     const ordered_json& bind = root["bind"];
@@ -376,6 +413,19 @@ class Loader {
   Status use_buffer(int s, const ResolvedTensor& t, int bi) {
     PipelineBuffer& b = p_.buffers[bi];
     const std::string buf = "buffer " + sq(b.name);
+    if (b.is_view()) {  // checked against its parent once every stage is bound (check_views)
+      if (!t.is_input)
+        return bad_stage(s, "graph output " + sq(t.name) + " writes " + buf + ", a view of " +
+                                sq(p_.buffers[static_cast<size_t>(b.view_of)].name) +
+                                ": a view is only read; write its parent");
+      if (b.readers.empty()) {
+        b.dims = t.dims;
+        b.strides = t.strides;
+        b.dtype = t.dtype;
+      }
+      b.readers.push_back({s, t.name});
+      return Status::Ok();
+    }
     const BufferUse* first = b.writer ? &*b.writer : (b.readers.empty() ? nullptr : &b.readers.front());
     if (first) {
       const bool same = t.dims == b.dims && t.strides == b.strides && t.dtype == b.dtype;
@@ -439,13 +489,58 @@ class Loader {
                          "be dense (no gaps between elements), so that each covers the same memory");
   }
 
-  Status check_buffers() const {
+  // Each view: part `part` of `parts` equal parts of a dense parent, read as dense tensors of
+  // that many elements and the parent's dtype.
+  Status check_views() const {
     for (const auto& b : p_.buffers) {
+      if (!b.is_view()) continue;
+      const PipelineBuffer& parent = p_.buffers[static_cast<size_t>(b.view_of)];
+      const std::string what = "view " + sq(b.name) + " (part " + std::to_string(b.view_part) + " of " +
+                               std::to_string(b.view_parts) + " of buffer " + sq(parent.name) + ")";
+      ResolvedTensor pt;
+      pt.dtype = parent.dtype;
+      pt.dims = parent.dims;
+      pt.strides = parent.strides;
+      const int64_t n = pt.element_count();
+      if (pt.storage_bytes() != n * static_cast<int64_t>(dtype_size_bytes(pt.dtype)))
+        return bad(what + ": " + sq(parent.name) + " is " + shape_string(pt.dtype, pt.dims, pt.strides) +
+                   ", not dense: a view's parent must have no gaps between its elements");
+      if (n % b.view_parts != 0)
+        return bad(what + ": " + sq(parent.name) + " has " + std::to_string(n) + " elements, not a multiple of " +
+                   std::to_string(b.view_parts));
+      const int64_t part = n / b.view_parts;
+      for (const auto& r : b.readers) {
+        const PipelineStage& st = p_.stages[static_cast<size_t>(r.stage)];
+        const ResolvedTensor& t = st.graph.tensors[static_cast<size_t>(st.graph.find_tensor(r.tensor))];
+        const bool dense = t.storage_bytes() == t.element_count() * static_cast<int64_t>(dtype_size_bytes(t.dtype));
+        if (t.dtype != pt.dtype || t.element_count() != part || !dense)
+          return bad_stage(r.stage, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
+                                        " but " + what + " holds " + std::to_string(part) + " " +
+                                        std::string(dtype_name(pt.dtype)) +
+                                        " elements: a view is read as a dense tensor of its part's elements "
+                                        "and its parent's dtype");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status check_buffers() const {
+    std::set<int> viewed;  // buffers read through views
+    for (const auto& b : p_.buffers)
+      if (b.is_view() && !b.readers.empty()) viewed.insert(b.view_of);
+    for (size_t bi = 0; bi < p_.buffers.size(); ++bi) {
+      const PipelineBuffer& b = p_.buffers[bi];
       const std::string kind(buffer_kind_name(b.kind));
+      if (b.is_view()) {
+        if (b.readers.empty())
+          return bad("view buffer " + sq(b.name) + " is read by no stage: bind it to a graph input or remove it");
+        continue;
+      }
+      const bool read = !b.readers.empty() || viewed.count(static_cast<int>(bi));
       switch (b.kind) {
         case BufferKind::kInput:
         case BufferKind::kConstant:
-          if (b.readers.empty())
+          if (!read)
             return bad(kind + " buffer " + sq(b.name) +
                        " is read by no stage: bind it to a graph input or remove it");
           break;
@@ -457,7 +552,7 @@ class Loader {
           if (!b.writer)
             return bad("intermediate buffer " + sq(b.name) +
                        " is written by no stage: bind it to a graph output, or make it an input");
-          if (b.readers.empty())
+          if (!read)
             return bad("intermediate buffer " + sq(b.name) + " is written by stage " +
                        sq(p_.stages[b.writer->stage].name) +
                        " but read by no stage: bind it to a graph input, or make it an output");
@@ -473,12 +568,15 @@ class Loader {
     std::vector<std::vector<int>> next(n);
     std::vector<int> indegree(n, 0);
     for (const auto& b : p_.buffers) {
-      if (!b.writer) continue;
-      const int w = b.writer->stage;
+      // A view's readers wait for its parent's writer.
+      const auto& writer = b.is_view() ? p_.buffers[static_cast<size_t>(b.view_of)].writer : b.writer;
+      if (!writer) continue;
+      const int w = writer->stage;
       for (const auto& r : b.readers) {
         if (r.stage == w)
           return bad_stage(w, "reads buffer " + sq(b.name) + " (as " + sq(r.tensor) +
-                                  ") that it writes itself (as " + sq(b.writer->tensor) +
+                                  ") that it writes itself (as " + sq(writer->tensor) +
+                                  (b.is_view() ? ", through the view's parent" : "") +
                                   "): a stage cannot work in place");
         next[w].push_back(r.stage);
         ++indegree[r.stage];
@@ -505,7 +603,7 @@ class Loader {
       seen[s] = static_cast<int>(path.size());
       path.push_back(s);
       for (const auto& [tname, bi] : p_.stages[s].bind) {
-        const PipelineBuffer& b = p_.buffers[bi];
+        const PipelineBuffer& b = p_.buffers[p_.buffers[bi].is_view() ? p_.buffers[bi].view_of : bi];
         if (b.writer && b.writer->stage != s && left[b.writer->stage] > 0 &&
             p_.stages[s].graph.tensors[p_.stages[s].graph.find_tensor(tname)].is_input) {
           via.push_back(b.name);
@@ -526,6 +624,7 @@ class Loader {
   ShapeValues shape_;
   Pipeline p_;
   std::map<std::string, int> buffer_index_, stage_index_;
+  std::map<std::string, std::string> view_parent_;  // view buffer -> its parent's name, as written
   std::map<int, std::vector<std::pair<std::string, int>>> raw_bind_;
 };
 
@@ -543,6 +642,13 @@ std::string_view buffer_kind_name(BufferKind kind) {
       return "intermediate";
   }
   return "?";
+}
+
+int64_t PipelineBuffer::view_offset_elements(const Pipeline& p) const {
+  if (!is_view()) return 0;
+  int64_t n = 1;
+  for (int64_t d : p.buffers[static_cast<size_t>(view_of)].dims) n *= d;
+  return n / view_parts * view_part;
 }
 
 int Pipeline::find_stage(std::string_view n) const {

@@ -53,6 +53,15 @@ HostTensor from_logical(const ResolvedTensor& t, const std::vector<float>& logic
   return h;
 }
 
+// A view buffer's value from its parent's (the parent is dense: its bytes in memory order).
+HostTensor view_part(const Pipeline& p, int view, const HostTensor& parent) {
+  const PipelineBuffer& b = p.buffers[static_cast<size_t>(view)];
+  HostTensor h = HostTensor::like(buffer_tensor(p, view));
+  const size_t begin = static_cast<size_t>(b.view_offset_elements(p)) * dtype_size_bytes(b.dtype);
+  std::copy_n(parent.data.begin() + static_cast<std::ptrdiff_t>(begin), h.data.size(), h.data.begin());
+  return h;
+}
+
 // The bytes of a buffer as stage tensor `t` sees them: the same memory with
 // t's dims and strides (they differ only for a "reshape" buffer's views).
 HostTensor view_as(const HostTensor& h, const ResolvedTensor& t) {
@@ -207,7 +216,8 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
 struct PipelineExecutor::Impl {
   Session* session = nullptr;
   const Pipeline* p = nullptr;
-  std::vector<DeviceBuffer> buffers;  // by buffer index
+  std::vector<DeviceBuffer> buffers;  // by buffer index (none allocated for a view)
+  std::vector<void*> ptrs;            // by buffer index: its memory, a view's inside its parent's
   std::vector<BoundPlan> steps;
   std::vector<int> step_stages;
   int64_t buffer_bytes = 0;
@@ -230,12 +240,15 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
   impl->session = &session;
   impl->p = &p;
   impl->buffers.resize(p.buffers.size());
+  impl->ptrs.assign(p.buffers.size(), nullptr);
   for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
     const PipelineBuffer& buf = p.buffers[bi];
+    if (buf.is_view()) continue;  // below, once its parent has memory
     const ResolvedTensor t = buffer_tensor(p, static_cast<int>(bi));
     const int64_t bytes = std::max<int64_t>(t.storage_bytes(), 1);
     DeviceBuffer& d = impl->buffers[bi];
     FUSEBOX_RETURN_IF_ERROR(d.allocate(static_cast<size_t>(bytes), where(p) + ": buffer " + sq(buf.name)));
+    impl->ptrs[bi] = d.get();
     impl->buffer_bytes += bytes;
     auto it = data.find(static_cast<int>(bi));
     if (it != data.end()) {
@@ -254,6 +267,12 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
                                           where(p) + ": poison buffer " + sq(buf.name)));
     }
   }
+  for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+    const PipelineBuffer& buf = p.buffers[bi];
+    if (!buf.is_view()) continue;
+    impl->ptrs[bi] = static_cast<char*>(impl->ptrs[static_cast<size_t>(buf.view_of)]) +
+                     buf.view_offset_elements(p) * static_cast<int64_t>(dtype_size_bytes(buf.dtype));
+  }
   // The session's stream is non-blocking: nothing orders it after the legacy stream's copies.
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), where(p) + ": upload buffers"));
   // The arena sized once to the largest plan, so no bind waits to regrow it.
@@ -266,7 +285,7 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
   for (int s : p.order) {
     std::map<std::string, void*> ptrs;
     for (const auto& [tensor, bi] : p.stages[static_cast<size_t>(s)].bind)
-      ptrs[tensor] = impl->buffers[static_cast<size_t>(bi)].get();
+      ptrs[tensor] = impl->ptrs[static_cast<size_t>(bi)];
     auto bound = session.bind(*plans[static_cast<size_t>(s)], ptrs);
     if (!bound.ok()) return bound.status().WithContext(stage_where(p, s));
     impl->steps.push_back(std::move(bound).value());
@@ -290,7 +309,7 @@ Status PipelineExecutor::synchronize() {
   return cuda_status(cudaStreamSynchronize(impl_->stream()), where(*impl_->p) + ": run");
 }
 
-void* PipelineExecutor::device(int buffer) const { return impl_->buffers[static_cast<size_t>(buffer)].get(); }
+void* PipelineExecutor::device(int buffer) const { return impl_->ptrs[static_cast<size_t>(buffer)]; }
 
 Result<HostTensor> PipelineExecutor::download(int buffer) const {
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(impl_->stream()), where(*impl_->p) + ": run"));
@@ -356,11 +375,12 @@ Result<std::map<std::string, std::vector<float>>> reference_chain(const Pipeline
     for (const auto& [tensor, bi] : st.bind) {
       const ResolvedTensor& t = st.graph.tensors[static_cast<size_t>(st.graph.find_tensor(tensor))];
       if (!t.is_input) continue;
-      auto it = values.find(bi);
+      const PipelineBuffer& b = p.buffers[static_cast<size_t>(bi)];
+      auto it = values.find(b.is_view() ? b.view_of : bi);
       if (it == values.end())
         return Internal(stage_where(p, s) + ": reference chain: buffer " + sq(p.buffers[bi].name) +
                         " has no value");
-      inputs[tensor] = view_as(it->second, t);
+      inputs[tensor] = view_as(b.is_view() ? view_part(p, bi, it->second) : it->second, t);
     }
     bool gpu = false;
     auto ref = stage_reference(st.graph, inputs, cpu_reference_max_flops, &gpu);

@@ -68,6 +68,59 @@ TEST(Pipeline, ExampleLoads) {
   EXPECT_DOUBLE_EQ(p->flops(), p->stages[0].graph.flops() + p->stages[1].graph.flops());
 }
 
+// "view": part k of n of a dense buffer, read as its own buffer (split_convs: conv1 writes
+// hidden [2, 16, 5, 5], each half read by a batch-1 stage).
+TEST(Pipeline, ViewsArePartsOfTheirParent) {
+  auto p = load_pipeline_file(kDir + "/split_convs.json");
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const PipelineBuffer& h = p->buffers[p->find_buffer("hidden")];
+  const PipelineBuffer& h1 = p->buffers[p->find_buffer("hidden_1")];
+  EXPECT_FALSE(h.is_view());
+  ASSERT_TRUE(h1.is_view());
+  EXPECT_EQ(h1.view_of, p->find_buffer("hidden"));
+  EXPECT_EQ(h1.dims, (std::vector<int64_t>{1, 16, 5, 5}));
+  EXPECT_EQ(h1.view_offset_elements(*p), 400);
+  EXPECT_EQ(p->buffers[p->find_buffer("hidden_0")].view_offset_elements(*p), 0);
+  EXPECT_FALSE(h1.writer.has_value());
+  // Its readers run after the parent's writer, whatever the file order.
+  EXPECT_EQ(p->order.front(), 0);
+}
+
+TEST(Pipeline, ViewErrors) {
+  const std::string down = R"("c1": ")" + kDown + R"(")";
+  const std::string graphs = down + R"(, "c2": "graphs/conv_bias_relu_16to16_b1_small.json")";
+  const std::string io = R"("image": {"kind": "input"}, "out": {"kind": "output"}, )" + kWeights;
+  const std::string bind = R"("c1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"}, )" +
+                           same_bind("c2", "half", "out");
+  auto with = [&](const std::string& hidden, const std::string& half) {
+    return parse(graphs, io + R"(, "hidden": )" + hidden + R"(, "half": )" + half, bind);
+  };
+  const std::string inter = R"({"kind": "intermediate"})";
+  ASSERT_TRUE(with(inter, R"({"kind": "intermediate", "view": {"of": "hidden", "part": 1, "parts": 2}})").ok());
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "nothing", "part": 0, "parts": 2}})"),
+               "half.view.of: 'nothing' is not a buffer");
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "hidden", "part": 2, "parts": 2}})"),
+               "half.view.part: expected an integer from 0 to 1");
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "hidden", "part": 0}})"),
+               "missing field 'parts'");
+  expect_error(with(inter, R"({"kind": "output", "view": {"of": "hidden", "part": 0, "parts": 2}})"),
+               "only an intermediate buffer can be a view");
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "w2", "part": 0, "parts": 2}})"),
+               "is a constant");
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "half", "part": 0, "parts": 2}})"),
+               "is the view itself");
+  // Three parts of 800 elements: not a whole number of elements each.
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "hidden", "part": 0, "parts": 3}})"),
+               "has 800 elements, not a multiple of 3");
+  // Four parts of 200: the reader wants 400.
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "hidden", "part": 0, "parts": 4}})"),
+               "holds 200 bf16 elements: a view is read as a dense tensor");
+  // A view is only read.
+  auto written = parse(graphs, io + R"(, "hidden": {"kind": "intermediate"}, "half": {"kind": "intermediate", "view": {"of": "hidden", "part": 0, "parts": 2}}, "h2": {"kind": "intermediate", "view": {"of": "hidden", "part": 1, "parts": 2}})",
+                       R"("c1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"}, )" + same_bind("c2", "h2", "half"));
+  expect_error(written, "a view is only read; write its parent");
+}
+
 TEST(Pipeline, OrderFollowsDataNotFileOrder) {
   auto p =
       parse("\"late\": \"" + kSame + "\", \"early\": \"" + kDown + "\"",

@@ -167,3 +167,50 @@ TEST(PipelineDataParallelGpu, SplitsVerifiesAndStacks) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// Views (split_convs): conv1 writes hidden [2, 16, 5, 5]; each half is read, through a view at
+// its offset, by a batch-1 conv. Every stage verifies on its own inputs (the view's bytes as the
+// device holds them), the CUDA graph equals the eager run, and the two halves together equal
+// two_convs' output (the same weights, the same seeded image, the second conv at batch 2).
+TEST(PipelineViewsGpu, SplitConvsMatchTwoConvs) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+  auto session = Session::create();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  auto split = load_pipeline_file(source_dir() + "/examples/pipelines/split_convs.json");
+  auto whole = load_pipeline_file(source_dir() + "/examples/pipelines/two_convs.json");
+  ASSERT_TRUE(split.ok() && whole.ok()) << split.status().ToString() << whole.status().ToString();
+  PipelineBuild bs, bw;
+  ASSERT_TRUE(build_pipeline(**session, *split, {}, &bs).ok());
+  ASSERT_TRUE(build_pipeline(**session, *whole, {}, &bw).ok());
+  auto ds = load_pipeline_data(*split, 5);
+  auto dw = load_pipeline_data(*whole, 5);
+  ASSERT_TRUE(ds.ok() && dw.ok());
+  PipelineRunOptions o;
+  o.verify = true;
+  o.cuda_graph = true;
+  o.iters = 5;
+  o.warmup = 1;
+  auto rs = run_pipeline(**session, *split, bs.plans_by_stage(*split), *ds, o);
+  ASSERT_TRUE(rs.ok()) << rs.status().ToString();
+  Status vs = pipeline_verify_status(*split, *rs);
+  EXPECT_TRUE(vs.ok()) << vs.ToString();
+  EXPECT_EQ(rs->chain.size(), 2u);
+  EXPECT_TRUE(rs->cuda_graph.bit_identical);
+  PipelineRunOptions one;
+  one.iters = 0;
+  auto rw = run_pipeline(**session, *whole, bw.plans_by_stage(*whole), *dw, one);
+  ASSERT_TRUE(rw.ok()) << rw.status().ToString();
+  std::vector<float> halves = rs->outputs.at("out_0").to_float_logical();
+  const std::vector<float> second = rs->outputs.at("out_1").to_float_logical();
+  halves.insert(halves.end(), second.begin(), second.end());
+  Comparison c = compare("out", rw->outputs.at("out").to_float_logical(), halves,
+                         chain_tolerance(*whole, whole->find_buffer("out")));
+  EXPECT_TRUE(c.pass) << c.ToString();
+  std::printf("[ pipeline ] split_convs (views) against two_convs: %s\n", c.ToString().c_str());
+}
+
+}  // namespace
+}  // namespace fusebox

@@ -95,3 +95,30 @@ def test_bad_pipeline_is_an_error(fusebox, tmp_path):
     bad.write_text('{"name": "p"}')
     with pytest.raises(FuseboxError, match="missing field"):
         pc.Pipeline.load(str(bad), fusebox)
+
+
+def test_views_read_their_part_of_the_parent(fusebox, repo_root):
+    """split_convs: conv1 writes hidden [2, 16, 5, 5] (NHWC); the views hidden_0 and hidden_1 are its
+    two halves in memory, here each one image, which the batch-1 stages read."""
+    p = pc.Pipeline.load(os.path.join(repo_root, "examples", "pipelines", "split_convs.json"), fusebox)
+    assert p.buffers["hidden_1"]["view"] == {"of": "hidden", "part": 1, "parts": 2, "offset_elements": 400}
+    assert p.buffers["hidden"]["view"] is None and p.written() == ["hidden", "out_0", "out_1"]
+    graphs = {s["name"]: Graph.load(p.graph_path(s), fusebox) for s in p.stages}
+    hidden = np.arange(2 * 16 * 5 * 5, dtype=np.float32).reshape(2, 16, 5, 5)
+    seen = {}
+
+    def stage(st, graph, inputs):
+        seen[st["name"]] = inputs["x"]
+        return {"y": hidden if st["name"] == "conv1" else inputs["x"] * 2}
+
+    produced = pc.run_chain(p, graphs, {"image": None, "w1": None, "b1": None, "w2": None, "b2": None}, stage)
+    np.testing.assert_array_equal(seen["conv2a"], hidden[:1])
+    np.testing.assert_array_equal(seen["conv2b"], hidden[1:])
+    np.testing.assert_array_equal(produced["out_1"], hidden[1:] * 2)
+    # A view of a row-major [2, 6] buffer in three parts: the middle four elements in memory order.
+    fake = pc.Pipeline({"version": pc.CHECK_JSON_VERSION, "pipeline": "f", "stages": [], "buffers": [
+        {"name": "m", "dims": [2, 6], "strides": [6, 1], "kind": "intermediate", "writer": None, "view": None},
+        {"name": "v", "dims": [2, 2], "strides": [2, 1], "kind": "intermediate", "writer": None,
+         "view": {"of": "m", "part": 1, "parts": 3, "offset_elements": 4}}]}, "f.json")
+    m = np.arange(12.0).reshape(2, 6)
+    np.testing.assert_array_equal(pc.buffer_value(fake, {"m": m}, "v"), [[4, 5], [6, 7]])

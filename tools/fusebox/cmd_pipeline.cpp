@@ -100,6 +100,11 @@ ordered_json pipeline_json(const Pipeline& p) {
     e["dims"] = b.dims;
     e["strides"] = b.strides;
     e["reshape"] = b.reshape;
+    e["view"] = b.is_view() ? ordered_json{{"of", p.buffers[static_cast<size_t>(b.view_of)].name},
+                                           {"part", b.view_part},
+                                           {"parts", b.view_parts},
+                                           {"offset_elements", b.view_offset_elements(p)}}
+                            : ordered_json(nullptr);
     e["file"] = b.file.empty() ? ordered_json(nullptr) : ordered_json(b.file);
     e["key"] = b.key.empty() ? ordered_json(nullptr) : ordered_json(b.key);
     e["writer"] = b.writer ? use_json(p, *b.writer) : ordered_json(nullptr);
@@ -123,7 +128,10 @@ void print_pipeline(const Pipeline& p) {
   }
   std::printf("buffers:\n");
   for (const auto& b : p.buffers) {
-    std::string who = "written by " + (b.writer ? use_text(p, *b.writer) : std::string("-"));
+    std::string who = b.is_view() ? "part " + std::to_string(b.view_part) + " of " + std::to_string(b.view_parts) +
+                                        " of " + p.buffers[static_cast<size_t>(b.view_of)].name + " (+" +
+                                        std::to_string(b.view_offset_elements(p)) + " elements)"
+                                  : "written by " + (b.writer ? use_text(p, *b.writer) : std::string("-"));
     std::string rd;
     for (const auto& r : b.readers) rd += (rd.empty() ? "" : ", ") + use_text(p, r);
     who += ", read by " + (rd.empty() ? std::string("-") : rd);
