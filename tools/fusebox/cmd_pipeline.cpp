@@ -612,7 +612,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
       for (const auto& [name, file] : input_files) ins.push_back({"--input file for '" + name + "'", file});
       for (size_t bi = 0; bi < p->buffers.size(); ++bi) {
         const PipelineBuffer& b = p->buffers[bi];
-        if (b.kind == BufferKind::kConstant) continue;
+        if (b.kind == BufferKind::kConstant || b.is_view()) continue;  // a view's bytes are its parent's
         const std::string dir = b.kind == BufferKind::kInput
                                     ? (std::filesystem::path(a->save_outputs) / "inputs").string()
                                     : a->save_outputs;
