@@ -282,6 +282,9 @@ def write_weights(p, cfg, out_dir):
         for name in LAYER_TENSORS:
             shape, dt = shapes[name]
             save(f"weights/l{l}_{name}.npy", L[name].reshape(shape).astype(dt))
+        # The fused Q/K/V GEMM's (write_*pipeline(fused_qkv=True)): the three stacked, [3, H, H] and [3, 1, H].
+        save(f"weights/l{l}_wqkv.npy", np.stack([L[n].reshape(H, H) for n in ("wq", "wk", "wv")]).astype("<f2"))
+        save(f"weights/l{l}_bqkv.npy", np.stack([L[n].reshape(1, H) for n in ("bq", "bk", "bv")]).astype("<f2"))
     for name in ("word_emb", "pos_emb", "type_emb"):
         save(f"host/{name}.npy", q[name].astype("<f2"))
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
@@ -373,6 +376,16 @@ def linear_graph(M, K, Nout, act=None, residual=False, symbols=None):
     return _graph(f"minilm_linear_{_dim_name(M)}x{K}x{Nout}{tag}", tensors, ops, symbols)
 
 
+def qkv_graph(M, H, symbols=None):
+    """Q, K and V in one GEMM: y [3, M, H] = a [1, M, H] x b [3, H, H] + bias [3, 1, H] (a broadcast
+    over the batch of 3); the pipeline reads the three [M, H] parts of y as q, k and v (views)."""
+    return _graph(f"minilm_qkv_{_dim_name(M)}x{H}", [
+        _t("a", [1, M, H]), _t("b", [3, H, H]), _t("bias", [3, 1, H]), _t("y", None),
+    ], [{"op": "matmul", "name": "gemm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "gemm_out"}},
+        {"op": "bias_add", "name": "bias", "inputs": {"x": "gemm_out", "bias": "bias"}, "outputs": {"y": "y"}}],
+        symbols)
+
+
 def attn_graph(B, heads, S, d, symbols=None):
     """Bidirectional attention with a key padding mask, q/k/v/o bshd (= [B*S, heads*d] row-major)."""
     # A symbolic S: seq_len_q is an input (the runner gives S for every sequence); fixed values
@@ -401,14 +414,15 @@ def pool_graph(B, N, H, symbols=None):
     ], [{"op": "matmul", "name": "pool", "inputs": {"a": "mask", "b": "h"}, "outputs": {"y": "y"}}], symbols)
 
 
-def write_pipeline(out_dir, B, S, cfg=None):
+def write_pipeline(out_dir, B, S, cfg=None, fused_qkv=False):
     """Writes graphs/b{B}_s{S}/*.json and minilm_b{B}_s{S}.json into out_dir (whose
     weights write_weights made, or at least whose config is given): every dim concrete.
     Returns the pipeline file's path."""
     cfg = check_config(cfg or load_config(out_dir))
     if not (isinstance(B, int) and isinstance(S, int) and B >= 1 and 1 <= S <= cfg["max_pos"]):
         raise MiniLMError(f"batch {B} and sequence length {S} must be >= 1, S <= {cfg['max_pos']}")
-    return _write(out_dir, cfg, B, S, B * S, f"graphs/b{B}_s{S}", f"minilm_b{B}_s{S}", None)
+    return _write(out_dir, cfg, B, S, B * S, f"graphs/b{B}_s{S}", f"minilm_b{B}_s{S}" + ("_fqkv" if fused_qkv else ""),
+                  None, fused_qkv)
 
 
 # The symbolic pipeline's ranges: batch up to 256 sentences (issue 14's largest size; a symbol's
@@ -418,7 +432,7 @@ DYN_DEFAULT = (8, 128)
 DYN_PIPELINE = "minilm.json"
 
 
-def write_dynamic_pipeline(out_dir, cfg=None, max_batch=DYN_MAX_BATCH):
+def write_dynamic_pipeline(out_dir, cfg=None, max_batch=DYN_MAX_BATCH, fused_qkv=False):
     """Writes graphs/dyn/*.json and minilm.json: one pipeline for every batch B and sequence length
     S, whose graphs declare the symbols B, S and N (the rows, B*S; the reshape buffers that are
     [N, H] for the GEMMs and [B, heads, S, d] for the attention only agree when N = B*S, which
@@ -431,7 +445,8 @@ def write_dynamic_pipeline(out_dir, cfg=None, max_batch=DYN_MAX_BATCH):
     symbols = {"B": {"min": 1, "max": max_batch, "default": B0},
                "S": {"min": 1, "max": cfg["max_pos"], "default": S0},
                "N": {"min": 1, "max": max_batch * cfg["max_pos"], "default": B0 * S0}}
-    return _write(out_dir, cfg, "B", "S", "N", "graphs/dyn", DYN_PIPELINE[:-5], symbols)
+    return _write(out_dir, cfg, "B", "S", "N", "graphs/dyn", DYN_PIPELINE[:-5] + ("_fqkv" if fused_qkv else ""),
+                  symbols, fused_qkv)
 
 
 def dynamic_range(out_dir):
@@ -463,7 +478,9 @@ def dynamic_shape_args(B, S):
     return ["--shape", f"B={B},S={S},N={B * S}"]
 
 
-def _write(out_dir, cfg, B, S, N, gdir, name, symbols):
+def _write(out_dir, cfg, B, S, N, gdir, name, symbols, fused_qkv=False):
+    """fused_qkv: one GEMM per layer writes qkv{l} [3, N, H] and the attention reads its three
+    parts (view buffers: docs/pipeline-format.md) instead of three GEMMs: 2 + 7 x layers stages."""
     H, F, nh, d, L = cfg["hidden"], cfg["ffn"], cfg["heads"], head_dim(cfg), cfg["layers"]
     os.makedirs(os.path.join(out_dir, gdir), exist_ok=True)
     graphs = {
@@ -473,6 +490,7 @@ def _write(out_dir, cfg, B, S, N, gdir, name, symbols):
         "ffn_up": linear_graph(N, H, F, act="gelu_erf", symbols=symbols),
         "ffn_down": linear_graph(N, F, H, residual=True, symbols=symbols),
         "attn": attn_graph(B, nh, S, d, symbols),
+        "qkv": qkv_graph(N, H, symbols),
         "pool": pool_graph(B, N, H, symbols),
     }
     files = {}
@@ -498,10 +516,17 @@ def _write(out_dir, cfg, B, S, N, gdir, name, symbols):
     # `emb` is read by the layernorm only: [N, H, 1, 1], the same bytes as [N, H].
     for l in range(L):
         h, w = f"h{l}", lambda n: const(f"l{l}_{n}")  # noqa: E731
-        for x in ("q", "k", "v"):
-            stages[f"{x}{l}"] = files["proj"]
-            buffers[f"{x}{l}"] = {"kind": "intermediate", "reshape": True}
-            bind[f"{x}{l}"] = {"a": h, "b": w("w" + x), "bias": w("b" + x), "y": f"{x}{l}"}
+        if fused_qkv:
+            stages[f"qkv{l}"] = files["qkv"]
+            buffers[f"qkv{l}"] = {"kind": "intermediate"}
+            bind[f"qkv{l}"] = {"a": h, "b": w("wqkv"), "bias": w("bqkv"), "y": f"qkv{l}"}
+            for i, x in enumerate(("q", "k", "v")):
+                buffers[f"{x}{l}"] = {"kind": "intermediate", "view": {"of": f"qkv{l}", "part": i, "parts": 3}}
+        else:
+            for x in ("q", "k", "v"):
+                stages[f"{x}{l}"] = files["proj"]
+                buffers[f"{x}{l}"] = {"kind": "intermediate", "reshape": True}
+                bind[f"{x}{l}"] = {"a": h, "b": w("w" + x), "bias": w("b" + x), "y": f"{x}{l}"}
         stages[f"attn{l}"] = files["attn"]
         buffers[f"ctx{l}"] = {"kind": "intermediate", "reshape": True}
         bind[f"attn{l}"] = {"q": f"q{l}", "k": f"k{l}", "v": f"v{l}", "seq_len_q": "seq_len_q",

@@ -88,16 +88,17 @@ def seq_bucket(longest, max_positions=512, step=SEQ_STEP):
     return max(step, min(max_positions, -(-int(longest) // step) * step))
 
 
-def pipeline_for(model, B, S, static_pipeline=False):
+def pipeline_for(model, B, S, static_pipeline=False, fused_qkv=False):
     """(pipeline file, extra `pipeline run` arguments) for B sequences of S tokens: the symbolic
     pipeline minilm.json with --shape (written when missing), or with `static_pipeline` the
-    concrete minilm_b{B}_s{S}.json."""
+    concrete minilm_b{B}_s{S}.json; `fused_qkv`: their _fqkv variants (one Q/K/V GEMM a layer)."""
+    tag = "_fqkv" if fused_qkv else ""
     if static_pipeline:
-        path = os.path.join(model, f"minilm_b{B}_s{S}.json")
-        return (path if os.path.exists(path) else m.write_pipeline(model, B, S)), []
-    path = os.path.join(model, m.DYN_PIPELINE)
-    if not os.path.exists(path):
-        path = m.write_dynamic_pipeline(model)
+        path = os.path.join(model, f"minilm_b{B}_s{S}{tag}.json")
+        return (path if os.path.exists(path) else m.write_pipeline(model, B, S, fused_qkv=fused_qkv)), []
+    path = os.path.join(model, m.DYN_PIPELINE[:-5] + tag + ".json")
+    if not os.path.exists(path) or (fused_qkv and not os.path.exists(os.path.join(model, "graphs", "dyn", "qkv.json"))):
+        path = m.write_dynamic_pipeline(model, fused_qkv=fused_qkv)
     m.check_dynamic_shape(model, B, S)
     return path, m.dynamic_shape_args(B, S)
 
@@ -341,6 +342,8 @@ def main(argv=None):
                          f"multiple of {SEQ_STEP})")
     ap.add_argument("--static-pipeline", action="store_true",
                     help="run the concrete pipeline minilm_b{B}_s{S}.json instead of the symbolic minilm.json")
+    ap.add_argument("--fused-qkv", action="store_true",
+                    help="one Q/K/V GEMM a layer, its three parts read by the attention (the _fqkv pipelines)")
     ap.add_argument("--static-shapes", action="store_true",
                     help="symbolic pipeline: pipeline run --static-shapes (no dynamic-shape kernels)")
     ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
@@ -385,7 +388,7 @@ def main(argv=None):
 
     if not a.no_fusebox:
         try:
-            pipeline, extra = pipeline_for(a.model, B, S, a.static_pipeline)
+            pipeline, extra = pipeline_for(a.model, B, S, a.static_pipeline, a.fused_qkv)
         except (m.MiniLMError, OSError) as e:
             print(f"minilm_embed: {e}", file=sys.stderr)
             return 2

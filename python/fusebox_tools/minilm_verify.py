@@ -133,7 +133,7 @@ def fusebox_embeddings(args, p, cfg, sentences, log):
             S = args.seq if args.fixed_seq else seq_bucket(full[idx].max(), args.seq)
             chunk = fill([sentences[i] for i in idx], B)
             ids, lengths = tokenize(tok, chunk, S, warn=lambda msg: None)
-            pipeline, extra = pipeline_for(args.model, B, S, args.static_pipeline)
+            pipeline, extra = pipeline_for(args.model, B, S, args.static_pipeline, args.fused_qkv)
             pipelines.add(os.path.relpath(pipeline))
             t0 = time.time()
             report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S),
@@ -345,6 +345,7 @@ def main(argv=None):
                     help="pad every batch to --seq (default: each batch to its longest sentence, rounded up to 16)")
     ap.add_argument("--static-pipeline", action="store_true",
                     help="concrete pipelines minilm_b{B}_s{S}.json instead of the symbolic minilm.json")
+    ap.add_argument("--fused-qkv", action="store_true", help="the _fqkv pipelines: one Q/K/V GEMM a layer")
     ap.add_argument("--reference", default="auto", choices=("auto", "sentence-transformers", "transformers", "numpy"))
     ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--verify-stages", action="store_true",

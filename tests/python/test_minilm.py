@@ -321,17 +321,20 @@ def run_op(op, vals, g):
     raise AssertionError(f"unexpected op {kind}")
 
 
-@pytest.mark.parametrize("shape", [None, (2, 16), (3, 8)], ids=["static", "symbolic_b2_s16", "symbolic_b3_s8"])
-def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shape):
+@pytest.mark.parametrize("shape,fused", [(None, False), ((2, 16), False), ((3, 8), False), (None, True), ((3, 8), True)],
+                         ids=["static", "symbolic_b2_s16", "symbolic_b3_s8", "static_fqkv", "symbolic_b3_s8_fqkv"])
+def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shape, fused):
     """Each stage's graph (as `fusebox check --json` resolves it) run op by op in
     float64 on its buffers seen through its own views: the wiring (which weight,
     which residual, which view) gives the reference model's output. The same for the
     symbolic pipeline (minilm.json) at two shapes given with --shape."""
     out, path, _ = tiny
     B, S, at = 2, 16, None
+    if fused:
+        path = m.write_pipeline(out, B, S, fused_qkv=True)
     if shape:
         B, S = shape
-        path = m.write_dynamic_pipeline(out, max_batch=4)
+        path = m.write_dynamic_pipeline(out, max_batch=4, fused_qkv=fused)
         at = m.dynamic_shape_args(B, S)[1]
     pl = pc.Pipeline.load(path, fusebox, shape=at)
     graphs = {}
@@ -345,7 +348,7 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shap
     values.update({k: v.astype(np.float64) for k, v in m.pipeline_inputs(p, ids, lengths, S).items()})
     for st in pl.stages:
         g = graphs[st["graph_file"]]
-        vals = {t: pc.to_tensor_view(pl, g, t, buf, values[buf]) for t, buf in st["bind"].items()
+        vals = {t: pc.to_tensor_view(pl, g, t, buf, pc.buffer_value(pl, values, buf)) for t, buf in st["bind"].items()
                 if t in g.inputs()}
         for op in g.ops:
             vals[op["outputs"][op["primary_output"]]] = run_op(op, vals, g)
@@ -358,6 +361,9 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shap
     for name, arr in m.pipeline_inputs(p, ids, lengths, S).items():
         assert list(arr.shape) == pl.buffers[name]["dims"], name
         assert (arr.dtype.kind == "i") == (pl.buffers[name]["dtype"] == "int32"), name
+    if fused:  # one Q/K/V stage a layer, its parts read as views
+        assert len(pl.stages) == 2 + 7 * cfg["layers"]
+        assert pl.buffers["k1"]["view"]["of"] == "qkv1" and pl.buffers["k1"]["view"]["part"] == 1
     emb = m.finish(values["pooled_sum"], lengths)
     ref, hidden, pooled = m.reference(p, cfg, ids, lengths, S)
     np.testing.assert_allclose(values["pooled_sum"].reshape(B, -1), pooled, rtol=1e-4, atol=1e-4)
