@@ -9,7 +9,7 @@
 #           the bf16 tolerance (fusebox_tools.resnet50_check --images 256)
 # JSON and logs in $OUT (default /tmp/models_verify). Exit 1 if either failed.
 #   usage: [PARTS=minilm,resnet50] scripts/models_verify_gpu.sh [MINILM_MODEL]
-#   (FUSEBOX_BIN default .gpu/fusebox; carry [".gpu/fusebox", "models/minilm/fusebox"], 53 MB)
+#   (FUSEBOX_BIN default .gpu/fusebox; carry [".gpu/fusebox", "models/minilm/fusebox"], 59 MB)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 MODEL=${1:-models/minilm/fusebox}

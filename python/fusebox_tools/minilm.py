@@ -33,8 +33,8 @@ What runs where (B sequences of S tokens, N = B*S rows, H hidden):
 The attention stage reads q, k, v and writes o through views (buffers marked
 "reshape": docs/pipeline-format.md): the projections see [1, N, H] row-major,
 the attention [B, heads, S, head_dim] bshd, the same bytes. Q, K and V are
-three GEMMs (three stages): a single [H, 3H] GEMM would need buffer slices
-(offsets), which the pipeline format does not have.
+three GEMMs (three stages), or with fused_qkv one batch-broadcast GEMM
+[1, N, H] x [3, H, H] whose three parts the attention reads as view buffers.
 
 Weights: the matmul weights are transposed here ([in, out], so `x @ W`), rounded
 to bf16 (what the graphs read) and stored as float16 .npy (<f2: exact for every
@@ -44,7 +44,7 @@ rounded to bf16 too and stored as float32 (<f4): cuDNN 9.19's fast LayerNorm
 engines need a bf16 gain and bias (with fp32 ones only its generic engine runs,
 about 5 times slower). The embedding tables (host side) are float16 (the runner adds them
 in float32 and the sum is rounded to bf16 for the pipeline). Everything the GPU
-machine needs is about 45 MB (one carry).
+machine needs is about 50 MB (one carry).
 """
 import argparse
 import json
