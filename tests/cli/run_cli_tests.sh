@@ -559,6 +559,20 @@ expect_bad "check --shape unknown symbol" "unknown symbol 'B': the graph declare
 expect_bad "check --shape malformed"      "--shape: shape 'N': no NAME=.*NAME=VALUE"  check "$DYN" --shape N
 expect_bad "check --shape on a static graph" "declares no symbols"  check "$SMALL_CONV" --shape N=2
 expect_bad "shapes on a static graph"     "declares no symbols: nothing to sweep"  shapes "$SMALL_CONV" --shapes N=1..2 --device "$DEVPROP"
+# The warm-up build: a shape outside the sweep, reported apart; none with --no-warmup or when the
+# sweep holds every value of the symbol (N is 1..8 here).
+run_fb shapes "$DYN" --shapes N=1..3 --device "$DEVPROP" --json
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "shapes warm-up" "exit 0 $(crash_reason)"
+elif json_check 'd["summary"]["warmup_shape"] is not None and d["summary"]["warmup_shape"]["N"] not in (1, 2, 3) and d["summary"]["warmup_ms"] > 0'
+then pass "shapes: one warm-up build outside the sweep, reported apart"
+else fail "shapes warm-up" "$WHY"
+fi
+run_fb shapes "$DYN" --shapes N=1..8 --device "$DEVPROP" --json
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "shapes warm-up (full sweep)" "exit 0 $(crash_reason)"
+elif json_check 'd["summary"]["warmup_shape"] is None and d["summary"]["warmup_ms"] is None'
+then pass "shapes: no warm-up when the sweep holds every value"
+else fail "shapes warm-up (full sweep)" "$WHY"
+fi
 expect_bad "shapes out of range"          "symbol 'N' \(dim 0 of 'x'\) = 9 is outside its range \[1, 8\]"  shapes "$DYN" --shapes N=7..9 --device "$DEVPROP"
 expect_bad "shapes bad sweep"             "--shapes: shapes 'N=4..1': HI is below LO"  shapes "$DYN" --shapes N=4..1 --device "$DEVPROP"
 sed 's/"layout": "nhwc"}/"layout": "nhwc", "strides": [800, 1, 80, 8]}/' "$DYN" > "$TMP/dyn_strides.json"
