@@ -50,7 +50,7 @@ struct PipelineBuffer {
   // reader's in file order); each stage's own are its graph tensor's.
   bool reshape = false;
   // "view": {"of": PARENT, "part": k, "parts": n}: no memory of its own but part k of n equal,
-  // contiguous parts of buffer PARENT (a dense buffer written by a stage, or an input): elements
+  // contiguous parts of buffer PARENT (a dense intermediate or output a stage writes): elements
   // [k*c, (k+1)*c) of its memory, c = PARENT's element count / n. Read only; each reader sees it
   // as a dense tensor of c elements and PARENT's dtype (like a reshape view). Lets one stage write
   // what several graph inputs read (one Q/K/V GEMM feeding an attention's q, k and v).

@@ -259,9 +259,10 @@ class Loader {
       if (parent.name == b.name || view_parent_.count(parent.name))
         return bad("buffers." + b.name + ".view.of: " + sq(of) + (parent.name == b.name ? " is the view itself" : " is a view itself") +
                    ": a view is part of a buffer with memory of its own");
-      if (parent.kind == BufferKind::kConstant)
-        return bad("buffers." + b.name + ".view.of: " + sq(of) +
-                   " is a constant: view the parts of an input, intermediate or output buffer");
+      if (parent.kind == BufferKind::kConstant || parent.kind == BufferKind::kInput)
+        return bad("buffers." + b.name + ".view.of: " + sq(of) + " is " +
+                   (parent.kind == BufferKind::kInput ? "an input" : "a constant") +
+                   ": a view is part of a buffer a stage writes (an intermediate or an output)");
       b.view_of = it->second;
     }
 
@@ -497,6 +498,9 @@ class Loader {
       const PipelineBuffer& parent = p_.buffers[static_cast<size_t>(b.view_of)];
       const std::string what = "view " + sq(b.name) + " (part " + std::to_string(b.view_part) + " of " +
                                std::to_string(b.view_parts) + " of buffer " + sq(parent.name) + ")";
+      if (!parent.writer)
+        return bad(what + ": " + sq(parent.name) + " is written by no stage: a view's parent is a buffer a stage "
+                   "writes (an intermediate or an output)");
       ResolvedTensor pt;
       pt.dtype = parent.dtype;
       pt.dims = parent.dims;

@@ -107,6 +107,8 @@ TEST(Pipeline, ViewErrors) {
                "only an intermediate buffer can be a view");
   expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "w2", "part": 0, "parts": 2}})"),
                "is a constant");
+  expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "image", "part": 0, "parts": 2}})"),
+               "'image' is an input: a view is part of a buffer a stage writes");
   expect_error(with(inter, R"({"kind": "intermediate", "view": {"of": "half", "part": 0, "parts": 2}})"),
                "is the view itself");
   // Three parts of 800 elements: not a whole number of elements each.
