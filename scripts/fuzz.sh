@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs one libFuzzer target (see fuzz/README.md).
 #   scripts/fuzz.sh TARGET [seconds] [extra libFuzzer flags...]
-# TARGET: graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader.
+# TARGET: graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader, pipeline_loader.
 # Installs clang and the libFuzzer runtime (apt) when missing. Builds into
 # build-fuzz/ without configuring the CUDA project, copies the seed corpus into
 # build-fuzz/corpus-<target>/ (libFuzzer adds inputs there) and writes crashers
@@ -62,7 +62,12 @@ case "$target" in
     flags+=(-Isrc/graph -Isrc/reference); libs=(-lxxhash)
     seeds=$(ls fuzz/corpus/npy_reader/* fuzz/regressions/npy_reader/* 2>/dev/null || true)
     run_flags=(-max_len=4096) ;;
-  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader)" >&2
+  pipeline_loader)
+    srcs=(fuzz/pipeline_loader_fuzzer.cpp src/runtime/pipeline.cpp src/graph/*.cpp src/graph/ops/*.cpp src/common/*.cpp)
+    flags+=(-Isrc/graph -Isrc/runtime -DFUSEBOX_PIPELINE_DIR="\"$PWD/examples/pipelines\""); libs=(-lxxhash)
+    seeds=$(ls examples/pipelines/*.json fuzz/regressions/pipeline_loader/* 2>/dev/null || true)
+    run_flags=(-max_len=16384 -dict=fuzz/pipeline.dict) ;;
+  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader, pipeline_loader)" >&2
      exit 2 ;;
 esac
 bin=$out/${target}_fuzzer
