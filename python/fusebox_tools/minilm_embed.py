@@ -97,7 +97,7 @@ def pipeline_for(model, B, S, static_pipeline=False, fused_qkv=False):
         path = os.path.join(model, f"minilm_b{B}_s{S}{tag}.json")
         return (path if os.path.exists(path) else m.write_pipeline(model, B, S, fused_qkv=fused_qkv)), []
     path = os.path.join(model, m.DYN_PIPELINE[:-5] + tag + ".json")
-    if not os.path.exists(path) or (fused_qkv and not os.path.exists(os.path.join(model, "graphs", "dyn", "qkv.json"))):
+    if not os.path.exists(path):
         path = m.write_dynamic_pipeline(model, fused_qkv=fused_qkv)
     m.check_dynamic_shape(model, B, S)
     return path, m.dynamic_shape_args(B, S)
@@ -374,10 +374,12 @@ def main(argv=None):
         p, cfg = m.load_converted(a.model)
         max_pos = int(cfg.get("max_pos", 512))
         tok = a.tokenizer or os.path.join(a.model, "host", "tokenizer.json")
-        if a.seq is None:  # dynamic: the batch's own length
-            _, full = tokenize(tok, sentences, max_pos, max_positions=max_pos)
-            a.seq = seq_bucket(full.max(), max_pos)
-        ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos)
+        if a.seq is None:  # dynamic: the batch's own length; padding beyond it is all [PAD]
+            ids, lengths = tokenize(tok, sentences, max_pos, max_positions=max_pos)
+            a.seq = seq_bucket(lengths.max(), max_pos)
+            ids = ids[:, :a.seq]
+        else:
+            ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos)
     except (m.MiniLMError, OSError, ValueError) as e:
         print(f"minilm_embed: {e}", file=sys.stderr)
         return 2

@@ -225,7 +225,7 @@ double load_element(const void* src, DType t) {
 // others take (a double between two floats must not be rounded twice).
 static uint16_t bf16_bits(double v) {
   const float f = static_cast<float>(v);
-  if (static_cast<double>(f) != v || std::isnan(f)) return static_cast<uint16_t>(encode_small(v, kBF16));
+  if (static_cast<double>(f) != v) return static_cast<uint16_t>(encode_small(v, kBF16));  // NaN too (NaN != NaN)
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);

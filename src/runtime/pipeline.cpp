@@ -498,9 +498,6 @@ class Loader {
       const PipelineBuffer& parent = p_.buffers[static_cast<size_t>(b.view_of)];
       const std::string what = "view " + sq(b.name) + " (part " + std::to_string(b.view_part) + " of " +
                                std::to_string(b.view_parts) + " of buffer " + sq(parent.name) + ")";
-      if (!parent.writer)
-        return bad(what + ": " + sq(parent.name) + " is written by no stage: a view's parent is a buffer a stage "
-                   "writes (an intermediate or an output)");
       ResolvedTensor pt;
       pt.dtype = parent.dtype;
       pt.dims = parent.dims;
