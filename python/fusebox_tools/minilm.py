@@ -454,11 +454,16 @@ def dynamic_range(out_dir):
     rng = {}
     gdir = os.path.join(out_dir, "graphs", "dyn")
     for name in sorted(os.listdir(gdir)):
-        with open(os.path.join(gdir, name)) as f:
-            for sym, r in json.load(f).get("symbols", {}).items():
-                lo, hi = (r["min"], r["max"]) if isinstance(r, dict) else (r[0], r[1])
-                old = rng.get(sym, (lo, hi))
-                rng[sym] = (max(lo, old[0]), min(hi, old[1]))
+        path = os.path.join(gdir, name)
+        try:
+            with open(path) as f:
+                for sym, r in json.load(f).get("symbols", {}).items():
+                    lo, hi = (r["min"], r["max"]) if isinstance(r, dict) else (r[0], r[1])
+                    old = rng.get(sym, (lo, hi))
+                    rng[sym] = (max(int(lo), old[0]), min(int(hi), old[1]))
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise MiniLMError(f"{path}: not a graph file with symbol ranges ({type(e).__name__}: {e}); "
+                              f"rewrite it with `python3 -m fusebox_tools.minilm pipeline`") from e
     return rng
 
 

@@ -469,5 +469,13 @@ def test_runner_refuses_a_batch_beyond_the_symbolic_range(tiny):
         me.pipeline_for(out, 5, 16)
     with pytest.raises(m.MiniLMError, match=r"sequence length 33 is outside .*\[1, 32\]"):
         me.pipeline_for(out, 1, 33)
+    broken = os.path.join(out, "graphs", "dyn", "zz_broken.json")
+    with open(broken, "w") as f:
+        f.write('{"symbols": {"B": {"max": 4}}')  # truncated, and no "min"
+    try:
+        with pytest.raises(m.MiniLMError, match="zz_broken.json: not a graph file with symbol ranges"):
+            me.pipeline_for(out, 2, 16)
+    finally:
+        os.remove(broken)
     assert me.seq_bucket(1) == 16 and me.seq_bucket(16) == 16 and me.seq_bucket(17) == 32
     assert me.seq_bucket(500) == 512 and me.seq_bucket(600) == 512 and me.seq_bucket(20, 24) == 24
