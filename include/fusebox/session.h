@@ -49,11 +49,15 @@ struct PlanRequest {
   // compiled are the ones the kernel cache holds); where that engine does not
   // support the shape, the heuristics choose as usual.
   bool reuse_engine = true;
-  // After a symbolic graph's first dynamic build, later shapes build statically when the engine
-  // it chose has precompiled kernels (no RUNTIME_COMPILATION note): such an engine builds any
-  // shape in milliseconds (4.3 ms for conv_bias_relu_dyn on the H200) where a dynamic-shape build
-  // costs more (45.9 ms) and its kernel cache holds nothing to reuse. Runtime-compiled engines
-  // (matmul epilogues, norms, attention) keep the kernel cache. PlanReport::static_policy says so.
+  // A symbolic graph builds statically when a static build is served by precompiled kernels (no
+  // RUNTIME_COMPILATION note): such an engine builds any shape in milliseconds (3 ms for
+  // conv_bias_relu_dyn on the H200) where even a warm kernel cache costs about 30 ms a shape
+  // (loading the compiled module) and a cold one compiles first (884 ms for that conv, whose
+  // dynamic-shape candidates are all runtime-compiled). Before the graph's first build, the
+  // static heuristics are asked (step 3 and the support check, no build: milliseconds) which
+  // engine a static build would take; after the first dynamic build, its engine is checked too.
+  // Runtime-compiled engines (matmul epilogues, norms, attention) keep the kernel cache.
+  // PlanReport::static_policy says so.
   bool static_when_precompiled = true;
 };
 
@@ -98,6 +102,7 @@ struct PlanReport {
   // (PlanRequest::static_when_precompiled): the graph's first dynamic build chose an engine with
   // precompiled kernels, which builds any shape statically in milliseconds.
   std::string static_policy;
+  double static_probe_ms = 0;  // asking the static heuristics before the graph's first build (0: not asked)
   bool engine_replayed = false;  // built with the first shape's engine, no heuristics
   std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
 

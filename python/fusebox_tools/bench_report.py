@@ -367,9 +367,11 @@ def md_cell(text):
 
 MODEL_TARGET_NOTE = ("Issue 14's targets (best PyTorch / fusebox GPU time): MiniLM at least 1.5x at batch 1 and "
                      "1.2x at the larger sizes; ResNet-50 at least 1.3x at batch 1 and 1.1x at 256 (batch 32 held "
-                     "to 1.1x). MiniLM: torch's time includes its embedding lookup (three gathers and two adds), "
-                     "fusebox's does not (the runner does it on the host before the pipeline: docs/models.md), "
-                     "which favours fusebox slightly; the _dyn rows run dynamic-shape plans.")
+                     "to 1.1x). MiniLM: both sides start from the embeddings' sum (word + position + token type: the "
+                     "runner's host step, docs/models.md; torch's embedding module is reduced to its LayerNorm "
+                     "for the timing; rows measured before 2026-12-01 17:00 UTC gave torch the lookup too); the "
+                     "_dyn rows run dynamic-shape plans, _fqkv one Q/K/V GEMM a layer, _tuned plans from "
+                     "`pipeline tune` at the shape.")
 
 
 # Issue 14's targets: best PyTorch GPU time / fusebox's at least this.

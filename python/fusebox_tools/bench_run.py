@@ -932,7 +932,8 @@ def shapes_part(args, doc):
         summary = res.get("summary", {})
         doc.setdefault("shapes", []).append({
             "graph": os.path.relpath(path), "name": res.get("graph"), "sweeps": sweep, "summary": summary,
-            "rows": [{k: r.get(k) for k in ("mode", "shape_text", "ok", "ms", "kernel_cache", "engine")}
+            "rows": [{k: r.get(k) for k in ("mode", "shape_text", "ok", "ms", "kernel_cache", "engine",
+                                                     "engine_replayed", "static_policy", "steps", "behavior_notes")}
                      for r in res.get("rows", [])],
             "seconds": round(time.perf_counter() - t0, 1)})
         save(args.out, doc)
@@ -955,13 +956,14 @@ def _resnet(batch, verify=True):
     return ("fusebox_tools.resnet50_check", ["--batch", str(batch)] + ([] if verify else ["--no-verify"]))
 
 
-def _minilm(batch, seq, dynamic=False, fused_qkv=False):
+def _minilm(batch, seq, dynamic=False, fused_qkv=False, tune=False):
     # The symbolic pipeline (minilm.json) at B x S; plans built statically for the shape (kernels
     # fitted to it) unless `dynamic` (cuDNN's dynamic-shape kernels, the `_dyn` rows).
     return ("fusebox_tools.minilm_embed", ["--model", MINILM_DIR, "--seq", str(seq)]
             + (["--batch", str(batch)] if batch != 8 else [])
             + ([] if dynamic else ["--static-shapes"])
             + (["--fused-qkv"] if fused_qkv else [])
+            + (["--tune"] if tune else [])
             + ["--iters", "50", "--cuda-graph", "--torch", "--torch-time"])
 
 
@@ -984,6 +986,12 @@ MODEL_RUNS = {
     "minilm_b1_s32_fqkv": _minilm(1, 32, fused_qkv=True),
     "minilm_b32_s128_fqkv": _minilm(32, 128, fused_qkv=True),
     "minilm_b256_s128_fqkv": _minilm(256, 128, fused_qkv=True),
+    # ... with `pipeline tune` first (each graph's fastest engine at the shape, from the plan cache;
+    # torch.compile max-autotune tunes its side).
+    "minilm_b1_s32_fqkv_tuned": _minilm(1, 32, fused_qkv=True, tune=True),
+    "minilm_b32_s128_fqkv_tuned": _minilm(32, 128, fused_qkv=True, tune=True),
+    "minilm_b256_s128_fqkv_tuned": _minilm(256, 128, fused_qkv=True, tune=True),
+    "minilm_b256_s128_tuned": _minilm(256, 128, tune=True),
 }
 MODEL_DEFAULT = ("minilm_b1_s32", "minilm_b32_s128", "minilm_b256_s128", "resnet50_b1", "resnet50_b32",
                  "resnet50_b256")

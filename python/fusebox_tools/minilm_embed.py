@@ -104,7 +104,7 @@ def pipeline_for(model, B, S, static_pipeline=False, fused_qkv=False):
 
 
 def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, timeout=900, cuda_graph=False,
-                profile=False, extra_args=()):
+                profile=False, extra_args=(), tune=False):
     """`fusebox pipeline run` with these inputs; returns (report dict, run folder)."""
     in_dir = os.path.join(out_dir, "inputs_given")
     os.makedirs(in_dir, exist_ok=True)
@@ -122,6 +122,15 @@ def run_fusebox(pipeline, inputs, out_dir, fusebox=None, verify=False, iters=0, 
     if profile:
         cmd.append("--profile")
     print("minilm_embed: " + " ".join(cmd), file=sys.stderr)
+    if tune:
+        # Each graph of the pipeline timed at this shape, the fastest engine stored in the plan
+        # cache, which `pipeline run` then reads (a warm cache: this costs nothing the next time).
+        shape = [a for i, a in enumerate(extra_args) if a == "--shape" or (i and extra_args[i - 1] == "--shape")]
+        tcmd = [fusebox_bin(fusebox), "pipeline", "tune", pipeline, "--json", *shape]
+        print("minilm_embed: " + " ".join(tcmd), file=sys.stderr)
+        tproc = subprocess.run(tcmd, capture_output=True, text=True, timeout=timeout)
+        if tproc.returncode != 0:
+            return {"ok": False, "error": "pipeline tune: " + tproc.stderr.strip()[-2000:]}, run_dir
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     try:
         report = json.loads(proc.stdout)
@@ -207,7 +216,9 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
     sum over tokens that fusebox's pool stage computes; eager, as one
     torch.cuda.CUDAGraph, and torch.compile (compile_mode, default
     max-autotune-no-cudagraphs: the CUDA graph is the variant beside it).
-    torch also does the embedding lookup, which fusebox leaves to the host."""
+    The same work as fusebox's pipeline: torch starts from the embeddings' sum
+    (word + position + token type, the runner's host step on fusebox's side),
+    its embedding module reduced to the LayerNorm fusebox's emb_ln stage runs."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -220,17 +231,18 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
     model = BertModel(conf, add_pooling_layer=False)
     model.load_state_dict(_state_dict(p, cfg), strict=False)
     model = model.to("cuda", dtype=torch.bfloat16).eval()
-    ids_t = torch.as_tensor(ids, device="cuda")
+    model.embeddings = _layer_norm_only(model.embeddings.LayerNorm)
+    # What fusebox's pipeline reads: the sum rounded to bf16 ([N, H] there, [B, S, H] here).
+    emb = torch.as_tensor(m.embed(p, ids, lengths, S), device="cuda").to(torch.bfloat16)
     mask = (torch.arange(S, device="cuda")[None, :] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
-    types = torch.zeros_like(ids_t)
     maskf = mask.to(torch.bfloat16)[..., None]
 
     def fwd():
-        h = model(input_ids=ids_t, attention_mask=mask, token_type_ids=types).last_hidden_state
+        h = model(inputs_embeds=emb, attention_mask=mask).last_hidden_state
         return (h * maskf).sum(1)
 
     out = {"torch": torch.__version__, "attention": getattr(model.config, "_attn_implementation", "?"),
-           "compile_mode": compile_mode}
+           "compile_mode": compile_mode, "from": "the embeddings' sum (as fusebox): LayerNorm, encoder, masked sum"}
     with torch.inference_mode():
         out["eager"] = gpu_time_ms(fwd, warmup, iters)
         s = torch.cuda.Stream()
@@ -256,6 +268,23 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
             except Exception as e:  # reported, not fatal: the comparison is fusebox's
                 out["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     return out
+
+
+def _layer_norm_only(ln):
+    """BertEmbeddings reduced to its LayerNorm: the input is already word + position + token type."""
+    import torch
+
+    class LayerNormOnly(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.LayerNorm = ln
+
+        def forward(self, input_ids=None, inputs_embeds=None, **_):
+            if inputs_embeds is None:
+                raise ValueError("LayerNormOnly embeddings take inputs_embeds (the embeddings' sum)")
+            return self.LayerNorm(inputs_embeds)
+
+    return LayerNormOnly()
 
 
 def _torch_bert(p, cfg, ids, mask, dev):
@@ -346,6 +375,9 @@ def main(argv=None):
                     help="one Q/K/V GEMM a layer, its three parts read by the attention (the _fqkv pipelines)")
     ap.add_argument("--static-shapes", action="store_true",
                     help="symbolic pipeline: pipeline run --static-shapes (no dynamic-shape kernels)")
+    ap.add_argument("--tune", action="store_true",
+                    help="fusebox pipeline tune at this shape first (fastest engine per graph into the plan "
+                         "cache, $FUSEBOX_CACHE), then run from the cache")
     ap.add_argument("--fusebox", help="fusebox binary (default: $FUSEBOX_BIN, else build/fusebox)")
     ap.add_argument("--no-fusebox", action="store_true", help="run only the references (no GPU)")
     ap.add_argument("--verify", action="store_true", help="pipeline run --verify (per-stage references)")
@@ -399,7 +431,7 @@ def main(argv=None):
         out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
         report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
                                       a.verify, a.iters, cuda_graph=a.cuda_graph, profile=a.profile,
-                                      extra_args=extra)
+                                      extra_args=extra, tune=a.tune)
         doc["fusebox"] = {k: report.get(k) for k in ("ok", "error", "verified", "latency_ms", "eager_latency_ms",
                                                       "cuda_graph", "build_ms", "memory_bytes", "chain_verify")}
         if not report.get("ok"):

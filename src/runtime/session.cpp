@@ -162,7 +162,8 @@ struct Session::Impl {
     std::shared_ptr<KernelCache> cache;
     int builds = 0;       // dynamic builds that used it
     std::string refused;  // a dynamic build was refused: later shapes build static
-    std::string precompiled;  // the first dynamic build's engine is precompiled: later shapes build static
+    std::string precompiled;  // a static or the first dynamic build's engine is precompiled: shapes build static
+    bool probed = false;      // the static heuristics were asked (before the first build)
     // The engine the first dynamic build chose, per request policy (PlanRequest::reuse_engine).
     std::map<std::string, EngineChoice> engines;
   };
@@ -207,6 +208,32 @@ GpuContext* Session::context() { return impl_->ctx.get(); }
 PlanCache* Session::cache() { return impl_->options.cache; }
 double Session::context_create_ms() const { return impl_->context_ms; }
 int64_t Session::workspace_bytes() const { return impl_->workspace->bytes; }
+
+namespace {
+
+// Which engine a static build of `g` would take (the first heuristic mode's first candidate
+// that passes the support check; nothing is built): non-empty, saying so, when its kernels are
+// precompiled (no RUNTIME_COMPILATION note). Empty when it is runtime-compiled or unknown.
+std::string static_engine_precompiled(const ResolvedGraph& g, const DeviceTarget& target, const PlanRequest& request,
+                                      int64_t limit, GpuContext* ctx) {
+  BuildOptions o;
+  o.heuristics = request.heuristics.empty() ? default_mode_order()[0] : request.heuristics;
+  o.max_workspace_bytes = limit;
+  auto set = CandidateSet::create(g, target, o, nullptr, ctx);
+  if (!set.ok()) return "";
+  set->check_all(/*build=*/false);
+  for (const auto& c : set->candidates()) {
+    if (!c.supported || c.duplicate_of >= 0) continue;
+    const auto& notes = c.behavior_notes;
+    if (std::find(notes.begin(), notes.end(), "RUNTIME_COMPILATION") != notes.end()) return "";
+    return "a static build takes engine " + c.name +
+           ", which has precompiled kernels (no RUNTIME_COMPILATION): it builds a new shape in milliseconds "
+           "and a kernel cache has nothing to reuse";
+  }
+  return "";
+}
+
+}  // namespace
 
 Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& request, PlanReport* report_out) {
   PlanReport local;
@@ -267,6 +294,12 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
   const bool symbolic = !g.symbolic_id.empty();
   Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
+  if (slot && !slot->probed && slot->builds == 0 && request.static_when_precompiled && request.engine.empty()) {
+    slot->probed = true;
+    const common::Stopwatch watch;
+    slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
+    rep.static_probe_ms = watch.ms();
+  }
   const bool by_policy = slot && slot->refused.empty() && !slot->precompiled.empty() && request.static_when_precompiled;
   const bool dynamic = slot && slot->refused.empty() && !by_policy;
   if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;

@@ -491,7 +491,8 @@ then pass "pipeline build --device conv10 --json"
 else fail "pipeline build --device conv10 --json" "$WHY"
 fi
 # --static-shapes: a symbolic stage builds statically, with no dynamic-shape attempt (without it the
-# dynamic build is tried first and, deviceless, refused: dynamic_fallback says so).
+# session asks the static heuristics first: deviceless, their engine is precompiled, so the stage
+# builds statically by policy and static_policy says so).
 run_fb pipeline build "$PIPE_EX/two_convs_dyn.json" --device "$DEVPROP" --shape N=3 --no-cache --static-shapes --json
 if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build --static-shapes" "exit 0 $(crash_reason)"
 elif json_check 'all(s["ok"] and s["plan"]["shape"] == {"N": 3} and not s["plan"]["dynamic_shape"] and s["plan"]["dynamic_fallback"] == "" and "static build]" in s["plan"]["source_text"] for s in d["stages"])'
@@ -500,8 +501,8 @@ else fail "pipeline build --static-shapes" "$WHY"
 fi
 run_fb pipeline build "$PIPE_EX/two_convs_dyn.json" --device "$DEVPROP" --shape N=3 --no-cache --json
 if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build (dynamic shapes)" "exit 0 $(crash_reason)"
-elif json_check 'all(s["ok"] and s["plan"]["dynamic_fallback"] != "" for s in d["stages"])'
-then pass "pipeline build without --static-shapes tries dynamic shapes first (refused deviceless, said so)"
+elif json_check 'all(s["ok"] and not s["plan"]["dynamic_shape"] and "precompiled" in s["plan"]["static_policy"] and s["plan"]["static_probe_ms"] > 0 for s in d["stages"])'
+then pass "pipeline build without --static-shapes: the static engine is precompiled, so static by policy (said so)"
 else fail "pipeline build (dynamic shapes)" "$WHY"
 fi
 run_fb pipeline build "$PIPE_EX/two_convs.json" --device "$DEVPROP" --no-cache --engine eng9999_nothing --json

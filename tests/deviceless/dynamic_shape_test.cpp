@@ -56,10 +56,14 @@ class DynamicShapeDeviceless : public ::testing::Test {
 };
 
 TEST_F(DynamicShapeDeviceless, TwoShapesGiveTwoCacheEntries) {
+  // Dynamic shapes even where a static build would take precompiled kernels (the policy's probe
+  // is tested below).
+  PlanRequest dyn;
+  dyn.static_when_precompiled = false;
   PlanReport r2, r4;
-  auto p2 = session_->get_plan(spec_, {{"N", 2}}, {}, &r2);
+  auto p2 = session_->get_plan(spec_, {{"N", 2}}, dyn, &r2);
   ASSERT_TRUE(p2.ok()) << p2.status().ToString();
-  auto p4 = session_->get_plan(spec_, {{"N", 4}}, {}, &r4);
+  auto p4 = session_->get_plan(spec_, {{"N", 4}}, dyn, &r4);
   ASSERT_TRUE(p4.ok()) << p4.status().ToString();
   EXPECT_EQ(r2.source, PlanSource::kBuilt);
   EXPECT_EQ(r4.source, PlanSource::kBuilt);
@@ -101,10 +105,28 @@ TEST_F(DynamicShapeDeviceless, TwoShapesGiveTwoCacheEntries) {
 
   // The same shape again: a cache hit, no new entry.
   PlanReport again;
-  auto p2b = session_->get_plan(spec_, {{"N", 2}}, {}, &again);
+  auto p2b = session_->get_plan(spec_, {{"N", 2}}, dyn, &again);
   ASSERT_TRUE(p2b.ok()) << p2b.status().ToString();
   EXPECT_EQ(again.source, PlanSource::kHeuristicCache);
   EXPECT_EQ(again.cache_key, r2.cache_key);
+  EXPECT_EQ(entries(), 2u);
+}
+
+TEST_F(DynamicShapeDeviceless, PrecompiledStaticEngineKeepsEveryShapeStatic) {
+  // Deviceless, cuDNN builds only precompiled engines: the probe before the first build finds
+  // one for the static build, so no shape pays for a dynamic-shape build.
+  PlanReport a, b;
+  ASSERT_TRUE(session_->get_plan(spec_, {{"N", 2}}, {}, &a).ok());
+  ASSERT_TRUE(session_->get_plan(spec_, {{"N", 5}}, {}, &b).ok());
+  EXPECT_GT(a.static_probe_ms, 0);
+  EXPECT_EQ(b.static_probe_ms, 0) << "asked once per graph";
+  for (const PlanReport* r : {&a, &b}) {
+    EXPECT_FALSE(r->dynamic_shape);
+    EXPECT_EQ(r->kernel_cache, "off");
+    EXPECT_NE(r->static_policy.find("precompiled"), std::string::npos) << r->static_policy;
+    EXPECT_NE(r->static_policy.find(r->engine), std::string::npos) << r->static_policy << " vs " << r->engine;
+  }
+  EXPECT_NE(a.cache_key, b.cache_key);
   EXPECT_EQ(entries(), 2u);
 }
 

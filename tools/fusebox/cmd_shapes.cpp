@@ -27,6 +27,15 @@ struct Row {
   std::string error;
 };
 
+// Where a build's time went: {step name: ms} for the steps that ran.
+nlohmann::json step_times(const BuildReport& b) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& st : b.steps) {
+    if (st.ran) out[st.name] = st.ms;
+  }
+  return out;
+}
+
 nlohmann::json row_json(const std::string& mode, const Row& r) {
   return {{"mode", mode},
           {"shape", r.shape},
@@ -34,11 +43,14 @@ nlohmann::json row_json(const std::string& mode, const Row& r) {
           {"ok", r.ok},
           {"ms", r.ms},
           {"build_ms", r.rep.build.total_ms()},
+          {"steps", step_times(r.rep.build)},
+          {"behavior_notes", r.rep.build.notes_known ? nlohmann::json(r.rep.build.behavior_notes) : nlohmann::json(nullptr)},
           {"engine", r.rep.engine},
           {"dynamic_shape", r.rep.dynamic_shape},
           {"kernel_cache", r.rep.kernel_cache},
           {"dynamic_fallback", r.rep.dynamic_fallback},
           {"static_policy", r.rep.static_policy},
+          {"static_probe_ms", r.rep.static_probe_ms},
           {"engine_replayed", r.rep.engine_replayed},
           {"replay_failed", r.rep.replay_failed},
           {"error", r.error}};

@@ -171,6 +171,7 @@ nlohmann::json to_json(const PlanReport& r) {
           {"dynamic_fallback", r.dynamic_fallback},
           {"dynamic_failed_ms", r.dynamic_failed_ms},
           {"static_policy", r.static_policy},
+          {"static_probe_ms", r.static_probe_ms},
           {"engine_replayed", r.engine_replayed},
           {"replay_failed", r.replay_failed}};
 }
