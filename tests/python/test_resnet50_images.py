@@ -112,3 +112,42 @@ def test_images_verdict_thresholds():
 def test_images_bad_arguments(tmp_path, fake_fusebox):
     assert rc.main(["--fusebox", fake_fusebox, "--out", str(tmp_path / "x"), "--images", "-1"]) == 2
     assert rc.main(["--fusebox", fake_fusebox, "--out", str(tmp_path / "x"), "--images", "4", "--batch", "0"]) == 2
+
+
+def test_prototype_head_picks_the_nearest_prototype():
+    rng = np.random.default_rng(3)
+    feats = 0.7 + 0.1 * rng.standard_normal((6, 32))  # a large common part, as pooled ReLU features have
+    w, b = rc.prototype_head(feats, classes=10)
+    assert w.shape == (10, 32) and b.shape == (10,) and w.dtype == np.float32
+    noisy = feats + 0.02 * rng.standard_normal(feats.shape)
+    logits = noisy @ w.T.astype(np.float64) + b
+    assert list(logits.argmax(1)) == list(range(6))
+    assert np.all(logits[:, 6:] == -100)  # classes without a prototype never win
+    with pytest.raises(ValueError):
+        rc.prototype_head(feats[:1], classes=10)
+    with pytest.raises(ValueError):
+        rc.prototype_head(np.ones((3, 4)), classes=10)
+
+
+def test_images_prototype_head(fake_fusebox, tmp_path, monkeypatch, capsys):
+    # torch's backbone stubbed: features from the image's first pixels (distinct per prototype).
+    monkeypatch.setattr(rc, "prototype_features",
+                        lambda sd, images: images.reshape(len(images), -1)[:, :2048].astype(np.float64))
+    js = str(tmp_path / "r.json")
+    rcode = rc.main(["--fusebox", fake_fusebox, "--out", str(tmp_path / "rn50"), "--images", "4", "--batch", "2",
+                     "--head", "prototypes", "--prototypes", "8", "--noise", "0.3", "--json-out", js])
+    doc = json.load(open(js))
+    out = capsys.readouterr().out
+    assert rcode == 0 and doc["ok"], out
+    assert doc["head"] == "prototypes" and doc["prototypes"] == 8 and len(doc["classes"]) == 4
+    assert all(0 <= c < 8 for c in doc["classes"])
+    assert doc["tolerance"]["rel_l2"] is None  # centred logits: reported, not judged
+    assert "--head prototypes" in out and "float32 puts" in out
+    sd = np.load(str(tmp_path / "rn50" / "resnet50_state_dict.npz"))
+    assert np.all(sd["fc.bias"][8:] == -100)  # the pipeline's weights carry the head
+
+
+def test_images_prototype_head_refuses_bad_options(fake_fusebox, tmp_path):
+    for bad in (["--prototypes", "1"], ["--prototypes", "1001"], ["--noise", "1.0"]):
+        assert rc.main(["--fusebox", fake_fusebox, "--out", str(tmp_path / "x"), "--images", "2",
+                        "--head", "prototypes", *bad]) == 2
