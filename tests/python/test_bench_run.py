@@ -277,8 +277,9 @@ def test_tuned_timing_runs_tune_first_and_times_its_winner(bench_run, monkeypatc
             out = {"winner": "eng6_a", "winner_median_ms": 0.0165, "heuristic_choice": "eng1",
                    "speedup_over_heuristic": 4.9, "cache": "stored"} if tune_ok else {"ok": False, "error": "no GPU"}
             return types.SimpleNamespace(returncode=0 if tune_ok else 1, stdout=json.dumps(out), stderr="")
+        gpu = 0.015 if "--cuda-graph" in cmd else 0.017  # replayed as a CUDA graph: no gaps
         return types.SimpleNamespace(returncode=0, stdout=json.dumps(
-            {"engine": "eng6_a", "gpu_time_ms": {"samples": [0.017]}, "host_latency_ms": {"samples": [0.03]}}),
+            {"engine": "eng6_a", "gpu_time_ms": {"samples": [gpu]}, "host_latency_ms": {"samples": [0.03]}}),
             stderr="")
 
     monkeypatch.setattr(bench_run.subprocess, "run", fake_run)
@@ -288,14 +289,27 @@ def test_tuned_timing_runs_tune_first_and_times_its_winner(bench_run, monkeypatc
         calls.clear()
         notes = []
         out = bench_run.time_fusebox(args, "/g.json", {}, notes)
-        assert [c[1] for c in calls] == ["tune", "run"]
+        # timed back to back and as a CUDA graph, both from the same plan source
+        assert [c[1] for c in calls] == ["tune", "run", "run"]
+        assert "--cuda-graph" not in calls[1] and "--cuda-graph" in calls[2]
         assert calls[0][calls[0].index("--cache") + 1] == args.tune_cache
+        for run_cmd in calls[1:]:
+            if tune_ok:
+                assert run_cmd[run_cmd.index("--cache") + 1] == args.tune_cache and out["tuned"]
+            else:
+                assert "--no-cache" in run_cmd and not out["tuned"]
         if tune_ok:
-            assert calls[1][calls[1].index("--cache") + 1] == args.tune_cache and out["tuned"]
             assert "tuned: eng6_a" in notes[0] and "eng1 (4.90x)" in notes[0]
         else:
-            assert "--no-cache" in calls[1] and not out["tuned"] and "timed the heuristics' choice" in notes[0]
-        assert out["gpu_ms"] == [0.017]
+            assert "timed the heuristics' choice" in notes[0]
+        # the faster way is the row's time, as torch's best variant is its
+        assert out["gpu_ms"] == [0.015] and out["timed_as"] == "cuda_graph"
+        assert out["eager_gpu_ms"] == [0.017] and "back-to-back runs 17.0 us, as a CUDA graph 15.0 us" in notes[-1]
+    # --no-fusebox-graph: back to back only
+    calls.clear()
+    args.no_fusebox_graph = True
+    out = bench_run.time_fusebox(args, "/g.json", {}, [])
+    assert [c[1] for c in calls] == ["tune", "run"] and out["gpu_ms"] == [0.017] and out["timed_as"] == "eager"
 
 
 def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path):
