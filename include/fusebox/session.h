@@ -99,8 +99,9 @@ struct PlanReport {
   std::string dynamic_fallback;
   double dynamic_failed_ms = 0;  // time spent on the refused dynamic build
   // Why this shape was built statically by the session's choice although dynamic shapes work
-  // (PlanRequest::static_when_precompiled): the graph's first dynamic build chose an engine with
-  // precompiled kernels, which builds any shape statically in milliseconds.
+  // (PlanRequest::static_when_precompiled): a static build takes an engine with precompiled
+  // kernels (asked of the heuristics before the graph's first build), or the first dynamic build
+  // chose one; such an engine builds any shape statically in milliseconds.
   std::string static_policy;
   double static_probe_ms = 0;  // asking the static heuristics before the graph's first build (0: not asked)
   bool engine_replayed = false;  // built with the first shape's engine, no heuristics
