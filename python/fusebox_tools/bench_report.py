@@ -473,7 +473,9 @@ def markdown(doc, stats, previous=None, previous_path=None, plots=None):
          "**How it was measured.** Both sides the same two ways, same random inputs in [-1, 1]:",
          f"*GPU time* = back-to-back calls between two CUDA events ({m.get('calls_per_sample', '?')} calls "
          f"per sample, {m.get('samples', '?')} samples; torch's CUDA-graph variant replays a graph of those "
-         "calls), divided by the calls: what the kernels cost. "
+         "calls; fusebox is timed back to back and, in rows measured from 2026-12-01 17:30 UTC, also "
+         "as its plan in a CUDA graph replayed back to back, the faster kept and both in the notes), "
+         "divided by the calls: what the kernels cost. "
          "*Latency* = host clock around one call until its results are ready "
          f"({m.get('latency_samples', '?')} calls): what an eager caller waits. "
          f"Inputs rotated through copies larger than the L2 on both sides ({m.get('l2', 'see bench_run')}). "
