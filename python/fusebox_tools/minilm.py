@@ -677,6 +677,28 @@ def reference(p, cfg, ids, lengths, S, rnd=None):
     return finish(pooled_sum, lengths), x, pooled_sum
 
 
+def write_tiny_tokenizer(out_dir, vocab):
+    """host/tokenizer.json for a random model (the `tokenizers` package): BERT's special tokens,
+    then letters, word pieces of letters, digits and punctuation, cut to the model's `vocab` ids,
+    so that any English text tokenizes (letter by letter) into ids the random tables hold.
+    Returns its path. ImportError without the package."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + letters + ["##" + c for c in letters] + \
+        list("0123456789.,!?'-:;()\"")
+    words = {w: i for i, w in enumerate(pieces[:vocab])}
+    tok = Tokenizer(models.WordPiece(words, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    os.makedirs(os.path.join(out_dir, "host"), exist_ok=True)
+    path = os.path.join(out_dir, "host", "tokenizer.json")
+    tok.save(path)
+    return path
+
+
 def cosine_matrix(e):
     e = np.asarray(e, dtype=np.float64)
     n = e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
@@ -729,6 +751,11 @@ def main(argv=None):
             write_weights(random_params(cfg, a.seed), cfg, a.out)
             print(write_pipeline(a.out, a.batch, a.seq))
             print(write_dynamic_pipeline(a.out))
+            try:  # a letter-by-letter tokenizer: the folder runs in minilm_embed (fusebox model embed) as is
+                print(write_tiny_tokenizer(a.out, cfg["vocab"]))
+            except ImportError:
+                print("minilm: no host/tokenizer.json written (the tokenizers package is not installed)",
+                      file=sys.stderr)
     except (MiniLMError, OSError) as e:
         print(f"minilm: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,14 @@ similarities of the sentences. Checks (each exits 1 on a mismatch):
   --no-fusebox  the references alone (CPU, no GPU needed): what the model gives
 
     python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox [--seq 128]
-        [--reference] [--torch] [--verify] [--iters 20] [--json-out F] [SENTENCE ...]
+        [--reference] [--torch] [--verify] [--iters 20] [--json-out F] [--json]
+        [--text TEXT ...] [--file SENTENCES.txt] [SENTENCE ...]
+
+Sentences: the positional ones, then each --text, then each --file's non-empty
+lines (UTF-8), in that order; none: the examples below (or --batch B generated).
+--json writes one JSON document to stdout (the embeddings, their cosine matrix,
+the token counts, which path computed them) and the human text to stderr.
+`fusebox model embed ARGS...` runs this runner (docs/cli.md).
 
 The model folder is what `python3 -m fusebox_tools.minilm convert` wrote
 (weights/, host/ with the embedding tables and tokenizer.json,
@@ -23,6 +30,7 @@ minilm_config.json); the pipeline for this batch and length is written into
 it when missing.
 """
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -50,6 +58,39 @@ DEFAULT_SENTENCES = [
 
 # --seq default: the batch's longest sentence rounded up to a multiple of this.
 SEQ_STEP = 16
+
+# --file bounds: a sentence file is text a person wrote, not a corpus (embed a corpus in batches).
+MAX_FILE_BYTES = 16 << 20
+MAX_SENTENCES = 4096
+
+
+def read_sentence_file(path, max_bytes=MAX_FILE_BYTES, max_sentences=MAX_SENTENCES):
+    """The non-empty lines of a UTF-8 text file, stripped, one sentence each. A file that is
+    missing, a folder, unreadable, not UTF-8 text, larger than `max_bytes` or with more than
+    `max_sentences` sentences (or none) is a ValueError naming it and saying what is accepted."""
+    where = f"--file {path!r}"
+    if os.path.isdir(path):
+        raise ValueError(f"{where} is a folder: give a text file with one sentence per line")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)  # a pipe or device too: never more than the bound
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read it ({e.strerror or e}): give a text file with one sentence per line")
+    if len(raw) > max_bytes:
+        raise ValueError(f"{where} is larger than {max_bytes >> 20} MiB: give at most {max_sentences} sentences "
+                         "per run (split the file)")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where} is not UTF-8 text (invalid byte at offset {e.start}): save it as UTF-8")
+    if "\0" in text:
+        raise ValueError(f"{where} holds a NUL byte at offset {text.index(chr(0))}: not a text file")
+    sentences = [line.strip() for line in text.split("\n") if line.strip()]
+    if not sentences:
+        raise ValueError(f"{where} has no sentences (every line is empty): give one sentence per line")
+    if len(sentences) > max_sentences:
+        raise ValueError(f"{where} has {len(sentences)} sentences, more than {max_sentences}: split the file")
+    return sentences
 
 
 def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
@@ -361,6 +402,14 @@ def print_similarities(sentences, emb, most=16):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sentences", nargs="*", help=f"default: {len(DEFAULT_SENTENCES)} example sentences")
+    ap.add_argument("--text", action="append", default=[], metavar="TEXT",
+                    help="one sentence (repeat for more); after the positional ones")
+    ap.add_argument("--file", action="append", default=[], metavar="PATH",
+                    help=f"a UTF-8 text file, one sentence per non-empty line (at most {MAX_SENTENCES} sentences, "
+                         f"{MAX_FILE_BYTES >> 20} MiB); after --text")
+    ap.add_argument("--json", action="store_true",
+                    help="one JSON document on stdout (model, sentences, token counts, S, embeddings [B, hidden], "
+                         "cosine matrix, computed_by); the human text goes to stderr")
     ap.add_argument("--batch", type=int,
                     help="B generated sentences (fusebox_tools.minilm_sentences, 3 to 100 words) instead of the "
                          "examples: the benchmark's batch sizes")
@@ -395,13 +444,43 @@ def main(argv=None):
     ap.add_argument("--min-cos", type=float, default=0.999)
     ap.add_argument("--max-rel-l2", type=float, default=0.03)
     ap.add_argument("--out", help="keep inputs and fusebox's saved buffers here (default: a temporary folder)")
-    ap.add_argument("--json-out")
-    a = ap.parse_args(argv)
+    ap.add_argument("--json-out", help="write the report (checks, timings, embeddings) to this file")
+    a = ap.parse_intermixed_args(argv)  # sentences may sit between options
+    if not a.json:
+        return _embed(a)[0]
+    # stdout carries the JSON document alone: everything printed for a person goes to stderr.
+    with contextlib.redirect_stdout(sys.stderr):
+        rc, doc = _embed(a)
+    print(json.dumps(_json_safe(doc), indent=1))
+    return rc
 
-    if a.batch is not None and (a.batch < 1 or a.sentences):
-        print("minilm_embed: --batch B takes a positive B and no sentences (it generates B of them)", file=sys.stderr)
-        return 2
-    sentences = a.sentences or (make_sentences(a.batch) if a.batch else DEFAULT_SENTENCES)
+
+def _error(msg, code=2):
+    print(f"minilm_embed: {msg}", file=sys.stderr)
+    return code, {"ok": False, "error": msg}
+
+
+def _sentences(a):
+    """The batch's sentences: positional, --text, --file lines (in that order), else --batch or the examples."""
+    sentences = list(a.sentences) + list(a.text)
+    for path in a.file:
+        sentences += read_sentence_file(path)
+    if a.batch is not None and (a.batch < 1 or sentences):
+        raise ValueError("--batch B takes a positive B and no sentences (it generates B of them)")
+    if len(sentences) > MAX_SENTENCES:
+        raise ValueError(f"{len(sentences)} sentences, more than {MAX_SENTENCES}: embed them in several runs")
+    return sentences or (make_sentences(a.batch) if a.batch else list(DEFAULT_SENTENCES))
+
+
+def _embed(a):
+    """The runner's work: (exit code, report document)."""
+    try:
+        sentences = _sentences(a)
+    except ValueError as e:
+        return _error(str(e))
+    if not os.path.isfile(os.path.join(a.model, m.CONFIG_FILE)):
+        return _error(f"--model {a.model!r}: no {m.CONFIG_FILE} there: give the folder `python3 -m "
+                      "fusebox_tools.minilm convert` wrote (docs/models.md)")
     try:
         p, cfg = m.load_converted(a.model)
         max_pos = int(cfg.get("max_pos", 512))
@@ -412,20 +491,24 @@ def main(argv=None):
             ids = ids[:, :a.seq]
         else:
             ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos)
+    except ImportError as e:
+        return _error(f"{e}: the runner tokenizes with the `tokenizers` package (pip install tokenizers; "
+                      "scripts/fetch_minilm.sh installs it)")
     except (m.MiniLMError, OSError, ValueError) as e:
-        print(f"minilm_embed: {e}", file=sys.stderr)
-        return 2
+        return _error(str(e))
     B, S = len(sentences), a.seq
     print(f"minilm_embed: {B} sentences, S={S}, tokens per sentence {lengths.tolist()}")
-    doc = {"sentences": sentences, "lengths": lengths.tolist(), "seq": S, "checks": [], "ok": True}
+    doc = {"model": os.path.abspath(a.model), "tokenizer": os.path.abspath(tok), "sentences": sentences,
+           "lengths": lengths.tolist(), "seq": S, "hidden": cfg["hidden"],
+           "computed_by": "numpy float32 reference (--no-fusebox)" if a.no_fusebox else "fusebox pipeline",
+           "checks": [], "ok": True}
     embeddings, hidden = None, None
 
     if not a.no_fusebox:
         try:
             pipeline, extra = pipeline_for(a.model, B, S, a.static_pipeline, a.fused_qkv)
         except (m.MiniLMError, OSError) as e:
-            print(f"minilm_embed: {e}", file=sys.stderr)
-            return 2
+            return _error(str(e))
         if a.static_shapes:
             extra = extra + ["--static-shapes"]
         out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
@@ -438,7 +521,7 @@ def main(argv=None):
             print(f"minilm_embed: fusebox pipeline run failed: {report.get('error')}", file=sys.stderr)
             doc["ok"] = False
             _dump(a.json_out, doc)
-            return 1
+            return 1, doc
         lat = report.get("latency_ms") or {}
         if lat.get("iters"):
             eager = report.get("eager_latency_ms") or {}
@@ -453,6 +536,7 @@ def main(argv=None):
         print("embeddings from fusebox:")
         print_similarities(sentences, embeddings)
 
+    ref = None
     if a.reference or a.no_fusebox:
         ref, ref_hidden, _ = m.reference(p, cfg, ids, lengths, S)
         if embeddings is None:
@@ -488,8 +572,23 @@ def main(argv=None):
         doc["ok"] = doc["ok"] and c["pass"]
     if embeddings is not None:
         doc["embeddings"] = embeddings.tolist()
+    elif a.json and ref is not None:  # --no-fusebox --json: the reference's are the embeddings asked for
+        doc["embeddings"] = np.asarray(ref, np.float64).tolist()
+    if a.json and "embeddings" in doc:
+        doc["cosine"] = m.cosine_matrix(np.asarray(doc["embeddings"])).tolist()
     _dump(a.json_out, doc)
-    return 0 if doc["ok"] else 1
+    return (0 if doc["ok"] else 1), doc
+
+
+def _json_safe(x):
+    """NaN and infinities (a broken model) as null: stdout stays valid JSON."""
+    if isinstance(x, float):
+        return x if np.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
 
 
 def _dump(path, doc):

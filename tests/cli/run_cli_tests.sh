@@ -613,8 +613,53 @@ elif ! json_check 'len(d["rows"]) == 4 and all(r["ok"] for r in d["rows"]) and {
 else pass "shapes --device --json: a row per shape and pass"
 fi
 
+# ---------------------------------------------------------------- model embed
+# `fusebox model embed` starts the Python runner (fusebox_tools.minilm_embed) with its arguments
+# verbatim; missing pieces are one error line, exit 2.
+expect_bad "model: no subcommand"             "fusebox model: InvalidArgument: a subcommand is needed: accepted subcommands are embed"  model
+run_fb model embed --help
+if [ "$RC" -ne 0 ] || ! grep -q -- "--text TEXT" "$TMP/stdout" || ! grep -q -- "--json" "$TMP/stdout"; then
+  fail "model embed --help" "exit 0 and the options (--text, --file, --json) on stdout expected"
+else pass "model embed --help"
+fi
+FUSEBOX_PYTHON=/nonexistent/python expect_bad "model embed: FUSEBOX_PYTHON missing" \
+  "fusebox model embed: InvalidArgument: no Python interpreter '/nonexistent/python' \(from \\\$FUSEBOX_PYTHON\)" \
+  model embed --text hi
+FUSEBOX_PYTHONPATH="$TMP/no-tools" expect_bad "model embed: FUSEBOX_PYTHONPATH without the runner" \
+  "the Python runner fusebox_tools/minilm_embed.py is not in \\\$FUSEBOX_PYTHONPATH" model embed --text hi
+if "$PY" -c 'import numpy' 2>/dev/null; then
+  expect_bad "model embed: --model folder missing" \
+    "minilm_embed: --model '/nonexistent/minilm': no minilm_config.json there" \
+    model embed --model /nonexistent/minilm --text hi
+else
+  SKIPPED=$((SKIPPED + 1)); echo "SKIP  model embed --model missing: $PY has no numpy"
+fi
+if "$PY" -c 'import numpy, tokenizers' 2>/dev/null &&
+    PYTHONPATH="$SRC/python" "$PY" -m fusebox_tools.minilm random --out "$TMP/minilm" --seq 64 > /dev/null; then
+  printf 'the sky is blue\n\n  the sea is blue  \n' > "$TMP/sentences.txt"
+  # "pipeline" and "check" read like fusebox commands: they reach the runner as sentences.
+  run_fb model embed --model "$TMP/minilm" --no-fusebox --json pipeline --text check --file "$TMP/sentences.txt"
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "model embed --no-fusebox --json" "$why"
+  elif [ "$RC" -ne 0 ]; then fail "model embed --no-fusebox --json" "exit 0 expected"
+  elif ! json_check 'd["ok"] and d["sentences"] == ["pipeline", "check", "the sky is blue", "the sea is blue"] and len(d["embeddings"]) == 4 and all(abs(sum(x * x for x in e) - 1) < 1e-6 for e in d["embeddings"]) and all(abs(d["cosine"][i][i] - 1) < 1e-6 and abs(d["cosine"][i][j] - d["cosine"][j][i]) < 1e-9 for i in range(4) for j in range(4)) and d["computed_by"].startswith("numpy")'; then
+    fail "model embed --no-fusebox --json" "$WHY"
+  else pass "model embed --no-fusebox --json: 4 unit embeddings, a symmetric cosine matrix"
+  fi
+  printf 'caf\xe9\n' > "$TMP/latin1.txt"
+  expect_bad "model embed: --file not UTF-8" "minilm_embed: --file '.*latin1.txt' is not UTF-8 text" \
+    model embed --model "$TMP/minilm" --no-fusebox --file "$TMP/latin1.txt"
+  run_fb model embed --model "$TMP/minilm" --no-fusebox --text "a b" --json
+  if [ "$RC" -ne 0 ] || ! json_check 'len(d["embeddings"]) == 1'; then
+    fail "model embed: the runner's exit code" "exit 0 and one embedding expected"
+  else pass "model embed: exit code and stdout are the runner's"
+  fi
+else
+  SKIPPED=$((SKIPPED + 1)); echo "SKIP  model embed on a random model: $PY lacks numpy or tokenizers"
+fi
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes; do
+for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed"; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <vector>
 
 #include "common/file_io.h"
 #include "common/json_util.h"
@@ -90,5 +91,8 @@ Runner add_tune(CLI::App& app);
 Runner add_cache(CLI::App& app);
 Runner add_pipeline(CLI::App& app);
 Runner add_shapes(CLI::App& app);
+Runner add_model(CLI::App& app);
+// `fusebox model embed ARGS...`: the Python runner with ARGS verbatim; its exit code.
+int run_model_embed(const std::vector<std::string>& args);
 
 }  // namespace fusebox::cli

@@ -54,6 +54,11 @@ int fusebox_main(int argc, char** argv) {
   add(add_cache);
   add(add_pipeline);
   add(add_shapes);
+  add(add_model);
+  // `model embed`'s arguments are the Python runner's, passed on verbatim: CLI11 would parse
+  // them (a sentence that reads like an option or a command), so they bypass it.
+  if (argc > 2 && std::strcmp(argv[1], "model") == 0 && std::strcmp(argv[2], "embed") == 0)
+    return run_model_embed(std::vector<std::string>(argv + 3, argv + argc));
   // CLI11 reports an unknown command only as "A subcommand is required": name it.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;
