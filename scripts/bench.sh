@@ -29,8 +29,10 @@
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
 # each row finishes: run again, it skips the rows done (FORCE=1 redoes them). On a
 # fresh machine carry .bench to resume. Everything written is also copied to $OUT
-# (the parts as $OUT/bench_parts.tgz: `tar xzf bench_parts.tgz` in the repository
-# root here restores .bench/RUN/ before the next call).
+# (the parts as $OUT/bench_parts.tgz: `python3 -m fusebox_tools.bench_merge FILES_AT/bench_parts.tgz`
+# in the repository root here merges them into .bench/RUN/ row by row before the next call;
+# `tar xzf` would replace each part file whole, losing the rows this call did not run).
+# FORCE=1 redoes the rows the call selects (GRAPHS, MODEL_SIZES) and keeps the part's others.
 # BENCH_TUNE=1: `fusebox tune` every graph first and time its winner (notes say which, against the
 # heuristics' choice). BENCH_CALLS (50) calls per GPU-time sample, BENCH_SAMPLES (10) samples; GRAPHS="a.json
 # b.json" benchmarks those graphs in the part instead of the examples.

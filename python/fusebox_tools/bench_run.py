@@ -942,7 +942,7 @@ def shapes_part(args, doc):
         if sweep is None:
             log(f"{path}: part shapes takes the examples' sweeps only (SHAPE_SWEEPS); skipped")
             continue
-        if os.path.relpath(path) in done:
+        if os.path.relpath(path) in done and not args.force:
             log(f"{path}: already done, skipped (--force to redo)")
             continue
         cmd = [args.fusebox, "shapes", path, "--json"] + [a for s in sweep for a in ("--shapes", s)]
@@ -956,7 +956,8 @@ def shapes_part(args, doc):
             fails += 1
             continue
         summary = res.get("summary", {})
-        doc.setdefault("shapes", []).append({
+        doc["shapes"] = [e for e in doc.get("shapes", []) if e["graph"] != os.path.relpath(path)]
+        doc["shapes"].append({
             "graph": os.path.relpath(path), "name": res.get("graph"), "sweeps": sweep, "summary": summary,
             "rows": [{k: r.get(k) for k in ("mode", "shape_text", "ok", "ms", "kernel_cache", "engine",
                                                      "engine_replayed", "static_policy", "steps", "behavior_notes")}
@@ -1118,7 +1119,7 @@ def models_part(args, doc):
                 continue
         row = model_row(name, res)
         row["seconds"] = round(time.perf_counter() - t0, 1)
-        doc.setdefault("models", [m for m in doc.get("models", []) if m["name"] != name]).append(row)
+        doc["models"] = [m for m in doc.get("models", []) if m["name"] != name] + [row]
         save(args.out, doc)
         sp = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
         log(f"{name}: fusebox {row['fusebox_ms']} ms, torch {row['torch_ms']} ms, best torch / fusebox {sp} "
@@ -1179,7 +1180,11 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    doc = None if args.force else load_part(args.out)
+    # --force redoes the rows this call selects; the part's other rows stay (a GRAPHS=... or
+    # MODEL_SIZES=... call with FORCE=1 used to leave a part file holding only its own rows).
+    doc = load_part(args.out)
+    if doc is not None:
+        doc["versions"] = versions(args.fusebox)  # the newest rows' fusebox and libraries
     if doc is None:
         doc = {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                "gpu": torch.cuda.get_device_name(0), "versions": versions(args.fusebox), "peaks": {},
@@ -1220,12 +1225,12 @@ def main(argv=None):
     done = {r["graph"] for r in doc["rows"]}
     fails = 0
     for path in part_graphs(args.part, args):
-        if os.path.relpath(path) in done:
+        if os.path.relpath(path) in done and not args.force:
             log(f"{path}: already done, skipped (--force to redo)")
             continue
         log(f"{path} ...")
         row = bench_graph(path, args)
-        doc["rows"].append(row)
+        doc["rows"] = [r for r in doc["rows"] if r["graph"] != os.path.relpath(path)] + [row]
         save(args.out, doc)
         fb = row.get("fusebox") or {}
         t = row.get("torch") or {}

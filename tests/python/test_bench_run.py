@@ -342,6 +342,14 @@ def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path)
     row = saved["models"][1]
     assert row["speedup"] == pytest.approx(1.2) and row["target"] == 1.1 and row["verified"]
     assert row["compile_mode"] == "max-autotune-no-cudagraphs" and row["seconds"] >= 0
+    # FORCE=1 redoes the selected row in place and keeps the others (no duplicate, none lost)
+    args.force = True
+    monkeypatch.setenv("MODEL_SIZES", "resnet50_b32")
+    ran.clear()
+    assert bench_run.models_part(args, doc) == 0 and ran == [("fusebox_tools.resnet50_check", 32)]
+    saved = json.load(open(args.out))
+    assert sorted(m["name"] for m in saved["models"]) == ["resnet50_b1", "resnet50_b256", "resnet50_b32"]
+    args.force = False
     monkeypatch.setenv("MODEL_SIZES", "resnet50_b2")
     assert bench_run.models_part(args, doc) == 2
     # the MiniLM rows without the converted weights: counted as failed, nothing run
