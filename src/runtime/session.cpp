@@ -377,6 +377,13 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   }
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
+  if (by_policy && rep.build.notes_known &&
+      std::find(rep.build.behavior_notes.begin(), rep.build.behavior_notes.end(), "RUNTIME_COMPILATION") !=
+          rep.build.behavior_notes.end()) {
+    // The policy expected precompiled kernels but the build took a runtime-compiled engine (the
+    // probe's candidate failed to build): later shapes go back to dynamic shapes and the cache.
+    slot->precompiled.clear();
+  }
   if (rep.build.dynamic_shape && !rep.build.choice.empty() && !slot->engines.count(engine_key)) {
     slot->engines[engine_key] = rep.build.choice;
   }
