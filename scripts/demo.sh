@@ -153,6 +153,18 @@ if python3 -c 'import numpy' 2>/dev/null; then
         FAILED+=("fusebox pipeline check --shape $shape (minilm)")
       fi
     done
+    # Text in, embeddings out, from the CLI: the numpy reference of this random model (no GPU; its
+    # tokenizer spells words letter by letter), so the numbers mean nothing but the path is real.
+    echo "\$ fusebox model embed --model $ML_DIR --no-fusebox --text \"fusebox fuses\" --text \"cudnn graphs\"   (random weights, CPU reference)"
+    if "$FB" model embed --model "$ML_DIR" --no-fusebox --text "fusebox fuses" --text "cudnn graphs" > "$TMP_ERR" 2>&1; then
+      tail -n 4 "$TMP_ERR"
+    elif python3 -c 'import tokenizers' 2>/dev/null; then
+      cat "$TMP_ERR"
+      echo "demo: FAILED: fusebox model embed --no-fusebox"
+      FAILED+=("fusebox model embed --no-fusebox (random MiniLM)")
+    else
+      echo "demo: the tokenizers package is missing (scripts/fetch_minilm.sh installs it): model embed skipped"
+    fi
     echo "\$ fusebox pipeline check $ML_DIR/minilm.json --shape B=3,S=48,N=145   (N is not B*S: refused, exit 2)"
     if "$FB" pipeline check "$ML_DIR/minilm.json" --shape B=3,S=48,N=145 > "$TMP_ERR" 2>&1; then
       echo "demo: FAILED: a wrong N was accepted"
@@ -165,9 +177,8 @@ if python3 -c 'import numpy' 2>/dev/null; then
     FAILED+=("fusebox_tools.minilm random")
   fi
   if [ "$HAVE_GPU" -eq 1 ] && [ -f models/minilm/fusebox/minilm_config.json ]; then
-    echo "\$ python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox --reference"
-    PYTHONPATH=python FUSEBOX_BIN="$FB" python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox \
-      --reference || FAILED+=("fusebox_tools.minilm_embed")
+    echo "\$ fusebox model embed --model models/minilm/fusebox --reference"
+    "$FB" model embed --model models/minilm/fusebox --reference || FAILED+=("fusebox model embed")
   elif [ "$HAVE_GPU" -eq 1 ]; then
     echo "demo: the real MiniLM weights are not converted here (scripts/fetch_minilm.sh; docs/models.md): no sentences embedded"
   fi
