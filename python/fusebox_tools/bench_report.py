@@ -439,20 +439,36 @@ def shapes_markdown(entries):
          "`fusebox shapes`: every shape built in one process, first through one cuDNN kernel cache "
          "(dynamic shapes), then cold (static builds); bind + resolve + build, wall clock, no plan cache. "
          "Issue 11's target: at least 10x less total time with the kernel cache.", "",
-         "| graph | shapes | kernel cache total ms | first build ms | median later build ms | cold total ms "
-         "| cold median ms | **speedup** | note |",
-         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+         "*Later builds by step*: the median of each step over the kernel-cache pass's later shapes "
+         "(rows from fusebox with step times), where a new shape's time goes; *policy*: how those "
+         "shapes were built (dynamic shapes with the kernel cache, or static by the session's "
+         "precompiled-engine policy).", "",
+         "| graph | shapes | kernel cache total ms | first build ms | median later build ms | later builds by step "
+         "| policy | cold total ms | cold median ms | **speedup** | note |",
+         "|---|---|---:|---:|---:|---|---|---:|---:|---:|---|"]
     for e in entries:
         s = e.get("summary") or {}
         kc = [r["ms"] for r in e.get("rows", []) if r.get("mode") == "kernel_cache" and r.get("ok")]
         cold = sorted(r["ms"] for r in e.get("rows", []) if r.get("mode") == "cold" and r.get("ok"))
         later = sorted(kc[1:])
         med = lambda v: f"{v[len(v) // 2]:.1f}" if v else "-"  # noqa: E731
+        later_rows = [r for r in e.get("rows", []) if r.get("mode") == "kernel_cache" and r.get("ok")][1:]
+        steps = {}
+        for r in later_rows:
+            for name, ms in (r.get("steps") or {}).items():
+                steps.setdefault(name, []).append(float(ms))
+        by_step = ", ".join(f"{n} {sorted(v)[len(v) // 2]:.1f}" for n, v in sorted(steps.items(), key=lambda kv: -max(kv[1]))
+                            if sorted(v)[len(v) // 2] >= 0.5) or "-"
+        kinds = {("static (precompiled)" if r.get("static_policy") else
+                  "dynamic, kernel cache" if r.get("kernel_cache") in ("warm", "cold") else "static")
+                 for r in later_rows}
+        policy = ", ".join(sorted(kinds)) or "-"
         note = "dynamic shapes refused: " + s["dynamic_fallback"] if s.get("dynamic_fallback") else ""
         if s.get("failed"):
             note = (note + "; " if note else "") + f"{s['failed']} builds failed"
         L.append(f"| {md_cell(e.get('name') or e['graph'])} | {md_cell(' '.join(e.get('sweeps') or []))} "
                  f"| {float(s.get('kernel_cache_total_ms') or 0):.1f} | {f'{kc[0]:.1f}' if kc else '-'} | {med(later)} "
+                 f"| {md_cell(by_step)} | {md_cell(policy)} "
                  f"| {float(s.get('cold_total_ms') or 0):.1f} | {med(cold)} | **{ratio(s.get('speedup'))}** "
                  f"| {md_cell(note)} |")
     L.append("")

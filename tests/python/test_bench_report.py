@@ -281,8 +281,17 @@ def test_shapes_part_merges_and_reports(tmp_path):
     assert m["shapes"][0]["summary"]["kernel_cache_total_ms"] == 420  # the later part's
     lines = br.shapes_markdown(m["shapes"])
     conv = next(line for line in lines if line.startswith("| conv_bias_relu_dyn"))
-    # total 420, first build 400, median later 12, cold total 1440, cold median 480, 1440/420
-    assert "| 420.0 | 400.0 | 12.0 | 1440.0 | 480.0 | **3.43x** |" in conv, conv
+    # total 420, first build 400, median later 12, (no step times: "-"), dynamic with the cache,
+    # cold total 1440, cold median 480, 1440/420
+    assert "| 420.0 | 400.0 | 12.0 | - | dynamic, kernel cache | 1440.0 | 480.0 | **3.43x** |" in conv, conv
+    # step times of the later builds (median per step, steps under 0.5 ms left out) and the policy
+    e = _shapes_entry("examples/graphs/conv_bias_relu_dyn.json", [400, 8, 12, 9], [480, 470, 490, 500])
+    for r, bp in zip(e["rows"][1:4], (5.0, 9.0, 7.0)):
+        r.update({"steps": {"build_plans": bp, "create_execution_plans": 2.0, "validate": 0.1},
+                  "static_policy": "a static build takes engine eng10, which has precompiled kernels",
+                  "kernel_cache": "off"})
+    line = next(x for x in br.shapes_markdown([e]) if x.startswith("| conv_bias_relu_dyn"))
+    assert "| build_plans 7.0, create_execution_plans 2.0 | static (precompiled) |" in line, line
     sdpa = next(line for line in lines if line.startswith("| sdpa_fwd_dyn"))
     assert "dynamic shapes refused: refused" in sdpa
     assert br.shapes_markdown(None) == [] and br.shapes_markdown([]) == []
