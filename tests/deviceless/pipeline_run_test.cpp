@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include "test_util.h"
 
@@ -36,6 +37,11 @@ struct TempDir {
 };
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
 
 // two_convs with absolute graph paths and w1 from `w1_file` (relative to the temp folder).
 std::string two_convs_with(const TempDir& dir, const std::string& w1_file) {
@@ -122,6 +128,37 @@ TEST(PipelineData, WrongShapedWeights) {
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
   expect_has(d.status(), {"twc.json: pipeline 'twc'", "constant buffer 'w1'", "w1.npy",
                           "expected a float array of shape [16, 8, 3, 3] for bf16", "(16, 8, 3, 1)"});
+}
+
+TEST(PipelineData, ParallelLoadingKeepsOrderAndTheFirstFailure) {
+  // The weights load on several threads: the data is the same every time, and with two bad
+  // files the error is always the first one in buffer order (w1 before w2), never a race.
+  TempDir dir;
+  ASSERT_TRUE(write_npy(dir.file("w1.npy"), dense(DType::kFP32, {16, 8, 3, 1})).ok());
+  std::string text = read_text(two_convs_with(dir, dir.file("w1.npy")));
+  const std::string w2 = pipelines() + "/weights/two_convs_w2.npy";
+  const size_t at = text.find(w2);
+  ASSERT_NE(at, std::string::npos);
+  ASSERT_TRUE(write_npy(dir.file("w2bad.npy"), dense(DType::kFP32, {1, 2, 3})).ok());
+  text.replace(at, w2.size(), dir.file("w2bad.npy"));
+  write_text(dir.file("twc2.json"), text);
+  auto bad = load_pipeline_file(dir.file("twc2.json"));
+  ASSERT_TRUE(bad.ok()) << bad.status().ToString();
+  for (int i = 0; i < 20; ++i) {
+    auto d = load_pipeline_data(*bad, 1);
+    ASSERT_FALSE(d.ok());
+    expect_has(d.status(), {"constant buffer 'w1'", "(16, 8, 3, 1)"});
+  }
+  auto good = load_pipeline_file(source_dir() + "/examples/pipelines/two_convs.json");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  auto a = load_pipeline_data(*good, 7);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  for (int i = 0; i < 5; ++i) {
+    auto b = load_pipeline_data(*good, 7);
+    ASSERT_TRUE(b.ok());
+    ASSERT_EQ(a->size(), b->size());
+    for (const auto& [bi, h] : *a) EXPECT_EQ(h.data, b->at(bi).data) << good->buffers[static_cast<size_t>(bi)].name;
+  }
 }
 
 TEST(PipelineData, WrongDtypeWeights) {
