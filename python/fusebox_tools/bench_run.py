@@ -989,7 +989,7 @@ def _minilm(batch, seq, dynamic=False, fused_qkv=False, tune=False):
     return ("fusebox_tools.minilm_embed", ["--model", MINILM_DIR, "--seq", str(seq)]
             + (["--batch", str(batch)] if batch != 8 else [])
             + ([] if dynamic else ["--static-shapes"])
-            + (["--fused-qkv"] if fused_qkv else [])
+            + (["--fused-qkv"] if fused_qkv else ["--no-fused-qkv"])
             + (["--tune"] if tune else [])
             + ["--iters", "50", "--cuda-graph", "--torch", "--torch-time"])
 

@@ -262,6 +262,10 @@ def test_model_commands(bench_run, monkeypatch):
     assert "--static-shapes" in bench_run.model_command("minilm_b32_s128", "/fb", "/r", "/j")
     dyn = bench_run.model_command("minilm_b32_s128_dyn", "/fb", "/r", "/j")
     assert "--static-shapes" not in dyn and dyn[dyn.index("--batch") + 1] == "32"
+    # the runner fuses Q/K/V by default: the three-GEMM rows say --no-fused-qkv, the _fqkv rows --fused-qkv
+    assert "--no-fused-qkv" in bench_run.model_command("minilm_b32_s128", "/fb", "/r", "/j")
+    fq = bench_run.model_command("minilm_b32_s128_fqkv", "/fb", "/r", "/j")
+    assert "--fused-qkv" in fq and "--no-fused-qkv" not in fq
 
 
 def test_tuned_timing_runs_tune_first_and_times_its_winner(bench_run, monkeypatch, tmp_path):

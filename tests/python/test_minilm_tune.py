@@ -57,3 +57,22 @@ def test_no_tune_by_default_and_a_failed_tune_is_the_error(tmp_path, monkeypatch
     report, _ = minilm_embed.run_fusebox("p.json", {}, str(tmp_path / "o2"), fusebox=fb, tune=True)
     assert not report["ok"] and "pipeline tune" in report["error"] and "NoDevice" in report["error"]
     assert [c[1] for c in _calls(tmp_path)] == ["tune"]  # no run after a failed tune
+
+
+def test_runner_fuses_qkv_unless_told_not_to(tmp_path, monkeypatch):
+    """The runner's default pipeline is the fused Q/K/V one (minilm_fqkv.json); --no-fused-qkv
+    runs the three-GEMM minilm.json."""
+    pytest = __import__("pytest")
+    pytest.importorskip("tokenizers")
+    from fusebox_tools import minilm as m
+    model = str(tmp_path / "model")
+    assert m.main(["random", "--out", model, "--seq", "64"]) == 0
+    fb = _fake(tmp_path, monkeypatch)
+    for flag, expect in (([], "minilm_fqkv.json"), (["--no-fused-qkv"], "minilm.json")):
+        log = tmp_path / "log"
+        if log.exists():
+            os.remove(log)
+        # the stub saves no outputs: the runner says so (exit 1), no traceback
+        assert minilm_embed.main(["--model", model, "--fusebox", fb, "--text", "a b", *flag]) == 1
+        run = next(c for c in _calls(tmp_path) if c[:2] == ["pipeline", "run"])
+        assert os.path.basename(run[2]) == expect, run[2]
