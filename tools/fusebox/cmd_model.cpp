@@ -4,15 +4,14 @@
 // implementation and this command only finds it, starts it and forwards its
 // exit code (docs/cli.md, docs/models.md).
 #include <spawn.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -26,22 +25,9 @@ namespace {
 constexpr const char* kRunner = "fusebox_tools.minilm_embed";
 constexpr const char* kRunnerFile = "fusebox_tools/minilm_embed.py";
 
-bool is_file(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool is_executable_file(const std::string& p) { return is_file(p) && ::access(p.c_str(), X_OK) == 0; }
-
-std::string self_exe() {
-  std::vector<char> buf(4096);
-  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  return n > 0 ? std::string(buf.data(), static_cast<size_t>(n)) : std::string();
-}
-
-std::string dir_of(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
+bool is_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(p, ec);
 }
 
 // The folder to put on PYTHONPATH: $FUSEBOX_PYTHONPATH when set; else, in
@@ -49,9 +35,7 @@ std::string dir_of(const std::string& path) {
 // checkout's python/ beside the binary's folder (build/fusebox), the
 // installed copy (<prefix>/share/fusebox/python, CMake's install rules).
 // Empty when none holds the runner; `looked` lists where it looked.
-std::string find_tools(const std::string& exe, std::string* looked) {
-  const std::string bin = dir_of(exe);
-  std::vector<std::string> candidates;
+std::string find_tools(const std::filesystem::path& exe, std::string* looked) {
   if (const char* env = std::getenv("FUSEBOX_PYTHONPATH"); env && *env) {
     // A path list, as PYTHONPATH: it is used whole when one of its folders holds the runner.
     const std::string list = env;
@@ -59,39 +43,24 @@ std::string find_tools(const std::string& exe, std::string* looked) {
       const size_t colon = list.find(':', start);
       const std::string d =
           list.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-      if (!d.empty() && is_file(d + "/" + kRunnerFile)) return list;
+      if (!d.empty() && is_file(std::filesystem::path(d) / kRunnerFile)) return list;
       if (colon == std::string::npos) break;
       start = colon + 1;
     }
     *looked = "$FUSEBOX_PYTHONPATH (" + list + ")";
     return "";
   }
+  const std::filesystem::path bin = exe.parent_path();
+  std::vector<std::filesystem::path> candidates;
 #ifdef FUSEBOX_SOURCE_DIR
-  if (is_file(bin + "/CMakeCache.txt")) candidates.push_back(std::string(FUSEBOX_SOURCE_DIR) + "/python");
+  if (is_file(bin / "CMakeCache.txt")) candidates.push_back(std::filesystem::path(FUSEBOX_SOURCE_DIR) / "python");
 #endif
-  const std::string prefix = dir_of(bin);  // build/fusebox -> the checkout; bin/fusebox -> the prefix
-  candidates.push_back(prefix + "/python");
-  candidates.push_back(prefix + "/share/fusebox/python");
-  for (const std::string& c : candidates) {
-    if (is_file(c + "/" + kRunnerFile)) return c;
-    *looked += (looked->empty() ? "" : ", ") + c;
-  }
-  return "";
-}
-
-// PATH lookup of a command name ("python3"); a name with a '/' is taken as a path.
-std::string find_program(const std::string& name) {
-  if (name.find('/') != std::string::npos) return is_executable_file(name) ? name : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path && *path ? path : "/usr/local/bin:/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    const size_t colon = dirs.find(':', start);
-    std::string d = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    if (d.empty()) d = ".";
-    if (is_executable_file(d + "/" + name)) return d + "/" + name;
-    if (colon == std::string::npos) break;
-    start = colon + 1;
+  const std::filesystem::path prefix = bin.parent_path();  // build/fusebox -> the checkout; bin/fusebox -> the prefix
+  candidates.push_back(prefix / "python");
+  candidates.push_back(prefix / "share" / "fusebox" / "python");
+  for (const auto& c : candidates) {
+    if (is_file(c / kRunnerFile)) return c.string();
+    *looked += (looked->empty() ? "" : ", ") + c.string();
   }
   return "";
 }
@@ -156,19 +125,12 @@ int run_model_embed(const std::vector<std::string>& args) {
     }
   }
   const char* py_env = std::getenv("FUSEBOX_PYTHON");
-  const std::string py_name = py_env && *py_env ? py_env : "python3";
-  const std::string python = find_program(py_name);
-  if (python.empty()) {
-    const std::string where = py_name.find('/') != std::string::npos ? "" : " on PATH";
-    return fail(
-        "model embed",
-        InvalidArgument("no Python interpreter '" + py_name + "'" + where + " (from " +
-                        (py_env && *py_env ? "$FUSEBOX_PYTHON" : "the default python3") +
-                        "): install python3 with numpy and tokenizers, or set FUSEBOX_PYTHON to one"));
-  }
-  const std::string exe = self_exe();
+  const std::string python = py_env && *py_env ? py_env : "python3";
+  std::error_code ec;
+  const std::filesystem::path exe_path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::string exe = ec ? std::string() : exe_path.string();
   std::string looked;
-  const std::string tools = find_tools(exe, &looked);
+  const std::string tools = find_tools(exe_path, &looked);
   if (tools.empty()) {
     return fail("model embed",
                 InvalidArgument("the Python runner " + std::string(kRunnerFile) + " is not in " + looked +
@@ -216,7 +178,8 @@ int run_model_embed(const std::vector<std::string>& args) {
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
-  const int err = posix_spawn(&pid, python.c_str(), nullptr, &attr, argv.data(), envp.data());
+  // posix_spawnp: a name without '/' is looked up on PATH, as a shell would.
+  const int err = posix_spawnp(&pid, python.c_str(), nullptr, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   int wstatus = 0;
   pid_t waited = -1;
@@ -227,6 +190,14 @@ int run_model_embed(const std::vector<std::string>& args) {
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGQUIT, &old_quit, nullptr);
+  if (err == ENOENT || err == EACCES) {
+    const std::string where = python.find('/') != std::string::npos ? "" : " on PATH";
+    return fail("model embed",
+                InvalidArgument("no Python interpreter '" + python + "'" + where + " (from " +
+                                (py_env && *py_env ? "$FUSEBOX_PYTHON" : "the default python3") + "): " +
+                                std::strerror(err) +
+                                ": install python3 with numpy and tokenizers, or set FUSEBOX_PYTHON to one"));
+  }
   if (err != 0) {
     return fail("model embed", InvalidArgument("cannot start the Python interpreter '" + python + "': " +
                                                std::strerror(err) + " (set FUSEBOX_PYTHON to python3)"));
