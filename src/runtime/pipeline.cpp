@@ -65,6 +65,20 @@ std::string join_path(const std::string& base_dir, const std::string& p) {
   return base_dir + "/" + p;
 }
 
+// A buffer's dtype, dims and strides as a tensor (element and byte counts).
+ResolvedTensor tensor_of(const PipelineBuffer& b) {
+  ResolvedTensor t;
+  t.dtype = b.dtype;
+  t.dims = b.dims;
+  t.strides = b.strides;
+  return t;
+}
+
+// No gaps between the elements: the storage holds exactly the elements.
+bool dense(const ResolvedTensor& t) {
+  return t.storage_bytes() == t.element_count() * static_cast<int64_t>(dtype_size_bytes(t.dtype));
+}
+
 class Loader {
  public:
   Loader(std::string_view origin, std::string base_dir, ShapeValues shape)
@@ -470,19 +484,8 @@ class Loader {
   // A reshape view: the same dtype and the same dense memory (no holes, as many
   // elements), so every view covers exactly the bytes the writer writes.
   Status check_view(int s, const ResolvedTensor& t, const PipelineBuffer& b, const std::string& seen) const {
-    const auto dense = [](DType dt, const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
-      ResolvedTensor x;
-      x.dtype = dt;
-      x.dims = dims;
-      x.strides = strides;
-      return x.storage_bytes() == x.element_count() * static_cast<int64_t>(dtype_size_bytes(dt));
-    };
-    ResolvedTensor bt;
-    bt.dtype = b.dtype;
-    bt.dims = b.dims;
-    bt.strides = b.strides;
-    const bool ok = t.dtype == b.dtype && t.element_count() == bt.element_count() &&
-                    dense(t.dtype, t.dims, t.strides) && dense(b.dtype, b.dims, b.strides);
+    const ResolvedTensor bt = tensor_of(b);
+    const bool ok = t.dtype == b.dtype && t.element_count() == bt.element_count() && dense(t) && dense(bt);
     if (ok) return Status::Ok();
     return bad_stage(s,
                      "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) + seen +
@@ -498,12 +501,9 @@ class Loader {
       const PipelineBuffer& parent = p_.buffers[static_cast<size_t>(b.view_of)];
       const std::string what = "view " + sq(b.name) + " (part " + std::to_string(b.view_part) + " of " +
                                std::to_string(b.view_parts) + " of buffer " + sq(parent.name) + ")";
-      ResolvedTensor pt;
-      pt.dtype = parent.dtype;
-      pt.dims = parent.dims;
-      pt.strides = parent.strides;
+      const ResolvedTensor pt = tensor_of(parent);
       const int64_t n = pt.element_count();
-      if (pt.storage_bytes() != n * static_cast<int64_t>(dtype_size_bytes(pt.dtype)))
+      if (!dense(pt))
         return bad(what + ": " + sq(parent.name) + " is " + shape_string(pt.dtype, pt.dims, pt.strides) +
                    ", not dense: a view's parent must have no gaps between its elements");
       if (n % b.view_parts != 0)
@@ -513,8 +513,7 @@ class Loader {
       for (const auto& r : b.readers) {
         const PipelineStage& st = p_.stages[static_cast<size_t>(r.stage)];
         const ResolvedTensor& t = st.graph.tensors[static_cast<size_t>(st.graph.find_tensor(r.tensor))];
-        const bool dense = t.storage_bytes() == t.element_count() * static_cast<int64_t>(dtype_size_bytes(t.dtype));
-        if (t.dtype != pt.dtype || t.element_count() != part || !dense)
+        if (t.dtype != pt.dtype || t.element_count() != part || !dense(t))
           return bad_stage(r.stage, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
                                         " but " + what + " holds " + std::to_string(part) + " " +
                                         std::string(dtype_name(pt.dtype)) +
@@ -647,9 +646,7 @@ std::string_view buffer_kind_name(BufferKind kind) {
 
 int64_t PipelineBuffer::view_offset_elements(const Pipeline& p) const {
   if (!is_view()) return 0;
-  int64_t n = 1;
-  for (int64_t d : p.buffers[static_cast<size_t>(view_of)].dims) n *= d;
-  return n / view_parts * view_part;
+  return tensor_of(p.buffers[static_cast<size_t>(view_of)]).element_count() / view_parts * view_part;
 }
 
 int Pipeline::find_stage(std::string_view n) const {
