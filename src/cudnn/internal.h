@@ -6,6 +6,7 @@
 
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -49,6 +50,16 @@ class FeGraph : public fe::graph::Graph {
     if (i < 0 || i >= static_cast<int64_t>(plans.numeric_notes.size())) return out;
     for (auto n : plans.numeric_notes[i]) {
       if (n != fe::NumericalNote_t::NOT_SET) out.push_back(nlohmann::json(n).get<std::string>());
+    }
+    return out;
+  }
+  // Candidate i's behavior notes by name (RUNTIME_COMPILATION, ...); nullopt when unknown.
+  std::optional<std::vector<std::string>> behavior_notes_at(int64_t i) {
+    std::vector<fe::BehaviorNote_t> notes;
+    if (!get_behavior_notes_for_plan_at_index(i, notes).is_good()) return std::nullopt;
+    std::vector<std::string> out;
+    for (auto n : notes) {
+      if (n != fe::BehaviorNote_t::NOT_SET) out.push_back(nlohmann::json(n).get<std::string>());
     }
     return out;
   }

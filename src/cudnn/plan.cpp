@@ -285,11 +285,9 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
       r.choice = EngineChoice{};  // only a report detail: the plan stands
     }
     try {
-      std::vector<fe::BehaviorNote_t> notes;
-      if (graph.get_behavior_notes_for_plan_at_index(r.plan_index, notes).is_good()) {
+      if (auto notes = graph.behavior_notes_at(r.plan_index)) {
         r.notes_known = true;
-        for (auto n : notes)
-          if (n != fe::BehaviorNote_t::NOT_SET) r.behavior_notes.push_back(nlohmann::json(n).get<std::string>());
+        r.behavior_notes = std::move(*notes);
       }
     } catch (const std::exception&) {
       r.notes_known = false;  // only a report detail
@@ -334,12 +332,7 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
       std::unordered_map<fe::KnobType_t, int64_t> knobs;
       (void)graph.get_engine_and_knobs_at_index(i, c.engine_id, knobs);
       c.knobs = knobs_from_name(c.name);
-      std::vector<fe::BehaviorNote_t> bnotes;
-      if (graph.get_behavior_notes_for_plan_at_index(i, bnotes).is_good()) {
-        for (auto n2 : bnotes) {
-          if (n2 != fe::BehaviorNote_t::NOT_SET) c.behavior_notes.push_back(nlohmann::json(n2).get<std::string>());
-        }
-      }
+      if (auto notes = graph.behavior_notes_at(i)) c.behavior_notes = std::move(*notes);
       c.numerical_notes = graph.numerical_notes_at(i);
       for (const auto& earlier : impl->candidates) {
         if (earlier.name == c.name && earlier.duplicate_of < 0) c.duplicate_of = earlier.index;
