@@ -55,7 +55,8 @@ struct PlanRequest {
   // (loading the compiled module) and a cold one compiles first (884 ms for that conv, whose
   // dynamic-shape candidates are all runtime-compiled). Before the graph's first build, the
   // static heuristics are asked (step 3 and the support check, no build: milliseconds) which
-  // engine a static build would take; after the first dynamic build, its engine is checked too.
+  // engine a static build would take, unless the plan cache already holds the shape (a warm
+  // start asks nothing); after the first dynamic build, its engine is checked too.
   // Runtime-compiled engines (matmul epilogues, norms, attention) keep the kernel cache.
   // PlanReport::static_policy says so.
   bool static_when_precompiled = true;

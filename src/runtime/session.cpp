@@ -294,7 +294,16 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
   const bool symbolic = !g.symbolic_id.empty();
   Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
+  const std::string base_key = request_policy_key(request, limit);
+  bool looked_up = false;  // both heuristic-cache keys already missed
   if (slot && !slot->probed && slot->builds == 0 && request.static_when_precompiled && request.engine.empty()) {
+    // A warm cache answers before the probe (no heuristic query at start-up): an entry of
+    // either kind, dynamic-shape or static, is a plan for this very shape.
+    for (const std::string& key : {base_key + ";dyn=1", base_key}) {
+      auto hit = lookup_cached_plan(cache, g, s.target, key, ctx, request.measure_startup);
+      if (hit.ok() && take_hit(*hit, PlanSource::kHeuristicCache)) return finish(std::move(hit->plan));
+    }
+    looked_up = true;
     slot->probed = true;
     const common::Stopwatch watch;
     slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
@@ -304,9 +313,11 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const bool dynamic = slot && slot->refused.empty() && !by_policy;
   if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
   if (by_policy) rep.static_policy = slot->precompiled;
-  const std::string policy = request_policy_key(request, limit) + (dynamic ? ";dyn=1" : "");
-  auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
-  if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
+  const std::string policy = base_key + (dynamic ? ";dyn=1" : "");
+  if (!looked_up) {
+    auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
+    if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
+  }
   rep.cache = cache && cache->enabled() ? "miss" : "off";
   rep.cache_key = cache_key_for(g, s.target, policy);
 
@@ -347,7 +358,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     return static_plan;
   };
   // A later shape replays the first shape's engine when it can.
-  const std::string engine_key = request_policy_key(request, limit);
+  const std::string& engine_key = base_key;
   Result<Plan> plan = Status(StatusCode::kInternal, "no build ran");
   if (dynamic && request.engine.empty() && request.reuse_engine) {
     auto it = slot->engines.find(engine_key);
@@ -405,7 +416,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
                                                 : "a,b,fallback";
   // A static build that stood in for a refused dynamic one is stored as what it is.
   const std::string stored_policy =
-      dynamic && !rep.build.dynamic_shape ? request_policy_key(request, limit) : policy;
+      dynamic && !rep.build.dynamic_shape ? base_key : policy;
   if (stored_policy != policy) rep.cache_key = cache_key_for(g, s.target, stored_policy);
   rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings);
   return finish(std::move(plan));

@@ -130,6 +130,31 @@ TEST_F(DynamicShapeDeviceless, PrecompiledStaticEngineKeepsEveryShapeStatic) {
   EXPECT_EQ(entries(), 2u);
 }
 
+TEST_F(DynamicShapeDeviceless, AWarmCacheAnswersBeforeTheProbe) {
+  PlanReport cold;
+  ASSERT_TRUE(session_->get_plan(spec_, {{"N", 2}}, {}, &cold).ok());
+  EXPECT_GT(cold.static_probe_ms, 0);
+  // A new process (session) with the same cache: the shape's entry serves with no heuristic query.
+  SessionOptions o;
+  o.device_properties_file = devprop_path();
+  o.cache = cache_.get();
+  auto again = Session::create(o);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  PlanReport warm;
+  ASSERT_TRUE((*again)->get_plan(spec_, {{"N", 2}}, {}, &warm).ok());
+  EXPECT_EQ(warm.source, PlanSource::kHeuristicCache);
+  EXPECT_EQ(warm.cache_key, cold.cache_key);
+  EXPECT_EQ(warm.static_probe_ms, 0) << "no probe when the cache holds the shape";
+  EXPECT_EQ(warm.build.steps.size(), 0u);
+  EXPECT_EQ(entries(), 1u);
+  // A shape the cache lacks: the probe runs then, once.
+  PlanReport other;
+  ASSERT_TRUE((*again)->get_plan(spec_, {{"N", 3}}, {}, &other).ok());
+  EXPECT_EQ(other.source, PlanSource::kBuilt);
+  EXPECT_GT(other.static_probe_ms, 0);
+  EXPECT_NE(other.static_policy.find("precompiled"), std::string::npos);
+}
+
 TEST_F(DynamicShapeDeviceless, StaticBuildsOfEachShapeAreTheirOwnEntries) {
   PlanRequest fixed;
   fixed.dynamic_shape = false;
