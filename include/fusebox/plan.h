@@ -123,6 +123,9 @@ struct BuildReport {
   // cuDNN's behavior notes of the plan built (RUNTIME_COMPILATION, ...); empty if unknown.
   std::vector<std::string> behavior_notes;
   bool notes_known = false;  // behavior_notes were read (an empty list then means none)
+  // What the lowering chose that the graph does not say, one line per choice,
+  // e.g. "[sdpa_fwd 'attn']: causal mask left out: ..." (docs/graph-format.md).
+  std::vector<std::string> lowering_notes;
   double total_ms() const;
 };
 

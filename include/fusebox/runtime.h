@@ -77,8 +77,10 @@ struct CudaGraphRun {
 // algorithm accumulates dq with atomics; reductions (reduce_* ops: a bias
 // gradient, a GEMM's row sums, amax) add partial sums in no fixed order (on
 // the H200 two runs of one plan differed in the last bits, though cuDNN sets
-// no NONDETERMINISTIC note). Engines cuDNN flags NONDETERMINISTIC are not
-// covered here: the plan's engine decides those.
+// no NONDETERMINISTIC note); an sdpa forward with one query per sequence (a
+// decode step: eng8 on the H200 split the keys, and the paged decode's CUDA
+// graph differed from eager in one byte of 524288). Engines cuDNN flags
+// NONDETERMINISTIC are not covered here: the plan's engine decides those.
 std::string not_bit_reproducible(const ResolvedGraph& g);
 
 struct LatencyStats {

@@ -290,6 +290,8 @@ def main(argv=None):
     ap.add_argument("--no-verify", action="store_true",
                     help="no `pipeline run --verify` (per-stage references: slow at batch 256); the logits are "
                          "still checked against torch")
+    ap.add_argument("--gap", choices=resnet50.GAP_KINDS, default="matmul",
+                    help="the average pool as one GEMM (default) or cuDNN's resample (pool)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args(argv)
 
@@ -304,7 +306,7 @@ def main(argv=None):
             return 2
         return images_main(args, exe)
     t0 = time.time()
-    pipeline = resnet50.write_resnet50(args.out, batch=args.batch, seed=args.seed)
+    pipeline = resnet50.write_resnet50(args.out, batch=args.batch, seed=args.seed, gap=args.gap)
     print(f"resnet50_check: wrote {pipeline} in {time.time() - t0:.1f} s", flush=True)
     run_dir = os.path.join(args.out, "run")
     os.makedirs(os.path.join(run_dir, "outputs"), exist_ok=True)
@@ -498,7 +500,7 @@ def images_main(args, exe):
               f"({time.time() - t1:.1f} s); {n} test images at noise {a}", flush=True)
     else:
         images = round_bf16(rng.standard_normal((n,) + shape, dtype=np.float32))
-    pipeline = resnet50.write_resnet50(args.out, batch=B, seed=args.seed, state_dict=sd)
+    pipeline = resnet50.write_resnet50(args.out, batch=B, seed=args.seed, state_dict=sd, gap=args.gap)
     print(f"resnet50_check: wrote {pipeline} (batch {B}) in {time.time() - t0:.1f} s", flush=True)
     work = os.path.join(args.out, "run_images")
     os.makedirs(work, exist_ok=True)

@@ -85,6 +85,7 @@ struct LoweredGraph {
   std::shared_ptr<FeGraph> graph;
   std::unordered_map<std::string, int64_t> uids;
   std::unordered_map<std::string, int64_t> tensor_bytes;  // same keys as uids
+  std::vector<std::string> notes;  // LowerContext::note(), in op order
 };
 // `dynamic_shape`: build with cuDNN's dynamic shapes (set before any op is added).
 Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape = false);

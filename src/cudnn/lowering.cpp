@@ -98,6 +98,7 @@ struct LowerState {
   FeGraph& graph;
   std::vector<FeTensor> fe_tensors;
   std::unordered_map<std::string, int64_t>& uids;
+  std::vector<std::string>& notes;  // LoweredGraph::notes
 
   // The one place uids are bound: the canonical uid (ResolvedTensor::uid,
   // docs/architecture.md, "Graph identity and uids").
@@ -113,6 +114,7 @@ LowerContext::LowerContext(LowerState& state, const ResolvedOp& op)
 
 FeGraph& LowerContext::graph() const { return state_.graph; }
 const ResolvedGraph& LowerContext::resolved() const { return state_.g; }
+void LowerContext::note(const std::string& text) { state_.notes.push_back(where_ + ": " + text); }
 
 FeTensor LowerContext::in(const char* role) const {
   auto it = op_.inputs.find(role);
@@ -175,7 +177,7 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, b
                         "' has no uid: the graph was not canonicalized (resolve() does it)");
       }
     }
-    LowerState state{g, *graph, std::vector<FeTensor>(g.tensors.size()), out.uids};
+    LowerState state{g, *graph, std::vector<FeTensor>(g.tensors.size()), out.uids, out.notes};
 
     // Graph inputs and by-value scalars.
     for (size_t i = 0; i < g.tensors.size(); ++i) {

@@ -128,6 +128,7 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
     auto lr = lower(g, target, options.dynamic_shape);
     if (!lr.ok()) return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
     lowered = std::move(lr).value();
+    r.lowering_notes = lowered.notes;
     // Before build_operation_graph: that is where the frontend ties the
     // kernel cache to the operation graph.
     if (options.dynamic_shape && options.kernel_cache) {

@@ -190,6 +190,26 @@ elif ! grep -q 'NotSupported: .*no heuristic mode yielded a buildable engine' "$
   fail "layernorm after add (build)" "cuDNN's reason (pointwise prologue/epilogue) is not quoted"
 else pass "layernorm after add (build): NotSupported, cuDNN's norm engine refuses the prologue"
 fi
+# A one-query decode's causal mask masks nothing: the lowering leaves it out and the report says so
+# (text and JSON), while a prefill keeps it. Deviceless the decode then fails at the heuristics.
+run_fb build "$SRC/examples/graphs/small/sdpa_paged_decode_small.json" --device "$DEVPROP" --no-cache
+why=$(crash_reason)
+if [ -n "$why" ]; then fail "decode: causal mask left out (build)" "$why"
+elif ! grep -qF "  lowering: [sdpa_fwd 'attn']: the causal mask is left out: with one query per sequence" "$TMP/stdout"; then
+  fail "decode: causal mask left out (build)" "no lowering line in the report"
+else pass "decode: causal mask left out (build), said in the report"
+fi
+run_fb build "$SRC/examples/graphs/small/sdpa_paged_decode_small.json" --device "$DEVPROP" --no-cache --json
+if [ -n "$(crash_reason)" ]; then fail "decode: lowering_notes (build --json)" "$(crash_reason)"
+elif ! json_check 'len(d["lowering_notes"]) == 1 and "causal mask is left out" in d["lowering_notes"][0]'; then
+  fail "decode: lowering_notes (build --json)" "$WHY"
+else pass "decode: lowering_notes (build --json)"
+fi
+run_fb build "$SRC/examples/graphs/small/sdpa_paged_prefill_small.json" --device "$DEVPROP" --no-cache --json
+if [ -n "$(crash_reason)" ]; then fail "prefill keeps its mask (build --json)" "$(crash_reason)"
+elif ! json_check 'd["lowering_notes"] == []'; then fail "prefill keeps its mask (build --json)" "$WHY"
+else pass "prefill keeps its mask (build --json)"
+fi
 # Reductions and FP8 epilogues: refused at check (exit 2), naming op, tensor and what is accepted.
 sed 's/"reduce_dims": \[0, 2, 3\]/"reduce_dims": [0, 2, 4]/' "$SRC/examples/graphs/small/reduce_sum_bias_grad_small.json" > "$TMP/bad_reduce_dims.json"
 expect_bad "reduce_sum: reduce_dims beyond x's rank" "\[reduce_sum 'dbias'\] reduce_dims \[0, 2, 4\] names dim 4 but input 'x' \('dy'\) \[4, 16, 7, 7\] has rank 4: give dims from 0 to 3"  check "$TMP/bad_reduce_dims.json"

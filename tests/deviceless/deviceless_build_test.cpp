@@ -303,6 +303,25 @@ TEST(SdpaSupportMatrix, PagedForwardValidates) {
   ASSERT_GE(report.steps.size(), 2u);
   EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
   EXPECT_TRUE(report.steps[1].status.ok()) << report.steps[1].status.ToString();
+  // One query per sequence, bottom-right causal: the band masks nothing and
+  // is left out of the frontend graph, said in the report.
+  ASSERT_EQ(report.lowering_notes.size(), 1u);
+  EXPECT_NE(report.lowering_notes[0].find("[sdpa_fwd 'attn']: the causal mask is left out"), std::string::npos)
+      << report.lowering_notes[0];
+}
+
+// A paged prefill (several queries per sequence) keeps its causal mask.
+TEST(SdpaSupportMatrix, PrefillKeepsItsCausalMask) {
+  auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/sdpa_paged_prefill_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(std::get<SdpaFwdAttrs>(g->ops[0].attrs).right_bound.has_value());
+  BuildReport report;
+  (void)build_plan(*g, h200(), BuildOptions{}, &report);
+  ASSERT_GE(report.steps.size(), 2u);
+  EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
+  EXPECT_TRUE(report.lowering_notes.empty()) << report.lowering_notes[0];
 }
 
 }  // namespace

@@ -70,7 +70,7 @@ def test_pipeline_check_wiring(checked):
     expect = {
         "image": [BATCH, 3, 224, 224], "stem": [BATCH, 64, 112, 112], "pool": [BATCH, 64, 56, 56],
         "layer1.2": [BATCH, 256, 56, 56], "layer2.3": [BATCH, 512, 28, 28], "layer3.5": [BATCH, 1024, 14, 14],
-        "layer4.2": [BATCH, 2048, 7, 7], "avgpool": [BATCH, 2048, 1, 1], "logits": [BATCH, 1000, 1, 1],
+        "layer4.2": [BATCH, 2048, 7, 7], "avgpool": [BATCH, 1, 2048], "logits": [BATCH, 1000, 1, 1],
         "layer2.0.a2": [BATCH, 128, 28, 28], "layer2.0.down": [BATCH, 512, 28, 28],
         "conv1.w": [64, 3, 7, 7], "fc.w": [1000, 2048, 1, 1], "fc.b": [1, 1000, 1, 1],
     }
@@ -78,16 +78,19 @@ def test_pipeline_check_wiring(checked):
         assert bufs[name]["dims"] == dims, name
     for b in checked["buffers"]:
         assert b["dtype"] == "bf16", b["name"]
-        if b["kind"] != "constant" and b["dims"][2] > 1:  # activations NHWC: channels fastest
+        if b["kind"] != "constant" and len(b["dims"]) == 4 and b["dims"][2] > 1:  # activations NHWC
             assert b["strides"][1] == 1, b["name"]
     assert [b["name"] for b in checked["buffers"] if b["kind"] == "input"] == ["image"]
     assert [b["name"] for b in checked["buffers"] if b["kind"] == "output"] == ["logits"]
-    assert sum(b["kind"] == "constant" for b in checked["buffers"]) == 2 * 54
+    assert sum(b["kind"] == "constant" for b in checked["buffers"]) == 2 * 54 + 1  # + avgpool.ones
     # The residual: conv3 of a first bottleneck adds the downsample branch, later ones the block input.
     by_stage = {s["name"]: s["bind"] for s in checked["stages"]}
     assert by_stage["layer3.0.conv3"]["r"] == "layer3.0.down" and by_stage["layer3.0.conv3"]["y"] == "layer3.0"
     assert by_stage["layer3.1.conv3"]["r"] == "layer3.0" and by_stage["layer3.1.conv1"]["x"] == "layer3.0"
-    assert by_stage["avgpool"] == {"x": "layer4.2", "y": "avgpool"}
+    # The average pool as a GEMM over the last block's memory: reshape buffers on both sides.
+    assert by_stage["avgpool"] == {"ones": "avgpool.ones", "x": "layer4.2", "y": "avgpool"}
+    gap = next(s for s in checked["stages"] if s["name"] == "avgpool")
+    assert os.path.basename(gap["graph_file"]) == f"gap_matmul_2048_7_n{BATCH}.json"
     assert bufs["layer3.0"]["writer"]["stage"] == "layer3.0.conv3"
     assert sorted(r["stage"] for r in bufs["layer3.0"]["readers"]) == ["layer3.1.conv1", "layer3.1.conv3"]
     # FLOPs: torchvision's ResNet-50 is 4.09 GMACs per 224x224 image.
@@ -147,6 +150,35 @@ def test_pipeline_files_compute_the_unfolded_network(model, checked):
     assert 1 < float(want.std(axis=1).mean()) < 20
 
 
+def test_gap_as_pool_or_gemm_computes_the_same(model, tmp_path):
+    """gap="pool" (cuDNN's resample) and the default GEMM over reshape views
+    give the same logits in the numpy run of their files; the views are the
+    NHWC memory (a transposed reading would not match)."""
+    pool = rn.write_resnet50(str(tmp_path), batch=BATCH, seed=7, gap="pool")
+    with open(pool) as f:
+        doc = json.load(f)
+    assert "avgpool.ones" not in doc["buffers"] and "reshape" not in doc["buffers"]["layer4.2"]
+    x = np.random.default_rng(6).standard_normal((BATCH, 3, 224, 224)).astype(np.float32)
+    a = rn.run_pipeline_numpy(model, {"image": x})
+    b = rn.run_pipeline_numpy(pool, {"image": x})
+    assert a["avgpool"].shape == (BATCH, 1, 2048) and b["avgpool"].shape == (BATCH, 2048, 1, 1)
+    np.testing.assert_allclose(a["avgpool"].reshape(BATCH, -1), b["avgpool"].reshape(BATCH, -1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-4, atol=1e-4)
+    want = b["layer4.2"].mean(axis=(2, 3))
+    np.testing.assert_allclose(a["avgpool"].reshape(BATCH, -1), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="gap must be one of matmul, pool"):
+        rn.build(batch=1, gap="mean")
+
+
+def test_numpy_views_follow_memory_order():
+    v = np.arange(2 * 3 * 2 * 2, dtype=np.float32).reshape(2, 3, 2, 2)  # NCHW logical, NHWC memory
+    flat = rn._to_memory(v, "nhwc")
+    assert list(flat[:4]) == [v[0, 0, 0, 0], v[0, 1, 0, 0], v[0, 2, 0, 0], v[0, 0, 0, 1]]
+    rows = rn._from_memory(flat, ["N", 4, 3], None)  # [N, H*W, C]
+    np.testing.assert_array_equal(rows, v.transpose(0, 2, 3, 1).reshape(2, 4, 3))
+    np.testing.assert_array_equal(rn._from_memory(flat, [2, 3, 2, 2], "nhwc"), v)
+
+
 def test_generator_refuses_a_foreign_folder(tmp_path):
     (tmp_path / "mine.txt").write_text("not the generator's")
     with pytest.raises(FileExistsError, match="not made by make_resnet50_pipeline"):
@@ -182,7 +214,7 @@ def test_deviceless_build(model, fusebox):
     refused = [s for s in stages if not s["ok"]]
     for s in refused:
         assert s["code"] == "NotSupported", (s["stage"], s.get("error"))
-        assert os.path.basename(s["graph_file"]).startswith(("cbar_", "max_pool", "global_avg_pool")), s["stage"]
+        assert os.path.basename(s["graph_file"]).startswith(("cbar_", "max_pool", "gap_matmul")), s["stage"]
     built = [s["stage"] for s in stages if s["ok"]]
     assert len(built) >= 38 and "conv1" in built and "fc" in built and "layer4.0.downsample" in built
     if refused:
@@ -204,3 +236,12 @@ def test_check_helpers_without_torch():
     c = chk.compare(ref + np.array([[0.0, 0.0, 0.5], [0.0, 0.0, 0.0]]), ref)
     assert c["top1_agree"] == 2 and c["n"] == 2
     assert abs(c["rel_l2"] - 0.5 / np.sqrt(15)) < 1e-12 and c["max_rel_to_max_ref"] == 0.5 / 3
+
+
+def test_numpy_run_with_fewer_images_than_the_batch(model):
+    """resnet50_check runs the numpy model on the first few images of a larger
+    batch: the reshape views take the batch from the values."""
+    x = np.random.default_rng(8).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    vals = rn.run_pipeline_numpy(model, {"image": x})
+    assert vals["avgpool"].shape == (1, 1, 2048) and vals["logits"].shape == (1, 1000, 1, 1)
+    np.testing.assert_allclose(vals["avgpool"].reshape(1, -1), vals["layer4.2"].mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)

@@ -88,6 +88,7 @@ nlohmann::json to_json(const BuildReport& r) {
           {"engine", r.engine},
           {"plan_index", r.plan_index},
           {"behavior_notes", r.notes_known ? nlohmann::json(r.behavior_notes) : nlohmann::json(nullptr)},
+          {"lowering_notes", r.lowering_notes},
           {"workspace_bytes", r.workspace_bytes},
           {"total_ms", r.total_ms()}};
 }
@@ -121,6 +122,7 @@ void print_build_report(const BuildReport& r) {
     // A failed step's message goes to stderr once, with the command's error.
     std::printf("  %d. %-24s %10.2f ms  %s\n", n++, safe(s.name).c_str(), s.ms, s.status.ok() ? "ok" : "FAILED (below)");
   }
+  for (const auto& n : r.lowering_notes) std::printf("  lowering: %s\n", safe(n).c_str());
   if (r.candidate_plans) std::printf("  candidate plans: %lld\n", static_cast<long long>(r.candidate_plans));
   if (!r.engine.empty()) {
     std::printf("  engine: %s (candidate %lld), workspace %s\n", safe(r.engine).c_str(),

@@ -40,6 +40,9 @@ class LowerContext {
   // A tensor the caller creates for the op to write (cuDNN's RNG dump):
   // output `role`, non-virtual, with its uid.
   FeTensor create_output(const std::string& role);
+  // Records a choice the lowering made that the graph file does not show
+  // (BuildReport::lowering_notes), prefixed with where().
+  void note(const std::string& text);
 
  private:
   LowerState& state_;

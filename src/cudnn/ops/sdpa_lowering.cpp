@@ -14,23 +14,43 @@ double attn_scale(const LowerContext& ctx, const ResolvedOp& op, const SdpaOptio
              : 1.0 / std::sqrt(static_cast<double>(ctx.resolved().tensors[op.inputs.at("q")].dims.back()));
 }
 
+// True when the diagonal band masks nothing: one query per sequence (q's Sq
+// is 1 at this shape; a symbolic graph lowers each shape anew), bottom-right alignment, a right bound >= 0 and no
+// left bound. That query sits at the last key position (seq_len_kv[b] - 1
+// with padding), so keys j <= seq_len_kv[b] - 1 + right_bound are all the
+// keys there are: a causal decode step. cuDNN 9.19 on the H200 offers one
+// engine for the masked form of the paged decode example (eng1, 389 us) and
+// the faster eng8 (307 us, 3.6 TB/s) without it, so the lowering leaves the
+// band out and notes it. ALiBi keeps it (cuDNN 9.19 needs it causal).
+bool band_masks_nothing(const SdpaOptions& o, const LowerContext& ctx, const ResolvedOp& op) {
+  if (o.alibi || o.alignment != SdpaAlignment::kBottomRight || !o.right_bound || o.left_bound) return false;
+  const ResolvedTensor& q = ctx.resolved().tensors[op.inputs.at("q")];
+  return q.dims.size() == 4 && q.dims[2] == 1;
+}
+
 // Applies the options shared by every sdpa op to SDPA_attributes,
 // SDPA_backward_attributes or SDPA_fp8_backward_attributes (the frontend gives
 // them the same setters; ALiBi and the RNG dump are set by the callers, as FP8
 // backward has neither).
 template <typename Attrs>
-void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, const LowerContext& ctx) {
+void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, LowerContext& ctx, const ResolvedOp& op) {
   attrs.set_attn_scale(static_cast<float>(scale));
-  attrs.set_diagonal_alignment(o.alignment == SdpaAlignment::kBottomRight
-                                   ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
-                                   : fe::DiagonalAlignment_t::TOP_LEFT);
-  // resolve() turns causal into right_bound 0; the fallback guards hand-built graphs.
-  if (o.right_bound) {
-    attrs.set_diagonal_band_right_bound(static_cast<int>(*o.right_bound));
-  } else if (o.causal) {
-    attrs.set_diagonal_band_right_bound(0);
+  if (band_masks_nothing(o, ctx, op)) {
+    ctx.note("the " + std::string(*o.right_bound == 0 ? "causal mask" : "right bound") +
+             " is left out: with one query per sequence and bottom-right alignment it masks no key "
+             "(the references still apply it)");
+  } else {
+    attrs.set_diagonal_alignment(o.alignment == SdpaAlignment::kBottomRight
+                                     ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                     : fe::DiagonalAlignment_t::TOP_LEFT);
+    // resolve() turns causal into right_bound 0; the fallback guards hand-built graphs.
+    if (o.right_bound) {
+      attrs.set_diagonal_band_right_bound(static_cast<int>(*o.right_bound));
+    } else if (o.causal) {
+      attrs.set_diagonal_band_right_bound(0);
+    }
+    if (o.left_bound) attrs.set_diagonal_band_left_bound(static_cast<int>(*o.left_bound));
   }
-  if (o.left_bound) attrs.set_diagonal_band_left_bound(static_cast<int>(*o.left_bound));
   if (o.padding)
     attrs.set_padding_mask(true).set_seq_len_q(ctx.in("seq_len_q")).set_seq_len_kv(ctx.in("seq_len_kv"));
   if (o.bias) attrs.set_bias(ctx.in("bias"));
@@ -54,7 +74,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd
                    .set_name(op.name)
                    .set_generate_stats(fwd.generate_stats)
                    .set_compute_data_type(to_fe(op.compute_dtype));
-  apply_sdpa_options(attrs, fwd, scale, ctx);
+  apply_sdpa_options(attrs, fwd, scale, ctx, op);
   apply_paged(attrs, fwd, ctx);
   if (fwd.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (fwd.alibi) attrs.set_alibi_mask(true);
@@ -71,7 +91,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& bwd
                    .set_name(op.name)
                    .set_compute_data_type(to_fe(op.compute_dtype))
                    .set_deterministic_algorithm(bwd.deterministic);
-  apply_sdpa_options(attrs, bwd, scale, ctx);
+  apply_sdpa_options(attrs, bwd, scale, ctx, op);
   if (bwd.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (bwd.sink_grad) attrs.set_dsink_token(ctx.create_output("dsink_token"));
   if (bwd.alibi) attrs.set_alibi_mask(true);
@@ -90,7 +110,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& 
                    .set_name(op.name)
                    .set_generate_stats(f8.generate_stats)
                    .set_compute_data_type(to_fe(op.compute_dtype));
-  apply_sdpa_options(attrs, f8, scale, ctx);
+  apply_sdpa_options(attrs, f8, scale, ctx, op);
   apply_paged(attrs, f8, ctx);
   if (f8.sink) attrs.set_sink_token(ctx.in("sink_token"));
   if (f8.alibi) attrs.set_alibi_mask(true);
@@ -113,7 +133,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& 
   }
   auto attrs = fe::graph::SDPA_fp8_backward_attributes().set_name(op.name).set_compute_data_type(
       to_fe(op.compute_dtype));
-  apply_sdpa_options(attrs, b8, scale, ctx);
+  apply_sdpa_options(attrs, b8, scale, ctx, op);
   auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = ctx.graph().sdpa_fp8_backward(
       ctx.in("q"), ctx.in("k"), ctx.in("v"), ctx.in("o"), ctx.in("do"), ctx.in("stats"), ctx.in("descale_q"),
       ctx.in("descale_k"), ctx.in("descale_v"), ctx.in("descale_o"), ctx.in("descale_do"),
