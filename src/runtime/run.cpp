@@ -284,13 +284,20 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "execute '" + plan.engine_name() + "'"));
   result.first_execute_ms = first_execute.ms();
 
-  for (int i : g.output_tensors()) {
-    const ResolvedTensor& t = g.tensors[i];
-    HostTensor h = HostTensor::like(t);
-    FUSEBOX_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost), "download '" + t.name + "'"));
-    result.outputs[t.name] = std::move(h);
-  }
+  // Every output of the graph from the device; `which` names the run in errors.
+  auto download_outputs = [&](const std::string& which) -> Result<std::map<std::string, HostTensor>> {
+    std::map<std::string, HostTensor> out;
+    for (int i : g.output_tensors()) {
+      const ResolvedTensor& t = g.tensors[i];
+      HostTensor h = HostTensor::like(t);
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost),
+                      "download '" + t.name + "'" + which));
+      out[t.name] = std::move(h);
+    }
+    return out;
+  };
+  FUSEBOX_ASSIGN_OR_RETURN(result.outputs, download_outputs(""));
 
   GraphRunner runner;
   if (options.cuda_graph) {
@@ -310,28 +317,11 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     }
     FUSEBOX_RETURN_IF_ERROR(runner.graphs[0].launch());
     FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "CUDA graph of '" + plan.engine_name() + "'"));
-    std::map<std::string, HostTensor> graph_outputs;
-    for (int i : g.output_tensors()) {
-      const ResolvedTensor& t = g.tensors[i];
-      HostTensor h = HostTensor::like(t);
-      FUSEBOX_RETURN_IF_ERROR(cuda_status(
-          cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost),
-          "download '" + t.name + "' (CUDA graph)"));
-      graph_outputs[t.name] = std::move(h);
-    }
+    FUSEBOX_ASSIGN_OR_RETURN(auto graph_outputs, download_outputs(" (CUDA graph)"));
     auto eager_again = [&]() -> Result<std::map<std::string, HostTensor>> {
       FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(0), workspace.get()));
       FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "execute '" + plan.engine_name() + "' again"));
-      std::map<std::string, HostTensor> again;
-      for (int i : g.output_tensors()) {
-        const ResolvedTensor& t = g.tensors[i];
-        HostTensor h = HostTensor::like(t);
-        FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(),
-                                                       cudaMemcpyDeviceToHost),
-                                            "download '" + t.name + "' (second eager run)"));
-        again[t.name] = std::move(h);
-      }
-      return again;
+      return download_outputs(" (second eager run)");
     };
     FUSEBOX_RETURN_IF_ERROR(runtime::check_graph_outputs(
         result.outputs, graph_outputs, not_bit_reproducible(g),

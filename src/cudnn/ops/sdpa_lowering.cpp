@@ -15,13 +15,14 @@ double attn_scale(const LowerContext& ctx, const ResolvedOp& op, const SdpaOptio
 }
 
 // True when the diagonal band masks nothing: one query per sequence (q's Sq
-// is 1 at this shape; a symbolic graph lowers each shape anew), bottom-right alignment, a right bound >= 0 and no
-// left bound. That query sits at the last key position (seq_len_kv[b] - 1
-// with padding), so keys j <= seq_len_kv[b] - 1 + right_bound are all the
-// keys there are: a causal decode step. cuDNN 9.19 on the H200 offers one
-// engine for the masked form of the paged decode example (eng1, 389 us) and
-// the faster eng8 (307 us, 3.6 TB/s) without it, so the lowering leaves the
-// band out and notes it. ALiBi keeps it (cuDNN 9.19 needs it causal).
+// is 1 at this shape; a symbolic graph lowers each shape anew), bottom-right
+// alignment, a right bound >= 0 and no left bound. That query sits at the
+// last key position (seq_len_kv[b] - 1 with padding), so keys
+// j <= seq_len_kv[b] - 1 + right_bound are all the keys there are: a causal
+// decode step. cuDNN 9.19 on the H200 offers one engine for the masked form
+// of the paged decode example (eng1, 389 us) and the faster eng8 without it
+// (300 us, 3.7 TB/s), so the lowering leaves the band out and notes it.
+// ALiBi keeps it (cuDNN 9.19 needs it causal).
 bool band_masks_nothing(const SdpaOptions& o, const LowerContext& ctx, const ResolvedOp& op) {
   if (o.alibi || o.alignment != SdpaAlignment::kBottomRight || !o.right_bound || o.left_bound) return false;
   const ResolvedTensor& q = ctx.resolved().tensors[op.inputs.at("q")];
