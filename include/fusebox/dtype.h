@@ -15,9 +15,10 @@ enum class DType {
   kFP8E5M2,
   kInt32,
   kInt64,
+  kUInt8,  // bytes of bits (an sdpa block mask); appended: the values above are stable
 };
 
-// "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int32", "int64".
+// "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int32", "int64", "uint8".
 std::string_view dtype_name(DType t);
 // Accepts the names above; also "bfloat16", "half", "float16", "float", "float32", "e4m3", "e5m2".
 std::optional<DType> parse_dtype(std::string_view s);

@@ -15,7 +15,7 @@ class TensorInfo:
 
     name: str
     kind: str  # "input" or "output"
-    dtype: str  # fusebox's name: "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int32", "int64"
+    dtype: str  # fusebox's name: "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2", "int32", "int64", "uint8"
     dims: Tuple[int, ...]
     strides: Tuple[int, ...]  # in elements
     bytes: int  # the device memory it spans

@@ -16,11 +16,12 @@ TORCH_TO_FUSEBOX = {
     "torch.float8_e5m2": "fp8_e5m2",
     "torch.int32": "int32",
     "torch.int64": "int64",
+    "torch.uint8": "uint8",
 }
 FUSEBOX_TO_TORCH = {v: k for k, v in TORCH_TO_FUSEBOX.items()}
 # __cuda_array_interface__ typestr -> fusebox dtype (it has no bf16 or fp8 spelling)
-TYPESTR_TO_FUSEBOX = {"<f2": "fp16", "<f4": "fp32", "<i4": "int32", "<i8": "int64"}
-ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int32": 4, "int64": 8}
+TYPESTR_TO_FUSEBOX = {"<f2": "fp16", "<f4": "fp32", "<i4": "int32", "<i8": "int64", "|u1": "uint8"}
+ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int32": 4, "int64": 8, "uint8": 1}
 
 
 def torch_dtype(name):

@@ -682,7 +682,8 @@ def bench_sdpa(path, graph, args, row):
         dtype = torch.bfloat16
         notes.append("torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)")
     gen = torch.Generator(device="cuda").manual_seed(99)
-    kw, mask_note = sdpa_compare.torch_mask_kwargs(graph, op, lq, lkv, dtype, "cuda", gen)
+    kw, mask_note = sdpa_compare.torch_mask_kwargs(graph, op, lq, lkv, dtype, "cuda", gen,
+                                                   blocks=sdpa_compare.block_mask_bytes(graph, op, arrays))
     notes.append(f"torch mask: {mask_note}")
     groups = graph.dims[op["inputs"]["q"]][1] // graph.dims[op["inputs"]["k"]][1]
     backward = kind in SDPA_BWD_OPS

@@ -11,7 +11,7 @@ tolerances) is fusebox's own resolution of it, `fusebox check --json`.
 Inputs: a tensor with "values" in the graph gets them; other inputs are
 random in fusebox's range for them (random_lo/random_hi: sequence lengths
 [1, S], dropout seed/offset [0, 2^31), FP8 scale factors [0.5, 2], others
-[-1, 1]), integers for int32/int64 tensors, otherwise uniform and rounded to
+[-1, 1]), integers for int32/int64/uint8 tensors, otherwise uniform and rounded to
 the tensor's dtype (fp8 saved as float32 .npy, which fusebox reads into fp8
 exactly). For sdpa_bwd, "o" and "stats" are the forward's, computed here from
 q, k, v (o rounded to its dtype); for sdpa_fp8_bwd, the FP8 forward's (the
@@ -42,7 +42,7 @@ from fusebox_tools.graph import INT_DTYPES, SDPA_BWD_OPS, SDPA_OPS, FuseboxError
 from fusebox_tools.torch_ops import SdpaSkip, apply_op, round_fp8, round_fp8_e5m2, sdpa_care_masks, sdpa_forward
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-NPY_DTYPES = {"int32": np.int32, "int64": np.int64}
+NPY_DTYPES = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8}
 
 
 def round_to(t, dtype):

@@ -24,7 +24,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 SDPA_OPS = ("sdpa_fwd", "sdpa_bwd", "sdpa_fp8_fwd", "sdpa_fp8_bwd")
 SDPA_BWD_OPS = ("sdpa_bwd", "sdpa_fp8_bwd")
-INT_DTYPES = ("int32", "int64")
+INT_DTYPES = ("int32", "int64", "uint8")
 
 
 class FuseboxError(Exception):

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
-from fusebox_tools.torch_ops import alibi_slopes_tensor, gather_pages, sdpa_keep_mask
+from fusebox_tools.torch_ops import alibi_slopes_tensor, block_keep_mask, gather_pages, sdpa_keep_mask
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 L2_BYTES = 60 << 20  # H200
@@ -133,9 +133,9 @@ def seq_lens(graph, op, seed):
     [1, S] (fixed seed; passed to fusebox with --inputs). Returns (lq, lkv, files
     to write: name -> int32 array) ; lq/lkv None without padding."""
     ins = op["inputs"]
-    if "seq_len_q" not in ins and "seq_len_kv" not in ins:
-        return None, None, {}
     rng = np.random.default_rng(seed)
+    if "seq_len_q" not in ins and "seq_len_kv" not in ins:
+        return None, None, block_mask_arrays(graph, op, rng)
     q = graph.dims[ins["q"]]
     out, arrays = [], {}
     for role, full in (("seq_len_q", q[2]), ("seq_len_kv", kv_length(graph, op))):
@@ -151,7 +151,31 @@ def seq_lens(graph, op, seed):
             arr = rng.integers(int(lo), int(hi) + 1, size=graph.dims[name], dtype=np.int64).astype(np.int32)
             arrays[name] = arr
             out.append([int(x) for x in arr.reshape(-1)])
+    arrays.update(block_mask_arrays(graph, op, rng))
     return out[0], out[1], arrays
+
+
+def block_mask_arrays(graph, op, rng):
+    """{name: uint8 array} of the op's block mask when fusebox would draw it at
+    random (bytes in its random range, [1, 255]), so that fusebox (--inputs)
+    and torch use the same tiles; {} without one or with fixed values."""
+    name = op["inputs"].get("block_mask")
+    if name is None or graph.values(name):
+        return {}
+    lo, hi = graph.random_range(name)
+    return {name: rng.integers(int(lo), int(hi) + 1, size=graph.dims[name], dtype=np.int64).astype(np.uint8)}
+
+
+def block_mask_bytes(graph, op, arrays):
+    """The op's block mask as a uint8 array (its fixed values, else the drawn
+    ones in `arrays`), or None without one."""
+    name = op["inputs"].get("block_mask")
+    if name is None:
+        return None
+    vals = graph.values(name)
+    if vals:
+        return np.asarray(vals, dtype=np.uint8).reshape(graph.dims[name])
+    return arrays[name]
 
 
 def make_qkv(graph, op, dtype, device, gen, requires_grad=False):
@@ -179,10 +203,12 @@ def make_qkv(graph, op, dtype, device, gen, requires_grad=False):
     return out
 
 
-def torch_mask_kwargs(graph, op, lq, lkv, dtype, device, gen):
+def torch_mask_kwargs(graph, op, lq, lkv, dtype, device, gen, blocks=None):
     """kwargs for F.scaled_dot_product_attention expressing the op's mask, and a
     note. Raises NotImplementedError for what torch cannot express (dropout
-    with cuDNN's Philox stream is expressible only as dropout_p; we pass it)."""
+    with cuDNN's Philox stream is expressible only as dropout_p; we pass it).
+    `blocks`: the block mask's bytes (block_mask_bytes), expanded into a dense
+    boolean mask [B, Hq, Sq, Skv] (torch's SDPA has no block-sparse form)."""
     opts = graph.sdpa_options(op)
     q = graph.dims[op["inputs"]["q"]]
     B, Hq, Sq, _ = q
@@ -193,8 +219,9 @@ def torch_mask_kwargs(graph, op, lq, lkv, dtype, device, gen):
     plain_causal = (opts.right_bound == 0 and opts.left_bound is None and not opts.padding
                     and not opts.bias and not opts.alibi)
     if opts.right_bound is None and opts.left_bound is None and not opts.padding \
-            and not opts.bias and not opts.alibi:
+            and not opts.bias and not opts.alibi and blocks is None:
         return kw, "no mask"
+    plain_causal = plain_causal and blocks is None
     if plain_causal and (not opts.bottom_right or Sq == Skv):
         kw["is_causal"] = True
         return kw, "is_causal (top-left)"
@@ -210,6 +237,10 @@ def torch_mask_kwargs(graph, op, lq, lkv, dtype, device, gen):
     keep = torch.stack([sdpa_keep_mask(opts, rows, Skv, lq[b], lkv[b])
                         for b in range(B if per_batch else 1)]).unsqueeze(1)
     notes = ["explicit boolean mask" + (" per batch (padding)" if per_batch else "")]
+    if blocks is not None:
+        bm = torch.as_tensor(blocks, device=device)
+        keep = keep & torch.stack([block_keep_mask(bm, b, range(Hq), rows, Skv) for b in range(B)])
+        notes.append("block mask expanded per tile")
     if not opts.bias and not opts.alibi:
         kw["attn_mask"] = keep
         return kw, "; ".join(notes)
@@ -407,7 +438,8 @@ def bench_sdpa_graph(path, args, graph=None):
     n_sets = args.rotate or max(1, min(16, int(-(-2 * L2_BYTES // max(1, graph.bytes)))))
     dev_gen = torch.Generator(device=DEVICE).manual_seed(99)
     try:
-        kw, mask_note = torch_mask_kwargs(graph, op, lq, lkv, torch_dtype, DEVICE, dev_gen)
+        kw, mask_note = torch_mask_kwargs(graph, op, lq, lkv, torch_dtype, DEVICE, dev_gen,
+                                          blocks=block_mask_bytes(graph, op, seq_arrays))
     except Exception as e:
         kw, mask_note = None, f"torch mask: {type(e).__name__}: {e}"
     modes = ["backward"] if kind in SDPA_BWD_OPS else ["inference", "training"]

@@ -294,6 +294,20 @@ def sdpa_keep_mask(opts, rows, skv, lq, lkv):
     return torch.broadcast_to(opts.keeps(i, j, int(lq), int(lkv)), (rows.numel(), skv))
 
 
+BLOCK_TILE = 128  # a block mask's tile: 128 x 128 scores (graph.h, SdpaOptions::block_mask)
+
+
+def block_keep_mask(mask, b, heads, rows, skv):
+    """Boolean [len(heads), len(rows), skv]: what block mask `mask` (uint8 [B, Hq,
+    ceil(Sq/128), ceil(ceil(Skv/128)/8)]) keeps of query rows `rows` of heads
+    `heads` (a range) of batch entry b: bit (j // 128) % 8, least significant
+    first, of byte [b, h, i // 128, j // 128 // 8]."""
+    m = mask[b, heads.start:heads.stop].to(torch.int64)
+    tile_c = torch.arange(skv, device=rows.device) // BLOCK_TILE
+    byte = m[:, rows // BLOCK_TILE][:, :, tile_c // 8]
+    return ((byte >> (tile_c % 8)) & 1).bool()
+
+
 def alibi_slopes_tensor(opts, device):
     """cuDNN's ALiBi slope per query head, as fusebox gives it (attrs "alibi_slopes")."""
     return torch.tensor(opts.alibi_slopes, dtype=torch.float32, device=device)
@@ -327,6 +341,8 @@ def _score_block(q_blk, k_h, opts, rows, heads, b, lq, lkv, ins, slopes, qk_scal
         i = rows.to(torch.float32).view(1, -1, 1)
         s = s + slopes[heads.start:heads.stop].view(-1, 1, 1) * (j - i)
     keep = sdpa_keep_mask(opts, rows, s.shape[-1], lq, lkv)
+    if "block_mask" in ins:
+        keep = keep & block_keep_mask(ins["block_mask"], b, heads, rows, s.shape[-1])
     return s, keep
 
 
@@ -589,18 +605,23 @@ def sdpa_care_masks(op, ins, out_dims):
     dev = q.device
     lq_all = _lengths(ins, "seq_len_q", B, Sq, dev).tolist()
     lkv_all = _lengths(ins, "seq_len_kv", B, Skv, dev).tolist()
-    rows_ok = torch.zeros(B, 1, Sq, 1, dtype=torch.bool, device=dev)
+    blocks = ins.get("block_mask")
+    rows_ok = torch.zeros(B, Hq if blocks is not None else 1, Sq, 1, dtype=torch.bool, device=dev)
     keys_ok = torch.zeros(B, 1, Skv, 1, dtype=torch.bool, device=dev)
     rows = torch.arange(Sq, device=dev)
     for b in range(B):
         lq, lkv = int(lq_all[b]), int(lkv_all[b])
-        # a row is cared for if it keeps at least one key (for padding, this also needs i < lq)
-        any_kept = torch.zeros(Sq, dtype=torch.bool, device=dev)
-        for r0, r1 in _row_blocks(Sq, 1, Skv):
-            any_kept[r0:r1] = sdpa_keep_mask(opts, rows[r0:r1], Skv, lq, lkv).any(dim=1)
+        # a row is cared for if it keeps at least one key (for padding, this also needs i < lq;
+        # with a block mask, per head: its tiles may drop every key of a row)
+        any_kept = torch.zeros(rows_ok.shape[1], Sq, dtype=torch.bool, device=dev)
+        for r0, r1 in _row_blocks(Sq, rows_ok.shape[1], Skv):
+            keep = sdpa_keep_mask(opts, rows[r0:r1], Skv, lq, lkv)
+            if blocks is not None:
+                keep = keep & block_keep_mask(blocks, b, range(Hq), rows[r0:r1], Skv)
+            any_kept[:, r0:r1] = keep.any(dim=-1)
         if opts.padding:
             any_kept &= rows < lq
-        rows_ok[b, 0, :, 0] = any_kept
+        rows_ok[b, :, :, 0] = any_kept
         keys_ok[b, 0, :, 0] = torch.arange(Skv, device=dev) < (lkv if opts.padding else Skv)
     if op["op"] in SDPA_BWD_OPS:
         # sdpa_fp8_bwd's amax_* outputs have no don't-care elements

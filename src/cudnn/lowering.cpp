@@ -21,6 +21,7 @@ fe::DataType_t to_fe(DType t) {
     case DType::kFP8E5M2: return fe::DataType_t::FP8_E5M2;
     case DType::kInt32: return fe::DataType_t::INT32;
     case DType::kInt64: return fe::DataType_t::INT64;
+    case DType::kUInt8: return fe::DataType_t::UINT8;
   }
   return fe::DataType_t::NOT_SET;
 }

@@ -17,6 +17,7 @@ std::string_view dtype_name(DType t) {
     case DType::kFP8E5M2: return "fp8_e5m2";
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
   }
   return "unknown";
 }
@@ -29,6 +30,7 @@ std::optional<DType> parse_dtype(std::string_view s) {
   if (s == "fp8_e5m2" || s == "e5m2") return DType::kFP8E5M2;
   if (s == "int32") return DType::kInt32;
   if (s == "int64") return DType::kInt64;
+  if (s == "uint8") return DType::kUInt8;
   return std::nullopt;
 }
 
@@ -39,17 +41,18 @@ std::size_t dtype_size_bytes(DType t) {
     case DType::kFP32:
     case DType::kInt32: return 4;
     case DType::kFP8E4M3:
-    case DType::kFP8E5M2: return 1;
+    case DType::kFP8E5M2:
+    case DType::kUInt8: return 1;
     case DType::kInt64: return 8;
   }
   return 0;
 }
 
-bool dtype_is_float(DType t) { return t != DType::kInt32 && t != DType::kInt64; }
+bool dtype_is_float(DType t) { return t != DType::kInt32 && t != DType::kInt64 && t != DType::kUInt8; }
 
 std::string_view dtype_accepted_names() {
   return "bf16 (bfloat16), fp16 (half, float16), fp32 (float, float32), fp8_e4m3 (e4m3), "
-         "fp8_e5m2 (e5m2), int32, int64";
+         "fp8_e5m2 (e5m2), int32, int64, uint8";
 }
 
 namespace {
@@ -215,6 +218,7 @@ double load_element(const void* src, DType t) {
     case DType::kFP8E5M2: return decode_small(load_raw<uint8_t>(src), kE5M2);
     case DType::kInt32: return static_cast<double>(load_raw<int32_t>(src));
     case DType::kInt64: return static_cast<double>(load_raw<int64_t>(src));
+    case DType::kUInt8: return static_cast<double>(load_raw<uint8_t>(src));
   }
   return 0.0;
 }
@@ -241,6 +245,7 @@ void store_element(void* dst, DType t, double v) {
     case DType::kFP8E5M2: store_raw<uint8_t>(dst, static_cast<uint8_t>(encode_small(v, kE5M2))); return;
     case DType::kInt32: store_raw<int32_t>(dst, to_int_saturating<int32_t>(v)); return;
     case DType::kInt64: store_raw<int64_t>(dst, to_int_saturating<int64_t>(v)); return;
+    case DType::kUInt8: store_raw<uint8_t>(dst, to_int_saturating<uint8_t>(v)); return;
   }
 }
 

@@ -30,7 +30,8 @@ Tolerance default_tolerance(DType output_dtype) {
     case DType::kFP8E4M3: return {7e-2, 2.5e-1};
     case DType::kFP8E5M2: return {1.4e-1, 5e-1};
     case DType::kInt32:
-    case DType::kInt64: return {0, 0};
+    case DType::kInt64:
+    case DType::kUInt8: return {0, 0};
   }
   return {1e-2, 4e-2};
 }

@@ -31,6 +31,7 @@ __device__ __forceinline__ float load_as_float(const void* p, int dtype, int64_t
     }
     case DType::kInt32: return static_cast<float>(static_cast<const int*>(p)[off]);
     case DType::kInt64: return static_cast<float>(static_cast<const long long*>(p)[off]);
+    case DType::kUInt8: return static_cast<float>(static_cast<const unsigned char*>(p)[off]);
   }
   return 0.0f;
 }

@@ -291,6 +291,7 @@ std::optional<NpyType> parse_descr(const std::string& d) {
   if (t == "f8") return NpyType{true, 8};
   if (t == "i4") return NpyType{false, 4};
   if (t == "i8") return NpyType{false, 8};
+  if (t == "u1") return NpyType{false, 1};  // unsigned: the only 1-byte type read
   return std::nullopt;
 }
 
@@ -310,6 +311,7 @@ double load_npy_element(const uint8_t* p, const NpyType& type) {
     std::memcpy(&f, p, 8);
     return f;
   }
+  if (type.bytes == 1) return *p;
   if (type.bytes == 4) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -415,6 +417,7 @@ Status write_npy(const std::string& path, const HostTensor& t) {
     case DType::kFP16: descr = "<f2", npy_bytes = 2; break;
     case DType::kInt32: descr = "<i4", npy_bytes = 4; break;
     case DType::kInt64: descr = "<i8", npy_bytes = 8; break;
+    case DType::kUInt8: descr = "|u1", npy_bytes = 1; break;
     default: descr = "<f4", npy_bytes = 4; break;  // fp32, and bf16/fp8 widened exactly
   }
   if (t.strides.size() != t.dims.size())

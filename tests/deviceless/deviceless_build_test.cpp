@@ -310,6 +310,38 @@ TEST(SdpaSupportMatrix, PagedForwardValidates) {
       << report.lowering_notes[0];
 }
 
+// A block mask lowers onto the frontend's unified SDPA node and passes its
+// validation for the H200; with a bias (which that node takes only from cuDNN
+// 9.21) validate fails with the frontend's reason.
+TEST(SdpaSupportMatrix, BlockMaskOnTheUnifiedNode) {
+  auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/sdpa_block_mask_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  BuildReport report;
+  (void)build_plan(*g, h200(), BuildOptions{}, &report);
+  ASSERT_GE(report.steps.size(), 1u);
+  EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
+
+  auto with_bias = parse_graph_json(R"({"name": "block_bias", "io_dtype": "bf16", "tensors": [
+    {"name": "q", "dims": [2, 4, 256, 64]}, {"name": "k", "dims": [2, 2, 384, 64]},
+    {"name": "v", "dims": [2, 2, 384, 64]}, {"name": "bm", "dims": [2, 4, 2, 1], "dtype": "uint8"},
+    {"name": "bias", "dims": [2, 4, 256, 384], "dtype": "fp32"}, {"name": "o"}],
+  "ops": [{"op": "sdpa_fwd", "name": "attn",
+           "inputs": {"q": "q", "k": "k", "v": "v", "block_mask": "bm", "bias": "bias"}, "outputs": {"o": "o"}}]})");
+  ASSERT_TRUE(with_bias.ok()) << with_bias.status().ToString();
+  auto gb = resolve(*with_bias);
+  ASSERT_TRUE(gb.ok()) << gb.status().ToString();
+  BuildReport rb;
+  auto plan = build_plan(*gb, h200(), BuildOptions{}, &rb);
+  ASSERT_FALSE(plan.ok());
+  ASSERT_FALSE(rb.steps.empty());
+  EXPECT_EQ(rb.steps[0].name, "validate");
+  EXPECT_FALSE(rb.steps[0].status.ok());
+  EXPECT_NE(plan.status().message().find("Unified SDPA node doesn't yet support inputs other than"), std::string::npos)
+      << plan.status().message();
+}
+
 // A paged prefill (several queries per sequence) keeps its causal mask.
 TEST(SdpaSupportMatrix, PrefillKeepsItsCausalMask) {
   auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/sdpa_paged_prefill_small.json");

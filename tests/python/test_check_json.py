@@ -9,7 +9,7 @@ import pytest
 from fusebox_tools.graph import CHECK_JSON_VERSION, default_graphs
 
 EXAMPLES = default_graphs()
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int32": 4, "int64": 8}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int32": 4, "int64": 8, "uint8": 1}
 TENSOR_KEYS = ["name", "kind", "dtype", "dims", "strides", "storage_bytes", "scalar", "values", "random_lo",
                "random_hi"]
 OP_KEYS = ["name", "op", "inputs", "outputs", "primary_output", "compute_dtype", "attrs", "tolerances"]

@@ -68,7 +68,25 @@ struct SdpaOptions {
   // sdpa_bwd takes the same input (with the forward's stats, which include
   // the sink) and, with sink_grad, writes its gradient.
   bool sink = false;
+  // Block-sparse attention (sdpa_fwd only; cuDNN's set_block_mask on the
+  // frontend's unified SDPA node, cuDNN >= 9.14): input "block_mask", uint8
+  // [B, Hq, ceil(Sq / 128), ceil(ceil(Skv / 128) / 8)], one bit per 128 x 128
+  // tile of the scores: query tile r of head h of sequence b sees key tile t
+  // when bit t % 8 (least significant first) of byte [b, h, r, t / 8] is 1.
+  // It masks on top of every other mask (a pair is kept only if both keep it).
+  bool block_mask = false;
 };
+
+// The tile of a block mask (SdpaOptions::block_mask): 128 x 128 scores.
+inline constexpr int64_t kSdpaBlockTile = 128;
+// The dims of the block mask of a [B, Hq, Sq, D] q and a key length Skv.
+inline std::vector<int64_t> sdpa_block_mask_dims(int64_t B, int64_t Hq, int64_t Sq, int64_t Skv) {
+  const int64_t key_tiles = (Skv + kSdpaBlockTile - 1) / kSdpaBlockTile;
+  return {B, Hq, (Sq + kSdpaBlockTile - 1) / kSdpaBlockTile, (key_tiles + 7) / 8};
+}
+// Whether `byte`, the block-mask byte of query row i's tile row and key j's
+// tile byte ([b, h, i / 128, j / 128 / 8]), keeps key j.
+inline bool sdpa_block_keeps(unsigned byte, int64_t j) { return ((byte >> ((j / kSdpaBlockTile) % 8)) & 1u) != 0; }
 
 // The logical key length of an sdpa op whose k has dims `k_dims`: max_seq_len_kv
 // when paged, else k's S.

@@ -78,6 +78,13 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd
   apply_sdpa_options(attrs, fwd, scale, ctx, op);
   apply_paged(attrs, fwd, ctx);
   if (fwd.sink) attrs.set_sink_token(ctx.in("sink_token"));
+  // The frontend serves a block mask only with its unified SDPA node: asked
+  // for by name, so that what that node refuses (in cuDNN 9.19: bias,
+  // dropout, sinks, dynamic shapes) fails validate with the frontend's reason
+  // rather than "No suitable implementation".
+  if (fwd.block_mask) {
+    attrs.set_block_mask(ctx.in("block_mask")).set_implementation(fe::AttentionImplementation_t::UNIFIED);
+  }
   if (fwd.alibi) attrs.set_alibi_mask(true);
   if (fwd.dump_dropout_mask) attrs.set_rng_dump(ctx.create_output("dropout_mask"));
   auto [o, stats] = ctx.graph().sdpa(ctx.in("q"), ctx.in("k"), ctx.in("v"), attrs);

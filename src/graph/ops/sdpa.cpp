@@ -89,6 +89,7 @@ std::vector<std::string_view> sdpa_input_roles(const T& a) {
   if (a.padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
   if (a.paged) r.insert(r.end(), {"page_table_k", "page_table_v"});
   if (a.sink) r.push_back("sink_token");
+  if (a.block_mask) r.push_back("block_mask");
   if (a.bias) r.push_back("bias");
   if (a.dropout) r.insert(r.end(), {"seed", "offset"});
   return r;
@@ -158,6 +159,14 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
                  "'page_table_v' with it, or remove it (a dense k has its length in its dims)");
   }
   a.sink = op.inputs.count("sink_token") > 0;  // sink_token -> attention sinks
+  a.block_mask = op.inputs.count("block_mask") > 0;  // block_mask -> block-sparse attention
+  if constexpr (!std::is_same_v<T, SdpaFwdAttrs>) {
+    if (a.block_mask) {
+      return r.err(path + ".inputs.block_mask",
+                   "only sdpa_fwd takes a block mask: cuDNN (frontend 1.32) sets block masks on the forward's "
+                   "unified SDPA node only (bf16 or fp16)");
+    }
+  }
   a.dump_dropout_mask = op.outputs.count("dropout_mask") > 0;
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "deterministic", a.deterministic));
@@ -444,6 +453,28 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
     FUSEBOX_RETURN_IF_ERROR(check_small("sink_token", DType::kFP32, {1, d.Hq, 1, 1},
                                         "the sink token (one fp32 logit per query head)"));
   }
+  if (o.block_mask) {
+    if constexpr (std::is_same_v<T, SdpaFwdAttrs>) {  // the others refuse it when parsed
+      const std::vector<int64_t> dims = sdpa_block_mask_dims(d.B, d.Hq, d.Sq, d.Skv);
+      FUSEBOX_RETURN_IF_ERROR(check_small(
+          "block_mask", DType::kUInt8, dims,
+          "the block mask (one bit per 128 x 128 tile of the scores, uint8 [B, Hq, ceil(Sq / 128), "
+          "ceil(ceil(Skv / 128) / 8)] with B, Hq, Sq from q and Skv " +
+              std::to_string(d.Skv) + ")"));
+      ResolvedTensor& t = ctx.in("block_mask");
+      // Random bytes are never 0, so that a row of at most 8 key tiles keeps one.
+      t.random_lo = 1;
+      t.random_hi = 255;
+      for (double x : t.values) {
+        if (x < 0 || x > 255 || x != std::floor(x)) {
+          std::ostringstream vs;
+          vs << x;
+          return InvalidArgument(ctx.in_where("block_mask") + " holds the value " + vs.str() +
+                                 ": each byte of a block mask is an integer in [0, 255] (8 tiles' bits)");
+        }
+      }
+    }
+  }
   if (o.bias) {
     ResolvedTensor& t = ctx.in("bias");
     const std::string w = ctx.in_where("bias");
@@ -603,6 +634,7 @@ void sdpa_canonical(const T& a, CanonicalWriter& w) {
   if (a.dropout) w.field("dropout", *a.dropout);
   w.field("dropout_mask", a.dump_dropout_mask);
   if (a.sink) w.field("sink", true);  // absent without: fingerprints stay as they were
+  if (a.block_mask) w.field("block_mask", true);  // likewise
   if (a.paged) {  // absent for dense ops: their fingerprints stay as they were
     w.field("paged", true);
     w.field("max_seq_len_kv", *a.max_seq_len_kv);
@@ -628,6 +660,7 @@ void sdpa_describe(const T& a, std::ostream& os) {
   if (a.dropout) os << ", dropout " << *a.dropout;
   if (a.paged) os << ", paged K/V, max_seq_len_kv " << a.max_seq_len_kv.value_or(0);
   if (a.sink) os << ", sink tokens";
+  if (a.block_mask) os << ", block mask";
   if constexpr (std::is_same_v<T, SdpaBwdAttrs>) {
     if (a.deterministic) os << ", deterministic";
     if (a.sink_grad) os << ", sink gradient";
@@ -660,6 +693,7 @@ void sdpa_resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_j
   j["paged"] = a.paged;
   j["max_seq_len_kv"] = optional_json(a.max_seq_len_kv);
   j["sink"] = a.sink;
+  j["block_mask"] = a.block_mask;
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     j["generate_stats"] = a.generate_stats;
   }

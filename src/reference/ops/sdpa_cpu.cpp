@@ -55,6 +55,7 @@ Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
     if (role == "seq_len_q" || role == "seq_len_kv") return len_dims;
     if (role == "dropout_mask") return {s.B, s.Hq, s.Sq, s.Skv};
     if (role == "dsink_token") return {1, s.Hq, 1, 1};
+    if (role == "block_mask") return sdpa_block_mask_dims(s.B, s.Hq, s.Sq, s.Skv);
     if (role == "dq") return q.dims;
     if (role == "dk") return k.dims;
     if (role == "dv") return v.dims;
@@ -103,12 +104,19 @@ Result<std::vector<int64_t>> sdpa_lengths(const ResolvedOp& op, const SdpaOption
 }
 
 // The scores of one sdpa op, s(b, h, i, j) = scale * q_i . k_j [+ bias] [+ alibi],
-// and which of them its mask keeps: sdpa_keeps() with each sequence's lengths.
+// and which of them its mask keeps: sdpa_keeps() with each sequence's lengths,
+// and the block mask's bit of the pair's tile (`block`, uint8 values as floats).
 class SdpaScores {
  public:
   SdpaScores(const SdpaOptions& o, const SdpaShape& sh, double scale, const Values& q, const Values& k,
-             const Values* bias, std::vector<int64_t> lq, std::vector<int64_t> lkv)
-      : o_(o), sh_(sh), scale_(scale), q_(q), k_(k), bias_(bias), lq_(std::move(lq)), lkv_(std::move(lkv)) {
+             const Values* bias, std::vector<int64_t> lq, std::vector<int64_t> lkv, const Values* block = nullptr)
+      : o_(o), sh_(sh), scale_(scale), q_(q), k_(k), bias_(bias), lq_(std::move(lq)), lkv_(std::move(lkv)),
+        block_(block) {
+    if (block) {
+      const std::vector<int64_t> bd = sdpa_block_mask_dims(sh.B, sh.Hq, sh.Sq, sh.Skv);
+      block_row_bytes_ = bd[3];
+      block_tile_rows_ = bd[2];
+    }
     if (o.alibi) slopes_ = alibi_slopes(sh.Hq);
     if (bias) {  // [B or 1, Hq or 1, Sq, Skv]: stride 0 along a broadcast dim
       bias_h_stride_ = bias->dims[1] == 1 ? 0 : sh.Sq * sh.Skv;
@@ -119,6 +127,13 @@ class SdpaScores {
   int64_t lq(int64_t b) const { return lq_[b]; }
   int64_t lkv(int64_t b) const { return lkv_[b]; }
   bool keeps(int64_t b, int64_t i, int64_t j) const { return sdpa_keeps(o_, i, j, lq_[b], lkv_[b]); }
+  // The block mask's verdict on (b, h, i, j); true without a block mask.
+  bool tile_keeps(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (!block_) return true;
+    const int64_t at = ((b * sh_.Hq + h) * block_tile_rows_ + i / kSdpaBlockTile) * block_row_bytes_ +
+                       j / kSdpaBlockTile / 8;
+    return sdpa_block_keeps(static_cast<unsigned>(block_->data[static_cast<size_t>(at)]), j);
+  }
 
   double score(int64_t b, int64_t h, int64_t i, int64_t j) const {
     const float* qr = q_.data.data() + ((b * sh_.Hq + h) * sh_.Sq + i) * sh_.D;
@@ -136,7 +151,7 @@ class SdpaScores {
   double row(int64_t b, int64_t h, int64_t i, std::vector<double>& s) const {
     double mx = -INFINITY;
     for (int64_t j = 0; j < sh_.Skv; ++j) {
-      s[j] = keeps(b, i, j) ? score(b, h, i, j) : -INFINITY;
+      s[j] = keeps(b, i, j) && tile_keeps(b, h, i, j) ? score(b, h, i, j) : -INFINITY;
       mx = std::max(mx, s[j]);
     }
     return mx;
@@ -150,6 +165,8 @@ class SdpaScores {
   const Values& k_;
   const Values* bias_;
   std::vector<int64_t> lq_, lkv_;
+  const Values* block_;
+  int64_t block_row_bytes_ = 0, block_tile_rows_ = 0;
   std::vector<double> slopes_;
   int64_t bias_b_stride_ = 0, bias_h_stride_ = 0;
 };
@@ -343,7 +360,7 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind, const
   // fp8 q and k are descaled before the product: s = attn_scale * dq * dk * (q @ k^T).
   const double score_scale = fp8 ? attn_scale * single(t, "descale_q") * single(t, "descale_k") : attn_scale;
   const SdpaScores sc(o, sh, score_scale, t["q"], t["k"], o.bias ? &t["bias"] : nullptr, std::move(lq),
-                      std::move(lkv));
+                      std::move(lkv), o.block_mask ? &t["block_mask"] : nullptr);
   auto out = [&](std::string_view role) -> Values* {
     auto it = t.out.find(role);
     return it == t.out.end() ? nullptr : it->second;

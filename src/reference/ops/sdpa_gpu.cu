@@ -45,6 +45,7 @@ struct SdpaArgs {
   DevTensor dropout_mask;
   float dropout_scale = 1.0f;
   DevTensor sink;  // attention sinks: fp32 [1,Hq,1,1] (ptr == nullptr: none)
+  DevTensor block_mask;  // uint8 [B,Hq,ceil(Sq/128),ceil(ceil(Skv/128)/8)] (ptr == nullptr: none)
 };
 
 // The fp8 scales (device scalars) and amax outputs of sdpa_fp8_fwd.
@@ -84,11 +85,29 @@ __device__ __forceinline__ float sdpa_dropout(const SdpaArgs& a, int64_t b, int6
   return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
 }
 
-// Scores of keys [j0, j0 + cnt) of row (b, h, i) into ps; returns this thread's max.
+// Whether the block mask keeps (b, h, i, j): the bit of key j's tile in the
+// byte of i's tile row (SdpaOptions::block_mask, sdpa_block_keeps() on the
+// host); true without one.
+constexpr int64_t kTile = 128;
+static_assert(kTile == kSdpaBlockTile, "the block mask's tile");
+__device__ __forceinline__ bool sdpa_tile_keeps(const SdpaArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (!a.block_mask.ptr) return true;
+  const DevTensor& m = a.block_mask;
+  const float byte =
+      load_at(m, b * m.strides[0] + h * m.strides[1] + (i / kTile) * m.strides[2] + (j / kTile / 8) * m.strides[3]);
+  return ((static_cast<unsigned>(byte) >> ((j / kTile) % 8)) & 1u) != 0;
+}
+
+// Scores of keys [j0, j0 + cnt) of row (b, h, i) into ps (-inf where the block
+// mask drops the key); returns this thread's max.
 __device__ float sdpa_chunk_scores(const SdpaArgs& a, float scale, const float* qs, int64_t b, int64_t h,
                                    int64_t hk, int64_t i, int64_t j0, int cnt, float* ps) {
   float local_max = -INFINITY;
   for (int jj = threadIdx.x; jj < cnt; jj += kSdpaThreads) {
+    if (!sdpa_tile_keeps(a, b, h, i, j0 + jj)) {
+      ps[jj] = -INFINITY;
+      continue;
+    }
     const float dot = dot_row(qs, a.k, row_offset(a.k, b, hk, j0 + jj), a.D);
     ps[jj] = sdpa_score(a, scale, dot, b, h, i, j0 + jj);
     local_max = fmaxf(local_max, ps[jj]);
@@ -141,10 +160,12 @@ __global__ void __launch_bounds__(kSdpaThreads)
     __syncthreads();  // qs loaded; ps of the previous chunk consumed
     const float local_max = sdpa_chunk_scores(a, scale, qs, b, h, hk, i, j0, cnt, ps);
     const float new_m = fmaxf(m, block_reduce<kSdpaThreads>(local_max, true, red));
-    const float corr = expf(m - new_m);  // 0 on the first chunk (m = -inf)
+    // 0 on the first chunk (m = -inf); 1 while every key so far was masked
+    // (a block mask can drop a whole chunk: -inf - -inf would be NaN).
+    const float corr = new_m == -INFINITY ? 1.0f : expf(m - new_m);
     float local_sum = 0.0f;
     for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
-      const float p = expf(ps[jj] - new_m);
+      const float p = ps[jj] == -INFINITY ? 0.0f : expf(ps[jj] - new_m);
       ps[jj] = p * sdpa_dropout(a, b, h, i, j0 + jj);
       local_sum += p;
     }
@@ -152,7 +173,7 @@ __global__ void __launch_bounds__(kSdpaThreads)
     m = new_m;
     if (!kFp8) accumulate(j0, cnt, corr);
   }
-  const bool kept = lo <= hi;
+  const bool kept = lo <= hi && m != -INFINITY;  // a block mask may drop every key of the interval
   float p_max = 0.0f;
   if (kFp8 && kept) {
     const float lse = m + logf(l), scale_s = load_at(f8.scale_s, 0);
@@ -452,6 +473,13 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
       return InvalidArgument(op_where(op) + "input 'sink_token' must be fp32 [1, " + std::to_string(a.Hq) +
                              ", 1, 1]; got dims " + dims_string(sd));
     a.sink = in["sink_token"].t;
+  }
+  if (o.block_mask) {
+    const std::vector<int64_t> want = sdpa_block_mask_dims(a.B, a.Hq, a.Sq, a.Skv);
+    if (in["block_mask"].dims != want)
+      return InvalidArgument(op_where(op) + "input 'block_mask' has dims " + dims_string(in["block_mask"].dims) +
+                             " but q and k need " + dims_string(want));
+    a.block_mask = in["block_mask"].t;
   }
   if (dropout) {
     // cuDNN's dumped keep-mask, read as the graph tensor says (fp32, dense [B,Hq,Sq,Skv]).

@@ -70,11 +70,26 @@ Result<Lengths> sequence_lengths(const ResolvedGraph& g, const ResolvedOp& op, c
   return l;
 }
 
-// Whether row i of batch b keeps no key (padded rows included).
-bool row_is_empty(const reference_detail::SdpaMaskParams& m, const Lengths& l, int64_t b, int64_t i) {
+// A block mask's bytes (SdpaOptions::block_mask) as the verification reads
+// them; empty without one.
+struct BlockBytes {
+  std::vector<float> bytes;
+  int64_t Hq = 0, tile_rows = 0, row_bytes = 0;
+};
+
+// Whether row i of head h of batch b keeps no key (padded rows included): its
+// band is empty, or the block mask drops every tile of it.
+bool row_is_empty(const reference_detail::SdpaMaskParams& m, const Lengths& l, const BlockBytes& block, int64_t b,
+                  int64_t h, int64_t i) {
   int64_t lo = 0, hi = -1;
   sdpa_kept_keys(m, i, l.q[b], l.kv[b], &lo, &hi);
-  return lo > hi;
+  if (lo > hi || block.bytes.empty()) return lo > hi;
+  const int64_t base = ((b * block.Hq + h) * block.tile_rows + i / kSdpaBlockTile) * block.row_bytes;
+  for (int64_t tile = lo / kSdpaBlockTile; tile <= hi / kSdpaBlockTile; ++tile) {
+    const int64_t j = tile * kSdpaBlockTile;
+    if (sdpa_block_keeps(static_cast<unsigned>(block.bytes[static_cast<size_t>(base + tile / 8)]), j)) return false;
+  }
+  return true;
 }
 
 // The forward of sdpa_bwd op `op` (same q, k, v, mask inputs and options,
@@ -140,7 +155,7 @@ Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, Host
       const bool is_stats = std::string_view(role) == "stats";
       for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
         const int64_t row = i / row_len, b = row / (H * S);
-        const bool empty = row_is_empty(mask, lengths, b, row % S);
+        const bool empty = row_is_empty(mask, lengths, BlockBytes{}, b, 0, row % S);  // no block mask in bwd
         const double v = empty ? (is_stats ? INFINITY : 0.0) : values->second[i];
         store_element(h.data.data() + off * esize, h.dtype, v);
       });
@@ -206,6 +221,19 @@ Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTe
     // Only what could be undefined: nothing to do without padding or rows that keep no key.
     FUSEBOX_ASSIGN_OR_RETURN(const Lengths lengths, sequence_lengths(g, op, *o, inputs));
     const reference_detail::SdpaMaskParams mask = sdpa_mask_params(*o);
+    BlockBytes block;
+    if (o->block_mask) {
+      FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* q, op_tensor(g, op, op.inputs, "q"));
+      FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* k, op_tensor(g, op, op.inputs, "k"));
+      FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* m, op_tensor(g, op, op.inputs, "block_mask"));
+      const std::vector<int64_t> dims =
+          sdpa_block_mask_dims(q->dims.at(0), q->dims.at(1), q->dims.at(2), sdpa_kv_length(*o, k->dims));
+      auto it = inputs.find(m->name);
+      if (it == inputs.end() || it->second.dims != dims)
+        return InvalidArgument(op_where(op) + "input 'block_mask' (tensor '" + m->name + "'): no values of dims " +
+                               dims_string(dims));
+      block = {it->second.to_float_logical(), dims[1], dims[2], dims[3]};
+    }
     for (const auto& [role, idx] : op.outputs) {
       const bool query_rows = role == "o" || role == "stats" || role == "dq";
       const bool key_rows = role == "dk" || role == "dv";
@@ -220,8 +248,8 @@ Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTe
                                std::to_string(t.element_count()));
       const int64_t H = t.dims[1], S = t.dims[2], row_len = t.dims[3];
       for (int64_t row = 0; row < t.dims[0] * H * S; ++row) {
-        const int64_t b = row / (H * S), i = row % S;
-        const bool dont_care = query_rows ? row_is_empty(mask, lengths, b, i) : i >= lengths.kv[b];
+        const int64_t b = row / (H * S), h = (row / S) % H, i = row % S;
+        const bool dont_care = query_rows ? row_is_empty(mask, lengths, block, b, h, i) : i >= lengths.kv[b];
         if (dont_care) std::fill(v.begin() + row * row_len, v.begin() + (row + 1) * row_len, 0.0f);
       }
     }
