@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA, model_target
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.torch_ops import BLOCK_TILE
 
 PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes", "models")
 # Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
@@ -711,6 +712,15 @@ def bench_sdpa(path, graph, args, row):
     else:
         fn = fwd
 
+    # A block mask: torch's block-sparse attention is flex_attention with a BlockMask of the same
+    # 128 x 128 tiles (its SDPA would compute every tile under a dense mask).
+    if "block_mask" in op["inputs"] and not backward:
+        flex = flex_block_fn(graph, op, sdpa_compare.block_mask_bytes(graph, op, arrays), kw, groups > 1, notes)
+        if flex is not None:
+            row["torch"] = torch_variants(flex, sets, args, notes, compile_fn=True, graph_ok=True)
+            del sets
+            return
+
     # The fastest backend for this shape (a short eager run each), then every variant under it.
     best, best_ms = None, None
     for b in ("cudnn", "flash", "efficient"):
@@ -735,6 +745,43 @@ def bench_sdpa(path, graph, args, row):
     if backward:
         notes.append("torch.compile not timed for the backward (autograd.grad of a saved forward)")
     del sets
+
+
+def flex_block_fn(graph, op, blocks, kw, gqa, notes):
+    """fn(set) running torch's flex_attention with a BlockMask built from the
+    op's block-mask bytes (bit (t % 8) of byte [b, h, r, t // 8] keeps key tile
+    t for query tile r), or None (with a note) when the op has other masks,
+    or flex_attention is missing or refuses; the caller then uses SDPA with
+    the dense boolean mask."""
+    opts = graph.sdpa_options(op)
+    if (opts.right_bound is not None or opts.left_bound is not None or opts.padding or opts.bias or opts.alibi
+            or opts.dropout or op["attrs"].get("paged")):
+        notes.append("torch: SDPA with the block mask expanded (flex_attention is used for a block mask alone)")
+        return None
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        B, Hq, Sq, _ = graph.dims[op["inputs"]["q"]]
+        Skv = sdpa_compare.kv_length(graph, op)
+        tile = BLOCK_TILE
+        key_tiles = torch.arange(-(-Skv // tile), device="cuda")
+        bytes_ = torch.as_tensor(blocks, device="cuda").to(torch.int64)
+        keep = ((bytes_[..., key_tiles // 8] >> (key_tiles % 8)) & 1).bool()  # [B, Hq, query tiles, key tiles]
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return keep[b, h, q_idx // tile, kv_idx // tile]
+
+        block_mask = create_block_mask(mask_mod, B, Hq, Sq, Skv, device="cuda", BLOCK_SIZE=tile)
+    except Exception as e:
+        notes.append(f"torch flex_attention unavailable ({type(e).__name__}: {first_line(e)[:120]}): "
+                     "SDPA with the block mask expanded")
+        return None
+    notes.append(f"torch: flex_attention with a BlockMask of the same {tile}x{tile} tiles "
+                 f"(sparsity {1 - float(keep.float().mean()):.0%} of tiles dropped); compile is its fused kernel")
+
+    def fn(s):
+        return flex_attention(s["q"], s["k"], s["v"], block_mask=block_mask, scale=kw.get("scale"), enable_gqa=gqa)
+
+    return fn
 
 
 def direct_bwd_graph(sets, kw, extra, autograd_fn, args, torch_row, notes):
