@@ -77,14 +77,17 @@ def test_fusebox_bin_from_env(fusebox, repo_root, monkeypatch, tmp_path):
     assert Graph.load(os.path.join(repo_root, "examples/graphs/conv_bias_relu.json")).name == "conv_bias_relu"
 
 
-def kept_pairs(opts, lq, lkv, sq, skv):
+def kept_pairs(opts, lq, lkv, sq, skv, block_bytes=None):
     """Pairs kept by SdpaOptions.keeps over the full [sq, skv] grid, with numpy
-    (rows in blocks to bound memory)."""
+    (rows in blocks to bound memory); with `block_bytes` (one head's block mask,
+    [query tiles, bytes]) also by its bit of each pair's 128 x 128 tile."""
     j = np.arange(skv).reshape(1, -1)
     total = 0
     for r0 in range(0, sq, 1024):
         i = np.arange(r0, min(sq, r0 + 1024)).reshape(-1, 1)
         keep = np.broadcast_to(opts.keeps(i, j, lq, lkv), (i.shape[0], skv))
+        if block_bytes is not None:
+            keep = keep & (((block_bytes[i // 128, j // 128 // 8] >> ((j // 128) % 8)) & 1) == 1)
         if not opts.padding:  # without padding the lengths are the full ones
             assert lq == sq and lkv == skv
         total += int(np.count_nonzero(keep))
@@ -98,8 +101,15 @@ def sdpa_flops_from_mask(g, op, lengths):
     opts = g.sdpa_options(op)
     lq, lkv = lengths
     skv = op["attrs"]["max_seq_len_kv"] if op["attrs"].get("paged") else k[2]  # paged: k is a page pool
-    pairs = sum(kept_pairs(opts, lq[b], lkv[b], q[2], skv) for b in range(q[0]))
-    f = 2 * q[1] * pairs * (q[3] + v[3])
+    name = op["inputs"].get("block_mask")
+    blocks = g.values(name) if name else None
+    if blocks:  # fixed block-mask bytes: only the kept tiles count, per query head
+        bytes_ = np.asarray(blocks, dtype=np.int64).reshape(g.dims[name])
+        pairs = sum(kept_pairs(opts, lq[b], lkv[b], q[2], skv, bytes_[b, h]) for b in range(q[0]) for h in range(q[1]))
+        f = 2 * pairs * (q[3] + v[3])
+    else:
+        pairs = sum(kept_pairs(opts, lq[b], lkv[b], q[2], skv) for b in range(q[0]))
+        f = 2 * q[1] * pairs * (q[3] + v[3])
     return f * 2.5 if op["op"] in SDPA_BWD_OPS else f
 
 

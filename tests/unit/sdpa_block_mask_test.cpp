@@ -73,6 +73,21 @@ TEST(SdpaBlockMask, ResolvesAndDescribes) {
   EXPECT_EQ(bm.random_hi, 255);
 }
 
+// FLOPs count the kept tiles when the bytes are known (all kept: the dense
+// count; unknown random bytes: the dense count too).
+TEST(SdpaBlockMask, FlopsCountTheKeptTiles) {
+  auto all = resolve_json(block_json(R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7])"));
+  auto some = resolve_json(block_json(R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [1, 3, 5, 6, 4, 7, 2, 5, 7, 1, 6, 3, 3, 4, 5, 0])"));
+  auto random = resolve_json(block_json());
+  ASSERT_TRUE(all.ok() && some.ok() && random.ok());
+  const double dense = 2.0 * 2 * 4 * 256 * 384 * (64 + 64);
+  EXPECT_DOUBLE_EQ(all->flops(), dense);
+  EXPECT_DOUBLE_EQ(random->flops(), dense);  // unknown bytes: every tile
+  int kept_tiles = 0;
+  for (int byte : {1, 3, 5, 6, 4, 7, 2, 5, 7, 1, 6, 3, 3, 4, 5, 0}) kept_tiles += __builtin_popcount(byte);
+  EXPECT_DOUBLE_EQ(some->flops(), dense * kept_tiles / 48.0);  // 48 tiles of 128 x 128 in all
+}
+
 TEST(SdpaBlockMask, BadMasksNameTheTensorAndWhatIsAccepted) {
   expect_error(block_json(R"("dims": [2, 4, 2, 2], "dtype": "uint8")"),
                {"[sdpa_fwd 'attn']", "block_mask", "'bm'", "[2, 4, 2, 2]", "[2, 4, 2, 1]", "128 x 128", "Skv 384"});

@@ -703,9 +703,11 @@ void sdpa_resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_j
   }
 }
 
-// 2*B*Hq*(D+Dv) per kept (query, key) pair; backward 2.5 times that (five
-// matmuls against two). With padding, lengths are data: from ctx.inputs, else
-// the tensor's fixed values, else full length.
+// 2*(D+Dv) per kept (query, key) pair of every query head; backward 2.5 times
+// that (five matmuls against two). With padding, lengths are data: from
+// ctx.inputs, else the tensor's fixed values, else full length; a block mask's
+// bytes likewise (its dropped tiles are not counted; random bytes, unknown
+// here, count every tile).
 template <typename T>
 double sdpa_flops(const FlopsContext& ctx, const T& s) {
   const auto& q = ctx.in("q");
@@ -723,9 +725,39 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
   };
   const auto lq = lengths("seq_len_q", q.dims[2]);
   const auto lkv = lengths("seq_len_kv", sdpa_kv_length(s, k.dims));
-  double pairs = 0;
-  for (size_t b = 0; b < lq.size(); ++b) pairs += sdpa_kept_pairs(s, lq[b], lkv[b]);
-  double f = 2.0 * static_cast<double>(q.dims[1]) * pairs * static_cast<double>(q.dims[3] + v.dims[3]);
+  double pairs = 0;  // over every query head
+  const std::vector<double>* blocks = nullptr;
+  if (s.block_mask) {  // known bytes (the caller's inputs or fixed values) count only the kept tiles
+    auto it = ctx.inputs.find(ctx.in("block_mask").name);
+    blocks = it != ctx.inputs.end() ? &it->second : &ctx.in("block_mask").values;
+    if (blocks->empty()) blocks = nullptr;
+  }
+  if (!blocks) {
+    for (size_t b = 0; b < lq.size(); ++b) pairs += sdpa_kept_pairs(s, lq[b], lkv[b]);
+    pairs *= static_cast<double>(q.dims[1]);
+  } else {
+    const int64_t Hq = q.dims[1], Skv = sdpa_kv_length(s, k.dims);
+    const std::vector<int64_t> bd = sdpa_block_mask_dims(q.dims[0], Hq, q.dims[2], Skv);
+    const bool has_right = s.right_bound || s.causal;
+    for (int64_t b = 0; b < static_cast<int64_t>(lq.size()); ++b) {
+      const int64_t off = s.alignment == SdpaAlignment::kBottomRight ? lkv[b] - lq[b] : 0;
+      for (int64_t i = 0; i < lq[b]; ++i) {
+        int64_t lo = 0, hi = lkv[b] - 1;  // the band's kept keys of row i, as sdpa_kept_pairs
+        if (has_right) hi = std::min(hi, i + off + s.right_bound.value_or(0));
+        if (s.left_bound) lo = std::max<int64_t>(lo, i + off - *s.left_bound + 1);
+        for (int64_t h = 0; h < Hq && lo <= hi; ++h) {
+          const size_t row = static_cast<size_t>(((b * Hq + h) * bd[2] + i / kSdpaBlockTile) * bd[3]);
+          for (int64_t t = lo / kSdpaBlockTile; t <= hi / kSdpaBlockTile; ++t) {
+            if (row + t / 8 >= blocks->size()) break;
+            if (!sdpa_block_keeps(static_cast<unsigned>((*blocks)[row + t / 8]), t * kSdpaBlockTile)) continue;
+            pairs += static_cast<double>(std::min(hi, (t + 1) * kSdpaBlockTile - 1) -
+                                         std::max(lo, t * kSdpaBlockTile) + 1);
+          }
+        }
+      }
+    }
+  }
+  double f = 2.0 * pairs * static_cast<double>(q.dims[3] + v.dims[3]);
   if constexpr (kIsBwd<T>) f *= 2.5;
   return f;
 }
