@@ -145,6 +145,15 @@ struct EngineCandidate {
   int64_t duplicate_of = -1;
 };
 
+// Whether a list of cuDNN notes (behavior_notes, numerical_notes) holds `note`,
+// e.g. has_note(report.behavior_notes, "RUNTIME_COMPILATION").
+inline bool has_note(const std::vector<std::string>& notes, const std::string& note) {
+  for (const auto& n : notes) {
+    if (n == note) return true;
+  }
+  return false;
+}
+
 class GpuContext;
 
 class Plan {

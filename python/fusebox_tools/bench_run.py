@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from fusebox_tools import sdpa_compare, torch_compare
 from fusebox_tools.bench_report import SCHEMA, model_target
 from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
-from fusebox_tools.torch_ops import BLOCK_TILE
+from fusebox_tools.torch_ops import BLOCK_TILE, block_tile_keep
 
 PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes", "models")
 # Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
@@ -763,9 +763,7 @@ def flex_block_fn(graph, op, blocks, kw, gqa, notes):
         B, Hq, Sq, _ = graph.dims[op["inputs"]["q"]]
         Skv = sdpa_compare.kv_length(graph, op)
         tile = BLOCK_TILE
-        key_tiles = torch.arange(-(-Skv // tile), device="cuda")
-        bytes_ = torch.as_tensor(blocks, device="cuda").to(torch.int64)
-        keep = ((bytes_[..., key_tiles // 8] >> (key_tiles % 8)) & 1).bool()  # [B, Hq, query tiles, key tiles]
+        keep = block_tile_keep(torch.as_tensor(blocks, device="cuda"), Skv)  # [B, Hq, query tiles, key tiles]
 
         def mask_mod(b, h, q_idx, kv_idx):
             return keep[b, h, q_idx // tile, kv_idx // tile]

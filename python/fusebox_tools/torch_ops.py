@@ -297,15 +297,20 @@ def sdpa_keep_mask(opts, rows, skv, lq, lkv):
 BLOCK_TILE = 128  # a block mask's tile: 128 x 128 scores (graph.h, SdpaOptions::block_mask)
 
 
+def block_tile_keep(mask, skv):
+    """Boolean [B, Hq, query tiles, key tiles] of block mask `mask` (uint8 [B, Hq,
+    ceil(Sq/128), ceil(ceil(Skv/128)/8)]): key tile t is kept by bit t % 8,
+    least significant first, of byte [b, h, r, t // 8] (graph.h)."""
+    tiles = torch.arange(-(-skv // BLOCK_TILE), device=mask.device)
+    return ((mask.to(torch.int64)[..., tiles // 8] >> (tiles % 8)) & 1).bool()
+
+
 def block_keep_mask(mask, b, heads, rows, skv):
-    """Boolean [len(heads), len(rows), skv]: what block mask `mask` (uint8 [B, Hq,
-    ceil(Sq/128), ceil(ceil(Skv/128)/8)]) keeps of query rows `rows` of heads
-    `heads` (a range) of batch entry b: bit (j // 128) % 8, least significant
-    first, of byte [b, h, i // 128, j // 128 // 8]."""
-    m = mask[b, heads.start:heads.stop].to(torch.int64)
-    tile_c = torch.arange(skv, device=rows.device) // BLOCK_TILE
-    byte = m[:, rows // BLOCK_TILE][:, :, tile_c // 8]
-    return ((byte >> (tile_c % 8)) & 1).bool()
+    """Boolean [len(heads), len(rows), skv]: what block mask `mask` keeps of
+    query rows `rows` of heads `heads` (a range) of batch entry b."""
+    keep = block_tile_keep(mask[b:b + 1, heads.start:heads.stop], skv)[0]
+    key_tile = torch.arange(skv, device=rows.device) // BLOCK_TILE
+    return keep[:, rows // BLOCK_TILE][:, :, key_tile]
 
 
 def alibi_slopes_tensor(opts, device):

@@ -80,16 +80,10 @@ Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, cons
 // each output within tolerance(name) instead (out.not_reproducible,
 // out.within_tolerance, comparison lines in out.mismatches). VerificationFailed
 // naming `what` and the outputs when they do not match.
-// `eager_again`, when given, is asked only if the bytes differ and no reason is
-// known: it runs the eager path once more and returns its outputs. If those
-// differ from the first eager run's too, the engine itself does not repeat bit
-// for bit (the H200's paged decode engine, which cuDNN does not flag
-// NONDETERMINISTIC), and that becomes the reason to compare within tolerance.
-using EagerOutputs = std::function<Result<std::map<std::string, HostTensor>>()>;
 Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
                            const std::map<std::string, HostTensor>& graph, const std::string& not_reproducible,
                            const std::function<Tolerance(const std::string&)>& tolerance, const std::string& what,
-                           CudaGraphRun& out, const EagerOutputs& eager_again = nullptr);
+                           CudaGraphRun& out);
 // Warm-up runs, then `iters` runs each timed with CUDA events, rotating the
 // input sets; median, min, p90, mean.
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,

@@ -148,21 +148,11 @@ void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::ma
 Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
                            const std::map<std::string, HostTensor>& graph, const std::string& not_reproducible,
                            const std::function<Tolerance(const std::string&)>& tolerance, const std::string& what,
-                           CudaGraphRun& out, const EagerOutputs& eager_again) {
+                           CudaGraphRun& out) {
   compare_bytes(eager, graph, out);
   if (out.bit_identical) return Status::Ok();
-  std::string why = not_reproducible;
-  if (why.empty() && eager_again) {
-    FUSEBOX_ASSIGN_OR_RETURN(auto again, eager_again());
-    CudaGraphRun eager_vs_eager;
-    compare_bytes(eager, again, eager_vs_eager);
-    if (!eager_vs_eager.bit_identical) {
-      why = "two eager executions differ as well (" + eager_vs_eager.mismatches.front() +
-            "): the engine does not repeat bit for bit";
-    }
-  }
-  if (!why.empty()) {
-    out.not_reproducible = why;
+  if (!not_reproducible.empty()) {
+    out.not_reproducible = not_reproducible;
     out.within_tolerance = true;
     out.mismatches.clear();
     for (const auto& [name, e] : eager) {
@@ -318,15 +308,10 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     FUSEBOX_RETURN_IF_ERROR(runner.graphs[0].launch());
     FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "CUDA graph of '" + plan.engine_name() + "'"));
     FUSEBOX_ASSIGN_OR_RETURN(auto graph_outputs, download_outputs(" (CUDA graph)"));
-    auto eager_again = [&]() -> Result<std::map<std::string, HostTensor>> {
-      FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(0), workspace.get()));
-      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "execute '" + plan.engine_name() + "' again"));
-      return download_outputs(" (second eager run)");
-    };
     FUSEBOX_RETURN_IF_ERROR(runtime::check_graph_outputs(
         result.outputs, graph_outputs, not_bit_reproducible(g),
         [&](const std::string& name) { return tolerance_for(g, name); },
-        "the CUDA graph's outputs differ from the eager execution's", cg, eager_again));
+        "the CUDA graph's outputs differ from the eager execution's", cg));
     result.outputs = std::move(graph_outputs);  // verified below: what the graph computed
   }
 

@@ -224,8 +224,7 @@ std::string static_engine_precompiled(const ResolvedGraph& g, const DeviceTarget
   set->check_all(/*build=*/false);
   for (const auto& c : set->candidates()) {
     if (!c.supported || c.duplicate_of >= 0) continue;
-    const auto& notes = c.behavior_notes;
-    if (std::find(notes.begin(), notes.end(), "RUNTIME_COMPILATION") != notes.end()) return "";
+    if (has_note(c.behavior_notes, "RUNTIME_COMPILATION")) return "";
     return "a static build takes engine " + c.name +
            ", which has precompiled kernels (no RUNTIME_COMPILATION): it builds a new shape in milliseconds "
            "and a kernel cache has nothing to reuse";
@@ -388,9 +387,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   }
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
-  if (by_policy && rep.build.notes_known &&
-      std::find(rep.build.behavior_notes.begin(), rep.build.behavior_notes.end(), "RUNTIME_COMPILATION") !=
-          rep.build.behavior_notes.end()) {
+  if (by_policy && rep.build.notes_known && has_note(rep.build.behavior_notes, "RUNTIME_COMPILATION")) {
     // The policy expected precompiled kernels but the build took a runtime-compiled engine (the
     // probe's candidate failed to build): later shapes go back to dynamic shapes and the cache.
     slot->precompiled.clear();
@@ -403,9 +400,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     rep.kernel_cache = slot->builds == 0 ? "cold" : "warm";
     rep.kernel_cache_builds_before = slot->builds;
     ++slot->builds;
-    const auto& notes = rep.build.behavior_notes;
     if (rep.build.notes_known && slot->precompiled.empty() &&
-        std::find(notes.begin(), notes.end(), "RUNTIME_COMPILATION") == notes.end()) {
+        !has_note(rep.build.behavior_notes, "RUNTIME_COMPILATION")) {
       slot->precompiled = "engine " + plan->engine_name() +
                           " has precompiled kernels (no RUNTIME_COMPILATION): a static build of a new shape "
                           "takes milliseconds and a kernel cache has nothing to reuse";

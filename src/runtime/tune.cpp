@@ -6,13 +6,6 @@
 #include "device_buffers.h"
 
 namespace fusebox {
-namespace {
-
-bool has_note(const std::vector<std::string>& notes, const std::string& n) {
-  return std::find(notes.begin(), notes.end(), n) != notes.end();
-}
-
-}  // namespace
 
 Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolicy& policy,
                         const TuneProgress& progress) {

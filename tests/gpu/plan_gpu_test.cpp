@@ -39,7 +39,7 @@ bool engine_nondeterministic(const ResolvedGraph& g, const DeviceTarget& target,
   if (!engines.ok()) return false;
   for (const auto& e : *engines) {
     if (e.name != engine) continue;
-    const bool nd = std::count(e.numerical_notes.begin(), e.numerical_notes.end(), "NONDETERMINISTIC") > 0;
+    const bool nd = has_note(e.numerical_notes, "NONDETERMINISTIC");
     if (nd) std::printf("[ note ] %s: engine %s is NONDETERMINISTIC (cuDNN's numerical note)\n", g.name.c_str(),
                         engine.c_str());
     return nd;

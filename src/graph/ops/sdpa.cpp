@@ -50,16 +50,24 @@ bool sdpa_keeps(const SdpaOptions& o, int64_t i, int64_t j, int64_t lq, int64_t 
   return true;
 }
 
-double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
-  const bool has_right = o.right_bound || o.causal;
-  const int64_t right = o.right_bound.value_or(0);
+namespace {
+
+// The keys row i < lq keeps under sdpa_keeps(): the interval [*lo, *hi] (empty when *lo > *hi).
+void kept_key_interval(const SdpaOptions& o, int64_t i, int64_t lq, int64_t lkv, int64_t* lo, int64_t* hi) {
   const int64_t off = o.alignment == SdpaAlignment::kBottomRight ? lkv - lq : 0;
+  *hi = lkv - 1;
+  if (o.right_bound || o.causal) *hi = std::min(*hi, i + off + o.right_bound.value_or(0));
+  *lo = 0;
+  if (o.left_bound) *lo = std::max<int64_t>(*lo, i + off - *o.left_bound + 1);
+}
+
+}  // namespace
+
+double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
   double pairs = 0;
   for (int64_t i = 0; i < lq; ++i) {
-    int64_t hi = lkv - 1;  // kept columns form the interval [lo, hi]
-    if (has_right) hi = std::min(hi, i + off + right);
-    int64_t lo = 0;
-    if (o.left_bound) lo = std::max<int64_t>(lo, i + off - *o.left_bound + 1);
+    int64_t lo = 0, hi = -1;
+    kept_key_interval(o, i, lq, lkv, &lo, &hi);
     if (hi >= lo) pairs += static_cast<double>(hi - lo + 1);
   }
   return pairs;
@@ -738,13 +746,10 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
   } else {
     const int64_t Hq = q.dims[1], Skv = sdpa_kv_length(s, k.dims);
     const std::vector<int64_t> bd = sdpa_block_mask_dims(q.dims[0], Hq, q.dims[2], Skv);
-    const bool has_right = s.right_bound || s.causal;
     for (int64_t b = 0; b < static_cast<int64_t>(lq.size()); ++b) {
-      const int64_t off = s.alignment == SdpaAlignment::kBottomRight ? lkv[b] - lq[b] : 0;
       for (int64_t i = 0; i < lq[b]; ++i) {
-        int64_t lo = 0, hi = lkv[b] - 1;  // the band's kept keys of row i, as sdpa_kept_pairs
-        if (has_right) hi = std::min(hi, i + off + s.right_bound.value_or(0));
-        if (s.left_bound) lo = std::max<int64_t>(lo, i + off - *s.left_bound + 1);
+        int64_t lo = 0, hi = -1;
+        kept_key_interval(s, i, lq[b], lkv[b], &lo, &hi);
         for (int64_t h = 0; h < Hq && lo <= hi; ++h) {
           const size_t row = static_cast<size_t>(((b * Hq + h) * bd[2] + i / kSdpaBlockTile) * bd[3]);
           for (int64_t t = lo / kSdpaBlockTile; t <= hi / kSdpaBlockTile; ++t) {
