@@ -407,6 +407,10 @@ def models_markdown(models):
         return []
     f = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
     modes = sorted({m["compile_mode"] for m in models if m.get("compile_mode")})
+    # A row measured before the mode was recorded must not inherit the other rows' mode.
+    unrecorded = any(not m.get("compile_mode") and (m.get("torch_ms") or {}).get("compile") is not None
+                     for m in models)
+    per_row = len(modes) > 1 or (modes and unrecorded)
     L = ["### Whole networks (GPU ms per batch, median; docs/models.md)", "",
          MODEL_TARGET_NOTE + (f" torch.compile mode: {', '.join(f'`{md_cell(x)}`' for x in modes)}." if modes else ""),
          "",
@@ -423,8 +427,8 @@ def models_markdown(models):
         else:
             hit = f"**no** ({100 * (1 - sp / tg):.0f}% short)"
         comp = f(t.get("compile")) if t.get("compile") is not None else ("failed" if m.get("compile_error") else "-")
-        if len(modes) > 1 and m.get("compile_mode") and t.get("compile") is not None:
-            comp += f" ({md_cell(m['compile_mode'])})"  # rows of one table compiled in different modes
+        if per_row and t.get("compile") is not None:  # rows of one table compiled in different modes
+            comp += f" ({md_cell(m['compile_mode'])})" if m.get("compile_mode") else " (mode not recorded)"
         L.append(f"| {md_cell(m['name'])} | {f(fb.get('cuda_graph'))} | {f(fb.get('eager'))} | {f(t.get('eager'))} | "
                  f"{f(t.get('cuda_graph'))} | {comp} | {f'**{sp:.2f}x**' if sp else '-'} | "
                  f"{f'{tg:g}x' if tg else '-'} | {hit} | {'yes' if m.get('verified') else '**no**'} |")

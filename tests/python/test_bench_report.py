@@ -349,6 +349,11 @@ def test_models_table_targets_and_order():
     assert row["resnet50_b256"].endswith("| **1.06x** | 1.1x | **no** (3% short) | yes |")
     assert "| failed |" in row["resnet50_b1"]  # torch.compile raised
     assert "`max-autotune-no-cudagraphs`" in "\n".join(lines) and "1.5x at batch 1" in "\n".join(lines)
+    # rows measured before the mode was recorded do not inherit the others' mode
+    assert "| 1.300 (mode not recorded) |" in row["minilm_b32_s128"]
+    assert "| 1.900 (max-autotune-no-cudagraphs) |" in row["minilm_b1_s32"]
+    one = br.models_markdown([SWEEP[0], SWEEP[1]])  # one mode, every row recorded: said once, above
+    assert not any("(max-autotune" in ln for ln in one if ln.startswith("| "))
 
 
 def test_models_plot_and_report(tmp_path):
