@@ -38,7 +38,7 @@ import tempfile
 import numpy as np
 import torch
 
-from fusebox_tools.graph import INT_DTYPES, SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.graph import ARCH_REFUSAL, INT_DTYPES, SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
 from fusebox_tools.torch_ops import SdpaSkip, apply_op, round_fp8, round_fp8_e5m2, sdpa_care_masks, sdpa_forward
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -278,6 +278,10 @@ def check_graph(path, args, device):
         verify = (report or {}).get("verify") or []
         result["fusebox_verify"] = bool(verify) and all(v.get("pass") for v in verify) \
             and bool((report or {}).get("ok"))
+        if rc != 0 and ARCH_REFUSAL in stderr:
+            result["skipped"] = "refused on this GPU by design: " + stderr.strip().splitlines()[0][:300]
+            result["pass"] = True
+            return result
         if rc != 0:
             result["error"] = f"fusebox exited {rc}: {stderr.strip()}"
             return result

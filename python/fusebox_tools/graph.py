@@ -22,6 +22,10 @@ CHECK_JSON_VERSION = 1
 # python/fusebox_tools/graph.py -> the checkout's root (when run from a checkout).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# What fusebox's error says when a graph needs a newer GPU architecture than the
+# target (src/cudnn/ops/sdpa_lowering.cpp: block masks): such a run is refused
+# by design, a skip in the GPU scripts, not a failure.
+ARCH_REFUSAL = "need a Blackwell GPU (sm_100"
 SDPA_OPS = ("sdpa_fwd", "sdpa_bwd", "sdpa_fp8_fwd", "sdpa_fp8_bwd")
 SDPA_BWD_OPS = ("sdpa_bwd", "sdpa_fp8_bwd")
 INT_DTYPES = ("int32", "int64", "uint8")

@@ -100,6 +100,7 @@ struct LowerState {
   std::vector<FeTensor> fe_tensors;
   std::unordered_map<std::string, int64_t>& uids;
   std::vector<std::string>& notes;  // LoweredGraph::notes
+  const DeviceTarget& target;       // what the plans are built for
 
   // The one place uids are bound: the canonical uid (ResolvedTensor::uid,
   // docs/architecture.md, "Graph identity and uids").
@@ -116,6 +117,7 @@ LowerContext::LowerContext(LowerState& state, const ResolvedOp& op)
 FeGraph& LowerContext::graph() const { return state_.graph; }
 const ResolvedGraph& LowerContext::resolved() const { return state_.g; }
 void LowerContext::note(const std::string& text) { state_.notes.push_back(where_ + ": " + text); }
+const DeviceTarget& LowerContext::target() const { return state_.target; }
 
 FeTensor LowerContext::in(const char* role) const {
   auto it = op_.inputs.find(role);
@@ -178,7 +180,7 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, b
                         "' has no uid: the graph was not canonicalized (resolve() does it)");
       }
     }
-    LowerState state{g, *graph, std::vector<FeTensor>(g.tensors.size()), out.uids, out.notes};
+    LowerState state{g, *graph, std::vector<FeTensor>(g.tensors.size()), out.uids, out.notes, target};
 
     // Graph inputs and by-value scalars.
     for (size_t i = 0; i < g.tensors.size(); ++i) {

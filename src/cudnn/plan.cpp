@@ -126,7 +126,11 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
   // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
     auto lr = lower(g, target, options.dynamic_shape);
-    if (!lr.ok()) return {fe::error_code_t::INVALID_VALUE, lr.status().message()};
+    if (!lr.ok()) {  // a refusal for the target stays "not supported", not "invalid"
+      return {lr.status().code() == StatusCode::kNotSupported ? fe::error_code_t::GRAPH_NOT_SUPPORTED
+                                                                 : fe::error_code_t::INVALID_VALUE,
+              lr.status().message()};
+    }
     lowered = std::move(lr).value();
     r.lowering_notes = lowered.notes;
     // Before build_operation_graph: that is where the frontend ties the

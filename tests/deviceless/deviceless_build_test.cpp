@@ -33,6 +33,10 @@ const std::set<std::string> kDevicelessBuildable = {
     "conv_wgrad_small", "conv3d_dgrad_grouped_small", "conv3d_wgrad_grouped_small",
     // Symbolic, at their default shapes (graph-format.md, "Symbolic dims").
     "conv_bias_relu_dyn", "conv_bias_relu_dyn_small"};
+// Examples cuDNN 9.19 runs on no GPU fusebox can target (block masks: no engine
+// on Hopper, refused below cuDNN 9.26 on Blackwell): fusebox refuses them for
+// the H200 at validate (SdpaSupportMatrix.BlockMaskNeedsBlackwell).
+const std::set<std::string> kNeedsBlackwell = {"sdpa_block_mask", "sdpa_block_mask_small"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());
@@ -83,6 +87,13 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
   BuildReport report;
   auto plan = build_plan(g, h200(), BuildOptions{}, &report);
   EXPECT_TRUE(report.deviceless);
+  if (kNeedsBlackwell.count(stem(path))) {  // refused for the H200 at validate, saying why
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
+    EXPECT_NE(plan.status().message().find("need a Blackwell GPU (sm_100"), std::string::npos) << plan.status().message();
+    ASSERT_EQ(report.steps.size(), 1u);
+    return;
+  }
   ASSERT_GE(report.steps.size(), 3u);
   EXPECT_EQ(report.steps[0].name, "validate");
   EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
@@ -310,35 +321,40 @@ TEST(SdpaSupportMatrix, PagedForwardValidates) {
       << report.lowering_notes[0];
 }
 
-// A block mask lowers onto the frontend's unified SDPA node and passes its
-// validation for the H200; with a bias (which that node takes only from cuDNN
-// 9.21) validate fails with the frontend's reason.
-TEST(SdpaSupportMatrix, BlockMaskOnTheUnifiedNode) {
+// cuDNN 9.19 runs block masks only on Blackwell (the H200 said so on
+// 2026-12-01: "Block mask is only supported on Blackwell"): for an H200 target
+// fusebox refuses them at validate, before any cuDNN call, naming the op, the
+// tensor and what this GPU offers instead. On Blackwell frontend 1.32 refuses
+// them below cuDNN 9.26: with cuDNN 9.19 they run nowhere.
+TEST(SdpaSupportMatrix, BlockMaskNeedsBlackwell) {
   auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/sdpa_block_mask_small.json");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   auto g = resolve(*spec);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   BuildReport report;
-  (void)build_plan(*g, h200(), BuildOptions{}, &report);
-  ASSERT_GE(report.steps.size(), 1u);
-  EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
+  auto refused = build_plan(*g, h200(), BuildOptions{}, &report);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotSupported) << refused.status().ToString();
+  ASSERT_EQ(report.steps.size(), 1u);
+  EXPECT_EQ(report.steps[0].name, "validate");
+  for (const char* part : {"[sdpa_fwd 'attn']", "input 'block_mask' ('blocks')", "need a Blackwell GPU (sm_100",
+                           "cuDNN 9.26", "the target is NVIDIA H200", "(sm_90)",
+                           "Block mask is only supported on Blackwell", "left_bound", "bias"}) {
+    EXPECT_NE(refused.status().message().find(part), std::string::npos) << part << "\n" << refused.status().message();
+  }
 
-  auto with_bias = parse_graph_json(R"({"name": "block_bias", "io_dtype": "bf16", "tensors": [
-    {"name": "q", "dims": [2, 4, 256, 64]}, {"name": "k", "dims": [2, 2, 384, 64]},
-    {"name": "v", "dims": [2, 2, 384, 64]}, {"name": "bm", "dims": [2, 4, 2, 1], "dtype": "uint8"},
-    {"name": "bias", "dims": [2, 4, 256, 384], "dtype": "fp32"}, {"name": "o"}],
-  "ops": [{"op": "sdpa_fwd", "name": "attn",
-           "inputs": {"q": "q", "k": "k", "v": "v", "block_mask": "bm", "bias": "bias"}, "outputs": {"o": "o"}}]})");
-  ASSERT_TRUE(with_bias.ok()) << with_bias.status().ToString();
-  auto gb = resolve(*with_bias);
-  ASSERT_TRUE(gb.ok()) << gb.status().ToString();
+  // A Blackwell target (sm_100, the H200's properties otherwise): the mask
+  // lowers onto the unified node, whose validation refuses it below cuDNN 9.26.
+  DeviceTarget blackwell = h200();
+  blackwell.sm_version = 100;
   BuildReport rb;
-  auto plan = build_plan(*gb, h200(), BuildOptions{}, &rb);
+  auto plan = build_plan(*g, blackwell, BuildOptions{}, &rb);
   ASSERT_FALSE(plan.ok());
-  ASSERT_FALSE(rb.steps.empty());
+  ASSERT_EQ(rb.steps.size(), 1u);
   EXPECT_EQ(rb.steps[0].name, "validate");
-  EXPECT_FALSE(rb.steps[0].status.ok());
-  EXPECT_NE(plan.status().message().find("Unified SDPA node doesn't yet support inputs other than"), std::string::npos)
+  EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported) << plan.status().ToString();
+  EXPECT_NE(plan.status().message().find("Unified SDPA with Block_mask on SM10x requires cuDNN 9.26.0"),
+            std::string::npos)
       << plan.status().message();
 }
 

@@ -43,6 +43,9 @@ class LowerContext {
   // Records a choice the lowering made that the graph file does not show
   // (BuildReport::lowering_notes), prefixed with where().
   void note(const std::string& text);
+  // The GPU the plans are built for (live or a device-properties file): for
+  // what cuDNN runs only on some architectures.
+  const DeviceTarget& target() const;
 
  private:
   LowerState& state_;

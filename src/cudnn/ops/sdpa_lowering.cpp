@@ -67,6 +67,29 @@ void apply_paged(fe::graph::SDPA_attributes& attrs, const SdpaOptions& o, const 
   if (o.max_seq_len_kv) attrs.set_paged_attention_max_seq_len_kv(static_cast<int>(*o.max_seq_len_kv));
 }
 
+// cuDNN 9.19 runs block masks only on Blackwell. On the H200 its heuristics
+// offer no engine ("Block mask is only supported on Blackwell at:
+// !(receive_op_->target == fort_device::SM100)", 2026-12-01), which a
+// deviceless build cannot see (its runtime-compiled engines are not tried
+// there); said here, before any cuDNN call, for live and deviceless targets
+// alike. On sm_10x the frontend's validate refuses them below cuDNN 9.26 by
+// itself (a masked-tile bug). An unknown architecture (0) is left to cuDNN.
+Status block_mask_runs_on(const LowerContext& ctx, const ResolvedOp& op) {
+  const DeviceTarget& target = ctx.target();
+  if (target.sm_version == 0 || target.sm_version >= 100) return Status::Ok();
+  const auto in = op.inputs.find("block_mask");
+  const std::string tensor = in == op.inputs.end() ? "" : " ('" + ctx.resolved().tensors[in->second].name + "')";
+  return NotSupported(ctx.where() + ": input 'block_mask'" + tensor +
+                      ": block masks need a Blackwell GPU (sm_100 and newer; frontend 1.32 allows them on sm_10x "
+                      "only with cuDNN 9.26 or newer), and the target is " +
+                      (target.device_name.empty() ? std::string("a GPU") : target.device_name) + " (sm_" +
+                      std::to_string(target.sm_version) +
+                      "), where cuDNN 9.19 has no engine for them (its reason: \"Block mask is only supported on "
+                      "Blackwell\"). The masks that skip work on this GPU: \"causal\", a sliding window "
+                      "(\"left_bound\"), ragged lengths (inputs seq_len_q, seq_len_kv); any other pattern is an "
+                      "additive \"bias\" (-inf where a tile is dropped)");
+}
+
 }  // namespace
 
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd) {
@@ -83,6 +106,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd
   // dropout, sinks, dynamic shapes) fails validate with the frontend's reason
   // rather than "No suitable implementation".
   if (fwd.block_mask) {
+    FUSEBOX_RETURN_IF_ERROR(block_mask_runs_on(ctx, op));
     attrs.set_block_mask(ctx.in("block_mask")).set_implementation(fe::AttentionImplementation_t::UNIFIED);
   }
   if (fwd.alibi) attrs.set_alibi_mask(true);
