@@ -13,7 +13,7 @@
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm / batchnorm graphs (torch: its native norm kernels)
 #   pool     examples/graphs max_pool / avg_pool / global_avg_pool graphs (torch: F.max_pool2d, F.adaptive_avg_pool2d)
-#   reduction examples/graphs standalone reduce_* graphs (torch: eager sum/amax/..., compile, CUDA graph)
+#   reduction examples/graphs standalone reduce_* graphs (torch: eager sum/amax/..., compile, CUDA graph) and the embedding lookup (F.embedding + add)
 #   sdpa     examples/graphs sdpa graphs (4-7 min)
 #   runtime  build/bound_execute_bench --json (bound execute vs bare cuDNN, per execute replayed
 #            in a CUDA graph; 10-layer conv+bias+relu chain at batch 1 and 8, eager vs CUDA graph)

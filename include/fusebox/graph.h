@@ -26,6 +26,7 @@
 #include "fusebox/dtype.h"
 #include "fusebox/ops/batchnorm.h"
 #include "fusebox/ops/conv.h"
+#include "fusebox/ops/embedding.h"
 #include "fusebox/ops/matmul.h"
 #include "fusebox/ops/norm.h"
 #include "fusebox/ops/pointwise.h"
@@ -86,7 +87,7 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
                              SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs,
                              RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs,
-                             BatchNormInferenceAttrs, BatchNormBwdAttrs, ReductionAttrs>;
+                             BatchNormInferenceAttrs, BatchNormBwdAttrs, ReductionAttrs, EmbeddingAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);
@@ -116,6 +117,7 @@ std::string_view op_type_name(const OpAttrs& attrs);
 //   batchnorm_inference: x, scale, bias, mean, inv_variance
 //   batchnorm_bwd: dy, x, scale, mean, inv_variance
 //   reduce_sum/max/min/amax/mean: x
+//   embedding: ids, table (+ add)
 std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // Output roles per op type: "y" for conv_fprop/matmul/pointwise;
 // conv_dgrad "dx"; conv_wgrad "dw"; sdpa_fwd "o"
@@ -127,7 +129,7 @@ std::vector<std::string_view> op_input_roles(const OpAttrs& attrs);
 // "dbias"; rmsnorm_bwd "dx", "dscale" (+ "dbias"); pooling "y"; batchnorm
 // "y", "mean", "inv_variance", "next_running_mean", "next_running_var";
 // batchnorm_inference "y"; batchnorm_bwd "dx", "dscale", "dbias"; reductions
-// "y". The first is the primary output.
+// "y"; embedding "y". The first is the primary output.
 std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 

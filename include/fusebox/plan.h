@@ -165,6 +165,9 @@ class Plan {
 
   const std::string& engine_name() const;
   int64_t workspace_bytes() const;
+  // Run by fusebox's own CUDA kernel (an op cuDNN has none for, e.g.
+  // embedding), not a cuDNN plan: nothing to serialize, cache or tune.
+  bool native() const;
   // The frontend's serialized form (graph structure and compiled plan).
   Result<std::vector<uint8_t>> serialize() const;
   // Runs the plan. `buffers` maps every non-virtual graph tensor name to a

@@ -102,6 +102,13 @@ Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTe
 // past its pages). InvalidArgument naming the op, the tensor and the batch entry.
 Status check_sdpa_paged_inputs(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
 
+// Checks the ids of every embedding op of `g` found in `inputs` (by tensor
+// name; ids not given are skipped) before anything runs: each an integer row
+// of its table, [0, V). InvalidArgument naming the op, the tensor, the first
+// bad position and its value. (The kernel writes a NaN row for such an id,
+// never reading outside the table, so ids made on the GPU are safe too.)
+Status check_embedding_ids(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
+
 struct Tolerance {
   double rel_l2 = 0;       // ||a - r||_2 / ||r||_2
   double max_abs_rel = 0;  // max|a - r| / max|r|

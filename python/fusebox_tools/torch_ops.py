@@ -634,6 +634,19 @@ def sdpa_care_masks(op, ins, out_dims):
     return {"o": rows_ok, "stats": rows_ok}
 
 
+def embedding(ins):
+    """fusebox's embedding op: y[n] = table[ids[n]] + add[n % P], rows of H; in the
+    inputs' dtype (torch adds bf16 in fp32 and rounds once, as fusebox's kernel)."""
+    ids = ins["ids"].reshape(-1).long()
+    table = ins["table"].reshape(ins["table"].shape[0], -1)
+    y = torch.nn.functional.embedding(ids, table)
+    if "add" in ins:
+        add = ins["add"].reshape(ins["add"].shape[0], -1)
+        p, h = add.shape
+        y = (y.view(-1, p, h) + add.to(y.dtype)[None]).view(-1, h)
+    return y.reshape(ids.numel(), -1, 1, 1)
+
+
 def apply_op(op, ins, dtypes=None):
     """`op` is an op of check --json, `ins` maps its input roles to tensors;
     `dtypes` (optional) maps its input and output roles to dtype names (used
@@ -667,6 +680,8 @@ def apply_op(op, ins, dtypes=None):
         return batchnorm_inference(ins, op)
     if kind == "batchnorm_bwd":
         return batchnorm_backward(ins, op)
+    if kind == "embedding":
+        return embedding(ins)
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "conv_dgrad":

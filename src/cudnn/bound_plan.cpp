@@ -16,7 +16,7 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
                                   std::shared_ptr<const WorkspaceBinding> workspace) {
   using namespace cudnn;
   const Plan::Impl* p = plan.impl();
-  if (!p || !p->graph) return InvalidArgument("bind: empty plan");
+  if (!p || (!p->graph && !p->native)) return InvalidArgument("bind: empty plan");
   auto impl = std::make_unique<Impl>();
   impl->graph = p->graph;
   impl->fe = static_cast<const FeGraph*>(p->graph.get());
@@ -32,6 +32,21 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
       return InvalidArgument("bind '" + p->engine + "': '" + name +
                              "' is not a tensor of the plan; tensors are:" + known);
     }
+  }
+  if (p->native) {  // fusebox's own kernel: its tensors in its launch order, no variant pack
+    impl->native = p->native;
+    for (const std::string& name : p->native->tensors()) {
+      auto b = buffers.find(name);
+      if (b == buffers.end() || b->second == nullptr)
+        return InvalidArgument("bind '" + p->engine + "': no device buffer for tensor '" + name + "'");
+      impl->names.push_back(name);
+      impl->user_ptrs.push_back(b->second);
+      auto uid = p->uids.find(name);
+      impl->user_uids.push_back(uid == p->uids.end() ? 0 : uid->second);
+      auto sz = p->tensor_bytes.find(name);
+      impl->bytes.push_back(sz == p->tensor_bytes.end() ? -1 : sz->second);
+    }
+    return BoundPlan(std::move(impl));
   }
   try {
     auto* graph = const_cast<FeGraph*>(impl->fe);
@@ -172,6 +187,11 @@ Status BoundPlan::rebind(std::string_view name, void* ptr) {
 Status BoundPlan::execute() {
   if (!impl_) return Internal("execute: unbound plan");
   Impl& b = *impl_;
+  if (b.native) {
+    cudaStream_t stream = nullptr;  // the handle's: follows GpuContext::set_stream like cuDNN's executes
+    FUSEBOX_RETURN_IF_ERROR(cudnn::cudnn_status(cudnnGetStream(b.handle, &stream), "execute: cudnnGetStream"));
+    return b.native->launch(b.user_ptrs.data(), stream);
+  }
   if (b.direct) {
     // A grown arena moved the workspace: rebuild the pack once.
     if (b.workspace && b.workspace->generation != b.workspace_generation)

@@ -21,6 +21,8 @@ struct BoundPlan::Impl {
   std::shared_ptr<const WorkspaceBinding> workspace;
   uint64_t workspace_generation = 0;
 
+  std::shared_ptr<const kernels::NativeKernel> native;  // fusebox's own kernel (then no cuDNN plan)
+
   std::vector<std::string> names;  // slot order = ascending uid (the frontend's user slots)
   std::vector<void*> user_ptrs;    // parallel to names
   std::vector<int64_t> user_uids;  // parallel to names

@@ -58,6 +58,10 @@ Status refresh_pack(BoundPlan::Impl& b) {
 
 // cuDNN's native API into a new graph; on failure `why` says why and no graph is returned.
 cudaGraph_t record_native(BoundPlan::Impl& b, GraphRecording* rec, std::string* why) {
+  if (b.native) {
+    *why = "fusebox's own kernel (no cuDNN plan to populate a graph): recorded by stream capture";
+    return nullptr;
+  }
   if (!refresh_pack(b).ok()) {
     *why = "the workspace does not fit the plan";
     return nullptr;

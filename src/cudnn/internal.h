@@ -14,6 +14,7 @@
 #include "frontend.h"
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
+#include "kernels/native_kernel.h"
 
 namespace fusebox {
 
@@ -25,7 +26,9 @@ struct GpuContext::Impl {
 };
 
 struct Plan::Impl {
-  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // always a cudnn::FeGraph (built or deserialized)
+  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // a cudnn::FeGraph (built or deserialized); null when native
+  // fusebox's own kernel instead of a cuDNN plan (an op cuDNN has none for).
+  std::shared_ptr<const kernels::NativeKernel> native;
   std::string engine;
   int64_t plan_index = -1;  // -1: the graph's own candidate (deserialized plans)
   int64_t workspace_bytes = 0;

@@ -205,6 +205,42 @@ std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext
   return std::move(created).value();
 }
 
+// A graph fusebox runs with its own kernel (kernels/native_kernel.h): no cuDNN
+// call, so no heuristics, support check or build; one "validate" step (the
+// kernel's own checks), said in the report. The same for live and deviceless
+// targets: the kernel needs nothing from cuDNN.
+Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
+                               BuildReport& r) {
+  fill_target(r, target);
+  std::shared_ptr<const kernels::NativeKernel> kernel;
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
+    auto k = kernels::make_native_kernel(g);
+    if (!k.ok()) return {fe::error_code_t::INVALID_VALUE, k.status().message()};
+    kernel = std::move(k).value();
+    return {fe::error_code_t::OK, ""};
+  }));
+  if (!options.engine.empty() && options.engine != kernel->name()) {
+    return InvalidArgument("pinned engine '" + options.engine + "' is not among the 1 candidates for this graph; " +
+                           "candidates are:\n  " + kernel->name() + " (fusebox's own kernel)");
+  }
+  auto impl = std::make_unique<Plan::Impl>();
+  impl->native = kernel;
+  impl->engine = kernel->name();
+  for (const ResolvedTensor& t : g.tensors) {
+    if (t.uid > 0) {
+      impl->uids[t.name] = t.uid;
+      impl->tensor_bytes[t.name] = t.storage_bytes();
+    }
+  }
+  r.engine = impl->engine;
+  r.candidate_plans = 1;
+  r.plan_index = 0;
+  r.notes_known = true;  // no behavior notes: not a cuDNN engine
+  r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
+                             "' (cuDNN 9.19 has no op for it): no cuDNN heuristics, support check or plan build");
+  return Plan(std::move(impl));
+}
+
 }  // namespace
 }  // namespace cudnn
 
@@ -230,6 +266,7 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   auto owned_ctx = maybe_context(target, ctx, &ctx_status);
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (owned_ctx) ctx = owned_ctx.get();
+  if (kernels::has_native_op(g)) return build_native_plan(g, target, options, r);
 
   BuildOptions effective = options;
   if (!options.engine.empty()) {
@@ -305,6 +342,7 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
 
 struct CandidateSet::Impl {
   std::unique_ptr<GpuContext> owned_ctx;
+  std::optional<Plan> native;  // a graph fusebox runs itself: its one candidate
   cudnn::LoweredGraph lowered;
   std::vector<EngineCandidate> candidates;
   BuildReport* report = nullptr;
@@ -326,6 +364,17 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
   impl->owned_ctx = maybe_context(target, ctx, &ctx_status);
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (impl->owned_ctx) ctx = impl->owned_ctx.get();
+  if (kernels::has_native_op(g)) {
+    FUSEBOX_ASSIGN_OR_RETURN(Plan plan, build_native_plan(g, target, options, *impl->report));
+    EngineCandidate c;
+    c.index = 0;
+    c.name = plan.engine_name();
+    c.supported = true;
+    c.workspace_bytes = 0;
+    impl->candidates.push_back(std::move(c));
+    impl->native.emplace(std::move(plan));
+    return CandidateSet(std::move(impl));
+  }
   FUSEBOX_ASSIGN_OR_RETURN(impl->lowered, first_three_steps(g, target, options, ctx, *impl->report));
   auto& graph = *impl->lowered.graph;
   try {
@@ -353,6 +402,7 @@ const std::vector<EngineCandidate>& CandidateSet::candidates() const { return im
 
 void CandidateSet::check_all(bool build) {
   using namespace cudnn;
+  if (impl_->native) return;  // one candidate, built already
   auto& graph = *impl_->lowered.graph;
   BuildReport& r = *impl_->report;
   auto timed = [&](const std::string& name, const std::function<void()>& fn) {
@@ -407,6 +457,10 @@ Result<Plan> CandidateSet::plan_at(int64_t index) {
   if (index < 0 || index >= static_cast<int64_t>(impl_->candidates.size())) {
     return InvalidArgument("candidate index " + std::to_string(index) + " is out of range (" +
                            std::to_string(impl_->candidates.size()) + " candidates)");
+  }
+  if (impl_->native) {  // a copy sharing the kernel
+    auto impl = std::make_unique<Plan::Impl>(*impl_->native->impl());
+    return Plan(std::move(impl));
   }
   auto& graph = *impl_->lowered.graph;
   auto impl = std::make_unique<Plan::Impl>();
@@ -485,9 +539,15 @@ const std::string& Plan::engine_name() const {
   return impl_ ? impl_->engine : empty;
 }
 int64_t Plan::workspace_bytes() const { return impl_ ? impl_->workspace_bytes : 0; }
+bool Plan::native() const { return impl_ && impl_->native; }
 
 Result<std::vector<uint8_t>> Plan::serialize() const {
   if (!impl_) return Internal("serialize: empty plan");
+  if (impl_->native) {
+    return NotSupported("engine '" + impl_->engine +
+                        "' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize (building it "
+                        "costs no cuDNN call, so it needs no plan file or cache entry)");
+  }
   std::vector<uint8_t> bytes;
   try {
     // serialize() writes the graph's current candidate: make it this plan's.
@@ -514,6 +574,11 @@ Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffer
   if (impl_->workspace_bytes > 0 && workspace == nullptr) {
     return InvalidArgument("execute: plan needs " + std::to_string(impl_->workspace_bytes) +
                            " bytes of workspace and none was given");
+  }
+  if (impl_->native) {
+    std::vector<void*> ptrs;
+    for (const std::string& name : impl_->native->tensors()) ptrs.push_back(buffers.at(name));
+    return impl_->native->launch(ptrs.data(), ctx.impl()->stream);
   }
   try {
     auto err = impl_->plan_index >= 0

@@ -92,6 +92,7 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
 bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
                 const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings) {
   if (!cache || !cache->enabled() || cache->read_only()) return false;
+  if (plan.native()) return false;  // fusebox's own kernel: nothing to cache, built without cuDNN
   auto bytes = plan.serialize();
   if (!bytes.ok()) {
     warnings->push_back("plan not cached: " + bytes.status().message());

@@ -46,6 +46,7 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
     }
   }
   FUSEBOX_RETURN_IF_ERROR(check_sdpa_paged_inputs(g, inputs));
+  FUSEBOX_RETURN_IF_ERROR(check_embedding_ids(g, inputs));
   // A backward graph runs on a real forward: o and stats from q, k and v,
   // unless the caller gave them.
   bool derive = false;

@@ -237,6 +237,15 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
     if (!got[j].ok()) return got[j].status();
     data[static_cast<int>(todo[j])] = std::move(got[j]).value();
   }
+  // Values an op must check before it runs (embedding ids): each stage sees its inputs and constants.
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    std::map<std::string, HostTensor> known;
+    for (const auto& [tensor, bi] : p.stages[s].bind) {
+      auto it = data.find(bi);
+      if (it != data.end()) known.emplace(tensor, it->second);
+    }
+    FUSEBOX_RETURN_IF_ERROR(check_embedding_ids(p.stages[s].graph, known).WithContext(stage_where(p, static_cast<int>(s))));
+  }
   return data;
 }
 

@@ -37,6 +37,9 @@ const std::set<std::string> kDevicelessBuildable = {
 // on Hopper, refused below cuDNN 9.26 on Blackwell): fusebox refuses them for
 // the H200 at validate (SdpaSupportMatrix.BlockMaskNeedsBlackwell).
 const std::set<std::string> kNeedsBlackwell = {"sdpa_block_mask", "sdpa_block_mask_small"};
+// Examples fusebox runs with its own kernel (an op cuDNN 9.19 has none for):
+// a plan with one step and no cuDNN engine, for any target.
+const std::set<std::string> kNativeKernel = {"embedding", "embedding_small"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());
@@ -92,6 +95,21 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
     EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
     EXPECT_NE(plan.status().message().find("need a Blackwell GPU (sm_100"), std::string::npos) << plan.status().message();
     ASSERT_EQ(report.steps.size(), 1u);
+    return;
+  }
+  if (kNativeKernel.count(stem(path))) {
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_TRUE(plan->native());
+    EXPECT_EQ(plan->engine_name(), "fusebox_embedding");
+    EXPECT_EQ(plan->workspace_bytes(), 0);
+    ASSERT_EQ(report.steps.size(), 1u);
+    EXPECT_EQ(report.steps[0].name, "validate");
+    ASSERT_EQ(report.lowering_notes.size(), 1u);
+    EXPECT_NE(report.lowering_notes[0].find("fusebox's own CUDA kernel"), std::string::npos);
+    auto bytes = plan->serialize();  // nothing to serialize, said so
+    ASSERT_FALSE(bytes.ok());
+    EXPECT_EQ(bytes.status().code(), StatusCode::kNotSupported);
+    EXPECT_NE(bytes.status().message().find("not a cuDNN plan"), std::string::npos);
     return;
   }
   ASSERT_GE(report.steps.size(), 3u);
@@ -156,6 +174,20 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
     EXPECT_NE(engines.status().message().find("need a Blackwell GPU (sm_100"), std::string::npos)
         << engines.status().message();
     GTEST_SKIP() << stem(path) << ": refused for the H200 by design (see RunsTheFiveStepsForTheH200)";
+  }
+  if (kNativeKernel.count(stem(path))) {  // one candidate: fusebox's kernel
+    ResolvedGraph g = load(path);
+    auto engines = list_engines(g, h200(), BuildOptions{}, /*build_each=*/true, nullptr);
+    ASSERT_TRUE(engines.ok()) << engines.status().ToString();
+    ASSERT_EQ(engines->size(), 1u);
+    EXPECT_EQ(engines->front().name, "fusebox_embedding");
+    EXPECT_TRUE(engines->front().supported);
+    BuildOptions pin;
+    pin.engine = "eng0";
+    auto pinned = build_plan(g, h200(), pin, nullptr);
+    ASSERT_FALSE(pinned.ok());
+    EXPECT_NE(pinned.status().message().find("fusebox_embedding (fusebox's own kernel)"), std::string::npos);
+    return;
   }
   if (!kDevicelessBuildable.count(stem(path)) && gpu_count() == 0) {
     GTEST_SKIP() << stem(path)
@@ -378,6 +410,32 @@ TEST(SdpaSupportMatrix, PrefillKeepsItsCausalMask) {
   ASSERT_GE(report.steps.size(), 2u);
   EXPECT_TRUE(report.steps[0].status.ok()) << report.steps[0].status.ToString();
   EXPECT_TRUE(report.lowering_notes.empty()) << report.lowering_notes[0];
+}
+
+}  // namespace
+}  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// An embedding (fusebox's own kernel) shares its graph with no cuDNN op: the
+// build says which ops to move, before any cuDNN call.
+TEST(NativeKernel, EmbeddingMustBeAloneInItsGraph) {
+  auto spec = parse_graph_json(R"({"name": "mixed", "io_dtype": "bf16", "tensors": [
+    {"name": "ids", "dims": [8, 1, 1, 1], "dtype": "int32"}, {"name": "table", "dims": [20, 16, 1, 1]},
+    {"name": "e", "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}],
+  "ops": [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "table"}, "outputs": {"y": "e"}},
+          {"op": "relu", "name": "act", "inputs": {"x": "e"}, "outputs": {"y": "y"}}]})");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  BuildReport report;
+  auto plan = build_plan(*g, h200(), BuildOptions{}, &report);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << plan.status().ToString();
+  for (const char* part : {"[embedding 'embed']", "must be the only op of its graph", "relu 'act'",
+                           "a stage of their own"})
+    EXPECT_NE(plan.status().message().find(part), std::string::npos) << part << "\n" << plan.status().message();
 }
 
 }  // namespace

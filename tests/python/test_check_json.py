@@ -20,7 +20,7 @@ PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": 
            "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
            "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
            "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
-           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y"}
+           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
@@ -132,6 +132,12 @@ def test_example_document(run_check, path):
             dims = op["attrs"]["reduce_dims"]
             assert dims == sorted(set(dims)) and all(0 <= d < len(x) for d in dims), dims
             assert y == [1 if d in dims else x[d] for d in range(len(x))], (x, y, dims)
+        elif op["op"] == "embedding":
+            # y [N, H, 1, 1] from ids [N, 1, 1, 1] and table [V, H, 1, 1]; fusebox's own kernel
+            ids, table = tensors[op["inputs"]["ids"]], tensors[op["inputs"]["table"]]
+            y = tensors[op["outputs"]["y"]]["dims"]
+            assert y == [ids["dims"][0], table["dims"][1], 1, 1] and ids["dtype"] == "int32"
+            assert op["attrs"] == {"add": "add" in op["inputs"], "vocab": table["dims"][0], "native_kernel": True}
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}

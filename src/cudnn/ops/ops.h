@@ -61,6 +61,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& a
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attrs);
 // ---- pointwise: ops/pointwise_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& attrs);
+// ---- embedding: ops/embedding_lowering.cpp (no cuDNN op: fusebox's own kernel, src/kernels/)
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& attrs);
 // ---- sdpa: ops/sdpa_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);

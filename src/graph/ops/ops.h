@@ -102,6 +102,8 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormInferenceAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormBwdAttrs)
 // reduction.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(ReductionAttrs)
+// embedding.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(EmbeddingAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -125,6 +127,7 @@ std::vector<std::string_view> type_names(std::type_identity<BatchNormAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<BatchNormInferenceAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<BatchNormBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<ReductionAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<EmbeddingAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
@@ -143,6 +146,7 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormInferenceAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ReductionAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<EmbeddingAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

@@ -97,4 +97,8 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a)
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const ReductionAttrs& a);
 Tolerance tolerance(const ReductionAttrs& a, std::string_view role, DType dtype);
 
+// ---- embedding: ops/embedding_cpu.cpp, ops/embedding_gpu.cu (fusebox's own kernel: src/kernels/)
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a);
+Tolerance tolerance(const EmbeddingAttrs& a, std::string_view role, DType dtype);
 }  // namespace fusebox::reference_detail

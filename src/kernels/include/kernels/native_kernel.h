@@ -1,0 +1,36 @@
+// fusebox kernels layer: the ops fusebox runs with CUDA kernels of its own,
+// where cuDNN 9.19 has no op (docs/architecture.md, "Native ops"). The cuDNN
+// layer wraps one in a Plan (engine "fusebox_<op>"), so sessions, bound
+// plans, CUDA graphs and pipelines run it like any plan. No cuDNN here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+
+namespace fusebox::kernels {
+
+class NativeKernel {
+ public:
+  virtual ~NativeKernel() = default;
+  // The engine name plans report: "fusebox_embedding".
+  virtual const std::string& name() const = 0;
+  // The graph tensors it reads and writes, in the order launch() takes them.
+  virtual const std::vector<std::string>& tensors() const = 0;
+  // Enqueues the kernel on `stream` (a cudaStream_t) with the tensors'
+  // device pointers in tensors() order. Asynchronous.
+  virtual Status launch(void* const* ptrs, void* stream) const = 0;
+};
+
+// Whether `g` has an op only fusebox's own kernels run (embedding).
+bool has_native_op(const ResolvedGraph& g);
+
+// The kernel for a graph whose only op is a native one. A native op with
+// other ops in its graph is InvalidArgument naming them (a graph is one
+// cuDNN plan or one fusebox kernel: put the op in a pipeline stage of its own).
+Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGraph& g);
+
+}  // namespace fusebox::kernels

@@ -1,0 +1,72 @@
+// fusebox: the CPU reference of the embedding lookup (include/fusebox/ops/embedding.h),
+// and its verification tolerance: y[n, h] = table[ids[n], h] + add[n % P, h]; an id
+// outside the table gives a NaN row.
+#include <cmath>
+#include <limits>
+
+#include "ops/cpu_context.h"
+#include "ops/ops.h"
+#include "tensor_util.h"
+
+namespace fusebox::reference_detail {
+
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a) {
+  FUSEBOX_ASSIGN_OR_RETURN(const Values* ids, ctx.in("ids"));
+  FUSEBOX_ASSIGN_OR_RETURN(const Values* table, ctx.in("table"));
+  const Values* add = nullptr;
+  if (a.add) {
+    FUSEBOX_ASSIGN_OR_RETURN(add, ctx.in("add"));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(Values * y, ctx.out("y"));
+  const int64_t n = ids->dims.at(0), v = table->dims.at(0), h = table->dims.at(1);
+  const int64_t p = add ? add->dims.at(0) : 1;
+  if (y->dims.at(0) != n || y->dims.at(1) != h)
+    return InvalidArgument(op_where(op) + "y " + dims_string(y->dims) + " is not [N, H, 1, 1]");
+  for (int64_t r = 0; r < n; ++r) {
+    const double id = ids->data[static_cast<size_t>(r)];
+    const bool inside = id >= 0 && id < static_cast<double>(v);
+    const int64_t row = inside ? static_cast<int64_t>(id) : 0;
+    for (int64_t c = 0; c < h; ++c) {
+      double s = std::numeric_limits<double>::quiet_NaN();
+      if (inside) {
+        s = table->data[static_cast<size_t>(row * h + c)];
+        if (add) s += add->data[static_cast<size_t>((r % p) * h + c)];
+      }
+      y->data[static_cast<size_t>(r * h + c)] = static_cast<float>(s);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace fusebox::reference_detail
+
+namespace fusebox {
+
+Status check_embedding_ids(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
+  for (const ResolvedOp& op : g.ops) {
+    if (!std::holds_alternative<EmbeddingAttrs>(op.attrs)) continue;
+    const ResolvedTensor& ids = g.tensors[op.inputs.at("ids")];
+    const ResolvedTensor& table = g.tensors[op.inputs.at("table")];
+    auto it = inputs.find(ids.name);
+    if (it == inputs.end()) continue;
+    const std::vector<float> v = it->second.to_float_logical();
+    const int64_t rows = table.dims.at(0);
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] >= 0 && v[i] < static_cast<float>(rows)) continue;
+      return InvalidArgument(reference_detail::op_where(op) + "input 'ids' ('" + ids.name + "'): ids[" +
+                             std::to_string(i) + "] = " + std::to_string(static_cast<int64_t>(v[i])) +
+                             " is outside table '" + table.name + "' of " + std::to_string(rows) +
+                             " rows: every id must be in [0, " + std::to_string(rows) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace fusebox
+
+namespace fusebox::reference_detail {
+
+// One fp32 add rounded once to y's dtype: the default tolerance of that dtype.
+Tolerance tolerance(const EmbeddingAttrs&, std::string_view, DType dtype) { return default_tolerance(dtype); }
+
+}  // namespace fusebox::reference_detail

@@ -1,0 +1,118 @@
+// The embedding op (include/fusebox/ops/embedding.h): resolve()'s rules and
+// their messages, random ids inside the table, the id check before a run, and
+// the CPU reference against a lookup written out here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/reference.h"
+#include "reference_test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing_util::host_from;
+
+// ids [N,1,1,1], table [V,H,1,1], add [P,H,1,1]; `ids`, `table`, `add` replace those tensors' fields.
+std::string embed_json(const std::string& ids = R"("dims": [6, 1, 1, 1], "dtype": "int32")",
+                       const std::string& table = R"("dims": [10, 8, 1, 1], "layout": "nhwc")",
+                       const std::string& add = R"("dims": [3, 8, 1, 1], "layout": "nhwc")", bool with_add = true,
+                       const std::string& extra_op = "") {
+  return R"({"name": "emb", "io_dtype": "bf16", "tensors": [
+    {"name": "ids", )" + ids + R"(}, {"name": "table", )" + table + R"(}, {"name": "add", )" + add +
+         R"(}, {"name": "y", "layout": "nhwc"}],
+  "ops": [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "table")" +
+         (with_add ? R"(, "add": "add")" : "") + R"(}, "outputs": {"y": "y"}})" + extra_op + "]}";
+}
+
+Result<ResolvedGraph> resolve_json(const std::string& text) {
+  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(text));
+  return resolve(spec);
+}
+
+void expect_error(const std::string& json, std::initializer_list<const char*> needles) {
+  auto r = resolve_json(json);
+  ASSERT_FALSE(r.ok()) << "expected an error";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  for (const char* n : needles) EXPECT_NE(r.status().message().find(n), std::string::npos) << n << "\n" << r.status().message();
+}
+
+TEST(Embedding, ResolvesShapesAndRandomIdRange) {
+  auto g = resolve_json(embed_json());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const ResolvedTensor& y = g->tensors[g->find_tensor("y")];
+  EXPECT_EQ(y.dims, (std::vector<int64_t>{6, 8, 1, 1}));
+  EXPECT_EQ(y.dtype, DType::kBF16);
+  EXPECT_FALSE(y.is_virtual);
+  const ResolvedTensor& ids = g->tensors[g->find_tensor("ids")];
+  EXPECT_EQ(ids.random_lo, 0);
+  EXPECT_EQ(ids.random_hi, 9);  // V - 1: random ids are rows of the table
+  EXPECT_DOUBLE_EQ(g->flops(), 6.0 * 8);
+  auto without = resolve_json(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")",
+                                         R"("dims": [10, 8, 1, 1], "layout": "nhwc")",
+                                         R"("dims": [3, 8, 1, 1], "layout": "nhwc")", false));
+  ASSERT_FALSE(without.ok());  // 'add' declared but unused: an unused input is an error
+}
+
+TEST(Embedding, RefusesWhatTheKernelCannotRead) {
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1])"), {"[embedding 'embed'] input 'ids' ('ids')", "int32"});
+  expect_error(embed_json(R"("dims": [6, 2, 1, 1], "dtype": "int32")"), {"[N, 1, 1, 1]"});
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8], "layout": "row_major")"),
+               {"input 'table' ('table')", "[rows, H, 1, 1]"});
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1], "strides": [1, 10, 1, 1])"),
+               {"input 'table' ('table')", "rows of H contiguous values"});
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1], "dtype": "int32")"),
+               {"input 'table'", "bf16, fp16 or fp32"});
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1])",
+                          R"("dims": [4, 8, 1, 1])"),
+               {"input 'add' ('add') has 4 rows, which do not divide the 6 ids"});
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1])",
+                          R"("dims": [3, 4, 1, 1])"),
+               {"input 'add' ('add') has rows of 4", "rows of 8", "[P, 8, 1, 1]"});
+}
+
+TEST(Embedding, CpuReferenceLooksUpAddsAndGivesNanOutsideTheTable) {
+  auto g = resolve_json(embed_json());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const ResolvedTensor& ids_t = g->tensors[g->find_tensor("ids")];
+  const ResolvedTensor& table_t = g->tensors[g->find_tensor("table")];
+  const ResolvedTensor& add_t = g->tensors[g->find_tensor("add")];
+  std::vector<double> table(80), add(24);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = std::ldexp(static_cast<double>(i % 13) - 6, -3);
+  for (size_t i = 0; i < add.size(); ++i) add[i] = std::ldexp(static_cast<double>(i % 7) - 3, -4);
+  const std::vector<double> ids{7, 0, 9, 3, 3, 5};
+  std::map<std::string, HostTensor> in{{"ids", host_from(ids_t, ids)},
+                                       {"table", host_from(table_t, table)},
+                                       {"add", host_from(add_t, add)}};
+  EXPECT_TRUE(check_embedding_ids(*g, in).ok());
+  auto ref = reference_cpu(*g, in);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  const std::vector<float>& y = ref->at("y");
+  ASSERT_EQ(y.size(), 48u);
+  for (int n = 0; n < 6; ++n) {
+    for (int h = 0; h < 8; ++h) {
+      const double want = table[static_cast<size_t>(ids[n] * 8 + h)] + add[static_cast<size_t>((n % 3) * 8 + h)];
+      EXPECT_EQ(y[static_cast<size_t>(n * 8 + h)], static_cast<float>(want)) << n << "," << h;
+    }
+  }
+  // An id outside [0, V): the check names it; the reference gives its row NaN.
+  in["ids"] = host_from(ids_t, {7, 0, 10, 3, -1, 5});
+  Status bad = check_embedding_ids(*g, in);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("[embedding 'embed'] input 'ids' ('ids'): ids[2] = 10 is outside table 'table' of 10 rows"),
+            std::string::npos)
+      << bad.message();
+  auto nan_ref = reference_cpu(*g, in);
+  ASSERT_TRUE(nan_ref.ok());
+  EXPECT_TRUE(std::isnan(nan_ref->at("y")[2 * 8]));
+  EXPECT_TRUE(std::isnan(nan_ref->at("y")[4 * 8 + 7]));
+  EXPECT_FALSE(std::isnan(nan_ref->at("y")[3 * 8]));
+}
+
+}  // namespace
+}  // namespace fusebox
