@@ -367,9 +367,10 @@ def md_cell(text):
 
 MODEL_TARGET_NOTE = ("Issue 14's targets (best PyTorch / fusebox GPU time): MiniLM at least 1.5x at batch 1 and "
                      "1.2x at the larger sizes; ResNet-50 at least 1.3x at batch 1 and 1.1x at 256 (batch 32 held "
-                     "to 1.1x). MiniLM: both sides start from the embeddings' sum (word + position + token type: the "
-                     "runner's host step, docs/models.md; torch's embedding module is reduced to its LayerNorm "
-                     "for the timing; rows measured before 2026-12-01 17:00 UTC gave torch the lookup too); the "
+                     "to 1.1x). MiniLM: both sides start from the token ids (fusebox's embed stage, its own CUDA "
+                     "kernel, against torch's BertEmbeddings; docs/models.md). Rows measured between 2026-12-01 "
+                     "17:00 and 23:00 UTC started both sides from the embeddings' sum (the lookup was a host step "
+                     "then), earlier ones gave torch the lookup only; the "
                      "_dyn rows run dynamic-shape plans, _fqkv one Q/K/V GEMM a layer, _tuned plans from "
                      "`pipeline tune` at the shape.")
 

@@ -1057,7 +1057,7 @@ MODEL_RUNS = {
     "minilm_b1_s32_dyn": _minilm(1, 32, dynamic=True),
     "minilm_b32_s128_dyn": _minilm(32, 128, dynamic=True),
     "minilm_b256_s128_dyn": _minilm(256, 128, dynamic=True),
-    # One Q/K/V GEMM a layer (view buffers), 44 stages instead of 56.
+    # One Q/K/V GEMM a layer (view buffers), 45 stages instead of 57.
     "minilm_b1_s32_fqkv": _minilm(1, 32, fused_qkv=True),
     "minilm_b32_s128_fqkv": _minilm(32, 128, fused_qkv=True),
     "minilm_b256_s128_fqkv": _minilm(256, 128, fused_qkv=True),

@@ -11,8 +11,11 @@ whole model (docs/models.md, "all-MiniLM-L6-v2").
 
 What runs where (B sequences of S tokens, N = B*S rows, H hidden):
 
-  host/runner  ids -> word + position + token_type embeddings (a gather; no cuDNN op)
-               -> buffer `emb` [N, H] (bf16)
+  host/runner  tokenizer -> ids [N] (int32) and the S position rows plus the token-type row,
+               pos_type [S, H] (pos_emb[:S] + type_emb[0], a few kB)
+  stage embed          embedding: word_emb[ids] + pos_type[n % S], fusebox's own CUDA kernel
+                       (cuDNN 9.19 has no gather op; docs/architecture.md, "Native ops")
+                                                                        -> emb [N, H]
   stage emb_ln         layernorm(emb)                                   -> h0
   per layer l (9 stages, 7 graph files shared by all layers):
     q{l}, k{l}, v{l}   matmul + bias            h @ Wq^T + bq           -> [N, H]
@@ -42,9 +45,10 @@ bf16 value with |v| >= 2^-17; smaller ones round by less than 2^-25), half the
 bytes of float32: the six layers take 21 MB. LayerNorm gains and biases are
 rounded to bf16 too and stored as float32 (<f4): cuDNN 9.19's fast LayerNorm
 engines need a bf16 gain and bias (with fp32 ones only its generic engine runs,
-about 5 times slower). The embedding tables (host side) are float16 (the runner adds them
-in float32 and the sum is rounded to bf16 for the pipeline). Everything the GPU
-machine needs is about 50 MB (one carry).
+about 5 times slower). The word table is a pipeline constant (weights/word_emb.npy, [V, H, 1, 1],
+rounded to bf16 and stored as float16); the position and token-type tables stay on the host
+(host/, float16): the runner adds the S position rows and the token-type row in float32 and the
+pipeline reads the sum rounded to bf16. Everything the GPU machine needs is about 50 MB (one carry).
 """
 import argparse
 import json
@@ -228,8 +232,9 @@ def round_bf16(x):
 
 def pipeline_params(p):
     """The parameters as the pipeline reads them: matmul weights and biases bf16,
-    layernorm gains and biases bf16 (stored as float32), embedding tables float16 (stored so)."""
-    q = {"word_emb": p["word_emb"].astype(np.float16).astype(np.float32),
+    layernorm gains and biases bf16 (stored as float32), the word table bf16 (stored as float16:
+    the embed stage reads it), the position and token-type tables float16 (the runner's)."""
+    q = {"word_emb": f16_exact(round_bf16(p["word_emb"].astype(np.float16).astype(np.float32))),
          "pos_emb": p["pos_emb"].astype(np.float16).astype(np.float32),
          "type_emb": p["type_emb"].astype(np.float16).astype(np.float32),
          "emb_ln_g": round_bf16(p["emb_ln_g"]), "emb_ln_b": round_bf16(p["emb_ln_b"]), "layers": []}
@@ -285,7 +290,8 @@ def write_weights(p, cfg, out_dir):
         # The fused Q/K/V GEMM's (write_*pipeline(fused_qkv=True)): the three stacked, [3, H, H] and [3, 1, H].
         save(f"weights/l{l}_wqkv.npy", np.stack([L[n].reshape(H, H) for n in ("wq", "wk", "wv")]).astype("<f2"))
         save(f"weights/l{l}_bqkv.npy", np.stack([L[n].reshape(1, H) for n in ("bq", "bk", "bv")]).astype("<f2"))
-    for name in ("word_emb", "pos_emb", "type_emb"):
+    save("weights/word_emb.npy", q["word_emb"].reshape(cfg["vocab"], H, 1, 1).astype("<f2"))
+    for name in ("pos_emb", "type_emb"):
         save(f"host/{name}.npy", q[name].astype("<f2"))
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:
         json.dump(cfg, f, indent=1)
@@ -306,7 +312,8 @@ def load_converted(out_dir):
     def ld(rel):
         return np.load(os.path.join(out_dir, rel), allow_pickle=False).astype(np.float32)
 
-    p = {n: ld(f"host/{n}.npy") for n in ("word_emb", "pos_emb", "type_emb")}
+    p = {n: ld(f"host/{n}.npy") for n in ("pos_emb", "type_emb")}
+    p["word_emb"] = ld("weights/word_emb.npy").reshape(cfg["vocab"], H)
     p["emb_ln_g"], p["emb_ln_b"] = ld("weights/emb_ln_g.npy").reshape(H), ld("weights/emb_ln_b.npy").reshape(H)
     p["layers"] = []
     for l in range(cfg["layers"]):
@@ -339,6 +346,18 @@ def _graph(name, tensors, ops, symbols=None):
 
 def _dim_name(v):
     return v if isinstance(v, str) else str(v)
+
+
+def embed_graph(N, S, V, H, symbols=None):
+    """The embedding lookup, fusebox's own kernel: emb [N, H, 1, 1] = word_emb[ids] + pos_type[n % S]
+    (ids [N, 1, 1, 1] int32, word_emb [V, H, 1, 1], pos_type [S, H, 1, 1]; bf16, NHWC rows)."""
+    return _graph(f"minilm_embed_{_dim_name(N)}x{H}", [
+        _t("ids", [N, 1, 1, 1], dtype="int32"),
+        _t("word_emb", [V, H, 1, 1], layout="nhwc"),
+        _t("pos_type", [S, H, 1, 1], layout="nhwc"),
+        _t("emb", None, layout="nhwc"),
+    ], [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "word_emb", "add": "pos_type"},
+         "outputs": {"y": "emb"}}], symbols)
 
 
 def ln_graph(N, H, eps, symbols=None):
@@ -485,10 +504,11 @@ def dynamic_shape_args(B, S):
 
 def _write(out_dir, cfg, B, S, N, gdir, name, symbols, fused_qkv=False):
     """fused_qkv: one GEMM per layer writes qkv{l} [3, N, H] and the attention reads its three
-    parts (view buffers: docs/pipeline-format.md) instead of three GEMMs: 2 + 7 x layers stages."""
+    parts (view buffers: docs/pipeline-format.md) instead of three GEMMs: 3 + 7 x layers stages."""
     H, F, nh, d, L = cfg["hidden"], cfg["ffn"], cfg["heads"], head_dim(cfg), cfg["layers"]
     os.makedirs(os.path.join(out_dir, gdir), exist_ok=True)
     graphs = {
+        "embed": embed_graph(N, S, cfg["vocab"], H, symbols),
         "ln": ln_graph(N, H, cfg["eps"], symbols),
         "proj": linear_graph(N, H, H, symbols=symbols),
         "proj_residual": linear_graph(N, H, H, residual=True, symbols=symbols),
@@ -511,10 +531,14 @@ def _write(out_dir, cfg, B, S, N, gdir, name, symbols, fused_qkv=False):
         buffers[name] = {"kind": "constant", "file": f"weights/{name}.npy"}
         return name
 
-    buffers["emb"] = {"kind": "input"}
+    buffers["ids"] = {"kind": "input"}
+    buffers["pos_type"] = {"kind": "input"}
     buffers["seq_len_q"] = {"kind": "input"}
     buffers["seq_len_kv"] = {"kind": "input"}
     buffers["pool_mask"] = {"kind": "input"}
+    stages["embed"] = files["embed"]
+    buffers["emb"] = {"kind": "intermediate"}
+    bind["embed"] = {"ids": "ids", "word_emb": const("word_emb"), "pos_type": "pos_type", "emb": "emb"}
     stages["emb_ln"] = files["ln"]
     buffers["h0"] = {"kind": "intermediate", "reshape": True}
     bind["emb_ln"] = {"x": "emb", "scale": const("emb_ln_g"), "bias": const("emb_ln_b"), "y": "h0"}
@@ -565,7 +589,7 @@ def _write(out_dir, cfg, B, S, N, gdir, name, symbols, fused_qkv=False):
 
 
 def stage_count(cfg):
-    return 2 + 9 * cfg["layers"]
+    return 3 + 9 * cfg["layers"]
 
 
 # ------------------------------------------------------------------ inputs (the runner's host step)
@@ -583,19 +607,38 @@ def embed(p, ids, lengths, S, token_types=None):
     return (p["word_emb"][ids] + p["pos_emb"][None, :S] + p["type_emb"][tt]).astype(np.float32)
 
 
+def pos_type_rows(p, S):
+    """[S, H] float32: the position rows 0..S-1 plus the token-type-0 row, what the embed stage
+    adds to the looked-up word rows (row n of the batch gets row n % S)."""
+    return (p["pos_emb"][:S] + p["type_emb"][0][None]).astype(np.float32)
+
+
+def lookup(p, ids, pos_type):
+    """The embed stage in numpy: word_emb[ids] + pos_type[n % S], float32 [N, H] (ids [N] ints)."""
+    ids = np.asarray(ids).reshape(-1)
+    S = pos_type.shape[0]
+    return p["word_emb"][ids] + np.tile(np.asarray(pos_type, np.float32).reshape(S, -1), (ids.size // S, 1))
+
+
 def pipeline_inputs(p, ids, lengths, S):
     """The pipeline's input buffers for `fusebox pipeline run --input`: name -> array."""
     lengths = np.asarray(lengths, dtype=np.int64)
     B = lengths.shape[0]
     if np.any(lengths < 1) or np.any(lengths > S):
         raise MiniLMError(f"sequence lengths must be in [1, {S}], got {lengths.tolist()}")
-    emb = embed(p, ids, lengths, S)
-    H = emb.shape[-1]
+    ids = np.asarray(ids)
+    if ids.shape != (B, S):
+        raise MiniLMError(f"ids have shape {ids.shape}, expected ({B}, {S})")
+    if ids.min() < 0 or ids.max() >= p["word_emb"].shape[0]:
+        raise MiniLMError(f"token ids must be in [0, {p['word_emb'].shape[0]})")
+    H = p["word_emb"].shape[1]
     mask = np.zeros((1, B, B * S), dtype=np.float32)
     for b, n in enumerate(lengths):
         mask[0, b, b * S:b * S + n] = 1.0
     return {
-        "emb": emb.reshape(B * S, H, 1, 1),
+        # The embed stage's: the token ids and the rows it adds to each looked-up row (token type 0).
+        "ids": ids.astype(np.int32).reshape(B * S, 1, 1, 1),
+        "pos_type": pos_type_rows(p, S).reshape(S, H, 1, 1),
         "seq_len_q": np.full((B, 1, 1, 1), S, dtype=np.int32),
         "seq_len_kv": lengths.astype(np.int32).reshape(B, 1, 1, 1),
         "pool_mask": mask,

@@ -142,14 +142,19 @@ def test_pipeline_check(fusebox, tiny):
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0 and doc["ok"], proc.stderr
     stages = [s["name"] for s in doc["stages"]]
-    assert len(stages) == m.stage_count(TINY) == 20
-    assert stages[:11] == ["emb_ln", "q0", "k0", "v0", "attn0", "out0", "ln1_0", "up0", "down0", "ln2_0", "q1"]
+    assert len(stages) == m.stage_count(TINY) == 21
+    assert stages[:12] == ["embed", "emb_ln", "q0", "k0", "v0", "attn0", "out0", "ln1_0", "up0", "down0", "ln2_0",
+                           "q1"]
     assert stages[-1] == "pool"
-    # The layers share 7 graph files.
-    assert len({s["graph_file"] for s in doc["stages"]}) == 7
+    # The layers share 7 graph files; the embedding lookup has its own.
+    assert len({s["graph_file"] for s in doc["stages"]}) == 8
     bufs = {b["name"]: b for b in doc["buffers"]}
     N, H = B * S, TINY["hidden"]
-    assert bufs["emb"]["dims"] == [N, H, 1, 1] and bufs["emb"]["kind"] == "input"
+    # The embed stage (fusebox's own kernel) reads the ids and the position + type rows, writes emb.
+    assert bufs["ids"] == dict(bufs["ids"], kind="input", dtype="int32", dims=[N, 1, 1, 1])
+    assert bufs["pos_type"]["dims"] == [S, H, 1, 1] and bufs["pos_type"]["kind"] == "input"
+    assert bufs["word_emb"]["kind"] == "constant" and bufs["word_emb"]["dims"] == [TINY["vocab"], H, 1, 1]
+    assert bufs["emb"]["dims"] == [N, H, 1, 1] and bufs["emb"]["kind"] == "intermediate"
     assert bufs["seq_len_kv"]["dims"] == [B, 1, 1, 1] and bufs["seq_len_kv"]["dtype"] == "int32"
     assert bufs["pool_mask"]["dims"] == [1, B, N]
     # Views: q written [1, N, H] by its GEMM, read [B, heads, S, d] bshd by the attention.
@@ -159,7 +164,7 @@ def test_pipeline_check(fusebox, tiny):
     assert bufs["ffn0"]["dims"] == [1, N, TINY["ffn"]] and not bufs["ffn0"]["reshape"]
     assert bufs["pooled_sum"] == dict(bufs["pooled_sum"], kind="output", dtype="fp32", dims=[1, B, H])
     assert bufs["l1_w1"]["file"] == "weights/l1_w1.npy" and bufs["l1_w1"]["dims"] == [1, H, TINY["ffn"]]
-    attn = Graph.load(os.path.join(out, doc["stages"][4]["graph_file"]), fusebox)
+    attn = Graph.load(os.path.join(out, doc["stages"][5]["graph_file"]), fusebox)
     assert attn.dims["q"] == [B, TINY["heads"], S, 32] and attn.strides("q") == [S * H, 32, H, 1]
     assert attn.ops[0]["attrs"]["padding"] and attn.ops[0]["attrs"]["attn_scale"] == 1 / math.sqrt(32)
 
@@ -189,6 +194,9 @@ def test_graphs_pass_cudnn_operation_graph_deviceless(fusebox, tiny, repo_root):
                                "--json"], capture_output=True, text=True, timeout=120)
         doc = json.loads(proc.stdout)
         steps = {st["name"]: st["ok"] for st in doc.get("steps", [])}
+        if name == "embed.json":  # fusebox's own kernel: no cuDNN steps, built deviceless too
+            assert doc["ok"] and doc["engine"] == "fusebox_embedding" and list(steps) == ["validate"], doc
+            continue
         assert steps.get("validate") and steps.get("build_operation_graph"), (name, doc)
         # Where a build does stop deviceless, it is at engine creation, with exit 1 (NotSupported).
         assert doc["ok"] or (proc.returncode == 1 and steps.get("create_execution_plans") is False), (name, doc)
@@ -286,7 +294,12 @@ def test_pipeline_inputs_and_finish():
     p = m.random_params(TINY, seed=9)
     ids, lengths = ids_and_lengths(np.random.default_rng(10), [3, 16], 16, TINY["vocab"])
     ins = m.pipeline_inputs(p, ids, lengths, 16)
-    assert ins["emb"].shape == (32, 64, 1, 1)
+    assert ins["ids"].shape == (32, 1, 1, 1) and ins["ids"].dtype == np.int32
+    assert ins["ids"].ravel().tolist() == np.asarray(ids).ravel().tolist()
+    assert ins["pos_type"].shape == (16, 64, 1, 1)
+    # The embed stage's lookup is the reference's embedding sum.
+    emb = m.lookup(p, ins["ids"], ins["pos_type"].reshape(16, 64))
+    np.testing.assert_allclose(emb.reshape(2, 16, 64), m.embed(p, ids, lengths, 16), rtol=1e-6, atol=1e-6)
     assert ins["seq_len_q"].ravel().tolist() == [16, 16] and ins["seq_len_kv"].ravel().tolist() == [3, 16]
     assert ins["pool_mask"].sum() == 19 and ins["pool_mask"][0, 0, :3].tolist() == [1, 1, 1]
     assert ins["pool_mask"][0, 1, :16].sum() == 0
@@ -315,6 +328,10 @@ def run_op(op, vals, g):
         mu = x.mean(axes, keepdims=True)
         var = ((x - mu) ** 2).mean(axes, keepdims=True)
         return (x - mu) / np.sqrt(var + op["attrs"]["epsilon"]) * ins["scale"] + ins["bias"]
+    if kind == "embedding":  # fusebox's own kernel: word rows plus the repeating position + type rows
+        p = ins["add"].shape[0]
+        rows = ins["table"].reshape(ins["table"].shape[0], -1)[ins["ids"].reshape(-1).astype(np.int64)]
+        return (rows + np.tile(ins["add"].reshape(p, -1), (rows.shape[0] // p, 1))).reshape(rows.shape[0], -1, 1, 1)
     if kind == "sdpa_fwd":
         assert op["attrs"]["padding"] and ins["seq_len_q"].ravel().tolist() == [ins["q"].shape[2]] * len(ins["q"])
         return m.attention(ins["q"], ins["k"], ins["v"], ins["seq_len_kv"].ravel()).astype(np.float64)
@@ -362,7 +379,7 @@ def test_pipeline_interpreted_in_numpy_matches_the_reference(fusebox, tiny, shap
         assert list(arr.shape) == pl.buffers[name]["dims"], name
         assert (arr.dtype.kind == "i") == (pl.buffers[name]["dtype"] == "int32"), name
     if fused:  # one Q/K/V stage a layer, its parts read as views
-        assert len(pl.stages) == 2 + 7 * cfg["layers"]
+        assert len(pl.stages) == 3 + 7 * cfg["layers"]
         assert pl.buffers["k1"]["view"]["of"] == "qkv1" and pl.buffers["k1"]["view"]["part"] == 1
     emb = m.finish(values["pooled_sum"], lengths)
     ref, hidden, pooled = m.reference(p, cfg, ids, lengths, S)
@@ -384,13 +401,18 @@ def test_symbolic_pipeline_checks_every_shape_and_refuses_bad_ones(fusebox, tiny
         assert proc.returncode == 0 and doc["ok"], proc.stderr
         bufs = {b["name"]: b for b in doc["buffers"]}
         assert bufs["emb"]["dims"] == [B * S, H, 1, 1] and bufs["pooled_sum"]["dims"] == [1, B, H]
+        assert bufs["ids"]["dims"] == [B * S, 1, 1, 1] and bufs["pos_type"]["dims"] == [S, H, 1, 1]
         assert bufs["seq_len_q"]["dims"] == [B, 1, 1, 1] and bufs["pool_mask"]["dims"] == [1, B, B * S]
     with open(os.path.join(out, "graphs", "dyn", "attn.json")) as f:
         attn = json.load(f)
     assert attn["symbols"]["S"]["max"] == TINY["max_pos"] and "values" not in attn["tensors"][3]
-    bad = subprocess.run([fusebox, "pipeline", "check", path, "--shape", "B=2,S=16,N=33"], capture_output=True,
+    bad = subprocess.run([fusebox, "pipeline", "check", path, "--shape", "B=2,S=16,N=48"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and '"reshape" buffer' in bad.stderr, bad.stderr
+    # N not a multiple of S: the embed stage cannot repeat the position rows (named first)
+    odd = subprocess.run([fusebox, "pipeline", "check", path, "--shape", "B=2,S=16,N=33"], capture_output=True,
+                         text=True, timeout=120)
+    assert odd.returncode == 2 and "stage 'embed'" in odd.stderr and "do not divide the 33 ids" in odd.stderr, odd.stderr
     big = subprocess.run([fusebox, "pipeline", "check", path, *m.dynamic_shape_args(5, 8)], capture_output=True,
                          text=True, timeout=120)
     assert big.returncode == 2 and "symbol 'B'" in big.stderr and "[1, 4]" in big.stderr, big.stderr
