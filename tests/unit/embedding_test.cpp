@@ -15,7 +15,9 @@
 namespace fusebox {
 namespace {
 
+using testing_util::expect_error;
 using testing_util::host_from;
+using testing_util::resolve_json;
 
 // ids [N,1,1,1], table [V,H,1,1], add [P,H,1,1]; `ids`, `table`, `add` replace those tensors' fields.
 std::string embed_json(const std::string& ids = R"("dims": [6, 1, 1, 1], "dtype": "int32")",
@@ -27,18 +29,6 @@ std::string embed_json(const std::string& ids = R"("dims": [6, 1, 1, 1], "dtype"
          R"(}, {"name": "y", "layout": "nhwc"}],
   "ops": [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "table")" +
          (with_add ? R"(, "add": "add")" : "") + R"(}, "outputs": {"y": "y"}})" + extra_op + "]}";
-}
-
-Result<ResolvedGraph> resolve_json(const std::string& text) {
-  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(text));
-  return resolve(spec);
-}
-
-void expect_error(const std::string& json, std::initializer_list<const char*> needles) {
-  auto r = resolve_json(json);
-  ASSERT_FALSE(r.ok()) << "expected an error";
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
-  for (const char* n : needles) EXPECT_NE(r.status().message().find(n), std::string::npos) << n << "\n" << r.status().message();
 }
 
 TEST(Embedding, ResolvesShapesAndRandomIdRange) {

@@ -103,4 +103,19 @@ inline void expect_resolve_error(const GraphSpec& g, std::initializer_list<const
         << "message lacks '" << n << "': " << r.status().message();
 }
 
+// A graph from JSON text through resolve().
+inline Result<ResolvedGraph> resolve_json(const std::string& text) {
+  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(text));
+  return resolve(spec);
+}
+
+// resolve() refuses `json` with InvalidArgument whose message holds every needle.
+inline void expect_error(const std::string& json, std::initializer_list<const char*> needles) {
+  auto r = resolve_json(json);
+  ASSERT_FALSE(r.ok()) << "expected an error";
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  for (const char* n : needles)
+    EXPECT_NE(r.status().message().find(n), std::string::npos) << "message lacks '" << n << "': " << r.status().message();
+}
+
 }  // namespace fusebox::testing_util

@@ -15,7 +15,9 @@
 namespace fusebox {
 namespace {
 
+using testing_util::expect_error;
 using testing_util::host_from;
+using testing_util::resolve_json;
 
 // q [2, 4, 256, 64], k and v [2, 2, 384, 64] (GQA): 2 query tiles, 3 key tiles.
 // `mask` replaces the block mask tensor's fields, `op` the op type.
@@ -27,19 +29,6 @@ std::string block_json(const std::string& mask = R"("dims": [2, 4, 2, 1], "dtype
          mask + R"(}, {"name": "o"}, {"name": "stats", "dtype": "fp32"}],
   "ops": [{"op": ")" +
          op + R"(", "name": "attn", "inputs": {"q": "q", "k": "k", "v": "v", "block_mask": "bm"}, "outputs": {"o": "o", "stats": "stats"}}]})";
-}
-
-Result<ResolvedGraph> resolve_json(const std::string& text) {
-  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(text));
-  return resolve(spec);
-}
-
-void expect_error(const std::string& json, std::initializer_list<const char*> needles) {
-  auto r = resolve_json(json);
-  ASSERT_FALSE(r.ok()) << "expected an error";
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
-  for (const char* n : needles)
-    EXPECT_NE(r.status().message().find(n), std::string::npos) << "message lacks '" << n << "': " << r.status().message();
 }
 
 TEST(SdpaBlockMask, Uint8IsADtype) {

@@ -1,6 +1,8 @@
 // fusebox op family embedding (graph layer): a table lookup plus an optional
 // repeating row add (include/fusebox/ops/embedding.h has the semantics).
 // ids [N,1,1,1] int32, table [V,H,1,1], add [P,H,1,1] -> y [N,H,1,1].
+#include <cmath>
+
 #include "common/dims_string.h"
 #include "ops/ops.h"
 
@@ -78,6 +80,16 @@ Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
                              " ids: row n of y adds row n % P of add, so P must divide N (e.g. P = the sequence "
                              "length of N = batch x sequence ids)");
     }
+  }
+  // Fixed ids (the graph's "values") are checked now; given ones before a run (check_embedding_ids).
+  for (size_t i = 0; i < ids.values.size(); ++i) {
+    if (ids.values[i] >= 0 && ids.values[i] < static_cast<double>(v) && ids.values[i] == static_cast<int64_t>(ids.values[i]))
+      continue;
+    const double bad = ids.values[i];
+    const bool whole = std::isfinite(bad) && std::fabs(bad) < 9e15 && std::floor(bad) == bad;
+    return InvalidArgument(ctx.in_where("ids") + ": values[" + std::to_string(i) + "] = " +
+                           (whole ? std::to_string(static_cast<int64_t>(bad)) : std::to_string(bad)) + " is not a row of the table (" + std::to_string(v) +
+                           " rows): every id must be an integer in [0, " + std::to_string(v) + ")");
   }
   // Random ids are valid rows of the table.
   ids.random_lo = 0;
