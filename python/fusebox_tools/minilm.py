@@ -594,15 +594,20 @@ def stage_count(cfg):
 
 # ------------------------------------------------------------------ inputs (the runner's host step)
 
-def embed(p, ids, lengths, S, token_types=None):
-    """The embedding lookup (host step): word[ids] + position[0..S) + token_type,
-    float32 [B, S, H]. ids [B, S] int (padding positions hold the pad id)."""
+def checked_ids(p, ids, B, S):
+    """ids as an array of shape (B, S), every id a row of the word table; MiniLMError otherwise."""
     ids = np.asarray(ids)
-    B = ids.shape[0]
     if ids.shape != (B, S):
         raise MiniLMError(f"ids have shape {ids.shape}, expected ({B}, {S})")
     if ids.min() < 0 or ids.max() >= p["word_emb"].shape[0]:
         raise MiniLMError(f"token ids must be in [0, {p['word_emb'].shape[0]})")
+    return ids
+
+
+def embed(p, ids, lengths, S, token_types=None):
+    """The embedding lookup (host step): word[ids] + position[0..S) + token_type,
+    float32 [B, S, H]. ids [B, S] int (padding positions hold the pad id)."""
+    ids = checked_ids(p, ids, np.asarray(ids).shape[0], S)
     tt = np.zeros((B, S), dtype=np.int64) if token_types is None else np.asarray(token_types)
     return (p["word_emb"][ids] + p["pos_emb"][None, :S] + p["type_emb"][tt]).astype(np.float32)
 
@@ -626,11 +631,7 @@ def pipeline_inputs(p, ids, lengths, S):
     B = lengths.shape[0]
     if np.any(lengths < 1) or np.any(lengths > S):
         raise MiniLMError(f"sequence lengths must be in [1, {S}], got {lengths.tolist()}")
-    ids = np.asarray(ids)
-    if ids.shape != (B, S):
-        raise MiniLMError(f"ids have shape {ids.shape}, expected ({B}, {S})")
-    if ids.min() < 0 or ids.max() >= p["word_emb"].shape[0]:
-        raise MiniLMError(f"token ids must be in [0, {p['word_emb'].shape[0]})")
+    ids = checked_ids(p, ids, B, S)
     H = p["word_emb"].shape[1]
     mask = np.zeros((1, B, B * S), dtype=np.float32)
     for b, n in enumerate(lengths):

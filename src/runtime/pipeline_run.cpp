@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <variant>
 
 #include "common/dims_string.h"
 #include "common/stopwatch.h"
@@ -237,14 +238,20 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
     if (!got[j].ok()) return got[j].status();
     data[static_cast<int>(todo[j])] = std::move(got[j]).value();
   }
-  // Values an op must check before it runs (embedding ids): each stage sees its inputs and constants.
+  // Values an op must check before it runs: an embedding's ids, when a stage reads them from an
+  // input or a constant (only those tensors are copied for the check, not the stage's weights).
   for (size_t s = 0; s < p.stages.size(); ++s) {
-    std::map<std::string, HostTensor> known;
-    for (const auto& [tensor, bi] : p.stages[s].bind) {
-      auto it = data.find(bi);
-      if (it != data.end()) known.emplace(tensor, it->second);
+    const PipelineStage& st = p.stages[s];
+    std::map<std::string, HostTensor> ids;
+    for (const ResolvedOp& op : st.graph.ops) {
+      if (!std::holds_alternative<EmbeddingAttrs>(op.attrs)) continue;
+      const std::string& name = st.graph.tensors[op.inputs.at("ids")].name;
+      auto b = st.bind.find(name);
+      auto it = b == st.bind.end() ? data.end() : data.find(b->second);
+      if (it != data.end()) ids.emplace(name, it->second);
     }
-    FUSEBOX_RETURN_IF_ERROR(check_embedding_ids(p.stages[s].graph, known).WithContext(stage_where(p, static_cast<int>(s))));
+    if (ids.empty()) continue;
+    FUSEBOX_RETURN_IF_ERROR(check_embedding_ids(st.graph, ids).WithContext(stage_where(p, static_cast<int>(s))));
   }
   return data;
 }

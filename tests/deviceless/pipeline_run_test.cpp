@@ -118,6 +118,31 @@ TEST(PipelineData, GivenInputIsRead) {
   expect_has(wrong.status(), {"pipeline 'two_convs'", "'hidden'", "is not an input buffer", "'image'"});
 }
 
+// An embedding stage's ids from an input file: read and checked before any GPU work; an id
+// outside the table names the stage, the position and the value. Random ids are rows of it.
+TEST(PipelineData, EmbeddingIdsAreCheckedWhenLoaded) {
+  TempDir dir;
+  const std::string path = dir.file("emb.json");
+  write_text(path, R"({"name": "emb", "graphs": {"embed": ")" + source_dir() +
+                       R"(/examples/graphs/small/embedding_small.json"},
+    "buffers": {"tok": {"kind": "input"}, "table": {"kind": "input"}, "pos": {"kind": "input"},
+                "out": {"kind": "output"}},
+    "bind": {"embed": {"ids": "tok", "table": "table", "pos": "pos", "y": "out"}}})");
+  auto p = load_pipeline_file(path);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_TRUE(load_pipeline_data(*p, 3).ok());  // random ids: rows of the 50-row table
+  HostTensor ids = dense(DType::kInt32, {12, 1, 1, 1});
+  int32_t* v = reinterpret_cast<int32_t*>(ids.data.data());
+  for (int i = 0; i < 12; ++i) v[i] = i;
+  v[7] = 50;
+  ASSERT_TRUE(write_npy(dir.file("tok.npy"), ids).ok());
+  auto d = load_pipeline_data(*p, 1, {{"tok", dir.file("tok.npy")}});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  expect_has(d.status(), {"stage 'embed'", "[embedding 'embed'] input 'ids' ('ids'): ids[7] = 50 is outside table",
+                          "50 rows"});
+}
+
 TEST(PipelineData, WrongShapedWeights) {
   TempDir dir;
   ASSERT_TRUE(write_npy(dir.file("w1.npy"), dense(DType::kFP32, {16, 8, 3, 1})).ok());
