@@ -607,7 +607,8 @@ def checked_ids(p, ids, B, S):
 def embed(p, ids, lengths, S, token_types=None):
     """The embedding lookup (host step): word[ids] + position[0..S) + token_type,
     float32 [B, S, H]. ids [B, S] int (padding positions hold the pad id)."""
-    ids = checked_ids(p, ids, np.asarray(ids).shape[0], S)
+    B = np.asarray(ids).shape[0]
+    ids = checked_ids(p, ids, B, S)
     tt = np.zeros((B, S), dtype=np.int64) if token_types is None else np.asarray(token_types)
     return (p["word_emb"][ids] + p["pos_emb"][None, :S] + p["type_emb"][tt]).astype(np.float32)
 
