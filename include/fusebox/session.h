@@ -36,6 +36,10 @@ struct PlanRequest {
   std::string engine;                // pin an engine by name (skips the tuned entry)
   int64_t max_workspace_bytes = -1;  // -1: the session's limit only
   bool use_tuned_cache = true;
+  // The plan will be replayed in a CUDA graph: a tuned entry timed that way
+  // (TunePolicy::cuda_graph, `tune --cuda-graph`) is looked up first, then the
+  // eager-timed one.
+  bool cuda_graph = false;
   bool measure_startup = false;  // on a hit, deserialize twice (one-time library load apart)
   // A symbolic graph (ResolvedGraph::symbolic_id set) builds with cuDNN's
   // dynamic shapes and the session's kernel cache for that graph, so a new
@@ -107,6 +111,7 @@ struct PlanReport {
   double static_probe_ms = 0;  // asking the static heuristics before the graph's first build (0: not asked)
   bool engine_replayed = false;  // built with the first shape's engine, no heuristics
   std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
+  bool tuned_in_cuda_graph = false;  // a tuned entry timed inside CUDA graphs (PlanRequest::cuda_graph)
 
   // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
   // (a symbolic graph's shape and kernel-cache use appended in brackets).

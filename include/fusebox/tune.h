@@ -24,7 +24,20 @@ struct TunePolicy {
   double budget_ms = 0;                    // >0: stop timing once this much wall time is spent
   uint64_t seed = 1;
   bool verify_winner = true;
+  // How a candidate is timed. false: each of `iters` eager executes between
+  // two CUDA events (what an eager caller's GPU sees, host launch gaps
+  // included for tiny graphs). true: GPU time per execute inside one CUDA
+  // graph of `iters` executes, replayed (what a caller that replays its plans
+  // in CUDA graphs pays); candidates that cannot be recorded are skipped with
+  // the reason. The two can rank small graphs differently (an engine with
+  // the cheapest host call is not the one with the shortest kernel). The plan
+  // cache keeps the two winners apart (tune_policy_key); a run with
+  // PlanRequest::cuda_graph prefers the CUDA-graph winner.
+  bool cuda_graph = false;
 };
+
+// TunePolicy::cuda_graph: replays of each candidate's CUDA graph timed (the median is kept).
+inline constexpr int kTuneGraphReplays = 5;
 
 struct TuneEntry {
   EngineCandidate candidate;

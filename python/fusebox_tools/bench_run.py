@@ -918,6 +918,69 @@ def conv_chain(batch, layers, channels, hw, seed=1234):
     return fn, x
 
 
+def replay_kernels(fusebox_bin, graph_path, engine, executes=100):
+    """The kernels of one execute of `graph_path` with `engine`, as replayed inside a CUDA graph of
+    `executes` executes: CUPTI's kernel time per execute (torch.profiler) and the replay's GPU
+    time per execute (CUDA events) in the same process, so the GPU time a replayed execute
+    spends beyond its own kernels is their difference. fusebox through its Python module on
+    torch's stream (recorded by torch.cuda.graph, stream capture as fusebox's own CudaGraph)."""
+    from torch.profiler import ProfilerActivity, profile
+    if not os.environ.get("FUSEBOX_LIBRARY"):
+        libs = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(fusebox_bin)), "libfusebox.so*")))
+        if libs:
+            os.environ["FUSEBOX_LIBRARY"] = libs[0]
+    sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
+    import fusebox
+    session = fusebox.Session(device=0)
+    g = fusebox.Graph.from_json(graph_path)
+    plan = session.build(g, engine=engine)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    ts = {}
+    for t in g.tensors:
+        ts[t.name] = g.empty(t.name)
+        if not t.is_output:
+            ts[t.name].copy_(torch.rand(ts[t.name].shape, generator=gen, device="cuda").mul_(2).sub_(1))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            plan(**ts)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg):
+        for _ in range(executes):
+            plan(**ts)
+    for _ in range(3):
+        cg.replay()
+    torch.cuda.synchronize()
+    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replay = []
+    for _ in range(10):
+        st.record()
+        cg.replay()
+        en.record()
+        en.synchronize()
+        replay.append(st.elapsed_time(en) * 1e6 / executes)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        cg.replay()
+        torch.cuda.synchronize()
+    kernel_ns, launches, names = 0.0, 0, []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t and e.count:
+            kernel_ns += t * 1e3
+            launches += e.count
+            names.append(e.key[:120])
+    del cg
+    session.close()
+    replay.sort()
+    return {"engine": engine, "executes_per_graph": executes,
+            "replay_gpu_ns_per_execute": replay[len(replay) // 2],
+            "kernel_ns_per_execute": kernel_ns / executes, "kernels_per_execute": launches / executes,
+            "kernels": names, "how": "torch.profiler (CUPTI) over one replay of a torch.cuda.graph of the executes"}
+
+
 def runtime_part(args):
     """The runtime part: fusebox's bench binary, then torch's side of each chain row."""
     exe = runtime_bench_bin(args.fusebox)
@@ -934,6 +997,15 @@ def runtime_part(args):
             rt = json.load(f)
         if p.returncode != 0:
             notes.append(f"{os.path.basename(exe)} exited {p.returncode}: {first_line(p.stderr)}")
+    h = rt.get("host_overhead") or {}
+    graph_path = os.path.join(REPO_ROOT, "examples", "graphs", "small", "conv_bias_relu_small.json")
+    engines = [h.get("engine"), (h.get("cuda_graph_tuned") or {}).get("engine")]
+    h["replay_kernels"] = []
+    for engine in dict.fromkeys(e for e in engines if e):
+        try:
+            h["replay_kernels"].append(replay_kernels(args.fusebox, graph_path, engine))
+        except Exception as e:  # the row stays; the note says why the kernels are missing
+            notes.append(f"kernel time of {engine} replayed: {first_line(e)}")
     for row in rt.get("chain", []):
         row["clocks"] = {"before": clocks()}
         fn, x = conv_chain(row["batch"], row["layers"], row["channels"], row["hw"])

@@ -88,6 +88,13 @@ Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
 // input sets; median, min, p90, mean.
 Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
                                int warmup, int iters);
+// The plan as a CUDA graph replays it: `warmup` eager runs, then one CUDA
+// graph of `iters` executes (input sets in rotation) replayed once untimed and
+// `replays` times between two events; each sample is that launch's GPU time
+// divided by `iters` (the host's launch cost is not in it). An error naming
+// the engine when the plan cannot be recorded.
+Result<LatencyStats> time_plan_in_graph(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
+                                        void* workspace, int warmup, int iters, int replays);
 // Benchmark samples (RunOptions::samples): GPU time per call of `calls`
 // back-to-back executions between two events, and host latency of one
 // synchronized execution, `samples` of each; inputs rotated as above.

@@ -204,6 +204,32 @@ Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuf
                     "timed runs of '" + plan.engine_name() + "'");
 }
 
+Result<LatencyStats> time_plan_in_graph(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
+                                        void* workspace, int warmup, int iters, int replays) {
+  const std::string what = "'" + plan.engine_name() + "' in a CUDA graph of " + std::to_string(iters) + " executes";
+  for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(i), workspace));
+  auto binding = std::make_shared<WorkspaceBinding>(WorkspaceBinding{workspace, plan.workspace_bytes(), 1});
+  std::vector<std::unique_ptr<BoundPlan>> bound;  // stable addresses: the graph points at them
+  for (int s = 0; s < buffers.sets(); ++s) {
+    auto b = BoundPlan::bind(plan, ctx, buffers.pointers(s), binding);
+    if (!b.ok()) return b.status().WithContext(what);
+    bound.push_back(std::make_unique<BoundPlan>(std::move(b).value()));
+  }
+  std::vector<BoundPlan*> chain;
+  for (int i = 0; i < iters; ++i) chain.push_back(bound[static_cast<size_t>(i) % bound.size()].get());
+  auto graph = CudaGraph::create(chain);
+  if (!graph.ok()) return graph.status().WithContext(what);
+  FUSEBOX_ASSIGN_OR_RETURN(LatencyStats per_launch,
+                           time_calls(static_cast<cudaStream_t>(ctx.stream()), /*warmup=*/1, replays,
+                                      [&](int) { return graph->launch(); }, "timed replays of " + what));
+  const double n = static_cast<double>(iters);
+  per_launch.median_ms /= n;
+  per_launch.min_ms /= n;
+  per_launch.p90_ms /= n;
+  per_launch.mean_ms /= n;
+  return per_launch;
+}
+
 Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace, int calls,
                    int samples, std::vector<double>& gpu_ms, std::vector<double>& host_ms) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());

@@ -76,7 +76,7 @@ std::string PlanReport::source_text_base() const {
       return std::string("plan file (built ") + (plan_file_built_deviceless ? "deviceless" : "on a GPU") +
              ")";
     case PlanSource::kTunedCache:
-      return "plan cache (tuned)";
+      return tuned_in_cuda_graph ? "plan cache (tuned in a CUDA graph)" : "plan cache (tuned)";
     case PlanSource::kHeuristicCache:
       return "plan cache (heuristic choice)";
     case PlanSource::kBuilt: {
@@ -286,9 +286,16 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     return true;
   };
   if (request.engine.empty() && request.use_tuned_cache) {
-    auto got =
-        lookup_cached_plan(cache, g, s.target, tune_policy_key(TunePolicy{}), ctx, request.measure_startup);
-    if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) return finish(std::move(got->plan));
+    TunePolicy graph_timed;
+    graph_timed.cuda_graph = true;
+    for (const TunePolicy& p : request.cuda_graph ? std::vector<TunePolicy>{graph_timed, TunePolicy{}}
+                                                  : std::vector<TunePolicy>{TunePolicy{}}) {
+      auto got = lookup_cached_plan(cache, g, s.target, tune_policy_key(p), ctx, request.measure_startup);
+      if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) {
+        if (p.cuda_graph) rep.tuned_in_cuda_graph = true;
+        return finish(std::move(got->plan));
+      }
+    }
   }
   // A dynamic-shape plan is its own entry: the engines may differ from a static build's.
   const bool symbolic = !g.symbolic_id.empty();

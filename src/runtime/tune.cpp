@@ -79,7 +79,10 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
       e.skipped_why = st.message();
       continue;
     }
-    auto lat = runtime::time_plan(*plan, ctx, buffers, workspace.get(), policy.warmup, policy.iters);
+    auto lat = policy.cuda_graph
+                   ? runtime::time_plan_in_graph(*plan, ctx, buffers, workspace.get(), policy.warmup, policy.iters,
+                                                     kTuneGraphReplays)
+                   : runtime::time_plan(*plan, ctx, buffers, workspace.get(), policy.warmup, policy.iters);
     if (!lat.ok()) {
       e.skipped_why = "execution failed: " + lat.status().message();
       (void)cudaGetLastError();

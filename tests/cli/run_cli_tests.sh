@@ -567,7 +567,7 @@ fi
 if [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ]; then
   echo "SKIP  pipeline run/tune without a GPU: this machine has one"
 else
-  for sub in run tune "run --cuda-graph"; do
+  for sub in run tune "run --cuda-graph" "tune --cuda-graph"; do
     # shellcheck disable=SC2086
     run_fb pipeline $sub "$PIPE_EX/two_convs.json" --no-cache
     if [ -n "$(crash_reason)" ]; then fail "pipeline $sub without a GPU" "$(crash_reason)"

@@ -231,6 +231,38 @@ TEST_F(DevicelessSession, ATunedEntryComesFirstUnlessAnEngineIsPinnedOrTunedIsOf
   EXPECT_EQ(r.source, PlanSource::kHeuristicCache);
 }
 
+TEST_F(DevicelessSession, ARunInACudaGraphPrefersTheEntryTunedInsideCudaGraphs) {
+  auto s = session(cache_.get());
+  ASSERT_TRUE(s);
+  auto plan = s->get_plan(g_);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  TunePolicy in_graph;
+  in_graph.cuda_graph = true;
+  // Eager-timed keys are what they were before the CUDA-graph timing existed; the new one differs.
+  EXPECT_EQ(tune_policy_key(TunePolicy{}), "tune;modes=a,b,fallback;max_ws=-1;det=0;rtc=1;top=0;budget_ms=0.000000");
+  EXPECT_EQ(tune_policy_key(in_graph), tune_policy_key(TunePolicy{}) + ";graph=1");
+  std::vector<std::string> warnings;
+  ASSERT_TRUE(store_plan(cache_.get(), g_, s->target(), tune_policy_key(TunePolicy{}), *plan, 0.25, &warnings));
+
+  PlanRequest replayed;
+  replayed.cuda_graph = true;
+  PlanReport r;
+  ASSERT_TRUE(s->get_plan(g_, replayed, &r).ok());  // only the eager-timed entry: it serves
+  EXPECT_EQ(r.source, PlanSource::kTunedCache);
+  EXPECT_DOUBLE_EQ(r.cache_entry.tuned_median_ms, 0.25);
+  EXPECT_EQ(r.source_text(), "plan cache (tuned)");
+
+  ASSERT_TRUE(store_plan(cache_.get(), g_, s->target(), tune_policy_key(in_graph), *plan, 0.125, &warnings));
+  ASSERT_TRUE(s->get_plan(g_, replayed, &r).ok());
+  EXPECT_EQ(r.source, PlanSource::kTunedCache);
+  EXPECT_DOUBLE_EQ(r.cache_entry.tuned_median_ms, 0.125);
+  EXPECT_EQ(r.source_text(), "plan cache (tuned in a CUDA graph)");
+
+  ASSERT_TRUE(s->get_plan(g_, {}, &r).ok());  // an eager run keeps the eager-timed winner
+  EXPECT_DOUBLE_EQ(r.cache_entry.tuned_median_ms, 0.25);
+  EXPECT_EQ(r.source_text(), "plan cache (tuned)");
+}
+
 TEST_F(DevicelessSession, APinnedModeBuildsOnceWithThatMode) {
   auto s = session(nullptr);
   ASSERT_TRUE(s);

@@ -8,7 +8,12 @@
 #include <set>
 
 #include "../deviceless/test_util.h"
+#include <filesystem>
+#include <unistd.h>
+
 #include "fusebox/plan.h"
+#include "fusebox/plan_cache.h"
+#include "fusebox/session.h"
 #include "fusebox/plan_file.h"
 #include "fusebox/runtime.h"
 #include "fusebox/tune.h"
@@ -298,6 +303,66 @@ TEST(GpuTune, RanksEnginesVerifiesWinnerAndPinsIt) {
     if (!e.timed) continue;
     for (const auto& n : e.candidate.numerical_notes) EXPECT_NE(n, "NONDETERMINISTIC") << e.candidate.name;
   }
+}
+
+// tune --cuda-graph: each engine timed as GPU time per execute inside a CUDA graph; the session
+// stores the winner apart, and a run that replays in CUDA graphs gets it.
+TEST(GpuTune, InsideCudaGraphsRanksVerifiesAndServesRunsInCudaGraphs) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+  auto spec = load_graph_file(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");
+  ASSERT_TRUE(spec.ok());
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok());
+  const auto dir = std::filesystem::temp_directory_path() / ("fusebox_tune_graph_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  PlanCache cache = PlanCache::open((dir / "plans.sqlite").string());
+  ASSERT_TRUE(cache.enabled());
+  SessionOptions so;
+  so.cache = &cache;
+  auto s = Session::create(so);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  TunePolicy policy;
+  policy.warmup = 2;
+  policy.iters = 10;
+  policy.cuda_graph = true;
+  auto t = (*s)->tune(*g, policy);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_FALSE(t->hit);
+  const TuneResult& r = t->result;
+  ASSERT_GE(r.winner, 0);
+  int timed = 0;
+  double last = 0;
+  for (const auto& e : r.entries) {
+    if (!e.timed) continue;
+    ++timed;
+    EXPECT_EQ(e.latency.iters, kTuneGraphReplays) << e.candidate.name;
+    EXPECT_GT(e.latency.median_ms, 0.0) << e.candidate.name;
+    EXPECT_GE(e.latency.median_ms, last) << "entries must be ranked fastest first";
+    last = e.latency.median_ms;
+  }
+  EXPECT_GT(timed, 1);
+  EXPECT_TRUE(r.winner_run.verified_ok);
+  EXPECT_TRUE(t->stored);
+  const std::string winner = r.entries[r.winner].candidate.name;
+
+  PlanRequest replayed;
+  replayed.cuda_graph = true;
+  PlanReport rep;
+  auto plan = (*s)->get_plan(*g, replayed, &rep);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(rep.source, PlanSource::kTunedCache);
+  EXPECT_TRUE(rep.tuned_in_cuda_graph);
+  EXPECT_EQ(plan->engine_name(), winner);
+  PlanReport eager;
+  ASSERT_TRUE((*s)->get_plan(*g, {}, &eager).ok());
+  EXPECT_NE(eager.source, PlanSource::kTunedCache) << "an eager run must not take the CUDA-graph winner";
+  // Tuning again hits the entry, without timing.
+  auto again = (*s)->tune(*g, policy);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(again->hit);
+  EXPECT_EQ(again->plan.engine_name(), winner);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

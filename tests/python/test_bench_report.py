@@ -225,7 +225,7 @@ def test_runtime_tables_in_the_report(tmp_path):
     assert "### Runtime: host cost of one execute" in section
     assert "| BoundPlan::execute | 2100 |" in section
     assert "Bound / bare: **1.050** (target ≤ 1.2: yes)" in section
-    assert "**1800 ns** on the GPU per execute replayed (target ≤ 2000 ns: yes)" in section
+    assert "**1800 ns** on the GPU per execute replayed, its kernel included" in section
     assert "10 conv+bias+relu 3x3 layers, 64 channels, 56x56, bf16 nhwc" in section
     # batch 1 meets the 2x target, batch 8 (1.25x) does not, and it says so
     assert "| GPU time | 1 | 120.0 [" in section and "**2.40x** (yes)" in section
@@ -244,6 +244,35 @@ def test_merge_carries_the_runtime_part_and_reports_without_it(tmp_path):
     assert "### Runtime: host cost" in section and "### GPU time" in section
     # a run without the part: no runtime section
     assert "### Runtime" not in br.report(NEW)
+
+
+def test_replay_overhead_and_tuned_in_graph_lines():
+    """The 2 us target is checked on what a replayed execute costs beyond its kernels (and the
+    host's launch share), not on the kernel's own duration; tuned-in-graph engines are listed."""
+    rt = {"host_overhead": {
+        "rows": [], "cuda_graph": {"executes_per_graph": 100, "recording": "capture",
+                                   "launch_host_ns_per_execute": 36, "replay_gpu_ns_per_execute": 6648,
+                                   "eager_gpu_ns_per_execute": 7569},
+        "cuda_graph_tuned": {"engine": "eng10_k2=2", "tune_ms": 900, "replay_gpu_ns_per_execute": 4290},
+        "replay_kernels": [
+            {"engine": "eng11_k2=4", "executes_per_graph": 100, "replay_gpu_ns_per_execute": 6760,
+             "kernel_ns_per_execute": 6610, "kernels_per_execute": 1.0, "kernels": ["convolve_common"], "how": "cupti"},
+            {"engine": "slow", "executes_per_graph": 100, "replay_gpu_ns_per_execute": 9000,
+             "kernel_ns_per_execute": 6000, "kernels_per_execute": 2.0, "kernels": ["a", "b"], "how": "cupti"}]},
+        "chain": [{"batch": 1, "fusebox": {"eager": {"gpu_ms": [0.076], "latency_ms": [0.099]}},
+                   "tuned_in_graph": {"engine": "eng10_k2=5", "same_as_heuristic": True}},
+                  {"batch": 8, "fusebox": {"eager": {"gpu_ms": [0.110], "latency_ms": [0.125]}},
+                   "tuned_in_graph": {"engine": "eng41_k2=1", "same_as_heuristic": False, "bit_identical": True,
+                                      "cuda_graph": {"gpu_ms": [0.050], "latency_ms": [0.06]}}},
+                  {"batch": 16, "fusebox": {}, "tuned_in_graph": {"error": "NotSupported: no candidate"}}]}
+    text = "\n".join(br.runtime_markdown(rt))
+    assert "engine `eng10_k2=2`, **4290 ns** on the GPU per execute replayed" in text
+    assert "its kernels 6610 ns (1.00 per execute: convolve_common): **150 ns beyond the kernels**" in text
+    assert "36 ns of launch on the host (overhead per graph replayed, target ≤ 2000 ns: yes)" in text
+    assert "**3000 ns beyond the kernels**" in text and "target ≤ 2000 ns: **no**" in text
+    assert "Batch 1, tuned inside CUDA graphs (`tune --cuda-graph`): `eng10_k2=5`, the heuristics' engine." in text
+    assert "`eng41_k2=1`, CUDA graph 50.0 [50.0-50.0] µs, **2.20x** the eager launches (yes)" in text
+    assert "Batch 16, tuned inside CUDA graphs: failed (NotSupported: no candidate)." in text
 
 
 def test_runtime_section_tolerates_missing_pieces():

@@ -438,6 +438,7 @@ Runner add_pipeline_tune(CLI::App& cmd) {
   c->add_option("--budget-ms", a->policy.budget_ms, "Per stage: stop timing after this much wall time")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
+  add_tune_cuda_graph_flag(c, a->policy);
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
   return [a]() {
@@ -590,6 +591,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     if (!p.ok()) return bad(p.status());
     auto request = plan_request(a->plan);
     if (!request.ok()) return bad(request.status());
+    request->cuda_graph = a->cuda_graph;  // a stage tuned inside CUDA graphs is preferred then
     std::map<std::string, std::string> input_files;
     for (const std::string& item : a->inputs) {
       const size_t eq = item.find('=');
@@ -842,6 +844,7 @@ Runner add_pipeline_startup(CLI::App& cmd) {
     };
     auto request = plan_request(a->plan);
     if (!request.ok()) return bad(request.status());
+    request->cuda_graph = a->cuda_graph;  // a stage tuned inside CUDA graphs is preferred then
     // Host work first: every file and its inputs and weights.
     const common::Stopwatch load;
     std::vector<Pipeline> ps;

@@ -142,6 +142,7 @@ Runner add_run(CLI::App& app) {
     request.heuristics = *modes;
     request.engine = a->engine;
     request.measure_startup = a->measure_startup;
+    request.cuda_graph = a->cuda_graph;  // a plan tuned inside CUDA graphs is preferred then
     PlanReport rep;
     auto plan = (*session)->get_plan(*g, request, &rep);
     print_warnings(rep.warnings);

@@ -32,6 +32,7 @@ Runner add_tune(CLI::App& app) {
   cmd->add_option("--top", a->policy.top_k, "Time only the first K admissible engines")->check(CLI::NonNegativeNumber);
   cmd->add_option("--budget-ms", a->policy.budget_ms, "Stop timing after this much wall time")->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
+  add_tune_cuda_graph_flag(cmd, a->policy);
   cmd->add_option("--plan-out", a->plan_out, "Write the winner's plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(cmd, a->cache);
@@ -135,6 +136,7 @@ Runner add_tune(CLI::App& app) {
                           {"speedup_over_heuristic", r->speedup_over_heuristic},
                           {"tuning_ms", r->tuning_ms},
                           {"input_sets", r->input_sets},
+                          {"timing", a->policy.cuda_graph ? "cuda_graph" : "eager"},
                           {"tflops", r->flops / (w.latency.median_ms * 1e-3) / 1e12},
                           {"verify", verify},
                           {"ok", r->winner_run.verified_ok},
@@ -142,8 +144,16 @@ Runner add_tune(CLI::App& app) {
                           {"entries", rows}};
       std::printf("%s\n", dump(j).c_str());
     } else {
-      std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up + %d timed runs each, %d input sets rotated)\n",
-                  safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters, r->input_sets);
+      if (a->policy.cuda_graph) {
+        std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up runs each, then GPU time per execute in a CUDA "
+                    "graph of %d executes, median of %d replays; %d input sets rotated)\n",
+                    safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
+                    kTuneGraphReplays, r->input_sets);
+      } else {
+        std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up + %d timed runs each, %d input sets rotated)\n",
+                    safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
+                    r->input_sets);
+      }
       std::printf("%4s  %-46s %11s %11s %11s %9s %10s  %s\n", "rank", "engine", "median ms", "min ms", "p90 ms",
                   "TFLOP/s", "workspace", "");
       int rank = 1;

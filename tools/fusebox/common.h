@@ -41,6 +41,8 @@ inline std::string dump(const nlohmann::json& j, int indent = 2) { return common
 Result<ResolvedGraph> load_resolved(const std::string& path, const std::string& shape = "");
 // --shape NAME=VALUE,...: concrete values for a symbolic graph's symbols.
 void add_shape_flag(CLI::App* cmd, std::string& shape);
+// --cuda-graph of `tune` and `pipeline tune`: time each engine inside a CUDA graph (TunePolicy::cuda_graph).
+void add_tune_cuda_graph_flag(CLI::App* cmd, TunePolicy& policy);
 // --inputs "x=a.npy,w=b.npy": each NAME must be a (non-scalar) input of `g`;
 // the files are read as that tensor (shape checked). Empty spec: no inputs.
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec);
