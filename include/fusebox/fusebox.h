@@ -25,9 +25,9 @@ extern "C" {
 #endif
 
 /* The C API's version: bumped when a declaration here changes. Additions
- * only: version 2 added the calls marked "(v2)"; a program built against
- * version 1 runs unchanged. */
-#define FUSEBOX_C_API_VERSION 2
+ * only: version 2 added the calls marked "(v2)", version 3 those marked
+ * "(v3)"; a program built against an earlier version runs unchanged. */
+#define FUSEBOX_C_API_VERSION 3
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -168,6 +168,13 @@ fusebox_tune_request fusebox_tune_request_default(void);
  * or "plan cache (tuned)". */
 fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_graph* graph,
                                     const fusebox_tune_request* request, fusebox_plan** out);
+/* (v3) The same, each candidate timed as GPU time per execute inside a CUDA
+ * graph of `iters` executes, replayed (for plans the caller replays in CUDA
+ * graphs, e.g. inside torch.cuda.graph: small graphs rank differently than
+ * eager). Its winner is cached apart from the eager-timed one; a later call
+ * returns it as "plan cache (tuned in a CUDA graph)". */
+fusebox_status fusebox_session_tune_in_cuda_graph(fusebox_session* session, const fusebox_graph* graph,
+                                                  const fusebox_tune_request* request, fusebox_plan** out);
 
 /* ---- binding and execution (GPU sessions only) */
 

@@ -18,8 +18,8 @@ import threading
 from . import errors
 
 # The C API version this module needs: 2 added bind_with_workspace, tune,
-# find_tensor, session_device_id and plan_cache_result.
-C_API_VERSION = 2
+# find_tensor, session_device_id and plan_cache_result; 3 tune_in_cuda_graph.
+C_API_VERSION = 3
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -100,6 +100,7 @@ def _declare(lib):
         "fusebox_session_device_id": (c.c_int, [P]),
         "fusebox_session_get_plan": (S, [P, P, c.POINTER(PlanRequest), c.POINTER(P)]),
         "fusebox_session_tune": (S, [P, P, c.POINTER(TuneRequest), c.POINTER(P)]),
+        "fusebox_session_tune_in_cuda_graph": (S, [P, P, c.POINTER(TuneRequest), c.POINTER(P)]),
         "fusebox_plan_free": (None, [P]),
         "fusebox_plan_engine": (c.c_char_p, [P]),
         "fusebox_plan_workspace_bytes": (c.c_int64, [P]),

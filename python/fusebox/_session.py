@@ -69,16 +69,19 @@ class Session:
     get_plan = build
 
     def tune(self, graph, *, heuristics=None, warmup=5, iters=20, top_k=0, budget_ms=0.0,
-             max_workspace_bytes=None, deterministic_only=False) -> "Plan":
+             max_workspace_bytes=None, deterministic_only=False, cuda_graph=False) -> "Plan":
         """Times every admissible candidate on the session's GPU, verifies the fastest and stores it in
-        the plan cache (a tuned entry already there is returned as is). NoDevice when deviceless."""
+        the plan cache (a tuned entry already there is returned as is). NoDevice when deviceless.
+        cuda_graph=True times each candidate per execute inside a CUDA graph (for plans replayed in
+        CUDA graphs, e.g. under torch.cuda.graph); that winner is cached apart from the eager one."""
         graph = Graph.coerce(graph)
         req = _lib.TuneRequest(heuristics=_lib.encode(heuristics), warmup=int(warmup), iters=int(iters),
                                max_workspace_bytes=-1 if max_workspace_bytes is None else int(max_workspace_bytes),
                                top_k=int(top_k), budget_ms=float(budget_ms),
                                deterministic_only=1 if deterministic_only else 0)
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fusebox_session_tune(self._h, graph._h, ctypes.byref(req), ctypes.byref(h)))
+        call = _lib.lib().fusebox_session_tune_in_cuda_graph if cuda_graph else _lib.lib().fusebox_session_tune
+        _lib.check(call(self._h, graph._h, ctypes.byref(req), ctypes.byref(h)))
         return Plan(h, graph, self)
 
     def run(self, plan, tensors, stream=None):

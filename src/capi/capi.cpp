@@ -354,9 +354,11 @@ fusebox_tune_request fusebox_tune_request_default(void) {
   return r;
 }
 
-fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_graph* graph,
-                                    const fusebox_tune_request* request, fusebox_plan** out) {
-  const char* fn = "fusebox_session_tune";
+namespace {
+
+// fusebox_session_tune and (v3) fusebox_session_tune_in_cuda_graph.
+fusebox_status tune_plan(const char* fn, fusebox_session* session, const fusebox_graph* graph,
+                         const fusebox_tune_request* request, bool cuda_graph, fusebox_plan** out) {
   return guarded(fn, [&] {
     if (!out) return null_arg(fn, "out");
     *out = nullptr;
@@ -380,9 +382,10 @@ fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_grap
     policy.top_k = std::max(0, r.top_k);
     policy.budget_ms = std::max(0.0, r.budget_ms);
     policy.deterministic_only = r.deterministic_only != 0;
+    policy.cuda_graph = cuda_graph;
     Result<fusebox::SessionTune> t = session->box->session->tune(*graph->graph, policy);
     if (!t.ok()) return fail(fn, t.status());
-    std::string source = "plan cache (tuned)";
+    std::string source = cuda_graph ? "plan cache (tuned in a CUDA graph)" : "plan cache (tuned)";
     if (!t->hit) {
       const fusebox::TuneResult& res = t->result;
       if (!res.winner_run.verified_ok) {
@@ -392,7 +395,7 @@ fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_grap
       }
       int timed = 0;
       for (const auto& e : res.entries) timed += e.timed ? 1 : 0;
-      source = "tuned now (" + std::to_string(timed) + " candidates timed";
+      source = "tuned now (" + std::to_string(timed) + " candidates timed" + (cuda_graph ? " in CUDA graphs" : "");
       if (res.heuristic >= 0 && res.speedup_over_heuristic > 0) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.2f", res.speedup_over_heuristic);
@@ -409,6 +412,18 @@ fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_grap
     *out = h.release();
     return FUSEBOX_OK;
   });
+}
+
+}  // namespace
+
+fusebox_status fusebox_session_tune(fusebox_session* session, const fusebox_graph* graph,
+                                    const fusebox_tune_request* request, fusebox_plan** out) {
+  return tune_plan("fusebox_session_tune", session, graph, request, /*cuda_graph=*/false, out);
+}
+
+fusebox_status fusebox_session_tune_in_cuda_graph(fusebox_session* session, const fusebox_graph* graph,
+                                                  const fusebox_tune_request* request, fusebox_plan** out) {
+  return tune_plan("fusebox_session_tune_in_cuda_graph", session, graph, request, /*cuda_graph=*/true, out);
 }
 
 // ---------------------------------------------------------------- binding and execution

@@ -137,6 +137,8 @@ static void test_errors(void) {
   CHECK(fusebox_session_deviceless(NULL) == -1, "NULL session");
   CHECK(fusebox_session_device_id(NULL) == -1 && fusebox_plan_cache_result(NULL) == NULL, "NULL getters (v2)");
   CHECK(fusebox_session_tune(NULL, NULL, NULL, NULL) == FUSEBOX_INVALID_ARGUMENT, "NULL tune");
+  CHECK(fusebox_session_tune_in_cuda_graph(NULL, NULL, NULL, NULL) == FUSEBOX_INVALID_ARGUMENT,
+        "NULL tune in a CUDA graph");
   CHECK(fusebox_bind_with_workspace(NULL, NULL, 0, NULL, NULL, NULL, 0, &bound) == FUSEBOX_INVALID_ARGUMENT &&
             bound == NULL,
         "NULL bind_with_workspace");
@@ -243,6 +245,9 @@ static void test_deviceless(const char* plan_path) {
     st = fusebox_session_tune(s, g, NULL, &tuned);
     CHECK(st == FUSEBOX_NO_DEVICE && tuned == NULL, "deviceless tune: %s", fusebox_status_name(st));
     printf("deviceless tune -> %s: %s\n", fusebox_status_name(st), fusebox_last_error());
+    st = fusebox_session_tune_in_cuda_graph(s, g, NULL, &tuned);
+    CHECK(st == FUSEBOX_NO_DEVICE && tuned == NULL && strstr(fusebox_last_error(), "fusebox_session_tune_in_cuda_graph"),
+          "deviceless tune in a CUDA graph: %s: %s", fusebox_status_name(st), fusebox_last_error());
   }
 
 done:

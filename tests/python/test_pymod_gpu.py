@@ -214,6 +214,38 @@ def test_tune_then_cache(tmp_path):
     assert s.tune(g, warmup=1, iters=3).source == "plan cache (tuned)"
 
 
+def test_tune_in_cuda_graph_is_cached_apart_and_replays(tmp_path):
+    """tune(cuda_graph=True): timed inside CUDA graphs, its own cache entry; the plan replays under
+    torch.cuda.graph with the eager run's bytes."""
+    g = small("conv_bias_relu_small")
+    s = fusebox.Session(device=torch.cuda.current_device(), cache=tmp_path / "plans.sqlite")
+    tuned = s.tune(g, warmup=2, iters=10, cuda_graph=True)
+    print(f"tune in a CUDA graph: {tuned.engine}: {tuned.source}")
+    assert tuned.source.startswith("tuned now") and "in CUDA graphs" in tuned.source, tuned.source
+    again = s.tune(g, warmup=1, iters=3, cuda_graph=True)
+    assert again.source == "plan cache (tuned in a CUDA graph)" and again.engine == tuned.engine, again.source
+    assert s.build(g).source != "plan cache (tuned)", "build must not take the CUDA-graph winner as eager-tuned"
+    ts = {t.name: g.empty(t.name) for t in g.tensors}
+    for t in g.tensors:
+        if not t.is_output:
+            ts[t.name].copy_(torch.rand(ts[t.name].shape, device=ts[t.name].device) * 2 - 1)
+    again(**ts)
+    torch.cuda.synchronize()
+    eager = ts["y"].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        again(**ts)
+    torch.cuda.current_stream().wait_stream(side)
+    cg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cg):
+        again(**ts)
+    ts["y"].fill_(float("nan"))
+    cg.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(ts["y"], eager)
+
+
 def test_deviceless_plan_file_runs(cbr, tmp_path):
     g, plan, x, w, b = cbr
     offline = fusebox.Session(device_properties=fusebox.devprop_path()).build(g)
