@@ -482,6 +482,19 @@ def models_markdown(models):
     return L + [""]
 
 
+# Measured apart from the sweep (cuDNN's API log, CUDNN_LOGLEVEL_DBG=3, timestamps of consecutive
+# calls; `fusebox shapes matmul_bias_gelu_dyn --shapes M=64..320:64`, H200, cuDNN 9.19.0,
+# 2026-12-01): where a warm kernel cache's ~30 ms goes, and what reusing the first shape's engine buys.
+SHAPES_FINALIZE_NOTE = (
+    "*Where a later shape's build goes* (cuDNN's API log, matmul_bias_gelu_dyn M=64..320:64, H200, "
+    "2026-12-01): `cudnnBackendFinalize` of the execution plan takes 27-30 ms per shape with a warm "
+    "kernel cache, nearly all of `build_plans`; the other four steps (validate, operation graph, "
+    "engine replay, support check) take 2-5 ms together. Reusing the first shape's engine is what keeps "
+    "the cache warm: with `--no-engine-reuse` the heuristics move knob k24 with M (25, 24, 23, 22, 21), "
+    "every shape misses and compiles again (295-815 ms each). cuDNN 9.19 has no way around the "
+    "per-shape finalize: execute-time shape override needs cuDNN 9.21 in frontend 1.32.")
+
+
 def shapes_markdown(entries):
     """Part shapes: the cost of new shapes of symbolic graphs, kernel cache against cold."""
     if not entries:
@@ -494,6 +507,7 @@ def shapes_markdown(entries):
          "(rows from fusebox with step times), where a new shape's time goes; *policy*: how those "
          "shapes were built (dynamic shapes with the kernel cache, or static by the session's "
          "precompiled-engine policy).", "",
+         SHAPES_FINALIZE_NOTE, "",
          "| graph | shapes | kernel cache total ms | first build ms | median later build ms | later builds by step "
          "| policy | cold total ms | cold median ms | **speedup** | note |",
          "|---|---|---:|---:|---:|---|---|---:|---:|---:|---|"]
