@@ -269,7 +269,8 @@ bool bench_chain(Session& session, int64_t batch, int layers, int calls, int sam
   if (!tuned.ok()) {
     out["tuned_in_graph"] = {{"error", tuned.status().ToString()}};
   } else if (tuned->engine_name() == plan->engine_name()) {
-    out["tuned_in_graph"] = {{"engine", tuned->engine_name()}, {"same_as_heuristic", true}, {"tune_ms", tune_ms}};
+    out["tuned_in_graph"] = {
+        {"engine", tuned->engine_name()}, {"same_as_heuristic", true}, {"tune_ms", tune_ms}};
     std::printf("  tuned in a CUDA graph: %s, the heuristics' engine\n", tuned->engine_name().c_str());
   } else {
     std::vector<BoundPlan> tb;
@@ -282,7 +283,8 @@ bool bench_chain(Session& session, int64_t batch, int layers, int calls, int sam
     for (auto& b : tb) tsteps.push_back(&b);
     auto tcg = CudaGraph::create(tsteps);
     if (!tcg.ok()) {
-      std::fprintf(stderr, "bound_execute_bench: tuned chain CUDA graph: %s\n", tcg.status().ToString().c_str());
+      std::fprintf(stderr, "bound_execute_bench: tuned chain CUDA graph: %s\n",
+                   tcg.status().ToString().c_str());
       return false;
     }
     auto teager = [&] {
@@ -492,7 +494,8 @@ int main(int argc, char** argv) {
   auto tuned = tuned_in_graph(**session, *g, &tune_ms);
   if (!tuned.ok()) {
     host["cuda_graph_tuned"] = {{"error", tuned.status().ToString()}};
-    std::fprintf(stderr, "bound_execute_bench: tune in a CUDA graph: %s\n", tuned.status().ToString().c_str());
+    std::fprintf(stderr, "bound_execute_bench: tune in a CUDA graph: %s\n",
+                 tuned.status().ToString().c_str());
   } else {
     auto tb = (*session)->bind(*tuned, buffers);
     if (!tb.ok()) return die("bind of the tuned plan", tb.status());
@@ -508,8 +511,9 @@ int main(int argc, char** argv) {
       if (a.empty()) return die("CUDA graph timing", Status(StatusCode::kInternal, "launch failed"));
       tuned_gpu.push_back(a[0] * 1e6 / in_graph);
     }
-    std::printf("%-44s %14.0f  (%s, tuned in a CUDA graph in %.0f ms)\n", "GPU: graph replay / 100, tuned engine",
-                median(tuned_gpu), tuned->engine_name().c_str(), tune_ms);
+    std::printf("%-44s %14.0f  (%s, tuned in a CUDA graph in %.0f ms)\n",
+                "GPU: graph replay / 100, tuned engine", median(tuned_gpu), tuned->engine_name().c_str(),
+                tune_ms);
     host["cuda_graph_tuned"] = {{"engine", tuned->engine_name()},
                                 {"tune_ms", tune_ms},
                                 {"replay_gpu_ns_per_execute", median(tuned_gpu)},

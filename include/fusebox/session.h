@@ -56,13 +56,12 @@ struct PlanRequest {
   // A symbolic graph builds statically when a static build is served by precompiled kernels (no
   // RUNTIME_COMPILATION note): such an engine builds any shape in milliseconds (3 ms for
   // conv_bias_relu_dyn on the H200) where even a warm kernel cache costs about 30 ms a shape
-  // (cuDNN's finalize of the execution plan: 27-30 ms in its API log) and a cold one compiles first (884 ms for that conv, whose
-  // dynamic-shape candidates are all runtime-compiled). Before the graph's first build, the
-  // static heuristics are asked (step 3 and the support check, no build: milliseconds) which
-  // engine a static build would take, unless the plan cache already holds the shape (a warm
-  // start asks nothing); after the first dynamic build, its engine is checked too.
-  // Runtime-compiled engines (matmul epilogues, norms, attention) keep the kernel cache.
-  // PlanReport::static_policy says so.
+  // (cuDNN's finalize of the execution plan: 27-30 ms in its API log) and a cold one compiles first (884 ms
+  // for that conv, whose dynamic-shape candidates are all runtime-compiled). Before the graph's first build,
+  // the static heuristics are asked (step 3 and the support check, no build: milliseconds) which engine a
+  // static build would take, unless the plan cache already holds the shape (a warm start asks nothing); after
+  // the first dynamic build, its engine is checked too. Runtime-compiled engines (matmul epilogues, norms,
+  // attention) keep the kernel cache. PlanReport::static_policy says so.
   bool static_when_precompiled = true;
 };
 

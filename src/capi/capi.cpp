@@ -395,7 +395,8 @@ fusebox_status tune_plan(const char* fn, fusebox_session* session, const fusebox
       }
       int timed = 0;
       for (const auto& e : res.entries) timed += e.timed ? 1 : 0;
-      source = "tuned now (" + std::to_string(timed) + " candidates timed" + (cuda_graph ? " in CUDA graphs" : "");
+      source =
+          "tuned now (" + std::to_string(timed) + " candidates timed" + (cuda_graph ? " in CUDA graphs" : "");
       if (res.heuristic >= 0 && res.speedup_over_heuristic > 0) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "%.2f", res.speedup_over_heuristic);

@@ -30,8 +30,9 @@ std::string build_policy_key(const BuildOptions& o) {
 std::string tune_policy_key(const TunePolicy& p) {
   // What changes the winner; measurement settings (warm-up, iterations, seed) do not.
   return "tune;modes=" + modes_string(p.heuristics) + ";max_ws=" + std::to_string(p.max_workspace_bytes) +
-         ";det=" + std::to_string(p.deterministic_only) + ";rtc=" + std::to_string(p.allow_runtime_compilation) +
-         ";top=" + std::to_string(p.top_k) + ";budget_ms=" + std::to_string(p.budget_ms) +
+         ";det=" + std::to_string(p.deterministic_only) +
+         ";rtc=" + std::to_string(p.allow_runtime_compilation) + ";top=" + std::to_string(p.top_k) +
+         ";budget_ms=" + std::to_string(p.budget_ms) +
          // Timed inside CUDA graphs: its own entry (keys of eager-timed tunes are unchanged).
          (p.cuda_graph ? ";graph=1" : "");
 }

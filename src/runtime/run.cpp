@@ -206,7 +206,8 @@ Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuf
 
 Result<LatencyStats> time_plan_in_graph(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
                                         void* workspace, int warmup, int iters, int replays) {
-  const std::string what = "'" + plan.engine_name() + "' in a CUDA graph of " + std::to_string(iters) + " executes";
+  const std::string what =
+      "'" + plan.engine_name() + "' in a CUDA graph of " + std::to_string(iters) + " executes";
   for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(i), workspace));
   auto binding = std::make_shared<WorkspaceBinding>(WorkspaceBinding{workspace, plan.workspace_bytes(), 1});
   std::vector<std::unique_ptr<BoundPlan>> bound;  // stable addresses: the graph points at them
@@ -220,8 +221,9 @@ Result<LatencyStats> time_plan_in_graph(const Plan& plan, GpuContext& ctx, const
   auto graph = CudaGraph::create(chain);
   if (!graph.ok()) return graph.status().WithContext(what);
   FUSEBOX_ASSIGN_OR_RETURN(LatencyStats per_launch,
-                           time_calls(static_cast<cudaStream_t>(ctx.stream()), /*warmup=*/1, replays,
-                                      [&](int) { return graph->launch(); }, "timed replays of " + what));
+                           time_calls(
+                               static_cast<cudaStream_t>(ctx.stream()), /*warmup=*/1, replays,
+                               [&](int) { return graph->launch(); }, "timed replays of " + what));
   const double n = static_cast<double>(iters);
   per_launch.median_ms /= n;
   per_launch.min_ms /= n;

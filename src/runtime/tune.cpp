@@ -80,8 +80,8 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
       continue;
     }
     auto lat = policy.cuda_graph
-                   ? runtime::time_plan_in_graph(*plan, ctx, buffers, workspace.get(), policy.warmup, policy.iters,
-                                                     kTuneGraphReplays)
+                   ? runtime::time_plan_in_graph(*plan, ctx, buffers, workspace.get(), policy.warmup,
+                                                 policy.iters, kTuneGraphReplays)
                    : runtime::time_plan(*plan, ctx, buffers, workspace.get(), policy.warmup, policy.iters);
     if (!lat.ok()) {
       e.skipped_why = "execution failed: " + lat.status().message();

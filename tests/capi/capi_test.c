@@ -246,7 +246,8 @@ static void test_deviceless(const char* plan_path) {
     CHECK(st == FUSEBOX_NO_DEVICE && tuned == NULL, "deviceless tune: %s", fusebox_status_name(st));
     printf("deviceless tune -> %s: %s\n", fusebox_status_name(st), fusebox_last_error());
     st = fusebox_session_tune_in_cuda_graph(s, g, NULL, &tuned);
-    CHECK(st == FUSEBOX_NO_DEVICE && tuned == NULL && strstr(fusebox_last_error(), "fusebox_session_tune_in_cuda_graph"),
+    CHECK(st == FUSEBOX_NO_DEVICE && tuned == NULL &&
+              strstr(fusebox_last_error(), "fusebox_session_tune_in_cuda_graph"),
           "deviceless tune in a CUDA graph: %s: %s", fusebox_status_name(st), fusebox_last_error());
   }
 

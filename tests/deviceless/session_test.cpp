@@ -239,10 +239,12 @@ TEST_F(DevicelessSession, ARunInACudaGraphPrefersTheEntryTunedInsideCudaGraphs) 
   TunePolicy in_graph;
   in_graph.cuda_graph = true;
   // Eager-timed keys are what they were before the CUDA-graph timing existed; the new one differs.
-  EXPECT_EQ(tune_policy_key(TunePolicy{}), "tune;modes=a,b,fallback;max_ws=-1;det=0;rtc=1;top=0;budget_ms=0.000000");
+  EXPECT_EQ(tune_policy_key(TunePolicy{}),
+            "tune;modes=a,b,fallback;max_ws=-1;det=0;rtc=1;top=0;budget_ms=0.000000");
   EXPECT_EQ(tune_policy_key(in_graph), tune_policy_key(TunePolicy{}) + ";graph=1");
   std::vector<std::string> warnings;
-  ASSERT_TRUE(store_plan(cache_.get(), g_, s->target(), tune_policy_key(TunePolicy{}), *plan, 0.25, &warnings));
+  ASSERT_TRUE(
+      store_plan(cache_.get(), g_, s->target(), tune_policy_key(TunePolicy{}), *plan, 0.25, &warnings));
 
   PlanRequest replayed;
   replayed.cuda_graph = true;

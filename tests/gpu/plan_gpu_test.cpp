@@ -2,20 +2,19 @@
 // reference; plans round-trip through serialization; a plan built deviceless
 // gives outputs identical to one built on the GPU. Skipped without a GPU.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <set>
 
 #include "../deviceless/test_util.h"
-#include <filesystem>
-#include <unistd.h>
-
 #include "fusebox/plan.h"
 #include "fusebox/plan_cache.h"
-#include "fusebox/session.h"
 #include "fusebox/plan_file.h"
 #include "fusebox/runtime.h"
+#include "fusebox/session.h"
 #include "fusebox/tune.h"
 
 namespace fusebox {
@@ -313,7 +312,8 @@ TEST(GpuTune, InsideCudaGraphsRanksVerifiesAndServesRunsInCudaGraphs) {
   ASSERT_TRUE(spec.ok());
   auto g = resolve(*spec);
   ASSERT_TRUE(g.ok());
-  const auto dir = std::filesystem::temp_directory_path() / ("fusebox_tune_graph_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("fusebox_tune_graph_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   PlanCache cache = PlanCache::open((dir / "plans.sqlite").string());

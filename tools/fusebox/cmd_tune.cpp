@@ -128,31 +128,34 @@ Runner add_tune(CLI::App& app) {
       }
       nlohmann::json verify = nlohmann::json::array();
       for (const auto& c : r->winner_run.comparisons) verify.push_back(to_json(c));
-      nlohmann::json j = {{"graph", g->name},
-                          {"cache", cache_result},
-                          {"winner", w.candidate.name},
-                          {"winner_median_ms", w.latency.median_ms},
-                          {"heuristic_choice", r->heuristic >= 0 ? r->entries[r->heuristic].candidate.name : ""},
-                          {"speedup_over_heuristic", r->speedup_over_heuristic},
-                          {"tuning_ms", r->tuning_ms},
-                          {"input_sets", r->input_sets},
-                          {"timing", a->policy.cuda_graph ? "cuda_graph" : "eager"},
-                          {"tflops", r->flops / (w.latency.median_ms * 1e-3) / 1e12},
-                          {"verify", verify},
-                          {"ok", r->winner_run.verified_ok},
-                          {"build", to_json(r->report)},
-                          {"entries", rows}};
+      nlohmann::json j = {
+          {"graph", g->name},
+          {"cache", cache_result},
+          {"winner", w.candidate.name},
+          {"winner_median_ms", w.latency.median_ms},
+          {"heuristic_choice", r->heuristic >= 0 ? r->entries[r->heuristic].candidate.name : ""},
+          {"speedup_over_heuristic", r->speedup_over_heuristic},
+          {"tuning_ms", r->tuning_ms},
+          {"input_sets", r->input_sets},
+          {"timing", a->policy.cuda_graph ? "cuda_graph" : "eager"},
+          {"tflops", r->flops / (w.latency.median_ms * 1e-3) / 1e12},
+          {"verify", verify},
+          {"ok", r->winner_run.verified_ok},
+          {"build", to_json(r->report)},
+          {"entries", rows}};
       std::printf("%s\n", dump(j).c_str());
     } else {
       if (a->policy.cuda_graph) {
-        std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up runs each, then GPU time per execute in a CUDA "
-                    "graph of %d executes, median of %d replays; %d input sets rotated)\n",
-                    safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
-                    kTuneGraphReplays, r->input_sets);
+        std::printf(
+            "%s: %zu candidates, tuned in %.0f ms (%d warm-up runs each, then GPU time per execute in a CUDA "
+            "graph of %d executes, median of %d replays; %d input sets rotated)\n",
+            safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
+            kTuneGraphReplays, r->input_sets);
       } else {
-        std::printf("%s: %zu candidates, tuned in %.0f ms (%d warm-up + %d timed runs each, %d input sets rotated)\n",
-                    safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
-                    r->input_sets);
+        std::printf(
+            "%s: %zu candidates, tuned in %.0f ms (%d warm-up + %d timed runs each, %d input sets rotated)\n",
+            safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
+            r->input_sets);
       }
       std::printf("%4s  %-46s %11s %11s %11s %9s %10s  %s\n", "rank", "engine", "median ms", "min ms", "p90 ms",
                   "TFLOP/s", "workspace", "");

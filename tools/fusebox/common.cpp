@@ -44,10 +44,12 @@ void add_shape_flag(CLI::App* cmd, std::string& shape) {
 }
 
 void add_tune_cuda_graph_flag(CLI::App* cmd, TunePolicy& policy) {
-  cmd->add_flag("--cuda-graph", policy.cuda_graph,
-                "Time each engine as GPU time per execute inside one CUDA graph of --iters executes, replayed (for "
-                "plans you replay in CUDA graphs: no host launch gaps; small graphs may rank differently); "
-                "cached apart from eager-timed tunes, and preferred by `run --cuda-graph` and `pipeline run --cuda-graph`");
+  cmd->add_flag(
+      "--cuda-graph", policy.cuda_graph,
+      "Time each engine as GPU time per execute inside one CUDA graph of --iters executes, replayed (for "
+      "plans you replay in CUDA graphs: no host launch gaps; small graphs may rank differently); "
+      "cached apart from eager-timed tunes, and preferred by `run --cuda-graph` and `pipeline run "
+      "--cuda-graph`");
 }
 
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec) {
