@@ -136,6 +136,22 @@ nlohmann::json side(const std::vector<double>& gpu_ms, const std::vector<double>
   return {{"gpu_ms", gpu_ms}, {"latency_ms", latency_ms}};
 }
 
+// Runs `eager`, keeps the `bytes` at `out`, poisons them, runs `replay`: *same says whether the
+// replay wrote the same bytes. False when a run fails.
+bool same_bytes(const std::function<bool()>& eager, const std::function<bool()>& replay, void* out, size_t bytes,
+                cudaStream_t stream, bool* same) {
+  std::vector<uint8_t> a(bytes), c(bytes);
+  if (!eager()) return false;
+  cudaStreamSynchronize(stream);
+  cudaMemcpy(a.data(), out, bytes, cudaMemcpyDeviceToHost);
+  cudaMemsetAsync(out, 0xFF, bytes, stream);
+  if (!replay()) return false;
+  cudaStreamSynchronize(stream);
+  cudaMemcpy(c.data(), out, bytes, cudaMemcpyDeviceToHost);
+  *same = a == c;
+  return true;
+}
+
 // The graph tuned inside CUDA graphs (`tune --cuda-graph`): the engine whose execute is fastest
 // when replayed, which for small graphs need not be the heuristics' choice. No plan cache.
 Result<Plan> tuned_in_graph(Session& session, const ResolvedGraph& g, double* tune_ms) {
@@ -210,15 +226,9 @@ bool bench_chain(Session& session, int64_t batch, int layers, int calls, int sam
   auto replay = [&] { return cg->launch().ok(); };
   // Warm-up, and the two must agree bit for bit.
   const size_t ny = static_cast<size_t>(g.tensors[g.output_tensors().front()].storage_bytes());
-  std::vector<uint8_t> a(ny), c(ny);
-  if (!eager()) return false;
-  cudaStreamSynchronize(stream);
-  cudaMemcpy(a.data(), layer_bufs[layers - 1][y], ny, cudaMemcpyDeviceToHost);
-  cudaMemsetAsync(layer_bufs[layers - 1][y], 0xFF, ny, stream);
-  if (!replay()) return false;
-  cudaStreamSynchronize(stream);
-  cudaMemcpy(c.data(), layer_bufs[layers - 1][y], ny, cudaMemcpyDeviceToHost);
-  const bool identical = a == c;
+  void* last = layer_bufs[layers - 1][y];
+  bool identical = false;
+  if (!same_bytes(eager, replay, last, ny, stream, &identical)) return false;
   for (int i = 0; i < 10; ++i) {
     if (!eager() || !replay()) return false;
   }
@@ -294,14 +304,7 @@ bool bench_chain(Session& session, int64_t batch, int layers, int calls, int sam
       return true;
     };
     auto treplay = [&] { return tcg->launch().ok(); };
-    if (!teager()) return false;
-    cudaStreamSynchronize(stream);
-    cudaMemcpy(a.data(), layer_bufs[layers - 1][y], ny, cudaMemcpyDeviceToHost);
-    cudaMemsetAsync(layer_bufs[layers - 1][y], 0xFF, ny, stream);
-    if (!treplay()) return false;
-    cudaStreamSynchronize(stream);
-    cudaMemcpy(c.data(), layer_bufs[layers - 1][y], ny, cudaMemcpyDeviceToHost);
-    tuned_identical = a == c;
+    if (!same_bytes(teager, treplay, last, ny, stream, &tuned_identical)) return false;
     for (int i = 0; i < 10; ++i) {
       if (!treplay()) return false;
     }
