@@ -228,7 +228,9 @@ def merge(parts):
             if d.get(k):
                 out.setdefault(k, {}).update({kk: vv for kk, vv in d[k].items() if vv is not None})
         if d.get("runtime"):
-            out["runtime"] = d["runtime"]  # one part writes it; a later one wins
+            out["runtime"] = dict(d["runtime"])  # one part writes it; a later one wins
+            if d.get("date"):  # the runtime part's own date: the run's may be another part's
+                out["runtime"].setdefault("measured_utc", d["date"])
         for r in d["rows"]:
             rows[(r.get("family"), r["name"])] = r
     out["rows"] = list(rows.values())
@@ -314,9 +316,11 @@ def runtime_markdown(rt):
         return []
     L = []
     h = rt.get("host_overhead") or {}
+    when = f"Measured {md_cell(rt['measured_utc'])} (the runtime part's own run). " if rt.get("measured_utc") else ""
     if h:
         L += [f"### Runtime: host cost of one execute (graph `{md_cell(h.get('graph', '?'))}`, "
               f"engine `{md_cell(h.get('engine', '?'))}`, bound path {md_cell(h.get('bound_path', '?'))})", "",
+              *([when.strip(), ""] if when else []),
               "| call | median ns on the host |", "|---|---:|"]
         for r in h.get("rows") or []:
             L.append(f"| {md_cell(r.get('call', '?'))} | {float(r.get('host_ns') or 0):.0f} |")

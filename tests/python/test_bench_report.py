@@ -237,6 +237,10 @@ def test_runtime_tables_in_the_report(tmp_path):
 def test_merge_carries_the_runtime_part_and_reports_without_it(tmp_path):
     merged = br.merge([NEW, RUNTIME])
     assert merged["runtime"]["host_overhead"]["bound_over_bare"] == 1.05
+    # the runtime part's own date goes with it (the run's date may be another part's)
+    assert merged["runtime"]["measured_utc"] == br.load(RUNTIME)["date"]
+    text = "\n".join(br.runtime_markdown(merged["runtime"]))
+    assert f"Measured {br.load(RUNTIME)['date']} (the runtime part's own run)." in text
     assert len(merged["rows"]) == len(br.load(NEW)["rows"])  # the runtime part adds no graph rows
     path = tmp_path / "2026-12-02-H200.json"
     path.write_text(json.dumps(merged))
