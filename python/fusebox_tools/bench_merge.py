@@ -108,6 +108,10 @@ def merge_part(local, incoming):
     for name in _REPLACED:
         if incoming.get(name):
             merged[name] = incoming[name]
+    if isinstance(incoming.get("runtime"), dict) and incoming.get("date"):
+        # the part file keeps its first date; the runtime object says when it was measured
+        merged["runtime"] = dict(incoming["runtime"])
+        merged["runtime"].setdefault("measured_utc", incoming["date"])
     for name in ("versions", "gpu", "schema", "method"):
         if name in incoming and (name == "versions" or name not in merged):
             merged[name] = incoming[name]
@@ -168,7 +172,8 @@ def merge_archive(path, bench_dir=".bench", log=print):
             continue
         merged, counts = merge_part(local, incoming)
         _write(target, json.dumps(merged, indent=1))
-        said = ", ".join(f"{k} +{a} added, {r} replaced" for k, (a, r) in counts.items() if a or r)
+        said = ", ".join([f"{k} +{a} added, {r} replaced" for k, (a, r) in counts.items() if a or r] +
+                         [f"{k} replaced" for k in _REPLACED if incoming.get(k)])
         log(f"bench_merge: {target}: {said or 'nothing new'}")
     return len(refused)
 

@@ -47,6 +47,20 @@ def test_rows_replaced_by_name_others_kept(tmp_path):
     assert json.loads((bench / "R" / "norm.json").read_text())["rows"] == [{"graph": "n.json"}]  # a new part
 
 
+def test_a_replaced_runtime_keeps_its_own_date(tmp_path):
+    """The part file keeps its first date; the runtime object it takes says when it was measured."""
+    bench = tmp_path / ".bench"
+    (bench / "R").mkdir(parents=True)
+    (bench / "R" / "runtime.json").write_text(json.dumps(_part([], date="2026-12-01T13:00:00Z",
+                                                               runtime={"chain": [], "v": 1})))
+    arc = _tgz(tmp_path / "p.tgz", {".bench/R/runtime.json": _part([], date="2026-12-01T23:53:59Z",
+                                                                   runtime={"chain": [], "v": 2})})
+    assert bench_merge.main([arc, "--bench-dir", str(bench)]) == 0
+    got = json.loads((bench / "R" / "runtime.json").read_text())
+    assert got["date"] == "2026-12-01T13:00:00Z"
+    assert got["runtime"] == {"chain": [], "v": 2, "measured_utc": "2026-12-01T23:53:59Z"}
+
+
 def test_hostile_members_refused_nothing_outside(tmp_path):
     bench = tmp_path / "b" / ".bench"
     link = tarfile.TarInfo(".bench/R/x.json")
