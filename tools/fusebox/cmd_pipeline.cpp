@@ -468,6 +468,7 @@ Runner add_pipeline_tune(CLI::App& cmd) {
         j["code"] = status_code_name(st.code());
         j["error"] = st.message();
       }
+      j["timing"] = a->policy.cuda_graph ? "cuda_graph" : "eager";
       ordered_json stages = ordered_json::array();
       for (const StageTune& s : t.stages) {
         ordered_json e = stage_json(*p, s.stage);
@@ -491,8 +492,9 @@ Runner add_pipeline_tune(CLI::App& cmd) {
       j["total_ms"] = t.total_ms;
       std::printf("%s\n", common::json_dump(j, 2).c_str());
     } else {
-      std::printf("%s (%s): %zu stages, tuned on %s\n", safe(p->name).c_str(), safe(p->path).c_str(),
-                  p->stages.size(), target_text(**session).c_str());
+      std::printf("%s (%s): %zu stages, tuned on %s%s\n", safe(p->name).c_str(), safe(p->path).c_str(),
+                  p->stages.size(), target_text(**session).c_str(),
+                  a->policy.cuda_graph ? " (each engine timed per execute inside a CUDA graph)" : "");
       int n = 0;
       for (const StageTune& s : t.stages) {
         const PipelineStage& ps = p->stages[static_cast<size_t>(s.stage)];
