@@ -410,6 +410,11 @@ int main(int argc, char** argv) {
   }
   rows.push_back(
       {"Plan::execute (unbound)", [&] { return plan->execute(ctx, buffers, workspace).ok(); }, {}});
+  // The same execute recorded once as a CUDA graph of one step and launched: the host's cost for
+  // a caller that replays single plans instead of calling the backend each time.
+  auto one = CudaGraph::create({&*bound});
+  if (!one.ok()) return die("CUDA graph of one execute", one.status());
+  rows.push_back({"CudaGraph::launch (one execute)", [&] { return one->launch().ok(); }, {}});
   // Warm-up (loads the kernels), then rounds interleaved so drift hits every row alike.
   for (auto& r : rows) {
     if (time_calls(r.call, stream, 64).empty()) {

@@ -330,6 +330,11 @@ def runtime_markdown(rt):
         if ratio_bb is not None:
             L.append(f"Bound / bare: **{ratio_bb:.3f}** (target ≤ {RUNTIME_BOUND_TARGET}: "
                      f"{met(ratio_bb, RUNTIME_BOUND_TARGET, True)}).")
+        by_call = {r.get("call"): r.get("host_ns") for r in h.get("rows") or []}
+        one, bare = by_call.get("CudaGraph::launch (one execute)"), by_call.get("cudnnBackendExecute (bare)")
+        if one and bare:
+            L.append(f"The same execute recorded once as a CUDA graph of one step and launched: {float(one):.0f} ns "
+                     f"on the host, {float(one) / float(bare):.2f}x the bare cuDNN call.")
         if cg:
             replay = cg.get("replay_gpu_ns_per_execute")
             L.append(f"In one CUDA graph of {cg.get('executes_per_graph', '?')} executes "

@@ -250,6 +250,17 @@ def test_merge_carries_the_runtime_part_and_reports_without_it(tmp_path):
     assert "### Runtime" not in br.report(NEW)
 
 
+def test_one_step_graph_launch_line():
+    rt = {"host_overhead": {"bound_over_bare": 1.02, "rows": [
+        {"call": "BoundPlan::execute", "host_ns": 5300}, {"call": "cudnnBackendExecute (bare)", "host_ns": 5200},
+        {"call": "CudaGraph::launch (one execute)", "host_ns": 2600}]}}
+    text = "\n".join(br.runtime_markdown(rt))
+    assert "| CudaGraph::launch (one execute) | 2600 |" in text
+    assert "launched: 2600 ns on the host, 0.50x the bare cuDNN call." in text
+    assert "launched:" not in "\n".join(br.runtime_markdown({"host_overhead": {"rows": [
+        {"call": "CudaGraph::launch (one execute)", "host_ns": 2600}]}}))
+
+
 def test_replay_overhead_and_tuned_in_graph_lines():
     """The 2 us target is checked on what a replayed execute costs beyond its kernels (and the
     host's launch share), not on the kernel's own duration; tuned-in-graph engines are listed."""
