@@ -36,16 +36,27 @@ struct GraphRunner {
   std::vector<std::unique_ptr<BoundPlan>> bound;  // stable addresses: the graphs point at them
   std::vector<CudaGraph> graphs;
 
-  Status record(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* ws) {
+  // One bound plan per input set (no graphs).
+  Status bind(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* ws) {
     workspace = std::make_shared<WorkspaceBinding>(WorkspaceBinding{ws, plan.workspace_bytes(), 1});
     for (int s = 0; s < buffers.sets(); ++s) {
       FUSEBOX_ASSIGN_OR_RETURN(BoundPlan b, BoundPlan::bind(plan, ctx, buffers.pointers(s), workspace));
       bound.push_back(std::make_unique<BoundPlan>(std::move(b)));
-      FUSEBOX_ASSIGN_OR_RETURN(CudaGraph cg, CudaGraph::create({bound.back().get()}));
+    }
+    return Status::Ok();
+  }
+  // bind(), and a one-execute CUDA graph of each.
+  Status record(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* ws) {
+    FUSEBOX_RETURN_IF_ERROR(bind(plan, ctx, buffers, ws));
+    for (const auto& b : bound) {
+      FUSEBOX_ASSIGN_OR_RETURN(CudaGraph cg, CudaGraph::create({b.get()}));
       graphs.push_back(std::move(cg));
     }
     return Status::Ok();
   }
+  // GPU time per execute of one CUDA graph of `calls` executes (the bound plans in rotation),
+  // launched once untimed, then `samples` times between two events.
+  Status time_chain(GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms) const;
 };
 
 Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, const std::function<Status(int)>& run,
@@ -80,14 +91,10 @@ Result<LatencyStats> time_graphs(std::vector<CudaGraph>& graphs, GpuContext& ctx
                     "timed CUDA graph launches");
 }
 
-// Samples through CUDA graphs: GPU time per execute of one graph of `calls`
-// executes back to back (input sets in rotation), and host latency of one
-// launch of a one-execute graph until its stream is synchronized.
-Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms,
-                     std::vector<double>& host_ms) {
+Status GraphRunner::time_chain(GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms) const {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   std::vector<BoundPlan*> chain;
-  for (int i = 0; i < calls; ++i) chain.push_back(runner.bound[i % runner.bound.size()].get());
+  for (int i = 0; i < calls; ++i) chain.push_back(bound[static_cast<size_t>(i) % bound.size()].get());
   FUSEBOX_ASSIGN_OR_RETURN(CudaGraph many, CudaGraph::create(chain));
   cudaEvent_t ev[2] = {nullptr, nullptr};
   Status st = cuda_status(cudaEventCreate(&ev[0]), "cudaEventCreate");
@@ -102,14 +109,24 @@ Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int sample
     if (st.ok()) st = cuda_status(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
     if (st.ok()) gpu_ms.push_back(static_cast<double>(ms) / calls);
   }
+  for (auto& e : ev) {
+    if (e) cudaEventDestroy(e);
+  }
+  return st;
+}
+
+// Samples through CUDA graphs: GPU time per execute of one graph of `calls`
+// executes back to back (input sets in rotation), and host latency of one
+// launch of a one-execute graph until its stream is synchronized.
+Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms,
+                     std::vector<double>& host_ms) {
+  auto stream = static_cast<cudaStream_t>(ctx.stream());
+  Status st = runner.time_chain(ctx, calls, samples, gpu_ms);
   for (int s = 0; s < samples && st.ok(); ++s) {
     const common::Stopwatch watch;
     st = runner.graphs[s % runner.graphs.size()].launch();
     if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "synchronized CUDA graph launch");
     if (st.ok()) host_ms.push_back(watch.ms());
-  }
-  for (auto& e : ev) {
-    if (e) cudaEventDestroy(e);
   }
   return st;
 }
@@ -209,27 +226,12 @@ Result<LatencyStats> time_plan_in_graph(const Plan& plan, GpuContext& ctx, const
   const std::string what =
       "'" + plan.engine_name() + "' in a CUDA graph of " + std::to_string(iters) + " executes";
   for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(plan.execute(ctx, buffers.pointers(i), workspace));
-  auto binding = std::make_shared<WorkspaceBinding>(WorkspaceBinding{workspace, plan.workspace_bytes(), 1});
-  std::vector<std::unique_ptr<BoundPlan>> bound;  // stable addresses: the graph points at them
-  for (int s = 0; s < buffers.sets(); ++s) {
-    auto b = BoundPlan::bind(plan, ctx, buffers.pointers(s), binding);
-    if (!b.ok()) return b.status().WithContext(what);
-    bound.push_back(std::make_unique<BoundPlan>(std::move(b).value()));
-  }
-  std::vector<BoundPlan*> chain;
-  for (int i = 0; i < iters; ++i) chain.push_back(bound[static_cast<size_t>(i) % bound.size()].get());
-  auto graph = CudaGraph::create(chain);
-  if (!graph.ok()) return graph.status().WithContext(what);
-  FUSEBOX_ASSIGN_OR_RETURN(LatencyStats per_launch,
-                           time_calls(
-                               static_cast<cudaStream_t>(ctx.stream()), /*warmup=*/1, replays,
-                               [&](int) { return graph->launch(); }, "timed replays of " + what));
-  const double n = static_cast<double>(iters);
-  per_launch.median_ms /= n;
-  per_launch.min_ms /= n;
-  per_launch.p90_ms /= n;
-  per_launch.mean_ms /= n;
-  return per_launch;
+  GraphRunner runner;
+  Status st = runner.bind(plan, ctx, buffers, workspace);
+  std::vector<double> per_execute;
+  if (st.ok()) st = runner.time_chain(ctx, iters, replays, per_execute);
+  if (!st.ok()) return st.WithContext(what);
+  return summarize(std::vector<float>(per_execute.begin(), per_execute.end()));
 }
 
 Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace, int calls,
