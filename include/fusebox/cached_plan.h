@@ -9,6 +9,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/plan_cache.h"
+#include "fusebox/plan_check.h"
 #include "fusebox/status.h"
 #include "fusebox/tune.h"
 
@@ -28,6 +29,9 @@ struct CachedPlan {
   // per-graph cost once the libraries are loaded; deserialize_ms minus this
   // is the one-time load. -1 when not measured.
   double deserialize_again_ms = -1;
+  // On a hit: the entry carries a passing plan check verdict whose seal
+  // matches its payload (fusebox/plan_check.h): no need to check it again.
+  bool check_trusted = false;
   std::vector<std::string> warnings;
 };
 
@@ -48,10 +52,15 @@ Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, 
 Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
                                       const std::string& policy_key, GpuContext* ctx, bool measure_repeat = false);
 
-// Stores a plan under `policy_key` (tuned_median_ms < 0: heuristic choice).
+// Stores a plan under `policy_key` (tuned_median_ms < 0: heuristic choice),
+// with `check`'s passing verdict sealed into the entry when given.
 // A failure becomes a warning in `warnings`. True only if it was stored (not
 // with no cache, a disabled or read-only one, or a failed write).
 bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
-                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings);
+                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings,
+                const PlanCheckRun* check = nullptr);
+// Writes `check`'s passing verdict into `info` and seals it for the payload
+// with checksum `payload_checksum` (plan_info_json::payload_xxh3).
+void record_plan_check(PlanFileInfo& info, const PlanCheckRun& check, const std::string& payload_checksum);
 
 }  // namespace fusebox

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fusebox/graph.h"
+#include "fusebox/partition.h"
 #include "fusebox/status.h"
 
 namespace fusebox {
@@ -85,6 +86,11 @@ struct BuildOptions {
   // heuristics (the `heuristics` and `engine` fields are not used); a shape
   // it does not support fails in check_support.
   EngineChoice replay;
+  // Engines (full names, as `fusebox engines` shows them) never to build:
+  // candidates that failed the plan check (fusebox/plan_check.h). The build
+  // takes the next candidate in the heuristics' order instead. fusebox's own
+  // rules (src/cudnn/engine_rules.cpp) are applied besides.
+  std::vector<std::string> excluded_engines;
 };
 
 // One of the five steps (validate, build_operation_graph,
@@ -126,6 +132,8 @@ struct BuildReport {
   // What the lowering chose that the graph does not say, one line per choice,
   // e.g. "[sdpa_fwd 'attn']: causal mask left out: ..." (docs/graph-format.md).
   std::vector<std::string> lowering_notes;
+  // Candidates left out by fusebox's engine rules or BuildOptions::excluded_engines, one line each.
+  std::vector<std::string> excluded;
   double total_ms() const;
 };
 
@@ -168,7 +176,10 @@ class Plan {
   // Run by fusebox's own CUDA kernel (an op cuDNN has none for, e.g.
   // embedding), not a cuDNN plan: nothing to serialize, cache or tune.
   bool native() const;
-  // The frontend's serialized form (graph structure and compiled plan).
+  // A partitioned plan (compose_partitioned_plan): its parts' count, else 0.
+  int part_count() const;
+  // The frontend's serialized form (graph structure and compiled plan); for a
+  // partitioned plan, a container of its parts' forms (common/plan_parts.h).
   Result<std::vector<uint8_t>> serialize() const;
   // Runs the plan. `buffers` maps every non-virtual graph tensor name to a
   // device pointer (by-value scalars are taken from the graph); `workspace`
@@ -288,6 +299,14 @@ class BoundPlan {
   explicit BoundPlan(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// One plan for `whole` made of `partition`'s parts, part_plans[i] built for
+// partition.parts[i].graph: executed as one (the parts in turn on one stream,
+// the temporaries between them at the start of the workspace, so
+// workspace_bytes() = temporaries + the largest part's workspace), capturable
+// in a CUDA graph, serialized as one payload with its parts.
+Result<Plan> compose_partitioned_plan(const ResolvedGraph& whole, const GraphPartition& partition,
+                                      std::vector<Plan> part_plans);
 
 // Rebuilds a plan from serialize()'s bytes. Without a GpuContext the target
 // must be deviceless (handle-less deserialization). `engine_name` names the

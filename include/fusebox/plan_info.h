@@ -23,6 +23,14 @@ struct PlanFileInfo {
   int64_t cudnn_version = 0;  // the runtime that built it
   std::string frontend_version;
   std::string fusebox_version;
+  // The plan check (docs/architecture.md, "Plan check"): "pass" when this
+  // plan ran once on a GPU of this kind on random inputs and matched the
+  // reference; empty when it was never checked (built deviceless, or checked
+  // off). Trusted only with a matching plan_check_seal (plan_info_json::seal
+  // over these fields and the payload): an edited verdict is checked again.
+  std::string plan_check;
+  std::string plan_check_detail;  // what was compared, e.g. "y: rel_l2=1.2e-03 ... (0.8 ms)"
+  std::string plan_check_seal;
 };
 
 }  // namespace fusebox

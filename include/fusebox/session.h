@@ -63,6 +63,16 @@ struct PlanRequest {
   // the first dynamic build, its engine is checked too. Runtime-compiled engines (matmul epilogues, norms,
   // attention) keep the kernel cache. PlanReport::static_policy says so.
   bool static_when_precompiled = true;
+  // The plan check (fusebox/plan_check.h): on a GPU, a plan built now, or
+  // loaded without a sealed passing verdict, runs once on random inputs
+  // against the reference before it is served; a plan that fails is never
+  // served (the next candidate is built and checked). false: served
+  // unchecked, and PlanReport::plan_check says so.
+  bool check_plan = true;
+  // When no engine runs the whole graph, split it into the largest parts
+  // that have engines (fusebox/partition.h) and serve them as one plan.
+  // Never when a whole-graph engine exists. false: the whole graph's error.
+  bool partition = true;
 };
 
 // One build tried by the policy.
@@ -111,6 +121,12 @@ struct PlanReport {
   bool engine_replayed = false;  // built with the first shape's engine, no heuristics
   std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
   bool tuned_in_cuda_graph = false;  // a tuned entry timed inside CUDA graphs (PlanRequest::cuda_graph)
+  PlanCheckReport plan_check;        // what the plan check did (PlanRequest::check_plan)
+  // A partitioned plan built now: GraphPartition::summary(), why each cut was
+  // needed (one line per cut), and the bytes of temporaries in the workspace.
+  std::string partition;
+  std::vector<std::string> partition_cuts;
+  int64_t partition_temporary_bytes = 0;
 
   // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
   // (a symbolic graph's shape and kernel-cache use appended in brackets).
@@ -212,6 +228,9 @@ class Session {
 
  private:
   explicit Session(std::unique_ptr<Impl> impl);
+  // get_plan's partitioner: `whole` is why the whole graph found no engine.
+  Result<Plan> build_partitioned(const ResolvedGraph& g, const BuildOptions& base, int64_t limit,
+                                 const Status& whole, PlanReport& rep);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -23,6 +23,8 @@ struct TunePolicy {
   int top_k = 0;                           // >0: time only the first K admissible candidates
   double budget_ms = 0;                    // >0: stop timing once this much wall time is spent
   uint64_t seed = 1;
+  // Verify the fastest candidate before it wins; one that fails is rejected
+  // and the next fastest is verified, until one passes (the plan check).
   bool verify_winner = true;
   // How a candidate is timed. false: each of `iters` eager executes between
   // two CUDA events (what an eager caller's GPU sees, host launch gaps
@@ -46,6 +48,9 @@ struct TuneEntry {
   bool timed = false;
   LatencyStats latency;
   bool heuristic_choice = false;  // the first supported candidate: what build_plan would pick
+  // Failed the verification run (TunePolicy::verify_winner): never the winner.
+  // What failed, e.g. "dx: 11232 non-finite ... FAIL"; empty when it passed or was not run.
+  std::string verify_failed;
 };
 
 struct TuneResult {
@@ -59,6 +64,9 @@ struct TuneResult {
   BuildReport report;
   Plan winner_plan;
   RunResult winner_run;  // the verification run of the winner
+  // With verify_winner: the fastest candidates that failed verification, in
+  // rank order, before the winner that passed (verify_failed says why).
+  int rejected = 0;
 };
 
 using TuneProgress = std::function<void(int done, int total, const std::string& engine)>;

@@ -13,6 +13,7 @@
 #include "common/device_properties_check.h"
 #include "common/json_text.h"
 #include "common/json_util.h"
+#include "common/plan_parts.h"
 
 namespace fusebox::common {
 namespace {
@@ -472,6 +473,10 @@ Status check_ubjson_structure(const uint8_t* data, size_t n, const std::string& 
 }
 
 Status check_plan_payload(const uint8_t* data, size_t n, const std::string& where) {
+  if (is_plan_parts(data, n)) {  // a partitioned plan: its container, then every part's payload
+    auto parts = decode_plan_parts(data, n, -1, where);
+    return parts.ok() ? Status::Ok() : parts.status();
+  }
   FUSEBOX_RETURN_IF_ERROR(check_ubjson_structure(data, n, where));
   json j;
   try {

@@ -16,7 +16,7 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
                                   std::shared_ptr<const WorkspaceBinding> workspace) {
   using namespace cudnn;
   const Plan::Impl* p = plan.impl();
-  if (!p || (!p->graph && !p->native)) return InvalidArgument("bind: empty plan");
+  if (!p || (!p->graph && !p->native && !p->parts)) return InvalidArgument("bind: empty plan");
   auto impl = std::make_unique<Impl>();
   impl->graph = p->graph;
   impl->fe = static_cast<const FeGraph*>(p->graph.get());
@@ -32,6 +32,24 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
       return InvalidArgument("bind '" + p->engine + "': '" + name +
                              "' is not a tensor of the plan; tensors are:" + known);
     }
+  }
+  if (p->parts) {  // a partitioned plan: every tensor of the whole graph, by uid
+    impl->composite = &plan;
+    impl->ctx = &ctx;
+    std::vector<std::pair<int64_t, std::string>> by_uid;
+    for (const auto& [name, uid] : p->uids) by_uid.push_back({uid, name});
+    std::sort(by_uid.begin(), by_uid.end());
+    for (const auto& [uid, name] : by_uid) {
+      auto b = buffers.find(name);
+      if (b == buffers.end() || b->second == nullptr)
+        return InvalidArgument("bind '" + p->engine + "': no device buffer for tensor '" + name + "'");
+      impl->names.push_back(name);
+      impl->user_ptrs.push_back(b->second);
+      impl->user_uids.push_back(uid);
+      auto sz = p->tensor_bytes.find(name);
+      impl->bytes.push_back(sz == p->tensor_bytes.end() ? -1 : sz->second);
+    }
+    return BoundPlan(std::move(impl));
   }
   if (p->native) {  // fusebox's own kernel: its tensors in its launch order, no variant pack
     impl->native = p->native;
@@ -187,6 +205,12 @@ Status BoundPlan::rebind(std::string_view name, void* ptr) {
 Status BoundPlan::execute() {
   if (!impl_) return Internal("execute: unbound plan");
   Impl& b = *impl_;
+  if (b.composite) {
+    FUSEBOX_RETURN_IF_ERROR(b.check_workspace());
+    std::map<std::string, void*> buffers;
+    for (size_t i = 0; i < b.names.size(); ++i) buffers[b.names[i]] = b.user_ptrs[i];
+    return b.composite->execute(*b.ctx, buffers, b.ws_ptr());
+  }
   if (b.native) {
     cudaStream_t stream = nullptr;  // the handle's: follows GpuContext::set_stream like cuDNN's executes
     FUSEBOX_RETURN_IF_ERROR(cudnn::cudnn_status(cudnnGetStream(b.handle, &stream), "execute: cudnnGetStream"));

@@ -22,6 +22,10 @@ struct BoundPlan::Impl {
   uint64_t workspace_generation = 0;
 
   std::shared_ptr<const kernels::NativeKernel> native;  // fusebox's own kernel (then no cuDNN plan)
+  // A partitioned plan (several cuDNN plans): executed through Plan::execute
+  // from names and pointers; the plan and context outlive the binding.
+  const Plan* composite = nullptr;
+  GpuContext* ctx = nullptr;
 
   std::vector<std::string> names;  // slot order = ascending uid (the frontend's user slots)
   std::vector<void*> user_ptrs;    // parallel to names

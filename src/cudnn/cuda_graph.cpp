@@ -62,6 +62,10 @@ cudaGraph_t record_native(BoundPlan::Impl& b, GraphRecording* rec, std::string* 
     *why = "fusebox's own kernel (no cuDNN plan to populate a graph): recorded by stream capture";
     return nullptr;
   }
+  if (b.composite) {
+    *why = "a partitioned plan (its parts run in turn): recorded by stream capture";
+    return nullptr;
+  }
   if (!refresh_pack(b).ok()) {
     *why = "the workspace does not fit the plan";
     return nullptr;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,20 @@ struct GpuContext::Impl {
   cudaStream_t own_stream = nullptr;  // created and destroyed by the context
 };
 
+// A partitioned plan's parts (fusebox/partition.h), shared by copies of the plan.
+struct PlanParts {
+  struct Part {
+    int first_op = 0;
+    int op_count = 0;
+    ResolvedGraph graph;
+    Plan plan;
+  };
+  std::vector<Part> parts;
+  // Temporaries between parts: tensor name -> byte offset at the start of the workspace.
+  std::vector<std::pair<std::string, int64_t>> temporaries;
+  int64_t temporaries_bytes = 0;
+};
+
 struct Plan::Impl {
   std::shared_ptr<cudnn::fe::graph::Graph> graph;  // a cudnn::FeGraph (built or deserialized); null when native
   // fusebox's own kernel instead of a cuDNN plan (an op cuDNN has none for).
@@ -36,6 +51,8 @@ struct Plan::Impl {
   std::unordered_map<std::string, int64_t> uids;
   // graph tensor name -> storage bytes (ResolvedTensor::storage_bytes), same keys as uids
   std::unordered_map<std::string, int64_t> tensor_bytes;
+  // A partitioned plan: its parts run in turn (then no graph and no kernel of its own).
+  std::shared_ptr<const PlanParts> parts;
 };
 
 struct KernelCache::Impl {
@@ -80,6 +97,13 @@ using common::cuda_status;  // "<where>: cudaErrorX: text"
 
 // A frontend error as a fusebox Status, prefixed with the step or op.
 Status from_fe(fe::error_t err, const std::string& where);
+
+// Partitioned plans (partitioned_plan.cpp).
+Status execute_parts(const PlanParts& p, GpuContext& ctx, const std::map<std::string, void*>& buffers,
+                     void* workspace);
+Result<std::vector<uint8_t>> serialize_parts(const PlanParts& p);
+Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
+                               GpuContext* ctx);
 Status cudnn_status(cudnnStatus_t st, const std::string& where);
 
 // The frontend graph for a ResolvedGraph, with each non-virtual tensor's uid

@@ -69,6 +69,12 @@ Status from_fe(fe::error_t err, const std::string& where) {
   }
   std::string msg = err.get_message();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
+  // A support gap found by a backend call (e.g. build_operation_graph's
+  // finalize answering CUDNN_STATUS_NOT_SUPPORTED*) is "not supported", not a
+  // library failure: the message carries cuDNN's status name.
+  if (code == StatusCode::kCudnnError && msg.find("CUDNN_STATUS_NOT_SUPPORTED") != std::string::npos) {
+    code = StatusCode::kNotSupported;
+  }
   return Status(code, where + ": " + fe_code_name(err.get_code()) + (msg.empty() ? "" : ": " + msg));
 }
 
@@ -76,7 +82,9 @@ Status cudnn_status(cudnnStatus_t st, const std::string& where) {
   if (st == CUDNN_STATUS_SUCCESS) return Status::Ok();
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
-  return Status(StatusCode::kCudnnError,
+  // cuDNN 9 numbers its statuses by class: 3000-3999 are CUDNN_STATUS_NOT_SUPPORTED and its sub-codes.
+  const bool unsupported = static_cast<int>(st) / 1000 == static_cast<int>(CUDNN_STATUS_NOT_SUPPORTED) / 1000;
+  return Status(unsupported ? StatusCode::kNotSupported : StatusCode::kCudnnError,
                 where + ": " + cudnnGetErrorString(st) + (last[0] ? std::string(" (") + last + ")" : ""));
 }
 

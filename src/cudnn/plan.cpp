@@ -1,8 +1,10 @@
 // The five steps, engine listing, plan (de)serialization and execution.
 #include <functional>
 
+#include "common/plan_parts.h"
 #include "common/plan_payload_check.h"
 #include "common/stopwatch.h"
+#include "engine_rules.h"
 #include "internal.h"
 #include "stdio_capture.h"
 
@@ -32,7 +34,11 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
   try {
     step.status = from_fe(fn(), name);
   } catch (const std::exception& e) {
-    step.status = Status(StatusCode::kCudnnError, name + ": exception from cuDNN frontend: " + e.what());
+    const std::string what = e.what();
+    // A support gap thrown rather than returned is still a support gap.
+    const bool gap = what.find("NOT_SUPPORTED") != std::string::npos;
+    step.status = Status(gap ? StatusCode::kNotSupported : StatusCode::kCudnnError,
+                         name + ": exception from cuDNN frontend: " + what);
   } catch (...) {
     step.status = Status(StatusCode::kCudnnError, name + ": unknown exception from cuDNN frontend");
   }
@@ -115,6 +121,35 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
   return Status::Ok();
 }
 
+// fusebox's engine rules and the caller's exclusions (the plan check's
+// rejects): the frontend skips those candidates when it builds. Each one left
+// out is listed in the report; none left is NotSupported naming them.
+Status apply_engine_bars(const ResolvedGraph& g, const BuildOptions& options, FeGraph& graph, BuildReport& r) {
+  const std::vector<EngineBar> bars = engine_bars_for(g);
+  if (bars.empty() && options.excluded_engines.empty()) return Status::Ok();
+  std::vector<std::string> barred;
+  int64_t left = 0;
+  for (int64_t i = 0; i < r.candidate_plans; ++i) {
+    std::string name, why;
+    if (!graph.get_plan_name_at_index(i, name).is_good()) continue;
+    if (engine_barred(name, bars, options.excluded_engines, &why)) {
+      r.excluded.push_back(name + ": " + why);
+      barred.push_back(name);
+    } else {
+      ++left;
+    }
+  }
+  // Full names: the frontend bars every candidate whose name contains one.
+  graph.deselect_engines(barred);
+  if (left == 0 && r.candidate_plans > 0) {
+    std::string lines;
+    for (const auto& e : r.excluded) lines += "\n  " + e;
+    return NotSupported("every one of the " + std::to_string(r.candidate_plans) +
+                        " candidates is excluded (wrong values for this graph):" + lines);
+  }
+  return Status::Ok();
+}
+
 // Steps 1-3 on a fresh frontend graph. `ctx` may be null for deviceless targets.
 Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarget& target,
                                        const BuildOptions& options, GpuContext* ctx, BuildReport& r) {
@@ -153,6 +188,7 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
     return graph.create_execution_plan(options.replay.engine_id, knobs);
   }));
   r.candidate_plans = graph.get_execution_plan_count();
+  FUSEBOX_RETURN_IF_ERROR(apply_engine_bars(g, options, graph, r));
   if (options.max_workspace_bytes >= 0) {
     graph.deselect_workspace_greater_than(options.max_workspace_bytes);
     FUSEBOX_RETURN_IF_ERROR(apply_workspace_limit(graph, options.max_workspace_bytes, r));
@@ -277,6 +313,11 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   int64_t pinned = -1;
   if (!options.engine.empty()) {
     FUSEBOX_ASSIGN_OR_RETURN(pinned, find_engine(graph, options.engine));
+    for (const auto& e : r.excluded) {
+      if (e.rfind(options.engine + ": ", 0) == 0) {
+        return NotSupported("pinned engine " + e + "; pin another engine (`fusebox engines` lists them)");
+      }
+    }
     for (const auto& d : r.dropped) {
       if (d.index == pinned) {
         return InvalidArgument("pinned engine '" + options.engine + "' " + d.why +
@@ -421,6 +462,15 @@ void CandidateSet::check_all(bool build) {
   timed("check_support", [&] {
     for (auto& c : impl_->candidates) {
       if (c.duplicate_of >= 0) continue;
+      bool barred = false;
+      for (const auto& e : r.excluded) {
+        if (e.rfind(c.name + ": ", 0) == 0) {
+          c.supported = false;
+          c.support_message = "excluded: " + e.substr(c.name.size() + 2);
+          barred = true;
+        }
+      }
+      if (barred) continue;
       auto st = from_fe(graph.check_support_at(c.index), "check_support");
       c.supported = st.ok();
       if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
@@ -494,6 +544,7 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
   // Callers that read a file or cache entry have checked it already, naming
   // it; this covers every other caller (common/plan_payload_check.h).
   FUSEBOX_RETURN_IF_ERROR(common::check_plan_payload(bytes.data(), bytes.size(), "plan"));
+  if (common::is_plan_parts(bytes.data(), bytes.size())) return cudnn::deserialize_parts(g, bytes, target, ctx);
   auto impl = std::make_unique<Plan::Impl>();
   try {
     auto graph = std::make_shared<FeGraph>();  // FeGraph: BoundPlan reads its execution plans
@@ -540,9 +591,11 @@ const std::string& Plan::engine_name() const {
 }
 int64_t Plan::workspace_bytes() const { return impl_ ? impl_->workspace_bytes : 0; }
 bool Plan::native() const { return impl_ && impl_->native; }
+int Plan::part_count() const { return impl_ && impl_->parts ? static_cast<int>(impl_->parts->parts.size()) : 0; }
 
 Result<std::vector<uint8_t>> Plan::serialize() const {
   if (!impl_) return Internal("serialize: empty plan");
+  if (impl_->parts) return cudnn::serialize_parts(*impl_->parts);
   if (impl_->native) {
     return NotSupported("engine '" + impl_->engine +
                         "' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize (building it "
@@ -575,6 +628,7 @@ Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffer
     return InvalidArgument("execute: plan needs " + std::to_string(impl_->workspace_bytes) +
                            " bytes of workspace and none was given");
   }
+  if (impl_->parts) return cudnn::execute_parts(*impl_->parts, ctx, buffers, workspace);
   if (impl_->native) {
     std::vector<void*> ptrs;
     for (const std::string& name : impl_->native->tensors()) ptrs.push_back(buffers.at(name));

@@ -1,5 +1,6 @@
 #include "fusebox/cached_plan.h"
 
+#include "common/plan_info_json.h"
 #include "common/stopwatch.h"
 #include "fusebox/plan_file.h"
 
@@ -81,6 +82,8 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
     return out;
   }
   out.plan = std::move(plan).value();
+  out.check_trusted =
+      plan_info_json::check_passed(entry.info, plan_info_json::payload_xxh3(entry.payload.data(), entry.payload.size()));
   if (measure_repeat) {
     watch.restart();
     auto again = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
@@ -92,8 +95,16 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
   return out;
 }
 
+void record_plan_check(PlanFileInfo& info, const PlanCheckRun& check, const std::string& payload_checksum) {
+  if (!check.passed) return;  // a failing plan is never stored
+  info.plan_check = "pass";
+  info.plan_check_detail = check.detail.substr(0, 1000);
+  info.plan_check_seal = plan_info_json::seal(info, payload_checksum);
+}
+
 bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
-                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings) {
+                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings,
+                const PlanCheckRun* check) {
   if (!cache || !cache->enabled() || cache->read_only()) return false;
   if (plan.native()) return false;  // fusebox's own kernel: nothing to cache, built without cuDNN
   auto bytes = plan.serialize();
@@ -106,6 +117,7 @@ bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& ta
   e.info = make_plan_info(g, plan, target);
   e.tuned_median_ms = tuned_median_ms;
   e.payload = std::move(bytes).value();
+  if (check) record_plan_check(e.info, *check, plan_info_json::payload_xxh3(e.payload.data(), e.payload.size()));
   const size_t before = cache->warnings().size();
   Status st = cache->store(e);
   collect_warnings(cache, before, warnings);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/cuda_status.h"
+#include "common/plan_info_json.h"
 #include "common/stopwatch.h"
 #include "fusebox/plan_file.h"
 
@@ -149,6 +150,10 @@ std::string request_policy_key(const PlanRequest& r, int64_t effective_max_works
 
 // ---------------------------------------------------------------- Session
 
+// How many plans one get_plan checks before it gives up (each failure
+// rebuilds without the engine that failed).
+constexpr size_t kMaxPlanCheckCandidates = 8;
+
 struct Session::Impl {
   SessionOptions options;
   DeviceTarget target;
@@ -253,6 +258,38 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const int64_t limit = tighter(request.max_workspace_bytes, s.options.workspace_limit_bytes);
   GpuContext* ctx = s.ctx.get();
 
+  // The plan check: a plan is served only after it matched the reference on
+  // this GPU once (or carries a sealed verdict that it did).
+  const bool checking = request.check_plan && ctx != nullptr && !s.target.deviceless();
+  rep.plan_check.state = !request.check_plan ? "off" : s.target.deviceless() ? "deviceless" : "not run";
+  std::vector<std::string> rejected_engines;
+  // True when `plan` may be served: it passed, or no check could run (said
+  // in the report). False: it failed, and its engine is rejected.
+  auto check_now = [&](const Plan& plan, PlanCheckRun* verdict) -> bool {
+    if (plan.native()) {
+      rep.plan_check.state = "native";
+      return true;
+    }
+    auto run = check_plan_once(g, plan, *ctx);
+    if (!run.ok()) {
+      rep.plan_check.state = "unavailable";
+      rep.plan_check.detail = run.status().message().substr(0, run.status().message().find('\n'));
+      rep.warnings.push_back("plan check could not run, plan served unchecked: " + rep.plan_check.detail);
+      return true;
+    }
+    ++rep.plan_check.plans_checked;
+    rep.plan_check.ms += run->ms;
+    if (run->passed) {
+      rep.plan_check.state = "passed";
+      rep.plan_check.detail = run->detail;
+      if (verdict) *verdict = *run;
+      return true;
+    }
+    rep.plan_check.rejected.push_back({plan.engine_name(), run->detail});
+    rejected_engines.push_back(plan.engine_name());
+    return false;
+  };
+
   if (!request.plan_file.empty()) {
     FUSEBOX_ASSIGN_OR_RETURN(PlanFile pf, read_plan_file(request.plan_file));
     Status compat = check_plan_compatible(pf.info, g, s.target);
@@ -263,11 +300,22 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     auto plan = deserialize_plan(g, pf.payload, s.target, ctx, pf.info.engine);
     rep.deserialize_ms = watch.ms();
     if (plan.ok()) FUSEBOX_RETURN_IF_ERROR(s.check_limit(*plan, limit, request.plan_file));
+    if (plan.ok() && checking) {
+      if (plan_info_json::check_passed(pf.info, plan_info_json::payload_xxh3(pf.payload.data(), pf.payload.size()))) {
+        rep.plan_check.state = "trusted";
+      } else if (!check_now(*plan, nullptr)) {
+        rep.plan_check.state = "failed";
+        return finish(Status(StatusCode::kVerificationFailed,
+                             request.plan_file + ": the plan (engine '" + plan->engine_name() +
+                                 "') failed the plan check on this GPU: " + rep.plan_check.rejected.back().why +
+                                 "; build the graph here instead of loading this plan, or run with --no-plan-check"));
+      }
+    }
     return finish(std::move(plan));
   }
 
   // A cache hit, unless its plan breaks the workspace limit.
-  auto take_hit = [&](CachedPlan& got, PlanSource source) -> bool {
+  auto take_hit = [&](CachedPlan& got, PlanSource source, const std::string& policy_key) -> bool {
     append(rep.warnings, got.warnings);
     rep.lookup_ms += got.lookup_ms;
     if (!got.hit) return false;
@@ -276,6 +324,24 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
                              std::to_string(got.plan.workspace_bytes()) +
                              " bytes of workspace, over the limit of " + std::to_string(limit));
       return false;
+    }
+    if (checking && got.check_trusted) {
+      rep.plan_check.state = "trusted";
+    } else if (checking) {
+      // No verdict, or one whose seal does not match (edited, or from an older fusebox): check now.
+      PlanCheckRun verdict;
+      if (!check_now(got.plan, &verdict)) {
+        int64_t removed = 0;
+        const bool evicted = cache && !cache->read_only() && cache->remove(got.key, &removed).ok() && removed > 0;
+        rep.warnings.push_back("plan cache entry " + got.key + " (engine '" + got.plan.engine_name() +
+                               "') failed the plan check" + (evicted ? " and was deleted" : "") + ": " +
+                               rep.plan_check.rejected.back().why);
+        return false;
+      }
+      if (verdict.passed) {
+        (void)store_plan(cache, g, s.target, policy_key, got.plan, got.entry.tuned_median_ms, &rep.warnings,
+                         &verdict);
+      }
     }
     rep.source = source;
     rep.cache = "hit";
@@ -291,7 +357,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     for (const TunePolicy& p : request.cuda_graph ? std::vector<TunePolicy>{graph_timed, TunePolicy{}}
                                                   : std::vector<TunePolicy>{TunePolicy{}}) {
       auto got = lookup_cached_plan(cache, g, s.target, tune_policy_key(p), ctx, request.measure_startup);
-      if (got.ok() && take_hit(*got, PlanSource::kTunedCache)) {
+      if (got.ok() && take_hit(*got, PlanSource::kTunedCache, tune_policy_key(p))) {
         if (p.cuda_graph) rep.tuned_in_cuda_graph = true;
         return finish(std::move(got->plan));
       }
@@ -307,7 +373,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     // either kind, dynamic-shape or static, is a plan for this very shape.
     for (const std::string& key : {base_key + ";dyn=1", base_key}) {
       auto hit = lookup_cached_plan(cache, g, s.target, key, ctx, request.measure_startup);
-      if (hit.ok() && take_hit(*hit, PlanSource::kHeuristicCache)) return finish(std::move(hit->plan));
+      if (hit.ok() && take_hit(*hit, PlanSource::kHeuristicCache, key)) return finish(std::move(hit->plan));
     }
     looked_up = true;
     slot->probed = true;
@@ -322,7 +388,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const std::string policy = base_key + (dynamic ? ";dyn=1" : "");
   if (!looked_up) {
     auto got = lookup_cached_plan(cache, g, s.target, policy, ctx, request.measure_startup);
-    if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache)) return finish(std::move(got->plan));
+    if (got.ok() && take_hit(*got, PlanSource::kHeuristicCache, policy)) return finish(std::move(got->plan));
   }
   rep.cache = cache && cache->enabled() ? "miss" : "off";
   rep.cache_key = cache_key_for(g, s.target, policy);
@@ -330,6 +396,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   BuildOptions base;
   base.engine = request.engine;
   base.max_workspace_bytes = limit;
+  base.excluded_engines = rejected_engines;  // a cached plan that failed the check
   if (dynamic) {
     if (!slot->cache) slot->cache = KernelCache::create();
     base.dynamic_shape = true;
@@ -382,15 +449,54 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       }
     }
   }
+  // A pinned engine is searched among every mode's candidates by build_plan itself.
+  const bool in_turn = request.heuristics.empty() && request.engine.empty();
+  const std::vector<std::vector<HeuristicMode>> order =
+      in_turn ? default_mode_order()
+              : std::vector<std::vector<HeuristicMode>>{
+                    request.heuristics.empty() ? default_mode_order()[0] : request.heuristics};
   if (!rep.engine_replayed) {
-    // A pinned engine is searched among every mode's candidates by build_plan itself.
-    const bool in_turn = request.heuristics.empty() && request.engine.empty();
-    std::vector<std::vector<HeuristicMode>> order =
-        in_turn ? default_mode_order()
-                : std::vector<std::vector<HeuristicMode>>{
-                      request.heuristics.empty() ? default_mode_order()[0] : request.heuristics};
     plan = build_modes_in_turn(base, order, build, &rep.attempts);
     if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+  }
+  // No engine for the whole graph: the largest parts that have engines, run as one plan.
+  if (!plan.ok() && request.partition && request.engine.empty() && g.ops.size() > 1 &&
+      plan.status().code() == StatusCode::kNotSupported) {
+    const Status whole = plan.status();
+    auto parted = build_partitioned(g, base, limit, whole, rep);
+    if (parted.ok()) {
+      plan = std::move(parted);
+    } else {
+      plan = Status(whole.code(), whole.message() + "\n  and no partition of the graph runs either: " +
+                                      parted.status().message());
+    }
+  }
+  // The plan check of a plan built now: one that fails is rejected and the
+  // build runs again without it, taking the next candidate.
+  PlanCheckRun verdict;
+  while (plan.ok() && checking && !check_now(*plan, &verdict)) {
+    if (!request.engine.empty() || rejected_engines.size() >= kMaxPlanCheckCandidates) {
+      rep.plan_check.state = "failed";
+      std::string lines;
+      for (const auto& r : rep.plan_check.rejected) lines += "\n  " + r.engine + ": " + r.why;
+      return finish(Status(StatusCode::kVerificationFailed,
+                           (request.engine.empty() ? "no plan passed the plan check (" +
+                                                         std::to_string(rejected_engines.size()) + " tried):"
+                                                   : "pinned engine failed the plan check:") +
+                               lines + "\n  (--no-plan-check serves a plan unchecked)"));
+    }
+    BuildOptions again = base;
+    again.excluded_engines = rejected_engines;
+    rep.engine_replayed = false;
+    plan = build_modes_in_turn(again, order, build, &rep.attempts);
+    if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+    if (!plan.ok()) {
+      rep.plan_check.state = "failed";
+      std::string lines;
+      for (const auto& r : rep.plan_check.rejected) lines += "\n  rejected " + r.engine + ": " + r.why;
+      return finish(Status(StatusCode::kVerificationFailed,
+                           "no plan passed the plan check: " + plan.status().message().substr(0, 400) + lines));
+    }
   }
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
@@ -421,8 +527,52 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const std::string stored_policy =
       dynamic && !rep.build.dynamic_shape ? base_key : policy;
   if (stored_policy != policy) rep.cache_key = cache_key_for(g, s.target, stored_policy);
-  rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings);
+  rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings,
+                          verdict.passed ? &verdict : nullptr);
   return finish(std::move(plan));
+}
+
+Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptions& base, int64_t limit,
+                                        const Status& whole, PlanReport& rep) {
+  Impl& s = *impl_;
+  GpuContext* ctx = s.ctx.get();
+  // The oracle builds each part it is asked about (heuristic modes in turn)
+  // and keeps the plans, so the parts chosen are built once.
+  std::vector<std::pair<std::string, Plan>> built;
+  const SupportOracle oracle = [&](const ResolvedGraph& part) -> Status {
+    if (part.canonical == g.canonical) return whole;
+    BuildOptions o = base;
+    o.dynamic_shape = false;
+    o.kernel_cache = nullptr;
+    const BuildFn build = [&](const BuildOptions& bo, BuildReport* r) { return build_plan(part, s.target, bo, r, ctx); };
+    auto p = build_modes_in_turn(o, default_mode_order(), build, nullptr);
+    if (!p.ok()) return p.status();
+    built.emplace_back(part.canonical, std::move(p).value());
+    return Status::Ok();
+  };
+  FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_graph(g, oracle));
+  std::vector<Plan> plans;
+  int64_t largest = 0;
+  for (const GraphPart& part : partition.parts) {
+    auto it = std::find_if(built.begin(), built.end(), [&](const auto& b) { return b.first == part.graph.canonical; });
+    if (it == built.end()) return Internal("partition: part '" + part.graph.name + "' was accepted but not built");
+    largest = std::max(largest, it->second.workspace_bytes());
+    plans.push_back(std::move(it->second));
+    built.erase(it);
+  }
+  const int64_t need = partition.temporary_bytes + largest;
+  if (limit >= 0 && need > limit) {
+    return Status(StatusCode::kNotSupported,
+                  partition.summary() + " needs " + std::to_string(need) + " bytes of workspace (" +
+                      std::to_string(partition.temporary_bytes) + " for the temporaries between parts, " +
+                      std::to_string(largest) + " for the largest part), over the limit of " + std::to_string(limit));
+  }
+  rep.partition = partition.summary();
+  rep.partition_temporary_bytes = partition.temporary_bytes;
+  for (const GraphPart& part : partition.parts) {
+    if (!part.why_cut.empty()) rep.partition_cuts.push_back(part.why_cut);
+  }
+  return compose_partitioned_plan(g, partition, std::move(plans));
 }
 
 Result<Session::ShapedPlan> Session::get_plan(const GraphSpec& spec, const ShapeValues& values,
@@ -464,7 +614,15 @@ Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& poli
   out.plan = std::move(out.result.winner_plan);
   if (out.result.winner_run.verified_ok) {
     const TuneEntry& w = out.result.entries[out.result.winner];
-    out.stored = store_plan(cache, g, s.target, key, out.plan, w.latency.median_ms, &out.warnings);
+    // The winner's verification is its plan check: sealed into the entry.
+    PlanCheckRun verdict;
+    verdict.passed = true;
+    for (const Comparison& c : out.result.winner_run.comparisons) {
+      verdict.detail += (verdict.detail.empty() ? "" : "; ") + c.ToString();
+    }
+    verdict.detail += " (" + out.result.winner_run.reference_kind + " reference)";
+    out.stored = store_plan(cache, g, s.target, key, out.plan, w.latency.median_ms, &out.warnings,
+                            policy.verify_winner ? &verdict : nullptr);
   }
   return out;
 }

@@ -105,17 +105,37 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
     return NotSupported("tune: no candidate could be timed (" + std::to_string(result.entries.size()) +
                         " candidates, " + std::to_string(admissible) + " admissible)");
   }
-  const TuneEntry& w = result.entries[result.winner];
-  if (result.heuristic >= 0 && result.entries[result.heuristic].timed) {
-    result.speedup_over_heuristic = result.entries[result.heuristic].latency.median_ms / w.latency.median_ms;
-  }
-  FUSEBOX_ASSIGN_OR_RETURN(result.winner_plan, set.plan_at(w.candidate.index));
+  // The winner is the fastest candidate that verifies: every candidate tune
+  // would choose is checked, in rank order, until one passes.
+  FUSEBOX_ASSIGN_OR_RETURN(result.winner_plan, set.plan_at(result.entries[result.winner].candidate.index));
   if (policy.verify_winner) {
     RunOptions ro;
     ro.seed = policy.seed;
     ro.verify = true;
     ro.iters = 0;
-    FUSEBOX_ASSIGN_OR_RETURN(result.winner_run, run_plan(g, result.winner_plan, ctx, ro));
+    for (;;) {
+      FUSEBOX_ASSIGN_OR_RETURN(result.winner_run, run_plan(g, result.winner_plan, ctx, ro));
+      if (result.winner_run.verified_ok) break;
+      TuneEntry& failed = result.entries[result.winner];
+      for (const Comparison& c : result.winner_run.comparisons) {
+        if (!c.pass) failed.verify_failed += (failed.verify_failed.empty() ? "" : "; ") + c.ToString();
+      }
+      ++result.rejected;
+      int next = -1;
+      for (int i = result.winner + 1; i < static_cast<int>(result.entries.size()); ++i) {
+        if (result.entries[i].timed) {
+          next = i;
+          break;
+        }
+      }
+      if (next < 0) break;  // none verifies: the result says so (winner_run.verified_ok false)
+      result.winner = next;
+      FUSEBOX_ASSIGN_OR_RETURN(result.winner_plan, set.plan_at(result.entries[next].candidate.index));
+    }
+  }
+  const TuneEntry& w = result.entries[result.winner];
+  if (result.heuristic >= 0 && result.entries[result.heuristic].timed) {
+    result.speedup_over_heuristic = result.entries[result.heuristic].latency.median_ms / w.latency.median_ms;
   }
   result.tuning_ms = elapsed.ms();
   return result;

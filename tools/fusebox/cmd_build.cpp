@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "dot.h"
+#include "common/plan_info_json.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox::cli {
@@ -15,6 +16,7 @@ struct BuildArgs {
   bool want_dot = false;
   int64_t max_workspace = -1;
   bool json = false;
+  bool no_plan_check = false;
   CacheFlags cache;
 };
 
@@ -34,6 +36,7 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
       std::printf("%s\n", safe(path).c_str());
       print_attempts(*r);
       print_build_report(r->build);
+      print_plan_check(*r);
     }
     return fail("build", st);
   };
@@ -59,6 +62,7 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
   request.engine = a.engine;
   request.max_workspace_bytes = a.max_workspace;
   request.use_tuned_cache = false;  // build reports what the heuristics choose
+  request.check_plan = !a.no_plan_check;
   PlanReport rep;
   auto got = (*session)->get_plan(*g, request, &rep);
   print_warnings(rep.warnings);
@@ -68,7 +72,15 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
   if (!a.plan_out.empty()) {
     auto bytes = plan.serialize();
     if (!bytes.ok()) return emit_error(bytes.status(), &rep);
-    Status st = write_plan_file(a.plan_out, make_plan_info(*g, plan, (*session)->target()), *bytes);
+    PlanFileInfo info = make_plan_info(*g, plan, (*session)->target());
+    if (rep.plan_check.state == "passed" || rep.plan_check.state == "trusted") {
+      // Checked on this GPU now or earlier: the file carries the sealed verdict, so loading it skips the check.
+      PlanCheckRun verdict;
+      verdict.passed = true;
+      verdict.detail = rep.plan_check.detail.empty() ? "passed the plan check" : rep.plan_check.detail;
+      record_plan_check(info, verdict, plan_info_json::payload_xxh3(bytes->data(), bytes->size()));
+    }
+    Status st = write_plan_file(a.plan_out, info, *bytes);
     if (!st.ok()) return emit_error(st, &rep);
   }
   if (a.want_dot) {
@@ -115,6 +127,7 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
       if (!rep.shape.empty()) std::printf("  %s\n", safe(rep.shape_summary()).c_str());
       if (rep.stored) std::printf("  stored in the plan cache (%s)\n", rep.cache_key.c_str());
     }
+    print_plan_check(rep);
     if (!a.plan_out.empty()) std::printf("  plan written to %s\n", safe(a.plan_out).c_str());
   }
   return kExitOk;
@@ -137,6 +150,7 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--max-workspace", a->max_workspace, "Reject plans needing more workspace (bytes)");
   cmd->add_option("--plan-out", a->plan_out, "Write the built plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  add_plan_check_flag(cmd, a->no_plan_check);
   auto* dot = cmd->add_option("--dot", a->dot,
                               "Write a Graphviz picture of the graph and the engine chosen (one engine for the "
                               "whole graph) to FILE (no FILE or '-': stdout; write --dot=FILE)")

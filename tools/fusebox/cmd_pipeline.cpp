@@ -315,6 +315,7 @@ struct PlanFlags {
   std::string heuristics = "auto", engine;
   int64_t max_workspace = -1;
   bool static_shapes = false;
+  bool no_plan_check = false;
 };
 
 void add_plan_flags(CLI::App* c, PlanFlags& f) {
@@ -327,6 +328,7 @@ void add_plan_flags(CLI::App* c, PlanFlags& f) {
   c->add_flag("--static-shapes", f.static_shapes,
               "Symbolic graphs: build each concrete shape statically (kernels fitted to the shape; no kernel "
               "cache, no dynamic-shape build), cached per shape like the dynamic ones");
+  add_plan_check_flag(c, f.no_plan_check);
 }
 
 Result<PlanRequest> plan_request(const PlanFlags& f) {
@@ -335,6 +337,7 @@ Result<PlanRequest> plan_request(const PlanFlags& f) {
   r.engine = f.engine;
   r.max_workspace_bytes = f.max_workspace;
   r.dynamic_shape = !f.static_shapes;
+  r.check_plan = !f.no_plan_check;
   return r;
 }
 

@@ -66,7 +66,7 @@ Runner add_run(CLI::App& app) {
   struct Args {
     std::string shape;
     std::string graph, plan, inputs, save_outputs, engine, heuristics = "auto";
-    bool verify = false, json = false, measure_startup = false, cuda_graph = false;
+    bool verify = false, json = false, measure_startup = false, cuda_graph = false, no_plan_check = false;
     CacheFlags cache;
     uint64_t seed = 1;
     int warmup = 10, iters = 50, samples = 0;
@@ -99,6 +99,7 @@ Runner add_run(CLI::App& app) {
   cmd->add_flag("--measure-startup", a->measure_startup,
                 "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
   add_cache_flags(cmd, a->cache);
+  add_plan_check_flag(cmd, a->no_plan_check);
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("run", g.status());
@@ -143,6 +144,7 @@ Runner add_run(CLI::App& app) {
     request.engine = a->engine;
     request.measure_startup = a->measure_startup;
     request.cuda_graph = a->cuda_graph;  // a plan tuned inside CUDA graphs is preferred then
+    request.check_plan = !a->no_plan_check;
     PlanReport rep;
     auto plan = (*session)->get_plan(*g, request, &rep);
     print_warnings(rep.warnings);
@@ -155,6 +157,7 @@ Runner add_run(CLI::App& app) {
         print_attempts(rep);
         print_build_report(report);
       }
+      if (!a->json) print_plan_check(rep);
       const Status st = plan.status();
       return fail("run", a->plan.empty() ? st.WithContext("[graph '" + g->name + "']") : st);
     }
@@ -226,6 +229,7 @@ Runner add_run(CLI::App& app) {
       }
       std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), safe(r->engine).c_str(),
                   format_bytes(r->workspace_bytes).c_str());
+      print_plan_check(rep);
       std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms, plan_ms,
                   cache_result.c_str());
       if (cache_result == "hit") std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);

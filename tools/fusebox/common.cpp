@@ -98,6 +98,7 @@ nlohmann::json to_json(const BuildReport& r) {
           {"plan_index", r.plan_index},
           {"behavior_notes", r.notes_known ? nlohmann::json(r.behavior_notes) : nlohmann::json(nullptr)},
           {"lowering_notes", r.lowering_notes},
+          {"excluded", r.excluded},
           {"workspace_bytes", r.workspace_bytes},
           {"total_ms", r.total_ms()}};
 }
@@ -132,6 +133,7 @@ void print_build_report(const BuildReport& r) {
     std::printf("  %d. %-24s %10.2f ms  %s\n", n++, safe(s.name).c_str(), s.ms, s.status.ok() ? "ok" : "FAILED (below)");
   }
   for (const auto& n : r.lowering_notes) std::printf("  lowering: %s\n", safe(n).c_str());
+  for (const auto& n : r.excluded) std::printf("  excluded: %s\n", safe(n).c_str());
   if (r.candidate_plans) std::printf("  candidate plans: %lld\n", static_cast<long long>(r.candidate_plans));
   if (!r.engine.empty()) {
     std::printf("  engine: %s (candidate %lld), workspace %s\n", safe(r.engine).c_str(),
@@ -184,7 +186,36 @@ nlohmann::json to_json(const PlanReport& r) {
           {"static_policy", r.static_policy},
           {"static_probe_ms", r.static_probe_ms},
           {"engine_replayed", r.engine_replayed},
-          {"replay_failed", r.replay_failed}};
+          {"replay_failed", r.replay_failed},
+          {"plan_check", to_json(r.plan_check)},
+          {"partition",
+           {{"summary", r.partition}, {"cuts", r.partition_cuts}, {"temporary_bytes", r.partition_temporary_bytes}}}};
+}
+
+nlohmann::json to_json(const PlanCheckReport& c) {
+  nlohmann::json rejected = nlohmann::json::array();
+  for (const auto& r : c.rejected) rejected.push_back({{"engine", r.engine}, {"why", r.why}});
+  return {{"state", c.state},
+          {"detail", c.detail},
+          {"ms", c.ms},
+          {"plans_checked", c.plans_checked},
+          {"rejected", rejected}};
+}
+
+void print_plan_check(const PlanReport& r) {
+  if (!r.partition.empty()) {
+    std::printf("  partitioned (no engine runs the whole graph): %s; temporaries %s in the workspace\n",
+                safe(r.partition).c_str(), format_bytes(r.partition_temporary_bytes).c_str());
+    for (const auto& cut : r.partition_cuts) std::printf("    cut: %s\n", safe(cut).c_str());
+  }
+  if (r.plan_check.state == "deviceless" || r.plan_check.state == "not run") return;
+  std::printf("  plan check: %s\n", safe(r.plan_check.text()).c_str());
+}
+
+void add_plan_check_flag(CLI::App* cmd, bool& off) {
+  cmd->add_flag("--no-plan-check", off,
+                "Serve a plan built or loaded on the GPU without first running it once against the reference "
+                "(the plan check; the report says it was off)");
 }
 
 void print_attempts(const PlanReport& r) {

@@ -55,6 +55,7 @@ std::string format_bytes(int64_t bytes);
 void print_build_report(const BuildReport& r);
 // Where a plan came from: source, modes tried, cache, costs.
 nlohmann::json to_json(const PlanReport& r);
+nlohmann::json to_json(const PlanCheckReport& c);
 // "outputs bit-identical to eager: yes (N bytes compared)", or for a graph not
 // bit-reproducible by design, why and the within-tolerance comparisons (one per line).
 std::string graph_equality(const CudaGraphRun& cg, const char* noun);
@@ -64,6 +65,10 @@ std::string graph_equality(const CudaGraphRun& cg, const char* noun);
 nlohmann::json to_json(const CudaGraphRun& cg);
 // The heuristic modes tried before the one that served (or all, on failure).
 void print_attempts(const PlanReport& r);
+// "  plan check: passed (...)" and the rejected plans, when a check ran or was turned off.
+void print_plan_check(const PlanReport& r);
+// --no-plan-check (PlanRequest::check_plan).
+void add_plan_check_flag(CLI::App* cmd, bool& off);
 // --heuristics: "auto" (empty: the session's modes in turn) or "a,b,fallback".
 Result<std::vector<HeuristicMode>> parse_heuristics_flag(const std::string& flag);
 

@@ -40,6 +40,11 @@ inline void write(const PlanFileInfo& i, nlohmann::json& j) {
   j["cudnn"] = i.cudnn_version;
   j["frontend"] = i.frontend_version;
   j["fusebox"] = i.fusebox_version;
+  if (!i.plan_check.empty()) {
+    j["plan_check"] = i.plan_check;
+    j["plan_check_detail"] = i.plan_check_detail;
+    j["plan_check_seal"] = i.plan_check_seal;
+  }
 }
 
 // Reads them back; throws (nlohmann::json exceptions, std::out_of_range) on a
@@ -56,6 +61,30 @@ inline void read(const nlohmann::json& j, PlanFileInfo* i) {
   i->cudnn_version = common::json_int_at(j, "cudnn", 0);
   i->frontend_version = j.at("frontend").get<std::string>();
   i->fusebox_version = j.at("fusebox").get<std::string>();
+  // Optional (older entries and files have none): the plan check's verdict.
+  if (j.contains("plan_check")) {
+    i->plan_check = j.at("plan_check").get<std::string>();
+    i->plan_check_detail = j.value("plan_check_detail", std::string());
+    i->plan_check_seal = j.value("plan_check_seal", std::string());
+  }
+}
+
+// The seal of a plan check verdict: XXH3-64 over the verdict, what it is a
+// verdict on (graph, engine, GPU, cuDNN and frontend versions) and the
+// payload's checksum. A verdict edited in a file, or moved to another payload,
+// no longer matches and the plan is checked again. It detects edits and
+// mix-ups, not a forger who recomputes it (the plan check is cheap to redo).
+inline std::string seal(const PlanFileInfo& i, const std::string& payload_checksum) {
+  const std::string text = "fusebox-plan-check-1\n" + i.plan_check + "\n" + i.plan_check_detail + "\n" +
+                           i.graph_fingerprint + "\n" + i.engine + "\n" + i.device_name + "\n" +
+                           std::to_string(i.sm_version) + "\n" + std::to_string(i.sm_count) + "\n" +
+                           std::to_string(i.cudnn_version) + "\n" + i.frontend_version + "\n" + payload_checksum;
+  return hex64(XXH3_64bits(text.data(), text.size()));
+}
+
+// Whether `i` carries a passing verdict whose seal matches this payload.
+inline bool check_passed(const PlanFileInfo& i, const std::string& payload_checksum) {
+  return i.plan_check == "pass" && !i.plan_check_seal.empty() && i.plan_check_seal == seal(i, payload_checksum);
 }
 
 }  // namespace fusebox::plan_info_json

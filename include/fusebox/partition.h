@@ -1,0 +1,55 @@
+// fusebox: splitting a graph no engine runs whole into parts that do have
+// engines (issue 29, "every valid graph runs"). Pure graph logic: which parts
+// have engines is asked of a support oracle, so the decisions are testable
+// without cuDNN (a fake oracle) and the cuDNN layer supplies the real one.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+// One part: consecutive ops of the whole graph (in its topological order),
+// as a graph of their own. Tensors keep their names; a virtual tensor of the
+// whole graph that crosses a cut is a non-virtual output of the part that
+// makes it and an input of the parts that read it (a temporary).
+struct GraphPart {
+  int first_op = 0;  // index into the whole graph's ops
+  int op_count = 0;
+  ResolvedGraph graph;
+  std::string why_cut;  // why this part ends where it does ("" for the last part)
+};
+
+struct GraphPartition {
+  std::vector<GraphPart> parts;
+  // Whole-graph virtual tensors that become buffers between parts, by index
+  // into the whole graph's tensors, with their bytes.
+  std::vector<int> temporaries;
+  int64_t temporary_bytes = 0;  // each rounded up to 256 bytes
+  std::string summary() const;  // "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu'] (temporaries: dgrad_out 838 KB)"
+};
+
+// The sub-graph of `g` made of ops [first, first + count): tensors crossing
+// the cut become non-virtual (their dims, strides and intermediate dtype
+// kept). Resolved and canonicalized like any graph.
+Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count);
+
+// The partition of `g` into the given consecutive op ranges ({first, count},
+// covering every op from 0 in order): the parts and the temporaries between
+// them. What a stored partitioned plan is rebuilt from.
+Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges);
+
+// Whether one part has an engine: Ok, or why not.
+using SupportOracle = std::function<Status(const ResolvedGraph& part)>;
+
+// The fewest consecutive parts the oracle accepts, largest first part first
+// (greedy over the topological order). A graph the oracle accepts whole is
+// one part. When a single op is refused, NotSupported naming the op, its
+// tensors and the oracle's reason.
+Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle);
+
+}  // namespace fusebox

@@ -1,0 +1,34 @@
+// fusebox_common: the serialized form of a partitioned plan (fusebox/partition.h):
+// one payload holding each part's own serialized plan, with which ops of the
+// whole graph each part runs. Checked like any plan payload before anything
+// reads it: a hostile container is a ParseError, never a crash.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusebox/status.h"
+
+namespace fusebox::common {
+
+inline constexpr char kPlanPartsMagic[] = "FUSEBOX-PLAN-PARTS-1\n";
+inline constexpr size_t kMaxPlanParts = 64;
+
+struct SerializedPart {
+  int first_op = 0;
+  int op_count = 0;
+  std::string engine;
+  std::vector<uint8_t> payload;  // the part's own plan (the frontend's serialized form)
+};
+
+// Whether `data` starts like a partitioned plan (the magic).
+bool is_plan_parts(const uint8_t* data, size_t n);
+std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts);
+// Parses and checks the container (header, part ranges contiguous from op 0,
+// lengths adding up) and every part's payload (check_plan_payload). `op_count`:
+// the whole graph's ops, which the parts must cover exactly.
+Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_t n, int op_count,
+                                                      const std::string& where);
+
+}  // namespace fusebox::common

@@ -1,0 +1,116 @@
+// fusebox's engine rules: one table, each entry naming the pattern, the
+// engine (and knob values) it bars, and the evidence.
+#include "engine_rules.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+namespace fusebox::cudnn {
+namespace {
+
+struct Rule {
+  const char* name;
+  const char* pattern;   // barred engine names contain this
+  const char* evidence;  // the case and what came back, with the cuDNN version
+  std::function<bool(const ResolvedGraph&)> applies;
+};
+
+// Dims in memory order, slowest first, leaving out dims of size 1 (whose
+// strides say nothing) and dims < `from`.
+std::vector<int> memory_order(const ResolvedTensor& t, size_t from) {
+  std::vector<int> d;
+  for (size_t i = from; i < t.dims.size(); ++i) {
+    if (t.dims[i] > 1) d.push_back(static_cast<int>(i));
+  }
+  std::stable_sort(d.begin(), d.end(), [&](int a, int b) { return t.strides[a] > t.strides[b]; });
+  return d;
+}
+
+bool any_op(const ResolvedGraph& g, const std::function<bool(const ResolvedOp&)>& pred) {
+  for (const ResolvedOp& op : g.ops) {
+    if (pred(op)) return true;
+  }
+  return false;
+}
+
+const ResolvedTensor* tensor_of(const ResolvedGraph& g, const std::map<std::string, int>& roles, const char* role) {
+  auto it = roles.find(role);
+  return it == roles.end() ? nullptr : &g.tensors[it->second];
+}
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = {
+      {"layernorm-params-in-x-layout", "eng1",
+       "cuDNN 9.19's layernorm engine eng1 reads scale and bias as if laid out like x: with x nhwc and scale/bias "
+       "nchw it returned y 98% off (tests/cases/wrong-values/layernorm_fp16_over_chw_nhwc.json, H200, "
+       "2026-12-04); with scale and bias in x's layout it is right. Give scale and bias x's layout",
+       [](const ResolvedGraph& g) {
+         return any_op(g, [&](const ResolvedOp& op) {
+           if (!std::holds_alternative<LayerNormAttrs>(op.attrs)) return false;
+           const ResolvedTensor* x = tensor_of(g, op.inputs, "x");
+           for (const char* role : {"scale", "bias"}) {
+             const ResolvedTensor* p = tensor_of(g, op.inputs, role);
+             if (x && p && memory_order(*p, 1) != memory_order(*x, 1)) return true;
+           }
+           return false;
+         });
+       }},
+      {"batchnorm-bwd-dx-in-x-dtype", "eng0",
+       "cuDNN 9.19's batchnorm backward engine eng0 writes dx in x's dtype: with x fp16 and dx fp32 every one of "
+       "its 35 knob settings left half of dx unwritten (tests/cases/wrong-values/"
+       "batchnorm_bwd_fp16_fp32params_nhwc.json, H200, 2026-12-04). Give dx x's dtype",
+       [](const ResolvedGraph& g) {
+         return any_op(g, [&](const ResolvedOp& op) {
+           if (!std::holds_alternative<BatchNormBwdAttrs>(op.attrs)) return false;
+           const ResolvedTensor* x = tensor_of(g, op.inputs, "x");
+           const ResolvedTensor* dx = tensor_of(g, op.outputs, "dx");
+           return x && dx && x->dtype != dx->dtype;
+         });
+       }},
+      {"dgrad-drelu-channels-last-output", "eng8",
+       "cuDNN 9.19's fallback engine eng8 for conv_dgrad + relu_bwd with an output not in channels-last layout "
+       "returned 206,965 non-finite values of 209,952 (tests/cases/wrong-values/"
+       "conv_dgrad_drelu_fp16_nhwc_stride2.json, H200, 2026-12-04); with the output nhwc eng1 is right. Give the "
+       "output nhwc, or let the graph run in parts",
+       [](const ResolvedGraph& g) {
+         const bool dgrad = any_op(g, [](const ResolvedOp& op) { return std::holds_alternative<ConvDgradAttrs>(op.attrs); });
+         return dgrad && any_op(g, [&](const ResolvedOp& op) {
+                  const auto* pw = std::get_if<PointwiseAttrs>(&op.attrs);
+                  if (!pw || pw->mode != PointwiseMode::kReluBwd) return false;
+                  const ResolvedTensor* y = tensor_of(g, op.outputs, "y");
+                  return y && !y->is_virtual && y->dims.size() >= 3 && y->dims[1] > 1 && y->strides[1] != 1;
+                });
+       }},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<EngineBar> engine_bars_for(const ResolvedGraph& g) {
+  std::vector<EngineBar> out;
+  for (const Rule& r : rules()) {
+    if (r.applies(g)) out.push_back({r.name, r.pattern, r.evidence});
+  }
+  return out;
+}
+
+bool engine_barred(const std::string& engine, const std::vector<EngineBar>& bars,
+                   const std::vector<std::string>& excluded, std::string* why) {
+  for (const auto& name : excluded) {
+    if (name == engine) {
+      if (why) *why = "failed the plan check earlier";
+      return true;
+    }
+  }
+  for (const auto& b : bars) {
+    if (engine.find(b.pattern) != std::string::npos) {
+      if (why) *why = "fusebox rule '" + b.rule + "': " + b.evidence;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace fusebox::cudnn

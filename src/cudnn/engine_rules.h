@@ -1,0 +1,28 @@
+// Private to src/cudnn/: fusebox's named rules that keep engines out of a
+// build where they are known to compute wrong values for a pattern. Every
+// rule cites its evidence (the case, the cuDNN version, what came back); the
+// plan check (fusebox/plan_check.h) catches what no rule names yet.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+
+namespace fusebox::cudnn {
+
+struct EngineBar {
+  std::string rule;     // the rule's name
+  std::string pattern;  // barred engine names contain this ("eng3_", "eng1_k2=4_")
+  std::string evidence;
+};
+
+// The bars every rule that applies to `g` sets, for the cuDNN version loaded.
+std::vector<EngineBar> engine_bars_for(const ResolvedGraph& g);
+
+// Whether `engine` (a full candidate name) is barred by `bars` or named in
+// `excluded` (exact names); *why gets the rule or "failed the plan check".
+bool engine_barred(const std::string& engine, const std::vector<EngineBar>& bars,
+                   const std::vector<std::string>& excluded, std::string* why);
+
+}  // namespace fusebox::cudnn

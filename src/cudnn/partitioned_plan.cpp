@@ -1,0 +1,85 @@
+// A partitioned plan: several plans run in turn as one (issue 29: every valid
+// graph runs). The parts and the temporaries between them; execution,
+// serialization and deserialization of the whole.
+#include "common/plan_parts.h"
+#include "internal.h"
+
+namespace fusebox {
+
+Result<Plan> compose_partitioned_plan(const ResolvedGraph& whole, const GraphPartition& partition,
+                                      std::vector<Plan> part_plans) {
+  if (partition.parts.size() < 2 || part_plans.size() != partition.parts.size()) {
+    return InvalidArgument("partitioned plan: " + std::to_string(part_plans.size()) + " plans for " +
+                           std::to_string(partition.parts.size()) + " parts (2 or more, one each)");
+  }
+  auto parts = std::make_shared<PlanParts>();
+  int64_t offset = 0;
+  for (int t : partition.temporaries) {
+    parts->temporaries.push_back({whole.tensors[t].name, offset});
+    offset += (whole.tensors[t].storage_bytes() + 255) / 256 * 256;
+  }
+  parts->temporaries_bytes = offset;
+  auto impl = std::make_unique<Plan::Impl>();
+  int64_t largest = 0;
+  std::string engines;
+  for (size_t i = 0; i < part_plans.size(); ++i) {
+    if (!part_plans[i].impl()) return InvalidArgument("partitioned plan: part " + std::to_string(i) + " has no plan");
+    if (part_plans[i].part_count() > 0) return InvalidArgument("partitioned plan: a part is itself partitioned");
+    largest = std::max(largest, part_plans[i].workspace_bytes());
+    engines += (i ? " | " : "") + part_plans[i].engine_name();
+    parts->parts.push_back({partition.parts[i].first_op, partition.parts[i].op_count, partition.parts[i].graph,
+                            std::move(part_plans[i])});
+  }
+  impl->engine = "partitioned[" + engines + "]";
+  impl->workspace_bytes = offset + largest;
+  for (const ResolvedTensor& t : whole.tensors) {
+    if (t.uid > 0) {
+      impl->uids[t.name] = t.uid;
+      impl->tensor_bytes[t.name] = t.storage_bytes();
+    }
+  }
+  impl->parts = std::move(parts);
+  return Plan(std::move(impl));
+}
+
+namespace cudnn {
+
+Status execute_parts(const PlanParts& p, GpuContext& ctx, const std::map<std::string, void*>& buffers,
+                     void* workspace) {
+  std::map<std::string, void*> all = buffers;
+  auto* base = static_cast<char*>(workspace);
+  for (const auto& [name, offset] : p.temporaries) all[name] = base + offset;
+  void* part_workspace = base ? base + p.temporaries_bytes : nullptr;
+  for (const auto& part : p.parts) {
+    FUSEBOX_RETURN_IF_ERROR(part.plan.execute(ctx, all, part_workspace));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> serialize_parts(const PlanParts& p) {
+  std::vector<common::SerializedPart> out;
+  for (const auto& part : p.parts) {
+    FUSEBOX_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, part.plan.serialize());
+    out.push_back({part.first_op, part.op_count, part.plan.engine_name(), std::move(bytes)});
+  }
+  return common::encode_plan_parts(out);
+}
+
+Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
+                               const DeviceTarget& target, GpuContext* ctx) {
+  FUSEBOX_ASSIGN_OR_RETURN(auto parts, common::decode_plan_parts(bytes.data(), bytes.size(),
+                                                                 static_cast<int>(g.ops.size()), "plan"));
+  std::vector<std::pair<int, int>> ranges;
+  for (const auto& p : parts) ranges.push_back({p.first_op, p.op_count});
+  FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_at(g, ranges));
+  std::vector<Plan> plans;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    FUSEBOX_ASSIGN_OR_RETURN(Plan plan,
+                             deserialize_plan(partition.parts[i].graph, parts[i].payload, target, ctx, parts[i].engine));
+    plans.push_back(std::move(plan));
+  }
+  return compose_partitioned_plan(g, partition, std::move(plans));
+}
+
+}  // namespace cudnn
+}  // namespace fusebox

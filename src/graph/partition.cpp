@@ -1,0 +1,175 @@
+#include "fusebox/partition.h"
+
+#include <set>
+
+#include "common/dims_string.h"
+
+namespace fusebox {
+namespace {
+
+std::string op_where(const ResolvedOp& op) {
+  return "[" + std::string(op_type_name(op.attrs)) + " '" + op.name + "']";
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+}  // namespace
+
+Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count) {
+  const int n = static_cast<int>(g.ops.size());
+  if (first < 0 || count < 1 || first + count > n) {
+    return InvalidArgument("graph part: ops [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                           ") outside the graph's " + std::to_string(n) + " ops");
+  }
+  const int end = first + count;
+  // Who reads each tensor outside the part.
+  std::vector<bool> read_outside(g.tensors.size(), false);
+  for (int i = 0; i < n; ++i) {
+    if (i >= first && i < end) continue;
+    for (const auto& [role, t] : g.ops[i].inputs) read_outside[t] = true;
+  }
+  std::set<int> used;
+  std::set<int> produced;
+  for (int i = first; i < end; ++i) {
+    for (const auto& [role, t] : g.ops[i].inputs) used.insert(t);
+    for (const auto& [role, t] : g.ops[i].outputs) {
+      used.insert(t);
+      produced.insert(t);
+    }
+  }
+  GraphSpec spec;
+  spec.name = count == n ? g.name : g.name + "#ops" + std::to_string(first) + "-" + std::to_string(end - 1);
+  spec.io_dtype = g.io_dtype;
+  spec.intermediate_dtype = g.intermediate_dtype;
+  spec.compute_dtype = g.compute_dtype;
+  for (int i : used) {
+    const ResolvedTensor& t = g.tensors[i];
+    TensorSpec ts;
+    ts.name = t.name;
+    ts.dims = t.dims;
+    ts.strides = t.strides;
+    ts.dtype = t.dtype;
+    ts.scalar_value = t.scalar_value;
+    ts.values = t.values;
+    // A virtual tensor stays virtual only when the part both makes it and is its only reader.
+    ts.is_virtual = t.is_virtual && produced.count(i) && !read_outside[i];
+    spec.tensors.push_back(std::move(ts));
+  }
+  for (int i = first; i < end; ++i) {
+    const ResolvedOp& op = g.ops[i];
+    OpSpec os;
+    os.name = op.name;
+    os.attrs = op.attrs;
+    os.compute_dtype = op.compute_dtype;
+    for (const auto& [role, t] : op.inputs) os.inputs[role] = g.tensors[t].name;
+    for (const auto& [role, t] : op.outputs) os.outputs[role] = g.tensors[t].name;
+    spec.ops.push_back(std::move(os));
+  }
+  auto part = resolve(spec);
+  if (!part.ok()) return part.status().WithContext("graph part of ops " + std::to_string(first) + "-" + std::to_string(end - 1));
+  return part;
+}
+
+std::string GraphPartition::summary() const {
+  std::string s = std::to_string(parts.size()) + (parts.size() == 1 ? " part: " : " parts: ");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) s += " | ";
+    s += "[";
+    const ResolvedGraph& pg = parts[i].graph;
+    for (size_t k = 0; k < pg.ops.size(); ++k) {
+      s += (k ? ", " : "") + std::string(op_type_name(pg.ops[k].attrs)) + " '" + pg.ops[k].name + "'";
+    }
+    s += "]";
+  }
+  return s;
+}
+
+Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle) {
+  const int n = static_cast<int>(g.ops.size());
+  if (n == 0) return InvalidArgument("partition: the graph has no ops");
+  GraphPartition out;
+  Status whole = oracle(g);
+  if (whole.ok()) {
+    out.parts.push_back({0, n, g, ""});
+    return out;
+  }
+  int start = 0;
+  std::string longer_why = first_line(whole.message());  // why the part could not go on
+  while (start < n) {
+    bool found = false;
+    Status single = Status::Ok();
+    for (int end = n; end > start; --end) {
+      if (start == 0 && end == n) continue;  // the whole graph: refused above
+      auto part = graph_part(g, start, end - start);
+      Status st = part.ok() ? oracle(*part) : part.status();
+      if (st.ok()) {
+        out.parts.push_back({start, end - start, std::move(part).value(), ""});
+        // The try one op longer (the previous iteration) was refused: that is why the part ends here.
+        if (end < n) {
+          out.parts.back().why_cut = op_where(g.ops[end - 1]) + " and " + op_where(g.ops[end]) +
+                                     " have no engine together: " + longer_why;
+        }
+        start = end;
+        found = true;
+        break;
+      }
+      longer_why = first_line(st.message());
+      if (end - start == 1) single = st;
+    }
+    if (!found) {
+      const ResolvedOp& op = g.ops[start];
+      std::string tensors;
+      for (const auto& [role, t] : op.inputs) {
+        const ResolvedTensor& x = g.tensors[t];
+        tensors += " " + role + "='" + x.name + "' " + std::string(dtype_name(x.dtype)) + " " + common::dims_string(x.dims) +
+                   " strides " + common::dims_string(x.strides) + ";";
+      }
+      return Status(StatusCode::kNotSupported,
+                    op_where(op) + " has no engine even on its own, so no split of the graph runs:" + tensors +
+                        " cuDNN: " + first_line(single.message()));
+    }
+  }
+  std::vector<std::pair<int, int>> ranges;
+  for (const GraphPart& p : out.parts) ranges.push_back({p.first_op, p.op_count});
+  auto again = partition_at(g, ranges);  // the temporaries (parts already built above are kept)
+  if (!again.ok()) return again.status();
+  out.temporaries = again->temporaries;
+  out.temporary_bytes = again->temporary_bytes;
+  return out;
+}
+
+Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges) {
+  const int n = static_cast<int>(g.ops.size());
+  GraphPartition out;
+  int next = 0;
+  for (const auto& [first, count] : ranges) {
+    if (first != next || count < 1 || first + count > n) {
+      return InvalidArgument("partition: parts must cover the graph's " + std::to_string(n) +
+                             " ops in order; a part starts at op " + std::to_string(first) + ", expected " +
+                             std::to_string(next));
+    }
+    if (count == n) {
+      out.parts.push_back({0, n, g, ""});
+    } else {
+      FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph part, graph_part(g, first, count));
+      out.parts.push_back({first, count, std::move(part), ""});
+    }
+    next = first + count;
+  }
+  if (next != n) return InvalidArgument("partition: the parts cover " + std::to_string(next) + " of " + std::to_string(n) + " ops");
+  // Temporaries: whole-graph virtual tensors that more than one part touches.
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    if (!g.tensors[i].is_virtual) continue;
+    int parts_touching = 0;
+    for (const GraphPart& p : out.parts) {
+      if (p.graph.find_tensor(g.tensors[i].name) >= 0) ++parts_touching;
+    }
+    if (parts_touching > 1) {
+      out.temporaries.push_back(static_cast<int>(i));
+      out.temporary_bytes += (g.tensors[i].storage_bytes() + 255) / 256 * 256;
+    }
+  }
+  return out;
+}
+
+}  // namespace fusebox

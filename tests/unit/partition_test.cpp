@@ -1,0 +1,117 @@
+// The partitioner with a fake support oracle (which op combinations "have an
+// engine"): where it cuts, which tensors become temporaries, what a part
+// looks like as a graph, and the error when a single op has no engine.
+#include "fusebox/partition.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+using namespace fusebox;
+
+namespace {
+
+ResolvedGraph load(const std::string& rel) {
+  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/" + rel);
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return *g;
+}
+
+std::set<std::string> op_types(const ResolvedGraph& g) {
+  std::set<std::string> out;
+  for (const auto& op : g.ops) out.insert(std::string(op_type_name(op.attrs)));
+  return out;
+}
+
+// "Engines" exist for any part without op type `loner` beside other ops, and
+// for no part holding an op type in `none`.
+SupportOracle fake_oracle(std::string loner, std::set<std::string> none = {}, int* calls = nullptr) {
+  return [=](const ResolvedGraph& part) -> Status {
+    if (calls) ++*calls;
+    const auto types = op_types(part);
+    for (const auto& t : none) {
+      if (types.count(t)) return NotSupported("fake oracle: no engine for " + t);
+    }
+    if (types.count(loner) && part.ops.size() > 1) return NotSupported("fake oracle: " + loner + " runs alone");
+    return Status::Ok();
+  };
+}
+
+}  // namespace
+
+TEST(Partition, AGraphWithAnEngineStaysWhole) {
+  const ResolvedGraph g = load("tests/cases/wrong-values/conv_dgrad_drelu_fp16_nhwc_stride2.json");
+  int calls = 0;
+  auto p = partition_graph(g, fake_oracle("none", {}, &calls));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->parts.size(), 1u);
+  EXPECT_EQ(calls, 1);  // one question: the whole graph
+  EXPECT_TRUE(p->temporaries.empty());
+  EXPECT_EQ(p->parts[0].graph.canonical, g.canonical);
+}
+
+TEST(Partition, DgradThenReluBwdSplitsThroughATemporary) {
+  const ResolvedGraph g = load("tests/cases/no-engine/conv_dgrad_drelu_3d_grouped_dilated_ncdhw.json");
+  auto p = partition_graph(g, fake_oracle("relu_bwd"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->parts.size(), 2u);
+  EXPECT_EQ(p->summary(), "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu']");
+  ASSERT_EQ(p->temporaries.size(), 1u);
+  const ResolvedTensor& tmp = g.tensors[p->temporaries[0]];
+  EXPECT_EQ(tmp.name, "dgrad_out");
+  EXPECT_EQ(p->temporary_bytes, (tmp.storage_bytes() + 255) / 256 * 256);
+  // The temporary is the first part's output and the second part's input, in the intermediate dtype.
+  const ResolvedGraph& a = p->parts[0].graph;
+  const ResolvedGraph& b = p->parts[1].graph;
+  const int ia = a.find_tensor("dgrad_out"), ib = b.find_tensor("dgrad_out");
+  ASSERT_GE(ia, 0);
+  ASSERT_GE(ib, 0);
+  EXPECT_TRUE(a.tensors[ia].is_output);
+  EXPECT_FALSE(a.tensors[ia].is_virtual);
+  EXPECT_TRUE(b.tensors[ib].is_input);
+  EXPECT_EQ(a.tensors[ia].dtype, g.intermediate_dtype);
+  EXPECT_EQ(a.tensors[ia].strides, tmp.strides);
+  EXPECT_GT(a.tensors[ia].uid, 0);
+  // Graph inputs and outputs keep their names and layouts.
+  EXPECT_EQ(b.tensors[b.find_tensor("dz")].strides, g.tensors[g.find_tensor("dz")].strides);
+  EXPECT_NE(p->parts[0].why_cut.find("fake oracle: relu_bwd runs alone"), std::string::npos) << p->parts[0].why_cut;
+  EXPECT_NE(p->parts[0].why_cut.find("[conv_dgrad 'dgrad'] and [relu_bwd 'drelu']"), std::string::npos);
+  EXPECT_TRUE(p->parts[1].why_cut.empty());
+}
+
+TEST(Partition, TakesTheLargestFirstPart) {
+  // conv + bias + scale fuse; the reduction runs alone after them.
+  const ResolvedGraph g = load("tests/cases/no-engine/conv_bias_scale_reduce_amax_nhwc.json");
+  auto p = partition_graph(g, fake_oracle("reduce_amax"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->parts.size(), 2u);
+  EXPECT_EQ(p->parts[0].op_count, 3);
+  EXPECT_EQ(p->parts[1].op_count, 1);
+  ASSERT_EQ(p->temporaries.size(), 1u);
+  EXPECT_EQ(g.tensors[p->temporaries[0]].name, "pre");
+  // Inside the first part the conv's and the bias's outputs stay virtual: fused as before.
+  const ResolvedGraph& a = p->parts[0].graph;
+  EXPECT_TRUE(a.tensors[a.find_tensor("gemm_out")].is_virtual);
+  EXPECT_TRUE(a.tensors[a.find_tensor("t0")].is_virtual);
+  EXPECT_FALSE(a.tensors[a.find_tensor("pre")].is_virtual);
+}
+
+TEST(Partition, AnOpWithNoEngineAloneIsNotSupportedNamingItAndItsTensors) {
+  const ResolvedGraph g = load("tests/cases/no-engine/conv_dgrad_drelu_3d_grouped_dilated_ncdhw.json");
+  auto p = partition_graph(g, fake_oracle("x", {"relu_bwd"}));
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kNotSupported);
+  const std::string& m = p.status().message();
+  EXPECT_NE(m.find("[relu_bwd 'drelu'] has no engine even on its own"), std::string::npos) << m;
+  EXPECT_NE(m.find("relu_in"), std::string::npos) << m;
+  EXPECT_NE(m.find("fake oracle: no engine for relu_bwd"), std::string::npos) << m;
+}
+
+TEST(Partition, APartIsRejectedOutsideTheGraph) {
+  const ResolvedGraph g = load("tests/cases/no-engine/conv_dgrad_drelu_3d_grouped_dilated_ncdhw.json");
+  EXPECT_FALSE(graph_part(g, 1, 2).ok());
+  EXPECT_FALSE(graph_part(g, -1, 1).ok());
+  EXPECT_FALSE(graph_part(g, 0, 0).ok());
+}
