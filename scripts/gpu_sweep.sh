@@ -5,7 +5,9 @@
 # timeout, then classifies it:
 #
 #   PASS      exit 0: built, ran, every output within tolerance of the reference
-#   WRONG     ran, but verification failed (VerificationFailed, exit 1)
+#   WRONG     ran, but verification failed (VerificationFailed, exit 1): wrong values served
+#   REFUSED   the plan check refused every candidate (VerificationFailed naming the plan check):
+#             no plan was served, nothing wrong reached the caller (docs/architecture.md)
 #   NOENGINE  cuDNN refused the graph (NotSupported, exit 1)
 #   ERROR     anything else: InvalidArgument (exit 2) of a graph `check` accepts, CudnnError,
 #             CudaError, Internal, a crash (killed by a signal)
@@ -112,6 +114,8 @@ if rc == 0:
         len(v), (doc or {}).get("reference", "?"), worst)
 elif rc in (124, 137) and not code:
     status, detail = "TIMEOUT", "no verdict after the per-graph timeout"
+elif rc == 1 and code == "VerificationFailed" and "plan check" in first:
+    status, detail = "REFUSED", first
 elif rc == 1 and code == "VerificationFailed":
     status, detail = "WRONG", summary((doc or {}).get("verify"), True) or first
 elif rc == 1 and code == "NotSupported":
@@ -147,7 +151,7 @@ done
 python3 - "$OUT/sweep.log" "$(( $(date +%s) - START ))" > "$OUT/sweep_tally.txt" <<'EOF'
 import collections, sys
 log, elapsed = sys.argv[1], sys.argv[2]
-states = ["PASS", "WRONG", "NOENGINE", "ERROR", "TIMEOUT", "SKIP"]
+states = ["PASS", "WRONG", "REFUSED", "NOENGINE", "ERROR", "TIMEOUT", "SKIP"]
 per = collections.defaultdict(collections.Counter)
 for line in open(log):
     parts = line.split(" ", 3)

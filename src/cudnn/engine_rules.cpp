@@ -11,20 +11,27 @@ namespace {
 
 struct Rule {
   const char* name;
-  const char* pattern;   // barred engine names contain this
+  const char* pattern;   // the engine barred ("eng8"), with any knob values
   const char* evidence;  // the case and what came back, with the cuDNN version
   std::function<bool(const ResolvedGraph&)> applies;
 };
 
-// Dims in memory order, slowest first, leaving out dims of size 1 (whose
-// strides say nothing) and dims < `from`.
-std::vector<int> memory_order(const ResolvedTensor& t, size_t from) {
-  std::vector<int> d;
-  for (size_t i = from; i < t.dims.size(); ++i) {
-    if (t.dims[i] > 1) d.push_back(static_cast<int>(i));
-  }
+// The dims in `among`, in `t`'s memory order, slowest first.
+std::vector<int> memory_order(const ResolvedTensor& t, const std::vector<int>& among) {
+  std::vector<int> d = among;
   std::stable_sort(d.begin(), d.end(), [&](int a, int b) { return t.strides[a] > t.strides[b]; });
   return d;
+}
+
+// Whether `param` (a per-element parameter of x: scale, bias) is laid out
+// in another order than x over the dims it spans (size > 1 in both).
+bool other_layout_than(const ResolvedTensor& param, const ResolvedTensor& x) {
+  if (param.dims.size() != x.dims.size()) return false;
+  std::vector<int> spanned;
+  for (size_t i = 0; i < x.dims.size(); ++i) {
+    if (param.dims[i] > 1 && x.dims[i] > 1) spanned.push_back(static_cast<int>(i));
+  }
+  return memory_order(param, spanned) != memory_order(x, spanned);
 }
 
 bool any_op(const ResolvedGraph& g, const std::function<bool(const ResolvedOp&)>& pred) {
@@ -51,7 +58,7 @@ const std::vector<Rule>& rules() {
            const ResolvedTensor* x = tensor_of(g, op.inputs, "x");
            for (const char* role : {"scale", "bias"}) {
              const ResolvedTensor* p = tensor_of(g, op.inputs, role);
-             if (x && p && memory_order(*p, 1) != memory_order(*x, 1)) return true;
+             if (x && p && other_layout_than(*p, *x)) return true;
            }
            return false;
          });
@@ -105,7 +112,8 @@ bool engine_barred(const std::string& engine, const std::vector<EngineBar>& bars
     }
   }
   for (const auto& b : bars) {
-    if (engine.find(b.pattern) != std::string::npos) {
+    // The engine itself ("eng8") with any knobs ("eng8_k2=1"), never another engine ("eng80").
+    if (engine == b.pattern || engine.rfind(b.pattern + "_", 0) == 0) {
       if (why) *why = "fusebox rule '" + b.rule + "': " + b.evidence;
       return true;
     }

@@ -13,7 +13,7 @@ namespace fusebox::cudnn {
 
 struct EngineBar {
   std::string rule;     // the rule's name
-  std::string pattern;  // barred engine names contain this ("eng3_", "eng1_k2=4_")
+  std::string pattern;  // the engine barred, with any knobs: "eng8" bars "eng8" and "eng8_k2=1", not "eng80"
   std::string evidence;
 };
 

@@ -127,20 +127,18 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
 Status apply_engine_bars(const ResolvedGraph& g, const BuildOptions& options, FeGraph& graph, BuildReport& r) {
   const std::vector<EngineBar> bars = engine_bars_for(g);
   if (bars.empty() && options.excluded_engines.empty()) return Status::Ok();
-  std::vector<std::string> barred;
   int64_t left = 0;
   for (int64_t i = 0; i < r.candidate_plans; ++i) {
     std::string name, why;
     if (!graph.get_plan_name_at_index(i, name).is_good()) continue;
     if (engine_barred(name, bars, options.excluded_engines, &why)) {
       r.excluded.push_back(name + ": " + why);
-      barred.push_back(name);
     } else {
       ++left;
     }
   }
-  // Full names: the frontend bars every candidate whose name contains one.
-  graph.deselect_engines(barred);
+  // Not the frontend's deselect_engines(): it bars every name that *contains* one
+  // ("eng1" would bar eng10...). build_plan skips the barred indices itself.
   if (left == 0 && r.candidate_plans > 0) {
     std::string lines;
     for (const auto& e : r.excluded) lines += "\n  " + e;
@@ -326,9 +324,24 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     }
   }
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "check_support", [&]() { return graph.check_support(); }));
-  FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_plans", [&]() {
-    return pinned >= 0 ? graph.build_plan_at_index(pinned)
-                       : graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+  FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_plans", [&]() -> fe::error_t {
+    if (pinned >= 0) return graph.build_plan_at_index(pinned);
+    if (r.excluded.empty()) return graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+    // As HEURISTICS_CHOICE does, the first candidate that builds, skipping the excluded ones.
+    fe::error_t last{fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED, "no candidate left to build"};
+    for (int64_t i = 0; i < r.candidate_plans; ++i) {
+      std::string name;
+      if (!graph.get_plan_name_at_index(i, name).is_good()) continue;
+      bool barred = false;
+      for (const auto& e : r.excluded) barred = barred || e.rfind(name + ": ", 0) == 0;
+      if (barred) continue;
+      last = graph.build_plan_at_index(i);
+      if (last.is_good()) {
+        pinned = i;
+        return last;
+      }
+    }
+    return last;
   }));
 
   auto impl = std::make_unique<Plan::Impl>();

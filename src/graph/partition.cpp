@@ -13,6 +13,27 @@ std::string op_where(const ResolvedOp& op) {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// A temporary between parts (a virtual tensor of the whole graph) is laid out
+// like its producer's first input of the same rank (channels-last after a
+// channels-last convolution), which is what cuDNN's engines take for their
+// outputs; dense row-major when there is none. Deterministic in the whole
+// graph, so every part sees the same strides.
+std::vector<int64_t> temporary_strides(const ResolvedGraph& g, int t) {
+  const ResolvedTensor& tmp = g.tensors[t];
+  for (const ResolvedOp& op : g.ops) {
+    bool makes = false;
+    for (const auto& [role, o] : op.outputs) makes = makes || o == t;
+    if (!makes) continue;
+    for (const auto& [role, in] : op.inputs) {
+      const ResolvedTensor& x = g.tensors[in];
+      if (!x.scalar_value && x.dims.size() == tmp.dims.size() && x.strides.size() == tmp.dims.size()) {
+        return dense_strides_like(tmp.dims, x.strides);
+      }
+    }
+  }
+  return tmp.strides;
+}
+
 }  // namespace
 
 Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count) {
@@ -53,6 +74,7 @@ Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count) {
     ts.values = t.values;
     // A virtual tensor stays virtual only when the part both makes it and is its only reader.
     ts.is_virtual = t.is_virtual && produced.count(i) && !read_outside[i];
+    if (t.is_virtual && !ts.is_virtual) ts.strides = temporary_strides(g, i);
     spec.tensors.push_back(std::move(ts));
   }
   for (int i = first; i < end; ++i) {

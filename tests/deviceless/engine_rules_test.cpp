@@ -1,0 +1,85 @@
+// fusebox's engine rules (src/cudnn/engine_rules.cpp): each applies to the
+// pattern of its evidence case and not to the same graph in the layout or
+// dtype the rule asks for (which the H200 ran right, 2026-12-04).
+#include "engine_rules.h"
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace fusebox::cudnn {
+namespace {
+
+GraphSpec load_spec(const std::string& rel) {
+  auto spec = load_graph_file(testing::source_dir() + "/" + rel);
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  return *spec;
+}
+
+std::vector<std::string> rules_for(const GraphSpec& spec) {
+  auto g = resolve(spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  std::vector<std::string> names;
+  if (g.ok()) {
+    for (const auto& b : engine_bars_for(*g)) names.push_back(b.rule + ":" + b.pattern);
+  }
+  return names;
+}
+
+TensorSpec& tensor(GraphSpec& s, const std::string& name) {
+  for (auto& t : s.tensors) {
+    if (t.name == name) return t;
+  }
+  ADD_FAILURE() << "no tensor " << name;
+  return s.tensors[0];
+}
+
+TEST(EngineRules, LayernormParamsInAnotherLayoutThanX) {
+  GraphSpec s = load_spec("tests/cases/wrong-values/layernorm_fp16_over_chw_nhwc.json");
+  EXPECT_EQ(rules_for(s), std::vector<std::string>{"layernorm-params-in-x-layout:eng1"});
+  tensor(s, "scale").layout = "nhwc";
+  tensor(s, "bias").layout = "nhwc";
+  EXPECT_TRUE(rules_for(s).empty());  // y in another layout is fine (the H200 ran it right)
+  // A [B,S,H] layernorm with [1,1,H] parameters spans one dim: no layout to disagree on.
+  EXPECT_TRUE(rules_for(load_spec("examples/graphs/small/layernorm_bsh_small.json")).empty());
+}
+
+TEST(EngineRules, BatchnormBwdDxInAnotherDtypeThanX) {
+  GraphSpec s = load_spec("tests/cases/wrong-values/batchnorm_bwd_fp16_fp32params_nhwc.json");
+  EXPECT_EQ(rules_for(s), std::vector<std::string>{"batchnorm-bwd-dx-in-x-dtype:eng0"});
+  tensor(s, "dx").dtype = DType::kFP16;
+  EXPECT_TRUE(rules_for(s).empty());
+}
+
+TEST(EngineRules, DgradDreluWithANonChannelsLastOutput) {
+  GraphSpec s = load_spec("tests/cases/wrong-values/conv_dgrad_drelu_fp16_nhwc_stride2.json");
+  EXPECT_EQ(rules_for(s), std::vector<std::string>{"dgrad-drelu-channels-last-output:eng8"});
+  tensor(s, "dz").layout = "nhwc";
+  EXPECT_TRUE(rules_for(s).empty());
+}
+
+TEST(EngineRules, NoRuleForTheExamples) {
+  for (const auto& path : testing::example_graphs()) {
+    auto spec = load_graph_file(path);
+    ASSERT_TRUE(spec.ok()) << path;
+    auto g = resolve(*spec);
+    if (!g.ok()) continue;  // symbolic examples resolve at a shape elsewhere
+    EXPECT_TRUE(engine_bars_for(*g).empty()) << path;
+  }
+}
+
+TEST(EngineRules, BarredNamesAndExclusions) {
+  const std::vector<EngineBar> bars = {{"r", "eng8", "why"}};
+  std::string why;
+  EXPECT_TRUE(engine_barred("eng8", bars, {}, &why));
+  EXPECT_NE(why.find("fusebox rule 'r'"), std::string::npos);
+  EXPECT_TRUE(engine_barred("eng8_k2=1", bars, {}, &why));
+  EXPECT_FALSE(engine_barred("eng80", bars, {}, &why));
+  EXPECT_FALSE(engine_barred("eng1_k24=8", bars, {}, &why));
+  EXPECT_TRUE(engine_barred("eng1_k24=8", {}, {"eng1_k24=8"}, &why));
+  EXPECT_EQ(why, "failed the plan check earlier");
+  EXPECT_FALSE(engine_barred("eng1_k24=80", {}, {"eng1_k24=8"}, &why));  // exclusions are exact names
+}
+
+}  // namespace
+}  // namespace fusebox::cudnn
