@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,25 +30,32 @@ struct GraphPartition {
   // Whole-graph virtual tensors that become buffers between parts, by index
   // into the whole graph's tensors, with their bytes.
   std::vector<int> temporaries;
+  // Each temporary's dtype, by tensor index: the intermediate dtype where the
+  // parts take it, else the io dtype (what fused engines write to memory).
+  std::map<int, DType> temporary_dtypes;
   int64_t temporary_bytes = 0;  // each rounded up to 256 bytes
   std::string summary() const;  // "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu'] (temporaries: dgrad_out 838 KB)"
 };
 
 // The sub-graph of `g` made of ops [first, first + count): tensors crossing
-// the cut become non-virtual (their dims, strides and intermediate dtype
-// kept). Resolved and canonicalized like any graph.
-Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count);
+// the cut become non-virtual (their dims kept, laid out like their producer's
+// input, in the intermediate dtype unless `temporary_dtypes` names another).
+// Resolved and canonicalized like any graph.
+Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count,
+                                 const std::map<int, DType>& temporary_dtypes = {});
 
 // The partition of `g` into the given consecutive op ranges ({first, count},
 // covering every op from 0 in order): the parts and the temporaries between
 // them. What a stored partitioned plan is rebuilt from.
-Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges);
+Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges,
+                                    const std::map<int, DType>& temporary_dtypes = {});
 
 // Whether one part has an engine: Ok, or why not.
 using SupportOracle = std::function<Status(const ResolvedGraph& part)>;
 
 // The fewest consecutive parts the oracle accepts, largest first part first
-// (greedy over the topological order). A graph the oracle accepts whole is
+// (greedy over the topological order). A part's outgoing temporaries are
+// tried in the intermediate dtype, then in the io dtype. A graph the oracle accepts whole is
 // one part. When a single op is refused, NotSupported naming the op, its
 // tensors and the oracle's reason.
 Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle);

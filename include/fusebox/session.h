@@ -127,6 +127,13 @@ struct PlanReport {
   std::string partition;
   std::vector<std::string> partition_cuts;
   int64_t partition_temporary_bytes = 0;
+  struct PartitionPart {
+    int first_op = 0;  // into the graph's ops (topological order)
+    int op_count = 0;
+    std::string engine;
+    int64_t workspace_bytes = 0;
+  };
+  std::vector<PartitionPart> partition_parts;
 
   // What `fusebox run` prints: "built now", "plan cache (tuned)", "plan file (built deviceless)", ...
   // (a symbolic graph's shape and kernel-cache use appended in brackets).

@@ -18,8 +18,9 @@ bool is_plan_parts(const uint8_t* data, size_t n) {
   return n >= m && std::memcmp(data, kPlanPartsMagic, m) == 0;
 }
 
-std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts) {
-  nlohmann::json h = {{"parts", nlohmann::json::array()}};
+std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts, const TemporaryDtypes& temporaries) {
+  nlohmann::json h = {{"parts", nlohmann::json::array()}, {"temporaries", nlohmann::json::array()}};
+  for (const auto& [tensor, dtype] : temporaries) h["temporaries"].push_back({{"tensor", tensor}, {"dtype", dtype}});
   for (const auto& p : parts) {
     h["parts"].push_back({{"first_op", p.first_op},
                           {"op_count", p.op_count},
@@ -34,7 +35,7 @@ std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts)
 }
 
 Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_t n, int op_count,
-                                                      const std::string& where) {
+                                                      const std::string& where, TemporaryDtypes* temporaries) {
   auto bad = [&](const std::string& why) { return ParseError(where + ": partitioned plan: " + why); };
   if (!is_plan_parts(data, n)) return bad("no partitioned-plan magic");
   const size_t start = sizeof(kPlanPartsMagic) - 1;
@@ -45,6 +46,18 @@ Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_
   auto h = nlohmann::json::parse(header.begin(), header.end(), nullptr, /*allow_exceptions=*/false);
   if (h.is_discarded() || !h.is_object() || !h.contains("parts") || !h["parts"].is_array()) {
     return bad("header is not {\"parts\": [...]}");
+  }
+  if (h.contains("temporaries")) {
+    const auto& tl = h["temporaries"];
+    if (!tl.is_array() || tl.size() > 4096) return bad("temporaries is not a list of at most 4096");
+    for (const auto& t : tl) {
+      if (!t.is_object() || !t.contains("tensor") || !t["tensor"].is_number_integer() || !t.contains("dtype") ||
+          !t["dtype"].is_string() || t["tensor"].get<int64_t>() < 0 || t["tensor"].get<int64_t>() > (1 << 20) ||
+          t["dtype"].get<std::string>().size() > 16) {
+        return bad("a temporary is not {\"tensor\": index, \"dtype\": name}");
+      }
+      if (temporaries) temporaries->push_back({static_cast<int>(t["tensor"].get<int64_t>()), t["dtype"].get<std::string>()});
+    }
   }
   const auto& list = h["parts"];
   const bool coverage_known = op_count >= 0;  // -1: the graph is not known here (file and cache readers)

@@ -38,6 +38,7 @@ struct PlanParts {
   // Temporaries between parts: tensor name -> byte offset at the start of the workspace.
   std::vector<std::pair<std::string, int64_t>> temporaries;
   int64_t temporaries_bytes = 0;
+  std::vector<std::pair<int, std::string>> temporary_dtypes;  // tensor index -> dtype name (serialized)
 };
 
 struct Plan::Impl {

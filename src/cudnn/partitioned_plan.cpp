@@ -16,7 +16,11 @@ Result<Plan> compose_partitioned_plan(const ResolvedGraph& whole, const GraphPar
   int64_t offset = 0;
   for (int t : partition.temporaries) {
     parts->temporaries.push_back({whole.tensors[t].name, offset});
-    offset += (whole.tensors[t].storage_bytes() + 255) / 256 * 256;
+    ResolvedTensor as_stored = whole.tensors[t];
+    auto d = partition.temporary_dtypes.find(t);
+    if (d != partition.temporary_dtypes.end()) as_stored.dtype = d->second;
+    offset += (as_stored.storage_bytes() + 255) / 256 * 256;
+    parts->temporary_dtypes.push_back({t, std::string(dtype_name(as_stored.dtype))});
   }
   parts->temporaries_bytes = offset;
   auto impl = std::make_unique<Plan::Impl>();
@@ -62,16 +66,26 @@ Result<std::vector<uint8_t>> serialize_parts(const PlanParts& p) {
     FUSEBOX_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, part.plan.serialize());
     out.push_back({part.first_op, part.op_count, part.plan.engine_name(), std::move(bytes)});
   }
-  return common::encode_plan_parts(out);
+  return common::encode_plan_parts(out, p.temporary_dtypes);
 }
 
 Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
                                const DeviceTarget& target, GpuContext* ctx) {
+  common::TemporaryDtypes stored;
   FUSEBOX_ASSIGN_OR_RETURN(auto parts, common::decode_plan_parts(bytes.data(), bytes.size(),
-                                                                 static_cast<int>(g.ops.size()), "plan"));
+                                                                 static_cast<int>(g.ops.size()), "plan", &stored));
   std::vector<std::pair<int, int>> ranges;
   for (const auto& p : parts) ranges.push_back({p.first_op, p.op_count});
-  FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_at(g, ranges));
+  std::map<int, DType> dtypes;
+  for (const auto& [t, name] : stored) {
+    const auto d = parse_dtype(name);
+    if (!d || t >= static_cast<int>(g.tensors.size()) || !g.tensors[t].is_virtual) {
+      return ParseError("plan: partitioned plan: temporary " + std::to_string(t) + " (" + name +
+                        ") is not a virtual tensor of this graph with a known dtype");
+    }
+    dtypes[t] = *d;
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_at(g, ranges, dtypes));
   std::vector<Plan> plans;
   for (size_t i = 0; i < parts.size(); ++i) {
     FUSEBOX_ASSIGN_OR_RETURN(Plan plan,

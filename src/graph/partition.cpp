@@ -36,7 +36,8 @@ std::vector<int64_t> temporary_strides(const ResolvedGraph& g, int t) {
 
 }  // namespace
 
-Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count) {
+Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count,
+                                 const std::map<int, DType>& temporary_dtypes) {
   const int n = static_cast<int>(g.ops.size());
   if (first < 0 || count < 1 || first + count > n) {
     return InvalidArgument("graph part: ops [" + std::to_string(first) + ", " + std::to_string(first + count) +
@@ -74,7 +75,11 @@ Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count) {
     ts.values = t.values;
     // A virtual tensor stays virtual only when the part both makes it and is its only reader.
     ts.is_virtual = t.is_virtual && produced.count(i) && !read_outside[i];
-    if (t.is_virtual && !ts.is_virtual) ts.strides = temporary_strides(g, i);
+    if (t.is_virtual && !ts.is_virtual) {
+      ts.strides = temporary_strides(g, i);
+      auto d = temporary_dtypes.find(i);
+      if (d != temporary_dtypes.end()) ts.dtype = d->second;
+    }
     spec.tensors.push_back(std::move(ts));
   }
   for (int i = first; i < end; ++i) {
@@ -117,14 +122,44 @@ Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOrac
   }
   int start = 0;
   std::string longer_why = first_line(whole.message());  // why the part could not go on
+  std::map<int, DType> decided;  // temporaries' dtypes fixed by the parts accepted so far
+  // The temporaries a part [first, end) makes for later parts.
+  auto outgoing = [&](int first, int end) {
+    std::vector<int> out;
+    for (int i = first; i < end; ++i) {
+      for (const auto& [role, t] : g.ops[i].outputs) {
+        if (!g.tensors[t].is_virtual) continue;
+        for (int j = end; j < n; ++j) {
+          bool reads = false;
+          for (const auto& [r2, t2] : g.ops[j].inputs) reads = reads || t2 == t;
+          if (reads) {
+            out.push_back(t);
+            break;
+          }
+        }
+      }
+    }
+    return out;
+  };
   while (start < n) {
     bool found = false;
     Status single = Status::Ok();
-    for (int end = n; end > start; --end) {
+    for (int end = n; end > start && !found; --end) {
       if (start == 0 && end == n) continue;  // the whole graph: refused above
-      auto part = graph_part(g, start, end - start);
-      Status st = part.ok() ? oracle(*part) : part.status();
-      if (st.ok()) {
+      const std::vector<int> made = outgoing(start, end);
+      std::vector<DType> tries = {g.intermediate_dtype};
+      if (!made.empty() && g.io_dtype != g.intermediate_dtype) tries.push_back(g.io_dtype);
+      for (DType d : tries) {
+        std::map<int, DType> dtypes = decided;
+        for (int t : made) dtypes[t] = d;
+        auto part = graph_part(g, start, end - start, dtypes);
+        Status st = part.ok() ? oracle(*part) : part.status();
+        if (!st.ok()) {
+          longer_why = first_line(st.message());
+          if (end - start == 1) single = st;
+          continue;
+        }
+        decided = dtypes;
         out.parts.push_back({start, end - start, std::move(part).value(), ""});
         // The try one op longer (the previous iteration) was refused: that is why the part ends here.
         if (end < n) {
@@ -135,8 +170,6 @@ Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOrac
         found = true;
         break;
       }
-      longer_why = first_line(st.message());
-      if (end - start == 1) single = st;
     }
     if (!found) {
       const ResolvedOp& op = g.ops[start];
@@ -153,14 +186,16 @@ Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOrac
   }
   std::vector<std::pair<int, int>> ranges;
   for (const GraphPart& p : out.parts) ranges.push_back({p.first_op, p.op_count});
-  auto again = partition_at(g, ranges);  // the temporaries (parts already built above are kept)
+  auto again = partition_at(g, ranges, decided);  // the temporaries (parts already built above are kept)
   if (!again.ok()) return again.status();
   out.temporaries = again->temporaries;
+  out.temporary_dtypes = again->temporary_dtypes;
   out.temporary_bytes = again->temporary_bytes;
   return out;
 }
 
-Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges) {
+Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges,
+                                    const std::map<int, DType>& temporary_dtypes) {
   const int n = static_cast<int>(g.ops.size());
   GraphPartition out;
   int next = 0;
@@ -173,7 +208,7 @@ Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<st
     if (count == n) {
       out.parts.push_back({0, n, g, ""});
     } else {
-      FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph part, graph_part(g, first, count));
+      FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph part, graph_part(g, first, count, temporary_dtypes));
       out.parts.push_back({first, count, std::move(part), ""});
     }
     next = first + count;
@@ -188,7 +223,11 @@ Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<st
     }
     if (parts_touching > 1) {
       out.temporaries.push_back(static_cast<int>(i));
-      out.temporary_bytes += (g.tensors[i].storage_bytes() + 255) / 256 * 256;
+      auto d = temporary_dtypes.find(static_cast<int>(i));
+      ResolvedTensor as_stored = g.tensors[i];
+      if (d != temporary_dtypes.end()) as_stored.dtype = d->second;
+      out.temporary_dtypes[static_cast<int>(i)] = as_stored.dtype;
+      out.temporary_bytes += (as_stored.storage_bytes() + 255) / 256 * 256;
     }
   }
   return out;

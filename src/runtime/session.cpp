@@ -569,8 +569,10 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
   }
   rep.partition = partition.summary();
   rep.partition_temporary_bytes = partition.temporary_bytes;
-  for (const GraphPart& part : partition.parts) {
+  for (size_t i = 0; i < partition.parts.size(); ++i) {
+    const GraphPart& part = partition.parts[i];
     if (!part.why_cut.empty()) rep.partition_cuts.push_back(part.why_cut);
+    rep.partition_parts.push_back({part.first_op, part.op_count, plans[i].engine_name(), plans[i].workspace_bytes()});
   }
   return compose_partitioned_plan(g, partition, std::move(plans));
 }

@@ -237,3 +237,94 @@ TEST_F(PlanCheckDeviceless, ExcludingEveryCandidateIsNotSupportedNamingThem) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// Two convolutions in one graph: no cuDNN engine runs them together, each
+// conv + bias + relu has a precompiled engine, so the partitioner's real
+// oracle splits it deviceless into two parts run as one plan.
+class PartitionedDeviceless : public PlanCheckDeviceless {};
+
+TEST_F(PartitionedDeviceless, TwoConvsRunAsOnePlanOfTwoPartsThroughTheCacheAndAPlanFile) {
+  auto spec = load_graph_file(source_dir() + "/tests/cases/partitioned/two_convs_one_graph.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  PlanCache cache = PlanCache::open((dir_ / "plans.sqlite").string());
+  SessionOptions o;
+  o.device_properties_file = devprop_path();
+  o.cache = &cache;
+  auto s = Session::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  PlanReport r;
+  auto plan = (*s)->get_plan(*g, {}, &r);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->part_count(), 2);
+  EXPECT_EQ(r.partition, "2 parts: [conv_fprop 'conv1', bias_add 'bias1', relu 'act1'] | "
+                         "[conv_fprop 'conv2', bias_add 'bias2', relu 'act2']");
+  ASSERT_EQ(r.partition_cuts.size(), 1u);
+  EXPECT_NE(r.partition_cuts[0].find("[relu 'act1'] and [conv_fprop 'conv2'] have no engine together"),
+            std::string::npos)
+      << r.partition_cuts[0];
+  ASSERT_EQ(r.partition_parts.size(), 2u);
+  EXPECT_EQ(r.partition_parts[1].first_op, 3);
+  // The temporary h (2x32x12x12) sits at the start of the workspace: fp32 where the parts take it, else
+  // bf16 (deviceless, the precompiled conv + bias + relu engine writes bf16).
+  EXPECT_TRUE(r.partition_temporary_bytes == 2 * 32 * 12 * 12 * 4 || r.partition_temporary_bytes == 2 * 32 * 12 * 12 * 2)
+      << r.partition_temporary_bytes;
+  EXPECT_GE(plan->workspace_bytes(), r.partition_temporary_bytes);
+  EXPECT_EQ(plan->engine_name().rfind("partitioned[", 0), 0u) << plan->engine_name();
+  EXPECT_TRUE(r.stored);
+
+  // A warm start: the cache holds the two parts as one entry.
+  PlanReport warm;
+  auto hit = (*s)->get_plan(*g, {}, &warm);
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(warm.cache, "hit");
+  EXPECT_EQ(hit->part_count(), 2);
+  EXPECT_EQ(hit->engine_name(), plan->engine_name());
+
+  // And a plan file.
+  auto bytes = plan->serialize();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  const std::string path = (dir_ / "two.plan").string();
+  ASSERT_TRUE(write_plan_file(path, make_plan_info(*g, *plan, target_), *bytes).ok());
+  auto pf = read_plan_file(path);
+  ASSERT_TRUE(pf.ok()) << pf.status().ToString();
+  auto back = deserialize_plan(*g, pf->payload, target_, nullptr, pf->info.engine);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->part_count(), 2);
+
+  // Not when told not to: the whole graph's error.
+  PlanRequest whole;
+  whole.partition = false;
+  whole.use_tuned_cache = false;
+  SessionOptions o2;
+  o2.device_properties_file = devprop_path();
+  auto s2 = Session::create(o2);
+  ASSERT_TRUE(s2.ok());
+  auto refused = (*s2)->get_plan(*g, whole, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotSupported);
+}
+
+TEST_F(PartitionedDeviceless, APartitionOverTheWorkspaceLimitIsRefusedNamingBothNumbers) {
+  auto spec = load_graph_file(source_dir() + "/tests/cases/partitioned/two_convs_one_graph.json");
+  ASSERT_TRUE(spec.ok());
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok());
+  SessionOptions o;
+  o.device_properties_file = devprop_path();
+  o.workspace_limit_bytes = 1024;  // less than the temporary (18,432 bytes in bf16)
+  auto s = Session::create(o);
+  ASSERT_TRUE(s.ok());
+  auto plan = (*s)->get_plan(*g, {}, nullptr);
+  ASSERT_FALSE(plan.ok());
+  const std::string& m = plan.status().message();
+  EXPECT_NE(m.find("over the limit of 1024"), std::string::npos) << m;
+  EXPECT_NE(m.find("for the temporaries between parts"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace fusebox

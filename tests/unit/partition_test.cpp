@@ -62,6 +62,7 @@ TEST(Partition, DgradThenReluBwdSplitsThroughATemporary) {
   const ResolvedTensor& tmp = g.tensors[p->temporaries[0]];
   EXPECT_EQ(tmp.name, "dgrad_out");
   EXPECT_EQ(p->temporary_bytes, (tmp.storage_bytes() + 255) / 256 * 256);
+  EXPECT_EQ(p->temporary_dtypes.at(p->temporaries[0]), g.intermediate_dtype);  // the oracle took fp32
   // The temporary is the first part's output and the second part's input, in the intermediate dtype.
   const ResolvedGraph& a = p->parts[0].graph;
   const ResolvedGraph& b = p->parts[1].graph;
@@ -96,6 +97,29 @@ TEST(Partition, TakesTheLargestFirstPart) {
   EXPECT_TRUE(a.tensors[a.find_tensor("gemm_out")].is_virtual);
   EXPECT_TRUE(a.tensors[a.find_tensor("t0")].is_virtual);
   EXPECT_FALSE(a.tensors[a.find_tensor("pre")].is_virtual);
+}
+
+TEST(Partition, ATemporaryFallsBackToTheIoDtypeWhenThePartsWantIt) {
+  // The "engines" here write and read only the io dtype in memory.
+  const ResolvedGraph g = load("tests/cases/no-engine/conv_bias_scale_reduce_amax_nhwc.json");
+  auto p = partition_graph(g, [&](const ResolvedGraph& part) -> Status {
+    const auto types = op_types(part);
+    if (types.count("reduce_amax") && part.ops.size() > 1) return NotSupported("fake oracle: reduce alone");
+    for (const auto& t : part.tensors) {
+      if (!t.is_virtual && !t.scalar_value && t.name == "pre" && t.dtype != g.io_dtype) return NotSupported("io dtype only");
+    }
+    return Status::Ok();
+  });
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->parts.size(), 2u);
+  const int pre = g.find_tensor("pre");
+  EXPECT_EQ(p->temporary_dtypes.at(pre), g.io_dtype);
+  // Both sides of the cut see the same dtype.
+  EXPECT_EQ(p->parts[0].graph.tensors[p->parts[0].graph.find_tensor("pre")].dtype, g.io_dtype);
+  EXPECT_EQ(p->parts[1].graph.tensors[p->parts[1].graph.find_tensor("pre")].dtype, g.io_dtype);
+  ResolvedTensor as_bf16 = g.tensors[pre];
+  as_bf16.dtype = g.io_dtype;
+  EXPECT_EQ(p->temporary_bytes, (as_bf16.storage_bytes() + 255) / 256 * 256);
 }
 
 TEST(Partition, AnOpWithNoEngineAloneIsNotSupportedNamingItAndItsTensors) {

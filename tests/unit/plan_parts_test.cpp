@@ -60,6 +60,24 @@ TEST(PlanParts, RoundTripsAndPassesThePayloadCheck) {
   EXPECT_TRUE(common::check_plan_payload(bytes.data(), bytes.size(), "x.plan").ok());
 }
 
+TEST(PlanParts, TemporaryDtypesRoundTrip) {
+  const auto bytes = encode_plan_parts(two_parts(), {{5, "bf16"}, {9, "fp32"}});
+  common::TemporaryDtypes back;
+  auto parts = decode_plan_parts(bytes.data(), bytes.size(), 4, "x.plan", &back);
+  ASSERT_TRUE(parts.ok()) << parts.status().ToString();
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0], (std::pair<int, std::string>{5, "bf16"}));
+  const auto p = real_payload();
+  const std::string n = std::to_string(p.size());
+  std::vector<uint8_t> both = p;
+  both.insert(both.end(), p.begin(), p.end());
+  expect_parse_error(with_header("{\"temporaries\":[{\"tensor\":-1,\"dtype\":\"bf16\"}],\"parts\":[{\"first_op\":0,"
+                                 "\"op_count\":2,\"engine\":\"e\",\"bytes\":" + n + "},{\"first_op\":2,\"op_count\":2,"
+                                 "\"engine\":\"e\",\"bytes\":" + n + "}]}",
+                                 both),
+                     4, "a temporary is not");
+}
+
 TEST(PlanParts, HostileContainersAreParseErrors) {
   const auto good = encode_plan_parts(two_parts());
   expect_parse_error(good, 5, "cover 4 of 5 ops");

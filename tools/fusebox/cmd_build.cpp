@@ -90,6 +90,9 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
     dp.source = hit ? "plan cache hit" : "built now";
     const DeviceTarget& target = (*session)->target();
     dp.device = target.device_name + (target.deviceless() ? " (deviceless)" : "");
+    for (const auto& part : rep.partition_parts) {
+      dp.parts.push_back({part.first_op, part.op_count, part.engine, part.workspace_bytes});
+    }
     Status st = write_dot(a.dot, graph_dot(*g, &dp));
     if (!st.ok()) return emit_error(st, &rep);
   }

@@ -155,6 +155,22 @@ void print_build_report(const BuildReport& r) {
   std::fflush(stdout);
 }
 
+namespace {
+nlohmann::json partition_json(const PlanReport& r) {
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& p : r.partition_parts) {
+    parts.push_back({{"first_op", p.first_op},
+                     {"op_count", p.op_count},
+                     {"engine", p.engine},
+                     {"workspace_bytes", p.workspace_bytes}});
+  }
+  return {{"summary", r.partition},
+          {"cuts", r.partition_cuts},
+          {"temporary_bytes", r.partition_temporary_bytes},
+          {"parts", parts}};
+}
+}  // namespace
+
 nlohmann::json to_json(const PlanReport& r) {
   nlohmann::json attempts = nlohmann::json::array();
   for (const auto& a : r.attempts) {
@@ -188,8 +204,7 @@ nlohmann::json to_json(const PlanReport& r) {
           {"engine_replayed", r.engine_replayed},
           {"replay_failed", r.replay_failed},
           {"plan_check", to_json(r.plan_check)},
-          {"partition",
-           {{"summary", r.partition}, {"cuts", r.partition_cuts}, {"temporary_bytes", r.partition_temporary_bytes}}}};
+          {"partition", partition_json(r)}};
 }
 
 nlohmann::json to_json(const PlanCheckReport& c) {

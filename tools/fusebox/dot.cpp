@@ -99,7 +99,46 @@ std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan) {
   for (size_t i = 0; i < g.tensors.size(); ++i) {
     if (!plan || !g.tensors[i].is_virtual) tensor_node(i, "  ");
   }
-  if (plan) {
+  if (plan && !plan->parts.empty()) {
+    // A partitioned plan: one cluster per part; a virtual tensor inside one part stays in it,
+    // one that crosses a cut is a temporary in the workspace, drawn between the clusters.
+    auto part_of_op = [&](size_t op) {
+      for (size_t k = 0; k < plan->parts.size(); ++k) {
+        const auto& p = plan->parts[k];
+        if (static_cast<int>(op) >= p.first_op && static_cast<int>(op) < p.first_op + p.op_count) return static_cast<int>(k);
+      }
+      return -1;
+    };
+    std::vector<int> home(g.tensors.size(), -1);  // part holding a virtual tensor, -2: crosses a cut
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const int k = part_of_op(i);
+      auto mark = [&](int t) {
+        if (!g.tensors[t].is_virtual) return;
+        home[t] = home[t] == -1 || home[t] == k ? k : -2;
+      };
+      for (const auto& [role, idx] : g.ops[i].inputs) mark(idx);
+      for (const auto& [role, idx] : g.ops[i].outputs) mark(idx);
+    }
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      if (home[i] == -2) {
+        o << "  t" << i << " [label=\"" << tensor_label(g.tensors[i])
+          << "\\ntemporary between parts (in the workspace)\", shape=box, style=\"dashed,bold\", color=darkorange];\n";
+      }
+    }
+    for (size_t k = 0; k < plan->parts.size(); ++k) {
+      const auto& p = plan->parts[k];
+      o << "  subgraph cluster_part" << k << " {\n    label=\"part " << (k + 1) << " of " << plan->parts.size()
+        << ": " << dot_escape(p.engine) << "\\nworkspace " << dot_escape(format_bytes(p.workspace_bytes)) << "\";\n"
+        << "    style=\"rounded,bold\"; color=darkorange;\n";
+      for (size_t i = 0; i < g.tensors.size(); ++i) {
+        if (home[i] == static_cast<int>(k)) tensor_node(i, "    ");
+      }
+      for (int i = p.first_op; i < p.first_op + p.op_count && i < static_cast<int>(g.ops.size()); ++i) op_node(i, "    ");
+      o << "  }\n";
+    }
+    o << "  label_parts [shape=plaintext, label=\"no engine runs the whole graph: " << plan->parts.size()
+      << " parts run in turn as one plan (" << dot_escape(plan->source) << ")\"];\n";
+  } else if (plan) {
     // cuDNN runs the whole graph as one engine: one cluster holds every op and
     // the virtual tensors that stay inside it.
     o << "  subgraph cluster_plan {\n"

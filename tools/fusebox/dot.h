@@ -4,6 +4,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fusebox/graph.h"
 #include "fusebox/pipeline.h"
@@ -16,6 +17,15 @@ struct DotPlan {
   int64_t workspace_bytes = 0;
   std::string source;  // "built now", "plan cache hit", ...
   std::string device;  // device name, or the devprop file when deviceless
+  // A partitioned plan (no engine runs the whole graph): one cluster per part,
+  // ops [first_op, first_op + op_count) of the graph's topological order.
+  struct Part {
+    int first_op = 0;
+    int op_count = 0;
+    std::string engine;
+    int64_t workspace_bytes = 0;
+  };
+  std::vector<Part> parts;
 };
 
 // `s` as the inside of a DOT double-quoted string: '"' and '\' escaped (so no

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusebox/status.h"
@@ -24,11 +25,14 @@ struct SerializedPart {
 
 // Whether `data` starts like a partitioned plan (the magic).
 bool is_plan_parts(const uint8_t* data, size_t n);
-std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts);
+// A temporary between parts: its tensor index in the whole graph and the dtype it is stored in.
+using TemporaryDtypes = std::vector<std::pair<int, std::string>>;
+std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts, const TemporaryDtypes& temporaries = {});
 // Parses and checks the container (header, part ranges contiguous from op 0,
 // lengths adding up) and every part's payload (check_plan_payload). `op_count`:
 // the whole graph's ops, which the parts must cover exactly.
 Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_t n, int op_count,
-                                                      const std::string& where);
+                                                      const std::string& where,
+                                                      TemporaryDtypes* temporaries = nullptr);
 
 }  // namespace fusebox::common
