@@ -250,13 +250,17 @@ def _hf_bert(p, cfg, ids, mask, dev):
 
 
 def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
-                 compile_mode="max-autotune-no-cudagraphs"):
+                 compile_mode="max-autotune-no-cudagraphs", freezing=True, reference_sums=None):
     """GPU time of the same work in PyTorch, timed as fusebox's pipeline is
     (CUDA events around each call, median): transformers' BertModel in bf16
     with its default (SDPA) attention and the padding mask, plus the masked
     sum over tokens that fusebox's pool stage computes; eager, as one
-    torch.cuda.CUDAGraph, and torch.compile (compile_mode, default
-    max-autotune-no-cudagraphs: the CUDA graph is the variant beside it).
+    torch.cuda.CUDAGraph, and the two torch.compile variants of
+    fusebox_tools.model_variants (compile_mode, default max-autotune-no-cudagraphs,
+    and reduce-overhead; compiled under no_grad with Inductor's freezing unless
+    `freezing` is False). Every variant's sums are checked against eager's before
+    it is timed, and eager's against `reference_sums` (fusebox's pooled sums of the
+    same tokens) when given; a failed variant is in "failed" with its error.
     The same work as fusebox's pipeline: both start from the token ids (fusebox's
     embed stage looks up the word rows and adds the position and token-type rows
     on the GPU; torch's BertEmbeddings does the same), then LayerNorm, the encoder
@@ -283,9 +287,15 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
         return (h * maskf).sum(1)
 
     out = {"torch": torch.__version__, "attention": getattr(model.config, "_attn_implementation", "?"),
-           "compile_mode": compile_mode,
+           "compile_mode": compile_mode, "failed": {},
            "from": "the token ids (as fusebox): embedding lookup, LayerNorm, encoder, masked sum"}
     with torch.inference_mode():
+        ref = fwd().detach().clone()
+        if reference_sums is not None:  # eager's own check: against fusebox's pooled sums, same tokens
+            ok, detail = check_sums(ref, reference_sums)
+            out["eager_check"] = {"pass": ok, "detail": detail}
+            if not ok:
+                out["failed"]["eager"] = f"outputs differ from fusebox's: {detail}"
         out["eager"] = gpu_time_ms(fwd, warmup, iters)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -295,21 +305,47 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            fwd()
-        out["cuda_graph"] = gpu_time_ms(g.replay, warmup, iters)
-        if compile_too:
-            try:
-                import time
+            static = fwd()
+        g.replay()
+        torch.cuda.synchronize()
+        ok, detail = check_sums(static, ref)
+        if ok:
+            out["cuda_graph"] = gpu_time_ms(g.replay, warmup, iters)
+        else:
+            out["failed"]["cuda_graph"] = f"outputs differ from eager's: {detail}"
+    if compile_too:
+        from fusebox_tools import model_variants
 
-                t0 = time.time()
-                cf = torch.compile(fwd, mode=compile_mode)
-                cf()
-                torch.cuda.synchronize()
-                out["compile_s"] = round(time.time() - t0, 1)
-                out["compile"] = gpu_time_ms(cf, warmup, iters)
-            except Exception as e:  # reported, not fatal: the comparison is fusebox's
-                out["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        # compiled for inference as a server would: no_grad, Inductor's freezing, with and without CUDA graphs
+        variants = model_variants.compile_variants(fwd, compile_mode, lambda f: gpu_time_ms(f, warmup, iters),
+                                                   lambda got: check_sums(got, ref), freezing=freezing)
+        out["variants"] = variants
+        for key, rec in variants.items():
+            if "time" in rec:
+                out[key] = rec["time"]
+            else:
+                out["failed"][key] = rec.get("error", "not timed")
+        if "error" in variants["compile"]:
+            out["compile_error"] = variants["compile"]["error"]
+        out["compile_s"] = variants["compile"].get("compile_s")
+    else:
+        out["failed"].update({k: "not run (--no-compile)" for k in ("compile", "compile_cudagraphs")})
     return out
+
+
+# Two bf16 computations of the masked token sums (torch's variants, or torch against fusebox): the
+# runner's hidden-state bound (--max-rel-l2 default) on the sums.
+SUMS_REL_L2 = 0.03
+
+
+def check_sums(got, ref, max_rel_l2=SUMS_REL_L2):
+    """(ok, detail): relative L2 of two [B, hidden] masked sums (tensors or arrays)."""
+    g = np.asarray(got.double().cpu().numpy() if hasattr(got, "double") else got, np.float64)
+    r = np.asarray(ref.double().cpu().numpy() if hasattr(ref, "double") else ref, np.float64)
+    if g.shape != r.shape:
+        return False, f"shape {g.shape} against {r.shape}"
+    rel = float(np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30))
+    return rel <= max_rel_l2, f"rel_l2 {rel:.1e} (<= {max_rel_l2:g})"
 
 
 def _torch_bert(p, cfg, ids, mask, dev):
@@ -426,7 +462,10 @@ def main(argv=None):
                     help="time the same work in torch bf16: eager, CUDA graph, torch.compile (GPU)")
     ap.add_argument("--no-compile", action="store_true", help="with --torch-time: skip torch.compile")
     ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
-                    help="with --torch-time: torch.compile's mode (default max-autotune-no-cudagraphs)")
+                    help="with --torch-time: torch.compile's mode (default max-autotune-no-cudagraphs); "
+                         "reduce-overhead is timed beside it")
+    ap.add_argument("--no-freezing", action="store_true",
+                    help="with --torch-time: compile without Inductor's freezing (default: frozen, no_grad)")
     ap.add_argument("--min-cos", type=float, default=0.999)
     ap.add_argument("--max-rel-l2", type=float, default=0.03)
     ap.add_argument("--out", help="keep inputs and fusebox's saved buffers here (default: a temporary folder)")
@@ -488,7 +527,7 @@ def _embed(a):
            "lengths": lengths.tolist(), "seq": S, "hidden": cfg["hidden"],
            "computed_by": "numpy float32 reference (--no-fusebox)" if a.no_fusebox else "fusebox pipeline",
            "checks": [], "ok": True}
-    embeddings, hidden = None, None
+    embeddings, hidden, pooled_sums = None, None, None
 
     if not a.no_fusebox:
         try:
@@ -518,7 +557,8 @@ def _embed(a):
             print(line)
         last = f"h{cfg['layers']}"
         try:
-            embeddings = m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)
+            pooled_sums = np.load(os.path.join(run_dir, "pooled_sum.npy"))
+            embeddings = m.finish(pooled_sums, lengths)
             hidden = np.load(os.path.join(run_dir, f"{last}.npy")).reshape(B, S, cfg["hidden"])
         except (OSError, ValueError) as e:
             msg = f"fusebox pipeline run reported success but its saved outputs are unreadable ({e})"
@@ -547,17 +587,19 @@ def _embed(a):
             doc["checks"].append(compare_embeddings(what, embeddings, temb, lengths, hidden, thidden, a.min_cos,
                                                     a.max_rel_l2))
     if a.torch_time:
-        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile, compile_mode=a.compile_mode)
+        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile, compile_mode=a.compile_mode,
+                         freezing=not a.no_freezing,
+                         reference_sums=None if pooled_sums is None else pooled_sums.reshape(B, cfg["hidden"]))
         doc["torch_timing"] = t
         lat = (doc.get("fusebox") or {}).get("latency_ms") or {}
         print(f"torch {t['torch']} ({t['attention']} attention), GPU time per batch of {B} x {S} tokens, median:")
-        for k in ("eager", "cuda_graph", "compile"):
+        for k in ("eager", "cuda_graph", "compile", "compile_cudagraphs"):
             if k in t:
                 ratio = f"  (fusebox {lat['median']:.3f} ms: {t[k]['median'] / lat['median']:.2f}x)" if lat.get(
                     "median") else ""
                 print(f"  torch {k:<11} {t[k]['median']:.3f} ms{ratio}")
-        if "compile_error" in t:
-            print(f"  torch compile failed: {t['compile_error']}")
+        for k, err in (t.get("failed") or {}).items():
+            print(f"  torch {k} failed: {err}")
     for c in doc["checks"]:
         extra = f", last hidden state rel_l2 {c['hidden_rel_l2']:.2e}" if "hidden_rel_l2" in c else ""
         print(f"{'PASS' if c['pass'] else 'FAIL'} against {c['against']}: min cosine {c['min_cos']:.6f}, "
