@@ -58,6 +58,11 @@ DEFAULT_SENTENCES = [
 
 # --seq default: the batch's longest sentence rounded up to a multiple of this.
 SEQ_STEP = 16
+# Sentences per batch without --seq: sentence-transformers' encode(batch_size=32).
+DEFAULT_BATCH_SIZE = 32
+# The model's cut (sentence-transformers' own setting, in the model folder); without it the
+# model's positions (minilm_config.json max_pos, from config.json's max_position_embeddings).
+SBERT_CONFIG = "sentence_bert_config.json"
 
 # --file bounds: a sentence file is text a person wrote, not a corpus (embed a corpus in batches).
 MAX_FILE_BYTES = 16 << 20
@@ -93,11 +98,12 @@ def read_sentence_file(path, max_bytes=MAX_FILE_BYTES, max_sentences=MAX_SENTENC
     return sentences
 
 
-def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
+def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None, max_tokens=None):
     """(ids [B, S] int64 padded with [PAD]=0, lengths [B]) with BERT's special tokens.
-    A sentence longer than S tokens is cut to S, as sentence-transformers cuts at its
-    max_seq_length, with one warning line per sentence (`warn`, default stderr). An empty
-    sentence, or S beyond the model's `max_positions`, is a ValueError naming it."""
+    A sentence longer than `max_tokens` (default S; at most S) tokens is cut to it, as
+    sentence-transformers cuts at its max_seq_length ([SEP] kept last), with one warning line
+    per sentence (`warn`, default stderr). An empty sentence, or S beyond the model's
+    `max_positions`, is a ValueError naming it."""
     from tokenizers import Tokenizer
 
     if S > max_positions:
@@ -107,14 +113,15 @@ def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
     for i, text in enumerate(sentences):
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"sentence {i} is empty: nothing to embed (give text with at least one word)")
+    cut = min(S, max_tokens or S)
     tok = Tokenizer.from_file(tokenizer_json)
     tok.no_truncation()
     tok.no_padding()
     for i, e in enumerate(tok.encode_batch(sentences)):
-        if len(e.ids) > S:
+        if len(e.ids) > cut:
             (warn or (lambda msg: print(msg, file=sys.stderr)))(
-                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to S={S}")
-    tok.enable_truncation(max_length=S)
+                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to {cut}")
+    tok.enable_truncation(max_length=cut)
     tok.enable_padding(length=S, pad_id=0, pad_token="[PAD]")
     enc = tok.encode_batch(sentences)
     ids = np.array([e.ids for e in enc], dtype=np.int64)
@@ -127,6 +134,46 @@ def seq_bucket(longest, max_positions=512, step=SEQ_STEP):
     `step` (so that batches of similar lengths share a shape, hence a plan), at most the model's
     positions."""
     return max(step, min(max_positions, -(-int(longest) // step) * step))
+
+
+def max_seq_length(model_dir, cfg):
+    """(tokens, where from): the model's max_seq_length from sentence-transformers'
+    sentence_bert_config.json (256 for all-MiniLM-L6-v2) in the converted folder, its host/
+    (`minilm convert` copies it there) or the unpacked model beside it (../hf, where
+    scripts/fetch_minilm.sh puts it), at most the model's positions; without that file, the
+    positions (cfg["max_pos"], config.json's max_position_embeddings). A file that is not JSON
+    or holds a max_seq_length that is not a positive integer is a ValueError naming it."""
+    max_pos = int(cfg.get("max_pos", 512))
+    for d in (model_dir, os.path.join(model_dir, "host"),
+              os.path.join(os.path.dirname(os.path.abspath(model_dir)), "hf")):
+        path = os.path.join(d, SBERT_CONFIG)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                v = json.load(f).get("max_seq_length")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"{path}: not a sentence-transformers config ({e}): fix or remove it")
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{path}: max_seq_length {v!r} is not a positive integer")
+        return min(v, max_pos), path
+    return max_pos, f"{m.CONFIG_FILE} max_pos (the model's max_position_embeddings; no {SBERT_CONFIG})"
+
+
+def length_buckets(lengths, batch_size, max_positions=512, step=SEQ_STEP):
+    """[(indices, S)]: the sentences sorted by token count, longest first (ties in input order),
+    cut into batches of `batch_size`, each padded to its own longest (seq_bucket): what
+    sentence-transformers' encode does (it sorts by text length), so that a short sentence is
+    not padded to a long one's length. Putting results[k] at indices[k] restores input order."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    out = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        out.append((idx, seq_bucket(lengths[idx].max(), max_positions)))
+    return out
 
 
 def pipeline_for(model, B, S, static_pipeline=False, fused_qkv=False):
@@ -436,8 +483,18 @@ def main(argv=None):
     ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: MODEL/host/tokenizer.json)")
     ap.add_argument("--seq", type=int, default=None,
-                    help=f"S: tokens per sequence, padded (default: the longest sentence's, rounded up to a "
-                         f"multiple of {SEQ_STEP})")
+                    help="S: every sentence in one batch padded to S tokens (the benchmark's shapes; tokens "
+                         "beyond max_seq_length are cut all the same). Default: batches of --batch-size "
+                         "sentences of similar length, each padded to its longest (rounded up to a multiple "
+                         f"of {SEQ_STEP})")
+    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                    help="sentences per batch without --seq (default %(default)s, as sentence-transformers' "
+                         "encode): sorted by token count, batched, output in input order")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="pipeline run --no-cache: build every plan afresh (default: fusebox's persistent plan "
+                         "cache, --cache, else $FUSEBOX_CACHE, else $XDG_CACHE_HOME/fusebox/plans.sqlite or "
+                         "~/.cache/fusebox/plans.sqlite)")
+    ap.add_argument("--cache", help="the plan cache file pipeline run uses (default: fusebox's, see --no-cache)")
     ap.add_argument("--static-pipeline", action="store_true",
                     help="run the concrete pipeline minilm_b{B}_s{S}.json instead of the symbolic minilm.json")
     ap.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True,
@@ -498,7 +555,9 @@ def _sentences(a):
 
 
 def _embed(a):
-    """The runner's work: (exit code, report document)."""
+    """The runner's work: (exit code, report document). Without --seq the sentences are sorted by
+    token count and embedded in batches of --batch-size, each padded to its own longest
+    (length_buckets, as sentence-transformers' encode), the results put back in input order."""
     try:
         sentences = _sentences(a)
     except ValueError as e:
@@ -506,22 +565,82 @@ def _embed(a):
     if not os.path.isfile(os.path.join(a.model, m.CONFIG_FILE)):
         return _error(f"--model {a.model!r}: no {m.CONFIG_FILE} there: give the folder `python3 -m "
                       "fusebox_tools.minilm convert` wrote (docs/models.md)")
+    if a.batch_size < 1:
+        return _error(f"--batch-size {a.batch_size}: give a positive number of sentences per batch")
     try:
         p, cfg = m.load_converted(a.model)
         max_pos = int(cfg.get("max_pos", 512))
+        max_seq, max_seq_from = max_seq_length(a.model, cfg)
         tok = a.tokenizer or os.path.join(a.model, "host", "tokenizer.json")
-        if a.seq is None:  # dynamic: the batch's own length; padding beyond it is all [PAD]
-            ids, lengths = tokenize(tok, sentences, max_pos, max_positions=max_pos)
-            a.seq = seq_bucket(lengths.max(), max_pos)
-            ids = ids[:, :a.seq]
-        else:
-            ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos)
+        if a.seq is None:  # each batch its own length; padding beyond it is all [PAD]
+            ids, lengths = tokenize(tok, sentences, max_seq, max_positions=max_pos)
+            buckets = length_buckets(lengths, a.batch_size, max_pos)
+        else:  # one batch padded to S (the benchmark's shapes); still cut at max_seq_length
+            ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos, max_tokens=min(a.seq, max_seq))
+            buckets = [(np.arange(len(sentences)), a.seq)]
     except ImportError as e:
         return _error(f"{e}: the runner tokenizes with the `tokenizers` package (pip install tokenizers; "
                       "scripts/fetch_minilm.sh installs it)")
     except (m.MiniLMError, OSError, ValueError) as e:
         return _error(str(e))
-    B, S = len(sentences), a.seq
+    print(f"minilm_embed: max_seq_length {max_seq} tokens (from {max_seq_from}); {len(sentences)} sentences in "
+          f"{len(buckets)} batch{'es' if len(buckets) > 1 else ''}")
+    if len(buckets) == 1:
+        rc, doc = _embed_batch(a, p, cfg, tok, sentences, ids[:, :buckets[0][1]], lengths, buckets[0][1])
+    else:
+        rc, doc = _embed_buckets(a, p, cfg, tok, sentences, ids, lengths, buckets)
+    doc["max_seq_length"], doc["max_seq_length_from"] = max_seq, max_seq_from
+    doc["batches"] = doc.get("batches") or [{"size": len(sentences), "seq": buckets[0][1]}]
+    if a.json and "embeddings" in doc:
+        doc["cosine"] = m.cosine_matrix(np.asarray(doc["embeddings"])).tolist()
+    _dump(a.json_out, doc)
+    return rc, doc
+
+
+def _embed_buckets(a, p, cfg, tok, sentences, ids, lengths, buckets):
+    """Each bucket through _embed_batch; one document with the embeddings in input order."""
+    B = len(sentences)
+    doc = {"model": os.path.abspath(a.model), "tokenizer": os.path.abspath(tok), "sentences": sentences,
+           "lengths": lengths.tolist(), "seq": max(S for _, S in buckets), "hidden": cfg["hidden"],
+           "computed_by": "numpy float32 reference (--no-fusebox)" if a.no_fusebox else "fusebox pipeline",
+           "checks": [], "ok": True, "batches": []}
+    emb = np.zeros((B, cfg["hidden"]))
+    have = True
+    json_out, a.json_out = a.json_out, None  # the merged document is written once, by _embed
+    try:
+        for k, (idx, S) in enumerate(buckets):
+            print(f"minilm_embed: batch {k + 1}/{len(buckets)}: {len(idx)} sentences, S={S}")
+            rc, d = _embed_batch(a, p, cfg, tok, [sentences[i] for i in idx], ids[idx, :S], lengths[idx], S,
+                                 quiet=True)
+            entry = {"size": len(idx), "seq": S, "indices": [int(i) for i in idx], "fusebox": d.get("fusebox"),
+                     "checks": d.get("checks", [])}
+            if "torch_timing" in d:
+                entry["torch_timing"] = d["torch_timing"]
+            doc["batches"].append(entry)
+            doc["checks"] += [dict(c, batch=k) for c in d.get("checks", [])]
+            doc["ok"] = doc["ok"] and bool(d.get("ok")) and rc == 0
+            if d.get("error"):
+                doc.setdefault("error", d["error"])
+            if "embeddings" in d:
+                emb[idx] = np.asarray(d["embeddings"], np.float64)
+            else:
+                have = False
+            if rc != 0 and not d.get("checks"):  # a run failed (not a check): stop here
+                doc["ok"] = False
+                return rc, doc
+    finally:
+        a.json_out = json_out
+    if have:
+        doc["embeddings"] = emb.tolist()
+        if not a.json:
+            print("embeddings:")
+            print_similarities(sentences, emb)
+    return (0 if doc["ok"] else 1), doc
+
+
+def _embed_batch(a, p, cfg, tok, sentences, ids, lengths, S, quiet=False):
+    """One batch of B sentences padded to S tokens: fusebox's pipeline run and the checks asked for."""
+    B = len(sentences)
     print(f"minilm_embed: {B} sentences, S={S}, tokens per sentence {lengths.tolist()}")
     doc = {"model": os.path.abspath(a.model), "tokenizer": os.path.abspath(tok), "sentences": sentences,
            "lengths": lengths.tolist(), "seq": S, "hidden": cfg["hidden"],
@@ -536,7 +655,12 @@ def _embed(a):
             return _error(str(e))
         if a.static_shapes:
             extra = extra + ["--static-shapes"]
-        out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
+        out_dir = tempfile.mkdtemp(prefix="minilm_", dir=a.out) if a.out and quiet else (
+            a.out or tempfile.mkdtemp(prefix="minilm_"))
+        if a.no_cache:
+            extra = extra + ["--no-cache"]
+        elif a.cache:
+            extra = extra + ["--cache", a.cache]
         report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
                                       a.verify, a.iters, cuda_graph=a.cuda_graph, profile=a.profile,
                                       extra_args=extra, tune=a.tune)
@@ -566,13 +690,14 @@ def _embed(a):
             doc.update({"ok": False, "error": msg})
             _dump(a.json_out, doc)
             return 1, doc
-        print("embeddings from fusebox:")
-        print_similarities(sentences, embeddings)
+        if not quiet:
+            print("embeddings from fusebox:")
+            print_similarities(sentences, embeddings)
 
     ref = None
     if a.reference or a.no_fusebox:
         ref, ref_hidden, _ = m.reference(p, cfg, ids, lengths, S)
-        if embeddings is None:
+        if embeddings is None and not quiet:
             print("embeddings from the numpy float32 reference:")
             print_similarities(sentences, ref)
         else:
@@ -607,10 +732,8 @@ def _embed(a):
         doc["ok"] = doc["ok"] and c["pass"]
     if embeddings is not None:
         doc["embeddings"] = embeddings.tolist()
-    elif a.json and ref is not None:  # --no-fusebox --json: the reference's are the embeddings asked for
+    elif (a.json or quiet) and ref is not None:  # --no-fusebox --json: the reference's are the embeddings asked for
         doc["embeddings"] = np.asarray(ref, np.float64).tolist()
-    if a.json and "embeddings" in doc:
-        doc["cosine"] = m.cosine_matrix(np.asarray(doc["embeddings"])).tolist()
     _dump(a.json_out, doc)
     return (0 if doc["ok"] else 1), doc
 
