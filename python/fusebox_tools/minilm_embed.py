@@ -573,7 +573,8 @@ def _embed(a):
         max_seq, max_seq_from = max_seq_length(a.model, cfg)
         tok = a.tokenizer or os.path.join(a.model, "host", "tokenizer.json")
         if a.seq is None:  # each batch its own length; padding beyond it is all [PAD]
-            ids, lengths = tokenize(tok, sentences, max_seq, max_positions=max_pos)
+            ids, lengths = tokenize(tok, sentences, seq_bucket(max_seq, max_pos), max_positions=max_pos,
+                                    max_tokens=max_seq)
             buckets = length_buckets(lengths, a.batch_size, max_pos)
         else:  # one batch padded to S (the benchmark's shapes); still cut at max_seq_length
             ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos, max_tokens=min(a.seq, max_seq))
@@ -697,9 +698,10 @@ def _embed_batch(a, p, cfg, tok, sentences, ids, lengths, S, quiet=False):
     ref = None
     if a.reference or a.no_fusebox:
         ref, ref_hidden, _ = m.reference(p, cfg, ids, lengths, S)
-        if embeddings is None and not quiet:
-            print("embeddings from the numpy float32 reference:")
-            print_similarities(sentences, ref)
+        if embeddings is None:
+            if not quiet:
+                print("embeddings from the numpy float32 reference:")
+                print_similarities(sentences, ref)
         else:
             doc["checks"].append(compare_embeddings("numpy float32 reference", embeddings, ref, lengths, hidden,
                                                     ref_hidden, a.min_cos, a.max_rel_l2))
