@@ -488,7 +488,7 @@ def fusebox_check(args, path, graph, s, out_names):
             for name in graph.inputs():
                 t = s[name].detach()
                 files[name] = os.path.join(work, f"in_{name}.npy")
-                np.save(files[name], (t.float() if t.is_floating_point() else t).cpu().numpy())
+                np.save(files[name], np.ascontiguousarray((t.float() if t.is_floating_point() else t).cpu().numpy()))
             out_dir = os.path.join(work, "out")
             cmd = [args.fusebox, "run", path, "--json", "--inputs", ",".join(f"{n}={p}" for n, p in files.items()),
                    "--save-outputs", out_dir]
@@ -754,6 +754,18 @@ def bench_norm(path, graph, args, row):
     autograd = callable(compile_fn)  # rmsnorm_bwd: autograd.grad of a saved forward
     sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
     row["input_sets"] = len(sets)
+    rms_bwd = next((o for o in graph.ops if o["op"] == "rmsnorm_bwd"), None)
+    if rms_bwd is not None and "inv_variance" in rms_bwd["inputs"]:
+        # fusebox's op takes the forward's saved inv_variance; torch's autograd recomputes it from x:
+        # give fusebox the forward's own (1/sqrt(mean(x^2) + eps) of each set's x) so both compute one thing
+        dims = list(rms_bwd["attrs"]["normalized_dims"])
+        eps = float(rms_bwd["attrs"].get("epsilon", 1e-5))
+        with torch.no_grad():
+            for s in sets:
+                iv = s[rms_bwd["inputs"]["inv_variance"]]
+                x = s[rms_bwd["inputs"]["x"]].float()
+                iv.copy_(torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + eps).reshape(iv.shape))
+        notes.append("inv_variance input: the forward's own for each set's x (torch's autograd recomputes it)")
     if bn_prepare is not None:  # torch's form of the statistics, outside the timing
         for s in sets:
             bn_prepare(s)

@@ -661,7 +661,9 @@ def sdpa_care_masks(op, ins, out_dims):
 def embedding(ins):
     """fusebox's embedding op: y[n] = table[ids[n]] + add[n % P], rows of H; in the
     inputs' dtype (torch adds bf16 in fp32 and rounds once, as fusebox's kernel)."""
-    ids = ins["ids"].reshape(-1).long()
+    ids = ins["ids"].reshape(-1)
+    if ids.dtype not in (torch.int32, torch.int64):  # F.embedding takes either: no cast kernel for them
+        ids = ids.long()
     table = ins["table"].reshape(ins["table"].shape[0], -1)
     y = torch.nn.functional.embedding(ids, table)
     if "add" in ins:
