@@ -828,9 +828,10 @@ def plots(doc, stats, out_dir, rel_to=None):
     rows = doc["rows"]
     written = []
 
-    names = [r["name"] for r, s in zip(rows, stats) if s["speedup"]]
-    gpu = [s["speedup"] for s in stats if s["speedup"]]
-    lat = [s["latency_speedup"] or 0 for s in stats if s["speedup"]]
+    shown_rows = [s["speedup"] and s.get("complete", True) for s in stats]  # incomplete rows: no bar
+    names = [r["name"] for r, ok in zip(rows, shown_rows) if ok]
+    gpu = [s["speedup"] for s, ok in zip(stats, shown_rows) if ok]
+    lat = [s["latency_speedup"] or 0 for s, ok in zip(stats, shown_rows) if ok]
     if names:
         fig, ax = plt.subplots(figsize=(max(6, 0.3 * len(names) + 2), 6))
         xs = range(len(names))
@@ -849,7 +850,7 @@ def plots(doc, stats, out_dir, rel_to=None):
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.grid(axis="y", which="major", linewidth=0.3)
         ax.set_ylabel("speedup vs best PyTorch (log)")
-        ax.set_title(f"fusebox vs best PyTorch variant, {doc.get('gpu', '')} {doc.get('date', '')[:10]}")
+        ax.set_title(f"fusebox vs best PyTorch variant (complete rows), {doc.get('gpu', '')} {doc.get('date', '')[:10]}")
         ax.legend()
         fig.tight_layout()
         p = os.path.join(out_dir, "speedup.png")

@@ -23,13 +23,22 @@ Every row, both sides, the same two ways:
   latency    SAMPLES single calls, host clock from before the call until the
              GPU has finished it (synchronize): what an eager caller sees.
 fusebox: `fusebox run GRAPH --json --warmup W --iters CALLS --samples SAMPLES`
-(gpu_time_ms, host_latency_ms). torch: eager ops of the graph
-(fusebox_tools.torch_compare's, for sdpa F.scaled_dot_product_attention with
-the fastest backend of cuDNN/flash/efficient), torch.compile of them
-(mode max-autotune-no-cudagraphs) and a torch.cuda.CUDAGraph of the eager
-calls. Inputs: uniform in [-1, 1] on both sides (fusebox's random inputs),
-rotated through copies totalling more than twice the L2 on both sides. The
-GPU clocks (nvidia-smi) are recorded before and after each row.
+(gpu_time_ms, host_latency_ms). torch, four variants (issue 36): eager ops of
+the graph as a user calls them (fusebox_tools.torch_compare's; conv backward
+through aten.convolution_backward with the real x / w tensors in the graph's
+layout, as autograd calls it; for sdpa F.scaled_dot_product_attention with
+the fastest backend of cuDNN/flash/efficient; autograd.grad of a saved
+forward for RMSNorm and attention backwards), torch.compile of them in mode
+max-autotune-no-cudagraphs and in mode reduce-overhead (backwards: the forward
+compiled, autograd.grad through it; the compile time in "compile_s"), and a
+torch.cuda.CUDAGraph of the eager calls. Before a variant is timed its
+outputs are compared with eager's, and eager's with fusebox's on the same
+inputs (`fusebox run --inputs`), within twice fusebox's tolerance; a variant
+that fails is in the row's "torch_failed" with its error, and the report
+lists the row as incomplete. Inputs: uniform in fusebox's range for each
+input on both sides ([-1, 1] for most), rotated through copies totalling
+more than twice the L2 on both sides. The GPU clocks (nvidia-smi) are
+recorded before and after each row.
 
     python3 -m fusebox_tools.bench_run --part conv --out .bench/RUN/conv.json
 """
@@ -1567,7 +1576,8 @@ def main(argv=None):
                "gpu": torch.cuda.get_device_name(0), "versions": versions(args.fusebox), "peaks": {},
                "method": {"calls_per_sample": args.calls, "samples": args.samples, "latency_samples": args.samples,
                           "warmup": args.warmup, "l2": "input copies > 2x the 60 MiB L2, both sides",
-                          "compile_mode": COMPILE_MODE},
+                          "compile_mode": COMPILE_MODE, "compile_modes": dict(COMPILE_VARIANTS),
+                          "checks": "each torch variant against eager, eager against fusebox (issue 36)"},
                "rows": []}
     if args.part == "peaks":
         if doc.get("peaks") and not args.force:
