@@ -154,6 +154,7 @@ def fusebox_embed(fusebox, model, path, batch_size, cache_file):
     with $FUSEBOX_CACHE = cache_file."""
     cmd = [fusebox, "model", "embed", "--model", model, "--file", path, "--json", "--batch-size", str(batch_size)]
     env = dict(os.environ, FUSEBOX_CACHE=cache_file)
+    env.setdefault("FUSEBOX_PYTHON", sys.executable)  # the runner in this Python (numpy, tokenizers)
     print("st_compare: " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
