@@ -120,7 +120,8 @@ def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None, max_tok
     for i, e in enumerate(tok.encode_batch(sentences)):
         if len(e.ids) > cut:
             (warn or (lambda msg: print(msg, file=sys.stderr)))(
-                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to {cut}")
+                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to "
+                + (f"S={S}" if cut == S else f"{cut} (the model's max_seq_length)"))
     tok.enable_truncation(max_length=cut)
     tok.enable_padding(length=S, pad_id=0, pad_token="[PAD]")
     enc = tok.encode_batch(sentences)
