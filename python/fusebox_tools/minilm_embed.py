@@ -20,6 +20,13 @@ similarities of the sentences. Checks (each exits 1 on a mismatch):
 
 Sentences: the positional ones, then each --text, then each --file's non-empty
 lines (UTF-8), in that order; none: the examples below (or --batch B generated).
+As sentence-transformers' encode does (issue 36): each sentence is cut at the
+model's max_seq_length (sentence_bert_config.json, else the model's positions:
+max_seq_length()), and without --seq the sentences are sorted by token count
+and run in batches of --batch-size (32), each padded to its own longest
+(length_buckets), the embeddings returned in input order. Plans come from
+fusebox's persistent plan cache (`pipeline run`'s default; --cache F,
+--no-cache).
 --json writes one JSON document to stdout (the embeddings, their cosine matrix,
 the token counts, which path computed them) and the human text to stderr.
 `fusebox model embed ARGS...` runs this runner (docs/cli.md).
