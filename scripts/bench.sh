@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark on the GPU machine (issue 16): fusebox against PyTorch eager,
-# torch.compile (max-autotune-no-cudagraphs) and CUDA graphs, GPU time and
+# a manual CUDA graph, torch.compile max-autotune-no-cudagraphs and torch.compile
+# reduce-overhead (issue 36: every variant's outputs checked before it is timed; a row
+# missing one is "incomplete" and kept out of the means), GPU time and
 # per-call latency on both sides, the measured peaks for the roofline, then
 # bench/results/RUN.json, BENCHMARKS.md and bench/plots/*.png.
 #
@@ -9,7 +11,8 @@
 # Parts (run one per device-tool call: each fits in its 10 minutes):
 #   peaks    bf16 / FP8 matmul TFLOP/s and copy GB/s (about 1 min)
 #   conv     examples/graphs conv graphs (2-4 min: torch.compile max-autotune)
-#   conv_bwd examples/graphs conv_dgrad / conv_wgrad graphs (torch: aten convolution backward via torch.nn.grad)
+#   conv_bwd examples/graphs conv_dgrad / conv_wgrad graphs (torch: aten.convolution_backward with the
+#            real x / w tensor in the graph's layout, channels_last for NHWC, as autograd calls it)
 #   matmul   examples/graphs matmul graphs (2-4 min)
 #   norm     examples/graphs layernorm / rmsnorm / batchnorm graphs (torch: its native norm kernels)
 #   pool     examples/graphs max_pool / avg_pool / global_avg_pool graphs (torch: F.max_pool2d, F.adaptive_avg_pool2d)
@@ -24,6 +27,10 @@
 #            runs some rows (split the part over calls), MODEL_COMPILE_MODE=default compiles faster
 #   shapes   32 new shapes of each symbolic example (conv, matmul, sdpa), kernel cache
 #            against cold builds: `fusebox shapes` (issue 11; a few minutes)
+#   st       (not in the default PARTS) `fusebox model embed` against sentence-transformers on this
+#            GPU: cosine per sentence on examples/sentences/mixed.txt (>= 0.9999) and embeddings/s,
+#            cold and warm, on 1,000 sentences (fusebox_tools.st_compare; needs
+#            models/minilm/fusebox; $OUT/st_compare.json; a few minutes)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
@@ -82,6 +89,7 @@ for part in "${parts[@]}"; do
   T0=$SECONDS
   case " $BENCH_PARTS " in *" $part "*) is_bench=1 ;; *) is_bench=0 ;; esac
   [ "$part" = report ] && is_bench=report
+  [ "$part" = st ] && is_bench=st
   case "$is_bench" in
     1)
       echo "== $(date -u +%T) part $part"
@@ -105,8 +113,15 @@ for part in "${parts[@]}"; do
       cp "bench/results/$RUN.json" "$OUT/bench/results/" && cp BENCHMARKS.md "$OUT/"
       cp bench/plots/*.png "$OUT/bench/plots/" 2>/dev/null || true
       ;;
+    st)
+      echo "== $(date -u +%T) part st (fusebox model embed against sentence-transformers)"
+      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.st_compare --fusebox "$FB" \
+        --json-out "$OUT/st_compare.json" 2>&1 | tee "$WORK/st.log"
+      rc=${PIPESTATUS[0]}
+      [ "$rc" -eq 0 ] || { echo "bench: part st exited $rc"; fails=$((fails + 1)); }
+      ;;
     *)
-      echo "bench: unknown part '$part': accepted parts are ${BENCH_PARTS// /, }, report" >&2
+      echo "bench: unknown part '$part': accepted parts are ${BENCH_PARTS// /, }, st, report" >&2
       exit 2
       ;;
   esac

@@ -23,13 +23,22 @@ Every row, both sides, the same two ways:
   latency    SAMPLES single calls, host clock from before the call until the
              GPU has finished it (synchronize): what an eager caller sees.
 fusebox: `fusebox run GRAPH --json --warmup W --iters CALLS --samples SAMPLES`
-(gpu_time_ms, host_latency_ms). torch: eager ops of the graph
-(fusebox_tools.torch_compare's, for sdpa F.scaled_dot_product_attention with
-the fastest backend of cuDNN/flash/efficient), torch.compile of them
-(mode max-autotune-no-cudagraphs) and a torch.cuda.CUDAGraph of the eager
-calls. Inputs: uniform in [-1, 1] on both sides (fusebox's random inputs),
-rotated through copies totalling more than twice the L2 on both sides. The
-GPU clocks (nvidia-smi) are recorded before and after each row.
+(gpu_time_ms, host_latency_ms). torch, four variants (issue 36): eager ops of
+the graph as a user calls them (fusebox_tools.torch_compare's; conv backward
+through aten.convolution_backward with the real x / w tensors in the graph's
+layout, as autograd calls it; for sdpa F.scaled_dot_product_attention with
+the fastest backend of cuDNN/flash/efficient; autograd.grad of a saved
+forward for RMSNorm and attention backwards), torch.compile of them in mode
+max-autotune-no-cudagraphs and in mode reduce-overhead (backwards: the forward
+compiled, autograd.grad through it; the compile time in "compile_s"), and a
+torch.cuda.CUDAGraph of the eager calls. Before a variant is timed its
+outputs are compared with eager's, and eager's with fusebox's on the same
+inputs (`fusebox run --inputs`), within twice fusebox's tolerance; a variant
+that fails is in the row's "torch_failed" with its error, and the report
+lists the row as incomplete. Inputs: uniform in fusebox's range for each
+input on both sides ([-1, 1] for most), rotated through copies totalling
+more than twice the L2 on both sides. The GPU clocks (nvidia-smi) are
+recorded before and after each row.
 
     python3 -m fusebox_tools.bench_run --part conv --out .bench/RUN/conv.json
 """
@@ -164,12 +173,14 @@ def latency_samples(fn, sets, samples):
     return out
 
 
-def graph_variant(fn, sets, calls, samples, warmup, prepare=None):
+def graph_variant(fn, sets, calls, samples, warmup, prepare=None, check=None):
     """A torch.cuda.CUDAGraph of `calls` calls over the rotated sets: GPU time
     per call (replays between events) and latency (one replay of a one-call
     graph, synchronized). `prepare` (autograd backwards) redoes the forward on
     the capture stream first: autograd runs a backward op on its forward's
-    stream, so a forward left on the default stream breaks the capture."""
+    stream, so a forward left on the default stream breaks the capture.
+    `check(outputs)`: the one-call graph's outputs on sets[0], after one replay and
+    before any timing; it raises when they are not the eager ones."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -184,6 +195,10 @@ def graph_variant(fn, sets, calls, samples, warmup, prepare=None):
         keep = [fn(sets[k % len(sets)]) for k in range(calls)]
     with torch.cuda.graph(one, stream=s):
         keep.append(fn(sets[0]))
+    if check is not None:
+        one.replay()
+        torch.cuda.synchronize()
+        check(keep[-1])
     for _ in range(3):
         many.replay()
     torch.cuda.synchronize()
@@ -205,41 +220,151 @@ def graph_variant(fn, sets, calls, samples, warmup, prepare=None):
     return {"gpu_ms": gpu, "latency_ms": lat}
 
 
-def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True, prepare=None):
-    """eager, compile and cuda_graph timings of fn; a variant that fails is
-    None with the reason in notes. `prepare`: see graph_variant."""
+# The torch.compile variants every row times (issue 36): Inductor without CUDA graphs (autotuned
+# kernels; BENCH_COMPILE_MODE overrides its mode), and with them (reduce-overhead: Inductor's CUDA
+# graph trees). bench_report.TORCH_VARIANTS lists them with eager and the manual CUDA graph.
+COMPILE_VARIANTS = {"compile": COMPILE_MODE, "compile_cudagraphs": "reduce-overhead"}
+
+
+class VariantMismatch(Exception):
+    """A torch variant's outputs are not the eager ones (or eager's not fusebox's)."""
+
+
+def output_list(res):
+    """A function's outputs as a flat list of tensors (a tensor, a tuple or a list of them)."""
+    if torch.is_tensor(res):
+        return [res]
+    out = []
+    for r in res or []:
+        out += output_list(r) if isinstance(r, (list, tuple)) else [r]
+    return out
+
+
+def snapshot(res):
+    """Detached copies of the outputs (a CUDA graph or reduce-overhead rerun overwrites its own)."""
+    return [t.detach().clone() if torch.is_tensor(t) else t for t in output_list(res)]
+
+
+def compare_outputs(got, ref, tols, what="eager"):
+    """Whether each output matches the reference within twice the graph's tolerance for it (both
+    sides are each held to the tolerance against the exact result, so they may differ by twice
+    it). `tols`: [(rel_l2, max_abs_rel)] per output (the last one repeats). Elements that are not
+    finite must be so on both sides. Returns (ok, detail)."""
+    got, ref = output_list(got), output_list(ref)
+    if len(got) != len(ref):
+        return False, f"{len(got)} outputs, {what} gave {len(ref)}"
+    worst = []
+    for i, (g, r) in enumerate(zip(got, ref)):
+        if g is None or r is None:
+            if (g is None) != (r is None):
+                return False, f"output {i}: None on one side only"
+            continue
+        g64, r64 = g.detach().double().reshape(-1), r.detach().double().reshape(-1)
+        if g64.numel() != r64.numel():
+            return False, f"output {i}: {tuple(g.shape)} against {what}'s {tuple(r.shape)}"
+        fg, fr = torch.isfinite(g64), torch.isfinite(r64)
+        if not torch.equal(fg, fr):
+            return False, f"output {i}: {int((fg != fr).sum())} elements finite on one side only"
+        zero = torch.zeros((), dtype=torch.float64, device=g64.device)
+        g64, r64 = torch.where(fr, g64, zero), torch.where(fr, r64, zero)
+        d = g64 - r64
+        rn, rmax = float(r64.norm()), float(r64.abs().max()) if r64.numel() else 0.0
+        rel = float(d.norm()) / rn if rn > 0 else float(d.norm())
+        mar = (float(d.abs().max()) / rmax if rmax > 0 else float(d.abs().max())) if d.numel() else 0.0
+        rel_tol, max_tol = tols[min(i, len(tols) - 1)] if tols else (1e-2, 4e-2)
+        ok = rel <= 2 * rel_tol and mar <= 2 * max_tol
+        worst.append(f"output {i}: rel_l2 {rel:.1e} (<= {2 * rel_tol:.0e}), max_abs_rel {mar:.1e} "
+                     f"(<= {2 * max_tol:.0e})")
+        if not ok:
+            return False, f"against {what}: " + worst[-1]
+    return True, f"against {what}: " + "; ".join(worst)
+
+
+def torch_variants(fn, sets, args, notes, compile_fn=True, graph_ok=True, prepare=None, failed=None,
+                   tols=None, eager_check=None):
+    """The four torch variants of fn (bench_report.TORCH_VARIANTS): eager, torch.compile in each
+    COMPILE_VARIANTS mode (compile time in "compile_s") and a manual CUDA graph. Before a variant
+    is timed its outputs on sets[0] are compared with eager's (compare_outputs, `tols`), and
+    eager's with fusebox's where the caller gives `eager_check(outputs) -> (ok, detail)`.
+    A variant that raises or computes other values is None, its error in `failed` (the row's
+    "torch_failed") and the notes. `compile_fn`: True (torch.compile(fn)), or a callable
+    mode -> compiled function (autograd backwards: the forward compiled, autograd.grad through
+    it), or a string saying why the row cannot be compiled. `prepare`: see graph_variant."""
     out = {}
+    failed = {} if failed is None else failed
+
+    def fail(key, e):
+        msg = f"{type(e).__name__}: {first_line(e)}" if isinstance(e, Exception) else str(e)
+        failed[key] = msg
+        notes.append(f"torch {key} failed: {msg}")
+        if args.verbose and isinstance(e, Exception):
+            traceback.print_exc()
+
     try:
+        ref = snapshot(fn(sets[0]))
+        torch.cuda.synchronize()
+        if eager_check is not None:
+            ok, detail = eager_check(ref)
+            if ok is False:
+                raise VariantMismatch(f"eager differs from fusebox on the same inputs: {detail}")
+            if ok:
+                notes.append(f"torch eager checked against fusebox's outputs ({detail})")
+            else:
+                notes.append(f"torch eager not checked against fusebox: {detail}")
         out["eager"] = {"gpu_ms": gpu_samples(fn, sets, args.calls, args.samples, args.warmup),
                         "latency_ms": latency_samples(fn, sets, args.samples)}
     except Exception as e:
         out["eager"] = None
-        notes.append(f"torch eager failed: {type(e).__name__}: {first_line(e)}")
+        fail("eager", e)
+        for key in (*COMPILE_VARIANTS, "cuda_graph"):
+            out[key] = None
+            failed[key] = "not run: torch eager, its reference, failed"
         return out
-    out["compile"] = None
-    if compile_fn and not args.no_compile:
+
+    def check(res, key):
+        ok, detail = compare_outputs(res, ref, tols)
+        if not ok:
+            raise VariantMismatch(detail)
+        return {"pass": True, "detail": detail}
+
+    for key, mode in COMPILE_VARIANTS.items():
+        out[key] = None
+        if args.no_compile or isinstance(compile_fn, str) or compile_fn is False:
+            fail(key, "not run: " + ("--no-compile" if args.no_compile else str(compile_fn)))
+            continue
+        # An autograd backward under CUDA graph trees: one input set (a forward's saved tensors live in
+        # the tree's memory, which the next set's forward would overwrite); this favours torch.
+        csets = sets[:1] if callable(compile_fn) and "reduce-overhead" in mode else sets
         try:
+            torch._dynamo.reset()  # each mode compiles afresh (its compile time is its own)
             t0 = time.perf_counter()
-            c = torch.compile(fn, mode=COMPILE_MODE, dynamic=False)
-            for k in range(len(sets)):  # compiles (and autotunes) outside the timed region
-                c(sets[k])
+            c = compile_fn(mode) if callable(compile_fn) else torch.compile(fn, mode=mode, dynamic=False)
+            for k in range(len(csets)):  # compiles (and autotunes) outside the timed region
+                c(csets[k])
             torch.cuda.synchronize()
-            notes.append(f"torch.compile({COMPILE_MODE}) took {time.perf_counter() - t0:.0f} s")
-            out["compile"] = {"gpu_ms": gpu_samples(c, sets, args.calls, args.samples, args.warmup),
-                              "latency_ms": latency_samples(c, sets, args.samples)}
+            compile_s = time.perf_counter() - t0
+            notes.append(f"torch.compile({mode}) took {compile_s:.0f} s"
+                         + (" (timed on one input set)" if len(csets) < len(sets) else ""))
+            chk = check(snapshot(c(csets[0])), key)
+            out[key] = {"gpu_ms": gpu_samples(c, csets, args.calls, args.samples, args.warmup),
+                        "latency_ms": latency_samples(c, csets, args.samples), "compile_s": round(compile_s, 1),
+                        "mode": mode, "check": chk, "input_sets": len(csets)}
         except Exception as e:
-            notes.append(f"torch.compile skipped: {type(e).__name__}: {first_line(e)}")
-            if args.verbose:
-                traceback.print_exc()
+            out[key] = None
+            fail(key, e)
+        torch.cuda.synchronize()
     out["cuda_graph"] = None
     if graph_ok:
         try:
-            out["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup, prepare)
+            got = {}
+            out["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup, prepare,
+                                              check=lambda res: got.update(check=check(res, "cuda_graph")))
+            out["cuda_graph"]["check"] = got.get("check")
         except Exception as e:
-            notes.append(f"CUDA graph skipped: {type(e).__name__}: {first_line(e)}")
-            if args.verbose:
-                traceback.print_exc()
+            fail("cuda_graph", e)
             torch.cuda.synchronize()
+    else:
+        fail("cuda_graph", "not run: not capturable here")
     torch.cuda.synchronize()
     return out
 
@@ -352,16 +477,87 @@ def n_sets(graph):
     return max(1, min(int(2 * L2_BYTES / nbytes) + 1, 16, int(8 * (1 << 30) / nbytes)))
 
 
+def output_tolerances(graph, out_names):
+    """[(rel_l2, max_abs_rel)] fusebox's --verify allows for each named graph output (check --json);
+    an output with no graph counterpart (None) gets the first named one's."""
+    tols = [graph.tolerance(n) if n in graph.outputs() else None for n in out_names]
+    first = next((t for t in tols if t), (1e-2, 4e-2))
+    return [t or first for t in tols]
+
+
+def fusebox_check(args, path, graph, s, out_names):
+    """eager_check for torch_variants: `fusebox run --inputs` on the set `s` itself (its graph
+    inputs saved as .npy, float tensors as float32: exact for bf16/fp16), --save-outputs, then
+    each torch output that is a graph output (`out_names`, None: no counterpart) compared with
+    fusebox's (compare_outputs: twice the graph's tolerance). Returns (True/False, detail), or
+    (None, why) when the comparison could not be made."""
+    def check(eager_outs):
+        names = [n if n in graph.outputs() else None for n in out_names]
+        if not any(names):
+            return None, "none of torch's outputs is a graph output"
+        work = tempfile.mkdtemp(prefix="bench_check_")
+        try:
+            files = {}
+            for name in graph.inputs():
+                t = s[name].detach()
+                files[name] = os.path.join(work, f"in_{name}.npy")
+                np.save(files[name], np.ascontiguousarray((t.float() if t.is_floating_point() else t).cpu().numpy()))
+            out_dir = os.path.join(work, "out")
+            cmd = [args.fusebox, "run", path, "--json", "--inputs", ",".join(f"{n}={p}" for n, p in files.items()),
+                   "--save-outputs", out_dir]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            if proc.returncode != 0:
+                return None, f"fusebox run --inputs exited {proc.returncode}: {proc.stderr.strip()[-200:]}"
+            got, ref, tols, checked = [], [], [], []
+            for t, name in zip(output_list(eager_outs), names):
+                if name is None:
+                    continue
+                got.append(torch.from_numpy(np.load(os.path.join(out_dir, f"{name}.npy")).astype(np.float64)))
+                ref.append(t.detach().double().cpu())
+                tols.append(graph.tolerance(name))
+                checked.append(name)
+            ok, detail = compare_outputs(ref, got, tols, what="fusebox")
+            return ok, f"{', '.join(checked)}: {detail}"
+        except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+            return None, f"{type(e).__name__}: {first_line(e)}"
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return check
+
+
+def conv_bwd_operands(graph, sets, notes):
+    """The real tensor autograd would hand aten.convolution_backward beside dy: for conv_dgrad the
+    forward's input x (dims x_dims, in the layout of the graph's dx: channels_last for NHWC), for
+    conv_wgrad the weight (w_dims, in dw's layout), one per set under "_x:OP" / "_w:OP" (values
+    not read by the kernel; zeros). torch_compare.make_eager_fn passes them to torch_ops."""
+    for op in graph.ops:
+        if op["op"] not in ("conv_dgrad", "conv_wgrad"):
+            continue
+        role, out, dims_key = ("x", "dx", "x_dims") if op["op"] == "conv_dgrad" else ("w", "dw", "w_dims")
+        out_name = op["outputs"][out]
+        strides = graph.strides(out_name)
+        dtype = sets[0][op["inputs"]["dy"]].dtype
+        for st in sets:
+            st[f"_{role}:{op['name']}"] = torch.empty_strided(op["attrs"][dims_key], strides, dtype=dtype,
+                                                              device="cuda").zero_()
+        layout = "channels_last" if strides[1] == 1 and len(strides) > 3 else "contiguous"
+        notes.append(f"torch: aten.convolution_backward with a real {role} tensor ({layout}, as autograd "
+                     f"passes it), output mask {'dx' if role == 'x' else 'dw'} only")
+
+
 def bench_plain(path, graph, args, row):
     notes = row["notes"]
     row["fusebox"] = time_fusebox(args, path, {}, notes)
     fn = torch_compare.make_eager_fn(graph)
-    if family(graph) == "conv_bwd":
-        notes.append("torch: aten.convolution_backward (torch.nn.grad.conv*d_input / _weight), channels_last")
+    out_names = graph.outputs()
     with torch.no_grad():
         sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
+        if family(graph) == "conv_bwd":
+            conv_bwd_operands(graph, sets, notes)
         row["input_sets"] = len(sets)
-        row["torch"] = torch_variants(fn, sets, args, notes)
+        row["torch"] = torch_variants(fn, sets, args, notes, failed=row["torch_failed"],
+                                      tols=output_tolerances(graph, out_names),
+                                      eager_check=fusebox_check(args, path, graph, sets[0], out_names))
     del sets
 
 
@@ -382,10 +578,14 @@ def batchnorm_torch_fn(graph, op, notes):
     running_var = 1/inv_variance^2 - eps (computed once, outside the timing:
     cuDNN's op takes the inverse standard deviation, torch the variance), and
     aten.native_batch_norm_backward. A relu after the op is applied too (one
-    more kernel in eager; torch.compile may fuse it). Returns (fn, compile_ok)."""
+    more kernel in eager; torch.compile may fuse it). Returns (fn, prepare, the graph output
+    each of fn's outputs is)."""
     kind, a, t = op["op"], op["attrs"], op["inputs"]
     eps, momentum = float(a.get("epsilon", 1e-5)), float(a.get("momentum", 0.1))
     relu = _relu_after(graph, op)
+    y_name = op["outputs"].get("y")
+    if relu:
+        y_name = next(o["outputs"]["y"] for o in graph.ops if o["op"] == "relu" and o["inputs"].get("x") == y_name)
 
     def flat(x):
         return x.reshape(-1)
@@ -425,7 +625,8 @@ def batchnorm_torch_fn(graph, op, notes):
 
         def prepare(s):
             pass
-    return fn, prepare, True
+        return fn, prepare, [op["outputs"].get("dx"), op["outputs"].get("dscale"), op["outputs"].get("dbias")]
+    return fn, prepare, [y_name]
 
 
 def pool_torch_fn(graph, notes):
@@ -456,10 +657,14 @@ def bench_pool(path, graph, args, row):
     notes = row["notes"]
     row["fusebox"] = time_fusebox(args, path, {}, notes)
     fn = pool_torch_fn(graph, notes)
+    op = next(o for o in graph.ops if o["op"] in ("max_pool", "avg_pool", "global_avg_pool"))
+    out_names = [op["outputs"]["y"]]
     with torch.no_grad():
         sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
         row["input_sets"] = len(sets)
-        row["torch"] = torch_variants(fn, sets, args, notes)
+        row["torch"] = torch_variants(fn, sets, args, notes, failed=row["torch_failed"],
+                                      tols=output_tolerances(graph, out_names),
+                                      eager_check=fusebox_check(args, path, graph, sets[0], out_names))
     del sets
 
 
@@ -469,11 +674,13 @@ def norm_torch_fn(graph, notes):
     baseline): native_layer_norm (training: y, mean, rstd) or F.layer_norm,
     F.rms_norm, native_layer_norm_backward; rmsnorm_bwd as autograd.grad of a
     saved F.rms_norm forward (torch has no public RMS-norm backward op).
-    Returns (fn, compile_ok)."""
+    Returns (fn, the graph output each of fn's outputs is, compile: True, or for the backward
+    through autograd mode -> fn with the forward compiled in that mode)."""
     op = next(o for o in graph.ops if o["op"] in ("layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd"))
     if len(graph.ops) > 1:
         notes.append(f"graph has {len(graph.ops)} ops; torch times only '{op['name']}'")
     kind, a, t = op["op"], op["attrs"], op["inputs"]
+    o = op["outputs"]
     dims, eps = a["normalized_dims"], float(a.get("epsilon", 1e-5))
 
     def shape(x):
@@ -500,7 +707,7 @@ def norm_torch_fn(graph, notes):
             if training:
                 return list(torch.ops.aten.native_layer_norm(x, list(sh), w, b, eps))
             return [F.layer_norm(x, sh, w, b, eps)]
-        return fn, True
+        return fn, [o.get("y"), o.get("mean"), o.get("inv_variance")] if training else [o.get("y")], True
     if kind == "rmsnorm":
         if a["phase"] == "training":
             notes.append("torch: F.rms_norm returns no inv_variance (fusebox also writes it)")
@@ -510,7 +717,7 @@ def norm_torch_fn(graph, notes):
             sh = shape(x)
             y = F.rms_norm(x, sh, s[t["scale"]].reshape(sh), eps)
             return [y + s[t["bias"]].reshape(sh)] if "bias" in t else [y]
-        return fn, True
+        return fn, [o.get("y")], True
     if kind == "layernorm_bwd":
         notes.append("torch: aten.native_layer_norm_backward (dx, dscale, dbias)")
 
@@ -523,16 +730,28 @@ def norm_torch_fn(graph, notes):
             return list(torch.ops.aten.native_layer_norm_backward(
                 s[t["dy"]], x, list(sh), s[t["mean"]], s[t["inv_variance"]], w, s["_zero_bias"],
                 [True, True, True]))
-        return fn, True
-    notes.append("torch: autograd.grad of a saved F.rms_norm forward (dx, dscale); torch.compile not timed")
+        return fn, [o.get("dx"), o.get("dscale"), o.get("dbias")], True
+    notes.append("torch: autograd.grad of a saved F.rms_norm forward (dx, dscale); the compile variants "
+                 "compile that forward and time autograd.grad through the compiled graph's backward")
 
-    def fn(s):
-        if "_y" not in s:  # the forward, once per input set (bench_norm does it before any timing)
-            s["_xg"] = s[t["x"]].detach().requires_grad_(True)
-            s["_wg"] = s[t["scale"]].detach().reshape(shape(s["_xg"])).requires_grad_(True)
-            s["_y"] = F.rms_norm(s["_xg"], shape(s["_xg"]), s["_wg"], eps)
-        return torch.autograd.grad(s["_y"], (s["_xg"], s["_wg"]), s[t["dy"]], retain_graph=True)
-    return fn, False
+    def forward(s):
+        return F.rms_norm(s["_xg"], shape(s["_xg"]), s["_wg"], eps)
+
+    def backward_of(fwd, key):
+        def fn(s):
+            if "_xg" not in s:
+                s["_xg"] = s[t["x"]].detach().requires_grad_(True)
+                s["_wg"] = s[t["scale"]].detach().reshape(shape(s["_xg"])).requires_grad_(True)
+            if key not in s:  # the forward, once per input set (bench_norm does it before any timing)
+                with torch.enable_grad():
+                    s[key] = fwd(s)
+            return torch.autograd.grad(s[key], (s["_xg"], s["_wg"]), s[t["dy"]], retain_graph=True)
+        return fn
+
+    def compiled(mode):
+        return backward_of(torch.compile(forward, mode=mode, dynamic=False), "_y_" + mode)
+
+    return backward_of(forward, "_y"), [o.get("dx"), o.get("dscale")], compiled
 
 
 def bench_norm(path, graph, args, row):
@@ -541,11 +760,25 @@ def bench_norm(path, graph, args, row):
     bn = next((o for o in graph.ops if o["op"] in BATCHNORM_OPS), None)
     bn_prepare = None
     if bn is not None:
-        fn, bn_prepare, compile_ok = batchnorm_torch_fn(graph, bn, notes)
+        fn, bn_prepare, out_names = batchnorm_torch_fn(graph, bn, notes)
+        compile_fn = True
     else:
-        fn, compile_ok = norm_torch_fn(graph, notes)
+        fn, out_names, compile_fn = norm_torch_fn(graph, notes)
+    autograd = callable(compile_fn)  # rmsnorm_bwd: autograd.grad of a saved forward
     sets = torch_compare.make_input_sets(graph, n_sets(graph), "cuda")
     row["input_sets"] = len(sets)
+    rms_bwd = next((o for o in graph.ops if o["op"] == "rmsnorm_bwd"), None)
+    if rms_bwd is not None and "inv_variance" in rms_bwd["inputs"]:
+        # fusebox's op takes the forward's saved inv_variance; torch's autograd recomputes it from x:
+        # give fusebox the forward's own (1/sqrt(mean(x^2) + eps) of each set's x) so both compute one thing
+        dims = list(rms_bwd["attrs"]["normalized_dims"])
+        eps = float(rms_bwd["attrs"].get("epsilon", 1e-5))
+        with torch.no_grad():
+            for s in sets:
+                iv = s[rms_bwd["inputs"]["inv_variance"]]
+                x = s[rms_bwd["inputs"]["x"]].float()
+                iv.copy_(torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + eps).reshape(iv.shape))
+        notes.append("inv_variance input: the forward's own for each set's x (torch's autograd recomputes it)")
     if bn_prepare is not None:  # torch's form of the statistics, outside the timing
         for s in sets:
             bn_prepare(s)
@@ -560,9 +793,12 @@ def bench_norm(path, graph, args, row):
             with torch.enable_grad():
                 fn(s)
 
-    with torch.set_grad_enabled(not compile_ok):
-        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=compile_ok,
-                                      prepare=None if compile_ok else prepare)
+    # The fusebox check reads the set before torch's statistics are updated in place.
+    check = fusebox_check(args, path, graph, sets[0], out_names)
+    with torch.set_grad_enabled(autograd):
+        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=compile_fn,
+                                      prepare=prepare if autograd else None, failed=row["torch_failed"],
+                                      tols=output_tolerances(graph, out_names), eager_check=check)
     del sets
 
 
@@ -598,6 +834,7 @@ def bench_fp8_matmul(path, graph, args, row):
     if any(d != 1 for d in a_dims[:-2] + b_dims[:-2]):
         notes.append("torch: _scaled_mm is 2-D only; batch dims not timed")
         row["torch"] = None
+        row["torch_failed"]["eager"] = "torch._scaled_mm is 2-D only: this batched FP8 matmul has no torch baseline"
         return
     gen = torch.Generator(device="cuda").manual_seed(1234)
 
@@ -631,7 +868,8 @@ def bench_fp8_matmul(path, graph, args, row):
             notes.append(f"torch _scaled_mm with use_fast_accum=True: {sorted(fast_ms)[len(fast_ms) // 2] * 1e3:.1f} us")
         except Exception as e:
             notes.append(f"torch use_fast_accum=True failed: {type(e).__name__}: {first_line(e)}")
-        row["torch"] = torch_variants(make_fn(False), sets, args, notes)
+        row["torch"] = torch_variants(make_fn(False), sets, args, notes, failed=row["torch_failed"],
+                                      tols=output_tolerances(graph, [plan["y"]]))
     del sets
 
 
@@ -711,15 +949,30 @@ def bench_sdpa(path, graph, args, row):
     if backward:
         def fn(s):
             return torch.autograd.grad(s["out"], (s["q"], s["k"], s["v"]), s["do"], retain_graph=True)
+
+        def compile_fn(mode):  # the forward compiled; autograd.grad through its compiled backward
+            cf, key = torch.compile(fwd, mode=mode, dynamic=False), "out_" + mode
+
+            def fnc(s):
+                if key not in s:
+                    s[key] = cf(s)
+                return torch.autograd.grad(s[key], (s["q"], s["k"], s["v"]), s["do"], retain_graph=True)
+            return fnc
+        out_names = [op["outputs"].get(r) for r in ("dq", "dk", "dv")]
     else:
-        fn = fwd
+        fn, compile_fn = fwd, True
+        out_names = [op["outputs"].get("o")]
+    tols = output_tolerances(graph, out_names)
+    notes.append("torch variants checked against torch eager (inputs: sdpa_compare's; eager SDPA against "
+                 "fusebox: python3 -m fusebox_tools.sdpa_compare / crosscheck)")
 
     # A block mask: torch's block-sparse attention is flex_attention with a BlockMask of the same
     # 128 x 128 tiles (its SDPA would compute every tile under a dense mask).
     if "block_mask" in op["inputs"] and not backward:
         flex = flex_block_fn(graph, op, sdpa_compare.block_mask_bytes(graph, op, arrays), kw, groups > 1, notes)
         if flex is not None:
-            row["torch"] = torch_variants(flex, sets, args, notes, compile_fn=True, graph_ok=True)
+            row["torch"] = torch_variants(flex, sets, args, notes, compile_fn=True, graph_ok=True,
+                                          failed=row["torch_failed"], tols=tols)
             del sets
             return
 
@@ -736,16 +989,18 @@ def bench_sdpa(path, graph, args, row):
             notes.append(f"torch {b} refused: {first_line(e)[:120]}")
     if best is None:
         row["torch"] = None
+        row["torch_failed"]["eager"] = "every SDPA backend refused the shape"
         return
     notes.append(f"torch backend: {best} (fastest of those that accepted)")
     with sdpa_compare.backend_ctx(best):
         prepare()
-        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=not backward, graph_ok=True,
-                                      prepare=prepare if backward else None)
+        row["torch"] = torch_variants(fn, sets, args, notes, compile_fn=compile_fn, graph_ok=True,
+                                      prepare=prepare if backward else None, failed=row["torch_failed"],
+                                      tols=tols)
         if backward and row["torch"].get("eager") and row["torch"].get("cuda_graph") is None and best == "cudnn":
             direct_bwd_graph(sets, kw, extra, fn, args, row["torch"], notes)
-    if backward:
-        notes.append("torch.compile not timed for the backward (autograd.grad of a saved forward)")
+            if row["torch"].get("cuda_graph"):
+                row["torch_failed"].pop("cuda_graph", None)
     del sets
 
 
@@ -815,6 +1070,7 @@ def direct_bwd_graph(sets, kw, extra, autograd_fn, args, torch_row, notes):
             notes.append(f"direct aten backward differs from autograd's (rel_l2 {worst:.1e}): CUDA graph not timed")
             return
         torch_row["cuda_graph"] = graph_variant(fn, sets, args.calls, args.samples, args.warmup)
+        torch_row["cuda_graph"]["check"] = {"pass": True, "detail": f"against autograd's: rel_l2 {worst:.1e}"}
         notes.append("torch CUDA graph: aten._scaled_dot_product_cudnn_attention_backward captured directly "
                      f"(the eager row's kernel; gradients equal autograd's to rel_l2 {worst:.1e})")
     except Exception as e:
@@ -830,7 +1086,8 @@ def bench_graph(path, args):
     graph = Graph.load(path, args.fusebox)
     q = graph.sdpa_ops()[0]["inputs"]["q"] if graph.sdpa_ops() else graph.inputs()[0]
     row = {"family": family(graph), "name": graph.name, "graph": os.path.relpath(path), "flops": graph.flops,
-           "bytes": graph.bytes, "dtype": graph.dtype(q), "notes": [], "clocks": {"before": clocks()}}
+           "bytes": graph.bytes, "dtype": graph.dtype(q), "notes": [], "torch_failed": {},
+           "clocks": {"before": clocks()}}
     t0 = time.perf_counter()
     try:
         if graph.sdpa_ops():
@@ -1010,7 +1267,7 @@ def runtime_part(args):
         row["clocks"] = {"before": clocks()}
         fn, x = conv_chain(row["batch"], row["layers"], row["channels"], row["hw"])
         row_notes = []
-        row["torch"] = torch_variants(fn, [x], args, row_notes)
+        row["torch"] = torch_variants(fn, [x], args, row_notes, failed=row.setdefault("torch_failed", {}))
         row["clocks"]["after"] = clocks()
         row["notes"] = row.get("notes", []) + row_notes + [
             "no input rotation on either side: the chain's activations stay in the L2"]
@@ -1156,29 +1413,37 @@ def model_selection(env=None):
 
 
 def model_row(name, res):
-    """One models row from a checker's JSON: GPU ms (median) per variant, verified."""
+    """One models row from a checker's JSON: GPU ms (median) per variant, verified; the compiled
+    variants' compile seconds ("compile_s"), whether they were frozen, and the variants that
+    failed (errored, or computed other values) with their errors ("torch_failed")."""
     if "gpu_time_ms" in res:  # resnet50_check
         t = res["gpu_time_ms"]
         pick = lambda k: (t.get(k) or {}).get("median")  # noqa: E731
         fb = {"cuda_graph": pick("fusebox_pipeline_cuda_graph"), "eager": pick("fusebox_pipeline_eager")}
         torch_ms = {"eager": pick("torch_eager_bf16"), "cuda_graph": pick("torch_cuda_graph_bf16"),
-                    "compile": pick("torch_compile_bf16")}
+                    "compile": pick("torch_compile_bf16"), "compile_cudagraphs": pick("torch_compile_cudagraphs_bf16")}
         verified = bool(res.get("ok"))
         check = res.get("fusebox_vs_fp32")
         compile_mode = res.get("torch_compile_mode")
         compile_error = res.get("torch_compile_error")
         stage_verify = (res.get("fusebox") or {}).get("stage_verify")
+        variants = res.get("torch_compile") or {}
+        failed = dict(res.get("torch_failed") or {})
     else:  # minilm_embed
         f = res.get("fusebox") or {}
         fb = {"cuda_graph": (f.get("latency_ms") or {}).get("median") if f.get("cuda_graph") else None,
               "eager": ((f.get("eager_latency_ms") or f.get("latency_ms")) or {}).get("median")}
         tt = res.get("torch_timing") or {}
-        torch_ms = {k: (tt.get(k) or {}).get("median") for k in ("eager", "cuda_graph", "compile")}
+        torch_ms = {k: (tt.get(k) or {}).get("median") for k in ("eager", "cuda_graph", "compile", "compile_cudagraphs")}
         verified = bool(res.get("ok"))
         check = (res.get("checks") or [None])[-1]
         compile_mode = tt.get("compile_mode")
         compile_error = tt.get("compile_error")
         stage_verify = None
+        variants = tt.get("variants") or {}
+        failed = dict(tt.get("failed") or {})
+    for k in failed:  # a failed variant's time (if any) is no baseline
+        torch_ms[k] = None
     best_fb = min([v for v in fb.values() if v] or [None]) if any(fb.values()) else None
     best_torch = min([v for v in torch_ms.values() if v] or [None]) if any(torch_ms.values()) else None
     row = {"name": name, "fusebox_ms": fb, "torch_ms": torch_ms, "verified": verified, "check": check,
@@ -1187,6 +1452,11 @@ def model_row(name, res):
         row["compile_mode"] = compile_mode
     if compile_error:
         row["compile_error"] = compile_error
+    if failed:
+        row["torch_failed"] = failed
+    if variants:
+        row["compile_s"] = {k: v.get("compile_s") for k, v in variants.items() if v.get("compile_s") is not None}
+        row["freezing"] = all(v.get("freezing") for v in variants.values())
     if stage_verify is not None:
         row["stage_verify"] = stage_verify
     return row
@@ -1310,7 +1580,8 @@ def main(argv=None):
                "gpu": torch.cuda.get_device_name(0), "versions": versions(args.fusebox), "peaks": {},
                "method": {"calls_per_sample": args.calls, "samples": args.samples, "latency_samples": args.samples,
                           "warmup": args.warmup, "l2": "input copies > 2x the 60 MiB L2, both sides",
-                          "compile_mode": COMPILE_MODE},
+                          "compile_mode": COMPILE_MODE, "compile_modes": dict(COMPILE_VARIANTS),
+                          "checks": "each torch variant against eager, eager against fusebox (issue 36)"},
                "rows": []}
     if args.part == "peaks":
         if doc.get("peaks") and not args.force:

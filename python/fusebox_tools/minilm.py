@@ -783,6 +783,10 @@ def main(argv=None):
             n = write_weights(p, cfg, a.out)
             # The runner's tokenizer travels with the converted weights (one folder to carry).
             shutil.copyfile(os.path.join(a.model, "tokenizer.json"), os.path.join(a.out, "host", "tokenizer.json"))
+            # ... and its cut (max_seq_length), which the runner follows as sentence-transformers does.
+            sbert = os.path.join(a.model, "sentence_bert_config.json")
+            if os.path.isfile(sbert):
+                shutil.copyfile(sbert, os.path.join(a.out, "host", "sentence_bert_config.json"))
             path = write_pipeline(a.out, a.batch, a.seq)
             dyn = write_dynamic_pipeline(a.out)
             print(f"minilm: wrote {n / 1e6:.1f} MB of weights into {a.out}; pipelines {dyn} (every shape: "

@@ -20,6 +20,13 @@ similarities of the sentences. Checks (each exits 1 on a mismatch):
 
 Sentences: the positional ones, then each --text, then each --file's non-empty
 lines (UTF-8), in that order; none: the examples below (or --batch B generated).
+As sentence-transformers' encode does (issue 36): each sentence is cut at the
+model's max_seq_length (sentence_bert_config.json, else the model's positions:
+max_seq_length()), and without --seq the sentences are sorted by token count
+and run in batches of --batch-size (32), each padded to its own longest
+(length_buckets), the embeddings returned in input order. Plans come from
+fusebox's persistent plan cache (`pipeline run`'s default; --cache F,
+--no-cache).
 --json writes one JSON document to stdout (the embeddings, their cosine matrix,
 the token counts, which path computed them) and the human text to stderr.
 `fusebox model embed ARGS...` runs this runner (docs/cli.md).
@@ -58,6 +65,11 @@ DEFAULT_SENTENCES = [
 
 # --seq default: the batch's longest sentence rounded up to a multiple of this.
 SEQ_STEP = 16
+# Sentences per batch without --seq: sentence-transformers' encode(batch_size=32).
+DEFAULT_BATCH_SIZE = 32
+# The model's cut (sentence-transformers' own setting, in the model folder); without it the
+# model's positions (minilm_config.json max_pos, from config.json's max_position_embeddings).
+SBERT_CONFIG = "sentence_bert_config.json"
 
 # --file bounds: a sentence file is text a person wrote, not a corpus (embed a corpus in batches).
 MAX_FILE_BYTES = 16 << 20
@@ -93,11 +105,12 @@ def read_sentence_file(path, max_bytes=MAX_FILE_BYTES, max_sentences=MAX_SENTENC
     return sentences
 
 
-def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
+def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None, max_tokens=None):
     """(ids [B, S] int64 padded with [PAD]=0, lengths [B]) with BERT's special tokens.
-    A sentence longer than S tokens is cut to S, as sentence-transformers cuts at its
-    max_seq_length, with one warning line per sentence (`warn`, default stderr). An empty
-    sentence, or S beyond the model's `max_positions`, is a ValueError naming it."""
+    A sentence longer than `max_tokens` (default S; at most S) tokens is cut to it, as
+    sentence-transformers cuts at its max_seq_length ([SEP] kept last), with one warning line
+    per sentence (`warn`, default stderr). An empty sentence, or S beyond the model's
+    `max_positions`, is a ValueError naming it."""
     from tokenizers import Tokenizer
 
     if S > max_positions:
@@ -107,14 +120,16 @@ def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None):
     for i, text in enumerate(sentences):
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"sentence {i} is empty: nothing to embed (give text with at least one word)")
+    cut = min(S, max_tokens or S)
     tok = Tokenizer.from_file(tokenizer_json)
     tok.no_truncation()
     tok.no_padding()
     for i, e in enumerate(tok.encode_batch(sentences)):
-        if len(e.ids) > S:
+        if len(e.ids) > cut:
             (warn or (lambda msg: print(msg, file=sys.stderr)))(
-                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to S={S}")
-    tok.enable_truncation(max_length=S)
+                f"minilm_embed: warning: sentence {i} has {len(e.ids)} tokens; truncated to "
+                + (f"S={S}" if cut == S else f"{cut} (the model's max_seq_length)"))
+    tok.enable_truncation(max_length=cut)
     tok.enable_padding(length=S, pad_id=0, pad_token="[PAD]")
     enc = tok.encode_batch(sentences)
     ids = np.array([e.ids for e in enc], dtype=np.int64)
@@ -127,6 +142,46 @@ def seq_bucket(longest, max_positions=512, step=SEQ_STEP):
     `step` (so that batches of similar lengths share a shape, hence a plan), at most the model's
     positions."""
     return max(step, min(max_positions, -(-int(longest) // step) * step))
+
+
+def max_seq_length(model_dir, cfg):
+    """(tokens, where from): the model's max_seq_length from sentence-transformers'
+    sentence_bert_config.json (256 for all-MiniLM-L6-v2) in the converted folder, its host/
+    (`minilm convert` copies it there) or the unpacked model beside it (../hf, where
+    scripts/fetch_minilm.sh puts it), at most the model's positions; without that file, the
+    positions (cfg["max_pos"], config.json's max_position_embeddings). A file that is not JSON
+    or holds a max_seq_length that is not a positive integer is a ValueError naming it."""
+    max_pos = int(cfg.get("max_pos", 512))
+    for d in (model_dir, os.path.join(model_dir, "host"),
+              os.path.join(os.path.dirname(os.path.abspath(model_dir)), "hf")):
+        path = os.path.join(d, SBERT_CONFIG)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                v = json.load(f).get("max_seq_length")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"{path}: not a sentence-transformers config ({e}): fix or remove it")
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{path}: max_seq_length {v!r} is not a positive integer")
+        return min(v, max_pos), path
+    return max_pos, f"{m.CONFIG_FILE} max_pos (the model's max_position_embeddings; no {SBERT_CONFIG})"
+
+
+def length_buckets(lengths, batch_size, max_positions=512, step=SEQ_STEP):
+    """[(indices, S)]: the sentences sorted by token count, longest first (ties in input order),
+    cut into batches of `batch_size`, each padded to its own longest (seq_bucket): what
+    sentence-transformers' encode does (it sorts by text length), so that a short sentence is
+    not padded to a long one's length. Putting results[k] at indices[k] restores input order."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    out = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        out.append((idx, seq_bucket(lengths[idx].max(), max_positions)))
+    return out
 
 
 def pipeline_for(model, B, S, static_pipeline=False, fused_qkv=False):
@@ -250,13 +305,17 @@ def _hf_bert(p, cfg, ids, mask, dev):
 
 
 def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
-                 compile_mode="max-autotune-no-cudagraphs"):
+                 compile_mode="max-autotune-no-cudagraphs", freezing=True, reference_sums=None):
     """GPU time of the same work in PyTorch, timed as fusebox's pipeline is
     (CUDA events around each call, median): transformers' BertModel in bf16
     with its default (SDPA) attention and the padding mask, plus the masked
     sum over tokens that fusebox's pool stage computes; eager, as one
-    torch.cuda.CUDAGraph, and torch.compile (compile_mode, default
-    max-autotune-no-cudagraphs: the CUDA graph is the variant beside it).
+    torch.cuda.CUDAGraph, and the two torch.compile variants of
+    fusebox_tools.model_variants (compile_mode, default max-autotune-no-cudagraphs,
+    and reduce-overhead; compiled under no_grad with Inductor's freezing unless
+    `freezing` is False). Every variant's sums are checked against eager's before
+    it is timed, and eager's against `reference_sums` (fusebox's pooled sums of the
+    same tokens) when given; a failed variant is in "failed" with its error.
     The same work as fusebox's pipeline: both start from the token ids (fusebox's
     embed stage looks up the word rows and adds the position and token-type rows
     on the GPU; torch's BertEmbeddings does the same), then LayerNorm, the encoder
@@ -283,9 +342,15 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
         return (h * maskf).sum(1)
 
     out = {"torch": torch.__version__, "attention": getattr(model.config, "_attn_implementation", "?"),
-           "compile_mode": compile_mode,
+           "compile_mode": compile_mode, "failed": {},
            "from": "the token ids (as fusebox): embedding lookup, LayerNorm, encoder, masked sum"}
     with torch.inference_mode():
+        ref = fwd().detach().clone()
+        if reference_sums is not None:  # eager's own check: against fusebox's pooled sums, same tokens
+            ok, detail = check_sums(ref, reference_sums)
+            out["eager_check"] = {"pass": ok, "detail": detail}
+            if not ok:
+                out["failed"]["eager"] = f"outputs differ from fusebox's: {detail}"
         out["eager"] = gpu_time_ms(fwd, warmup, iters)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -295,21 +360,47 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            fwd()
-        out["cuda_graph"] = gpu_time_ms(g.replay, warmup, iters)
-        if compile_too:
-            try:
-                import time
+            static = fwd()
+        g.replay()
+        torch.cuda.synchronize()
+        ok, detail = check_sums(static, ref)
+        if ok:
+            out["cuda_graph"] = gpu_time_ms(g.replay, warmup, iters)
+        else:
+            out["failed"]["cuda_graph"] = f"outputs differ from eager's: {detail}"
+    if compile_too:
+        from fusebox_tools import model_variants
 
-                t0 = time.time()
-                cf = torch.compile(fwd, mode=compile_mode)
-                cf()
-                torch.cuda.synchronize()
-                out["compile_s"] = round(time.time() - t0, 1)
-                out["compile"] = gpu_time_ms(cf, warmup, iters)
-            except Exception as e:  # reported, not fatal: the comparison is fusebox's
-                out["compile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        # compiled for inference as a server would: no_grad, Inductor's freezing, with and without CUDA graphs
+        variants = model_variants.compile_variants(fwd, compile_mode, lambda f: gpu_time_ms(f, warmup, iters),
+                                                   lambda got: check_sums(got, ref), freezing=freezing)
+        out["variants"] = variants
+        for key, rec in variants.items():
+            if "time" in rec:
+                out[key] = rec["time"]
+            else:
+                out["failed"][key] = rec.get("error", "not timed")
+        if "error" in variants["compile"]:
+            out["compile_error"] = variants["compile"]["error"]
+        out["compile_s"] = variants["compile"].get("compile_s")
+    else:
+        out["failed"].update({k: "not run (--no-compile)" for k in ("compile", "compile_cudagraphs")})
     return out
+
+
+# Two bf16 computations of the masked token sums (torch's variants, or torch against fusebox): the
+# runner's hidden-state bound (--max-rel-l2 default) on the sums.
+SUMS_REL_L2 = 0.03
+
+
+def check_sums(got, ref, max_rel_l2=SUMS_REL_L2):
+    """(ok, detail): relative L2 of two [B, hidden] masked sums (tensors or arrays)."""
+    g = np.asarray(got.double().cpu().numpy() if hasattr(got, "double") else got, np.float64)
+    r = np.asarray(ref.double().cpu().numpy() if hasattr(ref, "double") else ref, np.float64)
+    if g.shape != r.shape:
+        return False, f"shape {g.shape} against {r.shape}"
+    rel = float(np.linalg.norm(g - r) / max(np.linalg.norm(r), 1e-30))
+    return rel <= max_rel_l2, f"rel_l2 {rel:.1e} (<= {max_rel_l2:g})"
 
 
 def _torch_bert(p, cfg, ids, mask, dev):
@@ -400,8 +491,18 @@ def main(argv=None):
     ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: MODEL/host/tokenizer.json)")
     ap.add_argument("--seq", type=int, default=None,
-                    help=f"S: tokens per sequence, padded (default: the longest sentence's, rounded up to a "
-                         f"multiple of {SEQ_STEP})")
+                    help="S: every sentence in one batch padded to S tokens (the benchmark's shapes; tokens "
+                         "beyond max_seq_length are cut all the same). Default: batches of --batch-size "
+                         "sentences of similar length, each padded to its longest (rounded up to a multiple "
+                         f"of {SEQ_STEP})")
+    ap.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                    help="sentences per batch without --seq (default %(default)s, as sentence-transformers' "
+                         "encode): sorted by token count, batched, output in input order")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="pipeline run --no-cache: build every plan afresh (default: fusebox's persistent plan "
+                         "cache, --cache, else $FUSEBOX_CACHE, else $XDG_CACHE_HOME/fusebox/plans.sqlite or "
+                         "~/.cache/fusebox/plans.sqlite)")
+    ap.add_argument("--cache", help="the plan cache file pipeline run uses (default: fusebox's, see --no-cache)")
     ap.add_argument("--static-pipeline", action="store_true",
                     help="run the concrete pipeline minilm_b{B}_s{S}.json instead of the symbolic minilm.json")
     ap.add_argument("--fused-qkv", action=argparse.BooleanOptionalAction, default=True,
@@ -426,7 +527,10 @@ def main(argv=None):
                     help="time the same work in torch bf16: eager, CUDA graph, torch.compile (GPU)")
     ap.add_argument("--no-compile", action="store_true", help="with --torch-time: skip torch.compile")
     ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
-                    help="with --torch-time: torch.compile's mode (default max-autotune-no-cudagraphs)")
+                    help="with --torch-time: torch.compile's mode (default max-autotune-no-cudagraphs); "
+                         "reduce-overhead is timed beside it")
+    ap.add_argument("--no-freezing", action="store_true",
+                    help="with --torch-time: compile without Inductor's freezing (default: frozen, no_grad)")
     ap.add_argument("--min-cos", type=float, default=0.999)
     ap.add_argument("--max-rel-l2", type=float, default=0.03)
     ap.add_argument("--out", help="keep inputs and fusebox's saved buffers here (default: a temporary folder)")
@@ -459,7 +563,9 @@ def _sentences(a):
 
 
 def _embed(a):
-    """The runner's work: (exit code, report document)."""
+    """The runner's work: (exit code, report document). Without --seq the sentences are sorted by
+    token count and embedded in batches of --batch-size, each padded to its own longest
+    (length_buckets, as sentence-transformers' encode), the results put back in input order."""
     try:
         sentences = _sentences(a)
     except ValueError as e:
@@ -467,28 +573,89 @@ def _embed(a):
     if not os.path.isfile(os.path.join(a.model, m.CONFIG_FILE)):
         return _error(f"--model {a.model!r}: no {m.CONFIG_FILE} there: give the folder `python3 -m "
                       "fusebox_tools.minilm convert` wrote (docs/models.md)")
+    if a.batch_size < 1:
+        return _error(f"--batch-size {a.batch_size}: give a positive number of sentences per batch")
     try:
         p, cfg = m.load_converted(a.model)
         max_pos = int(cfg.get("max_pos", 512))
+        max_seq, max_seq_from = max_seq_length(a.model, cfg)
         tok = a.tokenizer or os.path.join(a.model, "host", "tokenizer.json")
-        if a.seq is None:  # dynamic: the batch's own length; padding beyond it is all [PAD]
-            ids, lengths = tokenize(tok, sentences, max_pos, max_positions=max_pos)
-            a.seq = seq_bucket(lengths.max(), max_pos)
-            ids = ids[:, :a.seq]
-        else:
-            ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos)
+        if a.seq is None:  # each batch its own length; padding beyond it is all [PAD]
+            ids, lengths = tokenize(tok, sentences, seq_bucket(max_seq, max_pos), max_positions=max_pos,
+                                    max_tokens=max_seq)
+            buckets = length_buckets(lengths, a.batch_size, max_pos)
+        else:  # one batch padded to S (the benchmark's shapes); still cut at max_seq_length
+            ids, lengths = tokenize(tok, sentences, a.seq, max_positions=max_pos, max_tokens=min(a.seq, max_seq))
+            buckets = [(np.arange(len(sentences)), a.seq)]
     except ImportError as e:
         return _error(f"{e}: the runner tokenizes with the `tokenizers` package (pip install tokenizers; "
                       "scripts/fetch_minilm.sh installs it)")
     except (m.MiniLMError, OSError, ValueError) as e:
         return _error(str(e))
-    B, S = len(sentences), a.seq
+    print(f"minilm_embed: max_seq_length {max_seq} tokens (from {max_seq_from}); {len(sentences)} sentences in "
+          f"{len(buckets)} batch{'es' if len(buckets) > 1 else ''}")
+    if len(buckets) == 1:
+        rc, doc = _embed_batch(a, p, cfg, tok, sentences, ids[:, :buckets[0][1]], lengths, buckets[0][1])
+    else:
+        rc, doc = _embed_buckets(a, p, cfg, tok, sentences, ids, lengths, buckets)
+    doc["max_seq_length"], doc["max_seq_length_from"] = max_seq, max_seq_from
+    doc["batches"] = doc.get("batches") or [{"size": len(sentences), "seq": buckets[0][1]}]
+    if a.json and "embeddings" in doc:
+        doc["cosine"] = m.cosine_matrix(np.asarray(doc["embeddings"])).tolist()
+    _dump(a.json_out, doc)
+    return rc, doc
+
+
+def _embed_buckets(a, p, cfg, tok, sentences, ids, lengths, buckets):
+    """Each bucket through _embed_batch; one document with the embeddings in input order."""
+    B = len(sentences)
+    doc = {"model": os.path.abspath(a.model), "tokenizer": os.path.abspath(tok), "sentences": sentences,
+           "lengths": lengths.tolist(), "seq": max(S for _, S in buckets), "hidden": cfg["hidden"],
+           "computed_by": "numpy float32 reference (--no-fusebox)" if a.no_fusebox else "fusebox pipeline",
+           "checks": [], "ok": True, "batches": []}
+    emb = np.zeros((B, cfg["hidden"]))
+    have = True
+    json_out, a.json_out = a.json_out, None  # the merged document is written once, by _embed
+    try:
+        for k, (idx, S) in enumerate(buckets):
+            print(f"minilm_embed: batch {k + 1}/{len(buckets)}: {len(idx)} sentences, S={S}")
+            rc, d = _embed_batch(a, p, cfg, tok, [sentences[i] for i in idx], ids[idx, :S], lengths[idx], S,
+                                 quiet=True)
+            entry = {"size": len(idx), "seq": S, "indices": [int(i) for i in idx], "fusebox": d.get("fusebox"),
+                     "checks": d.get("checks", [])}
+            if "torch_timing" in d:
+                entry["torch_timing"] = d["torch_timing"]
+            doc["batches"].append(entry)
+            doc["checks"] += [dict(c, batch=k) for c in d.get("checks", [])]
+            doc["ok"] = doc["ok"] and bool(d.get("ok")) and rc == 0
+            if d.get("error"):
+                doc.setdefault("error", d["error"])
+            if "embeddings" in d:
+                emb[idx] = np.asarray(d["embeddings"], np.float64)
+            else:
+                have = False
+            if rc != 0 and not d.get("checks"):  # a run failed (not a check): stop here
+                doc["ok"] = False
+                return rc, doc
+    finally:
+        a.json_out = json_out
+    if have:
+        doc["embeddings"] = emb.tolist()
+        if not a.json:
+            print("embeddings:")
+            print_similarities(sentences, emb)
+    return (0 if doc["ok"] else 1), doc
+
+
+def _embed_batch(a, p, cfg, tok, sentences, ids, lengths, S, quiet=False):
+    """One batch of B sentences padded to S tokens: fusebox's pipeline run and the checks asked for."""
+    B = len(sentences)
     print(f"minilm_embed: {B} sentences, S={S}, tokens per sentence {lengths.tolist()}")
     doc = {"model": os.path.abspath(a.model), "tokenizer": os.path.abspath(tok), "sentences": sentences,
            "lengths": lengths.tolist(), "seq": S, "hidden": cfg["hidden"],
            "computed_by": "numpy float32 reference (--no-fusebox)" if a.no_fusebox else "fusebox pipeline",
            "checks": [], "ok": True}
-    embeddings, hidden = None, None
+    embeddings, hidden, pooled_sums = None, None, None
 
     if not a.no_fusebox:
         try:
@@ -497,7 +664,12 @@ def _embed(a):
             return _error(str(e))
         if a.static_shapes:
             extra = extra + ["--static-shapes"]
-        out_dir = a.out or tempfile.mkdtemp(prefix="minilm_")
+        out_dir = tempfile.mkdtemp(prefix="minilm_", dir=a.out) if a.out and quiet else (
+            a.out or tempfile.mkdtemp(prefix="minilm_"))
+        if a.no_cache:
+            extra = extra + ["--no-cache"]
+        elif a.cache:
+            extra = extra + ["--cache", a.cache]
         report, run_dir = run_fusebox(pipeline, m.pipeline_inputs(p, ids, lengths, S), out_dir, a.fusebox,
                                       a.verify, a.iters, cuda_graph=a.cuda_graph, profile=a.profile,
                                       extra_args=extra, tune=a.tune)
@@ -518,7 +690,8 @@ def _embed(a):
             print(line)
         last = f"h{cfg['layers']}"
         try:
-            embeddings = m.finish(np.load(os.path.join(run_dir, "pooled_sum.npy")), lengths)
+            pooled_sums = np.load(os.path.join(run_dir, "pooled_sum.npy"))
+            embeddings = m.finish(pooled_sums, lengths)
             hidden = np.load(os.path.join(run_dir, f"{last}.npy")).reshape(B, S, cfg["hidden"])
         except (OSError, ValueError) as e:
             msg = f"fusebox pipeline run reported success but its saved outputs are unreadable ({e})"
@@ -526,15 +699,17 @@ def _embed(a):
             doc.update({"ok": False, "error": msg})
             _dump(a.json_out, doc)
             return 1, doc
-        print("embeddings from fusebox:")
-        print_similarities(sentences, embeddings)
+        if not quiet:
+            print("embeddings from fusebox:")
+            print_similarities(sentences, embeddings)
 
     ref = None
     if a.reference or a.no_fusebox:
         ref, ref_hidden, _ = m.reference(p, cfg, ids, lengths, S)
         if embeddings is None:
-            print("embeddings from the numpy float32 reference:")
-            print_similarities(sentences, ref)
+            if not quiet:
+                print("embeddings from the numpy float32 reference:")
+                print_similarities(sentences, ref)
         else:
             doc["checks"].append(compare_embeddings("numpy float32 reference", embeddings, ref, lengths, hidden,
                                                     ref_hidden, a.min_cos, a.max_rel_l2))
@@ -547,17 +722,19 @@ def _embed(a):
             doc["checks"].append(compare_embeddings(what, embeddings, temb, lengths, hidden, thidden, a.min_cos,
                                                     a.max_rel_l2))
     if a.torch_time:
-        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile, compile_mode=a.compile_mode)
+        t = torch_timing(p, cfg, ids, lengths, S, compile_too=not a.no_compile, compile_mode=a.compile_mode,
+                         freezing=not a.no_freezing,
+                         reference_sums=None if pooled_sums is None else pooled_sums.reshape(B, cfg["hidden"]))
         doc["torch_timing"] = t
         lat = (doc.get("fusebox") or {}).get("latency_ms") or {}
         print(f"torch {t['torch']} ({t['attention']} attention), GPU time per batch of {B} x {S} tokens, median:")
-        for k in ("eager", "cuda_graph", "compile"):
+        for k in ("eager", "cuda_graph", "compile", "compile_cudagraphs"):
             if k in t:
                 ratio = f"  (fusebox {lat['median']:.3f} ms: {t[k]['median'] / lat['median']:.2f}x)" if lat.get(
                     "median") else ""
                 print(f"  torch {k:<11} {t[k]['median']:.3f} ms{ratio}")
-        if "compile_error" in t:
-            print(f"  torch compile failed: {t['compile_error']}")
+        for k, err in (t.get("failed") or {}).items():
+            print(f"  torch {k} failed: {err}")
     for c in doc["checks"]:
         extra = f", last hidden state rel_l2 {c['hidden_rel_l2']:.2e}" if "hidden_rel_l2" in c else ""
         print(f"{'PASS' if c['pass'] else 'FAIL'} against {c['against']}: min cosine {c['min_cos']:.6f}, "
@@ -565,10 +742,8 @@ def _embed(a):
         doc["ok"] = doc["ok"] and c["pass"]
     if embeddings is not None:
         doc["embeddings"] = embeddings.tolist()
-    elif a.json and ref is not None:  # --no-fusebox --json: the reference's are the embeddings asked for
+    elif (a.json or quiet) and ref is not None:  # --no-fusebox --json: the reference's are the embeddings asked for
         doc["embeddings"] = np.asarray(ref, np.float64).tolist()
-    if a.json and "embeddings" in doc:
-        doc["cosine"] = m.cosine_matrix(np.asarray(doc["embeddings"])).tolist()
     _dump(a.json_out, doc)
     return (0 if doc["ok"] else 1), doc
 

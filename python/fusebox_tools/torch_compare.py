@@ -39,15 +39,27 @@ def default_graphs():
 
 
 def make_input_sets(graph, n_sets, device):
-    """Random inputs in each tensor's dtype with the graph's strides."""
+    """Random inputs in each tensor's dtype with the graph's strides, drawn from the range fusebox
+    draws them from (`check --json` random_lo/random_hi: [-1, 1] for most tensors, positive for
+    variances and scales, [lo, hi] integers for int tensors), so that both sides compute on inputs
+    alike and bench_run can hand a set to `fusebox run --inputs` to compare outputs."""
+    from fusebox_tools.graph import INT_DTYPES
+
+    int_types = {"int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
     sets = []
     gen = torch.Generator(device=device).manual_seed(1234)
     for _ in range(n_sets):
         s = {}
         for name in graph.inputs():
-            dt = TORCH_DTYPES.get(graph.dtype(name), torch.float32)
-            t = torch.empty_strided(graph.dims[name], graph.strides(name), dtype=dt, device=device)
-            t.copy_(torch.rand(graph.dims[name], generator=gen, device=device) * 2 - 1)
+            dt_name = graph.dtype(name)
+            lo, hi = graph.random_range(name)
+            if dt_name in INT_DTYPES:
+                t = torch.empty_strided(graph.dims[name], graph.strides(name), dtype=int_types[dt_name], device=device)
+                t.copy_(torch.randint(int(lo), int(hi) + 1, graph.dims[name], generator=gen, device=device))
+            else:
+                dt = TORCH_DTYPES.get(dt_name, torch.float32)
+                t = torch.empty_strided(graph.dims[name], graph.strides(name), dtype=dt, device=device)
+                t.copy_(torch.rand(graph.dims[name], generator=gen, device=device) * (hi - lo) + lo)
             s[name] = t
         sets.append(s)
     return sets
@@ -64,6 +76,11 @@ def make_eager_fn(graph):
         vals.update(scalars)
         for op in ops:
             i = {role: vals[t] for role, t in op["inputs"].items()}
+            # conv backward: the real tensor of the other operand (bench_run puts one per set under
+            # "_x:OP" / "_w:OP", in the graph's layout), as autograd hands it to aten
+            for role in ("x", "w"):
+                if f"_{role}:{op['name']}" in vals:
+                    i.setdefault(role, vals[f"_{role}:{op['name']}"])
             res = apply_op(op, i)
             if not isinstance(res, dict):
                 res = {"y": res}

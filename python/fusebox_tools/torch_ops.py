@@ -24,18 +24,42 @@ def conv(x, w, op):
     return fn(x, w, groups=groups, **_conv_geometry(op))
 
 
-def conv_dgrad(dy, w, op):
-    """dL/dx of conv(x, w) given dy = dL/dy; x's dims are the op's "x_dims"."""
-    x_dims = op["attrs"]["x_dims"]
-    fn = {1: torch.nn.grad.conv1d_input, 2: torch.nn.grad.conv2d_input, 3: torch.nn.grad.conv3d_input}[dy.dim() - 2]
-    return fn(list(x_dims), w, dy, groups=x_dims[1] // w.shape[1], **_conv_geometry(op))
+def _like_memory_format(t):
+    """channels_last(_3d) when t is laid out so (an NHWC graph), else contiguous."""
+    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous():
+        return torch.channels_last
+    if t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d) and not t.is_contiguous():
+        return torch.channels_last_3d
+    return torch.contiguous_format
 
 
-def conv_wgrad(dy, x, op):
-    """dL/dw of conv(x, w) given dy = dL/dy; w's dims are the op's "w_dims"."""
-    w_dims = op["attrs"]["w_dims"]
-    fn = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight, 3: torch.nn.grad.conv3d_weight}[dy.dim() - 2]
-    return fn(x, list(w_dims), dy, groups=x.shape[1] // w_dims[1], **_conv_geometry(op))
+def _conv_backward(dy, x, w, op, mask):
+    """aten.convolution_backward as autograd calls it: real x and w tensors in their layouts
+    (torch.nn.grad.conv*d_input/_weight hand aten a zero-stride expanded tensor instead, for which
+    torch picks a slow path: issue 36)."""
+    a = op["attrs"]
+    groups = x.shape[1] // w.shape[1]
+    nsp = dy.dim() - 2
+    return torch.ops.aten.convolution_backward(dy, x, w, None, list(a["stride"]), list(a["padding"]),
+                                               list(a["dilation"]), False, [0] * nsp, groups, mask)
+
+
+def conv_dgrad(dy, w, op, x=None):
+    """dL/dx of conv(x, w) given dy = dL/dy; x's dims are the op's "x_dims". `x`: a real tensor of
+    those dims in the layout dx should have (its values are not read); default one in dy's layout."""
+    if x is None:
+        x = torch.zeros(op["attrs"]["x_dims"], dtype=dy.dtype, device=dy.device).contiguous(
+            memory_format=_like_memory_format(dy))
+    return _conv_backward(dy, x, w, op, [True, False, False])[0]
+
+
+def conv_wgrad(dy, x, op, w=None):
+    """dL/dw of conv(x, w) given dy = dL/dy; w's dims are the op's "w_dims". `w`: a real tensor of
+    those dims in the layout dw should have (values not read); default one in x's layout."""
+    if w is None:
+        w = torch.zeros(op["attrs"]["w_dims"], dtype=dy.dtype, device=dy.device).contiguous(
+            memory_format=_like_memory_format(x))
+    return _conv_backward(dy, x, w, op, [False, True, False])[1]
 
 
 _POINTWISE = {
@@ -637,7 +661,9 @@ def sdpa_care_masks(op, ins, out_dims):
 def embedding(ins):
     """fusebox's embedding op: y[n] = table[ids[n]] + add[n % P], rows of H; in the
     inputs' dtype (torch adds bf16 in fp32 and rounds once, as fusebox's kernel)."""
-    ids = ins["ids"].reshape(-1).long()
+    ids = ins["ids"].reshape(-1)
+    if ids.dtype not in (torch.int32, torch.int64):  # F.embedding takes either: no cast kernel for them
+        ids = ids.long()
     table = ins["table"].reshape(ins["table"].shape[0], -1)
     y = torch.nn.functional.embedding(ids, table)
     if "add" in ins:
@@ -685,9 +711,9 @@ def apply_op(op, ins, dtypes=None):
     if kind == "conv_fprop":
         return conv(ins["x"], ins["w"], op)
     if kind == "conv_dgrad":
-        return {"dx": conv_dgrad(ins["dy"], ins["w"], op)}
+        return {"dx": conv_dgrad(ins["dy"], ins["w"], op, ins.get("x"))}
     if kind == "conv_wgrad":
-        return {"dw": conv_wgrad(ins["dy"], ins["x"], op)}
+        return {"dw": conv_wgrad(ins["dy"], ins["x"], op, ins.get("w"))}
     if kind == "matmul":
         return torch.matmul(ins["a"], ins["b"])
     if kind in REDUCTION_OPS:

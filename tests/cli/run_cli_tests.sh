@@ -647,6 +647,12 @@ if [ "$RC" -ne 0 ] || ! grep -q -- "--text TEXT" "$TMP/stdout" || ! grep -q -- "
   fail "model embed --help" "exit 0 and the options (--text, --file, --json) on stdout expected"
 else pass "model embed --help"
 fi
+# issue 36: the client's batching, its cut and its plan cache are documented where a user looks
+if ! grep -q -- "--batch-size N" "$TMP/stdout" || ! grep -q "max_seq_length" "$TMP/stdout" \
+   || ! grep -q -- "--no-cache" "$TMP/stdout"; then
+  fail "model embed --help (issue 36)" "--batch-size, max_seq_length and --no-cache in the help expected"
+else pass "model embed --help (issue 36)"
+fi
 FUSEBOX_PYTHON=/nonexistent/python expect_bad "model embed: FUSEBOX_PYTHON missing" \
   "fusebox model embed: InvalidArgument: no Python interpreter '/nonexistent/python' \(from \\\$FUSEBOX_PYTHON\)" \
   model embed --text hi

@@ -60,6 +60,86 @@ def test_headline_is_against_the_best_torch_gpu_time():
     assert st["latency_speedup"] == pytest.approx(4.0 / 3.0)
 
 
+def full_row(name, family, fb, eager, compile_, compile_cg, graph, compile_s=(30.0, 12.0)):
+    """A row with all four torch variants timed (the shape bench_run writes since issue 36)."""
+    r = row(fb, eager=eager, compile_=compile_, graph=graph)
+    r["name"], r["family"] = name, family
+    r["torch"]["compile"]["compile_s"] = compile_s[0]
+    r["torch"]["compile_cudagraphs"] = {"gpu_ms": compile_cg, "latency_ms": [x * 2 for x in compile_cg],
+                                        "compile_s": compile_s[1]}
+    return r
+
+
+def test_failed_variant_makes_the_row_incomplete_and_keeps_it_out_of_the_means():
+    good = full_row("conv_a", "conv", [1.0], [3.0], [2.0], [1.5], [2.5])
+    bad = full_row("conv_b", "conv", [1.0], [9.0], [9.0], [9.0], [9.0])
+    bad["torch"]["compile_cudagraphs"] = None
+    bad["torch_failed"] = {"compile_cudagraphs": "RuntimeError: CUDA graphs: accessing overwritten output"}
+    rows = [good, bad]
+    stats = [br.row_stats(r) for r in rows]
+    assert stats[0]["complete"] and stats[0]["incomplete"] == []
+    assert stats[0]["best_torch"] == "compile_cudagraphs" and stats[0]["speedup"] == pytest.approx(1.5)
+    assert not stats[1]["complete"]
+    assert stats[1]["incomplete"] == [("compile_cudagraphs",
+                                       "failed: RuntimeError: CUDA graphs: accessing overwritten output")]
+    fams = br.family_geomeans(rows, stats)
+    # the mean is the complete row's alone (with the bad one it would be sqrt(1.5 * 9))
+    assert fams["conv"] == {"speedup": pytest.approx(1.5), "latency_speedup": pytest.approx(1.0), "rows": 1,
+                            "incomplete": 1}
+    doc = {"date": "2026-12-05T00:00:00Z", "gpu": "NVIDIA H200", "rows": rows}
+    text = br.markdown(doc, stats)
+    lines = text.splitlines()
+    start = lines.index("### Incomplete rows (not in the means)")
+    table = lines[start:lines.index("", start + 2)]
+    assert any(ln.startswith("| conv | conv_b | compile (CG): failed: RuntimeError") for ln in table), table
+    assert not any("conv_a" in ln for ln in table)
+    assert "| conv | 1 | 1 | 1.50x |" in text
+    # a complete row alone: included, and nothing listed as incomplete
+    st = [br.row_stats(good)]
+    assert br.family_geomeans([good], st)["conv"]["rows"] == 1
+    assert "All rows are complete." in br.markdown({"rows": [good]}, st)
+
+
+def test_missing_variant_or_mismatched_outputs_make_the_row_incomplete():
+    r = row([1.0], eager=[2.0], compile_=[1.5], graph=[1.8])  # no reduce-overhead variant recorded
+    assert br.row_stats(r)["incomplete"] == [("compile_cudagraphs", "not timed (no result recorded)")]
+    r = full_row("x", "f", [1.0], [2.0], [1.5], [1.2], [1.8])
+    r["torch"]["cuda_graph"]["check"] = {"pass": False, "detail": "y: rel_l2 3.0e-01 > 2.0e-02"}
+    assert br.row_stats(r)["incomplete"] == [("cuda_graph", "outputs differ: y: rel_l2 3.0e-01 > 2.0e-02")]
+    r = full_row("x", "f", [1.0], [2.0], [1.5], [1.2], [1.8])
+    r["fusebox"] = None
+    assert br.row_stats(r)["incomplete"] == [("fusebox", "not timed")]
+
+
+def test_failed_variant_is_never_the_best_torch():
+    r = full_row("x", "f", [1.0], [2.0], [1.5], [0.1], [1.8])  # samples left behind by a failed variant
+    r["torch_failed"] = {"compile_cudagraphs": "outputs differ"}
+    st = br.row_stats(r)
+    assert st["best_torch"] == "compile" and st["speedup"] == pytest.approx(1.5)
+
+
+def test_compile_time_is_shown_beside_the_speed():
+    r = full_row("mm", "matmul", [1.0], [2.0], [1.5], [1.2], [1.8], compile_s=(95.4, 20.2))
+    lines = br.compile_time_markdown([r], [br.row_stats(r)])
+    assert "| mm | 95 s | 1500.0 | 20 s | 1200.0 |" in lines
+    # rows from before the compile time was recorded: no table
+    old = row([1.0], eager=[2.0], compile_=[1.5], graph=[1.8])
+    assert br.compile_time_markdown([old], [br.row_stats(old)]) == []
+
+
+def test_model_row_with_failed_variant_is_listed_incomplete():
+    m = {"name": "resnet50_b32", "fusebox_ms": {"cuda_graph": 10.0, "eager": 11.0},
+         "torch_ms": {"eager": 20.0, "cuda_graph": 14.0, "compile": 13.0, "compile_cudagraphs": None},
+         "torch_failed": {"compile_cudagraphs": "outputs differ from eager: rel_l2 1e-1"}, "verified": True,
+         "speedup": 1.3}
+    assert br.model_incomplete_reasons(m) == [("compile_cudagraphs",
+                                               "failed: outputs differ from eager: rel_l2 1e-1")]
+    lines = br.incomplete_markdown([], [], [m])
+    assert any(ln.startswith("| models | resnet50_b32 | compile (CG): failed: outputs differ") for ln in lines)
+    row_line = next(ln for ln in br.models_markdown([m]) if ln.startswith("| resnet50_b32"))
+    assert "| failed |" in row_line and "| incomplete |" in row_line
+
+
 def test_missing_sides_give_no_ratio():
     st = br.row_stats(row([1.0]))
     assert st["best_torch"] is None and st["speedup"] is None
@@ -90,6 +170,8 @@ def test_family_geomeans_and_regressions_on_fixtures():
     stats = [br.row_stats(r, new["peaks"]) for r in new["rows"]]
     fams = br.family_geomeans(new["rows"], stats)
     assert set(fams) == {"conv", "matmul", "sdpa"} and fams["conv"]["rows"] == 2
+    # sdpa_fp8_fwd's compile variants failed: incomplete, so its family has no mean
+    assert fams["sdpa"] == {"speedup": None, "latency_speedup": None, "rows": 0, "incomplete": 1}
     conv = [s["speedup"] for r, s in zip(new["rows"], stats) if r["family"] == "conv"]
     assert fams["conv"]["speedup"] == pytest.approx(math.sqrt(conv[0] * conv[1]))
     flagged, changes = br.regressions(new["rows"], stats, old)
@@ -344,10 +426,12 @@ def test_shapes_part_merges_and_reports(tmp_path):
 def test_models_part_merges_and_reports(tmp_path):
     a, b = br.load(OLD), br.load(NEW)
     a["models"] = [{"name": "resnet50_b8", "fusebox_ms": {"cuda_graph": 0.6, "eager": 0.7},
-                    "torch_ms": {"eager": 5.0, "cuda_graph": 1.2, "compile": 1.8}, "verified": True, "speedup": 2.0}]
+                    "torch_ms": {"eager": 5.0, "cuda_graph": 1.2, "compile": 1.8, "compile_cudagraphs": 1.1},
+                    "verified": True, "speedup": 2.0}]
     b["rows"] = []
     b["models"] = [{"name": "resnet50_b8", "fusebox_ms": {"cuda_graph": 0.572, "eager": 0.636},
-                    "torch_ms": {"eager": 5.19, "cuda_graph": 1.145, "compile": None}, "verified": False,
+                    "torch_ms": {"eager": 5.19, "cuda_graph": 1.145, "compile": 1.3, "compile_cudagraphs": 1.2},
+                    "compile_s": {"compile": 95.0, "compile_cudagraphs": 40.4}, "freezing": True, "verified": False,
                     "speedup": 1.145 / 0.572},
                    {"name": "minilm_b8_s128", "fusebox_ms": {}, "torch_ms": {}, "verified": True, "speedup": None}]
     pa, pb = tmp_path / "a.json", tmp_path / "models.json"
@@ -358,27 +442,28 @@ def test_models_part_merges_and_reports(tmp_path):
     assert m["models"][0]["fusebox_ms"]["cuda_graph"] == 0.572  # the later part's row
     lines = br.models_markdown(m["models"])
     rn = next(line for line in lines if line.startswith("| resnet50_b8"))
-    assert "| 0.572 | 0.636 | 5.190 | 1.145 | - | **2.00x** | 1.1x | yes | **no** |" in rn, rn  # target by name
-    assert "| minilm_b8_s128 | - | - | - | - | - | - | 1.2x | - | yes |" in lines
+    assert ("| 0.572 | 0.636 | 5.190 | 1.145 | 1.300 (95 s) | 1.200 (40 s) | yes | **2.00x** | 1.1x | yes | **no** |"
+            in rn), rn  # target by name
+    assert "| minilm_b8_s128 | - | - | - | - | - | - | - | - | 1.2x | incomplete | yes |" in lines
     assert br.models_markdown(None) == [] and br.models_markdown([]) == []
 
 
 # Issue 14's size sweep: three sizes per network, made up in the shape of the 2026-12-01 numbers.
 SWEEP = [
     {"name": "resnet50_b256", "fusebox_ms": {"cuda_graph": 16.0, "eager": 16.2},
-     "torch_ms": {"eager": 20.0, "cuda_graph": 19.0, "compile": 17.0}, "verified": True, "speedup": 17.0 / 16.0,
+     "torch_ms": {"eager": 20.0, "cuda_graph": 19.0, "compile": 17.0, "compile_cudagraphs": 17.5}, "verified": True, "speedup": 17.0 / 16.0,
      "target": 1.1, "compile_mode": "max-autotune-no-cudagraphs"},
     {"name": "minilm_b1_s32", "fusebox_ms": {"cuda_graph": 0.2, "eager": 0.25},
-     "torch_ms": {"eager": 2.5, "cuda_graph": 0.35, "compile": 1.9}, "verified": True, "speedup": 1.75,
+     "torch_ms": {"eager": 2.5, "cuda_graph": 0.35, "compile": 1.9, "compile_cudagraphs": 0.36}, "verified": True, "speedup": 1.75,
      "target": 1.5, "compile_mode": "max-autotune-no-cudagraphs"},
     {"name": "resnet50_b1", "fusebox_ms": {"cuda_graph": 0.4, "eager": 0.5},
      "torch_ms": {"eager": 4.0, "cuda_graph": 0.6, "compile": None}, "verified": True, "speedup": 1.5,
      "target": 1.3, "compile_error": "RuntimeError: x"},
     {"name": "minilm_b256_s128", "fusebox_ms": {"cuda_graph": 5.0, "eager": 5.1},
-     "torch_ms": {"eager": 7.0, "cuda_graph": 5.5, "compile": 5.4}, "verified": False, "speedup": 1.08,
+     "torch_ms": {"eager": 7.0, "cuda_graph": 5.5, "compile": 5.4, "compile_cudagraphs": 5.6}, "verified": False, "speedup": 1.08,
      "target": 1.2},
     {"name": "minilm_b32_s128", "fusebox_ms": {"cuda_graph": 0.9, "eager": 1.0},
-     "torch_ms": {"eager": 3.0, "cuda_graph": 1.2, "compile": 1.3}, "verified": True, "speedup": 1.2 / 0.9,
+     "torch_ms": {"eager": 3.0, "cuda_graph": 1.2, "compile": 1.3, "compile_cudagraphs": 1.25}, "verified": True, "speedup": 1.2 / 0.9,
      "target": 1.2},
 ]
 
@@ -392,6 +477,7 @@ def test_models_table_targets_and_order():
     assert row["minilm_b256_s128"].endswith("| **1.08x** | 1.2x | **no** (10% short) | **no** |")
     assert row["resnet50_b256"].endswith("| **1.06x** | 1.1x | **no** (3% short) | yes |")
     assert "| failed |" in row["resnet50_b1"]  # torch.compile raised
+    assert row["resnet50_b1"].endswith("| **1.50x** | 1.3x | incomplete | yes |")  # so: not judged
     assert "`max-autotune-no-cudagraphs`" in "\n".join(lines) and "1.5x at batch 1" in "\n".join(lines)
     # rows measured before the mode was recorded do not inherit the others' mode
     assert "| 1.300 (mode not recorded) |" in row["minilm_b32_s128"]

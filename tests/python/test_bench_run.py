@@ -53,15 +53,22 @@ def test_every_example_has_a_part(bench_run, fusebox):
 
 def test_norm_graphs_use_torchs_own_kernels(bench_run, fusebox):
     graphs = _examples(fusebox)
-    expected = {"layernorm_train": ("native_layer_norm (y, mean, rstd)", True),
-                "layernorm_bwd": ("native_layer_norm_backward", True),
-                "rmsnorm_train": ("F.rms_norm returns no inv_variance", True),
-                "rmsnorm_bwd": ("autograd.grad of a saved F.rms_norm", False)}
-    for name, (note, compiles) in expected.items():
+    expected = {"layernorm_train": ("native_layer_norm (y, mean, rstd)", ["y", "mean", "inv_variance"]),
+                "layernorm_bwd": ("native_layer_norm_backward", ["dx", "dscale", "dbias"]),
+                "rmsnorm_train": ("F.rms_norm returns no inv_variance", ["y"]),
+                "rmsnorm_bwd": ("autograd.grad of a saved F.rms_norm", ["dx", "dscale"])}
+    for name, (note, roles) in expected.items():
         notes = []
-        fn, compile_ok = bench_run.norm_torch_fn(graphs[name], notes)
-        assert callable(fn) and compile_ok == compiles, name
+        g = graphs[name]
+        fn, out_names, compile_fn = bench_run.norm_torch_fn(g, notes)
+        assert callable(fn), name
         assert any(note in n for n in notes), (name, notes)
+        op = next(o for o in g.ops if o["op"].startswith(("layernorm", "rmsnorm")))
+        # each torch output names the graph output it is compared with (issue 36)
+        assert out_names == [op["outputs"].get(r) for r in roles], (name, out_names)
+        assert any(n in g.outputs() for n in out_names), name
+        # every norm row has compile variants; the autograd backward compiles its forward
+        assert compile_fn is True or (name == "rmsnorm_bwd" and callable(compile_fn)), name
 
 
 def test_pool_and_batchnorm_parts(bench_run, fusebox):
@@ -97,10 +104,34 @@ def test_batchnorm_graphs_use_torchs_own_kernels(bench_run, fusebox):
         g = graphs[name]
         op = next(o for o in g.ops if o["op"] in bench_run.BATCHNORM_OPS)
         notes = []
-        fn, prepare, compile_ok = bench_run.batchnorm_torch_fn(g, op, notes)
-        assert callable(fn) and callable(prepare) and compile_ok, name
+        fn, prepare, out_names = bench_run.batchnorm_torch_fn(g, op, notes)
+        assert callable(fn) and callable(prepare), name
+        # compared with the graph's output: the relu's y when a relu follows (issue 36)
+        assert out_names[0] in g.outputs() or name == "batchnorm_inference_relu", (name, out_names)
+        if relu:
+            relu_y = next(o["outputs"]["y"] for o in g.ops if o["op"] == "relu")
+            assert out_names == [relu_y], (name, out_names)
         assert len(notes) == 1 and note in notes[0], (name, notes)
         assert notes[0].endswith(" + F.relu") == relu, (name, notes)
+
+
+def test_conv_backward_gets_real_tensors_never_the_zero_stride_helpers(bench_run, fusebox):
+    """Issue 36: torch.nn.grad.conv*d_input / _weight hand aten an expanded zero-stride tensor, a
+    slow path no autograd user takes; the bench gives aten.convolution_backward real tensors."""
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "python", "fusebox_tools")
+    for f in ("torch_ops.py", "bench_run.py", "torch_compare.py"):
+        assert not re.search(r"torch\.nn\.grad\.conv[123]d_", open(os.path.join(root, f)).read()), f
+    graphs = _examples(fusebox)
+    for name, role in (("conv_dgrad", "x"), ("conv_wgrad", "w"), ("conv_dgrad_drelu", "x")):
+        g = graphs[name]
+        op = next(o for o in g.ops if o["op"] in ("conv_dgrad", "conv_wgrad"))
+        sets = [{op["inputs"]["dy"]: mock.MagicMock()} for _ in range(2)]
+        notes = []
+        bench_run.conv_bwd_operands(g, sets, notes)
+        assert all(f"_{role}:{op['name']}" in st for st in sets), name
+        assert notes == [f"torch: aten.convolution_backward with a real {role} tensor (channels_last, as autograd "
+                         f"passes it), output mask {'dx' if role == 'x' else 'dw'} only"], (name, notes)
 
 
 def test_bench_sh_accepts_every_bench_run_part():
@@ -214,7 +245,7 @@ def test_models_part_rows_from_the_checkers_json(bench_run):
     row = bench_run.model_row("resnet50_b8", rn)
     assert row["target"] == 1.1
     assert row["fusebox_ms"] == {"cuda_graph": 0.572, "eager": 0.636}
-    assert row["torch_ms"] == {"eager": 5.19, "cuda_graph": 1.145, "compile": 1.777}
+    assert row["torch_ms"] == {"eager": 5.19, "cuda_graph": 1.145, "compile": 1.777, "compile_cudagraphs": None}
     assert row["speedup"] == pytest.approx(1.145 / 0.572) and row["verified"]
     ml = {"ok": True, "checks": [{"against": "x", "pass": True}],
           "fusebox": {"cuda_graph": {"recording": "capture"}, "latency_ms": {"median": 0.335},
@@ -223,6 +254,23 @@ def test_models_part_rows_from_the_checkers_json(bench_run):
     row = bench_run.model_row("minilm_b8_s128", ml)
     assert row["fusebox_ms"] == {"cuda_graph": 0.335, "eager": 0.343}
     assert row["speedup"] == pytest.approx(0.388 / 0.335)
+    # issue 36: both compile variants, frozen, with their compile times; a failed one is no baseline
+    rn2 = dict(rn, torch_compile={"compile": {"mode": "max-autotune-no-cudagraphs", "freezing": True, "compile_s": 95.2},
+                                  "compile_cudagraphs": {"mode": "reduce-overhead", "freezing": True,
+                                                         "error": "ValueError: outputs differ"}},
+               torch_failed={"compile_cudagraphs": "ValueError: outputs differ"})
+    rn2["gpu_time_ms"] = dict(rn["gpu_time_ms"], torch_compile_cudagraphs_bf16={"median": 0.9})
+    row = bench_run.model_row("resnet50_b32", rn2)
+    assert row["torch_ms"]["compile_cudagraphs"] is None  # failed: its time is not a baseline
+    assert row["torch_failed"] == {"compile_cudagraphs": "ValueError: outputs differ"}
+    assert row["compile_s"] == {"compile": 95.2} and row["freezing"] is True
+    assert row["speedup"] == pytest.approx(1.145 / 0.572)
+    ml2 = dict(ml, torch_timing=dict(ml["torch_timing"], compile_cudagraphs={"median": 0.30}, failed={},
+                                     variants={"compile": {"freezing": True, "compile_s": 40.0},
+                                               "compile_cudagraphs": {"freezing": True, "compile_s": 20.0}}))
+    row = bench_run.model_row("minilm_b8_s128", ml2)
+    assert row["torch_ms"]["compile_cudagraphs"] == 0.30 and row["speedup"] == pytest.approx(0.30 / 0.335)
+    assert row["compile_s"] == {"compile": 40.0, "compile_cudagraphs": 20.0} and "torch_failed" not in row
     # a failed fusebox run: no times, no speedup, not verified
     row = bench_run.model_row("minilm_b8_s128", {"ok": False, "fusebox": {}, "torch_timing": {}})
     assert row["speedup"] is None and not row["verified"]
@@ -362,3 +410,69 @@ def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path)
     monkeypatch.setenv("MODEL_SIZES", "minilm_b1_s32")
     ran.clear()
     assert bench_run.models_part(args, doc) == 1 and ran == []
+
+
+def _variant_fakes(bench_run, monkeypatch, compiled_outputs):
+    """torch_variants with its timing and comparison replaced by plain values (no GPU): each compile
+    mode's function returns compiled_outputs[mode] (an exception instance is raised instead)."""
+    monkeypatch.setattr(bench_run, "gpu_samples", lambda fn, sets, *a: [fn(sets[0])[0]])
+    monkeypatch.setattr(bench_run, "latency_samples", lambda fn, sets, *a: [2.0])
+    monkeypatch.setattr(bench_run, "snapshot", lambda res: list(res))
+    monkeypatch.setattr(bench_run, "compare_outputs",
+                        lambda got, ref, tols, what="eager": (got == ref, f"{got} against {what} {ref}"))
+
+    def fake_compile(fn, mode=None, dynamic=None):
+        res = compiled_outputs[mode]
+        if isinstance(res, Exception):
+            raise res
+        return lambda s: res
+
+    monkeypatch.setattr(bench_run.torch, "compile", fake_compile)
+
+    def fake_graph(fn, sets, calls, samples, warmup, prepare=None, check=None):
+        check([1.0])
+        return {"gpu_ms": [0.5], "latency_ms": [0.6]}
+
+    monkeypatch.setattr(bench_run, "graph_variant", fake_graph)
+    return types.SimpleNamespace(calls=1, samples=1, warmup=0, no_compile=False, verbose=False)
+
+
+def test_torch_variants_time_only_variants_that_compute_eagers_values(bench_run, monkeypatch):
+    """Issue 36: a variant that raises or computes other values is not timed; its error is in
+    `failed` (the row's torch_failed), which makes the row incomplete in the report."""
+    args = _variant_fakes(bench_run, monkeypatch, {bench_run.COMPILE_MODE: [1.5],  # other values
+                                                   "reduce-overhead": RuntimeError("boom")})
+    failed, notes = {}, []
+    out = bench_run.torch_variants(lambda s: [1.0], [{}], args, notes, failed=failed,
+                                   eager_check=lambda ref: (True, "same as fusebox"))
+    assert set(out) == {"eager", "compile", "compile_cudagraphs", "cuda_graph"}
+    assert out["eager"]["gpu_ms"] == [1.0]
+    assert out["cuda_graph"]["gpu_ms"] == [0.5] and out["cuda_graph"]["check"]["pass"]
+    assert out["compile"] is None and failed["compile"].startswith("VariantMismatch: [1.5] against eager [1.0]")
+    assert out["compile_cudagraphs"] is None and failed["compile_cudagraphs"] == "RuntimeError: boom"
+    assert "cuda_graph" not in failed and "eager" not in failed
+    assert any("checked against fusebox" in n for n in notes)
+
+
+def test_torch_variants_record_compile_time_and_mode(bench_run, monkeypatch):
+    args = _variant_fakes(bench_run, monkeypatch, {bench_run.COMPILE_MODE: [1.0], "reduce-overhead": [1.0]})
+    failed = {}
+    out = bench_run.torch_variants(lambda s: [1.0], [{}], args, [], failed=failed)
+    assert failed == {}
+    for key, mode in (("compile", bench_run.COMPILE_MODE), ("compile_cudagraphs", "reduce-overhead")):
+        assert out[key]["mode"] == mode and out[key]["compile_s"] >= 0 and out[key]["check"]["pass"]
+
+
+def test_eager_that_differs_from_fusebox_fails_the_whole_row(bench_run, monkeypatch):
+    args = _variant_fakes(bench_run, monkeypatch, {bench_run.COMPILE_MODE: [1.0], "reduce-overhead": [1.0]})
+    failed = {}
+    out = bench_run.torch_variants(lambda s: [1.0], [{}], args, [], failed=failed,
+                                   eager_check=lambda ref: (False, "dx: rel_l2 3e-01"))
+    assert all(v is None for v in out.values())
+    assert "eager differs from fusebox" in failed["eager"]
+    assert set(failed) == {"eager", "compile", "compile_cudagraphs", "cuda_graph"}
+    # --no-compile: the compile variants are missing, with the reason
+    args.no_compile = True
+    failed = {}
+    out = bench_run.torch_variants(lambda s: [1.0], [{}], args, [], failed=failed)
+    assert out["compile"] is None and failed["compile"] == "not run: --no-compile"

@@ -144,3 +144,45 @@ def test_read_sentence_file_strips_and_skips_blank_lines(tmp_path):
     f = tmp_path / "s.txt"
     f.write_text("  one  \n\ntwo\r\n\t\nthree")
     assert me.read_sentence_file(str(f)) == ["one", "two", "three"]
+
+
+SENTENCES_MIXED = ["a very long sentence with many many words in it to make it long", "hi", "medium length one",
+                   "x y", "another fairly long line of text here", "ok"]
+
+
+def test_batches_by_length_give_the_one_batch_embeddings_in_input_order(model, capsys):
+    """Without --seq: sorted by token count, batches of --batch-size padded to their own longest,
+    results put back in input order; the same embeddings as one batch padded to 64 (issue 36)."""
+    rc, out, err = embed(model, capsys, *SENTENCES_MIXED, "--batch-size", "2", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    check_doc(d, SENTENCES_MIXED)
+    assert [b["size"] for b in d["batches"]] == [2, 2, 2]
+    # each batch holds sentences of similar length and is padded only to its own longest
+    seqs = [b["seq"] for b in d["batches"]]
+    assert seqs == sorted(seqs, reverse=True) and seqs[-1] < seqs[0]
+    for b in d["batches"]:
+        assert max(d["lengths"][i] for i in b["indices"]) <= b["seq"] < max(d["lengths"][i] for i in b["indices"]) + 16
+    rc, out, err = embed(model, capsys, *SENTENCES_MIXED, "--seq", "64", "--json")
+    assert rc == 0, err
+    one = json.loads(out)
+    assert one["lengths"] == d["lengths"] and len(one["batches"]) == 1
+    np.testing.assert_allclose(np.array(d["embeddings"]), np.array(one["embeddings"]), atol=1e-5)
+
+
+def test_cut_follows_the_models_max_seq_length(model, capsys, tmp_path):
+    import shutil
+
+    folder = str(tmp_path / "m")
+    shutil.copytree(model, folder)
+    long = "word " * 40
+    rc, out, _ = embed(folder, capsys, long, "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["max_seq_length"] == 64 and "max_position_embeddings" in d["max_seq_length_from"]
+    assert d["lengths"] == [64]  # without sentence_bert_config.json: the model's positions
+    with open(os.path.join(folder, "host", me.SBERT_CONFIG), "w") as f:
+        json.dump({"max_seq_length": 12, "do_lower_case": False}, f)
+    rc, out, err = embed(folder, capsys, long, "short", "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["max_seq_length"] == 12 and d["max_seq_length_from"].endswith(me.SBERT_CONFIG)
+    assert d["lengths"][0] == 12 and "truncated to 12" in err

@@ -87,7 +87,14 @@ void print_help() {
       "                   embeddings [B, hidden], cosine matrix, computed_by; human text on stderr\n"
       "  --no-fusebox     the numpy float32 reference alone (CPU, no GPU)\n"
       "  --reference      also check fusebox against the numpy reference (exit 1 on a mismatch)\n"
-      "  --seq S          tokens per sentence, padded (default: the longest, rounded up to 16)\n"
+      "  --batch-size N   sentences per batch (default 32, as sentence-transformers): sorted by\n"
+      "                   token count, each batch padded to its own longest, output in input order\n"
+      "  --seq S          instead: one batch, every sentence padded to S tokens\n"
+      "                   (either way a sentence is cut at the model's max_seq_length: DIR's\n"
+      "                   sentence_bert_config.json (256 for all-MiniLM-L6-v2), else its positions)\n"
+      "  --cache F        the plan cache (default: the persistent one, $FUSEBOX_CACHE, else\n"
+      "                   $XDG_CACHE_HOME/fusebox/plans.sqlite or ~/.cache/fusebox/plans.sqlite)\n"
+      "  --no-cache       build every plan afresh\n"
       "  --tokenizer F    tokenizer.json (default: DIR/host/tokenizer.json)\n"
       "\n"
       "Environment:\n"
@@ -113,7 +120,8 @@ int run_model_embed(const std::vector<std::string>& args) {
   // --text/--file is never taken for a flag ("--text -h" embeds "-h").
   bool runner_help = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--text" || args[i] == "--file" || args[i] == "--model" || args[i] == "--tokenizer") {
+    if (args[i] == "--text" || args[i] == "--file" || args[i] == "--model" || args[i] == "--tokenizer" ||
+        args[i] == "--cache") {
       ++i;
     } else if (args[i] == "--") {
       break;
