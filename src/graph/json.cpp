@@ -3,6 +3,8 @@
 // nlohmann::adl_serializer<float> in other translation units (ODR), so only
 // double and integers are used here.
 #include <cctype>
+#include <new>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
@@ -329,6 +331,8 @@ std::string json_shape_error(std::string_view text) {
     case common::JsonTextLimit::Kind::kValues:
       return at + ": more than " + std::to_string(limits::kMaxJsonValues) +
              " JSON values (numbers, strings, arrays, objects), the limit per graph file";
+    case common::JsonTextLimit::Kind::kNul:
+      return at + ": a NUL byte, which JSON text never holds (outside strings or in them: write \\u0000)";
   }
   return "";
 }
@@ -346,8 +350,24 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
       auto p = what.find("] ");
       return p == std::string::npos ? what : what.substr(p + 2);
     };
+    // A repeated key would silently replace the first (the last one won):
+    // refused, as pipeline files refuse it.
+    std::vector<std::set<std::string>> keys;
+    std::string duplicate;
+    auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
+      if (ev == json::parse_event_t::object_start) keys.emplace_back();
+      if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+      if (ev == json::parse_event_t::key && !keys.empty() && duplicate.empty() && parsed.is_string() &&
+          !keys.back().insert(parsed.get<std::string>()).second)
+        duplicate = parsed.get<std::string>();
+      return true;
+    };
     try {
-      root = json::parse(text.begin(), text.end());
+      root = json::parse(text.begin(), text.end(), on_event);
+      if (!duplicate.empty()) {
+        return InvalidArgument(std::string(origin) + ": key '" + duplicate +
+                               "' appears twice in one object: each key (field, tensor, op attribute) once");
+      }
     } catch (const json::parse_error& e) {
       return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
                         without_id(e.what()));
@@ -356,6 +376,8 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
     }
     Parser parser(origin);
     return parser.graph(root);
+  } catch (const std::bad_alloc&) {
+    return common::out_of_host_memory("reading the graph " + std::string(origin));
   } catch (const std::exception& e) {
     return Internal(std::string(origin) + ": unexpected error while reading the graph: " + e.what());
   }
