@@ -190,6 +190,7 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
     if (k == BufferKind::kInput || k == BufferKind::kConstant) todo.push_back(bi);
   }
   std::vector<Result<HostTensor>> got(todo.size(), Status(StatusCode::kInternal, "not loaded"));
+  SafetensorsReader safetensors;  // each file's header parsed once, however many constants it holds
   auto load_one = [&](size_t j) {
     const size_t bi = todo[j];
     const PipelineBuffer& buf = p.buffers[bi];
@@ -205,7 +206,7 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       got[j] = make_input(t, seed);
       return;
     }
-    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty() ? read_safetensors_for(path, buf.key, t)
+    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty() ? safetensors.read(path, buf.key, t)
                                                                   : read_npy_for(path, t, /*same_kind=*/true);
     if (!h.ok()) {
       const std::string expected = std::string(dtype_is_float(buf.dtype) ? "a float" : "an integer") +
