@@ -215,10 +215,11 @@ constexpr int kMaxValueBytes = static_cast<int>(cache_internal::kMaxPayloadBytes
 // A cache file is data, never code: no schema-defined function runs with
 // privileges, no value grows past the largest entry.
 void harden(sqlite3* db) {
-  sqlite3_db_config(db, SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, nullptr);
-  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, nullptr);
-  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0, nullptr);
-  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_VIEW, 0, nullptr);
+  int* const no_result = nullptr;
+  sqlite3_db_config(db, SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, no_result);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, no_result);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0, no_result);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_VIEW, 0, no_result);
   sqlite3_limit(db, SQLITE_LIMIT_LENGTH, kMaxValueBytes);
   sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
   exec(db, "PRAGMA trusted_schema = OFF");

@@ -316,6 +316,49 @@ class Parser : public JsonReader {
   std::map<std::string, SymbolRange> symbols_;
 };
 
+// nlohmann's DOM builder that stops at a key repeated within one object (the
+// DOM would keep the last one). A parse callback could find it too, but makes
+// nlohmann's parser quadratic in an array's length (end_object scans the
+// parent array), which a 100,000-op graph cannot afford.
+class DomWithoutDuplicateKeys {
+ public:
+  explicit DomWithoutDuplicateKeys(json& root) : dom_(root, /*allow_exceptions=*/true) {}
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return dom_.number_float(v, s); }
+  bool string(json::string_t& v) { return dom_.string(v); }
+  bool binary(json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    keys_.emplace_back();
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    if (!keys_.back().insert(k).second) {
+      duplicate_ = k;
+      return false;  // stops the parse
+    }
+    return dom_.key(k);
+  }
+  bool end_object() {
+    keys_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return dom_.start_array(n); }
+  bool end_array() { return dom_.end_array(); }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& e) {
+    return dom_.parse_error(position, token, e);  // throws e
+  }
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<std::set<std::string>> keys_;  // of the objects open now
+  std::string duplicate_;
+};
+
 // The first place where the shape of `text` exceeds a limit, as a message; empty
 // if none. A linear scan before parsing: nlohmann::json prints (in messages) and
 // compares recursively, and its DOM takes up to ~40 times a file's size.
@@ -350,22 +393,13 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
       auto p = what.find("] ");
       return p == std::string::npos ? what : what.substr(p + 2);
     };
-    // A repeated key would silently replace the first (the last one won):
-    // refused, as pipeline files refuse it.
-    std::vector<std::set<std::string>> keys;
-    std::string duplicate;
-    auto on_event = [&](int, json::parse_event_t ev, json& parsed) {
-      if (ev == json::parse_event_t::object_start) keys.emplace_back();
-      if (ev == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
-      if (ev == json::parse_event_t::key && !keys.empty() && duplicate.empty() && parsed.is_string() &&
-          !keys.back().insert(parsed.get<std::string>()).second)
-        duplicate = parsed.get<std::string>();
-      return true;
-    };
     try {
-      root = json::parse(text.begin(), text.end(), on_event);
-      if (!duplicate.empty()) {
-        return InvalidArgument(std::string(origin) + ": key '" + duplicate +
+      // A repeated key would silently replace the first (the last one won):
+      // refused, as pipeline files refuse it.
+      DomWithoutDuplicateKeys dom(root);
+      if (!json::sax_parse(text.begin(), text.end(), &dom)) {
+        if (dom.duplicate().empty()) return ParseError(std::string(origin) + ": invalid JSON");
+        return InvalidArgument(std::string(origin) + ": key '" + dom.duplicate() +
                                "' appears twice in one object: each key (field, tensor, op attribute) once");
       }
     } catch (const json::parse_error& e) {
