@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -126,13 +127,28 @@ void write_file(const std::string& p, const void* data, size_t n) {
 // The attacker: a plain connection, bounded so that making the file stays cheap.
 int progress_stop(void* steps) { return ++*static_cast<int*>(steps) > 2000; }
 
+// The attacker may change this file only: no other database attached, no
+// VACUUM INTO another file (the fuzzer may run as root).
+int attacker_authorizer(void*, int action, const char*, const char*, const char*, const char*) {
+  return action == SQLITE_ATTACH || action == SQLITE_DETACH ? SQLITE_DENY : SQLITE_OK;
+}
+
+bool mentions_other_files(std::string sql) {
+  for (char& c : sql) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return sql.find("vacuum") != std::string::npos || sql.find("attach") != std::string::npos ||
+         sql.find("load_extension") != std::string::npos;
+}
+
 void attack(const std::string& p, const std::string& sql, bool leave_wal) {
+  if (mentions_other_files(sql)) return;
   sqlite3* db = nullptr;
   if (sqlite3_open(p.c_str(), &db) != SQLITE_OK) {
     sqlite3_close(db);
     return;
   }
   sqlite3_limit(db, SQLITE_LIMIT_LENGTH, 1 << 20);
+  sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
+  sqlite3_set_authorizer(db, attacker_authorizer, nullptr);
   int steps = 0;
   sqlite3_progress_handler(db, 1000, progress_stop, &steps);
   if (leave_wal) sqlite3_exec(db, "PRAGMA wal_autocheckpoint = 0", nullptr, nullptr, nullptr);
