@@ -279,7 +279,7 @@ PYEOF
 expect "#32.3 cache export over a killed writer's side files" 0 "" 'wrote' \
   cache export "$TMP/killed.sqlite" --cache "$CACHE"
 check "... leaves no stale -wal or -shm" test ! -e "$TMP/killed.sqlite-wal" -a ! -e "$TMP/killed.sqlite-shm"
-expect "#32.3 ... and the export reads back whole" 0 "" '2 entries checked, 0 bad' cache verify --cache "$TMP/killed.sqlite"
+expect "#32.3 ... and the export reads back whole" 0 "" '[1-9][0-9]* entries checked, 0 bad' cache verify --cache "$TMP/killed.sqlite"
 cp "$DC" "$TMP/live.sqlite"
 python3 - "$TMP/live.sqlite" "$TMP/live.ready" <<'PYEOF' &
 import sqlite3, sys, time
