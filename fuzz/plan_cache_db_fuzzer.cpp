@@ -136,7 +136,7 @@ int attacker_authorizer(void*, int action, const char*, const char*, const char*
 bool mentions_other_files(std::string sql) {
   for (char& c : sql) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return sql.find("vacuum") != std::string::npos || sql.find("attach") != std::string::npos ||
-         sql.find("load_extension") != std::string::npos;
+         sql.find("load_extension") != std::string::npos || sql.find("max_page_count") != std::string::npos;
 }
 
 void attack(const std::string& p, const std::string& sql, bool leave_wal) {
@@ -149,6 +149,8 @@ void attack(const std::string& p, const std::string& sql, bool leave_wal) {
   sqlite3_limit(db, SQLITE_LIMIT_LENGTH, 1 << 20);
   sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
   sqlite3_set_authorizer(db, attacker_authorizer, nullptr);
+  // At most 16 MiB of file (zeroblob() is one VM step: the progress handler alone does not bound it).
+  sqlite3_exec(db, "PRAGMA max_page_count = 4096", nullptr, nullptr, nullptr);
   int steps = 0;
   sqlite3_progress_handler(db, 1000, progress_stop, &steps);
   if (leave_wal) sqlite3_exec(db, "PRAGMA wal_autocheckpoint = 0", nullptr, nullptr, nullptr);
