@@ -519,7 +519,7 @@ TEST_F(PlanCacheTest, ForeignSqliteDatabaseIsLeftUntouched) {
 
 // A file with fusebox's identity (application_id, user_version) and the given schema statements.
 void make_foreign_cache(const std::string& path, const std::string& ddl) {
-  raw_sql(path, "PRAGMA application_id = 1178751064; PRAGMA user_version = 1; " + ddl);
+  raw_sql(path, "PRAGMA application_id = 1178750808; PRAGMA user_version = 1; " + ddl);
 }
 
 constexpr const char* kFusebox =

@@ -334,7 +334,7 @@ check "... not 'internal error'" bash -c "! grep -q 'internal error' '$TMP/stder
 python3 - "$TMP" <<'PYEOF'
 import sqlite3, sys
 out = sys.argv[1]
-ident = "PRAGMA application_id = 1178751064; PRAGMA user_version = 1;"
+ident = "PRAGMA application_id = 1178750808; PRAGMA user_version = 1;"
 cols = ("key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, {payload}, created_utc TEXT NOT NULL, "
         "stored_bytes INTEGER NOT NULL, last_used_us INTEGER NOT NULL")
 def make(name, payload, rows):
