@@ -3,6 +3,7 @@
 // nlohmann::adl_serializer<float> in other translation units (ODR), so only
 // double and integers are used here.
 #include <cctype>
+#include <iterator>
 #include <new>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -359,6 +360,39 @@ class DomWithoutDuplicateKeys {
   std::string duplicate_;
 };
 
+// Frees a DOM after a bad_alloc. nlohmann's destructor (noexcept) reserves a
+// vector as long as an array to free it without recursion: out of memory,
+// that reservation fails and the process terminates. Here containers are
+// emptied from their last element, depth first, so that every element
+// destroyed is a leaf or an empty container (which allocates nothing); the
+// path is a fixed array (depth is bounded by the pre-scan).
+void release_without_allocating(json& root) noexcept {
+  constexpr int kMaxPath = 2 * limits::kMaxJsonDepth + 2;
+  json* path[kMaxPath];
+  int top = 0;
+  path[0] = &root;
+  while (top >= 0) {
+    json& cur = *path[top];
+    if (cur.is_array() && !cur.empty()) {
+      json& last = cur.back();
+      if (last.is_structured() && !last.empty() && top + 1 < kMaxPath) {
+        path[++top] = &last;
+      } else {
+        cur.erase(cur.end() - 1);
+      }
+    } else if (cur.is_object() && !cur.empty()) {
+      auto last = std::prev(cur.end());
+      if (last->is_structured() && !last->empty() && top + 1 < kMaxPath) {
+        path[++top] = &*last;
+      } else {
+        cur.erase(last);
+      }
+    } else {
+      --top;
+    }
+  }
+}
+
 // The first place where the shape of `text` exceeds a limit, as a message; empty
 // if none. A linear scan before parsing: nlohmann::json prints (in messages) and
 // compares recursively, and its DOM takes up to ~40 times a file's size.
@@ -407,9 +441,17 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
                         without_id(e.what()));
     } catch (const json::out_of_range& e) {  // a number too large for a double: 1e999
       return ParseError(std::string(origin) + ": invalid JSON: " + without_id(e.what()));
+    } catch (const std::bad_alloc&) {
+      release_without_allocating(root);
+      return common::out_of_host_memory("reading the graph " + std::string(origin));
     }
-    Parser parser(origin);
-    return parser.graph(root);
+    try {
+      Parser parser(origin);
+      return parser.graph(root);
+    } catch (const std::bad_alloc&) {
+      release_without_allocating(root);
+      return common::out_of_host_memory("reading the graph " + std::string(origin));
+    }
   } catch (const std::bad_alloc&) {
     return common::out_of_host_memory("reading the graph " + std::string(origin));
   } catch (const std::exception& e) {
