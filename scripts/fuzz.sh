@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs one libFuzzer target (see fuzz/README.md).
 #   scripts/fuzz.sh TARGET [seconds] [extra libFuzzer flags...]
-# TARGET: graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader, pipeline_loader.
+# TARGET: graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader, pipeline_loader,
+# plan_cache_db, safetensors_header.
 # Installs clang and the libFuzzer runtime (apt) when missing. Builds into
 # build-fuzz/ without configuring the CUDA project, copies the seed corpus into
 # build-fuzz/corpus-<target>/ (libFuzzer adds inputs there) and writes crashers
@@ -67,7 +68,19 @@ case "$target" in
     flags+=(-Isrc/graph -Isrc/runtime -DFUSEBOX_PIPELINE_DIR="\"$PWD/examples/pipelines\""); libs=(-lxxhash)
     seeds=$(ls examples/pipelines/*.json fuzz/regressions/pipeline_loader/* 2>/dev/null || true)
     run_flags=(-max_len=16384 -dict=fuzz/pipeline.dict) ;;
-  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader, pipeline_loader)" >&2
+  plan_cache_db)
+    # Whole cache databases (raw bytes, or SQL run on a valid cache): import, lookup, verify.
+    srcs=(fuzz/plan_cache_db_fuzzer.cpp src/cache/*.cpp src/graph/*.cpp src/graph/ops/*.cpp src/common/*.cpp)
+    flags+=(-Isrc/cache -Isrc/graph); libs=(-lsqlite3 -lxxhash)
+    seeds=$(ls fuzz/corpus/plan_cache_db/* fuzz/regressions/plan_cache_db/* 2>/dev/null || true)
+    run_flags=(-max_len=65536 -dict=fuzz/plan_cache_db.dict) ;;
+  safetensors_header)
+    srcs=(fuzz/safetensors_header_fuzzer.cpp src/reference/safetensors.cpp src/reference/host_tensor.cpp
+          src/common/*.cpp src/graph/*.cpp src/graph/ops/*.cpp)
+    flags+=(-Isrc/graph -Isrc/reference); libs=(-lxxhash)
+    seeds=$(ls fuzz/corpus/safetensors_header/* fuzz/regressions/safetensors_header/* 2>/dev/null || true)
+    run_flags=(-max_len=16384) ;;
+  *) echo "fuzz: unknown target '$target' (graph_loader, plan_cache_entry, device_properties, plan_file, npy_reader, pipeline_loader, plan_cache_db, safetensors_header)" >&2
      exit 2 ;;
 esac
 bin=$out/${target}_fuzzer

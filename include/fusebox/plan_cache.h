@@ -78,6 +78,10 @@ class PlanCache {
   // Never fails: on any problem the returned cache is disabled and warning()
   // says why. Creates the parent folders and the file if missing. A file
   // that exists but cannot be opened read-write is retried read-only.
+  // A cache file is data, never code: before anything reads it, its schema
+  // (sqlite_master) must be exactly the one fusebox writes (no trigger, view,
+  // generated column or other object), and it is read with trusted_schema
+  // off and a bound on the length of any one value.
   static PlanCache open(const std::string& path, int64_t max_bytes = int64_t{1} << 30);
   static PlanCache open(const std::string& path, const PlanCacheOptions& options);
 
@@ -120,12 +124,18 @@ class PlanCache {
 
   // Copies every valid entry into the cache file at `path` (created if
   // missing; an existing fusebox cache there is merged into, newer wins).
-  // Written to a temporary file next to `path`, then renamed over it: a
-  // failure leaves `path` as it was. `path` must be absent or a regular file
-  // (not a symbolic link) and not this cache's own file.
+  // Written to a temporary file next to `path` (checkpointed, no -wal or
+  // -shm of its own), then renamed over it, removing the stale side files of
+  // the old one: a failure leaves `path` as it was. `path` must be absent or
+  // a regular file (not a symbolic link), not this cache's own file (or one
+  // of its side files), and not open in another connection or process (then
+  // InvalidArgument: nothing is written).
   Status export_to(const std::string& path);
   // Merges every valid entry of the cache file at `path` into this one: an
   // entry replaces ours only if it was created later. Evicts afterwards.
+  // Reads at most max_bytes of entries (most recently used first; the rest
+  // would be evicted anyway) and warns when it stops early. A file that is not
+  // a fusebox cache (schema, identity) is a ParseError saying what was expected.
   Status import_from(const std::string& path);
 
   int64_t total_bytes();  // payload + metadata bytes held; 0 when disabled
@@ -147,6 +157,7 @@ class PlanCache {
   bool read_only_ = false;
   std::string warning_;
   std::vector<std::string> warnings_;
+  Status open_error_;  // why open() disabled the cache, when it was the file's fault
 };
 
 // $FUSEBOX_CACHE, else $XDG_CACHE_HOME/fusebox/plans.sqlite,

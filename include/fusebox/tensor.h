@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,22 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
 // tensor (rounded to its dtype), I64/I32 an integer one; the shape must equal
 // the tensor dims, or equal them once dims of 1 are dropped. Only the header
 // (at most 100 MiB) and this tensor's bytes are read.
+// The header's JSON is bounded (depth, values) before it is parsed.
 Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key, const ResolvedTensor& t);
+// read_safetensors_for() for many tensors of the same files (a pipeline's
+// constants): each file's header is parsed once, on first use, and kept (as
+// an index of its tensors, not the JSON) for the life of this object, keyed
+// by path and identity (device, inode, size, modification time). Thread-safe:
+// threads reading tensors of one file wait for the one parse.
+class SafetensorsReader {
+ public:
+  SafetensorsReader();
+  Result<HostTensor> read(const std::string& path, const std::string& key, const ResolvedTensor& t);
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
 // bf16 and fp8 tensors are written as float32 (exact); others keep their type.
 Status write_npy(const std::string& path, const HostTensor& t);
 

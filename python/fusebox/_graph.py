@@ -102,7 +102,7 @@ class Graph(_TensorLists):
     @classmethod
     def load(cls, path) -> "Graph":
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fusebox_graph_load(_lib.encode(path), ctypes.byref(h)))
+        _lib.check(_lib.lib().fusebox_graph_load(_lib.encode(path, "Graph.load: path"), ctypes.byref(h)))
         return cls(h)
 
     @classmethod
@@ -145,7 +145,8 @@ class Graph(_TensorLists):
     def tensor(self, name) -> TensorInfo:
         """One tensor by name; InvalidArgument names the ones there are."""
         ti = _lib.TensorInfo()
-        _lib.check(_lib.lib().fusebox_graph_find_tensor(self._h, _lib.encode(name), ctypes.byref(ti)))
+        _lib.check(_lib.lib().fusebox_graph_find_tensor(self._h, _lib.encode(name, "Graph.tensor: name"),
+                                                         ctypes.byref(ti)))
         return _tensor_info(ti)
 
     def describe(self) -> str:

@@ -175,5 +175,13 @@ def check(status):
     raise cls(text(lib().fusebox_last_error()))
 
 
-def encode(s):
-    return None if s is None else os.fsencode(s) if isinstance(s, os.PathLike) else str(s).encode("utf-8")
+def encode(s, what="argument"):
+    """`s` as the bytes of a C string (None stays None). A NUL byte would cut the string short in C (a
+    different path or tensor name than the one given): InvalidArgument (a ValueError) naming `what`."""
+    if s is None:
+        return None
+    b = os.fsencode(s) if isinstance(s, os.PathLike) else bytes(s) if isinstance(s, bytes) else str(s).encode("utf-8")
+    if b"\0" in b:
+        raise errors.InvalidArgument(f"{what} {s!r} contains a NUL byte; C strings end there, so it would name "
+                                     f"something else: give it without NUL bytes")
+    return b

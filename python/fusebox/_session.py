@@ -15,11 +15,11 @@ class Session:
     as `fusebox --cache`. One thread at a time."""
 
     def __init__(self, device=0, *, device_properties=None, cache=None):
-        if device_properties is None and not isinstance(device, int):
-            device = _device_index(device)
+        index = 0 if device_properties is not None and device in (None, 0) else _device_index(device)
+        props = _lib.encode(device_properties, "Session: device_properties")
+        cache_path = _lib.encode(cache, "Session: cache")
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fusebox_session_create(int(device or 0), _lib.encode(device_properties),
-                                                     _lib.encode(cache), ctypes.byref(h)))
+        _lib.check(_lib.lib().fusebox_session_create(index, props, cache_path, ctypes.byref(h)))
         self._h = h
         self.cache = None if cache is None else os.fspath(cache)
 
@@ -58,8 +58,9 @@ class Session:
         then a build trying heuristic modes a, b, fallback. `heuristics` ("a", "a,b") pins the modes,
         `engine` an engine by name, `plan_file` loads that plan file and nothing else."""
         graph = Graph.coerce(graph)
-        req = _lib.PlanRequest(plan_file=_lib.encode(plan_file), engine=_lib.encode(engine),
-                               heuristics=_lib.encode(heuristics),
+        req = _lib.PlanRequest(plan_file=_lib.encode(plan_file, "Session.build: plan_file"),
+                               engine=_lib.encode(engine, "Session.build: engine"),
+                               heuristics=_lib.encode(heuristics, "Session.build: heuristics"),
                                max_workspace_bytes=-1 if max_workspace_bytes is None else int(max_workspace_bytes),
                                use_tuned_cache=1 if use_tuned_cache else 0)
         h = ctypes.c_void_p()
@@ -75,7 +76,7 @@ class Session:
         cuda_graph=True times each candidate per execute inside a CUDA graph (for plans replayed in
         CUDA graphs, e.g. under torch.cuda.graph); that winner is cached apart from the eager one."""
         graph = Graph.coerce(graph)
-        req = _lib.TuneRequest(heuristics=_lib.encode(heuristics), warmup=int(warmup), iters=int(iters),
+        req = _lib.TuneRequest(heuristics=_lib.encode(heuristics, "Session.tune: heuristics"), warmup=int(warmup), iters=int(iters),
                                max_workspace_bytes=-1 if max_workspace_bytes is None else int(max_workspace_bytes),
                                top_k=int(top_k), budget_ms=float(budget_ms),
                                deterministic_only=1 if deterministic_only else 0)
@@ -100,16 +101,33 @@ class Session:
         return f"fusebox.Session({self.device_name!r}, {where})"
 
 
+_MAX_DEVICE_ID = 2**31 - 1  # the C API's int
+
+
 def _device_index(device):
-    # torch.device("cuda:1"), "cuda:1", or an int
-    idx = getattr(device, "index", None)
-    if idx is not None:
-        return int(idx)
-    if isinstance(device, str) and device.startswith("cuda"):
-        return int(device.partition(":")[2] or 0)
-    if getattr(device, "type", None) == "cuda":
-        return 0
-    raise errors.InvalidArgument(f"Session: device {device!r} is not a CUDA device id")
+    """The CUDA device id of an int, "cuda" / "cuda:N", or a torch.device (any object with
+    .type == "cuda" and .index); InvalidArgument naming the device given otherwise."""
+    accepted = 'accepted: an int >= 0, "cuda", "cuda:N" or a torch.device("cuda", N)'
+    if isinstance(device, bool):
+        raise errors.InvalidArgument(f"Session: device {device!r} is not a CUDA device id ({accepted})")
+    if isinstance(device, int):
+        idx = device
+    elif isinstance(device, str):
+        kind, colon, num = device.strip().partition(":")
+        if kind != "cuda" or (colon and not num.strip().isdigit()):
+            raise errors.InvalidArgument(f"Session: device {device!r} is not a CUDA device ({accepted})")
+        idx = int(num) if colon else 0
+    elif getattr(device, "type", None) == "cuda":
+        idx = getattr(device, "index", None)
+        idx = 0 if idx is None else idx
+        if isinstance(idx, bool) or not isinstance(idx, int):
+            raise errors.InvalidArgument(f"Session: device {device!r} has index {idx!r}, not an int ({accepted})")
+    else:
+        raise errors.InvalidArgument(f"Session: device {device!r} is not a CUDA device ({accepted})")
+    if not 0 <= idx <= _MAX_DEVICE_ID:
+        raise errors.InvalidArgument(f"Session: device {device!r}: no GPU with id {idx} (ids are 0 to the number "
+                                     f"of GPUs - 1)")
+    return idx
 
 
 def _current_stream(torch, device):
@@ -180,8 +198,10 @@ class Plan:
         return _lib.text(_lib.lib().fusebox_plan_cache_result(self._h))
 
     def save(self, path):
-        """Writes a plan file (as `fusebox build --plan-out`); Session.build(plan_file=path) reads it."""
-        _lib.check(_lib.lib().fusebox_plan_save(self._h, _lib.encode(path)))
+        """Writes a plan file (as `fusebox build --plan-out`); Session.build(plan_file=path) reads it.
+        Never over a file the plan came from (the graph file, the session's cache or device file):
+        InvalidArgument."""
+        _lib.check(_lib.lib().fusebox_plan_save(self._h, _lib.encode(path, "Plan.save: path")))
 
     def check_tensors(self, tensors, device=None):
         """Checks {name: tensor} as a run would, without running: InvalidArgument names the tensor and
@@ -249,7 +269,7 @@ class Plan:
         if self._bound is None or self._bound[0] != key:
             self._drop_bound()
             n = len(views)
-            names = (ctypes.c_char_p * n)(*[name.encode("utf-8") for name, _ in views])
+            names = (ctypes.c_char_p * n)(*[_lib.encode(name, "fusebox.Plan: tensor name") for name, _ in views])
             ptrs = (ctypes.c_void_p * n)(*[v.ptr for _, v in views])
             out = ctypes.c_void_p()
             lib = _lib.lib()

@@ -55,6 +55,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import struct
 import sys
 
@@ -74,6 +75,33 @@ LAYER_TENSORS = ("wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln1_g", "ln1_b
 
 class MiniLMError(Exception):
     pass
+
+
+def open_regular(path, what="file"):
+    """`path` opened for reading in binary, only if it is a regular file: a FIFO, socket or device
+    would block the read or never end. Opened non-blocking, then checked with fstat, so even a FIFO
+    put there is refused without waiting. A MiniLMError naming `what` and the path otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise MiniLMError(f"{what} {path!r}: cannot read it ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "not a regular file")
+            raise MiniLMError(f"{what} {path!r} is {kind}, not a regular file: give the file itself")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def require_regular(path, what="file"):
+    """MiniLMError unless `path` is a regular file (for readers that take a path: the tokenizer)."""
+    open_regular(path, what).close()
 
 
 def check_config(cfg):
@@ -105,8 +133,8 @@ _ST_MAX_HEADER = 100 << 20
 def read_safetensors(path):
     """name -> numpy array (float32 for BF16) of a .safetensors file. A file that
     does not follow the format is a MiniLMError naming the file and the entry."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    with open_regular(path, "safetensors file") as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(8)
         if len(head) != 8:
             raise MiniLMError(f"{path}: not a safetensors file (shorter than 8 bytes)")
@@ -299,7 +327,7 @@ def write_weights(p, cfg, out_dir):
 
 
 def load_config(out_dir):
-    with open(os.path.join(out_dir, CONFIG_FILE)) as f:
+    with open_regular(os.path.join(out_dir, CONFIG_FILE), "model config") as f:
         return check_config(json.load(f))
 
 
@@ -310,7 +338,8 @@ def load_converted(out_dir):
     H = cfg["hidden"]
 
     def ld(rel):
-        return np.load(os.path.join(out_dir, rel), allow_pickle=False).astype(np.float32)
+        with open_regular(os.path.join(out_dir, rel), "model file") as f:
+            return np.load(f, allow_pickle=False).astype(np.float32)
 
     p = {n: ld(f"host/{n}.npy") for n in ("pos_emb", "type_emb")}
     p["word_emb"] = ld("weights/word_emb.npy").reshape(cfg["vocab"], H)

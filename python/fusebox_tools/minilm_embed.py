@@ -84,8 +84,11 @@ def read_sentence_file(path, max_bytes=MAX_FILE_BYTES, max_sentences=MAX_SENTENC
     if os.path.isdir(path):
         raise ValueError(f"{where} is a folder: give a text file with one sentence per line")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes + 1)  # a pipe or device too: never more than the bound
+        # A regular file only: a FIFO would block forever, a device never end (opened non-blocking, then fstat).
+        with m.open_regular(path, "--file") as f:
+            raw = f.read(max_bytes + 1)
+    except m.MiniLMError as e:
+        raise ValueError(f"{e}: give a text file with one sentence per line")
     except OSError as e:
         raise ValueError(f"{where}: cannot read it ({e.strerror or e}): give a text file with one sentence per line")
     if len(raw) > max_bytes:
@@ -111,6 +114,7 @@ def tokenize(tokenizer_json, sentences, S, max_positions=512, warn=None, max_tok
     sentence-transformers cuts at its max_seq_length ([SEP] kept last), with one warning line
     per sentence (`warn`, default stderr). An empty sentence, or S beyond the model's
     `max_positions`, is a ValueError naming it."""
+    m.require_regular(tokenizer_json, "tokenizer")  # a FIFO there would block Tokenizer.from_file forever
     from tokenizers import Tokenizer
 
     if S > max_positions:

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -201,6 +202,84 @@ bool is_write_refused(int rc) {
   return p == SQLITE_READONLY || p == SQLITE_CANTOPEN || p == SQLITE_PERM || p == SQLITE_AUTH;
 }
 
+// The schema fusebox writes, statement for statement as sqlite_master keeps it.
+constexpr const char* kCreateEntries =
+    "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB NOT NULL, "
+    "created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, last_used_us INTEGER NOT NULL)";
+constexpr const char* kCreateLastUsedIndex = "CREATE INDEX entries_last_used ON entries(last_used_us)";
+
+// The longest value a cache row holds (the payload; metadata is far smaller),
+// plus room for the row around it: SQLite refuses to make a longer one.
+constexpr int kMaxValueBytes = static_cast<int>(cache_internal::kMaxPayloadBytes + (int64_t{1} << 20));
+
+// A cache file is data, never code: no schema-defined function runs with
+// privileges, no value grows past the largest entry.
+void harden(sqlite3* db) {
+  int* const no_result = nullptr;
+  sqlite3_db_config(db, SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0, no_result);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, no_result);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_TRIGGER, 0, no_result);
+  sqlite3_db_config(db, SQLITE_DBCONFIG_ENABLE_VIEW, 0, no_result);
+  sqlite3_limit(db, SQLITE_LIMIT_LENGTH, kMaxValueBytes);
+  sqlite3_limit(db, SQLITE_LIMIT_ATTACHED, 0);
+  exec(db, "PRAGMA trusted_schema = OFF");
+}
+
+// SQLITE_OK when sqlite_master holds exactly fusebox's schema (or nothing: a
+// fresh file); SQLITE_MISMATCH with *why naming every object found that is
+// not fusebox's and what was expected; another code when it cannot be read.
+int check_schema(sqlite3* db, std::string* why) {
+  Stmt s;
+  int rc = prepare(db, "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY rowid", &s);
+  if (rc != SQLITE_OK) return rc;
+  auto text = [&](int col) {
+    const unsigned char* t = sqlite3_column_text(s.get(), col);
+    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<size_t>(sqlite3_column_bytes(s.get(), col)))
+             : std::string();
+  };
+  bool table = false, autoindex = false, index = false, any = false;
+  std::vector<std::string> found;
+  while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+    any = true;
+    const std::string type = text(0), name = text(1), tbl = text(2), sql = text(3);
+    const bool sql_null = sqlite3_column_type(s.get(), 3) == SQLITE_NULL;
+    if (type == "table" && name == "entries" && sql == kCreateEntries && !table) {
+      table = true;
+    } else if (type == "index" && name == "sqlite_autoindex_entries_1" && tbl == "entries" && sql_null &&
+               !autoindex) {
+      autoindex = true;
+    } else if (type == "index" && name == "entries_last_used" && tbl == "entries" && sql == kCreateLastUsedIndex &&
+               !index) {
+      index = true;
+    } else if (type == "table" && name == "entries") {
+      const std::string upper = [&] {
+        std::string u = sql;
+        for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        return u;
+      }();
+      const bool generated = upper.find("GENERATED") != std::string::npos || upper.find(" AS (") != std::string::npos ||
+                             upper.find(" AS(") != std::string::npos;
+      found.push_back(std::string("table 'entries' declared differently") +
+                      (generated ? " (with a generated column)" : "") + ": " + sql.substr(0, 300));
+    } else {
+      found.push_back(type + " '" + name.substr(0, 100) + "'" +
+                      (tbl.empty() || tbl == name ? "" : " on '" + tbl.substr(0, 100) + "'"));
+    }
+    if (found.size() > 20) break;
+  }
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rc;
+  if (!any) return SQLITE_OK;
+  if (!table && found.empty()) found.push_back("no table 'entries'");
+  if (table && (!autoindex || !index)) found.push_back("the table's indexes are missing");
+  if (found.empty()) return SQLITE_OK;
+  std::string list;
+  for (const auto& f : found) list += (list.empty() ? "" : "; ") + f;
+  *why = "is not a fusebox plan cache: its schema holds " + list +
+         "; expected exactly the table and index fusebox writes (" + kCreateEntries + "; " + kCreateLastUsedIndex +
+         ") and nothing else (no trigger, view, generated column or other object)";
+  return SQLITE_MISMATCH;
+}
+
 }  // namespace
 
 std::string cache_key_hash(const CacheKey& k) {
@@ -272,6 +351,7 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
   }
   std::string why;
   if (!looks_like_sqlite_or_empty(path, &why)) {
+    c.open_error_ = IoError("plan cache '" + path + "' " + why);
     c.warn("plan cache " + path + ": " + why + "; leaving it untouched and running without a cache");
     return c;
   }
@@ -294,6 +374,7 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
     c.db_.reset(raw);
     if (rc != SQLITE_OK) return rc;
     sqlite3_extended_result_codes(raw, 1);
+    harden(raw);
     sqlite3_busy_timeout(raw, options.busy_timeout_ms);
     return SQLITE_OK;
   };
@@ -327,7 +408,7 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
             std::to_string(kPlanCacheFormatVersion) + ")";
       return SQLITE_MISMATCH;
     }
-    return SQLITE_OK;
+    return check_schema(c.db_.get(), &why);
   };
   auto init_read_write = [&]() -> int {
     // WAL lets readers and one writer proceed at once; changing it may
@@ -371,7 +452,10 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
              "); using it read-only, new plans will not be stored");
       c.read_only_ = true;
     } else if (rc != SQLITE_OK) {
-      c.disable(rc == SQLITE_MISMATCH ? why : "cannot open: " + db_error(c.db_.get(), rc));
+      const std::string reason = rc == SQLITE_MISMATCH ? why : "cannot open: " + db_error(c.db_.get(), rc);
+      c.open_error_ = (rc == SQLITE_MISMATCH ? ParseError("plan cache '" + path + "' " + reason)
+                                             : IoError("plan cache '" + path + "': " + reason));
+      c.disable(reason);
       return c;
     }
   }
@@ -390,10 +474,15 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
       }
     }
     if (rc != SQLITE_OK) {
-      c.disable(rc == SQLITE_MISMATCH ? why : "cannot open read-only: " + db_error(c.db_.get(), rc));
+      const std::string reason =
+          rc == SQLITE_MISMATCH ? why : "cannot open read-only: " + db_error(c.db_.get(), rc);
+      c.open_error_ = (rc == SQLITE_MISMATCH ? ParseError("plan cache '" + path + "' " + reason)
+                                             : IoError("plan cache '" + path + "': " + reason));
+      c.disable(reason);
       return c;
     }
     if (!has_table) {
+      c.open_error_ = IoError("plan cache '" + path + "' holds no plan cache (expected a file fusebox wrote)");
       c.disable("holds no plan cache and is read-only");
       return c;
     }
@@ -527,12 +616,24 @@ Status PlanCache::store(const CacheEntry& entry) {
 namespace {
 
 // Streams every row of `src`; invalid rows go to on_bad. fn returns false to stop.
-Status for_each_row(sqlite3* src,
-                    const std::function<bool(const Row&, const CacheEntry*, const Status&)>& fn) {
+// With max_read_bytes >= 0, stops (setting *stopped) before the row that would
+// take the bytes read (key, metadata and payload) past it.
+Status for_each_row(sqlite3* src, const std::function<bool(const Row&, const CacheEntry*, const Status&)>& fn,
+                    int64_t max_read_bytes = -1, bool* stopped = nullptr) {
   Stmt s;
   int rc = prepare(src, kSelectAll, &s);
   if (rc != SQLITE_OK) return IoError(db_error(src, rc));
+  int64_t read_bytes = 0;
   while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+    if (max_read_bytes >= 0) {
+      // Sizes from the record header: nothing is materialized yet.
+      read_bytes += sqlite3_column_bytes(s.get(), 0) + sqlite3_column_bytes(s.get(), 1) +
+                    sqlite3_column_bytes(s.get(), 2);
+      if (read_bytes > max_read_bytes) {
+        if (stopped) *stopped = true;
+        return Status::Ok();
+      }
+    }
     const Row row = read_row(s.get());
     CacheEntry e;
     const Status v = validate_entry_bytes(row.key, row.meta, row.payload, row.payload_size, &e);
@@ -622,8 +723,10 @@ Result<int> PlanCache::verify(std::vector<std::string>* bad, std::vector<std::st
 namespace {
 
 // Copies src's valid rows into dst in one transaction (newer created wins).
-// Returns the keys of rows skipped as corrupt in *skipped.
-Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped, std::string* error) {
+// Returns the keys of rows skipped as corrupt in *skipped. Reads at most
+// max_read_bytes (< 0: no bound; *stopped says whether it stopped early).
+Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped, std::string* error,
+                  int64_t max_read_bytes = -1, bool* stopped = nullptr) {
   Transaction tx(dst);
   int rc = tx.begin();
   if (rc != SQLITE_OK) {
@@ -652,7 +755,7 @@ Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped,
     sqlite3_bind_int64(ins.get(), 6, row.last_used_us);
     rc = sqlite3_step(ins.get());
     return rc == SQLITE_DONE;
-  });
+  }, max_read_bytes, stopped);
   if (!st.ok()) return st;
   if (rc != SQLITE_DONE && rc != SQLITE_OK) {
     *error = db_error(dst, rc);
@@ -667,64 +770,143 @@ Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped,
   return Status::Ok();
 }
 
-bool same_file(const std::string& a, const std::string& b) {
-  const auto ia = common::file_id(a);
-  return ia && ia == common::file_id(b);
+// A connection to an existing export target, held with an exclusive lock
+// from the check until the new file has replaced it.
+struct TargetLock {
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> db{nullptr, sqlite3_close_v2};
+};
+
+int exec_all(sqlite3* db, const char* sql) {
+  Stmt s;
+  int rc = prepare(db, sql, &s);
+  if (rc != SQLITE_OK) return rc;
+  while ((rc = sqlite3_step(s.get())) == SQLITE_ROW) {
+  }
+  return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
+
+bool is_busy(int rc) { return (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED; }
 
 }  // namespace
 
 Status PlanCache::export_to(const std::string& path) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
-  if (same_file(path, path_))
-    return InvalidArgument("plan cache export: " + path + " is this cache's own file");
+  const std::string where = "plan cache export to '" + path + "'";
+  // The shared output-vs-input check: this cache's file and its side files.
+  if (!common::check_outputs_spare_inputs({{"cache export file", path}}, {{"plan cache", path_, /*database=*/true}})
+           .ok()) {
+    return InvalidArgument(where + ": is this cache's own file or one of its side files (-wal, -shm, -journal); "
+                           "export to another file");
+  }
   // Built in a temporary file next to `path`, renamed over it at the end: a
   // failed export leaves no partial file and an old one intact.
   auto tmp = common::AtomicFile::create(path, "cache export file");
   if (!tmp.ok()) return tmp.status();
+  const std::string temp = tmp->temp_path();
+  struct SideFiles {  // the temporary database's own -wal/-shm, on every way out
+    std::string path;
+    ~SideFiles() { common::remove_sqlite_side_files(path); }
+  } temp_sides{temp};
+
+  // An existing target: a fusebox cache that nobody else has open, locked
+  // until it is replaced. Opening it recovers what a killed writer left in
+  // its -wal; leaving WAL mode checkpoints that into the file and needs every
+  // other connection closed (SQLITE_BUSY otherwise).
+  TargetLock target;
+  struct stat tst {};
+  if (::stat(path.c_str(), &tst) == 0 && tst.st_size > 0) {
+    std::string why;
+    if (!looks_like_sqlite_or_empty(path, &why)) return IoError(where + ": the file there " + why + "; not replaced");
+    sqlite3* raw = nullptr;
+    int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW, nullptr);
+    target.db.reset(raw);
+    if (rc != SQLITE_OK) return IoError(where + ": cannot open the file there: " + db_error(raw, rc));
+    sqlite3_extended_result_codes(raw, 1);
+    harden(raw);
+    sqlite3_busy_timeout(raw, 0);  // busy means open elsewhere: refuse, do not wait
+    rc = check_schema(raw, &why);
+    if (rc == SQLITE_MISMATCH) return ParseError(where + ": the file there " + why + "; not replaced");
+    if (rc == SQLITE_OK) {
+      Stmt t;
+      rc = prepare(raw, "SELECT (SELECT count(*) FROM sqlite_master), (SELECT application_id FROM pragma_application_id)",
+                   &t);
+      if (rc == SQLITE_OK && (rc = sqlite3_step(t.get())) == SQLITE_ROW) {
+        if (sqlite3_column_int(t.get(), 0) > 0 && sqlite3_column_int(t.get(), 1) != kApplicationId)
+          return ParseError(where + ": the file there is an SQLite database but not a fusebox plan cache; not replaced");
+        rc = SQLITE_OK;
+      }
+    }
+    if (rc == SQLITE_OK) rc = exec_all(raw, "PRAGMA journal_mode = DELETE");
+    if (rc == SQLITE_OK) rc = exec(raw, "BEGIN EXCLUSIVE");
+    if (rc == SQLITE_OK) rc = exec_all(raw, "SELECT count(*) FROM entries");  // takes the lock now
+    if (is_busy(rc)) {
+      return InvalidArgument(where + ": the file there is open in another connection or process (a Session, a "
+                             "running fusebox): close it and export again; nothing was written");
+    }
+    if (rc != SQLITE_OK) return IoError(where + ": cannot read the file there: " + db_error(raw, rc));
+  }
+
   PlanCacheOptions o;
   o.max_bytes = std::numeric_limits<int64_t>::max();
   std::vector<std::string> skipped;
   std::string error;
   {
-    PlanCache dst = PlanCache::open(tmp->temp_path(), o);
-    if (!dst.enabled() || dst.read_only())
-      return IoError("plan cache export to " + path + ": " + dst.warning());
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && st.st_size > 0) {
-      // An existing cache there is merged into (newer wins); anything else is left alone.
-      PlanCacheOptions ro = o;
-      ro.read_only = true;
-      PlanCache old = PlanCache::open(path, ro);
-      if (!old.enabled()) return IoError("plan cache export to " + path + ": " + old.warning());
+    PlanCache dst = PlanCache::open(temp, o);
+    if (!dst.enabled() || dst.read_only()) return IoError(where + ": " + dst.warning());
+    if (target.db) {
+      // An existing cache there is merged into (newer wins).
       std::vector<std::string> dropped;
-      Status st_old = merge_rows(old.db_.get(), dst.db_.get(), &dropped, &error);
+      Status st_old = merge_rows(target.db.get(), dst.db_.get(), &dropped, &error);
       for (const auto& d : dropped) warn(d + "; dropped from " + path);
-      if (!st_old.ok()) return IoError("plan cache export to " + path + ": " + st_old.message());
+      if (!st_old.ok()) return IoError(where + ": " + st_old.message());
     }
     Status st_new = merge_rows(db_.get(), dst.db_.get(), &skipped, &error);
     for (const auto& s : skipped) warn(s + "; not exported");
-    if (!st_new.ok()) return IoError("plan cache export to " + path + ": " + st_new.message());
-  }  // closed: SQLite checkpoints and removes its -wal file
-  return tmp->commit();
+    if (!st_new.ok()) return IoError(where + ": " + st_new.message());
+    // One self-contained file: everything in it, no -wal or -shm beside it.
+    int rc = exec_all(dst.db_.get(), "PRAGMA wal_checkpoint(TRUNCATE)");
+    if (rc == SQLITE_OK) rc = exec_all(dst.db_.get(), "PRAGMA journal_mode = DELETE");
+    if (rc != SQLITE_OK) return IoError(where + ": cannot checkpoint the new file: " + db_error(dst.db_.get(), rc));
+  }
+  // The old file's side files belong to it, not to the new one: a stale -wal
+  // would be replayed onto the new file. Removed while the lock is held.
+  common::remove_sqlite_side_files(path);
+  Status committed = tmp->commit();
+  target.db.reset();  // releases the old file's lock (its inode is gone from `path`)
+  return committed;
 }
 
 Status PlanCache::import_from(const std::string& path) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   if (read_only_) return IoError("plan cache " + path_ + " is read-only");
-  if (same_file(path, path_))
-    return InvalidArgument("plan cache import: " + path + " is this cache's own file");
+  if (Status st = common::check_outputs_spare_inputs({{"plan cache", path_, /*database=*/true}},
+                                                     {{"import file", path}});
+      !st.ok())
+    return InvalidArgument("plan cache import: '" + path + "' is this cache's own file");
   // Not a FIFO or device: SQLite would block on one or read it forever.
   if (Status st = common::require_regular_file(path, "plan cache import file"); !st.ok()) return st;
   PlanCacheOptions o;
   o.read_only = true;
   PlanCache src = PlanCache::open(path, o);
-  if (!src.enabled()) return IoError("plan cache import from " + path + ": " + src.warning());
+  if (!src.enabled()) {
+    if (!src.open_error_.ok()) return src.open_error_.WithContext("plan cache import");
+    return IoError("plan cache import from " + path + ": " + src.warning());
+  }
   std::vector<std::string> skipped;
   std::string error;
-  Status st = merge_rows(src.db_.get(), db_.get(), &skipped, &error);
+  bool stopped = false;
+  // Rows are read most recently used first; past this cache's size they would be evicted anyway.
+  Status st = merge_rows(src.db_.get(), db_.get(), &skipped, &error, max_bytes_, &stopped);
   for (const auto& s : skipped) warn(s + "; not imported");
-  if (!st.ok()) return write_failed("import from " + path, sqlite3_extended_errcode(db_.get()));
+  if (stopped) {
+    warn("plan cache import from " + path + ": stopped after " + std::to_string(max_bytes_) +
+         " bytes of entries (this cache's max_bytes); its older entries were not read");
+  }
+  if (!st.ok()) {
+    const int rc = sqlite3_extended_errcode(db_.get());
+    if (rc != SQLITE_OK && rc != SQLITE_DONE && rc != SQLITE_ROW) return write_failed("import from " + path, rc);
+    return IoError("plan cache import from " + path + ": " + st.message());
+  }
   Transaction tx(db_.get());
   int rc = tx.begin();
   if (rc == SQLITE_OK) rc = evict_locked().ok() ? tx.commit() : sqlite3_extended_errcode(db_.get());

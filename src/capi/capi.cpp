@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/file_io.h"
 #include "fusebox/dtype.h"
 #include "fusebox/fusebox.h"
 #include "fusebox/plan_file.h"
@@ -166,7 +167,9 @@ fusebox_status fusebox_graph_load(const char* path, fusebox_graph** out) {
     if (!out) return null_arg(fn, "out");
     *out = nullptr;
     if (!path) return null_arg(fn, "path");
-    return make_graph(fn, fusebox::load_graph_file(path), out);
+    const fusebox_status st = make_graph(fn, fusebox::load_graph_file(path), out);
+    if (st == FUSEBOX_OK) (*out)->source_path = path;
+    return st;
   });
 }
 
@@ -240,6 +243,8 @@ fusebox_status fusebox_session_create(int device_id, const char* device_properti
     fusebox::SessionOptions so;
     so.device_id = device_id;
     if (device_properties_file) so.device_properties_file = device_properties_file;
+    box->device_properties_file = so.device_properties_file;
+    if (cache_path) box->cache_path = cache_path;
     if (cache_path) {
       box->cache.emplace(fusebox::PlanCache::open(cache_path));
       so.cache = &*box->cache;
@@ -306,6 +311,7 @@ fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_
     if (!plan.ok()) return fail(fn, plan.status());
     auto h = std::make_unique<fusebox_plan>();
     h->graph = graph->graph;
+    h->graph_path = graph->source_path;
     h->box = session->box;
     h->plan = std::make_shared<fusebox::Plan>(std::move(*plan));
     h->source = report.source_text();
@@ -330,6 +336,12 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
   return guarded(fn, [&] {
     if (!plan) return null_arg(fn, "plan");
     if (!path) return null_arg(fn, "path");
+    // The shared output-vs-input check: never over the graph file, the cache or the device file.
+    Status spare = fusebox::common::check_outputs_spare_inputs(
+        {{"plan file", path}}, {{"graph file", plan->graph_path},
+                                {"plan cache", plan->box->cache_path, /*database=*/true},
+                                {"device-properties file", plan->box->device_properties_file}});
+    if (!spare.ok()) return fail(fn, spare);
     Result<std::vector<uint8_t>> bytes = plan->plan->serialize();
     if (!bytes.ok()) return fail(fn, bytes.status());
     const fusebox::DeviceTarget& target = plan->box->session->target();
@@ -406,6 +418,7 @@ fusebox_status tune_plan(const char* fn, fusebox_session* session, const fusebox
     }
     auto h = std::make_unique<fusebox_plan>();
     h->graph = graph->graph;
+    h->graph_path = graph->source_path;
     h->box = session->box;
     h->plan = std::make_shared<fusebox::Plan>(std::move(t->plan));
     h->source = std::move(source);

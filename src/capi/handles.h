@@ -18,10 +18,12 @@ struct fusebox_graph {
   std::shared_ptr<const fusebox::ResolvedGraph> graph;
   std::vector<int> bindable;  // indices of the tensors the caller binds, in graph order
   std::string describe;       // filled on first fusebox_graph_describe
+  std::string source_path;    // the file fusebox_graph_load read ("" for text): plan_save never writes it
 };
 
 // The cache outlives the session that points at it (members die in reverse order).
 struct SessionBox {
+  std::string cache_path, device_properties_file;  // inputs plan_save never writes over
   std::optional<fusebox::PlanCache> cache;
   std::unique_ptr<fusebox::Session> session;
 };
@@ -36,6 +38,7 @@ struct fusebox_plan {
   std::shared_ptr<fusebox::Plan> plan;
   std::string source;
   std::string cache = "off";  // the plan cache's part: "hit", "miss", "off"
+  std::string graph_path;     // the graph's source_path
 };
 
 struct fusebox_bound_plan {

@@ -6,8 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <filesystem>
+#include <mutex>
+#include <new>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -99,7 +104,11 @@ Result<std::string> read_file_bounded(const std::string& path, uint64_t max_byte
                    "s are limited to " + format_limit(max_bytes));
   }
   std::string out;
-  out.reserve(static_cast<size_t>(size));
+  try {
+    out.reserve(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    return out_of_host_memory("reading " + quoted(what, path) + " (" + std::to_string(size) + " bytes)");
+  }
   // Read one byte past the limit so that a file growing meanwhile is caught.
   const uint64_t cap = max_bytes == UINT64_MAX ? max_bytes : max_bytes + 1;
   char buf[1 << 16];
@@ -111,7 +120,11 @@ Result<std::string> read_file_bounded(const std::string& path, uint64_t max_byte
       return IoError(quoted(what, path) + ": read failed: " + errno_text(errno));
     }
     if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
+    try {
+      out.append(buf, static_cast<size_t>(n));
+    } catch (const std::bad_alloc&) {
+      return out_of_host_memory("reading " + quoted(what, path));
+    }
   }
   if (out.size() > max_bytes) {
     return IoError(quoted(what, path) + ": grew past " + format_limit(max_bytes) + " while being read; " +
@@ -139,6 +152,7 @@ Status check_replaceable(const std::string& path, std::string_view what) {
 }
 
 Result<AtomicFile> AtomicFile::create(const std::string& path, std::string_view what) {
+  ignore_file_size_signal();  // a write past `ulimit -f` fails with EFBIG instead of killing us
   FUSEBOX_RETURN_IF_ERROR(check_replaceable(path, what));
   auto [dir, base] = split_path(path);
   if (base.empty() || base == "." || base == "..") {
@@ -246,19 +260,88 @@ std::optional<FileId> file_id(const std::string& path) {
   return FileId{st.st_dev, st.st_ino};
 }
 
-Status refuse_overwriting_input(const std::string& output, std::string_view output_what,
-                                const std::vector<NamedPath>& inputs) {
-  const auto out = file_id(output);
-  if (!out) return Status::Ok();
+namespace {
+
+// The absolute name of `path`, with links and "." / ".." resolved as far as
+// the path exists (a file not written yet keeps its last components).
+std::string normal_name(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  if (ec) return path;
+  const std::filesystem::path canon = std::filesystem::weakly_canonical(abs, ec);
+  return (ec ? abs.lexically_normal() : canon).string();
+}
+
+struct KnownPath {
+  std::string what, path, name;
+  std::optional<FileId> id;
+};
+
+KnownPath known(std::string what, std::string path) {
+  KnownPath k{std::move(what), std::move(path), "", std::nullopt};
+  k.name = normal_name(k.path);
+  k.id = file_id(k.path);
+  return k;
+}
+
+bool same(const KnownPath& a, const KnownPath& b) { return a.name == b.name || (a.id && a.id == b.id); }
+
+}  // namespace
+
+Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  std::vector<KnownPath> ins;
   for (const auto& in : inputs) {
-    if (in.path.empty()) continue;
-    if (file_id(in.path) == out) {
-      return InvalidArgument(quoted(output_what, output) + " is the same file as the " + in.what + " '" +
-                             in.path +
-                             "': refusing to overwrite an input of this command (write to another file)");
+    if (in.path.empty() || in.path.find('\0') != std::string::npos) continue;
+    ins.push_back(known(in.what, in.path));
+    if (!in.database) continue;
+    for (const char* side : {"-wal", "-shm", "-journal"})
+      ins.push_back(known(in.what + " (its " + std::string(side + 1) + " file)", in.path + side));
+  }
+  std::vector<KnownPath> outs;
+  for (const auto& out : outputs) {
+    if (out.path.empty() || out.path.find('\0') != std::string::npos) continue;
+    KnownPath o = known(out.what, out.path);
+    for (const auto& in : ins) {
+      if (same(o, in)) {
+        return InvalidArgument(quoted(o.what, o.path) + " is the same file as the " + in.what + " '" + in.path +
+                               "': refusing to overwrite an input of this command (write to another file)");
+      }
     }
+    for (const auto& prev : outs) {
+      if (same(o, prev)) {
+        return InvalidArgument(quoted(o.what, o.path) + " is the same file as the " + prev.what + " '" +
+                               prev.path + "': each output needs a file of its own");
+      }
+    }
+    outs.push_back(std::move(o));
   }
   return Status::Ok();
+}
+
+Status refuse_overwriting_input(const std::string& output, std::string_view output_what,
+                                const std::vector<NamedPath>& inputs) {
+  return check_outputs_spare_inputs({{std::string(output_what), output}}, inputs);
+}
+
+void ignore_file_size_signal() {
+  // Checked on every call (one system call): a program may reset it meanwhile.
+  struct sigaction old {};
+  if (::sigaction(SIGXFSZ, nullptr, &old) != 0) return;
+  // A handler the program installed is its own business.
+  if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) return;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  (void)::sigaction(SIGXFSZ, &ign, nullptr);
+}
+
+void remove_sqlite_side_files(const std::string& path) {
+  for (const char* side : {"-wal", "-shm", "-journal"}) (void)::unlink((path + side).c_str());
+}
+
+Status out_of_host_memory(std::string_view doing) {
+  return IoError("out of host memory while " + std::string(doing) +
+                 " (free memory, raise the process's memory limit, or use a smaller file)");
 }
 
 }  // namespace fusebox::common

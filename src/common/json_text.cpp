@@ -2,12 +2,13 @@
 
 namespace fusebox::common {
 
-JsonTextLimit scan_json_text(std::string_view text, int max_depth, size_t max_values) {
+JsonTextLimit scan_json_text(std::string_view text, int max_depth, size_t max_values, bool refuse_nul) {
   int depth = 0;
   size_t values = 1;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
+    if (c == '\0' && refuse_nul) return {JsonTextLimit::Kind::kNul, i};
     if (in_string) {
       if (c == '\\') {
         ++i;

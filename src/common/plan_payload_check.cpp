@@ -460,7 +460,7 @@ Status check_backend_json(const std::string& text, const Schema& s) {
 }  // namespace
 
 Status check_json_text_depth(std::string_view text, int max_depth, const std::string& where) {
-  const JsonTextLimit hit = scan_json_text(text, max_depth, static_cast<size_t>(-1));
+  const JsonTextLimit hit = scan_json_text(text, max_depth, static_cast<size_t>(-1), /*refuse_nul=*/false);
   if (hit.kind == JsonTextLimit::Kind::kDepth) {
     return ParseError(where + ": JSON nested deeper than " + std::to_string(max_depth) + " levels (at byte " +
                       std::to_string(hit.byte) + ")");

@@ -3,6 +3,9 @@
 // nlohmann::adl_serializer<float> in other translation units (ODR), so only
 // double and integers are used here.
 #include <cctype>
+#include <iterator>
+#include <new>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
@@ -314,6 +317,82 @@ class Parser : public JsonReader {
   std::map<std::string, SymbolRange> symbols_;
 };
 
+// nlohmann's DOM builder that stops at a key repeated within one object (the
+// DOM would keep the last one). A parse callback could find it too, but makes
+// nlohmann's parser quadratic in an array's length (end_object scans the
+// parent array), which a 100,000-op graph cannot afford.
+class DomWithoutDuplicateKeys {
+ public:
+  explicit DomWithoutDuplicateKeys(json& root) : dom_(root, /*allow_exceptions=*/true) {}
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) { return dom_.number_float(v, s); }
+  bool string(json::string_t& v) { return dom_.string(v); }
+  bool binary(json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    keys_.emplace_back();
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    if (!keys_.back().insert(k).second) {
+      duplicate_ = k;
+      return false;  // stops the parse
+    }
+    return dom_.key(k);
+  }
+  bool end_object() {
+    keys_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return dom_.start_array(n); }
+  bool end_array() { return dom_.end_array(); }
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& token, const Exception& e) {
+    return dom_.parse_error(position, token, e);  // throws e
+  }
+  const std::string& duplicate() const { return duplicate_; }
+
+ private:
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  std::vector<std::set<std::string>> keys_;  // of the objects open now
+  std::string duplicate_;
+};
+
+// Frees a DOM after a bad_alloc. nlohmann's destructor (noexcept) reserves a
+// vector as long as an array to free it without recursion: out of memory,
+// that reservation fails and the process terminates. Here containers are
+// emptied from their last element, depth first, so that every element
+// destroyed is a leaf or an empty container (which allocates nothing); the
+// path is a fixed array (depth is bounded by the pre-scan).
+void release_without_allocating(json& root) noexcept {
+  constexpr int kMaxPath = 2 * limits::kMaxJsonDepth + 2;
+  json* path[kMaxPath];
+  int top = 0;
+  path[0] = &root;
+  while (top >= 0) {
+    json& cur = *path[top];
+    if (cur.is_array() && !cur.empty()) {
+      json& last = cur.back();
+      if (last.is_structured() && !last.empty() && top + 1 < kMaxPath) {
+        path[++top] = &last;
+      } else {
+        cur.erase(cur.end() - 1);
+      }
+    } else if (cur.is_object() && !cur.empty()) {
+      auto last = std::prev(cur.end());
+      if (last->is_structured() && !last->empty() && top + 1 < kMaxPath) {
+        path[++top] = &*last;
+      } else {
+        cur.erase(last);
+      }
+    } else {
+      --top;
+    }
+  }
+}
+
 // The first place where the shape of `text` exceeds a limit, as a message; empty
 // if none. A linear scan before parsing: nlohmann::json prints (in messages) and
 // compares recursively, and its DOM takes up to ~40 times a file's size.
@@ -329,6 +408,8 @@ std::string json_shape_error(std::string_view text) {
     case common::JsonTextLimit::Kind::kValues:
       return at + ": more than " + std::to_string(limits::kMaxJsonValues) +
              " JSON values (numbers, strings, arrays, objects), the limit per graph file";
+    case common::JsonTextLimit::Kind::kNul:
+      return at + ": a NUL byte, which JSON text never holds (outside strings or in them: write \\u0000)";
   }
   return "";
 }
@@ -347,15 +428,32 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
       return p == std::string::npos ? what : what.substr(p + 2);
     };
     try {
-      root = json::parse(text.begin(), text.end());
+      // A repeated key would silently replace the first (the last one won):
+      // refused, as pipeline files refuse it.
+      DomWithoutDuplicateKeys dom(root);
+      if (!json::sax_parse(text.begin(), text.end(), &dom)) {
+        if (dom.duplicate().empty()) return ParseError(std::string(origin) + ": invalid JSON");
+        return InvalidArgument(std::string(origin) + ": key '" + dom.duplicate() +
+                               "' appears twice in one object: each key (field, tensor, op attribute) once");
+      }
     } catch (const json::parse_error& e) {
       return ParseError(std::string(origin) + ": invalid JSON at byte " + std::to_string(e.byte) + ": " +
                         without_id(e.what()));
     } catch (const json::out_of_range& e) {  // a number too large for a double: 1e999
       return ParseError(std::string(origin) + ": invalid JSON: " + without_id(e.what()));
+    } catch (const std::bad_alloc&) {
+      release_without_allocating(root);
+      return common::out_of_host_memory("reading the graph " + std::string(origin));
     }
-    Parser parser(origin);
-    return parser.graph(root);
+    try {
+      Parser parser(origin);
+      return parser.graph(root);
+    } catch (const std::bad_alloc&) {
+      release_without_allocating(root);
+      return common::out_of_host_memory("reading the graph " + std::string(origin));
+    }
+  } catch (const std::bad_alloc&) {
+    return common::out_of_host_memory("reading the graph " + std::string(origin));
   } catch (const std::exception& e) {
     return Internal(std::string(origin) + ": unexpected error while reading the graph: " + e.what());
   }

@@ -204,6 +204,11 @@ class HeaderParser {
       SkipSpace();
       if (!Consume(':')) return Error("expected ':' after key '" + key + "'");
       SkipSpace();
+      // numpy's literal_eval keeps the last of repeated keys; refusing them
+      // keeps fusebox from reading an array numpy reads differently.
+      if ((key == "descr" && h->has_descr) || (key == "fortran_order" && h->has_fortran) ||
+          (key == "shape" && h->has_shape))
+        return Error("key '" + key + "' appears twice (each of 'descr', 'fortran_order', 'shape' once)");
       if (key == "descr") {
         FUSEBOX_RETURN_IF_ERROR(ParseString(&h->descr));
         h->has_descr = true;
@@ -368,11 +373,11 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
   NpyHeader h;
   const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + prefix), header_len);
   if (Status st = HeaderParser(header_text).Parse(&h); !st.ok()) return st.WithContext(path);
-  if (h.fortran_order) return NotSupported(where + "fortran_order=True arrays are not supported (save a C-ordered array, e.g. np.ascontiguousarray)");
+  if (h.fortran_order) return InvalidArgument(where + "fortran_order=True arrays are not supported (save a C-ordered array, e.g. np.ascontiguousarray)");
   if (!h.descr.empty() && h.descr[0] == '>')
-    return NotSupported(where + "big-endian dtype '" + h.descr + "' is not supported (use '<' little-endian)");
+    return InvalidArgument(where + "big-endian dtype '" + h.descr + "' is not supported (use '<' little-endian)");
   const std::optional<NpyType> type = parse_descr(h.descr);
-  if (!type) return NotSupported(where + "unsupported dtype '" + h.descr + "' (accepted: <f2, <f4, <f8, <i4, <i8)");
+  if (!type) return InvalidArgument(where + "unsupported dtype '" + h.descr + "' (accepted: <f2, <f4, <f8, <i4, <i8, |u1)");
   if (type->is_float && !dtype_is_float(t.dtype))
     return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
                            std::string(dtype_name(t.dtype)) + " (save an integer array)");

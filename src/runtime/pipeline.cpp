@@ -116,6 +116,8 @@ class Loader {
     if (hit.kind == common::JsonTextLimit::Kind::kValues)
       return InvalidArgument(at + ": more than " + std::to_string(kMaxJsonValues) +
                              " JSON values, the limit per pipeline file");
+    if (hit.kind == common::JsonTextLimit::Kind::kNul)
+      return ParseError(at + ": a NUL byte, which JSON text never holds (in a string write \\u0000)");
     const auto without_id = [](const std::string& what) {
       auto p = what.find("] ");
       return p == std::string::npos ? what : what.substr(p + 2);
@@ -673,6 +675,8 @@ Result<Pipeline> parse_pipeline_json(std::string_view text, std::string_view ori
     auto p = Loader(origin, base_dir, shape).load(text);
     if (p.ok()) p->path = std::string(origin);
     return p;
+  } catch (const std::bad_alloc&) {
+    return common::out_of_host_memory("reading the pipeline " + std::string(origin));
   } catch (const std::exception& e) {
     return Internal(std::string(origin) + ": unexpected error while reading the pipeline: " + e.what());
   }

@@ -8,10 +8,12 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <new>
 #include <thread>
 #include <variant>
 
 #include "common/dims_string.h"
+#include "common/file_io.h"
 #include "common/stopwatch.h"
 #include "common/strided.h"
 #include "device_buffers.h"
@@ -190,7 +192,8 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
     if (k == BufferKind::kInput || k == BufferKind::kConstant) todo.push_back(bi);
   }
   std::vector<Result<HostTensor>> got(todo.size(), Status(StatusCode::kInternal, "not loaded"));
-  auto load_one = [&](size_t j) {
+  SafetensorsReader safetensors;  // each file's header parsed once, however many constants it holds
+  auto load_one_unguarded = [&](size_t j) {
     const size_t bi = todo[j];
     const PipelineBuffer& buf = p.buffers[bi];
     const ResolvedTensor t = buffer_tensor(p, static_cast<int>(bi));
@@ -205,7 +208,7 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       got[j] = make_input(t, seed);
       return;
     }
-    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty() ? read_safetensors_for(path, buf.key, t)
+    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty() ? safetensors.read(path, buf.key, t)
                                                                   : read_npy_for(path, t, /*same_kind=*/true);
     if (!h.ok()) {
       const std::string expected = std::string(dtype_is_float(buf.dtype) ? "a float" : "an integer") +
@@ -218,6 +221,14 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       return;
     }
     got[j] = std::move(h);
+  };
+  // On the loader threads an exception would end the process: running out of memory is an error.
+  auto load_one = [&](size_t j) {
+    try {
+      load_one_unguarded(j);
+    } catch (const std::bad_alloc&) {
+      got[j] = common::out_of_host_memory(where(p) + ": loading buffer " + sq(p.buffers[todo[j]].name));
+    }
   };
   const size_t threads =
       std::min<size_t>({todo.size(), std::max(1u, std::thread::hardware_concurrency()), size_t{8}});

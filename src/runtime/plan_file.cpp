@@ -78,6 +78,8 @@ Result<PlanFile> read_plan_file(const std::string& path) {
       return ParseError(path + ": checksum mismatch: the plan file is corrupt");
     }
     FUSEBOX_RETURN_IF_ERROR(common::check_plan_payload(pf.payload.data(), pf.payload.size(), path));
+  } catch (const std::bad_alloc&) {
+    return common::out_of_host_memory("reading plan file '" + path + "'");
   } catch (const std::exception& e) {
     return ParseError(path + ": bad plan file header: " + e.what());
   }

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -514,6 +515,154 @@ TEST_F(PlanCacheTest, ForeignSqliteDatabaseIsLeftUntouched) {
   EXPECT_TRUE(read_all(path_) == before) << "the file was modified";
 }
 
+// ---------------------------------------------------------------- issue #32: a cache file is data, never code
+
+// A file with fusebox's identity (application_id, user_version) and the given schema statements.
+void make_foreign_cache(const std::string& path, const std::string& ddl) {
+  raw_sql(path, "PRAGMA application_id = 1178750808; PRAGMA user_version = 1; " + ddl);
+}
+
+constexpr const char* kFusebox =
+    "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB NOT NULL, "
+    "created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, last_used_us INTEGER NOT NULL);"
+    "CREATE INDEX entries_last_used ON entries(last_used_us);";
+
+// Case 6/7: a payload column declared AS (zeroblob(900000000)) took 7 GB and 30 s to import.
+TEST_F(PlanCacheTest, GeneratedColumnIsRefusedBeforeAnyRowIsRead) {
+  const std::string src = (dir_ / "generated.sqlite").string();
+  make_foreign_cache(src,
+                     "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB AS "
+                     "(zeroblob(900000000)) VIRTUAL, created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, "
+                     "last_used_us INTEGER NOT NULL); CREATE INDEX entries_last_used ON entries(last_used_us);"
+                     "INSERT INTO entries(key, meta, created_utc, stored_bytes, last_used_us) VALUES('k', '{}', "
+                     "'2026', 1, 1);");
+  PlanCache c = PlanCache::open(path_);
+  ASSERT_TRUE(c.enabled()) << c.warning();
+  const auto start = std::chrono::steady_clock::now();
+  Status st = c.import_from(src);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kParseError) << st.ToString();
+  EXPECT_NE(st.message().find("generated column"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("expected exactly"), std::string::npos) << st.message();
+  EXPECT_LT(s, 5.0);
+  EXPECT_EQ(raw_count(path_), 0);
+  PlanCache direct = PlanCache::open(src);
+  EXPECT_FALSE(direct.enabled());
+  EXPECT_NE(direct.warning().find("generated column"), std::string::npos) << direct.warning();
+}
+
+// Case 8: a trigger that wrote 200 MB on every cache hit.
+TEST_F(PlanCacheTest, TriggerViewAndExtraObjectsAreRefused) {
+  {
+    PlanCache c = PlanCache::open(path_);
+    ASSERT_TRUE(c.store(make_entry("k")).ok());
+  }
+  raw_sql(path_,
+          "CREATE TABLE junk(x); CREATE TRIGGER grow AFTER UPDATE ON entries BEGIN INSERT INTO junk "
+          "VALUES(zeroblob(200000000)); END;");
+  const auto size_before = fs::file_size(path_);
+  {
+    PlanCache c = PlanCache::open(path_);
+    EXPECT_FALSE(c.enabled());
+    EXPECT_NE(c.warning().find("trigger 'grow' on 'entries'"), std::string::npos) << c.warning();
+    EXPECT_NE(c.warning().find("table 'junk'"), std::string::npos) << c.warning();
+    EXPECT_FALSE(must_lookup(c, "k").has_value());
+  }
+  EXPECT_EQ(fs::file_size(path_), size_before) << "the trigger ran";
+  const std::string v = (dir_ / "view.sqlite").string();
+  make_foreign_cache(v, std::string(kFusebox) + "CREATE VIEW everything AS SELECT * FROM entries;");
+  PlanCache cv = PlanCache::open(v);
+  EXPECT_FALSE(cv.enabled());
+  EXPECT_NE(cv.warning().find("view 'everything'"), std::string::npos) << cv.warning();
+  // The exact schema fusebox writes, made by hand, is accepted.
+  const std::string same = (dir_ / "same.sqlite").string();
+  make_foreign_cache(same, kFusebox);
+  PlanCache cs = PlanCache::open(same);
+  EXPECT_TRUE(cs.enabled()) << cs.warning();
+}
+
+// Case 14: an entries table without the expected columns said "not an error".
+TEST_F(PlanCacheTest, WrongSchemaImportSaysWhatWasExpected) {
+  const std::string src = (dir_ / "wrong.sqlite").string();
+  make_foreign_cache(src, "CREATE TABLE entries(key TEXT PRIMARY KEY, blob BLOB);");
+  PlanCache c = PlanCache::open(path_);
+  Status st = c.import_from(src);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kParseError) << st.ToString();
+  EXPECT_EQ(st.message().find("not an error"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("expected exactly the table and index fusebox writes (CREATE TABLE entries(key TEXT"),
+            std::string::npos)
+      << st.message();
+}
+
+// Case 3: a writer killed mid-write left -wal/-shm beside the export target;
+// the rename kept them and the new file read as malformed.
+TEST_F(PlanCacheTest, ExportOverAKilledWritersSideFilesKeepsEverything) {
+  const std::string target = (dir_ / "target.sqlite").string();
+  {
+    PlanCache t = PlanCache::open(target);
+    ASSERT_TRUE(t.store(make_entry("old-1", 300, 1)).ok());
+  }
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    PlanCache t = PlanCache::open(target);
+    (void)t.store(make_entry("old-2", 300, 2));
+    ::kill(::getpid(), SIGKILL);  // no close: -wal and -shm stay, old-2 only in the -wal
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_TRUE(fs::exists(target + "-wal")) << "the killed writer left no -wal: the test tests nothing";
+  PlanCache a = PlanCache::open(path_);
+  ASSERT_TRUE(a.store(make_entry("mine", 300, 3)).ok());
+  Status st = a.export_to(target);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_FALSE(fs::exists(target + "-wal"));
+  EXPECT_FALSE(fs::exists(target + "-shm"));
+  PlanCache t = PlanCache::open(target);
+  ASSERT_TRUE(t.enabled()) << t.warning();
+  std::vector<std::string> bad;
+  auto checked = t.verify(&bad);
+  ASSERT_TRUE(checked.ok()) << checked.status().ToString();
+  EXPECT_EQ(*checked, 3);
+  EXPECT_TRUE(bad.empty());
+  for (const char* k : {"old-1", "old-2", "mine"}) EXPECT_TRUE(must_lookup(t, k).has_value()) << k;
+}
+
+// Case 4: an export onto a cache another connection holds open reported
+// success, but that connection never saw the exported entries.
+TEST_F(PlanCacheTest, ExportOntoACacheOpenElsewhereIsRefused) {
+  const std::string target = (dir_ / "live.sqlite").string();
+  PlanCache live = PlanCache::open(target);
+  ASSERT_TRUE(live.store(make_entry("theirs", 300, 1)).ok());
+  PlanCache a = PlanCache::open(path_);
+  ASSERT_TRUE(a.store(make_entry("mine", 300, 2)).ok());
+  Status st = a.export_to(target);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("open in another connection or process"), std::string::npos) << st.message();
+  EXPECT_TRUE(must_lookup(live, "theirs").has_value());
+  ASSERT_TRUE(live.store(make_entry("theirs-2", 300, 3)).ok()) << "the live cache still works";
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  // Closed, the same export goes through and keeps both.
+  { PlanCache closed = std::move(live); }
+  ASSERT_TRUE(a.export_to(target).ok());
+  PlanCache t = PlanCache::open(target);
+  for (const char* k : {"theirs", "theirs-2", "mine"}) EXPECT_TRUE(must_lookup(t, k).has_value()) << k;
+}
+
+TEST_F(PlanCacheTest, ExportRefusesTheCachesOwnSideFiles) {
+  PlanCache a = PlanCache::open(path_);
+  ASSERT_TRUE(a.store(make_entry("k")).ok());
+  Status st = a.export_to(path_ + "-wal");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_TRUE(must_lookup(a, "k").has_value());
+}
+
 TEST_F(PlanCacheTest, NewerFormatIsDisabled) {
   { PlanCache c = PlanCache::open(path_); }
   raw_sql(path_, "PRAGMA user_version = 99");
@@ -707,6 +856,7 @@ TEST_F(PlanCacheTest, ImportRespectsSizeLimit) {
   EXPECT_GT(raw_count(path_), 0);
   EXPECT_LT(raw_count(path_), 10);
   EXPECT_TRUE(must_lookup(small, "k9").has_value()) << "the most recently used survive";
+  EXPECT_NE(small.warning().find("stopped after 5000 bytes"), std::string::npos) << small.warning();
 }
 
 TEST_F(PlanCacheTest, VerifyFindsCorruptedEntry) {

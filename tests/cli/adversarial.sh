@@ -239,6 +239,150 @@ check "... with a warning naming the link" grep -q 'symbolic link' "$TMP/stderr"
 expect "build through a linked cache runs uncached" 0 "" 'symbolic link' \
   build "$GRAPH" --device "$DEVPROP" --cache "$TMP/cache_link.sqlite"
 
+# ---------------------------------------------------------------- issue #32: outputs never destroy inputs
+DC="$TMP/dotcache.sqlite"
+expect "#32.1 a cache to draw over" 0 "" 'stored in the plan cache' build "$GRAPH" --device "$DEVPROP" --cache "$DC"
+dc_sum=$(cksum < "$DC")
+expect "#32.1 build --dot onto the plan cache" 2 InvalidArgument 'same file as the plan cache' \
+  build "$GRAPH" --device "$DEVPROP" --cache "$DC" --dot="$DC"
+check "... which is still the cache" test "$(cksum < "$DC")" = "$dc_sum"
+expect "#32.1 build --dot onto a cache not created yet" 2 InvalidArgument 'same file as the plan cache' \
+  build "$GRAPH" --device "$DEVPROP" --cache "$TMP/new-cache.sqlite" --dot="$TMP/new-cache.sqlite"
+check "... and no cache was created" test ! -e "$TMP/new-cache.sqlite"
+expect "#32.1 build --dot onto the cache's -wal" 2 InvalidArgument 'same file as the plan cache' \
+  build "$GRAPH" --device "$DEVPROP" --cache "$DC" --dot="$DC-wal"
+x_sum=$(cksum < "$TMP/x_ok.npy")
+expect "#32.2 check --dot onto an --inputs file" 2 InvalidArgument 'same file as the --inputs file' \
+  check "$GRAPH" --inputs "x=$TMP/x_ok.npy" --dot="$TMP/x_ok.npy"
+check "... which is unchanged" test "$(cksum < "$TMP/x_ok.npy")" = "$x_sum"
+expect "#32.2 build --dot and --plan-out to one file" 2 InvalidArgument 'each output needs a file of its own' \
+  build "$GRAPH" --device "$DEVPROP" --no-cache --dot="$TMP/both.out" --plan-out "$TMP/both.out"
+check "... nothing was written" test ! -e "$TMP/both.out"
+
+# A killed writer's -wal/-shm beside an export target (#32.3), and a target
+# another process holds open (#32.4).
+python3 - "$DC" "$TMP/killed.sqlite" <<'PYEOF'
+import os, shutil, signal, sqlite3, sys
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copy(src, dst)
+pid = os.fork()
+if pid == 0:
+    db = sqlite3.connect(dst)
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA wal_autocheckpoint = 0")
+    db.execute("UPDATE entries SET last_used_us = last_used_us + 1")
+    db.commit()
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(pid, 0)
+assert os.path.exists(dst + "-wal") and os.path.getsize(dst + "-wal") > 0
+PYEOF
+expect "#32.3 cache export over a killed writer's side files" 0 "" 'wrote' \
+  cache export "$TMP/killed.sqlite" --cache "$CACHE"
+check "... leaves no stale -wal or -shm" test ! -e "$TMP/killed.sqlite-wal" -a ! -e "$TMP/killed.sqlite-shm"
+expect "#32.3 ... and the export reads back whole" 0 "" '[1-9][0-9]* entries checked, 0 bad' cache verify --cache "$TMP/killed.sqlite"
+cp "$DC" "$TMP/live.sqlite"
+python3 - "$TMP/live.sqlite" "$TMP/live.ready" <<'PYEOF' &
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1])
+db.execute("PRAGMA journal_mode = WAL")
+db.execute("SELECT count(*) FROM entries").fetchall()
+open(sys.argv[2], "w").close()
+time.sleep(30)
+PYEOF
+LIVE_PID=$!
+for _ in $(seq 100); do [ -e "$TMP/live.ready" ] && break; sleep 0.1; done
+live_sum=$(cksum < "$TMP/live.sqlite")
+expect "#32.4 cache export onto a cache open in another process" 2 InvalidArgument 'open in another connection or process' \
+  cache export "$TMP/live.sqlite" --cache "$CACHE"
+check "... which is unchanged" test "$(cksum < "$TMP/live.sqlite")" = "$live_sum"
+kill "$LIVE_PID" 2>/dev/null; wait "$LIVE_PID" 2>/dev/null
+
+# ---------------------------------------------------------------- issue #32: resource limits end in errors
+# run_limited LIMIT_CMD ARGS...: fusebox under a ulimit; sets RC and $TMP/stderr.
+run_limited() {
+  local lim=$1
+  shift
+  CMD=("$@")
+  bash -c "$lim; exec \"\$@\"" _ timeout "$MAX_SECS" "$FB" "$@" >"$TMP/stdout" 2>"$TMP/stderr" </dev/null
+  RC=$?
+}
+mkdir -p "$TMP/fsize"
+run_limited "ulimit -f 2" build "$GRAPH" --device "$DEVPROP" --no-cache --plan-out "$TMP/fsize/p.plan"
+check "#32.5 --plan-out past ulimit -f: exit 2, not SIGXFSZ (got $RC)" test "$RC" -eq 2
+check "... the error names the path and EFBIG" grep -q "fsize/p.plan'.*File too large" "$TMP/stderr"
+check "... and no temporary file is left" test -z "$(ls -A "$TMP/fsize")"
+run_limited "ulimit -f 2" cache export "$TMP/fsize/e.sqlite" --cache "$CACHE"
+check "#32.5 cache export past ulimit -f: exit 2, not SIGXFSZ (got $RC)" test "$RC" -eq 2
+check "... no temporary file, -wal or -shm is left" test -z "$(ls -A "$TMP/fsize")"
+# 16 MiB of graph text (8 Mi numbers, within the value limit) whose parsed form needs a few
+# hundred MB, under an address-space limit 128 MiB above what `check` of a small graph needs.
+python3 - "$TMP/oom.json" <<'PYEOF'
+import sys
+n = (1 << 23) - 64
+open(sys.argv[1], "w").write('{"name": "g", "pad": [' + ",".join(["0"] * n) + ']}')
+PYEOF
+base_kb=""
+for kb in $(seq 100000 50000 4000000); do
+  if bash -c "ulimit -v $kb; exec \"\$@\"" _ "$FB" check "$GRAPH" >/dev/null 2>&1; then base_kb=$kb; break; fi
+done
+run_limited "ulimit -v $((${base_kb:-4000000} + 131072))" check "$TMP/oom.json"
+check "#32.12 out of host memory: exit 2 (got $RC)" test "$RC" -eq 2
+check "... says 'out of host memory while'" grep -q 'out of host memory while' "$TMP/stderr"
+check "... not 'internal error'" bash -c "! grep -q 'internal error' '$TMP/stderr'"
+
+# ---------------------------------------------------------------- issue #32: a cache file is data, never code
+python3 - "$TMP" <<'PYEOF'
+import sqlite3, sys
+out = sys.argv[1]
+ident = "PRAGMA application_id = 1178750808; PRAGMA user_version = 1;"
+cols = ("key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, {payload}, created_utc TEXT NOT NULL, "
+        "stored_bytes INTEGER NOT NULL, last_used_us INTEGER NOT NULL")
+def make(name, payload, rows):
+    db = sqlite3.connect(out + "/" + name)
+    db.executescript(ident + "CREATE TABLE entries(" + cols.format(payload=payload) + ");"
+                     "CREATE INDEX entries_last_used ON entries(last_used_us);")
+    db.executemany("INSERT INTO entries(key, meta, created_utc, stored_bytes, last_used_us) VALUES(?, '{}', '2026', 1, ?)",
+                   [("%016x" % i, i) for i in range(rows)])
+    db.commit()
+make("generated.sqlite", "payload BLOB AS (zeroblob(900000000)) VIRTUAL", 1)
+make("generated5000.sqlite", "payload BLOB AS (zeroblob(20000 + last_used_us)) VIRTUAL", 5000)
+db = sqlite3.connect(out + "/wrongschema.sqlite")
+db.executescript(ident + "CREATE TABLE entries(key TEXT PRIMARY KEY, blob BLOB);")
+PYEOF
+expect "#32.6 cache import: a generated payload column" 2 ParseError 'generated column.*expected exactly' \
+  cache import "$TMP/generated.sqlite" --cache "$TMP/gen-import.sqlite"
+expect "#32.7 cache import: 5,000 rows of a generated payload" 2 ParseError 'generated column' \
+  cache import "$TMP/generated5000.sqlite" --cache "$TMP/gen-import.sqlite"
+expect "#32.14 cache import: a wrong schema says what was expected" 2 ParseError 'expected exactly the table and index fusebox writes' \
+  cache import "$TMP/wrongschema.sqlite" --cache "$TMP/gen-import.sqlite"
+check "... and not 'not an error'" bash -c "! grep -q 'not an error' '$TMP/stderr'"
+cp "$DC" "$TMP/trigger.sqlite"
+python3 - "$TMP/trigger.sqlite" <<'PYEOF'
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1])
+db.executescript("CREATE TABLE junk(x); CREATE TRIGGER grow AFTER UPDATE ON entries BEGIN "
+                 "INSERT INTO junk VALUES(zeroblob(200000000)); END;")
+PYEOF
+trig_size=$(du -k "$TMP/trigger.sqlite" | cut -f1)
+expect "#32.8 a cache with a trigger: refused, the build runs uncached" 0 "" "trigger 'grow'" \
+  build "$GRAPH" --device "$DEVPROP" --cache "$TMP/trigger.sqlite"
+check "... and the file did not grow" test "$(du -k "$TMP/trigger.sqlite" | cut -f1)" -le "$trig_size"
+check "... nor its -wal" bash -c "[ ! -e '$TMP/trigger.sqlite-wal' ] || [ \$(du -k '$TMP/trigger.sqlite-wal' | cut -f1) -lt 1024 ]"
+
+# ---------------------------------------------------------------- issue #32: parsers
+python3 - "$TMP/c8.npy" <<'PYEOF'
+import sys
+h = "{'descr': '<c8', 'fortran_order': False, 'shape': (2, 8, 10, 10), }"
+h += " " * (63 - (10 + len(h)) % 64) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(12800))
+PYEOF
+expect "#32.14 an unsupported .npy dtype is bad input" 2 InvalidArgument "unsupported dtype '<c8'" \
+  check "$GRAPH" --inputs "x=$TMP/c8.npy"
+{ cat "$GRAPH"; printf '\0{"trailing": "text"}'; } > "$TMP/nul.json"
+expect "#32.14 text after a NUL byte in a graph file" 2 InvalidArgument 'NUL byte' check "$TMP/nul.json"
+sed 's/"name": "conv_bias_relu_small",/"name": "conv_bias_relu_small", "name": "other",/' "$GRAPH" > "$TMP/dupkey.json"
+expect "#32.14 a duplicate key in a graph file" 2 InvalidArgument "key 'name' appears twice" check "$TMP/dupkey.json"
+
 # ---------------------------------------------------------------- honest output
 expect "--version" 0 "" 'fusebox [0-9]+\.[0-9]+\.[0-9]+' --version
 check "--version names the frontend and cuDNN" grep -qE 'cuDNN Frontend 1\.[0-9]+.*|cuDNN 9\.' "$TMP/stdout"

@@ -203,6 +203,93 @@ def test_session_errors(deviceless, cbr_plan, tmp_path):
         other.run(cbr_plan, {})
 
 
+def test_session_device_forms():
+    """Issue #32 case 13: "cuda:0" raised TypeError (str.index was taken for a torch index); a
+    torch.device-like object and an int work alike; an id beyond the C int named id 0."""
+    from fusebox._session import _device_index
+    assert _device_index(0) == 0 and _device_index(3) == 3
+    assert _device_index("cuda") == 0 and _device_index("cuda:2") == 2
+    assert _device_index(types.SimpleNamespace(type="cuda", index=1)) == 1
+    assert _device_index(types.SimpleNamespace(type="cuda", index=None)) == 0
+    for bad in ("cpu", "cuda:x", "cuda:-1", -1, True, 1.5, types.SimpleNamespace(type="cpu", index=0)):
+        with pytest.raises(fusebox.InvalidArgument, match="Session: device"):
+            _device_index(bad)
+    # A real Session on this machine: a GPU, or NoDevice; never a TypeError.
+    for form in ("cuda:0", types.SimpleNamespace(type="cuda", index=0), 0):
+        try:
+            fusebox.Session(form).close()
+        except fusebox.NoDevice as e:
+            assert "0" in str(e), str(e)
+
+
+def test_session_device_out_of_range_names_the_id():
+    with pytest.raises(fusebox.InvalidArgument, match="no GPU with id 1099511627776"):
+        fusebox.Session(2**40)
+    with pytest.raises(fusebox.InvalidArgument, match="no GPU with id 4294967296"):
+        fusebox.Session("cuda:4294967296")
+
+
+def test_nul_bytes_are_refused_not_cut(deviceless, cbr_plan, tmp_path):
+    """A NUL byte ended the C string: "x\\0junk" named tensor "x", a path its prefix."""
+    with pytest.raises(ValueError, match="Graph.tensor: name .* contains a NUL byte"):
+        cbr_plan.graph.tensor("x\0junk")
+    with pytest.raises(ValueError, match="Session: cache .* NUL"):
+        fusebox.Session(device_properties=DEVPROP, cache=str(tmp_path / "c.sqlite") + "\0.bak")
+    assert not (tmp_path / "c.sqlite").exists()
+    with pytest.raises(ValueError, match="Plan.save: path .* NUL"):
+        cbr_plan.save(str(tmp_path / "p.plan") + "\0x")
+    assert not (tmp_path / "p.plan").exists()
+    with pytest.raises(ValueError, match="NUL"):
+        fusebox.Graph.load(CBR + "\0x")
+    with open(CBR) as f:
+        text = f.read()
+    with pytest.raises(fusebox.InvalidArgument, match="NUL byte"):
+        fusebox.Graph.from_json(text + "\0 trailing text")
+
+
+def test_plan_save_refuses_the_files_it_came_from(tmp_path):
+    """Issue #32 case 13: plan.save(path) overwrote the graph file the plan was loaded from."""
+    graph_path = tmp_path / "g.json"
+    with open(CBR) as f:
+        graph_text = f.read()
+    graph_path.write_text(graph_text)
+    cache = tmp_path / "plans.sqlite"
+    s = fusebox.Session(device_properties=DEVPROP, cache=cache)
+    plan = s.build(fusebox.Graph.load(graph_path))
+    with pytest.raises(fusebox.InvalidArgument, match="graph file"):
+        plan.save(graph_path)
+    with pytest.raises(fusebox.InvalidArgument, match="graph file"):
+        plan.save(str(tmp_path / "." / "g.json"))
+    assert graph_path.read_text() == graph_text
+    cache_bytes = cache.read_bytes()
+    with pytest.raises(fusebox.InvalidArgument, match="plan cache"):
+        plan.save(cache)
+    assert cache.read_bytes() == cache_bytes
+    plan.save(tmp_path / "g.plan")
+    assert (tmp_path / "g.plan").stat().st_size > 0
+
+
+def test_cache_export_onto_a_live_session_cache_is_refused(fusebox, tmp_path):
+    """Issue #32 case 4: `cache export T` while a Session had T open said "wrote T", but the
+    session never saw the exported entries. Now refused while it is open; fine once closed."""
+    import subprocess
+    g = fusebox.Graph.from_json(CBR)
+    live_path, other = tmp_path / "live.sqlite", tmp_path / "other.sqlite"
+    live = fusebox.Session(device_properties=DEVPROP, cache=live_path)
+    assert live.build(fusebox.Graph.from_json(MATMUL)).cache == "miss"
+    fusebox.Session(device_properties=DEVPROP, cache=other).build(g)
+    p = subprocess.run([fusebox, "cache", "export", str(live_path), "--cache", str(other)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "open in another connection or process" in p.stderr, p.stderr
+    assert live.build(g).cache == "miss", "the live session's cache was replaced under it"
+    live.close()
+    p = subprocess.run([fusebox, "cache", "export", str(live_path), "--cache", str(other)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    again = fusebox.Session(device_properties=DEVPROP, cache=live_path)
+    assert again.build(g).cache == "hit" and again.build(fusebox.Graph.from_json(MATMUL)).cache == "hit"
+
+
 # ---------------------------------------------------------------- the checks before binding
 
 def test_valid_tensors_reach_the_device_check(cbr_plan):

@@ -7,6 +7,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -231,6 +232,66 @@ TEST_F(FileIoTest, OutputThatIsAnInputIsRefused) {
   EXPECT_TRUE(common::refuse_overwriting_input(path("new.plan"), "--plan-out", inputs).ok());
   put(path("other"), "x");
   EXPECT_TRUE(common::refuse_overwriting_input(path("other"), "--plan-out", inputs).ok());
+}
+
+// Issue #32 cases 1-2: outputs are checked against every input and against
+// each other, by name (files not written yet too) and by identity.
+TEST_F(FileIoTest, OutputsAreCheckedAgainstInputsAndEachOther) {
+  put(path("g.json"), "{}");
+  put(path("x.npy"), "npy");
+  put(path("c.sqlite"), "");
+  const std::vector<common::NamedPath> inputs = {{"graph file", path("g.json")},
+                                                 {"--inputs file", path("x.npy")},
+                                                 {"plan cache", path("c.sqlite"), /*database=*/true}};
+  Status st = common::check_outputs_spare_inputs({{"--dot file", path("x.npy")}}, inputs);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("--inputs file"), std::string::npos) << st.message();
+  st = common::check_outputs_spare_inputs({{"--dot file", dir_.string() + "/../" + dir_.filename().string() + "/c.sqlite"}},
+                                          inputs);
+  EXPECT_NE(st.message().find("plan cache"), std::string::npos) << st.message();
+  // A side file of the cache, not there yet: caught by name.
+  st = common::check_outputs_spare_inputs({{"--plan-out", path("c.sqlite-wal")}}, inputs);
+  EXPECT_FALSE(st.ok());
+  // Two outputs, one file that does not exist yet.
+  st = common::check_outputs_spare_inputs({{"--dot file", path("out")}, {"--plan-out", dir_.string() + "/./out"}}, inputs);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("each output needs a file of its own"), std::string::npos) << st.message();
+  EXPECT_TRUE(common::check_outputs_spare_inputs({{"--dot file", path("a")}, {"--plan-out", path("b")}}, inputs).ok());
+  // A symbolic link to an input, by name resolution and identity.
+  fs::create_symlink(path("g.json"), path("link.json"));
+  EXPECT_FALSE(common::check_outputs_spare_inputs({{"--dot file", path("link.json")}}, inputs).ok());
+}
+
+// Issue #32 case 5: under `ulimit -f`, SIGXFSZ used to kill the writer and leave
+// its temporary file; ignored, the write fails with EFBIG and is cleaned up.
+TEST_F(FileIoTest, FileSizeLimitIsAnErrorNotASignal) {
+  put(path("out"), "old contents");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_DFL);  // as a fresh process has it
+    struct rlimit small {};
+    ::getrlimit(RLIMIT_FSIZE, &small);
+    small.rlim_cur = 2048;
+    ::setrlimit(RLIMIT_FSIZE, &small);
+    Status st = write_file_atomic(path("out"), std::string(100000, 'n'), "plan file");
+    const bool named = st.message().find(path("out")) != std::string::npos &&
+                       st.message().find("File too large") != std::string::npos;
+    ::_exit(!st.ok() && st.code() == StatusCode::kIoError && named ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the write did not fail with EFBIG naming the path";
+  EXPECT_EQ(get(path("out")), "old contents");
+  EXPECT_TRUE(others({"out"}).empty()) << "temporary file left behind";
+}
+
+TEST(OutOfHostMemory, NamesWhatWasBeingDone) {
+  const Status st = common::out_of_host_memory("reading graph file 'g.json'");
+  EXPECT_EQ(st.code(), StatusCode::kIoError);
+  EXPECT_EQ(st.message().rfind("out of host memory while reading graph file 'g.json'", 0), 0u) << st.message();
 }
 
 // ---------------------------------------------------------------- text and numbers

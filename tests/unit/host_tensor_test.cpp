@@ -199,6 +199,36 @@ TEST(Npy, RejectsMalformedFiles) {
   }
 }
 
+// Issue #32 case 11: numpy keeps the last 'shape' of a header that repeats it;
+// fusebox joined the two and read (56, 56, 56, 56). Repeated keys are refused.
+TEST(Npy, RefusesRepeatedHeaderKeys) {
+  const ResolvedTensor t = make("x", {2, 3, 2, 3}, DType::kFP32);  // what the joined shapes gave
+  const ResolvedTensor small = make("x", {2, 3}, DType::kFP32);
+  const std::string twice_shape =
+      npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'shape': (2, 3), }", 36 * 4);
+  Status st = read_bytes(twice_shape, t);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), StatusCode::kParseError) << st.ToString();
+  EXPECT_NE(st.message().find("'shape' appears twice"), std::string::npos) << st.ToString();
+  st = read_bytes(npy_bytes("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", 24),
+                  small);
+  EXPECT_NE(st.message().find("'descr' appears twice"), std::string::npos) << st.ToString();
+  st = read_bytes(
+      npy_bytes("{'descr': '<f4', 'fortran_order': True, 'fortran_order': False, 'shape': (2, 3), }", 24), small);
+  EXPECT_NE(st.message().find("'fortran_order' appears twice"), std::string::npos) << st.ToString();
+}
+
+// Issue #32 case 14: an array fusebox cannot read is bad input (exit 2), not a
+// missing feature of fusebox (exit 1).
+TEST(Npy, UnreadableDtypeIsInvalidArgument) {
+  const ResolvedTensor small = make("x", {2, 3}, DType::kFP32);
+  for (const char* descr : {"<c8", ">f4"}) {
+    const Status st = read_bytes(
+        npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 3), }", 48), small);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << descr << ": " << st.ToString();
+  }
+}
+
 TEST(Npy, MissingFileIsIoError) {
   auto r = read_npy_for(temp_path("does_not_exist.npy"), make("x", {1}));
   ASSERT_FALSE(r.ok());

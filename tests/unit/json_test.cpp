@@ -140,6 +140,26 @@ TEST(Json, MalformedJsonGivesBytePosition) {
   EXPECT_FALSE(parse_error("{").ok());
 }
 
+// Issue #32 case 14: a repeated key was accepted, the last one winning (pipeline
+// files refused it); text after a NUL byte was ignored.
+TEST(Json, RefusesDuplicateKeys) {
+  ASSERT_TRUE(parse_error(kMinimal).ok());
+  std::string twice = kMinimal;
+  twice.replace(twice.find("\"name\": \"mini\""), 14, R"("name": "mini", "name": "other")");
+  expect_parse_error(twice, {"key 'name' appears twice"});
+  std::string op_twice = kMinimal;
+  op_twice.replace(op_twice.find("\"padding\": [1, 1]"), 17, R"("padding": [1, 1], "padding": [0, 0])");
+  expect_parse_error(op_twice, {"key 'padding' appears twice"});
+}
+
+TEST(Json, RefusesNulByte) {
+  std::string text = std::string(kMinimal) + std::string(1, '\0') + "garbage";
+  expect_parse_error(text, {"NUL byte", "at byte"});
+  std::string inside = kMinimal;
+  inside.insert(inside.find("mini") + 2, 1, '\0');
+  expect_parse_error(inside, {"NUL byte"});
+}
+
 TEST(Json, OpOutputsDefaultToVirtualName) {
   auto r = parse_graph_json(R"({"tensors": [{"name": "x", "dims": [2]}, {"name": "r.y"}],
                                 "ops": [{"op": "relu", "name": "r", "inputs": {"x": "x"}}]})");

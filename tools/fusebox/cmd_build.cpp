@@ -23,7 +23,6 @@ struct BuildArgs {
 // Builds one graph through the session; appends its JSON report to `all` when given.
 int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_ptr<Session>>& session,
               nlohmann::json* all) {
-  PlanCache* cache = session.ok() ? (*session)->cache() : nullptr;
   auto emit_error = [&](const Status& st, const PlanReport* r) {
     if (all) {
       nlohmann::json j = r ? to_json(r->build) : nlohmann::json::object();
@@ -40,17 +39,6 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
     }
     return fail("build", st);
   };
-  if (a.want_dot && !a.dot.empty() && a.dot != "-") {
-    Status st = common::refuse_overwriting_input(a.dot, "--dot file",
-                                                 {{"graph file", path}, {"--device file", a.device}});
-    if (!st.ok()) return emit_error(st, nullptr);
-  }
-  if (!a.plan_out.empty()) {
-    Status st = common::refuse_overwriting_input(
-        a.plan_out, "--plan-out",
-        {{"graph file", path}, {"--device file", a.device}, {"plan cache", cache ? cache->path() : ""}});
-    if (!st.ok()) return emit_error(st, nullptr);
-  }
   auto g = load_resolved(path, a.shape);
   if (!g.ok()) return emit_error(g.status(), nullptr);
   auto modes = parse_heuristics_flag(a.heuristics);
@@ -171,6 +159,12 @@ Runner add_build(CLI::App& app) {
       return fail("build", InvalidArgument("--plan-out takes one graph; " + std::to_string(a->graphs.size()) +
                                            " were given (use --cache to keep plans for several)"));
     }
+    // Before anything is opened or written (opening the cache creates it): no output is an input.
+    std::vector<common::NamedPath> inputs = {{"--device file", a->device}, cache_input(a->cache)};
+    for (const std::string& g : a->graphs) inputs.push_back({"graph file", g});
+    std::vector<common::NamedPath> outputs = {{"--plan-out", a->plan_out}};
+    if (a->want_dot && a->dot != "-") outputs.push_back({"--dot file", a->dot});
+    if (Status st = common::check_outputs_spare_inputs(outputs, inputs); !st.ok()) return fail("build", st);
     auto cache = open_cache(a->cache);
     SessionOptions so;
     so.device_properties_file = a->device;

@@ -106,7 +106,9 @@ Runner add_check(CLI::App& app) {
     if (want_dot && a->json && (a->dot.empty() || a->dot == "-"))
       return fail("check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
     if (want_dot && !a->dot.empty() && a->dot != "-") {
-      Status st = common::refuse_overwriting_input(a->dot, "--dot file", {{"graph file", a->path}});
+      std::vector<common::NamedPath> inputs = input_list_files(a->inputs, "--inputs");
+      inputs.push_back({"graph file", a->path});
+      Status st = common::check_outputs_spare_inputs({{"--dot file", a->dot}}, inputs);
       if (!st.ok()) return fail("check", st);
     }
     auto fail_json = [&](const Status& st) {

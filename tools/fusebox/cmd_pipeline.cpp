@@ -617,6 +617,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
       for (const auto& b : p->buffers)
         if (!b.file_path.empty()) ins.push_back({"weights file of '" + b.name + "'", b.file_path});
       for (const auto& [name, file] : input_files) ins.push_back({"--input file for '" + name + "'", file});
+      ins.push_back(cache_input(a->cache));
       for (size_t bi = 0; bi < p->buffers.size(); ++bi) {
         const PipelineBuffer& b = p->buffers[bi];
         if (b.kind == BufferKind::kConstant || b.is_view()) continue;  // a view's bytes are its parent's

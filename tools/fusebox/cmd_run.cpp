@@ -107,7 +107,8 @@ Runner add_run(CLI::App& app) {
     if (!input_files.ok()) return fail("run", input_files.status());
     // Before any GPU work: --save-outputs must not overwrite an input of this run.
     std::map<std::string, std::string> save_paths;
-    std::vector<common::NamedPath> inputs = {{"graph file", a->graph}, {"--plan file", a->plan}};
+    std::vector<common::NamedPath> inputs = {{"graph file", a->graph}, {"--plan file", a->plan},
+                                             cache_input(a->cache)};
     if (!a->save_outputs.empty()) {
       for (const auto& [name, file] : *input_files) inputs.push_back({"--inputs file for '" + name + "'", file});
       auto paths = output_paths(*g, a->save_outputs, inputs);

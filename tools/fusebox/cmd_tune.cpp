@@ -42,13 +42,11 @@ Runner add_tune(CLI::App& app) {
     auto modes = parse_heuristic_modes(a->heuristics);
     if (!modes.ok()) return fail("tune", modes.status());
     a->policy.heuristics = *modes;
+    if (Status st = common::check_outputs_spare_inputs({{"--plan-out", a->plan_out}},
+                                                       {{"graph file", a->graph}, cache_input(a->cache)});
+        !st.ok())
+      return fail("tune", st);
     auto cache = open_cache(a->cache);
-    if (!a->plan_out.empty()) {
-      Status st = common::refuse_overwriting_input(
-          a->plan_out, "--plan-out",
-          {{"graph file", a->graph}, {"plan cache", cache && cache->enabled() ? cache->path() : ""}});
-      if (!st.ok()) return fail("tune", st);
-    }
     SessionOptions so;
     so.cache = cache.get();
     auto session = Session::create(so);

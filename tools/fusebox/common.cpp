@@ -284,6 +284,26 @@ std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags) {
   return cache;
 }
 
+common::NamedPath cache_input(const CacheFlags& flags) {
+  if (flags.off) return {"plan cache", ""};
+  return {"plan cache", flags.path.empty() ? default_cache_path() : flags.path, /*database=*/true};
+}
+
+std::vector<common::NamedPath> input_list_files(const std::string& spec, const std::string& flag) {
+  std::vector<common::NamedPath> out;
+  size_t start = 0;
+  while (start < spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(start, end - start);
+    start = end + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) continue;
+    out.push_back({flag + " file for '" + item.substr(0, eq) + "'", item.substr(eq + 1)});
+  }
+  return out;
+}
+
 void print_warnings(const std::vector<std::string>& warnings) {
   for (const auto& w : warnings) {
     std::fprintf(stderr, "fusebox: warning: %s\n", common::printable(w, /*keep_newlines=*/true).c_str());

@@ -82,6 +82,12 @@ void add_cache_flags(CLI::App* cmd, CacheFlags& flags);
 // nullptr with --no-cache; otherwise the cache (possibly disabled, with its
 // warning printed to stderr).
 std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags);
+// The plan cache file the command would open (its side files included), as an
+// input of check_outputs_spare_inputs(); an empty path with --no-cache.
+common::NamedPath cache_input(const CacheFlags& flags);
+// The FILEs of a NAME=FILE,... list (--inputs), as inputs; malformed items are skipped
+// (the command reports them when it reads the list).
+std::vector<common::NamedPath> input_list_files(const std::string& spec, const std::string& flag);
 void print_warnings(const std::vector<std::string>& warnings);
 // "hit", "miss" or "off".
 std::string cache_state(const PlanCache* cache, bool hit);

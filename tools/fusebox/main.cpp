@@ -5,6 +5,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <new>
 
 #include "common.h"
 
@@ -87,6 +88,13 @@ int fusebox_main(int argc, char** argv) {
   }
   try {
     for (auto* sub : app.get_subcommands()) return runners.at(sub)();
+  } catch (const std::bad_alloc&) {
+    // A resource limit, like a file-size limit: bad input or environment (exit 2), not a fusebox bug.
+    std::string cmd;
+    for (auto* sub : app.get_subcommands()) cmd = sub->get_name();
+    std::cerr << "fusebox " << cmd << ": IoError: out of host memory while running 'fusebox " << cmd
+              << "' (free memory, raise the process's memory limit, or give smaller files)\n";
+    return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "fusebox: internal error: " << e.what() << "\n";
     return kExitFailure;
@@ -96,4 +104,9 @@ int fusebox_main(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return check_stdout(fusebox_main(argc, argv)); }
+int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) fails with EFBIG and is reported
+  // with its path (temporary files removed), instead of killing the process.
+  fusebox::common::ignore_file_size_signal();
+  return check_stdout(fusebox_main(argc, argv));
+}

@@ -71,15 +71,34 @@ struct FileId {
 };
 std::optional<FileId> file_id(const std::string& path);
 
-// An input of the command, for refuse_overwriting_input().
+// An input or output path of one call, for check_outputs_spare_inputs().
 struct NamedPath {
   std::string what;  // "graph file", "--plan", ...
-  std::string path;
+  std::string path;  // empty: not given (skipped)
+  // An SQLite database: its side files (PATH-wal, PATH-shm, PATH-journal) count as inputs too.
+  bool database = false;
 };
-// InvalidArgument if `output` exists and is the same file as one of `inputs`
-// (compared by device and inode, so links and other spellings are caught).
+// The one check every command and API that writes files makes before writing
+// (issue #32): InvalidArgument naming both paths when an output is one of the
+// inputs, or two outputs are one file. Paths are compared by name (absolute,
+// links and "." / ".." resolved, so a file not written yet is caught too) and,
+// where they exist, by identity (st_dev, st_ino: hard links too).
+Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+// check_outputs_spare_inputs() for one output.
 Status refuse_overwriting_input(const std::string& output, std::string_view output_what,
                                 const std::vector<NamedPath>& inputs);
+
+// Ignores SIGXFSZ when it has its default action (a handler the program installed stays):
+// a write past the file-size limit (ulimit -f) then fails with EFBIG, which is
+// reported with the path and cleaned up, instead of killing the process.
+void ignore_file_size_signal();
+
+// Removes PATH-wal, PATH-shm and PATH-journal (SQLite's side files) if present.
+void remove_sqlite_side_files(const std::string& path);
+
+// "out of host memory while <doing>" as an IoError: what a std::bad_alloc at a
+// file-reading boundary becomes (exit 2 in the CLI, as other resource limits).
+Status out_of_host_memory(std::string_view doing);
 
 // "64 MiB" for exact multiples, else "N bytes".
 std::string format_limit(uint64_t bytes);
