@@ -269,25 +269,26 @@ def test_plan_save_refuses_the_files_it_came_from(tmp_path):
     assert (tmp_path / "g.plan").stat().st_size > 0
 
 
-def test_cache_export_onto_a_live_session_cache_is_refused(fusebox, tmp_path):
+def test_cache_export_onto_a_live_session_cache_is_refused(tmp_path):
     """Issue #32 case 4: `cache export T` while a Session had T open said "wrote T", but the
     session never saw the exported entries. Now refused while it is open; fine once closed."""
     import subprocess
+    from fusebox_tools.graph import fusebox_bin
+    exe = fusebox_bin()
     g = fusebox.Graph.from_json(CBR)
     live_path, other = tmp_path / "live.sqlite", tmp_path / "other.sqlite"
-    live = fusebox.Session(device_properties=DEVPROP, cache=live_path)
-    assert live.build(fusebox.Graph.from_json(MATMUL)).cache == "miss"
+    live = fusebox.Session(device_properties=DEVPROP, cache=live_path)  # opened (and read) now
     fusebox.Session(device_properties=DEVPROP, cache=other).build(g)
-    p = subprocess.run([fusebox, "cache", "export", str(live_path), "--cache", str(other)],
+    p = subprocess.run([exe, "cache", "export", str(live_path), "--cache", str(other)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "open in another connection or process" in p.stderr, p.stderr
     assert live.build(g).cache == "miss", "the live session's cache was replaced under it"
     live.close()
-    p = subprocess.run([fusebox, "cache", "export", str(live_path), "--cache", str(other)],
+    p = subprocess.run([exe, "cache", "export", str(live_path), "--cache", str(other)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     again = fusebox.Session(device_properties=DEVPROP, cache=live_path)
-    assert again.build(g).cache == "hit" and again.build(fusebox.Graph.from_json(MATMUL)).cache == "hit"
+    assert again.build(g).cache == "hit"
 
 
 # ---------------------------------------------------------------- the checks before binding
