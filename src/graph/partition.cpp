@@ -120,12 +120,10 @@ Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOrac
     out.parts.push_back({0, n, g, ""});
     return out;
   }
-  int start = 0;
-  std::string longer_why = first_line(whole.message());  // why the part could not go on
   std::map<int, DType> decided;  // temporaries' dtypes fixed by the parts accepted so far
   // The temporaries a part [first, end) makes for later parts.
   auto outgoing = [&](int first, int end) {
-    std::vector<int> out;
+    std::vector<int> out_t;
     for (int i = first; i < end; ++i) {
       for (const auto& [role, t] : g.ops[i].outputs) {
         if (!g.tensors[t].is_virtual) continue;
@@ -133,57 +131,74 @@ Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOrac
           bool reads = false;
           for (const auto& [r2, t2] : g.ops[j].inputs) reads = reads || t2 == t;
           if (reads) {
-            out.push_back(t);
+            out_t.push_back(t);
             break;
           }
         }
       }
     }
-    return out;
+    return out_t;
   };
-  while (start < n) {
-    bool found = false;
-    Status single = Status::Ok();
-    for (int end = n; end > start && !found; --end) {
-      if (start == 0 && end == n) continue;  // the whole graph: refused above
-      const std::vector<int> made = outgoing(start, end);
-      std::vector<DType> tries = {g.intermediate_dtype};
-      if (!made.empty() && g.io_dtype != g.intermediate_dtype) tries.push_back(g.io_dtype);
-      for (DType d : tries) {
-        std::map<int, DType> dtypes = decided;
-        for (int t : made) dtypes[t] = d;
-        auto part = graph_part(g, start, end - start, dtypes);
-        Status st = part.ok() ? oracle(*part) : part.status();
-        if (!st.ok()) {
-          longer_why = first_line(st.message());
-          if (end - start == 1) single = st;
-          continue;
+  // Greedy over the topological order, trying each part's outgoing temporaries in the dtypes
+  // `prefs` lists, in turn. A part that fits its own temporaries but not the next part's
+  // inputs (a convolution reading an fp32 temporary) fails later: the caller then runs it again
+  // with other preferences.
+  auto greedy = [&](const std::vector<DType>& prefs) -> Status {
+    out.parts.clear();
+    decided.clear();
+    int start = 0;
+    std::string longer_why = first_line(whole.message());  // why the part could not go on
+    while (start < n) {
+      bool found = false;
+      Status single = Status::Ok();
+      for (int end = n; end > start && !found; --end) {
+        if (start == 0 && end == n) continue;  // the whole graph: refused above
+        const std::vector<int> made = outgoing(start, end);
+        std::vector<DType> tries = made.empty() ? std::vector<DType>{prefs.front()} : prefs;
+        for (DType d : tries) {
+          std::map<int, DType> dtypes = decided;
+          for (int t : made) dtypes[t] = d;
+          auto part = graph_part(g, start, end - start, dtypes);
+          Status st = part.ok() ? oracle(*part) : part.status();
+          if (!st.ok()) {
+            longer_why = first_line(st.message());
+            if (end - start == 1) single = st;
+            continue;
+          }
+          decided = dtypes;
+          out.parts.push_back({start, end - start, std::move(part).value(), ""});
+          // The try one op longer (the previous iteration) was refused: that is why the part ends here.
+          if (end < n) {
+            out.parts.back().why_cut = op_where(g.ops[end - 1]) + " and " + op_where(g.ops[end]) +
+                                       " have no engine together: " + longer_why;
+          }
+          start = end;
+          found = true;
+          break;
         }
-        decided = dtypes;
-        out.parts.push_back({start, end - start, std::move(part).value(), ""});
-        // The try one op longer (the previous iteration) was refused: that is why the part ends here.
-        if (end < n) {
-          out.parts.back().why_cut = op_where(g.ops[end - 1]) + " and " + op_where(g.ops[end]) +
-                                     " have no engine together: " + longer_why;
+      }
+      if (!found) {
+        const ResolvedOp& op = g.ops[start];
+        std::string tensors;
+        for (const auto& [role, t] : op.inputs) {
+          const ResolvedTensor& x = g.tensors[t];
+          tensors += " " + role + "='" + x.name + "' " + std::string(dtype_name(x.dtype)) + " " +
+                     common::dims_string(x.dims) + " strides " + common::dims_string(x.strides) + ";";
         }
-        start = end;
-        found = true;
-        break;
+        return Status(StatusCode::kNotSupported,
+                      op_where(op) + " has no engine even on its own, so no split of the graph runs:" + tensors +
+                          " cuDNN: " + first_line(single.message()));
       }
     }
-    if (!found) {
-      const ResolvedOp& op = g.ops[start];
-      std::string tensors;
-      for (const auto& [role, t] : op.inputs) {
-        const ResolvedTensor& x = g.tensors[t];
-        tensors += " " + role + "='" + x.name + "' " + std::string(dtype_name(x.dtype)) + " " + common::dims_string(x.dims) +
-                   " strides " + common::dims_string(x.strides) + ";";
-      }
-      return Status(StatusCode::kNotSupported,
-                    op_where(op) + " has no engine even on its own, so no split of the graph runs:" + tensors +
-                        " cuDNN: " + first_line(single.message()));
-    }
+    return Status::Ok();
+  };
+  Status st = greedy({g.intermediate_dtype, g.io_dtype});
+  if (!st.ok() && g.io_dtype != g.intermediate_dtype) {
+    const Status first_try = st;
+    st = greedy({g.io_dtype});  // every temporary as fused engines write to memory
+    if (!st.ok()) st = first_try;
   }
+  FUSEBOX_RETURN_IF_ERROR(st);
   std::vector<std::pair<int, int>> ranges;
   for (const GraphPart& p : out.parts) ranges.push_back({p.first_op, p.op_count});
   auto again = partition_at(g, ranges, decided);  // the temporaries (parts already built above are kept)
