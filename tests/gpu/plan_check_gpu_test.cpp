@@ -37,7 +37,8 @@ ResolvedGraph load(const std::string& path) {
 // The cases fusebox runs today (the others are refused with NotSupported and the reason:
 // docs/architecture.md, "Engine rules"; the partitioner's limits are in the closing notes).
 const std::set<std::string> kMustRun = {"batchnorm_inference_bf16_fp32params_nhwc",
-                                        "batchnorm_inference_fp16_fp32params_nhwc"};
+                                        "batchnorm_inference_fp16_fp32params_nhwc", "two_convs_one_graph",
+                                        "conv_bias_scale_reduce_amax_fp32_nhwc"};
 
 class CaseGraphs : public ::testing::TestWithParam<std::string> {};
 
