@@ -29,6 +29,11 @@ struct PlanCheckRun {
 Result<PlanCheckRun> check_plan_once(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx, uint64_t seed = 7,
                                      double cpu_reference_max_flops = 5e7);
 
+struct RunResult;
+// The comparisons of a verified run as the plan check records them (all of
+// them when it passed, only the failing ones otherwise), with the reference used.
+std::string plan_check_detail(const RunResult& r);
+
 // What the plan check did for one get_plan (PlanReport::plan_check).
 struct PlanCheckReport {
   // "off" (PlanRequest::check_plan false), "deviceless" (nothing runs),

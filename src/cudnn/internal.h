@@ -114,6 +114,8 @@ struct LoweredGraph {
   std::unordered_map<std::string, int64_t> uids;
   std::unordered_map<std::string, int64_t> tensor_bytes;  // same keys as uids
   std::vector<std::string> notes;  // LowerContext::note(), in op order
+  // Candidates never to build (engine rules, BuildOptions::excluded_engines): name -> why.
+  std::map<std::string, std::string> excluded;
 };
 // `dynamic_shape`: build with cuDNN's dynamic shapes (set before any op is added).
 Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape = false);

@@ -122,9 +122,11 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
 }
 
 // fusebox's engine rules and the caller's exclusions (the plan check's
-// rejects): the frontend skips those candidates when it builds. Each one left
-// out is listed in the report; none left is NotSupported naming them.
-Status apply_engine_bars(const ResolvedGraph& g, const BuildOptions& options, FeGraph& graph, BuildReport& r) {
+// rejects): recorded in `lowered.excluded`, which build_plan and
+// CandidateSet skip, and listed in the report; none left is NotSupported naming them.
+Status apply_engine_bars(const ResolvedGraph& g, const BuildOptions& options, LoweredGraph& lowered,
+                         BuildReport& r) {
+  FeGraph& graph = *lowered.graph;
   const std::vector<EngineBar> bars = engine_bars_for(g);
   if (bars.empty() && options.excluded_engines.empty()) return Status::Ok();
   int64_t left = 0;
@@ -133,6 +135,7 @@ Status apply_engine_bars(const ResolvedGraph& g, const BuildOptions& options, Fe
     if (!graph.get_plan_name_at_index(i, name).is_good()) continue;
     if (engine_barred(name, bars, options.excluded_engines, &why)) {
       r.excluded.push_back(name + ": " + why);
+      lowered.excluded[name] = why;
     } else {
       ++left;
     }
@@ -186,7 +189,7 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
     return graph.create_execution_plan(options.replay.engine_id, knobs);
   }));
   r.candidate_plans = graph.get_execution_plan_count();
-  FUSEBOX_RETURN_IF_ERROR(apply_engine_bars(g, options, graph, r));
+  FUSEBOX_RETURN_IF_ERROR(apply_engine_bars(g, options, lowered, r));
   if (options.max_workspace_bytes >= 0) {
     graph.deselect_workspace_greater_than(options.max_workspace_bytes);
     FUSEBOX_RETURN_IF_ERROR(apply_workspace_limit(graph, options.max_workspace_bytes, r));
@@ -311,10 +314,9 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   int64_t pinned = -1;
   if (!options.engine.empty()) {
     FUSEBOX_ASSIGN_OR_RETURN(pinned, find_engine(graph, options.engine));
-    for (const auto& e : r.excluded) {
-      if (e.rfind(options.engine + ": ", 0) == 0) {
-        return NotSupported("pinned engine " + e + "; pin another engine (`fusebox engines` lists them)");
-      }
+    if (auto ex = lowered.excluded.find(options.engine); ex != lowered.excluded.end()) {
+      return NotSupported("pinned engine " + ex->first + ": " + ex->second +
+                          "; pin another engine (`fusebox engines` lists them)");
     }
     for (const auto& d : r.dropped) {
       if (d.index == pinned) {
@@ -326,15 +328,12 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "check_support", [&]() { return graph.check_support(); }));
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "build_plans", [&]() -> fe::error_t {
     if (pinned >= 0) return graph.build_plan_at_index(pinned);
-    if (r.excluded.empty()) return graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
+    if (lowered.excluded.empty()) return graph.build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE);
     // As HEURISTICS_CHOICE does, the first candidate that builds, skipping the excluded ones.
     fe::error_t last{fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED, "no candidate left to build"};
     for (int64_t i = 0; i < r.candidate_plans; ++i) {
       std::string name;
-      if (!graph.get_plan_name_at_index(i, name).is_good()) continue;
-      bool barred = false;
-      for (const auto& e : r.excluded) barred = barred || e.rfind(name + ": ", 0) == 0;
-      if (barred) continue;
+      if (!graph.get_plan_name_at_index(i, name).is_good() || lowered.excluded.count(name)) continue;
       last = graph.build_plan_at_index(i);
       if (last.is_good()) {
         pinned = i;
@@ -475,15 +474,11 @@ void CandidateSet::check_all(bool build) {
   timed("check_support", [&] {
     for (auto& c : impl_->candidates) {
       if (c.duplicate_of >= 0) continue;
-      bool barred = false;
-      for (const auto& e : r.excluded) {
-        if (e.rfind(c.name + ": ", 0) == 0) {
-          c.supported = false;
-          c.support_message = "excluded: " + e.substr(c.name.size() + 2);
-          barred = true;
-        }
+      if (auto ex = impl_->lowered.excluded.find(c.name); ex != impl_->lowered.excluded.end()) {
+        c.supported = false;
+        c.support_message = "excluded: " + ex->second;
+        continue;
       }
-      if (barred) continue;
       auto st = from_fe(graph.check_support_at(c.index), "check_support");
       c.supported = st.ok();
       if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));

@@ -35,13 +35,18 @@ Result<PlanCheckRun> check_plan_once(const ResolvedGraph& g, const Plan& plan, G
     return out;
   }
   out.passed = r->verified_ok;
-  for (const Comparison& c : r->comparisons) {
-    if (!out.passed && c.pass) continue;  // a failure names only what failed
-    out.detail += (out.detail.empty() ? "" : "; ") + c.ToString();
-  }
-  out.detail += " (" + r->reference_kind + " reference)";
+  out.detail = plan_check_detail(*r);
   out.ms = watch.ms();
   return out;
+}
+
+std::string plan_check_detail(const RunResult& r) {
+  std::string detail;
+  for (const Comparison& c : r.comparisons) {
+    if (!r.verified_ok && c.pass) continue;  // a failure names only what failed
+    detail += (detail.empty() ? "" : "; ") + c.ToString();
+  }
+  return detail + " (" + r.reference_kind + " reference)";
 }
 
 std::string PlanCheckReport::text() const {

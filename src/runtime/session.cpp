@@ -475,28 +475,24 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // build runs again without it, taking the next candidate.
   PlanCheckRun verdict;
   while (plan.ok() && checking && !check_now(*plan, &verdict)) {
-    if (!request.engine.empty() || rejected_engines.size() >= kMaxPlanCheckCandidates) {
+    // Refused: what went wrong, then every rejected plan and why.
+    auto refuse = [&](const std::string& head) {
       rep.plan_check.state = "failed";
       std::string lines;
-      for (const auto& r : rep.plan_check.rejected) lines += "\n  " + r.engine + ": " + r.why;
+      for (const auto& r : rep.plan_check.rejected) lines += "\n  rejected " + r.engine + ": " + r.why;
       return finish(Status(StatusCode::kVerificationFailed,
-                           (request.engine.empty() ? "no plan passed the plan check (" +
-                                                         std::to_string(rejected_engines.size()) + " tried):"
-                                                   : "pinned engine failed the plan check:") +
-                               lines + "\n  (--no-plan-check serves a plan unchecked)"));
+                           head + lines + "\n  (--no-plan-check serves a plan unchecked)"));
+    };
+    if (!request.engine.empty()) return refuse("pinned engine failed the plan check");
+    if (rejected_engines.size() >= kMaxPlanCheckCandidates) {
+      return refuse("no plan passed the plan check (" + std::to_string(rejected_engines.size()) + " tried)");
     }
     BuildOptions again = base;
     again.excluded_engines = rejected_engines;
     rep.engine_replayed = false;
     plan = build_modes_in_turn(again, order, build, &rep.attempts);
     if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
-    if (!plan.ok()) {
-      rep.plan_check.state = "failed";
-      std::string lines;
-      for (const auto& r : rep.plan_check.rejected) lines += "\n  rejected " + r.engine + ": " + r.why;
-      return finish(Status(StatusCode::kVerificationFailed,
-                           "no plan passed the plan check: " + plan.status().message().substr(0, 400) + lines));
-    }
+    if (!plan.ok()) return refuse("no plan passed the plan check: " + plan.status().message().substr(0, 400));
   }
   if (!plan.ok()) return finish(plan.status());
   rep.source = PlanSource::kBuilt;
@@ -619,10 +615,7 @@ Result<SessionTune> Session::tune(const ResolvedGraph& g, const TunePolicy& poli
     // The winner's verification is its plan check: sealed into the entry.
     PlanCheckRun verdict;
     verdict.passed = true;
-    for (const Comparison& c : out.result.winner_run.comparisons) {
-      verdict.detail += (verdict.detail.empty() ? "" : "; ") + c.ToString();
-    }
-    verdict.detail += " (" + out.result.winner_run.reference_kind + " reference)";
+    verdict.detail = plan_check_detail(out.result.winner_run);
     out.stored = store_plan(cache, g, s.target, key, out.plan, w.latency.median_ms, &out.warnings,
                             policy.verify_winner ? &verdict : nullptr);
   }

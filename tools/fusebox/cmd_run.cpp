@@ -12,24 +12,6 @@
 namespace fusebox::cli {
 namespace {
 
-// "x=a.npy,w=b.npy" -> {x: a.npy, w: b.npy}
-Result<std::map<std::string, std::string>> parse_inputs(const std::string& spec) {
-  std::map<std::string, std::string> out;
-  size_t start = 0;
-  while (start < spec.size()) {
-    size_t end = spec.find(',', start);
-    if (end == std::string::npos) end = spec.size();
-    std::string item = spec.substr(start, end - start);
-    size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
-      return InvalidArgument("--inputs: '" + item + "' is not NAME=FILE.npy");
-    }
-    out[item.substr(0, eq)] = item.substr(eq + 1);
-    start = end + 1;
-  }
-  return out;
-}
-
 // DIR/<name>.npy, refused when the name is not one file name (names are
 // free text in the graph file) or the file is an input of this run.
 Result<std::string> output_path(const std::string& name, const std::string& dir,
@@ -103,7 +85,7 @@ Runner add_run(CLI::App& app) {
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("run", g.status());
-    auto input_files = parse_inputs(a->inputs);
+    auto input_files = parse_input_list(a->inputs);
     if (!input_files.ok()) return fail("run", input_files.status());
     // Before any GPU work: --save-outputs must not overwrite an input of this run.
     std::map<std::string, std::string> save_paths;

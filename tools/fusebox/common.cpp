@@ -52,8 +52,8 @@ void add_tune_cuda_graph_flag(CLI::App* cmd, TunePolicy& policy) {
       "--cuda-graph`");
 }
 
-Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec) {
-  std::map<std::string, HostTensor> out;
+Result<std::vector<std::pair<std::string, std::string>>> parse_input_list(const std::string& spec) {
+  std::vector<std::pair<std::string, std::string>> out;
   size_t start = 0;
   while (start < spec.size()) {
     size_t end = spec.find(',', start);
@@ -64,7 +64,15 @@ Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& 
     if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
       return InvalidArgument("--inputs: '" + item + "' is not NAME=FILE.npy");
     }
-    const std::string name = item.substr(0, eq);
+    out.push_back({item.substr(0, eq), item.substr(eq + 1)});
+  }
+  return out;
+}
+
+Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec) {
+  std::map<std::string, HostTensor> out;
+  FUSEBOX_ASSIGN_OR_RETURN(auto items, parse_input_list(spec));
+  for (const auto& [name, file] : items) {
     const int idx = g.find_tensor(name);
     if (idx < 0 || !g.tensors[idx].is_input || g.tensors[idx].scalar_value) {
       std::string names;
@@ -74,7 +82,7 @@ Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& 
       return InvalidArgument("--inputs: '" + name + "' is not an input of graph '" + g.name +
                              "'; inputs are:" + names);
     }
-    FUSEBOX_ASSIGN_OR_RETURN(HostTensor t, read_npy_for(item.substr(eq + 1), g.tensors[idx]));
+    FUSEBOX_ASSIGN_OR_RETURN(HostTensor t, read_npy_for(file, g.tensors[idx]));
     out[name] = std::move(t);
   }
   return out;
@@ -291,16 +299,9 @@ common::NamedPath cache_input(const CacheFlags& flags) {
 
 std::vector<common::NamedPath> input_list_files(const std::string& spec, const std::string& flag) {
   std::vector<common::NamedPath> out;
-  size_t start = 0;
-  while (start < spec.size()) {
-    size_t end = spec.find(',', start);
-    if (end == std::string::npos) end = spec.size();
-    const std::string item = spec.substr(start, end - start);
-    start = end + 1;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) continue;
-    out.push_back({flag + " file for '" + item.substr(0, eq) + "'", item.substr(eq + 1)});
-  }
+  auto items = parse_input_list(spec);
+  if (!items.ok()) return out;  // reported when the command reads the list
+  for (const auto& [name, file] : *items) out.push_back({flag + " file for '" + name + "'", file});
   return out;
 }
 

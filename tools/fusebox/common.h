@@ -43,6 +43,10 @@ Result<ResolvedGraph> load_resolved(const std::string& path, const std::string& 
 void add_shape_flag(CLI::App* cmd, std::string& shape);
 // --cuda-graph of `tune` and `pipeline tune`: time each engine inside a CUDA graph (TunePolicy::cuda_graph).
 void add_tune_cuda_graph_flag(CLI::App* cmd, TunePolicy& policy);
+// --inputs "x=a.npy,w=b.npy" -> {{x, a.npy}, {w, b.npy}} in the order given;
+// an item that is not NAME=FILE is InvalidArgument naming it.
+Result<std::vector<std::pair<std::string, std::string>>> parse_input_list(const std::string& spec);
+
 // --inputs "x=a.npy,w=b.npy": each NAME must be a (non-scalar) input of `g`;
 // the files are read as that tensor (shape checked). Empty spec: no inputs.
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec);
@@ -85,8 +89,8 @@ std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags);
 // The plan cache file the command would open (its side files included), as an
 // input of check_outputs_spare_inputs(); an empty path with --no-cache.
 common::NamedPath cache_input(const CacheFlags& flags);
-// The FILEs of a NAME=FILE,... list (--inputs), as inputs; malformed items are skipped
-// (the command reports them when it reads the list).
+// The FILEs of a NAME=FILE,... list (--inputs), as inputs; a malformed list gives
+// none (the command reports it when it reads the list).
 std::vector<common::NamedPath> input_list_files(const std::string& spec, const std::string& flag);
 void print_warnings(const std::vector<std::string>& warnings);
 // "hit", "miss" or "off".
