@@ -91,6 +91,11 @@ struct BuildOptions {
   // takes the next candidate in the heuristics' order instead. fusebox's own
   // rules (src/cudnn/engine_rules.cpp) are applied besides.
   std::vector<std::string> excluded_engines;
+  // A graph fusebox's own kernel runs much faster than cuDNN (a global average
+  // pool alone; a layernorm or rmsnorm forward alone with 16-bit x and fp32
+  // params: docs/architecture.md, "Native ops") is built as that kernel unless
+  // this is false or a cuDNN engine is pinned.
+  bool native_kernels = true;
 };
 
 // One of the five steps (validate, build_operation_graph,

@@ -246,11 +246,18 @@ std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext
 // call, so no heuristics, support check or build; one "validate" step (the
 // kernel's own checks), said in the report. The same for live and deviceless
 // targets: the kernel needs nothing from cuDNN.
+// `faster`: a graph cuDNN runs too, taken by fusebox's kernel because cuDNN
+// is much slower there (kernels::faster_native_kernel); null for an op only
+// fusebox runs.
 Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
-                               BuildReport& r) {
+                               BuildReport& r, const kernels::FasterKernel* faster = nullptr) {
   fill_target(r, target);
   std::shared_ptr<const kernels::NativeKernel> kernel;
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
+    if (faster) {
+      kernel = faster->kernel;
+      return {fe::error_code_t::OK, ""};
+    }
     auto k = kernels::make_native_kernel(g);
     if (!k.ok()) return {fe::error_code_t::INVALID_VALUE, k.status().message()};
     kernel = std::move(k).value();
@@ -273,8 +280,13 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
   r.candidate_plans = 1;
   r.plan_index = 0;
   r.notes_known = true;  // no behavior notes: not a cuDNN engine
-  r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
-                             "' (cuDNN 9.19 has no op for it): no cuDNN heuristics, support check or plan build");
+  if (faster) {
+    r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
+                               "': " + faster->why + "; pin a cuDNN engine (--engine) to run cuDNN instead");
+  } else {
+    r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
+                               "' (cuDNN 9.19 has no op for it): no cuDNN heuristics, support check or plan build");
+  }
   return Plan(std::move(impl));
 }
 
@@ -304,6 +316,10 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (owned_ctx) ctx = owned_ctx.get();
   if (kernels::has_native_op(g)) return build_native_plan(g, target, options, r);
+  if (auto faster = kernels::faster_native_kernel(g);
+      faster.kernel && (options.engine == faster.kernel->name() || (options.engine.empty() && options.native_kernels))) {
+    return build_native_plan(g, target, options, r, &faster);
+  }
 
   BuildOptions effective = options;
   if (!options.engine.empty()) {
@@ -417,8 +433,10 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
   impl->owned_ctx = maybe_context(target, ctx, &ctx_status);
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (impl->owned_ctx) ctx = impl->owned_ctx.get();
-  if (kernels::has_native_op(g)) {
-    FUSEBOX_ASSIGN_OR_RETURN(Plan plan, build_native_plan(g, target, options, *impl->report));
+  auto faster = kernels::faster_native_kernel(g);
+  if (kernels::has_native_op(g) || (faster.kernel && options.engine.empty() && options.native_kernels)) {
+    FUSEBOX_ASSIGN_OR_RETURN(Plan plan, build_native_plan(g, target, options, *impl->report,
+                                                          faster.kernel ? &faster : nullptr));
     EngineCandidate c;
     c.index = 0;
     c.name = plan.engine_name();

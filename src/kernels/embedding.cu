@@ -11,6 +11,7 @@
 
 #include "common/cuda_status.h"
 #include "common/op_where.h"
+#include "dtype_access.cuh"
 #include "embedding.h"
 
 namespace fusebox::kernels {
@@ -22,22 +23,6 @@ struct Rows {
   int dtype = 0;       // static_cast<int>(DType)
 };
 
-__device__ __forceinline__ float load(const void* p, int dtype, int64_t off) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[off]);
-    case DType::kFP16: return __half2float(static_cast<const __half*>(p)[off]);
-    default: return static_cast<const float*>(p)[off];
-  }
-}
-
-__device__ __forceinline__ void store(void* p, int dtype, int64_t off, float v) {
-  switch (static_cast<DType>(dtype)) {
-    case DType::kBF16: static_cast<__nv_bfloat16*>(p)[off] = __float2bfloat16_rn(v); break;
-    case DType::kFP16: static_cast<__half*>(p)[off] = __float2half_rn(v); break;
-    default: static_cast<float*>(p)[off] = v; break;
-  }
-}
-
 // One value per thread, any dtypes and row strides.
 __global__ void embedding_any(const int* ids, int64_t ids_stride, const void* table, Rows t, const void* add, Rows a,
                               int64_t p, void* y, Rows yr, int64_t n, int64_t v, int64_t h) {
@@ -48,10 +33,10 @@ __global__ void embedding_any(const int* ids, int64_t ids_stride, const void* ta
     const int id = ids[r * ids_stride];
     float out = __int_as_float(0x7fc00000);  // NaN
     if (id >= 0 && id < v) {
-      out = load(table, t.dtype, id * t.stride + c);
-      if (add) out += load(add, a.dtype, (r % p) * a.stride + c);
+      out = load_as_float(table, t.dtype, id * t.stride + c);
+      if (add) out += load_as_float(add, a.dtype, (r % p) * a.stride + c);
     }
-    store(y, yr.dtype, r * yr.stride + c, out);
+    store_from_float(y, yr.dtype, r * yr.stride + c, out);
   }
 }
 

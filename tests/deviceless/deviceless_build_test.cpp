@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -37,9 +38,24 @@ const std::set<std::string> kDevicelessBuildable = {
 // on Hopper, refused below cuDNN 9.26 on Blackwell): fusebox refuses them for
 // the H200 at validate (SdpaSupportMatrix.BlockMaskNeedsBlackwell).
 const std::set<std::string> kNeedsBlackwell = {"sdpa_block_mask", "sdpa_block_mask_small"};
-// Examples fusebox runs with its own kernel (an op cuDNN 9.19 has none for):
-// a plan with one step and no cuDNN engine, for any target.
-const std::set<std::string> kNativeKernel = {"embedding", "embedding_small"};
+// Examples fusebox runs with its own kernel, an op cuDNN 9.19 has none for
+// (embedding) or runs much slower (kernels::faster_native_kernel): a plan
+// with one step and no cuDNN engine, for any target. Example -> engine.
+const std::map<std::string, std::string> kNativeKernel = {
+    {"embedding", "fusebox_embedding"},
+    {"embedding_small", "fusebox_embedding"},
+    {"global_avg_pool", "fusebox_global_avg_pool"},
+    {"global_avg_pool_small", "fusebox_global_avg_pool"},
+    {"layernorm_train", "fusebox_layernorm"},
+    {"layernorm_small", "fusebox_layernorm"},
+    {"layernorm_bsh_small", "fusebox_layernorm"},
+    {"rmsnorm_train", "fusebox_rmsnorm"},
+    {"rmsnorm_bias_small", "fusebox_rmsnorm"},
+    {"reduce_sum_bias_grad", "fusebox_reduce_rows"},
+    {"reduce_sum_bias_grad_small", "fusebox_reduce_rows"},
+    {"max_pool_resnet_stem", "fusebox_pool"},
+    {"max_pool_small", "fusebox_pool"},
+    {"avg_pool_small", "fusebox_pool"}};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());
@@ -97,15 +113,19 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
     ASSERT_EQ(report.steps.size(), 1u);
     return;
   }
-  if (kNativeKernel.count(stem(path))) {
+  if (auto native = kNativeKernel.find(stem(path)); native != kNativeKernel.end()) {
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     EXPECT_TRUE(plan->native());
-    EXPECT_EQ(plan->engine_name(), "fusebox_embedding");
+    EXPECT_EQ(plan->engine_name(), native->second);
     EXPECT_EQ(plan->workspace_bytes(), 0);
     ASSERT_EQ(report.steps.size(), 1u);
     EXPECT_EQ(report.steps[0].name, "validate");
     ASSERT_EQ(report.lowering_notes.size(), 1u);
     EXPECT_NE(report.lowering_notes[0].find("fusebox's own CUDA kernel"), std::string::npos);
+    if (native->second != "fusebox_embedding") {  // cuDNN runs it too: the note says why not, and how to get it
+      EXPECT_NE(report.lowering_notes[0].find("slower"), std::string::npos) << report.lowering_notes[0];
+      EXPECT_NE(report.lowering_notes[0].find("pin a cuDNN engine"), std::string::npos) << report.lowering_notes[0];
+    }
     auto bytes = plan->serialize();  // nothing to serialize, said so
     ASSERT_FALSE(bytes.ok());
     EXPECT_EQ(bytes.status().code(), StatusCode::kNotSupported);
@@ -175,18 +195,28 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
         << engines.status().message();
     GTEST_SKIP() << stem(path) << ": refused for the H200 by design (see RunsTheFiveStepsForTheH200)";
   }
-  if (kNativeKernel.count(stem(path))) {  // one candidate: fusebox's kernel
+  if (auto native = kNativeKernel.find(stem(path)); native != kNativeKernel.end()) {  // one candidate: fusebox's kernel
     ResolvedGraph g = load(path);
     auto engines = list_engines(g, h200(), BuildOptions{}, /*build_each=*/true, nullptr);
     ASSERT_TRUE(engines.ok()) << engines.status().ToString();
     ASSERT_EQ(engines->size(), 1u);
-    EXPECT_EQ(engines->front().name, "fusebox_embedding");
+    EXPECT_EQ(engines->front().name, native->second);
     EXPECT_TRUE(engines->front().supported);
     BuildOptions pin;
     pin.engine = "eng0";
     auto pinned = build_plan(g, h200(), pin, nullptr);
-    ASSERT_FALSE(pinned.ok());
-    EXPECT_NE(pinned.status().message().find("fusebox_embedding (fusebox's own kernel)"), std::string::npos);
+    if (native->second == "fusebox_embedding") {  // only fusebox runs it
+      ASSERT_FALSE(pinned.ok());
+      EXPECT_NE(pinned.status().message().find("fusebox_embedding (fusebox's own kernel)"), std::string::npos);
+    } else {  // cuDNN runs it too: a pinned cuDNN engine goes to cuDNN (deviceless here: may be refused)
+      EXPECT_FALSE(pinned.ok() && pinned->native());
+      BuildOptions cudnn_only;
+      cudnn_only.native_kernels = false;
+      auto listed = list_engines(g, h200(), cudnn_only, /*build_each=*/false, nullptr);
+      if (listed.ok()) {
+        for (const auto& e : *listed) EXPECT_NE(e.name.rfind("fusebox_", 0), 0u) << e.name;
+      }
+    }
     return;
   }
   if (!kDevicelessBuildable.count(stem(path)) && gpu_count() == 0) {
@@ -259,9 +289,18 @@ TEST(ConcurrentBuilds, LeaveStdoutAndStderrWhereTheyWere) {
   };
   std::fflush(stdout);
   const auto out_before = identity(1), err_before = identity(2);
-  // One graph that builds deviceless and one that fails (its failure is where cuDNN prints).
+  // One graph that builds deviceless and one that fails (its failure is where cuDNN prints): a
+  // layernorm with bf16 params (cuDNN's norm engines are compiled at run time, so need a driver;
+  // with fp32 params fusebox's own kernel would take it, without cuDNN).
   const ResolvedGraph ok_graph = load(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");
-  const ResolvedGraph bad_graph = load(testing::source_dir() + "/examples/graphs/small/layernorm_small.json");
+  auto bad_spec = parse_graph_json(R"({"name": "ln", "io_dtype": "bf16", "tensors": [
+      {"name": "x", "dims": [64, 128, 1, 1], "layout": "nhwc"}, {"name": "scale", "dims": [1, 128, 1, 1], "layout": "nhwc"},
+      {"name": "bias", "dims": [1, 128, 1, 1], "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}],
+    "ops": [{"op": "layernorm", "name": "ln", "inputs": {"x": "x", "scale": "scale", "bias": "bias"}, "outputs": {"y": "y"}}]})");
+  ASSERT_TRUE(bad_spec.ok()) << bad_spec.status().ToString();
+  auto bad_resolved = resolve(*bad_spec);
+  ASSERT_TRUE(bad_resolved.ok()) << bad_resolved.status().ToString();
+  const ResolvedGraph bad_graph = *bad_resolved;
   const DeviceTarget target = h200();
   std::vector<std::thread> threads;
   std::atomic<int> built{0};
@@ -436,6 +475,61 @@ TEST(NativeKernel, EmbeddingMustBeAloneInItsGraph) {
   for (const char* part : {"[embedding 'embed']", "must be the only op of its graph", "relu 'act'",
                            "a stage of their own"})
     EXPECT_NE(plan.status().message().find(part), std::string::npos) << part << "\n" << plan.status().message();
+}
+
+// The graphs fusebox's own kernels take from cuDNN (kernels::faster_native_kernel) only in the
+// form they serve; anything else, or a pinned cuDNN engine, goes to cuDNN as before.
+TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
+  auto build = [](const std::string& json, const std::string& engine = "") {
+    auto spec = parse_graph_json(json);
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    auto g = resolve(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    BuildOptions o;
+    o.engine = engine;
+    return build_plan(*g, h200(), o, nullptr);
+  };
+  auto ln = [](const char* x_dims, const char* s_dims, const char* params, const char* y_extra) {
+    return std::string(R"({"name": "ln", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": )") + x_dims +
+           R"(}, {"name": "scale", "dims": )" + s_dims + R"(, "dtype": ")" + params + R"("}, {"name": "bias", "dims": )" +
+           s_dims + R"(, "dtype": ")" + params + R"("}, {"name": "y")" + y_extra + R"(}], "ops": [{"op": "layernorm",
+           "name": "ln", "inputs": {"x": "x", "scale": "scale", "bias": "bias"}, "outputs": {"y": "y"}}]})";
+  };
+  auto native = [](const Result<Plan>& p) { return p.ok() && p->native(); };
+  EXPECT_TRUE(native(build(ln("[64, 128]", "[1, 128]", "fp32", ""))));
+  EXPECT_FALSE(native(build(ln("[64, 128]", "[1, 128]", "bf16", ""))));                   // params of x's dtype: cuDNN is fast
+  EXPECT_FALSE(native(build(ln("[64, 128]", "[1, 128]", "fp32", R"(, "dtype": "fp32")"))));  // y not x's dtype
+  EXPECT_FALSE(native(build(ln("[4, 20000]", "[1, 20000]", "fp32", ""))));                // a row past 16,384
+  // The pinned engine: the kernel's own name takes it; any other goes to cuDNN (here deviceless: refused by cuDNN).
+  EXPECT_TRUE(native(build(ln("[64, 128]", "[1, 128]", "fp32", ""), "fusebox_layernorm")));
+  auto pinned = build(ln("[64, 128]", "[1, 128]", "fp32", ""), "eng0");
+  EXPECT_FALSE(native(pinned));
+  if (!pinned.ok()) EXPECT_EQ(pinned.status().message().find("fusebox_layernorm"), std::string::npos);
+  // Pools: a global average, any dtype -> fusebox_global_avg_pool; any other bf16 pool -> fusebox_pool
+  // (cuDNN's fast resample engine is barred for bf16); an fp16 window pool -> cuDNN.
+  auto pool = [](const char* op, const char* dtype = "bf16") {
+    return std::string(R"({"name": "p", "io_dtype": ")") + dtype + R"(", "tensors": [{"name": "x", "dims": [2, 16, 7, 7],
+      "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}], "ops": [)" + op + "]}";
+  };
+  auto engine = [](const Result<Plan>& p) { return p.ok() ? p->engine_name() : p.status().ToString(); };
+  EXPECT_EQ(engine(build(pool(R"({"op": "global_avg_pool", "name": "g", "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp16"))),
+            "fusebox_global_avg_pool");
+  EXPECT_EQ(engine(build(pool(R"({"op": "avg_pool", "name": "g", "window": [7, 7], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
+            "fusebox_global_avg_pool");
+  EXPECT_EQ(engine(build(pool(R"({"op": "avg_pool", "name": "g", "window": [3, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
+            "fusebox_pool");
+  EXPECT_EQ(engine(build(pool(R"({"op": "max_pool", "name": "g", "window": [3, 3], "stride": [2, 2], "padding": [1, 1], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
+            "fusebox_pool");
+  EXPECT_FALSE(native(build(pool(R"({"op": "max_pool", "name": "g", "window": [3, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp16"))));
+  // A sum keeping the innermost dims: the kernel; keeping an outer dim, or max: cuDNN.
+  auto reduce = [](const char* op, const char* y_dtype) {
+    return std::string(R"({"name": "r", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [4, 16, 7, 7],
+      "layout": "nhwc"}, {"name": "y", "dtype": ")") + y_dtype + R"("}], "ops": [)" + op + "]}";
+  };
+  EXPECT_TRUE(native(build(reduce(R"({"op": "reduce_sum", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp32"))));
+  EXPECT_FALSE(native(build(reduce(R"({"op": "reduce_sum", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "bf16"))));
+  EXPECT_FALSE(native(build(reduce(R"({"op": "reduce_sum", "name": "r", "reduce_dims": [2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp32"))));
+  EXPECT_FALSE(native(build(reduce(R"({"op": "reduce_max", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp32"))));
 }
 
 }  // namespace

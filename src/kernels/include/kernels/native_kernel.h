@@ -33,4 +33,16 @@ bool has_native_op(const ResolvedGraph& g);
 // cuDNN plan or one fusebox kernel: put the op in a pipeline stage of its own).
 Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGraph& g);
 
+// A graph cuDNN runs, but much slower than a kernel of fusebox's own: a
+// global average pool alone, or a layernorm or rmsnorm forward alone with
+// 16-bit x and fp32 scale (the mixed-precision form). `kernel` is null when
+// `g` is none of them; `why` names the cuDNN shortfall, with the measurement
+// (native_kernel.cpp). A build takes the kernel unless a cuDNN engine is
+// pinned (BuildOptions::engine), so cuDNN's engines stay one flag away.
+struct FasterKernel {
+  std::shared_ptr<const NativeKernel> kernel;
+  std::string why;
+};
+FasterKernel faster_native_kernel(const ResolvedGraph& g);
+
 }  // namespace fusebox::kernels

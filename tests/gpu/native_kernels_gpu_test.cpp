@@ -1,0 +1,199 @@
+// fusebox's own kernels for graphs cuDNN 9.19 runs slowly (src/kernels/norm.cu,
+// pool.cu; kernels::faster_native_kernel): each path against the references
+// on random inputs, eager and as a CUDA graph, over shapes, dtypes and layouts
+// that take the 16-byte path, the one-value path, several row dims and
+// strided rows; and a pinned cuDNN engine still runs cuDNN.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fusebox/graph.h"
+#include "fusebox/plan.h"
+#include "fusebox/runtime.h"
+
+namespace fusebox {
+namespace {
+
+std::string dims_text(const std::vector<int64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// A layernorm (rms = false) or rmsnorm graph over x's trailing dims.
+std::string norm_json(bool rms, const std::vector<int64_t>& x, const std::vector<int64_t>& scale, const char* io,
+                      const char* layout, bool training, bool bias) {
+  const std::string lay = layout ? std::string(R"(, "layout": ")") + layout + "\"" : "";
+  std::string t = R"({"name": "x", "dims": )" + dims_text(x) + lay + "}," + R"({"name": "scale", "dims": )" +
+                  dims_text(scale) + lay + R"(, "dtype": "fp32"},)";
+  if (bias) t += R"({"name": "bias", "dims": )" + dims_text(scale) + lay + R"(, "dtype": "fp32"},)";
+  t += R"({"name": "y")" + lay + "}";
+  std::string outs = R"("y": "y")";
+  if (training) {
+    if (!rms) {
+      t += R"(, {"name": "mean", "dtype": "fp32"})";
+      outs += R"(, "mean": "mean")";
+    }
+    t += R"(, {"name": "inv_variance", "dtype": "fp32"})";
+    outs += R"(, "inv_variance": "inv_variance")";
+  }
+  return std::string(R"({"name": "norm", "io_dtype": ")") + io +
+         R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" + t +
+         R"(], "ops": [{"op": ")" + (rms ? "rmsnorm" : "layernorm") + R"(", "name": "n", "epsilon": 1e-5, )" +
+         R"("inputs": {"x": "x", "scale": "scale")" + (bias ? R"(, "bias": "bias")" : "") + R"(}, "outputs": {)" +
+         outs + "}}]}";
+}
+
+std::string pool_json(const std::vector<int64_t>& x, const char* io, const char* layout, const char* op_fields) {
+  return std::string(R"({"name": "gap", "io_dtype": ")") + io +
+         R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [{"name": "x", "dims": )" +
+         dims_text(x) + R"(, "layout": ")" + layout + R"("}, {"name": "y", "layout": ")" + layout +
+         R"("}], "ops": [)" + op_fields + "]}";
+}
+
+class NativeKernelsGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+    auto ctx = GpuContext::create(0);
+    ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+    ctx_ = std::move(ctx).value();
+    auto t = DeviceTarget::live_gpu(0);
+    ASSERT_TRUE(t.ok());
+    target_ = *t;
+  }
+  ResolvedGraph load(const std::string& json) {
+    auto spec = parse_graph_json(json);
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString() << "\n" << json;
+    auto g = resolve(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().ToString() << "\n" << json;
+    return *g;
+  }
+  // Builds `json`, expects `engine`, runs it eager and as a CUDA graph, verified.
+  void check(const std::string& json, const std::string& engine) {
+    SCOPED_TRACE(json);
+    ResolvedGraph g = load(json);
+    BuildReport report;
+    auto plan = build_plan(g, target_, BuildOptions{}, &report, ctx_.get());
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->engine_name(), engine);
+    for (bool graph : {false, true}) {
+      RunOptions opt;
+      opt.verify = true;
+      opt.iters = 0;
+      opt.seed = 23;
+      opt.cuda_graph = graph;
+      auto r = run_plan(g, *plan, *ctx_, opt);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_TRUE(r->verified_ok);
+      EXPECT_FALSE(r->comparisons.empty());
+      for (const auto& cmp : r->comparisons) {
+        EXPECT_TRUE(cmp.pass) << cmp.ToString();
+        EXPECT_EQ(cmp.non_finite, 0) << cmp.ToString();
+      }
+    }
+  }
+  std::unique_ptr<GpuContext> ctx_;
+  DeviceTarget target_;
+};
+
+TEST_F(NativeKernelsGpu, LayerNormAndRmsNormWithFp32ParamsMatchTheReferences) {
+  // 16-byte path, training and inference, the benchmark's shape.
+  check(norm_json(false, {8192, 4096, 1, 1}, {1, 4096, 1, 1}, "bf16", "nhwc", true, true), "fusebox_layernorm");
+  check(norm_json(false, {512, 768, 1, 1}, {1, 768, 1, 1}, "fp16", "nhwc", false, true), "fusebox_layernorm");
+  check(norm_json(true, {8192, 4096, 1, 1}, {1, 4096, 1, 1}, "bf16", "nhwc", true, false), "fusebox_rmsnorm");
+  check(norm_json(true, {300, 1024, 1, 1}, {1, 1024, 1, 1}, "bf16", "nhwc", false, true), "fusebox_rmsnorm");
+  // [B, S, H] with [1, 1, H]: two row dims; a large row (16384) and a small one (8).
+  check(norm_json(false, {4, 77, 16384}, {1, 1, 16384}, "bf16", nullptr, true, true), "fusebox_layernorm");
+  check(norm_json(true, {3, 5, 8}, {1, 1, 8}, "fp16", nullptr, true, false), "fusebox_rmsnorm");
+  // Rows not a multiple of 8: one value per load.
+  check(norm_json(false, {257, 1001, 1, 1}, {1, 1001, 1, 1}, "bf16", "nhwc", true, true), "fusebox_layernorm");
+  check(norm_json(true, {64, 13, 1, 1}, {1, 13, 1, 1}, "fp16", "nhwc", true, true), "fusebox_rmsnorm");
+  // Normalized over C, H, W of an NHWC tensor: the row is dense (C fastest).
+  check(norm_json(false, {16, 24, 5, 7}, {1, 24, 5, 7}, "bf16", "nhwc", true, true), "fusebox_layernorm");
+}
+
+TEST_F(NativeKernelsGpu, GlobalAveragePoolMatchesTheReferences) {
+  const char* gap = R"({"op": "global_avg_pool", "name": "gap", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";
+  check(pool_json({32, 2048, 7, 7}, "bf16", "nhwc", gap), "fusebox_global_avg_pool");
+  check(pool_json({256, 2048, 7, 7}, "bf16", "nhwc", gap), "fusebox_global_avg_pool");
+  check(pool_json({5, 100, 9, 11}, "fp16", "nchw", gap), "fusebox_global_avg_pool");
+  check(pool_json({3, 33, 56, 56}, "fp32", "nhwc", gap), "fusebox_global_avg_pool");
+  check(pool_json({2, 40, 3, 5, 6}, "bf16", "ndhwc", gap), "fusebox_global_avg_pool");
+  // An avg_pool whose window is the whole spatial extent is the same op.
+  check(pool_json({4, 64, 7, 7}, "bf16", "nhwc",
+                  R"({"op": "avg_pool", "name": "p", "window": [7, 7], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"),
+        "fusebox_global_avg_pool");
+}
+
+std::string reduce_json(const char* op, const std::vector<int64_t>& x, const char* io, const char* layout,
+                        const char* dims) {
+  const std::string lay = layout ? std::string(R"(, "layout": ")") + layout + "\"" : "";
+  return std::string(R"({"name": "red", "io_dtype": ")") + io + R"(", "tensors": [{"name": "x", "dims": )" +
+         dims_text(x) + lay + R"(}, {"name": "y", "dtype": "fp32"}], "ops": [{"op": ")" + op +
+         R"(", "name": "r", "inputs": {"x": "x"}, "outputs": {"y": "y"}, "reduce_dims": )" + dims + "}]}";
+}
+
+TEST_F(NativeKernelsGpu, Bf16WindowPoolsMatchTheReferences) {
+  auto pool = [](const char* fields) {
+    return std::string(R"({"op": )") + fields + R"(, "name": "p", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";
+  };
+  // The ResNet-50 stem's max pool: eight channels per thread.
+  check(pool_json({32, 64, 112, 112}, "bf16", "nhwc", pool(R"("max_pool", "window": [3, 3], "stride": [2, 2], "padding": [1, 1])").c_str()),
+        "fusebox_pool");
+  check(pool_json({2, 16, 10, 10}, "bf16", "nhwc",
+                  pool(R"("avg_pool", "window": [3, 3], "stride": [2, 2], "padding": [1, 1], "count_include_pad": false)").c_str()),
+        "fusebox_pool");
+  check(pool_json({2, 16, 9, 9}, "bf16", "nhwc", pool(R"("avg_pool", "window": [3, 3], "padding": [1, 1])").c_str()),
+        "fusebox_pool");
+  // One value per thread: NCHW, channels not a multiple of 8, rank 5.
+  check(pool_json({3, 5, 11, 13}, "bf16", "nchw", pool(R"("max_pool", "window": [2, 3], "stride": [2, 1])").c_str()),
+        "fusebox_pool");
+  check(pool_json({2, 12, 6, 7, 8}, "bf16", "ndhwc", pool(R"("avg_pool", "window": [2, 2, 2], "padding": [1, 1, 1])").c_str()),
+        "fusebox_pool");
+}
+
+TEST_F(NativeKernelsGpu, SumAndMeanOverOuterDimsMatchTheReferences) {
+  // The bias gradient of an NHWC dy: 16-byte loads.
+  check(reduce_json("reduce_sum", {32, 64, 112, 112}, "bf16", "nhwc", "[0, 2, 3]"), "fusebox_reduce_rows");
+  check(reduce_json("reduce_sum", {8, 24, 5, 7}, "fp16", "nhwc", "[0, 2, 3]"), "fusebox_reduce_rows");
+  check(reduce_json("reduce_mean", {640, 1000}, "bf16", nullptr, "[0]"), "fusebox_reduce_rows");
+  // One value per load: fp32, and kept dims that span two dims (117 columns).
+  check(reduce_json("reduce_sum", {16, 13, 9}, "fp32", nullptr, "[0]"), "fusebox_reduce_rows");
+  // Everything reduced: one column.
+  check(reduce_json("reduce_sum", {128, 257}, "fp32", nullptr, "[0, 1]"), "fusebox_reduce_rows");
+}
+
+TEST_F(NativeKernelsGpu, APinnedCudnnEngineStillRunsCudnn) {
+  const std::string json = norm_json(false, {256, 1024, 1, 1}, {1, 1024, 1, 1}, "bf16", "nhwc", true, true);
+  ResolvedGraph g = load(json);
+  BuildOptions cudnn_only;
+  cudnn_only.native_kernels = false;  // cuDNN's candidates, as `fusebox engines --cudnn` lists them
+  auto set = CandidateSet::create(g, target_, cudnn_only, nullptr, ctx_.get());
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  set->check_all(false);
+  std::string cudnn_engine;
+  for (const EngineCandidate& c : set->candidates())
+    if (c.supported && cudnn_engine.empty()) cudnn_engine = c.name;
+  ASSERT_FALSE(cudnn_engine.empty()) << "no supported cuDNN candidate";
+  EXPECT_NE(cudnn_engine.rfind("fusebox_", 0), 0u) << cudnn_engine;
+  BuildOptions pin;
+  pin.engine = cudnn_engine;
+  auto plan = build_plan(g, target_, pin, nullptr, ctx_.get());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->engine_name(), cudnn_engine);
+  EXPECT_FALSE(plan->native());
+  auto unpinned = build_plan(g, target_, cudnn_only, nullptr, ctx_.get());
+  ASSERT_TRUE(unpinned.ok()) << unpinned.status().ToString();
+  EXPECT_FALSE(unpinned->native());
+  RunOptions opt;
+  opt.verify = true;
+  opt.iters = 0;
+  auto r = run_plan(g, *plan, *ctx_, opt);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->verified_ok);
+}
+
+}  // namespace
+}  // namespace fusebox
