@@ -36,8 +36,8 @@ std::string plan_check_detail(const RunResult& r);
 
 // What the plan check did for one get_plan (PlanReport::plan_check).
 struct PlanCheckReport {
-  // "off" (PlanRequest::check_plan false), "deviceless" (nothing runs),
-  // "native" (fusebox's own kernel: covered by its tests), "trusted" (a sealed
+  // "off" (PlanRequest::check_plan false), "deviceless" (nothing runs; fusebox's
+  // own kernels are checked like cuDNN's plans), "trusted" (a sealed
   // passing verdict came with the plan), "passed" (checked now), "failed" (no
   // candidate passed), "unavailable" (the check could not run: see detail).
   std::string state = "off";

@@ -1,4 +1,5 @@
 // The five steps, engine listing, plan (de)serialization and execution.
+#include <algorithm>
 #include <functional>
 
 #include "common/plan_parts.h"
@@ -315,9 +316,21 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   auto owned_ctx = maybe_context(target, ctx, &ctx_status);
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (owned_ctx) ctx = owned_ctx.get();
-  if (kernels::has_native_op(g)) return build_native_plan(g, target, options, r);
+  auto excluded = [&](const std::string& engine) {
+    return std::find(options.excluded_engines.begin(), options.excluded_engines.end(), engine) !=
+           options.excluded_engines.end();
+  };
+  if (kernels::has_native_op(g)) {
+    auto plan = build_native_plan(g, target, options, r);
+    if (plan.ok() && excluded(plan->engine_name())) {
+      return NotSupported("[graph '" + g.name + "']: fusebox's own kernel '" + plan->engine_name() +
+                          "' is excluded (it failed the plan check) and cuDNN 9.19 has no op for this graph");
+    }
+    return plan;
+  }
   if (auto faster = kernels::faster_native_kernel(g);
-      faster.kernel && (options.engine == faster.kernel->name() || (options.engine.empty() && options.native_kernels))) {
+      faster.kernel && !excluded(faster.kernel->name()) &&
+      (options.engine == faster.kernel->name() || (options.engine.empty() && options.native_kernels))) {
     return build_native_plan(g, target, options, r, &faster);
   }
 
@@ -434,7 +447,11 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (impl->owned_ctx) ctx = impl->owned_ctx.get();
   auto faster = kernels::faster_native_kernel(g);
-  if (kernels::has_native_op(g) || (faster.kernel && options.engine.empty() && options.native_kernels)) {
+  const bool faster_excluded =
+      faster.kernel && std::find(options.excluded_engines.begin(), options.excluded_engines.end(),
+                                 faster.kernel->name()) != options.excluded_engines.end();
+  if (kernels::has_native_op(g) ||
+      (faster.kernel && !faster_excluded && options.engine.empty() && options.native_kernels)) {
     FUSEBOX_ASSIGN_OR_RETURN(Plan plan, build_native_plan(g, target, options, *impl->report,
                                                           faster.kernel ? &faster : nullptr));
     EngineCandidate c;

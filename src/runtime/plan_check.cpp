@@ -57,8 +57,6 @@ std::string PlanCheckReport::text() const {
     s = "off (--no-plan-check): the plan was served unchecked";
   } else if (state == "deviceless") {
     s = "not run (deviceless: it runs on the GPU's first build or load)";
-  } else if (state == "native") {
-    s = "not needed (fusebox's own kernel)";
   } else if (state == "trusted") {
     s = "passed earlier on this GPU and cuDNN (recorded with the plan): not run again";
   } else if (state == "passed") {

@@ -265,11 +265,9 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   std::vector<std::string> rejected_engines;
   // True when `plan` may be served: it passed, or no check could run (said
   // in the report). False: it failed, and its engine is rejected.
+  // fusebox's own kernels are checked like cuDNN's plans: one that fails gives way to cuDNN's
+  // engines where cuDNN runs the graph too (build_plan honours excluded_engines for them).
   auto check_now = [&](const Plan& plan, PlanCheckRun* verdict) -> bool {
-    if (plan.native()) {
-      rep.plan_check.state = "native";
-      return true;
-    }
     auto run = check_plan_once(g, plan, *ctx);
     if (!run.ok()) {
       rep.plan_check.state = "unavailable";
