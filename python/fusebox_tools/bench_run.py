@@ -71,15 +71,6 @@ SHAPE_SWEEPS = {
     "examples/graphs/matmul_bias_gelu_dyn.json": ["M=64..2048:64"],
     "examples/graphs/sdpa_fwd_dyn.json": ["S=16..512:16"],
 }
-FAMILY_OF_OP = {"conv_fprop": "conv", "conv_dgrad": "conv_bwd", "conv_wgrad": "conv_bwd", "matmul": "matmul",
-                "layernorm": "norm", "rmsnorm": "norm", "layernorm_bwd": "norm", "rmsnorm_bwd": "norm",
-                "batchnorm": "norm", "batchnorm_inference": "norm", "batchnorm_bwd": "norm",
-                "max_pool": "pool", "avg_pool": "pool", "global_avg_pool": "pool",
-                "sdpa_fwd": "sdpa", "sdpa_bwd": "sdpa", "sdpa_fp8_fwd": "sdpa", "sdpa_fp8_bwd": "sdpa",
-                "reduce_sum": "reduction", "reduce_max": "reduction", "reduce_min": "reduction",
-                "reduce_amax": "reduction", "reduce_mean": "reduction",
-                # fusebox's own kernel (no cuDNN op); memory-bound, timed with the reductions
-                "embedding": "reduction"}
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 L2_BYTES = 60 << 20  # H200
 COMPILE_MODE = os.environ.get("BENCH_COMPILE_MODE", "max-autotune-no-cudagraphs")
@@ -462,10 +453,11 @@ def _time_fusebox_once(args, path, input_files, notes, tuned, cuda_graph):
 # ---------------------------------------------------------------- rows
 
 def family(graph):
-    for op in graph.ops:
-        if op["op"] in FAMILY_OF_OP:
-            return FAMILY_OF_OP[op["op"]]
-    return "pointwise"
+    """The BENCHMARKS.md section a graph is timed in: the bench_family of its first op that is not
+    pointwise (each op's traits in `fusebox check --json`, from src/graph/ops/traits.h), else
+    "pointwise"."""
+    fams = [op["traits"]["bench_family"] for op in graph.ops]
+    return next((f for f in fams if f != "pointwise"), "pointwise")
 
 
 def n_sets(graph):

@@ -5,6 +5,7 @@
 
 #include "common/op_where.h"
 #include "embedding.h"
+#include "fusebox/op_traits.h"
 #include "norm.h"
 #include "pool.h"
 #include "reduction.h"
@@ -12,7 +13,7 @@
 namespace fusebox::kernels {
 
 namespace {
-bool is_native(const ResolvedOp& op) { return std::holds_alternative<EmbeddingAttrs>(op.attrs); }
+bool is_native(const ResolvedOp& op) { return op_traits(op.attrs).native_only; }
 }  // namespace
 
 bool has_native_op(const ResolvedGraph& g) {
@@ -20,6 +21,21 @@ bool has_native_op(const ResolvedGraph& g) {
     if (is_native(op)) return true;
   return false;
 }
+
+namespace {
+
+// The kernel of an op only fusebox runs (OpTraits::native_only), by overload.
+template <typename A>
+Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph&, const ResolvedOp&, const A&,
+                                                              const std::string& where) {
+  return Internal(where + " is native_only (src/graph/ops/traits.h) but src/kernels/ has no kernel for it");
+}
+Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
+                                                              const EmbeddingAttrs& a, const std::string&) {
+  return make_embedding_kernel(g, op, a);
+}
+
+}  // namespace
 
 Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGraph& g) {
   const ResolvedOp* native = nullptr;
@@ -39,55 +55,73 @@ Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGra
                            "of its graph; graph '" + g.name + "' also has " + others +
                            ": move them to another graph (in a pipeline, a stage of their own)");
   }
-  return make_embedding_kernel(g, *native, std::get<EmbeddingAttrs>(native->attrs));
+  return std::visit([&](const auto& a) { return native_kernel_for(g, *native, a, where); }, native->attrs);
 }
+
+namespace {
+
+// The kernel that runs a graph whose only op is `a`, where cuDNN runs it much
+// slower; by overload, one per op type that has one (none: the template).
+template <typename A>
+FasterKernel faster_kernel_for(const ResolvedGraph&, const ResolvedOp&, const A&) {
+  return {};
+}
+
+// Measured on the H200 (cuDNN 9.19, 2026-12-04, bench/results): a bf16 global
+// average pool of 32x2048x7x7 took 206 us on eng2, the one resample engine
+// left for bf16 (eng3 gives wrong values or faults there, pool_lowering.cpp),
+// against 15 us in torch; the same reduction as one GEMM took 6.6 us.
+// Any other bf16 pool: eng3, the resample engine the heuristics rank first, is barred for bf16
+// (wrong values, pool_lowering.cpp); eng2 took 56.0 us for the ResNet-50 stem's max pool
+// (3x3/2 pad 1, 32x64x112x112 NHWC) against torch.compile's 53.3 us, for 64 MB moved (~16 us).
+FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const PoolAttrs& a) {
+  if (auto k = make_global_avg_pool_kernel(g, op, a)) {
+    return {k, "cuDNN 9.19's resample engines take a global average pool 14-30x slower than a "
+               "bandwidth-bound kernel (206 us for bf16 32x2048x7x7 on the H200, eng3 barred for bf16)"};
+  }
+  if (g.tensors[static_cast<size_t>(op.inputs.at("x"))].dtype == DType::kBF16) {
+    if (auto k = make_window_pool_kernel(g, op, a)) {
+      return {k, "cuDNN 9.19's fast resample engine (eng3) gives wrong bf16 pools on the H200 and is barred; "
+                 "the one left is slower than a bandwidth-bound kernel (56.0 us for the ResNet-50 stem's max "
+                 "pool, 32x64x112x112)"};
+    }
+  }
+  return {};
+}
+
+// Measured on the H200 (cuDNN 9.19, 2026-12-01, BENCHMARKS.md): the bias gradient of an
+// NHWC dy, reduce_sum of bf16 32x64x112x112 over N, H, W into fp32, took 69.6 us (torch.compile
+// 56.2 us); the 51 MB it reads take about 13 us at the H200's bandwidth.
+FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const ReductionAttrs& a) {
+  if (auto k = make_reduce_rows_kernel(g, op, a)) {
+    return {k, "cuDNN 9.19's reduction engines sum the outer dims of a tensor several times slower than a "
+               "bandwidth-bound kernel (69.6 us for the bias gradient of bf16 32x64x112x112 NHWC on the H200)"};
+  }
+  return {};
+}
+
+// Measured on the H200 (cuDNN 9.19, 2026-12-04, bench/results): layernorm
+// training forward of bf16 8192x4096 with fp32 scale and bias took 157.5 us
+// (rmsnorm 122.3 us), with bf16 scale and bias 51.2 us (34.2 us); torch 57 us.
+// cuDNN's fast norm kernels take only params of x's dtype.
+constexpr const char* kNormWhy =
+    "cuDNN 9.19 runs a norm with fp32 scale on 16-bit x about 3x slower than with params of x's dtype "
+    "(layernorm 8192x4096 on the H200: 157.5 us against 51.2 us)";
+FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const LayerNormAttrs& a) {
+  if (auto k = make_norm_kernel(g, op, false, a.epsilon)) return {k, kNormWhy};
+  return {};
+}
+FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const RmsNormAttrs& a) {
+  if (auto k = make_norm_kernel(g, op, true, a.epsilon)) return {k, kNormWhy};
+  return {};
+}
+
+}  // namespace
 
 FasterKernel faster_native_kernel(const ResolvedGraph& g) {
   if (g.ops.size() != 1) return {};
   const ResolvedOp& op = g.ops[0];
-  // Measured on the H200 (cuDNN 9.19, 2026-12-04, bench/results): a bf16 global
-  // average pool of 32x2048x7x7 took 206 us on eng2, the one resample engine
-  // left for bf16 (eng3 gives wrong values or faults there, pool_lowering.cpp),
-  // against 15 us in torch; the same reduction as one GEMM took 6.6 us.
-  // Any other bf16 pool: eng3, the resample engine the heuristics rank first, is barred for bf16
-  // (wrong values, pool_lowering.cpp); eng2 took 56.0 us for the ResNet-50 stem's max pool
-  // (3x3/2 pad 1, 32x64x112x112 NHWC) against torch.compile's 53.3 us, for 64 MB moved (~16 us).
-  if (const auto* a = std::get_if<PoolAttrs>(&op.attrs)) {
-    if (auto k = make_global_avg_pool_kernel(g, op, *a)) {
-      return {k, "cuDNN 9.19's resample engines take a global average pool 14-30x slower than a "
-                 "bandwidth-bound kernel (206 us for bf16 32x2048x7x7 on the H200, eng3 barred for bf16)"};
-    }
-    const DType x_dtype = g.tensors[static_cast<size_t>(op.inputs.at("x"))].dtype;
-    if (x_dtype == DType::kBF16) {
-      if (auto k = make_window_pool_kernel(g, op, *a)) {
-        return {k, "cuDNN 9.19's fast resample engine (eng3) gives wrong bf16 pools on the H200 and is barred; "
-                   "the one left is slower than a bandwidth-bound kernel (56.0 us for the ResNet-50 stem's max "
-                   "pool, 32x64x112x112)"};
-      }
-    }
-  }
-  // Measured on the H200 (cuDNN 9.19, 2026-12-01, BENCHMARKS.md): the bias gradient of an
-  // NHWC dy, reduce_sum of bf16 32x64x112x112 over N, H, W into fp32, took 69.6 us (torch.compile
-  // 56.2 us); the 51 MB it reads take about 13 us at the H200's bandwidth.
-  if (const auto* a = std::get_if<ReductionAttrs>(&op.attrs)) {
-    if (auto k = make_reduce_rows_kernel(g, op, *a)) {
-      return {k, "cuDNN 9.19's reduction engines sum the outer dims of a tensor several times slower than a "
-                 "bandwidth-bound kernel (69.6 us for the bias gradient of bf16 32x64x112x112 NHWC on the H200)"};
-    }
-  }
-  // Measured on the H200 (cuDNN 9.19, 2026-12-04, bench/results): layernorm
-  // training forward of bf16 8192x4096 with fp32 scale and bias took 157.5 us
-  // (rmsnorm 122.3 us), with bf16 scale and bias 51.2 us (34.2 us); torch 57 us.
-  // cuDNN's fast norm kernels take only params of x's dtype.
-  const char* norm = "cuDNN 9.19 runs a norm with fp32 scale on 16-bit x about 3x slower than with params of x's dtype "
-                     "(layernorm 8192x4096 on the H200: 157.5 us against 51.2 us)";
-  if (const auto* a = std::get_if<LayerNormAttrs>(&op.attrs)) {
-    if (auto k = make_norm_kernel(g, op, false, a->epsilon)) return {k, norm};
-  }
-  if (const auto* a = std::get_if<RmsNormAttrs>(&op.attrs)) {
-    if (auto k = make_norm_kernel(g, op, true, a->epsilon)) return {k, norm};
-  }
-  return {};
+  return std::visit([&](const auto& a) { return faster_kernel_for(g, op, a); }, op.attrs);
 }
 
 }  // namespace fusebox::kernels

@@ -3,6 +3,7 @@
 
 #include "common/op_where.h"
 #include "common/strided.h"
+#include "fusebox/op_traits.h"
 #include "fusebox/reference.h"
 #include "fusebox/runtime.h"
 
@@ -51,9 +52,7 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
   // unless the caller gave them.
   bool derive = false;
   for (const auto& op : g.ops) {
-    if (!std::holds_alternative<SdpaBwdAttrs>(op.attrs) && !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) {
-      continue;
-    }
+    if (!op_traits(op.attrs).reads_forward_outputs) continue;
     const bool given_o = given.count(g.tensors[op.inputs.at("o")].name) > 0;
     const bool given_stats = given.count(g.tensors[op.inputs.at("stats")].name) > 0;
     if (given_o != given_stats) {

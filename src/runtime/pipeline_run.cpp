@@ -1,4 +1,5 @@
 // fusebox: building, tuning and running pipelines (include/fusebox/pipeline_run.h).
+#include "fusebox/op_traits.h"
 #include "fusebox/pipeline_run.h"
 
 #include <cuda_runtime_api.h>
@@ -255,11 +256,12 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
     const PipelineStage& st = p.stages[s];
     std::map<std::string, HostTensor> ids;
     for (const ResolvedOp& op : st.graph.ops) {
-      if (!std::holds_alternative<EmbeddingAttrs>(op.attrs)) continue;
-      const std::string& name = st.graph.tensors[op.inputs.at("ids")].name;
-      auto b = st.bind.find(name);
-      auto it = b == st.bind.end() ? data.end() : data.find(b->second);
-      if (it != data.end()) ids.emplace(name, it->second);
+      for (std::string_view role : op_traits(op.attrs).index_inputs) {
+        const std::string& name = st.graph.tensors[op.inputs.at(std::string(role))].name;
+        auto b = st.bind.find(name);
+        auto it = b == st.bind.end() ? data.end() : data.find(b->second);
+        if (it != data.end()) ids.emplace(name, it->second);
+      }
     }
     if (ids.empty()) continue;
     FUSEBOX_RETURN_IF_ERROR(check_embedding_ids(st.graph, ids).WithContext(stage_where(p, static_cast<int>(s))));

@@ -7,6 +7,7 @@
 
 #include "common/stopwatch.h"
 #include "device_buffers.h"
+#include "fusebox/op_traits.h"
 #include "fusebox/cuda_graph.h"
 #include "fusebox/runtime.h"
 
@@ -195,19 +196,7 @@ Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
 
 std::string not_bit_reproducible(const ResolvedGraph& g) {
   for (const auto& op : g.ops) {
-    if (auto* bwd = std::get_if<SdpaBwdAttrs>(&op.attrs); bwd && !bwd->deterministic) {
-      return "op '" + op.name + "' (sdpa backward) accumulates dq with atomics; \"deterministic\": true repeats";
-    }
-    if (std::holds_alternative<ReductionAttrs>(op.attrs)) {
-      return "op '" + op.name + "' (a reduction) adds partial sums in no fixed order";
-    }
-    if (std::holds_alternative<SdpaFwdAttrs>(op.attrs) || std::holds_alternative<SdpaFp8FwdAttrs>(op.attrs)) {
-      const auto& q = g.tensors[op.inputs.at("q")].dims;
-      if (q.size() == 4 && q[2] == 1) {
-        return "op '" + op.name + "' (sdpa with one query per sequence, a decode step) may split the keys "
-               "across thread blocks and combine the parts in no fixed order";
-      }
-    }
+    if (std::string why = op_not_bit_reproducible(g, op); !why.empty()) return why;
   }
   return "";
 }

@@ -12,7 +12,7 @@ EXAMPLES = default_graphs()
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int32": 4, "int64": 8, "uint8": 1}
 TENSOR_KEYS = ["name", "kind", "dtype", "dims", "strides", "storage_bytes", "scalar", "values", "random_lo",
                "random_hi"]
-OP_KEYS = ["name", "op", "inputs", "outputs", "primary_output", "compute_dtype", "attrs", "tolerances"]
+OP_KEYS = ["name", "op", "inputs", "outputs", "primary_output", "compute_dtype", "attrs", "traits", "tolerances"]
 SDPA_ATTR_KEYS = {"attn_scale", "causal", "alignment", "left_bound", "right_bound", "padding", "bias", "alibi",
                   "alibi_slopes", "dropout", "dump_dropout_mask"}
 # The primary output of each op type (graph.h, op_output_roles: the first).

@@ -55,6 +55,7 @@ ordered_json op_json(const ResolvedGraph& g, const ResolvedOp& op) {
   j["primary_output"] = std::string(op_primary_output_role(op.attrs));
   j["compute_dtype"] = std::string(dtype_name(op.compute_dtype));
   j["attrs"] = ordered_json::parse(op_resolved_attrs_json(g, op));  // the family's own (src/graph/ops/)
+  j["traits"] = traits_json(op_traits(op.attrs));  // the op's facts (fusebox ops --json lists every op's)
   j["tolerances"] = std::move(tol);
   return j;
 }

@@ -11,7 +11,7 @@ Runner add_engines(CLI::App& app) {
   struct Args {
     std::string shape;
     std::string graph, device, heuristics = "a,b,fallback";
-    bool build = false, json = false;
+    bool build = false, json = false, cudnn = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
@@ -20,6 +20,9 @@ Runner add_engines(CLI::App& app) {
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
   cmd->add_flag("--build", a->build, "Also build each supported plan (slower, definitive)");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
+  cmd->add_flag("--cudnn", a->cudnn,
+                "List cuDNN's candidates also for a graph fusebox's own kernel would run (a global average pool, "
+                "a norm with fp32 params: docs/architecture.md, Native ops)");
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("engines", g.status());
@@ -29,6 +32,7 @@ Runner add_engines(CLI::App& app) {
     if (!target.ok()) return fail("engines", target.status());
     BuildOptions options;
     options.heuristics = *modes;
+    options.native_kernels = !a->cudnn;
     BuildReport report;
     auto engines = list_engines(*g, *target, options, a->build, &report);
     if (!engines.ok()) {

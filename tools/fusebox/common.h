@@ -10,6 +10,7 @@
 #include "common/file_io.h"
 #include "common/json_util.h"
 #include "common/text.h"
+#include "fusebox/op_traits.h"
 #include "fusebox/cached_plan.h"
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
@@ -109,6 +110,9 @@ Runner add_cache(CLI::App& app);
 Runner add_pipeline(CLI::App& app);
 Runner add_shapes(CLI::App& app);
 Runner add_model(CLI::App& app);
+Runner add_ops(CLI::App& app);
+// An op's traits as JSON (fusebox ops, check --json).
+nlohmann::ordered_json traits_json(const OpTraitsInfo& t);
 // `fusebox model embed ARGS...`: the Python runner with ARGS verbatim; its exit code.
 int run_model_embed(const std::vector<std::string>& args);
 

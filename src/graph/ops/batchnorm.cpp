@@ -129,10 +129,7 @@ std::vector<std::string_view> input_roles(const BatchNormAttrs&) {
 std::vector<std::string_view> output_roles(const BatchNormAttrs&) {
   return {"y", "mean", "inv_variance", "next_running_mean", "next_running_var"};
 }
-std::vector<std::string_view> json_fields(const BatchNormAttrs&) { return {"epsilon", "momentum"}; }
-bool accepts_scalar_inputs(const BatchNormAttrs&) { return false; }
 // y may feed a pointwise op (a ReLU); the statistics are checked to be in memory (infer).
-bool outputs_in_memory(const BatchNormAttrs&) { return false; }
 std::string output_roles_hint(const BatchNormAttrs&) {
   return " (the training forward writes the saved statistics and the updated running statistics; "
          "batchnorm_inference normalizes with given statistics)";
@@ -206,10 +203,6 @@ std::vector<std::string_view> input_roles(const BatchNormInferenceAttrs&) {
   return {"x", "scale", "bias", "mean", "inv_variance"};
 }
 std::vector<std::string_view> output_roles(const BatchNormInferenceAttrs&) { return {"y"}; }
-std::vector<std::string_view> json_fields(const BatchNormInferenceAttrs&) { return {}; }
-bool accepts_scalar_inputs(const BatchNormInferenceAttrs&) { return false; }
-bool outputs_in_memory(const BatchNormInferenceAttrs&) { return false; }
-std::string output_roles_hint(const BatchNormInferenceAttrs&) { return ""; }
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&,
                   BatchNormInferenceAttrs&) {
   return Status::Ok();
@@ -246,10 +239,6 @@ std::vector<std::string_view> input_roles(const BatchNormBwdAttrs&) {
   return {"dy", "x", "scale", "mean", "inv_variance"};
 }
 std::vector<std::string_view> output_roles(const BatchNormBwdAttrs&) { return {"dx", "dscale", "dbias"}; }
-std::vector<std::string_view> json_fields(const BatchNormBwdAttrs&) { return {}; }
-bool accepts_scalar_inputs(const BatchNormBwdAttrs&) { return false; }
-bool outputs_in_memory(const BatchNormBwdAttrs&) { return true; }
-std::string output_roles_hint(const BatchNormBwdAttrs&) { return ""; }
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, BatchNormBwdAttrs&) {
   return Status::Ok();
 }

@@ -190,10 +190,6 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<Conv
 std::string_view type_name(const ConvFpropAttrs&) { return "conv_fprop"; }
 std::vector<std::string_view> input_roles(const ConvFpropAttrs&) { return {"x", "w"}; }
 std::vector<std::string_view> output_roles(const ConvFpropAttrs&) { return {"y"}; }
-std::vector<std::string_view> json_fields(const ConvFpropAttrs&) { return {"padding", "stride", "dilation"}; }
-bool accepts_scalar_inputs(const ConvFpropAttrs&) { return false; }
-bool outputs_in_memory(const ConvFpropAttrs&) { return false; }
-std::string output_roles_hint(const ConvFpropAttrs&) { return ""; }
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&,
                   ConvFpropAttrs& a) {
@@ -241,12 +237,6 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<Conv
 std::string_view type_name(const ConvDgradAttrs&) { return "conv_dgrad"; }
 std::vector<std::string_view> input_roles(const ConvDgradAttrs&) { return {"dy", "w"}; }
 std::vector<std::string_view> output_roles(const ConvDgradAttrs&) { return {"dx"}; }
-std::vector<std::string_view> json_fields(const ConvDgradAttrs&) {
-  return {"padding", "stride", "dilation", "x_dims"};
-}
-bool accepts_scalar_inputs(const ConvDgradAttrs&) { return false; }
-bool outputs_in_memory(const ConvDgradAttrs&) { return false; }
-std::string output_roles_hint(const ConvDgradAttrs&) { return ""; }
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&,
                   ConvDgradAttrs& a) {
@@ -319,12 +309,6 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<Conv
 std::string_view type_name(const ConvWgradAttrs&) { return "conv_wgrad"; }
 std::vector<std::string_view> input_roles(const ConvWgradAttrs&) { return {"dy", "x"}; }
 std::vector<std::string_view> output_roles(const ConvWgradAttrs&) { return {"dw"}; }
-std::vector<std::string_view> json_fields(const ConvWgradAttrs&) {
-  return {"padding", "stride", "dilation", "w_dims"};
-}
-bool accepts_scalar_inputs(const ConvWgradAttrs&) { return false; }
-bool outputs_in_memory(const ConvWgradAttrs&) { return false; }
-std::string output_roles_hint(const ConvWgradAttrs&) { return ""; }
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&,
                   ConvWgradAttrs& a) {

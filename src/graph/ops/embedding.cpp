@@ -44,11 +44,7 @@ std::vector<std::string_view> input_roles(const EmbeddingAttrs& a) {
   return {"ids", "table"};
 }
 std::vector<std::string_view> output_roles(const EmbeddingAttrs&) { return {"y"}; }
-std::vector<std::string_view> json_fields(const EmbeddingAttrs&) { return {}; }
-bool accepts_scalar_inputs(const EmbeddingAttrs&) { return false; }
 // fusebox's own kernel writes y to memory: there is no epilogue to fuse it into.
-bool outputs_in_memory(const EmbeddingAttrs&) { return true; }
-std::string output_roles_hint(const EmbeddingAttrs&) { return ""; }
 
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op, EmbeddingAttrs& a) {
   a.add = op.inputs.count("add") > 0;  // an optional input

@@ -15,10 +15,6 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<Matm
 std::string_view type_name(const MatmulAttrs&) { return "matmul"; }
 std::vector<std::string_view> input_roles(const MatmulAttrs&) { return {"a", "b"}; }
 std::vector<std::string_view> output_roles(const MatmulAttrs&) { return {"y"}; }
-std::vector<std::string_view> json_fields(const MatmulAttrs&) { return {}; }
-bool accepts_scalar_inputs(const MatmulAttrs&) { return false; }
-bool outputs_in_memory(const MatmulAttrs&) { return false; }
-std::string output_roles_hint(const MatmulAttrs&) { return ""; }
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, MatmulAttrs&) {
   return Status::Ok();
 }

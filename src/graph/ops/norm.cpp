@@ -162,10 +162,7 @@ std::vector<std::string_view> output_roles(const LayerNormAttrs& a) {
   if (a.phase == NormPhase::kTraining) return {"y", "mean", "inv_variance"};
   return {"y"};
 }
-std::vector<std::string_view> json_fields(const LayerNormAttrs&) { return {"epsilon"}; }
-bool accepts_scalar_inputs(const LayerNormAttrs&) { return false; }
 // y may feed a pointwise op; the statistics are checked to be in memory (infer).
-bool outputs_in_memory(const LayerNormAttrs&) { return false; }
 std::string output_roles_hint(const LayerNormAttrs& a) {
   return phase_hint(a.phase, "'mean' and 'inv_variance'");
 }
@@ -227,9 +224,6 @@ std::vector<std::string_view> output_roles(const RmsNormAttrs& a) {
   if (a.phase == NormPhase::kTraining) return {"y", "inv_variance"};
   return {"y"};
 }
-std::vector<std::string_view> json_fields(const RmsNormAttrs&) { return {"epsilon"}; }
-bool accepts_scalar_inputs(const RmsNormAttrs&) { return false; }
-bool outputs_in_memory(const RmsNormAttrs&) { return false; }
 std::string output_roles_hint(const RmsNormAttrs& a) { return phase_hint(a.phase, "'inv_variance'"); }
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op,
@@ -334,10 +328,6 @@ std::vector<std::string_view> input_roles(const LayerNormBwdAttrs&) {
   return {"dy", "x", "scale", "mean", "inv_variance"};
 }
 std::vector<std::string_view> output_roles(const LayerNormBwdAttrs&) { return {"dx", "dscale", "dbias"}; }
-std::vector<std::string_view> json_fields(const LayerNormBwdAttrs&) { return {}; }
-bool accepts_scalar_inputs(const LayerNormBwdAttrs&) { return false; }
-bool outputs_in_memory(const LayerNormBwdAttrs&) { return true; }
-std::string output_roles_hint(const LayerNormBwdAttrs&) { return ""; }
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, LayerNormBwdAttrs&) {
   return Status::Ok();
 }
@@ -369,9 +359,6 @@ std::vector<std::string_view> output_roles(const RmsNormBwdAttrs& a) {
   if (a.dbias) return {"dx", "dscale", "dbias"};
   return {"dx", "dscale"};
 }
-std::vector<std::string_view> json_fields(const RmsNormBwdAttrs&) { return {}; }
-bool accepts_scalar_inputs(const RmsNormBwdAttrs&) { return false; }
-bool outputs_in_memory(const RmsNormBwdAttrs&) { return true; }
 std::string output_roles_hint(const RmsNormBwdAttrs& a) {
   return a.dbias ? " (a 'dbias' output is named: the forward had a bias)"
                  : " ('dbias' is optional: name it when the forward had a bias)";

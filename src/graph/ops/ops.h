@@ -20,6 +20,7 @@
 #include "canonical_writer.h"
 #include "fusebox/graph.h"
 #include "json_reader.h"
+#include "traits.h"
 
 namespace fusebox::graph_ops {
 
@@ -59,16 +60,8 @@ struct FlopsContext {
   std::string_view type_name(const T&);                                                            \
   std::vector<std::string_view> input_roles(const T&);                                             \
   std::vector<std::string_view> output_roles(const T&);                                            \
-  /* op-specific JSON fields accepted besides op, name, inputs, outputs, compute_dtype */          \
-  std::vector<std::string_view> json_fields(const T&);                                             \
   Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a); \
   void write_json(const T& a, nlohmann::ordered_json& j);                                          \
-  /* whether inputs may be by-value scalars (else they must be tensors) */                         \
-  bool accepts_scalar_inputs(const T&);                                                            \
-  /* whether outputs must be declared non-virtual (the op writes memory, not a fused epilogue) */  \
-  bool outputs_in_memory(const T&);                                                                \
-  /* extra text for a wrong set of output roles (e.g. generate_stats), may be empty */             \
-  std::string output_roles_hint(const T&);                                                         \
   Status infer(const InferContext& ctx, T& a);                                                     \
   void canonical(const T& a, CanonicalWriter& w);                                                  \
   void describe(const T& a, std::ostream& os);                                                     \
@@ -106,6 +99,39 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(ReductionAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(EmbeddingAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
+
+// The facts of traits.h, as functions of an op's attributes. An op whose
+// answer depends on its attributes overloads the function in its family file
+// (a non-template overload wins over these templates).
+// Op-specific JSON fields accepted besides op, name, inputs, outputs, compute_dtype.
+template <typename T>
+std::vector<std::string_view> json_fields(const T&) {
+  return {OpTraits<T>::json_fields.begin(), OpTraits<T>::json_fields.end()};
+}
+std::vector<std::string_view> json_fields(const PoolAttrs& a);  // by mode
+// Whether inputs may be by-value scalars (else they must be tensors).
+template <typename T>
+bool accepts_scalar_inputs(const T&) {
+  return OpTraits<T>::accepts_scalar_inputs;
+}
+// Whether outputs must be declared non-virtual (the op writes memory, not a fused epilogue).
+template <typename T>
+bool outputs_in_memory(const T&) {
+  return OpTraits<T>::outputs_in_memory;
+}
+// Extra text for a wrong set of output roles (e.g. generate_stats): none unless overloaded.
+template <typename T>
+std::string output_roles_hint(const T&) {
+  return "";
+}
+std::string output_roles_hint(const LayerNormAttrs& a);
+std::string output_roles_hint(const RmsNormAttrs& a);
+std::string output_roles_hint(const RmsNormBwdAttrs& a);
+std::string output_roles_hint(const BatchNormAttrs& a);
+std::string output_roles_hint(const SdpaFwdAttrs& a);
+std::string output_roles_hint(const SdpaBwdAttrs& a);
+std::string output_roles_hint(const SdpaFp8FwdAttrs& a);
+std::string output_roles_hint(const SdpaFp8BwdAttrs& a);
 
 // The JSON type names each family owns, and the attrs a name denotes
 // (pointwise owns one per mode).

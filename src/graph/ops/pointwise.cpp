@@ -82,10 +82,6 @@ std::vector<std::string_view> input_roles(const PointwiseAttrs& a) {
   }
 }
 std::vector<std::string_view> output_roles(const PointwiseAttrs&) { return {"y"}; }
-std::vector<std::string_view> json_fields(const PointwiseAttrs&) { return {}; }
-bool accepts_scalar_inputs(const PointwiseAttrs&) { return true; }
-bool outputs_in_memory(const PointwiseAttrs&) { return false; }
-std::string output_roles_hint(const PointwiseAttrs&) { return ""; }
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec&, PointwiseAttrs&) {
   return Status::Ok();
 }

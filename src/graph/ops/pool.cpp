@@ -99,9 +99,6 @@ std::vector<std::string_view> json_fields(const PoolAttrs& a) {
   if (a.mode == PoolMode::kAvg) return {"window", "stride", "padding", "count_include_pad"};
   return {"window", "stride", "padding"};
 }
-bool accepts_scalar_inputs(const PoolAttrs&) { return false; }
-bool outputs_in_memory(const PoolAttrs&) { return false; }
-std::string output_roles_hint(const PoolAttrs&) { return ""; }
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&,
                   PoolAttrs& a) {

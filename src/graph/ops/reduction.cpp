@@ -51,10 +51,6 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<Redu
 std::string_view type_name(const ReductionAttrs& a) { return reduction_mode_name(a.mode); }
 std::vector<std::string_view> input_roles(const ReductionAttrs&) { return {"x"}; }
 std::vector<std::string_view> output_roles(const ReductionAttrs&) { return {"y"}; }
-std::vector<std::string_view> json_fields(const ReductionAttrs&) { return {"reduce_dims"}; }
-bool accepts_scalar_inputs(const ReductionAttrs&) { return false; }
-bool outputs_in_memory(const ReductionAttrs&) { return false; }
-std::string output_roles_hint(const ReductionAttrs&) { return ""; }
 
 Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec&,
                   ReductionAttrs& a) {

@@ -1,5 +1,6 @@
 // fusebox graph layer: what is shared by every op family, and the dispatch
 // over OpAttrs that needs every alternative (type names).
+#include "fusebox/op_traits.h"
 #include "ops/ops.h"
 
 namespace fusebox::graph_ops {
@@ -17,6 +18,11 @@ void for_each_alternative(Fn&& fn) {
 }
 
 }  // namespace
+
+template <typename Fn>
+void for_each_op_type(Fn&& fn) {
+  for_each_alternative(std::forward<Fn>(fn));
+}
 
 std::optional<OpAttrs> attrs_for_type_name(std::string_view name) {
   std::optional<OpAttrs> found;
@@ -78,6 +84,46 @@ std::string op_resolved_attrs_json(const ResolvedGraph& g, const ResolvedOp& op)
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   std::visit([&](const auto& a) { graph_ops::resolved_json(ctx, a, j); }, op.attrs);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+OpTraitsInfo op_traits(const OpAttrs& attrs) {
+  return std::visit(
+      [](const auto& a) {
+        using T = std::decay_t<decltype(a)>;
+        using Traits = graph_ops::OpTraits<T>;
+        OpTraitsInfo t;
+        t.family = Traits::family;
+        t.bench_family = Traits::bench_family;
+        t.json_fields = graph_ops::json_fields(a);
+        t.accepts_scalar_inputs = graph_ops::accepts_scalar_inputs(a);
+        t.outputs_in_memory = graph_ops::outputs_in_memory(a);
+        t.native_only = Traits::native_only;
+        t.reads_forward_outputs = Traits::reads_forward_outputs;
+        t.index_inputs.assign(Traits::index_inputs.begin(), Traits::index_inputs.end());
+        return t;
+      },
+      attrs);
+}
+
+std::string op_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op) {
+  return std::visit(
+      [&](const auto& a) {
+        using T = std::decay_t<decltype(a)>;
+        return graph_ops::OpTraits<T>::not_bit_reproducible(g, op, a);
+      },
+      op.attrs);
+}
+
+std::vector<OpCatalogEntry> op_catalog() {
+  std::vector<OpCatalogEntry> out;
+  graph_ops::for_each_op_type([&](auto tag) {
+    for (std::string_view name : graph_ops::type_names(tag)) {
+      const std::optional<OpAttrs> attrs = graph_ops::make_attrs(name, tag);
+      if (!attrs) continue;
+      out.push_back({name, op_input_roles(*attrs), op_output_roles(*attrs), op_traits(*attrs)});
+    }
+  });
+  return out;
 }
 
 }  // namespace fusebox

@@ -131,10 +131,6 @@ std::string sdpa_output_roles_hint(const T& a) {
   return "";
 }
 
-const std::vector<std::string_view> kSdpaJsonFields = {"attn_scale",  "causal",  "alignment",     "left_bound",
-                                                       "right_bound", "alibi",   "dropout",       "deterministic",
-                                                       "max_seq_len_kv"};
-
 template <typename T>
 Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a) {
   FUSEBOX_RETURN_IF_ERROR(r.opt_number(v, path, "attn_scale", a.attn_scale));
@@ -769,6 +765,15 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
 
 }  // namespace
 
+std::string sdpa_forward_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op) {
+  const auto& q = g.tensors[static_cast<size_t>(op.inputs.at("q"))].dims;
+  if (q.size() == 4 && q[2] == 1) {
+    return "op '" + op.name + "' (sdpa with one query per sequence, a decode step) may split the keys "
+           "across thread blocks and combine the parts in no fixed order";
+  }
+  return "";
+}
+
 // The four sdpa ops: every function forwards to the shared template above.
 #define FUSEBOX_SDPA_OP(T, NAME)                                                                               \
   std::vector<std::string_view> type_names(std::type_identity<T>) { return {NAME}; }                           \
@@ -779,13 +784,10 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
   std::string_view type_name(const T&) { return NAME; }                                                        \
   std::vector<std::string_view> input_roles(const T& a) { return sdpa_input_roles(a); }                        \
   std::vector<std::string_view> output_roles(const T& a) { return sdpa_output_roles(a); }                      \
-  std::vector<std::string_view> json_fields(const T&) { return kSdpaJsonFields; }                              \
   Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a) { \
     return sdpa_parse_json(r, v, path, op, a);                                                                 \
   }                                                                                                            \
   void write_json(const T& a, nlohmann::ordered_json& j) { sdpa_write_json(a, j); }                            \
-  bool accepts_scalar_inputs(const T&) { return false; }                                                       \
-  bool outputs_in_memory(const T&) { return true; }                                                            \
   std::string output_roles_hint(const T& a) { return sdpa_output_roles_hint(a); }                              \
   Status infer(const InferContext& ctx, T& a) { return sdpa_infer(ctx, a); }                                   \
   void canonical(const T& a, CanonicalWriter& w) { sdpa_canonical(a, w); }                                     \
