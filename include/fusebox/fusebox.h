@@ -26,8 +26,8 @@ extern "C" {
 
 /* The C API's version: bumped when a declaration here changes. Additions
  * only: version 2 added the calls marked "(v2)", version 3 those marked
- * "(v3)"; a program built against an earlier version runs unchanged. */
-#define FUSEBOX_C_API_VERSION 3
+ * "(v3)", version 4 those marked "(v4)"; a program built against an earlier version runs unchanged. */
+#define FUSEBOX_C_API_VERSION 4
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -145,6 +145,11 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path);
 /* (v2) The plan cache's part: "hit", "miss" (looked up, then built or tuned)
  * or "off" (no cache, or a plan file). */
 const char* fusebox_plan_cache_result(const fusebox_plan* plan);
+/* (v4) The plan's report as one JSON object (UTF-8, owned by the plan): the
+ * document `fusebox build --json` prints under "plan" (source, cache, plan
+ * check, partition, ...) with the serving build's five steps as "build"
+ * (docs/c-api.md). The CLI and Python print the same serializer's output. */
+const char* fusebox_plan_report_json(const fusebox_plan* plan);
 
 /* (v2) Autotuning (GPU sessions only): every admissible candidate is built
  * and timed on the session's GPU, the fastest is verified against the

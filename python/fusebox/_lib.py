@@ -19,7 +19,7 @@ from . import errors
 
 # The C API version this module needs: 2 added bind_with_workspace, tune,
 # find_tensor, session_device_id and plan_cache_result; 3 tune_in_cuda_graph.
-C_API_VERSION = 3
+C_API_VERSION = 4
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -106,6 +106,7 @@ def _declare(lib):
         "fusebox_plan_workspace_bytes": (c.c_int64, [P]),
         "fusebox_plan_source": (c.c_char_p, [P]),
         "fusebox_plan_cache_result": (c.c_char_p, [P]),
+        "fusebox_plan_report_json": (c.c_char_p, [P]),
         "fusebox_plan_save": (S, [P, c.c_char_p]),
         "fusebox_bind": (S, [P, P, c.c_size_t, c.POINTER(c.c_char_p), c.POINTER(P), c.POINTER(P)]),
         "fusebox_bind_with_workspace": (S, [P, P, c.c_size_t, c.POINTER(c.c_char_p), c.POINTER(P), P, c.c_int64,

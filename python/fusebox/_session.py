@@ -1,6 +1,7 @@
 """fusebox.Session and fusebox.Plan over the C API's session, plan and bound
 plan handles (include/fusebox/fusebox.h)."""
 import ctypes
+import json
 import os
 import sys
 
@@ -196,6 +197,12 @@ class Plan:
     def cache(self) -> str:
         """The plan cache's part: "hit", "miss" or "off"."""
         return _lib.text(_lib.lib().fusebox_plan_cache_result(self._h))
+
+    def report(self) -> dict:
+        """Where the plan came from and what it cost, as `fusebox build --json` prints it under
+        "plan" (source, cache, plan check, partition, ...), with the serving build's five steps
+        under "build": one serializer in the library for the CLI, the C API and Python."""
+        return json.loads(_lib.text(_lib.lib().fusebox_plan_report_json(self._h)))
 
     def save(self, path):
         """Writes a plan file (as `fusebox build --plan-out`); Session.build(plan_file=path) reads it.

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/file_io.h"
+#include "fusebox/report_json.h"
 #include "fusebox/dtype.h"
 #include "fusebox/fusebox.h"
 #include "fusebox/plan_file.h"
@@ -316,6 +317,7 @@ fusebox_status fusebox_session_get_plan(fusebox_session* session, const fusebox_
     h->plan = std::make_shared<fusebox::Plan>(std::move(*plan));
     h->source = report.source_text();
     h->cache = report.cache;
+    h->report_json = fusebox::plan_report_with_build_json(report);
     *out = h.release();
     return FUSEBOX_OK;
   });
@@ -352,6 +354,9 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
 }
 
 const char* fusebox_plan_cache_result(const fusebox_plan* plan) { return plan ? plan->cache.c_str() : nullptr; }
+const char* fusebox_plan_report_json(const fusebox_plan* plan) {
+  return plan ? plan->report_json.c_str() : nullptr;
+}
 
 fusebox_tune_request fusebox_tune_request_default(void) {
   const fusebox::TunePolicy p;
@@ -421,6 +426,18 @@ fusebox_status tune_plan(const char* fn, fusebox_session* session, const fusebox
     h->graph_path = graph->source_path;
     h->box = session->box;
     h->plan = std::make_shared<fusebox::Plan>(std::move(t->plan));
+    // The plan report of a tuned plan: the cache's part and the winner's build (when tuned now).
+    fusebox::PlanReport report;
+    report.source = t->hit ? fusebox::PlanSource::kTunedCache : fusebox::PlanSource::kBuilt;
+    report.engine = h->plan->engine_name();
+    report.workspace_bytes = h->plan->workspace_bytes();
+    report.cache = t->cache;
+    report.cache_key = t->cache_key;
+    report.stored = t->stored;
+    report.lookup_ms = t->lookup_ms;
+    report.deserialize_ms = t->deserialize_ms;
+    if (!t->hit) report.build = t->result.report;
+    h->report_json = fusebox::plan_report_with_build_json(report);
     h->source = std::move(source);
     h->cache = t->cache;
     *out = h.release();

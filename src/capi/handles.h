@@ -39,6 +39,7 @@ struct fusebox_plan {
   std::string source;
   std::string cache = "off";  // the plan cache's part: "hit", "miss", "off"
   std::string graph_path;     // the graph's source_path
+  std::string report_json;    // where it came from and what it cost (fusebox/report_json.h)
 };
 
 struct fusebox_bound_plan {

@@ -227,6 +227,12 @@ static void test_deviceless(const char* plan_path) {
   /* (v2) the caller's workspace: its size is checked first, then names, then the device */
   CHECK(fusebox_session_device_id(s) == -1, "deviceless: no device id");
   CHECK(strcmp(fusebox_plan_cache_result(p), "off") == 0, "no cache: %s", fusebox_plan_cache_result(p));
+  /* (v4) the plan's report, the library's JSON serializer (the CLI's document) */
+  CHECK(fusebox_plan_report_json(NULL) == NULL, "NULL report (v4)");
+  CHECK(strstr(fusebox_plan_report_json(p), "\"source\":\"built\"") != NULL &&
+            strstr(fusebox_plan_report_json(p), "\"build\":{") != NULL &&
+            strstr(fusebox_plan_report_json(p), "\"plan_check\":{") != NULL,
+        "report: %.200s", fusebox_plan_report_json(p));
   if (fusebox_plan_workspace_bytes(p) > 0) {
     st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, (void*)4096, fusebox_plan_workspace_bytes(p) - 1, &bound);
     CHECK(st == FUSEBOX_INVALID_ARGUMENT && strstr(fusebox_last_error(), "bytes of workspace; given") != NULL,

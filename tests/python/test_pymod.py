@@ -92,7 +92,7 @@ def like_graph(graph, **overrides):
 def test_version_and_library(library):
     assert fusebox.version() == "0.1.0"
     assert os.path.isfile(library)
-    assert fusebox.C_API_VERSION == 3
+    assert fusebox.C_API_VERSION == 4
 
 
 def test_graph_from_path_check_info():
@@ -180,6 +180,25 @@ def test_build_options_and_plan_file(deviceless, cbr_plan, tmp_path):
     assert again.source == "plan file (built deviceless)"
     with pytest.raises(fusebox.IoError):
         deviceless.build(g, plan_file=tmp_path / "missing.plan")
+
+
+def test_plan_report_is_the_cli_document(deviceless):
+    """Plan.report() is the library's serializer (fusebox/report_json.h), the one `fusebox build
+    --json` prints: the same keys under "plan", the same build steps under "build" (issue 30)."""
+    import subprocess
+
+    from fusebox_tools.graph import fusebox_bin
+    fusebox_exe = fusebox_bin()
+    plan = deviceless.build(fusebox.Graph.from_json(CBR))
+    rep = plan.report()
+    cli = json.loads(subprocess.run([fusebox_exe, "build", CBR, "--device", DEVPROP, "--json", "--no-cache"],
+                                    capture_output=True, text=True, check=True, timeout=120).stdout)
+    assert set(rep) - {"build"} == set(cli["plan"]), set(rep) ^ set(cli["plan"])
+    assert rep["source"] == cli["plan"]["source"] == "built"
+    assert rep["engine"] == cli["plan"]["engine"] == plan.engine
+    assert [s["name"] for s in rep["build"]["steps"]] == [s["name"] for s in cli["steps"]]
+    assert rep["build"]["device"] == cli["device"]
+    assert rep["plan_check"]["state"] == "deviceless"
 
 
 def test_plan_cache_miss_then_hit(tmp_path):
