@@ -29,10 +29,9 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "fusebox/cuda_graph.h"
 #include "fusebox/graph.h"
@@ -73,7 +72,8 @@ double median(std::vector<double> v) {
 }
 
 // GPU time (ms) of `calls` back-to-back `call`s between two events, divided by `calls`, `samples` times.
-std::vector<double> gpu_samples(const std::function<bool()>& call, cudaStream_t stream, int calls, int samples) {
+std::vector<double> gpu_samples(const std::function<bool()>& call, cudaStream_t stream, int calls,
+                                int samples) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
@@ -138,8 +138,8 @@ nlohmann::json side(const std::vector<double>& gpu_ms, const std::vector<double>
 
 // Runs `eager`, keeps the `bytes` at `out`, poisons them, runs `replay`: *same says whether the
 // replay wrote the same bytes. False when a run fails.
-bool same_bytes(const std::function<bool()>& eager, const std::function<bool()>& replay, void* out, size_t bytes,
-                cudaStream_t stream, bool* same) {
+bool same_bytes(const std::function<bool()>& eager, const std::function<bool()>& replay, void* out,
+                size_t bytes, cudaStream_t stream, bool* same) {
   std::vector<uint8_t> a(bytes), c(bytes);
   if (!eager()) return false;
   cudaStreamSynchronize(stream);
@@ -168,14 +168,16 @@ Result<Plan> tuned_in_graph(Session& session, const ResolvedGraph& g, double* tu
 // One layer of the chain: conv 3x3 (padding 1) + bias + relu, NHWC bf16.
 ResolvedGraph chain_layer(int64_t batch, int64_t channels, int64_t hw) {
   GraphSpec s;
-  s.name = "conv3x3_bias_relu_c" + std::to_string(channels) + "_" + std::to_string(hw) + "_b" + std::to_string(batch);
+  s.name = "conv3x3_bias_relu_c" + std::to_string(channels) + "_" + std::to_string(hw) + "_b" +
+           std::to_string(batch);
   s.io_dtype = DType::kBF16;
   s.tensor("x", {batch, channels, hw, hw}, "nhwc");
   s.tensor("w", {channels, channels, 3, 3}, "nhwc");
   s.tensor("b", {1, channels, 1, 1}, "nhwc");
-  const std::string y = s.pointwise(
-      "act", PointwiseMode::kRelu,
-      s.pointwise("bias", PointwiseMode::kBiasAdd, s.conv_fprop("conv", "x", "w", {{1, 1}, {1, 1}, {1, 1}}), "b"));
+  const std::string y =
+      s.pointwise("act", PointwiseMode::kRelu,
+                  s.pointwise("bias", PointwiseMode::kBiasAdd,
+                              s.conv_fprop("conv", "x", "w", {{1, 1}, {1, 1}, {1, 1}}), "b"));
   s.output(y, "nhwc");
   auto g = resolve(s);
   if (!g.ok()) {
@@ -262,15 +264,16 @@ bool bench_chain(Session& session, int64_t batch, int layers, int calls, int sam
          {"calls_per_sample", calls},
          {"flops", g.flops() * layers},
          {"fusebox", {{"eager", side(eg, el)}, {"cuda_graph", side(gg, gl)}}}};
-  std::printf("chain of %d conv+bias+relu 3x3 (64 ch, 56x56, bf16 NHWC), batch %lld, engine %s, recording %s%s\n",
-              layers, static_cast<long long>(batch), plan->engine_name().c_str(),
-              std::string(graph_recording_name(cg->steps()[0].recording)).c_str(),
-              identical ? "" : " -- OUTPUTS DIFFER FROM EAGER");
+  std::printf(
+      "chain of %d conv+bias+relu 3x3 (64 ch, 56x56, bf16 NHWC), batch %lld, engine %s, recording %s%s\n",
+      layers, static_cast<long long>(batch), plan->engine_name().c_str(),
+      std::string(graph_recording_name(cg->steps()[0].recording)).c_str(),
+      identical ? "" : " -- OUTPUTS DIFFER FROM EAGER");
   std::printf("  %-28s %12s %12s\n", "per forward (10 layers)", "GPU us", "latency us");
   std::printf("  %-28s %12.1f %12.1f\n", "eager BoundPlan launches", median(eg) * 1e3, median(el) * 1e3);
   std::printf("  %-28s %12.1f %12.1f\n", "CUDA graph replay", median(gg) * 1e3, median(gl) * 1e3);
-  std::printf("  eager / replay: GPU time %.2fx, latency %.2fx (issue #11 target: >= 2x)\n", median(eg) / median(gg),
-              median(el) / median(gl));
+  std::printf("  eager / replay: GPU time %.2fx, latency %.2fx (issue #11 target: >= 2x)\n",
+              median(eg) / median(gg), median(el) / median(gl));
   // The same chain with the layer's engine tuned inside CUDA graphs, replayed (its outputs
   // against its own eager run: another engine may round differently from the heuristic one).
   double tune_ms = 0;
@@ -438,7 +441,8 @@ int main(int argc, char** argv) {
                          {"engine", plan->engine_name()},
                          {"bound_path", bound->direct() ? "direct" : "frontend"},
                          {"rows", nlohmann::json::array()}};
-  for (const auto& r : rows) host["rows"].push_back({{"call", r.name}, {"host_ns", median(r.ns)}, {"calls", r.ns.size()}});
+  for (const auto& r : rows)
+    host["rows"].push_back({{"call", r.name}, {"host_ns", median(r.ns)}, {"calls", r.ns.size()}});
   if (bound->direct()) {
     const double ratio = median(rows[0].ns) / median(rows[1].ns);
     std::printf("bound / bare: %.3f (issue #11 target: <= 1.2)\n", ratio);
@@ -467,21 +471,23 @@ int main(int argc, char** argv) {
   for (int i = 0; i < std::max(64, iters / 20); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!replay()) return die("launch", Status(StatusCode::kInternal, "launch failed"));
-    launch_ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+    launch_ns.push_back(
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
     cudaStreamSynchronize(cstream);
   }
   std::vector<double> graph_gpu, eager_gpu;
   for (int r = 0; r < std::max(rounds, 5); ++r) {
     auto a = gpu_samples(replay, cstream, 1, 1);
     auto b = gpu_samples(eager100, cstream, 1, 1);
-    if (a.empty() || b.empty()) return die("CUDA graph timing", Status(StatusCode::kInternal, "launch failed"));
+    if (a.empty() || b.empty())
+      return die("CUDA graph timing", Status(StatusCode::kInternal, "launch failed"));
     graph_gpu.push_back(a[0] * 1e6 / in_graph);  // ns per execute
     eager_gpu.push_back(b[0] * 1e6 / in_graph);
   }
   const auto& steps = cg->steps();
   std::printf("CUDA graph of %d executes (%s recording%s%s):\n", in_graph,
-              std::string(graph_recording_name(steps[0].recording)).c_str(), steps[0].why_not_native.empty() ? "" : ": ",
-              steps[0].why_not_native.c_str());
+              std::string(graph_recording_name(steps[0].recording)).c_str(),
+              steps[0].why_not_native.empty() ? "" : ": ", steps[0].why_not_native.c_str());
   std::printf("%-44s %14s\n", "per execute", "median ns");
   std::printf("%-44s %14.0f\n", "host: cudaGraphLaunch / 100", median(launch_ns) / in_graph);
   std::printf("%-44s %14.0f\n", "GPU: graph replay / 100", median(graph_gpu));
@@ -548,6 +554,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (!ok) std::fprintf(stderr, "bound_execute_bench: a chain failed or its CUDA graph differed from eager\n");
+  if (!ok)
+    std::fprintf(stderr, "bound_execute_bench: a chain failed or its CUDA graph differed from eager\n");
   return ok ? 0 : 1;
 }

@@ -42,7 +42,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check(p->order.size() == p->stages.size() && seen.size() == p->stages.size(), "order is not a permutation",
         p->name);
   std::vector<int> position(p->stages.size());
-  for (size_t i = 0; i < p->order.size(); ++i) position[static_cast<size_t>(p->order[i])] = static_cast<int>(i);
+  for (size_t i = 0; i < p->order.size(); ++i)
+    position[static_cast<size_t>(p->order[i])] = static_cast<int>(i);
   for (const auto& b : p->buffers) {
     const auto& writer = b.is_view() ? p->buffers[static_cast<size_t>(b.view_of)].writer : b.writer;
     for (const auto& r : b.readers)

@@ -48,7 +48,7 @@ void check(bool ok, const char* what) {
 const std::string& scratch() {
   static const std::string dir = [] {
     std::string tmpl = access("/dev/shm", W_OK) == 0 ? "/dev/shm/plan_cache_db_fuzzer.XXXXXX"
-                                                      : "/tmp/plan_cache_db_fuzzer.XXXXXX";
+                                                     : "/tmp/plan_cache_db_fuzzer.XXXXXX";
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     if (!mkdtemp(buf.data())) abort();

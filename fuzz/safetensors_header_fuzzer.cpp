@@ -35,7 +35,7 @@ void check(bool ok, const char* what) {
 const std::string& scratch_dir() {
   static const std::string dir = [] {
     std::string tmpl = access("/dev/shm", W_OK) == 0 ? "/dev/shm/safetensors_fuzzer.XXXXXX"
-                                                      : "/tmp/safetensors_fuzzer.XXXXXX";
+                                                     : "/tmp/safetensors_fuzzer.XXXXXX";
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     if (!mkdtemp(buf.data())) abort();

@@ -19,12 +19,12 @@ struct CachedPlan {
   Plan plan;
   bool hit = false;
   std::string key;
-  CacheEntry entry;          // on a hit: the provenance (payload emptied)
-  BuildReport report;        // on a miss: the five steps
-  bool stored = false;       // on a miss: the new plan was written to the cache
-  double lookup_ms = 0;      // cache lookup, checksum included
-  double deserialize_ms = 0; // frontend deserialize on a hit (the first in a process also loads
-                             // cuDNN's engine libraries)
+  CacheEntry entry;           // on a hit: the provenance (payload emptied)
+  BuildReport report;         // on a miss: the five steps
+  bool stored = false;        // on a miss: the new plan was written to the cache
+  double lookup_ms = 0;       // cache lookup, checksum included
+  double deserialize_ms = 0;  // frontend deserialize on a hit (the first in a process also loads
+                              // cuDNN's engine libraries)
   // With measure_repeat: a second deserialize of the same entry, timed. The
   // per-graph cost once the libraries are loaded; deserialize_ms minus this
   // is the one-time load. -1 when not measured.
@@ -50,15 +50,16 @@ Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, 
 // Looks up a plan stored under `policy_key` only (no build on a miss):
 // result.hit tells. Used by `run` to find a tuned plan first.
 Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const std::string& policy_key, GpuContext* ctx, bool measure_repeat = false);
+                                      const std::string& policy_key, GpuContext* ctx,
+                                      bool measure_repeat = false);
 
 // Stores a plan under `policy_key` (tuned_median_ms < 0: heuristic choice),
 // with `check`'s passing verdict sealed into the entry when given.
 // A failure becomes a warning in `warnings`. True only if it was stored (not
 // with no cache, a disabled or read-only one, or a failed write).
-bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
-                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings,
-                const PlanCheckRun* check = nullptr);
+bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
+                const std::string& policy_key, const Plan& plan, double tuned_median_ms,
+                std::vector<std::string>* warnings, const PlanCheckRun* check = nullptr);
 // Writes `check`'s passing verdict into `info` and seals it for the payload
 // with checksum `payload_checksum` (plan_info_json::payload_xxh3).
 void record_plan_check(PlanFileInfo& info, const PlanCheckRun& check, const std::string& payload_checksum);

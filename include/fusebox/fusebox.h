@@ -97,7 +97,8 @@ size_t fusebox_graph_tensor_count(const fusebox_graph* graph);
 fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fusebox_tensor_info* info);
 /* (v2) The same by name; an unknown name (or a virtual tensor, or a by-value
  * scalar) is FUSEBOX_INVALID_ARGUMENT, and the message lists the names. */
-fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char* name, fusebox_tensor_info* info);
+fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char* name,
+                                         fusebox_tensor_info* info);
 
 /* ---- sessions */
 

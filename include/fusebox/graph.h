@@ -41,11 +41,11 @@ namespace fusebox {
 
 struct TensorSpec {
   std::string name;
-  std::vector<int64_t> dims;     // empty: inferred (only for op outputs)
-  std::vector<int64_t> strides;  // empty: from `layout`, else inferred/dense
-  std::string layout;            // optional shorthand: "nhwc", "nchw", "row_major", ...
-  std::optional<DType> dtype;    // empty: graph io dtype (intermediate dtype if virtual)
-  bool is_virtual = false;       // an intermediate that never reaches memory
+  std::vector<int64_t> dims;           // empty: inferred (only for op outputs)
+  std::vector<int64_t> strides;        // empty: from `layout`, else inferred/dense
+  std::string layout;                  // optional shorthand: "nhwc", "nchw", "row_major", ...
+  std::optional<DType> dtype;          // empty: graph io dtype (intermediate dtype if virtual)
+  bool is_virtual = false;             // an intermediate that never reaches memory
   std::optional<double> scalar_value;  // a by-value scalar (dims all 1)
   // Fixed contents of a graph input, logical row-major (element_count()
   // values): e.g. per-sequence lengths or FP8 scales. Used instead of random
@@ -134,11 +134,11 @@ std::vector<std::string_view> op_output_roles(const OpAttrs& attrs);
 std::string_view op_primary_output_role(const OpAttrs& attrs);
 
 struct OpSpec {
-  std::string name;                           // unique within the graph
+  std::string name;  // unique within the graph
   OpAttrs attrs;
-  std::map<std::string, std::string> inputs;  // role -> tensor name
-  std::map<std::string, std::string> outputs; // role -> tensor name ("y"; sdpa_fwd: "o", "stats")
-  std::optional<DType> compute_dtype;         // empty: graph compute dtype
+  std::map<std::string, std::string> inputs;   // role -> tensor name
+  std::map<std::string, std::string> outputs;  // role -> tensor name ("y"; sdpa_fwd: "o", "stats")
+  std::optional<DType> compute_dtype;          // empty: graph compute dtype
 };
 
 struct GraphSpec {
@@ -160,8 +160,10 @@ struct GraphSpec {
   std::string conv_fprop(std::string op_name, const std::string& x, const std::string& w,
                          ConvFpropAttrs attrs);
   // Return the "dx" / "dw" output's name (attrs.x_dims / attrs.w_dims required).
-  std::string conv_dgrad(std::string op_name, const std::string& dy, const std::string& w, ConvDgradAttrs attrs);
-  std::string conv_wgrad(std::string op_name, const std::string& dy, const std::string& x, ConvWgradAttrs attrs);
+  std::string conv_dgrad(std::string op_name, const std::string& dy, const std::string& w,
+                         ConvDgradAttrs attrs);
+  std::string conv_wgrad(std::string op_name, const std::string& dy, const std::string& x,
+                         ConvWgradAttrs attrs);
   std::string matmul(std::string op_name, const std::string& a, const std::string& b);
   std::string pointwise(std::string op_name, PointwiseMode mode, const std::string& in0,
                         const std::string& in1 = "");
@@ -209,8 +211,8 @@ struct ResolvedTensor {
   // whatever the tensors' names and order. 0 for virtual tensors and scalars.
   int64_t uid = 0;
 
-  int64_t element_count() const;    // product of dims
-  int64_t storage_elements() const; // 1 + sum((dim-1)*stride): span of memory touched
+  int64_t element_count() const;     // product of dims
+  int64_t storage_elements() const;  // 1 + sum((dim-1)*stride): span of memory touched
   int64_t storage_bytes() const;
 };
 

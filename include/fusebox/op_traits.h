@@ -16,10 +16,10 @@ struct OpTraitsInfo {
   std::string_view family;        // the op family: "conv", "matmul", "pointwise", "sdpa", "norm", ...
   std::string_view bench_family;  // the BENCHMARKS.md section its graphs are timed in
   std::vector<std::string_view> json_fields;  // op-specific JSON fields (docs/graph-format.md)
-  bool accepts_scalar_inputs = false;  // inputs may be by-value scalars
-  bool outputs_in_memory = false;      // outputs must be non-virtual (the op writes memory)
-  bool native_only = false;            // cuDNN 9.19 has no op: fusebox's own kernel runs it, alone in its graph
-  bool reads_forward_outputs = false;  // a backward op reading its forward's o and stats
+  bool accepts_scalar_inputs = false;         // inputs may be by-value scalars
+  bool outputs_in_memory = false;             // outputs must be non-virtual (the op writes memory)
+  bool native_only = false;  // cuDNN 9.19 has no op: fusebox's own kernel runs it, alone in its graph
+  bool reads_forward_outputs = false;          // a backward op reading its forward's o and stats
   std::vector<std::string_view> index_inputs;  // input roles whose values index memory: checked before a run
 };
 

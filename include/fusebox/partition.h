@@ -34,7 +34,8 @@ struct GraphPartition {
   // parts take it, else the io dtype (what fused engines write to memory).
   std::map<int, DType> temporary_dtypes;
   int64_t temporary_bytes = 0;  // each rounded up to 256 bytes
-  std::string summary() const;  // "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu'] (temporaries: dgrad_out 838 KB)"
+  std::string summary()
+      const;  // "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu'] (temporaries: dgrad_out 838 KB)"
 };
 
 // The sub-graph of `g` made of ops [first, first + count): tensors crossing

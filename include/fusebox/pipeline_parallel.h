@@ -70,7 +70,7 @@ struct DeviceShare {
 struct DataParallelResult {
   std::string batch_symbol;
   int64_t batch = 0;
-  std::vector<DeviceShare> shares;  // in device-list order
+  std::vector<DeviceShare> shares;        // in device-list order
   std::vector<Pipeline> share_pipelines;  // the pipeline each share ran (same order)
   // Every output buffer stacked from the shares, by name.
   std::map<std::string, HostTensor> outputs;

@@ -66,7 +66,7 @@ class KernelCache {
 // replayed by a later build of the same graph at another shape without the
 // heuristics (BuildOptions::replay).
 struct EngineChoice {
-  int64_t engine_id = -1;       // -1: none
+  int64_t engine_id = -1;        // -1: none
   std::map<int, int64_t> knobs;  // cuDNN frontend knob type -> value
   bool empty() const { return engine_id < 0; }
 };
@@ -118,10 +118,10 @@ struct DroppedCandidate {
 
 struct BuildReport {
   std::vector<StepReport> steps;
-  int64_t workspace_limit = -1;             // the limit applied, -1: none
-  std::vector<DroppedCandidate> dropped;    // candidates over the limit
-  int64_t candidate_plans = 0;  // offered by the heuristics
-  std::string engine;           // chosen engine-and-knobs name
+  int64_t workspace_limit = -1;           // the limit applied, -1: none
+  std::vector<DroppedCandidate> dropped;  // candidates over the limit
+  int64_t candidate_plans = 0;            // offered by the heuristics
+  std::string engine;                     // chosen engine-and-knobs name
   int64_t plan_index = -1;
   int64_t workspace_bytes = 0;
   bool deviceless = false;
@@ -216,8 +216,9 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
 // from one set share its frontend graph. Not thread-safe.
 class CandidateSet {
  public:
-  static Result<CandidateSet> create(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
-                                     BuildReport* report, GpuContext* ctx = nullptr);
+  static Result<CandidateSet> create(const ResolvedGraph& g, const DeviceTarget& target,
+                                     const BuildOptions& options, BuildReport* report,
+                                     GpuContext* ctx = nullptr);
   CandidateSet(CandidateSet&&) noexcept;
   CandidateSet& operator=(CandidateSet&&) noexcept;
   ~CandidateSet();
@@ -263,7 +264,8 @@ class BoundPlan {
 
   // Every non-virtual tensor of the plan needs a pointer in `buffers` (by
   // name); unknown names are refused.
-  static Result<BoundPlan> bind(const Plan& plan, GpuContext& ctx, const std::map<std::string, void*>& buffers,
+  static Result<BoundPlan> bind(const Plan& plan, GpuContext& ctx,
+                                const std::map<std::string, void*>& buffers,
                                 std::shared_ptr<const WorkspaceBinding> workspace);
 
   // Tensor names in slot order (ascending cuDNN uid).
@@ -317,7 +319,8 @@ Result<Plan> compose_partitioned_plan(const ResolvedGraph& whole, const GraphPar
 // must be deviceless (handle-less deserialization). `engine_name` names the
 // plan where the frontend cannot tell after deserializing (a plan file has it).
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
-                              const DeviceTarget& target, GpuContext* ctx, const std::string& engine_name = "");
+                              const DeviceTarget& target, GpuContext* ctx,
+                              const std::string& engine_name = "");
 
 // A cuDNN handle bound to one GPU and one CUDA stream.
 class GpuContext {

@@ -26,8 +26,8 @@ struct PlanCheckRun {
 // small graphs, the GPU one above `cpu_reference_max_flops`. A plan that fails
 // to execute is a failed check; an error only when the check could not run
 // at all (no reference for the graph, out of device memory).
-Result<PlanCheckRun> check_plan_once(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx, uint64_t seed = 7,
-                                     double cpu_reference_max_flops = 5e7);
+Result<PlanCheckRun> check_plan_once(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx,
+                                     uint64_t seed = 7, double cpu_reference_max_flops = 5e7);
 
 struct RunResult;
 // The comparisons of a verified run as the plan check records them (all of

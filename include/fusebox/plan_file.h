@@ -19,7 +19,8 @@
 namespace fusebox {
 
 // Writes atomically (temporary file, then rename).
-Status write_plan_file(const std::string& path, const PlanFileInfo& info, const std::vector<uint8_t>& payload);
+Status write_plan_file(const std::string& path, const PlanFileInfo& info,
+                       const std::vector<uint8_t>& payload);
 
 struct PlanFile {
   PlanFileInfo info;

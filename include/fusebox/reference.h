@@ -57,7 +57,8 @@ Status reference_gpu(const ResolvedGraph& g, const std::map<std::string, const v
 
 // The GPU reference on host inputs (as reference_cpu takes them): uploads,
 // runs on the default stream, downloads. NoDevice when no GPU is present.
-Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
+Result<ReferenceOutputs> reference_gpu_host(const ResolvedGraph& g,
+                                            const std::map<std::string, HostTensor>& inputs);
 
 // ---- SDPA verification helpers (the references cover sdpa_fwd, sdpa_bwd and
 // sdpa_fp8_fwd with every SdpaOptions feature; dropout through the dumped mask,
@@ -126,13 +127,13 @@ struct Comparison {
   std::string tensor;
   int64_t elements = 0;
   double rel_l2 = 0;
-  double max_abs = 0;      // max |a - r|
-  double max_abs_rel = 0;  // max |a - r| / max |r|
+  double max_abs = 0;        // max |a - r|
+  double max_abs_rel = 0;    // max |a - r| / max |r|
   int64_t worst_index = -1;  // logical index of max |a - r|
   int64_t non_finite = 0;    // NaN/Inf in the actual output
   Tolerance tolerance;
   bool pass = false;
-  std::string error;  // why no comparison was possible (size mismatch); empty otherwise
+  std::string error;             // why no comparison was possible (size mismatch); empty otherwise
   std::string ToString() const;  // one line
 };
 

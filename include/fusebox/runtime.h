@@ -27,8 +27,8 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
                                                       const std::map<std::string, HostTensor>& given = {},
                                                       double cpu_reference_max_flops = 2e9);
 // The sequence-length inputs' values, for ResolvedGraph::flops().
-std::map<std::string, std::vector<double>> input_values_for_flops(const ResolvedGraph& g,
-                                                                  const std::map<std::string, HostTensor>& inputs);
+std::map<std::string, std::vector<double>> input_values_for_flops(
+    const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs);
 
 struct RunOptions {
   uint64_t seed = 1;
@@ -51,8 +51,8 @@ struct RunOptions {
   // execution, the graph is launched on re-poisoned outputs and its outputs
   // are compared byte for byte with the eager ones (a difference is an
   // error; for a graph that is not bit-reproducible by design, see
-  // not_bit_reproducible(), within the outputs' tolerance instead); verification and timing then use the graph (one graph per input
-  // set, launched in rotation; samples launch one graph of `iters` executes).
+  // not_bit_reproducible(), within the outputs' tolerance instead); verification and timing then use the
+  // graph (one graph per input set, launched in rotation; samples launch one graph of `iters` executes).
   bool cuda_graph = false;
 };
 
@@ -99,11 +99,11 @@ struct RunResult {
   LatencyStats latency;
   std::vector<double> gpu_time_ms;      // RunOptions::samples: per call, back to back
   std::vector<double> host_latency_ms;  // RunOptions::samples: one synchronized call each
-  int input_sets = 1;  // input copies rotated through while timing
-  double first_execute_ms = 0;  // the first execution, synchronized (loads the kernels)
-  double flops = 0;   // the graph's useful work with these inputs (sequence lengths)
-  double tflops = 0;  // flops / median
-  double gbps = 0;    // non-virtual bytes / median
+  int input_sets = 1;                   // input copies rotated through while timing
+  double first_execute_ms = 0;          // the first execution, synchronized (loads the kernels)
+  double flops = 0;                     // the graph's useful work with these inputs (sequence lengths)
+  double tflops = 0;                    // flops / median
+  double gbps = 0;                      // non-virtual bytes / median
   CudaGraphRun cuda_graph;
 };
 
@@ -111,7 +111,8 @@ struct RunResult {
 // allocates the workspace, executes, downloads, verifies, times.
 // A verification mismatch is reported in RunResult (verified_ok = false) and
 // as a kVerificationFailed status by verify_status().
-Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx, const RunOptions& options);
+Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx,
+                           const RunOptions& options);
 
 Status verify_status(const RunResult& r);
 

@@ -117,7 +117,7 @@ struct PlanReport {
   // kernels (asked of the heuristics before the graph's first build), or the first dynamic build
   // chose one; such an engine builds any shape statically in milliseconds.
   std::string static_policy;
-  double static_probe_ms = 0;  // asking the static heuristics before the graph's first build (0: not asked)
+  double static_probe_ms = 0;    // asking the static heuristics before the graph's first build (0: not asked)
   bool engine_replayed = false;  // built with the first shape's engine, no heuristics
   std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
   bool tuned_in_cuda_graph = false;  // a tuned entry timed inside CUDA graphs (PlanRequest::cuda_graph)

@@ -57,7 +57,7 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = Internal("Result constructed from an ok Status without a value");
   }
@@ -83,10 +83,10 @@ class [[nodiscard]] Result {
 #define FUSEBOX_CONCAT_INNER(a, b) a##b
 #define FUSEBOX_CONCAT(a, b) FUSEBOX_CONCAT_INNER(a, b)
 
-#define FUSEBOX_RETURN_IF_ERROR(expr)        \
-  do {                                       \
-    ::fusebox::Status _fb_st = (expr);       \
-    if (!_fb_st.ok()) return _fb_st;         \
+#define FUSEBOX_RETURN_IF_ERROR(expr)  \
+  do {                                 \
+    ::fusebox::Status _fb_st = (expr); \
+    if (!_fb_st.ok()) return _fb_st;   \
   } while (0)
 
 #define FUSEBOX_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \

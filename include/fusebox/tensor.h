@@ -52,7 +52,8 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
 // the tensor dims, or equal them once dims of 1 are dropped. Only the header
 // (at most 100 MiB) and this tensor's bytes are read.
 // The header's JSON is bounded (depth, values) before it is parsed.
-Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key, const ResolvedTensor& t);
+Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key,
+                                        const ResolvedTensor& t);
 // read_safetensors_for() for many tensors of the same files (a pipeline's
 // constants): each file's header is parsed once, on first use, and kept (as
 // an index of its tensors, not the JSON) for the life of this object, keyed

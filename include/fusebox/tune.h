@@ -17,11 +17,11 @@ struct TunePolicy {
   std::vector<HeuristicMode> heuristics{HeuristicMode::kA, HeuristicMode::kB, HeuristicMode::kFallback};
   int warmup = 5;
   int iters = 20;
-  int64_t max_workspace_bytes = -1;        // -1: no limit
-  bool deterministic_only = false;         // drop NONDETERMINISTIC candidates
-  bool allow_runtime_compilation = true;   // false: drop RUNTIME_COMPILATION candidates
-  int top_k = 0;                           // >0: time only the first K admissible candidates
-  double budget_ms = 0;                    // >0: stop timing once this much wall time is spent
+  int64_t max_workspace_bytes = -1;       // -1: no limit
+  bool deterministic_only = false;        // drop NONDETERMINISTIC candidates
+  bool allow_runtime_compilation = true;  // false: drop RUNTIME_COMPILATION candidates
+  int top_k = 0;                          // >0: time only the first K admissible candidates
+  double budget_ms = 0;                   // >0: stop timing once this much wall time is spent
   uint64_t seed = 1;
   // Verify the fastest candidate before it wins; one that fails is rejected
   // and the next fastest is verified, until one passes (the plan check).

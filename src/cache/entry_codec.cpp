@@ -56,11 +56,13 @@ Status validate_entry_bytes(std::string_view key, std::string_view meta, const u
     }
     if (m.at("xxh3").get<std::string>() != payload_xxh3(payload, n)) return bad("payload checksum mismatch");
     // What PlanCache::lookup() returns goes to the cuDNN frontend: check it as it will be read.
-    if (Status p = common::check_plan_payload(payload, n, "plan cache entry " + std::string(key)); !p.ok()) return p;
+    if (Status p = common::check_plan_payload(payload, n, "plan cache entry " + std::string(key)); !p.ok())
+      return p;
 
     CacheEntry e;
     e.key = std::string(key);
-    e.info.format = static_cast<int>(common::json_int_at(m, "plan_format", 0, std::numeric_limits<int>::max()));
+    e.info.format =
+        static_cast<int>(common::json_int_at(m, "plan_format", 0, std::numeric_limits<int>::max()));
     plan_info_json::read(m, &e.info);
     e.tuned_median_ms = m.at("tuned_median_ms").get<double>();
     e.created_utc = m.at("created_utc").get<std::string>();

@@ -7,12 +7,12 @@
 #include <xxhash.h>
 
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cerrno>
 #include <ctime>
 #include <filesystem>
 #include <functional>
@@ -234,7 +234,8 @@ int check_schema(sqlite3* db, std::string* why) {
   if (rc != SQLITE_OK) return rc;
   auto text = [&](int col) {
     const unsigned char* t = sqlite3_column_text(s.get(), col);
-    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<size_t>(sqlite3_column_bytes(s.get(), col)))
+    return t ? std::string(reinterpret_cast<const char*>(t),
+                           static_cast<size_t>(sqlite3_column_bytes(s.get(), col)))
              : std::string();
   };
   bool table = false, autoindex = false, index = false, any = false;
@@ -248,8 +249,8 @@ int check_schema(sqlite3* db, std::string* why) {
     } else if (type == "index" && name == "sqlite_autoindex_entries_1" && tbl == "entries" && sql_null &&
                !autoindex) {
       autoindex = true;
-    } else if (type == "index" && name == "entries_last_used" && tbl == "entries" && sql == kCreateLastUsedIndex &&
-               !index) {
+    } else if (type == "index" && name == "entries_last_used" && tbl == "entries" &&
+               sql == kCreateLastUsedIndex && !index) {
       index = true;
     } else if (type == "table" && name == "entries") {
       const std::string upper = [&] {
@@ -257,7 +258,8 @@ int check_schema(sqlite3* db, std::string* why) {
         for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
         return u;
       }();
-      const bool generated = upper.find("GENERATED") != std::string::npos || upper.find(" AS (") != std::string::npos ||
+      const bool generated = upper.find("GENERATED") != std::string::npos ||
+                             upper.find(" AS (") != std::string::npos ||
                              upper.find(" AS(") != std::string::npos;
       found.push_back(std::string("table 'entries' declared differently") +
                       (generated ? " (with a generated column)" : "") + ": " + sql.substr(0, 300));
@@ -275,8 +277,8 @@ int check_schema(sqlite3* db, std::string* why) {
   std::string list;
   for (const auto& f : found) list += (list.empty() ? "" : "; ") + f;
   *why = "is not a fusebox plan cache: its schema holds " + list +
-         "; expected exactly the table and index fusebox writes (" + kCreateEntries + "; " + kCreateLastUsedIndex +
-         ") and nothing else (no trigger, view, generated column or other object)";
+         "; expected exactly the table and index fusebox writes (" + kCreateEntries + "; " +
+         kCreateLastUsedIndex + ") and nothing else (no trigger, view, generated column or other object)";
   return SQLITE_MISMATCH;
 }
 
@@ -482,7 +484,8 @@ PlanCache PlanCache::open(const std::string& path, const PlanCacheOptions& optio
       return c;
     }
     if (!has_table) {
-      c.open_error_ = IoError("plan cache '" + path + "' holds no plan cache (expected a file fusebox wrote)");
+      c.open_error_ =
+          IoError("plan cache '" + path + "' holds no plan cache (expected a file fusebox wrote)");
       c.disable("holds no plan cache and is read-only");
       return c;
     }
@@ -739,23 +742,26 @@ Status merge_rows(sqlite3* src, sqlite3* dst, std::vector<std::string>* skipped,
     *error = db_error(dst, rc);
     return IoError(*error);
   }
-  Status st = for_each_row(src, [&](const Row& row, const CacheEntry* e, const Status& v) {
-    if (!e) {
-      skipped->push_back(v.message());
-      return true;
-    }
-    sqlite3_reset(ins.get());
-    sqlite3_bind_text(ins.get(), 1, row.key.data(), static_cast<int>(row.key.size()), SQLITE_TRANSIENT);
-    sqlite3_bind_text(ins.get(), 2, row.meta.data(), static_cast<int>(row.meta.size()), SQLITE_TRANSIENT);
-    sqlite3_bind_blob(ins.get(), 3, row.payload, static_cast<int>(row.payload_size), SQLITE_TRANSIENT);
-    // The checksummed metadata is the authority on when it was made.
-    sqlite3_bind_text(ins.get(), 4, e->created_utc.data(), static_cast<int>(e->created_utc.size()),
-                      SQLITE_TRANSIENT);
-    sqlite3_bind_int64(ins.get(), 5, static_cast<int64_t>(row.meta.size() + row.payload_size));
-    sqlite3_bind_int64(ins.get(), 6, row.last_used_us);
-    rc = sqlite3_step(ins.get());
-    return rc == SQLITE_DONE;
-  }, max_read_bytes, stopped);
+  Status st = for_each_row(
+      src,
+      [&](const Row& row, const CacheEntry* e, const Status& v) {
+        if (!e) {
+          skipped->push_back(v.message());
+          return true;
+        }
+        sqlite3_reset(ins.get());
+        sqlite3_bind_text(ins.get(), 1, row.key.data(), static_cast<int>(row.key.size()), SQLITE_TRANSIENT);
+        sqlite3_bind_text(ins.get(), 2, row.meta.data(), static_cast<int>(row.meta.size()), SQLITE_TRANSIENT);
+        sqlite3_bind_blob(ins.get(), 3, row.payload, static_cast<int>(row.payload_size), SQLITE_TRANSIENT);
+        // The checksummed metadata is the authority on when it was made.
+        sqlite3_bind_text(ins.get(), 4, e->created_utc.data(), static_cast<int>(e->created_utc.size()),
+                          SQLITE_TRANSIENT);
+        sqlite3_bind_int64(ins.get(), 5, static_cast<int64_t>(row.meta.size() + row.payload_size));
+        sqlite3_bind_int64(ins.get(), 6, row.last_used_us);
+        rc = sqlite3_step(ins.get());
+        return rc == SQLITE_DONE;
+      },
+      max_read_bytes, stopped);
   if (!st.ok()) return st;
   if (rc != SQLITE_DONE && rc != SQLITE_OK) {
     *error = db_error(dst, rc);
@@ -793,9 +799,11 @@ Status PlanCache::export_to(const std::string& path) {
   if (!enabled()) return IoError("plan cache " + path_ + " is disabled: " + warning_);
   const std::string where = "plan cache export to '" + path + "'";
   // The shared output-vs-input check: this cache's file and its side files.
-  if (!common::check_outputs_spare_inputs({{"cache export file", path}}, {{"plan cache", path_, /*database=*/true}})
+  if (!common::check_outputs_spare_inputs({{"cache export file", path}},
+                                          {{"plan cache", path_, /*database=*/true}})
            .ok()) {
-    return InvalidArgument(where + ": is this cache's own file or one of its side files (-wal, -shm, -journal); "
+    return InvalidArgument(where +
+                           ": is this cache's own file or one of its side files (-wal, -shm, -journal); "
                            "export to another file");
   }
   // Built in a temporary file next to `path`, renamed over it at the end: a
@@ -816,7 +824,8 @@ Status PlanCache::export_to(const std::string& path) {
   struct stat tst {};
   if (::stat(path.c_str(), &tst) == 0 && tst.st_size > 0) {
     std::string why;
-    if (!looks_like_sqlite_or_empty(path, &why)) return IoError(where + ": the file there " + why + "; not replaced");
+    if (!looks_like_sqlite_or_empty(path, &why))
+      return IoError(where + ": the file there " + why + "; not replaced");
     sqlite3* raw = nullptr;
     int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW, nullptr);
     target.db.reset(raw);
@@ -828,11 +837,14 @@ Status PlanCache::export_to(const std::string& path) {
     if (rc == SQLITE_MISMATCH) return ParseError(where + ": the file there " + why + "; not replaced");
     if (rc == SQLITE_OK) {
       Stmt t;
-      rc = prepare(raw, "SELECT (SELECT count(*) FROM sqlite_master), (SELECT application_id FROM pragma_application_id)",
-                   &t);
+      rc = prepare(
+          raw,
+          "SELECT (SELECT count(*) FROM sqlite_master), (SELECT application_id FROM pragma_application_id)",
+          &t);
       if (rc == SQLITE_OK && (rc = sqlite3_step(t.get())) == SQLITE_ROW) {
         if (sqlite3_column_int(t.get(), 0) > 0 && sqlite3_column_int(t.get(), 1) != kApplicationId)
-          return ParseError(where + ": the file there is an SQLite database but not a fusebox plan cache; not replaced");
+          return ParseError(
+              where + ": the file there is an SQLite database but not a fusebox plan cache; not replaced");
         rc = SQLITE_OK;
       }
     }
@@ -840,7 +852,8 @@ Status PlanCache::export_to(const std::string& path) {
     if (rc == SQLITE_OK) rc = exec(raw, "BEGIN EXCLUSIVE");
     if (rc == SQLITE_OK) rc = exec_all(raw, "SELECT count(*) FROM entries");  // takes the lock now
     if (is_busy(rc)) {
-      return InvalidArgument(where + ": the file there is open in another connection or process (a Session, a "
+      return InvalidArgument(where +
+                             ": the file there is open in another connection or process (a Session, a "
                              "running fusebox): close it and export again; nothing was written");
     }
     if (rc != SQLITE_OK) return IoError(where + ": cannot read the file there: " + db_error(raw, rc));
@@ -866,7 +879,8 @@ Status PlanCache::export_to(const std::string& path) {
     // One self-contained file: everything in it, no -wal or -shm beside it.
     int rc = exec_all(dst.db_.get(), "PRAGMA wal_checkpoint(TRUNCATE)");
     if (rc == SQLITE_OK) rc = exec_all(dst.db_.get(), "PRAGMA journal_mode = DELETE");
-    if (rc != SQLITE_OK) return IoError(where + ": cannot checkpoint the new file: " + db_error(dst.db_.get(), rc));
+    if (rc != SQLITE_OK)
+      return IoError(where + ": cannot checkpoint the new file: " + db_error(dst.db_.get(), rc));
   }
   // The old file's side files belong to it, not to the new one: a stale -wal
   // would be replayed onto the new file. Removed while the lock is held.
@@ -904,7 +918,8 @@ Status PlanCache::import_from(const std::string& path) {
   }
   if (!st.ok()) {
     const int rc = sqlite3_extended_errcode(db_.get());
-    if (rc != SQLITE_OK && rc != SQLITE_DONE && rc != SQLITE_ROW) return write_failed("import from " + path, rc);
+    if (rc != SQLITE_OK && rc != SQLITE_DONE && rc != SQLITE_ROW)
+      return write_failed("import from " + path, rc);
     return IoError("plan cache import from " + path + ": " + st.message());
   }
   Transaction tx(db_.get());

@@ -11,10 +11,10 @@
 #include <utility>
 
 #include "common/file_io.h"
-#include "fusebox/report_json.h"
 #include "fusebox/dtype.h"
 #include "fusebox/fusebox.h"
 #include "fusebox/plan_file.h"
+#include "fusebox/report_json.h"
 #include "handles.h"
 
 namespace {
@@ -217,7 +217,8 @@ fusebox_status fusebox_graph_tensor(const fusebox_graph* graph, size_t index, fu
   });
 }
 
-fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char* name, fusebox_tensor_info* info) {
+fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char* name,
+                                         fusebox_tensor_info* info) {
   const char* fn = "fusebox_graph_find_tensor";
   return guarded(fn, [&] {
     if (!graph) return null_arg(fn, "graph");
@@ -353,7 +354,9 @@ fusebox_status fusebox_plan_save(const fusebox_plan* plan, const char* path) {
   });
 }
 
-const char* fusebox_plan_cache_result(const fusebox_plan* plan) { return plan ? plan->cache.c_str() : nullptr; }
+const char* fusebox_plan_cache_result(const fusebox_plan* plan) {
+  return plan ? plan->cache.c_str() : nullptr;
+}
 const char* fusebox_plan_report_json(const fusebox_plan* plan) {
   return plan ? plan->report_json.c_str() : nullptr;
 }
@@ -406,9 +409,9 @@ fusebox_status tune_plan(const char* fn, fusebox_session* session, const fusebox
     if (!t->hit) {
       const fusebox::TuneResult& res = t->result;
       if (!res.winner_run.verified_ok) {
-        return fail(FUSEBOX_VERIFICATION_FAILED, std::string(fn) + ": graph '" + graph->graph->name +
-                                                     "': the fastest engine " + t->plan.engine_name() +
-                                                     " failed verification against the reference; nothing stored");
+        return fail(FUSEBOX_VERIFICATION_FAILED,
+                    std::string(fn) + ": graph '" + graph->graph->name + "': the fastest engine " +
+                        t->plan.engine_name() + " failed verification against the reference; nothing stored");
       }
       int timed = 0;
       for (const auto& e : res.entries) timed += e.timed ? 1 : 0;
@@ -541,13 +544,13 @@ fusebox_status fusebox_bind_with_workspace(fusebox_session* session, const fuseb
     if (!plan) return null_arg(fn, "plan");
     const int64_t need = plan->plan->workspace_bytes();
     if (workspace_bytes < need) {
-      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": the plan (engine " + plan->plan->engine_name() +
-                                                ") needs " + std::to_string(need) +
-                                                " bytes of workspace; given " + std::to_string(workspace_bytes));
+      return fail(FUSEBOX_INVALID_ARGUMENT,
+                  std::string(fn) + ": the plan (engine " + plan->plan->engine_name() + ") needs " +
+                      std::to_string(need) + " bytes of workspace; given " + std::to_string(workspace_bytes));
     }
     if (need > 0 && !workspace) {
-      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": workspace is NULL; the plan needs " +
-                                                std::to_string(need) + " bytes");
+      return fail(FUSEBOX_INVALID_ARGUMENT,
+                  std::string(fn) + ": workspace is NULL; the plan needs " + std::to_string(need) + " bytes");
     }
     auto ws = std::make_shared<fusebox::WorkspaceBinding>();
     ws->ptr = workspace;

@@ -9,13 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <new>
-#include <chrono>
-#include <cstdio>
-#include <cstring>
 
 namespace fusebox::common {
 namespace {
@@ -288,7 +288,8 @@ bool same(const KnownPath& a, const KnownPath& b) { return a.name == b.name || (
 
 }  // namespace
 
-Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs,
+                                  const std::vector<NamedPath>& inputs) {
   std::vector<KnownPath> ins;
   for (const auto& in : inputs) {
     if (in.path.empty() || in.path.find('\0') != std::string::npos) continue;
@@ -303,7 +304,8 @@ Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs, const s
     KnownPath o = known(out.what, out.path);
     for (const auto& in : ins) {
       if (same(o, in)) {
-        return InvalidArgument(quoted(o.what, o.path) + " is the same file as the " + in.what + " '" + in.path +
+        return InvalidArgument(quoted(o.what, o.path) + " is the same file as the " + in.what + " '" +
+                               in.path +
                                "': refusing to overwrite an input of this command (write to another file)");
       }
     }

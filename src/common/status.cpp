@@ -5,17 +5,28 @@ namespace fusebox {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "Ok";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kParseError: return "ParseError";
-    case StatusCode::kNotSupported: return "NotSupported";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kCudnnError: return "CudnnError";
-    case StatusCode::kCudaError: return "CudaError";
-    case StatusCode::kNoDevice: return "NoDevice";
-    case StatusCode::kVersionMismatch: return "VersionMismatch";
-    case StatusCode::kVerificationFailed: return "VerificationFailed";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "Ok";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kParseError:
+      return "ParseError";
+    case StatusCode::kNotSupported:
+      return "NotSupported";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kCudnnError:
+      return "CudnnError";
+    case StatusCode::kCudaError:
+      return "CudaError";
+    case StatusCode::kNoDevice:
+      return "NoDevice";
+    case StatusCode::kVersionMismatch:
+      return "VersionMismatch";
+    case StatusCode::kVerificationFailed:
+      return "VerificationFailed";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

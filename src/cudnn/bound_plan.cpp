@@ -170,12 +170,14 @@ Status BoundPlan::check_buffer(int slot, int64_t buffer_bytes) const {
   const int64_t need = impl_->bytes[slot];
   if (buffer_bytes < 0) {
     return InvalidArgument("rebind '" + impl_->engine + "': tensor '" + impl_->names[slot] +
-                           "': buffer size " + std::to_string(buffer_bytes) + " is negative; give the bytes the buffer holds (the tensor needs " +
+                           "': buffer size " + std::to_string(buffer_bytes) +
+                           " is negative; give the bytes the buffer holds (the tensor needs " +
                            std::to_string(need) + ")");
   }
   if (need >= 0 && buffer_bytes < need) {
     return InvalidArgument("rebind '" + impl_->engine + "': tensor '" + impl_->names[slot] + "' needs " +
-                           std::to_string(need) + " bytes, the new buffer has " + std::to_string(buffer_bytes));
+                           std::to_string(need) + " bytes, the new buffer has " +
+                           std::to_string(buffer_bytes));
   }
   return Status::Ok();
 }
@@ -213,7 +215,8 @@ Status BoundPlan::execute() {
   }
   if (b.native) {
     cudaStream_t stream = nullptr;  // the handle's: follows GpuContext::set_stream like cuDNN's executes
-    FUSEBOX_RETURN_IF_ERROR(cudnn::cudnn_status(cudnnGetStream(b.handle, &stream), "execute: cudnnGetStream"));
+    FUSEBOX_RETURN_IF_ERROR(
+        cudnn::cudnn_status(cudnnGetStream(b.handle, &stream), "execute: cudnnGetStream"));
     return b.native->launch(b.user_ptrs.data(), stream);
   }
   if (b.direct) {

@@ -41,7 +41,8 @@ bool any_op(const ResolvedGraph& g, const std::function<bool(const ResolvedOp&)>
   return false;
 }
 
-const ResolvedTensor* tensor_of(const ResolvedGraph& g, const std::map<std::string, int>& roles, const char* role) {
+const ResolvedTensor* tensor_of(const ResolvedGraph& g, const std::map<std::string, int>& roles,
+                                const char* role) {
   auto it = roles.find(role);
   return it == roles.end() ? nullptr : &g.tensors[it->second];
 }
@@ -49,7 +50,8 @@ const ResolvedTensor* tensor_of(const ResolvedGraph& g, const std::map<std::stri
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
       {"layernorm-params-in-x-layout", "eng1",
-       "cuDNN 9.19's layernorm engine eng1 reads scale and bias as if laid out like x: with x nhwc and scale/bias "
+       "cuDNN 9.19's layernorm engine eng1 reads scale and bias as if laid out like x: with x nhwc and "
+       "scale/bias "
        "nchw it returned y 98% off (tests/cases/wrong-values/layernorm_fp16_over_chw_nhwc.json, H200, "
        "2026-12-04); with scale and bias in x's layout it is right. Give scale and bias x's layout",
        [](const ResolvedGraph& g) {
@@ -64,7 +66,8 @@ const std::vector<Rule>& rules() {
          });
        }},
       {"batchnorm-bwd-dx-in-x-dtype", "eng0",
-       "cuDNN 9.19's batchnorm backward engine eng0 writes dx in x's dtype: with x fp16 and dx fp32 every one of "
+       "cuDNN 9.19's batchnorm backward engine eng0 writes dx in x's dtype: with x fp16 and dx fp32 every "
+       "one of "
        "its 35 knob settings left half of dx unwritten (tests/cases/wrong-values/"
        "batchnorm_bwd_fp16_fp32params_nhwc.json, H200, 2026-12-04). Give dx x's dtype",
        [](const ResolvedGraph& g) {
@@ -76,12 +79,15 @@ const std::vector<Rule>& rules() {
          });
        }},
       {"dgrad-drelu-channels-last-output", "eng8",
-       "cuDNN 9.19's fallback engine eng8 for conv_dgrad + relu_bwd with an output not in channels-last layout "
+       "cuDNN 9.19's fallback engine eng8 for conv_dgrad + relu_bwd with an output not in channels-last "
+       "layout "
        "returned 206,965 non-finite values of 209,952 (tests/cases/wrong-values/"
-       "conv_dgrad_drelu_fp16_nhwc_stride2.json, H200, 2026-12-04); with the output nhwc eng1 is right. Give the "
+       "conv_dgrad_drelu_fp16_nhwc_stride2.json, H200, 2026-12-04); with the output nhwc eng1 is right. Give "
+       "the "
        "output nhwc, or let the graph run in parts",
        [](const ResolvedGraph& g) {
-         const bool dgrad = any_op(g, [](const ResolvedOp& op) { return std::holds_alternative<ConvDgradAttrs>(op.attrs); });
+         const bool dgrad =
+             any_op(g, [](const ResolvedOp& op) { return std::holds_alternative<ConvDgradAttrs>(op.attrs); });
          return dgrad && any_op(g, [&](const ResolvedOp& op) {
                   const auto* pw = std::get_if<PointwiseAttrs>(&op.attrs);
                   if (!pw || pw->mode != PointwiseMode::kReluBwd) return false;

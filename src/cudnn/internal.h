@@ -42,7 +42,8 @@ struct PlanParts {
 };
 
 struct Plan::Impl {
-  std::shared_ptr<cudnn::fe::graph::Graph> graph;  // a cudnn::FeGraph (built or deserialized); null when native
+  std::shared_ptr<cudnn::fe::graph::Graph>
+      graph;  // a cudnn::FeGraph (built or deserialized); null when native
   // fusebox's own kernel instead of a cuDNN plan (an op cuDNN has none for).
   std::shared_ptr<const kernels::NativeKernel> native;
   std::string engine;
@@ -103,8 +104,8 @@ Status from_fe(fe::error_t err, const std::string& where);
 Status execute_parts(const PlanParts& p, GpuContext& ctx, const std::map<std::string, void*>& buffers,
                      void* workspace);
 Result<std::vector<uint8_t>> serialize_parts(const PlanParts& p);
-Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
-                               GpuContext* ctx);
+Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
+                               const DeviceTarget& target, GpuContext* ctx);
 Status cudnn_status(cudnnStatus_t st, const std::string& where);
 
 // The frontend graph for a ResolvedGraph, with each non-virtual tensor's uid
@@ -113,7 +114,7 @@ struct LoweredGraph {
   std::shared_ptr<FeGraph> graph;
   std::unordered_map<std::string, int64_t> uids;
   std::unordered_map<std::string, int64_t> tensor_bytes;  // same keys as uids
-  std::vector<std::string> notes;  // LowerContext::note(), in op order
+  std::vector<std::string> notes;                         // LowerContext::note(), in op order
   // Candidates never to build (engine rules, BuildOptions::excluded_engines): name -> why.
   std::map<std::string, std::string> excluded;
 };
@@ -128,12 +129,12 @@ Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const Device
 
 // Runs `expr`, turning any exception from the frontend or the standard
 // library into a Status naming `where`.
-#define FUSEBOX_CATCH_ALL(where)                                                             \
-  catch (const std::exception& e) {                                                          \
-    return ::fusebox::Status(::fusebox::StatusCode::kCudnnError,                             \
+#define FUSEBOX_CATCH_ALL(where)                                                                   \
+  catch (const std::exception& e) {                                                                \
+    return ::fusebox::Status(::fusebox::StatusCode::kCudnnError,                                   \
                              std::string(where) + ": exception from cuDNN frontend: " + e.what()); \
-  }                                                                                          \
-  catch (...) {                                                                              \
-    return ::fusebox::Status(::fusebox::StatusCode::kCudnnError,                             \
-                             std::string(where) + ": unknown exception from cuDNN frontend"); \
+  }                                                                                                \
+  catch (...) {                                                                                    \
+    return ::fusebox::Status(::fusebox::StatusCode::kCudnnError,                                   \
+                             std::string(where) + ": unknown exception from cuDNN frontend");      \
   }

@@ -14,14 +14,22 @@ namespace fusebox::cudnn {
 
 fe::DataType_t to_fe(DType t) {
   switch (t) {
-    case DType::kBF16: return fe::DataType_t::BFLOAT16;
-    case DType::kFP16: return fe::DataType_t::HALF;
-    case DType::kFP32: return fe::DataType_t::FLOAT;
-    case DType::kFP8E4M3: return fe::DataType_t::FP8_E4M3;
-    case DType::kFP8E5M2: return fe::DataType_t::FP8_E5M2;
-    case DType::kInt32: return fe::DataType_t::INT32;
-    case DType::kInt64: return fe::DataType_t::INT64;
-    case DType::kUInt8: return fe::DataType_t::UINT8;
+    case DType::kBF16:
+      return fe::DataType_t::BFLOAT16;
+    case DType::kFP16:
+      return fe::DataType_t::HALF;
+    case DType::kFP32:
+      return fe::DataType_t::FLOAT;
+    case DType::kFP8E4M3:
+      return fe::DataType_t::FP8_E4M3;
+    case DType::kFP8E5M2:
+      return fe::DataType_t::FP8_E5M2;
+    case DType::kInt32:
+      return fe::DataType_t::INT32;
+    case DType::kInt64:
+      return fe::DataType_t::INT64;
+    case DType::kUInt8:
+      return fe::DataType_t::UINT8;
   }
   return fe::DataType_t::NOT_SET;
 }
@@ -30,22 +38,38 @@ namespace {
 
 const char* fe_code_name(fe::error_code_t c) {
   switch (c) {
-    case fe::error_code_t::OK: return "OK";
-    case fe::error_code_t::ATTRIBUTE_NOT_SET: return "ATTRIBUTE_NOT_SET";
-    case fe::error_code_t::SHAPE_DEDUCTION_FAILED: return "SHAPE_DEDUCTION_FAILED";
-    case fe::error_code_t::INVALID_TENSOR_NAME: return "INVALID_TENSOR_NAME";
-    case fe::error_code_t::INVALID_VARIANT_PACK: return "INVALID_VARIANT_PACK";
-    case fe::error_code_t::GRAPH_NOT_SUPPORTED: return "GRAPH_NOT_SUPPORTED";
-    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED: return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
-    case fe::error_code_t::GRAPH_EXECUTION_FAILED: return "GRAPH_EXECUTION_FAILED";
-    case fe::error_code_t::HEURISTIC_QUERY_FAILED: return "HEURISTIC_QUERY_FAILED";
-    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT: return "UNSUPPORTED_GRAPH_FORMAT";
-    case fe::error_code_t::CUDA_API_FAILED: return "CUDA_API_FAILED";
-    case fe::error_code_t::CUDNN_BACKEND_API_FAILED: return "CUDNN_BACKEND_API_FAILED";
-    case fe::error_code_t::INVALID_CUDA_DEVICE: return "INVALID_CUDA_DEVICE";
-    case fe::error_code_t::HANDLE_ERROR: return "HANDLE_ERROR";
-    case fe::error_code_t::INVALID_VALUE: return "INVALID_VALUE";
-    case fe::error_code_t::NVRTC_COMPILATION_FAILED: return "NVRTC_COMPILATION_FAILED";
+    case fe::error_code_t::OK:
+      return "OK";
+    case fe::error_code_t::ATTRIBUTE_NOT_SET:
+      return "ATTRIBUTE_NOT_SET";
+    case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
+      return "SHAPE_DEDUCTION_FAILED";
+    case fe::error_code_t::INVALID_TENSOR_NAME:
+      return "INVALID_TENSOR_NAME";
+    case fe::error_code_t::INVALID_VARIANT_PACK:
+      return "INVALID_VARIANT_PACK";
+    case fe::error_code_t::GRAPH_NOT_SUPPORTED:
+      return "GRAPH_NOT_SUPPORTED";
+    case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
+      return "GRAPH_EXECUTION_PLAN_CREATION_FAILED";
+    case fe::error_code_t::GRAPH_EXECUTION_FAILED:
+      return "GRAPH_EXECUTION_FAILED";
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED:
+      return "HEURISTIC_QUERY_FAILED";
+    case fe::error_code_t::UNSUPPORTED_GRAPH_FORMAT:
+      return "UNSUPPORTED_GRAPH_FORMAT";
+    case fe::error_code_t::CUDA_API_FAILED:
+      return "CUDA_API_FAILED";
+    case fe::error_code_t::CUDNN_BACKEND_API_FAILED:
+      return "CUDNN_BACKEND_API_FAILED";
+    case fe::error_code_t::INVALID_CUDA_DEVICE:
+      return "INVALID_CUDA_DEVICE";
+    case fe::error_code_t::HANDLE_ERROR:
+      return "HANDLE_ERROR";
+    case fe::error_code_t::INVALID_VALUE:
+      return "INVALID_VALUE";
+    case fe::error_code_t::NVRTC_COMPILATION_FAILED:
+      return "NVRTC_COMPILATION_FAILED";
   }
   return "UNKNOWN";
 }
@@ -58,14 +82,21 @@ Status from_fe(fe::error_t err, const std::string& where) {
   switch (err.get_code()) {
     case fe::error_code_t::GRAPH_NOT_SUPPORTED:
     case fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED:
-    case fe::error_code_t::HEURISTIC_QUERY_FAILED: code = StatusCode::kNotSupported; break;
+    case fe::error_code_t::HEURISTIC_QUERY_FAILED:
+      code = StatusCode::kNotSupported;
+      break;
     case fe::error_code_t::ATTRIBUTE_NOT_SET:
     case fe::error_code_t::SHAPE_DEDUCTION_FAILED:
     case fe::error_code_t::INVALID_TENSOR_NAME:
-    case fe::error_code_t::INVALID_VALUE: code = StatusCode::kInvalidArgument; break;
+    case fe::error_code_t::INVALID_VALUE:
+      code = StatusCode::kInvalidArgument;
+      break;
     case fe::error_code_t::CUDA_API_FAILED:
-    case fe::error_code_t::INVALID_CUDA_DEVICE: code = StatusCode::kCudaError; break;
-    default: break;
+    case fe::error_code_t::INVALID_CUDA_DEVICE:
+      code = StatusCode::kCudaError;
+      break;
+    default:
+      break;
   }
   std::string msg = err.get_message();
   while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) msg.pop_back();
@@ -210,7 +241,8 @@ Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, b
     // Each op by its family's lower_op() (ops/ops.h).
     for (const ResolvedOp& op : g.ops) {
       LowerContext ctx(state, op);
-      FUSEBOX_RETURN_IF_ERROR(std::visit([&](const auto& attrs) { return lower_op(ctx, op, attrs); }, op.attrs));
+      FUSEBOX_RETURN_IF_ERROR(
+          std::visit([&](const auto& attrs) { return lower_op(ctx, op, attrs); }, op.attrs));
     }
     for (const ResolvedTensor& t : g.tensors) {
       if (out.uids.count(t.name)) out.tensor_bytes[t.name] = t.storage_bytes();

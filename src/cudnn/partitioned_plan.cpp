@@ -27,12 +27,14 @@ Result<Plan> compose_partitioned_plan(const ResolvedGraph& whole, const GraphPar
   int64_t largest = 0;
   std::string engines;
   for (size_t i = 0; i < part_plans.size(); ++i) {
-    if (!part_plans[i].impl()) return InvalidArgument("partitioned plan: part " + std::to_string(i) + " has no plan");
-    if (part_plans[i].part_count() > 0) return InvalidArgument("partitioned plan: a part is itself partitioned");
+    if (!part_plans[i].impl())
+      return InvalidArgument("partitioned plan: part " + std::to_string(i) + " has no plan");
+    if (part_plans[i].part_count() > 0)
+      return InvalidArgument("partitioned plan: a part is itself partitioned");
     largest = std::max(largest, part_plans[i].workspace_bytes());
     engines += (i ? " | " : "") + part_plans[i].engine_name();
-    parts->parts.push_back({partition.parts[i].first_op, partition.parts[i].op_count, partition.parts[i].graph,
-                            std::move(part_plans[i])});
+    parts->parts.push_back({partition.parts[i].first_op, partition.parts[i].op_count,
+                            partition.parts[i].graph, std::move(part_plans[i])});
   }
   impl->engine = "partitioned[" + engines + "]";
   impl->workspace_bytes = offset + largest;
@@ -72,8 +74,9 @@ Result<std::vector<uint8_t>> serialize_parts(const PlanParts& p) {
 Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
                                const DeviceTarget& target, GpuContext* ctx) {
   common::TemporaryDtypes stored;
-  FUSEBOX_ASSIGN_OR_RETURN(auto parts, common::decode_plan_parts(bytes.data(), bytes.size(),
-                                                                 static_cast<int>(g.ops.size()), "plan", &stored));
+  FUSEBOX_ASSIGN_OR_RETURN(
+      auto parts,
+      common::decode_plan_parts(bytes.data(), bytes.size(), static_cast<int>(g.ops.size()), "plan", &stored));
   std::vector<std::pair<int, int>> ranges;
   for (const auto& p : parts) ranges.push_back({p.first_op, p.op_count});
   std::map<int, DType> dtypes;
@@ -88,8 +91,8 @@ Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t
   FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_at(g, ranges, dtypes));
   std::vector<Plan> plans;
   for (size_t i = 0; i < parts.size(); ++i) {
-    FUSEBOX_ASSIGN_OR_RETURN(Plan plan,
-                             deserialize_plan(partition.parts[i].graph, parts[i].payload, target, ctx, parts[i].engine));
+    FUSEBOX_ASSIGN_OR_RETURN(Plan plan, deserialize_plan(partition.parts[i].graph, parts[i].payload, target,
+                                                         ctx, parts[i].engine));
     plans.push_back(std::move(plan));
   }
   return compose_partitioned_plan(g, partition, std::move(plans));

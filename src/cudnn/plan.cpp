@@ -17,9 +17,15 @@ std::vector<fe::HeurMode_t> to_fe(const std::vector<HeuristicMode>& modes) {
   std::vector<fe::HeurMode_t> out;
   for (auto m : modes) {
     switch (m) {
-      case HeuristicMode::kA: out.push_back(fe::HeurMode_t::A); break;
-      case HeuristicMode::kB: out.push_back(fe::HeurMode_t::B); break;
-      case HeuristicMode::kFallback: out.push_back(fe::HeurMode_t::FALLBACK); break;
+      case HeuristicMode::kA:
+        out.push_back(fe::HeurMode_t::A);
+        break;
+      case HeuristicMode::kB:
+        out.push_back(fe::HeurMode_t::B);
+        break;
+      case HeuristicMode::kFallback:
+        out.push_back(fe::HeurMode_t::FALLBACK);
+        break;
     }
   }
   return out;
@@ -54,11 +60,13 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
     std::string detail = distill_cudnn_log(step.cudnn_log);
     // cuDNN 9.19 buffers most of these diagnostics inside its own runtime,
     // so the log can be empty here; the deviceless limitation is explained either way.
-    if (r.deviceless && (name == "create_execution_plans" || name == "check_support" || name == "build_plans")) {
-      detail += "\n  hint: cuDNN 9.19 cannot build its runtime-compiled or cuBLASLt engines without a GPU "
-                "driver (they need NVRTC plus a driver to load the kernel, or a cuBLAS handle); only graphs with a "
-                "precompiled engine (e.g. conv_fprop + bias + relu) build deviceless. Build this one on the GPU "
-                "(without --device)";
+    if (r.deviceless &&
+        (name == "create_execution_plans" || name == "check_support" || name == "build_plans")) {
+      detail +=
+          "\n  hint: cuDNN 9.19 cannot build its runtime-compiled or cuBLASLt engines without a GPU "
+          "driver (they need NVRTC plus a driver to load the kernel, or a cuBLAS handle); only graphs with a "
+          "precompiled engine (e.g. conv_fprop + bias + relu) build deviceless. Build this one on the GPU "
+          "(without --device)";
     }
     step.status = Status(step.status.code(), first_line + detail);
   }
@@ -101,13 +109,16 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
         } catch (const std::exception&) {
           d.workspace_bytes = -1;
         }
-        d.why = "needs " + (d.workspace_bytes >= 0 ? std::to_string(d.workspace_bytes) : std::string("more")) +
+        d.why = "needs " +
+                (d.workspace_bytes >= 0 ? std::to_string(d.workspace_bytes) : std::string("more")) +
                 " bytes of workspace, over the limit of " + std::to_string(limit);
-        if (d.workspace_bytes >= 0 && (smallest < 0 || d.workspace_bytes < smallest)) smallest = d.workspace_bytes;
+        if (d.workspace_bytes >= 0 && (smallest < 0 || d.workspace_bytes < smallest))
+          smallest = d.workspace_bytes;
         r.dropped.push_back(std::move(d));
       }
     } catch (const std::exception& e) {
-      return Status(StatusCode::kCudnnError, std::string("workspace limit: exception from cuDNN frontend: ") + e.what());
+      return Status(StatusCode::kCudnnError,
+                    std::string("workspace limit: exception from cuDNN frontend: ") + e.what());
     }
     (void)capture.finish();
   }
@@ -117,7 +128,8 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
                   "workspace limit of " + std::to_string(limit) + " bytes: no candidate meets it; " +
                       std::to_string(r.dropped.size()) + " of " + std::to_string(r.candidate_plans) +
                       " candidates need more (the smallest needs " + std::to_string(smallest) +
-                      " bytes), the others are unsupported; raise the limit to at least " + std::to_string(smallest));
+                      " bytes), the others are unsupported; raise the limit to at least " +
+                      std::to_string(smallest));
   }
   return Status::Ok();
 }
@@ -165,7 +177,7 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
     auto lr = lower(g, target, options.dynamic_shape);
     if (!lr.ok()) {  // a refusal for the target stays "not supported", not "invalid"
       return {lr.status().code() == StatusCode::kNotSupported ? fe::error_code_t::GRAPH_NOT_SUPPORTED
-                                                                 : fe::error_code_t::INVALID_VALUE,
+                                                              : fe::error_code_t::INVALID_VALUE,
               lr.status().message()};
     }
     lowered = std::move(lr).value();
@@ -250,8 +262,9 @@ std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext
 // `faster`: a graph cuDNN runs too, taken by fusebox's kernel because cuDNN
 // is much slower there (kernels::faster_native_kernel); null for an op only
 // fusebox runs.
-Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& target, const BuildOptions& options,
-                               BuildReport& r, const kernels::FasterKernel* faster = nullptr) {
+Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& target,
+                               const BuildOptions& options, BuildReport& r,
+                               const kernels::FasterKernel* faster = nullptr) {
   fill_target(r, target);
   std::shared_ptr<const kernels::NativeKernel> kernel;
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
@@ -265,8 +278,9 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
     return {fe::error_code_t::OK, ""};
   }));
   if (!options.engine.empty() && options.engine != kernel->name()) {
-    return InvalidArgument("pinned engine '" + options.engine + "' is not among the 1 candidates for this graph; " +
-                           "candidates are:\n  " + kernel->name() + " (fusebox's own kernel)");
+    return InvalidArgument("pinned engine '" + options.engine +
+                           "' is not among the 1 candidates for this graph; " + "candidates are:\n  " +
+                           kernel->name() + " (fusebox's own kernel)");
   }
   auto impl = std::make_unique<Plan::Impl>();
   impl->native = kernel;
@@ -282,11 +296,13 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
   r.plan_index = 0;
   r.notes_known = true;  // no behavior notes: not a cuDNN engine
   if (faster) {
-    r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
-                               "': " + faster->why + "; pin a cuDNN engine (--engine) to run cuDNN instead");
+    r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" +
+                               kernel->name() + "': " + faster->why +
+                               "; pin a cuDNN engine (--engine) to run cuDNN instead");
   } else {
-    r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
-                               "' (cuDNN 9.19 has no op for it): no cuDNN heuristics, support check or plan build");
+    r.lowering_notes.push_back(
+        "[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
+        "' (cuDNN 9.19 has no op for it): no cuDNN heuristics, support check or plan build");
   }
   return Plan(std::move(impl));
 }
@@ -452,8 +468,8 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
                                  faster.kernel->name()) != options.excluded_engines.end();
   if (kernels::has_native_op(g) ||
       (faster.kernel && !faster_excluded && options.engine.empty() && options.native_kernels)) {
-    FUSEBOX_ASSIGN_OR_RETURN(Plan plan, build_native_plan(g, target, options, *impl->report,
-                                                          faster.kernel ? &faster : nullptr));
+    FUSEBOX_ASSIGN_OR_RETURN(
+        Plan plan, build_native_plan(g, target, options, *impl->report, faster.kernel ? &faster : nullptr));
     EngineCandidate c;
     c.index = 0;
     c.name = plan.engine_name();
@@ -539,7 +555,8 @@ void CandidateSet::check_all(bool build) {
       c.supported = st.ok();
       if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
       int64_t ws = -1;
-      if (c.supported && graph.get_workspace_size_plan_at_index(c.index, ws).is_good()) c.workspace_bytes = ws;
+      if (c.supported && graph.get_workspace_size_plan_at_index(c.index, ws).is_good())
+        c.workspace_bytes = ws;
     }
   });
   copy_to_duplicates();
@@ -581,24 +598,27 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
   return set.candidates();
 }
 
-Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes, const DeviceTarget& target,
-                              GpuContext* ctx, const std::string& engine_name) {
+Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
+                              const DeviceTarget& target, GpuContext* ctx, const std::string& engine_name) {
   using namespace cudnn;
   // Callers that read a file or cache entry have checked it already, naming
   // it; this covers every other caller (common/plan_payload_check.h).
   FUSEBOX_RETURN_IF_ERROR(common::check_plan_payload(bytes.data(), bytes.size(), "plan"));
-  if (common::is_plan_parts(bytes.data(), bytes.size())) return cudnn::deserialize_parts(g, bytes, target, ctx);
+  if (common::is_plan_parts(bytes.data(), bytes.size()))
+    return cudnn::deserialize_parts(g, bytes, target, ctx);
   auto impl = std::make_unique<Plan::Impl>();
   try {
     auto graph = std::make_shared<FeGraph>();  // FeGraph: BoundPlan reads its execution plans
     if (ctx) {
       // No warm-up capture (the frontend's default): the first execution loads
       // the kernels instead, and fusebox reports it as such.
-      FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(ctx->impl()->handle, bytes, /*enforce_precompiled=*/false,
-                                                         /*run_warmup=*/false),
-                                      "deserialize plan"));
+      FUSEBOX_RETURN_IF_ERROR(
+          from_fe(graph->deserialize(ctx->impl()->handle, bytes, /*enforce_precompiled=*/false,
+                                     /*run_warmup=*/false),
+                  "deserialize plan"));
     } else {
-      if (!target.deviceless()) return InvalidArgument("deserialize_plan: no GpuContext and no device properties");
+      if (!target.deviceless())
+        return InvalidArgument("deserialize_plan: no GpuContext and no device properties");
       FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));
       graph->set_device_properties(props);
       FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(bytes), "deserialize plan (handle-less)"));
@@ -634,21 +654,25 @@ const std::string& Plan::engine_name() const {
 }
 int64_t Plan::workspace_bytes() const { return impl_ ? impl_->workspace_bytes : 0; }
 bool Plan::native() const { return impl_ && impl_->native; }
-int Plan::part_count() const { return impl_ && impl_->parts ? static_cast<int>(impl_->parts->parts.size()) : 0; }
+int Plan::part_count() const {
+  return impl_ && impl_->parts ? static_cast<int>(impl_->parts->parts.size()) : 0;
+}
 
 Result<std::vector<uint8_t>> Plan::serialize() const {
   if (!impl_) return Internal("serialize: empty plan");
   if (impl_->parts) return cudnn::serialize_parts(*impl_->parts);
   if (impl_->native) {
-    return NotSupported("engine '" + impl_->engine +
-                        "' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize (building it "
-                        "costs no cuDNN call, so it needs no plan file or cache entry)");
+    return NotSupported(
+        "engine '" + impl_->engine +
+        "' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize (building it "
+        "costs no cuDNN call, so it needs no plan file or cache entry)");
   }
   std::vector<uint8_t> bytes;
   try {
     // serialize() writes the graph's current candidate: make it this plan's.
     if (impl_->plan_index >= 0) {
-      FUSEBOX_RETURN_IF_ERROR(cudnn::from_fe(impl_->graph->build_plan_at_index(impl_->plan_index), "select plan"));
+      FUSEBOX_RETURN_IF_ERROR(
+          cudnn::from_fe(impl_->graph->build_plan_at_index(impl_->plan_index), "select plan"));
     }
     FUSEBOX_RETURN_IF_ERROR(cudnn::from_fe(impl_->graph->serialize(bytes), "serialize plan"));
   }
@@ -678,9 +702,9 @@ Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffer
     return impl_->native->launch(ptrs.data(), ctx.impl()->stream);
   }
   try {
-    auto err = impl_->plan_index >= 0
-                   ? impl_->graph->execute_plan_at_index(ctx.impl()->handle, pack, workspace, impl_->plan_index)
-                   : impl_->graph->execute(ctx.impl()->handle, pack, workspace);
+    auto err = impl_->plan_index >= 0 ? impl_->graph->execute_plan_at_index(ctx.impl()->handle, pack,
+                                                                            workspace, impl_->plan_index)
+                                      : impl_->graph->execute(ctx.impl()->handle, pack, workspace);
     return cudnn::from_fe(err, "execute '" + impl_->engine + "'");
   }
   FUSEBOX_CATCH_ALL("execute")
@@ -715,12 +739,13 @@ Result<std::unique_ptr<GpuContext>> GpuContext::create(int device_id) {
   auto impl = std::make_unique<Impl>();
   impl->device_id = device_id;
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_id), "cudaSetDevice"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&impl->own_stream, cudaStreamNonBlocking),
-                                      "cudaStreamCreate"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaStreamCreateWithFlags(&impl->own_stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   impl->stream = impl->own_stream;
   auto ctx = std::unique_ptr<GpuContext>(new GpuContext(std::move(impl)));
   FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnCreate(&ctx->impl_->handle), "cudnnCreate"));
-  FUSEBOX_RETURN_IF_ERROR(cudnn_status(cudnnSetStream(ctx->impl_->handle, ctx->impl_->stream), "cudnnSetStream"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cudnn_status(cudnnSetStream(ctx->impl_->handle, ctx->impl_->stream), "cudnnSetStream"));
   return ctx;
 }
 

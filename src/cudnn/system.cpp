@@ -32,9 +32,12 @@ std::string loaded_cudnn_path() {
 
 std::string_view heuristic_mode_name(HeuristicMode m) {
   switch (m) {
-    case HeuristicMode::kA: return "a";
-    case HeuristicMode::kB: return "b";
-    case HeuristicMode::kFallback: return "fallback";
+    case HeuristicMode::kA:
+      return "a";
+    case HeuristicMode::kB:
+      return "b";
+    case HeuristicMode::kFallback:
+      return "fallback";
   }
   return "?";
 }
@@ -75,8 +78,9 @@ Status check_cudnn_runtime() {
   if (runtime < CUDNN_VERSION) {
     return Status(StatusCode::kVersionMismatch,
                   "cuDNN runtime " + version_string(runtime) + " (loaded from " + loaded_cudnn_path() +
-                      ") is older than the cuDNN headers fusebox was built with (" + version_string(CUDNN_VERSION) +
-                      "): put cuDNN >= " + version_string(CUDNN_VERSION) + " first on LD_LIBRARY_PATH");
+                      ") is older than the cuDNN headers fusebox was built with (" +
+                      version_string(CUDNN_VERSION) + "): put cuDNN >= " + version_string(CUDNN_VERSION) +
+                      " first on LD_LIBRARY_PATH");
   }
   return Status::Ok();
 }
@@ -103,8 +107,8 @@ SystemInfo system_info(bool enumerate_gpus) {
   for (int i = 0; i < n; ++i) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-    s.gpus.push_back({i, p.name, p.major * 10 + p.minor, p.multiProcessorCount,
-                      static_cast<int64_t>(p.totalGlobalMem)});
+    s.gpus.push_back(
+        {i, p.name, p.major * 10 + p.minor, p.multiProcessorCount, static_cast<int64_t>(p.totalGlobalMem)});
   }
   return s;
 }
@@ -142,13 +146,14 @@ Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const 
   t.properties_json = std::move(canonical);
   // Let cuDNN itself accept it now rather than fail later in a build.
   auto props = cudnn::device_properties_for(t);
-  if (!props.ok()) return ParseError(origin + ": cuDNN rejected the device properties: " + props.status().message());
+  if (!props.ok())
+    return ParseError(origin + ": cuDNN rejected the device properties: " + props.status().message());
   return t;
 }
 
 Result<DeviceTarget> DeviceTarget::from_file(const std::string& path) {
-  FUSEBOX_ASSIGN_OR_RETURN(std::string text,
-                           common::read_file_bounded(path, kMaxDevicePropertiesBytes, "device-properties file"));
+  FUSEBOX_ASSIGN_OR_RETURN(
+      std::string text, common::read_file_bounded(path, kMaxDevicePropertiesBytes, "device-properties file"));
   return from_properties_json(std::move(text), path);
 }
 
@@ -158,7 +163,8 @@ Result<DeviceTarget> DeviceTarget::live_gpu(int device_id) {
                                              " is visible; build deviceless with --device FILE");
   }
   cudaDeviceProp p{};
-  FUSEBOX_RETURN_IF_ERROR(cudnn::cuda_status(cudaGetDeviceProperties(&p, device_id), "cudaGetDeviceProperties"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cudnn::cuda_status(cudaGetDeviceProperties(&p, device_id), "cudaGetDeviceProperties"));
   DeviceTarget t;
   t.device_id = device_id;
   t.device_name = p.name;

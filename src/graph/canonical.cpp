@@ -167,7 +167,8 @@ Status canonicalize(ResolvedGraph& g) {
         if (--pending[c] == 0) push(c);
     }
   }
-  if (order.size() != n_ops) return Internal("canonical form: the ops form a cycle (resolve() should have refused it)");
+  if (order.size() != n_ops)
+    return Internal("canonical form: the ops form a cycle (resolve() should have refused it)");
   for (size_t t = 0; t < ids.size(); ++t) {
     if (ids[t] < 0) return Internal("canonical form: tensor '" + g.tensors[t].name + "' is used by no op");
   }

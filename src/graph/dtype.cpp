@@ -10,14 +10,22 @@ namespace fusebox {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
-    case DType::kFP32: return "fp32";
-    case DType::kFP8E4M3: return "fp8_e4m3";
-    case DType::kFP8E5M2: return "fp8_e5m2";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUInt8: return "uint8";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP16:
+      return "fp16";
+    case DType::kFP32:
+      return "fp32";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
+    case DType::kFP8E5M2:
+      return "fp8_e5m2";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kUInt8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -37,13 +45,17 @@ std::optional<DType> parse_dtype(std::string_view s) {
 std::size_t dtype_size_bytes(DType t) {
   switch (t) {
     case DType::kBF16:
-    case DType::kFP16: return 2;
+    case DType::kFP16:
+      return 2;
     case DType::kFP32:
-    case DType::kInt32: return 4;
+    case DType::kInt32:
+      return 4;
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
-    case DType::kUInt8: return 1;
-    case DType::kInt64: return 8;
+    case DType::kUInt8:
+      return 1;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -145,8 +157,7 @@ double decode_small(unsigned bits, const SmallFloat& f) {
   } else if (e == 0) {
     v = std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
   } else {
-    v = std::ldexp(static_cast<double>(m + (1u << f.man_bits)),
-                   static_cast<int>(e) - f.bias - f.man_bits);
+    v = std::ldexp(static_cast<double>(m + (1u << f.man_bits)), static_cast<int>(e) - f.bias - f.man_bits);
   }
   return neg ? -v : v;
 }
@@ -211,14 +222,22 @@ float fp8_bits_to_float(unsigned char b, DType t) {
 
 double load_element(const void* src, DType t) {
   switch (t) {
-    case DType::kBF16: return decode_small(load_raw<uint16_t>(src), kBF16);
-    case DType::kFP16: return decode_small(load_raw<uint16_t>(src), kFP16);
-    case DType::kFP32: return static_cast<double>(load_raw<float>(src));
-    case DType::kFP8E4M3: return decode_small(load_raw<uint8_t>(src), kE4M3);
-    case DType::kFP8E5M2: return decode_small(load_raw<uint8_t>(src), kE5M2);
-    case DType::kInt32: return static_cast<double>(load_raw<int32_t>(src));
-    case DType::kInt64: return static_cast<double>(load_raw<int64_t>(src));
-    case DType::kUInt8: return static_cast<double>(load_raw<uint8_t>(src));
+    case DType::kBF16:
+      return decode_small(load_raw<uint16_t>(src), kBF16);
+    case DType::kFP16:
+      return decode_small(load_raw<uint16_t>(src), kFP16);
+    case DType::kFP32:
+      return static_cast<double>(load_raw<float>(src));
+    case DType::kFP8E4M3:
+      return decode_small(load_raw<uint8_t>(src), kE4M3);
+    case DType::kFP8E5M2:
+      return decode_small(load_raw<uint8_t>(src), kE5M2);
+    case DType::kInt32:
+      return static_cast<double>(load_raw<int32_t>(src));
+    case DType::kInt64:
+      return static_cast<double>(load_raw<int64_t>(src));
+    case DType::kUInt8:
+      return static_cast<double>(load_raw<uint8_t>(src));
   }
   return 0.0;
 }
@@ -229,7 +248,8 @@ double load_element(const void* src, DType t) {
 // others take (a double between two floats must not be rounded twice).
 static uint16_t bf16_bits(double v) {
   const float f = static_cast<float>(v);
-  if (static_cast<double>(f) != v) return static_cast<uint16_t>(encode_small(v, kBF16));  // NaN too (NaN != NaN)
+  if (static_cast<double>(f) != v)
+    return static_cast<uint16_t>(encode_small(v, kBF16));  // NaN too (NaN != NaN)
   uint32_t u;
   std::memcpy(&u, &f, 4);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
@@ -238,14 +258,30 @@ static uint16_t bf16_bits(double v) {
 void store_element(void* dst, DType t, double v) {
   // Narrow float types round straight from double (no double rounding through float).
   switch (t) {
-    case DType::kBF16: store_raw<uint16_t>(dst, bf16_bits(v)); return;
-    case DType::kFP16: store_raw<uint16_t>(dst, static_cast<uint16_t>(encode_small(v, kFP16))); return;
-    case DType::kFP32: store_raw<float>(dst, static_cast<float>(v)); return;
-    case DType::kFP8E4M3: store_raw<uint8_t>(dst, static_cast<uint8_t>(encode_small(v, kE4M3))); return;
-    case DType::kFP8E5M2: store_raw<uint8_t>(dst, static_cast<uint8_t>(encode_small(v, kE5M2))); return;
-    case DType::kInt32: store_raw<int32_t>(dst, to_int_saturating<int32_t>(v)); return;
-    case DType::kInt64: store_raw<int64_t>(dst, to_int_saturating<int64_t>(v)); return;
-    case DType::kUInt8: store_raw<uint8_t>(dst, to_int_saturating<uint8_t>(v)); return;
+    case DType::kBF16:
+      store_raw<uint16_t>(dst, bf16_bits(v));
+      return;
+    case DType::kFP16:
+      store_raw<uint16_t>(dst, static_cast<uint16_t>(encode_small(v, kFP16)));
+      return;
+    case DType::kFP32:
+      store_raw<float>(dst, static_cast<float>(v));
+      return;
+    case DType::kFP8E4M3:
+      store_raw<uint8_t>(dst, static_cast<uint8_t>(encode_small(v, kE4M3)));
+      return;
+    case DType::kFP8E5M2:
+      store_raw<uint8_t>(dst, static_cast<uint8_t>(encode_small(v, kE5M2)));
+      return;
+    case DType::kInt32:
+      store_raw<int32_t>(dst, to_int_saturating<int32_t>(v));
+      return;
+    case DType::kInt64:
+      store_raw<int64_t>(dst, to_int_saturating<int64_t>(v));
+      return;
+    case DType::kUInt8:
+      store_raw<uint8_t>(dst, to_int_saturating<uint8_t>(v));
+      return;
   }
 }
 

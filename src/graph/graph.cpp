@@ -1,4 +1,6 @@
 // fusebox: graph description helpers: layouts, op names, builder, resolved-graph queries.
+#include "fusebox/graph.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -7,7 +9,6 @@
 
 #include "common/dims_string.h"
 #include "common/strided.h"
-#include "fusebox/graph.h"
 #include "ops/ops.h"
 
 namespace fusebox {
@@ -15,7 +16,6 @@ namespace fusebox {
 using common::dims_string;
 
 namespace {
-
 
 // Strides for dims laid out with `order` listing dims from slowest to fastest.
 Result<std::vector<int64_t>> strides_for_order(const std::vector<int64_t>& dims,
@@ -77,8 +77,8 @@ Result<std::vector<int64_t>> layout_strides(const std::vector<int64_t>& dims, st
   }
   if (layout == "col_major") {
     if (rank < 2) {
-      return InvalidArgument("layout 'col_major' needs rank >= 2 but dims " + dims_string(dims) + " have rank " +
-                             std::to_string(rank));
+      return InvalidArgument("layout 'col_major' needs rank >= 2 but dims " + dims_string(dims) +
+                             " have rank " + std::to_string(rank));
     }
     std::swap(order[rank - 1], order[rank - 2]);
     return strides_for_order(dims, order);
@@ -197,7 +197,8 @@ namespace {
 
 // Adds an sdpa op with inputs by role; outputs "<op_name>.<role>" declared as
 // graph outputs.
-void add_sdpa_op(GraphSpec& g, const std::string& op_name, OpAttrs attrs, std::map<std::string, std::string> inputs) {
+void add_sdpa_op(GraphSpec& g, const std::string& op_name, OpAttrs attrs,
+                 std::map<std::string, std::string> inputs) {
   OpSpec op;
   op.name = op_name;
   op.attrs = std::move(attrs);
@@ -217,7 +218,8 @@ void add_sdpa_op(GraphSpec& g, const std::string& op_name, OpAttrs attrs, std::m
 }  // namespace
 
 std::string GraphSpec::sdpa_fwd(std::string op_name, const std::string& q, const std::string& k,
-                                const std::string& v, SdpaFwdAttrs attrs, std::map<std::string, std::string> extra) {
+                                const std::string& v, SdpaFwdAttrs attrs,
+                                std::map<std::string, std::string> extra) {
   extra["q"] = q;
   extra["k"] = k;
   extra["v"] = v;

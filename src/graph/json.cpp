@@ -5,8 +5,8 @@
 #include <cctype>
 #include <iterator>
 #include <new>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "common/file_io.h"
 #include "common/json_text.h"
@@ -103,7 +103,8 @@ class Parser : public JsonReader {
         return err(path + ".values", over_limit(vals.size(), limits::kMaxValues, "entries", "per tensor"));
       }
       for (size_t i = 0; i < vals.size(); ++i) {
-        if (!vals[i].is_number()) return expected(path + ".values[" + std::to_string(i) + "]", "a number", vals[i]);
+        if (!vals[i].is_number())
+          return expected(path + ".values[" + std::to_string(i) + "]", "a number", vals[i]);
         t.values.push_back(vals[i].get<double>());
       }
     }
@@ -204,7 +205,8 @@ class Parser : public JsonReader {
     FUSEBOX_ASSIGN_OR_RETURN(std::string type, get_string(path + ".op", v["op"]));
     auto attrs = graph_ops::attrs_for_type_name(type);
     if (!attrs) {
-      return err(path + ".op", "unknown op \"" + type + "\": accepted ops are " + graph_ops::accepted_type_names());
+      return err(path + ".op",
+                 "unknown op \"" + type + "\": accepted ops are " + graph_ops::accepted_type_names());
     }
     o.attrs = std::move(*attrs);
     std::vector<std::string_view> fields = {"op", "name", "inputs", "outputs", "compute_dtype"};
@@ -271,12 +273,14 @@ class Parser : public JsonReader {
       FUSEBOX_ASSIGN_OR_RETURN(g.io_dtype, get_dtype("io_dtype", root["io_dtype"]));
     }
     if (root.contains("intermediate_dtype")) {
-      FUSEBOX_ASSIGN_OR_RETURN(g.intermediate_dtype, get_dtype("intermediate_dtype", root["intermediate_dtype"]));
+      FUSEBOX_ASSIGN_OR_RETURN(g.intermediate_dtype,
+                               get_dtype("intermediate_dtype", root["intermediate_dtype"]));
     }
     if (root.contains("compute_dtype")) {
       FUSEBOX_ASSIGN_OR_RETURN(g.compute_dtype, get_dtype("compute_dtype", root["compute_dtype"]));
     }
-    if (!root.contains("tensors")) return err("graph", "missing field 'tensors' (an array of tensor objects)");
+    if (!root.contains("tensors"))
+      return err("graph", "missing field 'tensors' (an array of tensor objects)");
     const json& tensors = root["tensors"];
     if (!tensors.is_array()) return expected("tensors", "an array", tensors);
     if (tensors.size() > limits::kMaxTensors) {
@@ -397,14 +401,15 @@ void release_without_allocating(json& root) noexcept {
 // if none. A linear scan before parsing: nlohmann::json prints (in messages) and
 // compares recursively, and its DOM takes up to ~40 times a file's size.
 std::string json_shape_error(std::string_view text) {
-  const common::JsonTextLimit hit = common::scan_json_text(text, limits::kMaxJsonDepth, limits::kMaxJsonValues);
+  const common::JsonTextLimit hit =
+      common::scan_json_text(text, limits::kMaxJsonDepth, limits::kMaxJsonValues);
   const std::string at = "at byte " + std::to_string(hit.byte + 1);
   switch (hit.kind) {
     case common::JsonTextLimit::Kind::kNone:
       return "";
     case common::JsonTextLimit::Kind::kDepth:
-      return at + ": JSON arrays and objects nest deeper than the limit of " + std::to_string(limits::kMaxJsonDepth) +
-             " levels (a graph file needs 4)";
+      return at + ": JSON arrays and objects nest deeper than the limit of " +
+             std::to_string(limits::kMaxJsonDepth) + " levels (a graph file needs 4)";
     case common::JsonTextLimit::Kind::kValues:
       return at + ": more than " + std::to_string(limits::kMaxJsonValues) +
              " JSON values (numbers, strings, arrays, objects), the limit per graph file";
@@ -460,7 +465,8 @@ Result<GraphSpec> parse_graph_json(std::string_view text, std::string_view origi
 }
 
 Result<GraphSpec> load_graph_file(const std::string& path) {
-  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, kMaxGraphFileBytes, "graph file"));
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text,
+                           common::read_file_bounded(path, kMaxGraphFileBytes, "graph file"));
   return parse_graph_json(text, path);
 }
 

@@ -67,7 +67,9 @@ Result<std::vector<int64_t>> JsonReader::get_int_list(const std::string& path, c
 Result<DType> JsonReader::get_dtype(const std::string& path, const json& v) const {
   FUSEBOX_ASSIGN_OR_RETURN(std::string s, get_string(path, v));
   auto t = parse_dtype(s);
-  if (!t) return err(path, "unknown dtype \"" + s + "\": accepted dtypes are " + std::string(dtype_accepted_names()));
+  if (!t)
+    return err(path,
+               "unknown dtype \"" + s + "\": accepted dtypes are " + std::string(dtype_accepted_names()));
   return *t;
 }
 

@@ -27,7 +27,8 @@ class JsonReader {
   Status err(const std::string& path, const std::string& msg) const;
   Status expected(const std::string& path, const char* what, const json& v) const;
   // Unknown keys of `obj` are errors listing the accepted ones.
-  Status check_fields(const std::string& path, const json& obj, const std::vector<std::string_view>& accepted) const;
+  Status check_fields(const std::string& path, const json& obj,
+                      const std::vector<std::string_view>& accepted) const;
 
   Result<std::string> get_string(const std::string& path, const json& v) const;
   Result<int64_t> get_int(const std::string& path, const json& v) const;
@@ -36,9 +37,12 @@ class JsonReader {
 
   // Optional fields of object `obj` at `path`: left unchanged when absent.
   Status opt_bool(const json& obj, const std::string& path, const char* key, bool& out) const;
-  Status opt_number(const json& obj, const std::string& path, const char* key, std::optional<double>& out) const;
-  Status opt_int(const json& obj, const std::string& path, const char* key, std::optional<int64_t>& out) const;
-  Status opt_int_list(const json& obj, const std::string& path, const char* key, std::vector<int64_t>& out) const;
+  Status opt_number(const json& obj, const std::string& path, const char* key,
+                    std::optional<double>& out) const;
+  Status opt_int(const json& obj, const std::string& path, const char* key,
+                 std::optional<int64_t>& out) const;
+  Status opt_int_list(const json& obj, const std::string& path, const char* key,
+                      std::vector<int64_t>& out) const;
 
   const std::string& origin() const { return origin_; }
 

@@ -40,8 +40,9 @@ Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count,
                                  const std::map<int, DType>& temporary_dtypes) {
   const int n = static_cast<int>(g.ops.size());
   if (first < 0 || count < 1 || first + count > n) {
-    return InvalidArgument("graph part: ops [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                           ") outside the graph's " + std::to_string(n) + " ops");
+    return InvalidArgument("graph part: ops [" + std::to_string(first) + ", " +
+                           std::to_string(first + count) + ") outside the graph's " + std::to_string(n) +
+                           " ops");
   }
   const int end = first + count;
   // Who reads each tensor outside the part.
@@ -93,7 +94,9 @@ Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count,
     spec.ops.push_back(std::move(os));
   }
   auto part = resolve(spec);
-  if (!part.ok()) return part.status().WithContext("graph part of ops " + std::to_string(first) + "-" + std::to_string(end - 1));
+  if (!part.ok())
+    return part.status().WithContext("graph part of ops " + std::to_string(first) + "-" +
+                                     std::to_string(end - 1));
   return part;
 }
 
@@ -186,8 +189,8 @@ Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOrac
                      common::dims_string(x.dims) + " strides " + common::dims_string(x.strides) + ";";
         }
         return Status(StatusCode::kNotSupported,
-                      op_where(op) + " has no engine even on its own, so no split of the graph runs:" + tensors +
-                          " cuDNN: " + first_line(single.message()));
+                      op_where(op) + " has no engine even on its own, so no split of the graph runs:" +
+                          tensors + " cuDNN: " + first_line(single.message()));
       }
     }
     return Status::Ok();
@@ -228,7 +231,9 @@ Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<st
     }
     next = first + count;
   }
-  if (next != n) return InvalidArgument("partition: the parts cover " + std::to_string(next) + " of " + std::to_string(n) + " ops");
+  if (next != n)
+    return InvalidArgument("partition: the parts cover " + std::to_string(next) + " of " + std::to_string(n) +
+                           " ops");
   // Temporaries: whole-graph virtual tensors that more than one part touches.
   for (size_t i = 0; i < g.tensors.size(); ++i) {
     if (!g.tensors[i].is_virtual) continue;

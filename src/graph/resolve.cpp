@@ -6,10 +6,10 @@
 #include <set>
 #include <sstream>
 
+#include "checks.h"
 #include "common/dims_string.h"
 #include "common/op_where.h"
 #include "fusebox/graph.h"
-#include "checks.h"
 #include "ops/ops.h"
 #include "symbols.h"
 
@@ -22,7 +22,6 @@ namespace {
 using graph_ops::kMaxDim;
 constexpr int64_t kMaxElements = int64_t{1} << 62;
 constexpr size_t kMaxRank = 8;
-
 
 // One quoting helper for the graph layer (src/graph/ops/registry.cpp).
 std::string q(const std::string& s) { return graph_ops::squote(s); }
@@ -99,8 +98,9 @@ Result<std::vector<int64_t>> tensor_strides(const std::string& where, const Tens
   if (!t.strides.empty()) {
     FUSEBOX_RETURN_IF_ERROR(check_strides(where, dims, t.strides));
     if (from_layout && *from_layout != t.strides) {
-      return InvalidArgument(where + ": strides " + dims_string(t.strides) + " disagree with layout " + q(t.layout) +
-                             ", which gives " + dims_string(*from_layout) + ": give one or make them agree");
+      return InvalidArgument(where + ": strides " + dims_string(t.strides) + " disagree with layout " +
+                             q(t.layout) + ", which gives " + dims_string(*from_layout) +
+                             ": give one or make them agree");
     }
     return t.strides;
   }
@@ -120,7 +120,8 @@ Status check_op_roles(const OpSpec& op, size_t i, const std::map<std::string, si
       return InvalidArgument(where + " missing input " + q(std::string(r)) + ": " + type + " takes inputs " +
                              roles_str(op.attrs));
     }
-    if (it->second.empty()) return InvalidArgument(where + " input " + q(std::string(r)) + " names no tensor");
+    if (it->second.empty())
+      return InvalidArgument(where + " input " + q(std::string(r)) + " names no tensor");
   }
   for (const auto& [role, name] : op.inputs) {
     if (std::find(roles.begin(), roles.end(), role) == roles.end()) {
@@ -140,7 +141,8 @@ Status check_op_roles(const OpSpec& op, size_t i, const std::map<std::string, si
     std::string want = out_roles.size() == 1 ? "exactly one role '" + std::string(out_roles[0]) + "'"
                                              : "exactly the roles " + join_roles(out_roles);
     want += std::visit([](const auto& a) { return graph_ops::output_roles_hint(a); }, op.attrs);
-    return InvalidArgument(where + " outputs must be " + want + " (got: " + (got.empty() ? "none" : got) + ")");
+    return InvalidArgument(where + " outputs must be " + want + " (got: " + (got.empty() ? "none" : got) +
+                           ")");
   }
   const bool in_memory = std::visit([](const auto& a) { return graph_ops::outputs_in_memory(a); }, op.attrs);
   for (auto r : out_roles) {
@@ -169,7 +171,8 @@ Status check_op_roles(const OpSpec& op, size_t i, const std::map<std::string, si
 
 // Topological order, O((ops + edges) log ops): always the earliest declared
 // ready op, so errors come in file order.
-Result<std::vector<size_t>> topological_order(const GraphSpec& spec, const std::map<std::string, size_t>& producer) {
+Result<std::vector<size_t>> topological_order(const GraphSpec& spec,
+                                              const std::map<std::string, size_t>& producer) {
   const size_t n = spec.ops.size();
   std::vector<size_t> pending(n, 0);
   std::vector<std::vector<size_t>> consumers(n);  // by producing op
@@ -206,7 +209,8 @@ Result<std::vector<size_t>> topological_order(const GraphSpec& spec, const std::
       }
     }
     if (total > listed) stuck += " and " + std::to_string(total - listed) + " more";
-    return InvalidArgument("the ops form a cycle: " + stuck + " each wait (directly or not) for their own output");
+    return InvalidArgument("the ops form a cycle: " + stuck +
+                           " each wait (directly or not) for their own output");
   }
   return order;
 }
@@ -239,7 +243,8 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
                              "): op name is empty: every op needs a unique name");
     }
     if (!op_names.insert(op.name).second) {
-      return InvalidArgument(op_where(op) + " op name " + q(op.name) + " is used twice: op names must be unique");
+      return InvalidArgument(op_where(op) + " op name " + q(op.name) +
+                             " is used twice: op names must be unique");
     }
     FUSEBOX_RETURN_IF_ERROR(check_op_roles(op, i, declared, spec, producer));
   }
@@ -286,12 +291,14 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     const std::string where = "tensor " + q(t.name);
     if (producer.count(t.name)) {
       if (!t.values.empty()) {
-        return InvalidArgument(where + " has 'values' but is produced by an op: only graph inputs take fixed values");
+        return InvalidArgument(where +
+                               " has 'values' but is produced by an op: only graph inputs take fixed values");
       }
       continue;
     }
     if (!used.count(t.name)) {
-      return InvalidArgument(where + " is declared but no op uses it or produces it: remove it or connect it");
+      return InvalidArgument(where +
+                             " is declared but no op uses it or produces it: remove it or connect it");
     }
     if (t.scalar_value) {
       if (t.is_virtual) return InvalidArgument(where + " is a by-value scalar and cannot be virtual");
@@ -333,7 +340,8 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
                                ": give one value per element (logical row-major order)");
       }
       for (double x : t.values) {
-        if (!std::isfinite(x)) return InvalidArgument(where + " has a non-finite value: values must be finite");
+        if (!std::isfinite(x))
+          return InvalidArgument(where + " has a non-finite value: values must be finite");
       }
       r.values = t.values;
     }
@@ -352,7 +360,8 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
     for (const auto& [role, name] : op.outputs) rop.outputs[role] = index.at(name);
 
     auto roles = op_input_roles(op.attrs);
-    const bool scalars_ok = std::visit([](const auto& a) { return graph_ops::accepts_scalar_inputs(a); }, op.attrs);
+    const bool scalars_ok =
+        std::visit([](const auto& a) { return graph_ops::accepts_scalar_inputs(a); }, op.attrs);
     // by-value scalars without dims take the rank of the op's other input
     for (auto role : roles) {
       int ti = rop.inputs.at(std::string(role));
@@ -386,8 +395,9 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
       y.dims = dims;
       if (ys) {
         if (!ys->dims.empty() && ys->dims != dims) {
-          return InvalidArgument(ywhere + " is declared with dims " + dims_string(ys->dims) + " but the op produces " +
-                                 dims_string(dims) + ": fix the dims or omit them to infer");
+          return InvalidArgument(ywhere + " is declared with dims " + dims_string(ys->dims) +
+                                 " but the op produces " + dims_string(dims) +
+                                 ": fix the dims or omit them to infer");
         }
         FUSEBOX_ASSIGN_OR_RETURN(y.strides, tensor_strides(ywhere, *ys, dims, dense));
         y.is_virtual = ys->is_virtual;
@@ -418,8 +428,9 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
       for (const auto& op : spec.ops)
         for (const auto& [role, name] : op.outputs)
           if (name == t.name) by = op_where(op), by_role = role;
-      return InvalidArgument(by + " output " + q(by_role) + " (" + q(t.name) +
-                             ") is virtual and no op uses it: declare it in 'tensors' (non-virtual) to make it a graph output");
+      return InvalidArgument(
+          by + " output " + q(by_role) + " (" + q(t.name) +
+          ") is virtual and no op uses it: declare it in 'tensors' (non-virtual) to make it a graph output");
     }
   }
   FUSEBOX_RETURN_IF_ERROR(canonicalize(g));
@@ -450,8 +461,8 @@ std::string describe(const ResolvedGraph& g) {
      << pad("dims", wd) << "  strides\n";
   for (const auto& t : g.tensors) {
     std::string kind = t.scalar_value ? "scalar" : t.is_virtual ? "virtual" : t.is_input ? "input" : "output";
-    os << "  " << pad(t.name, wn) << "  " << pad(kind, 7) << "  " << pad(std::string(dtype_name(t.dtype)), 8) << "  "
-       << pad(vec(t.dims), wd) << "  " << vec(t.strides);
+    os << "  " << pad(t.name, wn) << "  " << pad(kind, 7) << "  " << pad(std::string(dtype_name(t.dtype)), 8)
+       << "  " << pad(vec(t.dims), wd) << "  " << vec(t.strides);
     if (t.scalar_value) {
       std::ostringstream v;
       v << *t.scalar_value;
@@ -473,8 +484,10 @@ std::string describe(const ResolvedGraph& g) {
     for (auto role : op_output_roles(op.attrs)) {
       auto it = op.outputs.find(std::string(role));
       if (it == op.outputs.end()) continue;
-      if (role != "y") os << " " << role << "=";
-      else os << " ";
+      if (role != "y")
+        os << " " << role << "=";
+      else
+        os << " ";
       os << g.tensors[it->second].name << " " << vec(g.tensors[it->second].dims);
     }
     os << ", compute " << dtype_name(op.compute_dtype);

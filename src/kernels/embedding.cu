@@ -24,8 +24,8 @@ struct Rows {
 };
 
 // One value per thread, any dtypes and row strides.
-__global__ void embedding_any(const int* ids, int64_t ids_stride, const void* table, Rows t, const void* add, Rows a,
-                              int64_t p, void* y, Rows yr, int64_t n, int64_t v, int64_t h) {
+__global__ void embedding_any(const int* ids, int64_t ids_stride, const void* table, Rows t, const void* add,
+                              Rows a, int64_t p, void* y, Rows yr, int64_t n, int64_t v, int64_t h) {
   const int64_t total = n * h;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -71,7 +71,8 @@ __global__ void embedding_bf16x8(const int* ids, int64_t ids_stride, const uint4
 }
 
 int blocks_for(int64_t work, int threads) {
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
 }
 
 class EmbeddingKernel final : public NativeKernel {
@@ -92,11 +93,12 @@ class EmbeddingKernel final : public NativeKernel {
                      (!add || add_.stride % 8 == 0) && aligned(table) && aligned(y) && (!add || aligned(add));
     if (vec) {
       embedding_bf16x8<<<blocks_for(n_ * (h_ / 8), kThreads), kThreads, 0, stream>>>(
-          ids, ids_stride_, static_cast<const uint4*>(table), table_.stride / 8, static_cast<const uint4*>(add),
-          add_.stride / 8, p_, static_cast<uint4*>(y), y_.stride / 8, n_, v_, h_ / 8);
+          ids, ids_stride_, static_cast<const uint4*>(table), table_.stride / 8,
+          static_cast<const uint4*>(add), add_.stride / 8, p_, static_cast<uint4*>(y), y_.stride / 8, n_, v_,
+          h_ / 8);
     } else {
-      embedding_any<<<blocks_for(n_ * h_, kThreads), kThreads, 0, stream>>>(ids, ids_stride_, table, table_, add, add_,
-                                                                            p_, y, y_, n_, v_, h_);
+      embedding_any<<<blocks_for(n_ * h_, kThreads), kThreads, 0, stream>>>(ids, ids_stride_, table, table_,
+                                                                            add, add_, p_, y, y_, n_, v_, h_);
     }
     return common::cuda_status(cudaGetLastError(), where_, " embedding kernel launch");
   }
@@ -111,14 +113,16 @@ class EmbeddingKernel final : public NativeKernel {
 
 }  // namespace
 
-Result<std::shared_ptr<const NativeKernel>> make_embedding_kernel(const ResolvedGraph& g, const ResolvedOp& op,
+Result<std::shared_ptr<const NativeKernel>> make_embedding_kernel(const ResolvedGraph& g,
+                                                                  const ResolvedOp& op,
                                                                   const EmbeddingAttrs& a) {
   auto k = std::make_shared<EmbeddingKernel>();
   k->where_ = common::op_where("embedding", op.name);
   const ResolvedTensor& ids = g.tensors[op.inputs.at("ids")];
   const ResolvedTensor& table = g.tensors[op.inputs.at("table")];
   const ResolvedTensor& y = g.tensors[op.outputs.at("y")];
-  if (y.is_virtual) return InvalidArgument(k->where_ + " output 'y' ('" + y.name + "') must be a graph output");
+  if (y.is_virtual)
+    return InvalidArgument(k->where_ + " output 'y' ('" + y.name + "') must be a graph output");
   k->has_add_ = a.add;
   k->n_ = ids.dims.at(0);
   k->ids_stride_ = ids.strides.at(0);

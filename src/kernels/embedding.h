@@ -7,7 +7,8 @@
 
 namespace fusebox::kernels {
 
-Result<std::shared_ptr<const NativeKernel>> make_embedding_kernel(const ResolvedGraph& g, const ResolvedOp& op,
+Result<std::shared_ptr<const NativeKernel>> make_embedding_kernel(const ResolvedGraph& g,
+                                                                  const ResolvedOp& op,
                                                                   const EmbeddingAttrs& a);
 
 }  // namespace fusebox::kernels

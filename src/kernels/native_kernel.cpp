@@ -26,8 +26,8 @@ namespace {
 
 // The kernel of an op only fusebox runs (OpTraits::native_only), by overload.
 template <typename A>
-Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph&, const ResolvedOp&, const A&,
-                                                              const std::string& where) {
+Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph&, const ResolvedOp&,
+                                                              const A&, const std::string& where) {
   return Internal(where + " is native_only (src/graph/ops/traits.h) but src/kernels/ has no kernel for it");
 }
 Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
@@ -50,10 +50,12 @@ Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGra
   if (!native) return InvalidArgument("graph '" + g.name + "' has no op fusebox runs with its own kernel");
   const std::string where = common::op_where(op_type_name(native->attrs), native->name);
   if (!others.empty()) {
-    return InvalidArgument(where + " fusebox runs " + std::string(op_type_name(native->attrs)) +
-                           " with a CUDA kernel of its own (cuDNN 9.19 has no op for it), so it must be the only op "
-                           "of its graph; graph '" + g.name + "' also has " + others +
-                           ": move them to another graph (in a pipeline, a stage of their own)");
+    return InvalidArgument(
+        where + " fusebox runs " + std::string(op_type_name(native->attrs)) +
+        " with a CUDA kernel of its own (cuDNN 9.19 has no op for it), so it must be the only op "
+        "of its graph; graph '" +
+        g.name + "' also has " + others +
+        ": move them to another graph (in a pipeline, a stage of their own)");
   }
   return std::visit([&](const auto& a) { return native_kernel_for(g, *native, a, where); }, native->attrs);
 }
@@ -76,14 +78,16 @@ FasterKernel faster_kernel_for(const ResolvedGraph&, const ResolvedOp&, const A&
 // (3x3/2 pad 1, 32x64x112x112 NHWC) against torch.compile's 53.3 us, for 64 MB moved (~16 us).
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const PoolAttrs& a) {
   if (auto k = make_global_avg_pool_kernel(g, op, a)) {
-    return {k, "cuDNN 9.19's resample engines take a global average pool 14-30x slower than a "
-               "bandwidth-bound kernel (206 us for bf16 32x2048x7x7 on the H200, eng3 barred for bf16)"};
+    return {k,
+            "cuDNN 9.19's resample engines take a global average pool 14-30x slower than a "
+            "bandwidth-bound kernel (206 us for bf16 32x2048x7x7 on the H200, eng3 barred for bf16)"};
   }
   if (g.tensors[static_cast<size_t>(op.inputs.at("x"))].dtype == DType::kBF16) {
     if (auto k = make_window_pool_kernel(g, op, a)) {
-      return {k, "cuDNN 9.19's fast resample engine (eng3) gives wrong bf16 pools on the H200 and is barred; "
-                 "the one left is slower than a bandwidth-bound kernel (56.0 us for the ResNet-50 stem's max "
-                 "pool, 32x64x112x112)"};
+      return {k,
+              "cuDNN 9.19's fast resample engine (eng3) gives wrong bf16 pools on the H200 and is barred; "
+              "the one left is slower than a bandwidth-bound kernel (56.0 us for the ResNet-50 stem's max "
+              "pool, 32x64x112x112)"};
     }
   }
   return {};
@@ -94,8 +98,9 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 // 56.2 us); the 51 MB it reads take about 13 us at the H200's bandwidth.
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const ReductionAttrs& a) {
   if (auto k = make_reduce_rows_kernel(g, op, a)) {
-    return {k, "cuDNN 9.19's reduction engines sum the outer dims of a tensor several times slower than a "
-               "bandwidth-bound kernel (69.6 us for the bias gradient of bf16 32x64x112x112 NHWC on the H200)"};
+    return {k,
+            "cuDNN 9.19's reduction engines sum the outer dims of a tensor several times slower than a "
+            "bandwidth-bound kernel (69.6 us for the bias gradient of bf16 32x64x112x112 NHWC on the H200)"};
   }
   return {};
 }

@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(1024) norm_fwd(NormArgs a) {
       if (a.bias) {
         const float4* b4 = reinterpret_cast<const float4*>(a.bias) + 2 * j;
         const float4 b0 = __ldg(b4), b1 = __ldg(b4 + 1);
-        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z,
+        b[7] = b1.w;
       }
 #pragma unroll
       for (int k = 0; k < 8; ++k) out[k] = (v[i][k] - mean) * inv * s[k] + b[k];
@@ -177,11 +178,16 @@ using Launch = void (*)(NormArgs);
 template <typename T, int VEC, bool kRms>
 Launch pick(int vpt) {
   switch (vpt) {
-    case 1: return norm_fwd<T, VEC, 1, kRms>;
-    case 2: return norm_fwd<T, VEC, 2, kRms>;
-    case 4: return norm_fwd<T, VEC, 4, kRms>;
-    case 8: return norm_fwd<T, VEC, 8, kRms>;
-    default: return norm_fwd<T, VEC, 16, kRms>;
+    case 1:
+      return norm_fwd<T, VEC, 1, kRms>;
+    case 2:
+      return norm_fwd<T, VEC, 2, kRms>;
+    case 4:
+      return norm_fwd<T, VEC, 4, kRms>;
+    case 8:
+      return norm_fwd<T, VEC, 8, kRms>;
+    default:
+      return norm_fwd<T, VEC, 16, kRms>;
   }
 }
 
@@ -207,15 +213,16 @@ class NormKernel final : public NativeKernel {
     if (has_inv_) a.inv = static_cast<float*>(ptrs[i++]);
     if (rows_ == 0 || a.n == 0) return Status::Ok();
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    const bool vec8 = rows_aligned8_ && aligned(a.x) && aligned(a.y) && aligned(a.scale) &&
-                      (!a.bias || aligned(a.bias));
+    const bool vec8 =
+        rows_aligned8_ && aligned(a.x) && aligned(a.y) && aligned(a.scale) && (!a.bias || aligned(a.bias));
     const int vec = vec8 ? 8 : 1;
     const int64_t loads = a.n / vec;
     // About four loads per thread, at most 1024 threads; then the fewest loads per thread that cover the row.
     const int threads = static_cast<int>(std::clamp<int64_t>((loads / 4 + 31) / 32 * 32, 32, 1024));
     int vpt = 1;
     while (static_cast<int64_t>(vpt) * threads < loads) vpt *= 2;
-    if (vpt > 16) return Internal(where_ + " row of " + std::to_string(a.n) + " values is too long for the kernel");
+    if (vpt > 16)
+      return Internal(where_ + " row of " + std::to_string(a.n) + " values is too long for the kernel");
     const bool half = dtype_ == DType::kFP16;
     Launch f = half ? pick<__half>(vec, vpt, rms_) : pick<__nv_bfloat16>(vec, vpt, rms_);
     f<<<static_cast<unsigned>(rows_), threads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(a);
@@ -266,7 +273,8 @@ std::shared_ptr<const NativeKernel> make_norm_kernel(const ResolvedGraph& g, con
   const ResolvedTensor* mean = tensor(op.outputs, "mean");
   const ResolvedTensor* inv = tensor(op.outputs, "inv_variance");
   if (!x || !scale || !y) return nullptr;
-  // The form this kernel serves: 16-bit x and y alike, fp32 scale and bias and statistics, every tensor in memory.
+  // The form this kernel serves: 16-bit x and y alike, fp32 scale and bias and statistics, every tensor in
+  // memory.
   if ((x->dtype != DType::kBF16 && x->dtype != DType::kFP16) || y->dtype != x->dtype) return nullptr;
   if (scale->dtype != DType::kFP32 || (bias && bias->dtype != DType::kFP32)) return nullptr;
   for (const ResolvedTensor* t : {x, scale, bias, y, mean, inv}) {

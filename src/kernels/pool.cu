@@ -3,10 +3,10 @@
 // fusebox takes it, with the measurements): the global average pool, and
 // max_pool and avg_pool with any window (window_pool, below).
 //
-// Global average pool, y[n, c] = mean over the spatial positions of x[n, c, ...]: a block of 32 channels x 8 slices of the spatial positions: the 32 threads
-// of a warp read 32 neighbouring channels at one position (coalesced in NHWC),
-// each slice sums every 8th position, and the block adds the slices. Any
-// dtypes (bf16, fp16, fp32) and strides; the sum in fp32.
+// Global average pool, y[n, c] = mean over the spatial positions of x[n, c, ...]: a block of 32 channels x 8
+// slices of the spatial positions: the 32 threads of a warp read 32 neighbouring channels at one position
+// (coalesced in NHWC), each slice sums every 8th position, and the block adds the slices. Any dtypes (bf16,
+// fp16, fp32) and strides; the sum in fp32.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -137,8 +137,8 @@ __global__ void window_pool(WindowArgs a) {
       }
     }
     // padding < window (resolve): every window covers an element of x.
-    const float div = a.is_max ? 1.f
-                               : static_cast<float>(a.include_pad ? a.win[0] * a.win[1] * a.win[2] : covered);
+    const float div =
+        a.is_max ? 1.f : static_cast<float>(a.include_pad ? a.win[0] * a.win[1] * a.win[2] : covered);
     const int64_t yoff = n * a.ys[0] + c * a.ys[1] + od * a.ys[2] + oh * a.ys[3] + ow * a.ys[4];
     if constexpr (VEC == 8) {
       uint4 raw;
@@ -172,7 +172,8 @@ class WindowPoolKernel final : public NativeKernel {
     const int64_t total = a.n * (a.c / (vec8 ? 8 : 1)) * a.out[0] * a.out[1] * a.out[2];
     if (total == 0) return Status::Ok();
     constexpr int kThreads = 256;
-    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535LL * 8));
+    const unsigned blocks =
+        static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535LL * 8));
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     if (vec8) {
       window_pool<8><<<blocks, kThreads, 0, stream>>>(a);
@@ -215,7 +216,8 @@ std::shared_ptr<const NativeKernel> make_global_avg_pool_kernel(const ResolvedGr
   if (a.mode != PoolMode::kAvg) return nullptr;
   const ResolvedTensor& x = g.tensors[static_cast<size_t>(op.inputs.at("x"))];
   const ResolvedTensor& y = g.tensors[static_cast<size_t>(op.outputs.at("y"))];
-  if (x.is_virtual || y.is_virtual || x.dims.size() < 3 || x.dims.size() > 5 || y.dims.size() != x.dims.size())
+  if (x.is_virtual || y.is_virtual || x.dims.size() < 3 || x.dims.size() > 5 ||
+      y.dims.size() != x.dims.size())
     return nullptr;
   auto floating = [](DType t) { return t == DType::kBF16 || t == DType::kFP16 || t == DType::kFP32; };
   if (!floating(x.dtype) || !floating(y.dtype)) return nullptr;
@@ -286,7 +288,8 @@ std::shared_ptr<const NativeKernel> make_window_pool_kernel(const ResolvedGraph&
   p.ydtype = static_cast<int>(y.dtype);
   p.is_max = a.mode == PoolMode::kMax;
   p.include_pad = a.count_include_pad;
-  // Eight channels per thread: 16-bit x and y of one dtype, channels innermost, every other stride a multiple of 8.
+  // Eight channels per thread: 16-bit x and y of one dtype, channels innermost, every other stride a multiple
+  // of 8.
   bool vec8 = (x.dtype == DType::kBF16 || x.dtype == DType::kFP16) && y.dtype == x.dtype && p.c % 8 == 0 &&
               x.strides[1] == 1 && y.strides[1] == 1;
   for (size_t d = 0; d < rank; ++d)

@@ -98,19 +98,20 @@ class ReduceRowsKernel final : public NativeKernel {
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     if (a.cols == 0) return Status::Ok();
     FUSEBOX_RETURN_IF_ERROR(common::cuda_status(
-        cudaMemsetAsync(a.y, 0, static_cast<size_t>((a.cols - 1) * a.y_stride + 1) * sizeof(float), stream), where_,
-        " zeroing the output"));
+        cudaMemsetAsync(a.y, 0, static_cast<size_t>((a.cols - 1) * a.y_stride + 1) * sizeof(float), stream),
+        where_, " zeroing the output"));
     if (a.rows == 0) return Status::Ok();
-    const bool vec8 = (a.dtype == static_cast<int>(DType::kBF16) || a.dtype == static_cast<int>(DType::kFP16)) &&
-                      a.cols % 8 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+    const bool vec8 =
+        (a.dtype == static_cast<int>(DType::kBF16) || a.dtype == static_cast<int>(DType::kFP16)) &&
+        a.cols % 8 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
     const int vec = vec8 ? 8 : 1;
     const int64_t col_threads = (a.cols + vec - 1) / vec;
     const int tx = static_cast<int>(std::min<int64_t>(col_threads, kThreads));
     const int ty = std::max(1, kThreads / tx);
     const int64_t col_blocks = (col_threads + tx - 1) / tx;
     // About 2048 blocks in all (16 per SM on the H200), each lane at least 16 rows.
-    const int64_t row_blocks =
-        std::clamp<int64_t>(std::min<int64_t>(2048 / col_blocks, (a.rows + 16 * ty - 1) / (16 * ty)), 1, 65535);
+    const int64_t row_blocks = std::clamp<int64_t>(
+        std::min<int64_t>(2048 / col_blocks, (a.rows + 16 * ty - 1) / (16 * ty)), 1, 65535);
     const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)), block(tx, ty);
     if (vec8) {
       reduce_rows<8><<<grid, block, 0, stream>>>(a);

@@ -24,14 +24,20 @@ namespace fusebox {
 //   int:  exact.
 Tolerance default_tolerance(DType output_dtype) {
   switch (output_dtype) {
-    case DType::kBF16: return {1e-2, 4e-2};
-    case DType::kFP16: return {3e-3, 1e-2};
-    case DType::kFP32: return {3e-3, 1e-2};
-    case DType::kFP8E4M3: return {7e-2, 2.5e-1};
-    case DType::kFP8E5M2: return {1.4e-1, 5e-1};
+    case DType::kBF16:
+      return {1e-2, 4e-2};
+    case DType::kFP16:
+      return {3e-3, 1e-2};
+    case DType::kFP32:
+      return {3e-3, 1e-2};
+    case DType::kFP8E4M3:
+      return {7e-2, 2.5e-1};
+    case DType::kFP8E5M2:
+      return {1.4e-1, 5e-1};
     case DType::kInt32:
     case DType::kInt64:
-    case DType::kUInt8: return {0, 0};
+    case DType::kUInt8:
+      return {0, 0};
   }
   return {1e-2, 4e-2};
 }
@@ -52,8 +58,8 @@ Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
   return default_tolerance(dtype);
 }
 
-Comparison compare(const std::string& tensor, const std::vector<float>& reference, const std::vector<float>& actual,
-                   Tolerance tol) {
+Comparison compare(const std::string& tensor, const std::vector<float>& reference,
+                   const std::vector<float>& actual, Tolerance tol) {
   Comparison c;
   c.tensor = tensor;
   c.tolerance = tol;
@@ -111,15 +117,16 @@ std::string tol_string(double v) {
 std::string Comparison::ToString() const {
   char buf[512];
   if (!error.empty()) return tensor + ": " + error + ": FAIL";
-  std::snprintf(buf, sizeof buf,
-                "%s: rel_l2=%.1e max_abs=%.1e (max_abs/max|ref|=%.1e) over %lld elements: %s (tol rel_l2<=%s, "
-                "max<=%s)",
-                tensor.c_str(), rel_l2, max_abs, max_abs_rel, static_cast<long long>(elements),
-                pass ? "PASS" : "FAIL", tol_string(tolerance.rel_l2).c_str(),
-                tol_string(tolerance.max_abs_rel).c_str());
+  std::snprintf(
+      buf, sizeof buf,
+      "%s: rel_l2=%.1e max_abs=%.1e (max_abs/max|ref|=%.1e) over %lld elements: %s (tol rel_l2<=%s, "
+      "max<=%s)",
+      tensor.c_str(), rel_l2, max_abs, max_abs_rel, static_cast<long long>(elements), pass ? "PASS" : "FAIL",
+      tol_string(tolerance.rel_l2).c_str(), tol_string(tolerance.max_abs_rel).c_str());
   std::string s = buf;
   if (non_finite > 0)
-    s += "; " + std::to_string(non_finite) + " non-finite values, first at index " + std::to_string(worst_index);
+    s += "; " + std::to_string(non_finite) + " non-finite values, first at index " +
+         std::to_string(worst_index);
   else if (!pass && worst_index >= 0)
     s += "; worst at index " + std::to_string(worst_index);
   return s;

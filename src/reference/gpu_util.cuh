@@ -15,12 +15,14 @@ namespace fusebox::reference_detail::gpu {
 
 __device__ __forceinline__ float load_as_float(const void* p, int dtype, int64_t off) {
   switch (static_cast<DType>(dtype)) {
-    case DType::kFP32: return static_cast<const float*>(p)[off];
+    case DType::kFP32:
+      return static_cast<const float*>(p)[off];
     case DType::kBF16: {
       const unsigned int b = static_cast<const unsigned short*>(p)[off];
       return __uint_as_float(b << 16);
     }
-    case DType::kFP16: return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[off]));
+    case DType::kFP16:
+      return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[off]));
     case DType::kFP8E4M3: {
       __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[off], __NV_E4M3);
       return __half2float(__half(h));
@@ -29,9 +31,12 @@ __device__ __forceinline__ float load_as_float(const void* p, int dtype, int64_t
       __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(p)[off], __NV_E5M2);
       return __half2float(__half(h));
     }
-    case DType::kInt32: return static_cast<float>(static_cast<const int*>(p)[off]);
-    case DType::kInt64: return static_cast<float>(static_cast<const long long*>(p)[off]);
-    case DType::kUInt8: return static_cast<float>(static_cast<const unsigned char*>(p)[off]);
+    case DType::kInt32:
+      return static_cast<float>(static_cast<const int*>(p)[off]);
+    case DType::kInt64:
+      return static_cast<float>(static_cast<const long long*>(p)[off]);
+    case DType::kUInt8:
+      return static_cast<float>(static_cast<const unsigned char*>(p)[off]);
   }
   return 0.0f;
 }

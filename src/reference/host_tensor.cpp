@@ -7,8 +7,8 @@
 #include <iterator>
 #include <limits>
 #include <optional>
-#include <span>
 #include <random>
+#include <span>
 #include <sstream>
 #include <thread>
 
@@ -59,7 +59,6 @@ std::vector<float> HostTensor::to_float_logical() const {
 
 namespace {
 
-
 // FNV-1a: a hash of the name that is the same on every platform (std::hash is not).
 uint64_t fnv1a(const std::string& s) {
   uint64_t h = 14695981039346656037ull;
@@ -84,8 +83,9 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, doub
   const size_t esize = dtype_size_bytes(h.dtype);
   uint8_t* base = h.data.data();
   if (t.scalar_value) {
-    for_each_element(h.dims, h.strides,
-                     [&](int64_t, int64_t off) { store_element(base + off * esize, h.dtype, *t.scalar_value); });
+    for_each_element(h.dims, h.strides, [&](int64_t, int64_t off) {
+      store_element(base + off * esize, h.dtype, *t.scalar_value);
+    });
     return h;
   }
   if (hi < lo) std::swap(lo, hi);
@@ -114,7 +114,8 @@ HostTensor random_tensor(const ResolvedTensor& t, uint64_t seed, double lo, doub
     if (ihi - ilo < 1) ilo = -4, ihi = 4;
     const uint64_t span = static_cast<uint64_t>(ihi - ilo + 1);
     for_each_element(h.dims, h.strides, [&](int64_t, int64_t off) {
-      store_element(base + off * esize, h.dtype, static_cast<double>(ilo + static_cast<int64_t>(rng() % span)));
+      store_element(base + off * esize, h.dtype,
+                    static_cast<double>(ilo + static_cast<int64_t>(rng() % span)));
     });
   }
   // Never constant: with a narrow range and a coarse dtype every draw could round alike.
@@ -213,9 +214,12 @@ class HeaderParser {
         FUSEBOX_RETURN_IF_ERROR(ParseString(&h->descr));
         h->has_descr = true;
       } else if (key == "fortran_order") {
-        if (ConsumeWord("True")) h->fortran_order = true;
-        else if (ConsumeWord("False")) h->fortran_order = false;
-        else return Error("fortran_order must be True or False");
+        if (ConsumeWord("True"))
+          h->fortran_order = true;
+        else if (ConsumeWord("False"))
+          h->fortran_order = false;
+        else
+          return Error("fortran_order must be True or False");
         h->has_fortran = true;
       } else if (key == "shape") {
         FUSEBOX_RETURN_IF_ERROR(ParseShape(&h->shape));
@@ -239,7 +243,8 @@ class HeaderParser {
     return ParseError("malformed header at offset " + std::to_string(pos_) + ": " + what);
   }
   void SkipSpace() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
+      ++pos_;
   }
   bool Consume(char c) {
     if (pos_ < s_.size() && s_[pos_] == c) return ++pos_, true;
@@ -263,7 +268,8 @@ class HeaderParser {
     while (true) {
       SkipSpace();
       if (Consume(')')) return Status::Ok();
-      if (pos_ >= s_.size() || s_[pos_] < '0' || s_[pos_] > '9') return Error("shape entries must be non-negative integers");
+      if (pos_ >= s_.size() || s_[pos_] < '0' || s_[pos_] > '9')
+        return Error("shape entries must be non-negative integers");
       int64_t v = 0;
       while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') {
         if (v > (std::numeric_limits<int64_t>::max() - 9) / 10) return Error("shape entry too large");
@@ -336,10 +342,12 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
   const std::optional<int64_t> elements = common::checked_product(t.dims);
   const std::optional<int64_t> max_data = elements ? common::checked_mul(*elements, 8) : std::nullopt;
   if (!max_data || *max_data > std::numeric_limits<int64_t>::max() - kMaxNpyHeaderBytes) {
-    return InvalidArgument(where + "tensor '" + t.name + "' dims " + dims_string(t.dims) +
-                           " are too large to read from a .npy file (element count times element size overflows)");
+    return InvalidArgument(
+        where + "tensor '" + t.name + "' dims " + dims_string(t.dims) +
+        " are too large to read from a .npy file (element count times element size overflows)");
   }
-  auto read = common::read_file_bounded(path, static_cast<uint64_t>(*max_data + kMaxNpyHeaderBytes), ".npy file");
+  auto read =
+      common::read_file_bounded(path, static_cast<uint64_t>(*max_data + kMaxNpyHeaderBytes), ".npy file");
   if (!read.ok()) {
     return read.status().WithContext("tensor '" + t.name + "' " + dims_string(t.dims) + " (at most " +
                                      std::to_string(*max_data) + " data bytes)");
@@ -367,23 +375,30 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
     return ParseError(where + ".npy header length " + std::to_string(header_len) + " is larger than " +
                       std::to_string(kMaxNpyHeaderBytes - prefix) + " bytes");
   if (header_len > bytes.size() - prefix)
-    return ParseError(where + "truncated .npy header (header length " + std::to_string(header_len) + " but file has " +
-                      std::to_string(bytes.size()) + " bytes)");
+    return ParseError(where + "truncated .npy header (header length " + std::to_string(header_len) +
+                      " but file has " + std::to_string(bytes.size()) + " bytes)");
 
   NpyHeader h;
   const std::string_view header_text(reinterpret_cast<const char*>(bytes.data() + prefix), header_len);
   if (Status st = HeaderParser(header_text).Parse(&h); !st.ok()) return st.WithContext(path);
-  if (h.fortran_order) return InvalidArgument(where + "fortran_order=True arrays are not supported (save a C-ordered array, e.g. np.ascontiguousarray)");
+  if (h.fortran_order)
+    return InvalidArgument(
+        where +
+        "fortran_order=True arrays are not supported (save a C-ordered array, e.g. np.ascontiguousarray)");
   if (!h.descr.empty() && h.descr[0] == '>')
-    return InvalidArgument(where + "big-endian dtype '" + h.descr + "' is not supported (use '<' little-endian)");
+    return InvalidArgument(where + "big-endian dtype '" + h.descr +
+                           "' is not supported (use '<' little-endian)");
   const std::optional<NpyType> type = parse_descr(h.descr);
-  if (!type) return InvalidArgument(where + "unsupported dtype '" + h.descr + "' (accepted: <f2, <f4, <f8, <i4, <i8, |u1)");
+  if (!type)
+    return InvalidArgument(where + "unsupported dtype '" + h.descr +
+                           "' (accepted: <f2, <f4, <f8, <i4, <i8, |u1)");
   if (type->is_float && !dtype_is_float(t.dtype))
-    return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
-                           std::string(dtype_name(t.dtype)) + " (save an integer array)");
+    return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name +
+                           "' of dtype " + std::string(dtype_name(t.dtype)) + " (save an integer array)");
   if (same_kind && !type->is_float && dtype_is_float(t.dtype))
-    return InvalidArgument(where + "integer array '" + h.descr + "' cannot feed tensor '" + t.name + "' of dtype " +
-                           std::string(dtype_name(t.dtype)) + " (save a float array: <f2, <f4 or <f8)");
+    return InvalidArgument(where + "integer array '" + h.descr + "' cannot feed tensor '" + t.name +
+                           "' of dtype " + std::string(dtype_name(t.dtype)) +
+                           " (save a float array: <f2, <f4 or <f8)");
 
   // The header's own numbers first: a shape whose size overflows is an error, not a wrap.
   const std::optional<int64_t> shape_elements = common::checked_product(h.shape);
@@ -396,15 +411,15 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
   // Shape must equal the tensor dims; a 0-d array feeds a tensor of one element.
   const bool scalar_ok = h.shape.empty() && product(t.dims) == 1;
   if (h.shape != t.dims && !scalar_ok)
-    return InvalidArgument(where + "shape " + shape_tuple(h.shape) + " does not match tensor '" + t.name + "' dims " +
-                           dims_string(t.dims));
+    return InvalidArgument(where + "shape " + shape_tuple(h.shape) + " does not match tensor '" + t.name +
+                           "' dims " + dims_string(t.dims));
 
   const size_t data_bytes = static_cast<size_t>(*shape_bytes);
   const size_t have = bytes.size() - prefix - header_len;
   if (have != data_bytes)
-    return ParseError(where + (have < data_bytes ? "truncated: " : "trailing bytes: ") + "has " + std::to_string(have) +
-                      " data bytes, shape " + shape_tuple(h.shape) + " of '" + h.descr + "' needs " +
-                      std::to_string(data_bytes));
+    return ParseError(where + (have < data_bytes ? "truncated: " : "trailing bytes: ") + "has " +
+                      std::to_string(have) + " data bytes, shape " + shape_tuple(h.shape) + " of '" +
+                      h.descr + "' needs " + std::to_string(data_bytes));
 
   HostTensor out = HostTensor::like(t);
   const uint8_t* src = bytes.data() + prefix + header_len;
@@ -419,21 +434,32 @@ Status write_npy(const std::string& path, const HostTensor& t) {
   std::string descr;
   size_t npy_bytes = 0;
   switch (t.dtype) {
-    case DType::kFP16: descr = "<f2", npy_bytes = 2; break;
-    case DType::kInt32: descr = "<i4", npy_bytes = 4; break;
-    case DType::kInt64: descr = "<i8", npy_bytes = 8; break;
-    case DType::kUInt8: descr = "|u1", npy_bytes = 1; break;
-    default: descr = "<f4", npy_bytes = 4; break;  // fp32, and bf16/fp8 widened exactly
+    case DType::kFP16:
+      descr = "<f2", npy_bytes = 2;
+      break;
+    case DType::kInt32:
+      descr = "<i4", npy_bytes = 4;
+      break;
+    case DType::kInt64:
+      descr = "<i8", npy_bytes = 8;
+      break;
+    case DType::kUInt8:
+      descr = "|u1", npy_bytes = 1;
+      break;
+    default:
+      descr = "<f4", npy_bytes = 4;
+      break;  // fp32, and bf16/fp8 widened exactly
   }
   if (t.strides.size() != t.dims.size())
     return InvalidArgument(path + ": tensor has " + std::to_string(t.dims.size()) + " dims but " +
                            std::to_string(t.strides.size()) + " strides");
   const size_t esize = dtype_size_bytes(t.dtype);
   if (t.data.size() < static_cast<size_t>(storage_span(t.dims, t.strides)) * esize)
-    return InvalidArgument(path + ": tensor data holds " + std::to_string(t.data.size()) + " bytes, fewer than its " +
-                           "dims and strides span");
+    return InvalidArgument(path + ": tensor data holds " + std::to_string(t.data.size()) +
+                           " bytes, fewer than its " + "dims and strides span");
 
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_tuple(t.dims) + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape_tuple(t.dims) + ", }";
   // Pad with spaces so that the data starts on a 64-byte boundary, then '\n'.
   size_t prefix = 10;
   size_t total = prefix + header.size() + 1;

@@ -112,7 +112,8 @@ struct StHeader {
 constexpr int kMaxHeaderDepth = 8;
 constexpr size_t kMaxHeaderValues = size_t{8} << 20;
 
-Result<std::shared_ptr<const StHeader>> parse_header(const std::string& path, std::ifstream& in, uint64_t file_size) {
+Result<std::shared_ptr<const StHeader>> parse_header(const std::string& path, std::ifstream& in,
+                                                     uint64_t file_size) {
   const std::string where = path + ": ";
   uint8_t len_bytes[8];
   if (file_size < 8 || !in.read(reinterpret_cast<char*>(len_bytes), 8))
@@ -120,8 +121,8 @@ Result<std::shared_ptr<const StHeader>> parse_header(const std::string& path, st
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > kMaxHeaderBytes)
-    return ParseError(where + "safetensors header length " + std::to_string(header_len) + " is over the limit of " +
-                      std::to_string(kMaxHeaderBytes) + " bytes");
+    return ParseError(where + "safetensors header length " + std::to_string(header_len) +
+                      " is over the limit of " + std::to_string(kMaxHeaderBytes) + " bytes");
   if (header_len > file_size - 8)
     return ParseError(where + "truncated safetensors file: the header says " + std::to_string(header_len) +
                       " bytes, the file has " + std::to_string(file_size - 8) + " after the length");
@@ -136,7 +137,8 @@ Result<std::shared_ptr<const StHeader>> parse_header(const std::string& path, st
     return ParseError(where + "the safetensors header holds more than " + std::to_string(kMaxHeaderValues) +
                       " JSON values (at byte " + std::to_string(hit.byte + 1) + ")");
   if (hit.kind == common::JsonTextLimit::Kind::kNul)
-    return ParseError(where + "the safetensors header holds a NUL byte at byte " + std::to_string(hit.byte + 1));
+    return ParseError(where + "the safetensors header holds a NUL byte at byte " +
+                      std::to_string(hit.byte + 1));
   auto h = std::make_shared<StHeader>();
   h->header_len = header_len;
   h->data_size = file_size - 8 - header_len;
@@ -177,9 +179,10 @@ Result<std::shared_ptr<const StHeader>> parse_header(const std::string& path, st
 // Threads loading constants of one file wait for the one parse.
 class HeaderCache {
  public:
-  Result<std::shared_ptr<const StHeader>> get(const std::string& path, const struct stat& sb, std::ifstream& in) {
-    const Key key{path, sb.st_dev, sb.st_ino, static_cast<int64_t>(sb.st_size), sb.st_mtim.tv_sec,
-                  sb.st_mtim.tv_nsec};
+  Result<std::shared_ptr<const StHeader>> get(const std::string& path, const struct stat& sb,
+                                              std::ifstream& in) {
+    const Key key{
+        path, sb.st_dev, sb.st_ino, static_cast<int64_t>(sb.st_size), sb.st_mtim.tv_sec, sb.st_mtim.tv_nsec};
     std::shared_ptr<Slot> slot;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -215,8 +218,8 @@ class HeaderCache {
   std::vector<std::pair<Key, std::shared_ptr<Slot>>> slots_;
 };
 
-Result<HostTensor> read_safetensors_impl(HeaderCache& headers, const std::string& path, const std::string& key,
-                                        const ResolvedTensor& t) {
+Result<HostTensor> read_safetensors_impl(HeaderCache& headers, const std::string& path,
+                                         const std::string& key, const ResolvedTensor& t) {
   const std::string where = path + ": ";
   if (Status st = common::require_regular_file(path, "safetensors file"); !st.ok()) return st;
   std::ifstream in(path, std::ios::binary);
@@ -240,11 +243,13 @@ Result<HostTensor> read_safetensors_impl(HeaderCache& headers, const std::string
   const StEntry& e = it->second;
   const std::string what = where + "tensor '" + key + "': ";
   if (!e.well_formed)
-    return ParseError(what + "expected {\"dtype\": string, \"shape\": [ints], \"data_offsets\": [begin, end]}");
+    return ParseError(what +
+                      "expected {\"dtype\": string, \"shape\": [ints], \"data_offsets\": [begin, end]}");
   const std::string& dtype = e.dtype;
   const StType* type = find_type(dtype);
   if (!type)
-    return InvalidArgument(what + "dtype " + dtype + " is not read (accepted: F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32)");
+    return InvalidArgument(what + "dtype " + dtype +
+                           " is not read (accepted: F64, F32, F16, BF16, F8_E4M3, F8_E5M2, I64, I32)");
   if (!e.shape_ok) return ParseError(what + "shape entries must be non-negative integers");
   const std::vector<int64_t>& shape = e.shape;
   if (!e.offsets_ok) return ParseError(what + "data_offsets must be non-negative integers");
@@ -256,16 +261,18 @@ Result<HostTensor> read_safetensors_impl(HeaderCache& headers, const std::string
   const std::optional<int64_t> bytes =
       elements ? common::checked_mul(*elements, static_cast<int64_t>(type->bytes)) : std::nullopt;
   if (!bytes || static_cast<uint64_t>(*bytes) != end - begin)
-    return ParseError(what + "shape " + dims_string(shape) + " of " + dtype + " does not fill data_offsets [" +
-                      std::to_string(begin) + ", " + std::to_string(end) + "]");
+    return ParseError(what + "shape " + dims_string(shape) + " of " + dtype +
+                      " does not fill data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                      "]");
   if (type->is_float != dtype_is_float(t.dtype))
     return InvalidArgument(what + dtype + " cannot feed tensor '" + t.name + "' of dtype " +
-                           std::string(dtype_name(t.dtype)) + " (a float tensor needs a float one and an integer "
+                           std::string(dtype_name(t.dtype)) +
+                           " (a float tensor needs a float one and an integer "
                            "tensor an integer one)");
   // Equal shapes, or equal once dims of 1 are dropped (a bias [384] for a [1, 1, 384] buffer).
   if (shape != t.dims && without_ones(shape) != without_ones(t.dims))
-    return InvalidArgument(what + "shape " + dims_string(shape) + " does not match tensor '" + t.name + "' dims " +
-                           dims_string(t.dims) + " (equal, or equal without the dims of 1)");
+    return InvalidArgument(what + "shape " + dims_string(shape) + " does not match tensor '" + t.name +
+                           "' dims " + dims_string(t.dims) + " (equal, or equal without the dims of 1)");
 
   std::vector<uint8_t> raw(static_cast<size_t>(*bytes));
   in.clear();
@@ -275,7 +282,8 @@ Result<HostTensor> read_safetensors_impl(HeaderCache& headers, const std::string
   HostTensor out = HostTensor::like(t);
   const size_t esize = dtype_size_bytes(out.dtype);
   reference_detail::for_each_element(out.dims, out.strides, [&](int64_t i, int64_t off) {
-    store_element(out.data.data() + off * esize, out.dtype, load_element(raw.data() + i * type->bytes, dtype));
+    store_element(out.data.data() + off * esize, out.dtype,
+                  load_element(raw.data() + i * type->bytes, dtype));
   });
   return out;
 }
@@ -288,7 +296,8 @@ struct SafetensorsReader::Impl {
 
 SafetensorsReader::SafetensorsReader() : impl_(std::make_shared<Impl>()) {}
 
-Result<HostTensor> SafetensorsReader::read(const std::string& path, const std::string& key, const ResolvedTensor& t) {
+Result<HostTensor> SafetensorsReader::read(const std::string& path, const std::string& key,
+                                           const ResolvedTensor& t) {
   try {
     return read_safetensors_impl(impl_->headers, path, key, t);
   } catch (const std::bad_alloc&) {
@@ -296,7 +305,8 @@ Result<HostTensor> SafetensorsReader::read(const std::string& path, const std::s
   }
 }
 
-Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key, const ResolvedTensor& t) {
+Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key,
+                                        const ResolvedTensor& t) {
   return SafetensorsReader().read(path, key, t);
 }
 

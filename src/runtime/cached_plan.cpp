@@ -24,8 +24,8 @@ void collect_warnings(const PlanCache* cache, size_t before, std::vector<std::st
 
 std::string build_policy_key(const BuildOptions& o) {
   // No modes: the Session's default, each mode alone in turn.
-  return "build;modes=" + (o.heuristics.empty() ? std::string("a>b>fallback") : modes_string(o.heuristics)) + ";engine=" + o.engine +
-         ";max_ws=" + std::to_string(o.max_workspace_bytes);
+  return "build;modes=" + (o.heuristics.empty() ? std::string("a>b>fallback") : modes_string(o.heuristics)) +
+         ";engine=" + o.engine + ";max_ws=" + std::to_string(o.max_workspace_bytes);
 }
 
 std::string tune_policy_key(const TunePolicy& p) {
@@ -78,12 +78,13 @@ Result<CachedPlan> lookup_cached_plan(PlanCache* cache, const ResolvedGraph& g, 
     int64_t removed = 0;
     const bool evicted = !cache->read_only() && cache->remove(out.key, &removed).ok() && removed > 0;
     out.warnings.push_back("plan cache entry " + out.key + " could not be deserialized" +
-                           (evicted ? " (deleted)" : "") + ", rebuilding: " + plan.status().message().substr(0, 300));
+                           (evicted ? " (deleted)" : "") +
+                           ", rebuilding: " + plan.status().message().substr(0, 300));
     return out;
   }
   out.plan = std::move(plan).value();
-  out.check_trusted =
-      plan_info_json::check_passed(entry.info, plan_info_json::payload_xxh3(entry.payload.data(), entry.payload.size()));
+  out.check_trusted = plan_info_json::check_passed(
+      entry.info, plan_info_json::payload_xxh3(entry.payload.data(), entry.payload.size()));
   if (measure_repeat) {
     watch.restart();
     auto again = deserialize_plan(g, entry.payload, target, ctx, entry.info.engine);
@@ -102,9 +103,9 @@ void record_plan_check(PlanFileInfo& info, const PlanCheckRun& check, const std:
   info.plan_check_seal = plan_info_json::seal(info, payload_checksum);
 }
 
-bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target, const std::string& policy_key,
-                const Plan& plan, double tuned_median_ms, std::vector<std::string>* warnings,
-                const PlanCheckRun* check) {
+bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
+                const std::string& policy_key, const Plan& plan, double tuned_median_ms,
+                std::vector<std::string>* warnings, const PlanCheckRun* check) {
   if (!cache || !cache->enabled() || cache->read_only()) return false;
   if (plan.native()) return false;  // fusebox's own kernel: nothing to cache, built without cuDNN
   auto bytes = plan.serialize();
@@ -117,7 +118,8 @@ bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& ta
   e.info = make_plan_info(g, plan, target);
   e.tuned_median_ms = tuned_median_ms;
   e.payload = std::move(bytes).value();
-  if (check) record_plan_check(e.info, *check, plan_info_json::payload_xxh3(e.payload.data(), e.payload.size()));
+  if (check)
+    record_plan_check(e.info, *check, plan_info_json::payload_xxh3(e.payload.data(), e.payload.size()));
   const size_t before = cache->warnings().size();
   Status st = cache->store(e);
   collect_warnings(cache, before, warnings);
@@ -127,7 +129,8 @@ bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& ta
 }
 
 Result<CachedPlan> plan_through_cache(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& target,
-                                      const BuildOptions& options, GpuContext* ctx, BuildReport* failed_report) {
+                                      const BuildOptions& options, GpuContext* ctx,
+                                      BuildReport* failed_report) {
   const std::string policy = build_policy_key(options);
   FUSEBOX_ASSIGN_OR_RETURN(CachedPlan out, lookup_cached_plan(cache, g, target, policy, ctx));
   if (out.hit) return out;

@@ -14,8 +14,8 @@ Status DeviceBuffer::allocate(size_t bytes, const std::string& what) {
   return cuda_status(cudaMalloc(&ptr_, bytes), "cudaMalloc " + std::to_string(bytes) + " bytes for " + what);
 }
 
-Status GraphBuffers::prepare(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs, int input_sets,
-                             cudaStream_t stream) {
+Status GraphBuffers::prepare(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
+                             int input_sets, cudaStream_t stream) {
   input_sets = std::max(1, input_sets);
   inputs_.clear();
   inputs_.resize(static_cast<size_t>(input_sets));
@@ -33,14 +33,16 @@ Status GraphBuffers::prepare(const ResolvedGraph& g, const std::map<std::string,
       for (int s = 0; s < input_sets; ++s) {
         DeviceBuffer& b = inputs_[s][t.name];
         FUSEBOX_RETURN_IF_ERROR(b.allocate(h.data.size(), "input '" + t.name + "'"));
-        FUSEBOX_RETURN_IF_ERROR(cuda_status(
-            cudaMemcpyAsync(b.get(), h.data.data(), b.bytes(), cudaMemcpyHostToDevice, stream), "upload '" + t.name + "'"));
+        FUSEBOX_RETURN_IF_ERROR(
+            cuda_status(cudaMemcpyAsync(b.get(), h.data.data(), b.bytes(), cudaMemcpyHostToDevice, stream),
+                        "upload '" + t.name + "'"));
         pointers_[s][t.name] = b.get();
       }
     } else {
       DeviceBuffer& b = outputs_[t.name];
       FUSEBOX_RETURN_IF_ERROR(b.allocate(static_cast<size_t>(t.storage_bytes()), "output '" + t.name + "'"));
-      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(b.get(), 0xFF, b.bytes(), stream), "poison '" + t.name + "'"));
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemsetAsync(b.get(), 0xFF, b.bytes(), stream), "poison '" + t.name + "'"));
       for (auto& p : pointers_) p[t.name] = b.get();
     }
   }

@@ -72,8 +72,8 @@ namespace fusebox::runtime {
 // run(warmup + i), each between two CUDA events on `stream` (`what` names the
 // synchronize in errors); median, min, p90, mean of the per-call GPU ms. The
 // one timing loop of run, tune and pipeline run.
-Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, const std::function<Status(int)>& run,
-                                const std::string& what);
+Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters,
+                                const std::function<Status(int)>& run, const std::string& what);
 // The CUDA graph's outputs against the eager run's, by name, byte for byte
 // (out.bit_identical, bytes_compared, mismatches), and where
 // they differ but `not_reproducible` says why they may (not_bit_reproducible),
@@ -81,13 +81,14 @@ Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, cons
 // out.within_tolerance, comparison lines in out.mismatches). VerificationFailed
 // naming `what` and the outputs when they do not match.
 Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
-                           const std::map<std::string, HostTensor>& graph, const std::string& not_reproducible,
-                           const std::function<Tolerance(const std::string&)>& tolerance, const std::string& what,
-                           CudaGraphRun& out);
+                           const std::map<std::string, HostTensor>& graph,
+                           const std::string& not_reproducible,
+                           const std::function<Tolerance(const std::string&)>& tolerance,
+                           const std::string& what, CudaGraphRun& out);
 // Warm-up runs, then `iters` runs each timed with CUDA events, rotating the
 // input sets; median, min, p90, mean.
-Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
-                               int warmup, int iters);
+Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
+                               void* workspace, int warmup, int iters);
 // The plan as a CUDA graph replays it: `warmup` eager runs, then one CUDA
 // graph of `iters` executes (input sets in rotation) replayed once untimed and
 // `replays` times between two events; each sample is that launch's GPU time

@@ -14,7 +14,8 @@ HostTensor make_input(const ResolvedTensor& t, uint64_t seed) {
   HostTensor h = HostTensor::like(t);
   const size_t esize = dtype_size_bytes(h.dtype);
   common::for_each_element(h.dims, h.strides, [&](int64_t i, int64_t off) {
-    store_element(h.data.data() + off * static_cast<int64_t>(esize), h.dtype, t.values[static_cast<size_t>(i)]);
+    store_element(h.data.data() + off * static_cast<int64_t>(esize), h.dtype,
+                  t.values[static_cast<size_t>(i)]);
   });
   return h;
 }
@@ -57,8 +58,9 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
     const bool given_stats = given.count(g.tensors[op.inputs.at("stats")].name) > 0;
     if (given_o != given_stats) {
       std::string msg = common::op_where(op_type_name(op.attrs), op.name);
-      msg.append(" the inputs give only one of 'o' and 'stats': give both (from the same forward pass) "
-                 "or neither (fusebox computes them from q, k and v)");
+      msg.append(
+          " the inputs give only one of 'o' and 'stats': give both (from the same forward pass) "
+          "or neither (fusebox computes them from q, k and v)");
       return InvalidArgument(msg);
     }
     derive = derive || !given_o;
@@ -67,8 +69,8 @@ Result<std::map<std::string, HostTensor>> make_inputs(const ResolvedGraph& g, ui
   return inputs;
 }
 
-std::map<std::string, std::vector<double>> input_values_for_flops(const ResolvedGraph& g,
-                                                                  const std::map<std::string, HostTensor>& inputs) {
+std::map<std::string, std::vector<double>> input_values_for_flops(
+    const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
   std::map<std::string, std::vector<double>> out;
   for (const auto& op : g.ops) {
     const SdpaOptions* o = sdpa_options(op.attrs);

@@ -167,22 +167,26 @@ class Loader {
     return s;
   }
 
-  Status read_view(const std::string& path, const ordered_json& v, const std::string& kind, PipelineBuffer* b) {
+  Status read_view(const std::string& path, const ordered_json& v, const std::string& kind,
+                   PipelineBuffer* b) {
     const std::string vp = path + ".view";
     if (kind != "intermediate")
       return bad(vp + ": only an intermediate buffer can be a view (this one is " + kind + ")");
     if (b->reshape) return bad(vp + ": a view is read as a dense part already; drop \"reshape\"");
-    if (!v.is_object()) return bad(vp + ": expected {\"of\": BUFFER, \"part\": k, \"parts\": n}, got " + json_kind(v));
+    if (!v.is_object())
+      return bad(vp + ": expected {\"of\": BUFFER, \"part\": k, \"parts\": n}, got " + json_kind(v));
     FUSEBOX_RETURN_IF_ERROR(fields(vp, v, {"of", "part", "parts"}));
     for (const char* key : {"of", "part", "parts"})
-      if (!v.contains(key)) return bad(vp + ": missing field " + sq(key) + " ({\"of\": BUFFER, \"part\": k, \"parts\": n})");
+      if (!v.contains(key))
+        return bad(vp + ": missing field " + sq(key) + " ({\"of\": BUFFER, \"part\": k, \"parts\": n})");
     FUSEBOX_ASSIGN_OR_RETURN(view_parent_[b->name], name_at(vp + ".of", v["of"], kMaxNameBytes));
     if (!v["parts"].is_number_integer() || v["parts"].get<int64_t>() < 1 || v["parts"].get<int64_t>() > 4096)
       return bad(vp + ".parts: expected an integer from 1 to 4096, got " + v["parts"].dump());
     b->view_parts = v["parts"].get<int64_t>();
-    if (!v["part"].is_number_integer() || v["part"].get<int64_t>() < 0 || v["part"].get<int64_t>() >= b->view_parts)
-      return bad(vp + ".part: expected an integer from 0 to " + std::to_string(b->view_parts - 1) + " (parts - 1), got " +
-                 v["part"].dump());
+    if (!v["part"].is_number_integer() || v["part"].get<int64_t>() < 0 ||
+        v["part"].get<int64_t>() >= b->view_parts)
+      return bad(vp + ".part: expected an integer from 0 to " + std::to_string(b->view_parts - 1) +
+                 " (parts - 1), got " + v["part"].dump());
     b->view_part = v["part"].get<int64_t>();
     return Status::Ok();
   }
@@ -273,7 +277,8 @@ class Loader {
         return bad("buffers." + b.name + ".view.of: " + sq(of) + " is not a buffer");
       const PipelineBuffer& parent = p_.buffers[static_cast<size_t>(it->second)];
       if (parent.name == b.name || view_parent_.count(parent.name))
-        return bad("buffers." + b.name + ".view.of: " + sq(of) + (parent.name == b.name ? " is the view itself" : " is a view itself") +
+        return bad("buffers." + b.name + ".view.of: " + sq(of) +
+                   (parent.name == b.name ? " is the view itself" : " is a view itself") +
                    ": a view is part of a buffer with memory of its own");
       if (parent.kind == BufferKind::kConstant || parent.kind == BufferKind::kInput)
         return bad("buffers." + b.name + ".view.of: " + sq(of) + " is " +
@@ -373,7 +378,8 @@ class Loader {
             return bad_stage(static_cast<int>(s), "symbol " + sq(sym) + " is " + std::to_string(value) +
                                                       " here but " + std::to_string(it->second) +
                                                       " in an earlier stage (their defaults differ): give it "
-                                                      "with --shape " + sym + "=VALUE");
+                                                      "with --shape " +
+                                                      sym + "=VALUE");
         }
       }
       auto g = resolve(*spec);
@@ -509,15 +515,16 @@ class Loader {
         return bad(what + ": " + sq(parent.name) + " is " + shape_string(pt.dtype, pt.dims, pt.strides) +
                    ", not dense: a view's parent must have no gaps between its elements");
       if (n % b.view_parts != 0)
-        return bad(what + ": " + sq(parent.name) + " has " + std::to_string(n) + " elements, not a multiple of " +
-                   std::to_string(b.view_parts));
+        return bad(what + ": " + sq(parent.name) + " has " + std::to_string(n) +
+                   " elements, not a multiple of " + std::to_string(b.view_parts));
       const int64_t part = n / b.view_parts;
       for (const auto& r : b.readers) {
         const PipelineStage& st = p_.stages[static_cast<size_t>(r.stage)];
         const ResolvedTensor& t = st.graph.tensors[static_cast<size_t>(st.graph.find_tensor(r.tensor))];
         if (t.dtype != pt.dtype || t.element_count() != part || !dense(t))
-          return bad_stage(r.stage, "graph tensor " + sq(t.name) + " is " + shape_string(t.dtype, t.dims, t.strides) +
-                                        " but " + what + " holds " + std::to_string(part) + " " +
+          return bad_stage(r.stage, "graph tensor " + sq(t.name) + " is " +
+                                        shape_string(t.dtype, t.dims, t.strides) + " but " + what +
+                                        " holds " + std::to_string(part) + " " +
                                         std::string(dtype_name(pt.dtype)) +
                                         " elements: a view is read as a dense tensor of its part's elements "
                                         "and its parent's dtype");
@@ -535,7 +542,8 @@ class Loader {
       const std::string kind(buffer_kind_name(b.kind));
       if (b.is_view()) {
         if (b.readers.empty())
-          return bad("view buffer " + sq(b.name) + " is read by no stage: bind it to a graph input or remove it");
+          return bad("view buffer " + sq(b.name) +
+                     " is read by no stage: bind it to a graph input or remove it");
         continue;
       }
       const bool read = !b.readers.empty() || viewed.count(static_cast<int>(bi));

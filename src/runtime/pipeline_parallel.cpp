@@ -26,7 +26,8 @@ int64_t product_after_first(const std::vector<int64_t>& dims) {
 // Rows of dim 0 are whole, outermost blocks of `row_elems` elements.
 Status check_batch_layout(const HostTensor& t, const std::string& what) {
   if (t.dims.empty() || t.strides.size() != t.dims.size() || t.strides[0] != product_after_first(t.dims)) {
-    return InvalidArgument(what + " has dims " + common::dims_string(t.dims) + " and strides " + common::dims_string(t.strides) +
+    return InvalidArgument(what + " has dims " + common::dims_string(t.dims) + " and strides " +
+                           common::dims_string(t.strides) +
                            ": splitting a batch needs dim 0 outermost and dense (strides[0] = the product of "
                            "the other dims, as NCHW, NHWC and row-major layouts have)");
   }
@@ -43,7 +44,8 @@ Status check_batch_layout(const HostTensor& t, const std::string& what) {
 Result<std::vector<int64_t>> split_batch(int64_t total, int parts) {
   if (parts < 1) return InvalidArgument("split_batch: no devices to split the batch over");
   if (total < parts) {
-    return InvalidArgument("a batch of " + std::to_string(total) + " cannot be split over " + std::to_string(parts) +
+    return InvalidArgument("a batch of " + std::to_string(total) + " cannot be split over " +
+                           std::to_string(parts) +
                            " devices: every device needs at least one row (give a batch of at least " +
                            std::to_string(parts) + ", or fewer devices)");
   }
@@ -55,8 +57,9 @@ Result<std::vector<int64_t>> split_batch(int64_t total, int parts) {
 Result<HostTensor> slice_batch(const HostTensor& t, int64_t offset, int64_t count, const std::string& what) {
   FUSEBOX_RETURN_IF_ERROR(check_batch_layout(t, what));
   if (offset < 0 || count < 0 || offset + count > t.dims[0]) {
-    return InvalidArgument(what + ": rows [" + std::to_string(offset) + ", " + std::to_string(offset + count) +
-                           ") are outside its " + std::to_string(t.dims[0]) + " rows");
+    return InvalidArgument(what + ": rows [" + std::to_string(offset) + ", " +
+                           std::to_string(offset + count) + ") are outside its " + std::to_string(t.dims[0]) +
+                           " rows");
   }
   HostTensor out;
   out.dtype = t.dtype;
@@ -84,9 +87,11 @@ Result<HostTensor> concat_batch(const std::vector<const HostTensor*>& parts, con
     if (p->dtype != out.dtype || p->dims.size() != out.dims.size() ||
         !std::equal(p->dims.begin() + 1, p->dims.end(), out.dims.begin() + 1) ||
         !std::equal(p->strides.begin() + 1, p->strides.end(), out.strides.begin() + 1)) {
-      return InvalidArgument(part + " has dims " + common::dims_string(p->dims) + ", strides " + common::dims_string(p->strides) +
-                             " and dtype " + std::string(dtype_name(p->dtype)) + "; part 0 has " +
-                             common::dims_string(parts[0]->dims) + ", " + common::dims_string(parts[0]->strides) + " and " +
+      return InvalidArgument(part + " has dims " + common::dims_string(p->dims) + ", strides " +
+                             common::dims_string(p->strides) + " and dtype " +
+                             std::string(dtype_name(p->dtype)) + "; part 0 has " +
+                             common::dims_string(parts[0]->dims) + ", " +
+                             common::dims_string(parts[0]->strides) + " and " +
                              std::string(dtype_name(parts[0]->dtype)) + ": only dim 0 may differ");
     }
     out.dims[0] += p->dims[0];
@@ -98,16 +103,18 @@ Result<HostTensor> concat_batch(const std::vector<const HostTensor*>& parts, con
 
 Result<std::string> batch_symbol_of(const Pipeline& p, const std::string& requested) {
   std::string names;
-  for (const auto& [name, value] : p.shape) names += (names.empty() ? "" : ", ") + name + "=" + std::to_string(value);
+  for (const auto& [name, value] : p.shape)
+    names += (names.empty() ? "" : ", ") + name + "=" + std::to_string(value);
   if (p.shape.empty()) {
-    return InvalidArgument(where(p) + " declares no symbols: a data-parallel run splits a symbolic batch "
+    return InvalidArgument(where(p) +
+                           " declares no symbols: a data-parallel run splits a symbolic batch "
                            "dim across the devices (declare the batch as a symbol in the stages' graphs, "
                            "docs/graph-format.md), or run on one device");
   }
   if (!requested.empty()) {
     if (!p.shape.count(requested)) {
-      return InvalidArgument(where(p) + " has no symbol " + sq(requested) + " to split; its symbols: " +
-                             names);
+      return InvalidArgument(where(p) + " has no symbol " + sq(requested) +
+                             " to split; its symbols: " + names);
     }
     return requested;
   }
@@ -137,8 +144,9 @@ Result<std::vector<bool>> batch_split(const Pipeline& full, const std::vector<co
     for (size_t s = 0; s < shares.size(); ++s) {
       const PipelineBuffer& sb = shares[s]->buffers[bi];
       if (sb.dims.size() != fb.dims.size()) {
-        return InvalidArgument(what + " has rank " + std::to_string(fb.dims.size()) + " at the whole batch and " +
-                               std::to_string(sb.dims.size()) + " at a share of it");
+        return InvalidArgument(what + " has rank " + std::to_string(fb.dims.size()) +
+                               " at the whole batch and " + std::to_string(sb.dims.size()) +
+                               " at a share of it");
       }
       same = same && sb.dims == fb.dims;
       bool rest_same = std::equal(sb.dims.begin() + (sb.dims.empty() ? 0 : 1), sb.dims.end(),
@@ -147,17 +155,20 @@ Result<std::vector<bool>> batch_split(const Pipeline& full, const std::vector<co
     }
     if (same && !(follows && shares.size() == 1)) {
       if (fb.kind == BufferKind::kOutput && shares.size() > 1) {
-        return InvalidArgument(what + " (an output) has dims " + common::dims_string(fb.dims) +
-                               " whatever the batch: its rows do not follow the batch, so the devices' outputs "
-                               "cannot be stacked (it would need a reduction across devices)");
+        return InvalidArgument(
+            what + " (an output) has dims " + common::dims_string(fb.dims) +
+            " whatever the batch: its rows do not follow the batch, so the devices' outputs "
+            "cannot be stacked (it would need a reduction across devices)");
       }
       split[bi] = false;
       continue;
     }
     if (!follows) {
-      return InvalidArgument(what + " has dims " + common::dims_string(fb.dims) + " at the whole batch of " +
-                             std::to_string(total) + ": only its first dim may follow the batch symbol for a "
-                             "data-parallel run (a dim other than the first changes, or dim 0 is not the batch)");
+      return InvalidArgument(
+          what + " has dims " + common::dims_string(fb.dims) + " at the whole batch of " +
+          std::to_string(total) +
+          ": only its first dim may follow the batch symbol for a "
+          "data-parallel run (a dim other than the first changes, or dim 0 is not the batch)");
     }
     split[bi] = true;
   }
@@ -183,8 +194,8 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
     shape[r.batch_symbol] = batches[i];
     auto p = load_pipeline_file(full.path, shape);
     if (!p.ok()) {
-      return p.status().WithContext("device " + std::to_string(options.devices[i]) + " (" + r.batch_symbol + "=" +
-                                    std::to_string(batches[i]) + ")");
+      return p.status().WithContext("device " + std::to_string(options.devices[i]) + " (" + r.batch_symbol +
+                                    "=" + std::to_string(batches[i]) + ")");
     }
     r.share_pipelines.push_back(std::move(*p));
   }
@@ -210,9 +221,10 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
       if (want.dims != share_data[i][bi].dims || want.strides != share_data[i][bi].strides) {
         return InvalidArgument(where(full) + ": buffer " + sq(b.name) + " sliced to " +
                                common::dims_string(share_data[i][bi].dims) + " strides " +
-                               common::dims_string(share_data[i][bi].strides) + ", but the pipeline at " + r.batch_symbol +
-                               "=" + std::to_string(batches[i]) + " lays it out as " + common::dims_string(want.dims) +
-                               " strides " + common::dims_string(want.strides));
+                               common::dims_string(share_data[i][bi].strides) + ", but the pipeline at " +
+                               r.batch_symbol + "=" + std::to_string(batches[i]) + " lays it out as " +
+                               common::dims_string(want.dims) + " strides " +
+                               common::dims_string(want.strides));
       }
     }
     offset += batches[i];
@@ -226,10 +238,12 @@ Result<DataParallelResult> run_pipeline_data_parallel(const Pipeline& full, cons
     for (size_t i = 0; i < n; ++i) {
       auto work = [&, i]() {
         DeviceShare& share = r.shares[i];
-        const std::string who = "device " + std::to_string(share.device) + " (rows " + std::to_string(share.offset) +
-                                ".." + std::to_string(share.offset + share.batch - 1) + ")";
+        const std::string who = "device " + std::to_string(share.device) + " (rows " +
+                                std::to_string(share.offset) + ".." +
+                                std::to_string(share.offset + share.batch - 1) + ")";
         std::unique_ptr<PlanCache> cache;
-        if (!options.cache_path.empty()) cache = std::make_unique<PlanCache>(PlanCache::open(options.cache_path));
+        if (!options.cache_path.empty())
+          cache = std::make_unique<PlanCache>(PlanCache::open(options.cache_path));
         SessionOptions so;
         so.device_id = share.device;
         so.cache = cache.get();

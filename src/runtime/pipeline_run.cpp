@@ -1,5 +1,4 @@
 // fusebox: building, tuning and running pipelines (include/fusebox/pipeline_run.h).
-#include "fusebox/op_traits.h"
 #include "fusebox/pipeline_run.h"
 
 #include <cuda_runtime_api.h>
@@ -7,9 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <new>
 #include <optional>
 #include <set>
-#include <new>
 #include <thread>
 #include <variant>
 
@@ -18,8 +17,9 @@
 #include "common/stopwatch.h"
 #include "common/strided.h"
 #include "device_buffers.h"
-#include "pipeline_text.h"
 #include "fusebox/cuda_graph.h"
+#include "fusebox/op_traits.h"
+#include "pipeline_text.h"
 
 namespace fusebox {
 
@@ -209,16 +209,17 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       got[j] = make_input(t, seed);
       return;
     }
-    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty() ? safetensors.read(path, buf.key, t)
-                                                                  : read_npy_for(path, t, /*same_kind=*/true);
+    auto h = buf.kind == BufferKind::kConstant && !buf.key.empty()
+                 ? safetensors.read(path, buf.key, t)
+                 : read_npy_for(path, t, /*same_kind=*/true);
     if (!h.ok()) {
       const std::string expected = std::string(dtype_is_float(buf.dtype) ? "a float" : "an integer") +
                                    " array of shape " + common::dims_string(buf.dims) + " for " +
                                    std::string(dtype_name(buf.dtype)) + " " + common::dims_string(buf.dims);
-      got[j] = Status(h.status().code(), where(p) + ": " + std::string(buffer_kind_name(buf.kind)) +
-                                             " buffer " + sq(buf.name) + ": file '" + file +
-                                             (buf.key.empty() ? "" : "' tensor '" + buf.key) +
-                                             "' does not fit: expected " + expected + ": " + h.status().message());
+      got[j] = Status(h.status().code(),
+                      where(p) + ": " + std::string(buffer_kind_name(buf.kind)) + " buffer " + sq(buf.name) +
+                          ": file '" + file + (buf.key.empty() ? "" : "' tensor '" + buf.key) +
+                          "' does not fit: expected " + expected + ": " + h.status().message());
       return;
     }
     got[j] = std::move(h);
@@ -264,7 +265,8 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
       }
     }
     if (ids.empty()) continue;
-    FUSEBOX_RETURN_IF_ERROR(check_embedding_ids(st.graph, ids).WithContext(stage_where(p, static_cast<int>(s))));
+    FUSEBOX_RETURN_IF_ERROR(
+        check_embedding_ids(st.graph, ids).WithContext(stage_where(p, static_cast<int>(s))));
   }
   return data;
 }
@@ -550,9 +552,9 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
   std::map<int, HostTensor> host;
   for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
     const PipelineBuffer& b = p.buffers[bi];
-    const bool want =
-        b.kind == BufferKind::kOutput || b.kind == BufferKind::kInput ||
-        (b.kind == BufferKind::kIntermediate && (options.verify || options.keep_intermediates || options.cuda_graph));
+    const bool want = b.kind == BufferKind::kOutput || b.kind == BufferKind::kInput ||
+                      (b.kind == BufferKind::kIntermediate &&
+                       (options.verify || options.keep_intermediates || options.cuda_graph));
     if (!want) continue;
     FUSEBOX_ASSIGN_OR_RETURN(host[static_cast<int>(bi)], ex->download(static_cast<int>(bi)));
     if (b.kind == BufferKind::kInput) r.inputs[b.name] = host[static_cast<int>(bi)];
@@ -565,8 +567,9 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
 
   auto stream = static_cast<cudaStream_t>(session.context()->stream());
   auto time_runs = [&](const std::function<Status()>& run, LatencyStats* out) -> Status {
-    FUSEBOX_ASSIGN_OR_RETURN(*out, runtime::time_calls(stream, options.warmup, options.iters,
-                                                       [&](int) { return run(); }, where(p) + ": timed runs"));
+    FUSEBOX_ASSIGN_OR_RETURN(*out, runtime::time_calls(
+                                       stream, options.warmup, options.iters, [&](int) { return run(); },
+                                       where(p) + ": timed runs"));
     return Status::Ok();
   };
   auto eager = [&]() { return ex->execute(); };
@@ -578,7 +581,8 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
     std::vector<BoundPlan*> steps;
     for (BoundPlan& b : ex->steps()) steps.push_back(&b);
     auto g = CudaGraph::create(steps);
-    if (!g.ok()) return g.status().WithContext(where(p) + ": CUDA graph of " + std::to_string(steps.size()) + " steps");
+    if (!g.ok())
+      return g.status().WithContext(where(p) + ": CUDA graph of " + std::to_string(steps.size()) + " steps");
     graph.emplace(std::move(g).value());
     cg.used = true;
     cg.create_ms = made.ms();
@@ -592,16 +596,17 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
     if (kinds.size() == 1) {
       cg.recording = kinds.begin()->first;
     } else {
-      for (const auto& [k, n] : kinds) cg.recording += (cg.recording.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+      for (const auto& [k, n] : kinds)
+        cg.recording += (cg.recording.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     }
     // The graph's outputs must be its own: poison every written buffer, launch once, compare.
     FUSEBOX_RETURN_IF_ERROR(ex->synchronize());
     for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
       const BufferKind k = p.buffers[bi].kind;
       if (k != BufferKind::kOutput && k != BufferKind::kIntermediate) continue;
-      FUSEBOX_RETURN_IF_ERROR(cuda_status(
-          cudaMemsetAsync(ex->device(static_cast<int>(bi)), 0xFF, host[static_cast<int>(bi)].data.size(), stream),
-          where(p) + ": poison buffer " + sq(p.buffers[bi].name)));
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(ex->device(static_cast<int>(bi)), 0xFF,
+                                                          host[static_cast<int>(bi)].data.size(), stream),
+                                          where(p) + ": poison buffer " + sq(p.buffers[bi].name)));
     }
     FUSEBOX_RETURN_IF_ERROR(graph->launch());
     FUSEBOX_RETURN_IF_ERROR(ex->synchronize());

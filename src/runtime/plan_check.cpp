@@ -24,7 +24,8 @@ Result<PlanCheckRun> check_plan_once(const ResolvedGraph& g, const Plan& plan, G
   if (!r.ok()) {
     const StatusCode code = r.status().code();
     // The reference or the inputs could not be made: no verdict either way.
-    if (code == StatusCode::kNotSupported || code == StatusCode::kInvalidArgument || code == StatusCode::kInternal) {
+    if (code == StatusCode::kNotSupported || code == StatusCode::kInvalidArgument ||
+        code == StatusCode::kInternal) {
       return r.status().WithContext("plan check");
     }
     (void)cudaGetLastError();  // a failed launch must not poison the next candidate's check
@@ -60,10 +61,11 @@ std::string PlanCheckReport::text() const {
   } else if (state == "trusted") {
     s = "passed earlier on this GPU and cuDNN (recorded with the plan): not run again";
   } else if (state == "passed") {
-    s = "passed (" + std::to_string(plans_checked) + " plan" + (plans_checked == 1 ? "" : "s") + " checked, " +
-        ms_text + ")";
+    s = "passed (" + std::to_string(plans_checked) + " plan" + (plans_checked == 1 ? "" : "s") +
+        " checked, " + ms_text + ")";
   } else if (state == "failed") {
-    s = "FAILED: no candidate matched the reference (" + std::to_string(plans_checked) + " checked, " + ms_text + ")";
+    s = "FAILED: no candidate matched the reference (" + std::to_string(plans_checked) + " checked, " +
+        ms_text + ")";
   } else {
     s = state + (detail.empty() ? "" : ": " + detail);
   }

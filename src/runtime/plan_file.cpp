@@ -1,13 +1,12 @@
 #include "fusebox/plan_file.h"
 
-#include "common/plan_info_json.h"
-
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
-#include "common/plan_payload_check.h"
 #include "common/json_util.h"
+#include "common/plan_info_json.h"
+#include "common/plan_payload_check.h"
 
 namespace fusebox {
 namespace {
@@ -35,7 +34,8 @@ PlanFileInfo make_plan_info(const ResolvedGraph& g, const Plan& plan, const Devi
   return info;
 }
 
-Status write_plan_file(const std::string& path, const PlanFileInfo& info, const std::vector<uint8_t>& payload) {
+Status write_plan_file(const std::string& path, const PlanFileInfo& info,
+                       const std::vector<uint8_t>& payload) {
   nlohmann::json h = {{"magic", kMagic},
                       {"format", info.format},
                       {"payload_bytes", static_cast<int64_t>(payload.size())},
@@ -47,13 +47,15 @@ Status write_plan_file(const std::string& path, const PlanFileInfo& info, const 
 }
 
 Result<PlanFile> read_plan_file(const std::string& path) {
-  FUSEBOX_ASSIGN_OR_RETURN(const std::string bytes,
-                           common::read_file_bounded(path, kMaxHeaderBytes + 1 + kMaxPayloadBytes, "plan file"));
+  FUSEBOX_ASSIGN_OR_RETURN(
+      const std::string bytes,
+      common::read_file_bounded(path, kMaxHeaderBytes + 1 + kMaxPayloadBytes, "plan file"));
   const size_t eol = bytes.find('\n');
   if (eol == std::string::npos || eol > kMaxHeaderBytes) {
     return ParseError(path + ": not a fusebox plan file (no header line)");
   }
-  auto h = nlohmann::json::parse(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(eol), nullptr, false);
+  auto h =
+      nlohmann::json::parse(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(eol), nullptr, false);
   if (h.is_discarded() || !h.is_object() || !h.contains("magic") || !h["magic"].is_string() ||
       h["magic"].get<std::string>() != kMagic) {
     return ParseError(path + ": not a fusebox plan file (bad header)");
@@ -62,15 +64,17 @@ Result<PlanFile> read_plan_file(const std::string& path) {
   try {
     pf.info.format = static_cast<int>(common::json_int_at(h, "format", 0, std::numeric_limits<int>::max()));
     if (pf.info.format != 1) {
-      return ParseError(path + ": plan file format " + std::to_string(pf.info.format) + " is not supported (expected 1)");
+      return ParseError(path + ": plan file format " + std::to_string(pf.info.format) +
+                        " is not supported (expected 1)");
     }
     plan_info_json::read(h, &pf.info);
     const int64_t n = common::json_int_at(h, "payload_bytes");
-    if (n <= 0 || n > kMaxPayloadBytes) return ParseError(path + ": implausible payload length " + std::to_string(n));
+    if (n <= 0 || n > kMaxPayloadBytes)
+      return ParseError(path + ": implausible payload length " + std::to_string(n));
     const size_t have = bytes.size() - eol - 1;
     if (have < static_cast<uint64_t>(n)) {
-      return ParseError(path + ": truncated: header promises " + std::to_string(n) + " payload bytes, file has " +
-                        std::to_string(have));
+      return ParseError(path + ": truncated: header promises " + std::to_string(n) +
+                        " payload bytes, file has " + std::to_string(have));
     }
     if (have > static_cast<uint64_t>(n)) return ParseError(path + ": trailing bytes after the payload");
     pf.payload.assign(bytes.begin() + static_cast<std::ptrdiff_t>(eol + 1), bytes.end());
@@ -93,13 +97,14 @@ Status check_plan_compatible(const PlanFileInfo& file, const ResolvedGraph& g, c
                            ", this graph " + graph_fingerprint(g) + ")");
   }
   if (file.sm_version != target.sm_version || file.sm_count != target.sm_count) {
-    return InvalidArgument("plan was built for " + file.device_name + " (sm_" + std::to_string(file.sm_version) + ", " +
-                           std::to_string(file.sm_count) + " SMs), not " + target.device_name + " (sm_" +
-                           std::to_string(target.sm_version) + ", " + std::to_string(target.sm_count) + " SMs)");
+    return InvalidArgument("plan was built for " + file.device_name + " (sm_" +
+                           std::to_string(file.sm_version) + ", " + std::to_string(file.sm_count) +
+                           " SMs), not " + target.device_name + " (sm_" + std::to_string(target.sm_version) +
+                           ", " + std::to_string(target.sm_count) + " SMs)");
   }
   if (file.cudnn_version != s.cudnn_runtime_version || file.frontend_version != s.frontend_version) {
-    return InvalidArgument("plan was built with cuDNN " + std::to_string(file.cudnn_version) + " / frontend " +
-                           file.frontend_version + "; this process has cuDNN " +
+    return InvalidArgument("plan was built with cuDNN " + std::to_string(file.cudnn_version) +
+                           " / frontend " + file.frontend_version + "; this process has cuDNN " +
                            std::to_string(s.cudnn_runtime_version) + " / frontend " + s.frontend_version);
   }
   return Status::Ok();

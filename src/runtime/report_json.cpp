@@ -18,7 +18,8 @@ nlohmann::json build_json(const BuildReport& r) {
   }
   nlohmann::json dropped = nlohmann::json::array();
   for (const auto& d : r.dropped) {
-    dropped.push_back({{"index", d.index}, {"engine", d.name}, {"workspace_bytes", d.workspace_bytes}, {"why", d.why}});
+    dropped.push_back(
+        {{"index", d.index}, {"engine", d.name}, {"workspace_bytes", d.workspace_bytes}, {"why", d.why}});
   }
   return {{"device", {{"name", r.device_name}, {"sm_version", r.sm_version}, {"deviceless", r.deviceless}}},
           {"steps", steps},
@@ -37,7 +38,10 @@ nlohmann::json build_json(const BuildReport& r) {
 nlohmann::json plan_check_json(const PlanCheckReport& c) {
   nlohmann::json rejected = nlohmann::json::array();
   for (const auto& r : c.rejected) rejected.push_back({{"engine", r.engine}, {"why", r.why}});
-  return {{"state", c.state}, {"detail", c.detail}, {"ms", c.ms}, {"plans_checked", c.plans_checked},
+  return {{"state", c.state},
+          {"detail", c.detail},
+          {"ms", c.ms},
+          {"plans_checked", c.plans_checked},
           {"rejected", rejected}};
 }
 
@@ -59,7 +63,8 @@ nlohmann::json plan_json(const PlanReport& r) {
   nlohmann::json attempts = nlohmann::json::array();
   for (const auto& a : r.attempts) {
     std::string modes;
-    for (auto m : a.modes) modes += std::string(modes.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
+    for (auto m : a.modes)
+      modes += std::string(modes.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
     attempts.push_back({{"modes", modes},
                         {"ok", a.status.ok()},
                         {"message", a.status.message().substr(0, a.status.message().find('\n'))},

@@ -7,8 +7,8 @@
 
 #include "common/stopwatch.h"
 #include "device_buffers.h"
-#include "fusebox/op_traits.h"
 #include "fusebox/cuda_graph.h"
+#include "fusebox/op_traits.h"
 #include "fusebox/runtime.h"
 
 namespace fusebox {
@@ -60,8 +60,8 @@ struct GraphRunner {
   Status time_chain(GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms) const;
 };
 
-Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, const std::function<Status(int)>& run,
-                                const std::string& what) {
+Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters,
+                                const std::function<Status(int)>& run, const std::string& what) {
   for (int i = 0; i < warmup; ++i) FUSEBOX_RETURN_IF_ERROR(run(i));
   std::vector<cudaEvent_t> events(2 * static_cast<size_t>(iters), nullptr);
   Status st;
@@ -87,9 +87,10 @@ Result<LatencyStats> time_calls(cudaStream_t stream, int warmup, int iters, cons
 
 // `iters` launches of the graphs (rotating the input sets) each between two events.
 Result<LatencyStats> time_graphs(std::vector<CudaGraph>& graphs, GpuContext& ctx, int warmup, int iters) {
-  return time_calls(static_cast<cudaStream_t>(ctx.stream()), warmup, iters,
-                    [&](int i) { return graphs[static_cast<size_t>(i) % graphs.size()].launch(); },
-                    "timed CUDA graph launches");
+  return time_calls(
+      static_cast<cudaStream_t>(ctx.stream()), warmup, iters,
+      [&](int i) { return graphs[static_cast<size_t>(i) % graphs.size()].launch(); },
+      "timed CUDA graph launches");
 }
 
 Status GraphRunner::time_chain(GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms) const {
@@ -105,7 +106,8 @@ Status GraphRunner::time_chain(GpuContext& ctx, int calls, int samples, std::vec
     cudaEventRecord(ev[0], stream);
     st = many.launch();
     cudaEventRecord(ev[1], stream);
-    if (st.ok()) st = cuda_status(cudaEventSynchronize(ev[1]), "CUDA graph of " + std::to_string(calls) + " executes");
+    if (st.ok())
+      st = cuda_status(cudaEventSynchronize(ev[1]), "CUDA graph of " + std::to_string(calls) + " executes");
     float ms = 0;
     if (st.ok()) st = cuda_status(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
     if (st.ok()) gpu_ms.push_back(static_cast<double>(ms) / calls);
@@ -119,8 +121,8 @@ Status GraphRunner::time_chain(GpuContext& ctx, int calls, int samples, std::vec
 // Samples through CUDA graphs: GPU time per execute of one graph of `calls`
 // executes back to back (input sets in rotation), and host latency of one
 // launch of a one-execute graph until its stream is synchronized.
-Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int samples, std::vector<double>& gpu_ms,
-                     std::vector<double>& host_ms) {
+Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int samples,
+                     std::vector<double>& gpu_ms, std::vector<double>& host_ms) {
   auto stream = static_cast<cudaStream_t>(ctx.stream());
   Status st = runner.time_chain(ctx, calls, samples, gpu_ms);
   for (int s = 0; s < samples && st.ok(); ++s) {
@@ -135,8 +137,8 @@ Status sample_graphs(GraphRunner& runner, GpuContext& ctx, int calls, int sample
 namespace {
 
 // Byte-for-byte comparison of the graph's outputs with the eager ones.
-void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::map<std::string, HostTensor>& graph,
-                   CudaGraphRun& out) {
+void compare_bytes(const std::map<std::string, HostTensor>& eager,
+                   const std::map<std::string, HostTensor>& graph, CudaGraphRun& out) {
   out.bit_identical = true;
   for (const auto& [name, e] : eager) {
     auto it = graph.find(name);
@@ -164,9 +166,10 @@ void compare_bytes(const std::map<std::string, HostTensor>& eager, const std::ma
 }  // namespace
 
 Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
-                           const std::map<std::string, HostTensor>& graph, const std::string& not_reproducible,
-                           const std::function<Tolerance(const std::string&)>& tolerance, const std::string& what,
-                           CudaGraphRun& out) {
+                           const std::map<std::string, HostTensor>& graph,
+                           const std::string& not_reproducible,
+                           const std::function<Tolerance(const std::string&)>& tolerance,
+                           const std::string& what, CudaGraphRun& out) {
   compare_bytes(eager, graph, out);
   if (out.bit_identical) return Status::Ok();
   if (!not_reproducible.empty()) {
@@ -186,8 +189,9 @@ Status check_graph_outputs(const std::map<std::string, HostTensor>& eager,
     }
     if (out.within_tolerance) return Status::Ok();
   }
-  std::string msg = what + " (" + out.recording + " recording)" +
-                    (out.not_reproducible.empty() ? ":" : ", beyond tolerance (" + out.not_reproducible + "):");
+  std::string msg =
+      what + " (" + out.recording + " recording)" +
+      (out.not_reproducible.empty() ? ":" : ", beyond tolerance (" + out.not_reproducible + "):");
   for (const auto& m : out.mismatches) msg += "\n  " + m;
   return Status(StatusCode::kVerificationFailed, msg);
 }
@@ -203,11 +207,12 @@ std::string not_bit_reproducible(const ResolvedGraph& g) {
 
 namespace runtime {
 
-Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers, void* workspace,
-                               int warmup, int iters) {
-  return time_calls(static_cast<cudaStream_t>(ctx.stream()), warmup, iters,
-                    [&](int i) { return plan.execute(ctx, buffers.pointers(i), workspace); },
-                    "timed runs of '" + plan.engine_name() + "'");
+Result<LatencyStats> time_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
+                               void* workspace, int warmup, int iters) {
+  return time_calls(
+      static_cast<cudaStream_t>(ctx.stream()), warmup, iters,
+      [&](int i) { return plan.execute(ctx, buffers.pointers(i), workspace); },
+      "timed runs of '" + plan.engine_name() + "'");
 }
 
 Result<LatencyStats> time_plan_in_graph(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffers,
@@ -234,7 +239,8 @@ Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffer
     cudaEventRecord(ev[0], stream);
     for (int i = 0; i < calls && st.ok(); ++i) st = plan.execute(ctx, buffers.pointers(k++), workspace);
     cudaEventRecord(ev[1], stream);
-    if (st.ok()) st = cuda_status(cudaEventSynchronize(ev[1]), "back-to-back runs of '" + plan.engine_name() + "'");
+    if (st.ok())
+      st = cuda_status(cudaEventSynchronize(ev[1]), "back-to-back runs of '" + plan.engine_name() + "'");
     float ms = 0;
     if (st.ok()) st = cuda_status(cudaEventElapsedTime(&ms, ev[0], ev[1]), "cudaEventElapsedTime");
     if (st.ok()) gpu_ms.push_back(static_cast<double>(ms) / calls);
@@ -242,7 +248,8 @@ Status sample_plan(const Plan& plan, GpuContext& ctx, const GraphBuffers& buffer
   for (int s = 0; s < samples && st.ok(); ++s) {
     const common::Stopwatch watch;
     st = plan.execute(ctx, buffers.pointers(k++), workspace);
-    if (st.ok()) st = cuda_status(cudaStreamSynchronize(stream), "synchronized run of '" + plan.engine_name() + "'");
+    if (st.ok())
+      st = cuda_status(cudaStreamSynchronize(stream), "synchronized run of '" + plan.engine_name() + "'");
     if (st.ok()) host_ms.push_back(watch.ms());
   }
   for (auto& e : ev) {
@@ -266,7 +273,8 @@ Status verify_status(const RunResult& r) {
   return Status(StatusCode::kVerificationFailed, msg);
 }
 
-Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx, const RunOptions& options) {
+Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx,
+                           const RunOptions& options) {
   RunResult result;
   result.engine = plan.engine_name();
   result.workspace_bytes = plan.workspace_bytes();
@@ -299,9 +307,9 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     for (int i : g.output_tensors()) {
       const ResolvedTensor& t = g.tensors[i];
       HostTensor h = HostTensor::like(t);
-      FUSEBOX_RETURN_IF_ERROR(
-          cuda_status(cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost),
-                      "download '" + t.name + "'" + which));
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemcpy(h.data.data(), buffers.device(t.name), h.data.size(), cudaMemcpyDeviceToHost),
+          "download '" + t.name + "'" + which));
       out[t.name] = std::move(h);
     }
     return out;
@@ -325,7 +333,8 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
           "poison '" + t.name + "'"));
     }
     FUSEBOX_RETURN_IF_ERROR(runner.graphs[0].launch());
-    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "CUDA graph of '" + plan.engine_name() + "'"));
+    FUSEBOX_RETURN_IF_ERROR(
+        cuda_status(cudaStreamSynchronize(stream), "CUDA graph of '" + plan.engine_name() + "'"));
     FUSEBOX_ASSIGN_OR_RETURN(auto graph_outputs, download_outputs(" (CUDA graph)"));
     FUSEBOX_RETURN_IF_ERROR(runtime::check_graph_outputs(
         result.outputs, graph_outputs, not_bit_reproducible(g),
@@ -357,14 +366,16 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
         const ResolvedTensor& t = g.tensors[i];
         if (dropout_masks.count(t.name)) continue;
         DeviceBuffer& b = ref_buffers[t.name];
-        FUSEBOX_RETURN_IF_ERROR(b.allocate(static_cast<size_t>(t.element_count()) * sizeof(float), "reference '" + t.name + "'"));
+        FUSEBOX_RETURN_IF_ERROR(
+            b.allocate(static_cast<size_t>(t.element_count()) * sizeof(float), "reference '" + t.name + "'"));
         d_out[t.name] = static_cast<float*>(b.get());
       }
       FUSEBOX_RETURN_IF_ERROR(reference_gpu(g, d_in, d_out, stream));
       FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "GPU reference"));
       for (auto& [name, b] : ref_buffers) {
         std::vector<float> v(b.bytes() / sizeof(float));
-        FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost), "download reference"));
+        FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(v.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost),
+                                            "download reference"));
         ref[name] = std::move(v);
       }
     }
@@ -374,7 +385,8 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
     FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, actual));
     FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, ref));
     // The masks themselves: only 0 and 1, kept at rate 1 - p.
-    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, result.inputs, actual));
+    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks,
+                             check_dropout_masks(g, result.inputs, actual));
     for (Comparison& c : mask_checks) {
       result.verified_ok = result.verified_ok && c.pass;
       result.comparisons.push_back(std::move(c));
@@ -401,15 +413,16 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
                                                      result.gpu_time_ms, result.host_latency_ms));
     }
   } else if (options.iters > 0) {
-    FUSEBOX_ASSIGN_OR_RETURN(result.latency,
-                             runtime::time_plan(plan, ctx, buffers, workspace.get(), options.warmup, options.iters));
+    FUSEBOX_ASSIGN_OR_RETURN(result.latency, runtime::time_plan(plan, ctx, buffers, workspace.get(),
+                                                                options.warmup, options.iters));
     if (result.latency.median_ms > 0) {
       result.tflops = flops / (result.latency.median_ms * 1e-3) / 1e12;
       result.gbps = g.bytes_moved() / (result.latency.median_ms * 1e-3) / 1e9;
     }
     if (options.samples > 0) {
       FUSEBOX_RETURN_IF_ERROR(runtime::sample_plan(plan, ctx, buffers, workspace.get(), options.iters,
-                                                   options.samples, result.gpu_time_ms, result.host_latency_ms));
+                                                   options.samples, result.gpu_time_ms,
+                                                   result.host_latency_ms));
     }
   }
   return result;

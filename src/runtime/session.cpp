@@ -136,8 +136,8 @@ Result<Plan> build_modes_in_turn(const BuildOptions& base,
   }
   const std::string& first = failures[0].message();
   const size_t nl = first.find('\n');
-  return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried + ")" +
-                                        lines + (nl == std::string::npos ? "" : first.substr(nl)));
+  return Status(failures[0].code(), "no heuristic mode yielded a buildable engine (tried in turn: " + tried +
+                                        ")" + lines + (nl == std::string::npos ? "" : first.substr(nl)));
 }
 
 std::string request_policy_key(const PlanRequest& r, int64_t effective_max_workspace) {
@@ -167,8 +167,9 @@ struct Session::Impl {
     std::shared_ptr<KernelCache> cache;
     int builds = 0;       // dynamic builds that used it
     std::string refused;  // a dynamic build was refused: later shapes build static
-    std::string precompiled;  // a static or the first dynamic build's engine is precompiled: shapes build static
-    bool probed = false;      // the static heuristics were asked (before the first build)
+    std::string
+        precompiled;      // a static or the first dynamic build's engine is precompiled: shapes build static
+    bool probed = false;  // the static heuristics were asked (before the first build)
     // The engine the first dynamic build chose, per request policy (PlanRequest::reuse_engine).
     std::map<std::string, EngineChoice> engines;
   };
@@ -219,8 +220,8 @@ namespace {
 // Which engine a static build of `g` would take (the first heuristic mode's first candidate
 // that passes the support check; nothing is built): non-empty, saying so, when its kernels are
 // precompiled (no RUNTIME_COMPILATION note). Empty when it is runtime-compiled or unknown.
-std::string static_engine_precompiled(const ResolvedGraph& g, const DeviceTarget& target, const PlanRequest& request,
-                                      int64_t limit, GpuContext* ctx) {
+std::string static_engine_precompiled(const ResolvedGraph& g, const DeviceTarget& target,
+                                      const PlanRequest& request, int64_t limit, GpuContext* ctx) {
   BuildOptions o;
   o.heuristics = request.heuristics.empty() ? default_mode_order()[0] : request.heuristics;
   o.max_workspace_bytes = limit;
@@ -299,14 +300,16 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     rep.deserialize_ms = watch.ms();
     if (plan.ok()) FUSEBOX_RETURN_IF_ERROR(s.check_limit(*plan, limit, request.plan_file));
     if (plan.ok() && checking) {
-      if (plan_info_json::check_passed(pf.info, plan_info_json::payload_xxh3(pf.payload.data(), pf.payload.size()))) {
+      if (plan_info_json::check_passed(pf.info,
+                                       plan_info_json::payload_xxh3(pf.payload.data(), pf.payload.size()))) {
         rep.plan_check.state = "trusted";
       } else if (!check_now(*plan, nullptr)) {
         rep.plan_check.state = "failed";
-        return finish(Status(StatusCode::kVerificationFailed,
-                             request.plan_file + ": the plan (engine '" + plan->engine_name() +
-                                 "') failed the plan check on this GPU: " + rep.plan_check.rejected.back().why +
-                                 "; build the graph here instead of loading this plan, or run with --no-plan-check"));
+        return finish(
+            Status(StatusCode::kVerificationFailed,
+                   request.plan_file + ": the plan (engine '" + plan->engine_name() +
+                       "') failed the plan check on this GPU: " + rep.plan_check.rejected.back().why +
+                       "; build the graph here instead of loading this plan, or run with --no-plan-check"));
       }
     }
     return finish(std::move(plan));
@@ -330,7 +333,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       PlanCheckRun verdict;
       if (!check_now(got.plan, &verdict)) {
         int64_t removed = 0;
-        const bool evicted = cache && !cache->read_only() && cache->remove(got.key, &removed).ok() && removed > 0;
+        const bool evicted =
+            cache && !cache->read_only() && cache->remove(got.key, &removed).ok() && removed > 0;
         rep.warnings.push_back("plan cache entry " + got.key + " (engine '" + got.plan.engine_name() +
                                "') failed the plan check" + (evicted ? " and was deleted" : "") + ": " +
                                rep.plan_check.rejected.back().why);
@@ -366,7 +370,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
   const std::string base_key = request_policy_key(request, limit);
   bool looked_up = false;  // both heuristic-cache keys already missed
-  if (slot && !slot->probed && slot->builds == 0 && request.static_when_precompiled && request.engine.empty()) {
+  if (slot && !slot->probed && slot->builds == 0 && request.static_when_precompiled &&
+      request.engine.empty()) {
     // A warm cache answers before the probe (no heuristic query at start-up): an entry of
     // either kind, dynamic-shape or static, is a plan for this very shape.
     for (const std::string& key : {base_key + ";dyn=1", base_key}) {
@@ -379,7 +384,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
     rep.static_probe_ms = watch.ms();
   }
-  const bool by_policy = slot && slot->refused.empty() && !slot->precompiled.empty() && request.static_when_precompiled;
+  const bool by_policy =
+      slot && slot->refused.empty() && !slot->precompiled.empty() && request.static_when_precompiled;
   const bool dynamic = slot && slot->refused.empty() && !by_policy;
   if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
   if (by_policy) rep.static_policy = slot->precompiled;
@@ -451,8 +457,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const bool in_turn = request.heuristics.empty() && request.engine.empty();
   const std::vector<std::vector<HeuristicMode>> order =
       in_turn ? default_mode_order()
-              : std::vector<std::vector<HeuristicMode>>{
-                    request.heuristics.empty() ? default_mode_order()[0] : request.heuristics};
+              : std::vector<std::vector<HeuristicMode>>{request.heuristics.empty() ? default_mode_order()[0]
+                                                                                   : request.heuristics};
   if (!rep.engine_replayed) {
     plan = build_modes_in_turn(base, order, build, &rep.attempts);
     if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
@@ -514,12 +520,11 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
                           "takes milliseconds and a kernel cache has nothing to reuse";
     }
   }
-  rep.heuristic_mode = rep.engine_replayed        ? "replay"
+  rep.heuristic_mode = rep.engine_replayed      ? "replay"
                        : request.engine.empty() ? modes_csv(rep.attempts.back().modes)
                                                 : "a,b,fallback";
   // A static build that stood in for a refused dynamic one is stored as what it is.
-  const std::string stored_policy =
-      dynamic && !rep.build.dynamic_shape ? base_key : policy;
+  const std::string stored_policy = dynamic && !rep.build.dynamic_shape ? base_key : policy;
   if (stored_policy != policy) rep.cache_key = cache_key_for(g, s.target, stored_policy);
   rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings,
                           verdict.passed ? &verdict : nullptr);
@@ -538,7 +543,9 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
     BuildOptions o = base;
     o.dynamic_shape = false;
     o.kernel_cache = nullptr;
-    const BuildFn build = [&](const BuildOptions& bo, BuildReport* r) { return build_plan(part, s.target, bo, r, ctx); };
+    const BuildFn build = [&](const BuildOptions& bo, BuildReport* r) {
+      return build_plan(part, s.target, bo, r, ctx);
+    };
     auto p = build_modes_in_turn(o, default_mode_order(), build, nullptr);
     if (!p.ok()) return p.status();
     built.emplace_back(part.canonical, std::move(p).value());
@@ -548,8 +555,10 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
   std::vector<Plan> plans;
   int64_t largest = 0;
   for (const GraphPart& part : partition.parts) {
-    auto it = std::find_if(built.begin(), built.end(), [&](const auto& b) { return b.first == part.graph.canonical; });
-    if (it == built.end()) return Internal("partition: part '" + part.graph.name + "' was accepted but not built");
+    auto it = std::find_if(built.begin(), built.end(),
+                           [&](const auto& b) { return b.first == part.graph.canonical; });
+    if (it == built.end())
+      return Internal("partition: part '" + part.graph.name + "' was accepted but not built");
     largest = std::max(largest, it->second.workspace_bytes());
     plans.push_back(std::move(it->second));
     built.erase(it);
@@ -559,14 +568,16 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
     return Status(StatusCode::kNotSupported,
                   partition.summary() + " needs " + std::to_string(need) + " bytes of workspace (" +
                       std::to_string(partition.temporary_bytes) + " for the temporaries between parts, " +
-                      std::to_string(largest) + " for the largest part), over the limit of " + std::to_string(limit));
+                      std::to_string(largest) + " for the largest part), over the limit of " +
+                      std::to_string(limit));
   }
   rep.partition = partition.summary();
   rep.partition_temporary_bytes = partition.temporary_bytes;
   for (size_t i = 0; i < partition.parts.size(); ++i) {
     const GraphPart& part = partition.parts[i];
     if (!part.why_cut.empty()) rep.partition_cuts.push_back(part.why_cut);
-    rep.partition_parts.push_back({part.first_op, part.op_count, plans[i].engine_name(), plans[i].workspace_bytes()});
+    rep.partition_parts.push_back(
+        {part.first_op, part.op_count, plans[i].engine_name(), plans[i].workspace_bytes()});
   }
   return compose_partitioned_plan(g, partition, std::move(plans));
 }

@@ -1,11 +1,8 @@
 // PlanCache: round trips, corruption, LRU, read-only and foreign files,
 // concurrent processes, export/import. CPU only; runs everywhere.
-#include "fusebox/graph.h"
 #include "fusebox/plan_cache.h"
 
 #include <gtest/gtest.h>
-
-#include <csignal>
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,16 +10,17 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
-#include <cstdio>
-#include <nlohmann/json.hpp>
-
 #include "entry_codec.h"
+#include "fusebox/graph.h"
 
 namespace fusebox {
 
@@ -515,7 +513,8 @@ TEST_F(PlanCacheTest, ForeignSqliteDatabaseIsLeftUntouched) {
   EXPECT_TRUE(read_all(path_) == before) << "the file was modified";
 }
 
-// ---------------------------------------------------------------- issue #32: a cache file is data, never code
+// ---------------------------------------------------------------- issue #32: a cache file is data, never
+// code
 
 // A file with fusebox's identity (application_id, user_version) and the given schema statements.
 void make_foreign_cache(const std::string& path, const std::string& ddl) {
@@ -530,12 +529,13 @@ constexpr const char* kFusebox =
 // Case 6/7: a payload column declared AS (zeroblob(900000000)) took 7 GB and 30 s to import.
 TEST_F(PlanCacheTest, GeneratedColumnIsRefusedBeforeAnyRowIsRead) {
   const std::string src = (dir_ / "generated.sqlite").string();
-  make_foreign_cache(src,
-                     "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB AS "
-                     "(zeroblob(900000000)) VIRTUAL, created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, "
-                     "last_used_us INTEGER NOT NULL); CREATE INDEX entries_last_used ON entries(last_used_us);"
-                     "INSERT INTO entries(key, meta, created_utc, stored_bytes, last_used_us) VALUES('k', '{}', "
-                     "'2026', 1, 1);");
+  make_foreign_cache(
+      src,
+      "CREATE TABLE entries(key TEXT PRIMARY KEY NOT NULL, meta TEXT NOT NULL, payload BLOB AS "
+      "(zeroblob(900000000)) VIRTUAL, created_utc TEXT NOT NULL, stored_bytes INTEGER NOT NULL, "
+      "last_used_us INTEGER NOT NULL); CREATE INDEX entries_last_used ON entries(last_used_us);"
+      "INSERT INTO entries(key, meta, created_utc, stored_bytes, last_used_us) VALUES('k', '{}', "
+      "'2026', 1, 1);");
   PlanCache c = PlanCache::open(path_);
   ASSERT_TRUE(c.enabled()) << c.warning();
   const auto start = std::chrono::steady_clock::now();
@@ -591,8 +591,9 @@ TEST_F(PlanCacheTest, WrongSchemaImportSaysWhatWasExpected) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kParseError) << st.ToString();
   EXPECT_EQ(st.message().find("not an error"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("expected exactly the table and index fusebox writes (CREATE TABLE entries(key TEXT"),
-            std::string::npos)
+  EXPECT_NE(
+      st.message().find("expected exactly the table and index fusebox writes (CREATE TABLE entries(key TEXT"),
+      std::string::npos)
       << st.message();
 }
 

@@ -3,25 +3,24 @@
  * missing tensor names, NULL handles), and on a GPU a run whose output is
  * checked (skipped, with a message, without one). Prints "FAIL: ..." and
  * exits 1 on any failed check. */
+#include <cuda_runtime_api.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cuda_runtime_api.h>
-
 #include "fusebox/fusebox.h"
 
 static int failures = 0;
 
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      ++failures;                                         \
-      printf("FAIL (line %d): %s: ", __LINE__, #cond);    \
-      printf(__VA_ARGS__);                                \
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      ++failures;                                          \
+      printf("FAIL (line %d): %s: ", __LINE__, #cond);     \
+      printf(__VA_ARGS__);                                 \
       printf(" [last error: %s]\n", fusebox_last_error()); \
-    }                                                     \
+    }                                                      \
   } while (0)
 
 /* A small conv + bias + relu: every value of the output is known when x and
@@ -49,8 +48,8 @@ static fusebox_graph* load_example(void) {
 }
 
 static void test_versions(void) {
-  CHECK(fusebox_c_api_version() == FUSEBOX_C_API_VERSION, "library C API %d, header %d", fusebox_c_api_version(),
-        FUSEBOX_C_API_VERSION);
+  CHECK(fusebox_c_api_version() == FUSEBOX_C_API_VERSION, "library C API %d, header %d",
+        fusebox_c_api_version(), FUSEBOX_C_API_VERSION);
   CHECK(strcmp(fusebox_version(), "0.1.0") == 0, "version %s", fusebox_version());
   CHECK(strcmp(fusebox_status_name(FUSEBOX_PARSE_ERROR), "ParseError") == 0, "%s",
         fusebox_status_name(FUSEBOX_PARSE_ERROR));
@@ -68,11 +67,12 @@ static void test_graph(void) {
     CHECK(fusebox_graph_tensor(g, i, &info) == FUSEBOX_OK, "tensor %u", (unsigned)i);
     if (strcmp(info.name, "y") == 0) {
       CHECK(info.kind == FUSEBOX_TENSOR_OUTPUT, "y is an output");
-      CHECK(info.rank == 4 && info.dims[0] == 2 && info.dims[1] == 64 && info.dims[2] == 8 && info.dims[3] == 8,
-            "y's inferred dims");
+      CHECK(
+          info.rank == 4 && info.dims[0] == 2 && info.dims[1] == 64 && info.dims[2] == 8 && info.dims[3] == 8,
+          "y's inferred dims");
       CHECK(info.strides[1] == 1, "y is nhwc (C stride %lld)", (long long)info.strides[1]);
-      CHECK(strcmp(info.dtype, "bf16") == 0 && info.bytes == 2 * 64 * 8 * 8 * 2, "y: %s, %lld bytes", info.dtype,
-            (long long)info.bytes);
+      CHECK(strcmp(info.dtype, "bf16") == 0 && info.bytes == 2 * 64 * 8 * 8 * 2, "y: %s, %lld bytes",
+            info.dtype, (long long)info.bytes);
     }
   }
   CHECK(fusebox_graph_tensor(g, 4, &info) == FUSEBOX_INVALID_ARGUMENT, "index 4 is out of range");
@@ -81,9 +81,10 @@ static void test_graph(void) {
   CHECK(fusebox_graph_find_tensor(g, "w", &info) == FUSEBOX_OK && strcmp(info.name, "w") == 0 &&
             info.kind == FUSEBOX_TENSOR_INPUT && info.rank == 4 && info.dims[0] == 64,
         "find_tensor w");
-  CHECK(fusebox_graph_find_tensor(g, "conv_out", &info) == FUSEBOX_INVALID_ARGUMENT, "virtual tensor not bindable");
-  CHECK(strstr(fusebox_last_error(), "binds no tensor 'conv_out'; it binds x, w, b, y") != NULL, "message: %s",
-        fusebox_last_error());
+  CHECK(fusebox_graph_find_tensor(g, "conv_out", &info) == FUSEBOX_INVALID_ARGUMENT,
+        "virtual tensor not bindable");
+  CHECK(strstr(fusebox_last_error(), "binds no tensor 'conv_out'; it binds x, w, b, y") != NULL,
+        "message: %s", fusebox_last_error());
   CHECK(fusebox_graph_find_tensor(g, NULL, &info) == FUSEBOX_INVALID_ARGUMENT, "NULL name");
   CHECK(strstr(fusebox_graph_describe(g), "conv_fprop") != NULL, "describe lists the ops");
   fusebox_graph_free(g);
@@ -113,7 +114,8 @@ static void test_errors(void) {
 
   st = fusebox_graph_load(FUSEBOX_SOURCE_DIR "/examples/graphs/invalid_shapes.json", &g);
   CHECK(st == FUSEBOX_INVALID_ARGUMENT, "invalid graph: %s", fusebox_status_name(st));
-  CHECK(strstr(fusebox_last_error(), "[conv_fprop") != NULL, "message names the op: %s", fusebox_last_error());
+  CHECK(strstr(fusebox_last_error(), "[conv_fprop") != NULL, "message names the op: %s",
+        fusebox_last_error());
   printf("invalid graph -> %s: %s\n", fusebox_status_name(st), fusebox_last_error());
 
   st = fusebox_graph_load(FUSEBOX_SOURCE_DIR "/no/such/graph.json", &g);
@@ -135,7 +137,8 @@ static void test_errors(void) {
   CHECK(fusebox_plan_save(NULL, "p.plan") == FUSEBOX_INVALID_ARGUMENT, "NULL plan");
   CHECK(fusebox_graph_name(NULL) == NULL && fusebox_plan_engine(NULL) == NULL, "NULL getters");
   CHECK(fusebox_session_deviceless(NULL) == -1, "NULL session");
-  CHECK(fusebox_session_device_id(NULL) == -1 && fusebox_plan_cache_result(NULL) == NULL, "NULL getters (v2)");
+  CHECK(fusebox_session_device_id(NULL) == -1 && fusebox_plan_cache_result(NULL) == NULL,
+        "NULL getters (v2)");
   CHECK(fusebox_session_tune(NULL, NULL, NULL, NULL) == FUSEBOX_INVALID_ARGUMENT, "NULL tune");
   CHECK(fusebox_session_tune_in_cuda_graph(NULL, NULL, NULL, NULL) == FUSEBOX_INVALID_ARGUMENT,
         "NULL tune in a CUDA graph");
@@ -196,7 +199,8 @@ static void test_deviceless(const char* plan_path) {
     CHECK(st == FUSEBOX_OK, "plan file: %s", fusebox_status_name(st));
     if (again) {
       CHECK(strcmp(fusebox_plan_engine(again), fusebox_plan_engine(p)) == 0, "same engine");
-      CHECK(strstr(fusebox_plan_source(again), "plan file") != NULL, "source: %s", fusebox_plan_source(again));
+      CHECK(strstr(fusebox_plan_source(again), "plan file") != NULL, "source: %s",
+            fusebox_plan_source(again));
     }
     fusebox_plan_free(again);
   }
@@ -234,7 +238,8 @@ static void test_deviceless(const char* plan_path) {
             strstr(fusebox_plan_report_json(p), "\"plan_check\":{") != NULL,
         "report: %.200s", fusebox_plan_report_json(p));
   if (fusebox_plan_workspace_bytes(p) > 0) {
-    st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, (void*)4096, fusebox_plan_workspace_bytes(p) - 1, &bound);
+    st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, (void*)4096, fusebox_plan_workspace_bytes(p) - 1,
+                                     &bound);
     CHECK(st == FUSEBOX_INVALID_ARGUMENT && strstr(fusebox_last_error(), "bytes of workspace; given") != NULL,
           "small workspace: %s", fusebox_last_error());
     st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, NULL, fusebox_plan_workspace_bytes(p), &bound);
@@ -242,10 +247,12 @@ static void test_deviceless(const char* plan_path) {
           "NULL workspace: %s", fusebox_last_error());
   }
   st = fusebox_bind_with_workspace(s, p, 3, names, ptrs, (void*)4096, 1 << 20, &bound);
-  CHECK(st == FUSEBOX_INVALID_ARGUMENT && strstr(fusebox_last_error(), "fusebox_bind_with_workspace: no pointer for 'y'"),
+  CHECK(st == FUSEBOX_INVALID_ARGUMENT &&
+            strstr(fusebox_last_error(), "fusebox_bind_with_workspace: no pointer for 'y'"),
         "missing tensor: %s", fusebox_last_error());
   st = fusebox_bind_with_workspace(s, p, 4, names, ptrs, (void*)4096, 1 << 20, &bound);
-  CHECK(st == FUSEBOX_NO_DEVICE && bound == NULL, "deviceless bind_with_workspace: %s", fusebox_status_name(st));
+  CHECK(st == FUSEBOX_NO_DEVICE && bound == NULL, "deviceless bind_with_workspace: %s",
+        fusebox_status_name(st));
   {
     fusebox_plan* tuned = NULL;
     st = fusebox_session_tune(s, g, NULL, &tuned);
@@ -281,8 +288,8 @@ static void test_cache(const char* plan_path) {
     CHECK(p != NULL, "plan through the cache: %s", fusebox_status_name(st));
     if (p) {
       const char* want = round == 0 ? "miss" : "hit";
-      CHECK(strcmp(fusebox_plan_cache_result(p), want) == 0, "round %d: cache %s, expected %s (source %s)", round,
-            fusebox_plan_cache_result(p), want, fusebox_plan_source(p));
+      CHECK(strcmp(fusebox_plan_cache_result(p), want) == 0, "round %d: cache %s, expected %s (source %s)",
+            round, fusebox_plan_cache_result(p), want, fusebox_plan_source(p));
       printf("cache round %d: %s, %s\n", round, fusebox_plan_cache_result(p), fusebox_plan_source(p));
     }
     fusebox_plan_free(p);
@@ -349,7 +356,8 @@ static void test_gpu(void) {
     CHECK(cudaMalloc(&ptrs[i], counts[i] * 2) == cudaSuccess, "cudaMalloc %s", names[i]);
     if (!ptrs[i]) goto done;
   }
-  CHECK(fill(ptrs[0], counts[0], 1) && fill(ptrs[1], counts[1], 1) && fill(ptrs[2], counts[2], -4), "uploads");
+  CHECK(fill(ptrs[0], counts[0], 1) && fill(ptrs[1], counts[1], 1) && fill(ptrs[2], counts[2], -4),
+        "uploads");
   CHECK(cudaMemset(ptrs[3], 0xFF, counts[3] * 2) == cudaSuccess, "poison y");
   st = fusebox_bind(s, p, 4, names, ptrs, &bound);
   CHECK(st == FUSEBOX_OK, "bind: %s", fusebox_status_name(st));
@@ -366,8 +374,8 @@ static void test_gpu(void) {
     float inside = float_of_bf16(y[((1 * 8 + 4) * 8 + 4) * 64 + 7]);
     float edge = float_of_bf16(y[((0 * 8 + 0) * 8 + 3) * 64 + 5]);
     float corner = float_of_bf16(y[((1 * 8 + 7) * 8 + 7) * 64 + 63]);
-    CHECK(inside == 572.0f && edge == 380.0f && corner == 252.0f, "y inside %g (572), edge %g (380), corner %g (252)",
-          inside, edge, corner);
+    CHECK(inside == 572.0f && edge == 380.0f && corner == 252.0f,
+          "y inside %g (572), edge %g (380), corner %g (252)", inside, edge, corner);
     printf("GPU run on %s: engine %s, y inside %g, edge %g, corner %g (expected 572, 380, 252)\n",
            fusebox_session_device_name(s), fusebox_plan_engine(p), inside, edge, corner);
   }

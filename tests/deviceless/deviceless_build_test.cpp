@@ -1,7 +1,6 @@
 // Real cuDNN plan builds for the H200 on a machine without a GPU, from the
 // device-properties file in devices/.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -29,9 +28,8 @@ using testing::stem;
 // cannot finalize without a GPU driver. Plain conv_dgrad and conv_wgrad (2-D,
 // 3-D, grouped) build; conv_dgrad + relu_bwd needs the runtime-fusion engine.
 const std::set<std::string> kDevicelessBuildable = {
-    "conv_bias_relu",   "conv_bias_relu_small",       "conv_grouped_small",
-    "conv_dgrad",       "conv_dgrad_small",           "conv_wgrad",
-    "conv_wgrad_small", "conv3d_dgrad_grouped_small", "conv3d_wgrad_grouped_small",
+    "conv_bias_relu", "conv_bias_relu_small", "conv_grouped_small", "conv_dgrad", "conv_dgrad_small",
+    "conv_wgrad", "conv_wgrad_small", "conv3d_dgrad_grouped_small", "conv3d_wgrad_grouped_small",
     // Symbolic, at their default shapes (graph-format.md, "Symbolic dims").
     "conv_bias_relu_dyn", "conv_bias_relu_dyn_small"};
 // Examples cuDNN 9.19 runs on no GPU fusebox can target (block masks: no engine
@@ -109,7 +107,8 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
   if (kNeedsBlackwell.count(stem(path))) {  // refused for the H200 at validate, saying why
     ASSERT_FALSE(plan.ok());
     EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
-    EXPECT_NE(plan.status().message().find("need a Blackwell GPU (sm_100"), std::string::npos) << plan.status().message();
+    EXPECT_NE(plan.status().message().find("need a Blackwell GPU (sm_100"), std::string::npos)
+        << plan.status().message();
     ASSERT_EQ(report.steps.size(), 1u);
     return;
   }
@@ -122,9 +121,11 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
     EXPECT_EQ(report.steps[0].name, "validate");
     ASSERT_EQ(report.lowering_notes.size(), 1u);
     EXPECT_NE(report.lowering_notes[0].find("fusebox's own CUDA kernel"), std::string::npos);
-    if (native->second != "fusebox_embedding") {  // cuDNN runs it too: the note says why not, and how to get it
+    if (native->second !=
+        "fusebox_embedding") {  // cuDNN runs it too: the note says why not, and how to get it
       EXPECT_NE(report.lowering_notes[0].find("slower"), std::string::npos) << report.lowering_notes[0];
-      EXPECT_NE(report.lowering_notes[0].find("pin a cuDNN engine"), std::string::npos) << report.lowering_notes[0];
+      EXPECT_NE(report.lowering_notes[0].find("pin a cuDNN engine"), std::string::npos)
+          << report.lowering_notes[0];
     }
     auto bytes = plan->serialize();  // nothing to serialize, said so
     ASSERT_FALSE(bytes.ok());
@@ -164,7 +165,8 @@ TEST_P(DevicelessExample, RunsTheFiveStepsForTheH200) {
   // builds without a driver is precompiled, never RUNTIME_COMPILATION.
   EXPECT_TRUE(report.notes_known);
   if (gpu_count() == 0) {
-    EXPECT_EQ(std::count(report.behavior_notes.begin(), report.behavior_notes.end(), "RUNTIME_COMPILATION"), 0);
+    EXPECT_EQ(std::count(report.behavior_notes.begin(), report.behavior_notes.end(), "RUNTIME_COMPILATION"),
+              0);
   }
 
   // Serialize, write a plan file, read it back, deserialize without a handle.
@@ -195,7 +197,8 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
         << engines.status().message();
     GTEST_SKIP() << stem(path) << ": refused for the H200 by design (see RunsTheFiveStepsForTheH200)";
   }
-  if (auto native = kNativeKernel.find(stem(path)); native != kNativeKernel.end()) {  // one candidate: fusebox's kernel
+  if (auto native = kNativeKernel.find(stem(path));
+      native != kNativeKernel.end()) {  // one candidate: fusebox's kernel
     ResolvedGraph g = load(path);
     auto engines = list_engines(g, h200(), BuildOptions{}, /*build_each=*/true, nullptr);
     ASSERT_TRUE(engines.ok()) << engines.status().ToString();
@@ -207,7 +210,8 @@ TEST_P(DevicelessExample, ListsEveryCandidateEngine) {
     auto pinned = build_plan(g, h200(), pin, nullptr);
     if (native->second == "fusebox_embedding") {  // only fusebox runs it
       ASSERT_FALSE(pinned.ok());
-      EXPECT_NE(pinned.status().message().find("fusebox_embedding (fusebox's own kernel)"), std::string::npos);
+      EXPECT_NE(pinned.status().message().find("fusebox_embedding (fusebox's own kernel)"),
+                std::string::npos);
     } else {  // cuDNN runs it too: a pinned cuDNN engine goes to cuDNN (deviceless here: may be refused)
       EXPECT_FALSE(pinned.ok() && pinned->native());
       BuildOptions cudnn_only;
@@ -292,7 +296,8 @@ TEST(ConcurrentBuilds, LeaveStdoutAndStderrWhereTheyWere) {
   // One graph that builds deviceless and one that fails (its failure is where cuDNN prints): a
   // layernorm with bf16 params (cuDNN's norm engines are compiled at run time, so need a driver;
   // with fp32 params fusebox's own kernel would take it, without cuDNN).
-  const ResolvedGraph ok_graph = load(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");
+  const ResolvedGraph ok_graph =
+      load(testing::source_dir() + "/examples/graphs/small/conv_bias_relu_small.json");
   auto bad_spec = parse_graph_json(R"({"name": "ln", "io_dtype": "bf16", "tensors": [
       {"name": "x", "dims": [64, 128, 1, 1], "layout": "nhwc"}, {"name": "scale", "dims": [1, 128, 1, 1], "layout": "nhwc"},
       {"name": "bias", "dims": [1, 128, 1, 1], "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}],
@@ -396,7 +401,8 @@ TEST(SdpaSupportMatrix, PagedForwardValidates) {
   // One query per sequence, bottom-right causal: the band masks nothing and
   // is left out of the frontend graph, said in the report.
   ASSERT_EQ(report.lowering_notes.size(), 1u);
-  EXPECT_NE(report.lowering_notes[0].find("[sdpa_fwd 'attn']: the causal mask is left out"), std::string::npos)
+  EXPECT_NE(report.lowering_notes[0].find("[sdpa_fwd 'attn']: the causal mask is left out"),
+            std::string::npos)
       << report.lowering_notes[0];
 }
 
@@ -416,10 +422,11 @@ TEST(SdpaSupportMatrix, BlockMaskNeedsBlackwell) {
   EXPECT_EQ(refused.status().code(), StatusCode::kNotSupported) << refused.status().ToString();
   ASSERT_EQ(report.steps.size(), 1u);
   EXPECT_EQ(report.steps[0].name, "validate");
-  for (const char* part : {"[sdpa_fwd 'attn']", "input 'block_mask' ('blocks')", "need a Blackwell GPU (sm_100",
-                           "cuDNN 9.26", "the target is NVIDIA H200", "(sm_90)",
-                           "Block mask is only supported on Blackwell", "left_bound", "bias"}) {
-    EXPECT_NE(refused.status().message().find(part), std::string::npos) << part << "\n" << refused.status().message();
+  for (const char* part : {"[sdpa_fwd 'attn']", "input 'block_mask' ('blocks')",
+                           "need a Blackwell GPU (sm_100", "cuDNN 9.26", "the target is NVIDIA H200",
+                           "(sm_90)", "Block mask is only supported on Blackwell", "left_bound", "bias"}) {
+    EXPECT_NE(refused.status().message().find(part), std::string::npos) << part << "\n"
+                                                                        << refused.status().message();
   }
 
   // A Blackwell target (sm_100, the H200's properties otherwise): the mask
@@ -472,9 +479,10 @@ TEST(NativeKernel, EmbeddingMustBeAloneInItsGraph) {
   auto plan = build_plan(*g, h200(), BuildOptions{}, &report);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << plan.status().ToString();
-  for (const char* part : {"[embedding 'embed']", "must be the only op of its graph", "relu 'act'",
-                           "a stage of their own"})
-    EXPECT_NE(plan.status().message().find(part), std::string::npos) << part << "\n" << plan.status().message();
+  for (const char* part :
+       {"[embedding 'embed']", "must be the only op of its graph", "relu 'act'", "a stage of their own"})
+    EXPECT_NE(plan.status().message().find(part), std::string::npos) << part << "\n"
+                                                                     << plan.status().message();
 }
 
 // The graphs fusebox's own kernels take from cuDNN (kernels::faster_native_kernel) only in the
@@ -491,16 +499,19 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
   };
   auto ln = [](const char* x_dims, const char* s_dims, const char* params, const char* y_extra) {
     return std::string(R"({"name": "ln", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": )") + x_dims +
-           R"(}, {"name": "scale", "dims": )" + s_dims + R"(, "dtype": ")" + params + R"("}, {"name": "bias", "dims": )" +
-           s_dims + R"(, "dtype": ")" + params + R"("}, {"name": "y")" + y_extra + R"(}], "ops": [{"op": "layernorm",
+           R"(}, {"name": "scale", "dims": )" + s_dims + R"(, "dtype": ")" + params +
+           R"("}, {"name": "bias", "dims": )" + s_dims + R"(, "dtype": ")" + params + R"("}, {"name": "y")" +
+           y_extra + R"(}], "ops": [{"op": "layernorm",
            "name": "ln", "inputs": {"x": "x", "scale": "scale", "bias": "bias"}, "outputs": {"y": "y"}}]})";
   };
   auto native = [](const Result<Plan>& p) { return p.ok() && p->native(); };
   EXPECT_TRUE(native(build(ln("[64, 128]", "[1, 128]", "fp32", ""))));
-  EXPECT_FALSE(native(build(ln("[64, 128]", "[1, 128]", "bf16", ""))));                   // params of x's dtype: cuDNN is fast
-  EXPECT_FALSE(native(build(ln("[64, 128]", "[1, 128]", "fp32", R"(, "dtype": "fp32")"))));  // y not x's dtype
-  EXPECT_FALSE(native(build(ln("[4, 20000]", "[1, 20000]", "fp32", ""))));                // a row past 16,384
-  // The pinned engine: the kernel's own name takes it; any other goes to cuDNN (here deviceless: refused by cuDNN).
+  EXPECT_FALSE(native(build(ln("[64, 128]", "[1, 128]", "bf16", ""))));  // params of x's dtype: cuDNN is fast
+  EXPECT_FALSE(
+      native(build(ln("[64, 128]", "[1, 128]", "fp32", R"(, "dtype": "fp32")"))));  // y not x's dtype
+  EXPECT_FALSE(native(build(ln("[4, 20000]", "[1, 20000]", "fp32", ""))));          // a row past 16,384
+  // The pinned engine: the kernel's own name takes it; any other goes to cuDNN (here deviceless: refused by
+  // cuDNN).
   EXPECT_TRUE(native(build(ln("[64, 128]", "[1, 128]", "fp32", ""), "fusebox_layernorm")));
   auto pinned = build(ln("[64, 128]", "[1, 128]", "fp32", ""), "eng0");
   EXPECT_FALSE(native(pinned));
@@ -508,28 +519,49 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
   // Pools: a global average, any dtype -> fusebox_global_avg_pool; any other bf16 pool -> fusebox_pool
   // (cuDNN's fast resample engine is barred for bf16); an fp16 window pool -> cuDNN.
   auto pool = [](const char* op, const char* dtype = "bf16") {
-    return std::string(R"({"name": "p", "io_dtype": ")") + dtype + R"(", "tensors": [{"name": "x", "dims": [2, 16, 7, 7],
-      "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}], "ops": [)" + op + "]}";
+    return std::string(R"({"name": "p", "io_dtype": ")") + dtype +
+           R"(", "tensors": [{"name": "x", "dims": [2, 16, 7, 7],
+      "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}], "ops": [)" +
+           op + "]}";
   };
   auto engine = [](const Result<Plan>& p) { return p.ok() ? p->engine_name() : p.status().ToString(); };
-  EXPECT_EQ(engine(build(pool(R"({"op": "global_avg_pool", "name": "g", "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp16"))),
-            "fusebox_global_avg_pool");
-  EXPECT_EQ(engine(build(pool(R"({"op": "avg_pool", "name": "g", "window": [7, 7], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
-            "fusebox_global_avg_pool");
-  EXPECT_EQ(engine(build(pool(R"({"op": "avg_pool", "name": "g", "window": [3, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
-            "fusebox_pool");
-  EXPECT_EQ(engine(build(pool(R"({"op": "max_pool", "name": "g", "window": [3, 3], "stride": [2, 2], "padding": [1, 1], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
-            "fusebox_pool");
-  EXPECT_FALSE(native(build(pool(R"({"op": "max_pool", "name": "g", "window": [3, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp16"))));
+  EXPECT_EQ(
+      engine(build(pool(
+          R"({"op": "global_avg_pool", "name": "g", "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp16"))),
+      "fusebox_global_avg_pool");
+  EXPECT_EQ(
+      engine(build(pool(
+          R"({"op": "avg_pool", "name": "g", "window": [7, 7], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
+      "fusebox_global_avg_pool");
+  EXPECT_EQ(
+      engine(build(pool(
+          R"({"op": "avg_pool", "name": "g", "window": [3, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
+      "fusebox_pool");
+  EXPECT_EQ(
+      engine(build(pool(
+          R"({"op": "max_pool", "name": "g", "window": [3, 3], "stride": [2, 2], "padding": [1, 1], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"))),
+      "fusebox_pool");
+  EXPECT_FALSE(native(build(pool(
+      R"({"op": "max_pool", "name": "g", "window": [3, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
+      "fp16"))));
   // A sum keeping the innermost dims: the kernel; keeping an outer dim, or max: cuDNN.
   auto reduce = [](const char* op, const char* y_dtype) {
     return std::string(R"({"name": "r", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [4, 16, 7, 7],
-      "layout": "nhwc"}, {"name": "y", "dtype": ")") + y_dtype + R"("}], "ops": [)" + op + "]}";
+      "layout": "nhwc"}, {"name": "y", "dtype": ")") +
+           y_dtype + R"("}], "ops": [)" + op + "]}";
   };
-  EXPECT_TRUE(native(build(reduce(R"({"op": "reduce_sum", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp32"))));
-  EXPECT_FALSE(native(build(reduce(R"({"op": "reduce_sum", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "bf16"))));
-  EXPECT_FALSE(native(build(reduce(R"({"op": "reduce_sum", "name": "r", "reduce_dims": [2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp32"))));
-  EXPECT_FALSE(native(build(reduce(R"({"op": "reduce_max", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})", "fp32"))));
+  EXPECT_TRUE(native(build(reduce(
+      R"({"op": "reduce_sum", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
+      "fp32"))));
+  EXPECT_FALSE(native(build(reduce(
+      R"({"op": "reduce_sum", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
+      "bf16"))));
+  EXPECT_FALSE(native(build(reduce(
+      R"({"op": "reduce_sum", "name": "r", "reduce_dims": [2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
+      "fp32"))));
+  EXPECT_FALSE(native(build(reduce(
+      R"({"op": "reduce_max", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
+      "fp32"))));
 }
 
 }  // namespace

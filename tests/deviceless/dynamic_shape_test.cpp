@@ -185,7 +185,8 @@ TEST_F(DynamicShapeDeviceless, AnEngineChoiceReplaysAtAnotherShape) {
   auto p2 = build_plan(g2, *target, BuildOptions{}, &first);
   ASSERT_TRUE(p2.ok()) << p2.status().ToString();
   if (first.choice.empty()) {
-    GTEST_SKIP() << "engine " << p2->engine_name() << " has a knob the frontend cannot pass back: not replayable";
+    GTEST_SKIP() << "engine " << p2->engine_name()
+                 << " has a knob the frontend cannot pass back: not replayable";
   }
   EXPECT_FALSE(first.replayed);
   BuildOptions replay;

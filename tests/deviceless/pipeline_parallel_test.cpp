@@ -73,7 +73,8 @@ TEST(DataParallel, SliceAndConcatRefuseWhatTheyCannotSplit) {
   other.data.resize(4 * 8 * 2);
   auto mixed = concat_batch({&t, &other}, "output 'y'");
   ASSERT_FALSE(mixed.ok());
-  EXPECT_NE(mixed.status().message().find("only dim 0 may differ"), std::string::npos) << mixed.status().message();
+  EXPECT_NE(mixed.status().message().find("only dim 0 may differ"), std::string::npos)
+      << mixed.status().message();
   EXPECT_FALSE(concat_batch({&t, nullptr}, "output 'y'").ok());
 }
 
@@ -106,11 +107,13 @@ TEST(DataParallel, ErrorsBeforeAnyDeviceWork) {
   const Pipeline fixed = load("two_convs");
   auto none = batch_symbol_of(fixed, "");
   ASSERT_FALSE(none.ok());
-  EXPECT_NE(none.status().message().find("declares no symbols"), std::string::npos) << none.status().message();
+  EXPECT_NE(none.status().message().find("declares no symbols"), std::string::npos)
+      << none.status().message();
   const Pipeline dyn = load("two_convs_dyn", {{"N", 4}});
   auto unknown = batch_symbol_of(dyn, "B");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("no symbol 'B'"), std::string::npos) << unknown.status().message();
+  EXPECT_NE(unknown.status().message().find("no symbol 'B'"), std::string::npos)
+      << unknown.status().message();
   auto data = load_pipeline_data(dyn, 3);
   ASSERT_TRUE(data.ok()) << data.status().ToString();
   DataParallelOptions o;
@@ -118,7 +121,8 @@ TEST(DataParallel, ErrorsBeforeAnyDeviceWork) {
   auto r = run_pipeline_data_parallel(dyn, *data, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("cannot be split over 5 devices"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("cannot be split over 5 devices"), std::string::npos)
+      << r.status().message();
 }
 
 }  // namespace

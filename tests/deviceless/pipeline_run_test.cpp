@@ -139,8 +139,9 @@ TEST(PipelineData, EmbeddingIdsAreCheckedWhenLoaded) {
   auto d = load_pipeline_data(*p, 1, {{"tok", dir.file("tok.npy")}});
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  expect_has(d.status(), {"stage 'embed'", "[embedding 'embed'] input 'ids' ('ids'): ids[7] = 50 is outside table",
-                          "50 rows"});
+  expect_has(
+      d.status(),
+      {"stage 'embed'", "[embedding 'embed'] input 'ids' ('ids'): ids[7] = 50 is outside table", "50 rows"});
 }
 
 TEST(PipelineData, WrongShapedWeights) {
@@ -182,7 +183,8 @@ TEST(PipelineData, ParallelLoadingKeepsOrderAndTheFirstFailure) {
     auto b = load_pipeline_data(*good, 7);
     ASSERT_TRUE(b.ok());
     ASSERT_EQ(a->size(), b->size());
-    for (const auto& [bi, h] : *a) EXPECT_EQ(h.data, b->at(bi).data) << good->buffers[static_cast<size_t>(bi)].name;
+    for (const auto& [bi, h] : *a)
+      EXPECT_EQ(h.data, b->at(bi).data) << good->buffers[static_cast<size_t>(bi)].name;
   }
 }
 

@@ -90,8 +90,8 @@ TEST(Pipeline, ViewErrors) {
   const std::string down = R"("c1": ")" + kDown + R"(")";
   const std::string graphs = down + R"(, "c2": "graphs/conv_bias_relu_16to16_b1_small.json")";
   const std::string io = R"("image": {"kind": "input"}, "out": {"kind": "output"}, )" + kWeights;
-  const std::string bind = R"("c1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"}, )" +
-                           same_bind("c2", "half", "out");
+  const std::string bind =
+      R"("c1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"}, )" + same_bind("c2", "half", "out");
   auto with = [&](const std::string& half) {
     return parse(graphs, io + R"(, "hidden": {"kind": "intermediate"}, "half": )" + half, bind);
   };
@@ -117,8 +117,11 @@ TEST(Pipeline, ViewErrors) {
   expect_error(with(R"({"kind": "intermediate", "view": {"of": "hidden", "part": 0, "parts": 4}})"),
                "holds 200 bf16 elements: a view is read as a dense tensor");
   // A view is only read.
-  auto written = parse(graphs, io + R"(, "hidden": {"kind": "intermediate"}, "half": {"kind": "intermediate", "view": {"of": "hidden", "part": 0, "parts": 2}}, "h2": {"kind": "intermediate", "view": {"of": "hidden", "part": 1, "parts": 2}})",
-                       R"("c1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"}, )" + same_bind("c2", "h2", "half"));
+  auto written = parse(
+      graphs,
+      io +
+          R"(, "hidden": {"kind": "intermediate"}, "half": {"kind": "intermediate", "view": {"of": "hidden", "part": 0, "parts": 2}}, "h2": {"kind": "intermediate", "view": {"of": "hidden", "part": 1, "parts": 2}})",
+      R"("c1": {"x": "image", "w": "w1", "b": "b1", "y": "hidden"}, )" + same_bind("c2", "h2", "half"));
   expect_error(written, "a view is only read; write its parent");
 }
 

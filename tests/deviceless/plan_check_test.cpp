@@ -180,7 +180,8 @@ TEST_F(PlanCheckDeviceless, APlanFileKeepsItsVerdictAndAnEditedFileIsNotTrusted)
   ASSERT_TRUE(write_plan_file(path, info, *bytes).ok());
   auto pf = read_plan_file(path);
   ASSERT_TRUE(pf.ok()) << pf.status().ToString();
-  EXPECT_TRUE(plan_info_json::check_passed(pf->info, plan_info_json::payload_xxh3(pf->payload.data(), pf->payload.size())));
+  EXPECT_TRUE(plan_info_json::check_passed(
+      pf->info, plan_info_json::payload_xxh3(pf->payload.data(), pf->payload.size())));
 
   // Edit the verdict's text in the file: still a readable plan file, but the verdict is not trusted.
   std::ifstream in(path, std::ios::binary);
@@ -192,8 +193,8 @@ TEST_F(PlanCheckDeviceless, APlanFileKeepsItsVerdictAndAnEditedFileIsNotTrusted)
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
   auto edited = read_plan_file(path);
   if (edited.ok()) {
-    EXPECT_FALSE(plan_info_json::check_passed(edited->info, plan_info_json::payload_xxh3(edited->payload.data(),
-                                                                                         edited->payload.size())));
+    EXPECT_FALSE(plan_info_json::check_passed(
+        edited->info, plan_info_json::payload_xxh3(edited->payload.data(), edited->payload.size())));
   }  // (a header checksum refusing the edit outright is as good)
 }
 
@@ -261,8 +262,9 @@ TEST_F(PartitionedDeviceless, TwoConvsRunAsOnePlanOfTwoPartsThroughTheCacheAndAP
   auto plan = (*s)->get_plan(*g, {}, &r);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->part_count(), 2);
-  EXPECT_EQ(r.partition, "2 parts: [conv_fprop 'conv1', bias_add 'bias1', relu 'act1'] | "
-                         "[conv_fprop 'conv2', bias_add 'bias2', relu 'act2']");
+  EXPECT_EQ(r.partition,
+            "2 parts: [conv_fprop 'conv1', bias_add 'bias1', relu 'act1'] | "
+            "[conv_fprop 'conv2', bias_add 'bias2', relu 'act2']");
   ASSERT_EQ(r.partition_cuts.size(), 1u);
   EXPECT_NE(r.partition_cuts[0].find("[relu 'act1'] and [conv_fprop 'conv2'] have no engine together"),
             std::string::npos)
@@ -271,7 +273,8 @@ TEST_F(PartitionedDeviceless, TwoConvsRunAsOnePlanOfTwoPartsThroughTheCacheAndAP
   EXPECT_EQ(r.partition_parts[1].first_op, 3);
   // The temporary h (2x32x12x12) sits at the start of the workspace: fp32 where the parts take it, else
   // bf16 (deviceless, the precompiled conv + bias + relu engine writes bf16).
-  EXPECT_TRUE(r.partition_temporary_bytes == 2 * 32 * 12 * 12 * 4 || r.partition_temporary_bytes == 2 * 32 * 12 * 12 * 2)
+  EXPECT_TRUE(r.partition_temporary_bytes == 2 * 32 * 12 * 12 * 4 ||
+              r.partition_temporary_bytes == 2 * 32 * 12 * 12 * 2)
       << r.partition_temporary_bytes;
   EXPECT_GE(plan->workspace_bytes(), r.partition_temporary_bytes);
   EXPECT_EQ(plan->engine_name().rfind("partitioned[", 0), 0u) << plan->engine_name();

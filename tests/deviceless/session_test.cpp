@@ -384,7 +384,8 @@ TEST_F(DevicelessSession, TheSessionLimitAppliesAndTheTighterLimitWins) {
   EXPECT_EQ(r.build.workspace_limit, 0);
   if (!plan.ok()) {
     // No candidate under the limit: one error naming it.
-    EXPECT_NE(plan.status().message().find("workspace limit of 0 bytes: no candidate meets it"), std::string::npos)
+    EXPECT_NE(plan.status().message().find("workspace limit of 0 bytes: no candidate meets it"),
+              std::string::npos)
         << plan.status().message();
     return;
   }

@@ -25,7 +25,8 @@ inline std::vector<std::string> example_graphs() {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::recursive_directory_iterator(source_dir() + "/examples/graphs")) {
     const std::string p = e.path().string();
-    if (e.path().extension() == ".json" && e.path().filename().string().rfind("invalid_", 0) != 0) out.push_back(p);
+    if (e.path().extension() == ".json" && e.path().filename().string().rfind("invalid_", 0) != 0)
+      out.push_back(p);
   }
   std::sort(out.begin(), out.end());
   return out;

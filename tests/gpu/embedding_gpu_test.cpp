@@ -20,15 +20,17 @@ namespace {
 
 #define ASSERT_CUDA(x) ASSERT_EQ((x), cudaSuccess) << #x
 
-std::string graph_json(int64_t n, int64_t v, int64_t h, int64_t p, const char* table_dtype, const char* add_dtype,
-                       const char* y_dtype) {
-  const std::string add = p > 0 ? R"(, {"name": "add", "dims": [)" + std::to_string(p) + ", " + std::to_string(h) +
-                                      R"(, 1, 1], "dtype": ")" + add_dtype + R"("})"
+std::string graph_json(int64_t n, int64_t v, int64_t h, int64_t p, const char* table_dtype,
+                       const char* add_dtype, const char* y_dtype) {
+  const std::string add = p > 0 ? R"(, {"name": "add", "dims": [)" + std::to_string(p) + ", " +
+                                      std::to_string(h) + R"(, 1, 1], "dtype": ")" + add_dtype + R"("})"
                                 : "";
   return R"({"name": "emb", "io_dtype": "bf16", "tensors": [
-    {"name": "ids", "dims": [)" + std::to_string(n) + R"(, 1, 1, 1], "dtype": "int32"},
-    {"name": "table", "dims": [)" + std::to_string(v) + ", " + std::to_string(h) + R"(, 1, 1], "dtype": ")" +
-         table_dtype + R"("})" + add + R"(, {"name": "y", "dtype": ")" + y_dtype + R"("}],
+    {"name": "ids", "dims": [)" +
+         std::to_string(n) + R"(, 1, 1, 1], "dtype": "int32"},
+    {"name": "table", "dims": [)" +
+         std::to_string(v) + ", " + std::to_string(h) + R"(, 1, 1], "dtype": ")" + table_dtype + R"("})" +
+         add + R"(, {"name": "y", "dtype": ")" + y_dtype + R"("}],
   "ops": [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "table")" +
          (p > 0 ? R"(, "add": "add")" : "") + R"(}, "outputs": {"y": "y"}}]})";
 }

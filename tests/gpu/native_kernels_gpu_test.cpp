@@ -22,8 +22,8 @@ std::string dims_text(const std::vector<int64_t>& d) {
 }
 
 // A layernorm (rms = false) or rmsnorm graph over x's trailing dims.
-std::string norm_json(bool rms, const std::vector<int64_t>& x, const std::vector<int64_t>& scale, const char* io,
-                      const char* layout, bool training, bool bias) {
+std::string norm_json(bool rms, const std::vector<int64_t>& x, const std::vector<int64_t>& scale,
+                      const char* io, const char* layout, bool training, bool bias) {
   const std::string lay = layout ? std::string(R"(, "layout": ")") + layout + "\"" : "";
   std::string t = R"({"name": "x", "dims": )" + dims_text(x) + lay + "}," + R"({"name": "scale", "dims": )" +
                   dims_text(scale) + lay + R"(, "dtype": "fp32"},)";
@@ -41,11 +41,12 @@ std::string norm_json(bool rms, const std::vector<int64_t>& x, const std::vector
   return std::string(R"({"name": "norm", "io_dtype": ")") + io +
          R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" + t +
          R"(], "ops": [{"op": ")" + (rms ? "rmsnorm" : "layernorm") + R"(", "name": "n", "epsilon": 1e-5, )" +
-         R"("inputs": {"x": "x", "scale": "scale")" + (bias ? R"(, "bias": "bias")" : "") + R"(}, "outputs": {)" +
-         outs + "}}]}";
+         R"("inputs": {"x": "x", "scale": "scale")" + (bias ? R"(, "bias": "bias")" : "") +
+         R"(}, "outputs": {)" + outs + "}}]}";
 }
 
-std::string pool_json(const std::vector<int64_t>& x, const char* io, const char* layout, const char* op_fields) {
+std::string pool_json(const std::vector<int64_t>& x, const char* io, const char* layout,
+                      const char* op_fields) {
   return std::string(R"({"name": "gap", "io_dtype": ")") + io +
          R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [{"name": "x", "dims": )" +
          dims_text(x) + R"(, "layout": ")" + layout + R"("}, {"name": "y", "layout": ")" + layout +
@@ -100,7 +101,8 @@ class NativeKernelsGpu : public ::testing::Test {
 
 TEST_F(NativeKernelsGpu, LayerNormAndRmsNormWithFp32ParamsMatchTheReferences) {
   // 16-byte path, training and inference, the benchmark's shape.
-  check(norm_json(false, {8192, 4096, 1, 1}, {1, 4096, 1, 1}, "bf16", "nhwc", true, true), "fusebox_layernorm");
+  check(norm_json(false, {8192, 4096, 1, 1}, {1, 4096, 1, 1}, "bf16", "nhwc", true, true),
+        "fusebox_layernorm");
   check(norm_json(false, {512, 768, 1, 1}, {1, 768, 1, 1}, "fp16", "nhwc", false, true), "fusebox_layernorm");
   check(norm_json(true, {8192, 4096, 1, 1}, {1, 4096, 1, 1}, "bf16", "nhwc", true, false), "fusebox_rmsnorm");
   check(norm_json(true, {300, 1024, 1, 1}, {1, 1024, 1, 1}, "bf16", "nhwc", false, true), "fusebox_rmsnorm");
@@ -108,23 +110,27 @@ TEST_F(NativeKernelsGpu, LayerNormAndRmsNormWithFp32ParamsMatchTheReferences) {
   check(norm_json(false, {4, 77, 16384}, {1, 1, 16384}, "bf16", nullptr, true, true), "fusebox_layernorm");
   check(norm_json(true, {3, 5, 8}, {1, 1, 8}, "fp16", nullptr, true, false), "fusebox_rmsnorm");
   // Rows not a multiple of 8: one value per load.
-  check(norm_json(false, {257, 1001, 1, 1}, {1, 1001, 1, 1}, "bf16", "nhwc", true, true), "fusebox_layernorm");
+  check(norm_json(false, {257, 1001, 1, 1}, {1, 1001, 1, 1}, "bf16", "nhwc", true, true),
+        "fusebox_layernorm");
   check(norm_json(true, {64, 13, 1, 1}, {1, 13, 1, 1}, "fp16", "nhwc", true, true), "fusebox_rmsnorm");
   // Normalized over C, H, W of an NHWC tensor: the row is dense (C fastest).
   check(norm_json(false, {16, 24, 5, 7}, {1, 24, 5, 7}, "bf16", "nhwc", true, true), "fusebox_layernorm");
 }
 
 TEST_F(NativeKernelsGpu, GlobalAveragePoolMatchesTheReferences) {
-  const char* gap = R"({"op": "global_avg_pool", "name": "gap", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";
+  const char* gap =
+      R"({"op": "global_avg_pool", "name": "gap", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";
   check(pool_json({32, 2048, 7, 7}, "bf16", "nhwc", gap), "fusebox_global_avg_pool");
   check(pool_json({256, 2048, 7, 7}, "bf16", "nhwc", gap), "fusebox_global_avg_pool");
   check(pool_json({5, 100, 9, 11}, "fp16", "nchw", gap), "fusebox_global_avg_pool");
   check(pool_json({3, 33, 56, 56}, "fp32", "nhwc", gap), "fusebox_global_avg_pool");
   check(pool_json({2, 40, 3, 5, 6}, "bf16", "ndhwc", gap), "fusebox_global_avg_pool");
   // An avg_pool whose window is the whole spatial extent is the same op.
-  check(pool_json({4, 64, 7, 7}, "bf16", "nhwc",
-                  R"({"op": "avg_pool", "name": "p", "window": [7, 7], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"),
-        "fusebox_global_avg_pool");
+  check(
+      pool_json(
+          {4, 64, 7, 7}, "bf16", "nhwc",
+          R"({"op": "avg_pool", "name": "p", "window": [7, 7], "inputs": {"x": "x"}, "outputs": {"y": "y"}})"),
+      "fusebox_global_avg_pool");
 }
 
 std::string reduce_json(const char* op, const std::vector<int64_t>& x, const char* io, const char* layout,
@@ -137,20 +143,29 @@ std::string reduce_json(const char* op, const std::vector<int64_t>& x, const cha
 
 TEST_F(NativeKernelsGpu, Bf16WindowPoolsMatchTheReferences) {
   auto pool = [](const char* fields) {
-    return std::string(R"({"op": )") + fields + R"(, "name": "p", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";
+    return std::string(R"({"op": )") + fields +
+           R"(, "name": "p", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";
   };
   // The ResNet-50 stem's max pool: eight channels per thread.
-  check(pool_json({32, 64, 112, 112}, "bf16", "nhwc", pool(R"("max_pool", "window": [3, 3], "stride": [2, 2], "padding": [1, 1])").c_str()),
+  check(pool_json({32, 64, 112, 112}, "bf16", "nhwc",
+                  pool(R"("max_pool", "window": [3, 3], "stride": [2, 2], "padding": [1, 1])").c_str()),
         "fusebox_pool");
-  check(pool_json({2, 16, 10, 10}, "bf16", "nhwc",
-                  pool(R"("avg_pool", "window": [3, 3], "stride": [2, 2], "padding": [1, 1], "count_include_pad": false)").c_str()),
-        "fusebox_pool");
-  check(pool_json({2, 16, 9, 9}, "bf16", "nhwc", pool(R"("avg_pool", "window": [3, 3], "padding": [1, 1])").c_str()),
+  check(
+      pool_json(
+          {2, 16, 10, 10}, "bf16", "nhwc",
+          pool(
+              R"("avg_pool", "window": [3, 3], "stride": [2, 2], "padding": [1, 1], "count_include_pad": false)")
+              .c_str()),
+      "fusebox_pool");
+  check(pool_json({2, 16, 9, 9}, "bf16", "nhwc",
+                  pool(R"("avg_pool", "window": [3, 3], "padding": [1, 1])").c_str()),
         "fusebox_pool");
   // One value per thread: NCHW, channels not a multiple of 8, rank 5.
-  check(pool_json({3, 5, 11, 13}, "bf16", "nchw", pool(R"("max_pool", "window": [2, 3], "stride": [2, 1])").c_str()),
+  check(pool_json({3, 5, 11, 13}, "bf16", "nchw",
+                  pool(R"("max_pool", "window": [2, 3], "stride": [2, 1])").c_str()),
         "fusebox_pool");
-  check(pool_json({2, 12, 6, 7, 8}, "bf16", "ndhwc", pool(R"("avg_pool", "window": [2, 2, 2], "padding": [1, 1, 1])").c_str()),
+  check(pool_json({2, 12, 6, 7, 8}, "bf16", "ndhwc",
+                  pool(R"("avg_pool", "window": [2, 2, 2], "padding": [1, 1, 1])").c_str()),
         "fusebox_pool");
 }
 

@@ -161,8 +161,8 @@ TEST(PipelineDataParallelGpu, SplitsVerifiesAndStacks) {
   Comparison c = compare("out", whole->outputs.at("out").to_float_logical(), stacked.to_float_logical(),
                          chain_tolerance(*full, out));
   EXPECT_TRUE(c.pass) << c.ToString();
-  std::printf("[ pipeline ] two_convs_dyn N=5 over devices %d,%d: %s; wall %.1f ms\n", o.devices[0], o.devices[1],
-              c.ToString().c_str(), r->wall_ms);
+  std::printf("[ pipeline ] two_convs_dyn N=5 over devices %d,%d: %s; wall %.1f ms\n", o.devices[0],
+              o.devices[1], c.ToString().c_str(), r->wall_ms);
 }
 
 }  // namespace

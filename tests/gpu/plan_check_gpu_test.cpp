@@ -55,7 +55,8 @@ TEST_P(CaseGraphs, RunsAndVerifiesThroughTheSession) {
     // with the reason), never served a plan that fails the check.
     const bool refused_by_check = plan.status().code() == StatusCode::kVerificationFailed &&
                                   plan.status().message().find("plan check") != std::string::npos;
-    EXPECT_TRUE(plan.status().code() == StatusCode::kNotSupported || refused_by_check) << plan.status().ToString();
+    EXPECT_TRUE(plan.status().code() == StatusCode::kNotSupported || refused_by_check)
+        << plan.status().ToString();
     EXPECT_FALSE(kMustRun.count(name)) << name << " must run: " << plan.status().ToString();
     std::printf("[ refused    ] %s: %s\n", name.c_str(),
                 plan.status().message().substr(0, plan.status().message().find('\n')).c_str());
@@ -81,7 +82,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, CaseGraphs, ::testing::ValuesIn(case_graphs()),
 
 TEST(PlanCheckGpu, ACachedPlanIsCheckedOnceThenTrustedAndAnEditedVerdictIsCheckedAgain) {
   if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
-  const auto dir = std::filesystem::temp_directory_path() / ("fusebox_plan_check_gpu_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("fusebox_plan_check_gpu_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   PlanCache cache = PlanCache::open((dir / "plans.sqlite").string());

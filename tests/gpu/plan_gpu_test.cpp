@@ -44,8 +44,9 @@ bool engine_nondeterministic(const ResolvedGraph& g, const DeviceTarget& target,
   for (const auto& e : *engines) {
     if (e.name != engine) continue;
     const bool nd = has_note(e.numerical_notes, "NONDETERMINISTIC");
-    if (nd) std::printf("[ note ] %s: engine %s is NONDETERMINISTIC (cuDNN's numerical note)\n", g.name.c_str(),
-                        engine.c_str());
+    if (nd)
+      std::printf("[ note ] %s: engine %s is NONDETERMINISTIC (cuDNN's numerical note)\n", g.name.c_str(),
+                  engine.c_str());
     return nd;
   }
   return false;
@@ -70,9 +71,10 @@ void expect_same_bits(const ResolvedGraph& g, const std::string& what, const Run
   }
   size_t differ = 0;
   for (const auto& [name, t] : a.outputs) differ += t.data != b.outputs.at(name).data;
-  std::printf("[ note ] %s: %s: not bit-reproducible by design; %zu of %zu outputs differ bitwise, all verified "
-              "against the reference\n",
-              g.name.c_str(), what.c_str(), differ, a.outputs.size());
+  std::printf(
+      "[ note ] %s: %s: not bit-reproducible by design; %zu of %zu outputs differ bitwise, all verified "
+      "against the reference\n",
+      g.name.c_str(), what.c_str(), differ, a.outputs.size());
 }
 
 class GpuExample : public ::testing::TestWithParam<std::string> {
@@ -100,7 +102,8 @@ class GpuExample : public ::testing::TestWithParam<std::string> {
       EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported) << plan.status().ToString();
       EXPECT_NE(plan.status().message().find("need a Blackwell GPU (sm_100"), std::string::npos)
           << plan.status().message();
-      GTEST_SKIP() << "refused on " << target_.device_name << " by design: " << plan.status().message().substr(0, 160);
+      GTEST_SKIP() << "refused on " << target_.device_name
+                   << " by design: " << plan.status().message().substr(0, 160);
     }
   }
   static bool uses_block_mask(const ResolvedGraph& g) {
@@ -128,8 +131,8 @@ TEST_P(GpuExample, BuildsRunsAndMatchesTheReference) {
   for (const auto& c : r->comparisons) {
     EXPECT_TRUE(c.pass) << c.ToString();
     EXPECT_EQ(c.non_finite, 0) << c.ToString();
-    std::printf("[ verify ] %s %s (%s reference, engine %s)\n", stem(GetParam()).c_str(), c.ToString().c_str(),
-                r->reference_kind.c_str(), r->engine.c_str());
+    std::printf("[ verify ] %s %s (%s reference, engine %s)\n", stem(GetParam()).c_str(),
+                c.ToString().c_str(), r->reference_kind.c_str(), r->engine.c_str());
   }
 }
 
@@ -162,11 +165,14 @@ TEST_P(GpuExample, DevicelessPlanMatchesGpuBuiltPlanBitForBit) {
   auto devprop = DeviceTarget::from_file(testing::devprop_path());
   ASSERT_TRUE(devprop.ok()) << devprop.status().ToString();
   if (devprop->sm_version != target_.sm_version || devprop->sm_count != target_.sm_count) {
-    GTEST_SKIP() << "device-properties file is for " << devprop->device_name << ", this GPU is " << target_.device_name;
+    GTEST_SKIP() << "device-properties file is for " << devprop->device_name << ", this GPU is "
+                 << target_.device_name;
   }
   auto aot = build_plan(g_, *devprop, BuildOptions{}, nullptr);
-  if (!aot.ok()) GTEST_SKIP() << "no deviceless plan for this graph: " << aot.status().message().substr(0, 200);
-  if (aot->native()) GTEST_SKIP() << "engine " << aot->engine_name() << " is fusebox's own kernel: no cuDNN plan";
+  if (!aot.ok())
+    GTEST_SKIP() << "no deviceless plan for this graph: " << aot.status().message().substr(0, 200);
+  if (aot->native())
+    GTEST_SKIP() << "engine " << aot->engine_name() << " is fusebox's own kernel: no cuDNN plan";
   auto bytes = aot->serialize();
   ASSERT_TRUE(bytes.ok());
   auto loaded = deserialize_plan(g_, *bytes, target_, ctx_.get());
@@ -244,7 +250,6 @@ TEST(GpuRuntime, PoisonedOutputsAreOverwritten) {
   EXPECT_EQ(res->latency.iters, 3);
   EXPECT_GT(res->latency.median_ms, 0.0);
 }
-
 
 TEST(GpuTune, RanksEnginesVerifiesWinnerAndPinsIt) {
   if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";

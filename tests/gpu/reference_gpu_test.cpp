@@ -16,15 +16,16 @@ namespace {
 using testing_util::channels_last;
 using testing_util::GraphBuilder;
 
-#define SKIP_WITHOUT_GPU()                                                               \
-  do {                                                                                   \
-    int n = 0;                                                                           \
-    const cudaError_t e = cudaGetDeviceCount(&n);                                        \
-    if (e != cudaSuccess || n == 0)                                                      \
+#define SKIP_WITHOUT_GPU()                                                                         \
+  do {                                                                                             \
+    int n = 0;                                                                                     \
+    const cudaError_t e = cudaGetDeviceCount(&n);                                                  \
+    if (e != cudaSuccess || n == 0)                                                                \
       GTEST_SKIP() << "no CUDA GPU: " << (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"); \
   } while (0)
 
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
+#define ASSERT_CUDA(expr) \
+  ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(cudaGetLastError())
 
 // Device buffers freed at scope exit.
 struct DeviceBuffers {
@@ -163,14 +164,16 @@ TEST(ReferenceGpu, Conv3dGroupedDgradWgradFp16) {
   GraphBuilder b;
   b.g.name = "conv3d_bwd_grouped";
   const std::vector<int64_t> xd = {2, 8, 5, 6, 7}, wd = {6, 4, 3, 3, 3};  // 2 groups
-  const std::vector<int64_t> yd = {2, 6, 5, 3, 4};  // pad 1, stride (1, 2, 2)
+  const std::vector<int64_t> yd = {2, 6, 5, 3, 4};                        // pad 1, stride (1, 2, 2)
   const int dy = b.tensor("dy", yd, DType::kFP16);
   const int w = b.tensor("w", wd, DType::kFP16);
   const int x = b.tensor("x", xd, DType::kFP16);
   const int dx = b.tensor("dx", xd);
   const int dw = b.tensor("dw", wd);
-  b.op_outputs("dgrad", ConvDgradAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}, xd}, {{"dy", dy}, {"w", w}}, {{"dx", dx}});
-  b.op_outputs("wgrad", ConvWgradAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}, wd}, {{"dy", dy}, {"x", x}}, {{"dw", dw}});
+  b.op_outputs("dgrad", ConvDgradAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}, xd}, {{"dy", dy}, {"w", w}},
+               {{"dx", dx}});
+  b.op_outputs("wgrad", ConvWgradAttrs{{1, 1, 1}, {1, 2, 2}, {1, 1, 1}, wd}, {{"dy", dy}, {"x", x}},
+               {{"dw", dw}});
   expect_gpu_matches_cpu(b.g);
 }
 
@@ -199,10 +202,10 @@ TEST(ReferenceGpu, MatmulBatchBroadcastColumnMajorBf16) {
 
 TEST(ReferenceGpu, EveryPointwiseMode) {
   SKIP_WITHOUT_GPU();
-  for (PointwiseMode m : {PointwiseMode::kAdd, PointwiseMode::kSub, PointwiseMode::kMul, PointwiseMode::kBiasAdd,
-                          PointwiseMode::kScale, PointwiseMode::kRelu, PointwiseMode::kGeluTanh,
-                          PointwiseMode::kGeluErf, PointwiseMode::kSilu, PointwiseMode::kSigmoid,
-                          PointwiseMode::kTanh, PointwiseMode::kReluBwd}) {
+  for (PointwiseMode m :
+       {PointwiseMode::kAdd, PointwiseMode::kSub, PointwiseMode::kMul, PointwiseMode::kBiasAdd,
+        PointwiseMode::kScale, PointwiseMode::kRelu, PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf,
+        PointwiseMode::kSilu, PointwiseMode::kSigmoid, PointwiseMode::kTanh, PointwiseMode::kReluBwd}) {
     GraphBuilder b;
     b.g.name = std::string(pointwise_mode_name(m));
     const std::vector<int64_t> d = {2, 3, 4, 5};
@@ -212,7 +215,8 @@ TEST(ReferenceGpu, EveryPointwiseMode) {
     if (roles.size() == 1) {
       b.op("pw", PointwiseAttrs{m}, {{"x", x}}, y);
     } else {
-      const int other = m == PointwiseMode::kScale ? b.scalar("s", 0.75) : b.tensor("o", {1, 3, 1, 5}, DType::kFP32);
+      const int other =
+          m == PointwiseMode::kScale ? b.scalar("s", 0.75) : b.tensor("o", {1, 3, 1, 5}, DType::kFP32);
       b.op("pw", PointwiseAttrs{m}, {{std::string(roles[0]), x}, {std::string(roles[1]), other}}, y);
     }
     SCOPED_TRACE(b.g.name);
@@ -317,8 +321,8 @@ TEST(ReferenceGpu, Matmul4096IsFast) {
 }
 
 // sdpa_fwd: GQA, causal, stats; bshd inputs; a key count over one chunk (1024).
-ResolvedGraph sdpa_resolved(const std::string& name, int64_t B, int64_t Hq, int64_t Hk, int64_t Sq, int64_t Skv,
-                            int64_t D, bool causal, bool stats, const std::string& layout = "") {
+ResolvedGraph sdpa_resolved(const std::string& name, int64_t B, int64_t Hq, int64_t Hk, int64_t Sq,
+                            int64_t Skv, int64_t D, bool causal, bool stats, const std::string& layout = "") {
   GraphSpec spec;
   spec.name = name;
   spec.tensor("q", {B, Hq, Sq, D}, layout);
@@ -439,7 +443,8 @@ std::vector<std::pair<std::string, SdpaCase>> sdpa_variants() {
   c.options.alignment = SdpaAlignment::kBottomRight;
   v.emplace_back("bottom_right_empty_rows", c);
   c = base;
-  c.B = 1, c.Sq = 6, c.Skv = 1500, c.Hk = 1;  // keys span two chunks of 1024 (rows too, in backward: Sq below)
+  c.B = 1, c.Sq = 6, c.Skv = 1500,
+  c.Hk = 1;  // keys span two chunks of 1024 (rows too, in backward: Sq below)
   c.options.causal = true;
   c.options.alignment = SdpaAlignment::kBottomRight;
   v.emplace_back("long_keys", c);
@@ -491,11 +496,14 @@ TEST(ReferenceGpu, SdpaDeriveBwdInputsOnGpu) {
   ASSERT_TRUE(derive_sdpa_bwd_inputs(gpu.g, gpu.inputs, 0).ok());
   ASSERT_TRUE(derive_sdpa_bwd_inputs(cpu.g, cpu.inputs).ok());
   for (const char* name : {"o", "stats"}) {
-    const std::vector<float> a = gpu.inputs.at(name).to_float_logical(), b = cpu.inputs.at(name).to_float_logical();
+    const std::vector<float> a = gpu.inputs.at(name).to_float_logical(),
+                             b = cpu.inputs.at(name).to_float_logical();
     ASSERT_EQ(a.size(), b.size());
     for (size_t e = 0; e < a.size(); ++e) {
-      if (std::isinf(b[e])) EXPECT_EQ(a[e], b[e]) << name << " " << e;
-      else EXPECT_NEAR(a[e], b[e], 1e-2 * (1 + std::fabs(b[e]))) << name << " " << e;  // a bf16 step
+      if (std::isinf(b[e]))
+        EXPECT_EQ(a[e], b[e]) << name << " " << e;
+      else
+        EXPECT_NEAR(a[e], b[e], 1e-2 * (1 + std::fabs(b[e]))) << name << " " << e;  // a bf16 step
     }
   }
 }
@@ -562,16 +570,19 @@ TEST(ReferenceGpu, SdpaDropoutHostAndDerive) {
   gpu = reference_gpu_host(p.g, p.inputs);
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.status().code(), StatusCode::kNotSupported);
-  EXPECT_NE(gpu.status().message().find("declare a 'dropout_mask' output to verify dropout"), std::string::npos)
+  EXPECT_NE(gpu.status().message().find("declare a 'dropout_mask' output to verify dropout"),
+            std::string::npos)
       << gpu.status().message();
 
   auto on_gpu = make_sdpa(c, SdpaKind::kBwd), on_cpu = make_sdpa(c, SdpaKind::kBwd);
   ASSERT_TRUE(derive_sdpa_bwd_inputs(on_gpu.g, on_gpu.inputs, 0).ok());
   ASSERT_TRUE(derive_sdpa_bwd_inputs(on_cpu.g, on_cpu.inputs).ok());
   for (const char* name : {"o", "stats"}) {
-    const std::vector<float> a = on_gpu.inputs.at(name).to_float_logical(), b = on_cpu.inputs.at(name).to_float_logical();
+    const std::vector<float> a = on_gpu.inputs.at(name).to_float_logical(),
+                             b = on_cpu.inputs.at(name).to_float_logical();
     ASSERT_EQ(a.size(), b.size());
-    for (size_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a[e], b[e], 1e-2 * (1 + std::fabs(b[e]))) << name << " " << e;
+    for (size_t e = 0; e < a.size(); ++e)
+      EXPECT_NEAR(a[e], b[e], 1e-2 * (1 + std::fabs(b[e]))) << name << " " << e;
   }
 }
 
@@ -590,8 +601,10 @@ TEST(ReferenceGpu, SdpaLongSequenceIsFast) {
   auto r = reference_gpu_host(p.g, p.inputs);
   const auto t2 = std::chrono::steady_clock::now();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  const double fwd_s = std::chrono::duration<double>(t1 - t0).count(), bwd_s = std::chrono::duration<double>(t2 - t1).count();
-  std::printf("sdpa GPU reference, B=1 Hq=8 Hk=2 S=4096 D=128 causal: forward %.2f s, backward %.2f s\n", fwd_s, bwd_s);
+  const double fwd_s = std::chrono::duration<double>(t1 - t0).count(),
+               bwd_s = std::chrono::duration<double>(t2 - t1).count();
+  std::printf("sdpa GPU reference, B=1 Hq=8 Hk=2 S=4096 D=128 causal: forward %.2f s, backward %.2f s\n",
+              fwd_s, bwd_s);
   EXPECT_LT(fwd_s + bwd_s, 30.0);
   for (const auto& [name, v] : *r)
     for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
@@ -607,9 +620,10 @@ namespace {
 // and large: 8192 x 4096) and on a rank-3 x normalized over its last dim.
 TEST(ReferenceGpu, NormOpsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (const char* f : {"small/layernorm_small.json", "small/rmsnorm_bias_small.json", "small/layernorm_bwd_small.json",
-                        "small/rmsnorm_bwd_dbias_small.json", "invalid_add_layernorm.json", "layernorm_train.json",
-                        "rmsnorm_train.json", "layernorm_bwd.json", "rmsnorm_bwd.json"}) {
+  for (const char* f :
+       {"small/layernorm_small.json", "small/rmsnorm_bias_small.json", "small/layernorm_bwd_small.json",
+        "small/rmsnorm_bwd_dbias_small.json", "invalid_add_layernorm.json", "layernorm_train.json",
+        "rmsnorm_train.json", "layernorm_bwd.json", "rmsnorm_bwd.json"}) {
     auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     auto g = resolve(*spec);
@@ -642,12 +656,13 @@ TEST(ReferenceGpu, NormOpsMatchTheCpu) {
 // example (the large ones are the ResNet shapes: 32x64x112x112).
 TEST(ReferenceGpu, PoolAndBatchNormOpsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (const char* f : {"small/max_pool_small.json", "small/avg_pool_small.json", "small/avg_pool_exclude_pad_small.json",
-                        "small/global_avg_pool_small.json", "max_pool_resnet_stem.json", "global_avg_pool.json",
-                        "small/batchnorm_train_small.json", "small/batchnorm_train_relu_small.json",
-                        "small/invalid_batchnorm_inference_relu_small.json", "small/batchnorm_bwd_small.json",
-                        "batchnorm_train.json", "batchnorm_train_relu.json", "invalid_batchnorm_inference_relu.json",
-                        "batchnorm_bwd.json"}) {
+  for (const char* f :
+       {"small/max_pool_small.json", "small/avg_pool_small.json", "small/avg_pool_exclude_pad_small.json",
+        "small/global_avg_pool_small.json", "max_pool_resnet_stem.json", "global_avg_pool.json",
+        "small/batchnorm_train_small.json", "small/batchnorm_train_relu_small.json",
+        "small/invalid_batchnorm_inference_relu_small.json", "small/batchnorm_bwd_small.json",
+        "batchnorm_train.json", "batchnorm_train_relu.json", "invalid_batchnorm_inference_relu.json",
+        "batchnorm_bwd.json"}) {
     auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     auto g = resolve(*spec);
@@ -668,10 +683,11 @@ namespace {
 // epilogue examples, and on a strided (NHWC) x reduced over every mode.
 TEST(ReferenceGpu, ReductionOpsMatchTheCpu) {
   SKIP_WITHOUT_GPU();
-  for (const char* f : {"small/reduce_sum_bias_grad_small.json", "small/invalid_reduce_max_rows_small.json",
-                        "invalid_reduce_mean.json", "small/matmul_gelu_rowsum_small.json",
-                        "small/conv_relu_channel_sum_small.json", "small/fp8_matmul_bias_relu_amax_small.json",
-                        "small/fp8_matmul_e5m2_bf16_small.json"}) {
+  for (const char* f :
+       {"small/reduce_sum_bias_grad_small.json", "small/invalid_reduce_max_rows_small.json",
+        "invalid_reduce_mean.json", "small/matmul_gelu_rowsum_small.json",
+        "small/conv_relu_channel_sum_small.json", "small/fp8_matmul_bias_relu_amax_small.json",
+        "small/fp8_matmul_e5m2_bf16_small.json"}) {
     auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/" + f);
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     auto g = resolve(*spec);
@@ -684,8 +700,8 @@ TEST(ReferenceGpu, ReductionOpsMatchTheCpu) {
   }
   for (ReductionMode m : {ReductionMode::kSum, ReductionMode::kMax, ReductionMode::kMin, ReductionMode::kAmax,
                           ReductionMode::kMean}) {
-    for (std::vector<int64_t> dims : {std::vector<int64_t>{0, 2, 3}, std::vector<int64_t>{1},
-                                      std::vector<int64_t>{}}) {
+    for (std::vector<int64_t> dims :
+         {std::vector<int64_t>{0, 2, 3}, std::vector<int64_t>{1}, std::vector<int64_t>{}}) {
       GraphSpec s;
       s.name = std::string(reduction_mode_name(m));
       s.tensor("x", {3, 40, 9, 7}, "nhwc");

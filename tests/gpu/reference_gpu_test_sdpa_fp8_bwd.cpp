@@ -35,7 +35,8 @@ void expect_gpu_matches_cpu(const testing_util::Fp8BwdProblem& p) {
   ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
   for (const auto& [name, want] : *cpu) {
     const bool amax = name.rfind("amax_", 0) == 0;
-    const Comparison c = compare(name, want, gpu->at(name), amax ? Tolerance{1e-2, 1e-2} : Tolerance{1e-2, 5e-2});
+    const Comparison c =
+        compare(name, want, gpu->at(name), amax ? Tolerance{1e-2, 1e-2} : Tolerance{1e-2, 5e-2});
     EXPECT_TRUE(c.pass) << c.ToString();
   }
 }
@@ -59,11 +60,14 @@ TEST(ReferenceGpuSdpaFp8Bwd, DeriveOnGpu) {
   auto cpu = make_fp8_bwd(c), gpu = make_fp8_bwd(c);
   ASSERT_TRUE(derive_sdpa_bwd_inputs(gpu.g, gpu.inputs, 0).ok());
   for (const char* name : {"o", "stats"}) {
-    const std::vector<float> a = gpu.inputs.at(name).to_float_logical(), b = cpu.inputs.at(name).to_float_logical();
+    const std::vector<float> a = gpu.inputs.at(name).to_float_logical(),
+                             b = cpu.inputs.at(name).to_float_logical();
     ASSERT_EQ(a.size(), b.size());
     for (size_t e = 0; e < a.size(); ++e) {
-      if (std::isinf(b[e])) EXPECT_EQ(a[e], b[e]) << name << " " << e;
-      else EXPECT_NEAR(a[e], b[e], 7e-2 * (1 + std::fabs(b[e]))) << name << " " << e;  // an e4m3 step
+      if (std::isinf(b[e]))
+        EXPECT_EQ(a[e], b[e]) << name << " " << e;
+      else
+        EXPECT_NEAR(a[e], b[e], 7e-2 * (1 + std::fabs(b[e]))) << name << " " << e;  // an e4m3 step
     }
   }
 }

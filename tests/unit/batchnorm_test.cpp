@@ -155,10 +155,11 @@ TEST(BatchNormResolve, ErrorsNameOpTensorAndWhatIsAccepted) {
 }
 
 TEST(BatchNormJson, ParsesRoundTripsTheExamples) {
-  for (const char* f : {"batchnorm_train.json", "batchnorm_train_relu.json", "batchnorm_bwd.json",
-                        "invalid_batchnorm_inference_relu.json", "small/batchnorm_train_relu_small.json",
-                        "small/batchnorm_train_small.json", "small/invalid_batchnorm_inference_relu_small.json",
-                        "small/batchnorm_bwd_small.json"}) {
+  for (const char* f :
+       {"batchnorm_train.json", "batchnorm_train_relu.json", "batchnorm_bwd.json",
+        "invalid_batchnorm_inference_relu.json", "small/batchnorm_train_relu_small.json",
+        "small/batchnorm_train_small.json", "small/invalid_batchnorm_inference_relu_small.json",
+        "small/batchnorm_bwd_small.json"}) {
     auto spec = load_graph_file(example(f));
     ASSERT_TRUE(spec.ok()) << spec.status().ToString();
     auto again = parse_graph_json(graph_to_json(*spec), "round trip");

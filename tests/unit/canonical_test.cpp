@@ -122,7 +122,8 @@ TEST(CanonicalForm, ShuffledExamplesKeepTheirFingerprint) {
   namespace fs = std::filesystem;
   std::mt19937 rng(7);
   int checked = 0;
-  for (const auto& dir : {fs::path(FUSEBOX_SOURCE_DIR) / "examples/graphs", fs::path(FUSEBOX_SOURCE_DIR) / "examples/graphs/small"}) {
+  for (const auto& dir : {fs::path(FUSEBOX_SOURCE_DIR) / "examples/graphs",
+                          fs::path(FUSEBOX_SOURCE_DIR) / "examples/graphs/small"}) {
     for (const auto& e : fs::directory_iterator(dir)) {
       if (e.path().extension() != ".json" || e.path().filename().string().rfind("invalid_", 0) == 0) continue;
       auto spec = load_graph_file(e.path().string());
@@ -183,7 +184,8 @@ TEST(CanonicalForm, SwappedInputsOfANonCommutativeOpDiffer) {
     GraphSpec g;
     g.tensor("a", {1, 4, 4}, "", DType::kFP32);
     g.tensor("b", {1, 4, 4}, "", DType::kFP16);
-    std::string y = swap ? g.pointwise("s", PointwiseMode::kSub, "b", "a") : g.pointwise("s", PointwiseMode::kSub, "a", "b");
+    std::string y = swap ? g.pointwise("s", PointwiseMode::kSub, "b", "a")
+                         : g.pointwise("s", PointwiseMode::kSub, "a", "b");
     g.output(y);
     return g;
   };

@@ -46,12 +46,14 @@ TEST(CommonHelpersTest, CudaStatusWording) {
   // The cuDNN and runtime layers: "<where>: name: text".
   const Status a = common::cuda_status(cudaErrorInvalidValue, "upload 'x'");
   EXPECT_EQ(a.code(), StatusCode::kCudaError);
-  EXPECT_EQ(a.message(), std::string("upload 'x': cudaErrorInvalidValue: ") + cudaGetErrorString(cudaErrorInvalidValue));
+  EXPECT_EQ(a.message(),
+            std::string("upload 'x': cudaErrorInvalidValue: ") + cudaGetErrorString(cudaErrorInvalidValue));
   // The references: "<where><what> failed: name: text".
   const Status b = common::cuda_status(cudaErrorMemoryAllocation, "[sdpa_fwd 'attn'] ", "cudaMallocAsync(p)");
   EXPECT_EQ(b.code(), StatusCode::kCudaError);
-  EXPECT_EQ(b.message(), std::string("[sdpa_fwd 'attn'] cudaMallocAsync(p) failed: cudaErrorMemoryAllocation: ") +
-                             cudaGetErrorString(cudaErrorMemoryAllocation));
+  EXPECT_EQ(b.message(),
+            std::string("[sdpa_fwd 'attn'] cudaMallocAsync(p) failed: cudaErrorMemoryAllocation: ") +
+                cudaGetErrorString(cudaErrorMemoryAllocation));
 }
 
 TEST(CommonHelpersTest, StopwatchCountsUpAndRestarts) {
@@ -79,5 +81,6 @@ TEST(JsonText, DepthAndValuesOutsideStrings) {
   const JsonTextLimit many = scan_json_text("[1,2,3,4]", 8, 3);
   EXPECT_EQ(many.kind, JsonTextLimit::Kind::kValues);
   EXPECT_EQ(many.byte, 4u);
-  EXPECT_EQ(scan_json_text("[1,2]]]]", 1, 100).kind, JsonTextLimit::Kind::kNone);  // unbalanced: the parser's job
+  EXPECT_EQ(scan_json_text("[1,2]]]]", 1, 100).kind,
+            JsonTextLimit::Kind::kNone);  // unbalanced: the parser's job
 }

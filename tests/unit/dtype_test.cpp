@@ -1,3 +1,5 @@
+#include "fusebox/dtype.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -5,7 +7,6 @@
 #include <cstring>
 #include <limits>
 
-#include "fusebox/dtype.h"
 #include "fusebox/status.h"
 
 using namespace fusebox;
@@ -66,10 +67,10 @@ TEST(DType, Fp16KnownBits) {
   EXPECT_EQ(float_to_fp16_bits(65520.0f), 0x7C00);  // ties to even -> inf
   EXPECT_EQ(float_to_fp16_bits(std::numeric_limits<float>::infinity()), 0x7C00);
   EXPECT_EQ(float_to_fp16_bits(-std::numeric_limits<float>::infinity()), 0xFC00);
-  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);   // smallest subnormal
-  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);   // tie -> even (0)
-  EXPECT_EQ(float_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);   // tie 1.5 -> 2
-  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);   // smallest normal
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -24)), 0x0001);         // smallest subnormal
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -25)), 0x0000);         // tie -> even (0)
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(3.0f, -25)), 0x0002);         // tie 1.5 -> 2
+  EXPECT_EQ(float_to_fp16_bits(std::ldexp(1.0f, -14)), 0x0400);         // smallest normal
   EXPECT_EQ(float_to_fp16_bits(1.0f + std::ldexp(1.0f, -11)), 0x3C00);  // tie to even
   EXPECT_EQ(float_to_fp16_bits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);
   EXPECT_TRUE(std::isnan(fp16_bits_to_float(float_to_fp16_bits(std::nanf("")))));
@@ -83,8 +84,8 @@ TEST(DType, Fp8E4M3) {
   const DType t = DType::kFP8E4M3;
   EXPECT_EQ(float_to_fp8_bits(1.0f, t), 0x38);
   EXPECT_EQ(float_to_fp8_bits(448.0f, t), 0x7E);
-  EXPECT_EQ(float_to_fp8_bits(1000.0f, t), 0x7E);   // saturates
-  EXPECT_EQ(float_to_fp8_bits(470.0f, t), 0x7E);    // would round to 480 (NaN pattern): saturates
+  EXPECT_EQ(float_to_fp8_bits(1000.0f, t), 0x7E);  // saturates
+  EXPECT_EQ(float_to_fp8_bits(470.0f, t), 0x7E);   // would round to 480 (NaN pattern): saturates
   EXPECT_EQ(float_to_fp8_bits(-1e9f, t), 0xFE);
   EXPECT_EQ(float_to_fp8_bits(std::numeric_limits<float>::infinity(), t), 0x7E);
   uint8_t n = float_to_fp8_bits(std::nanf(""), t);
@@ -96,14 +97,14 @@ TEST(DType, Fp8E4M3) {
   EXPECT_EQ(float_to_fp8_bits(std::ldexp(1.0f, -9), t), 0x01);
   EXPECT_EQ(float_to_fp8_bits(1.0625f, t), 0x38);  // 1 + 2^-4: tie -> even (1.0)
   EXPECT_EQ(float_to_fp8_bits(1.1875f, t), 0x3A);  // 1 + 3*2^-4: tie -> 1.25
-  EXPECT_EQ(fp8_bits_to_float(0x78, t), 256.0f);  // e=15 is a normal exponent in e4m3
+  EXPECT_EQ(fp8_bits_to_float(0x78, t), 256.0f);   // e=15 is a normal exponent in e4m3
 }
 
 TEST(DType, Fp8E5M2) {
   const DType t = DType::kFP8E5M2;
   EXPECT_EQ(float_to_fp8_bits(1.0f, t), 0x3C);
   EXPECT_EQ(float_to_fp8_bits(57344.0f, t), 0x7B);
-  EXPECT_EQ(float_to_fp8_bits(1e6f, t), 0x7B);    // finite overflow saturates
+  EXPECT_EQ(float_to_fp8_bits(1e6f, t), 0x7B);  // finite overflow saturates
   EXPECT_EQ(float_to_fp8_bits(-1e6f, t), 0xFB);
   EXPECT_EQ(float_to_fp8_bits(std::numeric_limits<float>::infinity(), t), 0x7C);
   EXPECT_TRUE(std::isnan(fp8_bits_to_float(float_to_fp8_bits(std::nanf(""), t), t)));
@@ -147,7 +148,8 @@ TEST(DType, LoadStoreElement) {
   store_element(buf, DType::kFP8E4M3, 1e6);
   EXPECT_EQ(load_element(buf, DType::kFP8E4M3), 448.0);
   store_element(buf, DType::kFP16, 0.1);
-  EXPECT_EQ(load_element(buf, DType::kFP16), static_cast<double>(fp16_bits_to_float(float_to_fp16_bits(0.1f))));
+  EXPECT_EQ(load_element(buf, DType::kFP16),
+            static_cast<double>(fp16_bits_to_float(float_to_fp16_bits(0.1f))));
 }
 
 TEST(Status, ToStringAndContext) {
@@ -187,13 +189,16 @@ TEST(DType, Bf16StoreIsNearestEven) {
     }
   };
   uint64_t s = 12345;
-  auto next = [&] { return s = s * 6364136223846793005ULL + 1442695040888963407ULL, static_cast<uint32_t>(s >> 32); };
+  auto next = [&] {
+    return s = s * 6364136223846793005ULL + 1442695040888963407ULL, static_cast<uint32_t>(s >> 32);
+  };
   for (int i = 0; i < 200000; ++i) {
     const float f = from_bits(next());
     if (!std::isnan(f)) check(f);
   }
-  for (uint32_t u : {0x00000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x3F808000u, 0x3F818000u, 0x7F7F7FFFu,
-                     0x7F7F8000u, 0x7F7FFFFFu, 0x7F800000u, 0x80008000u, 0xFF7FFFFFu, 0xFF800000u}) {
+  for (uint32_t u :
+       {0x00000001u, 0x00008000u, 0x00018000u, 0x007FFFFFu, 0x3F808000u, 0x3F818000u, 0x7F7F7FFFu,
+        0x7F7F8000u, 0x7F7FFFFFu, 0x7F800000u, 0x80008000u, 0xFF7FFFFFu, 0xFF800000u}) {
     check(from_bits(u));
   }
   // Doubles just beyond a tie between two bf16 (not floats): rounding to float first would make

@@ -22,10 +22,11 @@ using testing_util::resolve_json;
 // ids [N,1,1,1], table [V,H,1,1], add [P,H,1,1]; `ids`, `table`, `add` replace those tensors' fields.
 std::string embed_json(const std::string& ids = R"("dims": [6, 1, 1, 1], "dtype": "int32")",
                        const std::string& table = R"("dims": [10, 8, 1, 1], "layout": "nhwc")",
-                       const std::string& add = R"("dims": [3, 8, 1, 1], "layout": "nhwc")", bool with_add = true,
-                       const std::string& extra_op = "") {
+                       const std::string& add = R"("dims": [3, 8, 1, 1], "layout": "nhwc")",
+                       bool with_add = true, const std::string& extra_op = "") {
   return R"({"name": "emb", "io_dtype": "bf16", "tensors": [
-    {"name": "ids", )" + ids + R"(}, {"name": "table", )" + table + R"(}, {"name": "add", )" + add +
+    {"name": "ids", )" +
+         ids + R"(}, {"name": "table", )" + table + R"(}, {"name": "add", )" + add +
          R"(}, {"name": "y", "layout": "nhwc"}],
   "ops": [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "table")" +
          (with_add ? R"(, "add": "add")" : "") + R"(}, "outputs": {"y": "y"}})" + extra_op + "]}";
@@ -51,12 +52,15 @@ TEST(Embedding, ResolvesShapesAndRandomIdRange) {
 TEST(Embedding, RefusesWhatTheKernelCannotRead) {
   expect_error(embed_json(R"("dims": [6, 1, 1, 1])"), {"[embedding 'embed'] input 'ids' ('ids')", "int32"});
   expect_error(embed_json(R"("dims": [6, 2, 1, 1], "dtype": "int32")"), {"[N, 1, 1, 1]"});
-  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8], "layout": "row_major")"),
-               {"input 'table' ('table')", "[rows, H, 1, 1]"});
-  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1], "strides": [1, 10, 1, 1])"),
+  expect_error(
+      embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8], "layout": "row_major")"),
+      {"input 'table' ('table')", "[rows, H, 1, 1]"});
+  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")",
+                          R"("dims": [10, 8, 1, 1], "strides": [1, 10, 1, 1])"),
                {"input 'table' ('table')", "rows of H contiguous values"});
-  expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1], "dtype": "int32")"),
-               {"input 'table'", "bf16, fp16 or fp32"});
+  expect_error(
+      embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1], "dtype": "int32")"),
+      {"input 'table'", "bf16, fp16 or fp32"});
   expect_error(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")", R"("dims": [10, 8, 1, 1])",
                           R"("dims": [4, 8, 1, 1])"),
                {"input 'add' ('add') has 4 rows, which do not divide the 6 ids"});
@@ -75,9 +79,8 @@ TEST(Embedding, CpuReferenceLooksUpAddsAndGivesNanOutsideTheTable) {
   for (size_t i = 0; i < table.size(); ++i) table[i] = std::ldexp(static_cast<double>(i % 13) - 6, -3);
   for (size_t i = 0; i < add.size(); ++i) add[i] = std::ldexp(static_cast<double>(i % 7) - 3, -4);
   const std::vector<double> ids{7, 0, 9, 3, 3, 5};
-  std::map<std::string, HostTensor> in{{"ids", host_from(ids_t, ids)},
-                                       {"table", host_from(table_t, table)},
-                                       {"add", host_from(add_t, add)}};
+  std::map<std::string, HostTensor> in{
+      {"ids", host_from(ids_t, ids)}, {"table", host_from(table_t, table)}, {"add", host_from(add_t, add)}};
   EXPECT_TRUE(check_embedding_ids(*g, in).ok());
   auto ref = reference_cpu(*g, in);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
@@ -85,7 +88,8 @@ TEST(Embedding, CpuReferenceLooksUpAddsAndGivesNanOutsideTheTable) {
   ASSERT_EQ(y.size(), 48u);
   for (int n = 0; n < 6; ++n) {
     for (int h = 0; h < 8; ++h) {
-      const double want = table[static_cast<size_t>(ids[n] * 8 + h)] + add[static_cast<size_t>((n % 3) * 8 + h)];
+      const double want =
+          table[static_cast<size_t>(ids[n] * 8 + h)] + add[static_cast<size_t>((n % 3) * 8 + h)];
       EXPECT_EQ(y[static_cast<size_t>(n * 8 + h)], static_cast<float>(want)) << n << "," << h;
     }
   }
@@ -94,7 +98,8 @@ TEST(Embedding, CpuReferenceLooksUpAddsAndGivesNanOutsideTheTable) {
   Status bad = check_embedding_ids(*g, in);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("[embedding 'embed'] input 'ids' ('ids'): ids[2] = 10 is outside table 'table' of 10 rows"),
+  EXPECT_NE(bad.message().find(
+                "[embedding 'embed'] input 'ids' ('ids'): ids[2] = 10 is outside table 'table' of 10 rows"),
             std::string::npos)
       << bad.message();
   auto nan_ref = reference_cpu(*g, in);

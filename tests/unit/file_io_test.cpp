@@ -247,17 +247,20 @@ TEST_F(FileIoTest, OutputsAreCheckedAgainstInputsAndEachOther) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("--inputs file"), std::string::npos) << st.message();
-  st = common::check_outputs_spare_inputs({{"--dot file", dir_.string() + "/../" + dir_.filename().string() + "/c.sqlite"}},
-                                          inputs);
+  st = common::check_outputs_spare_inputs(
+      {{"--dot file", dir_.string() + "/../" + dir_.filename().string() + "/c.sqlite"}}, inputs);
   EXPECT_NE(st.message().find("plan cache"), std::string::npos) << st.message();
   // A side file of the cache, not there yet: caught by name.
   st = common::check_outputs_spare_inputs({{"--plan-out", path("c.sqlite-wal")}}, inputs);
   EXPECT_FALSE(st.ok());
   // Two outputs, one file that does not exist yet.
-  st = common::check_outputs_spare_inputs({{"--dot file", path("out")}, {"--plan-out", dir_.string() + "/./out"}}, inputs);
+  st = common::check_outputs_spare_inputs(
+      {{"--dot file", path("out")}, {"--plan-out", dir_.string() + "/./out"}}, inputs);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("each output needs a file of its own"), std::string::npos) << st.message();
-  EXPECT_TRUE(common::check_outputs_spare_inputs({{"--dot file", path("a")}, {"--plan-out", path("b")}}, inputs).ok());
+  EXPECT_TRUE(
+      common::check_outputs_spare_inputs({{"--dot file", path("a")}, {"--plan-out", path("b")}}, inputs)
+          .ok());
   // A symbolic link to an input, by name resolution and identity.
   fs::create_symlink(path("g.json"), path("link.json"));
   EXPECT_FALSE(common::check_outputs_spare_inputs({{"--dot file", path("link.json")}}, inputs).ok());
@@ -291,7 +294,8 @@ TEST_F(FileIoTest, FileSizeLimitIsAnErrorNotASignal) {
 TEST(OutOfHostMemory, NamesWhatWasBeingDone) {
   const Status st = common::out_of_host_memory("reading graph file 'g.json'");
   EXPECT_EQ(st.code(), StatusCode::kIoError);
-  EXPECT_EQ(st.message().rfind("out of host memory while reading graph file 'g.json'", 0), 0u) << st.message();
+  EXPECT_EQ(st.message().rfind("out of host memory while reading graph file 'g.json'", 0), 0u)
+      << st.message();
 }
 
 // ---------------------------------------------------------------- text and numbers

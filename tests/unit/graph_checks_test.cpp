@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "fusebox/graph.h"
 #include "checks.h"
+#include "fusebox/graph.h"
 
 using namespace fusebox;
 

@@ -1,12 +1,13 @@
 // The graph loader's limits (src/graph/graph_limits.h): each one, just under and just
 // over, on inputs generated here. Over a limit: InvalidArgument naming the place
 // and the limit; under it, the file still parses.
+#include "graph_limits.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "fusebox/graph.h"
-#include "graph_limits.h"
 
 using namespace fusebox;
 namespace limits = fusebox::graph_limits;

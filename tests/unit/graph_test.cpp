@@ -1,6 +1,7 @@
+#include "fusebox/graph.h"
+
 #include <gtest/gtest.h>
 
-#include "fusebox/graph.h"
 #include "reference_test_util.h"
 
 using namespace fusebox;
@@ -22,7 +23,6 @@ GraphSpec conv_graph(std::vector<int64_t> x, std::vector<int64_t> w, ConvFpropAt
   g.output(y, "channels_last");
   return g;
 }
-
 
 }  // namespace
 
@@ -47,8 +47,8 @@ TEST(Layout, DenseStridesLike) {
 }
 
 TEST(OpNames, RoundTrip) {
-  for (auto name : {"add", "sub", "mul", "bias_add", "scale", "relu", "gelu_tanh", "gelu_erf", "silu", "sigmoid",
-                    "tanh"}) {
+  for (auto name : {"add", "sub", "mul", "bias_add", "scale", "relu", "gelu_tanh", "gelu_erf", "silu",
+                    "sigmoid", "tanh"}) {
     auto m = parse_pointwise_mode(name);
     ASSERT_TRUE(m.has_value()) << name;
     EXPECT_EQ(pointwise_mode_name(*m), name);
@@ -59,7 +59,8 @@ TEST(OpNames, RoundTrip) {
   EXPECT_EQ(op_type_name(MatmulAttrs{}), "matmul");
   EXPECT_TRUE(pointwise_is_unary(PointwiseMode::kSilu));
   EXPECT_FALSE(pointwise_is_unary(PointwiseMode::kScale));
-  EXPECT_EQ(op_input_roles(PointwiseAttrs{PointwiseMode::kBiasAdd}), (std::vector<std::string_view>{"x", "bias"}));
+  EXPECT_EQ(op_input_roles(PointwiseAttrs{PointwiseMode::kBiasAdd}),
+            (std::vector<std::string_view>{"x", "bias"}));
   EXPECT_EQ(op_input_roles(ConvFpropAttrs{}), (std::vector<std::string_view>{"x", "w"}));
 }
 
@@ -75,7 +76,7 @@ TEST(Resolve, ConvOutputDims) {
       {{2, 8, 10, 10}, {16, 8, 3, 3}, {{1, 1}, {2, 2}, {1, 1}}, {2, 16, 5, 5}},
       {{1, 3, 224, 224}, {64, 3, 7, 7}, {{3, 3}, {2, 2}, {}}, {1, 64, 112, 112}},
       {{1, 4, 10, 12}, {2, 4, 3, 3}, {{0, 0}, {1, 1}, {2, 2}}, {1, 2, 6, 8}},  // dilation 2: eff. filter 5
-      {{1, 4, 7, 7}, {2, 4, 3, 3}, {{}, {}, {}}, {1, 2, 5, 5}},                 // defaults
+      {{1, 4, 7, 7}, {2, 4, 3, 3}, {{}, {}, {}}, {1, 2, 5, 5}},                // defaults
       {{1, 4, 9, 8}, {2, 4, 3, 2}, {{1, 0}, {3, 2}, {1, 1}}, {1, 2, 3, 4}},
       {{2, 4, 6, 6, 6}, {8, 4, 3, 3, 3}, {{1, 1, 1}, {1, 1, 1}, {1, 1, 1}}, {2, 8, 6, 6, 6}},
   };
@@ -115,7 +116,8 @@ TEST(Resolve, GroupedConv) {
 
 TEST(Resolve, ConvErrors) {
   // w's C must equal x's or divide it (grouped), and K must split into the groups.
-  expect_error(conv_graph({16, 64, 56, 56}, {64, 48, 3, 3}, {}), {"conv1", "C=48", "C=64", "'w'", "'x'", "divide"});
+  expect_error(conv_graph({16, 64, 56, 56}, {64, 48, 3, 3}, {}),
+               {"conv1", "C=48", "C=64", "'w'", "'x'", "divide"});
   expect_error(conv_graph({16, 64, 56, 56}, {63, 32, 3, 3}, {}), {"conv1", "K=63", "2 groups", "multiple"});
   expect_error(conv_graph({1, 4, 7}, {2, 4, 3}, {}), {"conv1", "rank 3"});
   expect_error(conv_graph({1, 4, 7, 7}, {2, 4, 3}, {}), {"conv1", "'w'", "rank"});
@@ -196,8 +198,8 @@ TEST(Resolve, ScalarGetsConsumerRank) {
   g.tensor("a", {8, 16, 4});
   g.tensor("b", {8, 4, 32});
   std::string alpha = g.scalar("alpha", 0.125);
-  std::string y = g.pointwise("act", PointwiseMode::kRelu, g.pointwise("scale", PointwiseMode::kScale,
-                                                                       g.matmul("mm", "a", "b"), alpha));
+  std::string y = g.pointwise("act", PointwiseMode::kRelu,
+                              g.pointwise("scale", PointwiseMode::kScale, g.matmul("mm", "a", "b"), alpha));
   g.output(y);
   auto r = resolve(g);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

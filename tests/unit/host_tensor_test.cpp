@@ -1,6 +1,5 @@
 // Host tensors: random inputs and .npy files.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -27,8 +26,8 @@ ResolvedTensor make(const std::string& name, std::vector<int64_t> dims, DType dt
 }
 
 std::string temp_path(const std::string& file) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("fusebox_npy_test_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("fusebox_npy_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / file).string();
 }
@@ -52,7 +51,8 @@ TEST(RandomTensor, InRangeAndNeverConstant) {
     }
   }
   // A range narrower than one fp8 step would round every draw alike.
-  const std::vector<float> v = random_tensor(make("x", {16}, DType::kFP8E4M3), 1, 1.0, 1.01).to_float_logical();
+  const std::vector<float> v =
+      random_tensor(make("x", {16}, DType::kFP8E4M3), 1, 1.0, 1.01).to_float_logical();
   EXPECT_GT(std::set<float>(v.begin(), v.end()).size(), 1u);
 }
 
@@ -151,8 +151,10 @@ Status read_bytes(const std::string& bytes, const ResolvedTensor& t) {
 
 TEST(Npy, ReadsVersion2AndF8IntoFloatTensor) {
   const ResolvedTensor t = make("x", {2, 2}, DType::kBF16);
-  EXPECT_TRUE(read_bytes(npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }", 32, 2), t).ok());
-  EXPECT_TRUE(read_bytes(npy_bytes("{\"descr\":\"<i4\",\"fortran_order\":False,\"shape\":(2,2)}", 16), t).ok());
+  EXPECT_TRUE(
+      read_bytes(npy_bytes("{'descr': '<f8', 'fortran_order': False, 'shape': (2, 2), }", 32, 2), t).ok());
+  EXPECT_TRUE(
+      read_bytes(npy_bytes("{\"descr\":\"<i4\",\"fortran_order\":False,\"shape\":(2,2)}", 16), t).ok());
 }
 
 TEST(Npy, RejectsMalformedFiles) {
@@ -173,14 +175,15 @@ TEST(Npy, RejectsMalformedFiles) {
       {"truncated header", good.substr(0, 40), &small, "truncated"},
       {"trailing bytes", good + "xxxx", &small, "trailing"},
       {"bad version", good.substr(0, 6) + '\x07' + good.substr(7), &small, "version"},
-      {"wrong shape", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16, 64, 56), }", 16 * 64 * 56 * 4),
-       &t, "shape (16, 64, 56) does not match tensor 'x' dims [16, 64, 56, 56]"},
+      {"wrong shape",
+       npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (16, 64, 56), }", 16 * 64 * 56 * 4), &t,
+       "shape (16, 64, 56) does not match tensor 'x' dims [16, 64, 56, 56]"},
       {"fortran order", npy_bytes("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24), &small,
        "fortran"},
       {"big endian", npy_bytes("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", 24), &small,
        "big-endian"},
-      {"unsupported descr", npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (2, 3), }", 48), &small,
-       "unsupported dtype"},
+      {"unsupported descr", npy_bytes("{'descr': '<c8', 'fortran_order': False, 'shape': (2, 3), }", 48),
+       &small, "unsupported dtype"},
       {"float into int", npy_bytes("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24),
        nullptr, "cannot feed"},
       {"missing key", npy_bytes("{'descr': '<f4', 'shape': (2, 3), }", 24), &small, "lacks"},
@@ -210,11 +213,12 @@ TEST(Npy, RefusesRepeatedHeaderKeys) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), StatusCode::kParseError) << st.ToString();
   EXPECT_NE(st.message().find("'shape' appears twice"), std::string::npos) << st.ToString();
-  st = read_bytes(npy_bytes("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", 24),
-                  small);
+  st = read_bytes(
+      npy_bytes("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (2, 3), }", 24), small);
   EXPECT_NE(st.message().find("'descr' appears twice"), std::string::npos) << st.ToString();
   st = read_bytes(
-      npy_bytes("{'descr': '<f4', 'fortran_order': True, 'fortran_order': False, 'shape': (2, 3), }", 24), small);
+      npy_bytes("{'descr': '<f4', 'fortran_order': True, 'fortran_order': False, 'shape': (2, 3), }", 24),
+      small);
   EXPECT_NE(st.message().find("'fortran_order' appears twice"), std::string::npos) << st.ToString();
 }
 
@@ -224,7 +228,8 @@ TEST(Npy, UnreadableDtypeIsInvalidArgument) {
   const ResolvedTensor small = make("x", {2, 3}, DType::kFP32);
   for (const char* descr : {"<c8", ">f4"}) {
     const Status st = read_bytes(
-        npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 3), }", 48), small);
+        npy_bytes(std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': (2, 3), }", 48),
+        small);
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << descr << ": " << st.ToString();
   }
 }

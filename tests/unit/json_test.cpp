@@ -45,8 +45,8 @@ void expect_parse_error(const std::string& text, std::initializer_list<const cha
   Status s = parse_error(text);
   ASSERT_FALSE(s.ok()) << text;
   EXPECT_EQ(s.message().rfind("graph.json: ", 0), 0u) << s.message();
-  for (const char* n : needles) EXPECT_NE(s.message().find(n), std::string::npos)
-      << "message lacks '" << n << "': " << s.message();
+  for (const char* n : needles)
+    EXPECT_NE(s.message().find(n), std::string::npos) << "message lacks '" << n << "': " << s.message();
 }
 
 }  // namespace
@@ -88,8 +88,8 @@ TEST(Json, RoundTrip) {
   g.tensor("b", {1, 8, 4});
   g.scalar("k", 0.1 + 0.2);  // needs 17 digits to round-trip
   std::string t = g.matmul("mm", "a", "b");
-  for (auto m : {PointwiseMode::kRelu, PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf, PointwiseMode::kSilu,
-                 PointwiseMode::kSigmoid, PointwiseMode::kTanh}) {
+  for (auto m : {PointwiseMode::kRelu, PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf,
+                 PointwiseMode::kSilu, PointwiseMode::kSigmoid, PointwiseMode::kTanh}) {
     t = g.pointwise(std::string(pointwise_mode_name(m)), m, t);
   }
   t = g.pointwise("scale", PointwiseMode::kScale, t, "k");
@@ -105,28 +105,35 @@ TEST(Json, RoundTrip) {
 }
 
 TEST(Json, TypeErrorsNamePath) {
-  expect_parse_error(R"({"tensors": [{"name": "x", "dims": [1]}, {"name": "w", "dims": [1, "3"]}], "ops": []})",
-                     {"tensors[1] ('w').dims[1]: expected an integer, got \"3\""});
-  expect_parse_error(R"({"tensors": [{"name": "x", "dims": [1.5]}], "ops": []})", {"tensors[0] ('x').dims[0]", "1.5"});
-  expect_parse_error(R"({"tensors": [{"name": "x", "virtual": 1}], "ops": []})", {"('x').virtual", "true or false"});
+  expect_parse_error(
+      R"({"tensors": [{"name": "x", "dims": [1]}, {"name": "w", "dims": [1, "3"]}], "ops": []})",
+      {"tensors[1] ('w').dims[1]: expected an integer, got \"3\""});
+  expect_parse_error(R"({"tensors": [{"name": "x", "dims": [1.5]}], "ops": []})",
+                     {"tensors[0] ('x').dims[0]", "1.5"});
+  expect_parse_error(R"({"tensors": [{"name": "x", "virtual": 1}], "ops": []})",
+                     {"('x').virtual", "true or false"});
   expect_parse_error(R"({"tensors": {}, "ops": []})", {"tensors", "an array"});
   expect_parse_error(R"([1, 2])", {"graph", "an object"});
-  expect_parse_error(R"({"tensors": [{"name": "x", "scalar": "1"}], "ops": []})", {"('x').scalar", "a number"});
+  expect_parse_error(R"({"tensors": [{"name": "x", "scalar": "1"}], "ops": []})",
+                     {"('x').scalar", "a number"});
   expect_parse_error(R"({"tensors": [], "ops": [{"op": "relu", "name": "r", "inputs": {"x": 3}}]})",
                      {"ops[0] ('r').inputs.x", "a string"});
-  expect_parse_error(R"({"tensors": [], "ops": [{"op": "conv_fprop", "name": "c", "inputs": {}, "padding": [1, -1.0]}]})",
-                     {"ops[0] ('c').padding[1]", "expected an integer"});
+  expect_parse_error(
+      R"({"tensors": [], "ops": [{"op": "conv_fprop", "name": "c", "inputs": {}, "padding": [1, -1.0]}]})",
+      {"ops[0] ('c').padding[1]", "expected an integer"});
 }
 
 TEST(Json, UnknownNamesListAccepted) {
-  expect_parse_error(R"({"tensors": [], "ops": [], "extra": 1})", {"unknown field 'extra'", "io_dtype", "tensors"});
+  expect_parse_error(R"({"tensors": [], "ops": [], "extra": 1})",
+                     {"unknown field 'extra'", "io_dtype", "tensors"});
   expect_parse_error(R"({"tensors": [{"name": "x", "shape": [1]}], "ops": []})",
                      {"('x')", "unknown field 'shape'", "dims", "strides", "scalar"});
   expect_parse_error(R"({"tensors": [], "ops": [{"op": "relu", "name": "r", "inputs": {}, "padding": [1]}]})",
                      {"ops[0] ('r')", "unknown field 'padding'", "compute_dtype"});
   expect_parse_error(R"({"tensors": [], "ops": [{"op": "gelu", "name": "g", "inputs": {}}]})",
                      {"ops[0] ('g').op", "unknown op \"gelu\"", "gelu_tanh", "conv_fprop"});
-  expect_parse_error(R"({"io_dtype": "fp64", "tensors": [], "ops": []})", {"io_dtype", "fp64", "bf16", "fp8_e4m3"});
+  expect_parse_error(R"({"io_dtype": "fp64", "tensors": [], "ops": []})",
+                     {"io_dtype", "fp64", "bf16", "fp8_e4m3"});
   expect_parse_error(R"({"tensors": [{"dims": [1]}], "ops": []})", {"tensors[0]", "missing field 'name'"});
   expect_parse_error(R"({"ops": []})", {"missing field 'tensors'"});
 }
@@ -179,7 +186,8 @@ TEST(Json, EveryExampleResolves) {
     if (e.path().filename() == "invalid_shapes.json") {
       ASSERT_FALSE(g.ok()) << e.path();
       const std::string& m = g.status().message();
-      for (const char* n : {"conv1", "'w'", "'x'", "C=48", "C=64", "divide"}) EXPECT_NE(m.find(n), std::string::npos) << m;
+      for (const char* n : {"conv1", "'w'", "'x'", "C=48", "C=64", "divide"})
+        EXPECT_NE(m.find(n), std::string::npos) << m;
       continue;
     }
     if (e.path().filename() == "invalid_sdpa_lengths.json") {
@@ -233,7 +241,9 @@ TEST(Json, ExampleShapes) {
 TEST(Json, TruncatedFileFailsCleanly) {
   std::string text = read_text(examples_dir() + "/conv_bias_relu.json");
   ASSERT_GT(text.size(), 100u);
-  fs::path tmp = fs::temp_directory_path() / ("fusebox_truncated_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + ".json");
+  fs::path tmp =
+      fs::temp_directory_path() /
+      ("fusebox_truncated_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + ".json");
   {
     std::ofstream out(tmp, std::ios::binary);
     out << text.substr(0, text.size() / 2);

@@ -70,7 +70,6 @@ GraphSpec layernorm_graph(const NormGraph& p) {
   return g;
 }
 
-
 const ResolvedTensor& T(const ResolvedGraph& g, const std::string& name) {
   return g.tensors[g.find_tensor(name)];
 }

@@ -34,7 +34,8 @@ SupportOracle fake_oracle(std::string loner, std::set<std::string> none = {}, in
     for (const auto& t : none) {
       if (types.count(t)) return NotSupported("fake oracle: no engine for " + t);
     }
-    if (types.count(loner) && part.ops.size() > 1) return NotSupported("fake oracle: " + loner + " runs alone");
+    if (types.count(loner) && part.ops.size() > 1)
+      return NotSupported("fake oracle: " + loner + " runs alone");
     return Status::Ok();
   };
 }
@@ -77,7 +78,8 @@ TEST(Partition, DgradThenReluBwdSplitsThroughATemporary) {
   EXPECT_GT(a.tensors[ia].uid, 0);
   // Graph inputs and outputs keep their names and layouts.
   EXPECT_EQ(b.tensors[b.find_tensor("dz")].strides, g.tensors[g.find_tensor("dz")].strides);
-  EXPECT_NE(p->parts[0].why_cut.find("fake oracle: relu_bwd runs alone"), std::string::npos) << p->parts[0].why_cut;
+  EXPECT_NE(p->parts[0].why_cut.find("fake oracle: relu_bwd runs alone"), std::string::npos)
+      << p->parts[0].why_cut;
   EXPECT_NE(p->parts[0].why_cut.find("[conv_dgrad 'dgrad'] and [relu_bwd 'drelu']"), std::string::npos);
   EXPECT_TRUE(p->parts[1].why_cut.empty());
 }
@@ -106,7 +108,8 @@ TEST(Partition, ATemporaryFallsBackToTheIoDtypeWhenThePartsWantIt) {
     const auto types = op_types(part);
     if (types.count("reduce_amax") && part.ops.size() > 1) return NotSupported("fake oracle: reduce alone");
     for (const auto& t : part.tensors) {
-      if (!t.is_virtual && !t.scalar_value && t.name == "pre" && t.dtype != g.io_dtype) return NotSupported("io dtype only");
+      if (!t.is_virtual && !t.scalar_value && t.name == "pre" && t.dtype != g.io_dtype)
+        return NotSupported("io dtype only");
     }
     return Status::Ok();
   });

@@ -18,7 +18,8 @@ using common::SerializedPart;
 namespace {
 
 std::vector<uint8_t> real_payload() {  // as payload_check_test.cpp reads it
-  std::ifstream in(std::string(FUSEBOX_SOURCE_DIR) + "/fuzz/corpus/plan_file/conv_bias_relu_file", std::ios::binary);
+  std::ifstream in(std::string(FUSEBOX_SOURCE_DIR) + "/fuzz/corpus/plan_file/conv_bias_relu_file",
+                   std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
   const std::string f = ss.str().substr(1);
@@ -71,11 +72,15 @@ TEST(PlanParts, TemporaryDtypesRoundTrip) {
   const std::string n = std::to_string(p.size());
   std::vector<uint8_t> both = p;
   both.insert(both.end(), p.begin(), p.end());
-  expect_parse_error(with_header("{\"temporaries\":[{\"tensor\":-1,\"dtype\":\"bf16\"}],\"parts\":[{\"first_op\":0,"
-                                 "\"op_count\":2,\"engine\":\"e\",\"bytes\":" + n + "},{\"first_op\":2,\"op_count\":2,"
-                                 "\"engine\":\"e\",\"bytes\":" + n + "}]}",
-                                 both),
-                     4, "a temporary is not");
+  expect_parse_error(
+      with_header("{\"temporaries\":[{\"tensor\":-1,\"dtype\":\"bf16\"}],\"parts\":[{\"first_op\":0,"
+                  "\"op_count\":2,\"engine\":\"e\",\"bytes\":" +
+                      n +
+                      "},{\"first_op\":2,\"op_count\":2,"
+                      "\"engine\":\"e\",\"bytes\":" +
+                      n + "}]}",
+                  both),
+      4, "a temporary is not");
 }
 
 TEST(PlanParts, HostileContainersAreParseErrors) {
@@ -90,14 +95,16 @@ TEST(PlanParts, HostileContainersAreParseErrors) {
   const auto p = real_payload();
   const std::string n = std::to_string(p.size());
   expect_parse_error(with_header("not json", p), 4, "");
-  expect_parse_error(with_header("{\"parts\":[{\"first_op\":0,\"op_count\":4,\"engine\":\"e\",\"bytes\":" + n + "}]}", p), 4,
-                     "1 parts");
+  expect_parse_error(
+      with_header("{\"parts\":[{\"first_op\":0,\"op_count\":4,\"engine\":\"e\",\"bytes\":" + n + "}]}", p), 4,
+      "1 parts");
   std::vector<uint8_t> both = p;
   both.insert(both.end(), p.begin(), p.end());
-  expect_parse_error(with_header("{\"parts\":[{\"first_op\":0,\"op_count\":2,\"engine\":\"e\",\"bytes\":" + n +
-                                     "},{\"first_op\":1,\"op_count\":3,\"engine\":\"e\",\"bytes\":" + n + "}]}",
-                                 both),
-                     4, "expected to start at op 2");
+  expect_parse_error(
+      with_header("{\"parts\":[{\"first_op\":0,\"op_count\":2,\"engine\":\"e\",\"bytes\":" + n +
+                      "},{\"first_op\":1,\"op_count\":3,\"engine\":\"e\",\"bytes\":" + n + "}]}",
+                  both),
+      4, "expected to start at op 2");
   expect_parse_error(with_header("{\"parts\":[{\"first_op\":0,\"op_count\":2,\"engine\":\"e\",\"bytes\":-5},"
                                  "{\"first_op\":2,\"op_count\":2,\"engine\":\"e\",\"bytes\":1}]}",
                                  both),

@@ -1,9 +1,10 @@
 // CPU reference: each op against hand-computed values.
+#include "fusebox/reference.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "fusebox/reference.h"
 #include "reference_test_util.h"
 
 namespace fusebox {
@@ -45,10 +46,10 @@ TEST(ReferenceCpu, ConvPaddingOneStrideTwo) {
 TEST(ReferenceCpu, ConvPaddingOneStrideOne) {
   const std::vector<float> y = conv_tiny({{1, 1}, {1, 1}, {1, 1}}, {1, 1, 4, 4});
   ASSERT_EQ(y.size(), 16u);
-  EXPECT_EQ(y[0], 4);    // x(0,0)*w(1,1)
-  EXPECT_EQ(y[5], 37);   // the unpadded (0,0) window
-  EXPECT_EQ(y[15], 9);   // x(2,2)*w(0,0)
-  EXPECT_EQ(y[3], 9);    // x(0,2)*w(1,0)
+  EXPECT_EQ(y[0], 4);   // x(0,0)*w(1,1)
+  EXPECT_EQ(y[5], 37);  // the unpadded (0,0) window
+  EXPECT_EQ(y[15], 9);  // x(2,2)*w(0,0)
+  EXPECT_EQ(y[3], 9);   // x(0,2)*w(1,0)
 }
 
 TEST(ReferenceCpu, ConvDilationTwo) {
@@ -159,7 +160,8 @@ TEST(ReferenceCpu, Conv3dMatchesLoop) {
             for (int64_t t = 0; t < T; ++t)
               for (int64_t rr = 0; rr < R; ++rr)
                 for (int64_t s = 0; s < S; ++s) {
-                  const int64_t id = od * sd - pd + t * dd, ih = oh * sh - ph + rr * dh, iw = ow * sw - pw + s * dw;
+                  const int64_t id = od * sd - pd + t * dd, ih = oh * sh - ph + rr * dh,
+                                iw = ow * sw - pw + s * dw;
                   if (id < 0 || id >= D || ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
                   acc += hx.at({0, c, id, ih, iw}) * hw.at({k, c, t, rr, s});
                 }
@@ -235,7 +237,8 @@ TEST(ReferenceCpu, BinaryPointwiseBroadcast) {
     const int y = g.tensor("y", {1, 2, 3});
     const bool xb = mode == PointwiseMode::kBiasAdd || mode == PointwiseMode::kScale;
     const std::string r0 = xb ? "x" : "a", r1 = mode == PointwiseMode::kBiasAdd ? "bias"
-                                                : mode == PointwiseMode::kScale ? "scale" : "b";
+                                                : mode == PointwiseMode::kScale ? "scale"
+                                                                                : "b";
     g.op("pw", PointwiseAttrs{mode}, {{r0, a}, {r1, b}}, y);
     auto r = reference_cpu(g.g, {{"a", host_from(g.t(a), av)}, {"b", host_from(g.t(b), bvals)}});
     EXPECT_TRUE(r.ok()) << r.status().ToString();
@@ -245,7 +248,8 @@ TEST(ReferenceCpu, BinaryPointwiseBroadcast) {
   EXPECT_EQ(run(PointwiseMode::kSub, {1, 1, 3}, bv), (std::vector<float>{-9, -18, -27, -6, -15, -24}));
   EXPECT_EQ(run(PointwiseMode::kMul, {1, 1, 3}, bv), (std::vector<float>{10, 40, 90, 40, 100, 180}));
   // bias [1,2,1]: one value per row.
-  EXPECT_EQ(run(PointwiseMode::kBiasAdd, {1, 2, 1}, {100, 200}), (std::vector<float>{101, 102, 103, 204, 205, 206}));
+  EXPECT_EQ(run(PointwiseMode::kBiasAdd, {1, 2, 1}, {100, 200}),
+            (std::vector<float>{101, 102, 103, 204, 205, 206}));
   // scale by a one-element tensor.
   EXPECT_EQ(run(PointwiseMode::kScale, {1, 1, 1}, {0.5}), (std::vector<float>{0.5, 1, 1.5, 2, 2.5, 3}));
 }

@@ -3,6 +3,8 @@
 // loop with the P rounding emulated; backward-input derivation and
 // don't-care masking; dropout through a fixed (dumped) keep-mask, and the
 // checks of a dumped mask.
+#include "reference_test_sdpa.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 
 #include "../../src/reference/ops/sdpa_mask.h"
 #include "fusebox/reference.h"
-#include "reference_test_sdpa.h"
 
 namespace fusebox {
 namespace {
@@ -51,8 +52,8 @@ TEST(SdpaMaskIntervals, MatchSdpaKeeps) {
                 reference_detail::sdpa_kept_keys(m, i, lq, lkv, &lo, &hi);
                 for (int64_t j = 0; j < Skv; ++j)
                   ASSERT_EQ(sdpa_keeps(o, i, j, lq, lkv), j >= lo && j <= hi)
-                      << "keys: align " << align << " right " << right << " left " << left << " padding " << padding
-                      << " lq " << lq << " lkv " << lkv << " i " << i << " j " << j;
+                      << "keys: align " << align << " right " << right << " left " << left << " padding "
+                      << padding << " lq " << lq << " lkv " << lkv << " i " << i << " j " << j;
               }
               for (int64_t j = 0; j < Skv; ++j) {
                 int64_t lo, hi;
@@ -84,7 +85,8 @@ void zero_q(SdpaProblem& p) {
 double softmax_mean(const std::vector<double>& scores, const std::vector<double>& v) {
   double mx = -INFINITY, sum = 0, acc = 0;
   for (double s : scores) mx = std::max(mx, s);
-  for (size_t j = 0; j < scores.size(); ++j) sum += std::exp(scores[j] - mx), acc += std::exp(scores[j] - mx) * v[j];
+  for (size_t j = 0; j < scores.size(); ++j)
+    sum += std::exp(scores[j] - mx), acc += std::exp(scores[j] - mx) * v[j];
   return acc / sum;
 }
 
@@ -95,7 +97,8 @@ TEST(SdpaReferenceCpu, BiasIsAddedToTheScores) {
   SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
   zero_q(p);
   const ReferenceOutputs r = run_cpu(p);
-  const std::vector<float> bias = p.inputs.at("bias").to_float_logical(), v = p.inputs.at("v").to_float_logical();
+  const std::vector<float> bias = p.inputs.at("bias").to_float_logical(),
+                           v = p.inputs.at("v").to_float_logical();
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t i = 0; i < 3; ++i) {
       const std::vector<double> s = {bias[i * 3], bias[i * 3 + 1], bias[i * 3 + 2]};
@@ -115,7 +118,8 @@ TEST(SdpaReferenceCpu, AlibiAddsSlopeTimesDistance) {
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t i = 0; i < 3; ++i) {
       std::vector<double> s, vv;
-      for (int64_t j = 0; j <= i; ++j) s.push_back(slopes[h] * static_cast<double>(j - i)), vv.push_back(v[j]);
+      for (int64_t j = 0; j <= i; ++j)
+        s.push_back(slopes[h] * static_cast<double>(j - i)), vv.push_back(v[j]);
       EXPECT_NEAR(r.at("o")[h * 3 + i], softmax_mean(s, vv), 1e-6) << h << "," << i;
     }
 }
@@ -169,7 +173,8 @@ TEST(SdpaReferenceCpu, BottomRightEmptyRows) {
   }
   // row 2 sees key 0 only: o = v_0
   SdpaProblem p = make_sdpa(c, SdpaKind::kFwd);
-  for (int64_t d = 0; d < c.Dv; ++d) EXPECT_NEAR(r.at("o")[2 * c.Dv + d], p.inputs.at("v").at({0, 0, 0, d}), 1e-7);
+  for (int64_t d = 0; d < c.Dv; ++d)
+    EXPECT_NEAR(r.at("o")[2 * c.Dv + d], p.inputs.at("v").at({0, 0, 0, d}), 1e-7);
   EXPECT_TRUE(std::isfinite(r.at("stats")[4]));
 }
 
@@ -190,7 +195,8 @@ TEST(SdpaReferenceCpu, BadLengthNamesOpAndTensor) {
 
 // dL/dx of L = sum(o * do) by central differences of the CPU forward, for
 // every element of input `name` (fp32, so perturbations are exact enough).
-std::vector<float> numeric_gradient(SdpaProblem fwd, const std::string& name, const std::vector<float>& dout) {
+std::vector<float> numeric_gradient(SdpaProblem fwd, const std::string& name,
+                                    const std::vector<float>& dout) {
   const ResolvedTensor& t = fwd.g.tensors[fwd.g.find_tensor(name)];
   const std::vector<float> x = fwd.inputs.at(name).to_float_logical();
   const double h = 1e-2;
@@ -314,8 +320,10 @@ TEST(SdpaDeriveBwdInputs, OIsTheForwardRoundedInItsLayoutAndStatsInfWhereEmpty) 
   for (size_t e = 0; e < ov.size(); ++e)
     EXPECT_EQ(ov[e], bf16_bits_to_float(float_to_bf16_bits(f.at("o")[e]))) << e;
   for (size_t r = 0; r < sv.size(); ++r) {
-    if (r % c.Sq < 2) EXPECT_EQ(sv[r], INFINITY) << r;  // rows 0, 1 keep no key
-    else EXPECT_EQ(sv[r], f.at("stats")[r]) << r;
+    if (r % c.Sq < 2)
+      EXPECT_EQ(sv[r], INFINITY) << r;  // rows 0, 1 keep no key
+    else
+      EXPECT_EQ(sv[r], f.at("stats")[r]) << r;
   }
 }
 
@@ -377,20 +385,21 @@ TEST(SdpaFp8ReferenceCpu, MatchesFp64WithRoundedP) {
         for (int64_t j = 0; j <= i; ++j) {
           const double pj = std::exp(s[j] - mx) / sum;
           amax_s = std::max(amax_s, pj);
-          const float p8 = fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(pj * sc.at("scale_s")),
-                                                                DType::kFP8E4M3), DType::kFP8E4M3);
+          const float p8 = fp8_bits_to_float(
+              float_to_fp8_bits(static_cast<float>(pj * sc.at("scale_s")), DType::kFP8E4M3), DType::kFP8E4M3);
           acc += p8 * v.at({0, 0, j, d});
           exact += pj * sc.at("scale_s") * v.at({0, 0, j, d});
         }
         const double O = sc.at("descale_s") * sc.at("descale_v") * acc;
         rounding_effect = std::max(rounding_effect, std::fabs(acc - exact));
         amax_o = std::max(amax_o, std::fabs(O));
-        EXPECT_NEAR(r.at("o")[(h * c.Sq + i) * c.Dv + d], O * sc.at("scale_o"), 1e-5) << h << "," << i << "," << d;
+        EXPECT_NEAR(r.at("o")[(h * c.Sq + i) * c.Dv + d], O * sc.at("scale_o"), 1e-5)
+            << h << "," << i << "," << d;
       }
     }
   EXPECT_FLOAT_EQ(r.at("amax_s")[0], static_cast<float>(amax_s));
   EXPECT_FLOAT_EQ(r.at("amax_o")[0], static_cast<float>(amax_o));
-  EXPECT_EQ(amax_s, 1.0);  // causal row 0 keeps one key
+  EXPECT_EQ(amax_s, 1.0);            // causal row 0 keeps one key
   EXPECT_GT(rounding_effect, 1e-3);  // the e4m3 rounding of P is visible at this size
 }
 
@@ -421,7 +430,8 @@ ByHand dropout_forward_by_hand(const SdpaCase& c, const SdpaProblem& p, bool fp8
   const HostTensor &q = p.inputs.at("q"), &k = p.inputs.at("k"), &v = p.inputs.at("v");
   const std::vector<float> mask = p.inputs.at("dropout_mask").to_float_logical();
   const double drop = *c.options.dropout, G = static_cast<double>(c.Hq / c.Hk);
-  const double scale = (fp8 ? sc.at("descale_q") * sc.at("descale_k") : 1.0) / std::sqrt(static_cast<double>(c.D));
+  const double scale =
+      (fp8 ? sc.at("descale_q") * sc.at("descale_k") : 1.0) / std::sqrt(static_cast<double>(c.D));
   ByHand r;
   for (int64_t b = 0; b < c.B; ++b)
     for (int64_t h = 0; h < c.Hq; ++h)
@@ -445,8 +455,9 @@ ByHand dropout_forward_by_hand(const SdpaCase& c, const SdpaProblem& p, bool fp8
             double pj = std::exp(s[j] - lse) * mask[row * c.Skv + j] / (1 - drop);
             r.amax_s = std::max(r.amax_s, pj);
             if (fp8)
-              pj = fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(pj * sc.at("scale_s")), DType::kFP8E4M3),
-                                     DType::kFP8E4M3);
+              pj = fp8_bits_to_float(
+                  float_to_fp8_bits(static_cast<float>(pj * sc.at("scale_s")), DType::kFP8E4M3),
+                  DType::kFP8E4M3);
             acc += pj * v.at({b, hk, static_cast<int64_t>(j), d});
           }
           const double O = fp8 ? sc.at("descale_s") * sc.at("descale_v") * acc : acc;
@@ -503,8 +514,8 @@ void expect_dropout_gradients_match_finite_differences(const SdpaCase& c) {
   // The derived o is the dropout-free one; the true gradient needs the forward's own (through Di).
   const ReferenceOutputs f = run_cpu(fwd);
   const std::vector<float>& o = f.at("o");
-  bwd.inputs["o"] = testing_util::host_from(bwd.g.tensors[bwd.g.find_tensor("o")],
-                                            std::vector<double>(o.begin(), o.end()));
+  bwd.inputs["o"] =
+      testing_util::host_from(bwd.g.tensors[bwd.g.find_tensor("o")], std::vector<double>(o.begin(), o.end()));
   auto grads = reference_cpu(bwd.g, bwd.inputs);
   ASSERT_TRUE(grads.ok()) << grads.status().ToString();
   EXPECT_EQ(grads->count("dropout_mask"), 0u);
@@ -585,7 +596,8 @@ TEST(SdpaDropoutReferenceCpu, MissingMaskIsNotSupported) {
   auto r = reference_cpu(p.g, p.inputs);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
-  EXPECT_NE(r.status().message().find("[sdpa_fwd 'attn'] dropout 0.1"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("[sdpa_fwd 'attn'] dropout 0.1"), std::string::npos)
+      << r.status().message();
   EXPECT_NE(r.status().message().find("declare a 'dropout_mask' output to verify dropout"), std::string::npos)
       << r.status().message();
   // The output is declared but its values were not fed in.
@@ -704,8 +716,10 @@ TEST(CheckDropoutMask, GraphChecksKeptPositionsOnly) {
         for (int64_t j = 0; j < c.Skv; ++j) {
           const bool keeps = sdpa_keeps(c.options, i, j, static_cast<int64_t>(c.seq_len_q[b]),
                                         static_cast<int64_t>(c.seq_len_kv[b]));
-          if (keeps) ++kept_pairs;
-          else mask[((b * c.Hq + h) * c.Sq + i) * c.Skv + j] = 0.5f;  // garbage where nothing reads it
+          if (keeps)
+            ++kept_pairs;
+          else
+            mask[((b * c.Hq + h) * c.Sq + i) * c.Skv + j] = 0.5f;  // garbage where nothing reads it
         }
   std::map<std::string, std::vector<float>> outs = {{"dropout_mask", mask}, {"o", {}}};
   auto r = check_dropout_masks(p.g, p.inputs, outs);

@@ -18,10 +18,10 @@ struct SdpaCase {
   int64_t B = 2, Hq = 4, Hk = 2, Sq = 5, Skv = 6, D = 4, Dv = 3;
   SdpaOptions options;
   std::vector<double> seq_len_q, seq_len_kv;  // with options.padding, one per batch
-  std::vector<int64_t> bias_dims;              // with options.bias: [B or 1, Hq or 1, Sq, Skv]
-  DType dtype = DType::kFP32;                  // q, k, v, o, do (fp8 ops: e4m3 q, k, v; o stays this)
-  bool bshd = false;                           // [B, S, H, D] memory for q, k, v, o, do
-  double q_range = 2.0;                        // q in [-q_range, q_range]: peaky enough softmax rows
+  std::vector<int64_t> bias_dims;             // with options.bias: [B or 1, Hq or 1, Sq, Skv]
+  DType dtype = DType::kFP32;                 // q, k, v, o, do (fp8 ops: e4m3 q, k, v; o stays this)
+  bool bshd = false;                          // [B, S, H, D] memory for q, k, v, o, do
+  double q_range = 2.0;                       // q in [-q_range, q_range]: peaky enough softmax rows
   // options.dropout adds inputs "seed" and "offset"; options.dump_dropout_mask
   // the output "dropout_mask", whose values (a Bernoulli(1 - dropout) keep-mask
   // drawn from the problem's seed, as cuDNN would dump it) go into the inputs.
@@ -42,8 +42,9 @@ struct SdpaProblem {
 
 // The fixed fp8 scales: P * scale_s spans e4m3's [0, 16], descales undo the scales.
 inline const std::map<std::string, double>& fp8_scales() {
-  static const std::map<std::string, double> s = {{"descale_q", 0.5},  {"descale_k", 1.5},     {"descale_v", 0.75},
-                                                  {"descale_s", 1 / 16.0}, {"scale_s", 16.0}, {"scale_o", 2.0}};
+  static const std::map<std::string, double> s = {{"descale_q", 0.5},  {"descale_k", 1.5},
+                                                  {"descale_v", 0.75}, {"descale_s", 1 / 16.0},
+                                                  {"scale_s", 16.0},   {"scale_o", 2.0}};
   return s;
 }
 
@@ -113,13 +114,20 @@ inline SdpaProblem make_sdpa(const SdpaCase& c, SdpaKind kind, uint64_t seed = 1
   SdpaProblem p;
   for (const auto& [role, idx] : in) {
     const ResolvedTensor& t = b.g.tensors[idx];
-    if (role == "seq_len_q") p.inputs[t.name] = host_from(t, c.seq_len_q);
-    else if (role == "seq_len_kv") p.inputs[t.name] = host_from(t, c.seq_len_kv);
-    else if (fp8_scales().count(role)) p.inputs[t.name] = host_from(t, {fp8_scales().at(role)});
-    else if (role == "seed") p.inputs[t.name] = host_from(t, {static_cast<double>(seed)});
-    else if (role == "offset") p.inputs[t.name] = host_from(t, {0});
-    else if (role == "q") p.inputs[t.name] = random_tensor(t, seed, -c.q_range, c.q_range);
-    else p.inputs[t.name] = random_tensor(t, seed);
+    if (role == "seq_len_q")
+      p.inputs[t.name] = host_from(t, c.seq_len_q);
+    else if (role == "seq_len_kv")
+      p.inputs[t.name] = host_from(t, c.seq_len_kv);
+    else if (fp8_scales().count(role))
+      p.inputs[t.name] = host_from(t, {fp8_scales().at(role)});
+    else if (role == "seed")
+      p.inputs[t.name] = host_from(t, {static_cast<double>(seed)});
+    else if (role == "offset")
+      p.inputs[t.name] = host_from(t, {0});
+    else if (role == "q")
+      p.inputs[t.name] = random_tensor(t, seed, -c.q_range, c.q_range);
+    else
+      p.inputs[t.name] = random_tensor(t, seed);
   }
   if (c.options.dump_dropout_mask) {
     const ResolvedTensor& t = b.g.tensors[out.at("dropout_mask")];

@@ -1,6 +1,8 @@
 // fusebox tests: the sdpa_fp8_bwd references (src/reference/ops/sdpa_fp8_bwd.h)
 // against an independent loop over full score matrices with the same fp8
 // rounding points; derived inputs; tolerances that reject wrong scales and masks.
+#include "reference_test_sdpa_fp8_bwd.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,18 +15,17 @@
 #include "fusebox/graph.h"
 #include "fusebox/reference.h"
 #include "fusebox/tensor.h"
-#include "reference_test_sdpa_fp8_bwd.h"
 #include "reference_test_util.h"
 
 namespace fusebox {
 namespace {
 
+using testing_util::fp8_bwd_variants;
 using testing_util::Fp8BwdCase;
 using testing_util::Fp8BwdProblem;
 using testing_util::host_from;
 using testing_util::make_fp8_bwd;
 using testing_util::r8;
-using testing_util::fp8_bwd_variants;
 
 // The independent computation: per (b, h) the full S, P, dP, dS matrices, with
 // sdpa_keeps() as the mask. Real = double: fp64 like the CPU reference;
@@ -35,7 +36,8 @@ ReferenceOutputs by_hand(const Fp8BwdCase& c, const Fp8BwdProblem& p) {
   const std::vector<float> q = vals("q"), k = vals("k"), v = vals("v"), o = vals("o"), dout = vals("do"),
                            stats = vals("stats");
   auto s = [&](const char* n) { return static_cast<Real>(c.scales.at(n)); };
-  const Real attn = static_cast<Real>(c.options.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.D))));
+  const Real attn =
+      static_cast<Real>(c.options.attn_scale.value_or(1.0 / std::sqrt(static_cast<double>(c.D))));
   const int64_t G = c.Hq / c.Hk;
   ReferenceOutputs r;
   r["dq"].assign(static_cast<size_t>(c.B * c.Hq * c.Sq * c.D), 0.0f);
@@ -221,7 +223,8 @@ TEST(SdpaFp8BwdReferenceCpu, DerivedInputsAreTheFp8Forward) {
         for (int64_t j = 0; j < c.Skv; ++j) {
           if (!sdpa_keeps(c.options, i, j, lq, lkv)) continue;
           double dot = 0;
-          for (int64_t d = 0; d < c.D; ++d) dot += static_cast<double>(q[row * c.D + d]) * k[((b * c.Hk + h / G) * c.Skv + j) * c.D + d];
+          for (int64_t d = 0; d < c.D; ++d)
+            dot += static_cast<double>(q[row * c.D + d]) * k[((b * c.Hk + h / G) * c.Skv + j) * c.D + d];
           s[j] = scale * dot;
           mx = std::max(mx, s[j]);
         }
@@ -241,7 +244,8 @@ TEST(SdpaFp8BwdReferenceCpu, DerivedInputsAreTheFp8Forward) {
               acc += r8(std::exp(s[j] - lse) * c.scales["scale_s"], DType::kFP8E4M3) *
                      v[((b * c.Hk + h / G) * c.Skv + j) * c.Dv + d];
           const double O = c.scales["descale_s"] * c.scales["descale_v"] * acc;
-          EXPECT_EQ(o[row * c.Dv + d], static_cast<float>(r8(O / c.scales["descale_o"], DType::kFP8E4M3))) << row;
+          EXPECT_EQ(o[row * c.Dv + d], static_cast<float>(r8(O / c.scales["descale_o"], DType::kFP8E4M3)))
+              << row;
           ++checked;
         }
       }
@@ -251,7 +255,8 @@ TEST(SdpaFp8BwdReferenceCpu, DerivedInputsAreTheFp8Forward) {
 // The example graph resolves, derives and runs on the CPU reference; its
 // amax values (printed) hint at scales (dq * scale_dq should reach e4m3's 448).
 TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
-  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/sdpa_fp8_bwd_small.json");
+  auto spec =
+      load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/sdpa_fp8_bwd_small.json");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   auto g = resolve(*spec);
   ASSERT_TRUE(g.ok()) << g.status().ToString();

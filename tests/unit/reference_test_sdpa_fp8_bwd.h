@@ -23,9 +23,9 @@ struct Fp8BwdCase {
   std::vector<double> seq_len_q, seq_len_kv;  // with options.padding
   DType do_dtype = DType::kFP8E4M3;
   std::map<std::string, double> scales = {
-      {"descale_q", 0.5},  {"descale_k", 1.5},       {"descale_v", 0.75},     {"descale_o", 0.5},
+      {"descale_q", 0.5},   {"descale_k", 1.5},      {"descale_v", 0.75},      {"descale_o", 0.5},
       {"descale_do", 0.25}, {"descale_s", 1 / 16.0}, {"descale_dp", 1 / 64.0}, {"scale_s", 16.0},
-      {"scale_dq", 4.0},   {"scale_dk", 2.0},        {"scale_dv", 8.0},       {"scale_dp", 64.0}};
+      {"scale_dq", 4.0},    {"scale_dk", 2.0},       {"scale_dv", 8.0},        {"scale_dp", 64.0}};
 };
 
 struct Fp8BwdProblem {
@@ -38,8 +38,9 @@ struct Fp8BwdProblem {
 inline Fp8BwdProblem make_fp8_bwd(const Fp8BwdCase& c, uint64_t seed = 7) {
   GraphBuilder b;
   b.g.name = "sdpa_fp8_bwd";
-  const std::vector<int64_t> qd = {c.B, c.Hq, c.Sq, c.D}, kd = {c.B, c.Hk, c.Skv, c.D}, vd = {c.B, c.Hk, c.Skv, c.Dv},
-                             od = {c.B, c.Hq, c.Sq, c.Dv}, sd = {c.B, c.Hq, c.Sq, 1}, one = {1, 1, 1, 1};
+  const std::vector<int64_t> qd = {c.B, c.Hq, c.Sq, c.D}, kd = {c.B, c.Hk, c.Skv, c.D},
+                             vd = {c.B, c.Hk, c.Skv, c.Dv}, od = {c.B, c.Hq, c.Sq, c.Dv},
+                             sd = {c.B, c.Hq, c.Sq, 1}, one = {1, 1, 1, 1};
   std::map<std::string, int> in, out;
   in["q"] = b.tensor("q", qd, DType::kFP8E4M3);
   in["k"] = b.tensor("k", kd, DType::kFP8E4M3);
@@ -62,11 +63,16 @@ inline Fp8BwdProblem make_fp8_bwd(const Fp8BwdCase& c, uint64_t seed = 7) {
   Fp8BwdProblem p;
   for (const auto& [role, idx] : in) {
     const ResolvedTensor& t = b.g.tensors[idx];
-    if (role == "seq_len_q") p.inputs[t.name] = host_from(t, c.seq_len_q);
-    else if (role == "seq_len_kv") p.inputs[t.name] = host_from(t, c.seq_len_kv);
-    else if (c.scales.count(role)) p.inputs[t.name] = host_from(t, {c.scales.at(role)});
-    else if (role == "q") p.inputs[t.name] = random_tensor(t, seed, -2.0, 2.0);
-    else p.inputs[t.name] = random_tensor(t, seed + idx, -1.0, 1.0);
+    if (role == "seq_len_q")
+      p.inputs[t.name] = host_from(t, c.seq_len_q);
+    else if (role == "seq_len_kv")
+      p.inputs[t.name] = host_from(t, c.seq_len_kv);
+    else if (c.scales.count(role))
+      p.inputs[t.name] = host_from(t, {c.scales.at(role)});
+    else if (role == "q")
+      p.inputs[t.name] = random_tensor(t, seed, -2.0, 2.0);
+    else
+      p.inputs[t.name] = random_tensor(t, seed + idx, -1.0, 1.0);
   }
   p.g = std::move(b.g);
   EXPECT_TRUE(derive_sdpa_bwd_inputs(p.g, p.inputs).ok());
@@ -74,7 +80,9 @@ inline Fp8BwdProblem make_fp8_bwd(const Fp8BwdCase& c, uint64_t seed = 7) {
 }
 
 // fp8 rounding (saturating, nearest even).
-inline double r8(double x, DType t) { return fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(x), t), t); }
+inline double r8(double x, DType t) {
+  return fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(x), t), t);
+}
 
 // The variants both reference tests run.
 inline std::vector<std::pair<std::string, Fp8BwdCase>> fp8_bwd_variants() {

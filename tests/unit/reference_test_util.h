@@ -115,7 +115,8 @@ inline void expect_error(const std::string& json, std::initializer_list<const ch
   ASSERT_FALSE(r.ok()) << "expected an error";
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   for (const char* n : needles)
-    EXPECT_NE(r.status().message().find(n), std::string::npos) << "message lacks '" << n << "': " << r.status().message();
+    EXPECT_NE(r.status().message().find(n), std::string::npos)
+        << "message lacks '" << n << "': " << r.status().message();
 }
 
 }  // namespace fusebox::testing_util

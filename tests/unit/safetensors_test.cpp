@@ -59,7 +59,8 @@ TEST_F(SafetensorsTest, ReadsATensor) {
   EXPECT_EQ(r->to_float_logical(), (std::vector<float>{1.5f, -2.0f}));
   auto missing = read_safetensors_for(path, "x", make("x", {2}));
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find("no tensor named 'x' (the file holds 1 tensors"), std::string::npos)
+  EXPECT_NE(missing.status().message().find("no tensor named 'x' (the file holds 1 tensors"),
+            std::string::npos)
       << missing.status().ToString();
 }
 
@@ -67,9 +68,9 @@ TEST_F(SafetensorsTest, ReadsATensor) {
 // '['): the depth is bounded before any parser sees it.
 TEST_F(SafetensorsTest, DeeplyNestedHeaderIsRefusedBeforeParsing) {
   const size_t depth = 1 << 20;
-  const std::string header =
-      R"({"__metadata__": )" + std::string(depth, '[') + std::string(depth, ']') + R"(, "w": {"dtype": "F32", )"
-      R"("shape": [1], "data_offsets": [0, 4]}})";
+  const std::string header = R"({"__metadata__": )" + std::string(depth, '[') + std::string(depth, ']') +
+                             R"(, "w": {"dtype": "F32", )"
+                             R"("shape": [1], "data_offsets": [0, 4]}})";
   const std::string path = write("deep.safetensors", header, std::string(4, '\0'));
   auto r = read_safetensors_for(path, "w", make("w", {1}));
   ASSERT_FALSE(r.ok());
@@ -110,8 +111,9 @@ TEST_F(SafetensorsTest, RewrittenFileIsParsedAgain) {
   const std::string h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";
   const std::string path = write("re.safetensors", h, std::string(reinterpret_cast<const char*>(&one), 4));
   ASSERT_TRUE(reader.read(path, "w", make("w", {1})).ok());
-  const std::string h2 = R"({"v": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "w": {"dtype": "F32", )"
-                         R"("shape": [1], "data_offsets": [0, 4]}})";
+  const std::string h2 =
+      R"({"v": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "w": {"dtype": "F32", )"
+      R"("shape": [1], "data_offsets": [0, 4]}})";
   write("re.safetensors", h2, std::string(reinterpret_cast<const char*>(&two), 4));
   auto r = reader.read(path, "v", make("v", {1}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -28,7 +28,8 @@ std::string block_json(const std::string& mask = R"("dims": [2, 4, 2, 1], "dtype
     {"name": "v", "dims": [2, 2, 384, 64]}, {"name": "bm", )" +
          mask + R"(}, {"name": "o"}, {"name": "stats", "dtype": "fp32"}],
   "ops": [{"op": ")" +
-         op + R"(", "name": "attn", "inputs": {"q": "q", "k": "k", "v": "v", "block_mask": "bm"}, "outputs": {"o": "o", "stats": "stats"}}]})";
+         op +
+         R"(", "name": "attn", "inputs": {"q": "q", "k": "k", "v": "v", "block_mask": "bm"}, "outputs": {"o": "o", "stats": "stats"}}]})";
 }
 
 TEST(SdpaBlockMask, Uint8IsADtype) {
@@ -47,8 +48,8 @@ TEST(SdpaBlockMask, DimsFromTheTileCounts) {
   EXPECT_EQ(sdpa_block_mask_dims(2, 4, 256, 384), (std::vector<int64_t>{2, 4, 2, 1}));
   EXPECT_EQ(sdpa_block_mask_dims(1, 1, 129, 1024), (std::vector<int64_t>{1, 1, 2, 1}));
   EXPECT_EQ(sdpa_block_mask_dims(1, 1, 1, 1025), (std::vector<int64_t>{1, 1, 1, 2}));  // 9 key tiles
-  EXPECT_TRUE(sdpa_block_keeps(0b100, 256));   // key tile 2: bit 2
-  EXPECT_FALSE(sdpa_block_keeps(0b100, 255));  // key tile 1
+  EXPECT_TRUE(sdpa_block_keeps(0b100, 256));                                           // key tile 2: bit 2
+  EXPECT_FALSE(sdpa_block_keeps(0b100, 255));                                          // key tile 1
   EXPECT_TRUE(sdpa_block_keeps(0b1, 8 * 128));  // tile 8: bit 0 of the next byte
 }
 
@@ -65,8 +66,10 @@ TEST(SdpaBlockMask, ResolvesAndDescribes) {
 // FLOPs count the kept tiles when the bytes are known (all kept: the dense
 // count; unknown random bytes: the dense count too).
 TEST(SdpaBlockMask, FlopsCountTheKeptTiles) {
-  auto all = resolve_json(block_json(R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7])"));
-  auto some = resolve_json(block_json(R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [1, 3, 5, 6, 4, 7, 2, 5, 7, 1, 6, 3, 3, 4, 5, 0])"));
+  auto all = resolve_json(block_json(
+      R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7])"));
+  auto some = resolve_json(block_json(
+      R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [1, 3, 5, 6, 4, 7, 2, 5, 7, 1, 6, 3, 3, 4, 5, 0])"));
   auto random = resolve_json(block_json());
   ASSERT_TRUE(all.ok() && some.ok() && random.ok());
   const double dense = 2.0 * 2 * 4 * 256 * 384 * (64 + 64);
@@ -78,11 +81,14 @@ TEST(SdpaBlockMask, FlopsCountTheKeptTiles) {
 }
 
 TEST(SdpaBlockMask, BadMasksNameTheTensorAndWhatIsAccepted) {
-  expect_error(block_json(R"("dims": [2, 4, 2, 2], "dtype": "uint8")"),
-               {"[sdpa_fwd 'attn']", "block_mask", "'bm'", "[2, 4, 2, 2]", "[2, 4, 2, 1]", "128 x 128", "Skv 384"});
+  expect_error(
+      block_json(R"("dims": [2, 4, 2, 2], "dtype": "uint8")"),
+      {"[sdpa_fwd 'attn']", "block_mask", "'bm'", "[2, 4, 2, 2]", "[2, 4, 2, 1]", "128 x 128", "Skv 384"});
   expect_error(block_json(R"("dims": [2, 4, 2, 1], "dtype": "int32")"), {"'bm'", "int32", "uint8"});
-  expect_error(block_json(R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [1, 2, 3, 4, 5, 6, 7, 256, 1, 1, 1, 1, 1, 1, 1, 1])"),
-               {"'bm'", "256", "[0, 255]"});
+  expect_error(
+      block_json(
+          R"("dims": [2, 4, 2, 1], "dtype": "uint8", "values": [1, 2, 3, 4, 5, 6, 7, 256, 1, 1, 1, 1, 1, 1, 1, 1])"),
+      {"'bm'", "256", "[0, 255]"});
   // Refused when parsed (exit 2 at check), before the roles sdpa_bwd needs are counted.
   auto bwd = parse_graph_json(block_json(R"("dims": [2, 4, 2, 1], "dtype": "uint8")", "sdpa_bwd"));
   ASSERT_FALSE(bwd.ok());

@@ -340,8 +340,10 @@ std::string sink_json(const std::string& op, const std::string& sink_dims, const
          (bwd ? R"({"name": "o_in", "dims": [1, 2, 3, 64]}, {"name": "do", "dims": [1, 2, 3, 64]},
                    {"name": "st", "dtype": "fp32", "dims": [1, 2, 3, 1]}, {"name": "dq"}, {"name": "dk"}, {"name": "dv"}],)"
               : R"({"name": "o"}, {"name": "stats", "dtype": "fp32"}],)") +
-         R"("ops": [{"op": ")" + op + R"(", "name": "attn", "causal": true, "inputs": {"q": "q", "k": "k", "v": "v", )" +
-         (bwd ? R"("o": "o_in", "do": "do", "stats": "st", )" : "") + R"("sink_token": "sink"}, "outputs": )" +
+         R"("ops": [{"op": ")" + op +
+         R"(", "name": "attn", "causal": true, "inputs": {"q": "q", "k": "k", "v": "v", )" +
+         (bwd ? R"("o": "o_in", "do": "do", "stats": "st", )" : "") +
+         R"("sink_token": "sink"}, "outputs": )" +
          (bwd ? R"({"dq": "dq", "dk": "dk", "dv": "dv"})" : R"({"o": "o", "stats": "stats"})") + "}]}";
 }
 
@@ -352,7 +354,9 @@ TEST(SdpaSinkResolve, RulesAndMessages) {
   EXPECT_NE(describe(*r).find("sink tokens"), std::string::npos);
   for (const auto& [dims, dtype, needles] :
        std::vector<std::tuple<std::string, std::string, std::vector<std::string>>>{
-           {"[1, 1, 1, 2]", "fp32", {"'sink_token' ('sink')", "[1, 2, 1, 1]", "one fp32 logit per query head"}},
+           {"[1, 1, 1, 2]",
+            "fp32",
+            {"'sink_token' ('sink')", "[1, 2, 1, 1]", "one fp32 logit per query head"}},
            {"[1, 2, 1, 1]", "bf16", {"'sink_token'", "bf16", "fp32"}}}) {
     auto bad = resolve_json(sink_json("sdpa_fwd", dims, dtype));
     ASSERT_FALSE(bad.ok()) << dims << " " << dtype;
@@ -422,8 +426,8 @@ TEST(SdpaSinkReferenceCpu, SinkGradientIsTheDerivativeOfTheForward) {
   }
   const ResolvedTensor& sink_t = fwd->tensors[fwd->find_tensor("sink")];
   auto forward = [&](double s0, double s1) {
-    std::map<std::string, HostTensor> f = {{"q", in["q"]}, {"k", in["k"]}, {"v", in["v"]},
-                                           {"sink", host_from(sink_t, {s0, s1})}};
+    std::map<std::string, HostTensor> f = {
+        {"q", in["q"]}, {"k", in["k"]}, {"v", in["v"]}, {"sink", host_from(sink_t, {s0, s1})}};
     return reference_cpu(*fwd, f);
   };
   auto base = forward(0.5, -1.0);
@@ -464,7 +468,7 @@ TEST(SdpaSinkReferenceCpu, SinkJoinsTheSoftmaxWithoutAValue) {
   std::map<std::string, HostTensor> in;
   for (int i : r->input_tensors()) {
     const ResolvedTensor& t = r->tensors[i];
-    in[t.name] = t.name == "q" ? host_from(t, std::vector<double>(2 * 3 * 64, 0.0))
+    in[t.name] = t.name == "q"      ? host_from(t, std::vector<double>(2 * 3 * 64, 0.0))
                  : t.values.empty() ? random_tensor(t, 9)
                                     : host_from(t, t.values);
   }

@@ -18,8 +18,8 @@ using testing_util::host_from;
 std::vector<int64_t> V(std::initializer_list<int64_t> v) { return v; }
 
 // q [B,Hq,Sq,D], k/v [B,Hk,Skv,D]; o (and stats) declared as graph outputs.
-GraphSpec sdpa_graph(std::vector<int64_t> q, std::vector<int64_t> k, std::vector<int64_t> v, SdpaFwdAttrs attrs,
-                     std::string layout = "") {
+GraphSpec sdpa_graph(std::vector<int64_t> q, std::vector<int64_t> k, std::vector<int64_t> v,
+                     SdpaFwdAttrs attrs, std::string layout = "") {
   GraphSpec g;
   g.name = "attn";
   g.tensor("q", q, layout);
@@ -30,7 +30,6 @@ GraphSpec sdpa_graph(std::vector<int64_t> q, std::vector<int64_t> k, std::vector
   if (attrs.generate_stats) g.output("attn.stats");
   return g;
 }
-
 
 TEST(SdpaLayout, BshdStrides) {
   EXPECT_EQ(*layout_strides({4, 16, 8192, 128}, "bshd"), V({16777216, 128, 2048, 1}));
@@ -90,7 +89,8 @@ TEST(SdpaMask, KeptPairsMatchesKeepsEverywhere) {
             for (int64_t i = 0; i < lq; ++i)
               for (int64_t j = 0; j < lkv; ++j) count += sdpa_keeps(o, i, j, lq, lkv) ? 1 : 0;
             EXPECT_DOUBLE_EQ(sdpa_kept_pairs(o, lq, lkv), count)
-                << "align " << align << " right " << right << " left " << left << " lq " << lq << " lkv " << lkv;
+                << "align " << align << " right " << right << " left " << left << " lq " << lq << " lkv "
+                << lkv;
             ++checked;
           }
   EXPECT_EQ(checked, 2 * 4 * 4 * 3 * 4);
@@ -223,8 +223,10 @@ TEST(SdpaJson, ParsesResolvesAndRoundTrips) {
   // Without a stats output, no stats; without attn_scale, 1/sqrt(D) after resolve.
   std::string no_stats = kSdpaJson;
   no_stats.replace(no_stats.find(", \"stats\": \"stats\""), std::string(", \"stats\": \"stats\"").size(), "");
-  no_stats.replace(no_stats.find(",\n    {\"name\": \"stats\"}"), std::string(",\n    {\"name\": \"stats\"}").size(), "");
-  no_stats.replace(no_stats.find("\"attn_scale\": 0.088, "), std::string("\"attn_scale\": 0.088, ").size(), "");
+  no_stats.replace(no_stats.find(",\n    {\"name\": \"stats\"}"),
+                   std::string(",\n    {\"name\": \"stats\"}").size(), "");
+  no_stats.replace(no_stats.find("\"attn_scale\": 0.088, "), std::string("\"attn_scale\": 0.088, ").size(),
+                   "");
   auto ns = parse_graph_json(no_stats, "no_stats.json");
   ASSERT_TRUE(ns.ok()) << ns.status().ToString();
   EXPECT_FALSE(std::get<SdpaFwdAttrs>(ns->ops[0].attrs).generate_stats);
@@ -238,10 +240,12 @@ TEST(SdpaJson, Errors) {
   bad.replace(bad.find("\"causal\": true"), std::string("\"causal\": true").size(), "\"causal\": 1");
   auto r = parse_graph_json(bad, "bad.json");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("causal: expected true or false"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("causal: expected true or false"), std::string::npos)
+      << r.status().message();
 
   std::string unknown = kSdpaJson;
-  unknown.replace(unknown.find("\"causal\": true"), std::string("\"causal\": true").size(), "\"padding\": [1]");
+  unknown.replace(unknown.find("\"causal\": true"), std::string("\"causal\": true").size(),
+                  "\"padding\": [1]");
   r = parse_graph_json(unknown, "unknown.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("attn_scale, causal"), std::string::npos) << r.status().message();

@@ -3,8 +3,8 @@
 #include <cstdio>
 
 #include "common.h"
-#include "dot.h"
 #include "common/plan_info_json.h"
+#include "dot.h"
 #include "fusebox/plan_file.h"
 
 namespace fusebox::cli {
@@ -62,7 +62,8 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
     if (!bytes.ok()) return emit_error(bytes.status(), &rep);
     PlanFileInfo info = make_plan_info(*g, plan, (*session)->target());
     if (rep.plan_check.state == "passed" || rep.plan_check.state == "trusted") {
-      // Checked on this GPU now or earlier: the file carries the sealed verdict, so loading it skips the check.
+      // Checked on this GPU now or earlier: the file carries the sealed verdict, so loading it skips the
+      // check.
       PlanCheckRun verdict;
       verdict.passed = true;
       verdict.detail = rep.plan_check.detail.empty() ? "passed the plan check" : rep.plan_check.detail;
@@ -108,10 +109,13 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
   } else {
     std::printf("%s (%s)\n", safe(g->name).c_str(), safe(path).c_str());
     if (hit) {
-      std::printf("  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f ms\n",
-                  rep.cache_key.c_str(), safe(plan.engine_name()).c_str(), format_bytes(plan.workspace_bytes()).c_str(),
-                  rep.cache_entry.info.built_deviceless ? "deviceless" : "on a GPU",
-                  safe(rep.cache_entry.created_utc).c_str(), rep.lookup_ms, rep.deserialize_ms);
+      std::printf(
+          "  plan cache hit (%s): engine %s, workspace %s, built %s on %s; lookup %.2f ms, deserialize %.2f "
+          "ms\n",
+          rep.cache_key.c_str(), safe(plan.engine_name()).c_str(),
+          format_bytes(plan.workspace_bytes()).c_str(),
+          rep.cache_entry.info.built_deviceless ? "deviceless" : "on a GPU",
+          safe(rep.cache_entry.created_utc).c_str(), rep.lookup_ms, rep.deserialize_ms);
     } else {
       print_attempts(rep);
       print_build_report(rep.build);
@@ -127,12 +131,14 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
 }  // namespace
 
 Runner add_build(CLI::App& app) {
-  auto* cmd = app.add_subcommand("build", "Run the five steps (validate, build operation graph, create execution "
-                                          "plans, check support, build plans) and report each");
+  auto* cmd = app.add_subcommand("build",
+                                 "Run the five steps (validate, build operation graph, create execution "
+                                 "plans, check support, build plans) and report each");
   auto a = std::make_shared<BuildArgs>();
   cmd->add_option("graph", a->graphs, "Graph JSON file(s)")->required();
   add_shape_flag(cmd, a->shape);
-  cmd->add_option("--device", a->device, "Device-properties file: build deviceless for that GPU (no GPU needed)");
+  cmd->add_option("--device", a->device,
+                  "Device-properties file: build deviceless for that GPU (no GPU needed)");
   cmd->add_option("--heuristics", a->heuristics,
                   "Heuristic modes: auto (a, then b, then fallback, until one yields an engine), or a "
                   "comma-separated list of a, b, fallback to pin")
@@ -142,10 +148,11 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--plan-out", a->plan_out, "Write the built plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_plan_check_flag(cmd, a->no_plan_check);
-  auto* dot = cmd->add_option("--dot", a->dot,
-                              "Write a Graphviz picture of the graph and the engine chosen (one engine for the "
-                              "whole graph) to FILE (no FILE or '-': stdout; write --dot=FILE)")
-                  ->expected(0, 1);
+  auto* dot =
+      cmd->add_option("--dot", a->dot,
+                      "Write a Graphviz picture of the graph and the engine chosen (one engine for the "
+                      "whole graph) to FILE (no FILE or '-': stdout; write --dot=FILE)")
+          ->expected(0, 1);
   add_cache_flags(cmd, a->cache);
   return [a, dot]() {
     a->want_dot = dot->count() > 0;
@@ -176,7 +183,8 @@ Runner add_build(CLI::App& app) {
       int one = build_one(*a, graph, session, a->json ? &all : nullptr);
       if (one != kExitOk && rc == kExitOk) rc = one;
     }
-    if (a->json) std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).c_str());
+    if (a->json)
+      std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"graphs", all}}).c_str());
     return rc;
   };
 }

@@ -28,8 +28,9 @@ nlohmann::json entry_json(const CacheEntry& e) {
 }  // namespace
 
 Runner add_cache(CLI::App& app) {
-  auto* cmd = app.add_subcommand("cache", "Inspect and manage the plan cache: ls, show KEY, verify, rm KEY-PREFIX, "
-                                          "clear, merge FILE, export FILE, import FILE");
+  auto* cmd = app.add_subcommand("cache",
+                                 "Inspect and manage the plan cache: ls, show KEY, verify, rm KEY-PREFIX, "
+                                 "clear, merge FILE, export FILE, import FILE");
   struct Args {
     std::string action, arg, path;
     bool json = false;
@@ -39,13 +40,16 @@ Runner add_cache(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"ls", "show", "verify", "rm", "clear", "merge", "export", "import"}));
   cmd->add_option("arg", a->arg, "KEY (show), KEY-PREFIX (rm), FILE (merge, export, import)");
-  cmd->add_option("--cache", a->path, "Plan cache file (default $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite)");
+  cmd->add_option("--cache", a->path,
+                  "Plan cache file (default $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite)");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   return [a]() {
     const std::string& act = a->action;
-    const bool needs_arg = act == "show" || act == "rm" || act == "merge" || act == "export" || act == "import";
+    const bool needs_arg =
+        act == "show" || act == "rm" || act == "merge" || act == "export" || act == "import";
     if (needs_arg && a->arg.empty()) {
-      return fail("cache", InvalidArgument("'cache " + act + "' needs an argument (see fusebox cache --help)"));
+      return fail("cache",
+                  InvalidArgument("'cache " + act + "' needs an argument (see fusebox cache --help)"));
     }
     if (!needs_arg && !a->arg.empty()) {
       return fail("cache", InvalidArgument("'cache " + act + "' takes no argument, got '" + a->arg +
@@ -57,7 +61,8 @@ Runner add_cache(CLI::App& app) {
     const bool may_create = act == "import" || act == "merge";
     const bool read_only = act == "ls" || act == "show" || act == "verify" || act == "export";
     if (!may_create && !common::file_id(path)) {
-      return fail("cache", IoError("plan cache '" + path + "' does not exist (nothing was created; give --cache PATH "
+      return fail("cache", IoError("plan cache '" + path +
+                                   "' does not exist (nothing was created; give --cache PATH "
                                    "or set FUSEBOX_CACHE)"));
     }
     PlanCacheOptions options;
@@ -111,7 +116,8 @@ Runner add_cache(CLI::App& app) {
       if (act == "export") st = cache.export_to(a->arg);
       const size_t before = cache.warnings().size();
       if (act == "import" || act == "merge") st = cache.import_from(a->arg);
-      print_warnings({cache.warnings().begin() + static_cast<std::ptrdiff_t>(before), cache.warnings().end()});
+      print_warnings(
+          {cache.warnings().begin() + static_cast<std::ptrdiff_t>(before), cache.warnings().end()});
       if (!st.ok()) return fail("cache", st);
       if (removed >= 0) out["removed"] = removed;
       if (!a->json) {

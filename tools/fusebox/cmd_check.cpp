@@ -96,10 +96,11 @@ Runner add_check(CLI::App& app) {
   cmd->add_option("graph", a->path, "Graph JSON file")->required();
   add_shape_flag(cmd, a->shape);
   cmd->add_flag("--json", a->json, "Write the resolved graph as one JSON document to stdout");
-  auto* dot = cmd->add_option("--dot", a->dot,
-                              "Write a Graphviz picture of the resolved graph to FILE (no FILE or '-': stdout; "
-                              "write --dot=FILE, or put --dot after the graph)")
-                  ->expected(0, 1);
+  auto* dot =
+      cmd->add_option("--dot", a->dot,
+                      "Write a Graphviz picture of the resolved graph to FILE (no FILE or '-': stdout; "
+                      "write --dot=FILE, or put --dot after the graph)")
+          ->expected(0, 1);
   cmd->add_option("--inputs", a->inputs,
                   "Inputs as NAME=FILE.npy,...: sequence lengths for the FLOP count (others: full length)");
   return [a, dot]() {
@@ -116,7 +117,9 @@ Runner add_check(CLI::App& app) {
       if (a->json)
         std::printf(
             "%s\n",
-            common::json_dump(ordered_json({{"ok", false}, {"code", status_code_name(st.code())}, {"error", st.message()}}), 2)
+            common::json_dump(
+                ordered_json({{"ok", false}, {"code", status_code_name(st.code())}, {"error", st.message()}}),
+                2)
                 .c_str());
       return fail("check", st);
     };
@@ -133,7 +136,8 @@ Runner add_check(CLI::App& app) {
     } else if (want_dot && (a->dot.empty() || a->dot == "-")) {
       // stdout holds the picture alone, for `| dot -Tsvg`
     } else {
-      std::printf("%s: ok\n%s", safe(a->path).c_str(), common::printable(describe(*g), /*keep_newlines=*/true).c_str());
+      std::printf("%s: ok\n%s", safe(a->path).c_str(),
+                  common::printable(describe(*g), /*keep_newlines=*/true).c_str());
       if (!inputs->empty())
         std::printf("flops with the given inputs %g\n", g->flops(input_values_for_flops(*g, *inputs)));
     }

@@ -6,7 +6,8 @@
 namespace fusebox::cli {
 
 Runner add_devprop(CLI::App& app) {
-  auto* cmd = app.add_subcommand("devprop", "Capture the GPU's device-properties file (for deviceless builds)");
+  auto* cmd =
+      app.add_subcommand("devprop", "Capture the GPU's device-properties file (for deviceless builds)");
   auto out = std::make_shared<std::string>();
   auto device = std::make_shared<int>(0);
   cmd->add_option("--out", *out, "File to write")->required();

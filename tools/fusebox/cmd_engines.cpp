@@ -6,8 +6,9 @@
 namespace fusebox::cli {
 
 Runner add_engines(CLI::App& app) {
-  auto* cmd = app.add_subcommand("engines", "List every candidate engine for a graph: name, knobs, notes, "
-                                            "workspace, support check (deviceless with --device)");
+  auto* cmd = app.add_subcommand("engines",
+                                 "List every candidate engine for a graph: name, knobs, notes, "
+                                 "workspace, support check (deviceless with --device)");
   struct Args {
     std::string shape;
     std::string graph, device, heuristics = "a,b,fallback";
@@ -20,9 +21,10 @@ Runner add_engines(CLI::App& app) {
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
   cmd->add_flag("--build", a->build, "Also build each supported plan (slower, definitive)");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
-  cmd->add_flag("--cudnn", a->cudnn,
-                "List cuDNN's candidates also for a graph fusebox's own kernel would run (a global average pool, "
-                "a norm with fp32 params: docs/architecture.md, Native ops)");
+  cmd->add_flag(
+      "--cudnn", a->cudnn,
+      "List cuDNN's candidates also for a graph fusebox's own kernel would run (a global average pool, "
+      "a norm with fp32 params: docs/architecture.md, Native ops)");
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("engines", g.status());
@@ -59,15 +61,16 @@ Runner add_engines(CLI::App& app) {
       std::printf("%s\n", dump(j).c_str());
       return kExitOk;
     }
-    std::printf("%s: %zu candidates for %s (sm_%d)\n", safe(g->name).c_str(), engines->size(), safe(report.device_name).c_str(),
-                report.sm_version);
+    std::printf("%s: %zu candidates for %s (sm_%d)\n", safe(g->name).c_str(), engines->size(),
+                safe(report.device_name).c_str(), report.sm_version);
     std::printf("%4s  %-44s %-9s %12s  %s\n", "idx", "engine", "supported", "workspace", "notes");
     for (const auto& e : *engines) {
       std::string notes;
       for (const auto& n : e.numerical_notes) notes += n + " ";
       for (const auto& n : e.behavior_notes) notes += n + " ";
       std::printf("%4lld  %-44s %-9s %12s  %s\n", static_cast<long long>(e.index), e.name.c_str(),
-                  e.supported ? "yes" : "no", e.workspace_bytes >= 0 ? format_bytes(e.workspace_bytes).c_str() : "(--build)",
+                  e.supported ? "yes" : "no",
+                  e.workspace_bytes >= 0 ? format_bytes(e.workspace_bytes).c_str() : "(--build)",
                   notes.c_str());
       if (e.duplicate_of >= 0) {
         std::printf("      (duplicate of candidate %lld)\n", static_cast<long long>(e.duplicate_of));

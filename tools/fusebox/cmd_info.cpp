@@ -6,20 +6,25 @@
 namespace fusebox::cli {
 
 Runner add_info(CLI::App& app) {
-  auto* cmd = app.add_subcommand("info", "Print fusebox, cuDNN Frontend, cuDNN and CUDA versions and the GPUs seen");
+  auto* cmd =
+      app.add_subcommand("info", "Print fusebox, cuDNN Frontend, cuDNN and CUDA versions and the GPUs seen");
   auto json_out = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json_out, "Write one JSON document to stdout");
   return [json_out]() {
     SystemInfo s = system_info();
     Status runtime = check_cudnn_runtime();
     auto ver = [](int64_t v) {
-      return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
+      return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+             std::to_string(v % 100);
     };
     auto cuda_ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
     if (*json_out) {
       nlohmann::json gpus = nlohmann::json::array();
       for (const auto& g : s.gpus) {
-        gpus.push_back({{"id", g.id}, {"name", g.name}, {"sm_version", g.sm_version}, {"sm_count", g.sm_count},
+        gpus.push_back({{"id", g.id},
+                        {"name", g.name},
+                        {"sm_version", g.sm_version},
+                        {"sm_count", g.sm_count},
                         {"memory_bytes", g.memory_bytes}});
       }
       nlohmann::json j = {{"fusebox", s.fusebox_version},
@@ -43,8 +48,8 @@ Runner add_info(CLI::App& app) {
                   s.cuda_driver_version ? cuda_ver(s.cuda_driver_version).c_str() : "none");
       if (s.gpus.empty()) std::printf("GPUs            none (%s)\n", safe(s.gpu_error).c_str());
       for (const auto& g : s.gpus) {
-        std::printf("GPU %d           %s, sm_%d, %d SMs, %.1f GiB\n", g.id, safe(g.name).c_str(), g.sm_version, g.sm_count,
-                    g.memory_bytes / (1024.0 * 1024 * 1024));
+        std::printf("GPU %d           %s, sm_%d, %d SMs, %.1f GiB\n", g.id, safe(g.name).c_str(),
+                    g.sm_version, g.sm_count, g.memory_bytes / (1024.0 * 1024 * 1024));
       }
     }
     if (!runtime.ok()) return fail("info", runtime);

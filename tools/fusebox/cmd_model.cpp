@@ -53,9 +53,11 @@ std::string find_tools(const std::filesystem::path& exe, std::string* looked) {
   const std::filesystem::path bin = exe.parent_path();
   std::vector<std::filesystem::path> candidates;
 #ifdef FUSEBOX_SOURCE_DIR
-  if (is_file(bin / "CMakeCache.txt")) candidates.push_back(std::filesystem::path(FUSEBOX_SOURCE_DIR) / "python");
+  if (is_file(bin / "CMakeCache.txt"))
+    candidates.push_back(std::filesystem::path(FUSEBOX_SOURCE_DIR) / "python");
 #endif
-  const std::filesystem::path prefix = bin.parent_path();  // build/fusebox -> the checkout; bin/fusebox -> the prefix
+  const std::filesystem::path prefix =
+      bin.parent_path();  // build/fusebox -> the checkout; bin/fusebox -> the prefix
   candidates.push_back(prefix / "python");
   candidates.push_back(prefix / "share" / "fusebox" / "python");
   for (const auto& c : candidates) {
@@ -202,8 +204,8 @@ int run_model_embed(const std::vector<std::string>& args) {
     const std::string where = python.find('/') != std::string::npos ? "" : " on PATH";
     return fail("model embed",
                 InvalidArgument("no Python interpreter '" + python + "'" + where + " (from " +
-                                (py_env && *py_env ? "$FUSEBOX_PYTHON" : "the default python3") + "): " +
-                                std::strerror(err) +
+                                (py_env && *py_env ? "$FUSEBOX_PYTHON" : "the default python3") +
+                                "): " + std::strerror(err) +
                                 ": install python3 with numpy and tokenizers, or set FUSEBOX_PYTHON to one"));
   }
   if (err != 0) {

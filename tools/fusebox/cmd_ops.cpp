@@ -26,7 +26,8 @@ nlohmann::ordered_json traits_json(const OpTraitsInfo& t) {
 }
 
 Runner add_ops(CLI::App& app) {
-  auto* cmd = app.add_subcommand("ops", "List every op a graph file may name: family, roles, JSON fields, traits");
+  auto* cmd =
+      app.add_subcommand("ops", "List every op a graph file may name: family, roles, JSON fields, traits");
   auto json_out = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json_out, "Write one JSON document to stdout");
   return [json_out]() {
@@ -56,9 +57,9 @@ Runner add_ops(CLI::App& app) {
     }
     std::printf("%-22s %-10s %-22s %s\n", "op", "family", "inputs", "outputs");
     for (const OpCatalogEntry& e : ops) {
-      std::printf("%-22s %-10s %-22s %s%s\n", std::string(e.name).c_str(), std::string(e.traits.family).c_str(),
-                  joined(e.input_roles).c_str(), joined(e.output_roles).c_str(),
-                  e.traits.native_only ? "  (fusebox's own kernel)" : "");
+      std::printf("%-22s %-10s %-22s %s%s\n", std::string(e.name).c_str(),
+                  std::string(e.traits.family).c_str(), joined(e.input_roles).c_str(),
+                  joined(e.output_roles).c_str(), e.traits.native_only ? "  (fusebox's own kernel)" : "");
     }
     return kExitOk;
   };

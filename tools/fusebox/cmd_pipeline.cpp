@@ -12,8 +12,8 @@
 #include "common.h"
 #include "common/dims_string.h"
 #include "common/stopwatch.h"
-#include "fusebox/cuda_graph.h"
 #include "dot.h"
+#include "fusebox/cuda_graph.h"
 #include "fusebox/pipeline.h"
 #include "fusebox/pipeline_parallel.h"
 #include "fusebox/pipeline_run.h"
@@ -27,7 +27,8 @@ Result<std::vector<int>> parse_device_list(const std::string& text) {
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || !end || *end != '\0' || v < 0 || v > 1023)
@@ -42,9 +43,10 @@ Result<std::vector<int>> parse_device_list(const std::string& text) {
 
 // --shape for pipelines: values for the symbols of the stages' symbolic graphs.
 void add_pipeline_shape_flag(CLI::App* cmd, std::string& shape) {
-  cmd->add_option("--shape", shape,
-                  "Values for the symbols of the stages' symbolic graphs, NAME=VALUE,... (e.g. N=4): a symbol "
-                  "means the same in every stage that declares it; others take their defaults");
+  cmd->add_option(
+      "--shape", shape,
+      "Values for the symbols of the stages' symbolic graphs, NAME=VALUE,... (e.g. N=4): a symbol "
+      "means the same in every stage that declares it; others take their defaults");
 }
 
 Result<Pipeline> load_pipeline(const std::string& path, const std::string& shape) {
@@ -128,10 +130,11 @@ void print_pipeline(const Pipeline& p) {
   }
   std::printf("buffers:\n");
   for (const auto& b : p.buffers) {
-    std::string who = b.is_view() ? "part " + std::to_string(b.view_part) + " of " + std::to_string(b.view_parts) +
-                                        " of " + p.buffers[static_cast<size_t>(b.view_of)].name + " (+" +
-                                        std::to_string(b.view_offset_elements(p)) + " elements)"
-                                  : "written by " + (b.writer ? use_text(p, *b.writer) : std::string("-"));
+    std::string who = b.is_view()
+                          ? "part " + std::to_string(b.view_part) + " of " + std::to_string(b.view_parts) +
+                                " of " + p.buffers[static_cast<size_t>(b.view_of)].name + " (+" +
+                                std::to_string(b.view_offset_elements(p)) + " elements)"
+                          : "written by " + (b.writer ? use_text(p, *b.writer) : std::string("-"));
     std::string rd;
     for (const auto& r : b.readers) rd += (rd.empty() ? "" : ", ") + use_text(p, r);
     who += ", read by " + (rd.empty() ? std::string("-") : rd);
@@ -217,7 +220,8 @@ ordered_json comparisons_json(const std::vector<Comparison>& cs) {
 }
 
 ordered_json latency_json(const LatencyStats& l) {
-  return {{"median", l.median_ms}, {"min", l.min_ms}, {"p90", l.p90_ms}, {"mean", l.mean_ms}, {"iters", l.iters}};
+  return {
+      {"median", l.median_ms}, {"min", l.min_ms}, {"p90", l.p90_ms}, {"mean", l.mean_ms}, {"iters", l.iters}};
 }
 
 // `pipeline run --devices`: per device its rows, plans, verification and
@@ -257,8 +261,9 @@ void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool js
     std::printf("%s\n", common::json_dump(j, 2).c_str());
     return;
   }
-  std::printf("%s (%s): data parallel over %zu devices, %s=%lld split as", safe(p.name).c_str(), safe(p.path).c_str(),
-              r.shares.size(), safe(r.batch_symbol).c_str(), static_cast<long long>(r.batch));
+  std::printf("%s (%s): data parallel over %zu devices, %s=%lld split as", safe(p.name).c_str(),
+              safe(p.path).c_str(), r.shares.size(), safe(r.batch_symbol).c_str(),
+              static_cast<long long>(r.batch));
   for (const DeviceShare& s : r.shares) std::printf(" %lld", static_cast<long long>(s.batch));
   std::printf("\n");
   for (size_t i = 0; i < r.shares.size(); ++i) {
@@ -266,7 +271,8 @@ void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool js
     std::printf("  device %d (%s), rows %lld..%lld: plans %.2f ms\n", s.device, safe(s.device_name).c_str(),
                 static_cast<long long>(s.offset), static_cast<long long>(s.offset + s.batch - 1), s.build_ms);
     for (const StageRun& sr : s.result.stages) {
-      std::printf("    %-12s engine %s\n", safe(r.share_pipelines[i].stages[static_cast<size_t>(sr.stage)].name).c_str(),
+      std::printf("    %-12s engine %s\n",
+                  safe(r.share_pipelines[i].stages[static_cast<size_t>(sr.stage)].name).c_str(),
                   safe(sr.engine).c_str());
       for (const auto& cmp : sr.comparisons)
         std::printf("      verify (%s reference, this stage's inputs): %s\n", sr.reference_kind.c_str(),
@@ -279,11 +285,14 @@ void print_data_parallel(const Pipeline& p, const DataParallelResult& r, bool js
       std::printf("    CUDA graph: %s recording; %s\n", s.result.cuda_graph.recording.c_str(),
                   common::printable(graph_equality(s.result.cuda_graph, "buffers"), true).c_str());
     if (s.result.latency.iters > 0)
-      std::printf("    latency over %d runs (timed while the other devices ran theirs): median %.4f ms, min %.4f ms\n",
-                  s.result.latency.iters, s.result.latency.median_ms, s.result.latency.min_ms);
+      std::printf(
+          "    latency over %d runs (timed while the other devices ran theirs): median %.4f ms, min %.4f "
+          "ms\n",
+          s.result.latency.iters, s.result.latency.median_ms, s.result.latency.min_ms);
   }
   for (const auto& [name, t] : r.outputs)
-    std::printf("  output %s: %s stacked from the devices\n", safe(name).c_str(), common::dims_string(t.dims).c_str());
+    std::printf("  output %s: %s stacked from the devices\n", safe(name).c_str(),
+                common::dims_string(t.dims).c_str());
   std::printf("  wall time, threads start to last end (sessions, plans, runs): %.1f ms%s\n", r.wall_ms,
               ok ? "" : "; verification FAILED");
   for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
@@ -549,8 +558,9 @@ Runner add_pipeline_run(CLI::App& cmd) {
   auto a = std::make_shared<Args>();
   auto* c = cmd.add_subcommand(
       "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
-  c->add_flag("--profile", a->profile,
-              "After the timing, time each stage alone (--iters executes of its plan): which stage costs the time");
+  c->add_flag(
+      "--profile", a->profile,
+      "After the timing, time each stage alone (--iters executes of its plan): which stage costs the time");
   c->add_option("--devices", a->devices,
                 "Data parallel: split the batch symbol over these GPUs, e.g. 0,1 (one session and thread "
                 "each, one plan cache; outputs stacked in this order)");
@@ -573,9 +583,10 @@ Runner add_pipeline_run(CLI::App& cmd) {
   c->add_option("--iters", a->iters, "Timed runs of the whole pipeline (0: run once, no timing)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  c->add_flag("--cuda-graph", a->cuda_graph,
-              "Also record every stage into one CUDA graph: its buffers must equal the eager run's byte for byte; "
-              "time graph launches beside eager runs");
+  c->add_flag(
+      "--cuda-graph", a->cuda_graph,
+      "Also record every stage into one CUDA graph: its buffers must equal the eager run's byte for byte; "
+      "time graph launches beside eager runs");
   add_plan_flags(c, a->plan);
   c->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_cache_flags(c, a->cache);
@@ -590,7 +601,8 @@ Runner add_pipeline_run(CLI::App& cmd) {
       if (!d.ok()) return bad(d.status());
       devices = *d;
     } else if (!a->batch_symbol.empty()) {
-      return bad(InvalidArgument("--batch-symbol goes with --devices (the symbol a data-parallel run splits)"));
+      return bad(
+          InvalidArgument("--batch-symbol goes with --devices (the symbol a data-parallel run splits)"));
     }
     auto p = load_pipeline(a->path, a->shape);
     if (!p.ok()) return bad(p.status());
@@ -781,16 +793,20 @@ Runner add_pipeline_run(CLI::App& cmd) {
         const CudaGraphRun& cg = r->cuda_graph;
         std::printf("  CUDA graph of %zu steps: %s recording", r->stages.size(), cg.recording.c_str());
         if (!cg.why_not_native.empty()) std::printf(" (not native: %s)", safe(cg.why_not_native).c_str());
-        std::printf(", made in %.2f ms; %s\n", cg.create_ms, common::printable(graph_equality(cg, "buffers"), true).c_str());
+        std::printf(", made in %.2f ms; %s\n", cg.create_ms,
+                    common::printable(graph_equality(cg, "buffers"), true).c_str());
       }
       if (r->eager_latency.iters > 0)
-        std::printf("  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms\n",
-                    r->eager_latency.iters, r->stages.size(), r->eager_latency.median_ms, r->eager_latency.min_ms,
-                    r->eager_latency.p90_ms);
+        std::printf(
+            "  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms\n",
+            r->eager_latency.iters, r->stages.size(), r->eager_latency.median_ms, r->eager_latency.min_ms,
+            r->eager_latency.p90_ms);
       if (r->latency.iters > 0) {
         if (r->cuda_graph.used)
-          std::printf("  latency over %d CUDA graph launches: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s\n",
-                      r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops);
+          std::printf(
+              "  latency over %d CUDA graph launches: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f "
+              "TFLOP/s\n",
+              r->latency.iters, r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops);
         else
           std::printf(
               "  latency over %d runs (eager, %zu launches each): median %.4f ms, min %.4f ms, p90 %.4f ms; "
@@ -806,8 +822,9 @@ Runner add_pipeline_run(CLI::App& cmd) {
         for (const StageRun& sr : r->stages) {
           const double ms = sr.latency.median_ms;
           std::printf("    %-12s %9.4f ms %5.1f%%  %7.1f TFLOP/s  engine %s\n",
-                      safe(p->stages[static_cast<size_t>(sr.stage)].name).c_str(), ms, sum > 0 ? 100 * ms / sum : 0.0,
-                      ms > 0 ? sr.flops / (ms * 1e-3) / 1e12 : 0.0, safe(sr.engine).c_str());
+                      safe(p->stages[static_cast<size_t>(sr.stage)].name).c_str(), ms,
+                      sum > 0 ? 100 * ms / sum : 0.0, ms > 0 ? sr.flops / (ms * 1e-3) / 1e12 : 0.0,
+                      safe(sr.engine).c_str());
         }
       }
       for (const auto& path : saved) std::printf("  saved %s\n", safe(path).c_str());
@@ -833,9 +850,10 @@ Runner add_pipeline_startup(CLI::App& cmd) {
     CacheFlags cache;
   };
   auto a = std::make_shared<Args>();
-  auto* c = cmd.add_subcommand(
-      "startup", "Start several pipelines in one process and time each step to their first results "
-                 "(context, plans from the cache or built, binding, CUDA graph, first run)");
+  auto* c =
+      cmd.add_subcommand("startup",
+                         "Start several pipelines in one process and time each step to their first results "
+                         "(context, plans from the cache or built, binding, CUDA graph, first run)");
   c->add_option("pipelines", a->paths, "Pipeline JSON files (at their symbols' defaults)")->required();
   c->add_flag("--cuda-graph", a->cuda_graph, "Record each pipeline as one CUDA graph before its first run");
   c->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
@@ -930,11 +948,13 @@ Runner add_pipeline_startup(CLI::App& cmd) {
       return kExitOk;
     }
     std::printf("start-up of %zu pipelines in one process on %s (cache %s)\n", ps.size(),
-                target_text(**session).c_str(), cache && cache->enabled() ? safe(cache->path()).c_str() : "off");
-    std::printf("  files, weights and inputs %.1f ms; GPU context and cuDNN handle %.1f ms\n", load_ms, context_ms);
+                target_text(**session).c_str(),
+                cache && cache->enabled() ? safe(cache->path()).c_str() : "off");
+    std::printf("  files, weights and inputs %.1f ms; GPU context and cuDNN handle %.1f ms\n", load_ms,
+                context_ms);
     for (size_t i = 0; i < ps.size(); ++i) {
       const Step& st = steps[i];
-      std::printf("  %-16s %3zu stages: plans %.1f ms (%d of %zu from the cache), bind and upload %.1f ms", 
+      std::printf("  %-16s %3zu stages: plans %.1f ms (%d of %zu from the cache), bind and upload %.1f ms",
                   safe(ps[i].name).c_str(), ps[i].stages.size(), st.plans_ms, st.hits, ps[i].stages.size(),
                   st.bind_ms);
       if (st.graph) std::printf(", CUDA graph %.1f ms", st.graph_ms);
@@ -959,10 +979,12 @@ Runner add_pipeline(CLI::App& app) {
   check->add_option("pipeline", a->path, "Pipeline JSON file")->required();
   add_pipeline_shape_flag(check, a->shape);
   check->add_flag("--json", a->json, "Write the checked pipeline as one JSON document to stdout");
-  auto* dot = check->add_option("--dot", a->dot,
-                                "Write a Graphviz picture of the pipeline (buffers, stages, their ops) to FILE (no "
-                                "FILE or '-': stdout; write --dot=FILE, or put --dot after the pipeline)")
-                  ->expected(0, 1);
+  auto* dot =
+      check
+          ->add_option("--dot", a->dot,
+                       "Write a Graphviz picture of the pipeline (buffers, stages, their ops) to FILE (no "
+                       "FILE or '-': stdout; write --dot=FILE, or put --dot after the pipeline)")
+          ->expected(0, 1);
   Runner build = add_pipeline_build(*cmd), tune = add_pipeline_tune(*cmd), run = add_pipeline_run(*cmd),
          startup = add_pipeline_startup(*cmd);
   return [a, cmd, check, dot, build, tune, run, startup]() {
@@ -971,13 +993,15 @@ Runner add_pipeline(CLI::App& app) {
     if (cmd->got_subcommand("run")) return run();
     if (cmd->got_subcommand("startup")) return startup();
     if (!check->parsed())
-      return fail("pipeline",
-                  InvalidArgument("a subcommand is needed: accepted subcommands are check, build, tune, run, startup "
-                                  "(see fusebox pipeline --help)"));
+      return fail(
+          "pipeline",
+          InvalidArgument("a subcommand is needed: accepted subcommands are check, build, tune, run, startup "
+                          "(see fusebox pipeline --help)"));
     const bool want_dot = dot->count() > 0;
     const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
     if (dot_stdout && a->json)
-      return fail("pipeline check", InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
+      return fail("pipeline check",
+                  InvalidArgument("--json and --dot both write to stdout: give --dot a FILE"));
     auto p = load_pipeline(a->path, a->shape);
     if (!p.ok()) {
       if (a->json) print_json_error(p.status());
@@ -986,7 +1010,8 @@ Runner add_pipeline(CLI::App& app) {
     if (want_dot && !dot_stdout) {
       // Never onto a file the pipeline reads: itself, a stage's graph, a weights file.
       std::vector<common::NamedPath> inputs = {{"pipeline file", a->path}};
-      for (const auto& st : p->stages) inputs.push_back({"graph file of stage '" + st.name + "'", st.graph_path});
+      for (const auto& st : p->stages)
+        inputs.push_back({"graph file of stage '" + st.name + "'", st.graph_path});
       for (const auto& b : p->buffers)
         if (!b.file_path.empty()) inputs.push_back({"weights file of buffer '" + b.name + "'", b.file_path});
       if (Status st = common::refuse_overwriting_input(a->dot, "--dot file", inputs); !st.ok())

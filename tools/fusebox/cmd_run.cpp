@@ -18,8 +18,9 @@ Result<std::string> output_path(const std::string& name, const std::string& dir,
                                 const std::vector<common::NamedPath>& inputs) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos) {
-    return InvalidArgument("--save-outputs: output tensor '" + name +
-                           "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
+    return InvalidArgument(
+        "--save-outputs: output tensor '" + name +
+        "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
   }
   const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
   FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, "--save-outputs file", inputs));
@@ -56,30 +57,40 @@ Runner add_run(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
   add_shape_flag(cmd, a->shape);
-  cmd->add_option("--plan", a->plan, "Use this plan file (from `fusebox build --plan-out`) instead of building");
+  cmd->add_option("--plan", a->plan,
+                  "Use this plan file (from `fusebox build --plan-out`) instead of building");
   cmd->add_option("--inputs", a->inputs, "Inputs as NAME=FILE.npy,... (others random from --seed)");
   cmd->add_option("--save-outputs", a->save_outputs, "Write each output to DIR/<tensor>.npy");
   cmd->add_flag("--verify", a->verify, "Compare outputs with fusebox's reference (a mismatch is an error)");
   cmd->add_option("--seed", a->seed, "Seed for random inputs")->capture_default_str();
-  cmd->add_option("--warmup", a->warmup, "Untimed runs before timing")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--iters", a->iters, "Timed runs (0: run once, no timing)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--samples", a->samples,
-                  "Benchmark samples after the timed runs: this many GPU-time samples of --iters back-to-back "
-                  "runs between two events, and this many host latencies of one synchronized run (--json: "
-                  "gpu_time_ms, host_latency_ms)")
+  cmd->add_option("--warmup", a->warmup, "Untimed runs before timing")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--iters", a->iters, "Timed runs (0: run once, no timing)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option(
+         "--samples", a->samples,
+         "Benchmark samples after the timed runs: this many GPU-time samples of --iters back-to-back "
+         "runs between two events, and this many host latencies of one synchronized run (--json: "
+         "gpu_time_ms, host_latency_ms)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--engine", a->engine, "Pin an engine by name");
-  cmd->add_option("--heuristics", a->heuristics,
-                  "Heuristic modes when building: auto (a, then b, then fallback), or a list of a, b, fallback to pin")->capture_default_str();
-  cmd->add_flag("--cuda-graph", a->cuda_graph,
-                "Also run the plan as a CUDA graph (cuDNN's native recording where the engine supports it, "
-                "stream capture otherwise): its outputs must be bit-identical to the eager run's (within tolerance "
-                "for graphs not bit-reproducible by design: reductions, sdpa backward without \"deterministic\"); "
-                "--verify, timing and --samples then use the graph");
+  cmd->add_option(
+         "--heuristics", a->heuristics,
+         "Heuristic modes when building: auto (a, then b, then fallback), or a list of a, b, fallback to pin")
+      ->capture_default_str();
+  cmd->add_flag(
+      "--cuda-graph", a->cuda_graph,
+      "Also run the plan as a CUDA graph (cuDNN's native recording where the engine supports it, "
+      "stream capture otherwise): its outputs must be bit-identical to the eager run's (within tolerance "
+      "for graphs not bit-reproducible by design: reductions, sdpa backward without \"deterministic\"); "
+      "--verify, timing and --samples then use the graph");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
-  cmd->add_flag("--measure-startup", a->measure_startup,
-                "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
+  cmd->add_flag(
+      "--measure-startup", a->measure_startup,
+      "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
   add_cache_flags(cmd, a->cache);
   add_plan_check_flag(cmd, a->no_plan_check);
   return [a]() {
@@ -89,10 +100,11 @@ Runner add_run(CLI::App& app) {
     if (!input_files.ok()) return fail("run", input_files.status());
     // Before any GPU work: --save-outputs must not overwrite an input of this run.
     std::map<std::string, std::string> save_paths;
-    std::vector<common::NamedPath> inputs = {{"graph file", a->graph}, {"--plan file", a->plan},
-                                             cache_input(a->cache)};
+    std::vector<common::NamedPath> inputs = {
+        {"graph file", a->graph}, {"--plan file", a->plan}, cache_input(a->cache)};
     if (!a->save_outputs.empty()) {
-      for (const auto& [name, file] : *input_files) inputs.push_back({"--inputs file for '" + name + "'", file});
+      for (const auto& [name, file] : *input_files)
+        inputs.push_back({"--inputs file for '" + name + "'", file});
       auto paths = output_paths(*g, a->save_outputs, inputs);
       if (!paths.ok()) return fail("run", paths.status());
       save_paths = std::move(paths).value();
@@ -213,33 +225,38 @@ Runner add_run(CLI::App& app) {
       std::printf("  plan: %s, engine %s, workspace %s\n", plan_source.c_str(), safe(r->engine).c_str(),
                   format_bytes(r->workspace_bytes).c_str());
       print_plan_check(rep);
-      std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms, plan_ms,
-                  cache_result.c_str());
-      if (cache_result == "hit") std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
+      std::printf("  start-up: GPU context and cuDNN load %.1f ms, plan %.2f ms (cache %s", context_ms,
+                  plan_ms, cache_result.c_str());
+      if (cache_result == "hit")
+        std::printf(": lookup %.2f ms, deserialize %.2f ms", lookup_ms, deserialize_ms);
       if (deserialize_again_ms >= 0) std::printf(", again %.2f ms", deserialize_again_ms);
       std::printf("), first execution %.2f ms\n", r->first_execute_ms);
       if (r->cuda_graph.used) {
         const CudaGraphRun& cg = r->cuda_graph;
         std::printf("  CUDA graph: %s recording", cg.recording.c_str());
         if (!cg.why_not_native.empty()) std::printf(" (not native: %s)", safe(cg.why_not_native).c_str());
-        std::printf(", made in %.2f ms; %s\n", cg.create_ms, common::printable(graph_equality(cg, "outputs"), true).c_str());
+        std::printf(", made in %.2f ms; %s\n", cg.create_ms,
+                    common::printable(graph_equality(cg, "outputs"), true).c_str());
       }
       for (const auto& c : r->comparisons) {
         std::printf("  verify (%s reference): %s\n", r->reference_kind.c_str(), safe(c.ToString()).c_str());
       }
       if (r->latency.iters > 0) {
-        std::printf("  latency over %d %s: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
-                    r->latency.iters, r->cuda_graph.used ? "CUDA graph launches" : "runs", r->latency.median_ms, r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
+        std::printf(
+            "  latency over %d %s: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
+            r->latency.iters, r->cuda_graph.used ? "CUDA graph launches" : "runs", r->latency.median_ms,
+            r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
       }
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
       };
       if (!r->gpu_time_ms.empty()) {
-        std::printf("  benchmark: GPU time %.4f ms per run (median of %zu samples of %d back-to-back runs), "
-                    "host latency %.4f ms (median of %zu synchronized runs)\n",
-                    median(r->gpu_time_ms), r->gpu_time_ms.size(), a->iters, median(r->host_latency_ms),
-                    r->host_latency_ms.size());
+        std::printf(
+            "  benchmark: GPU time %.4f ms per run (median of %zu samples of %d back-to-back runs), "
+            "host latency %.4f ms (median of %zu synchronized runs)\n",
+            median(r->gpu_time_ms), r->gpu_time_ms.size(), a->iters, median(r->host_latency_ms),
+            r->host_latency_ms.size());
       }
       for (const auto& p : saved) std::printf("  saved %s\n", safe(p).c_str());
     }

@@ -44,7 +44,8 @@ nlohmann::json row_json(const std::string& mode, const Row& r) {
           {"ms", r.ms},
           {"build_ms", r.rep.build.total_ms()},
           {"steps", step_times(r.rep.build)},
-          {"behavior_notes", r.rep.build.notes_known ? nlohmann::json(r.rep.build.behavior_notes) : nlohmann::json(nullptr)},
+          {"behavior_notes",
+           r.rep.build.notes_known ? nlohmann::json(r.rep.build.behavior_notes) : nlohmann::json(nullptr)},
           {"engine", r.rep.engine},
           {"dynamic_shape", r.rep.dynamic_shape},
           {"kernel_cache", r.rep.kernel_cache},
@@ -89,12 +90,14 @@ Runner add_shapes(CLI::App& app) {
       "--no-engine-reuse", a->no_engine_reuse,
       "Kernel-cache pass: let the heuristics choose an engine for every shape instead of reusing the "
       "first shape's");
-  cmd->add_flag("--always-dynamic", a->always_dynamic,
-                "Kernel-cache pass: build every shape with dynamic shapes, also where the first build's engine has "
-                "precompiled kernels (by default those shapes build statically: the session's policy)");
-  cmd->add_flag("--no-warmup", a->no_warmup,
-                "Charge the process's one-time cuDNN costs (engine libraries) to the first pass's first build "
-                "instead of one untimed static build of a shape outside the sweep, reported apart");
+  cmd->add_flag(
+      "--always-dynamic", a->always_dynamic,
+      "Kernel-cache pass: build every shape with dynamic shapes, also where the first build's engine has "
+      "precompiled kernels (by default those shapes build statically: the session's policy)");
+  cmd->add_flag(
+      "--no-warmup", a->no_warmup,
+      "Charge the process's one-time cuDNN costs (engine libraries) to the first pass's first build "
+      "instead of one untimed static build of a shape outside the sweep, reported apart");
   cmd->add_flag("--json", a->json,
                 "Write one JSON document to stdout (a row per shape and mode, and a summary)");
   return [a]() -> int {
@@ -166,8 +169,8 @@ Runner add_shapes(CLI::App& app) {
           const std::string& m = got.status().message();
           const std::string what = got.ok() ? std::string("static, outside both totals")
                                             : "FAILED (ignored): " + safe(m.substr(0, m.find('\n')));
-          std::fprintf(stderr, "  %-12s %-20s %10.2f ms  %s\n", "warm-up", safe(shape_text(w)).c_str(), warmup_ms,
-                       what.c_str());
+          std::fprintf(stderr, "  %-12s %-20s %10.2f ms  %s\n", "warm-up", safe(shape_text(w)).c_str(),
+                       warmup_ms, what.c_str());
         }
       }
     }
@@ -193,7 +196,7 @@ Runner add_shapes(CLI::App& app) {
         if (!a->json) {
           std::fprintf(
               stderr, "  %-12s %-20s %10.2f ms  %s\n", pass.c_str(), safe(shape_text(shape)).c_str(), row.ms,
-              row.ok ? safe(row.rep.kernel_cache != "off" ? "kernel cache " + row.rep.kernel_cache
+              row.ok ? safe(row.rep.kernel_cache != "off"   ? "kernel cache " + row.rep.kernel_cache
                             : row.rep.static_policy.empty() ? std::string("static")
                                                             : std::string("static (precompiled engine)"))
                            .c_str()
@@ -226,16 +229,17 @@ Runner add_shapes(CLI::App& app) {
           j["graph_file"] = a->graph;
           list.push_back(std::move(j));
         }
-      nlohmann::json summary = {{"shapes", shapes.size()},
-                                {"failed", failed},
-                                {"kernel_cache_total_ms", kc_ms},
-                                {"cold_total_ms", cold_ms},
-                                {"speedup", speedup},
-                                {"target_speedup", a->target_speedup},
-                                {"meets_target", both && failed == 0 && speedup >= a->target_speedup},
-                                {"dynamic_fallback", fallback},
-                                {"warmup_ms", warmup_ms >= 0 ? nlohmann::json(warmup_ms) : nlohmann::json(nullptr)},
-                                {"warmup_shape", warmup_shape ? nlohmann::json(*warmup_shape) : nlohmann::json(nullptr)}};
+      nlohmann::json summary = {
+          {"shapes", shapes.size()},
+          {"failed", failed},
+          {"kernel_cache_total_ms", kc_ms},
+          {"cold_total_ms", cold_ms},
+          {"speedup", speedup},
+          {"target_speedup", a->target_speedup},
+          {"meets_target", both && failed == 0 && speedup >= a->target_speedup},
+          {"dynamic_fallback", fallback},
+          {"warmup_ms", warmup_ms >= 0 ? nlohmann::json(warmup_ms) : nlohmann::json(nullptr)},
+          {"warmup_shape", warmup_shape ? nlohmann::json(*warmup_shape) : nlohmann::json(nullptr)}};
       nlohmann::json doc = {{"graph", spec->name},
                             {"graph_file", a->graph},
                             {"device", target.device_name},
@@ -272,9 +276,10 @@ Runner add_shapes(CLI::App& app) {
                     safe(engine).c_str());
       }
       if (warmup_shape)
-        std::printf("  warm-up: one static build at %s, %.2f ms, outside both totals (the process's one-time "
-                    "cuDNN loads)\n",
-                    safe(shape_text(*warmup_shape)).c_str(), warmup_ms);
+        std::printf(
+            "  warm-up: one static build at %s, %.2f ms, outside both totals (the process's one-time "
+            "cuDNN loads)\n",
+            safe(shape_text(*warmup_shape)).c_str(), warmup_ms);
       if (!fallback.empty())
         std::printf("  dynamic shapes refused, static builds served: %s\n", safe(fallback).c_str());
       if (both) {

@@ -10,8 +10,9 @@
 namespace fusebox::cli {
 
 Runner add_tune(CLI::App& app) {
-  auto* cmd = app.add_subcommand("tune", "Autotune on the GPU: build every admissible engine, time each, verify "
-                                         "the winner, print a ranked table");
+  auto* cmd = app.add_subcommand("tune",
+                                 "Autotune on the GPU: build every admissible engine, time each, verify "
+                                 "the winner, print a ranked table");
   struct Args {
     std::string shape;
     std::string graph, heuristics = "a,b,fallback", plan_out;
@@ -23,14 +24,22 @@ Runner add_tune(CLI::App& app) {
   cmd->add_option("graph", a->graph, "Graph JSON file")->required();
   add_shape_flag(cmd, a->shape);
   cmd->add_option("--heuristics", a->heuristics, "Heuristic modes: a, b, fallback")->capture_default_str();
-  cmd->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--max-workspace", a->policy.max_workspace_bytes, "Drop engines needing more workspace (bytes)");
+  cmd->add_option("--warmup", a->policy.warmup, "Untimed runs per engine")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--iters", a->policy.iters, "Timed runs per engine (median)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-workspace", a->policy.max_workspace_bytes,
+                  "Drop engines needing more workspace (bytes)");
   cmd->add_flag("--deterministic", a->policy.deterministic_only, "Drop nondeterministic engines");
-  cmd->add_flag("--no-runtime-compilation", [a](int64_t) { a->policy.allow_runtime_compilation = false; },
-                "Drop runtime-compiled engines");
-  cmd->add_option("--top", a->policy.top_k, "Time only the first K admissible engines")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--budget-ms", a->policy.budget_ms, "Stop timing after this much wall time")->check(CLI::NonNegativeNumber);
+  cmd->add_flag(
+      "--no-runtime-compilation", [a](int64_t) { a->policy.allow_runtime_compilation = false; },
+      "Drop runtime-compiled engines");
+  cmd->add_option("--top", a->policy.top_k, "Time only the first K admissible engines")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--budget-ms", a->policy.budget_ms, "Stop timing after this much wall time")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
   add_tune_cuda_graph_flag(cmd, a->policy);
   cmd->add_option("--plan-out", a->plan_out, "Write the winner's plan to this file");
@@ -57,8 +66,8 @@ Runner add_tune(CLI::App& app) {
     if (bar) {
       progress = [](int done, int total, const std::string& engine) {
         const int width = 30, filled = total ? width * done / total : width;
-        std::fprintf(stderr, "\r[%.*s%*s] %d/%d %-44s", filled, "##############################", width - filled, "",
-                     done, total, engine.c_str());
+        std::fprintf(stderr, "\r[%.*s%*s] %d/%d %-44s", filled, "##############################",
+                     width - filled, "", done, total, engine.c_str());
         std::fflush(stderr);
       };
     }
@@ -78,22 +87,24 @@ Runner add_tune(CLI::App& app) {
         nlohmann::json verify = nlohmann::json::array();
         for (const auto& c : run->comparisons) verify.push_back(to_json(c));
         std::printf("%s\n", dump(nlohmann::json{{"graph", g->name},
-                                             {"cache", "hit"},
-                                             {"cache_key", cached->cache_key},
-                                             {"winner", cached->plan.engine_name()},
-                                             {"winner_median_ms", cached->entry.tuned_median_ms},
-                                             {"tuned_utc", cached->entry.created_utc},
-                                             {"cache_lookup_ms", cached->lookup_ms},
-                                             {"deserialize_ms", cached->deserialize_ms},
-                                             {"verify", verify},
-                                             {"ok", run->verified_ok}}, 2)
-                                   .c_str());
+                                                {"cache", "hit"},
+                                                {"cache_key", cached->cache_key},
+                                                {"winner", cached->plan.engine_name()},
+                                                {"winner_median_ms", cached->entry.tuned_median_ms},
+                                                {"tuned_utc", cached->entry.created_utc},
+                                                {"cache_lookup_ms", cached->lookup_ms},
+                                                {"deserialize_ms", cached->deserialize_ms},
+                                                {"verify", verify},
+                                                {"ok", run->verified_ok}},
+                                 2)
+                                .c_str());
       } else {
-        std::printf("%s: plan cache hit (%s): tuned winner %s (%.4f ms when tuned on %s); lookup %.2f ms, "
-                    "deserialize %.2f ms; not tuned again (--no-cache to retune)\n",
-                    safe(g->name).c_str(), cached->cache_key.c_str(), safe(cached->plan.engine_name()).c_str(),
-                    cached->entry.tuned_median_ms, safe(cached->entry.created_utc).c_str(), cached->lookup_ms,
-                    cached->deserialize_ms);
+        std::printf(
+            "%s: plan cache hit (%s): tuned winner %s (%.4f ms when tuned on %s); lookup %.2f ms, "
+            "deserialize %.2f ms; not tuned again (--no-cache to retune)\n",
+            safe(g->name).c_str(), cached->cache_key.c_str(), safe(cached->plan.engine_name()).c_str(),
+            cached->entry.tuned_median_ms, safe(cached->entry.created_utc).c_str(), cached->lookup_ms,
+            cached->deserialize_ms);
         for (const auto& c : run->comparisons) std::printf("verify: %s\n", c.ToString().c_str());
       }
       Status vs = verify_status(*run);
@@ -155,27 +166,30 @@ Runner add_tune(CLI::App& app) {
             safe(g->name).c_str(), r->entries.size(), r->tuning_ms, a->policy.warmup, a->policy.iters,
             r->input_sets);
       }
-      std::printf("%4s  %-46s %11s %11s %11s %9s %10s  %s\n", "rank", "engine", "median ms", "min ms", "p90 ms",
-                  "TFLOP/s", "workspace", "");
+      std::printf("%4s  %-46s %11s %11s %11s %9s %10s  %s\n", "rank", "engine", "median ms", "min ms",
+                  "p90 ms", "TFLOP/s", "workspace", "");
       int rank = 1;
       for (const auto& e : r->entries) {
         const char* mark = e.heuristic_choice ? "<- heuristic choice" : "";
         if (e.timed) {
           std::printf("%4d  %-46s %11.4f %11.4f %11.4f %9.1f %10s  %s\n", rank++, e.candidate.name.c_str(),
                       e.latency.median_ms, e.latency.min_ms, e.latency.p90_ms,
-                      r->flops / (e.latency.median_ms * 1e-3) / 1e12, format_bytes(e.candidate.workspace_bytes).c_str(),
-                      mark);
+                      r->flops / (e.latency.median_ms * 1e-3) / 1e12,
+                      format_bytes(e.candidate.workspace_bytes).c_str(), mark);
         } else {
-          std::printf("   -  %-46s %s %s\n", e.candidate.name.c_str(), e.skipped_why.substr(0, 120).c_str(), mark);
+          std::printf("   -  %-46s %s %s\n", e.candidate.name.c_str(), e.skipped_why.substr(0, 120).c_str(),
+                      mark);
         }
       }
       std::printf("winner: %s, %.4f ms", w.candidate.name.c_str(), w.latency.median_ms);
       if (r->heuristic >= 0 && r->entries[r->heuristic].timed) {
         std::printf(", %.2fx the heuristic choice %s (%.4f ms)", r->speedup_over_heuristic,
-                    r->entries[r->heuristic].candidate.name.c_str(), r->entries[r->heuristic].latency.median_ms);
+                    r->entries[r->heuristic].candidate.name.c_str(),
+                    r->entries[r->heuristic].latency.median_ms);
       }
       std::printf("\n");
-      for (const auto& c : r->winner_run.comparisons) std::printf("winner verify: %s\n", c.ToString().c_str());
+      for (const auto& c : r->winner_run.comparisons)
+        std::printf("winner verify: %s\n", c.ToString().c_str());
       if (!a->plan_out.empty()) std::printf("winner plan written to %s\n", safe(a->plan_out).c_str());
     }
     Status vs = verify_status(r->winner_run);

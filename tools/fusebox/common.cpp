@@ -11,16 +11,20 @@ namespace fusebox::cli {
 
 int exit_code_for(const Status& st) {
   switch (st.code()) {
-    case StatusCode::kOk: return kExitOk;
+    case StatusCode::kOk:
+      return kExitOk;
     case StatusCode::kInvalidArgument:
     case StatusCode::kParseError:
-    case StatusCode::kIoError: return kExitBadInput;
-    default: return kExitFailure;
+    case StatusCode::kIoError:
+      return kExitBadInput;
+    default:
+      return kExitFailure;
   }
 }
 
 int fail(const std::string& command, const Status& st) {
-  std::cerr << "fusebox " << command << ": " << common::printable(st.ToString(), /*keep_newlines=*/true) << "\n";
+  std::cerr << "fusebox " << command << ": " << common::printable(st.ToString(), /*keep_newlines=*/true)
+            << "\n";
   return exit_code_for(st);
 }
 
@@ -113,7 +117,8 @@ void print_build_report(const BuildReport& r) {
   int n = 1;
   for (const auto& s : r.steps) {
     // A failed step's message goes to stderr once, with the command's error.
-    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, safe(s.name).c_str(), s.ms, s.status.ok() ? "ok" : "FAILED (below)");
+    std::printf("  %d. %-24s %10.2f ms  %s\n", n++, safe(s.name).c_str(), s.ms,
+                s.status.ok() ? "ok" : "FAILED (below)");
   }
   for (const auto& n : r.lowering_notes) std::printf("  lowering: %s\n", safe(n).c_str());
   for (const auto& n : r.excluded) std::printf("  excluded: %s\n", safe(n).c_str());
@@ -132,12 +137,12 @@ void print_build_report(const BuildReport& r) {
       std::printf("    - %s (candidate %lld): %s\n", safe(d.name).c_str(), static_cast<long long>(d.index),
                   safe(d.why).c_str());
     }
-    if (shown < r.dropped.size()) std::printf("    ... and %zu more (--json lists all)\n", r.dropped.size() - shown);
+    if (shown < r.dropped.size())
+      std::printf("    ... and %zu more (--json lists all)\n", r.dropped.size() - shown);
   }
   std::printf("  total: %.2f ms\n", r.total_ms());
   std::fflush(stdout);
 }
-
 
 nlohmann::json to_json(const PlanReport& r) { return nlohmann::json::parse(plan_report_json(r)); }
 
@@ -165,7 +170,8 @@ void print_attempts(const PlanReport& r) {
   for (const auto& a : r.attempts) {
     if (a.status.ok()) continue;
     std::string modes;
-    for (auto m : a.modes) modes += std::string(modes.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
+    for (auto m : a.modes)
+      modes += std::string(modes.empty() ? "" : ",") + std::string(heuristic_mode_name(m));
     const std::string& msg = a.status.message();
     std::printf("  heuristic mode %s: no engine (%.2f ms): %s\n", modes.c_str(), a.report.total_ms(),
                 safe(msg.substr(0, std::min<size_t>(msg.find('\n'), 160))).c_str());
@@ -181,7 +187,8 @@ Result<std::vector<HeuristicMode>> parse_heuristics_flag(const std::string& flag
 }
 
 void add_cache_flags(CLI::App* cmd, CacheFlags& flags) {
-  cmd->add_option("--cache", flags.path, "Plan cache file (default $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite)");
+  cmd->add_option("--cache", flags.path,
+                  "Plan cache file (default $FUSEBOX_CACHE or ~/.cache/fusebox/plans.sqlite)");
   cmd->add_flag("--no-cache", flags.off, "Do not use the plan cache");
   cmd->add_option("--cache-max-bytes", flags.max_bytes,
                   "Plan cache size bound; least recently used entries are evicted beyond it "
@@ -200,8 +207,9 @@ std::unique_ptr<PlanCache> open_cache(const CacheFlags& flags) {
     if (end && *end == '\0' && v > 0) {
       options.max_bytes = v;
     } else {
-      std::fprintf(stderr, "fusebox: warning: FUSEBOX_CACHE_MAX_BYTES='%s' is not a positive byte count; using %lld\n",
-                   safe(env).c_str(), static_cast<long long>(options.max_bytes));
+      std::fprintf(
+          stderr, "fusebox: warning: FUSEBOX_CACHE_MAX_BYTES='%s' is not a positive byte count; using %lld\n",
+          safe(env).c_str(), static_cast<long long>(options.max_bytes));
     }
   }
   auto cache = std::make_unique<PlanCache>(
@@ -235,11 +243,11 @@ std::string cache_state(const PlanCache* cache, bool hit) {
 }
 
 std::string graph_equality(const CudaGraphRun& cg, const char* noun) {
-  std::string out = std::string(noun) + " bit-identical to eager: " + (cg.bit_identical ? "yes" : "no") + " (" +
-                    std::to_string(cg.bytes_compared) + " bytes compared)";
+  std::string out = std::string(noun) + " bit-identical to eager: " + (cg.bit_identical ? "yes" : "no") +
+                    " (" + std::to_string(cg.bytes_compared) + " bytes compared)";
   if (!cg.bit_identical && !cg.not_reproducible.empty()) {
-    out += "; not bit-reproducible by design (" + cg.not_reproducible + "), so compared within tolerance: " +
-           (cg.within_tolerance ? "yes" : "no");
+    out += "; not bit-reproducible by design (" + cg.not_reproducible +
+           "), so compared within tolerance: " + (cg.within_tolerance ? "yes" : "no");
     for (const auto& m : cg.mismatches) out += "\n    " + m;
   }
   return out;

@@ -3,16 +3,15 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <vector>
 
 #include "common/file_io.h"
 #include "common/json_util.h"
 #include "common/text.h"
-#include "fusebox/op_traits.h"
 #include "fusebox/cached_plan.h"
 #include "fusebox/graph.h"
+#include "fusebox/op_traits.h"
 #include "fusebox/plan.h"
 #include "fusebox/runtime.h"
 #include "fusebox/session.h"

@@ -105,7 +105,8 @@ std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan) {
     auto part_of_op = [&](size_t op) {
       for (size_t k = 0; k < plan->parts.size(); ++k) {
         const auto& p = plan->parts[k];
-        if (static_cast<int>(op) >= p.first_op && static_cast<int>(op) < p.first_op + p.op_count) return static_cast<int>(k);
+        if (static_cast<int>(op) >= p.first_op && static_cast<int>(op) < p.first_op + p.op_count)
+          return static_cast<int>(k);
       }
       return -1;
     };
@@ -122,18 +123,21 @@ std::string graph_dot(const ResolvedGraph& g, const DotPlan* plan) {
     for (size_t i = 0; i < g.tensors.size(); ++i) {
       if (home[i] == -2) {
         o << "  t" << i << " [label=\"" << tensor_label(g.tensors[i])
-          << "\\ntemporary between parts (in the workspace)\", shape=box, style=\"dashed,bold\", color=darkorange];\n";
+          << "\\ntemporary between parts (in the workspace)\", shape=box, style=\"dashed,bold\", "
+             "color=darkorange];\n";
       }
     }
     for (size_t k = 0; k < plan->parts.size(); ++k) {
       const auto& p = plan->parts[k];
-      o << "  subgraph cluster_part" << k << " {\n    label=\"part " << (k + 1) << " of " << plan->parts.size()
-        << ": " << dot_escape(p.engine) << "\\nworkspace " << dot_escape(format_bytes(p.workspace_bytes)) << "\";\n"
+      o << "  subgraph cluster_part" << k << " {\n    label=\"part " << (k + 1) << " of "
+        << plan->parts.size() << ": " << dot_escape(p.engine) << "\\nworkspace "
+        << dot_escape(format_bytes(p.workspace_bytes)) << "\";\n"
         << "    style=\"rounded,bold\"; color=darkorange;\n";
       for (size_t i = 0; i < g.tensors.size(); ++i) {
         if (home[i] == static_cast<int>(k)) tensor_node(i, "    ");
       }
-      for (int i = p.first_op; i < p.first_op + p.op_count && i < static_cast<int>(g.ops.size()); ++i) op_node(i, "    ");
+      for (int i = p.first_op; i < p.first_op + p.op_count && i < static_cast<int>(g.ops.size()); ++i)
+        op_node(i, "    ");
       o << "  }\n";
     }
     o << "  label_parts [shape=plaintext, label=\"no engine runs the whole graph: " << plan->parts.size()
@@ -170,8 +174,8 @@ std::string pipeline_dot(const Pipeline& p) {
   char flops[64];
   std::snprintf(flops, sizeof flops, "%.3g GFLOP", p.flops() / 1e9);
   o << "digraph fusebox_pipeline {\n"
-    << "  graph [rankdir=TB, fontname=\"Helvetica\", labelloc=t, label=\"pipeline " << dot_escape(p.name) << " ("
-    << p.stages.size() << " stages, " << flops
+    << "  graph [rankdir=TB, fontname=\"Helvetica\", labelloc=t, label=\"pipeline " << dot_escape(p.name)
+    << " (" << p.stages.size() << " stages, " << flops
     << ")\\nboxes: buffers (blue: inputs, grey: constants, white: intermediates, green: outputs); "
        "clusters: stages, one cuDNN graph each\"];\n"
     << "  node [fontname=\"Helvetica\", fontsize=10];\n"
@@ -182,8 +186,9 @@ std::string pipeline_dot(const Pipeline& p) {
                        : buf.kind == BufferKind::kConstant ? "lightgray"
                        : buf.kind == BufferKind::kOutput   ? "palegreen"
                                                            : "white";
-    o << "  b" << b << " [label=\"" << dot_escape(buf.name) << "\\n" << common::dims_string(buf.dims) << " "
-      << dtype_name(buf.dtype) << "\\n" << buffer_kind_name(buf.kind);
+    o << "  b" << b << " [label=\"" << dot_escape(buf.name) << "\\n"
+      << common::dims_string(buf.dims) << " " << dtype_name(buf.dtype) << "\\n"
+      << buffer_kind_name(buf.kind);
     if (!buf.file.empty()) o << " " << dot_escape(buf.file);
     o << "\", shape=box, style=filled, fillcolor=" << fill << "];\n";
   }
@@ -192,13 +197,14 @@ std::string pipeline_dot(const Pipeline& p) {
   for (size_t k = 0; k < p.order.size(); ++k) {
     const int s = p.order[k];
     const PipelineStage& st = p.stages[s];
-    o << "  subgraph cluster_s" << s << " {\n    label=\"" << (k + 1) << ". " << dot_escape(st.name) << ": graph "
-      << dot_escape(st.graph.name) << " (" << dot_escape(st.graph_file) << ")\";\n"
+    o << "  subgraph cluster_s" << s << " {\n    label=\"" << (k + 1) << ". " << dot_escape(st.name)
+      << ": graph " << dot_escape(st.graph.name) << " (" << dot_escape(st.graph_file) << ")\";\n"
       << "    style=\"rounded,bold\"; color=darkorange;\n";
     for (size_t i = 0; i < st.graph.ops.size(); ++i) {
       const ResolvedOp& op = st.graph.ops[i];
       o << "    s" << s << "_" << i << " [label=\"" << dot_escape(op.name) << "\\n"
-        << dot_escape(op_type_name(op.attrs)) << "\", shape=box, style=\"rounded,filled\", fillcolor=lightyellow];\n";
+        << dot_escape(op_type_name(op.attrs))
+        << "\", shape=box, style=\"rounded,filled\", fillcolor=lightyellow];\n";
     }
     o << "  }\n";
     // Inside a stage: op -> op through virtual tensors, labelled with the tensor.
@@ -213,8 +219,8 @@ std::string pipeline_dot(const Pipeline& p) {
           o << "  b" << bound->second << " -> s" << s << "_" << i << " [label=\"" << dot_escape(tensor.name)
             << "\"];\n";
         } else if (auto w = writer.find(t); w != writer.end()) {
-          o << "  s" << s << "_" << w->second << " -> s" << s << "_" << i << " [label=\"" << dot_escape(tensor.name)
-            << "\", style=dashed];\n";
+          o << "  s" << s << "_" << w->second << " -> s" << s << "_" << i << " [label=\""
+            << dot_escape(tensor.name) << "\", style=dashed];\n";
         }
       }
       for (const auto& [role, t] : st.graph.ops[i].outputs) {

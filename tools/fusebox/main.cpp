@@ -16,7 +16,8 @@ namespace {
 std::string version_text() {
   const fusebox::SystemInfo s = fusebox::system_info(/*enumerate_gpus=*/false);
   auto ver = [](int64_t v) {
-    return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." + std::to_string(v % 100);
+    return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+           std::to_string(v % 100);
   };
   return "fusebox " + s.fusebox_version + "\ncuDNN Frontend " + s.frontend_version + " (headers)\ncuDNN " +
          ver(s.cudnn_header_version) + " (headers), " + ver(s.cudnn_runtime_version) + " (runtime)";
@@ -39,7 +40,8 @@ int fusebox_main(int argc, char** argv) {
   using namespace fusebox::cli;
   CLI::App app{"fusebox: define cuDNN graphs explicitly, build them, pick the engine, run and verify them"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", version_text, "Print the fusebox, cuDNN Frontend and cuDNN versions and exit");
+  app.set_version_flag("--version", version_text,
+                       "Print the fusebox, cuDNN Frontend and cuDNN versions and exit");
   std::map<CLI::App*, Runner> runners;
   auto add = [&](Runner (*fn)(CLI::App&)) {
     Runner r = fn(app);

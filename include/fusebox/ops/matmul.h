@@ -3,7 +3,6 @@
 // its graph-layer definition is src/graph/ops/matmul.cpp (docs/architecture.md, "Adding an op").
 #pragma once
 
-
 namespace fusebox {
 
 struct MatmulAttrs {};

@@ -28,11 +28,11 @@ std::string_view pool_mode_name(PoolMode m);  // "max", "avg"
 
 struct PoolAttrs {
   PoolMode mode = PoolMode::kMax;
-  bool global = false;           // global_avg_pool: window = x's spatial dims (set by resolve)
-  std::vector<int64_t> window;   // per spatial dim; required unless global
-  std::vector<int64_t> stride;   // default: the window (as torch)
-  std::vector<int64_t> padding;  // both sides of each spatial dim; default 0
-  bool count_include_pad = true; // avg only: divide by the whole window (torch's default)
+  bool global = false;            // global_avg_pool: window = x's spatial dims (set by resolve)
+  std::vector<int64_t> window;    // per spatial dim; required unless global
+  std::vector<int64_t> stride;    // default: the window (as torch)
+  std::vector<int64_t> padding;   // both sides of each spatial dim; default 0
+  bool count_include_pad = true;  // avg only: divide by the whole window (torch's default)
 };
 
 }  // namespace fusebox

@@ -36,15 +36,15 @@ enum class SdpaAlignment { kTopLeft, kBottomRight };
 std::string_view sdpa_alignment_name(SdpaAlignment a);  // "top_left", "bottom_right"
 
 struct SdpaOptions {
-  std::optional<double> attn_scale;    // empty: 1/sqrt(D); resolve() fills it in
-  bool causal = false;                 // sets right_bound = 0 when right_bound is not given
+  std::optional<double> attn_scale;  // empty: 1/sqrt(D); resolve() fills it in
+  bool causal = false;               // sets right_bound = 0 when right_bound is not given
   SdpaAlignment alignment = SdpaAlignment::kTopLeft;
   std::optional<int64_t> left_bound;   // sliding window length (>= 1)
   std::optional<int64_t> right_bound;  // >= 0; resolve() sets 0 when causal
-  bool padding = false;   // inputs "seq_len_q", "seq_len_kv": int32 [B,1,1,1]
-  bool bias = false;      // input "bias": additive, [B|1, Hq|1, Sq, Skv]
-  bool alibi = false;     // ALiBi with cuDNN's slopes (alibi_slopes()); needs causal
-  std::optional<double> dropout;  // probability in [0, 1); inputs "seed", "offset": int64 [1,1,1,1]
+  bool padding = false;                // inputs "seq_len_q", "seq_len_kv": int32 [B,1,1,1]
+  bool bias = false;                   // input "bias": additive, [B|1, Hq|1, Sq, Skv]
+  bool alibi = false;                  // ALiBi with cuDNN's slopes (alibi_slopes()); needs causal
+  std::optional<double> dropout;       // probability in [0, 1); inputs "seed", "offset": int64 [1,1,1,1]
   // With dropout: also write the Bernoulli keep-mask cuDNN drew (1 kept, 0
   // dropped) as output "dropout_mask", fp32 [B,Hq,Sq,Skv] (cuDNN's RNG dump,
   // a debugging output): the references read it, so dropout can be verified.
@@ -86,7 +86,9 @@ inline std::vector<int64_t> sdpa_block_mask_dims(int64_t B, int64_t Hq, int64_t 
 }
 // Whether `byte`, the block-mask byte of query row i's tile row and key j's
 // tile byte ([b, h, i / 128, j / 128 / 8]), keeps key j.
-inline bool sdpa_block_keeps(unsigned byte, int64_t j) { return ((byte >> ((j / kSdpaBlockTile) % 8)) & 1u) != 0; }
+inline bool sdpa_block_keeps(unsigned byte, int64_t j) {
+  return ((byte >> ((j / kSdpaBlockTile) % 8)) & 1u) != 0;
+}
 
 // The logical key length of an sdpa op whose k has dims `k_dims`: max_seq_len_kv
 // when paged, else k's S.

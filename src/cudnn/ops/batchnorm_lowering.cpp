@@ -53,8 +53,9 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormInferenc
   FeTensor normalized = pointwise("normalize", fe::PointwiseMode_t::MUL, centered, ctx.in("inv_variance"));
   FeTensor scaled = pointwise("scale", fe::PointwiseMode_t::MUL, normalized, ctx.in("scale"));
   FeTensor y = pointwise("shift", fe::PointwiseMode_t::ADD, scaled, ctx.in("bias"));
-  ctx.note("lowered as (x - mean) * inv_variance * scale + bias, four fused pointwise ops (cuDNN 9.19's "
-           "batchnorm_inference node has no engine on the H200)");
+  ctx.note(
+      "lowered as (x - mean) * inv_variance * scale + bias, four fused pointwise ops (cuDNN 9.19's "
+      "batchnorm_inference node has no engine on the H200)");
   return ctx.bind_output("y", y);
 }
 

@@ -9,9 +9,10 @@
 namespace fusebox::cudnn {
 
 Status lower_op(LowerContext& ctx, const ResolvedOp&, const EmbeddingAttrs&) {
-  return InvalidArgument(ctx.where() +
-                         " cuDNN 9.19 has no op for an embedding lookup: fusebox runs it with its own kernel, "
-                         "alone in its graph (in a pipeline, a stage of its own)");
+  return InvalidArgument(
+      ctx.where() +
+      " cuDNN 9.19 has no op for an embedding lookup: fusebox runs it with its own kernel, "
+      "alone in its graph (in a pipeline, a stage of its own)");
 }
 
 }  // namespace fusebox::cudnn

@@ -7,17 +7,27 @@ namespace {
 fe::PointwiseMode_t to_fe(PointwiseMode m) {
   switch (m) {
     case PointwiseMode::kAdd:
-    case PointwiseMode::kBiasAdd: return fe::PointwiseMode_t::ADD;
-    case PointwiseMode::kSub: return fe::PointwiseMode_t::SUB;
+    case PointwiseMode::kBiasAdd:
+      return fe::PointwiseMode_t::ADD;
+    case PointwiseMode::kSub:
+      return fe::PointwiseMode_t::SUB;
     case PointwiseMode::kMul:
-    case PointwiseMode::kScale: return fe::PointwiseMode_t::MUL;
-    case PointwiseMode::kRelu: return fe::PointwiseMode_t::RELU_FWD;
-    case PointwiseMode::kGeluTanh: return fe::PointwiseMode_t::GELU_APPROX_TANH_FWD;
-    case PointwiseMode::kGeluErf: return fe::PointwiseMode_t::GELU_FWD;
-    case PointwiseMode::kSilu: return fe::PointwiseMode_t::SWISH_FWD;
-    case PointwiseMode::kSigmoid: return fe::PointwiseMode_t::SIGMOID_FWD;
-    case PointwiseMode::kTanh: return fe::PointwiseMode_t::TANH_FWD;
-    case PointwiseMode::kReluBwd: return fe::PointwiseMode_t::RELU_BWD;
+    case PointwiseMode::kScale:
+      return fe::PointwiseMode_t::MUL;
+    case PointwiseMode::kRelu:
+      return fe::PointwiseMode_t::RELU_FWD;
+    case PointwiseMode::kGeluTanh:
+      return fe::PointwiseMode_t::GELU_APPROX_TANH_FWD;
+    case PointwiseMode::kGeluErf:
+      return fe::PointwiseMode_t::GELU_FWD;
+    case PointwiseMode::kSilu:
+      return fe::PointwiseMode_t::SWISH_FWD;
+    case PointwiseMode::kSigmoid:
+      return fe::PointwiseMode_t::SIGMOID_FWD;
+    case PointwiseMode::kTanh:
+      return fe::PointwiseMode_t::TANH_FWD;
+    case PointwiseMode::kReluBwd:
+      return fe::PointwiseMode_t::RELU_BWD;
   }
   return fe::PointwiseMode_t::NOT_SET;
 }
@@ -34,11 +44,25 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& p
   switch (pw.mode) {
     case PointwiseMode::kAdd:
     case PointwiseMode::kSub:
-    case PointwiseMode::kMul: a = ctx.in("a"); b = ctx.in("b"); break;
-    case PointwiseMode::kBiasAdd: a = ctx.in("x"); b = ctx.in("bias"); break;
-    case PointwiseMode::kScale: a = ctx.in("x"); b = ctx.in("scale"); break;
-    case PointwiseMode::kReluBwd: a = ctx.in("dy"); b = ctx.in("x"); break;  // IN_0 = dy, IN_1 = x
-    default: a = ctx.in("x"); break;
+    case PointwiseMode::kMul:
+      a = ctx.in("a");
+      b = ctx.in("b");
+      break;
+    case PointwiseMode::kBiasAdd:
+      a = ctx.in("x");
+      b = ctx.in("bias");
+      break;
+    case PointwiseMode::kScale:
+      a = ctx.in("x");
+      b = ctx.in("scale");
+      break;
+    case PointwiseMode::kReluBwd:
+      a = ctx.in("dy");
+      b = ctx.in("x");
+      break;  // IN_0 = dy, IN_1 = x
+    default:
+      a = ctx.in("x");
+      break;
   }
   FeTensor y = b ? ctx.graph().pointwise(a, b, attrs) : ctx.graph().pointwise(a, attrs);
   return ctx.bind_output("y", y);

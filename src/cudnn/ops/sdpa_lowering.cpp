@@ -34,7 +34,8 @@ bool band_masks_nothing(const SdpaOptions& o, const LowerContext& ctx, const Res
 // them the same setters; ALiBi and the RNG dump are set by the callers, as FP8
 // backward has neither).
 template <typename Attrs>
-void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, LowerContext& ctx, const ResolvedOp& op) {
+void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, LowerContext& ctx,
+                        const ResolvedOp& op) {
   attrs.set_attn_scale(static_cast<float>(scale));
   if (band_masks_nothing(o, ctx, op)) {
     ctx.note("the " + std::string(*o.right_bound == 0 ? "causal mask" : "right bound") +
@@ -62,7 +63,8 @@ void apply_sdpa_options(Attrs& attrs, const SdpaOptions& o, double scale, LowerC
 // k and v are the page pools, the tables say where each sequence's pages are.
 void apply_paged(fe::graph::SDPA_attributes& attrs, const SdpaOptions& o, const LowerContext& ctx) {
   if (!o.paged) return;
-  attrs.set_paged_attention_k_table(ctx.in("page_table_k")).set_paged_attention_v_table(ctx.in("page_table_v"));
+  attrs.set_paged_attention_k_table(ctx.in("page_table_k"))
+      .set_paged_attention_v_table(ctx.in("page_table_v"));
   // resolve() fills it; without it the frontend infers it from the tables.
   if (o.max_seq_len_kv) attrs.set_paged_attention_max_seq_len_kv(static_cast<int>(*o.max_seq_len_kv));
 }
@@ -78,16 +80,18 @@ Status block_mask_runs_on(const LowerContext& ctx, const ResolvedOp& op) {
   const DeviceTarget& target = ctx.target();
   if (target.sm_version == 0 || target.sm_version >= 100) return Status::Ok();
   const auto in = op.inputs.find("block_mask");
-  const std::string tensor = in == op.inputs.end() ? "" : " ('" + ctx.resolved().tensors[in->second].name + "')";
-  return NotSupported(ctx.where() + ": input 'block_mask'" + tensor +
-                      ": block masks need a Blackwell GPU (sm_100 and newer; frontend 1.32 allows them on sm_10x "
-                      "only with cuDNN 9.26 or newer), and the target is " +
-                      (target.device_name.empty() ? std::string("a GPU") : target.device_name) + " (sm_" +
-                      std::to_string(target.sm_version) +
-                      "), where cuDNN 9.19 has no engine for them (its reason: \"Block mask is only supported on "
-                      "Blackwell\"). The masks that skip work on this GPU: \"causal\", a sliding window "
-                      "(\"left_bound\"), ragged lengths (inputs seq_len_q, seq_len_kv); any other pattern is an "
-                      "additive \"bias\" (-inf where a tile is dropped)");
+  const std::string tensor =
+      in == op.inputs.end() ? "" : " ('" + ctx.resolved().tensors[in->second].name + "')";
+  return NotSupported(
+      ctx.where() + ": input 'block_mask'" + tensor +
+      ": block masks need a Blackwell GPU (sm_100 and newer; frontend 1.32 allows them on sm_10x "
+      "only with cuDNN 9.26 or newer), and the target is " +
+      (target.device_name.empty() ? std::string("a GPU") : target.device_name) + " (sm_" +
+      std::to_string(target.sm_version) +
+      "), where cuDNN 9.19 has no engine for them (its reason: \"Block mask is only supported on "
+      "Blackwell\"). The masks that skip work on this GPU: \"causal\", a sliding window "
+      "(\"left_bound\"), ragged lengths (inputs seq_len_q, seq_len_kv); any other pattern is an "
+      "additive \"bias\" (-inf where a tile is dropped)");
 }
 
 }  // namespace

@@ -16,16 +16,18 @@ namespace {
 Status check_rows(const InferContext& ctx, std::string_view role, const char* what) {
   const ResolvedTensor& t = ctx.in(role);
   if (t.dims.size() != 4 || t.dims[2] != 1 || t.dims[3] != 1) {
-    return InvalidArgument(ctx.in_where(role) + " has dims " + dims_string(t.dims) + ": embedding takes " + what +
-                           " as [rows, H, 1, 1] (a row of H values each)");
+    return InvalidArgument(ctx.in_where(role) + " has dims " + dims_string(t.dims) + ": embedding takes " +
+                           what + " as [rows, H, 1, 1] (a row of H values each)");
   }
   if (t.dims[1] > 1 && t.strides[1] != 1) {
-    return InvalidArgument(ctx.in_where(role) + " has strides " + dims_string(t.strides) +
-                           ": embedding reads rows of H contiguous values; lay it out \"nhwc\" (or row-major)");
+    return InvalidArgument(
+        ctx.in_where(role) + " has strides " + dims_string(t.strides) +
+        ": embedding reads rows of H contiguous values; lay it out \"nhwc\" (or row-major)");
   }
   if (t.dims[0] > 1 && t.strides[0] < t.dims[1]) {
     return InvalidArgument(ctx.in_where(role) + " has strides " + dims_string(t.strides) +
-                           ": its rows overlap (stride of dim 0 below H = " + std::to_string(t.dims[1]) + ")");
+                           ": its rows overlap (stride of dim 0 below H = " + std::to_string(t.dims[1]) +
+                           ")");
   }
   return check_dtype_in(ctx.in_where(role), t.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
                         std::string("embedding takes ") + what + " in bf16, fp16 or fp32");
@@ -46,7 +48,8 @@ std::vector<std::string_view> input_roles(const EmbeddingAttrs& a) {
 std::vector<std::string_view> output_roles(const EmbeddingAttrs&) { return {"y"}; }
 // fusebox's own kernel writes y to memory: there is no epilogue to fuse it into.
 
-Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op, EmbeddingAttrs& a) {
+Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op,
+                  EmbeddingAttrs& a) {
   a.add = op.inputs.count("add") > 0;  // an optional input
   return Status::Ok();
 }
@@ -71,20 +74,23 @@ Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
                              std::to_string(h) + ": give add as [P, " + std::to_string(h) + ", 1, 1]");
     }
     if (n % add.dims[0] != 0) {
-      return InvalidArgument(ctx.in_where("add") + " has " + std::to_string(add.dims[0]) +
-                             " rows, which do not divide the " + std::to_string(n) +
-                             " ids: row n of y adds row n % P of add, so P must divide N (e.g. P = the sequence "
-                             "length of N = batch x sequence ids)");
+      return InvalidArgument(
+          ctx.in_where("add") + " has " + std::to_string(add.dims[0]) + " rows, which do not divide the " +
+          std::to_string(n) +
+          " ids: row n of y adds row n % P of add, so P must divide N (e.g. P = the sequence "
+          "length of N = batch x sequence ids)");
     }
   }
   // Fixed ids (the graph's "values") are checked now; given ones before a run (check_embedding_ids).
   for (size_t i = 0; i < ids.values.size(); ++i) {
-    if (ids.values[i] >= 0 && ids.values[i] < static_cast<double>(v) && ids.values[i] == static_cast<int64_t>(ids.values[i]))
+    if (ids.values[i] >= 0 && ids.values[i] < static_cast<double>(v) &&
+        ids.values[i] == static_cast<int64_t>(ids.values[i]))
       continue;
     const double bad = ids.values[i];
     const bool whole = std::isfinite(bad) && std::fabs(bad) < 9e15 && std::floor(bad) == bad;
     return InvalidArgument(ctx.in_where("ids") + ": values[" + std::to_string(i) + "] = " +
-                           (whole ? std::to_string(static_cast<int64_t>(bad)) : std::to_string(bad)) + " is not a row of the table (" + std::to_string(v) +
+                           (whole ? std::to_string(static_cast<int64_t>(bad)) : std::to_string(bad)) +
+                           " is not a row of the table (" + std::to_string(v) +
                            " rows): every id must be an integer in [0, " + std::to_string(v) + ")");
   }
   // Random ids are valid rows of the table.
@@ -94,11 +100,13 @@ Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
   FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("y", ydims, {h, 1, h, h}, ctx.io_dtype));
   const ResolvedTensor& y = ctx.out("y");
   if (h > 1 && y.strides[1] != 1) {
-    return InvalidArgument(ctx.out_where("y") + " has strides " + dims_string(y.strides) +
-                           ": embedding writes rows of H contiguous values; lay it out \"nhwc\" (or row-major)");
+    return InvalidArgument(
+        ctx.out_where("y") + " has strides " + dims_string(y.strides) +
+        ": embedding writes rows of H contiguous values; lay it out \"nhwc\" (or row-major)");
   }
   if (n > 1 && y.strides[0] < h) {
-    return InvalidArgument(ctx.out_where("y") + " has strides " + dims_string(y.strides) + ": its rows overlap");
+    return InvalidArgument(ctx.out_where("y") + " has strides " + dims_string(y.strides) +
+                           ": its rows overlap");
   }
   return check_dtype_in(ctx.out_where("y"), y.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
                         "embedding writes bf16, fp16 or fp32");

@@ -42,10 +42,11 @@ Status check_fp8(const InferContext& ctx) {
   }
   const ResolvedTensor& y = ctx.out("y");
   if (y.dtype != DType::kFP32) {
-    return InvalidArgument(ctx.out_where("y") + " is " + std::string(dtype_name(y.dtype)) +
-                           ": an FP8 matmul's product is fp32 (leave it undeclared or virtual fp32), then "
-                           "scale ops apply the fp32 [1,...,1] descales and the output dtype (bf16, fp8) goes on "
-                           "the last op (docs/graph-format.md, FP8 epilogues)");
+    return InvalidArgument(
+        ctx.out_where("y") + " is " + std::string(dtype_name(y.dtype)) +
+        ": an FP8 matmul's product is fp32 (leave it undeclared or virtual fp32), then "
+        "scale ops apply the fp32 [1,...,1] descales and the output dtype (bf16, fp8) goes on "
+        "the last op (docs/graph-format.md, FP8 epilogues)");
   }
   return Status::Ok();
 }
@@ -57,8 +58,9 @@ Status infer(const InferContext& ctx, MatmulAttrs&) {
   const ResolvedTensor& b = ctx.in("b");
   const size_t rank = a.dims.size();
   if (rank < 3) {
-    return InvalidArgument(ctx.in_where("a") + " has rank " + std::to_string(rank) + " " + dims_string(a.dims) +
-                           ": matmul takes [batch..., M, K] with rank >= 3 (write [1, M, K] for a plain GEMM)");
+    return InvalidArgument(
+        ctx.in_where("a") + " has rank " + std::to_string(rank) + " " + dims_string(a.dims) +
+        ": matmul takes [batch..., M, K] with rank >= 3 (write [1, M, K] for a plain GEMM)");
   }
   if (b.dims.size() != rank) {
     return InvalidArgument(ctx.in_where("b") + " has rank " + std::to_string(b.dims.size()) + " " +
@@ -66,10 +68,10 @@ Status infer(const InferContext& ctx, MatmulAttrs&) {
                            std::to_string(rank) + ": both must have the same rank");
   }
   if (a.dims[rank - 1] != b.dims[rank - 2]) {
-    return InvalidArgument(ctx.in_where("a") + " " + dims_string(a.dims) + " has K=" +
-                           std::to_string(a.dims[rank - 1]) + " but input 'b' (" + squote(b.name) + ") " +
-                           dims_string(b.dims) + " has K=" + std::to_string(b.dims[rank - 2]) +
-                           ": a's last dim must equal b's second-to-last");
+    return InvalidArgument(
+        ctx.in_where("a") + " " + dims_string(a.dims) + " has K=" + std::to_string(a.dims[rank - 1]) +
+        " but input 'b' (" + squote(b.name) + ") " + dims_string(b.dims) +
+        " has K=" + std::to_string(b.dims[rank - 2]) + ": a's last dim must equal b's second-to-last");
   }
   std::vector<int64_t> out;
   for (size_t i = 0; i + 2 < rank; ++i) {
@@ -92,7 +94,8 @@ void describe(const MatmulAttrs&, std::ostream&) {}
 void resolved_json(const FlopsContext&, const MatmulAttrs&, nlohmann::ordered_json&) {}
 
 double flops(const FlopsContext& ctx, const MatmulAttrs&) {
-  return 2.0 * static_cast<double>(ctx.out("y").element_count()) * static_cast<double>(ctx.in("a").dims.back());
+  return 2.0 * static_cast<double>(ctx.out("y").element_count()) *
+         static_cast<double>(ctx.in("a").dims.back());
 }
 
 }  // namespace fusebox::graph_ops

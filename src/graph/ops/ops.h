@@ -50,23 +50,26 @@ struct FlopsContext {
   const ResolvedOp& op;
   const std::map<std::string, std::vector<double>>& inputs;
   const ResolvedTensor& in(std::string_view role) const { return g.tensors[op.inputs.at(std::string(role))]; }
-  const ResolvedTensor& out(std::string_view role) const { return g.tensors[op.outputs.at(std::string(role))]; }
+  const ResolvedTensor& out(std::string_view role) const {
+    return g.tensors[op.outputs.at(std::string(role))];
+  }
 };
 
 // The per-op functions. For each family: the JSON type names it owns
 // (type_names/make_attrs), roles, JSON attributes, inference, canonical form,
 // human-readable attributes and FLOPs.
-#define FUSEBOX_GRAPH_OP_FUNCTIONS(T)                                                              \
-  std::string_view type_name(const T&);                                                            \
-  std::vector<std::string_view> input_roles(const T&);                                             \
-  std::vector<std::string_view> output_roles(const T&);                                            \
-  Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a); \
-  void write_json(const T& a, nlohmann::ordered_json& j);                                          \
-  Status infer(const InferContext& ctx, T& a);                                                     \
-  void canonical(const T& a, CanonicalWriter& w);                                                  \
-  void describe(const T& a, std::ostream& os);                                                     \
-  /* the resolved attributes for `fusebox check --json` (defaults applied; docs/cli.md) */         \
-  void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j);              \
+#define FUSEBOX_GRAPH_OP_FUNCTIONS(T)                                                                  \
+  std::string_view type_name(const T&);                                                                \
+  std::vector<std::string_view> input_roles(const T&);                                                 \
+  std::vector<std::string_view> output_roles(const T&);                                                \
+  Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, \
+                    T& a);                                                                             \
+  void write_json(const T& a, nlohmann::ordered_json& j);                                              \
+  Status infer(const InferContext& ctx, T& a);                                                         \
+  void canonical(const T& a, CanonicalWriter& w);                                                      \
+  void describe(const T& a, std::ostream& os);                                                         \
+  /* the resolved attributes for `fusebox check --json` (defaults applied; docs/cli.md) */             \
+  void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j);                  \
   double flops(const FlopsContext& ctx, const T& a);
 
 // conv.cpp
@@ -187,7 +190,7 @@ std::string accepted_type_names();
 
 // Shared helpers of the family files.
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;  // a dim, stride, padding, ... (cuDNN's int32)
-std::string squote(const std::string& s);  // 'name'
+std::string squote(const std::string& s);            // 'name'
 Status check_dtype_in(const std::string& what, DType got, std::initializer_list<DType> allowed,
                       const std::string& why);
 

@@ -1,6 +1,7 @@
 // fusebox op family pointwise (graph layer): add, sub, mul, bias_add, scale
 // (binary, numpy-style broadcast over equal ranks), relu, gelu_tanh,
-// gelu_erf, silu, sigmoid, tanh (unary) and relu_bwd (dy, x: dy where x > 0). One attrs type, one JSON name per mode.
+// gelu_erf, silu, sigmoid, tanh (unary) and relu_bwd (dy, x: dy where x > 0). One attrs type, one JSON name
+// per mode.
 #include "common/dims_string.h"
 #include "ops/ops.h"
 
@@ -9,26 +10,38 @@ namespace fusebox {
 using common::dims_string;
 
 namespace {
-constexpr PointwiseMode kAllModes[] = {PointwiseMode::kAdd,      PointwiseMode::kSub,     PointwiseMode::kMul,
-                                       PointwiseMode::kBiasAdd,  PointwiseMode::kScale,   PointwiseMode::kRelu,
-                                       PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf, PointwiseMode::kSilu,
-                                       PointwiseMode::kSigmoid,  PointwiseMode::kTanh,    PointwiseMode::kReluBwd};
+constexpr PointwiseMode kAllModes[] = {
+    PointwiseMode::kAdd,   PointwiseMode::kSub,     PointwiseMode::kMul,      PointwiseMode::kBiasAdd,
+    PointwiseMode::kScale, PointwiseMode::kRelu,    PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf,
+    PointwiseMode::kSilu,  PointwiseMode::kSigmoid, PointwiseMode::kTanh,     PointwiseMode::kReluBwd};
 }  // namespace
 
 std::string_view pointwise_mode_name(PointwiseMode m) {
   switch (m) {
-    case PointwiseMode::kAdd: return "add";
-    case PointwiseMode::kSub: return "sub";
-    case PointwiseMode::kMul: return "mul";
-    case PointwiseMode::kBiasAdd: return "bias_add";
-    case PointwiseMode::kScale: return "scale";
-    case PointwiseMode::kRelu: return "relu";
-    case PointwiseMode::kGeluTanh: return "gelu_tanh";
-    case PointwiseMode::kGeluErf: return "gelu_erf";
-    case PointwiseMode::kSilu: return "silu";
-    case PointwiseMode::kSigmoid: return "sigmoid";
-    case PointwiseMode::kTanh: return "tanh";
-    case PointwiseMode::kReluBwd: return "relu_bwd";
+    case PointwiseMode::kAdd:
+      return "add";
+    case PointwiseMode::kSub:
+      return "sub";
+    case PointwiseMode::kMul:
+      return "mul";
+    case PointwiseMode::kBiasAdd:
+      return "bias_add";
+    case PointwiseMode::kScale:
+      return "scale";
+    case PointwiseMode::kRelu:
+      return "relu";
+    case PointwiseMode::kGeluTanh:
+      return "gelu_tanh";
+    case PointwiseMode::kGeluErf:
+      return "gelu_erf";
+    case PointwiseMode::kSilu:
+      return "silu";
+    case PointwiseMode::kSigmoid:
+      return "sigmoid";
+    case PointwiseMode::kTanh:
+      return "tanh";
+    case PointwiseMode::kReluBwd:
+      return "relu_bwd";
   }
   return "unknown";
 }
@@ -46,13 +59,15 @@ bool pointwise_is_unary(PointwiseMode m) {
     case PointwiseMode::kMul:
     case PointwiseMode::kBiasAdd:
     case PointwiseMode::kScale:
-    case PointwiseMode::kReluBwd: return false;
+    case PointwiseMode::kReluBwd:
+      return false;
     case PointwiseMode::kRelu:
     case PointwiseMode::kGeluTanh:
     case PointwiseMode::kGeluErf:
     case PointwiseMode::kSilu:
     case PointwiseMode::kSigmoid:
-    case PointwiseMode::kTanh: return true;
+    case PointwiseMode::kTanh:
+      return true;
   }
   return true;
 }
@@ -74,11 +89,16 @@ std::vector<std::string_view> input_roles(const PointwiseAttrs& a) {
   switch (a.mode) {
     case PointwiseMode::kAdd:
     case PointwiseMode::kSub:
-    case PointwiseMode::kMul: return {"a", "b"};
-    case PointwiseMode::kBiasAdd: return {"x", "bias"};
-    case PointwiseMode::kScale: return {"x", "scale"};
-    case PointwiseMode::kReluBwd: return {"dy", "x"};
-    default: return {"x"};
+    case PointwiseMode::kMul:
+      return {"a", "b"};
+    case PointwiseMode::kBiasAdd:
+      return {"x", "bias"};
+    case PointwiseMode::kScale:
+      return {"x", "scale"};
+    case PointwiseMode::kReluBwd:
+      return {"dy", "x"};
+    default:
+      return {"x"};
   }
 }
 std::vector<std::string_view> output_roles(const PointwiseAttrs&) { return {"y"}; }
@@ -90,13 +110,15 @@ void write_json(const PointwiseAttrs&, nlohmann::ordered_json&) {}
 namespace {
 
 // Output dims of a binary broadcast; `into_a` requires the result to equal a's dims.
-Result<std::vector<int64_t>> broadcast(const std::string& where, const std::string& ra, const ResolvedTensor& a,
-                                       const std::string& rb, const ResolvedTensor& b, bool into_a) {
+Result<std::vector<int64_t>> broadcast(const std::string& where, const std::string& ra,
+                                       const ResolvedTensor& a, const std::string& rb,
+                                       const ResolvedTensor& b, bool into_a) {
   if (a.dims.size() != b.dims.size()) {
     return InvalidArgument(where + " input " + squote(rb) + " (" + squote(b.name) + ") has rank " +
-                           std::to_string(b.dims.size()) + " " + dims_string(b.dims) + " but input " + squote(ra) +
-                           " (" + squote(a.name) + ") has rank " + std::to_string(a.dims.size()) + " " +
-                           dims_string(a.dims) + ": pointwise inputs must have equal ranks (write 1 for broadcast dims)");
+                           std::to_string(b.dims.size()) + " " + dims_string(b.dims) + " but input " +
+                           squote(ra) + " (" + squote(a.name) + ") has rank " +
+                           std::to_string(a.dims.size()) + " " + dims_string(a.dims) +
+                           ": pointwise inputs must have equal ranks (write 1 for broadcast dims)");
   }
   std::vector<int64_t> out(a.dims.size());
   for (size_t i = 0; i < a.dims.size(); ++i) {
@@ -104,15 +126,15 @@ Result<std::vector<int64_t>> broadcast(const std::string& where, const std::stri
     bool ok = into_a ? (db == da || db == 1) : (da == db || da == 1 || db == 1);
     if (!ok) {
       if (into_a) {
-        return InvalidArgument(where + " input " + squote(rb) + " (" + squote(b.name) + ") " + dims_string(b.dims) +
-                               " does not broadcast into input " + squote(ra) + " (" + squote(a.name) + ") " +
-                               dims_string(a.dims) + ": dim " + std::to_string(i) + " must be " +
-                               std::to_string(da) + " or 1");
+        return InvalidArgument(where + " input " + squote(rb) + " (" + squote(b.name) + ") " +
+                               dims_string(b.dims) + " does not broadcast into input " + squote(ra) + " (" +
+                               squote(a.name) + ") " + dims_string(a.dims) + ": dim " + std::to_string(i) +
+                               " must be " + std::to_string(da) + " or 1");
       }
-      return InvalidArgument(where + " inputs " + squote(ra) + " (" + squote(a.name) + ") " + dims_string(a.dims) +
-                             " and " + squote(rb) + " (" + squote(b.name) + ") " + dims_string(b.dims) +
-                             " do not broadcast: dim " + std::to_string(i) + " is " + std::to_string(da) + " vs " +
-                             std::to_string(db) + " (dims must be equal or 1)");
+      return InvalidArgument(where + " inputs " + squote(ra) + " (" + squote(a.name) + ") " +
+                             dims_string(a.dims) + " and " + squote(rb) + " (" + squote(b.name) + ") " +
+                             dims_string(b.dims) + " do not broadcast: dim " + std::to_string(i) + " is " +
+                             std::to_string(da) + " vs " + std::to_string(db) + " (dims must be equal or 1)");
     }
     out[i] = std::max(da, db);
   }
@@ -137,9 +159,9 @@ Status infer(const InferContext& ctx, PointwiseAttrs& a) {
   if (a.mode == PointwiseMode::kScale) {
     const ResolvedTensor& s = ctx.in("scale");
     if (!s.scalar_value && s.element_count() == 1 && s.dtype != DType::kFP32) {
-      return InvalidArgument(ctx.in_where("scale") + " is " + std::string(dtype_name(s.dtype)) + " " +
-                             dims_string(s.dims) +
-                             ": a per-tensor scale (FP8 descale or scale) must be an fp32 tensor with every dim 1");
+      return InvalidArgument(
+          ctx.in_where("scale") + " is " + std::string(dtype_name(s.dtype)) + " " + dims_string(s.dims) +
+          ": a per-tensor scale (FP8 descale or scale) must be an fp32 tensor with every dim 1");
     }
   }
   // strides like the op's first non-scalar input
@@ -156,7 +178,8 @@ Status infer(const InferContext& ctx, PointwiseAttrs& a) {
 
 void canonical(const PointwiseAttrs&, CanonicalWriter&) {}  // the mode is the type name
 void describe(const PointwiseAttrs&, std::ostream&) {}
-void resolved_json(const FlopsContext&, const PointwiseAttrs&, nlohmann::ordered_json&) {}  // mode = type name
+void resolved_json(const FlopsContext&, const PointwiseAttrs&, nlohmann::ordered_json&) {
+}  // mode = type name
 
 double flops(const FlopsContext& ctx, const PointwiseAttrs&) {
   return static_cast<double>(ctx.out("y").element_count());

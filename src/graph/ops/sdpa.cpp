@@ -36,8 +36,9 @@ std::vector<double> alibi_slopes(int64_t heads) {
   for (int64_t h = 0; h < n; ++h) exps.push_back(static_cast<double>(h + 1));
   for (int64_t m = 0; m < 2 * (heads - n); m += 2) exps.push_back(static_cast<double>(m + 1) * 0.5);
   std::vector<double> slopes;
-  for (double e : exps) slopes.push_back(static_cast<double>(std::pow(2.0f, -8.0f * static_cast<float>(e) /
-                                                                               static_cast<float>(n))));
+  for (double e : exps)
+    slopes.push_back(
+        static_cast<double>(std::pow(2.0f, -8.0f * static_cast<float>(e) / static_cast<float>(n))));
   return slopes;
 }
 
@@ -73,7 +74,6 @@ double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
   return pairs;
 }
 
-
 namespace graph_ops {
 
 namespace {
@@ -83,17 +83,20 @@ constexpr bool kIsBwd = std::is_same_v<T, SdpaBwdAttrs> || std::is_same_v<T, Sdp
 template <typename T>
 constexpr bool kIsFp8 = std::is_same_v<T, SdpaFp8FwdAttrs> || std::is_same_v<T, SdpaFp8BwdAttrs>;
 
-constexpr const char* kFp8FwdScales[] = {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"};
-constexpr const char* kFp8BwdScales[] = {"descale_q", "descale_k", "descale_v", "descale_o", "descale_do",
-                                         "descale_s", "descale_dp", "scale_s",   "scale_dq",  "scale_dk",
-                                         "scale_dv",  "scale_dp"};
+constexpr const char* kFp8FwdScales[] = {"descale_q", "descale_k", "descale_v",
+                                         "descale_s", "scale_s",   "scale_o"};
+constexpr const char* kFp8BwdScales[] = {"descale_q",  "descale_k", "descale_v",  "descale_o",
+                                         "descale_do", "descale_s", "descale_dp", "scale_s",
+                                         "scale_dq",   "scale_dk",  "scale_dv",   "scale_dp"};
 
 template <typename T>
 std::vector<std::string_view> sdpa_input_roles(const T& a) {
   std::vector<std::string_view> r = {"q", "k", "v"};
   if constexpr (kIsBwd<T>) r.insert(r.end(), {"o", "do", "stats"});
-  if constexpr (std::is_same_v<T, SdpaFp8BwdAttrs>) r.insert(r.end(), std::begin(kFp8BwdScales), std::end(kFp8BwdScales));
-  if constexpr (std::is_same_v<T, SdpaFp8FwdAttrs>) r.insert(r.end(), std::begin(kFp8FwdScales), std::end(kFp8FwdScales));
+  if constexpr (std::is_same_v<T, SdpaFp8BwdAttrs>)
+    r.insert(r.end(), std::begin(kFp8BwdScales), std::end(kFp8BwdScales));
+  if constexpr (std::is_same_v<T, SdpaFp8FwdAttrs>)
+    r.insert(r.end(), std::begin(kFp8FwdScales), std::end(kFp8FwdScales));
   if (a.padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
   if (a.paged) r.insert(r.end(), {"page_table_k", "page_table_v"});
   if (a.sink) r.push_back("sink_token");
@@ -132,7 +135,8 @@ std::string sdpa_output_roles_hint(const T& a) {
 }
 
 template <typename T>
-Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a) {
+Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op,
+                       T& a) {
   FUSEBOX_RETURN_IF_ERROR(r.opt_number(v, path, "attn_scale", a.attn_scale));
   FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "causal", a.causal));
   FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "alibi", a.alibi));
@@ -147,9 +151,10 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
     } else if (al == "bottom_right") {
       a.alignment = SdpaAlignment::kBottomRight;
     } else {
-      return r.err(path + ".alignment", "unknown alignment \"" + al +
-                                            "\": accepted are \"top_left\" (query row i sees keys j <= i) and "
-                                            "\"bottom_right\" (the diagonal ends at the last key)");
+      return r.err(path + ".alignment",
+                   "unknown alignment \"" + al +
+                       "\": accepted are \"top_left\" (query row i sees keys j <= i) and "
+                       "\"bottom_right\" (the diagonal ends at the last key)");
     }
   }
   // Optional inputs switch their feature on: seq_len_q/seq_len_kv -> padding, bias -> bias.
@@ -162,13 +167,14 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
                  "max_seq_len_kv is the key length of a paged K/V cache: give inputs 'page_table_k' and "
                  "'page_table_v' with it, or remove it (a dense k has its length in its dims)");
   }
-  a.sink = op.inputs.count("sink_token") > 0;  // sink_token -> attention sinks
+  a.sink = op.inputs.count("sink_token") > 0;        // sink_token -> attention sinks
   a.block_mask = op.inputs.count("block_mask") > 0;  // block_mask -> block-sparse attention
   if constexpr (!std::is_same_v<T, SdpaFwdAttrs>) {
     if (a.block_mask) {
-      return r.err(path + ".inputs.block_mask",
-                   "only sdpa_fwd takes a block mask: cuDNN (frontend 1.32) sets block masks on the forward's "
-                   "unified SDPA node only (bf16 or fp16)");
+      return r.err(
+          path + ".inputs.block_mask",
+          "only sdpa_fwd takes a block mask: cuDNN (frontend 1.32) sets block masks on the forward's "
+          "unified SDPA node only (bf16 or fp16)");
     }
   }
   a.dump_dropout_mask = op.outputs.count("dropout_mask") > 0;
@@ -176,9 +182,10 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
     FUSEBOX_RETURN_IF_ERROR(r.opt_bool(v, path, "deterministic", a.deterministic));
     a.sink_grad = op.outputs.count("dsink_token") > 0;  // dsink_token -> the sink's gradient
     if (a.sink_grad && !a.sink) {
-      return r.err(path + ".outputs.dsink_token",
-                   "a 'dsink_token' output is the gradient of the sink logits: give the forward's 'sink_token' "
-                   "input too");
+      return r.err(
+          path + ".outputs.dsink_token",
+          "a 'dsink_token' output is the gradient of the sink logits: give the forward's 'sink_token' "
+          "input too");
     }
   } else if (v.contains("deterministic")) {
     return r.err(path + ".deterministic", "only sdpa_bwd has a deterministic variant");
@@ -206,17 +213,18 @@ void sdpa_write_json(const T& a, nlohmann::ordered_json& j) {
 }
 
 // Checks one sdpa input: rank 4, a graph input, the head dim contiguous.
-Status check_sdpa_tensor(const InferContext& ctx, const char* role, const char* shape, const std::string& op_type) {
+Status check_sdpa_tensor(const InferContext& ctx, const char* role, const char* shape,
+                         const std::string& op_type) {
   const ResolvedTensor& t = ctx.in(role);
   const std::string in = ctx.in_where(role);
   if (t.dims.size() != 4) {
-    return InvalidArgument(in + " has rank " + std::to_string(t.dims.size()) + " " + dims_string(t.dims) + ": " +
-                           op_type + " takes rank-4 " + shape +
+    return InvalidArgument(in + " has rank " + std::to_string(t.dims.size()) + " " + dims_string(t.dims) +
+                           ": " + op_type + " takes rank-4 " + shape +
                            " (logical order; use layout \"bshd\" or strides for [B, S, H, D] memory)");
   }
   if (!t.is_input) {
-    return InvalidArgument(in + " is produced by another op: " + op_type + " reads its inputs from memory, so '" +
-                           role + "' must be a graph input");
+    return InvalidArgument(in + " is produced by another op: " + op_type +
+                           " reads its inputs from memory, so '" + role + "' must be a graph input");
   }
   if (t.strides.size() != 4 || t.strides[3] != 1) {
     return InvalidArgument(in + " has strides " + dims_string(t.strides) +
@@ -236,22 +244,26 @@ template <typename T>
 Status infer_sdpa_paged(const InferContext& ctx, T& o, SdpaDims& d) {
   const std::string type(type_name(o));
   if constexpr (kIsBwd<T>) {
-    return InvalidArgument(ctx.in_where("page_table_k") + ": " + type +
-                           " takes no page tables: paged K/V caches are for inference (sdpa_fwd, sdpa_fp8_fwd); "
-                           "cuDNN has no paged backward");
+    return InvalidArgument(
+        ctx.in_where("page_table_k") + ": " + type +
+        " takes no page tables: paged K/V caches are for inference (sdpa_fwd, sdpa_fp8_fwd); "
+        "cuDNN has no paged backward");
   } else {
     const ResolvedTensor& k = ctx.in("k");
     const int64_t page_size = k.dims[2];
     if (!o.padding) {
-      return InvalidArgument(ctx.where + " paged K/V needs each sequence's lengths: give inputs 'seq_len_q' and "
-                             "'seq_len_kv' (int32 [B,1,1,1]); cuDNN reads a paged cache only with a padding mask");
+      return InvalidArgument(
+          ctx.where +
+          " paged K/V needs each sequence's lengths: give inputs 'seq_len_q' and "
+          "'seq_len_kv' (int32 [B,1,1,1]); cuDNN reads a paged cache only with a padding mask");
     }
     const std::vector<int64_t>& table_dims = ctx.in("page_table_k").dims;
     for (const char* role : {"page_table_k", "page_table_v"}) {
       const ResolvedTensor& t = ctx.in(role);
       const std::string w = ctx.in_where(role);
       if (t.scalar_value || !t.is_input) {
-        return InvalidArgument(w + " must be a graph input tensor in memory: a page table is int32 "
+        return InvalidArgument(w +
+                               " must be a graph input tensor in memory: a page table is int32 "
                                "[B, 1, max_pages, 1], the pool's page index of each page of each sequence");
       }
       if (t.dtype != DType::kInt32) {
@@ -259,8 +271,9 @@ Status infer_sdpa_paged(const InferContext& ctx, T& o, SdpaDims& d) {
                                ": a page table is int32 (page indices into the pool)");
       }
       if (t.dims.size() != 4 || t.dims[0] != d.B || t.dims[1] != 1 || t.dims[2] < 1 || t.dims[3] != 1) {
-        return InvalidArgument(w + " has dims " + dims_string(t.dims) + ": a page table is [B, 1, max_pages, 1] = [" +
-                               std::to_string(d.B) + ", 1, max_pages, 1] (B from q; one row of page indices per "
+        return InvalidArgument(w + " has dims " + dims_string(t.dims) +
+                               ": a page table is [B, 1, max_pages, 1] = [" + std::to_string(d.B) +
+                               ", 1, max_pages, 1] (B from q; one row of page indices per "
                                "sequence)");
       }
       if (t.dims != table_dims) {
@@ -274,14 +287,16 @@ Status infer_sdpa_paged(const InferContext& ctx, T& o, SdpaDims& d) {
     // cuDNN 9.19's paged cache load: the tables hold exactly ceil(max_seq_len_kv / page_size) pages.
     const int64_t lowest = capacity - page_size + 1;
     if (*o.max_seq_len_kv < lowest || *o.max_seq_len_kv > capacity) {
-      return InvalidArgument(ctx.where + " max_seq_len_kv is " + std::to_string(*o.max_seq_len_kv) + ": give " +
-                             std::to_string(lowest) + ".." + std::to_string(capacity) +
-                             " (cuDNN wants tables of exactly ceil(max_seq_len_kv / page_size) pages: max_pages " +
-                             std::to_string(max_pages) + " of the page tables, page_size " + std::to_string(page_size) +
-                             " of the pools), or leave it out for " + std::to_string(capacity));
+      return InvalidArgument(
+          ctx.where + " max_seq_len_kv is " + std::to_string(*o.max_seq_len_kv) + ": give " +
+          std::to_string(lowest) + ".." + std::to_string(capacity) +
+          " (cuDNN wants tables of exactly ceil(max_seq_len_kv / page_size) pages: max_pages " +
+          std::to_string(max_pages) + " of the page tables, page_size " + std::to_string(page_size) +
+          " of the pools), or leave it out for " + std::to_string(capacity));
     }
     d.Skv = *o.max_seq_len_kv;
-    for (auto [role, pool_role] : {std::pair<const char*, const char*>{"page_table_k", "k"}, {"page_table_v", "v"}}) {
+    for (auto [role, pool_role] :
+         {std::pair<const char*, const char*>{"page_table_k", "k"}, {"page_table_v", "v"}}) {
       ResolvedTensor& t = ctx.in(role);
       const ResolvedTensor& pool = ctx.in(pool_role);
       const int64_t num_pages = pool.dims[0];
@@ -302,8 +317,9 @@ Status infer_sdpa_paged(const InferContext& ctx, T& o, SdpaDims& d) {
                                  std::to_string(idx / static_cast<size_t>(max_pages)) + " (slot " +
                                  std::to_string(idx % static_cast<size_t>(max_pages)) + "): the pool '" +
                                  std::string(pool_role) + "' (" + squote(pool.name) + ") has " +
-                                 std::to_string(num_pages) + " pages, so every entry (unused slots too) must be " +
-                                 "an integer in [0, " + std::to_string(num_pages) + ")");
+                                 std::to_string(num_pages) +
+                                 " pages, so every entry (unused slots too) must be " + "an integer in [0, " +
+                                 std::to_string(num_pages) + ")");
         }
       }
     }
@@ -336,8 +352,9 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
       FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kFP8E4M3},
                                              type + " takes fp8_e4m3 q, k and v (cuDNN 9.19 on Hopper)"));
     } else {
-      FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kBF16, DType::kFP16},
-                                             type + " takes bf16 or fp16 q, k and v (sdpa_fp8_fwd takes fp8)"));
+      FUSEBOX_RETURN_IF_ERROR(
+          check_dtype_in(in_where, n.t->dtype, {DType::kBF16, DType::kFP16},
+                         type + " takes bf16 or fp16 q, k and v (sdpa_fp8_fwd takes fp8)"));
     }
     if (n.t->dtype != qt.dtype) {
       return InvalidArgument(in_where + " has dtype " + std::string(dtype_name(n.t->dtype)) + " but 'q' (" +
@@ -348,18 +365,19 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
   SdpaDims d;
   d.B = qt.dims[0], d.Hq = qt.dims[1], d.Sq = qt.dims[2], d.D = qt.dims[3];
   d.Hk = k.dims[1], d.Skv = k.dims[2], d.Dv = v.dims[3];
-  auto kv_mismatch = [&](const char* role, const ResolvedTensor& t, size_t dim, const char* what, int64_t want,
-                         const char* want_from) {
+  auto kv_mismatch = [&](const char* role, const ResolvedTensor& t, size_t dim, const char* what,
+                         int64_t want, const char* want_from) {
     return InvalidArgument(ctx.in_where(role) + " " + dims_string(t.dims) + " has " + what + "=" +
-                           std::to_string(t.dims[dim]) + " but " + want_from + " has " + std::to_string(want) + ": " +
-                           what + " must match");
+                           std::to_string(t.dims[dim]) + " but " + want_from + " has " +
+                           std::to_string(want) + ": " + what + " must match");
   };
   if (!o.paged && k.dims[0] != d.B) return kv_mismatch("k", k, 0, "B", d.B, "q");
   if (!o.paged && v.dims[0] != d.B) return kv_mismatch("v", v, 0, "B", d.B, "q");
   if (k.dims[3] != d.D) {
-    return InvalidArgument(ctx.in_where("k") + " " + dims_string(k.dims) + " has head dim D=" +
-                           std::to_string(k.dims[3]) + " but 'q' (" + squote(qt.name) + ") " + dims_string(qt.dims) +
-                           " has D=" + std::to_string(d.D) + ": q and k must have the same head dim");
+    return InvalidArgument(ctx.in_where("k") + " " + dims_string(k.dims) +
+                           " has head dim D=" + std::to_string(k.dims[3]) + " but 'q' (" + squote(qt.name) +
+                           ") " + dims_string(qt.dims) + " has D=" + std::to_string(d.D) +
+                           ": q and k must have the same head dim");
   }
   if (v.dims[1] != d.Hk) return kv_mismatch("v", v, 1, "Hk", d.Hk, "k");
   if (v.dims[2] != d.Skv) return kv_mismatch("v", v, 2, o.paged ? "page_size" : "Skv", d.Skv, "k");
@@ -370,7 +388,8 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                            "otherwise grouped-query attention)");
   }
   const int64_t multiple = fp8 ? 16 : 8;
-  for (auto [name, val] : {std::pair<const char*, int64_t>{"D (q/k head dim)", d.D}, {"Dv (v head dim)", d.Dv}}) {
+  for (auto [name, val] :
+       {std::pair<const char*, int64_t>{"D (q/k head dim)", d.D}, {"Dv (v head dim)", d.Dv}}) {
     if (val > 256 || val % multiple != 0) {
       return InvalidArgument(where + " " + name + " is " + std::to_string(val) + ": cuDNN 9.19 " +
                              (fp8 ? "FP8 SDPA needs head dims <= 256 and a multiple of 16"
@@ -404,11 +423,13 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                            ": give a probability in [0, 1) (0: no dropout)");
   }
   if (o.dump_dropout_mask && !o.dropout) {
-    return InvalidArgument(where + " has a 'dropout_mask' output but no dropout: set \"dropout\" (a probability) "
+    return InvalidArgument(where +
+                           " has a 'dropout_mask' output but no dropout: set \"dropout\" (a probability) "
                            "or remove the output");
   }
   if (o.alibi && !(o.right_bound && *o.right_bound == 0)) {
-    return InvalidArgument(where + " alibi needs a causal mask in cuDNN 9.19: set \"causal\": true with \"alibi\"");
+    return InvalidArgument(where +
+                           " alibi needs a causal mask in cuDNN 9.19: set \"causal\": true with \"alibi\"");
   }
 
   // --- optional inputs
@@ -420,7 +441,8 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
       return InvalidArgument(w + " must be a graph input tensor in memory: " + what);
     }
     if (t.dims != dims) {
-      return InvalidArgument(w + " has dims " + dims_string(t.dims) + ": " + what + " has dims " + dims_string(dims));
+      return InvalidArgument(w + " has dims " + dims_string(t.dims) + ": " + what + " has dims " +
+                             dims_string(dims));
     }
     if (t.dtype != want) {
       return InvalidArgument(w + " has dtype " + std::string(dtype_name(t.dtype)) + ": " + what + " is " +
@@ -451,8 +473,10 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
   }
   if (o.sink) {
     if constexpr (std::is_same_v<T, SdpaFp8BwdAttrs>) {
-      return InvalidArgument(ctx.in_where("sink_token") + ": fusebox has attention sinks in sdpa_fwd, "
-                             "sdpa_fp8_fwd and sdpa_bwd, not in the FP8 backward; remove 'sink_token' from " + type);
+      return InvalidArgument(ctx.in_where("sink_token") +
+                             ": fusebox has attention sinks in sdpa_fwd, "
+                             "sdpa_fp8_fwd and sdpa_bwd, not in the FP8 backward; remove 'sink_token' from " +
+                             type);
     }
     FUSEBOX_RETURN_IF_ERROR(check_small("sink_token", DType::kFP32, {1, d.Hq, 1, 1},
                                         "the sink token (one fp32 logit per query head)"));
@@ -485,9 +509,9 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
     if (!t.is_input || t.dims.size() != 4 || (t.dims[0] != 1 && t.dims[0] != d.B) ||
         (t.dims[1] != 1 && t.dims[1] != d.Hq) || t.dims[2] != d.Sq || t.dims[3] != d.Skv) {
       return InvalidArgument(w + " has dims " + dims_string(t.dims) +
-                             ": the bias is a graph input [B or 1, Hq or 1, Sq, Skv] = [" + std::to_string(d.B) +
-                             " or 1, " + std::to_string(d.Hq) + " or 1, " + std::to_string(d.Sq) + ", " +
-                             std::to_string(d.Skv) + "]");
+                             ": the bias is a graph input [B or 1, Hq or 1, Sq, Skv] = [" +
+                             std::to_string(d.B) + " or 1, " + std::to_string(d.Hq) + " or 1, " +
+                             std::to_string(d.Sq) + ", " + std::to_string(d.Skv) + "]");
     }
     if (fp8) return InvalidArgument(w + ": cuDNN 9.19 FP8 SDPA takes no bias");
     FUSEBOX_RETURN_IF_ERROR(check_dtype_in(w, t.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
@@ -532,9 +556,9 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
     }
     const ResolvedTensor& st = ctx.in("stats");
     if (!st.is_input || st.dims != stats_dims || st.dtype != DType::kFP32) {
-      return InvalidArgument(ctx.in_where("stats") + " is " + dims_string(st.dims) + " " +
-                             std::string(dtype_name(st.dtype)) + ": " + type +
-                             " needs the forward's softmax stats, an fp32 graph input " + dims_string(stats_dims));
+      return InvalidArgument(
+          ctx.in_where("stats") + " is " + dims_string(st.dims) + " " + std::string(dtype_name(st.dtype)) +
+          ": " + type + " needs the forward's softmax stats, an fp32 graph input " + dims_string(stats_dims));
     }
   }
   return d;
@@ -558,8 +582,8 @@ struct SdpaOutputs {
   // o like q's stride order (bshd q gives bshd o).
   Status o(std::initializer_list<DType> allowed, const std::string& why) const {
     const std::vector<int64_t> dims = {d.B, d.Hq, d.Sq, d.Dv};
-    FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("o", dims, dense_strides_like(dims, ctx.in("q").strides),
-                                              ctx.in("q").dtype));
+    FUSEBOX_RETURN_IF_ERROR(
+        ctx.finish_output("o", dims, dense_strides_like(dims, ctx.in("q").strides), ctx.in("q").dtype));
     return check("o", allowed, why);
   }
   Status amax(std::initializer_list<const char*> roles) const {
@@ -571,7 +595,8 @@ struct SdpaOutputs {
   }
   // dq, dk, dv shaped like q, k, v, in their stride order, q's dtype by default.
   Status gradients(std::initializer_list<DType> allowed, const std::string& why) const {
-    for (auto [grad, like_role] : {std::pair<const char*, const char*>{"dq", "q"}, {"dk", "k"}, {"dv", "v"}}) {
+    for (auto [grad, like_role] :
+         {std::pair<const char*, const char*>{"dq", "q"}, {"dk", "k"}, {"dv", "v"}}) {
       const ResolvedTensor& like = ctx.in(like_role);
       FUSEBOX_RETURN_IF_ERROR(
           ctx.finish_output(grad, like.dims, dense_strides_like(like.dims, like.strides), ctx.in("q").dtype));
@@ -587,7 +612,8 @@ struct SdpaOutputs {
   }
   Status dsink() const {
     const std::vector<int64_t> dims = {1, d.Hq, 1, 1};
-    FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("dsink_token", dims, dense_strides_like(dims, {}), DType::kFP32));
+    FUSEBOX_RETURN_IF_ERROR(
+        ctx.finish_output("dsink_token", dims, dense_strides_like(dims, {}), DType::kFP32));
     const ResolvedTensor& t = ctx.out("dsink_token");
     if (t.dims != dims) {
       return InvalidArgument(ctx.out_where("dsink_token") + " has dims " + dims_string(t.dims) +
@@ -597,7 +623,8 @@ struct SdpaOutputs {
   }
   Status dropout_mask() const {
     const std::vector<int64_t> dims = {d.B, d.Hq, d.Sq, d.Skv};
-    FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("dropout_mask", dims, dense_strides_like(dims, {}), DType::kFP32));
+    FUSEBOX_RETURN_IF_ERROR(
+        ctx.finish_output("dropout_mask", dims, dense_strides_like(dims, {}), DType::kFP32));
     return check("dropout_mask", {DType::kFP32}, "the dropout mask dump is fp32");
   }
 };
@@ -611,7 +638,8 @@ Status sdpa_infer(const InferContext& ctx, T& a) {
     FUSEBOX_RETURN_IF_ERROR(out.o({DType::kBF16, DType::kFP16}, "sdpa_fwd writes o in bf16 or fp16"));
     if (a.generate_stats) FUSEBOX_RETURN_IF_ERROR(out.stats());
   } else if constexpr (std::is_same_v<T, SdpaFp8FwdAttrs>) {
-    FUSEBOX_RETURN_IF_ERROR(out.o({DType::kFP8E4M3}, "sdpa_fp8_fwd writes o in fp8_e4m3 on Hopper (cuDNN 9.19)"));
+    FUSEBOX_RETURN_IF_ERROR(
+        out.o({DType::kFP8E4M3}, "sdpa_fp8_fwd writes o in fp8_e4m3 on Hopper (cuDNN 9.19)"));
     FUSEBOX_RETURN_IF_ERROR(out.amax({"amax_s", "amax_o"}));
     if (a.generate_stats) FUSEBOX_RETURN_IF_ERROR(out.stats());
   } else if constexpr (std::is_same_v<T, SdpaFp8BwdAttrs>) {
@@ -619,7 +647,8 @@ Status sdpa_infer(const InferContext& ctx, T& a) {
                                           "sdpa_fp8_bwd writes fp8 gradients on Hopper (cuDNN 9.19)"));
     FUSEBOX_RETURN_IF_ERROR(out.amax({"amax_dq", "amax_dk", "amax_dv", "amax_dp"}));
   } else {
-    FUSEBOX_RETURN_IF_ERROR(out.gradients({DType::kBF16, DType::kFP16}, "sdpa_bwd writes gradients in bf16 or fp16"));
+    FUSEBOX_RETURN_IF_ERROR(
+        out.gradients({DType::kBF16, DType::kFP16}, "sdpa_bwd writes gradients in bf16 or fp16"));
     if (a.sink_grad) FUSEBOX_RETURN_IF_ERROR(out.dsink());
   }
   return Status::Ok();
@@ -637,7 +666,7 @@ void sdpa_canonical(const T& a, CanonicalWriter& w) {
   w.field("alibi", a.alibi);
   if (a.dropout) w.field("dropout", *a.dropout);
   w.field("dropout_mask", a.dump_dropout_mask);
-  if (a.sink) w.field("sink", true);  // absent without: fingerprints stay as they were
+  if (a.sink) w.field("sink", true);              // absent without: fingerprints stay as they were
   if (a.block_mask) w.field("block_mask", true);  // likewise
   if (a.paged) {  // absent for dense ops: their fingerprints stay as they were
     w.field("paged", true);
@@ -750,7 +779,8 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
           const size_t row = static_cast<size_t>(((b * Hq + h) * bd[2] + i / kSdpaBlockTile) * bd[3]);
           for (int64_t t = lo / kSdpaBlockTile; t <= hi / kSdpaBlockTile; ++t) {
             if (row + t / 8 >= blocks->size()) break;
-            if (!sdpa_block_keeps(static_cast<unsigned>((*blocks)[row + t / 8]), t * kSdpaBlockTile)) continue;
+            if (!sdpa_block_keeps(static_cast<unsigned>((*blocks)[row + t / 8]), t * kSdpaBlockTile))
+              continue;
             pairs += static_cast<double>(std::min(hi, (t + 1) * kSdpaBlockTile - 1) -
                                          std::max(lo, t * kSdpaBlockTile) + 1);
           }
@@ -768,33 +798,35 @@ double sdpa_flops(const FlopsContext& ctx, const T& s) {
 std::string sdpa_forward_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op) {
   const auto& q = g.tensors[static_cast<size_t>(op.inputs.at("q"))].dims;
   if (q.size() == 4 && q[2] == 1) {
-    return "op '" + op.name + "' (sdpa with one query per sequence, a decode step) may split the keys "
+    return "op '" + op.name +
+           "' (sdpa with one query per sequence, a decode step) may split the keys "
            "across thread blocks and combine the parts in no fixed order";
   }
   return "";
 }
 
 // The four sdpa ops: every function forwards to the shared template above.
-#define FUSEBOX_SDPA_OP(T, NAME)                                                                               \
-  std::vector<std::string_view> type_names(std::type_identity<T>) { return {NAME}; }                           \
-  std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<T>) {                            \
-    if (name == NAME) return OpAttrs{T{}};                                                                     \
-    return std::nullopt;                                                                                       \
-  }                                                                                                            \
-  std::string_view type_name(const T&) { return NAME; }                                                        \
-  std::vector<std::string_view> input_roles(const T& a) { return sdpa_input_roles(a); }                        \
-  std::vector<std::string_view> output_roles(const T& a) { return sdpa_output_roles(a); }                      \
-  Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, T& a) { \
-    return sdpa_parse_json(r, v, path, op, a);                                                                 \
-  }                                                                                                            \
-  void write_json(const T& a, nlohmann::ordered_json& j) { sdpa_write_json(a, j); }                            \
-  std::string output_roles_hint(const T& a) { return sdpa_output_roles_hint(a); }                              \
-  Status infer(const InferContext& ctx, T& a) { return sdpa_infer(ctx, a); }                                   \
-  void canonical(const T& a, CanonicalWriter& w) { sdpa_canonical(a, w); }                                     \
-  void describe(const T& a, std::ostream& os) { sdpa_describe(a, os); }                                        \
-  void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j) {                         \
-    sdpa_resolved_json(ctx, a, j);                                                                             \
-  }                                                                                                            \
+#define FUSEBOX_SDPA_OP(T, NAME)                                                                       \
+  std::vector<std::string_view> type_names(std::type_identity<T>) { return {NAME}; }                   \
+  std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<T>) {                    \
+    if (name == NAME) return OpAttrs{T{}};                                                             \
+    return std::nullopt;                                                                               \
+  }                                                                                                    \
+  std::string_view type_name(const T&) { return NAME; }                                                \
+  std::vector<std::string_view> input_roles(const T& a) { return sdpa_input_roles(a); }                \
+  std::vector<std::string_view> output_roles(const T& a) { return sdpa_output_roles(a); }              \
+  Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op, \
+                    T& a) {                                                                            \
+    return sdpa_parse_json(r, v, path, op, a);                                                         \
+  }                                                                                                    \
+  void write_json(const T& a, nlohmann::ordered_json& j) { sdpa_write_json(a, j); }                    \
+  std::string output_roles_hint(const T& a) { return sdpa_output_roles_hint(a); }                      \
+  Status infer(const InferContext& ctx, T& a) { return sdpa_infer(ctx, a); }                           \
+  void canonical(const T& a, CanonicalWriter& w) { sdpa_canonical(a, w); }                             \
+  void describe(const T& a, std::ostream& os) { sdpa_describe(a, os); }                                \
+  void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j) {                 \
+    sdpa_resolved_json(ctx, a, j);                                                                     \
+  }                                                                                                    \
   double flops(const FlopsContext& ctx, const T& a) { return sdpa_flops(ctx, a); }
 
 FUSEBOX_SDPA_OP(SdpaFwdAttrs, "sdpa_fwd")

@@ -56,12 +56,14 @@ struct OpTraits<ConvFpropAttrs> : OpTraitsDefaults {
 template <>
 struct OpTraits<ConvDgradAttrs> : OpTraitsDefaults {
   static constexpr std::string_view family = "conv", bench_family = "conv_bwd";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"padding", "stride", "dilation", "x_dims"});
+  static constexpr auto json_fields =
+      std::to_array<std::string_view>({"padding", "stride", "dilation", "x_dims"});
 };
 template <>
 struct OpTraits<ConvWgradAttrs> : OpTraitsDefaults {
   static constexpr std::string_view family = "conv", bench_family = "conv_bwd";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"padding", "stride", "dilation", "w_dims"});
+  static constexpr auto json_fields =
+      std::to_array<std::string_view>({"padding", "stride", "dilation", "w_dims"});
 };
 
 // ---- matmul, pointwise
@@ -80,9 +82,9 @@ struct OpTraits<PointwiseAttrs> : OpTraitsDefaults {
 std::string sdpa_forward_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op);
 struct SdpaTraits : OpTraitsDefaults {
   static constexpr std::string_view family = "sdpa", bench_family = "sdpa";
-  static constexpr auto json_fields = std::to_array<std::string_view>(
-      {"attn_scale", "causal", "alignment", "left_bound", "right_bound", "alibi", "dropout", "deterministic",
-       "max_seq_len_kv"});
+  static constexpr auto json_fields =
+      std::to_array<std::string_view>({"attn_scale", "causal", "alignment", "left_bound", "right_bound",
+                                       "alibi", "dropout", "deterministic", "max_seq_len_kv"});
   static constexpr bool outputs_in_memory = true;
 };
 template <>
@@ -93,7 +95,8 @@ struct OpTraits<SdpaFwdAttrs> : SdpaTraits {
 };
 template <>
 struct OpTraits<SdpaFp8FwdAttrs> : SdpaTraits {
-  static std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8FwdAttrs&) {
+  static std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op,
+                                          const SdpaFp8FwdAttrs&) {
     return sdpa_forward_not_bit_reproducible(g, op);
   }
 };
@@ -101,9 +104,10 @@ template <>
 struct OpTraits<SdpaBwdAttrs> : SdpaTraits {
   static constexpr bool reads_forward_outputs = true;
   static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op, const SdpaBwdAttrs& a) {
-    return a.deterministic ? ""
-                           : "op '" + op.name +
-                                 "' (sdpa backward) accumulates dq with atomics; \"deterministic\": true repeats";
+    return a.deterministic
+               ? ""
+               : "op '" + op.name +
+                     "' (sdpa backward) accumulates dq with atomics; \"deterministic\": true repeats";
   }
 };
 template <>

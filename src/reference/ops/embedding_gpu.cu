@@ -14,8 +14,8 @@ namespace {
 
 using namespace gpu;
 
-__global__ void embedding_reference_kernel(DevTensor ids, DevTensor table, DevTensor add, bool has_add, int64_t n,
-                                           int64_t v, int64_t h, int64_t p, float* y) {
+__global__ void embedding_reference_kernel(DevTensor ids, DevTensor table, DevTensor add, bool has_add,
+                                           int64_t n, int64_t v, int64_t h, int64_t p, float* y) {
   const int64_t total = n * h;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -47,8 +47,8 @@ Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a)
     return InvalidArgument(op_where(op) + "ids, table and add must have rank 4");
   const int64_t n = ids.dims[0], v = table.dims[0], h = table.dims[1], p = a.add ? add.dims[0] : 1;
   if (n * h > 0) {
-    embedding_reference_kernel<<<grid_for(n * h, 256), 256, 0, ctx.stream()>>>(ids.t, table.t, add.t, a.add, n, v, h,
-                                                                                 p, y);
+    embedding_reference_kernel<<<grid_for(n * h, 256), 256, 0, ctx.stream()>>>(ids.t, table.t, add.t, a.add,
+                                                                               n, v, h, p, y);
     FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
   }
   return Status::Ok();

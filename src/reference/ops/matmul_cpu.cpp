@@ -15,7 +15,8 @@ Status matmul(const ResolvedOp& op, const Values& a, const Values& b, Values* y)
   const size_t rank = y->dims.size();
   if (rank < 2 || a.dims.size() < 2 || b.dims.size() < 2 || a.dims.size() > rank || b.dims.size() > rank)
     return InvalidArgument(op_where(op) + "matmul needs rank >= 2 with a, b no larger than y; got a " +
-                           dims_string(a.dims) + ", b " + dims_string(b.dims) + ", y " + dims_string(y->dims));
+                           dims_string(a.dims) + ", b " + dims_string(b.dims) + ", y " +
+                           dims_string(y->dims));
   const std::vector<int64_t> ad = left_pad(a.dims, rank), bd = left_pad(b.dims, rank);
   const int64_t M = ad[rank - 2], K = ad[rank - 1], N = bd[rank - 1];
   if (bd[rank - 2] != K || y->dims[rank - 2] != M || y->dims[rank - 1] != N)
@@ -59,7 +60,7 @@ Status matmul(const ResolvedOp& op, const Values& a, const Values& b, Values* y)
 }  // namespace
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const MatmulAttrs&) {
-  FUSEBOX_ASSIGN_OR_RETURN(Values* y, ctx.out("y"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * y, ctx.out("y"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* a, ctx.in("a"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* b, ctx.in("b"));
   return matmul(op, *a, *b, y);

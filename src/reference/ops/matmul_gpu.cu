@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kThreads) matmul_kernel(MatmulArgs p, float* y
   }
   const int64_t a_sm = p.a.strides[r - 2], a_sk = p.a.strides[r - 1];
   const int64_t b_sk = p.b.strides[r - 2], b_sn = p.b.strides[r - 1];
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM, n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM,
+                n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < p.K; k0 += kTileK) {
@@ -115,8 +116,9 @@ Status launch_matmul(GpuOpContext& ctx, const ResolvedOp& op, const Located& a, 
   for (int d = 0; d < p.batch_rank; ++d) p.batch_dims[d] = ydims[d], batch *= ydims[d];
   if (batch <= 0 || p.M <= 0 || p.N <= 0) return Status::Ok();
   if (p.K == 0) {
-    FUSEBOX_CUDA_RETURN(op_where(op),
-                        cudaMemsetAsync(y, 0, static_cast<size_t>(batch * p.M * p.N) * sizeof(float), ctx.stream()));
+    FUSEBOX_CUDA_RETURN(
+        op_where(op),
+        cudaMemsetAsync(y, 0, static_cast<size_t>(batch * p.M * p.N) * sizeof(float), ctx.stream()));
     return Status::Ok();
   }
   const int64_t gx = (p.N + kTileN - 1) / kTileN, gy = (p.M + kTileM - 1) / kTileM;

@@ -28,20 +28,29 @@ struct PointwiseArgs {
 __device__ float apply_pointwise(int mode, float a, float b) {
   switch (static_cast<PointwiseMode>(mode)) {
     case PointwiseMode::kAdd:
-    case PointwiseMode::kBiasAdd: return a + b;
-    case PointwiseMode::kSub: return a - b;
+    case PointwiseMode::kBiasAdd:
+      return a + b;
+    case PointwiseMode::kSub:
+      return a - b;
     case PointwiseMode::kMul:
-    case PointwiseMode::kScale: return a * b;
-    case PointwiseMode::kRelu: return a > 0.0f ? a : 0.0f;
+    case PointwiseMode::kScale:
+      return a * b;
+    case PointwiseMode::kRelu:
+      return a > 0.0f ? a : 0.0f;
     case PointwiseMode::kGeluTanh: {
       const float k = 0.7978845608028654f;  // sqrt(2/pi)
       return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
     }
-    case PointwiseMode::kGeluErf: return 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
-    case PointwiseMode::kSilu: return a / (1.0f + expf(-a));
-    case PointwiseMode::kSigmoid: return 1.0f / (1.0f + expf(-a));
-    case PointwiseMode::kTanh: return tanhf(a);
-    case PointwiseMode::kReluBwd: return b > 0.0f ? a : 0.0f;  // a = dy, b = x
+    case PointwiseMode::kGeluErf:
+      return 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
+    case PointwiseMode::kSilu:
+      return a / (1.0f + expf(-a));
+    case PointwiseMode::kSigmoid:
+      return 1.0f / (1.0f + expf(-a));
+    case PointwiseMode::kTanh:
+      return tanhf(a);
+    case PointwiseMode::kReluBwd:
+      return b > 0.0f ? a : 0.0f;  // a = dy, b = x
   }
   return a;
 }

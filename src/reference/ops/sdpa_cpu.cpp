@@ -37,8 +37,8 @@ struct SdpaShape {
 Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
   const Values &q = t["q"], &k = t["k"], &v = t["v"];
   if (q.dims.size() != 4 || k.dims.size() != 4 || v.dims.size() != 4)
-    return InvalidArgument(op_where(op) + "q, k and v must have rank 4; got q " + dims_string(q.dims) + ", k " +
-                           dims_string(k.dims) + ", v " + dims_string(v.dims));
+    return InvalidArgument(op_where(op) + "q, k and v must have rank 4; got q " + dims_string(q.dims) +
+                           ", k " + dims_string(k.dims) + ", v " + dims_string(v.dims));
   SdpaShape s;
   s.B = q.dims[0], s.Hq = q.dims[1], s.Sq = q.dims[2], s.D = q.dims[3];
   s.Hk = k.dims[1], s.Skv = k.dims[2], s.Dv = v.dims[3];
@@ -62,7 +62,8 @@ Result<SdpaShape> sdpa_shape(const ResolvedOp& op, const SdpaTensors& t) {
     return {};
   };
   auto check = [&](const char* kind, std::string_view role, const std::vector<int64_t>& dims) -> Status {
-    const std::string what = op_where(op) + kind + " '" + std::string(role) + "' has dims " + dims_string(dims);
+    const std::string what =
+        op_where(op) + kind + " '" + std::string(role) + "' has dims " + dims_string(dims);
     if (role == "q" || role == "k" || role == "v") return Status::Ok();
     if (role == "page_table_k" || role == "page_table_v") return Status::Ok();  // read by gather_pages()
     if (role == "sink_token") {
@@ -95,9 +96,9 @@ Result<std::vector<int64_t>> sdpa_lengths(const ResolvedOp& op, const SdpaOption
   for (int64_t b = 0; b < B; ++b) {
     const double x = v.data[b];
     if (!(x >= 0 && x <= static_cast<double>(full) && x == std::floor(x)))
-      return InvalidArgument(op_where(op) + "input '" + role + "' holds " + std::to_string(x) + " for batch " +
-                             std::to_string(b) + ": each length must be an integer in [0, " + std::to_string(full) +
-                             "]");
+      return InvalidArgument(op_where(op) + "input '" + role + "' holds " + std::to_string(x) +
+                             " for batch " + std::to_string(b) + ": each length must be an integer in [0, " +
+                             std::to_string(full) + "]");
     len[b] = static_cast<int64_t>(x);
   }
   return len;
@@ -109,8 +110,16 @@ Result<std::vector<int64_t>> sdpa_lengths(const ResolvedOp& op, const SdpaOption
 class SdpaScores {
  public:
   SdpaScores(const SdpaOptions& o, const SdpaShape& sh, double scale, const Values& q, const Values& k,
-             const Values* bias, std::vector<int64_t> lq, std::vector<int64_t> lkv, const Values* block = nullptr)
-      : o_(o), sh_(sh), scale_(scale), q_(q), k_(k), bias_(bias), lq_(std::move(lq)), lkv_(std::move(lkv)),
+             const Values* bias, std::vector<int64_t> lq, std::vector<int64_t> lkv,
+             const Values* block = nullptr)
+      : o_(o),
+        sh_(sh),
+        scale_(scale),
+        q_(q),
+        k_(k),
+        bias_(bias),
+        lq_(std::move(lq)),
+        lkv_(std::move(lkv)),
         block_(block) {
     if (block) {
       const std::vector<int64_t> bd = sdpa_block_mask_dims(sh.B, sh.Hq, sh.Sq, sh.Skv);
@@ -258,7 +267,8 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
   });
   if (!fp8) return;
   *amax_s = *amax_o = 0;
-  for (int64_t r = 0; r < rows; ++r) *amax_s = std::max(*amax_s, row_amax_s[r]), *amax_o = std::max(*amax_o, row_amax_o[r]);
+  for (int64_t r = 0; r < rows; ++r)
+    *amax_s = std::max(*amax_s, row_amax_s[r]), *amax_o = std::max(*amax_o, row_amax_o[r]);
 }
 
 // sdpa_bwd from the given o, do and stats, with P recomputed as exp(s - stats)
@@ -272,7 +282,8 @@ void sdpa_forward(const SdpaScores& sc, const SdpaShape& sh, const Values& v, co
 // of exp(sink[h] - stats_i) * Di (the sink's probability takes from every
 // key's, so d stats / d sink = P_sink; padded rows are not rows).
 void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, const SdpaDropout& drop,
-                   const SdpaTensors& t, Values* dq, Values* dk, Values* dv, const Values* sink, Values* dsink) {
+                   const SdpaTensors& t, Values* dq, Values* dk, Values* dv, const Values* sink,
+                   Values* dsink) {
   const Values &q = t["q"], &k = t["k"], &v = t["v"], &o = t["o"], &dout = t["do"], &stats = t["stats"];
   const int64_t rows = sh.B * sh.Hq * sh.Sq, G = sh.group();
   std::vector<double> Di(static_cast<size_t>(rows));
@@ -293,7 +304,8 @@ void sdpa_backward(const SdpaScores& sc, const SdpaShape& sh, double scale, cons
       const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
       if (i >= sc.lq(b)) continue;
       double di = 0;
-      for (int64_t d = 0; d < sh.Dv; ++d) di += static_cast<double>(dout.data[row * sh.Dv + d]) * o.data[row * sh.Dv + d];
+      for (int64_t d = 0; d < sh.Dv; ++d)
+        di += static_cast<double>(dout.data[row * sh.Dv + d]) * o.data[row * sh.Dv + d];
       Di[row] = di;
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < sh.Skv; ++j) {
@@ -366,8 +378,8 @@ Status run_sdpa(const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind, const
     return it == t.out.end() ? nullptr : it->second;
   };
   if (kind == SdpaKind::kBwd) {
-    sdpa_backward(sc, sh, attn_scale, drop, t, out("dq"), out("dk"), out("dv"), o.sink ? &t["sink_token"] : nullptr,
-                  out("dsink_token"));
+    sdpa_backward(sc, sh, attn_scale, drop, t, out("dq"), out("dk"), out("dv"),
+                  o.sink ? &t["sink_token"] : nullptr, out("dsink_token"));
     return Status::Ok();
   }
   Fp8Scales scales;
@@ -392,8 +404,10 @@ Status gather(CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, Sdp
     FUSEBOX_ASSIGN_OR_RETURN(t.in[role], ctx.in(role));
   }
   if (o.dropout && *o.dropout > 0) {
-    FUSEBOX_ASSIGN_OR_RETURN(const std::string mask_name, sdpa_dropout_mask_name(ctx.graph(), op, ctx.host_inputs()));
-    FUSEBOX_ASSIGN_OR_RETURN(t.in["dropout_mask"], ctx.tensor("dropout_mask", ctx.graph().find_tensor(mask_name)));
+    FUSEBOX_ASSIGN_OR_RETURN(const std::string mask_name,
+                             sdpa_dropout_mask_name(ctx.graph(), op, ctx.host_inputs()));
+    FUSEBOX_ASSIGN_OR_RETURN(t.in["dropout_mask"],
+                             ctx.tensor("dropout_mask", ctx.graph().find_tensor(mask_name)));
   }
   for (std::string_view r : op_output_roles(op.attrs)) {
     if (r == "dropout_mask") continue;  // cuDNN's RNG dump: an input to the reference, never computed

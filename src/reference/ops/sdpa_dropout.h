@@ -28,7 +28,8 @@ Result<std::string> sdpa_dropout_mask_name(const ResolvedGraph& g, const Resolve
   where += "dropout " + std::to_string(o && o->dropout ? *o->dropout : 0.0) + ": ";
   auto it = op.outputs.find("dropout_mask");
   if (it == op.outputs.end() || it->second < 0 || it->second >= static_cast<int>(g.tensors.size()))
-    return NotSupported(where + "the references need the keep-mask cuDNN drew (they do not implement its Philox "
+    return NotSupported(where +
+                        "the references need the keep-mask cuDNN drew (they do not implement its Philox "
                         "generator); declare a 'dropout_mask' output to verify dropout");
   const std::string& name = g.tensors[it->second].name;
   if (inputs.find(name) == inputs.end())

@@ -96,8 +96,8 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const Sdpa
                         const std::map<std::string, SdpaFp8BwdValues>& in,
                         const std::map<std::string, std::vector<float>*>& out);
 template <typename InMap, typename OutMap>
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs, const InMap& in,
-                        const OutMap& out) {
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
+                        const InMap& in, const OutMap& out) {
   std::map<std::string, SdpaFp8BwdValues> i;
   std::map<std::string, std::vector<float>*> o;
   for (const auto& [role, x] : in) i[std::string(role)] = {&x->dims, &x->data};
@@ -133,8 +133,9 @@ struct SdpaFp8BwdGpuArgs {
 // Writes dq, dk, dv (dense fp32 like q, k, v) and the four amax values
 // (device fp32 scalars; nullptr skips one). `stream`: a cudaStream_t.
 // Without a CUDA build: NotSupported.
-Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs& a, float* dq, float* dk, float* dv,
-                               float* amax_dq, float* amax_dk, float* amax_dv, float* amax_dp, void* stream);
+Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs& a, float* dq, float* dk,
+                               float* dv, float* amax_dq, float* amax_dk, float* amax_dv, float* amax_dp,
+                               void* stream);
 
 // The adapter the GPU reference (ops/sdpa_gpu.cu) calls, from its per-role Located inputs (`.t` a
 // DevTensor with ptr, dtype, strides[], scalar) and its SdpaArgs (shape, mask,
@@ -165,8 +166,8 @@ Status sdpa_fp8_bwd_gpu(const std::string& where, const LocatedMap& in, const Ar
     auto it = out.find(r);
     return it == out.end() ? nullptr : it->second;
   };
-  return sdpa_fp8_bwd_gpu_launch(where, g, o("dq"), o("dk"), o("dv"), o("amax_dq"), o("amax_dk"), o("amax_dv"),
-                                 o("amax_dp"), stream);
+  return sdpa_fp8_bwd_gpu_launch(where, g, o("dq"), o("dk"), o("dv"), o("amax_dq"), o("amax_dk"),
+                                 o("amax_dv"), o("amax_dp"), stream);
 }
 
 // ---- verification helpers (ops/sdpa_fp8_bwd_cpu.cpp)

@@ -16,9 +16,9 @@
 namespace fusebox::reference_detail {
 
 const std::vector<std::string>& sdpa_fp8_bwd_scale_roles() {
-  static const std::vector<std::string> r = {"descale_q",  "descale_k", "descale_v", "descale_o",
+  static const std::vector<std::string> r = {"descale_q",  "descale_k", "descale_v",  "descale_o",
                                              "descale_do", "descale_s", "descale_dp", "scale_s",
-                                             "scale_dq",   "scale_dk",  "scale_dv",  "scale_dp"};
+                                             "scale_dq",   "scale_dk",  "scale_dv",   "scale_dp"};
   return r;
 }
 
@@ -55,7 +55,8 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
     dp *= sc.descale_do * sc.descale_v;
     *ds = *p * (*f * dp - Di[row]) * a.attn_scale;
   };
-  std::vector<double> row_amax_dq(static_cast<size_t>(rows), 0.0), row_amax_dp(static_cast<size_t>(rows), 0.0);
+  std::vector<double> row_amax_dq(static_cast<size_t>(rows), 0.0),
+      row_amax_dp(static_cast<size_t>(rows), 0.0);
   parallel_for(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(sh.D));
     for (int64_t row = begin; row < end; ++row) {
@@ -83,7 +84,8 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
       row_amax_dp[row] = dp_max;
     }
   });
-  std::vector<double> key_amax_dk(static_cast<size_t>(keys), 0.0), key_amax_dv(static_cast<size_t>(keys), 0.0);
+  std::vector<double> key_amax_dk(static_cast<size_t>(keys), 0.0),
+      key_amax_dv(static_cast<size_t>(keys), 0.0);
   parallel_for(keys, static_cast<double>(G * sh.Sq) * 2 * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc_k(static_cast<size_t>(sh.D)), acc_v(static_cast<size_t>(sh.Dv));
     for (int64_t key = begin; key < end; ++key) {
@@ -121,8 +123,10 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
     }
   });
   for (int n = 0; n < 4; ++n) amax[n] = 0;
-  for (int64_t r = 0; r < rows; ++r) amax[0] = std::max(amax[0], row_amax_dq[r]), amax[3] = std::max(amax[3], row_amax_dp[r]);
-  for (int64_t k = 0; k < keys; ++k) amax[1] = std::max(amax[1], key_amax_dk[k]), amax[2] = std::max(amax[2], key_amax_dv[k]);
+  for (int64_t r = 0; r < rows; ++r)
+    amax[0] = std::max(amax[0], row_amax_dq[r]), amax[3] = std::max(amax[3], row_amax_dp[r]);
+  for (int64_t k = 0; k < keys; ++k)
+    amax[1] = std::max(amax[1], key_amax_dk[k]), amax[2] = std::max(amax[2], key_amax_dv[k]);
 }
 
 Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
@@ -145,13 +149,13 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const Sdpa
   sh = {qd[0], qd[1], kd[1], qd[2], kd[2], qd[3], vd[3]};
   if (kd[0] != sh.B || vd[0] != sh.B || kd[3] != sh.D || vd[1] != sh.Hk || vd[2] != sh.Skv || sh.Hk < 1 ||
       sh.Hq % sh.Hk != 0)
-    return InvalidArgument(where + "inconsistent shapes: q " + dims_string(qd) + ", k " + dims_string(kd) + ", v " +
-                           dims_string(vd));
+    return InvalidArgument(where + "inconsistent shapes: q " + dims_string(qd) + ", k " + dims_string(kd) +
+                           ", v " + dims_string(vd));
   const std::vector<int64_t> od = {sh.B, sh.Hq, sh.Sq, sh.Dv}, sd = {sh.B, sh.Hq, sh.Sq, 1};
   for (const char* role : {"o", "do"})
     if (*get(role)->dims != od)
-      return InvalidArgument(where + "input '" + role + "' has dims " + dims_string(*get(role)->dims) + "; need " +
-                             dims_string(od));
+      return InvalidArgument(where + "input '" + role + "' has dims " + dims_string(*get(role)->dims) +
+                             "; need " + dims_string(od));
   if (*get("stats")->dims != sd)
     return InvalidArgument(where + "input 'stats' has dims " + dims_string(*get("stats")->dims) + "; need " +
                            dims_string(sd));
@@ -161,13 +165,15 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const Sdpa
                              &a.sc.scale_dq,   &a.sc.scale_dk,  &a.sc.scale_dv,   &a.sc.scale_dp};
   for (size_t n = 0; n < roles.size(); ++n) {
     const SdpaFp8BwdValues* s = get(roles[n]);
-    if (!s || s->data->size() != 1) return InvalidArgument(where + "input '" + roles[n] + "' must be one value");
+    if (!s || s->data->size() != 1)
+      return InvalidArgument(where + "input '" + roles[n] + "' must be one value");
     *scale_slots[n] = (*s->data)[0];
   }
   a.lq.assign(static_cast<size_t>(sh.B), sh.Sq);
   a.lkv.assign(static_cast<size_t>(sh.B), sh.Skv);
   if (o->padding) {
-    for (auto [role, len, full] : {std::tuple{"seq_len_q", &a.lq, sh.Sq}, std::tuple{"seq_len_kv", &a.lkv, sh.Skv}}) {
+    for (auto [role, len, full] :
+         {std::tuple{"seq_len_q", &a.lq, sh.Sq}, std::tuple{"seq_len_kv", &a.lkv, sh.Skv}}) {
       const SdpaFp8BwdValues* l = get(role);
       if (!l || static_cast<int64_t>(l->data->size()) != sh.B)
         return InvalidArgument(where + "input '" + role + "' must hold one length per batch");
@@ -204,7 +210,8 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const Sdpa
   a.o = get("o")->data->data(), a.dout = get("do")->data->data(), a.stats = get("stats")->data->data();
   std::vector<float>* dst[3];
   const char* grads[3] = {"dq", "dk", "dv"};
-  const int64_t sizes[3] = {sh.B * sh.Hq * sh.Sq * sh.D, sh.B * sh.Hk * sh.Skv * sh.D, sh.B * sh.Hk * sh.Skv * sh.Dv};
+  const int64_t sizes[3] = {sh.B * sh.Hq * sh.Sq * sh.D, sh.B * sh.Hk * sh.Skv * sh.D,
+                            sh.B * sh.Hk * sh.Skv * sh.Dv};
   for (int n = 0; n < 3; ++n) {
     auto it = out.find(grads[n]);
     if (it == out.end() || static_cast<int64_t>(it->second->size()) != sizes[n])
@@ -217,7 +224,8 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const Sdpa
   for (int n = 0; n < 4; ++n) {
     auto it = out.find(amax_roles[n]);
     if (it == out.end()) continue;
-    if (it->second->size() != 1) return InvalidArgument(where + "output '" + amax_roles[n] + "' must be one value");
+    if (it->second->size() != 1)
+      return InvalidArgument(where + "output '" + amax_roles[n] + "' must be one value");
     (*it->second)[0] = static_cast<float>(amax[n]);
   }
   return Status::Ok();
@@ -228,7 +236,8 @@ Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const Reso
   const std::string where = op_where(op);
   const auto* bwd = std::get_if<SdpaFp8BwdAttrs>(&op.attrs);
   if (!bwd) return Internal(where + "not an sdpa_fp8_bwd op");
-  auto tensor = [&](const std::map<std::string, int>& roles, const std::string& role) -> Result<const ResolvedTensor*> {
+  auto tensor = [&](const std::map<std::string, int>& roles,
+                    const std::string& role) -> Result<const ResolvedTensor*> {
     auto it = roles.find(role);
     if (it == roles.end() || it->second < 0 || it->second >= static_cast<int>(g.tensors.size()))
       return InvalidArgument(where + "has no tensor '" + role + "'");
@@ -241,7 +250,8 @@ Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const Reso
   } else {
     auto it = inputs.find(descale_o->name);
     if (it == inputs.end() || it->second.element_count() != 1)
-      return InvalidArgument(where + "input 'descale_o' (tensor '" + descale_o->name + "'): no single value given");
+      return InvalidArgument(where + "input 'descale_o' (tensor '" + descale_o->name +
+                             "'): no single value given");
     descale_o_value = it->second.to_float_logical()[0];
   }
   if (!(descale_o_value != 0 && std::isfinite(descale_o_value)))

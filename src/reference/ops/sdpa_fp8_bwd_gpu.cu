@@ -30,16 +30,18 @@ __device__ __forceinline__ int64_t len_kv(const SdpaFp8BwdGpuArgs& a, int64_t b)
   return a.seq_len_kv ? a.seq_len_kv[b * a.seq_len_kv_stride] : a.sh.Skv;
 }
 
-__device__ __forceinline__ float dropout_factor(const SdpaFp8BwdGpuArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
+__device__ __forceinline__ float dropout_factor(const SdpaFp8BwdGpuArgs& a, int64_t b, int64_t h, int64_t i,
+                                                int64_t j) {
   if (!a.dropout_mask.ptr) return 1.0f;
   const Tensor& m = a.dropout_mask;
-  return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
+  return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) *
+         a.dropout_scale;
 }
 
 // The 12 factors, read once per block.
 struct Scales {
-  float descale_q, descale_k, descale_v, descale_o, descale_do, descale_s, descale_dp, scale_s, scale_dq, scale_dk,
-      scale_dv, scale_dp;
+  float descale_q, descale_k, descale_v, descale_o, descale_do, descale_s, descale_dp, scale_s, scale_dq,
+      scale_dk, scale_dv, scale_dp;
 };
 __device__ Scales read_scales(const SdpaFp8BwdGpuArgs& a) {
   Scales s;
@@ -50,20 +52,21 @@ __device__ Scales read_scales(const SdpaFp8BwdGpuArgs& a) {
 
 // One block per query row: Di, then over the kept keys dS (amax_dp) and
 // dS8, accumulating dq = descale_dp * descale_k * sum dS8 k8.
-__global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs a, float* di_out, float* dq,
-                                                              float* amax_dq, float* amax_dp) {
+__global__ void __launch_bounds__(kThreads)
+    fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs a, float* di_out, float* dq, float* amax_dq, float* amax_dp) {
   extern __shared__ float smem[];
   const SdpaFp8BwdShape& sh = a.sh;
-  float* qs = smem;           // D
-  float* dos = qs + sh.D;     // Dv
-  float* ds = dos + sh.Dv;    // dS8 of one key chunk
+  float* qs = smem;         // D
+  float* dos = qs + sh.D;   // Dv
+  float* ds = dos + sh.Dv;  // dS8 of one key chunk
   __shared__ float red[kThreads / 32];
   const Scales sc = read_scales(a);
   const bool ds_e5m2 = a.dout.dtype == static_cast<int>(DType::kFP8E5M2);
   const int64_t row = blockIdx.x;
   const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq, hk = h / (sh.Hq / sh.Hk);
   const int tid = threadIdx.x;
-  const int64_t qoff = row_offset(a.q, b, h, i), dooff = row_offset(a.dout, b, h, i), ooff = row_offset(a.o, b, h, i);
+  const int64_t qoff = row_offset(a.q, b, h, i), dooff = row_offset(a.dout, b, h, i),
+                ooff = row_offset(a.o, b, h, i);
   for (int64_t d = tid; d < sh.D; d += kThreads) qs[d] = load_at(a.q, qoff + d * a.q.strides[3]);
   float di_part = 0.0f;
   for (int64_t d = tid; d < sh.Dv; d += kThreads) {
@@ -73,7 +76,8 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs 
   const float di = block_reduce<kThreads>(di_part, false, red) * sc.descale_do * sc.descale_o;
   if (tid == 0) di_out[row] = di;
   const float lse = load_at(a.stats, row_offset(a.stats, b, h, i));
-  const float score_scale = a.attn_scale * sc.descale_q * sc.descale_k, dp_scale = sc.descale_do * sc.descale_v;
+  const float score_scale = a.attn_scale * sc.descale_q * sc.descale_k,
+              dp_scale = sc.descale_do * sc.descale_v;
   int64_t lo, hi;
   sdpa_kept_keys(a.mask, i, len_q(a, b), len_kv(a, b), &lo, &hi);
   if (lo < 0) lo = 0;
@@ -121,14 +125,15 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dq_kernel(SdpaFp8BwdGpuArgs 
 // One block per key row j of kv head hk: over the group's query heads and the
 // rows that keep j, P8 and dS8 (with Di from the dq kernel), accumulating
 // dk = descale_dp * descale_q * sum dS8 q8 and dv = descale_s * descale_do * sum P8 do8.
-__global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArgs a, const float* di, float* dk,
-                                                                float* dv, float* amax_dk, float* amax_dv) {
+__global__ void __launch_bounds__(kThreads)
+    fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArgs a, const float* di, float* dk, float* dv, float* amax_dk,
+                        float* amax_dv) {
   extern __shared__ float smem[];
   const SdpaFp8BwdShape& sh = a.sh;
-  float* ks = smem;            // D
-  float* vs = ks + sh.D;       // Dv
-  float* ps = vs + sh.Dv;      // P8 of one row chunk
-  float* ds = ps + kChunk;     // dS8 of one row chunk
+  float* ks = smem;         // D
+  float* vs = ks + sh.D;    // Dv
+  float* ps = vs + sh.Dv;   // P8 of one row chunk
+  float* ds = ps + kChunk;  // dS8 of one row chunk
   __shared__ float red[kThreads / 32];
   const Scales sc = read_scales(a);
   const bool ds_e5m2 = a.dout.dtype == static_cast<int>(DType::kFP8E5M2);
@@ -139,7 +144,8 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
   const int64_t koff = row_offset(a.k, b, hk, j), voff = row_offset(a.v, b, hk, j);
   for (int64_t d = tid; d < sh.D; d += kThreads) ks[d] = load_at(a.k, koff + d * a.k.strides[3]);
   for (int64_t d = tid; d < sh.Dv; d += kThreads) vs[d] = load_at(a.v, voff + d * a.v.strides[3]);
-  const float score_scale = a.attn_scale * sc.descale_q * sc.descale_k, dp_scale = sc.descale_do * sc.descale_v;
+  const float score_scale = a.attn_scale * sc.descale_q * sc.descale_k,
+              dp_scale = sc.descale_do * sc.descale_v;
   int64_t lo, hi;
   sdpa_kept_rows(a.mask, j, len_q(a, b), len_kv(a, b), &lo, &hi);
   if (lo < 0) lo = 0;
@@ -169,7 +175,8 @@ __global__ void __launch_bounds__(kThreads) fp8_bwd_dkdv_kernel(SdpaFp8BwdGpuArg
         }
         if (d < sh.Dv) {
           const int64_t dobase = row_offset(a.dout, b, h, i0) + d * a.dout.strides[3];
-          for (int ii = 0; ii < cnt; ++ii) acc_v[r] += ps[ii] * load_at(a.dout, dobase + ii * a.dout.strides[2]);
+          for (int ii = 0; ii < cnt; ++ii)
+            acc_v[r] += ps[ii] * load_at(a.dout, dobase + ii * a.dout.strides[2]);
         }
       }
     }
@@ -202,8 +209,9 @@ using common::cuda_status;
 
 }  // namespace
 
-Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs& a, float* dq, float* dk, float* dv,
-                               float* amax_dq, float* amax_dk, float* amax_dv, float* amax_dp, void* stream_ptr) {
+Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs& a, float* dq, float* dk,
+                               float* dv, float* amax_dq, float* amax_dk, float* amax_dv, float* amax_dp,
+                               void* stream_ptr) {
   const SdpaFp8BwdShape& sh = a.sh;
   if (!dq || !dk || !dv) return InvalidArgument(where + "needs the dq, dk and dv output buffers");
   if (sh.D > kThreads * kMaxPerThread || sh.Dv > kThreads * kMaxPerThread)
@@ -215,8 +223,8 @@ Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs
   for (float* p : {amax_dq, amax_dk, amax_dv, amax_dp})
     if (p) FP8_BWD_CUDA(cudaMemsetAsync(p, 0, sizeof(float), stream));
   float* di = nullptr;
-  FP8_BWD_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&di), static_cast<size_t>(rows > 0 ? rows : 1) * sizeof(float),
-                               stream));
+  FP8_BWD_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&di),
+                               static_cast<size_t>(rows > 0 ? rows : 1) * sizeof(float), stream));
   Status st = Status::Ok();
   if (rows > 0) {
     const size_t smem = static_cast<size_t>(sh.D + sh.Dv + kChunk) * sizeof(float);
@@ -225,7 +233,8 @@ Status sdpa_fp8_bwd_gpu_launch(const std::string& where, const SdpaFp8BwdGpuArgs
   }
   if (st.ok() && keys > 0) {
     const size_t smem = static_cast<size_t>(sh.D + sh.Dv + 2 * kChunk) * sizeof(float);
-    fp8_bwd_dkdv_kernel<<<static_cast<unsigned>(keys), kThreads, smem, stream>>>(a, di, dk, dv, amax_dk, amax_dv);
+    fp8_bwd_dkdv_kernel<<<static_cast<unsigned>(keys), kThreads, smem, stream>>>(a, di, dk, dv, amax_dk,
+                                                                                 amax_dv);
     st = cuda_status(cudaGetLastError(), where, "fp8_bwd_dkdv_kernel");
   }
   const Status freed = cuda_status(cudaFreeAsync(di, stream), where, "cudaFreeAsync");

@@ -32,8 +32,8 @@ constexpr int kSdpaThreads = 128, kSdpaChunk = 1024, kSdpaMaxDvPerThread = 2;
 
 // What every sdpa kernel needs to form a score and its mask.
 struct SdpaArgs {
-  DevTensor q, k, v;  // rank 4, logical [B,H,S,D] strides
-  DevTensor bias;     // ptr == nullptr: no bias; strides 0 along broadcast dims
+  DevTensor q, k, v;               // rank 4, logical [B,H,S,D] strides
+  DevTensor bias;                  // ptr == nullptr: no bias; strides 0 along broadcast dims
   const int* seq_len_q = nullptr;  // int32 [B,1,1,1] with padding, else nullptr
   const int* seq_len_kv = nullptr;
   int64_t seq_len_q_stride = 0, seq_len_kv_stride = 0;
@@ -44,7 +44,7 @@ struct SdpaArgs {
   // Dropout: cuDNN's keep-mask M [B,Hq,Sq,Skv] (ptr == nullptr: no dropout) and 1 / (1 - p).
   DevTensor dropout_mask;
   float dropout_scale = 1.0f;
-  DevTensor sink;  // attention sinks: fp32 [1,Hq,1,1] (ptr == nullptr: none)
+  DevTensor sink;        // attention sinks: fp32 [1,Hq,1,1] (ptr == nullptr: none)
   DevTensor block_mask;  // uint8 [B,Hq,ceil(Sq/128),ceil(ceil(Skv/128)/8)] (ptr == nullptr: none)
 };
 
@@ -72,8 +72,9 @@ __device__ __forceinline__ int64_t sdpa_len_kv(const SdpaArgs& a, int64_t b) {
 __device__ __forceinline__ float sdpa_score(const SdpaArgs& a, float scale, float dot, int64_t b, int64_t h,
                                             int64_t i, int64_t j) {
   float s = dot * scale;
-  if (a.bias.ptr) s += load_at(a.bias, b * a.bias.strides[0] + h * a.bias.strides[1] + i * a.bias.strides[2] +
-                                           j * a.bias.strides[3]);
+  if (a.bias.ptr)
+    s += load_at(a.bias, b * a.bias.strides[0] + h * a.bias.strides[1] + i * a.bias.strides[2] +
+                             j * a.bias.strides[3]);
   if (a.slopes) s += a.slopes[h] * static_cast<float>(j - i);
   return s;
 }
@@ -82,7 +83,8 @@ __device__ __forceinline__ float sdpa_score(const SdpaArgs& a, float scale, floa
 __device__ __forceinline__ float sdpa_dropout(const SdpaArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (!a.dropout_mask.ptr) return 1.0f;
   const DevTensor& m = a.dropout_mask;
-  return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) * a.dropout_scale;
+  return load_at(m, b * m.strides[0] + h * m.strides[1] + i * m.strides[2] + j * m.strides[3]) *
+         a.dropout_scale;
 }
 
 // Whether the block mask keeps (b, h, i, j): the bit of key j's tile in the
@@ -90,11 +92,12 @@ __device__ __forceinline__ float sdpa_dropout(const SdpaArgs& a, int64_t b, int6
 // host); true without one.
 constexpr int64_t kTile = 128;
 static_assert(kTile == kSdpaBlockTile, "the block mask's tile");
-__device__ __forceinline__ bool sdpa_tile_keeps(const SdpaArgs& a, int64_t b, int64_t h, int64_t i, int64_t j) {
+__device__ __forceinline__ bool sdpa_tile_keeps(const SdpaArgs& a, int64_t b, int64_t h, int64_t i,
+                                                int64_t j) {
   if (!a.block_mask.ptr) return true;
   const DevTensor& m = a.block_mask;
-  const float byte =
-      load_at(m, b * m.strides[0] + h * m.strides[1] + (i / kTile) * m.strides[2] + (j / kTile / 8) * m.strides[3]);
+  const float byte = load_at(
+      m, b * m.strides[0] + h * m.strides[1] + (i / kTile) * m.strides[2] + (j / kTile / 8) * m.strides[3]);
   return ((static_cast<unsigned>(byte) >> ((j / kTile) % 8)) & 1u) != 0;
 }
 
@@ -151,7 +154,8 @@ __global__ void __launch_bounds__(kSdpaThreads)
       const int64_t d = tid + static_cast<int64_t>(r) * kSdpaThreads;
       if (d >= a.Dv) continue;
       float sum = 0.0f;
-      for (int jj = 0; jj < cnt; ++jj) sum += ps[jj] * load_at(a.v, voff + (j0 + jj) * a.v.strides[2] + d * a.v.strides[3]);
+      for (int jj = 0; jj < cnt; ++jj)
+        sum += ps[jj] * load_at(a.v, voff + (j0 + jj) * a.v.strides[2] + d * a.v.strides[3]);
       acc[r] = acc[r] * corr + sum;
     }
   };
@@ -217,15 +221,16 @@ __global__ void __launch_bounds__(kSdpaThreads)
 // (F = M / (1 - p) with dropout, else 1).
 __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, SdpaBwdArgs w, float* dq) {
   extern __shared__ float smem[];
-  float* qs = smem;                // D
-  float* dos = smem + a.D;         // Dv
-  float* ds = dos + a.Dv;          // dS of one key chunk
+  float* qs = smem;         // D
+  float* dos = smem + a.D;  // Dv
+  float* ds = dos + a.Dv;   // dS of one key chunk
   __shared__ float red[kSdpaThreads / 32];
   const int64_t row = blockIdx.x;
   const int64_t i = row % a.Sq, bh = row / a.Sq, h = bh % a.Hq, b = bh / a.Hq;
   const int64_t hk = h / (a.Hq / a.Hk);
   const int tid = threadIdx.x;
-  const int64_t qoff = row_offset(a.q, b, h, i), dooff = row_offset(w.dout, b, h, i), ooff = row_offset(w.o, b, h, i);
+  const int64_t qoff = row_offset(a.q, b, h, i), dooff = row_offset(w.dout, b, h, i),
+                ooff = row_offset(w.o, b, h, i);
   for (int64_t d = tid; d < a.D; d += kSdpaThreads) qs[d] = load_at(a.q, qoff + d * a.q.strides[3]);
   float di_part = 0.0f;
   for (int64_t d = tid; d < a.Dv; d += kSdpaThreads) {
@@ -244,7 +249,8 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, S
     sdpa_chunk_scores(a, a.scale, qs, b, h, hk, i, j0, cnt, ds);
     for (int jj = tid; jj < cnt; jj += kSdpaThreads) {
       const float p = expf(ds[jj] - lse);
-      const float dp = dot_row(dos, a.v, row_offset(a.v, b, hk, j0 + jj), a.Dv) * sdpa_dropout(a, b, h, i, j0 + jj);
+      const float dp =
+          dot_row(dos, a.v, row_offset(a.v, b, hk, j0 + jj), a.Dv) * sdpa_dropout(a, b, h, i, j0 + jj);
       ds[jj] = p * (dp - di);
     }
     __syncthreads();
@@ -266,12 +272,13 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dq_kernel(SdpaArgs a, S
 // sdpa_bwd, one block per key row j of kv head hk: over the group's query
 // heads and the rows that keep j, recomputes P and dS (with Di from the dq
 // kernel) and sums dk_j = scale * sum dS q_i and dv_j = sum P' do_i (P' = P F).
-__global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a, SdpaBwdArgs w, float* dk, float* dv) {
+__global__ void __launch_bounds__(kSdpaThreads)
+    sdpa_bwd_dkdv_kernel(SdpaArgs a, SdpaBwdArgs w, float* dk, float* dv) {
   extern __shared__ float smem[];
-  float* ks = smem;              // D
-  float* vs = smem + a.D;        // Dv
-  float* ps = vs + a.Dv;         // P of one row chunk
-  float* ds = ps + kSdpaChunk;   // dS of one row chunk
+  float* ks = smem;             // D
+  float* vs = smem + a.D;       // Dv
+  float* ps = vs + a.Dv;        // P of one row chunk
+  float* ds = ps + kSdpaChunk;  // dS of one row chunk
   const int64_t key = blockIdx.x;
   const int64_t j = key % a.Skv, bhk = key / a.Skv, hk = bhk % a.Hk, b = bhk / a.Hk;
   const int tid = threadIdx.x;
@@ -289,7 +296,8 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a,
       for (int ii = tid; ii < cnt; ii += kSdpaThreads) {
         const int64_t i = i0 + ii, row = (b * a.Hq + h) * a.Sq + i;
         const float dot = dot_row(ks, a.q, row_offset(a.q, b, h, i), a.D);
-        const float p = expf(sdpa_score(a, a.scale, dot, b, h, i, j) - load_at(w.stats, row_offset(w.stats, b, h, i)));
+        const float p =
+            expf(sdpa_score(a, a.scale, dot, b, h, i, j) - load_at(w.stats, row_offset(w.stats, b, h, i)));
         const float f = sdpa_dropout(a, b, h, i, j);
         const float dp = dot_row(vs, w.dout, row_offset(w.dout, b, h, i), a.Dv) * f;
         ps[ii] = p * f;
@@ -305,7 +313,8 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a,
         }
         if (d < a.Dv) {
           const int64_t dobase = row_offset(w.dout, b, h, i0) + d * w.dout.strides[3];
-          for (int ii = 0; ii < cnt; ++ii) acc_v[r] += ps[ii] * load_at(w.dout, dobase + ii * w.dout.strides[2]);
+          for (int ii = 0; ii < cnt; ++ii)
+            acc_v[r] += ps[ii] * load_at(w.dout, dobase + ii * w.dout.strides[2]);
         }
       }
     }
@@ -320,7 +329,8 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dkdv_kernel(SdpaArgs a,
 // sdpa_bwd with attention sinks, one block per query head h (after the dq
 // kernel wrote Di): dsink[h] = -sum over b and the rows i < len_q(b) of
 // exp(sink[h] - stats[b,h,i]) * Di (the CPU reference's sdpa_backward).
-__global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dsink_kernel(SdpaArgs a, SdpaBwdArgs w, float* dsink) {
+__global__ void __launch_bounds__(kSdpaThreads)
+    sdpa_bwd_dsink_kernel(SdpaArgs a, SdpaBwdArgs w, float* dsink) {
   __shared__ float red[kSdpaThreads / 32];
   const int64_t h = blockIdx.x;
   const float sink = load_at(a.sink, h * a.sink.strides[1]);
@@ -338,20 +348,22 @@ __global__ void __launch_bounds__(kSdpaThreads) sdpa_bwd_dsink_kernel(SdpaArgs a
 
 // Checks an int32 [B,1,1,1] length input and that every length is in [0, full]
 // (copied to the host once: a bad length would make the kernels read out of bounds).
-Result<const int*> seq_lens(GpuOpContext& ctx, const ResolvedOp& op, const char* role, const Located& l, int64_t B, int64_t full) {
+Result<const int*> seq_lens(GpuOpContext& ctx, const ResolvedOp& op, const char* role, const Located& l,
+                            int64_t B, int64_t full) {
   if (l.t.dtype != static_cast<int>(DType::kInt32) || !l.t.ptr || l.dims != std::vector<int64_t>{B, 1, 1, 1})
-    return InvalidArgument(op_where(op) + "input '" + role + "' must be an int32 tensor [" + std::to_string(B) +
-                           ", 1, 1, 1] in memory; got dims " + dims_string(l.dims));
+    return InvalidArgument(op_where(op) + "input '" + role + "' must be an int32 tensor [" +
+                           std::to_string(B) + ", 1, 1, 1] in memory; got dims " + dims_string(l.dims));
   std::vector<int> host(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b)
-    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpyAsync(&host[b], static_cast<const int*>(l.t.ptr) + b * l.t.strides[0],
-                                                      sizeof(int), cudaMemcpyDeviceToHost, ctx.stream()));
+    FUSEBOX_CUDA_RETURN(op_where(op),
+                        cudaMemcpyAsync(&host[b], static_cast<const int*>(l.t.ptr) + b * l.t.strides[0],
+                                        sizeof(int), cudaMemcpyDeviceToHost, ctx.stream()));
   FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(ctx.stream()));
   for (int64_t b = 0; b < B; ++b)
     if (host[b] < 0 || host[b] > full)
-      return InvalidArgument(op_where(op) + "input '" + role + "' holds " + std::to_string(host[b]) + " for batch " +
-                             std::to_string(b) + ": each length must be an integer in [0, " + std::to_string(full) +
-                             "]");
+      return InvalidArgument(op_where(op) + "input '" + role + "' holds " + std::to_string(host[b]) +
+                             " for batch " + std::to_string(b) + ": each length must be an integer in [0, " +
+                             std::to_string(full) + "]");
   return static_cast<const int*>(l.t.ptr);
 }
 
@@ -363,22 +375,24 @@ __global__ void sdpa_gather_pages_kernel(DevTensor pool, DevTensor table, int64_
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = e % D, j = (e / D) % Skv, h = (e / (D * Skv)) % H, b = e / (D * Skv * H);
-    const int64_t page = static_cast<const int*>(table.ptr)[b * table.strides[0] + (j / page_size) * table.strides[2]];
-    dense[e] = load_at(pool, page * pool.strides[0] + h * pool.strides[1] + (j % page_size) * pool.strides[2] +
-                                 d * pool.strides[3]);
+    const int64_t page =
+        static_cast<const int*>(table.ptr)[b * table.strides[0] + (j / page_size) * table.strides[2]];
+    dense[e] = load_at(pool, page * pool.strides[0] + h * pool.strides[1] +
+                                 (j % page_size) * pool.strides[2] + d * pool.strides[3]);
   }
 }
 
 // The dense fp32 cache of pool `pool_role` as each sequence sees it through
 // table `table_role`; `located` becomes it (dims [B, H, Skv, D]).
-Status gather_pages(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, std::map<std::string, Located>& in,
-                    const char* pool_role, const char* table_role) {
+Status gather_pages(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o,
+                    std::map<std::string, Located>& in, const char* pool_role, const char* table_role) {
   const Located &pool = in[pool_role], &table = in[table_role];
   const int64_t B = in["q"].dims[0];
   if (table.dims.size() != 4 || table.dims[0] != B || table.dims[1] != 1 || table.dims[3] != 1 ||
       table.t.dtype != static_cast<int>(DType::kInt32) || !table.t.ptr || !pool.t.ptr || !o.max_seq_len_kv)
     return InvalidArgument(op_where(op) + "input '" + table_role + "' must be an int32 page table [" +
-                           std::to_string(B) + ", 1, max_pages, 1] in memory; got dims " + dims_string(table.dims));
+                           std::to_string(B) + ", 1, max_pages, 1] in memory; got dims " +
+                           dims_string(table.dims));
   const int64_t H = pool.dims[1], page_size = pool.dims[2], D = pool.dims[3], max_pages = table.dims[2];
   const int64_t Skv = *o.max_seq_len_kv;
   if (Skv > max_pages * page_size)
@@ -388,17 +402,18 @@ Status gather_pages(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& 
   // Every entry checked on the host before the kernel uses it as an address.
   std::vector<int> host(static_cast<size_t>(B * max_pages));
   for (int64_t b = 0; b < B; ++b)
-    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpy2DAsync(host.data() + b * max_pages, sizeof(int),
-                                                        static_cast<const int*>(table.t.ptr) + b * table.t.strides[0],
-                                                        table.t.strides[2] * sizeof(int), sizeof(int), max_pages,
-                                                        cudaMemcpyDeviceToHost, ctx.stream()));
+    FUSEBOX_CUDA_RETURN(op_where(op),
+                        cudaMemcpy2DAsync(host.data() + b * max_pages, sizeof(int),
+                                          static_cast<const int*>(table.t.ptr) + b * table.t.strides[0],
+                                          table.t.strides[2] * sizeof(int), sizeof(int), max_pages,
+                                          cudaMemcpyDeviceToHost, ctx.stream()));
   FUSEBOX_CUDA_RETURN(op_where(op), cudaStreamSynchronize(ctx.stream()));
   const std::string& name = ctx.graph().tensors[op.inputs.at(table_role)].name;
-  FUSEBOX_RETURN_IF_ERROR(
-      check_page_table(op, table_role, name, std::vector<float>(host.begin(), host.end()), B, max_pages, pool.dims[0]));
+  FUSEBOX_RETURN_IF_ERROR(check_page_table(op, table_role, name, std::vector<float>(host.begin(), host.end()),
+                                           B, max_pages, pool.dims[0]));
   FUSEBOX_ASSIGN_OR_RETURN(float* dense, ctx.temporary(B * H * Skv * D));
-  sdpa_gather_pages_kernel<<<grid_for(B * H * Skv * D, 256), 256, 0, ctx.stream()>>>(pool.t, table.t, B, H, Skv, D,
-                                                                                      dense);
+  sdpa_gather_pages_kernel<<<grid_for(B * H * Skv * D, 256), 256, 0, ctx.stream()>>>(pool.t, table.t, B, H,
+                                                                                     Skv, D, dense);
   FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
   Located g;
   g.dims = {B, H, Skv, D};
@@ -469,7 +484,8 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
   }
   if (o.sink) {
     const std::vector<int64_t>& sd = in["sink_token"].dims;
-    if (sd != std::vector<int64_t>{1, a.Hq, 1, 1} || in["sink_token"].t.dtype != static_cast<int>(DType::kFP32))
+    if (sd != std::vector<int64_t>{1, a.Hq, 1, 1} ||
+        in["sink_token"].t.dtype != static_cast<int>(DType::kFP32))
       return InvalidArgument(op_where(op) + "input 'sink_token' must be fp32 [1, " + std::to_string(a.Hq) +
                              ", 1, 1]; got dims " + dims_string(sd));
     a.sink = in["sink_token"].t;
@@ -477,8 +493,8 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
   if (o.block_mask) {
     const std::vector<int64_t> want = sdpa_block_mask_dims(a.B, a.Hq, a.Sq, a.Skv);
     if (in["block_mask"].dims != want)
-      return InvalidArgument(op_where(op) + "input 'block_mask' has dims " + dims_string(in["block_mask"].dims) +
-                             " but q and k need " + dims_string(want));
+      return InvalidArgument(op_where(op) + "input 'block_mask' has dims " +
+                             dims_string(in["block_mask"].dims) + " but q and k need " + dims_string(want));
     a.block_mask = in["block_mask"].t;
   }
   if (dropout) {
@@ -523,10 +539,11 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
     }
     if (out.count("dsink_token")) {
       if (rows == 0) {
-        FUSEBOX_CUDA_RETURN(op_where(op),
-                            cudaMemsetAsync(out["dsink_token"], 0, static_cast<size_t>(a.Hq) * sizeof(float), stream));
+        FUSEBOX_CUDA_RETURN(op_where(op), cudaMemsetAsync(out["dsink_token"], 0,
+                                                          static_cast<size_t>(a.Hq) * sizeof(float), stream));
       } else {
-        sdpa_bwd_dsink_kernel<<<static_cast<unsigned>(a.Hq), kSdpaThreads, 0, stream>>>(a, w, out["dsink_token"]);
+        sdpa_bwd_dsink_kernel<<<static_cast<unsigned>(a.Hq), kSdpaThreads, 0, stream>>>(a, w,
+                                                                                        out["dsink_token"]);
         FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
       }
     }

@@ -47,7 +47,7 @@ FUSEBOX_HOST_DEVICE inline void sdpa_kept_keys(const SdpaMaskParams& m, int64_t 
   *lo = 0;
   *hi = i < lq ? lkv - 1 : -1;
   const int64_t off = m.bottom_right ? lkv - lq : 0;
-  if (m.has_right && i + off + m.right < *hi) *hi = i + off + m.right;  // j <= i + off + right
+  if (m.has_right && i + off + m.right < *hi) *hi = i + off + m.right;       // j <= i + off + right
   if (m.has_left && i + off - m.left + 1 > *lo) *lo = i + off - m.left + 1;  // j > i + off - left
 }
 
@@ -57,7 +57,7 @@ FUSEBOX_HOST_DEVICE inline void sdpa_kept_rows(const SdpaMaskParams& m, int64_t 
   *lo = 0;
   *hi = j < lkv ? lq - 1 : -1;
   const int64_t off = m.bottom_right ? lkv - lq : 0;
-  if (m.has_right && j - off - m.right > *lo) *lo = j - off - m.right;  // i >= j - off - right
+  if (m.has_right && j - off - m.right > *lo) *lo = j - off - m.right;       // i >= j - off - right
   if (m.has_left && j - off + m.left - 1 < *hi) *hi = j - off + m.left - 1;  // i < j - off + left
 }
 

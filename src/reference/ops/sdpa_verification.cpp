@@ -47,14 +47,16 @@ Result<Lengths> sequence_lengths(const ResolvedGraph& g, const ResolvedOp& op, c
   const int64_t Skv = sdpa_kv_length(o, k->dims);
   Lengths l{std::vector<int64_t>(B, q->dims[2]), std::vector<int64_t>(B, Skv)};
   if (!o.padding) return l;
-  for (auto [role, len, full] : {std::tuple{"seq_len_q", &l.q, q->dims[2]}, std::tuple{"seq_len_kv", &l.kv, Skv}}) {
+  for (auto [role, len, full] :
+       {std::tuple{"seq_len_q", &l.q, q->dims[2]}, std::tuple{"seq_len_kv", &l.kv, Skv}}) {
     FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* t, op_tensor(g, op, op.inputs, role));
     auto it = inputs.find(t->name);
     if (it == inputs.end())
       return InvalidArgument(op_where(op) + "input '" + role + "': no values for tensor '" + t->name + "'");
     if (it->second.element_count() != B)
       return InvalidArgument(op_where(op) + "input '" + role + "' (tensor '" + t->name + "') has " +
-                             std::to_string(it->second.element_count()) + " values for B=" + std::to_string(B));
+                             std::to_string(it->second.element_count()) +
+                             " values for B=" + std::to_string(B));
     const std::vector<float> v = it->second.to_float_logical();
     for (int64_t b = 0; b < B; ++b) {
       if (!(v[b] >= 0 && v[b] <= static_cast<float>(full) && v[b] == std::floor(v[b])))
@@ -79,15 +81,16 @@ struct BlockBytes {
 
 // Whether row i of head h of batch b keeps no key (padded rows included): its
 // band is empty, or the block mask drops every tile of it.
-bool row_is_empty(const reference_detail::SdpaMaskParams& m, const Lengths& l, const BlockBytes& block, int64_t b,
-                  int64_t h, int64_t i) {
+bool row_is_empty(const reference_detail::SdpaMaskParams& m, const Lengths& l, const BlockBytes& block,
+                  int64_t b, int64_t h, int64_t i) {
   int64_t lo = 0, hi = -1;
   sdpa_kept_keys(m, i, l.q[b], l.kv[b], &lo, &hi);
   if (lo > hi || block.bytes.empty()) return lo > hi;
   const int64_t base = ((b * block.Hq + h) * block.tile_rows + i / kSdpaBlockTile) * block.row_bytes;
   for (int64_t tile = lo / kSdpaBlockTile; tile <= hi / kSdpaBlockTile; ++tile) {
     const int64_t j = tile * kSdpaBlockTile;
-    if (sdpa_block_keeps(static_cast<unsigned>(block.bytes[static_cast<size_t>(base + tile / 8)]), j)) return false;
+    if (sdpa_block_keeps(static_cast<unsigned>(block.bytes[static_cast<size_t>(base + tile / 8)]), j))
+      return false;
   }
   return true;
 }
@@ -135,8 +138,9 @@ Status derive_sdpa_bwd_inputs(const ResolvedGraph& g, std::map<std::string, Host
     const SdpaOptions* bwd = sdpa_options(op.attrs);
     if (!bwd_only && !std::holds_alternative<SdpaFp8BwdAttrs>(op.attrs)) continue;
     // sdpa_fp8_bwd: o and stats from the FP8 forward, scale_o = 1 / descale_o (sdpa_fp8_bwd.h).
-    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph fwd, bwd_only ? forward_of(g, op, *bwd_only)
-                                                               : reference_detail::sdpa_fp8_bwd_forward_of(g, op, inputs));
+    FUSEBOX_ASSIGN_OR_RETURN(
+        const ResolvedGraph fwd,
+        bwd_only ? forward_of(g, op, *bwd_only) : reference_detail::sdpa_fp8_bwd_forward_of(g, op, inputs));
     FUSEBOX_ASSIGN_OR_RETURN(const Lengths lengths, sequence_lengths(g, op, *bwd, inputs));
     Result<ReferenceOutputs> ref = Status(StatusCode::kNoDevice, "");
     if (fwd.flops() > cpu_max_flops && gpu_reference_available()) ref = reference_gpu_host(fwd, inputs);
@@ -170,9 +174,9 @@ namespace reference_detail {
 Status check_page_table(const ResolvedOp& op, const char* role, const std::string& tensor,
                         const std::vector<float>& values, int64_t B, int64_t max_pages, int64_t num_pages) {
   if (static_cast<int64_t>(values.size()) != B * max_pages)
-    return InvalidArgument(op_where(op) + "input '" + role + "' ('" + tensor + "') has " +
-                           std::to_string(values.size()) + " entries: a page table [B, 1, max_pages, 1] has " +
-                           std::to_string(B * max_pages));
+    return InvalidArgument(
+        op_where(op) + "input '" + role + "' ('" + tensor + "') has " + std::to_string(values.size()) +
+        " entries: a page table [B, 1, max_pages, 1] has " + std::to_string(B * max_pages));
   for (int64_t e = 0; e < B * max_pages; ++e) {
     const float x = values[static_cast<size_t>(e)];
     if (x >= 0 && x < static_cast<float>(num_pages) && x == std::floor(x)) continue;
@@ -200,10 +204,11 @@ Status check_sdpa_paged_inputs(const ResolvedGraph& g, const std::map<std::strin
       FUSEBOX_ASSIGN_OR_RETURN(const ResolvedTensor* pool, op_tensor(g, op, op.inputs, pool_role));
       auto it = inputs.find(table->name);
       if (it == inputs.end())
-        return InvalidArgument(op_where(op) + "input '" + table_role + "': no values for tensor '" + table->name + "'");
+        return InvalidArgument(op_where(op) + "input '" + table_role + "': no values for tensor '" +
+                               table->name + "'");
       FUSEBOX_RETURN_IF_ERROR(reference_detail::check_page_table(op, table_role, table->name,
-                                                                it->second.to_float_logical(), B,
-                                                                table->dims.at(2), pool->dims.at(0)));
+                                                                 it->second.to_float_logical(), B,
+                                                                 table->dims.at(2), pool->dims.at(0)));
     }
     // Lengths within [0, Sq] and [0, max_seq_len_kv]: longer than its pages, a
     // sequence would send cuDNN past the end of its table row.
@@ -230,8 +235,8 @@ Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTe
           sdpa_block_mask_dims(q->dims.at(0), q->dims.at(1), q->dims.at(2), sdpa_kv_length(*o, k->dims));
       auto it = inputs.find(m->name);
       if (it == inputs.end() || it->second.dims != dims)
-        return InvalidArgument(op_where(op) + "input 'block_mask' (tensor '" + m->name + "'): no values of dims " +
-                               dims_string(dims));
+        return InvalidArgument(op_where(op) + "input 'block_mask' (tensor '" + m->name +
+                               "'): no values of dims " + dims_string(dims));
       block = {it->second.to_float_logical(), dims[1], dims[2], dims[3]};
     }
     for (const auto& [role, idx] : op.outputs) {
@@ -244,8 +249,8 @@ Status mask_dont_care(const ResolvedGraph& g, const std::map<std::string, HostTe
       std::vector<float>& v = it->second;
       if (t.dims.size() != 4 || static_cast<int64_t>(v.size()) != t.element_count())
         return InvalidArgument(op_where(op) + "output '" + role + "' (tensor '" + t.name + "') has " +
-                               std::to_string(v.size()) + " values; its dims " + dims_string(t.dims) + " need " +
-                               std::to_string(t.element_count()));
+                               std::to_string(v.size()) + " values; its dims " + dims_string(t.dims) +
+                               " need " + std::to_string(t.element_count()));
       const int64_t H = t.dims[1], S = t.dims[2], row_len = t.dims[3];
       for (int64_t row = 0; row < t.dims[0] * H * S; ++row) {
         const int64_t b = row / (H * S), h = (row / S) % H, i = row % S;
@@ -266,8 +271,8 @@ Comparison check_dropout_mask(const std::string& tensor, const std::vector<float
     return c;
   }
   if (counted && counted->size() != mask.size()) {
-    c.error = "size mismatch: the mask has " + std::to_string(mask.size()) + " values, the positions to count " +
-              std::to_string(counted->size());
+    c.error = "size mismatch: the mask has " + std::to_string(mask.size()) +
+              " values, the positions to count " + std::to_string(counted->size());
     return c;
   }
   int64_t n = 0, kept = 0, not_binary = 0, first_bad = -1;
@@ -287,7 +292,8 @@ Comparison check_dropout_mask(const std::string& tensor, const std::vector<float
   }
   c.elements = n;
   const double expected = 1.0 - p;
-  const double allowed = n > 0 ? std::max(6.0 * std::sqrt(p * (1.0 - p) / static_cast<double>(n)), 1e-3) : 0.0;
+  const double allowed =
+      n > 0 ? std::max(6.0 * std::sqrt(p * (1.0 - p) / static_cast<double>(n)), 1e-3) : 0.0;
   const double observed = n > 0 ? static_cast<double>(kept) / static_cast<double>(n) : expected;
   c.rel_l2 = std::fabs(observed - expected);
   c.max_abs = worst;
@@ -296,23 +302,24 @@ Comparison check_dropout_mask(const std::string& tensor, const std::vector<float
   if (c.non_finite > 0) c.worst_index = first_bad;
   c.pass = not_binary == 0 && c.rel_l2 <= allowed;
   if (not_binary > 0) {
-    c.error = std::to_string(not_binary) + " of " + std::to_string(n) + " values are neither 0 nor 1 (first at index " +
-              std::to_string(first_bad) + ": " + std::to_string(mask[static_cast<size_t>(first_bad)]) +
-              "): not a keep-mask";
+    c.error = std::to_string(not_binary) + " of " + std::to_string(n) +
+              " values are neither 0 nor 1 (first at index " + std::to_string(first_bad) + ": " +
+              std::to_string(mask[static_cast<size_t>(first_bad)]) + "): not a keep-mask";
   } else if (!c.pass) {
     char buf[256];
-    std::snprintf(buf, sizeof buf,
-                  "kept fraction %.5f over %lld values, expected 1 - dropout = %.5f +- %.1e: not a Bernoulli(%.4g) "
-                  "keep-mask",
-                  observed, static_cast<long long>(n), expected, allowed, expected);
+    std::snprintf(
+        buf, sizeof buf,
+        "kept fraction %.5f over %lld values, expected 1 - dropout = %.5f +- %.1e: not a Bernoulli(%.4g) "
+        "keep-mask",
+        observed, static_cast<long long>(n), expected, allowed, expected);
     c.error = buf;
   }
   return c;
 }
 
-Result<std::vector<Comparison>> check_dropout_masks(const ResolvedGraph& g,
-                                                    const std::map<std::string, HostTensor>& inputs,
-                                                    const std::map<std::string, std::vector<float>>& outputs) {
+Result<std::vector<Comparison>> check_dropout_masks(
+    const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
+    const std::map<std::string, std::vector<float>>& outputs) {
   std::vector<Comparison> out;
   for (const ResolvedOp& op : g.ops) {
     const SdpaOptions* o = sdpa_options(op.attrs);

@@ -83,7 +83,8 @@ struct NamedPath {
 // inputs, or two outputs are one file. Paths are compared by name (absolute,
 // links and "." / ".." resolved, so a file not written yet is caught too) and,
 // where they exist, by identity (st_dev, st_ino: hard links too).
-Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
+Status check_outputs_spare_inputs(const std::vector<NamedPath>& outputs,
+                                  const std::vector<NamedPath>& inputs);
 // check_outputs_spare_inputs() for one output.
 Status refuse_overwriting_input(const std::string& output, std::string_view output_what,
                                 const std::vector<NamedPath>& inputs);

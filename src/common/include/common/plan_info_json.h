@@ -78,13 +78,15 @@ inline std::string seal(const PlanFileInfo& i, const std::string& payload_checks
   const std::string text = "fusebox-plan-check-1\n" + i.plan_check + "\n" + i.plan_check_detail + "\n" +
                            i.graph_fingerprint + "\n" + i.engine + "\n" + i.device_name + "\n" +
                            std::to_string(i.sm_version) + "\n" + std::to_string(i.sm_count) + "\n" +
-                           std::to_string(i.cudnn_version) + "\n" + i.frontend_version + "\n" + payload_checksum;
+                           std::to_string(i.cudnn_version) + "\n" + i.frontend_version + "\n" +
+                           payload_checksum;
   return hex64(XXH3_64bits(text.data(), text.size()));
 }
 
 // Whether `i` carries a passing verdict whose seal matches this payload.
 inline bool check_passed(const PlanFileInfo& i, const std::string& payload_checksum) {
-  return i.plan_check == "pass" && !i.plan_check_seal.empty() && i.plan_check_seal == seal(i, payload_checksum);
+  return i.plan_check == "pass" && !i.plan_check_seal.empty() &&
+         i.plan_check_seal == seal(i, payload_checksum);
 }
 
 }  // namespace fusebox::plan_info_json

@@ -27,7 +27,8 @@ struct SerializedPart {
 bool is_plan_parts(const uint8_t* data, size_t n);
 // A temporary between parts: its tensor index in the whole graph and the dtype it is stored in.
 using TemporaryDtypes = std::vector<std::pair<int, std::string>>;
-std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts, const TemporaryDtypes& temporaries = {});
+std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts,
+                                       const TemporaryDtypes& temporaries = {});
 // Parses and checks the container (header, part ranges contiguous from op 0,
 // lengths adding up) and every part's payload (check_plan_payload). `op_count`:
 // the whole graph's ops, which the parts must cover exactly.
