@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 BUNDLE ?= .gpu
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup configure build test demo gpu-bundle bench docs clean format
+.PHONY: setup configure build test demo gpu-bundle bench docs clean format format-check
 
 setup:
 	@bash scripts/setup.sh
@@ -37,8 +37,13 @@ docs: build
 	FUSEBOX_GRAPHVIZ=1 bash scripts/setup.sh
 	bash scripts/render_graphs.sh $(BUILD)
 
+# clang-format 14 (Debian's, which setup installs) over every tracked C, C++ and CUDA file;
+# format-check is the check `make test` runs (ctest format_check).
 format:
-	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu')
+	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' '*.c')
+
+format-check:
+	bash scripts/format_check.sh
 
 clean:
 	rm -rf $(BUILD)

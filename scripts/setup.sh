@@ -10,7 +10,8 @@ DEST=third_party/cudnn-frontend
 
 # Debian packages (only those missing; apt-get needs root, as on CI).
 need=()
-for p in cmake ninja-build g++ libgtest-dev libsqlite3-dev libcli11-dev libxxhash-dev unzip time pkg-config; do
+# clang-format: Debian bookworm's (14), the version the tree is formatted with (scripts/format_check.sh).
+for p in cmake ninja-build g++ libgtest-dev libsqlite3-dev libcli11-dev libxxhash-dev unzip time pkg-config clang-format; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 # Graphviz (`dot`, for `fusebox check --dot` pictures: make docs) only when asked.
