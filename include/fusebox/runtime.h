@@ -107,6 +107,12 @@ struct RunResult {
   CudaGraphRun cuda_graph;
 };
 
+// How many copies of g's inputs a timed run rotates through, so that every
+// execute reads its inputs from beyond the L2 (60 MiB on the H200): 2 x L2 /
+// input bytes + 1, at most 16 and at most 8 GiB of copies. `fusebox check
+// --json` gives it as "rotation_sets", which the benchmarks' torch side reads.
+int input_rotation_sets(const ResolvedGraph& g);
+
 // Runs `plan` for `g` on ctx's GPU: uploads inputs, poisons outputs with NaN,
 // allocates the workspace, executes, downloads, verifies, times.
 // A verification mismatch is reported in RunResult (verified_ok = false) and

@@ -72,7 +72,6 @@ SHAPE_SWEEPS = {
     "examples/graphs/sdpa_fwd_dyn.json": ["S=16..512:16"],
 }
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
-L2_BYTES = 60 << 20  # H200
 COMPILE_MODE = os.environ.get("BENCH_COMPILE_MODE", "max-autotune-no-cudagraphs")
 
 
@@ -461,12 +460,9 @@ def family(graph):
 
 
 def n_sets(graph):
-    """Input copies to rotate through: fusebox's rule (runtime::rotation_sets_for), so
-    both sides read their inputs from beyond the L2 alike."""
-    nbytes = sum(t["storage_bytes"] for t in graph.tensors.values() if t["kind"] == "input")
-    if nbytes <= 0:
-        return 1
-    return max(1, min(int(2 * L2_BYTES / nbytes) + 1, 16, int(8 * (1 << 30) / nbytes)))
+    """Input copies to rotate through: fusebox's rule (input_rotation_sets, fusebox/runtime.h), read
+    from `fusebox check --json`, so both sides read their inputs from beyond the L2 alike."""
+    return graph.doc["rotation_sets"]
 
 
 def output_tolerances(graph, out_names):

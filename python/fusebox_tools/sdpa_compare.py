@@ -55,7 +55,6 @@ from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graph
 from fusebox_tools.torch_ops import alibi_slopes_tensor, block_keep_mask, gather_pages, sdpa_keep_mask
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-L2_BYTES = 60 << 20  # H200
 DEVICE = "cuda"  # tests/python runs the logic on "cpu"
 
 
@@ -435,7 +434,7 @@ def bench_sdpa_graph(path, args, graph=None):
     if kind in ("sdpa_fp8_fwd", "sdpa_fp8_bwd"):
         torch_dtype = torch.bfloat16
         torch_note = "torch: bf16 SDPA of the same shape (torch's SDPA has no fp8 kernel)"
-    n_sets = args.rotate or max(1, min(16, int(-(-2 * L2_BYTES // max(1, graph.bytes)))))
+    n_sets = args.rotate or graph.doc["rotation_sets"]  # fusebox's rule (input_rotation_sets)
     dev_gen = torch.Generator(device=DEVICE).manual_seed(99)
     try:
         kw, mask_note = torch_mask_kwargs(graph, op, lq, lkv, torch_dtype, DEVICE, dev_gen,

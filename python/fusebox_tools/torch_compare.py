@@ -29,7 +29,6 @@ from fusebox_tools.graph import FuseboxError, Graph, fusebox_bin
 from fusebox_tools.torch_ops import apply_op
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-L2_BYTES = 60 << 20  # H200; rotate enough input sets that one pass overflows it
 
 
 def default_graphs():
@@ -118,7 +117,7 @@ def bench_graph(path, args, graph):
     if err:
         row["notes"].append(f"fusebox: {err}")
 
-    n_sets = args.rotate or max(1, min(16, int(-(-2 * L2_BYTES // max(1, graph.bytes)))))
+    n_sets = args.rotate or graph.doc["rotation_sets"]  # fusebox's rule (input_rotation_sets)
     row["input_sets"] = n_sets
     fn = make_eager_fn(graph)
     row["eager"] = row["compiled"] = None

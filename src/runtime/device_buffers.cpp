@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "fusebox/runtime.h"
+
 namespace fusebox::runtime {
 
 DeviceBuffer::~DeviceBuffer() {
@@ -68,3 +70,9 @@ int rotation_sets_for(const ResolvedGraph& g) {
 }
 
 }  // namespace fusebox::runtime
+
+namespace fusebox {
+
+int input_rotation_sets(const ResolvedGraph& g) { return runtime::rotation_sets_for(g); }
+
+}  // namespace fusebox

@@ -63,6 +63,11 @@ def test_example_document(run_check, path):
         if t["kind"] in ("input", "output"):
             bytes_moved += math.prod(t["dims"]) * DTYPE_BYTES[t["dtype"]]
     assert doc["bytes"] == bytes_moved
+    # the input copies a timed run rotates through (fusebox/runtime.h, input_rotation_sets)
+    input_bytes = sum(t["storage_bytes"] for t in doc["tensors"] if t["kind"] == "input")
+    want = 1 if input_bytes <= 0 else max(1, min(int(2 * (60 << 20) / input_bytes) + 1, 16,
+                                                 int(8 * (1 << 30) / input_bytes)))
+    assert doc["rotation_sets"] == want, (doc["rotation_sets"], input_bytes)
 
     produced, compared = set(), set()
     for op in doc["ops"]:

@@ -79,6 +79,9 @@ ordered_json graph_json(const ResolvedGraph& g, const std::map<std::string, Host
   j["tensors"] = std::move(tensors);
   j["ops"] = std::move(ops);
   j["canonical_form_version"] = kCanonicalFormVersion;
+  // Copies of the inputs a timed run rotates through (fusebox/runtime.h): the benchmarks' torch side reads
+  // it.
+  j["rotation_sets"] = input_rotation_sets(g);
   return j;
 }
 
