@@ -258,6 +258,10 @@ check "... which is unchanged" test "$(cksum < "$TMP/x_ok.npy")" = "$x_sum"
 expect "#32.2 build --dot and --plan-out to one file" 2 InvalidArgument 'each output needs a file of its own' \
   build "$GRAPH" --device "$DEVPROP" --no-cache --dot="$TMP/both.out" --plan-out "$TMP/both.out"
 check "... nothing was written" test ! -e "$TMP/both.out"
+# The cases below start from a valid cache of their own: where #32.1 is not refused (the code
+# before issue 32), $DC holds DOT text by now and every later case would fail for that reason.
+rm -f "$DC" "$DC-wal" "$DC-shm"
+"$FB" build "$GRAPH" --device "$DEVPROP" --cache "$DC" >/dev/null 2>&1
 
 # A killed writer's -wal/-shm beside an export target (#32.3), and a target
 # another process holds open (#32.4).
@@ -270,7 +274,7 @@ if pid == 0:
     db = sqlite3.connect(dst)
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA wal_autocheckpoint = 0")
-    db.execute("UPDATE entries SET last_used_us = last_used_us + 1")
+    db.execute("DELETE FROM entries")  # a -wal whose pages, replayed over the export, would empty it
     db.commit()
     os.kill(os.getpid(), signal.SIGKILL)
 os.waitpid(pid, 0)
@@ -280,6 +284,10 @@ expect "#32.3 cache export over a killed writer's side files" 0 "" 'wrote' \
   cache export "$TMP/killed.sqlite" --cache "$CACHE"
 check "... leaves no stale -wal or -shm" test ! -e "$TMP/killed.sqlite-wal" -a ! -e "$TMP/killed.sqlite-shm"
 expect "#32.3 ... and the export reads back whole" 0 "" '[1-9][0-9]* entries checked, 0 bad' cache verify --cache "$TMP/killed.sqlite"
+check "... holding exactly the exported cache's entries" python3 -c '
+import sqlite3, sys
+keys = lambda p: sorted(r[0] for r in sqlite3.connect(p).execute("SELECT key FROM entries"))
+sys.exit(0 if keys(sys.argv[1]) == keys(sys.argv[2]) and keys(sys.argv[1]) else 1)' "$TMP/killed.sqlite" "$CACHE"
 cp "$DC" "$TMP/live.sqlite"
 python3 - "$TMP/live.sqlite" "$TMP/live.ready" <<'PYEOF' &
 import sqlite3, sys, time
@@ -311,9 +319,10 @@ run_limited "ulimit -f 2" build "$GRAPH" --device "$DEVPROP" --no-cache --plan-o
 check "#32.5 --plan-out past ulimit -f: exit 2, not SIGXFSZ (got $RC)" test "$RC" -eq 2
 check "... the error names the path and EFBIG" grep -q "fsize/p.plan'.*File too large" "$TMP/stderr"
 check "... and no temporary file is left" test -z "$(ls -A "$TMP/fsize")"
-run_limited "ulimit -f 2" cache export "$TMP/fsize/e.sqlite" --cache "$CACHE"
+mkdir -p "$TMP/fsize2"  # a folder of its own: the --plan-out case above must not decide this one
+run_limited "ulimit -f 2" cache export "$TMP/fsize2/e.sqlite" --cache "$CACHE"
 check "#32.5 cache export past ulimit -f: exit 2, not SIGXFSZ (got $RC)" test "$RC" -eq 2
-check "... no temporary file, -wal or -shm is left" test -z "$(ls -A "$TMP/fsize")"
+check "... no temporary file, -wal or -shm is left" test -z "$(ls -A "$TMP/fsize2")"
 # 16 MiB of graph text (8 Mi numbers, within the value limit) whose parsed form needs a few
 # hundred MB, under an address-space limit 128 MiB above what `check` of a small graph needs.
 python3 - "$TMP/oom.json" <<'PYEOF'

@@ -2,6 +2,7 @@
 tokenizer.json or one of its weight files blocked forever (no writer ever comes). Files the runner
 reads must be regular files: each case is one error, exit 2, at once. No `tokenizers` needed."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,11 +45,26 @@ def test_file_fifo_is_exit_2(no_blocking, capsys, tmp_path):
     assert rc == 2 and "--file" in err and "FIFO" in err, err
 
 
-def test_tokenizer_fifo_is_refused(no_blocking, tmp_path):
+def test_tokenizer_fifo_is_refused(tmp_path):
+    """In a child process with a timeout: with the `tokenizers` package installed, its own open of
+    a FIFO blocks in native code, where no_blocking's alarm cannot interrupt it (seen on the code
+    before the fix: the test hung instead of failing)."""
     fifo = tmp_path / "tokenizer.json"
     os.mkfifo(fifo)
-    with pytest.raises(m.MiniLMError, match="tokenizer .* is a FIFO"):
-        me.tokenize(str(fifo), ["hello"], 16)
+    code = ("import sys\n"
+            "from fusebox_tools import minilm as m, minilm_embed as me\n"
+            "try:\n"
+            "    me.tokenize(sys.argv[1], ['hello'], 16)\n"
+            "except m.MiniLMError as e:\n"
+            "    print(e)\n"
+            "    sys.exit(3)\n")
+    python_dir = os.path.join(os.path.dirname(__file__), "..", "..", "python")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([python_dir, os.environ.get("PYTHONPATH", "")]))
+    try:
+        p = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("tokenize() blocked on a FIFO tokenizer.json for 60 s")
+    assert p.returncode == 3 and re.search(r"tokenizer .* is a FIFO", p.stdout), (p.returncode, p.stdout, p.stderr)
 
 
 def test_model_file_fifo_is_exit_2(no_blocking, model, capsys, tmp_path):
