@@ -1174,8 +1174,7 @@ def replay_kernels(fusebox_bin, graph_path, engine, executes=100):
         libs = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(fusebox_bin)), "libfusebox.so*")))
         if libs:
             os.environ["FUSEBOX_LIBRARY"] = libs[0]
-    sys.path.insert(0, os.path.join(REPO_ROOT, "python"))
-    import fusebox
+    import fusebox  # python/fusebox, beside fusebox_tools on the path that imported this module
     session = fusebox.Session(device=0)
     g = fusebox.Graph.from_json(graph_path)
     plan = session.build(g, engine=engine)
