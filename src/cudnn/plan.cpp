@@ -665,7 +665,8 @@ Result<std::vector<uint8_t>> Plan::serialize() const {
     return NotSupported(
         "engine '" + impl_->engine +
         "' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize (building it "
-        "costs no cuDNN call, so it needs no plan file or cache entry)");
+        "costs no cuDNN call, so it needs no plan file or cache entry); for a plan file of a graph cuDNN "
+        "runs too, pin one of cuDNN's engines (--engine; `fusebox engines --cudnn` lists them)");
   }
   std::vector<uint8_t> bytes;
   try {

@@ -224,6 +224,8 @@ expect_bad "fp8 matmul: fp8 a with bf16 b" "\[matmul 'gemm'\] input 'b' \('b'\) 
 EXPECT_RC=1 expect_bad "reduce_mean (build)" "build_operation_graph: CUDNN_BACKEND_API_FAILED: .*reduction_descriptor.*CUDNN_STATUS_NOT_SUPPORTED"  build "$SRC/examples/graphs/invalid_reduce_mean.json" --device "$DEVPROP"
 # The embedding op is fusebox's own kernel: it builds deviceless, but has no cuDNN plan to write.
 EXPECT_RC=1 expect_bad "embedding (build --plan-out)" "fusebox_embedding' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize"  build "$SRC/examples/graphs/small/embedding_small.json" --device "$DEVPROP" --plan-out "$TMP/embedding.plan"
+# A graph fusebox's own kernel takes from cuDNN (a norm with fp32 params): no plan file, and the way to one.
+EXPECT_RC=1 expect_bad "layernorm fp32 params (build --plan-out)" "fusebox_layernorm' is fusebox's own kernel.*pin one of cuDNN's engines"  build "$SRC/examples/graphs/small/layernorm_small.json" --device "$DEVPROP" --plan-out "$TMP/layernorm.plan"
 if [ -e "$TMP/embedding.plan" ]; then fail "embedding (build --plan-out): no file" "$TMP/embedding.plan was written"; else pass "embedding (build --plan-out): no file"; fi
 sed 's/"dims": \[12, 1, 1, 1\], "dtype": "int32"/"dims": [12, 1, 1, 1], "dtype": "int32", "values": [0, 1, 2, 3, 4, 50, 6, 7, 8, 9, 10, 11]/' "$SRC/examples/graphs/small/embedding_small.json" > "$TMP/bad_ids.json"
 expect_bad "embedding: id outside the table (check)" "input 'ids' [(]'ids'[)]: values[[]5[]] = 50 is not a row of the table [(]50 rows[)]" check "$TMP/bad_ids.json"
