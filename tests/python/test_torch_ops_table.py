@@ -65,3 +65,11 @@ def test_ops_lists_traits(fusebox):
     assert r.returncode == 0, r.stderr
     op = json.loads(r.stdout)["ops"][0]
     assert op["traits"] == ops[op["op"]]["traits"]
+
+
+def test_no_top_level_name_is_defined_twice():
+    """A second `def apply_op` (or any top-level def) later in the module would silently replace the
+    table's dispatch; read from the source, so it runs without torch."""
+    tree = ast.parse(open(TORCH_OPS_PY).read())
+    names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})
