@@ -13,6 +13,7 @@
 #include "common/op_where.h"
 #include "dtype_access.cuh"
 #include "embedding.h"
+#include "kernel_base.h"
 
 namespace fusebox::kernels {
 
@@ -75,10 +76,9 @@ int blocks_for(int64_t work, int threads) {
       std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
 }
 
-class EmbeddingKernel final : public NativeKernel {
+class EmbeddingKernel final : public KernelBase {
  public:
-  const std::string& name() const override { return name_; }
-  const std::vector<std::string>& tensors() const override { return tensors_; }
+  EmbeddingKernel() { name_ = "fusebox_embedding"; }
 
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     const auto* ids = static_cast<const int*>(ptrs[0]);
@@ -103,9 +103,6 @@ class EmbeddingKernel final : public NativeKernel {
     return common::cuda_status(cudaGetLastError(), where_, " embedding kernel launch");
   }
 
-  std::string name_ = "fusebox_embedding";
-  std::string where_;
-  std::vector<std::string> tensors_;
   bool has_add_ = false, all_bf16_ = false;
   int64_t n_ = 0, v_ = 0, h_ = 0, p_ = 1, ids_stride_ = 1;
   Rows table_, add_, y_;

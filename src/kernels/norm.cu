@@ -19,6 +19,7 @@
 #include "common/cuda_status.h"
 #include "common/op_where.h"
 #include "dtype_access.cuh"
+#include "kernel_base.h"
 #include "norm.h"
 
 namespace fusebox::kernels {
@@ -197,11 +198,8 @@ Launch pick(int vec, int vpt, bool rms) {
   return rms ? pick<T, 1, true>(vpt) : pick<T, 1, false>(vpt);
 }
 
-class NormKernel final : public NativeKernel {
+class NormKernel final : public KernelBase {
  public:
-  const std::string& name() const override { return name_; }
-  const std::vector<std::string>& tensors() const override { return tensors_; }
-
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     NormArgs a = args_;
     size_t i = 0;
@@ -229,8 +227,6 @@ class NormKernel final : public NativeKernel {
     return common::cuda_status(cudaGetLastError(), where_, " kernel launch");
   }
 
-  std::string name_, where_;
-  std::vector<std::string> tensors_;
   NormArgs args_;
   DType dtype_ = DType::kBF16;
   int64_t rows_ = 0;

@@ -18,6 +18,7 @@
 #include "common/cuda_status.h"
 #include "common/op_where.h"
 #include "dtype_access.cuh"
+#include "kernel_base.h"
 #include "pool.h"
 
 namespace fusebox::kernels {
@@ -158,10 +159,9 @@ __global__ void window_pool(WindowArgs a) {
   }
 }
 
-class WindowPoolKernel final : public NativeKernel {
+class WindowPoolKernel final : public KernelBase {
  public:
-  const std::string& name() const override { return name_; }
-  const std::vector<std::string>& tensors() const override { return tensors_; }
+  WindowPoolKernel() { name_ = "fusebox_pool"; }
 
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     WindowArgs a = args_;
@@ -183,16 +183,13 @@ class WindowPoolKernel final : public NativeKernel {
     return common::cuda_status(cudaGetLastError(), where_, " kernel launch");
   }
 
-  std::string name_ = "fusebox_pool", where_;
-  std::vector<std::string> tensors_;
   WindowArgs args_;
   bool vec8_layout_ = false;
 };
 
-class GlobalAvgPoolKernel final : public NativeKernel {
+class GlobalAvgPoolKernel final : public KernelBase {
  public:
-  const std::string& name() const override { return name_; }
-  const std::vector<std::string>& tensors() const override { return tensors_; }
+  GlobalAvgPoolKernel() { name_ = "fusebox_global_avg_pool"; }
 
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     PoolArgs a = args_;
@@ -204,8 +201,6 @@ class GlobalAvgPoolKernel final : public NativeKernel {
     return common::cuda_status(cudaGetLastError(), where_, " kernel launch");
   }
 
-  std::string name_ = "fusebox_global_avg_pool", where_;
-  std::vector<std::string> tensors_;
   PoolArgs args_;
 };
 

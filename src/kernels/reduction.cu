@@ -21,6 +21,7 @@
 #include "common/cuda_status.h"
 #include "common/op_where.h"
 #include "dtype_access.cuh"
+#include "kernel_base.h"
 #include "reduction.h"
 
 namespace fusebox::kernels {
@@ -86,10 +87,9 @@ __global__ void __launch_bounds__(kThreads) reduce_rows(ReduceArgs a) {
   }
 }
 
-class ReduceRowsKernel final : public NativeKernel {
+class ReduceRowsKernel final : public KernelBase {
  public:
-  const std::string& name() const override { return name_; }
-  const std::vector<std::string>& tensors() const override { return tensors_; }
+  ReduceRowsKernel() { name_ = "fusebox_reduce_rows"; }
 
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     ReduceArgs a = args_;
@@ -121,8 +121,6 @@ class ReduceRowsKernel final : public NativeKernel {
     return common::cuda_status(cudaGetLastError(), where_, " kernel launch");
   }
 
-  std::string name_ = "fusebox_reduce_rows", where_;
-  std::vector<std::string> tensors_;
   ReduceArgs args_;
 };
 
