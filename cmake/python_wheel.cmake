@@ -20,5 +20,5 @@ endif()
 # EXCLUDE_FROM_ALL: only an install of the component `python` (scikit-build-core's) copies
 # them, never a plain `cmake --install` of a build folder a wheel build reused.
 install(FILES ${_fusebox_wheel_lib} DESTINATION fusebox/lib RENAME libfusebox.so COMPONENT python EXCLUDE_FROM_ALL)
-install(FILES ${CMAKE_CURRENT_LIST_DIR}/../devices/h200-cudnn-9.19.devprop DESTINATION fusebox/devices
+install(FILES ${CMAKE_CURRENT_LIST_DIR}/../devices/h200-cudnn-9.27.devprop DESTINATION fusebox/devices
   COMPONENT python EXCLUDE_FROM_ALL)

@@ -25,7 +25,7 @@
 #include "fusebox/plan_file.h"
 
 #ifndef FUSEBOX_DEVPROP
-#define FUSEBOX_DEVPROP "devices/h200-cudnn-9.19.devprop"
+#define FUSEBOX_DEVPROP "devices/h200-cudnn-9.27.devprop"
 #endif
 
 namespace fusebox {

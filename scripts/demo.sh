@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.." || exit 2
 
 BUILD_DIR=${1:-build}
 FB="$BUILD_DIR/fusebox"
-DEVPROP=devices/h200-cudnn-9.19.devprop
+DEVPROP=devices/h200-cudnn-9.27.devprop
 if [ ! -x "$FB" ]; then
   echo "demo: $FB not found: build first (make build)" >&2
   exit 1

@@ -53,7 +53,7 @@ mkdir -p "$DEST/aot"
 for g in examples/graphs/*.json examples/graphs/small/*.json; do
   case "$(basename "$g")" in invalid_*) continue ;; esac
   name=$(basename "$g" .json)
-  if "$BUILD_DIR/fusebox" build "$g" --device devices/h200-cudnn-9.19.devprop --plan-out "$DEST/aot/$name.plan" \
+  if "$BUILD_DIR/fusebox" build "$g" --device devices/h200-cudnn-9.27.devprop --plan-out "$DEST/aot/$name.plan" \
       --cache "$DEST/aot/cache.sqlite" >/dev/null 2>&1; then
     echo "gpu_bundle: built $name.plan here (deviceless)"
   fi

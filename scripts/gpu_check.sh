@@ -10,7 +10,7 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FB="$BUNDLE/fusebox"
-DEVPROP=devices/h200-cudnn-9.19.devprop
+DEVPROP=devices/h200-cudnn-9.27.devprop
 CUDA_LIB=/usr/local/cuda-13.0/targets/x86_64-linux/lib
 CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 SYSTEM_CUDNN_DIR=/usr/lib/x86_64-linux-gnu

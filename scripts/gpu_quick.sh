@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FB="$BUNDLE/fusebox"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
-export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/devices/h200-cudnn-9.19.devprop"
+export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/devices/h200-cudnn-9.27.devprop"
 # The Python tools (python/fusebox_tools) read graphs through this fusebox.
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
 PY=/opt/torch/.venv/bin/python3

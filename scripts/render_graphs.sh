@@ -14,6 +14,6 @@ for g in examples/graphs/*.json; do
   "$FB" check "$g" --dot | dot -Tsvg -o "docs/images/$name.svg"
   echo "render_graphs: docs/images/$name.svg"
 done
-"$FB" build examples/graphs/conv_bias_relu.json --device devices/h200-cudnn-9.19.devprop --no-cache --dot \
+"$FB" build examples/graphs/conv_bias_relu.json --device devices/h200-cudnn-9.27.devprop --no-cache --dot \
   | dot -Tsvg -o docs/images/conv_bias_relu_built.svg
 echo "render_graphs: docs/images/conv_bias_relu_built.svg"

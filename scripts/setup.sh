@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Installs what fusebox needs on a fresh machine: Debian build packages that
-# are missing, and the pinned cuDNN Frontend headers (from its PyPI wheel)
-# unpacked into third_party/ (git-ignored). Idempotent and quick when done.
+# are missing, the pinned cuDNN Frontend headers (from its PyPI wheel) and the
+# pinned cuDNN itself (headers and libraries, from its PyPI wheel, checked
+# against its SHA-256), unpacked into third_party/ (git-ignored). Idempotent
+# and quick when done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FRONTEND_VERSION=1.32.0
 DEST=third_party/cudnn-frontend
+# cuDNN: the newest version PyPI serves both as the full wheel (here: every
+# engine, for deviceless builds) and as the JIT wheel (what the GPU machine can
+# receive), so that both run one version (issue 35). The build input only: any
+# cuDNN from 9.19 up is accepted at run time (docs/architecture.md, "cuDNN versions").
+CUDNN_VERSION=9.27.0.42
+CUDNN_WHEEL_SHA256=9677e76f21862eb5da7ee5ed69d544738b2d8b5c3ce7e5ec125c5592e6cdbdc8
+CUDNN_DEST=third_party/cudnn
 
 # Debian packages (only those missing; apt-get needs root, as on CI).
 need=()
@@ -40,6 +49,22 @@ if [ "$(cat "$DEST/VERSION" 2>/dev/null)" != "$FRONTEND_VERSION" ]; then
   test -f "$DEST/include/cudnn_frontend.h" || { echo "setup: cudnn_frontend.h missing after unpacking $f" >&2; exit 1; }
   echo "$FRONTEND_VERSION" > "$DEST/VERSION"
 fi
+if [ "$(cat "$CUDNN_DEST/VERSION" 2>/dev/null)" != "$CUDNN_VERSION" ]; then
+  echo "setup: fetching nvidia-cudnn-cu13==$CUDNN_VERSION (537 MB wheel, checked by SHA-256)"
+  ctmp=$(mktemp -d)
+  trap 'rm -rf "$ctmp" "${tmp:-}"' EXIT
+  echo "nvidia-cudnn-cu13==$CUDNN_VERSION --hash=sha256:$CUDNN_WHEEL_SHA256" > "$ctmp/requirements.txt"
+  python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --require-hashes \
+    -r "$ctmp/requirements.txt" -d "$ctmp"
+  unzip -q "$ctmp"/nvidia_cudnn_cu13-*.whl 'nvidia/cudnn/include/*' 'nvidia/cudnn/lib/*' -d "$ctmp/unpacked"
+  rm -f "$ctmp"/nvidia_cudnn_cu13-*.whl
+  rm -rf "$CUDNN_DEST"; mkdir -p "$CUDNN_DEST"
+  mv "$ctmp/unpacked/nvidia/cudnn/include" "$ctmp/unpacked/nvidia/cudnn/lib" "$CUDNN_DEST/"
+  ln -s libcudnn.so.9 "$CUDNN_DEST/lib/libcudnn.so"  # the wheel has only the versioned names
+  grep -q "define CUDNN_MINOR $(echo "$CUDNN_VERSION" | cut -d. -f2)\$" "$CUDNN_DEST/include/cudnn_version.h" \
+    || { echo "setup: $CUDNN_DEST/include/cudnn_version.h is not cuDNN $CUDNN_VERSION" >&2; exit 1; }
+  echo "$CUDNN_VERSION" > "$CUDNN_DEST/VERSION"
+fi
 # The Python tests (ctest's `python`): pytest and numpy, for the python3 on PATH;
 # scikit-build-core for the wheel of the Python module (ctest `python_wheel`,
 # `pip wheel .`). torch is not installed (several GB): the tests that need it skip.
@@ -56,5 +81,4 @@ for model in ${MODELS//,/ }; do
     *) echo "setup: unknown model '$model' in FUSEBOX_MODELS (known: minilm)" >&2; exit 2 ;;
   esac
 done
-test -f /usr/local/cuda/include/cudnn.h || { echo "setup: cuDNN headers not found in /usr/local/cuda/include" >&2; exit 1; }
-echo "setup: ok (cuDNN Frontend $FRONTEND_VERSION)"
+echo "setup: ok (cuDNN Frontend $FRONTEND_VERSION, cuDNN $CUDNN_VERSION)"

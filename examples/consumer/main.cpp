@@ -98,7 +98,7 @@ int run_on_gpu(const ResolvedGraph& g) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string devprop = argc > 1 ? argv[1] : FUSEBOX_DEVICES_DIR "/h200-cudnn-9.19.devprop";
+  std::string devprop = argc > 1 ? argv[1] : FUSEBOX_DEVICES_DIR "/h200-cudnn-9.27.devprop";
   Result<ResolvedGraph> g = conv_bias_relu();
   if (!g.ok()) return fail("graph", g.status());
   std::printf("%s", describe(*g).c_str());

@@ -104,7 +104,7 @@ fusebox_status fusebox_graph_find_tensor(const fusebox_graph* graph, const char*
 
 /* device_properties_file NULL: a session on GPU `device_id` (its own cuDNN
  * handle and stream); otherwise a deviceless session that builds plans for
- * the GPU that file describes (e.g. devices/h200-cudnn-9.19.devprop) and
+ * the GPU that file describes (e.g. devices/h200-cudnn-9.27.devprop) and
  * cannot bind or run them. cache_path NULL: no plan cache; otherwise the
  * SQLite plan cache there (created if missing), as `fusebox --cache`. */
 fusebox_status fusebox_session_create(int device_id, const char* device_properties_file,

@@ -360,6 +360,7 @@ struct SystemInfo {
   std::string cudnn_library_path;     // the libcudnn actually loaded
   int cuda_runtime_version = 0;       // cudaRuntimeGetVersion
   int cuda_driver_version = 0;        // 0 when no driver
+  std::string cuda_driver_library;    // what libcuda.so.1 is here: the driver, the toolkit's stub, none
   std::vector<GpuInfo> gpus;
   std::string gpu_error;  // why no GPU is seen, if none
 };
@@ -368,7 +369,9 @@ struct SystemInfo {
 SystemInfo system_info(bool enumerate_gpus = true);
 
 // Fails with kVersionMismatch, naming both versions and the loaded library's
-// path, when the cuDNN runtime is older than the headers fusebox was built with.
+// path, when the cuDNN runtime is older than kMinCudnnVersion (9.19; see
+// fusebox/cudnn_features.h) or not cuDNN 9. A runtime older than the headers
+// fusebox was built with is accepted: features it lacks stay off.
 Status check_cudnn_runtime();
 
 // Number of CUDA GPUs visible (0 on a machine without a GPU or driver).

@@ -1,5 +1,6 @@
 // Device-properties files: see common/device_properties_check.h. The keys are
-// those cuDNN 9.19 writes (devices/h200-cudnn-9.19.devprop).
+// those cuDNN 9.19 writes (devices/h200-cudnn-9.19.devprop), and the three that
+// cuDNN 9.27 adds and requires (optional_integer_fields).
 #include "common/device_properties_check.h"
 
 #include <cstdint>
@@ -40,6 +41,19 @@ const std::map<std::string, Range>& integer_fields() {
       {"cudaDeviceId", {0, 1023}},
       {"deviceVer", {500, 9999}},  // SM major*100 + minor*10
       {"driverVer", {1000, 999'999}},
+  };
+  return f;
+}
+
+// Keys newer cuDNN releases write, and need, that 9.19 neither writes nor
+// reads: present in a file captured under cuDNN 9.27 (read from the names
+// libcudnn_graph.so.9.27 looks up), absent from one captured under 9.19.
+const std::map<std::string, Range>& optional_integer_fields() {
+  static const std::map<std::string, Range> f = {
+      // CUDNN_SM_COUNT_ORIGIN_FULL_DEVICE (0) or _GREEN_CONTEXT (1)
+      {"smCountOrigin", {0, 1}},
+      {"oversizedSharedMemoryPerBlock", {0, 1 << 26}},
+      {"memoryBusWidth", {1, 1 << 16}},
   };
   return f;
 }
@@ -99,10 +113,11 @@ Status check_device_properties(std::string_view text, const std::string& origin,
   }
   const auto& ints = integer_fields();
   const auto& vecs = vector_fields();
+  const auto& optional = optional_integer_fields();
   for (const auto& [k, _] : j.items()) {
-    if (!ints.count(k) && !vecs.count(k) && k != "deviceName") {
+    if (!ints.count(k) && !vecs.count(k) && !optional.count(k) && k != "deviceName") {
       return bad(json_dump(nlohmann::json(k)).substr(0, 60),
-                 "is not one cuDNN 9.19 writes (capture the file again with `fusebox devprop`)");
+                 "is not one cuDNN 9.19 to 9.27 writes (capture the file again with `fusebox devprop`)");
     }
   }
   auto check_int = [&](const nlohmann::json& v, const std::string& field, Range r) -> Status {
@@ -120,6 +135,9 @@ Status check_device_properties(std::string_view text, const std::string& origin,
   for (const auto& [k, r] : ints) {
     if (!j.contains(k)) return bad(k, "is missing");
     FUSEBOX_RETURN_IF_ERROR(check_int(j[k], k, r));
+  }
+  for (const auto& [k, r] : optional) {
+    if (j.contains(k)) FUSEBOX_RETURN_IF_ERROR(check_int(j[k], k, r));
   }
   for (const auto& [k, r] : vecs) {
     if (!j.contains(k)) return bad(k, "is missing");
@@ -141,6 +159,15 @@ Status check_device_properties(std::string_view text, const std::string& origin,
   }
   if (canonical) *canonical = json_dump(j);
   return Status::Ok();
+}
+
+std::vector<std::string> device_properties_missing_newer_keys(std::string_view canonical) {
+  std::vector<std::string> missing;
+  const nlohmann::json j = nlohmann::json::parse(canonical, nullptr, /*allow_exceptions=*/false);
+  for (const auto& [k, _] : optional_integer_fields()) {
+    if (!j.is_object() || !j.contains(k)) missing.push_back(k);
+  }
+  return missing;
 }
 
 }  // namespace fusebox::common

@@ -18,6 +18,15 @@
 #include "kernels/native_kernel.h"
 
 namespace fusebox {
+namespace cudnn {
+
+// What stands behind libcuda.so.1 in this process (driver_stub.cpp): the GPU
+// driver, the CUDA toolkit's stub (no driver here: cuDNN >= 9.2x needs the
+// library to load even for deviceless builds), or nothing.
+enum class DriverLoad { kDriver, kStub, kNone };
+DriverLoad driver_load();
+
+}  // namespace cudnn
 
 struct GpuContext::Impl {
   int device_id = 0;

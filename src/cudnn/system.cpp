@@ -6,6 +6,7 @@
 #include "common/device_properties_check.h"
 #include "common/file_io.h"
 #include "common/json_util.h"
+#include "fusebox/cudnn_features.h"
 #include "internal.h"
 
 #ifndef FUSEBOX_VERSION
@@ -74,13 +75,20 @@ int gpu_count() {
 }
 
 Status check_cudnn_runtime() {
+  (void)cudnn::driver_load();  // before cuDNN loads its sublibraries (driver_stub.cpp)
   const int64_t runtime = static_cast<int64_t>(cudnnGetVersion());
-  if (runtime < CUDNN_VERSION) {
+  if (runtime < kMinCudnnVersion) {
     return Status(StatusCode::kVersionMismatch,
                   "cuDNN runtime " + version_string(runtime) + " (loaded from " + loaded_cudnn_path() +
-                      ") is older than the cuDNN headers fusebox was built with (" +
-                      version_string(CUDNN_VERSION) + "): put cuDNN >= " + version_string(CUDNN_VERSION) +
-                      " first on LD_LIBRARY_PATH");
+                      ") is older than " + version_string(kMinCudnnVersion) +
+                      ", the oldest fusebox runs on (built against " + version_string(CUDNN_VERSION) +
+                      "): put cuDNN >= " + version_string(kMinCudnnVersion) + " first on LD_LIBRARY_PATH");
+  }
+  if (runtime / 10000 != CUDNN_VERSION / 10000) {
+    return Status(StatusCode::kVersionMismatch,
+                  "cuDNN runtime " + version_string(runtime) + " (loaded from " + loaded_cudnn_path() +
+                      ") is not cuDNN " + std::to_string(CUDNN_VERSION / 10000) +
+                      ", the major version fusebox was built against");
   }
   return Status::Ok();
 }
@@ -94,6 +102,18 @@ SystemInfo system_info(bool enumerate_gpus) {
   s.cudnn_header_version = CUDNN_VERSION;
   s.cudnn_runtime_version = static_cast<int64_t>(cudnnGetVersion());
   s.cudnn_library_path = loaded_cudnn_path();
+  switch (cudnn::driver_load()) {
+    case cudnn::DriverLoad::kDriver:
+      s.cuda_driver_library = "libcuda.so.1";
+      break;
+    case cudnn::DriverLoad::kStub:
+      s.cuda_driver_library =
+          "the CUDA toolkit's stub (no driver on this machine; cuDNN needs the library to load)";
+      break;
+    case cudnn::DriverLoad::kNone:
+      s.cuda_driver_library = "none";
+      break;
+  }
   (void)cudaRuntimeGetVersion(&s.cuda_runtime_version);
   if (cudaDriverGetVersion(&s.cuda_driver_version) != cudaSuccess) s.cuda_driver_version = 0;
   if (!enumerate_gpus) return s;
@@ -146,8 +166,20 @@ Result<DeviceTarget> DeviceTarget::from_properties_json(std::string text, const 
   t.properties_json = std::move(canonical);
   // Let cuDNN itself accept it now rather than fail later in a build.
   auto props = cudnn::device_properties_for(t);
-  if (!props.ok())
-    return ParseError(origin + ": cuDNN rejected the device properties: " + props.status().message());
+  if (!props.ok()) {
+    std::string hint;
+    const std::vector<std::string> missing = common::device_properties_missing_newer_keys(t.properties_json);
+    if (!missing.empty() && cudnnGetVersion() >= 92700) {
+      std::string keys;
+      for (const std::string& k : missing) keys += (keys.empty() ? "" : ", ") + k;
+      hint =
+          ". The file lacks " + keys + ", which cuDNN " + version_string(cudnnGetVersion()) +
+          " (loaded) requires: it was captured under an older cuDNN (9.19 writes none of them). Capture it "
+          "again with `fusebox devprop` on that GPU under this cuDNN, or use "
+          "devices/h200-cudnn-9.27.devprop for an H200";
+    }
+    return ParseError(origin + ": cuDNN rejected the device properties: " + props.status().message() + hint);
+  }
   return t;
 }
 

@@ -14,7 +14,7 @@ if [ $# -ne 2 ]; then
 fi
 FB=$1
 SRC=$2
-DEVPROP="$SRC/devices/h200-cudnn-9.19.devprop"
+DEVPROP="$SRC/devices/h200-cudnn-9.27.devprop"
 GRAPH="$SRC/examples/graphs/small/conv_bias_relu_small.json"
 TIME_BIN=/usr/bin/time
 # Bounds per command: a refused input costs what the process costs at start-up
@@ -458,7 +458,7 @@ w("no_name", {k: v for k, v in d.items() if k != "deviceName"})
 w("deep", text='{"maxGridSize": ' + "[" * 100000 + "]" * 100000 + "}")
 w("array", text="[1, 2]")
 PYEOF
-expect "devprop: an unknown key"          2 ParseError "'\"futureField\"' is not one cuDNN 9.19 writes" \
+expect "devprop: an unknown key"          2 ParseError "'\"futureField\"' is not one cuDNN 9.19 to 9.27 writes" \
   build "$GRAPH" --device "$TMP/unknown_key.devprop" --no-cache
 expect "devprop: warpSize 0"              2 ParseError "'warpSize' = 0 is out of range \[1, 1024\]" \
   build "$GRAPH" --device "$TMP/warp_zero.devprop" --no-cache

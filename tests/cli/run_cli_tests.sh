@@ -13,7 +13,7 @@ if [ $# -ne 2 ]; then
 fi
 FB=$1
 SRC=$2
-DEVPROP="$SRC/devices/h200-cudnn-9.19.devprop"
+DEVPROP="$SRC/devices/h200-cudnn-9.27.devprop"
 PY=python3
 if [ ! -x "$FB" ]; then
   echo "cli tests: $FB is not an executable" >&2

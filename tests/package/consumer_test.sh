@@ -20,7 +20,7 @@ LIB=$(find "$PREFIX" -name 'libfusebox.so' | head -1)
 [ -n "$LIB" ] || fail "no libfusebox.so installed"
 LIBDIR=$(dirname "$LIB")
 for f in include/fusebox/fusebox.h include/fusebox/session.h include/fusebox/graph.h include/fusebox/ops/conv.h \
-         bin/fusebox share/fusebox/devices/h200-cudnn-9.19.devprop share/fusebox/python/fusebox_tools/minilm_embed.py; do
+         bin/fusebox share/fusebox/devices/h200-cudnn-9.27.devprop share/fusebox/python/fusebox_tools/minilm_embed.py; do
   [ -e "$PREFIX/$f" ] || fail "$f not installed"
 done
 for f in cmake/fusebox/fuseboxConfig.cmake cmake/fusebox/fuseboxConfigVersion.cmake cmake/fusebox/fuseboxTargets.cmake \

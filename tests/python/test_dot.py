@@ -14,7 +14,7 @@ import pytest
 from fusebox_tools.graph import REPO_ROOT, default_graphs
 
 EXAMPLES = default_graphs()
-DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.19.devprop")
+DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")
 TOKEN = re.compile(r'\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<arrow>->)|(?P<punct>[{}\[\];=,])|(?P<id>[A-Za-z_0-9.]+))',
                    re.S)
 

@@ -20,7 +20,7 @@ FAMILIES = list(graph_gen.FAMILY_NAMES)
 # ~60 graphs, at least two per family (seeds round-robin over the families).
 N_GRAPHS = max(60, 2 * len(FAMILIES))
 SEEDS = list(range(N_GRAPHS))
-DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.19.devprop")
+DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")
 # fusebox COMMAND: Code: message (docs/cli.md)
 ERROR_LINE = re.compile(r"^fusebox (\w+): (\w+): ", re.M)
 

@@ -187,7 +187,7 @@ def test_graphs_pass_cudnn_operation_graph_deviceless(fusebox, tiny, repo_root):
     and builds its operation graph for the H200 here: the shapes, layouts and
     attributes are ones cuDNN takes; only engine creation needs the driver."""
     out, _, _ = tiny
-    devprop = os.path.join(repo_root, "devices", "h200-cudnn-9.19.devprop")
+    devprop = os.path.join(repo_root, "devices", "h200-cudnn-9.27.devprop")
     folder = os.path.join(out, f"graphs/b{B}_s{S}")
     for name in sorted(os.listdir(folder)):
         proc = subprocess.run([fusebox, "build", os.path.join(folder, name), "--device", devprop, "--no-cache",

@@ -11,7 +11,7 @@ import pytest
 
 from fusebox_tools.graph import REPO_ROOT
 
-DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.19.devprop")
+DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")
 GRAPH = os.path.join(REPO_ROOT, "tests", "cases", "partitioned", "two_convs_one_graph.json")
 
 

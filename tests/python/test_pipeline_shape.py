@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-DEVPROP = "devices/h200-cudnn-9.19.devprop"
+DEVPROP = "devices/h200-cudnn-9.27.devprop"
 
 
 def run(fusebox, repo_root, *args):

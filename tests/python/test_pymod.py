@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SMALL = os.path.join(REPO, "examples", "graphs", "small")
 CBR = os.path.join(SMALL, "conv_bias_relu_small.json")
 MATMUL = os.path.join(SMALL, "matmul_bias_gelu_small.json")
-DEVPROP = os.path.join(REPO, "devices", "h200-cudnn-9.19.devprop")
+DEVPROP = os.path.join(REPO, "devices", "h200-cudnn-9.27.devprop")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -23,7 +23,7 @@ import pytest
 from fusebox_tools import resnet50 as rn
 from fusebox_tools.graph import REPO_ROOT
 
-DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.19.devprop")
+DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")
 BATCH = 2
 
 

@@ -23,7 +23,7 @@ case "$(basename "$whl")" in *-py3-none-*) ;; *) fail "$(basename "$whl") is not
 python3 - "$whl" <<'PY' || fail "wheel contents"
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-need = {"fusebox/__init__.py", "fusebox/_lib.py", "fusebox/lib/libfusebox.so", "fusebox/devices/h200-cudnn-9.19.devprop"}
+need = {"fusebox/__init__.py", "fusebox/_lib.py", "fusebox/lib/libfusebox.so", "fusebox/devices/h200-cudnn-9.27.devprop"}
 missing = need - names
 assert not missing, f"missing from the wheel: {sorted(missing)}"
 print("wheel holds", len(names), "files, among them", ", ".join(sorted(need)))

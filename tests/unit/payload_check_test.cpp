@@ -2,7 +2,7 @@
 // files pass; each hostile variant is a ParseError naming the file, the field
 // and the rule. The real plan payload is the fuzz seed made with
 // `fusebox build examples/graphs/conv_bias_relu.json --device
-// devices/h200-cudnn-9.19.devprop --plan-out` (cuDNN 9.19, frontend 1.32).
+// devices/h200-cudnn-9.27.devprop --plan-out` (cuDNN 9.19, frontend 1.32).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -174,7 +174,7 @@ TEST(PlanPayloadCheck, CudnnExecutionPlanJson) {
 }
 
 TEST(DevicePropertiesCheck, RealFilePassesAndRewritesToAFixedPoint) {
-  const std::string text = read_bytes("devices/h200-cudnn-9.19.devprop");
+  const std::string text = read_bytes("devices/h200-cudnn-9.27.devprop");
   std::string canonical, again;
   ASSERT_TRUE(check_device_properties(text, "h200.devprop", &canonical).ok());
   ASSERT_TRUE(check_device_properties(canonical, "c", &again).ok());
@@ -183,7 +183,7 @@ TEST(DevicePropertiesCheck, RealFilePassesAndRewritesToAFixedPoint) {
 }
 
 TEST(DevicePropertiesCheck, HostileVariants) {
-  const json real = json::parse(read_bytes("devices/h200-cudnn-9.19.devprop"));
+  const json real = json::parse(read_bytes("devices/h200-cudnn-9.27.devprop"));
   auto expect = [](const std::string& text, const std::string& needle) {
     const Status st = check_device_properties(text, "d.devprop");
     ASSERT_FALSE(st.ok()) << "accepted; expected: " << needle;
@@ -213,7 +213,7 @@ TEST(DevicePropertiesCheck, HostileVariants) {
       check_device_properties(edited([](json& j) { j["deviceName"] = std::string(255, 'n'); }), "d").ok());
   expect(edited([](json& j) { j["deviceName"] = "H200\x1b[2J"; }),
          "'deviceName' contains a control character");
-  expect(edited([](json& j) { j["newField"] = 1; }), "'\"newField\"' is not one cuDNN 9.19 writes");
+  expect(edited([](json& j) { j["newField"] = 1; }), "'\"newField\"' is not one cuDNN 9.19 to 9.27 writes");
   expect(edited([](json& j) {
            j["maxGridSize"] = json::array({"1", 2, 3});
          }),

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "common.h"
+#include "fusebox/cudnn_features.h"
 
 namespace fusebox::cli {
 
@@ -18,7 +19,19 @@ Runner add_info(CLI::App& app) {
              std::to_string(v % 100);
     };
     auto cuda_ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
+    const std::vector<CudnnFeatureState> features = cudnn_feature_states(s.cudnn_runtime_version);
     if (*json_out) {
+      nlohmann::json feats = nlohmann::json::array();
+      for (const auto& f : features) {
+        feats.push_back({{"name", f.feature->name},
+                         {"min_cudnn", ver(f.feature->min_version)},
+                         {"compiled", f.compiled},
+                         {"loaded", f.loaded},
+                         {"active", f.active()},
+                         {"what", f.feature->what},
+                         {"fusebox", f.feature->fusebox},
+                         {"fallback", f.feature->fallback}});
+      }
       nlohmann::json gpus = nlohmann::json::array();
       for (const auto& g : s.gpus) {
         gpus.push_back({{"id", g.id},
@@ -36,6 +49,9 @@ Runner add_info(CLI::App& app) {
                           {"cudnn_runtime_error", runtime.message()},
                           {"cuda_runtime", cuda_ver(s.cuda_runtime_version)},
                           {"cuda_driver", s.cuda_driver_version ? cuda_ver(s.cuda_driver_version) : ""},
+                          {"cuda_driver_library", s.cuda_driver_library},
+                          {"cudnn_min_runtime", ver(kMinCudnnVersion)},
+                          {"cudnn_features", feats},
                           {"gpus", gpus},
                           {"gpu_error", s.gpu_error}};
       std::printf("%s\n", dump(j).c_str());
@@ -44,8 +60,21 @@ Runner add_info(CLI::App& app) {
       std::printf("cuDNN Frontend  %s (headers)\n", s.frontend_version.c_str());
       std::printf("cuDNN           headers %s, runtime %s (%s)\n", ver(s.cudnn_header_version).c_str(),
                   ver(s.cudnn_runtime_version).c_str(), safe(s.cudnn_library_path).c_str());
-      std::printf("CUDA            runtime %s, driver %s\n", cuda_ver(s.cuda_runtime_version).c_str(),
-                  s.cuda_driver_version ? cuda_ver(s.cuda_driver_version).c_str() : "none");
+      std::printf("CUDA            runtime %s, driver %s (libcuda: %s)\n",
+                  cuda_ver(s.cuda_runtime_version).c_str(),
+                  s.cuda_driver_version ? cuda_ver(s.cuda_driver_version).c_str() : "none",
+                  s.cuda_driver_library.c_str());
+      std::printf(
+          "cuDNN features  (runs on cuDNN >= %s; active = in the headers and in the loaded library)\n",
+          ver(kMinCudnnVersion).c_str());
+      for (const auto& f : features) {
+        const char* state = f.active()  ? "active"
+                            : !f.loaded ? "off: loaded cuDNN is older"
+                                        : "off: not compiled in";
+        std::printf("  %-26s >= %-7s %-27s %s\n", std::string(f.feature->name).c_str(),
+                    ver(f.feature->min_version).c_str(), state,
+                    std::string(f.active() ? f.feature->fusebox : f.feature->fallback).c_str());
+      }
       if (s.gpus.empty()) std::printf("GPUs            none (%s)\n", safe(s.gpu_error).c_str());
       for (const auto& g : s.gpus) {
         std::printf("GPU %d           %s, sm_%d, %d SMs, %.1f GiB\n", g.id, safe(g.name).c_str(),

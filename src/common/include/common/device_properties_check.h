@@ -7,6 +7,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fusebox/status.h"
 
@@ -17,5 +18,10 @@ namespace fusebox::common {
 // Errors are ParseError naming `origin`, the field and the rule.
 Status check_device_properties(std::string_view text, const std::string& origin,
                                std::string* canonical = nullptr);
+
+// The keys of a checked file (`canonical`) that cuDNN 9.27 requires and an
+// older cuDNN does not write: empty when the file has them all. A file
+// captured under cuDNN 9.19 lacks all three.
+std::vector<std::string> device_properties_missing_newer_keys(std::string_view canonical);
 
 }  // namespace fusebox::common
