@@ -61,7 +61,13 @@ if [ -z "${FUSEBOX_RUNTIME_BENCH:-}" ]; then
   [ -x "$FUSEBOX_RUNTIME_BENCH" ] || FUSEBOX_RUNTIME_BENCH=build/bound_execute_bench
 fi
 export FUSEBOX_RUNTIME_BENCH
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# FUSEBOX_GPU_CUDNN=pinned: the pinned cuDNN that scripts/gpu_cudnn.sh received; default torch's 9.19.
+# Each row records the cuDNN it ran on; bench_report refuses to merge rows of two versions.
+if [ "${FUSEBOX_GPU_CUDNN:-torch}" = pinned ]; then
+  source scripts/gpu_cudnn.sh env || exit 1
+else
+  export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"
 # torch.compile's autotuning results survive between calls on a warm machine; outside
 # .bench, which stays small enough to carry (JSON only).

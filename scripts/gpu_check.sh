@@ -14,6 +14,12 @@ DEVPROP=devices/h200-cudnn-9.27.devprop
 CUDA_LIB=/usr/local/cuda-13.0/targets/x86_64-linux/lib
 CUDNN_LIB=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib
 SYSTEM_CUDNN_DIR=/usr/lib/x86_64-linux-gnu
+# FUSEBOX_GPU_CUDNN=pinned: the pinned cuDNN that scripts/gpu_cudnn.sh received (with torch's
+# cuBLAS and NVRTC); default torch's 9.19.
+if [ "${FUSEBOX_GPU_CUDNN:-torch}" = pinned ]; then
+  CUDNN_LIB="${FUSEBOX_GPU_CUDNN_DIR:-/tmp/fusebox-cudnn}/lib:/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib"
+  [ -f "${CUDNN_LIB%%:*}/libcudnn.so.9" ] || { echo "gpu_check: no cuDNN in ${CUDNN_LIB%%:*}: bash scripts/gpu_cudnn.sh receive first" >&2; exit 1; }
+fi
 export LD_LIBRARY_PATH="$CUDNN_LIB:$CUDA_LIB"
 if [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3; else PY=python3; fi
 # Tests that look for the source tree (examples, devices) find it here even if

@@ -14,7 +14,12 @@ BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FB="$BUNDLE/fusebox"
-export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
+# FUSEBOX_GPU_CUDNN=pinned: the pinned cuDNN that scripts/gpu_cudnn.sh received; default torch's 9.19.
+if [ "${FUSEBOX_GPU_CUDNN:-torch}" = pinned ]; then
+  source scripts/gpu_cudnn.sh env || exit 1
+else
+  export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
+fi
 export FUSEBOX_SOURCE_DIR="$PWD" FUSEBOX_DEVPROP="$PWD/devices/h200-cudnn-9.27.devprop"
 # The Python tools (python/fusebox_tools) read graphs through this fusebox.
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" FUSEBOX_BIN="$FB"

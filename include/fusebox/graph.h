@@ -32,6 +32,7 @@
 #include "fusebox/ops/pointwise.h"
 #include "fusebox/ops/pool.h"
 #include "fusebox/ops/reduction.h"
+#include "fusebox/ops/rope.h"
 #include "fusebox/ops/sdpa.h"
 #include "fusebox/status.h"
 
@@ -84,10 +85,11 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 // ---------------------------------------------------------------- ops
 // One header per op family; adding a family adds its header here and its
 // attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
-using OpAttrs = std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs,
-                             SdpaFwdAttrs, SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs,
-                             RmsNormAttrs, LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs,
-                             BatchNormInferenceAttrs, BatchNormBwdAttrs, ReductionAttrs, EmbeddingAttrs>;
+using OpAttrs =
+    std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs,
+                 SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs, RmsNormAttrs,
+                 LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs, BatchNormInferenceAttrs,
+                 BatchNormBwdAttrs, ReductionAttrs, EmbeddingAttrs, RopeAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);

@@ -279,8 +279,15 @@ def merge(parts):
             if d.get("date"):  # the runtime part's own date: the run's may be another part's
                 out["runtime"].setdefault("measured_utc", d["date"])
         for r in d["rows"]:
+            # a row from before rows named their cuDNN: its part's runtime
+            r.setdefault("cudnn", (d.get("versions") or {}).get("cudnn"))
             rows[(r.get("family"), r["name"])] = r
     out["rows"] = list(rows.values())
+    # Numbers measured on different cuDNN versions never share one table (issue 35).
+    cudnns = sorted({str(r["cudnn"]) for r in out["rows"] if r.get("cudnn")})
+    if len(cudnns) > 1:
+        raise ReportError("the parts were measured on cuDNN " + " and ".join(cudnns) +
+                          ": merge and report each version's parts separately")
     shapes, models = {}, {}
     for d in docs:
         for e in d.get("shapes") or []:

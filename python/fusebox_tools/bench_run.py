@@ -1608,6 +1608,9 @@ def main(argv=None):
             continue
         log(f"{path} ...")
         row = bench_graph(path, args)
+        # Each row names the cuDNN it was measured on: parts merged from calls on
+        # different cuDNN versions (9.19, the pinned 9.27) never share a table unnoticed.
+        row["cudnn"] = doc["versions"].get("cudnn")
         doc["rows"] = [r for r in doc["rows"] if r["graph"] != os.path.relpath(path)] + [row]
         save(args.out, doc)
         fb = row.get("fusebox") or {}

@@ -673,6 +673,44 @@ def embedding(ins):
     return y.reshape(ids.numel(), -1, 1, 1)
 
 
+def rope_forward(x, freqs, offset, layout, rope_dim, scale):
+    """Rotary position embedding the way model code writes it (not fusebox's
+    formulas): x [B, H, S, D]; freqs [1, 1, P, R/2] angles; the trailing R
+    values of the head dim rotate, the leading D - R pass through; "half"
+    rotates with rotate_half (Hugging Face's Llama), "interleaved" multiplies
+    consecutive pairs as complex numbers (Meta's Llama). Returns float32."""
+    x = x.float()
+    b, _, s, d = x.shape
+    r = rope_dim or d
+    pos = torch.arange(s, device=x.device)[None, :]
+    if offset is not None:
+        pos = pos + offset.reshape(b, 1).long()
+    theta = freqs.float().reshape(freqs.shape[2], -1)[pos]  # [B, S, R/2]
+    theta = theta[:, None]  # [B, 1, S, R/2]
+    keep, rot = x[..., :d - r], x[..., d - r:]
+    if layout == "interleaved":
+        z = torch.view_as_complex(rot.double().reshape(*rot.shape[:-1], r // 2, 2).contiguous())
+        rot = torch.view_as_real(z * torch.polar(torch.ones_like(theta.double()), theta.double()))
+        rot = rot.reshape(*x.shape[:-1], r).float()
+    else:
+        cos, sin = torch.cos(theta).repeat(1, 1, 1, 2), torch.sin(theta).repeat(1, 1, 1, 2)
+        half = torch.cat((-rot[..., r // 2:], rot[..., :r // 2]), dim=-1)
+        rot = rot * cos + half * sin
+    return scale * torch.cat((keep, rot), dim=-1)
+
+
+def rope(ins, op):
+    """rope: y; rope_bwd: dx, the gradient autograd takes through rope_forward."""
+    a = op["attrs"]
+    args = (ins["freqs"], ins.get("offset"), a["layout"], a["rope_dim"], float(a["scale"]))
+    if op["op"] == "rope":
+        return {"y": rope_forward(ins["x"], *args)}
+    dy = ins["dy"].float()
+    x = torch.zeros_like(dy, requires_grad=True)  # rope is linear in x: any x gives the same gradient
+    (dx,) = torch.autograd.grad(rope_forward(x, *args), x, dy)
+    return {"dx": dx}
+
+
 def _outputs_of(res, op):
     return {r: res[r] for r in op["outputs"] if r in res}
 
@@ -693,6 +731,8 @@ TORCH_OPS = {
     "batchnorm_inference": lambda op, ins, dtypes: batchnorm_inference(ins, op),
     "batchnorm_bwd": lambda op, ins, dtypes: batchnorm_backward(ins, op),
     "embedding": lambda op, ins, dtypes: embedding(ins),
+    "rope": lambda op, ins, dtypes: rope(ins, op),
+    "rope_bwd": lambda op, ins, dtypes: rope(ins, op),
     "conv_fprop": lambda op, ins, dtypes: conv(ins["x"], ins["w"], op),
     "conv_dgrad": lambda op, ins, dtypes: {"dx": conv_dgrad(ins["dy"], ins["w"], op, ins.get("x"))},
     "conv_wgrad": lambda op, ins, dtypes: {"dw": conv_wgrad(ins["dy"], ins["x"], op, ins.get("w"))},

@@ -58,15 +58,15 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
     const std::string first_line = full.substr(0, full.find('\n'));
     step.cudnn_log += full;
     std::string detail = distill_cudnn_log(step.cudnn_log);
-    // cuDNN 9.19 buffers most of these diagnostics inside its own runtime,
+    // cuDNN buffers most of these diagnostics inside its own runtime,
     // so the log can be empty here; the deviceless limitation is explained either way.
     if (r.deviceless &&
         (name == "create_execution_plans" || name == "check_support" || name == "build_plans")) {
       detail +=
-          "\n  hint: cuDNN 9.19 cannot build its runtime-compiled or cuBLASLt engines without a GPU "
-          "driver (they need NVRTC plus a driver to load the kernel, or a cuBLAS handle); only graphs with a "
-          "precompiled engine (e.g. conv_fprop + bias + relu) build deviceless. Build this one on the GPU "
-          "(without --device)";
+          "\n  hint: cuDNN cannot build its runtime-compiled or cuBLASLt engines without a GPU driver (they "
+          "need NVRTC plus a driver to load the kernel, or a cuBLAS handle; on a machine without a driver "
+          "fusebox leaves the runtime-compiled ones out); only graphs with a precompiled engine (e.g. "
+          "conv_fprop + bias + relu) build deviceless. Build this one on the GPU (without --device)";
     }
     step.status = Status(step.status.code(), first_line + detail);
   }
@@ -202,6 +202,13 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
     return graph.create_execution_plan(options.replay.engine_id, knobs);
   }));
   r.candidate_plans = graph.get_execution_plan_count();
+  // No GPU driver (only the toolkit's stub, driver_stub.cpp): a runtime-compiled
+  // engine can never load its kernel. cuDNN 9.27 would still compile each with
+  // NVRTC first (20 s per heuristic mode for a batchnorm graph, here), so they
+  // are left out; cuDNN 9.19 failed them at once. The outcome is the same.
+  if (target.deviceless() && cudnn::driver_load() != cudnn::DriverLoad::kDriver) {
+    graph.deselect_behavior_notes({fe::BehaviorNote_t::RUNTIME_COMPILATION});
+  }
   FUSEBOX_RETURN_IF_ERROR(apply_engine_bars(g, options, lowered, r));
   if (options.max_workspace_bytes >= 0) {
     graph.deselect_workspace_greater_than(options.max_workspace_bytes);
@@ -302,7 +309,8 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
   } else {
     r.lowering_notes.push_back(
         "[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" + kernel->name() +
-        "' (cuDNN 9.19 has no op for it): no cuDNN heuristics, support check or plan build");
+        "' (an op fusebox runs only with its own kernel): no cuDNN heuristics, support check or plan "
+        "build");
   }
   return Plan(std::move(impl));
 }

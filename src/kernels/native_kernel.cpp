@@ -9,6 +9,7 @@
 #include "norm.h"
 #include "pool.h"
 #include "reduction.h"
+#include "rope.h"
 
 namespace fusebox::kernels {
 
@@ -33,6 +34,10 @@ Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGrap
 Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
                                                               const EmbeddingAttrs& a, const std::string&) {
   return make_embedding_kernel(g, op, a);
+}
+Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
+                                                              const RopeAttrs& a, const std::string&) {
+  return make_rope_kernel(g, op, a);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // strided rows; and a pinned cuDNN engine still runs cuDNN.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -178,6 +180,39 @@ TEST_F(NativeKernelsGpu, SumAndMeanOverOuterDimsMatchTheReferences) {
   check(reduce_json("reduce_sum", {16, 13, 9}, "fp32", nullptr, "[0]"), "fusebox_reduce_rows");
   // Everything reduced: one column.
   check(reduce_json("reduce_sum", {128, 257}, "fp32", nullptr, "[0, 1]"), "fusebox_reduce_rows");
+}
+
+// rope / rope_bwd (src/kernels/rope.cu, every cuDNN): x [B, H, S, D] in a layout.
+std::string rope_json(const char* op, const std::vector<int64_t>& x, const char* io, const char* layout,
+                      const char* attrs, int64_t positions, bool offset) {
+  const bool fwd = std::string(op) == "rope";
+  const int64_t d = x[3];
+  int64_t r = d;
+  if (const char* rd = std::strstr(attrs, "\"rope_dim\": ")) r = std::atoll(rd + 12);
+  const std::string in = fwd ? "x" : "dy", out = fwd ? "y" : "dx";
+  std::string t = R"({"name": ")" + in + R"(", "dims": )" + dims_text(x) + R"(, "layout": ")" + layout +
+                  R"("}, {"name": "freqs", "dims": )" + dims_text({1, 1, positions, r / 2}) +
+                  R"(, "dtype": "fp32"})";
+  if (offset) t += R"(, {"name": "offset", "dims": )" + dims_text({x[0], 1, 1, 1}) + R"(, "dtype": "int32"})";
+  t += R"(, {"name": ")" + out + R"(", "layout": ")" + layout + R"("})";
+  return std::string(R"({"name": "rope", "io_dtype": ")") + io + R"(", "tensors": [)" + t +
+         R"(], "ops": [{"op": ")" + op + R"(", "name": "r", )" + attrs + R"("inputs": {")" + in + R"(": ")" +
+         in + R"(", "freqs": "freqs")" + (offset ? R"(, "offset": "offset")" : "") + R"(}, "outputs": {")" +
+         out + R"(": ")" + out + R"("}}]})";
+}
+
+TEST_F(NativeKernelsGpu, RopeAndItsBackwardMatchTheReferences) {
+  // Llama's q at the benchmark shape (BSHD), half layout; and the backward.
+  check(rope_json("rope", {8, 32, 2048, 128}, "bf16", "bshd", "", 2048, false), "fusebox_rope");
+  check(rope_json("rope_bwd", {8, 32, 2048, 128}, "bf16", "bshd", "", 2048, false), "fusebox_rope_bwd");
+  // Interleaved pairs, a pass-through prefix, a scale, offsets (decode), BHSD and odd sizes, every dtype.
+  check(rope_json("rope", {4, 8, 1, 64}, "bf16", "bshd",
+                  R"("layout": "interleaved", "rope_dim": 32, "scale": 0.125, )", 4096, true),
+        "fusebox_rope");
+  check(rope_json("rope_bwd", {3, 5, 77, 96}, "fp16", "bhsd", R"("rope_dim": 64, "scale": 2.0, )", 100, true),
+        "fusebox_rope_bwd");
+  check(rope_json("rope", {2, 3, 33, 10}, "fp32", "bhsd", R"("layout": "interleaved", )", 33, false),
+        "fusebox_rope");
 }
 
 TEST_F(NativeKernelsGpu, APinnedCudnnEngineStillRunsCudnn) {

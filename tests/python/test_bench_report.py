@@ -246,7 +246,7 @@ def test_merge_parts(tmp_path):
     assert [r["name"] for r in m["rows"]] == ["conv_bias_relu", "conv_bias_add_relu", "matmul_bias_gelu",
                                               "sdpa_fp8_fwd"]
     # conv_bias_add_relu from the later part wins; peaks merged key by key
-    assert m["rows"][1] == b["rows"][0]
+    assert m["rows"][1] == {**b["rows"][0], "cudnn": "9.19.0"}  # each row names its cuDNN
     assert m["peaks"]["fp8_tflops"] == 1500.0 and m["peaks"]["bf16_tflops"] == a["peaks"]["bf16_tflops"]
 
 
@@ -505,3 +505,21 @@ def test_models_plot_and_report(tmp_path):
     assert br.models_plot([{"name": "resnet50_b1", "fusebox_ms": {}, "torch_ms": {}}], str(tmp_path), plt) is None
     (tmp_path / "one").mkdir()
     assert br.models_plot(SWEEP[:1], str(tmp_path / "one"), plt) == str(tmp_path / "one" / "models.png")
+
+
+def test_merge_refuses_rows_measured_on_two_cudnn_versions(tmp_path):
+    """Issue 35: numbers from cuDNN 9.19 and 9.27 never share one table; rows name their cuDNN."""
+    a, b = br.load(OLD), br.load(NEW)
+    b["versions"]["cudnn"] = "9.27.0"
+    for r in b["rows"]:
+        r["name"] += "_other"  # distinct rows, so both versions would reach the table
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    with pytest.raises(br.ReportError, match=r"cuDNN 9\.19\.0 and 9\.27\.0"):
+        br.merge([str(pa), str(pb)])
+    # the same version: merged, and every row names it (taken from its part when the row lacks it)
+    b["versions"]["cudnn"] = "9.19.0"
+    pb.write_text(json.dumps(b))
+    m = br.merge([str(pa), str(pb)])
+    assert {r["cudnn"] for r in m["rows"]} == {"9.19.0"}

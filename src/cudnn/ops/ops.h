@@ -63,6 +63,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attr
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& attrs);
 // ---- embedding: ops/embedding_lowering.cpp (no cuDNN op: fusebox's own kernel, src/kernels/)
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RopeAttrs& attrs);
 // ---- sdpa: ops/sdpa_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);

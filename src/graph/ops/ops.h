@@ -100,6 +100,8 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormBwdAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(ReductionAttrs)
 // embedding.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(EmbeddingAttrs)
+// rope.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(RopeAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -157,6 +159,7 @@ std::vector<std::string_view> type_names(std::type_identity<BatchNormInferenceAt
 std::vector<std::string_view> type_names(std::type_identity<BatchNormBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<ReductionAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<EmbeddingAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<RopeAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
@@ -176,6 +179,7 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormBwdAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ReductionAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<EmbeddingAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RopeAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

@@ -176,4 +176,13 @@ struct OpTraits<EmbeddingAttrs> : OpTraitsDefaults {
   static constexpr auto index_inputs = std::to_array<std::string_view>({"ids"});
 };
 
+// ---- rope (fusebox's own kernel on every cuDNN: include/fusebox/ops/rope.h)
+template <>
+struct OpTraits<RopeAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "rope", bench_family = "norm";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"layout", "rope_dim", "scale"});
+  static constexpr bool outputs_in_memory = true;
+  static constexpr bool native_only = true;
+};
+
 }  // namespace fusebox::graph_ops

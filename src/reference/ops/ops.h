@@ -101,4 +101,9 @@ Tolerance tolerance(const ReductionAttrs& a, std::string_view role, DType dtype)
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a);
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a);
 Tolerance tolerance(const EmbeddingAttrs& a, std::string_view role, DType dtype);
+
+// ---- rope: ops/rope_cpu.cpp, ops/rope_gpu.cu (fusebox's own kernel: src/kernels/rope.cu)
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RopeAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const RopeAttrs& a);
+Tolerance tolerance(const RopeAttrs& a, std::string_view role, DType dtype);
 }  // namespace fusebox::reference_detail

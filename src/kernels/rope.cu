@@ -1,0 +1,135 @@
+// fusebox kernels layer: rotary position embedding, forward and backward
+// (include/fusebox/ops/rope.h). Memory-bound: each thread takes one rotated
+// pair (two values of x, one angle) or one passed-through value, through the
+// tensors' strides, in fp32; sincosf is the accurate one (angles reach
+// thousands of radians at long positions). A position outside freqs gives NaN.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/cuda_status.h"
+#include "common/op_where.h"
+#include "dtype_access.cuh"
+#include "kernel_base.h"
+#include "rope.h"
+
+namespace fusebox::kernels {
+
+namespace {
+
+struct Strides4 {
+  int64_t s[4] = {};
+};
+
+struct RopeShape {
+  int64_t nh = 0, ns = 0, d = 0, lead = 0, half = 0, np = 0;
+  bool interleaved = false;
+  float scale = 1.f, sign = 1.f;
+};
+
+__global__ void rope_kernel(const void* x, int x_dtype, Strides4 xs, const float* freqs, Strides4 fs,
+                            const int* offset, int64_t offset_stride, void* y, int y_dtype, Strides4 ys,
+                            RopeShape sh, int64_t total) {
+  const int64_t units = sh.lead + sh.half;  // per row: passed-through values, then pairs
+  for (int64_t u = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; u < total;
+       u += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = u % units, row = u / units;
+    const int64_t s = row % sh.ns, h = (row / sh.ns) % sh.nh, b = row / (sh.ns * sh.nh);
+    const int64_t xb = b * xs.s[0] + h * xs.s[1] + s * xs.s[2];
+    const int64_t yb = b * ys.s[0] + h * ys.s[1] + s * ys.s[2];
+    const int64_t pos = (offset ? static_cast<int64_t>(offset[b * offset_stride]) : 0) + s;
+    const bool inside = pos >= 0 && pos < sh.np;
+    const float nan = __int_as_float(0x7fc00000);
+    if (k < sh.lead) {
+      const float v = load_as_float(x, x_dtype, xb + k * xs.s[3]);
+      store_from_float(y, y_dtype, yb + k * ys.s[3], inside ? sh.scale * v : nan);
+      continue;
+    }
+    const int64_t i = k - sh.lead;
+    const int64_t jl = sh.lead + (sh.interleaved ? 2 * i : i);
+    const int64_t ju = sh.lead + (sh.interleaved ? 2 * i + 1 : i + sh.half);
+    float c = nan, sn = nan;
+    if (inside) {
+      sincosf(freqs[pos * fs.s[2] + i * fs.s[3]], &sn, &c);
+      c *= sh.scale;
+      sn *= sh.sign * sh.scale;
+    }
+    const float xl = load_as_float(x, x_dtype, xb + jl * xs.s[3]);
+    const float xu = load_as_float(x, x_dtype, xb + ju * xs.s[3]);
+    store_from_float(y, y_dtype, yb + jl * ys.s[3], fmaf(xl, c, -xu * sn));
+    store_from_float(y, y_dtype, yb + ju * ys.s[3], fmaf(xu, c, xl * sn));
+  }
+}
+
+class RopeKernel final : public KernelBase {
+ public:
+  Status launch(void* const* ptrs, void* stream_ptr) const override {
+    const void* x = ptrs[0];
+    const auto* freqs = static_cast<const float*>(ptrs[1]);
+    const auto* offset = has_offset_ ? static_cast<const int*>(ptrs[2]) : nullptr;
+    void* y = ptrs[has_offset_ ? 3 : 2];
+    if (total_ == 0) return Status::Ok();
+    constexpr int kThreads = 256;
+    const int blocks = static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>((total_ + kThreads - 1) / kThreads, 65535LL * 8)));
+    rope_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
+        x, x_dtype_, xs_, freqs, fs_, offset, offset_stride_, y, y_dtype_, ys_, shape_, total_);
+    return common::cuda_status(cudaGetLastError(), where_, " rope kernel launch");
+  }
+
+  bool has_offset_ = false;
+  int x_dtype_ = 0, y_dtype_ = 0;
+  int64_t offset_stride_ = 1, total_ = 0;
+  Strides4 xs_, fs_, ys_;
+  RopeShape shape_;
+};
+
+Strides4 strides4(const ResolvedTensor& t) {
+  Strides4 s;
+  for (int i = 0; i < 4; ++i) s.s[i] = t.strides.at(static_cast<size_t>(i));
+  return s;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const NativeKernel>> make_rope_kernel(const ResolvedGraph& g, const ResolvedOp& op,
+                                                             const RopeAttrs& a) {
+  auto k = std::make_shared<RopeKernel>();
+  const char* type = a.backward ? "rope_bwd" : "rope";
+  k->name_ = std::string("fusebox_") + type;
+  k->where_ = common::op_where(type, op.name);
+  const ResolvedTensor& x = g.tensors[op.inputs.at(a.backward ? "dy" : "x")];
+  const ResolvedTensor& freqs = g.tensors[op.inputs.at("freqs")];
+  const ResolvedTensor& y = g.tensors[op.outputs.at(a.backward ? "dx" : "y")];
+  if (y.is_virtual)
+    return InvalidArgument(k->where_ + " output '" + (a.backward ? "dx" : "y") + "' ('" + y.name +
+                           "') must be a graph output");
+  k->x_dtype_ = static_cast<int>(x.dtype);
+  k->y_dtype_ = static_cast<int>(y.dtype);
+  k->xs_ = strides4(x);
+  k->ys_ = strides4(y);
+  k->fs_ = strides4(freqs);
+  const int64_t d = x.dims.at(3), r = a.rope_dim ? a.rope_dim : d;
+  k->shape_ = RopeShape{x.dims.at(1),
+                        x.dims.at(2),
+                        d,
+                        d - r,
+                        r / 2,
+                        freqs.dims.at(2),
+                        a.layout == RopeLayout::kInterleaved,
+                        static_cast<float>(a.scale),
+                        a.backward ? -1.f : 1.f};
+  k->total_ = x.dims.at(0) * x.dims.at(1) * x.dims.at(2) * (k->shape_.lead + k->shape_.half);
+  k->tensors_ = {x.name, freqs.name};
+  k->has_offset_ = a.offset;
+  if (a.offset) {
+    const ResolvedTensor& off = g.tensors[op.inputs.at("offset")];
+    k->offset_stride_ = off.strides.at(0);
+    k->tensors_.push_back(off.name);
+  }
+  k->tensors_.push_back(y.name);
+  return std::shared_ptr<const NativeKernel>(std::move(k));
+}
+
+}  // namespace fusebox::kernels
