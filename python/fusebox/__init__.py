@@ -28,7 +28,7 @@ def version():
     return _lib.text(_lib.lib().fusebox_version())
 
 
-def devprop_path(name="h200-cudnn-9.19"):
+def devprop_path(name="h200-cudnn-9.27"):
     """A device-properties file shipped with fusebox (for Session(device_properties=...)): the
     wheel's copy, else the checkout's devices/ folder."""
     here = os.path.dirname(os.path.abspath(__file__))

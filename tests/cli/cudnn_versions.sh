@@ -103,6 +103,16 @@ else
     'd["cache"] == "hit" and d["cache_key"] == args[0]' "$KEY_NEW"
   on "$OTHER" cache ls --cache "$TMP/plans.sqlite" --json
   check "the cache holds one entry per cuDNN version" 'len(d["entries"]) == 2'
+  # Programs link libfusebox.so against whatever libcudnn.so.9 they find: every cuDNN entry point
+  # it needs strongly must be one the older cuDNN exports (newer ones are weak: src/cudnn/frontend.h).
+  LIB="$(dirname "$FB")/libfusebox.so"
+  if [ -e "$LIB" ] && command -v nm >/dev/null; then
+    missing=$(comm -23 <(nm -D --undefined-only "$LIB" | awk '$1 == "U" && $2 ~ /^cudnn/ {sub(/@.*/, "", $2); print $2}' | sort -u) \
+                       <(nm -D --defined-only "$OTHER"/libcudnn.so.9 | awk '{sub(/@.*/, "", $3); print $3}' | sort -u))
+    if [ -z "$missing" ]; then pass "libfusebox.so needs no cuDNN entry point that $OTHER_VERSION lacks (newer ones are weak)"
+    else FAIL=$((FAIL + 1)); echo "FAIL  libfusebox.so needs cuDNN entry points $OTHER_VERSION lacks: $missing"
+    fi
+  fi
 fi
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -20,7 +20,8 @@ PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": 
            "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
            "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
            "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
-           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y"}
+           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y",
+           "rope": "y", "rope_bwd": "dx"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
@@ -143,6 +144,15 @@ def test_example_document(run_check, path):
             y = tensors[op["outputs"]["y"]]["dims"]
             assert y == [ids["dims"][0], table["dims"][1], 1, 1] and ids["dtype"] == "int32"
             assert op["attrs"] == {"add": "add" in op["inputs"], "vocab": table["dims"][0], "native_kernel": True}
+        elif op["op"] in ("rope", "rope_bwd"):
+            # y like x [B, H, S, D]; freqs [1, 1, P, R/2]; fusebox's own kernel
+            x = tensors[op["inputs"]["x" if op["op"] == "rope" else "dy"]]
+            f = tensors[op["inputs"]["freqs"]]["dims"]
+            a = op["attrs"]
+            assert tensors[op["outputs"][op["primary_output"]]]["dims"] == x["dims"]
+            assert 0 < a["rope_dim"] <= x["dims"][3] and a["rope_dim"] % 2 == 0 and f[3] == a["rope_dim"] // 2
+            assert a["layout"] in ("half", "interleaved") and a["native_kernel"] is True
+            assert a["offset"] == ("offset" in op["inputs"]) and f[2] >= x["dims"][2]
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}
