@@ -16,7 +16,7 @@
 //   build/bound_execute_bench [GRAPH.json] [--iters N] [--rounds R] [--calls C] [--samples S]
 //                             [--no-chain] [--json FILE]
 //
-// --json FILE: the results as one JSON document (fusebox_tools.bench_run --part runtime).
+// --json FILE: the results as one JSON document (fusebox_tools.bench.bench_run --part runtime).
 // Needs a GPU; without one it says so and exits 0.
 #include <cuda_runtime_api.h>
 #include <cudnn.h>

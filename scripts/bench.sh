@@ -29,14 +29,14 @@
 #            against cold builds: `fusebox shapes` (issue 11; a few minutes)
 #   st       (not in the default PARTS) `fusebox model embed` against sentence-transformers on this
 #            GPU: cosine per sentence on examples/sentences/mixed.txt (>= 0.9999) and embeddings/s,
-#            cold and warm, on 1,000 sentences (fusebox_tools.st_compare; needs
+#            cold and warm, on 1,000 sentences (fusebox_tools.bench.st_compare; needs
 #            models/minilm/fusebox; $OUT/st_compare.json; a few minutes)
 #   report   merges the parts into bench/results/RUN.json, regenerates BENCHMARKS.md
 #            (and plots where matplotlib is installed), compares with the previous results file
 # A part keeps its rows in $BENCH_DIR/RUN/PART.json (BENCH_DIR=.bench, git-ignored) as
 # each row finishes: run again, it skips the rows done (FORCE=1 redoes them). On a
 # fresh machine carry .bench to resume. Everything written is also copied to $OUT
-# (the parts as $OUT/bench_parts.tgz: `python3 -m fusebox_tools.bench_merge FILES_AT/bench_parts.tgz`
+# (the parts as $OUT/bench_parts.tgz: `python3 -m fusebox_tools.bench.bench_merge FILES_AT/bench_parts.tgz`
 # in the repository root here merges them into .bench/RUN/ row by row before the next call;
 # `tar xzf` would replace each part file whole, losing the rows this call did not run).
 # FORCE=1 redoes the rows the call selects (GRAPHS, MODEL_SIZES) and keeps the part's others.
@@ -48,7 +48,7 @@ cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
-# The parts of fusebox_tools.bench_run (its PARTS), in the order the report merges them.
+# The parts of fusebox_tools.bench.bench_run (its PARTS), in the order the report merges them.
 BENCH_PARTS="peaks conv conv_bwd matmul norm pool reduction sdpa runtime shapes models"
 PARTS=${PARTS:-${BENCH_PARTS// /,},report}
 mkdir -p "$OUT"
@@ -102,7 +102,7 @@ for part in "${parts[@]}"; do
       args=(--part "$part" --out "$WORK/$part.json")
       [ -n "${FORCE:-}" ] && args+=(--force)
       # shellcheck disable=SC2086
-      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.bench_run "${args[@]}" ${GRAPHS:-} 2>&1 | tee "$WORK/$part.log"
+      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.bench.bench_run "${args[@]}" ${GRAPHS:-} 2>&1 | tee "$WORK/$part.log"
       rc=${PIPESTATUS[0]}
       [ "$rc" -eq 0 ] || { echo "bench: part $part exited $rc (rows done so far are kept; run it again to resume)"; fails=$((fails + 1)); }
       ;;
@@ -111,8 +111,8 @@ for part in "${parts[@]}"; do
       have=()
       for p in $BENCH_PARTS; do [ -f "$WORK/$p.json" ] && have+=("$WORK/$p.json"); done
       if [ "${#have[@]}" -eq 0 ]; then echo "bench: no part results in $WORK"; fails=$((fails + 1)); continue; fi
-      "$PY" -m fusebox_tools.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
-      "$PY" -m fusebox_tools.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
+      "$PY" -m fusebox_tools.bench.bench_report --merge "${have[@]}" --out "bench/results/$RUN.json" || { fails=$((fails + 1)); continue; }
+      "$PY" -m fusebox_tools.bench.bench_report "bench/results/$RUN.json" --update BENCHMARKS.md --plots-dir bench/plots \
         --markdown-out "$OUT/bench_report.md" || { fails=$((fails + 1)); continue; }
       cat "$OUT/bench_report.md"
       mkdir -p "$OUT/bench/results" "$OUT/bench/plots"
@@ -121,7 +121,7 @@ for part in "${parts[@]}"; do
       ;;
     st)
       echo "== $(date -u +%T) part st (fusebox model embed against sentence-transformers)"
-      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.st_compare --fusebox "$FB" \
+      timeout "${PART_TIMEOUT:-570}" "$PY" -m fusebox_tools.bench.st_compare --fusebox "$FB" \
         --json-out "$OUT/st_compare.json" 2>&1 | tee "$WORK/st.log"
       rc=${PIPESTATUS[0]}
       [ "$rc" -eq 0 ] || { echo "bench: part st exited $rc"; fails=$((fails + 1)); }

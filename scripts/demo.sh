@@ -79,10 +79,10 @@ done
 # stages on 27 distinct graphs (docs/models.md): generated, checked, and every
 # stage built for the H200 deviceless where cuDNN can.
 echo
-echo "=================== ResNet-50 pipeline (scripts/make_resnet50_pipeline.py)"
+echo "=================== ResNet-50 pipeline (fusebox_tools.models.make_resnet50_pipeline)"
 if python3 -c 'import numpy' 2>/dev/null; then
-  echo "\$ python3 scripts/make_resnet50_pipeline.py --out $RN50_DIR --batch 8"
-  if python3 scripts/make_resnet50_pipeline.py --out "$RN50_DIR" --batch 8; then
+  echo "\$ PYTHONPATH=python python3 -m fusebox_tools.models.make_resnet50_pipeline --out $RN50_DIR --batch 8"
+  if PYTHONPATH=python python3 -m fusebox_tools.models.make_resnet50_pipeline --out "$RN50_DIR" --batch 8; then
     RN50="$RN50_DIR/resnet50.json"
     echo
     echo "\$ fusebox pipeline check $RN50   (first and last lines)"
@@ -115,8 +115,8 @@ if python3 -c 'import numpy' 2>/dev/null; then
       step pipeline run "$RN50" --verify --warmup 5 --iters 20
     fi
   else
-    echo "demo: FAILED: scripts/make_resnet50_pipeline.py"
-    FAILED+=("scripts/make_resnet50_pipeline.py")
+    echo "demo: FAILED: fusebox_tools.models.make_resnet50_pipeline"
+    FAILED+=("fusebox_tools.models.make_resnet50_pipeline")
   fi
 else
   echo "demo: numpy is missing (scripts/setup.sh installs it): the ResNet-50 pipeline is skipped"
@@ -126,13 +126,13 @@ fi
 # 12 heads, FFN 1536; batch 8, 128 tokens) with random weights, checked. No stage builds without a
 # GPU (cuDNN 9.19 compiles matmul epilogues, norms and attention at run time), so the deviceless
 # build is not attempted. On a GPU with the real weights converted (scripts/fetch_minilm.sh, then
-# python3 -m fusebox_tools.minilm convert), a few sentences are embedded and compared.
+# python3 -m fusebox_tools.models.minilm convert), a few sentences are embedded and compared.
 echo
-echo "=================== all-MiniLM-L6-v2 pipeline (python3 -m fusebox_tools.minilm)"
+echo "=================== all-MiniLM-L6-v2 pipeline (python3 -m fusebox_tools.models.minilm)"
 ML_DIR="$RN50_DIR/minilm"
 if python3 -c 'import numpy' 2>/dev/null; then
-  echo "\$ python3 -m fusebox_tools.minilm random --out $ML_DIR --batch 8 --seq 128 --layers 6 --hidden 384 --heads 12 --ffn 1536"
-  if PYTHONPATH=python python3 -m fusebox_tools.minilm random --out "$ML_DIR" --batch 8 --seq 128 --layers 6 \
+  echo "\$ python3 -m fusebox_tools.models.minilm random --out $ML_DIR --batch 8 --seq 128 --layers 6 --hidden 384 --heads 12 --ffn 1536"
+  if PYTHONPATH=python python3 -m fusebox_tools.models.minilm random --out "$ML_DIR" --batch 8 --seq 128 --layers 6 \
       --hidden 384 --heads 12 --ffn 1536 --vocab 1000 > /dev/null; then
     echo "\$ fusebox pipeline check $ML_DIR/minilm_b8_s128.json   (first stages and the total)"
     if "$FB" pipeline check "$ML_DIR/minilm_b8_s128.json" > "$TMP_ERR" 2>&1; then
@@ -173,8 +173,8 @@ if python3 -c 'import numpy' 2>/dev/null; then
       cut -c1-240 "$TMP_ERR" | head -n 2
     fi
   else
-    echo "demo: FAILED: python3 -m fusebox_tools.minilm random"
-    FAILED+=("fusebox_tools.minilm random")
+    echo "demo: FAILED: python3 -m fusebox_tools.models.minilm random"
+    FAILED+=("fusebox_tools.models.minilm random")
   fi
   if [ "$HAVE_GPU" -eq 1 ] && [ -f models/minilm/fusebox/minilm_config.json ]; then
     echo "\$ fusebox model embed --model models/minilm/fusebox --reference"

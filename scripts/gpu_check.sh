@@ -170,7 +170,7 @@ PYEOF
 }
 
 do_crosscheck() {
-  timeout 420 "$PY" -m fusebox_tools.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${GRAPHS[@]}"
+  timeout 420 "$PY" -m fusebox_tools.crosscheck.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${GRAPHS[@]}"
 }
 
 # tests/python with torch (CI has none, so its torch tests skip there).
@@ -231,7 +231,7 @@ PYEOF
 }
 
 do_bench() {
-  timeout 420 "$PY" -m fusebox_tools.torch_compare --fusebox "$FB" --markdown-out "$OUT/bench.md" \
+  timeout 420 "$PY" -m fusebox_tools.bench.torch_compare --fusebox "$FB" --markdown-out "$OUT/bench.md" \
     --json-out "$OUT/bench.json"
 }
 

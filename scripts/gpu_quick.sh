@@ -61,18 +61,18 @@ for g in examples/graphs/small/*.json; do
 done
 if [ "${#SMALL[@]}" -gt 0 ]; then
   step torch_crosscheck
-  timeout 200 "$PY" -m fusebox_tools.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${SMALL[@]}" > "$OUT/crosscheck.log" 2>&1 || fails=$((fails + 1))
+  timeout 200 "$PY" -m fusebox_tools.crosscheck.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${SMALL[@]}" > "$OUT/crosscheck.log" 2>&1 || fails=$((fails + 1))
   tail -n 25 "$OUT/crosscheck.log"
 fi
 
 # TUNE_GRAPHS: tune each (and, for an sdpa forward, its training-mode variant
-# with a stats output, as fusebox_tools.sdpa_compare times it) into $FUSEBOX_CACHE,
+# with a stats output, as fusebox_tools.bench.sdpa_compare times it) into $FUSEBOX_CACHE,
 # so the benchmark below runs the tuned plans.
 if [ -n "${TUNE_GRAPHS:-}" ]; then
   export FUSEBOX_CACHE=${FUSEBOX_CACHE:-/tmp/fusebox_tuned.sqlite}
   mkdir -p "$OUT/tune"
   for g in $TUNE_GRAPHS; do
-    for v in $("$PY" -c 'import sys; from fusebox_tools import sdpa_compare as s; from fusebox_tools.graph import Graph
+    for v in $("$PY" -c 'import sys; from fusebox_tools import sdpa_compare as s; from fusebox_tools.core.graph import Graph
 g = sys.argv[1]; ops = [o for o in Graph.load(g).ops if o["op"] == "sdpa_fwd"]
 print(g); [print(s.stats_variant(g, o["name"], "/tmp", True)) for o in ops[:1]]' "$g" 2>/dev/null || echo "$g"); do
       name=$(basename "$v" .json)
@@ -92,7 +92,7 @@ if [ -n "${PIPELINES:-}" ]; then
       || { echo "FAIL pipeline run $name"; fails=$((fails + 1)); }
     cut -c1-220 "$OUT/pipelines/$name.txt"
     step pipeline_crosscheck "$name"
-    timeout 300 "$PY" -m fusebox_tools.pipeline_crosscheck "$p" --fusebox "$FB" --out "$OUT/pipelines/$name.out" \
+    timeout 300 "$PY" -m fusebox_tools.crosscheck.pipeline_crosscheck "$p" --fusebox "$FB" --out "$OUT/pipelines/$name.out" \
       --json-out "$OUT/pipelines/$name.crosscheck.json" > "$OUT/pipelines/$name.crosscheck.log" 2>&1 \
       || { echo "FAIL pipeline_crosscheck $name"; fails=$((fails + 1)); }
     tail -n 14 "$OUT/pipelines/$name.crosscheck.log"
@@ -103,7 +103,7 @@ fi
 if [ -n "${BENCH_GRAPHS:-}" ]; then
   step sdpa_bench
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-240}" "$PY" -m fusebox_tools.sdpa_compare --fusebox "$FB" --warmup 5 --iters 30 \
+  timeout "${BENCH_TIMEOUT:-240}" "$PY" -m fusebox_tools.bench.sdpa_compare --fusebox "$FB" --warmup 5 --iters 30 \
     --json-out "$OUT/sdpa_bench.json" --markdown-out "$OUT/sdpa_bench.md" $BENCH_GRAPHS > "$OUT/sdpa_bench.log" 2>&1 || fails=$((fails + 1))
   cat "$OUT/sdpa_bench.md" 2>/dev/null || tail -n 30 "$OUT/sdpa_bench.log"
 fi

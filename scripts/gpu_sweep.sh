@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Randomized sweep on the GPU machine (issue #29, item 5): generates COUNT valid graphs
-# with fusebox_tools.graph_gen (seeds SEED .. SEED+COUNT-1, round robin over its families)
+# with fusebox_tools.crosscheck.graph_gen (seeds SEED .. SEED+COUNT-1, round robin over its families)
 # and runs each with `BIN run G --verify --iters 0 --no-cache --json` under a per-graph
 # timeout, then classifies it:
 #
@@ -58,7 +58,7 @@ mkdir -p "$WORK/graphs" "$WORK/res"
 
 gen_args=(--count "$COUNT" --seed "$SEED" --out "$WORK/graphs")
 [ -n "$FAMILIES" ] && gen_args+=(--families "$FAMILIES")
-if ! PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m fusebox_tools.graph_gen "${gen_args[@]}"; then
+if ! PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" python3 -m fusebox_tools.crosscheck.graph_gen "${gen_args[@]}"; then
   echo "gpu_sweep: the generator failed" >&2
   exit 2
 fi

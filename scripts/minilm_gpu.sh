@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The all-MiniLM-L6-v2 pipeline on the GPU machine (docs/models.md, "all-MiniLM-L6-v2"):
 #  1. a tiny random-weights MiniLM pipeline: fusebox's per-stage verification and the torch
-#     cross-check of every stage (python/fusebox_tools/pipeline_crosscheck.py);
+#     cross-check of every stage (python/fusebox_tools/crosscheck/pipeline_crosscheck.py);
 #  2. the real model (converted weights carried in MODEL, default models/minilm/fusebox):
 #     8 sentences, S=32 (a small CPU reference), `pipeline run --verify`, against the numpy float32 reference and
 #     transformers' BertModel in torch with the same weights;
@@ -28,22 +28,22 @@ part() {  # part NAME CMD...: runs CMD, log in $OUT/NAME.log
 }
 
 "$FUSEBOX_BIN" --version | head -3
-part tiny_generate "$PY" -m fusebox_tools.minilm random --out "$OUT/tiny" --batch 2 --seq 64 --layers 2 \
+part tiny_generate "$PY" -m fusebox_tools.models.minilm random --out "$OUT/tiny" --batch 2 --seq 64 --layers 2 \
   --hidden 128 --heads 4 --ffn 256
 part tiny_check "$FUSEBOX_BIN" pipeline check "$OUT/tiny/minilm_b2_s64.json"
 part tiny_run_verify "$FUSEBOX_BIN" pipeline run "$OUT/tiny/minilm_b2_s64.json" --verify --iters 10
-part tiny_torch_crosscheck "$PY" -m fusebox_tools.pipeline_crosscheck "$OUT/tiny/minilm_b2_s64.json" \
+part tiny_torch_crosscheck "$PY" -m fusebox_tools.crosscheck.pipeline_crosscheck "$OUT/tiny/minilm_b2_s64.json" \
   --out "$OUT/tiny_saved" --json-out "$OUT/tiny_crosscheck.json"
 # The symbolic pipeline (minilm.json) at two shapes, dynamic-shape plans, and the same in torch.
 part tiny_dyn_verify "$FUSEBOX_BIN" pipeline run "$OUT/tiny/minilm.json" --shape B=3,S=24,N=72 --verify --cuda-graph --iters 10
-part tiny_dyn_torch_crosscheck "$PY" -m fusebox_tools.pipeline_crosscheck "$OUT/tiny/minilm.json" --shape B=5,S=40,N=200 \
+part tiny_dyn_torch_crosscheck "$PY" -m fusebox_tools.crosscheck.pipeline_crosscheck "$OUT/tiny/minilm.json" --shape B=5,S=40,N=200 \
   --out "$OUT/tiny_dyn_saved" --json-out "$OUT/tiny_dyn_crosscheck.json"
 if [ -f "$MODEL/minilm_config.json" ]; then
-  part real_auto_seq "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --reference --torch \
+  part real_auto_seq "$PY" -m fusebox_tools.models.minilm_embed --model "$MODEL" --reference --torch \
     --out "$OUT/real_auto" --json-out "$OUT/real_auto.json"
-  part real_s32_verify "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 32 --verify --reference \
+  part real_s32_verify "$PY" -m fusebox_tools.models.minilm_embed --model "$MODEL" --seq 32 --verify --reference \
     --torch --out "$OUT/real_s32" --json-out "$OUT/real_s32.json"
-  part real_s128_timed "$PY" -m fusebox_tools.minilm_embed --model "$MODEL" --seq 128 --iters 50 --cuda-graph --reference \
+  part real_s128_timed "$PY" -m fusebox_tools.models.minilm_embed --model "$MODEL" --seq 128 --iters 50 --cuda-graph --reference \
     --torch --torch-time --out "$OUT/real_s128" --json-out "$OUT/real_s128.json"
 else
   echo "== real model: $MODEL/minilm_config.json missing (carry models/minilm/fusebox: docs/models.md)"

@@ -3,10 +3,10 @@
 #  minilm   200 generated sentences of 3-100 words through the MiniLM pipeline (4 runs of 50 x 128
 #           tokens) against sentence-transformers (else transformers' BertModel + mean + L2), same
 #           weights: cosine >= 0.999 for every sentence, the similarity ranking of all 19900 pairs
-#           unchanged (fusebox_tools.minilm_verify)
+#           unchanged (fusebox_tools.models.minilm_verify)
 #  resnet50 256 seeded random images through the ResNet-50 pipeline (4 runs of batch 64, --verify on
 #           the first) against torchvision float32 and bf16, same seeded weights, two heads
-#           (fusebox_tools.resnet50_check --images 256; docs/models.md says why two):
+#           (fusebox_tools.models.resnet50_check --images 256; docs/models.md says why two):
 #           - the seeded random head: logits within the bf16 tolerance; its top-1 lands on near ties
 #             of random images, judged at 98% (torch's own bf16 reaches 98.4%);
 #           - a nearest-prototype head (--head prototypes: 1000 seeded prototype images' float32
@@ -43,7 +43,7 @@ part() {  # part NAME CMD...: runs CMD, log in $OUT/NAME.log, its summary printe
   "| torchvision:", "yes" if u.find_spec("torchvision") else "no")'
 case ",$PARTS," in *,minilm,*)
   if [ -f "$MODEL/minilm_config.json" ]; then
-    part minilm_verify "$PY" -m fusebox_tools.minilm_verify --model "$MODEL" --sentences 200 --batch 50 --seq 128 \
+    part minilm_verify "$PY" -m fusebox_tools.models.minilm_verify --model "$MODEL" --sentences 200 --batch 50 --seq 128 \
       --json-out "$OUT/minilm_verify.json"
   else
     echo "== minilm: $MODEL/minilm_config.json missing (carry models/minilm/fusebox: docs/models.md)"
@@ -51,9 +51,9 @@ case ",$PARTS," in *,minilm,*)
   fi ;;
 esac
 case ",$PARTS," in *,resnet50,*)
-  part resnet50_images "$PY" -m fusebox_tools.resnet50_check --images 256 --batch 64 --min-top1 0.98 \
+  part resnet50_images "$PY" -m fusebox_tools.models.resnet50_check --images 256 --batch 64 --min-top1 0.98 \
     --out "${TMPDIR:-/tmp}/models_verify_rn50" --json-out "$OUT/resnet50_images.json"
-  part resnet50_images_prototypes "$PY" -m fusebox_tools.resnet50_check --images 256 --batch 64 \
+  part resnet50_images_prototypes "$PY" -m fusebox_tools.models.resnet50_check --images 256 --batch 64 \
     --head prototypes --out "${TMPDIR:-/tmp}/models_verify_rn50p" \
     --json-out "$OUT/resnet50_images_prototypes.json" ;;
 esac

@@ -42,7 +42,7 @@ struct RunOptions {
   // Timed runs rotate through copies of the inputs totalling > 2x the L2
   // cache, so small problems are not timed out of a warm cache.
   bool rotate_inputs = true;
-  // Benchmark samples (fusebox_tools.bench_run), 0: none. After the per-call
+  // Benchmark samples (fusebox_tools.bench.bench_run), 0: none. After the per-call
   // timing: `samples` GPU-time samples, each `iters` calls back to back
   // between two events, divided by `iters`; and `samples` host latencies,
   // each one call from before execute() until its stream is synchronized.

@@ -1,7 +1,10 @@
-"""fusebox's Python tools: graphs as fusebox resolves them (graph), the same
-ops in PyTorch (torch_ops), and the checks and benchmarks built on them
-(crosscheck, sdpa_compare, torch_compare; run each with `python3 -m`), and
-models as pipelines (resnet50, numpy only; resnet50_check against torchvision).
+"""fusebox's Python tools, by purpose (python/README.md):
 
-Only graph needs nothing beyond the standard library and the fusebox binary;
-resnet50 needs numpy; the others need torch and numpy."""
+core        graphs as fusebox's resolver gives them (graph), safetensors with numpy (safetensors_np),
+            each op computed in PyTorch (torch_ops)
+bench       speed against PyTorch on the GPU machine (bench_run, bench_report, ...)
+models      whole networks as fusebox pipelines (minilm*, resnet50*)
+crosscheck  correctness against independent computations (crosscheck, pipeline_crosscheck, ...)
+
+Run a tool with `PYTHONPATH=python python3 -m fusebox_tools.SUB.MODULE`. core.graph needs only the
+standard library and the fusebox binary; resnet50 and safetensors_np need numpy; most others torch."""

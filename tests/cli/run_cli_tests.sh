@@ -641,7 +641,7 @@ else pass "shapes --device --json: a row per shape and pass"
 fi
 
 # ---------------------------------------------------------------- model embed
-# `fusebox model embed` starts the Python runner (fusebox_tools.minilm_embed) with its arguments
+# `fusebox model embed` starts the Python runner (fusebox_tools.models.minilm_embed) with its arguments
 # verbatim; missing pieces are one error line, exit 2.
 expect_bad "model: no subcommand"             "fusebox model: InvalidArgument: a subcommand is needed: accepted subcommands are embed"  model
 run_fb model embed --help
@@ -659,7 +659,7 @@ FUSEBOX_PYTHON=/nonexistent/python expect_bad "model embed: FUSEBOX_PYTHON missi
   "fusebox model embed: InvalidArgument: no Python interpreter '/nonexistent/python' \(from \\\$FUSEBOX_PYTHON\)" \
   model embed --text hi
 FUSEBOX_PYTHONPATH="$TMP/no-tools" expect_bad "model embed: FUSEBOX_PYTHONPATH without the runner" \
-  "the Python runner fusebox_tools/minilm_embed.py is not in \\\$FUSEBOX_PYTHONPATH" model embed --text hi
+  "the Python runner fusebox_tools/models/minilm_embed.py is not in \\\$FUSEBOX_PYTHONPATH" model embed --text hi
 if "$PY" -c 'import numpy' 2>/dev/null; then
   expect_bad "model embed: --model folder missing" \
     "minilm_embed: --model '/nonexistent/minilm': no minilm_config.json there" \
@@ -668,7 +668,7 @@ else
   SKIPPED=$((SKIPPED + 1)); echo "SKIP  model embed --model missing: $PY has no numpy"
 fi
 if "$PY" -c 'import numpy, tokenizers' 2>/dev/null &&
-    PYTHONPATH="$SRC/python" "$PY" -m fusebox_tools.minilm random --out "$TMP/minilm" --seq 64 > /dev/null; then
+    PYTHONPATH="$SRC/python" "$PY" -m fusebox_tools.models.minilm random --out "$TMP/minilm" --seq 64 > /dev/null; then
   printf 'the sky is blue\n\n  the sea is blue  \n' > "$TMP/sentences.txt"
   # "pipeline" and "check" read like fusebox commands: they reach the runner as sentences.
   run_fb model embed --model "$TMP/minilm" --no-fusebox --json pipeline --text check --file "$TMP/sentences.txt"

@@ -20,7 +20,7 @@ LIB=$(find "$PREFIX" -name 'libfusebox.so' | head -1)
 [ -n "$LIB" ] || fail "no libfusebox.so installed"
 LIBDIR=$(dirname "$LIB")
 for f in include/fusebox/fusebox.h include/fusebox/session.h include/fusebox/graph.h include/fusebox/ops/conv.h \
-         bin/fusebox share/fusebox/devices/h200-cudnn-9.27.devprop share/fusebox/python/fusebox_tools/minilm_embed.py; do
+         bin/fusebox share/fusebox/devices/h200-cudnn-9.27.devprop share/fusebox/python/fusebox_tools/models/minilm_embed.py; do
   [ -e "$PREFIX/$f" ] || fail "$f not installed"
 done
 for f in cmake/fusebox/fuseboxConfig.cmake cmake/fusebox/fuseboxConfigVersion.cmake cmake/fusebox/fuseboxTargets.cmake \
@@ -47,7 +47,7 @@ if python3 -c 'import numpy' 2>/dev/null; then
   (cd "$TMP" && env -u FUSEBOX_PYTHONPATH -u PYTHONPATH "$PREFIX/bin/fusebox" model embed --runner-help) \
     >"$TMP/embed_help.txt" 2>&1 || { cat "$TMP/embed_help.txt"; fail "the installed fusebox model embed"; }
   grep -q -- "--no-fusebox" "$TMP/embed_help.txt" || fail "the installed fusebox model embed: no runner help"
-  echo "installed fusebox model embed: runs share/fusebox/python/fusebox_tools/minilm_embed.py"
+  echo "installed fusebox model embed: runs share/fusebox/python/fusebox_tools/models/minilm_embed.py"
 fi
 
 echo "== examples/consumer with find_package(fusebox)"

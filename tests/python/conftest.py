@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from fusebox_tools.graph import REPO_ROOT, FuseboxError, fusebox_bin
+from fusebox_tools.core.graph import REPO_ROOT, FuseboxError, fusebox_bin
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from fusebox_tools import bench_merge
+from fusebox_tools.bench import bench_merge
 
 
 def _tgz(path, files, extra=None):

@@ -1,4 +1,4 @@
-"""fusebox_tools.bench_report on CPU with two results files in the format
+"""fusebox_tools.bench.bench_report on CPU with two results files in the format
 bench_run writes (tests/python/data/bench: made up for these tests from the
 shapes of the 2026-11-29 H200 numbers; the later one has conv_bias_relu 10%
 slower). Statistics, headline ratio, geometric means, roofline, the
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from fusebox_tools import bench_report as br
+from fusebox_tools.bench import bench_report as br
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "bench")
 OLD = os.path.join(DATA, "2026-11-30-H200.json")

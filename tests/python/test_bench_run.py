@@ -1,4 +1,4 @@
-"""fusebox_tools.bench_run's choices that need no GPU, with torch stubbed out
+"""fusebox_tools.bench.bench_run's choices that need no GPU, with torch stubbed out
 (torch is not installed here): which part each example graph belongs to, and
 which PyTorch kernels a norm graph is timed against."""
 import importlib
@@ -11,7 +11,7 @@ from unittest import mock
 import numpy  # noqa: F401  (loaded once, before the torch stub re-imports bench_run: numpy cannot load twice)
 import pytest
 
-from fusebox_tools.graph import Graph, default_graphs
+from fusebox_tools.core.graph import Graph, default_graphs
 
 
 class _Stub(types.ModuleType):
@@ -22,17 +22,17 @@ class _Stub(types.ModuleType):
 @pytest.fixture
 def bench_run(monkeypatch):
     if "torch" in sys.modules and not isinstance(sys.modules["torch"], _Stub):
-        import fusebox_tools.bench_run as real  # torch is installed: the real thing
+        import fusebox_tools.bench.bench_run as real  # torch is installed: the real thing
         yield real
         return
     torch, nn, fn = _Stub("torch"), _Stub("torch.nn"), _Stub("torch.nn.functional")
     torch.nn, nn.functional = nn, fn
     for name, mod in (("torch", torch), ("torch.nn", nn), ("torch.nn.functional", fn)):
         monkeypatch.setitem(sys.modules, name, mod)
-    for name in [m for m in sys.modules if m.startswith("fusebox_tools.") and m != "fusebox_tools.graph"]:
+    for name in [m for m in sys.modules if m.startswith("fusebox_tools.") and m != "fusebox_tools.core.graph"]:
         monkeypatch.delitem(sys.modules, name)
     before = set(sys.modules)
-    yield importlib.import_module("fusebox_tools.bench_run")
+    yield importlib.import_module("fusebox_tools.bench.bench_run")
     for name in set(sys.modules) - before:  # nothing imported against the stub outlives the test
         del sys.modules[name]
 
@@ -120,7 +120,7 @@ def test_conv_backward_gets_real_tensors_never_the_zero_stride_helpers(bench_run
     slow path no autograd user takes; the bench gives aten.convolution_backward real tensors."""
     import re
     root = os.path.join(os.path.dirname(__file__), "..", "..", "python", "fusebox_tools")
-    for f in ("torch_ops.py", "bench_run.py", "torch_compare.py"):
+    for f in ("core/torch_ops.py", "bench/bench_run.py", "bench/torch_compare.py"):
         assert not re.search(r"torch\.nn\.grad\.conv[123]d_", open(os.path.join(root, f)).read()), f
     graphs = _examples(fusebox)
     for name, role in (("conv_dgrad", "x"), ("conv_wgrad", "w"), ("conv_dgrad_drelu", "x")):
@@ -143,7 +143,7 @@ def test_bench_sh_accepts_every_bench_run_part():
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     sh = open(os.path.join(root, "scripts", "bench.sh")).read()
     listed = re.search(r'^BENCH_PARTS="([^"]*)"', sh, re.M).group(1).split()
-    tree = ast.parse(open(os.path.join(root, "python", "fusebox_tools", "bench_run.py")).read())
+    tree = ast.parse(open(os.path.join(root, "python", "fusebox_tools", "bench", "bench_run.py")).read())
     parts = next(ast.literal_eval(n.value) for n in tree.body
                  if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARTS")
     assert sorted(listed) == sorted(parts)
@@ -166,7 +166,7 @@ def test_bench_graphs_check_and_belong_to_a_part(fusebox):
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     paths = sorted(glob.glob(os.path.join(root, "bench", "graphs", "*.json")))
     assert len(paths) >= 10
-    src = open(os.path.join(root, "python", "fusebox_tools", "bench_run.py")).read()
+    src = open(os.path.join(root, "python", "fusebox_tools", "bench", "bench_run.py")).read()
     tree = ast.parse(src)
     parts = next(ast.literal_eval(n.value) for n in tree.body
                  if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PARTS")
@@ -292,7 +292,7 @@ def test_model_commands(bench_run, monkeypatch):
     """Each row's checker at its size, torch.compile in the bench's mode (MODEL_COMPILE_MODE overrides)."""
     monkeypatch.delenv("MODEL_COMPILE_MODE", raising=False)
     cmd = bench_run.model_command("resnet50_b256", "/fb", "/tmp/run", "/tmp/r.json")
-    assert cmd[1:3] == ["-m", "fusebox_tools.resnet50_check"]
+    assert cmd[1:3] == ["-m", "fusebox_tools.models.resnet50_check"]
     assert cmd[cmd.index("--batch") + 1] == "256" and "--no-verify" in cmd
     assert cmd[cmd.index("--compile-mode") + 1] == bench_run.COMPILE_MODE
     cmd = bench_run.model_command("resnet50_b1", "/fb", "/tmp/run", "/tmp/r.json")
@@ -386,7 +386,7 @@ def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path)
     doc = {"models": [{"name": "resnet50_b1", "speedup": 1.4}]}
     monkeypatch.setenv("MODEL_SIZES", "resnet50_b1,resnet50_b32,resnet50_b256")
     assert bench_run.models_part(args, doc) == 0
-    assert ran == [("fusebox_tools.resnet50_check", 32), ("fusebox_tools.resnet50_check", 256)]
+    assert ran == [("fusebox_tools.models.resnet50_check", 32), ("fusebox_tools.models.resnet50_check", 256)]
     saved = json.load(open(args.out))
     assert [m["name"] for m in saved["models"]] == ["resnet50_b1", "resnet50_b32", "resnet50_b256"]
     row = saved["models"][1]
@@ -396,7 +396,7 @@ def test_models_part_resumes_and_runs_a_subset(bench_run, monkeypatch, tmp_path)
     args.force = True
     monkeypatch.setenv("MODEL_SIZES", "resnet50_b32")
     ran.clear()
-    assert bench_run.models_part(args, doc) == 0 and ran == [("fusebox_tools.resnet50_check", 32)]
+    assert bench_run.models_part(args, doc) == 0 and ran == [("fusebox_tools.models.resnet50_check", 32)]
     saved = json.load(open(args.out))
     assert sorted(m["name"] for m in saved["models"]) == ["resnet50_b1", "resnet50_b256", "resnet50_b32"]
     args.force = False

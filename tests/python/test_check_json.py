@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fusebox_tools.graph import CHECK_JSON_VERSION, default_graphs
+from fusebox_tools.core.graph import CHECK_JSON_VERSION, default_graphs
 
 EXAMPLES = default_graphs()
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "int32": 4, "int64": 8, "uint8": 1}

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from fusebox_tools.graph import REPO_ROOT, default_graphs
+from fusebox_tools.core.graph import REPO_ROOT, default_graphs
 
 EXAMPLES = default_graphs()
 DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")

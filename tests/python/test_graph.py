@@ -1,4 +1,4 @@
-"""fusebox_tools.graph: the package's view of each example graph agrees with
+"""fusebox_tools.core.graph: the package's view of each example graph agrees with
 `fusebox check --json`, and its mask rule (SdpaOptions.keeps, which the torch
 cross-check applies) counts the same kept pairs as fusebox's FLOP count.
 Needs the fusebox binary and numpy (no torch)."""
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from fusebox_tools.graph import (SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, SdpaOptions, check_json,
+from fusebox_tools.core.graph import (SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, SdpaOptions, check_json,
                                  default_graphs)
 
 np = pytest.importorskip("numpy", reason="numpy is installed by scripts/setup.sh")

@@ -1,4 +1,4 @@
-"""fusebox_tools.graph_gen: the randomized generator of valid graphs (issue #29, item 5).
+"""fusebox_tools.crosscheck.graph_gen: the randomized generator of valid graphs (issue #29, item 5).
 
 Without the binary: determinism, family coverage, the CLI, the size budget. With it
 ($FUSEBOX_BIN or build/fusebox; skipped otherwise): every generated graph passes
@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from fusebox_tools import graph_gen
-from fusebox_tools.graph import REPO_ROOT
+from fusebox_tools.crosscheck import graph_gen
+from fusebox_tools.core.graph import REPO_ROOT
 
 FAMILIES = list(graph_gen.FAMILY_NAMES)
 # ~60 graphs, at least two per family (seeds round-robin over the families).
@@ -111,7 +111,7 @@ def test_budget():
 
 def test_cli(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, "python"))
-    proc = subprocess.run([sys.executable, "-m", "fusebox_tools.graph_gen", "--count", "5", "--seed", "40",
+    proc = subprocess.run([sys.executable, "-m", "fusebox_tools.crosscheck.graph_gen", "--count", "5", "--seed", "40",
                            "--out", str(tmp_path / "g"), "--families", "sdpa_fwd,conv_wgrad"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -121,7 +121,7 @@ def test_cli(tmp_path):
         seed = int(n.rsplit("_", 1)[1].split(".")[0])
         with open(tmp_path / "g" / n) as f:
             assert json.load(f) == graph_gen.generate(seed, families=["sdpa_fwd", "conv_wgrad"])
-    bad = subprocess.run([sys.executable, "-m", "fusebox_tools.graph_gen", "--out", str(tmp_path / "h"),
+    bad = subprocess.run([sys.executable, "-m", "fusebox_tools.crosscheck.graph_gen", "--out", str(tmp_path / "h"),
                           "--families", "nope"], capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "unknown families nope" in bad.stderr
 

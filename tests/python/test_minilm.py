@@ -1,4 +1,4 @@
-"""fusebox_tools.minilm (all-MiniLM-L6-v2 as a pipeline) without real weights,
+"""fusebox_tools.models.minilm (all-MiniLM-L6-v2 as a pipeline) without real weights,
 network or GPU: the safetensors reader, the generated pipeline as `fusebox
 pipeline check` reads it (random weights, tiny sizes), the numpy reference
 against straightforward second implementations, and a numpy interpreter of
@@ -12,10 +12,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from fusebox_tools import minilm as m
-from fusebox_tools import minilm_embed as me
-from fusebox_tools import pipeline_crosscheck as pc
-from fusebox_tools.graph import Graph
+from fusebox_tools.models import minilm as m
+from fusebox_tools.models import minilm_embed as me
+from fusebox_tools.crosscheck import pipeline_crosscheck as pc
+from fusebox_tools.core.graph import Graph
 
 TINY = m.check_config(dict(m.MINILM_CONFIG, layers=2, hidden=64, heads=2, ffn=128, vocab=50, max_pos=32))
 B, S = 2, 16

@@ -1,4 +1,4 @@
-"""fusebox_tools.minilm_embed's client rules that need neither a GPU nor the tokenizers package
+"""fusebox_tools.models.minilm_embed's client rules that need neither a GPU nor the tokenizers package
 (issue 36): the max_seq_length read from the model folder as sentence-transformers reads it, and
 the length buckets (sorted, batched, each padded to its own longest, input order restorable)."""
 import json
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from fusebox_tools import minilm_embed as me
+from fusebox_tools.models import minilm_embed as me
 
 CFG = {"max_pos": 512}
 

@@ -10,15 +10,15 @@ import sys
 import numpy as np
 import pytest
 
-from fusebox_tools import minilm as m
-from fusebox_tools import minilm_embed as me
+from fusebox_tools.models import minilm as m
+from fusebox_tools.models import minilm_embed as me
 
 pytest.importorskip("tokenizers", reason="tokenizers not installed (scripts/fetch_minilm.sh)")
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    """`python3 -m fusebox_tools.minilm random --seq 64`: weights, pipelines and host/tokenizer.json."""
+    """`python3 -m fusebox_tools.models.minilm random --seq 64`: weights, pipelines and host/tokenizer.json."""
     out = str(tmp_path_factory.mktemp("minilm_random"))
     assert m.main(["random", "--out", out, "--seq", "64"]) == 0
     assert os.path.isfile(os.path.join(out, "host", "tokenizer.json"))
@@ -130,10 +130,10 @@ def test_hostile_file_in_a_process_has_no_traceback(model, tmp_path):
     """The whole path as `fusebox model embed` starts it: exit 2, one line, no traceback."""
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe\x00broken")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(me.__file__))] +
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(me.__file__)))] +
                                                       ([os.environ["PYTHONPATH"]] if "PYTHONPATH" in os.environ
                                                        else [])))
-    proc = subprocess.run([sys.executable, "-m", "fusebox_tools.minilm_embed", "--model", model, "--no-fusebox",
+    proc = subprocess.run([sys.executable, "-m", "fusebox_tools.models.minilm_embed", "--model", model, "--no-fusebox",
                            "--file", str(bad)], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr

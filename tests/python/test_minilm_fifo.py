@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from fusebox_tools import minilm as m
-from fusebox_tools import minilm_embed as me
+from fusebox_tools.models import minilm as m
+from fusebox_tools.models import minilm_embed as me
 
 
 class Blocked(BaseException):
@@ -52,7 +52,7 @@ def test_tokenizer_fifo_is_refused(tmp_path):
     fifo = tmp_path / "tokenizer.json"
     os.mkfifo(fifo)
     code = ("import sys\n"
-            "from fusebox_tools import minilm as m, minilm_embed as me\n"
+            "from fusebox_tools.models import minilm as m, minilm_embed as me\n"
             "try:\n"
             "    me.tokenize(sys.argv[1], ['hello'], 16)\n"
             "except m.MiniLMError as e:\n"

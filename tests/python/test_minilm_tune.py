@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from fusebox_tools import minilm_embed
+from fusebox_tools.models import minilm_embed
 
 FAKE = """#!{python}
 import json, os, sys
@@ -64,7 +64,7 @@ def test_runner_fuses_qkv_unless_told_not_to(tmp_path, monkeypatch):
     runs the three-GEMM minilm.json."""
     pytest = __import__("pytest")
     pytest.importorskip("tokenizers")
-    from fusebox_tools import minilm as m
+    from fusebox_tools.models import minilm as m
     model = str(tmp_path / "model")
     assert m.main(["random", "--out", model, "--seq", "64"]) == 0
     fb = _fake(tmp_path, monkeypatch)

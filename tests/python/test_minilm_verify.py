@@ -11,9 +11,9 @@ import os
 import numpy as np
 import pytest
 
-from fusebox_tools import minilm as m
-from fusebox_tools import minilm_sentences as ms
-from fusebox_tools import minilm_verify as mv
+from fusebox_tools.models import minilm as m
+from fusebox_tools.models import minilm_sentences as ms
+from fusebox_tools.models import minilm_verify as mv
 
 # sha256 of "\n".join(make_sentences(200, 14)): the H200 results are for these sentences.
 EXPECTED_SHA256 = "1f3ad8bed7d364d403860244eab6e947a05ae61a79c40f8b94404545d429d82c"
@@ -55,7 +55,7 @@ def test_generator_length_spread():
 def test_generated_sentences_fit_128_tokens_with_the_real_tokenizer(repo_root):
     tok = os.path.join(repo_root, "models", "minilm", "fusebox", "host", "tokenizer.json")
     if not os.path.isfile(tok):
-        pytest.skip("converted MiniLM not here (scripts/fetch_minilm.sh && python3 -m fusebox_tools.minilm convert)")
+        pytest.skip("converted MiniLM not here (scripts/fetch_minilm.sh && python3 -m fusebox_tools.models.minilm convert)")
     pytest.importorskip("tokenizers", reason="tokenizers not installed (scripts/fetch_minilm.sh)")
     n = mv.token_counts(tok, ms.make_sentences(200))
     assert min(n) >= 5 and 100 <= max(n) <= 128  # S=128 truncates none of them
@@ -228,7 +228,7 @@ def test_truncation_is_counted_and_a_failure_exits_1(tiny_model, tmp_path, capsy
 def test_fusebox_batches_with_a_stub_pipeline_run(tiny_model, monkeypatch, tmp_path):
     """The fusebox side: one pipeline run per batch of B, the last one filled up
     and cut back; here `pipeline run` is a stub writing the numpy model's pooled sums."""
-    from fusebox_tools import minilm_embed as me
+    from fusebox_tools.models import minilm_embed as me
 
     p, cfg = m.load_converted(tiny_model)
     calls = []

@@ -1,4 +1,4 @@
-"""CPU checks of fusebox_tools.torch_ops' norm math (the torch side of the
+"""CPU checks of fusebox_tools.core.torch_ops' norm math (the torch side of the
 cross-check): hand-computed values, and the backward formulas against
 autograd through torch's own layer norm / an RMS norm when the statistics are
 x's own; batchnorm (running statistics by hand, the backward against autograd
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (CPU torch is enough: pip install torch)")
 import torch.nn.functional as F  # noqa: E402
 
-from fusebox_tools import torch_ops  # noqa: E402
+from fusebox_tools.core import torch_ops
 
 
 def op(kind, outputs, **attrs):

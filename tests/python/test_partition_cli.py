@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from fusebox_tools.graph import REPO_ROOT
+from fusebox_tools.core.graph import REPO_ROOT
 
 DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")
 GRAPH = os.path.join(REPO_ROOT, "tests", "cases", "partitioned", "two_convs_one_graph.json")

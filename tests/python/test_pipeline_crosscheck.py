@@ -1,4 +1,4 @@
-"""fusebox_tools.pipeline_crosscheck without torch: the pipeline as fusebox
+"""fusebox_tools.crosscheck.pipeline_crosscheck without torch: the pipeline as fusebox
 reads it, which buffers feed which stage, the chain driven by a stand-in for
 the torch stage, depths and tolerances, and where `pipeline run
 --save-outputs` puts each buffer. Needs only the fusebox binary."""
@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from fusebox_tools import pipeline_crosscheck as pc
-from fusebox_tools.graph import FuseboxError, Graph
+from fusebox_tools.crosscheck import pipeline_crosscheck as pc
+from fusebox_tools.core.graph import FuseboxError, Graph
 
 
 @pytest.fixture(scope="module")

@@ -187,7 +187,7 @@ def test_plan_report_is_the_cli_document(deviceless):
     --json` prints: the same keys under "plan", the same build steps under "build" (issue 30)."""
     import subprocess
 
-    from fusebox_tools.graph import fusebox_bin
+    from fusebox_tools.core.graph import fusebox_bin
     fusebox_exe = fusebox_bin()
     plan = deviceless.build(fusebox.Graph.from_json(CBR))
     rep = plan.report()
@@ -292,7 +292,7 @@ def test_cache_export_onto_a_live_session_cache_is_refused(tmp_path):
     """Issue #32 case 4: `cache export T` while a Session had T open said "wrote T", but the
     session never saw the exported entries. Now refused while it is open; fine once closed."""
     import subprocess
-    from fusebox_tools.graph import fusebox_bin
+    from fusebox_tools.core.graph import fusebox_bin
     exe = fusebox_bin()
     g = fusebox.Graph.from_json(CBR)
     live_path, other = tmp_path / "live.sqlite", tmp_path / "other.sqlite"

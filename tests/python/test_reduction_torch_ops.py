@@ -1,4 +1,4 @@
-"""CPU checks of fusebox_tools.torch_ops' reductions (the torch side of the
+"""CPU checks of fusebox_tools.core.torch_ops' reductions (the torch side of the
 cross-check) against hand-computed values. Needs torch (skipped without it).
 
     python3 -m pytest tests/python/test_reduction_torch_ops.py
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (CPU torch is enough: pip install torch)")
 
-from fusebox_tools import torch_ops  # noqa: E402
+from fusebox_tools.core import torch_ops
 
 
 def op(kind, reduce_dims):

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from fusebox_tools import resnet50_check as rc
+from fusebox_tools.models import resnet50_check as rc
 
 FAKE = """#!{python}
 import json, os, sys

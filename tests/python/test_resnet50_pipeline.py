@@ -1,4 +1,4 @@
-"""ResNet-50 as a fusebox pipeline (fusebox_tools.resnet50, docs/models.md):
+"""ResNet-50 as a fusebox pipeline (fusebox_tools.models.resnet50, docs/models.md):
 generated at batch 2 into a temporary folder, then
 
 * the wiring as `fusebox pipeline check --json` reads it: 56 stages (53
@@ -20,8 +20,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from fusebox_tools import resnet50 as rn
-from fusebox_tools.graph import REPO_ROOT
+from fusebox_tools.models import resnet50 as rn
+from fusebox_tools.core.graph import REPO_ROOT
 
 DEVPROP = os.path.join(REPO_ROOT, "devices", "h200-cudnn-9.27.devprop")
 BATCH = 2
@@ -227,7 +227,7 @@ def test_deviceless_build(model, fusebox):
 def test_check_helpers_without_torch():
     """resnet50_check imports torch only to compute: its bf16 rounding and
     comparison are plain numpy."""
-    from fusebox_tools import resnet50_check as chk
+    from fusebox_tools.models import resnet50_check as chk
     x = np.array([1.0, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -9, -3.14159265], np.float32)
     # bf16 keeps 8 significant bits: 1 + 2^-8 is a tie (to even: 1), 1 + 3*2^-8 ties up to 1 + 2^-6.
     np.testing.assert_array_equal(chk.round_bf16(x), np.array([1.0, 1.0, 1.0 + 2.0 ** -6, 1.0, -3.140625],

@@ -3,7 +3,7 @@ is needed: the option is parsed and validated before any GPU work."""
 import os
 import subprocess
 
-from fusebox_tools.graph import REPO_ROOT
+from fusebox_tools.core.graph import REPO_ROOT
 
 GRAPH = os.path.join(REPO_ROOT, "examples", "graphs", "small", "conv_bias_relu_small.json")
 

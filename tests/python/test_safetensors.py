@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from fusebox_tools import safetensors_np
+from fusebox_tools.core import safetensors_np
 
 GPU = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
 

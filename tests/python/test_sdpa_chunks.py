@@ -1,14 +1,14 @@
-"""fusebox_tools.sdpa_chunks without a GPU: its chunk graphs resolve (fusebox
+"""fusebox_tools.crosscheck.sdpa_chunks without a GPU: its chunk graphs resolve (fusebox
 check), and its recombination of two chunks' o and logsumexp equals the
 one-shot attention computed here in numpy (split-KV and causal prefill), while
-equal weights do not. The GPU run itself: python3 -m fusebox_tools.sdpa_chunks."""
+equal weights do not. The GPU run itself: python3 -m fusebox_tools.crosscheck.sdpa_chunks."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from fusebox_tools import sdpa_chunks
+from fusebox_tools.crosscheck import sdpa_chunks
 
 
 def attention(q, k, v, keep):

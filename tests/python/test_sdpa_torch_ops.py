@@ -1,4 +1,4 @@
-"""CPU checks of fusebox_tools.torch_ops' attention math (the torch side of the
+"""CPU checks of fusebox_tools.core.torch_ops' attention math (the torch side of the
 cross-check) and of the crosscheck / sdpa_compare helpers on the small
 examples. Needs torch (skipped without it: CI has none) and numpy; the tests
 on examples also need the fusebox binary.
@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (CPU torch i
 np = pytest.importorskip("numpy")
 import torch.nn.functional as F  # noqa: E402
 
-from fusebox_tools import crosscheck as xc  # noqa: E402
-from fusebox_tools import sdpa_compare  # noqa: E402
-from fusebox_tools import torch_ops  # noqa: E402
-from fusebox_tools.graph import Graph, SdpaOptions, default_graphs  # noqa: E402
+from fusebox_tools.crosscheck import crosscheck as xc
+from fusebox_tools.bench import sdpa_compare
+from fusebox_tools.core import torch_ops
+from fusebox_tools.core.graph import Graph, SdpaOptions, default_graphs  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
 SMALL_SDPA = [p for p in default_graphs() if "/small/" in p and "sdpa" in os.path.basename(p)]
@@ -571,7 +571,7 @@ def test_crosscheck_check_graph_on_cpu(fusebox, path, monkeypatch):
 def test_torch_compare_eager_fn(fusebox, path):
     """torch_compare's eager graph on the CPU: inputs with the graph's strides
     and dtypes, outputs matching the float32 reference within bf16 rounding."""
-    from fusebox_tools import torch_compare
+    from fusebox_tools.bench import torch_compare
     g = Graph.load(path, fusebox)
     (ins,) = torch_compare.make_input_sets(g, 1, "cpu")
     for name, t in ins.items():

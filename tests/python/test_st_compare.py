@@ -1,4 +1,4 @@
-"""fusebox_tools.st_compare's parts that need no GPU (issue 36): the skip without torch, the
+"""fusebox_tools.bench.st_compare's parts that need no GPU (issue 36): the skip without torch, the
 per-sentence verdict, the sentence-transformers folder laid out from fetch_minilm's flattened
 files, and the shipped sentence file's mix."""
 import json
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from fusebox_tools import st_compare as sc
+from fusebox_tools.bench import st_compare as sc
 
 
 def test_skips_cleanly_without_torch(tmp_path, capsys, monkeypatch):
@@ -58,7 +58,7 @@ def test_st_folder_lays_out_the_flattened_files(tmp_path):
 
 
 def test_shipped_sentences_mix_long_short_and_non_english():
-    from fusebox_tools.minilm_embed import read_sentence_file
+    from fusebox_tools.models.minilm_embed import read_sentence_file
 
     lines = read_sentence_file(sc.DEFAULT_SENTENCES)
     # a paragraph beyond max_seq_length (256 tokens: every word is at least one token)

@@ -1,6 +1,6 @@
-"""fusebox_tools.graph.stage_profile: the per-stage table the network checkers print from
+"""fusebox_tools.core.graph.stage_profile: the per-stage table the network checkers print from
 `fusebox pipeline run --profile --json` (issue 14: which stage costs the time)."""
-from fusebox_tools.graph import stage_profile, stage_profile_lines
+from fusebox_tools.core.graph import stage_profile, stage_profile_lines
 
 
 def test_slowest_first_with_shares_and_tflops():

@@ -1,12 +1,12 @@
 """Every op type fusebox knows (`fusebox ops --json`, from src/graph/ops/traits.h) has a torch
-version in fusebox_tools.torch_ops.TORCH_OPS, keyed by the same names, and the table names no op
+version in fusebox_tools.core.torch_ops.TORCH_OPS, keyed by the same names, and the table names no op
 fusebox does not know (issue 30). Read from the module's source, so it runs without torch."""
 import ast
 import json
 import os
 import subprocess
 
-TORCH_OPS_PY = os.path.join(os.path.dirname(__file__), "..", "..", "python", "fusebox_tools", "torch_ops.py")
+TORCH_OPS_PY = os.path.join(os.path.dirname(__file__), "..", "..", "python", "fusebox_tools", "core", "torch_ops.py")
 
 
 def torch_ops_names():

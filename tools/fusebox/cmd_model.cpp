@@ -1,5 +1,5 @@
 // fusebox model embed: text in, sentence embeddings out (all-MiniLM-L6-v2,
-// issue 14). A thin caller of the Python runner fusebox_tools.minilm_embed:
+// issue 14). A thin caller of the Python runner fusebox_tools.models.minilm_embed:
 // the tokenizer is the `tokenizers` package, so the runner stays the one
 // implementation and this command only finds it, starts it and forwards its
 // exit code (docs/cli.md, docs/models.md).
@@ -22,8 +22,8 @@ extern char** environ;
 namespace fusebox::cli {
 namespace {
 
-constexpr const char* kRunner = "fusebox_tools.minilm_embed";
-constexpr const char* kRunnerFile = "fusebox_tools/minilm_embed.py";
+constexpr const char* kRunner = "fusebox_tools.models.minilm_embed";
+constexpr const char* kRunnerFile = "fusebox_tools/models/minilm_embed.py";
 
 bool is_file(const std::filesystem::path& p) {
   std::error_code ec;
@@ -79,7 +79,7 @@ void print_help() {
       "unchanged; its exit code is this command's (0 ok, 1 a run or check failed, 2 bad input).\n"
       "\n"
       "Options (the runner's; `fusebox model embed --runner-help` lists them all):\n"
-      "  --model DIR      the folder `python3 -m fusebox_tools.minilm convert` wrote\n"
+      "  --model DIR      the folder `python3 -m fusebox_tools.models.minilm convert` wrote\n"
       "                   (default: models/minilm/fusebox, relative to the current folder)\n"
       "  --text TEXT      one sentence (repeat for more)\n"
       "  --file PATH      a UTF-8 text file, one sentence per non-empty line (at most 4096, 16 MiB)\n"
@@ -226,7 +226,7 @@ Runner add_model(CLI::App& app) {
   auto* embed = cmd->add_subcommand(
       "embed",
       "Sentence embeddings (all-MiniLM-L6-v2) from --text/--file/SENTENCE: runs the Python runner "
-      "fusebox_tools.minilm_embed with this fusebox (see fusebox model embed --help)");
+      "fusebox_tools.models.minilm_embed with this fusebox (see fusebox model embed --help)");
   embed->allow_extras();
   return [embed]() {
     if (embed->parsed()) return run_model_embed(embed->remaining());

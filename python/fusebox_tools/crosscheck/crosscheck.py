@@ -23,7 +23,7 @@ fusebox's own --verify allows it (check --json "tolerances"). Graphs with
 dropout and no dumped "dropout_mask" are run through fusebox but not compared
 (SKIP: torch cannot reproduce cuDNN's Philox mask).
 
-    python3 -m fusebox_tools.crosscheck [GRAPH.json ...] [--fusebox build/fusebox]
+    python3 -m fusebox_tools.crosscheck.crosscheck [GRAPH.json ...] [--fusebox build/fusebox]
                                         [--seed 1234] [--json-out results.json]
 """
 import argparse
@@ -38,8 +38,8 @@ import tempfile
 import numpy as np
 import torch
 
-from fusebox_tools.graph import ARCH_REFUSAL, INT_DTYPES, SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
-from fusebox_tools.torch_ops import SdpaSkip, apply_op, round_fp8, round_fp8_e5m2, sdpa_care_masks, sdpa_forward
+from fusebox_tools.core.graph import ARCH_REFUSAL, INT_DTYPES, SDPA_BWD_OPS, SDPA_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.core.torch_ops import SdpaSkip, apply_op, round_fp8, round_fp8_e5m2, sdpa_care_masks, sdpa_forward
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NPY_DTYPES = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8}

@@ -5,13 +5,11 @@ biases 1-D ([16], not the graph's [1, 16, 1, 1]), conv1's weight in BF16 (it
 feeds a bf16 tensor: exact), the rest F32. examples/pipelines/two_convs_st.json
 reads it (docs/pipeline-format.md, "Constants from safetensors")."""
 import os
-import sys
 
 import numpy as np
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, os.path.join(ROOT, "python"))
-from fusebox_tools import safetensors_np  # noqa: E402
+from fusebox_tools.core import safetensors_np
+from fusebox_tools.core.graph import REPO_ROOT as ROOT
 
 W = os.path.join(ROOT, "examples", "pipelines", "weights")
 t = {"conv1.weight": np.load(f"{W}/two_convs_w1.npy"), "conv1.bias": np.load(f"{W}/two_convs_b1.npy").reshape(-1),

@@ -2,7 +2,7 @@
 sentences through both clients as a user runs them, embeddings compared sentence by sentence,
 and embeddings per second, cold and warm.
 
-    python3 -m fusebox_tools.st_compare [--fusebox .gpu/fusebox] [--model models/minilm/fusebox]
+    python3 -m fusebox_tools.bench.st_compare [--fusebox .gpu/fusebox] [--model models/minilm/fusebox]
         [--st-model DIR] [--sentences examples/sentences/mixed.txt] [--throughput-sentences 1000]
         [--batch-size 32] [--min-cos 0.9999] [--json-out st_compare.json]
 
@@ -11,7 +11,7 @@ Accuracy: --sentences (default examples/sentences/mixed.txt: short lines, a para
 SentenceTransformer(DIR).encode(...); the cosine of each sentence's two embeddings must be at least
 --min-cos (0.9999), else exit 1. Both cut at the model's max_seq_length (256).
 
-Throughput: a file of --throughput-sentences generated sentences (fusebox_tools.minilm_sentences,
+Throughput: a file of --throughput-sentences generated sentences (fusebox_tools.models.minilm_sentences,
 3 to 100 words; or --throughput-file), embeddings per second of
   fusebox cold   `fusebox model embed` in a new process with an empty plan cache (a fresh
                  $FUSEBOX_CACHE file): tokenization, plan builds, weights, every batch's run
@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from fusebox_tools.graph import REPO_ROOT, FuseboxError, fusebox_bin
+from fusebox_tools.core.graph import REPO_ROOT, FuseboxError, fusebox_bin
 
 DEFAULT_SENTENCES = os.path.join(REPO_ROOT, "examples", "sentences", "mixed.txt")
 DEFAULT_MODEL = os.path.join(REPO_ROOT, "models", "minilm", "fusebox")
@@ -116,9 +116,9 @@ def _write_st_from_converted(model, out):
     """A sentence-transformers folder (Transformer, mean Pooling, Normalize) holding the converted
     weights as a BertModel state dict, config.json from minilm_config.json, MODEL/host's
     tokenizer.json, and sentence_bert_config.json with the runner's max_seq_length."""
-    from fusebox_tools import minilm as m
-    from fusebox_tools import minilm_embed as me
-    from fusebox_tools import safetensors_np
+    from fusebox_tools.models import minilm as m
+    from fusebox_tools.models import minilm_embed as me
+    from fusebox_tools.core import safetensors_np
 
     p, cfg = m.load_converted(model)
     sd = {k: v.numpy() for k, v in me._state_dict(p, cfg).items()}
@@ -170,7 +170,7 @@ def fusebox_embed(fusebox, model, path, batch_size, cache_file):
 
 def st_embed(folder, path, batch_size, out_npy):
     """(process wall seconds, the worker's timings) of sentence-transformers in a new process."""
-    cmd = [sys.executable, "-m", "fusebox_tools.st_compare", "--st-worker", folder, path, out_npy,
+    cmd = [sys.executable, "-m", "fusebox_tools.bench.st_compare", "--st-worker", folder, path, out_npy,
            "--batch-size", str(batch_size)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -186,7 +186,7 @@ def st_worker(folder, path, out_npy, batch_size):
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from fusebox_tools.minilm_embed import read_sentence_file
+    from fusebox_tools.models.minilm_embed import read_sentence_file
 
     t_import = time.perf_counter()
     sentences = read_sentence_file(path)
@@ -211,7 +211,7 @@ def st_worker(folder, path, out_npy, batch_size):
 def throughput_file(n, work, given=None):
     if given:
         return given
-    from fusebox_tools.minilm_sentences import make_sentences
+    from fusebox_tools.models.minilm_sentences import make_sentences
 
     path = os.path.join(work, f"sentences_{n}.txt")
     with open(path, "w", encoding="utf-8") as f:
@@ -254,7 +254,7 @@ def main(argv=None):
         msg = f"--model {a.model!r} is not minilm convert's folder (docs/models.md: carry models/minilm/fusebox)"
         print(f"st_compare: {msg}", file=sys.stderr)
         return finish({"error": msg}, 2)
-    from fusebox_tools.minilm_embed import read_sentence_file
+    from fusebox_tools.models.minilm_embed import read_sentence_file
 
     work = tempfile.mkdtemp(prefix="st_compare_")
     doc = {"model": os.path.abspath(a.model), "batch_size": a.batch_size}

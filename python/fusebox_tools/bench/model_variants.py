@@ -1,5 +1,5 @@
 """The torch.compile variants of a whole inference network (issue 36), shared by the models
-checkers (fusebox_tools.resnet50_check, fusebox_tools.minilm_embed --torch-time): a user
+checkers (fusebox_tools.models.resnet50_check, fusebox_tools.models.minilm_embed --torch-time): a user
 serving a network compiles it for inference with Inductor's freezing (parameters folded in as
 constants, torch._inductor.config.freezing, under torch.no_grad()), with and without CUDA graphs:
 

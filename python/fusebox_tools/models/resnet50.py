@@ -32,7 +32,7 @@ mean and variance are those the layer sees, as after training), gamma near 1
 small, so activations stay O(1) through the 50 layers; the fc is scaled
 so that the logits have a spread of a few units.
 
-numpy only. `python3 scripts/make_resnet50_pipeline.py --help`.
+numpy only. `PYTHONPATH=python python3 -m fusebox_tools.models.make_resnet50_pipeline --help`.
 """
 import json
 import os
@@ -480,7 +480,7 @@ def _prepare_folder(out_dir):
     for sub in ("", "graphs", "weights"):
         os.makedirs(os.path.join(out_dir, sub), exist_ok=True)
     with open(os.path.join(out_dir, MARKER_FILE), "w") as f:
-        f.write("made by scripts/make_resnet50_pipeline.py (python/fusebox_tools/resnet50.py); "
+        f.write("made by fusebox_tools.models.make_resnet50_pipeline (python/fusebox_tools/models/resnet50.py); "
                 "its files are rewritten on each run\n")
 
 

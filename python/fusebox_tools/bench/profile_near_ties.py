@@ -2,11 +2,10 @@
 near-tie benchmark rows of issue 12, with their GPU time, in one process under torch.profiler
 (fusebox through its Python module, python/fusebox). BENCHMARKS.md, "Issue 12's near-ties", quotes
 its output. On the GPU machine, from the repository root with the bundle (docs/gpu.md):
-    FUSEBOX_LIBRARY=$PWD/.gpu/libfusebox.so.0.1 /opt/torch/.venv/bin/python3 scripts/profile_near_ties.py
+    FUSEBOX_LIBRARY=$PWD/.gpu/libfusebox.so.0.1 PYTHONPATH=python /opt/torch/.venv/bin/python3 -m fusebox_tools.bench.profile_near_ties
 """
 import os, statistics, sys
 import torch
-sys.path.insert(0, "python")
 import fusebox
 from torch.profiler import ProfilerActivity, profile
 

@@ -1,15 +1,15 @@
-"""One graph op computed with PyTorch: shared by fusebox_tools.crosscheck (the
-float32 reference) and fusebox_tools.torch_compare (the framework path; its
+"""One graph op computed with PyTorch: shared by fusebox_tools.crosscheck.crosscheck (the
+float32 reference) and fusebox_tools.bench.torch_compare (the framework path; its
 SDPA comparison uses torch's own scaled_dot_product_attention instead, see
-fusebox_tools.sdpa_compare).
+fusebox_tools.bench.sdpa_compare).
 
-`op` is an op of `fusebox check --json` (fusebox_tools.graph.Graph.ops): its
+`op` is an op of `fusebox check --json` (fusebox_tools.core.graph.Graph.ops): its
 "attrs" are resolved (defaults applied), so nothing here re-derives them."""
 
 import torch
 import torch.nn.functional as F
 
-from fusebox_tools.graph import SDPA_BWD_OPS, SdpaOptions
+from fusebox_tools.core.graph import SDPA_BWD_OPS, SdpaOptions
 
 
 def _conv_geometry(op):
@@ -272,7 +272,7 @@ class SdpaSkip(Exception):
 
 
 def _sdpa_config(op):
-    """The op's resolved options (fusebox_tools.graph.SdpaOptions)."""
+    """The op's resolved options (fusebox_tools.core.graph.SdpaOptions)."""
     return SdpaOptions.from_attrs(op["attrs"])
 
 
@@ -752,6 +752,6 @@ def apply_op(op, ins, dtypes=None):
     (dropout), ValueError naming an op type with no torch version."""
     fn = TORCH_OPS.get(op["op"])
     if fn is None:
-        raise ValueError(f"op {op['name']!r}: no torch version of {op['op']!r} (fusebox_tools.torch_ops.TORCH_OPS "
+        raise ValueError(f"op {op['name']!r}: no torch version of {op['op']!r} (fusebox_tools.core.torch_ops.TORCH_OPS "
                          f"has {len(TORCH_OPS)} op types; add one)")
     return fn(op, ins, dtypes)

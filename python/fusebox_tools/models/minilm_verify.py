@@ -1,11 +1,11 @@
 """Issue 14's MiniLM verification: at least 200 sentences of varied length
 embedded by fusebox's pipeline and by the reference, same weights.
 
-    python3 -m fusebox_tools.minilm_verify [--model models/minilm/fusebox] [--sentences 200]
+    python3 -m fusebox_tools.models.minilm_verify [--model models/minilm/fusebox] [--sentences 200]
         [--batch 50] [--seq 128] [--reference auto|sentence-transformers|transformers|numpy]
         [--min-cos 0.999] [--rank-tie 0.01] [--json-out F] [--emulate]
 
-1. The sentences: fusebox_tools.minilm_sentences.make_sentences(N, --seed):
+1. The sentences: fusebox_tools.models.minilm_sentences.make_sentences(N, --seed):
    deterministic, ten topics, 3 to 100 words (6 to 113 tokens for the
    default 200), the README's three first.
 2. Tokens: the model's tokenizer.json (`tokenizers`), [CLS] ... [SEP],
@@ -31,7 +31,7 @@ embedded by fusebox's pipeline and by the reference, same weights.
    transformers           transformers' BertModel with those weights (eager attention), our
                           tokens, masked mean over the real tokens, L2 normalisation: what
                           sentence-transformers computes for this model
-   numpy                  fusebox_tools.minilm.reference, float32 (CPU)
+   numpy                  fusebox_tools.models.minilm.reference, float32 (CPU)
    auto (default)         the first of these that imports and runs (the JSON says which one
                           ran, and why the ones before it did not: `not_used`).
 5. Checks: per-sentence cosine of the two embeddings >= --min-cos (0.999) for
@@ -66,9 +66,9 @@ import time
 
 import numpy as np
 
-from fusebox_tools import minilm as m
-from fusebox_tools import minilm_sentences as ms
-from fusebox_tools.minilm_embed import _dump  # the JSON writer both MiniLM tools share
+from fusebox_tools.models import minilm as m
+from fusebox_tools.models import minilm_sentences as ms
+from fusebox_tools.models.minilm_embed import _dump  # the JSON writer both MiniLM tools share
 
 ST_MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
 
@@ -117,7 +117,7 @@ def fusebox_embeddings(args, p, cfg, sentences, log):
     sentences are ordered by length (as sentence-transformers batches them) and each batch is
     padded to its longest sentence rounded up to 16 tokens (at most --seq), so the batches run at
     several S without a pipeline file of their own; --fixed-seq pads every batch to --seq."""
-    from fusebox_tools.minilm_embed import pipeline_for, run_fusebox, seq_bucket, tokenize
+    from fusebox_tools.models.minilm_embed import pipeline_for, run_fusebox, seq_bucket, tokenize
 
     B = args.batch
     tok = os.path.join(args.model, "host", "tokenizer.json")
@@ -154,7 +154,7 @@ def fusebox_embeddings(args, p, cfg, sentences, log):
 
 def emulated_embeddings(args, p, cfg, sentences, log):
     """The numpy model with bf16 stage outputs (--emulate: no GPU)."""
-    from fusebox_tools.minilm_embed import tokenize
+    from fusebox_tools.models.minilm_embed import tokenize
 
     tok = os.path.join(args.model, "host", "tokenizer.json")
     out = []
@@ -201,7 +201,7 @@ def write_hf_folder(p, cfg, tokenizer_json, folder):
     import torch  # noqa: F401
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from fusebox_tools.minilm_embed import _state_dict
+    from fusebox_tools.models.minilm_embed import _state_dict
 
     conf = BertConfig(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
                       num_attention_heads=cfg["heads"], intermediate_size=cfg["ffn"], hidden_act="gelu",
@@ -223,7 +223,7 @@ def _st_reference(args, p, cfg, sentences, truncated):
     import sentence_transformers
     from sentence_transformers import SentenceTransformer, models
 
-    from fusebox_tools.minilm_embed import tokenize
+    from fusebox_tools.models.minilm_embed import tokenize
 
     folder = tempfile.mkdtemp(prefix="minilm_st_")
     try:
@@ -259,7 +259,7 @@ def _hf_reference(args, p, cfg, sentences):
     torch = _no_tf32()
     import transformers  # noqa: F401  (ImportError here selects the next reference)
 
-    from fusebox_tools.minilm_embed import tokenize, torch_embeddings
+    from fusebox_tools.models.minilm_embed import tokenize, torch_embeddings
 
     out, what = [], None
     for a, b in batches(len(sentences), args.batch):
@@ -273,13 +273,13 @@ def _hf_reference(args, p, cfg, sentences):
 
 
 def _numpy_reference(args, p, cfg, sentences):
-    from fusebox_tools.minilm_embed import tokenize
+    from fusebox_tools.models.minilm_embed import tokenize
 
     out = []
     for a, b in batches(len(sentences), args.batch):
         ids, lengths = tokenize(os.path.join(args.model, "host", "tokenizer.json"), sentences[a:b], args.seq)
         out.append(m.reference(p, cfg, ids, lengths, args.seq)[0])
-    return np.concatenate(out), {"reference": "numpy", "model": "fusebox_tools.minilm.reference, float32"}
+    return np.concatenate(out), {"reference": "numpy", "model": "fusebox_tools.models.minilm.reference, float32"}
 
 
 # ------------------------------------------------------------------ the verdict

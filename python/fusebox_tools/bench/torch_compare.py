@@ -8,11 +8,11 @@ with the reason, if it fails). Torch is timed with CUDA events: W warm-up
 calls, then N calls timed one by one; median and min. Prints a markdown table.
 
 Shapes, strides, dtypes and the FLOP count are fusebox's (`fusebox check
---json`). Graphs with an sdpa op go to fusebox_tools.sdpa_compare instead: torch's scaled_dot_product_attention with the
+--json`). Graphs with an sdpa op go to fusebox_tools.bench.sdpa_compare instead: torch's scaled_dot_product_attention with the
 cuDNN and flash backends, inference/training forward or backward only, one
 FLOP count for everyone; they get their own table.
 
-    python3 -m fusebox_tools.torch_compare [GRAPH.json ...] [--fusebox build/fusebox]
+    python3 -m fusebox_tools.bench.torch_compare [GRAPH.json ...] [--fusebox build/fusebox]
                                            [--markdown-out FILE] [--json-out FILE]
 """
 import argparse
@@ -24,16 +24,16 @@ import traceback
 
 import torch
 
-from fusebox_tools import sdpa_compare
-from fusebox_tools.graph import FuseboxError, Graph, fusebox_bin
-from fusebox_tools.torch_ops import apply_op
+from fusebox_tools.bench import sdpa_compare
+from fusebox_tools.core.graph import FuseboxError, Graph, fusebox_bin
+from fusebox_tools.core.torch_ops import apply_op
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def default_graphs():
     """examples/graphs/*.json (not small/, not invalid_*)."""
-    from fusebox_tools.graph import default_graphs as all_graphs
+    from fusebox_tools.core.graph import default_graphs as all_graphs
     return [p for p in all_graphs() if os.path.basename(os.path.dirname(p)) == "graphs"]
 
 
@@ -42,7 +42,7 @@ def make_input_sets(graph, n_sets, device):
     draws them from (`check --json` random_lo/random_hi: [-1, 1] for most tensors, positive for
     variances and scales, [lo, hi] integers for int tensors), so that both sides compute on inputs
     alike and bench_run can hand a set to `fusebox run --inputs` to compare outputs."""
-    from fusebox_tools.graph import INT_DTYPES
+    from fusebox_tools.core.graph import INT_DTYPES
 
     int_types = {"int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
     sets = []

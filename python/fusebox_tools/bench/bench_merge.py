@@ -1,7 +1,7 @@
 """Merges the bench parts a GPU-machine call returned (`$OUT/bench_parts.tgz`,
 scripts/bench.sh) into this checkout's part files, row by row.
 
-    python3 -m fusebox_tools.bench_merge FILES_AT/bench_parts.tgz [--bench-dir .bench]
+    python3 -m fusebox_tools.bench.bench_merge FILES_AT/bench_parts.tgz [--bench-dir .bench]
 
 Unpacking the archive over the checkout (`tar xzf`) replaces each part file
 whole: a call on a fresh machine (no `.bench` carried) with `GRAPHS=...` or

@@ -49,7 +49,7 @@ Sizes are small on purpose: at most MAX_FLOPS (2e8) counted FLOPs and MAX_BYTES 
 of tensors per graph (a draw over either is redrawn), so that a GPU sweep of hundreds of
 graphs with `run --verify` finishes in minutes.
 
-CLI: `python3 -m fusebox_tools.graph_gen --count N --seed S --out DIR [--families a,b]`
+CLI: `python3 -m fusebox_tools.crosscheck.graph_gen --count N --seed S --out DIR [--families a,b]`
 writes `DIR/gen_<family>_<seed>.json` for seeds S .. S+N-1.
 """
 import argparse
@@ -1243,7 +1243,7 @@ def write(doc, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m fusebox_tools.graph_gen", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python3 -m fusebox_tools.crosscheck.graph_gen", description=__doc__.split("\n")[0])
     p.add_argument("--count", type=int, default=len(FAMILIES), help="number of graphs (default: one per family)")
     p.add_argument("--seed", type=int, default=0, help="first seed; graphs use seeds SEED .. SEED+COUNT-1")
     p.add_argument("--out", required=True, help="folder for gen_<family>_<seed>.json (created)")

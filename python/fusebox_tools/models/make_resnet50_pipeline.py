@@ -5,7 +5,7 @@ norm folded into the convolutions) as a fusebox pipeline: models/resnet50/
 weights/ (folded, .npy) and resnet50_state_dict.npz (the unfolded weights in
 torchvision's state_dict names, for the torch reference). docs/models.md.
 
-    python3 scripts/make_resnet50_pipeline.py [--out models/resnet50] [--batch 8] [--seed 50]
+    PYTHONPATH=python python3 -m fusebox_tools.models.make_resnet50_pipeline [--out models/resnet50] [--batch 8] [--seed 50]
         [--max-batch M]
 
 --max-batch M makes the batch a symbolic dim N in [1, M] (default --batch)
@@ -17,10 +17,8 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-
-from fusebox_tools import resnet50  # noqa: E402
+from fusebox_tools.core.graph import REPO_ROOT as ROOT
+from fusebox_tools.models import resnet50
 
 
 def main():

@@ -20,7 +20,7 @@ The pipeline's stage order, bindings and buffer shapes come from `fusebox
 pipeline check --json`; each graph from `fusebox check --json` (graph.py).
 One line per comparison; exit 1 if any fails.
 
-    python3 -m fusebox_tools.pipeline_crosscheck PIPELINE.json [--fusebox build/fusebox]
+    python3 -m fusebox_tools.crosscheck.pipeline_crosscheck PIPELINE.json [--fusebox build/fusebox]
         [--seed 1] [--out DIR] [--json-out results.json]
 
 torch is imported only by the parts that compute (torch_stage, main); the
@@ -36,8 +36,8 @@ import tempfile
 
 import numpy as np
 
-from fusebox_tools import safetensors_np
-from fusebox_tools.graph import FuseboxError, Graph, fusebox_bin
+from fusebox_tools.core import safetensors_np
+from fusebox_tools.core.graph import FuseboxError, Graph, fusebox_bin
 
 # The "version" of `fusebox pipeline check --json` and `pipeline run --json` this module reads.
 CHECK_JSON_VERSION = 1
@@ -234,7 +234,7 @@ def judge(metrics, tol):
 
 def torch_stage(device):
     """run_stage for run_chain: the stage's graph op by op in torch (crosscheck.torch_reference)."""
-    from fusebox_tools.crosscheck import torch_reference
+    from fusebox_tools.crosscheck.crosscheck import torch_reference
 
     def run(stage, graph, inputs):
         vals, _ = torch_reference(graph, inputs, device)
@@ -255,7 +255,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import torch
-    from fusebox_tools.crosscheck import compare, round_to
+    from fusebox_tools.crosscheck.crosscheck import compare, round_to
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

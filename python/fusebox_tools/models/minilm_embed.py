@@ -6,7 +6,7 @@ embedding lookup (numpy, the runner's host step) -> `fusebox pipeline run
 mean and L2 normalisation (host) -> embeddings; prints the cosine
 similarities of the sentences. Checks (each exits 1 on a mismatch):
 
-  --reference   the float32 numpy reference of the whole model (fusebox_tools.minilm)
+  --reference   the float32 numpy reference of the whole model (fusebox_tools.models.minilm)
                 with the same (bf16-rounded) weights: per-sentence cosine >= --min-cos,
                 and the last hidden state (buffer h6) within --max-rel-l2
   --torch       the same in torch on the GPU: transformers' BertModel loaded with these
@@ -14,7 +14,7 @@ similarities of the sentences. Checks (each exits 1 on a mismatch):
   --verify      fusebox's own per-stage verification (`pipeline run --verify`)
   --no-fusebox  the references alone (CPU, no GPU needed): what the model gives
 
-    python3 -m fusebox_tools.minilm_embed --model models/minilm/fusebox [--seq 128]
+    python3 -m fusebox_tools.models.minilm_embed --model models/minilm/fusebox [--seq 128]
         [--reference] [--torch] [--verify] [--iters 20] [--json-out F] [--json]
         [--text TEXT ...] [--file SENTENCES.txt] [SENTENCE ...]
 
@@ -31,7 +31,7 @@ fusebox's persistent plan cache (`pipeline run`'s default; --cache F,
 the token counts, which path computed them) and the human text to stderr.
 `fusebox model embed ARGS...` runs this runner (docs/cli.md).
 
-The model folder is what `python3 -m fusebox_tools.minilm convert` wrote
+The model folder is what `python3 -m fusebox_tools.models.minilm convert` wrote
 (weights/, host/ with the embedding tables and tokenizer.json,
 minilm_config.json); the pipeline for this batch and length is written into
 it when missing.
@@ -46,9 +46,9 @@ import tempfile
 
 import numpy as np
 
-from fusebox_tools import minilm as m
-from fusebox_tools.graph import fusebox_bin, stage_profile, stage_profile_lines
-from fusebox_tools.minilm_sentences import make_sentences
+from fusebox_tools.models import minilm as m
+from fusebox_tools.core.graph import fusebox_bin, stage_profile, stage_profile_lines
+from fusebox_tools.models.minilm_sentences import make_sentences
 
 DEFAULT_SENTENCES = [
     # sentence-transformers' README example: similarities 0.6660, 0.1046, 0.1411
@@ -315,7 +315,7 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
     with its default (SDPA) attention and the padding mask, plus the masked
     sum over tokens that fusebox's pool stage computes; eager, as one
     torch.cuda.CUDAGraph, and the two torch.compile variants of
-    fusebox_tools.model_variants (compile_mode, default max-autotune-no-cudagraphs,
+    fusebox_tools.bench.model_variants (compile_mode, default max-autotune-no-cudagraphs,
     and reduce-overhead; compiled under no_grad with Inductor's freezing unless
     `freezing` is False). Every variant's sums are checked against eager's before
     it is timed, and eager's against `reference_sums` (fusebox's pooled sums of the
@@ -327,7 +327,7 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
     import torch
     from transformers import BertConfig, BertModel
 
-    from fusebox_tools.resnet50_check import gpu_time_ms
+    from fusebox_tools.models.resnet50_check import gpu_time_ms
 
     conf = BertConfig(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], num_hidden_layers=cfg["layers"],
                       num_attention_heads=cfg["heads"], intermediate_size=cfg["ffn"], hidden_act="gelu",
@@ -373,7 +373,7 @@ def torch_timing(p, cfg, ids, lengths, S, warmup=10, iters=50, compile_too=True,
         else:
             out["failed"]["cuda_graph"] = f"outputs differ from eager's: {detail}"
     if compile_too:
-        from fusebox_tools import model_variants
+        from fusebox_tools.bench import model_variants
 
         # compiled for inference as a server would: no_grad, Inductor's freezing, with and without CUDA graphs
         variants = model_variants.compile_variants(fwd, compile_mode, lambda f: gpu_time_ms(f, warmup, iters),
@@ -490,7 +490,7 @@ def main(argv=None):
                     help="one JSON document on stdout (model, sentences, token counts, S, embeddings [B, hidden], "
                          "cosine matrix, computed_by); the human text goes to stderr")
     ap.add_argument("--batch", type=int,
-                    help="B generated sentences (fusebox_tools.minilm_sentences, 3 to 100 words) instead of the "
+                    help="B generated sentences (fusebox_tools.models.minilm_sentences, 3 to 100 words) instead of the "
                          "examples: the benchmark's batch sizes")
     ap.add_argument("--model", default="models/minilm/fusebox", help="minilm convert's folder")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: MODEL/host/tokenizer.json)")
@@ -576,7 +576,7 @@ def _embed(a):
         return _error(str(e))
     if not os.path.isfile(os.path.join(a.model, m.CONFIG_FILE)):
         return _error(f"--model {a.model!r}: no {m.CONFIG_FILE} there: give the folder `python3 -m "
-                      "fusebox_tools.minilm convert` wrote (docs/models.md)")
+                      "fusebox_tools.models.minilm convert` wrote (docs/models.md)")
     if a.batch_size < 1:
         return _error(f"--batch-size {a.batch_size}: give a positive number of sentences per batch")
     try:

@@ -19,8 +19,8 @@ import subprocess
 # The "version" of `fusebox check --json` this module reads.
 CHECK_JSON_VERSION = 1
 
-# python/fusebox_tools/graph.py -> the checkout's root (when run from a checkout).
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# python/fusebox_tools/core/graph.py -> the checkout's root (when run from a checkout).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # What fusebox's error says when a graph needs a newer GPU architecture than the
 # target (src/cudnn/ops/sdpa_lowering.cpp: block masks): such a run is refused

@@ -1,10 +1,10 @@
 """The Python module `fusebox` against the CLI on the GPU (issue 15's "done when").
 
-    python3 -m fusebox_tools.pymod_check [--fusebox BIN] [--json-out F] [--no-overhead | --overhead-only] [GRAPH ...]
+    python3 -m fusebox_tools.crosscheck.pymod_check [--fusebox BIN] [--json-out F] [--no-overhead | --overhead-only] [GRAPH ...]
 
 For every example graph (default: examples/graphs and examples/graphs/small,
 not invalid_*): one plan built through `fusebox.Session` and saved as a plan
-file; the same random inputs (fusebox_tools.crosscheck.make_inputs, seeded)
+file; the same random inputs (fusebox_tools.crosscheck.crosscheck.make_inputs, seeded)
 fed to `fusebox run GRAPH --plan FILE --inputs ... --save-outputs DIR` and to
 `plan(**tensors)` on torch tensors laid out as the graph declares them; every
 output compared bit for bit (NaN equal to NaN). Graphs whose outputs are not
@@ -30,11 +30,11 @@ import time
 
 import numpy as np
 
-from fusebox_tools.crosscheck import has_dropout, make_inputs, save_input
-from fusebox_tools.graph import Graph as ToolsGraph
-from fusebox_tools.graph import fusebox_bin
+from fusebox_tools.crosscheck.crosscheck import has_dropout, make_inputs, save_input
+from fusebox_tools.core.graph import Graph as ToolsGraph
+from fusebox_tools.core.graph import fusebox_bin
 
-REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 NOT_BIT_REPRODUCIBLE = ("reduce_sum", "reduce_max", "reduce_min", "reduce_amax", "reduce_mean")
 
 

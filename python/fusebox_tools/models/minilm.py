@@ -5,9 +5,9 @@ want, writes the graph files (shared by the layers) and the pipeline file for
 a batch B and sequence length S, and holds a float32 numpy reference of the
 whole model (docs/models.md, "all-MiniLM-L6-v2").
 
-    python3 -m fusebox_tools.minilm convert --model models/minilm/hf --out models/minilm/fusebox
-    python3 -m fusebox_tools.minilm pipeline --out models/minilm/fusebox --batch 4 --seq 128
-    python3 -m fusebox_tools.minilm random --out DIR [--layers 2 --hidden 64 --heads 2 --ffn 128]
+    python3 -m fusebox_tools.models.minilm convert --model models/minilm/hf --out models/minilm/fusebox
+    python3 -m fusebox_tools.models.minilm pipeline --out models/minilm/fusebox --batch 4 --seq 128
+    python3 -m fusebox_tools.models.minilm random --out DIR [--layers 2 --hidden 64 --heads 2 --ffn 128]
 
 What runs where (B sequences of S tokens, N = B*S rows, H hidden):
 
@@ -511,7 +511,7 @@ def dynamic_range(out_dir):
                     rng[sym] = (max(int(lo), old[0]), min(int(hi), old[1]))
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise MiniLMError(f"{path}: not a graph file with symbol ranges ({type(e).__name__}: {e}); "
-                              f"rewrite it with `python3 -m fusebox_tools.minilm pipeline`") from e
+                              f"rewrite it with `python3 -m fusebox_tools.models.minilm pipeline`") from e
     return rng
 
 
@@ -523,7 +523,7 @@ def check_dynamic_shape(out_dir, B, S):
         if not lo <= v <= hi:
             raise MiniLMError(f"{what} {v} is outside the pipeline's range [{lo}, {hi}] (symbol {sym} of "
                               f"{os.path.join(out_dir, 'graphs', 'dyn')}): embed in smaller batches, or write "
-                              f"the pipeline for more with `python3 -m fusebox_tools.minilm pipeline --max-batch M`")
+                              f"the pipeline for more with `python3 -m fusebox_tools.models.minilm pipeline --max-batch M`")
 
 
 def dynamic_shape_args(B, S):

@@ -1,5 +1,5 @@
 """Runs one part of the benchmark on the GPU machine and writes its results
-file (the format fusebox_tools.bench_report reads). scripts/bench.sh runs the
+file (the format fusebox_tools.bench.bench_report reads). scripts/bench.sh runs the
 parts and the report; see docs/gpu.md, "Benchmarks".
 
 Parts: conv, conv_bwd, matmul (FP8 matmul graphs against torch._scaled_mm),
@@ -24,7 +24,7 @@ Every row, both sides, the same two ways:
              GPU has finished it (synchronize): what an eager caller sees.
 fusebox: `fusebox run GRAPH --json --warmup W --iters CALLS --samples SAMPLES`
 (gpu_time_ms, host_latency_ms). torch, four variants (issue 36): eager ops of
-the graph as a user calls them (fusebox_tools.torch_compare's; conv backward
+the graph as a user calls them (fusebox_tools.bench.torch_compare's; conv backward
 through aten.convolution_backward with the real x / w tensors in the graph's
 layout, as autograd calls it; for sdpa F.scaled_dot_product_attention with
 the fastest backend of cuDNN/flash/efficient; autograd.grad of a saved
@@ -40,7 +40,7 @@ input on both sides ([-1, 1] for most), rotated through copies totalling
 more than twice the L2 on both sides. The GPU clocks (nvidia-smi) are
 recorded before and after each row.
 
-    python3 -m fusebox_tools.bench_run --part conv --out .bench/RUN/conv.json
+    python3 -m fusebox_tools.bench.bench_run --part conv --out .bench/RUN/conv.json
 """
 import argparse
 import datetime
@@ -58,10 +58,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fusebox_tools import sdpa_compare, torch_compare
-from fusebox_tools.bench_report import SCHEMA, model_target
-from fusebox_tools.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
-from fusebox_tools.torch_ops import BLOCK_TILE, block_tile_keep
+from fusebox_tools.bench import sdpa_compare, torch_compare
+from fusebox_tools.bench.bench_report import SCHEMA, model_target
+from fusebox_tools.core.graph import REPO_ROOT, SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.core.torch_ops import BLOCK_TILE, block_tile_keep
 
 PARTS = ("conv", "conv_bwd", "matmul", "norm", "pool", "reduction", "sdpa", "peaks", "runtime", "shapes", "models")
 # Part "shapes" (issue 11): 32 new shapes of each symbolic example, through the
@@ -952,7 +952,7 @@ def bench_sdpa(path, graph, args, row):
         out_names = [op["outputs"].get("o")]
     tols = output_tolerances(graph, out_names)
     notes.append("torch variants checked against torch eager (inputs: sdpa_compare's; eager SDPA against "
-                 "fusebox: python3 -m fusebox_tools.sdpa_compare / crosscheck)")
+                 "fusebox: python3 -m fusebox_tools.bench.sdpa_compare / crosscheck)")
 
     # A block mask: torch's block-sparse attention is flex_attention with a BlockMask of the same
     # 128 x 128 tiles (its SDPA would compute every tile under a dense mask).
@@ -1344,13 +1344,13 @@ MINILM_DIR = os.path.join(REPO_ROOT, "models", "minilm", "fusebox")
 
 
 def _resnet(batch, verify=True):
-    return ("fusebox_tools.resnet50_check", ["--batch", str(batch)] + ([] if verify else ["--no-verify"]))
+    return ("fusebox_tools.models.resnet50_check", ["--batch", str(batch)] + ([] if verify else ["--no-verify"]))
 
 
 def _minilm(batch, seq, dynamic=False, fused_qkv=False, tune=False):
     # The symbolic pipeline (minilm.json) at B x S; plans built statically for the shape (kernels
     # fitted to it) unless `dynamic` (cuDNN's dynamic-shape kernels, the `_dyn` rows).
-    return ("fusebox_tools.minilm_embed", ["--model", MINILM_DIR, "--seq", str(seq)]
+    return ("fusebox_tools.models.minilm_embed", ["--model", MINILM_DIR, "--seq", str(seq)]
             + (["--batch", str(batch)] if batch != 8 else [])
             + ([] if dynamic else ["--static-shapes"])
             + (["--fused-qkv"] if fused_qkv else ["--no-fused-qkv"])

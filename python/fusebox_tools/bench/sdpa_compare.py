@@ -16,7 +16,7 @@ written generically from fusebox's resolution of the graph, `fusebox check
             top-left causal, causal_lower_right for bottom-right causal, else
             an explicit boolean mask / additive bias (padding lengths,
             sliding window, bias, ALiBi) built from the same rules as
-            fusebox_tools.torch_ops.
+            fusebox_tools.core.torch_ops.
   modes     forward: "inference" (torch.no_grad; fusebox without stats) and
             "training" (requires_grad inputs, so torch's forward saves the
             logsumexp; fusebox with stats). sdpa_bwd: only the backward is
@@ -32,9 +32,9 @@ padding lengths actually used): 4*B*Hq*D*(kept query/key pairs) forward
 timed one by one, inputs rotated to overflow L2); median (min). A backend
 that refuses a configuration is reported with its reason; the run goes on.
 
-    python3 -m fusebox_tools.sdpa_compare [GRAPH.json ...] [--fusebox build/fusebox]
+    python3 -m fusebox_tools.bench.sdpa_compare [GRAPH.json ...] [--fusebox build/fusebox]
                                           [--json-out FILE] [--markdown-out FILE]
-fusebox_tools.torch_compare calls this for its sdpa graphs.
+fusebox_tools.bench.torch_compare calls this for its sdpa graphs.
 """
 import argparse
 import copy
@@ -51,8 +51,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fusebox_tools.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
-from fusebox_tools.torch_ops import alibi_slopes_tensor, block_keep_mask, gather_pages, sdpa_keep_mask
+from fusebox_tools.core.graph import SDPA_BWD_OPS, FuseboxError, Graph, default_graphs, fusebox_bin
+from fusebox_tools.core.torch_ops import alibi_slopes_tensor, block_keep_mask, gather_pages, sdpa_keep_mask
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEVICE = "cuda"  # tests/python runs the logic on "cpu"

@@ -1,10 +1,10 @@
 """ResNet-50 in fusebox against torchvision's on the GPU: logits and time.
 
-    python3 -m fusebox_tools.resnet50_check [--fusebox .gpu/fusebox] [--out models/resnet50]
+    python3 -m fusebox_tools.models.resnet50_check [--fusebox .gpu/fusebox] [--out models/resnet50]
         [--batch 8] [--seed 50] [--image-seed 1] [--warmup 10] [--iters 50] [--no-compile]
         [--no-cuda-graph] [--json-out results.json]
 
-1. Writes the pipeline (fusebox_tools.resnet50: batch norm folded, bf16 NHWC)
+1. Writes the pipeline (fusebox_tools.models.resnet50: batch norm folded, bf16 NHWC)
    into --out, and a seeded random image batch [N, 3, 224, 224], rounded to
    bf16 so every model sees exactly the same input.
 2. `fusebox pipeline run resnet50.json --input image=... --verify
@@ -23,7 +23,7 @@
 5. Times torch bf16 channels_last eager, the eager model replayed as a CUDA
    graph, and two torch.compile variants, each compiled under torch.no_grad()
    with Inductor's freezing (--no-freezing: without): --compile-mode, and
-   reduce-overhead (Inductor's CUDA graphs) (fusebox_tools.model_variants;
+   reduce-overhead (Inductor's CUDA graphs) (fusebox_tools.bench.model_variants;
    compile time recorded). Each variant's logits are checked against the
    float32 reference with fusebox's tolerance before it is timed; a variant
    that fails is in "torch_failed" with its error. GPU time per batch between
@@ -61,7 +61,7 @@ logits against float32 and against torch bf16. PASS when the top-1
 agreement is at least --min-top1 (0.99) of N and the logits are within the
 tolerance above. Exit 0 on PASS, else 1.
 
-    python3 -m fusebox_tools.resnet50_check --images 256 --batch 64 --json-out rn50_images.json
+    python3 -m fusebox_tools.models.resnet50_check --images 256 --batch 64 --json-out rn50_images.json
 
 --head prototypes (with --images): the same seeded backbone with a classifier that
 means something for the images it is shown. A seeded network's random head puts
@@ -92,9 +92,9 @@ import time
 
 import numpy as np
 
-from fusebox_tools import resnet50
-from fusebox_tools.graph import REPO_ROOT, fusebox_bin, stage_profile, stage_profile_lines
-from fusebox_tools.resnet50 import round_bf16
+from fusebox_tools.models import resnet50
+from fusebox_tools.core.graph import REPO_ROOT, fusebox_bin, stage_profile, stage_profile_lines
+from fusebox_tools.models.resnet50 import round_bf16
 
 TOL_REL_L2 = 4e-2
 TOL_MAX = 8e-2
@@ -234,7 +234,7 @@ def run_torch(sd_file, image, args, results):
         if not (cg["rel_l2"] <= TOL_REL_L2 and cg["max_rel_to_max_ref"] <= TOL_MAX):
             failed["cuda_graph"] = f"CUDA graph logits outside the tolerance: rel_l2 {cg['rel_l2']:.1e}"
     if not args.no_compile:
-        from fusebox_tools import model_variants
+        from fusebox_tools.bench import model_variants
 
         x16_c = x16.clone()  # a plain tensor (the others are inference-mode tensors)
         results["torch_compile_mode"] = args.compile_mode

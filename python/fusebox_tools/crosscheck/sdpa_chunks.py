@@ -2,7 +2,7 @@
 against the one-shot attention (issue #13, item 3). Needs a GPU and the
 fusebox binary; numpy only (no torch).
 
-    python3 -m fusebox_tools.sdpa_chunks [--fusebox build/fusebox] [--split 384] [--keep DIR]
+    python3 -m fusebox_tools.crosscheck.sdpa_chunks [--fusebox build/fusebox] [--split 384] [--keep DIR]
 
 For each case (non-causal: split-KV decode and prefill; causal prefill) it
 writes three graphs: the one-shot attention over all S keys, chunk A over keys
@@ -37,7 +37,7 @@ import tempfile
 
 import numpy as np
 
-from fusebox_tools.graph import fusebox_bin
+from fusebox_tools.core.graph import fusebox_bin
 
 # rel_l2, max|a-r|/max|r| of the recombined o against the one-shot o: each side
 # is rounded to the io dtype once more than the reference is (docs/architecture.md).

@@ -1,6 +1,6 @@
 """Test sentences and the ranking check of the MiniLM verification (issue 14).
 
-Pure Python and numpy, no model: `fusebox_tools.minilm_verify` (GPU) and the
+Pure Python and numpy, no model: `fusebox_tools.models.minilm_verify` (GPU) and the
 size sweep of the benchmark (`minilm_embed --batch B`) use it; the CPU tests
 pin its output.
 
