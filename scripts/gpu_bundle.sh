@@ -58,6 +58,10 @@ for g in examples/graphs/*.json examples/graphs/small/*.json; do
     echo "gpu_bundle: built $name.plan here (deviceless)"
   fi
 done
+# The cuDNN they were built with: on a GPU machine with another version, gpu_check.sh
+# expects them refused (a plan or cache entry is never served to another cuDNN version).
+"$BUILD_DIR/fusebox" info --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["cudnn_runtime"])' \
+  > "$DEST/aot/CUDNN_VERSION" || true
 # The same cache exported as a file to import on the GPU machine (section cache_migration).
 if [ -f "$DEST/aot/cache.sqlite" ]; then
   "$BUILD_DIR/fusebox" cache export "$DEST/aot/export.sqlite" --cache "$DEST/aot/cache.sqlite" || exit 1

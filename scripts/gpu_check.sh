@@ -310,13 +310,30 @@ PYEOF
 # Plans built on the CPU-only development machine (scripts/gpu_bundle.sh puts
 # them in $BUNDLE/aot/NAME.plan): each must run here and give outputs
 # bit-identical to the same engine built here.
+# When the bundle was built with another cuDNN than the one loaded here (the pinned 9.27
+# against torch's 9.19), each plan must instead be refused, naming both versions (issue 35).
+aot_cudnn() { cat "$BUNDLE/aot/CUDNN_VERSION" 2>/dev/null; }
+run_cudnn() { "$FB" info --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["cudnn_runtime"])'; }
 do_cpu_plans() {
   local fails=0 used=0 p name g dir eng
+  local built_with here
+  built_with=$(aot_cudnn)
+  here=$(run_cudnn)
   for p in "$BUNDLE"/aot/*.plan; do
     [ -f "$p" ] || continue
     name=$(basename "$p" .plan)
     g=$(ls examples/graphs/"$name".json examples/graphs/small/"$name".json 2>/dev/null | head -n1)
     [ -n "$g" ] || { echo "FAIL $name: no graph for $p"; fails=$((fails + 1)); continue; }
+    if [ -n "$built_with" ] && [ "$built_with" != "$here" ]; then
+      if timeout 180 "$FB" run "$g" --plan "$p" --iters 0 > "$OUT/cpu_plan_$name.txt" 2>&1; then
+        echo "FAIL $name: a plan built with cuDNN $built_with ran on cuDNN $here"; fails=$((fails + 1))
+      elif grep -q "plan was built with cuDNN" "$OUT/cpu_plan_$name.txt"; then
+        echo "ok $name: the plan built with cuDNN $built_with is refused on $here, naming both"; used=$((used + 1))
+      else
+        echo "FAIL $name: refused without naming the versions"; sed -n 1,3p "$OUT/cpu_plan_$name.txt"; fails=$((fails + 1))
+      fi
+      continue
+    fi
     dir="$OUT/cpu_plans/$name"
     rm -rf "$dir"; mkdir -p "$dir/d1" "$dir/d2"
     echo "+ $FB run $g --plan $p --verify --save-outputs $dir/d1 --seed 11"
@@ -419,7 +436,8 @@ PYEOF
     cp "$BUNDLE/aot/cache.sqlite" "$OUT/aot_cache.sqlite"
     for g in examples/graphs/conv_bias_relu.json examples/graphs/small/conv_bias_relu_small.json; do
       timeout 120 "$FB" run "$g" --cache "$OUT/aot_cache.sqlite" --iters 0 --verify --json > "$OUT/aot_cache_run.json" || { echo "FAIL $g: run from the CPU-filled cache"; fails=$((fails + 1)); continue; }
-      "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["graph"], "cache", d["cache"], d["plan_source"], d["engine"], "verify ok", d["ok"]); sys.exit(0 if d["cache"] == "hit" and d["ok"] else 1)' "$OUT/aot_cache_run.json" || fails=$((fails + 1))
+      # a hit when the bundle's cuDNN is the one loaded here; a miss (never another version's entry) otherwise
+      "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); want = "hit" if sys.argv[2] == sys.argv[3] or not sys.argv[2] else "miss"; print(d["graph"], "cache", d["cache"], "(want", want + ")", d["plan_source"], d["engine"], "verify ok", d["ok"]); sys.exit(0 if d["cache"] == want and d["ok"] else 1)' "$OUT/aot_cache_run.json" "$(aot_cudnn)" "$(run_cudnn)" || fails=$((fails + 1))
     done
   fi
   rm -f "$OUT"/cache_*.sqlite* "$OUT"/aot_cache.sqlite*
@@ -471,7 +489,7 @@ PYEOF
     for g in examples/graphs/conv_bias_relu.json examples/graphs/small/conv_grouped_small.json; do
       j="$OUT/imported_run_$(graph_name "$g").json"
       timeout 120 "$FB" run "$g" --cache "$c" --iters 0 --verify --json > "$j" || { echo "FAIL $g: run from the imported cache"; fails=$((fails + 1)); continue; }
-      "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["graph"], "imported cache:", d["cache"], d["plan_source"], d["engine"], "verify ok", d["ok"]); sys.exit(0 if d["cache"] == "hit" and d["ok"] else 1)' "$j" || fails=$((fails + 1))
+      "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); want = "hit" if sys.argv[2] == sys.argv[3] or not sys.argv[2] else "miss"; print(d["graph"], "imported cache:", d["cache"], "(want", want + ")", d["plan_source"], d["engine"], "verify ok", d["ok"]); sys.exit(0 if d["cache"] == want and d["ok"] else 1)' "$j" "$(aot_cudnn)" "$(run_cudnn)" || fails=$((fails + 1))
     done
   fi
   rm -f "$OUT"/migrate_*.sqlite* "$OUT"/imported.sqlite*
