@@ -26,6 +26,7 @@
 #include "fusebox/dtype.h"
 #include "fusebox/ops/batchnorm.h"
 #include "fusebox/ops/conv.h"
+#include "fusebox/ops/cross_entropy.h"
 #include "fusebox/ops/embedding.h"
 #include "fusebox/ops/matmul.h"
 #include "fusebox/ops/norm.h"
@@ -89,7 +90,7 @@ using OpAttrs =
     std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs,
                  SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs, RmsNormAttrs,
                  LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs, BatchNormInferenceAttrs,
-                 BatchNormBwdAttrs, ReductionAttrs, EmbeddingAttrs, RopeAttrs>;
+                 BatchNormBwdAttrs, ReductionAttrs, EmbeddingAttrs, RopeAttrs, CrossEntropyAttrs>;
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);

@@ -4,6 +4,7 @@
 #include <variant>
 
 #include "common/op_where.h"
+#include "cross_entropy.h"
 #include "embedding.h"
 #include "fusebox/op_traits.h"
 #include "norm.h"
@@ -38,6 +39,11 @@ Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGrap
 Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
                                                               const RopeAttrs& a, const std::string&) {
   return make_rope_kernel(g, op, a);
+}
+Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
+                                                              const CrossEntropyAttrs& a,
+                                                              const std::string&) {
+  return make_cross_entropy_kernel(g, op, a);
 }
 
 }  // namespace

@@ -58,10 +58,14 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"rope", "fusebox_rope"},
     {"rope_small", "fusebox_rope"},
     {"rope_decode_small", "fusebox_rope"},
-    {"rope_bwd_small", "fusebox_rope_bwd"}};
+    {"rope_bwd_small", "fusebox_rope_bwd"},
+    {"cross_entropy", "fusebox_cross_entropy"},
+    {"cross_entropy_small", "fusebox_cross_entropy"},
+    {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"}};
 // Of those, the ones only fusebox runs (cuDNN has no op for them on 9.19, and fusebox
 // does not lower to 9.24's RoPE yet): no cuDNN engine to pin instead.
-const std::set<std::string> kOnlyFusebox = {"fusebox_embedding", "fusebox_rope", "fusebox_rope_bwd"};
+const std::set<std::string> kOnlyFusebox = {"fusebox_embedding", "fusebox_rope", "fusebox_rope_bwd",
+                                            "fusebox_cross_entropy", "fusebox_cross_entropy_bwd"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());

@@ -215,6 +215,35 @@ TEST_F(NativeKernelsGpu, RopeAndItsBackwardMatchTheReferences) {
         "fusebox_rope");
 }
 
+// cross_entropy / cross_entropy_bwd (src/kernels/cross_entropy.cu): logits [N, V, 1, 1].
+std::string cross_entropy_json(bool bwd, int64_t n, int64_t v, const char* io) {
+  const std::string rows = dims_text({n, 1, 1, 1});
+  std::string t = R"({"name": "logits", "dims": )" + dims_text({n, v, 1, 1}) +
+                  R"(, "layout": "nhwc"}, {"name": "labels", "dims": )" + rows + R"(, "dtype": "int32"})";
+  std::string op;
+  if (bwd) {
+    t += R"(, {"name": "lse", "dims": )" + rows + R"(, "dtype": "fp32"}, {"name": "dloss", "dims": )" + rows +
+         R"(, "dtype": "fp32"}, {"name": "dlogits", "layout": "nhwc"})";
+    op = R"({"op": "cross_entropy_bwd", "name": "x", "inputs": {"logits": "logits", "labels": "labels", )"
+         R"("lse": "lse", "dloss": "dloss"}, "outputs": {"dlogits": "dlogits"}})";
+  } else {
+    t += R"(, {"name": "loss", "dtype": "fp32"}, {"name": "lse", "dtype": "fp32"})";
+    op = R"({"op": "cross_entropy", "name": "x", "inputs": {"logits": "logits", "labels": "labels"}, )"
+         R"("outputs": {"loss": "loss", "lse": "lse"}})";
+  }
+  return std::string(R"({"name": "xent", "io_dtype": ")") + io + R"(", "tensors": [)" + t + R"(], "ops": [)" +
+         op + "]}";
+}
+
+TEST_F(NativeKernelsGpu, CrossEntropyAndItsBackwardMatchTheReferences) {
+  // A language model's loss (32k vocabulary), GPT-2's odd vocabulary in fp16, a tiny fp32 case.
+  check(cross_entropy_json(false, 4096, 32000, "bf16"), "fusebox_cross_entropy");
+  check(cross_entropy_json(false, 100, 50257, "fp16"), "fusebox_cross_entropy");
+  check(cross_entropy_json(false, 7, 3, "fp32"), "fusebox_cross_entropy");
+  check(cross_entropy_json(true, 2048, 16384, "bf16"), "fusebox_cross_entropy_bwd");
+  check(cross_entropy_json(true, 33, 1001, "fp32"), "fusebox_cross_entropy_bwd");
+}
+
 TEST_F(NativeKernelsGpu, APinnedCudnnEngineStillRunsCudnn) {
   const std::string json = norm_json(false, {256, 1024, 1, 1}, {1, 1024, 1, 1}, "bf16", "nhwc", true, true);
   ResolvedGraph g = load(json);

@@ -21,7 +21,7 @@ PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": 
            "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
            "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
            "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y",
-           "rope": "y", "rope_bwd": "dx"}
+           "rope": "y", "rope_bwd": "dx", "cross_entropy": "loss", "cross_entropy_bwd": "dlogits"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
@@ -153,6 +153,12 @@ def test_example_document(run_check, path):
             assert 0 < a["rope_dim"] <= x["dims"][3] and a["rope_dim"] % 2 == 0 and f[3] == a["rope_dim"] // 2
             assert a["layout"] in ("half", "interleaved") and a["native_kernel"] is True
             assert a["offset"] == ("offset" in op["inputs"]) and f[2] >= x["dims"][2]
+        elif op["op"] in ("cross_entropy", "cross_entropy_bwd"):
+            # logits [N, V, 1, 1], labels int32 [N, 1, 1, 1]; fusebox's own kernel
+            lg, lb = tensors[op["inputs"]["logits"]], tensors[op["inputs"]["labels"]]
+            assert lb["dtype"] == "int32" and lb["dims"] == [lg["dims"][0], 1, 1, 1]
+            assert op["attrs"] == {"classes": lg["dims"][1], "ignore_index": -100, "lse": "lse" in op["outputs"],
+                                   "native_kernel": True}
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}

@@ -711,6 +711,32 @@ def rope(ins, op):
     return {"dx": dx}
 
 
+def cross_entropy(ins, op):
+    """cross_entropy: loss (and lse) per row by F.cross_entropy (no reduction) and torch.logsumexp.
+    cross_entropy_bwd: dlogits = (exp(logits - lse) - one_hot(labels)) * dloss with the lse it is
+    given (an input, as the op defines it: random in a cross-check); when lse is the forward's, this
+    is autograd's gradient of sum(dloss * F.cross_entropy), which it is checked against then."""
+    a = op["attrs"]
+    logits = ins["logits"].float().reshape(ins["logits"].shape[0], -1)
+    labels = ins["labels"].reshape(-1).long()
+    ignore = int(a["ignore_index"])
+    shape = (logits.shape[0], 1, 1, 1)
+    if op["op"] == "cross_entropy":
+        loss = F.cross_entropy(logits, labels, reduction="none", ignore_index=ignore)
+        return {"loss": loss.reshape(shape), "lse": torch.logsumexp(logits, dim=1).reshape(shape)}
+    lse, dloss = ins["lse"].float().reshape(-1, 1), ins["dloss"].float().reshape(-1, 1)
+    kept = labels != ignore
+    onehot = F.one_hot(torch.where(kept, labels, 0), logits.shape[1]).float()
+    dx = (torch.exp(logits - lse) - onehot) * dloss * kept[:, None]
+    own = torch.logsumexp(logits, dim=1, keepdim=True)
+    if torch.allclose(lse, own, rtol=1e-5, atol=1e-5):  # the forward's lse: autograd must agree
+        x = logits.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(F.cross_entropy(x, labels, reduction="none", ignore_index=ignore), x,
+                                   dloss.reshape(-1))
+        assert torch.allclose(dx, g, rtol=1e-4, atol=1e-6), "cross_entropy_bwd: formula and autograd disagree"
+    return {"dlogits": dx.reshape(ins["logits"].shape)}
+
+
 def _outputs_of(res, op):
     return {r: res[r] for r in op["outputs"] if r in res}
 
@@ -733,6 +759,8 @@ TORCH_OPS = {
     "embedding": lambda op, ins, dtypes: embedding(ins),
     "rope": lambda op, ins, dtypes: rope(ins, op),
     "rope_bwd": lambda op, ins, dtypes: rope(ins, op),
+    "cross_entropy": lambda op, ins, dtypes: _outputs_of(cross_entropy(ins, op), op),
+    "cross_entropy_bwd": lambda op, ins, dtypes: cross_entropy(ins, op),
     "conv_fprop": lambda op, ins, dtypes: conv(ins["x"], ins["w"], op),
     "conv_dgrad": lambda op, ins, dtypes: {"dx": conv_dgrad(ins["dy"], ins["w"], op, ins.get("x"))},
     "conv_wgrad": lambda op, ins, dtypes: {"dw": conv_wgrad(ins["dy"], ins["x"], op, ins.get("w"))},

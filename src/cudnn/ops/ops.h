@@ -64,6 +64,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& a
 // ---- embedding: ops/embedding_lowering.cpp (no cuDNN op: fusebox's own kernel, src/kernels/)
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RopeAttrs& attrs);
+Status lower_op(LowerContext& ctx, const ResolvedOp& op, const CrossEntropyAttrs& attrs);
 // ---- sdpa: ops/sdpa_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);

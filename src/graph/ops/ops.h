@@ -102,6 +102,8 @@ FUSEBOX_GRAPH_OP_FUNCTIONS(ReductionAttrs)
 FUSEBOX_GRAPH_OP_FUNCTIONS(EmbeddingAttrs)
 // rope.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(RopeAttrs)
+// cross_entropy.cpp
+FUSEBOX_GRAPH_OP_FUNCTIONS(CrossEntropyAttrs)
 
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
@@ -160,6 +162,7 @@ std::vector<std::string_view> type_names(std::type_identity<BatchNormBwdAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<ReductionAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<EmbeddingAttrs>);
 std::vector<std::string_view> type_names(std::type_identity<RopeAttrs>);
+std::vector<std::string_view> type_names(std::type_identity<CrossEntropyAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
@@ -180,6 +183,7 @@ std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ReductionAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<EmbeddingAttrs>);
 std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RopeAttrs>);
+std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<CrossEntropyAttrs>);
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>

@@ -185,4 +185,13 @@ struct OpTraits<RopeAttrs> : OpTraitsDefaults {
   static constexpr bool native_only = true;
 };
 
+// ---- cross_entropy (fusebox's own kernel: include/fusebox/ops/cross_entropy.h)
+template <>
+struct OpTraits<CrossEntropyAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "cross_entropy", bench_family = "reduction";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"ignore_index"});
+  static constexpr bool outputs_in_memory = true;
+  static constexpr bool native_only = true;
+};
+
 }  // namespace fusebox::graph_ops

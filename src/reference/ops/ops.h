@@ -106,4 +106,10 @@ Tolerance tolerance(const EmbeddingAttrs& a, std::string_view role, DType dtype)
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const RopeAttrs& a);
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const RopeAttrs& a);
 Tolerance tolerance(const RopeAttrs& a, std::string_view role, DType dtype);
+
+// ---- cross_entropy: ops/cross_entropy_cpu.cpp, ops/cross_entropy_gpu.cu (fusebox's own kernel:
+// src/kernels/cross_entropy.cu)
+Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const CrossEntropyAttrs& a);
+Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const CrossEntropyAttrs& a);
+Tolerance tolerance(const CrossEntropyAttrs& a, std::string_view role, DType dtype);
 }  // namespace fusebox::reference_detail

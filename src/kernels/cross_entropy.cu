@@ -1,0 +1,165 @@
+// fusebox kernels layer: softmax cross-entropy (include/fusebox/ops/cross_entropy.h).
+// Forward: one block per row, one pass over the row keeping a running (max, sum
+// of exp) per thread, merged across the block; loss = lse - logits[label].
+// Backward: one thread per logit, (exp(x - lse) - onehot) * dloss. Both read the
+// logits as stored (bf16, fp16, fp32) and compute in fp32 with the accurate expf.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/cuda_status.h"
+#include "common/op_where.h"
+#include "cross_entropy.h"
+#include "dtype_access.cuh"
+#include "kernel_base.h"
+
+namespace fusebox::kernels {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+// (m, s) is sum_i exp(x_i - m); merging keeps the larger max.
+__device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
+  if (m2 > m) {
+    s = s * expf(m - m2) + s2;
+    m = m2;
+  } else if (m2 > -INFINITY) {
+    s += s2 * expf(m2 - m);
+  }
+}
+
+__global__ void ce_forward(const void* logits, int dtype, int64_t row_stride, const int* labels,
+                           int64_t label_stride, int64_t v, int64_t ignore, float* loss, float* lse_out) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = r * row_stride;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
+    const float x = load_as_float(logits, dtype, base + c);
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;
+      m = x;
+    } else if (x > -INFINITY) {  // a -inf logit (a masked class) adds nothing
+      s += expf(x - m);
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
+    merge(m, s, m2, s2);
+  }
+  __shared__ float ms[kRowThreads / 32], ss[kRowThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    ms[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) merge(m, s, ms[w], ss[w]);
+  const float lse = m + logf(s);
+  const int y = labels[r * label_stride];
+  float l = __int_as_float(0x7fc00000);  // NaN: a label outside the classes
+  if (y == ignore) {
+    l = 0.f;
+  } else if (y >= 0 && y < v) {
+    l = lse - load_as_float(logits, dtype, base + y);
+  }
+  loss[r] = l;
+  if (lse_out) lse_out[r] = lse;
+}
+
+__global__ void ce_backward(const void* logits, int dtype, int64_t row_stride, const int* labels,
+                            int64_t label_stride, const float* lse, int64_t lse_stride, const float* dloss,
+                            int64_t dloss_stride, void* dlogits, int d_dtype, int64_t d_row_stride, int64_t n,
+                            int64_t v, int64_t ignore) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * v;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / v, c = i % v;
+    const int y = labels[r * label_stride];
+    float d = __int_as_float(0x7fc00000);
+    if (y == ignore) {
+      d = 0.f;
+    } else if (y >= 0 && y < v) {
+      const float p = expf(load_as_float(logits, dtype, r * row_stride + c) - lse[r * lse_stride]);
+      d = (p - (c == y ? 1.f : 0.f)) * dloss[r * dloss_stride];
+    }
+    store_from_float(dlogits, d_dtype, r * d_row_stride + c, d);
+  }
+}
+
+class CrossEntropyKernel final : public KernelBase {
+ public:
+  Status launch(void* const* ptrs, void* stream_ptr) const override {
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    if (n_ == 0 || v_ == 0) return Status::Ok();
+    if (!backward_) {
+      ce_forward<<<static_cast<unsigned>(n_), kRowThreads, 0, stream>>>(
+          ptrs[0], dtype_, row_stride_, static_cast<const int*>(ptrs[1]), label_stride_, v_, ignore_,
+          static_cast<float*>(ptrs[2]), has_lse_ ? static_cast<float*>(ptrs[3]) : nullptr);
+    } else {
+      constexpr int kThreads = 256;
+      const int blocks = static_cast<int>(
+          std::max<int64_t>(1, std::min<int64_t>((n_ * v_ + kThreads - 1) / kThreads, 65535LL * 8)));
+      ce_backward<<<blocks, kThreads, 0, stream>>>(
+          ptrs[0], dtype_, row_stride_, static_cast<const int*>(ptrs[1]), label_stride_,
+          static_cast<const float*>(ptrs[2]), lse_stride_, static_cast<const float*>(ptrs[3]), dloss_stride_,
+          ptrs[4], d_dtype_, d_row_stride_, n_, v_, ignore_);
+    }
+    return common::cuda_status(cudaGetLastError(), where_, " cross-entropy kernel launch");
+  }
+
+  bool backward_ = false, has_lse_ = false;
+  int dtype_ = 0, d_dtype_ = 0;
+  int64_t n_ = 0, v_ = 0, ignore_ = -100, row_stride_ = 0, label_stride_ = 1, lse_stride_ = 1,
+          dloss_stride_ = 1, d_row_stride_ = 0;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const NativeKernel>> make_cross_entropy_kernel(const ResolvedGraph& g,
+                                                                      const ResolvedOp& op,
+                                                                      const CrossEntropyAttrs& a) {
+  auto k = std::make_shared<CrossEntropyKernel>();
+  const char* type = a.backward ? "cross_entropy_bwd" : "cross_entropy";
+  k->name_ = std::string("fusebox_") + type;
+  k->where_ = common::op_where(type, op.name);
+  const ResolvedTensor& logits = g.tensors[op.inputs.at("logits")];
+  const ResolvedTensor& labels = g.tensors[op.inputs.at("labels")];
+  k->backward_ = a.backward;
+  k->has_lse_ = a.lse;
+  k->ignore_ = a.ignore_index;
+  k->n_ = logits.dims.at(0);
+  k->v_ = logits.dims.at(1);
+  k->dtype_ = static_cast<int>(logits.dtype);
+  k->row_stride_ = logits.strides.at(0);
+  k->label_stride_ = labels.strides.at(0);
+  if (k->n_ > 2147483647) return InvalidArgument(k->where_ + " has more than 2^31 - 1 rows");
+  k->tensors_ = {logits.name, labels.name};
+  if (!a.backward) {
+    for (const char* role : {"loss", "lse"}) {
+      if (std::string(role) == "lse" && !a.lse) continue;
+      const ResolvedTensor& t = g.tensors[op.outputs.at(role)];
+      if (t.is_virtual)
+        return InvalidArgument(k->where_ + " output '" + role + "' ('" + t.name +
+                               "') must be a graph output");
+      if (t.strides.at(0) != 1 && k->n_ > 1)
+        return InvalidArgument(k->where_ + " output '" + role + "' must be dense (one fp32 per row)");
+      k->tensors_.push_back(t.name);
+    }
+    return std::shared_ptr<const NativeKernel>(std::move(k));
+  }
+  const ResolvedTensor& lse = g.tensors[op.inputs.at("lse")];
+  const ResolvedTensor& dloss = g.tensors[op.inputs.at("dloss")];
+  const ResolvedTensor& d = g.tensors[op.outputs.at("dlogits")];
+  if (d.is_virtual)
+    return InvalidArgument(k->where_ + " output 'dlogits' ('" + d.name + "') must be a graph output");
+  k->lse_stride_ = lse.strides.at(0);
+  k->dloss_stride_ = dloss.strides.at(0);
+  k->d_dtype_ = static_cast<int>(d.dtype);
+  k->d_row_stride_ = d.strides.at(0);
+  k->tensors_.insert(k->tensors_.end(), {lse.name, dloss.name, d.name});
+  return std::shared_ptr<const NativeKernel>(std::move(k));
+}
+
+}  // namespace fusebox::kernels
