@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "internal.h"
 
@@ -61,10 +62,22 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& a
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attrs);
 // ---- pointwise: ops/pointwise_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& attrs);
-// ---- embedding: ops/embedding_lowering.cpp (no cuDNN op: fusebox's own kernel, src/kernels/)
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RopeAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const CrossEntropyAttrs& attrs);
+// ---- native ops (embedding, rope, cross_entropy): ops/native_lowering.cpp
+// Ops fusebox runs only with its own kernel (OpTraits::native_only): no
+// lowering. A graph of one alone never gets here (build_plan runs the kernel);
+// one mixed with cuDNN ops is refused by the kernels layer first. The
+// overloads keep the dispatch complete; `what` names the op in the refusal
+// (native_lowering.cpp).
+Status lower_native_op(LowerContext& ctx, std::string_view what);
+inline Status lower_op(LowerContext& ctx, const ResolvedOp&, const EmbeddingAttrs&) {
+  return lower_native_op(ctx, "an embedding lookup");
+}
+inline Status lower_op(LowerContext& ctx, const ResolvedOp&, const RopeAttrs&) {
+  return lower_native_op(ctx, "rope (not lowered to cuDNN 9.24's RoPE operation yet)");
+}
+inline Status lower_op(LowerContext& ctx, const ResolvedOp&, const CrossEntropyAttrs&) {
+  return lower_native_op(ctx, "softmax cross-entropy");
+}
 // ---- sdpa: ops/sdpa_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& attrs);
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);

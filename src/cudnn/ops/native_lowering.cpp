@@ -1,0 +1,16 @@
+// The ops fusebox runs only with its own kernel (OpTraits::native_only:
+// embedding, rope, cross_entropy; docs/architecture.md, "Native ops") have no
+// lowering: the overloads in ops/ops.h call this refusal, reached only by a
+// graph that mixes such an op with cuDNN ops (the kernels layer refuses it
+// first, with the same advice).
+#include "ops/ops.h"
+
+namespace fusebox::cudnn {
+
+Status lower_native_op(LowerContext& ctx, std::string_view what) {
+  return InvalidArgument(ctx.where() + " fusebox runs " + std::string(what) +
+                         " with its own CUDA kernel, alone in its graph (in a pipeline, a stage of its own): "
+                         "there is no cuDNN operation to lower it to");
+}
+
+}  // namespace fusebox::cudnn
