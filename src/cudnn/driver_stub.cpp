@@ -23,15 +23,15 @@ namespace fusebox::cudnn {
 namespace {
 
 DriverLoad load_driver_or_stub() {
-  if (dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL)) return DriverLoad::kDriver;
+  if (dlopen("libcuda.so.1", RTLD_LAZY | RTLD_GLOBAL)) return DriverLoad::kDriver;
   const std::string stub = FUSEBOX_CUDA_DRIVER_STUB;
-  if (!stub.empty() && dlopen(stub.c_str(), RTLD_NOW | RTLD_GLOBAL)) return DriverLoad::kStub;
+  if (!stub.empty() && dlopen(stub.c_str(), RTLD_LAZY | RTLD_GLOBAL)) return DriverLoad::kStub;
   return DriverLoad::kNone;
 }
 
-// Before main: cuDNN may be called from static initializers of a host program
-// only after this one has run in the common case (ours runs when fusebox's
-// library is loaded), and driver_load() covers any caller that comes earlier.
+// When fusebox's code is loaded (before main, or when a host program loads
+// libfusebox.so): the one place the choice is made, before any cuDNN call.
+// Lazy binding: nothing of the driver is resolved until cudart or cuDNN calls it.
 [[gnu::constructor]] void load_at_startup() { (void)driver_load(); }
 
 }  // namespace

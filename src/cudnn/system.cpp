@@ -75,7 +75,6 @@ int gpu_count() {
 }
 
 Status check_cudnn_runtime() {
-  (void)cudnn::driver_load();  // before cuDNN loads its sublibraries (driver_stub.cpp)
   const int64_t runtime = static_cast<int64_t>(cudnnGetVersion());
   if (runtime < kMinCudnnVersion) {
     return Status(StatusCode::kVersionMismatch,

@@ -99,8 +99,7 @@ class CrossEntropyKernel final : public KernelBase {
           static_cast<float*>(ptrs[2]), has_lse_ ? static_cast<float*>(ptrs[3]) : nullptr);
     } else {
       constexpr int kThreads = 256;
-      const int blocks = static_cast<int>(
-          std::max<int64_t>(1, std::min<int64_t>((n_ * v_ + kThreads - 1) / kThreads, 65535LL * 8)));
+      const int blocks = grid_stride_blocks(n_ * v_, kThreads);
       ce_backward<<<blocks, kThreads, 0, stream>>>(
           ptrs[0], dtype_, row_stride_, static_cast<const int*>(ptrs[1]), label_stride_,
           static_cast<const float*>(ptrs[2]), lse_stride_, static_cast<const float*>(ptrs[3]), dloss_stride_,

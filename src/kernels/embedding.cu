@@ -71,11 +71,6 @@ __global__ void embedding_bf16x8(const int* ids, int64_t ids_stride, const uint4
   }
 }
 
-int blocks_for(int64_t work, int threads) {
-  return static_cast<int>(
-      std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
-}
-
 class EmbeddingKernel final : public KernelBase {
  public:
   EmbeddingKernel() { name_ = "fusebox_embedding"; }
@@ -92,13 +87,13 @@ class EmbeddingKernel final : public KernelBase {
     const bool vec = all_bf16_ && h_ % 8 == 0 && table_.stride % 8 == 0 && y_.stride % 8 == 0 &&
                      (!add || add_.stride % 8 == 0) && aligned(table) && aligned(y) && (!add || aligned(add));
     if (vec) {
-      embedding_bf16x8<<<blocks_for(n_ * (h_ / 8), kThreads), kThreads, 0, stream>>>(
+      embedding_bf16x8<<<grid_stride_blocks(n_ * (h_ / 8), kThreads), kThreads, 0, stream>>>(
           ids, ids_stride_, static_cast<const uint4*>(table), table_.stride / 8,
           static_cast<const uint4*>(add), add_.stride / 8, p_, static_cast<uint4*>(y), y_.stride / 8, n_, v_,
           h_ / 8);
     } else {
-      embedding_any<<<blocks_for(n_ * h_, kThreads), kThreads, 0, stream>>>(ids, ids_stride_, table, table_,
-                                                                            add, add_, p_, y, y_, n_, v_, h_);
+      embedding_any<<<grid_stride_blocks(n_ * h_, kThreads), kThreads, 0, stream>>>(
+          ids, ids_stride_, table, table_, add, add_, p_, y, y_, n_, v_, h_);
     }
     return common::cuda_status(cudaGetLastError(), where_, " embedding kernel launch");
   }

@@ -3,12 +3,21 @@
 // order, and the "[op 'name']" prefix of its messages.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "kernels/native_kernel.h"
 
 namespace fusebox::kernels {
+
+// Blocks of `threads` for a grid-stride loop over `work` items: enough for one
+// item per thread, capped (the loop covers the rest), at least one.
+inline int grid_stride_blocks(int64_t work, int threads) {
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
+}
 
 class KernelBase : public NativeKernel {
  public:

@@ -172,8 +172,7 @@ class WindowPoolKernel final : public KernelBase {
     const int64_t total = a.n * (a.c / (vec8 ? 8 : 1)) * a.out[0] * a.out[1] * a.out[2];
     if (total == 0) return Status::Ok();
     constexpr int kThreads = 256;
-    const unsigned blocks =
-        static_cast<unsigned>(std::min<int64_t>((total + kThreads - 1) / kThreads, 65535LL * 8));
+    const int blocks = grid_stride_blocks(total, kThreads);
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     if (vec8) {
       window_pool<8><<<blocks, kThreads, 0, stream>>>(a);

@@ -71,8 +71,7 @@ class RopeKernel final : public KernelBase {
     void* y = ptrs[has_offset_ ? 3 : 2];
     if (total_ == 0) return Status::Ok();
     constexpr int kThreads = 256;
-    const int blocks = static_cast<int>(
-        std::max<int64_t>(1, std::min<int64_t>((total_ + kThreads - 1) / kThreads, 65535LL * 8)));
+    const int blocks = grid_stride_blocks(total_, kThreads);
     rope_kernel<<<blocks, kThreads, 0, static_cast<cudaStream_t>(stream_ptr)>>>(
         x, x_dtype_, xs_, freqs, fs_, offset, offset_stride_, y, y_dtype_, ys_, shape_, total_);
     return common::cuda_status(cudaGetLastError(), where_, " rope kernel launch");
