@@ -21,6 +21,8 @@ struct OpTraitsInfo {
   bool native_only = false;  // cuDNN 9.19 has no op: fusebox's own kernel runs it, alone in its graph
   bool reads_forward_outputs = false;          // a backward op reading its forward's o and stats
   std::vector<std::string_view> index_inputs;  // input roles whose values index memory: checked before a run
+  std::vector<std::string_view>
+      no_grad_inputs;  // input roles that never carry a gradient (fusebox/autodiff.h)
 };
 
 // The traits of an op, from its attributes.

@@ -21,6 +21,13 @@ enum class PointwiseMode {
   kSigmoid,   // (input x)
   kTanh,      // (input x)
   kReluBwd,   // y = x > 0 ? dy : 0   (inputs dy, x: the gradient and relu's forward input)
+  // The other activations' backward, like relu_bwd: inputs dy and the forward's input x,
+  // y = dy * f'(x) (the gradient rules of docs/training.md emit them).
+  kGeluTanhBwd,  // f = gelu_tanh
+  kGeluErfBwd,   // f = gelu_erf
+  kSiluBwd,      // f = silu: s(x) * (1 + x * (1 - s(x))), s = sigmoid
+  kSigmoidBwd,   // f = sigmoid: s(x) * (1 - s(x))
+  kTanhBwd,      // f = tanh: 1 - tanh(x)^2
 };
 
 struct PointwiseAttrs {
@@ -30,5 +37,7 @@ struct PointwiseAttrs {
 std::string_view pointwise_mode_name(PointwiseMode m);
 std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s);
 bool pointwise_is_unary(PointwiseMode m);
+// relu_bwd and the other activations' backward (inputs dy, x).
+bool pointwise_is_activation_bwd(PointwiseMode m);
 
 }  // namespace fusebox

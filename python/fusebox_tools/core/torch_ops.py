@@ -75,7 +75,21 @@ _POINTWISE = {
     "sigmoid": lambda i: torch.sigmoid(i["x"]),
     "tanh": lambda i: torch.tanh(i["x"]),
     "relu_bwd": lambda i: torch.where(i["x"] > 0, i["dy"], torch.zeros_like(i["dy"])),
+    # The other activations' backward, through torch's autograd of the forward.
+    "gelu_tanh_bwd": lambda i: _activation_grad(lambda x: F.gelu(x, approximate="tanh"), i),
+    "gelu_erf_bwd": lambda i: _activation_grad(F.gelu, i),
+    "silu_bwd": lambda i: _activation_grad(F.silu, i),
+    "sigmoid_bwd": lambda i: _activation_grad(torch.sigmoid, i),
+    "tanh_bwd": lambda i: _activation_grad(torch.tanh, i),
 }
+
+
+def _activation_grad(f, i):
+    """dy * f'(x) by autograd, in fp32."""
+    with torch.enable_grad():
+        x = i["x"].detach().float().requires_grad_(True)
+        (g,) = torch.autograd.grad(f(x), x, grad_outputs=i["dy"].float().expand_as(x))
+    return g
 
 
 # ---------------------------------------------------------------- reductions

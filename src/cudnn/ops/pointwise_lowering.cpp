@@ -28,6 +28,16 @@ fe::PointwiseMode_t to_fe(PointwiseMode m) {
       return fe::PointwiseMode_t::TANH_FWD;
     case PointwiseMode::kReluBwd:
       return fe::PointwiseMode_t::RELU_BWD;
+    case PointwiseMode::kGeluTanhBwd:
+      return fe::PointwiseMode_t::GELU_APPROX_TANH_BWD;
+    case PointwiseMode::kGeluErfBwd:
+      return fe::PointwiseMode_t::GELU_BWD;
+    case PointwiseMode::kSiluBwd:
+      return fe::PointwiseMode_t::SWISH_BWD;
+    case PointwiseMode::kSigmoidBwd:
+      return fe::PointwiseMode_t::SIGMOID_BWD;
+    case PointwiseMode::kTanhBwd:
+      return fe::PointwiseMode_t::TANH_BWD;
   }
   return fe::PointwiseMode_t::NOT_SET;
 }
@@ -39,7 +49,7 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& p
                    .set_name(op.name)
                    .set_mode(to_fe(pw.mode))
                    .set_compute_data_type(to_fe(op.compute_dtype));
-  if (pw.mode == PointwiseMode::kSilu) attrs.set_swish_beta(1.0f);
+  if (pw.mode == PointwiseMode::kSilu || pw.mode == PointwiseMode::kSiluBwd) attrs.set_swish_beta(1.0f);
   FeTensor a, b;
   switch (pw.mode) {
     case PointwiseMode::kAdd:
@@ -57,6 +67,11 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& p
       b = ctx.in("scale");
       break;
     case PointwiseMode::kReluBwd:
+    case PointwiseMode::kGeluTanhBwd:
+    case PointwiseMode::kGeluErfBwd:
+    case PointwiseMode::kSiluBwd:
+    case PointwiseMode::kSigmoidBwd:
+    case PointwiseMode::kTanhBwd:
       a = ctx.in("dy");
       b = ctx.in("x");
       break;  // IN_0 = dy, IN_1 = x

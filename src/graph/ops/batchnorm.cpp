@@ -271,4 +271,34 @@ double flops(const FlopsContext& ctx, const BatchNormBwdAttrs&) {
   return 10.0 * static_cast<double>(ctx.in("x").element_count());
 }
 
+// ---- gradient rules: batchnorm (training) -> batchnorm_bwd from its saved
+// statistics; inference and the backward op have none.
+Status grad(GradContext& ctx, const BatchNormAttrs&) {
+  for (const char* role : {"mean", "inv_variance", "next_running_mean", "next_running_var"})
+    if (!ctx.dy(role).empty())
+      return ctx.no_rule(std::string("a gradient flows into its statistic '") + role +
+                         "'; statistics carry none: take only 'y' as a seed");
+  if (ctx.wants("running_mean") || ctx.wants("running_var"))
+    return ctx.no_rule("the running statistics get no gradient: leave them out of wrt");
+  if (ctx.dy("y").empty()) return Status::Ok();
+  std::map<std::string, std::string> in{{"dy", ctx.dy("y")}};
+  for (const char* role : {"x", "scale"}) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
+  }
+  for (const char* role : {"mean", "inv_variance"}) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.out(role));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", BatchNormBwdAttrs{}, in));
+  if (ctx.wants("x")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("x", r.at("dx")));
+  if (ctx.wants("scale")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("scale", r.at("dscale")));
+  if (ctx.wants("bias")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("bias", r.at("dbias")));
+  return Status::Ok();
+}
+Status grad(GradContext& ctx, const BatchNormInferenceAttrs&) {
+  return ctx.no_rule("batchnorm_inference is for inference: train with batchnorm (its training phase)");
+}
+Status grad(GradContext& ctx, const BatchNormBwdAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+
 }  // namespace fusebox::graph_ops

@@ -370,4 +370,29 @@ double flops(const FlopsContext& ctx, const ConvWgradAttrs& a) {
   return conv_flops(ctx.in("dy").dims, a.w_dims);
 }
 
+// ---- gradient rules: conv_fprop -> conv_dgrad (dx) and conv_wgrad (dw) with
+// its padding, stride and dilation; the backward ops have none.
+Status grad(GradContext& ctx, const ConvFpropAttrs& a) {
+  const std::string dy = ctx.dy("y");
+  if (ctx.wants("x")) {
+    FUSEBOX_ASSIGN_OR_RETURN(std::string w, ctx.in("w"));
+    ConvDgradAttrs d{a.padding, a.stride, a.dilation, ctx.in_tensor("x").dims};
+    FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("dgrad", d, {{"dy", dy}, {"w", w}}));
+    FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("x", r.at("dx")));
+  }
+  if (ctx.wants("w")) {
+    FUSEBOX_ASSIGN_OR_RETURN(std::string x, ctx.in("x"));
+    ConvWgradAttrs wg{a.padding, a.stride, a.dilation, ctx.in_tensor("w").dims};
+    FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("wgrad", wg, {{"dy", dy}, {"x", x}}));
+    FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("w", r.at("dw")));
+  }
+  return Status::Ok();
+}
+Status grad(GradContext& ctx, const ConvDgradAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+Status grad(GradContext& ctx, const ConvWgradAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+
 }  // namespace fusebox::graph_ops

@@ -144,4 +144,22 @@ double flops(const FlopsContext& ctx, const CrossEntropyAttrs& a) {
   return (a.backward ? 3.0 : 4.0) * elems;
 }
 
+// ---- gradient rule: cross_entropy -> cross_entropy_bwd from the saved lse;
+// labels carry none (traits.h).
+Status grad(GradContext& ctx, const CrossEntropyAttrs& a) {
+  if (a.backward) return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+  if (!ctx.dy("lse").empty()) return ctx.no_rule("a gradient flows into 'lse'; take only 'loss' as a seed");
+  if (!a.lse) return ctx.no_rule("the backward reads the forward's log-sum-exp: declare the output 'lse'");
+  if (!ctx.wants("logits") || ctx.dy("loss").empty()) return Status::Ok();
+  CrossEntropyAttrs b = a;
+  b.backward = true;
+  b.lse = false;
+  std::map<std::string, std::string> in{{"dloss", ctx.dy("loss")}};
+  FUSEBOX_ASSIGN_OR_RETURN(in["logits"], ctx.in("logits"));
+  FUSEBOX_ASSIGN_OR_RETURN(in["labels"], ctx.in("labels"));
+  FUSEBOX_ASSIGN_OR_RETURN(in["lse"], ctx.out("lse"));
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", b, in));
+  return ctx.add_grad("logits", r.at("dlogits"));
+}
+
 }  // namespace fusebox::graph_ops

@@ -126,4 +126,12 @@ double flops(const FlopsContext& ctx, const EmbeddingAttrs& a) {
   return a.add ? static_cast<double>(ctx.out("y").element_count()) : 0.0;
 }
 
+// ---- gradient rule: none yet. The table's gradient is a scatter-add of dy
+// rows into it (issue 33), not an op yet; the ids carry none.
+Status grad(GradContext& ctx, const EmbeddingAttrs&) {
+  if (!ctx.wants("table") && !(ctx.has_in("add") && ctx.wants("add"))) return Status::Ok();
+  return ctx.no_rule(
+      "the table's gradient (a scatter-add of dy rows) is not an op yet: leave 'table' out of wrt");
+}
+
 }  // namespace fusebox::graph_ops

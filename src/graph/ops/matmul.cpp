@@ -98,4 +98,21 @@ double flops(const FlopsContext& ctx, const MatmulAttrs&) {
          static_cast<double>(ctx.in("a").dims.back());
 }
 
+// ---- gradient rule: y = a b  ->  da = dy b^T, db = a^T dy (transposed views of
+// the saved inputs; add_grad sums over batch dims a or b was broadcast along).
+Status grad(GradContext& ctx, const MatmulAttrs&) {
+  const std::string dy = ctx.dy("y");
+  if (ctx.wants("a")) {
+    FUSEBOX_ASSIGN_OR_RETURN(std::string bt, ctx.in_transposed("b"));
+    FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("da", MatmulAttrs{}, {{"a", dy}, {"b", bt}}));
+    FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("a", r.at("y")));
+  }
+  if (ctx.wants("b")) {
+    FUSEBOX_ASSIGN_OR_RETURN(std::string at, ctx.in_transposed("a"));
+    FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("db", MatmulAttrs{}, {{"a", at}, {"b", dy}}));
+    FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("b", r.at("y")));
+  }
+  return Status::Ok();
+}
+
 }  // namespace fusebox::graph_ops

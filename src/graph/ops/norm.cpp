@@ -386,5 +386,64 @@ double flops(const FlopsContext& ctx, const RmsNormBwdAttrs&) {
   return 11.0 * static_cast<double>(ctx.in("x").element_count());
 }
 
+// ---- gradient rules: layernorm / rmsnorm in the training phase -> their
+// backward ops, from the saved statistics. The statistics carry no gradient.
+namespace {
+Status norm_stats_take_no_gradient(GradContext& ctx) {
+  for (const char* role : {"mean", "inv_variance"})
+    if (!ctx.dy(role).empty())
+      return ctx.no_rule(std::string("a gradient flows into its statistic '") + role +
+                         "'; statistics carry none: take only 'y' as a seed");
+  return Status::Ok();
+}
+Status hand_norm_grads(GradContext& ctx, const std::map<std::string, std::string>& r) {
+  if (ctx.wants("x")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("x", r.at("dx")));
+  if (ctx.wants("scale")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("scale", r.at("dscale")));
+  if (ctx.has_in("bias") && ctx.wants("bias")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("bias", r.at("dbias")));
+  return Status::Ok();
+}
+}  // namespace
+
+Status grad(GradContext& ctx, const LayerNormAttrs& a) {
+  if (a.phase != NormPhase::kTraining)
+    return ctx.no_rule(
+        "the inference phase saves no statistics: declare the outputs 'mean' and "
+        "'inv_variance' (the training phase)");
+  FUSEBOX_RETURN_IF_ERROR(norm_stats_take_no_gradient(ctx));
+  if (ctx.dy("y").empty()) return Status::Ok();
+  std::map<std::string, std::string> in{{"dy", ctx.dy("y")}};
+  for (const char* role : {"x", "scale"}) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
+  }
+  for (const char* role : {"mean", "inv_variance"}) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.out(role));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", LayerNormBwdAttrs{}, in));
+  return hand_norm_grads(ctx, r);
+}
+Status grad(GradContext& ctx, const RmsNormAttrs& a) {
+  if (a.phase != NormPhase::kTraining)
+    return ctx.no_rule(
+        "the inference phase saves no statistics: declare the output 'inv_variance' "
+        "(the training phase)");
+  FUSEBOX_RETURN_IF_ERROR(norm_stats_take_no_gradient(ctx));
+  if (ctx.dy("y").empty()) return Status::Ok();
+  std::map<std::string, std::string> in{{"dy", ctx.dy("y")}};
+  for (const char* role : {"x", "scale"}) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(in["inv_variance"], ctx.out("inv_variance"));
+  RmsNormBwdAttrs b;
+  b.dbias = a.bias;
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", b, in));
+  return hand_norm_grads(ctx, r);
+}
+Status grad(GradContext& ctx, const LayerNormBwdAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+Status grad(GradContext& ctx, const RmsNormBwdAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+
 }  // namespace graph_ops
 }  // namespace fusebox

@@ -55,6 +55,54 @@ struct FlopsContext {
   }
 };
 
+// What a gradient rule (grad(), below; docs/training.md) sees while
+// derive_backward() writes the backward graph: the forward op, the gradients
+// flowing into its outputs, and ways to read forward values, emit backward
+// ops and hand gradients to its inputs. Implemented in src/graph/autodiff.cpp.
+class GradContext {
+ public:
+  virtual ~GradContext() = default;
+  virtual const ResolvedOp& op() const = 0;
+  virtual const ResolvedGraph& forward() const = 0;
+  // "[matmul 'fc1']", for messages.
+  virtual std::string where() const = 0;
+  bool has_in(std::string_view role) const { return op().inputs.count(std::string(role)) > 0; }
+  bool has_out(std::string_view role) const { return op().outputs.count(std::string(role)) > 0; }
+  const ResolvedTensor& in_tensor(std::string_view role) const {
+    return forward().tensors[op().inputs.at(std::string(role))];
+  }
+  const ResolvedTensor& out_tensor(std::string_view role) const {
+    return forward().tensors[op().outputs.at(std::string(role))];
+  }
+  // The backward tensor holding dL/d(output `role`), "" when no gradient reaches it.
+  virtual std::string dy(std::string_view role) const = 0;
+  // Whether input `role` needs a gradient (on a path from a wrt input, floating point).
+  virtual bool wants(std::string_view role) const = 0;
+  // The forward value of input / output `role` in the backward graph: the saved
+  // tensor, or a recomputation of a virtual one.
+  virtual Result<std::string> in(std::string_view role) = 0;
+  virtual Result<std::string> out(std::string_view role) = 0;
+  // Input `role` with its last two dims swapped, a view of the saved tensor (no
+  // copy). InvalidArgument when the input is virtual (it has no memory to view).
+  virtual Result<std::string> in_transposed(std::string_view role) = 0;
+  // Adds one backward op (named "<forward op>.<what>"), inputs by role; returns its
+  // output tensors by role: virtual, unless the op writes memory (its traits).
+  virtual Result<std::map<std::string, std::string>> emit(std::string_view what, OpAttrs attrs,
+                                                          std::map<std::string, std::string> inputs,
+                                                          std::vector<std::string> output_roles = {}) = 0;
+  // emit() of a pointwise op; returns "y".
+  Result<std::string> pointwise(std::string_view what, PointwiseMode mode, const std::string& a,
+                                const std::string& b = "");
+  // A by-value fp32 scalar tensor of the backward graph.
+  virtual std::string scalar(double value) = 0;
+  // Hands `g` (a backward tensor, the input's dims or broadcast-larger) to
+  // input `role`: summed over the dims the input was broadcast along, added to
+  // what other consumers of the tensor gave.
+  virtual Status add_grad(std::string_view role, const std::string& g) = 0;
+  // NotSupported: the op has no gradient rule, or lacks what it needs.
+  Status no_rule(std::string_view why) const;
+};
+
 // The per-op functions. For each family: the JSON type names it owns
 // (type_names/make_attrs), roles, JSON attributes, inference, canonical form,
 // human-readable attributes and FLOPs.
@@ -70,7 +118,9 @@ struct FlopsContext {
   void describe(const T& a, std::ostream& os);                                                         \
   /* the resolved attributes for `fusebox check --json` (defaults applied; docs/cli.md) */             \
   void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j);                  \
-  double flops(const FlopsContext& ctx, const T& a);
+  double flops(const FlopsContext& ctx, const T& a);                                                   \
+  /* the gradient rule: the backward of one op (docs/training.md); no_rule() where there is none */    \
+  Status grad(GradContext& ctx, const T& a);
 
 // conv.cpp
 FUSEBOX_GRAPH_OP_FUNCTIONS(ConvFpropAttrs)

@@ -11,9 +11,12 @@ using common::dims_string;
 
 namespace {
 constexpr PointwiseMode kAllModes[] = {
-    PointwiseMode::kAdd,   PointwiseMode::kSub,     PointwiseMode::kMul,      PointwiseMode::kBiasAdd,
-    PointwiseMode::kScale, PointwiseMode::kRelu,    PointwiseMode::kGeluTanh, PointwiseMode::kGeluErf,
-    PointwiseMode::kSilu,  PointwiseMode::kSigmoid, PointwiseMode::kTanh,     PointwiseMode::kReluBwd};
+    PointwiseMode::kAdd,         PointwiseMode::kSub,        PointwiseMode::kMul,
+    PointwiseMode::kBiasAdd,     PointwiseMode::kScale,      PointwiseMode::kRelu,
+    PointwiseMode::kGeluTanh,    PointwiseMode::kGeluErf,    PointwiseMode::kSilu,
+    PointwiseMode::kSigmoid,     PointwiseMode::kTanh,       PointwiseMode::kReluBwd,
+    PointwiseMode::kGeluTanhBwd, PointwiseMode::kGeluErfBwd, PointwiseMode::kSiluBwd,
+    PointwiseMode::kSigmoidBwd,  PointwiseMode::kTanhBwd};
 }  // namespace
 
 std::string_view pointwise_mode_name(PointwiseMode m) {
@@ -42,6 +45,16 @@ std::string_view pointwise_mode_name(PointwiseMode m) {
       return "tanh";
     case PointwiseMode::kReluBwd:
       return "relu_bwd";
+    case PointwiseMode::kGeluTanhBwd:
+      return "gelu_tanh_bwd";
+    case PointwiseMode::kGeluErfBwd:
+      return "gelu_erf_bwd";
+    case PointwiseMode::kSiluBwd:
+      return "silu_bwd";
+    case PointwiseMode::kSigmoidBwd:
+      return "sigmoid_bwd";
+    case PointwiseMode::kTanhBwd:
+      return "tanh_bwd";
   }
   return "unknown";
 }
@@ -52,6 +65,20 @@ std::optional<PointwiseMode> parse_pointwise_mode(std::string_view s) {
   return std::nullopt;
 }
 
+bool pointwise_is_activation_bwd(PointwiseMode m) {
+  switch (m) {
+    case PointwiseMode::kReluBwd:
+    case PointwiseMode::kGeluTanhBwd:
+    case PointwiseMode::kGeluErfBwd:
+    case PointwiseMode::kSiluBwd:
+    case PointwiseMode::kSigmoidBwd:
+    case PointwiseMode::kTanhBwd:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool pointwise_is_unary(PointwiseMode m) {
   switch (m) {
     case PointwiseMode::kAdd:
@@ -60,6 +87,11 @@ bool pointwise_is_unary(PointwiseMode m) {
     case PointwiseMode::kBiasAdd:
     case PointwiseMode::kScale:
     case PointwiseMode::kReluBwd:
+    case PointwiseMode::kGeluTanhBwd:
+    case PointwiseMode::kGeluErfBwd:
+    case PointwiseMode::kSiluBwd:
+    case PointwiseMode::kSigmoidBwd:
+    case PointwiseMode::kTanhBwd:
       return false;
     case PointwiseMode::kRelu:
     case PointwiseMode::kGeluTanh:
@@ -96,6 +128,11 @@ std::vector<std::string_view> input_roles(const PointwiseAttrs& a) {
     case PointwiseMode::kScale:
       return {"x", "scale"};
     case PointwiseMode::kReluBwd:
+    case PointwiseMode::kGeluTanhBwd:
+    case PointwiseMode::kGeluErfBwd:
+    case PointwiseMode::kSiluBwd:
+    case PointwiseMode::kSigmoidBwd:
+    case PointwiseMode::kTanhBwd:
       return {"dy", "x"};
     default:
       return {"x"};
@@ -151,7 +188,7 @@ Status infer(const InferContext& ctx, PointwiseAttrs& a) {
   } else {
     const std::string r0(roles[0]), r1(roles[1]);
     const bool into = a.mode == PointwiseMode::kBiasAdd || a.mode == PointwiseMode::kScale ||
-                      a.mode == PointwiseMode::kReluBwd;
+                      pointwise_is_activation_bwd(a.mode);
     FUSEBOX_ASSIGN_OR_RETURN(ydims, broadcast(ctx.where, r0, ctx.in(r0), r1, ctx.in(r1), into));
   }
   // A per-tensor scale given as a tensor (an FP8 descale or scale) is an fp32
@@ -183,6 +220,67 @@ void resolved_json(const FlopsContext&, const PointwiseAttrs&, nlohmann::ordered
 
 double flops(const FlopsContext& ctx, const PointwiseAttrs&) {
   return static_cast<double>(ctx.out("y").element_count());
+}
+
+// ---- gradient rules: one per mode.
+Status grad(GradContext& ctx, const PointwiseAttrs& a) {
+  const std::string dy = ctx.dy("y");
+  auto pass = [&](std::string_view role) { return ctx.wants(role) ? ctx.add_grad(role, dy) : Status::Ok(); };
+  // dy * (input `other`), handed to input `role`.
+  auto times = [&](std::string_view role, std::string_view other, PointwiseMode mode) -> Status {
+    if (!ctx.wants(role)) return Status::Ok();
+    FUSEBOX_ASSIGN_OR_RETURN(std::string o, ctx.in(other));
+    FUSEBOX_ASSIGN_OR_RETURN(std::string g, ctx.pointwise("d" + std::string(role), mode, dy, o));
+    return ctx.add_grad(role, g);
+  };
+  // f'(x) dy through the activation's backward mode.
+  auto activation = [&](PointwiseMode bwd) -> Status {
+    if (!ctx.wants("x")) return Status::Ok();
+    FUSEBOX_ASSIGN_OR_RETURN(std::string x, ctx.in("x"));
+    FUSEBOX_ASSIGN_OR_RETURN(std::string g, ctx.pointwise("dx", bwd, dy, x));
+    return ctx.add_grad("x", g);
+  };
+  switch (a.mode) {
+    case PointwiseMode::kAdd:
+      FUSEBOX_RETURN_IF_ERROR(pass("a"));
+      return pass("b");
+    case PointwiseMode::kSub: {
+      FUSEBOX_RETURN_IF_ERROR(pass("a"));
+      if (!ctx.wants("b")) return Status::Ok();
+      FUSEBOX_ASSIGN_OR_RETURN(std::string g,
+                               ctx.pointwise("db", PointwiseMode::kScale, dy, ctx.scalar(-1.0)));
+      return ctx.add_grad("b", g);
+    }
+    case PointwiseMode::kMul:
+      FUSEBOX_RETURN_IF_ERROR(times("a", "b", PointwiseMode::kMul));
+      return times("b", "a", PointwiseMode::kMul);
+    case PointwiseMode::kBiasAdd:
+      FUSEBOX_RETURN_IF_ERROR(pass("x"));
+      return pass("bias");
+    case PointwiseMode::kScale:
+      FUSEBOX_RETURN_IF_ERROR(times("x", "scale", PointwiseMode::kScale));
+      return times("scale", "x", PointwiseMode::kMul);
+    case PointwiseMode::kRelu:
+      return activation(PointwiseMode::kReluBwd);
+    case PointwiseMode::kGeluTanh:
+      return activation(PointwiseMode::kGeluTanhBwd);
+    case PointwiseMode::kGeluErf:
+      return activation(PointwiseMode::kGeluErfBwd);
+    case PointwiseMode::kSilu:
+      return activation(PointwiseMode::kSiluBwd);
+    case PointwiseMode::kSigmoid:
+      return activation(PointwiseMode::kSigmoidBwd);
+    case PointwiseMode::kTanh:
+      return activation(PointwiseMode::kTanhBwd);
+    case PointwiseMode::kReluBwd:
+    case PointwiseMode::kGeluTanhBwd:
+    case PointwiseMode::kGeluErfBwd:
+    case PointwiseMode::kSiluBwd:
+    case PointwiseMode::kSigmoidBwd:
+    case PointwiseMode::kTanhBwd:
+      return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+  }
+  return ctx.no_rule("unknown pointwise mode");
 }
 
 }  // namespace graph_ops

@@ -174,5 +174,10 @@ double flops(const FlopsContext& ctx, const PoolAttrs& a) {
   return win * static_cast<double>(ctx.out("y").element_count());
 }
 
+// ---- gradient rule: none yet (cuDNN's resample backward is not lowered).
+Status grad(GradContext& ctx, const PoolAttrs&) {
+  return ctx.no_rule("pooling has no backward op in fusebox yet");
+}
+
 }  // namespace graph_ops
 }  // namespace fusebox

@@ -111,5 +111,12 @@ double flops(const FlopsContext& ctx, const ReductionAttrs&) {
   return static_cast<double>(ctx.in("x").element_count());
 }
 
+// ---- gradient rule: none yet. A sum's gradient is dy broadcast back to x's
+// dims, and fusebox has no broadcast op; max/min/amax pick an element.
+Status grad(GradContext& ctx, const ReductionAttrs& a) {
+  return ctx.no_rule(std::string(reduction_mode_name(a.mode)) +
+                     " has no gradient rule yet (it needs a broadcast op); end the forward before it");
+}
+
 }  // namespace graph_ops
 }  // namespace fusebox

@@ -100,6 +100,7 @@ OpTraitsInfo op_traits(const OpAttrs& attrs) {
         t.native_only = Traits::native_only;
         t.reads_forward_outputs = Traits::reads_forward_outputs;
         t.index_inputs.assign(Traits::index_inputs.begin(), Traits::index_inputs.end());
+        t.no_grad_inputs.assign(Traits::no_grad_inputs.begin(), Traits::no_grad_inputs.end());
         return t;
       },
       attrs);

@@ -167,4 +167,20 @@ double flops(const FlopsContext& ctx, const RopeAttrs& a) {
   return rows * (3.0 * static_cast<double>(r) + static_cast<double>(d - r));
 }
 
+// ---- gradient rule: rope -> rope_bwd (the rotation by -theta) with the same
+// freqs, offset and attributes; freqs and offset carry none (traits.h).
+Status grad(GradContext& ctx, const RopeAttrs& a) {
+  if (a.backward) return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+  if (!ctx.wants("x")) return Status::Ok();
+  RopeAttrs b = a;
+  b.backward = true;
+  std::map<std::string, std::string> in{{"dy", ctx.dy("y")}};
+  FUSEBOX_ASSIGN_OR_RETURN(in["freqs"], ctx.in("freqs"));
+  if (a.offset) {
+    FUSEBOX_ASSIGN_OR_RETURN(in["offset"], ctx.in("offset"));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", b, in));
+  return ctx.add_grad("x", r.at("dx"));
+}
+
 }  // namespace fusebox::graph_ops

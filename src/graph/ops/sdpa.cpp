@@ -835,5 +835,45 @@ FUSEBOX_SDPA_OP(SdpaFp8FwdAttrs, "sdpa_fp8_fwd")
 FUSEBOX_SDPA_OP(SdpaFp8BwdAttrs, "sdpa_fp8_bwd")
 #undef FUSEBOX_SDPA_OP
 
+// ---- gradient rules: sdpa_fwd -> sdpa_bwd with the same options (mask,
+// padding, bias, dropout seed and offset passed through from the saved
+// inputs), reading the forward's o and stats. The others have none.
+Status grad(GradContext& ctx, const SdpaFwdAttrs& a) {
+  if (!a.generate_stats)
+    return ctx.no_rule(
+        "the backward reads the forward's softmax statistics: declare the output 'stats' (training)");
+  if (a.paged) return ctx.no_rule("a paged KV cache is for inference; train on dense k and v");
+  if (a.sink) return ctx.no_rule("the sink token's gradient is not derived yet");
+  if (ctx.has_in("bias") && ctx.wants("bias"))
+    return ctx.no_rule("the attention bias gets no gradient: leave it out of wrt");
+  if (ctx.dy("o").empty()) return Status::Ok();
+  SdpaBwdAttrs b;
+  static_cast<SdpaOptions&>(b) = a;
+  b.dump_dropout_mask = false;
+  std::map<std::string, std::string> in{{"do", ctx.dy("o")}};
+  for (const auto& [role, t] : ctx.op().inputs) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
+  }
+  for (const char* role : {"o", "stats"}) {
+    FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.out(role));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", b, in));
+  for (const char* role : {"q", "k", "v"}) {
+    const std::string d = std::string("d") + role;
+    if (ctx.wants(role)) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad(role, r.at(d)));
+  }
+  return Status::Ok();
+}
+Status grad(GradContext& ctx, const SdpaBwdAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+Status grad(GradContext& ctx, const SdpaFp8FwdAttrs&) {
+  return ctx.no_rule(
+      "FP8 attention's backward needs its scales chosen (issue 33, FP8 training); train in bf16");
+}
+Status grad(GradContext& ctx, const SdpaFp8BwdAttrs&) {
+  return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+}
+
 }  // namespace graph_ops
 }  // namespace fusebox

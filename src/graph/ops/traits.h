@@ -19,6 +19,9 @@
 //                     (the runtime computes them from q, k, v when not given)
 //   index_inputs      input roles whose values index memory (embedding ids):
 //                     checked before a run
+//   no_grad_inputs    input roles that never carry a gradient (ids, labels,
+//                     angles, sequence lengths, seeds): derive_backward() leaves
+//                     them out of the default wrt set (fusebox/autodiff.h)
 //   not_bit_reproducible(g, op, a)  why two runs of one plan may differ in
 //                     the last bits ("" when they may not)
 #pragma once
@@ -41,6 +44,7 @@ struct OpTraitsDefaults {
   static constexpr bool native_only = false;
   static constexpr bool reads_forward_outputs = false;
   static constexpr std::array<std::string_view, 0> index_inputs{};
+  static constexpr std::array<std::string_view, 0> no_grad_inputs{};
   template <typename A>
   static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp&, const A&) {
     return "";
@@ -86,6 +90,8 @@ struct SdpaTraits : OpTraitsDefaults {
       std::to_array<std::string_view>({"attn_scale", "causal", "alignment", "left_bound", "right_bound",
                                        "alibi", "dropout", "deterministic", "max_seq_len_kv"});
   static constexpr bool outputs_in_memory = true;
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>(
+      {"seq_len_q", "seq_len_kv", "page_table_k", "page_table_v", "block_mask", "seed", "offset"});
 };
 template <>
 struct OpTraits<SdpaFwdAttrs> : SdpaTraits {
@@ -174,6 +180,7 @@ struct OpTraits<EmbeddingAttrs> : OpTraitsDefaults {
   static constexpr bool outputs_in_memory = true;
   static constexpr bool native_only = true;
   static constexpr auto index_inputs = std::to_array<std::string_view>({"ids"});
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"ids"});
 };
 
 // ---- rope (fusebox's own kernel on every cuDNN: include/fusebox/ops/rope.h)
@@ -182,6 +189,7 @@ struct OpTraits<RopeAttrs> : OpTraitsDefaults {
   static constexpr std::string_view family = "rope", bench_family = "norm";
   static constexpr auto json_fields = std::to_array<std::string_view>({"layout", "rope_dim", "scale"});
   static constexpr bool outputs_in_memory = true;
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"freqs", "offset"});
   static constexpr bool native_only = true;
 };
 
@@ -191,6 +199,7 @@ struct OpTraits<CrossEntropyAttrs> : OpTraitsDefaults {
   static constexpr std::string_view family = "cross_entropy", bench_family = "reduction";
   static constexpr auto json_fields = std::to_array<std::string_view>({"ignore_index"});
   static constexpr bool outputs_in_memory = true;
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"labels"});
   static constexpr bool native_only = true;
 };
 

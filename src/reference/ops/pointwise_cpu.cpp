@@ -69,6 +69,25 @@ double apply_binary(PointwiseMode m, double a, double b) {
       return a * b;
     case PointwiseMode::kReluBwd:
       return b > 0 ? a : 0.0;  // a = dy, b = x
+    case PointwiseMode::kGeluTanhBwd: {
+      const double k = std::sqrt(2.0 / M_PI), t = std::tanh(k * (b + 0.044715 * b * b * b));
+      return a * (0.5 * (1.0 + t) + 0.5 * b * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * b * b));
+    }
+    case PointwiseMode::kGeluErfBwd:
+      return a * (0.5 * (1.0 + std::erf(b / std::sqrt(2.0))) +
+                  b * std::exp(-0.5 * b * b) / std::sqrt(2.0 * M_PI));
+    case PointwiseMode::kSiluBwd: {
+      const double s = 1.0 / (1.0 + std::exp(-b));
+      return a * s * (1.0 + b * (1.0 - s));
+    }
+    case PointwiseMode::kSigmoidBwd: {
+      const double s = 1.0 / (1.0 + std::exp(-b));
+      return a * s * (1.0 - s);
+    }
+    case PointwiseMode::kTanhBwd: {
+      const double t = std::tanh(b);
+      return a * (1.0 - t * t);
+    }
     default:
       return a;
   }
@@ -127,6 +146,11 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const PointwiseAttrs& a)
     case PointwiseMode::kSigmoid:
     case PointwiseMode::kTanh:
     case PointwiseMode::kReluBwd:
+    case PointwiseMode::kGeluTanhBwd:
+    case PointwiseMode::kGeluErfBwd:
+    case PointwiseMode::kSiluBwd:
+    case PointwiseMode::kSigmoidBwd:
+    case PointwiseMode::kTanhBwd:
       if (in.size() != (pointwise_is_unary(a.mode) ? 1u : 2u))
         return Internal(op_where(op) + "unexpected input count");
       return pointwise(op, a.mode, in, roles, y);

@@ -51,6 +51,25 @@ __device__ float apply_pointwise(int mode, float a, float b) {
       return tanhf(a);
     case PointwiseMode::kReluBwd:
       return b > 0.0f ? a : 0.0f;  // a = dy, b = x
+    case PointwiseMode::kGeluTanhBwd: {
+      const float k = 0.7978845608028654f, t = tanhf(k * (b + 0.044715f * b * b * b));
+      return a * (0.5f * (1.0f + t) + 0.5f * b * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * b * b));
+    }
+    case PointwiseMode::kGeluErfBwd:
+      return a *
+             (0.5f * (1.0f + erff(b * 0.7071067811865476f)) + b * expf(-0.5f * b * b) * 0.3989422804014327f);
+    case PointwiseMode::kSiluBwd: {
+      const float s = 1.0f / (1.0f + expf(-b));
+      return a * s * (1.0f + b * (1.0f - s));
+    }
+    case PointwiseMode::kSigmoidBwd: {
+      const float s = 1.0f / (1.0f + expf(-b));
+      return a * s * (1.0f - s);
+    }
+    case PointwiseMode::kTanhBwd: {
+      const float t = tanhf(b);
+      return a * (1.0f - t * t);
+    }
   }
   return a;
 }
@@ -85,7 +104,7 @@ Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const PointwiseAttrs& pw
   }
   FUSEBOX_ASSIGN_OR_RETURN(float* y, ctx.destination(yidx));
   const int64_t count = product(ydims);
-  if (static_cast<int>(pw.mode) < 0 || pw.mode > PointwiseMode::kReluBwd)
+  if (static_cast<int>(pw.mode) < 0 || pw.mode > PointwiseMode::kTanhBwd)
     return NotSupported(op_where(op) + "the GPU reference does not implement this pointwise mode");
   PointwiseArgs a{};
   a.rank = static_cast<int>(ydims.size());
