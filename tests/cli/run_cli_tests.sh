@@ -691,8 +691,31 @@ else
   SKIPPED=$((SKIPPED + 1)); echo "SKIP  model embed on a random model: $PY lacks numpy or tokenizers"
 fi
 
+# ---------------------------------------------------------------- backward (docs/training.md)
+G="$SRC/examples/graphs/small/matmul_bias_gelu_small.json"
+run_fb backward "$G" --out "$TMP/mbg_bwd.json"
+if [ "$RC" -ne 0 ] || [ ! -s "$TMP/mbg_bwd.json" ] || [ ! -s "$TMP/mbg_bwd.bindings.json" ]; then
+  fail "backward: matmul_bias_gelu_small" "exit 0, the graph and its bindings written"
+elif ! grep -q "recomputed in the backward: " "$TMP/stdout" || ! grep -q "gelu_tanh_bwd\|gelu_erf_bwd" "$TMP/mbg_bwd.json"; then
+  fail "backward: matmul_bias_gelu_small" "the report names the recomputed ops; the graph has gelu's backward"
+else
+  run_fb check "$TMP/mbg_bwd.json"
+  if [ "$RC" -ne 0 ]; then fail "backward: the derived graph checks" "fusebox check exit 0"
+  else pass "backward: matmul_bias_gelu_small derived, written with its bindings, and checks"
+  fi
+fi
+EXPECT_RC=1 expect_bad "backward: a layernorm in the inference phase" \
+  "\[layernorm 'ln'\]: no gradient: the inference phase saves no statistics: declare the outputs 'mean' and 'inv_variance'" \
+  backward "$SRC/examples/graphs/small/layernorm_small.json" --out "$TMP/ln_bwd.json"
+expect_bad "backward: --wrt names no input" "wrt 'nosuch' is not an input of the forward graph" \
+  backward "$G" --out "$TMP/x.json" --wrt nosuch
+cp "$G" "$TMP/same.json"
+expect_bad "backward: --out is the forward graph" "must be three different files" \
+  backward "$TMP/same.json" --out "$TMP/same.json"
+if ! cmp -s "$G" "$TMP/same.json"; then FAIL=$((FAIL + 1)); echo "FAIL  backward: the forward graph was overwritten"; fi
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed"; do
+for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed" backward; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

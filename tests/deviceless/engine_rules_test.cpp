@@ -58,6 +58,17 @@ TEST(EngineRules, DgradDreluWithANonChannelsLastOutput) {
   EXPECT_TRUE(rules_for(s).empty());
 }
 
+TEST(EngineRules, SdpaFp8BwdWithAQueryLengthNotAMultipleOf64) {
+  for (const char* c : {"tests/cases/wrong-values/sdpa_fp8_bwd_s100.json",
+                        "tests/cases/wrong-values/sdpa_fp8_bwd_gqa_s100.json",
+                        "tests/cases/wrong-values/sdpa_fp8_bwd_causal_sq100_skv256.json"}) {
+    GraphSpec s = load_spec(c);
+    EXPECT_EQ(rules_for(s), std::vector<std::string>{"sdpa-fp8-bwd-ragged-sq:eng6"}) << c;
+  }
+  // Sq a multiple of 64 (every example; the sweep's seven such graphs ran right).
+  EXPECT_TRUE(rules_for(load_spec("examples/graphs/small/sdpa_fp8_bwd_small.json")).empty());
+}
+
 TEST(EngineRules, NoRuleForTheExamples) {
   for (const auto& path : testing::example_graphs()) {
     auto spec = load_graph_file(path);

@@ -110,6 +110,7 @@ Runner add_pipeline(CLI::App& app);
 Runner add_shapes(CLI::App& app);
 Runner add_model(CLI::App& app);
 Runner add_ops(CLI::App& app);
+Runner add_backward(CLI::App& app);
 // An op's traits as JSON (fusebox ops, check --json).
 nlohmann::ordered_json traits_json(const OpTraitsInfo& t);
 // `fusebox model embed ARGS...`: the Python runner with ARGS verbatim; its exit code.
