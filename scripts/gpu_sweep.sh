@@ -9,6 +9,8 @@
 #   REFUSED   the plan check refused every candidate (VerificationFailed naming the plan check):
 #             no plan was served, nothing wrong reached the caller (docs/architecture.md)
 #   NOENGINE  cuDNN refused the graph (NotSupported, exit 1)
+#   ARCH      refused by design before cuDNN ran: the graph needs a newer GPU than the
+#             target (block masks need Blackwell); not a gap on this GPU
 #   ERROR     anything else: InvalidArgument (exit 2) of a graph `check` accepts, CudnnError,
 #             CudaError, Internal, a crash (killed by a signal)
 #   TIMEOUT   still running after PER_GRAPH_TIMEOUT seconds
@@ -118,6 +120,8 @@ elif rc == 1 and code == "VerificationFailed" and "plan check" in first:
     status, detail = "REFUSED", first
 elif rc == 1 and code == "VerificationFailed":
     status, detail = "WRONG", summary((doc or {}).get("verify"), True) or first
+elif rc == 1 and code == "NotSupported" and "need a Blackwell GPU" in first:
+    status, detail = "ARCH", first
 elif rc == 1 and code == "NotSupported":
     status, detail = "NOENGINE", first
 elif rc > 128 or rc < 0:
@@ -151,7 +155,7 @@ done
 python3 - "$OUT/sweep.log" "$(( $(date +%s) - START ))" > "$OUT/sweep_tally.txt" <<'EOF'
 import collections, sys
 log, elapsed = sys.argv[1], sys.argv[2]
-states = ["PASS", "WRONG", "REFUSED", "NOENGINE", "ERROR", "TIMEOUT", "SKIP"]
+states = ["PASS", "WRONG", "REFUSED", "NOENGINE", "ARCH", "ERROR", "TIMEOUT", "SKIP"]
 per = collections.defaultdict(collections.Counter)
 for line in open(log):
     parts = line.split(" ", 3)

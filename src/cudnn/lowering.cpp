@@ -193,8 +193,13 @@ FeTensor LowerContext::create_output(const std::string& role) {
   return t;
 }
 
-Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape) {
+Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& target, bool dynamic_shape) {
   LoweredGraph out;
+  // Matmul graphs with two or more batch dims are lowered folded to rank 3 (ops/ops.h).
+  std::string fold_note;
+  const std::optional<ResolvedGraph> folded = fold_matmul_batch_dims(given, &fold_note);
+  const ResolvedGraph& g = folded ? *folded : given;
+  if (folded) out.notes.push_back("[graph '" + given.name + "']: " + fold_note);
   try {
     auto graph = std::make_shared<FeGraph>();
     graph->set_name(g.name.empty() ? "fusebox" : g.name)

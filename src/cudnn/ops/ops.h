@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "internal.h"
+#include "ops/matmul_fold.h"
 
 namespace fusebox::cudnn {
 
@@ -60,6 +61,8 @@ Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& a
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& attrs);
 // ---- matmul: ops/matmul_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attrs);
+// fold_matmul_batch_dims(): ops/matmul_fold.h
+
 // ---- pointwise: ops/pointwise_lowering.cpp
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& attrs);
 // ---- native ops (embedding, rope, cross_entropy): ops/native_lowering.cpp
