@@ -2,9 +2,9 @@
 // two batch dims is lowered as rank 3 when every tensor's batch dims are all 1 or the
 // graph's, contiguous; otherwise it is left alone. The graphs are from fusebox's
 // sweep of 2026-12-05 on the H200, where every rank-4 matmul found no engine.
-#include <gtest/gtest.h>
-
 #include "ops/matmul_fold.h"
+
+#include <gtest/gtest.h>
 
 namespace fusebox::cudnn {
 namespace {
