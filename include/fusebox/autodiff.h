@@ -37,6 +37,10 @@ struct BackwardOptions {
   // the graph reads (a saved activation is not a seed; statistics such as mean,
   // inv_variance, stats and lse carry no gradient).
   std::vector<std::string> seeds;
+  // A wrt input that gets no gradient (it reaches no seed, or only through roles
+  // that carry none) is left out instead of being an error. For callers that
+  // pass every input that might need one (a pipeline's stages).
+  bool only_reachable = false;
 };
 
 // Where a backward graph input gets its values.

@@ -422,6 +422,7 @@ Result<BackwardGraph> Deriver::run(const BackwardOptions& opt) {
   for (int t : wrt) {
     const ResolvedTensor& f = fwd_.tensors[t];
     auto g = grads_.find(f.name);
+    if (g == grads_.end() && opt.only_reachable) continue;
     if (g == grads_.end())
       return InvalidArgument("backward of graph " + squote(fwd_.name) + ": input " + squote(f.name) +
                              " reaches no seed output, so it has no gradient (seeds: " +
@@ -436,6 +437,8 @@ Result<BackwardGraph> Deriver::run(const BackwardOptions& opt) {
     FUSEBOX_RETURN_IF_ERROR(publish(g->second, want, f));
     b_.gradients[f.name] = want;
   }
+  // Nothing to differentiate (only_reachable): an empty backward, no graph.
+  if (b_.gradients.empty()) return std::move(b_);
   // Check that the result is a valid graph.
   if (auto r = resolve(b_.spec); !r.ok())
     return Status(r.status().code(), "backward of graph " + squote(fwd_.name) +

@@ -714,8 +714,21 @@ expect_bad "backward: --out is the forward graph" "must be three different files
   backward "$TMP/same.json" --out "$TMP/same.json"
 if ! cmp -s "$G" "$TMP/same.json"; then FAIL=$((FAIL + 1)); echo "FAIL  backward: the forward graph was overwritten"; fi
 
+run_fb pipeline backward "$SRC/examples/pipelines/two_convs.json" --out-dir "$TMP/tcb"
+if [ "$RC" -ne 0 ] || [ ! -s "$TMP/tcb/two_convs_bwd.json" ]; then
+  fail "pipeline backward: two_convs" "exit 0 and the backward pipeline written"
+else
+  run_fb pipeline check "$TMP/tcb/two_convs_bwd.json"
+  if [ "$RC" -ne 0 ] || ! grep -q "image.grad *output" "$TMP/stdout"; then
+    fail "pipeline backward: the backward pipeline checks" "pipeline check exit 0 with an output image.grad"
+  else pass "pipeline backward: two_convs derived, written, and checks (image.grad an output)"
+  fi
+fi
+expect_bad "pipeline backward: --wrt an intermediate" "wrt 'hidden' is not an input or constant buffer" \
+  pipeline backward "$SRC/examples/pipelines/two_convs.json" --out-dir "$TMP/tcb2" --wrt hidden
+
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed" backward; do
+for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed" backward "pipeline backward"; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

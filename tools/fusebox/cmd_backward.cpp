@@ -6,6 +6,7 @@
 #include "common.h"
 #include "common/file_io.h"
 #include "fusebox/autodiff.h"
+#include "fusebox/pipeline_backward.h"
 
 namespace fusebox::cli {
 namespace {
@@ -82,6 +83,44 @@ Runner add_backward(CLI::App& app) {
                   for (const auto& r : b->recomputed) s += (s.empty() ? "" : ", ") + r;
                   return s;
                 }().c_str());
+    return kExitOk;
+  };
+}
+
+Runner add_pipeline_backward(CLI::App& pipeline) {
+  auto a = std::make_shared<BackwardArgs>();
+  auto* cmd = pipeline.add_subcommand("backward",
+                                      "Derive a forward pipeline's backward pipeline (each stage's by the "
+                                      "gradient rules, parts summed) and write "
+                                      "it to a folder");
+  cmd->add_option("pipeline", a->graph, "Forward pipeline JSON file")->required();
+  cmd->add_option("--out-dir", a->out, "Folder for the backward pipeline file and its graph files")
+      ->required();
+  cmd->add_option("--wrt", a->wrt,
+                  "Buffers to differentiate, comma-separated (default: every float input and constant)");
+  cmd->add_option("--seeds", a->seeds,
+                  "Buffers whose gradients come in (default: the outputs no stage reads)");
+  return [a]() {
+    auto fail = [](const Status& st) {
+      std::fprintf(stderr, "fusebox pipeline backward: %s\n", st.ToString().c_str());
+      return exit_code_for(st);
+    };
+    auto fwd = load_pipeline_file(a->graph);
+    if (!fwd.ok()) return fail(fwd.status());
+    BackwardOptions opt;
+    opt.wrt = split_names(a->wrt);
+    opt.seeds = split_names(a->seeds);
+    auto b = derive_pipeline_backward(*fwd, opt);
+    if (!b.ok()) return fail(b.status());
+    auto path = write_pipeline_backward(*fwd, *b, a->out);
+    if (!path.ok()) return fail(path.status());
+    std::printf("%s: backward of pipeline '%s' -> %s (%zu stages)\n", a->graph.c_str(), fwd->name.c_str(),
+                path->c_str(), b->graph_files.size());
+    std::printf("  seeds: ");
+    for (size_t i = 0; i < b->seeds.size(); ++i) std::printf("%s%s", i ? ", " : "", b->seeds[i].c_str());
+    std::printf("\n  gradients:");
+    for (const auto& [x, g] : b->gradients) std::printf(" %s -> %s;", x.c_str(), g.c_str());
+    std::printf("\n  recomputed in the backward: %zu ops\n", b->recomputed.size());
     return kExitOk;
   };
 }

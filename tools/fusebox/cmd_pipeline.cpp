@@ -986,8 +986,9 @@ Runner add_pipeline(CLI::App& app) {
                        "FILE or '-': stdout; write --dot=FILE, or put --dot after the pipeline)")
           ->expected(0, 1);
   Runner build = add_pipeline_build(*cmd), tune = add_pipeline_tune(*cmd), run = add_pipeline_run(*cmd),
-         startup = add_pipeline_startup(*cmd);
-  return [a, cmd, check, dot, build, tune, run, startup]() {
+         startup = add_pipeline_startup(*cmd), backward = add_pipeline_backward(*cmd);
+  return [a, cmd, check, dot, build, tune, run, startup, backward]() {
+    if (cmd->got_subcommand("backward")) return backward();
     if (cmd->got_subcommand("build")) return build();
     if (cmd->got_subcommand("tune")) return tune();
     if (cmd->got_subcommand("run")) return run();
@@ -995,8 +996,9 @@ Runner add_pipeline(CLI::App& app) {
     if (!check->parsed())
       return fail(
           "pipeline",
-          InvalidArgument("a subcommand is needed: accepted subcommands are check, build, tune, run, startup "
-                          "(see fusebox pipeline --help)"));
+          InvalidArgument(
+              "a subcommand is needed: accepted subcommands are check, build, tune, run, startup, backward "
+              "(see fusebox pipeline --help)"));
     const bool want_dot = dot->count() > 0;
     const bool dot_stdout = want_dot && (a->dot.empty() || a->dot == "-");
     if (dot_stdout && a->json)

@@ -1,0 +1,313 @@
+// fusebox runtime layer: derive_pipeline_backward() (fusebox/pipeline_backward.h).
+#include "fusebox/pipeline_backward.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/file_io.h"
+
+namespace fusebox {
+namespace {
+
+std::string q(const std::string& s) { return "'" + s + "'"; }
+
+using View = std::pair<std::vector<int64_t>, std::vector<int64_t>>;  // dims, strides
+
+struct BufferOut {
+  std::string kind;  // "input", "intermediate", "output"
+  std::set<View> views;
+  int readers = 0;
+};
+
+class PipelineDeriver {
+ public:
+  explicit PipelineDeriver(const Pipeline& p) : p_(p) {}
+  Result<PipelineBackward> run(const BackwardOptions& opt);
+
+ private:
+  std::string where() const { return "backward of pipeline " + q(p_.name); }
+  // dL/d(buffer b), summing its parts in a stage of its own when there are several; "" if none.
+  Result<std::string> finalize(int b);
+  BufferOut& declare(const std::string& name, const std::string& kind) {
+    auto [it, fresh] = buffers_.try_emplace(name);
+    if (fresh) {
+      order_.push_back(name);
+      it->second.kind = kind;
+    }
+    return it->second;
+  }
+  void bind(const std::string& stage, const std::string& tensor, const std::string& buffer, const View& view,
+            bool reads) {
+    bind_[stage][tensor] = buffer;
+    BufferOut& b = buffers_.at(buffer);
+    b.views.insert(view);
+    if (reads) ++b.readers;
+  }
+  void add_stage(const std::string& name, const std::string& graph_json) {
+    stages_.push_back(name);
+    out_.graph_files[name + ".json"] = graph_json;
+  }
+  std::string taken_free(const std::string& base) {
+    std::string n = base;
+    for (int k = 2; p_.find_buffer(n) >= 0 || buffers_.count(n); ++k) n = base + "_" + std::to_string(k);
+    return n;
+  }
+
+  const Pipeline& p_;
+  PipelineBackward out_;
+  std::map<int, std::vector<std::string>> parts_;  // forward buffer -> its gradient parts (buffer names)
+  std::map<int, std::string> grad_;                // forward buffer -> dL/db (buffer name), once summed
+  std::map<std::string, BufferOut> buffers_;
+  std::vector<std::string> order_;  // buffers in declaration order
+  std::vector<std::string> stages_;
+  std::map<std::string, std::map<std::string, std::string>> bind_;
+};
+
+Result<std::string> PipelineDeriver::finalize(int b) {
+  if (auto it = grad_.find(b); it != grad_.end()) return it->second;
+  const std::vector<std::string>& parts = parts_[b];
+  if (parts.empty()) return std::string();
+  if (parts.size() == 1) return grad_[b] = parts[0];
+  // An accumulation stage: the parts in b's own layout, added in fp32, one output.
+  const PipelineBuffer& buf = p_.buffers[static_cast<size_t>(b)];
+  const std::string stage = taken_free(buf.name + ".grad_sum");
+  GraphSpec g;
+  g.name = stage;
+  g.io_dtype = buf.dtype;
+  const View view{buf.dims, buf.strides};
+  std::string acc;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    TensorSpec t;
+    t.name = "part" + std::to_string(i);
+    t.dims = buf.dims;
+    t.strides = buf.strides;
+    t.dtype = buf.dtype;
+    g.tensors.push_back(t);
+    if (i == 0) {
+      acc = t.name;
+    } else {
+      acc = g.pointwise("add" + std::to_string(i), PointwiseMode::kAdd, acc, t.name);
+    }
+  }
+  TensorSpec sum;
+  sum.name = acc;
+  sum.dims = buf.dims;
+  sum.strides = buf.strides;
+  sum.dtype = buf.dtype;
+  g.tensors.push_back(sum);
+  const std::string total = taken_free(buf.name + ".grad");
+  declare(total, "intermediate");
+  add_stage(stage, graph_to_json(g));
+  for (size_t i = 0; i < parts.size(); ++i) bind(stage, "part" + std::to_string(i), parts[i], view, true);
+  bind(stage, acc, total, view, false);
+  return grad_[b] = total;
+}
+
+Result<PipelineBackward> PipelineDeriver::run(const BackwardOptions& opt) {
+  const int nb = static_cast<int>(p_.buffers.size());
+  auto is_float = [&](int b) { return dtype_is_float(p_.buffers[static_cast<size_t>(b)].dtype); };
+  // wrt: buffers to differentiate.
+  std::vector<bool> wrt(nb, false);
+  if (opt.wrt.empty()) {
+    for (int b = 0; b < nb; ++b) {
+      const BufferKind k = p_.buffers[static_cast<size_t>(b)].kind;
+      wrt[b] = (k == BufferKind::kInput || k == BufferKind::kConstant) && is_float(b) &&
+               !p_.buffers[static_cast<size_t>(b)].is_view();
+    }
+  } else {
+    for (const std::string& n : opt.wrt) {
+      const int b = p_.find_buffer(n);
+      if (b < 0 || (p_.buffers[b].kind != BufferKind::kInput && p_.buffers[b].kind != BufferKind::kConstant))
+        return InvalidArgument(where() + ": wrt " + q(n) +
+                               " is not an input or constant buffer of the pipeline");
+      if (!is_float(b)) return InvalidArgument(where() + ": wrt " + q(n) + " is not a floating-point buffer");
+      wrt[b] = true;
+    }
+  }
+  // needs: buffers on a path from a wrt buffer.
+  std::vector<bool> needs = wrt;
+  for (int s : p_.order) {
+    const PipelineStage& st = p_.stages[static_cast<size_t>(s)];
+    bool any = false;
+    for (const auto& [t, b] : st.bind) {
+      const int ti = st.graph.find_tensor(t);
+      if (ti >= 0 && st.graph.tensors[ti].is_input && needs[b]) any = true;
+    }
+    if (!any) continue;
+    for (const auto& [t, b] : st.bind) {
+      const int ti = st.graph.find_tensor(t);
+      if (ti >= 0 && st.graph.tensors[ti].is_output && is_float(b)) needs[b] = true;
+    }
+  }
+  // Seeds: gradients that come in.
+  std::vector<int> seeds;
+  if (opt.seeds.empty()) {
+    for (int b = 0; b < nb; ++b)
+      if (p_.buffers[b].kind == BufferKind::kOutput && p_.buffers[b].readers.empty() && is_float(b) &&
+          needs[b])
+        seeds.push_back(b);
+  } else {
+    for (const std::string& n : opt.seeds) {
+      const int b = p_.find_buffer(n);
+      if (b < 0 || !p_.buffers[b].writer)
+        return InvalidArgument(where() + ": seed " + q(n) + " is not a buffer a stage writes");
+      seeds.push_back(b);
+    }
+  }
+  if (seeds.empty())
+    return InvalidArgument(where() + ": no output buffer depends on a buffer to differentiate");
+  for (int b : seeds) {
+    const PipelineBuffer& buf = p_.buffers[b];
+    const std::string g = taken_free(buf.name + ".grad");
+    declare(g, "input");
+    out_.inputs[g] = BackwardInput{BackwardInput::Kind::kGradient, buf.name, false};
+    out_.seeds.push_back(buf.name);
+    parts_[b].push_back(g);
+  }
+  // Each stage's backward, in reverse order.
+  for (auto it = p_.order.rbegin(); it != p_.order.rend(); ++it) {
+    const PipelineStage& st = p_.stages[static_cast<size_t>(*it)];
+    const ResolvedGraph& g = st.graph;
+    BackwardOptions so;
+    so.only_reachable = true;
+    for (const auto& [t, b] : st.bind) {
+      const int ti = g.find_tensor(t);
+      if (ti < 0) continue;
+      const ResolvedTensor& ft = g.tensors[ti];
+      if (ft.is_output) {
+        FUSEBOX_ASSIGN_OR_RETURN(std::string gb, finalize(b));
+        if (!gb.empty()) so.seeds.push_back(t);
+      } else if (ft.is_input && needs[b] && dtype_is_float(ft.dtype) && ft.values.empty() &&
+                 !ft.scalar_value) {
+        so.wrt.push_back(t);
+      }
+    }
+    if (so.seeds.empty() || so.wrt.empty()) continue;
+    auto bw = derive_backward(g, so);
+    if (!bw.ok()) return bw.status().WithContext(where() + ", stage " + q(st.name));
+    if (bw->gradients.empty()) continue;
+    const std::string stage = taken_free(st.name + ".bwd");
+    add_stage(stage, graph_to_json(bw->spec));
+    for (const std::string& r : bw->recomputed) out_.recomputed.push_back(st.name + ": " + r);
+    auto spec_view = [&](const std::string& name) {
+      for (const TensorSpec& t : bw->spec.tensors)
+        if (t.name == name) return View{t.dims, t.strides};
+      return View{};
+    };
+    for (const auto& [name, in] : bw->inputs) {
+      const int b = st.bind.at(in.forward_tensor);
+      if (in.kind == BackwardInput::Kind::kGradient) {
+        bind(stage, name, grad_.at(b), spec_view(name), true);
+      } else {
+        const std::string& bn = p_.buffers[b].name;
+        declare(bn, "input");
+        out_.inputs[bn] = BackwardInput{BackwardInput::Kind::kSaved, bn, false};
+        bind(stage, name, bn, spec_view(name), true);
+      }
+    }
+    // The gradients this stage gives its inputs' buffers, and any other output its
+    // backward ops write to memory (kept in a buffer of its own, unread).
+    std::set<std::string> grads;
+    for (const auto& [x, gname] : bw->gradients) {
+      const int b = st.bind.at(x);
+      const std::string part = taken_free(p_.buffers[b].name + ".grad." + st.name);
+      declare(part, "intermediate");
+      bind(stage, gname, part, spec_view(gname), false);
+      parts_[b].push_back(part);
+      grads.insert(gname);
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph rb, resolve(bw->spec));
+    for (const ResolvedTensor& t : rb.tensors) {
+      if (!t.is_output || grads.count(t.name)) continue;
+      const std::string extra = taken_free(stage + "." + t.name);
+      declare(extra, "output");
+      bind(stage, t.name, extra, View{t.dims, t.strides}, false);
+    }
+  }
+  // The gradients asked for.
+  for (int b = 0; b < nb; ++b) {
+    if (!wrt[b]) continue;
+    FUSEBOX_ASSIGN_OR_RETURN(std::string gb, finalize(b));
+    if (gb.empty()) {
+      if (!opt.wrt.empty())
+        return InvalidArgument(where() + ": buffer " + q(p_.buffers[b].name) +
+                               " reaches no seed, so it has no gradient");
+      continue;
+    }
+    out_.gradients[p_.buffers[b].name] = gb;
+    buffers_.at(gb).kind = "output";
+  }
+  if (out_.gradients.empty()) return InvalidArgument(where() + ": no buffer to differentiate reaches a seed");
+  // A gradient made by one stage alone is called "<b>.grad", like a summed one.
+  for (auto& [x, gb] : out_.gradients) {
+    const std::string want = x + ".grad";
+    if (gb == want || p_.find_buffer(want) >= 0 || buffers_.count(want)) continue;
+    auto node = buffers_.extract(gb);
+    node.key() = want;
+    buffers_.insert(std::move(node));
+    std::replace(order_.begin(), order_.end(), gb, want);
+    for (auto& [stage, m] : bind_)
+      for (auto& [t, buf] : m)
+        if (buf == gb) buf = want;
+    gb = want;
+  }
+  // The JSON: gradient buffers nobody reads are outputs; views differ -> "reshape".
+  nlohmann::ordered_json j;
+  j["name"] = p_.name + "_bwd";
+  nlohmann::ordered_json graphs = nlohmann::ordered_json::object(), bufs = nlohmann::ordered_json::object(),
+                         binds = nlohmann::ordered_json::object();
+  for (const std::string& s : stages_) graphs[s] = s + ".json";
+  for (const std::string& n : order_) {
+    BufferOut& b = buffers_.at(n);
+    if (b.kind == "intermediate" && b.readers == 0) b.kind = "output";
+    nlohmann::ordered_json e;
+    e["kind"] = b.kind;
+    if (b.views.size() > 1) e["reshape"] = true;
+    bufs[n] = e;
+  }
+  for (const std::string& s : stages_) binds[s] = bind_.at(s);
+  j["graphs"] = graphs;
+  j["buffers"] = bufs;
+  j["bind"] = binds;
+  out_.pipeline_json = j.dump(2) + "\n";
+  return std::move(out_);
+}
+
+}  // namespace
+
+Result<PipelineBackward> derive_pipeline_backward(const Pipeline& fwd, const BackwardOptions& options) {
+  PipelineDeriver d(fwd);
+  return d.run(options);
+}
+
+Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineBackward& b,
+                                            const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return IoError("cannot create folder " + q(dir) + ": " + ec.message());
+  // Never replace a file of the forward pipeline.
+  std::set<std::string> forward_files;
+  auto canon = [](const std::string& path) {
+    std::error_code e;
+    fs::path c = fs::weakly_canonical(path, e);
+    return e ? path : c.string();
+  };
+  if (!fwd.path.empty()) forward_files.insert(canon(fwd.path));
+  for (const PipelineStage& s : fwd.stages) forward_files.insert(canon(s.graph_path));
+  const nlohmann::json pj = nlohmann::json::parse(b.pipeline_json);
+  const std::string pipeline_path = (fs::path(dir) / (pj.at("name").get<std::string>() + ".json")).string();
+  std::vector<std::pair<std::string, const std::string*>> files{{pipeline_path, &b.pipeline_json}};
+  for (const auto& [name, text] : b.graph_files) files.push_back({(fs::path(dir) / name).string(), &text});
+  for (const auto& [path, text] : files)
+    if (forward_files.count(canon(path)))
+      return InvalidArgument("the backward pipeline would replace " + q(path) +
+                             ", a file of the forward pipeline: write it to another folder");
+  for (const auto& [path, text] : files)
+    FUSEBOX_RETURN_IF_ERROR(common::write_file_atomic(path, *text, "backward pipeline file"));
+  return pipeline_path;
+}
+
+}  // namespace fusebox
