@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fusebox's own kernels (src/kernels: norm, pool, reduction, rope, cross_entropy; docs/architecture.md "Native ops") on the H200:
+# fusebox's own kernels (src/kernels: norm, pool, reduction, embedding and its backward, rope, cross_entropy; docs/architecture.md "Native ops") on the H200:
 # their GPU tests, then each benchmark graph run verified eager and as a CUDA graph, timed
 # against cuDNN's first supported engine pinned (fusebox engines --cudnn). Run from the bundle:
 #   run(command="bash scripts/gpu_native_kernels.sh", carry=[".gpu"])  (docs/gpu.md)
@@ -20,7 +20,8 @@ for g in examples/graphs/layernorm_train.json examples/graphs/rmsnorm_train.json
          examples/graphs/small/global_avg_pool_small.json examples/graphs/small/layernorm_bsh_small.json \
          examples/graphs/max_pool_resnet_stem.json examples/graphs/reduce_sum_bias_grad.json \
          examples/graphs/rope.json examples/graphs/small/rope_decode_small.json examples/graphs/small/rope_bwd_small.json \
-         examples/graphs/cross_entropy.json examples/graphs/small/cross_entropy_bwd_small.json; do
+         examples/graphs/cross_entropy.json examples/graphs/small/cross_entropy_bwd_small.json \
+         examples/graphs/small/embedding_bwd_small.json; do
   echo "== $g"
   timeout 60 .gpu/fusebox run $g --verify --iters 200 --cuda-graph --no-cache > $OUT/run_$(basename $g .json).txt 2>&1
   echo "rc=$?"; grep -iE "engine|median|verif|mismatch|error|rel_l2|time" $OUT/run_$(basename $g .json).txt | head -8

@@ -71,6 +71,64 @@ __global__ void embedding_bf16x8(const int* ids, int64_t ids_stride, const uint4
   }
 }
 
+// embedding_bwd, atomic: every (n, h) adds dy[n, h] into dtable[ids[n], h] (zeroed first).
+__global__ void embedding_bwd_zero(float* dtable, int64_t stride, int64_t v, int64_t h) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < v * h;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dtable[(i / h) * stride + i % h] = 0.0f;
+}
+__global__ void embedding_bwd_atomic(const int* ids, int64_t ids_stride, const void* dy, Rows d,
+                                     float* dtable, int64_t t_stride, int64_t n, int64_t v, int64_t h) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * h;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / h, c = i % h;
+    const int id = __ldg(ids + r * ids_stride);
+    if (id >= 0 && id < v)
+      atomicAdd(dtable + id * t_stride + c, load_as_float(dy, d.dtype, r * d.stride + c));
+  }
+}
+// embedding_bwd, deterministic: one thread per column, the rows of dy in the order of n.
+__global__ void embedding_bwd_columns(const int* ids, int64_t ids_stride, const void* dy, Rows d,
+                                      float* dtable, int64_t t_stride, int64_t n, int64_t v, int64_t h) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < h;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    for (int64_t row = 0; row < v; ++row) dtable[row * t_stride + c] = 0.0f;
+    for (int64_t r = 0; r < n; ++r) {
+      const int id = __ldg(ids + r * ids_stride);
+      if (id >= 0 && id < v) dtable[id * t_stride + c] += load_as_float(dy, d.dtype, r * d.stride + c);
+    }
+  }
+}
+
+class EmbeddingBwdKernel final : public KernelBase {
+ public:
+  EmbeddingBwdKernel() { name_ = "fusebox_embedding_bwd"; }
+
+  Status launch(void* const* ptrs, void* stream_ptr) const override {
+    const auto* ids = static_cast<const int*>(ptrs[0]);
+    const void* dy = ptrs[1];
+    auto* dtable = static_cast<float*>(ptrs[2]);
+    auto stream = static_cast<cudaStream_t>(stream_ptr);
+    if (v_ * h_ == 0) return Status::Ok();
+    constexpr int kThreads = 256;
+    if (deterministic_) {
+      embedding_bwd_columns<<<grid_stride_blocks(h_, 64), 64, 0, stream>>>(ids, ids_stride_, dy, dy_, dtable,
+                                                                           t_stride_, n_, v_, h_);
+    } else {
+      embedding_bwd_zero<<<grid_stride_blocks(v_ * h_, kThreads), kThreads, 0, stream>>>(dtable, t_stride_,
+                                                                                         v_, h_);
+      if (n_ > 0)
+        embedding_bwd_atomic<<<grid_stride_blocks(n_ * h_, kThreads), kThreads, 0, stream>>>(
+            ids, ids_stride_, dy, dy_, dtable, t_stride_, n_, v_, h_);
+    }
+    return common::cuda_status(cudaGetLastError(), where_, " embedding_bwd kernel launch");
+  }
+
+  bool deterministic_ = false;
+  int64_t n_ = 0, v_ = 0, h_ = 0, ids_stride_ = 1, t_stride_ = 0;
+  Rows dy_;
+};
+
 class EmbeddingKernel final : public KernelBase {
  public:
   EmbeddingKernel() { name_ = "fusebox_embedding"; }
@@ -108,6 +166,25 @@ class EmbeddingKernel final : public KernelBase {
 Result<std::shared_ptr<const NativeKernel>> make_embedding_kernel(const ResolvedGraph& g,
                                                                   const ResolvedOp& op,
                                                                   const EmbeddingAttrs& a) {
+  if (a.backward) {
+    auto k = std::make_shared<EmbeddingBwdKernel>();
+    k->where_ = common::op_where("embedding_bwd", op.name);
+    const ResolvedTensor& ids = g.tensors[op.inputs.at("ids")];
+    const ResolvedTensor& dy = g.tensors[op.inputs.at("dy")];
+    const ResolvedTensor& dt = g.tensors[op.outputs.at("dtable")];
+    if (dt.is_virtual)
+      return InvalidArgument(k->where_ + " output 'dtable' ('" + dt.name + "') must be a graph output");
+    if (dt.dtype != DType::kFP32) return InvalidArgument(k->where_ + " writes an fp32 dtable");
+    k->deterministic_ = a.deterministic;
+    k->n_ = ids.dims.at(0);
+    k->ids_stride_ = ids.strides.at(0);
+    k->v_ = a.rows;
+    k->h_ = dy.dims.at(1);
+    k->t_stride_ = dt.strides.at(0);
+    k->dy_ = Rows{dy.strides.at(0), static_cast<int>(dy.dtype)};
+    k->tensors_ = {ids.name, dy.name, dt.name};
+    return std::shared_ptr<const NativeKernel>(std::move(k));
+  }
   auto k = std::make_shared<EmbeddingKernel>();
   k->where_ = common::op_where("embedding", op.name);
   const ResolvedTensor& ids = g.tensors[op.inputs.at("ids")];

@@ -61,11 +61,13 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"rope_bwd_small", "fusebox_rope_bwd"},
     {"cross_entropy", "fusebox_cross_entropy"},
     {"cross_entropy_small", "fusebox_cross_entropy"},
-    {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"}};
+    {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"},
+    {"embedding_bwd_small", "fusebox_embedding_bwd"}};
 // Of those, the ones only fusebox runs (cuDNN has no op for them on 9.19, and fusebox
 // does not lower to 9.24's RoPE yet): no cuDNN engine to pin instead.
-const std::set<std::string> kOnlyFusebox = {"fusebox_embedding", "fusebox_rope", "fusebox_rope_bwd",
-                                            "fusebox_cross_entropy", "fusebox_cross_entropy_bwd"};
+const std::set<std::string> kOnlyFusebox = {"fusebox_embedding",         "fusebox_rope",
+                                            "fusebox_rope_bwd",          "fusebox_cross_entropy",
+                                            "fusebox_cross_entropy_bwd", "fusebox_embedding_bwd"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());

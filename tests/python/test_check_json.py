@@ -20,11 +20,13 @@ PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": 
            "sdpa_fp8_fwd": "o", "sdpa_bwd": "dq", "sdpa_fp8_bwd": "dq", "layernorm": "y", "rmsnorm": "y",
            "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
            "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
-           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y",
+           "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y", "embedding_bwd": "dtable",
            "rope": "y", "rope_bwd": "dx", "cross_entropy": "loss", "cross_entropy_bwd": "dlogits"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
-             "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x")}
+             "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x"),
+             "gelu_tanh_bwd": ("dy", "x"), "gelu_erf_bwd": ("dy", "x"), "silu_bwd": ("dy", "x"),
+             "sigmoid_bwd": ("dy", "x"), "tanh_bwd": ("dy", "x")}
 
 
 def name_of(path):
@@ -138,6 +140,12 @@ def test_example_document(run_check, path):
             dims = op["attrs"]["reduce_dims"]
             assert dims == sorted(set(dims)) and all(0 <= d < len(x) for d in dims), dims
             assert y == [1 if d in dims else x[d] for d in range(len(x))], (x, y, dims)
+        elif op["op"] == "embedding_bwd":
+            # dtable fp32 [rows, H, 1, 1] from ids [N, 1, 1, 1] and dy [N, H, 1, 1]; fusebox's own kernel
+            ids, dy = tensors[op["inputs"]["ids"]], tensors[op["inputs"]["dy"]]
+            dt = tensors[op["outputs"]["dtable"]]
+            assert dt["dims"] == [op["attrs"]["vocab"], dy["dims"][1], 1, 1] and dt["dtype"] == "fp32"
+            assert ids["dtype"] == "int32" and ids["dims"][0] == dy["dims"][0] and op["attrs"]["native_kernel"] is True
         elif op["op"] == "embedding":
             # y [N, H, 1, 1] from ids [N, 1, 1, 1] and table [V, H, 1, 1]; fusebox's own kernel
             ids, table = tensors[op["inputs"]["ids"]], tensors[op["inputs"]["table"]]

@@ -273,6 +273,16 @@ TEST(Autodiff, CausalGroupedQueryAttentionFromItsSavedStats) {
   expect_gradients_match(c, 2e-2);
 }
 
+TEST(Autodiff, EmbeddingTableThroughTheScatterAdd) {
+  // Repeated ids: their rows of dy add up in the table's gradient.
+  Case c = make_case(R"({"name": "emb", "io_dtype": "float", "tensors": [
+      {"name": "ids", "dims": [8, 1, 1, 1], "dtype": "int32", "values": [2, 0, 2, 5, 1, 2, 0, 3]},
+      {"name": "table", "dims": [6, 4, 1, 1], "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}],
+    "ops": [{"op": "embedding", "name": "embed", "inputs": {"ids": "ids", "table": "table"}, "outputs": {"y": "y"}}]})");
+  EXPECT_EQ(c.bwd.gradients.size(), 1u) << "ids carry no gradient";
+  expect_gradients_match(c);
+}
+
 TEST(Autodiff, RefusalsNameTheOpAndSayWhatWouldWork) {
   auto fwd = resolve_json(R"({"name": "ln", "io_dtype": "float", "tensors": [
       {"name": "x", "dims": [1, 4, 8]}, {"name": "g", "dims": [1, 1, 8]}, {"name": "b", "dims": [1, 1, 8]},

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fusebox/graph.h"
+#include "fusebox/op_traits.h"
 #include "fusebox/reference.h"
 #include "reference_test_util.h"
 
@@ -107,6 +108,65 @@ TEST(Embedding, CpuReferenceLooksUpAddsAndGivesNanOutsideTheTable) {
   EXPECT_TRUE(std::isnan(nan_ref->at("y")[2 * 8]));
   EXPECT_TRUE(std::isnan(nan_ref->at("y")[4 * 8 + 7]));
   EXPECT_FALSE(std::isnan(nan_ref->at("y")[3 * 8]));
+}
+
+}  // namespace
+}  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+std::string embed_bwd_json(const std::string& extra = "", const std::string& dtable = R"("dtype": "fp32")") {
+  return R"({"name": "emb_bwd", "io_dtype": "bf16", "tensors": [
+    {"name": "ids", "dims": [7, 1, 1, 1], "dtype": "int32", "values": [3, 0, 3, 4, 3, 0, 1]},
+    {"name": "dy", "dims": [7, 5, 1, 1], "layout": "nhwc"}, {"name": "dt", )" +
+         dtable + R"(}],
+  "ops": [{"op": "embedding_bwd", "name": "dembed", "inputs": {"ids": "ids", "dy": "dy"},
+           "outputs": {"dtable": "dt"}, "rows": 6)" +
+         extra + "}]}";
+}
+
+TEST(EmbeddingBwd, SumsTheRowsOfEachIdInFp32) {
+  auto g = testing_util::resolve_json(embed_bwd_json());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const ResolvedTensor& dt = g->tensors[g->find_tensor("dt")];
+  EXPECT_EQ(dt.dims, (std::vector<int64_t>{6, 5, 1, 1}));
+  EXPECT_EQ(dt.dtype, DType::kFP32);
+  const std::vector<int> ids{3, 0, 3, 4, 3, 0, 1};
+  std::vector<double> dy(35);
+  for (size_t i = 0; i < dy.size(); ++i) dy[i] = std::ldexp(static_cast<double>((i * 37) % 23) - 11.0, -3);
+  std::vector<double> idv(ids.begin(), ids.end());
+  auto out = reference_cpu(*g, {{"ids", testing_util::host_from(g->tensors[g->find_tensor("ids")], idv)},
+                                {"dy", testing_util::host_from(g->tensors[g->find_tensor("dy")], dy)}});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  std::vector<double> want(30, 0.0);
+  for (size_t n = 0; n < ids.size(); ++n)
+    for (int h = 0; h < 5; ++h) want[ids[n] * 5 + h] += dy[n * 5 + h];
+  const auto& got = out->at("dt");
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;  // exact: eighths, few terms
+  for (int h = 0; h < 5; ++h) EXPECT_EQ(got[2 * 5 + h], 0.0f) << "row 2: no id names it";
+  EXPECT_TRUE(op_not_bit_reproducible(*g, g->ops[0]).find("atomics") != std::string::npos);
+  auto det = testing_util::resolve_json(embed_bwd_json(R"(, "deterministic": true)"));
+  ASSERT_TRUE(det.ok()) << det.status().ToString();
+  EXPECT_EQ(op_not_bit_reproducible(*det, det->ops[0]), "");
+}
+
+TEST(EmbeddingBwd, RefusesWithWhatWouldBeAccepted) {
+  testing_util::expect_error(embed_bwd_json("", R"("dtype": "bf16")"),
+                             {"[embedding_bwd 'dembed'] output 'dtable' ('dt')", "declare dtable fp32"});
+  auto no_rows = parse_graph_json(R"({"name": "e", "tensors": [
+      {"name": "ids", "dims": [2, 1, 1, 1], "dtype": "int32"}, {"name": "dy", "dims": [2, 4, 1, 1]},
+      {"name": "dt", "dtype": "fp32"}],
+    "ops": [{"op": "embedding_bwd", "name": "d", "inputs": {"ids": "ids", "dy": "dy"}, "outputs": {"dtable": "dt"}}]})");
+  ASSERT_FALSE(no_rows.ok());
+  EXPECT_NE(no_rows.status().message().find("embedding_bwd needs \"rows\""), std::string::npos)
+      << no_rows.status().message();
+  testing_util::expect_error(R"({"name": "e", "tensors": [
+      {"name": "ids", "dims": [2, 1, 1, 1], "dtype": "int32", "values": [0, 6]}, {"name": "dy", "dims": [2, 4, 1, 1]},
+      {"name": "dt", "dtype": "fp32"}],
+    "ops": [{"op": "embedding_bwd", "name": "d", "inputs": {"ids": "ids", "dy": "dy"}, "outputs": {"dtable": "dt"},
+             "rows": 6}]})",
+                             {"values[1] = 6 is not a row of the table (6 rows)"});
 }
 
 }  // namespace

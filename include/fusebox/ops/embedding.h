@@ -23,8 +23,20 @@
 
 namespace fusebox {
 
+// embedding_bwd (the table's gradient, a scatter-add; issue 33):
+//   ids    int32 [N, 1, 1, 1], as the forward's
+//   dy     [N, H, 1, 1]: dL/dy of the forward (bf16, fp16 or fp32; rows contiguous)
+//   dtable fp32 [V, H, 1, 1] with V = "rows": dtable[v, h] = sum over n with ids[n] = v
+//          of dy[n, h], summed in fp32 (a row no id names is 0). An id outside [0, V)
+//          adds nothing (known ids are checked before a run, as for the forward).
+//   "deterministic": true sums each column in the order of n (bit-reproducible,
+//   slower); otherwise the kernel adds with atomics, in no fixed order.
+// The forward's `add` gets no gradient from it (the gradient rule refuses one).
 struct EmbeddingAttrs {
-  bool add = false;  // the optional input `add` is given
+  bool add = false;            // the optional input `add` is given
+  bool backward = false;       // "embedding_bwd"
+  int64_t rows = 0;            // embedding_bwd: V, the table's rows (required)
+  bool deterministic = false;  // embedding_bwd: no atomics
 };
 
 }  // namespace fusebox

@@ -687,6 +687,18 @@ def embedding(ins):
     return y.reshape(ids.numel(), -1, 1, 1)
 
 
+def embedding_backward(ins, op):
+    """fusebox's embedding_bwd: dtable[v] = sum of dy[n] over ids[n] = v, in fp32
+    (index_add_, as autograd's embedding backward sums)."""
+    ids = ins["ids"].reshape(-1).long()
+    dy = ins["dy"].reshape(ids.numel(), -1).float()
+    rows = op["attrs"]["vocab"]
+    keep = (ids >= 0) & (ids < rows)
+    dtable = torch.zeros(rows, dy.shape[1], dtype=torch.float32, device=dy.device)
+    dtable.index_add_(0, ids[keep], dy[keep])
+    return {"dtable": dtable.reshape(rows, -1, 1, 1)}
+
+
 def rope_forward(x, freqs, offset, layout, rope_dim, scale):
     """Rotary position embedding the way model code writes it (not fusebox's
     formulas): x [B, H, S, D]; freqs [1, 1, P, R/2] angles; the trailing R
@@ -771,6 +783,7 @@ TORCH_OPS = {
     "batchnorm_inference": lambda op, ins, dtypes: batchnorm_inference(ins, op),
     "batchnorm_bwd": lambda op, ins, dtypes: batchnorm_backward(ins, op),
     "embedding": lambda op, ins, dtypes: embedding(ins),
+    "embedding_bwd": lambda op, ins, dtypes: embedding_backward(ins, op),
     "rope": lambda op, ins, dtypes: rope(ins, op),
     "rope_bwd": lambda op, ins, dtypes: rope(ins, op),
     "cross_entropy": lambda op, ins, dtypes: _outputs_of(cross_entropy(ins, op), op),

@@ -35,27 +35,119 @@ Status check_rows(const InferContext& ctx, std::string_view role, const char* wh
 
 }  // namespace
 
-std::vector<std::string_view> type_names(std::type_identity<EmbeddingAttrs>) { return {"embedding"}; }
+std::vector<std::string_view> type_names(std::type_identity<EmbeddingAttrs>) {
+  return {"embedding", "embedding_bwd"};
+}
 std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<EmbeddingAttrs>) {
   if (name == "embedding") return OpAttrs{EmbeddingAttrs{}};
+  if (name == "embedding_bwd") {
+    EmbeddingAttrs a;
+    a.backward = true;
+    return OpAttrs{a};
+  }
   return std::nullopt;
 }
-std::string_view type_name(const EmbeddingAttrs&) { return "embedding"; }
+std::string_view type_name(const EmbeddingAttrs& a) { return a.backward ? "embedding_bwd" : "embedding"; }
 std::vector<std::string_view> input_roles(const EmbeddingAttrs& a) {
+  if (a.backward) return {"ids", "dy"};
   if (a.add) return {"ids", "table", "add"};
   return {"ids", "table"};
 }
-std::vector<std::string_view> output_roles(const EmbeddingAttrs&) { return {"y"}; }
+std::vector<std::string_view> output_roles(const EmbeddingAttrs& a) {
+  if (a.backward) return {"dtable"};
+  return {"y"};
+}
+std::vector<std::string_view> json_fields(const EmbeddingAttrs& a) {
+  if (a.backward) return {"rows", "deterministic"};
+  return {};
+}
 // fusebox's own kernel writes y to memory: there is no epilogue to fuse it into.
 
-Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op,
+Status parse_json(const JsonReader& r, const nlohmann::json& v, const std::string& path, OpSpec& op,
                   EmbeddingAttrs& a) {
-  a.add = op.inputs.count("add") > 0;  // an optional input
+  if (!a.backward) {
+    a.add = op.inputs.count("add") > 0;  // an optional input
+    return Status::Ok();
+  }
+  std::optional<int64_t> rows;
+  FUSEBOX_RETURN_IF_ERROR(r.opt_int(v, path, "rows", rows));
+  if (!rows || *rows < 1)
+    return r.err(path,
+                 "embedding_bwd needs \"rows\": the table's row count V (an integer >= 1), which dy "
+                 "and ids do not give");
+  a.rows = *rows;
+  return r.opt_bool(v, path, "deterministic", a.deterministic);
+}
+void write_json(const EmbeddingAttrs& a, nlohmann::ordered_json& j) {
+  if (!a.backward) return;
+  j["rows"] = a.rows;
+  if (a.deterministic) j["deterministic"] = true;
+}
+
+namespace {
+
+Status check_ids(const InferContext& ctx, int64_t v) {
+  ResolvedTensor& ids = ctx.in("ids");
+  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where("ids"), ids.dtype, {DType::kInt32},
+                                         "embedding takes int32 ids (set \"dtype\": \"int32\")"));
+  if (ids.dims.size() != 4 || ids.dims[1] != 1 || ids.dims[2] != 1 || ids.dims[3] != 1) {
+    return InvalidArgument(ctx.in_where("ids") + " has dims " + dims_string(ids.dims) +
+                           ": embedding takes ids as [N, 1, 1, 1] (one id per row)");
+  }
+  // Fixed ids (the graph's "values") are checked now; given ones before a run (check_embedding_ids).
+  for (size_t i = 0; i < ids.values.size(); ++i) {
+    if (ids.values[i] >= 0 && ids.values[i] < static_cast<double>(v) &&
+        ids.values[i] == static_cast<int64_t>(ids.values[i]))
+      continue;
+    const double bad = ids.values[i];
+    const bool whole = std::isfinite(bad) && std::fabs(bad) < 9e15 && std::floor(bad) == bad;
+    return InvalidArgument(ctx.in_where("ids") + ": values[" + std::to_string(i) + "] = " +
+                           (whole ? std::to_string(static_cast<int64_t>(bad)) : std::to_string(bad)) +
+                           " is not a row of the table (" + std::to_string(v) +
+                           " rows): every id must be an integer in [0, " + std::to_string(v) + ")");
+  }
+  // Random ids are valid rows of the table.
+  ids.random_lo = 0;
+  ids.random_hi = static_cast<double>(v - 1);
   return Status::Ok();
 }
-void write_json(const EmbeddingAttrs&, nlohmann::ordered_json&) {}
+
+// The output [rows, H, 1, 1]: rows of H contiguous values, not overlapping.
+Status check_out_rows(const InferContext& ctx, const char* role, int64_t rows, int64_t h) {
+  const ResolvedTensor& y = ctx.out(role);
+  if (h > 1 && y.strides[1] != 1) {
+    return InvalidArgument(
+        ctx.out_where(role) + " has strides " + dims_string(y.strides) +
+        ": embedding writes rows of H contiguous values; lay it out \"nhwc\" (or row-major)");
+  }
+  if (rows > 1 && y.strides[0] < h) {
+    return InvalidArgument(ctx.out_where(role) + " has strides " + dims_string(y.strides) +
+                           ": its rows overlap");
+  }
+  return Status::Ok();
+}
+
+Status infer_backward(const InferContext& ctx, EmbeddingAttrs& a) {
+  FUSEBOX_RETURN_IF_ERROR(check_ids(ctx, a.rows));
+  FUSEBOX_RETURN_IF_ERROR(check_rows(ctx, "dy", "dy"));
+  const int64_t n = ctx.in("ids").dims[0], h = ctx.in("dy").dims[1];
+  if (ctx.in("dy").dims[0] != n) {
+    return InvalidArgument(ctx.in_where("dy") + " has " + std::to_string(ctx.in("dy").dims[0]) +
+                           " rows but " + ctx.in_where("ids").substr(ctx.where.size() + 1) + " has " +
+                           std::to_string(n) + ": dy has one row per id");
+  }
+  const std::vector<int64_t> dims{a.rows, h, 1, 1};
+  FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("dtable", dims, {h, 1, h, h}, DType::kFP32));
+  FUSEBOX_RETURN_IF_ERROR(check_out_rows(ctx, "dtable", a.rows, h));
+  return check_dtype_in(ctx.out_where("dtable"), ctx.out("dtable").dtype, {DType::kFP32},
+                        "embedding_bwd sums in fp32 and writes an fp32 table gradient (the master weights' "
+                        "dtype): declare dtable fp32");
+}
+
+}  // namespace
 
 Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
+  if (a.backward) return infer_backward(ctx, a);
   ResolvedTensor& ids = ctx.in("ids");
   FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where("ids"), ids.dtype, {DType::kInt32},
                                          "embedding takes int32 ids (set \"dtype\": \"int32\")"));
@@ -112,26 +204,54 @@ Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
                         "embedding writes bf16, fp16 or fp32");
 }
 
-void canonical(const EmbeddingAttrs& a, CanonicalWriter& w) { w.field("add", a.add); }
+void canonical(const EmbeddingAttrs& a, CanonicalWriter& w) {
+  w.field("add", a.add);
+  if (a.backward) {
+    w.field("backward", true);
+    w.field("rows", a.rows);
+    w.field("deterministic", a.deterministic);
+  }
+}
 void describe(const EmbeddingAttrs& a, std::ostream& os) {
+  if (a.backward) {
+    os << ", " << a.rows << " rows" << (a.deterministic ? ", deterministic" : ", atomic adds")
+       << ", fusebox kernel (no cuDNN op)";
+    return;
+  }
   os << (a.add ? ", plus add[n % P]" : "") << ", fusebox kernel (no cuDNN op)";
 }
 void resolved_json(const FlopsContext& ctx, const EmbeddingAttrs& a, nlohmann::ordered_json& j) {
   j["add"] = a.add;
-  j["vocab"] = ctx.in("table").dims[0];
+  j["vocab"] = a.backward ? a.rows : ctx.in("table").dims[0];
+  if (a.backward) j["deterministic"] = a.deterministic;
   j["native_kernel"] = true;
 }
-// One add per output element with `add`; a lookup alone computes nothing.
+// One add per output element with `add` (embedding_bwd: one per element of dy); a lookup alone computes
+// nothing.
 double flops(const FlopsContext& ctx, const EmbeddingAttrs& a) {
+  if (a.backward) return static_cast<double>(ctx.in("dy").element_count());
   return a.add ? static_cast<double>(ctx.out("y").element_count()) : 0.0;
 }
 
-// ---- gradient rule: none yet. The table's gradient is a scatter-add of dy
-// rows into it (issue 33), not an op yet; the ids carry none.
-Status grad(GradContext& ctx, const EmbeddingAttrs&) {
-  if (!ctx.wants("table") && !(ctx.has_in("add") && ctx.wants("add"))) return Status::Ok();
-  return ctx.no_rule(
-      "the table's gradient (a scatter-add of dy rows) is not an op yet: leave 'table' out of wrt");
+// ---- gradient rule: embedding -> embedding_bwd (the scatter-add of dy rows into
+// an fp32 table gradient); the ids carry none, `add` none yet.
+Status grad(GradContext& ctx, const EmbeddingAttrs& a) {
+  if (a.backward) return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
+  if (ctx.has_in("add") && ctx.wants("add"))
+    return ctx.no_rule(
+        "the gradient of 'add' (a sum over the rows that share it) is not derived yet: leave it out of wrt");
+  if (!ctx.wants("table")) return Status::Ok();
+  const ResolvedTensor& table = ctx.in_tensor("table");
+  if (table.dtype != DType::kFP32)
+    return ctx.no_rule("the table's gradient is summed in fp32 and the table is " +
+                       std::string(dtype_name(table.dtype)) +
+                       ": keep the table (the master weights) in fp32");
+  EmbeddingAttrs b;
+  b.backward = true;
+  b.rows = table.dims[0];
+  FUSEBOX_ASSIGN_OR_RETURN(std::string ids, ctx.in("ids"));
+  FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("dtable", b, {{"ids", ids}, {"dy", ctx.dy("y")}}));
+  return ctx.add_grad("table", r.at("dtable"));
 }
 
 }  // namespace fusebox::graph_ops

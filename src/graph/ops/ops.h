@@ -165,7 +165,8 @@ template <typename T>
 std::vector<std::string_view> json_fields(const T&) {
   return {OpTraits<T>::json_fields.begin(), OpTraits<T>::json_fields.end()};
 }
-std::vector<std::string_view> json_fields(const PoolAttrs& a);  // by mode
+std::vector<std::string_view> json_fields(const PoolAttrs& a);       // by mode
+std::vector<std::string_view> json_fields(const EmbeddingAttrs& a);  // embedding_bwd: rows, deterministic
 // Whether inputs may be by-value scalars (else they must be tensors).
 template <typename T>
 bool accepts_scalar_inputs(const T&) {

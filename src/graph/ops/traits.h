@@ -181,6 +181,12 @@ struct OpTraits<EmbeddingAttrs> : OpTraitsDefaults {
   static constexpr bool native_only = true;
   static constexpr auto index_inputs = std::to_array<std::string_view>({"ids"});
   static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"ids"});
+  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op,
+                                          const EmbeddingAttrs& a) {
+    return a.backward && !a.deterministic
+               ? "op '" + op.name + "' (embedding_bwd) adds with atomics; \"deterministic\": true repeats"
+               : "";
+  }
 };
 
 // ---- rope (fusebox's own kernel on every cuDNN: include/fusebox/ops/rope.h)

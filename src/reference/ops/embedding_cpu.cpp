@@ -10,7 +10,33 @@
 
 namespace fusebox::reference_detail {
 
+namespace {
+
+// embedding_bwd: dtable[v, :] = sum of dy[n, :] over n with ids[n] = v, in fp64;
+// ids outside [0, V) add nothing.
+Status run_backward(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a) {
+  FUSEBOX_ASSIGN_OR_RETURN(const Values* ids, ctx.in("ids"));
+  FUSEBOX_ASSIGN_OR_RETURN(const Values* dy, ctx.in("dy"));
+  FUSEBOX_ASSIGN_OR_RETURN(Values * dtable, ctx.out("dtable"));
+  const int64_t n = ids->dims.at(0), h = dy->dims.at(1), v = a.rows;
+  if (dtable->dims.at(0) != v || dtable->dims.at(1) != h)
+    return InvalidArgument(op_where(op) + "dtable " + dims_string(dtable->dims) + " is not [rows, H, 1, 1]");
+  std::vector<double> acc(static_cast<size_t>(v * h), 0.0);
+  for (int64_t r = 0; r < n; ++r) {
+    const double id = ids->data[static_cast<size_t>(r)];
+    if (!(id >= 0 && id < static_cast<double>(v))) continue;
+    const int64_t row = static_cast<int64_t>(id);
+    for (int64_t c = 0; c < h; ++c)
+      acc[static_cast<size_t>(row * h + c)] += dy->data[static_cast<size_t>(r * h + c)];
+  }
+  for (size_t i = 0; i < acc.size(); ++i) dtable->data[i] = static_cast<float>(acc[i]);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a) {
+  if (a.backward) return run_backward(ctx, op, a);
   FUSEBOX_ASSIGN_OR_RETURN(const Values* ids, ctx.in("ids"));
   FUSEBOX_ASSIGN_OR_RETURN(const Values* table, ctx.in("table"));
   const Values* add = nullptr;
@@ -44,9 +70,11 @@ namespace fusebox {
 
 Status check_embedding_ids(const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs) {
   for (const ResolvedOp& op : g.ops) {
-    if (!std::holds_alternative<EmbeddingAttrs>(op.attrs)) continue;
+    const auto* a = std::get_if<EmbeddingAttrs>(&op.attrs);
+    if (!a) continue;
     const ResolvedTensor& ids = g.tensors[op.inputs.at("ids")];
-    const ResolvedTensor& table = g.tensors[op.inputs.at("table")];
+    // The forward's table; embedding_bwd's table gradient has its rows.
+    const ResolvedTensor& table = g.tensors[a->backward ? op.outputs.at("dtable") : op.inputs.at("table")];
     auto it = inputs.find(ids.name);
     if (it == inputs.end()) continue;
     const std::vector<float> v = it->second.to_float_logical();
