@@ -27,7 +27,7 @@ extern "C" {
 /* The C API's version: bumped when a declaration here changes. Additions
  * only: version 2 added the calls marked "(v2)", version 3 those marked
  * "(v3)", version 4 those marked "(v4)"; a program built against an earlier version runs unchanged. */
-#define FUSEBOX_C_API_VERSION 4
+#define FUSEBOX_C_API_VERSION 5
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -74,6 +74,19 @@ void fusebox_graph_free(fusebox_graph* graph);
 const char* fusebox_graph_name(const fusebox_graph* graph);
 /* A readable listing of tensors and ops, as `fusebox check` prints. */
 const char* fusebox_graph_describe(const fusebox_graph* graph);
+
+/* The backward graph of `graph` by the ops' gradient rules (docs/training.md), in
+ * *out (free it with fusebox_graph_free). `wrt`: the forward inputs to differentiate,
+ * comma-separated; `seeds`: the forward outputs whose gradients come in; NULL or ""
+ * for the defaults. FUSEBOX_NOT_SUPPORTED names an op without a rule and what would
+ * work. (C API 5) */
+fusebox_status fusebox_graph_backward(const fusebox_graph* graph, const char* wrt, const char* seeds,
+                                      fusebox_graph** out);
+/* For a graph made by fusebox_graph_backward: the graph as JSON text (a graph file),
+ * and its bindings to the forward as JSON (where each input comes from, which output
+ * holds each gradient, what is saved and recomputed). "" for other graphs. */
+const char* fusebox_graph_backward_json(const fusebox_graph* graph);
+const char* fusebox_graph_backward_bindings(const fusebox_graph* graph);
 
 typedef enum fusebox_tensor_kind {
   FUSEBOX_TENSOR_INPUT = 0, /* the caller supplies it */

@@ -11,7 +11,7 @@ with no copies. Guide: docs/python.md.
 """
 import os
 
-from ._graph import Graph, GraphInfo, TensorInfo
+from ._graph import BackwardGraph, Graph, GraphInfo, TensorInfo
 from ._lib import C_API_VERSION, library_path
 from ._session import Plan, Session
 from ._tensors import torch_dtype
@@ -39,7 +39,7 @@ def devprop_path(name="h200-cudnn-9.27"):
     raise IoError(f"device-properties file {name}.devprop not found (looked in the package and the checkout)")
 
 
-__all__ = ["Graph", "GraphInfo", "TensorInfo", "Session", "Plan", "torch_op", "torch_dtype", "version",
+__all__ = ["Graph", "BackwardGraph", "GraphInfo", "TensorInfo", "Session", "Plan", "torch_op", "torch_dtype", "version",
            "library_path", "devprop_path", "C_API_VERSION", "Error", "InvalidArgument", "ParseError", "NotSupported",
            "IoError", "CudnnError", "CudaError", "NoDevice", "VersionMismatch", "VerificationFailed", "Internal",
            "OutOfMemory", "LibraryNotFound"]

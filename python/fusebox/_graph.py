@@ -153,6 +153,23 @@ class Graph(_TensorLists):
         """`fusebox check`'s listing of tensors and ops."""
         return _lib.text(_lib.lib().fusebox_graph_describe(self._h))
 
+    def backward(self, wrt=None, seeds=None) -> "BackwardGraph":
+        """The backward graph by the ops' gradient rules (docs/training.md): a Graph whose inputs
+        are the seeds' gradients ("<y>.grad") and saved forward tensors, whose outputs are
+        "<x>.grad"; `.bindings` says where each input comes from. `wrt` / `seeds`: names
+        (a list or a comma-separated string), None for the defaults. NotSupported names an op
+        without a rule."""
+        def names(v, what):
+            if v is None:
+                return None
+            if isinstance(v, str):
+                v = [v]
+            return _lib.encode(",".join(v), f"Graph.backward: {what}")
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib().fusebox_graph_backward(self._h, names(wrt, "wrt"), names(seeds, "seeds"),
+                                                     ctypes.byref(h)))
+        return BackwardGraph(h)
+
     def check(self) -> GraphInfo:
         """The graph as fusebox resolved it: every tensor to bind with dims, strides, dtype, kind, bytes."""
         return GraphInfo(name=self.name, tensors=self.tensors, text=self.describe())
@@ -174,3 +191,17 @@ class Graph(_TensorLists):
 
     def __repr__(self):
         return f"fusebox.Graph({self.name!r}, tensors={[t.name for t in self.tensors]})"
+
+
+class BackwardGraph(Graph):
+    """A graph made by Graph.backward(): also its JSON text (`.json`, a graph file) and
+    its bindings to the forward (`.bindings`, a dict: "inputs", "gradients", "seeds",
+    "saved", "saved_bytes", "recomputed")."""
+
+    @property
+    def json(self) -> str:
+        return _lib.text(_lib.lib().fusebox_graph_backward_json(self._h))
+
+    @property
+    def bindings(self) -> Dict:
+        return json.loads(_lib.text(_lib.lib().fusebox_graph_backward_bindings(self._h)))

@@ -19,7 +19,7 @@ from . import errors
 
 # The C API version this module needs: 2 added bind_with_workspace, tune,
 # find_tensor, session_device_id and plan_cache_result; 3 tune_in_cuda_graph.
-C_API_VERSION = 4
+C_API_VERSION = 5
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -90,6 +90,9 @@ def _declare(lib):
         "fusebox_graph_free": (None, [P]),
         "fusebox_graph_name": (c.c_char_p, [P]),
         "fusebox_graph_describe": (c.c_char_p, [P]),
+        "fusebox_graph_backward": (S, [P, c.c_char_p, c.c_char_p, c.POINTER(P)]),
+        "fusebox_graph_backward_json": (c.c_char_p, [P]),
+        "fusebox_graph_backward_bindings": (c.c_char_p, [P]),
         "fusebox_graph_tensor_count": (c.c_size_t, [P]),
         "fusebox_graph_tensor": (S, [P, c.c_size_t, c.POINTER(TensorInfo)]),
         "fusebox_graph_find_tensor": (S, [P, c.c_char_p, c.POINTER(TensorInfo)]),

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/file_io.h"
+#include "fusebox/autodiff.h"
 #include "fusebox/dtype.h"
 #include "fusebox/fusebox.h"
 #include "fusebox/plan_file.h"
@@ -191,6 +192,47 @@ const char* fusebox_graph_describe(const fusebox_graph* graph) {
     }
   }
   return g->describe.c_str();
+}
+
+fusebox_status fusebox_graph_backward(const fusebox_graph* graph, const char* wrt, const char* seeds,
+                                      fusebox_graph** out) {
+  const char* fn = "fusebox_graph_backward";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!graph) return null_arg(fn, "graph");
+    auto names = [](const char* s) {
+      std::vector<std::string> v;
+      std::string cur;
+      for (const char* p = s ? s : ""; *p; ++p) {
+        if (*p == ',') {
+          if (!cur.empty()) v.push_back(cur);
+          cur.clear();
+        } else {
+          cur += *p;
+        }
+      }
+      if (!cur.empty()) v.push_back(cur);
+      return v;
+    };
+    fusebox::BackwardOptions opt;
+    opt.wrt = names(wrt);
+    opt.seeds = names(seeds);
+    auto b = fusebox::derive_backward(*graph->graph, opt);
+    if (!b.ok()) return fail(fn, b.status());
+    const fusebox_status st = make_graph(fn, b->spec, out);
+    if (st != FUSEBOX_OK) return st;
+    (*out)->backward_json = fusebox::graph_to_json(b->spec);
+    (*out)->backward_bindings = fusebox::backward_bindings_json(*b);
+    return FUSEBOX_OK;
+  });
+}
+
+const char* fusebox_graph_backward_json(const fusebox_graph* graph) {
+  return graph ? graph->backward_json.c_str() : nullptr;
+}
+const char* fusebox_graph_backward_bindings(const fusebox_graph* graph) {
+  return graph ? graph->backward_bindings.c_str() : nullptr;
 }
 
 size_t fusebox_graph_tensor_count(const fusebox_graph* graph) { return graph ? graph->bindable.size() : 0; }

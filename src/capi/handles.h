@@ -19,6 +19,8 @@ struct fusebox_graph {
   std::vector<int> bindable;  // indices of the tensors the caller binds, in graph order
   std::string describe;       // filled on first fusebox_graph_describe
   std::string source_path;    // the file fusebox_graph_load read ("" for text): plan_save never writes it
+  // fusebox_graph_backward: the graph's JSON and its bindings to the forward ("" otherwise).
+  std::string backward_json, backward_bindings;
 };
 
 // The cache outlives the session that points at it (members die in reverse order).

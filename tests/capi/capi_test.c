@@ -47,6 +47,34 @@ static fusebox_graph* load_example(void) {
   return g;
 }
 
+/* The backward graph (C API 5): conv + bias + relu gives dgrad, wgrad and the bias sum. */
+static void test_backward(void) {
+  fusebox_graph* g = load_example();
+  fusebox_graph* b = NULL;
+  fusebox_tensor_info info;
+  fusebox_status st;
+  if (!g) return;
+  st = fusebox_graph_backward(g, NULL, NULL, &b);
+  CHECK(st == FUSEBOX_OK && b != NULL, "backward derived (%s: %s)", fusebox_status_name(st),
+        fusebox_last_error());
+  if (b) {
+    CHECK(fusebox_graph_find_tensor(b, "x.grad", &info) == FUSEBOX_OK && info.kind == FUSEBOX_TENSOR_OUTPUT,
+          "x.grad is an output");
+    CHECK(fusebox_graph_find_tensor(b, "y.grad", &info) == FUSEBOX_OK && info.kind == FUSEBOX_TENSOR_INPUT,
+          "y.grad is an input");
+    CHECK(strstr(fusebox_graph_backward_bindings(b), "\"gradient\"") != NULL, "bindings: %s",
+          fusebox_graph_backward_bindings(b));
+    CHECK(strstr(fusebox_graph_backward_json(b), "conv_wgrad") != NULL, "the graph has a wgrad");
+    fusebox_graph_free(b);
+  }
+  b = NULL;
+  st = fusebox_graph_backward(g, "nosuch", NULL, &b);
+  CHECK(st == FUSEBOX_INVALID_ARGUMENT && b == NULL && strstr(fusebox_last_error(), "wrt 'nosuch'") != NULL,
+        "a wrong wrt is refused: %s", fusebox_last_error());
+  CHECK(strcmp(fusebox_graph_backward_json(g), "") == 0, "a loaded graph has no backward JSON");
+  fusebox_graph_free(g);
+}
+
 static void test_versions(void) {
   CHECK(fusebox_c_api_version() == FUSEBOX_C_API_VERSION, "library C API %d, header %d",
         fusebox_c_api_version(), FUSEBOX_C_API_VERSION);
@@ -419,6 +447,7 @@ int main(int argc, char** argv) {
   const char* plan_path = argc > 1 ? argv[1] : "capi_test.plan";
   test_versions();
   test_graph();
+  test_backward();
   test_errors();
   test_deviceless(plan_path);
   test_cache(plan_path);

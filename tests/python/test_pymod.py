@@ -92,7 +92,7 @@ def like_graph(graph, **overrides):
 def test_version_and_library(library):
     assert fusebox.version() == "0.1.0"
     assert os.path.isfile(library)
-    assert fusebox.C_API_VERSION == 4
+    assert fusebox.C_API_VERSION == 5
 
 
 def test_graph_from_path_check_info():
@@ -120,6 +120,31 @@ def test_graph_from_text_dict_and_pathlike(tmp_path):
         assert g.name == "matmul_bias_gelu_small"
         assert g.tensor("y").dims == (1, 64, 40)
         assert g.tensor("a").strides == (64 * 48, 48, 1)
+
+
+def test_graph_backward():
+    """Graph.backward(): the derived backward graph (docs/training.md) with its JSON and bindings."""
+    g = fusebox.Graph.from_json(MATMUL)
+    b = g.backward()
+    assert isinstance(b, fusebox.BackwardGraph)
+    names = {t.name: t for t in b.tensors}
+    assert {"y.grad", "a", "b.T", "a.grad", "b.grad", "bias.grad"} <= set(names)
+    assert names["a.grad"].is_output and names["y.grad"].kind == "input"
+    assert names["a.grad"].dims == g.tensor("a").dims
+    bind = b.bindings
+    assert bind["inputs"]["y.grad"] == {"kind": "gradient", "forward_tensor": "y"}
+    assert bind["inputs"]["b.T"]["transposed"] is True
+    assert bind["gradients"] == {"a": "a.grad", "b": "b.grad", "bias": "bias.grad"}
+    assert bind["recomputed"] and bind["saved_bytes"] > 0
+    again = fusebox.Graph.from_json(b.json)  # a graph file
+    assert {t.name for t in again.tensors} == set(names)
+    only_a = g.backward(wrt="a")
+    assert only_a.bindings["gradients"] == {"a": "a.grad"}
+    with pytest.raises(fusebox.InvalidArgument, match="wrt 'nosuch' is not an input"):
+        g.backward(wrt=["nosuch"])
+    ln = fusebox.Graph.from_json(os.path.join(SMALL, "layernorm_small.json"))
+    with pytest.raises(fusebox.NotSupported, match="declare the outputs 'mean' and 'inv_variance'"):
+        ln.backward()
 
 
 def test_graph_errors(tmp_path):
