@@ -704,6 +704,11 @@ else
   else pass "backward: matmul_bias_gelu_small derived, written with its bindings, and checks"
   fi
 fi
+run_fb backward "$SRC/examples/graphs/small/conv_bias_relu_small.json" --out "$TMP/cbr_bwd.json" --verify
+if [ "$RC" -ne 0 ] || [ "$(grep -c "verify: .*: PASS" "$TMP/stdout")" -ne 3 ]; then
+  fail "backward --verify: conv_bias_relu_small" "exit 0 and three gradients (x, w, b) matching finite differences"
+else pass "backward --verify: conv_bias_relu_small's three gradients match finite differences"
+fi
 EXPECT_RC=1 expect_bad "backward: a layernorm in the inference phase" \
   "\[layernorm 'ln'\]: no gradient: the inference phase saves no statistics: declare the outputs 'mean' and 'inv_variance'" \
   backward "$SRC/examples/graphs/small/layernorm_small.json" --out "$TMP/ln_bwd.json"

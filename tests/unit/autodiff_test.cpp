@@ -1,11 +1,10 @@
 // derive_backward() (fusebox/autodiff.h): the derived backward graph, run by the
 // CPU reference, against central finite differences of the forward graph run
-// by the same reference. For each differentiated input x and random seed
-// gradients g_y of the outputs, L(x) = sum_y <g_y, y(x)>; the backward's dL/dx
-// must match (L(x + e u) - L(x - e u)) / 2e along a random direction u with
-// entries in {-1, 0, 1}. Inputs are odd multiples of 1/128 (never 0: relu's
-// kink) and e = 2^-14 (fp32; 1/128 for 16-bit inputs, attention), so x +- e u is
-// exact and the difference measures the function, not rounding.
+// by the same reference (check_gradients(), fusebox/gradient_check.h). For each differentiated input x and
+// random seed gradients g_y of the outputs, L(x) = sum_y <g_y, y(x)>; the backward's dL/dx must match (L(x +
+// e u) - L(x - e u)) / 2e along a random direction u with entries in {-1, 0, 1}. Inputs are odd multiples of
+// 1/128 (never 0: relu's kink) and e = 2^-14 (fp32; 1/128 for 16-bit inputs, attention), so x +- e u is exact
+// and the difference measures the function, not rounding.
 #include "fusebox/autodiff.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +12,7 @@
 #include <cmath>
 #include <random>
 
+#include "fusebox/gradient_check.h"
 #include "fusebox/reference.h"
 #include "reference_test_util.h"
 
@@ -21,91 +21,17 @@ namespace {
 
 using testing_util::resolve_json;
 
-// Odd multiples of 1/128 in (-1, 1), logical order.
-std::vector<double> grid_values(int64_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(-64, 63);
-  std::vector<double> v(n);
-  for (auto& x : v) x = (d(rng) + 0.5) / 64.0;
-  return v;
-}
-
-HostTensor host(const ResolvedTensor& t, const std::vector<double>& values) {
-  return testing_util::host_from(t, values);
-}
-
-// Logical-order values of a host tensor.
-std::vector<double> logical(const HostTensor& h) {
-  auto f = h.to_float_logical();
-  return {f.begin(), f.end()};
-}
-
 struct Case {
   ResolvedGraph fwd;
   BackwardGraph bwd;
-  ResolvedGraph bwd_resolved;
-  std::map<std::string, std::vector<double>> inputs;  // forward inputs, logical order
-  std::map<std::string, std::vector<double>> seeds;   // gradient of each seed output
 };
 
-Result<ReferenceOutputs> run_forward(const ResolvedGraph& g,
-                                     const std::map<std::string, std::vector<double>>& in) {
-  std::map<std::string, HostTensor> h;
-  for (int t : g.input_tensors()) h.emplace(g.tensors[t].name, host(g.tensors[t], in.at(g.tensors[t].name)));
-  return reference_cpu(g, h);
-}
-
-// L = sum over seeds of <g_y, y>.
-double loss(const Case& c, const std::map<std::string, std::vector<double>>& in) {
-  auto out = run_forward(c.fwd, in);
-  EXPECT_TRUE(out.ok()) << out.status().ToString();
-  if (!out.ok()) return NAN;
-  double l = 0;
-  for (const auto& [name, g] : c.seeds) {
-    const auto& y = out->at(name);
-    for (size_t i = 0; i < g.size(); ++i) l += g[i] * y[i];
-  }
-  return l;
-}
-
-// Runs the backward graph: saved forward tensors (forward inputs and the
-// forward's outputs), transposed views of them, and the seeds.
-Result<ReferenceOutputs> run_backward(const Case& c) {
-  FUSEBOX_ASSIGN_OR_RETURN(ReferenceOutputs fo, run_forward(c.fwd, c.inputs));
-  std::map<std::string, HostTensor> h;
-  for (int t : c.bwd_resolved.input_tensors()) {
-    const ResolvedTensor& bt = c.bwd_resolved.tensors[t];
-    const BackwardInput& b = c.bwd.inputs.at(bt.name);
-    if (b.kind == BackwardInput::Kind::kGradient) {
-      h.emplace(bt.name, host(bt, c.seeds.at(b.forward_tensor)));
-      continue;
-    }
-    const ResolvedTensor& ft = c.fwd.tensors[c.fwd.find_tensor(b.forward_tensor)];
-    std::vector<double> v;
-    if (auto it = c.inputs.find(ft.name); it != c.inputs.end()) {
-      v = it->second;
-    } else {
-      const auto& o = fo.at(ft.name);
-      v.assign(o.begin(), o.end());
-    }
-    HostTensor f = host(ft, v);
-    if (!b.transposed) {
-      h.emplace(bt.name, std::move(f));
-    } else {
-      // The same bytes seen with the last two dims (and strides) swapped.
-      HostTensor view = HostTensor::like(bt);
-      EXPECT_EQ(view.data.size(), f.data.size());
-      view.data = f.data;
-      h.emplace(bt.name, std::move(view));
-    }
-  }
-  return reference_cpu(c.bwd_resolved, h);
-}
-
-// Builds the case: forward from JSON, backward derived, random inputs and seeds.
-Case make_case(const std::string& json, BackwardOptions opt = {}, uint32_t seed = 1) {
+// The forward from JSON and its derived backward, which must be a valid graph.
+Case make_case(const std::string& json, BackwardOptions opt = {}) {
   Case c;
   auto f = resolve_json(json);
   EXPECT_TRUE(f.ok()) << f.status().ToString();
+  if (!f.ok()) return c;
   c.fwd = *f;
   auto b = derive_backward(c.fwd, opt);
   EXPECT_TRUE(b.ok()) << b.status().ToString();
@@ -113,56 +39,18 @@ Case make_case(const std::string& json, BackwardOptions opt = {}, uint32_t seed 
   c.bwd = *b;
   auto br = resolve(c.bwd.spec);
   EXPECT_TRUE(br.ok()) << br.status().ToString() << "\n" << graph_to_json(c.bwd.spec);
-  if (br.ok()) c.bwd_resolved = *br;
-  std::mt19937 rng(seed);
-  for (int t : c.fwd.input_tensors()) {
-    const ResolvedTensor& ft = c.fwd.tensors[t];
-    if (!ft.values.empty()) {
-      c.inputs[ft.name] = ft.values;
-    } else if (!dtype_is_float(ft.dtype)) {
-      c.inputs[ft.name] = std::vector<double>(ft.element_count(), 0.0);
-    } else {
-      c.inputs[ft.name] = grid_values(ft.element_count(), rng);
-    }
-  }
-  for (const std::string& s : c.bwd.seeds) {
-    const ResolvedTensor& ft = c.fwd.tensors[c.fwd.find_tensor(s)];
-    c.seeds[s] = grid_values(ft.element_count(), rng);
-  }
   return c;
 }
 
-// The directional check for every gradient of the case.
-void expect_gradients_match(Case& c, double tol = 2e-3, uint32_t seed = 7) {
+// check_gradients() (fusebox/gradient_check.h): every gradient against finite differences.
+void expect_gradients_match(Case& c, double tol = 2e-3) {
   ASSERT_FALSE(c.bwd.gradients.empty());
-  auto grads = run_backward(c);
-  ASSERT_TRUE(grads.ok()) << grads.status().ToString() << "\n" << graph_to_json(c.bwd.spec);
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dir(-1, 1);
-  for (const auto& [x, gname] : c.bwd.gradients) {
-    // fp32: a small step; 16-bit inputs: 1/128, which keeps x +- e exact on the grid.
-    const double e = c.fwd.tensors[c.fwd.find_tensor(x)].dtype == DType::kFP32 ? 1.0 / 16384 : 1.0 / 128;
-    const std::vector<float>& g = grads->at(gname);
-    std::vector<int> u(g.size());
-    for (auto& k : u) k = dir(rng);
-    double analytic = 0, scale = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      analytic += g[i] * u[i];
-      scale += std::fabs(g[i] * u[i]);
-    }
-    auto plus = c.inputs, minus = c.inputs;
-    for (size_t i = 0; i < u.size(); ++i) {
-      plus[x][i] += e * u[i];
-      minus[x][i] -= e * u[i];
-    }
-    const double numeric = (loss(c, plus) - loss(c, minus)) / (2 * e);
-    // Relative to the derivative itself, plus a floor for the difference's own
-    // rounding noise (1e-4 of the sum of |terms|).
-    EXPECT_NEAR(analytic, numeric, tol * std::fabs(numeric) + 1e-4 * scale)
-        << "gradient of '" << x << "' (" << gname << "): backward " << analytic << ", finite differences "
-        << numeric << "\n"
-        << graph_to_json(c.bwd.spec);
-  }
+  auto check = check_gradients(c.fwd, c.bwd, 7, tol);
+  ASSERT_TRUE(check.ok()) << check.status().ToString() << "\n" << graph_to_json(c.bwd.spec);
+  EXPECT_EQ(check->rows.size(), c.bwd.gradients.size());
+  for (const GradientCheckRow& r : check->rows)
+    EXPECT_TRUE(r.pass) << r.ToString() << "\n" << graph_to_json(c.bwd.spec);
+  EXPECT_TRUE(check->pass);
 }
 
 TEST(Autodiff, MlpWithSavedActivationRecomputesTheVirtualPreActivation) {
@@ -269,8 +157,7 @@ TEST(Autodiff, CausalGroupedQueryAttentionFromItsSavedStats) {
              "outputs": {"o": "o", "stats": "stats"}, "causal": true}]})");
   EXPECT_EQ(c.bwd.seeds, std::vector<std::string>{"o"}) << "stats carry no gradient";
   EXPECT_EQ(c.bwd.gradients.size(), 3u);
-  // bf16 inputs, and o rounded to bf16 where the backward reads it: a looser tolerance.
-  expect_gradients_match(c, 2e-2);
+  expect_gradients_match(c);
 }
 
 TEST(Autodiff, EmbeddingTableThroughTheScatterAdd) {

@@ -6,6 +6,7 @@
 #include "common.h"
 #include "common/file_io.h"
 #include "fusebox/autodiff.h"
+#include "fusebox/gradient_check.h"
 #include "fusebox/pipeline_backward.h"
 
 namespace fusebox::cli {
@@ -26,6 +27,7 @@ std::vector<std::string> split_names(const std::string& s) {
 
 struct BackwardArgs {
   std::string graph, out, bindings, wrt, seeds, shape;
+  bool verify = false;
 };
 
 }  // namespace
@@ -44,6 +46,10 @@ Runner add_backward(CLI::App& app) {
   cmd->add_option("--seeds", a->seeds,
                   "Forward outputs whose gradients come in, comma-separated (default: the final outputs)");
   add_shape_flag(cmd, a->shape);
+  cmd->add_flag(
+      "--verify", a->verify,
+      "Check every gradient against finite differences of the forward, both through the CPU reference "
+      "(small graphs; exit 1 on a mismatch)");
   return [a]() {
     auto fail = [](const Status& st) {
       std::fprintf(stderr, "fusebox backward: %s\n", st.ToString().c_str());
@@ -83,7 +89,15 @@ Runner add_backward(CLI::App& app) {
                   for (const auto& r : b->recomputed) s += (s.empty() ? "" : ", ") + r;
                   return s;
                 }().c_str());
-    return kExitOk;
+    if (!a->verify) return kExitOk;
+    auto check = check_gradients(*fwd, *b);
+    if (!check.ok()) return fail(check.status());
+    for (const GradientCheckRow& r : check->rows) std::printf("  verify: %s\n", r.ToString().c_str());
+    if (check->pass) return kExitOk;
+    std::fprintf(
+        stderr,
+        "fusebox backward: VerificationFailed: a derived gradient does not match finite differences\n");
+    return kExitFailure;
   };
 }
 

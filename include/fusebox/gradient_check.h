@@ -1,0 +1,43 @@
+// fusebox: a derived backward graph (fusebox/autodiff.h) checked against central
+// finite differences of its forward, both run by the CPU reference
+// (docs/training.md, "How the rules are tested"). For random seeds g_y of the
+// forward's seed outputs, L = sum_y <g_y, y>; for each gradient dL/dx the backward
+// gives, along a random direction u in {-1, 0, 1}^n, <dL/dx, u> must match
+// (L(x + e u) - L(x - e u)) / 2e. Both graphs run with their bf16 and fp16 tensors
+// in fp32 (the rules' math is checked, not the rounding). Inputs are odd multiples of
+// 1/128 in (-1, 1) (never 0, a relu's kink; integer inputs: their fixed values or
+// random rows in their range) and e = 2^-14, so x +- e u is exact. For small graphs
+// (the CPU reference: up to about 1e8 multiply-adds per run).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusebox/autodiff.h"
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+struct GradientCheckRow {
+  std::string input;     // the forward input
+  std::string gradient;  // the backward output holding its gradient
+  double analytic = 0;   // <dL/dx, u> from the backward
+  double numeric = 0;    // the central difference
+  double allowed = 0;    // |analytic - numeric| allowed: tol |numeric| + 1e-4 sum |dL/dx_i u_i|
+  double step = 0;       // e
+  bool pass = false;
+  std::string ToString() const;  // one line
+};
+
+struct GradientCheck {
+  std::vector<GradientCheckRow> rows;  // one per gradient, in the backward's order
+  bool pass = false;                   // every row
+};
+
+// `tol`: the relative tolerance (0: 2e-3).
+Result<GradientCheck> check_gradients(const ResolvedGraph& fwd, const BackwardGraph& bwd, uint32_t seed = 1,
+                                      double tol = 0);
+
+}  // namespace fusebox
