@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "fusebox/autodiff.h"
+#include "fusebox/gradient_check.h"
 #include "fusebox/pipeline.h"
 #include "fusebox/status.h"
 
@@ -45,5 +46,12 @@ Result<PipelineBackward> derive_pipeline_backward(const Pipeline& fwd, const Bac
 // Returns the pipeline file's path.
 Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineBackward& b,
                                             const std::string& dir);
+
+// check_gradients() for pipelines: `bwd` is the backward pipeline `b` loaded from the
+// files write_pipeline_backward() wrote. Both run through the reference chain with
+// their bf16 and fp16 buffers in fp32; each gradient buffer against central finite
+// differences of the forward chain along a random direction. Small pipelines only.
+Result<GradientCheck> check_pipeline_gradients(const Pipeline& fwd, const PipelineBackward& b,
+                                               const Pipeline& bwd, uint32_t seed = 1, double tol = 0);
 
 }  // namespace fusebox

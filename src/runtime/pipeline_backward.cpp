@@ -2,11 +2,14 @@
 #include "fusebox/pipeline_backward.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "common/file_io.h"
+#include "fusebox/pipeline_run.h"
 
 namespace fusebox {
 namespace {
@@ -308,6 +311,150 @@ Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineB
   for (const auto& [path, text] : files)
     FUSEBOX_RETURN_IF_ERROR(common::write_file_atomic(path, *text, "backward pipeline file"));
   return pipeline_path;
+}
+
+namespace {
+
+// The pipeline with its 16-bit buffers and graph tensors in fp32 (the rules' math is checked).
+Pipeline pipeline_in_fp32(const Pipeline& p) {
+  Pipeline w = p;
+  auto widen = [](DType& d) {
+    if (d == DType::kBF16 || d == DType::kFP16) d = DType::kFP32;
+  };
+  for (PipelineBuffer& b : w.buffers) widen(b.dtype);
+  for (PipelineStage& s : w.stages) {
+    widen(s.graph.io_dtype);
+    for (ResolvedTensor& t : s.graph.tensors) widen(t.dtype);
+  }
+  return w;
+}
+
+HostTensor host_values(const ResolvedTensor& t, const std::vector<double>& values) {
+  HostTensor h = HostTensor::like(t);
+  const size_t es = dtype_size_bytes(h.dtype);
+  for (size_t i = 0; i < values.size(); ++i) {
+    int64_t rem = static_cast<int64_t>(i), off = 0;
+    for (int d = static_cast<int>(h.dims.size()) - 1; d >= 0; --d) {
+      off += (rem % h.dims[d]) * h.strides[d];
+      rem /= h.dims[d];
+    }
+    store_element(h.data.data() + off * es, h.dtype, values[i]);
+  }
+  return h;
+}
+
+}  // namespace
+
+Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const PipelineBackward& b,
+                                               const Pipeline& given_bwd, uint32_t seed, double tol) {
+  const Pipeline fwd = pipeline_in_fp32(given_fwd), bwd = pipeline_in_fp32(given_bwd);
+  if (tol <= 0) tol = 2e-3;
+  constexpr double kMaxFlops = 1e12;  // the CPU reference for every stage
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> grid(-64, 63);
+  using Values = std::map<std::string, std::vector<double>>;
+  Values in;
+  for (int i = 0; i < static_cast<int>(fwd.buffers.size()); ++i) {
+    const PipelineBuffer& buf = fwd.buffers[i];
+    if (buf.kind != BufferKind::kInput && buf.kind != BufferKind::kConstant) continue;
+    const ResolvedTensor t = buffer_tensor(fwd, i);
+    std::vector<double> v(static_cast<size_t>(t.element_count()));
+    if (!t.values.empty()) {
+      v = t.values;
+    } else if (!dtype_is_float(t.dtype)) {
+      std::uniform_int_distribution<int64_t> d(static_cast<int64_t>(t.random_lo),
+                                               static_cast<int64_t>(t.random_hi));
+      for (auto& x : v) x = static_cast<double>(d(rng));
+    } else {
+      for (auto& x : v) x = (grid(rng) + 0.5) / 64.0;
+    }
+    in[buf.name] = std::move(v);
+  }
+  auto data_for = [&](const Values& values) {
+    PipelineHostData d;
+    for (int i = 0; i < static_cast<int>(fwd.buffers.size()); ++i)
+      if (auto it = values.find(fwd.buffers[i].name); it != values.end())
+        d.emplace(i, host_values(buffer_tensor(fwd, i), it->second));
+    return d;
+  };
+  Values seeds;
+  for (const std::string& s : b.seeds) {
+    const ResolvedTensor t = buffer_tensor(fwd, fwd.find_buffer(s));
+    std::vector<double> v(static_cast<size_t>(t.element_count()));
+    for (auto& x : v) x = (grid(rng) + 0.5) / 64.0;
+    seeds[s] = std::move(v);
+  }
+  auto loss = [&](const Values& values) -> Result<double> {
+    FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data_for(values), kMaxFlops));
+    double l = 0;
+    for (const auto& [name, g] : seeds) {
+      const auto& y = chain.at(name);
+      for (size_t i = 0; i < g.size(); ++i) l += g[i] * y[i];
+    }
+    return l;
+  };
+  // The backward's inputs: the seeds, and saved forward buffers (the same bytes, whatever
+  // view the backward's first reader takes).
+  FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data_for(in), kMaxFlops));
+  PipelineHostData bdata;
+  for (int i = 0; i < static_cast<int>(bwd.buffers.size()); ++i) {
+    const PipelineBuffer& buf = bwd.buffers[i];
+    if (buf.kind != BufferKind::kInput) continue;
+    auto bi = b.inputs.find(buf.name);
+    if (bi == b.inputs.end()) return Internal("backward input buffer '" + buf.name + "' has no binding");
+    if (bi->second.kind == BackwardInput::Kind::kGradient) {
+      bdata.emplace(i, host_values(buffer_tensor(bwd, i), seeds.at(bi->second.forward_tensor)));
+      continue;
+    }
+    const int fb = fwd.find_buffer(bi->second.forward_tensor);
+    std::vector<double> v;
+    if (auto it = in.find(bi->second.forward_tensor); it != in.end()) {
+      v = it->second;
+    } else {
+      const auto& c = chain.at(bi->second.forward_tensor);
+      v.assign(c.begin(), c.end());
+    }
+    HostTensor f = host_values(buffer_tensor(fwd, fb), v);
+    HostTensor t = HostTensor::like(buffer_tensor(bwd, i));
+    if (t.data.size() != f.data.size())
+      return Internal("backward buffer '" + buf.name + "' spans other bytes than the forward's");
+    t.data = f.data;
+    bdata.emplace(i, std::move(t));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kMaxFlops));
+  GradientCheck out;
+  out.pass = true;
+  std::uniform_int_distribution<int> dir(-1, 1);
+  const double e = 1.0 / 16384;
+  for (const auto& [x, gbuf] : b.gradients) {
+    const std::vector<float>& g = grads.at(gbuf);
+    if (g.size() != in.at(x).size())
+      return Internal("gradient buffer '" + gbuf + "' has another size than '" + x + "'");
+    GradientCheckRow row;
+    row.input = x;
+    row.gradient = gbuf;
+    row.step = e;
+    std::vector<int> u(g.size());
+    double scale = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      u[i] = dir(rng);
+      row.analytic += g[i] * u[i];
+      scale += std::fabs(g[i] * u[i]);
+    }
+    Values plus = in, minus = in;
+    for (size_t i = 0; i < u.size(); ++i) {
+      plus[x][i] += e * u[i];
+      minus[x][i] -= e * u[i];
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(double lp, loss(plus));
+    FUSEBOX_ASSIGN_OR_RETURN(double lm, loss(minus));
+    row.numeric = (lp - lm) / (2 * e);
+    row.allowed = tol * std::fabs(row.numeric) + 1e-4 * scale;
+    row.pass = std::isfinite(row.analytic) && std::fabs(row.analytic - row.numeric) <= row.allowed;
+    out.pass = out.pass && row.pass;
+    out.rows.push_back(row);
+  }
+  return out;
 }
 
 }  // namespace fusebox

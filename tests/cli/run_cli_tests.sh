@@ -719,9 +719,11 @@ expect_bad "backward: --out is the forward graph" "must be three different files
   backward "$TMP/same.json" --out "$TMP/same.json"
 if ! cmp -s "$G" "$TMP/same.json"; then FAIL=$((FAIL + 1)); echo "FAIL  backward: the forward graph was overwritten"; fi
 
-run_fb pipeline backward "$SRC/examples/pipelines/two_convs.json" --out-dir "$TMP/tcb"
+run_fb pipeline backward "$SRC/examples/pipelines/two_convs.json" --out-dir "$TMP/tcb" --verify
 if [ "$RC" -ne 0 ] || [ ! -s "$TMP/tcb/two_convs_bwd.json" ]; then
   fail "pipeline backward: two_convs" "exit 0 and the backward pipeline written"
+elif [ "$(grep -c "verify: .*: PASS" "$TMP/stdout")" -ne 5 ]; then
+  fail "pipeline backward --verify: two_convs" "five gradients (image, w1, b1, w2, b2) matching finite differences"
 else
   run_fb pipeline check "$TMP/tcb/two_convs_bwd.json"
   if [ "$RC" -ne 0 ] || ! grep -q "image.grad *output" "$TMP/stdout"; then

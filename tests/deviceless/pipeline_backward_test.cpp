@@ -2,8 +2,8 @@
 // of a three-stage forward (an MLP with gelu, RoPE over a reshaped view of its
 // output, an output projection with a residual that reads the pipeline's input a
 // second time), written, loaded like any pipeline and run through the reference
-// chain, against central finite differences of the forward chain (as
-// tests/unit/autodiff_test.cpp does for one graph).
+// chain, against central finite differences of the forward chain
+// (check_pipeline_gradients()).
 #include "fusebox/pipeline_backward.h"
 
 #include <gtest/gtest.h>
@@ -36,28 +36,6 @@ struct TempDir {
 };
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
-
-// A host tensor laid out as `t` holding `values` (logical row-major).
-HostTensor host(const ResolvedTensor& t, const std::vector<double>& values) {
-  HostTensor h = HostTensor::like(t);
-  const size_t es = dtype_size_bytes(h.dtype);
-  for (size_t i = 0; i < values.size(); ++i) {
-    int64_t rem = static_cast<int64_t>(i), off = 0;
-    for (int d = static_cast<int>(h.dims.size()) - 1; d >= 0; --d) {
-      off += (rem % h.dims[d]) * h.strides[d];
-      rem /= h.dims[d];
-    }
-    store_element(h.data.data() + off * es, h.dtype, values[i]);
-  }
-  return h;
-}
-
-std::vector<double> grid(int64_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(-64, 63);
-  std::vector<double> v(n);
-  for (auto& x : v) x = (d(rng) + 0.5) / 64.0;
-  return v;
-}
 
 constexpr const char* kMlp = R"({"name": "mlp", "io_dtype": "float", "tensors": [
     {"name": "x", "dims": [1, 8, 16]}, {"name": "w1", "dims": [1, 16, 16]}, {"name": "b1", "dims": [1, 1, 16]},
@@ -109,84 +87,12 @@ TEST(PipelineBackward, ThreeStagesAgainstFiniteDifferences) {
   auto bwd = load_pipeline_file(*path);
   ASSERT_TRUE(bwd.ok()) << bwd.status().ToString() << "\n" << b->pipeline_json;
 
-  // Forward inputs on a grid, seeds random.
-  std::mt19937 rng(3);
-  std::map<std::string, std::vector<double>> in;
-  for (const PipelineBuffer& buf : fwd->buffers) {
-    if (buf.kind != BufferKind::kInput) continue;
-    int64_t n = 1;
-    for (int64_t d : buf.dims) n *= d;
-    in[buf.name] = grid(n, rng);
-  }
-  auto data_for = [&](const std::map<std::string, std::vector<double>>& values) {
-    PipelineHostData d;
-    for (int i = 0; i < static_cast<int>(fwd->buffers.size()); ++i)
-      if (fwd->buffers[i].kind == BufferKind::kInput)
-        d.emplace(i, host(buffer_tensor(*fwd, i), values.at(fwd->buffers[i].name)));
-    return d;
-  };
-  const std::vector<double> seed = grid(8 * 16, rng);
-  auto loss = [&](const std::map<std::string, std::vector<double>>& values) {
-    auto chain = reference_chain(*fwd, data_for(values), 1e12);
-    EXPECT_TRUE(chain.ok()) << chain.status().ToString();
-    double l = 0;
-    const auto& y = chain->at("y");
-    for (size_t i = 0; i < seed.size(); ++i) l += seed[i] * y[i];
-    return l;
-  };
-
-  // The backward's inputs: saved forward buffers (the same bytes, whatever view the
-  // backward reads them through) and the seed.
-  auto chain = reference_chain(*fwd, data_for(in), 1e12);
-  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
-  PipelineHostData bdata;
-  for (int i = 0; i < static_cast<int>(bwd->buffers.size()); ++i) {
-    const PipelineBuffer& buf = bwd->buffers[i];
-    if (buf.kind != BufferKind::kInput) continue;
-    const BackwardInput& bi = b->inputs.at(buf.name);
-    if (bi.kind == BackwardInput::Kind::kGradient) {
-      bdata.emplace(i, host(buffer_tensor(*bwd, i), seed));
-      continue;
-    }
-    const int fb = fwd->find_buffer(bi.forward_tensor);
-    std::vector<double> v;
-    if (auto it = in.find(bi.forward_tensor); it != in.end()) {
-      v = it->second;
-    } else {
-      const auto& c = chain->at(bi.forward_tensor);
-      v.assign(c.begin(), c.end());
-    }
-    HostTensor f = host(buffer_tensor(*fwd, fb), v);
-    HostTensor t = HostTensor::like(buffer_tensor(*bwd, i));
-    ASSERT_EQ(t.data.size(), f.data.size()) << buf.name;
-    t.data = f.data;
-    bdata.emplace(i, std::move(t));
-  }
-  auto grads = reference_chain(*bwd, bdata, 1e12);
-  ASSERT_TRUE(grads.ok()) << grads.status().ToString();
-
-  std::uniform_int_distribution<int> dir3(-1, 1);
-  const double e = 1.0 / 16384;
-  for (const auto& [x, gbuf] : b->gradients) {
-    const std::vector<float>& g = grads->at(gbuf);
-    ASSERT_EQ(g.size(), in.at(x).size()) << x;
-    std::vector<int> u(g.size());
-    for (auto& k : u) k = dir3(rng);
-    double analytic = 0, scale = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      analytic += g[i] * u[i];
-      scale += std::fabs(g[i] * u[i]);
-    }
-    auto plus = in, minus = in;
-    for (size_t i = 0; i < u.size(); ++i) {
-      plus[x][i] += e * u[i];
-      minus[x][i] -= e * u[i];
-    }
-    const double numeric = (loss(plus) - loss(minus)) / (2 * e);
-    EXPECT_NEAR(analytic, numeric, 2e-3 * std::fabs(numeric) + 1e-4 * scale)
-        << "gradient of buffer '" << x << "' (" << gbuf << ")\n"
-        << b->pipeline_json;
-  }
+  auto check = check_pipeline_gradients(*fwd, *b, *bwd);
+  ASSERT_TRUE(check.ok()) << check.status().ToString();
+  EXPECT_EQ(check->rows.size(), 4u);
+  for (const GradientCheckRow& r : check->rows)
+    EXPECT_TRUE(r.pass) << r.ToString() << "\n" << b->pipeline_json;
+  EXPECT_TRUE(check->pass);
 }
 
 TEST(PipelineBackward, RefusesToReplaceTheForwardsFiles) {

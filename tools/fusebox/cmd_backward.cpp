@@ -114,6 +114,9 @@ Runner add_pipeline_backward(CLI::App& pipeline) {
                   "Buffers to differentiate, comma-separated (default: every float input and constant)");
   cmd->add_option("--seeds", a->seeds,
                   "Buffers whose gradients come in (default: the outputs no stage reads)");
+  cmd->add_flag("--verify", a->verify,
+                "Check every gradient against finite differences of the forward chain, both through the CPU "
+                "reference (small pipelines; exit 1 on a mismatch)");
   return [a]() {
     auto fail = [](const Status& st) {
       std::fprintf(stderr, "fusebox pipeline backward: %s\n", st.ToString().c_str());
@@ -135,7 +138,17 @@ Runner add_pipeline_backward(CLI::App& pipeline) {
     std::printf("\n  gradients:");
     for (const auto& [x, g] : b->gradients) std::printf(" %s -> %s;", x.c_str(), g.c_str());
     std::printf("\n  recomputed in the backward: %zu ops\n", b->recomputed.size());
-    return kExitOk;
+    if (!a->verify) return kExitOk;
+    auto bwd = load_pipeline_file(*path);
+    if (!bwd.ok()) return fail(bwd.status());
+    auto check = check_pipeline_gradients(*fwd, *b, *bwd);
+    if (!check.ok()) return fail(check.status());
+    for (const GradientCheckRow& r : check->rows) std::printf("  verify: %s\n", r.ToString().c_str());
+    if (check->pass) return kExitOk;
+    std::fprintf(stderr,
+                 "fusebox pipeline backward: VerificationFailed: a derived gradient does not match finite "
+                 "differences\n");
+    return kExitFailure;
   };
 }
 
