@@ -11,12 +11,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "fusebox/autodiff.h"
 #include "fusebox/graph.h"
 #include "fusebox/status.h"
+#include "fusebox/tensor.h"
 
 namespace fusebox {
 
@@ -35,6 +39,19 @@ struct GradientCheck {
   std::vector<GradientCheckRow> rows;  // one per gradient, in the backward's order
   bool pass = false;                   // every row
 };
+
+// The building blocks both checks share (check_pipeline_gradients, fusebox/pipeline_backward.h).
+using GradientInputs = std::map<std::string, std::vector<double>>;  // name -> values, logical order
+// Odd multiples of 1/128 in (-1, 1).
+std::vector<double> gradient_check_values(int64_t n, std::mt19937& rng);
+// A host tensor laid out as `t` holding `values` (logical row-major order).
+HostTensor host_tensor_of(const ResolvedTensor& t, const std::vector<double>& values);
+// The row of gradient `g` (logical order) of input `x`: <g, u> along a random u in
+// {-1, 0, 1}^n against the central difference of `loss` around `in` (step 2^-14).
+Result<GradientCheckRow> gradient_check_row(const std::string& x, const std::string& gradient,
+                                            const std::vector<float>& g, const GradientInputs& in,
+                                            const std::function<Result<double>(const GradientInputs&)>& loss,
+                                            std::mt19937& rng, double tol);
 
 // `tol`: the relative tolerance (0: 2e-3).
 Result<GradientCheck> check_gradients(const ResolvedGraph& fwd, const BackwardGraph& bwd, uint32_t seed = 1,

@@ -12,28 +12,7 @@ namespace fusebox {
 
 namespace {
 
-HostTensor host(const ResolvedTensor& t, const std::vector<double>& values) {
-  HostTensor h = HostTensor::like(t);
-  const size_t es = dtype_size_bytes(h.dtype);
-  for (size_t i = 0; i < values.size(); ++i) {
-    int64_t rem = static_cast<int64_t>(i), off = 0;
-    for (int d = static_cast<int>(h.dims.size()) - 1; d >= 0; --d) {
-      off += (rem % h.dims[d]) * h.strides[d];
-      rem /= h.dims[d];
-    }
-    store_element(h.data.data() + off * es, h.dtype, values[i]);
-  }
-  return h;
-}
-
-std::vector<double> grid(int64_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(-64, 63);
-  std::vector<double> v(static_cast<size_t>(n));
-  for (auto& x : v) x = (d(rng) + 0.5) / 64.0;
-  return v;
-}
-
-using Values = std::map<std::string, std::vector<double>>;
+using Values = GradientInputs;
 
 // The graph with its 16-bit tensors in fp32: the check is of the gradient rules' math,
 // which rounding to bf16 (and the coarse steps it would force) would blur.
@@ -49,11 +28,64 @@ ResolvedGraph in_fp32(const ResolvedGraph& g) {
 
 Result<ReferenceOutputs> run_forward(const ResolvedGraph& g, const Values& in) {
   std::map<std::string, HostTensor> h;
-  for (int t : g.input_tensors()) h.emplace(g.tensors[t].name, host(g.tensors[t], in.at(g.tensors[t].name)));
+  for (int t : g.input_tensors())
+    h.emplace(g.tensors[t].name, host_tensor_of(g.tensors[t], in.at(g.tensors[t].name)));
   return reference_cpu(g, h);
 }
 
 }  // namespace
+
+std::vector<double> gradient_check_values(int64_t n, std::mt19937& rng) {
+  std::uniform_int_distribution<int> d(-64, 63);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto& x : v) x = (d(rng) + 0.5) / 64.0;
+  return v;
+}
+
+HostTensor host_tensor_of(const ResolvedTensor& t, const std::vector<double>& values) {
+  HostTensor h = HostTensor::like(t);
+  const size_t es = dtype_size_bytes(h.dtype);
+  for (size_t i = 0; i < values.size(); ++i) {
+    int64_t rem = static_cast<int64_t>(i), off = 0;
+    for (int d = static_cast<int>(h.dims.size()) - 1; d >= 0; --d) {
+      off += (rem % h.dims[d]) * h.strides[d];
+      rem /= h.dims[d];
+    }
+    store_element(h.data.data() + off * es, h.dtype, values[i]);
+  }
+  return h;
+}
+
+Result<GradientCheckRow> gradient_check_row(const std::string& x, const std::string& gradient,
+                                            const std::vector<float>& g, const GradientInputs& in,
+                                            const std::function<Result<double>(const GradientInputs&)>& loss,
+                                            std::mt19937& rng, double tol) {
+  const std::vector<double>& base = in.at(x);
+  if (g.size() != base.size())
+    return Internal("gradient '" + gradient + "' has " + std::to_string(g.size()) + " values, input '" + x +
+                    "' " + std::to_string(base.size()));
+  std::uniform_int_distribution<int> dir(-1, 1);
+  const double e = 1.0 / 16384;
+  GradientCheckRow row;
+  row.input = x;
+  row.gradient = gradient;
+  row.step = e;
+  double scale = 0;
+  GradientInputs plus = in, minus = in;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const int u = dir(rng);
+    row.analytic += g[i] * u;
+    scale += std::fabs(g[i] * u);
+    plus[x][i] += e * u;
+    minus[x][i] -= e * u;
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(double lp, loss(plus));
+  FUSEBOX_ASSIGN_OR_RETURN(double lm, loss(minus));
+  row.numeric = (lp - lm) / (2 * e);
+  row.allowed = tol * std::fabs(row.numeric) + 1e-4 * scale;
+  row.pass = std::isfinite(row.analytic) && std::fabs(row.analytic - row.numeric) <= row.allowed;
+  return row;
+}
 
 std::string GradientCheckRow::ToString() const {
   char buf[512];
@@ -81,12 +113,12 @@ Result<GradientCheck> check_gradients(const ResolvedGraph& given_fwd, const Back
       for (auto& x : v) x = static_cast<double>(d(rng));
       in[ft.name] = v;
     } else {
-      in[ft.name] = grid(ft.element_count(), rng);
+      in[ft.name] = gradient_check_values(ft.element_count(), rng);
     }
   }
   if (tol <= 0) tol = 2e-3;
   for (const std::string& s : bwd.seeds)
-    seeds[s] = grid(fwd.tensors[fwd.find_tensor(s)].element_count(), rng);
+    seeds[s] = gradient_check_values(fwd.tensors[fwd.find_tensor(s)].element_count(), rng);
   auto loss = [&](const Values& v) -> Result<double> {
     FUSEBOX_ASSIGN_OR_RETURN(ReferenceOutputs out, run_forward(fwd, v));
     double l = 0;
@@ -104,7 +136,7 @@ Result<GradientCheck> check_gradients(const ResolvedGraph& given_fwd, const Back
     auto b = bwd.inputs.find(bt.name);
     if (b == bwd.inputs.end()) return Internal("backward input '" + bt.name + "' has no binding");
     if (b->second.kind == BackwardInput::Kind::kGradient) {
-      h.emplace(bt.name, host(bt, seeds.at(b->second.forward_tensor)));
+      h.emplace(bt.name, host_tensor_of(bt, seeds.at(b->second.forward_tensor)));
       continue;
     }
     const ResolvedTensor& ft = fwd.tensors[fwd.find_tensor(b->second.forward_tensor)];
@@ -115,7 +147,7 @@ Result<GradientCheck> check_gradients(const ResolvedGraph& given_fwd, const Back
       const auto& o = fo.at(ft.name);
       v.assign(o.begin(), o.end());
     }
-    HostTensor f = host(ft, v);
+    HostTensor f = host_tensor_of(ft, v);
     if (!b->second.transposed) {
       h.emplace(bt.name, std::move(f));
     } else {
@@ -129,31 +161,9 @@ Result<GradientCheck> check_gradients(const ResolvedGraph& given_fwd, const Back
   FUSEBOX_ASSIGN_OR_RETURN(ReferenceOutputs grads, reference_cpu(bg, h));
   GradientCheck out;
   out.pass = true;
-  std::uniform_int_distribution<int> dir(-1, 1);
   for (const auto& [x, gname] : bwd.gradients) {
-    const std::vector<float>& g = grads.at(gname);
-    const double e = 1.0 / 16384;
-    std::vector<int> u(g.size());
-    for (auto& k : u) k = dir(rng);
-    GradientCheckRow row;
-    row.input = x;
-    row.gradient = gname;
-    row.step = e;
-    double scale = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      row.analytic += g[i] * u[i];
-      scale += std::fabs(g[i] * u[i]);
-    }
-    Values plus = in, minus = in;
-    for (size_t i = 0; i < u.size(); ++i) {
-      plus[x][i] += e * u[i];
-      minus[x][i] -= e * u[i];
-    }
-    FUSEBOX_ASSIGN_OR_RETURN(double lp, loss(plus));
-    FUSEBOX_ASSIGN_OR_RETURN(double lm, loss(minus));
-    row.numeric = (lp - lm) / (2 * e);
-    row.allowed = tol * std::fabs(row.numeric) + 1e-4 * scale;
-    row.pass = std::isfinite(row.analytic) && std::fabs(row.analytic - row.numeric) <= row.allowed;
+    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row,
+                             gradient_check_row(x, gname, grads.at(gname), in, loss, rng, tol));
     out.pass = out.pass && row.pass;
     out.rows.push_back(row);
   }

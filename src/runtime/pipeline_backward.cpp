@@ -329,20 +329,6 @@ Pipeline pipeline_in_fp32(const Pipeline& p) {
   return w;
 }
 
-HostTensor host_values(const ResolvedTensor& t, const std::vector<double>& values) {
-  HostTensor h = HostTensor::like(t);
-  const size_t es = dtype_size_bytes(h.dtype);
-  for (size_t i = 0; i < values.size(); ++i) {
-    int64_t rem = static_cast<int64_t>(i), off = 0;
-    for (int d = static_cast<int>(h.dims.size()) - 1; d >= 0; --d) {
-      off += (rem % h.dims[d]) * h.strides[d];
-      rem /= h.dims[d];
-    }
-    store_element(h.data.data() + off * es, h.dtype, values[i]);
-  }
-  return h;
-}
-
 }  // namespace
 
 Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const PipelineBackward& b,
@@ -351,8 +337,7 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
   if (tol <= 0) tol = 2e-3;
   constexpr double kMaxFlops = 1e12;  // the CPU reference for every stage
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> grid(-64, 63);
-  using Values = std::map<std::string, std::vector<double>>;
+  using Values = GradientInputs;
   Values in;
   for (int i = 0; i < static_cast<int>(fwd.buffers.size()); ++i) {
     const PipelineBuffer& buf = fwd.buffers[i];
@@ -366,7 +351,7 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
                                                static_cast<int64_t>(t.random_hi));
       for (auto& x : v) x = static_cast<double>(d(rng));
     } else {
-      for (auto& x : v) x = (grid(rng) + 0.5) / 64.0;
+      v = gradient_check_values(t.element_count(), rng);
     }
     in[buf.name] = std::move(v);
   }
@@ -374,15 +359,13 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     PipelineHostData d;
     for (int i = 0; i < static_cast<int>(fwd.buffers.size()); ++i)
       if (auto it = values.find(fwd.buffers[i].name); it != values.end())
-        d.emplace(i, host_values(buffer_tensor(fwd, i), it->second));
+        d.emplace(i, host_tensor_of(buffer_tensor(fwd, i), it->second));
     return d;
   };
   Values seeds;
   for (const std::string& s : b.seeds) {
     const ResolvedTensor t = buffer_tensor(fwd, fwd.find_buffer(s));
-    std::vector<double> v(static_cast<size_t>(t.element_count()));
-    for (auto& x : v) x = (grid(rng) + 0.5) / 64.0;
-    seeds[s] = std::move(v);
+    seeds[s] = gradient_check_values(t.element_count(), rng);
   }
   auto loss = [&](const Values& values) -> Result<double> {
     FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data_for(values), kMaxFlops));
@@ -403,7 +386,7 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     auto bi = b.inputs.find(buf.name);
     if (bi == b.inputs.end()) return Internal("backward input buffer '" + buf.name + "' has no binding");
     if (bi->second.kind == BackwardInput::Kind::kGradient) {
-      bdata.emplace(i, host_values(buffer_tensor(bwd, i), seeds.at(bi->second.forward_tensor)));
+      bdata.emplace(i, host_tensor_of(buffer_tensor(bwd, i), seeds.at(bi->second.forward_tensor)));
       continue;
     }
     const int fb = fwd.find_buffer(bi->second.forward_tensor);
@@ -414,7 +397,7 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
       const auto& c = chain.at(bi->second.forward_tensor);
       v.assign(c.begin(), c.end());
     }
-    HostTensor f = host_values(buffer_tensor(fwd, fb), v);
+    HostTensor f = host_tensor_of(buffer_tensor(fwd, fb), v);
     HostTensor t = HostTensor::like(buffer_tensor(bwd, i));
     if (t.data.size() != f.data.size())
       return Internal("backward buffer '" + buf.name + "' spans other bytes than the forward's");
@@ -424,33 +407,9 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
   FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kMaxFlops));
   GradientCheck out;
   out.pass = true;
-  std::uniform_int_distribution<int> dir(-1, 1);
-  const double e = 1.0 / 16384;
   for (const auto& [x, gbuf] : b.gradients) {
-    const std::vector<float>& g = grads.at(gbuf);
-    if (g.size() != in.at(x).size())
-      return Internal("gradient buffer '" + gbuf + "' has another size than '" + x + "'");
-    GradientCheckRow row;
-    row.input = x;
-    row.gradient = gbuf;
-    row.step = e;
-    std::vector<int> u(g.size());
-    double scale = 0;
-    for (size_t i = 0; i < g.size(); ++i) {
-      u[i] = dir(rng);
-      row.analytic += g[i] * u[i];
-      scale += std::fabs(g[i] * u[i]);
-    }
-    Values plus = in, minus = in;
-    for (size_t i = 0; i < u.size(); ++i) {
-      plus[x][i] += e * u[i];
-      minus[x][i] -= e * u[i];
-    }
-    FUSEBOX_ASSIGN_OR_RETURN(double lp, loss(plus));
-    FUSEBOX_ASSIGN_OR_RETURN(double lm, loss(minus));
-    row.numeric = (lp - lm) / (2 * e);
-    row.allowed = tol * std::fabs(row.numeric) + 1e-4 * scale;
-    row.pass = std::isfinite(row.analytic) && std::fabs(row.analytic - row.numeric) <= row.allowed;
+    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row,
+                             gradient_check_row(x, gbuf, grads.at(gbuf), in, loss, rng, tol));
     out.pass = out.pass && row.pass;
     out.rows.push_back(row);
   }

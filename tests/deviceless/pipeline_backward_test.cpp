@@ -16,26 +16,15 @@
 #include <random>
 
 #include "fusebox/pipeline_run.h"
+#include "test_util.h"
 
 namespace fusebox {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "fusebox_pipebwd_XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+using testing::TempDir;
+using testing::write_text;
 
 constexpr const char* kMlp = R"({"name": "mlp", "io_dtype": "float", "tensors": [
     {"name": "x", "dims": [1, 8, 16]}, {"name": "w1", "dims": [1, 16, 16]}, {"name": "b1", "dims": [1, 1, 16]},
@@ -66,13 +55,18 @@ constexpr const char* kPipeline = R"({"name": "block",
            "rope": {"hq": "h", "freqs": "freqs", "r": "r"},
            "out": {"r2": "r", "w2": "w2", "x2": "x", "y": "y"}}})";
 
-TEST(PipelineBackward, ThreeStagesAgainstFiniteDifferences) {
-  TempDir dir;
+// The three-stage block's files in `dir`, loaded.
+Result<Pipeline> write_block(const TempDir& dir) {
   write_text(dir.file("mlp.json"), kMlp);
   write_text(dir.file("rope.json"), kRope);
   write_text(dir.file("out.json"), kOut);
   write_text(dir.file("block.json"), kPipeline);
-  auto fwd = load_pipeline_file(dir.file("block.json"));
+  return load_pipeline_file(dir.file("block.json"));
+}
+
+TEST(PipelineBackward, ThreeStagesAgainstFiniteDifferences) {
+  TempDir dir;
+  auto fwd = write_block(dir);
   ASSERT_TRUE(fwd.ok()) << fwd.status().ToString();
 
   auto b = derive_pipeline_backward(*fwd);
@@ -97,11 +91,7 @@ TEST(PipelineBackward, ThreeStagesAgainstFiniteDifferences) {
 
 TEST(PipelineBackward, RefusesToReplaceTheForwardsFiles) {
   TempDir dir;
-  write_text(dir.file("mlp.json"), kMlp);
-  write_text(dir.file("rope.json"), kRope);
-  write_text(dir.file("out.json"), kOut);
-  write_text(dir.file("block.json"), kPipeline);
-  auto fwd = load_pipeline_file(dir.file("block.json"));
+  auto fwd = write_block(dir);
   ASSERT_TRUE(fwd.ok()) << fwd.status().ToString();
   auto b = derive_pipeline_backward(*fwd);
   ASSERT_TRUE(b.ok()) << b.status().ToString();

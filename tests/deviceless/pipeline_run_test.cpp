@@ -22,21 +22,8 @@ namespace fs = std::filesystem;
 
 std::string pipelines() { return source_dir() + "/examples/pipelines"; }
 
-// A temporary folder, removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "fusebox_piperun_XXXXXX").string();
-    path = mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return path + "/" + name; }
-};
-
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+using testing::TempDir;
+using testing::write_text;
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path);

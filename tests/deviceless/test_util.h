@@ -1,9 +1,12 @@
 // Helpers shared by the deviceless and GPU tests.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -33,5 +36,21 @@ inline std::vector<std::string> example_graphs() {
 }
 
 inline std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+
+// A temporary folder, removed at the end of the test.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "fusebox_test_XXXXXX").string();
+    path = mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+inline void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 }  // namespace fusebox::testing

@@ -148,15 +148,10 @@ Status infer_backward(const InferContext& ctx, EmbeddingAttrs& a) {
 
 Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
   if (a.backward) return infer_backward(ctx, a);
-  ResolvedTensor& ids = ctx.in("ids");
-  FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.in_where("ids"), ids.dtype, {DType::kInt32},
-                                         "embedding takes int32 ids (set \"dtype\": \"int32\")"));
-  if (ids.dims.size() != 4 || ids.dims[1] != 1 || ids.dims[2] != 1 || ids.dims[3] != 1) {
-    return InvalidArgument(ctx.in_where("ids") + " has dims " + dims_string(ids.dims) +
-                           ": embedding takes ids as [N, 1, 1, 1] (one id per output row)");
-  }
   FUSEBOX_RETURN_IF_ERROR(check_rows(ctx, "table", "the table"));
-  const int64_t n = ids.dims[0], v = ctx.in("table").dims[0], h = ctx.in("table").dims[1];
+  const int64_t v = ctx.in("table").dims[0], h = ctx.in("table").dims[1];
+  FUSEBOX_RETURN_IF_ERROR(check_ids(ctx, v));
+  const int64_t n = ctx.in("ids").dims[0];
   if (a.add) {
     FUSEBOX_RETURN_IF_ERROR(check_rows(ctx, "add", "add"));
     const ResolvedTensor& add = ctx.in("add");
@@ -173,34 +168,10 @@ Status infer(const InferContext& ctx, EmbeddingAttrs& a) {
           "length of N = batch x sequence ids)");
     }
   }
-  // Fixed ids (the graph's "values") are checked now; given ones before a run (check_embedding_ids).
-  for (size_t i = 0; i < ids.values.size(); ++i) {
-    if (ids.values[i] >= 0 && ids.values[i] < static_cast<double>(v) &&
-        ids.values[i] == static_cast<int64_t>(ids.values[i]))
-      continue;
-    const double bad = ids.values[i];
-    const bool whole = std::isfinite(bad) && std::fabs(bad) < 9e15 && std::floor(bad) == bad;
-    return InvalidArgument(ctx.in_where("ids") + ": values[" + std::to_string(i) + "] = " +
-                           (whole ? std::to_string(static_cast<int64_t>(bad)) : std::to_string(bad)) +
-                           " is not a row of the table (" + std::to_string(v) +
-                           " rows): every id must be an integer in [0, " + std::to_string(v) + ")");
-  }
-  // Random ids are valid rows of the table.
-  ids.random_lo = 0;
-  ids.random_hi = static_cast<double>(v - 1);
   const std::vector<int64_t> ydims{n, h, 1, 1};
   FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("y", ydims, {h, 1, h, h}, ctx.io_dtype));
-  const ResolvedTensor& y = ctx.out("y");
-  if (h > 1 && y.strides[1] != 1) {
-    return InvalidArgument(
-        ctx.out_where("y") + " has strides " + dims_string(y.strides) +
-        ": embedding writes rows of H contiguous values; lay it out \"nhwc\" (or row-major)");
-  }
-  if (n > 1 && y.strides[0] < h) {
-    return InvalidArgument(ctx.out_where("y") + " has strides " + dims_string(y.strides) +
-                           ": its rows overlap");
-  }
-  return check_dtype_in(ctx.out_where("y"), y.dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
+  FUSEBOX_RETURN_IF_ERROR(check_out_rows(ctx, "y", n, h));
+  return check_dtype_in(ctx.out_where("y"), ctx.out("y").dtype, {DType::kBF16, DType::kFP16, DType::kFP32},
                         "embedding writes bf16, fp16 or fp32");
 }
 
