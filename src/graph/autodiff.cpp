@@ -135,6 +135,7 @@ class Deriver final : public GradContext {
   std::map<std::string, std::string> grads_;          // forward tensor name -> backward gradient tensor
   std::map<int, std::string> values_;                 // forward tensor -> backward value
   std::map<int, std::string> transposed_;             // forward tensor -> its transposed view
+  std::map<std::string, std::string> published_;      // backward tensor -> the output it was renamed to
   std::map<std::string, std::vector<int64_t>> dims_;  // backward tensor -> dims, where known
   int scalars_ = 0;
   int recompute_depth_ = 0;
@@ -302,19 +303,20 @@ Status Deriver::add_grad(std::string_view role, const std::string& g) {
 }
 
 Status Deriver::publish(const std::string& name, const std::string& want, const ResolvedTensor& like) {
-  // A backward input (the seed itself, a saved tensor) cannot be an output:
-  // copy it through a scale by 1.
-  bool is_input = b_.inputs.count(name) > 0;
-  std::string src = name;
-  if (is_input) {
+  // A backward input (the seed itself, a saved tensor) cannot be an output, nor can
+  // one tensor be two outputs (two inputs with the same gradient, as the inputs of an
+  // add): copy it through a scale by 1.
+  std::string from = name;
+  if (auto it = published_.find(name); it != published_.end()) from = it->second;
+  if (b_.inputs.count(from) > 0 || from != name) {
     OpSpec op;
     op.name = fresh(want + ".copy");
     op.attrs = PointwiseAttrs{PointwiseMode::kScale};
-    op.inputs = {{"x", name}, {"scale", scalar(1.0)}};
+    op.inputs = {{"x", from}, {"scale", scalar(1.0)}};
     op.outputs = {{"y", want}};
     b_.spec.ops.push_back(std::move(op));
-    src = want;
   } else {
+    published_[name] = want;
     // Rename the tensor everywhere it appears.
     for (auto& op : b_.spec.ops) {
       for (auto& [r, t] : op.inputs)

@@ -95,6 +95,24 @@ TEST(Autodiff, SharedInputAccumulatesAndBroadcastsReduce) {
   expect_gradients_match(c);
 }
 
+TEST(Autodiff, TwoInputsWithTheSameGradientTensor) {
+  // relu(a + b): both inputs get relu_bwd's one output; each must be an output of its own.
+  Case c = make_case(R"({"name": "same", "io_dtype": "float", "tensors": [
+      {"name": "a", "dims": [1, 4, 8]}, {"name": "b", "dims": [1, 4, 8]}, {"name": "y", "dims": [1, 4, 8]}],
+    "ops": [{"op": "add", "name": "s", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "t"}},
+            {"op": "relu", "name": "r", "inputs": {"x": "t"}, "outputs": {"y": "y"}}]})");
+  EXPECT_EQ(c.bwd.gradients.size(), 2u);
+  auto g = resolve(c.bwd.spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  for (const char* n : {"a.grad", "b.grad"}) {
+    const int t = g->find_tensor(n);
+    ASSERT_GE(t, 0) << n;
+    EXPECT_TRUE(g->tensors[t].is_output) << n << " must be written by the backward, not read";
+  }
+  EXPECT_EQ(c.bwd.inputs.count("b.grad"), 0u);
+  expect_gradients_match(c);
+}
+
 TEST(Autodiff, EveryActivationBackwardMode) {
   for (const char* act : {"relu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh"}) {
     SCOPED_TRACE(act);
