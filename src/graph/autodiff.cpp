@@ -113,6 +113,12 @@ class Deriver final : public GradContext {
     taken_.insert(n);
     return n;
   }
+  // Counts forward tensor `f` among the saved ones, once (read as is or transposed).
+  void note_saved(const ResolvedTensor& f) {
+    if (std::find(b_.saved.begin(), b_.saved.end(), f.name) != b_.saved.end()) return;
+    b_.saved.push_back(f.name);
+    b_.saved_bytes += f.storage_bytes();
+  }
   // Declares forward tensor `t` a backward input (saved), once.
   std::string save(int t);
   // The backward name of forward tensor t's value (saved or recomputed).
@@ -155,8 +161,7 @@ std::string Deriver::save(int t) {
   b_.spec.tensors.push_back(s);
   if (!f.scalar_value) {
     b_.inputs[f.name] = BackwardInput{BackwardInput::Kind::kSaved, f.name, false};
-    b_.saved.push_back(f.name);
-    b_.saved_bytes += f.storage_bytes();
+    note_saved(f);
   }
   dims_[f.name] = f.dims;
   values_[t] = f.name;
@@ -212,10 +217,7 @@ Result<std::string> Deriver::in_transposed(std::string_view role) {
   s.dtype = f.dtype;
   b_.spec.tensors.push_back(s);
   b_.inputs[s.name] = BackwardInput{BackwardInput::Kind::kSaved, f.name, true};
-  if (std::find(b_.saved.begin(), b_.saved.end(), f.name) == b_.saved.end() && !values_.count(t)) {
-    b_.saved.push_back(f.name);
-    b_.saved_bytes += f.storage_bytes();
-  }
+  note_saved(f);
   dims_[s.name] = s.dims;
   transposed_[t] = s.name;
   return s.name;

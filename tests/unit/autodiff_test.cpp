@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -69,6 +70,11 @@ TEST(Autodiff, MlpWithSavedActivationRecomputesTheVirtualPreActivation) {
   EXPECT_EQ(c.bwd.gradients.size(), 4u);
   EXPECT_EQ(c.bwd.recomputed, (std::vector<std::string>{"fc1", "bias1"}));
   EXPECT_TRUE(c.bwd.inputs.count("h.T")) << "fc2's dw2 = h^T dy reads h transposed";
+  // x is read as is (the recomputation) and transposed (dw1): saved, and counted, once.
+  EXPECT_EQ(std::count(c.bwd.saved.begin(), c.bwd.saved.end(), "x"), 1);
+  int64_t bytes = 0;
+  for (const std::string& t : c.bwd.saved) bytes += c.fwd.tensors[c.fwd.find_tensor(t)].storage_bytes();
+  EXPECT_EQ(c.bwd.saved_bytes, bytes);
   expect_gradients_match(c);
 }
 
