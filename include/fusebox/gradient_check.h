@@ -37,7 +37,7 @@ struct GradientCheckRow {
 
 struct GradientCheck {
   std::vector<GradientCheckRow> rows;  // one per gradient, in the backward's order
-  bool pass = false;                   // every row
+  bool pass() const;                   // every row (and at least one)
 };
 
 // The building blocks both checks share (check_pipeline_gradients, fusebox/pipeline_backward.h).
@@ -46,12 +46,14 @@ using GradientInputs = std::map<std::string, std::vector<double>>;  // name -> v
 std::vector<double> gradient_check_values(int64_t n, std::mt19937& rng);
 // A host tensor laid out as `t` holding `values` (logical row-major order).
 HostTensor host_tensor_of(const ResolvedTensor& t, const std::vector<double>& values);
-// The row of gradient `g` (logical order) of input `x`: <g, u> along a random u in
-// {-1, 0, 1}^n against the central difference of `loss` around `in` (step 2^-14).
-Result<GradientCheckRow> gradient_check_row(const std::string& x, const std::string& gradient,
-                                            const std::vector<float>& g, const GradientInputs& in,
-                                            const std::function<Result<double>(const GradientInputs&)>& loss,
-                                            std::mt19937& rng, double tol);
+// One row per (input -> gradient) of `gradients`, the gradient's values in `values`
+// (logical order): <g, u> along a random u in {-1, 0, 1}^n against the central
+// difference of `loss` around `in` (step 2^-14).
+Result<GradientCheck> gradient_check_rows(const std::map<std::string, std::string>& gradients,
+                                          const std::map<std::string, std::vector<float>>& values,
+                                          const GradientInputs& in,
+                                          const std::function<Result<double>(const GradientInputs&)>& loss,
+                                          std::mt19937& rng, double tol);
 
 // `tol`: the relative tolerance (0: 2e-3).
 Result<GradientCheck> check_gradients(const ResolvedGraph& fwd, const BackwardGraph& bwd, uint32_t seed = 1,

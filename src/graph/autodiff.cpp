@@ -28,6 +28,13 @@ Result<std::string> GradContext::pointwise(std::string_view what, PointwiseMode 
   return out.at("y");
 }
 
+Status GradContext::hand(const std::map<std::string, std::string>& emitted,
+                         std::initializer_list<std::pair<const char*, const char*>> input_output) {
+  for (const auto& [input, output] : input_output)
+    if (has_in(input) && wants(input)) FUSEBOX_RETURN_IF_ERROR(add_grad(input, emitted.at(output)));
+  return Status::Ok();
+}
+
 Status GradContext::no_rule(std::string_view why) const {
   return NotSupported(where() + ": no gradient: " + std::string(why));
 }
@@ -46,6 +53,16 @@ std::string op_label(const ResolvedOp& op) {
 bool grad_role(const ResolvedOp& op, const std::string& role) {
   const auto ng = op_traits(op.attrs).no_grad_inputs;
   return std::find(ng.begin(), ng.end(), role) == ng.end();
+}
+
+// A memory tensor of the backward graph named `name`, laid out as `like`.
+TensorSpec spec_like(const ResolvedTensor& like, std::string name) {
+  TensorSpec s;
+  s.name = std::move(name);
+  s.dims = like.dims;
+  s.strides = like.strides;
+  s.dtype = like.dtype;
+  return s;
 }
 
 // Whether a forward tensor can carry a gradient at all.
@@ -151,11 +168,7 @@ std::string Deriver::save(int t) {
   auto it = values_.find(t);
   if (it != values_.end()) return it->second;
   const ResolvedTensor& f = fwd_.tensors[t];
-  TensorSpec s;
-  s.name = f.name;
-  s.dims = f.dims;
-  s.strides = f.strides;
-  s.dtype = f.dtype;
+  TensorSpec s = spec_like(f, f.name);
   s.scalar_value = f.scalar_value;
   s.values = f.values;
   b_.spec.tensors.push_back(s);
@@ -208,13 +221,9 @@ Result<std::string> Deriver::in_transposed(std::string_view role) {
                         squote(f.name) + " a graph output so it is saved");
   }
   const size_t r = f.dims.size();
-  TensorSpec s;
-  s.name = fresh(f.name + ".T");
-  s.dims = f.dims;
-  s.strides = f.strides;
+  TensorSpec s = spec_like(f, fresh(f.name + ".T"));
   std::swap(s.dims[r - 1], s.dims[r - 2]);
   std::swap(s.strides[r - 1], s.strides[r - 2]);
-  s.dtype = f.dtype;
   b_.spec.tensors.push_back(s);
   b_.inputs[s.name] = BackwardInput{BackwardInput::Kind::kSaved, f.name, true};
   note_saved(f);
@@ -330,12 +339,7 @@ Status Deriver::publish(const std::string& name, const std::string& want, const 
                                          [&](const TensorSpec& s) { return s.name == name; }),
                           b_.spec.tensors.end());
   }
-  TensorSpec s;
-  s.name = want;
-  s.dims = like.dims;
-  s.strides = like.strides;
-  s.dtype = like.dtype;
-  b_.spec.tensors.push_back(s);
+  b_.spec.tensors.push_back(spec_like(like, want));
   return Status::Ok();
 }
 
@@ -400,11 +404,7 @@ Result<BackwardGraph> Deriver::run(const BackwardOptions& opt) {
   }
   for (int t : seeds) {
     const ResolvedTensor& f = fwd_.tensors[t];
-    TensorSpec s;
-    s.name = fresh(f.name + ".grad");
-    s.dims = f.dims;
-    s.strides = f.strides;
-    s.dtype = f.dtype;
+    const TensorSpec s = spec_like(f, fresh(f.name + ".grad"));
     b_.spec.tensors.push_back(s);
     b_.inputs[s.name] = BackwardInput{BackwardInput::Kind::kGradient, f.name, false};
     b_.seeds.push_back(f.name);

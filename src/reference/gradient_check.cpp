@@ -1,6 +1,7 @@
 // fusebox: check_gradients() (fusebox/gradient_check.h).
 #include "fusebox/gradient_check.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -56,10 +57,12 @@ HostTensor host_tensor_of(const ResolvedTensor& t, const std::vector<double>& va
   return h;
 }
 
-Result<GradientCheckRow> gradient_check_row(const std::string& x, const std::string& gradient,
-                                            const std::vector<float>& g, const GradientInputs& in,
-                                            const std::function<Result<double>(const GradientInputs&)>& loss,
-                                            std::mt19937& rng, double tol) {
+namespace {
+
+Result<GradientCheckRow> check_row(const std::string& x, const std::string& gradient,
+                                   const std::vector<float>& g, const GradientInputs& in,
+                                   const std::function<Result<double>(const GradientInputs&)>& loss,
+                                   std::mt19937& rng, double tol) {
   const std::vector<double>& base = in.at(x);
   if (g.size() != base.size())
     return Internal("gradient '" + gradient + "' has " + std::to_string(g.size()) + " values, input '" + x +
@@ -85,6 +88,28 @@ Result<GradientCheckRow> gradient_check_row(const std::string& x, const std::str
   row.allowed = tol * std::fabs(row.numeric) + 1e-4 * scale;
   row.pass = std::isfinite(row.analytic) && std::fabs(row.analytic - row.numeric) <= row.allowed;
   return row;
+}
+
+}  // namespace
+
+Result<GradientCheck> gradient_check_rows(const std::map<std::string, std::string>& gradients,
+                                          const std::map<std::string, std::vector<float>>& values,
+                                          const GradientInputs& in,
+                                          const std::function<Result<double>(const GradientInputs&)>& loss,
+                                          std::mt19937& rng, double tol) {
+  GradientCheck out;
+  for (const auto& [x, gname] : gradients) {
+    auto g = values.find(gname);
+    if (g == values.end()) return Internal("no values for gradient '" + gname + "'");
+    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row, check_row(x, gname, g->second, in, loss, rng, tol));
+    out.rows.push_back(row);
+  }
+  return out;
+}
+
+bool GradientCheck::pass() const {
+  return !rows.empty() &&
+         std::all_of(rows.begin(), rows.end(), [](const GradientCheckRow& r) { return r.pass; });
 }
 
 std::string GradientCheckRow::ToString() const {
@@ -159,15 +184,7 @@ Result<GradientCheck> check_gradients(const ResolvedGraph& given_fwd, const Back
     }
   }
   FUSEBOX_ASSIGN_OR_RETURN(ReferenceOutputs grads, reference_cpu(bg, h));
-  GradientCheck out;
-  out.pass = true;
-  for (const auto& [x, gname] : bwd.gradients) {
-    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row,
-                             gradient_check_row(x, gname, grads.at(gname), in, loss, rng, tol));
-    out.pass = out.pass && row.pass;
-    out.rows.push_back(row);
-  }
-  return out;
+  return gradient_check_rows(bwd.gradients, grads, in, loss, rng, tol);
 }
 
 }  // namespace fusebox

@@ -2,6 +2,7 @@
 #include "fusebox/pipeline_backward.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,17 @@ namespace fusebox {
 namespace {
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
+
+// A file name (no folder) for a pipeline or stage name, which the forward's file
+// chose: every byte outside [A-Za-z0-9._-] becomes '_', so no name reaches
+// outside the output folder ("../x", "/etc/x").
+std::string file_name_for(const std::string& name) {
+  std::string f = name;
+  for (char& c : f)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) c = '_';
+  if (f.empty() || f == "." || f == "..") f = "_" + f;
+  return f + ".json";
+}
 
 using View = std::pair<std::vector<int64_t>, std::vector<int64_t>>;  // dims, strides
 
@@ -50,7 +62,7 @@ class PipelineDeriver {
   }
   void add_stage(const std::string& name, const std::string& graph_json) {
     stages_.push_back(name);
-    out_.graph_files[name + ".json"] = graph_json;
+    out_.graph_files[file_name_for(name)] = graph_json;
   }
   std::string taken_free(const std::string& base) {
     std::string n = base;
@@ -80,13 +92,17 @@ Result<std::string> PipelineDeriver::finalize(int b) {
   g.name = stage;
   g.io_dtype = buf.dtype;
   const View view{buf.dims, buf.strides};
-  std::string acc;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  auto in_b_layout = [&](std::string name) {
     TensorSpec t;
-    t.name = "part" + std::to_string(i);
+    t.name = std::move(name);
     t.dims = buf.dims;
     t.strides = buf.strides;
     t.dtype = buf.dtype;
+    return t;
+  };
+  std::string acc;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorSpec t = in_b_layout("part" + std::to_string(i));
     g.tensors.push_back(t);
     if (i == 0) {
       acc = t.name;
@@ -94,12 +110,7 @@ Result<std::string> PipelineDeriver::finalize(int b) {
       acc = g.pointwise("add" + std::to_string(i), PointwiseMode::kAdd, acc, t.name);
     }
   }
-  TensorSpec sum;
-  sum.name = acc;
-  sum.dims = buf.dims;
-  sum.strides = buf.strides;
-  sum.dtype = buf.dtype;
-  g.tensors.push_back(sum);
+  g.tensors.push_back(in_b_layout(acc));
   const std::string total = taken_free(buf.name + ".grad");
   declare(total, "intermediate");
   add_stage(stage, graph_to_json(g));
@@ -261,7 +272,7 @@ Result<PipelineBackward> PipelineDeriver::run(const BackwardOptions& opt) {
   j["name"] = p_.name + "_bwd";
   nlohmann::ordered_json graphs = nlohmann::ordered_json::object(), bufs = nlohmann::ordered_json::object(),
                          binds = nlohmann::ordered_json::object();
-  for (const std::string& s : stages_) graphs[s] = s + ".json";
+  for (const std::string& s : stages_) graphs[s] = file_name_for(s);
   for (const std::string& n : order_) {
     BufferOut& b = buffers_.at(n);
     if (b.kind == "intermediate" && b.readers == 0) b.kind = "output";
@@ -291,23 +302,21 @@ Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineB
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return IoError("cannot create folder " + q(dir) + ": " + ec.message());
-  // Never replace a file of the forward pipeline.
-  std::set<std::string> forward_files;
-  auto canon = [](const std::string& path) {
-    std::error_code e;
-    fs::path c = fs::weakly_canonical(path, e);
-    return e ? path : c.string();
-  };
-  if (!fwd.path.empty()) forward_files.insert(canon(fwd.path));
-  for (const PipelineStage& s : fwd.stages) forward_files.insert(canon(s.graph_path));
+  // Never replace a file of the forward pipeline (its file, graphs, weights), nor write one file twice.
+  std::vector<common::NamedPath> inputs{{"forward pipeline file", fwd.path}};
+  for (const PipelineStage& s : fwd.stages)
+    inputs.push_back({"graph file of stage '" + s.name + "'", s.graph_path});
+  for (const PipelineBuffer& buf : fwd.buffers)
+    if (!buf.file_path.empty())
+      inputs.push_back({"weights file of buffer '" + buf.name + "'", buf.file_path});
   const nlohmann::json pj = nlohmann::json::parse(b.pipeline_json);
-  const std::string pipeline_path = (fs::path(dir) / (pj.at("name").get<std::string>() + ".json")).string();
+  const std::string pipeline_path =
+      (fs::path(dir) / file_name_for(pj.at("name").get<std::string>())).string();
   std::vector<std::pair<std::string, const std::string*>> files{{pipeline_path, &b.pipeline_json}};
   for (const auto& [name, text] : b.graph_files) files.push_back({(fs::path(dir) / name).string(), &text});
-  for (const auto& [path, text] : files)
-    if (forward_files.count(canon(path)))
-      return InvalidArgument("the backward pipeline would replace " + q(path) +
-                             ", a file of the forward pipeline: write it to another folder");
+  std::vector<common::NamedPath> outputs;
+  for (const auto& [path, text] : files) outputs.push_back({"backward pipeline file", path});
+  FUSEBOX_RETURN_IF_ERROR(common::check_outputs_spare_inputs(outputs, inputs));
   for (const auto& [path, text] : files)
     FUSEBOX_RETURN_IF_ERROR(common::write_file_atomic(path, *text, "backward pipeline file"));
   return pipeline_path;
@@ -405,15 +414,7 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     bdata.emplace(i, std::move(t));
   }
   FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kMaxFlops));
-  GradientCheck out;
-  out.pass = true;
-  for (const auto& [x, gbuf] : b.gradients) {
-    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row,
-                             gradient_check_row(x, gbuf, grads.at(gbuf), in, loss, rng, tol));
-    out.pass = out.pass && row.pass;
-    out.rows.push_back(row);
-  }
-  return out;
+  return gradient_check_rows(b.gradients, grads, in, loss, rng, tol);
 }
 
 }  // namespace fusebox

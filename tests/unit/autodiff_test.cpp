@@ -51,7 +51,7 @@ void expect_gradients_match(Case& c, double tol = 2e-3) {
   EXPECT_EQ(check->rows.size(), c.bwd.gradients.size());
   for (const GradientCheckRow& r : check->rows)
     EXPECT_TRUE(r.pass) << r.ToString() << "\n" << graph_to_json(c.bwd.spec);
-  EXPECT_TRUE(check->pass);
+  EXPECT_TRUE(check->pass());
 }
 
 TEST(Autodiff, MlpWithSavedActivationRecomputesTheVirtualPreActivation) {

@@ -68,8 +68,10 @@ Runner add_backward(CLI::App& app) {
       bindings = (o.size() > 5 && o.compare(o.size() - 5, 5, ".json") == 0 ? o.substr(0, o.size() - 5) : o) +
                  ".bindings.json";
     }
-    if (bindings == a->out || bindings == a->graph || a->out == a->graph)
-      return fail(InvalidArgument("--out, --bindings and the forward graph must be three different files"));
+    if (Status st = common::check_outputs_spare_inputs({{"--out", a->out}, {"--bindings", bindings}},
+                                                       {{"forward graph", a->graph}});
+        !st.ok())
+      return fail(st);
     if (Status st = common::write_file_atomic(a->out, graph_to_json(b->spec), "backward graph"); !st.ok())
       return fail(st);
     if (Status st = common::write_file_atomic(bindings, backward_bindings_json(*b), "backward bindings");
@@ -93,7 +95,7 @@ Runner add_backward(CLI::App& app) {
     auto check = check_gradients(*fwd, *b);
     if (!check.ok()) return fail(check.status());
     for (const GradientCheckRow& r : check->rows) std::printf("  verify: %s\n", r.ToString().c_str());
-    if (check->pass) return kExitOk;
+    if (check->pass()) return kExitOk;
     std::fprintf(
         stderr,
         "fusebox backward: VerificationFailed: a derived gradient does not match finite differences\n");
@@ -144,7 +146,7 @@ Runner add_pipeline_backward(CLI::App& pipeline) {
     auto check = check_pipeline_gradients(*fwd, *b, *bwd);
     if (!check.ok()) return fail(check.status());
     for (const GradientCheckRow& r : check->rows) std::printf("  verify: %s\n", r.ToString().c_str());
-    if (check->pass) return kExitOk;
+    if (check->pass()) return kExitOk;
     std::fprintf(stderr,
                  "fusebox pipeline backward: VerificationFailed: a derived gradient does not match finite "
                  "differences\n");

@@ -289,10 +289,7 @@ Status grad(GradContext& ctx, const BatchNormAttrs&) {
     FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.out(role));
   }
   FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", BatchNormBwdAttrs{}, in));
-  if (ctx.wants("x")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("x", r.at("dx")));
-  if (ctx.wants("scale")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("scale", r.at("dscale")));
-  if (ctx.wants("bias")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("bias", r.at("dbias")));
-  return Status::Ok();
+  return ctx.hand(r, {{"x", "dx"}, {"scale", "dscale"}, {"bias", "dbias"}});
 }
 Status grad(GradContext& ctx, const BatchNormInferenceAttrs&) {
   return ctx.no_rule("batchnorm_inference is for inference: train with batchnorm (its training phase)");

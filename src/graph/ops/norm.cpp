@@ -396,12 +396,6 @@ Status norm_stats_take_no_gradient(GradContext& ctx) {
                          "'; statistics carry none: take only 'y' as a seed");
   return Status::Ok();
 }
-Status hand_norm_grads(GradContext& ctx, const std::map<std::string, std::string>& r) {
-  if (ctx.wants("x")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("x", r.at("dx")));
-  if (ctx.wants("scale")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("scale", r.at("dscale")));
-  if (ctx.has_in("bias") && ctx.wants("bias")) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad("bias", r.at("dbias")));
-  return Status::Ok();
-}
 }  // namespace
 
 Status grad(GradContext& ctx, const LayerNormAttrs& a) {
@@ -419,7 +413,7 @@ Status grad(GradContext& ctx, const LayerNormAttrs& a) {
     FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.out(role));
   }
   FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", LayerNormBwdAttrs{}, in));
-  return hand_norm_grads(ctx, r);
+  return ctx.hand(r, {{"x", "dx"}, {"scale", "dscale"}, {"bias", "dbias"}});
 }
 Status grad(GradContext& ctx, const RmsNormAttrs& a) {
   if (a.phase != NormPhase::kTraining)
@@ -436,7 +430,7 @@ Status grad(GradContext& ctx, const RmsNormAttrs& a) {
   RmsNormBwdAttrs b;
   b.dbias = a.bias;
   FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", b, in));
-  return hand_norm_grads(ctx, r);
+  return ctx.hand(r, {{"x", "dx"}, {"scale", "dscale"}, {"bias", "dbias"}});
 }
 Status grad(GradContext& ctx, const LayerNormBwdAttrs&) {
   return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -99,6 +100,9 @@ class GradContext {
   // input `role`: summed over the dims the input was broadcast along, added to
   // what other consumers of the tensor gave.
   virtual Status add_grad(std::string_view role, const std::string& g) = 0;
+  // add_grad(input, emitted[output]) for each pair whose input the op has and wants.
+  Status hand(const std::map<std::string, std::string>& emitted,
+              std::initializer_list<std::pair<const char*, const char*>> input_output);
   // NotSupported: the op has no gradient rule, or lacks what it needs.
   Status no_rule(std::string_view why) const;
 };

@@ -858,11 +858,7 @@ Status grad(GradContext& ctx, const SdpaFwdAttrs& a) {
     FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.out(role));
   }
   FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("bwd", b, in));
-  for (const char* role : {"q", "k", "v"}) {
-    const std::string d = std::string("d") + role;
-    if (ctx.wants(role)) FUSEBOX_RETURN_IF_ERROR(ctx.add_grad(role, r.at(d)));
-  }
-  return Status::Ok();
+  return ctx.hand(r, {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}});
 }
 Status grad(GradContext& ctx, const SdpaBwdAttrs&) {
   return ctx.no_rule("it is a backward op (fusebox derives first derivatives only)");
