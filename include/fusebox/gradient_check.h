@@ -55,6 +55,12 @@ Result<GradientCheck> gradient_check_rows(const std::map<std::string, std::strin
                                           const std::function<Result<double>(const GradientInputs&)>& loss,
                                           std::mt19937& rng, double tol);
 
+// The CPU reference's work a check may take (forward runs for the differences plus one
+// backward): more is InvalidArgument naming the FLOPs, before anything runs.
+inline constexpr double kMaxGradientCheckFlops = 1e10;
+Status check_gradient_check_size(const std::string& what, double forward_flops, double backward_flops,
+                                 size_t gradients);
+
 // `tol`: the relative tolerance (0: 2e-3).
 Result<GradientCheck> check_gradients(const ResolvedGraph& fwd, const BackwardGraph& bwd, uint32_t seed = 1,
                                       double tol = 0);

@@ -107,6 +107,20 @@ Result<GradientCheck> gradient_check_rows(const std::map<std::string, std::strin
   return out;
 }
 
+Status check_gradient_check_size(const std::string& what, double forward_flops, double backward_flops,
+                                 size_t gradients) {
+  const double work = forward_flops * (2.0 * static_cast<double>(gradients) + 1.0) + backward_flops;
+  if (work <= kMaxGradientCheckFlops) return Status::Ok();
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%.3g FLOPs", work);
+  char limit[32];
+  std::snprintf(limit, sizeof(limit), "%.3g", kMaxGradientCheckFlops);
+  return InvalidArgument("gradient check of '" + what + "': " + buf + " through the CPU reference (" +
+                         std::to_string(gradients) +
+                         " gradients, two forward runs each) is over the limit of " + limit +
+                         ": check a smaller shape of the graph");
+}
+
 bool GradientCheck::pass() const {
   return !rows.empty() &&
          std::all_of(rows.begin(), rows.end(), [](const GradientCheckRow& r) { return r.pass; });
@@ -125,6 +139,8 @@ Result<GradientCheck> check_gradients(const ResolvedGraph& given_fwd, const Back
                                       double tol) {
   FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph given_bg, resolve(bwd.spec));
   const ResolvedGraph fwd = in_fp32(given_fwd), bg = in_fp32(given_bg);
+  FUSEBOX_RETURN_IF_ERROR(
+      check_gradient_check_size(given_fwd.name, fwd.flops(), bg.flops(), bwd.gradients.size()));
   std::mt19937 rng(seed);
   Values in, seeds;
   for (int t : fwd.input_tensors()) {

@@ -343,6 +343,7 @@ Pipeline pipeline_in_fp32(const Pipeline& p) {
 Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const PipelineBackward& b,
                                                const Pipeline& given_bwd, uint32_t seed, double tol) {
   const Pipeline fwd = pipeline_in_fp32(given_fwd), bwd = pipeline_in_fp32(given_bwd);
+  FUSEBOX_RETURN_IF_ERROR(check_gradient_check_size(fwd.name, fwd.flops(), bwd.flops(), b.gradients.size()));
   if (tol <= 0) tol = 2e-3;
   constexpr double kMaxFlops = 1e12;  // the CPU reference for every stage
   std::mt19937 rng(seed);

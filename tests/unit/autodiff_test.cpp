@@ -224,6 +224,17 @@ TEST(Autodiff, RefusalsNameTheOpAndSayWhatWouldWork) {
       << rb.status().message();
 }
 
+TEST(Autodiff, GradientCheckRefusesGraphsTooLargeForTheCpuReference) {
+  Case c = make_case(R"({"name": "big", "io_dtype": "float", "tensors": [
+      {"name": "a", "dims": [1, 2048, 2048]}, {"name": "b", "dims": [1, 2048, 2048]}, {"name": "y", "dims": [1, 2048, 2048]}],
+    "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "y"}}]})");
+  auto check = check_gradients(c.fwd, c.bwd);
+  ASSERT_FALSE(check.ok());
+  EXPECT_EQ(check.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(check.status().message().find("over the limit of 1e10: check a smaller shape"), std::string::npos)
+      << check.status().message();
+}
+
 TEST(Autodiff, BindingsJsonListsInputsGradientsAndSavedBytes) {
   auto fwd = resolve_json(R"({"name": "mm", "io_dtype": "bfloat16", "tensors": [
       {"name": "a", "dims": [1, 4, 8]}, {"name": "b", "dims": [1, 8, 2]}, {"name": "y", "dims": [1, 4, 2]}],
