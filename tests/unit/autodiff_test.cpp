@@ -231,7 +231,8 @@ TEST(Autodiff, GradientCheckRefusesGraphsTooLargeForTheCpuReference) {
   auto check = check_gradients(c.fwd, c.bwd);
   ASSERT_FALSE(check.ok());
   EXPECT_EQ(check.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(check.status().message().find("over the limit of 1e+10: check a smaller shape"), std::string::npos)
+  EXPECT_NE(check.status().message().find("over the limit of 1e+10: check a smaller shape"),
+            std::string::npos)
       << check.status().message();
 }
 
