@@ -68,9 +68,12 @@ fi
 # The Python tests (ctest's `python`): pytest and numpy, for the python3 on PATH;
 # scikit-build-core for the wheel of the Python module (ctest `python_wheel`,
 # `pip wheel .`). torch is not installed (several GB): the tests that need it skip.
-if ! python3 -c 'import pytest, numpy, scikit_build_core' >/dev/null 2>&1; then
-  echo "setup: installing pytest, numpy and scikit-build-core (pip)"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy scikit-build-core
+# tokenizers, pinned, for the language model's data (fusebox_tools.models.lm_data, docs/lm-data.md).
+TOKENIZERS_VERSION=0.23.3
+if ! python3 -c "import pytest, numpy, scikit_build_core, tokenizers; assert tokenizers.__version__ == '$TOKENIZERS_VERSION'" >/dev/null 2>&1; then
+  echo "setup: installing pytest, numpy, scikit-build-core and tokenizers==$TOKENIZERS_VERSION (pip)"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy scikit-build-core \
+    "tokenizers==$TOKENIZERS_VERSION"
 fi
 # Real model weights for docs/models.md, only when asked (never for make test):
 # FUSEBOX_MODELS=minilm scripts/setup.sh (a comma-separated list).

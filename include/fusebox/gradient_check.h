@@ -48,12 +48,13 @@ std::vector<double> gradient_check_values(int64_t n, std::mt19937& rng);
 HostTensor host_tensor_of(const ResolvedTensor& t, const std::vector<double>& values);
 // One row per (input -> gradient) of `gradients`, the gradient's values in `values`
 // (logical order): <g, u> along a random u in {-1, 0, 1}^n against the central
-// difference of `loss` around `in` (step 2^-14).
+// difference of `loss` around `in` with step `step` (a power of 2 that keeps the grid exact).
+inline constexpr double kGradientCheckStep = 1.0 / 16384;
 Result<GradientCheck> gradient_check_rows(const std::map<std::string, std::string>& gradients,
                                           const std::map<std::string, std::vector<float>>& values,
                                           const GradientInputs& in,
                                           const std::function<Result<double>(const GradientInputs&)>& loss,
-                                          std::mt19937& rng, double tol);
+                                          std::mt19937& rng, double tol, double step = kGradientCheckStep);
 
 // The CPU reference's work a check may take (forward runs for the differences plus one
 // backward): more is InvalidArgument naming the FLOPs, before anything runs.

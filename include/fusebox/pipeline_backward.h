@@ -22,6 +22,7 @@
 #include "fusebox/autodiff.h"
 #include "fusebox/gradient_check.h"
 #include "fusebox/pipeline.h"
+#include "fusebox/pipeline_run.h"
 #include "fusebox/status.h"
 
 namespace fusebox {
@@ -47,11 +48,25 @@ Result<PipelineBackward> derive_pipeline_backward(const Pipeline& fwd, const Bac
 Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineBackward& b,
                                             const std::string& dir);
 
+// The backward pipeline's input data after a forward run: each seed's gradient from `seeds`
+// (forward buffer name -> logical values), each saved buffer from `forward_inputs` (the
+// forward's inputs and constants by name, logical values) or from `chain` (reference_chain()'s
+// values), rounded to the forward buffer's dtype as the forward stored it.
+Result<PipelineHostData> backward_pipeline_data(
+    const Pipeline& fwd, const PipelineBackward& b, const Pipeline& bwd,
+    const std::map<std::string, std::vector<double>>& forward_inputs,
+    const std::map<std::string, std::vector<float>>& chain,
+    const std::map<std::string, std::vector<double>>& seeds);
+
 // check_gradients() for pipelines: `bwd` is the backward pipeline `b` loaded from the
 // files write_pipeline_backward() wrote. Both run through the reference chain with
 // their bf16 and fp16 buffers in fp32; each gradient buffer against central finite
 // differences of the forward chain along a random direction. Small pipelines only.
+// `fixed`: values for some input buffers (by name, logical order; e.g. a model's own weights,
+// where random ones in (-1, 1) would saturate its softmaxes); the others are random.
 Result<GradientCheck> check_pipeline_gradients(const Pipeline& fwd, const PipelineBackward& b,
-                                               const Pipeline& bwd, uint32_t seed = 1, double tol = 0);
+                                               const Pipeline& bwd, uint32_t seed = 1, double tol = 0,
+                                               const GradientInputs& fixed = {},
+                                               double step = kGradientCheckStep);
 
 }  // namespace fusebox

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +47,9 @@ HostTensor random_page_table(const ResolvedTensor& t, uint64_t seed, int64_t num
 // With `same_kind`, an integer array cannot feed a float tensor either
 // (pipeline weights: an int array there is a wrong file, not a conversion).
 Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t, bool same_kind = false);
+// A 1-D integer .npy array (|u1, <u2, <i4, <i8; values that fit int32), e.g. a token
+// stream, of at most `max_elements` elements (the file's size is bounded before it is read).
+Result<std::vector<int32_t>> read_npy_int32_vector(const std::string& path, int64_t max_elements);
 // Tensor `key` of a safetensors file (a model's weights as saved by torch or
 // the safetensors package): F64/F32/F16/BF16/F8_E4M3/F8_E5M2 feed a float
 // tensor (rounded to its dtype), I64/I32 an integer one; the shape must equal
@@ -54,6 +58,18 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
 // The header's JSON is bounded (depth, values) before it is parsed.
 Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key,
                                         const ResolvedTensor& t);
+// The "__metadata__" string map of a safetensors file (empty when it has none).
+Result<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path);
+// One F32 tensor to write: `shape`'s element count of floats at `data` (logical order).
+struct SafetensorsEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+// Writes the tensors (F32, in this order) and the metadata as a safetensors file, through
+// a temporary file renamed over `path`: an interrupted write leaves the old file intact.
+Status write_safetensors_f32(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata);
 // read_safetensors_for() for many tensors of the same files (a pipeline's
 // constants): each file's header is parsed once, on first use, and kept (as
 // an index of its tensors, not the JSON) for the life of this object, keyed

@@ -62,13 +62,12 @@ namespace {
 Result<GradientCheckRow> check_row(const std::string& x, const std::string& gradient,
                                    const std::vector<float>& g, const GradientInputs& in,
                                    const std::function<Result<double>(const GradientInputs&)>& loss,
-                                   std::mt19937& rng, double tol) {
+                                   std::mt19937& rng, double tol, double e) {
   const std::vector<double>& base = in.at(x);
   if (g.size() != base.size())
     return Internal("gradient '" + gradient + "' has " + std::to_string(g.size()) + " values, input '" + x +
                     "' " + std::to_string(base.size()));
   std::uniform_int_distribution<int> dir(-1, 1);
-  const double e = 1.0 / 16384;
   GradientCheckRow row;
   row.input = x;
   row.gradient = gradient;
@@ -96,12 +95,12 @@ Result<GradientCheck> gradient_check_rows(const std::map<std::string, std::strin
                                           const std::map<std::string, std::vector<float>>& values,
                                           const GradientInputs& in,
                                           const std::function<Result<double>(const GradientInputs&)>& loss,
-                                          std::mt19937& rng, double tol) {
+                                          std::mt19937& rng, double tol, double step) {
   GradientCheck out;
   for (const auto& [x, gname] : gradients) {
     auto g = values.find(gname);
     if (g == values.end()) return Internal("no values for gradient '" + gname + "'");
-    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row, check_row(x, gname, g->second, in, loss, rng, tol));
+    FUSEBOX_ASSIGN_OR_RETURN(GradientCheckRow row, check_row(x, gname, g->second, in, loss, rng, tol, step));
     out.rows.push_back(row);
   }
   return out;

@@ -302,7 +302,8 @@ std::optional<NpyType> parse_descr(const std::string& d) {
   if (t == "f8") return NpyType{true, 8};
   if (t == "i4") return NpyType{false, 4};
   if (t == "i8") return NpyType{false, 8};
-  if (t == "u1") return NpyType{false, 1};  // unsigned: the only 1-byte type read
+  if (t == "u1") return NpyType{false, 1};  // unsigned: the 1- and 2-byte integer types read
+  if (t == "u2") return NpyType{false, 2};  // (token streams)
   return std::nullopt;
 }
 
@@ -323,6 +324,11 @@ double load_npy_element(const uint8_t* p, const NpyType& type) {
     return f;
   }
   if (type.bytes == 1) return *p;
+  if (type.bytes == 2) {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
   if (type.bytes == 4) {
     int32_t v;
     std::memcpy(&v, p, 4);
@@ -333,27 +339,16 @@ double load_npy_element(const uint8_t* p, const NpyType& type) {
   return static_cast<double>(v);
 }
 
-}  // namespace
+// A .npy file's header, checked, and where its data starts: the data is exactly the
+// shape's bytes at the dtype's size.
+struct ParsedNpy {
+  NpyHeader h;
+  NpyType type{};
+  const uint8_t* data = nullptr;
+};
 
-Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t, bool same_kind) {
+Result<ParsedNpy> parse_npy(const std::string& path, std::span<const uint8_t> bytes) {
   const std::string where = path + ": ";
-  // The tensor bounds the file: its data at the widest accepted type (8 bytes)
-  // plus a header. Checked before reading, so a huge or endless file costs nothing.
-  const std::optional<int64_t> elements = common::checked_product(t.dims);
-  const std::optional<int64_t> max_data = elements ? common::checked_mul(*elements, 8) : std::nullopt;
-  if (!max_data || *max_data > std::numeric_limits<int64_t>::max() - kMaxNpyHeaderBytes) {
-    return InvalidArgument(
-        where + "tensor '" + t.name + "' dims " + dims_string(t.dims) +
-        " are too large to read from a .npy file (element count times element size overflows)");
-  }
-  auto read =
-      common::read_file_bounded(path, static_cast<uint64_t>(*max_data + kMaxNpyHeaderBytes), ".npy file");
-  if (!read.ok()) {
-    return read.status().WithContext("tensor '" + t.name + "' " + dims_string(t.dims) + " (at most " +
-                                     std::to_string(*max_data) + " data bytes)");
-  }
-  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(read->data()), read->size());
-
   static const uint8_t kMagic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
   if (bytes.size() < 10 || std::memcmp(bytes.data(), kMagic, 6) != 0)
     return ParseError(where + "not a .npy file (bad magic; expected \\x93NUMPY)");
@@ -391,15 +386,7 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
   const std::optional<NpyType> type = parse_descr(h.descr);
   if (!type)
     return InvalidArgument(where + "unsupported dtype '" + h.descr +
-                           "' (accepted: <f2, <f4, <f8, <i4, <i8, |u1)");
-  if (type->is_float && !dtype_is_float(t.dtype))
-    return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name +
-                           "' of dtype " + std::string(dtype_name(t.dtype)) + " (save an integer array)");
-  if (same_kind && !type->is_float && dtype_is_float(t.dtype))
-    return InvalidArgument(where + "integer array '" + h.descr + "' cannot feed tensor '" + t.name +
-                           "' of dtype " + std::string(dtype_name(t.dtype)) +
-                           " (save a float array: <f2, <f4 or <f8)");
-
+                           "' (accepted: <f2, <f4, <f8, <i4, <i8, |u1, <u2)");
   // The header's own numbers first: a shape whose size overflows is an error, not a wrap.
   const std::optional<int64_t> shape_elements = common::checked_product(h.shape);
   const std::optional<int64_t> shape_bytes =
@@ -408,12 +395,6 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
     return ParseError(where + "shape " + shape_tuple(h.shape) + " of '" + h.descr +
                       "' overflows: its element count times " + std::to_string(type->bytes) +
                       " bytes exceeds 2^63 - 1");
-  // Shape must equal the tensor dims; a 0-d array feeds a tensor of one element.
-  const bool scalar_ok = h.shape.empty() && product(t.dims) == 1;
-  if (h.shape != t.dims && !scalar_ok)
-    return InvalidArgument(where + "shape " + shape_tuple(h.shape) + " does not match tensor '" + t.name +
-                           "' dims " + dims_string(t.dims));
-
   const size_t data_bytes = static_cast<size_t>(*shape_bytes);
   const size_t have = bytes.size() - prefix - header_len;
   if (have != data_bytes)
@@ -421,12 +402,83 @@ Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t
                       std::to_string(have) + " data bytes, shape " + shape_tuple(h.shape) + " of '" +
                       h.descr + "' needs " + std::to_string(data_bytes));
 
+  return ParsedNpy{std::move(h), *type, bytes.data() + prefix + header_len};
+}
+
+}  // namespace
+
+Result<HostTensor> read_npy_for(const std::string& path, const ResolvedTensor& t, bool same_kind) {
+  const std::string where = path + ": ";
+  // The tensor bounds the file: its data at the widest accepted type (8 bytes)
+  // plus a header. Checked before reading, so a huge or endless file costs nothing.
+  const std::optional<int64_t> elements = common::checked_product(t.dims);
+  const std::optional<int64_t> max_data = elements ? common::checked_mul(*elements, 8) : std::nullopt;
+  if (!max_data || *max_data > std::numeric_limits<int64_t>::max() - kMaxNpyHeaderBytes) {
+    return InvalidArgument(
+        where + "tensor '" + t.name + "' dims " + dims_string(t.dims) +
+        " are too large to read from a .npy file (element count times element size overflows)");
+  }
+  auto read =
+      common::read_file_bounded(path, static_cast<uint64_t>(*max_data + kMaxNpyHeaderBytes), ".npy file");
+  if (!read.ok()) {
+    return read.status().WithContext("tensor '" + t.name + "' " + dims_string(t.dims) + " (at most " +
+                                     std::to_string(*max_data) + " data bytes)");
+  }
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(read->data()), read->size());
+
+  FUSEBOX_ASSIGN_OR_RETURN(ParsedNpy parsed, parse_npy(path, bytes));
+  const NpyHeader& h = parsed.h;
+  const NpyType* type = &parsed.type;
+  if (type->is_float && !dtype_is_float(t.dtype))
+    return InvalidArgument(where + "float array '" + h.descr + "' cannot feed tensor '" + t.name +
+                           "' of dtype " + std::string(dtype_name(t.dtype)) + " (save an integer array)");
+  if (same_kind && !type->is_float && dtype_is_float(t.dtype))
+    return InvalidArgument(where + "integer array '" + h.descr + "' cannot feed tensor '" + t.name +
+                           "' of dtype " + std::string(dtype_name(t.dtype)) +
+                           " (save a float array: <f2, <f4 or <f8)");
+
+  // Shape must equal the tensor dims; a 0-d array feeds a tensor of one element.
+  const bool scalar_ok = h.shape.empty() && product(t.dims) == 1;
+  if (h.shape != t.dims && !scalar_ok)
+    return InvalidArgument(where + "shape " + shape_tuple(h.shape) + " does not match tensor '" + t.name +
+                           "' dims " + dims_string(t.dims));
+
   HostTensor out = HostTensor::like(t);
-  const uint8_t* src = bytes.data() + prefix + header_len;
+  const uint8_t* src = parsed.data;
   const size_t esize = dtype_size_bytes(out.dtype);
   for_each_element(out.dims, out.strides, [&](int64_t i, int64_t off) {
     store_element(out.data.data() + off * esize, out.dtype, load_npy_element(src + i * type->bytes, *type));
   });
+  return out;
+}
+
+Result<std::vector<int32_t>> read_npy_int32_vector(const std::string& path, int64_t max_elements) {
+  const std::string where = path + ": ";
+  if (max_elements <= 0 || max_elements > (std::numeric_limits<int64_t>::max() - kMaxNpyHeaderBytes) / 8)
+    return InvalidArgument(where + "read_npy_int32_vector: max_elements " + std::to_string(max_elements) +
+                           " is out of range");
+  FUSEBOX_ASSIGN_OR_RETURN(
+      std::string read, common::read_file_bounded(
+                            path, static_cast<uint64_t>(max_elements * 8 + kMaxNpyHeaderBytes), ".npy file"));
+  const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(read.data()), read.size());
+  FUSEBOX_ASSIGN_OR_RETURN(ParsedNpy parsed, parse_npy(path, bytes));
+  if (parsed.type.is_float)
+    return InvalidArgument(where + "float array '" + parsed.h.descr +
+                           "' where integers are expected (accepted: |u1, <u2, <i4, <i8)");
+  if (parsed.h.shape.size() != 1)
+    return InvalidArgument(where + "shape " + shape_tuple(parsed.h.shape) + " where a 1-D array is expected");
+  const int64_t n = parsed.h.shape[0];
+  if (n > max_elements)
+    return InvalidArgument(where + "holds " + std::to_string(n) + " elements, over the limit of " +
+                           std::to_string(max_elements));
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = load_npy_element(parsed.data + i * static_cast<int64_t>(parsed.type.bytes), parsed.type);
+    if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
+      return InvalidArgument(where + "element " + std::to_string(i) + " = " + std::to_string(v) +
+                             " does not fit int32");
+    out[static_cast<size_t>(i)] = static_cast<int32_t>(v);
+  }
   return out;
 }
 

@@ -104,6 +104,8 @@ struct StEntry {
 struct StHeader {
   uint64_t header_len = 0, data_size = 0;
   std::map<std::string, StEntry> tensors;  // without "__metadata__"
+  std::map<std::string, std::string> metadata;
+  bool metadata_ok = true;  // "__metadata__" absent, or an object of strings
 };
 
 // A header nests 3 levels (file, tensor, shape); __metadata__ is a flat
@@ -147,7 +149,18 @@ Result<std::shared_ptr<const StHeader>> parse_header(const std::string& path, st
     if (root.is_discarded() || !root.is_object())
       return ParseError(where + "the safetensors header is not a JSON object");
     for (auto it = root.begin(); it != root.end(); ++it) {
-      if (it.key() == "__metadata__") continue;
+      if (it.key() == "__metadata__") {
+        h->metadata_ok = it.value().is_object();
+        if (h->metadata_ok)
+          for (auto m = it.value().begin(); m != it.value().end(); ++m) {
+            if (!m.value().is_string()) {
+              h->metadata_ok = false;
+              break;
+            }
+            h->metadata[m.key()] = m.value().get<std::string>();
+          }
+        continue;
+      }
       const nlohmann::json& e = it.value();
       StEntry t;
       t.well_formed = e.is_object() && e.contains("dtype") && e["dtype"].is_string() && e.contains("shape") &&
@@ -308,6 +321,53 @@ Result<HostTensor> SafetensorsReader::read(const std::string& path, const std::s
 Result<HostTensor> read_safetensors_for(const std::string& path, const std::string& key,
                                         const ResolvedTensor& t) {
   return SafetensorsReader().read(path, key, t);
+}
+
+Result<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path) {
+  FUSEBOX_RETURN_IF_ERROR(common::require_regular_file(path, "safetensors file"));
+  std::ifstream in(path, std::ios::binary);
+  struct stat sb {};
+  if (!in || ::stat(path.c_str(), &sb) != 0) return IoError(path + ": cannot open the file");
+  try {
+    FUSEBOX_ASSIGN_OR_RETURN(std::shared_ptr<const StHeader> header,
+                             parse_header(path, in, static_cast<uint64_t>(sb.st_size)));
+    if (!header->metadata_ok)
+      return ParseError(path + ": the safetensors \"__metadata__\" must be an object of strings");
+    return header->metadata;
+  } catch (const std::bad_alloc&) {
+    return common::out_of_host_memory("reading the header of safetensors file '" + path + "'");
+  }
+}
+
+Status write_safetensors_f32(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& e : tensors) {
+    const std::optional<int64_t> n = common::checked_product(e.shape);
+    if (!n || (*n > 0 && !e.data))
+      return InvalidArgument(path + ": tensor '" + e.name + "' has no data for shape " +
+                             dims_string(e.shape));
+    if (e.name == "__metadata__" || header.contains(e.name))
+      return InvalidArgument(path + ": tensor name '" + e.name + "' is used twice or reserved");
+    const uint64_t bytes = static_cast<uint64_t>(*n) * 4;
+    header[e.name] = {{"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    len[static_cast<size_t>(i)] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
+  FUSEBOX_ASSIGN_OR_RETURN(common::AtomicFile f, common::AtomicFile::create(path, "safetensors file"));
+  FUSEBOX_RETURN_IF_ERROR(f.write(len));
+  FUSEBOX_RETURN_IF_ERROR(f.write(text));
+  for (const SafetensorsEntry& e : tensors) {
+    const size_t n = static_cast<size_t>(*common::checked_product(e.shape));
+    FUSEBOX_RETURN_IF_ERROR(f.write(std::string_view(reinterpret_cast<const char*>(e.data), n * 4)));
+  }
+  return f.commit();
 }
 
 }  // namespace fusebox

@@ -322,6 +322,45 @@ Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineB
   return pipeline_path;
 }
 
+Result<PipelineHostData> backward_pipeline_data(
+    const Pipeline& fwd, const PipelineBackward& b, const Pipeline& bwd,
+    const std::map<std::string, std::vector<double>>& forward_inputs,
+    const std::map<std::string, std::vector<float>>& chain,
+    const std::map<std::string, std::vector<double>>& seeds) {
+  // The seeds, and saved forward buffers (the same bytes, whatever view the backward's
+  // first reader takes).
+  PipelineHostData bdata;
+  for (int i = 0; i < static_cast<int>(bwd.buffers.size()); ++i) {
+    const PipelineBuffer& buf = bwd.buffers[i];
+    if (buf.kind != BufferKind::kInput) continue;
+    auto bi = b.inputs.find(buf.name);
+    if (bi == b.inputs.end()) return Internal("backward input buffer '" + buf.name + "' has no binding");
+    const std::string& from = bi->second.forward_tensor;
+    if (bi->second.kind == BackwardInput::Kind::kGradient) {
+      auto g = seeds.find(from);
+      if (g == seeds.end()) return InvalidArgument("no seed gradient for forward buffer '" + from + "'");
+      bdata.emplace(i, host_tensor_of(buffer_tensor(bwd, i), g->second));
+      continue;
+    }
+    const int fb = fwd.find_buffer(from);
+    std::vector<double> v;
+    if (auto it = forward_inputs.find(from); it != forward_inputs.end()) {
+      v = it->second;
+    } else if (auto c = chain.find(from); c != chain.end()) {
+      v.assign(c->second.begin(), c->second.end());
+    } else {
+      return InvalidArgument("no value for the saved forward buffer '" + from + "'");
+    }
+    HostTensor f = host_tensor_of(buffer_tensor(fwd, fb), v);
+    HostTensor t = HostTensor::like(buffer_tensor(bwd, i));
+    if (t.data.size() != f.data.size())
+      return Internal("backward buffer '" + buf.name + "' spans other bytes than the forward's");
+    t.data = std::move(f.data);
+    bdata.emplace(i, std::move(t));
+  }
+  return bdata;
+}
+
 namespace {
 
 // The pipeline with its 16-bit buffers and graph tensors in fp32 (the rules' math is checked).
@@ -341,7 +380,8 @@ Pipeline pipeline_in_fp32(const Pipeline& p) {
 }  // namespace
 
 Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const PipelineBackward& b,
-                                               const Pipeline& given_bwd, uint32_t seed, double tol) {
+                                               const Pipeline& given_bwd, uint32_t seed, double tol,
+                                               const GradientInputs& fixed, double step) {
   const Pipeline fwd = pipeline_in_fp32(given_fwd), bwd = pipeline_in_fp32(given_bwd);
   FUSEBOX_RETURN_IF_ERROR(check_gradient_check_size(fwd.name, fwd.flops(), bwd.flops(), b.gradients.size()));
   if (tol <= 0) tol = 2e-3;
@@ -354,7 +394,13 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     if (buf.kind != BufferKind::kInput && buf.kind != BufferKind::kConstant) continue;
     const ResolvedTensor t = buffer_tensor(fwd, i);
     std::vector<double> v(static_cast<size_t>(t.element_count()));
-    if (!t.values.empty()) {
+    if (auto f = fixed.find(buf.name); f != fixed.end()) {
+      if (f->second.size() != v.size())
+        return InvalidArgument("check_pipeline_gradients: " + std::to_string(f->second.size()) +
+                               " values given for buffer '" + buf.name + "' of " + std::to_string(v.size()) +
+                               " elements");
+      v = f->second;
+    } else if (!t.values.empty()) {
       v = t.values;
     } else if (!dtype_is_float(t.dtype)) {
       std::uniform_int_distribution<int64_t> d(static_cast<int64_t>(t.random_lo),
@@ -386,36 +432,10 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     }
     return l;
   };
-  // The backward's inputs: the seeds, and saved forward buffers (the same bytes, whatever
-  // view the backward's first reader takes).
   FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data_for(in), kMaxFlops));
-  PipelineHostData bdata;
-  for (int i = 0; i < static_cast<int>(bwd.buffers.size()); ++i) {
-    const PipelineBuffer& buf = bwd.buffers[i];
-    if (buf.kind != BufferKind::kInput) continue;
-    auto bi = b.inputs.find(buf.name);
-    if (bi == b.inputs.end()) return Internal("backward input buffer '" + buf.name + "' has no binding");
-    if (bi->second.kind == BackwardInput::Kind::kGradient) {
-      bdata.emplace(i, host_tensor_of(buffer_tensor(bwd, i), seeds.at(bi->second.forward_tensor)));
-      continue;
-    }
-    const int fb = fwd.find_buffer(bi->second.forward_tensor);
-    std::vector<double> v;
-    if (auto it = in.find(bi->second.forward_tensor); it != in.end()) {
-      v = it->second;
-    } else {
-      const auto& c = chain.at(bi->second.forward_tensor);
-      v.assign(c.begin(), c.end());
-    }
-    HostTensor f = host_tensor_of(buffer_tensor(fwd, fb), v);
-    HostTensor t = HostTensor::like(buffer_tensor(bwd, i));
-    if (t.data.size() != f.data.size())
-      return Internal("backward buffer '" + buf.name + "' spans other bytes than the forward's");
-    t.data = f.data;
-    bdata.emplace(i, std::move(t));
-  }
+  FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData bdata, backward_pipeline_data(fwd, b, bwd, in, chain, seeds));
   FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kMaxFlops));
-  return gradient_check_rows(b.gradients, grads, in, loss, rng, tol);
+  return gradient_check_rows(b.gradients, grads, in, loss, rng, tol, step);
 }
 
 }  // namespace fusebox

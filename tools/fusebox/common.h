@@ -111,6 +111,7 @@ Runner add_shapes(CLI::App& app);
 Runner add_model(CLI::App& app);
 Runner add_ops(CLI::App& app);
 Runner add_backward(CLI::App& app);
+Runner add_train(CLI::App& app);
 Runner add_pipeline_backward(CLI::App& pipeline);  // `pipeline backward`, in cmd_backward.cpp
 // An op's traits as JSON (fusebox ops, check --json).
 nlohmann::ordered_json traits_json(const OpTraitsInfo& t);

@@ -4,6 +4,7 @@ safetensors package): what fusebox's pipelines read for constants with a
 
     read(path, key)  -> np.ndarray (float32 for float dtypes, int64 for ints)
     keys(path)       -> the tensor names
+    metadata(path)   -> the `__metadata__` strings ({} when absent)
     write(path, {name: array}, dtypes={name: "BF16"})  (float arrays rounded to
                      BF16/F16 when asked; F32 otherwise, I32/I64 for ints)
 """
@@ -27,6 +28,13 @@ def keys(path):
     with open(path, "rb") as f:
         h, _ = _header(f)
     return [k for k in h if k != "__metadata__"]
+
+
+def metadata(path):
+    """The file's `__metadata__` (str -> str); {} when it has none."""
+    with open(path, "rb") as f:
+        h, _ = _header(f)
+    return dict(h.get("__metadata__") or {})
 
 
 def _fp8_to_float(raw, mant, bias, e4m3):

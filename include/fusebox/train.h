@@ -1,0 +1,144 @@
+// fusebox: training a Llama-style language model (docs/lm.md fixes the model, the data,
+// the optimizer and the checkpoint; docs/training.md shows the command and the loop).
+//
+// The model is declared as a forward pipeline of graphs (write_lm_pipeline); its
+// backward pipeline is derived by the gradient rules (fusebox/pipeline_backward.h); the
+// trainer runs forward, loss, backward, clipping and AdamW as one step over fp32 master
+// weights, bf16 working copies and fp32 moments.
+//
+// Backends: kReference runs every stage through the CPU reference (tiny models: the CI
+// training run, gradient checks); the GPU step is not built yet and is refused by name.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fusebox/gradient_check.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+struct LmModelConfig {
+  int64_t vocab = 0;  // required
+  int64_t dim = 768, layers = 12, heads = 12, kv_heads = 4, head_dim = 64, ffn_dim = 2048, context = 1024;
+  double rope_theta = 10000, norm_eps = 1e-5, init_std = 0.02;
+};
+
+struct LmTrainConfig {
+  int64_t batch = 32, accum = 1, warmup = 100, val_batches = 4;
+  double lr = 6e-4, min_lr = 6e-5, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
+  uint64_t seed = 1;
+};
+
+struct LmConfig {
+  LmModelConfig model;
+  LmTrainConfig train;
+};
+
+// {"model": {...}, "train": {...}}: unknown keys, wrong types and out-of-range values are
+// InvalidArgument naming the key and what is accepted. `origin` names the file in messages.
+Result<LmConfig> parse_lm_config(std::string_view json, std::string_view origin);
+Result<LmConfig> load_lm_config(const std::string& path);
+// Every field, in the file's form (what a checkpoint records).
+std::string lm_config_json(const LmConfig& c);
+
+struct LmParameter {
+  std::string name;            // docs/lm.md's name, also the forward pipeline's buffer
+  std::vector<int64_t> shape;  // [in, out] for matrices
+  bool decay = true;           // AdamW's weight decay applies (2-D parameters)
+  double init_std = 0;         // normal(0, init_std); 0: ones (the norm gains)
+  int64_t elements() const;
+};
+std::vector<LmParameter> lm_parameters(const LmModelConfig& m);
+// Parameters, without the two embedding matrices when `with_embeddings` is false.
+int64_t lm_parameter_count(const LmModelConfig& m, bool with_embeddings = true);
+
+// docs/lm.md's schedule: linear warmup, then cosine to min_lr at `total_steps`.
+double lm_learning_rate(const LmTrainConfig& t, int64_t step, int64_t total_steps);
+
+// The model's forward pipeline for `batch` sequences of `seq` tokens: `dir`/lm.json and its
+// graph files (written atomically; `dir` is created). Buffers: inputs "ids" and "labels"
+// (int32 [batch*seq]), "freqs" (RoPE angles, fp32 [seq, head_dim/2]) and one per parameter;
+// outputs "loss" (fp32 per token), "lse" and the saved statistics. Returns the file's path.
+Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq,
+                                      const std::string& dir);
+// RoPE angles for positions [0, seq): p * rope_theta^(-2i/head_dim), row-major [seq, head_dim/2].
+std::vector<float> lm_rope_angles(const LmModelConfig& m, int64_t seq);
+
+// A token stream (docs/lm.md, "Data files"): a 1-D .npy of ids in [0, vocab), at least
+// seq + 1 of them. A file that is not such an array is one clear error.
+struct TokenStream {
+  std::string path;
+  std::vector<int32_t> tokens;
+  int64_t sequences(int64_t seq) const;  // (n - 1) / seq
+};
+Result<TokenStream> load_token_stream(const std::string& path, int64_t vocab, int64_t seq);
+// docs/lm.md's batching rule: `batch` sequences from sequence `first` on, wrapping around.
+void lm_micro_batch(const TokenStream& s, int64_t seq, int64_t batch, int64_t first,
+                    std::vector<int32_t>* ids, std::vector<int32_t>* labels);
+
+enum class TrainBackend { kReference, kGpu };
+
+struct LmTrainerOptions {
+  std::string work_dir;     // the generated pipelines go to work_dir/forward and work_dir/backward
+  int64_t total_steps = 0;  // the schedule's length
+  TrainBackend backend = TrainBackend::kReference;
+};
+
+struct LmStepResult {
+  int64_t step = 0;      // the optimizer step just taken (from 0)
+  double loss = 0;       // mean over its micro-batches
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  double seconds = 0;
+  int64_t tokens = 0;
+};
+
+class LmTrainer {
+ public:
+  static Result<std::unique_ptr<LmTrainer>> create(const LmConfig& config, const LmTrainerOptions& options);
+  ~LmTrainer();
+  LmTrainer(const LmTrainer&) = delete;
+  LmTrainer& operator=(const LmTrainer&) = delete;
+
+  // Seeded initialization (docs/lm.md); zero moments, step 0, data position 0.
+  void init_parameters();
+  // One optimizer step over `accum` micro-batches of `train`. A non-finite loss or gradient
+  // is an error naming the step and the first such tensor; the parameters are then unchanged.
+  Result<LmStepResult> step(const TokenStream& train);
+  // Mean loss over the first `batches` micro-batches of `val` (forward only).
+  Result<double> validation_loss(const TokenStream& val, int64_t batches);
+  // Greedy continuation of `prompt` by `n` tokens (at most `context` tokens in all).
+  Result<std::vector<int32_t>> generate(const std::vector<int32_t>& prompt, int64_t n);
+
+  // Checkpoints (docs/lm.md): parameters, moments, step and data position; written through a
+  // temporary file. Loading refuses another model config, naming the first mismatched tensor.
+  Status save_checkpoint(const std::string& path) const;
+  Status load_checkpoint(const std::string& path);
+  // The summed gradients of the last step (before clipping), as "grad.<name>", and its loss.
+  Status save_gradients(const std::string& path) const;
+
+  // The derived backward checked against finite differences (fusebox/gradient_check.h) on
+  // this model's pipeline at batch 1 and `seq` tokens, in fp32, to 1% (the chain's fp32
+  // rounding over many stages, divided by the difference's step). Small models only.
+  Result<GradientCheck> check_gradients(int64_t seq, uint32_t seed = 1);
+
+  int64_t steps_done() const;
+  int64_t sequences_done() const;
+  const LmConfig& config() const;
+  const std::map<std::string, std::vector<float>>& parameters() const;
+  // Bytes the step keeps: parameters, moments, gradients and the saved activations of one
+  // micro-batch (the backward's saved buffers).
+  int64_t saved_activation_bytes() const;
+
+ private:
+  struct Impl;
+  explicit LmTrainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fusebox

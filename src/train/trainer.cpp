@@ -1,0 +1,386 @@
+// fusebox: the language-model trainer (include/fusebox/train.h). The reference backend
+// runs the forward and the derived backward pipelines through the CPU reference chain,
+// stage by stage, with the buffers in their declared dtypes (bf16 weights and
+// activations), then clips and applies AdamW to the fp32 master weights.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+
+#include "fusebox/pipeline_backward.h"
+#include "fusebox/pipeline_run.h"
+#include "fusebox/tensor.h"
+#include "fusebox/train.h"
+#include "optimizer.h"
+
+namespace fusebox {
+namespace {
+
+constexpr char kCheckpointFormat[] = "fusebox-lm/1";
+// The reference chain runs every stage on the CPU whatever its size (the reference backend
+// is for small models); the limit only keeps a GPU reference from being picked.
+constexpr double kCpuFlops = 1e300;
+
+using Values = std::map<std::string, std::vector<double>>;
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> widen(const std::vector<int32_t>& v) { return {v.begin(), v.end()}; }
+
+ResolvedTensor fp32_tensor(const std::string& name, const std::vector<int64_t>& shape) {
+  ResolvedTensor t;
+  t.name = name;
+  t.dims = shape;
+  t.dtype = DType::kFP32;
+  t.strides.assign(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i)
+    t.strides[static_cast<size_t>(i)] =
+        t.strides[static_cast<size_t>(i) + 1] * shape[static_cast<size_t>(i) + 1];
+  return t;
+}
+
+// The model for `batch` x `seq` tokens: its forward pipeline, loaded, in `dir`.
+Result<Pipeline> model_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq, const std::string& dir) {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string path, write_lm_pipeline(m, batch, seq, dir));
+  return load_pipeline_file(path);
+}
+
+BackwardOptions lm_backward_options(const LmModelConfig& m) {
+  BackwardOptions o;
+  for (const LmParameter& p : lm_parameters(m)) o.wrt.push_back(p.name);
+  o.seeds = {"loss"};
+  return o;
+}
+
+}  // namespace
+
+struct LmTrainer::Impl {
+  LmConfig config;
+  LmTrainerOptions options;
+  std::vector<LmParameter> params;
+  Pipeline fwd, bwd;
+  PipelineBackward derived;
+  std::optional<Pipeline> gen;  // batch 1, context tokens: generate()
+  std::map<std::string, std::vector<float>> master, m, v, grad;
+  int64_t step = 0, sequences = 0;
+  double last_loss = 0;
+
+  Values forward_inputs(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                        int64_t seq) const {
+    Values in;
+    in["ids"] = widen(ids);
+    in["labels"] = widen(labels);
+    in["freqs"] = widen(lm_rope_angles(config.model, seq));
+    for (const LmParameter& p : params) in[p.name] = widen(master.at(p.name));
+    return in;
+  }
+
+  static Result<PipelineHostData> host_data(const Pipeline& p, const Values& in) {
+    PipelineHostData d;
+    for (int i = 0; i < static_cast<int>(p.buffers.size()); ++i) {
+      const PipelineBuffer& b = p.buffers[static_cast<size_t>(i)];
+      if (b.kind != BufferKind::kInput && b.kind != BufferKind::kConstant) continue;
+      auto it = in.find(b.name);
+      if (it == in.end()) return Internal("model pipeline input '" + b.name + "' has no value");
+      d.emplace(i, host_tensor_of(buffer_tensor(p, i), it->second));
+    }
+    return d;
+  }
+
+  // Forward (and, with `grad_scale` > 0, backward adding grad_scale * dL/dp into `grad`) of
+  // one micro-batch; returns its mean loss.
+  Result<double> micro_batch(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                             double grad_scale) {
+    const int64_t seq = config.model.context;
+    const Values in = forward_inputs(ids, labels, seq);
+    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, host_data(fwd, in));
+    FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data, kCpuFlops));
+    const std::vector<float>& loss = chain.at("loss");
+    double sum = 0;
+    for (float l : loss) sum += l;
+    const double mean = sum / static_cast<double>(loss.size());
+    if (grad_scale <= 0 || !std::isfinite(mean)) return mean;
+    Values seeds;
+    seeds["loss"].assign(loss.size(), grad_scale / static_cast<double>(loss.size()));
+    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData bdata,
+                             backward_pipeline_data(fwd, derived, bwd, in, chain, seeds));
+    FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kCpuFlops));
+    for (const LmParameter& p : params) {
+      auto it = grads.find(derived.gradients.at(p.name));
+      if (it == grads.end()) return Internal("the backward produced no gradient for '" + p.name + "'");
+      std::vector<float>& g = grad[p.name];
+      if (it->second.size() != g.size()) return Internal("gradient of '" + p.name + "' has the wrong size");
+      for (size_t i = 0; i < g.size(); ++i) g[i] += it->second[i];
+    }
+    return mean;
+  }
+
+  Result<const Pipeline*> generation_pipeline() {
+    if (!gen) {
+      const std::string dir = (std::filesystem::path(options.work_dir) / "generate").string();
+      FUSEBOX_ASSIGN_OR_RETURN(Pipeline p, model_pipeline(config.model, 1, config.model.context, dir));
+      gen = std::move(p);
+    }
+    return &*gen;
+  }
+};
+
+LmTrainer::LmTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LmTrainer::~LmTrainer() = default;
+
+Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
+                                                     const LmTrainerOptions& options) {
+  if (options.backend == TrainBackend::kGpu)
+    return NotSupported(
+        "train: the GPU training step is not built yet (its backward stages need partitioning per GEMM; "
+        "issue 33); use the reference backend for small models");
+  if (options.work_dir.empty()) return InvalidArgument("train: no work folder for the model's pipelines");
+  if (options.total_steps < 1) return InvalidArgument("train: total_steps must be at least 1");
+  auto impl = std::make_unique<Impl>();
+  impl->config = config;
+  impl->options = options;
+  impl->params = lm_parameters(config.model);
+  const std::filesystem::path dir(options.work_dir);
+  FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, config.train.batch, config.model.context,
+                                                     (dir / "forward").string()));
+  FUSEBOX_ASSIGN_OR_RETURN(impl->derived,
+                           derive_pipeline_backward(impl->fwd, lm_backward_options(config.model)));
+  FUSEBOX_ASSIGN_OR_RETURN(std::string bpath,
+                           write_pipeline_backward(impl->fwd, impl->derived, (dir / "backward").string()));
+  FUSEBOX_ASSIGN_OR_RETURN(impl->bwd, load_pipeline_file(bpath));
+  for (const LmParameter& p : impl->params) {
+    if (!impl->derived.gradients.count(p.name))
+      return Internal("train: the derived backward has no gradient for parameter '" + p.name + "'");
+    impl->master[p.name].assign(static_cast<size_t>(p.elements()), 0.f);
+  }
+  auto t = std::unique_ptr<LmTrainer>(new LmTrainer(std::move(impl)));
+  t->init_parameters();
+  return t;
+}
+
+void LmTrainer::init_parameters() {
+  Impl& s = *impl_;
+  std::mt19937_64 rng(s.config.train.seed);
+  for (const LmParameter& p : s.params) {
+    std::vector<float>& w = s.master[p.name];
+    if (p.init_std == 0) {
+      std::fill(w.begin(), w.end(), 1.f);
+    } else {
+      std::normal_distribution<double> d(0, p.init_std);
+      for (float& x : w) x = static_cast<float>(d(rng));
+    }
+    s.m[p.name].assign(w.size(), 0.f);
+    s.v[p.name].assign(w.size(), 0.f);
+    s.grad[p.name].assign(w.size(), 0.f);
+  }
+  s.step = 0;
+  s.sequences = 0;
+}
+
+Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
+  Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const LmTrainConfig& tc = s.config.train;
+  const int64_t seq = s.config.model.context;
+  if (train.sequences(seq) < 1)
+    return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
+  for (auto& [name, g] : s.grad) std::fill(g.begin(), g.end(), 0.f);
+  double loss = 0;
+  std::vector<int32_t> ids, labels;
+  for (int64_t k = 0; k < tc.accum; ++k) {
+    lm_micro_batch(train, seq, tc.batch, s.sequences + k * tc.batch, &ids, &labels);
+    auto l = s.micro_batch(ids, labels, 1.0 / static_cast<double>(tc.accum));
+    if (!l.ok()) return l.status().WithContext("train: step " + std::to_string(s.step));
+    if (!std::isfinite(*l))
+      return InvalidArgument("train: step " + std::to_string(s.step) + ": the loss of micro-batch " +
+                             std::to_string(k) + " is " + std::to_string(*l) +
+                             " (non-finite); the parameters are unchanged");
+    loss += *l / static_cast<double>(tc.accum);
+  }
+  for (const LmParameter& p : s.params) {
+    const std::vector<float>& g = s.grad.at(p.name);
+    for (size_t i = 0; i < g.size(); ++i)
+      if (!std::isfinite(g[i]))
+        return InvalidArgument("train: step " + std::to_string(s.step) + ": the gradient of '" + p.name +
+                               "' is non-finite at element " + std::to_string(i) +
+                               "; the parameters are unchanged");
+  }
+  LmStepResult r;
+  r.step = s.step;
+  r.loss = loss;
+  r.lr = lm_learning_rate(tc, s.step, s.options.total_steps);
+  std::vector<AdamWTensor> tensors;
+  for (const LmParameter& p : s.params)
+    tensors.push_back({&s.master[p.name], &s.m[p.name], &s.v[p.name], &s.grad[p.name], p.decay});
+  r.grad_norm = global_grad_norm(tensors);
+  adamw_step(tensors, AdamWHyper{r.lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay}, s.step + 1,
+             clip_coefficient(r.grad_norm, tc.clip));
+  s.last_loss = loss;
+  ++s.step;
+  s.sequences += tc.accum * tc.batch;
+  r.tokens = tc.accum * tc.batch * seq;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+Result<double> LmTrainer::validation_loss(const TokenStream& val, int64_t batches) {
+  Impl& s = *impl_;
+  const int64_t seq = s.config.model.context;
+  if (val.sequences(seq) < 1)
+    return InvalidArgument(val.path + ": too few tokens for one sequence of " + std::to_string(seq));
+  double sum = 0;
+  std::vector<int32_t> ids, labels;
+  for (int64_t k = 0; k < batches; ++k) {
+    lm_micro_batch(val, seq, s.config.train.batch, k * s.config.train.batch, &ids, &labels);
+    FUSEBOX_ASSIGN_OR_RETURN(double l, s.micro_batch(ids, labels, 0));
+    sum += l;
+  }
+  return sum / static_cast<double>(batches);
+}
+
+Result<std::vector<int32_t>> LmTrainer::generate(const std::vector<int32_t>& prompt, int64_t n) {
+  Impl& s = *impl_;
+  const LmModelConfig& m = s.config.model;
+  if (prompt.empty() || static_cast<int64_t>(prompt.size()) + n > m.context)
+    return InvalidArgument("generate: a prompt of " + std::to_string(prompt.size()) + " tokens plus " +
+                           std::to_string(n) + " new ones must fit the context of " +
+                           std::to_string(m.context));
+  for (int32_t t : prompt)
+    if (t < 0 || t >= m.vocab)
+      return InvalidArgument("generate: prompt token " + std::to_string(t) + " is outside [0, " +
+                             std::to_string(m.vocab) + ")");
+  FUSEBOX_ASSIGN_OR_RETURN(const Pipeline* g, s.generation_pipeline());
+  std::vector<int32_t> out = prompt;
+  // Causal attention: the logits at position t see tokens 0..t only, so the rest of the
+  // context is padding (token 0) that changes nothing before it.
+  for (int64_t k = 0; k < n; ++k) {
+    std::vector<int32_t> ids(static_cast<size_t>(m.context), 0);
+    std::copy(out.begin(), out.end(), ids.begin());
+    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data,
+                             Impl::host_data(*g, s.forward_inputs(ids, ids, m.context)));
+    FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(*g, data, kCpuFlops));
+    const std::vector<float>& logits = chain.at("logits");
+    const size_t row = (out.size() - 1) * static_cast<size_t>(m.vocab);
+    int32_t best = 0;
+    for (int32_t c = 1; c < m.vocab; ++c)
+      if (logits[row + static_cast<size_t>(c)] > logits[row + static_cast<size_t>(best)]) best = c;
+    out.push_back(best);
+  }
+  return std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(prompt.size()), out.end());
+}
+
+Status LmTrainer::save_checkpoint(const std::string& path) const {
+  const Impl& s = *impl_;
+  std::vector<SafetensorsEntry> e;
+  for (const LmParameter& p : s.params) e.push_back({p.name, p.shape, s.master.at(p.name).data()});
+  for (const LmParameter& p : s.params) e.push_back({"adam_m." + p.name, p.shape, s.m.at(p.name).data()});
+  for (const LmParameter& p : s.params) e.push_back({"adam_v." + p.name, p.shape, s.v.at(p.name).data()});
+  return write_safetensors_f32(path, e,
+                               {{"format", kCheckpointFormat},
+                                {"step", std::to_string(s.step)},
+                                {"sequences", std::to_string(s.sequences)},
+                                {"config", lm_config_json(s.config)}});
+}
+
+Status LmTrainer::load_checkpoint(const std::string& path) {
+  Impl& s = *impl_;
+  const std::string where = path + ": ";
+  FUSEBOX_ASSIGN_OR_RETURN(auto meta, read_safetensors_metadata(path));
+  if (meta["format"] != kCheckpointFormat)
+    return InvalidArgument(where + "not a fusebox language-model checkpoint (metadata format '" +
+                           meta["format"] + "', expected '" + kCheckpointFormat + "')");
+  auto count = [&](const char* key) -> Result<int64_t> {
+    const std::string& v = meta[key];
+    if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
+      return InvalidArgument(where + "metadata '" + key + "' = '" + v + "' is not a non-negative integer");
+    return std::stoll(v);
+  };
+  FUSEBOX_ASSIGN_OR_RETURN(int64_t step, count("step"));
+  FUSEBOX_ASSIGN_OR_RETURN(int64_t sequences, count("sequences"));
+  auto theirs = parse_lm_config(meta["config"], path + " (its config)");
+  if (!theirs.ok()) return theirs.status();
+  // Shapes first, so that a checkpoint of another size names its first mismatched tensor.
+  std::map<std::string, std::vector<float>> master, m, v;
+  for (const LmParameter& p : s.params) {
+    for (const auto& [prefix, into] :
+         std::vector<std::pair<std::string, std::map<std::string, std::vector<float>>*>>{
+             {"", &master}, {"adam_m.", &m}, {"adam_v.", &v}}) {
+      const std::string key = prefix + p.name;
+      auto t = read_safetensors_for(path, key, fp32_tensor(key, p.shape));
+      if (!t.ok())
+        return t.status().WithContext("checkpoint of another model config? (this one: " +
+                                      lm_config_json(LmConfig{s.config.model, {}}) + ")");
+      (*into)[p.name] = t->to_float_logical();
+      if (prefix.empty())
+        for (size_t i = 0; i < (*into)[p.name].size(); ++i)
+          if (!std::isfinite((*into)[p.name][i]))
+            return InvalidArgument(where + "tensor '" + key + "' is non-finite at element " +
+                                   std::to_string(i));
+    }
+  }
+  const LmModelConfig& a = s.config.model;
+  const LmModelConfig& b = theirs->model;
+  if (a.rope_theta != b.rope_theta || a.norm_eps != b.norm_eps || a.context != b.context)
+    return InvalidArgument(
+        where + "the checkpoint's model config differs (rope_theta, norm_eps or context): " + meta["config"]);
+  s.master = std::move(master);
+  s.m = std::move(m);
+  s.v = std::move(v);
+  s.step = step;
+  s.sequences = sequences;
+  return Status::Ok();
+}
+
+Status LmTrainer::save_gradients(const std::string& path) const {
+  const Impl& s = *impl_;
+  std::vector<SafetensorsEntry> e;
+  for (const LmParameter& p : s.params) e.push_back({"grad." + p.name, p.shape, s.grad.at(p.name).data()});
+  return write_safetensors_f32(path, e,
+                               {{"format", "fusebox-lm-grads/1"},
+                                {"step", std::to_string(s.step - 1)},
+                                {"loss", nlohmann::json(s.last_loss).dump()}});
+}
+
+Result<GradientCheck> LmTrainer::check_gradients(int64_t seq, uint32_t seed) {
+  Impl& s = *impl_;
+  const std::filesystem::path dir = std::filesystem::path(s.options.work_dir) / "gradcheck";
+  FUSEBOX_ASSIGN_OR_RETURN(Pipeline fwd, model_pipeline(s.config.model, 1, seq, (dir / "forward").string()));
+  FUSEBOX_ASSIGN_OR_RETURN(PipelineBackward b,
+                           derive_pipeline_backward(fwd, lm_backward_options(s.config.model)));
+  FUSEBOX_ASSIGN_OR_RETURN(std::string bpath, write_pipeline_backward(fwd, b, (dir / "backward").string()));
+  FUSEBOX_ASSIGN_OR_RETURN(Pipeline bwd, load_pipeline_file(bpath));
+  // Random weights and activations on the check's grid, the model's RoPE angles. Step 2^-10
+  // and 1%: the chain rounds each of its ~9 stages per layer to fp32 and the central
+  // difference divides that noise by 2e, so 2^-14 is noise-bound here (a 2-layer, width-64
+  // model: a few rows 1-13% off), while 2^-8 is truncation-bound (softmax curvature); at 2^-10
+  // both stay under 1%. A wrong wiring (a gradient into the wrong buffer, a missing sum) is off
+  // by far more. Each op's rule is checked alone at 0.2% (tests/unit/autodiff_test.cpp).
+  GradientInputs fixed;
+  fixed["freqs"] = widen(lm_rope_angles(s.config.model, seq));
+  const double step = 1.0 / 1024;
+  return check_pipeline_gradients(fwd, b, bwd, seed, 1e-2, fixed, step);
+}
+
+int64_t LmTrainer::steps_done() const { return impl_->step; }
+int64_t LmTrainer::sequences_done() const { return impl_->sequences; }
+const LmConfig& LmTrainer::config() const { return impl_->config; }
+const std::map<std::string, std::vector<float>>& LmTrainer::parameters() const { return impl_->master; }
+
+int64_t LmTrainer::saved_activation_bytes() const {
+  const Impl& s = *impl_;
+  int64_t bytes = 0;
+  std::set<int> seen;  // a buffer saved as is and transposed is one allocation
+  for (const auto& [name, in] : s.derived.inputs) {
+    if (in.kind != BackwardInput::Kind::kSaved) continue;
+    const int b = s.fwd.find_buffer(in.forward_tensor);
+    if (b < 0 || s.fwd.buffers[static_cast<size_t>(b)].kind == BufferKind::kInput || !seen.insert(b).second)
+      continue;
+    bytes += buffer_tensor(s.fwd, b).storage_bytes();
+  }
+  return bytes;
+}
+
+}  // namespace fusebox

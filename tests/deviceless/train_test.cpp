@@ -1,0 +1,245 @@
+// The language-model trainer (fusebox/train.h, docs/lm.md) on the reference backend: the
+// config, the data rules, the optimizer, a tiny model's gradients against finite
+// differences, its loss falling over 20 steps, exact resumption and bad files.
+#include "fusebox/train.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <random>
+
+#include "fusebox/tensor.h"
+#include "optimizer.h"
+#include "test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing::TempDir;
+using testing::write_text;
+
+constexpr char kTiny[] = R"({
+  "model": {"vocab": 32, "dim": 32, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8,
+            "ffn_dim": 64, "context": 16},
+  "train": {"batch": 4, "lr": 1e-2, "min_lr": 1e-3, "warmup": 3, "seed": 7, "val_batches": 2}
+})";
+
+LmConfig tiny() {
+  auto c = parse_lm_config(kTiny, "tiny");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return *c;
+}
+
+// A learnable stream: runs of an arithmetic sequence mod 32 with a random stride per run.
+Status write_tokens(const std::string& path, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  HostTensor t;
+  t.dtype = DType::kInt32;
+  t.dims = {n};
+  t.strides = {1};
+  t.data.resize(static_cast<size_t>(n) * 4);
+  int32_t x = 0, stride = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i % 24 == 0) stride = 1 + static_cast<int32_t>(rng() % 3), x = static_cast<int32_t>(rng() % 32);
+    x = (x + stride) % 32;
+    std::memcpy(t.data.data() + i * 4, &x, 4);
+  }
+  return write_npy(path, t);
+}
+
+TEST(LmConfig, DefaultsAndErrorsThatNameTheKey) {
+  auto c = parse_lm_config(R"({"model": {"vocab": 100}})", "c.json");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model.dim, 768);
+  EXPECT_EQ(c->train.batch, 32);
+  auto round = parse_lm_config(lm_config_json(*c), "again");
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(lm_config_json(*round), lm_config_json(*c));
+  struct Bad {
+    const char* json;
+    const char* says;
+  };
+  for (const Bad& b :
+       {Bad{R"({"model": {"vocab": 100, "widht": 8}})", "unknown key 'widht'"},
+        Bad{R"({"model": {"dim": 8}})", "model.vocab is required"},
+        Bad{R"({"model": {"vocab": 100, "heads": 6, "kv_heads": 4}})", "multiple of model.kv_heads"},
+        Bad{R"({"model": {"vocab": 100, "head_dim": 7}})", "must be even"},
+        Bad{R"({"model": {"vocab": 100}, "train": {"lr": "fast"}})", "train.lr must be a number"},
+        Bad{R"({"model": {"vocab": 100}, "train": {"batch": 0}})", "train.batch = 0 is outside"},
+        Bad{R"({"model": {"vocab": 1e40}})", "model.vocab must be an integer"},
+        Bad{R"([1, 2])", "a config is a JSON object"}, Bad{R"({"model": )", "not valid JSON"}}) {
+    auto r = parse_lm_config(b.json, "c.json");
+    ASSERT_FALSE(r.ok()) << b.json;
+    EXPECT_NE(r.status().message().find(b.says), std::string::npos) << r.status().ToString();
+  }
+}
+
+TEST(LmConfig, ParametersScheduleAndRopeAngles) {
+  const LmConfig c = tiny();
+  const auto p = lm_parameters(c.model);
+  ASSERT_EQ(p.size(), 2u + 9u * 2u + 1u);
+  EXPECT_EQ(p.front().name, "tok_embeddings");
+  EXPECT_EQ(p[2].name, "layers.0.wq");
+  EXPECT_EQ(p[2].shape, (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(p[3].shape, (std::vector<int64_t>{32, 16})) << "wk: kv_heads * head_dim";
+  EXPECT_FALSE(p[1].decay) << "norm gains are not decayed";
+  // 32*32 (embeddings) + 2 * (32 + 32*32 + 2*32*16 + 32*32 + 32 + 3*32*64) + 32 + 32*32
+  EXPECT_EQ(lm_parameter_count(c.model), 1024 + 2 * (32 + 1024 + 1024 + 1024 + 32 + 6144) + 32 + 1024);
+  EXPECT_EQ(lm_parameter_count(c.model, false), lm_parameter_count(c.model) - 2048);
+  const LmTrainConfig& t = c.train;  // lr 1e-2, min 1e-3, warmup 3
+  EXPECT_DOUBLE_EQ(lm_learning_rate(t, 0, 13), 1e-2 / 3);
+  EXPECT_DOUBLE_EQ(lm_learning_rate(t, 2, 13), 1e-2);
+  EXPECT_NEAR(lm_learning_rate(t, 8, 13), (1e-2 + 1e-3) / 2, 1e-12) << "halfway through the cosine";
+  EXPECT_NEAR(lm_learning_rate(t, 13, 13), 1e-3, 1e-12);
+  const auto a = lm_rope_angles(c.model, 16);
+  ASSERT_EQ(a.size(), 16u * 4u);
+  EXPECT_FLOAT_EQ(a[5 * 4 + 0], 5.f);
+  EXPECT_FLOAT_EQ(a[5 * 4 + 2], static_cast<float>(5 * std::pow(10000.0, -4.0 / 8)));
+}
+
+TEST(LmConfig, AdamWAsTorchAndTheClipCoefficient) {
+  std::vector<float> p = {1.0f, -2.0f}, m = {0.f, 0.f}, v = {0.f, 0.f}, g = {0.5f, -1.0f};
+  const AdamWHyper h{0.1, 0.9, 0.95, 1e-8, 0.1};
+  adamw_step({{&p, &m, &v, &g, true}}, h, 1, 1.0);
+  // t = 1: m/c1 = g, v/c2 = g^2, so the step is lr * sign(g) (up to eps); decay first.
+  EXPECT_NEAR(p[0], 1.0 * (1 - 0.01) - 0.1, 1e-6);
+  EXPECT_NEAR(p[1], -2.0 * (1 - 0.01) + 0.1, 1e-6);
+  EXPECT_NEAR(m[0], 0.05, 1e-7);
+  EXPECT_NEAR(v[1], 0.05, 1e-7);
+  std::vector<float> q = {3.0f}, m2 = {0.f}, v2 = {0.f}, g2 = {4.0f};
+  EXPECT_DOUBLE_EQ(global_grad_norm({{&p, &m, &v, &g, true}, {&q, &m2, &v2, &g2, false}}),
+                   std::sqrt(0.25 + 1.0 + 16.0));
+  EXPECT_NEAR(clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-15);
+  EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0);
+}
+
+TEST(LmData, TokenFilesAreCheckedAndBatchedByTheRule) {
+  TempDir d;
+  ASSERT_TRUE(write_tokens(d.file("t.npy"), 100, 1).ok());
+  auto s = load_token_stream(d.file("t.npy"), 32, 16);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->sequences(16), 6);  // (100 - 1) / 16
+  std::vector<int32_t> ids, labels;
+  lm_micro_batch(*s, 16, 2, 5, &ids, &labels);  // sequences 5 and 6 = 0 (wraps)
+  EXPECT_EQ(ids[0], s->tokens[80]);
+  EXPECT_EQ(labels[15], s->tokens[96]);
+  EXPECT_EQ(ids[16], s->tokens[0]);
+  EXPECT_EQ(labels[16], s->tokens[1]);
+
+  auto too_short = load_token_stream(d.file("t.npy"), 32, 100);
+  ASSERT_FALSE(too_short.ok());
+  EXPECT_NE(too_short.status().message().find("too few for one sequence of 100"), std::string::npos);
+  auto vocab = load_token_stream(d.file("t.npy"), 8, 16);
+  ASSERT_FALSE(vocab.ok());
+  EXPECT_NE(vocab.status().message().find("outside the model's vocabulary [0, 8)"), std::string::npos);
+  HostTensor f;
+  f.dtype = DType::kFP32;
+  f.dims = {4, 4};
+  f.strides = {4, 1};
+  f.data.resize(64);
+  ASSERT_TRUE(write_npy(d.file("f.npy"), f).ok());
+  auto fl = load_token_stream(d.file("f.npy"), 32, 2);
+  ASSERT_FALSE(fl.ok());
+  EXPECT_NE(fl.status().message().find("where integers are expected"), std::string::npos)
+      << fl.status().ToString();
+  write_text(d.file("text.npy"), "Once upon a time, this was text, not tokens.\n");
+  auto txt = load_token_stream(d.file("text.npy"), 32, 2);
+  ASSERT_FALSE(txt.ok());
+  EXPECT_NE(txt.status().message().find("not a .npy file"), std::string::npos) << txt.status().ToString();
+}
+
+TEST(LmTrainer, DerivedGradientsMatchFiniteDifferences) {
+  TempDir d;
+  auto t = LmTrainer::create(tiny(), {d.path, 10, TrainBackend::kReference});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto g = (*t)->check_gradients(8);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->rows.size(), lm_parameters(tiny().model).size()) << "one gradient per parameter";
+  for (const auto& row : g->rows) EXPECT_TRUE(row.pass) << row.ToString();
+}
+
+TEST(LmTrainer, LossFallsOverTwentyStepsAndResumesExactly) {
+  TempDir d;
+  ASSERT_TRUE(write_tokens(d.file("train.npy"), 4000, 3).ok());
+  auto data = load_token_stream(d.file("train.npy"), 32, 16);
+  ASSERT_TRUE(data.ok());
+  auto t = LmTrainer::create(tiny(), {d.file("a"), 20, TrainBackend::kReference});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::vector<double> losses;
+  for (int s = 0; s < 20; ++s) {
+    auto r = (*t)->step(*data);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->step, s);
+    EXPECT_GT(r->grad_norm, 0);
+    losses.push_back(r->loss);
+    if (s == 9) ASSERT_TRUE((*t)->save_checkpoint(d.file("ck.safetensors")).ok());
+  }
+  EXPECT_NEAR(losses[0], std::log(32.0), 0.1) << "an untrained model is near uniform";
+  const double last = (losses[17] + losses[18] + losses[19]) / 3;
+  EXPECT_LT(last, losses[0] - 0.5) << "the loss must fall: " << losses[0] << " -> " << last;
+  EXPECT_EQ((*t)->sequences_done(), 80);
+
+  // A second trainer resumed at step 10 takes the same steps, bit for bit.
+  auto u = LmTrainer::create(tiny(), {d.file("b"), 20, TrainBackend::kReference});
+  ASSERT_TRUE(u.ok());
+  ASSERT_TRUE((*u)->load_checkpoint(d.file("ck.safetensors")).ok());
+  EXPECT_EQ((*u)->steps_done(), 10);
+  for (int s = 10; s < 20; ++s) {
+    auto r = (*u)->step(*data);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->loss, losses[static_cast<size_t>(s)]) << "step " << s;
+  }
+  EXPECT_EQ((*u)->parameters(), (*t)->parameters());
+  auto gen = (*t)->generate({1, 2, 3}, 4);
+  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+  EXPECT_EQ(gen->size(), 4u);
+}
+
+TEST(LmTrainer, BadCheckpointsAndNonFiniteLossesAreRefusedByName) {
+  TempDir d;
+  auto t = LmTrainer::create(tiny(), {d.file("a"), 5, TrainBackend::kReference});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*t)->save_checkpoint(d.file("tiny.safetensors")).ok());
+  LmConfig wider = tiny();
+  wider.model.dim = 48;
+  auto w = LmTrainer::create(wider, {d.file("b"), 5, TrainBackend::kReference});
+  ASSERT_TRUE(w.ok());
+  Status st = (*w)->load_checkpoint(d.file("tiny.safetensors"));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("tensor 'tok_embeddings'"), std::string::npos) << st.ToString();
+  write_text(d.file("junk.safetensors"), "not a checkpoint at all");
+  EXPECT_FALSE((*t)->load_checkpoint(d.file("junk.safetensors")).ok());
+
+  // Output weights of 3e38 (bf16's largest): the logits overflow and the step stops, naming it.
+  std::vector<SafetensorsEntry> e;
+  const auto params = lm_parameters(tiny().model);
+  std::vector<std::vector<float>> store;
+  store.reserve(3 * params.size());  // the entries point into it
+  for (const std::string prefix : {"", "adam_m.", "adam_v."})
+    for (const LmParameter& p : params) {
+      const float x = !prefix.empty() ? 0.f : p.name == "output" ? 3e38f : p.init_std == 0 ? 1.f : 0.01f;
+      store.emplace_back(static_cast<size_t>(p.elements()), x);
+      e.push_back({prefix + p.name, p.shape, store.back().data()});
+    }
+  ASSERT_TRUE(
+      write_safetensors_f32(
+          d.file("huge.safetensors"), e,
+          {{"format", "fusebox-lm/1"}, {"step", "0"}, {"sequences", "0"}, {"config", lm_config_json(tiny())}})
+          .ok());
+  ASSERT_TRUE((*t)->load_checkpoint(d.file("huge.safetensors")).ok());
+  TempDir dd;
+  ASSERT_TRUE(write_tokens(dd.file("t.npy"), 200, 1).ok());
+  auto data = load_token_stream(dd.file("t.npy"), 32, 16);
+  ASSERT_TRUE(data.ok());
+  const auto before = (*t)->parameters();
+  auto r = (*t)->step(*data);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("step 0"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("non-finite"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ((*t)->parameters(), before) << "a failed step changes nothing";
+}
+
+}  // namespace
+}  // namespace fusebox

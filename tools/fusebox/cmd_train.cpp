@@ -1,0 +1,270 @@
+// fusebox train lm: train the Llama-style language model of docs/lm.md (issue 33) through
+// fusebox/train.h. The command parses, shows progress and writes files; the step is the
+// library's.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common.h"
+#include "common/file_io.h"
+#include "common/json_text.h"
+#include "fusebox/train.h"
+
+namespace fusebox::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct TrainArgs {
+  std::string config, data, out, backend = "reference", dump_grads, prompt;
+  int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1;
+  bool resume = false, check_gradients = false;
+};
+
+// docs/lm.md's vocab_bytes.json: each id's bytes, for printing generated text.
+Result<std::vector<std::string>> load_vocab_bytes(const std::string& path, int64_t vocab) {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, 64u << 20, "vocabulary file"));
+  if (common::scan_json_text(text, 4, static_cast<size_t>(vocab) + 16).kind !=
+      common::JsonTextLimit::Kind::kNone)
+    return ParseError(path + ": not a vocabulary file (too deep, too many values or a NUL byte)");
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+    return ParseError(path + ": expected {\"vocab\": V, \"tokens\": [hex strings]}");
+  const auto& toks = j["tokens"];
+  if (static_cast<int64_t>(toks.size()) != vocab)
+    return InvalidArgument(path + ": holds " + std::to_string(toks.size()) +
+                           " tokens, the model's vocabulary is " + std::to_string(vocab));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < toks.size(); ++i) {
+    if (!toks[i].is_string())
+      return ParseError(path + ": token " + std::to_string(i) + " is not a hex string");
+    const std::string& h = toks[i].get_ref<const std::string&>();
+    if (h.size() % 2 != 0 || h.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+      return ParseError(path + ": token " + std::to_string(i) + " '" + h.substr(0, 32) +
+                        "' is not a hex string");
+    std::string bytes;
+    for (size_t k = 0; k < h.size(); k += 2)
+      bytes += static_cast<char>(std::stoi(h.substr(k, 2), nullptr, 16));
+    out.push_back(std::move(bytes));
+  }
+  return out;
+}
+
+std::string printable(const std::vector<int32_t>& ids, const std::vector<std::string>& vocab) {
+  std::string s;
+  for (int32_t id : ids) s += vocab.empty() ? "[" + std::to_string(id) + "]" : vocab[static_cast<size_t>(id)];
+  std::string out;  // control bytes shown escaped; text (UTF-8 included) as is
+  for (unsigned char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string duration(double s) {
+  char b[32];
+  if (s >= 3600)
+    std::snprintf(b, sizeof b, "%dh%02dm", static_cast<int>(s / 3600),
+                  static_cast<int>(std::fmod(s, 3600) / 60));
+  else
+    std::snprintf(b, sizeof b, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(std::fmod(s, 60)));
+  return b;
+}
+
+int run_train(const TrainArgs& a) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "fusebox train lm: %s\n", st.ToString().c_str());
+    return exit_code_for(st);
+  };
+  auto cfg = load_lm_config(a.config);
+  if (!cfg.ok()) return fail(cfg.status());
+  if (a.val_batches > 0) cfg->train.val_batches = a.val_batches;
+  const int64_t S = cfg->model.context;
+  // The data: a folder (train.npy, val.npy, vocab_bytes.json) or one token file.
+  std::string train_path = a.data, val_path, vocab_path;
+  if (fs::is_directory(a.data)) {
+    train_path = (fs::path(a.data) / "train.npy").string();
+    if (fs::exists(fs::path(a.data) / "val.npy")) val_path = (fs::path(a.data) / "val.npy").string();
+    if (fs::exists(fs::path(a.data) / "vocab_bytes.json"))
+      vocab_path = (fs::path(a.data) / "vocab_bytes.json").string();
+  }
+  auto train = load_token_stream(train_path, cfg->model.vocab, S);
+  if (!train.ok()) return fail(train.status());
+  std::optional<TokenStream> val;
+  if (!val_path.empty()) {
+    auto v = load_token_stream(val_path, cfg->model.vocab, S);
+    if (!v.ok()) return fail(v.status());
+    val = std::move(*v);
+  }
+  std::vector<std::string> vocab;
+  if (!vocab_path.empty()) {
+    auto v = load_vocab_bytes(vocab_path, cfg->model.vocab);
+    if (!v.ok()) return fail(v.status());
+    vocab = std::move(*v);
+  }
+  const fs::path out(a.out);
+  const std::string ckpt = (out / "checkpoint.safetensors").string(),
+                    init = (out / "init.safetensors").string(), csv = (out / "losses.csv").string();
+  std::error_code ec;
+  if (!a.resume && fs::exists(ckpt))
+    return fail(InvalidArgument(
+        a.out + " already holds a checkpoint: pass --resume to continue it, or another --out"));
+  if (a.resume && !fs::exists(ckpt)) return fail(InvalidArgument("--resume: " + ckpt + " does not exist"));
+  fs::create_directories(out, ec);
+  if (ec) return fail(IoError(a.out + ": cannot create the folder: " + ec.message()));
+  if (Status st = common::check_outputs_spare_inputs(
+          {{"checkpoint", ckpt},
+           {"initial checkpoint", init},
+           {"loss log", csv},
+           {"--dump-grads", a.dump_grads}},
+          {{"--config", a.config}, {"training tokens", train_path}, {"validation tokens", val_path}});
+      !st.ok())
+    return fail(st);
+
+  LmTrainerOptions opt;
+  opt.work_dir = (out / "pipelines").string();
+  opt.total_steps = a.steps;
+  opt.backend = a.backend == "gpu" ? TrainBackend::kGpu : TrainBackend::kReference;
+  auto trainer = LmTrainer::create(*cfg, opt);
+  if (!trainer.ok()) return fail(trainer.status());
+  LmTrainer& t = **trainer;
+  std::string log = "step,loss,lr,grad_norm,tokens_per_s\n";
+  if (a.resume) {
+    if (Status st = t.load_checkpoint(ckpt); !st.ok()) return fail(st);
+    // The loss log keeps the rows of the steps the checkpoint holds.
+    if (auto old = common::read_file_bounded(csv, 256u << 20, "loss log"); old.ok()) {
+      std::istringstream in(*old);
+      std::string line;
+      std::getline(in, line);
+      while (std::getline(in, line))
+        if (!line.empty() && std::atoll(line.c_str()) < t.steps_done()) log += line + "\n";
+    }
+    std::printf("resumed %s at step %lld (sequence %lld)\n", ckpt.c_str(),
+                static_cast<long long>(t.steps_done()), static_cast<long long>(t.sequences_done()));
+  } else if (Status st = t.save_checkpoint(init); !st.ok()) {
+    return fail(st);
+  }
+  const LmModelConfig& m = cfg->model;
+  std::printf(
+      "model: %lld parameters (%lld without embeddings), %lld layers, dim %lld, %lld/%lld heads, vocab %lld, "
+      "context %lld; batch %lld x %lld micro-batches; backend %s\n",
+      static_cast<long long>(lm_parameter_count(m)), static_cast<long long>(lm_parameter_count(m, false)),
+      static_cast<long long>(m.layers), static_cast<long long>(m.dim), static_cast<long long>(m.heads),
+      static_cast<long long>(m.kv_heads), static_cast<long long>(m.vocab), static_cast<long long>(S),
+      static_cast<long long>(cfg->train.batch), static_cast<long long>(cfg->train.accum), a.backend.c_str());
+  std::printf("data: %s, %zu tokens (%lld sequences)%s\n", train_path.c_str(), train->tokens.size(),
+              static_cast<long long>(train->sequences(S)),
+              val ? (", validation " + std::to_string(val->tokens.size()) + " tokens").c_str() : "");
+  std::printf("saved activations per micro-batch: %.1f MiB\n",
+              static_cast<double>(t.saved_activation_bytes()) / (1 << 20));
+  if (a.check_gradients) {
+    auto g = t.check_gradients(std::min<int64_t>(S, 8));
+    if (!g.ok()) return fail(g.status());
+    int failed = 0;
+    for (const auto& row : g->rows) failed += row.pass ? 0 : 1;
+    std::printf(
+        "gradient check (finite differences, fp32, batch 1 x %lld tokens): %zu gradients, %d failed\n",
+        static_cast<long long>(std::min<int64_t>(S, 8)), g->rows.size(), failed);
+    for (const auto& row : g->rows)
+      if (!row.pass) std::printf("  %s\n", row.ToString().c_str());
+    if (!g->pass()) return fail(Status(StatusCode::kVerificationFailed, "the gradient check failed"));
+  }
+  const bool tty = isatty(fileno(stderr));
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t first = t.steps_done();
+  if (first >= a.steps)
+    std::printf("the checkpoint is at step %lld: no steps left of %lld\n", static_cast<long long>(first),
+                static_cast<long long>(a.steps));
+  for (int64_t s = first; s < a.steps; ++s) {
+    auto r = t.step(*train);
+    if (!r.ok()) {
+      if (tty) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "fusebox train lm: the last checkpoint (%s) is unchanged\n",
+                   fs::exists(ckpt) ? ckpt.c_str() : init.c_str());
+      return fail(r.status());
+    }
+    const double tps = static_cast<double>(r->tokens) / r->seconds;
+    char row[160];
+    std::snprintf(row, sizeof row, "%lld,%.6f,%.6g,%.6f,%.1f\n", static_cast<long long>(r->step), r->loss,
+                  r->lr, r->grad_norm, tps);
+    log += row;
+    if (s == first && !a.dump_grads.empty())
+      if (Status st = t.save_gradients(a.dump_grads); !st.ok()) return fail(st);
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double eta = elapsed / static_cast<double>(s - first + 1) * static_cast<double>(a.steps - s - 1);
+    std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.3g  |g| %.3f  %.0f tok/s  ETA %s%s",
+                 tty ? "\r" : "", static_cast<long long>(s + 1), static_cast<long long>(a.steps), r->loss,
+                 r->lr, r->grad_norm, tps, duration(eta).c_str(), tty ? "   " : "\n");
+    if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
+      if (Status st = t.save_checkpoint(ckpt); !st.ok()) return fail(st);
+      if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (Status st = t.save_checkpoint(ckpt); !st.ok()) return fail(st);
+  if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
+  std::printf("checkpoint: %s (step %lld); losses: %s\n", ckpt.c_str(),
+              static_cast<long long>(t.steps_done()), csv.c_str());
+  if (val) {
+    auto vl = t.validation_loss(*val, cfg->train.val_batches);
+    if (!vl.ok()) return fail(vl.status());
+    std::printf("validation loss: %.4f (%lld micro-batches of %s)\n", *vl,
+                static_cast<long long>(cfg->train.val_batches), val_path.c_str());
+    const int64_t np = std::min<int64_t>(a.prompt_tokens, S - 1);
+    const int64_t ng = std::min<int64_t>(a.generate, S - np);
+    if (np > 0 && ng > 0 && static_cast<int64_t>(val->tokens.size()) >= np) {
+      std::vector<int32_t> prompt(val->tokens.begin(), val->tokens.begin() + np);
+      auto g = t.generate(prompt, ng);
+      if (!g.ok()) return fail(g.status());
+      std::printf("greedy continuation of the validation text:\n  prompt: %s\n  model:  %s\n",
+                  printable(prompt, vocab).c_str(), printable(*g, vocab).c_str());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  auto* train = app.add_subcommand("train", "Train a model (docs/training.md)");
+  train->require_subcommand(1);
+  auto* cmd = train->add_subcommand("lm", "Train the Llama-style language model of docs/lm.md");
+  cmd->add_option("--config", a->config, "Model and training config JSON (docs/lm.md)")->required();
+  cmd->add_option("--data", a->data,
+                  "Data folder (train.npy, val.npy, vocab_bytes.json) or one token .npy file")
+      ->required();
+  cmd->add_option("--steps", a->steps, "Optimizer steps in all (the schedule's length)")
+      ->required()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--out", a->out, "Output folder: checkpoints, losses.csv, the generated pipelines")
+      ->required();
+  cmd->add_flag("--resume", a->resume, "Continue from OUT/checkpoint.safetensors");
+  cmd->add_option("--backend", a->backend, "reference (CPU, small models) or gpu")
+      ->check(CLI::IsMember({"reference", "gpu"}));
+  cmd->add_option("--save-every", a->save_every, "Also write the checkpoint every K steps")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--dump-grads", a->dump_grads,
+                  "Write the first step's gradients (safetensors, grad.<name>) for a comparison");
+  cmd->add_option("--val-batches", a->val_batches, "Validation micro-batches (default: the config's)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--generate", a->generate, "Tokens of greedy continuation printed at the end (0: none)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_flag("--check-gradients", a->check_gradients,
+                "Before training, check the derived backward against finite differences (small models)");
+  return [a]() { return run_train(*a); };
+}
+
+}  // namespace fusebox::cli
