@@ -69,11 +69,13 @@ fi
 # scikit-build-core for the wheel of the Python module (ctest `python_wheel`,
 # `pip wheel .`). torch is not installed (several GB): the tests that need it skip.
 # tokenizers, pinned, for the language model's data (fusebox_tools.models.lm_data, docs/lm-data.md).
+# matplotlib, pinned, for the loss curves (fusebox_tools.models.lm_plot, `fusebox train lm`).
 TOKENIZERS_VERSION=0.23.3
-if ! python3 -c "import pytest, numpy, scikit_build_core, tokenizers; assert tokenizers.__version__ == '$TOKENIZERS_VERSION'" >/dev/null 2>&1; then
-  echo "setup: installing pytest, numpy, scikit-build-core and tokenizers==$TOKENIZERS_VERSION (pip)"
+MATPLOTLIB_VERSION=3.11.2
+if ! python3 -c "import pytest, numpy, scikit_build_core, tokenizers, matplotlib; assert tokenizers.__version__ == '$TOKENIZERS_VERSION'; assert matplotlib.__version__ == '$MATPLOTLIB_VERSION'" >/dev/null 2>&1; then
+  echo "setup: installing pytest, numpy, scikit-build-core, tokenizers==$TOKENIZERS_VERSION and matplotlib==$MATPLOTLIB_VERSION (pip)"
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore pytest numpy scikit-build-core \
-    "tokenizers==$TOKENIZERS_VERSION"
+    "tokenizers==$TOKENIZERS_VERSION" "matplotlib==$MATPLOTLIB_VERSION"
 fi
 # Real model weights for docs/models.md, only when asked (never for make test):
 # FUSEBOX_MODELS=minilm scripts/setup.sh (a comma-separated list).

@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 struct TrainArgs {
   std::string config, data, out, backend = "reference", dump_grads, prompt;
-  int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1;
-  bool resume = false, check_gradients = false;
+  int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1, stop_after = 0;
+  bool resume = false, check_gradients = false, no_plot = false;
 };
 
 // docs/lm.md's vocab_bytes.json: each id's bytes, for printing generated text.
@@ -128,6 +128,7 @@ int run_train(const TrainArgs& a) {
           {{"checkpoint", ckpt},
            {"initial checkpoint", init},
            {"loss log", csv},
+           {"loss plot", (out / "loss.png").string()},
            {"--dump-grads", a.dump_grads}},
           {{"--config", a.config}, {"training tokens", train_path}, {"validation tokens", val_path}});
       !st.ok())
@@ -187,7 +188,8 @@ int run_train(const TrainArgs& a) {
   if (first >= a.steps)
     std::printf("the checkpoint is at step %lld: no steps left of %lld\n", static_cast<long long>(first),
                 static_cast<long long>(a.steps));
-  for (int64_t s = first; s < a.steps; ++s) {
+  const int64_t last = a.stop_after > 0 ? std::min(a.steps, first + a.stop_after) : a.steps;
+  for (int64_t s = first; s < last; ++s) {
     auto r = t.step(*train);
     if (!r.ok()) {
       if (tty) std::fprintf(stderr, "\n");
@@ -207,7 +209,7 @@ int run_train(const TrainArgs& a) {
     std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.3g  |g| %.3f  %.0f tok/s  ETA %s%s",
                  tty ? "\r" : "", static_cast<long long>(s + 1), static_cast<long long>(a.steps), r->loss,
                  r->lr, r->grad_norm, tps, duration(eta).c_str(), tty ? "   " : "\n");
-    if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < a.steps) {
+    if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < last) {
       if (Status st = t.save_checkpoint(ckpt); !st.ok()) return fail(st);
       if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
     }
@@ -217,6 +219,14 @@ int run_train(const TrainArgs& a) {
   if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
   std::printf("checkpoint: %s (step %lld); losses: %s\n", ckpt.c_str(),
               static_cast<long long>(t.steps_done()), csv.c_str());
+  if (!a.no_plot) {
+    // The loss curve, by matplotlib (fusebox_tools.models.lm_plot); a missing matplotlib is a note.
+    const std::string png = (out / "loss.png").string();
+    if (run_python_module("train lm",
+                          {"fusebox_tools.models.lm_plot", "fusebox_tools/models/lm_plot.py", "matplotlib"},
+                          {"--out", png, "--title", "fusebox train lm: " + a.config, csv}) != 0)
+      std::printf("loss plot: not written (above)\n");
+  }
   if (val) {
     auto vl = t.validation_loss(*val, cfg->train.val_batches);
     if (!vl.ok()) return fail(vl.status());
@@ -262,6 +272,12 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--generate", a->generate, "Tokens of greedy continuation printed at the end (0: none)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  cmd->add_option(
+         "--stop-after", a->stop_after,
+         "Take at most K steps in this run, then write the checkpoint and stop (--resume goes on; the "
+         "schedule stays --steps long)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_flag("--no-plot", a->no_plot, "Do not draw OUT/loss.png (matplotlib, through python3)");
   cmd->add_flag("--check-gradients", a->check_gradients,
                 "Before training, check the derived backward against finite differences (small models)");
   return [a]() { return run_train(*a); };

@@ -115,6 +115,17 @@ Runner add_train(CLI::App& app);
 Runner add_pipeline_backward(CLI::App& pipeline);  // `pipeline backward`, in cmd_backward.cpp
 // An op's traits as JSON (fusebox ops, check --json).
 nlohmann::ordered_json traits_json(const OpTraitsInfo& t);
+// A Python runner of fusebox_tools: `module` (python3 -m), the file that shows where the tools
+// are (`file`, relative to the python folder) and what the interpreter needs (for messages).
+struct PythonRunner {
+  const char* module;
+  const char* file;
+  const char* needs;
+};
+// Runs `python3 -m module --fusebox <this binary> ARGS...` ($FUSEBOX_PYTHON, $FUSEBOX_PYTHONPATH)
+// and returns its exit code; errors in starting it are reported as `fusebox COMMAND: ...`.
+int run_python_module(const std::string& command, const PythonRunner& r,
+                      const std::vector<std::string>& args);
 // `fusebox model embed ARGS...`: the Python runner with ARGS verbatim; its exit code.
 int run_model_embed(const std::vector<std::string>& args);
 

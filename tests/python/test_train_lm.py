@@ -1,0 +1,137 @@
+"""`fusebox train lm` on the CPU (the reference backend), checked against the independent numpy
+model (fusebox_tools.models.lm_numpy): the tiny model of examples/train/lm_tiny.json trained for
+20 steps on a BPE tokenization of the repository's own docs. Issue 33's CI run: step-0 gradients
+against finite differences (--check-gradients) and against numpy, the loss falls, the 20 losses
+follow numpy's, a resume is exact, and bad files are one clear error."""
+import csv
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fusebox_tools.core.graph import REPO_ROOT
+
+pytest.importorskip("tokenizers", reason="the tokenizers package is missing (scripts/setup.sh installs it)")
+
+CONFIG = os.path.join(REPO_ROOT, "examples", "train", "lm_tiny.json")
+
+
+def _py(*args):
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def _train(fusebox, data, out, *extra):
+    return subprocess.run([fusebox, "train", "lm", "--config", CONFIG, "--data", str(data), "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=600)
+
+
+def _losses(path):
+    with open(path) as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lm") / "data"
+    docs = sorted(os.path.join(REPO_ROOT, "docs", f) for f in os.listdir(os.path.join(REPO_ROOT, "docs"))
+                  if f.endswith(".md"))
+    p = _py("fusebox_tools.models.lm_data", "prepare", "--text", *docs, "--vocab", "512", "--out", str(d))
+    assert p.returncode == 0, p.stderr
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(fusebox, data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lm") / "run"
+    p = _train(fusebox, data, out, "--steps", "20", "--check-gradients", "--dump-grads", str(out / "grads.safetensors"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    return out, p.stdout
+
+
+def test_gradients_check_and_the_loss_falls(run):
+    out, stdout = run
+    assert "gradient check (finite differences" in stdout and ": 21 gradients, 0 failed" in stdout, stdout
+    losses = _losses(out / "losses.csv")
+    assert len(losses) == 20
+    assert abs(losses[0] - np.log(512)) < 0.1, "an untrained model is near uniform"
+    assert np.mean(losses[-3:]) < losses[0] - 0.5, losses
+    assert "validation loss:" in stdout and "greedy continuation" in stdout
+    for f in ("checkpoint.safetensors", "init.safetensors", "losses.csv", "loss.png"):
+        assert (out / f).is_file()
+
+
+def test_step0_gradients_and_20_losses_match_numpy(run, data, tmp_path):
+    out, _ = run
+    p = _py("fusebox_tools.models.lm_numpy", "grads", "--checkpoint", str(out / "init.safetensors"), "--data",
+            str(data), "--out", str(tmp_path / "np.safetensors"))
+    assert p.returncode == 0, p.stderr
+    # fusebox runs bf16 weights and activations, numpy float64: within 3e-2 rel-L2 per tensor.
+    p = _py("fusebox_tools.models.lm_torch", "compare-grads", str(out / "grads.safetensors"),
+            str(tmp_path / "np.safetensors"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "PASS: 21 tensors" in p.stdout
+    p = _py("fusebox_tools.models.lm_numpy", "train", "--checkpoint", str(out / "init.safetensors"), "--data",
+            str(data), "--steps", "20", "--csv", str(tmp_path / "np.csv"))
+    assert p.returncode == 0, p.stderr
+    ours, theirs = _losses(out / "losses.csv"), _losses(tmp_path / "np.csv")
+    assert len(theirs) == 20
+    diff = np.abs(np.array(ours) - np.array(theirs))
+    assert diff.max() < 0.02, f"largest loss difference {diff.max():.4f} nats: {list(zip(ours, theirs))}"
+
+
+def test_resume_continues_exactly(fusebox, data, run, tmp_path):
+    out, _ = run
+    part = tmp_path / "part"
+    p = _train(fusebox, data, part, "--steps", "20", "--stop-after", "7", "--generate", "0")
+    assert p.returncode == 0, p.stderr
+    assert len(_losses(part / "losses.csv")) == 7
+    p = _train(fusebox, data, part, "--steps", "20", "--resume", "--generate", "0")
+    assert p.returncode == 0, p.stderr
+    assert "at step 7" in p.stdout, p.stdout
+    # Same schedule, same data position, same state: the same 20 losses, bit for bit.
+    assert _losses(part / "losses.csv") == _losses(out / "losses.csv")
+    assert (part / "checkpoint.safetensors").read_bytes() == (out / "checkpoint.safetensors").read_bytes()
+    p = _train(fusebox, data, part, "--steps", "20", "--resume", "--generate", "0")
+    assert p.returncode == 0 and "no steps left" in p.stdout, p.stdout + p.stderr
+
+
+def test_bad_files_are_one_clear_error(fusebox, data, run, tmp_path):
+    out, _ = run
+    # Text where tokens belong.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.npy").write_text("It was a dark and stormy night; this is not a token file.\n")
+    p = _train(fusebox, bad, tmp_path / "o1", "--steps", "2")
+    assert p.returncode != 0 and "not a .npy file" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    # Too short for one batch's sequence.
+    np.save(bad / "train.npy", np.arange(10, dtype=np.uint16))
+    p = _train(fusebox, bad, tmp_path / "o2", "--steps", "2")
+    assert p.returncode != 0 and "too few for one sequence of 32" in p.stderr, p.stderr
+    # Ids outside the vocabulary.
+    np.save(bad / "train.npy", np.full(1000, 600, dtype=np.uint16))
+    p = _train(fusebox, bad, tmp_path / "o3", "--steps", "2")
+    assert p.returncode != 0 and "outside the model's vocabulary [0, 512)" in p.stderr, p.stderr
+    # An existing checkpoint is never overwritten without --resume.
+    before = (out / "checkpoint.safetensors").read_bytes()
+    p = _train(fusebox, data, out, "--steps", "2")
+    assert p.returncode != 0 and "pass --resume" in p.stderr, p.stderr
+    assert (out / "checkpoint.safetensors").read_bytes() == before
+    # A truncated checkpoint: refused, and left as it was.
+    trunc = tmp_path / "trunc"
+    trunc.mkdir()
+    (trunc / "checkpoint.safetensors").write_bytes(before[:1000])
+    p = _train(fusebox, data, trunc, "--steps", "25", "--resume")
+    assert p.returncode != 0 and "checkpoint.safetensors" in p.stderr, p.stderr
+    assert (trunc / "checkpoint.safetensors").read_bytes() == before[:1000]
+    # A checkpoint of another model config names the first mismatched tensor.
+    wide = tmp_path / "wide.json"
+    wide.write_text(open(CONFIG).read().replace('"dim": 64', '"dim": 96'))
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    p = subprocess.run([fusebox, "train", "lm", "--config", str(wide), "--data", str(data), "--out", str(other),
+                        "--steps", "25", "--resume"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and "tensor 'tok_embeddings'" in p.stderr, p.stderr
