@@ -41,6 +41,9 @@ struct BackwardOptions {
   // that carry none) is left out instead of being an error. For callers that
   // pass every input that might need one (a pipeline's stages).
   bool only_reachable = false;
+  // Backward ops without atomics where a rule has the choice (embedding_bwd's per-column sum):
+  // the same inputs give the same bits (a training run that resumes exactly).
+  bool deterministic = false;
 };
 
 // Where a backward graph input gets its values.

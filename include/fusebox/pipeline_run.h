@@ -101,10 +101,15 @@ class PipelineExecutor {
   // Allocates every buffer, uploads `data` (every input and constant),
   // poisons the rest with NaN bytes (0xFF) and binds each stage's plan
   // (`plans` by stage index) with session.bind(). The session, pipeline and
-  // plans must outlive the executor.
+  // plans must outlive the executor. `external`: buffers (by index) whose device memory the
+  // caller owns (at least the buffer's storage bytes): used as they are, neither allocated nor
+  // poisoned, uploaded only when `data` holds them; an input or constant among them needs no
+  // data (the caller fills it). Another executor's buffers, for a backward that reads the
+  // forward's saved activations, or a trainer's weights.
   static Result<std::unique_ptr<PipelineExecutor>> create(Session& session, const Pipeline& p,
                                                           const std::vector<const Plan*>& plans,
-                                                          const PipelineHostData& data);
+                                                          const PipelineHostData& data,
+                                                          const std::map<int, void*>& external = {});
   ~PipelineExecutor();
 
   // Bound plans in Pipeline::order; step i runs stage step_stages()[i].

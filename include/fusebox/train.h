@@ -7,7 +7,9 @@
 // weights, bf16 working copies and fp32 moments.
 //
 // Backends: kReference runs every stage through the CPU reference (tiny models: the CI
-// training run, gradient checks); the GPU step is not built yet and is refused by name.
+// training run, gradient checks); kGpu runs the step on the GPU (src/train/gpu_step.h: cuDNN
+// plans and fusebox's kernels per stage, the optimizer in one launch, the step replayed as one
+// CUDA graph from the second on).
 #pragma once
 
 #include <cstdint>
@@ -87,6 +89,7 @@ struct LmTrainerOptions {
   std::string work_dir;     // the generated pipelines go to work_dir/forward and work_dir/backward
   int64_t total_steps = 0;  // the schedule's length
   TrainBackend backend = TrainBackend::kReference;
+  std::string plan_cache;  // kGpu: the plan cache file ("" none)
 };
 
 struct LmStepResult {
@@ -96,6 +99,7 @@ struct LmStepResult {
   double lr = 0;
   double seconds = 0;
   int64_t tokens = 0;
+  bool cuda_graph = false;  // kGpu: the step replayed as one CUDA graph
 };
 
 class LmTrainer {
@@ -134,6 +138,9 @@ class LmTrainer {
   // Bytes the step keeps: parameters, moments, gradients and the saved activations of one
   // micro-batch (the backward's saved buffers).
   int64_t saved_activation_bytes() const;
+  // kGpu: the device memory the step holds, and how its plans were built; 0 and "" otherwise.
+  int64_t device_bytes() const;
+  std::string plan_summary() const;
 
  private:
   struct Impl;

@@ -94,6 +94,7 @@ class Deriver final : public GradContext {
     auto g = grads_.find(fwd_.tensors[it->second].name);
     return g == grads_.end() ? "" : g->second;
   }
+  bool deterministic() const override { return deterministic_; }
   bool wants(std::string_view role) const override {
     auto it = op().inputs.find(std::string(role));
     return it != op().inputs.end() && needs_[it->second] && grad_role(op(), it->first);
@@ -152,6 +153,7 @@ class Deriver final : public GradContext {
   const ResolvedGraph& fwd_;
   BackwardGraph b_;
   int cur_ = -1;
+  bool deterministic_ = false;
   std::set<std::string> taken_;
   std::map<int, int> producer_;                       // forward tensor -> the op that makes it
   std::vector<bool> needs_;                           // forward tensor -> on a path from a wrt input
@@ -344,6 +346,7 @@ Status Deriver::publish(const std::string& name, const std::string& want, const 
 }
 
 Result<BackwardGraph> Deriver::run(const BackwardOptions& opt) {
+  deterministic_ = opt.deterministic;
   const int nt = static_cast<int>(fwd_.tensors.size());
   // wrt: the inputs to differentiate.
   std::vector<int> wrt;

@@ -186,6 +186,7 @@ Result<PipelineBackward> PipelineDeriver::run(const BackwardOptions& opt) {
     const ResolvedGraph& g = st.graph;
     BackwardOptions so;
     so.only_reachable = true;
+    so.deterministic = opt.deterministic;
     for (const auto& [t, b] : st.bind) {
       const int ti = g.find_tensor(t);
       if (ti < 0) continue;

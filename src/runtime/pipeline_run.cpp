@@ -290,7 +290,8 @@ PipelineExecutor::~PipelineExecutor() = default;
 
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& session, const Pipeline& p,
                                                                    const std::vector<const Plan*>& plans,
-                                                                   const PipelineHostData& data) {
+                                                                   const PipelineHostData& data,
+                                                                   const std::map<int, void*>& external) {
   if (session.deviceless() || !session.context())
     return Status(StatusCode::kNoDevice, where(p) + ": a deviceless session cannot run a pipeline");
   if (plans.size() != p.stages.size())
@@ -306,10 +307,17 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
     if (buf.is_view()) continue;  // below, once its parent has memory
     const ResolvedTensor t = buffer_tensor(p, static_cast<int>(bi));
     const int64_t bytes = std::max<int64_t>(t.storage_bytes(), 1);
-    DeviceBuffer& d = impl->buffers[bi];
-    FUSEBOX_RETURN_IF_ERROR(d.allocate(static_cast<size_t>(bytes), where(p) + ": buffer " + sq(buf.name)));
-    impl->ptrs[bi] = d.get();
-    impl->buffer_bytes += bytes;
+    auto ext = external.find(static_cast<int>(bi));
+    if (ext != external.end()) {
+      if (!ext->second)
+        return InvalidArgument(where(p) + ": buffer " + sq(buf.name) + ": a null external pointer");
+      impl->ptrs[bi] = ext->second;  // the caller's memory: neither allocated nor poisoned here
+    } else {
+      DeviceBuffer& d = impl->buffers[bi];
+      FUSEBOX_RETURN_IF_ERROR(d.allocate(static_cast<size_t>(bytes), where(p) + ": buffer " + sq(buf.name)));
+      impl->ptrs[bi] = d.get();
+      impl->buffer_bytes += bytes;
+    }
     auto it = data.find(static_cast<int>(bi));
     if (it != data.end()) {
       if (it->second.data.size() != static_cast<size_t>(t.storage_bytes()))
@@ -317,13 +325,15 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
                                std::to_string(it->second.data.size()) + " bytes, the buffer " +
                                std::to_string(t.storage_bytes()));
       FUSEBOX_RETURN_IF_ERROR(cuda_status(
-          cudaMemcpy(d.get(), it->second.data.data(), it->second.data.size(), cudaMemcpyHostToDevice),
+          cudaMemcpy(impl->ptrs[bi], it->second.data.data(), it->second.data.size(), cudaMemcpyHostToDevice),
           where(p) + ": upload buffer " + sq(buf.name)));
+    } else if (ext != external.end()) {
+      // The caller fills it.
     } else if (buf.kind == BufferKind::kInput || buf.kind == BufferKind::kConstant) {
       return InvalidArgument(where(p) + ": no data for " + std::string(buffer_kind_name(buf.kind)) +
                              " buffer " + sq(buf.name));
     } else {
-      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemset(d.get(), 0xFF, static_cast<size_t>(bytes)),
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemset(impl->ptrs[bi], 0xFF, static_cast<size_t>(bytes)),
                                           where(p) + ": poison buffer " + sq(buf.name)));
     }
   }

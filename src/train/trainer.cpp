@@ -15,6 +15,7 @@
 #include "fusebox/pipeline_run.h"
 #include "fusebox/tensor.h"
 #include "fusebox/train.h"
+#include "gpu_step.h"
 #include "optimizer.h"
 
 namespace fusebox {
@@ -52,6 +53,7 @@ BackwardOptions lm_backward_options(const LmModelConfig& m) {
   BackwardOptions o;
   for (const LmParameter& p : lm_parameters(m)) o.wrt.push_back(p.name);
   o.seeds = {"loss"};
+  o.deterministic = true;  // a resumed run repeats the uninterrupted one bit for bit
   return o;
 }
 
@@ -67,6 +69,26 @@ struct LmTrainer::Impl {
   std::map<std::string, std::vector<float>> master, m, v, grad;
   int64_t step = 0, sequences = 0;
   double last_loss = 0;
+  // kGpu: the device holds the state; the host copies above are refreshed on demand.
+  std::unique_ptr<GpuStep> gpu;
+  bool device_stale = true;  // the host state is newer (initialized, loaded)
+  bool host_stale = false;   // the device state is newer (steps taken)
+
+  Status sync_to_device() {
+    if (gpu && device_stale) {
+      FUSEBOX_RETURN_IF_ERROR(gpu->upload(master, m, v));
+      device_stale = false;
+    }
+    return Status::Ok();
+  }
+  Result<LmStepResult> step_gpu(const TokenStream& train, std::chrono::steady_clock::time_point t0);
+  Status sync_to_host() {
+    if (gpu && host_stale) {
+      FUSEBOX_RETURN_IF_ERROR(gpu->download(&master, &m, &v));
+      host_stale = false;
+    }
+    return Status::Ok();
+  }
 
   Values forward_inputs(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
                         int64_t seq) const {
@@ -133,10 +155,6 @@ LmTrainer::~LmTrainer() = default;
 
 Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
                                                      const LmTrainerOptions& options) {
-  if (options.backend == TrainBackend::kGpu)
-    return NotSupported(
-        "train: the GPU training step is not built yet (its backward stages need partitioning per GEMM; "
-        "issue 33); use the reference backend for small models");
   if (options.work_dir.empty()) return InvalidArgument("train: no work folder for the model's pipelines");
   if (options.total_steps < 1) return InvalidArgument("train: total_steps must be at least 1");
   auto impl = std::make_unique<Impl>();
@@ -155,6 +173,11 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
     if (!impl->derived.gradients.count(p.name))
       return Internal("train: the derived backward has no gradient for parameter '" + p.name + "'");
     impl->master[p.name].assign(static_cast<size_t>(p.elements()), 0.f);
+  }
+  if (options.backend == TrainBackend::kGpu) {
+    auto g = GpuStep::create(config, impl->fwd, impl->bwd, impl->derived, options.plan_cache);
+    if (!g.ok()) return g.status().WithContext("train: the GPU step");
+    impl->gpu = std::move(*g);
   }
   auto t = std::unique_ptr<LmTrainer>(new LmTrainer(std::move(impl)));
   t->init_parameters();
@@ -178,6 +201,8 @@ void LmTrainer::init_parameters() {
   }
   s.step = 0;
   s.sequences = 0;
+  s.device_stale = true;
+  s.host_stale = false;
 }
 
 Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
@@ -187,6 +212,7 @@ Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   const int64_t seq = s.config.model.context;
   if (train.sequences(seq) < 1)
     return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
+  if (s.gpu) return s.step_gpu(train, t0);
   for (auto& [name, g] : s.grad) std::fill(g.begin(), g.end(), 0.f);
   double loss = 0;
   std::vector<int32_t> ids, labels;
@@ -226,6 +252,44 @@ Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   return r;
 }
 
+Result<LmStepResult> LmTrainer::Impl::step_gpu(const TokenStream& train,
+                                               std::chrono::steady_clock::time_point t0) {
+  Impl& s = *this;
+  const LmTrainConfig& tc = s.config.train;
+  const int64_t seq = s.config.model.context;
+  FUSEBOX_RETURN_IF_ERROR(s.sync_to_device());
+  std::vector<int32_t> ids, labels, all_ids, all_labels;
+  for (int64_t k = 0; k < tc.accum; ++k) {
+    lm_micro_batch(train, seq, tc.batch, s.sequences + k * tc.batch, &ids, &labels);
+    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+    all_labels.insert(all_labels.end(), labels.begin(), labels.end());
+  }
+  LmStepResult r;
+  r.step = s.step;
+  r.lr = lm_learning_rate(tc, s.step, s.options.total_steps);
+  auto g = s.gpu->step(all_ids, all_labels, r.lr, s.step + 1);
+  if (!g.ok()) return g.status().WithContext("train: step " + std::to_string(s.step));
+  if (!g->finite) {
+    std::string what = "the loss is " + std::to_string(g->loss);
+    if (std::isfinite(g->loss)) {
+      auto first = s.gpu->first_non_finite_gradient();
+      what = "the gradient of " + (first.ok() ? *first : std::string("a parameter")) + " is non-finite";
+    }
+    return InvalidArgument("train: step " + std::to_string(s.step) + ": " + what +
+                           " (non-finite); the parameters are unchanged");
+  }
+  r.loss = g->loss;
+  r.grad_norm = g->norm;
+  r.cuda_graph = g->graph;
+  s.last_loss = r.loss;
+  s.host_stale = true;
+  ++s.step;
+  s.sequences += tc.accum * tc.batch;
+  r.tokens = tc.accum * tc.batch * seq;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
 Result<double> LmTrainer::validation_loss(const TokenStream& val, int64_t batches) {
   Impl& s = *impl_;
   const int64_t seq = s.config.model.context;
@@ -235,7 +299,8 @@ Result<double> LmTrainer::validation_loss(const TokenStream& val, int64_t batche
   std::vector<int32_t> ids, labels;
   for (int64_t k = 0; k < batches; ++k) {
     lm_micro_batch(val, seq, s.config.train.batch, k * s.config.train.batch, &ids, &labels);
-    FUSEBOX_ASSIGN_OR_RETURN(double l, s.micro_batch(ids, labels, 0));
+    if (s.gpu) FUSEBOX_RETURN_IF_ERROR(s.sync_to_device());
+    FUSEBOX_ASSIGN_OR_RETURN(double l, s.gpu ? s.gpu->loss(ids, labels) : s.micro_batch(ids, labels, 0));
     sum += l;
   }
   return sum / static_cast<double>(batches);
@@ -253,6 +318,12 @@ Result<std::vector<int32_t>> LmTrainer::generate(const std::vector<int32_t>& pro
       return InvalidArgument("generate: prompt token " + std::to_string(t) + " is outside [0, " +
                              std::to_string(m.vocab) + ")");
   FUSEBOX_ASSIGN_OR_RETURN(const Pipeline* g, s.generation_pipeline());
+  // Through the CPU reference (the GPU backend's greedy decoding is the serving engine's, issue 34).
+  if (g->flops() * static_cast<double>(n) > 2e11)
+    return NotSupported("generate: " + std::to_string(n) + " tokens through the CPU reference would take " +
+                        std::to_string(g->flops() * static_cast<double>(n) / 1e9) +
+                        " GFLOP; greedy decoding on the GPU is the serving engine's (issue 34)");
+  FUSEBOX_RETURN_IF_ERROR(s.sync_to_host());
   std::vector<int32_t> out = prompt;
   // Causal attention: the logits at position t see tokens 0..t only, so the rest of the
   // context is padding (token 0) that changes nothing before it.
@@ -273,6 +344,7 @@ Result<std::vector<int32_t>> LmTrainer::generate(const std::vector<int32_t>& pro
 }
 
 Status LmTrainer::save_checkpoint(const std::string& path) const {
+  FUSEBOX_RETURN_IF_ERROR(impl_->sync_to_host());
   const Impl& s = *impl_;
   std::vector<SafetensorsEntry> e;
   for (const LmParameter& p : s.params) e.push_back({p.name, p.shape, s.master.at(p.name).data()});
@@ -331,13 +403,20 @@ Status LmTrainer::load_checkpoint(const std::string& path) {
   s.v = std::move(v);
   s.step = step;
   s.sequences = sequences;
+  s.device_stale = true;
+  s.host_stale = false;
   return Status::Ok();
 }
 
 Status LmTrainer::save_gradients(const std::string& path) const {
   const Impl& s = *impl_;
+  ParamMap from_gpu;
+  if (s.gpu) {
+    FUSEBOX_ASSIGN_OR_RETURN(from_gpu, s.gpu->gradients());
+  }
+  const ParamMap& grads = s.gpu ? from_gpu : s.grad;
   std::vector<SafetensorsEntry> e;
-  for (const LmParameter& p : s.params) e.push_back({"grad." + p.name, p.shape, s.grad.at(p.name).data()});
+  for (const LmParameter& p : s.params) e.push_back({"grad." + p.name, p.shape, grads.at(p.name).data()});
   return write_safetensors_f32(path, e,
                                {{"format", "fusebox-lm-grads/1"},
                                 {"step", std::to_string(s.step - 1)},
@@ -367,7 +446,12 @@ Result<GradientCheck> LmTrainer::check_gradients(int64_t seq, uint32_t seed) {
 int64_t LmTrainer::steps_done() const { return impl_->step; }
 int64_t LmTrainer::sequences_done() const { return impl_->sequences; }
 const LmConfig& LmTrainer::config() const { return impl_->config; }
-const std::map<std::string, std::vector<float>>& LmTrainer::parameters() const { return impl_->master; }
+const std::map<std::string, std::vector<float>>& LmTrainer::parameters() const {
+  (void)impl_->sync_to_host();  // a failed download keeps the last host copy
+  return impl_->master;
+}
+int64_t LmTrainer::device_bytes() const { return impl_->gpu ? impl_->gpu->device_bytes() : 0; }
+std::string LmTrainer::plan_summary() const { return impl_->gpu ? impl_->gpu->plan_summary() : ""; }
 
 int64_t LmTrainer::saved_activation_bytes() const {
   const Impl& s = *impl_;

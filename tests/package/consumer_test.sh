@@ -68,6 +68,17 @@ grep -F -e "-isystem $PREFIX/include" -e "-I$PREFIX/include" "$CC_JSON" >/dev/nu
 "$TMP/consumer/consumer" | tee "$TMP/run.log"
 grep -q "^deviceless plan for NVIDIA H200: built now, engine eng" "$TMP/run.log" || fail "no deviceless plan"
 grep -q "^consumer: ok" "$TMP/run.log" || fail "consumer did not finish"
+# The training loop against the installed library (examples/consumer/train_lm.cpp): 3 steps of
+# the tiny model on the CPU reference backend, a checkpoint, then a resume to step 4.
+if python3 -c 'import numpy' 2>/dev/null; then
+  python3 -c "import numpy as np; np.save('$TMP/tokens.npy', (np.arange(5000) * 7 % 512).astype(np.uint16))"
+  "$TMP/consumer/train_lm" "$SRC/examples/train/lm_tiny.json" "$TMP/tokens.npy" 3 "$TMP/train" | tee "$TMP/train.log"
+  grep -q "^step    2  loss" "$TMP/train.log" || fail "train_lm did not take 3 steps"
+  "$TMP/consumer/train_lm" "$SRC/examples/train/lm_tiny.json" "$TMP/tokens.npy" 4 "$TMP/train" "$TMP/tokens.npy" \
+    | tee "$TMP/train2.log"
+  grep -q "^resumed at step 3" "$TMP/train2.log" || fail "train_lm did not resume"
+  grep -q "^validation loss" "$TMP/train2.log" || fail "train_lm did not validate"
+fi
 
 echo "== examples/consumer with pkg-config"
 export PKG_CONFIG_PATH=$LIBDIR/pkgconfig

@@ -24,6 +24,7 @@ struct TrainArgs {
   std::string config, data, out, backend = "reference", dump_grads, prompt;
   int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1, stop_after = 0;
   bool resume = false, check_gradients = false, no_plot = false;
+  CacheFlags cache;
 };
 
 // docs/lm.md's vocab_bytes.json: each id's bytes, for printing generated text.
@@ -138,6 +139,7 @@ int run_train(const TrainArgs& a) {
   opt.work_dir = (out / "pipelines").string();
   opt.total_steps = a.steps;
   opt.backend = a.backend == "gpu" ? TrainBackend::kGpu : TrainBackend::kReference;
+  if (!a.cache.off) opt.plan_cache = a.cache.path.empty() ? default_cache_path() : a.cache.path;
   auto trainer = LmTrainer::create(*cfg, opt);
   if (!trainer.ok()) return fail(trainer.status());
   LmTrainer& t = **trainer;
@@ -170,6 +172,9 @@ int run_train(const TrainArgs& a) {
               val ? (", validation " + std::to_string(val->tokens.size()) + " tokens").c_str() : "");
   std::printf("saved activations per micro-batch: %.1f MiB\n",
               static_cast<double>(t.saved_activation_bytes()) / (1 << 20));
+  if (opt.backend == TrainBackend::kGpu)
+    std::printf("GPU: %s; %.2f GiB of device memory (buffers, workspace, master weights, moments)\n",
+                t.plan_summary().c_str(), static_cast<double>(t.device_bytes()) / (1 << 30));
   if (a.check_gradients) {
     auto g = t.check_gradients(std::min<int64_t>(S, 8));
     if (!g.ok()) return fail(g.status());
@@ -206,9 +211,10 @@ int run_train(const TrainArgs& a) {
       if (Status st = t.save_gradients(a.dump_grads); !st.ok()) return fail(st);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double eta = elapsed / static_cast<double>(s - first + 1) * static_cast<double>(a.steps - s - 1);
-    std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.3g  |g| %.3f  %.0f tok/s  ETA %s%s",
+    std::fprintf(stderr, "%sstep %lld/%lld  loss %.4f  lr %.3g  |g| %.3f  %.0f tok/s%s  ETA %s%s",
                  tty ? "\r" : "", static_cast<long long>(s + 1), static_cast<long long>(a.steps), r->loss,
-                 r->lr, r->grad_norm, tps, duration(eta).c_str(), tty ? "   " : "\n");
+                 r->lr, r->grad_norm, tps, r->cuda_graph ? " (graph)" : "", duration(eta).c_str(),
+                 tty ? "   " : "\n");
     if (a.save_every > 0 && (s + 1) % a.save_every == 0 && s + 1 < last) {
       if (Status st = t.save_checkpoint(ckpt); !st.ok()) return fail(st);
       if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
@@ -237,6 +243,10 @@ int run_train(const TrainArgs& a) {
     if (np > 0 && ng > 0 && static_cast<int64_t>(val->tokens.size()) >= np) {
       std::vector<int32_t> prompt(val->tokens.begin(), val->tokens.begin() + np);
       auto g = t.generate(prompt, ng);
+      if (!g.ok() && g.status().code() == StatusCode::kNotSupported) {
+        std::printf("greedy continuation: skipped (%s)\n", g.status().message().c_str());
+        return 0;
+      }
       if (!g.ok()) return fail(g.status());
       std::printf("greedy continuation of the validation text:\n  prompt: %s\n  model:  %s\n",
                   printable(prompt, vocab).c_str(), printable(*g, vocab).c_str());
@@ -277,6 +287,7 @@ Runner add_train(CLI::App& app) {
          "Take at most K steps in this run, then write the checkpoint and stop (--resume goes on; the "
          "schedule stays --steps long)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  add_cache_flags(cmd, a->cache);
   cmd->add_flag("--no-plot", a->no_plot, "Do not draw OUT/loss.png (matplotlib, through python3)");
   cmd->add_flag("--check-gradients", a->check_gradients,
                 "Before training, check the derived backward against finite differences (small models)");

@@ -220,6 +220,7 @@ Status grad(GradContext& ctx, const EmbeddingAttrs& a) {
   EmbeddingAttrs b;
   b.backward = true;
   b.rows = table.dims[0];
+  b.deterministic = ctx.deterministic();
   FUSEBOX_ASSIGN_OR_RETURN(std::string ids, ctx.in("ids"));
   FUSEBOX_ASSIGN_OR_RETURN(auto r, ctx.emit("dtable", b, {{"ids", ids}, {"dy", ctx.dy("y")}}));
   return ctx.add_grad("table", r.at("dtable"));

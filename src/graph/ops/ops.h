@@ -77,6 +77,8 @@ class GradContext {
   }
   // The backward tensor holding dL/d(output `role`), "" when no gradient reaches it.
   virtual std::string dy(std::string_view role) const = 0;
+  // BackwardOptions::deterministic: emit backward ops without atomics where there is a choice.
+  virtual bool deterministic() const = 0;
   // Whether input `role` needs a gradient (on a path from a wrt input, floating point).
   virtual bool wants(std::string_view role) const = 0;
   // The forward value of input / output `role` in the backward graph: the saved

@@ -1,0 +1,470 @@
+// fusebox: the GPU training step (gpu_step.h).
+#include "gpu_step.h"
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "common/cuda_status.h"
+#include "fusebox/pipeline_run.h"
+#include "fusebox/plan_cache.h"
+#include "fusebox/session.h"
+#include "fusebox/tensor.h"
+#include "optim_kernels.h"
+
+namespace fusebox {
+using common::cuda_status;
+namespace {
+
+namespace tk = train_kernels;
+
+// Device or pinned host memory, freed with the step.
+class Mem {
+ public:
+  Mem() = default;
+  Mem(const Mem&) = delete;
+  Mem& operator=(const Mem&) = delete;
+  ~Mem() {
+    if (p_) (pinned_ ? cudaFreeHost(p_) : cudaFree(p_));
+  }
+  Status alloc(size_t bytes, bool pinned, const std::string& what) {
+    pinned_ = pinned;
+    bytes_ = std::max<size_t>(bytes, 1);
+    const cudaError_t e = pinned ? cudaMallocHost(&p_, bytes_) : cudaMalloc(&p_, bytes_);
+    if (e != cudaSuccess) p_ = nullptr;
+    return cuda_status(e, "train: allocate " + what + " (" + std::to_string(bytes_) + " bytes)");
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+  bool pinned_ = false;
+};
+
+tk::ElemType elem_type(DType d) { return d == DType::kBF16 ? tk::ElemType::kBF16 : tk::ElemType::kFP32; }
+
+}  // namespace
+
+struct GpuStep::Impl {
+  LmConfig cfg;
+  const Pipeline* fwd = nullptr;
+  const Pipeline* bwd = nullptr;
+  const PipelineBackward* derived = nullptr;
+  std::vector<LmParameter> params;
+  std::optional<PlanCache> cache;
+  std::unique_ptr<Session> session;
+  PipelineBuild fbuild, bbuild;
+  std::unique_ptr<PipelineExecutor> fe, be;
+  Mem master, m, v, accum, work, segs, chunks, partials, scalars, hyper;
+  Mem pinned_ids, pinned_labels, pinned_hyper, pinned_scalars;
+  std::vector<tk::Segment> host_segs;
+  std::vector<tk::Chunk> host_chunks;
+  std::vector<int64_t> offset;  // by parameter: its first element in master, m, v, accum
+  std::vector<DType> grad_dtype;
+  int ids_buf = -1, labels_buf = -1, loss_buf = -1;
+  int64_t tokens = 0;  // per micro-batch
+  cudaGraphExec_t exec = nullptr;
+  bool eager_done = false, graph_failed = false;
+  std::string graph_note;
+  double build_ms = 0;
+
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(session->context()->stream()); }
+  int nchunks() const { return static_cast<int>(host_chunks.size()); }
+  int64_t accum_count() const { return cfg.train.accum; }
+
+  // The whole step on the stream: eagerly, or into a capture.
+  Status enqueue() {
+    const cudaStream_t s = stream();
+    const size_t n = static_cast<size_t>(tokens) * sizeof(int32_t);
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(hyper.as<void>(), pinned_hyper.as<void>(),
+                                                        sizeof(tk::Hyper), cudaMemcpyHostToDevice, s),
+                                        "train: upload the step's hyperparameters"));
+    const bool from_grad = accum_count() == 1;
+    for (int64_t k = 0; k < accum_count(); ++k) {
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemcpyAsync(fe->device(ids_buf), pinned_ids.as<char>() + k * n, n, cudaMemcpyHostToDevice, s),
+          "train: upload token ids"));
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemcpyAsync(fe->device(labels_buf), pinned_labels.as<char>() + k * n, n,
+                                      cudaMemcpyHostToDevice, s),
+                      "train: upload labels"));
+      FUSEBOX_RETURN_IF_ERROR(fe->execute());
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(tk::loss_sum(static_cast<const float*>(fe->device(loss_buf)), tokens, k == 0,
+                                   scalars.as<tk::StepScalars>(), hyper.as<tk::Hyper>(), s),
+                      "train: loss sum"));
+      FUSEBOX_RETURN_IF_ERROR(be->execute());
+      if (!from_grad)
+        FUSEBOX_RETURN_IF_ERROR(
+            cuda_status(tk::accumulate(segs.as<tk::Segment>(), chunks.as<tk::Chunk>(), nchunks(), k == 0, s),
+                        "train: gradient accumulation"));
+    }
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(
+        tk::grad_norm(segs.as<tk::Segment>(), chunks.as<tk::Chunk>(), nchunks(), from_grad,
+                      partials.as<double>(), scalars.as<tk::StepScalars>(), hyper.as<tk::Hyper>(), s),
+        "train: gradient norm"));
+    FUSEBOX_RETURN_IF_ERROR(
+        cuda_status(tk::adamw(segs.as<tk::Segment>(), chunks.as<tk::Chunk>(), nchunks(), from_grad,
+                              scalars.as<tk::StepScalars>(), hyper.as<tk::Hyper>(), s),
+                    "train: AdamW"));
+    return cuda_status(cudaMemcpyAsync(pinned_scalars.as<void>(), scalars.as<void>(), sizeof(tk::StepScalars),
+                                       cudaMemcpyDeviceToHost, s),
+                       "train: download the step's loss and norm");
+  }
+
+  // Records the step as a CUDA graph; on failure the step stays eager (graph_note says why).
+  void capture() {
+    const cudaStream_t s = stream();
+    cudaGraph_t g = nullptr;
+    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      graph_failed = true;
+      graph_note = "cudaStreamBeginCapture failed";
+      (void)cudaGetLastError();
+      return;
+    }
+    const Status st = enqueue();
+    const cudaError_t end = cudaStreamEndCapture(s, &g);
+    if (!st.ok() || end != cudaSuccess || !g) {
+      graph_failed = true;
+      graph_note = !st.ok() ? st.ToString() : std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      return;
+    }
+    const cudaError_t inst = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (inst != cudaSuccess) {
+      exec = nullptr;
+      graph_failed = true;
+      graph_note = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+      (void)cudaGetLastError();
+    }
+  }
+
+  Status copy_ids(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels, int64_t micro) {
+    const size_t want = static_cast<size_t>(tokens * micro);
+    if (ids.size() != want || labels.size() != want)
+      return InvalidArgument("train: " + std::to_string(ids.size()) + " ids and " +
+                             std::to_string(labels.size()) + " labels for " + std::to_string(micro) +
+                             " micro-batches of " + std::to_string(tokens) + " tokens");
+    std::memcpy(pinned_ids.as<void>(), ids.data(), want * sizeof(int32_t));
+    std::memcpy(pinned_labels.as<void>(), labels.data(), want * sizeof(int32_t));
+    return Status::Ok();
+  }
+};
+
+GpuStep::GpuStep(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuStep::~GpuStep() {
+  if (impl_ && impl_->exec) cudaGraphExecDestroy(impl_->exec);
+}
+
+Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const Pipeline& fwd,
+                                                 const Pipeline& bwd, const PipelineBackward& derived,
+                                                 const std::string& plan_cache) {
+  auto impl = std::make_unique<Impl>();
+  Impl& s = *impl;
+  s.cfg = config;
+  s.fwd = &fwd;
+  s.bwd = &bwd;
+  s.derived = &derived;
+  s.params = lm_parameters(config.model);
+  s.tokens = config.train.batch * config.model.context;
+  SessionOptions so;
+  if (!plan_cache.empty()) {
+    s.cache.emplace(PlanCache::open(plan_cache));
+    so.cache = &*s.cache;
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(s.session, Session::create(so));
+  const auto t0 = std::chrono::steady_clock::now();
+  FUSEBOX_RETURN_IF_ERROR(build_pipeline(*s.session, fwd, PlanRequest{}, &s.fbuild));
+  FUSEBOX_RETURN_IF_ERROR(build_pipeline(*s.session, bwd, PlanRequest{}, &s.bbuild));
+  s.build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  // Master weights, moments and gradient sums: one fp32 arena each, parameters in order; the
+  // bf16 working copies in one more.
+  int64_t total = 0, work_bytes = 0;
+  std::vector<int64_t> work_offset;
+  for (const LmParameter& p : s.params) {
+    s.offset.push_back(total);
+    total += p.elements();
+    const int fb = fwd.find_buffer(p.name);
+    if (fb < 0) return Internal("train: the model pipeline has no buffer '" + p.name + "'");
+    work_offset.push_back(work_bytes);
+    if (fwd.buffers[static_cast<size_t>(fb)].dtype == DType::kBF16)
+      work_bytes += (p.elements() * 2 + 255) / 256 * 256;
+  }
+  const size_t fbytes = static_cast<size_t>(total) * sizeof(float);
+  FUSEBOX_RETURN_IF_ERROR(s.master.alloc(fbytes, false, "master weights"));
+  FUSEBOX_RETURN_IF_ERROR(s.m.alloc(fbytes, false, "AdamW first moments"));
+  FUSEBOX_RETURN_IF_ERROR(s.v.alloc(fbytes, false, "AdamW second moments"));
+  if (config.train.accum > 1) FUSEBOX_RETURN_IF_ERROR(s.accum.alloc(fbytes, false, "gradient sums"));
+  FUSEBOX_RETURN_IF_ERROR(s.work.alloc(static_cast<size_t>(work_bytes), false, "bf16 working weights"));
+
+  // The forward: parameters in the arenas, ids and labels uploaded per step, RoPE angles once.
+  std::map<int, void*> fext;
+  PipelineHostData fdata;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const int fb = fwd.find_buffer(s.params[i].name);
+    const bool bf16 = fwd.buffers[static_cast<size_t>(fb)].dtype == DType::kBF16;
+    fext[fb] = bf16 ? static_cast<void*>(s.work.as<char>() + work_offset[i])
+                    : static_cast<void*>(s.master.as<float>() + s.offset[i]);
+  }
+  s.ids_buf = fwd.find_buffer("ids");
+  s.labels_buf = fwd.find_buffer("labels");
+  s.loss_buf = fwd.find_buffer("loss");
+  const int freqs = fwd.find_buffer("freqs");
+  if (s.ids_buf < 0 || s.labels_buf < 0 || s.loss_buf < 0 || freqs < 0)
+    return Internal("train: the model pipeline lacks ids, labels, loss or freqs");
+  fdata.emplace(s.ids_buf, HostTensor::like(buffer_tensor(fwd, s.ids_buf)));
+  fdata.emplace(s.labels_buf, HostTensor::like(buffer_tensor(fwd, s.labels_buf)));
+  {
+    const std::vector<float> a = lm_rope_angles(config.model, config.model.context);
+    fdata.emplace(freqs, host_tensor_of(buffer_tensor(fwd, freqs), std::vector<double>(a.begin(), a.end())));
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(
+      s.fe, PipelineExecutor::create(*s.session, fwd, s.fbuild.plans_by_stage(fwd), fdata, fext));
+
+  // The backward reads the forward's buffers in place; its seed is the mean's 1 / (tokens * accum).
+  std::map<int, void*> bext;
+  PipelineHostData bdata;
+  for (int i = 0; i < static_cast<int>(bwd.buffers.size()); ++i) {
+    const PipelineBuffer& b = bwd.buffers[static_cast<size_t>(i)];
+    if (b.kind != BufferKind::kInput) continue;
+    auto it = derived.inputs.find(b.name);
+    if (it == derived.inputs.end()) return Internal("train: backward input '" + b.name + "' has no binding");
+    if (it->second.kind == BackwardInput::Kind::kGradient) {
+      const ResolvedTensor t = buffer_tensor(bwd, i);
+      bdata.emplace(i, host_tensor_of(
+                           t, std::vector<double>(static_cast<size_t>(t.element_count()),
+                                                  1.0 / static_cast<double>(s.tokens * config.train.accum))));
+    } else {
+      const int fb = fwd.find_buffer(it->second.forward_tensor);
+      if (fb < 0)
+        return Internal("train: saved buffer '" + it->second.forward_tensor + "' is not the forward's");
+      bext[i] = s.fe->device(fb);
+    }
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(
+      s.be, PipelineExecutor::create(*s.session, bwd, s.bbuild.plans_by_stage(bwd), bdata, bext));
+
+  // The optimizer's tables.
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const LmParameter& p = s.params[i];
+    const int gb = bwd.find_buffer(derived.gradients.at(p.name));
+    if (gb < 0) return Internal("train: no gradient buffer for '" + p.name + "'");
+    const int fb = fwd.find_buffer(p.name);
+    tk::Segment seg;
+    seg.grad = s.be->device(gb);
+    seg.grad_type = elem_type(bwd.buffers[static_cast<size_t>(gb)].dtype);
+    s.grad_dtype.push_back(bwd.buffers[static_cast<size_t>(gb)].dtype);
+    seg.accum = config.train.accum > 1 ? s.accum.as<float>() + s.offset[i] : nullptr;
+    seg.master = s.master.as<float>() + s.offset[i];
+    seg.m = s.m.as<float>() + s.offset[i];
+    seg.v = s.v.as<float>() + s.offset[i];
+    const bool bf16 = fwd.buffers[static_cast<size_t>(fb)].dtype == DType::kBF16;
+    seg.work = bf16 ? s.work.as<char>() + work_offset[i] : nullptr;
+    seg.work_type = tk::ElemType::kBF16;
+    seg.n = p.elements();
+    seg.decay = p.decay ? 1 : 0;
+    s.host_segs.push_back(seg);
+    for (int64_t start = 0; start < seg.n; start += tk::kChunk)
+      s.host_chunks.push_back({static_cast<int32_t>(i), start, std::min(tk::kChunk, seg.n - start)});
+  }
+  FUSEBOX_RETURN_IF_ERROR(s.segs.alloc(s.host_segs.size() * sizeof(tk::Segment), false, "optimizer tables"));
+  FUSEBOX_RETURN_IF_ERROR(
+      s.chunks.alloc(s.host_chunks.size() * sizeof(tk::Chunk), false, "optimizer tables"));
+  FUSEBOX_RETURN_IF_ERROR(s.partials.alloc(s.host_chunks.size() * sizeof(double), false, "norm partials"));
+  FUSEBOX_RETURN_IF_ERROR(s.scalars.alloc(sizeof(tk::StepScalars), false, "step scalars"));
+  FUSEBOX_RETURN_IF_ERROR(s.hyper.alloc(sizeof(tk::Hyper), false, "step hyperparameters"));
+  const size_t ids_bytes = static_cast<size_t>(s.tokens * config.train.accum) * sizeof(int32_t);
+  FUSEBOX_RETURN_IF_ERROR(s.pinned_ids.alloc(ids_bytes, true, "token ids"));
+  FUSEBOX_RETURN_IF_ERROR(s.pinned_labels.alloc(ids_bytes, true, "labels"));
+  FUSEBOX_RETURN_IF_ERROR(s.pinned_hyper.alloc(sizeof(tk::Hyper), true, "step hyperparameters"));
+  FUSEBOX_RETURN_IF_ERROR(s.pinned_scalars.alloc(sizeof(tk::StepScalars), true, "step scalars"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(s.segs.as<void>(), s.host_segs.data(), s.host_segs.size() * sizeof(tk::Segment),
+                             cudaMemcpyHostToDevice),
+                  "train: upload optimizer tables"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(s.chunks.as<void>(), s.host_chunks.data(),
+                             s.host_chunks.size() * sizeof(tk::Chunk), cudaMemcpyHostToDevice),
+                  "train: upload optimizer tables"));
+  return std::unique_ptr<GpuStep>(new GpuStep(std::move(impl)));
+}
+
+Status GpuStep::upload(const ParamMap& master, const ParamMap& m, const ParamMap& v) {
+  Impl& s = *impl_;
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: upload"));
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const std::string& name = s.params[i].name;
+    const size_t bytes = static_cast<size_t>(s.params[i].elements()) * sizeof(float);
+    for (const auto& [from, to] : {std::pair{&master, &s.master}, std::pair{&m, &s.m}, std::pair{&v, &s.v}}) {
+      auto it = from->find(name);
+      if (it == from->end() || it->second.size() * sizeof(float) != bytes)
+        return InvalidArgument("train: upload: no values of the right size for '" + name + "'");
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemcpy(to->as<float>() + s.offset[i], it->second.data(), bytes, cudaMemcpyHostToDevice),
+          "train: upload '" + name + "'"));
+    }
+  }
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      tk::copy_to_working(s.segs.as<tk::Segment>(), s.chunks.as<tk::Chunk>(), s.nchunks(), s.stream()),
+      "train: working copies"));
+  return cuda_status(cudaStreamSynchronize(s.stream()), "train: working copies");
+}
+
+Status GpuStep::download(ParamMap* master, ParamMap* m, ParamMap* v) const {
+  const Impl& s = *impl_;
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: download"));
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const std::string& name = s.params[i].name;
+    const size_t n = static_cast<size_t>(s.params[i].elements());
+    for (const auto& [to, from] : {std::pair{master, &s.master}, std::pair{m, &s.m}, std::pair{v, &s.v}}) {
+      std::vector<float>& dst = (*to)[name];
+      dst.resize(n);
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(
+          cudaMemcpy(dst.data(), from->as<float>() + s.offset[i], n * sizeof(float), cudaMemcpyDeviceToHost),
+          "train: download '" + name + "'"));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<GpuStepResult> GpuStep::step(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                                    double lr, int64_t t) {
+  Impl& s = *impl_;
+  FUSEBOX_RETURN_IF_ERROR(s.copy_ids(ids, labels, s.accum_count()));
+  const LmTrainConfig& tc = s.cfg.train;
+  tk::Hyper h;
+  h.lr = static_cast<float>(lr);
+  h.beta1 = static_cast<float>(tc.beta1);
+  h.beta2 = static_cast<float>(tc.beta2);
+  h.eps = static_cast<float>(tc.eps);
+  h.weight_decay = static_cast<float>(tc.weight_decay);
+  h.clip = static_cast<float>(tc.clip);
+  h.c1 = static_cast<float>(1 - std::pow(tc.beta1, static_cast<double>(t)));
+  h.c2 = static_cast<float>(1 - std::pow(tc.beta2, static_cast<double>(t)));
+  h.loss_scale = static_cast<float>(1.0 / static_cast<double>(s.tokens * tc.accum));
+  std::memcpy(s.pinned_hyper.as<void>(), &h, sizeof h);
+  GpuStepResult r;
+  if (!s.eager_done || s.graph_failed) {
+    // The first step runs eagerly: it loads every kernel outside a capture.
+    FUSEBOX_RETURN_IF_ERROR(s.enqueue());
+    s.eager_done = true;
+  } else {
+    if (!s.exec) s.capture();
+    if (s.exec) {
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaGraphLaunch(s.exec, s.stream()), "train: launch the step's CUDA graph"));
+      r.graph = true;
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(s.enqueue());
+    }
+  }
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: step"));
+  tk::StepScalars sc;
+  std::memcpy(&sc, s.pinned_scalars.as<void>(), sizeof sc);
+  r.loss = sc.loss_sum;
+  r.norm = std::sqrt(sc.sumsq);
+  r.finite = sc.finite != 0;
+  return r;
+}
+
+Result<double> GpuStep::loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {
+  Impl& s = *impl_;
+  FUSEBOX_RETURN_IF_ERROR(s.copy_ids(ids, labels, 1));
+  const size_t n = static_cast<size_t>(s.tokens) * sizeof(int32_t);
+  const cudaStream_t st = s.stream();
+  tk::Hyper h;
+  h.loss_scale = static_cast<float>(1.0 / static_cast<double>(s.tokens));
+  std::memcpy(s.pinned_hyper.as<void>(), &h, sizeof h);
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(s.hyper.as<void>(), s.pinned_hyper.as<void>(), sizeof h, cudaMemcpyHostToDevice, st),
+      "train: validation"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(s.fe->device(s.ids_buf), s.pinned_ids.as<void>(), n, cudaMemcpyHostToDevice, st),
+      "train: validation ids"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(s.fe->device(s.labels_buf), s.pinned_labels.as<void>(), n, cudaMemcpyHostToDevice, st),
+      "train: validation labels"));
+  FUSEBOX_RETURN_IF_ERROR(s.fe->execute());
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(tk::loss_sum(static_cast<const float*>(s.fe->device(s.loss_buf)), s.tokens, true,
+                               s.scalars.as<tk::StepScalars>(), s.hyper.as<tk::Hyper>(), st),
+                  "train: validation loss"));
+  tk::StepScalars sc;
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(&sc, s.scalars.as<void>(), sizeof sc, cudaMemcpyDeviceToHost, st), "train: loss"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(st), "train: validation"));
+  return sc.loss_sum;
+}
+
+Result<ParamMap> GpuStep::gradients() const {
+  const Impl& s = *impl_;
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: gradients"));
+  ParamMap out;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const tk::Segment& seg = s.host_segs[i];
+    std::vector<float>& g = out[s.params[i].name];
+    g.resize(static_cast<size_t>(seg.n));
+    if (seg.accum) {
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemcpy(g.data(), seg.accum, g.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                      "train: gradients"));
+      continue;
+    }
+    const size_t es = dtype_size_bytes(s.grad_dtype[i]);
+    std::vector<uint8_t> raw(g.size() * es);
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpy(raw.data(), seg.grad, raw.size(), cudaMemcpyDeviceToHost),
+                                        "train: gradients"));
+    HostTensor h;
+    h.dtype = s.grad_dtype[i];
+    h.dims = {seg.n};
+    h.strides = {1};
+    h.data = std::move(raw);
+    g = h.to_float_logical();
+  }
+  return out;
+}
+
+Result<std::string> GpuStep::first_non_finite_gradient() const {
+  FUSEBOX_ASSIGN_OR_RETURN(ParamMap g, gradients());
+  for (const LmParameter& p : impl_->params) {
+    const std::vector<float>& v = g.at(p.name);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i])) return "'" + p.name + "' (element " + std::to_string(i) + ")";
+  }
+  return std::string();
+}
+
+int64_t GpuStep::device_bytes() const {
+  const Impl& s = *impl_;
+  return s.fe->buffer_bytes() + s.be->buffer_bytes() + s.session->workspace_bytes() +
+         static_cast<int64_t>(s.master.bytes() * 3 + s.accum.bytes() + s.work.bytes());
+}
+
+std::string GpuStep::plan_summary() const {
+  const Impl& s = *impl_;
+  int partitioned = 0, cached = 0, stages = 0;
+  for (const PipelineBuild* b : {&s.fbuild, &s.bbuild})
+    for (const StageBuild& sb : b->stages) {
+      ++stages;
+      partitioned += sb.report.partition.empty() ? 0 : 1;
+      cached += sb.report.cache == "hit" ? 1 : 0;
+    }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%d stages (%d partitioned, %d from the plan cache) built in %.0f ms%s%s",
+                stages, partitioned, cached, s.build_ms, s.graph_failed ? "; the step runs eagerly: " : "",
+                s.graph_failed ? s.graph_note.c_str() : "");
+  return buf;
+}
+
+}  // namespace fusebox
