@@ -82,6 +82,8 @@ struct LmTrainer::Impl {
     return Status::Ok();
   }
   Result<LmStepResult> step_gpu(const TokenStream& train, std::chrono::steady_clock::time_point t0);
+  // The step taken: the counters advanced, the timing filled in.
+  LmStepResult finish_step(LmStepResult r, std::chrono::steady_clock::time_point t0);
   Status sync_to_host() {
     if (gpu && host_stale) {
       FUSEBOX_RETURN_IF_ERROR(gpu->download(&master, &m, &v));
@@ -244,12 +246,7 @@ Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   r.grad_norm = global_grad_norm(tensors);
   adamw_step(tensors, AdamWHyper{r.lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay}, s.step + 1,
              clip_coefficient(r.grad_norm, tc.clip));
-  s.last_loss = loss;
-  ++s.step;
-  s.sequences += tc.accum * tc.batch;
-  r.tokens = tc.accum * tc.batch * seq;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return s.finish_step(r, t0);
 }
 
 Result<LmStepResult> LmTrainer::Impl::step_gpu(const TokenStream& train,
@@ -281,11 +278,16 @@ Result<LmStepResult> LmTrainer::Impl::step_gpu(const TokenStream& train,
   r.loss = g->loss;
   r.grad_norm = g->norm;
   r.cuda_graph = g->graph;
-  s.last_loss = r.loss;
   s.host_stale = true;
-  ++s.step;
-  s.sequences += tc.accum * tc.batch;
-  r.tokens = tc.accum * tc.batch * seq;
+  return s.finish_step(r, t0);
+}
+
+LmStepResult LmTrainer::Impl::finish_step(LmStepResult r, std::chrono::steady_clock::time_point t0) {
+  const LmTrainConfig& tc = config.train;
+  last_loss = r.loss;
+  ++step;
+  sequences += tc.accum * tc.batch;
+  r.tokens = tc.accum * tc.batch * config.model.context;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
