@@ -267,6 +267,7 @@ Result<LmStepResult> LmTrainer::Impl::step_gpu(const TokenStream& train,
   auto g = s.gpu->step(all_ids, all_labels, r.lr, s.step + 1);
   if (!g.ok()) return g.status().WithContext("train: step " + std::to_string(s.step));
   if (!g->finite) {
+    host_stale = true;  // the kernels skipped the update: a download shows the state as it is
     std::string what = "the loss is " + std::to_string(g->loss);
     if (std::isfinite(g->loss)) {
       auto first = s.gpu->first_non_finite_gradient();

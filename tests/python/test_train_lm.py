@@ -135,3 +135,10 @@ def test_bad_files_are_one_clear_error(fusebox, data, run, tmp_path):
     p = subprocess.run([fusebox, "train", "lm", "--config", str(wide), "--data", str(data), "--out", str(other),
                         "--steps", "25", "--resume"], capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and "tensor 'tok_embeddings'" in p.stderr, p.stderr
+
+
+def test_gpu_backend_without_a_gpu_is_one_clear_error(fusebox, data, tmp_path):
+    p = _train(fusebox, data, tmp_path / "g", "--steps", "2", "--backend", "gpu", "--generate", "0", "--no-plot")
+    if p.returncode != 0:  # a machine without a GPU (CI); on the H200 the two steps run
+        assert "no CUDA GPU" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert not (tmp_path / "g" / "checkpoint.safetensors").exists()
