@@ -68,6 +68,10 @@ double lm_learning_rate(const LmTrainConfig& t, int64_t step, int64_t total_step
 // outputs "loss" (fp32 per token), "lse" and the saved statistics. Returns the file's path.
 Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq,
                                       const std::string& dir);
+// The parameters of a checkpoint (docs/lm.md, "Checkpoints") of this model config, fp32 by name:
+// a file that is not one, or of another config, is an error naming the first mismatched tensor.
+Result<std::map<std::string, std::vector<float>>> load_lm_weights(const LmConfig& config,
+                                                                  const std::string& checkpoint);
 // RoPE angles for positions [0, seq): p * rope_theta^(-2i/head_dim), row-major [seq, head_dim/2].
 std::vector<float> lm_rope_angles(const LmModelConfig& m, int64_t seq);
 
@@ -116,6 +120,9 @@ class LmTrainer {
   Result<LmStepResult> step(const TokenStream& train);
   // Mean loss over the first `batches` micro-batches of `val` (forward only).
   Result<double> validation_loss(const TokenStream& val, int64_t batches);
+  // The logits (fp32, vocab values) of the token after `tokens`: a full forward of the training
+  // pipeline's stages at batch 1 (the serving engine's tests compare with it). Small models.
+  Result<std::vector<float>> next_token_logits(const std::vector<int32_t>& tokens);
   // Greedy continuation of `prompt` by `n` tokens (at most `context` tokens in all).
   Result<std::vector<int32_t>> generate(const std::vector<int32_t>& prompt, int64_t n);
 

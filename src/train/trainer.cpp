@@ -2,6 +2,7 @@
 // runs the forward and the derived backward pipelines through the CPU reference chain,
 // stage by stage, with the buffers in their declared dtypes (bf16 weights and
 // activations), then clips and applies AdamW to the fp32 master weights.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -309,39 +310,47 @@ Result<double> LmTrainer::validation_loss(const TokenStream& val, int64_t batche
   return sum / static_cast<double>(batches);
 }
 
-Result<std::vector<int32_t>> LmTrainer::generate(const std::vector<int32_t>& prompt, int64_t n) {
+Result<std::vector<float>> LmTrainer::next_token_logits(const std::vector<int32_t>& tokens) {
   Impl& s = *impl_;
   const LmModelConfig& m = s.config.model;
+  if (tokens.empty() || static_cast<int64_t>(tokens.size()) > m.context)
+    return InvalidArgument("next_token_logits: " + std::to_string(tokens.size()) +
+                           " tokens (accepted: 1 to the context, " + std::to_string(m.context) + ")");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= m.vocab)
+      return InvalidArgument("next_token_logits: token " + std::to_string(t) + " is outside [0, " +
+                             std::to_string(m.vocab) + ")");
+  FUSEBOX_ASSIGN_OR_RETURN(const Pipeline* g, s.generation_pipeline());
+  // Through the CPU reference (the GPU backend's greedy decoding is the serving engine's, issue 34).
+  if (g->flops() > 1e10)
+    return NotSupported(
+        "a forward of " + std::to_string(g->flops() / 1e9) +
+        " GFLOP through the CPU reference; decoding this model on the GPU is the serving engine's "
+        "(issue 34)");
+  FUSEBOX_RETURN_IF_ERROR(s.sync_to_host());
+  // Causal attention: the logits at position t see tokens 0..t only, so the rest of the
+  // context is padding (token 0) that changes nothing before it.
+  std::vector<int32_t> ids(static_cast<size_t>(m.context), 0);
+  std::copy(tokens.begin(), tokens.end(), ids.begin());
+  FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, Impl::host_data(*g, s.forward_inputs(ids, ids, m.context)));
+  FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(*g, data, kCpuFlops));
+  const std::vector<float>& logits = chain.at("logits");
+  const size_t row = (tokens.size() - 1) * static_cast<size_t>(m.vocab);
+  return std::vector<float>(logits.begin() + static_cast<std::ptrdiff_t>(row),
+                            logits.begin() + static_cast<std::ptrdiff_t>(row + static_cast<size_t>(m.vocab)));
+}
+
+Result<std::vector<int32_t>> LmTrainer::generate(const std::vector<int32_t>& prompt, int64_t n) {
+  const LmModelConfig& m = impl_->config.model;
   if (prompt.empty() || static_cast<int64_t>(prompt.size()) + n > m.context)
     return InvalidArgument("generate: a prompt of " + std::to_string(prompt.size()) + " tokens plus " +
                            std::to_string(n) + " new ones must fit the context of " +
                            std::to_string(m.context));
-  for (int32_t t : prompt)
-    if (t < 0 || t >= m.vocab)
-      return InvalidArgument("generate: prompt token " + std::to_string(t) + " is outside [0, " +
-                             std::to_string(m.vocab) + ")");
-  FUSEBOX_ASSIGN_OR_RETURN(const Pipeline* g, s.generation_pipeline());
-  // Through the CPU reference (the GPU backend's greedy decoding is the serving engine's, issue 34).
-  if (g->flops() * static_cast<double>(n) > 2e11)
-    return NotSupported("generate: " + std::to_string(n) + " tokens through the CPU reference would take " +
-                        std::to_string(g->flops() * static_cast<double>(n) / 1e9) +
-                        " GFLOP; greedy decoding on the GPU is the serving engine's (issue 34)");
-  FUSEBOX_RETURN_IF_ERROR(s.sync_to_host());
   std::vector<int32_t> out = prompt;
-  // Causal attention: the logits at position t see tokens 0..t only, so the rest of the
-  // context is padding (token 0) that changes nothing before it.
   for (int64_t k = 0; k < n; ++k) {
-    std::vector<int32_t> ids(static_cast<size_t>(m.context), 0);
-    std::copy(out.begin(), out.end(), ids.begin());
-    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data,
-                             Impl::host_data(*g, s.forward_inputs(ids, ids, m.context)));
-    FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(*g, data, kCpuFlops));
-    const std::vector<float>& logits = chain.at("logits");
-    const size_t row = (out.size() - 1) * static_cast<size_t>(m.vocab);
-    int32_t best = 0;
-    for (int32_t c = 1; c < m.vocab; ++c)
-      if (logits[row + static_cast<size_t>(c)] > logits[row + static_cast<size_t>(best)]) best = c;
-    out.push_back(best);
+    auto logits = next_token_logits(out);
+    if (!logits.ok()) return logits.status().WithContext("generate");
+    out.push_back(static_cast<int32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin()));
   }
   return std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(prompt.size()), out.end());
 }
@@ -360,13 +369,51 @@ Status LmTrainer::save_checkpoint(const std::string& path) const {
                                 {"config", lm_config_json(s.config)}});
 }
 
+namespace {
+
+// The checkpoint's metadata, checked to be a fusebox language-model checkpoint.
+Result<std::map<std::string, std::string>> checkpoint_metadata(const std::string& path) {
+  FUSEBOX_ASSIGN_OR_RETURN(auto meta, read_safetensors_metadata(path));
+  if (meta["format"] != kCheckpointFormat)
+    return InvalidArgument(path + ": not a fusebox language-model checkpoint (metadata format '" +
+                           meta["format"] + "', expected '" + kCheckpointFormat + "')");
+  return meta;
+}
+
+// Tensors "<prefix><name>" of every parameter, fp32; shapes checked, so that a checkpoint of
+// another size names its first mismatched tensor.
+Result<std::map<std::string, std::vector<float>>> read_lm_tensors(const LmConfig& config,
+                                                                  const std::string& path,
+                                                                  const std::string& prefix, bool finite) {
+  std::map<std::string, std::vector<float>> out;
+  for (const LmParameter& p : lm_parameters(config.model)) {
+    const std::string key = prefix + p.name;
+    auto t = read_safetensors_for(path, key, fp32_tensor(key, p.shape));
+    if (!t.ok())
+      return t.status().WithContext("checkpoint of another model config? (this one: " +
+                                    lm_config_json(LmConfig{config.model, {}}) + ")");
+    std::vector<float>& v = out[p.name] = t->to_float_logical();
+    if (finite)
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i]))
+          return InvalidArgument(path + ": tensor '" + key + "' is non-finite at element " +
+                                 std::to_string(i));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::map<std::string, std::vector<float>>> load_lm_weights(const LmConfig& config,
+                                                                  const std::string& checkpoint) {
+  FUSEBOX_RETURN_IF_ERROR(checkpoint_metadata(checkpoint).status());
+  return read_lm_tensors(config, checkpoint, "", true);
+}
+
 Status LmTrainer::load_checkpoint(const std::string& path) {
   Impl& s = *impl_;
   const std::string where = path + ": ";
-  FUSEBOX_ASSIGN_OR_RETURN(auto meta, read_safetensors_metadata(path));
-  if (meta["format"] != kCheckpointFormat)
-    return InvalidArgument(where + "not a fusebox language-model checkpoint (metadata format '" +
-                           meta["format"] + "', expected '" + kCheckpointFormat + "')");
+  FUSEBOX_ASSIGN_OR_RETURN(auto meta, checkpoint_metadata(path));
   auto count = [&](const char* key) -> Result<int64_t> {
     const std::string& v = meta[key];
     if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos)
@@ -377,25 +424,9 @@ Status LmTrainer::load_checkpoint(const std::string& path) {
   FUSEBOX_ASSIGN_OR_RETURN(int64_t sequences, count("sequences"));
   auto theirs = parse_lm_config(meta["config"], path + " (its config)");
   if (!theirs.ok()) return theirs.status();
-  // Shapes first, so that a checkpoint of another size names its first mismatched tensor.
-  std::map<std::string, std::vector<float>> master, m, v;
-  for (const LmParameter& p : s.params) {
-    for (const auto& [prefix, into] :
-         std::vector<std::pair<std::string, std::map<std::string, std::vector<float>>*>>{
-             {"", &master}, {"adam_m.", &m}, {"adam_v.", &v}}) {
-      const std::string key = prefix + p.name;
-      auto t = read_safetensors_for(path, key, fp32_tensor(key, p.shape));
-      if (!t.ok())
-        return t.status().WithContext("checkpoint of another model config? (this one: " +
-                                      lm_config_json(LmConfig{s.config.model, {}}) + ")");
-      (*into)[p.name] = t->to_float_logical();
-      if (prefix.empty())
-        for (size_t i = 0; i < (*into)[p.name].size(); ++i)
-          if (!std::isfinite((*into)[p.name][i]))
-            return InvalidArgument(where + "tensor '" + key + "' is non-finite at element " +
-                                   std::to_string(i));
-    }
-  }
+  FUSEBOX_ASSIGN_OR_RETURN(auto master, read_lm_tensors(s.config, path, "", true));
+  FUSEBOX_ASSIGN_OR_RETURN(auto m, read_lm_tensors(s.config, path, "adam_m.", false));
+  FUSEBOX_ASSIGN_OR_RETURN(auto v, read_lm_tensors(s.config, path, "adam_v.", false));
   const LmModelConfig& a = s.config.model;
   const LmModelConfig& b = theirs->model;
   if (a.rope_theta != b.rope_theta || a.norm_eps != b.norm_eps || a.context != b.context)

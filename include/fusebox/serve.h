@@ -1,0 +1,91 @@
+// fusebox: serving the language model of docs/lm.md (issue 34, docs/serving.md): requests in,
+// tokens out, with continuous batching over a paged KV cache.
+//
+// Each step() admits waiting requests while the KV pool can hold them (prompt plus
+// max_new_tokens, less the prefix pages already cached for the same prompt prefix), prefills
+// each admitted prompt (the part not cached) through paged attention, then decodes one token
+// for every running request in one batch; finished requests leave and free their pages. Prefix
+// pages (whole pages of prompt tokens) are shared between requests and kept, least recently
+// used first out, until the pool needs them.
+//
+// Backends: kReference computes every stage with the CPU reference (small models; the tests
+// compare its logits with the trainer's full forward). The GPU backend (CUDA graphs per
+// batch-size bucket, sampling on the GPU) is not built yet and is refused by name.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusebox/status.h"
+#include "fusebox/train.h"
+
+namespace fusebox {
+
+struct SamplingParams {
+  double temperature = 0;  // 0: greedy
+  int64_t top_k = 0;       // 0: all
+  double top_p = 1;        // 1: all
+  uint64_t seed = 0;       // per request: the same seed and prompt give the same tokens
+};
+
+struct LmRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int64_t max_new_tokens = 16;
+  int32_t stop_token = -1;  // ends the request when sampled (-1: none)
+};
+
+struct TokenEvent {
+  int64_t request = 0;
+  int32_t token = 0;
+  bool finished = false;
+};
+
+enum class ServeBackend { kReference, kGpu };
+
+struct EngineOptions {
+  ServeBackend backend = ServeBackend::kReference;
+  int64_t max_batch = 8;     // running requests at most
+  int64_t page_size = 16;    // tokens per KV page
+  int64_t pool_pages = 256;  // KV pages per layer (each page: kv_heads x page_size x head_dim, K and V)
+};
+
+struct EngineStats {
+  int64_t steps = 0, prefill_tokens = 0, cached_prompt_tokens = 0, decode_tokens = 0;
+  int64_t running = 0, waiting = 0;
+  int64_t pages_used = 0, pages_cached = 0, pages_free = 0;  // cached: prefix pages no request holds
+};
+
+class LmEngine {
+ public:
+  // The model: a docs/lm.md config and a checkpoint of it (the trainer's).
+  static Result<std::unique_ptr<LmEngine>> create(const LmConfig& config, const std::string& checkpoint,
+                                                  const EngineOptions& options);
+  ~LmEngine();
+  LmEngine(const LmEngine&) = delete;
+  LmEngine& operator=(const LmEngine&) = delete;
+
+  // Queues a request; its id. A prompt outside the vocabulary, longer than the context with
+  // its new tokens, or larger than the whole pool is refused here.
+  Result<int64_t> add_request(const LmRequest& r);
+  // One engine step: admissions and their prefill, then one decode token for every running
+  // request. The tokens produced, in request order.
+  Result<std::vector<TokenEvent>> step();
+  bool idle() const;  // nothing waiting or running
+  EngineStats stats() const;
+  // The logits (fp32, vocab values) each request's last token was sampled from, for tests.
+  const std::vector<float>& last_logits(int64_t request) const;
+
+ private:
+  struct Impl;
+  explicit LmEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The sampling rule (on the host): temperature, then top-k, then top-p over the softmax, one
+// draw from `u` in [0, 1); greedy (the first largest logit) when temperature is 0.
+int32_t sample_token(const std::vector<float>& logits, const SamplingParams& p, double u);
+
+}  // namespace fusebox

@@ -1,0 +1,475 @@
+// fusebox: the language-model serving engine (include/fusebox/serve.h), reference backend.
+// Each step runs the model over B sequences of S new tokens (a prompt chunk: B = 1; decode:
+// S = 1) stage by stage as graphs through the CPU reference, with the training pipeline's stage
+// split (every stage's output rounded to its dtype as a GPU buffer would be), RoPE at each
+// sequence's offset, the new keys and values written into the paged pools, and paged attention.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "fusebox/reference.h"
+#include "fusebox/serve.h"
+#include "fusebox/tensor.h"
+#include "kv_pool.h"
+
+namespace fusebox {
+namespace {
+
+using Json = nlohmann::json;
+using Values = std::vector<float>;
+
+Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
+            const char* dtype = nullptr) {
+  Json t = {{"name", name}, {"dims", dims}};
+  if (layout) t["layout"] = layout;
+  if (dtype) t["dtype"] = dtype;
+  return t;
+}
+
+Json op(const char* kind, const std::string& name, Json inputs, Json outputs) {
+  return {{"op", kind}, {"name", name}, {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
+}
+
+// Values rounded to `d` (what a buffer of that dtype holds).
+Values rounded(DType d, const Values& v) {
+  if (d == DType::kFP32) return v;
+  ResolvedTensor t;
+  t.dims = {static_cast<int64_t>(v.size())};
+  t.strides = {1};
+  t.dtype = d;
+  return host_tensor_of(t, std::vector<double>(v.begin(), v.end())).to_float_logical();
+}
+
+void store_bf16(HostTensor& t, int64_t i, float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t b = (u & 0x7fffffffu) > 0x7f800000u
+                         ? uint16_t{0x7fc0}  // NaN stays NaN
+                         : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  std::memcpy(t.data.data() + i * 2, &b, 2);
+}
+
+// [B*S, H*dh] rows <-> [B, H, S, dh] logical order.
+Values rows_to_bhsd(const Values& x, int64_t B, int64_t S, int64_t H, int64_t dh) {
+  Values y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < dh; ++d)
+          y[static_cast<size_t>(((b * H + h) * S + s) * dh + d)] =
+              x[static_cast<size_t>(((b * S + s) * H + h) * dh + d)];
+  return y;
+}
+Values bhsd_to_rows(const Values& y, int64_t B, int64_t S, int64_t H, int64_t dh) {
+  Values x(y.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < dh; ++d)
+          x[static_cast<size_t>(((b * S + s) * H + h) * dh + d)] =
+              y[static_cast<size_t>(((b * H + h) * S + s) * dh + d)];
+  return x;
+}
+
+struct Request {
+  LmRequest r;
+  KvPool::Seq seq;
+  std::vector<int32_t> generated;
+  int64_t len = 0;  // tokens whose K/V are in the pool
+  std::mt19937_64 rng;
+  Values logits;
+  bool running = false, done = false;
+};
+
+}  // namespace
+
+struct LmEngine::Impl {
+  LmConfig cfg;
+  EngineOptions opt;
+  std::map<std::string, Values> w;         // weights as the GPU buffers hold them
+  std::vector<HostTensor> k_pool, v_pool;  // by layer: [pages, kv_heads, page_size, head_dim]
+  std::unique_ptr<KvPool> pool;
+  std::map<std::string, ResolvedGraph> graphs;  // by key: built once per shape
+  std::map<int64_t, Request> requests;
+  std::vector<int64_t> waiting;  // FIFO
+  int64_t next_id = 0;
+  EngineStats stats;
+  Values freqs;  // [context, head_dim / 2]
+
+  // ---- graphs
+
+  Result<const ResolvedGraph*> graph(const std::string& key, const Json& tensors, const Json& ops) {
+    auto it = graphs.find(key);
+    if (it != graphs.end()) return &it->second;
+    const Json j = {
+        {"name", key},        {"io_dtype", "bf16"}, {"intermediate_dtype", "fp32"}, {"compute_dtype", "fp32"},
+        {"tensors", tensors}, {"ops", ops}};
+    FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(j.dump(), key));
+    FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(spec));
+    return &graphs.emplace(key, std::move(g)).first->second;
+  }
+
+  // Runs `g` on logical inputs (ints as floats), outputs rounded to their dtypes.
+  static Result<std::map<std::string, Values>> run(const ResolvedGraph& g,
+                                                   const std::map<std::string, const Values*>& in,
+                                                   const std::map<std::string, const HostTensor*>& raw = {}) {
+    std::map<std::string, HostTensor> inputs;
+    for (const ResolvedTensor& t : g.tensors) {
+      if (!t.is_input || t.scalar_value) continue;
+      if (auto r = raw.find(t.name); r != raw.end()) {
+        inputs[t.name] = *r->second;
+        continue;
+      }
+      auto it = in.find(t.name);
+      if (it == in.end())
+        return Internal("serve: graph '" + g.name + "' input '" + t.name + "' has no value");
+      inputs[t.name] = host_tensor_of(t, std::vector<double>(it->second->begin(), it->second->end()));
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(ReferenceOutputs ref, reference_cpu(g, inputs));
+    std::map<std::string, Values> out;
+    for (auto& [name, v] : ref)
+      out[name] = rounded(g.tensors[static_cast<size_t>(g.find_tensor(name))].dtype, v);
+    return out;
+  }
+
+  Result<Values> gemm(int64_t n, int64_t k, int64_t p, const Values& a, const std::string& w_name,
+                      const Values* residual = nullptr, const char* epilogue = nullptr,
+                      const Values* g = nullptr) {
+    const std::string key = std::string("gemm_") + (residual ? "res_" : "") + (epilogue ? epilogue : "") +
+                            "_" + std::to_string(n) + "x" + std::to_string(k) + "x" + std::to_string(p);
+    Json t = {tensor("a", {1, n, k}), tensor("w", {1, k, p}), tensor("y", {1, n, p})};
+    Json o = Json::array();
+    if (residual) {
+      t.push_back(tensor("r", {1, n, p}));
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
+      o.push_back(op("add", "res", {{"a", "z"}, {"b", "r"}}, {{"y", "y"}}));
+    } else if (epilogue && std::string(epilogue) == "silu") {
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
+      o.push_back(op("silu", "act", {{"x", "z"}}, {{"y", "y"}}));
+    } else if (epilogue && std::string(epilogue) == "mul") {
+      t.push_back(tensor("g", {1, n, p}));
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
+      o.push_back(op("mul", "glu", {{"a", "g"}, {"b", "z"}}, {{"y", "y"}}));
+    } else {
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "y"}}));
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* gr, graph(key, t, o));
+    std::map<std::string, const Values*> in = {{"a", &a}, {"w", &w.at(w_name)}};
+    if (residual) in["r"] = residual;
+    if (g) in["g"] = g;
+    FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*gr, in));
+    return std::move(out.at("y"));
+  }
+
+  Result<Values> rmsnorm(int64_t n, const Values& x, const std::string& scale) {
+    const int64_t D = cfg.model.dim;
+    Json o = op("rmsnorm", "rms", {{"x", "x"}, {"scale", "scale"}}, {{"y", "y"}});
+    o["epsilon"] = cfg.model.norm_eps;
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* g, graph("rmsnorm_" + std::to_string(n),
+                                                           {tensor("x", {n, D, 1, 1}, "nhwc"),
+                                                            tensor("scale", {1, D, 1, 1}, "nhwc", "fp32"),
+                                                            tensor("y", {n, D, 1, 1}, "nhwc")},
+                                                           Json::array({o})));
+    FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*g, {{"x", &x}, {"scale", &w.at(scale)}}));
+    return std::move(out.at("y"));
+  }
+
+  Result<Values> rope(int64_t B, int64_t H, int64_t S, const Values& x_bhsd, const Values& offsets) {
+    const int64_t dh = cfg.model.head_dim;
+    FUSEBOX_ASSIGN_OR_RETURN(
+        const ResolvedGraph* g,
+        graph("rope_" + std::to_string(B) + "x" + std::to_string(H) + "x" + std::to_string(S),
+              {tensor("x", {B, H, S, dh}, "bshd"),
+               tensor("freqs", {1, 1, cfg.model.context, dh / 2}, nullptr, "fp32"),
+               tensor("offset", {B, 1, 1, 1}, nullptr, "int32"), tensor("y", {B, H, S, dh}, "bshd")},
+              Json::array({op("rope", "rope", {{"x", "x"}, {"freqs", "freqs"}, {"offset", "offset"}},
+                              {{"y", "y"}})})));
+    FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*g, {{"x", &x_bhsd}, {"freqs", &freqs}, {"offset", &offsets}}));
+    return std::move(out.at("y"));
+  }
+
+  // The model over B sequences of S new tokens each; returns the logits of each sequence's last
+  // new token ([B, vocab]).
+  Result<Values> forward(const std::vector<Request*>& batch, int64_t S, const std::vector<int32_t>& ids) {
+    const LmModelConfig& m = cfg.model;
+    const int64_t B = static_cast<int64_t>(batch.size()), N = B * S, D = m.dim, dh = m.head_dim;
+    const int64_t H = m.heads, KV = m.kv_heads, P = opt.page_size;
+    Values offsets, lens_q, lens_kv;
+    int64_t max_kv = 0;
+    for (Request* r : batch) {
+      offsets.push_back(static_cast<float>(r->len));
+      lens_q.push_back(static_cast<float>(S));
+      lens_kv.push_back(static_cast<float>(r->len + S));
+      max_kv = std::max(max_kv, r->len + S);
+    }
+    const int64_t max_pages = (max_kv + P - 1) / P;
+    Values table(static_cast<size_t>(B * max_pages), 0.f);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0;
+           i < max_pages && i < static_cast<int64_t>(batch[static_cast<size_t>(b)]->seq.pages.size()); ++i)
+        table[static_cast<size_t>(b * max_pages + i)] =
+            static_cast<float>(batch[static_cast<size_t>(b)]->seq.pages[static_cast<size_t>(i)]);
+
+    // Embedding: the fp32 table, rounded to bf16 rows.
+    Values h(static_cast<size_t>(N * D));
+    const Values& emb = w.at("tok_embeddings");
+    for (int64_t n = 0; n < N; ++n)
+      std::copy_n(emb.begin() + static_cast<int64_t>(ids[static_cast<size_t>(n)]) * D, D, h.begin() + n * D);
+    h = rounded(DType::kBF16, h);
+
+    Json attn = op("sdpa_fwd", "attn",
+                   {{"q", "q"},
+                    {"k", "k"},
+                    {"v", "v"},
+                    {"seq_len_q", "lq"},
+                    {"seq_len_kv", "lkv"},
+                    {"page_table_k", "table"},
+                    {"page_table_v", "table"}},
+                   {{"o", "o"}});
+    attn["causal"] = true;
+    attn["alignment"] = "bottom_right";
+    attn["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(dh));
+    const std::vector<int64_t> pool_dims = {opt.pool_pages, KV, P, dh};
+    FUSEBOX_ASSIGN_OR_RETURN(
+        const ResolvedGraph* ag,
+        graph("attn_" + std::to_string(B) + "x" + std::to_string(S) + "x" + std::to_string(max_pages),
+              {tensor("q", {B, H, S, dh}, "bshd"), tensor("k", pool_dims), tensor("v", pool_dims),
+               tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"),
+               tensor("lq", {B, 1, 1, 1}, nullptr, "int32"), tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"),
+               tensor("o", {B, H, S, dh}, "bshd")},
+              Json::array({attn})));
+    for (int64_t l = 0; l < m.layers; ++l) {
+      const std::string p = "layers." + std::to_string(l) + ".";
+      FUSEBOX_ASSIGN_OR_RETURN(Values a, rmsnorm(N, h, p + "attention_norm"));
+      FUSEBOX_ASSIGN_OR_RETURN(Values q, gemm(N, D, H * dh, a, p + "wq"));
+      FUSEBOX_ASSIGN_OR_RETURN(Values k, gemm(N, D, KV * dh, a, p + "wk"));
+      FUSEBOX_ASSIGN_OR_RETURN(Values v, gemm(N, D, KV * dh, a, p + "wv"));
+      FUSEBOX_ASSIGN_OR_RETURN(Values qr, rope(B, H, S, rows_to_bhsd(q, B, S, H, dh), offsets));
+      FUSEBOX_ASSIGN_OR_RETURN(Values kr, rope(B, KV, S, rows_to_bhsd(k, B, S, KV, dh), offsets));
+      // The new keys and values into their pages: position p of sequence b is row p % P of page
+      // table[b][p / P].
+      const Values vb = rows_to_bhsd(v, B, S, KV, dh);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t pos = batch[static_cast<size_t>(b)]->len + s;
+          const int64_t page = batch[static_cast<size_t>(b)]->seq.pages[static_cast<size_t>(pos / P)];
+          for (int64_t hk = 0; hk < KV; ++hk) {
+            const int64_t dst = ((page * KV + hk) * P + pos % P) * dh, src = ((b * KV + hk) * S + s) * dh;
+            for (int64_t d = 0; d < dh; ++d) {
+              store_bf16(k_pool[static_cast<size_t>(l)], dst + d, kr[static_cast<size_t>(src + d)]);
+              store_bf16(v_pool[static_cast<size_t>(l)], dst + d, vb[static_cast<size_t>(src + d)]);
+            }
+          }
+        }
+      FUSEBOX_ASSIGN_OR_RETURN(
+          auto att, run(*ag, {{"q", &qr}, {"table", &table}, {"lq", &lens_q}, {"lkv", &lens_kv}},
+                        {{"k", &k_pool[static_cast<size_t>(l)]}, {"v", &v_pool[static_cast<size_t>(l)]}}));
+      const Values o = bhsd_to_rows(att.at("o"), B, S, H, dh);
+      FUSEBOX_ASSIGN_OR_RETURN(Values h1, gemm(N, H * dh, D, o, p + "wo", &h));
+      FUSEBOX_ASSIGN_OR_RETURN(Values mm, rmsnorm(N, h1, p + "ffn_norm"));
+      FUSEBOX_ASSIGN_OR_RETURN(Values g, gemm(N, D, m.ffn_dim, mm, p + "w_gate", nullptr, "silu"));
+      FUSEBOX_ASSIGN_OR_RETURN(Values act, gemm(N, D, m.ffn_dim, mm, p + "w_up", nullptr, "mul", &g));
+      FUSEBOX_ASSIGN_OR_RETURN(h, gemm(N, m.ffn_dim, D, act, p + "w_down", &h1));
+    }
+    // The last new token of each sequence only.
+    Values last(static_cast<size_t>(B * D));
+    for (int64_t b = 0; b < B; ++b) std::copy_n(h.begin() + ((b + 1) * S - 1) * D, D, last.begin() + b * D);
+    FUSEBOX_ASSIGN_OR_RETURN(Values hn, rmsnorm(B, last, "norm"));
+    return gemm(B, D, m.vocab, hn, "output");
+  }
+
+  TokenEvent emit(int64_t id, Request& r, const Values& logits) {
+    r.logits = logits;
+    std::uniform_real_distribution<double> u(0, 1);
+    const int32_t t = sample_token(logits, r.r.sampling, u(r.rng));
+    r.generated.push_back(t);
+    r.done = static_cast<int64_t>(r.generated.size()) >= r.r.max_new_tokens || t == r.r.stop_token;
+    return {id, t, r.done};
+  }
+};
+
+LmEngine::LmEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LmEngine::~LmEngine() = default;
+
+Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const std::string& checkpoint,
+                                                   const EngineOptions& options) {
+  if (options.backend == ServeBackend::kGpu)
+    return NotSupported("serve: the GPU engine is not built yet (issue 34); use the reference backend");
+  if (options.max_batch < 1 || options.page_size < 1 || options.pool_pages < 1)
+    return InvalidArgument("serve: max_batch, page_size and pool_pages must be at least 1");
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = config;
+  impl->opt = options;
+  FUSEBOX_ASSIGN_OR_RETURN(auto weights, load_lm_weights(config, checkpoint));
+  const LmModelConfig& m = config.model;
+  for (const LmParameter& p : lm_parameters(m)) {
+    // The forward reads matrices as bf16 copies, the embedding table and norm gains in fp32.
+    const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
+    impl->w[p.name] = fp32 ? std::move(weights.at(p.name)) : rounded(DType::kBF16, weights.at(p.name));
+  }
+  impl->freqs = lm_rope_angles(m, m.context);
+  ResolvedTensor pool;
+  pool.dims = {options.pool_pages, m.kv_heads, options.page_size, m.head_dim};
+  pool.strides = {m.kv_heads * options.page_size * m.head_dim, options.page_size * m.head_dim, m.head_dim, 1};
+  pool.dtype = DType::kBF16;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    impl->k_pool.push_back(HostTensor::like(pool));
+    impl->v_pool.push_back(HostTensor::like(pool));
+  }
+  impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);
+  return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
+}
+
+Result<int64_t> LmEngine::add_request(const LmRequest& r) {
+  Impl& s = *impl_;
+  const LmModelConfig& m = s.cfg.model;
+  if (r.prompt.empty()) return InvalidArgument("serve: an empty prompt");
+  if (r.max_new_tokens < 1) return InvalidArgument("serve: max_new_tokens must be at least 1");
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+  if (total > m.context)
+    return InvalidArgument("serve: a prompt of " + std::to_string(r.prompt.size()) + " tokens plus " +
+                           std::to_string(r.max_new_tokens) + " new ones is over the context of " +
+                           std::to_string(m.context));
+  if (s.pool->pages_for(total) > s.pool->pages())
+    return InvalidArgument("serve: the request needs " + std::to_string(s.pool->pages_for(total)) +
+                           " KV pages, the whole pool has " + std::to_string(s.pool->pages()));
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    if (r.prompt[i] < 0 || r.prompt[i] >= m.vocab)
+      return InvalidArgument("serve: prompt token " + std::to_string(i) + " = " +
+                             std::to_string(r.prompt[i]) + " is outside the vocabulary [0, " +
+                             std::to_string(m.vocab) + ")");
+  if (!(r.sampling.temperature >= 0) || !(r.sampling.top_p > 0 && r.sampling.top_p <= 1) ||
+      r.sampling.top_k < 0)
+    return InvalidArgument("serve: sampling needs temperature >= 0, 0 < top_p <= 1 and top_k >= 0");
+  const int64_t id = s.next_id++;
+  Request& q = s.requests[id];
+  q.r = r;
+  q.rng.seed(r.sampling.seed);
+  s.waiting.push_back(id);
+  return id;
+}
+
+Result<std::vector<TokenEvent>> LmEngine::step() {
+  Impl& s = *impl_;
+  std::vector<TokenEvent> events;
+  std::vector<int64_t> running;
+  for (auto& [id, r] : s.requests)
+    if (r.running) running.push_back(id);
+  // Admissions, in arrival order, while the batch and the pool have room; each prompt's uncached
+  // part is prefilled (B = 1) and its first token sampled.
+  std::vector<int64_t> admitted;
+  while (!s.waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < s.opt.max_batch) {
+    const int64_t id = s.waiting.front();
+    Request& r = s.requests.at(id);
+    const int64_t total = static_cast<int64_t>(r.r.prompt.size()) + r.r.max_new_tokens;
+    const int64_t cached = s.pool->admit(&r.seq, r.r.prompt, total);
+    if (cached < 0) break;  // the pool is full: it waits, and so do the ones behind it
+    s.waiting.erase(s.waiting.begin());
+    r.len = cached;
+    const std::vector<int32_t> chunk(r.r.prompt.begin() + cached, r.r.prompt.end());
+    auto logits = s.forward({&r}, static_cast<int64_t>(chunk.size()), chunk);
+    if (!logits.ok()) return logits.status().WithContext("serve: prefill of request " + std::to_string(id));
+    r.len = static_cast<int64_t>(r.r.prompt.size());
+    s.pool->publish(r.seq, r.r.prompt);
+    s.stats.prefill_tokens += static_cast<int64_t>(chunk.size());
+    s.stats.cached_prompt_tokens += cached;
+    events.push_back(s.emit(id, r, *logits));
+    r.running = !r.done;
+    if (r.done) s.pool->release(&r.seq);
+    admitted.push_back(id);
+  }
+  // One decode token for every request that was running before this step.
+  std::vector<Request*> batch;
+  std::vector<int32_t> ids;
+  for (int64_t id : running) {
+    Request& r = s.requests.at(id);
+    batch.push_back(&r);
+    ids.push_back(r.generated.back());
+  }
+  if (!batch.empty()) {
+    auto logits = s.forward(batch, 1, ids);
+    if (!logits.ok()) return logits.status().WithContext("serve: decode");
+    const int64_t V = s.cfg.model.vocab;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Request& r = *batch[b];
+      r.len += 1;
+      events.push_back(s.emit(running[b], r,
+                              Values(logits->begin() + static_cast<int64_t>(b) * V,
+                                     logits->begin() + static_cast<int64_t>(b + 1) * V)));
+      if (r.done) {
+        r.running = false;
+        s.pool->release(&r.seq);
+      }
+    }
+    s.stats.decode_tokens += static_cast<int64_t>(batch.size());
+  }
+  ++s.stats.steps;
+  std::sort(events.begin(), events.end(),
+            [](const TokenEvent& a, const TokenEvent& b) { return a.request < b.request; });
+  return events;
+}
+
+bool LmEngine::idle() const {
+  if (!impl_->waiting.empty()) return false;
+  for (const auto& [id, r] : impl_->requests)
+    if (r.running) return false;
+  return true;
+}
+
+EngineStats LmEngine::stats() const {
+  EngineStats st = impl_->stats;
+  st.waiting = static_cast<int64_t>(impl_->waiting.size());
+  for (const auto& [id, r] : impl_->requests) st.running += r.running ? 1 : 0;
+  st.pages_free = impl_->pool->free_pages() - impl_->pool->cached_pages();
+  st.pages_cached = impl_->pool->cached_pages();
+  st.pages_used = impl_->pool->pages() - impl_->pool->free_pages();
+  return st;
+}
+
+const std::vector<float>& LmEngine::last_logits(int64_t request) const {
+  static const std::vector<float> none;
+  auto it = impl_->requests.find(request);
+  return it == impl_->requests.end() ? none : it->second.logits;
+}
+
+int32_t sample_token(const std::vector<float>& logits, const SamplingParams& p, double u) {
+  const int32_t V = static_cast<int32_t>(logits.size());
+  if (V == 0) return -1;
+  if (p.temperature <= 0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int32_t i = 0; i < V; ++i) order[static_cast<size_t>(i)] = i;
+  // Largest first; ties by index, so that the draw is reproducible.
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  const size_t k = p.top_k > 0 ? std::min<size_t>(static_cast<size_t>(p.top_k), order.size()) : order.size();
+  std::vector<double> prob(k);
+  const double top = logits[static_cast<size_t>(order[0])];
+  double sum = 0;
+  for (size_t i = 0; i < k; ++i)
+    sum += prob[i] = std::exp((logits[static_cast<size_t>(order[i])] - top) / p.temperature);
+  // top-p: the smallest prefix whose probability reaches top_p.
+  size_t keep = k;
+  if (p.top_p < 1) {
+    double acc = 0;
+    for (size_t i = 0; i < k; ++i) {
+      acc += prob[i] / sum;
+      if (acc >= p.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += prob[i];
+  double x = u * kept;
+  for (size_t i = 0; i < keep; ++i) {
+    if (x < prob[i]) return order[i];
+    x -= prob[i];
+  }
+  return order[keep - 1];
+}
+
+}  // namespace fusebox

@@ -1,0 +1,180 @@
+// The serving engine (fusebox/serve.h) on the reference backend: the KV pool's bookkeeping,
+// the sampling rule, and the engine's logits at every generated token against a full forward
+// of the training pipeline (LmTrainer::next_token_logits), with continuous batching, shared
+// prefix pages and a pool too small for every request at once.
+#include "fusebox/serve.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fusebox/train.h"
+#include "kv_pool.h"
+#include "test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing::TempDir;
+
+TEST(KvPool, SharesWholePromptPagesAndEvictsLeastRecentlyReleased) {
+  KvPool pool(8, 4);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};  // pages [1-4] [5-8] [9 10]
+  KvPool::Seq s1, s2, s3;
+  EXPECT_EQ(pool.admit(&s1, a, 12), 0) << "nothing cached yet";
+  EXPECT_EQ(s1.pages.size(), 3u);
+  pool.publish(s1, a);
+  // Same first 8 tokens: two whole pages shared, never the page of the last prompt token.
+  std::vector<int32_t> b = {1, 2, 3, 4, 5, 6, 7, 8, 42};
+  EXPECT_EQ(pool.admit(&s2, b, 9), 8);
+  ASSERT_EQ(s2.pages.size(), 3u);
+  EXPECT_EQ(s2.pages[0], s1.pages[0]);
+  EXPECT_EQ(s2.pages[1], s1.pages[1]);
+  EXPECT_NE(s2.pages[2], s1.pages[2]);
+  // A prompt that is exactly the cached pages still computes its last page.
+  EXPECT_EQ(pool.admit(&s3, std::vector<int32_t>(a.begin(), a.begin() + 8), 8), 4);
+  EXPECT_EQ(pool.free_pages(), 8 - 3 - 1 - 1);
+  pool.release(&s1);
+  pool.release(&s2);
+  pool.release(&s3);
+  EXPECT_EQ(pool.free_pages(), 8);
+  EXPECT_EQ(pool.cached_pages(), 2) << "the two prefix pages stay cached";
+  // A request that needs the whole pool evicts them; the next one finds nothing cached.
+  KvPool::Seq big, again;
+  EXPECT_EQ(pool.admit(&big, std::vector<int32_t>(29, 7), 32), 0);
+  EXPECT_EQ(pool.free_pages(), 0);
+  EXPECT_EQ(pool.admit(&again, a, 12), -1) << "a full pool: the request waits";
+  pool.release(&big);
+  EXPECT_EQ(pool.cached_pages(), 0);
+  EXPECT_EQ(pool.admit(&again, a, 12), 0);
+}
+
+TEST(Sampling, GreedyTopKTopPAndTemperature) {
+  const std::vector<float> l = {0.f, std::log(3.f), -1e9f};  // probabilities 0.25, 0.75, 0
+  EXPECT_EQ(sample_token(l, {}, 0.99), 1) << "greedy";
+  SamplingParams t;
+  t.temperature = 1;
+  EXPECT_EQ(sample_token(l, t, 0.70), 1);  // the larger first: [0, 0.75) -> 1
+  EXPECT_EQ(sample_token(l, t, 0.80), 0);
+  t.top_k = 1;
+  EXPECT_EQ(sample_token(l, t, 0.99), 1);
+  t.top_k = 0;
+  t.top_p = 0.5;
+  EXPECT_EQ(sample_token(l, t, 0.99), 1) << "top-p keeps the smallest prefix reaching 0.5";
+}
+
+class Engine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = parse_lm_config(R"({"model": {"vocab": 48, "dim": 32, "layers": 2, "heads": 4, "kv_heads": 2,
+      "head_dim": 8, "ffn_dim": 64, "context": 40}, "train": {"batch": 2, "lr": 1e-2, "warmup": 2, "seed": 3}})",
+                             "tiny");
+    ASSERT_TRUE(c.ok());
+    config_ = *c;
+    auto t = LmTrainer::create(config_, {dir_.file("train"), 10, TrainBackend::kReference});
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    trainer_ = std::move(*t);
+    // A few steps, so that the logits are not uniform.
+    TokenStream s;
+    for (int i = 0; i < 2000; ++i) s.tokens.push_back((i * 7 + i / 13) % 48);
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE(trainer_->step(s).ok());
+    ASSERT_TRUE(trainer_->save_checkpoint(dir_.file("ck.safetensors")).ok());
+  }
+  std::unique_ptr<LmEngine> engine(int64_t pages, int64_t max_batch = 8) {
+    EngineOptions o;
+    o.page_size = 4;
+    o.pool_pages = pages;
+    o.max_batch = max_batch;
+    auto e = LmEngine::create(config_, dir_.file("ck.safetensors"), o);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+  // Runs every request to the end; checks each sampled token's logits against a full forward.
+  std::map<int64_t, std::vector<int32_t>> run(LmEngine& e, const std::vector<LmRequest>& reqs, int* checked) {
+    std::map<int64_t, std::vector<int32_t>> out, context;
+    for (const LmRequest& r : reqs) {
+      auto id = e.add_request(r);
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+      context[*id] = r.prompt;
+    }
+    for (int guard = 0; !e.idle() && guard < 100; ++guard) {
+      auto ev = e.step();
+      EXPECT_TRUE(ev.ok()) << ev.status().ToString();
+      if (!ev.ok()) break;
+      for (const TokenEvent& t : *ev) {
+        auto full = trainer_->next_token_logits(context[t.request]);
+        EXPECT_TRUE(full.ok()) << full.status().ToString();
+        const std::vector<float>& mine = e.last_logits(t.request);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < mine.size(); ++i) {
+          num += (mine[i] - (*full)[i]) * double(mine[i] - (*full)[i]);
+          den += double((*full)[i]) * (*full)[i];
+        }
+        EXPECT_LT(std::sqrt(num / den), 1e-2)
+            << "request " << t.request << " after " << context[t.request].size() << " tokens";
+        ++*checked;
+        context[t.request].push_back(t.token);
+        out[t.request].push_back(t.token);
+      }
+    }
+    EXPECT_TRUE(e.idle());
+    return out;
+  }
+  TempDir dir_;
+  LmConfig config_;
+  std::unique_ptr<LmTrainer> trainer_;
+};
+
+TEST_F(Engine, ContinuousBatchingWithSharedPrefixesMatchesTheFullForward) {
+  auto e = engine(64);
+  ASSERT_TRUE(e);
+  std::vector<LmRequest> reqs(4);
+  reqs[0].prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  reqs[1].prompt = {1, 2, 3, 4, 5, 6, 7, 8, 20, 21};  // shares two pages with the first
+  reqs[2].prompt = {30};
+  reqs[3].prompt = {5, 9, 13, 17, 21, 25, 29};
+  reqs[3].sampling = {0.8, 10, 0.9, 77};
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].max_new_tokens = 3 + static_cast<int64_t>(i);
+  int checked = 0;
+  const auto out = run(*e, reqs, &checked);
+  EXPECT_EQ(checked, 3 + 4 + 5 + 6);
+  EXPECT_EQ(e->stats().cached_prompt_tokens, 8) << "the second prompt's first two pages came from the cache";
+  // The same requests on a pool too small for all at once (they wait; nothing is corrupted),
+  // one at a time: the same tokens.
+  auto small = engine(6, 2);
+  ASSERT_TRUE(small);
+  int checked2 = 0;
+  const auto out2 = run(*small, reqs, &checked2);
+  EXPECT_EQ(out2, out);
+  EXPECT_GT(small->stats().steps, e->stats().steps) << "requests waited for pages";
+}
+
+TEST_F(Engine, SeedsAndBadRequests) {
+  auto e = engine(32);
+  ASSERT_TRUE(e);
+  LmRequest r;
+  r.prompt = {3, 4, 5};
+  r.max_new_tokens = 6;
+  r.sampling = {1.0, 0, 1.0, 5};
+  int checked = 0;
+  const auto a = run(*e, {r, r}, &checked);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a.at(0), a.at(1)) << "the same seed, the same tokens";
+  LmRequest bad = r;
+  bad.prompt = {3, 48};
+  auto st = e->add_request(bad);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("outside the vocabulary [0, 48)"), std::string::npos);
+  bad.prompt = std::vector<int32_t>(38, 1);
+  EXPECT_NE(e->add_request(bad).status().message().find("over the context of 40"), std::string::npos);
+  bad.prompt = {};
+  EXPECT_FALSE(e->add_request(bad).ok());
+  EngineOptions o;
+  o.backend = ServeBackend::kGpu;
+  EXPECT_EQ(LmEngine::create(config_, dir_.file("ck.safetensors"), o).status().code(),
+            StatusCode::kNotSupported);
+  EXPECT_FALSE(LmEngine::create(config_, dir_.file("nope.safetensors"), {}).ok());
+}
+
+}  // namespace
+}  // namespace fusebox
