@@ -72,6 +72,8 @@ Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int
 // a file that is not one, or of another config, is an error naming the first mismatched tensor.
 Result<std::map<std::string, std::vector<float>>> load_lm_weights(const LmConfig& config,
                                                                   const std::string& checkpoint);
+// The model config a checkpoint records (its metadata), as parse_lm_config() reads it.
+Result<LmConfig> lm_checkpoint_config(const std::string& checkpoint);
 // RoPE angles for positions [0, seq): p * rope_theta^(-2i/head_dim), row-major [seq, head_dim/2].
 std::vector<float> lm_rope_angles(const LmModelConfig& m, int64_t seq);
 
@@ -86,6 +88,10 @@ Result<TokenStream> load_token_stream(const std::string& path, int64_t vocab, in
 // docs/lm.md's batching rule: `batch` sequences from sequence `first` on, wrapping around.
 void lm_micro_batch(const TokenStream& s, int64_t seq, int64_t batch, int64_t first,
                     std::vector<int32_t>* ids, std::vector<int32_t>* labels);
+
+// docs/lm.md's vocab_bytes.json: each token id's bytes (decoding is concatenation). A file that
+// is not one, or of another vocabulary size, is one error naming it.
+Result<std::vector<std::string>> load_vocab_bytes(const std::string& path, int64_t vocab);
 
 enum class TrainBackend { kReference, kGpu };
 

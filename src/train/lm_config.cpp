@@ -246,4 +246,32 @@ void lm_micro_batch(const TokenStream& s, int64_t seq, int64_t batch, int64_t fi
   }
 }
 
+Result<std::vector<std::string>> load_vocab_bytes(const std::string& path, int64_t vocab) {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, 64u << 20, "vocabulary file"));
+  if (common::scan_json_text(text, 4, static_cast<size_t>(vocab) + 16).kind !=
+      common::JsonTextLimit::Kind::kNone)
+    return ParseError(path + ": not a vocabulary file (too deep, too many values or a NUL byte)");
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+    return ParseError(path + ": expected {\"vocab\": V, \"tokens\": [hex strings]}");
+  const auto& toks = j["tokens"];
+  if (static_cast<int64_t>(toks.size()) != vocab)
+    return InvalidArgument(path + ": holds " + std::to_string(toks.size()) +
+                           " tokens, the model's vocabulary is " + std::to_string(vocab));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < toks.size(); ++i) {
+    if (!toks[i].is_string())
+      return ParseError(path + ": token " + std::to_string(i) + " is not a hex string");
+    const std::string& h = toks[i].get_ref<const std::string&>();
+    if (h.size() % 2 != 0 || h.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+      return ParseError(path + ": token " + std::to_string(i) + " '" + h.substr(0, 32) +
+                        "' is not a hex string");
+    std::string bytes;
+    for (size_t k = 0; k < h.size(); k += 2)
+      bytes += static_cast<char>(std::stoi(h.substr(k, 2), nullptr, 16));
+    out.push_back(std::move(bytes));
+  }
+  return out;
+}
+
 }  // namespace fusebox

@@ -404,6 +404,11 @@ Result<std::map<std::string, std::vector<float>>> read_lm_tensors(const LmConfig
 
 }  // namespace
 
+Result<LmConfig> lm_checkpoint_config(const std::string& checkpoint) {
+  FUSEBOX_ASSIGN_OR_RETURN(auto meta, checkpoint_metadata(checkpoint));
+  return parse_lm_config(meta["config"], checkpoint + " (its config)");
+}
+
 Result<std::map<std::string, std::vector<float>>> load_lm_weights(const LmConfig& config,
                                                                   const std::string& checkpoint) {
   FUSEBOX_RETURN_IF_ERROR(checkpoint_metadata(checkpoint).status());

@@ -27,53 +27,6 @@ struct TrainArgs {
   CacheFlags cache;
 };
 
-// docs/lm.md's vocab_bytes.json: each id's bytes, for printing generated text.
-Result<std::vector<std::string>> load_vocab_bytes(const std::string& path, int64_t vocab) {
-  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, 64u << 20, "vocabulary file"));
-  if (common::scan_json_text(text, 4, static_cast<size_t>(vocab) + 16).kind !=
-      common::JsonTextLimit::Kind::kNone)
-    return ParseError(path + ": not a vocabulary file (too deep, too many values or a NUL byte)");
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
-    return ParseError(path + ": expected {\"vocab\": V, \"tokens\": [hex strings]}");
-  const auto& toks = j["tokens"];
-  if (static_cast<int64_t>(toks.size()) != vocab)
-    return InvalidArgument(path + ": holds " + std::to_string(toks.size()) +
-                           " tokens, the model's vocabulary is " + std::to_string(vocab));
-  std::vector<std::string> out;
-  for (size_t i = 0; i < toks.size(); ++i) {
-    if (!toks[i].is_string())
-      return ParseError(path + ": token " + std::to_string(i) + " is not a hex string");
-    const std::string& h = toks[i].get_ref<const std::string&>();
-    if (h.size() % 2 != 0 || h.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
-      return ParseError(path + ": token " + std::to_string(i) + " '" + h.substr(0, 32) +
-                        "' is not a hex string");
-    std::string bytes;
-    for (size_t k = 0; k < h.size(); k += 2)
-      bytes += static_cast<char>(std::stoi(h.substr(k, 2), nullptr, 16));
-    out.push_back(std::move(bytes));
-  }
-  return out;
-}
-
-std::string printable(const std::vector<int32_t>& ids, const std::vector<std::string>& vocab) {
-  std::string s;
-  for (int32_t id : ids) s += vocab.empty() ? "[" + std::to_string(id) + "]" : vocab[static_cast<size_t>(id)];
-  std::string out;  // control bytes shown escaped; text (UTF-8 included) as is
-  for (unsigned char c : s) {
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c < 0x20 || c == 0x7f) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
 std::string duration(double s) {
   char b[32];
   if (s >= 3600)
@@ -249,7 +202,7 @@ int run_train(const TrainArgs& a) {
       }
       if (!g.ok()) return fail(g.status());
       std::printf("greedy continuation of the validation text:\n  prompt: %s\n  model:  %s\n",
-                  printable(prompt, vocab).c_str(), printable(*g, vocab).c_str());
+                  printable_tokens(prompt, vocab).c_str(), printable_tokens(*g, vocab).c_str());
     }
   }
   return 0;

@@ -255,4 +255,22 @@ std::string graph_equality(const CudaGraphRun& cg, const char* noun) {
 
 nlohmann::json to_json(const CudaGraphRun& cg) { return nlohmann::json::parse(cuda_graph_run_json(cg)); }
 
+std::string printable_tokens(const std::vector<int32_t>& ids, const std::vector<std::string>& vocab) {
+  std::string s;
+  for (int32_t id : ids) s += vocab.empty() ? "[" + std::to_string(id) + "]" : vocab[static_cast<size_t>(id)];
+  std::string out;  // control bytes shown escaped; text (UTF-8 included) as is
+  for (unsigned char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace fusebox::cli

@@ -96,6 +96,9 @@ void print_warnings(const std::vector<std::string>& warnings);
 // "hit", "miss" or "off".
 std::string cache_state(const PlanCache* cache, bool hit);
 
+// Token ids as text through `vocab` (each id's bytes; "[id]" without one), control bytes escaped.
+std::string printable_tokens(const std::vector<int32_t>& ids, const std::vector<std::string>& vocab);
+
 // Each command adds its subcommand and returns the function that runs it.
 using Runner = std::function<int()>;
 Runner add_info(CLI::App& app);
@@ -112,6 +115,7 @@ Runner add_model(CLI::App& app);
 Runner add_ops(CLI::App& app);
 Runner add_backward(CLI::App& app);
 Runner add_train(CLI::App& app);
+Runner add_serve(CLI::App& app);
 Runner add_pipeline_backward(CLI::App& pipeline);  // `pipeline backward`, in cmd_backward.cpp
 // An op's traits as JSON (fusebox ops, check --json).
 nlohmann::ordered_json traits_json(const OpTraitsInfo& t);

@@ -61,6 +61,7 @@ int fusebox_main(int argc, char** argv) {
   add(add_ops);
   add(add_backward);
   add(add_train);
+  add(add_serve);
   // `model embed`'s arguments are the Python runner's, passed on verbatim: CLI11 would parse
   // them (a sentence that reads like an option or a command), so they bypass it.
   if (argc > 2 && std::strcmp(argv[1], "model") == 0 && std::strcmp(argv[2], "embed") == 0)

@@ -315,6 +315,20 @@ def decode(data_dir, ids):
     return b"".join(table[i] for i in ids)
 
 
+def encode_text(data_dir, text):
+    """The token ids of `text` by the tokenizer.json in `data_dir` (what `fusebox serve lm --prompt` uses)."""
+    path = os.path.join(data_dir, "tokenizer.json")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise DataError("the tokenizers package is missing (scripts/setup.sh installs it)") from None
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers package raises its own exception types
+        raise DataError(f"cannot read {path}: {e}") from None
+    return tok.encode(text).ids
+
+
 # ---- HTML to text (the corpus) ----
 
 class HtmlText(html.parser.HTMLParser):
@@ -439,6 +453,7 @@ def parse_args(argv):
     """The parsed command line."""
     ap = argparse.ArgumentParser(prog="python3 -m fusebox_tools.models.lm_data", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fusebox", help=argparse.SUPPRESS)  # passed by the fusebox CLI (serve lm --prompt); unused
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="tokenizer and token streams from text files")
     p.add_argument("--text", nargs="+", required=True, help="UTF-8 text files, read in this order")
@@ -449,6 +464,10 @@ def parse_args(argv):
     d = sub.add_parser("decode", help="the text of token ids")
     d.add_argument("--data", required=True, help="a data folder (its vocab_bytes.json)")
     d.add_argument("--ids", required=True, help="comma-separated token ids")
+    e = sub.add_parser("encode", help="the token ids of a text (comma-separated)")
+    e.add_argument("--data", required=True, help="a data folder (its tokenizer.json)")
+    e.add_argument("--text", required=True, help="the text")
+    e.add_argument("--out", help="write the ids here (atomically) instead of stdout")
     c = sub.add_parser("corpus", help="one text file from a tree of HTML pages")
     c.add_argument("--html", required=True, help="the folder of pages")
     c.add_argument("--exclude", nargs="*", default=[], help="globs of relative paths to leave out")
@@ -464,6 +483,15 @@ def main(argv=None):
             info = prepare(args.text, args.vocab, args.out, args.val_fraction, args.source_json)
             print(f"lm_data: wrote {args.out}: vocab {info['vocab']} ({info['dtype']}), "
                   f"{info['tokens']['train']} training and {info['tokens']['val']} validation tokens")
+        elif args.command == "encode":
+            ids = ",".join(str(i) for i in encode_text(args.data, args.text)) + "\n"
+            if args.out:
+                tmp = args.out + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(ids)
+                os.replace(tmp, args.out)
+            else:
+                sys.stdout.write(ids)
         elif args.command == "decode":
             sys.stdout.buffer.write(decode(args.data, parse_ids(args.ids)))
             sys.stdout.buffer.write(b"\n")
