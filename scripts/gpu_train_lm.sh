@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Issue 33 on the H200, from the slim carry of scripts/gpu_train_bundle.sh (docs/gpu.md,
-# docs/lm-torch.md). One part per device call (each under 10 minutes):
-#   PART=1  the GPU step against the reference backend (tests/gpu/train_gpu_test.cpp); the tiny
-#           model 20 steps on both backends; the 125M model's first 30 steps on the GPU (tokens/s,
-#           memory, CUDA graph) and its step-0 gradients against plain torch (compare-grads).
-#   PART=2  the 500-step comparison: fusebox and torch (torch.compile default) from the same
-#           init.safetensors, compare-losses over the last 100 steps, validation losses.
-#   PART=3  the speed table: torch bench (eager, default, max-autotune-no-cudagraphs,
-#           reduce-overhead) on the 125M config; PART=4 the same for the 350M config with fusebox's
-#           own steady-state tokens/s.
+# docs/lm-torch.md). One part per device call (each under the 10-minute limit):
+#   PART=1  the GPU step against the reference backend (tests/gpu/train_gpu_test.cpp), and the
+#           tiny model 20 steps on both backends (compare-losses);
+#   PART=2  the 125M model's first 30 steps on the GPU (plans built cold into the plan cache,
+#           tokens/s, memory, CUDA graph) and its step-0 gradients against plain torch;
+#   PART=3  the 500-step comparison: fusebox and torch (torch.compile default) from the same
+#           init.safetensors, compare-losses over the last 100 steps, validation losses, the plot;
+#   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
+#           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -35,43 +35,46 @@ summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 case "$PART" in
 1)
   summary "GPU step vs reference backend (gtest)"
-  timeout 240 "$W/fusebox_gpu_tests" --gtest_filter='TrainGpu*' > "$OUT/train_gpu_test.txt" 2>&1
+  timeout 200 "$W/fusebox_gpu_tests" --gtest_filter='TrainGpu*' > "$OUT/train_gpu_test.txt" 2>&1
   echo "exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/train_gpu_test.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
   summary "tiny model, 20 steps: reference vs gpu"
   rm -rf "$W/tiny_ref" "$W/tiny_gpu"
-  timeout 120 "$FB" train lm --config examples/train/lm_tiny.json --data "$W/lm-ci" --steps 20 --out "$W/tiny_ref" \
+  timeout 60 "$FB" train lm --config examples/train/lm_tiny.json --data "$W/lm-ci" --steps 20 --out "$W/tiny_ref" \
     --no-plot > "$OUT/tiny_ref.txt" 2>&1
   timeout 180 "$FB" train lm --config examples/train/lm_tiny.json --data "$W/lm-ci" --steps 20 --out "$W/tiny_gpu" \
     --backend gpu --no-plot > "$OUT/tiny_gpu.txt" 2>&1
   echo "gpu exit $?" | tee -a "$OUT/summary.txt"
   $PY -m fusebox_tools.models.lm_torch compare-losses "$W/tiny_gpu/losses.csv" "$W/tiny_ref/losses.csv" --last 20 \
     --limit 0.05 2>&1 | tail -8 | tee -a "$OUT/summary.txt"
-  cp "$W"/tiny_*/losses.csv "$OUT/" 2>/dev/null
+  cp "$W/tiny_ref/losses.csv" "$OUT/tiny_ref_losses.csv" 2>/dev/null
+  cp "$W/tiny_gpu/losses.csv" "$OUT/tiny_gpu_losses.csv" 2>/dev/null
+  ;;
+2)
   summary "125M: 30 steps on the GPU, step-0 gradients vs torch"
   rm -rf "$W/m125"
-  timeout 300 "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 30 --out "$W/m125" \
+  timeout 330 "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 30 --out "$W/m125" \
     --backend gpu --dump-grads "$W/m125/fusebox_grads.safetensors" --generate 0 > "$OUT/m125.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E "^model|^GPU|^saved|^validation" "$OUT/m125.txt" | tee -a "$OUT/summary.txt"
   tail -3 "$OUT/m125.txt" | tee -a "$OUT/summary.txt"
   [ -f "$W/m125/losses.csv" ] && tail -5 "$W/m125/losses.csv" | tee -a "$OUT/summary.txt"
   if [ -f "$W/m125/fusebox_grads.safetensors" ]; then
-    timeout 200 $PY -m fusebox_tools.models.lm_torch grads --checkpoint "$W/m125/init.safetensors" --data "$W/lm" \
+    timeout 180 $PY -m fusebox_tools.models.lm_torch grads --checkpoint "$W/m125/init.safetensors" --data "$W/lm" \
       --out "$W/m125/torch_grads.safetensors" > "$OUT/torch_grads.txt" 2>&1
     $PY -m fusebox_tools.models.lm_torch compare-grads "$W/m125/fusebox_grads.safetensors" \
       "$W/m125/torch_grads.safetensors" > "$OUT/compare_grads.txt" 2>&1
     echo "compare-grads exit $?: $(tail -1 "$OUT/compare_grads.txt")" | tee -a "$OUT/summary.txt"
   fi
   ;;
-2)
+3)
   summary "125M: 500 steps, fusebox gpu vs torch.compile default, same init and batches"
   rm -rf "$W/m500"
-  timeout 420 "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 500 --out "$W/m500" \
+  timeout 360 "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 500 --out "$W/m500" \
     --backend gpu --save-every 100 > "$OUT/m500.txt" 2>&1
   echo "fusebox exit $?: $(grep -E '^validation' "$OUT/m500.txt")" | tee -a "$OUT/summary.txt"
   cp "$W/m500/losses.csv" "$OUT/fusebox_losses.csv" 2>/dev/null
   if [ -f "$W/m500/init.safetensors" ]; then
-    timeout 170 $PY -m fusebox_tools.models.lm_torch train --checkpoint "$W/m500/init.safetensors" --data "$W/lm" \
+    timeout 200 $PY -m fusebox_tools.models.lm_torch train --checkpoint "$W/m500/init.safetensors" --data "$W/lm" \
       --steps 500 --csv "$OUT/torch_losses.csv" --summary "$OUT/torch_train.json" --compile default \
       > "$OUT/torch_train.txt" 2>&1
     echo "torch exit $?: $(cat "$OUT/torch_train.json" 2>/dev/null)" | tee -a "$OUT/summary.txt"
@@ -81,12 +84,12 @@ case "$PART" in
       --title "125M, 500 steps, H200" "$OUT/fusebox_losses.csv" "$OUT/torch_losses.csv" >> "$OUT/summary.txt" 2>&1
   fi
   ;;
-3 | 4)
+4 | 5)
   cfg=examples/train/lm_125m.json
-  [ "$PART" = 4 ] && cfg=examples/train/lm_350m.json
+  [ "$PART" = 5 ] && cfg=examples/train/lm_350m.json
   summary "speed: $cfg"
   rm -rf "$W/speed"
-  timeout 240 "$FB" train lm --config "$cfg" --data "$W/lm" --steps 40 --out "$W/speed" --backend gpu \
+  timeout 150 "$FB" train lm --config "$cfg" --data "$W/lm" --steps 40 --out "$W/speed" --backend gpu \
     --generate 0 --no-plot > "$OUT/speed_fusebox.txt" 2>&1
   echo "fusebox exit $?; steady tokens/s (median of steps 10-39):" | tee -a "$OUT/summary.txt"
   [ -f "$W/speed/losses.csv" ] && $PY - "$W/speed/losses.csv" <<'PYEOF' | tee -a "$OUT/summary.txt"
@@ -95,12 +98,12 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 print(statistics.median(float(r["tokens_per_s"]) for r in rows[10:]))
 PYEOF
   grep -E "^GPU" "$OUT/speed_fusebox.txt" | tee -a "$OUT/summary.txt"
-  timeout 500 $PY -m fusebox_tools.models.lm_torch bench --config "$cfg" --data "$W/lm" \
+  timeout 400 $PY -m fusebox_tools.models.lm_torch bench --config "$cfg" --data "$W/lm" \
     --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs --json "$OUT/torch_bench.json" \
     > "$OUT/torch_bench.txt" 2>&1
   echo "torch bench exit $?" | tee -a "$OUT/summary.txt"
   tail -12 "$OUT/torch_bench.txt" | tee -a "$OUT/summary.txt"
   ;;
-*) echo "PART must be 1, 2, 3 or 4" >&2; exit 2 ;;
+*) echo "PART must be 1 to 5" >&2; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null

@@ -27,7 +27,7 @@ extern "C" {
 /* The C API's version: bumped when a declaration here changes. Additions
  * only: version 2 added the calls marked "(v2)", version 3 those marked
  * "(v3)", version 4 those marked "(v4)"; a program built against an earlier version runs unchanged. */
-#define FUSEBOX_C_API_VERSION 5
+#define FUSEBOX_C_API_VERSION 6
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -220,6 +220,60 @@ fusebox_status fusebox_bound_plan_rebind(fusebox_bound_plan* bound, const char* 
  * session's workspace: their executes on different streams must not overlap
  * (fusebox_bind_with_workspace gives each its own). */
 fusebox_status fusebox_execute(fusebox_bound_plan* bound, void* stream);
+
+/* ---- (v6) training and serving the language model of docs/lm.md (docs/training.md,
+ * docs/serving.md). backend: "reference" (the CPU reference: small models) or "gpu". */
+
+typedef struct fusebox_lm_trainer fusebox_lm_trainer;
+typedef struct fusebox_lm_engine fusebox_lm_engine;
+
+typedef struct {
+  int64_t step;     /* the optimizer step just taken (from 0) */
+  double loss;      /* mean over its micro-batches */
+  double grad_norm; /* before clipping */
+  double lr;
+  double seconds;
+  int64_t tokens;
+  int cuda_graph; /* nonzero: replayed as one CUDA graph (gpu) */
+} fusebox_lm_step;
+
+/* The model and optimizer config (a JSON file); the generated pipelines go to work_dir;
+ * total_steps is the schedule's length; plan_cache: a plan cache file or NULL (gpu). */
+fusebox_status fusebox_lm_trainer_create(const char* config_path, const char* work_dir, int64_t total_steps,
+                                         const char* backend, const char* plan_cache,
+                                         fusebox_lm_trainer** out);
+void fusebox_lm_trainer_free(fusebox_lm_trainer* trainer);
+/* The ids and labels one step takes: accum x batch x context each. */
+int64_t fusebox_lm_trainer_tokens_per_step(const fusebox_lm_trainer* trainer);
+int64_t fusebox_lm_trainer_steps_done(const fusebox_lm_trainer* trainer);
+/* One optimizer step on `count` ids and labels (fusebox_lm_trainer_tokens_per_step). A
+ * non-finite loss or gradient is an error naming the step; nothing changes then. */
+fusebox_status fusebox_lm_trainer_step(fusebox_lm_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                       size_t count, fusebox_lm_step* result);
+/* Checkpoints (safetensors, docs/lm.md): written through a temporary file; loading refuses
+ * another model config, naming the first mismatched tensor. */
+fusebox_status fusebox_lm_trainer_save(const fusebox_lm_trainer* trainer, const char* path);
+fusebox_status fusebox_lm_trainer_load(fusebox_lm_trainer* trainer, const char* path);
+
+/* The serving engine over a checkpoint (its metadata holds the config). */
+fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* backend, int64_t page_size,
+                                        int64_t pool_pages, int64_t max_batch, fusebox_lm_engine** out);
+void fusebox_lm_engine_free(fusebox_lm_engine* engine);
+/* Queues a request (temperature 0: greedy; top_k 0 and top_p 1: all; stop_token -1: none). */
+fusebox_status fusebox_lm_engine_add(fusebox_lm_engine* engine, const int32_t* prompt, size_t length,
+                                     int64_t max_new_tokens, double temperature, int64_t top_k, double top_p,
+                                     uint64_t seed, int32_t stop_token, int64_t* id);
+typedef struct {
+  int64_t request;
+  int32_t token;
+  int finished;
+} fusebox_lm_token;
+/* One engine step; its tokens into `tokens` (at most `capacity`: one per running request, so
+ * max_batch is enough), their number into `count`. */
+fusebox_status fusebox_lm_engine_step(fusebox_lm_engine* engine, fusebox_lm_token* tokens, size_t capacity,
+                                      size_t* count);
+/* Nonzero when nothing waits or runs. */
+int fusebox_lm_engine_idle(const fusebox_lm_engine* engine);
 
 #ifdef __cplusplus
 }

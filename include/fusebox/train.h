@@ -124,6 +124,10 @@ class LmTrainer {
   // One optimizer step over `accum` micro-batches of `train`. A non-finite loss or gradient
   // is an error naming the step and the first such tensor; the parameters are then unchanged.
   Result<LmStepResult> step(const TokenStream& train);
+  // The same step on the caller's micro-batches: `ids` and `labels` hold accum x batch x context
+  // tokens (micro-batch after micro-batch, each row-major [batch, context]); labels are the next
+  // tokens. The data position advances by accum x batch sequences, as with a stream.
+  Result<LmStepResult> step_tokens(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels);
   // Mean loss over the first `batches` micro-batches of `val` (forward only).
   Result<double> validation_loss(const TokenStream& val, int64_t batches);
   // The logits (fp32, vocab values) of the token after `tokens`: a full forward of the training

@@ -13,6 +13,7 @@ import os
 
 from ._graph import BackwardGraph, Graph, GraphInfo, TensorInfo
 from ._lib import C_API_VERSION, library_path
+from ._lm import LmEngine, LmTrainer
 from ._session import Plan, Session
 from ._tensors import torch_dtype
 from ._torch_op import torch_op
@@ -39,7 +40,7 @@ def devprop_path(name="h200-cudnn-9.27"):
     raise IoError(f"device-properties file {name}.devprop not found (looked in the package and the checkout)")
 
 
-__all__ = ["Graph", "BackwardGraph", "GraphInfo", "TensorInfo", "Session", "Plan", "torch_op", "torch_dtype", "version",
+__all__ = ["LmTrainer", "LmEngine", "Graph", "BackwardGraph", "GraphInfo", "TensorInfo", "Session", "Plan", "torch_op", "torch_dtype", "version",
            "library_path", "devprop_path", "C_API_VERSION", "Error", "InvalidArgument", "ParseError", "NotSupported",
            "IoError", "CudnnError", "CudaError", "NoDevice", "VersionMismatch", "VerificationFailed", "Internal",
            "OutOfMemory", "LibraryNotFound"]

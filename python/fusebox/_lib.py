@@ -18,8 +18,9 @@ import threading
 from . import errors
 
 # The C API version this module needs: 2 added bind_with_workspace, tune,
-# find_tensor, session_device_id and plan_cache_result; 3 tune_in_cuda_graph.
-C_API_VERSION = 5
+# find_tensor, session_device_id and plan_cache_result; 3 tune_in_cuda_graph; 5 backward;
+# 6 the language model's trainer and serving engine.
+C_API_VERSION = 6
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -42,6 +43,16 @@ class TuneRequest(ctypes.Structure):
     _fields_ = [("heuristics", ctypes.c_char_p), ("warmup", ctypes.c_int), ("iters", ctypes.c_int),
                 ("max_workspace_bytes", ctypes.c_int64), ("top_k", ctypes.c_int), ("budget_ms", ctypes.c_double),
                 ("deterministic_only", ctypes.c_int)]
+
+
+class LmStep(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("loss", ctypes.c_double), ("grad_norm", ctypes.c_double),
+                ("lr", ctypes.c_double), ("seconds", ctypes.c_double), ("tokens", ctypes.c_int64),
+                ("cuda_graph", ctypes.c_int)]
+
+
+class LmToken(ctypes.Structure):
+    _fields_ = [("request", ctypes.c_int64), ("token", ctypes.c_int32), ("finished", ctypes.c_int)]
 
 
 def candidates():
@@ -117,6 +128,20 @@ def _declare(lib):
         "fusebox_bound_plan_free": (None, [P]),
         "fusebox_bound_plan_rebind": (S, [P, c.c_char_p, P]),
         "fusebox_execute": (S, [P, P]),
+        "fusebox_lm_trainer_create": (S, [c.c_char_p, c.c_char_p, c.c_int64, c.c_char_p, c.c_char_p, c.POINTER(P)]),
+        "fusebox_lm_trainer_free": (None, [P]),
+        "fusebox_lm_trainer_tokens_per_step": (c.c_int64, [P]),
+        "fusebox_lm_trainer_steps_done": (c.c_int64, [P]),
+        "fusebox_lm_trainer_step": (S, [P, c.POINTER(c.c_int32), c.POINTER(c.c_int32), c.c_size_t,
+                                        c.POINTER(LmStep)]),
+        "fusebox_lm_trainer_save": (S, [P, c.c_char_p]),
+        "fusebox_lm_trainer_load": (S, [P, c.c_char_p]),
+        "fusebox_lm_engine_create": (S, [c.c_char_p, c.c_char_p, c.c_int64, c.c_int64, c.c_int64, c.POINTER(P)]),
+        "fusebox_lm_engine_free": (None, [P]),
+        "fusebox_lm_engine_add": (S, [P, c.POINTER(c.c_int32), c.c_size_t, c.c_int64, c.c_double, c.c_int64,
+                                      c.c_double, c.c_uint64, c.c_int32, c.POINTER(c.c_int64)]),
+        "fusebox_lm_engine_step": (S, [P, c.POINTER(LmToken), c.c_size_t, c.POINTER(c.c_size_t)]),
+        "fusebox_lm_engine_idle": (c.c_int, [P]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)

@@ -16,6 +16,8 @@
 #include "fusebox/fusebox.h"
 #include "fusebox/plan_file.h"
 #include "fusebox/report_json.h"
+#include "fusebox/serve.h"
+#include "fusebox/train.h"
 #include "handles.h"
 
 namespace {
@@ -624,6 +626,163 @@ fusebox_status fusebox_execute(fusebox_bound_plan* bound, void* stream) {
     if (st.ok()) st = bound->bound.execute();
     return st.ok() ? FUSEBOX_OK : fail(fn, st);
   });
+}
+
+// ---- (v6) the language model
+
+fusebox_status fusebox_lm_trainer_create(const char* config_path, const char* work_dir, int64_t total_steps,
+                                         const char* backend, const char* plan_cache,
+                                         fusebox_lm_trainer** out) {
+  const char* fn = "fusebox_lm_trainer_create";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!config_path) return null_arg(fn, "config_path");
+    if (!work_dir) return null_arg(fn, "work_dir");
+    fusebox::LmTrainerOptions o;
+    o.work_dir = work_dir;
+    o.total_steps = total_steps;
+    const std::string b = backend ? backend : "reference";
+    if (b != "reference" && b != "gpu")
+      return fail(FUSEBOX_INVALID_ARGUMENT,
+                  std::string(fn) + ": backend '" + b + "' (accepted: reference, gpu)");
+    o.backend = b == "gpu" ? fusebox::TrainBackend::kGpu : fusebox::TrainBackend::kReference;
+    o.plan_cache = plan_cache ? plan_cache : "";
+    auto cfg = fusebox::load_lm_config(config_path);
+    if (!cfg.ok()) return fail(fn, cfg.status());
+    auto t = fusebox::LmTrainer::create(*cfg, o);
+    if (!t.ok()) return fail(fn, t.status());
+    auto h = std::make_unique<fusebox_lm_trainer>();
+    h->trainer = std::move(*t);
+    *out = h.release();
+    return FUSEBOX_OK;
+  });
+}
+
+void fusebox_lm_trainer_free(fusebox_lm_trainer* trainer) { delete trainer; }
+
+int64_t fusebox_lm_trainer_tokens_per_step(const fusebox_lm_trainer* trainer) {
+  if (!trainer) return 0;
+  const fusebox::LmConfig& c = trainer->trainer->config();
+  return c.train.accum * c.train.batch * c.model.context;
+}
+
+int64_t fusebox_lm_trainer_steps_done(const fusebox_lm_trainer* trainer) {
+  return trainer ? trainer->trainer->steps_done() : 0;
+}
+
+fusebox_status fusebox_lm_trainer_step(fusebox_lm_trainer* trainer, const int32_t* ids, const int32_t* labels,
+                                       size_t count, fusebox_lm_step* result) {
+  const char* fn = "fusebox_lm_trainer_step";
+  return guarded(fn, [&] {
+    if (!trainer) return null_arg(fn, "trainer");
+    if (!ids || !labels) return null_arg(fn, ids ? "labels" : "ids");
+    auto r = trainer->trainer->step_tokens(std::vector<int32_t>(ids, ids + count),
+                                           std::vector<int32_t>(labels, labels + count));
+    if (!r.ok()) return fail(fn, r.status());
+    if (result) {
+      result->step = r->step;
+      result->loss = r->loss;
+      result->grad_norm = r->grad_norm;
+      result->lr = r->lr;
+      result->seconds = r->seconds;
+      result->tokens = r->tokens;
+      result->cuda_graph = r->cuda_graph ? 1 : 0;
+    }
+    return FUSEBOX_OK;
+  });
+}
+
+fusebox_status fusebox_lm_trainer_save(const fusebox_lm_trainer* trainer, const char* path) {
+  const char* fn = "fusebox_lm_trainer_save";
+  return guarded(fn, [&] {
+    if (!trainer) return null_arg(fn, "trainer");
+    if (!path) return null_arg(fn, "path");
+    const Status st = trainer->trainer->save_checkpoint(path);
+    return st.ok() ? FUSEBOX_OK : fail(fn, st);
+  });
+}
+
+fusebox_status fusebox_lm_trainer_load(fusebox_lm_trainer* trainer, const char* path) {
+  const char* fn = "fusebox_lm_trainer_load";
+  return guarded(fn, [&] {
+    if (!trainer) return null_arg(fn, "trainer");
+    if (!path) return null_arg(fn, "path");
+    const Status st = trainer->trainer->load_checkpoint(path);
+    return st.ok() ? FUSEBOX_OK : fail(fn, st);
+  });
+}
+
+fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* backend, int64_t page_size,
+                                        int64_t pool_pages, int64_t max_batch, fusebox_lm_engine** out) {
+  const char* fn = "fusebox_lm_engine_create";
+  return guarded(fn, [&] {
+    if (!out) return null_arg(fn, "out");
+    *out = nullptr;
+    if (!checkpoint) return null_arg(fn, "checkpoint");
+    const std::string b = backend ? backend : "reference";
+    if (b != "reference" && b != "gpu")
+      return fail(FUSEBOX_INVALID_ARGUMENT,
+                  std::string(fn) + ": backend '" + b + "' (accepted: reference, gpu)");
+    auto cfg = fusebox::lm_checkpoint_config(checkpoint);
+    if (!cfg.ok()) return fail(fn, cfg.status());
+    fusebox::EngineOptions o;
+    o.backend = b == "gpu" ? fusebox::ServeBackend::kGpu : fusebox::ServeBackend::kReference;
+    o.page_size = page_size;
+    o.pool_pages = pool_pages;
+    o.max_batch = max_batch;
+    auto e = fusebox::LmEngine::create(*cfg, checkpoint, o);
+    if (!e.ok()) return fail(fn, e.status());
+    auto h = std::make_unique<fusebox_lm_engine>();
+    h->engine = std::move(*e);
+    *out = h.release();
+    return FUSEBOX_OK;
+  });
+}
+
+void fusebox_lm_engine_free(fusebox_lm_engine* engine) { delete engine; }
+
+fusebox_status fusebox_lm_engine_add(fusebox_lm_engine* engine, const int32_t* prompt, size_t length,
+                                     int64_t max_new_tokens, double temperature, int64_t top_k, double top_p,
+                                     uint64_t seed, int32_t stop_token, int64_t* id) {
+  const char* fn = "fusebox_lm_engine_add";
+  return guarded(fn, [&] {
+    if (!engine) return null_arg(fn, "engine");
+    if (!prompt && length) return null_arg(fn, "prompt");
+    fusebox::LmRequest r;
+    r.prompt.assign(prompt, prompt + length);
+    r.max_new_tokens = max_new_tokens;
+    r.sampling = {temperature, top_k, top_p, seed};
+    r.stop_token = stop_token;
+    auto i = engine->engine->add_request(r);
+    if (!i.ok()) return fail(fn, i.status());
+    if (id) *id = *i;
+    return FUSEBOX_OK;
+  });
+}
+
+fusebox_status fusebox_lm_engine_step(fusebox_lm_engine* engine, fusebox_lm_token* tokens, size_t capacity,
+                                      size_t* count) {
+  const char* fn = "fusebox_lm_engine_step";
+  return guarded(fn, [&] {
+    if (!engine) return null_arg(fn, "engine");
+    if (!count) return null_arg(fn, "count");
+    *count = 0;
+    auto ev = engine->engine->step();
+    if (!ev.ok()) return fail(fn, ev.status());
+    if (ev->size() > capacity)
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": " + std::to_string(ev->size()) +
+                                                " tokens, capacity " + std::to_string(capacity) +
+                                                " (give max_batch entries); this step's tokens are lost");
+    for (size_t i = 0; i < ev->size(); ++i)
+      tokens[i] = {(*ev)[i].request, (*ev)[i].token, (*ev)[i].finished ? 1 : 0};
+    *count = ev->size();
+    return FUSEBOX_OK;
+  });
+}
+
+int fusebox_lm_engine_idle(const fusebox_lm_engine* engine) {
+  return !engine || engine->engine->idle() ? 1 : 0;
 }
 
 }  // extern "C"

@@ -12,7 +12,9 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/plan_cache.h"
+#include "fusebox/serve.h"
 #include "fusebox/session.h"
+#include "fusebox/train.h"
 
 struct fusebox_graph {
   std::shared_ptr<const fusebox::ResolvedGraph> graph;
@@ -48,4 +50,12 @@ struct fusebox_bound_plan {
   std::shared_ptr<SessionBox> box;
   std::shared_ptr<fusebox::Plan> plan;
   fusebox::BoundPlan bound;
+};
+
+struct fusebox_lm_trainer {
+  std::unique_ptr<fusebox::LmTrainer> trainer;
+};
+
+struct fusebox_lm_engine {
+  std::unique_ptr<fusebox::LmEngine> engine;
 };

@@ -3,6 +3,8 @@
 // S = 1) stage by stage as graphs through the CPU reference, with the training pipeline's stage
 // split (every stage's output rounded to its dtype as a GPU buffer would be), RoPE at each
 // sequence's offset, the new keys and values written into the paged pools, and paged attention.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -300,6 +302,19 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
     return NotSupported("serve: the GPU engine is not built yet (issue 34); use the reference backend");
   if (options.max_batch < 1 || options.page_size < 1 || options.pool_pages < 1)
     return InvalidArgument("serve: max_batch, page_size and pool_pages must be at least 1");
+  // Weights (fp32 read, then kept) and the pools must fit this machine: refused here, not by a
+  // failed allocation.
+  const LmModelConfig& mc = config.model;
+  const double bytes = 8.0 * static_cast<double>(lm_parameter_count(mc)) +
+                       4.0 * static_cast<double>(options.pool_pages) * static_cast<double>(mc.layers) *
+                           static_cast<double>(mc.kv_heads * options.page_size * mc.head_dim);
+  const double phys =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && bytes > 0.8 * phys)
+    return InvalidArgument("serve: the weights and a KV pool of " + std::to_string(options.pool_pages) +
+                           " pages need " + std::to_string(bytes / (1 << 30)) +
+                           " GiB of host memory; this machine has " + std::to_string(phys / (1 << 30)) +
+                           " GiB");
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->opt = options;

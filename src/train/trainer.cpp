@@ -2,6 +2,8 @@
 // runs the forward and the derived backward pipelines through the CPU reference chain,
 // stage by stage, with the buffers in their declared dtypes (bf16 weights and
 // activations), then clips and applies AdamW to the fp32 master weights.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -82,7 +84,8 @@ struct LmTrainer::Impl {
     }
     return Status::Ok();
   }
-  Result<LmStepResult> step_gpu(const TokenStream& train, std::chrono::steady_clock::time_point t0);
+  Result<LmStepResult> step_gpu(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                                std::chrono::steady_clock::time_point t0);
   // The step taken: the counters advanced, the timing filled in.
   LmStepResult finish_step(LmStepResult r, std::chrono::steady_clock::time_point t0);
   Status sync_to_host() {
@@ -160,6 +163,16 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
                                                      const LmTrainerOptions& options) {
   if (options.work_dir.empty()) return InvalidArgument("train: no work folder for the model's pipelines");
   if (options.total_steps < 1) return InvalidArgument("train: total_steps must be at least 1");
+  // The host state (fp32 master weights, two moments, gradients: 16 bytes a parameter) must fit
+  // this machine: a config asking for more is refused here, not by a failed allocation.
+  const double host_bytes = 16.0 * static_cast<double>(lm_parameter_count(config.model));
+  const double phys =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (phys > 0 && host_bytes > 0.8 * phys)
+    return InvalidArgument("train: the model's " + std::to_string(lm_parameter_count(config.model)) +
+                           " parameters need " + std::to_string(host_bytes / (1 << 30)) +
+                           " GiB of host memory (master weights, moments, gradients); this machine has " +
+                           std::to_string(phys / (1 << 30)) + " GiB");
   auto impl = std::make_unique<Impl>();
   impl->config = config;
   impl->options = options;
@@ -210,17 +223,46 @@ void LmTrainer::init_parameters() {
 
 Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   Impl& s = *impl_;
-  const auto t0 = std::chrono::steady_clock::now();
   const LmTrainConfig& tc = s.config.train;
   const int64_t seq = s.config.model.context;
   if (train.sequences(seq) < 1)
     return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
-  if (s.gpu) return s.step_gpu(train, t0);
-  for (auto& [name, g] : s.grad) std::fill(g.begin(), g.end(), 0.f);
-  double loss = 0;
-  std::vector<int32_t> ids, labels;
+  std::vector<int32_t> ids, labels, all_ids, all_labels;
   for (int64_t k = 0; k < tc.accum; ++k) {
     lm_micro_batch(train, seq, tc.batch, s.sequences + k * tc.batch, &ids, &labels);
+    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+    all_labels.insert(all_labels.end(), labels.begin(), labels.end());
+  }
+  return step_tokens(all_ids, all_labels);
+}
+
+Result<LmStepResult> LmTrainer::step_tokens(const std::vector<int32_t>& all_ids,
+                                            const std::vector<int32_t>& all_labels) {
+  Impl& s = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const LmTrainConfig& tc = s.config.train;
+  const int64_t seq = s.config.model.context;
+  const size_t micro = static_cast<size_t>(tc.batch * seq);
+  if (all_ids.size() != micro * static_cast<size_t>(tc.accum) || all_labels.size() != all_ids.size())
+    return InvalidArgument("train: a step takes accum x batch x context = " + std::to_string(tc.accum) +
+                           " x " + std::to_string(tc.batch) + " x " + std::to_string(seq) +
+                           " ids and as many labels, not " + std::to_string(all_ids.size()) + " and " +
+                           std::to_string(all_labels.size()));
+  for (size_t i = 0; i < all_ids.size(); ++i)
+    if (all_ids[i] < 0 || all_ids[i] >= s.config.model.vocab || all_labels[i] < 0 ||
+        all_labels[i] >= s.config.model.vocab)
+      return InvalidArgument("train: token " + std::to_string(i) + " (id " + std::to_string(all_ids[i]) +
+                             ", label " + std::to_string(all_labels[i]) + ") is outside the vocabulary [0, " +
+                             std::to_string(s.config.model.vocab) + ")");
+  if (s.gpu) return s.step_gpu(all_ids, all_labels, t0);
+  for (auto& [name, g] : s.grad) std::fill(g.begin(), g.end(), 0.f);
+  double loss = 0;
+  for (int64_t k = 0; k < tc.accum; ++k) {
+    const auto from = static_cast<std::ptrdiff_t>(micro * static_cast<size_t>(k));
+    const std::vector<int32_t> ids(all_ids.begin() + from,
+                                   all_ids.begin() + from + static_cast<std::ptrdiff_t>(micro));
+    const std::vector<int32_t> labels(all_labels.begin() + from,
+                                      all_labels.begin() + from + static_cast<std::ptrdiff_t>(micro));
     auto l = s.micro_batch(ids, labels, 1.0 / static_cast<double>(tc.accum));
     if (!l.ok()) return l.status().WithContext("train: step " + std::to_string(s.step));
     if (!std::isfinite(*l))
@@ -250,18 +292,12 @@ Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   return s.finish_step(r, t0);
 }
 
-Result<LmStepResult> LmTrainer::Impl::step_gpu(const TokenStream& train,
+Result<LmStepResult> LmTrainer::Impl::step_gpu(const std::vector<int32_t>& all_ids,
+                                               const std::vector<int32_t>& all_labels,
                                                std::chrono::steady_clock::time_point t0) {
   Impl& s = *this;
   const LmTrainConfig& tc = s.config.train;
-  const int64_t seq = s.config.model.context;
   FUSEBOX_RETURN_IF_ERROR(s.sync_to_device());
-  std::vector<int32_t> ids, labels, all_ids, all_labels;
-  for (int64_t k = 0; k < tc.accum; ++k) {
-    lm_micro_batch(train, seq, tc.batch, s.sequences + k * tc.batch, &ids, &labels);
-    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
-    all_labels.insert(all_labels.end(), labels.begin(), labels.end());
-  }
   LmStepResult r;
   r.step = s.step;
   r.lr = lm_learning_rate(tc, s.step, s.options.total_steps);

@@ -210,6 +210,13 @@ TEST(LmTrainer, BadCheckpointsAndNonFiniteLossesAreRefusedByName) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("tensor 'tok_embeddings'"), std::string::npos) << st.ToString();
   write_text(d.file("junk.safetensors"), "not a checkpoint at all");
+  // A config no machine holds is refused before anything is allocated.
+  LmConfig huge = tiny();
+  huge.model.vocab = int64_t{1} << 24;
+  huge.model.dim = 1 << 16;
+  auto h = LmTrainer::create(huge, {d.file("huge"), 5, TrainBackend::kReference});
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.status().message().find("GiB of host memory"), std::string::npos) << h.status().ToString();
   EXPECT_FALSE((*t)->load_checkpoint(d.file("junk.safetensors")).ok());
 
   // Output weights of 3e38 (bf16's largest): the logits overflow and the step stops, naming it.

@@ -21,7 +21,8 @@ def _py(*args):
 
 
 def _fb(fusebox, *args):
-    return subprocess.run([fusebox, *args], capture_output=True, text=True, timeout=300)
+    # Tokens are byte-level pieces: a continuation may end inside a UTF-8 character.
+    return subprocess.run([fusebox, *args], capture_output=True, encoding="utf-8", errors="replace", timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def _py(*args):
 
 def _train(fusebox, data, out, *extra):
     return subprocess.run([fusebox, "train", "lm", "--config", CONFIG, "--data", str(data), "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=600)
+                           *extra], capture_output=True, encoding="utf-8", errors="replace", timeout=600)
 
 
 def _losses(path):

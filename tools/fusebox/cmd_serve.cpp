@@ -79,8 +79,8 @@ struct TraceRequest {
 };
 
 Result<std::vector<TraceRequest>> load_trace(const std::string& path, int64_t vocab) {
-  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, 256u << 20, "request trace"));
-  if (common::scan_json_text(text, 6, 64u << 20).kind != common::JsonTextLimit::Kind::kNone)
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, 64u << 20, "request trace"));
+  if (common::scan_json_text(text, 6, 8u << 20).kind != common::JsonTextLimit::Kind::kNone)
     return ParseError(path + ": not a request trace (too deep, too many values or a NUL byte)");
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("requests") || !j["requests"].is_array())
