@@ -32,6 +32,12 @@ struct LmModelConfig {
 
 struct LmTrainConfig {
   int64_t batch = 32, accum = 1, warmup = 100, val_batches = 4;
+  // "none": the backward reads every stage's saved output. "mlp": each layer's SwiGLU MLP (the
+  // gate and up GEMMs, silu, the product, the down GEMM and the residual) is one stage; only the
+  // product reaches memory, and the backward recomputes silu(x @ w_gate) and x @ w_up: one
+  // [tokens, ffn_dim] activation per layer fewer for two more GEMMs (saved_activation_bytes()
+  // reports each choice).
+  std::string recompute = "none";
   double lr = 6e-4, min_lr = 6e-5, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   uint64_t seed = 1;
 };
@@ -67,7 +73,7 @@ double lm_learning_rate(const LmTrainConfig& t, int64_t step, int64_t total_step
 // (int32 [batch*seq]), "freqs" (RoPE angles, fp32 [seq, head_dim/2]) and one per parameter;
 // outputs "loss" (fp32 per token), "lse" and the saved statistics. Returns the file's path.
 Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq,
-                                      const std::string& dir);
+                                      const std::string& dir, const std::string& recompute = "none");
 // The parameters of a checkpoint (docs/lm.md, "Checkpoints") of this model config, fp32 by name:
 // a file that is not one, or of another config, is an error naming the first mismatched tensor.
 Result<std::map<std::string, std::vector<float>>> load_lm_weights(const LmConfig& config,

@@ -93,8 +93,18 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
                                        {"norm_eps", nullptr, &m.norm_eps, 0, 1},
                                        {"init_std", nullptr, &m.init_std, 1e-6, 10}}));
   if (!root["model"].contains("vocab")) return InvalidArgument(where + ": model.vocab is required");
+  Json train = root.contains("train") ? root["train"] : Json::object();
+  if (train.is_object() && train.contains("recompute")) {
+    const Json& r = train["recompute"];
+    if (!r.is_string() || (r.get<std::string>() != "none" && r.get<std::string>() != "mlp"))
+      return InvalidArgument(
+          where + ": train.recompute = " + r.dump().substr(0, 40) +
+          " (accepted: \"none\", \"mlp\": the MLP's activations recomputed in the backward)");
+    t.recompute = r.get<std::string>();
+    train.erase("recompute");
+  }
   if (root.contains("train"))
-    FUSEBOX_RETURN_IF_ERROR(read_fields(root["train"], where + ": train",
+    FUSEBOX_RETURN_IF_ERROR(read_fields(train, where + ": train",
                                         {{"batch", &t.batch, nullptr, 1, 1 << 20},
                                          {"accum", &t.accum, nullptr, 1, 1 << 16},
                                          {"warmup", &t.warmup, nullptr, 0, 1e12},
@@ -153,7 +163,8 @@ std::string lm_config_json(const LmConfig& c) {
               {"beta2", t.beta2},
               {"eps", t.eps},
               {"clip", t.clip},
-              {"seed", t.seed}}}};
+              {"seed", t.seed},
+              {"recompute", t.recompute}}}};
   return j.dump();
 }
 

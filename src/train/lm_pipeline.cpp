@@ -109,6 +109,35 @@ class Builder {
     buffer(act, "intermediate");
   }
 
+  // The whole SwiGLU MLP and its residual as one stage: y = (silu(x @ w_gate) * (x @ w_up)) @ w_down
+  // + residual. Only the product `act` reaches memory (the down GEMM's weight gradient reads it
+  // transposed, a view of memory); silu(x @ w_gate) and x @ w_up stay virtual and the backward
+  // recomputes them from x: one [tokens, ffn_dim] activation per layer fewer, two GEMMs more.
+  void mlp_fused(const std::string& l, const std::string& x, const std::string& residual,
+                 const std::string& y) {
+    const int64_t d = m_.dim, f = m_.ffn_dim;
+    stage(l + "mlp",
+          graph(l + "mlp",
+                {tensor("x", {1, N_, d}), tensor("w_gate", {1, d, f}), tensor("w_up", {1, d, f}),
+                 tensor("w_down", {1, f, d}), tensor("residual", {1, N_, d}), tensor("act", {1, N_, f}),
+                 tensor("y", {1, N_, d})},
+                {op("matmul", "gate_gemm", {{"a", "x"}, {"b", "w_gate"}}, {{"y", "pre"}}),
+                 op("silu", "silu", {{"x", "pre"}}, {{"y", "g"}}),
+                 op("matmul", "up_gemm", {{"a", "x"}, {"b", "w_up"}}, {{"y", "up"}}),
+                 op("mul", "glu", {{"a", "g"}, {"b", "up"}}, {{"y", "act"}}),
+                 op("matmul", "down_gemm", {{"a", "act"}, {"b", "w_down"}}, {{"y", "proj"}}),
+                 op("add", "residual", {{"a", "proj"}, {"b", "residual"}}, {{"y", "y"}})}),
+          {{"x", x},
+           {"w_gate", l + "w_gate"},
+           {"w_up", l + "w_up"},
+           {"w_down", l + "w_down"},
+           {"residual", residual},
+           {"act", l + "act"},
+           {"y", y}});
+    buffer(l + "act", "output");
+    buffer(y, "intermediate", true);
+  }
+
   void rope(const std::string& name, const std::string& x, int64_t heads, const std::string& y) {
     stage(name,
           graph(name,
@@ -146,11 +175,13 @@ class Builder {
 }  // namespace
 
 Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq,
-                                      const std::string& dir) {
+                                      const std::string& dir, const std::string& recompute) {
   if (batch < 1 || seq < 1 || seq > m.context)
     return InvalidArgument("write_lm_pipeline: batch " + std::to_string(batch) + " and sequence length " +
                            std::to_string(seq) + " (accepted: batch >= 1, 1 <= seq <= context " +
                            std::to_string(m.context) + ")");
+  if (recompute != "none" && recompute != "mlp")
+    return InvalidArgument("write_lm_pipeline: recompute '" + recompute + "' (accepted: none, mlp)");
   Builder b(m, batch, seq);
   const int64_t N = batch * seq, D = m.dim, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   b.stage("embed",
@@ -190,9 +221,13 @@ Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int
     b.buffer(l + "attn.stats", "output");
     b.gemm(l + "wo", l + "o", l + "wo", q, D, l + "h_attn", h);
     b.rmsnorm(l + "ffn_norm.op", l + "h_attn", l + "ffn_norm", l + "m");
-    b.swiglu(l, l + "m", l + "act");
     const std::string next = std::string("h").append(std::to_string(i + 1));
-    b.gemm(l + "down", l + "act", l + "w_down", m.ffn_dim, D, next, l + "h_attn");
+    if (recompute == "mlp") {
+      b.mlp_fused(l, l + "m", l + "h_attn", next);
+    } else {
+      b.swiglu(l, l + "m", l + "act");
+      b.gemm(l + "down", l + "act", l + "w_down", m.ffn_dim, D, next, l + "h_attn");
+    }
     h = next;
   }
   b.rmsnorm("norm.op", h, "norm", "h_norm");

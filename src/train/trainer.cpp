@@ -47,8 +47,9 @@ ResolvedTensor fp32_tensor(const std::string& name, const std::vector<int64_t>& 
 }
 
 // The model for `batch` x `seq` tokens: its forward pipeline, loaded, in `dir`.
-Result<Pipeline> model_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq, const std::string& dir) {
-  FUSEBOX_ASSIGN_OR_RETURN(std::string path, write_lm_pipeline(m, batch, seq, dir));
+Result<Pipeline> model_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq, const std::string& dir,
+                                const std::string& recompute = "none") {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string path, write_lm_pipeline(m, batch, seq, dir, recompute));
   return load_pipeline_file(path);
 }
 
@@ -179,7 +180,7 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
   impl->params = lm_parameters(config.model);
   const std::filesystem::path dir(options.work_dir);
   FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, config.train.batch, config.model.context,
-                                                     (dir / "forward").string()));
+                                                     (dir / "forward").string(), config.train.recompute));
   FUSEBOX_ASSIGN_OR_RETURN(impl->derived,
                            derive_pipeline_backward(impl->fwd, lm_backward_options(config.model)));
   FUSEBOX_ASSIGN_OR_RETURN(std::string bpath,
@@ -501,7 +502,8 @@ Status LmTrainer::save_gradients(const std::string& path) const {
 Result<GradientCheck> LmTrainer::check_gradients(int64_t seq, uint32_t seed) {
   Impl& s = *impl_;
   const std::filesystem::path dir = std::filesystem::path(s.options.work_dir) / "gradcheck";
-  FUSEBOX_ASSIGN_OR_RETURN(Pipeline fwd, model_pipeline(s.config.model, 1, seq, (dir / "forward").string()));
+  FUSEBOX_ASSIGN_OR_RETURN(Pipeline fwd, model_pipeline(s.config.model, 1, seq, (dir / "forward").string(),
+                                                        s.config.train.recompute));
   FUSEBOX_ASSIGN_OR_RETURN(PipelineBackward b,
                            derive_pipeline_backward(fwd, lm_backward_options(s.config.model)));
   FUSEBOX_ASSIGN_OR_RETURN(std::string bpath, write_pipeline_backward(fwd, b, (dir / "backward").string()));

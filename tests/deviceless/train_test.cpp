@@ -250,3 +250,38 @@ TEST(LmTrainer, BadCheckpointsAndNonFiniteLossesAreRefusedByName) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+TEST(LmTrainer, RecomputingTheMlpSavesItsActivationsAndKeepsTheGradients) {
+  TempDir d;
+  LmConfig none = tiny(), mlp = tiny();
+  mlp.train.recompute = "mlp";
+  auto a = LmTrainer::create(none, {d.file("a"), 6, TrainBackend::kReference});
+  auto b = LmTrainer::create(mlp, {d.file("b"), 6, TrainBackend::kReference});
+  ASSERT_TRUE(a.ok() && b.ok()) << b.status().ToString();
+  // Per layer, silu(x @ w_gate) ([tokens, ffn_dim] bf16) is no longer kept.
+  const int64_t tokens = none.train.batch * none.model.context;
+  EXPECT_EQ((*a)->saved_activation_bytes() - (*b)->saved_activation_bytes(),
+            none.model.layers * tokens * none.model.ffn_dim * 2);
+  auto g = (*b)->check_gradients(8);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  for (const auto& row : g->rows) EXPECT_TRUE(row.pass) << row.ToString();
+  ASSERT_TRUE(write_tokens(d.file("t.npy"), 2000, 5).ok());
+  auto data = load_token_stream(d.file("t.npy"), 32, 16);
+  ASSERT_TRUE(data.ok());
+  for (int s = 0; s < 5; ++s) {
+    auto ra = (*a)->step(*data);
+    auto rb = (*b)->step(*data);
+    ASSERT_TRUE(ra.ok() && rb.ok());
+    // The same model; only where the MLP rounds to bf16 differs.
+    EXPECT_NEAR(rb->loss, ra->loss, 1e-2) << "step " << s;
+  }
+  auto bad = parse_lm_config(R"({"model": {"vocab": 8}, "train": {"recompute": "attention"}})", "c.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("accepted: \"none\", \"mlp\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fusebox
