@@ -75,7 +75,8 @@ class LmEngine {
   Result<std::vector<TokenEvent>> step();
   bool idle() const;  // nothing waiting or running
   EngineStats stats() const;
-  // The logits (fp32, vocab values) each request's last token was sampled from, for tests.
+  // The logits (fp32, vocab values) each request's last token was sampled from, for tests (a
+  // finished request's until the next step, when finished requests are dropped).
   const std::vector<float>& last_logits(int64_t request) const;
 
  private:

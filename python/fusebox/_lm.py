@@ -22,11 +22,11 @@ def _int32_array(values, what):
     if hasattr(values, "tolist"):
         values = values.tolist()
     values = list(values)
-    try:
-        return (ctypes.c_int32 * len(values))(*values), len(values)
-    except (TypeError, OverflowError):
+    # ctypes wraps out-of-range integers silently (2**32 + 5 would become 5): check first.
+    if not all(isinstance(v, int) and -2**31 <= v < 2**31 for v in values):
         from .errors import InvalidArgument
-        raise InvalidArgument(f"{what} must be 32-bit integers") from None
+        raise InvalidArgument(f"{what} must be 32-bit integers")
+    return (ctypes.c_int32 * len(values))(*values), len(values)
 
 
 class LmTrainer:

@@ -735,6 +735,7 @@ fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* back
     if (!e.ok()) return fail(fn, e.status());
     auto h = std::make_unique<fusebox_lm_engine>();
     h->engine = std::move(*e);
+    h->max_batch = max_batch;
     *out = h.release();
     return FUSEBOX_OK;
   });
@@ -768,6 +769,12 @@ fusebox_status fusebox_lm_engine_step(fusebox_lm_engine* engine, fusebox_lm_toke
     if (!engine) return null_arg(fn, "engine");
     if (!count) return null_arg(fn, "count");
     *count = 0;
+    if (!tokens) return null_arg(fn, "tokens");
+    // Checked before stepping: a step's tokens are never lost for want of room.
+    if (capacity < static_cast<size_t>(engine->max_batch))
+      return fail(FUSEBOX_INVALID_ARGUMENT, std::string(fn) + ": capacity " + std::to_string(capacity) +
+                                                " is below the engine's max_batch " +
+                                                std::to_string(engine->max_batch));
     auto ev = engine->engine->step();
     if (!ev.ok()) return fail(fn, ev.status());
     if (ev->size() > capacity)

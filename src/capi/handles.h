@@ -58,4 +58,5 @@ struct fusebox_lm_trainer {
 
 struct fusebox_lm_engine {
   std::unique_ptr<fusebox::LmEngine> engine;
+  int64_t max_batch = 0;
 };

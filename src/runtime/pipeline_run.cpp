@@ -302,6 +302,10 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
   impl->p = &p;
   impl->buffers.resize(p.buffers.size());
   impl->ptrs.assign(p.buffers.size(), nullptr);
+  for (const auto& [bi, ptr] : external)
+    if (bi < 0 || bi >= static_cast<int>(p.buffers.size()) || p.buffers[static_cast<size_t>(bi)].is_view())
+      return InvalidArgument(where(p) + ": external memory for buffer index " + std::to_string(bi) +
+                             ": not a buffer with memory of its own (a view takes its parent's)");
   for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
     const PipelineBuffer& buf = p.buffers[bi];
     if (buf.is_view()) continue;  // below, once its parent has memory

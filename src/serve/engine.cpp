@@ -300,8 +300,10 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
                                                    const EngineOptions& options) {
   if (options.backend == ServeBackend::kGpu)
     return NotSupported("serve: the GPU engine is not built yet (issue 34); use the reference backend");
-  if (options.max_batch < 1 || options.page_size < 1 || options.pool_pages < 1)
-    return InvalidArgument("serve: max_batch, page_size and pool_pages must be at least 1");
+  if (options.max_batch < 1 || options.max_batch > (1 << 16) || options.page_size < 1 ||
+      options.page_size > config.model.context || options.pool_pages < 1 || options.pool_pages > (1 << 24))
+    return InvalidArgument("serve: max_batch must be in [1, 65536], page_size in [1, context = " +
+                           std::to_string(config.model.context) + "] and pool_pages in [1, 2^24]");
   // Weights (fp32 read, then kept) and the pools must fit this machine: refused here, not by a
   // failed allocation.
   const LmModelConfig& mc = config.model;
@@ -343,11 +345,13 @@ Result<int64_t> LmEngine::add_request(const LmRequest& r) {
   const LmModelConfig& m = s.cfg.model;
   if (r.prompt.empty()) return InvalidArgument("serve: an empty prompt");
   if (r.max_new_tokens < 1) return InvalidArgument("serve: max_new_tokens must be at least 1");
-  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
-  if (total > m.context)
+  // Compared without adding first: a max_new_tokens near INT64_MAX must not wrap.
+  if (static_cast<int64_t>(r.prompt.size()) > m.context ||
+      r.max_new_tokens > m.context - static_cast<int64_t>(r.prompt.size()))
     return InvalidArgument("serve: a prompt of " + std::to_string(r.prompt.size()) + " tokens plus " +
                            std::to_string(r.max_new_tokens) + " new ones is over the context of " +
                            std::to_string(m.context));
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (s.pool->pages_for(total) > s.pool->pages())
     return InvalidArgument("serve: the request needs " + std::to_string(s.pool->pages_for(total)) +
                            " KV pages, the whole pool has " + std::to_string(s.pool->pages()));
@@ -369,6 +373,9 @@ Result<int64_t> LmEngine::add_request(const LmRequest& r) {
 
 Result<std::vector<TokenEvent>> LmEngine::step() {
   Impl& s = *impl_;
+  // Requests that finished in the last step leave now (their last logits were readable until now).
+  for (auto it = s.requests.begin(); it != s.requests.end();)
+    it = it->second.done ? s.requests.erase(it) : std::next(it);
   std::vector<TokenEvent> events;
   std::vector<int64_t> running;
   for (auto& [id, r] : s.requests)
@@ -386,7 +393,11 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
     r.len = cached;
     const std::vector<int32_t> chunk(r.r.prompt.begin() + cached, r.r.prompt.end());
     auto logits = s.forward({&r}, static_cast<int64_t>(chunk.size()), chunk);
-    if (!logits.ok()) return logits.status().WithContext("serve: prefill of request " + std::to_string(id));
+    if (!logits.ok()) {
+      s.pool->release(&r.seq);
+      r.done = true;
+      return logits.status().WithContext("serve: prefill of request " + std::to_string(id));
+    }
     r.len = static_cast<int64_t>(r.r.prompt.size());
     s.pool->publish(r.seq, r.r.prompt);
     s.stats.prefill_tokens += static_cast<int64_t>(chunk.size());

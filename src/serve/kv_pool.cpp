@@ -36,21 +36,30 @@ int32_t KvPool::take_free() {
   return p;
 }
 
+bool KvPool::cached_for(const std::vector<Key>& k, const std::vector<int32_t>& prompt, int64_t page) const {
+  auto it = by_key_.find(k[static_cast<size_t>(page)]);
+  if (it == by_key_.end()) return false;
+  const size_t n = static_cast<size_t>((page + 1) * page_size_);
+  return it->second.prefix.size() == n &&
+         std::equal(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(n),
+                    it->second.prefix.begin());
+}
+
 int64_t KvPool::admit(Seq* s, const std::vector<int32_t>& prompt, int64_t total) {
   const int64_t n = static_cast<int64_t>(prompt.size());
   // Shareable: whole pages strictly before the last prompt token's page.
   const std::vector<Key> k = keys(prompt, (n - 1) / page_size_);
   int64_t shared = 0;
-  while (shared < static_cast<int64_t>(k.size()) && by_key_.count(k[static_cast<size_t>(shared)])) ++shared;
+  while (shared < static_cast<int64_t>(k.size()) && cached_for(k, prompt, shared)) ++shared;
   const int64_t need = pages_for(total) - shared;
   // Shared pages that are free now (cached, unheld) stop being free when taken.
   int64_t shared_free = 0;
   for (int64_t i = 0; i < shared; ++i)
-    shared_free += refs_[static_cast<size_t>(by_key_.at(k[static_cast<size_t>(i)]))] == 0;
+    shared_free += refs_[static_cast<size_t>(by_key_.at(k[static_cast<size_t>(i)]).page)] == 0;
   if (need > free_pages() - shared_free) return -1;
   s->pages.clear();
   for (int64_t i = 0; i < shared; ++i) {
-    const int32_t p = by_key_.at(k[static_cast<size_t>(i)]);
+    const int32_t p = by_key_.at(k[static_cast<size_t>(i)]).page;
     if (refs_[static_cast<size_t>(p)]++ == 0) cached_lru_.remove(p);
     s->pages.push_back(p);
   }
@@ -69,7 +78,9 @@ void KvPool::publish(const Seq& s, const std::vector<int32_t>& prompt) {
   for (int64_t i = s.shared; i < whole; ++i) {
     const int32_t p = s.pages[static_cast<size_t>(i)];
     if (by_key_.count(k[static_cast<size_t>(i)]) || key_of_.count(p)) continue;
-    by_key_[k[static_cast<size_t>(i)]] = p;
+    by_key_[k[static_cast<size_t>(i)]] =
+        Cached{p, std::vector<int32_t>(prompt.begin(),
+                                       prompt.begin() + static_cast<std::ptrdiff_t>((i + 1) * page_size_))};
     key_of_[p] = k[static_cast<size_t>(i)];
   }
 }

@@ -46,8 +46,13 @@ class KvPool {
   std::vector<int32_t> refs_;          // by page
   std::vector<int32_t> never_cached_;  // free pages without a prefix (a stack)
   std::list<int32_t> cached_lru_;      // free pages with a prefix, least recently released first
-  std::map<Key, int32_t> by_key_;      // prefix -> page
-  std::map<int32_t, Key> key_of_;      // page -> prefix
+  struct Cached {
+    int32_t page;
+    std::vector<int32_t> prefix;  // every token up to the page's end: a hash collision never shares
+  };
+  std::map<Key, Cached> by_key_;   // prefix hash -> page
+  std::map<int32_t, Key> key_of_;  // page -> prefix hash
+  bool cached_for(const std::vector<Key>& k, const std::vector<int32_t>& prompt, int64_t page) const;
 };
 
 }  // namespace fusebox

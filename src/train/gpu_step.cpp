@@ -194,7 +194,7 @@ Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const P
   std::vector<int64_t> work_offset;
   for (const LmParameter& p : s.params) {
     s.offset.push_back(total);
-    total += p.elements();
+    total += (p.elements() + 63) / 64 * 64;  // 256-byte aligned: the forward reads fp32 ones in place
     const int fb = fwd.find_buffer(p.name);
     if (fb < 0) return Internal("train: the model pipeline has no buffer '" + p.name + "'");
     work_offset.push_back(work_bytes);
@@ -297,6 +297,7 @@ Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const P
       cuda_status(cudaMemcpy(s.chunks.as<void>(), s.host_chunks.data(),
                              s.host_chunks.size() * sizeof(tk::Chunk), cudaMemcpyHostToDevice),
                   "train: upload optimizer tables"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "train: upload optimizer tables"));
   return std::unique_ptr<GpuStep>(new GpuStep(std::move(impl)));
 }
 
@@ -315,6 +316,9 @@ Status GpuStep::upload(const ParamMap& master, const ParamMap& m, const ParamMap
           "train: upload '" + name + "'"));
     }
   }
+  // The copies above ran on the legacy stream, which the session's non-blocking stream does not
+  // wait for: the device waits for them before the working copies (and any later step) read them.
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "train: upload"));
   FUSEBOX_RETURN_IF_ERROR(cuda_status(
       tk::copy_to_working(s.segs.as<tk::Segment>(), s.chunks.as<tk::Chunk>(), s.nchunks(), s.stream()),
       "train: working copies"));
@@ -347,6 +351,8 @@ Result<GpuStepResult> GpuStep::step(const std::vector<int32_t>& ids, const std::
   h.lr = static_cast<float>(lr);
   h.beta1 = static_cast<float>(tc.beta1);
   h.beta2 = static_cast<float>(tc.beta2);
+  h.one_minus_beta1 = static_cast<float>(1 - tc.beta1);  // in double first: 1 - float(0.999999999) is 0
+  h.one_minus_beta2 = static_cast<float>(1 - tc.beta2);
   h.eps = static_cast<float>(tc.eps);
   h.weight_decay = static_cast<float>(tc.weight_decay);
   h.clip = static_cast<float>(tc.clip);

@@ -24,7 +24,7 @@ __device__ __forceinline__ void store(void* p, ElemType t, int64_t i, float x) {
 
 __global__ void accumulate_kernel(const Segment* segs, const Chunk* chunks, bool first) {
   const Chunk c = chunks[blockIdx.x];
-  const Segment& s = segs[c.seg];
+  const Segment s = segs[c.seg];
   for (int64_t i = c.start + threadIdx.x; i < c.start + c.len; i += blockDim.x) {
     const float g = load(s.grad, s.grad_type, i);
     s.accum[i] = first ? g : s.accum[i] + g;
@@ -47,7 +47,7 @@ __device__ double block_sum(double x) {
 
 __global__ void sumsq_kernel(const Segment* segs, const Chunk* chunks, bool from_grad, double* partials) {
   const Chunk c = chunks[blockIdx.x];
-  const Segment& s = segs[c.seg];
+  const Segment s = segs[c.seg];
   double acc = 0;
   for (int64_t i = c.start + threadIdx.x; i < c.start + c.len; i += blockDim.x) {
     const double g = from_grad ? load(s.grad, s.grad_type, i) : s.accum[i];
@@ -75,14 +75,14 @@ __global__ void adamw_kernel(const Segment* segs, const Chunk* chunks, bool from
                              const Hyper* h) {
   if (!sc->finite) return;
   const Chunk c = chunks[blockIdx.x];
-  const Segment& s = segs[c.seg];
+  const Segment s = segs[c.seg];
   const float coef = sc->coef, lr = h->lr, b1 = h->beta1, b2 = h->beta2, eps = h->eps;
   const float decay = s.decay ? 1.f - lr * h->weight_decay : 1.f;
   const float c1 = h->c1, c2 = h->c2;
   for (int64_t i = c.start + threadIdx.x; i < c.start + c.len; i += blockDim.x) {
     const float g = (from_grad ? load(s.grad, s.grad_type, i) : s.accum[i]) * coef;
-    const float m = b1 * s.m[i] + (1.f - b1) * g;
-    const float v = b2 * s.v[i] + (1.f - b2) * g * g;
+    const float m = b1 * s.m[i] + h->one_minus_beta1 * g;
+    const float v = b2 * s.v[i] + h->one_minus_beta2 * g * g;
     s.m[i] = m;
     s.v[i] = v;
     const float p = s.master[i] * decay - lr * (m / c1) / (sqrtf(v / c2) + eps);
@@ -100,7 +100,7 @@ __global__ void loss_sum_kernel(const float* loss, int64_t n, bool first, StepSc
 
 __global__ void copy_kernel(const Segment* segs, const Chunk* chunks) {
   const Chunk c = chunks[blockIdx.x];
-  const Segment& s = segs[c.seg];
+  const Segment s = segs[c.seg];
   if (!s.work) return;
   for (int64_t i = c.start + threadIdx.x; i < c.start + c.len; i += blockDim.x)
     store(s.work, s.work_type, i, s.master[i]);

@@ -43,8 +43,9 @@ struct StepScalars {
 // Per-step inputs (device memory, copied from pinned host memory at the start of the step).
 struct Hyper {
   float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0, clip = 1;
-  float c1 = 1, c2 = 1;  // bias corrections 1 - beta^t
-  float loss_scale = 1;  // 1 / (tokens per micro-batch * accum)
+  float one_minus_beta1 = 0.1f, one_minus_beta2 = 0.05f;  // computed in double
+  float c1 = 1, c2 = 1;                                   // bias corrections 1 - beta^t
+  float loss_scale = 1;                                   // 1 / (tokens per micro-batch * accum)
 };
 
 // accum[i] = (first ? 0 : accum[i]) + grad[i], every segment.

@@ -467,13 +467,20 @@ Status LmTrainer::load_checkpoint(const std::string& path) {
   auto theirs = parse_lm_config(meta["config"], path + " (its config)");
   if (!theirs.ok()) return theirs.status();
   FUSEBOX_ASSIGN_OR_RETURN(auto master, read_lm_tensors(s.config, path, "", true));
-  FUSEBOX_ASSIGN_OR_RETURN(auto m, read_lm_tensors(s.config, path, "adam_m.", false));
-  FUSEBOX_ASSIGN_OR_RETURN(auto v, read_lm_tensors(s.config, path, "adam_v.", false));
-  const LmModelConfig& a = s.config.model;
-  const LmModelConfig& b = theirs->model;
-  if (a.rope_theta != b.rope_theta || a.norm_eps != b.norm_eps || a.context != b.context)
-    return InvalidArgument(
-        where + "the checkpoint's model config differs (rope_theta, norm_eps or context): " + meta["config"]);
+  FUSEBOX_ASSIGN_OR_RETURN(auto m, read_lm_tensors(s.config, path, "adam_m.", true));
+  FUSEBOX_ASSIGN_OR_RETURN(auto v, read_lm_tensors(s.config, path, "adam_v.", true));
+  for (const auto& [name, vals] : v)
+    for (size_t i = 0; i < vals.size(); ++i)
+      if (vals[i] < 0)
+        return InvalidArgument(where + "tensor 'adam_v." + name + "' is negative at element " +
+                               std::to_string(i) + " (a second moment is a mean of squares)");
+  // Every model field, not only the shapes: heads 4 / kv 2 / dim 16 and 2 / 1 / 32 share them.
+  const nlohmann::json ours_m = nlohmann::json::parse(lm_config_json(s.config))["model"];
+  const nlohmann::json theirs_m = nlohmann::json::parse(lm_config_json(*theirs))["model"];
+  for (auto it = ours_m.begin(); it != ours_m.end(); ++it)
+    if (theirs_m[it.key()] != it.value())
+      return InvalidArgument(where + "a checkpoint of another model: model." + it.key() + " is " +
+                             theirs_m[it.key()].dump() + " there, " + it.value().dump() + " here");
   s.master = std::move(master);
   s.m = std::move(m);
   s.v = std::move(v);

@@ -167,8 +167,15 @@ TEST_F(Engine, SeedsAndBadRequests) {
   EXPECT_NE(st.status().message().find("outside the vocabulary [0, 48)"), std::string::npos);
   bad.prompt = std::vector<int32_t>(38, 1);
   EXPECT_NE(e->add_request(bad).status().message().find("over the context of 40"), std::string::npos);
+  bad.prompt = {1, 2};
+  bad.max_new_tokens = INT64_MAX - 1;  // must not wrap past the context check
+  EXPECT_NE(e->add_request(bad).status().message().find("over the context of 40"), std::string::npos);
   bad.prompt = {};
   EXPECT_FALSE(e->add_request(bad).ok());
+  EngineOptions huge;
+  huge.page_size = 1 << 30;
+  EXPECT_EQ(LmEngine::create(config_, dir_.file("ck.safetensors"), huge).status().code(),
+            StatusCode::kInvalidArgument);
   EngineOptions o;
   o.backend = ServeBackend::kGpu;
   EXPECT_EQ(LmEngine::create(config_, dir_.file("ck.safetensors"), o).status().code(),

@@ -209,6 +209,16 @@ TEST(LmTrainer, BadCheckpointsAndNonFiniteLossesAreRefusedByName) {
   Status st = (*w)->load_checkpoint(d.file("tiny.safetensors"));
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("tensor 'tok_embeddings'"), std::string::npos) << st.ToString();
+  // The same shapes, another attention split: refused by the field, not loaded silently.
+  LmConfig split = tiny();
+  split.model.heads = 2;
+  split.model.kv_heads = 1;
+  split.model.head_dim = 16;
+  auto sp = LmTrainer::create(split, {d.file("split"), 5, TrainBackend::kReference});
+  ASSERT_TRUE(sp.ok()) << sp.status().ToString();
+  st = (*sp)->load_checkpoint(d.file("tiny.safetensors"));
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("model.head_dim is 8 there, 16 here"), std::string::npos) << st.ToString();
   write_text(d.file("junk.safetensors"), "not a checkpoint at all");
   // A config no machine holds is refused before anything is allocated.
   LmConfig huge = tiny();

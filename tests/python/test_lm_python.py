@@ -86,5 +86,7 @@ def test_bad_input_raises(trained, tmp_path):
     e = fusebox.LmEngine(str(d / "ck.safetensors"))
     with pytest.raises(fusebox.InvalidArgument, match="outside the vocabulary"):
         e.add([1, 600])
+    with pytest.raises(fusebox.InvalidArgument, match="32-bit integers"):
+        e.add([1, 2**32 + 5])  # would wrap to 5 in ctypes
     with pytest.raises(fusebox.NotSupported, match="GPU engine is not built yet"):
         fusebox.LmEngine(str(d / "ck.safetensors"), backend="gpu")

@@ -38,7 +38,8 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
     size_t j = s.find(',', i);
     if (j == std::string::npos) j = s.size();
     const std::string part = s.substr(i, j - i);
-    if (part.empty() || part.size() > 10 || part.find_first_not_of("0123456789") != std::string::npos)
+    if (part.empty() || part.size() > 10 || part.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoll(part) > INT32_MAX)
       return InvalidArgument("--prompt-ids: '" + part + "' is not a token id (comma-separated integers)");
     out.push_back(static_cast<int32_t>(std::stoll(part)));
     i = j + 1;
@@ -55,7 +56,7 @@ Result<std::vector<int32_t>> encode(const std::string& data, const std::string& 
   const std::string path = tmpl;
   const int rc = run_python_module(
       "serve lm", {"fusebox_tools.models.lm_data", "fusebox_tools/models/lm_data.py", "numpy and tokenizers"},
-      {"encode", "--data", data, "--text", text, "--out", path});
+      {"encode", "--data", data, "--text=" + text, "--out", path});
   auto ids = rc == 0 ? common::read_file_bounded(path, 64u << 20, "prompt ids")
                      : Result<std::string>(InvalidArgument("serve: tokenizing the prompt failed (above)"));
   std::error_code ec;
