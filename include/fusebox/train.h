@@ -38,6 +38,10 @@ struct LmTrainConfig {
   // [tokens, ffn_dim] activation per layer fewer for two more GEMMs (saved_activation_bytes()
   // reports each choice).
   std::string recompute = "none";
+  // Backward ops without atomics (embedding_bwd's per-column sums), so that a resumed run repeats
+  // an uninterrupted one bit for bit on the GPU too; slower there. The reference backend is
+  // deterministic either way.
+  bool deterministic = false;
   double lr = 6e-4, min_lr = 6e-5, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   uint64_t seed = 1;
 };

@@ -103,6 +103,12 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
     t.recompute = r.get<std::string>();
     train.erase("recompute");
   }
+  if (train.is_object() && train.contains("deterministic")) {
+    if (!train["deterministic"].is_boolean())
+      return InvalidArgument(where + ": train.deterministic must be true or false");
+    t.deterministic = train["deterministic"].get<bool>();
+    train.erase("deterministic");
+  }
   if (root.contains("train"))
     FUSEBOX_RETURN_IF_ERROR(read_fields(train, where + ": train",
                                         {{"batch", &t.batch, nullptr, 1, 1 << 20},
@@ -164,7 +170,8 @@ std::string lm_config_json(const LmConfig& c) {
               {"eps", t.eps},
               {"clip", t.clip},
               {"seed", t.seed},
-              {"recompute", t.recompute}}}};
+              {"recompute", t.recompute},
+              {"deterministic", t.deterministic}}}};
   return j.dump();
 }
 

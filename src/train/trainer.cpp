@@ -53,11 +53,11 @@ Result<Pipeline> model_pipeline(const LmModelConfig& m, int64_t batch, int64_t s
   return load_pipeline_file(path);
 }
 
-BackwardOptions lm_backward_options(const LmModelConfig& m) {
+BackwardOptions lm_backward_options(const LmConfig& c) {
   BackwardOptions o;
-  for (const LmParameter& p : lm_parameters(m)) o.wrt.push_back(p.name);
+  for (const LmParameter& p : lm_parameters(c.model)) o.wrt.push_back(p.name);
   o.seeds = {"loss"};
-  o.deterministic = true;  // a resumed run repeats the uninterrupted one bit for bit
+  o.deterministic = c.train.deterministic;
   return o;
 }
 
@@ -181,8 +181,7 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
   const std::filesystem::path dir(options.work_dir);
   FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, config.train.batch, config.model.context,
                                                      (dir / "forward").string(), config.train.recompute));
-  FUSEBOX_ASSIGN_OR_RETURN(impl->derived,
-                           derive_pipeline_backward(impl->fwd, lm_backward_options(config.model)));
+  FUSEBOX_ASSIGN_OR_RETURN(impl->derived, derive_pipeline_backward(impl->fwd, lm_backward_options(config)));
   FUSEBOX_ASSIGN_OR_RETURN(std::string bpath,
                            write_pipeline_backward(impl->fwd, impl->derived, (dir / "backward").string()));
   FUSEBOX_ASSIGN_OR_RETURN(impl->bwd, load_pipeline_file(bpath));
@@ -511,8 +510,7 @@ Result<GradientCheck> LmTrainer::check_gradients(int64_t seq, uint32_t seed) {
   const std::filesystem::path dir = std::filesystem::path(s.options.work_dir) / "gradcheck";
   FUSEBOX_ASSIGN_OR_RETURN(Pipeline fwd, model_pipeline(s.config.model, 1, seq, (dir / "forward").string(),
                                                         s.config.train.recompute));
-  FUSEBOX_ASSIGN_OR_RETURN(PipelineBackward b,
-                           derive_pipeline_backward(fwd, lm_backward_options(s.config.model)));
+  FUSEBOX_ASSIGN_OR_RETURN(PipelineBackward b, derive_pipeline_backward(fwd, lm_backward_options(s.config)));
   FUSEBOX_ASSIGN_OR_RETURN(std::string bpath, write_pipeline_backward(fwd, b, (dir / "backward").string()));
   FUSEBOX_ASSIGN_OR_RETURN(Pipeline bwd, load_pipeline_file(bpath));
   // Random weights and activations on the check's grid, the model's RoPE angles. Step 2^-10

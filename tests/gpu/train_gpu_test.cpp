@@ -23,7 +23,7 @@ using testing::TempDir;
 constexpr char kTiny[] = R"({
   "model": {"vocab": 64, "dim": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16,
             "ffn_dim": 128, "context": 64},
-  "train": {"batch": 4, "accum": 2, "lr": 3e-3, "min_lr": 3e-4, "warmup": 3, "seed": 5}
+  "train": {"batch": 4, "accum": 2, "lr": 3e-3, "min_lr": 3e-4, "warmup": 3, "seed": 5, "deterministic": true}
 })";
 
 TokenStream tokens(int64_t n, uint32_t seed) {
