@@ -165,6 +165,10 @@ class LmTrainer {
   // Bytes the step keeps: parameters, moments, gradients and the saved activations of one
   // micro-batch (the backward's saved buffers).
   int64_t saved_activation_bytes() const;
+  // Where create() spent its time (phase, milliseconds): the pipelines, the backward, on the GPU
+  // the plans (from the plan cache when warm) and the executors. The first step's own time is
+  // its LmStepResult::seconds.
+  const std::vector<std::pair<std::string, double>>& startup_ms() const;
   // kGpu: the device memory the step holds, and how its plans were built; 0 and "" otherwise.
   int64_t device_bytes() const;
   std::string plan_summary() const;

@@ -73,6 +73,7 @@ struct LmTrainer::Impl {
   std::map<std::string, std::vector<float>> master, m, v, grad;
   int64_t step = 0, sequences = 0;
   double last_loss = 0;
+  std::vector<std::pair<std::string, double>> startup;  // start-up phases, ms
   // kGpu: the device holds the state; the host copies above are refreshed on demand.
   std::unique_ptr<GpuStep> gpu;
   bool device_stale = true;  // the host state is newer (initialized, loaded)
@@ -179,21 +180,32 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
   impl->options = options;
   impl->params = lm_parameters(config.model);
   const std::filesystem::path dir(options.work_dir);
+  using Clock = std::chrono::steady_clock;
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  auto t0 = Clock::now();
   FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, config.train.batch, config.model.context,
                                                      (dir / "forward").string(), config.train.recompute));
+  impl->startup.push_back({"forward pipeline written and loaded", ms_since(t0)});
+  t0 = Clock::now();
   FUSEBOX_ASSIGN_OR_RETURN(impl->derived, derive_pipeline_backward(impl->fwd, lm_backward_options(config)));
   FUSEBOX_ASSIGN_OR_RETURN(std::string bpath,
                            write_pipeline_backward(impl->fwd, impl->derived, (dir / "backward").string()));
   FUSEBOX_ASSIGN_OR_RETURN(impl->bwd, load_pipeline_file(bpath));
+  impl->startup.push_back({"backward derived, written and loaded", ms_since(t0)});
   for (const LmParameter& p : impl->params) {
     if (!impl->derived.gradients.count(p.name))
       return Internal("train: the derived backward has no gradient for parameter '" + p.name + "'");
     impl->master[p.name].assign(static_cast<size_t>(p.elements()), 0.f);
   }
   if (options.backend == TrainBackend::kGpu) {
+    t0 = Clock::now();
     auto g = GpuStep::create(config, impl->fwd, impl->bwd, impl->derived, options.plan_cache);
     if (!g.ok()) return g.status().WithContext("train: the GPU step");
     impl->gpu = std::move(*g);
+    impl->startup.push_back(
+        {"GPU: plans (" + impl->gpu->plan_summary() + "), executors, optimizer", ms_since(t0)});
   }
   auto t = std::unique_ptr<LmTrainer>(new LmTrainer(std::move(impl)));
   t->init_parameters();
@@ -532,6 +544,7 @@ const std::map<std::string, std::vector<float>>& LmTrainer::parameters() const {
   (void)impl_->sync_to_host();  // a failed download keeps the last host copy
   return impl_->master;
 }
+const std::vector<std::pair<std::string, double>>& LmTrainer::startup_ms() const { return impl_->startup; }
 int64_t LmTrainer::device_bytes() const { return impl_->gpu ? impl_->gpu->device_bytes() : 0; }
 std::string LmTrainer::plan_summary() const { return impl_->gpu ? impl_->gpu->plan_summary() : ""; }
 

@@ -123,6 +123,17 @@ int run_train(const TrainArgs& a) {
   std::printf("data: %s, %zu tokens (%lld sequences)%s\n", train_path.c_str(), train->tokens.size(),
               static_cast<long long>(train->sequences(S)),
               val ? (", validation " + std::to_string(val->tokens.size()) + " tokens").c_str() : "");
+  {
+    std::string phases;
+    double total = 0;
+    for (const auto& [what, ms] : t.startup_ms()) {
+      char b[64];
+      std::snprintf(b, sizeof b, "%.0f ms", ms);
+      phases += (phases.empty() ? "" : "; ") + what + " " + b;
+      total += ms;
+    }
+    std::printf("start-up: %.0f ms (%s)\n", total, phases.c_str());
+  }
   std::printf("saved activations per micro-batch: %.1f MiB\n",
               static_cast<double>(t.saved_activation_bytes()) / (1 << 20));
   if (opt.backend == TrainBackend::kGpu)
@@ -160,6 +171,7 @@ int run_train(const TrainArgs& a) {
     std::snprintf(row, sizeof row, "%lld,%.6f,%.6g,%.6f,%.1f\n", static_cast<long long>(r->step), r->loss,
                   r->lr, r->grad_norm, tps);
     log += row;
+    if (s == first) std::printf("first step: %.0f ms\n", r->seconds * 1e3);
     if (s == first && !a.dump_grads.empty())
       if (Status st = t.save_gradients(a.dump_grads); !st.ok()) return fail(st);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
