@@ -14,18 +14,33 @@ loss); on CPU in fp32. Attention is F.scaled_dot_product_attention(is_causal=Tru
     python3 -m fusebox_tools.models.lm_torch compare-losses fusebox_losses.csv torch_losses.csv --last 100
     python3 -m fusebox_tools.models.lm_torch bench --config C [--checkpoint CK] [--data DIR] \\
         [--modes eager,default,max-autotune-no-cudagraphs,reduce-overhead] [--json out.json]
+    python3 -m fusebox_tools.models.lm_torch serve-bench --checkpoint CK --trace TRACE.json --report R.json \\
+        [--max-batch 8] [--device cuda|cpu] [--mode eager|compile] [--compile-mode M] [--kv-bucket 256]
+    python3 -m fusebox_tools.models.lm_torch compare-serve A.json B.json [--first N] [--json]
 
 grads writes `grad.<name>` (F32) for every parameter and metadata `loss`; compare-grads A B prints
 per tensor rel-L2 = |a-b|_2/|b|_2 and the max abs error, and exits 1 when a rel-L2 is over 3e-2,
 a tensor is missing, or the losses differ by more than 3e-2 relative. train writes
 `step,loss,lr,grad_norm` per optimizer step and prints a JSON summary with the validation loss.
-bench needs CUDA. compare-grads and compare-losses need numpy only. docs/lm-torch.md has the
+bench needs CUDA. compare-grads, compare-losses and compare-serve need no torch. docs/lm-torch.md has the
 commands of the H200 comparison.
+
+serve-bench is the PyTorch serving baseline of `fusebox serve lm --bench` (issue 34,
+docs/serving.md, The PyTorch baseline): the same trace replayed on the wall clock with the same
+rule, greedy, a KV cache of max-batch request slots (per slot contiguous [kv_heads, context,
+head_dim] keys and values per layer), each admitted prompt prefilled alone, then one batched
+decode step for every running request (the slots' lengths padded and masked). It prints
+fusebox's three summary lines and writes fusebox's report fields plus tokens_by_request (trace
+index -> generated ids); backend "torch-eager" or "torch-compile" (the decode step through
+torch.compile, by default reduce-overhead on CUDA; the prefill stays eager). compare-serve says,
+request by request, whether two such reports generated the same tokens (exit 1 when not).
 """
 import argparse
+import collections
 import contextlib
 import csv
 import gc
+import heapq
 import json
 import math
 import os
@@ -144,7 +159,9 @@ class Block(nn.Module if nn else object):
         self.w_up = nn.Parameter(torch.zeros(d, f))
         self.w_down = nn.Parameter(torch.zeros(f, d))
 
-    def forward(self, h, cos, sin):
+    def qkv(self, h, cos, sin):
+        """q [B, heads, S, head_dim] and k, v [B, kv_heads, S, head_dim] of the layer input h
+        [B, S, dim], RoPE applied (cos, sin broadcast against [B, heads, S, head_dim/2])."""
         m = self.m
         B, S, _ = h.shape
         H, KV, D = m["heads"], m["kv_heads"], m["head_dim"]
@@ -152,14 +169,27 @@ class Block(nn.Module if nn else object):
         q = (a @ self.wq).view(B, S, H, D).transpose(1, 2)
         k = (a @ self.wk).view(B, S, KV, D).transpose(1, 2)
         v = (a @ self.wv).view(B, S, KV, D).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype)
+        return apply_rope(q, cos, sin).to(v.dtype), apply_rope(k, cos, sin).to(v.dtype), v
+
+    def causal_attention(self, q, k, v):
+        """F.scaled_dot_product_attention(is_causal=True) with GQA; o [B, heads, S, head_dim]."""
+        H, KV = self.m["heads"], self.m["kv_heads"]
         if H != KV and self.gqa == "repeat":
             k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
         kw = {"enable_gqa": True} if H != KV and self.gqa == "enable_gqa" else {}
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(D), **kw)
-        h = h + o.transpose(1, 2).reshape(B, S, H * D) @ self.wo
-        x = rms_norm(h, self.ffn_norm, m["norm_eps"])
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.m["head_dim"]),
+                                              **kw)
+
+    def finish(self, h, o):
+        """The rest of the layer: h + o @ wo, then the SwiGLU MLP (o [B, heads, S, head_dim])."""
+        B, _, S, _ = o.shape
+        h = h + o.transpose(1, 2).reshape(B, S, -1) @ self.wo
+        x = rms_norm(h, self.ffn_norm, self.m["norm_eps"])
         return h + (F.silu(x @ self.w_gate) * (x @ self.w_up)) @ self.w_down
+
+    def forward(self, h, cos, sin):
+        q, k, v = self.qkv(h, cos, sin)
+        return self.finish(h, self.causal_attention(q, k, v))
 
 
 class LM(nn.Module if nn else object):
@@ -644,6 +674,373 @@ def cmd_bench(args):
     return 0 if all(r.get("status") == "ok" for r in report["modes"]) else 1
 
 
+# ---------------------------------------------------------------- serving baseline (issue 34)
+
+class DecodeStep(nn.Module if nn else object):
+    """The model with a KV cache of `slots` request slots, greedy.
+
+    The cache is per layer a key and a value tensor [slots, kv_heads, context, head_dim] (buffers
+    k{i}, v{i}: fixed addresses, so CUDA graphs can capture the writes); slot b holds one
+    request's keys and values (RoPE applied) at positions 0 .. pos[b]-1. forward() is one decode
+    step for slots 0 .. B-1 in one batch: token b goes in at position pos[b] (its RoPE angle), its
+    key and value are written there, and each query attends to its own slot's positions
+    0 .. pos[b] of the first L (a mask on the padded length; query head j reads KV head
+    j // (heads / kv_heads) by a reshape, no copies). prefill() runs one prompt (batch 1, causal
+    attention) into a slot. Both return the argmax of the last position's logits."""
+
+    def __init__(self, model, slots, precision):
+        super().__init__()
+        m = model.m
+        self.model, self.precision, self.slots = model, precision, slots
+        dev = model.cos.device
+        self.device_type = dev.type
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        shape = (slots, m["kv_heads"], m["context"], m["head_dim"])
+        mark = getattr(getattr(torch, "_dynamo", None), "mark_static_address", None)
+        for i in range(m["layers"]):
+            for kind in "kv":
+                self.register_buffer(f"{kind}{i}", torch.zeros(shape, dtype=dtype, device=dev), persistent=False)
+                if mark:  # a static input of CUDA graphs (the decode step writes into it)
+                    mark(getattr(self, f"{kind}{i}"))
+
+    def cache_bytes(self):
+        return sum(b.numel() * b.element_size() for b in self.buffers(recurse=False))
+
+    def _logits_argmax(self, h):
+        mdl = self.model
+        return (rms_norm(h[:, -1], mdl.norm, mdl.m["norm_eps"]) @ mdl.output).float().argmax(-1)
+
+    def forward(self, tokens, pos, L: int):
+        """tokens, pos: [B] int64 on the device; L: attend over cache positions [0, L) (> max pos)."""
+        mdl, m = self.model, self.model.m
+        B = tokens.shape[0]
+        KV, G, D = m["kv_heads"], m["heads"] // m["kv_heads"], m["head_dim"]
+        rows = torch.arange(B, device=tokens.device)
+        valid = (torch.arange(L, device=tokens.device)[None, :] <= pos[:, None])[:, None, None, :]  # [B,1,1,L]
+        with autocast(self.device_type, self.precision):
+            h = F.embedding(tokens[:, None], mdl.tok_embeddings)  # [B, 1, dim]
+            cos, sin = mdl.cos[pos][:, None, None, :], mdl.sin[pos][:, None, None, :]
+            for i, layer in enumerate(mdl.layers):
+                q, k, v = layer.qkv(h, cos, sin)  # q [B, heads, 1, D]; k, v [B, kv_heads, 1, D]
+                kc, vc = getattr(self, f"k{i}"), getattr(self, f"v{i}")
+                kc[rows, :, pos] = k[:, :, 0]
+                vc[rows, :, pos] = v[:, :, 0]
+                keys, values = kc[:B, :, :L], vc[:B, :, :L]  # [B, kv_heads, L, D], views
+                s = (q.reshape(B, KV, G, D) @ keys.transpose(-1, -2)).float() * (1.0 / math.sqrt(D))
+                p = s.masked_fill(~valid, float("-inf")).softmax(-1)  # [B, kv_heads, G, L], fp32
+                o = (p.to(values.dtype) @ values).reshape(B, KV * G, 1, D)
+                h = layer.finish(h, o)
+            return self._logits_argmax(h)
+
+    def prefill(self, slot, prompt):
+        """prompt: [S] int64 on the device; fills positions 0 .. S-1 of `slot`."""
+        mdl = self.model
+        S = prompt.shape[0]
+        with autocast(self.device_type, self.precision):
+            h = F.embedding(prompt[None], mdl.tok_embeddings)
+            cos, sin = mdl.cos[:S], mdl.sin[:S]
+            for i, layer in enumerate(mdl.layers):
+                q, k, v = layer.qkv(h, cos, sin)
+                getattr(self, f"k{i}")[slot, :, :S] = k[0]
+                getattr(self, f"v{i}")[slot, :, :S] = v[0]
+                h = layer.finish(h, layer.causal_attention(q, k, v))
+            return self._logits_argmax(h)
+
+
+class GreedyServer:
+    """Continuous batching over DecodeStep's slots, the scheduling rule of fusebox's engine
+    (docs/serving.md, The engine) without pages: each step() admits waiting requests while fewer
+    than max_batch run (at most max_batch - running, counted at the step's start), decodes one
+    token for every request running before the step in one batch, then prefills each admitted
+    prompt (batch 1) into the lowest free slot, its first token from the last position. A request
+    leaves (its slot freed) after max_new_tokens.
+
+    mode "eager": the decode batch is slots 0 .. (highest running slot), L = the longest running
+    sequence + 1 (free slots below the highest run masked, their output dropped). mode "compile":
+    torch.compile(DecodeStep, mode=compile_mode, dynamic=False) over all max_batch slots and L
+    rounded up to a multiple of kv_bucket (at most context/kv_bucket shapes, all compiled by
+    warmup()); prefill stays eager (prompt lengths vary)."""
+
+    def __init__(self, model, max_batch, device, precision, mode="eager", compile_mode=None, kv_bucket=256):
+        self.m, self.device, self.max_batch, self.mode = model.m, device, max_batch, mode
+        self.net = DecodeStep(model, max_batch, precision)
+        self.bucket = max(1, min(kv_bucket, self.m["context"]))
+        self.free = list(range(max_batch))  # a heap: the lowest free slot first
+        self.running = {}  # slot -> {"key", "pos" (tokens in the cache), "last" (token to feed), "left"}
+        self.prefill_tokens = self.decode_tokens = self.steps = 0
+        self.mark_step = None
+        if mode == "compile":
+            limit = -(-self.m["context"] // self.bucket) + 8
+            for name in ("cache_size_limit", "recompile_limit"):
+                if hasattr(torch._dynamo.config, name):
+                    setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
+            self.decode = torch.compile(self.net, mode=None if compile_mode in (None, "default") else compile_mode,
+                                        dynamic=False)
+            if compile_mode == "reduce-overhead":
+                self.mark_step = getattr(getattr(torch, "compiler", None), "cudagraph_mark_step_begin", None)
+        elif mode == "eager":
+            self.decode = self.net
+        else:
+            raise ValueError(f"mode {mode!r}: eager or compile")
+
+    def _decode(self, tokens, pos, L):
+        if self.mark_step:
+            self.mark_step()
+        t = torch.tensor(tokens, dtype=torch.int64).to(self.device, non_blocking=True)
+        p = torch.tensor(pos, dtype=torch.int64).to(self.device, non_blocking=True)
+        return self.decode(t, p, L).tolist()
+
+    def warmup(self):
+        """Runs every decode shape once (three times when compiled: CUDA graphs record on a later
+        call) and a one-token prefill; no request may be running."""
+        assert not self.running
+        if self.mode == "compile":
+            for L in range(self.bucket, self.m["context"] + self.bucket, self.bucket):
+                for _ in range(3):
+                    self._decode([0] * self.max_batch, [0] * self.max_batch, min(L, self.m["context"]))
+        else:
+            self._decode([0], [0], 1)
+        self.net.prefill(0, torch.zeros(1, dtype=torch.int64, device=self.device)).tolist()
+
+    def step(self, waiting):
+        """One engine step; waiting: a deque of (key, prompt ids, max_new_tokens), admitted from
+        the left. Returns [(key, token, finished)] (tokens on the host: the step is synchronized)."""
+        admit = min(len(waiting), self.max_batch - len(self.running))
+        events = []
+        if self.running:
+            slots = sorted(self.running)
+            longest = max(self.running[s]["pos"] for s in slots) + 1
+            if self.mode == "compile":
+                B, L = self.max_batch, min(self.m["context"], -(-longest // self.bucket) * self.bucket)
+            else:
+                B, L = slots[-1] + 1, longest
+            tokens, pos = [0] * B, [0] * B
+            for s in slots:
+                tokens[s], pos[s] = self.running[s]["last"], self.running[s]["pos"]
+            out = self._decode(tokens, pos, L)
+            for s in slots:
+                r = self.running[s]
+                r["pos"] += 1
+                r["last"] = out[s]
+                r["left"] -= 1
+                events.append((r["key"], out[s], r["left"] == 0))
+                if r["left"] == 0:
+                    del self.running[s]
+                    heapq.heappush(self.free, s)
+            self.decode_tokens += len(slots)
+        for _ in range(admit):
+            key, prompt, max_new = waiting.popleft()
+            slot = heapq.heappop(self.free)
+            tok = int(self.net.prefill(slot, torch.tensor(prompt, dtype=torch.int64).to(self.device)).item())
+            self.prefill_tokens += len(prompt)
+            events.append((key, tok, max_new == 1))
+            if max_new > 1:
+                self.running[slot] = {"key": key, "pos": len(prompt), "last": tok, "left": max_new - 1}
+            else:
+                heapq.heappush(self.free, slot)
+        self.steps += 1
+        return events
+
+
+def read_trace(path, m):
+    """A request trace (python3 -m fusebox_tools.models.lm_trace make) checked as fusebox checks it:
+    [(trace index, arrival_s, prompt, max_new_tokens)] in arrival order (a stable sort)."""
+    with open(path) as f:
+        try:
+            doc = json.load(f)
+        except ValueError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
+        raise ValueError(f'{path}: expected {{"requests": [{{"arrival_s", "prompt", "max_new_tokens"}}, ...]}}')
+    out = []
+    for i, e in enumerate(doc["requests"]):
+        where = f"{path}: request {i}: "
+        if (not isinstance(e, dict) or not isinstance(e.get("arrival_s"), (int, float))
+                or not isinstance(e.get("prompt"), list) or type(e.get("max_new_tokens")) is not int):
+            raise ValueError(where + "needs arrival_s (seconds), prompt (token ids) and max_new_tokens")
+        if not 0 <= e["arrival_s"] < 1e7:
+            raise ValueError(where + "arrival_s must be in [0, 1e7)")
+        if not all(type(t) is int and 0 <= t < m["vocab"] for t in e["prompt"]):
+            raise ValueError(where + f"prompt ids must be integers in [0, {m['vocab']})")
+        n, new = len(e["prompt"]), e["max_new_tokens"]
+        if n == 0 or new < 1:
+            raise ValueError(where + "an empty prompt or max_new_tokens under 1")
+        if n + new > m["context"]:
+            raise ValueError(where + f"a prompt of {n} tokens plus {new} new ones is over the context of "
+                                     f"{m['context']}")
+        out.append((i, float(e["arrival_s"]), e["prompt"], new))
+    out.sort(key=lambda r: r[1])
+    return out
+
+
+def percentile(values, p):
+    """fusebox's percentile (cmd_serve.cpp): the sorted value at round(p * (n - 1)); 0 when empty."""
+    if not values:
+        return 0.0
+    v = sorted(values)
+    return v[min(len(v) - 1, int(p * (len(v) - 1) + 0.5))]
+
+
+def replay(server, reqs, log=None):
+    """Replays a trace on the wall clock as `fusebox serve lm --bench` does: requests whose
+    arrival_s has passed join the waiting queue, the server steps while anything runs or waits,
+    and when idle the loop sleeps until the next arrival. Each step's tokens are stamped with the
+    time the step ended. Returns the statistics (the report's fields but trace and backend)."""
+    n = len(reqs)
+    first, last, produced = [-1.0] * n, [-1.0] * n, [0] * n
+    tokens_by = {}
+    gaps, waiting = [], collections.deque()
+    nxt = finished = tokens = max_used = 0
+    last_print = -1.0
+    if server.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+
+    def now():
+        return time.perf_counter() - t0
+
+    while finished < n:
+        while nxt < n and reqs[nxt][1] <= now():
+            waiting.append((nxt, reqs[nxt][2], reqs[nxt][3]))
+            nxt += 1
+        if not waiting and not server.running:  # nothing to do before the next arrival
+            time.sleep(max(0.0, reqs[nxt][1] - now()))
+            continue
+        events = server.step(waiting)
+        t = now()
+        for i, tok, done in events:
+            if first[i] < 0:
+                first[i] = t - reqs[i][1]
+            if last[i] >= 0:
+                gaps.append(t - last[i])
+            last[i] = t
+            produced[i] += 1
+            tokens += 1
+            tokens_by.setdefault(reqs[i][0], []).append(tok)
+            finished += done
+        max_used = max(max_used, len(server.running))
+        if log and (t - last_print >= 1 or finished == n):
+            last_print = t
+            log(f"{finished}/{n} requests done, {len(server.running)} running, {len(waiting)} waiting, "
+                f"{tokens / t:.0f} tok/s")
+    wall = now()
+    return {"requests": n, "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ttft_s": {"p50": percentile(first, 0.5), "p99": percentile(first, 0.99)},
+            "itl_s": {"p50": percentile(gaps, 0.5), "p99": percentile(gaps, 0.99)},
+            "kv_pages": {"pool": server.max_batch, "max_used": max_used, "unit": "slot",
+                         "tokens_per_slot": server.m["context"]},
+            "prefill_tokens": server.prefill_tokens, "cached_prompt_tokens": 0,
+            "decode_tokens": server.decode_tokens, "steps": server.steps, "ttft_per_request_s": first,
+            "tokens_by_request": {str(k): tokens_by[k] for k in sorted(tokens_by)}}
+
+
+def summary_lines(r):
+    """The three summary lines of `fusebox serve lm --bench`, the KV line in slots."""
+    kv = r["kv_pages"]
+    return [f"{r['requests']} requests, {r['tokens']} tokens in {r['wall_s']:.2f} s: {r['tokens_per_s']:.1f} tokens/s",
+            f"time to first token: p50 {r['ttft_s']['p50']:.4f} s, p99 {r['ttft_s']['p99']:.4f} s; "
+            f"inter-token latency: p50 {r['itl_s']['p50']:.4f} s, p99 {r['itl_s']['p99']:.4f} s",
+            f"KV cache: at most {kv['max_used']} of {kv['pool']} slots in use ({kv['tokens_per_slot']} tokens each); "
+            f"{r['cached_prompt_tokens']} prompt tokens from shared prefix pages, {r['prefill_tokens']} prefilled"]
+
+
+def cmd_serve_bench(args):
+    dev, prec = _device(args)
+    if args.max_batch < 1 or args.kv_bucket < 1:
+        sys.exit("lm_torch serve-bench: --max-batch and --kv-bucket must be at least 1")
+    src = _config_source(args)
+    m, _, _ = config(src)
+    try:
+        reqs = read_trace(args.trace, m)
+    except (OSError, ValueError) as e:
+        sys.exit(f"lm_torch serve-bench: {e}")
+    if not reqs:
+        sys.exit(f"lm_torch serve-bench: {args.trace}: no requests")
+    if not args.checkpoint:
+        print("lm_torch serve-bench: no --checkpoint, random weights (timing only)", file=sys.stderr)
+    compile_mode = args.compile_mode or ("reduce-overhead" if dev.startswith("cuda") else "default")
+    with torch.no_grad():
+        model = load(src, args.checkpoint, dev, args.gqa).eval()
+        model.requires_grad_(False)
+        server = GreedyServer(model, args.max_batch, dev, prec, args.mode, compile_mode, args.kv_bucket)
+        t0 = time.perf_counter()
+        server.warmup()
+        warmup_s = time.perf_counter() - t0
+        print(f"lm_torch serve-bench: warmed up in {warmup_s:.1f} s; replaying {len(reqs)} requests",
+              file=sys.stderr)
+        stats = replay(server, reqs, log=lambda s: print(s, file=sys.stderr))
+    report = {"trace": args.trace, "backend": f"torch-{args.mode}", **stats,
+              "device": torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu",
+              "torch": torch.__version__, "precision": prec, "max_batch": args.max_batch,
+              "compile_mode": compile_mode if args.mode == "compile" else None,
+              "kv_bucket": server.bucket if args.mode == "compile" else None,
+              "kv_cache_mib": server.net.cache_bytes() / 2 ** 20, "warmup_s": warmup_s,
+              "checkpoint": args.checkpoint,
+              "decode": "batched: one step for all running requests, per-slot contiguous caches padded to a "
+                        "common length with a mask; prefill batch 1; greedy"}
+    for line in summary_lines(report):
+        print(line)
+    if args.report:
+        tmp = args.report + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, args.report)
+        print(f"report: {args.report}")
+        png = os.path.splitext(args.report)[0] + ".png"
+        try:
+            from fusebox_tools.models import lm_trace
+            lm_trace.plot(report, png)
+        except ImportError as e:
+            print(f"latency plot: not written ({e})")
+    return 0
+
+
+def compare_serve(a, b, first=None):
+    """Per request of two serve reports' tokens_by_request: identical (over the first `first`
+    tokens when given) or the first position where they differ. (rows, ok)."""
+    rows, ok = [], True
+    ta, tb = a.get("tokens_by_request"), b.get("tokens_by_request")
+    for key in sorted(set(ta) | set(tb), key=lambda k: (len(k), k)):
+        x, y = ta.get(key), tb.get(key)
+        if x is None or y is None:
+            rows.append({"request": key, "error": "missing in " + ("A" if x is None else "B")})
+            ok = False
+            continue
+        x, y = x[:first] if first else x, y[:first] if first else y
+        common = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        same = x == y
+        ok &= same
+        rows.append({"request": key, "same": same, "common_prefix": common, "len_a": len(x), "len_b": len(y)})
+    return rows, ok
+
+
+def cmd_compare_serve(args):
+    docs = []
+    for path in (args.a, args.b):
+        try:
+            with open(path) as f:
+                d = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"compare-serve: {path}: {e}")
+        if not isinstance(d, dict) or not isinstance(d.get("tokens_by_request"), dict):
+            sys.exit(f"compare-serve: {path} has no tokens_by_request (a serve-bench report has; fusebox's "
+                     f"`serve lm --bench` report has none)")
+        docs.append(d)
+    rows, ok = compare_serve(docs[0], docs[1], args.first)
+    same = sum(1 for r in rows if r.get("same"))
+    out = {"requests": len(rows), "identical": same, "first": args.first, "ok": ok,
+           "differ": [r for r in rows if not r.get("same")]}
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in out["differ"]:
+            print(f"request {r['request']}: " + (r["error"] if "error" in r else
+                  f"differs at token {r['common_prefix']} (lengths {r['len_a']}, {r['len_b']})"))
+        print(f"{'PASS' if ok else 'FAIL'}: {same} of {len(rows)} requests generated the same tokens"
+              + (f" (first {args.first})" if args.first else ""))
+    return 0 if ok else 1
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m fusebox_tools.models.lm_torch",
                                  description=__doc__.split("\n")[0])
@@ -705,6 +1102,30 @@ def main(argv=None):
     p.add_argument("--json", help="write the report here")
     p.add_argument("--tmp-dir", default="/tmp")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve-bench", help="replay a request trace with a KV cache and continuous batching "
+                                           "(the PyTorch baseline of `fusebox serve lm --bench`)")
+    p.add_argument("--config", help="config JSON (default: the checkpoint's metadata)")
+    p.add_argument("--checkpoint", help="docs/lm.md checkpoint (default: random weights from --config)")
+    p.add_argument("--trace", required=True, help="python3 -m fusebox_tools.models.lm_trace make")
+    p.add_argument("--report", help="write the statistics and tokens_by_request as JSON")
+    p.add_argument("--max-batch", type=int, default=8, help="running requests at most (KV-cache slots)")
+    p.add_argument("--device", help="cuda or cpu (default cuda when available)")
+    p.add_argument("--precision", choices=["bf16", "fp32"], help="default bf16 on CUDA, fp32 on the CPU")
+    p.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    p.add_argument("--compile-mode", choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode of the decode step (default reduce-overhead on CUDA, else default)")
+    p.add_argument("--kv-bucket", type=int, default=256,
+                   help="--mode compile: attend over a multiple of this many cache positions")
+    p.add_argument("--gqa", choices=["auto", "enable_gqa", "repeat"], default="auto")
+    p.set_defaults(func=cmd_serve_bench)
+
+    p = sub.add_parser("compare-serve", help="tokens_by_request of two serve-bench reports, request by request")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--first", type=int, help="compare only each request's first N tokens")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare_serve)
     args = ap.parse_args(argv)
     return args.func(args)
 
