@@ -48,6 +48,10 @@ Result<PipelineBackward> derive_pipeline_backward(const Pipeline& fwd, const Bac
 Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineBackward& b,
                                             const std::string& dir);
 
+// Host data for every input and constant buffer of `p` from logical values by buffer name, each
+// laid out (and rounded) as its buffer; a buffer without a value is InvalidArgument naming it.
+Result<PipelineHostData> pipeline_host_data(const Pipeline& p, const GradientInputs& values);
+
 // The backward pipeline's input data after a forward run: each seed's gradient from `seeds`
 // (forward buffer name -> logical values), each saved buffer from `forward_inputs` (the
 // forward's inputs and constants by name, logical values) or from `chain` (reference_chain()'s

@@ -323,6 +323,20 @@ Result<std::string> write_pipeline_backward(const Pipeline& fwd, const PipelineB
   return pipeline_path;
 }
 
+Result<PipelineHostData> pipeline_host_data(const Pipeline& p, const GradientInputs& values) {
+  PipelineHostData d;
+  for (int i = 0; i < static_cast<int>(p.buffers.size()); ++i) {
+    const PipelineBuffer& b = p.buffers[static_cast<size_t>(i)];
+    if (b.kind != BufferKind::kInput && b.kind != BufferKind::kConstant) continue;
+    auto it = values.find(b.name);
+    if (it == values.end())
+      return InvalidArgument("pipeline '" + p.name + "': no value for " +
+                             std::string(buffer_kind_name(b.kind)) + " buffer '" + b.name + "'");
+    d.emplace(i, host_tensor_of(buffer_tensor(p, i), it->second));
+  }
+  return d;
+}
+
 Result<PipelineHostData> backward_pipeline_data(
     const Pipeline& fwd, const PipelineBackward& b, const Pipeline& bwd,
     const std::map<std::string, std::vector<double>>& forward_inputs,
@@ -412,20 +426,14 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     }
     in[buf.name] = std::move(v);
   }
-  auto data_for = [&](const Values& values) {
-    PipelineHostData d;
-    for (int i = 0; i < static_cast<int>(fwd.buffers.size()); ++i)
-      if (auto it = values.find(fwd.buffers[i].name); it != values.end())
-        d.emplace(i, host_tensor_of(buffer_tensor(fwd, i), it->second));
-    return d;
-  };
   Values seeds;
   for (const std::string& s : b.seeds) {
     const ResolvedTensor t = buffer_tensor(fwd, fwd.find_buffer(s));
     seeds[s] = gradient_check_values(t.element_count(), rng);
   }
   auto loss = [&](const Values& values) -> Result<double> {
-    FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data_for(values), kMaxFlops));
+    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, pipeline_host_data(fwd, values));
+    FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data, kMaxFlops));
     double l = 0;
     for (const auto& [name, g] : seeds) {
       const auto& y = chain.at(name);
@@ -433,7 +441,8 @@ Result<GradientCheck> check_pipeline_gradients(const Pipeline& given_fwd, const 
     }
     return l;
   };
-  FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data_for(in), kMaxFlops));
+  FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, pipeline_host_data(fwd, in));
+  FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data, kMaxFlops));
   FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData bdata, backward_pipeline_data(fwd, b, bwd, in, chain, seeds));
   FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kMaxFlops));
   return gradient_check_rows(b.gradients, grads, in, loss, rng, tol, step);

@@ -46,11 +46,7 @@ Values rounded(DType d, const Values& v) {
 }
 
 void store_bf16(HostTensor& t, int64_t i, float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint16_t b = (u & 0x7fffffffu) > 0x7f800000u
-                         ? uint16_t{0x7fc0}  // NaN stays NaN
-                         : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  const uint16_t b = float_to_bf16_bits(f);
   std::memcpy(t.data.data() + i * 2, &b, 2);
 }
 
@@ -330,7 +326,7 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
   impl->freqs = lm_rope_angles(m, m.context);
   ResolvedTensor pool;
   pool.dims = {options.pool_pages, m.kv_heads, options.page_size, m.head_dim};
-  pool.strides = {m.kv_heads * options.page_size * m.head_dim, options.page_size * m.head_dim, m.head_dim, 1};
+  pool.strides = dense_strides_like(pool.dims, {});  // row-major
   pool.dtype = DType::kBF16;
   for (int64_t l = 0; l < m.layers; ++l) {
     impl->k_pool.push_back(HostTensor::like(pool));

@@ -39,10 +39,7 @@ ResolvedTensor fp32_tensor(const std::string& name, const std::vector<int64_t>& 
   t.name = name;
   t.dims = shape;
   t.dtype = DType::kFP32;
-  t.strides.assign(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i)
-    t.strides[static_cast<size_t>(i)] =
-        t.strides[static_cast<size_t>(i) + 1] * shape[static_cast<size_t>(i) + 1];
+  t.strides = dense_strides_like(shape, {});  // row-major
   return t;
 }
 
@@ -108,25 +105,13 @@ struct LmTrainer::Impl {
     return in;
   }
 
-  static Result<PipelineHostData> host_data(const Pipeline& p, const Values& in) {
-    PipelineHostData d;
-    for (int i = 0; i < static_cast<int>(p.buffers.size()); ++i) {
-      const PipelineBuffer& b = p.buffers[static_cast<size_t>(i)];
-      if (b.kind != BufferKind::kInput && b.kind != BufferKind::kConstant) continue;
-      auto it = in.find(b.name);
-      if (it == in.end()) return Internal("model pipeline input '" + b.name + "' has no value");
-      d.emplace(i, host_tensor_of(buffer_tensor(p, i), it->second));
-    }
-    return d;
-  }
-
   // Forward (and, with `grad_scale` > 0, backward adding grad_scale * dL/dp into `grad`) of
   // one micro-batch; returns its mean loss.
   Result<double> micro_batch(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
                              double grad_scale) {
     const int64_t seq = config.model.context;
     const Values in = forward_inputs(ids, labels, seq);
-    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, host_data(fwd, in));
+    FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, pipeline_host_data(fwd, in));
     FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data, kCpuFlops));
     const std::vector<float>& loss = chain.at("loss");
     double sum = 0;
@@ -380,7 +365,8 @@ Result<std::vector<float>> LmTrainer::next_token_logits(const std::vector<int32_
   // context is padding (token 0) that changes nothing before it.
   std::vector<int32_t> ids(static_cast<size_t>(m.context), 0);
   std::copy(tokens.begin(), tokens.end(), ids.begin());
-  FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, Impl::host_data(*g, s.forward_inputs(ids, ids, m.context)));
+  FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data,
+                           pipeline_host_data(*g, s.forward_inputs(ids, ids, m.context)));
   FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(*g, data, kCpuFlops));
   const std::vector<float>& logits = chain.at("logits");
   const size_t row = (tokens.size() - 1) * static_cast<size_t>(m.vocab);
