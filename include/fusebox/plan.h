@@ -71,11 +71,16 @@ struct EngineChoice {
   bool empty() const { return engine_id < 0; }
 };
 
+// The engine name of fusebox's reference kernels (BuildOptions::engine below).
+inline constexpr const char* kReferenceEngine = "fusebox_reference";
+
 struct BuildOptions {
   std::vector<HeuristicMode> heuristics{HeuristicMode::kA};
   // Pin an engine by the name `fusebox engines` shows ("eng41_k2=4_k13=0...").
   // It is looked up among the candidates of all heuristic modes.
   // Empty: the first candidate that passes the support check.
+  // "fusebox_reference": the whole graph on fusebox's naive GPU reference kernels (fp32, slow;
+  // the last resort Session::get_plan takes for a single op no cuDNN engine builds).
   std::string engine;
   int64_t max_workspace_bytes = -1;  // -1: no limit
   // Build with cuDNN's dynamic shapes (engines that support them compile

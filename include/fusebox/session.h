@@ -73,6 +73,12 @@ struct PlanRequest {
   // that have engines (fusebox/partition.h) and serve them as one plan.
   // Never when a whole-graph engine exists. false: the whole graph's error.
   bool partition = true;
+  // On a GPU, a graph of one op (the whole graph, or a single op of a partition) that no cuDNN
+  // engine builds runs on fusebox's reference kernels (engine "fusebox_reference": naive, fp32,
+  // correct and slow; no CUDA graph capture), and PlanReport::reference_fallback says why.
+  // Deviceless builds never take it (runtime-compiled engines might exist on the GPU).
+  // false: the op's error.
+  bool reference_fallback = true;
 };
 
 // One build tried by the policy.
@@ -125,6 +131,9 @@ struct PlanReport {
   // A partitioned plan built now: GraphPartition::summary(), why each cut was
   // needed (one line per cut), and the bytes of temporaries in the workspace.
   std::string partition;
+  // Ops run on fusebox's reference kernels because no cuDNN engine builds them
+  // (PlanRequest::reference_fallback): "op 'name' (type): cuDNN's reason", one per op.
+  std::vector<std::string> reference_fallback;
   std::vector<std::string> partition_cuts;
   int64_t partition_temporary_bytes = 0;
   struct PartitionPart {
@@ -237,7 +246,7 @@ class Session {
   explicit Session(std::unique_ptr<Impl> impl);
   // get_plan's partitioner: `whole` is why the whole graph found no engine.
   Result<Plan> build_partitioned(const ResolvedGraph& g, const BuildOptions& base, int64_t limit,
-                                 const Status& whole, PlanReport& rep);
+                                 const Status& whole, const PlanRequest& request, PlanReport& rep);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -83,7 +83,7 @@ Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_
     };
     int64_t first = 0, count = 0, bytes = 0;
     if (!int_at("first_op", 0, op_count, &first) || !int_at("op_count", 1, op_count, &count) ||
-        !int_at("bytes", 1, static_cast<int64_t>(n), &bytes) || !p.contains("engine") ||
+        !int_at("bytes", 0, static_cast<int64_t>(n), &bytes) || !p.contains("engine") ||
         !p["engine"].is_string()) {
       return bad("part " + std::to_string(i) +
                  ": first_op, op_count, bytes or engine missing or out of range");
@@ -101,8 +101,15 @@ Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_
     s.engine = p["engine"].get<std::string>().substr(0, 256);
     s.payload.assign(data + offset, data + offset + bytes);
     if (is_plan_parts(s.payload.data(), s.payload.size())) return bad("a part is itself partitioned");
-    FUSEBOX_RETURN_IF_ERROR(
-        check_plan_payload(s.payload.data(), s.payload.size(), where + " part " + std::to_string(i)));
+    if (s.payload.empty()) {
+      // A part fusebox runs with its own kernel: no cuDNN plan, rebuilt by name.
+      if (s.engine.rfind(kOwnKernelPrefix, 0) != 0)
+        return bad("part " + std::to_string(i) + " has no plan bytes but engine '" + s.engine +
+                   "' is not one of fusebox's own kernels (" + kOwnKernelPrefix + "*)");
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(
+          check_plan_payload(s.payload.data(), s.payload.size(), where + " part " + std::to_string(i)));
+    }
     offset += static_cast<size_t>(bytes);
     next_op = static_cast<int>(first + count);
     out.push_back(std::move(s));

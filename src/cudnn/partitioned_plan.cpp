@@ -65,6 +65,10 @@ Status execute_parts(const PlanParts& p, GpuContext& ctx, const std::map<std::st
 Result<std::vector<uint8_t>> serialize_parts(const PlanParts& p) {
   std::vector<common::SerializedPart> out;
   for (const auto& part : p.parts) {
+    if (part.plan.native()) {  // fusebox's own kernel: rebuilt by name (common/plan_parts.h)
+      out.push_back({part.first_op, part.op_count, part.plan.engine_name(), {}});
+      continue;
+    }
     FUSEBOX_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, part.plan.serialize());
     out.push_back({part.first_op, part.op_count, part.plan.engine_name(), std::move(bytes)});
   }
@@ -91,6 +95,18 @@ Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t
   FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_at(g, ranges, dtypes));
   std::vector<Plan> plans;
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].payload.empty()) {  // fusebox's own kernel, by name: no cuDNN plan to read
+      BuildOptions by_name;
+      by_name.engine = parts[i].engine;
+      auto plan = build_plan(partition.parts[i].graph, target, by_name, nullptr, ctx);
+      if (!plan.ok() || !plan->native()) {
+        return ParseError("plan: partitioned plan: part " + std::to_string(i) + " names fusebox's kernel '" +
+                          parts[i].engine + "', which does not run that part" +
+                          (plan.ok() ? std::string() : ": " + plan.status().message()));
+      }
+      plans.push_back(std::move(plan).value());
+      continue;
+    }
     FUSEBOX_ASSIGN_OR_RETURN(Plan plan, deserialize_plan(partition.parts[i].graph, parts[i].payload, target,
                                                          ctx, parts[i].engine));
     plans.push_back(std::move(plan));

@@ -269,9 +269,13 @@ std::unique_ptr<GpuContext> maybe_context(const DeviceTarget& target, GpuContext
 // `faster`: a graph cuDNN runs too, taken by fusebox's kernel because cuDNN
 // is much slower there (kernels::faster_native_kernel); null for an op only
 // fusebox runs.
+// `reference`: the graph runs on fusebox's reference kernel (kernels::make_reference_kernel), pinned
+// as engine "fusebox_reference"; the session takes it where no cuDNN engine builds.
+static_assert(std::string_view(kReferenceEngine) == std::string_view(kernels::kReferenceKernelName));
+
 Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& target,
                                const BuildOptions& options, BuildReport& r,
-                               const kernels::FasterKernel* faster = nullptr) {
+                               const kernels::FasterKernel* faster = nullptr, bool reference = false) {
   fill_target(r, target);
   std::shared_ptr<const kernels::NativeKernel> kernel;
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
@@ -279,7 +283,7 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
       kernel = faster->kernel;
       return {fe::error_code_t::OK, ""};
     }
-    auto k = kernels::make_native_kernel(g);
+    auto k = reference ? kernels::make_reference_kernel(g) : kernels::make_native_kernel(g);
     if (!k.ok()) return {fe::error_code_t::INVALID_VALUE, k.status().message()};
     kernel = std::move(k).value();
     return {fe::error_code_t::OK, ""};
@@ -302,7 +306,12 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
   r.candidate_plans = 1;
   r.plan_index = 0;
   r.notes_known = true;  // no behavior notes: not a cuDNN engine
-  if (faster) {
+  if (reference) {
+    r.lowering_notes.push_back(
+        "[graph '" + g.name + "']: run by '" + kernel->name() +
+        "', fusebox's naive reference kernels (fp32, one thread per output value, the stream synchronized "
+        "between ops, no CUDA graph capture): correct, and much slower than a cuDNN engine");
+  } else if (faster) {
     r.lowering_notes.push_back("[graph '" + g.name + "']: run by fusebox's own CUDA kernel '" +
                                kernel->name() + "': " + faster->why +
                                "; pin a cuDNN engine (--engine) to run cuDNN instead");
@@ -344,6 +353,11 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     return std::find(options.excluded_engines.begin(), options.excluded_engines.end(), engine) !=
            options.excluded_engines.end();
   };
+  if (options.engine == kernels::kReferenceKernelName) {
+    if (excluded(options.engine))
+      return NotSupported("[graph '" + g.name + "']: engine '" + options.engine + "' is excluded");
+    return build_native_plan(g, target, options, r, nullptr, true);
+  }
   if (kernels::has_native_op(g)) {
     auto plan = build_native_plan(g, target, options, r);
     if (plan.ok() && excluded(plan->engine_name())) {

@@ -93,7 +93,8 @@ nlohmann::json plan_json(const PlanReport& r) {
           {"engine_replayed", r.engine_replayed},
           {"replay_failed", r.replay_failed},
           {"plan_check", plan_check_json(r.plan_check)},
-          {"partition", partition_json(r)}};
+          {"partition", partition_json(r)},
+          {"reference_fallback", r.reference_fallback}};
 }
 
 }  // namespace

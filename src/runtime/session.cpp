@@ -238,6 +238,32 @@ std::string static_engine_precompiled(const ResolvedGraph& g, const DeviceTarget
   return "";
 }
 
+// The last resort for a graph of one op that no cuDNN engine builds (`why`): fusebox's reference
+// kernels (PlanRequest::reference_fallback). Only on a GPU: deviceless, a runtime-compiled engine
+// the build could not see may exist. `why` unchanged where the fallback does not apply.
+Result<Plan> reference_fallback_plan(const ResolvedGraph& g, const DeviceTarget& target,
+                                     const BuildOptions& base, const PlanRequest& request, const Status& why,
+                                     GpuContext* ctx, PlanReport& rep, BuildReport* report) {
+  if (!request.reference_fallback || !request.engine.empty() || target.deviceless() || g.ops.size() != 1 ||
+      why.code() != StatusCode::kNotSupported) {
+    return why;
+  }
+  BuildOptions o = base;
+  o.engine = kReferenceEngine;
+  o.dynamic_shape = false;
+  o.kernel_cache = nullptr;
+  auto plan = build_plan(g, target, o, report, ctx);
+  if (!plan.ok()) {
+    return Status(why.code(), why.message() + "\n  and fusebox's reference kernels cannot run it either: " +
+                                  plan.status().message());
+  }
+  const ResolvedOp& op = g.ops[0];
+  const std::string& m = why.message();
+  rep.reference_fallback.push_back("op '" + op.name + "' (" + std::string(op_type_name(op.attrs)) +
+                                   "): " + m.substr(0, std::min<size_t>(m.find('\n'), 300)));
+  return plan;
+}
+
 }  // namespace
 
 Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& request, PlanReport* report_out) {
@@ -467,13 +493,19 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   if (!plan.ok() && request.partition && request.engine.empty() && g.ops.size() > 1 &&
       plan.status().code() == StatusCode::kNotSupported) {
     const Status whole = plan.status();
-    auto parted = build_partitioned(g, base, limit, whole, rep);
+    auto parted = build_partitioned(g, base, limit, whole, request, rep);
     if (parted.ok()) {
       plan = std::move(parted);
     } else {
       plan = Status(whole.code(), whole.message() + "\n  and no partition of the graph runs either: " +
                                       parted.status().message());
     }
+  }
+  // A single op no cuDNN engine runs: the reference kernels.
+  if (!plan.ok()) {
+    BuildReport fallback_report;
+    plan = reference_fallback_plan(g, s.target, base, request, plan.status(), ctx, rep, &fallback_report);
+    if (plan.ok()) rep.build = std::move(fallback_report);
   }
   // The plan check of a plan built now: one that fails is rejected and the
   // build runs again without it, taking the next candidate.
@@ -488,14 +520,27 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
                            head + lines + "\n  (--no-plan-check serves a plan unchecked)"));
     };
     if (!request.engine.empty()) return refuse("pinned engine failed the plan check");
-    if (rejected_engines.size() >= kMaxPlanCheckCandidates) {
-      return refuse("no plan passed the plan check (" + std::to_string(rejected_engines.size()) + " tried)");
-    }
     BuildOptions again = base;
     again.excluded_engines = rejected_engines;
     rep.engine_replayed = false;
-    plan = build_modes_in_turn(again, order, build, &rep.attempts);
-    if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+    if (rejected_engines.size() >= kMaxPlanCheckCandidates) {
+      plan = NotSupported("no plan passed the plan check (" + std::to_string(rejected_engines.size()) +
+                          " tried)");
+    } else {
+      plan = build_modes_in_turn(again, order, build, &rep.attempts);
+      if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+    }
+    // Every cuDNN candidate of a single op failed the check: the reference kernels are the next one.
+    if (!plan.ok() && std::find(rejected_engines.begin(), rejected_engines.end(), kReferenceEngine) ==
+                          rejected_engines.end()) {
+      BuildReport fallback_report;
+      auto fallback =
+          reference_fallback_plan(g, s.target, again, request, plan.status(), ctx, rep, &fallback_report);
+      if (fallback.ok()) {
+        plan = std::move(fallback);
+        rep.build = std::move(fallback_report);
+      }
+    }
     if (!plan.ok()) return refuse("no plan passed the plan check: " + plan.status().message().substr(0, 400));
   }
   if (!plan.ok()) return finish(plan.status());
@@ -532,7 +577,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
 }
 
 Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptions& base, int64_t limit,
-                                        const Status& whole, PlanReport& rep) {
+                                        const Status& whole, const PlanRequest& request, PlanReport& rep) {
   Impl& s = *impl_;
   GpuContext* ctx = s.ctx.get();
   // The oracle builds each part it is asked about (heuristic modes in turn)
@@ -547,6 +592,7 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
       return build_plan(part, s.target, bo, r, ctx);
     };
     auto p = build_modes_in_turn(o, default_mode_order(), build, nullptr);
+    if (!p.ok()) p = reference_fallback_plan(part, s.target, o, request, p.status(), ctx, rep, nullptr);
     if (!p.ok()) return p.status();
     built.emplace_back(part.canonical, std::move(p).value());
     return Status::Ok();

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+#include "fusebox/partition.h"
 #include "fusebox/plan_file.h"
 #include "test_util.h"
 
@@ -427,6 +428,52 @@ TEST_F(DevicelessSession, CannotBindOrTune) {
   auto tuned = s->tune(g_, TunePolicy{});
   ASSERT_FALSE(tuned.ok());
   EXPECT_EQ(tuned.status().code(), StatusCode::kNoDevice);
+}
+
+// The reference-kernel fallback (issue 29): deviceless it is never taken (a runtime-compiled engine
+// the deviceless build cannot see may exist on the GPU), but it can be pinned; a partitioned plan
+// with a reference-kernel part serializes (no plan bytes for that part) and reads back.
+TEST_F(DevicelessSession, TheReferenceFallbackIsOnlyTakenOnAGpuButCanBePinned) {
+  auto s = session(nullptr);
+  ASSERT_TRUE(s);
+  const ResolvedGraph g = load(source_dir() + "/tests/cases/partitioned/two_convs_one_graph.json");
+  PlanRequest pinned;
+  pinned.engine = kReferenceEngine;
+  PlanReport r;
+  auto plan = s->get_plan(g, pinned, &r);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_TRUE(plan->native());
+  EXPECT_EQ(plan->engine_name(), kReferenceEngine);
+  EXPECT_TRUE(r.reference_fallback.empty());  // pinned, not a fallback
+  bool noted = false;
+  for (const auto& n : r.build.lowering_notes)
+    noted |= n.find("naive reference kernels") != std::string::npos;
+  EXPECT_TRUE(noted) << "the build report says the plan runs on the reference kernels";
+
+  // Two parts: cuDNN's conv1+bias1+relu1, then the second conv block on the reference kernels.
+  std::map<int, DType> io_temporary;  // as the partitioner settles it deviceless (cli.md)
+  for (size_t i = 0; i < g.tensors.size(); ++i)
+    if (g.tensors[i].name == "h") io_temporary[static_cast<int>(i)] = DType::kBF16;
+  auto partition = partition_at(g, {{0, 3}, {3, 3}}, io_temporary);
+  ASSERT_TRUE(partition.ok()) << partition.status().ToString();
+  std::vector<Plan> parts;
+  auto first = s->get_plan(partition->parts[0].graph, {}, nullptr);  // heuristic modes in turn
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  parts.push_back(std::move(first).value());
+  BuildOptions ref;
+  ref.engine = kReferenceEngine;
+  auto second = build_plan(partition->parts[1].graph, s->target(), ref, nullptr, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  parts.push_back(std::move(second).value());
+  auto whole = compose_partitioned_plan(g, *partition, std::move(parts));
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  auto bytes = whole->serialize();
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto back = deserialize_plan(g, *bytes, s->target(), nullptr);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->part_count(), 2);
+  EXPECT_EQ(back->engine_name(), whole->engine_name());
+  EXPECT_NE(back->engine_name().find("| fusebox_reference"), std::string::npos) << back->engine_name();
 }
 
 }  // namespace

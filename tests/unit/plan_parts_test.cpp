@@ -123,3 +123,18 @@ TEST(PlanParts, HostileContainersAreParseErrors) {
   std::string huge = std::string(common::kPlanPartsMagic) + std::string(70000, ' ');
   expect_parse_error(std::vector<uint8_t>(huge.begin(), huge.end()), 4, "header line");
 }
+
+// A part fusebox runs with a kernel of its own (the reference fallback, issue 29) has no plan
+// bytes and is rebuilt by name; an empty part that names a cuDNN engine is hostile.
+TEST(PlanParts, AnOwnKernelPartHasNoBytesAndOnlyItMay) {
+  std::vector<SerializedPart> parts = two_parts();
+  parts[1] = {3, 1, "fusebox_reference", {}};
+  const auto b = encode_plan_parts(parts);
+  auto r = decode_plan_parts(b.data(), b.size(), 4, "x.plan");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)[1].engine, "fusebox_reference");
+  EXPECT_TRUE((*r)[1].payload.empty());
+  EXPECT_EQ((*r)[0].payload, real_payload());
+  parts[1].engine = "eng2";
+  expect_parse_error(encode_plan_parts(parts), 4, "is not one of fusebox's own kernels");
+}

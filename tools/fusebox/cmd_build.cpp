@@ -17,6 +17,7 @@ struct BuildArgs {
   int64_t max_workspace = -1;
   bool json = false;
   bool no_plan_check = false;
+  bool no_reference_fallback = false;
   CacheFlags cache;
 };
 
@@ -51,6 +52,7 @@ int build_one(const BuildArgs& a, const std::string& path, Result<std::unique_pt
   request.max_workspace_bytes = a.max_workspace;
   request.use_tuned_cache = false;  // build reports what the heuristics choose
   request.check_plan = !a.no_plan_check;
+  request.reference_fallback = !a.no_reference_fallback;
   PlanReport rep;
   auto got = (*session)->get_plan(*g, request, &rep);
   print_warnings(rep.warnings);
@@ -148,6 +150,7 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--plan-out", a->plan_out, "Write the built plan to this file");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   add_plan_check_flag(cmd, a->no_plan_check);
+  add_reference_fallback_flag(cmd, a->no_reference_fallback);
   auto* dot =
       cmd->add_option("--dot", a->dot,
                       "Write a Graphviz picture of the graph and the engine chosen (one engine for the "

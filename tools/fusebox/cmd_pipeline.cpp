@@ -325,6 +325,7 @@ struct PlanFlags {
   int64_t max_workspace = -1;
   bool static_shapes = false;
   bool no_plan_check = false;
+  bool no_reference_fallback = false;
 };
 
 void add_plan_flags(CLI::App* c, PlanFlags& f) {
@@ -338,6 +339,7 @@ void add_plan_flags(CLI::App* c, PlanFlags& f) {
               "Symbolic graphs: build each concrete shape statically (kernels fitted to the shape; no kernel "
               "cache, no dynamic-shape build), cached per shape like the dynamic ones");
   add_plan_check_flag(c, f.no_plan_check);
+  add_reference_fallback_flag(c, f.no_reference_fallback);
 }
 
 Result<PlanRequest> plan_request(const PlanFlags& f) {
@@ -347,6 +349,7 @@ Result<PlanRequest> plan_request(const PlanFlags& f) {
   r.max_workspace_bytes = f.max_workspace;
   r.dynamic_shape = !f.static_shapes;
   r.check_plan = !f.no_plan_check;
+  r.reference_fallback = !f.no_reference_fallback;
   return r;
 }
 

@@ -49,7 +49,8 @@ Runner add_run(CLI::App& app) {
   struct Args {
     std::string shape;
     std::string graph, plan, inputs, save_outputs, engine, heuristics = "auto";
-    bool verify = false, json = false, measure_startup = false, cuda_graph = false, no_plan_check = false;
+    bool verify = false, json = false, measure_startup = false, cuda_graph = false, no_plan_check = false,
+         no_reference_fallback = false;
     CacheFlags cache;
     uint64_t seed = 1;
     int warmup = 10, iters = 50, samples = 0;
@@ -93,6 +94,7 @@ Runner add_run(CLI::App& app) {
       "On a cache hit, deserialize the plan a second time to report cuDNN's one-time library load apart");
   add_cache_flags(cmd, a->cache);
   add_plan_check_flag(cmd, a->no_plan_check);
+  add_reference_fallback_flag(cmd, a->no_reference_fallback);
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("run", g.status());
@@ -140,6 +142,7 @@ Runner add_run(CLI::App& app) {
     request.measure_startup = a->measure_startup;
     request.cuda_graph = a->cuda_graph;  // a plan tuned inside CUDA graphs is preferred then
     request.check_plan = !a->no_plan_check;
+    request.reference_fallback = !a->no_reference_fallback;
     PlanReport rep;
     auto plan = (*session)->get_plan(*g, request, &rep);
     print_warnings(rep.warnings);

@@ -154,8 +154,20 @@ void print_plan_check(const PlanReport& r) {
                 safe(r.partition).c_str(), format_bytes(r.partition_temporary_bytes).c_str());
     for (const auto& cut : r.partition_cuts) std::printf("    cut: %s\n", safe(cut).c_str());
   }
+  for (const auto& op : r.reference_fallback) {
+    std::printf(
+        "  no cuDNN engine for %s\n    -> run by fusebox's reference kernels (fusebox_reference: naive, "
+        "fp32, slow; --no-reference-fallback refuses instead)\n",
+        safe(op).c_str());
+  }
   if (r.plan_check.state == "deviceless" || r.plan_check.state == "not run") return;
   std::printf("  plan check: %s\n", safe(r.plan_check.text()).c_str());
+}
+
+void add_reference_fallback_flag(CLI::App* cmd, bool& off) {
+  cmd->add_flag("--no-reference-fallback", off,
+                "Refuse an op no cuDNN engine builds instead of running it on fusebox's naive reference "
+                "kernels (engine fusebox_reference; the fallback is on by default, on a GPU only)");
 }
 
 void add_plan_check_flag(CLI::App* cmd, bool& off) {

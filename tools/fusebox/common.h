@@ -73,6 +73,8 @@ void print_attempts(const PlanReport& r);
 void print_plan_check(const PlanReport& r);
 // --no-plan-check (PlanRequest::check_plan).
 void add_plan_check_flag(CLI::App* cmd, bool& off);
+// --no-reference-fallback (PlanRequest::reference_fallback).
+void add_reference_fallback_flag(CLI::App* cmd, bool& off);
 // --heuristics: "auto" (empty: the session's modes in turn) or "a,b,fallback".
 Result<std::vector<HeuristicMode>> parse_heuristics_flag(const std::string& flag);
 

@@ -20,8 +20,13 @@ struct SerializedPart {
   int first_op = 0;
   int op_count = 0;
   std::string engine;
-  std::vector<uint8_t> payload;  // the part's own plan (the frontend's serialized form)
+  // The part's own plan (the frontend's serialized form); empty for a part fusebox runs with a
+  // kernel of its own (engine kOwnKernelPrefix*), rebuilt from its graph by engine name.
+  std::vector<uint8_t> payload;
 };
+
+// The engine names of fusebox's own kernels start so ("fusebox_reference", "fusebox_pool").
+inline constexpr char kOwnKernelPrefix[] = "fusebox_";
 
 // Whether `data` starts like a partitioned plan (the magic).
 bool is_plan_parts(const uint8_t* data, size_t n);

@@ -45,4 +45,14 @@ struct FasterKernel {
 };
 FasterKernel faster_native_kernel(const ResolvedGraph& g);
 
+// The engine name of the reference kernel below.
+inline constexpr const char* kReferenceKernelName = "fusebox_reference";
+
+// The last resort (issue 29, "every valid graph runs"): a kernel that runs any graph on
+// fusebox's naive GPU reference (fusebox/reference.h), fp32 throughout, then stores each output
+// in its graph dtype and strides. Slow; correct by construction. NotSupported for a graph the
+// reference cannot run on its own (a dropout mask cuDNN draws, rank > 8). Its launch
+// synchronizes the stream and refuses CUDA graph capture.
+Result<std::shared_ptr<const NativeKernel>> make_reference_kernel(const ResolvedGraph& g);
+
 }  // namespace fusebox::kernels

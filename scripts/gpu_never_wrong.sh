@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 29 on the GPU machine from the slim carry of scripts/gpu_train_bundle.sh (.gpu-train: the
+# CLI and the GPU tests, xz'd): every case of tests/cases/ cold and warm through the session
+# (no refusal allowed), the reference kernels pinned for every small example against the CPU
+# reference, then a sweep of random valid graphs with --verify (scripts/gpu_sweep.sh).
+#   run(command="bash scripts/gpu_never_wrong.sh [COUNT] [SEED]", carry=[".gpu-train"])
+# Results under $OUT: summary.txt, cases.txt, reference_kernel.txt, sweep.log, sweep_tally.txt,
+# sweep_fail/ (tarred into sweep_fail.tgz).
+set -u
+COUNT=${1:-320}
+SEED=${2:-2000}
+OUT=${OUT:-/tmp/out}
+W=${W:-/tmp/train_work}
+mkdir -p "$OUT" "$W"
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
+export FUSEBOX_SOURCE_DIR=$PWD
+for f in fusebox fusebox_gpu_tests; do
+  [ -x "$W/$f" ] || { xz -dc ".gpu-train/$f.xz" > "$W/$f" && chmod +x "$W/$f"; }
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
+timeout 240 "$W/fusebox_gpu_tests" --gtest_filter='Cases/CaseGraphs.*:Examples/ReferenceKernelGpu.*' \
+  > "$OUT/gtests.txt" 2>&1
+echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtests.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+grep -E '^\[ (cold|warm) ' "$OUT/gtests.txt" >> "$OUT/summary.txt"
+grep -E '^\[  FAILED  \]' "$OUT/gtests.txt" >> "$OUT/summary.txt"
+JOBS=${JOBS:-8} DEADLINE_S=${DEADLINE_S:-300} OUT="$OUT" bash scripts/gpu_sweep.sh "$W/fusebox" "$COUNT" "$SEED" \
+  > "$OUT/sweep.txt" 2>&1
+echo "sweep exit $?" | tee -a "$OUT/summary.txt"
+cat "$OUT/sweep_tally.txt" >> "$OUT/summary.txt" 2>/dev/null
+grep -E '^(PASSREF|WRONG|REFUSED|NOENGINE|ERROR|TIMEOUT) ' "$OUT/sweep.log" | cut -c1-400 >> "$OUT/summary.txt"
+tar czf "$OUT/sweep_fail.tgz" -C "$OUT" sweep_fail 2>/dev/null && rm -rf "$OUT/sweep_fail"
