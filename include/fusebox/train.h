@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fusebox/distributed.h"
 #include "fusebox/gradient_check.h"
 #include "fusebox/status.h"
 
@@ -110,6 +111,13 @@ struct LmTrainerOptions {
   int64_t total_steps = 0;  // the schedule's length
   TrainBackend backend = TrainBackend::kReference;
   std::string plan_cache;  // kGpu: the plan cache file ("" none)
+  // Data parallel (fusebox/distributed.h, issue 31): this rank's communicator (not owned; null:
+  // one rank). With world size W > 1, config.train.batch is the global micro-batch: each rank
+  // runs batch / W sequences (batch must divide), the loss and gradients are all-reduced, and
+  // every rank takes the same update. The reference backend only for now (the GPU step needs a
+  // device communicator: NotSupported).
+  Communicator* communicator = nullptr;
+  int64_t bucket_bytes = int64_t{25} << 20;  // gradients all-reduced together (as torch DDP's 25 MiB)
 };
 
 struct LmStepResult {
@@ -120,6 +128,8 @@ struct LmStepResult {
   double seconds = 0;
   int64_t tokens = 0;
   bool cuda_graph = false;  // kGpu: the step replayed as one CUDA graph
+  int world_size = 1;       // ranks the step ran on (LmTrainerOptions::communicator)
+  int buckets = 0;          // gradient all-reduces issued (world_size > 1)
 };
 
 class LmTrainer {

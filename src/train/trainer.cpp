@@ -70,6 +70,13 @@ struct LmTrainer::Impl {
   std::map<std::string, std::vector<float>> master, m, v, grad;
   int64_t step = 0, sequences = 0;
   double last_loss = 0;
+  // Data parallel: this rank, the world, the sequences each rank runs per micro-batch, the
+  // gradient buckets (in the order the backward produces the gradients) and their buffer.
+  Communicator* comm = nullptr;
+  int rank = 0, world = 1;
+  int64_t local_batch = 0;
+  std::vector<GradientBucket> buckets;
+  std::vector<float> bucket_buffer;
   std::vector<std::pair<std::string, double>> startup;  // start-up phases, ms
   // kGpu: the device holds the state; the host copies above are refreshed on demand.
   std::unique_ptr<GpuStep> gpu;
@@ -93,6 +100,44 @@ struct LmTrainer::Impl {
       host_stale = false;
     }
     return Status::Ok();
+  }
+
+  // The mean over the ranks of one value each rank holds (the world's sum / world).
+  Result<double> all_mean(double x) {
+    if (world == 1) return x;
+    float v = static_cast<float>(x);
+    FUSEBOX_RETURN_IF_ERROR(comm->all_reduce_sum(&v, 1, nullptr));
+    return static_cast<double>(v) / world;
+  }
+
+  // Averages the gradients over the ranks, bucket by bucket as the backward would make them
+  // ready (all at once on the reference backend: BucketTracker gives the order). Returns the
+  // buckets all-reduced.
+  Result<int> all_reduce_gradients() {
+    if (world == 1) return 0;
+    BucketTracker tracker(buckets);
+    int issued = 0;
+    for (auto p = params.rbegin(); p != params.rend(); ++p) {  // the backward's order
+      FUSEBOX_ASSIGN_OR_RETURN(std::vector<int> start, tracker.mark_ready(p->name));
+      for (int b : start) {
+        const GradientBucket& bucket = buckets[static_cast<size_t>(b)];
+        bucket_buffer.resize(static_cast<size_t>(bucket.elements));
+        for (size_t i = 0; i < bucket.params.size(); ++i) {
+          const std::vector<float>& g = grad.at(bucket.params[i]);
+          std::copy(g.begin(), g.end(), bucket_buffer.begin() + bucket.offsets[i]);
+        }
+        FUSEBOX_RETURN_IF_ERROR(comm->all_reduce_sum(bucket_buffer.data(), bucket_buffer.size(), nullptr));
+        const float inv = 1.f / static_cast<float>(world);
+        for (size_t i = 0; i < bucket.params.size(); ++i) {
+          std::vector<float>& g = grad.at(bucket.params[i]);
+          for (size_t j = 0; j < g.size(); ++j)
+            g[j] = bucket_buffer[static_cast<size_t>(bucket.offsets[i]) + j] * inv;
+        }
+        ++issued;
+      }
+    }
+    if (!tracker.all_started()) return Internal("gradient buckets: not every bucket was all-reduced");
+    return issued;
   }
 
   Values forward_inputs(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
@@ -164,13 +209,31 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
   impl->config = config;
   impl->options = options;
   impl->params = lm_parameters(config.model);
+  impl->comm = options.communicator;
+  impl->world = impl->comm ? impl->comm->world_size() : 1;
+  impl->rank = impl->comm ? impl->comm->rank() : 0;
+  impl->local_batch = config.train.batch;
+  if (impl->world > 1) {
+    if (options.backend != TrainBackend::kReference)
+      return NotSupported(
+          "train: a data-parallel step on the GPU needs a device communicator (NCCL), which is "
+          "not built yet (issue 31); the reference backend runs data parallel");
+    if (config.train.batch % impl->world != 0)
+      return InvalidArgument("train: the global batch (" + std::to_string(config.train.batch) +
+                             " sequences) does not divide among " + std::to_string(impl->world) + " ranks");
+    impl->local_batch = config.train.batch / impl->world;
+    std::vector<std::pair<std::string, int64_t>> order;
+    for (auto p = impl->params.rbegin(); p != impl->params.rend(); ++p)
+      order.push_back({p->name, p->elements()});
+    FUSEBOX_ASSIGN_OR_RETURN(impl->buckets, plan_gradient_buckets(order, options.bucket_bytes));
+  }
   const std::filesystem::path dir(options.work_dir);
   using Clock = std::chrono::steady_clock;
   auto ms_since = [](Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   };
   auto t0 = Clock::now();
-  FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, config.train.batch, config.model.context,
+  FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, impl->local_batch, config.model.context,
                                                      (dir / "forward").string(), config.train.recompute));
   impl->startup.push_back({"forward pipeline written and loaded", ms_since(t0)});
   t0 = Clock::now();
@@ -225,8 +288,9 @@ Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   if (train.sequences(seq) < 1)
     return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
   std::vector<int32_t> ids, labels, all_ids, all_labels;
-  for (int64_t k = 0; k < tc.accum; ++k) {
-    lm_micro_batch(train, seq, tc.batch, s.sequences + k * tc.batch, &ids, &labels);
+  for (int64_t k = 0; k < tc.accum; ++k) {  // this rank's slice of each global micro-batch
+    lm_micro_batch(train, seq, s.local_batch, s.sequences + k * tc.batch + s.rank * s.local_batch, &ids,
+                   &labels);
     all_ids.insert(all_ids.end(), ids.begin(), ids.end());
     all_labels.insert(all_labels.end(), labels.begin(), labels.end());
   }
@@ -239,10 +303,10 @@ Result<LmStepResult> LmTrainer::step_tokens(const std::vector<int32_t>& all_ids,
   const auto t0 = std::chrono::steady_clock::now();
   const LmTrainConfig& tc = s.config.train;
   const int64_t seq = s.config.model.context;
-  const size_t micro = static_cast<size_t>(tc.batch * seq);
+  const size_t micro = static_cast<size_t>(s.local_batch * seq);
   if (all_ids.size() != micro * static_cast<size_t>(tc.accum) || all_labels.size() != all_ids.size())
     return InvalidArgument("train: a step takes accum x batch x context = " + std::to_string(tc.accum) +
-                           " x " + std::to_string(tc.batch) + " x " + std::to_string(seq) +
+                           " x " + std::to_string(s.local_batch) + " x " + std::to_string(seq) +
                            " ids and as many labels, not " + std::to_string(all_ids.size()) + " and " +
                            std::to_string(all_labels.size()));
   for (size_t i = 0; i < all_ids.size(); ++i)
@@ -261,13 +325,19 @@ Result<LmStepResult> LmTrainer::step_tokens(const std::vector<int32_t>& all_ids,
     const std::vector<int32_t> labels(all_labels.begin() + from,
                                       all_labels.begin() + from + static_cast<std::ptrdiff_t>(micro));
     auto l = s.micro_batch(ids, labels, 1.0 / static_cast<double>(tc.accum));
-    if (!l.ok()) return l.status().WithContext("train: step " + std::to_string(s.step));
-    if (!std::isfinite(*l))
-      return InvalidArgument("train: step " + std::to_string(s.step) + ": the loss of micro-batch " +
-                             std::to_string(k) + " is " + std::to_string(*l) +
-                             " (non-finite); the parameters are unchanged");
+    if (!l.ok()) {
+      if (s.comm) s.comm->abort();  // the other ranks would wait for this one forever
+      return l.status().WithContext("train: step " + std::to_string(s.step));
+    }
     loss += *l / static_cast<double>(tc.accum);
+    if (!std::isfinite(*l)) break;  // every rank learns it from the all-reduced loss
   }
+  FUSEBOX_ASSIGN_OR_RETURN(loss, s.all_mean(loss));
+  if (!std::isfinite(loss))
+    return InvalidArgument("train: step " + std::to_string(s.step) + ": the loss is " + std::to_string(loss) +
+                           (s.world > 1 ? " on some rank" : "") +
+                           " (non-finite); the parameters are unchanged");
+  FUSEBOX_ASSIGN_OR_RETURN(const int issued, s.all_reduce_gradients());
   for (const LmParameter& p : s.params) {
     const std::vector<float>& g = s.grad.at(p.name);
     for (size_t i = 0; i < g.size(); ++i)
@@ -280,6 +350,8 @@ Result<LmStepResult> LmTrainer::step_tokens(const std::vector<int32_t>& all_ids,
   r.step = s.step;
   r.loss = loss;
   r.lr = lm_learning_rate(tc, s.step, s.options.total_steps);
+  r.world_size = s.world;
+  r.buckets = issued;
   std::vector<AdamWTensor> tensors;
   for (const LmParameter& p : s.params)
     tensors.push_back({&s.master[p.name], &s.m[p.name], &s.v[p.name], &s.grad[p.name], p.decay});
@@ -334,11 +406,14 @@ Result<double> LmTrainer::validation_loss(const TokenStream& val, int64_t batche
     return InvalidArgument(val.path + ": too few tokens for one sequence of " + std::to_string(seq));
   double sum = 0;
   std::vector<int32_t> ids, labels;
-  for (int64_t k = 0; k < batches; ++k) {
-    lm_micro_batch(val, seq, s.config.train.batch, k * s.config.train.batch, &ids, &labels);
+  for (int64_t k = 0; k < batches; ++k) {  // this rank's slice of each global micro-batch
+    lm_micro_batch(val, seq, s.local_batch, k * s.config.train.batch + s.rank * s.local_batch, &ids, &labels);
     if (s.gpu) FUSEBOX_RETURN_IF_ERROR(s.sync_to_device());
-    FUSEBOX_ASSIGN_OR_RETURN(double l, s.gpu ? s.gpu->loss(ids, labels) : s.micro_batch(ids, labels, 0));
-    sum += l;
+    auto l = s.gpu ? s.gpu->loss(ids, labels) : s.micro_batch(ids, labels, 0);
+    if (!l.ok() && s.comm) s.comm->abort();
+    FUSEBOX_RETURN_IF_ERROR(l.status());
+    FUSEBOX_ASSIGN_OR_RETURN(double mean, s.all_mean(*l));
+    sum += mean;
   }
   return sum / static_cast<double>(batches);
 }

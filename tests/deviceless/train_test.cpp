@@ -9,6 +9,7 @@
 #include <cstring>
 #include <numbers>
 #include <random>
+#include <thread>
 
 #include "fusebox/tensor.h"
 #include "optimizer.h"
@@ -291,6 +292,87 @@ TEST(LmTrainer, RecomputingTheMlpSavesItsActivationsAndKeepsTheGradients) {
   auto bad = parse_lm_config(R"({"model": {"vocab": 8}, "train": {"recompute": "attention"}})", "c.json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("accepted: \"none\", \"mlp\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// Data parallel on the reference backend (issue 31): two ranks (threads, the in-process
+// communicator) sharing each global micro-batch take the same steps as one rank with the whole
+// batch, up to float summation order; the ranks stay identical to each other bit for bit.
+TEST(LmTrainer, TwoRanksTakeTheSameStepsAsOneWithTheWholeBatch) {
+  TempDir d;
+  ASSERT_TRUE(write_tokens(d.file("train.npy"), 4000, 3).ok());
+  auto data = load_token_stream(d.file("train.npy"), 32, 16);
+  ASSERT_TRUE(data.ok());
+  LmConfig c = tiny();
+  c.train.accum = 2;  // and across micro-batches
+  auto one = LmTrainer::create(c, {d.file("one"), 6, TrainBackend::kReference});
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  auto comms = make_thread_communicators(2);
+  std::vector<std::unique_ptr<LmTrainer>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    LmTrainerOptions o{d.file("rank" + std::to_string(r)), 6, TrainBackend::kReference};
+    o.communicator = comms[static_cast<size_t>(r)].get();
+    o.bucket_bytes = 16 << 10;  // several buckets for this tiny model
+    auto t = LmTrainer::create(c, o);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ranks.push_back(std::move(*t));
+  }
+  std::vector<std::vector<LmStepResult>> got(2);
+  std::vector<Status> st(2);
+  std::vector<std::thread> th;
+  for (int r = 0; r < 2; ++r) {
+    th.emplace_back([&, r] {
+      for (int s = 0; s < 6 && st[r].ok(); ++s) {
+        auto x = ranks[static_cast<size_t>(r)]->step(*data);
+        st[r] = x.status();
+        if (x.ok()) got[static_cast<size_t>(r)].push_back(*x);
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  ASSERT_TRUE(st[0].ok()) << st[0].ToString();
+  ASSERT_TRUE(st[1].ok()) << st[1].ToString();
+  for (int s = 0; s < 6; ++s) {
+    auto r = (*one)->step(*data);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const LmStepResult& a = got[0][static_cast<size_t>(s)];
+    EXPECT_EQ(a.world_size, 2);
+    EXPECT_GT(a.buckets, 1);
+    EXPECT_EQ(a.tokens, r->tokens) << "the global batch";
+    EXPECT_EQ(a.loss, got[1][static_cast<size_t>(s)].loss);
+    EXPECT_NEAR(a.loss, r->loss, 1e-5 * r->loss) << "step " << s;
+    EXPECT_NEAR(a.grad_norm, r->grad_norm, 1e-4 * r->grad_norm) << "step " << s;
+  }
+  EXPECT_EQ(ranks[0]->parameters(), ranks[1]->parameters()) << "the ranks stay identical";
+  const auto p1 = (*one)->parameters(), p2 = ranks[0]->parameters();
+  for (const auto& [name, w] : p1) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      diff += (w[i] - p2.at(name)[i]) * (w[i] - p2.at(name)[i]);
+      norm += w[i] * w[i];
+    }
+    EXPECT_LT(std::sqrt(diff / std::max(norm, 1e-30)), 1e-4) << name;
+  }
+  EXPECT_EQ(ranks[1]->sequences_done(), (*one)->sequences_done());
+
+  // A global batch that does not divide, and the GPU backend, are refused before anything runs.
+  LmConfig odd = c;
+  odd.train.batch = 3;
+  LmTrainerOptions o{d.file("odd"), 6, TrainBackend::kReference};
+  o.communicator = comms[0].get();
+  auto bad = LmTrainer::create(odd, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("does not divide among 2 ranks"), std::string::npos)
+      << bad.status().ToString();
+  o.backend = TrainBackend::kGpu;
+  auto gpu = LmTrainer::create(c, o);
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), StatusCode::kNotSupported) << gpu.status().ToString();
 }
 
 }  // namespace

@@ -142,3 +142,26 @@ def test_gpu_backend_without_a_gpu_is_one_clear_error(fusebox, data, tmp_path):
     if p.returncode != 0:  # a machine without a GPU (CI); on the H200 the two steps run
         assert "no CUDA GPU" in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert not (tmp_path / "g" / "checkpoint.safetensors").exists()
+
+
+def test_data_parallel_ranks_follow_one_rank_and_a_torchrun_world_is_refused(fusebox, data, run, tmp_path):
+    """--ranks 2 (two ranks in one process, issue 31) takes the one-rank run's steps: the same
+    losses up to float summation order; a torchrun-style WORLD_SIZE=2 is refused with the reason
+    (no NCCL communicator yet), and a malformed launch variable is named."""
+    one, _ = run
+    out = tmp_path / "ranks2"
+    p = _train(fusebox, data, out, "--steps", "20", "--stop-after", "5", "--ranks", "2", "--no-plot")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "data parallel: 2 ranks in this process" in p.stdout, p.stdout
+    a, b = _losses(one / "losses.csv")[:5], _losses(out / "losses.csv")
+    assert len(b) == 5
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    q = subprocess.run([fusebox, "train", "lm", "--config", CONFIG, "--data", str(data), "--out", str(tmp_path / "w"),
+                        "--steps", "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert q.returncode != 0 and "WORLD_SIZE=2" in q.stderr and "NCCL" in q.stderr, q.stderr
+    env["RANK"] = "7"
+    q = subprocess.run([fusebox, "train", "lm", "--config", CONFIG, "--data", str(data), "--out", str(tmp_path / "w"),
+                        "--steps", "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert q.returncode != 0 and "RANK='7'" in q.stderr, q.stderr
+    assert not (tmp_path / "w").exists(), "nothing is written before the launch is understood"

@@ -7,12 +7,15 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "common.h"
 #include "common/file_io.h"
 #include "common/json_text.h"
+#include "fusebox/distributed.h"
 #include "fusebox/train.h"
 
 namespace fusebox::cli {
@@ -23,6 +26,7 @@ namespace fs = std::filesystem;
 struct TrainArgs {
   std::string config, data, out, backend = "reference", dump_grads, prompt;
   int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1, stop_after = 0;
+  int ranks = 1;
   bool resume = false, check_gradients = false, no_plot = false;
   CacheFlags cache;
 };
@@ -42,6 +46,14 @@ int run_train(const TrainArgs& a) {
     std::fprintf(stderr, "fusebox train lm: %s\n", st.ToString().c_str());
     return exit_code_for(st);
   };
+  // Data parallel (fusebox/distributed.h): torchrun's variables, or --ranks in this process.
+  auto launch = parse_launch_env();
+  if (!launch.ok()) return fail(launch.status());
+  if (launch->world_size > 1)
+    return fail(NotSupported(
+        "WORLD_SIZE=" + std::to_string(launch->world_size) +
+        " (a torchrun-style launch): data parallel across processes needs the NCCL communicator, which is "
+        "not built yet (issue 31); --ranks N runs N ranks in this process on the reference backend"));
   auto cfg = load_lm_config(a.config);
   if (!cfg.ok()) return fail(cfg.status());
   if (a.val_batches > 0) cfg->train.val_batches = a.val_batches;
@@ -88,14 +100,36 @@ int run_train(const TrainArgs& a) {
       !st.ok())
     return fail(st);
 
+  std::vector<std::unique_ptr<Communicator>> comms;
+  if (a.ranks > 1) {
+    if (a.backend != "reference")
+      return fail(
+          NotSupported("--ranks " + std::to_string(a.ranks) +
+                       ": data parallel runs on the reference backend only for now (the GPU step needs "
+                       "the NCCL communicator, issue 31)"));
+    comms = make_thread_communicators(a.ranks);
+  }
   LmTrainerOptions opt;
   opt.work_dir = (out / "pipelines").string();
   opt.total_steps = a.steps;
   opt.backend = a.backend == "gpu" ? TrainBackend::kGpu : TrainBackend::kReference;
   if (!a.cache.off) opt.plan_cache = a.cache.path.empty() ? default_cache_path() : a.cache.path;
+  if (!comms.empty()) opt.communicator = comms[0].get();
   auto trainer = LmTrainer::create(*cfg, opt);
   if (!trainer.ok()) return fail(trainer.status());
   LmTrainer& t = **trainer;
+  // Ranks 1..N-1: trainers of their own (pipelines at batch / N), stepped by threads below.
+  std::vector<std::unique_ptr<LmTrainer>> others;
+  for (size_t r = 1; r < comms.size(); ++r) {
+    LmTrainerOptions o = opt;
+    o.work_dir = (out / "pipelines" / ("rank" + std::to_string(r))).string();
+    o.communicator = comms[r].get();
+    auto other = LmTrainer::create(*cfg, o);
+    if (!other.ok()) return fail(other.status().WithContext("rank " + std::to_string(r)));
+    if (a.resume)
+      if (Status st = (*other)->load_checkpoint(ckpt); !st.ok()) return fail(st);
+    others.push_back(std::move(*other));
+  }
   std::string log = "step,loss,lr,grad_norm,tokens_per_s\n";
   if (a.resume) {
     if (Status st = t.load_checkpoint(ckpt); !st.ok()) return fail(st);
@@ -158,13 +192,44 @@ int run_train(const TrainArgs& a) {
     std::printf("the checkpoint is at step %lld: no steps left of %lld\n", static_cast<long long>(first),
                 static_cast<long long>(a.steps));
   const int64_t last = a.stop_after > 0 ? std::min(a.steps, first + a.stop_after) : a.steps;
+  // The other ranks make the same collective calls as rank 0: the steps, then the validation.
+  std::vector<Status> other_status(others.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < others.size(); ++i) {
+    threads.emplace_back([&, i] {
+      for (int64_t s = first; s < last && other_status[i].ok(); ++s)
+        other_status[i] = others[i]->step(*train).status();
+      if (other_status[i].ok() && val)
+        other_status[i] = others[i]->validation_loss(*val, cfg->train.val_batches).status();
+    });
+  }
+  // Joins the other ranks; a rank's own error comes before the "another rank failed" it caused.
+  auto join = [&](Status st) {
+    if (!st.ok() && !comms.empty()) comms[0]->abort();
+    for (auto& th : threads) th.join();
+    threads.clear();
+    for (size_t i = 0; i < other_status.size(); ++i)
+      if (!other_status[i].ok() && (st.ok() || st.code() == StatusCode::kInternal))
+        return other_status[i].WithContext("rank " + std::to_string(i + 1));
+    return st;
+  };
+  struct Joiner {  // every return below joins the threads first
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{[&] {
+    if (!threads.empty()) (void)join(Status(StatusCode::kInternal, "rank 0 stopped"));
+  }};
+  if (!others.empty())
+    std::printf("data parallel: %d ranks in this process (global micro-batch %lld = %d x %lld sequences)\n",
+                a.ranks, static_cast<long long>(cfg->train.batch), a.ranks,
+                static_cast<long long>(cfg->train.batch / a.ranks));
   for (int64_t s = first; s < last; ++s) {
     auto r = t.step(*train);
     if (!r.ok()) {
       if (tty) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "fusebox train lm: the last checkpoint (%s) is unchanged\n",
                    fs::exists(ckpt) ? ckpt.c_str() : init.c_str());
-      return fail(r.status());
+      return fail(join(r.status()));
     }
     const double tps = static_cast<double>(r->tokens) / r->seconds;
     char row[160];
@@ -185,6 +250,8 @@ int run_train(const TrainArgs& a) {
       if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
     }
   }
+  if (!val)
+    if (Status st = join(Status::Ok()); !st.ok()) return fail(st);
   if (tty) std::fprintf(stderr, "\n");
   if (Status st = t.save_checkpoint(ckpt); !st.ok()) return fail(st);
   if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
@@ -200,7 +267,8 @@ int run_train(const TrainArgs& a) {
   }
   if (val) {
     auto vl = t.validation_loss(*val, cfg->train.val_batches);
-    if (!vl.ok()) return fail(vl.status());
+    if (!vl.ok()) return fail(join(vl.status()));
+    if (Status st = join(Status::Ok()); !st.ok()) return fail(st);
     std::printf("validation loss: %.4f (%lld micro-batches of %s)\n", *vl,
                 static_cast<long long>(cfg->train.val_batches), val_path.c_str());
     const int64_t np = std::min<int64_t>(a.prompt_tokens, S - 1);
@@ -254,6 +322,10 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   add_cache_flags(cmd, a->cache);
   cmd->add_flag("--no-plot", a->no_plot, "Do not draw OUT/loss.png (matplotlib, through python3)");
+  cmd->add_option("--ranks", a->ranks,
+                  "Data parallel in this process: N ranks (threads) share each global micro-batch and "
+                  "all-reduce the gradients (reference backend; docs/training.md, \"Data parallel\")")
+      ->check(CLI::Range(1, 64));
   cmd->add_flag("--check-gradients", a->check_gradients,
                 "Before training, check the derived backward against finite differences (small models)");
   return [a]() { return run_train(*a); };
