@@ -4,7 +4,7 @@
 # (no refusal allowed), the reference kernels pinned for every small example against the CPU
 # reference, then a sweep of random valid graphs with --verify (scripts/gpu_sweep.sh).
 #   run(command="bash scripts/gpu_never_wrong.sh [COUNT] [SEED]", carry=[".gpu-train"])
-# Results under $OUT: summary.txt, cases.txt, reference_kernel.txt, sweep.log, sweep_tally.txt,
+# Results under $OUT: summary.txt, gtests.txt, cases_timed.txt, sweep.log, sweep_tally.txt,
 # sweep_fail/ (tarred into sweep_fail.tgz).
 set -u
 COUNT=${1:-320}
@@ -23,6 +23,16 @@ timeout 240 "$W/fusebox_gpu_tests" --gtest_filter='Cases/CaseGraphs.*:Examples/R
 echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtests.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
 grep -E '^\[ (cold|warm) ' "$OUT/gtests.txt" >> "$OUT/summary.txt"
 grep -E '^\[  FAILED  \]' "$OUT/gtests.txt" >> "$OUT/summary.txt"
+# Partitioned plans against their parts alone (issue 29: at most the sum + 10%), and the plan
+# check's cost on a cold build: every case with --time-parts.
+for g in tests/cases/*/*.json; do
+  timeout 60 "$W/fusebox" run "$g" --iters 100 --time-parts --no-cache > "$OUT/case_run.txt" 2>&1
+  rc=$?
+  { echo "-- $(basename "$g" .json): exit $rc"
+    grep -E "engine |parts alone|plan check:|no cuDNN engine|latency over" "$OUT/case_run.txt" | cut -c1-300; } \
+    >> "$OUT/cases_timed.txt"
+done
+cat "$OUT/cases_timed.txt" >> "$OUT/summary.txt"
 JOBS=${JOBS:-8} DEADLINE_S=${DEADLINE_S:-300} OUT="$OUT" bash scripts/gpu_sweep.sh "$W/fusebox" "$COUNT" "$SEED" \
   > "$OUT/sweep.txt" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/summary.txt"

@@ -188,6 +188,10 @@ class Plan {
   bool native() const;
   // A partitioned plan (compose_partitioned_plan): its parts' count, else 0.
   int part_count() const;
+  // Part i of a partitioned plan (0 <= i < part_count()): its graph and its plan, e.g. to time
+  // it alone; null out of range.
+  const ResolvedGraph* part_graph(int i) const;
+  const Plan* part_plan(int i) const;
   // The frontend's serialized form (graph structure and compiled plan); for a
   // partitioned plan, a container of its parts' forms (common/plan_parts.h).
   Result<std::vector<uint8_t>> serialize() const;

@@ -54,6 +54,8 @@ struct RunOptions {
   // not_bit_reproducible(), within the outputs' tolerance instead); verification and timing then use the
   // graph (one graph per input set, launched in rotation; samples launch one graph of `iters` executes).
   bool cuda_graph = false;
+  // A partitioned plan: after the timed run, time each part alone too (RunResult::parts).
+  bool time_parts = false;
 };
 
 // What RunOptions::cuda_graph did.
@@ -105,6 +107,14 @@ struct RunResult {
   double tflops = 0;                    // flops / median
   double gbps = 0;                      // non-virtual bytes / median
   CudaGraphRun cuda_graph;
+  // RunOptions::time_parts on a partitioned plan: each part run alone (its own buffers, random
+  // inputs, the same warm-up and iterations), to compare with the whole (issue 29: at most the
+  // sum of the parts + 10%).
+  struct PartTime {
+    std::string engine;
+    double median_ms = 0;
+  };
+  std::vector<PartTime> parts;
 };
 
 // How many copies of g's inputs a timed run rotates through, so that every

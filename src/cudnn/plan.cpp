@@ -680,6 +680,15 @@ int Plan::part_count() const {
   return impl_ && impl_->parts ? static_cast<int>(impl_->parts->parts.size()) : 0;
 }
 
+const ResolvedGraph* Plan::part_graph(int i) const {
+  if (i < 0 || i >= part_count()) return nullptr;
+  return &impl_->parts->parts[static_cast<size_t>(i)].graph;
+}
+const Plan* Plan::part_plan(int i) const {
+  if (i < 0 || i >= part_count()) return nullptr;
+  return &impl_->parts->parts[static_cast<size_t>(i)].plan;
+}
+
 Result<std::vector<uint8_t>> Plan::serialize() const {
   if (!impl_) return Internal("serialize: empty plan");
   if (impl_->parts) return cudnn::serialize_parts(*impl_->parts);

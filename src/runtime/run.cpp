@@ -425,6 +425,19 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
                                                    result.host_latency_ms));
     }
   }
+  if (options.time_parts && options.iters > 0) {
+    for (int i = 0; i < plan.part_count(); ++i) {
+      RunOptions alone;
+      alone.seed = options.seed + 1 + static_cast<uint64_t>(i);
+      alone.warmup = options.warmup;
+      alone.iters = options.iters;
+      alone.rotate_inputs = options.rotate_inputs;
+      alone.cuda_graph = options.cuda_graph;
+      auto r = run_plan(*plan.part_graph(i), *plan.part_plan(i), ctx, alone);
+      if (!r.ok()) return r.status().WithContext("timing part " + std::to_string(i) + " alone");
+      result.parts.push_back({r->engine, r->latency.median_ms});
+    }
+  }
   return result;
 }
 

@@ -467,6 +467,11 @@ TEST_F(DevicelessSession, TheReferenceFallbackIsOnlyTakenOnAGpuButCanBePinned) {
   parts.push_back(std::move(second).value());
   auto whole = compose_partitioned_plan(g, *partition, std::move(parts));
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  ASSERT_NE(whole->part_plan(1), nullptr);  // the parts, to time alone (run --time-parts)
+  EXPECT_EQ(whole->part_plan(1)->engine_name(), kReferenceEngine);
+  EXPECT_EQ(whole->part_graph(1)->ops.size(), 3u);
+  EXPECT_EQ(whole->part_graph(2), nullptr);
+  EXPECT_EQ(whole->part_plan(-1), nullptr);
   auto bytes = whole->serialize();
   ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
   auto back = deserialize_plan(g, *bytes, s->target(), nullptr);

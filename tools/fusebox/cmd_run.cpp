@@ -50,7 +50,7 @@ Runner add_run(CLI::App& app) {
     std::string shape;
     std::string graph, plan, inputs, save_outputs, engine, heuristics = "auto";
     bool verify = false, json = false, measure_startup = false, cuda_graph = false, no_plan_check = false,
-         no_reference_fallback = false;
+         time_parts = false, no_reference_fallback = false;
     CacheFlags cache;
     uint64_t seed = 1;
     int warmup = 10, iters = 50, samples = 0;
@@ -88,6 +88,8 @@ Runner add_run(CLI::App& app) {
       "stream capture otherwise): its outputs must be bit-identical to the eager run's (within tolerance "
       "for graphs not bit-reproducible by design: reductions, sdpa backward without \"deterministic\"); "
       "--verify, timing and --samples then use the graph");
+  cmd->add_flag("--time-parts", a->time_parts,
+                "A partitioned plan: also time each part alone (same iterations) beside the whole");
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   cmd->add_flag(
       "--measure-startup", a->measure_startup,
@@ -120,6 +122,7 @@ Runner add_run(CLI::App& app) {
     options.iters = a->iters;
     options.samples = a->samples;
     options.cuda_graph = a->cuda_graph;
+    options.time_parts = a->time_parts;
     if (a->samples > 0 && a->iters == 0)
       return fail("run", InvalidArgument("--samples needs --iters >= 1 (the runs per GPU-time sample)"));
     options.inputs = std::move(input_tensors).value();
@@ -218,6 +221,15 @@ Runner add_run(CLI::App& app) {
                           {"ok", r->verified_ok}};
       if (!report.steps.empty()) j["build"] = to_json(report);
       j["cuda_graph"] = to_json(r->cuda_graph);
+      if (!r->parts.empty()) {
+        nlohmann::json parts = nlohmann::json::array();
+        double sum = 0;
+        for (const auto& p : r->parts) {
+          parts.push_back({{"engine", p.engine}, {"median_ms", p.median_ms}});
+          sum += p.median_ms;
+        }
+        j["parts_alone"] = {{"parts", parts}, {"sum_ms", sum}};
+      }
       std::printf("%s\n", dump(j).c_str());
     } else {
       std::printf("%s (%s)\n", safe(g->name).c_str(), safe(a->graph).c_str());
@@ -249,6 +261,18 @@ Runner add_run(CLI::App& app) {
             "  latency over %d %s: median %.4f ms, min %.4f ms, p90 %.4f ms; %.1f TFLOP/s, %.1f GB/s\n",
             r->latency.iters, r->cuda_graph.used ? "CUDA graph launches" : "runs", r->latency.median_ms,
             r->latency.min_ms, r->latency.p90_ms, r->tflops, r->gbps);
+      }
+      if (!r->parts.empty()) {
+        double sum = 0;
+        std::string terms;
+        for (const auto& p : r->parts) {
+          char b[96];
+          std::snprintf(b, sizeof b, "%s%.4f ms", terms.empty() ? "" : " + ", p.median_ms);
+          terms += b;
+          sum += p.median_ms;
+        }
+        std::printf("  parts alone (median): %s = %.4f ms; the whole plan %.4f ms (%+.1f%%)\n", terms.c_str(),
+                    sum, r->latency.median_ms, sum > 0 ? 100.0 * (r->latency.median_ms / sum - 1) : 0.0);
       }
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
