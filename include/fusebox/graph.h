@@ -86,11 +86,45 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
 // ---------------------------------------------------------------- ops
 // One header per op family; adding a family adds its header here and its
 // attrs type(s) to OpAttrs (docs/architecture.md, "Adding an op").
+// Every op's attrs type, once (issue 30): OpAttrs below and every layer's per-op declarations
+// (src/graph/ops/ops.h, src/reference/ops/ops.h, src/cudnn/ops/ops.h) are generated from this
+// list, so adding an op is one line here; a layer without the new op's functions fails to link.
+#define FUSEBOX_OP_TYPES(X)  \
+  X(ConvFpropAttrs)          \
+  X(ConvDgradAttrs)          \
+  X(ConvWgradAttrs)          \
+  X(MatmulAttrs)             \
+  X(PointwiseAttrs)          \
+  X(SdpaFwdAttrs)            \
+  X(SdpaBwdAttrs)            \
+  X(SdpaFp8FwdAttrs)         \
+  X(SdpaFp8BwdAttrs)         \
+  X(LayerNormAttrs)          \
+  X(RmsNormAttrs)            \
+  X(LayerNormBwdAttrs)       \
+  X(RmsNormBwdAttrs)         \
+  X(PoolAttrs)               \
+  X(BatchNormAttrs)          \
+  X(BatchNormInferenceAttrs) \
+  X(BatchNormBwdAttrs)       \
+  X(ReductionAttrs)          \
+  X(EmbeddingAttrs)          \
+  X(RopeAttrs)               \
+  X(CrossEntropyAttrs)
+
+namespace op_list_detail {
+struct Begin;
+template <typename... T>
+struct VariantOf;
+template <typename... T>
+struct VariantOf<Begin, T...> {
+  using type = std::variant<T...>;
+};
+}  // namespace op_list_detail
+#define FUSEBOX_OP_TYPE_AFTER_COMMA(T) , T
 using OpAttrs =
-    std::variant<ConvFpropAttrs, ConvDgradAttrs, ConvWgradAttrs, MatmulAttrs, PointwiseAttrs, SdpaFwdAttrs,
-                 SdpaBwdAttrs, SdpaFp8FwdAttrs, SdpaFp8BwdAttrs, LayerNormAttrs, RmsNormAttrs,
-                 LayerNormBwdAttrs, RmsNormBwdAttrs, PoolAttrs, BatchNormAttrs, BatchNormInferenceAttrs,
-                 BatchNormBwdAttrs, ReductionAttrs, EmbeddingAttrs, RopeAttrs, CrossEntropyAttrs>;
+    op_list_detail::VariantOf<op_list_detail::Begin FUSEBOX_OP_TYPES(FUSEBOX_OP_TYPE_AFTER_COMMA)>::type;
+#undef FUSEBOX_OP_TYPE_AFTER_COMMA
 
 // The SdpaOptions of an sdpa op, nullptr for other ops.
 const SdpaOptions* sdpa_options(const OpAttrs& attrs);

@@ -56,50 +56,11 @@ class LowerContext {
 };
 
 // ---- conv: ops/conv_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvFpropAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvDgradAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ConvWgradAttrs& attrs);
-// ---- matmul: ops/matmul_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const MatmulAttrs& attrs);
-// fold_matmul_batch_dims(): ops/matmul_fold.h
-
-// ---- pointwise: ops/pointwise_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PointwiseAttrs& attrs);
-// ---- native ops (embedding, rope, cross_entropy): ops/native_lowering.cpp
-// Ops fusebox runs only with its own kernel (OpTraits::native_only): no
-// lowering. A graph of one alone never gets here (build_plan runs the kernel);
-// one mixed with cuDNN ops is refused by the kernels layer first. The
-// overloads keep the dispatch complete; `what` names the op in the refusal
-// (native_lowering.cpp).
+// One per op of FUSEBOX_OP_TYPES (fusebox/graph.h), defined in ops/<family>_lowering.cpp; an
+// op only fusebox's kernels run refuses in ops/native_lowering.cpp (lower_native_op).
+#define FUSEBOX_LOWER_OP(T) Status lower_op(LowerContext& ctx, const ResolvedOp& op, const T& attrs);
+FUSEBOX_OP_TYPES(FUSEBOX_LOWER_OP)
+#undef FUSEBOX_LOWER_OP
 Status lower_native_op(LowerContext& ctx, std::string_view what);
-inline Status lower_op(LowerContext& ctx, const ResolvedOp&, const EmbeddingAttrs&) {
-  return lower_native_op(ctx, "an embedding lookup");
-}
-inline Status lower_op(LowerContext& ctx, const ResolvedOp&, const RopeAttrs&) {
-  return lower_native_op(ctx, "rope (not lowered to cuDNN 9.24's RoPE operation yet)");
-}
-inline Status lower_op(LowerContext& ctx, const ResolvedOp&, const CrossEntropyAttrs&) {
-  return lower_native_op(ctx, "softmax cross-entropy");
-}
-// ---- sdpa: ops/sdpa_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8FwdAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs);
-// ---- norm: ops/norm_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const LayerNormBwdAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const RmsNormBwdAttrs& attrs);
-// ---- reduction: ops/reduction_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const ReductionAttrs& attrs);
-
-// ---- pool: ops/pool_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const PoolAttrs& attrs);
-
-// ---- batchnorm: ops/batchnorm_lowering.cpp
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormInferenceAttrs& attrs);
-Status lower_op(LowerContext& ctx, const ResolvedOp& op, const BatchNormBwdAttrs& attrs);
 
 }  // namespace fusebox::cudnn

@@ -129,38 +129,7 @@ class GradContext {
   Status grad(GradContext& ctx, const T& a);
 
 // conv.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(ConvFpropAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(ConvDgradAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(ConvWgradAttrs)
-// matmul.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(MatmulAttrs)
-// pointwise.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(PointwiseAttrs)
-// sdpa.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFwdAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaBwdAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8FwdAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(SdpaFp8BwdAttrs)
-// norm.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(LayerNormBwdAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(RmsNormBwdAttrs)
-// pool.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(PoolAttrs)
-// batchnorm.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormInferenceAttrs)
-FUSEBOX_GRAPH_OP_FUNCTIONS(BatchNormBwdAttrs)
-// reduction.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(ReductionAttrs)
-// embedding.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(EmbeddingAttrs)
-// rope.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(RopeAttrs)
-// cross_entropy.cpp
-FUSEBOX_GRAPH_OP_FUNCTIONS(CrossEntropyAttrs)
-
+FUSEBOX_OP_TYPES(FUSEBOX_GRAPH_OP_FUNCTIONS)
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
 // The facts of traits.h, as functions of an op's attributes. An op whose
@@ -199,48 +168,11 @@ std::string output_roles_hint(const SdpaFp8BwdAttrs& a);
 
 // The JSON type names each family owns, and the attrs a name denotes
 // (pointwise owns one per mode).
-std::vector<std::string_view> type_names(std::type_identity<ConvFpropAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<ConvDgradAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<ConvWgradAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<MatmulAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<PointwiseAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<SdpaFwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<SdpaBwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<SdpaFp8FwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<SdpaFp8BwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<LayerNormAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<RmsNormAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<LayerNormBwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<RmsNormBwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<PoolAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<BatchNormAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<BatchNormInferenceAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<BatchNormBwdAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<ReductionAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<EmbeddingAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<RopeAttrs>);
-std::vector<std::string_view> type_names(std::type_identity<CrossEntropyAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvFpropAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvDgradAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ConvWgradAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<MatmulAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PointwiseAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaBwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8FwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<SdpaFp8BwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<LayerNormBwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RmsNormBwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<PoolAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormInferenceAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<BatchNormBwdAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<ReductionAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<EmbeddingAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<RopeAttrs>);
-std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<CrossEntropyAttrs>);
+#define FUSEBOX_GRAPH_OP_NAMES(T)                                  \
+  std::vector<std::string_view> type_names(std::type_identity<T>); \
+  std::optional<OpAttrs> make_attrs(std::string_view type_name, std::type_identity<T>);
+FUSEBOX_OP_TYPES(FUSEBOX_GRAPH_OP_NAMES)
+#undef FUSEBOX_GRAPH_OP_NAMES
 
 // Dispatch: fn(attrs) for the op's alternative.
 template <typename Attrs, typename Fn>
