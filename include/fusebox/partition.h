@@ -61,4 +61,12 @@ using SupportOracle = std::function<Status(const ResolvedGraph& part)>;
 // tensors and the oracle's reason.
 Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle);
 
+// The same, with a last resort for a single op (fusebox's reference kernels, issue 29): first
+// without it; then each op the oracle refused alone in every form it was asked (and never
+// accepted alone) may be served by `last_resort` (asked about that op alone, after the oracle
+// refused it again), and the partition is tried again, until it succeeds or no new op qualifies.
+// So a part that only needed other temporaries' dtypes keeps its engine.
+Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle,
+                                       const SupportOracle& last_resort);
+
 }  // namespace fusebox

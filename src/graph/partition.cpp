@@ -253,4 +253,28 @@ Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<st
   return out;
 }
 
+Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle,
+                                       const SupportOracle& last_resort) {
+  std::set<std::string> ok_alone, refused_alone, allowed;
+  const SupportOracle asked = [&](const ResolvedGraph& part) -> Status {
+    Status st = oracle(part);
+    if (part.ops.size() != 1) return st;
+    const std::string& name = part.ops[0].name;
+    (st.ok() ? ok_alone : refused_alone).insert(name);
+    if (st.ok() || !allowed.count(name)) return st;
+    Status last = last_resort(part);
+    if (last.ok()) return last;
+    return Status(st.code(), st.message() + " (and the last resort: " + first_line(last.message()) + ")");
+  };
+  auto p = partition_graph(g, asked);
+  while (!p.ok() && p.status().code() == StatusCode::kNotSupported) {
+    const size_t before = allowed.size();
+    for (const std::string& op : refused_alone)
+      if (!ok_alone.count(op)) allowed.insert(op);
+    if (allowed.size() == before) break;  // no new op the last resort could take
+    p = partition_graph(g, asked);
+  }
+  return p;
+}
+
 }  // namespace fusebox

@@ -585,6 +585,8 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
   std::vector<std::pair<std::string, Plan>> built;
   const SupportOracle oracle = [&](const ResolvedGraph& part) -> Status {
     if (part.canonical == g.canonical) return whole;
+    for (const auto& b : built)
+      if (b.first == part.canonical) return Status::Ok();  // built in an earlier pass
     BuildOptions o = base;
     o.dynamic_shape = false;
     o.kernel_cache = nullptr;
@@ -592,12 +594,23 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
       return build_plan(part, s.target, bo, r, ctx);
     };
     auto p = build_modes_in_turn(o, default_mode_order(), build, nullptr);
-    if (!p.ok()) p = reference_fallback_plan(part, s.target, o, request, p.status(), ctx, rep, nullptr);
     if (!p.ok()) return p.status();
     built.emplace_back(part.canonical, std::move(p).value());
     return Status::Ok();
   };
-  FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, partition_graph(g, oracle));
+  // The reference kernels, only for an op no cuDNN engine builds alone in any form the
+  // partitioner tries (partition_graph's last resort).
+  const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
+    BuildOptions o = base;
+    auto p = reference_fallback_plan(part, s.target, o, request,
+                                     NotSupported("no cuDNN engine for this op alone"), ctx, rep, nullptr);
+    if (!p.ok()) return p.status();
+    built.emplace_back(part.canonical, std::move(p).value());
+    return Status::Ok();
+  };
+  auto parted = request.reference_fallback && !s.target.deviceless() ? partition_graph(g, oracle, last_resort)
+                                                                     : partition_graph(g, oracle);
+  FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, std::move(parted));
   std::vector<Plan> plans;
   int64_t largest = 0;
   for (const GraphPart& part : partition.parts) {

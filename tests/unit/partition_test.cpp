@@ -142,3 +142,42 @@ TEST(Partition, APartIsRejectedOutsideTheGraph) {
   EXPECT_FALSE(graph_part(g, -1, 1).ok());
   EXPECT_FALSE(graph_part(g, 0, 0).ok());
 }
+
+// The last resort (fusebox's reference kernels, issue 29) serves only an op the oracle refused
+// alone in every form; a part that only needed the io dtype keeps its engine.
+TEST(Partition, TheLastResortTakesOnlyAnOpWithNoEngineInAnyForm) {
+  const ResolvedGraph g = load("tests/cases/no-engine/conv_dgrad_drelu_3d_grouped_dilated_ncdhw.json");
+  std::vector<std::string> asked;
+  const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
+    asked.push_back(part.ops.at(0).name);
+    return Status::Ok();
+  };
+  // relu_bwd never has an engine: the last resort serves it, and only it.
+  auto p = partition_graph(g, fake_oracle("relu_bwd", {"relu_bwd"}), last_resort);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->summary(), "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu']");
+  ASSERT_FALSE(asked.empty());
+  for (const auto& a : asked) EXPECT_EQ(a, "drelu");
+
+  // relu_bwd has an engine alone when its input arrives in the io dtype: no last resort.
+  asked.clear();
+  const SupportOracle io_only = [&](const ResolvedGraph& part) -> Status {
+    if (op_types(part).count("relu_bwd") && part.ops.size() > 1) return NotSupported("alone only");
+    const int t = part.find_tensor("dgrad_out");
+    if (op_types(part).count("relu_bwd") && t >= 0 && part.tensors[t].dtype != g.io_dtype)
+      return NotSupported("fake oracle: relu_bwd reads the io dtype only");
+    return Status::Ok();
+  };
+  auto q = partition_graph(g, io_only, last_resort);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_TRUE(asked.empty()) << "the last resort was asked about " << asked.front();
+  ASSERT_EQ(q->temporaries.size(), 1u);
+  EXPECT_EQ(q->temporary_dtypes.at(q->temporaries[0]), g.io_dtype);
+
+  // A last resort that refuses too: the error names both.
+  const SupportOracle refuses = [](const ResolvedGraph&) -> Status { return NotSupported("rank 9"); };
+  auto r = partition_graph(g, fake_oracle("relu_bwd", {"relu_bwd"}), refuses);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(r.status().message().find("the last resort: rank 9"), std::string::npos) << r.status().message();
+}
