@@ -7,9 +7,9 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
-#include <set>
 
 #include "common/cuda_status.h"
 #include "dtype_access.cuh"
@@ -66,9 +66,14 @@ class ReferenceKernel final : public KernelBase {
   explicit ReferenceKernel(const ResolvedGraph& g) : g_(g) {
     name_ = kReferenceKernelName;
     where_ = "[graph '" + g.name + "'] " + name_ + ": ";
-    for (const ResolvedTensor& t : g.tensors)
-      if (!t.is_virtual && !t.scalar_value) tensors_.push_back(t.name);
-    for (int i : g.output_tensors()) outputs_.push_back(i);
+    const std::vector<int> outputs = g.output_tensors();
+    for (size_t i = 0; i < g.tensors.size(); ++i) {
+      const ResolvedTensor& t = g.tensors[i];
+      if (t.is_virtual || t.scalar_value) continue;
+      const bool written = std::find(outputs.begin(), outputs.end(), static_cast<int>(i)) != outputs.end();
+      (written ? outputs_ : inputs_).push_back({static_cast<int>(i), tensors_.size()});
+      tensors_.push_back(t.name);
+    }
   }
 
   Status launch(void* const* ptrs, void* stream_ptr) const override {
@@ -81,13 +86,8 @@ class ReferenceKernel final : public KernelBase {
                           "fusebox's reference kernels synchronize the stream between ops and cannot be "
                           "captured in a CUDA graph; run this plan eagerly (no cuDNN engine runs its graph)");
     }
-    std::map<std::string, void*> by_name;
-    for (size_t i = 0; i < tensors_.size(); ++i) by_name[tensors_[i]] = ptrs[i];
-    std::set<std::string> written;
-    for (int i : outputs_) written.insert(g_.tensors[i].name);
     std::map<std::string, const void*> in;
-    for (const auto& [name, p] : by_name)
-      if (!written.count(name)) in[name] = p;
+    for (const Slot& x : inputs_) in[g_.tensors[static_cast<size_t>(x.tensor)].name] = ptrs[x.ptr];
     // fp32 row-major results, freed in stream order on every return.
     struct Scratch {
       cudaStream_t stream;
@@ -96,8 +96,8 @@ class ReferenceKernel final : public KernelBase {
         for (auto& [_, p] : out) cudaFreeAsync(p, stream);
       }
     } scratch{stream, {}};
-    for (int i : outputs_) {
-      const ResolvedTensor& t = g_.tensors[i];
+    for (const Slot& x : outputs_) {
+      const ResolvedTensor& t = g_.tensors[static_cast<size_t>(x.tensor)];
       float* p = nullptr;
       const size_t bytes = static_cast<size_t>(std::max<int64_t>(1, t.element_count())) * sizeof(float);
       FUSEBOX_RETURN_IF_ERROR(
@@ -106,8 +106,8 @@ class ReferenceKernel final : public KernelBase {
       scratch.out[t.name] = p;
     }
     FUSEBOX_RETURN_IF_ERROR(reference_gpu(g_, in, scratch.out, stream));
-    for (int i : outputs_) {
-      const ResolvedTensor& t = g_.tensors[i];
+    for (const Slot& x : outputs_) {
+      const ResolvedTensor& t = g_.tensors[static_cast<size_t>(x.tensor)];
       StoreShape sh;
       sh.rank = static_cast<int>(t.dims.size());
       for (int d = 0; d < sh.rank; ++d) {
@@ -116,8 +116,8 @@ class ReferenceKernel final : public KernelBase {
       }
       const int64_t count = t.element_count();
       if (count == 0) continue;
-      store_kernel<<<grid_stride_blocks(count, 256), 256, 0, stream>>>(
-          scratch.out.at(t.name), by_name.at(t.name), static_cast<int>(t.dtype), sh, count);
+      store_kernel<<<grid_stride_blocks(count, 256), 256, 0, stream>>>(scratch.out.at(t.name), ptrs[x.ptr],
+                                                                       static_cast<int>(t.dtype), sh, count);
       FUSEBOX_RETURN_IF_ERROR(
           common::cuda_status(cudaGetLastError(), where_ + "output '" + t.name + "': ", "store_kernel"));
     }
@@ -125,8 +125,13 @@ class ReferenceKernel final : public KernelBase {
   }
 
  private:
+  // A tensor the kernel reads or writes: its index in g_ and its pointer's place in launch().
+  struct Slot {
+    int tensor;
+    size_t ptr;
+  };
   ResolvedGraph g_;
-  std::vector<int> outputs_;
+  std::vector<Slot> inputs_, outputs_;
 };
 
 }  // namespace

@@ -601,8 +601,7 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
   // The reference kernels, only for an op no cuDNN engine builds alone in any form the
   // partitioner tries (partition_graph's last resort).
   const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
-    BuildOptions o = base;
-    auto p = reference_fallback_plan(part, s.target, o, request,
+    auto p = reference_fallback_plan(part, s.target, base, request,
                                      NotSupported("no cuDNN engine for this op alone"), ctx, rep, nullptr);
     if (!p.ok()) return p.status();
     built.emplace_back(part.canonical, std::move(p).value());

@@ -185,7 +185,7 @@ Result<std::vector<GradientBucket>> plan_gradient_buckets(
                              " elements");
     if (!seen.insert(name).second)
       return InvalidArgument("gradient buckets: parameter '" + name + "' is listed twice");
-    if (out.empty() || (out.back().elements > 0 && out.back().elements + elements > cap)) out.emplace_back();
+    if (out.empty() || out.back().elements + elements > cap) out.emplace_back();
     GradientBucket& b = out.back();
     b.params.push_back(name);
     b.offsets.push_back(b.elements);

@@ -3,6 +3,7 @@ sets FUSEBOX_BIN) and helpers to run it."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -48,3 +49,18 @@ def write_graph(tmp_path):
         return str(path)
 
     return write
+
+
+@pytest.fixture(scope="session")
+def lm_docs_data(tmp_path_factory):
+    """The repository's docs tokenized at vocabulary 512 (fusebox_tools.models.lm_data prepare), made once
+    for every language-model test that reads it (read-only)."""
+    pytest.importorskip("tokenizers", reason="the tokenizers package is missing (scripts/setup.sh installs it)")
+    out = tmp_path_factory.mktemp("lm_docs") / "data"
+    docs = sorted(os.path.join(REPO_ROOT, "docs", f) for f in os.listdir(os.path.join(REPO_ROOT, "docs"))
+                  if f.endswith(".md"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO_ROOT, "python"))
+    p = subprocess.run([sys.executable, "-m", "fusebox_tools.models.lm_data", "prepare", "--text", *docs, "--vocab",
+                        "512", "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return out

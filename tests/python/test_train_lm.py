@@ -35,13 +35,8 @@ def _losses(path):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lm") / "data"
-    docs = sorted(os.path.join(REPO_ROOT, "docs", f) for f in os.listdir(os.path.join(REPO_ROOT, "docs"))
-                  if f.endswith(".md"))
-    p = _py("fusebox_tools.models.lm_data", "prepare", "--text", *docs, "--vocab", "512", "--out", str(d))
-    assert p.returncode == 0, p.stderr
-    return d
+def data(lm_docs_data):
+    return lm_docs_data
 
 
 @pytest.fixture(scope="module")
