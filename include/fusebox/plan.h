@@ -101,6 +101,10 @@ struct BuildOptions {
   // params: docs/architecture.md, "Native ops") is built as that kernel unless
   // this is false or a cuDNN engine is pinned.
   bool native_kernels = true;
+  // With dynamic_shape, on a cuDNN with execute-time shape override (override_shapes_available()):
+  // the graph is built override-enabled, so the plan serves other shapes of the same symbolic graph
+  // without a build (plan_at_shape). An engine that refuses override shapes fails the build.
+  bool override_shapes = false;
 };
 
 // One of the five steps (validate, build_operation_graph,
@@ -132,10 +136,11 @@ struct BuildReport {
   bool deviceless = false;
   std::string device_name;
   int sm_version = 0;
-  bool dynamic_shape = false;  // built with cuDNN's dynamic shapes
-  bool kernel_cache = false;   // ... and a kernel cache
-  bool replayed = false;       // step 3 replayed BuildOptions::replay (no heuristics)
-  EngineChoice choice;         // the engine and knobs built (empty if unknown)
+  bool dynamic_shape = false;    // built with cuDNN's dynamic shapes
+  bool kernel_cache = false;     // ... and a kernel cache
+  bool replayed = false;         // step 3 replayed BuildOptions::replay (no heuristics)
+  bool override_shapes = false;  // built override-enabled (BuildOptions::override_shapes)
+  EngineChoice choice;           // the engine and knobs built (empty if unknown)
   // cuDNN's behavior notes of the plan built (RUNTIME_COMPILATION, ...); empty if unknown.
   std::vector<std::string> behavior_notes;
   bool notes_known = false;  // behavior_notes were read (an empty list then means none)
@@ -192,6 +197,11 @@ class Plan {
   // it alone; null out of range.
   const ResolvedGraph* part_graph(int i) const;
   const Plan* part_plan(int i) const;
+  // A plan serving a shape it was not built for (plan_at_shape): the dims and strides that
+  // differ go to cuDNN at every execute. Its serialize() refuses: its bytes are the built shape's.
+  bool shape_overridden() const;
+  // Built override-enabled (BuildOptions::override_shapes): plan_at_shape accepts it.
+  bool serves_other_shapes() const;
   // The frontend's serialized form (graph structure and compiled plan); for a
   // partitioned plan, a container of its parts' forms (common/plan_parts.h).
   Result<std::vector<uint8_t>> serialize() const;
@@ -323,6 +333,20 @@ class BoundPlan {
 // in a CUDA graph, serialized as one payload with its parts.
 Result<Plan> compose_partitioned_plan(const ResolvedGraph& whole, const GraphPartition& partition,
                                       std::vector<Plan> part_plans);
+
+// Whether the loaded cuDNN serves execute-time shape override with its per-variant-pack workspace
+// query (fusebox/cudnn_features.h: "override_shapes" and "override_shape_workspace", 9.23 and up).
+bool override_shapes_available();
+
+// `built` (a plan built override-enabled for `built_graph`, a symbolic graph at one shape) serving
+// `g`, the same symbolic graph at another shape: no build. The non-virtual tensors whose dims or
+// strides differ go to cuDNN at every execute, and the workspace is cuDNN's answer for them. The
+// plan shares `built`'s cuDNN graph (either keeps it alive; executes may run concurrently). Refused
+// (InvalidArgument, naming what differs) where `g` is another graph, or the same graph with
+// other op attributes or by-value scalars (a value derived from a dim), or where the lowering
+// gives a tensor other dims than the graph; `ctx` must be the GPU context `built` was built on.
+Result<Plan> plan_at_shape(const Plan& built, const ResolvedGraph& built_graph, const ResolvedGraph& g,
+                           GpuContext& ctx);
 
 // Rebuilds a plan from serialize()'s bytes. Without a GpuContext the target
 // must be deviceless (handle-less deserialization). `engine_name` names the

@@ -21,8 +21,10 @@
 
 namespace fusebox {
 
-enum class PlanSource { kNone, kPlanFile, kTunedCache, kHeuristicCache, kBuilt };
-// "plan file", "tuned cache", "heuristic cache", "built" (for JSON).
+// kShapeOverride: no build, a plan built for another shape of the symbolic graph serves by
+// execute-time shape override (PlanRequest::override_shapes).
+enum class PlanSource { kNone, kPlanFile, kTunedCache, kHeuristicCache, kBuilt, kShapeOverride };
+// "plan file", "tuned cache", "heuristic cache", "built", "shape override" (for JSON).
 std::string_view plan_source_name(PlanSource s);
 
 // How Session::get_plan finds a plan. The default: a tuned cache entry (the
@@ -53,6 +55,13 @@ struct PlanRequest {
   // compiled are the ones the kernel cache holds); where that engine does not
   // support the shape, the heuristics choose as usual.
   bool reuse_engine = true;
+  // With dynamic shapes on a GPU whose cuDNN has execute-time shape override (9.23+,
+  // override_shapes_available()) and no pinned engine: the graph's first build is override-enabled,
+  // and every later shape is served by that plan with no build (plan_at_shape: the shapes go to
+  // cuDNN at execute, the workspace from cuDNN's query for them), before the static policy below.
+  // Where the engines refuse override shapes, or a shape differs in more than its dims, or the
+  // plan check fails at a shape, the kernel cache and per-shape plans serve (PlanReport says why).
+  bool override_shapes = true;
   // A symbolic graph builds statically when a static build is served by precompiled kernels (no
   // RUNTIME_COMPILATION note): such an engine builds any shape in milliseconds (3 ms for
   // conv_bias_relu_dyn on the H200) where even a warm kernel cache costs about 30 ms a shape
@@ -126,6 +135,13 @@ struct PlanReport {
   double static_probe_ms = 0;    // asking the static heuristics before the graph's first build (0: not asked)
   bool engine_replayed = false;  // built with the first shape's engine, no heuristics
   std::string replay_failed;     // why that engine could not serve this shape (then heuristics served)
+  // Execute-time shape override (PlanRequest::override_shapes): "built" (this build is
+  // override-enabled: later shapes need no build), "served" (no build: the plan built for
+  // `override_built_shape` serves this shape), else empty.
+  std::string override_shape;
+  ShapeValues override_built_shape;
+  double override_ms = 0;            // serving a shape by override (the workspace query), plan check apart
+  std::string override_refused;      // why override shapes did not serve (the graph, or this shape)
   bool tuned_in_cuda_graph = false;  // a tuned entry timed inside CUDA graphs (PlanRequest::cuda_graph)
   PlanCheckReport plan_check;        // what the plan check did (PlanRequest::check_plan)
   // A partitioned plan built now: GraphPartition::summary(), why each cut was

@@ -25,6 +25,7 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
   impl->engine = p->engine;
   impl->workspace_bytes = p->workspace_bytes;
   impl->workspace = std::move(workspace);
+  impl->shape_override = p->shape_override;
   for (const auto& [name, ptr] : buffers) {
     if (!p->uids.count(name)) {
       std::string known;
@@ -96,7 +97,7 @@ Result<BoundPlan> BoundPlan::bind(const Plan& plan, GpuContext& ctx,
     int64_t total_ws = 0;
     FUSEBOX_RETURN_IF_ERROR(
         from_fe(graph->get_workspace_size_plan_at_index(impl->plan_index, total_ws), "bind"));
-    const bool fe_work = !t.workspace_slots.empty() || !t.replacement_slots.empty() ||
+    const bool fe_work = impl->shape_override || !t.workspace_slots.empty() || !t.replacement_slots.empty() ||
                          !t.backend_slots.empty() || !ep || total_ws != ep->getWorkspaceSize();
     if (!fe_work) {
       impl->direct = true;
@@ -229,9 +230,14 @@ Status BoundPlan::execute() {
   }
   FUSEBOX_RETURN_IF_ERROR(b.check_workspace());
   try {
+    const int n = static_cast<int>(b.user_ptrs.size());
+    if (const auto& o = b.shape_override) {
+      return cudnn::from_fe(b.fe->execute_plan_at_index(b.handle, b.user_ptrs.data(), n, b.ws_ptr(),
+                                                        b.plan_index, o->uids, o->shapes, o->strides),
+                            "execute '" + b.engine + "' (shapes overridden)");
+    }
     return cudnn::from_fe(
-        b.fe->execute_plan_at_index(b.handle, b.user_ptrs.data(), static_cast<int>(b.user_ptrs.size()),
-                                    b.ws_ptr(), b.plan_index),
+        b.fe->execute_plan_at_index(b.handle, b.user_ptrs.data(), n, b.ws_ptr(), b.plan_index),
         "execute '" + b.engine + "'");
   }
   FUSEBOX_CATCH_ALL("execute")

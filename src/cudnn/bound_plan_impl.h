@@ -22,6 +22,9 @@ struct BoundPlan::Impl {
   uint64_t workspace_generation = 0;
 
   std::shared_ptr<const kernels::NativeKernel> native;  // fusebox's own kernel (then no cuDNN plan)
+  // A plan serving another shape than its built one (plan_at_shape): executed through the
+  // frontend with the overrides, never direct, recorded in CUDA graphs by stream capture.
+  std::shared_ptr<const cudnn::ShapeOverride> shape_override;
   // A partitioned plan (several cuDNN plans): executed through Plan::execute
   // from names and pointers; the plan and context outlive the binding.
   const Plan* composite = nullptr;

@@ -66,6 +66,12 @@ cudaGraph_t record_native(BoundPlan::Impl& b, GraphRecording* rec, std::string* 
     *why = "a partitioned plan (its parts run in turn): recorded by stream capture";
     return nullptr;
   }
+  if (b.shape_override) {
+    *why =
+        "a plan serving this shape by execute-time shape override (cuDNN's graph API records the "
+        "built shape only): recorded by stream capture";
+    return nullptr;
+  }
   if (!refresh_pack(b).ok()) {
     *why = "the workspace does not fit the plan";
     return nullptr;

@@ -15,7 +15,9 @@ constexpr std::array kFeatures = {
     CudnnFeature{"override_shapes", 92100,
                  "execute-time shape override (OPERATIONGRAPH_IS_OVERRIDE_SHAPE_ENABLED): one plan serves "
                  "many shapes",
-                 "not used yet (issue 35, part 3)", "a plan per concrete shape, with the kernel cache"},
+                 "symbolic graphs on a GPU (with override_shape_workspace): the first shape's plan is built "
+                 "override-enabled and serves later shapes with no build (PlanRequest::override_shapes)",
+                 "a plan per concrete shape, with the kernel cache"},
     CudnnFeature{"diagonal_band_mask", 92100, "SDPA's sliding-window (diagonal band) mask as one operation",
                  "sdpa_fwd/sdpa_bwd window masks, through the frontend",
                  "the frontend builds the mask from pointwise operations"},
@@ -24,7 +26,8 @@ constexpr std::array kFeatures = {
                  "views are resolved by fusebox before lowering"},
     CudnnFeature{"override_shape_workspace", 92300,
                  "the workspace queried per variant pack of override shapes",
-                 "not used yet (issue 35, part 3)", "the plan's declared workspace"},
+                 "the workspace of each shape served by override (plan_at_shape)",
+                 "override shapes stay off (the built shape's workspace may be too small)"},
     CudnnFeature{"rope", 92400, "RoPE forward and backward as cuDNN operations (ROPE_FWD/BWD descriptors)",
                  "not used yet: fusebox's own kernel runs rope and rope_bwd (issue 35, part 4)",
                  "fusebox's own kernel (rope, rope_bwd)"},

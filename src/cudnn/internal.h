@@ -16,6 +16,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "kernels/native_kernel.h"
+#include "shape_override.h"
 
 namespace fusebox {
 namespace cudnn {
@@ -64,6 +65,13 @@ struct Plan::Impl {
   std::unordered_map<std::string, int64_t> tensor_bytes;
   // A partitioned plan: its parts run in turn (then no graph and no kernel of its own).
   std::shared_ptr<const PlanParts> parts;
+  // Built override-enabled, every uid tensor lowered at the graph's own dims and strides:
+  // plan_at_shape may serve other shapes with it.
+  bool override_enabled = false;
+  // Serving another shape than the built one (plan_at_shape); null for the built shape.
+  std::shared_ptr<const cudnn::ShapeOverride> shape_override;
+  // The cuDNN execution plan to run: plan_index, else the graph's current candidate.
+  int64_t index_to_run() const;
 };
 
 struct KernelCache::Impl {
@@ -126,9 +134,15 @@ struct LoweredGraph {
   std::vector<std::string> notes;                         // LowerContext::note(), in op order
   // Candidates never to build (engine rules, BuildOptions::excluded_engines): name -> why.
   std::map<std::string, std::string> excluded;
+  // With override shapes: why the plan cannot serve other shapes (an op's lowering gave a tensor
+  // with a uid other dims or strides than the graph's, so the graph's dims are not what cuDNN
+  // would need overridden); empty when it can.
+  std::string override_obstacle;
 };
-// `dynamic_shape`: build with cuDNN's dynamic shapes (set before any op is added).
-Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape = false);
+// `dynamic_shape`: build with cuDNN's dynamic shapes (set before any op is added); `override_shapes`
+// too, with execute-time shape override (LoweredGraph::override_obstacle says where it cannot serve).
+Result<LoweredGraph> lower(const ResolvedGraph& g, const DeviceTarget& target, bool dynamic_shape = false,
+                           bool override_shapes = false);
 
 // Device properties for a deviceless target (parsed once per target).
 Result<std::shared_ptr<fe::DeviceProperties>> device_properties_for(const DeviceTarget& target);

@@ -193,7 +193,8 @@ FeTensor LowerContext::create_output(const std::string& role) {
   return t;
 }
 
-Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& target, bool dynamic_shape) {
+Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& target, bool dynamic_shape,
+                           bool override_shapes) {
   LoweredGraph out;
   // Matmul graphs with two or more batch dims are lowered folded to rank 3 (ops/ops.h).
   std::string fold_note;
@@ -209,6 +210,7 @@ Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& targe
     // Before any op: the frontend picks an op's implementation (e.g. composite
     // or unified SDPA) when the op is added, by whether shapes are dynamic.
     if (dynamic_shape) graph->set_dynamic_shape_enabled(true);
+    if (override_shapes) graph->set_override_shape_enabled(true);
     if (target.deviceless()) {
       FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));
       graph->set_device_properties(props);
@@ -251,6 +253,17 @@ Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& targe
     }
     for (const ResolvedTensor& t : g.tensors) {
       if (out.uids.count(t.name)) out.tensor_bytes[t.name] = t.storage_bytes();
+    }
+    // Override shapes are computed from the graph's dims (shape_override_between): an op whose
+    // lowering gives a tensor cuDNN sees other dims or strides (a reshaped view) rules them out.
+    for (size_t i = 0; override_shapes && i < g.tensors.size() && out.override_obstacle.empty(); ++i) {
+      const ResolvedTensor& t = g.tensors[i];
+      const FeTensor& fe_t = state.fe_tensors[i];
+      if (t.is_virtual || t.scalar_value || !fe_t) continue;
+      if (fe_t->get_dim() != t.dims || fe_t->get_stride() != t.strides) {
+        out.override_obstacle =
+            "tensor '" + t.name + "' is lowered with other dims or strides than the graph's";
+      }
     }
     out.graph = std::move(graph);
   }

@@ -170,11 +170,12 @@ Result<LoweredGraph> first_three_steps(const ResolvedGraph& g, const DeviceTarge
   fill_target(r, target);
   r.dynamic_shape = options.dynamic_shape;
   r.kernel_cache = options.dynamic_shape && options.kernel_cache != nullptr;
+  r.override_shapes = options.dynamic_shape && options.override_shapes;
   if (!target.deviceless() && !ctx) return Internal("a live-GPU build needs a GpuContext");
   cudnn::LoweredGraph lowered;
   // Lowering is timed as part of validate: it is where fusebox's description meets the frontend's.
   FUSEBOX_RETURN_IF_ERROR(run_step(r, "validate", [&]() -> fe::error_t {
-    auto lr = lower(g, target, options.dynamic_shape);
+    auto lr = lower(g, target, options.dynamic_shape, r.override_shapes);
     if (!lr.ok()) {  // a refusal for the target stays "not supported", not "invalid"
       return {lr.status().code() == StatusCode::kNotSupported ? fe::error_code_t::GRAPH_NOT_SUPPORTED
                                                               : fe::error_code_t::INVALID_VALUE,
@@ -420,6 +421,12 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   impl->uids = std::move(lowered.uids);
   impl->tensor_bytes = std::move(lowered.tensor_bytes);
   impl->plan_index = pinned;
+  impl->override_enabled = r.override_shapes && lowered.override_obstacle.empty();
+  if (r.override_shapes && !impl->override_enabled) {
+    r.lowering_notes.push_back(
+        "[graph '" + g.name +
+        "']: built override-enabled, but serves this shape only: " + lowered.override_obstacle);
+  }
   r.engine = impl->engine;
   r.workspace_bytes = impl->workspace_bytes;
   if (pinned < 0) {
@@ -691,6 +698,12 @@ const Plan* Plan::part_plan(int i) const {
 
 Result<std::vector<uint8_t>> Plan::serialize() const {
   if (!impl_) return Internal("serialize: empty plan");
+  if (impl_->shape_override) {
+    return NotSupported("engine '" + impl_->engine +
+                        "' serves this shape by execute-time shape override of a plan built for another "
+                        "shape: its bytes would be that shape's plan, so it is not serialized (a plan "
+                        "built for this shape is)");
+  }
   if (impl_->parts) return cudnn::serialize_parts(*impl_->parts);
   if (impl_->native) {
     return NotSupported(
@@ -734,6 +747,12 @@ Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffer
     return impl_->native->launch(ptrs.data(), ctx.impl()->stream);
   }
   try {
+    if (const auto& o = impl_->shape_override) {
+      return cudnn::from_fe(
+          impl_->graph->execute_plan_at_index(ctx.impl()->handle, pack, workspace, impl_->index_to_run(),
+                                              o->uids, o->shapes, o->strides),
+          "execute '" + impl_->engine + "' (shapes overridden)");
+    }
     auto err = impl_->plan_index >= 0 ? impl_->graph->execute_plan_at_index(ctx.impl()->handle, pack,
                                                                             workspace, impl_->plan_index)
                                       : impl_->graph->execute(ctx.impl()->handle, pack, workspace);

@@ -92,6 +92,10 @@ nlohmann::json plan_json(const PlanReport& r) {
           {"static_probe_ms", r.static_probe_ms},
           {"engine_replayed", r.engine_replayed},
           {"replay_failed", r.replay_failed},
+          {"override_shape", r.override_shape},
+          {"override_built_shape", r.override_built_shape},
+          {"override_ms", r.override_ms},
+          {"override_refused", r.override_refused},
           {"plan_check", plan_check_json(r.plan_check)},
           {"partition", partition_json(r)},
           {"reference_fallback", r.reference_fallback}};

@@ -43,6 +43,8 @@ std::string_view plan_source_name(PlanSource s) {
       return "heuristic cache";
     case PlanSource::kBuilt:
       return "built";
+    case PlanSource::kShapeOverride:
+      return "shape override";
   }
   return "none";
 }
@@ -50,8 +52,13 @@ std::string_view plan_source_name(PlanSource s) {
 std::string PlanReport::shape_summary() const {
   if (shape.empty()) return "";
   std::string s = "shape " + shape_text(shape) + ": ";
+  if (source == PlanSource::kShapeOverride) {
+    return s + "no build: the plan built for " + shape_text(override_built_shape) +
+           " serves it by execute-time shape override";
+  }
   if (source != PlanSource::kBuilt)
     return s + "plan for this shape from the " + std::string(plan_source_name(source));
+  if (override_shape == "built") s += "override-enabled (later shapes need no build), ";
   if (dynamic_shape) {
     s += "dynamic shapes, kernel cache " + kernel_cache;
     if (engine_replayed) s += ", engine of the first shape reused";
@@ -91,6 +98,8 @@ std::string PlanReport::source_text_base() const {
       }
       return s;
     }
+    case PlanSource::kShapeOverride:
+      return "no build (shape override of the plan built for " + shape_text(override_built_shape) + ")";
     case PlanSource::kNone:
       break;
   }
@@ -172,6 +181,12 @@ struct Session::Impl {
     bool probed = false;  // the static heuristics were asked (before the first build)
     // The engine the first dynamic build chose, per request policy (PlanRequest::reuse_engine).
     std::map<std::string, EngineChoice> engines;
+    // Execute-time shape override (PlanRequest::override_shapes): the plan built override-enabled
+    // and the graph it was built for serve every later shape with no build; or why they do not
+    // (then the kernel cache and per-shape plans serve, as on a cuDNN without it).
+    std::shared_ptr<const Plan> override_plan;
+    ResolvedGraph override_graph;
+    std::string override_refused;
   };
   std::map<std::string, KernelCacheSlot> kernel_caches;
 
@@ -410,8 +425,14 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
     rep.static_probe_ms = watch.ms();
   }
-  const bool by_policy =
-      slot && slot->refused.empty() && !slot->precompiled.empty() && request.static_when_precompiled;
+  // Execute-time shape override: a plan built override-enabled for another shape serves this one
+  // with no build, once it passes the plan check at this shape. It goes before the static policy:
+  // no build beats a fast one.
+  const bool override_wanted = slot && slot->refused.empty() && slot->override_refused.empty() &&
+                               request.override_shapes && request.engine.empty() && ctx &&
+                               override_shapes_available();
+  const bool by_policy = slot && slot->refused.empty() && !slot->precompiled.empty() &&
+                         request.static_when_precompiled && !override_wanted;
   const bool dynamic = slot && slot->refused.empty() && !by_policy;
   if (slot && !slot->refused.empty()) rep.dynamic_fallback = slot->refused;
   if (by_policy) rep.static_policy = slot->precompiled;
@@ -423,6 +444,36 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   rep.cache = cache && cache->enabled() ? "miss" : "off";
   rep.cache_key = cache_key_for(g, s.target, policy);
 
+  if (slot && !slot->override_refused.empty()) rep.override_refused = slot->override_refused;
+  if (override_wanted && slot->override_plan) {
+    const common::Stopwatch watch;
+    auto served = plan_at_shape(*slot->override_plan, slot->override_graph, g, *ctx);
+    const double served_ms = watch.ms();
+    if (!served.ok()) {
+      // This shape only (an attribute derived from a dim): it builds, later shapes still try.
+      const std::string& m = served.status().message();
+      rep.override_refused = m.substr(0, m.find('\n'));
+    } else if (s.check_limit(*served, limit, "shape override").ok() &&
+               (!checking || check_now(*served, nullptr))) {
+      rep.source = PlanSource::kShapeOverride;
+      rep.override_shape = "served";
+      rep.override_built_shape = slot->override_graph.shape;
+      rep.override_ms = served_ms;
+      rep.engine = served->engine_name();
+      return finish(std::move(served));
+    } else {
+      // Over the workspace limit at this shape, or wrong here: the override plan serves no more
+      // shapes (the next builds choose again; the plan check rejected the engine).
+      slot->override_refused =
+          !rep.plan_check.rejected.empty()
+              ? "the override plan failed the plan check at shape " + shape_text(g.shape) + ": " +
+                    rep.plan_check.rejected.back().why
+              : "the override plan needs more workspace at shape " + shape_text(g.shape) + " than the limit";
+      rep.override_refused = slot->override_refused;
+      slot->override_plan.reset();
+    }
+  }
+
   BuildOptions base;
   base.engine = request.engine;
   base.max_workspace_bytes = limit;
@@ -431,15 +482,28 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     if (!slot->cache) slot->cache = KernelCache::create();
     base.dynamic_shape = true;
     base.kernel_cache = slot->cache;
+    base.override_shapes = override_wanted && !slot->override_plan && slot->override_refused.empty();
   }
   const BuildFn build = [&](const BuildOptions& o, BuildReport* r) -> Result<Plan> {
     if (!o.dynamic_shape || !slot->refused.empty()) {
       BuildOptions fixed = o;
       fixed.dynamic_shape = false;
       fixed.kernel_cache = nullptr;
+      fixed.override_shapes = false;
       return build_plan(g, s.target, fixed, r, ctx);
     }
-    auto plan = build_plan(g, s.target, o, r, ctx);
+    if (o.override_shapes && slot->override_refused.empty()) {
+      auto plan = build_plan(g, s.target, o, r, ctx);
+      const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
+      if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
+      // No engine builds this graph override-enabled: dynamic shapes and the kernel cache serve.
+      const std::string& m = plan.status().message();
+      slot->override_refused = "no engine builds it override-enabled: " + m.substr(0, m.find('\n'));
+      rep.override_refused = slot->override_refused;
+    }
+    BuildOptions plain = o;
+    plain.override_shapes = false;
+    auto plan = build_plan(g, s.target, plain, r, ctx);
     const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
     if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
     // Engines that refuse dynamic shapes (cuDNN's unified SDPA, some
@@ -573,6 +637,22 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   if (stored_policy != policy) rep.cache_key = cache_key_for(g, s.target, stored_policy);
   rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings,
                           verdict.passed ? &verdict : nullptr);
+  // Built override-enabled: the session keeps it to serve the graph's later shapes.
+  if (override_wanted && rep.build.override_shapes) {
+    if (!plan->serves_other_shapes()) {
+      slot->override_refused =
+          "its lowering gives a tensor other dims or strides than the graph's (the build's notes)";
+      rep.override_refused = slot->override_refused;
+      return finish(std::move(plan));
+    }
+    auto kept = std::make_shared<Plan>(std::move(plan).value());
+    auto view = plan_at_shape(*kept, g, g, *ctx);
+    if (!view.ok()) return finish(view.status());
+    rep.override_shape = "built";
+    slot->override_plan = std::move(kept);
+    slot->override_graph = g;
+    return finish(std::move(view));
+  }
   return finish(std::move(plan));
 }
 

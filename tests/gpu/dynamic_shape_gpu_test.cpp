@@ -41,7 +41,9 @@ TEST_P(DynamicShapeGpu, ShapesShareTheKernelCacheAndVerify) {
   for (const ShapeValues& shape : c.shapes) {
     PlanReport rep;
     const common::Stopwatch watch;
-    auto got = session.get_plan(*spec, shape, {}, &rep);
+    PlanRequest request;
+    request.override_shapes = false;  // the kernel cache here; override shapes: override_shape_gpu_test.cpp
+    auto got = session.get_plan(*spec, shape, request, &rep);
     const double ms = watch.ms();
     ASSERT_TRUE(got.ok()) << c.file << " at " << shape_text(shape) << ": " << got.status().ToString();
     std::printf("[ note ] %s %s: %.2f ms, engine %s, %s\n", spec->name.c_str(), shape_text(shape).c_str(), ms,

@@ -324,6 +324,7 @@ struct PlanFlags {
   std::string heuristics = "auto", engine;
   int64_t max_workspace = -1;
   bool static_shapes = false;
+  bool no_override_shapes = false;
   bool no_plan_check = false;
   bool no_reference_fallback = false;
 };
@@ -338,6 +339,9 @@ void add_plan_flags(CLI::App* c, PlanFlags& f) {
   c->add_flag("--static-shapes", f.static_shapes,
               "Symbolic graphs: build each concrete shape statically (kernels fitted to the shape; no kernel "
               "cache, no dynamic-shape build), cached per shape like the dynamic ones");
+  c->add_flag("--no-override-shapes", f.no_override_shapes,
+              "Symbolic graphs: build every new shape (through the kernel cache) instead of serving it by "
+              "execute-time shape override of the plan built for the first (cuDNN 9.23+ on a GPU)");
   add_plan_check_flag(c, f.no_plan_check);
   add_reference_fallback_flag(c, f.no_reference_fallback);
 }
@@ -348,6 +352,7 @@ Result<PlanRequest> plan_request(const PlanFlags& f) {
   r.engine = f.engine;
   r.max_workspace_bytes = f.max_workspace;
   r.dynamic_shape = !f.static_shapes;
+  r.override_shapes = !f.no_override_shapes;
   r.check_plan = !f.no_plan_check;
   r.reference_fallback = !f.no_reference_fallback;
   return r;

@@ -16,7 +16,7 @@ struct ShapesArgs {
   std::vector<std::string> sweeps;
   double target_speedup = 10;
   bool json = false;
-  bool no_engine_reuse = false, always_dynamic = false, no_warmup = false;
+  bool no_engine_reuse = false, always_dynamic = false, no_warmup = false, no_override_shapes = false;
 };
 
 struct Row {
@@ -54,7 +54,27 @@ nlohmann::json row_json(const std::string& mode, const Row& r) {
           {"static_probe_ms", r.rep.static_probe_ms},
           {"engine_replayed", r.rep.engine_replayed},
           {"replay_failed", r.rep.replay_failed},
+          {"override_shape", r.rep.override_shape},
+          {"override_ms", r.rep.override_ms},
+          {"override_refused", r.rep.override_refused},
+          {"plan_check_ms", r.rep.plan_check.ms},
           {"error", r.error}};
+}
+
+// How the session served a shape, for the per-shape lines.
+std::string pass_state(const PlanReport& r) {
+  if (r.source == PlanSource::kShapeOverride) return "shape override (no build)";
+  if (r.override_shape == "built") return "override-enabled build, kernel cache " + r.kernel_cache;
+  if (r.kernel_cache != "off") return "kernel cache " + r.kernel_cache;
+  return r.static_policy.empty() ? "static" : "static (precompiled engine)";
+}
+
+// The same in the table's column: "override", "cold+ovr" (built override-enabled), "warm+reuse" (the first
+// shape's engine replayed, no heuristics), "cold", "static".
+std::string short_state(const PlanReport& r) {
+  if (r.source == PlanSource::kShapeOverride) return "override";
+  if (r.kernel_cache == "off") return "static";
+  return r.kernel_cache + (r.override_shape == "built" ? "+ovr" : r.engine_replayed ? "+reuse" : "");
 }
 
 double total(const std::vector<Row>& rows) {
@@ -98,6 +118,9 @@ Runner add_shapes(CLI::App& app) {
       "--no-warmup", a->no_warmup,
       "Charge the process's one-time cuDNN costs (engine libraries) to the first pass's first build "
       "instead of one untimed static build of a shape outside the sweep, reported apart");
+  cmd->add_flag("--no-override-shapes", a->no_override_shapes,
+                "Kernel-cache pass: build every shape instead of serving later shapes by execute-time shape "
+                "override of the plan built for the first (used where cuDNN 9.23+ runs on a GPU)");
   cmd->add_flag("--json", a->json,
                 "Write one JSON document to stdout (a row per shape and mode, and a summary)");
   return [a]() -> int {
@@ -185,6 +208,7 @@ Runner add_shapes(CLI::App& app) {
       request.dynamic_shape = pass == "kernel_cache";
       request.reuse_engine = !a->no_engine_reuse;
       request.static_when_precompiled = !a->always_dynamic;
+      request.override_shapes = !a->no_override_shapes;
       for (const auto& shape : shapes) {
         Row row;
         row.shape = shape;
@@ -194,13 +218,9 @@ Runner add_shapes(CLI::App& app) {
         row.ok = got.ok();
         if (!got.ok()) row.error = got.status().message().substr(0, got.status().message().find('\n'));
         if (!a->json) {
-          std::fprintf(
-              stderr, "  %-12s %-20s %10.2f ms  %s\n", pass.c_str(), safe(shape_text(shape)).c_str(), row.ms,
-              row.ok ? safe(row.rep.kernel_cache != "off"   ? "kernel cache " + row.rep.kernel_cache
-                            : row.rep.static_policy.empty() ? std::string("static")
-                                                            : std::string("static (precompiled engine)"))
-                           .c_str()
-                     : ("FAILED: " + safe(row.error)).c_str());
+          std::fprintf(stderr, "  %-12s %-20s %10.2f ms  %s\n", pass.c_str(), safe(shape_text(shape)).c_str(),
+                       row.ms,
+                       row.ok ? safe(pass_state(row.rep)).c_str() : ("FAILED: " + safe(row.error)).c_str());
         }
         rows[pass].push_back(std::move(row));
       }
@@ -217,6 +237,11 @@ Runner add_shapes(CLI::App& app) {
     if (rows.count("kernel_cache")) {
       for (const auto& r : rows["kernel_cache"])
         if (!r.rep.dynamic_fallback.empty()) fallback = r.rep.dynamic_fallback;
+    }
+    std::string override_refused;
+    if (rows.count("kernel_cache")) {
+      for (const auto& r : rows["kernel_cache"])
+        if (!r.rep.override_refused.empty()) override_refused = r.rep.override_refused;
     }
 
     const DeviceTarget& target = (*session)->target();
@@ -238,6 +263,7 @@ Runner add_shapes(CLI::App& app) {
           {"target_speedup", a->target_speedup},
           {"meets_target", both && failed == 0 && speedup >= a->target_speedup},
           {"dynamic_fallback", fallback},
+          {"override_refused", override_refused},
           {"warmup_ms", warmup_ms >= 0 ? nlohmann::json(warmup_ms) : nlohmann::json(nullptr)},
           {"warmup_shape", warmup_shape ? nlohmann::json(*warmup_shape) : nlohmann::json(nullptr)}};
       nlohmann::json doc = {{"graph", spec->name},
@@ -258,10 +284,7 @@ Runner add_shapes(CLI::App& app) {
         if (rows.count("kernel_cache")) {
           const Row& r = rows["kernel_cache"][i];
           // "warm+reuse": the first shape's engine replayed (no heuristics).
-          const std::string state = !r.ok ? "FAILED"
-                                    : r.rep.kernel_cache == "off"
-                                        ? "static"
-                                        : r.rep.kernel_cache + (r.rep.engine_replayed ? "+reuse" : "");
+          const std::string state = !r.ok ? "FAILED" : short_state(r.rep);
           std::snprintf(buf, sizeof buf, "%.2f %s", r.ms, state.c_str());
           kc = buf;
           engine = r.rep.engine;
@@ -282,6 +305,8 @@ Runner add_shapes(CLI::App& app) {
             safe(shape_text(*warmup_shape)).c_str(), warmup_ms);
       if (!fallback.empty())
         std::printf("  dynamic shapes refused, static builds served: %s\n", safe(fallback).c_str());
+      if (!override_refused.empty())
+        std::printf("  shape override not used: %s\n", safe(override_refused).c_str());
       if (both) {
         std::printf("  total: kernel cache %.2f ms, cold %.2f ms: %.1fx less time (target %.0fx: %s)\n",
                     kc_ms, cold_ms, speedup, a->target_speedup,
