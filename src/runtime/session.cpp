@@ -411,6 +411,12 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   Impl::KernelCacheSlot* slot = symbolic && request.dynamic_shape ? &s.kernel_caches[g.symbolic_id] : nullptr;
   const std::string base_key = request_policy_key(request, limit);
   bool looked_up = false;  // both heuristic-cache keys already missed
+  // Execute-time shape override: a plan built override-enabled for another shape serves this one
+  // with no build, once it passes the plan check at this shape. It goes before the static policy
+  // (no build beats a fast one), whose probe then waits until override shapes are refused.
+  const bool override_wanted = slot && slot->refused.empty() && slot->override_refused.empty() &&
+                               request.override_shapes && request.engine.empty() && ctx &&
+                               override_shapes_available();
   if (slot && !slot->probed && slot->builds == 0 && request.static_when_precompiled &&
       request.engine.empty()) {
     // A warm cache answers before the probe (no heuristic query at start-up): an entry of
@@ -420,17 +426,13 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       if (hit.ok() && take_hit(*hit, PlanSource::kHeuristicCache, key)) return finish(std::move(hit->plan));
     }
     looked_up = true;
-    slot->probed = true;
-    const common::Stopwatch watch;
-    slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
-    rep.static_probe_ms = watch.ms();
+    if (!override_wanted) {
+      slot->probed = true;
+      const common::Stopwatch watch;
+      slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
+      rep.static_probe_ms = watch.ms();
+    }
   }
-  // Execute-time shape override: a plan built override-enabled for another shape serves this one
-  // with no build, once it passes the plan check at this shape. It goes before the static policy:
-  // no build beats a fast one.
-  const bool override_wanted = slot && slot->refused.empty() && slot->override_refused.empty() &&
-                               request.override_shapes && request.engine.empty() && ctx &&
-                               override_shapes_available();
   const bool by_policy = slot && slot->refused.empty() && !slot->precompiled.empty() &&
                          request.static_when_precompiled && !override_wanted;
   const bool dynamic = slot && slot->refused.empty() && !by_policy;
@@ -500,6 +502,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       const std::string& m = plan.status().message();
       slot->override_refused = "no engine builds it override-enabled: " + m.substr(0, m.find('\n'));
       rep.override_refused = slot->override_refused;
+      slot->probed = false;
     }
     BuildOptions plain = o;
     plain.override_shapes = false;
@@ -638,13 +641,20 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   rep.stored = store_plan(cache, g, s.target, stored_policy, *plan, -1, &rep.warnings,
                           verdict.passed ? &verdict : nullptr);
   // Built override-enabled: the session keeps it to serve the graph's later shapes.
-  if (override_wanted && rep.build.override_shapes) {
-    if (!plan->serves_other_shapes()) {
-      slot->override_refused =
-          "its lowering gives a tensor other dims or strides than the graph's (the build's notes)";
-      rep.override_refused = slot->override_refused;
-      return finish(std::move(plan));
+  if (override_wanted && !plan->serves_other_shapes()) {
+    const std::string why =
+        plan->part_count() > 0 ? "a partitioned plan serves the graph"
+        : plan->native()       ? "fusebox's own kernel serves the graph"
+        : rep.build.override_shapes
+            ? "its lowering gives a tensor other dims or strides than the graph's (the build's notes)"
+            : "";
+    if (!why.empty()) {
+      slot->override_refused = why;
+      rep.override_refused = why;
+      slot->probed = false;  // the static policy may ask its question at the next shape
     }
+  }
+  if (override_wanted && plan->serves_other_shapes()) {
     auto kept = std::make_shared<Plan>(std::move(plan).value());
     auto view = plan_at_shape(*kept, g, g, *ctx);
     if (!view.ok()) return finish(view.status());
