@@ -1,6 +1,6 @@
-// fusebox: the facts of every op, as data (issue 30). The table is
-// src/graph/ops/traits.h, one entry per op attribute type; these functions
-// read it for any op, so code outside the graph layer asks a fact instead of
+// fusebox: the facts of every op, as data (issue 30). One entry per op attribute type, in the
+// op's family file (src/graph/ops/<family>.cpp; src/graph/ops/traits.h says what an entry
+// holds); these functions read it for any op, so code outside the graph layer asks a fact instead of
 // testing the op's type. `fusebox ops --json` prints op_catalog().
 #pragma once
 

@@ -210,7 +210,8 @@ class Parser : public JsonReader {
     }
     o.attrs = std::move(*attrs);
     std::vector<std::string_view> fields = {"op", "name", "inputs", "outputs", "compute_dtype"};
-    for (std::string_view f : std::visit([](const auto& a) { return graph_ops::json_fields(a); }, o.attrs)) {
+    for (std::string_view f :
+         std::visit([](const auto& a) { return graph_ops::traits_info(a).json_fields; }, o.attrs)) {
       fields.push_back(f);
     }
     FUSEBOX_RETURN_IF_ERROR(check_fields(path, v, fields));

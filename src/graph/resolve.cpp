@@ -144,7 +144,8 @@ Status check_op_roles(const OpSpec& op, size_t i, const std::map<std::string, si
     return InvalidArgument(where + " outputs must be " + want + " (got: " + (got.empty() ? "none" : got) +
                            ")");
   }
-  const bool in_memory = std::visit([](const auto& a) { return graph_ops::outputs_in_memory(a); }, op.attrs);
+  const bool in_memory =
+      std::visit([](const auto& a) { return graph_ops::traits_info(a).outputs_in_memory; }, op.attrs);
   for (auto r : out_roles) {
     const std::string role(r);
     const std::string& y = op.outputs.at(role);
@@ -361,7 +362,7 @@ Result<ResolvedGraph> resolve(const GraphSpec& spec) {
 
     auto roles = op_input_roles(op.attrs);
     const bool scalars_ok =
-        std::visit([](const auto& a) { return graph_ops::accepts_scalar_inputs(a); }, op.attrs);
+        std::visit([](const auto& a) { return graph_ops::traits_info(a).accepts_scalar_inputs; }, op.attrs);
     // by-value scalars without dims take the rank of the op's other input
     for (auto role : roles) {
       int ti = rop.inputs.at(std::string(role));

@@ -9,6 +9,25 @@
 
 namespace fusebox::graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<BatchNormAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "batchnorm", bench_family = "norm";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"epsilon", "momentum"});
+};
+template <>
+struct OpTraits<BatchNormInferenceAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "batchnorm", bench_family = "norm";
+};
+template <>
+struct OpTraits<BatchNormBwdAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "batchnorm", bench_family = "norm";
+  static constexpr bool outputs_in_memory = true;
+};
+FUSEBOX_OP_TRAITS(BatchNormAttrs)
+FUSEBOX_OP_TRAITS(BatchNormInferenceAttrs)
+FUSEBOX_OP_TRAITS(BatchNormBwdAttrs)
+
 using common::dims_string;
 
 namespace {

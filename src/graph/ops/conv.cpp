@@ -12,6 +12,28 @@
 
 namespace fusebox::graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<ConvFpropAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "conv", bench_family = "conv";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"padding", "stride", "dilation"});
+};
+template <>
+struct OpTraits<ConvDgradAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "conv", bench_family = "conv_bwd";
+  static constexpr auto json_fields =
+      std::to_array<std::string_view>({"padding", "stride", "dilation", "x_dims"});
+};
+template <>
+struct OpTraits<ConvWgradAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "conv", bench_family = "conv_bwd";
+  static constexpr auto json_fields =
+      std::to_array<std::string_view>({"padding", "stride", "dilation", "w_dims"});
+};
+FUSEBOX_OP_TRAITS(ConvFpropAttrs)
+FUSEBOX_OP_TRAITS(ConvDgradAttrs)
+FUSEBOX_OP_TRAITS(ConvWgradAttrs)
+
 using common::dims_string;
 
 namespace {

@@ -9,6 +9,17 @@
 
 namespace fusebox::graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<CrossEntropyAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "cross_entropy", bench_family = "reduction";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"ignore_index"});
+  static constexpr bool outputs_in_memory = true;
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"labels"});
+  static constexpr bool native_only = true;
+};
+FUSEBOX_OP_TRAITS(CrossEntropyAttrs)
+
 using common::dims_string;
 
 namespace {

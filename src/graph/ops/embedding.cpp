@@ -8,6 +8,23 @@
 
 namespace fusebox::graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<EmbeddingAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "embedding", bench_family = "reduction";
+  static constexpr bool outputs_in_memory = true;
+  static constexpr bool native_only = true;
+  static constexpr auto index_inputs = std::to_array<std::string_view>({"ids"});
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"ids"});
+  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op,
+                                          const EmbeddingAttrs& a) {
+    return a.backward && !a.deterministic
+               ? "op '" + op.name + "' (embedding_bwd) adds with atomics; \"deterministic\": true repeats"
+               : "";
+  }
+};
+FUSEBOX_OP_TRAITS(EmbeddingAttrs)
+
 using common::dims_string;
 
 namespace {

@@ -5,6 +5,13 @@
 
 namespace fusebox::graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<MatmulAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "matmul", bench_family = "matmul";
+};
+FUSEBOX_OP_TRAITS(MatmulAttrs)
+
 using common::dims_string;
 
 std::vector<std::string_view> type_names(std::type_identity<MatmulAttrs>) { return {"matmul"}; }

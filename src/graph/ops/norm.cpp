@@ -26,6 +26,32 @@ int64_t norm_row_dims(const std::vector<int64_t>& x_dims, const std::vector<int6
 
 namespace graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<LayerNormAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "norm", bench_family = "norm";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"epsilon"});
+};
+template <>
+struct OpTraits<RmsNormAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "norm", bench_family = "norm";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"epsilon"});
+};
+template <>
+struct OpTraits<LayerNormBwdAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "norm", bench_family = "norm";
+  static constexpr bool outputs_in_memory = true;
+};
+template <>
+struct OpTraits<RmsNormBwdAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "norm", bench_family = "norm";
+  static constexpr bool outputs_in_memory = true;
+};
+FUSEBOX_OP_TRAITS(LayerNormAttrs)
+FUSEBOX_OP_TRAITS(RmsNormAttrs)
+FUSEBOX_OP_TRAITS(LayerNormBwdAttrs)
+FUSEBOX_OP_TRAITS(RmsNormBwdAttrs)
+
 namespace {
 
 // x's dims on the row dims, 1 on the normalized ones.

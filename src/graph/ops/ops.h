@@ -4,9 +4,10 @@
 // function below, written in the family's file (src/graph/ops/<family>.cpp).
 // Callers dispatch with std::visit over a generic lambda (visit_op), so an
 // alternative without its overload is a compile error, never a runtime
-// default. To add an op: its attrs in include/fusebox/ops/<family>.h and in
-// OpAttrs, one block of declarations here, src/graph/ops/<family>.cpp
-// (docs/architecture.md, "Adding an op").
+// default. To add an op: its attrs in include/fusebox/ops/<family>.h and a line
+// in FUSEBOX_OP_TYPES (which declares everything below for it), then
+// src/graph/ops/<family>.cpp with its traits entry (docs/architecture.md,
+// "Adding an op").
 #pragma once
 
 #include <functional>
@@ -126,32 +127,15 @@ class GradContext {
   void resolved_json(const FlopsContext& ctx, const T& a, nlohmann::ordered_json& j);                  \
   double flops(const FlopsContext& ctx, const T& a);                                                   \
   /* the gradient rule: the backward of one op (docs/training.md); no_rule() where there is none */    \
-  Status grad(GradContext& ctx, const T& a);
+  Status grad(GradContext& ctx, const T& a);                                                           \
+  /* its traits entry (traits.h), defined by FUSEBOX_OP_TRAITS(T) after the entry */                   \
+  OpTraitsInfo traits_info(const T& a);                                                                \
+  std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op, const T& a);
 
 // conv.cpp
 FUSEBOX_OP_TYPES(FUSEBOX_GRAPH_OP_FUNCTIONS)
 #undef FUSEBOX_GRAPH_OP_FUNCTIONS
 
-// The facts of traits.h, as functions of an op's attributes. An op whose
-// answer depends on its attributes overloads the function in its family file
-// (a non-template overload wins over these templates).
-// Op-specific JSON fields accepted besides op, name, inputs, outputs, compute_dtype.
-template <typename T>
-std::vector<std::string_view> json_fields(const T&) {
-  return {OpTraits<T>::json_fields.begin(), OpTraits<T>::json_fields.end()};
-}
-std::vector<std::string_view> json_fields(const PoolAttrs& a);       // by mode
-std::vector<std::string_view> json_fields(const EmbeddingAttrs& a);  // embedding_bwd: rows, deterministic
-// Whether inputs may be by-value scalars (else they must be tensors).
-template <typename T>
-bool accepts_scalar_inputs(const T&) {
-  return OpTraits<T>::accepts_scalar_inputs;
-}
-// Whether outputs must be declared non-virtual (the op writes memory, not a fused epilogue).
-template <typename T>
-bool outputs_in_memory(const T&) {
-  return OpTraits<T>::outputs_in_memory;
-}
 // Extra text for a wrong set of output roles (e.g. generate_stats): none unless overloaded.
 template <typename T>
 std::string output_roles_hint(const T&) {

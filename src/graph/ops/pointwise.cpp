@@ -106,6 +106,14 @@ bool pointwise_is_unary(PointwiseMode m) {
 
 namespace graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<PointwiseAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "pointwise", bench_family = "pointwise";
+  static constexpr bool accepts_scalar_inputs = true;
+};
+FUSEBOX_OP_TRAITS(PointwiseAttrs)
+
 std::vector<std::string_view> type_names(std::type_identity<PointwiseAttrs>) {
   std::vector<std::string_view> r;
   for (PointwiseMode m : kAllModes) r.push_back(pointwise_mode_name(m));

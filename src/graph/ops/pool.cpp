@@ -10,6 +10,13 @@ std::string_view pool_mode_name(PoolMode m) { return m == PoolMode::kAvg ? "avg"
 
 namespace graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<PoolAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "pool", bench_family = "pool";
+};
+FUSEBOX_OP_TRAITS(PoolAttrs)
+
 using common::dims_string;
 
 namespace {

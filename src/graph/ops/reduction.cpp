@@ -39,6 +39,17 @@ std::optional<ReductionMode> parse_reduction_mode(std::string_view s) {
 
 namespace graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<ReductionAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "reduction", bench_family = "reduction";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"reduce_dims"});
+  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op, const ReductionAttrs&) {
+    return "op '" + op.name + "' (a reduction) adds partial sums in no fixed order";
+  }
+};
+FUSEBOX_OP_TRAITS(ReductionAttrs)
+
 std::vector<std::string_view> type_names(std::type_identity<ReductionAttrs>) {
   std::vector<std::string_view> r;
   for (ReductionMode m : kAllReductionModes) r.push_back(reduction_mode_name(m));

@@ -87,32 +87,11 @@ std::string op_resolved_attrs_json(const ResolvedGraph& g, const ResolvedOp& op)
 }
 
 OpTraitsInfo op_traits(const OpAttrs& attrs) {
-  return std::visit(
-      [](const auto& a) {
-        using T = std::decay_t<decltype(a)>;
-        using Traits = graph_ops::OpTraits<T>;
-        OpTraitsInfo t;
-        t.family = Traits::family;
-        t.bench_family = Traits::bench_family;
-        t.json_fields = graph_ops::json_fields(a);
-        t.accepts_scalar_inputs = graph_ops::accepts_scalar_inputs(a);
-        t.outputs_in_memory = graph_ops::outputs_in_memory(a);
-        t.native_only = Traits::native_only;
-        t.reads_forward_outputs = Traits::reads_forward_outputs;
-        t.index_inputs.assign(Traits::index_inputs.begin(), Traits::index_inputs.end());
-        t.no_grad_inputs.assign(Traits::no_grad_inputs.begin(), Traits::no_grad_inputs.end());
-        return t;
-      },
-      attrs);
+  return std::visit([](const auto& a) { return graph_ops::traits_info(a); }, attrs);
 }
 
 std::string op_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op) {
-  return std::visit(
-      [&](const auto& a) {
-        using T = std::decay_t<decltype(a)>;
-        return graph_ops::OpTraits<T>::not_bit_reproducible(g, op, a);
-      },
-      op.attrs);
+  return std::visit([&](const auto& a) { return graph_ops::not_bit_reproducible(g, op, a); }, op.attrs);
 }
 
 std::vector<OpCatalogEntry> op_catalog() {

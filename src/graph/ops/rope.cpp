@@ -9,6 +9,17 @@
 
 namespace fusebox::graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+template <>
+struct OpTraits<RopeAttrs> : OpTraitsDefaults {
+  static constexpr std::string_view family = "rope", bench_family = "norm";
+  static constexpr auto json_fields = std::to_array<std::string_view>({"layout", "rope_dim", "scale"});
+  static constexpr bool outputs_in_memory = true;
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"freqs", "offset"});
+  static constexpr bool native_only = true;
+};
+FUSEBOX_OP_TRAITS(RopeAttrs)
+
 using common::dims_string;
 
 namespace {

@@ -76,6 +76,50 @@ double sdpa_kept_pairs(const SdpaOptions& o, int64_t lq, int64_t lkv) {
 
 namespace graph_ops {
 
+// ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
+// A decode step (one query per sequence) may split the keys across thread blocks.
+std::string sdpa_forward_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op);
+struct SdpaTraits : OpTraitsDefaults {
+  static constexpr std::string_view family = "sdpa", bench_family = "sdpa";
+  static constexpr auto json_fields =
+      std::to_array<std::string_view>({"attn_scale", "causal", "alignment", "left_bound", "right_bound",
+                                       "alibi", "dropout", "deterministic", "max_seq_len_kv"});
+  static constexpr bool outputs_in_memory = true;
+  static constexpr auto no_grad_inputs = std::to_array<std::string_view>(
+      {"seq_len_q", "seq_len_kv", "page_table_k", "page_table_v", "block_mask", "seed", "offset"});
+};
+template <>
+struct OpTraits<SdpaFwdAttrs> : SdpaTraits {
+  static std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFwdAttrs&) {
+    return sdpa_forward_not_bit_reproducible(g, op);
+  }
+};
+template <>
+struct OpTraits<SdpaFp8FwdAttrs> : SdpaTraits {
+  static std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op,
+                                          const SdpaFp8FwdAttrs&) {
+    return sdpa_forward_not_bit_reproducible(g, op);
+  }
+};
+template <>
+struct OpTraits<SdpaBwdAttrs> : SdpaTraits {
+  static constexpr bool reads_forward_outputs = true;
+  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op, const SdpaBwdAttrs& a) {
+    return a.deterministic
+               ? ""
+               : "op '" + op.name +
+                     "' (sdpa backward) accumulates dq with atomics; \"deterministic\": true repeats";
+  }
+};
+template <>
+struct OpTraits<SdpaFp8BwdAttrs> : SdpaTraits {
+  static constexpr bool reads_forward_outputs = true;
+};
+FUSEBOX_OP_TRAITS(SdpaFwdAttrs)
+FUSEBOX_OP_TRAITS(SdpaFp8FwdAttrs)
+FUSEBOX_OP_TRAITS(SdpaBwdAttrs)
+FUSEBOX_OP_TRAITS(SdpaFp8BwdAttrs)
+
 namespace {
 
 template <typename T>

@@ -1,7 +1,9 @@
 // fusebox graph layer: the facts of every op as data, one OpTraits entry per
-// alternative of OpAttrs (issue 30). An entry inherits OpTraitsDefaults and
-// states only what differs. A new op without an entry is a compile error
-// (the primary template has no definition).
+// alternative of OpAttrs (issue 30), written in the op's family file
+// (src/graph/ops/<family>.cpp) and followed there by FUSEBOX_OP_TRAITS(T),
+// which defines the layer's two reads of it (traits_info, not_bit_reproducible,
+// declared for every op of the list in ops.h: an op without them fails to link).
+// An entry inherits OpTraitsDefaults and states only what differs.
 //
 // What the entries hold, and who reads it:
 //   family            the op family (its files: include/fusebox/ops/<family>.h,
@@ -29,8 +31,10 @@
 #include <array>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fusebox/graph.h"
+#include "fusebox/op_traits.h"
 
 namespace fusebox::graph_ops {
 
@@ -51,162 +55,37 @@ struct OpTraitsDefaults {
   }
 };
 
-// ---- conv
-template <>
-struct OpTraits<ConvFpropAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "conv", bench_family = "conv";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"padding", "stride", "dilation"});
-};
-template <>
-struct OpTraits<ConvDgradAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "conv", bench_family = "conv_bwd";
-  static constexpr auto json_fields =
-      std::to_array<std::string_view>({"padding", "stride", "dilation", "x_dims"});
-};
-template <>
-struct OpTraits<ConvWgradAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "conv", bench_family = "conv_bwd";
-  static constexpr auto json_fields =
-      std::to_array<std::string_view>({"padding", "stride", "dilation", "w_dims"});
-};
+// Op-specific JSON fields accepted besides op, name, inputs, outputs, compute_dtype: the entry's,
+// unless the family overloads this for an op whose fields depend on its attributes.
+template <typename T>
+std::vector<std::string_view> json_fields(const T&) {
+  return {OpTraits<T>::json_fields.begin(), OpTraits<T>::json_fields.end()};
+}
+std::vector<std::string_view> json_fields(const PoolAttrs& a);       // by mode (pool.cpp)
+std::vector<std::string_view> json_fields(const EmbeddingAttrs& a);  // embedding_bwd: rows, deterministic
 
-// ---- matmul, pointwise
-template <>
-struct OpTraits<MatmulAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "matmul", bench_family = "matmul";
-};
-template <>
-struct OpTraits<PointwiseAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "pointwise", bench_family = "pointwise";
-  static constexpr bool accepts_scalar_inputs = true;
-};
+// An entry as the runtime struct fusebox/op_traits.h publishes.
+template <typename T>
+OpTraitsInfo traits_info_of(const T& a) {
+  using Tr = OpTraits<T>;
+  OpTraitsInfo t;
+  t.family = Tr::family;
+  t.bench_family = Tr::bench_family;
+  t.json_fields = json_fields(a);
+  t.accepts_scalar_inputs = Tr::accepts_scalar_inputs;
+  t.outputs_in_memory = Tr::outputs_in_memory;
+  t.native_only = Tr::native_only;
+  t.reads_forward_outputs = Tr::reads_forward_outputs;
+  t.index_inputs.assign(Tr::index_inputs.begin(), Tr::index_inputs.end());
+  t.no_grad_inputs.assign(Tr::no_grad_inputs.begin(), Tr::no_grad_inputs.end());
+  return t;
+}
 
-// ---- sdpa: every output is written to memory (no epilogue fuses after it)
-// A decode step (one query per sequence) may split the keys across thread blocks.
-std::string sdpa_forward_not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op);
-struct SdpaTraits : OpTraitsDefaults {
-  static constexpr std::string_view family = "sdpa", bench_family = "sdpa";
-  static constexpr auto json_fields =
-      std::to_array<std::string_view>({"attn_scale", "causal", "alignment", "left_bound", "right_bound",
-                                       "alibi", "dropout", "deterministic", "max_seq_len_kv"});
-  static constexpr bool outputs_in_memory = true;
-  static constexpr auto no_grad_inputs = std::to_array<std::string_view>(
-      {"seq_len_q", "seq_len_kv", "page_table_k", "page_table_v", "block_mask", "seed", "offset"});
-};
-template <>
-struct OpTraits<SdpaFwdAttrs> : SdpaTraits {
-  static std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFwdAttrs&) {
-    return sdpa_forward_not_bit_reproducible(g, op);
+// After an op's entry, in its family file: the definitions ops.h declares for it.
+#define FUSEBOX_OP_TRAITS(T)                                                                   \
+  OpTraitsInfo traits_info(const T& a) { return traits_info_of(a); }                           \
+  std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op, const T& a) { \
+    return OpTraits<T>::not_bit_reproducible(g, op, a);                                        \
   }
-};
-template <>
-struct OpTraits<SdpaFp8FwdAttrs> : SdpaTraits {
-  static std::string not_bit_reproducible(const ResolvedGraph& g, const ResolvedOp& op,
-                                          const SdpaFp8FwdAttrs&) {
-    return sdpa_forward_not_bit_reproducible(g, op);
-  }
-};
-template <>
-struct OpTraits<SdpaBwdAttrs> : SdpaTraits {
-  static constexpr bool reads_forward_outputs = true;
-  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op, const SdpaBwdAttrs& a) {
-    return a.deterministic
-               ? ""
-               : "op '" + op.name +
-                     "' (sdpa backward) accumulates dq with atomics; \"deterministic\": true repeats";
-  }
-};
-template <>
-struct OpTraits<SdpaFp8BwdAttrs> : SdpaTraits {
-  static constexpr bool reads_forward_outputs = true;
-};
-
-// ---- norm, batchnorm
-template <>
-struct OpTraits<LayerNormAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "norm", bench_family = "norm";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"epsilon"});
-};
-template <>
-struct OpTraits<RmsNormAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "norm", bench_family = "norm";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"epsilon"});
-};
-template <>
-struct OpTraits<LayerNormBwdAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "norm", bench_family = "norm";
-  static constexpr bool outputs_in_memory = true;
-};
-template <>
-struct OpTraits<RmsNormBwdAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "norm", bench_family = "norm";
-  static constexpr bool outputs_in_memory = true;
-};
-template <>
-struct OpTraits<BatchNormAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "batchnorm", bench_family = "norm";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"epsilon", "momentum"});
-};
-template <>
-struct OpTraits<BatchNormInferenceAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "batchnorm", bench_family = "norm";
-};
-template <>
-struct OpTraits<BatchNormBwdAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "batchnorm", bench_family = "norm";
-  static constexpr bool outputs_in_memory = true;
-};
-
-// ---- pool (its JSON fields depend on the mode: json_fields(PoolAttrs) in pool.cpp)
-template <>
-struct OpTraits<PoolAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "pool", bench_family = "pool";
-};
-
-// ---- reduction
-template <>
-struct OpTraits<ReductionAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "reduction", bench_family = "reduction";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"reduce_dims"});
-  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op, const ReductionAttrs&) {
-    return "op '" + op.name + "' (a reduction) adds partial sums in no fixed order";
-  }
-};
-
-// ---- embedding (fusebox's own kernel; memory-bound, timed with the reductions)
-template <>
-struct OpTraits<EmbeddingAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "embedding", bench_family = "reduction";
-  static constexpr bool outputs_in_memory = true;
-  static constexpr bool native_only = true;
-  static constexpr auto index_inputs = std::to_array<std::string_view>({"ids"});
-  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"ids"});
-  static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op,
-                                          const EmbeddingAttrs& a) {
-    return a.backward && !a.deterministic
-               ? "op '" + op.name + "' (embedding_bwd) adds with atomics; \"deterministic\": true repeats"
-               : "";
-  }
-};
-
-// ---- rope (fusebox's own kernel on every cuDNN: include/fusebox/ops/rope.h)
-template <>
-struct OpTraits<RopeAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "rope", bench_family = "norm";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"layout", "rope_dim", "scale"});
-  static constexpr bool outputs_in_memory = true;
-  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"freqs", "offset"});
-  static constexpr bool native_only = true;
-};
-
-// ---- cross_entropy (fusebox's own kernel: include/fusebox/ops/cross_entropy.h)
-template <>
-struct OpTraits<CrossEntropyAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "cross_entropy", bench_family = "reduction";
-  static constexpr auto json_fields = std::to_array<std::string_view>({"ignore_index"});
-  static constexpr bool outputs_in_memory = true;
-  static constexpr auto no_grad_inputs = std::to_array<std::string_view>({"labels"});
-  static constexpr bool native_only = true;
-};
 
 }  // namespace fusebox::graph_ops
