@@ -35,6 +35,7 @@
 #include "fusebox/ops/reduction.h"
 #include "fusebox/ops/rope.h"
 #include "fusebox/ops/sdpa.h"
+#include "fusebox/ops/transpose.h"
 #include "fusebox/status.h"
 
 namespace fusebox {
@@ -110,7 +111,8 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
   X(ReductionAttrs)          \
   X(EmbeddingAttrs)          \
   X(RopeAttrs)               \
-  X(CrossEntropyAttrs)
+  X(CrossEntropyAttrs)       \
+  X(TransposeAttrs)
 
 namespace op_list_detail {
 struct Begin;

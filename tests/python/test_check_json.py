@@ -21,7 +21,8 @@ PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": 
            "layernorm_bwd": "dx", "rmsnorm_bwd": "dx", "max_pool": "y", "avg_pool": "y", "global_avg_pool": "y",
            "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
            "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y", "embedding_bwd": "dtable",
-           "rope": "y", "rope_bwd": "dx", "cross_entropy": "loss", "cross_entropy_bwd": "dlogits"}
+           "rope": "y", "rope_bwd": "dx", "cross_entropy": "loss", "cross_entropy_bwd": "dlogits",
+           "transpose": "y"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x"),
@@ -49,7 +50,8 @@ def test_example_document(run_check, path):
     symbolic = "symbols" in json.load(open(path))
     assert (doc["shape"] != {}) == symbolic and all(isinstance(v, int) and v > 0 for v in doc["shape"].values())
     assert int(doc["fingerprint"], 16) >= 0 and len(doc["fingerprint"]) >= 16
-    assert doc["flops"] > 0 and doc["bytes"] > 0
+    # A graph that only moves data (a transpose) does no arithmetic.
+    assert (doc["flops"] > 0 or all(op["op"] == "transpose" for op in doc["ops"])) and doc["bytes"] > 0
     tensors = {t["name"]: t for t in doc["tensors"]}
     assert len(tensors) == len(doc["tensors"])
     bytes_moved = 0
@@ -167,6 +169,12 @@ def test_example_document(run_check, path):
             assert lb["dtype"] == "int32" and lb["dims"] == [lg["dims"][0], 1, 1, 1]
             assert op["attrs"] == {"classes": lg["dims"][1], "ignore_index": -100, "lse": "lse" in op["outputs"],
                                    "native_kernel": True}
+        elif op["op"] == "transpose":
+            # y's dim i is x's dim permutation[i]; same dtype
+            x, y = tensors[op["inputs"]["x"]], tensors[op["outputs"]["y"]]
+            p = op["attrs"]["permutation"]
+            assert sorted(p) == list(range(len(x["dims"]))) and y["dims"] == [x["dims"][i] for i in p]
+            assert y["dtype"] == x["dtype"]
         else:
             assert op["attrs"] == {}
     assert compared == {n for n, t in tensors.items() if t["kind"] == "output"}

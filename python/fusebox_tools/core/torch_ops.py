@@ -792,6 +792,7 @@ TORCH_OPS = {
     "conv_dgrad": lambda op, ins, dtypes: {"dx": conv_dgrad(ins["dy"], ins["w"], op, ins.get("x"))},
     "conv_wgrad": lambda op, ins, dtypes: {"dw": conv_wgrad(ins["dy"], ins["x"], op, ins.get("w"))},
     "matmul": lambda op, ins, dtypes: torch.matmul(ins["a"], ins["b"]),
+    "transpose": lambda op, ins, dtypes: ins["x"].permute(*op["attrs"]["permutation"]).contiguous(),
     **{kind: (lambda op, ins, dtypes: pool(ins, op)) for kind in POOL_OPS},
     **{kind: (lambda op, ins, dtypes: reduction(ins["x"], op)) for kind in REDUCTION_OPS},
     **{kind: (lambda op, ins, dtypes, f=f: f(ins)) for kind, f in _POINTWISE.items()},
