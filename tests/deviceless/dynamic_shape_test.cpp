@@ -67,6 +67,13 @@ TEST_F(DynamicShapeDeviceless, TwoShapesGiveTwoCacheEntries) {
   ASSERT_TRUE(p4.ok()) << p4.status().ToString();
   EXPECT_EQ(r2.source, PlanSource::kBuilt);
   EXPECT_EQ(r4.source, PlanSource::kBuilt);
+  // Deviceless, override shapes are never used (plan_at_shape asks cuDNN on the GPU for the
+  // workspace), though PlanRequest::override_shapes is on by default.
+  EXPECT_TRUE(dyn.override_shapes);
+  EXPECT_EQ(r2.override_shape, "");
+  EXPECT_EQ(r4.override_shape, "");
+  EXPECT_FALSE(p4->plan.shape_overridden());
+  EXPECT_FALSE(p2->plan.serves_other_shapes());
   EXPECT_TRUE(r2.stored);
   EXPECT_TRUE(r4.stored);
   EXPECT_NE(r2.cache_key, r4.cache_key);

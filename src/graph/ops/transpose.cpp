@@ -12,7 +12,7 @@ using common::dims_string;
 // ---- the family's op traits (traits.h): only what differs from OpTraitsDefaults
 template <>
 struct OpTraits<TransposeAttrs> : OpTraitsDefaults {
-  static constexpr std::string_view family = "transpose", bench_family = "pointwise";
+  static constexpr std::string_view family = "transpose", bench_family = "reduction";  // memory-bound
   static constexpr auto json_fields = std::to_array<std::string_view>({"permutation"});
   static constexpr bool outputs_in_memory = true;
 };
