@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <set>
 
 #include "common/cuda_status.h"
 #include "common/plan_info_json.h"
@@ -187,6 +188,7 @@ struct Session::Impl {
     std::shared_ptr<const Plan> override_plan;
     ResolvedGraph override_graph;
     std::string override_refused;
+    std::set<std::string> override_checked;  // shapes (shape_text) that passed the plan check by override
   };
   std::map<std::string, KernelCacheSlot> kernel_caches;
 
@@ -456,7 +458,10 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       const std::string& m = served.status().message();
       rep.override_refused = m.substr(0, m.find('\n'));
     } else if (s.check_limit(*served, limit, "shape override").ok() &&
-               (!checking || check_now(*served, nullptr))) {
+               (!checking || slot->override_checked.count(shape_text(g.shape)) ||
+                check_now(*served, nullptr))) {
+      if (checking && rep.plan_check.state == "passed") slot->override_checked.insert(shape_text(g.shape));
+      if (checking && rep.plan_check.state == "not run") rep.plan_check.state = "trusted";
       rep.source = PlanSource::kShapeOverride;
       rep.override_shape = "served";
       rep.override_built_shape = slot->override_graph.shape;
