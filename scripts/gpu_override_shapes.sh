@@ -34,13 +34,13 @@ for ver in $VERSIONS; do
     source scripts/gpu_cudnn.sh env > /dev/null || { echo "== $ver: not received (skipped)" | tee -a "$OUT/summary.txt"; continue; }
   fi
   echo "== cuDNN $ver: $("$W/fusebox" info 2>&1 | grep -E '^cuDNN  ' | head -1)" | tee -a "$OUT/summary.txt"
-  timeout 240 "$W/fusebox_gpu_tests" --gtest_filter='*OverrideShapeGpu*:*DynamicShapeGpu*' \
+  timeout "${GTEST_S:-150}" "$W/fusebox_gpu_tests" --gtest_filter='*OverrideShapeGpu*:*DynamicShapeGpu*' \
     > "$OUT/gtests_$ver.txt" 2>&1
   echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtests_$ver.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
   grep -E '^\[ note \]|^\[  FAILED  \]|Failure' "$OUT/gtests_$ver.txt" | cut -c1-400 >> "$OUT/summary.txt"
   for g in $GRAPHS; do
     # shellcheck disable=SC2046
-    timeout 150 "$W/fusebox" shapes "examples/graphs/$g.json" $(sweep_of "$g") \
+    timeout "${SWEEP_S:-100}" "$W/fusebox" shapes "examples/graphs/$g.json" $(sweep_of "$g") \
       > "$OUT/shapes_${ver}_$g.txt" 2> "$OUT/shapes_${ver}_$g.err"
     echo "-- shapes $g on $ver: exit $?" | tee -a "$OUT/summary.txt"
     grep -E "total:|refused|not used|warm-up|failed" "$OUT/shapes_${ver}_$g.txt" | cut -c1-400 >> "$OUT/summary.txt"
