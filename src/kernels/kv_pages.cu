@@ -1,0 +1,122 @@
+// fusebox: the paged KV write (kernels/kv_pages.h): one thread per element of the new rows.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+
+#include "kernels/kv_pages.h"
+
+namespace fusebox::kernels {
+namespace {
+
+// The destination element of row (b, t), or -1 when the row is padding (t >= count) or out of
+// its table or pool (then *bad is set).
+__host__ __device__ inline int64_t dest_row(const KvWrite& w, const int32_t* table, const int32_t* start,
+                                            const int32_t* count, int64_t b, int64_t t, bool* bad) {
+  *bad = false;
+  if (t >= count[b]) return -1;
+  const int64_t pos = static_cast<int64_t>(start[b]) + t;
+  const int64_t slot = pos < 0 ? -1 : pos / w.page_size;
+  if (slot < 0 || slot >= w.max_pages) {
+    *bad = true;
+    return -1;
+  }
+  const int64_t page = table[b * w.max_pages + slot];
+  if (page < 0 || page >= w.num_pages) {
+    *bad = true;
+    return -1;
+  }
+  return page * w.heads * w.page_size + pos % w.page_size;  // (page, h = 0, row): add h * page_size
+}
+
+__global__ void kv_write_kernel(KvWrite w) {
+  const int64_t total = w.batch * w.heads * w.tokens * w.dim;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t d = e % w.dim;
+    const int64_t t = (e / w.dim) % w.tokens;
+    const int64_t h = (e / (w.dim * w.tokens)) % w.heads;
+    const int64_t b = e / (w.dim * w.tokens * w.heads);
+    bool bad = false;
+    const int64_t row = dest_row(w, w.page_table, w.start, w.count, b, t, &bad);
+    if (row < 0) {
+      if (bad && d == 0 && h == 0 && w.bad_rows) atomicAdd(w.bad_rows, 1);
+      continue;
+    }
+    const int64_t dst = (row + h * w.page_size) * w.dim + d;
+    const int64_t src =
+        b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2] + d * w.src_strides[3];
+    if (w.elem_bytes == 2) {
+      static_cast<uint16_t*>(w.pool)[dst] = static_cast<const uint16_t*>(w.src)[src];
+    } else {
+      static_cast<uint32_t*>(w.pool)[dst] = static_cast<const uint32_t*>(w.src)[src];
+    }
+  }
+}
+
+Status check(const KvWrite& w) {
+  auto bad = [](const std::string& what) { return InvalidArgument("write_kv_pages: " + what); };
+  if (w.batch < 0 || w.heads < 1 || w.tokens < 0 || w.dim < 1) {
+    return bad("the rows are [" + std::to_string(w.batch) + ", " + std::to_string(w.heads) + ", " +
+               std::to_string(w.tokens) + ", " + std::to_string(w.dim) + "]: B, T >= 0 and H, D >= 1");
+  }
+  if (w.elem_bytes != 2 && w.elem_bytes != 4) {
+    return bad("elements of " + std::to_string(w.elem_bytes) +
+               " bytes: 2 (bf16, fp16) or 4 (fp32) are taken");
+  }
+  if (w.num_pages < 1 || w.page_size < 1 || w.max_pages < 1) {
+    return bad("the pool has " + std::to_string(w.num_pages) + " pages of " + std::to_string(w.page_size) +
+               " rows and tables of " + std::to_string(w.max_pages) + " entries: each must be >= 1");
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (w.src_strides[i] < 0) return bad("negative source stride " + std::to_string(w.src_strides[i]));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status write_kv_pages(const KvWrite& w, void* stream) {
+  FUSEBOX_RETURN_IF_ERROR(check(w));
+  const int64_t total = w.batch * w.heads * w.tokens * w.dim;
+  if (total == 0) return Status::Ok();
+  if (!w.src || !w.pool || !w.page_table || !w.start || !w.count) {
+    return InvalidArgument("write_kv_pages: a null device pointer");
+  }
+  const int threads = 256;
+  const int64_t blocks = (total + threads - 1) / threads;
+  kv_write_kernel<<<static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8), threads, 0,
+                    static_cast<cudaStream_t>(stream)>>>(w);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return Status(StatusCode::kCudaError, std::string("write_kv_pages: ") + cudaGetErrorString(err));
+  }
+  return Status::Ok();
+}
+
+int64_t write_kv_pages_host(const KvWrite& w, std::vector<uint8_t>& pool,
+                            const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
+                            const std::vector<int32_t>& count) {
+  int64_t left_out = 0;
+  const auto* src = static_cast<const uint8_t*>(w.src);
+  for (int64_t b = 0; b < w.batch; ++b) {
+    for (int64_t t = 0; t < w.tokens; ++t) {
+      bool bad = false;
+      const int64_t row = dest_row(w, page_table.data(), start.data(), count.data(), b, t, &bad);
+      if (bad) ++left_out;
+      if (row < 0) continue;
+      for (int64_t h = 0; h < w.heads; ++h) {
+        for (int64_t d = 0; d < w.dim; ++d) {
+          const int64_t dst = (row + h * w.page_size) * w.dim + d;
+          const int64_t s =
+              b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2] + d * w.src_strides[3];
+          std::memcpy(pool.data() + dst * w.elem_bytes, src + s * w.elem_bytes,
+                      static_cast<size_t>(w.elem_bytes));
+        }
+      }
+    }
+  }
+  return left_out;
+}
+
+}  // namespace fusebox::kernels
