@@ -287,7 +287,7 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
     auto k = reference ? kernels::make_reference_kernel(g) : kernels::make_native_kernel(g);
     if (!k.ok()) {  // a refusal stays "not supported" (the session's fallbacks read the code)
       return {k.status().code() == StatusCode::kNotSupported ? fe::error_code_t::GRAPH_NOT_SUPPORTED
-                                                               : fe::error_code_t::INVALID_VALUE,
+                                                             : fe::error_code_t::INVALID_VALUE,
               k.status().message()};
     }
     kernel = std::move(k).value();
