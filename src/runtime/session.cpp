@@ -710,16 +710,28 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
     built.emplace_back(part.canonical, std::move(p).value());
     return Status::Ok();
   };
-  auto parted = request.reference_fallback && !s.target.deviceless() ? partition_graph(g, oracle, last_resort)
-                                                                     : partition_graph(g, oracle);
+  const bool use_last_resort = request.reference_fallback && !s.target.deviceless();
+  auto parted = use_last_resort ? partition_graph(g, oracle, last_resort) : partition_graph(g, oracle);
   FUSEBOX_ASSIGN_OR_RETURN(GraphPartition partition, std::move(parted));
   std::vector<Plan> plans;
   int64_t largest = 0;
   for (const GraphPart& part : partition.parts) {
-    auto it = std::find_if(built.begin(), built.end(),
-                           [&](const auto& b) { return b.first == part.graph.canonical; });
-    if (it == built.end())
-      return Internal("partition: part '" + part.graph.name + "' was accepted but not built");
+    auto find_built = [&] {
+      return std::find_if(built.begin(), built.end(),
+                          [&](const auto& b) { return b.first == part.graph.canonical; });
+    };
+    auto it = find_built();
+    if (it == built.end()) {
+      // A part identical to an earlier one (the same canonical form: two equal layers) took the
+      // plan built for both: build it again (the H200 sweep of 2026-12-05 found three equal
+      // scale ops, seed 2032).
+      Status again = oracle(part.graph);
+      if (!again.ok() && use_last_resort) again = last_resort(part.graph);
+      FUSEBOX_RETURN_IF_ERROR(again);
+      it = find_built();
+      if (it == built.end())
+        return Internal("partition: part '" + part.graph.name + "' was accepted but not built");
+    }
     largest = std::max(largest, it->second.workspace_bytes());
     plans.push_back(std::move(it->second));
     built.erase(it);

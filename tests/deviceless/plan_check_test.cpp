@@ -247,6 +247,41 @@ namespace {
 // oracle splits it deviceless into two parts run as one plan.
 class PartitionedDeviceless : public PlanCheckDeviceless {};
 
+// Two equal conv blocks (the same canonical form as parts): the partitioner's oracle builds the
+// part once, and the second part must still get a plan of its own (the H200 sweep of 2026-12-05
+// stopped on three equal scale ops with "part ... was accepted but not built").
+TEST_F(PartitionedDeviceless, TwoEqualPartsEachGetAPlan) {
+  auto spec = parse_graph_json(R"({"name": "equal_blocks", "io_dtype": "bf16", "intermediate_dtype": "fp32",
+    "tensors": [{"name": "x", "dims": [2, 16, 12, 12], "layout": "nhwc"},
+                {"name": "w1", "dims": [16, 16, 3, 3], "layout": "nhwc"},
+                {"name": "b1", "dims": [1, 16, 1, 1], "layout": "nhwc"},
+                {"name": "w2", "dims": [16, 16, 3, 3], "layout": "nhwc"},
+                {"name": "b2", "dims": [1, 16, 1, 1], "layout": "nhwc"}, {"name": "y", "layout": "nhwc"}],
+    "ops": [{"op": "conv_fprop", "name": "conv1", "inputs": {"x": "x", "w": "w1"}, "outputs": {"y": "c1"}, "padding": [1, 1]},
+            {"op": "bias_add", "name": "bias1", "inputs": {"x": "c1", "bias": "b1"}, "outputs": {"y": "t1"}},
+            {"op": "relu", "name": "act1", "inputs": {"x": "t1"}, "outputs": {"y": "h"}},
+            {"op": "conv_fprop", "name": "conv2", "inputs": {"x": "h", "w": "w2"}, "outputs": {"y": "c2"}, "padding": [1, 1]},
+            {"op": "bias_add", "name": "bias2", "inputs": {"x": "c2", "bias": "b2"}, "outputs": {"y": "t2"}},
+            {"op": "relu", "name": "act2", "inputs": {"x": "t2"}, "outputs": {"y": "y"}}]})");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  SessionOptions o;
+  o.device_properties_file = devprop_path();
+  auto s = Session::create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  PlanReport r;
+  auto plan = (*s)->get_plan(*g, {}, &r);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->part_count(), 2);
+  ASSERT_NE(plan->part_graph(0), nullptr);
+  ASSERT_NE(plan->part_graph(1), nullptr);
+  EXPECT_EQ(plan->part_graph(0)->canonical, plan->part_graph(1)->canonical)
+      << "the test needs two parts of one canonical form";
+  EXPECT_NE(plan->part_plan(0), nullptr);
+  EXPECT_NE(plan->part_plan(1), nullptr);
+}
+
 TEST_F(PartitionedDeviceless, TwoConvsRunAsOnePlanOfTwoPartsThroughTheCacheAndAPlanFile) {
   auto spec = load_graph_file(source_dir() + "/tests/cases/partitioned/two_convs_one_graph.json");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
