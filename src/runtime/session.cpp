@@ -590,6 +590,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // The plan check of a plan built now: one that fails is rejected and the
   // build runs again without it, taking the next candidate.
   PlanCheckRun verdict;
+  bool partitioned_after_check = false;
   while (plan.ok() && checking && !check_now(*plan, &verdict)) {
     // Refused: what went wrong, then every rejected plan and why.
     auto refuse = [&](const std::string& head) {
@@ -609,6 +610,18 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     } else {
       plan = build_modes_in_turn(again, order, build, &rep.attempts);
       if (!rep.attempts.empty()) rep.build = rep.attempts.back().report;
+    }
+    // Every candidate of a graph of several ops failed the check (each the same wrong values: the
+    // graph's pattern, not one engine): its parts, each built alone, as one plan, checked in turn.
+    // The H200 found two independent matmuls in one graph (a training step's da and dw) wrong on
+    // all 8 candidates (2026-12-05). The parts may take the engines the whole graph's check rejected.
+    if (!plan.ok() && !partitioned_after_check && request.partition && g.ops.size() > 1 &&
+        plan.status().code() == StatusCode::kNotSupported) {
+      partitioned_after_check = true;
+      BuildOptions parts_base = base;
+      parts_base.excluded_engines.clear();
+      auto parted = build_partitioned(g, parts_base, limit, plan.status(), request, rep);
+      if (parted.ok()) plan = std::move(parted);
     }
     // Every cuDNN candidate of a single op failed the check: the reference kernels are the next one.
     if (!plan.ok() && std::find(rejected_engines.begin(), rejected_engines.end(), kReferenceEngine) ==
