@@ -18,7 +18,7 @@ W=${W:-/tmp/train_work}
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
 export FUSEBOX_SOURCE_DIR=$PWD FUSEBOX_DEVPROP=$PWD/devices/h200-cudnn-9.27.devprop
-export PYTHONPATH=$PWD/python FUSEBOX_CACHE=$W/plans.sqlite
+export PYTHONPATH=$PWD/python FUSEBOX_PYTHONPATH=$PWD/python FUSEBOX_CACHE=$W/plans.sqlite
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
 # Unpack once per machine (the files stay while it is held).

@@ -51,6 +51,14 @@ Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count,
 Result<GraphPartition> partition_at(const ResolvedGraph& g, const std::vector<std::pair<int, int>>& ranges,
                                     const std::map<int, DType>& temporary_dtypes = {});
 
+// The independent groups of g's ops: ops joined by a tensor one of them writes and another reads
+// are in one group (shared graph inputs join nothing). groups[i] is op i's group, numbered from 0
+// in the order of each group's first op. cuDNN runs one connected graph: on the H100 and H200
+// (cuDNN 9.19, 2026-12-05) every engine that accepted two independent matmuls in one graph (a
+// training step's da and dw, both reading dy) wrote part of one output and none of another, so
+// a graph of several groups is refused by the cuDNN lowering and its groups run as parts.
+std::vector<int> independent_op_groups(const ResolvedGraph& g);
+
 // Whether one part has an engine: Ok, or why not.
 using SupportOracle = std::function<Status(const ResolvedGraph& part)>;
 

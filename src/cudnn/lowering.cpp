@@ -1,5 +1,6 @@
 // ResolvedGraph -> cudnn_frontend::graph::Graph.
 // Each op family's lowering is in ops/<family>_lowering.cpp (ops/ops.h).
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -7,6 +8,7 @@
 
 #include "common/device_properties_check.h"
 #include "common/op_where.h"
+#include "fusebox/partition.h"
 #include "internal.h"
 #include "ops/ops.h"
 
@@ -201,6 +203,23 @@ Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& targe
   const std::optional<ResolvedGraph> folded = fold_matmul_batch_dims(given, &fold_note);
   const ResolvedGraph& g = folded ? *folded : given;
   if (folded) out.notes.push_back("[graph '" + given.name + "']: " + fold_note);
+  // One connected graph per cuDNN plan (independent_op_groups, fusebox/partition.h says why).
+  const std::vector<int> groups = independent_op_groups(g);
+  const int last_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
+  if (last_group > 0) {
+    std::vector<std::string> names(static_cast<size_t>(last_group) + 1);
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      std::string& s = names[static_cast<size_t>(groups[i])];
+      s += (s.empty() ? "" : ", ") + g.ops[i].name;
+    }
+    std::string list;
+    for (const std::string& s : names) list += (list.empty() ? "[" : " | [") + s + "]";
+    return NotSupported(
+        "graph '" + g.name + "': its ops form " + std::to_string(names.size()) + " independent groups (" +
+        list +
+        ", joined only by shared inputs); cuDNN runs one connected graph per plan, and its engines "
+        "gave wrong values for independent ones: the session's partition runs each group as a part");
+  }
   try {
     auto graph = std::make_shared<FeGraph>();
     graph->set_name(g.name.empty() ? "fusebox" : g.name)

@@ -100,6 +100,32 @@ Result<ResolvedGraph> graph_part(const ResolvedGraph& g, int first, int count,
   return part;
 }
 
+std::vector<int> independent_op_groups(const ResolvedGraph& g) {
+  const int n = static_cast<int>(g.ops.size());
+  std::vector<int> parent(n);
+  for (int i = 0; i < n; ++i) parent[i] = i;
+  auto root = [&](int i) {
+    while (parent[i] != i) i = parent[i] = parent[parent[i]];
+    return i;
+  };
+  std::map<int, int> writer;  // tensor index -> the op writing it
+  for (int i = 0; i < n; ++i)
+    for (const auto& [role, t] : g.ops[i].outputs) writer[t] = i;
+  for (int i = 0; i < n; ++i) {
+    for (const auto& [role, t] : g.ops[i].inputs) {
+      auto w = writer.find(t);
+      if (w != writer.end()) parent[root(i)] = root(w->second);
+    }
+  }
+  std::map<int, int> number;  // root -> group, in the order of each group's first op
+  std::vector<int> groups(n);
+  for (int i = 0; i < n; ++i) {
+    auto [it, fresh] = number.emplace(root(i), static_cast<int>(number.size()));
+    groups[i] = it->second;
+  }
+  return groups;
+}
+
 std::string GraphPartition::summary() const {
   std::string s = std::to_string(parts.size()) + (parts.size() == 1 ? " part: " : " parts: ");
   for (size_t i = 0; i < parts.size(); ++i) {

@@ -181,3 +181,37 @@ TEST(Partition, TheLastResortTakesOnlyAnOpWithNoEngineInAnyForm) {
   EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
   EXPECT_NE(r.status().message().find("the last resort: rank 9"), std::string::npos) << r.status().message();
 }
+
+// A training step's da, dw and residual copy read dy and nothing of each other: three groups.
+TEST(IndependentOpGroups, OpsJoinedOnlyBySharedInputsAreSeparateGroups) {
+  const ResolvedGraph g = load("tests/cases/wrong-values/matmul_da_dw_residual_independent.json");
+  ASSERT_EQ(g.ops.size(), 3u);
+  const std::vector<int> groups = independent_op_groups(g);
+  EXPECT_EQ(std::set<int>(groups.begin(), groups.end()), (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(groups[0], 0);
+}
+
+// conv -> bias -> relu chains, and an op reading a non-virtual output of another, are one group.
+TEST(IndependentOpGroups, AProducerAndItsReadersAreOneGroup) {
+  const ResolvedGraph chain = load("tests/cases/wrong-values/matmul_bias_reduce_amax_size1_dim.json");
+  EXPECT_EQ(independent_op_groups(chain), (std::vector<int>{0, 0, 0}));
+  const ResolvedGraph two = load("tests/cases/partitioned/two_convs_one_graph.json");
+  const std::vector<int> groups = independent_op_groups(two);
+  EXPECT_EQ(std::set<int>(groups.begin(), groups.end()).size(), 1u);
+}
+
+// The partitioner, asked with an oracle that refuses independent groups (as the cuDNN lowering
+// does), runs each group as a part.
+TEST(IndependentOpGroups, ThePartitionRunsEachGroupAlone) {
+  const ResolvedGraph g = load("tests/cases/wrong-values/matmul_da_dw_residual_independent.json");
+  const SupportOracle oracle = [](const ResolvedGraph& part) -> Status {
+    const std::vector<int> groups = independent_op_groups(part);
+    for (int k : groups)
+      if (k > 0) return NotSupported("independent groups");
+    return Status::Ok();
+  };
+  auto p = partition_graph(g, oracle);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->parts.size(), 3u) << p->summary();
+  EXPECT_TRUE(p->temporaries.empty());
+}
