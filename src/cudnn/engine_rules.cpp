@@ -14,7 +14,16 @@ struct Rule {
   const char* pattern;   // the engine barred ("eng8"), with any knob values
   const char* evidence;  // the case and what came back, with the cuDNN version
   std::function<bool(const ResolvedGraph&)> applies;
+  bool dynamic_only = false;  // only in a dynamic-shape build
 };
+
+// The number of dims of size > 1 in `out` that in-memory input `in` broadcasts over (size 1 there).
+int broadcast_dims(const ResolvedTensor& in, const ResolvedTensor& out) {
+  if (in.dims.size() != out.dims.size()) return 0;
+  int n = 0;
+  for (size_t i = 0; i < in.dims.size(); ++i) n += in.dims[i] == 1 && out.dims[i] > 1;
+  return n;
+}
 
 // The dims in `among`, in `t`'s memory order, slowest first.
 std::vector<int> memory_order(const ResolvedTensor& t, const std::vector<int>& among) {
@@ -110,16 +119,49 @@ const std::vector<Rule>& rules() {
            return q && q->dims.size() == 4 && q->dims[2] % 64 != 0;
          });
        }},
+      {"pointwise-broadcast-over-two-dims", "eng1",
+       "cuDNN 9.19's pointwise engine eng1 (every knob setting) broadcasts an in-memory input wrongly over "
+       "two or more dims, or over any dim at rank 2, in a graph of pointwise ops alone: on the H100 "
+       "(2026-12-05) x [2,8,27] + b [1,1,27] gave rel-L2 0.49 (whatever b's strides, in bf16, fp16 and "
+       "fp32), "
+       "b [1,8,1] 0.47, [16,27] + [1,27] non-finite values, while b [1,8,27] or [2,1,27] (one dim) and "
+       "[1,16,27] + [1,1,27] were right (tests/cases/wrong-values/pointwise_bias_over_two_dims.json, "
+       "fusebox's sweep, seeds 3004 and 4327). By-value scalars broadcast right. Give the input the dims it "
+       "is added to, or fold the broadcast dims into one",
+       [](const ResolvedGraph& g) {
+         bool broadcast = false;
+         for (const ResolvedOp& op : g.ops) {
+           if (!std::holds_alternative<PointwiseAttrs>(op.attrs)) return false;
+           const ResolvedTensor* y = tensor_of(g, op.outputs, "y");
+           for (const auto& [role, ti] : op.inputs) {
+             const ResolvedTensor& in = g.tensors[static_cast<size_t>(ti)];
+             if (!y || in.is_virtual || in.scalar_value) continue;
+             const int n = broadcast_dims(in, *y);
+             broadcast |= n >= 2 || (n >= 1 && y->dims.size() <= 2);
+           }
+         }
+         return broadcast;
+       }},
+      {"max-pool-dynamic-shape", "eng3",
+       "cuDNN 9.19's resample engine eng3, built with dynamic shapes, stopped max_pool 3x3/2 pad 1 on NHWC "
+       "[N,8,7,7] fp16, [N,16,14,14] fp32, [N,8,14,14] and [N,16,9,9] fp16 with cudaErrorMisalignedAddress "
+       "(which leaves the CUDA context unusable) on the H100 (fusebox's sweep, 2026-12-05, seeds 3104, 3185, "
+       "4265, 4346; tests/rules/max_pool_dynamic_fp16_nhwc.json); the same graphs at a static "
+       "shape ran right on eng3. Pools of a symbolic graph are built static",
+       [](const ResolvedGraph& g) {
+         return any_op(g, [](const ResolvedOp& op) { return std::holds_alternative<PoolAttrs>(op.attrs); });
+       },
+       true},
   };
   return table;
 }
 
 }  // namespace
 
-std::vector<EngineBar> engine_bars_for(const ResolvedGraph& g) {
+std::vector<EngineBar> engine_bars_for(const ResolvedGraph& g, bool dynamic_shape) {
   std::vector<EngineBar> out;
   for (const Rule& r : rules()) {
-    if (r.applies(g)) out.push_back({r.name, r.pattern, r.evidence});
+    if ((!r.dynamic_only || dynamic_shape) && r.applies(g)) out.push_back({r.name, r.pattern, r.evidence});
   }
   return out;
 }

@@ -17,8 +17,9 @@ struct EngineBar {
   std::string evidence;
 };
 
-// The bars every rule that applies to `g` sets, for the cuDNN version loaded.
-std::vector<EngineBar> engine_bars_for(const ResolvedGraph& g);
+// The bars every rule that applies to `g` sets, for the cuDNN version loaded; `dynamic_shape`: for a
+// dynamic-shape build (some rules apply only there).
+std::vector<EngineBar> engine_bars_for(const ResolvedGraph& g, bool dynamic_shape = false);
 
 // Whether `engine` (a full candidate name) is barred by `bars` or named in
 // `excluded` (exact names); *why gets the rule or "failed the plan check".

@@ -140,7 +140,7 @@ Status apply_workspace_limit(FeGraph& graph, int64_t limit, BuildReport& r) {
 Status apply_engine_bars(const ResolvedGraph& g, const BuildOptions& options, LoweredGraph& lowered,
                          BuildReport& r) {
   FeGraph& graph = *lowered.graph;
-  const std::vector<EngineBar> bars = engine_bars_for(g);
+  const std::vector<EngineBar> bars = engine_bars_for(g, options.dynamic_shape);
   if (bars.empty() && options.excluded_engines.empty()) return Status::Ok();
   int64_t left = 0;
   for (int64_t i = 0; i < r.candidate_plans; ++i) {

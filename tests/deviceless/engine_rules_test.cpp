@@ -69,6 +69,52 @@ TEST(EngineRules, SdpaFp8BwdWithAQueryLengthNotAMultipleOf64) {
   EXPECT_TRUE(rules_for(load_spec("examples/graphs/small/sdpa_fp8_bwd_small.json")).empty());
 }
 
+TEST(EngineRules, PointwiseAloneBroadcastingOverTwoDims) {
+  GraphSpec s = load_spec("tests/cases/wrong-values/pointwise_bias_over_two_dims.json");
+  EXPECT_EQ(rules_for(s), std::vector<std::string>{"pointwise-broadcast-over-two-dims:eng1"});
+  // Over one dim of size > 1 (x [2,8,27] + [1,8,27] or [2,1,27]): right on the H100.
+  tensor(s, "in4").dims = {2, 8, 1};
+  tensor(s, "in9").dims = {2, 1, 27};
+  EXPECT_TRUE(rules_for(s).empty());
+  // x [1,16,27] + [1,1,27]: the size-1 dim of x is no broadcast.
+  tensor(s, "x").dims = {1, 16, 27};
+  tensor(s, "in4").dims = {1, 1, 27};
+  tensor(s, "in9").dims = {1, 1, 27};
+  EXPECT_TRUE(rules_for(s).empty());
+  // Rank 2: any broadcast.
+  tensor(s, "x").dims = {16, 27};
+  tensor(s, "in4").dims = {16, 27};
+  tensor(s, "in9").dims = {1, 27};
+  EXPECT_EQ(rules_for(s), std::vector<std::string>{"pointwise-broadcast-over-two-dims:eng1"});
+}
+
+TEST(EngineRules, AMatmulEpilogueBiasIsNoPointwiseOnlyGraph) {
+  // A matmul's [1,1,N] bias runs right in its epilogue (every matmul example and sweep graph).
+  for (const auto& path : testing::example_graphs()) {
+    if (path.find("matmul_bias") == std::string::npos) continue;
+    auto spec = load_graph_file(path);
+    ASSERT_TRUE(spec.ok()) << path;
+    EXPECT_TRUE(rules_for(*spec).empty()) << path;
+  }
+}
+
+TEST(EngineRules, MaxPoolBarsEng3OnlyInADynamicShapeBuild) {
+  GraphSpec s = load_spec("tests/rules/max_pool_dynamic_fp16_nhwc.json");
+  auto bound = bind_shape(s, {{"N", 4}});
+  ASSERT_TRUE(bound.ok()) << bound.status().ToString();
+  auto g = resolve(*bound);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::vector<std::string> dynamic, fixed;
+  for (const auto& b : engine_bars_for(*g, true)) dynamic.push_back(b.rule + ":" + b.pattern);
+  for (const auto& b : engine_bars_for(*g, false)) fixed.push_back(b.rule + ":" + b.pattern);
+  EXPECT_EQ(dynamic, std::vector<std::string>{"max-pool-dynamic-shape:eng3"});
+  EXPECT_TRUE(fixed.empty());
+  std::string why;
+  EXPECT_TRUE(engine_barred("eng3_k24=0", engine_bars_for(*g, true), {}, &why));
+  EXPECT_NE(why.find("cudaErrorMisalignedAddress"), std::string::npos) << why;
+  EXPECT_FALSE(engine_barred("eng30", engine_bars_for(*g, true), {}, nullptr));
+}
+
 TEST(EngineRules, NoRuleForTheExamples) {
   for (const auto& path : testing::example_graphs()) {
     auto spec = load_graph_file(path);

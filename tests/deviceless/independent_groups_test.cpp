@@ -23,8 +23,9 @@ TEST(IndependentGroups, TheLoweringRefusesThemNamingEachGroup) {
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), StatusCode::kNotSupported);
   const std::string& m = plan.status().message();
-  EXPECT_NE(m.find("3 independent groups ([gemm.da] | [gemm.db] | [residual.grad.copy]"), std::string::npos)
-      << m;
+  EXPECT_NE(m.find("its ops form 3 independent groups ("), std::string::npos) << m;
+  for (const char* group : {"[gemm.da]", "[gemm.db]", "[residual.grad.copy]"})
+    EXPECT_NE(m.find(group), std::string::npos) << group << " in " << m;
   for (const StepReport& st : rep.steps) {
     if (st.name == "create_execution_plans") EXPECT_FALSE(st.ran);
   }
