@@ -6,6 +6,8 @@
 #include <functional>
 #include <map>
 
+#include "ops/pointwise_fold.h"
+
 namespace fusebox::cudnn {
 namespace {
 
@@ -16,14 +18,6 @@ struct Rule {
   std::function<bool(const ResolvedGraph&)> applies;
   bool dynamic_only = false;  // only in a dynamic-shape build
 };
-
-// The number of dims of size > 1 in `out` that in-memory input `in` broadcasts over (size 1 there).
-int broadcast_dims(const ResolvedTensor& in, const ResolvedTensor& out) {
-  if (in.dims.size() != out.dims.size()) return 0;
-  int n = 0;
-  for (size_t i = 0; i < in.dims.size(); ++i) n += in.dims[i] == 1 && out.dims[i] > 1;
-  return n;
-}
 
 // The dims in `among`, in `t`'s memory order, slowest first.
 std::vector<int> memory_order(const ResolvedTensor& t, const std::vector<int>& among) {
@@ -126,21 +120,13 @@ const std::vector<Rule>& rules() {
        "fp32), "
        "b [1,8,1] 0.47, [16,27] + [1,27] non-finite values, while b [1,8,27] or [2,1,27] (one dim) and "
        "[1,16,27] + [1,1,27] were right (tests/cases/wrong-values/pointwise_bias_over_two_dims.json, "
-       "fusebox's sweep, seeds 3004 and 4327). By-value scalars broadcast right. Give the input the dims it "
-       "is added to, or fold the broadcast dims into one",
+       "fusebox's sweep, seeds 3004 and 4327). By-value scalars broadcast right. Where merging adjacent dims "
+       "leaves one broadcast dim, the lowering folds them (x [1,16,27] + b [1,1,27] was right); otherwise "
+       "give "
+       "the input the dims it is added to",
        [](const ResolvedGraph& g) {
-         bool broadcast = false;
-         for (const ResolvedOp& op : g.ops) {
-           if (!std::holds_alternative<PointwiseAttrs>(op.attrs)) return false;
-           const ResolvedTensor* y = tensor_of(g, op.outputs, "y");
-           for (const auto& [role, ti] : op.inputs) {
-             const ResolvedTensor& in = g.tensors[static_cast<size_t>(ti)];
-             if (!y || in.is_virtual || in.scalar_value) continue;
-             const int n = broadcast_dims(in, *y);
-             broadcast |= n >= 2 || (n >= 1 && y->dims.size() <= 2);
-           }
-         }
-         return broadcast;
+         // The lowering folds the broadcast dims where that fixes it (ops/pointwise_fold.h).
+         return pointwise_broadcast_eng1_gets_wrong(g) && !fold_pointwise_broadcast_dims(g, nullptr);
        }},
       {"max-pool-dynamic-shape", "eng3",
        "cuDNN 9.19's resample engine eng3, built with dynamic shapes, stopped max_pool 3x3/2 pad 1 on NHWC "

@@ -11,6 +11,7 @@
 #include "fusebox/partition.h"
 #include "internal.h"
 #include "ops/ops.h"
+#include "ops/pointwise_fold.h"
 
 namespace fusebox::cudnn {
 
@@ -200,7 +201,9 @@ Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& targe
   LoweredGraph out;
   // Matmul graphs with two or more batch dims are lowered folded to rank 3 (ops/ops.h).
   std::string fold_note;
-  const std::optional<ResolvedGraph> folded = fold_matmul_batch_dims(given, &fold_note);
+  std::optional<ResolvedGraph> folded = fold_matmul_batch_dims(given, &fold_note);
+  // Pointwise graphs whose broadcasts cuDNN's pointwise engine gets wrong unfolded (ops/pointwise_fold.h).
+  const bool pointwise_folded = !folded && (folded = fold_pointwise_broadcast_dims(given, &fold_note));
   const ResolvedGraph& g = folded ? *folded : given;
   if (folded) out.notes.push_back("[graph '" + given.name + "']: " + fold_note);
   // One connected graph per cuDNN plan (independent_op_groups, fusebox/partition.h says why).
@@ -275,6 +278,8 @@ Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& targe
     }
     // Override shapes are computed from the graph's dims (shape_override_between): an op whose
     // lowering gives a tensor cuDNN sees other dims or strides (a reshaped view) rules them out.
+    if (override_shapes && pointwise_folded)
+      out.override_obstacle = "its broadcast dims are folded (" + fold_note + ")";
     for (size_t i = 0; override_shapes && i < g.tensors.size() && out.override_obstacle.empty(); ++i) {
       const ResolvedTensor& t = g.tensors[i];
       const FeTensor& fe_t = state.fe_tensors[i];
