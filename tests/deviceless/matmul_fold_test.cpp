@@ -6,24 +6,18 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 namespace fusebox::cudnn {
 namespace {
 
-ResolvedGraph graph(const std::string& json) {
-  auto spec = parse_graph_json(json);
-  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
-  auto g = resolve(*spec);
-  EXPECT_TRUE(g.ok()) << g.status().ToString();
-  return *g;
-}
-
 const ResolvedTensor& t(const ResolvedGraph& g, const std::string& name) {
-  return g.tensors[g.find_tensor(name)];
+  return testing::tensor_named(g, name);
 }
 
 TEST(MatmulFold, TwoBatchDimsFoldIntoOneWithTheSameMemory) {
   // gen_matmul_1111: a col-major [1, 2, 129, 64] times b [1, 2, 64, 129].
-  const ResolvedGraph g = graph(R"({"name": "m", "tensors": [
+  const ResolvedGraph g = testing::resolved_graph(R"({"name": "m", "tensors": [
       {"name": "a", "dims": [1, 2, 129, 64], "layout": "col_major"}, {"name": "b", "dims": [1, 2, 64, 129]},
       {"name": "bias", "dims": [1, 1, 1, 129]}, {"name": "y", "dims": [1, 2, 129, 129]}],
     "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "p"}},
@@ -43,23 +37,23 @@ TEST(MatmulFold, TwoBatchDimsFoldIntoOneWithTheSameMemory) {
 
 TEST(MatmulFold, LeftAloneWhereFoldingWouldChangeTheMeaning) {
   // gen_matmul_1192: b broadcast along the second batch dim only ([4, 1] against [4, 4]).
-  EXPECT_FALSE(fold_matmul_batch_dims(graph(R"({"name": "m", "tensors": [
+  EXPECT_FALSE(fold_matmul_batch_dims(testing::resolved_graph(R"({"name": "m", "tensors": [
       {"name": "a", "dims": [4, 4, 27, 7]}, {"name": "b", "dims": [4, 1, 7, 128]}, {"name": "y", "dims": [4, 4, 27, 128]}],
     "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "y"}}]})"),
                                       nullptr));
   // Batch dims not contiguous (a batch-major view with a gap).
-  EXPECT_FALSE(fold_matmul_batch_dims(graph(R"({"name": "m", "tensors": [
+  EXPECT_FALSE(fold_matmul_batch_dims(testing::resolved_graph(R"({"name": "m", "tensors": [
       {"name": "a", "dims": [2, 3, 8, 8], "strides": [512, 64, 8, 1]}, {"name": "b", "dims": [2, 3, 8, 8]},
       {"name": "y", "dims": [2, 3, 8, 8]}],
     "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "y"}}]})"),
                                       nullptr));
   // Rank 3 already.
-  EXPECT_FALSE(fold_matmul_batch_dims(graph(R"({"name": "m", "tensors": [
+  EXPECT_FALSE(fold_matmul_batch_dims(testing::resolved_graph(R"({"name": "m", "tensors": [
       {"name": "a", "dims": [2, 8, 8]}, {"name": "b", "dims": [2, 8, 8]}, {"name": "y", "dims": [2, 8, 8]}],
     "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "y"}}]})"),
                                       nullptr));
   // A reduction reads dims by index.
-  EXPECT_FALSE(fold_matmul_batch_dims(graph(R"({"name": "m", "tensors": [
+  EXPECT_FALSE(fold_matmul_batch_dims(testing::resolved_graph(R"({"name": "m", "tensors": [
       {"name": "a", "dims": [2, 3, 8, 8]}, {"name": "b", "dims": [2, 3, 8, 8]}, {"name": "y", "dims": [1, 1, 8, 8], "dtype": "float"}],
     "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "p"}},
             {"op": "reduce_sum", "name": "r", "inputs": {"x": "p"}, "outputs": {"y": "y"}, "reduce_dims": [0, 1]}]})"),

@@ -1,6 +1,7 @@
 // Helpers shared by the deviceless and GPU tests.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "fusebox/graph.h"
 
 namespace fusebox::testing {
 
@@ -52,5 +55,19 @@ struct TempDir {
 };
 
 inline void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// A graph from its JSON text, resolved (a test failure if it does not parse or resolve).
+inline ResolvedGraph resolved_graph(const std::string& json) {
+  auto spec = parse_graph_json(json);
+  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return g.ok() ? *g : ResolvedGraph{};
+}
+
+// Tensor `name` of `g` (which must hold it).
+inline const ResolvedTensor& tensor_named(const ResolvedGraph& g, const std::string& name) {
+  return g.tensors.at(static_cast<size_t>(g.find_tensor(name)));
+}
 
 }  // namespace fusebox::testing

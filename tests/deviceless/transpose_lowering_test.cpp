@@ -10,18 +10,10 @@
 namespace fusebox {
 namespace {
 
-ResolvedGraph graph(const std::string& json) {
-  auto spec = parse_graph_json(json);
-  EXPECT_TRUE(spec.ok()) << spec.status().ToString();
-  auto g = resolve(*spec);
-  EXPECT_TRUE(g.ok()) << g.status().ToString();
-  return *g;
-}
-
 TEST(TransposeLowering, AnOpReadingItsOutputInTheSameGraphIsRefusedByName) {
   auto target = DeviceTarget::from_file(testing::devprop_path());
   ASSERT_TRUE(target.ok()) << target.status().ToString();
-  const ResolvedGraph g = graph(R"({"name": "tr_relu", "io_dtype": "bf16", "tensors": [
+  const ResolvedGraph g = testing::resolved_graph(R"({"name": "tr_relu", "io_dtype": "bf16", "tensors": [
       {"name": "x", "dims": [2, 8, 4, 16]}, {"name": "t"}, {"name": "y"}],
     "ops": [{"op": "transpose", "name": "tr", "inputs": {"x": "x"}, "outputs": {"y": "t"},
              "permutation": [0, 2, 1, 3]},
@@ -42,7 +34,7 @@ TEST(TransposeLowering, AnOpReadingItsOutputInTheSameGraphIsRefusedByName) {
 TEST(TransposeLowering, TheOutputIsWrittenInXsDimOrderSoNoShapeOverride) {
   auto target = DeviceTarget::from_file(testing::devprop_path());
   ASSERT_TRUE(target.ok()) << target.status().ToString();
-  const ResolvedGraph g = graph(R"({"name": "tr_dyn", "io_dtype": "bf16",
+  const ResolvedGraph g = testing::resolved_graph(R"({"name": "tr_dyn", "io_dtype": "bf16",
     "symbols": {"S": {"min": 8, "max": 64}},
     "tensors": [{"name": "x", "dims": [2, "S", 4, 16]}, {"name": "y"}],
     "ops": [{"op": "transpose", "name": "tr", "inputs": {"x": "x"}, "outputs": {"y": "y"},
