@@ -699,6 +699,11 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
   // The oracle builds each part it is asked about (heuristic modes in turn)
   // and keeps the plans, so the parts chosen are built once.
   std::vector<std::pair<std::string, Plan>> built;
+  // On a GPU, each part's plan is checked alone before it joins the partition (a part that fails
+  // gives way to its next candidate, then to a smaller part), so a partition that fails the whole
+  // plan check does not come back with the same failing part: on the H100 (2026-12-05) two
+  // partitions with one wrong part were refused whole, every retry rebuilding the same parts.
+  const bool check_parts = request.check_plan && ctx != nullptr && !s.target.deviceless();
   const SupportOracle oracle = [&](const ResolvedGraph& part) -> Status {
     if (part.canonical == g.canonical) return whole;
     for (const auto& b : built)
@@ -709,10 +714,28 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
     const BuildFn build = [&](const BuildOptions& bo, BuildReport* r) {
       return build_plan(part, s.target, bo, r, ctx);
     };
-    auto p = build_modes_in_turn(o, default_mode_order(), build, nullptr);
-    if (!p.ok()) return p.status();
-    built.emplace_back(part.canonical, std::move(p).value());
-    return Status::Ok();
+    size_t part_rejected = 0;
+    for (;;) {
+      auto p = build_modes_in_turn(o, default_mode_order(), build, nullptr);
+      if (!p.ok()) return p.status();
+      if (check_parts) {
+        auto run = check_plan_once(part, *p, *ctx);
+        if (run.ok()) {
+          ++rep.plan_check.plans_checked;
+          rep.plan_check.ms += run->ms;
+        }
+        if (run.ok() && !run->passed) {
+          rep.plan_check.rejected.push_back({"part '" + part.name + "' " + p->engine_name(), run->detail});
+          o.excluded_engines.push_back(p->engine_name());
+          if (++part_rejected >= kMaxPlanCheckCandidates)
+            return NotSupported("no plan of part '" + part.name + "' passed the plan check (" +
+                                std::to_string(part_rejected) + " tried)");
+          continue;
+        }
+      }
+      built.emplace_back(part.canonical, std::move(p).value());
+      return Status::Ok();
+    }
   };
   // The reference kernels, only for an op no cuDNN engine builds alone in any form the
   // partitioner tries (partition_graph's last resort).
