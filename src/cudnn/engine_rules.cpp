@@ -115,7 +115,8 @@ const std::vector<Rule>& rules() {
        }},
       {"pointwise-broadcast-over-two-dims", "eng1",
        "cuDNN 9.19's pointwise engine eng1 (every knob setting) broadcasts an in-memory input wrongly over "
-       "two or more dims, or over any dim at rank 2, in a graph of pointwise ops alone: on the H100 "
+       "two or more dims at rank 3, or over any dim at rank 2, in a graph of pointwise ops alone: on the "
+       "H100 "
        "(2026-12-05) x [2,8,27] + b [1,1,27] gave rel-L2 0.49 (whatever b's strides, in bf16, fp16 and "
        "fp32), "
        "b [1,8,1] 0.47, [16,27] + [1,27] non-finite values, while b [1,8,27] or [2,1,27] (one dim) and "

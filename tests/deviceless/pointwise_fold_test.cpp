@@ -64,6 +64,10 @@ TEST(PointwiseFold, GraphsNoFoldFixesOrNeedsAreLeftAlone) {
                 R"({"name": "b", "dims": [1, 1, 27]})", true},
            // One broadcast dim at rank 3: right on the H100 as it is.
            Case{R"({"name": "x", "dims": [2, 8, 27]})", R"({"name": "b", "dims": [1, 8, 27]})", false},
+           // A per-channel input over NHWC at rank 4: eng1 ran it right in every lowered
+           // batchnorm_inference of the sweeps.
+           Case{R"({"name": "x", "dims": [2, 8, 5, 5], "layout": "nhwc"})",
+                R"({"name": "b", "dims": [1, 8, 1, 1], "layout": "nhwc"})", false},
        }) {
     const ResolvedGraph g = add_graph(c.x, c.b);
     EXPECT_EQ(pointwise_broadcast_eng1_gets_wrong(g), c.eng1_wrong) << c.x << " + " << c.b;

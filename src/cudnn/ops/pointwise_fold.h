@@ -11,9 +11,10 @@
 namespace fusebox::cudnn {
 
 // Whether a graph of pointwise ops alone has an in-memory input that cuDNN 9.19's pointwise engine
-// eng1 broadcasts wrongly: over two or more dims of size > 1 of its op's output, or over any at
-// rank 2 or less (H100, 2026-12-05: rule pointwise-broadcast-over-two-dims, engine_rules.cpp).
-// By-value scalars broadcast right and do not count.
+// eng1 broadcasts wrongly: at rank 3 over two or more dims of size > 1 of its op's output, at rank
+// 2 over any (H100, 2026-12-05: rule pointwise-broadcast-over-two-dims, engine_rules.cpp). Rank 4
+// and up is not counted: eng1 broadcast [1,C,1,1] over NHWC right in every lowered
+// batchnorm_inference of the sweeps. By-value scalars broadcast right and do not count.
 bool pointwise_broadcast_eng1_gets_wrong(const ResolvedGraph& g);
 
 // The same graph with its dims folded so that eng1 broadcasts right, when that is possible: dims of
