@@ -81,7 +81,7 @@ case "$PART" in
     $PY -m fusebox_tools.models.lm_torch compare-losses "$OUT/fusebox_losses.csv" "$OUT/torch_losses.csv" --last 100 \
       2>&1 | tail -12 | tee -a "$OUT/summary.txt"
     $PY -m fusebox_tools.models.lm_plot --out "$OUT/loss_500.png" --labels fusebox,torch \
-      --title "125M, 500 steps, H200" "$OUT/fusebox_losses.csv" "$OUT/torch_losses.csv" >> "$OUT/summary.txt" 2>&1
+      --title "125M, 500 steps, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)" "$OUT/fusebox_losses.csv" "$OUT/torch_losses.csv" >> "$OUT/summary.txt" 2>&1
   fi
   ;;
 4 | 5)
