@@ -114,17 +114,14 @@ const std::vector<Rule>& rules() {
          });
        }},
       {"pointwise-broadcast-over-two-dims", "eng1",
-       "cuDNN 9.19's pointwise engine eng1 (every knob setting) broadcasts an in-memory input wrongly over "
-       "two or more dims at rank 3, or over any dim at rank 2, in a graph of pointwise ops alone: on the "
-       "H100 "
-       "(2026-12-05) x [2,8,27] + b [1,1,27] gave rel-L2 0.49 (whatever b's strides, in bf16, fp16 and "
-       "fp32), "
-       "b [1,8,1] 0.47, [16,27] + [1,27] non-finite values, while b [1,8,27] or [2,1,27] (one dim) and "
-       "[1,16,27] + [1,1,27] were right (tests/cases/wrong-values/pointwise_bias_over_two_dims.json, "
-       "fusebox's sweep, seeds 3004 and 4327). By-value scalars broadcast right. Where merging adjacent dims "
-       "leaves one broadcast dim, the lowering folds them (x [1,16,27] + b [1,1,27] was right); otherwise "
-       "give "
-       "the input the dims it is added to",
+       "cuDNN 9.19's pointwise engine eng1 (every knob setting) broadcasts an in-memory input wrongly "
+       "over two or more dims at rank 3, or over any dim at rank 2, in a graph of pointwise ops alone. "
+       "On the H100 (2026-12-05) x [2,8,27] + b [1,1,27] gave rel-L2 0.49 (whatever b's strides, in "
+       "bf16, fp16 and fp32), b [1,8,1] 0.47, [16,27] + [1,27] non-finite values, while b [1,8,27] or "
+       "[2,1,27] (one dim) and [1,16,27] + [1,1,27] were right (fusebox's sweep, seeds 3004 and 4327: "
+       "tests/cases/wrong-values/pointwise_bias_over_two_dims.json). By-value scalars broadcast right. "
+       "Where merging adjacent dims leaves one broadcast dim, the lowering folds them; otherwise give the "
+       "input the dims it is added to",
        [](const ResolvedGraph& g) {
          // The lowering folds the broadcast dims where that fixes it (ops/pointwise_fold.h).
          return pointwise_broadcast_eng1_gets_wrong(g) && !fold_pointwise_broadcast_dims(g, nullptr);
