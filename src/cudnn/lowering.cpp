@@ -203,7 +203,11 @@ Result<LoweredGraph> lower(const ResolvedGraph& given, const DeviceTarget& targe
   std::string fold_note;
   std::optional<ResolvedGraph> folded = fold_matmul_batch_dims(given, &fold_note);
   // Pointwise graphs whose broadcasts cuDNN's pointwise engine gets wrong unfolded (ops/pointwise_fold.h).
-  const bool pointwise_folded = !folded && (folded = fold_pointwise_broadcast_dims(given, &fold_note));
+  bool pointwise_folded = false;
+  if (!folded) {
+    folded = fold_pointwise_broadcast_dims(given, &fold_note);
+    pointwise_folded = folded.has_value();
+  }
   const ResolvedGraph& g = folded ? *folded : given;
   if (folded) out.notes.push_back("[graph '" + given.name + "']: " + fold_note);
   // One connected graph per cuDNN plan (independent_op_groups, fusebox/partition.h says why).

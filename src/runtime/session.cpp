@@ -613,8 +613,9 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     }
     // Every candidate of a graph of several ops failed the check (each the same wrong values: the
     // graph's pattern, not one engine): its parts, each built alone, as one plan, checked in turn.
-    // The H200 found two independent matmuls in one graph (a training step's da and dw) wrong on
-    // all 8 candidates (2026-12-05). The parts may take the engines the whole graph's check rejected.
+    // The parts may take the engines the whole graph's check rejected. (Its first case, a training
+    // step's independent da and dw in one graph, is now refused by the lowering before any engine:
+    // independent_op_groups, fusebox/partition.h.)
     if (!plan.ok() && !partitioned_after_check && request.partition && g.ops.size() > 1 &&
         plan.status().code() == StatusCode::kNotSupported) {
       partitioned_after_check = true;

@@ -460,7 +460,7 @@ int64_t GpuStep::device_bytes() const {
 std::string GpuStep::plan_summary() const {
   const Impl& s = *impl_;
   // Where the build time went (issue 33, "start-up, broken down"): cache hits (lookup and
-  // deserialization), cuDNN builds, fusebox's own kernels, the plan check.
+  // deserialization), plans built now (cuDNN's, partitions), fusebox's own kernels, the plan check.
   int partitioned = 0, cached = 0, stages = 0, native = 0, built = 0;
   double cached_ms = 0, built_ms = 0, native_ms = 0, check_ms = 0;
   for (const PipelineBuild* b : {&s.fbuild, &s.bbuild})
@@ -483,7 +483,7 @@ std::string GpuStep::plan_summary() const {
   std::snprintf(
       buf, sizeof buf,
       "%d stages (%d partitioned, %d from the plan cache) built in %.0f ms [cache hits %d: %.0f ms; "
-      "cuDNN builds %d: %.0f ms; fusebox kernels %d: %.0f ms; plan check %.0f ms of these]%s%s",
+      "built now %d: %.0f ms; fusebox kernels %d: %.0f ms; plan check %.0f ms of these]%s%s",
       stages, partitioned, cached, s.build_ms, cached, cached_ms, built, built_ms, native, native_ms,
       check_ms, s.graph_failed ? "; the step runs eagerly: " : "",
       s.graph_failed ? s.graph_note.c_str() : "");
