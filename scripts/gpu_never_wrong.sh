@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Issue 29 on the GPU machine from the slim carry of scripts/gpu_train_bundle.sh (.gpu-train: the
-# CLI and the GPU tests, xz'd): every case of tests/cases/ cold and warm through the session
-# (no refusal allowed), the reference kernels pinned for every small example against the CPU
-# reference, the graphs of tests/open-cases/ and tests/rules/ with --verify, then a sweep of random
-# valid graphs with --verify (scripts/gpu_sweep.sh).
-#   run(command="bash scripts/gpu_never_wrong.sh [COUNT] [SEED]", carry=[".gpu-train"])
+# CLI and the GPU tests, xz'd) or the .gpu bundle of scripts/gpu_bundle.sh: every case of
+# tests/cases/ cold and warm through the session (no refusal allowed), the reference kernels
+# pinned for every small example against the CPU reference, the graphs of tests/open-cases/ and
+# tests/rules/ with --verify, then a sweep of random valid graphs with --verify
+# (scripts/gpu_sweep.sh).
+#   run(command="bash scripts/gpu_never_wrong.sh [COUNT] [SEED]", carry=[".gpu-train"] or [".gpu"])
 # Results under $OUT: summary.txt, gtests.txt, cases_timed.txt, sweep.log, sweep_tally.txt,
 # sweep_fail/ (tarred into sweep_fail.tgz).
 set -u
@@ -15,8 +16,18 @@ W=${W:-/tmp/train_work}
 mkdir -p "$OUT" "$W"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
 export FUSEBOX_SOURCE_DIR=$PWD
+# The binaries from this call's carry, every call (a machine held from an earlier call may still
+# have older ones in $W): .gpu-train's xz'd pair, or the .gpu bundle of scripts/gpu_bundle.sh.
 for f in fusebox fusebox_gpu_tests; do
-  [ -x "$W/$f" ] || { xz -dc ".gpu-train/$f.xz" > "$W/$f" && chmod +x "$W/$f"; }
+  if [ -f ".gpu-train/$f.xz" ]; then
+    xz -dc ".gpu-train/$f.xz" > "$W/$f"
+  elif [ -x ".gpu/$f" ]; then
+    cp ".gpu/$f" "$W/$f"
+  else
+    echo "gpu_never_wrong: no .gpu-train/$f.xz or .gpu/$f: carry one of them" >&2
+    exit 1
+  fi
+  chmod +x "$W/$f"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
 timeout 240 "$W/fusebox_gpu_tests" --gtest_filter='Cases/CaseGraphs.*:Examples/ReferenceKernelGpu.*:Examples/GpuExample.*/*transpose*:SamplingGpu.*:KvPagesGpu.*' \

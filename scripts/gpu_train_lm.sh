@@ -21,9 +21,9 @@ export FUSEBOX_SOURCE_DIR=$PWD FUSEBOX_DEVPROP=$PWD/devices/h200-cudnn-9.27.devp
 export PYTHONPATH=$PWD/python FUSEBOX_PYTHONPATH=$PWD/python FUSEBOX_CACHE=$W/plans.sqlite
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
-# Unpack once per machine (the files stay while it is held).
+# The data unpacked once per machine (it stays while the machine is held); the binaries every call.
 for f in fusebox fusebox_gpu_tests; do
-  [ -x "$W/$f" ] || { xz -dc ".gpu-train/$f.xz" > "$W/$f" && chmod +x "$W/$f"; }
+  xz -dc ".gpu-train/$f.xz" > "$W/$f" && chmod +x "$W/$f"  # every call: $W may hold older ones
 done
 [ -d "$W/lm" ] || tar -C "$W" -xJf .gpu-train/lm.tar.xz
 [ -d "$W/lm-ci" ] || tar -C "$W" -xJf .gpu-train/lm-ci.tar.xz
