@@ -9,8 +9,12 @@
 // used first out, until the pool needs them.
 //
 // Backends: kReference computes every stage with the CPU reference (small models; the tests
-// compare its logits with the trainer's full forward). The GPU backend (CUDA graphs per
-// batch-size bucket, sampling on the GPU) is not built yet and is refused by name.
+// compare its logits with the trainer's full forward). kGpu runs the same graphs as cuDNN (or
+// fusebox) plans on the GPU: the paged pools on the device, decode steps replayed as one CUDA
+// graph per batch-size bucket (powers of two up to max_batch, padded), prompt chunks in
+// power-of-two length buckets (16 up to the context), sampling on the GPU; every bucket is built
+// at create(), so nothing is built on the request path. Without a GPU it is refused
+// (NotSupported).
 #pragma once
 
 #include <cstdint>
@@ -50,6 +54,9 @@ struct EngineOptions {
   int64_t max_batch = 8;     // running requests at most
   int64_t page_size = 16;    // tokens per KV page
   int64_t pool_pages = 256;  // KV pages per layer (each page: kv_heads x page_size x head_dim, K and V)
+  // kGpu: copy each step's logits to the host for last_logits() (tests; B x vocab floats a step).
+  bool keep_logits = false;
+  std::string plan_cache;  // kGpu: a plan cache file ("" none)
 };
 
 struct EngineStats {
@@ -75,8 +82,11 @@ class LmEngine {
   Result<std::vector<TokenEvent>> step();
   bool idle() const;  // nothing waiting or running
   EngineStats stats() const;
+  // The backend, and for kGpu its buckets, plans, CUDA graphs, warm-up time and device memory.
+  std::string summary() const;
   // The logits (fp32, vocab values) each request's last token was sampled from, for tests (a
-  // finished request's until the next step, when finished requests are dropped).
+  // finished request's until the next step, when finished requests are dropped; on kGpu only
+  // with keep_logits, else empty).
   const std::vector<float>& last_logits(int64_t request) const;
 
  private:

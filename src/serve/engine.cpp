@@ -1,6 +1,7 @@
-// fusebox: the language-model serving engine (include/fusebox/serve.h), reference backend.
-// Each step runs the model over B sequences of S new tokens (a prompt chunk: B = 1; decode:
-// S = 1) stage by stage as graphs through the CPU reference, with the training pipeline's stage
+// fusebox: the language-model serving engine (include/fusebox/serve.h): scheduling, the KV
+// pool's pages and sampling here; the model step on the GPU in gpu_forward.cpp, or here on the
+// reference backend. Each reference step runs the model over B sequences of S new tokens (a prompt chunk: B =
+// 1; decode: S = 1) stage by stage as graphs through the CPU reference, with the training pipeline's stage
 // split (every stage's output rounded to its dtype as a GPU buffer would be), RoPE at each
 // sequence's offset, the new keys and values written into the paged pools, and paged attention.
 #include <unistd.h>
@@ -9,31 +10,19 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <random>
 
 #include "fusebox/reference.h"
 #include "fusebox/serve.h"
 #include "fusebox/tensor.h"
+#include "gpu_forward.h"
 #include "kv_pool.h"
+#include "lm_graphs.h"
 
 namespace fusebox {
 namespace {
 
-using Json = nlohmann::json;
 using Values = std::vector<float>;
-
-Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
-            const char* dtype = nullptr) {
-  Json t = {{"name", name}, {"dims", dims}};
-  if (layout) t["layout"] = layout;
-  if (dtype) t["dtype"] = dtype;
-  return t;
-}
-
-Json op(const char* kind, const std::string& name, Json inputs, Json outputs) {
-  return {{"op", kind}, {"name", name}, {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
-}
 
 // Values rounded to `d` (what a buffer of that dtype holds).
 Values rounded(DType d, const Values& v) {
@@ -95,19 +84,16 @@ struct LmEngine::Impl {
   std::vector<int64_t> waiting;  // FIFO
   int64_t next_id = 0;
   EngineStats stats;
-  Values freqs;  // [context, head_dim / 2]
+  Values freqs;                            // [context, head_dim / 2]
+  std::unique_ptr<serve::GpuForward> gpu;  // the kGpu backend (then w and the host pools stay empty)
 
-  // ---- graphs
+  // ---- graphs (lm_graphs.h), resolved once per key
 
-  Result<const ResolvedGraph*> graph(const std::string& key, const Json& tensors, const Json& ops) {
-    auto it = graphs.find(key);
-    if (it != graphs.end()) return &it->second;
-    const Json j = {
-        {"name", key},        {"io_dtype", "bf16"}, {"intermediate_dtype", "fp32"}, {"compute_dtype", "fp32"},
-        {"tensors", tensors}, {"ops", ops}};
-    FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(j.dump(), key));
-    FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(spec));
-    return &graphs.emplace(key, std::move(g)).first->second;
+  Result<const ResolvedGraph*> graph(Result<serve::LmGraph> made) {
+    if (!made.ok()) return made.status();
+    auto it = graphs.find(made->key);
+    if (it == graphs.end()) it = graphs.emplace(made->key, std::move(made->graph)).first;
+    return &it->second;
   }
 
   // Runs `g` on logical inputs (ints as floats), outputs rounded to their dtypes.
@@ -134,57 +120,25 @@ struct LmEngine::Impl {
   }
 
   Result<Values> gemm(int64_t n, int64_t k, int64_t p, const Values& a, const std::string& w_name,
-                      const Values* residual = nullptr, const char* epilogue = nullptr,
-                      const Values* g = nullptr) {
-    const std::string key = std::string("gemm_") + (residual ? "res_" : "") + (epilogue ? epilogue : "") +
-                            "_" + std::to_string(n) + "x" + std::to_string(k) + "x" + std::to_string(p);
-    Json t = {tensor("a", {1, n, k}), tensor("w", {1, k, p}), tensor("y", {1, n, p})};
-    Json o = Json::array();
-    if (residual) {
-      t.push_back(tensor("r", {1, n, p}));
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
-      o.push_back(op("add", "res", {{"a", "z"}, {"b", "r"}}, {{"y", "y"}}));
-    } else if (epilogue && std::string(epilogue) == "silu") {
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
-      o.push_back(op("silu", "act", {{"x", "z"}}, {{"y", "y"}}));
-    } else if (epilogue && std::string(epilogue) == "mul") {
-      t.push_back(tensor("g", {1, n, p}));
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
-      o.push_back(op("mul", "glu", {{"a", "g"}, {"b", "z"}}, {{"y", "y"}}));
-    } else {
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "y"}}));
-    }
-    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* gr, graph(key, t, o));
+                      serve::Epilogue e = serve::Epilogue::kNone, const Values* other = nullptr,
+                      bool fp32_out = false) {
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* gr, graph(serve::gemm_graph(n, k, p, e, fp32_out)));
     std::map<std::string, const Values*> in = {{"a", &a}, {"w", &w.at(w_name)}};
-    if (residual) in["r"] = residual;
-    if (g) in["g"] = g;
+    if (e == serve::Epilogue::kResidual) in["r"] = other;
+    if (e == serve::Epilogue::kMul) in["g"] = other;
     FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*gr, in));
     return std::move(out.at("y"));
   }
 
   Result<Values> rmsnorm(int64_t n, const Values& x, const std::string& scale) {
-    const int64_t D = cfg.model.dim;
-    Json o = op("rmsnorm", "rms", {{"x", "x"}, {"scale", "scale"}}, {{"y", "y"}});
-    o["epsilon"] = cfg.model.norm_eps;
-    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* g, graph("rmsnorm_" + std::to_string(n),
-                                                           {tensor("x", {n, D, 1, 1}, "nhwc"),
-                                                            tensor("scale", {1, D, 1, 1}, "nhwc", "fp32"),
-                                                            tensor("y", {n, D, 1, 1}, "nhwc")},
-                                                           Json::array({o})));
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* g, graph(serve::rmsnorm_graph(cfg.model, n)));
     FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*g, {{"x", &x}, {"scale", &w.at(scale)}}));
     return std::move(out.at("y"));
   }
 
   Result<Values> rope(int64_t B, int64_t H, int64_t S, const Values& x_bhsd, const Values& offsets) {
-    const int64_t dh = cfg.model.head_dim;
-    FUSEBOX_ASSIGN_OR_RETURN(
-        const ResolvedGraph* g,
-        graph("rope_" + std::to_string(B) + "x" + std::to_string(H) + "x" + std::to_string(S),
-              {tensor("x", {B, H, S, dh}, "bshd"),
-               tensor("freqs", {1, 1, cfg.model.context, dh / 2}, nullptr, "fp32"),
-               tensor("offset", {B, 1, 1, 1}, nullptr, "int32"), tensor("y", {B, H, S, dh}, "bshd")},
-              Json::array({op("rope", "rope", {{"x", "x"}, {"freqs", "freqs"}, {"offset", "offset"}},
-                              {{"y", "y"}})})));
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* g,
+                             graph(serve::rope_graph(cfg.model, B, H, S, cfg.model.context)));
     FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*g, {{"x", &x_bhsd}, {"freqs", &freqs}, {"offset", &offsets}}));
     return std::move(out.at("y"));
   }
@@ -218,27 +172,8 @@ struct LmEngine::Impl {
       std::copy_n(emb.begin() + static_cast<int64_t>(ids[static_cast<size_t>(n)]) * D, D, h.begin() + n * D);
     h = rounded(DType::kBF16, h);
 
-    Json attn = op("sdpa_fwd", "attn",
-                   {{"q", "q"},
-                    {"k", "k"},
-                    {"v", "v"},
-                    {"seq_len_q", "lq"},
-                    {"seq_len_kv", "lkv"},
-                    {"page_table_k", "table"},
-                    {"page_table_v", "table"}},
-                   {{"o", "o"}});
-    attn["causal"] = true;
-    attn["alignment"] = "bottom_right";
-    attn["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(dh));
-    const std::vector<int64_t> pool_dims = {opt.pool_pages, KV, P, dh};
-    FUSEBOX_ASSIGN_OR_RETURN(
-        const ResolvedGraph* ag,
-        graph("attn_" + std::to_string(B) + "x" + std::to_string(S) + "x" + std::to_string(max_pages),
-              {tensor("q", {B, H, S, dh}, "bshd"), tensor("k", pool_dims), tensor("v", pool_dims),
-               tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"),
-               tensor("lq", {B, 1, 1, 1}, nullptr, "int32"), tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"),
-               tensor("o", {B, H, S, dh}, "bshd")},
-              Json::array({attn})));
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* ag,
+                             graph(serve::attention_graph(m, B, S, max_pages, opt.pool_pages, P)));
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".";
       FUSEBOX_ASSIGN_OR_RETURN(Values a, rmsnorm(N, h, p + "attention_norm"));
@@ -266,23 +201,51 @@ struct LmEngine::Impl {
           auto att, run(*ag, {{"q", &qr}, {"table", &table}, {"lq", &lens_q}, {"lkv", &lens_kv}},
                         {{"k", &k_pool[static_cast<size_t>(l)]}, {"v", &v_pool[static_cast<size_t>(l)]}}));
       const Values o = bhsd_to_rows(att.at("o"), B, S, H, dh);
-      FUSEBOX_ASSIGN_OR_RETURN(Values h1, gemm(N, H * dh, D, o, p + "wo", &h));
+      FUSEBOX_ASSIGN_OR_RETURN(Values h1, gemm(N, H * dh, D, o, p + "wo", serve::Epilogue::kResidual, &h));
       FUSEBOX_ASSIGN_OR_RETURN(Values mm, rmsnorm(N, h1, p + "ffn_norm"));
-      FUSEBOX_ASSIGN_OR_RETURN(Values g, gemm(N, D, m.ffn_dim, mm, p + "w_gate", nullptr, "silu"));
-      FUSEBOX_ASSIGN_OR_RETURN(Values act, gemm(N, D, m.ffn_dim, mm, p + "w_up", nullptr, "mul", &g));
-      FUSEBOX_ASSIGN_OR_RETURN(h, gemm(N, m.ffn_dim, D, act, p + "w_down", &h1));
+      FUSEBOX_ASSIGN_OR_RETURN(Values g, gemm(N, D, m.ffn_dim, mm, p + "w_gate", serve::Epilogue::kSilu));
+      FUSEBOX_ASSIGN_OR_RETURN(Values act, gemm(N, D, m.ffn_dim, mm, p + "w_up", serve::Epilogue::kMul, &g));
+      FUSEBOX_ASSIGN_OR_RETURN(h, gemm(N, m.ffn_dim, D, act, p + "w_down", serve::Epilogue::kResidual, &h1));
     }
     // The last new token of each sequence only.
     Values last(static_cast<size_t>(B * D));
     for (int64_t b = 0; b < B; ++b) std::copy_n(h.begin() + ((b + 1) * S - 1) * D, D, last.begin() + b * D);
     FUSEBOX_ASSIGN_OR_RETURN(Values hn, rmsnorm(B, last, "norm"));
-    return gemm(B, D, m.vocab, hn, "output");
+    return gemm(B, D, m.vocab, hn, "output", serve::Epilogue::kNone, nullptr, /*fp32_out=*/true);
   }
 
-  TokenEvent emit(int64_t id, Request& r, const Values& logits) {
-    r.logits = logits;
-    std::uniform_real_distribution<double> u(0, 1);
-    const int32_t t = sample_token(logits, r.r.sampling, u(r.rng));
+  // One model step over `batch` (S new tokens each) and the token sampled for each: on the GPU,
+  // or the reference forward and the host's sampler. Each request draws one uniform per token
+  // from its own generator, before the step, in both.
+  Result<std::vector<int32_t>> advance(const std::vector<Request*>& batch, int64_t S,
+                                       const std::vector<int32_t>& ids) {
+    std::uniform_real_distribution<double> dist(0, 1);
+    std::vector<double> u;
+    for (Request* r : batch) u.push_back(dist(r->rng));
+    const auto V = static_cast<size_t>(cfg.model.vocab);
+    auto slice = [&](const Values& all, size_t b) {
+      return Values(all.begin() + static_cast<std::ptrdiff_t>(b * V),
+                    all.begin() + static_cast<std::ptrdiff_t>((b + 1) * V));
+    };
+    std::vector<int32_t> tokens;
+    if (gpu) {
+      std::vector<serve::GpuRow> rows;
+      for (size_t b = 0; b < batch.size(); ++b)
+        rows.push_back({batch[b]->len, S, &batch[b]->seq.pages, batch[b]->r.sampling, u[b]});
+      FUSEBOX_ASSIGN_OR_RETURN(serve::GpuStepOut out, gpu->run(rows, S, ids, opt.keep_logits));
+      for (size_t b = 0; b < batch.size(); ++b)
+        batch[b]->logits = opt.keep_logits ? slice(out.logits, b) : Values{};
+      return out.tokens;
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(Values logits, forward(batch, S, ids));
+    for (size_t b = 0; b < batch.size(); ++b) {
+      batch[b]->logits = slice(logits, b);
+      tokens.push_back(sample_token(batch[b]->logits, batch[b]->r.sampling, u[b]));
+    }
+    return tokens;
+  }
+
+  TokenEvent emit(int64_t id, Request& r, int32_t t) {
     r.generated.push_back(t);
     r.done = static_cast<int64_t>(r.generated.size()) >= r.r.max_new_tokens || t == r.r.stop_token;
     return {id, t, r.done};
@@ -294,8 +257,6 @@ LmEngine::~LmEngine() = default;
 
 Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const std::string& checkpoint,
                                                    const EngineOptions& options) {
-  if (options.backend == ServeBackend::kGpu)
-    return NotSupported("serve: the GPU engine is not built yet (issue 34); use the reference backend");
   if (options.max_batch < 1 || options.max_batch > (1 << 16) || options.page_size < 1 ||
       options.page_size > config.model.context || options.pool_pages < 1 || options.pool_pages > (1 << 24))
     return InvalidArgument("serve: max_batch must be in [1, 65536], page_size in [1, context = " +
@@ -303,8 +264,11 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
   // Weights (fp32 read, then kept) and the pools must fit this machine: refused here, not by a
   // failed allocation.
   const LmModelConfig& mc = config.model;
+  // (The GPU backend keeps its pools on the device.)
+  const bool gpu = options.backend == ServeBackend::kGpu;
   const double bytes = 8.0 * static_cast<double>(lm_parameter_count(mc)) +
-                       4.0 * static_cast<double>(options.pool_pages) * static_cast<double>(mc.layers) *
+                       (gpu ? 0.0 : 4.0) * static_cast<double>(options.pool_pages) *
+                           static_cast<double>(mc.layers) *
                            static_cast<double>(mc.kv_heads * options.page_size * mc.head_dim);
   const double phys =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
@@ -323,6 +287,12 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
     impl->w[p.name] = fp32 ? std::move(weights.at(p.name)) : rounded(DType::kBF16, weights.at(p.name));
   }
+  impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);
+  if (gpu) {
+    FUSEBOX_ASSIGN_OR_RETURN(impl->gpu, serve::GpuForward::create(config, options, impl->w));
+    impl->w.clear();
+    return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
+  }
   impl->freqs = lm_rope_angles(m, m.context);
   ResolvedTensor pool;
   pool.dims = {options.pool_pages, m.kv_heads, options.page_size, m.head_dim};
@@ -332,7 +302,6 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
     impl->k_pool.push_back(HostTensor::like(pool));
     impl->v_pool.push_back(HostTensor::like(pool));
   }
-  impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);
   return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
 }
 
@@ -388,17 +357,17 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
     s.waiting.erase(s.waiting.begin());
     r.len = cached;
     const std::vector<int32_t> chunk(r.r.prompt.begin() + cached, r.r.prompt.end());
-    auto logits = s.forward({&r}, static_cast<int64_t>(chunk.size()), chunk);
-    if (!logits.ok()) {
+    auto token = s.advance({&r}, static_cast<int64_t>(chunk.size()), chunk);
+    if (!token.ok()) {
       s.pool->release(&r.seq);
       r.done = true;
-      return logits.status().WithContext("serve: prefill of request " + std::to_string(id));
+      return token.status().WithContext("serve: prefill of request " + std::to_string(id));
     }
     r.len = static_cast<int64_t>(r.r.prompt.size());
     s.pool->publish(r.seq, r.r.prompt);
     s.stats.prefill_tokens += static_cast<int64_t>(chunk.size());
     s.stats.cached_prompt_tokens += cached;
-    events.push_back(s.emit(id, r, *logits));
+    events.push_back(s.emit(id, r, (*token)[0]));
     r.running = !r.done;
     if (r.done) s.pool->release(&r.seq);
     admitted.push_back(id);
@@ -412,15 +381,12 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
     ids.push_back(r.generated.back());
   }
   if (!batch.empty()) {
-    auto logits = s.forward(batch, 1, ids);
-    if (!logits.ok()) return logits.status().WithContext("serve: decode");
-    const int64_t V = s.cfg.model.vocab;
+    auto tokens = s.advance(batch, 1, ids);
+    if (!tokens.ok()) return tokens.status().WithContext("serve: decode");
     for (size_t b = 0; b < batch.size(); ++b) {
       Request& r = *batch[b];
       r.len += 1;
-      events.push_back(s.emit(running[b], r,
-                              Values(logits->begin() + static_cast<int64_t>(b) * V,
-                                     logits->begin() + static_cast<int64_t>(b + 1) * V)));
+      events.push_back(s.emit(running[b], r, (*tokens)[b]));
       if (r.done) {
         r.running = false;
         s.pool->release(&r.seq);
@@ -449,6 +415,10 @@ EngineStats LmEngine::stats() const {
   st.pages_cached = impl_->pool->cached_pages();
   st.pages_used = impl_->pool->pages() - impl_->pool->free_pages();
   return st;
+}
+
+std::string LmEngine::summary() const {
+  return impl_->gpu ? "GPU: " + impl_->gpu->summary() : "reference backend (the CPU reference)";
 }
 
 const std::vector<float>& LmEngine::last_logits(int64_t request) const {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 
+#include "common/cuda_mem.h"
 #include "common/cuda_status.h"
 #include "fusebox/pipeline_run.h"
 #include "fusebox/plan_cache.h"
@@ -21,33 +22,7 @@ namespace {
 
 namespace tk = train_kernels;
 
-// Device or pinned host memory, freed with the step.
-class Mem {
- public:
-  Mem() = default;
-  Mem(const Mem&) = delete;
-  Mem& operator=(const Mem&) = delete;
-  ~Mem() {
-    if (p_) (pinned_ ? cudaFreeHost(p_) : cudaFree(p_));
-  }
-  Status alloc(size_t bytes, bool pinned, const std::string& what) {
-    pinned_ = pinned;
-    bytes_ = std::max<size_t>(bytes, 1);
-    const cudaError_t e = pinned ? cudaMallocHost(&p_, bytes_) : cudaMalloc(&p_, bytes_);
-    if (e != cudaSuccess) p_ = nullptr;
-    return cuda_status(e, "train: allocate " + what + " (" + std::to_string(bytes_) + " bytes)");
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-  bool pinned_ = false;
-};
+using Mem = common::CudaMem;
 
 tk::ElemType elem_type(DType d) { return d == DType::kBF16 ? tk::ElemType::kBF16 : tk::ElemType::kFP32; }
 

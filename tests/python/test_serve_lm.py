@@ -92,4 +92,5 @@ def test_bad_input_is_one_clear_error(fusebox, model, tmp_path):
     p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids", "1,2", "--max-new", "40")
     assert p.returncode != 0 and "over the context of 32" in p.stderr, p.stderr
     p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids", "1,2", "--backend", "gpu")
-    assert p.returncode != 0 and "GPU engine is not built yet" in p.stderr, p.stderr
+    if p.returncode != 0:  # no GPU here: refused by name (on a GPU it serves)
+        assert "the GPU backend needs a GPU" in p.stderr, p.stderr

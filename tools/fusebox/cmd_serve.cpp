@@ -29,6 +29,7 @@ struct ServeArgs {
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
+  CacheFlags cache;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
@@ -218,9 +219,11 @@ int run_serve(const ServeArgs& a) {
   o.page_size = a.page_size;
   o.pool_pages = a.pool_pages;
   o.max_batch = a.max_batch;
+  if (!a.cache.off) o.plan_cache = a.cache.path.empty() ? default_cache_path() : a.cache.path;
   auto engine = LmEngine::create(*cfg, ck, o);
   if (!engine.ok()) return fail(engine.status());
   LmEngine& e = **engine;
+  std::fprintf(stderr, "engine: %s\n", e.summary().c_str());
   if (!a.report.empty())
     if (Status st = common::check_outputs_spare_inputs(
             {{"--report", a.report}, {"latency plot", fs::path(a.report).replace_extension(".png").string()}},
@@ -317,6 +320,7 @@ Runner add_serve(CLI::App& app) {
       "--bench", a->bench,
       "Replay a request trace (python3 -m fusebox_tools.models.lm_trace make): latencies, tokens/s, KV use");
   cmd->add_option("--report", a->report, "With --bench: write the statistics as JSON");
+  add_cache_flags(cmd, a->cache);
   return [a]() { return run_serve(*a); };
 }
 

@@ -1,0 +1,441 @@
+// fusebox serving: the model step on the GPU (gpu_forward.h).
+#include "gpu_forward.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <optional>
+
+#include "common/cuda_mem.h"
+#include "common/cuda_status.h"
+#include "fusebox/plan_cache.h"
+#include "fusebox/session.h"
+#include "kernels/kv_pages.h"
+#include "kernels/sampling.h"
+#include "lm_graphs.h"
+
+namespace fusebox::serve {
+namespace {
+
+using common::cuda_status;
+using Mem = common::CudaMem;
+
+constexpr int64_t kMinPrefillBucket = 16;
+constexpr size_t kAlign = 256;  // every buffer and input segment (cuDNN wants 16 bytes)
+
+size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+int64_t bucket(int64_t n, int64_t floor, int64_t cap) {
+  int64_t b = floor;
+  while (b < n) b *= 2;
+  return std::min(b, cap);
+}
+
+std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = float_to_bf16_bits(v[i]);
+  return out;
+}
+
+}  // namespace
+
+struct GpuForward::Impl {
+  LmConfig cfg;
+  EngineOptions opt;
+  std::optional<PlanCache> cache;
+  std::unique_ptr<Session> session;
+  std::map<std::string, Mem> w;  // parameters on the device
+  Mem freqs;
+  std::deque<Mem> kpool,
+      vpool;  // by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16
+  // Activations, sized for the largest bucket's rows.
+  Mem h, a, q, k, v, qr, kr, o, h1, mm, g, act, last, hn, logits, tokens;
+  // The step's inputs: one pinned block uploaded with one copy, in aligned segments.
+  Mem in_host, in_dev, out_host;
+  size_t off_ids = 0, off_table = 0, off_lq = 0, off_lkv = 0, off_start = 0, off_count = 0, off_params = 0;
+  size_t in_bytes = 0;
+  int64_t max_rows = 0, max_pages = 0, freq_rows = 0;
+  int64_t prefill_last_row = 0;  // the row a prompt chunk's logits come from (eager programs only)
+
+  std::map<std::string, LmGraph> graphs;
+  std::map<std::string, Plan> plans;
+  struct Program {
+    int64_t B = 0, S = 0;
+    std::deque<BoundPlan> bound;
+    std::vector<std::function<Status()>> steps;
+    cudaGraphExec_t exec = nullptr;
+    std::string graph_note;
+  };
+  std::map<std::pair<int64_t, int64_t>, Program> programs;
+  double warmup_ms = 0;
+  int64_t plans_built = 0;
+
+  ~Impl() {
+    for (auto& [key, p] : programs)
+      if (p.exec) cudaGraphExecDestroy(p.exec);
+  }
+
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(session->context()->stream()); }
+  char* in(size_t off) const { return in_dev.as<char>() + off; }
+
+  Status upload(Mem& m, const void* src, size_t bytes, const std::string& what) {
+    FUSEBOX_RETURN_IF_ERROR(m.alloc(aligned(bytes), false, what, "serve"));
+    return cuda_status(cudaMemcpy(m.as<void>(), src, bytes, cudaMemcpyHostToDevice), "serve: upload " + what);
+  }
+
+  Result<const Plan*> plan(Result<LmGraph> made) {
+    if (!made.ok()) return made.status();
+    auto it = plans.find(made->key);
+    if (it != plans.end()) return &it->second;
+    auto gi = graphs.emplace(made->key, std::move(*made)).first;
+    FUSEBOX_ASSIGN_OR_RETURN(Plan p, session->get_plan(gi->second.graph, PlanRequest{}));
+    ++plans_built;
+    return &plans.emplace(gi->first, std::move(p)).first->second;
+  }
+
+  Status bind(Program& p, Result<LmGraph> made, const std::map<std::string, void*>& buffers) {
+    FUSEBOX_ASSIGN_OR_RETURN(const Plan* pl, plan(std::move(made)));
+    FUSEBOX_ASSIGN_OR_RETURN(BoundPlan b, session->bind(*pl, buffers));
+    BoundPlan* bp = &p.bound.emplace_back(std::move(b));
+    p.steps.push_back([bp] { return bp->execute(); });
+    return Status::Ok();
+  }
+
+  // Every step of bucket (B, S): the inputs' upload, the model, sampling, the tokens' download.
+  Status build_program(Program& p) {
+    const LmModelConfig& m = cfg.model;
+    const int64_t B = p.B, S = p.S, N = B * S, D = m.dim, H = m.heads, KV = m.kv_heads, dh = m.head_dim;
+    const int64_t P = opt.page_size, F = m.ffn_dim;
+    p.steps.push_back([this] {
+      return cuda_status(
+          cudaMemcpyAsync(in_dev.as<void>(), in_host.as<void>(), in_bytes, cudaMemcpyHostToDevice, stream()),
+          "serve: upload the step's inputs");
+    });
+    FUSEBOX_RETURN_IF_ERROR(
+        bind(p, embedding_graph(m, N),
+             {{"ids", in(off_ids)}, {"table", w.at("tok_embeddings").as<void>()}, {"y", h.as<void>()}}));
+    for (int64_t l = 0; l < m.layers; ++l) {
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      auto wp = [&](const char* name) { return w.at(pre + name).as<void>(); };
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, rmsnorm_graph(m, N),
+               {{"x", h.as<void>()}, {"scale", wp("attention_norm")}, {"y", a.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, H * dh, Epilogue::kNone),
+                                   {{"a", a.as<void>()}, {"w", wp("wq")}, {"y", q.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, KV * dh, Epilogue::kNone),
+                                   {{"a", a.as<void>()}, {"w", wp("wk")}, {"y", k.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, KV * dh, Epilogue::kNone),
+                                   {{"a", a.as<void>()}, {"w", wp("wv")}, {"y", v.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, H, S, freq_rows),
+                                   {{"x", q.as<void>()},
+                                    {"freqs", freqs.as<void>()},
+                                    {"offset", in(off_start)},
+                                    {"y", qr.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, KV, S, freq_rows),
+                                   {{"x", k.as<void>()},
+                                    {"freqs", freqs.as<void>()},
+                                    {"offset", in(off_start)},
+                                    {"y", kr.as<void>()}}));
+      // The new keys (rotated) and values into the pools: rows [B, S, KV, dh] as [B, KV, S, dh].
+      for (int which = 0; which < 2; ++which) {
+        kernels::KvWrite wr;
+        wr.src = which == 0 ? kr.as<void>() : v.as<void>();
+        wr.batch = B;
+        wr.heads = KV;
+        wr.tokens = S;
+        wr.dim = dh;
+        const int64_t strides[4] = {S * KV * dh, dh, KV * dh, 1};
+        std::copy(strides, strides + 4, wr.src_strides);
+        wr.elem_bytes = 2;
+        wr.pool = (which == 0 ? kpool : vpool)[static_cast<size_t>(l)].as<void>();
+        wr.num_pages = opt.pool_pages;
+        wr.page_size = P;
+        wr.max_pages = max_pages;
+        wr.page_table = reinterpret_cast<const int32_t*>(in(off_table));
+        wr.start = reinterpret_cast<const int32_t*>(in(off_start));
+        wr.count = reinterpret_cast<const int32_t*>(in(off_count));
+        p.steps.push_back([this, wr] { return kernels::write_kv_pages(wr, stream()); });
+      }
+      FUSEBOX_RETURN_IF_ERROR(bind(p, attention_graph(m, B, S, max_pages, opt.pool_pages, P),
+                                   {{"q", qr.as<void>()},
+                                    {"k", kpool[static_cast<size_t>(l)].as<void>()},
+                                    {"v", vpool[static_cast<size_t>(l)].as<void>()},
+                                    {"table", in(off_table)},
+                                    {"lq", in(off_lq)},
+                                    {"lkv", in(off_lkv)},
+                                    {"o", o.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, gemm_graph(N, H * dh, D, Epilogue::kResidual),
+               {{"a", o.as<void>()}, {"w", wp("wo")}, {"r", h.as<void>()}, {"y", h1.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, rmsnorm_graph(m, N),
+                                   {{"x", h1.as<void>()}, {"scale", wp("ffn_norm")}, {"y", mm.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, F, Epilogue::kSilu),
+                                   {{"a", mm.as<void>()}, {"w", wp("w_gate")}, {"y", g.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, gemm_graph(N, D, F, Epilogue::kMul),
+               {{"a", mm.as<void>()}, {"w", wp("w_up")}, {"g", g.as<void>()}, {"y", act.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, gemm_graph(N, F, D, Epilogue::kResidual),
+               {{"a", act.as<void>()}, {"w", wp("w_down")}, {"r", h1.as<void>()}, {"y", h.as<void>()}}));
+    }
+    // The logits of each sequence's last new token: every row in decode, row `prefill_last_row`
+    // of a prompt chunk (copied out; such programs run eagerly).
+    void* x = h.as<void>();
+    if (S > 1) {
+      x = last.as<void>();
+      p.steps.push_back([this, D] {
+        return cuda_status(cudaMemcpyAsync(last.as<void>(), h.as<char>() + prefill_last_row * D * 2,
+                                           static_cast<size_t>(D) * 2, cudaMemcpyDeviceToDevice, stream()),
+                           "serve: the prompt's last row");
+      });
+    }
+    FUSEBOX_RETURN_IF_ERROR(
+        bind(p, rmsnorm_graph(m, B), {{"x", x}, {"scale", w.at("norm").as<void>()}, {"y", hn.as<void>()}}));
+    FUSEBOX_RETURN_IF_ERROR(
+        bind(p, gemm_graph(B, D, m.vocab, Epilogue::kNone, /*fp32_out=*/true),
+             {{"a", hn.as<void>()}, {"w", w.at("output").as<void>()}, {"y", logits.as<void>()}}));
+    p.steps.push_back([this, B] {
+      return kernels::sample_tokens(logits.as<float>(), B, cfg.model.vocab, cfg.model.vocab,
+                                    reinterpret_cast<const kernels::SamplingRow*>(in(off_params)),
+                                    tokens.as<int32_t>(), stream());
+    });
+    p.steps.push_back([this, B] {
+      return cuda_status(cudaMemcpyAsync(out_host.as<void>(), tokens.as<void>(), static_cast<size_t>(B) * 4,
+                                         cudaMemcpyDeviceToHost, stream()),
+                         "serve: download the sampled tokens");
+    });
+    return Status::Ok();
+  }
+
+  Status enqueue(Program& p) {
+    for (auto& s : p.steps) FUSEBOX_RETURN_IF_ERROR(s());
+    return Status::Ok();
+  }
+
+  // Records a decode program as one CUDA graph; on failure it stays eager (graph_note says why).
+  void capture(Program& p) {
+    const cudaStream_t s = stream();
+    cudaGraph_t gr = nullptr;
+    if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      p.graph_note = "cudaStreamBeginCapture failed";
+      (void)cudaGetLastError();
+      return;
+    }
+    const Status st = enqueue(p);
+    const cudaError_t end = cudaStreamEndCapture(s, &gr);
+    if (!st.ok() || end != cudaSuccess || !gr) {
+      p.graph_note =
+          !st.ok() ? st.ToString() : std::string("cudaStreamEndCapture: ") + cudaGetErrorString(end);
+      if (gr) cudaGraphDestroy(gr);
+      (void)cudaGetLastError();
+      return;
+    }
+    const cudaError_t inst = cudaGraphInstantiate(&p.exec, gr, 0);
+    cudaGraphDestroy(gr);
+    if (inst != cudaSuccess) {
+      p.exec = nullptr;
+      p.graph_note = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
+      (void)cudaGetLastError();
+    }
+  }
+
+  // The inputs of a step into the pinned block; padding rows (past rows.size()) have count 0.
+  void fill(const std::vector<GpuRow>& rows, int64_t B, int64_t S, int64_t S_in,
+            const std::vector<int32_t>& ids) {
+    char* base = in_host.as<char>();
+    std::memset(base, 0, in_bytes);
+    auto i32 = [&](size_t off) { return reinterpret_cast<int32_t*>(base + off); };
+    auto* params = reinterpret_cast<kernels::SamplingRow*>(base + off_params);
+    for (int64_t b = 0; b < B; ++b) {
+      i32(off_lq)[b] = 1;
+      i32(off_lkv)[b] = 1;
+    }
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const GpuRow& row = rows[r];
+      const auto b = static_cast<int64_t>(r);
+      for (int64_t s = 0; s < S_in; ++s) i32(off_ids)[b * S + s] = ids[static_cast<size_t>(b * S_in + s)];
+      for (size_t i = 0; i < row.pages->size() && static_cast<int64_t>(i) < max_pages; ++i)
+        i32(off_table)[b * max_pages + static_cast<int64_t>(i)] = (*row.pages)[i];
+      i32(off_lq)[b] = static_cast<int32_t>(row.count);
+      i32(off_lkv)[b] = static_cast<int32_t>(row.start + row.count);
+      i32(off_start)[b] = static_cast<int32_t>(row.start);
+      i32(off_count)[b] = static_cast<int32_t>(row.count);
+      params[r] = {row.sampling.temperature, row.sampling.top_k, row.sampling.top_p, row.u};
+    }
+  }
+
+  Status launch(Program& p) {
+    if (p.exec) return cuda_status(cudaGraphLaunch(p.exec, stream()), "serve: launch the decode CUDA graph");
+    return enqueue(p);
+  }
+
+  Result<Program*> program(int64_t B, int64_t S) {
+    auto [it, fresh] = programs.try_emplace({B, S});
+    if (fresh) {
+      it->second.B = B;
+      it->second.S = S;
+      const Status st = build_program(it->second);
+      if (!st.ok()) {
+        programs.erase(it);
+        return st.WithContext("serve: the step of " + std::to_string(B) + " sequences x " +
+                              std::to_string(S) + " tokens");
+      }
+    }
+    return &it->second;
+  }
+};
+
+GpuForward::GpuForward(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GpuForward::~GpuForward() = default;
+
+Result<std::unique_ptr<GpuForward>> GpuForward::create(
+    const LmConfig& config, const EngineOptions& options,
+    const std::map<std::string, std::vector<float>>& weights) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto impl = std::make_unique<Impl>();
+  Impl& s = *impl;
+  s.cfg = config;
+  s.opt = options;
+  const LmModelConfig& m = config.model;
+  SessionOptions so;
+  if (!options.plan_cache.empty()) {
+    s.cache.emplace(PlanCache::open(options.plan_cache));
+    so.cache = &*s.cache;
+  }
+  auto session = Session::create(so);
+  if (!session.ok())
+    return NotSupported("serve: the GPU backend needs a GPU: " + session.status().ToString());
+  s.session = std::move(*session);
+  if (s.session->deviceless()) return NotSupported("serve: the GPU backend needs a GPU");
+
+  // Weights: matrices and the output projection bf16, the embedding table and gains fp32.
+  for (const LmParameter& p : lm_parameters(m)) {
+    const std::vector<float>& v = weights.at(p.name);
+    const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
+    if (fp32) {
+      FUSEBOX_RETURN_IF_ERROR(s.upload(s.w[p.name], v.data(), v.size() * 4, p.name));
+    } else {
+      const std::vector<uint16_t> b = bf16_bits(v);
+      FUSEBOX_RETURN_IF_ERROR(s.upload(s.w[p.name], b.data(), b.size() * 2, p.name));
+    }
+  }
+  const int64_t prefill_cap = m.context;
+  s.max_pages = (m.context + options.page_size - 1) / options.page_size;
+  s.freq_rows = m.context + prefill_cap;  // a padded chunk's rows may sit past the context
+  const std::vector<float> f = lm_rope_angles(m, s.freq_rows);
+  FUSEBOX_RETURN_IF_ERROR(s.upload(s.freqs, f.data(), f.size() * 4, "RoPE angles"));
+  const size_t pool_bytes =
+      static_cast<size_t>(options.pool_pages * m.kv_heads * options.page_size * m.head_dim) * 2;
+  for (int64_t l = 0; l < m.layers; ++l)
+    for (auto* pool : {&s.kpool.emplace_back(), &s.vpool.emplace_back()}) {
+      FUSEBOX_RETURN_IF_ERROR(pool->alloc(pool_bytes, false, "KV pool", "serve"));
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemset(pool->as<void>(), 0, pool_bytes), "serve: clear the KV pool"));
+    }
+  const int64_t B = options.max_batch, N = std::max(B, prefill_cap), D = m.dim;
+  s.max_rows = N;
+  const int64_t qw = m.heads * m.head_dim, kvw = m.kv_heads * m.head_dim;
+  const std::pair<Mem*, int64_t> acts[] = {
+      {&s.h, N * D},         {&s.a, N * D},           {&s.q, N * qw}, {&s.k, N * kvw}, {&s.v, N * kvw},
+      {&s.qr, N * qw},       {&s.kr, N * kvw},        {&s.o, N * qw}, {&s.h1, N * D},  {&s.mm, N * D},
+      {&s.g, N * m.ffn_dim}, {&s.act, N * m.ffn_dim}, {&s.last, D},   {&s.hn, B * D}};
+  for (const auto& [mem, elems] : acts)
+    FUSEBOX_RETURN_IF_ERROR(
+        mem->alloc(aligned(static_cast<size_t>(elems) * 2), false, "activations", "serve"));
+  FUSEBOX_RETURN_IF_ERROR(s.logits.alloc(static_cast<size_t>(B * m.vocab) * 4, false, "logits", "serve"));
+  FUSEBOX_RETURN_IF_ERROR(s.tokens.alloc(static_cast<size_t>(B) * 4, false, "tokens", "serve"));
+  // The input block: ids, page table, lq, lkv, start, count, sampling rows.
+  size_t off = 0;
+  auto seg = [&](size_t* o, size_t bytes) {
+    *o = off;
+    off += aligned(bytes);
+  };
+  seg(&s.off_ids, static_cast<size_t>(N) * 4);
+  seg(&s.off_table, static_cast<size_t>(B * s.max_pages) * 4);
+  for (size_t* o : {&s.off_lq, &s.off_lkv, &s.off_start, &s.off_count}) seg(o, static_cast<size_t>(B) * 4);
+  seg(&s.off_params, static_cast<size_t>(B) * sizeof(kernels::SamplingRow));
+  s.in_bytes = off;
+  FUSEBOX_RETURN_IF_ERROR(s.in_host.alloc(off, true, "step inputs", "serve"));
+  FUSEBOX_RETURN_IF_ERROR(s.in_dev.alloc(off, false, "step inputs", "serve"));
+  FUSEBOX_RETURN_IF_ERROR(s.out_host.alloc(static_cast<size_t>(B) * 4, true, "sampled tokens", "serve"));
+
+  // Warm-up: every bucket's plans, one eager run of each (all rows padding: nothing written to
+  // the pools), then the decode buckets' CUDA graphs (the workspace arena no longer grows).
+  std::vector<std::pair<int64_t, int64_t>> buckets;
+  for (int64_t b = 1;; b *= 2) {
+    buckets.push_back({std::min(b, B), 1});
+    if (b >= B) break;
+  }
+  for (int64_t sb = kMinPrefillBucket;; sb *= 2) {
+    buckets.push_back({1, std::min(sb, prefill_cap)});
+    if (sb >= prefill_cap) break;
+  }
+  for (const auto& [bb, sb] : buckets) FUSEBOX_RETURN_IF_ERROR(s.program(bb, sb).status());
+  for (auto& [key, p] : s.programs) {
+    s.fill({}, p.B, p.S, p.S, {});
+    FUSEBOX_RETURN_IF_ERROR(s.enqueue(p));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "serve: warm-up"));
+  }
+  for (auto& [key, p] : s.programs)
+    if (p.S == 1) s.capture(p);
+  s.warmup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return std::unique_ptr<GpuForward>(new GpuForward(std::move(impl)));
+}
+
+Result<GpuStepOut> GpuForward::run(const std::vector<GpuRow>& rows, int64_t S,
+                                   const std::vector<int32_t>& ids, bool want_logits) {
+  Impl& s = *impl_;
+  const auto n = static_cast<int64_t>(rows.size());
+  if (n < 1 || S < 1 || (S > 1 && n != 1) || n > s.opt.max_batch || S > s.cfg.model.context ||
+      static_cast<int64_t>(ids.size()) != n * S)
+    return Internal("serve: a GPU step of " + std::to_string(n) + " rows x " + std::to_string(S) +
+                    " tokens (" + std::to_string(ids.size()) + " ids)");
+  const int64_t B = S == 1 ? bucket(n, 1, s.opt.max_batch) : 1;
+  const int64_t Sb = S == 1 ? 1 : bucket(S, kMinPrefillBucket, s.cfg.model.context);
+  FUSEBOX_ASSIGN_OR_RETURN(Impl::Program * p, s.program(B, Sb));
+  s.fill(rows, B, Sb, S, ids);
+  s.prefill_last_row = rows[0].count - 1;
+  FUSEBOX_RETURN_IF_ERROR(s.launch(*p));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "serve: step"));
+  GpuStepOut out;
+  out.tokens.assign(s.out_host.as<int32_t>(), s.out_host.as<int32_t>() + n);
+  if (want_logits) {
+    out.logits.resize(static_cast<size_t>(n * s.cfg.model.vocab));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpy(out.logits.data(), s.logits.as<void>(), out.logits.size() * 4, cudaMemcpyDeviceToHost),
+        "serve: download the logits"));
+  }
+  return out;
+}
+
+std::string GpuForward::summary() const {
+  const Impl& s = *impl_;
+  int graphs = 0;
+  std::string notes;
+  for (const auto& [key, p] : s.programs) {
+    graphs += p.exec ? 1 : 0;
+    if (p.S == 1 && !p.exec) notes += "; batch " + std::to_string(p.B) + " eager: " + p.graph_note;
+  }
+  return std::to_string(s.programs.size()) + " step programs (" + std::to_string(graphs) +
+         " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, warm-up " +
+         std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " + std::to_string(device_bytes() >> 20) +
+         " MiB on the device" + notes;
+}
+
+int64_t GpuForward::device_bytes() const {
+  const Impl& s = *impl_;
+  int64_t n = 0;
+  for (const auto& [name, m] : s.w) n += static_cast<int64_t>(m.bytes());
+  for (const auto* pools : {&s.kpool, &s.vpool})
+    for (const Mem& m : *pools) n += static_cast<int64_t>(m.bytes());
+  for (const Mem* m : {&s.h, &s.a, &s.q, &s.k, &s.v, &s.qr, &s.kr, &s.o, &s.h1, &s.mm, &s.g, &s.act, &s.last,
+                       &s.hn, &s.logits, &s.tokens, &s.in_dev, &s.freqs})
+    n += static_cast<int64_t>(m->bytes());
+  return n + s.session->workspace_bytes();
+}
+
+}  // namespace fusebox::serve

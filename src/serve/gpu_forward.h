@@ -1,0 +1,65 @@
+// fusebox serving (private): the model step on the GPU for the engine's kGpu backend
+// (include/fusebox/serve.h). The graphs are lm_graphs.h's, one plan each through a Session (the
+// plan cache and the plan check as for any graph); the new keys and values go into the paged
+// pools with kernels::write_kv_pages and the next tokens are sampled on the GPU
+// (kernels::sample_tokens).
+//
+// Shapes are bucketed so that nothing is built after warm-up: a decode step of B sequences runs
+// the program of the smallest power-of-two bucket >= B (up to max_batch), padded, replayed as one
+// CUDA graph (the inputs' upload, every layer, sampling and the tokens' download); a prompt chunk
+// of S tokens (one sequence) runs the program of the smallest power-of-two bucket >= max(S, 16)
+// (up to the context), eagerly. Padding rows write no key or value (their count is 0) and are not
+// sampled from.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusebox/serve.h"
+#include "fusebox/status.h"
+
+namespace fusebox::serve {
+
+// One sequence of a step: its `count` new tokens go to positions [start, start + count), in
+// `pages` (the sequence's pages in position order); the next token is sampled with `sampling`
+// and the uniform draw `u`.
+struct GpuRow {
+  int64_t start = 0, count = 0;
+  const std::vector<int32_t>* pages = nullptr;
+  SamplingParams sampling;
+  double u = 0;
+};
+
+struct GpuStepOut {
+  std::vector<int32_t> tokens;  // one per row
+  std::vector<float> logits;    // rows x vocab, when asked for
+};
+
+class GpuForward {
+ public:
+  // `weights`: every parameter as the engine holds it (matrices already rounded to bf16; the
+  // embedding table and norm gains fp32). Builds every bucket's plans and captures the decode
+  // buckets' CUDA graphs (the warm-up).
+  static Result<std::unique_ptr<GpuForward>> create(const LmConfig& config, const EngineOptions& options,
+                                                    const std::map<std::string, std::vector<float>>& weights);
+  ~GpuForward();
+
+  // One step: rows.size() sequences of S new tokens each (ids: row-major, rows.size() x S, the
+  // tokens past a row's count ignored); S is 1 (decode) or rows.size() is 1 (a prompt chunk).
+  Result<GpuStepOut> run(const std::vector<GpuRow>& rows, int64_t S, const std::vector<int32_t>& ids,
+                         bool want_logits);
+
+  std::string summary() const;  // buckets, plans, CUDA graphs, warm-up time, device memory
+  int64_t device_bytes() const;
+
+  struct Impl;
+
+ private:
+  explicit GpuForward(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fusebox::serve

@@ -1,0 +1,124 @@
+// fusebox serving: the graphs of one model step (lm_graphs.h).
+#include "lm_graphs.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace fusebox::serve {
+namespace {
+
+using Json = nlohmann::json;
+
+Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
+            const char* dtype = nullptr) {
+  Json t = {{"name", name}, {"dims", dims}};
+  if (layout) t["layout"] = layout;
+  if (dtype) t["dtype"] = dtype;
+  return t;
+}
+
+Json op(const char* kind, const std::string& name, Json inputs, Json outputs) {
+  return {{"op", kind}, {"name", name}, {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
+}
+
+Result<LmGraph> make(const std::string& key, Json tensors, Json ops) {
+  const Json j = {
+      {"name", key},        {"io_dtype", "bf16"}, {"intermediate_dtype", "fp32"}, {"compute_dtype", "fp32"},
+      {"tensors", tensors}, {"ops", ops}};
+  FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(j.dump(), key));
+  FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(spec));
+  return LmGraph{key, std::move(g)};
+}
+
+std::string dims_key(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (int64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
+  return s;
+}
+
+}  // namespace
+
+Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out) {
+  static const char* const kNames[] = {"", "res_", "silu", "mul"};
+  const std::string key =
+      std::string("gemm_") + kNames[static_cast<int>(e)] + (fp32_out ? "f32_" : "_") + dims_key({n, k, p});
+  Json t = {tensor("a", {1, n, k}), tensor("w", {1, k, p}),
+            tensor("y", {1, n, p}, nullptr, fp32_out ? "fp32" : nullptr)};
+  Json o = Json::array();
+  switch (e) {
+    case Epilogue::kNone:
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "y"}}));
+      break;
+    case Epilogue::kResidual:
+      t.push_back(tensor("r", {1, n, p}));
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
+      o.push_back(op("add", "res", {{"a", "z"}, {"b", "r"}}, {{"y", "y"}}));
+      break;
+    case Epilogue::kSilu:
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
+      o.push_back(op("silu", "act", {{"x", "z"}}, {{"y", "y"}}));
+      break;
+    case Epilogue::kMul:
+      t.push_back(tensor("g", {1, n, p}));
+      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
+      o.push_back(op("mul", "glu", {{"a", "g"}, {"b", "z"}}, {{"y", "y"}}));
+      break;
+  }
+  return make(key, std::move(t), std::move(o));
+}
+
+Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n) {
+  const int64_t D = m.dim;
+  Json o = op("rmsnorm", "rms", {{"x", "x"}, {"scale", "scale"}}, {{"y", "y"}});
+  o["epsilon"] = m.norm_eps;
+  return make("rmsnorm_" + dims_key({n, D}),
+              {tensor("x", {n, D, 1, 1}, "nhwc"), tensor("scale", {1, D, 1, 1}, "nhwc", "fp32"),
+               tensor("y", {n, D, 1, 1}, "nhwc")},
+              Json::array({o}));
+}
+
+Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t S, int64_t freq_rows) {
+  const int64_t dh = m.head_dim;
+  return make(
+      "rope_" + dims_key({B, H, S, dh, freq_rows}),
+      {tensor("x", {B, H, S, dh}, "bshd"), tensor("freqs", {1, 1, freq_rows, dh / 2}, nullptr, "fp32"),
+       tensor("offset", {B, 1, 1, 1}, nullptr, "int32"), tensor("y", {B, H, S, dh}, "bshd")},
+      Json::array(
+          {op("rope", "rope", {{"x", "x"}, {"freqs", "freqs"}, {"offset", "offset"}}, {{"y", "y"}})}));
+}
+
+Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, int64_t max_pages,
+                                int64_t pool_pages, int64_t page_size) {
+  const int64_t dh = m.head_dim;
+  Json attn = op("sdpa_fwd", "attn",
+                 {{"q", "q"},
+                  {"k", "k"},
+                  {"v", "v"},
+                  {"seq_len_q", "lq"},
+                  {"seq_len_kv", "lkv"},
+                  {"page_table_k", "table"},
+                  {"page_table_v", "table"}},
+                 {{"o", "o"}});
+  attn["causal"] = true;
+  attn["alignment"] = "bottom_right";
+  attn["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(dh));
+  attn["max_seq_len_kv"] = max_pages * page_size;
+  const std::vector<int64_t> pool = {pool_pages, m.kv_heads, page_size, dh};
+  return make(
+      "attn_" + dims_key({B, S, max_pages, pool_pages, page_size}),
+      {tensor("q", {B, m.heads, S, dh}, "bshd"), tensor("k", pool), tensor("v", pool),
+       tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"), tensor("lq", {B, 1, 1, 1}, nullptr, "int32"),
+       tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"), tensor("o", {B, m.heads, S, dh}, "bshd")},
+      Json::array({attn}));
+}
+
+Result<LmGraph> embedding_graph(const LmModelConfig& m, int64_t n) {
+  return make(
+      "embed_" + dims_key({n, m.vocab, m.dim}),
+      {tensor("ids", {n, 1, 1, 1}, nullptr, "int32"), tensor("table", {m.vocab, m.dim, 1, 1}, "nhwc", "fp32"),
+       tensor("y", {n, m.dim, 1, 1}, "nhwc")},
+      Json::array({op("embedding", "embed", {{"ids", "ids"}, {"table", "table"}}, {{"y", "y"}})}));
+}
+
+}  // namespace fusebox::serve

@@ -1,0 +1,40 @@
+// fusebox serving (private): the graphs of one model step, declared once for both backends (the
+// reference engine runs them on the CPU reference, the GPU engine builds a plan of each through a
+// Session). Every graph is bf16 in and out with fp32 accumulation, as the training forward's
+// stages (src/train/lm_pipeline.cpp), over N = B x S rows of new tokens.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fusebox/graph.h"
+#include "fusebox/status.h"
+#include "fusebox/train.h"
+
+namespace fusebox::serve {
+
+// A graph's key (its shape: equal keys are equal graphs) and its resolved form.
+struct LmGraph {
+  std::string key;
+  ResolvedGraph graph;
+};
+
+enum class Epilogue { kNone, kResidual, kSilu, kMul };
+
+// y [1, n, p] = a [1, n, k] @ w [1, k, p], then by `e`: + r (kResidual), silu (kSilu), g * (kMul);
+// y is fp32 when `fp32_out` (the logits), bf16 otherwise.
+Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out = false);
+// y [n, dim] = rmsnorm(x) * scale (fp32 scale), rows as [n, dim, 1, 1] NHWC.
+Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n);
+// y = RoPE(x) at each sequence's offset: x and y [B, H, S, head_dim] in "bshd" memory (the rows of
+// a projection), freqs [1, 1, freq_rows, head_dim / 2] fp32, offset [B, 1, 1, 1] int32.
+Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t S, int64_t freq_rows);
+// Paged causal attention (bottom-right aligned) of B sequences of S new queries: q and o
+// [B, heads, S, head_dim] "bshd", k and v pools [pool_pages, kv_heads, page_size, head_dim], one
+// page table [B, 1, max_pages, 1] for both, seq_len_q "lq" and seq_len_kv "lkv" [B, 1, 1, 1].
+Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, int64_t max_pages,
+                                int64_t pool_pages, int64_t page_size);
+// y [n, dim] bf16 = rows `ids` [n] (int32) of the fp32 table [vocab, dim].
+Result<LmGraph> embedding_graph(const LmModelConfig& m, int64_t n);
+
+}  // namespace fusebox::serve
