@@ -33,7 +33,10 @@ Result<LmGraph> make(const std::string& key, Json tensors, Json ops) {
 
 std::string dims_key(std::initializer_list<int64_t> d) {
   std::string s;
-  for (int64_t v : d) s += (s.empty() ? "" : "x") + std::to_string(v);
+  for (int64_t v : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(v);
+  }
   return s;
 }
 
