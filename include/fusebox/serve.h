@@ -51,9 +51,11 @@ enum class ServeBackend { kReference, kGpu };
 
 struct EngineOptions {
   ServeBackend backend = ServeBackend::kReference;
-  int64_t max_batch = 8;     // running requests at most
-  int64_t page_size = 16;    // tokens per KV page
-  int64_t pool_pages = 256;  // KV pages per layer (each page: kv_heads x page_size x head_dim, K and V)
+  int64_t max_batch = 8;   // running requests at most
+  int64_t page_size = 16;  // tokens per KV page
+  // KV pages per layer (each page: kv_heads x page_size x head_dim, K and V); on kGpu 0 means
+  // as many as 90% of the device's free memory holds after a 2 GiB reserve.
+  int64_t pool_pages = 256;
   // kGpu: copy each step's logits to the host for last_logits() (tests; B x vocab floats a step).
   bool keep_logits = false;
   std::string plan_cache;  // kGpu: a plan cache file ("" none)
@@ -63,6 +65,7 @@ struct EngineStats {
   int64_t steps = 0, prefill_tokens = 0, cached_prompt_tokens = 0, decode_tokens = 0;
   int64_t running = 0, waiting = 0;
   int64_t pages_used = 0, pages_cached = 0, pages_free = 0;  // cached: prefix pages no request holds
+  int64_t pages_total = 0;                                   // the pool's pages per layer
 };
 
 class LmEngine {
@@ -82,7 +85,7 @@ class LmEngine {
   Result<std::vector<TokenEvent>> step();
   bool idle() const;  // nothing waiting or running
   EngineStats stats() const;
-  // The backend, and for kGpu its buckets, plans, CUDA graphs, warm-up time and device memory.
+  // The backend, and for kGpu its buckets, KV pages, plans, CUDA graphs, warm-up time and device memory.
   std::string summary() const;
   // The logits (fp32, vocab values) each request's last token was sampled from, for tests (a
   // finished request's until the next step, when finished requests are dropped; on kGpu only

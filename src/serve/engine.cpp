@@ -258,9 +258,11 @@ LmEngine::~LmEngine() = default;
 Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const std::string& checkpoint,
                                                    const EngineOptions& options) {
   if (options.max_batch < 1 || options.max_batch > (1 << 16) || options.page_size < 1 ||
-      options.page_size > config.model.context || options.pool_pages < 1 || options.pool_pages > (1 << 24))
+      options.page_size > config.model.context ||
+      options.pool_pages < (options.backend == ServeBackend::kGpu ? 0 : 1) || options.pool_pages > (1 << 24))
     return InvalidArgument("serve: max_batch must be in [1, 65536], page_size in [1, context = " +
-                           std::to_string(config.model.context) + "] and pool_pages in [1, 2^24]");
+                           std::to_string(config.model.context) +
+                           "] and pool_pages in [1, 2^24] (0 on the GPU: as many as its free memory holds)");
   // Weights (fp32 read, then kept) and the pools must fit this machine: refused here, not by a
   // failed allocation.
   const LmModelConfig& mc = config.model;
@@ -287,12 +289,14 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
     impl->w[p.name] = fp32 ? std::move(weights.at(p.name)) : rounded(DType::kBF16, weights.at(p.name));
   }
-  impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);
   if (gpu) {
     FUSEBOX_ASSIGN_OR_RETURN(impl->gpu, serve::GpuForward::create(config, options, impl->w));
     impl->w.clear();
+    impl->opt.pool_pages = impl->gpu->pool_pages();
+    impl->pool = std::make_unique<KvPool>(impl->opt.pool_pages, options.page_size);
     return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
   }
+  impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);
   impl->freqs = lm_rope_angles(m, m.context);
   ResolvedTensor pool;
   pool.dims = {options.pool_pages, m.kv_heads, options.page_size, m.head_dim};
@@ -414,6 +418,7 @@ EngineStats LmEngine::stats() const {
   st.pages_free = impl_->pool->free_pages() - impl_->pool->cached_pages();
   st.pages_cached = impl_->pool->cached_pages();
   st.pages_used = impl_->pool->pages() - impl_->pool->free_pages();
+  st.pages_total = impl_->pool->pages();
   return st;
 }
 

@@ -328,14 +328,6 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   s.freq_rows = m.context + prefill_cap;  // a padded chunk's rows may sit past the context
   const std::vector<float> f = lm_rope_angles(m, s.freq_rows);
   FUSEBOX_RETURN_IF_ERROR(s.upload(s.freqs, f.data(), f.size() * 4, "RoPE angles"));
-  const size_t pool_bytes =
-      static_cast<size_t>(options.pool_pages * m.kv_heads * options.page_size * m.head_dim) * 2;
-  for (int64_t l = 0; l < m.layers; ++l)
-    for (auto* pool : {&s.kpool.emplace_back(), &s.vpool.emplace_back()}) {
-      FUSEBOX_RETURN_IF_ERROR(pool->alloc(pool_bytes, false, "KV pool", "serve"));
-      FUSEBOX_RETURN_IF_ERROR(
-          cuda_status(cudaMemset(pool->as<void>(), 0, pool_bytes), "serve: clear the KV pool"));
-    }
   const int64_t B = options.max_batch, N = std::max(B, prefill_cap), D = m.dim;
   s.max_rows = N;
   const int64_t qw = m.heads * m.head_dim, kvw = m.kv_heads * m.head_dim;
@@ -362,6 +354,31 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   FUSEBOX_RETURN_IF_ERROR(s.in_host.alloc(off, true, "step inputs", "serve"));
   FUSEBOX_RETURN_IF_ERROR(s.in_dev.alloc(off, false, "step inputs", "serve"));
   FUSEBOX_RETURN_IF_ERROR(s.out_host.alloc(static_cast<size_t>(B) * 4, true, "sampled tokens", "serve"));
+  // The pools: pool_pages per layer, or (0) as many as 90% of the free memory holds after a
+  // reserve for the workspace arena, cuDNN and the CUDA graphs.
+  const size_t page_bytes = static_cast<size_t>(m.kv_heads * options.page_size * m.head_dim) * 2;
+  if (s.opt.pool_pages == 0) {
+    size_t free = 0, total = 0;
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemGetInfo(&free, &total), "serve: free device memory"));
+    const double reserve = 2.0 * (1 << 30);
+    const double usable = 0.9 * static_cast<double>(free) - reserve;
+    const double per_page = 2.0 * static_cast<double>(m.layers) * static_cast<double>(page_bytes);
+    s.opt.pool_pages =
+        usable > 0 ? std::min<int64_t>(static_cast<int64_t>(usable / per_page), int64_t{1} << 24) : 0;
+    if (s.opt.pool_pages < s.max_pages)
+      return InvalidArgument("serve: the device's free memory (" + std::to_string(free >> 20) +
+                             " MiB after the weights) holds " + std::to_string(s.opt.pool_pages) +
+                             " KV pages; one request at the full context needs " +
+                             std::to_string(s.max_pages) +
+                             ": give pool_pages, or a smaller model or context");
+  }
+  const size_t pool_bytes = static_cast<size_t>(s.opt.pool_pages) * page_bytes;
+  for (int64_t l = 0; l < m.layers; ++l)
+    for (auto* pool : {&s.kpool.emplace_back(), &s.vpool.emplace_back()}) {
+      FUSEBOX_RETURN_IF_ERROR(pool->alloc(pool_bytes, false, "KV pool", "serve"));
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemset(pool->as<void>(), 0, pool_bytes), "serve: clear the KV pool"));
+    }
 
   // Warm-up: every bucket's plans, one eager run of each (all rows padding: nothing written to
   // the pools), then the decode buckets' CUDA graphs (the workspace arena no longer grows).
@@ -421,10 +438,13 @@ std::string GpuForward::summary() const {
     if (p.S == 1 && !p.exec) notes += "; batch " + std::to_string(p.B) + " eager: " + p.graph_note;
   }
   return std::to_string(s.programs.size()) + " step programs (" + std::to_string(graphs) +
-         " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, warm-up " +
-         std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " + std::to_string(device_bytes() >> 20) +
-         " MiB on the device" + notes;
+         " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, " +
+         std::to_string(s.opt.pool_pages) + " KV pages of " + std::to_string(s.opt.page_size) +
+         " tokens, warm-up " + std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " +
+         std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
 }
+
+int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }
 
 int64_t GpuForward::device_bytes() const {
   const Impl& s = *impl_;

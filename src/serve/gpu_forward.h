@@ -41,8 +41,9 @@ struct GpuStepOut {
 class GpuForward {
  public:
   // `weights`: every parameter as the engine holds it (matrices already rounded to bf16; the
-  // embedding table and norm gains fp32). Builds every bucket's plans and captures the decode
-  // buckets' CUDA graphs (the warm-up).
+  // embedding table and norm gains fp32). options.pool_pages 0: as many pages as the free device
+  // memory holds. Builds every bucket's plans and captures the decode buckets' CUDA graphs (the
+  // warm-up).
   static Result<std::unique_ptr<GpuForward>> create(const LmConfig& config, const EngineOptions& options,
                                                     const std::map<std::string, std::vector<float>>& weights);
   ~GpuForward();
@@ -54,6 +55,7 @@ class GpuForward {
 
   std::string summary() const;  // buckets, plans, CUDA graphs, warm-up time, device memory
   int64_t device_bytes() const;
+  int64_t pool_pages() const;  // KV pages per layer (options.pool_pages, or what free memory held)
 
   struct Impl;
 

@@ -171,5 +171,18 @@ TEST_F(ServeGpu, BadRequestsAndAFullPool) {
   (void)worst;
 }
 
+TEST_F(ServeGpu, PoolFromFreeMemory) {
+  auto gpu = engine(ServeBackend::kGpu, 0, 2);  // 0: as many pages as the free memory holds
+  ASSERT_TRUE(gpu);
+  EXPECT_GT(gpu->stats().pages_total, 1000) << gpu->summary();
+  LmRequest r;
+  r.prompt = {1, 2, 3};
+  r.max_new_tokens = 4;
+  double worst = 0;
+  const auto out = run(*gpu, {r}, &worst);
+  EXPECT_EQ(out.at(0).size(), 4u);
+  EXPECT_LT(worst, 2e-2);
+}
+
 }  // namespace
 }  // namespace fusebox

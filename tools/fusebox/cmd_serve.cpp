@@ -161,7 +161,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
                  "%s%zu/%zu requests done, %lld running, %lld waiting, KV %lld/%lld pages, %.0f tok/s%s",
                  tty ? "\r" : "", finished, n, static_cast<long long>(st.running),
                  static_cast<long long>(st.waiting), static_cast<long long>(st.pages_used),
-                 static_cast<long long>(a.pool_pages), static_cast<double>(tokens) / t, tty ? "   " : "\n");
+                 static_cast<long long>(st.pages_total), static_cast<double>(tokens) / t, tty ? "   " : "\n");
   }
   if (tty) std::fprintf(stderr, "\n");
   const double wall = now();
@@ -176,7 +176,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
                               {"tokens_per_s", static_cast<double>(tokens) / wall},
                               {"ttft_s", {{"p50", percentile(ttft, 0.5)}, {"p99", percentile(ttft, 0.99)}}},
                               {"itl_s", {{"p50", percentile(gaps, 0.5)}, {"p99", percentile(gaps, 0.99)}}},
-                              {"kv_pages", {{"pool", a.pool_pages}, {"max_used", max_used}}},
+                              {"kv_pages", {{"pool", st.pages_total}, {"max_used", max_used}}},
                               {"prefill_tokens", st.prefill_tokens},
                               {"cached_prompt_tokens", st.cached_prompt_tokens},
                               {"decode_tokens", st.decode_tokens},
@@ -189,7 +189,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
   std::printf(
       "KV pool: at most %lld of %lld pages in use; %lld prompt tokens from shared prefix pages, %lld "
       "prefilled\n",
-      static_cast<long long>(max_used), static_cast<long long>(a.pool_pages),
+      static_cast<long long>(max_used), static_cast<long long>(st.pages_total),
       static_cast<long long>(st.cached_prompt_tokens), static_cast<long long>(st.prefill_tokens));
   if (!a.report.empty()) {
     if (Status s = common::write_file_atomic(a.report, r.dump(1) + "\n", "serve report"); !s.ok())
@@ -310,8 +310,9 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "Sampling seed of the first request (the next ones count up)");
   cmd->add_option("--page-size", a->page_size, "Tokens per KV page")
       ->check(CLI::Range(int64_t{1}, int64_t{4096}));
-  cmd->add_option("--pool-pages", a->pool_pages, "KV pages per layer")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--pool-pages", a->pool_pages,
+                  "KV pages per layer (0 with --backend gpu: as many as the free device memory holds)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--max-batch", a->max_batch, "Running requests at most")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   cmd->add_option("--backend", a->backend, "reference (CPU, small models) or gpu")
