@@ -180,3 +180,24 @@ def test_greedy_tokens_match_fusebox_serve(fusebox, model, tmp_path):
         assert ours[str(i)][:n] == theirs[:n], (i, ours[str(i)], theirs)
         compared += n
     assert compared >= 9, f"only {compared} of 18 tokens compared before near-ties"
+
+
+def test_init_writes_a_checkpoint_that_fusebox_serves(fusebox, tmp_path):
+    """`lm_torch init`: random weights (docs/lm.md's init) as a checkpoint; `fusebox serve lm`
+    reads it, and its greedy tokens are the torch model's (up to a near-tie)."""
+    config = os.path.join(REPO_ROOT, "examples", "train", "lm_tiny.json")
+    ck = tmp_path / "init.safetensors"
+    p = _py("fusebox_tools.models.lm_torch", "init", "--config", config, "--out", str(ck), "--seed", "11")
+    assert p.returncode == 0, p.stderr
+    assert "random (seed 11)" in p.stdout
+    net = lm_torch.load(safetensors_np.metadata(str(ck))["config"], str(ck), "cpu").eval()
+    fresh = lm_torch.load(config, None, "cpu", seed=11)
+    for (n, a), (_, b) in zip(net.named_parameters(), fresh.named_parameters()):
+        assert torch.equal(a, b), n
+    p = subprocess.run([fusebox, "serve", "lm", "--model", str(ck), "--prompt-ids", "3,1,4,1,5", "--max-new", "6"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "engine: reference backend" in p.stderr, p.stderr
+    ids = [int(x) for x in p.stdout.strip().strip("[]").split("][")]
+    assert ids[:5] == [3, 1, 4, 1, 5] and len(ids) == 11, p.stdout
+    _check_greedy(net, ids[:5], ids[5:], "init checkpoint")

@@ -14,6 +14,7 @@ loss); on CPU in fp32. Attention is F.scaled_dot_product_attention(is_causal=Tru
     python3 -m fusebox_tools.models.lm_torch compare-losses fusebox_losses.csv torch_losses.csv --last 100
     python3 -m fusebox_tools.models.lm_torch bench --config C [--checkpoint CK] [--data DIR] \\
         [--modes eager,default,max-autotune-no-cudagraphs,reduce-overhead] [--json out.json]
+    python3 -m fusebox_tools.models.lm_torch init --config C --out CK [--seed S]
     python3 -m fusebox_tools.models.lm_torch serve-bench --checkpoint CK --trace TRACE.json --report R.json \\
         [--max-batch 8] [--device cuda|cpu] [--mode eager|compile] [--compile-mode M] [--kv-bucket 256]
     python3 -m fusebox_tools.models.lm_torch compare-serve A.json B.json [--first N] [--json]
@@ -436,6 +437,21 @@ def _save(path, model, opt, step, sequences, doc):
     safetensors_np.write(tmp, tensors, metadata={"format": "fusebox-lm/1", "step": str(step),
                                                  "sequences": str(sequences), "config": json.dumps(doc)})
     os.replace(tmp, path)
+
+
+def cmd_init(args):
+    """docs/lm.md's initialization (torch's generator) written as a checkpoint with no optimizer
+    state: what `fusebox serve lm --model` reads, for timing a model that was never trained."""
+    _, _, doc = config(args.config)
+    model = load(args.config, None, "cpu", seed=args.seed)
+    tensors = {n: p.detach().float().numpy() for n, p in model.named_parameters()}
+    tmp = args.out + ".tmp"
+    safetensors_np.write(tmp, tensors, metadata={"format": "fusebox-lm/1", "step": "0", "sequences": "0",
+                                                 "config": json.dumps(doc)})
+    os.replace(tmp, args.out)
+    print(f"{args.out}: {sum(t.size for t in tensors.values())} parameters, random (seed "
+          f"{args.seed if args.seed is not None else 'train.seed'})")
+    return 0
 
 
 def cmd_train(args):
@@ -1102,6 +1118,12 @@ def main(argv=None):
     p.add_argument("--json", help="write the report here")
     p.add_argument("--tmp-dir", default="/tmp")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("init", help="random weights (docs/lm.md's init) as a checkpoint, no optimizer state")
+    p.add_argument("--config", required=True, help="config JSON")
+    p.add_argument("--out", required=True, help="the checkpoint to write")
+    p.add_argument("--seed", type=int, help="default train.seed")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("serve-bench", help="replay a request trace with a KV cache and continuous batching "
                                            "(the PyTorch baseline of `fusebox serve lm --bench`)")
