@@ -54,7 +54,8 @@ struct EngineOptions {
   int64_t max_batch = 8;   // running requests at most
   int64_t page_size = 16;  // tokens per KV page
   // KV pages per layer (each page: kv_heads x page_size x head_dim, K and V); on kGpu 0 means
-  // as many as 90% of the device's free memory holds after a 2 GiB reserve.
+  // as many as 90% of the device's free memory holds after a 2 GiB reserve, at most 4 full
+  // contexts per running request (max_batch).
   int64_t pool_pages = 256;
   // kGpu: copy each step's logits to the host for last_logits() (tests; B x vocab floats a step).
   bool keep_logits = false;

@@ -25,7 +25,8 @@ using common::cuda_status;
 using Mem = common::CudaMem;
 
 constexpr int64_t kMinPrefillBucket = 16;
-constexpr size_t kAlign = 256;  // every buffer and input segment (cuDNN wants 16 bytes)
+constexpr int64_t kPoolContexts = 4;  // pool_pages 0: at most this many full contexts per request
+constexpr size_t kAlign = 256;        // every buffer and input segment (cuDNN wants 16 bytes)
 
 size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -355,7 +356,11 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   FUSEBOX_RETURN_IF_ERROR(s.in_dev.alloc(off, false, "step inputs", "serve"));
   FUSEBOX_RETURN_IF_ERROR(s.out_host.alloc(static_cast<size_t>(B) * 4, true, "sampled tokens", "serve"));
   // The pools: pool_pages per layer, or (0) as many as 90% of the free memory holds after a
-  // reserve for the workspace arena, cuDNN and the CUDA graphs.
+  // reserve for the workspace arena, cuDNN and the CUDA graphs, at most kPoolContexts full
+  // contexts per running request (every request at the full context, and prefix pages for as
+  // many again, twice). More would sit unused, and the attention plan's check would fill a pool of
+  // millions of pages with random values (a tiny model on an H100 asked for 16M pages: the check
+  // ran past 150 s).
   const size_t page_bytes = static_cast<size_t>(m.kv_heads * options.page_size * m.head_dim) * 2;
   if (s.opt.pool_pages == 0) {
     size_t free = 0, total = 0;
@@ -363,8 +368,8 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
     const double reserve = 2.0 * (1 << 30);
     const double usable = 0.9 * static_cast<double>(free) - reserve;
     const double per_page = 2.0 * static_cast<double>(m.layers) * static_cast<double>(page_bytes);
-    s.opt.pool_pages =
-        usable > 0 ? std::min<int64_t>(static_cast<int64_t>(usable / per_page), int64_t{1} << 24) : 0;
+    const int64_t useful = kPoolContexts * options.max_batch * s.max_pages;
+    s.opt.pool_pages = usable > 0 ? std::min<int64_t>(static_cast<int64_t>(usable / per_page), useful) : 0;
     if (s.opt.pool_pages < s.max_pages)
       return InvalidArgument("serve: the device's free memory (" + std::to_string(free >> 20) +
                              " MiB after the weights) holds " + std::to_string(s.opt.pool_pages) +
