@@ -74,6 +74,16 @@ def test_a_trace_is_replayed_with_latencies(fusebox, model, tmp_path):
     assert 0 < r["kv_pages"]["max_used"] <= 24
     assert r["cached_prompt_tokens"] > 0, "the shared prefix came from the cache"
     assert (tmp_path / "report.png").is_file()
+    # The tokens by trace index (the torch baseline's key, for lm_torch compare-serve): each request
+    # alone with the same seed gives the same tokens.
+    assert sorted(r["tokens_by_request"], key=int) == [str(i) for i in range(16)]
+    assert all(len(t) == 5 and all(0 <= x < 512 for x in t) for t in r["tokens_by_request"].values())
+    trace = json.loads((tmp_path / "trace.json").read_text())["requests"]
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids",
+            ",".join(map(str, trace[3]["prompt"])), "--max-new", "5", "--seed", "3")
+    assert p.returncode == 0, p.stderr
+    alone = [int(x) for x in p.stdout.strip().strip("[]").split("][")][len(trace[3]["prompt"]):]
+    assert alone == r["tokens_by_request"]["3"], (alone, r["tokens_by_request"]["3"])
 
 
 def test_bad_input_is_one_clear_error(fusebox, model, tmp_path):

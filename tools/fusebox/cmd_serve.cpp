@@ -78,6 +78,7 @@ double percentile(std::vector<double> v, double p) {
 struct TraceRequest {
   double arrival = 0;
   LmRequest r;
+  size_t file_index = 0;  // its place in the trace file (the torch baseline's key)
 };
 
 Result<std::vector<TraceRequest>> load_trace(const std::string& path, int64_t vocab) {
@@ -105,6 +106,7 @@ Result<std::vector<TraceRequest>> load_trace(const std::string& path, int64_t vo
     }
     t.r.max_new_tokens = e["max_new_tokens"].get<int64_t>();
     t.r.sampling.seed = i;
+    t.file_index = i;
     out.push_back(std::move(t));
   }
   std::stable_sort(out.begin(), out.end(),
@@ -123,6 +125,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
   std::map<int64_t, size_t> index;  // engine id -> trace index
   std::vector<double> first(n, -1), last(n, -1);
   std::vector<int64_t> produced(n, 0);
+  std::vector<std::vector<int32_t>> generated(n);
   std::vector<double> gaps;
   int64_t tokens = 0, max_used = 0;
   size_t next = 0, finished = 0;
@@ -146,6 +149,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
     const double t = now();
     for (const TokenEvent& x : *ev) {
       const size_t i = index.at(x.request);
+      generated[i].push_back(x.token);
       if (first[i] < 0) first[i] = t - (*trace)[i].arrival;
       if (last[i] >= 0) gaps.push_back(t - last[i]);
       last[i] = t;
@@ -182,6 +186,11 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
                               {"decode_tokens", st.decode_tokens},
                               {"steps", st.steps},
                               {"ttft_per_request_s", ttft}};
+  // The tokens each request generated, by its place in the trace file: what the torch baseline's
+  // report holds too (python3 -m fusebox_tools.models.lm_torch compare-serve A B).
+  nlohmann::ordered_json by_request = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < n; ++i) by_request[std::to_string((*trace)[i].file_index)] = generated[i];
+  r["tokens_by_request"] = std::move(by_request);
   std::printf("%zu requests, %lld tokens in %.2f s: %.1f tokens/s\n", n, static_cast<long long>(tokens), wall,
               static_cast<double>(tokens) / wall);
   std::printf("time to first token: p50 %.4f s, p99 %.4f s; inter-token latency: p50 %.4f s, p99 %.4f s\n",

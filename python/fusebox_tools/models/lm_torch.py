@@ -1039,8 +1039,8 @@ def cmd_compare_serve(args):
         except (OSError, ValueError) as e:
             sys.exit(f"compare-serve: {path}: {e}")
         if not isinstance(d, dict) or not isinstance(d.get("tokens_by_request"), dict):
-            sys.exit(f"compare-serve: {path} has no tokens_by_request (a serve-bench report has; fusebox's "
-                     f"`serve lm --bench` report has none)")
+            sys.exit(f"compare-serve: {path} has no tokens_by_request (a serve-bench report and fusebox's "
+                     f"`serve lm --bench --report` have)")
         docs.append(d)
     rows, ok = compare_serve(docs[0], docs[1], args.first)
     same = sum(1 for r in rows if r.get("same"))

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Issue 34 on the GPU machine: the serving engine's GPU backend against the reference backend and
+# the PyTorch baseline (python3 -m fusebox_tools.models.lm_torch serve-bench), from the .gpu bundle
+# (scripts/gpu_bundle.sh; fusebox_deviceless_tests may be left out):
+#   run(command="PART=1 bash scripts/gpu_serve.sh", carry=[".gpu"])  # tests; tiny model: CLI, trace vs torch
+#   run(command="PART=2 bash scripts/gpu_serve.sh", carry=[".gpu"])  # 125M config, random weights: trace vs torch
+#   run(command="PART=3 bash scripts/gpu_serve.sh", carry=[".gpu"])  # Llama-3.2-1B shapes: decode at batch 1 and 64
+# Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
+# Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
+# timing and agreement only, no text.
+set -u
+OUT=${OUT:-/tmp/out}
+W=${W:-/tmp/serve_work}
+mkdir -p "$OUT" "$W"
+export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
+export FUSEBOX_SOURCE_DIR=$PWD PYTHONPATH=$PWD/python FUSEBOX_CACHE=$W/plans.sqlite
+PY=/opt/torch/.venv/bin/python3
+[ -x "$PY" ] || PY=python3
+FB=$PWD/.gpu/fusebox
+S="$OUT/summary.txt"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$FB" info 2>&1 | grep -iE "cudnn|gpu" | head -4
+  $PY -c 'import torch; print("torch", torch.__version__)'; } | tee -a "$S"
+
+# summary TITLE FILE: the file's last lines under a title.
+summary() { { echo "== $1"; tail -n "${3:-6}" "$2" | cut -c1-400; } | tee -a "$S"; }
+# tokens FILE VOCAB: 200k random ids (the traces' prompt source).
+tokens() { $PY -c 'import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(0).integers(0, int(sys.argv[2]), 200000).astype(np.int32))' "$1" "$2"; }
+# init CONFIG CK: random weights as a checkpoint (once per machine).
+init() { [ -f "$2" ] || timeout 300 $PY -m fusebox_tools.models.lm_torch init --config "$1" --out "$2" --seed 1 > "$2.log" 2>&1 || { cat "$2.log"; return 1; }; }
+# compare NAME A B: the greedy tokens of two reports, request by request.
+compare() { timeout 60 $PY -m fusebox_tools.models.lm_torch compare-serve "$2" "$3" > "$OUT/compare_$1.txt" 2>&1; summary "tokens: $1" "$OUT/compare_$1.txt" 4; }
+# bench NAME CK TRACE MAX_BATCH [fusebox args...]: fusebox's GPU engine, then torch eager and compiled,
+# on one trace; their tokens compared with fusebox's.
+bench() {
+  local name=$1 ck=$2 trace=$3 mb=$4
+  shift 4
+  timeout 400 "$FB" serve lm --model "$ck" --bench "$trace" --backend gpu --max-batch "$mb" --report "$OUT/${name}_fusebox.json" "$@" \
+    > "$OUT/${name}_fusebox.txt" 2>&1
+  summary "$name: fusebox --backend gpu (exit $?)" "$OUT/${name}_fusebox.txt" 5
+  grep -m1 "^engine:" "$OUT/${name}_fusebox.txt" | cut -c1-400 | tee -a "$S"
+  for mode in eager compile; do
+    timeout 400 $PY -m fusebox_tools.models.lm_torch serve-bench --checkpoint "$ck" --trace "$trace" --max-batch "$mb" \
+      --device cuda --mode "$mode" --report "$OUT/${name}_torch_$mode.json" > "$OUT/${name}_torch_$mode.txt" 2>&1
+    summary "$name: torch $mode (exit $?)" "$OUT/${name}_torch_$mode.txt" 4
+    compare "${name}_$mode" "$OUT/${name}_fusebox.json" "$OUT/${name}_torch_$mode.json"
+  done
+}
+
+case "${PART:-1}" in
+  1)
+    timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='ServeGpu.*:SamplingGpu.*:KvPagesGpu.*' > "$OUT/gtest.txt" 2>&1
+    echo "gtests exit $?" | tee -a "$S"
+    grep -E "^\[ serve|^\[  (PASSED|FAILED)|^\[  FAILED  \]" "$OUT/gtest.txt" | cut -c1-400 | tee -a "$S"
+    init examples/train/lm_tiny.json "$W/tiny.safetensors" || exit 1
+    for b in gpu reference; do
+      timeout 120 "$FB" serve lm --model "$W/tiny.safetensors" --prompt-ids 5,3,1,4,1,5,9,2,6 --max-new 20 --backend $b \
+        > "$OUT/tiny_$b.txt" 2> "$OUT/tiny_$b.err"
+      echo "tiny --backend $b exit $?: $(cut -c1-300 "$OUT/tiny_$b.txt")" | tee -a "$S"
+    done
+    cmp -s "$OUT/tiny_gpu.txt" "$OUT/tiny_reference.txt" && echo "tiny: the same 20 greedy tokens on both backends" | tee -a "$S"
+    tokens "$W/tiny_tokens.npy" 512
+    timeout 60 $PY -m fusebox_tools.models.lm_trace make --data "$W/tiny_tokens.npy" --requests 48 --rate 400 \
+      --prompt-len 10 --new-tokens 12 --shared-prefix 8 --context 32 --out "$W/tiny_trace.json" > /dev/null
+    bench tiny "$W/tiny.safetensors" "$W/tiny_trace.json" 8 --page-size 4 --pool-pages 128
+    ;;
+  2)
+    init examples/train/lm_125m.json "$W/m125.safetensors" || exit 1
+    tokens "$W/m125_tokens.npy" 16384
+    timeout 60 $PY -m fusebox_tools.models.lm_trace make --data "$W/m125_tokens.npy" --requests 128 --rate 64 \
+      --prompt-len 200 --new-tokens 64 --shared-prefix 64 --context 1024 --out "$W/m125_trace.json" > /dev/null
+    bench m125 "$W/m125.safetensors" "$W/m125_trace.json" 32 --pool-pages 0
+    ;;
+  3)
+    # Llama-3.2-1B shapes (issue 34's speed table): decode with 2k-token contexts at batch 1 and 64
+    # (all requests arrive at once; after their prefills the steps are pure decode).
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    tokens "$W/l1b_tokens.npy" 128256
+    for b in 1 64; do
+      timeout 60 $PY -m fusebox_tools.models.lm_trace make --data "$W/l1b_tokens.npy" --requests $b --rate 1e6 \
+        --prompt-len 2048 --prompt-spread 0 --new-tokens 64 --context 4096 --out "$W/l1b_trace_$b.json" > /dev/null
+      bench "l1b_b$b" "$W/l1b.safetensors" "$W/l1b_trace_$b.json" $b --pool-pages 0
+    done
+    ;;
+  *) echo "gpu_serve: PART must be 1, 2 or 3" >&2; exit 2 ;;
+esac
+echo "gpu_serve: done; $S" | tee -a "$S"
