@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/graph_json.h"
+
 namespace fusebox::serve {
 namespace {
 
@@ -12,20 +14,12 @@ using Json = nlohmann::json;
 
 Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
             const char* dtype = nullptr) {
-  Json t = {{"name", name}, {"dims", dims}};
-  if (layout) t["layout"] = layout;
-  if (dtype) t["dtype"] = dtype;
-  return t;
+  return common::json_tensor(name, std::move(dims), layout, dtype);
 }
-
-Json op(const char* kind, const std::string& name, Json inputs, Json outputs) {
-  return {{"op", kind}, {"name", name}, {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
-}
+constexpr auto& op = common::json_op;
 
 Result<LmGraph> make(const std::string& key, Json tensors, Json ops) {
-  const Json j = {
-      {"name", key},        {"io_dtype", "bf16"}, {"intermediate_dtype", "fp32"}, {"compute_dtype", "fp32"},
-      {"tensors", tensors}, {"ops", ops}};
+  const Json j = common::json_bf16_graph(key, std::move(tensors), std::move(ops));
   FUSEBOX_ASSIGN_OR_RETURN(GraphSpec spec, parse_graph_json(j.dump(), key));
   FUSEBOX_ASSIGN_OR_RETURN(ResolvedGraph g, resolve(spec));
   return LmGraph{key, std::move(g)};

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/file_io.h"
+#include "common/graph_json.h"
 #include "fusebox/train.h"
 
 namespace fusebox {
@@ -17,24 +18,10 @@ using Json = nlohmann::json;
 
 Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
             const char* dtype = nullptr) {
-  Json t = {{"name", name}, {"dims", dims}};
-  if (layout) t["layout"] = layout;
-  if (dtype) t["dtype"] = dtype;
-  return t;
+  return common::json_tensor(name, std::move(dims), layout, dtype);
 }
-
-Json graph(const std::string& name, Json tensors, Json ops) {
-  return {{"name", name},
-          {"io_dtype", "bf16"},
-          {"intermediate_dtype", "fp32"},
-          {"compute_dtype", "fp32"},
-          {"tensors", std::move(tensors)},
-          {"ops", std::move(ops)}};
-}
-
-Json op(const char* kind, const std::string& name, Json inputs, Json outputs) {
-  return {{"op", kind}, {"name", name}, {"inputs", std::move(inputs)}, {"outputs", std::move(outputs)}};
-}
+constexpr auto& graph = common::json_bf16_graph;
+constexpr auto& op = common::json_op;
 
 class Builder {
  public:
