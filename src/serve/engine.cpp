@@ -284,17 +284,16 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
   impl->opt = options;
   FUSEBOX_ASSIGN_OR_RETURN(auto weights, load_lm_weights(config, checkpoint));
   const LmModelConfig& m = config.model;
+  if (gpu) {  // it rounds the matrices to bf16 itself, as it uploads them (the same rounding)
+    FUSEBOX_ASSIGN_OR_RETURN(impl->gpu, serve::GpuForward::create(config, options, weights));
+    impl->opt.pool_pages = impl->gpu->pool_pages();
+    impl->pool = std::make_unique<KvPool>(impl->opt.pool_pages, options.page_size);
+    return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
+  }
   for (const LmParameter& p : lm_parameters(m)) {
     // The forward reads matrices as bf16 copies, the embedding table and norm gains in fp32.
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
     impl->w[p.name] = fp32 ? std::move(weights.at(p.name)) : rounded(DType::kBF16, weights.at(p.name));
-  }
-  if (gpu) {
-    FUSEBOX_ASSIGN_OR_RETURN(impl->gpu, serve::GpuForward::create(config, options, impl->w));
-    impl->w.clear();
-    impl->opt.pool_pages = impl->gpu->pool_pages();
-    impl->pool = std::make_unique<KvPool>(impl->opt.pool_pages, options.page_size);
-    return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
   }
   impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);
   impl->freqs = lm_rope_angles(m, m.context);

@@ -40,10 +40,10 @@ struct GpuStepOut {
 
 class GpuForward {
  public:
-  // `weights`: every parameter as the engine holds it (matrices already rounded to bf16; the
-  // embedding table and norm gains fp32). options.pool_pages 0: as many pages as the free device
-  // memory holds. Builds every bucket's plans and captures the decode buckets' CUDA graphs (the
-  // warm-up).
+  // `weights`: every parameter in fp32 (the checkpoint's); matrices are uploaded rounded to bf16
+  // (nearest even), the embedding table and norm gains as they are. options.pool_pages 0: as many pages as
+  // the free device memory holds. Builds every bucket's plans and captures the decode buckets' CUDA graphs
+  // (the warm-up).
   static Result<std::unique_ptr<GpuForward>> create(const LmConfig& config, const EngineOptions& options,
                                                     const std::map<std::string, std::vector<float>>& weights);
   ~GpuForward();
