@@ -590,7 +590,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // The plan check of a plan built now: one that fails is rejected and the
   // build runs again without it, taking the next candidate.
   PlanCheckRun verdict;
-  bool partitioned_after_check = false;
+  bool partitioned_after_check = false, whole_on_reference_kernels = false;
   while (plan.ok() && checking && !check_now(*plan, &verdict)) {
     // Refused: what went wrong, then every rejected plan and why.
     auto refuse = [&](const std::string& head) {
@@ -633,6 +633,29 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       if (fallback.ok()) {
         plan = std::move(fallback);
         rep.build = std::move(fallback_report);
+      }
+    }
+    // The last candidate before a refusal, once a partition built after the check failed it too:
+    // the whole graph as one plan of fusebox's reference kernels (no parts to compose): slow, but
+    // a valid graph runs. (H100, 2026-12-05, the sweep's seed 4347: a partition whose parts each
+    // passed the check alone failed it together, twice, and the graph was refused.)
+    if (!plan.ok() && partitioned_after_check && !whole_on_reference_kernels && request.reference_fallback &&
+        !s.target.deviceless() && g.ops.size() > 1) {
+      whole_on_reference_kernels = true;
+      BuildOptions o = base;
+      o.engine = kReferenceEngine;
+      o.dynamic_shape = false;
+      o.kernel_cache = nullptr;
+      BuildReport whole_report;
+      auto whole = build_plan(g, s.target, o, &whole_report, ctx);
+      if (whole.ok()) {
+        const std::string& m = plan.status().message();
+        rep.reference_fallback.push_back(
+            "the whole graph, after every candidate and partition failed the plan "
+            "check: " +
+            m.substr(0, std::min<size_t>(m.find('\n'), 300)));
+        plan = std::move(whole);
+        rep.build = std::move(whole_report);
       }
     }
     if (!plan.ok()) return refuse("no plan passed the plan check: " + plan.status().message().substr(0, 400));
