@@ -51,15 +51,15 @@ struct GpuForward::Impl {
   std::unique_ptr<Session> session;
   std::map<std::string, Mem> w;  // parameters on the device
   Mem freqs;
-  std::deque<Mem> kpool,
-      vpool;  // by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16
+  // The KV pools by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16.
+  std::deque<Mem> kpool, vpool;
   // Activations, sized for the largest bucket's rows.
   Mem h, a, q, k, v, qr, kr, o, h1, mm, g, act, last, hn, logits, tokens;
   // The step's inputs: one pinned block uploaded with one copy, in aligned segments.
   Mem in_host, in_dev, out_host;
   size_t off_ids = 0, off_table = 0, off_lq = 0, off_lkv = 0, off_start = 0, off_count = 0, off_params = 0;
   size_t in_bytes = 0;
-  int64_t max_rows = 0, max_pages = 0, freq_rows = 0;
+  int64_t max_pages = 0, freq_rows = 0;
   int64_t prefill_last_row = 0;  // the row a prompt chunk's logits come from (eager programs only)
 
   std::map<std::string, LmGraph> graphs;
@@ -73,7 +73,6 @@ struct GpuForward::Impl {
   };
   std::map<std::pair<int64_t, int64_t>, Program> programs;
   double warmup_ms = 0;
-  int64_t plans_built = 0;
 
   ~Impl() {
     for (auto& [key, p] : programs)
@@ -94,7 +93,6 @@ struct GpuForward::Impl {
     if (it != plans.end()) return &it->second;
     auto gi = graphs.emplace(made->key, std::move(*made)).first;
     FUSEBOX_ASSIGN_OR_RETURN(Plan p, session->get_plan(gi->second.graph, PlanRequest{}));
-    ++plans_built;
     return &plans.emplace(gi->first, std::move(p)).first->second;
   }
 
@@ -330,7 +328,6 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   const std::vector<float> f = lm_rope_angles(m, s.freq_rows);
   FUSEBOX_RETURN_IF_ERROR(s.upload(s.freqs, f.data(), f.size() * 4, "RoPE angles"));
   const int64_t B = options.max_batch, N = std::max(B, prefill_cap), D = m.dim;
-  s.max_rows = N;
   const int64_t qw = m.heads * m.head_dim, kvw = m.kv_heads * m.head_dim;
   const std::pair<Mem*, int64_t> acts[] = {
       {&s.h, N * D},         {&s.a, N * D},           {&s.q, N * qw}, {&s.k, N * kvw}, {&s.v, N * kvw},
