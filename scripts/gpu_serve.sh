@@ -3,8 +3,10 @@
 # the PyTorch baseline (python3 -m fusebox_tools.models.lm_torch serve-bench), from the .gpu bundle
 # (scripts/gpu_bundle.sh; fusebox_deviceless_tests may be left out):
 #   run(command="PART=1 bash scripts/gpu_serve.sh", carry=[".gpu"])  # tests; tiny model: CLI, trace vs torch
-#   run(command="PART=2 bash scripts/gpu_serve.sh", carry=[".gpu"])  # 125M config, random weights: trace vs torch
-#   run(command="PART=3 bash scripts/gpu_serve.sh", carry=[".gpu"])  # Llama-3.2-1B shapes: decode at batch 1 and 64
+#   run(command="PART=2 bash scripts/gpu_serve.sh", carry=[".gpu"])  # 125M config, random weights: trace vs
+#                                                                      # torch; teacher-forced logits vs torch
+#   run(command="PART=3 bash scripts/gpu_serve.sh", carry=[".gpu"])  # Llama-3.2-1B shapes: decode at batch 1
+#                                                                      # and 64; teacher-forced logits up to 4096
 # Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
 # Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
 # timing and agreement only, no text.
@@ -47,6 +49,29 @@ bench() {
   done
 }
 
+# forced NAME CK TOKENS MAX_BATCH LENGTHS...: teacher forcing (issue 34's verification): one request
+# per prompt length, 16 forced tokens each, all at once through the GPU engine; every forced
+# position's logits against lm_torch's bf16 full forward (rel-L2 <= 2e-2).
+forced() {
+  local name=$1 ck=$2 toks=$3 mb=$4
+  shift 4
+  $PY - "$toks" "$W/${name}_forced.json" "$@" <<'PYEOF'
+import json, sys
+import numpy as np
+t = np.load(sys.argv[1])
+reqs = [{"prompt": [int(x) for x in t[1000 * i:1000 * i + int(n)]],
+         "forced": [int(x) for x in t[500000 // 4 + 16 * i:500000 // 4 + 16 * i + 16]]} for i, n in enumerate(sys.argv[3:])]
+json.dump({"requests": reqs}, open(sys.argv[2], "w"))
+PYEOF
+  rm -rf "$W/${name}_logits"
+  timeout 400 "$FB" serve lm --model "$ck" --backend gpu --max-batch "$mb" --pool-pages $((mb * 272)) \
+    --forced "$W/${name}_forced.json" --logits-out "$W/${name}_logits" > "$OUT/${name}_forced.txt" 2>&1
+  summary "$name teacher forcing: fusebox --backend gpu (exit $?)" "$OUT/${name}_forced.txt" 2
+  timeout 300 $PY -m fusebox_tools.models.lm_torch teacher-forced --checkpoint "$ck" --forced "$W/${name}_forced.json" \
+    --logits "$W/${name}_logits" --device cuda --json "$OUT/${name}_teacher_forced.json" > "$OUT/${name}_tf.txt" 2>&1
+  summary "$name teacher forcing: against torch bf16 (exit $?)" "$OUT/${name}_tf.txt" 8
+}
+
 case "${PART:-1}" in
   1)
     timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='ServeGpu.*:SamplingGpu.*:KvPagesGpu.*' > "$OUT/gtest.txt" 2>&1
@@ -72,6 +97,7 @@ case "${PART:-1}" in
     # 32 running x 64 pages (1024 tokens) and as many again for prefix pages. (pool_pages 0 would
     # take 4 full contexts per request; the attention plans' checks fill the pool with random values.)
     bench m125 "$W/m125.safetensors" "$W/m125_trace.json" 32 --pool-pages 4096
+    forced m125 "$W/m125.safetensors" "$W/m125_tokens.npy" 8 1 7 64 200 500 900 1000 1008
     ;;
   3)
     # Llama-3.2-1B shapes (issue 34's speed table): decode with 2k-token contexts at batch 1 and 64
@@ -83,6 +109,7 @@ case "${PART:-1}" in
         --prompt-len 2048 --prompt-spread 0 --new-tokens 64 --context 4096 --out "$W/l1b_trace_$b.json" > /dev/null
       bench "l1b_b$b" "$W/l1b.safetensors" "$W/l1b_trace_$b.json" $b --pool-pages $((b * 136))  # 2112 tokens each
     done
+    forced l1b "$W/l1b.safetensors" "$W/l1b_tokens.npy" 8 1 15 300 1024 2048 3000 4000 4080
     ;;
   *) echo "gpu_serve: PART must be 1, 2 or 3" >&2; exit 2 ;;
 esac

@@ -39,6 +39,10 @@ struct LmRequest {
   SamplingParams sampling;
   int64_t max_new_tokens = 16;
   int32_t stop_token = -1;  // ends the request when sampled (-1: none)
+  // Teacher forcing (verification): when not empty, the i-th new token is forced[i] instead of
+  // the sampled one; the logits are computed as usual (last_logits, with keep_logits on kGpu).
+  // max_new_tokens may not exceed its size.
+  std::vector<int32_t> forced;
 };
 
 struct TokenEvent {

@@ -245,7 +245,8 @@ struct LmEngine::Impl {
     return tokens;
   }
 
-  TokenEvent emit(int64_t id, Request& r, int32_t t) {
+  TokenEvent emit(int64_t id, Request& r, int32_t sampled) {
+    const int32_t t = r.r.forced.empty() ? sampled : r.r.forced[r.generated.size()];
     r.generated.push_back(t);
     r.done = static_cast<int64_t>(r.generated.size()) >= r.r.max_new_tokens || t == r.r.stop_token;
     return {id, t, r.done};
@@ -327,6 +328,15 @@ Result<int64_t> LmEngine::add_request(const LmRequest& r) {
     if (r.prompt[i] < 0 || r.prompt[i] >= m.vocab)
       return InvalidArgument("serve: prompt token " + std::to_string(i) + " = " +
                              std::to_string(r.prompt[i]) + " is outside the vocabulary [0, " +
+                             std::to_string(m.vocab) + ")");
+  if (!r.forced.empty() && r.max_new_tokens > static_cast<int64_t>(r.forced.size()))
+    return InvalidArgument("serve: " + std::to_string(r.forced.size()) + " forced tokens for " +
+                           std::to_string(r.max_new_tokens) +
+                           " new ones (teacher forcing needs one per new token)");
+  for (size_t i = 0; i < r.forced.size(); ++i)
+    if (r.forced[i] < 0 || r.forced[i] >= m.vocab)
+      return InvalidArgument("serve: forced token " + std::to_string(i) + " = " +
+                             std::to_string(r.forced[i]) + " is outside the vocabulary [0, " +
                              std::to_string(m.vocab) + ")");
   if (!(r.sampling.temperature >= 0) || !(r.sampling.top_p > 0 && r.sampling.top_p <= 1) ||
       r.sampling.top_k < 0)

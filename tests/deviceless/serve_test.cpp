@@ -149,6 +149,31 @@ TEST_F(Engine, ContinuousBatchingWithSharedPrefixesMatchesTheFullForward) {
   EXPECT_GT(small->stats().steps, e->stats().steps) << "requests waited for pages";
 }
 
+TEST_F(Engine, TeacherForcingEmitsTheForcedTokensWithTheirLogits) {
+  auto e = engine(32);
+  ASSERT_TRUE(e);
+  std::vector<LmRequest> reqs(2);
+  reqs[0].prompt = {1, 2, 3};
+  reqs[0].forced = {40, 0, 47, 5, 5};
+  reqs[0].max_new_tokens = 5;
+  reqs[1].prompt = {9};
+  reqs[1].forced = {8, 7, 6};
+  reqs[1].max_new_tokens = 3;
+  reqs[1].sampling = {1.0, 0, 1.0, 3};  // forcing wins over sampling
+  int checked = 0;
+  const auto out = run(*e, reqs, &checked);  // each event's logits against the full forward
+  EXPECT_EQ(checked, 8);
+  EXPECT_EQ(out.at(0), reqs[0].forced);
+  EXPECT_EQ(out.at(1), reqs[1].forced);
+  LmRequest bad = reqs[0];
+  bad.max_new_tokens = 6;
+  EXPECT_NE(e->add_request(bad).status().message().find("5 forced tokens for 6 new ones"), std::string::npos);
+  bad.max_new_tokens = 2;
+  bad.forced = {1, 48};
+  EXPECT_NE(e->add_request(bad).status().message().find("forced token 1 = 48 is outside the vocabulary"),
+            std::string::npos);
+}
+
 TEST_F(Engine, SeedsAndBadRequests) {
   auto e = engine(32);
   ASSERT_TRUE(e);

@@ -201,3 +201,23 @@ def test_init_writes_a_checkpoint_that_fusebox_serves(fusebox, tmp_path):
     ids = [int(x) for x in p.stdout.strip().strip("[]").split("][")]
     assert ids[:5] == [3, 1, 4, 1, 5] and len(ids) == 11, p.stdout
     _check_greedy(net, ids[:5], ids[5:], "init checkpoint")
+
+
+def test_teacher_forced_logits_match_the_torch_model(fusebox, model, tmp_path):
+    """`serve lm --forced` (fusebox's reference backend, bf16 stages) against `lm_torch teacher-forced`
+    (torch fp32 on the CPU): every position's logits within 2e-2 rel-L2."""
+    prompts = _prompts(model, [1, 6, 20])
+    forced = [[int(t) for t in np.load(model / "data" / "val.npy")[300 + 50 * i:306 + 50 * i]] for i in range(3)]
+    f = tmp_path / "forced.json"
+    f.write_text(json.dumps({"requests": [{"prompt": p, "forced": q} for p, q in zip(prompts, forced)]}))
+    ck = str(model / "run" / "checkpoint.safetensors")
+    p = subprocess.run([fusebox, "serve", "lm", "--model", ck, "--forced", str(f), "--logits-out",
+                        str(tmp_path / "logits")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    p = _py("fusebox_tools.models.lm_torch", "teacher-forced", "--checkpoint", ck, "--forced", str(f), "--logits",
+            str(tmp_path / "logits"), "--device", "cpu", "--json", str(tmp_path / "tf.json"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads((tmp_path / "tf.json").read_text())
+    assert r["ok"] and len(r["rows"]) == 3 and sum(x["forced"] for x in r["rows"]) == 18
+    assert 0 < r["worst_rel_l2"] <= 2e-2
+

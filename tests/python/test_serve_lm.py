@@ -1,13 +1,14 @@
 """`fusebox serve lm` on the CPU (the serving engine's reference backend, issue 34): prompts as
 text (the data folder's tokenizer) streamed back, several prompts served together with shared
-prefix pages, a Poisson request trace replayed with latency statistics and a plot, and bad input
-as one clear error. The engine's numbers are checked in tests/deviceless/serve_test.cpp (every
+prefix pages, a Poisson request trace replayed with latency statistics and a plot, teacher forcing writing
+each forced token's logits, and bad input as one clear error. The engine's numbers are checked in tests/deviceless/serve_test.cpp (every
 sampled token's logits against the training pipeline's full forward)."""
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from fusebox_tools.core.graph import REPO_ROOT
@@ -84,6 +85,32 @@ def test_a_trace_is_replayed_with_latencies(fusebox, model, tmp_path):
     assert p.returncode == 0, p.stderr
     alone = [int(x) for x in p.stdout.strip().strip("[]").split("][")][len(trace[3]["prompt"]):]
     assert alone == r["tokens_by_request"]["3"], (alone, r["tokens_by_request"]["3"])
+
+
+def test_teacher_forcing_writes_each_forced_tokens_logits(fusebox, model, tmp_path):
+    forced = tmp_path / "forced.json"
+    forced.write_text(json.dumps({"requests": [{"prompt": [1, 2, 3], "forced": [7, 8, 9, 10]},
+                                               {"prompt": [5], "forced": [500, 3]}]}))
+    out = tmp_path / "logits"
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--forced", str(forced), "--logits-out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "2 requests, 6 forced tokens" in p.stdout, p.stdout
+    a, b = np.load(out / "logits_0.npy"), np.load(out / "logits_1.npy")
+    assert a.shape == (4, 512) and b.shape == (2, 512) and a.dtype == np.float32
+    assert np.isfinite(a).all() and np.isfinite(b).all()
+    # Row 0 of request 1 is the logits after its prompt alone: what a greedy run samples from.
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids", "5", "--max-new", "1")
+    assert p.returncode == 0, p.stderr
+    assert int(p.stdout.strip().strip("[]").split("][")[-1]) == int(b[0].argmax())
+    # Nothing is overwritten; the file's errors name the request.
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--forced", str(forced), "--logits-out", str(out))
+    assert p.returncode != 0 and "exists and is not empty" in p.stderr, p.stderr
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--forced", str(forced))
+    assert p.returncode != 0 and "--forced needs --logits-out" in p.stderr, p.stderr
+    forced.write_text(json.dumps({"requests": [{"prompt": [1], "forced": [512]}]}))
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--forced", str(forced), "--logits-out",
+            str(tmp_path / "l2"))
+    assert p.returncode != 0 and "request 0: forced ids must be integers in [0, 512)" in p.stderr, p.stderr
 
 
 def test_bad_input_is_one_clear_error(fusebox, model, tmp_path):

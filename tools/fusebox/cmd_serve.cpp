@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "common/file_io.h"
 #include "common/json_text.h"
 #include "fusebox/serve.h"
+#include "fusebox/tensor.h"
 #include "fusebox/train.h"
 
 namespace fusebox::cli {
@@ -24,7 +26,7 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct ServeArgs {
-  std::string model, data, prompt_ids, bench, report, backend = "reference";
+  std::string model, data, prompt_ids, bench, report, backend = "reference", forced, logits_out;
   std::vector<std::string> prompts;
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
   double temperature = 0, top_p = 1;
@@ -214,6 +216,87 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
   return 0;
 }
 
+// --forced FILE: teacher forcing, for verification against an independent implementation
+// (python3 -m fusebox_tools.models.lm_torch teacher-forced). Every request of the file at once;
+// the logits each forced token was computed with go to DIR/logits_<i>.npy ([forced, vocab] fp32,
+// i the request's place in the file).
+int run_forced(const ServeArgs& a, LmEngine& e, int64_t vocab) {
+  auto fail = [](const Status& st) {
+    std::fprintf(stderr, "fusebox serve lm: %s\n", st.ToString().c_str());
+    return exit_code_for(st);
+  };
+  if (a.logits_out.empty()) return fail(InvalidArgument("--forced needs --logits-out DIR"));
+  std::error_code ec;
+  if (fs::exists(a.logits_out, ec) && !fs::is_empty(a.logits_out, ec))
+    return fail(
+        InvalidArgument("--logits-out " + a.logits_out + " exists and is not empty: nothing is overwritten"));
+  auto text = common::read_file_bounded(a.forced, 64u << 20, "teacher-forcing file");
+  if (!text.ok()) return fail(text.status());
+  const std::string where = a.forced + ": ";
+  if (common::scan_json_text(*text, 6, 8u << 20).kind != common::JsonTextLimit::Kind::kNone)
+    return fail(ParseError(where + "not a teacher-forcing file (too deep, too many values or a NUL byte)"));
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("requests") || !j["requests"].is_array() ||
+      j["requests"].empty())
+    return fail(ParseError(where + "expected {\"requests\": [{\"prompt\": [ids], \"forced\": [ids]}, ...]}"));
+  std::vector<LmRequest> reqs;
+  for (size_t i = 0; i < j["requests"].size(); ++i) {
+    const auto& r = j["requests"][i];
+    const std::string at = where + "request " + std::to_string(i) + ": ";
+    LmRequest q;
+    for (const char* key : {"prompt", "forced"}) {
+      if (!r.is_object() || !r.contains(key) || !r[key].is_array() || r[key].empty())
+        return fail(ParseError(at + "needs non-empty \"prompt\" and \"forced\" arrays of token ids"));
+      for (const auto& id : r[key]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab)
+          return fail(
+              InvalidArgument(at + key + " ids must be integers in [0, " + std::to_string(vocab) + ")"));
+        (std::string(key) == "prompt" ? q.prompt : q.forced)
+            .push_back(static_cast<int32_t>(id.get<int64_t>()));
+      }
+    }
+    q.max_new_tokens = static_cast<int64_t>(q.forced.size());
+    reqs.push_back(std::move(q));
+  }
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto id = e.add_request(reqs[i]);
+    if (!id.ok()) return fail(id.status().WithContext("request " + std::to_string(i)));
+    index[*id] = i;
+  }
+  std::vector<std::vector<float>> logits(reqs.size());
+  while (!e.idle()) {
+    auto ev = e.step();
+    if (!ev.ok()) return fail(ev.status());
+    for (const TokenEvent& x : *ev) {
+      const std::vector<float>& l = e.last_logits(x.request);
+      if (static_cast<int64_t>(l.size()) != vocab)
+        return fail(Internal("serve: no logits for request " + std::to_string(x.request)));
+      std::vector<float>& dst = logits[index.at(x.request)];
+      dst.insert(dst.end(), l.begin(), l.end());
+    }
+  }
+  fs::create_directories(a.logits_out, ec);
+  if (ec) return fail(IoError(a.logits_out + ": cannot create the folder: " + ec.message()));
+  int64_t total = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    HostTensor t;
+    t.dtype = DType::kFP32;
+    t.dims = {static_cast<int64_t>(logits[i].size()) / vocab, vocab};
+    t.strides = {vocab, 1};
+    t.data.resize(logits[i].size() * sizeof(float));
+    std::memcpy(t.data.data(), logits[i].data(), t.data.size());
+    total += t.dims[0];
+    if (Status st =
+            write_npy((fs::path(a.logits_out) / ("logits_" + std::to_string(i) + ".npy")).string(), t);
+        !st.ok())
+      return fail(st);
+  }
+  std::printf("%zu requests, %lld forced tokens: their logits in %s (logits_<i>.npy, [forced, vocab] fp32)\n",
+              reqs.size(), static_cast<long long>(total), a.logits_out.c_str());
+  return 0;
+}
+
 int run_serve(const ServeArgs& a) {
   auto fail = [](const Status& st) {
     std::fprintf(stderr, "fusebox serve lm: %s\n", st.ToString().c_str());
@@ -229,6 +312,7 @@ int run_serve(const ServeArgs& a) {
   o.pool_pages = a.pool_pages;
   o.max_batch = a.max_batch;
   if (!a.cache.off) o.plan_cache = a.cache.path.empty() ? default_cache_path() : a.cache.path;
+  o.keep_logits = !a.forced.empty();
   auto engine = LmEngine::create(*cfg, ck, o);
   if (!engine.ok()) return fail(engine.status());
   LmEngine& e = **engine;
@@ -240,6 +324,7 @@ int run_serve(const ServeArgs& a) {
         !st.ok())
       return fail(st);
   if (!a.bench.empty()) return run_bench(a, e, cfg->model.vocab);
+  if (!a.forced.empty()) return run_forced(a, e, cfg->model.vocab);
 
   std::vector<std::string> vocab;
   if (!a.data.empty()) {
@@ -330,6 +415,11 @@ Runner add_serve(CLI::App& app) {
       "--bench", a->bench,
       "Replay a request trace (python3 -m fusebox_tools.models.lm_trace make): latencies, tokens/s, KV use");
   cmd->add_option("--report", a->report, "With --bench: write the statistics as JSON");
+  cmd->add_option("--forced", a->forced,
+                  "Teacher forcing: {\"requests\": [{\"prompt\": [ids], \"forced\": [ids]}]}, all at once "
+                  "(verification: python3 -m fusebox_tools.models.lm_torch teacher-forced)");
+  cmd->add_option("--logits-out", a->logits_out,
+                  "With --forced: a new folder for each request's logits (logits_<i>.npy)");
   add_cache_flags(cmd, a->cache);
   return [a]() { return run_serve(*a); };
 }

@@ -15,6 +15,7 @@ loss); on CPU in fp32. Attention is F.scaled_dot_product_attention(is_causal=Tru
     python3 -m fusebox_tools.models.lm_torch bench --config C [--checkpoint CK] [--data DIR] \\
         [--modes eager,default,max-autotune-no-cudagraphs,reduce-overhead] [--json out.json]
     python3 -m fusebox_tools.models.lm_torch init --config C --out CK [--seed S]
+    python3 -m fusebox_tools.models.lm_torch teacher-forced --checkpoint CK --forced F.json --logits DIR [--tol 2e-2]
     python3 -m fusebox_tools.models.lm_torch serve-bench --checkpoint CK --trace TRACE.json --report R.json \\
         [--max-batch 8] [--device cuda|cpu] [--mode eager|compile] [--compile-mode M] [--kv-bucket 256]
     python3 -m fusebox_tools.models.lm_torch compare-serve A.json B.json [--first N] [--json]
@@ -452,6 +453,46 @@ def cmd_init(args):
     print(f"{args.out}: {sum(t.size for t in tensors.values())} parameters, random (seed "
           f"{args.seed if args.seed is not None else 'train.seed'})")
     return 0
+
+
+def teacher_forced(net, requests, logits_dir, dev, prec, tol):
+    """fusebox's logits of forced tokens (`fusebox serve lm --forced F --logits-out DIR`) against
+    `net`'s full forward over the same tokens: per request, the rel-L2 of each position's logits
+    (position j: after the prompt and forced[:j]). (rows, worst, ok)."""
+    rows, worst = [], 0.0
+    for i, r in enumerate(requests):
+        prompt, forced = [int(x) for x in r["prompt"]], [int(x) for x in r["forced"]]
+        ours = np.load(os.path.join(logits_dir, f"logits_{i}.npy")).astype(np.float64)
+        if ours.shape[0] != len(forced):
+            raise ValueError(f"logits_{i}.npy has {ours.shape[0]} rows for {len(forced)} forced tokens")
+        with torch.no_grad(), autocast(dev, prec):
+            out = net(torch.tensor([prompt + forced[:-1]], device=dev))[0, len(prompt) - 1:]
+        ref = out.double().cpu().numpy()
+        err = np.linalg.norm(ours - ref, axis=1) / np.maximum(np.linalg.norm(ref, axis=1), 1e-30)
+        worst = max(worst, float(err.max()))
+        rows.append({"request": i, "prompt": len(prompt), "forced": len(forced), "worst_rel_l2": float(err.max()),
+                     "median_rel_l2": float(np.median(err)),
+                     "argmax_equal": int((ours.argmax(1) == ref.argmax(1)).sum())})
+    return rows, worst, worst <= tol
+
+
+def cmd_teacher_forced(args):
+    dev, prec = _device(args)
+    net = load(_config_source(args), args.checkpoint, dev).eval()
+    with open(args.forced) as f:
+        requests = json.load(f)["requests"]
+    rows, worst, ok = teacher_forced(net, requests, args.logits, dev, prec, args.tol)
+    for r in rows:
+        print(f"request {r['request']}: prompt {r['prompt']}, {r['forced']} forced: rel-L2 worst "
+              f"{r['worst_rel_l2']:.3e}, median {r['median_rel_l2']:.3e}; argmax equal {r['argmax_equal']}"
+              f"/{r['forced']}")
+    positions = sum(r["forced"] for r in rows)
+    print(f"{'PASS' if ok else 'FAIL'}: {len(rows)} requests, {positions} positions, worst rel-L2 {worst:.3e} "
+          f"(limit {args.tol:g}; torch {prec} on {dev})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "worst_rel_l2": worst, "ok": ok, "precision": prec, "device": dev}, f, indent=1)
+    return 0 if ok else 1
 
 
 def cmd_train(args):
@@ -1124,6 +1165,18 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="the checkpoint to write")
     p.add_argument("--seed", type=int, help="default train.seed")
     p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser("teacher-forced", help="fusebox's logits of forced tokens against this model's full "
+                                              "forward (fusebox serve lm --forced F --logits-out DIR)")
+    p.add_argument("--checkpoint", required=True, help="the checkpoint fusebox served")
+    p.add_argument("--config", help="config JSON (default: the checkpoint's metadata)")
+    p.add_argument("--forced", required=True, help="the --forced file")
+    p.add_argument("--logits", required=True, help="the --logits-out folder")
+    p.add_argument("--tol", type=float, default=2e-2, help="rel-L2 per position (issue 34: 2e-2 in bf16)")
+    p.add_argument("--device", help="cuda or cpu (default cuda when available)")
+    p.add_argument("--precision", choices=["bf16", "fp32"], help="default bf16 on CUDA, fp32 on the CPU")
+    p.add_argument("--json", help="write the rows here")
+    p.set_defaults(func=cmd_teacher_forced)
 
     p = sub.add_parser("serve-bench", help="replay a request trace with a KV cache and continuous batching "
                                            "(the PyTorch baseline of `fusebox serve lm --bench`)")
