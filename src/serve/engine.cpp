@@ -1,9 +1,10 @@
 // fusebox: the language-model serving engine (include/fusebox/serve.h): scheduling, the KV
 // pool's pages and sampling here; the model step on the GPU in gpu_forward.cpp, or here on the
-// reference backend. Each reference step runs the model over B sequences of S new tokens (a prompt chunk: B =
-// 1; decode: S = 1) stage by stage as graphs through the CPU reference, with the training pipeline's stage
-// split (every stage's output rounded to its dtype as a GPU buffer would be), RoPE at each
-// sequence's offset, the new keys and values written into the paged pools, and paged attention.
+// reference backend. Each reference step runs the model over B sequences of S new tokens (a
+// prompt chunk: B = 1; decode: S = 1) stage by stage as graphs through the CPU reference, with the
+// training pipeline's stage split (every stage's output rounded to its dtype as a GPU buffer
+// would be), RoPE at each sequence's offset, the new keys and values written into the paged
+// pools, and paged attention.
 #include <unistd.h>
 
 #include <algorithm>
