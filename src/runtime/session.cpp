@@ -258,11 +258,13 @@ std::string static_engine_precompiled(const ResolvedGraph& g, const DeviceTarget
 // The last resort for a graph of one op that no cuDNN engine builds (`why`): fusebox's reference
 // kernels (PlanRequest::reference_fallback). Only on a GPU: deviceless, a runtime-compiled engine
 // the build could not see may exist. `why` unchanged where the fallback does not apply.
+// `whole_graph`: any number of ops (the plan check's last candidate, after a partition failed it).
 Result<Plan> reference_fallback_plan(const ResolvedGraph& g, const DeviceTarget& target,
                                      const BuildOptions& base, const PlanRequest& request, const Status& why,
-                                     GpuContext* ctx, PlanReport& rep, BuildReport* report) {
-  if (!request.reference_fallback || !request.engine.empty() || target.deviceless() || g.ops.size() != 1 ||
-      why.code() != StatusCode::kNotSupported) {
+                                     GpuContext* ctx, PlanReport& rep, BuildReport* report,
+                                     bool whole_graph = false) {
+  if (!request.reference_fallback || !request.engine.empty() || target.deviceless() ||
+      (g.ops.size() != 1 && !whole_graph) || why.code() != StatusCode::kNotSupported) {
     return why;
   }
   BuildOptions o = base;
@@ -276,8 +278,10 @@ Result<Plan> reference_fallback_plan(const ResolvedGraph& g, const DeviceTarget&
   }
   const ResolvedOp& op = g.ops[0];
   const std::string& m = why.message();
-  rep.reference_fallback.push_back("op '" + op.name + "' (" + std::string(op_type_name(op.attrs)) +
-                                   "): " + m.substr(0, std::min<size_t>(m.find('\n'), 300)));
+  const std::string what = g.ops.size() == 1
+                               ? "op '" + op.name + "' (" + std::string(op_type_name(op.attrs)) + ")"
+                               : "the whole graph (" + std::to_string(g.ops.size()) + " ops)";
+  rep.reference_fallback.push_back(what + ": " + m.substr(0, std::min<size_t>(m.find('\n'), 300)));
   return plan;
 }
 
@@ -639,21 +643,12 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     // the whole graph as one plan of fusebox's reference kernels (no parts to compose): slow, but
     // a valid graph runs. (H100, 2026-12-05, the sweep's seed 4347: a partition whose parts each
     // passed the check alone failed it together, twice, and the graph was refused.)
-    if (!plan.ok() && partitioned_after_check && !whole_on_reference_kernels && request.reference_fallback &&
-        !s.target.deviceless() && g.ops.size() > 1) {
+    if (!plan.ok() && partitioned_after_check && !whole_on_reference_kernels && g.ops.size() > 1) {
       whole_on_reference_kernels = true;
-      BuildOptions o = base;
-      o.engine = kReferenceEngine;
-      o.dynamic_shape = false;
-      o.kernel_cache = nullptr;
       BuildReport whole_report;
-      auto whole = build_plan(g, s.target, o, &whole_report, ctx);
+      auto whole = reference_fallback_plan(g, s.target, base, request, plan.status(), ctx, rep, &whole_report,
+                                           /*whole_graph=*/true);
       if (whole.ok()) {
-        const std::string& m = plan.status().message();
-        rep.reference_fallback.push_back(
-            "the whole graph, after every candidate and partition failed the plan "
-            "check: " +
-            m.substr(0, std::min<size_t>(m.find('\n'), 300)));
         plan = std::move(whole);
         rep.build = std::move(whole_report);
       }

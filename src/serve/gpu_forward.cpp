@@ -384,16 +384,16 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
 
   // Warm-up: every bucket's plans, one eager run of each (all rows padding: nothing written to
   // the pools), then the decode buckets' CUDA graphs (the workspace arena no longer grows).
-  std::vector<std::pair<int64_t, int64_t>> buckets;
-  for (int64_t b = 1;; b *= 2) {
-    buckets.push_back({std::min(b, B), 1});
+  // The buckets are what run() picks (bucket()), every one of them.
+  for (int64_t b = bucket(1, 1, B);; b = bucket(b + 1, 1, B)) {
+    FUSEBOX_RETURN_IF_ERROR(s.program(b, 1).status());
     if (b >= B) break;
   }
-  for (int64_t sb = kMinPrefillBucket;; sb *= 2) {
-    buckets.push_back({1, std::min(sb, prefill_cap)});
+  for (int64_t sb = bucket(2, kMinPrefillBucket, prefill_cap);;
+       sb = bucket(sb + 1, kMinPrefillBucket, prefill_cap)) {
+    FUSEBOX_RETURN_IF_ERROR(s.program(1, sb).status());
     if (sb >= prefill_cap) break;
   }
-  for (const auto& [bb, sb] : buckets) FUSEBOX_RETURN_IF_ERROR(s.program(bb, sb).status());
   for (auto& [key, p] : s.programs) {
     s.fill({}, p.B, p.S, p.S, {});
     FUSEBOX_RETURN_IF_ERROR(s.enqueue(p));

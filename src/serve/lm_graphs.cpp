@@ -12,10 +12,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
-            const char* dtype = nullptr) {
-  return common::json_tensor(name, std::move(dims), layout, dtype);
-}
+using common::json_tensor;
 constexpr auto& op = common::json_op;
 
 Result<LmGraph> make(const std::string& key, Json tensors, Json ops) {
@@ -40,15 +37,15 @@ Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp3
   static const char* const kNames[] = {"", "res_", "silu", "mul"};
   const std::string key =
       std::string("gemm_") + kNames[static_cast<int>(e)] + (fp32_out ? "f32_" : "_") + dims_key({n, k, p});
-  Json t = {tensor("a", {1, n, k}), tensor("w", {1, k, p}),
-            tensor("y", {1, n, p}, nullptr, fp32_out ? "fp32" : nullptr)};
+  Json t = {json_tensor("a", {1, n, k}), json_tensor("w", {1, k, p}),
+            json_tensor("y", {1, n, p}, nullptr, fp32_out ? "fp32" : nullptr)};
   Json o = Json::array();
   switch (e) {
     case Epilogue::kNone:
       o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "y"}}));
       break;
     case Epilogue::kResidual:
-      t.push_back(tensor("r", {1, n, p}));
+      t.push_back(json_tensor("r", {1, n, p}));
       o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
       o.push_back(op("add", "res", {{"a", "z"}, {"b", "r"}}, {{"y", "y"}}));
       break;
@@ -57,7 +54,7 @@ Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp3
       o.push_back(op("silu", "act", {{"x", "z"}}, {{"y", "y"}}));
       break;
     case Epilogue::kMul:
-      t.push_back(tensor("g", {1, n, p}));
+      t.push_back(json_tensor("g", {1, n, p}));
       o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
       o.push_back(op("mul", "glu", {{"a", "g"}, {"b", "z"}}, {{"y", "y"}}));
       break;
@@ -70,8 +67,8 @@ Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n) {
   Json o = op("rmsnorm", "rms", {{"x", "x"}, {"scale", "scale"}}, {{"y", "y"}});
   o["epsilon"] = m.norm_eps;
   return make("rmsnorm_" + dims_key({n, D}),
-              {tensor("x", {n, D, 1, 1}, "nhwc"), tensor("scale", {1, D, 1, 1}, "nhwc", "fp32"),
-               tensor("y", {n, D, 1, 1}, "nhwc")},
+              {json_tensor("x", {n, D, 1, 1}, "nhwc"), json_tensor("scale", {1, D, 1, 1}, "nhwc", "fp32"),
+               json_tensor("y", {n, D, 1, 1}, "nhwc")},
               Json::array({o}));
 }
 
@@ -79,8 +76,9 @@ Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t
   const int64_t dh = m.head_dim;
   return make(
       "rope_" + dims_key({B, H, S, dh, freq_rows}),
-      {tensor("x", {B, H, S, dh}, "bshd"), tensor("freqs", {1, 1, freq_rows, dh / 2}, nullptr, "fp32"),
-       tensor("offset", {B, 1, 1, 1}, nullptr, "int32"), tensor("y", {B, H, S, dh}, "bshd")},
+      {json_tensor("x", {B, H, S, dh}, "bshd"),
+       json_tensor("freqs", {1, 1, freq_rows, dh / 2}, nullptr, "fp32"),
+       json_tensor("offset", {B, 1, 1, 1}, nullptr, "int32"), json_tensor("y", {B, H, S, dh}, "bshd")},
       Json::array(
           {op("rope", "rope", {{"x", "x"}, {"freqs", "freqs"}, {"offset", "offset"}}, {{"y", "y"}})}));
 }
@@ -104,18 +102,19 @@ Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, in
   const std::vector<int64_t> pool = {pool_pages, m.kv_heads, page_size, dh};
   return make(
       "attn_" + dims_key({B, S, max_pages, pool_pages, page_size}),
-      {tensor("q", {B, m.heads, S, dh}, "bshd"), tensor("k", pool), tensor("v", pool),
-       tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"), tensor("lq", {B, 1, 1, 1}, nullptr, "int32"),
-       tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"), tensor("o", {B, m.heads, S, dh}, "bshd")},
+      {json_tensor("q", {B, m.heads, S, dh}, "bshd"), json_tensor("k", pool), json_tensor("v", pool),
+       json_tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"),
+       json_tensor("lq", {B, 1, 1, 1}, nullptr, "int32"), json_tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"),
+       json_tensor("o", {B, m.heads, S, dh}, "bshd")},
       Json::array({attn}));
 }
 
 Result<LmGraph> embedding_graph(const LmModelConfig& m, int64_t n) {
-  return make(
-      "embed_" + dims_key({n, m.vocab, m.dim}),
-      {tensor("ids", {n, 1, 1, 1}, nullptr, "int32"), tensor("table", {m.vocab, m.dim, 1, 1}, "nhwc", "fp32"),
-       tensor("y", {n, m.dim, 1, 1}, "nhwc")},
-      Json::array({op("embedding", "embed", {{"ids", "ids"}, {"table", "table"}}, {{"y", "y"}})}));
+  return make("embed_" + dims_key({n, m.vocab, m.dim}),
+              {json_tensor("ids", {n, 1, 1, 1}, nullptr, "int32"),
+               json_tensor("table", {m.vocab, m.dim, 1, 1}, "nhwc", "fp32"),
+               json_tensor("y", {n, m.dim, 1, 1}, "nhwc")},
+              Json::array({op("embedding", "embed", {{"ids", "ids"}, {"table", "table"}}, {{"y", "y"}})}));
 }
 
 }  // namespace fusebox::serve

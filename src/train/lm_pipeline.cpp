@@ -16,10 +16,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-Json tensor(const std::string& name, std::vector<int64_t> dims, const char* layout = nullptr,
-            const char* dtype = nullptr) {
-  return common::json_tensor(name, std::move(dims), layout, dtype);
-}
+using common::json_tensor;
 constexpr auto& graph = common::json_bf16_graph;
 constexpr auto& op = common::json_op;
 
@@ -45,9 +42,10 @@ class Builder {
                const std::string& y) {
     stage(name,
           graph(name,
-                {tensor("x", {N_, m_.dim, 1, 1}, "nhwc"), tensor("scale", {1, m_.dim, 1, 1}, "nhwc", "fp32"),
-                 tensor("y", {N_, m_.dim, 1, 1}, "nhwc"),
-                 tensor("inv_variance", {N_, 1, 1, 1}, nullptr, "fp32")},
+                {json_tensor("x", {N_, m_.dim, 1, 1}, "nhwc"),
+                 json_tensor("scale", {1, m_.dim, 1, 1}, "nhwc", "fp32"),
+                 json_tensor("y", {N_, m_.dim, 1, 1}, "nhwc"),
+                 json_tensor("inv_variance", {N_, 1, 1, 1}, nullptr, "fp32")},
                 {[&] {
                   Json o = op("rmsnorm", "rms", {{"x", "x"}, {"scale", "scale"}},
                               {{"y", "y"}, {"inv_variance", "inv_variance"}});
@@ -62,13 +60,13 @@ class Builder {
   // y = a @ w [+ residual]: a [1, N, K], w [1, K, P].
   void gemm(const std::string& name, const std::string& a, const std::string& w, int64_t k, int64_t p,
             const std::string& y, const std::string& residual = "") {
-    Json tensors = {tensor("a", {1, N_, k}), tensor("w", {1, k, p}), tensor("y", {1, N_, p})};
+    Json tensors = {json_tensor("a", {1, N_, k}), json_tensor("w", {1, k, p}), json_tensor("y", {1, N_, p})};
     Json ops = Json::array();
     Json bind = {{"a", a}, {"w", w}, {"y", y}};
     if (residual.empty()) {
       ops.push_back(op("matmul", "gemm", {{"a", "a"}, {"b", "w"}}, {{"y", "y"}}));
     } else {
-      tensors.push_back(tensor("residual", {1, N_, p}));
+      tensors.push_back(json_tensor("residual", {1, N_, p}));
       ops.push_back(op("matmul", "gemm", {{"a", "a"}, {"b", "w"}}, {{"y", "proj"}}));
       ops.push_back(op("add", "residual", {{"a", "proj"}, {"b", "residual"}}, {{"y", "y"}}));
       bind["residual"] = residual;
@@ -81,15 +79,16 @@ class Builder {
   void swiglu(const std::string& l, const std::string& x, const std::string& act) {
     const int64_t d = m_.dim, f = m_.ffn_dim;
     stage(l + "gate",
-          graph(l + "gate", {tensor("x", {1, N_, d}), tensor("w", {1, d, f}), tensor("g", {1, N_, f})},
+          graph(l + "gate",
+                {json_tensor("x", {1, N_, d}), json_tensor("w", {1, d, f}), json_tensor("g", {1, N_, f})},
                 {op("matmul", "gemm", {{"a", "x"}, {"b", "w"}}, {{"y", "pre"}}),
                  op("silu", "silu", {{"x", "pre"}}, {{"y", "g"}})}),
           {{"x", x}, {"w", l + "w_gate"}, {"g", l + "gate"}});
     buffer(l + "gate", "intermediate");
     stage(l + "up",
           graph(l + "up",
-                {tensor("x", {1, N_, d}), tensor("w", {1, d, f}), tensor("g", {1, N_, f}),
-                 tensor("y", {1, N_, f})},
+                {json_tensor("x", {1, N_, d}), json_tensor("w", {1, d, f}), json_tensor("g", {1, N_, f}),
+                 json_tensor("y", {1, N_, f})},
                 {op("matmul", "gemm", {{"a", "x"}, {"b", "w"}}, {{"y", "up"}}),
                  op("mul", "glu", {{"a", "g"}, {"b", "up"}}, {{"y", "y"}})}),
           {{"x", x}, {"w", l + "w_up"}, {"g", l + "gate"}, {"y", act}});
@@ -103,24 +102,25 @@ class Builder {
   void mlp_fused(const std::string& l, const std::string& x, const std::string& residual,
                  const std::string& y) {
     const int64_t d = m_.dim, f = m_.ffn_dim;
-    stage(l + "mlp",
-          graph(l + "mlp",
-                {tensor("x", {1, N_, d}), tensor("w_gate", {1, d, f}), tensor("w_up", {1, d, f}),
-                 tensor("w_down", {1, f, d}), tensor("residual", {1, N_, d}), tensor("act", {1, N_, f}),
-                 tensor("y", {1, N_, d})},
-                {op("matmul", "gate_gemm", {{"a", "x"}, {"b", "w_gate"}}, {{"y", "pre"}}),
-                 op("silu", "silu", {{"x", "pre"}}, {{"y", "g"}}),
-                 op("matmul", "up_gemm", {{"a", "x"}, {"b", "w_up"}}, {{"y", "up"}}),
-                 op("mul", "glu", {{"a", "g"}, {"b", "up"}}, {{"y", "act"}}),
-                 op("matmul", "down_gemm", {{"a", "act"}, {"b", "w_down"}}, {{"y", "proj"}}),
-                 op("add", "residual", {{"a", "proj"}, {"b", "residual"}}, {{"y", "y"}})}),
-          {{"x", x},
-           {"w_gate", l + "w_gate"},
-           {"w_up", l + "w_up"},
-           {"w_down", l + "w_down"},
-           {"residual", residual},
-           {"act", l + "act"},
-           {"y", y}});
+    stage(
+        l + "mlp",
+        graph(l + "mlp",
+              {json_tensor("x", {1, N_, d}), json_tensor("w_gate", {1, d, f}), json_tensor("w_up", {1, d, f}),
+               json_tensor("w_down", {1, f, d}), json_tensor("residual", {1, N_, d}),
+               json_tensor("act", {1, N_, f}), json_tensor("y", {1, N_, d})},
+              {op("matmul", "gate_gemm", {{"a", "x"}, {"b", "w_gate"}}, {{"y", "pre"}}),
+               op("silu", "silu", {{"x", "pre"}}, {{"y", "g"}}),
+               op("matmul", "up_gemm", {{"a", "x"}, {"b", "w_up"}}, {{"y", "up"}}),
+               op("mul", "glu", {{"a", "g"}, {"b", "up"}}, {{"y", "act"}}),
+               op("matmul", "down_gemm", {{"a", "act"}, {"b", "w_down"}}, {{"y", "proj"}}),
+               op("add", "residual", {{"a", "proj"}, {"b", "residual"}}, {{"y", "y"}})}),
+        {{"x", x},
+         {"w_gate", l + "w_gate"},
+         {"w_up", l + "w_up"},
+         {"w_down", l + "w_down"},
+         {"residual", residual},
+         {"act", l + "act"},
+         {"y", y}});
     buffer(l + "act", "output");
     buffer(y, "intermediate", true);
   }
@@ -128,9 +128,9 @@ class Builder {
   void rope(const std::string& name, const std::string& x, int64_t heads, const std::string& y) {
     stage(name,
           graph(name,
-                {tensor("x", {B_, heads, S_, m_.head_dim}, "bshd"),
-                 tensor("freqs", {1, 1, S_, m_.head_dim / 2}, nullptr, "fp32"),
-                 tensor("y", {B_, heads, S_, m_.head_dim}, "bshd")},
+                {json_tensor("x", {B_, heads, S_, m_.head_dim}, "bshd"),
+                 json_tensor("freqs", {1, 1, S_, m_.head_dim / 2}, nullptr, "fp32"),
+                 json_tensor("y", {B_, heads, S_, m_.head_dim}, "bshd")},
                 {op("rope", "rope", {{"x", "x"}, {"freqs", "freqs"}}, {{"y", "y"}})}),
           {{"x", x}, {"freqs", "freqs"}, {"y", y}});
     buffer(y, "intermediate", true);
@@ -173,8 +173,9 @@ Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int
   const int64_t N = batch * seq, D = m.dim, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   b.stage("embed",
           graph("embed",
-                {tensor("ids", {N, 1, 1, 1}, nullptr, "int32"),
-                 tensor("table", {m.vocab, D, 1, 1}, "nhwc", "fp32"), tensor("y", {N, D, 1, 1}, "nhwc")},
+                {json_tensor("ids", {N, 1, 1, 1}, nullptr, "int32"),
+                 json_tensor("table", {m.vocab, D, 1, 1}, "nhwc", "fp32"),
+                 json_tensor("y", {N, D, 1, 1}, "nhwc")},
                 {op("embedding", "embed", {{"ids", "ids"}, {"table", "table"}}, {{"y", "y"}})}),
           {{"ids", "ids"}, {"table", "tok_embeddings"}, {"y", "h0"}});
   b.buffer("h0", "intermediate", true);
@@ -193,11 +194,11 @@ Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int
     attn["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(m.head_dim));
     b.stage(l + "attn",
             graph(l + "attn",
-                  {tensor("q", {batch, m.heads, seq, m.head_dim}, "bshd"),
-                   tensor("k", {batch, m.kv_heads, seq, m.head_dim}, "bshd"),
-                   tensor("v", {batch, m.kv_heads, seq, m.head_dim}, "bshd"),
-                   tensor("o", {batch, m.heads, seq, m.head_dim}, "bshd"),
-                   tensor("stats", {batch, m.heads, seq, 1}, nullptr, "fp32")},
+                  {json_tensor("q", {batch, m.heads, seq, m.head_dim}, "bshd"),
+                   json_tensor("k", {batch, m.kv_heads, seq, m.head_dim}, "bshd"),
+                   json_tensor("v", {batch, m.kv_heads, seq, m.head_dim}, "bshd"),
+                   json_tensor("o", {batch, m.heads, seq, m.head_dim}, "bshd"),
+                   json_tensor("stats", {batch, m.heads, seq, 1}, nullptr, "fp32")},
                   {attn}),
             {{"q", l + "q_rot"},
              {"k", l + "k_rot"},
@@ -219,14 +220,15 @@ Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int
   }
   b.rmsnorm("norm.op", h, "norm", "h_norm");
   b.gemm("output", "h_norm", "output", D, m.vocab, "logits");
-  b.stage(
-      "xent",
-      graph("xent",
-            {tensor("logits", {N, m.vocab, 1, 1}, "nhwc"), tensor("labels", {N, 1, 1, 1}, nullptr, "int32"),
-             tensor("loss", {N, 1, 1, 1}, nullptr, "fp32"), tensor("lse", {N, 1, 1, 1}, nullptr, "fp32")},
-            {op("cross_entropy", "xent", {{"logits", "logits"}, {"labels", "labels"}},
-                {{"loss", "loss"}, {"lse", "lse"}})}),
-      {{"logits", "logits"}, {"labels", "labels"}, {"loss", "loss"}, {"lse", "lse"}});
+  b.stage("xent",
+          graph("xent",
+                {json_tensor("logits", {N, m.vocab, 1, 1}, "nhwc"),
+                 json_tensor("labels", {N, 1, 1, 1}, nullptr, "int32"),
+                 json_tensor("loss", {N, 1, 1, 1}, nullptr, "fp32"),
+                 json_tensor("lse", {N, 1, 1, 1}, nullptr, "fp32")},
+                {op("cross_entropy", "xent", {{"logits", "logits"}, {"labels", "labels"}},
+                    {{"loss", "loss"}, {"lse", "lse"}})}),
+          {{"logits", "logits"}, {"labels", "labels"}, {"loss", "loss"}, {"lse", "lse"}});
   b.buffer("loss", "output");
   b.buffer("lse", "output");
   return b.write(dir);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -57,6 +58,16 @@ struct TempDir {
 inline void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 // A graph from its JSON text, resolved (a test failure if it does not parse or resolve).
+// ||a - b||_2 / ||b||_2 over two float vectors (b the reference); infinite (fails every
+// tolerance) when their sizes differ.
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return HUGE_VAL;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    num += (a[i] - b[i]) * double(a[i] - b[i]), den += double(b[i]) * b[i];
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
 inline ResolvedGraph resolved_graph(const std::string& json) {
   auto spec = parse_graph_json(json);
   EXPECT_TRUE(spec.ok()) << spec.status().ToString();

@@ -17,6 +17,7 @@
 namespace fusebox {
 namespace {
 
+using testing::rel_l2;
 using testing::TempDir;
 
 constexpr char kTiny[] = R"({
@@ -24,13 +25,6 @@ constexpr char kTiny[] = R"({
             "ffn_dim": 128, "context": 64},
   "train": {"batch": 2, "lr": 1e-2, "warmup": 2, "seed": 3}
 })";
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    num += (a[i] - b[i]) * double(a[i] - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 class ServeGpu : public ::testing::Test {
  protected:

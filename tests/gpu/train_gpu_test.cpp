@@ -18,6 +18,7 @@
 namespace fusebox {
 namespace {
 
+using testing::rel_l2;
 using testing::TempDir;
 
 constexpr char kTiny[] = R"({
@@ -37,13 +38,6 @@ TokenStream tokens(int64_t n, uint32_t seed) {
     s.tokens.push_back(x);
   }
   return s;
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    num += (a[i] - b[i]) * double(a[i] - b[i]), den += double(b[i]) * b[i];
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 class TrainGpu : public ::testing::Test {
