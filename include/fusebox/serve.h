@@ -3,7 +3,8 @@
 //
 // Each step() admits waiting requests while the KV pool can hold them (prompt plus
 // max_new_tokens, less the prefix pages already cached for the same prompt prefix), prefills
-// each admitted prompt (the part not cached) through paged attention, then decodes one token
+// the admitted prompts (the parts not cached) together through paged attention, one padded batch
+// per prefill length bucket (serve: prefill_bucket/prefill_rows), then decodes one token
 // for every running request in one batch; finished requests leave and free their pages. Prefix
 // pages (whole pages of prompt tokens) are shared between requests and kept, least recently
 // used first out, until the pool needs them.
@@ -11,8 +12,9 @@
 // Backends: kReference computes every stage with the CPU reference (small models; the tests
 // compare its logits with the trainer's full forward). kGpu runs the same graphs as cuDNN (or
 // fusebox) plans on the GPU: the paged pools on the device, decode steps replayed as one CUDA
-// graph per batch-size bucket (powers of two up to max_batch, padded), prompt chunks in
-// power-of-two length buckets (16 up to the context), sampling on the GPU; every bucket is built
+// graph per batch-size bucket (powers of two up to max_batch, padded), prompt batches in
+// power-of-two length buckets (16 up to the context) by power-of-two row buckets (length x rows
+// at most the context), sampling on the GPU; every bucket is built
 // at create(), so nothing is built on the request path. Without a GPU it is refused
 // (NotSupported).
 #pragma once
@@ -68,6 +70,7 @@ struct EngineOptions {
 
 struct EngineStats {
   int64_t steps = 0, prefill_tokens = 0, cached_prompt_tokens = 0, decode_tokens = 0;
+  int64_t prefill_batches = 0;  // padded prompt batches run (the prompts admitted in a step, by bucket)
   int64_t running = 0, waiting = 0;
   int64_t pages_used = 0, pages_cached = 0, pages_free = 0;  // cached: prefix pages no request holds
   int64_t pages_total = 0;                                   // the pool's pages per layer

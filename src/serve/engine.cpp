@@ -1,10 +1,10 @@
 // fusebox: the language-model serving engine (include/fusebox/serve.h): scheduling, the KV
 // pool's pages and sampling here; the model step on the GPU in gpu_forward.cpp, or here on the
-// reference backend. Each reference step runs the model over B sequences of S new tokens (a
-// prompt chunk: B = 1; decode: S = 1) stage by stage as graphs through the CPU reference, with the
-// training pipeline's stage split (every stage's output rounded to its dtype as a GPU buffer
-// would be), RoPE at each sequence's offset, the new keys and values written into the paged
-// pools, and paged attention.
+// reference backend. Each reference step runs the model over B sequences of up to S new tokens
+// (prompts admitted together, padded to the longest; decode: S = 1) stage by stage as graphs through the CPU
+// reference, with the training pipeline's stage split (every stage's output rounded to its dtype as a GPU
+// buffer would be), RoPE at each sequence's offset, the new keys and values written into the paged pools, and
+// paged attention.
 #include <unistd.h>
 
 #include <algorithm>
@@ -144,19 +144,21 @@ struct LmEngine::Impl {
     return std::move(out.at("y"));
   }
 
-  // The model over B sequences of S new tokens each; returns the logits of each sequence's last
-  // new token ([B, vocab]).
-  Result<Values> forward(const std::vector<Request*>& batch, int64_t S, const std::vector<int32_t>& ids) {
+  // The model over B sequences of counts[b] <= S new tokens each (ids: B x S, padded); returns the
+  // logits of each sequence's last new token ([B, vocab]).
+  Result<Values> forward(const std::vector<Request*>& batch, int64_t S, const std::vector<int64_t>& counts,
+                         const std::vector<int32_t>& ids) {
     const LmModelConfig& m = cfg.model;
     const int64_t B = static_cast<int64_t>(batch.size()), N = B * S, D = m.dim, dh = m.head_dim;
     const int64_t H = m.heads, KV = m.kv_heads, P = opt.page_size;
     Values offsets, lens_q, lens_kv;
     int64_t max_kv = 0;
-    for (Request* r : batch) {
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const Request* r = batch[b];
       offsets.push_back(static_cast<float>(r->len));
-      lens_q.push_back(static_cast<float>(S));
-      lens_kv.push_back(static_cast<float>(r->len + S));
-      max_kv = std::max(max_kv, r->len + S);
+      lens_q.push_back(static_cast<float>(counts[b]));
+      lens_kv.push_back(static_cast<float>(r->len + counts[b]));
+      max_kv = std::max(max_kv, r->len + counts[b]);
     }
     const int64_t max_pages = (max_kv + P - 1) / P;
     Values table(static_cast<size_t>(B * max_pages), 0.f);
@@ -184,10 +186,10 @@ struct LmEngine::Impl {
       FUSEBOX_ASSIGN_OR_RETURN(Values qr, rope(B, H, S, rows_to_bhsd(q, B, S, H, dh), offsets));
       FUSEBOX_ASSIGN_OR_RETURN(Values kr, rope(B, KV, S, rows_to_bhsd(k, B, S, KV, dh), offsets));
       // The new keys and values into their pages: position p of sequence b is row p % P of page
-      // table[b][p / P].
+      // table[b][p / P] (a row's padding past its count is not written).
       const Values vb = rows_to_bhsd(v, B, S, KV, dh);
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t s = 0; s < S; ++s) {
+        for (int64_t s = 0; s < counts[static_cast<size_t>(b)]; ++s) {
           const int64_t pos = batch[static_cast<size_t>(b)]->len + s;
           const int64_t page = batch[static_cast<size_t>(b)]->seq.pages[static_cast<size_t>(pos / P)];
           for (int64_t hk = 0; hk < KV; ++hk) {
@@ -210,16 +212,17 @@ struct LmEngine::Impl {
     }
     // The last new token of each sequence only.
     Values last(static_cast<size_t>(B * D));
-    for (int64_t b = 0; b < B; ++b) std::copy_n(h.begin() + ((b + 1) * S - 1) * D, D, last.begin() + b * D);
+    for (int64_t b = 0; b < B; ++b)
+      std::copy_n(h.begin() + (b * S + counts[static_cast<size_t>(b)] - 1) * D, D, last.begin() + b * D);
     FUSEBOX_ASSIGN_OR_RETURN(Values hn, rmsnorm(B, last, "norm"));
     return gemm(B, D, m.vocab, hn, "output", serve::Epilogue::kNone, nullptr, /*fp32_out=*/true);
   }
 
-  // One model step over `batch` (S new tokens each) and the token sampled for each: on the GPU,
-  // or the reference forward and the host's sampler. Each request draws one uniform per token
-  // from its own generator, before the step, in both.
+  // One model step over `batch` (counts[b] <= S new tokens each, ids B x S padded) and the token
+  // sampled for each: on the GPU, or the reference forward and the host's sampler. Each request
+  // draws one uniform per token from its own generator, before the step, in both.
   Result<std::vector<int32_t>> advance(const std::vector<Request*>& batch, int64_t S,
-                                       const std::vector<int32_t>& ids) {
+                                       const std::vector<int64_t>& counts, const std::vector<int32_t>& ids) {
     std::uniform_real_distribution<double> dist(0, 1);
     std::vector<double> u;
     for (Request* r : batch) u.push_back(dist(r->rng));
@@ -232,18 +235,59 @@ struct LmEngine::Impl {
     if (gpu) {
       std::vector<serve::GpuRow> rows;
       for (size_t b = 0; b < batch.size(); ++b)
-        rows.push_back({batch[b]->len, S, &batch[b]->seq.pages, batch[b]->r.sampling, u[b]});
+        rows.push_back({batch[b]->len, counts[b], &batch[b]->seq.pages, batch[b]->r.sampling, u[b]});
       FUSEBOX_ASSIGN_OR_RETURN(serve::GpuStepOut out, gpu->run(rows, S, ids, opt.keep_logits));
       for (size_t b = 0; b < batch.size(); ++b)
         batch[b]->logits = opt.keep_logits ? slice(out.logits, b) : Values{};
       return out.tokens;
     }
-    FUSEBOX_ASSIGN_OR_RETURN(Values logits, forward(batch, S, ids));
+    FUSEBOX_ASSIGN_OR_RETURN(Values logits, forward(batch, S, counts, ids));
     for (size_t b = 0; b < batch.size(); ++b) {
       batch[b]->logits = slice(logits, b);
       tokens.push_back(sample_token(batch[b]->logits, batch[b]->r.sampling, u[b]));
     }
     return tokens;
+  }
+
+  // Prefills the uncached prompt parts of `group` (admitted, r.len = cached tokens) as one padded
+  // batch and samples each first token. On failure every request of the group ends (its pages
+  // given back) and the error names them.
+  Status prefill(const std::vector<int64_t>& group, std::vector<TokenEvent>* events) {
+    std::vector<Request*> batch;
+    std::vector<int64_t> counts;
+    int64_t S = 0;
+    for (int64_t id : group) {
+      Request& r = requests.at(id);
+      batch.push_back(&r);
+      counts.push_back(static_cast<int64_t>(r.r.prompt.size()) - r.len);
+      S = std::max(S, counts.back());
+    }
+    std::vector<int32_t> ids(batch.size() * static_cast<size_t>(S), 0);
+    for (size_t b = 0; b < batch.size(); ++b)
+      std::copy(batch[b]->r.prompt.begin() + batch[b]->len, batch[b]->r.prompt.end(),
+                ids.begin() + static_cast<std::ptrdiff_t>(b * static_cast<size_t>(S)));
+    auto tokens = advance(batch, S, counts, ids);
+    if (!tokens.ok()) {
+      std::string names;
+      for (size_t b = 0; b < batch.size(); ++b) {
+        pool->release(&batch[b]->seq);
+        batch[b]->done = true;
+        names += (names.empty() ? "" : ", ") + std::to_string(group[b]);
+      }
+      return tokens.status().WithContext("serve: prefill of request(s) " + names);
+    }
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Request& r = *batch[b];
+      stats.prefill_tokens += counts[b];
+      stats.cached_prompt_tokens += r.len;
+      r.len = static_cast<int64_t>(r.r.prompt.size());
+      pool->publish(r.seq, r.r.prompt);
+      events->push_back(emit(group[b], r, (*tokens)[b]));
+      r.running = !r.done;
+      if (r.done) pool->release(&r.seq);
+    }
+    ++stats.prefill_batches;
+    return Status::Ok();
   }
 
   TokenEvent emit(int64_t id, Request& r, int32_t sampled) {
@@ -359,32 +403,52 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
   std::vector<int64_t> running;
   for (auto& [id, r] : s.requests)
     if (r.running) running.push_back(id);
-  // Admissions, in arrival order, while the batch and the pool have room; each prompt's uncached
-  // part is prefilled (B = 1) and its first token sampled.
+  // Admissions, in arrival order, while the batch and the pool have room.
   std::vector<int64_t> admitted;
   while (!s.waiting.empty() && static_cast<int64_t>(running.size() + admitted.size()) < s.opt.max_batch) {
     const int64_t id = s.waiting.front();
     Request& r = s.requests.at(id);
+    // A prompt that would share pages with one admitted in this step waits a step, until that
+    // one's pages are published, rather than computing them again (and so do the ones behind it).
+    bool shares = false;
+    for (int64_t other : admitted)
+      shares = shares || s.pool->shareable(r.r.prompt, s.requests.at(other).r.prompt) > 0;
+    if (shares) break;
     const int64_t total = static_cast<int64_t>(r.r.prompt.size()) + r.r.max_new_tokens;
     const int64_t cached = s.pool->admit(&r.seq, r.r.prompt, total);
     if (cached < 0) break;  // the pool is full: it waits, and so do the ones behind it
     s.waiting.erase(s.waiting.begin());
     r.len = cached;
-    const std::vector<int32_t> chunk(r.r.prompt.begin() + cached, r.r.prompt.end());
-    auto token = s.advance({&r}, static_cast<int64_t>(chunk.size()), chunk);
-    if (!token.ok()) {
-      s.pool->release(&r.seq);
-      r.done = true;
-      return token.status().WithContext("serve: prefill of request " + std::to_string(id));
-    }
-    r.len = static_cast<int64_t>(r.r.prompt.size());
-    s.pool->publish(r.seq, r.r.prompt);
-    s.stats.prefill_tokens += static_cast<int64_t>(chunk.size());
-    s.stats.cached_prompt_tokens += cached;
-    events.push_back(s.emit(id, r, (*token)[0]));
-    r.running = !r.done;
-    if (r.done) s.pool->release(&r.seq);
     admitted.push_back(id);
+  }
+  // Their prompts' uncached parts are prefilled together, one padded batch per prefill bucket
+  // (prompts of similar length; as many rows as the bucket takes), and each first token sampled.
+  std::map<int64_t, std::vector<int64_t>> by_bucket;
+  for (int64_t id : admitted) {
+    const Request& r = s.requests.at(id);
+    by_bucket[serve::prefill_bucket(static_cast<int64_t>(r.r.prompt.size()) - r.len, s.cfg.model.context)]
+        .push_back(id);
+  }
+  std::vector<std::vector<int64_t>> groups;
+  for (const auto& [sb, ids] : by_bucket) {
+    const auto rows = static_cast<size_t>(serve::prefill_rows(sb, s.cfg.model.context, s.opt.max_batch));
+    for (size_t i = 0; i < ids.size(); i += rows)
+      groups.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(i),
+                          ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + rows)));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Status st = s.prefill(groups[g], &events);
+    if (!st.ok()) {
+      // The failed group's requests end; later groups' go back to the front of the queue, unharmed.
+      for (size_t later = groups.size(); later-- > g + 1;)
+        for (auto it = groups[later].rbegin(); it != groups[later].rend(); ++it) {
+          Request& r = s.requests.at(*it);
+          s.pool->release(&r.seq);
+          r.len = 0;
+          s.waiting.insert(s.waiting.begin(), *it);
+        }
+      return st;
+    }
   }
   // One decode token for every request that was running before this step.
   std::vector<Request*> batch;
@@ -395,7 +459,7 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
     ids.push_back(r.generated.back());
   }
   if (!batch.empty()) {
-    auto tokens = s.advance(batch, 1, ids);
+    auto tokens = s.advance(batch, 1, std::vector<int64_t>(batch.size(), 1), ids);
     if (!tokens.ok()) return tokens.status().WithContext("serve: decode");
     for (size_t b = 0; b < batch.size(); ++b) {
       Request& r = *batch[b];

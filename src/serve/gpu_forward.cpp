@@ -44,6 +44,12 @@ std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
 
 }  // namespace
 
+int64_t prefill_bucket(int64_t S, int64_t context) { return bucket(S, kMinPrefillBucket, context); }
+
+int64_t prefill_rows(int64_t Sb, int64_t context, int64_t max_batch) {
+  return std::max<int64_t>(1, std::min(max_batch, context / std::max<int64_t>(Sb, 1)));
+}
+
 struct GpuForward::Impl {
   LmConfig cfg;
   EngineOptions opt;
@@ -60,7 +66,7 @@ struct GpuForward::Impl {
   size_t off_ids = 0, off_table = 0, off_lq = 0, off_lkv = 0, off_start = 0, off_count = 0, off_params = 0;
   size_t in_bytes = 0;
   int64_t max_pages = 0, freq_rows = 0;
-  int64_t prefill_last_row = 0;  // the row a prompt chunk's logits come from (eager programs only)
+  std::vector<int64_t> prefill_last_rows;  // the rows prompt chunks' logits come from (eager programs only)
 
   std::map<std::string, LmGraph> graphs;
   std::map<std::string, Plan> plans;
@@ -181,15 +187,19 @@ struct GpuForward::Impl {
           bind(p, gemm_graph(N, F, D, Epilogue::kResidual),
                {{"a", act.as<void>()}, {"w", wp("w_down")}, {"r", h1.as<void>()}, {"y", h.as<void>()}}));
     }
-    // The logits of each sequence's last new token: every row in decode, row `prefill_last_row`
-    // of a prompt chunk (copied out; such programs run eagerly).
+    // The logits of each sequence's last new token: every row in decode, rows
+    // `prefill_last_rows` of prompt chunks (copied out; such programs run eagerly).
     void* x = h.as<void>();
     if (S > 1) {
       x = last.as<void>();
       p.steps.push_back([this, D] {
-        return cuda_status(cudaMemcpyAsync(last.as<void>(), h.as<char>() + prefill_last_row * D * 2,
-                                           static_cast<size_t>(D) * 2, cudaMemcpyDeviceToDevice, stream()),
-                           "serve: the prompt's last row");
+        for (size_t b = 0; b < prefill_last_rows.size(); ++b)
+          FUSEBOX_RETURN_IF_ERROR(
+              cuda_status(cudaMemcpyAsync(last.as<char>() + static_cast<int64_t>(b) * D * 2,
+                                          h.as<char>() + prefill_last_rows[b] * D * 2,
+                                          static_cast<size_t>(D) * 2, cudaMemcpyDeviceToDevice, stream()),
+                          "serve: a prompt's last row"));
+        return Status::Ok();
       });
     }
     FUSEBOX_RETURN_IF_ERROR(
@@ -330,12 +340,16 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   const int64_t B = options.max_batch, N = std::max(B, prefill_cap), D = m.dim;
   const int64_t qw = m.heads * m.head_dim, kvw = m.kv_heads * m.head_dim;
   const std::pair<Mem*, int64_t> acts[] = {
-      {&s.h, N * D},         {&s.a, N * D},           {&s.q, N * qw}, {&s.k, N * kvw}, {&s.v, N * kvw},
-      {&s.qr, N * qw},       {&s.kr, N * kvw},        {&s.o, N * qw}, {&s.h1, N * D},  {&s.mm, N * D},
-      {&s.g, N * m.ffn_dim}, {&s.act, N * m.ffn_dim}, {&s.last, D},   {&s.hn, B * D}};
+      {&s.h, N * D},         {&s.a, N * D},           {&s.q, N * qw},   {&s.k, N * kvw}, {&s.v, N * kvw},
+      {&s.qr, N * qw},       {&s.kr, N * kvw},        {&s.o, N * qw},   {&s.h1, N * D},  {&s.mm, N * D},
+      {&s.g, N * m.ffn_dim}, {&s.act, N * m.ffn_dim}, {&s.last, B * D}, {&s.hn, B * D}};
   for (const auto& [mem, elems] : acts)
     FUSEBOX_RETURN_IF_ERROR(
         mem->alloc(aligned(static_cast<size_t>(elems) * 2), false, "activations", "serve"));
+  // A prompt batch's padding rows are normalized and sampled from (then dropped): zeros, not
+  // whatever the memory held.
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemset(s.last.as<void>(), 0, s.last.bytes()), "serve: clear the last rows"));
   FUSEBOX_RETURN_IF_ERROR(s.logits.alloc(static_cast<size_t>(B * m.vocab) * 4, false, "logits", "serve"));
   FUSEBOX_RETURN_IF_ERROR(s.tokens.alloc(static_cast<size_t>(B) * 4, false, "tokens", "serve"));
   // The input block: ids, page table, lq, lkv, start, count, sampling rows.
@@ -389,9 +403,12 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
     FUSEBOX_RETURN_IF_ERROR(s.program(b, 1).status());
     if (b >= B) break;
   }
-  for (int64_t sb = bucket(2, kMinPrefillBucket, prefill_cap);;
-       sb = bucket(sb + 1, kMinPrefillBucket, prefill_cap)) {
-    FUSEBOX_RETURN_IF_ERROR(s.program(1, sb).status());
+  for (int64_t sb = prefill_bucket(2, prefill_cap);; sb = prefill_bucket(sb + 1, prefill_cap)) {
+    const int64_t rows = prefill_rows(sb, prefill_cap, B);
+    for (int64_t b = bucket(1, 1, rows);; b = bucket(b + 1, 1, rows)) {
+      FUSEBOX_RETURN_IF_ERROR(s.program(b, sb).status());
+      if (b >= rows) break;
+    }
     if (sb >= prefill_cap) break;
   }
   for (auto& [key, p] : s.programs) {
@@ -409,15 +426,21 @@ Result<GpuStepOut> GpuForward::run(const std::vector<GpuRow>& rows, int64_t S,
                                    const std::vector<int32_t>& ids, bool want_logits) {
   Impl& s = *impl_;
   const auto n = static_cast<int64_t>(rows.size());
-  if (n < 1 || S < 1 || (S > 1 && n != 1) || n > s.opt.max_batch || S > s.cfg.model.context ||
-      static_cast<int64_t>(ids.size()) != n * S)
+  const int64_t context = s.cfg.model.context;
+  const int64_t Sb = S == 1 ? 1 : prefill_bucket(S, context);
+  const int64_t cap = S == 1 ? s.opt.max_batch : prefill_rows(Sb, context, s.opt.max_batch);
+  bool counts_ok = true;
+  for (const GpuRow& r : rows) counts_ok = counts_ok && r.count >= 1 && r.count <= S;
+  if (n < 1 || S < 1 || n > cap || S > context || static_cast<int64_t>(ids.size()) != n * S || !counts_ok)
     return Internal("serve: a GPU step of " + std::to_string(n) + " rows x " + std::to_string(S) +
-                    " tokens (" + std::to_string(ids.size()) + " ids)");
-  const int64_t B = S == 1 ? bucket(n, 1, s.opt.max_batch) : 1;
-  const int64_t Sb = S == 1 ? 1 : bucket(S, kMinPrefillBucket, s.cfg.model.context);
+                    " tokens (" + std::to_string(ids.size()) + " ids; at most " + std::to_string(cap) +
+                    " rows, counts in [1, S])");
+  const int64_t B = bucket(n, 1, cap);
   FUSEBOX_ASSIGN_OR_RETURN(Impl::Program * p, s.program(B, Sb));
   s.fill(rows, B, Sb, S, ids);
-  s.prefill_last_row = rows[0].count - 1;
+  s.prefill_last_rows.clear();
+  for (int64_t b = 0; b < n; ++b)
+    s.prefill_last_rows.push_back(b * Sb + rows[static_cast<size_t>(b)].count - 1);
   FUSEBOX_RETURN_IF_ERROR(s.launch(*p));
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "serve: step"));
   GpuStepOut out;

@@ -7,9 +7,10 @@
 // Shapes are bucketed so that nothing is built after warm-up: a decode step of B sequences runs
 // the program of the smallest power-of-two bucket >= B (up to max_batch), padded, replayed as one
 // CUDA graph (the inputs' upload, every layer, sampling and the tokens' download); a prompt chunk
-// of S tokens (one sequence) runs the program of the smallest power-of-two bucket >= max(S, 16)
-// (up to the context), eagerly. Padding rows write no key or value (their count is 0) and are not
-// sampled from.
+// of up to S tokens in each of R sequences (the prompts admitted together, padded to the longest)
+// runs the program of S's bucket, prefill_bucket(), and the smallest power-of-two row bucket >= R
+// up to prefill_rows(), eagerly. Padding rows and a row's tokens past its count write no key or
+// value, and padding rows are not sampled from.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,12 @@ namespace fusebox::serve {
 // One sequence of a step: its `count` new tokens go to positions [start, start + count), in
 // `pages` (the sequence's pages in position order); the next token is sampled with `sampling`
 // and the uniform draw `u`.
+// The prefill buckets: a chunk of S tokens runs at the smallest power of two >= max(S, 16), at most
+// the context; a bucket of Sb tokens takes up to prefill_rows() sequences (Sb x rows <= the
+// context, the activations' size). The engine groups admitted prompts by them (both backends).
+int64_t prefill_bucket(int64_t S, int64_t context);
+int64_t prefill_rows(int64_t Sb, int64_t context, int64_t max_batch);
+
 struct GpuRow {
   int64_t start = 0, count = 0;
   const std::vector<int32_t>* pages = nullptr;
@@ -48,8 +55,9 @@ class GpuForward {
                                                     const std::map<std::string, std::vector<float>>& weights);
   ~GpuForward();
 
-  // One step: rows.size() sequences of S new tokens each (ids: row-major, rows.size() x S, the
-  // tokens past a row's count ignored); S is 1 (decode) or rows.size() is 1 (a prompt chunk).
+  // One step: rows.size() sequences of up to S new tokens each (ids: row-major, rows.size() x S,
+  // the tokens past a row's count ignored); S is 1 (decode, up to max_batch rows) or a prompt
+  // chunk's (up to prefill_rows(prefill_bucket(S)) rows).
   Result<GpuStepOut> run(const std::vector<GpuRow>& rows, int64_t S, const std::vector<int32_t>& ids,
                          bool want_logits);
 

@@ -72,6 +72,13 @@ int64_t KvPool::admit(Seq* s, const std::vector<int32_t>& prompt, int64_t total)
   return shared * page_size_;
 }
 
+int64_t KvPool::shareable(const std::vector<int32_t>& prompt, const std::vector<int32_t>& published) const {
+  const auto common = static_cast<int64_t>(
+      std::mismatch(prompt.begin(), prompt.end(), published.begin(), published.end()).first - prompt.begin());
+  const auto n = static_cast<int64_t>(prompt.size());
+  return std::min({common, static_cast<int64_t>(published.size()), n > 0 ? n - 1 : 0}) / page_size_;
+}
+
 void KvPool::publish(const Seq& s, const std::vector<int32_t>& prompt) {
   const int64_t whole = static_cast<int64_t>(prompt.size()) / page_size_;
   const std::vector<Key> k = keys(prompt, whole);

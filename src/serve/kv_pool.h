@@ -27,6 +27,9 @@ class KvPool {
   int64_t admit(Seq* s, const std::vector<int32_t>& prompt, int64_t total);
   // After the prompt's K/V are written: its whole pages become prefix-cache entries.
   void publish(const Seq& s, const std::vector<int32_t>& prompt);
+  // Pages admit() would share with `published` once it is published: the whole pages both
+  // prompts begin with, short of the page holding `prompt`'s last token.
+  int64_t shareable(const std::vector<int32_t>& prompt, const std::vector<int32_t>& published) const;
   // The sequence's pages are given back; cached prefix pages stay cached until reused.
   void release(Seq* s);
 

@@ -149,6 +149,39 @@ TEST_F(Engine, ContinuousBatchingWithSharedPrefixesMatchesTheFullForward) {
   EXPECT_GT(small->stats().steps, e->stats().steps) << "requests waited for pages";
 }
 
+TEST_F(Engine, PromptsAdmittedTogetherArePrefilledInPaddedBatchesByBucket) {
+  // Context 40: buckets of 16 tokens take 2 rows (16 x 2 <= 40), of 32 one.
+  auto e = engine(64);
+  ASSERT_TRUE(e);
+  std::vector<LmRequest> reqs(5);
+  reqs[0].prompt = {1, 2, 3};
+  reqs[1].prompt = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+  reqs[2].prompt = {11, 12, 13, 14, 15};
+  reqs[3].prompt = {40, 41, 42, 43, 44, 45, 46, 47, 0,  1,
+                    2,  3,  4,  5,  6,  7,  8,  9,  10, 11};  // 20 tokens: the 32 bucket
+  reqs[4].prompt = {33, 34};
+  reqs[4].sampling = {0.9, 0, 0.95, 5};
+  for (LmRequest& r : reqs) r.max_new_tokens = 4;
+  int checked = 0;
+  // Every token's logits against the full forward, padding and all (run() checks each event).
+  for (const LmRequest& r : reqs) ASSERT_TRUE(e->add_request(r).ok());
+  auto first = e->step();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->size(), 5u) << "every prompt prefilled in the first step";
+  EXPECT_EQ(e->stats().prefill_batches, 3) << "16-token bucket: 2 + 2 rows, 32-token bucket: 1 row";
+  EXPECT_EQ(e->stats().prefill_tokens, 3 + 9 + 5 + 20 + 2);
+  auto batched = engine(64);
+  ASSERT_TRUE(batched);
+  const auto out = run(*batched, reqs, &checked);
+  EXPECT_EQ(checked, 5 * 4);
+  // Each request alone: the same tokens.
+  auto alone = engine(64, 1);
+  ASSERT_TRUE(alone);
+  int checked2 = 0;
+  EXPECT_EQ(run(*alone, reqs, &checked2), out);
+  EXPECT_EQ(alone->stats().prefill_batches, 5);
+}
+
 TEST_F(Engine, TeacherForcingEmitsTheForcedTokensWithTheirLogits) {
   auto e = engine(32);
   ASSERT_TRUE(e);
