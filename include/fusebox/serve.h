@@ -54,6 +54,11 @@ struct TokenEvent {
 };
 
 enum class ServeBackend { kReference, kGpu };
+// The layers' weight matrices (wq, wk, wv, wo, w_gate, w_up, w_down; the embedding table, the
+// output projection and the norm gains stay as they are): bf16, or FP8 e4m3 with one fp32 scale
+// per output channel or per tensor. With FP8 each GEMM's input activations are quantized by token
+// (one scale per row) and the product descaled in the GEMM's epilogue (fusebox's FP8 GEMM).
+enum class ServeWeights { kBF16, kFP8Channel, kFP8Tensor };
 
 struct EngineOptions {
   ServeBackend backend = ServeBackend::kReference;
@@ -66,6 +71,7 @@ struct EngineOptions {
   // kGpu: copy each step's logits to the host for last_logits() (tests; B x vocab floats a step).
   bool keep_logits = false;
   std::string plan_cache;  // kGpu: a plan cache file ("" none)
+  ServeWeights weights = ServeWeights::kBF16;
 };
 
 struct EngineStats {

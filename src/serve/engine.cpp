@@ -17,6 +17,7 @@
 #include "fusebox/serve.h"
 #include "fusebox/tensor.h"
 #include "gpu_forward.h"
+#include "kernels/quantize.h"
 #include "kv_pool.h"
 #include "lm_graphs.h"
 
@@ -77,7 +78,8 @@ struct Request {
 struct LmEngine::Impl {
   LmConfig cfg;
   EngineOptions opt;
-  std::map<std::string, Values> w;         // weights as the GPU buffers hold them
+  std::map<std::string, Values> w;         // weights as the GPU buffers hold them (FP8: the e4m3 values)
+  std::map<std::string, Values> w_scale;   // FP8 matrices' per-channel scales ([p])
   std::vector<HostTensor> k_pool, v_pool;  // by layer: [pages, kv_heads, page_size, head_dim]
   std::unique_ptr<KvPool> pool;
   std::map<std::string, ResolvedGraph> graphs;  // by key: built once per shape
@@ -123,8 +125,21 @@ struct LmEngine::Impl {
   Result<Values> gemm(int64_t n, int64_t k, int64_t p, const Values& a, const std::string& w_name,
                       serve::Epilogue e = serve::Epilogue::kNone, const Values* other = nullptr,
                       bool fp32_out = false) {
-    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* gr, graph(serve::gemm_graph(n, k, p, e, fp32_out)));
+    const auto scale = w_scale.find(w_name);
+    const bool fp8 = scale != w_scale.end();
+    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* gr, graph(serve::gemm_graph(n, k, p, e, fp32_out, fp8)));
     std::map<std::string, const Values*> in = {{"a", &a}, {"w", &w.at(w_name)}};
+    Values a8, sa;  // FP8: a's rows quantized as the GPU does (kernels/quantize.h)
+    if (fp8) {
+      std::vector<uint8_t> q(a.size());
+      sa.resize(static_cast<size_t>(n));
+      kernels::quantize_rows_fp8_host(a.data(), n, k, q.data(), sa.data());
+      a8.resize(q.size());
+      for (size_t i = 0; i < q.size(); ++i) a8[i] = fp8_bits_to_float(q[i], DType::kFP8E4M3);
+      in["a"] = &a8;
+      in["sa"] = &sa;
+      in["sw"] = &scale->second;
+    }
     if (e == serve::Epilogue::kResidual) in["r"] = other;
     if (e == serve::Epilogue::kMul) in["g"] = other;
     FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*gr, in));
@@ -337,8 +352,21 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
     return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
   }
   for (const LmParameter& p : lm_parameters(m)) {
-    // The forward reads matrices as bf16 copies, the embedding table and norm gains in fp32.
+    // The forward reads matrices as bf16 copies (or FP8 ones), the embedding table and norm gains in fp32.
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
+    if (serve::fp8_matrix(options.weights, p)) {
+      const int64_t k = p.shape[0], n = p.shape[1];
+      const serve::Fp8Weight q =
+          serve::quantize_weight(weights.at(p.name), k, n, options.weights == ServeWeights::kFP8Tensor);
+      Values& v = impl->w[p.name];  // logical [k, n]
+      v.resize(q.q.size());
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          v[static_cast<size_t>(i * n + j)] =
+              fp8_bits_to_float(q.q[static_cast<size_t>(j * k + i)], DType::kFP8E4M3);
+      impl->w_scale[p.name] = q.scale;
+      continue;
+    }
     impl->w[p.name] = fp32 ? std::move(weights.at(p.name)) : rounded(DType::kBF16, weights.at(p.name));
   }
   impl->pool = std::make_unique<KvPool>(options.pool_pages, options.page_size);

@@ -15,6 +15,7 @@
 #include "fusebox/plan_cache.h"
 #include "fusebox/session.h"
 #include "kernels/kv_pages.h"
+#include "kernels/quantize.h"
 #include "kernels/sampling.h"
 #include "lm_graphs.h"
 
@@ -55,7 +56,9 @@ struct GpuForward::Impl {
   EngineOptions opt;
   std::optional<PlanCache> cache;
   std::unique_ptr<Session> session;
-  std::map<std::string, Mem> w;  // parameters on the device
+  std::map<std::string, Mem> w;        // parameters on the device (FP8 matrices: e4m3, column-major)
+  std::map<std::string, Mem> w_scale;  // FP8 matrices' per-channel scales, fp32 [p]
+  Mem x8, x8_scale;                    // FP8: a GEMM's input rows quantized, and their scales
   Mem freqs;
   // The KV pools by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16.
   std::deque<Mem> kpool, vpool;
@@ -110,6 +113,36 @@ struct GpuForward::Impl {
     return Status::Ok();
   }
 
+  // FP8 weights: quantizes the N rows of `x` ([N, k] bf16) into x8 and x8_scale (a step).
+  void quantize(Program& p, const Mem& x, int64_t N, int64_t k) {
+    kernels::Fp8Rows r;
+    r.x = x.as<void>();
+    r.rows = N;
+    r.cols = k;
+    r.ld = k;
+    r.q = x8.as<void>();
+    r.scale = x8_scale.as<float>();
+    p.steps.push_back([this, r] { return kernels::quantize_rows_fp8(r, stream()); });
+  }
+
+  // y = x @ weight `name` (x [N, k] bf16, or with FP8 weights the rows quantize() left in x8),
+  // then the epilogue with `extra` ("r" or "g").
+  Status gemm(Program& p, int64_t N, int64_t k, int64_t n_out, Epilogue e, const std::string& name,
+              const Mem& x, const Mem& y, std::map<std::string, void*> extra = {}) {
+    const auto sc = w_scale.find(name);
+    const bool fp8 = sc != w_scale.end();
+    extra["w"] = w.at(name).as<void>();
+    extra["y"] = y.as<void>();
+    if (fp8) {
+      extra["a"] = x8.as<void>();
+      extra["sa"] = x8_scale.as<void>();
+      extra["sw"] = sc->second.as<void>();
+    } else {
+      extra["a"] = x.as<void>();
+    }
+    return bind(p, gemm_graph(N, k, n_out, e, false, fp8), extra);
+  }
+
   // Every step of bucket (B, S): the inputs' upload, the model, sampling, the tokens' download.
   Status build_program(Program& p) {
     const LmModelConfig& m = cfg.model;
@@ -123,18 +156,17 @@ struct GpuForward::Impl {
     FUSEBOX_RETURN_IF_ERROR(
         bind(p, embedding_graph(m, N),
              {{"ids", in(off_ids)}, {"table", w.at("tok_embeddings").as<void>()}, {"y", h.as<void>()}}));
+    const bool fp8 = !w_scale.empty();
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string pre = "layers." + std::to_string(l) + ".";
       auto wp = [&](const char* name) { return w.at(pre + name).as<void>(); };
       FUSEBOX_RETURN_IF_ERROR(
           bind(p, rmsnorm_graph(m, N),
                {{"x", h.as<void>()}, {"scale", wp("attention_norm")}, {"y", a.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, H * dh, Epilogue::kNone),
-                                   {{"a", a.as<void>()}, {"w", wp("wq")}, {"y", q.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, KV * dh, Epilogue::kNone),
-                                   {{"a", a.as<void>()}, {"w", wp("wk")}, {"y", k.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, KV * dh, Epilogue::kNone),
-                                   {{"a", a.as<void>()}, {"w", wp("wv")}, {"y", v.as<void>()}}));
+      if (fp8) quantize(p, a, N, D);
+      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, H * dh, Epilogue::kNone, pre + "wq", a, q));
+      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, KV * dh, Epilogue::kNone, pre + "wk", a, k));
+      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, KV * dh, Epilogue::kNone, pre + "wv", a, v));
       FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, H, S, freq_rows),
                                    {{"x", q.as<void>()},
                                     {"freqs", freqs.as<void>()},
@@ -173,19 +205,17 @@ struct GpuForward::Impl {
                                     {"lq", in(off_lq)},
                                     {"lkv", in(off_lkv)},
                                     {"o", o.as<void>()}}));
+      if (fp8) quantize(p, o, N, H * dh);
       FUSEBOX_RETURN_IF_ERROR(
-          bind(p, gemm_graph(N, H * dh, D, Epilogue::kResidual),
-               {{"a", o.as<void>()}, {"w", wp("wo")}, {"r", h.as<void>()}, {"y", h1.as<void>()}}));
+          gemm(p, N, H * dh, D, Epilogue::kResidual, pre + "wo", o, h1, {{"r", h.as<void>()}}));
       FUSEBOX_RETURN_IF_ERROR(bind(p, rmsnorm_graph(m, N),
                                    {{"x", h1.as<void>()}, {"scale", wp("ffn_norm")}, {"y", mm.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, gemm_graph(N, D, F, Epilogue::kSilu),
-                                   {{"a", mm.as<void>()}, {"w", wp("w_gate")}, {"y", g.as<void>()}}));
+      if (fp8) quantize(p, mm, N, D);
+      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, F, Epilogue::kSilu, pre + "w_gate", mm, g));
+      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, F, Epilogue::kMul, pre + "w_up", mm, act, {{"g", g.as<void>()}}));
+      if (fp8) quantize(p, act, N, F);
       FUSEBOX_RETURN_IF_ERROR(
-          bind(p, gemm_graph(N, D, F, Epilogue::kMul),
-               {{"a", mm.as<void>()}, {"w", wp("w_up")}, {"g", g.as<void>()}, {"y", act.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(
-          bind(p, gemm_graph(N, F, D, Epilogue::kResidual),
-               {{"a", act.as<void>()}, {"w", wp("w_down")}, {"r", h1.as<void>()}, {"y", h.as<void>()}}));
+          gemm(p, N, F, D, Epilogue::kResidual, pre + "w_down", act, h, {{"r", h1.as<void>()}}));
     }
     // The logits of each sequence's last new token: every row in decode, rows
     // `prefill_last_rows` of prompt chunks (copied out; such programs run eagerly).
@@ -321,11 +351,18 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   s.session = std::move(*session);
   if (s.session->deviceless()) return NotSupported("serve: the GPU backend needs a GPU");
 
-  // Weights: matrices and the output projection bf16, the embedding table and gains fp32.
+  // Weights: matrices and the output projection bf16 (or the layers' matrices FP8 with their
+  // scales), the embedding table and gains fp32.
   for (const LmParameter& p : lm_parameters(m)) {
     const std::vector<float>& v = weights.at(p.name);
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
-    if (fp32) {
+    if (fp8_matrix(options.weights, p)) {
+      const Fp8Weight q =
+          quantize_weight(v, p.shape[0], p.shape[1], options.weights == ServeWeights::kFP8Tensor);
+      FUSEBOX_RETURN_IF_ERROR(s.upload(s.w[p.name], q.q.data(), q.q.size(), p.name));
+      FUSEBOX_RETURN_IF_ERROR(
+          s.upload(s.w_scale[p.name], q.scale.data(), q.scale.size() * 4, p.name + " scales"));
+    } else if (fp32) {
       FUSEBOX_RETURN_IF_ERROR(s.upload(s.w[p.name], v.data(), v.size() * 4, p.name));
     } else {
       const std::vector<uint16_t> b = bf16_bits(v);
@@ -350,6 +387,13 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   // whatever the memory held.
   FUSEBOX_RETURN_IF_ERROR(
       cuda_status(cudaMemset(s.last.as<void>(), 0, s.last.bytes()), "serve: clear the last rows"));
+  if (options.weights != ServeWeights::kBF16) {
+    const int64_t widest = std::max({D, qw, m.ffn_dim});
+    FUSEBOX_RETURN_IF_ERROR(
+        s.x8.alloc(aligned(static_cast<size_t>(N * widest)), false, "FP8 activations", "serve"));
+    FUSEBOX_RETURN_IF_ERROR(
+        s.x8_scale.alloc(aligned(static_cast<size_t>(N) * 4), false, "FP8 scales", "serve"));
+  }
   FUSEBOX_RETURN_IF_ERROR(s.logits.alloc(static_cast<size_t>(B * m.vocab) * 4, false, "logits", "serve"));
   FUSEBOX_RETURN_IF_ERROR(s.tokens.alloc(static_cast<size_t>(B) * 4, false, "tokens", "serve"));
   // The input block: ids, page table, lq, lkv, start, count, sampling rows.
@@ -462,8 +506,11 @@ std::string GpuForward::summary() const {
     graphs += p.exec ? 1 : 0;
     if (p.S == 1 && !p.exec) notes += "; batch " + std::to_string(p.B) + " eager: " + p.graph_note;
   }
-  return std::to_string(s.programs.size()) + " step programs (" + std::to_string(graphs) +
-         " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, " +
+  const char* weights = s.opt.weights == ServeWeights::kBF16         ? "bf16"
+                        : s.opt.weights == ServeWeights::kFP8Channel ? "FP8 e4m3 per channel"
+                                                                     : "FP8 e4m3 per tensor";
+  return std::string("weights ") + weights + ", " + std::to_string(s.programs.size()) + " step programs (" +
+         std::to_string(graphs) + " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, " +
          std::to_string(s.opt.pool_pages) + " KV pages of " + std::to_string(s.opt.page_size) +
          " tokens, warm-up " + std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " +
          std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
@@ -474,11 +521,13 @@ int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }
 int64_t GpuForward::device_bytes() const {
   const Impl& s = *impl_;
   int64_t n = 0;
-  for (const auto& [name, m] : s.w) n += static_cast<int64_t>(m.bytes());
+  for (const auto* ws : {&s.w, &s.w_scale})
+    for (const auto& [name, m] : *ws) n += static_cast<int64_t>(m.bytes());
   for (const auto* pools : {&s.kpool, &s.vpool})
     for (const Mem& m : *pools) n += static_cast<int64_t>(m.bytes());
-  for (const Mem* m : {&s.h, &s.a, &s.q, &s.k, &s.v, &s.qr, &s.kr, &s.o, &s.h1, &s.mm, &s.g, &s.act, &s.last,
-                       &s.hn, &s.logits, &s.tokens, &s.in_dev, &s.freqs})
+  for (const Mem* m :
+       {&s.h, &s.a,   &s.q,    &s.k,  &s.v,      &s.qr,     &s.kr,     &s.o,     &s.h1, &s.mm,
+        &s.g, &s.act, &s.last, &s.hn, &s.logits, &s.tokens, &s.in_dev, &s.freqs, &s.x8, &s.x8_scale})
     n += static_cast<int64_t>(m->bytes());
   return n + s.session->workspace_bytes();
 }

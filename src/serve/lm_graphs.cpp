@@ -1,11 +1,13 @@
 // fusebox serving: the graphs of one model step (lm_graphs.h).
 #include "lm_graphs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "common/graph_json.h"
+#include "kernels/quantize.h"
 
 namespace fusebox::serve {
 namespace {
@@ -33,33 +35,63 @@ std::string dims_key(std::initializer_list<int64_t> d) {
 
 }  // namespace
 
-Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out) {
+Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out, bool fp8) {
   static const char* const kNames[] = {"", "res_", "silu", "mul"};
-  const std::string key =
-      std::string("gemm_") + kNames[static_cast<int>(e)] + (fp32_out ? "f32_" : "_") + dims_key({n, k, p});
-  Json t = {json_tensor("a", {1, n, k}), json_tensor("w", {1, k, p}),
+  const std::string key = std::string(fp8 ? "gemm8_" : "gemm_") + kNames[static_cast<int>(e)] +
+                          (fp32_out ? "f32_" : "_") + dims_key({n, k, p});
+  const char* in_dtype = fp8 ? "fp8_e4m3" : nullptr;
+  Json t = {json_tensor("a", {1, n, k}, nullptr, in_dtype),
+            json_tensor("w", {1, k, p}, fp8 ? "col_major" : nullptr, in_dtype),
             json_tensor("y", {1, n, p}, nullptr, fp32_out ? "fp32" : nullptr)};
   Json o = Json::array();
+  // The product ("z", or y itself without an epilogue), descaled first with FP8 weights.
+  const std::string z = e == Epilogue::kNone ? "y" : "z";
+  if (fp8) {
+    t.push_back(json_tensor("sa", {1, n, 1}, nullptr, "fp32"));
+    t.push_back(json_tensor("sw", {1, 1, p}, nullptr, "fp32"));
+    o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "acc"}}));
+    o.push_back(op("mul", "descale_a", {{"a", "acc"}, {"b", "sa"}}, {{"y", "acc_a"}}));
+    o.push_back(op("mul", "descale_w", {{"a", "acc_a"}, {"b", "sw"}}, {{"y", z}}));
+  } else {
+    o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", z}}));
+  }
   switch (e) {
     case Epilogue::kNone:
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "y"}}));
       break;
     case Epilogue::kResidual:
       t.push_back(json_tensor("r", {1, n, p}));
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
       o.push_back(op("add", "res", {{"a", "z"}, {"b", "r"}}, {{"y", "y"}}));
       break;
     case Epilogue::kSilu:
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
       o.push_back(op("silu", "act", {{"x", "z"}}, {{"y", "y"}}));
       break;
     case Epilogue::kMul:
       t.push_back(json_tensor("g", {1, n, p}));
-      o.push_back(op("matmul", "mm", {{"a", "a"}, {"b", "w"}}, {{"y", "z"}}));
       o.push_back(op("mul", "glu", {{"a", "g"}, {"b", "z"}}, {{"y", "y"}}));
       break;
   }
   return make(key, std::move(t), std::move(o));
+}
+
+Fp8Weight quantize_weight(const std::vector<float>& w, int64_t k, int64_t p, bool per_tensor) {
+  std::vector<float> t(w.size());  // [p][k]
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < p; ++j) t[static_cast<size_t>(j * k + i)] = w[static_cast<size_t>(i * p + j)];
+  Fp8Weight out;
+  out.q.resize(t.size());
+  out.scale.resize(static_cast<size_t>(p));
+  if (per_tensor) {
+    kernels::quantize_rows_fp8_host(t.data(), 1, k * p, out.q.data(), out.scale.data());
+    std::fill(out.scale.begin() + 1, out.scale.end(), out.scale[0]);
+  } else {
+    kernels::quantize_rows_fp8_host(t.data(), p, k, out.q.data(), out.scale.data());
+  }
+  return out;
+}
+
+bool fp8_matrix(ServeWeights weights, const LmParameter& param) {
+  return weights != ServeWeights::kBF16 && param.init_std != 0 && param.shape.size() == 2 &&
+         param.name != "tok_embeddings" && param.name != "output";
 }
 
 Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n) {

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fusebox/graph.h"
+#include "fusebox/serve.h"
 #include "fusebox/status.h"
 #include "fusebox/train.h"
 
@@ -22,8 +24,22 @@ struct LmGraph {
 enum class Epilogue { kNone, kResidual, kSilu, kMul };
 
 // y [1, n, p] = a [1, n, k] @ w [1, k, p], then by `e`: + r (kResidual), silu (kSilu), g * (kMul);
-// y is fp32 when `fp32_out` (the logits), bf16 otherwise.
-Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out = false);
+// y is fp32 when `fp32_out` (the logits), bf16 otherwise. With `fp8` (FP8 weights), a and w are
+// e4m3 (w column-major: each output channel's k values contiguous) and the product is descaled
+// before the epilogue by sa [1, n, 1] (a's per-token scales) and sw [1, 1, p] (w's per-channel
+// scales), both fp32 (kernels/quantize.h).
+Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out = false,
+                           bool fp8 = false);
+// A weight matrix w [k, p] (row-major, the checkpoint's) in FP8: q [p][k] e4m3 (w column-major)
+// and scale [p] (per output channel, or one value repeated with `per_tensor`), w ~= q * scale.
+struct Fp8Weight {
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+};
+Fp8Weight quantize_weight(const std::vector<float>& w, int64_t k, int64_t p, bool per_tensor);
+// Whether the engine's `weights` option stores parameter `name` in FP8 (the layers' matrices).
+bool fp8_matrix(ServeWeights weights, const LmParameter& param);
+
 // y [n, dim] = rmsnorm(x) * scale (fp32 scale), rows as [n, dim, 1, 1] NHWC.
 Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n);
 // y = RoPE(x) at each sequence's offset: x and y [B, H, S, head_dim] in "bshd" memory (the rows of

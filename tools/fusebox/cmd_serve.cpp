@@ -27,6 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 struct ServeArgs {
   std::string model, data, prompt_ids, bench, report, backend = "reference", forced, logits_out;
+  std::string weights = "bf16";
   std::vector<std::string> prompts;
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
   double temperature = 0, top_p = 1;
@@ -176,6 +177,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
   const EngineStats st = e.stats();
   nlohmann::ordered_json r = {{"trace", a.bench},
                               {"backend", a.backend},
+                              {"weights", a.weights},
                               {"requests", n},
                               {"tokens", tokens},
                               {"wall_s", wall},
@@ -308,6 +310,9 @@ int run_serve(const ServeArgs& a) {
   if (!cfg.ok()) return fail(cfg.status());
   EngineOptions o;
   o.backend = a.backend == "gpu" ? ServeBackend::kGpu : ServeBackend::kReference;
+  o.weights = a.weights == "fp8"          ? ServeWeights::kFP8Channel
+              : a.weights == "fp8-tensor" ? ServeWeights::kFP8Tensor
+                                          : ServeWeights::kBF16;
   o.page_size = a.page_size;
   o.pool_pages = a.pool_pages;
   o.max_batch = a.max_batch;
@@ -411,6 +416,11 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   cmd->add_option("--backend", a->backend, "reference (CPU, small models) or gpu")
       ->check(CLI::IsMember({"reference", "gpu"}));
+  cmd->add_option(
+         "--weights", a->weights,
+         "The layers' matrices: bf16, fp8 (e4m3, a scale per output channel) or fp8-tensor (one scale "
+         "per matrix); activations quantized by token")
+      ->check(CLI::IsMember({"bf16", "fp8", "fp8-tensor"}));
   cmd->add_option(
       "--bench", a->bench,
       "Replay a request trace (python3 -m fusebox_tools.models.lm_trace make): latencies, tokens/s, KV use");
