@@ -38,7 +38,8 @@ std::string plan_check_detail(const RunResult& r);
 struct PlanCheckReport {
   // "off" (PlanRequest::check_plan false), "deviceless" (nothing runs; fusebox's
   // own kernels are checked like cuDNN's plans), "trusted" (a sealed
-  // passing verdict came with the plan), "passed" (checked now), "failed" (no
+  // passing verdict came with the plan), "session" (fusebox's own kernel, which
+  // passed on an equal graph earlier in this session), "passed" (checked now), "failed" (no
   // candidate passed), "unavailable" (the check could not run: see detail).
   std::string state = "off";
   std::string detail;  // the served plan's comparisons, or why no check ran

@@ -191,6 +191,12 @@ struct Session::Impl {
     std::set<std::string> override_checked;  // shapes (shape_text) that passed the plan check by override
   };
   std::map<std::string, KernelCacheSlot> kernel_caches;
+  // fusebox's own kernels (Plan::native()) that passed the plan check in this session, by the
+  // graph's canonical form and the kernel: the same kernel on an equal graph is the same code on
+  // the same shapes, so it is checked once per session, not once per stage (a transformer's
+  // layers repeat every norm and RoPE). They are not in the plan cache, so without this each
+  // start checked every one again.
+  std::set<std::string> native_passed;
 
   ~Impl() {
     if (arena) {
@@ -316,6 +322,11 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // fusebox's own kernels are checked like cuDNN's plans: one that fails gives way to cuDNN's
   // engines where cuDNN runs the graph too (build_plan honours excluded_engines for them).
   auto check_now = [&](const Plan& plan, PlanCheckRun* verdict) -> bool {
+    const std::string native_key = plan.native() ? plan.engine_name() + "\n" + g.canonical : std::string();
+    if (!native_key.empty() && s.native_passed.count(native_key)) {
+      rep.plan_check.state = "session";
+      return true;
+    }
     auto run = check_plan_once(g, plan, *ctx);
     if (!run.ok()) {
       rep.plan_check.state = "unavailable";
@@ -329,6 +340,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       rep.plan_check.state = "passed";
       rep.plan_check.detail = run->detail;
       if (verdict) *verdict = *run;
+      if (!native_key.empty()) s.native_passed.insert(native_key);
       return true;
     }
     rep.plan_check.rejected.push_back({plan.engine_name(), run->detail});

@@ -128,5 +128,35 @@ TEST(PlanCheckGpu, ACachedPlanIsCheckedOnceThenTrustedAndAnEditedVerdictIsChecke
   std::filesystem::remove_all(dir);
 }
 
+// fusebox's own kernels are not in the plan cache, so a session checks them as it builds them;
+// an equal graph (other names, as a transformer's layers) with the same kernel is checked once per
+// session, and a new session checks again.
+TEST(PlanCheckGpu, AFuseboxKernelIsCheckedOncePerSessionForEqualGraphs) {
+  if (gpu_count() == 0) GTEST_SKIP() << "no CUDA GPU visible: GPU tests skipped";
+  auto spec = load_graph_file(source_dir() + "/examples/graphs/small/rope_small.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const ResolvedGraph g = load(source_dir() + "/examples/graphs/small/rope_small.json");
+  GraphSpec renamed_spec = *spec;
+  renamed_spec.name = "rope_layer_2";
+  for (auto& op : renamed_spec.ops) op.name += "_2";
+  auto renamed = resolve(renamed_spec);
+  ASSERT_TRUE(renamed.ok()) << renamed.status().ToString();
+  ASSERT_EQ(renamed->canonical, g.canonical);
+  for (int session = 0; session < 2; ++session) {
+    auto s = Session::create({});
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    PlanReport first, second;
+    auto p1 = (*s)->get_plan(g, {}, &first);
+    ASSERT_TRUE(p1.ok()) << p1.status().ToString();
+    if (!p1->native()) GTEST_SKIP() << "rope_small is not on fusebox's kernel here: " << p1->engine_name();
+    EXPECT_EQ(first.plan_check.state, "passed") << first.plan_check.text();
+    EXPECT_EQ(first.plan_check.plans_checked, 1);
+    auto p2 = (*s)->get_plan(*renamed, {}, &second);
+    ASSERT_TRUE(p2.ok()) << p2.status().ToString();
+    EXPECT_EQ(second.plan_check.state, "session") << second.plan_check.text();
+    EXPECT_EQ(second.plan_check.plans_checked, 0);
+  }
+}
+
 }  // namespace
 }  // namespace fusebox
