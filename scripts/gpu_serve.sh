@@ -5,8 +5,9 @@
 #   run(command="PART=1 bash scripts/gpu_serve.sh", carry=[".gpu"])  # tests; tiny model: CLI, trace vs torch
 #   run(command="PART=2 bash scripts/gpu_serve.sh", carry=[".gpu"])  # 125M config, random weights: trace vs
 #                                                                      # torch; teacher-forced logits vs torch
-#   run(command="PART=3 bash scripts/gpu_serve.sh", carry=[".gpu"])  # Llama-3.2-1B shapes: decode at batch 1
-#                                                                      # and 64; teacher-forced logits up to 4096
+#   run(command="PART=3 bash scripts/gpu_serve.sh", carry=[".gpu"])  # Llama-3.2-1B shapes: the decode step's
+#                                                                      # profile (bf16, FP8), a trace at batch 1
+#   PART=4: the Llama-3.2-1B shapes at batch 64 against torch; PART=5: their teacher-forced logits up to 4096
 # Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
 # Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
 # timing and agreement only, no text.
@@ -72,6 +73,24 @@ PYEOF
   summary "$name teacher forcing: against torch bf16 (exit $?)" "$OUT/${name}_tf.txt" 8
 }
 
+# profile NAME CK MAX_BATCH CONTEXT [fusebox args...]: the decode step stage by stage (serve lm
+# --profile-decode) at batch 1 and MAX_BATCH.
+profile() {
+  local name=$1 ck=$2 mb=$3 ctx=$4
+  shift 4
+  timeout 400 "$FB" serve lm --model "$ck" --backend gpu --max-batch "$mb" --profile-decode "$ctx" "$@" \
+    > "$OUT/${name}_profile.txt" 2> "$OUT/${name}_profile.err"
+  { echo "== $name: decode profile (exit $?)"; grep -m1 "^engine:" "$OUT/${name}_profile.err" | cut -c1-300
+    head -c 6000 "$OUT/${name}_profile.txt"; tail -3 "$OUT/${name}_profile.err"; } | tee -a "$S"
+}
+# l1b_trace B: B requests of 2048-token prompts at once, 64 new tokens each, fusebox against torch.
+l1b_trace() {
+  tokens "$W/l1b_tokens.npy" 128256
+  timeout 60 $PY -m fusebox_tools.models.lm_trace make --data "$W/l1b_tokens.npy" --requests "$1" --rate 1e6 \
+    --prompt-len 2048 --prompt-spread 0 --new-tokens 64 --context 4096 --out "$W/l1b_trace_$1.json" > /dev/null
+  bench "l1b_b$1" "$W/l1b.safetensors" "$W/l1b_trace_$1.json" "$1" --pool-pages $(($1 * 136))  # 2112 tokens each
+}
+
 case "${PART:-1}" in
   1)
     timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='ServeGpu.*:SamplingGpu.*:KvPagesGpu.*:QuantizeGpu.*' > "$OUT/gtest.txt" 2>&1
@@ -97,20 +116,28 @@ case "${PART:-1}" in
     # 32 running x 64 pages (1024 tokens) and as many again for prefix pages. (pool_pages 0 would
     # take 4 full contexts per request; the attention plans' checks fill the pool with random values.)
     bench m125 "$W/m125.safetensors" "$W/m125_trace.json" 32 --pool-pages 4096
+    profile m125 "$W/m125.safetensors" 32 1024 --pool-pages 4096
     forced m125 "$W/m125.safetensors" "$W/m125_tokens.npy" 8 1 7 64 200 500 900 1000 1008
     ;;
   3)
-    # Llama-3.2-1B shapes (issue 34's speed table): decode with 2k-token contexts at batch 1 and 64
-    # (all requests arrive at once; after their prefills the steps are pure decode).
+    # Llama-3.2-1B shapes (issue 34's speed table): the decode step at 2k-token contexts, batch 1
+    # and 64, stage by stage against the copy peak, bf16 and FP8 weights; then a trace at batch 1.
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
+    profile l1b_fp8 "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136)) --weights fp8
+    l1b_trace 1
+    ;;
+  4)
+    # Decode at batch 64 with 2k-token contexts against torch (all requests arrive at once; after
+    # their prefills the steps are pure decode).
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    l1b_trace 64
+    ;;
+  5)
     init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
     tokens "$W/l1b_tokens.npy" 128256
-    for b in 1 64; do
-      timeout 60 $PY -m fusebox_tools.models.lm_trace make --data "$W/l1b_tokens.npy" --requests $b --rate 1e6 \
-        --prompt-len 2048 --prompt-spread 0 --new-tokens 64 --context 4096 --out "$W/l1b_trace_$b.json" > /dev/null
-      bench "l1b_b$b" "$W/l1b.safetensors" "$W/l1b_trace_$b.json" $b --pool-pages $((b * 136))  # 2112 tokens each
-    done
     forced l1b "$W/l1b.safetensors" "$W/l1b_tokens.npy" 8 1 15 300 1024 2048 3000 4000 4080
     ;;
-  *) echo "gpu_serve: PART must be 1, 2 or 3" >&2; exit 2 ;;
+  *) echo "gpu_serve: PART must be 1 to 5" >&2; exit 2 ;;
 esac
 echo "gpu_serve: done; $S" | tee -a "$S"

@@ -101,6 +101,11 @@ class LmEngine {
   EngineStats stats() const;
   // The backend, and for kGpu its buckets, KV pages, plans, CUDA graphs, warm-up time and device memory.
   std::string summary() const;
+  // kGpu: times a decode step of `batch` sequences at `context` tokens (its CUDA graph, then stage
+  // by stage; medians of `iters` runs), with the bytes it reads against the device's copy peak
+  // measured in the same call: a table, one line per stage shape. It writes into the KV pool, so
+  // it is refused unless the engine has no requests and no cached prefix pages.
+  Result<std::string> profile_decode(int64_t batch, int64_t context, int iters = 20);
   // The logits (fp32, vocab values) each request's last token was sampled from, for tests (a
   // finished request's until the next step, when finished requests are dropped; on kGpu only
   // with keep_logits, else empty).

@@ -528,6 +528,14 @@ std::string LmEngine::summary() const {
   return impl_->gpu ? "GPU: " + impl_->gpu->summary() : "reference backend (the CPU reference)";
 }
 
+Result<std::string> LmEngine::profile_decode(int64_t batch, int64_t context, int iters) {
+  Impl& s = *impl_;
+  if (!s.gpu) return NotSupported("serve: profiling is for the GPU backend");
+  if (!s.requests.empty() || s.pool->cached_pages() > 0)
+    return InvalidArgument("serve: profile_decode writes into the KV pool: only before any request");
+  return s.gpu->profile(batch, context, iters);
+}
+
 const std::vector<float>& LmEngine::last_logits(int64_t request) const {
   static const std::vector<float> none;
   auto it = impl_->requests.find(request);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -77,6 +78,7 @@ struct GpuForward::Impl {
     int64_t B = 0, S = 0;
     std::deque<BoundPlan> bound;
     std::vector<std::function<Status()>> steps;
+    std::vector<std::string> labels;  // one per step: the graph's key, or the kernel's name
     cudaGraphExec_t exec = nullptr;
     std::string graph_note;
   };
@@ -105,11 +107,17 @@ struct GpuForward::Impl {
     return &plans.emplace(gi->first, std::move(p)).first->second;
   }
 
+  static void add(Program& p, std::string label, std::function<Status()> step) {
+    p.steps.push_back(std::move(step));
+    p.labels.push_back(std::move(label));
+  }
+
   Status bind(Program& p, Result<LmGraph> made, const std::map<std::string, void*>& buffers) {
+    const std::string key = made.ok() ? made->key : std::string();
     FUSEBOX_ASSIGN_OR_RETURN(const Plan* pl, plan(std::move(made)));
     FUSEBOX_ASSIGN_OR_RETURN(BoundPlan b, session->bind(*pl, buffers));
     BoundPlan* bp = &p.bound.emplace_back(std::move(b));
-    p.steps.push_back([bp] { return bp->execute(); });
+    add(p, key, [bp] { return bp->execute(); });
     return Status::Ok();
   }
 
@@ -122,7 +130,8 @@ struct GpuForward::Impl {
     r.ld = k;
     r.q = x8.as<void>();
     r.scale = x8_scale.as<float>();
-    p.steps.push_back([this, r] { return kernels::quantize_rows_fp8(r, stream()); });
+    add(p, "quantize_fp8_" + std::to_string(N) + "x" + std::to_string(k),
+        [this, r] { return kernels::quantize_rows_fp8(r, stream()); });
   }
 
   // y = x @ weight `name` (x [N, k] bf16, or with FP8 weights the rows quantize() left in x8),
@@ -148,7 +157,7 @@ struct GpuForward::Impl {
     const LmModelConfig& m = cfg.model;
     const int64_t B = p.B, S = p.S, N = B * S, D = m.dim, H = m.heads, KV = m.kv_heads, dh = m.head_dim;
     const int64_t P = opt.page_size, F = m.ffn_dim;
-    p.steps.push_back([this] {
+    add(p, "upload_inputs", [this] {
       return cuda_status(
           cudaMemcpyAsync(in_dev.as<void>(), in_host.as<void>(), in_bytes, cudaMemcpyHostToDevice, stream()),
           "serve: upload the step's inputs");
@@ -195,7 +204,7 @@ struct GpuForward::Impl {
         wr.page_table = reinterpret_cast<const int32_t*>(in(off_table));
         wr.start = reinterpret_cast<const int32_t*>(in(off_start));
         wr.count = reinterpret_cast<const int32_t*>(in(off_count));
-        p.steps.push_back([this, wr] { return kernels::write_kv_pages(wr, stream()); });
+        add(p, "write_kv_pages", [this, wr] { return kernels::write_kv_pages(wr, stream()); });
       }
       FUSEBOX_RETURN_IF_ERROR(bind(p, attention_graph(m, B, S, max_pages, opt.pool_pages, P),
                                    {{"q", qr.as<void>()},
@@ -222,7 +231,7 @@ struct GpuForward::Impl {
     void* x = h.as<void>();
     if (S > 1) {
       x = last.as<void>();
-      p.steps.push_back([this, D] {
+      add(p, "last_rows", [this, D] {
         for (size_t b = 0; b < prefill_last_rows.size(); ++b)
           FUSEBOX_RETURN_IF_ERROR(
               cuda_status(cudaMemcpyAsync(last.as<char>() + static_cast<int64_t>(b) * D * 2,
@@ -237,12 +246,12 @@ struct GpuForward::Impl {
     FUSEBOX_RETURN_IF_ERROR(
         bind(p, gemm_graph(B, D, m.vocab, Epilogue::kNone, /*fp32_out=*/true),
              {{"a", hn.as<void>()}, {"w", w.at("output").as<void>()}, {"y", logits.as<void>()}}));
-    p.steps.push_back([this, B] {
+    add(p, "sample_tokens", [this, B] {
       return kernels::sample_tokens(logits.as<float>(), B, cfg.model.vocab, cfg.model.vocab,
                                     reinterpret_cast<const kernels::SamplingRow*>(in(off_params)),
                                     tokens.as<int32_t>(), stream());
     });
-    p.steps.push_back([this, B] {
+    add(p, "download_tokens", [this, B] {
       return cuda_status(cudaMemcpyAsync(out_host.as<void>(), tokens.as<void>(), static_cast<size_t>(B) * 4,
                                          cudaMemcpyDeviceToHost, stream()),
                          "serve: download the sampled tokens");
@@ -494,6 +503,142 @@ Result<GpuStepOut> GpuForward::run(const std::vector<GpuRow>& rows, int64_t S,
     FUSEBOX_RETURN_IF_ERROR(cuda_status(
         cudaMemcpy(out.logits.data(), s.logits.as<void>(), out.logits.size() * 4, cudaMemcpyDeviceToHost),
         "serve: download the logits"));
+  }
+  return out;
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Milliseconds between two recorded events (0 when either failed).
+double elapsed(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? static_cast<double>(ms) : 0.0;
+}
+
+}  // namespace
+
+Result<std::string> GpuForward::profile(int64_t B, int64_t context, int iters) {
+  Impl& s = *impl_;
+  const LmModelConfig& m = s.cfg.model;
+  if (B < 1 || B > s.opt.max_batch || context < 1 || context > m.context || iters < 1 || iters > 10000)
+    return InvalidArgument("serve: profile a decode step of 1.." + std::to_string(s.opt.max_batch) +
+                           " sequences at 1.." + std::to_string(m.context) + " tokens, 1..10000 runs");
+  const int64_t P = s.opt.page_size;
+  if (B * ((context + P - 1) / P) > s.opt.pool_pages)
+    return InvalidArgument("serve: " + std::to_string(B) + " sequences of " + std::to_string(context) +
+                           " tokens need more than the pool's " + std::to_string(s.opt.pool_pages) +
+                           " pages");
+  const int64_t bucket_b = bucket(B, 1, s.opt.max_batch);
+  FUSEBOX_ASSIGN_OR_RETURN(Impl::Program * p, s.program(bucket_b, 1));
+  // Each sequence on pages of its own, its new token at position context - 1.
+  std::vector<std::vector<int32_t>> pages(static_cast<size_t>(B));
+  std::vector<GpuRow> rows;
+  int32_t next = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < (context + P - 1) / P; ++i) pages[static_cast<size_t>(b)].push_back(next++);
+    rows.push_back({context - 1, 1, &pages[static_cast<size_t>(b)], SamplingParams{}, 0.5});
+  }
+  s.fill(rows, bucket_b, 1, 1, std::vector<int32_t>(static_cast<size_t>(B), 1));
+  const cudaStream_t st = s.stream();
+  std::vector<cudaEvent_t> ev(p->steps.size() + 1);
+  for (auto& e : ev) FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&e), "serve: profile events"));
+  auto destroy = [&] {
+    for (auto& e : ev) cudaEventDestroy(e);
+  };
+  std::vector<double> graph_ms, eager_ms;
+  std::vector<std::vector<double>> step_ms(p->steps.size());
+  Status bad = Status::Ok();
+  for (int it = 0; it <= iters && bad.ok(); ++it) {  // run 0 warms up
+    if (p->exec) {
+      cudaEventRecord(ev[0], st);
+      bad = s.launch(*p);
+      cudaEventRecord(ev[1], st);
+      if (bad.ok()) bad = cuda_status(cudaStreamSynchronize(st), "serve: profile");
+      if (bad.ok() && it > 0) graph_ms.push_back(elapsed(ev[0], ev[1]));
+    }
+    for (size_t i = 0; i < p->steps.size() && bad.ok(); ++i) {
+      cudaEventRecord(ev[i], st);
+      bad = p->steps[i]();
+    }
+    cudaEventRecord(ev.back(), st);
+    if (bad.ok()) bad = cuda_status(cudaStreamSynchronize(st), "serve: profile");
+    if (!bad.ok() || it == 0) continue;
+    eager_ms.push_back(elapsed(ev[0], ev.back()));
+    for (size_t i = 0; i < p->steps.size(); ++i) step_ms[i].push_back(elapsed(ev[i], ev[i + 1]));
+  }
+  destroy();
+  FUSEBOX_RETURN_IF_ERROR(bad);
+  // The copy peak: a device-to-device copy of up to 1 GiB (read and write both counted).
+  double peak_gbs = 0;
+  {
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    const size_t bytes = std::min<size_t>(size_t{1} << 30, free / 4) & ~size_t{255};
+    Mem a, b;
+    if (bytes > (size_t{1} << 20) && a.alloc(bytes, false, "copy peak", "serve").ok() &&
+        b.alloc(bytes, false, "copy peak", "serve").ok()) {
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0);
+      cudaEventCreate(&e1);
+      std::vector<double> t;
+      for (int i = 0; i < 6; ++i) {
+        cudaEventRecord(e0, st);
+        cudaMemcpyAsync(b.as<void>(), a.as<void>(), bytes, cudaMemcpyDeviceToDevice, st);
+        cudaEventRecord(e1, st);
+        cudaStreamSynchronize(st);
+        if (i > 0) t.push_back(elapsed(e0, e1));
+      }
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      const double ms = median(t);
+      if (ms > 0) peak_gbs = 2.0 * static_cast<double>(bytes) / (ms * 1e6);
+    }
+    (void)cudaGetLastError();
+  }
+  // What a step must read: every weight but the embedding table (B rows of it), the KV cache.
+  double weights = 0;
+  for (const auto* ws : {&s.w, &s.w_scale})
+    for (const auto& [name, mem] : *ws)
+      if (name != "tok_embeddings") weights += static_cast<double>(mem.bytes());
+  weights += static_cast<double>(B * m.dim * 4);
+  const double kv = 2.0 * static_cast<double>(m.layers * B * context * m.kv_heads * m.head_dim * 2);
+  const double step = p->exec ? median(graph_ms) : median(eager_ms);
+  const double gbs = step > 0 ? (weights + kv) / (step * 1e6) : 0;
+  char line[512];
+  std::string out;
+  std::snprintf(line, sizeof line,
+                "decode step, %lld sequence(s) at %lld tokens (bucket %lld): %.4f ms %s (%.4f ms eager, "
+                "steps one by one), %.0f tokens/s; reads %.1f MB weights + %.1f MB KV = %.2f TB/s, %.0f%% "
+                "of the %.2f TB/s copy peak measured now\n",
+                static_cast<long long>(B), static_cast<long long>(context), static_cast<long long>(bucket_b),
+                step, p->exec ? "as a CUDA graph" : "eager (no CUDA graph)", median(eager_ms),
+                step > 0 ? 1e3 * static_cast<double>(B) / step : 0.0, weights / 1e6, kv / 1e6, gbs / 1e3,
+                peak_gbs > 0 ? 100.0 * gbs / peak_gbs : 0.0, peak_gbs / 1e3);
+  out += line;
+  // Steps by label (the graph's key: one line per distinct shape, summed over the layers).
+  std::map<std::string, std::pair<int, double>> by;
+  std::vector<std::string> order;
+  double sum = 0;
+  for (size_t i = 0; i < p->steps.size(); ++i) {
+    const double ms = median(step_ms[i]);
+    sum += ms;
+    auto [it, fresh] = by.try_emplace(p->labels[i], 0, 0.0);
+    if (fresh) order.push_back(p->labels[i]);
+    it->second.first += 1;
+    it->second.second += ms;
+  }
+  std::sort(order.begin(), order.end(),
+            [&](const std::string& a, const std::string& b) { return by[a].second > by[b].second; });
+  for (const std::string& label : order) {
+    std::snprintf(line, sizeof line, "  %-44s x%-3d %9.1f us  %5.1f%%\n", label.c_str(), by[label].first,
+                  1e3 * by[label].second, sum > 0 ? 100.0 * by[label].second / sum : 0.0);
+    out += line;
   }
   return out;
 }

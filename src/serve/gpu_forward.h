@@ -62,6 +62,12 @@ class GpuForward {
                          bool want_logits);
 
   std::string summary() const;  // buckets, plans, CUDA graphs, warm-up time, device memory
+  // Times a decode step of B sequences at `context` tokens each: the bucket's CUDA graph replayed,
+  // then each of its steps eagerly between CUDA events (medians of `iters` runs), with the bytes
+  // a step must read (weights, the embedding rows, the KV cache) against the device's copy peak
+  // measured here. It writes keys and values into pool pages: only for an engine with no
+  // requests and nothing cached (LmEngine::profile_decode checks).
+  Result<std::string> profile(int64_t B, int64_t context, int iters);
   int64_t device_bytes() const;
   int64_t pool_pages() const;  // KV pages per layer (options.pool_pages, or what free memory held)
 

@@ -131,3 +131,15 @@ def test_bad_input_is_one_clear_error(fusebox, model, tmp_path):
     p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids", "1,2", "--backend", "gpu")
     if p.returncode != 0:  # no GPU here: refused by name (on a GPU it serves)
         assert "the GPU backend needs a GPU" in p.stderr, p.stderr
+
+
+def test_fp8_weights_serve_and_profiling_is_for_the_gpu(fusebox, model):
+    # FP8 weights on the reference backend: it serves (the numbers: tests/deviceless/serve_test.cpp).
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids", "1,2,3", "--max-new", "4",
+            "--weights", "fp8")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("[1][2][3]") and p.stdout.count("[") == 3 + 4, p.stdout  # ids without --data
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--prompt-ids", "1,2", "--weights", "int4")
+    assert p.returncode != 0 and "--weights" in p.stderr, p.stderr
+    p = _fb(fusebox, "serve", "lm", "--model", str(model / "run"), "--profile-decode", "16")
+    assert p.returncode != 0 and "profiling is for the GPU backend" in p.stderr, p.stderr

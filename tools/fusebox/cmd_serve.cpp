@@ -30,6 +30,7 @@ struct ServeArgs {
   std::string weights = "bf16";
   std::vector<std::string> prompts;
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
+  int64_t profile_decode = 0;  // a context length: time the decode step at batch 1 and max_batch
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
   CacheFlags cache;
@@ -328,6 +329,15 @@ int run_serve(const ServeArgs& a) {
             {{"--model", ck}, {"--bench", a.bench}});
         !st.ok())
       return fail(st);
+  if (a.profile_decode > 0) {
+    for (int64_t b : {int64_t{1}, a.max_batch}) {
+      auto t = e.profile_decode(b, a.profile_decode);
+      if (!t.ok()) return fail(t.status());
+      std::printf("%s", t->c_str());
+      if (a.max_batch == 1) break;
+    }
+    return 0;
+  }
   if (!a.bench.empty()) return run_bench(a, e, cfg->model.vocab);
   if (!a.forced.empty()) return run_forced(a, e, cfg->model.vocab);
 
@@ -416,6 +426,11 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));
   cmd->add_option("--backend", a->backend, "reference (CPU, small models) or gpu")
       ->check(CLI::IsMember({"reference", "gpu"}));
+  cmd->add_option(
+         "--profile-decode", a->profile_decode,
+         "With --backend gpu: time a decode step at batch 1 and --max-batch with this many tokens of "
+         "context, stage by stage, against the device's copy peak; then exit")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option(
          "--weights", a->weights,
          "The layers' matrices: bf16, fp8 (e4m3, a scale per output channel) or fp8-tensor (one scale "
