@@ -27,7 +27,7 @@ extern "C" {
 /* The C API's version: bumped when a declaration here changes. Additions
  * only: version 2 added the calls marked "(v2)", version 3 those marked
  * "(v3)", version 4 those marked "(v4)"; a program built against an earlier version runs unchanged. */
-#define FUSEBOX_C_API_VERSION 6
+#define FUSEBOX_C_API_VERSION 7
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -258,6 +258,12 @@ fusebox_status fusebox_lm_trainer_load(fusebox_lm_trainer* trainer, const char* 
 /* The serving engine over a checkpoint (its metadata holds the config). */
 fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* backend, int64_t page_size,
                                         int64_t pool_pages, int64_t max_batch, fusebox_lm_engine** out);
+/* Version 7: the same with the layers' weights "bf16" (NULL too), "fp8" (e4m3, a scale per output
+ * channel) or "fp8-tensor" (one scale per matrix); docs/serving.md. */
+fusebox_status fusebox_lm_engine_create_with_weights(const char* checkpoint, const char* backend,
+                                                     const char* weights, int64_t page_size,
+                                                     int64_t pool_pages, int64_t max_batch,
+                                                     fusebox_lm_engine** out);
 void fusebox_lm_engine_free(fusebox_lm_engine* engine);
 /* Queues a request (temperature 0: greedy; top_k 0 and top_p 1: all; stop_token -1: none). */
 fusebox_status fusebox_lm_engine_add(fusebox_lm_engine* engine, const int32_t* prompt, size_t length,

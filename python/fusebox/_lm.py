@@ -77,11 +77,12 @@ class LmTrainer:
 class LmEngine:
     """fusebox/serve.h's LmEngine over a checkpoint: continuous batching over a paged KV pool."""
 
-    def __init__(self, checkpoint, backend="reference", page_size=16, pool_pages=256, max_batch=8):
+    def __init__(self, checkpoint, backend="reference", page_size=16, pool_pages=256, max_batch=8, weights="bf16"):
+        """weights: "bf16", "fp8" (e4m3, a scale per output channel) or "fp8-tensor" (docs/serving.md)."""
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fusebox_lm_engine_create(_lib.encode(checkpoint, "checkpoint"),
-                                                       _lib.encode(backend, "backend"), int(page_size),
-                                                       int(pool_pages), int(max_batch), ctypes.byref(h)))
+        _lib.check(_lib.lib().fusebox_lm_engine_create_with_weights(
+            _lib.encode(checkpoint, "checkpoint"), _lib.encode(backend, "backend"), _lib.encode(weights, "weights"),
+            int(page_size), int(pool_pages), int(max_batch), ctypes.byref(h)))
         self._h = h
         self._max_batch = int(max_batch)
 

@@ -715,6 +715,14 @@ fusebox_status fusebox_lm_trainer_load(fusebox_lm_trainer* trainer, const char* 
 
 fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* backend, int64_t page_size,
                                         int64_t pool_pages, int64_t max_batch, fusebox_lm_engine** out) {
+  return fusebox_lm_engine_create_with_weights(checkpoint, backend, nullptr, page_size, pool_pages, max_batch,
+                                               out);
+}
+
+fusebox_status fusebox_lm_engine_create_with_weights(const char* checkpoint, const char* backend,
+                                                     const char* weights, int64_t page_size,
+                                                     int64_t pool_pages, int64_t max_batch,
+                                                     fusebox_lm_engine** out) {
   const char* fn = "fusebox_lm_engine_create";
   return guarded(fn, [&] {
     if (!out) return null_arg(fn, "out");
@@ -724,10 +732,17 @@ fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* back
     if (b != "reference" && b != "gpu")
       return fail(FUSEBOX_INVALID_ARGUMENT,
                   std::string(fn) + ": backend '" + b + "' (accepted: reference, gpu)");
+    const std::string w = weights ? weights : "bf16";
+    if (w != "bf16" && w != "fp8" && w != "fp8-tensor")
+      return fail(FUSEBOX_INVALID_ARGUMENT,
+                  std::string(fn) + ": weights '" + w + "' (accepted: bf16, fp8, fp8-tensor)");
     auto cfg = fusebox::lm_checkpoint_config(checkpoint);
     if (!cfg.ok()) return fail(fn, cfg.status());
     fusebox::EngineOptions o;
     o.backend = b == "gpu" ? fusebox::ServeBackend::kGpu : fusebox::ServeBackend::kReference;
+    o.weights = w == "fp8"          ? fusebox::ServeWeights::kFP8Channel
+                : w == "fp8-tensor" ? fusebox::ServeWeights::kFP8Tensor
+                                    : fusebox::ServeWeights::kBF16;
     o.page_size = page_size;
     o.pool_pages = pool_pages;
     o.max_batch = max_batch;

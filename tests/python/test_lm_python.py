@@ -66,6 +66,13 @@ def test_the_engine_serves_the_checkpoint_as_the_command_does(trained):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "".join(f"[{t}]" for t in [1, 4, 7, 10, 13] + out[0])
     assert e.idle
+    # FP8 weights: the same tokens as the command with --weights fp8.
+    f = fusebox.LmEngine(str(d / "ck.safetensors"), page_size=4, pool_pages=64, max_batch=4, weights="fp8")
+    fp8 = f.generate(prompts[:1], max_new_tokens=6)[0]
+    p = subprocess.run([exe, "serve", "lm", "--model", str(d / "ck.safetensors"), "--prompt-ids", "1,4,7,10,13",
+                        "--max-new", "6", "--weights", "fp8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "".join(f"[{t}]" for t in [1, 4, 7, 10, 13] + fp8)
 
 
 def test_bad_input_raises(trained, tmp_path):
@@ -88,6 +95,8 @@ def test_bad_input_raises(trained, tmp_path):
         e.add([1, 600])
     with pytest.raises(fusebox.InvalidArgument, match="32-bit integers"):
         e.add([1, 2**32 + 5])  # would wrap to 5 in ctypes
+    with pytest.raises(fusebox.InvalidArgument, match="accepted: bf16, fp8, fp8-tensor"):
+        fusebox.LmEngine(str(d / "ck.safetensors"), weights="int4")
     try:  # builds on a GPU; refused by name without one
         fusebox.LmEngine(str(d / "ck.safetensors"), backend="gpu")
     except fusebox.NotSupported as err:
