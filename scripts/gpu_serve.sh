@@ -31,8 +31,13 @@ summary() { { echo "== $1"; tail -n "${3:-6}" "$2" | cut -c1-400; } | tee -a "$S
 tokens() { $PY -c 'import numpy as np, sys; np.save(sys.argv[1], np.random.default_rng(0).integers(0, int(sys.argv[2]), 200000).astype(np.int32))' "$1" "$2"; }
 # init CONFIG CK: random weights as a checkpoint (once per machine).
 init() { [ -f "$2" ] || timeout 300 $PY -m fusebox_tools.models.lm_torch init --config "$1" --out "$2" --seed 1 > "$2.log" 2>&1 || { cat "$2.log"; return 1; }; }
-# compare NAME A B: the greedy tokens of two reports, request by request.
-compare() { timeout 60 $PY -m fusebox_tools.models.lm_torch compare-serve "$2" "$3" > "$OUT/compare_$1.txt" 2>&1; summary "tokens: $1" "$OUT/compare_$1.txt" 4; }
+# compare NAME A B: the greedy tokens of two reports, request by request; each difference judged
+# by the torch model in bf16 (bench's $ck and $trace): allowed only after a near-tie (issue 34).
+compare() {
+  timeout 300 $PY -m fusebox_tools.models.lm_torch compare-serve "$2" "$3" --checkpoint "$ck" --trace "$trace" \
+    --device cuda > "$OUT/compare_$1.txt" 2>&1
+  summary "tokens: $1" "$OUT/compare_$1.txt" 4
+}
 # bench NAME CK TRACE MAX_BATCH [fusebox args...]: fusebox's GPU engine, then torch eager and compiled,
 # on one trace; their tokens compared with fusebox's.
 bench() {

@@ -120,6 +120,19 @@ def test_a_trace_is_replayed_with_fuseboxs_report_fields(model, tmp_path):
     p = _py("fusebox_tools.models.lm_torch", "compare-serve", str(tmp_path / "r.json"), str(tmp_path / "r2.json"),
             "--first", "2")
     assert p.returncode == 0, p.stdout + p.stderr
+    # Judged by the model: the difference passes only as a near-tie (its top-2 gap against --tie).
+    ck = str(model / "run" / "checkpoint.safetensors")
+    judge = ("fusebox_tools.models.lm_torch", "compare-serve", str(tmp_path / "r.json"), str(tmp_path / "r2.json"),
+             "--checkpoint", ck, "--trace", str(tmp_path / "trace.json"), "--device", "cpu")
+    p = _py(*judge, "--tie", "0")
+    assert p.returncode == 1 and "NOT a near-tie" in p.stdout, p.stdout + p.stderr
+    p = _py(*judge, "--tie", "1e9")
+    assert p.returncode == 0 and "1 differ after a near-tie" in p.stdout, p.stdout + p.stderr
+    gap = float(p.stdout.split("top-2 gap ")[1].split(":")[0])
+    trace = json.loads((tmp_path / "trace.json").read_text())["requests"]
+    top = sorted(np.asarray(_logits(_torch_model(model), list(trace[3]["prompt"]) + r["tokens_by_request"]["3"][:2]),
+                            dtype=np.float64))[-2:]
+    assert gap == pytest.approx(top[1] - top[0], rel=1e-2, abs=1e-3)  # printed to 4 digits
 
 
 def test_cached_batched_decoding_matches_a_full_forward(repo_root):
