@@ -123,6 +123,8 @@ case "${PART:-1}" in
     bench m125 "$W/m125.safetensors" "$W/m125_trace.json" 32 --pool-pages 4096
     profile m125 "$W/m125.safetensors" 32 1024 --pool-pages 4096
     forced m125 "$W/m125.safetensors" "$W/m125_tokens.npy" 8 1 7 64 200 500 900 1000 1008
+    # Batch 64: 64 prompts of 1 to 946 tokens, all at once (issue 34: batches of 1-64).
+    forced m125_b64 "$W/m125.safetensors" "$W/m125_tokens.npy" 64 $(seq 1 15 1008 | head -64)
     ;;
   3)
     # Llama-3.2-1B shapes (issue 34's speed table): the decode step at 2k-token contexts, batch 1
