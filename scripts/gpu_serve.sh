@@ -138,7 +138,7 @@ case "${PART:-1}" in
     # Decode at batch 64 with 2k-token contexts against torch (all requests arrive at once; after
     # their prefills the steps are pure decode).
     init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
-    l1b_trace 64
+    l1b_trace "${B:-64}"
     ;;
   5)
     init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
