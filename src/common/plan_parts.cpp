@@ -68,8 +68,9 @@ Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_
   const auto& list = h["parts"];
   const bool coverage_known = op_count >= 0;  // -1: the graph is not known here (file and cache readers)
   if (!coverage_known) op_count = 1 << 20;
-  if (list.size() < 2 || list.size() > kMaxPlanParts) {
-    return bad(std::to_string(list.size()) + " parts (2 to " + std::to_string(kMaxPlanParts) + " accepted)");
+  // One part: fusebox's own kernel over the whole graph, by name (Plan::serialize of a native plan).
+  if (list.empty() || list.size() > kMaxPlanParts) {
+    return bad(std::to_string(list.size()) + " parts (1 to " + std::to_string(kMaxPlanParts) + " accepted)");
   }
   std::vector<SerializedPart> out;
   size_t offset = static_cast<size_t>(nl - data) + 1;
@@ -114,6 +115,8 @@ Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_
     next_op = static_cast<int>(first + count);
     out.push_back(std::move(s));
   }
+  if (out.size() == 1 && !out[0].payload.empty())
+    return bad("a single part with plan bytes (one part is only fusebox's own kernel, by name)");
   if (coverage_known && next_op != op_count)
     return bad("the parts cover " + std::to_string(next_op) + " of " + std::to_string(op_count) + " ops");
   if (offset != n) return bad(std::to_string(n - offset) + " bytes after the last part");

@@ -56,6 +56,7 @@ struct Plan::Impl {
       graph;  // a cudnn::FeGraph (built or deserialized); null when native
   // fusebox's own kernel instead of a cuDNN plan (an op cuDNN has none for).
   std::shared_ptr<const kernels::NativeKernel> native;
+  int native_ops = 0;  // the graph's op count (a native plan serializes as one part, by name)
   std::string engine;
   int64_t plan_index = -1;  // -1: the graph's own candidate (deserialized plans)
   int64_t workspace_bytes = 0;

@@ -81,6 +81,19 @@ Result<Plan> deserialize_parts(const ResolvedGraph& g, const std::vector<uint8_t
   FUSEBOX_ASSIGN_OR_RETURN(
       auto parts,
       common::decode_plan_parts(bytes.data(), bytes.size(), static_cast<int>(g.ops.size()), "plan", &stored));
+  // One part over the whole graph on fusebox's own kernel: a native plan (Plan::serialize), not a
+  // partition.
+  if (parts.size() == 1 && parts[0].payload.empty() && parts[0].first_op == 0 &&
+      parts[0].op_count == static_cast<int>(g.ops.size())) {
+    BuildOptions by_name;
+    by_name.engine = parts[0].engine;
+    auto plan = build_plan(g, target, by_name, nullptr, ctx);
+    if (!plan.ok() || !plan->native())
+      return ParseError("plan: names fusebox's kernel '" + parts[0].engine +
+                        "', which does not run this graph" +
+                        (plan.ok() ? std::string() : ": " + plan.status().message()));
+    return plan;
+  }
   std::vector<std::pair<int, int>> ranges;
   for (const auto& p : parts) ranges.push_back({p.first_op, p.op_count});
   std::map<int, DType> dtypes;

@@ -300,6 +300,7 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
   }
   auto impl = std::make_unique<Plan::Impl>();
   impl->native = kernel;
+  impl->native_ops = static_cast<int>(g.ops.size());
   impl->engine = kernel->name();
   for (const ResolvedTensor& t : g.tensors) {
     if (t.uid > 0) {
@@ -710,11 +711,10 @@ Result<std::vector<uint8_t>> Plan::serialize() const {
   }
   if (impl_->parts) return cudnn::serialize_parts(*impl_->parts);
   if (impl_->native) {
-    return NotSupported(
-        "engine '" + impl_->engine +
-        "' is fusebox's own kernel, not a cuDNN plan: there is nothing to serialize (building it "
-        "costs no cuDNN call, so it needs no plan file or cache entry); for a plan file of a graph cuDNN "
-        "runs too, pin one of cuDNN's engines (--engine; `fusebox engines --cudnn` lists them)");
+    // fusebox's own kernel: no cuDNN plan, so the bytes are one part covering the graph, by the
+    // kernel's name (common/plan_parts.h), rebuilt from the graph when read: what a plan-cache
+    // entry needs to carry the plan check's sealed verdict across starts.
+    return common::encode_plan_parts({{0, impl_->native_ops, impl_->engine, {}}}, {});
   }
   std::vector<uint8_t> bytes;
   try {

@@ -16,6 +16,8 @@ namespace fusebox::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kPerThread = 8;                      // the argmax pre-pass: loads in flight per thread
+constexpr int64_t kChunk = kThreads * kPerThread;  // logits per block of the pre-pass
 
 __device__ __forceinline__ uint64_t key_of(float v, int64_t i) {
   uint32_t b = __float_as_uint(v);
@@ -56,6 +58,36 @@ __device__ uint64_t smallest_candidate(const float* logits, int64_t vocab, uint6
   return r;
 }
 
+// The argmax pre-pass: many blocks per row (one block per row is bound by the latency of its
+// loads: 0.2 ms for a 128k vocabulary on the H200), each the largest key of a chunk, combined by
+// an atomic maximum into top[row] (zeroed before). A NaN logit counts as the smallest.
+__global__ void argmax_kernel(const float* logits, int64_t vocab, int64_t row_stride,
+                              unsigned long long* top) {
+  const int64_t row = blockIdx.y;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
+  const float* x = logits + row * row_stride;
+  float v[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int64_t i = begin + j * kThreads + threadIdx.x;
+    v[j] = i < vocab ? x[i] : NAN;
+  }
+  unsigned long long best = 0;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int64_t i = begin + j * kThreads + threadIdx.x;
+    if (i < vocab && v[j] == v[j]) {
+      const unsigned long long k = key_of(v[j], i);
+      if (k > best) best = k;
+    }
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    const unsigned long long o = __shfl_xor_sync(0xFFFFFFFFu, best, off);
+    if (o > best) best = o;
+  }
+  if ((threadIdx.x & 31) == 0 && best) atomicMax(top + row, best);
+}
+
 struct Row {
   const float* logits;
   int64_t vocab;
@@ -88,33 +120,45 @@ __device__ uint64_t largest_key_above(const Row& r, bool mass, double bound, dou
 }
 
 __global__ void sample_kernel(const float* logits, int64_t vocab, int64_t row_stride,
-                              const SamplingRow* params, int32_t* tokens) {
+                              const SamplingRow* params, int32_t* tokens,
+                              const unsigned long long* top_keys) {
   __shared__ double shared[kThreads];
   __shared__ float top_v;
   __shared__ int64_t top_i;
   const SamplingRow p = params[blockIdx.x];
   Row r{logits + static_cast<int64_t>(blockIdx.x) * row_stride, vocab, 0.f, 0.0, 0};
-  // The first largest logit (the greedy token, and the softmax's shift).
-  float best = -INFINITY;
-  int64_t best_i = -1;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = r.logits[i];
-    if (best_i < 0 || v > best) {  // within a thread indices rise: strict keeps the first
-      best = v;
-      best_i = i;
-    }
-  }
-  if (threadIdx.x == 0) {
-    top_v = -INFINITY;
-    top_i = -1;
-  }
-  __syncthreads();
-  for (int w = 0; w < blockDim.x; ++w) {  // a fixed order: the result does not depend on timing
-    if (threadIdx.x == w && best_i >= 0 && (top_i < 0 || best > top_v || (best == top_v && best_i < top_i))) {
-      top_v = best;
-      top_i = best_i;
+  // The first largest logit (the greedy token, and the softmax's shift): from the pre-pass, or
+  // here with one block.
+  if (top_keys) {
+    if (threadIdx.x == 0) {
+      const unsigned long long k = top_keys[blockIdx.x];
+      top_i = k ? static_cast<int64_t>(~static_cast<uint32_t>(k & 0xFFFFFFFFu)) : 0;  // all NaN: token 0
+      top_v = r.logits[top_i];
     }
     __syncthreads();
+  } else {
+    float best = -INFINITY;
+    int64_t best_i = -1;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float v = r.logits[i];
+      if (best_i < 0 || v > best) {  // within a thread indices rise: strict keeps the first
+        best = v;
+        best_i = i;
+      }
+    }
+    if (threadIdx.x == 0) {
+      top_v = -INFINITY;
+      top_i = -1;
+    }
+    __syncthreads();
+    for (int w = 0; w < blockDim.x; ++w) {  // a fixed order: the result does not depend on timing
+      if (threadIdx.x == w && best_i >= 0 &&
+          (top_i < 0 || best > top_v || (best == top_v && best_i < top_i))) {
+        top_v = best;
+        top_i = best_i;
+      }
+      __syncthreads();
+    }
   }
   if (p.temperature <= 0 || vocab <= 0) {
     if (threadIdx.x == 0) tokens[blockIdx.x] = static_cast<int32_t>(top_i);
@@ -151,7 +195,7 @@ __global__ void sample_kernel(const float* logits, int64_t vocab, int64_t row_st
 }  // namespace
 
 Status sample_tokens(const float* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                     const SamplingRow* params, int32_t* tokens, void* stream) {
+                     const SamplingRow* params, int32_t* tokens, void* stream, uint64_t* top_keys) {
   if (rows < 0 || vocab < 1 || vocab > INT32_MAX || row_stride < vocab) {
     return InvalidArgument("sample_tokens: " + std::to_string(rows) + " rows of " + std::to_string(vocab) +
                            " logits, row stride " + std::to_string(row_stride) +
@@ -159,8 +203,18 @@ Status sample_tokens(const float* logits, int64_t rows, int64_t vocab, int64_t r
   }
   if (rows == 0) return Status::Ok();
   if (!logits || !params || !tokens) return InvalidArgument("sample_tokens: a null device pointer");
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      logits, vocab, row_stride, params, tokens);
+  const auto st = static_cast<cudaStream_t>(stream);
+  auto* keys = reinterpret_cast<unsigned long long*>(top_keys);
+  if (keys) {
+    if (rows > 65535) return InvalidArgument("sample_tokens: over 65535 rows with the argmax pre-pass");
+    const cudaError_t z = cudaMemsetAsync(keys, 0, static_cast<size_t>(rows) * sizeof(uint64_t), st);
+    if (z != cudaSuccess)
+      return Status(StatusCode::kCudaError, std::string("sample_tokens: ") + cudaGetErrorString(z));
+    const dim3 grid(static_cast<unsigned>((vocab + kChunk - 1) / kChunk), static_cast<unsigned>(rows));
+    argmax_kernel<<<grid, kThreads, 0, st>>>(logits, vocab, row_stride, keys);
+  }
+  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, st>>>(logits, vocab, row_stride, params, tokens,
+                                                                  keys);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return Status(StatusCode::kCudaError, std::string("sample_tokens: ") + cudaGetErrorString(err));

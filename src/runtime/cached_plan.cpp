@@ -107,7 +107,8 @@ bool store_plan(PlanCache* cache, const ResolvedGraph& g, const DeviceTarget& ta
                 const std::string& policy_key, const Plan& plan, double tuned_median_ms,
                 std::vector<std::string>* warnings, const PlanCheckRun* check) {
   if (!cache || !cache->enabled() || cache->read_only()) return false;
-  if (plan.native()) return false;  // fusebox's own kernel: nothing to cache, built without cuDNN
+  // fusebox's own kernels are stored too, by name (Plan::serialize): what they carry is the plan
+  // check's sealed verdict, so a warm start does not check them again.
   auto bytes = plan.serialize();
   if (!bytes.ok()) {
     warnings->push_back("plan not cached: " + bytes.status().message());

@@ -64,7 +64,7 @@ struct GpuForward::Impl {
   // The KV pools by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16.
   std::deque<Mem> kpool, vpool;
   // Activations, sized for the largest bucket's rows.
-  Mem h, a, q, k, v, qr, kr, o, h1, mm, g, act, last, hn, logits, tokens;
+  Mem h, a, q, k, v, qr, kr, o, h1, mm, g, act, last, hn, logits, tokens, top_keys;
   // The step's inputs: one pinned block uploaded with one copy, in aligned segments.
   Mem in_host, in_dev, out_host;
   size_t off_ids = 0, off_table = 0, off_lq = 0, off_lkv = 0, off_start = 0, off_count = 0, off_params = 0;
@@ -249,7 +249,7 @@ struct GpuForward::Impl {
     add(p, "sample_tokens", [this, B] {
       return kernels::sample_tokens(logits.as<float>(), B, cfg.model.vocab, cfg.model.vocab,
                                     reinterpret_cast<const kernels::SamplingRow*>(in(off_params)),
-                                    tokens.as<int32_t>(), stream());
+                                    tokens.as<int32_t>(), stream(), top_keys.as<uint64_t>());
     });
     add(p, "download_tokens", [this, B] {
       return cuda_status(cudaMemcpyAsync(out_host.as<void>(), tokens.as<void>(), static_cast<size_t>(B) * 4,
@@ -405,6 +405,7 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   }
   FUSEBOX_RETURN_IF_ERROR(s.logits.alloc(static_cast<size_t>(B * m.vocab) * 4, false, "logits", "serve"));
   FUSEBOX_RETURN_IF_ERROR(s.tokens.alloc(static_cast<size_t>(B) * 4, false, "tokens", "serve"));
+  FUSEBOX_RETURN_IF_ERROR(s.top_keys.alloc(static_cast<size_t>(B) * 8, false, "argmax scratch", "serve"));
   // The input block: ids, page table, lq, lkv, start, count, sampling rows.
   size_t off = 0;
   auto seg = [&](size_t* o, size_t bytes) {

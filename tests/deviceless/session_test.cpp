@@ -202,6 +202,29 @@ TEST_F(DevicelessSession, BuildsWithModeAThenHitsTheCache) {
   EXPECT_EQ(hit->engine_name(), r.engine);
 }
 
+// fusebox's own kernels go into the plan cache by name (with the plan check's verdict on a GPU),
+// so a warm start reads them back instead of building and checking them again.
+TEST_F(DevicelessSession, AFuseboxKernelIsStoredByNameAndHitsTheCache) {
+  const ResolvedGraph g = load(source_dir() + "/examples/graphs/small/rope_small.json");
+  PlanReport r, again;
+  {
+    auto s = session(cache_.get());
+    ASSERT_TRUE(s);
+    auto plan = s->get_plan(g, {}, &r);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_TRUE(plan->native()) << plan->engine_name();
+    EXPECT_TRUE(r.stored);
+  }
+  auto s = session(cache_.get());  // a new start on the same cache
+  ASSERT_TRUE(s);
+  auto hit = s->get_plan(g, {}, &again);
+  ASSERT_TRUE(hit.ok()) << hit.status().ToString();
+  EXPECT_EQ(again.cache, "hit");
+  EXPECT_TRUE(hit->native());
+  EXPECT_EQ(hit->engine_name(), r.engine);
+  EXPECT_EQ(hit->part_count(), 0) << "one part by name reads back as the kernel, not a partition";
+}
+
 TEST_F(DevicelessSession, ATunedEntryComesFirstUnlessAnEngineIsPinnedOrTunedIsOff) {
   auto s = session(cache_.get());
   ASSERT_TRUE(s);

@@ -45,26 +45,34 @@ TEST(SamplingGpu, PicksTheHostsTokenForEveryRule) {
   ASSERT_EQ(cudaMalloc(&d_tokens, rows.size() * sizeof(int32_t)), cudaSuccess);
   cudaMemcpy(d_logits, logits.data(), logits.size() * sizeof(float), cudaMemcpyHostToDevice);
   cudaMemcpy(d_rows, rows.data(), rows.size() * sizeof(kernels::SamplingRow), cudaMemcpyHostToDevice);
-  Status st = kernels::sample_tokens(d_logits, n, kVocab, kStride, d_rows, d_tokens, nullptr);
-  ASSERT_TRUE(st.ok()) << st.ToString();
-  std::vector<int32_t> got(rows.size());
-  ASSERT_EQ(cudaMemcpy(got.data(), d_tokens, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
-            cudaSuccess);
-  int differ = 0;
-  for (int64_t r = 0; r < n; ++r) {
-    const kernels::SamplingRow& p = rows[static_cast<size_t>(r)];
-    const std::vector<float> row(logits.begin() + r * kStride, logits.begin() + r * kStride + kVocab);
-    SamplingParams sp;
-    sp.temperature = p.temperature;
-    sp.top_k = p.top_k;
-    sp.top_p = p.top_p;
-    const int32_t want = sample_token(row, sp, p.u);
-    if (got[static_cast<size_t>(r)] != want) ++differ;
-    EXPECT_EQ(got[static_cast<size_t>(r)], want) << "row " << r << ": T " << p.temperature << ", top_k "
-                                                 << p.top_k << ", top_p " << p.top_p << ", u " << p.u;
+  uint64_t* d_keys = nullptr;  // the argmax pre-pass's scratch
+  ASSERT_EQ(cudaMalloc(&d_keys, rows.size() * sizeof(uint64_t)), cudaSuccess);
+  for (uint64_t* keys : {static_cast<uint64_t*>(nullptr), d_keys}) {
+    // Twice with the pre-pass: its scratch is cleared each call.
+    for (int again = 0; again < (keys ? 2 : 1); ++again) {
+      Status st = kernels::sample_tokens(d_logits, n, kVocab, kStride, d_rows, d_tokens, nullptr, keys);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      std::vector<int32_t> got(rows.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), d_tokens, got.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      int differ = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        const kernels::SamplingRow& p = rows[static_cast<size_t>(r)];
+        const std::vector<float> row(logits.begin() + r * kStride, logits.begin() + r * kStride + kVocab);
+        SamplingParams sp;
+        sp.temperature = p.temperature;
+        sp.top_k = p.top_k;
+        sp.top_p = p.top_p;
+        const int32_t want = sample_token(row, sp, p.u);
+        if (got[static_cast<size_t>(r)] != want) ++differ;
+        EXPECT_EQ(got[static_cast<size_t>(r)], want) << "row " << r << ": T " << p.temperature << ", top_k "
+                                                     << p.top_k << ", top_p " << p.top_p << ", u " << p.u;
+      }
+      std::printf("[ note ] %lld rows sampled on the GPU (%s), %d differ from the host\n",
+                  static_cast<long long>(n), keys ? "argmax pre-pass" : "one block a row", differ);
+    }
   }
-  std::printf("[ note ] %lld rows sampled on the GPU, %d differ from the host\n", static_cast<long long>(n),
-              differ);
+  cudaFree(d_keys);
   // Bad arguments are refused before any launch.
   EXPECT_FALSE(kernels::sample_tokens(d_logits, n, 0, kStride, d_rows, d_tokens, nullptr).ok());
   EXPECT_FALSE(kernels::sample_tokens(d_logits, n, kVocab, kVocab - 1, d_rows, d_tokens, nullptr).ok());

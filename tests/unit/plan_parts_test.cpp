@@ -97,7 +97,8 @@ TEST(PlanParts, HostileContainersAreParseErrors) {
   expect_parse_error(with_header("not json", p), 4, "");
   expect_parse_error(
       with_header("{\"parts\":[{\"first_op\":0,\"op_count\":4,\"engine\":\"e\",\"bytes\":" + n + "}]}", p), 4,
-      "1 parts");
+      "a single part with plan bytes");
+  expect_parse_error(with_header("{\"parts\":[]}", {}), 4, "0 parts (1 to");
   std::vector<uint8_t> both = p;
   both.insert(both.end(), p.begin(), p.end());
   expect_parse_error(
@@ -137,4 +138,15 @@ TEST(PlanParts, AnOwnKernelPartHasNoBytesAndOnlyItMay) {
   EXPECT_EQ((*r)[0].payload, real_payload());
   parts[1].engine = "eng2";
   expect_parse_error(encode_plan_parts(parts), 4, "is not one of fusebox's own kernels");
+}
+
+// A whole graph on fusebox's own kernel (Plan::serialize of a native plan): one part, by name.
+TEST(PlanParts, OneOwnKernelPartCoversTheWholeGraph) {
+  const auto b = encode_plan_parts({{0, 3, "fusebox_rmsnorm", {}}});
+  auto r = decode_plan_parts(b.data(), b.size(), 3, "x.plan");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->size(), 1u);
+  EXPECT_EQ((*r)[0].engine, "fusebox_rmsnorm");
+  expect_parse_error(b, 4, "cover 3 of 4 ops");
+  expect_parse_error(encode_plan_parts({{0, 3, "eng0", {}}}), 3, "is not one of fusebox's own kernels");
 }

@@ -35,7 +35,8 @@ using TemporaryDtypes = std::vector<std::pair<int, std::string>>;
 std::vector<uint8_t> encode_plan_parts(const std::vector<SerializedPart>& parts,
                                        const TemporaryDtypes& temporaries = {});
 // Parses and checks the container (header, part ranges contiguous from op 0,
-// lengths adding up) and every part's payload (check_plan_payload). `op_count`:
+// lengths adding up) and every part's payload (check_plan_payload); a container of one part
+// is a whole graph on fusebox's own kernel (no payload: Plan::serialize of a native plan). `op_count`:
 // the whole graph's ops, which the parts must cover exactly.
 Result<std::vector<SerializedPart>> decode_plan_parts(const uint8_t* data, size_t n, int op_count,
                                                       const std::string& where,

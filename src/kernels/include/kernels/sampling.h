@@ -25,7 +25,12 @@ struct SamplingRow {
 // asynchronous on `stream` (a cudaStream_t), capturable in a CUDA graph (no allocation, no sync).
 // A sampled row costs a few passes over its logits per bit of a 64-bit key (a binary search per
 // decision: top-k cut, top-p cut, the draw): correct first; a radix select would cut it 8x.
+// `top_keys` (device, `rows` entries; optional): scratch for an argmax pre-pass over many blocks
+// per row (a memset, then 2048 logits a block), which the greedy token and the softmax's shift
+// then read. Without it one block per row finds the argmax, bound by its loads' latency (0.2 ms a
+// row of 128k logits on the H200). The same tokens either way (a NaN logit aside: the pre-pass
+// ranks it last).
 Status sample_tokens(const float* logits, int64_t rows, int64_t vocab, int64_t row_stride,
-                     const SamplingRow* params, int32_t* tokens, void* stream);
+                     const SamplingRow* params, int32_t* tokens, void* stream, uint64_t* top_keys = nullptr);
 
 }  // namespace fusebox::kernels
