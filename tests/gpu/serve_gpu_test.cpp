@@ -143,8 +143,10 @@ TEST_F(ServeGpu, LogitsMatchTheFullForwardAndBatchingChangesNothing) {
 }
 
 // FP8 weights (kernels/quantize.h, the FP8 GEMM graphs of lm_graphs.h): every token's logits
-// within 5% of the bf16/fp32 full forward, and the tokens the reference engine's with the same
-// FP8 weights (the same quantization on the host) where no near-tie decides.
+// within 12% of the bf16/fp32 full forward (this tiny model's FP8 error: the reference engine's
+// own was 5.2e-2 per channel and 8.1e-2 per tensor on the H200), the GPU's worst within 1.5x of the
+// reference engine's (the same quantization emulated on the host) plus 1e-2, and the tokens the
+// reference engine's where no near-tie decides.
 TEST_F(ServeGpu, Fp8WeightsMatchTheReferenceEngine) {
   const std::vector<LmRequest> reqs = requests();
   for (ServeWeights w : {ServeWeights::kFP8Channel, ServeWeights::kFP8Tensor}) {
@@ -154,10 +156,12 @@ TEST_F(ServeGpu, Fp8WeightsMatchTheReferenceEngine) {
     std::printf("[ serve ] %s\n", summary.c_str());
     EXPECT_NE(summary.find("weights FP8"), std::string::npos) << summary;
     double worst = 0, worst_ref = 0;
-    const auto mine = run(*gpu, reqs, &worst, 5e-2);
+    const auto mine = run(*gpu, reqs, &worst, 0.12);
     auto ref = engine(ServeBackend::kReference, 64, 8, w);
     ASSERT_TRUE(ref);
-    const auto reference = run(*ref, reqs, &worst_ref, 5e-2);
+    const auto reference = run(*ref, reqs, &worst_ref, 0.12);
+    EXPECT_LT(worst, 1.5 * worst_ref + 1e-2)
+        << "the GPU's FP8 path is further from the full forward than the host's";
     int same = 0, total = 0;
     for (size_t r = 0; r < reqs.size(); ++r)
       for (size_t i = 0; i < mine[r].size() && i < reference[r].size(); ++i, ++total) {
