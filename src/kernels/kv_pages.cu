@@ -1,6 +1,7 @@
 // fusebox: the paged KV write (kernels/kv_pages.h): one thread per element of the new rows.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -30,9 +31,13 @@ __host__ __device__ inline int64_t dest_row(const KvWrite& w, const int32_t* tab
 }
 
 __global__ void kv_write_kernel(KvWrite w) {
-  const int64_t total = w.batch * w.heads * w.tokens * w.dim;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  const int64_t one = w.batch * w.heads * w.tokens * w.dim;
+  const int64_t total = w.src2 ? 2 * one : one;
+  for (int64_t f = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; f < total;
+       f += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const bool second = f >= one;
+    const int64_t e = second ? f - one : f;
+    const int64_t* ss = second ? w.src2_strides : w.src_strides;
     const int64_t d = e % w.dim;
     const int64_t t = (e / w.dim) % w.tokens;
     const int64_t h = (e / (w.dim * w.tokens)) % w.heads;
@@ -40,16 +45,17 @@ __global__ void kv_write_kernel(KvWrite w) {
     bool bad = false;
     const int64_t row = dest_row(w, w.page_table, w.start, w.count, b, t, &bad);
     if (row < 0) {
-      if (bad && d == 0 && h == 0 && w.bad_rows) atomicAdd(w.bad_rows, 1);
+      if (bad && d == 0 && h == 0 && !second && w.bad_rows) atomicAdd(w.bad_rows, 1);
       continue;
     }
     const int64_t dst = (row + h * w.page_size) * w.dim + d;
-    const int64_t src =
-        b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2] + d * w.src_strides[3];
+    const int64_t src = b * ss[0] + h * ss[1] + t * ss[2] + d * ss[3];
+    const void* from = second ? w.src2 : w.src;
+    void* to = second ? w.pool2 : w.pool;
     if (w.elem_bytes == 2) {
-      static_cast<uint16_t*>(w.pool)[dst] = static_cast<const uint16_t*>(w.src)[src];
+      static_cast<uint16_t*>(to)[dst] = static_cast<const uint16_t*>(from)[src];
     } else {
-      static_cast<uint32_t*>(w.pool)[dst] = static_cast<const uint32_t*>(w.src)[src];
+      static_cast<uint32_t*>(to)[dst] = static_cast<const uint32_t*>(from)[src];
     }
   }
 }
@@ -69,8 +75,10 @@ Status check(const KvWrite& w) {
                " rows and tables of " + std::to_string(w.max_pages) + " entries: each must be >= 1");
   }
   for (int i = 0; i < 4; ++i) {
-    if (w.src_strides[i] < 0) return bad("negative source stride " + std::to_string(w.src_strides[i]));
+    if (w.src_strides[i] < 0 || w.src2_strides[i] < 0)
+      return bad("negative source stride " + std::to_string(std::min(w.src_strides[i], w.src2_strides[i])));
   }
+  if ((w.src2 == nullptr) != (w.pool2 == nullptr)) return bad("src2 and pool2 come together");
   return Status::Ok();
 }
 
@@ -78,7 +86,7 @@ Status check(const KvWrite& w) {
 
 Status write_kv_pages(const KvWrite& w, void* stream) {
   FUSEBOX_RETURN_IF_ERROR(check(w));
-  const int64_t total = w.batch * w.heads * w.tokens * w.dim;
+  const int64_t total = w.batch * w.heads * w.tokens * w.dim * (w.src2 ? 2 : 1);
   if (total == 0) return Status::Ok();
   if (!w.src || !w.pool || !w.page_table || !w.start || !w.count) {
     return InvalidArgument("write_kv_pages: a null device pointer");

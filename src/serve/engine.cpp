@@ -152,9 +152,10 @@ struct LmEngine::Impl {
     return std::move(out.at("y"));
   }
 
-  Result<Values> rope(int64_t B, int64_t H, int64_t S, const Values& x_bhsd, const Values& offsets) {
+  Result<Values> rope(int64_t B, int64_t H, int64_t S, const Values& x_bhsd, const Values& offsets,
+                      int64_t x_row) {
     FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* g,
-                             graph(serve::rope_graph(cfg.model, B, H, S, cfg.model.context)));
+                             graph(serve::rope_graph(cfg.model, B, H, S, cfg.model.context, x_row)));
     FUSEBOX_ASSIGN_OR_RETURN(auto out, run(*g, {{"x", &x_bhsd}, {"freqs", &freqs}, {"offset", &offsets}}));
     return std::move(out.at("y"));
   }
@@ -190,16 +191,26 @@ struct LmEngine::Impl {
       std::copy_n(emb.begin() + static_cast<int64_t>(ids[static_cast<size_t>(n)]) * D, D, h.begin() + n * D);
     h = rounded(DType::kBF16, h);
 
+    const int64_t HK = H + KV, W = (HK + KV) * dh;  // the fused projection's heads and row
     FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* ag,
-                             graph(serve::attention_graph(m, B, S, max_pages, opt.pool_pages, P)));
+                             graph(serve::attention_graph(m, B, S, max_pages, opt.pool_pages, P, HK * dh)));
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".";
       FUSEBOX_ASSIGN_OR_RETURN(Values a, rmsnorm(N, h, p + "attention_norm"));
-      FUSEBOX_ASSIGN_OR_RETURN(Values q, gemm(N, D, H * dh, a, p + "wq"));
-      FUSEBOX_ASSIGN_OR_RETURN(Values k, gemm(N, D, KV * dh, a, p + "wk"));
-      FUSEBOX_ASSIGN_OR_RETURN(Values v, gemm(N, D, KV * dh, a, p + "wv"));
-      FUSEBOX_ASSIGN_OR_RETURN(Values qr, rope(B, H, S, rows_to_bhsd(q, B, S, H, dh), offsets));
-      FUSEBOX_ASSIGN_OR_RETURN(Values kr, rope(B, KV, S, rows_to_bhsd(k, B, S, KV, dh), offsets));
+      // One GEMM for Q, K and V; one RoPE over the query and key heads (rows W apart).
+      FUSEBOX_ASSIGN_OR_RETURN(Values qkv, gemm(N, D, W, a, serve::qkv_name(l)));
+      Values qk(static_cast<size_t>(N * HK * dh)), v(static_cast<size_t>(N * KV * dh));
+      for (int64_t n = 0; n < N; ++n) {
+        std::copy_n(qkv.begin() + n * W, HK * dh, qk.begin() + n * HK * dh);
+        std::copy_n(qkv.begin() + n * W + HK * dh, KV * dh, v.begin() + n * KV * dh);
+      }
+      FUSEBOX_ASSIGN_OR_RETURN(Values qkr, rope(B, HK, S, rows_to_bhsd(qk, B, S, HK, dh), offsets, W));
+      // [B, HK, S, dh]: the query heads, then the key heads.
+      Values qr(static_cast<size_t>(B * H * S * dh)), kr(static_cast<size_t>(B * KV * S * dh));
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy_n(qkr.begin() + b * HK * S * dh, H * S * dh, qr.begin() + b * H * S * dh);
+        std::copy_n(qkr.begin() + (b * HK + H) * S * dh, KV * S * dh, kr.begin() + b * KV * S * dh);
+      }
       // The new keys and values into their pages: position p of sequence b is row p % P of page
       // table[b][p / P] (a row's padding past its count is not written).
       const Values vb = rows_to_bhsd(v, B, S, KV, dh);
@@ -344,6 +355,7 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
   impl->cfg = config;
   impl->opt = options;
   FUSEBOX_ASSIGN_OR_RETURN(auto weights, load_lm_weights(config, checkpoint));
+  serve::fuse_qkv(config.model, &weights);  // wq, wk, wv as one matrix (lm_graphs.h)
   const LmModelConfig& m = config.model;
   if (gpu) {  // it rounds the matrices to bf16 itself, as it uploads them (the same rounding)
     FUSEBOX_ASSIGN_OR_RETURN(impl->gpu, serve::GpuForward::create(config, options, weights));
@@ -351,7 +363,7 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
     impl->pool = std::make_unique<KvPool>(impl->opt.pool_pages, options.page_size);
     return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
   }
-  for (const LmParameter& p : lm_parameters(m)) {
+  for (const LmParameter& p : serve::serve_parameters(m)) {
     // The forward reads matrices as bf16 copies (or FP8 ones), the embedding table and norm gains in fp32.
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
     if (serve::fp8_matrix(options.weights, p)) {

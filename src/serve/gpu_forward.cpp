@@ -64,7 +64,7 @@ struct GpuForward::Impl {
   // The KV pools by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16.
   std::deque<Mem> kpool, vpool;
   // Activations, sized for the largest bucket's rows.
-  Mem h, a, q, k, v, qr, kr, o, h1, mm, g, act, last, hn, logits, tokens, top_keys;
+  Mem h, a, qkv, qkr, o, h1, mm, g, act, last, hn, logits, tokens, top_keys;
   // The step's inputs: one pinned block uploaded with one copy, in aligned segments.
   Mem in_host, in_dev, out_host;
   size_t off_ids = 0, off_table = 0, off_lq = 0, off_lkv = 0, off_start = 0, off_count = 0, off_params = 0;
@@ -156,7 +156,7 @@ struct GpuForward::Impl {
   Status build_program(Program& p) {
     const LmModelConfig& m = cfg.model;
     const int64_t B = p.B, S = p.S, N = B * S, D = m.dim, H = m.heads, KV = m.kv_heads, dh = m.head_dim;
-    const int64_t P = opt.page_size, F = m.ffn_dim;
+    const int64_t P = opt.page_size, F = m.ffn_dim, HK = H + KV, W = (HK + KV) * dh;
     add(p, "upload_inputs", [this] {
       return cuda_status(
           cudaMemcpyAsync(in_dev.as<void>(), in_host.as<void>(), in_bytes, cudaMemcpyHostToDevice, stream()),
@@ -173,41 +173,38 @@ struct GpuForward::Impl {
           bind(p, rmsnorm_graph(m, N),
                {{"x", h.as<void>()}, {"scale", wp("attention_norm")}, {"y", a.as<void>()}}));
       if (fp8) quantize(p, a, N, D);
-      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, H * dh, Epilogue::kNone, pre + "wq", a, q));
-      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, KV * dh, Epilogue::kNone, pre + "wk", a, k));
-      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, KV * dh, Epilogue::kNone, pre + "wv", a, v));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, H, S, freq_rows),
-                                   {{"x", q.as<void>()},
+      // One GEMM for Q, K and V (rows of W = (H + 2 KV) x dh), one RoPE over the query and key
+      // heads into qkr (rows of HK = H + KV heads).
+      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, W, Epilogue::kNone, qkv_name(l), a, qkv));
+      FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, HK, S, freq_rows, W),
+                                   {{"x", qkv.as<void>()},
                                     {"freqs", freqs.as<void>()},
                                     {"offset", in(off_start)},
-                                    {"y", qr.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, KV, S, freq_rows),
-                                   {{"x", k.as<void>()},
-                                    {"freqs", freqs.as<void>()},
-                                    {"offset", in(off_start)},
-                                    {"y", kr.as<void>()}}));
-      // The new keys (rotated) and values into the pools: rows [B, S, KV, dh] as [B, KV, S, dh].
-      for (int which = 0; which < 2; ++which) {
-        kernels::KvWrite wr;
-        wr.src = which == 0 ? kr.as<void>() : v.as<void>();
-        wr.batch = B;
-        wr.heads = KV;
-        wr.tokens = S;
-        wr.dim = dh;
-        const int64_t strides[4] = {S * KV * dh, dh, KV * dh, 1};
-        std::copy(strides, strides + 4, wr.src_strides);
-        wr.elem_bytes = 2;
-        wr.pool = (which == 0 ? kpool : vpool)[static_cast<size_t>(l)].as<void>();
-        wr.num_pages = opt.pool_pages;
-        wr.page_size = P;
-        wr.max_pages = max_pages;
-        wr.page_table = reinterpret_cast<const int32_t*>(in(off_table));
-        wr.start = reinterpret_cast<const int32_t*>(in(off_start));
-        wr.count = reinterpret_cast<const int32_t*>(in(off_count));
-        add(p, "write_kv_pages", [this, wr] { return kernels::write_kv_pages(wr, stream()); });
-      }
-      FUSEBOX_RETURN_IF_ERROR(bind(p, attention_graph(m, B, S, max_pages, opt.pool_pages, P),
-                                   {{"q", qr.as<void>()},
+                                    {"y", qkr.as<void>()}}));
+      // The new keys (rotated: qkr's last KV heads) and values (qkv's last KV heads) into the
+      // pools, read as [B, KV, S, dh], both in one launch.
+      kernels::KvWrite wr;
+      wr.src = qkr.as<char>() + H * dh * 2;
+      wr.src2 = qkv.as<char>() + HK * dh * 2;
+      wr.batch = B;
+      wr.heads = KV;
+      wr.tokens = S;
+      wr.dim = dh;
+      const int64_t k_strides[4] = {S * HK * dh, dh, HK * dh, 1}, v_strides[4] = {S * W, dh, W, 1};
+      std::copy(k_strides, k_strides + 4, wr.src_strides);
+      std::copy(v_strides, v_strides + 4, wr.src2_strides);
+      wr.elem_bytes = 2;
+      wr.pool = kpool[static_cast<size_t>(l)].as<void>();
+      wr.pool2 = vpool[static_cast<size_t>(l)].as<void>();
+      wr.num_pages = opt.pool_pages;
+      wr.page_size = P;
+      wr.max_pages = max_pages;
+      wr.page_table = reinterpret_cast<const int32_t*>(in(off_table));
+      wr.start = reinterpret_cast<const int32_t*>(in(off_start));
+      wr.count = reinterpret_cast<const int32_t*>(in(off_count));
+      add(p, "write_kv_pages", [this, wr] { return kernels::write_kv_pages(wr, stream()); });
+      FUSEBOX_RETURN_IF_ERROR(bind(p, attention_graph(m, B, S, max_pages, opt.pool_pages, P, HK * dh),
+                                   {{"q", qkr.as<void>()},
                                     {"k", kpool[static_cast<size_t>(l)].as<void>()},
                                     {"v", vpool[static_cast<size_t>(l)].as<void>()},
                                     {"table", in(off_table)},
@@ -362,7 +359,7 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
 
   // Weights: matrices and the output projection bf16 (or the layers' matrices FP8 with their
   // scales), the embedding table and gains fp32.
-  for (const LmParameter& p : lm_parameters(m)) {
+  for (const LmParameter& p : serve_parameters(m)) {
     const std::vector<float>& v = weights.at(p.name);
     const bool fp32 = p.name == "tok_embeddings" || p.init_std == 0;
     if (fp8_matrix(options.weights, p)) {
@@ -385,10 +382,17 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   FUSEBOX_RETURN_IF_ERROR(s.upload(s.freqs, f.data(), f.size() * 4, "RoPE angles"));
   const int64_t B = options.max_batch, N = std::max(B, prefill_cap), D = m.dim;
   const int64_t qw = m.heads * m.head_dim, kvw = m.kv_heads * m.head_dim;
-  const std::pair<Mem*, int64_t> acts[] = {
-      {&s.h, N * D},         {&s.a, N * D},           {&s.q, N * qw},   {&s.k, N * kvw}, {&s.v, N * kvw},
-      {&s.qr, N * qw},       {&s.kr, N * kvw},        {&s.o, N * qw},   {&s.h1, N * D},  {&s.mm, N * D},
-      {&s.g, N * m.ffn_dim}, {&s.act, N * m.ffn_dim}, {&s.last, B * D}, {&s.hn, B * D}};
+  const std::pair<Mem*, int64_t> acts[] = {{&s.h, N * D},
+                                           {&s.a, N * D},
+                                           {&s.qkv, N * (qw + 2 * kvw)},
+                                           {&s.qkr, N * (qw + kvw)},
+                                           {&s.o, N * qw},
+                                           {&s.h1, N * D},
+                                           {&s.mm, N * D},
+                                           {&s.g, N * m.ffn_dim},
+                                           {&s.act, N * m.ffn_dim},
+                                           {&s.last, B * D},
+                                           {&s.hn, B * D}};
   for (const auto& [mem, elems] : acts)
     FUSEBOX_RETURN_IF_ERROR(
         mem->alloc(aligned(static_cast<size_t>(elems) * 2), false, "activations", "serve"));
@@ -397,7 +401,7 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   FUSEBOX_RETURN_IF_ERROR(
       cuda_status(cudaMemset(s.last.as<void>(), 0, s.last.bytes()), "serve: clear the last rows"));
   if (options.weights != ServeWeights::kBF16) {
-    const int64_t widest = std::max({D, qw, m.ffn_dim});
+    const int64_t widest = std::max({D, qw + 2 * kvw, m.ffn_dim});
     FUSEBOX_RETURN_IF_ERROR(
         s.x8.alloc(aligned(static_cast<size_t>(N * widest)), false, "FP8 activations", "serve"));
     FUSEBOX_RETURN_IF_ERROR(
@@ -671,9 +675,8 @@ int64_t GpuForward::device_bytes() const {
     for (const auto& [name, m] : *ws) n += static_cast<int64_t>(m.bytes());
   for (const auto* pools : {&s.kpool, &s.vpool})
     for (const Mem& m : *pools) n += static_cast<int64_t>(m.bytes());
-  for (const Mem* m :
-       {&s.h, &s.a,   &s.q,    &s.k,  &s.v,      &s.qr,     &s.kr,     &s.o,     &s.h1, &s.mm,
-        &s.g, &s.act, &s.last, &s.hn, &s.logits, &s.tokens, &s.in_dev, &s.freqs, &s.x8, &s.x8_scale})
+  for (const Mem* m : {&s.h, &s.a, &s.qkv, &s.qkr, &s.o, &s.h1, &s.mm, &s.g, &s.act, &s.last, &s.hn,
+                       &s.logits, &s.tokens, &s.top_keys, &s.in_dev, &s.freqs, &s.x8, &s.x8_scale})
     n += static_cast<int64_t>(m->bytes());
   return n + s.session->workspace_bytes();
 }

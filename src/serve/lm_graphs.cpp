@@ -104,19 +104,21 @@ Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n) {
               Json::array({o}));
 }
 
-Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t S, int64_t freq_rows) {
+Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t S, int64_t freq_rows,
+                           int64_t x_row) {
   const int64_t dh = m.head_dim;
+  Json x = json_tensor("x", {B, H, S, dh}, x_row > 0 ? nullptr : "bshd");
+  if (x_row > 0) x["strides"] = {S * x_row, dh, x_row, 1};
   return make(
-      "rope_" + dims_key({B, H, S, dh, freq_rows}),
-      {json_tensor("x", {B, H, S, dh}, "bshd"),
-       json_tensor("freqs", {1, 1, freq_rows, dh / 2}, nullptr, "fp32"),
+      "rope_" + dims_key({B, H, S, dh, freq_rows}) + (x_row > 0 ? "_row" + std::to_string(x_row) : ""),
+      {x, json_tensor("freqs", {1, 1, freq_rows, dh / 2}, nullptr, "fp32"),
        json_tensor("offset", {B, 1, 1, 1}, nullptr, "int32"), json_tensor("y", {B, H, S, dh}, "bshd")},
       Json::array(
           {op("rope", "rope", {{"x", "x"}, {"freqs", "freqs"}, {"offset", "offset"}}, {{"y", "y"}})}));
 }
 
 Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, int64_t max_pages,
-                                int64_t pool_pages, int64_t page_size) {
+                                int64_t pool_pages, int64_t page_size, int64_t q_row) {
   const int64_t dh = m.head_dim;
   Json attn = op("sdpa_fwd", "attn",
                  {{"q", "q"},
@@ -132,13 +134,54 @@ Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, in
   attn["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(dh));
   attn["max_seq_len_kv"] = max_pages * page_size;
   const std::vector<int64_t> pool = {pool_pages, m.kv_heads, page_size, dh};
+  Json q = json_tensor("q", {B, m.heads, S, dh}, q_row > 0 ? nullptr : "bshd");
+  if (q_row > 0) q["strides"] = {S * q_row, dh, q_row, 1};
   return make(
-      "attn_" + dims_key({B, S, max_pages, pool_pages, page_size}),
-      {json_tensor("q", {B, m.heads, S, dh}, "bshd"), json_tensor("k", pool), json_tensor("v", pool),
+      "attn_" + dims_key({B, S, max_pages, pool_pages, page_size}) +
+          (q_row > 0 ? "_row" + std::to_string(q_row) : ""),
+      {q, json_tensor("k", pool), json_tensor("v", pool),
        json_tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"),
        json_tensor("lq", {B, 1, 1, 1}, nullptr, "int32"), json_tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"),
        json_tensor("o", {B, m.heads, S, dh}, "bshd")},
       Json::array({attn}));
+}
+
+std::string qkv_name(int64_t layer) { return "layers." + std::to_string(layer) + ".wqkv"; }
+
+std::vector<LmParameter> serve_parameters(const LmModelConfig& m) {
+  std::vector<LmParameter> out;
+  for (const LmParameter& p : lm_parameters(m)) {
+    const auto dot = p.name.rfind('.');
+    const std::string leaf = dot == std::string::npos ? p.name : p.name.substr(dot + 1);
+    if (leaf == "wk" || leaf == "wv") continue;
+    if (leaf == "wq") {
+      LmParameter f = p;
+      f.name = p.name.substr(0, dot + 1) + "wqkv";
+      f.shape = {m.dim, (m.heads + 2 * m.kv_heads) * m.head_dim};
+      out.push_back(f);
+      continue;
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
+void fuse_qkv(const LmModelConfig& m, std::map<std::string, std::vector<float>>* weights) {
+  const int64_t D = m.dim, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim, W = q + 2 * kv;
+  for (int64_t l = 0; l < m.layers; ++l) {
+    const std::string pre = "layers." + std::to_string(l) + ".";
+    const std::vector<float>& wq = weights->at(pre + "wq");
+    const std::vector<float>& wk = weights->at(pre + "wk");
+    const std::vector<float>& wv = weights->at(pre + "wv");
+    std::vector<float> out(static_cast<size_t>(D * W));
+    for (int64_t i = 0; i < D; ++i) {
+      std::copy_n(wq.begin() + i * q, q, out.begin() + i * W);
+      std::copy_n(wk.begin() + i * kv, kv, out.begin() + i * W + q);
+      std::copy_n(wv.begin() + i * kv, kv, out.begin() + i * W + q + kv);
+    }
+    for (const char* n : {"wq", "wk", "wv"}) weights->erase(pre + n);
+    (*weights)[qkv_name(l)] = std::move(out);
+  }
 }
 
 Result<LmGraph> embedding_graph(const LmModelConfig& m, int64_t n) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,13 +44,26 @@ bool fp8_matrix(ServeWeights weights, const LmParameter& param);
 // y [n, dim] = rmsnorm(x) * scale (fp32 scale), rows as [n, dim, 1, 1] NHWC.
 Result<LmGraph> rmsnorm_graph(const LmModelConfig& m, int64_t n);
 // y = RoPE(x) at each sequence's offset: x and y [B, H, S, head_dim] in "bshd" memory (the rows of
-// a projection), freqs [1, 1, freq_rows, head_dim / 2] fp32, offset [B, 1, 1, 1] int32.
-Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t S, int64_t freq_rows);
+// a projection), freqs [1, 1, freq_rows, head_dim / 2] fp32, offset [B, 1, 1, 1] int32. With
+// `x_row` > 0, x's rows are x_row elements apart (the first H heads of the fused QKV
+// projection's rows); y stays dense.
+Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t S, int64_t freq_rows,
+                           int64_t x_row = 0);
 // Paged causal attention (bottom-right aligned) of B sequences of S new queries: q and o
 // [B, heads, S, head_dim] "bshd", k and v pools [pool_pages, kv_heads, page_size, head_dim], one
 // page table [B, 1, max_pages, 1] for both, seq_len_q "lq" and seq_len_kv "lkv" [B, 1, 1, 1].
+// With `q_row` > 0, q's rows are q_row elements apart (the rotated queries beside the keys).
 Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, int64_t max_pages,
-                                int64_t pool_pages, int64_t page_size);
+                                int64_t pool_pages, int64_t page_size, int64_t q_row = 0);
+
+// The fused Q/K/V projection: the layer's wq, wk and wv side by side ([dim, (heads + 2 kv_heads)
+// x head_dim], one GEMM), under this name beside them.
+std::string qkv_name(int64_t layer);
+// The parameters the engine holds: lm_parameters() with each layer's wq, wk, wv replaced by its
+// wqkv ([dim, (heads + 2 kv_heads) x head_dim]); `weights` (the checkpoint's, by name) gets the
+// fused matrices in place of the three.
+std::vector<LmParameter> serve_parameters(const LmModelConfig& m);
+void fuse_qkv(const LmModelConfig& m, std::map<std::string, std::vector<float>>* weights);
 // y [n, dim] bf16 = rows `ids` [n] (int32) of the fp32 table [vocab, dim].
 Result<LmGraph> embedding_graph(const LmModelConfig& m, int64_t n);
 

@@ -74,6 +74,39 @@ TEST(KvPagesGpu, TheKernelWritesWhatTheHostTwinWrites) {
     cudaMemcpy(&bad_gpu, d.bad_rows, sizeof bad_gpu, cudaMemcpyDeviceToHost);
     EXPECT_TRUE(got == want) << "B " << sh.batch << " T " << sh.tokens << ": the pools differ";
     EXPECT_EQ(bad_gpu, bad_host);
+    // The same launch writing a second source (dense [B, H, T, D]) into a second pool (the values
+    // beside the keys): both pools as two host calls write them.
+    {
+      std::vector<uint8_t> src2(src.size()), pool2(pool.size());
+      for (auto& b : src2) b = static_cast<uint8_t>(rng());
+      for (auto& b : pool2) b = static_cast<uint8_t>(rng());
+      KvWrite h2 = w;
+      h2.src = src2.data();
+      const int64_t dense[4] = {sh.heads * sh.tokens * sh.dim, sh.tokens * sh.dim, sh.dim, 1};
+      std::copy(dense, dense + 4, h2.src_strides);
+      std::vector<uint8_t> want2 = pool2;
+      write_kv_pages_host(h2, want2, table, start, count);
+      KvWrite pair = d;
+      pair.pool = upload(pool);
+      pair.src2 = upload(src2);
+      std::copy(dense, dense + 4, pair.src2_strides);
+      pair.pool2 = upload(pool2);
+      ASSERT_TRUE(write_kv_pages(pair, nullptr).ok());
+      std::vector<uint8_t> got1(pool.size()), got2(pool2.size());
+      ASSERT_EQ(cudaMemcpy(got1.data(), pair.pool, got1.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(got2.data(), pair.pool2, got2.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_TRUE(got1 == want) << "B " << sh.batch << " T " << sh.tokens
+                                << ": the first pool differs (pair)";
+      EXPECT_TRUE(got2 == want2) << "B " << sh.batch << " T " << sh.tokens
+                                 << ": the second pool differs (pair)";
+      for (const void* p :
+           {static_cast<const void*>(pair.pool), pair.src2, static_cast<const void*>(pair.pool2)})
+        cudaFree(const_cast<void*>(p));
+      KvWrite half = pair;
+      half.pool2 = nullptr;
+      EXPECT_NE(write_kv_pages(half, nullptr).message().find("src2 and pool2 come together"),
+                std::string::npos);
+    }
     for (const void* p : {d.src, static_cast<const void*>(d.pool), static_cast<const void*>(d.page_table),
                           static_cast<const void*>(d.start), static_cast<const void*>(d.count),
                           static_cast<const void*>(d.bad_rows)})

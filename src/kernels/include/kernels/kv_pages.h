@@ -29,14 +29,19 @@ struct KvWrite {
   // Optional (device, one int32, not reset here): incremented for each row whose position falls
   // outside its table or whose page is outside the pool; such rows are not written.
   int32_t* bad_rows = nullptr;
+  // Optional: a second copy in the same launch (the values beside the keys), rows of the same
+  // shape from `src2` (its own strides) into `pool2`, at the same pages.
+  const void* src2 = nullptr;
+  int64_t src2_strides[4] = {0, 0, 0, 0};
+  void* pool2 = nullptr;
 };
 
 // Enqueues the copy on `stream` (a cudaStream_t); capturable in a CUDA graph. The sizes are
 // checked here (InvalidArgument naming the one at fault); the tables' values on the device.
 Status write_kv_pages(const KvWrite& w, void* stream);
 
-// The same on the host, on host copies of every buffer (the tests' reference): returns the
-// number of rows left out.
+// The same on the host, on host copies of every buffer (the tests' reference; src2 and pool2 are
+// not read: call it once for each copy): returns the number of rows left out.
 int64_t write_kv_pages_host(const KvWrite& w, std::vector<uint8_t>& pool,
                             const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
                             const std::vector<int32_t>& count);
