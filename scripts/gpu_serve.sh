@@ -7,7 +7,8 @@
 #                                                                      # torch; teacher-forced logits vs torch
 #   run(command="PART=3 bash scripts/gpu_serve.sh", carry=[".gpu"])  # Llama-3.2-1B shapes: the decode step's
 #                                                                      # profile (bf16, FP8), a trace at batch 1
-#   PART=4: the Llama-3.2-1B shapes at batch 64 against torch; PART=5: their teacher-forced logits up to 4096
+#   PART=4: the Llama-3.2-1B shapes at batch 64 against torch; PART=5: their teacher-forced logits up to 4096;
+#   PART=6: the 125M decode profile cold and warm on one plan cache
 # Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
 # Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
 # timing and agreement only, no text.
@@ -145,6 +146,15 @@ case "${PART:-1}" in
     tokens "$W/l1b_tokens.npy" 128256
     forced l1b "$W/l1b.safetensors" "$W/l1b_tokens.npy" 8 1 15 300 1024 2048 3000 4000 4080
     ;;
-  *) echo "gpu_serve: PART must be 1 to 5" >&2; exit 2 ;;
+  6)
+    # The 125M config's decode profile twice on one plan cache: the second engine's warm-up reads
+    # every plan (fusebox's kernels too) from the cache, checks nothing again.
+    init examples/train/lm_125m.json "$W/m125.safetensors" || exit 1
+    rm -f "$W/plans_m125.sqlite"
+    for start in cold warm; do
+      FUSEBOX_CACHE="$W/plans_m125.sqlite" profile "m125_$start" "$W/m125.safetensors" 32 1024 --pool-pages 2048
+    done
+    ;;
+  *) echo "gpu_serve: PART must be 1 to 6" >&2; exit 2 ;;
 esac
 echo "gpu_serve: done; $S" | tee -a "$S"
