@@ -42,6 +42,7 @@ const std::set<std::string> kNeedsBlackwell = {"sdpa_block_mask", "sdpa_block_ma
 // with one step and no cuDNN engine, for any target. Example -> engine.
 const std::map<std::string, std::string> kNativeKernel = {
     {"embedding", "fusebox_embedding"},
+    {"sdpa_paged_decode", "fusebox_sdpa_decode"},  // 64 sequences x 8 KV heads: 512 blocks
     {"embedding_small", "fusebox_embedding"},
     {"global_avg_pool", "fusebox_global_avg_pool"},
     {"global_avg_pool_small", "fusebox_global_avg_pool"},

@@ -119,6 +119,51 @@ TEST_F(NativeKernelsGpu, LayerNormAndRmsNormWithFp32ParamsMatchTheReferences) {
   check(norm_json(false, {16, 24, 5, 7}, {1, 24, 5, 7}, "bf16", "nhwc", true, true), "fusebox_layernorm");
 }
 
+// A paged decode attention graph (one query per sequence) as the serving engine declares it:
+// q [B, H, 1, D] (rows `q_row` apart when given), pools [pages, KVH, page, D], one table for K
+// and V, random lengths (the graph's values leave seq_len_kv random), `mask` the op's mask fields.
+std::string decode_json(int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, int64_t max_pages,
+                        const char* io, const char* mask, int64_t q_row = 0) {
+  const int64_t pages = B * max_pages + 3;
+  const std::string q_strides =
+      q_row ? ", \"strides\": " + dims_text({q_row, D, q_row, 1}) : std::string(", \"layout\": \"bshd\"");
+  std::string ones;
+  for (int64_t b = 0; b < B; ++b)
+    ones += (b ? ", " : "") + std::string(b % 7 == 3 ? "0" : "1");  // some padding rows
+  return std::string(R"({"name": "decode", "io_dtype": ")") + io +
+         R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" +
+         R"({"name": "q", "dims": )" + dims_text({B, H, 1, D}) + q_strides + "}," +
+         R"({"name": "k", "dims": )" + dims_text({pages, KVH, page, D}) + "}," + R"({"name": "v", "dims": )" +
+         dims_text({pages, KVH, page, D}) + "}," + R"({"name": "table", "dims": )" +
+         dims_text({B, 1, max_pages, 1}) + R"(, "dtype": "int32"},)" + R"({"name": "lq", "dims": )" +
+         dims_text({B, 1, 1, 1}) + R"(, "dtype": "int32", "values": [)" + ones + "]}," +
+         R"({"name": "lkv", "dims": )" + dims_text({B, 1, 1, 1}) + R"(, "dtype": "int32"},)" +
+         R"({"name": "o", "layout": "bshd"}], "ops": [{"op": "sdpa_fwd", "name": "attn", )" + mask +
+         R"("max_seq_len_kv": )" + std::to_string(max_pages * page) +
+         R"(, "inputs": {"q": "q", "k": "k", "v": "v", "seq_len_q": "lq", "seq_len_kv": "lkv", )" +
+         R"("page_table_k": "table", "page_table_v": "table"}, "outputs": {"o": "o"}}]})";
+}
+
+TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
+  const char* causal = R"("causal": true, "alignment": "bottom_right", )";
+  // The Llama-3.2-1B decode step (group 4, D 64) at batch 16 and 64, q read from the fused rows.
+  check(decode_json(16, 32, 8, 64, 16, 16, "bf16", causal, 40 * 64), "fusebox_sdpa_decode");
+  check(decode_json(64, 32, 8, 64, 16, 8, "bf16", causal), "fusebox_sdpa_decode");
+  // Group 1, 2 and 8; D 128 (4 values a lane), 96 (not a power of two), 32; fp16; 64-token pages.
+  check(decode_json(130, 4, 4, 128, 64, 3, "fp16", causal), "fusebox_sdpa_decode");
+  check(decode_json(64, 8, 4, 96, 16, 5, "bf16", causal), "fusebox_sdpa_decode");
+  check(decode_json(16, 64, 8, 128, 32, 4, "bf16", ""), "fusebox_sdpa_decode");
+  check(decode_json(200, 1, 1, 32, 16, 2, "bf16", causal), "fusebox_sdpa_decode");
+  // A sliding window (the last 5 keys), no causal bound.
+  check(decode_json(32, 8, 4, 64, 16, 6, "bf16", R"("left_bound": 5, "alignment": "bottom_right", )"),
+        "fusebox_sdpa_decode");
+  // Too few (sequence, KV head) pairs to fill the GPU: cuDNN's engine.
+  ResolvedGraph few = load(decode_json(8, 32, 8, 64, 16, 8, "bf16", causal));
+  auto plan = build_plan(few, target_, BuildOptions{}, nullptr, ctx_.get());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_FALSE(plan->native()) << plan->engine_name();
+}
+
 TEST_F(NativeKernelsGpu, GlobalAveragePoolMatchesTheReferences) {
   const char* gap =
       R"({"op": "global_avg_pool", "name": "gap", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";

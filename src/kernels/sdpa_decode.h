@@ -1,0 +1,21 @@
+// fusebox kernels layer (private): paged attention for decode (sdpa_decode.cu): one query per
+// sequence over its K/V pages, the serving engine's decode step at larger batches, where cuDNN
+// 9.19's paged-attention engine reads the cache at a fraction of the bandwidth.
+#pragma once
+
+#include <memory>
+
+#include "fusebox/ops/sdpa.h"
+#include "kernels/native_kernel.h"
+
+namespace fusebox::kernels {
+
+// The kernel for `op`, or null when the graph is not the form it serves: an sdpa_fwd alone with
+// paged K and V (padding lengths), one query per sequence (Sq = 1), no stats, bias, ALiBi,
+// dropout, sink or block mask; q, k, v and o bf16 or fp16 alike with Dv = D <= 256 and at most
+// 8 query heads per KV head (at most 1024 values of a group's rows); and at least 128 (sequence,
+// KV head) pairs, one thread block each (fewer would leave most of the GPU idle).
+std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph& g, const ResolvedOp& op,
+                                                            const SdpaFwdAttrs& a);
+
+}  // namespace fusebox::kernels
