@@ -662,8 +662,10 @@ std::string GpuForward::summary() const {
   return std::string("weights ") + weights + ", " + std::to_string(s.programs.size()) + " step programs (" +
          std::to_string(graphs) + " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, " +
          std::to_string(s.opt.pool_pages) + " KV pages of " + std::to_string(s.opt.page_size) +
-         " tokens, warm-up " + std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " +
-         std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
+         " tokens, prompts served by length and row buckets (static stage graphs: no execute-time shape "
+         "override), warm-up " +
+         std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " + std::to_string(device_bytes() >> 20) +
+         " MiB on the device" + notes;
 }
 
 int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }
