@@ -164,6 +164,26 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   }
 }
 
+// The kernel for a group of kG heads at `per_lane` values a lane (1, 2, 4 or 8; 8 heads of more
+// than 128 values are refused by the builder: the group's values are at most 1024).
+template <int kG>
+void launch_group(int per_lane, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
+  switch (per_lane) {
+    case 1:
+      sdpa_decode_kernel<kG, 1><<<grid, kThreads, 0, st>>>(a);
+      break;
+    case 2:
+      sdpa_decode_kernel<kG, 2><<<grid, kThreads, 0, st>>>(a);
+      break;
+    case 4:
+      sdpa_decode_kernel<kG, 4><<<grid, kThreads, 0, st>>>(a);
+      break;
+    default:
+      if constexpr (kG < 8) sdpa_decode_kernel<kG, 8><<<grid, kThreads, 0, st>>>(a);
+      break;
+  }
+}
+
 class SdpaDecodeKernel final : public KernelBase {
  public:
   Status launch(void* const* ptrs, void* stream) const override {
@@ -179,18 +199,21 @@ class SdpaDecodeKernel final : public KernelBase {
     if (blocks_ == 0) return Status::Ok();
     const auto st = static_cast<cudaStream_t>(stream);
     const auto grid = static_cast<unsigned>(blocks_);
-    // Every (group, values per lane) the builder accepts: powers of two up to 8.
-#define FUSEBOX_DECODE_CASE(G, PL) \
-  if (a.group == G && per_lane_ == PL) sdpa_decode_kernel<G, PL><<<grid, kThreads, 0, st>>>(a);
-#define FUSEBOX_DECODE_GROUP(G) \
-  FUSEBOX_DECODE_CASE(G, 1) FUSEBOX_DECODE_CASE(G, 2) FUSEBOX_DECODE_CASE(G, 4) FUSEBOX_DECODE_CASE(G, 8)
-    // (8 heads of more than 128 values are refused: the group's values are at most 1024.)
-    FUSEBOX_DECODE_GROUP(1)
-    FUSEBOX_DECODE_GROUP(2) FUSEBOX_DECODE_GROUP(4) FUSEBOX_DECODE_CASE(8, 1) FUSEBOX_DECODE_CASE(8, 2)
-        FUSEBOX_DECODE_CASE(8, 4)
-#undef FUSEBOX_DECODE_GROUP
-#undef FUSEBOX_DECODE_CASE
-            return common::cuda_status(cudaGetLastError(), where_, " paged decode attention kernel launch");
+    switch (a.group) {  // the builder accepts powers of two up to 8
+      case 1:
+        launch_group<1>(per_lane_, grid, st, a);
+        break;
+      case 2:
+        launch_group<2>(per_lane_, grid, st, a);
+        break;
+      case 4:
+        launch_group<4>(per_lane_, grid, st, a);
+        break;
+      default:
+        launch_group<8>(per_lane_, grid, st, a);
+        break;
+    }
+    return common::cuda_status(cudaGetLastError(), where_, " paged decode attention kernel launch");
   }
 
   DecodeArgs args_;
