@@ -19,6 +19,16 @@ inline int grid_stride_blocks(int64_t work, int threads) {
       std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
 }
 
+// A rank-4 tensor's strides, passed to a kernel by value.
+struct Strides4 {
+  int64_t s[4] = {};
+};
+inline Strides4 strides4(const ResolvedTensor& t) {
+  Strides4 s;
+  for (int i = 0; i < 4; ++i) s.s[i] = t.strides.at(static_cast<size_t>(i));
+  return s;
+}
+
 class KernelBase : public NativeKernel {
  public:
   const std::string& name() const override { return name_; }

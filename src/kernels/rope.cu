@@ -18,10 +18,6 @@ namespace fusebox::kernels {
 
 namespace {
 
-struct Strides4 {
-  int64_t s[4] = {};
-};
-
 struct RopeShape {
   int64_t nh = 0, ns = 0, d = 0, lead = 0, half = 0, np = 0;
   bool interleaved = false;
@@ -83,12 +79,6 @@ class RopeKernel final : public KernelBase {
   Strides4 xs_, fs_, ys_;
   RopeShape shape_;
 };
-
-Strides4 strides4(const ResolvedTensor& t) {
-  Strides4 s;
-  for (int i = 0; i < 4; ++i) s.s[i] = t.strides.at(static_cast<size_t>(i));
-  return s;
-}
 
 }  // namespace
 

@@ -22,10 +22,6 @@ namespace {
 constexpr int kWarps = 8, kThreads = kWarps * 32, kMaxPerLane = 8, kMaxGroup = 8;
 constexpr int kMaxGroupValues = 1024;  // group heads x D: the shared-memory combine
 
-struct Strides4 {
-  int64_t s[4] = {0, 0, 0, 0};
-};
-
 struct DecodeArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const int32_t *lq = nullptr, *lkv = nullptr, *table_k = nullptr, *table_v = nullptr;
@@ -48,9 +44,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // Where key j of sequence b lives in a pool: its page from the table, its row in the page; -1
 // when the table entry is outside the pool (then the key counts as masked).
-__device__ __forceinline__ int64_t key_base(const void*, const int32_t* table, const Strides4& ts,
-                                            const Strides4& ps, int64_t pages, int64_t max_pages,
-                                            int64_t page_size, int64_t b, int64_t h, int64_t j) {
+__device__ __forceinline__ int64_t key_base(const int32_t* table, const Strides4& ts, const Strides4& ps,
+                                            int64_t pages, int64_t max_pages, int64_t page_size, int64_t b,
+                                            int64_t h, int64_t j) {
   const int64_t slot = j / page_size;
   if (slot >= max_pages) return -1;
   const int64_t page = table[b * ts.s[0] + slot * ts.s[2]];
@@ -100,11 +96,9 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
     for (int t = 0; t < 2; ++t) {
       const int64_t j = j0 + t * kWarps;
       const int64_t kb =
-          j <= hi ? key_base(a.k, a.table_k, a.tks, a.ks, a.pages_k, a.max_pages_k, a.page_size, b, h, j)
-                  : -1;
+          j <= hi ? key_base(a.table_k, a.tks, a.ks, a.pages_k, a.max_pages_k, a.page_size, b, h, j) : -1;
       const int64_t vb =
-          j <= hi ? key_base(a.v, a.table_v, a.tvs, a.vs, a.pages_v, a.max_pages_v, a.page_size, b, h, j)
-                  : -1;
+          j <= hi ? key_base(a.table_v, a.tvs, a.vs, a.pages_v, a.max_pages_v, a.page_size, b, h, j) : -1;
       valid[t] = kb >= 0 && vb >= 0;
 #pragma unroll
       for (int e = 0; e < kPL; ++e) {
@@ -220,12 +214,6 @@ class SdpaDecodeKernel final : public KernelBase {
   int64_t blocks_ = 0;
   int per_lane_ = 1;  // a power of two >= D / 32
 };
-
-Strides4 strides4(const ResolvedTensor& t) {
-  Strides4 s;
-  for (int i = 0; i < 4; ++i) s.s[i] = t.strides.at(static_cast<size_t>(i));
-  return s;
-}
 
 }  // namespace
 

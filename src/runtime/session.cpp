@@ -194,8 +194,8 @@ struct Session::Impl {
   // fusebox's own kernels (Plan::native()) that passed the plan check in this session, by the
   // graph's canonical form and the kernel: the same kernel on an equal graph is the same code on
   // the same shapes, so it is checked once per session, not once per stage (a transformer's
-  // layers repeat every norm and RoPE). They are not in the plan cache, so without this each
-  // start checked every one again.
+  // layers repeat every norm and RoPE). With a plan cache an equal graph is a trusted hit anyway;
+  // this serves sessions without one.
   std::set<std::string> native_passed;
 
   ~Impl() {
