@@ -59,5 +59,5 @@ JOBS=${JOBS:-8} DEADLINE_S=${DEADLINE_S:-300} OUT="$OUT" bash scripts/gpu_sweep.
   > "$OUT/sweep.txt" 2>&1
 echo "sweep exit $?" | tee -a "$OUT/summary.txt"
 cat "$OUT/sweep_tally.txt" >> "$OUT/summary.txt" 2>/dev/null
-grep -E '^(PASSREF|WRONG|REFUSED|NOENGINE|ERROR|TIMEOUT) ' "$OUT/sweep.log" | cut -c1-400 >> "$OUT/summary.txt"
+grep -E '^(PASSREF|WRONG|REFUSED|NOENGINE|UNVERIF|ERROR|TIMEOUT) ' "$OUT/sweep.log" | cut -c1-400 >> "$OUT/summary.txt"
 tar czf "$OUT/sweep_fail.tgz" -C "$OUT" sweep_fail 2>/dev/null && rm -rf "$OUT/sweep_fail"

@@ -11,6 +11,9 @@
 #   REFUSED   the plan check refused every candidate (VerificationFailed naming the plan check):
 #             no plan was served, nothing wrong reached the caller (docs/architecture.md)
 #   NOENGINE  cuDNN refused the graph (NotSupported, exit 1)
+#   UNVERIF   dropout without a declared dropout_mask output: the references cannot draw cuDNN's
+#             Philox mask, so --verify refuses it (NotSupported) by design; the graph then ran
+#             without --verify (exit 0). Counted apart: it ran, but nothing checked its values
 #   ARCH      refused by design before cuDNN ran: the graph needs a newer GPU than the
 #             target (block masks need Blackwell); not a gap on this GPU
 #   ERROR     anything else: InvalidArgument (exit 2) of a graph `check` accepts, CudnnError,
@@ -124,11 +127,15 @@ if rc == 0:
 elif rc in (124, 137) and not code:
     status, detail = "TIMEOUT", "no verdict after the per-graph timeout"
 elif rc == 1 and code == "VerificationFailed" and "plan check" in first:
-    status, detail = "REFUSED", first
+    # with every rejected plan and why (the lines after the first)
+    rejected = [l for l in lines if l.startswith("rejected ")]
+    status, detail = "REFUSED", " | ".join([first] + rejected)[:900]
 elif rc == 1 and code == "VerificationFailed":
     status, detail = "WRONG", summary((doc or {}).get("verify"), True) or first
 elif rc == 1 and code == "NotSupported" and "need a Blackwell GPU" in first:
     status, detail = "ARCH", first
+elif rc == 1 and code == "NotSupported" and "declare a 'dropout_mask' output to verify" in first:
+    status, detail = "UNVERIF", first
 elif rc == 1 and code == "NotSupported":
     status, detail = "NOENGINE", first
 elif rc > 128 or rc < 0:
@@ -140,6 +147,14 @@ EOF
 )
   status=${detail%% *}
   detail=${detail#* }
+  if [ "$status" = UNVERIF ]; then  # verification refused by design: does the graph run at all?
+    if timeout -k 5 "$PER_GRAPH_TIMEOUT" "$BIN" run "$g" --iters 0 --no-cache > /dev/null 2> "$WORK/res/$seed.err2"; then
+      detail="ran without --verify; $detail"
+    else
+      status=NOENGINE
+      detail="without --verify too: $(grep -m1 'fusebox run: ' "$WORK/res/$seed.err2" | cut -c1-400)"
+    fi
+  fi
   printf '%s %s %s %s\n' "$status" "$fam" "$base.json" "$detail" > "$WORK/res/$seed.line"
   if [ "$status" != PASS ] && [ "$status" != PASSREF ]; then
     cp "$g" "$OUT/sweep_fail/"
@@ -162,7 +177,7 @@ done
 python3 - "$OUT/sweep.log" "$(( $(date +%s) - START ))" > "$OUT/sweep_tally.txt" <<'EOF'
 import collections, sys
 log, elapsed = sys.argv[1], sys.argv[2]
-states = ["PASS", "PASSREF", "WRONG", "REFUSED", "NOENGINE", "ARCH", "ERROR", "TIMEOUT", "SKIP"]
+states = ["PASS", "PASSREF", "WRONG", "REFUSED", "NOENGINE", "UNVERIF", "ARCH", "ERROR", "TIMEOUT", "SKIP"]
 per = collections.defaultdict(collections.Counter)
 for line in open(log):
     parts = line.split(" ", 3)
