@@ -7,6 +7,7 @@
 #include "cross_entropy.h"
 #include "embedding.h"
 #include "fusebox/op_traits.h"
+#include "gemv.h"
 #include "norm.h"
 #include "pool.h"
 #include "reduction.h"
@@ -146,12 +147,35 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
   return {};
 }
 
+// Measured on the H200 (cuDNN 9.19, 2026-12-06, docs/serving.md): the serving engine's decode
+// step of the Llama-3.2-1B shapes at batch 1 ran its GEMMs (one row of a times the weights) at
+// 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s.
+FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp&, const MatmulAttrs&) {
+  if (auto k = make_gemv_kernel(g)) {
+    return {k,
+            "cuDNN 9.19's GEMM engines are much slower than the memory allows for a few rows times a weight "
+            "matrix: 0.2-1.5 TB/s of weights read on the H200 (the Llama-3.2-1B decode step at batch 1)"};
+  }
+  return {};
+}
+
+// Whether the faster kernel of an op may take the ops after it too (a matmul's epilogue).
+template <typename A>
+constexpr bool fuses_epilogue(const A&) {
+  return false;
+}
+constexpr bool fuses_epilogue(const MatmulAttrs&) { return true; }
+
 }  // namespace
 
 FasterKernel faster_native_kernel(const ResolvedGraph& g) {
-  if (g.ops.size() != 1) return {};
+  if (g.ops.empty()) return {};
   const ResolvedOp& op = g.ops[0];
-  return std::visit([&](const auto& a) { return faster_kernel_for(g, op, a); }, op.attrs);
+  return std::visit(
+      [&](const auto& a) {
+        return g.ops.size() == 1 || fuses_epilogue(a) ? faster_kernel_for(g, op, a) : FasterKernel{};
+      },
+      op.attrs);
 }
 
 }  // namespace fusebox::kernels

@@ -63,7 +63,8 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"cross_entropy", "fusebox_cross_entropy"},
     {"cross_entropy_small", "fusebox_cross_entropy"},
     {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"},
-    {"embedding_bwd_small", "fusebox_embedding_bwd"}};
+    {"embedding_bwd_small", "fusebox_embedding_bwd"},
+    {"matmul_decode_silu", "fusebox_gemv"}};
 // Of those, the ones only fusebox runs (cuDNN has no op for them on 9.19, and fusebox
 // does not lower to 9.24's RoPE yet): no cuDNN engine to pin instead.
 const std::set<std::string> kOnlyFusebox = {"fusebox_embedding",         "fusebox_rope",
@@ -586,6 +587,67 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
   EXPECT_FALSE(native(build(reduce(
       R"({"op": "reduce_max", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
       "fp32"))));
+}
+
+// A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving
+// engine's decode GEMMs); more rows, small weights, a transposed weight, fp8, two epilogues, an
+// epilogue that is not pointwise on the product, or a pinned cuDNN engine: cuDNN.
+TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
+  // y = epilogue(a [1, m, k] x w [1, k, n]); `extra` adds tensors, `epi` the ops after the matmul.
+  auto gemm = [](int m, int k, int n, const std::string& epi = "", const std::string& extra = "",
+                 const char* io = "bf16", const char* w_layout = "", const char* y_fields = "") {
+    const std::string out = epi.empty() ? "y" : "z";
+    return std::string(R"({"name": "g", "io_dtype": ")") + io +
+           R"(", "tensors": [{"name": "a", "dims": [1, )" + std::to_string(m) + ", " + std::to_string(k) +
+           R"(]}, {"name": "w", "dims": [1, )" + std::to_string(k) + ", " + std::to_string(n) + "]" +
+           w_layout + R"(}, {"name": "y")" + y_fields + "}" + extra +
+           R"(], "ops": [{"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "w"}, "outputs": {"y": ")" +
+           out + R"("}})" + epi + "]}";
+  };
+  auto build = [](const std::string& json, const std::string& engine = "") -> std::string {
+    auto spec = parse_graph_json(json);
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString() << "\n" << json;
+    if (!spec.ok()) return "";
+    auto g = resolve(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().ToString() << "\n" << json;
+    if (!g.ok()) return "";
+    BuildOptions o;
+    o.engine = engine;
+    auto plan = build_plan(*g, h200(), o, nullptr);
+    return plan.ok() ? plan->engine_name() : plan.status().ToString();
+  };
+  const std::string r = R"(, {"name": "r", "dims": [1, 1, 2048]})";
+  auto unary = [](const char* op) {
+    return std::string(R"(, {"op": ")") + op +
+           R"(", "name": "e", "inputs": {"x": "z"}, "outputs": {"y": "y"}})";
+  };
+  auto binary = [](const char* op, const char* a, const char* b) {
+    return std::string(R"(, {"op": ")") + op + R"(", "name": "e", "inputs": {"a": ")" + a + R"(", "b": ")" +
+           b + R"("}, "outputs": {"y": "y"}})";
+  };
+  EXPECT_EQ(build(gemm(1, 2048, 2048)), "fusebox_gemv");
+  EXPECT_EQ(build(gemm(8, 2048, 3072)), "fusebox_gemv");
+  EXPECT_EQ(build(gemm(3, 1000, 1100, "", "", "fp16")), "fusebox_gemv");  // unaligned sizes: one value a load
+  for (const char* act : {"silu", "relu", "gelu_tanh", "gelu_erf", "sigmoid", "tanh"})
+    EXPECT_EQ(build(gemm(1, 2048, 2048, unary(act))), "fusebox_gemv") << act;
+  EXPECT_EQ(build(gemm(1, 2048, 2048, binary("add", "z", "r"), r)), "fusebox_gemv");
+  EXPECT_EQ(build(gemm(1, 2048, 2048, binary("mul", "r", "z"), r)), "fusebox_gemv");
+  EXPECT_EQ(build(gemm(1, 2048, 2048, binary("sub", "r", "z"), r)), "fusebox_gemv");
+  // The LM head: fp32 logits.
+  EXPECT_EQ(build(gemm(1, 2048, 32768, "", "", "bf16", "", R"(, "dtype": "fp32")")), "fusebox_gemv");
+  auto native = [](const std::string& engine) { return engine.rfind("fusebox_", 0) == 0; };
+  EXPECT_FALSE(native(build(gemm(16, 2048, 2048)))) << "16 rows";
+  EXPECT_FALSE(native(build(gemm(1, 64, 64)))) << "small weights";
+  EXPECT_FALSE(native(build(gemm(1, 2048, 2048, "", "", "bf16", R"(, "layout": "col_major")"))))
+      << "w transposed";
+  EXPECT_FALSE(native(build(gemm(
+      1, 2048, 2048,
+      R"(, {"op": "silu", "name": "e", "inputs": {"x": "z"}, "outputs": {"y": "s"}}, {"op": "relu", "name": "e2", "inputs": {"x": "s"}, "outputs": {"y": "y"}})"))))
+      << "two epilogues";
+  EXPECT_FALSE(native(build(gemm(1, 2048, 2048, binary("add", "z", "z"))))) << "z twice";
+  // a pinned cuDNN engine: not fusebox's (deviceless, cuDNN may refuse it, which is fine here)
+  EXPECT_FALSE(native(build(gemm(1, 2048, 2048), "eng0")));
+  EXPECT_EQ(build(gemm(1, 2048, 2048), "fusebox_gemv"), "fusebox_gemv");
 }
 
 }  // namespace

@@ -164,6 +164,55 @@ TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
   EXPECT_FALSE(plan->native()) << plan->engine_name();
 }
 
+// y = epilogue(a [1, m, k] x w [1, k, n]): `epi` "" (none), a unary op, or "add", "mul", "sub" with
+// r [1, m, n] (`product_first`: the product is input a); y of `y_dtype` (io when null).
+std::string gemv_json(int m, int k, int n, const char* io, const std::string& epi, bool product_first = true,
+                      const char* y_dtype = nullptr, const char* r_dtype = nullptr) {
+  const bool binary = epi == "add" || epi == "mul" || epi == "sub";
+  auto dims = [](int x, int y) { return "[1, " + std::to_string(x) + ", " + std::to_string(y) + "]"; };
+  std::string t = R"({"name": "a", "dims": )" + dims(m, k) + R"(}, {"name": "w", "dims": )" + dims(k, n) +
+                  R"(}, {"name": "y")" + (y_dtype ? std::string(R"(, "dtype": ")") + y_dtype + "\"" : "") +
+                  "}";
+  if (binary)
+    t += R"(, {"name": "r", "dims": )" + dims(m, n) +
+         (r_dtype ? std::string(R"(, "dtype": ")") + r_dtype + "\"" : "") + "}";
+  std::string ops = R"({"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "w"}, "outputs": {"y": ")" +
+                    std::string(epi.empty() ? "y" : "z") + R"("}})";
+  if (binary) {
+    ops += R"(, {"op": ")" + epi + R"(", "name": "e", "inputs": {"a": ")" + (product_first ? "z" : "r") +
+           R"(", "b": ")" + (product_first ? "r" : "z") + R"("}, "outputs": {"y": "y"}})";
+  } else if (!epi.empty()) {
+    ops += R"(, {"op": ")" + epi + R"(", "name": "e", "inputs": {"x": "z"}, "outputs": {"y": "y"}})";
+  }
+  return std::string(R"({"name": "gemv", "io_dtype": ")") + io +
+         R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" + t + R"(], "ops": [)" +
+         ops + "]}";
+}
+
+TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
+  // The Llama-3.2-1B decode GEMMs (16-byte loads) at batch 1, 4 and 8: fused QKV, the output
+  // projection with the residual, the gate with SiLU, the up projection times the gate, the down
+  // projection with the residual; the LM head into fp32 logits (wide: 8 column threads a block).
+  check(gemv_json(1, 2048, 3072, "bf16", ""), "fusebox_gemv");
+  check(gemv_json(1, 2048, 2048, "bf16", "add"), "fusebox_gemv");
+  check(gemv_json(8, 2048, 8192, "bf16", "silu"), "fusebox_gemv");
+  check(gemv_json(4, 2048, 8192, "bf16", "mul", false), "fusebox_gemv");
+  check(gemv_json(1, 8192, 2048, "bf16", "add"), "fusebox_gemv");
+  check(gemv_json(2, 2048, 32000, "bf16", "", true, "fp32"), "fusebox_gemv");
+  // Sizes that are not multiples of 8 (one value a load), fp16, 3, 5 and 7 rows, the product as
+  // sub's second input, fp32 outputs and epilogue tensors, each activation.
+  check(gemv_json(3, 1001, 1100, "fp16", "sub", false), "fusebox_gemv");
+  check(gemv_json(5, 1024, 1030, "fp16", "gelu_erf", true, "fp32"), "fusebox_gemv");
+  check(gemv_json(7, 4096, 512, "bf16", "add", true, nullptr, "fp32"), "fusebox_gemv");
+  for (const char* act : {"relu", "sigmoid", "tanh", "gelu_tanh"})
+    check(gemv_json(2, 1024, 1024, "bf16", act), "fusebox_gemv");
+  // 16 rows: cuDNN.
+  ResolvedGraph rows16 = load(gemv_json(16, 2048, 2048, "bf16", ""));
+  auto plan = build_plan(rows16, target_, BuildOptions{}, nullptr, ctx_.get());
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_FALSE(plan->native()) << plan->engine_name();
+}
+
 TEST_F(NativeKernelsGpu, GlobalAveragePoolMatchesTheReferences) {
   const char* gap =
       R"({"op": "global_avg_pool", "name": "gap", "inputs": {"x": "x"}, "outputs": {"y": "y"}})";

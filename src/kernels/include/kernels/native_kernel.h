@@ -35,7 +35,9 @@ Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGra
 
 // A graph cuDNN runs, but much slower than a kernel of fusebox's own: a
 // global average pool alone, or a layernorm or rmsnorm forward alone with
-// 16-bit x and fp32 scale (the mixed-precision form). `kernel` is null when
+// 16-bit x and fp32 scale (the mixed-precision form), a bf16 pool, a sum over
+// outer dims, paged decode attention, or a matmul of at most 8 rows with its
+// pointwise epilogue (the serving engine's decode GEMMs). `kernel` is null when
 // `g` is none of them; `why` names the cuDNN shortfall, with the measurement
 // (native_kernel.cpp). A build takes the kernel unless a cuDNN engine is
 // pinned (BuildOptions::engine), so cuDNN's engines stay one flag away.

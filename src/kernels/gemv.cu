@@ -1,0 +1,353 @@
+// fusebox kernels layer: a matmul of a few rows (gemv.h). It is bound by reading the weights once:
+// each load takes 16 bytes (8 columns of one row of w). A block of 256 threads takes 8 x CT
+// columns: CT column threads by 256 / CT row slices, slice s summing every (256 / CT)-th chunk of
+// 8 rows of K from chunk s on, 8 weight rows in flight a thread. The slices' sums meet by warp
+// shuffles, then in shared memory in a fixed order (the result does not depend on timing), where
+// the epilogue runs once per output value, in fp32, before the one rounding to y's dtype.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <variant>
+
+#include "common/cuda_status.h"
+#include "common/op_where.h"
+#include "dtype_access.cuh"
+#include "gemv.h"
+#include "kernel_base.h"
+
+namespace fusebox::kernels {
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = 8;
+constexpr int kSmemFloats = 8192;  // kWarps x rows x 8 CT: rows x CT <= 128
+constexpr int64_t kMinWeights = int64_t{1} << 20;
+
+enum class Act : int { kNone, kRelu, kSilu, kSigmoid, kTanh, kGeluTanh, kGeluErf };
+enum class Bin : int { kNone, kAdd, kMul, kSubProductFirst, kSubProductSecond };
+
+struct GemvArgs {
+  const void* a = nullptr;
+  const void* w = nullptr;
+  const void* e = nullptr;  // the epilogue's tensor (add, sub, mul), else null
+  void* y = nullptr;
+  int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
+  int ct = 2;  // column threads a block, 8 columns each: a power of two, 2 to 32
+  int y_dtype = 0, e_dtype = 0;
+  Act act = Act::kNone;
+  Bin bin = Bin::kNone;
+};
+
+// One 16-bit value (bf16 or fp16 bits) as float.
+template <bool kHalf>
+__device__ __forceinline__ float bits_to_float(uint32_t b) {
+  if constexpr (kHalf) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+  } else {
+    return __uint_as_float(b << 16);
+  }
+}
+
+// Value i (0-7, a constant once unrolled) of 8 packed 16-bit values.
+template <bool kHalf>
+__device__ __forceinline__ float value(const uint4& u, int i) {
+  const uint32_t word = i < 2 ? u.x : i < 4 ? u.y : i < 6 ? u.z : u.w;
+  return bits_to_float<kHalf>(i % 2 ? word >> 16 : word & 0xffffu);
+}
+
+// 8 consecutive 16-bit values from p: one 16-byte load (kVec: p aligned, all 8 inside the tensor),
+// else one at a time, the first `count` read and the rest 0.
+template <bool kVec>
+__device__ __forceinline__ uint4 load8(const void* p, int64_t count) {
+  if constexpr (kVec) {
+    return __ldg(static_cast<const uint4*>(p));
+  } else {
+    const auto* s = static_cast<const uint16_t*>(p);
+    uint32_t t[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) t[i] = i < count ? s[i] : 0u;
+    return make_uint4(t[0] | t[1] << 16, t[2] | t[3] << 16, t[4] | t[5] << 16, t[6] | t[7] << 16);
+  }
+}
+
+// The references' formulas (src/reference/ops/pointwise_cpu.cpp), in fp32.
+__device__ __forceinline__ float activate(Act act, float x) {
+  switch (act) {
+    case Act::kRelu:
+      return x > 0.f ? x : 0.f;
+    case Act::kSilu:
+      return x / (1.f + expf(-x));
+    case Act::kSigmoid:
+      return 1.f / (1.f + expf(-x));
+    case Act::kTanh:
+      return tanhf(x);
+    case Act::kGeluTanh:
+      return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case Act::kGeluErf:
+      return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
+    default:
+      return x;
+  }
+}
+
+__device__ __forceinline__ float combine(Bin bin, float z, float e) {
+  switch (bin) {
+    case Bin::kAdd:
+      return z + e;
+    case Bin::kMul:
+      return z * e;
+    case Bin::kSubProductFirst:
+      return z - e;
+    case Bin::kSubProductSecond:
+      return e - z;
+    default:
+      return z;
+  }
+}
+
+// kM rows at most (the real count is p.m), a and w fp16 (kHalf) or bf16, kVec: 16-byte loads.
+template <int kM, bool kHalf, bool kVec>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
+  __shared__ float sm[kSmemFloats];
+  const int ct_n = p.ct, slices = kThreads / ct_n;
+  const int tid = threadIdx.x, ct = tid % ct_n, slice = tid / ct_n;
+  const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * ct_n + ct) * 8;
+  const int64_t cols_in = col0 < p.n ? (p.n - col0 < 8 ? p.n - col0 : 8) : 0;
+  const auto* a = static_cast<const uint16_t*>(p.a);
+  const auto* w = static_cast<const uint16_t*>(p.w);
+  float acc[kM][8];
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[m][j] = 0.f;
+
+  const int64_t chunks = (p.k + 7) / 8;
+  for (int64_t q = slice; q < chunks; q += slices) {
+    const int64_t k0 = q * 8, rows_in = p.k - k0 < 8 ? p.k - k0 : 8;
+    uint4 wv[8], av[kM];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      wv[r] = cols_in > 0 && r < rows_in ? load8<kVec>(w + (k0 + r) * p.ldw + col0, cols_in)
+                                         : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+      av[m] = m < p.m ? load8<kVec>(a + m * p.lda + k0, rows_in) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      float wr[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) wr[j] = value<kHalf>(wv[r], j);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        const float x = value<kHalf>(av[m], r);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(x, wr[j], acc[m][j]);
+      }
+    }
+  }
+
+  // The slices of one warp (lanes ct, ct + CT, ...), then the warps, in a fixed order.
+  const int lane = tid % 32, warp = tid / 32, cols = ct_n * 8;
+  for (int o = ct_n; o < 32; o *= 2)
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], o);
+  if (lane < ct_n) {
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sm[(warp * kM + m) * cols + ct * 8 + j] = acc[m][j];
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kM * cols; idx += kThreads) {
+    const int m = idx / cols, cc = idx % cols;
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * cols + cc;
+    if (m >= p.m || col >= p.n) continue;
+    float z = 0.f;
+    for (int v = 0; v < kWarps; ++v) z += sm[(v * kM + m) * cols + cc];
+    if (p.bin != Bin::kNone) z = combine(p.bin, z, load_as_float(p.e, p.e_dtype, m * p.lde + col));
+    store_from_float(p.y, p.y_dtype, m * p.ldy + col, activate(p.act, z));
+  }
+}
+
+template <int kM, bool kHalf>
+void launch_rows(bool vec, unsigned grid, cudaStream_t st, const GemvArgs& p) {
+  if (vec) {
+    gemv_kernel<kM, kHalf, true><<<grid, kThreads, 0, st>>>(p);
+  } else {
+    gemv_kernel<kM, kHalf, false><<<grid, kThreads, 0, st>>>(p);
+  }
+}
+
+template <bool kHalf>
+void launch_dtype(int rows, bool vec, unsigned grid, cudaStream_t st, const GemvArgs& p) {
+  switch (rows) {  // the builder rounds M up to 1, 2, 4 or 8
+    case 1:
+      launch_rows<1, kHalf>(vec, grid, st, p);
+      break;
+    case 2:
+      launch_rows<2, kHalf>(vec, grid, st, p);
+      break;
+    case 4:
+      launch_rows<4, kHalf>(vec, grid, st, p);
+      break;
+    default:
+      launch_rows<8, kHalf>(vec, grid, st, p);
+      break;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+class GemvKernel final : public KernelBase {
+ public:
+  Status launch(void* const* ptrs, void* stream) const override {
+    GemvArgs p = args_;
+    size_t i = 0;
+    p.a = ptrs[i++];
+    p.w = ptrs[i++];
+    if (p.bin != Bin::kNone) p.e = ptrs[i++];
+    p.y = ptrs[i];
+    const auto st = static_cast<cudaStream_t>(stream);
+    const bool vec = vec_shapes_ && aligned16(p.a) && aligned16(p.w);
+    if (half_) {
+      launch_dtype<true>(rows_, vec, grid_, st, p);
+    } else {
+      launch_dtype<false>(rows_, vec, grid_, st, p);
+    }
+    return common::cuda_status(cudaGetLastError(), where_, " few-row matmul kernel launch");
+  }
+
+  GemvArgs args_;
+  int rows_ = 1;  // M rounded up to a power of two
+  unsigned grid_ = 1;
+  bool half_ = false, vec_shapes_ = false;
+};
+
+// The epilogue of a pointwise op, by overload: none for any other op.
+struct Epilogue {
+  Act act = Act::kNone;
+  Bin bin = Bin::kNone;
+};
+template <typename A>
+std::optional<Epilogue> epilogue_of(const A&) {
+  return std::nullopt;
+}
+std::optional<Epilogue> epilogue_of(const PointwiseAttrs& a) {
+  switch (a.mode) {
+    case PointwiseMode::kAdd:
+      return Epilogue{Act::kNone, Bin::kAdd};
+    case PointwiseMode::kMul:
+      return Epilogue{Act::kNone, Bin::kMul};
+    case PointwiseMode::kSub:
+      return Epilogue{Act::kNone, Bin::kSubProductFirst};  // turned around below when z is "b"
+    case PointwiseMode::kRelu:
+      return Epilogue{Act::kRelu, Bin::kNone};
+    case PointwiseMode::kSilu:
+      return Epilogue{Act::kSilu, Bin::kNone};
+    case PointwiseMode::kSigmoid:
+      return Epilogue{Act::kSigmoid, Bin::kNone};
+    case PointwiseMode::kTanh:
+      return Epilogue{Act::kTanh, Bin::kNone};
+    case PointwiseMode::kGeluTanh:
+      return Epilogue{Act::kGeluTanh, Bin::kNone};
+    case PointwiseMode::kGeluErf:
+      return Epilogue{Act::kGeluErf, Bin::kNone};
+    default:
+      return std::nullopt;
+  }
+}
+
+bool is_16bit(DType t) { return t == DType::kBF16 || t == DType::kFP16; }
+bool is_float_io(DType t) { return is_16bit(t) || t == DType::kFP32; }
+
+// [1..., rows, cols] with the last dim of stride 1: its row stride, or 0 when it is not that form.
+int64_t row_stride(const ResolvedTensor& t, int64_t rows, int64_t cols) {
+  const size_t r = t.dims.size();
+  if (r < 3 || t.dims[r - 2] != rows || t.dims[r - 1] != cols || t.strides[r - 1] != 1) return 0;
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (t.dims[i] != 1) return 0;
+  return rows == 1 ? std::max<int64_t>(t.strides[r - 2], cols) : t.strides[r - 2];
+}
+
+}  // namespace
+
+std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
+  if (g.ops.empty() || g.ops.size() > 2 || g.compute_dtype != DType::kFP32 ||
+      g.intermediate_dtype != DType::kFP32)
+    return nullptr;
+  const ResolvedOp& mm = g.ops[0];
+  auto tensor = [&](const std::map<std::string, int>& roles, const char* role) -> const ResolvedTensor* {
+    auto it = roles.find(role);
+    return it == roles.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
+  };
+  const ResolvedTensor *a = tensor(mm.inputs, "a"), *w = tensor(mm.inputs, "b"), *z = tensor(mm.outputs, "y");
+  if (!a || !w || !z || mm.inputs.size() != 2 || mm.compute_dtype != DType::kFP32) return nullptr;
+  const ResolvedTensor* y = z;
+  const ResolvedTensor* e = nullptr;
+  Epilogue epi;
+  if (g.ops.size() == 2) {
+    const ResolvedOp& pw = g.ops[1];
+    auto found = std::visit([](const auto& attrs) { return epilogue_of(attrs); }, pw.attrs);
+    if (!found || !z->is_virtual || pw.outputs.size() != 1 || pw.compute_dtype != DType::kFP32)
+      return nullptr;
+    epi = *found;
+    y = &g.tensors[static_cast<size_t>(pw.outputs.begin()->second)];
+    const int zi = mm.outputs.at("y");
+    if (epi.bin == Bin::kNone) {
+      if (pw.inputs.size() != 1 || pw.inputs.begin()->second != zi) return nullptr;
+    } else {
+      auto ia = pw.inputs.find("a"), ib = pw.inputs.find("b");
+      if (pw.inputs.size() != 2 || ia == pw.inputs.end() || ib == pw.inputs.end() ||
+          (ia->second == zi) == (ib->second == zi))
+        return nullptr;  // z exactly once
+      if (ib->second == zi && epi.bin == Bin::kSubProductFirst) epi.bin = Bin::kSubProductSecond;
+      e = &g.tensors[static_cast<size_t>(ia->second == zi ? ib->second : ia->second)];
+    }
+  }
+  if (y->is_virtual) return nullptr;
+  for (const ResolvedTensor* t : {a, w, y, e})
+    if (t && (t->scalar_value || t->dims.size() != a->dims.size())) return nullptr;
+  if (!is_16bit(a->dtype) || w->dtype != a->dtype || !is_float_io(y->dtype) || (e && !is_float_io(e->dtype)))
+    return nullptr;
+  const size_t r = a->dims.size();
+  const int64_t M = a->dims[r - 2], K = a->dims[r - 1], N = w->dims[r - 1];
+  if (M < 1 || M > kMaxRows || K < 1 || K * N < kMinWeights) return nullptr;
+  const int64_t lda = row_stride(*a, M, K), ldw = row_stride(*w, K, N), ldy = row_stride(*y, M, N),
+                lde = e ? row_stride(*e, M, N) : 0;
+  if (!lda || !ldw || !ldy || (e && !lde)) return nullptr;
+
+  auto kern = std::make_shared<GemvKernel>();
+  kern->name_ = "fusebox_gemv";
+  kern->where_ = common::op_where("matmul", mm.name);
+  while (kern->rows_ < M) kern->rows_ *= 2;
+  GemvArgs& p = kern->args_;
+  p.m = M;
+  p.k = K;
+  p.n = N;
+  p.lda = lda;
+  p.ldw = ldw;
+  p.lde = lde;
+  p.ldy = ldy;
+  p.y_dtype = static_cast<int>(y->dtype);
+  p.e_dtype = e ? static_cast<int>(e->dtype) : 0;
+  p.act = epi.act;
+  p.bin = epi.bin;
+  // Column threads: enough blocks to fill a large GPU (about 256), at least 2 (32-byte row segments),
+  // at most 32 and 128 / rows (the shared-memory sums).
+  p.ct = 2;
+  while (p.ct < 32 && p.ct * 2 * kern->rows_ <= 128 && N / (8 * p.ct * 2) >= 256) p.ct *= 2;
+  kern->grid_ = static_cast<unsigned>((N + 8 * p.ct - 1) / (8 * p.ct));
+  kern->half_ = a->dtype == DType::kFP16;
+  kern->vec_shapes_ = K % 8 == 0 && N % 8 == 0 && lda % 8 == 0 && ldw % 8 == 0;
+  kern->tensors_ = {a->name, w->name};
+  if (e) kern->tensors_.push_back(e->name);
+  kern->tensors_.push_back(y->name);
+  return kern;
+}
+
+}  // namespace fusebox::kernels
