@@ -25,6 +25,7 @@ namespace {
 constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = 8;
 constexpr int kSmemFloats = 8192;  // kWarps x rows x 8 CT: rows x CT <= 128
 constexpr int64_t kMinWeights = int64_t{1} << 20;
+constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not split K across blocks
 
 enum class Act : int { kNone, kRelu, kSilu, kSigmoid, kTanh, kGeluTanh, kGeluErf };
 enum class Bin : int { kNone, kAdd, kMul, kSubProductFirst, kSubProductSecond };
@@ -316,7 +317,7 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
     return nullptr;
   const size_t r = a->dims.size();
   const int64_t M = a->dims[r - 2], K = a->dims[r - 1], N = w->dims[r - 1];
-  if (M < 1 || M > kMaxRows || K < 1 || K * N < kMinWeights) return nullptr;
+  if (M < 1 || M > kMaxRows || K < 1 || N < kMinColumns || K * N < kMinWeights) return nullptr;
   const int64_t lda = row_stride(*a, M, K), ldw = row_stride(*w, K, N), ldy = row_stride(*y, M, N),
                 lde = e ? row_stride(*e, M, N) : 0;
   if (!lda || !ldw || !ldy || (e && !lde)) return nullptr;

@@ -12,9 +12,9 @@ namespace fusebox::kernels {
 // The kernel for `g`, or null when `g` is not the form it serves: a matmul alone, or a matmul whose
 // product (virtual, fp32) feeds one pointwise op (add, sub or mul with a tensor of y's dims, or
 // relu, silu, sigmoid, tanh, gelu_tanh, gelu_erf), with fp32 intermediates and compute; a and w
-// both bf16 or both fp16, every batch dim 1, M <= 8, K x N >= 2^20 (smaller weights leave the GPU
-// idle either way), a's K and every N dim of stride 1; y (and the epilogue's tensor) bf16, fp16
-// or fp32.
+// both bf16 or both fp16, every batch dim 1, M <= 8, N >= 256 and K x N >= 2^20 (smaller weights
+// leave the GPU idle either way; K is not split across blocks), a's K and every N dim of stride 1;
+// y (and the epilogue's tensor) bf16, fp16 or fp32.
 std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g);
 
 }  // namespace fusebox::kernels

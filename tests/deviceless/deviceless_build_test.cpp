@@ -16,6 +16,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/plan_file.h"
+#include "lm_graphs.h"
 #include "test_util.h"
 
 namespace fusebox {
@@ -638,6 +639,7 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
   auto native = [](const std::string& engine) { return engine.rfind("fusebox_", 0) == 0; };
   EXPECT_FALSE(native(build(gemm(16, 2048, 2048)))) << "16 rows";
   EXPECT_FALSE(native(build(gemm(1, 64, 64)))) << "small weights";
+  EXPECT_FALSE(native(build(gemm(1, 16384, 128)))) << "few columns (one block)";
   EXPECT_FALSE(native(build(gemm(1, 2048, 2048, "", "", "bf16", R"(, "layout": "col_major")"))))
       << "w transposed";
   EXPECT_FALSE(native(build(gemm(
@@ -648,6 +650,25 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
   // a pinned cuDNN engine: not fusebox's (deviceless, cuDNN may refuse it, which is fine here)
   EXPECT_FALSE(native(build(gemm(1, 2048, 2048), "eng0")));
   EXPECT_EQ(build(gemm(1, 2048, 2048), "fusebox_gemv"), "fusebox_gemv");
+}
+
+// The serving engine's GEMM graphs (serve::gemm_graph) as its decode buckets of 1 to 8 rows build
+// them: the few-row kernel for each epilogue and the fp32 logits; FP8 weights and 16 rows: cuDNN.
+TEST(FasterNativeKernel, TheServingEnginesDecodeGemmsTakeTheGemvKernel) {
+  auto engine = [](int64_t n, serve::Epilogue e, bool fp32_out, bool fp8) -> std::string {
+    auto g = serve::gemm_graph(n, 2048, 8192, e, fp32_out, fp8);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    if (!g.ok()) return "";
+    auto plan = build_plan(g->graph, h200(), BuildOptions{}, nullptr);
+    return plan.ok() ? plan->engine_name() : plan.status().ToString();
+  };
+  using serve::Epilogue;
+  for (int64_t n : {1, 2, 4, 8})
+    for (Epilogue e : {Epilogue::kNone, Epilogue::kResidual, Epilogue::kSilu, Epilogue::kMul})
+      EXPECT_EQ(engine(n, e, false, false), "fusebox_gemv") << n << " rows, epilogue " << static_cast<int>(e);
+  EXPECT_EQ(engine(1, Epilogue::kNone, true, false), "fusebox_gemv");
+  EXPECT_NE(engine(16, Epilogue::kNone, false, false), "fusebox_gemv");
+  EXPECT_NE(engine(1, Epilogue::kNone, false, true), "fusebox_gemv");
 }
 
 }  // namespace
