@@ -3,7 +3,10 @@
 // columns: CT column threads by 256 / CT row slices, slice s summing every (256 / CT)-th chunk of
 // 8 rows of K from chunk s on, 8 weight rows in flight a thread. The slices' sums meet by warp
 // shuffles, then in shared memory in a fixed order (the result does not depend on timing), where
-// the epilogue runs once per output value, in fp32, before the one rounding to y's dtype.
+// the epilogue runs once per output value, in fp32, before the one rounding to y's dtype. With an
+// RMSNorm before the matmul (the prologue), each value of a is multiplied by its gain as it is
+// loaded, and the sums of squares of a's rows travel with the products: y = inv_rms(a) x
+// ((a * scale) w), the normalized a never stored (fp32, as the graph's virtual tensor).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -33,11 +36,13 @@ enum class Bin : int { kNone, kAdd, kMul, kSubProductFirst, kSubProductSecond };
 struct GemvArgs {
   const void* a = nullptr;
   const void* w = nullptr;
-  const void* e = nullptr;  // the epilogue's tensor (add, sub, mul), else null
+  const void* e = nullptr;      // the epilogue's tensor (add, sub, mul), else null
+  const void* scale = nullptr;  // the RMSNorm prologue's gain [K], else null
   void* y = nullptr;
   int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
   int ct = 2;  // column threads a block, 8 columns each: a power of two, 2 to 32
-  int y_dtype = 0, e_dtype = 0;
+  int y_dtype = 0, e_dtype = 0, scale_dtype = 0;
+  float epsilon = 0.f;  // the prologue's
   Act act = Act::kNone;
   Bin bin = Bin::kNone;
 };
@@ -113,17 +118,21 @@ __device__ __forceinline__ float combine(Bin bin, float z, float e) {
 template <int kM, bool kHalf, bool kVec>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   __shared__ float sm[kSmemFloats];
+  __shared__ float sm_sq[kWarps][kM];  // the prologue's sums of squares, per warp and row
+  const bool norm = p.scale != nullptr;
   const int ct_n = p.ct, slices = kThreads / ct_n;
   const int tid = threadIdx.x, ct = tid % ct_n, slice = tid / ct_n;
   const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * ct_n + ct) * 8;
   const int64_t cols_in = col0 < p.n ? (p.n - col0 < 8 ? p.n - col0 : 8) : 0;
   const auto* a = static_cast<const uint16_t*>(p.a);
   const auto* w = static_cast<const uint16_t*>(p.w);
-  float acc[kM][8];
+  float acc[kM][8], sq[kM];
 #pragma unroll
-  for (int m = 0; m < kM; ++m)
+  for (int m = 0; m < kM; ++m) {
+    sq[m] = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[m][j] = 0.f;
+  }
 
   const int64_t chunks = (p.k + 7) / 8;
   for (int64_t q = slice; q < chunks; q += slices) {
@@ -136,6 +145,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
 #pragma unroll
     for (int m = 0; m < kM; ++m)
       av[m] = m < p.m ? load8<kVec>(a + m * p.lda + k0, rows_in) : make_uint4(0, 0, 0, 0);
+    float gain[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r)
+      gain[r] = norm && r < rows_in ? load_as_float(p.scale, p.scale_dtype, k0 + r) : 1.f;
 #pragma unroll
     for (int r = 0; r < 8; ++r) {
       float wr[8];
@@ -143,7 +156,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
       for (int j = 0; j < 8; ++j) wr[j] = value<kHalf>(wv[r], j);
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        const float x = value<kHalf>(av[m], r);
+        float x = value<kHalf>(av[m], r);
+        sq[m] = fmaf(x, x, sq[m]);  // read only with the prologue
+        x *= gain[r];
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(x, wr[j], acc[m][j]);
       }
@@ -154,22 +169,30 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   const int lane = tid % 32, warp = tid / 32, cols = ct_n * 8;
   for (int o = ct_n; o < 32; o *= 2)
 #pragma unroll
-    for (int m = 0; m < kM; ++m)
+    for (int m = 0; m < kM; ++m) {
+      sq[m] += __shfl_xor_sync(0xffffffffu, sq[m], o);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], o);
+    }
   if (lane < ct_n) {
 #pragma unroll
-    for (int m = 0; m < kM; ++m)
+    for (int m = 0; m < kM; ++m) {
+      if (lane == 0) sm_sq[warp][m] = sq[m];  // every slice's rows once: the warp's column thread 0
 #pragma unroll
       for (int j = 0; j < 8; ++j) sm[(warp * kM + m) * cols + ct * 8 + j] = acc[m][j];
+    }
   }
   __syncthreads();
   for (int idx = tid; idx < kM * cols; idx += kThreads) {
     const int m = idx / cols, cc = idx % cols;
     const int64_t col = static_cast<int64_t>(blockIdx.x) * cols + cc;
     if (m >= p.m || col >= p.n) continue;
-    float z = 0.f;
-    for (int v = 0; v < kWarps; ++v) z += sm[(v * kM + m) * cols + cc];
+    float z = 0.f, ss = 0.f;
+    for (int v = 0; v < kWarps; ++v) {
+      z += sm[(v * kM + m) * cols + cc];
+      ss += sm_sq[v][m];
+    }
+    if (norm) z *= 1.f / sqrtf(ss / static_cast<float>(p.k) + p.epsilon);
     if (p.bin != Bin::kNone) z = combine(p.bin, z, load_as_float(p.e, p.e_dtype, m * p.lde + col));
     store_from_float(p.y, p.y_dtype, m * p.ldy + col, activate(p.act, z));
   }
@@ -210,6 +233,7 @@ class GemvKernel final : public KernelBase {
     GemvArgs p = args_;
     size_t i = 0;
     p.a = ptrs[i++];
+    if (norm_) p.scale = ptrs[i++];
     p.w = ptrs[i++];
     if (p.bin != Bin::kNone) p.e = ptrs[i++];
     p.y = ptrs[i];
@@ -226,7 +250,7 @@ class GemvKernel final : public KernelBase {
   GemvArgs args_;
   int rows_ = 1;  // M rounded up to a power of two
   unsigned grid_ = 1;
-  bool half_ = false, vec_shapes_ = false;
+  bool half_ = false, vec_shapes_ = false, norm_ = false;
 };
 
 // The epilogue of a pointwise op, by overload: none for any other op.
@@ -263,6 +287,18 @@ std::optional<Epilogue> epilogue_of(const PointwiseAttrs& a) {
   }
 }
 
+// The op of a graph's first two, by overload.
+template <typename A>
+const RmsNormAttrs* as_rmsnorm(const A&) {
+  return nullptr;
+}
+const RmsNormAttrs* as_rmsnorm(const RmsNormAttrs& a) { return &a; }
+template <typename A>
+bool is_matmul(const A&) {
+  return false;
+}
+bool is_matmul(const MatmulAttrs&) { return true; }
+
 bool is_16bit(DType t) { return t == DType::kBF16 || t == DType::kFP16; }
 bool is_float_io(DType t) { return is_16bit(t) || t == DType::kFP32; }
 
@@ -278,21 +314,39 @@ int64_t row_stride(const ResolvedTensor& t, int64_t rows, int64_t cols) {
 }  // namespace
 
 std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
-  if (g.ops.empty() || g.ops.size() > 2 || g.compute_dtype != DType::kFP32 ||
+  if (g.ops.empty() || g.ops.size() > 3 || g.compute_dtype != DType::kFP32 ||
       g.intermediate_dtype != DType::kFP32)
     return nullptr;
-  const ResolvedOp& mm = g.ops[0];
   auto tensor = [&](const std::map<std::string, int>& roles, const char* role) -> const ResolvedTensor* {
     auto it = roles.find(role);
     return it == roles.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
   };
+  // The prologue: an inference RMSNorm over a's last dim, without bias, whose y (virtual) is a.
+  const RmsNormAttrs* rms = std::visit([](const auto& attrs) { return as_rmsnorm(attrs); }, g.ops[0].attrs);
+  const ResolvedTensor *x = nullptr, *scale = nullptr;
+  const size_t mm_at = rms ? 1 : 0;
+  if (rms) {
+    const ResolvedOp& n = g.ops[0];
+    x = tensor(n.inputs, "x");
+    scale = tensor(n.inputs, "scale");
+    const ResolvedTensor* xn = tensor(n.outputs, "y");
+    if (rms->bias || rms->phase != NormPhase::kInference || !x || !scale || !xn || !xn->is_virtual ||
+        n.inputs.size() != 2 || n.outputs.size() != 1 || n.compute_dtype != DType::kFP32 || g.ops.size() < 2)
+      return nullptr;
+  }
+  const ResolvedOp& mm = g.ops[mm_at];
+  if (!std::visit([](const auto& attrs) { return is_matmul(attrs); }, mm.attrs)) return nullptr;
   const ResolvedTensor *a = tensor(mm.inputs, "a"), *w = tensor(mm.inputs, "b"), *z = tensor(mm.outputs, "y");
   if (!a || !w || !z || mm.inputs.size() != 2 || mm.compute_dtype != DType::kFP32) return nullptr;
+  if (rms) {
+    if (mm.inputs.at("a") != g.ops[0].outputs.at("y")) return nullptr;
+    a = x;  // the kernel reads x and normalizes it on the way
+  }
   const ResolvedTensor* y = z;
   const ResolvedTensor* e = nullptr;
   Epilogue epi;
-  if (g.ops.size() == 2) {
-    const ResolvedOp& pw = g.ops[1];
+  if (g.ops.size() == mm_at + 2) {
+    const ResolvedOp& pw = g.ops[mm_at + 1];
     auto found = std::visit([](const auto& attrs) { return epilogue_of(attrs); }, pw.attrs);
     if (!found || !z->is_virtual || pw.outputs.size() != 1 || pw.compute_dtype != DType::kFP32)
       return nullptr;
@@ -309,8 +363,10 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
       if (ib->second == zi && epi.bin == Bin::kSubProductFirst) epi.bin = Bin::kSubProductSecond;
       e = &g.tensors[static_cast<size_t>(ia->second == zi ? ib->second : ia->second)];
     }
+  } else if (g.ops.size() != mm_at + 1) {
+    return nullptr;
   }
-  if (y->is_virtual) return nullptr;
+  if (y->is_virtual || a->is_virtual) return nullptr;
   for (const ResolvedTensor* t : {a, w, y, e})
     if (t && (t->scalar_value || t->dims.size() != a->dims.size())) return nullptr;
   if (!is_16bit(a->dtype) || w->dtype != a->dtype || !is_float_io(y->dtype) || (e && !is_float_io(e->dtype)))
@@ -321,6 +377,13 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   const int64_t lda = row_stride(*a, M, K), ldw = row_stride(*w, K, N), ldy = row_stride(*y, M, N),
                 lde = e ? row_stride(*e, M, N) : 0;
   if (!lda || !ldw || !ldy || (e && !lde)) return nullptr;
+  if (scale) {  // [1, ..., 1, K]: the gain of each of a row's K values
+    if (scale->is_virtual || scale->scalar_value || scale->dims.size() != r || !is_float_io(scale->dtype) ||
+        scale->dims.back() != K || scale->strides.back() != 1)
+      return nullptr;
+    for (size_t i = 0; i + 1 < r; ++i)
+      if (scale->dims[i] != 1) return nullptr;
+  }
 
   auto kern = std::make_shared<GemvKernel>();
   kern->name_ = "fusebox_gemv";
@@ -338,6 +401,11 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   p.e_dtype = e ? static_cast<int>(e->dtype) : 0;
   p.act = epi.act;
   p.bin = epi.bin;
+  if (scale) {
+    kern->norm_ = true;
+    p.scale_dtype = static_cast<int>(scale->dtype);
+    p.epsilon = static_cast<float>(rms->epsilon);
+  }
   // Column threads: enough blocks to fill a large GPU (about 256), at least 2 (32-byte row segments),
   // at most 32 and 128 / rows (the shared-memory sums).
   p.ct = 2;
@@ -345,7 +413,9 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   kern->grid_ = static_cast<unsigned>((N + 8 * p.ct - 1) / (8 * p.ct));
   kern->half_ = a->dtype == DType::kFP16;
   kern->vec_shapes_ = K % 8 == 0 && N % 8 == 0 && lda % 8 == 0 && ldw % 8 == 0;
-  kern->tensors_ = {a->name, w->name};
+  kern->tensors_ = {a->name};
+  if (scale) kern->tensors_.push_back(scale->name);
+  kern->tensors_.push_back(w->name);
   if (e) kern->tensors_.push_back(e->name);
   kern->tensors_.push_back(y->name);
   return kern;

@@ -118,6 +118,19 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
   return {};
 }
 
+// Measured on the H200 (cuDNN 9.19, 2026-12-06, docs/serving.md): the serving engine's decode
+// step of the Llama-3.2-1B shapes at batch 1 ran its GEMMs (one row of a times the weights) at
+// 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s. With an RMSNorm before the
+// matmul (the prologue), cuDNN runs no single plan at all: the graph would be two.
+FasterKernel gemv_kernel(const ResolvedGraph& g) {
+  if (auto k = make_gemv_kernel(g)) {
+    return {k,
+            "cuDNN 9.19's GEMM engines are much slower than the memory allows for a few rows times a weight "
+            "matrix: 0.2-1.5 TB/s of weights read on the H200 (the Llama-3.2-1B decode step at batch 1)"};
+  }
+  return {};
+}
+
 // Measured on the H200 (cuDNN 9.19, 2026-12-04, bench/results): layernorm
 // training forward of bf16 8192x4096 with fp32 scale and bias took 157.5 us
 // (rmsnorm 122.3 us), with bf16 scale and bias 51.2 us (34.2 us); torch 57 us.
@@ -130,6 +143,7 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
   return {};
 }
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const RmsNormAttrs& a) {
+  if (g.ops.size() > 1) return gemv_kernel(g);  // an RMSNorm before a few-row matmul
   if (auto k = make_norm_kernel(g, op, true, a.epsilon)) return {k, kNormWhy};
   return {};
 }
@@ -147,24 +161,18 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
   return {};
 }
 
-// Measured on the H200 (cuDNN 9.19, 2026-12-06, docs/serving.md): the serving engine's decode
-// step of the Llama-3.2-1B shapes at batch 1 ran its GEMMs (one row of a times the weights) at
-// 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s.
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp&, const MatmulAttrs&) {
-  if (auto k = make_gemv_kernel(g)) {
-    return {k,
-            "cuDNN 9.19's GEMM engines are much slower than the memory allows for a few rows times a weight "
-            "matrix: 0.2-1.5 TB/s of weights read on the H200 (the Llama-3.2-1B decode step at batch 1)"};
-  }
-  return {};
+  return gemv_kernel(g);
 }
 
-// Whether the faster kernel of an op may take the ops after it too (a matmul's epilogue).
+// Whether the faster kernel of an op may take the ops after it too (a matmul's epilogue, an RMSNorm's
+// matmul).
 template <typename A>
 constexpr bool fuses_epilogue(const A&) {
   return false;
 }
 constexpr bool fuses_epilogue(const MatmulAttrs&) { return true; }
+constexpr bool fuses_epilogue(const RmsNormAttrs&) { return true; }
 
 }  // namespace
 

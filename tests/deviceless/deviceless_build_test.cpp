@@ -650,6 +650,26 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
   // a pinned cuDNN engine: not fusebox's (deviceless, cuDNN may refuse it, which is fine here)
   EXPECT_FALSE(native(build(gemm(1, 2048, 2048), "eng0")));
   EXPECT_EQ(build(gemm(1, 2048, 2048), "fusebox_gemv"), "fusebox_gemv");
+
+  // An RMSNorm before it (the prologue): x [1, m, k] normalized over k, its y (virtual) the matmul's a.
+  auto normed = [](int m, const std::string& norm_fields, const std::string& epi, const char* xn = "",
+                   const char* scale_dims = "[1, 1, 2048]") {
+    return std::string(R"({"name": "g", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [1, )") +
+           std::to_string(m) + R"(, 2048]}, {"name": "scale", "dims": )" + scale_dims +
+           R"(, "dtype": "fp32"}, {"name": "w", "dims": [1, 2048, 8192]}, {"name": "y"})" + xn +
+           R"(], "ops": [{"op": "rmsnorm", "name": "n", "inputs": {"x": "x", "scale": "scale"}, "outputs": {"y": "xn")" +
+           norm_fields +
+           R"(}}, {"op": "matmul", "name": "mm", "inputs": {"a": "xn", "b": "w"}, "outputs": {"y": ")" +
+           (epi.empty() ? "y" : "z") + R"("}})" + epi + "]}";
+  };
+  EXPECT_EQ(build(normed(1, "", "")), "fusebox_gemv");
+  EXPECT_EQ(build(normed(8, "", unary("silu"))), "fusebox_gemv");
+  EXPECT_FALSE(native(build(normed(16, "", "")))) << "16 rows";
+  EXPECT_FALSE(native(build(normed(1, "", "", R"(, {"name": "xn"})")))) << "the normalized x stored";
+  EXPECT_FALSE(
+      native(build(normed(1, R"(, "inv_variance": "inv")", "", R"(, {"name": "inv", "dtype": "fp32"})"))))
+      << "training phase";
+  EXPECT_FALSE(native(build(normed(2, "", "", "", "[1, 2, 2048]")))) << "normalized over rows too";
 }
 
 // The serving engine's GEMM graphs (serve::gemm_graph) as its decode buckets of 1 to 8 rows build

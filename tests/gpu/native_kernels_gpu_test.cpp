@@ -166,8 +166,11 @@ TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
 
 // y = epilogue(a [1, m, k] x w [1, k, n]): `epi` "" (none), a unary op, or "add", "mul", "sub" with
 // r [1, m, n] (`product_first`: the product is input a); y of `y_dtype` (io when null).
+// With `norm_scale` (the gain's dtype), an RMSNorm of a over k (epsilon 1e-5) comes first: the matmul
+// reads its virtual output.
 std::string gemv_json(int m, int k, int n, const char* io, const std::string& epi, bool product_first = true,
-                      const char* y_dtype = nullptr, const char* r_dtype = nullptr) {
+                      const char* y_dtype = nullptr, const char* r_dtype = nullptr,
+                      const char* norm_scale = nullptr) {
   const bool binary = epi == "add" || epi == "mul" || epi == "sub";
   auto dims = [](int x, int y) { return "[1, " + std::to_string(x) + ", " + std::to_string(y) + "]"; };
   std::string t = R"({"name": "a", "dims": )" + dims(m, k) + R"(}, {"name": "w", "dims": )" + dims(k, n) +
@@ -176,8 +179,14 @@ std::string gemv_json(int m, int k, int n, const char* io, const std::string& ep
   if (binary)
     t += R"(, {"name": "r", "dims": )" + dims(m, n) +
          (r_dtype ? std::string(R"(, "dtype": ")") + r_dtype + "\"" : "") + "}";
-  std::string ops = R"({"op": "matmul", "name": "mm", "inputs": {"a": "a", "b": "w"}, "outputs": {"y": ")" +
-                    std::string(epi.empty() ? "y" : "z") + R"("}})";
+  std::string ops;
+  if (norm_scale) {
+    t += R"(, {"name": "scale", "dims": )" + dims(1, k) + R"(, "dtype": ")" + norm_scale + "\"}";
+    ops = R"({"op": "rmsnorm", "name": "n", "epsilon": 1e-5, "inputs": {"x": "a", "scale": "scale"}, )"
+          R"("outputs": {"y": "an"}}, )";
+  }
+  ops += R"({"op": "matmul", "name": "mm", "inputs": {"a": ")" + std::string(norm_scale ? "an" : "a") +
+         R"(", "b": "w"}, "outputs": {"y": ")" + (epi.empty() ? "y" : "z") + R"("}})";
   if (binary) {
     ops += R"(, {"op": ")" + epi + R"(", "name": "e", "inputs": {"a": ")" + (product_first ? "z" : "r") +
            R"(", "b": ")" + (product_first ? "r" : "z") + R"("}, "outputs": {"y": "y"}})";
@@ -206,6 +215,12 @@ TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
   check(gemv_json(7, 4096, 512, "bf16", "add", true, nullptr, "fp32"), "fusebox_gemv");
   for (const char* act : {"relu", "sigmoid", "tanh", "gelu_tanh"})
     check(gemv_json(2, 1024, 1024, "bf16", act), "fusebox_gemv");
+  // An RMSNorm before the matmul (fp32 and bf16 gains): the serving engine's QKV, gate and up
+  // projections of the normalized residual stream; unaligned sizes too.
+  check(gemv_json(1, 2048, 3072, "bf16", "", true, nullptr, nullptr, "fp32"), "fusebox_gemv");
+  check(gemv_json(8, 2048, 8192, "bf16", "silu", true, nullptr, nullptr, "fp32"), "fusebox_gemv");
+  check(gemv_json(4, 2048, 8192, "bf16", "mul", false, nullptr, nullptr, "bf16"), "fusebox_gemv");
+  check(gemv_json(3, 1001, 1100, "fp16", "", true, nullptr, nullptr, "fp32"), "fusebox_gemv");
   // 16 rows: cuDNN.
   ResolvedGraph rows16 = load(gemv_json(16, 2048, 2048, "bf16", ""));
   auto plan = build_plan(rows16, target_, BuildOptions{}, nullptr, ctx_.get());
