@@ -25,7 +25,7 @@ namespace fusebox::kernels {
 
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = 8;
+constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = static_cast<int>(kFewRowMatmulMaxRows);
 constexpr int kSmemFloats = 8192;  // kWarps x rows x 8 CT: rows x CT <= 128
 constexpr int64_t kMinWeights = int64_t{1} << 20;
 constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not split K across blocks
@@ -40,7 +40,7 @@ struct GemvArgs {
   const void* scale = nullptr;  // the RMSNorm prologue's gain [K], else null
   void* y = nullptr;
   int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
-  int ct = 2;  // column threads a block, 8 columns each: a power of two, 2 to 32
+  int ct = 2;  // column threads a block, 8 columns each: a power of two, 2 to 16
   int y_dtype = 0, e_dtype = 0, scale_dtype = 0;
   float epsilon = 0.f;  // the prologue's
   Act act = Act::kNone;
@@ -114,7 +114,8 @@ __device__ __forceinline__ float combine(Bin bin, float z, float e) {
   }
 }
 
-// kM rows at most (the real count is p.m), a and w fp16 (kHalf) or bf16, kVec: 16-byte loads.
+// kM rows at most (the real count is p.m), a and w fp16 (kHalf) or bf16, kVec: 16-byte loads. A
+// row's values do not depend on kM: each is summed in the same order whatever the other rows.
 template <int kM, bool kHalf, bool kVec>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   __shared__ float sm[kSmemFloats];
@@ -407,9 +408,10 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
     p.epsilon = static_cast<float>(rms->epsilon);
   }
   // Column threads: enough blocks to fill a large GPU (about 256), at least 2 (32-byte row segments),
-  // at most 32 and 128 / rows (the shared-memory sums).
+  // at most 16 (the shared-memory sums of 8 rows). Chosen from N alone, so a row's sums are added in
+  // the same order whatever the row count: a request's logits do not depend on its batch.
   p.ct = 2;
-  while (p.ct < 32 && p.ct * 2 * kern->rows_ <= 128 && N / (8 * p.ct * 2) >= 256) p.ct *= 2;
+  while (p.ct < 16 && N / (8 * p.ct * 2) >= 256) p.ct *= 2;
   kern->grid_ = static_cast<unsigned>((N + 8 * p.ct - 1) / (8 * p.ct));
   kern->half_ = a->dtype == DType::kFP16;
   kern->vec_shapes_ = K % 8 == 0 && N % 8 == 0 && lda % 8 == 0 && ldw % 8 == 0;

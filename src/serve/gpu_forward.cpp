@@ -16,6 +16,7 @@
 #include "fusebox/plan_cache.h"
 #include "fusebox/session.h"
 #include "kernels/kv_pages.h"
+#include "kernels/native_kernel.h"
 #include "kernels/quantize.h"
 #include "kernels/sampling.h"
 #include "lm_graphs.h"
@@ -152,6 +153,18 @@ struct GpuForward::Impl {
     return bind(p, gemm_graph(N, k, n_out, e, false, fp8), extra);
   }
 
+  // y = rmsnorm(x) (gain `scale`) @ weight `name`, then the epilogue with `extra`: one graph, which
+  // fusebox's few-row matmul runs as one kernel (the decode buckets of at most 8 rows, bf16).
+  Status normed_gemm(Program& p, int64_t N, int64_t k, int64_t n_out, Epilogue e, const std::string& name,
+                     const Mem& x, void* scale, void* y, std::map<std::string, void*> extra = {},
+                     bool fp32_out = false) {
+    extra["x"] = x.as<void>();
+    extra["scale"] = scale;
+    extra["w"] = w.at(name).as<void>();
+    extra["y"] = y;
+    return bind(p, normed_gemm_graph(cfg.model, N, k, n_out, e, fp32_out), extra);
+  }
+
   // Every step of bucket (B, S): the inputs' upload, the model, sampling, the tokens' download.
   Status build_program(Program& p) {
     const LmModelConfig& m = cfg.model;
@@ -166,16 +179,24 @@ struct GpuForward::Impl {
         bind(p, embedding_graph(m, N),
              {{"ids", in(off_ids)}, {"table", w.at("tok_embeddings").as<void>()}, {"y", h.as<void>()}}));
     const bool fp8 = !w_scale.empty();
+    // Decode buckets of at most 8 rows (bf16 weights): each RMSNorm goes into the GEMMs that read
+    // it (fusebox_gemv's prologue): no norm launch, the normalized rows never stored.
+    const bool fuse_norm = !fp8 && N <= kernels::kFewRowMatmulMaxRows;
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string pre = "layers." + std::to_string(l) + ".";
       auto wp = [&](const char* name) { return w.at(pre + name).as<void>(); };
-      FUSEBOX_RETURN_IF_ERROR(
-          bind(p, rmsnorm_graph(m, N),
-               {{"x", h.as<void>()}, {"scale", wp("attention_norm")}, {"y", a.as<void>()}}));
-      if (fp8) quantize(p, a, N, D);
       // One GEMM for Q, K and V (rows of W = (H + 2 KV) x dh), one RoPE over the query and key
       // heads into qkr (rows of HK = H + KV heads).
-      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, W, Epilogue::kNone, qkv_name(l), a, qkv));
+      if (fuse_norm) {
+        FUSEBOX_RETURN_IF_ERROR(
+            normed_gemm(p, N, D, W, Epilogue::kNone, qkv_name(l), h, wp("attention_norm"), qkv.as<void>()));
+      } else {
+        FUSEBOX_RETURN_IF_ERROR(
+            bind(p, rmsnorm_graph(m, N),
+                 {{"x", h.as<void>()}, {"scale", wp("attention_norm")}, {"y", a.as<void>()}}));
+        if (fp8) quantize(p, a, N, D);
+        FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, W, Epilogue::kNone, qkv_name(l), a, qkv));
+      }
       FUSEBOX_RETURN_IF_ERROR(bind(p, rope_graph(m, B, HK, S, freq_rows, W),
                                    {{"x", qkv.as<void>()},
                                     {"freqs", freqs.as<void>()},
@@ -214,11 +235,19 @@ struct GpuForward::Impl {
       if (fp8) quantize(p, o, N, H * dh);
       FUSEBOX_RETURN_IF_ERROR(
           gemm(p, N, H * dh, D, Epilogue::kResidual, pre + "wo", o, h1, {{"r", h.as<void>()}}));
-      FUSEBOX_RETURN_IF_ERROR(bind(p, rmsnorm_graph(m, N),
-                                   {{"x", h1.as<void>()}, {"scale", wp("ffn_norm")}, {"y", mm.as<void>()}}));
-      if (fp8) quantize(p, mm, N, D);
-      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, F, Epilogue::kSilu, pre + "w_gate", mm, g));
-      FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, F, Epilogue::kMul, pre + "w_up", mm, act, {{"g", g.as<void>()}}));
+      if (fuse_norm) {
+        FUSEBOX_RETURN_IF_ERROR(
+            normed_gemm(p, N, D, F, Epilogue::kSilu, pre + "w_gate", h1, wp("ffn_norm"), g.as<void>()));
+        FUSEBOX_RETURN_IF_ERROR(normed_gemm(p, N, D, F, Epilogue::kMul, pre + "w_up", h1, wp("ffn_norm"),
+                                            act.as<void>(), {{"g", g.as<void>()}}));
+      } else {
+        FUSEBOX_RETURN_IF_ERROR(bind(
+            p, rmsnorm_graph(m, N), {{"x", h1.as<void>()}, {"scale", wp("ffn_norm")}, {"y", mm.as<void>()}}));
+        if (fp8) quantize(p, mm, N, D);
+        FUSEBOX_RETURN_IF_ERROR(gemm(p, N, D, F, Epilogue::kSilu, pre + "w_gate", mm, g));
+        FUSEBOX_RETURN_IF_ERROR(
+            gemm(p, N, D, F, Epilogue::kMul, pre + "w_up", mm, act, {{"g", g.as<void>()}}));
+      }
       if (fp8) quantize(p, act, N, F);
       FUSEBOX_RETURN_IF_ERROR(
           gemm(p, N, F, D, Epilogue::kResidual, pre + "w_down", act, h, {{"r", h1.as<void>()}}));
@@ -238,11 +267,19 @@ struct GpuForward::Impl {
         return Status::Ok();
       });
     }
-    FUSEBOX_RETURN_IF_ERROR(
-        bind(p, rmsnorm_graph(m, B), {{"x", x}, {"scale", w.at("norm").as<void>()}, {"y", hn.as<void>()}}));
-    FUSEBOX_RETURN_IF_ERROR(
-        bind(p, gemm_graph(B, D, m.vocab, Epilogue::kNone, /*fp32_out=*/true),
-             {{"a", hn.as<void>()}, {"w", w.at("output").as<void>()}, {"y", logits.as<void>()}}));
+    if (B <= kernels::kFewRowMatmulMaxRows) {  // the final norm in the logits GEMM (bf16 output weights)
+      FUSEBOX_RETURN_IF_ERROR(bind(p, normed_gemm_graph(m, B, D, m.vocab, Epilogue::kNone, /*fp32_out=*/true),
+                                   {{"x", x},
+                                    {"scale", w.at("norm").as<void>()},
+                                    {"w", w.at("output").as<void>()},
+                                    {"y", logits.as<void>()}}));
+    } else {
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, rmsnorm_graph(m, B), {{"x", x}, {"scale", w.at("norm").as<void>()}, {"y", hn.as<void>()}}));
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, gemm_graph(B, D, m.vocab, Epilogue::kNone, /*fp32_out=*/true),
+               {{"a", hn.as<void>()}, {"w", w.at("output").as<void>()}, {"y", logits.as<void>()}}));
+    }
     add(p, "sample_tokens", [this, B] {
       return kernels::sample_tokens(logits.as<float>(), B, cfg.model.vocab, cfg.model.vocab,
                                     reinterpret_cast<const kernels::SamplingRow*>(in(off_params)),

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "common/graph_json.h"
@@ -35,15 +36,29 @@ std::string dims_key(std::initializer_list<int64_t> d) {
 
 }  // namespace
 
-Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out, bool fp8) {
+namespace {
+
+// gemm_graph, or with `norm_eps` normed_gemm_graph.
+Result<LmGraph> gemm(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out, bool fp8,
+                     std::optional<double> norm_eps) {
   static const char* const kNames[] = {"", "res_", "silu", "mul"};
-  const std::string key = std::string(fp8 ? "gemm8_" : "gemm_") + kNames[static_cast<int>(e)] +
-                          (fp32_out ? "f32_" : "_") + dims_key({n, k, p});
+  const std::string key = std::string(norm_eps ? "ngemm_"
+                                      : fp8    ? "gemm8_"
+                                               : "gemm_") +
+                          kNames[static_cast<int>(e)] + (fp32_out ? "f32_" : "_") + dims_key({n, k, p});
   const char* in_dtype = fp8 ? "fp8_e4m3" : nullptr;
-  Json t = {json_tensor("a", {1, n, k}, nullptr, in_dtype),
-            json_tensor("w", {1, k, p}, fp8 ? "col_major" : nullptr, in_dtype),
-            json_tensor("y", {1, n, p}, nullptr, fp32_out ? "fp32" : nullptr)};
-  Json o = Json::array();
+  Json t = Json::array(), o = Json::array();
+  if (norm_eps) {  // "a" is the norm's virtual output
+    t.push_back(json_tensor("x", {1, n, k}));
+    t.push_back(json_tensor("scale", {1, 1, k}, nullptr, "fp32"));
+    Json norm = op("rmsnorm", "norm", {{"x", "x"}, {"scale", "scale"}}, {{"y", "a"}});
+    norm["epsilon"] = *norm_eps;
+    o.push_back(std::move(norm));
+  } else {
+    t.push_back(json_tensor("a", {1, n, k}, nullptr, in_dtype));
+  }
+  t.push_back(json_tensor("w", {1, k, p}, fp8 ? "col_major" : nullptr, in_dtype));
+  t.push_back(json_tensor("y", {1, n, p}, nullptr, fp32_out ? "fp32" : nullptr));
   // The product ("z", or y itself without an epilogue), descaled first with FP8 weights.
   const std::string z = e == Epilogue::kNone ? "y" : "z";
   if (fp8) {
@@ -71,6 +86,17 @@ Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp3
       break;
   }
   return make(key, std::move(t), std::move(o));
+}
+
+}  // namespace
+
+Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out, bool fp8) {
+  return gemm(n, k, p, e, fp32_out, fp8, std::nullopt);
+}
+
+Result<LmGraph> normed_gemm_graph(const LmModelConfig& m, int64_t n, int64_t k, int64_t p, Epilogue e,
+                                  bool fp32_out) {
+  return gemm(n, k, p, e, fp32_out, false, m.norm_eps);
 }
 
 Fp8Weight quantize_weight(const std::vector<float>& w, int64_t k, int64_t p, bool per_tensor) {

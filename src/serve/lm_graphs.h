@@ -31,6 +31,12 @@ enum class Epilogue { kNone, kResidual, kSilu, kMul };
 // scales), both fp32 (kernels/quantize.h).
 Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp32_out = false,
                            bool fp8 = false);
+// The same in bf16 with the RMSNorm before it: y = epilogue(rmsnorm(x) @ w), x [1, n, k] bf16, its
+// gain scale [1, 1, k] fp32, the normalized rows virtual (fp32, never stored). For the GPU engine's
+// decode buckets of at most 8 rows, which fusebox's few-row matmul runs as one kernel
+// (kernels/gemv.h); cuDNN would run it as two plans.
+Result<LmGraph> normed_gemm_graph(const LmModelConfig& m, int64_t n, int64_t k, int64_t p, Epilogue e,
+                                  bool fp32_out = false);
 // A weight matrix w [k, p] (row-major, the checkpoint's) in FP8: q [p][k] e4m3 (w column-major)
 // and scale [p] (per output channel, or one value repeated with `per_tensor`), w ~= q * scale.
 struct Fp8Weight {

@@ -689,6 +689,17 @@ TEST(FasterNativeKernel, TheServingEnginesDecodeGemmsTakeTheGemvKernel) {
   EXPECT_EQ(engine(1, Epilogue::kNone, true, false), "fusebox_gemv");
   EXPECT_NE(engine(16, Epilogue::kNone, false, false), "fusebox_gemv");
   EXPECT_NE(engine(1, Epilogue::kNone, false, true), "fusebox_gemv");
+  // With the RMSNorm before the GEMM (the decode buckets' QKV, gate, up and logits): one kernel.
+  LmModelConfig m;
+  m.dim = 2048;
+  for (int64_t n : {1, 8})
+    for (auto [e, fp32_out] : {std::pair{Epilogue::kNone, false}, std::pair{Epilogue::kSilu, false},
+                               std::pair{Epilogue::kMul, false}, std::pair{Epilogue::kNone, true}}) {
+      auto g = serve::normed_gemm_graph(m, n, 2048, 8192, e, fp32_out);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      auto plan = build_plan(g->graph, h200(), BuildOptions{}, nullptr);
+      EXPECT_EQ(plan.ok() ? plan->engine_name() : plan.status().ToString(), "fusebox_gemv") << g->key;
+    }
 }
 
 }  // namespace
