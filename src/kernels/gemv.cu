@@ -17,6 +17,7 @@
 
 #include "common/cuda_status.h"
 #include "common/op_where.h"
+#include "common/pointwise_math.cuh"
 #include "dtype_access.cuh"
 #include "gemv.h"
 #include "kernel_base.h"
@@ -30,8 +31,9 @@ constexpr int kSmemFloats = 8192;  // kWarps x rows x 8 CT: rows x CT <= 128
 constexpr int64_t kMinWeights = int64_t{1} << 20;
 constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not split K across blocks
 
-enum class Act : int { kNone, kRelu, kSilu, kSigmoid, kTanh, kGeluTanh, kGeluErf };
-enum class Bin : int { kNone, kAdd, kMul, kSubProductFirst, kSubProductSecond };
+// The epilogue: none, a unary pointwise op of the product, or a binary one of the product and a
+// tensor (the product its first input, or with product_second its second).
+enum class EpiKind : int { kNone, kUnary, kBinary };
 
 struct GemvArgs {
   const void* a = nullptr;
@@ -43,8 +45,9 @@ struct GemvArgs {
   int ct = 2;  // column threads a block, 8 columns each: a power of two, 2 to 16
   int y_dtype = 0, e_dtype = 0, scale_dtype = 0;
   float epsilon = 0.f;  // the prologue's
-  Act act = Act::kNone;
-  Bin bin = Bin::kNone;
+  EpiKind epi = EpiKind::kNone;
+  PointwiseMode mode = PointwiseMode::kAdd;
+  int product_second = 0;
 };
 
 // One 16-bit value (bf16 or fp16 bits) as float.
@@ -76,41 +79,6 @@ __device__ __forceinline__ uint4 load8(const void* p, int64_t count) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) t[i] = i < count ? s[i] : 0u;
     return make_uint4(t[0] | t[1] << 16, t[2] | t[3] << 16, t[4] | t[5] << 16, t[6] | t[7] << 16);
-  }
-}
-
-// The references' formulas (src/reference/ops/pointwise_cpu.cpp), in fp32.
-__device__ __forceinline__ float activate(Act act, float x) {
-  switch (act) {
-    case Act::kRelu:
-      return x > 0.f ? x : 0.f;
-    case Act::kSilu:
-      return x / (1.f + expf(-x));
-    case Act::kSigmoid:
-      return 1.f / (1.f + expf(-x));
-    case Act::kTanh:
-      return tanhf(x);
-    case Act::kGeluTanh:
-      return 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    case Act::kGeluErf:
-      return 0.5f * x * (1.f + erff(x * 0.7071067811865476f));
-    default:
-      return x;
-  }
-}
-
-__device__ __forceinline__ float combine(Bin bin, float z, float e) {
-  switch (bin) {
-    case Bin::kAdd:
-      return z + e;
-    case Bin::kMul:
-      return z * e;
-    case Bin::kSubProductFirst:
-      return z - e;
-    case Bin::kSubProductSecond:
-      return e - z;
-    default:
-      return z;
   }
 }
 
@@ -194,8 +162,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
       ss += sm_sq[v][m];
     }
     if (norm) z *= 1.f / sqrtf(ss / static_cast<float>(p.k) + p.epsilon);
-    if (p.bin != Bin::kNone) z = combine(p.bin, z, load_as_float(p.e, p.e_dtype, m * p.lde + col));
-    store_from_float(p.y, p.y_dtype, m * p.ldy + col, activate(p.act, z));
+    if (p.epi == EpiKind::kUnary) {
+      z = common::pointwise_apply(p.mode, z, 0.f);
+    } else if (p.epi == EpiKind::kBinary) {
+      const float e = load_as_float(p.e, p.e_dtype, m * p.lde + col);
+      z = p.product_second ? common::pointwise_apply(p.mode, e, z) : common::pointwise_apply(p.mode, z, e);
+    }
+    store_from_float(p.y, p.y_dtype, m * p.ldy + col, z);
   }
 }
 
@@ -236,7 +209,7 @@ class GemvKernel final : public KernelBase {
     p.a = ptrs[i++];
     if (norm_) p.scale = ptrs[i++];
     p.w = ptrs[i++];
-    if (p.bin != Bin::kNone) p.e = ptrs[i++];
+    if (p.epi == EpiKind::kBinary) p.e = ptrs[i++];
     p.y = ptrs[i];
     const auto st = static_cast<cudaStream_t>(stream);
     const bool vec = vec_shapes_ && aligned16(p.a) && aligned16(p.w);
@@ -254,10 +227,10 @@ class GemvKernel final : public KernelBase {
   bool half_ = false, vec_shapes_ = false, norm_ = false;
 };
 
-// The epilogue of a pointwise op, by overload: none for any other op.
+// The epilogue a pointwise op makes, by overload: none for any other op.
 struct Epilogue {
-  Act act = Act::kNone;
-  Bin bin = Bin::kNone;
+  EpiKind kind = EpiKind::kNone;
+  PointwiseMode mode = PointwiseMode::kAdd;
 };
 template <typename A>
 std::optional<Epilogue> epilogue_of(const A&) {
@@ -266,23 +239,16 @@ std::optional<Epilogue> epilogue_of(const A&) {
 std::optional<Epilogue> epilogue_of(const PointwiseAttrs& a) {
   switch (a.mode) {
     case PointwiseMode::kAdd:
-      return Epilogue{Act::kNone, Bin::kAdd};
-    case PointwiseMode::kMul:
-      return Epilogue{Act::kNone, Bin::kMul};
     case PointwiseMode::kSub:
-      return Epilogue{Act::kNone, Bin::kSubProductFirst};  // turned around below when z is "b"
+    case PointwiseMode::kMul:
+      return Epilogue{EpiKind::kBinary, a.mode};
     case PointwiseMode::kRelu:
-      return Epilogue{Act::kRelu, Bin::kNone};
     case PointwiseMode::kSilu:
-      return Epilogue{Act::kSilu, Bin::kNone};
     case PointwiseMode::kSigmoid:
-      return Epilogue{Act::kSigmoid, Bin::kNone};
     case PointwiseMode::kTanh:
-      return Epilogue{Act::kTanh, Bin::kNone};
     case PointwiseMode::kGeluTanh:
-      return Epilogue{Act::kGeluTanh, Bin::kNone};
     case PointwiseMode::kGeluErf:
-      return Epilogue{Act::kGeluErf, Bin::kNone};
+      return Epilogue{EpiKind::kUnary, a.mode};
     default:
       return std::nullopt;
   }
@@ -346,6 +312,7 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   const ResolvedTensor* y = z;
   const ResolvedTensor* e = nullptr;
   Epilogue epi;
+  bool product_second = false;
   if (g.ops.size() == mm_at + 2) {
     const ResolvedOp& pw = g.ops[mm_at + 1];
     auto found = std::visit([](const auto& attrs) { return epilogue_of(attrs); }, pw.attrs);
@@ -354,14 +321,14 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
     epi = *found;
     y = &g.tensors[static_cast<size_t>(pw.outputs.begin()->second)];
     const int zi = mm.outputs.at("y");
-    if (epi.bin == Bin::kNone) {
+    if (epi.kind == EpiKind::kUnary) {
       if (pw.inputs.size() != 1 || pw.inputs.begin()->second != zi) return nullptr;
     } else {
       auto ia = pw.inputs.find("a"), ib = pw.inputs.find("b");
       if (pw.inputs.size() != 2 || ia == pw.inputs.end() || ib == pw.inputs.end() ||
           (ia->second == zi) == (ib->second == zi))
         return nullptr;  // z exactly once
-      if (ib->second == zi && epi.bin == Bin::kSubProductFirst) epi.bin = Bin::kSubProductSecond;
+      product_second = ib->second == zi;
       e = &g.tensors[static_cast<size_t>(ia->second == zi ? ib->second : ia->second)];
     }
   } else if (g.ops.size() != mm_at + 1) {
@@ -400,8 +367,9 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   p.ldy = ldy;
   p.y_dtype = static_cast<int>(y->dtype);
   p.e_dtype = e ? static_cast<int>(e->dtype) : 0;
-  p.act = epi.act;
-  p.bin = epi.bin;
+  p.epi = epi.kind;
+  p.mode = epi.mode;
+  p.product_second = product_second ? 1 : 0;
   if (scale) {
     kern->norm_ = true;
     p.scale_dtype = static_cast<int>(scale->dtype);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/pointwise_math.cuh"
 #include "gpu_util.cuh"
 #include "ops/gpu_context.cuh"
 #include "ops/ops.h"
@@ -25,55 +26,6 @@ struct PointwiseArgs {
   DevTensor in0, in1;  // strides already 0 along broadcast dims
 };
 
-__device__ float apply_pointwise(int mode, float a, float b) {
-  switch (static_cast<PointwiseMode>(mode)) {
-    case PointwiseMode::kAdd:
-    case PointwiseMode::kBiasAdd:
-      return a + b;
-    case PointwiseMode::kSub:
-      return a - b;
-    case PointwiseMode::kMul:
-    case PointwiseMode::kScale:
-      return a * b;
-    case PointwiseMode::kRelu:
-      return a > 0.0f ? a : 0.0f;
-    case PointwiseMode::kGeluTanh: {
-      const float k = 0.7978845608028654f;  // sqrt(2/pi)
-      return 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
-    }
-    case PointwiseMode::kGeluErf:
-      return 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
-    case PointwiseMode::kSilu:
-      return a / (1.0f + expf(-a));
-    case PointwiseMode::kSigmoid:
-      return 1.0f / (1.0f + expf(-a));
-    case PointwiseMode::kTanh:
-      return tanhf(a);
-    case PointwiseMode::kReluBwd:
-      return b > 0.0f ? a : 0.0f;  // a = dy, b = x
-    case PointwiseMode::kGeluTanhBwd: {
-      const float k = 0.7978845608028654f, t = tanhf(k * (b + 0.044715f * b * b * b));
-      return a * (0.5f * (1.0f + t) + 0.5f * b * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * b * b));
-    }
-    case PointwiseMode::kGeluErfBwd:
-      return a *
-             (0.5f * (1.0f + erff(b * 0.7071067811865476f)) + b * expf(-0.5f * b * b) * 0.3989422804014327f);
-    case PointwiseMode::kSiluBwd: {
-      const float s = 1.0f / (1.0f + expf(-b));
-      return a * s * (1.0f + b * (1.0f - s));
-    }
-    case PointwiseMode::kSigmoidBwd: {
-      const float s = 1.0f / (1.0f + expf(-b));
-      return a * s * (1.0f - s);
-    }
-    case PointwiseMode::kTanhBwd: {
-      const float t = tanhf(b);
-      return a * (1.0f - t * t);
-    }
-  }
-  return a;
-}
-
 __global__ void pointwise_kernel(PointwiseArgs args, float* y) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < args.count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -86,7 +38,7 @@ __global__ void pointwise_kernel(PointwiseArgs args, float* y) {
     }
     const float a = load_at(args.in0, off0);
     const float b = args.binary ? load_at(args.in1, off1) : 0.0f;
-    y[i] = apply_pointwise(args.mode, a, b);
+    y[i] = common::pointwise_apply(static_cast<PointwiseMode>(args.mode), a, b);
   }
 }
 
