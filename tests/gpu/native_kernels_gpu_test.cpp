@@ -3,8 +3,10 @@
 // on random inputs, eager and as a CUDA graph, over shapes, dtypes and layouts
 // that take the 16-byte path, the one-value path, several row dims and
 // strided rows; and a pinned cuDNN engine still runs cuDNN.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -13,6 +15,7 @@
 #include "fusebox/graph.h"
 #include "fusebox/plan.h"
 #include "fusebox/runtime.h"
+#include "fusebox/session.h"
 
 namespace fusebox {
 namespace {
@@ -226,6 +229,67 @@ TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
   auto plan = build_plan(rows16, target_, BuildOptions{}, nullptr, ctx_.get());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_FALSE(plan->native()) << plan->engine_name();
+}
+
+// A row's result does not depend on the other rows (the serving engine's batching changes nothing):
+// row 3 of an 8-row product, with the RMSNorm prologue and SiLU, equals that row alone, bit for bit.
+TEST_F(NativeKernelsGpu, FewRowMatmulRowsDoNotDependOnTheBatch) {
+  constexpr int K = 2048, N = 4096;
+  ResolvedGraph g8 = load(gemv_json(8, K, N, "bf16", "silu", true, nullptr, nullptr, "fp32"));
+  ResolvedGraph g1 = load(gemv_json(1, K, N, "bf16", "silu", true, nullptr, nullptr, "fp32"));
+  auto session = Session::create();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  auto p8 = (*session)->get_plan(g8);
+  auto p1 = (*session)->get_plan(g1);
+  ASSERT_TRUE(p8.ok() && p1.ok()) << (p8.ok() ? p1.status().ToString() : p8.status().ToString());
+  EXPECT_EQ(p8->engine_name(), "fusebox_gemv");
+  EXPECT_EQ(p1->engine_name(), "fusebox_gemv");
+  // Random bf16 (the top half of random floats) for x and w, gains in [0.5, 1.5].
+  uint32_t state = 12345;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / static_cast<float>(1u << 24);
+  };
+  auto bf16 = [&](size_t n) {
+    std::vector<uint16_t> v(n);
+    for (auto& e : v) {
+      const float f = 2.f * next() - 1.f;
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      e = static_cast<uint16_t>(bits >> 16);
+    }
+    return v;
+  };
+  const std::vector<uint16_t> x = bf16(8 * K), w = bf16(static_cast<size_t>(K) * N);
+  std::vector<float> scale(K);
+  for (float& f : scale) f = 0.5f + next();
+  void *dx = nullptr, *dw = nullptr, *ds = nullptr, *dy8 = nullptr, *dy1 = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, x.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw, w.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ds, K * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy8, 8 * N * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy1, N * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(ds, scale.data(), K * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  void* row3 = static_cast<char*>(dx) + 3 * K * 2;
+  auto b8 = (*session)->bind(*p8, {{"a", dx}, {"scale", ds}, {"w", dw}, {"y", dy8}});
+  auto b1 = (*session)->bind(*p1, {{"a", row3}, {"scale", ds}, {"w", dw}, {"y", dy1}});
+  ASSERT_TRUE(b8.ok() && b1.ok()) << (b8.ok() ? b1.status().ToString() : b8.status().ToString());
+  ASSERT_TRUE(b8->execute().ok());
+  ASSERT_TRUE(b1->execute().ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> y8(8 * N), y1(N);
+  ASSERT_EQ(cudaMemcpy(y8.data(), dy8, y8.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(y1.data(), dy1, y1.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  int differ = 0, nonzero = 0;
+  for (int j = 0; j < N; ++j) {
+    differ += y8[3 * N + j] != y1[j];
+    nonzero += y1[j] != 0;
+  }
+  EXPECT_EQ(differ, 0) << "of " << N << " values of row 3";
+  EXPECT_GT(nonzero, N / 2) << "the product is mostly zeros: the inputs did not arrive";
+  for (void* p : {dx, dw, ds, dy8, dy1}) cudaFree(p);
 }
 
 TEST_F(NativeKernelsGpu, GlobalAveragePoolMatchesTheReferences) {
