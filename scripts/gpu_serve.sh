@@ -99,7 +99,7 @@ l1b_trace() {
 
 case "${PART:-1}" in
   1)
-    timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='ServeGpu.*:SamplingGpu.*:KvPagesGpu.*:QuantizeGpu.*' > "$OUT/gtest.txt" 2>&1
+    timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.FewRow*:NativeKernelsGpu.PagedDecode*:ServeGpu.*:SamplingGpu.*:KvPagesGpu.*:QuantizeGpu.*' > "$OUT/gtest.txt" 2>&1
     echo "gtests exit $?" | tee -a "$S"
     grep -E "^\[ serve|^\[  (PASSED|FAILED)|^\[  FAILED  \]" "$OUT/gtest.txt" | cut -c1-400 | tee -a "$S"
     init examples/train/lm_tiny.json "$W/tiny.safetensors" || exit 1
