@@ -180,14 +180,21 @@ struct GpuForward::Impl {
              {{"ids", in(off_ids)}, {"table", w.at("tok_embeddings").as<void>()}, {"y", h.as<void>()}}));
     const bool fp8 = !w_scale.empty();
     // Decode buckets of at most 8 rows (bf16 weights): each RMSNorm goes into the GEMMs that read
-    // it (fusebox_gemv's prologue): no norm launch, the normalized rows never stored.
-    const bool fuse_norm = !fp8 && N <= kernels::kFewRowMatmulMaxRows;
+    // it (fusebox_gemv's prologue): no norm launch, the normalized rows never stored. Only where
+    // that kernel takes the graph (large enough weights): elsewhere the graph would be partitioned.
+    auto gemv_takes = [&](int64_t rows, int64_t k, int64_t n_out, Epilogue e, bool fp32_out) {
+      auto g = normed_gemm_graph(m, rows, k, n_out, e, fp32_out);
+      return g.ok() && kernels::faster_native_kernel(g->graph).kernel != nullptr;
+    };
+    const bool fuse_qkv = !fp8 && gemv_takes(N, D, W, Epilogue::kNone, false),
+               fuse_ffn = !fp8 && gemv_takes(N, D, F, Epilogue::kSilu, false) &&
+                          gemv_takes(N, D, F, Epilogue::kMul, false);
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string pre = "layers." + std::to_string(l) + ".";
       auto wp = [&](const char* name) { return w.at(pre + name).as<void>(); };
       // One GEMM for Q, K and V (rows of W = (H + 2 KV) x dh), one RoPE over the query and key
       // heads into qkr (rows of HK = H + KV heads).
-      if (fuse_norm) {
+      if (fuse_qkv) {
         FUSEBOX_RETURN_IF_ERROR(
             normed_gemm(p, N, D, W, Epilogue::kNone, qkv_name(l), h, wp("attention_norm"), qkv.as<void>()));
       } else {
@@ -235,7 +242,7 @@ struct GpuForward::Impl {
       if (fp8) quantize(p, o, N, H * dh);
       FUSEBOX_RETURN_IF_ERROR(
           gemm(p, N, H * dh, D, Epilogue::kResidual, pre + "wo", o, h1, {{"r", h.as<void>()}}));
-      if (fuse_norm) {
+      if (fuse_ffn) {
         FUSEBOX_RETURN_IF_ERROR(
             normed_gemm(p, N, D, F, Epilogue::kSilu, pre + "w_gate", h1, wp("ffn_norm"), g.as<void>()));
         FUSEBOX_RETURN_IF_ERROR(normed_gemm(p, N, D, F, Epilogue::kMul, pre + "w_up", h1, wp("ffn_norm"),
@@ -267,7 +274,7 @@ struct GpuForward::Impl {
         return Status::Ok();
       });
     }
-    if (B <= kernels::kFewRowMatmulMaxRows) {  // the final norm in the logits GEMM (bf16 output weights)
+    if (gemv_takes(B, D, m.vocab, Epilogue::kNone, true)) {  // the final norm in the logits GEMM
       FUSEBOX_RETURN_IF_ERROR(bind(p, normed_gemm_graph(m, B, D, m.vocab, Epilogue::kNone, /*fp32_out=*/true),
                                    {{"x", x},
                                     {"scale", w.at("norm").as<void>()},
