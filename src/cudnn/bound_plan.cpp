@@ -218,7 +218,8 @@ Status BoundPlan::execute() {
     cudaStream_t stream = nullptr;  // the handle's: follows GpuContext::set_stream like cuDNN's executes
     FUSEBOX_RETURN_IF_ERROR(
         cudnn::cudnn_status(cudnnGetStream(b.handle, &stream), "execute: cudnnGetStream"));
-    return b.native->launch(b.user_ptrs.data(), stream);
+    if (b.workspace_bytes > 0) FUSEBOX_RETURN_IF_ERROR(b.check_workspace());
+    return b.native->launch_with_workspace(b.user_ptrs.data(), b.ws_ptr(), stream);
   }
   if (b.direct) {
     // A grown arena moved the workspace: rebuild the pack once.

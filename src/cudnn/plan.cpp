@@ -302,6 +302,8 @@ Result<Plan> build_native_plan(const ResolvedGraph& g, const DeviceTarget& targe
   impl->native = kernel;
   impl->native_ops = static_cast<int>(g.ops.size());
   impl->engine = kernel->name();
+  impl->workspace_bytes = kernel->workspace_bytes();
+  r.workspace_bytes = impl->workspace_bytes;
   for (const ResolvedTensor& t : g.tensors) {
     if (t.uid > 0) {
       impl->uids[t.name] = t.uid;
@@ -508,7 +510,7 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
     c.index = 0;
     c.name = plan.engine_name();
     c.supported = true;
-    c.workspace_bytes = 0;
+    c.workspace_bytes = plan.workspace_bytes();
     impl->candidates.push_back(std::move(c));
     impl->native.emplace(std::move(plan));
     return CandidateSet(std::move(impl));
@@ -748,7 +750,7 @@ Status Plan::execute(GpuContext& ctx, const std::map<std::string, void*>& buffer
   if (impl_->native) {
     std::vector<void*> ptrs;
     for (const std::string& name : impl_->native->tensors()) ptrs.push_back(buffers.at(name));
-    return impl_->native->launch(ptrs.data(), ctx.impl()->stream);
+    return impl_->native->launch_with_workspace(ptrs.data(), workspace, ctx.impl()->stream);
   }
   try {
     if (const auto& o = impl_->shape_override) {

@@ -3,11 +3,15 @@
 // (GQA) over the sequence's kept keys: its 8 warps take every 8th key, each warp's 32 lanes a
 // row's D values (at most 8 each), the scores of the group's heads by warp reductions, an online
 // softmax per warp in fp32, then the warps' partial sums combined through shared memory. Two keys
-// in flight per warp (their pages looked up, K and V loaded) before either is used.
+// in flight per warp (their pages looked up, K and V loaded) before either is used. With few
+// sequences, each pair's keys are split among several blocks (flash-decoding): each writes its
+// maxima, sums and unnormalized outputs to the workspace and decode_combine_kernel merges them.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "common/cuda_status.h"
 #include "common/op_where.h"
@@ -35,7 +39,15 @@ struct DecodeArgs {
   // The mask (SdpaOptions, as src/reference/ops/sdpa_mask.h applies it to row 0).
   int has_right = 0, has_left = 0, bottom_right = 0;
   int64_t right = 0, left = 0;
+  // Split keys (few sequences): block (b, h, s) takes the s-th of `splits` equal parts of the kept
+  // keys and writes its softmax partials to `part` (per block: kG maxima, kG sums, then kG x dim
+  // unnormalized outputs); decode_combine_kernel merges them into o. 1: no split, o directly.
+  int64_t splits = 1;
+  float* part = nullptr;
 };
+
+// Floats of one block's partials.
+__host__ __device__ inline int64_t part_floats(int64_t group, int64_t dim) { return group * (dim + 2); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -60,7 +72,8 @@ template <int kG, int kPL>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   __shared__ float sm_m[kWarps][kG], sm_l[kWarps][kG];
   __shared__ float sm_acc[kWarps][kG * 32 * kPL];
-  const int64_t b = blockIdx.x / a.kv_heads, h = blockIdx.x % a.kv_heads;
+  const int64_t bh = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   constexpr int64_t G = kG;
   const int64_t D = a.dim;
@@ -72,6 +85,11 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   const int64_t off = a.bottom_right ? lkv - lq : 0;
   if (a.has_right && off + a.right < hi) hi = off + a.right;
   if (a.has_left && off - a.left + 1 > lo) lo = off - a.left + 1;
+  if (a.splits > 1 && hi >= lo) {  // this block's part of the kept keys
+    const int64_t chunk = (hi - lo + a.splits) / a.splits, first = lo + split * chunk;
+    hi = first + chunk - 1 < hi ? first + chunk - 1 : hi;
+    lo = first;
+  }
 
   // Register arrays: every loop over them runs to a constant bound (unrolled, constant
   // indices), with the group's and the row's real sizes as guards.
@@ -140,6 +158,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
     }
   }
   __syncthreads();
+  float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;
   for (int64_t idx = threadIdx.x; idx < G * D; idx += kThreads) {
     const int64_t g = idx / D, d = idx % D;
     float M = -INFINITY;
@@ -152,7 +171,38 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
         sum += sm_acc[w][idx] * f;
       }
     }
+    if (part) {  // the block's partials: its maximum and sum per head, its unnormalized outputs
+      if (d == 0) {
+        part[g] = M;
+        part[G + g] = L;
+      }
+      part[2 * G + idx] = sum;
+      continue;
+    }
     // A row that keeps no key (or is padding) gets 0, as the reference writes it.
+    store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
+                     L > 0.f ? sum / L : 0.f);
+  }
+}
+
+// The split blocks of one (sequence, KV head) merged, over the splits in order: o = sum_s acc_s
+// e^(M_s - M) / sum_s L_s e^(M_s - M), M the largest M_s (a split that kept no key: M_s = -inf).
+__global__ void __launch_bounds__(kThreads) decode_combine_kernel(DecodeArgs a) {
+  const int64_t bh = blockIdx.x, b = bh / a.kv_heads, h = bh % a.kv_heads, G = a.group, D = a.dim;
+  const float* part = a.part + bh * a.splits * part_floats(G, D);
+  for (int64_t idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int64_t g = idx / D, d = idx % D;
+    float M = -INFINITY;
+    for (int64_t s = 0; s < a.splits; ++s) M = fmaxf(M, part[s * part_floats(G, D) + g]);
+    float L = 0.f, sum = 0.f;
+    if (M > -INFINITY) {
+      for (int64_t s = 0; s < a.splits; ++s) {
+        const float* ps = part + s * part_floats(G, D);
+        const float f = __expf(ps[g] - M);  // a split that kept no key: exp(-inf) = 0
+        L += ps[G + g] * f;
+        sum += ps[2 * G + idx] * f;
+      }
+    }
     store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
                      L > 0.f ? sum / L : 0.f);
   }
@@ -180,8 +230,19 @@ void launch_group(int per_lane, unsigned grid, cudaStream_t st, const DecodeArgs
 
 class SdpaDecodeKernel final : public KernelBase {
  public:
+  // The split blocks' partials (none without a split).
+  int64_t workspace_bytes() const override {
+    return args_.splits > 1 ? blocks_ * args_.splits * part_floats(args_.group, args_.dim) * 4 : 0;
+  }
   Status launch(void* const* ptrs, void* stream) const override {
+    return launch_with_workspace(ptrs, nullptr, stream);
+  }
+  Status launch_with_workspace(void* const* ptrs, void* workspace, void* stream) const override {
     DecodeArgs a = args_;
+    a.part = static_cast<float*>(workspace);
+    if (a.splits > 1 && !a.part)
+      return Internal(where_ + " paged decode attention with split keys needs its workspace (" +
+                      std::to_string(workspace_bytes()) + " bytes)");
     a.q = ptrs[0];
     a.k = ptrs[1];
     a.v = ptrs[2];
@@ -192,7 +253,7 @@ class SdpaDecodeKernel final : public KernelBase {
     a.o = ptrs[7];
     if (blocks_ == 0) return Status::Ok();
     const auto st = static_cast<cudaStream_t>(stream);
-    const auto grid = static_cast<unsigned>(blocks_);
+    const auto grid = static_cast<unsigned>(blocks_ * a.splits);
     switch (a.group) {  // the builder accepts powers of two up to 8
       case 1:
         launch_group<1>(per_lane_, grid, st, a);
@@ -207,7 +268,11 @@ class SdpaDecodeKernel final : public KernelBase {
         launch_group<8>(per_lane_, grid, st, a);
         break;
     }
-    return common::cuda_status(cudaGetLastError(), where_, " paged decode attention kernel launch");
+    FUSEBOX_RETURN_IF_ERROR(
+        common::cuda_status(cudaGetLastError(), where_, " paged decode attention kernel launch"));
+    if (a.splits == 1) return Status::Ok();
+    decode_combine_kernel<<<static_cast<unsigned>(blocks_), kThreads, 0, st>>>(a);
+    return common::cuda_status(cudaGetLastError(), where_, " decode attention combine launch");
   }
 
   DecodeArgs args_;
@@ -248,7 +313,6 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
       tv->dims[2] != tk->dims[2] || lq->dims[0] != B || lkv->dims[0] != B || tk->dims[0] != B ||
       tv->dims[0] != B)
     return nullptr;
-  if (B * KVH < 128) return nullptr;  // one block per (sequence, KV head): too few to fill the GPU
   auto kern = std::make_shared<SdpaDecodeKernel>();
   kern->name_ = "fusebox_sdpa_decode";
   kern->where_ = common::op_where("sdpa_fwd", op.name);
@@ -278,6 +342,13 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   d.left = a.left_bound.value_or(0);
   d.bottom_right = a.alignment == SdpaAlignment::kBottomRight ? 1 : 0;
   kern->blocks_ = B * KVH;
+  // Fewer than 128 (sequence, KV head) pairs: each pair's keys split among several blocks, about 256
+  // blocks in all, at least 64 keys each.
+  if (B * KVH < 128) {
+    const int64_t want = (256 + B * KVH - 1) / (B * KVH), most = std::max<int64_t>(1, d.max_kv / 64);
+    d.splits = std::max<int64_t>(1, std::min(want, most));
+    if (d.splits == 1) return nullptr;  // too few keys to split: cuDNN's engine
+  }
   while (32 * kern->per_lane_ < D) kern->per_lane_ *= 2;
   kern->tensors_ = {q->name, k->name, v->name, lq->name, lkv->name, tk->name, tv->name, o.name};
   return kern;

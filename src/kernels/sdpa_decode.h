@@ -13,8 +13,11 @@ namespace fusebox::kernels {
 // The kernel for `op`, or null when the graph is not the form it serves: an sdpa_fwd alone with
 // paged K and V (padding lengths), one query per sequence (Sq = 1), no stats, bias, ALiBi,
 // dropout, sink or block mask; q, k, v and o bf16 or fp16 alike with Dv = D <= 256 and at most
-// 8 query heads per KV head (at most 1024 values of a group's rows); and at least 128 (sequence,
-// KV head) pairs, one thread block each (fewer would leave most of the GPU idle).
+// 8 query heads per KV head (at most 1024 values of a group's rows). One thread block per
+// (sequence, KV head) pair; with fewer than 128 pairs (a few sequences: one block each would leave
+// most of the GPU idle) each pair's kept keys are split among up to 256 / pairs blocks of at least
+// 64 keys, their softmax partials in the plan's workspace, merged by a second kernel; a pool too
+// short to split keeps cuDNN's engine.
 std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph& g, const ResolvedOp& op,
                                                             const SdpaFwdAttrs& a);
 

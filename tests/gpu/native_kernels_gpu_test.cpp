@@ -160,8 +160,24 @@ TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
   // A sliding window (the last 5 keys), no causal bound.
   check(decode_json(32, 8, 4, 64, 16, 6, "bf16", R"("left_bound": 5, "alignment": "bottom_right", )"),
         "fusebox_sdpa_decode");
-  // Too few (sequence, KV head) pairs to fill the GPU: cuDNN's engine.
-  ResolvedGraph few = load(decode_json(8, 32, 8, 64, 16, 8, "bf16", causal));
+  // Fewer than 128 (sequence, KV head) pairs: the keys split among blocks, the partials in the
+  // workspace. Batch 1 of the 1B shapes at 2048 tokens (32 splits), batch 8 over 128 keys (2), a
+  // sliding window of 5 keys over 10 splits (most of them empty), padding rows (4 sequences, one
+  // with no query), group 8 with D 128.
+  check(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal, 40 * 64), "fusebox_sdpa_decode");
+  check(decode_json(8, 32, 8, 64, 16, 8, "bf16", causal), "fusebox_sdpa_decode");
+  check(decode_json(2, 8, 4, 64, 16, 40, "bf16", R"("left_bound": 5, "alignment": "bottom_right", )"),
+        "fusebox_sdpa_decode");
+  check(decode_json(4, 8, 2, 64, 16, 20, "fp16", causal), "fusebox_sdpa_decode");
+  check(decode_json(2, 16, 2, 128, 64, 10, "bf16", ""), "fusebox_sdpa_decode");
+  {
+    ResolvedGraph one = load(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal));
+    auto plan = build_plan(one, target_, BuildOptions{}, nullptr, ctx_.get());
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_GT(plan->workspace_bytes(), 0) << "the split blocks' partials";
+  }
+  // Too few pairs and too few keys to split (48): cuDNN's engine.
+  ResolvedGraph few = load(decode_json(8, 32, 8, 64, 16, 3, "bf16", causal));
   auto plan = build_plan(few, target_, BuildOptions{}, nullptr, ctx_.get());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_FALSE(plan->native()) << plan->engine_name();

@@ -23,6 +23,13 @@ class NativeKernel {
   // Enqueues the kernel on `stream` (a cudaStream_t) with the tensors'
   // device pointers in tensors() order. Asynchronous.
   virtual Status launch(void* const* ptrs, void* stream) const = 0;
+  // Device scratch a launch needs (the plan's workspace, from the session's arena), and the launch
+  // with it; kernels that need none keep these defaults.
+  virtual int64_t workspace_bytes() const { return 0; }
+  virtual Status launch_with_workspace(void* const* ptrs, void* workspace, void* stream) const {
+    (void)workspace;
+    return launch(ptrs, stream);
+  }
 };
 
 // Whether `g` has an op only fusebox's own kernels run (embedding).
