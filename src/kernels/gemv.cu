@@ -29,6 +29,9 @@ namespace {
 constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = static_cast<int>(kFewRowMatmulMaxRows);
 constexpr int kSmemFloats = 8192;  // kWarps x rows x 8 CT: rows x CT <= 128
 constexpr int64_t kMinWeights = int64_t{1} << 20;
+// At most 2^26 weights (128 MB in bf16): where cuDNN was measured slow. Its engines read the 1B
+// model's 2048 x 128256 LM head (525 MB) at one row in 124 us on the H200, near the copy peak.
+constexpr int64_t kMaxWeights = int64_t{1} << 26;
 constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not split K across blocks
 
 // The epilogue: none, a unary pointwise op of the product, or a binary one of the product and a
@@ -341,7 +344,8 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
     return nullptr;
   const size_t r = a->dims.size();
   const int64_t M = a->dims[r - 2], K = a->dims[r - 1], N = w->dims[r - 1];
-  if (M < 1 || M > kMaxRows || K < 1 || N < kMinColumns || K * N < kMinWeights) return nullptr;
+  if (M < 1 || M > kMaxRows || K < 1 || N < kMinColumns || K * N < kMinWeights || K * N > kMaxWeights)
+    return nullptr;
   const int64_t lda = row_stride(*a, M, K), ldw = row_stride(*w, K, N), ldy = row_stride(*y, M, N),
                 lde = e ? row_stride(*e, M, N) : 0;
   if (!lda || !ldw || !ldy || (e && !lde)) return nullptr;
