@@ -156,13 +156,12 @@ struct GpuForward::Impl {
   // y = rmsnorm(x) (gain `scale`) @ weight `name`, then the epilogue with `extra`: one graph, which
   // fusebox's few-row matmul runs as one kernel (the decode buckets of at most 8 rows, bf16).
   Status normed_gemm(Program& p, int64_t N, int64_t k, int64_t n_out, Epilogue e, const std::string& name,
-                     const Mem& x, void* scale, void* y, std::map<std::string, void*> extra = {},
-                     bool fp32_out = false) {
+                     const Mem& x, void* scale, void* y, std::map<std::string, void*> extra = {}) {
     extra["x"] = x.as<void>();
     extra["scale"] = scale;
     extra["w"] = w.at(name).as<void>();
     extra["y"] = y;
-    return bind(p, normed_gemm_graph(cfg.model, N, k, n_out, e, fp32_out), extra);
+    return bind(p, normed_gemm_graph(cfg.model, N, k, n_out, e), extra);
   }
 
   // Every step of bucket (B, S): the inputs' upload, the model, sampling, the tokens' download.
