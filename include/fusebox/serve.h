@@ -72,6 +72,10 @@ struct EngineOptions {
   bool keep_logits = false;
   std::string plan_cache;  // kGpu: a plan cache file ("" none)
   ServeWeights weights = ServeWeights::kBF16;
+  // kGpu: build the prompt buckets' plans at create(). false: the decode buckets only (a profile of
+  // the decode step needs no prompt; `serve lm --profile-decode` sets it), and a prompt then builds
+  // its bucket on the request path.
+  bool warm_prompt_buckets = true;
 };
 
 struct EngineStats {

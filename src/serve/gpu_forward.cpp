@@ -504,7 +504,8 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
     FUSEBOX_RETURN_IF_ERROR(s.program(b, 1).status());
     if (b >= B) break;
   }
-  for (int64_t sb = prefill_bucket(2, prefill_cap);; sb = prefill_bucket(sb + 1, prefill_cap)) {
+  for (int64_t sb = prefill_bucket(2, prefill_cap); s.opt.warm_prompt_buckets;
+       sb = prefill_bucket(sb + 1, prefill_cap)) {
     const int64_t rows = prefill_rows(sb, prefill_cap, B);
     for (int64_t b = bucket(1, 1, rows);; b = bucket(b + 1, 1, rows)) {
       FUSEBOX_RETURN_IF_ERROR(s.program(b, sb).status());
@@ -706,9 +707,12 @@ std::string GpuForward::summary() const {
          std::to_string(graphs) + " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, " +
          std::to_string(s.opt.pool_pages) + " KV pages of " + std::to_string(s.opt.page_size) +
          " tokens, prompts served by length and row buckets (static stage graphs: no execute-time shape "
-         "override), warm-up " +
-         std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " + std::to_string(device_bytes() >> 20) +
-         " MiB on the device" + notes;
+         "override" +
+         (s.opt.warm_prompt_buckets ? ""
+                                    : "; prompt buckets not built at warm-up: each prompt bucket builds on "
+                                      "first use") +
+         "), warm-up " + std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " +
+         std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
 }
 
 int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }

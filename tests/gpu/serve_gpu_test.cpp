@@ -201,6 +201,31 @@ TEST_F(ServeGpu, BadRequestsAndAFullPool) {
   (void)worst;
 }
 
+// Without the prompt buckets' warm-up (serve lm --profile-decode): the summary says so, and a
+// prompt still runs, its bucket built on first use, with the same tokens as a warmed engine.
+TEST_F(ServeGpu, PromptBucketsBuildOnFirstUseWithoutTheirWarmUp) {
+  EngineOptions o;
+  o.backend = ServeBackend::kGpu;
+  o.pool_pages = 16;
+  o.max_batch = 2;
+  o.keep_logits = true;
+  o.warm_prompt_buckets = false;
+  auto cold = LmEngine::create(config_, dir_.file("ck.safetensors"), o);
+  ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+  EXPECT_NE((*cold)->summary().find("prompt buckets not built at warm-up"), std::string::npos)
+      << (*cold)->summary();
+  auto warm = engine(ServeBackend::kGpu, 16, 2);
+  ASSERT_TRUE(warm);
+  LmRequest r;
+  r.prompt = {4, 8, 15, 16, 23, 42};
+  r.max_new_tokens = 5;
+  double worst_cold = 0, worst_warm = 0;
+  const auto a = run(**cold, {r}, &worst_cold);
+  const auto b = run(*warm, {r}, &worst_warm);
+  EXPECT_EQ(a, b);
+  EXPECT_LT(worst_cold, 2e-2);
+}
+
 TEST_F(ServeGpu, PoolFromFreeMemory) {
   auto gpu = engine(ServeBackend::kGpu, 0, 2);  // 0: as many pages as the free memory holds
   ASSERT_TRUE(gpu);

@@ -319,6 +319,7 @@ int run_serve(const ServeArgs& a) {
   o.max_batch = a.max_batch;
   if (!a.cache.off) o.plan_cache = a.cache.path.empty() ? default_cache_path() : a.cache.path;
   o.keep_logits = !a.forced.empty();
+  o.warm_prompt_buckets = a.profile_decode == 0;  // a decode profile runs no prompt
   auto engine = LmEngine::create(*cfg, ck, o);
   if (!engine.ok()) return fail(engine.status());
   LmEngine& e = **engine;
@@ -429,7 +430,8 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option(
          "--profile-decode", a->profile_decode,
          "With --backend gpu: time a decode step at batch 1 and --max-batch with this many tokens of "
-         "context, stage by stage, against the device's copy peak; then exit")
+         "context, stage by stage, against the device's copy peak; then exit (the engine builds its decode "
+         "buckets only)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option(
          "--weights", a->weights,
