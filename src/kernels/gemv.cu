@@ -26,7 +26,7 @@ namespace fusebox::kernels {
 
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = static_cast<int>(kFewRowMatmulMaxRows);
+constexpr int kThreads = 256, kWarps = kThreads / 32, kMaxRows = 8;
 constexpr int kSmemFloats = 8192;  // kWarps x rows x 8 CT: rows x CT <= 128
 constexpr int64_t kMinWeights = int64_t{1} << 20;
 // At most 2^26 weights (128 MB in bf16): where cuDNN was measured slow. Its engines read the 1B
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         float x = value<kHalf>(av[m], r);
-        sq[m] = fmaf(x, x, sq[m]);  // read only with the prologue
+        if (norm) sq[m] = fmaf(x, x, sq[m]);
         x *= gain[r];
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(x, wr[j], acc[m][j]);
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   for (int o = ct_n; o < 32; o *= 2)
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
-      sq[m] += __shfl_xor_sync(0xffffffffu, sq[m], o);
+      if (norm) sq[m] += __shfl_xor_sync(0xffffffffu, sq[m], o);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], o);
     }
@@ -287,9 +287,8 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   if (g.ops.empty() || g.ops.size() > 3 || g.compute_dtype != DType::kFP32 ||
       g.intermediate_dtype != DType::kFP32)
     return nullptr;
-  auto tensor = [&](const std::map<std::string, int>& roles, const char* role) -> const ResolvedTensor* {
-    auto it = roles.find(role);
-    return it == roles.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
+  auto tensor = [&](const std::map<std::string, int>& m, const char* role) {
+    return role_tensor(g, m, role);
   };
   // The prologue: an inference RMSNorm over a's last dim, without bias, whose y (virtual) is a.
   const RmsNormAttrs* rms = std::visit([](const auto& attrs) { return as_rmsnorm(attrs); }, g.ops[0].attrs);

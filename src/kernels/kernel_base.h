@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,13 @@ namespace fusebox::kernels {
 inline int grid_stride_blocks(int64_t work, int threads) {
   return static_cast<int>(
       std::max<int64_t>(1, std::min<int64_t>((work + threads - 1) / threads, 65535LL * 8)));
+}
+
+// The tensor bound to `role` in an op's inputs or outputs, or null when the op has none.
+inline const ResolvedTensor* role_tensor(const ResolvedGraph& g, const std::map<std::string, int>& roles,
+                                         const char* role) {
+  auto it = roles.find(role);
+  return it == roles.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
 }
 
 // A rank-4 tensor's strides, passed to a kernel by value.

@@ -258,9 +258,8 @@ bool same_block(const ResolvedTensor& t, const ResolvedTensor& x, const std::vec
 
 std::shared_ptr<const NativeKernel> make_norm_kernel(const ResolvedGraph& g, const ResolvedOp& op, bool rms,
                                                      double epsilon) {
-  auto tensor = [&](const std::map<std::string, int>& m, const char* role) -> const ResolvedTensor* {
-    auto it = m.find(role);
-    return it == m.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
+  auto tensor = [&](const std::map<std::string, int>& m, const char* role) {
+    return role_tensor(g, m, role);
   };
   const ResolvedTensor* x = tensor(op.inputs, "x");
   const ResolvedTensor* scale = tensor(op.inputs, "scale");

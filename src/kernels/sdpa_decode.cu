@@ -287,10 +287,7 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   if (g.ops.size() != 1 || !a.paged || !a.padding || a.generate_stats || a.bias || a.alibi || a.dropout ||
       a.sink || a.block_mask || a.dump_dropout_mask)
     return nullptr;
-  auto in = [&](const char* role) -> const ResolvedTensor* {
-    auto it = op.inputs.find(role);
-    return it == op.inputs.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
-  };
+  auto in = [&](const char* role) { return role_tensor(g, op.inputs, role); };
   const ResolvedTensor *q = in("q"), *k = in("k"), *v = in("v"), *lq = in("seq_len_q"),
                        *lkv = in("seq_len_kv"), *tk = in("page_table_k"), *tv = in("page_table_v");
   auto out = op.outputs.find("o");

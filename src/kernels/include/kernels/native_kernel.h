@@ -48,9 +48,6 @@ Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGra
 // `g` is none of them; `why` names the cuDNN shortfall, with the measurement
 // (native_kernel.cpp). A build takes the kernel unless a cuDNN engine is
 // pinned (BuildOptions::engine), so cuDNN's engines stay one flag away.
-// The most rows (M) of a matmul fusebox's few-row kernel takes (src/kernels/gemv.h).
-inline constexpr int64_t kFewRowMatmulMaxRows = 8;
-
 struct FasterKernel {
   std::shared_ptr<const NativeKernel> kernel;
   std::string why;
