@@ -9,6 +9,8 @@
 #                                                                      # profile (bf16, FP8), a trace at batch 1
 #   PART=4: the Llama-3.2-1B shapes at batch 64 against torch; PART=5: their teacher-forced logits up to 4096;
 #   PART=6: the 125M decode profile cold and warm on one plan cache
+#   PART=7: fusebox's decode kernels (paged attention, few-row matmul): their GPU tests, each example
+#           against cuDNN's first supported engine (run --cuda-graph), the 1B bf16 decode profile
 # Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
 # Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
 # timing and agreement only, no text.
@@ -157,6 +159,26 @@ case "${PART:-1}" in
       FUSEBOX_CACHE="$W/plans_m125.sqlite" profile "m125_$start" "$W/m125.safetensors" 32 1024 --pool-pages 2048
     done
     ;;
-  *) echo "gpu_serve: PART must be 1 to 6" >&2; exit 2 ;;
+  7)
+    timeout 300 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.*:ServeGpu.*' > "$OUT/gtest.txt" 2>&1
+    echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
+    grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$OUT/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
+    # Each example by default, then pinned to the other side: cuDNN's first supported engine where
+    # fusebox's kernel is the default, fusebox's paged decode attention where cuDNN is.
+    for g in sdpa_paged_decode sdpa_paged_decode_b1 matmul_decode_silu; do
+      e=$("$FB" engines "examples/graphs/$g.json" --cudnn 2>/dev/null | awk '$3 == "yes" {print $2; exit}')
+      case $g in sdpa_paged_decode*) e=fusebox_sdpa_decode ;; esac
+      for pin in default "$e"; do
+        [ -n "$pin" ] || continue
+        timeout 120 "$FB" run "examples/graphs/$g.json" --verify --cuda-graph --iters 200 \
+          $([ "$pin" = default ] || echo --engine "$pin") > "$OUT/run_${g}_$pin.txt" 2>&1
+        echo "$g [$pin] exit $?: $(grep -m1 -E '^  plan:' "$OUT/run_${g}_$pin.txt" | cut -c1-80) |" \
+          "$(grep -E 'verify|latency' "$OUT/run_${g}_$pin.txt" | cut -c1-200 | tr '\n' ' ')" | tee -a "$S"
+      done
+    done
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
+    ;;
+  *) echo "gpu_serve: PART must be 1 to 7" >&2; exit 2 ;;
 esac
 echo "gpu_serve: done; $S" | tee -a "$S"

@@ -376,7 +376,8 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   }
   if (auto faster = kernels::faster_native_kernel(g);
       faster.kernel && !excluded(faster.kernel->name()) &&
-      (options.engine == faster.kernel->name() || (options.engine.empty() && options.native_kernels))) {
+      (options.engine == faster.kernel->name() ||
+       (options.engine.empty() && options.native_kernels && faster.by_default))) {
     return build_native_plan(g, target, options, r, &faster);
   }
 
@@ -502,8 +503,8 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
   const bool faster_excluded =
       faster.kernel && std::find(options.excluded_engines.begin(), options.excluded_engines.end(),
                                  faster.kernel->name()) != options.excluded_engines.end();
-  if (kernels::has_native_op(g) ||
-      (faster.kernel && !faster_excluded && options.engine.empty() && options.native_kernels)) {
+  if (kernels::has_native_op(g) || (faster.kernel && !faster_excluded && options.engine.empty() &&
+                                    options.native_kernels && faster.by_default)) {
     FUSEBOX_ASSIGN_OR_RETURN(
         Plan plan, build_native_plan(g, target, options, *impl->report, faster.kernel ? &faster : nullptr));
     EngineCandidate c;

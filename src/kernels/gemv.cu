@@ -21,6 +21,7 @@
 #include "dtype_access.cuh"
 #include "gemv.h"
 #include "kernel_base.h"
+#include "packed16.cuh"
 
 namespace fusebox::kernels {
 
@@ -53,38 +54,6 @@ struct GemvArgs {
   int product_second = 0;
 };
 
-// One 16-bit value (bf16 or fp16 bits) as float.
-template <bool kHalf>
-__device__ __forceinline__ float bits_to_float(uint32_t b) {
-  if constexpr (kHalf) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
-  } else {
-    return __uint_as_float(b << 16);
-  }
-}
-
-// Value i (0-7, a constant once unrolled) of 8 packed 16-bit values.
-template <bool kHalf>
-__device__ __forceinline__ float value(const uint4& u, int i) {
-  const uint32_t word = i < 2 ? u.x : i < 4 ? u.y : i < 6 ? u.z : u.w;
-  return bits_to_float<kHalf>(i % 2 ? word >> 16 : word & 0xffffu);
-}
-
-// 8 consecutive 16-bit values from p: one 16-byte load (kVec: p aligned, all 8 inside the tensor),
-// else one at a time, the first `count` read and the rest 0.
-template <bool kVec>
-__device__ __forceinline__ uint4 load8(const void* p, int64_t count) {
-  if constexpr (kVec) {
-    return __ldg(static_cast<const uint4*>(p));
-  } else {
-    const auto* s = static_cast<const uint16_t*>(p);
-    uint32_t t[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) t[i] = i < count ? s[i] : 0u;
-    return make_uint4(t[0] | t[1] << 16, t[2] | t[3] << 16, t[4] | t[5] << 16, t[6] | t[7] << 16);
-  }
-}
-
 // kM rows at most (the real count is p.m), a and w fp16 (kHalf) or bf16, kVec: 16-byte loads. A
 // row's values do not depend on kM: each is summed in the same order whatever the other rows.
 template <int kM, bool kHalf, bool kVec>
@@ -106,33 +75,46 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
     for (int j = 0; j < 8; ++j) acc[m][j] = 0.f;
   }
 
+  // kU chunks of 8 rows in flight a thread (two where the registers allow: 1 or 2 rows). Chunk
+  // q is summed before chunk q + slices whatever kU, so a row's sums do not depend on kM.
+  constexpr int kU = kM <= 2 ? 2 : 1;
   const int64_t chunks = (p.k + 7) / 8;
-  for (int64_t q = slice; q < chunks; q += slices) {
-    const int64_t k0 = q * 8, rows_in = p.k - k0 < 8 ? p.k - k0 : 8;
-    uint4 wv[8], av[kM];
+  for (int64_t q0 = slice; q0 < chunks; q0 += kU * slices) {
+    uint4 wv[kU][8], av[kU][kM];
 #pragma unroll
-    for (int r = 0; r < 8; ++r)
-      wv[r] = cols_in > 0 && r < rows_in ? load8<kVec>(w + (k0 + r) * p.ldw + col0, cols_in)
-                                         : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kU; ++u) {
+      const int64_t q = q0 + u * slices, k0 = q * 8;
+      const int64_t rows_in = q < chunks ? (p.k - k0 < 8 ? p.k - k0 : 8) : 0;
 #pragma unroll
-    for (int m = 0; m < kM; ++m)
-      av[m] = m < p.m ? load8<kVec>(a + m * p.lda + k0, rows_in) : make_uint4(0, 0, 0, 0);
-    float gain[8];
+      for (int r = 0; r < 8; ++r)
+        wv[u][r] = cols_in > 0 && r < rows_in ? load8<kVec>(w + (k0 + r) * p.ldw + col0, cols_in)
+                                              : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int r = 0; r < 8; ++r)
-      gain[r] = norm && r < rows_in ? load_as_float(p.scale, p.scale_dtype, k0 + r) : 1.f;
+      for (int m = 0; m < kM; ++m)
+        av[u][m] = m < p.m && rows_in > 0 ? load8<kVec>(a + m * p.lda + k0, rows_in) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      float wr[8];
+    for (int u = 0; u < kU; ++u) {
+      const int64_t q = q0 + u * slices, k0 = q * 8;
+      if (q >= chunks) break;
+      const int64_t rows_in = p.k - k0 < 8 ? p.k - k0 : 8;
+      float gain[8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) wr[j] = value<kHalf>(wv[r], j);
+      for (int r = 0; r < 8; ++r)
+        gain[r] = norm && r < rows_in ? load_as_float(p.scale, p.scale_dtype, k0 + r) : 1.f;
 #pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        float x = value<kHalf>(av[m], r);
-        if (norm) sq[m] = fmaf(x, x, sq[m]);
-        x *= gain[r];
+      for (int r = 0; r < 8; ++r) {
+        float wr[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(x, wr[j], acc[m][j]);
+        for (int j = 0; j < 8; ++j) wr[j] = value<kHalf>(wv[u][r], j);
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          float x = value<kHalf>(av[u][m], r);
+          if (norm) sq[m] = fmaf(x, x, sq[m]);
+          x *= gain[r];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(x, wr[j], acc[m][j]);
+        }
       }
     }
   }

@@ -148,15 +148,17 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
   return {};
 }
 
-// Measured on the H200 (cuDNN 9.19, 2026-12-06, docs/serving.md): the serving engine's decode step
-// of the Llama-3.2-1B shapes at batch 64 with 2048-token contexts spent 1.15 ms of 3.10 in the
-// paged attention (16 layers), reading K and V at about 0.23 TB/s.
+// Not by default: measured on an H100 (cuDNN 9.19, 2026-12-06, docs/serving.md), cuDNN's paged
+// decode engine took 0.399 ms on example sdpa_paged_decode (64 sequences) and 10.8 us on
+// sdpa_paged_decode_b1, this kernel 0.731 ms and 23.3 us. (It was taken by default from
+// 2026-12-05 on a misreading of the serving profile: cuDNN read K and V there at about 3.7 TB/s,
+// not 0.23.) Pinned, it gives a sequence the same output at any batch size.
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFwdAttrs& a) {
   if (auto k = make_sdpa_decode_kernel(g, op, a)) {
     return {k,
-            "cuDNN 9.19's paged attention at one query per sequence reads the KV cache at about 0.23 TB/s, "
-            "many times slower than the memory allows (1.15 ms for 16 layers of 64 sequences x 2048 tokens, "
-            "8 KV heads of 64, 16-token pages, on the H200)"};
+            "fusebox's paged decode attention, pinned: a sequence's output does not depend on its batch "
+            "(slower than cuDNN's engine, which is the default)",
+            false};
   }
   return {};
 }

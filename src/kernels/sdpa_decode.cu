@@ -1,11 +1,12 @@
-// fusebox kernels layer: paged attention for decode (sdpa_decode.h). One thread block per
-// (sequence, KV head) computes the softmax attention of that KV head's group of query heads
-// (GQA) over the sequence's kept keys: its 8 warps take every 8th key, each warp's 32 lanes a
-// row's D values (at most 8 each), the scores of the group's heads by warp reductions, an online
-// softmax per warp in fp32, then the warps' partial sums combined through shared memory. Two keys
-// in flight per warp (their pages looked up, K and V loaded) before either is used. With few
-// sequences, each pair's keys are split among several blocks (flash-decoding): each writes its
-// maxima, sums and unnormalized outputs to the workspace and decode_combine_kernel merges them.
+// fusebox kernels layer: paged attention for decode (sdpa_decode.h). A (sequence, KV head) pair's
+// kept keys are cut into chunks of a fixed length that depends only on the pool (its longest
+// sequence), one thread block per chunk (flash-decoding): each block writes its softmax partials
+// (maxima, sums, unnormalized outputs) to the workspace and decode_combine_kernel merges the chunks
+// in order. A pool of one chunk writes o directly. Within a block, kL lanes share a key (8 values
+// of its row each, one 16-byte load where the layout allows), so a key's score takes log2(kL)
+// shuffles; the block's 128 / kL key slots take every (128 / kL)-th key, two keys in flight each,
+// with an online softmax per slot in fp32; the slots meet in shared memory in a fixed order. A
+// sequence's result therefore depends on its own keys only, never on the batch it runs in.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,14 +18,18 @@
 #include "common/op_where.h"
 #include "dtype_access.cuh"
 #include "kernel_base.h"
+#include "packed16.cuh"
 #include "sdpa_decode.h"
 
 namespace fusebox::kernels {
 
 namespace {
 
-constexpr int kWarps = 8, kThreads = kWarps * 32, kMaxPerLane = 8, kMaxGroup = 8;
-constexpr int kMaxGroupValues = 1024;  // group heads x D: the shared-memory combine
+constexpr int kThreads = 128, kMaxGroup = 8, kMaxDim = 256;
+constexpr int kMaxGroupValues = 1024;  // group heads x D: the combine kernel's rows
+// Chunks of at least 64 keys, at most 32 a sequence: the workspace stays within 32 chunks' partials
+// a pair whatever the context, and batch 1 at 2048 tokens still gets 8 x 32 blocks.
+constexpr int64_t kMinChunk = 64, kMaxChunks = 32;
 
 struct DecodeArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
@@ -34,14 +39,15 @@ struct DecodeArgs {
   int64_t lq_stride = 1, lkv_stride = 1;
   int64_t kv_heads = 0, group = 0, dim = 0, page_size = 0, max_pages_k = 0, max_pages_v = 0;
   int64_t pages_k = 0, pages_v = 0, max_kv = 0;
+  int64_t chunk = 0;  // keys a block (the kept keys from the first on)
   int dtype = 0;
   float scale = 1.f;
   // The mask (SdpaOptions, as src/reference/ops/sdpa_mask.h applies it to row 0).
   int has_right = 0, has_left = 0, bottom_right = 0;
   int64_t right = 0, left = 0;
-  // Split keys (few sequences): block (b, h, s) takes the s-th of `splits` equal parts of the kept
-  // keys and writes its softmax partials to `part` (per block: kG maxima, kG sums, then kG x dim
-  // unnormalized outputs); decode_combine_kernel merges them into o. 1: no split, o directly.
+  // Block (b, h, s) takes keys [s chunk, (s + 1) chunk) of the kept ones and writes its softmax
+  // partials to `part` (per block: group maxima, group sums, then group x dim unnormalized
+  // outputs); decode_combine_kernel merges them into o. splits 1: o directly.
   int64_t splits = 1;
   float* part = nullptr;
 };
@@ -49,34 +55,34 @@ struct DecodeArgs {
 // Floats of one block's partials.
 __host__ __device__ inline int64_t part_floats(int64_t group, int64_t dim) { return group * (dim + 2); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Where key j of sequence b lives in a pool: its page from the table, its row in the page; -1
-// when the table entry is outside the pool (then the key counts as masked).
+// when the table entry is outside the pool (then the key counts as masked). 32-bit division: the
+// builder keeps keys and pages under 2^31.
 __device__ __forceinline__ int64_t key_base(const int32_t* table, const Strides4& ts, const Strides4& ps,
                                             int64_t pages, int64_t max_pages, int64_t page_size, int64_t b,
                                             int64_t h, int64_t j) {
-  const int64_t slot = j / page_size;
+  const auto jj = static_cast<uint32_t>(j), ps32 = static_cast<uint32_t>(page_size);
+  const uint32_t slot = jj / ps32;
   if (slot >= max_pages) return -1;
   const int64_t page = table[b * ts.s[0] + slot * ts.s[2]];
   if (page < 0 || page >= pages) return -1;
-  return page * ps.s[0] + h * ps.s[1] + (j % page_size) * ps.s[2];
+  return page * ps.s[0] + h * ps.s[1] + static_cast<int64_t>(jj - slot * ps32) * ps.s[2];
 }
 
-// kG query heads per KV head, kPL values of a row per lane (D <= 32 kPL): compile-time sizes, so
-// the per-lane arrays stay in registers (sized for the largest they took 218 registers a thread).
-template <int kG, int kPL>
+// kG query heads per KV head, kL lanes a key (8 values of a row each: D <= 8 kL), 16-bit values
+// (kHalf: fp16, else bf16), kVec: 16-byte loads. The per-thread arrays have constant sizes, so
+// they stay in registers.
+template <int kG, int kL, bool kHalf, bool kVec>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
-  __shared__ float sm_m[kWarps][kG], sm_l[kWarps][kG];
-  __shared__ float sm_acc[kWarps][kG * 32 * kPL];
+  constexpr int kSlots = kThreads / kL, kRow = 8 * kL;
+  __shared__ float sm_m[kSlots][kG], sm_l[kSlots][kG];
+  __shared__ float sm_acc[kSlots * kG * kRow];  // 1024 kG floats
   const int64_t bh = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
   const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slot = threadIdx.x / kL, part_lane = threadIdx.x % kL;
   constexpr int64_t G = kG;
-  const int64_t D = a.dim;
+  const int64_t D = a.dim, d0 = 8 * part_lane;
+  const int64_t dn = D - d0 < 0 ? 0 : (D - d0 < 8 ? D - d0 : 8);  // this lane's values of a row
   // Kept keys of the single query row (sdpa_kept_keys for i = 0).
   const int64_t lq = a.lq ? a.lq[b * a.lq_stride] : 1;
   int64_t lkv = a.lkv ? a.lkv[b * a.lkv_stride] : a.max_kv;
@@ -85,90 +91,92 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   const int64_t off = a.bottom_right ? lkv - lq : 0;
   if (a.has_right && off + a.right < hi) hi = off + a.right;
   if (a.has_left && off - a.left + 1 > lo) lo = off - a.left + 1;
-  if (a.splits > 1 && hi >= lo) {  // this block's part of the kept keys
-    const int64_t chunk = (hi - lo + a.splits) / a.splits, first = lo + split * chunk;
-    hi = first + chunk - 1 < hi ? first + chunk - 1 : hi;
-    lo = first;
+  if (a.splits > 1) {  // this block's chunk of the kept keys (empty past their end)
+    lo += split * a.chunk;
+    if (lo + a.chunk - 1 < hi) hi = lo + a.chunk - 1;
   }
 
-  // Register arrays: every loop over them runs to a constant bound (unrolled, constant
-  // indices), with the group's and the row's real sizes as guards.
-  float q[kG][kPL], acc[kG][kPL], m[kG], l[kG];
+  const auto* qp = static_cast<const uint16_t*>(a.q);
+  const auto* kp = static_cast<const uint16_t*>(a.k);
+  const auto* vp = static_cast<const uint16_t*>(a.v);
+  float q[kG][8], acc[kG][8], m[kG], l[kG];
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
+    const uint4 u =
+        dn > 0 ? load8<kVec>(qp + b * a.qs.s[0] + (h * G + g) * a.qs.s[1] + d0 * a.qs.s[3], dn, a.qs.s[3])
+               : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int e = 0; e < kPL; ++e) {
-      const int64_t d = lane + 32 * e;
+    for (int e = 0; e < 8; ++e) {
       acc[g][e] = 0.f;
-      q[g][e] = d < D ? load_as_float(a.q, a.dtype, b * a.qs.s[0] + (h * G + g) * a.qs.s[1] + d * a.qs.s[3]) *
-                            a.scale
-                      : 0.f;
+      q[g][e] = value<kHalf>(u, e) * a.scale;
     }
   }
-  for (int64_t j0 = lo + warp; j0 <= hi; j0 += 2 * kWarps) {
-    float kx[2][kPL], vx[2][kPL];
+  // Every thread takes the same number of turns (the shuffles need the whole warp): a slot past
+  // the last key scores nothing.
+  for (int64_t j0 = lo; j0 <= hi; j0 += 2 * kSlots) {
+    uint4 kx[2], vx[2];
     bool valid[2];
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      const int64_t j = j0 + t * kWarps;
+      const int64_t j = j0 + slot + t * kSlots;
       const int64_t kb =
           j <= hi ? key_base(a.table_k, a.tks, a.ks, a.pages_k, a.max_pages_k, a.page_size, b, h, j) : -1;
       const int64_t vb =
           j <= hi ? key_base(a.table_v, a.tvs, a.vs, a.pages_v, a.max_pages_v, a.page_size, b, h, j) : -1;
       valid[t] = kb >= 0 && vb >= 0;
-#pragma unroll
-      for (int e = 0; e < kPL; ++e) {
-        const int64_t d = lane + 32 * e;
-        const bool in = valid[t] && d < D;
-        kx[t][e] = in ? load_as_float(a.k, a.dtype, kb + d * a.ks.s[3]) : 0.f;
-        vx[t][e] = in ? load_as_float(a.v, a.dtype, vb + d * a.vs.s[3]) : 0.f;
-      }
+      const bool in = valid[t] && dn > 0;
+      kx[t] = in ? load8<kVec>(kp + kb + d0 * a.ks.s[3], dn, a.ks.s[3]) : make_uint4(0, 0, 0, 0);
+      vx[t] = in ? load8<kVec>(vp + vb + d0 * a.vs.s[3], dn, a.vs.s[3]) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-      if (!valid[t]) continue;  // uniform across the warp: j and its pages are the warp's
+      float kf[8], vf[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        kf[e] = value<kHalf>(kx[t], e);
+        vf[e] = value<kHalf>(vx[t], e);
+      }
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
         float s = 0.f;
 #pragma unroll
-        for (int e = 0; e < kPL; ++e) s = fmaf(q[g][e], kx[t][e], s);  // zeros past the row
-        s = warp_sum(s);
+        for (int e = 0; e < 8; ++e) s = fmaf(q[g][e], kf[e], s);  // zeros past the row
+#pragma unroll
+        for (int o = kL / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (!valid[t]) continue;  // the key's kL lanes alike; no shuffle follows
         const float m_new = fmaxf(m[g], s);
-        const float corr = __expf(m[g] - m_new), p = __expf(s - m_new);
+        const float corr = __expf(m[g] - m_new), p = __expf(s - m_new);  // exp(-inf) = 0
         l[g] = l[g] * corr + p;
 #pragma unroll
-        for (int e = 0; e < kPL; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vx[t][e]);
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(acc[g][e], corr, p * vf[e]);
         m[g] = m_new;
       }
     }
   }
-  // The warps' partial softmax sums, combined.
+  // The slots' partial softmax sums, combined in slot order.
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
-    if (lane == 0) {
-      sm_m[warp][g] = m[g];
-      sm_l[warp][g] = l[g];
+    if (part_lane == 0) {
+      sm_m[slot][g] = m[g];
+      sm_l[slot][g] = l[g];
     }
 #pragma unroll
-    for (int e = 0; e < kPL; ++e) {
-      const int64_t d = lane + 32 * e;
-      if (d < D) sm_acc[warp][g * D + d] = acc[g][e];
-    }
+    for (int e = 0; e < 8; ++e) sm_acc[(slot * kG + g) * kRow + d0 + e] = acc[g][e];
   }
   __syncthreads();
   float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;
   for (int64_t idx = threadIdx.x; idx < G * D; idx += kThreads) {
     const int64_t g = idx / D, d = idx % D;
     float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+    for (int s = 0; s < kSlots; ++s) M = fmaxf(M, sm_m[s][g]);
     float L = 0.f, sum = 0.f;
     if (M > -INFINITY) {
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = __expf(sm_m[w][g] - M);  // a warp that kept no key: exp(-inf) = 0
-        L += sm_l[w][g] * f;
-        sum += sm_acc[w][idx] * f;
+      for (int s = 0; s < kSlots; ++s) {
+        const float f = __expf(sm_m[s][g] - M);  // a slot that kept no key: exp(-inf) = 0
+        L += sm_l[s][g] * f;
+        sum += sm_acc[(s * kG + g) * kRow + d] * f;
       }
     }
     if (part) {  // the block's partials: its maximum and sum per head, its unnormalized outputs
@@ -208,25 +216,45 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(DecodeArgs a) 
   }
 }
 
-// The kernel for a group of kG heads at `per_lane` values a lane (1, 2, 4 or 8; 8 heads of more
-// than 128 values are refused by the builder: the group's values are at most 1024).
-template <int kG>
-void launch_group(int per_lane, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
-  switch (per_lane) {
-    case 1:
-      sdpa_decode_kernel<kG, 1><<<grid, kThreads, 0, st>>>(a);
-      break;
-    case 2:
-      sdpa_decode_kernel<kG, 2><<<grid, kThreads, 0, st>>>(a);
-      break;
+// The kernel for kG heads a group at kL lanes a key (4 to 32; 8 heads of more than 128 values are
+// refused by the builder: a group's values are at most 1024).
+template <int kG, bool kHalf, bool kVec>
+void launch_lanes(int lanes, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
+  switch (lanes) {
     case 4:
-      sdpa_decode_kernel<kG, 4><<<grid, kThreads, 0, st>>>(a);
+      sdpa_decode_kernel<kG, 4, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
+      break;
+    case 8:
+      sdpa_decode_kernel<kG, 8, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
+      break;
+    case 16:
+      sdpa_decode_kernel<kG, 16, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
       break;
     default:
-      if constexpr (kG < 8) sdpa_decode_kernel<kG, 8><<<grid, kThreads, 0, st>>>(a);
+      if constexpr (kG < 8) sdpa_decode_kernel<kG, 32, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
       break;
   }
 }
+
+template <bool kHalf, bool kVec>
+void launch_group(int lanes, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
+  switch (a.group) {  // the builder accepts powers of two up to 8
+    case 1:
+      launch_lanes<1, kHalf, kVec>(lanes, grid, st, a);
+      break;
+    case 2:
+      launch_lanes<2, kHalf, kVec>(lanes, grid, st, a);
+      break;
+    case 4:
+      launch_lanes<4, kHalf, kVec>(lanes, grid, st, a);
+      break;
+    default:
+      launch_lanes<8, kHalf, kVec>(lanes, grid, st, a);
+      break;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 class SdpaDecodeKernel final : public KernelBase {
  public:
@@ -254,19 +282,16 @@ class SdpaDecodeKernel final : public KernelBase {
     if (blocks_ == 0) return Status::Ok();
     const auto st = static_cast<cudaStream_t>(stream);
     const auto grid = static_cast<unsigned>(blocks_ * a.splits);
-    switch (a.group) {  // the builder accepts powers of two up to 8
-      case 1:
-        launch_group<1>(per_lane_, grid, st, a);
-        break;
-      case 2:
-        launch_group<2>(per_lane_, grid, st, a);
-        break;
-      case 4:
-        launch_group<4>(per_lane_, grid, st, a);
-        break;
-      default:
-        launch_group<8>(per_lane_, grid, st, a);
-        break;
+    const bool vec = vec_shapes_ && aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+    const bool half = a.dtype == static_cast<int>(DType::kFP16);
+    if (vec && half) {
+      launch_group<true, true>(lanes_, grid, st, a);
+    } else if (vec) {
+      launch_group<false, true>(lanes_, grid, st, a);
+    } else if (half) {
+      launch_group<true, false>(lanes_, grid, st, a);
+    } else {
+      launch_group<false, false>(lanes_, grid, st, a);
     }
     FUSEBOX_RETURN_IF_ERROR(
         common::cuda_status(cudaGetLastError(), where_, " paged decode attention kernel launch"));
@@ -277,7 +302,8 @@ class SdpaDecodeKernel final : public KernelBase {
 
   DecodeArgs args_;
   int64_t blocks_ = 0;
-  int per_lane_ = 1;  // a power of two >= D / 32
+  int lanes_ = 4;            // lanes a key: a power of two >= D / 8, at least 4
+  bool vec_shapes_ = false;  // rows of 8 values on 16-byte boundaries (the pointers checked at launch)
 };
 
 }  // namespace
@@ -304,11 +330,11 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   const int64_t B = q->dims[0], H = q->dims[1], Sq = q->dims[2], D = q->dims[3];
   const int64_t KVH = k->dims[1], P = k->dims[2];
   const int64_t group = KVH >= 1 && H % KVH == 0 ? H / KVH : 0;
-  if (Sq != 1 || group < 1 || group > kMaxGroup || (group & (group - 1)) != 0 || D < 1 ||
-      D > 32 * kMaxPerLane || (H / KVH) * D > kMaxGroupValues || v->dims[1] != KVH || v->dims[2] != P ||
-      v->dims[3] != D || k->dims[3] != D || o.dims != std::vector<int64_t>{B, H, 1, D} ||
-      tv->dims[2] != tk->dims[2] || lq->dims[0] != B || lkv->dims[0] != B || tk->dims[0] != B ||
-      tv->dims[0] != B)
+  if (Sq != 1 || group < 1 || group > kMaxGroup || (group & (group - 1)) != 0 || D < 1 || D > kMaxDim ||
+      (H / KVH) * D > kMaxGroupValues || v->dims[1] != KVH || v->dims[2] != P || v->dims[3] != D ||
+      k->dims[3] != D || o.dims != std::vector<int64_t>{B, H, 1, D} || tv->dims[2] != tk->dims[2] ||
+      lq->dims[0] != B || lkv->dims[0] != B || tk->dims[0] != B || tv->dims[0] != B ||
+      sdpa_kv_length(a, k->dims) >= (int64_t{1} << 31))
     return nullptr;
   auto kern = std::make_shared<SdpaDecodeKernel>();
   kern->name_ = "fusebox_sdpa_decode";
@@ -339,14 +365,16 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   d.left = a.left_bound.value_or(0);
   d.bottom_right = a.alignment == SdpaAlignment::kBottomRight ? 1 : 0;
   kern->blocks_ = B * KVH;
-  // Fewer than 128 (sequence, KV head) pairs: each pair's keys split among several blocks, about 256
-  // blocks in all, at least 64 keys each.
-  if (B * KVH < 128) {
-    const int64_t want = (256 + B * KVH - 1) / (B * KVH), most = std::max<int64_t>(1, d.max_kv / 64);
-    d.splits = std::max<int64_t>(1, std::min(want, most));
-    if (d.splits == 1) return nullptr;  // too few keys to split: cuDNN's engine
-  }
-  while (32 * kern->per_lane_ < D) kern->per_lane_ *= 2;
+  // Chunks by the pool's longest sequence only, so a sequence's sums run in the same order whatever
+  // the batch (the serving engine's buckets share one pool).
+  d.chunk = std::max(kMinChunk, (d.max_kv + kMaxChunks - 1) / kMaxChunks);
+  d.chunk = (d.chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
+  d.splits = std::max<int64_t>(1, (d.max_kv + d.chunk - 1) / d.chunk);
+  while (8 * kern->lanes_ < D) kern->lanes_ *= 2;
+  auto rows16 = [](const Strides4& t) {
+    return t.s[3] == 1 && t.s[0] % 8 == 0 && t.s[1] % 8 == 0 && t.s[2] % 8 == 0;
+  };
+  kern->vec_shapes_ = D % 8 == 0 && rows16(d.qs) && rows16(d.ks) && rows16(d.vs);
   kern->tensors_ = {q->name, k->name, v->name, lq->name, lkv->name, tk->name, tv->name, o.name};
   return kern;
 }

@@ -13,11 +13,11 @@ namespace fusebox::kernels {
 // The kernel for `op`, or null when the graph is not the form it serves: an sdpa_fwd alone with
 // paged K and V (padding lengths), one query per sequence (Sq = 1), no stats, bias, ALiBi,
 // dropout, sink or block mask; q, k, v and o bf16 or fp16 alike with Dv = D <= 256 and at most
-// 8 query heads per KV head (at most 1024 values of a group's rows). One thread block per
-// (sequence, KV head) pair; with fewer than 128 pairs (a few sequences: one block each would leave
-// most of the GPU idle) each pair's kept keys are split among up to 256 / pairs blocks of at least
-// 64 keys, their softmax partials in the plan's workspace, merged by a second kernel; a pool too
-// short to split keeps cuDNN's engine.
+// 8 query heads per KV head (at most 1024 values of a group's rows). A (sequence, KV head) pair's
+// keys go to blocks of a fixed chunk (at least 64 keys, at most 32 chunks for the pool's longest
+// sequence), their softmax partials in the plan's workspace, merged by a second kernel; a pool of
+// one chunk needs no workspace. The chunks depend on the pool only: a sequence's result is the
+// same at any batch size.
 std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph& g, const ResolvedOp& op,
                                                             const SdpaFwdAttrs& a);
 

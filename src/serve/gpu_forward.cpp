@@ -183,7 +183,9 @@ struct GpuForward::Impl {
     // that kernel takes the graph (large enough weights): elsewhere the graph would be partitioned.
     auto gemv_takes = [&](int64_t rows, int64_t k, int64_t n_out, Epilogue e, bool fp32_out) {
       auto g = normed_gemm_graph(m, rows, k, n_out, e, fp32_out);
-      return g.ok() && kernels::faster_native_kernel(g->graph).kernel != nullptr;
+      if (!g.ok()) return false;
+      const auto f = kernels::faster_native_kernel(g->graph);
+      return f.kernel != nullptr && f.by_default;
     };
     const bool fuse_qkv = !fp8 && gemv_takes(N, D, W, Epilogue::kNone, false),
                fuse_ffn = !fp8 && gemv_takes(N, D, F, Epilogue::kSilu, false) &&

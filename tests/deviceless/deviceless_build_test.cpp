@@ -43,7 +43,6 @@ const std::set<std::string> kNeedsBlackwell = {"sdpa_block_mask", "sdpa_block_ma
 // with one step and no cuDNN engine, for any target. Example -> engine.
 const std::map<std::string, std::string> kNativeKernel = {
     {"embedding", "fusebox_embedding"},
-    {"sdpa_paged_decode", "fusebox_sdpa_decode"},  // 64 sequences x 8 KV heads: 512 blocks
     {"embedding_small", "fusebox_embedding"},
     {"global_avg_pool", "fusebox_global_avg_pool"},
     {"global_avg_pool_small", "fusebox_global_avg_pool"},
@@ -65,10 +64,10 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"cross_entropy_small", "fusebox_cross_entropy"},
     {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"},
     {"embedding_bwd_small", "fusebox_embedding_bwd"},
-    {"matmul_decode_silu", "fusebox_gemv"},
-    {"sdpa_paged_decode_b1", "fusebox_sdpa_decode"}};  // 8 pairs: the keys split in 32 blocks each
-// Of those, the ones whose kernel needs a workspace (the split decode attention's partials).
-const std::set<std::string> kNativeWorkspace = {"sdpa_paged_decode_b1"};
+    {"matmul_decode_silu", "fusebox_gemv"}};
+// Of those, the ones whose kernel needs a workspace (none since the paged decode attention, measured
+// slower than cuDNN's engine, runs only when pinned).
+const std::set<std::string> kNativeWorkspace = {};
 // Of those, the ones only fusebox runs (cuDNN has no op for them on 9.19, and fusebox
 // does not lower to 9.24's RoPE yet): no cuDNN engine to pin instead.
 const std::set<std::string> kOnlyFusebox = {"fusebox_embedding",         "fusebox_rope",

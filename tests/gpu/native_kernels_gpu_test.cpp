@@ -76,12 +76,15 @@ class NativeKernelsGpu : public ::testing::Test {
     EXPECT_TRUE(g.ok()) << g.status().ToString() << "\n" << json;
     return *g;
   }
-  // Builds `json`, expects `engine`, runs it eager and as a CUDA graph, verified.
-  void check(const std::string& json, const std::string& engine) {
+  // Builds `json` (with `pin`, `engine` pinned: a kernel not taken by default), expects `engine`,
+  // runs it eager and as a CUDA graph, verified.
+  void check(const std::string& json, const std::string& engine, bool pin = false) {
     SCOPED_TRACE(json);
     ResolvedGraph g = load(json);
     BuildReport report;
-    auto plan = build_plan(g, target_, BuildOptions{}, &report, ctx_.get());
+    BuildOptions options;
+    if (pin) options.engine = engine;
+    auto plan = build_plan(g, target_, options, &report, ctx_.get());
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     EXPECT_EQ(plan->engine_name(), engine);
     for (bool graph : {false, true}) {
@@ -150,37 +153,126 @@ std::string decode_json(int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t pa
 TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
   const char* causal = R"("causal": true, "alignment": "bottom_right", )";
   // The Llama-3.2-1B decode step (group 4, D 64) at batch 16 and 64, q read from the fused rows.
-  check(decode_json(16, 32, 8, 64, 16, 16, "bf16", causal, 40 * 64), "fusebox_sdpa_decode");
-  check(decode_json(64, 32, 8, 64, 16, 8, "bf16", causal), "fusebox_sdpa_decode");
+  check(decode_json(16, 32, 8, 64, 16, 16, "bf16", causal, 40 * 64), "fusebox_sdpa_decode", true);
+  check(decode_json(64, 32, 8, 64, 16, 8, "bf16", causal), "fusebox_sdpa_decode", true);
   // Group 1, 2 and 8; D 128 (4 values a lane), 96 (not a power of two), 32; fp16; 64-token pages.
-  check(decode_json(130, 4, 4, 128, 64, 3, "fp16", causal), "fusebox_sdpa_decode");
-  check(decode_json(64, 8, 4, 96, 16, 5, "bf16", causal), "fusebox_sdpa_decode");
-  check(decode_json(16, 64, 8, 128, 32, 4, "bf16", ""), "fusebox_sdpa_decode");
-  check(decode_json(200, 1, 1, 32, 16, 2, "bf16", causal), "fusebox_sdpa_decode");
+  check(decode_json(130, 4, 4, 128, 64, 3, "fp16", causal), "fusebox_sdpa_decode", true);
+  check(decode_json(64, 8, 4, 96, 16, 5, "bf16", causal), "fusebox_sdpa_decode", true);
+  check(decode_json(16, 64, 8, 128, 32, 4, "bf16", ""), "fusebox_sdpa_decode", true);
+  check(decode_json(200, 1, 1, 32, 16, 2, "bf16", causal), "fusebox_sdpa_decode", true);
   // A sliding window (the last 5 keys), no causal bound.
   check(decode_json(32, 8, 4, 64, 16, 6, "bf16", R"("left_bound": 5, "alignment": "bottom_right", )"),
-        "fusebox_sdpa_decode");
-  // Fewer than 128 (sequence, KV head) pairs: the keys split among blocks, the partials in the
-  // workspace. Batch 1 of the 1B shapes at 2048 tokens (32 splits), batch 8 over 128 keys (2), a
-  // sliding window of 5 keys over 10 splits (most of them empty), padding rows (4 sequences, one
+        "fusebox_sdpa_decode", true);
+  // Few sequences: batch 1 of the 1B shapes at 2048 tokens (32 chunks), batch 8 over 128 keys (2),
+  // a sliding window of 5 keys over 10 chunks (most of them empty), padding rows (4 sequences, one
   // with no query), group 8 with D 128.
-  check(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal, 40 * 64), "fusebox_sdpa_decode");
-  check(decode_json(8, 32, 8, 64, 16, 8, "bf16", causal), "fusebox_sdpa_decode");
+  check(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal, 40 * 64), "fusebox_sdpa_decode", true);
+  check(decode_json(8, 32, 8, 64, 16, 8, "bf16", causal), "fusebox_sdpa_decode", true);
   check(decode_json(2, 8, 4, 64, 16, 40, "bf16", R"("left_bound": 5, "alignment": "bottom_right", )"),
-        "fusebox_sdpa_decode");
-  check(decode_json(4, 8, 2, 64, 16, 20, "fp16", causal), "fusebox_sdpa_decode");
-  check(decode_json(2, 16, 2, 128, 64, 10, "bf16", ""), "fusebox_sdpa_decode");
+        "fusebox_sdpa_decode", true);
+  check(decode_json(4, 8, 2, 64, 16, 20, "fp16", causal), "fusebox_sdpa_decode", true);
+  check(decode_json(2, 16, 2, 128, 64, 10, "bf16", ""), "fusebox_sdpa_decode", true);
   {
     ResolvedGraph one = load(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal));
-    auto plan = build_plan(one, target_, BuildOptions{}, nullptr, ctx_.get());
+    BuildOptions pinned;
+    pinned.engine = "fusebox_sdpa_decode";
+    auto plan = build_plan(one, target_, pinned, nullptr, ctx_.get());
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     EXPECT_GT(plan->workspace_bytes(), 0) << "the split blocks' partials";
   }
-  // Too few pairs and too few keys to split (48): cuDNN's engine.
+  // A pool of one chunk (48 keys): one block a pair, o written directly, no workspace.
   ResolvedGraph few = load(decode_json(8, 32, 8, 64, 16, 3, "bf16", causal));
-  auto plan = build_plan(few, target_, BuildOptions{}, nullptr, ctx_.get());
+  BuildOptions pinned;
+  pinned.engine = "fusebox_sdpa_decode";
+  auto plan = build_plan(few, target_, pinned, nullptr, ctx_.get());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  EXPECT_FALSE(plan->native()) << plan->engine_name();
+  EXPECT_EQ(plan->engine_name(), "fusebox_sdpa_decode");
+  EXPECT_EQ(plan->workspace_bytes(), 0);
+  // Not pinned: cuDNN's engine (measured faster, native_kernel.cpp).
+  auto by_default = build_plan(few, target_, BuildOptions{}, nullptr, ctx_.get());
+  ASSERT_TRUE(by_default.ok()) << by_default.status().ToString();
+  EXPECT_FALSE(by_default->native()) << by_default->engine_name();
+}
+
+// Sequence 0 of a batch of 64 and the same sequence alone (its page table row, its query, the same
+// pool): bit for bit the same output (the serving engine's "batching changes nothing").
+TEST_F(NativeKernelsGpu, PagedDecodeAttentionRowsDoNotDependOnTheBatch) {
+  const char* causal = R"("causal": true, "alignment": "bottom_right", )";
+  constexpr int64_t B = 64, H = 32, KVH = 8, D = 64, P = 16, MP = 256, pages = B * MP + 3;
+  ResolvedGraph g64 = load(decode_json(B, H, KVH, D, P, MP, "bf16", causal));
+  ResolvedGraph g1 = load(decode_json(1, H, KVH, D, P, MP, "bf16", causal));
+  auto session = Session::create();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  PlanRequest pinned;
+  pinned.engine = "fusebox_sdpa_decode";
+  auto p64 = (*session)->get_plan(g64, pinned);
+  auto p1 = (*session)->get_plan(g1, pinned);
+  ASSERT_TRUE(p64.ok() && p1.ok()) << (p64.ok() ? p1.status().ToString() : p64.status().ToString());
+  EXPECT_EQ(p64->engine_name(), "fusebox_sdpa_decode");
+  EXPECT_EQ(p1->engine_name(), "fusebox_sdpa_decode");
+  uint32_t state = 777;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  auto bf16 = [&](size_t n) {  // random values in (-1, 1)
+    std::vector<uint16_t> v(n);
+    for (auto& e : v) {
+      const float f = 2.f * static_cast<float>(next()) / static_cast<float>(1u << 24) - 1.f;
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      e = static_cast<uint16_t>(bits >> 16);
+    }
+    return v;
+  };
+  const size_t pool = static_cast<size_t>(pages) * KVH * P * D;
+  const std::vector<uint16_t> q = bf16(B * H * D), k = bf16(pool), v = bf16(pool);
+  // Sequence b's pages: a permutation of the pool, so sequence 0's pages are scattered.
+  std::vector<int32_t> table(B * MP), lq(B, 1), lkv(B);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>((i * 7919) % (B * MP));
+  for (auto& n : lkv) n = static_cast<int32_t>(1 + next() % (MP * P));
+  lkv[0] = 3001;
+  std::vector<void*> bufs;
+  auto up = [&bufs](const void* host, size_t bytes) {
+    void* d = nullptr;
+    if (cudaMalloc(&d, bytes) != cudaSuccess) return static_cast<void*>(nullptr);
+    bufs.push_back(d);
+    cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+    return d;
+  };
+  void *dq = up(q.data(), q.size() * 2), *dk = up(k.data(), pool * 2), *dv = up(v.data(), pool * 2),
+       *dt = up(table.data(), table.size() * 4), *dlq = up(lq.data(), B * 4), *dlkv = up(lkv.data(), B * 4);
+  std::vector<uint16_t> zeros(B * H * D, 0);
+  void *do64 = up(zeros.data(), zeros.size() * 2), *do1 = up(zeros.data(), H * D * 2);
+  ASSERT_EQ(bufs.size(), 8u);
+  auto b64 = (*session)->bind(
+      *p64, {{"q", dq}, {"k", dk}, {"v", dv}, {"table", dt}, {"lq", dlq}, {"lkv", dlkv}, {"o", do64}});
+  // The B = 1 graph declares a pool of MP + 3 pages (the start of the same buffer): sequence 0 reads
+  // pages 0 to MP - 1 in both graphs.
+  std::vector<int32_t> row0(MP);
+  for (int64_t i = 0; i < MP; ++i) row0[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::vector<int32_t> t64 = table;
+  for (int64_t i = 0; i < MP; ++i) t64[static_cast<size_t>(i)] = static_cast<int32_t>(i);  // the same pages
+  ASSERT_EQ(cudaMemcpy(dt, t64.data(), t64.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  void* dt1 = up(row0.data(), MP * 4);
+  auto b1 = (*session)->bind(
+      *p1, {{"q", dq}, {"k", dk}, {"v", dv}, {"table", dt1}, {"lq", dlq}, {"lkv", dlkv}, {"o", do1}});
+  ASSERT_TRUE(b64.ok() && b1.ok()) << (b64.ok() ? b1.status().ToString() : b64.status().ToString());
+  ASSERT_TRUE(b64->execute().ok());
+  ASSERT_TRUE(b1->execute().ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> o64(H * D), o1(H * D);
+  ASSERT_EQ(cudaMemcpy(o64.data(), do64, o64.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(o1.data(), do1, o1.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  int differ = 0, nonzero = 0;
+  for (size_t j = 0; j < o1.size(); ++j) {
+    differ += o64[j] != o1[j];
+    nonzero += o1[j] != 0;
+  }
+  EXPECT_EQ(differ, 0) << "of " << o1.size() << " values of sequence 0";
+  EXPECT_GT(nonzero, static_cast<int>(o1.size()) / 2)
+      << "the output is mostly zeros: the inputs did not arrive";
+  for (void* p : bufs) cudaFree(p);
 }
 
 // y = epilogue(a [1, m, k] x w [1, k, n]): `epi` "" (none), a unary op, or "add", "mul", "sub" with

@@ -48,9 +48,12 @@ Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGra
 // `g` is none of them; `why` names the cuDNN shortfall, with the measurement
 // (native_kernel.cpp). A build takes the kernel unless a cuDNN engine is
 // pinned (BuildOptions::engine), so cuDNN's engines stay one flag away.
+// `by_default` false: a kernel measured slower than cuDNN's engine for its graphs, built only
+// when pinned by name (paged decode attention: its rows do not depend on the batch).
 struct FasterKernel {
   std::shared_ptr<const NativeKernel> kernel;
   std::string why;
+  bool by_default = true;
 };
 FasterKernel faster_native_kernel(const ResolvedGraph& g);
 
