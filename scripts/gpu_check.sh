@@ -7,8 +7,9 @@
 # 2026-12-05: the GPU tests alone ran past 300 s), so it runs in three calls:
 #   PART=1  info, c_api_and_consumer, devprop, gpu_tests_1           (~4 min)
 #   PART=2  gpu_tests_2, gpu_tests_3                                  (~6 min)
-#   PART=3  run_verify (the example verification: 411 s on an H100, 2026-12-06)
-#   PART=7  torch_crosscheck (the examples against torch; with run_verify it ran past 600 s)
+#   PART=3  run_verify (the example verification: 411 s on an H100 one graph at a time, 2026-12-06;
+#           now JOBS=4 graphs at a time)
+#   PART=7  torch_crosscheck (the examples against torch, in JOBS shards; with run_verify it ran past 600 s)
 #   PART=4  deviceless_tests
 #   PART=5  python_tests, python_module
 #   PART=6  everything else (round trips, tuning, caches, CUDA graphs, the torch comparison)
@@ -150,27 +151,44 @@ do_gtests() {
 # cuDNN runs: block masks need Blackwell in cuDNN 9.19) is a skip, not a failure.
 arch_refused() { grep -q "need a Blackwell GPU (sm_100" "$@" 2>/dev/null; }
 
-do_run_verify() {
-  local fails=0 g name rc
-  mkdir -p "$OUT/run"
+# run_graphs FUNC: FUNC GRAPH for every example graph, JOBS at a time (default 4: the GPU machine
+# has 16 cores, and a run is mostly cuDNN's host-side build and the plan check), each with a plan
+# cache of its own; then every graph's output in the graphs' order. Fails if any FUNC failed.
+# (Serially, run_verify took 411 s on an H100: JOBS=1 restores that.)
+run_graphs() {
+  local fn=$1 dir="$OUT/par_$1" g i=0 j fails=0
+  rm -rf "$dir"
+  mkdir -p "$dir"
   for g in "${GRAPHS[@]}"; do
-    name=$(graph_name "$g")
-    echo "+ $FB run $g --verify --warmup 5 --iters 20"
-    timeout 240 "$FB" run "$g" --verify --warmup 5 --iters 20 > "$OUT/run/$name.txt" 2>&1
-    rc=$?
-    cat "$OUT/run/$name.txt"
-    if [ "$rc" -ne 0 ] && arch_refused "$OUT/run/$name.txt"; then echo "SKIP $name: refused on this GPU by design"; continue; fi
-    [ "$rc" -eq 0 ] || { echo "FAIL $name: human run exited $rc"; fails=$((fails + 1)); }
-    echo "+ $FB run $g --verify --warmup 5 --iters 20 --json"
-    timeout 240 "$FB" run "$g" --verify --warmup 5 --iters 20 --json > "$OUT/run/$name.json" 2> "$OUT/run/$name.json.stderr"
-    rc=$?
-    cat "$OUT/run/$name.json.stderr"
-    if [ "$rc" -ne 0 ]; then
-      echo "FAIL $name: --json run exited $rc"
-      fails=$((fails + 1))
-      continue
-    fi
-    "$PY" - "$OUT/run/$name.json" <<'PYEOF' || fails=$((fails + 1))
+    while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-4}" ]; do wait -n; done
+    (FUSEBOX_CACHE="$dir/$i.sqlite" "$fn" "$g" > "$dir/$i.log" 2>&1; echo $? > "$dir/$i.rc") &
+    i=$((i + 1))
+  done
+  wait
+  for ((j = 0; j < i; j++)); do
+    cat "$dir/$j.log"
+    [ "$(cat "$dir/$j.rc" 2>/dev/null)" = 0 ] || fails=$((fails + 1))
+  done
+  echo "$fn: ${#GRAPHS[@]} graphs, $fails failures (JOBS=${JOBS:-4})"
+  [ "$fails" -eq 0 ]
+}
+
+# One example, human and --json, verified.
+verify_one() {
+  local g=$1 name rc
+  name=$(graph_name "$g")
+  echo "+ $FB run $g --verify --warmup 5 --iters 20"
+  timeout 240 "$FB" run "$g" --verify --warmup 5 --iters 20 > "$OUT/run/$name.txt" 2>&1
+  rc=$?
+  cat "$OUT/run/$name.txt"
+  if [ "$rc" -ne 0 ] && arch_refused "$OUT/run/$name.txt"; then echo "SKIP $name: refused on this GPU by design"; return 0; fi
+  [ "$rc" -eq 0 ] || { echo "FAIL $name: human run exited $rc"; return 1; }
+  echo "+ $FB run $g --verify --warmup 5 --iters 20 --json"
+  timeout 240 "$FB" run "$g" --verify --warmup 5 --iters 20 --json > "$OUT/run/$name.json" 2> "$OUT/run/$name.json.stderr"
+  rc=$?
+  cat "$OUT/run/$name.json.stderr"
+  [ "$rc" -eq 0 ] || { echo "FAIL $name: --json run exited $rc"; return 1; }
+  "$PY" - "$OUT/run/$name.json" <<'PYEOF'
 import json, sys
 try:
     r = json.load(open(sys.argv[1]))
@@ -185,13 +203,28 @@ for v in ver:
 if not r.get("ok") or not ver or not all(v.get("pass") for v in ver):
     sys.exit(f"FAIL {r.get('graph')}: ok={r.get('ok')}, verify={ver}")
 PYEOF
-  done
-  echo "run --verify: ${#GRAPHS[@]} graphs, $fails failures"
-  [ "$fails" -eq 0 ]
 }
 
+# Latencies printed here come from runs sharing the GPU (JOBS at a time): verification, not timing.
+do_run_verify() {
+  mkdir -p "$OUT/run"
+  run_graphs verify_one
+}
+
+# The torch cross-check in JOBS shards (every JOBS-th graph), each with its own JSON and plan cache.
 do_crosscheck() {
-  timeout 420 "$PY" -m fusebox_tools.crosscheck.crosscheck --fusebox "$FB" --json-out "$OUT/crosscheck.json" "${GRAPHS[@]}"
+  local n=${JOBS:-4} k i rc=0 pids=() shard
+  for ((k = 0; k < n; k++)); do
+    shard=()
+    for ((i = k; i < ${#GRAPHS[@]}; i += n)); do shard+=("${GRAPHS[$i]}"); done
+    [ "${#shard[@]}" -gt 0 ] || continue
+    FUSEBOX_CACHE="$OUT/crosscheck_$k.sqlite" timeout 560 "$PY" -m fusebox_tools.crosscheck.crosscheck --fusebox "$FB" \
+      --json-out "$OUT/crosscheck_$k.json" "${shard[@]}" > "$OUT/crosscheck_$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=1; done
+  for ((k = 0; k < n; k++)); do [ -f "$OUT/crosscheck_$k.log" ] && cat "$OUT/crosscheck_$k.log"; done
+  return $rc
 }
 
 # tests/python with torch (CI has none, so its torch tests skip there).
@@ -221,18 +254,14 @@ do_host_overhead() {
   "$BUNDLE/bound_execute_bench" examples/graphs/small/conv_bias_relu_small.json --iters 5000 --rounds 5
 }
 
-# Every graph eager and as a CUDA graph (issue #11): outputs bit-identical
-# between the two, verified against the reference, and how each was recorded.
-do_cuda_graph() {
-  local fails=0 g name rc
-  mkdir -p "$OUT/cuda_graph"
-  for g in "${GRAPHS[@]}"; do
-    name=$(graph_name "$g")
-    timeout 240 "$FB" run "$g" --cuda-graph --verify --warmup 5 --iters 20 --json > "$OUT/cuda_graph/$name.json" \
-      2> "$OUT/cuda_graph/$name.stderr"
-    rc=$?
-    if [ "$rc" -ne 0 ] && arch_refused "$OUT/cuda_graph/$name.stderr"; then echo "SKIP $name: refused on this GPU by design"; continue; fi
-    "$PY" - "$OUT/cuda_graph/$name.json" "$rc" <<'PYEOF' || fails=$((fails + 1))
+cuda_graph_one() {
+  local g=$1 name rc
+  name=$(graph_name "$g")
+  timeout 240 "$FB" run "$g" --cuda-graph --verify --warmup 5 --iters 20 --json > "$OUT/cuda_graph/$name.json" \
+    2> "$OUT/cuda_graph/$name.stderr"
+  rc=$?
+  if [ "$rc" -ne 0 ] && arch_refused "$OUT/cuda_graph/$name.stderr"; then echo "SKIP $name: refused on this GPU by design"; return 0; fi
+  "$PY" - "$OUT/cuda_graph/$name.json" "$rc" <<'PYEOF'
 import json, sys
 path, rc = sys.argv[1], int(sys.argv[2])
 try:
@@ -246,9 +275,13 @@ print(f"{r.get('graph')}: {cg.get('recording')} recording, bit-identical {cg.get
 if rc != 0 or not cg.get("bit_identical_to_eager") or not r.get("ok"):
     sys.exit(f"FAIL {r.get('graph')}: exit {rc}, {cg.get('mismatches')}")
 PYEOF
-  done
-  echo "run --cuda-graph: ${#GRAPHS[@]} graphs, $fails failures"
-  [ "$fails" -eq 0 ]
+}
+
+# Every graph eager and as a CUDA graph (issue #11): outputs bit-identical
+# between the two, verified against the reference, and how each was recorded.
+do_cuda_graph() {
+  mkdir -p "$OUT/cuda_graph"
+  run_graphs cuda_graph_one
 }
 
 do_bench() {
