@@ -13,6 +13,7 @@
 #   PART=4  deviceless_tests
 #   PART=5  python_tests, python_module
 #   PART=6  everything else (round trips, tuning, caches, CUDA graphs, the torch comparison)
+#   PART=8  PART=1 with the three GPU test shards at once (instead of PARTs 1 and 2; not yet run)
 # (PART=3 of old, the last four together, ran past 600 s on an H100 on 2026-12-05: split.) Never
 # pipe this script into `head`: the closed pipe kills it (gpu_tests_3 was lost that way once).
 # The GPU tests are split in three gtest shards (GTEST_TOTAL_SHARDS=3), each under 300 s (on the
@@ -615,6 +616,23 @@ if [ ! -x "$FB" ]; then
   echo "gpu_check: $FB not found: run scripts/gpu_bundle.sh BUILD_DIR here and carry $BUNDLE" >&2
   exit 1
 fi
+# The three shards of the GPU tests at once (PART=8): about the time of the longest one, not of
+# the three together (on an H100 they took 194 + 360 s in PARTs 1 and 2). The tests share the
+# GPU then: any failure seen only this way is checked again with PART=1 and 2 before it counts.
+do_gtests_at_once() {
+  local k rc=0 pids=()
+  for k in 0 1 2; do
+    do_gtests "$BUNDLE/fusebox_gpu_tests" "$k" 3 > "$OUT/gpu_tests_shard_$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for k in 0 1 2; do wait "${pids[$k]}" || { rc=1; echo "gpu test shard $k failed"; }; done
+  for k in 0 1 2; do
+    echo "--- shard $k of 3"
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|^\[  FAILED  \]' "$OUT/gpu_tests_shard_$k.log"
+  done
+  return $rc
+}
+
 # Tests built elsewhere may look for the source tree where it was built: point that path here.
 built_src=$(strings -n 8 "$BUNDLE/fusebox_gpu_tests" 2>/dev/null | grep -m1 -E '^/.*/devices/h200-cudnn-9\.19\.devprop$' | sed 's#/devices/h200-cudnn-9\.19\.devprop$##')
 if [ -n "$built_src" ] && [ ! -e "$built_src" ]; then
@@ -628,10 +646,11 @@ case "${PART:-}" in
   4) SECTIONS=${SECTIONS:-deviceless_tests} ;;
   3) SECTIONS=${SECTIONS:-run_verify} ;;
   7) SECTIONS=${SECTIONS:-torch_crosscheck} ;;
+  8) SECTIONS=${SECTIONS:-info,c_api_and_consumer,devprop,gpu_tests_at_once} ;;
   5) SECTIONS=${SECTIONS:-python_tests,python_module} ;;
   6) SECTIONS=${SECTIONS:-deviceless_roundtrip,cpu_built_plans,tune,plan_cache,cache_migration,cudnn_mismatch,host_overhead,cuda_graph,bench} ;;
   "") ;;
-  *) echo "gpu_check: PART must be 1 to 7, not '$PART'" >&2; exit 2 ;;
+  *) echo "gpu_check: PART must be 1 to 8, not '$PART'" >&2; exit 2 ;;
 esac
 section info do_info
 section c_api_and_consumer do_capi_consumer
@@ -639,6 +658,8 @@ section devprop do_devprop
 section gpu_tests_1 do_gtests "$BUNDLE/fusebox_gpu_tests" 0 3
 section gpu_tests_2 do_gtests "$BUNDLE/fusebox_gpu_tests" 1 3
 section gpu_tests_3 do_gtests "$BUNDLE/fusebox_gpu_tests" 2 3
+# Opt-in (PART=8, or SECTIONS=gpu_tests_at_once): the three shards at once, instead of 1 to 3.
+if [[ ",${SECTIONS:-}," == *",gpu_tests_at_once,"* ]]; then section gpu_tests_at_once do_gtests_at_once; fi
 if [ -x "$BUNDLE/fusebox_deviceless_tests" ]; then
   section deviceless_tests do_gtests "$BUNDLE/fusebox_deviceless_tests"
 fi
