@@ -113,6 +113,10 @@ Status check_embedding_ids(const ResolvedGraph& g, const std::map<std::string, H
 struct Tolerance {
   double rel_l2 = 0;       // ||a - r||_2 / ||r||_2
   double max_abs_rel = 0;  // max|a - r| / max|r|
+  // > 0: the output's dtype saturates there (fp8: e4m3 448, e5m2 57344, set by tolerance_for), and
+  // a reference value beyond +-saturate_at is compared as +-saturate_at: the output's own cast, like
+  // its rounding, is not the op's error. 0: no clamp.
+  double saturate_at = 0;
 };
 // Per output dtype: bf16 and fp8 looser than fp16, fp16 looser than fp32.
 // fp32 allows TF32 tensor-core math.
@@ -131,6 +135,7 @@ struct Comparison {
   double max_abs_rel = 0;    // max |a - r| / max |r|
   int64_t worst_index = -1;  // logical index of max |a - r|
   int64_t non_finite = 0;    // NaN/Inf in the actual output
+  int64_t saturated = 0;     // reference values beyond +-tolerance.saturate_at, compared as the clamp
   Tolerance tolerance;
   bool pass = false;
   std::string error;             // why no comparison was possible (size mismatch); empty otherwise

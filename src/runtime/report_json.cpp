@@ -122,6 +122,7 @@ std::string comparison_json(const Comparison& c) {
                {"max_abs", c.max_abs},
                {"max_abs_rel", c.max_abs_rel},
                {"non_finite", c.non_finite},
+               {"saturated", c.saturated},
                {"tol_rel_l2", c.tolerance.rel_l2},
                {"tol_max_abs_rel", c.tolerance.max_abs_rel},
                {"pass", c.pass}});

@@ -90,7 +90,11 @@ def test_example_document(run_check, path):
             assert tensors[name]["kind"] in ("output", "virtual")
             if tensors[name]["kind"] == "output":
                 tol = op["tolerances"][role]
-                assert list(tol) == ["rel_l2", "max_abs_rel"] and 0 < tol["rel_l2"] <= tol["max_abs_rel"] < 1
+                assert list(tol) == ["rel_l2", "max_abs_rel", "saturate_at"]
+                assert 0 < tol["rel_l2"] <= tol["max_abs_rel"] < 1
+                # fp8 outputs saturate at their largest finite value; others are not clamped.
+                fp8 = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}
+                assert tol["saturate_at"] == fp8.get(tensors[name]["dtype"], 0.0), (name, tol)
                 compared.add(name)
             else:
                 assert role not in op["tolerances"]

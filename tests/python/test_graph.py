@@ -36,7 +36,7 @@ def test_view_matches_check_json(fusebox, path):
         op, role = g.output_role(name)
         assert op["outputs"][role] == name
         rel, mx = g.tolerance(name)
-        assert (rel, mx) == tuple(op["tolerances"][role].values())
+        assert (rel, mx, g.saturation(name)) == tuple(op["tolerances"][role].values())
     for op in g.ops:
         for role, name in op["inputs"].items():
             assert (op, role) in g.consumers(name)

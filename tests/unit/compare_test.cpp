@@ -1,6 +1,7 @@
 // Comparison of outputs with references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -89,6 +90,26 @@ TEST(Compare, TolerancesOrderedByPrecision) {
   EXPECT_GT(bf16.rel_l2, fp16.rel_l2);
   EXPECT_GT(e4m3.rel_l2, bf16.rel_l2);
   EXPECT_GT(e5m2.rel_l2, e4m3.rel_l2);
+}
+
+// An fp8 output saturates at its largest finite value: a reference beyond it is compared as the
+// clamp (the output's own cast), counted and said; a NaN or an output clamped lower still fails.
+TEST(Compare, SaturatingFp8OutputsCompareWithTheClampedReference) {
+  std::vector<float> r = ramp(100);
+  for (size_t i = 0; i < r.size(); ++i) r[i] *= (i % 10 == 0) ? 600.f : 300.f;  // 10 values past 448
+  std::vector<float> a = r;
+  for (float& x : a) x = std::min(x, 448.f);
+  Tolerance tol{7e-2, 2.5e-1, 448};
+  Comparison c = compare("y", r, a, tol);
+  EXPECT_TRUE(c.pass) << c.ToString();
+  EXPECT_EQ(c.saturated, 10);
+  EXPECT_NE(c.ToString().find("saturating"), std::string::npos) << c.ToString();
+  EXPECT_FALSE(compare("y", r, a, Tolerance{7e-2, 2.5e-1}).pass) << "without the clamp";
+  for (float& x : a) x = std::min(x, 300.f);
+  EXPECT_FALSE(compare("y", r, a, tol).pass) << "clamped below the dtype's range";
+  a[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(compare("y", r, a, tol).pass);
+  EXPECT_EQ(default_tolerance(DType::kFP8E4M3).saturate_at, 0) << "set by tolerance_for, per output";
 }
 
 TEST(Compare, ToStringIsOneLine) {

@@ -276,5 +276,46 @@ TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
   }
 }
 
+// Sweep seed 6097 (tests/open-cases/sdpa_fp8_bwd_cpu_reference_disagrees.json): scale_dk 256 puts
+// the largest dK' (about 2.6) at 655 in dk's e4m3, beyond its 448. cuDNN and fusebox's reference
+// kernel both stored 448 there (their saturating cast) and were refused: the comparison held the
+// unclamped reference (max_abs_rel 0.28 > 0.25). An engine that computes the op exactly and casts
+// the outputs to e4m3 must pass tolerance_for() (which clamps the reference at the output's 448),
+// and would fail without the clamp; an output clamped too low still fails.
+TEST(SdpaFp8BwdReferenceCpu, OutputsBeyondTheFp8RangeCompareSaturated) {
+  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) +
+                              "/tests/open-cases/sdpa_fp8_bwd_cpu_reference_disagrees.json");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::map<std::string, HostTensor> inputs;
+  uint64_t seed = 1;
+  for (const ResolvedTensor& t : g->tensors) {
+    if (!t.is_input || t.scalar_value) continue;
+    inputs[t.name] = t.values.empty() ? random_tensor(t, seed++) : host_from(t, t.values);
+  }
+  ASSERT_TRUE(derive_sdpa_bwd_inputs(*g, inputs).ok());
+  auto ref = reference_cpu(*g, inputs);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  const Tolerance tol = tolerance_for(*g, "dk");
+  EXPECT_EQ(tol.saturate_at, 448.0);
+  int64_t saturated = 0;
+  for (const char* out : {"dq", "dk", "dv"}) {
+    std::vector<float> stored = ref->at(out);
+    for (float& x : stored) x = static_cast<float>(r8(x, DType::kFP8E4M3));
+    const Comparison cmp = compare(out, ref->at(out), stored, tolerance_for(*g, out));
+    EXPECT_TRUE(cmp.pass) << cmp.ToString();
+    saturated += cmp.saturated;
+  }
+  EXPECT_GT(saturated, 0) << "the case no longer reaches past e4m3's range: pick another";
+  std::vector<float> dk = ref->at("dk");
+  for (float& x : dk) x = static_cast<float>(r8(x, DType::kFP8E4M3));
+  Tolerance unclamped = tol;
+  unclamped.saturate_at = 0;
+  EXPECT_FALSE(compare("dk", ref->at("dk"), dk, unclamped).pass) << "the refusal this test replaced";
+  for (float& x : dk) x = std::clamp(x, -224.f, 224.f);  // saturating at half the range: wrong
+  EXPECT_FALSE(compare("dk", ref->at("dk"), dk, tol).pass);
+}
+
 }  // namespace
 }  // namespace fusebox

@@ -48,7 +48,7 @@ ordered_json op_json(const ResolvedGraph& g, const ResolvedOp& op) {
     out[role] = t.name;
     if (!t.is_output) continue;  // virtual: never compared
     const Tolerance tl = tolerance_for(g, t.name);
-    tol[role] = {{"rel_l2", tl.rel_l2}, {"max_abs_rel", tl.max_abs_rel}};
+    tol[role] = {{"rel_l2", tl.rel_l2}, {"max_abs_rel", tl.max_abs_rel}, {"saturate_at", tl.saturate_at}};
   }
   j["inputs"] = std::move(in);
   j["outputs"] = std::move(out);

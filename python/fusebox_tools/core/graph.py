@@ -216,6 +216,14 @@ class Graph:
         t = op["tolerances"][role]
         return t["rel_l2"], t["max_abs_rel"]
 
+    def saturation(self, name):
+        """Where output `name`'s dtype saturates (fp8: 448 or 57344), else 0: fusebox's --verify
+        compares a reference beyond it as the clamp (the output's own cast)."""
+        op, role = self.output_role(name)
+        if op is None or role not in op["tolerances"]:
+            raise KeyError(f"{self.name}: '{name}' is not a graph output")
+        return float(op["tolerances"][role].get("saturate_at", 0.0))
+
     def sdpa_options(self, op):
         return SdpaOptions.from_attrs(op["attrs"])
 
