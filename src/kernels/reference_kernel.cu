@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <type_traits>
+#include <variant>
 
 #include "common/cuda_status.h"
 #include "dtype_access.cuh"
@@ -61,6 +63,25 @@ __global__ void store_kernel(const float* src, void* dst, int dtype, StoreShape 
   }
 }
 
+__global__ void fill_kernel(float* dst, float v, int64_t count) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = v;
+}
+
+// An attention op's dropout probability (0 without dropout or for an op without it).
+double dropout_of(const ResolvedOp& op) {
+  return std::visit(
+      [](const auto& a) -> double {
+        if constexpr (std::is_base_of_v<SdpaOptions, std::decay_t<decltype(a)>>) {
+          return a.dropout.value_or(0.0);
+        } else {
+          return 0.0;
+        }
+      },
+      op.attrs);
+}
+
 class ReferenceKernel final : public KernelBase {
  public:
   explicit ReferenceKernel(const ResolvedGraph& g) : g_(g) {
@@ -74,6 +95,10 @@ class ReferenceKernel final : public KernelBase {
       (written ? outputs_ : inputs_).push_back({static_cast<int>(i), tensors_.size()});
       tensors_.push_back(t.name);
     }
+    // Dropout exactly 0 keeps every element: its keep-mask output is all ones (make_reference_kernel
+    // refuses a mask of any other probability: cuDNN's generator draws it).
+    for (const ResolvedOp& op : g.ops)
+      if (auto m = op.outputs.find("dropout_mask"); m != op.outputs.end()) all_kept_.push_back(m->second);
   }
 
   Status launch(void* const* ptrs, void* stream_ptr) const override {
@@ -106,6 +131,13 @@ class ReferenceKernel final : public KernelBase {
       scratch.out[t.name] = p;
     }
     FUSEBOX_RETURN_IF_ERROR(reference_gpu(g_, in, scratch.out, stream));
+    for (int idx : all_kept_) {  // never computed by the references (an input to them)
+      const ResolvedTensor& t = g_.tensors[static_cast<size_t>(idx)];
+      auto it = scratch.out.find(t.name);
+      if (it == scratch.out.end() || t.element_count() == 0) continue;
+      fill_kernel<<<grid_stride_blocks(t.element_count(), 256), 256, 0, stream>>>(it->second, 1.0f,
+                                                                                  t.element_count());
+    }
     for (const Slot& x : outputs_) {
       const ResolvedTensor& t = g_.tensors[static_cast<size_t>(x.tensor)];
       StoreShape sh;
@@ -132,6 +164,7 @@ class ReferenceKernel final : public KernelBase {
   };
   ResolvedGraph g_;
   std::vector<Slot> inputs_, outputs_;
+  std::vector<int> all_kept_;  // keep-mask outputs of dropout 0
 };
 
 }  // namespace
@@ -146,10 +179,11 @@ Result<std::shared_ptr<const NativeKernel>> make_reference_kernel(const Resolved
       return InvalidArgument(where + "tensor '" + t.name + "' has no strides");
   }
   for (const ResolvedOp& op : g.ops) {
-    if (op.outputs.count("dropout_mask")) {
+    if (op.outputs.count("dropout_mask") && dropout_of(op) > 0) {
       return NotSupported(where + "op '" + op.name +
                           "' draws a dropout mask with cuDNN's random generator, which the reference "
-                          "kernels only read; it needs a cuDNN engine");
+                          "kernels only read; it needs a cuDNN engine (dropout 0, which keeps every "
+                          "element, runs here)");
     }
   }
   return std::shared_ptr<const NativeKernel>(std::make_shared<ReferenceKernel>(g));

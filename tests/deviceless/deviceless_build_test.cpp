@@ -712,3 +712,30 @@ TEST(FasterNativeKernel, TheServingEnginesDecodeGemmsTakeTheGemvKernel) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// Sweep seed 6121 (tests/open-cases/sdpa_fwd_sliding_window_sq_gt_skv_no_engine.json): an
+// attention forward cuDNN 9.19 refuses (a sliding window with more queries than keys) that asks
+// for its dropout keep-mask at dropout 0. The reference kernels now take it (every element kept:
+// the mask is all ones), so the session's last resort runs it; a mask of any other probability
+// still needs cuDNN's generator and is refused, naming the op.
+TEST(ReferenceKernelBuild, TakesAKeepMaskOfDropoutZeroOnly) {
+  auto g = load(testing::source_dir() + "/tests/open-cases/sdpa_fwd_sliding_window_sq_gt_skv_no_engine.json");
+  BuildOptions pinned;
+  pinned.engine = "fusebox_reference";
+  auto plan = build_plan(g, h200(), pinned, nullptr, nullptr);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->engine_name(), "fusebox_reference");
+  for (ResolvedOp& op : g.ops)
+    if (auto* a = std::get_if<SdpaFwdAttrs>(&op.attrs)) a->dropout = 0.1;
+  auto refused = build_plan(g, h200(), pinned, nullptr, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotSupported);
+  EXPECT_NE(refused.status().message().find("op 'attn' draws a dropout mask"), std::string::npos)
+      << refused.status().message();
+}
+
+}  // namespace
+}  // namespace fusebox
