@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -252,21 +253,29 @@ TEST(SdpaFp8BwdReferenceCpu, DerivedInputsAreTheFp8Forward) {
   EXPECT_GT(checked, 0);
 }
 
-// The example graph resolves, derives and runs on the CPU reference; its
-// amax values (printed) hint at scales (dq * scale_dq should reach e4m3's 448).
-TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
-  auto spec =
-      load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + "/examples/graphs/small/sdpa_fp8_bwd_small.json");
+// A graph file of the source tree (`path` from its root), its inputs random (the given values as
+// given) and o and stats derived by the FP8 forward, as `run --verify` makes them.
+void load_with_inputs(const std::string& path, std::optional<ResolvedGraph>& g,
+                      std::map<std::string, HostTensor>& inputs) {
+  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) + path);
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  auto g = resolve(*spec);
-  ASSERT_TRUE(g.ok()) << g.status().ToString();
-  std::map<std::string, HostTensor> inputs;
+  auto r = resolve(*spec);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  g = std::move(r).value();
   uint64_t seed = 1;
   for (const ResolvedTensor& t : g->tensors) {
     if (!t.is_input || t.scalar_value) continue;
     inputs[t.name] = t.values.empty() ? random_tensor(t, seed++) : host_from(t, t.values);
   }
   ASSERT_TRUE(derive_sdpa_bwd_inputs(*g, inputs).ok());
+}
+
+// The example graph resolves, derives and runs on the CPU reference; its
+// amax values (printed) hint at scales (dq * scale_dq should reach e4m3's 448).
+TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
+  std::optional<ResolvedGraph> g;
+  std::map<std::string, HostTensor> inputs;
+  ASSERT_NO_FATAL_FAILURE(load_with_inputs("/examples/graphs/small/sdpa_fp8_bwd_small.json", g, inputs));
   auto ref = reference_cpu(*g, inputs);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   for (const char* a : {"amax_dq", "amax_dk", "amax_dv", "amax_dp"}) {
@@ -283,18 +292,10 @@ TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
 // the outputs to e4m3 must pass tolerance_for() (which clamps the reference at the output's 448),
 // and would fail without the clamp; an output clamped too low still fails.
 TEST(SdpaFp8BwdReferenceCpu, OutputsBeyondTheFp8RangeCompareSaturated) {
-  auto spec = load_graph_file(std::string(FUSEBOX_SOURCE_DIR) +
-                              "/tests/open-cases/sdpa_fp8_bwd_cpu_reference_disagrees.json");
-  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
-  auto g = resolve(*spec);
-  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::optional<ResolvedGraph> g;
   std::map<std::string, HostTensor> inputs;
-  uint64_t seed = 1;
-  for (const ResolvedTensor& t : g->tensors) {
-    if (!t.is_input || t.scalar_value) continue;
-    inputs[t.name] = t.values.empty() ? random_tensor(t, seed++) : host_from(t, t.values);
-  }
-  ASSERT_TRUE(derive_sdpa_bwd_inputs(*g, inputs).ok());
+  ASSERT_NO_FATAL_FAILURE(
+      load_with_inputs("/tests/open-cases/sdpa_fp8_bwd_cpu_reference_disagrees.json", g, inputs));
   auto ref = reference_cpu(*g, inputs);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   const Tolerance tol = tolerance_for(*g, "dk");
