@@ -23,6 +23,10 @@ struct PlanFileInfo {
   int64_t cudnn_version = 0;  // the runtime that built it
   std::string frontend_version;
   std::string fusebox_version;
+  // The revision of fusebox's own kernels in the build that wrote it (common/kernels_revision.h);
+  // empty in files and entries from before 2026-12-06. A plan of fusebox's kernels is only their
+  // names, so its verdict below is trusted only under the same revision.
+  std::string fusebox_kernels;
   // The plan check (docs/architecture.md, "Plan check"): "pass" when this
   // plan ran once on a GPU of this kind on random inputs and matched the
   // reference; empty when it was never checked (built deviceless, or checked

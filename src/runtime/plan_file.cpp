@@ -5,6 +5,7 @@
 
 #include "common/file_io.h"
 #include "common/json_util.h"
+#include "common/kernels_revision.h"
 #include "common/plan_info_json.h"
 #include "common/plan_payload_check.h"
 
@@ -31,6 +32,7 @@ PlanFileInfo make_plan_info(const ResolvedGraph& g, const Plan& plan, const Devi
   info.cudnn_version = s.cudnn_runtime_version;
   info.frontend_version = s.frontend_version;
   info.fusebox_version = s.fusebox_version;
+  info.fusebox_kernels = common::kernels_revision();
   return info;
 }
 

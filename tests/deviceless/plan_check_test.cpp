@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "common/kernels_revision.h"
 #include "common/plan_info_json.h"
 #include "fusebox/cached_plan.h"
 #include "fusebox/plan_file.h"
@@ -67,6 +68,39 @@ TEST(PlanCheckSeal, EditedVerdictsAreNotTrusted) {
   PlanFileInfo e5 = base;
   e5.plan_check_seal = std::string(16, '0');
   EXPECT_FALSE(plan_info_json::check_passed(e5, "cc"));
+}
+
+// A plan of fusebox's own kernels is serialized as their names: the code that runs is this build's.
+// Its verdict holds only under the kernels revision it was recorded with (common/kernels_revision.h):
+// from another build, or from before revisions were recorded, it is checked again; a cuDNN plan's
+// verdict does not depend on the revision. The revision is sealed: editing it does not help.
+TEST(PlanCheckSeal, AVerdictOnFuseboxKernelsHoldsForTheirRevisionOnly) {
+  PlanCheckRun run;
+  run.passed = true;
+  run.detail = "o: PASS";
+  for (const char* engine : {"fusebox_sdpa_decode", "partitioned[eng0 | fusebox_reference]"}) {
+    SCOPED_TRACE(engine);
+    PlanFileInfo native = sample_info();
+    native.engine = engine;
+    native.fusebox_kernels = common::kernels_revision();
+    record_plan_check(native, run, "cc");
+    EXPECT_TRUE(plan_info_json::check_passed(native, "cc"));
+    PlanFileInfo other_build = native;
+    other_build.fusebox_kernels = "0000000000000000";
+    EXPECT_FALSE(plan_info_json::check_passed(other_build, "cc"));
+    PlanFileInfo older = sample_info();  // recorded before revisions were
+    older.engine = engine;
+    record_plan_check(older, run, "cc");
+    EXPECT_FALSE(plan_info_json::check_passed(older, "cc"));
+  }
+  PlanFileInfo cudnn = sample_info();
+  cudnn.fusebox_kernels = "0000000000000000";
+  record_plan_check(cudnn, run, "cc");
+  EXPECT_TRUE(plan_info_json::check_passed(cudnn, "cc")) << "a cuDNN plan: any revision";
+  PlanFileInfo edited = cudnn;
+  edited.fusebox_kernels = common::kernels_revision();
+  EXPECT_FALSE(plan_info_json::check_passed(edited, "cc")) << "the revision is under the seal";
+  EXPECT_EQ(std::string(common::kernels_revision()).size(), 16u);
 }
 
 TEST(PlanCheckSeal, AFailingRunRecordsNothing) {

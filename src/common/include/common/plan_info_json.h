@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/json_util.h"
+#include "common/kernels_revision.h"
 #include "fusebox/plan_info.h"
 
 namespace fusebox::plan_info_json {
@@ -40,6 +41,7 @@ inline void write(const PlanFileInfo& i, nlohmann::json& j) {
   j["cudnn"] = i.cudnn_version;
   j["frontend"] = i.frontend_version;
   j["fusebox"] = i.fusebox_version;
+  if (!i.fusebox_kernels.empty()) j["fusebox_kernels"] = i.fusebox_kernels;
   if (!i.plan_check.empty()) {
     j["plan_check"] = i.plan_check;
     j["plan_check_detail"] = i.plan_check_detail;
@@ -61,6 +63,7 @@ inline void read(const nlohmann::json& j, PlanFileInfo* i) {
   i->cudnn_version = common::json_int_at(j, "cudnn", 0);
   i->frontend_version = j.at("frontend").get<std::string>();
   i->fusebox_version = j.at("fusebox").get<std::string>();
+  i->fusebox_kernels = j.value("fusebox_kernels", std::string());  // optional: older files have none
   // Optional (older entries and files have none): the plan check's verdict.
   if (j.contains("plan_check")) {
     i->plan_check = j.at("plan_check").get<std::string>();
@@ -79,12 +82,15 @@ inline std::string seal(const PlanFileInfo& i, const std::string& payload_checks
                            i.graph_fingerprint + "\n" + i.engine + "\n" + i.device_name + "\n" +
                            std::to_string(i.sm_version) + "\n" + std::to_string(i.sm_count) + "\n" +
                            std::to_string(i.cudnn_version) + "\n" + i.frontend_version + "\n" +
-                           payload_checksum;
+                           payload_checksum + (i.fusebox_kernels.empty() ? "" : "\n" + i.fusebox_kernels);
   return hex64(XXH3_64bits(text.data(), text.size()));
 }
 
-// Whether `i` carries a passing verdict whose seal matches this payload.
+// Whether `i` carries a passing verdict whose seal matches this payload; for a plan of fusebox's
+// own kernels (serialized as their names: the code that runs is this build's), also one recorded
+// under this build's kernels revision.
 inline bool check_passed(const PlanFileInfo& i, const std::string& payload_checksum) {
+  if (common::uses_fusebox_kernels(i.engine) && i.fusebox_kernels != common::kernels_revision()) return false;
   return i.plan_check == "pass" && !i.plan_check_seal.empty() &&
          i.plan_check_seal == seal(i, payload_checksum);
 }
