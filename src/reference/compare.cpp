@@ -44,7 +44,7 @@ Tolerance default_tolerance(DType output_dtype) {
 
 // The largest finite value of a saturating fp8 output (cuDNN's casts to fp8 saturate, as the
 // references assume for the ops' internal roundings); 0 for any other dtype.
-double saturation_of(DType dtype) {
+static double saturation_of(DType dtype) {
   switch (dtype) {
     case DType::kFP8E4M3:
       return 448.0;
