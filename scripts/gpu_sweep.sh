@@ -131,13 +131,16 @@ elif rc == 1 and code == "VerificationFailed" and "plan check" in first:
     rejected = [l for l in lines if l.startswith("rejected ")]
     status, detail = "REFUSED", " | ".join([first] + rejected)[:900]
 elif rc == 1 and code == "VerificationFailed":
-    status, detail = "WRONG", summary((doc or {}).get("verify"), True) or first
+    # which engine served it (the next step of any WRONG is an engine rule or a reference fix)
+    status, detail = "WRONG", (summary((doc or {}).get("verify"), True) or first) + \
+        "; engine %s" % ((doc or {}).get("engine") or "?")
 elif rc == 1 and code == "NotSupported" and "need a Blackwell GPU" in first:
     status, detail = "ARCH", first
 elif rc == 1 and code == "NotSupported" and "declare a 'dropout_mask' output to verify" in first:
     status, detail = "UNVERIF", first
 elif rc == 1 and code == "NotSupported":
-    status, detail = "NOENGINE", first
+    # every line: the last resort's reason follows cuDNN's ("and fusebox's reference kernels ...")
+    status, detail = "NOENGINE", " | ".join(lines)[:900]
 elif rc > 128 or rc < 0:
     status, detail = "ERROR", "killed by signal %d: %s" % (rc - 128 if rc > 128 else -rc, first)
 else:
