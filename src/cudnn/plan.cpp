@@ -374,8 +374,8 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     }
     return plan;
   }
-  if (auto faster = kernels::faster_native_kernel(g);
-      faster.kernel && !excluded(faster.kernel->name()) &&
+  auto faster = kernels::faster_native_kernel(g);
+  if (faster.kernel && !excluded(faster.kernel->name()) &&
       (options.engine == faster.kernel->name() ||
        (options.engine.empty() && options.native_kernels && faster.by_default))) {
     return build_native_plan(g, target, options, r, &faster);
@@ -385,7 +385,24 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
   if (!options.engine.empty()) {
     effective.heuristics = {HeuristicMode::kA, HeuristicMode::kB, HeuristicMode::kFallback};
   }
-  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, first_three_steps(g, target, effective, ctx, r));
+  // A kernel of fusebox's own that runs this graph only when pinned: the report (or the refusal, where
+  // no cuDNN engine builds, as deviceless for runtime-compiled ones) says it exists.
+  const bool pinnable = faster.kernel && !faster.by_default && options.engine.empty();
+  auto lowered_or = first_three_steps(g, target, effective, ctx, r);
+  if (!lowered_or.ok() && pinnable) {  // on the first line: callers keep the first line of each try
+    std::string m = lowered_or.status().message();
+    m.insert(std::min(m.find('\n'), m.size()), " (fusebox's own '" + faster.kernel->name() +
+                                                   "' runs this graph when pinned: --engine " +
+                                                   faster.kernel->name() + ")");
+    return Status(lowered_or.status().code(), m);
+  }
+  FUSEBOX_ASSIGN_OR_RETURN(LoweredGraph lowered, std::move(lowered_or));
+  if (pinnable) {
+    r.lowering_notes.push_back("[graph '" + g.name +
+                               "']: cuDNN's engine, the faster one here; fusebox's own '" +
+                               faster.kernel->name() + "' runs this graph too when pinned (--engine " +
+                               faster.kernel->name() + "): " + faster.why);
+  }
   auto& graph = *lowered.graph;
   int64_t pinned = -1;
   if (!options.engine.empty()) {

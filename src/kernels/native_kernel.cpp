@@ -156,8 +156,8 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFwdAttrs& a) {
   if (auto k = make_sdpa_decode_kernel(g, op, a)) {
     return {k,
-            "fusebox's paged decode attention, pinned: a sequence's output does not depend on its batch "
-            "(slower than cuDNN's engine, which is the default)",
+            "a sequence's output does not depend on the batch it runs in, bit for bit (cuDNN's engine, "
+            "the default, is faster: 0.399 ms against 0.731 on example sdpa_paged_decode, H100)",
             false};
   }
   return {};
