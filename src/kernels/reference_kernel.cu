@@ -137,6 +137,8 @@ class ReferenceKernel final : public KernelBase {
       if (it == scratch.out.end() || t.element_count() == 0) continue;
       fill_kernel<<<grid_stride_blocks(t.element_count(), 256), 256, 0, stream>>>(it->second, 1.0f,
                                                                                   t.element_count());
+      FUSEBOX_RETURN_IF_ERROR(
+          common::cuda_status(cudaGetLastError(), where_ + "output '" + t.name + "': ", "fill_kernel"));
     }
     for (const Slot& x : outputs_) {
       const ResolvedTensor& t = g_.tensors[static_cast<size_t>(x.tensor)];

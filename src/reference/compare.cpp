@@ -1,4 +1,5 @@
 // fusebox: comparison of an output with its reference.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -63,11 +64,12 @@ Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
   const DType dtype = g.tensors[idx].dtype;
   Tolerance tol = default_tolerance(dtype);
   for (const ResolvedOp& op : g.ops) {
-    for (const auto& [role, out] : op.outputs) {
-      if (out != idx) continue;
-      tol = std::visit([&](const auto& attrs) { return reference_detail::tolerance(attrs, role, dtype); },
-                       op.attrs);
-    }
+    auto it =
+        std::find_if(op.outputs.begin(), op.outputs.end(), [&](const auto& r) { return r.second == idx; });
+    if (it == op.outputs.end()) continue;
+    tol = std::visit([&](const auto& attrs) { return reference_detail::tolerance(attrs, it->first, dtype); },
+                     op.attrs);
+    break;  // one producer per tensor
   }
   tol.saturate_at = saturation_of(dtype);
   return tol;
