@@ -11,6 +11,12 @@
 #   PART=6: the 125M decode profile cold and warm on one plan cache
 #   PART=7: fusebox's decode kernels (paged attention, few-row matmul): their GPU tests, each example
 #           against cuDNN's first supported engine (run --cuda-graph), the 1B bf16 decode profile
+#   FB_REPORT=PATH: bench() takes fusebox's report from PATH (an earlier call's, carried in .gpu)
+#   instead of serving the trace again, so a call can spend its time on the torch side;
+#   MODES="eager compile" (the default): the torch modes bench() runs.
+#   The plan cache: .gpu/plans.sqlite (an earlier call's $OUT/plans.sqlite, carried back) seeds
+#   $W/plans.sqlite on a fresh machine, so the engine's warm-up reads plans instead of building and
+#   checking them; every call leaves the cache in $OUT/plans.sqlite.
 # Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
 # Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
 # timing and agreement only, no text.
@@ -24,6 +30,8 @@ PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
 FB=$PWD/.gpu/fusebox
 S="$OUT/summary.txt"
+[ -f .gpu/plans.sqlite ] && [ ! -f "$W/plans.sqlite" ] && cp .gpu/plans.sqlite "$W/plans.sqlite"
+trap 'cp "$W/plans.sqlite" "$OUT/plans.sqlite" 2>/dev/null' EXIT
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$FB" info 2>&1 | grep -iE "cudnn|gpu" | head -4
   $PY -c 'import torch; print("torch", torch.__version__)'; } | tee -a "$S"
@@ -46,11 +54,16 @@ compare() {
 bench() {
   local name=$1 ck=$2 trace=$3 mb=$4
   shift 4
-  timeout 400 "$FB" serve lm --model "$ck" --bench "$trace" --backend gpu --max-batch "$mb" --report "$OUT/${name}_fusebox.json" "$@" \
-    > "$OUT/${name}_fusebox.txt" 2>&1
-  summary "$name: fusebox --backend gpu (exit $?)" "$OUT/${name}_fusebox.txt" 5
-  grep -m1 "^engine:" "$OUT/${name}_fusebox.txt" | cut -c1-400 | tee -a "$S"
-  for mode in eager compile; do
+  if [ -n "${FB_REPORT:-}" ]; then
+    cp "$FB_REPORT" "$OUT/${name}_fusebox.json"
+    echo "== $name: fusebox's report from $FB_REPORT (an earlier call's)" | tee -a "$S"
+  else
+    timeout 400 "$FB" serve lm --model "$ck" --bench "$trace" --backend gpu --max-batch "$mb" --report "$OUT/${name}_fusebox.json" "$@" \
+      > "$OUT/${name}_fusebox.txt" 2>&1
+    summary "$name: fusebox --backend gpu (exit $?)" "$OUT/${name}_fusebox.txt" 5
+    grep -m1 "^engine:" "$OUT/${name}_fusebox.txt" | cut -c1-400 | tee -a "$S"
+  fi
+  for mode in ${MODES:-eager compile}; do
     timeout 400 $PY -m fusebox_tools.models.lm_torch serve-bench --checkpoint "$ck" --trace "$trace" --max-batch "$mb" \
       --device cuda --mode "$mode" --report "$OUT/${name}_torch_$mode.json" > "$OUT/${name}_torch_$mode.txt" 2>&1
     summary "$name: torch $mode (exit $?)" "$OUT/${name}_torch_$mode.txt" 4

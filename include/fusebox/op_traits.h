@@ -22,7 +22,8 @@ struct OpTraitsInfo {
   bool reads_forward_outputs = false;          // a backward op reading its forward's o and stats
   std::vector<std::string_view> index_inputs;  // input roles whose values index memory: checked before a run
   std::vector<std::string_view>
-      no_grad_inputs;  // input roles that never carry a gradient (fusebox/autodiff.h)
+      no_grad_inputs;        // input roles that never carry a gradient (fusebox/autodiff.h)
+  bool sums_inputs = false;  // adds many values of its input (a sum, a mean): see partition.h
 };
 
 // The traits of an op, from its attributes.

@@ -34,6 +34,10 @@ struct GraphPartition {
   // parts take it, else the io dtype (what fused engines write to memory).
   std::map<int, DType> temporary_dtypes;
   int64_t temporary_bytes = 0;  // each rounded up to 256 bytes
+  // Temporaries stored in fewer bits than the intermediate dtype though a later op sums them
+  // (op_traits' sums_inputs), each with why: done only when no partition (the last resort
+  // included) writes them in the intermediate dtype. Reported with the plan.
+  std::vector<std::string> narrowed;
   std::string summary()
       const;  // "2 parts: [conv_dgrad 'dgrad'] | [relu_bwd 'drelu'] (temporaries: dgrad_out 838 KB)"
 };
@@ -64,7 +68,9 @@ using SupportOracle = std::function<Status(const ResolvedGraph& part)>;
 
 // The fewest consecutive parts the oracle accepts, largest first part first
 // (greedy over the topological order). A part's outgoing temporaries are
-// tried in the intermediate dtype, then in the io dtype. A graph the oracle accepts whole is
+// tried in the intermediate dtype, then in the io dtype; a temporary that a later op sums
+// (a reduce_sum or reduce_mean) only in the intermediate dtype, unless no partition is found that
+// way (then it is narrowed and `narrowed` says so). A graph the oracle accepts whole is
 // one part. When a single op is refused, NotSupported naming the op, its
 // tensors and the oracle's reason.
 Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle);

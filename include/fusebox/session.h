@@ -151,6 +151,7 @@ struct PlanReport {
   // (PlanRequest::reference_fallback): "op 'name' (type): cuDNN's reason", one per op.
   std::vector<std::string> reference_fallback;
   std::vector<std::string> partition_cuts;
+  std::vector<std::string> partition_narrowed;  // GraphPartition::narrowed: precision given up, and why
   int64_t partition_temporary_bytes = 0;
   struct PartitionPart {
     int first_op = 0;  // into the graph's ops (topological order)

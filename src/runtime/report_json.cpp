@@ -55,6 +55,7 @@ nlohmann::json partition_json(const PlanReport& r) {
   }
   return {{"summary", r.partition},
           {"cuts", r.partition_cuts},
+          {"narrowed", r.partition_narrowed},
           {"temporary_bytes", r.partition_temporary_bytes},
           {"parts", parts}};
 }

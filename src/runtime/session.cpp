@@ -813,6 +813,7 @@ Result<Plan> Session::build_partitioned(const ResolvedGraph& g, const BuildOptio
   }
   rep.partition = partition.summary();
   rep.partition_temporary_bytes = partition.temporary_bytes;
+  rep.partition_narrowed = partition.narrowed;
   for (size_t i = 0; i < partition.parts.size(); ++i) {
     const GraphPart& part = partition.parts[i];
     if (!part.why_cut.empty()) rep.partition_cuts.push_back(part.why_cut);

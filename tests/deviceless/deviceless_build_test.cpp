@@ -716,13 +716,14 @@ TEST(FasterNativeKernel, TheServingEnginesDecodeGemmsTakeTheGemvKernel) {
 namespace fusebox {
 namespace {
 
-// Sweep seed 6121 (tests/open-cases/sdpa_fwd_sliding_window_sq_gt_skv_no_engine.json): an
+// Sweep seed 6121 (tests/cases/no-engine/sdpa_fwd_sliding_window_sq_gt_skv_keep_mask.json): an
 // attention forward cuDNN 9.19 refuses (a sliding window with more queries than keys) that asks
 // for its dropout keep-mask at dropout 0. The reference kernels now take it (every element kept:
 // the mask is all ones), so the session's last resort runs it; a mask of any other probability
 // still needs cuDNN's generator and is refused, naming the op.
 TEST(ReferenceKernelBuild, TakesAKeepMaskOfDropoutZeroOnly) {
-  auto g = load(testing::source_dir() + "/tests/open-cases/sdpa_fwd_sliding_window_sq_gt_skv_no_engine.json");
+  auto g =
+      load(testing::source_dir() + "/tests/cases/no-engine/sdpa_fwd_sliding_window_sq_gt_skv_keep_mask.json");
   BuildOptions pinned;
   pinned.engine = "fusebox_reference";
   auto plan = build_plan(g, h200(), pinned, nullptr, nullptr);

@@ -128,7 +128,7 @@ def test_a_trace_is_replayed_with_fuseboxs_report_fields(model, tmp_path):
     assert p.returncode == 1 and "NOT a near-tie" in p.stdout, p.stdout + p.stderr
     p = _py(*judge, "--tie", "1e9")
     assert p.returncode == 0 and "1 differ after a near-tie" in p.stdout, p.stdout + p.stderr
-    gap = float(p.stdout.split("top-2 gap ")[1].split(":")[0])
+    gap = float(p.stdout.split("top-2 gap ")[1].split(" ")[0])
     trace = json.loads((tmp_path / "trace.json").read_text())["requests"]
     top = sorted(np.asarray(_logits(_torch_model(model), list(trace[3]["prompt"]) + r["tokens_by_request"]["3"][:2]),
                             dtype=np.float64))[-2:]
@@ -234,3 +234,15 @@ def test_teacher_forced_logits_match_the_torch_model(fusebox, model, tmp_path):
     assert r["ok"] and len(r["rows"]) == 3 and sum(x["forced"] for x in r["rows"]) == 18
     assert 0 < r["worst_rel_l2"] <= 2e-2
 
+
+
+def test_a_near_tie_is_bounded_by_the_top_logits_rounding():
+    from fusebox_tools.models.lm_torch import tie_bound
+    # bf16 logits of 4 to 8 are 1/32 apart: two units in the last place are 1/16.
+    assert tie_bound(5.0, "bf16", 1e-2, 2) == pytest.approx(0.0625)
+    assert tie_bound(-5.0, "bf16", 1e-2, 2) == pytest.approx(0.0625)
+    assert tie_bound(1.5, "bf16", 1e-2, 2) == pytest.approx(2 * 2.0 ** -7)
+    # fp32 logits: the absolute bound rules; no units asked: the absolute bound alone.
+    assert tie_bound(5.0, "fp32", 1e-2, 2) == pytest.approx(1e-2)
+    assert tie_bound(5.0, "bf16", 1e-2, 0) == pytest.approx(1e-2)
+    assert tie_bound(0.0, "bf16", 0.0, 2) == 0.0

@@ -285,7 +285,7 @@ TEST(SdpaFp8BwdReferenceCpu, ExampleGraphRuns) {
   }
 }
 
-// Sweep seed 6097 (tests/open-cases/sdpa_fp8_bwd_cpu_reference_disagrees.json): scale_dk 256 puts
+// Sweep seed 6097 (tests/cases/wrong-values/sdpa_fp8_bwd_saturating_dk.json): scale_dk 256 puts
 // the largest dK' (about 2.6) at 655 in dk's e4m3, beyond its 448. cuDNN and fusebox's reference
 // kernel both stored 448 there (their saturating cast) and were refused: the comparison held the
 // unclamped reference (max_abs_rel 0.28 > 0.25). An engine that computes the op exactly and casts
@@ -295,7 +295,7 @@ TEST(SdpaFp8BwdReferenceCpu, OutputsBeyondTheFp8RangeCompareSaturated) {
   std::optional<ResolvedGraph> g;
   std::map<std::string, HostTensor> inputs;
   ASSERT_NO_FATAL_FAILURE(
-      load_with_inputs("/tests/open-cases/sdpa_fp8_bwd_cpu_reference_disagrees.json", g, inputs));
+      load_with_inputs("/tests/cases/wrong-values/sdpa_fp8_bwd_saturating_dk.json", g, inputs));
   auto ref = reference_cpu(*g, inputs);
   ASSERT_TRUE(ref.ok()) << ref.status().ToString();
   const Tolerance tol = tolerance_for(*g, "dk");

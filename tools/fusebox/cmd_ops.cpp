@@ -22,6 +22,7 @@ nlohmann::ordered_json traits_json(const OpTraitsInfo& t) {
   j["native_only"] = t.native_only;
   j["reads_forward_outputs"] = t.reads_forward_outputs;
   j["index_inputs"] = strings(t.index_inputs);
+  j["sums_inputs"] = t.sums_inputs;
   return j;
 }
 

@@ -153,6 +153,7 @@ void print_plan_check(const PlanReport& r) {
     std::printf("  partitioned (no engine runs the whole graph): %s; temporaries %s in the workspace\n",
                 safe(r.partition).c_str(), format_bytes(r.partition_temporary_bytes).c_str());
     for (const auto& cut : r.partition_cuts) std::printf("    cut: %s\n", safe(cut).c_str());
+    for (const auto& n : r.partition_narrowed) std::printf("    precision: %s\n", safe(n).c_str());
   }
   for (const auto& op : r.reference_fallback) {
     std::printf(

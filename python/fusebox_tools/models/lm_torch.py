@@ -19,7 +19,7 @@ loss); on CPU in fp32. Attention is F.scaled_dot_product_attention(is_causal=Tru
     python3 -m fusebox_tools.models.lm_torch serve-bench --checkpoint CK --trace TRACE.json --report R.json \\
         [--max-batch 8] [--device cuda|cpu] [--mode eager|compile] [--compile-mode M] [--kv-bucket 256]
     python3 -m fusebox_tools.models.lm_torch compare-serve A.json B.json [--first N] [--json]
-                 [--checkpoint CK --trace T [--tie 1e-2]]
+                 [--checkpoint CK --trace T [--tie 1e-2] [--tie-ulps 2]]
 
 grads writes `grad.<name>` (F32) for every parameter and metadata `loss`; compare-grads A B prints
 per tensor rel-L2 = |a-b|_2/|b|_2 and the max abs error, and exits 1 when a rel-L2 is over 3e-2,
@@ -1072,9 +1072,20 @@ def compare_serve(a, b, first=None):
     return rows, ok
 
 
-def near_ties(net, rows, a, prompts, dev, prec, tie):
+def tie_bound(top, prec, tie, tie_ulps):
+    """The largest top-2 gap that counts as a near-tie: `tie`, or `tie_ulps` units in the last place
+    of the top logit in the precision the reference computes its logits in (bf16: 8 bits of
+    mantissa, so a logit of 4 to 8 moves in steps of 1/32), whichever is larger. Two sides that
+    round the same logits differently can swap a top-2 pair closer than that."""
+    import math
+    mantissa = 8 if prec == "bf16" else 24
+    ulp = 2.0 ** (math.floor(math.log2(abs(top))) - (mantissa - 1)) if top != 0 else 0.0
+    return max(tie, tie_ulps * ulp)
+
+
+def near_ties(net, rows, a, prompts, dev, prec, tie, tie_ulps=0.0):
     """Issue 34's rule for greedy tokens that differ: allowed only where the reference model's top-2
-    logits at the first differing step are within `tie` (a near-tie). For each differing row of
+    logits at the first differing step are within tie_bound() (a near-tie). For each differing row of
     compare_serve: `net`'s logits after the prompt and the tokens both sides share, their top-2
     gap, and whether it is a near-tie. Rows gain "gap" and "near_tie"; returns how many differ
     beyond a near-tie."""
@@ -1093,7 +1104,9 @@ def near_ties(net, rows, a, prompts, dev, prec, tie):
             logits = net(torch.tensor([[int(t) for t in prompt] + shared], device=dev))[0, -1].float()
         top = torch.topk(logits, 2).values
         r["gap"] = float(top[0] - top[1])
-        r["near_tie"] = r["gap"] <= tie
+        r["top"] = float(top[0])
+        r["tie_bound"] = tie_bound(r["top"], prec, tie, tie_ulps)
+        r["near_tie"] = r["gap"] <= r["tie_bound"]
         real += 0 if r["near_tie"] else 1
     return real
 
@@ -1125,7 +1138,7 @@ def cmd_compare_serve(args):
         dev, prec = _device(args)
         net = load(_config_source(args), args.checkpoint, dev).eval()
         prompts = {str(i): r.get("prompt") for i, r in enumerate(trace) if isinstance(r, dict)}
-        real = near_ties(net, rows, docs[0], prompts, dev, prec, args.tie)
+        real = near_ties(net, rows, docs[0], prompts, dev, prec, args.tie, args.tie_ulps)
         ties = sum(1 for r in rows if r.get("near_tie"))
         ok = real == 0 and all("error" not in r for r in rows)
     out = {"requests": len(rows), "identical": same, "first": args.first, "ok": ok, "near_ties": ties,
@@ -1135,12 +1148,14 @@ def cmd_compare_serve(args):
     else:
         for r in out["differ"]:
             gap = "" if r.get("gap") is None else (
-                f"; top-2 gap {r['gap']:.4g}: " + ("a near-tie" if r["near_tie"] else "NOT a near-tie"))
+                f"; top-2 gap {r['gap']:.4g} (top logit {r['top']:.4g}, near-tie bound {r['tie_bound']:.4g}): "
+                + ("a near-tie" if r["near_tie"] else "NOT a near-tie"))
             print(f"request {r['request']}: " + (r["error"] if "error" in r else
                   f"differs at token {r['common_prefix']} (lengths {r['len_a']}, {r['len_b']}){gap}"))
         print(f"{'PASS' if ok else 'FAIL'}: {same} of {len(rows)} requests generated the same tokens"
               + (f" (first {args.first})" if args.first else "")
-              + (f"; {ties} differ after a near-tie (top-2 within {args.tie:g})" if ties is not None else ""))
+              + (f"; {ties} differ after a near-tie (top-2 within {args.tie:g} or {args.tie_ulps:g} units in the "
+                 f"last place of the top logit)" if ties is not None else ""))
     return 0 if ok else 1
 
 
@@ -1251,6 +1266,9 @@ def main(argv=None):
     p.add_argument("--config", help="config JSON (default: the checkpoint's metadata)")
     p.add_argument("--trace", help="the trace both reports replayed (the prompts), with --checkpoint")
     p.add_argument("--tie", type=float, default=1e-2, help="a near-tie: top-2 logits within this (default 1e-2)")
+    p.add_argument("--tie-ulps", type=float, default=2.0,
+                   help="or within this many units in the last place of the top logit, in the reference's "
+                        "precision (default 2: bf16 logits of 4 to 8 are 1/32 apart)")
     p.add_argument("--device", help="cuda or cpu (default cuda when available)")
     p.add_argument("--precision", choices=["bf16", "fp32"], help="default bf16 on CUDA, fp32 on the CPU")
     p.set_defaults(func=cmd_compare_serve)

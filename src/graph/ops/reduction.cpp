@@ -47,6 +47,9 @@ struct OpTraits<ReductionAttrs> : OpTraitsDefaults {
   static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp& op, const ReductionAttrs&) {
     return "op '" + op.name + "' (a reduction) adds partial sums in no fixed order";
   }
+  static bool sums_inputs(const ReductionAttrs& a) {
+    return a.mode == ReductionMode::kSum || a.mode == ReductionMode::kMean;
+  }
 };
 FUSEBOX_OP_TRAITS(ReductionAttrs)
 

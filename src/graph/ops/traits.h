@@ -26,6 +26,10 @@
 //                     them out of the default wrt set (fusebox/autodiff.h)
 //   not_bit_reproducible(g, op, a)  why two runs of one plan may differ in
 //                     the last bits ("" when they may not)
+//   sums_inputs(a)    the op adds many values of its input (a sum, a mean): an
+//                     input rounded to fewer bits before it loses precision
+//                     under cancellation, so the partitioner narrows a
+//                     temporary it reads only as a last resort (partition.h)
 #pragma once
 
 #include <array>
@@ -53,6 +57,10 @@ struct OpTraitsDefaults {
   static std::string not_bit_reproducible(const ResolvedGraph&, const ResolvedOp&, const A&) {
     return "";
   }
+  template <typename A>
+  static bool sums_inputs(const A&) {
+    return false;
+  }
 };
 
 // Op-specific JSON fields accepted besides op, name, inputs, outputs, compute_dtype: the entry's,
@@ -78,6 +86,7 @@ OpTraitsInfo traits_info_of(const T& a) {
   t.reads_forward_outputs = Tr::reads_forward_outputs;
   t.index_inputs.assign(Tr::index_inputs.begin(), Tr::index_inputs.end());
   t.no_grad_inputs.assign(Tr::no_grad_inputs.begin(), Tr::no_grad_inputs.end());
+  t.sums_inputs = Tr::sums_inputs(a);
   return t;
 }
 
