@@ -90,7 +90,7 @@ PYEOF
     --forced "$W/${name}_forced.json" --logits-out "$W/${name}_logits" > "$OUT/${name}_forced.txt" 2>&1
   summary "$name teacher forcing: fusebox --backend gpu (exit $?)" "$OUT/${name}_forced.txt" 2
   timeout 300 $PY -m fusebox_tools.models.lm_torch teacher-forced --checkpoint "$ck" --forced "$W/${name}_forced.json" \
-    --logits "$W/${name}_logits" --device cuda --json "$OUT/${name}_teacher_forced.json" > "$OUT/${name}_tf.txt" 2>&1
+    --logits "$W/${name}_logits" --device cuda --floor --json "$OUT/${name}_teacher_forced.json" > "$OUT/${name}_tf.txt" 2>&1
   summary "$name teacher forcing: against torch bf16 (exit $?)" "$OUT/${name}_tf.txt" 8
 }
 

@@ -85,6 +85,14 @@ struct GpuForward::Impl {
   };
   std::map<std::pair<int64_t, int64_t>, Program> programs;
   double warmup_ms = 0;
+  // Where the warm-up went (summary()): every get_plan's wall time, split by where the plan came
+  // from, the plan checks inside it, the slowest graphs, the eager runs and the graph captures.
+  struct PlanCost {
+    int built = 0, cached = 0;
+    double built_ms = 0, cached_ms = 0, check_ms = 0;
+    std::vector<std::pair<double, std::string>> slowest;  // (ms, graph key), the 3 slowest
+  } plan_cost;
+  double eager_ms = 0, capture_ms = 0;
 
   ~Impl() {
     for (auto& [key, p] : programs)
@@ -104,7 +112,16 @@ struct GpuForward::Impl {
     auto it = plans.find(made->key);
     if (it != plans.end()) return &it->second;
     auto gi = graphs.emplace(made->key, std::move(*made)).first;
-    FUSEBOX_ASSIGN_OR_RETURN(Plan p, session->get_plan(gi->second.graph, PlanRequest{}));
+    PlanReport rep;
+    FUSEBOX_ASSIGN_OR_RETURN(Plan p, session->get_plan(gi->second.graph, PlanRequest{}, &rep));
+    const bool built = rep.source == PlanSource::kBuilt;
+    (built ? plan_cost.built : plan_cost.cached) += 1;
+    (built ? plan_cost.built_ms : plan_cost.cached_ms) += rep.total_ms;
+    plan_cost.check_ms += rep.plan_check.ms;
+    auto& slow = plan_cost.slowest;
+    slow.emplace_back(rep.total_ms, gi->first);
+    std::sort(slow.begin(), slow.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    if (slow.size() > 3) slow.pop_back();
     return &plans.emplace(gi->first, std::move(p)).first->second;
   }
 
@@ -515,13 +532,20 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
     }
     if (sb >= prefill_cap) break;
   }
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
+  const auto t_eager = std::chrono::steady_clock::now();
   for (auto& [key, p] : s.programs) {
     s.fill({}, p.B, p.S, p.S, {});
     FUSEBOX_RETURN_IF_ERROR(s.enqueue(p));
     FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "serve: warm-up"));
   }
+  s.eager_ms = since(t_eager);
+  const auto t_capture = std::chrono::steady_clock::now();
   for (auto& [key, p] : s.programs)
     if (p.S == 1) s.capture(p);
+  s.capture_ms = since(t_capture);
   s.warmup_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return std::unique_ptr<GpuForward>(new GpuForward(std::move(impl)));
 }
@@ -713,8 +737,20 @@ std::string GpuForward::summary() const {
          (s.opt.warm_prompt_buckets ? ""
                                     : "; prompt buckets not built at warm-up: each prompt bucket builds on "
                                       "first use") +
-         "), warm-up " + std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms, " +
-         std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
+         "), warm-up " + std::to_string(static_cast<int64_t>(s.warmup_ms)) + " ms (" + warmup_breakdown() +
+         "), " + std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
+}
+
+std::string GpuForward::warmup_breakdown() const {
+  const Impl& s = *impl_;
+  const Impl::PlanCost& c = s.plan_cost;
+  auto ms = [](double v) { return std::to_string(static_cast<int64_t>(v)) + " ms"; };
+  std::string slowest;
+  for (const auto& [t, key] : c.slowest) slowest += (slowest.empty() ? "" : ", ") + key + " " + ms(t);
+  return "plans: " + std::to_string(c.built) + " built in " + ms(c.built_ms) + ", " +
+         std::to_string(c.cached) + " from the plan cache in " + ms(c.cached_ms) + ", plan checks " +
+         ms(c.check_ms) + " of that" + (slowest.empty() ? "" : "; slowest " + slowest) + "; eager runs " +
+         ms(s.eager_ms) + ", CUDA graph captures " + ms(s.capture_ms);
 }
 
 int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }

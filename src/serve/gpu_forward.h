@@ -62,6 +62,9 @@ class GpuForward {
                          bool want_logits);
 
   std::string summary() const;  // buckets, plans, CUDA graphs, warm-up time, device memory
+  // Where the warm-up went: plans built and read from the plan cache (with the plan checks inside
+  // them and the three slowest graphs), the eager runs of every program, the CUDA graph captures.
+  std::string warmup_breakdown() const;
   // Times a decode step of B sequences at `context` tokens each: the bucket's CUDA graph replayed,
   // then each of its steps eagerly between CUDA events (medians of `iters` runs), with the bytes
   // a step must read (weights, the embedding rows, the KV cache) against the device's copy peak

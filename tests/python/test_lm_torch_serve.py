@@ -233,7 +233,15 @@ def test_teacher_forced_logits_match_the_torch_model(fusebox, model, tmp_path):
     r = json.loads((tmp_path / "tf.json").read_text())
     assert r["ok"] and len(r["rows"]) == 3 and sum(x["forced"] for x in r["rows"]) == 18
     assert 0 < r["worst_rel_l2"] <= 2e-2
-
+    # --floor: the distance from torch fp32 (the reference here: equal to the verdict's), and torch
+    # bf16's own (autocast on the CPU), both printed per request.
+    p = _py("fusebox_tools.models.lm_torch", "teacher-forced", "--checkpoint", ck, "--forced", str(f), "--logits",
+            str(tmp_path / "logits"), "--device", "cpu", "--floor", "--json", str(tmp_path / "tf2.json"))
+    assert p.returncode == 0 and "against torch fp32: fusebox " in p.stdout, p.stdout + p.stderr
+    r2 = json.loads((tmp_path / "tf2.json").read_text())
+    for a, b in zip(r["rows"], r2["rows"]):
+        assert b["fp32_worst_rel_l2"] == pytest.approx(a["worst_rel_l2"])
+        assert 0 < b["torch_bf16_fp32_worst_rel_l2"] < 0.1
 
 
 def test_a_near_tie_is_bounded_by_the_top_logits_rounding():
