@@ -7,7 +7,7 @@
 # (scripts/gpu_sweep.sh).
 #   run(command="bash scripts/gpu_never_wrong.sh [COUNT] [SEED]", carry=[".gpu-train"] or [".gpu"])
 # Results under $OUT: summary.txt, gtests.txt, cases_timed.txt, sweep.log, sweep_tally.txt,
-# sweep_fail/ (tarred into sweep_fail.tgz).
+# sweep_fail/ (tarred into sweep_fail.tgz), the open cases' outputs (open_outputs.tgz).
 set -u
 COUNT=${1:-320}
 SEED=${2:-2000}
@@ -47,9 +47,13 @@ done
 cat "$OUT/cases_timed.txt" >> "$OUT/summary.txt"
 # Graphs still refused for a cause not yet found (tests/open-cases/), and the engine rules' graphs
 # (tests/rules/, symbolic ones at their default shape): each run with --verify, its outcome kept.
+# An open case's outputs are saved (open_outputs.tgz): `fusebox reference CASE --compare DIR` then
+# shows, on any machine, each output's worst element against the CPU reference.
 for g in tests/open-cases/*.json tests/rules/*.json; do
   [ -f "$g" ] || continue
-  timeout 60 "$W/fusebox" run "$g" --verify --iters 3 --no-cache > "$OUT/open_run.txt" 2>&1
+  save=()
+  case $g in tests/open-cases/*) save=(--save-outputs "$OUT/open_outputs/$(basename "$g" .json)") ;; esac
+  timeout 60 "$W/fusebox" run "$g" --verify --iters 3 --no-cache "${save[@]}" > "$OUT/open_run.txt" 2>&1
   rc=$?
   { echo "-- open/rule $(basename "$g" .json): exit $rc"
     grep -E "engine:|partitioned|plan check|verify|rejected|excluded" "$OUT/open_run.txt" | cut -c1-300 | head -12; } \
@@ -61,3 +65,4 @@ echo "sweep exit $?" | tee -a "$OUT/summary.txt"
 cat "$OUT/sweep_tally.txt" >> "$OUT/summary.txt" 2>/dev/null
 grep -E '^(PASSREF|WRONG|REFUSED|NOENGINE|UNVERIF|ERROR|TIMEOUT) ' "$OUT/sweep.log" | cut -c1-400 >> "$OUT/summary.txt"
 tar czf "$OUT/sweep_fail.tgz" -C "$OUT" sweep_fail 2>/dev/null && rm -rf "$OUT/sweep_fail"
+tar czf "$OUT/open_outputs.tgz" -C "$OUT" open_outputs 2>/dev/null && rm -rf "$OUT/open_outputs"

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,19 @@ struct RunResult {
 // input bytes + 1, at most 16 and at most 8 GiB of copies. `fusebox check
 // --json` gives it as "rotation_sets", which the benchmarks' torch side reads.
 int input_rotation_sets(const ResolvedGraph& g);
+
+// The names of g's dropout keep-mask outputs (cuDNN draws them; the references read them as inputs).
+std::set<std::string> dropout_mask_outputs(const ResolvedGraph& g);
+
+// `outputs` (as run_plan downloads them) against `reference` (reference_cpu or reference_gpu of
+// `inputs`, the keep-masks among them): values cuDNN leaves undefined (padded attention rows) set to
+// zero on both sides, the keep-masks checked, every other output compared with tolerance_for().
+// What run_plan's --verify does, and `fusebox reference --compare` with saved outputs. An output
+// with no reference value is Internal.
+Result<std::vector<Comparison>> compare_with_reference(const ResolvedGraph& g,
+                                                       const std::map<std::string, HostTensor>& inputs,
+                                                       const std::map<std::string, HostTensor>& outputs,
+                                                       ReferenceOutputs reference);
 
 // Runs `plan` for `g` on ctx's GPU: uploads inputs, poisons outputs with NaN,
 // allocates the workspace, executes, downloads, verifies, times.

@@ -273,6 +273,36 @@ Status verify_status(const RunResult& r) {
   return Status(StatusCode::kVerificationFailed, msg);
 }
 
+std::set<std::string> dropout_mask_outputs(const ResolvedGraph& g) {
+  std::set<std::string> out;
+  for (const auto& op : g.ops) {
+    auto it = op.outputs.find("dropout_mask");
+    if (it != op.outputs.end()) out.insert(g.tensors[it->second].name);
+  }
+  return out;
+}
+
+Result<std::vector<Comparison>> compare_with_reference(const ResolvedGraph& g,
+                                                       const std::map<std::string, HostTensor>& inputs,
+                                                       const std::map<std::string, HostTensor>& outputs,
+                                                       ReferenceOutputs reference) {
+  const std::set<std::string> dropout_masks = dropout_mask_outputs(g);
+  // Values cuDNN does not define (padded attention rows) are zeroed on both sides.
+  std::map<std::string, std::vector<float>> actual;
+  for (const auto& [name, out] : outputs) actual[name] = out.to_float_logical();
+  FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
+  FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, reference));
+  // The masks themselves: only 0 and 1, kept at rate 1 - p.
+  FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> out, check_dropout_masks(g, inputs, actual));
+  for (const auto& [name, values] : actual) {
+    if (dropout_masks.count(name)) continue;
+    auto it = reference.find(name);
+    if (it == reference.end()) return Internal("the reference produced no output '" + name + "'");
+    out.push_back(compare(name, it->second, values, tolerance_for(g, name)));
+  }
+  return out;
+}
+
 Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext& ctx,
                            const RunOptions& options) {
   RunResult result;
@@ -345,11 +375,7 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
 
   if (options.verify) {
     // cuDNN's dumped dropout masks are references' inputs, not outputs to compare.
-    std::set<std::string> dropout_masks;
-    for (const auto& op : g.ops) {
-      auto it = op.outputs.find("dropout_mask");
-      if (it != op.outputs.end()) dropout_masks.insert(g.tensors[it->second].name);
-    }
+    const std::set<std::string> dropout_masks = dropout_mask_outputs(g);
     std::map<std::string, HostTensor> ref_inputs = result.inputs;
     for (const auto& name : dropout_masks) ref_inputs[name] = result.outputs.at(name);
     ReferenceOutputs ref;
@@ -379,26 +405,9 @@ Result<RunResult> run_plan(const ResolvedGraph& g, const Plan& plan, GpuContext&
         ref[name] = std::move(v);
       }
     }
-    // Values cuDNN does not define (padded attention rows) are zeroed on both sides.
-    std::map<std::string, std::vector<float>> actual;
-    for (const auto& [name, out] : result.outputs) actual[name] = out.to_float_logical();
-    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, actual));
-    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, result.inputs, ref));
-    // The masks themselves: only 0 and 1, kept at rate 1 - p.
-    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks,
-                             check_dropout_masks(g, result.inputs, actual));
-    for (Comparison& c : mask_checks) {
-      result.verified_ok = result.verified_ok && c.pass;
-      result.comparisons.push_back(std::move(c));
-    }
-    for (const auto& [name, out] : actual) {
-      if (dropout_masks.count(name)) continue;
-      auto it = ref.find(name);
-      if (it == ref.end()) return Internal("the reference produced no output '" + name + "'");
-      Comparison c = compare(name, it->second, out, tolerance_for(g, name));
-      result.verified_ok = result.verified_ok && c.pass;
-      result.comparisons.push_back(std::move(c));
-    }
+    FUSEBOX_ASSIGN_OR_RETURN(result.comparisons,
+                             compare_with_reference(g, result.inputs, result.outputs, std::move(ref)));
+    for (const Comparison& c : result.comparisons) result.verified_ok = result.verified_ok && c.pass;
   }
 
   if (options.iters > 0 && options.cuda_graph) {

@@ -332,6 +332,49 @@ else
   fi
 fi
 
+# ---------------------------------------------------------------- reference (CPU, no GPU)
+# `reference` computes run's inputs for a seed and their reference outputs; --compare judges saved
+# outputs (here the reference's own, read back into the graph's dtypes: they pass; one value
+# changed: exit 1 naming the output and its worst element; a file of the wrong shape: exit 2).
+REF_GRAPH="$SRC/examples/graphs/small/conv_relu_channel_sum_small.json"
+run_fb reference "$REF_GRAPH" --seed 3 --save-outputs "$TMP/ref3"
+if [ "$RC" -eq 0 ] && [ -s "$TMP/ref3/y.npy" ] && [ -s "$TMP/ref3/channel_sum.npy" ]; then
+  pass "reference --save-outputs"
+else fail "reference --save-outputs" "exit 0 and ref3/y.npy, ref3/channel_sum.npy"; fi
+run_fb reference "$REF_GRAPH" --seed 3 --compare "$TMP/ref3" --json
+if [ "$RC" -eq 0 ] && json_check 'd["ok"] and len(d["verify"]) == 2 and all(v["pass"] for v in d["verify"])'; then
+  pass "reference --compare: its own outputs pass"
+else fail "reference --compare: its own outputs pass" "exit 0, ok: ${WHY:-exit $RC}"; fi
+mkdir -p "$TMP/ref3bad"
+"$PY" -c 'import numpy as np, sys
+a = np.load(sys.argv[1] + "/channel_sum.npy"); a.flat[3] *= 1.5; np.save(sys.argv[2] + "/channel_sum.npy", a)
+np.save(sys.argv[2] + "/y.npy", np.load(sys.argv[1] + "/y.npy"))' "$TMP/ref3" "$TMP/ref3bad"
+# verify_fails NAME PATTERN ARGS...: exit 1, VerificationFailed on stderr, PATTERN in stdout or stderr.
+verify_fails() {
+  local name=$1 pattern=$2
+  shift 2
+  run_fb "$@"
+  local why
+  why=$(crash_reason)
+  if [ -n "$why" ]; then fail "$name" "$why"
+  elif [ "$RC" -ne 1 ]; then fail "$name" "exit $RC, expected 1"
+  elif ! grep -qE "^fusebox reference: VerificationFailed: " "$TMP/stderr"; then fail "$name" "no VerificationFailed on stderr"
+  elif ! grep -qE -- "$pattern" "$TMP/stdout" "$TMP/stderr"; then fail "$name" "the output does not match /$pattern/"
+  else pass "$name"
+  fi
+}
+verify_fails "reference --compare: one value changed, its worst element named" "worst at \[0, 3, 0, 0\]" \
+  reference "$REF_GRAPH" --seed 3 --compare "$TMP/ref3bad"
+verify_fails "reference --compare: another seed's inputs differ" "do not match the cpu reference" \
+  reference "$REF_GRAPH" --seed 4 --compare "$TMP/ref3"
+"$PY" -c 'import numpy as np, sys; np.save(sys.argv[1] + "/y.npy", np.zeros((2, 32, 10), np.float32))' "$TMP/ref3bad"
+expect_bad "reference --compare: a file of the wrong shape" "output 'y'.*shape" \
+  reference "$REF_GRAPH" --compare "$TMP/ref3bad"
+expect_bad "reference --save-outputs over a --compare file" "same file as the --compare file" \
+  reference "$REF_GRAPH" --compare "$TMP/ref3" --save-outputs "$TMP/ref3"
+expect_bad "reference --compare: a folder without the outputs" "nothing|No such|cannot open" \
+  reference "$REF_GRAPH" --compare "$TMP/empty-ref-dir"
+
 # ---------------------------------------------------------------- plan cache
 # Never worse than no cache: garbage at the cache path, a corrupt entry, a
 # second build that hits.
@@ -740,7 +783,7 @@ expect_bad "pipeline backward: --wrt an intermediate" "wrt 'hidden' is not an in
   pipeline backward "$SRC/examples/pipelines/two_convs.json" --out-dir "$TMP/tcb2" --wrt hidden
 
 # ---------------------------------------------------------------- --help
-for c in "" info devprop check build run engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed" backward "pipeline backward"; do
+for c in "" info devprop check build run reference engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed" backward "pipeline backward"; do
   # shellcheck disable=SC2086
   run_fb $c --help
   label="fusebox${c:+ $c} --help"

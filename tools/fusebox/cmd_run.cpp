@@ -1,6 +1,4 @@
 // fusebox run: execute on a GPU, verify against the reference, time it.
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -10,39 +8,6 @@
 #include "fusebox/plan_file.h"
 
 namespace fusebox::cli {
-namespace {
-
-// DIR/<name>.npy, refused when the name is not one file name (names are
-// free text in the graph file) or the file is an input of this run.
-Result<std::string> output_path(const std::string& name, const std::string& dir,
-                                const std::vector<common::NamedPath>& inputs) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-      name.find('\0') != std::string::npos) {
-    return InvalidArgument(
-        "--save-outputs: output tensor '" + name +
-        "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
-  }
-  const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
-  FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, "--save-outputs file", inputs));
-  FUSEBOX_RETURN_IF_ERROR(common::check_replaceable(path, "--save-outputs file"));
-  return path;
-}
-
-Result<std::map<std::string, std::string>> output_paths(const ResolvedGraph& g, const std::string& dir,
-                                                        const std::vector<common::NamedPath>& inputs) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
-    return InvalidArgument("--save-outputs '" + dir + "' exists and is not a directory");
-  }
-  std::map<std::string, std::string> out;
-  for (const auto& t : g.tensors) {
-    if (!t.is_output) continue;
-    FUSEBOX_ASSIGN_OR_RETURN(out[t.name], output_path(t.name, dir, inputs));
-  }
-  return out;
-}
-
-}  // namespace
 
 Runner add_run(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run a graph on the GPU: verify against the reference and time it");
@@ -109,7 +74,7 @@ Runner add_run(CLI::App& app) {
     if (!a->save_outputs.empty()) {
       for (const auto& [name, file] : *input_files)
         inputs.push_back({"--inputs file for '" + name + "'", file});
-      auto paths = output_paths(*g, a->save_outputs, inputs);
+      auto paths = npy_output_paths(*g, a->save_outputs, inputs, "--save-outputs");
       if (!paths.ok()) return fail("run", paths.status());
       save_paths = std::move(paths).value();
     }
@@ -173,8 +138,9 @@ Runner add_run(CLI::App& app) {
       std::filesystem::create_directories(a->save_outputs, ec);  // a failure shows in the write below
       for (const auto& [name, t] : r->outputs) {
         auto it = save_paths.find(name);
-        auto checked = it != save_paths.end() ? Result<std::string>(it->second)
-                                              : output_path(name, a->save_outputs, inputs);
+        auto checked = it != save_paths.end()
+                           ? Result<std::string>(it->second)
+                           : npy_output_path(name, a->save_outputs, inputs, "--save-outputs");
         if (!checked.ok()) return fail("run", checked.status());
         const std::string path = *checked;
         Status st = write_npy(path, t);

@@ -1,8 +1,11 @@
 #include "common.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "fusebox/report_json.h"
@@ -282,6 +285,34 @@ std::string printable_tokens(const std::vector<int32_t>& ids, const std::vector<
     } else {
       out += static_cast<char>(c);
     }
+  }
+  return out;
+}
+
+Result<std::string> npy_output_path(const std::string& name, const std::string& dir,
+                                    const std::vector<common::NamedPath>& inputs, const std::string& flag) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return InvalidArgument(
+        flag + ": output tensor '" + name +
+        "' cannot be saved as a file name (no '/', NUL, '.' or '..'); rename it in the graph");
+  }
+  const std::string path = (std::filesystem::path(dir) / (name + ".npy")).string();
+  FUSEBOX_RETURN_IF_ERROR(common::refuse_overwriting_input(path, flag + " file", inputs));
+  FUSEBOX_RETURN_IF_ERROR(common::check_replaceable(path, flag + " file"));
+  return path;
+}
+
+Result<std::map<std::string, std::string>> npy_output_paths(const ResolvedGraph& g, const std::string& dir,
+                                                            const std::vector<common::NamedPath>& inputs,
+                                                            const std::string& flag) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+    return InvalidArgument(flag + " '" + dir + "' exists and is not a directory");
+  std::map<std::string, std::string> out;
+  for (const auto& t : g.tensors) {
+    if (!t.is_output) continue;
+    FUSEBOX_ASSIGN_OR_RETURN(out[t.name], npy_output_path(t.name, dir, inputs, flag));
   }
   return out;
 }

@@ -51,6 +51,15 @@ Result<std::vector<std::pair<std::string, std::string>>> parse_input_list(const 
 // the files are read as that tensor (shape checked). Empty spec: no inputs.
 Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& g, const std::string& spec);
 
+// DIR/<name>.npy for output tensor `name` under option `flag` (--save-outputs): refused when the
+// name is not one file name (names are free text in the graph file), the file is one of `inputs`
+// or cannot be replaced. npy_output_paths: every output of g, after checking DIR is no file.
+Result<std::string> npy_output_path(const std::string& name, const std::string& dir,
+                                    const std::vector<common::NamedPath>& inputs, const std::string& flag);
+Result<std::map<std::string, std::string>> npy_output_paths(const ResolvedGraph& g, const std::string& dir,
+                                                            const std::vector<common::NamedPath>& inputs,
+                                                            const std::string& flag);
+
 // JSON for reports (doubles only: see docs/architecture.md on the frontend's float serializer).
 nlohmann::json to_json(const BuildReport& r);
 nlohmann::json to_json(const Comparison& c);
@@ -115,6 +124,7 @@ Runner add_pipeline(CLI::App& app);
 Runner add_shapes(CLI::App& app);
 Runner add_model(CLI::App& app);
 Runner add_ops(CLI::App& app);
+Runner add_reference(CLI::App& app);
 Runner add_backward(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_serve(CLI::App& app);

@@ -52,6 +52,7 @@ int fusebox_main(int argc, char** argv) {
   add(add_check);
   add(add_build);
   add(add_run);
+  add(add_reference);
   add(add_engines);
   add(add_tune);
   add(add_cache);
