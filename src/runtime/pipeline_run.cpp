@@ -38,17 +38,6 @@ std::vector<const Plan*> by_stage(const Pipeline& p, const std::vector<std::pair
   return out;
 }
 
-// The graph tensors of stage `s` that are cuDNN's dumped dropout masks:
-// reference inputs, not outputs to compare.
-std::set<std::string> dropout_masks(const ResolvedGraph& g) {
-  std::set<std::string> out;
-  for (const auto& op : g.ops) {
-    auto it = op.outputs.find("dropout_mask");
-    if (it != op.outputs.end()) out.insert(g.tensors[it->second].name);
-  }
-  return out;
-}
-
 // A HostTensor laid out as `t` holding `logical` (row-major fp32), rounded to t's dtype.
 HostTensor from_logical(const ResolvedTensor& t, const std::vector<float>& logical) {
   HostTensor h = HostTensor::like(t);
@@ -490,31 +479,24 @@ Status verify_pipeline(const Pipeline& p, const PipelineHostData& data, std::map
   for (StageRun& sr : r.stages) {
     const PipelineStage& st = p.stages[static_cast<size_t>(sr.stage)];
     const ResolvedGraph& g = st.graph;
-    const std::set<std::string> masks = dropout_masks(g);
-    std::map<std::string, HostTensor> inputs;
-    std::map<std::string, std::vector<float>> actual;
+    const std::set<std::string> masks = dropout_mask_outputs(g);
+    std::map<std::string, HostTensor> inputs, outputs;
     for (const auto& [tensor, bi] : st.bind) {
       const ResolvedTensor& t = g.tensors[static_cast<size_t>(g.find_tensor(tensor))];
       if (t.is_input || masks.count(tensor)) inputs[tensor] = view_as(host.at(bi), t);
-      if (t.is_output) actual[tensor] = view_as(host.at(bi), t).to_float_logical();
+      if (t.is_output) outputs[tensor] = view_as(host.at(bi), t);
     }
     bool gpu = false;
     auto ref = stage_reference(g, inputs, cpu_reference_max_flops, &gpu);
     if (!ref.ok()) return ref.status().WithContext(stage_where(p, sr.stage) + ": reference");
     sr.reference_kind = gpu ? "gpu" : "cpu";
-    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, actual));
-    FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, *ref));
-    FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> mask_checks, check_dropout_masks(g, inputs, actual));
-    for (Comparison& c : mask_checks) sr.comparisons.push_back(std::move(c));
-    for (const auto& [tensor, values] : actual) {
-      if (masks.count(tensor)) continue;
-      auto it = ref->find(tensor);
-      if (it == ref->end())
-        return Internal(stage_where(p, sr.stage) + ": the reference produced no " + sq(tensor));
-      // Named by buffer: that is what the pipeline's user knows.
-      const std::string& buffer = p.buffers[static_cast<size_t>(st.bind.at(tensor))].name;
-      sr.comparisons.push_back(compare(buffer, it->second, values, tolerance_for(g, tensor)));
-    }
+    auto compared = compare_with_reference(g, inputs, outputs, std::move(ref).value());
+    if (!compared.ok()) return compared.status().WithContext(stage_where(p, sr.stage));
+    sr.comparisons = std::move(compared).value();
+    // Named by buffer: that is what the pipeline's user knows (the keep-mask checks keep the tensor's).
+    for (Comparison& c : sr.comparisons)
+      if (!masks.count(c.tensor) && st.bind.count(c.tensor))
+        c.tensor = p.buffers[static_cast<size_t>(st.bind.at(c.tensor))].name;
     for (const Comparison& c : sr.comparisons) sr.verified_ok = sr.verified_ok && c.pass;
     r.verified_ok = r.verified_ok && sr.verified_ok;
   }
