@@ -17,7 +17,8 @@
 #   The plan cache: .gpu/plans.sqlite (an earlier call's $OUT/plans.sqlite, carried back) seeds
 #   $W/plans.sqlite on a fresh machine, so the engine's warm-up reads plans instead of building and
 #   checking them; every call leaves the cache in $OUT/plans.sqlite.
-# Results under $OUT: summary.txt (the lines to read), the reports (*.json) and their plots.
+# Results under $OUT: summary.txt (the lines to read), serve.tgz (the reports (*.json), their plots
+# and every run's output), plans.sqlite.
 # Random weights come from `lm_torch init` (docs/lm.md's init), prompts from random token ids:
 # timing and agreement only, no text.
 set -u
@@ -31,7 +32,11 @@ PY=/opt/torch/.venv/bin/python3
 FB=$PWD/.gpu/fusebox
 S="$OUT/summary.txt"
 [ -f .gpu/plans.sqlite ] && [ ! -f "$W/plans.sqlite" ] && cp .gpu/plans.sqlite "$W/plans.sqlite"
-trap 'cp "$W/plans.sqlite" "$OUT/plans.sqlite" 2>/dev/null' EXIT
+# Every run's files go to $D and leave as one archive (the device tool returns 8 files at most: a
+# ninth, summary.txt among them, was left out on 2026-12-06).
+D="$OUT/serve"
+mkdir -p "$D"
+trap 'cp "$W/plans.sqlite" "$OUT/plans.sqlite" 2>/dev/null; tar czf "$OUT/serve.tgz" -C "$OUT" serve && rm -rf "$D"' EXIT
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$FB" info 2>&1 | grep -iE "cudnn|gpu" | head -4
   $PY -c 'import torch; print("torch", torch.__version__)'; } | tee -a "$S"
@@ -46,8 +51,8 @@ init() { [ -f "$2" ] || timeout 300 $PY -m fusebox_tools.models.lm_torch init --
 # by the torch model in bf16 (bench's $ck and $trace): allowed only after a near-tie (issue 34).
 compare() {
   timeout 300 $PY -m fusebox_tools.models.lm_torch compare-serve "$2" "$3" --checkpoint "$ck" --trace "$trace" \
-    --device cuda > "$OUT/compare_$1.txt" 2>&1
-  summary "tokens: $1" "$OUT/compare_$1.txt" 4
+    --device cuda > "$D/compare_$1.txt" 2>&1
+  summary "tokens: $1" "$D/compare_$1.txt" 4
 }
 # bench NAME CK TRACE MAX_BATCH [fusebox args...]: fusebox's GPU engine, then torch eager and compiled,
 # on one trace; their tokens compared with fusebox's.
@@ -55,19 +60,19 @@ bench() {
   local name=$1 ck=$2 trace=$3 mb=$4
   shift 4
   if [ -n "${FB_REPORT:-}" ]; then
-    cp "$FB_REPORT" "$OUT/${name}_fusebox.json"
+    cp "$FB_REPORT" "$D/${name}_fusebox.json"
     echo "== $name: fusebox's report from $FB_REPORT (an earlier call's)" | tee -a "$S"
   else
-    timeout 400 "$FB" serve lm --model "$ck" --bench "$trace" --backend gpu --max-batch "$mb" --report "$OUT/${name}_fusebox.json" "$@" \
-      > "$OUT/${name}_fusebox.txt" 2>&1
-    summary "$name: fusebox --backend gpu (exit $?)" "$OUT/${name}_fusebox.txt" 5
-    grep -m1 "^engine:" "$OUT/${name}_fusebox.txt" | cut -c1-400 | tee -a "$S"
+    timeout 400 "$FB" serve lm --model "$ck" --bench "$trace" --backend gpu --max-batch "$mb" --report "$D/${name}_fusebox.json" "$@" \
+      > "$D/${name}_fusebox.txt" 2>&1
+    summary "$name: fusebox --backend gpu (exit $?)" "$D/${name}_fusebox.txt" 5
+    grep -m1 "^engine:" "$D/${name}_fusebox.txt" | cut -c1-400 | tee -a "$S"
   fi
   for mode in ${MODES:-eager compile}; do
     timeout 400 $PY -m fusebox_tools.models.lm_torch serve-bench --checkpoint "$ck" --trace "$trace" --max-batch "$mb" \
-      --device cuda --mode "$mode" --report "$OUT/${name}_torch_$mode.json" > "$OUT/${name}_torch_$mode.txt" 2>&1
-    summary "$name: torch $mode (exit $?)" "$OUT/${name}_torch_$mode.txt" 4
-    compare "${name}_$mode" "$OUT/${name}_fusebox.json" "$OUT/${name}_torch_$mode.json"
+      --device cuda --mode "$mode" --report "$D/${name}_torch_$mode.json" > "$D/${name}_torch_$mode.txt" 2>&1
+    summary "$name: torch $mode (exit $?)" "$D/${name}_torch_$mode.txt" 4
+    compare "${name}_$mode" "$D/${name}_fusebox.json" "$D/${name}_torch_$mode.json"
   done
 }
 
@@ -87,11 +92,11 @@ json.dump({"requests": reqs}, open(sys.argv[2], "w"))
 PYEOF
   rm -rf "$W/${name}_logits"
   timeout 400 "$FB" serve lm --model "$ck" --backend gpu --max-batch "$mb" --pool-pages $((mb * 272)) \
-    --forced "$W/${name}_forced.json" --logits-out "$W/${name}_logits" > "$OUT/${name}_forced.txt" 2>&1
-  summary "$name teacher forcing: fusebox --backend gpu (exit $?)" "$OUT/${name}_forced.txt" 2
+    --forced "$W/${name}_forced.json" --logits-out "$W/${name}_logits" > "$D/${name}_forced.txt" 2>&1
+  summary "$name teacher forcing: fusebox --backend gpu (exit $?)" "$D/${name}_forced.txt" 2
   timeout 300 $PY -m fusebox_tools.models.lm_torch teacher-forced --checkpoint "$ck" --forced "$W/${name}_forced.json" \
-    --logits "$W/${name}_logits" --device cuda --floor --json "$OUT/${name}_teacher_forced.json" > "$OUT/${name}_tf.txt" 2>&1
-  summary "$name teacher forcing: against torch bf16 (exit $?)" "$OUT/${name}_tf.txt" 8
+    --logits "$W/${name}_logits" --device cuda --floor --json "$D/${name}_teacher_forced.json" > "$D/${name}_tf.txt" 2>&1
+  summary "$name teacher forcing: against torch bf16 (exit $?)" "$D/${name}_tf.txt" 8
 }
 
 # profile NAME CK MAX_BATCH CONTEXT [fusebox args...]: the decode step stage by stage (serve lm
@@ -100,9 +105,9 @@ profile() {
   local name=$1 ck=$2 mb=$3 ctx=$4
   shift 4
   timeout 400 "$FB" serve lm --model "$ck" --backend gpu --max-batch "$mb" --profile-decode "$ctx" "$@" \
-    > "$OUT/${name}_profile.txt" 2> "$OUT/${name}_profile.err"
-  { echo "== $name: decode profile (exit $?)"; grep -m1 "^engine:" "$OUT/${name}_profile.err" | cut -c1-300
-    head -c 6000 "$OUT/${name}_profile.txt"; tail -3 "$OUT/${name}_profile.err"; } | tee -a "$S"
+    > "$D/${name}_profile.txt" 2> "$D/${name}_profile.err"
+  { echo "== $name: decode profile (exit $?)"; grep -m1 "^engine:" "$D/${name}_profile.err" | cut -c1-300
+    head -c 6000 "$D/${name}_profile.txt"; tail -3 "$D/${name}_profile.err"; } | tee -a "$S"
 }
 # l1b_trace B: B requests of 2048-token prompts at once, 64 new tokens each, fusebox against torch.
 l1b_trace() {
@@ -114,16 +119,16 @@ l1b_trace() {
 
 case "${PART:-1}" in
   1)
-    timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.FewRow*:NativeKernelsGpu.PagedDecode*:ServeGpu.*:SamplingGpu.*:KvPagesGpu.*:QuantizeGpu.*' > "$OUT/gtest.txt" 2>&1
+    timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.FewRow*:NativeKernelsGpu.PagedDecode*:ServeGpu.*:SamplingGpu.*:KvPagesGpu.*:QuantizeGpu.*' > "$D/gtest.txt" 2>&1
     echo "gtests exit $?" | tee -a "$S"
-    grep -E "^\[ serve|^\[  (PASSED|FAILED)|^\[  FAILED  \]" "$OUT/gtest.txt" | cut -c1-400 | tee -a "$S"
+    grep -E "^\[ serve|^\[  (PASSED|FAILED)|^\[  FAILED  \]" "$D/gtest.txt" | cut -c1-400 | tee -a "$S"
     init examples/train/lm_tiny.json "$W/tiny.safetensors" || exit 1
     for b in gpu reference; do
       timeout 120 "$FB" serve lm --model "$W/tiny.safetensors" --prompt-ids 5,3,1,4,1,5,9,2,6 --max-new 20 --backend $b \
-        > "$OUT/tiny_$b.txt" 2> "$OUT/tiny_$b.err"
-      echo "tiny --backend $b exit $?: $(cut -c1-300 "$OUT/tiny_$b.txt")" | tee -a "$S"
+        > "$D/tiny_$b.txt" 2> "$D/tiny_$b.err"
+      echo "tiny --backend $b exit $?: $(cut -c1-300 "$D/tiny_$b.txt")" | tee -a "$S"
     done
-    cmp -s "$OUT/tiny_gpu.txt" "$OUT/tiny_reference.txt" && echo "tiny: the same 20 greedy tokens on both backends" | tee -a "$S"
+    cmp -s "$D/tiny_gpu.txt" "$D/tiny_reference.txt" && echo "tiny: the same 20 greedy tokens on both backends" | tee -a "$S"
     tokens "$W/tiny_tokens.npy" 512
     timeout 60 $PY -m fusebox_tools.models.lm_trace make --data "$W/tiny_tokens.npy" --requests 48 --rate 400 \
       --prompt-len 10 --new-tokens 12 --shared-prefix 8 --context 32 --out "$W/tiny_trace.json" > /dev/null
@@ -173,9 +178,9 @@ case "${PART:-1}" in
     done
     ;;
   7)
-    timeout 300 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.*:ServeGpu.*' > "$OUT/gtest.txt" 2>&1
-    echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
-    grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$OUT/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
+    timeout 300 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.*:ServeGpu.*' > "$D/gtest.txt" 2>&1
+    echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$D/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
+    grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$D/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
     # Each example by default, then pinned to the other side: cuDNN's first supported engine where
     # fusebox's kernel is the default, fusebox's paged decode attention where cuDNN is.
     for g in sdpa_paged_decode sdpa_paged_decode_b1 matmul_decode_silu; do
@@ -184,9 +189,9 @@ case "${PART:-1}" in
       for pin in default "$e"; do
         [ -n "$pin" ] || continue
         timeout 120 "$FB" run "examples/graphs/$g.json" --verify --cuda-graph --iters 200 \
-          $([ "$pin" = default ] || echo --engine "$pin") > "$OUT/run_${g}_$pin.txt" 2>&1
-        echo "$g [$pin] exit $?: $(grep -m1 -E '^  plan:' "$OUT/run_${g}_$pin.txt" | cut -c1-80) |" \
-          "$(grep -E 'verify|latency' "$OUT/run_${g}_$pin.txt" | cut -c1-200 | tr '\n' ' ')" | tee -a "$S"
+          $([ "$pin" = default ] || echo --engine "$pin") > "$D/run_${g}_$pin.txt" 2>&1
+        echo "$g [$pin] exit $?: $(grep -m1 -E '^  plan:' "$D/run_${g}_$pin.txt" | cut -c1-80) |" \
+          "$(grep -E 'verify|latency' "$D/run_${g}_$pin.txt" | cut -c1-200 | tr '\n' ' ')" | tee -a "$S"
       done
     done
     init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
