@@ -69,10 +69,9 @@ using SupportOracle = std::function<Status(const ResolvedGraph& part)>;
 // The fewest consecutive parts the oracle accepts, largest first part first
 // (greedy over the topological order). A part's outgoing temporaries are
 // tried in the intermediate dtype, then in the io dtype; a temporary that a later op sums
-// (a reduce_sum or reduce_mean) only in the intermediate dtype, unless no partition is found that
-// way (then it is narrowed and `narrowed` says so). A graph the oracle accepts whole is
-// one part. When a single op is refused, NotSupported naming the op, its
-// tensors and the oracle's reason.
+// (a reduce_sum or reduce_mean, directly or through pointwise ops) only in the intermediate dtype, unless no
+// partition is found that way (then it is narrowed and `narrowed` says so). A graph the oracle accepts whole
+// is one part. When a single op is refused, NotSupported naming the op, its tensors and the oracle's reason.
 Result<GraphPartition> partition_graph(const ResolvedGraph& g, const SupportOracle& oracle);
 
 // The same, with a last resort for a single op (fusebox's reference kernels, issue 29): first

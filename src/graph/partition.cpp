@@ -143,16 +143,23 @@ std::string GraphPartition::summary() const {
 
 namespace {
 
-// The op after `from` that sums temporary t (a reduce_sum, a reduce_mean: op_traits' sums_inputs), or
-// null. Storing t in fewer bits than the graph's intermediate dtype rounds every value it sums: on
-// the H100 (2026-12-06, sweep seed 7131) a bf16 convolution's fp32 temporary stored as bf16 and
-// summed 144 values a channel with cancellation (sum|t| / |sum| up to 900) came back 0.56% off
-// (rel_l2) where the graph asked for fp32 intermediates.
+// The op after `from` that sums temporary t (a reduce_sum, a reduce_mean: op_traits' sums_inputs),
+// directly or through pointwise ops (relu(t) summed sums t's rounding too), or null. Storing t in
+// fewer bits than the graph's intermediate dtype rounds every value it sums: on the H100
+// (2026-12-06, sweep seed 7131) a bf16 convolution's fp32 temporary stored as bf16 and summed 144
+// values a channel with cancellation (sum|t| / |sum| up to 900) came back 0.56% off (rel_l2)
+// where the graph asked for fp32 intermediates.
 const ResolvedOp* summed_by(const ResolvedGraph& g, int t, int from) {
+  std::set<int> reach = {t};  // t and the pointwise results of it
   for (size_t j = static_cast<size_t>(from); j < g.ops.size(); ++j) {
-    if (!op_traits(g.ops[j].attrs).sums_inputs) continue;
-    for (const auto& [role, in] : g.ops[j].inputs)
-      if (in == t) return &g.ops[j];
+    const ResolvedOp& op = g.ops[j];
+    bool reads = false;
+    for (const auto& [role, in] : op.inputs) reads = reads || reach.count(in) > 0;
+    if (!reads) continue;
+    const OpTraitsInfo traits = op_traits(op.attrs);
+    if (traits.sums_inputs) return &op;
+    if (traits.family == "pointwise")
+      for (const auto& [role, out] : op.outputs) reach.insert(out);
   }
   return nullptr;
 }

@@ -232,6 +232,52 @@ TEST(Partition, ASummedTemporaryIsNarrowedOnlyAsALastResort) {
   EXPECT_TRUE(m->narrowed.empty());
 }
 
+// Through a pointwise op the sum still adds the temporary's rounding: conv -> relu -> reduce_sum
+// cut after the conv keeps the conv's output in fp32 too; a matmul between them ends the chain.
+TEST(Partition, ASumBehindPointwiseOpsKeepsTheTemporaryWide) {
+  auto graph = [](const std::string& middle) {
+    const std::string text = R"({"name": "conv_then_sum", "io_dtype": "bf16", "intermediate_dtype": "fp32",
+      "tensors": [{"name": "x", "dims": [2, 8, 6, 6], "layout": "nhwc"},
+                  {"name": "w", "dims": [8, 8, 3, 3], "layout": "nhwc"},
+                  {"name": "r", "dtype": "fp32"}],
+      "ops": [{"op": "conv_fprop", "name": "conv", "inputs": {"x": "x", "w": "w"}, "outputs": {"y": "c"},
+               "padding": [1, 1]},
+              {"op": ")" + middle +
+                             R"(", "name": "mid", "inputs": {"x": "c"}, "outputs": {"y": "m"}},
+              {"op": "reduce_sum", "name": "sum", "inputs": {"x": "m"}, "outputs": {"y": "r"},
+               "reduce_dims": [0, 2, 3]}]})";
+    auto spec = parse_graph_json(text);
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    auto g = resolve(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return *g;
+  };
+  const ResolvedGraph g = graph("relu");
+  // The conv alone, writing the io dtype only; relu and the sum together.
+  const SupportOracle oracle = [&](const ResolvedGraph& part) -> Status {
+    const auto types = op_types(part);
+    if (types.count("conv_fprop") && part.ops.size() > 1) return NotSupported("fake oracle: the conv alone");
+    const int c = part.find_tensor("c");
+    if (types.count("conv_fprop") && c >= 0 && part.tensors[c].dtype != g.io_dtype)
+      return NotSupported("fake oracle: the conv writes the io dtype only");
+    return Status::Ok();
+  };
+  std::vector<std::string> asked;
+  const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
+    asked.push_back(part.ops.at(0).name);
+    return Status::Ok();
+  };
+  auto p = partition_graph(g, oracle, last_resort);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->summary(), "2 parts: [conv_fprop 'conv'] | [relu 'mid', reduce_sum 'sum']");
+  EXPECT_EQ(p->temporary_dtypes.at(g.find_tensor("c")), DType::kFP32);
+  EXPECT_EQ(asked, std::vector<std::string>{"conv"});
+  auto q = partition_graph(g, oracle);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  ASSERT_EQ(q->narrowed.size(), 1u);
+  EXPECT_NE(q->narrowed[0].find("though [reduce_sum 'sum'] sums it"), std::string::npos) << q->narrowed[0];
+}
+
 // A training step's da, dw and residual copy read dy and nothing of each other: three groups.
 TEST(IndependentOpGroups, OpsJoinedOnlyBySharedInputsAreSeparateGroups) {
   const ResolvedGraph g = load("tests/cases/wrong-values/matmul_da_dw_residual_independent.json");
