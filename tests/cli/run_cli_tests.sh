@@ -372,6 +372,8 @@ expect_bad "reference --compare: a file of the wrong shape" "output 'y'.*shape" 
   reference "$REF_GRAPH" --compare "$TMP/ref3bad"
 expect_bad "reference --save-outputs over a --compare file" "same file as the --compare file" \
   reference "$REF_GRAPH" --compare "$TMP/ref3" --save-outputs "$TMP/ref3"
+expect_bad "reference: a graph over --max-flops" "over --max-flops 1e\\+?0?3" \
+  reference "$REF_GRAPH" --max-flops 1000
 expect_bad "reference --compare: a folder without the outputs" "nothing|No such|cannot open" \
   reference "$REF_GRAPH" --compare "$TMP/empty-ref-dir"
 

@@ -42,6 +42,7 @@ Runner add_reference(CLI::App& app) {
   struct Args {
     std::string graph, shape, inputs, save_outputs, compare;
     uint64_t seed = 1;
+    double max_flops = 2e10;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
@@ -55,6 +56,11 @@ Runner add_reference(CLI::App& app) {
   cmd->add_option("--compare", a->compare,
                   "Compare DIR/<tensor>.npy (from `run --save-outputs DIR`) with the reference; a mismatch "
                   "exits 1. A dropout keep-mask output is read from there too (the references take cuDNN's)");
+  cmd->add_option("--max-flops", a->max_flops,
+                  "Refuse a graph whose work exceeds this many FLOPs (the naive CPU reference runs at about "
+                  "1 GFLOP/s: 2e10 is tens of seconds)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Write one JSON document to stdout");
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
@@ -84,8 +90,17 @@ Runner add_reference(CLI::App& app) {
     }
     auto given = load_input_files(*g, a->inputs);
     if (!given.ok()) return fail("reference", given.status());
-    auto inputs = make_inputs(*g, a->seed, *given);
+    auto inputs = make_inputs(*g, a->seed, *given, a->max_flops);
     if (!inputs.ok()) return fail("reference", inputs.status().WithContext("[graph '" + g->name + "']"));
+    const double flops = g->flops(input_values_for_flops(*g, *inputs));
+    if (flops > a->max_flops) {
+      char b[200];
+      std::snprintf(b, sizeof b, "%.3g FLOPs, over --max-flops %.3g: the CPU reference would take too long",
+                    flops, a->max_flops);
+      return fail("reference",
+                  InvalidArgument("[graph '" + g->name + "']: " + b +
+                                  " (raise --max-flops, or verify on a GPU with `run --verify`)"));
+    }
     const std::set<std::string> masks = dropout_mask_outputs(*g);
     std::map<std::string, HostTensor> ref_inputs = *inputs;
     for (const auto& name : masks) {
