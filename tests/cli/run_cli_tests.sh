@@ -374,6 +374,12 @@ expect_bad "reference --save-outputs over a --compare file" "same file as the --
   reference "$REF_GRAPH" --compare "$TMP/ref3" --save-outputs "$TMP/ref3"
 expect_bad "reference: a graph over --max-flops" "over --max-flops 1e\\+?0?3" \
   reference "$REF_GRAPH" --max-flops 1000
+cat > "$TMP/huge_relu.json" <<'EOF2'
+{"name": "huge", "io_dtype": "fp32", "tensors": [{"name": "x", "dims": [65536, 65536, 4]}, {"name": "y"}],
+ "ops": [{"op": "relu", "name": "r", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]}
+EOF2
+expect_bad "reference: a graph too large for host memory, refused before anything is made" "take 128 GiB, over" \
+  reference "$TMP/huge_relu.json"
 expect_bad "reference --compare: a folder without the outputs" "nothing|No such|cannot open" \
   reference "$REF_GRAPH" --compare "$TMP/empty-ref-dir"
 

@@ -65,6 +65,26 @@ Runner add_reference(CLI::App& app) {
   return [a]() {
     auto g = load_resolved(a->graph, a->shape);
     if (!g.ok()) return fail("reference", g.status());
+    // Before any file is read or input made (a hostile graph's tensors could be huge): the work at full
+    // sequence lengths, an upper bound.
+    const double flops = g->flops();
+    if (flops > a->max_flops) {
+      char b[200];
+      std::snprintf(b, sizeof b, "%.3g FLOPs, over --max-flops %.3g: the CPU reference would take too long",
+                    flops, a->max_flops);
+      return fail("reference",
+                  InvalidArgument("[graph '" + g->name + "']: " + b +
+                                  " (raise --max-flops, or verify on a GPU with `run --verify`)"));
+    }
+    // And the host memory its inputs and outputs take (a zero-FLOP transpose can still be huge).
+    constexpr double kMaxBytes = 8.0 * (1 << 30);
+    if (g->bytes_moved() > kMaxBytes) {
+      char b[200];
+      std::snprintf(b, sizeof b, "its inputs and outputs take %.3g GiB, over the CPU reference's 8 GiB",
+                    g->bytes_moved() / (1 << 30));
+      return fail("reference", InvalidArgument("[graph '" + g->name + "']: " + b +
+                                               " (verify on a GPU with `run --verify`)"));
+    }
     auto input_files = parse_input_list(a->inputs);
     if (!input_files.ok()) return fail("reference", input_files.status());
     std::vector<common::NamedPath> read = {{"graph file", a->graph}};
@@ -92,15 +112,6 @@ Runner add_reference(CLI::App& app) {
     if (!given.ok()) return fail("reference", given.status());
     auto inputs = make_inputs(*g, a->seed, *given, a->max_flops);
     if (!inputs.ok()) return fail("reference", inputs.status().WithContext("[graph '" + g->name + "']"));
-    const double flops = g->flops(input_values_for_flops(*g, *inputs));
-    if (flops > a->max_flops) {
-      char b[200];
-      std::snprintf(b, sizeof b, "%.3g FLOPs, over --max-flops %.3g: the CPU reference would take too long",
-                    flops, a->max_flops);
-      return fail("reference",
-                  InvalidArgument("[graph '" + g->name + "']: " + b +
-                                  " (raise --max-flops, or verify on a GPU with `run --verify`)"));
-    }
     const std::set<std::string> masks = dropout_mask_outputs(*g);
     std::map<std::string, HostTensor> ref_inputs = *inputs;
     for (const auto& name : masks) {
