@@ -27,6 +27,7 @@
 #                      (DETAIL: the verify summary, or the first line of the error)
 #   sweep_tally.txt    counts per family and overall (also printed)
 #   sweep_fail/        every graph that did not PASS, with its stderr (.err) and stdout (.json)
+#                      and, for a WRONG one, its outputs (NAME_outputs/: `fusebox reference NAME.json --compare`)
 #
 # Usage (from the repository root; BIN is the fusebox binary, e.g. .gpu/fusebox):
 #   bash scripts/gpu_sweep.sh BIN [COUNT=320] [SEED=0]
@@ -163,6 +164,12 @@ EOF
     cp "$g" "$OUT/sweep_fail/"
     cp "$WORK/res/$seed.err" "$OUT/sweep_fail/$base.err" 2>/dev/null
     [ -s "$WORK/res/$seed.json" ] && cp "$WORK/res/$seed.json" "$OUT/sweep_fail/$base.out.json"
+  fi
+  # A wrong answer: its outputs (the same default seed) for `fusebox reference GRAPH --compare DIR`
+  # on any machine, which names each output's worst element against the CPU reference.
+  if [ "$status" = WRONG ]; then
+    timeout -k 5 "$PER_GRAPH_TIMEOUT" "$BIN" run "$g" --iters 0 --no-cache \
+      --save-outputs "$OUT/sweep_fail/${base}_outputs" > /dev/null 2>&1
   fi
   printf '%-8s %s\n' "$status" "$base" >&2
 }
