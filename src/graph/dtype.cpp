@@ -285,4 +285,10 @@ void store_element(void* dst, DType t, double v) {
   }
 }
 
+double dtype_saturation(DType t) {
+  if (t != DType::kFP8E4M3 && t != DType::kFP8E5M2) return 0.0;
+  const SmallFloat& f = fp8_format(t);
+  return f.saturate ? f.max_finite : 0.0;
+}
+
 }  // namespace fusebox

@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
-#include <type_traits>
-#include <variant>
 
 #include "common/cuda_status.h"
 #include "dtype_access.cuh"
@@ -71,15 +69,8 @@ __global__ void fill_kernel(float* dst, float v, int64_t count) {
 
 // An attention op's dropout probability (0 without dropout or for an op without it).
 double dropout_of(const ResolvedOp& op) {
-  return std::visit(
-      [](const auto& a) -> double {
-        if constexpr (std::is_base_of_v<SdpaOptions, std::decay_t<decltype(a)>>) {
-          return a.dropout.value_or(0.0);
-        } else {
-          return 0.0;
-        }
-      },
-      op.attrs);
+  const SdpaOptions* o = sdpa_options(op.attrs);
+  return o ? o->dropout.value_or(0.0) : 0.0;
 }
 
 class ReferenceKernel final : public KernelBase {

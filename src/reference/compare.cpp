@@ -43,19 +43,6 @@ Tolerance default_tolerance(DType output_dtype) {
   return {1e-2, 4e-2};
 }
 
-// The largest finite value of a saturating fp8 output (cuDNN's casts to fp8 saturate, as the
-// references assume for the ops' internal roundings); 0 for any other dtype.
-static double saturation_of(DType dtype) {
-  switch (dtype) {
-    case DType::kFP8E4M3:
-      return 448.0;
-    case DType::kFP8E5M2:
-      return 57344.0;
-    default:
-      return 0.0;
-  }
-}
-
 // The producing op's tolerance (ops/ops.h: each family's tolerance()
 // overloads, with their rationale), with the output dtype's saturation.
 Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
@@ -71,7 +58,7 @@ Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
                      op.attrs);
     break;  // one producer per tensor
   }
-  tol.saturate_at = saturation_of(dtype);
+  tol.saturate_at = dtype_saturation(dtype);  // cuDNN's casts to fp8 saturate, as the references assume
   return tol;
 }
 

@@ -40,6 +40,28 @@ SupportOracle fake_oracle(std::string loner, std::set<std::string> none = {}, in
   };
 }
 
+// "Engines" for the conv part only where it writes `conv_out` in the io dtype; with `one_op`, for
+// one op at a time, else for the conv alone and any part without it.
+SupportOracle conv_writes_io_only(const ResolvedGraph& g, const std::string& conv_out, bool one_op) {
+  return [&g, conv_out, one_op](const ResolvedGraph& part) -> Status {
+    const auto types = op_types(part);
+    if (part.ops.size() > 1 && (one_op || types.count("conv_fprop")))
+      return NotSupported("fake oracle: the conv alone");
+    const int t = part.find_tensor(conv_out);
+    if (types.count("conv_fprop") && t >= 0 && part.tensors[t].dtype != g.io_dtype)
+      return NotSupported("fake oracle: the conv writes the io dtype only");
+    return Status::Ok();
+  };
+}
+
+// A last resort that takes every op and records which it was asked about.
+SupportOracle recording_last_resort(std::vector<std::string>* asked) {
+  return [asked](const ResolvedGraph& part) -> Status {
+    asked->push_back(part.ops.at(0).name);
+    return Status::Ok();
+  };
+}
+
 }  // namespace
 
 TEST(Partition, AGraphWithAnEngineStaysWhole) {
@@ -148,10 +170,7 @@ TEST(Partition, APartIsRejectedOutsideTheGraph) {
 TEST(Partition, TheLastResortTakesOnlyAnOpWithNoEngineInAnyForm) {
   const ResolvedGraph g = load("tests/cases/no-engine/conv_dgrad_drelu_3d_grouped_dilated_ncdhw.json");
   std::vector<std::string> asked;
-  const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
-    asked.push_back(part.ops.at(0).name);
-    return Status::Ok();
-  };
+  const SupportOracle last_resort = recording_last_resort(&asked);
   // relu_bwd never has an engine: the last resort serves it, and only it.
   auto p = partition_graph(g, fake_oracle("relu_bwd", {"relu_bwd"}), last_resort);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -190,18 +209,9 @@ TEST(Partition, ASummedTemporaryIsNarrowedOnlyAsALastResort) {
   ASSERT_EQ(g.intermediate_dtype, DType::kFP32);
   ASSERT_EQ(g.io_dtype, DType::kBF16);
   // "Engines" for one op at a time; the conv writes only the io dtype.
-  const SupportOracle io_conv = [&](const ResolvedGraph& part) -> Status {
-    if (part.ops.size() > 1) return NotSupported("fake oracle: one op at a time");
-    const int t = part.find_tensor("conv_out");
-    if (op_types(part).count("conv_fprop") && t >= 0 && part.tensors[t].dtype != g.io_dtype)
-      return NotSupported("fake oracle: the conv writes the io dtype only");
-    return Status::Ok();
-  };
+  const SupportOracle io_conv = conv_writes_io_only(g, "conv_out", /*one_op=*/true);
   std::vector<std::string> asked;
-  const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
-    asked.push_back(part.ops.at(0).name);
-    return Status::Ok();
-  };
+  const SupportOracle last_resort = recording_last_resort(&asked);
   const int conv_out = g.find_tensor("conv_out");
   ASSERT_GE(conv_out, 0);
   // With a last resort, it computes the conv in fp32.
@@ -254,19 +264,9 @@ TEST(Partition, ASumBehindPointwiseOpsKeepsTheTemporaryWide) {
   };
   const ResolvedGraph g = graph("relu");
   // The conv alone, writing the io dtype only; relu and the sum together.
-  const SupportOracle oracle = [&](const ResolvedGraph& part) -> Status {
-    const auto types = op_types(part);
-    if (types.count("conv_fprop") && part.ops.size() > 1) return NotSupported("fake oracle: the conv alone");
-    const int c = part.find_tensor("c");
-    if (types.count("conv_fprop") && c >= 0 && part.tensors[c].dtype != g.io_dtype)
-      return NotSupported("fake oracle: the conv writes the io dtype only");
-    return Status::Ok();
-  };
+  const SupportOracle oracle = conv_writes_io_only(g, "c", /*one_op=*/false);
   std::vector<std::string> asked;
-  const SupportOracle last_resort = [&](const ResolvedGraph& part) -> Status {
-    asked.push_back(part.ops.at(0).name);
-    return Status::Ok();
-  };
+  const SupportOracle last_resort = recording_last_resort(&asked);
   auto p = partition_graph(g, oracle, last_resort);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   EXPECT_EQ(p->summary(), "2 parts: [conv_fprop 'conv'] | [relu 'mid', reduce_sum 'sum']");
