@@ -9,6 +9,7 @@
 #           init.safetensors, compare-losses over the last 100 steps, validation losses, the plot;
 #   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
+#   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -89,7 +90,7 @@ case "$PART" in
   [ "$PART" = 5 ] && cfg=examples/train/lm_350m.json
   summary "speed: $cfg"
   rm -rf "$W/speed"
-  timeout 150 "$FB" train lm --config "$cfg" --data "$W/lm" --steps 40 --out "$W/speed" --backend gpu \
+  timeout "${FB_TIMEOUT:-240}" "$FB" train lm --config "$cfg" --data "$W/lm" --steps 40 --out "$W/speed" --backend gpu \
     --generate 0 --no-plot > "$OUT/speed_fusebox.txt" 2>&1
   echo "fusebox exit $?; steady tokens/s (median of steps 10-39):" | tee -a "$OUT/summary.txt"
   [ -f "$W/speed/losses.csv" ] && $PY - "$W/speed/losses.csv" <<'PYEOF' | tee -a "$OUT/summary.txt"
@@ -98,12 +99,21 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 print(statistics.median(float(r["tokens_per_s"]) for r in rows[10:]))
 PYEOF
   grep -E "^GPU" "$OUT/speed_fusebox.txt" | tee -a "$OUT/summary.txt"
-  timeout 400 $PY -m fusebox_tools.models.lm_torch bench --config "$cfg" --data "$W/lm" \
-    --modes eager,default,reduce-overhead,max-autotune-no-cudagraphs --json "$OUT/torch_bench.json" \
+  timeout "${TORCH_TIMEOUT:-330}" $PY -m fusebox_tools.models.lm_torch bench --config "$cfg" --data "$W/lm" \
+    --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" --json "$OUT/torch_bench.json" \
     > "$OUT/torch_bench.txt" 2>&1
   echo "torch bench exit $?" | tee -a "$OUT/summary.txt"
   tail -12 "$OUT/torch_bench.txt" | tee -a "$OUT/summary.txt"
   ;;
-*) echo "PART must be 1 to 5" >&2; exit 2 ;;
+6)
+  summary "profile: examples/train/lm_125m.json, 3 steps, then each stage alone (train lm --profile)"
+  rm -rf "$W/profile"
+  timeout "${FB_TIMEOUT:-300}" "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 3 \
+    --out "$W/profile" --backend gpu --generate 0 --no-plot --profile 20 > "$OUT/profile.txt" 2>&1
+  echo "exit $?" | tee -a "$OUT/summary.txt"
+  sed -n '/^profile (/,$p' "$OUT/profile.txt" | head -40 | tee -a "$OUT/summary.txt"
+  cp "$W/profile/profile.json" "$OUT/profile.json" 2>/dev/null
+  ;;
+*) echo "PART must be 1 to 6" >&2; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null

@@ -166,4 +166,13 @@ Result<std::vector<Comparison>> check_dropout_masks(const ResolvedGraph& g,
                                                     const std::map<std::string, HostTensor>& inputs,
                                                     const std::map<std::string, std::vector<float>>& outputs);
 
+// An op's fp8 output X with an "amax_X" output and a "scale_X" input (the FP8 attention ops):
+// the amax must be X's own largest magnitude before its cast, so the cast of amax * scale
+// (rounded and saturated as X is) lies within one fp8 step of max|X| as written (`outputs`,
+// after mask_dont_care). A check of the amax against the output it describes, sharper than the
+// comparison with the reference (whose bound is X's own). One comparison "amax_X of X" each.
+Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
+                                               const std::map<std::string, HostTensor>& inputs,
+                                               const std::map<std::string, std::vector<float>>& outputs);
+
 }  // namespace fusebox

@@ -132,6 +132,24 @@ struct LmStepResult {
   int buckets = 0;          // gradient all-reduces issued (world_size > 1)
 };
 
+// One row of LmTrainer::profile_step(): a stage of the step, or one of the trainer's own kernels.
+struct LmStepProfileRow {
+  std::string part;    // "forward", "backward" or "optimizer" (the trainer's own kernels)
+  std::string stage;   // the pipeline stage, or what the kernel does
+  std::string engine;  // the stage's bound plan; "" for the trainer's kernels
+  double ms = 0;       // median over the runs, launched back to back
+  double flops = 0;    // the stage graph's; 0 for the trainer's kernels
+};
+
+struct LmStepProfile {
+  std::vector<LmStepProfileRow> rows;  // in the order a micro-batch runs them, then the optimizer
+  int iters = 0;
+  int64_t accum = 1;         // micro-batches per step: the stage rows are per micro-batch
+  double step_ms = 0;        // the whole step as training runs it (one CUDA graph launch), median
+  double step_eager_ms = 0;  // the same step launched stage by stage
+  std::string graph_note;    // why step_ms is 0 (the step could not be captured)
+};
+
 class LmTrainer {
  public:
   static Result<std::unique_ptr<LmTrainer>> create(const LmConfig& config, const LmTrainerOptions& options);
@@ -155,6 +173,12 @@ class LmTrainer {
   Result<std::vector<float>> next_token_logits(const std::vector<int32_t>& tokens);
   // Greedy continuation of `prompt` by `n` tokens (at most `context` tokens in all).
   Result<std::vector<int32_t>> generate(const std::vector<int32_t>& prompt, int64_t n);
+  // kGpu: where a step's time goes. Each stage of the forward and backward, and each of the
+  // optimizer's kernels, runs `iters` times back to back on the next micro-batches of `train`
+  // (CUDA events, median), then the whole step, as a CUDA graph and eagerly. The parameters,
+  // moments, step and data position are as before: the state is downloaded first and uploaded
+  // again before the next step. NotSupported on the reference backend.
+  Result<LmStepProfile> profile_step(const TokenStream& train, int iters = 20);
 
   // Checkpoints (docs/lm.md): parameters, moments, step and data position; written through a
   // temporary file. Loading refuses another model config, naming the first mismatched tensor.

@@ -294,6 +294,9 @@ Result<std::vector<Comparison>> compare_with_reference(const ResolvedGraph& g,
   FUSEBOX_RETURN_IF_ERROR(mask_dont_care(g, inputs, reference));
   // The masks themselves: only 0 and 1, kept at rate 1 - p.
   FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> out, check_dropout_masks(g, inputs, actual));
+  // An fp8 output's amax against the output it describes.
+  FUSEBOX_ASSIGN_OR_RETURN(std::vector<Comparison> amax, check_fp8_amax(g, inputs, actual));
+  out.insert(out.end(), amax.begin(), amax.end());
   for (const auto& [name, values] : actual) {
     if (dropout_masks.count(name)) continue;
     auto it = reference.find(name);

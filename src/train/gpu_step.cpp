@@ -3,9 +3,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "common/cuda_mem.h"
@@ -122,6 +124,24 @@ struct GpuStep::Impl {
       graph_note = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(inst);
       (void)cudaGetLastError();
     }
+  }
+
+  // The step's hyperparameters into pinned memory (the step's first copy uploads them).
+  void set_hyper(double lr, int64_t t) {
+    const LmTrainConfig& tc = cfg.train;
+    tk::Hyper h;
+    h.lr = static_cast<float>(lr);
+    h.beta1 = static_cast<float>(tc.beta1);
+    h.beta2 = static_cast<float>(tc.beta2);
+    h.one_minus_beta1 = static_cast<float>(1 - tc.beta1);  // in double first: 1 - float(0.999999999) is 0
+    h.one_minus_beta2 = static_cast<float>(1 - tc.beta2);
+    h.eps = static_cast<float>(tc.eps);
+    h.weight_decay = static_cast<float>(tc.weight_decay);
+    h.clip = static_cast<float>(tc.clip);
+    h.c1 = static_cast<float>(1 - std::pow(tc.beta1, static_cast<double>(t)));
+    h.c2 = static_cast<float>(1 - std::pow(tc.beta2, static_cast<double>(t)));
+    h.loss_scale = static_cast<float>(1.0 / static_cast<double>(tokens * tc.accum));
+    std::memcpy(pinned_hyper.as<void>(), &h, sizeof h);
   }
 
   Status copy_ids(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels, int64_t micro) {
@@ -321,20 +341,7 @@ Result<GpuStepResult> GpuStep::step(const std::vector<int32_t>& ids, const std::
                                     double lr, int64_t t) {
   Impl& s = *impl_;
   FUSEBOX_RETURN_IF_ERROR(s.copy_ids(ids, labels, s.accum_count()));
-  const LmTrainConfig& tc = s.cfg.train;
-  tk::Hyper h;
-  h.lr = static_cast<float>(lr);
-  h.beta1 = static_cast<float>(tc.beta1);
-  h.beta2 = static_cast<float>(tc.beta2);
-  h.one_minus_beta1 = static_cast<float>(1 - tc.beta1);  // in double first: 1 - float(0.999999999) is 0
-  h.one_minus_beta2 = static_cast<float>(1 - tc.beta2);
-  h.eps = static_cast<float>(tc.eps);
-  h.weight_decay = static_cast<float>(tc.weight_decay);
-  h.clip = static_cast<float>(tc.clip);
-  h.c1 = static_cast<float>(1 - std::pow(tc.beta1, static_cast<double>(t)));
-  h.c2 = static_cast<float>(1 - std::pow(tc.beta2, static_cast<double>(t)));
-  h.loss_scale = static_cast<float>(1.0 / static_cast<double>(s.tokens * tc.accum));
-  std::memcpy(s.pinned_hyper.as<void>(), &h, sizeof h);
+  s.set_hyper(lr, t);
   GpuStepResult r;
   if (!s.eager_done || s.graph_failed) {
     // The first step runs eagerly: it loads every kernel outside a capture.
@@ -357,6 +364,103 @@ Result<GpuStepResult> GpuStep::step(const std::vector<int32_t>& ids, const std::
   r.norm = std::sqrt(sc.sumsq);
   r.finite = sc.finite != 0;
   return r;
+}
+
+Result<LmStepProfile> GpuStep::profile(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                                       int iters) {
+  Impl& s = *impl_;
+  if (iters < 1)
+    return InvalidArgument("train: profile: iters must be at least 1, not " + std::to_string(iters));
+  FUSEBOX_RETURN_IF_ERROR(s.copy_ids(ids, labels, s.accum_count()));
+  s.set_hyper(0.0, 1);
+  const cudaStream_t st = s.stream();
+  // iters + 1 events recorded between back-to-back runs: the GPU stays busy, so each interval is
+  // one run's execution, not the host's launch latency (the events are read after the last run).
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1, nullptr);
+  struct Events {
+    std::vector<cudaEvent_t>& e;
+    ~Events() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } destroy{ev};
+  for (cudaEvent_t& e : ev)
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&e), "train: profile: cudaEventCreate"));
+  auto time = [&](const std::function<Status()>& run) -> Result<double> {
+    for (int w = 0; w < 2; ++w) FUSEBOX_RETURN_IF_ERROR(run());  // warm-up
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaEventRecord(ev[0], st), "train: profile: cudaEventRecord"));
+    for (int i = 0; i < iters; ++i) {
+      FUSEBOX_RETURN_IF_ERROR(run());
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaEventRecord(ev[static_cast<size_t>(i) + 1], st),
+                                          "train: profile: cudaEventRecord"));
+    }
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(st), "train: profile"));
+    std::vector<float> ms(static_cast<size_t>(iters));
+    for (size_t i = 0; i < ms.size(); ++i)
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]),
+                                          "train: profile: cudaEventElapsedTime"));
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  LmStepProfile p;
+  p.iters = iters;
+  p.accum = s.accum_count();
+  // The hyperparameters and the first micro-batch's tokens, as the step's first copies leave them.
+  const size_t n = static_cast<size_t>(s.tokens) * sizeof(int32_t);
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(s.hyper.as<void>(), s.pinned_hyper.as<void>(),
+                                                      sizeof(tk::Hyper), cudaMemcpyHostToDevice, st),
+                                      "train: profile: hyperparameters"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(s.fe->device(s.ids_buf), s.pinned_ids.as<void>(), n, cudaMemcpyHostToDevice, st),
+      "train: profile: token ids"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(s.fe->device(s.labels_buf), s.pinned_labels.as<void>(), n, cudaMemcpyHostToDevice, st),
+      "train: profile: labels"));
+  auto stages = [&](const char* part, const Pipeline& pl, PipelineExecutor& ex) -> Status {
+    for (size_t i = 0; i < ex.steps().size(); ++i) {
+      BoundPlan& step = ex.steps()[i];
+      const PipelineStage& stage = pl.stages.at(static_cast<size_t>(ex.step_stages().at(i)));
+      FUSEBOX_ASSIGN_OR_RETURN(const double ms, time([&] { return step.execute(); }));
+      p.rows.push_back({part, stage.name, step.engine_name(), ms, stage.graph.flops()});
+    }
+    return Status::Ok();
+  };
+  auto kernel = [&](const char* what, const std::function<cudaError_t()>& launch) -> Status {
+    FUSEBOX_ASSIGN_OR_RETURN(
+        const double ms, time([&] { return cuda_status(launch(), std::string("train: profile: ") + what); }));
+    p.rows.push_back({"optimizer", what, "", ms, 0});
+    return Status::Ok();
+  };
+  const bool from_grad = s.accum_count() == 1;
+  FUSEBOX_RETURN_IF_ERROR(stages("forward", *s.fwd, *s.fe));
+  FUSEBOX_RETURN_IF_ERROR(kernel("loss sum", [&] {
+    return tk::loss_sum(static_cast<const float*>(s.fe->device(s.loss_buf)), s.tokens, true,
+                        s.scalars.as<tk::StepScalars>(), s.hyper.as<tk::Hyper>(), st);
+  }));
+  FUSEBOX_RETURN_IF_ERROR(stages("backward", *s.bwd, *s.be));
+  if (!from_grad)
+    FUSEBOX_RETURN_IF_ERROR(kernel("gradient accumulation", [&] {
+      return tk::accumulate(s.segs.as<tk::Segment>(), s.chunks.as<tk::Chunk>(), s.nchunks(), true, st);
+    }));
+  FUSEBOX_RETURN_IF_ERROR(kernel("gradient norm", [&] {
+    return tk::grad_norm(s.segs.as<tk::Segment>(), s.chunks.as<tk::Chunk>(), s.nchunks(), from_grad,
+                         s.partials.as<double>(), s.scalars.as<tk::StepScalars>(), s.hyper.as<tk::Hyper>(),
+                         st);
+  }));
+  FUSEBOX_RETURN_IF_ERROR(kernel("AdamW", [&] {
+    return tk::adamw(s.segs.as<tk::Segment>(), s.chunks.as<tk::Chunk>(), s.nchunks(), from_grad,
+                     s.scalars.as<tk::StepScalars>(), s.hyper.as<tk::Hyper>(), st);
+  }));
+  FUSEBOX_ASSIGN_OR_RETURN(p.step_eager_ms, time([&] { return s.enqueue(); }));
+  if (!s.exec && !s.graph_failed) s.capture();
+  if (s.exec) {
+    FUSEBOX_ASSIGN_OR_RETURN(
+        p.step_ms,
+        time([&] { return cuda_status(cudaGraphLaunch(s.exec, st), "train: profile: the step's graph"); }));
+  } else {
+    p.graph_note = s.graph_note;
+  }
+  return p;
 }
 
 Result<double> GpuStep::loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {

@@ -44,6 +44,10 @@ class GpuStep {
   // A non-finite loss or norm leaves the parameters and moments unchanged (finite = false).
   Result<GpuStepResult> step(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels, double lr,
                              int64_t t);
+  // LmTrainer::profile_step: every stage and kernel of a step timed alone, then the whole step.
+  // Runs the optimizer: the caller uploads the state again afterwards.
+  Result<LmStepProfile> profile(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                                int iters);
   // The mean loss of one micro-batch, forward only.
   Result<double> loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels);
   // The summed gradients of the last step (before clipping), by parameter.

@@ -399,6 +399,27 @@ LmStepResult LmTrainer::Impl::finish_step(LmStepResult r, std::chrono::steady_cl
   return r;
 }
 
+Result<LmStepProfile> LmTrainer::profile_step(const TokenStream& train, int iters) {
+  Impl& s = *impl_;
+  if (!s.gpu) return NotSupported("train: profile_step needs the gpu backend");
+  const LmTrainConfig& tc = s.config.train;
+  const int64_t seq = s.config.model.context;
+  if (train.sequences(seq) < 1)
+    return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
+  std::vector<int32_t> ids, labels, all_ids, all_labels;
+  for (int64_t k = 0; k < tc.accum; ++k) {  // the next step's micro-batches; the position stays
+    lm_micro_batch(train, seq, s.local_batch, s.sequences + k * tc.batch + s.rank * s.local_batch, &ids,
+                   &labels);
+    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
+    all_labels.insert(all_labels.end(), labels.begin(), labels.end());
+  }
+  FUSEBOX_RETURN_IF_ERROR(s.sync_to_device());
+  FUSEBOX_RETURN_IF_ERROR(s.sync_to_host());  // the state the profile's optimizer runs overwrite
+  auto p = s.gpu->profile(all_ids, all_labels, iters);
+  s.device_stale = true;  // uploaded again before the next use, whatever the profile left there
+  return p;
+}
+
 Result<double> LmTrainer::validation_loss(const TokenStream& val, int64_t batches) {
   Impl& s = *impl_;
   const int64_t seq = s.config.model.context;

@@ -372,6 +372,17 @@ expect_bad "reference --compare: a file of the wrong shape" "output 'y'.*shape" 
   reference "$REF_GRAPH" --compare "$TMP/ref3bad"
 expect_bad "reference --save-outputs over a --compare file" "same file as the --compare file" \
   reference "$REF_GRAPH" --compare "$TMP/ref3" --save-outputs "$TMP/ref3"
+# --save-inputs writes the seed's inputs; fed back with --inputs under another seed they give the
+# same outputs (the seed-3 outputs pass), and writing over a file being read is refused.
+run_fb reference "$REF_GRAPH" --seed 3 --save-inputs "$TMP/in3"
+IN3=$(cd "$TMP/in3" 2>/dev/null && for f in *.npy; do printf '%s=%s,' "${f%.npy}" "$TMP/in3/$f"; done)
+if [ "$RC" -eq 0 ] && [ -n "$IN3" ]; then
+  run_fb reference "$REF_GRAPH" --seed 9 --inputs "${IN3%,}" --compare "$TMP/ref3"
+  if [ "$RC" -eq 0 ]; then pass "reference --save-inputs: read back with --inputs, seed 3's outputs again"
+  else fail "reference --save-inputs: read back with --inputs, seed 3's outputs again" "exit $RC"; fi
+else fail "reference --save-inputs: read back with --inputs, seed 3's outputs again" "exit $RC, files: $IN3"; fi
+expect_bad "reference --save-inputs over an --inputs file" "same file as the --inputs file" \
+  reference "$REF_GRAPH" --inputs "${IN3%,}" --save-inputs "$TMP/in3"
 expect_bad "reference: a graph over --max-flops" "over --max-flops 1e\\+?0?3" \
   reference "$REF_GRAPH" --max-flops 1000
 cat > "$TMP/huge_relu.json" <<'EOF2'
@@ -789,6 +800,11 @@ else
 fi
 expect_bad "pipeline backward: --wrt an intermediate" "wrt 'hidden' is not an input or constant buffer" \
   pipeline backward "$SRC/examples/pipelines/two_convs.json" --out-dir "$TMP/tcb2" --wrt hidden
+
+expect_bad "train lm --profile without the gpu backend" "--profile .*needs --backend gpu" \
+  train lm --config "$SRC/examples/train/lm_tiny.json" --data "$SRC/data/lm-ci" --steps 1 --out "$TMP/tp" --profile 3
+if [ -e "$TMP/tp" ]; then fail "train lm --profile refused before anything is written" "$TMP/tp exists"
+else pass "train lm --profile refused before anything is written"; fi
 
 # ---------------------------------------------------------------- --help
 for c in "" info devprop check build run reference engines tune cache pipeline "pipeline check" "pipeline build" "pipeline tune" "pipeline run" shapes model "model embed" backward "pipeline backward"; do

@@ -318,5 +318,51 @@ TEST(SdpaFp8BwdReferenceCpu, OutputsBeyondTheFp8RangeCompareSaturated) {
   EXPECT_FALSE(compare("dk", ref->at("dk"), dk, tol).pass);
 }
 
+// check_fp8_amax(): an fp8 output's amax against the output it describes. Seed 7177
+// (tests/cases/wrong-values/sdpa_fp8_bwd_amax_dq_dS_rounding_tie.json): the GPU's amax_dq was
+// 12% from the reference's (a dS rounding tie) but exactly max|dq| / scale_dq of its own dq.
+// The reference's own outputs, cast as the engine casts, are consistent; an amax off by more
+// than one fp8 step of max|X| * scale, or an output whose largest value moved, is not.
+TEST(SdpaFp8BwdReferenceCpu, AmaxIsCheckedAgainstTheOutputItDescribes) {
+  std::optional<ResolvedGraph> g;
+  std::map<std::string, HostTensor> inputs;
+  ASSERT_NO_FATAL_FAILURE(
+      load_with_inputs("/tests/cases/wrong-values/sdpa_fp8_bwd_amax_dq_dS_rounding_tie.json", g, inputs));
+  auto ref = reference_cpu(*g, inputs);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  std::map<std::string, std::vector<float>> written = *ref;
+  for (const char* out : {"dq", "dk", "dv"})
+    for (float& x : written.at(out)) x = static_cast<float>(r8(x, DType::kFP8E4M3));
+  auto judge = [&](const std::map<std::string, std::vector<float>>& outs) {
+    auto c = check_fp8_amax(*g, inputs, outs);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    std::map<std::string, Comparison> by;
+    if (c.ok())
+      for (const Comparison& x : *c) by[x.tensor] = x;
+    return by;
+  };
+  auto ok = judge(written);
+  ASSERT_EQ(ok.size(), 3u) << "amax_dq, amax_dk and amax_dv, each of its output (amax_dp has none)";
+  for (const char* name : {"amax_dq of dq", "amax_dk of dk", "amax_dv of dv"})
+    EXPECT_TRUE(ok.count(name) && ok.at(name).pass) << name << ": " << ok[name].ToString();
+  for (float f : {1.25f, 0.75f}) {
+    auto wrong = written;
+    wrong.at("amax_dq")[0] *= f;
+    auto c = judge(wrong);
+    EXPECT_FALSE(c.at("amax_dq of dq").pass) << f;
+    EXPECT_NE(c.at("amax_dq of dq").error.find("amax_dq * scale_dq"), std::string::npos)
+        << c.at("amax_dq of dq").ToString();
+    EXPECT_TRUE(c.at("amax_dk of dk").pass);
+  }
+  // dq's largest value written two fp8 steps lower: the amax no longer describes it.
+  auto moved = written;
+  std::vector<float>& dq = moved.at("dq");
+  auto big =
+      std::max_element(dq.begin(), dq.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); });
+  for (float& x : dq)
+    if (std::fabs(x) >= std::fabs(*big) * 0.8f) x *= 0.75f;
+  EXPECT_FALSE(judge(moved).at("amax_dq of dq").pass);
+}
+
 }  // namespace
 }  // namespace fusebox

@@ -40,7 +40,7 @@ Runner add_reference(CLI::App& app) {
       "the same --seed and --inputs; --compare DIR checks the outputs `run --save-outputs DIR` wrote, "
       "as `run --verify` does");
   struct Args {
-    std::string graph, shape, inputs, save_outputs, compare;
+    std::string graph, shape, inputs, save_inputs, save_outputs, compare;
     uint64_t seed = 1;
     double max_flops = 2e10;
     bool json = false;
@@ -51,6 +51,9 @@ Runner add_reference(CLI::App& app) {
   cmd->add_option("--inputs", a->inputs,
                   "Inputs as NAME=FILE.npy,... (others random from --seed, as `run` makes them)");
   cmd->add_option("--seed", a->seed, "Seed for random inputs (`run`'s --seed)")->capture_default_str();
+  cmd->add_option("--save-inputs", a->save_inputs,
+                  "Write each graph input, as made for --seed, to DIR/<tensor>.npy (floats as fp32, exact; "
+                  "`run --inputs` and `--inputs` read them back)");
   cmd->add_option("--save-outputs", a->save_outputs,
                   "Write each reference output to DIR/<tensor>.npy (fp32, logical row-major)");
   cmd->add_option("--compare", a->compare,
@@ -108,10 +111,26 @@ Runner add_reference(CLI::App& app) {
       if (!paths.ok()) return fail("reference", paths.status());
       save_paths = std::move(paths).value();
     }
+    std::map<std::string, std::string> input_paths;
+    if (!a->save_inputs.empty()) {
+      auto paths = npy_output_paths(*g, a->save_inputs, read, "--save-inputs", /*graph_inputs=*/true);
+      if (!paths.ok()) return fail("reference", paths.status());
+      input_paths = std::move(paths).value();
+    }
     auto given = load_input_files(*g, a->inputs);
     if (!given.ok()) return fail("reference", given.status());
     auto inputs = make_inputs(*g, a->seed, *given, a->max_flops);
     if (!inputs.ok()) return fail("reference", inputs.status().WithContext("[graph '" + g->name + "']"));
+    if (!input_paths.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(a->save_inputs, ec);  // a failure shows in the write
+      for (const auto& [name, path] : input_paths) {
+        auto it = inputs->find(name);
+        if (it == inputs->end()) continue;
+        const Status st = write_npy(path, it->second);
+        if (!st.ok()) return fail("reference", st);
+      }
+    }
     const std::set<std::string> masks = dropout_mask_outputs(*g);
     std::map<std::string, HostTensor> ref_inputs = *inputs;
     for (const auto& name : masks) {

@@ -8,7 +8,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -26,7 +29,7 @@ namespace fs = std::filesystem;
 struct TrainArgs {
   std::string config, data, out, backend = "reference", dump_grads, prompt;
   int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1, stop_after = 0;
-  int ranks = 1;
+  int ranks = 1, profile = 0;
   bool resume = false, check_gradients = false, no_plot = false;
   CacheFlags cache;
 };
@@ -41,11 +44,78 @@ std::string duration(double s) {
   return b;
 }
 
+// --profile: where a step's time goes, summed over the layers (".<n>." in a stage name becomes
+// ".*."), largest first; every row in OUT/profile.json.
+int print_profile(LmTrainer& t, const TokenStream& train, int iters, const fs::path& out) {
+  auto p = t.profile_step(train, iters);
+  if (!p.ok()) return fail("train lm", p.status());
+  struct Kind {
+    std::string part, stage;
+    double ms = 0, flops = 0;
+    int count = 0;
+    std::set<std::string> engines;
+  };
+  std::map<std::pair<std::string, std::string>, Kind> kinds;
+  const std::regex layer("\\.[0-9]+\\.");
+  double sum = 0;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const LmStepProfileRow& r : p->rows) {
+    const double per_step = r.part == "optimizer" ? r.ms : r.ms * static_cast<double>(p->accum);
+    sum += per_step;
+    Kind& k = kinds[{r.part, std::regex_replace(r.stage, layer, ".*.")}];
+    k.part = r.part;
+    k.stage = std::regex_replace(r.stage, layer, ".*.");
+    k.ms += per_step;
+    k.flops += r.flops * (r.part == "optimizer" ? 1.0 : static_cast<double>(p->accum));
+    ++k.count;
+    if (!r.engine.empty()) k.engines.insert(r.engine);
+    rows.push_back(
+        {{"part", r.part}, {"stage", r.stage}, {"engine", r.engine}, {"ms", r.ms}, {"flops", r.flops}});
+  }
+  std::vector<Kind> sorted;
+  for (auto& [key, k] : kinds) sorted.push_back(k);
+  std::sort(sorted.begin(), sorted.end(), [](const Kind& a, const Kind& b) { return a.ms > b.ms; });
+  std::printf(
+      "profile (%d runs of each, back to back, median): the step %.2f ms as a CUDA graph%s, %.2f ms eagerly; "
+      "its %zu parts, each run alone, add up to %.2f ms\n",
+      p->iters, p->step_ms, p->step_ms > 0 ? "" : (" (not captured: " + p->graph_note + ")").c_str(),
+      p->step_eager_ms, p->rows.size(), sum);
+  std::printf("  %9s %6s %5s %8s  %-9s %s\n", "ms/step", "share", "runs", "TFLOP/s", "part",
+              "stage (engines)");
+  for (const Kind& k : sorted) {
+    std::string engines;
+    for (const std::string& e : k.engines) {
+      if (engines.size() > 60) {
+        engines += ", ...";
+        break;
+      }
+      engines += (engines.empty() ? "" : ", ") + e;
+    }
+    std::printf("  %9.3f %5.1f%% %5d %8.1f  %-9s %s%s\n", k.ms, sum > 0 ? 100 * k.ms / sum : 0.0, k.count,
+                k.ms > 0 ? k.flops / (k.ms * 1e-3) / 1e12 : 0.0, k.part.c_str(), k.stage.c_str(),
+                engines.empty() ? "" : (" (" + engines + ")").c_str());
+  }
+  const nlohmann::json doc = {{"iters", p->iters},
+                              {"accum", p->accum},
+                              {"step_ms", p->step_ms},
+                              {"step_eager_ms", p->step_eager_ms},
+                              {"graph_note", p->graph_note},
+                              {"sum_ms", sum},
+                              {"rows", rows}};
+  const std::string path = (out / "profile.json").string();
+  if (Status st = common::write_file_atomic(path, doc.dump(1) + "\n", "profile"); !st.ok())
+    return fail("train lm", st);
+  std::printf("profile: %s\n", path.c_str());
+  return 0;
+}
+
 int run_train(const TrainArgs& a) {
   auto fail = [](const Status& st) {
     std::fprintf(stderr, "fusebox train lm: %s\n", st.ToString().c_str());
     return exit_code_for(st);
   };
+  if (a.profile > 0 && a.backend != "gpu")
+    return fail(InvalidArgument("--profile times the GPU step's stages: it needs --backend gpu"));
   // Data parallel (fusebox/distributed.h): torchrun's variables, or --ranks in this process.
   auto launch = parse_launch_env();
   if (!launch.ok()) return fail(launch.status());
@@ -257,6 +327,8 @@ int run_train(const TrainArgs& a) {
   if (Status st = common::write_file_atomic(csv, log, "loss log"); !st.ok()) return fail(st);
   std::printf("checkpoint: %s (step %lld); losses: %s\n", ckpt.c_str(),
               static_cast<long long>(t.steps_done()), csv.c_str());
+  if (a.profile > 0)
+    if (int rc = print_profile(t, *train, a.profile, out); rc != 0) return rc;
   if (!a.no_plot) {
     // The loss curve, by matplotlib (fusebox_tools.models.lm_plot); a missing matplotlib is a note.
     const std::string png = (out / "loss.png").string();
@@ -326,6 +398,10 @@ Runner add_train(CLI::App& app) {
                   "Data parallel in this process: N ranks (threads) share each global micro-batch and "
                   "all-reduce the gradients (reference backend; docs/training.md, \"Data parallel\")")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--profile", a->profile,
+                  "After the steps (gpu backend), time each stage of a step alone over K runs and the whole "
+                  "step: a table summed over the layers, every row in OUT/profile.json")
+      ->check(CLI::Range(1, 10000));
   cmd->add_flag("--check-gradients", a->check_gradients,
                 "Before training, check the derived backward against finite differences (small models)");
   return [a]() { return run_train(*a); };

@@ -305,13 +305,13 @@ Result<std::string> npy_output_path(const std::string& name, const std::string& 
 
 Result<std::map<std::string, std::string>> npy_output_paths(const ResolvedGraph& g, const std::string& dir,
                                                             const std::vector<common::NamedPath>& inputs,
-                                                            const std::string& flag) {
+                                                            const std::string& flag, bool graph_inputs) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
     return InvalidArgument(flag + " '" + dir + "' exists and is not a directory");
   std::map<std::string, std::string> out;
   for (const auto& t : g.tensors) {
-    if (!t.is_output) continue;
+    if (!(graph_inputs ? t.is_input : t.is_output)) continue;
     FUSEBOX_ASSIGN_OR_RETURN(out[t.name], npy_output_path(t.name, dir, inputs, flag));
   }
   return out;

@@ -53,12 +53,14 @@ Result<std::map<std::string, HostTensor>> load_input_files(const ResolvedGraph& 
 
 // DIR/<name>.npy for output tensor `name` under option `flag` (--save-outputs): refused when the
 // name is not one file name (names are free text in the graph file), the file is one of `inputs`
-// or cannot be replaced. npy_output_paths: every output of g, after checking DIR is no file.
+// or cannot be replaced. npy_output_paths: every output of g (every graph input with
+// `graph_inputs`: --save-inputs), after checking DIR is no file.
 Result<std::string> npy_output_path(const std::string& name, const std::string& dir,
                                     const std::vector<common::NamedPath>& inputs, const std::string& flag);
 Result<std::map<std::string, std::string>> npy_output_paths(const ResolvedGraph& g, const std::string& dir,
                                                             const std::vector<common::NamedPath>& inputs,
-                                                            const std::string& flag);
+                                                            const std::string& flag,
+                                                            bool graph_inputs = false);
 
 // JSON for reports (doubles only: see docs/architecture.md on the frontend's float serializer).
 nlohmann::json to_json(const BuildReport& r);

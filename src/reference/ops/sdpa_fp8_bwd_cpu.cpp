@@ -311,14 +311,19 @@ Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const Reso
 // step:
 //   dq, dk, dv: e4m3 {8e-2, 2.5e-1}, e5m2 {1.5e-1, 5e-1}.
 //   amax_dp = max|dS|: no fp8 rounding before it, 2e-2.
-//   amax_dq/dk/dv: the max of a sum of fp8-rounded dS (or P) terms with
-//     cancellation (dS sums to ~0 over a row), 5e-2.
+//   amax_dq/dk/dv: max|X| can differ from the reference's by as much as X's largest elementwise
+//     difference, which X's own check allows up to 2.5e-1 of max|X|: the same bound. Seed 7177
+//     (tests/cases/wrong-values/sdpa_fp8_bwd_amax_dq_dS_rounding_tie.json) showed why: one dS
+//     value, times scale_dp, lay 0.15% of a step from the e5m2 midpoint -288; the reference (fp64)
+//     rounded it to -320, the GPU (fp32) to -256, which moved a causal row with three keys, and
+//     with it max|dq|, by 12%. The amax is checked sharply against the output it describes
+//     instead: check_fp8_amax() (sdpa_verification.cpp), to one fp8 step.
 // A wrong scale moves values by the scale factor (>= 2x for any wrong
 // power-of-two scale); a wrong mask (causal vs not) moves the first rows by
 // O(1) of their value: both fail (tests/unit/reference_test_sdpa_fp8_bwd.cpp).
 Tolerance tolerance(const SdpaFp8BwdAttrs&, std::string_view role, DType dtype) {
   if (role == "amax_dp") return {2e-2, 2e-2};
-  if (role == "amax_dq" || role == "amax_dk" || role == "amax_dv") return {5e-2, 5e-2};
+  if (role == "amax_dq" || role == "amax_dk" || role == "amax_dv") return {2.5e-1, 2.5e-1};
   if (dtype == DType::kFP8E5M2) return {1.5e-1, 5e-1};
   return {8e-2, 2.5e-1};
 }

@@ -348,4 +348,71 @@ Result<std::vector<Comparison>> check_dropout_masks(
   return out;
 }
 
+Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
+                                               const std::map<std::string, HostTensor>& inputs,
+                                               const std::map<std::string, std::vector<float>>& outputs) {
+  std::vector<Comparison> out;
+  for (const ResolvedOp& op : g.ops) {
+    for (const auto& [role, amax_idx] : op.outputs) {
+      if (role.rfind("amax_", 0) != 0) continue;
+      const std::string of = role.substr(5);
+      auto x_role = op.outputs.find(of);
+      auto scale_role = op.inputs.find("scale_" + of);
+      if (x_role == op.outputs.end() || scale_role == op.inputs.end()) continue;  // amax_s, amax_dp
+      const ResolvedTensor& x = g.tensors[x_role->second];
+      const DType dt = x.dtype;
+      if (dt != DType::kFP8E4M3 && dt != DType::kFP8E5M2) continue;
+      const std::string& amax_name = g.tensors[amax_idx].name;
+      auto a = outputs.find(amax_name);
+      auto v = outputs.find(x.name);
+      auto sc = inputs.find(g.tensors[scale_role->second].name);
+      if (a == outputs.end() || v == outputs.end() || sc == inputs.end()) continue;
+      Comparison c;
+      c.tensor = amax_name + " of " + x.name;
+      c.elements = 1;
+      const std::vector<float> scale = sc->second.to_float_logical();
+      if (a->second.size() != 1 || scale.size() != 1) {
+        c.error = "'" + amax_name + "' and its scale must be one value each";
+        out.push_back(c);
+        continue;
+      }
+      double written = 0;  // max|X| as written
+      bool finite = true;
+      for (float f : v->second) {
+        finite = finite && std::isfinite(f);
+        written = std::max(written, static_cast<double>(std::fabs(f)));
+      }
+      const double scaled = static_cast<double>(a->second[0]) * scale[0];
+      if (!finite || !std::isfinite(scaled)) {
+        c.non_finite = 1;
+        c.error = "'" + x.name + "' or '" + amax_name + "' times '" + g.tensors[scale_role->second].name +
+                  "' is not finite";
+        out.push_back(c);
+        continue;
+      }
+      const double expected =
+          fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(std::fabs(scaled)), dt), dt);
+      // One step of X's format at the expected value (3 mantissa bits in e4m3, 2 in e5m2).
+      const int mantissa = dt == DType::kFP8E4M3 ? 3 : 2;
+      const double step = expected > 0 ? std::ldexp(1.0, std::ilogb(expected) - mantissa) : 0.0;
+      c.max_abs = std::fabs(written - expected);
+      c.rel_l2 = c.max_abs_rel = expected > 0 ? c.max_abs / expected : c.max_abs;
+      c.tolerance = {expected > 0 ? step / expected : 0.0, expected > 0 ? step / expected : 0.0};
+      c.worst_index = 0;
+      c.pass = c.max_abs <= step;
+      if (!c.pass) {
+        char b[320];
+        std::snprintf(b, sizeof b,
+                      "%s * %s = %.6g casts to %.6g, but the largest |%s| written is %.6g (more than one fp8 "
+                      "step, %.3g, apart): the amax does not describe the output",
+                      amax_name.c_str(), g.tensors[scale_role->second].name.c_str(), scaled, expected,
+                      x.name.c_str(), written, step);
+        c.error = b;
+      }
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 }  // namespace fusebox
