@@ -1,7 +1,7 @@
 // fusebox kernels layer: softmax cross-entropy (include/fusebox/ops/cross_entropy.h).
 // Forward: one block per row, one pass over the row keeping a running (max, sum
 // of exp) per thread, merged across the block; loss = lse - logits[label].
-// Backward: one thread per logit, (exp(x - lse) - onehot) * dloss. Both read the
+// Backward: one block per row, (exp(x - lse) - onehot) * dloss. Both read the
 // logits as stored (bf16, fp16, fp32) and compute in fp32 with the accurate expf.
 #include <cuda_runtime.h>
 
@@ -69,22 +69,27 @@ __global__ void ce_forward(const void* logits, int dtype, int64_t row_stride, co
   if (lse_out) lse_out[r] = lse;
 }
 
+// One block per row (grid-stride over rows): the row's label, lse and dloss are read once, and
+// no thread divides to find its row (a 64-bit division per logit had set this kernel's speed).
 __global__ void ce_backward(const void* logits, int dtype, int64_t row_stride, const int* labels,
                             int64_t label_stride, const float* lse, int64_t lse_stride, const float* dloss,
                             int64_t dloss_stride, void* dlogits, int d_dtype, int64_t d_row_stride, int64_t n,
                             int64_t v, int64_t ignore) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * v;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / v, c = i % v;
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const int y = labels[r * label_stride];
-    float d = __int_as_float(0x7fc00000);
-    if (y == ignore) {
-      d = 0.f;
-    } else if (y >= 0 && y < v) {
-      const float p = expf(load_as_float(logits, dtype, r * row_stride + c) - lse[r * lse_stride]);
-      d = (p - (c == y ? 1.f : 0.f)) * dloss[r * dloss_stride];
+    const bool ignored = y == ignore, inside = y >= 0 && y < v;
+    const float row_lse = inside ? lse[r * lse_stride] : 0.f, g = inside ? dloss[r * dloss_stride] : 0.f;
+    const int64_t in = r * row_stride, out = r * d_row_stride;
+    for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
+      float d = __int_as_float(0x7fc00000);  // NaN: a label outside the classes
+      if (ignored) {
+        d = 0.f;
+      } else if (inside) {
+        const float p = expf(load_as_float(logits, dtype, in + c) - row_lse);
+        d = (p - (c == y ? 1.f : 0.f)) * g;
+      }
+      store_from_float(dlogits, d_dtype, out + c, d);
     }
-    store_from_float(dlogits, d_dtype, r * d_row_stride + c, d);
   }
 }
 
@@ -98,9 +103,8 @@ class CrossEntropyKernel final : public KernelBase {
           ptrs[0], dtype_, row_stride_, static_cast<const int*>(ptrs[1]), label_stride_, v_, ignore_,
           static_cast<float*>(ptrs[2]), has_lse_ ? static_cast<float*>(ptrs[3]) : nullptr);
     } else {
-      constexpr int kThreads = 256;
-      const int blocks = grid_stride_blocks(n_ * v_, kThreads);
-      ce_backward<<<blocks, kThreads, 0, stream>>>(
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(n_, int64_t{1} << 20));
+      ce_backward<<<blocks, kRowThreads, 0, stream>>>(
           ptrs[0], dtype_, row_stride_, static_cast<const int*>(ptrs[1]), label_stride_,
           static_cast<const float*>(ptrs[2]), lse_stride_, static_cast<const float*>(ptrs[3]), dloss_stride_,
           ptrs[4], d_dtype_, d_row_stride_, n_, v_, ignore_);

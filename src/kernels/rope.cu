@@ -77,11 +77,12 @@ class RopeKernel final : public KernelBase {
     const auto stream = static_cast<cudaStream_t>(stream_ptr);
     // 32-bit indices while the last grid-stride step cannot overflow them.
     if (total_ + static_cast<int64_t>(blocks) * kThreads < (int64_t{1} << 31))
-      rope_kernel<int32_t><<<blocks, kThreads, 0, stream>>>(x, x_dtype_, xs_, freqs, fs_, offset, offset_stride_,
-                                                           y, y_dtype_, ys_, shape_, static_cast<int32_t>(total_));
+      rope_kernel<int32_t><<<blocks, kThreads, 0, stream>>>(x, x_dtype_, xs_, freqs, fs_, offset,
+                                                            offset_stride_, y, y_dtype_, ys_, shape_,
+                                                            static_cast<int32_t>(total_));
     else
-      rope_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(x, x_dtype_, xs_, freqs, fs_, offset, offset_stride_,
-                                                           y, y_dtype_, ys_, shape_, total_);
+      rope_kernel<int64_t><<<blocks, kThreads, 0, stream>>>(x, x_dtype_, xs_, freqs, fs_, offset,
+                                                            offset_stride_, y, y_dtype_, ys_, shape_, total_);
     return common::cuda_status(cudaGetLastError(), where_, " rope kernel launch");
   }
 
