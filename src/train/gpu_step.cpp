@@ -126,6 +126,22 @@ struct GpuStep::Impl {
     }
   }
 
+  // The pinned hyperparameters and the first micro-batch's ids and labels to the device, on the
+  // stream (asynchronous); `what` names the caller in errors.
+  Status upload_first_micro_batch(const std::string& what) {
+    const cudaStream_t s = stream();
+    const size_t n = static_cast<size_t>(tokens) * sizeof(int32_t);
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(hyper.as<void>(), pinned_hyper.as<void>(),
+                                                        sizeof(tk::Hyper), cudaMemcpyHostToDevice, s),
+                                        what + ": hyperparameters"));
+    FUSEBOX_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpyAsync(fe->device(ids_buf), pinned_ids.as<void>(), n, cudaMemcpyHostToDevice, s),
+                    what + ": token ids"));
+    return cuda_status(
+        cudaMemcpyAsync(fe->device(labels_buf), pinned_labels.as<void>(), n, cudaMemcpyHostToDevice, s),
+        what + ": labels");
+  }
+
   // The step's hyperparameters into pinned memory (the step's first copy uploads them).
   void set_hyper(double lr, int64_t t) {
     const LmTrainConfig& tc = cfg.train;
@@ -406,16 +422,7 @@ Result<LmStepProfile> GpuStep::profile(const std::vector<int32_t>& ids, const st
   p.iters = iters;
   p.accum = s.accum_count();
   // The hyperparameters and the first micro-batch's tokens, as the step's first copies leave them.
-  const size_t n = static_cast<size_t>(s.tokens) * sizeof(int32_t);
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(s.hyper.as<void>(), s.pinned_hyper.as<void>(),
-                                                      sizeof(tk::Hyper), cudaMemcpyHostToDevice, st),
-                                      "train: profile: hyperparameters"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpyAsync(s.fe->device(s.ids_buf), s.pinned_ids.as<void>(), n, cudaMemcpyHostToDevice, st),
-      "train: profile: token ids"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpyAsync(s.fe->device(s.labels_buf), s.pinned_labels.as<void>(), n, cudaMemcpyHostToDevice, st),
-      "train: profile: labels"));
+  FUSEBOX_RETURN_IF_ERROR(s.upload_first_micro_batch("train: profile"));
   auto stages = [&](const char* part, const Pipeline& pl, PipelineExecutor& ex) -> Status {
     for (size_t i = 0; i < ex.steps().size(); ++i) {
       BoundPlan& step = ex.steps()[i];
@@ -466,20 +473,11 @@ Result<LmStepProfile> GpuStep::profile(const std::vector<int32_t>& ids, const st
 Result<double> GpuStep::loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {
   Impl& s = *impl_;
   FUSEBOX_RETURN_IF_ERROR(s.copy_ids(ids, labels, 1));
-  const size_t n = static_cast<size_t>(s.tokens) * sizeof(int32_t);
   const cudaStream_t st = s.stream();
   tk::Hyper h;
   h.loss_scale = static_cast<float>(1.0 / static_cast<double>(s.tokens));
   std::memcpy(s.pinned_hyper.as<void>(), &h, sizeof h);
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpyAsync(s.hyper.as<void>(), s.pinned_hyper.as<void>(), sizeof h, cudaMemcpyHostToDevice, st),
-      "train: validation"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpyAsync(s.fe->device(s.ids_buf), s.pinned_ids.as<void>(), n, cudaMemcpyHostToDevice, st),
-      "train: validation ids"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpyAsync(s.fe->device(s.labels_buf), s.pinned_labels.as<void>(), n, cudaMemcpyHostToDevice, st),
-      "train: validation labels"));
+  FUSEBOX_RETURN_IF_ERROR(s.upload_first_micro_batch("train: validation"));
   FUSEBOX_RETURN_IF_ERROR(s.fe->execute());
   FUSEBOX_RETURN_IF_ERROR(
       cuda_status(tk::loss_sum(static_cast<const float*>(s.fe->device(s.loss_buf)), s.tokens, true,
