@@ -10,6 +10,7 @@
 #   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
 #   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
+#   SWIGLU=split (PARTs 4-6): the config's train.swiglu set to it (docs/lm.md).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -32,6 +33,13 @@ FB=$W/fusebox
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())' | tee -a "$OUT/gpu.txt"
 summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+# SWIGLU=split (PARTs 4 to 6): the config with train.swiglu set, written under $W; its path.
+with_swiglu() {
+  if [ -z "${SWIGLU:-}" ]; then echo "$1"; return; fi
+  local out="$W/$(basename "$1" .json)_swiglu_$SWIGLU.json"
+  $PY -c 'import json, sys; c = json.load(open(sys.argv[1])); c["train"]["swiglu"] = sys.argv[2]; json.dump(c, open(sys.argv[3], "w"))' \
+    "$1" "$SWIGLU" "$out" && echo "$out"
+}
 
 case "$PART" in
 1)
@@ -88,6 +96,7 @@ case "$PART" in
 4 | 5)
   cfg=examples/train/lm_125m.json
   [ "$PART" = 5 ] && cfg=examples/train/lm_350m.json
+  cfg=$(with_swiglu "$cfg")
   summary "speed: $cfg"
   rm -rf "$W/speed"
   timeout "${FB_TIMEOUT:-240}" "$FB" train lm --config "$cfg" --data "$W/lm" --steps 40 --out "$W/speed" --backend gpu \
@@ -108,7 +117,7 @@ PYEOF
 6)
   summary "profile: examples/train/lm_125m.json, 3 steps, then each stage alone (train lm --profile)"
   rm -rf "$W/profile"
-  timeout "${FB_TIMEOUT:-300}" "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 3 \
+  timeout "${FB_TIMEOUT:-300}" "$FB" train lm --config "$(with_swiglu examples/train/lm_125m.json)" --data "$W/lm" --steps 3 \
     --out "$W/profile" --backend gpu --generate 0 --no-plot --profile 20 > "$OUT/profile.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   sed -n '/^profile (/,$p' "$OUT/profile.txt" | head -40 | tee -a "$OUT/summary.txt"

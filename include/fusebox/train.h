@@ -39,6 +39,12 @@ struct LmTrainConfig {
   // [tokens, ffn_dim] activation per layer fewer for two more GEMMs (saved_activation_bytes()
   // reports each choice).
   std::string recompute = "none";
+  // How the SwiGLU MLP's forward is staged (recompute "none" only). "fused": silu rides the gate
+  // GEMM's epilogue and the product the up GEMM's, so x @ w_gate and x @ w_up stay virtual and the
+  // derived backward recomputes both GEMMs. "split": two plain GEMMs write x @ w_gate and x @ w_up,
+  // and a pointwise stage forms silu(a) * b: the backward recomputes no GEMM, for one more
+  // [tokens, ffn_dim] activation kept per layer (saved_activation_bytes() reports it).
+  std::string swiglu = "fused";
   // Backward ops without atomics (embedding_bwd's per-column sums), so that a resumed run repeats
   // an uninterrupted one bit for bit on the GPU too; slower there. The reference backend is
   // deterministic either way.
@@ -77,8 +83,10 @@ double lm_learning_rate(const LmTrainConfig& t, int64_t step, int64_t total_step
 // graph files (written atomically; `dir` is created). Buffers: inputs "ids" and "labels"
 // (int32 [batch*seq]), "freqs" (RoPE angles, fp32 [seq, head_dim/2]) and one per parameter;
 // outputs "loss" (fp32 per token), "lse" and the saved statistics. Returns the file's path.
+// `recompute` and `swiglu` as LmTrainConfig's.
 Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq,
-                                      const std::string& dir, const std::string& recompute = "none");
+                                      const std::string& dir, const std::string& recompute = "none",
+                                      const std::string& swiglu = "fused");
 // The parameters of a checkpoint (docs/lm.md, "Checkpoints") of this model config, fp32 by name:
 // a file that is not one, or of another config, is an error naming the first mismatched tensor.
 Result<std::map<std::string, std::vector<float>>> load_lm_weights(const LmConfig& config,

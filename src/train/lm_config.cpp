@@ -103,6 +103,19 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
     t.recompute = r.get<std::string>();
     train.erase("recompute");
   }
+  if (train.is_object() && train.contains("swiglu")) {
+    const Json& v = train["swiglu"];
+    if (!v.is_string() || (v.get<std::string>() != "fused" && v.get<std::string>() != "split"))
+      return InvalidArgument(where + ": train.swiglu = " + v.dump().substr(0, 40) +
+                             " (accepted: \"fused\", the activations in the GEMMs' epilogues; \"split\", "
+                             "two plain GEMMs and a pointwise stage)");
+    t.swiglu = v.get<std::string>();
+    train.erase("swiglu");
+  }
+  if (t.recompute == "mlp" && t.swiglu == "split")
+    return InvalidArgument(where +
+                           ": train.swiglu \"split\" keeps the MLP's activations, train.recompute "
+                           "\"mlp\" recomputes them: choose one");
   if (train.is_object() && train.contains("deterministic")) {
     if (!train["deterministic"].is_boolean())
       return InvalidArgument(where + ": train.deterministic must be true or false");
@@ -171,6 +184,7 @@ std::string lm_config_json(const LmConfig& c) {
               {"clip", t.clip},
               {"seed", t.seed},
               {"recompute", t.recompute},
+              {"swiglu", t.swiglu},
               {"deterministic", t.deterministic}}}};
   return j.dump();
 }

@@ -95,6 +95,22 @@ class Builder {
     buffer(act, "intermediate");
   }
 
+  // The SwiGLU MLP split (LmTrainConfig::swiglu "split"): a = x @ w_gate and b = x @ w_up written
+  // by plain GEMMs, act = silu(a) * b by a pointwise stage. The derived backward reads a and b
+  // (recomputing only silu(a), a pointwise op) instead of recomputing either GEMM.
+  void swiglu_split(const std::string& l, const std::string& x, const std::string& act) {
+    const int64_t f = m_.ffn_dim;
+    gemm(l + "gate", x, l + "w_gate", m_.dim, f, l + "gate_pre");
+    gemm(l + "up", x, l + "w_up", m_.dim, f, l + "up_pre");
+    stage(l + "glu",
+          graph(l + "glu",
+                {json_tensor("a", {1, N_, f}), json_tensor("b", {1, N_, f}), json_tensor("y", {1, N_, f})},
+                {op("silu", "silu", {{"x", "a"}}, {{"y", "g"}}),
+                 op("mul", "glu", {{"a", "g"}, {"b", "b"}}, {{"y", "y"}})}),
+          {{"a", l + "gate_pre"}, {"b", l + "up_pre"}, {"y", act}});
+    buffer(act, "intermediate");
+  }
+
   // The whole SwiGLU MLP and its residual as one stage: y = (silu(x @ w_gate) * (x @ w_up)) @ w_down
   // + residual. Only the product `act` reaches memory (the down GEMM's weight gradient reads it
   // transposed, a view of memory); silu(x @ w_gate) and x @ w_up stay virtual and the backward
@@ -162,13 +178,18 @@ class Builder {
 }  // namespace
 
 Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq,
-                                      const std::string& dir, const std::string& recompute) {
+                                      const std::string& dir, const std::string& recompute,
+                                      const std::string& swiglu) {
   if (batch < 1 || seq < 1 || seq > m.context)
     return InvalidArgument("write_lm_pipeline: batch " + std::to_string(batch) + " and sequence length " +
                            std::to_string(seq) + " (accepted: batch >= 1, 1 <= seq <= context " +
                            std::to_string(m.context) + ")");
   if (recompute != "none" && recompute != "mlp")
     return InvalidArgument("write_lm_pipeline: recompute '" + recompute + "' (accepted: none, mlp)");
+  if (swiglu != "fused" && swiglu != "split")
+    return InvalidArgument("write_lm_pipeline: swiglu '" + swiglu + "' (accepted: fused, split)");
+  if (recompute == "mlp" && swiglu == "split")
+    return InvalidArgument("write_lm_pipeline: swiglu 'split' with recompute 'mlp' (choose one)");
   Builder b(m, batch, seq);
   const int64_t N = batch * seq, D = m.dim, q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
   b.stage("embed",
@@ -212,6 +233,9 @@ Result<std::string> write_lm_pipeline(const LmModelConfig& m, int64_t batch, int
     const std::string next = std::string("h").append(std::to_string(i + 1));
     if (recompute == "mlp") {
       b.mlp_fused(l, l + "m", l + "h_attn", next);
+    } else if (swiglu == "split") {
+      b.swiglu_split(l, l + "m", l + "act");
+      b.gemm(l + "down", l + "act", l + "w_down", m.ffn_dim, D, next, l + "h_attn");
     } else {
       b.swiglu(l, l + "m", l + "act");
       b.gemm(l + "down", l + "act", l + "w_down", m.ffn_dim, D, next, l + "h_attn");

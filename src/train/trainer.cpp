@@ -45,8 +45,8 @@ ResolvedTensor fp32_tensor(const std::string& name, const std::vector<int64_t>& 
 
 // The model for `batch` x `seq` tokens: its forward pipeline, loaded, in `dir`.
 Result<Pipeline> model_pipeline(const LmModelConfig& m, int64_t batch, int64_t seq, const std::string& dir,
-                                const std::string& recompute = "none") {
-  FUSEBOX_ASSIGN_OR_RETURN(std::string path, write_lm_pipeline(m, batch, seq, dir, recompute));
+                                const std::string& recompute = "none", const std::string& swiglu = "fused") {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string path, write_lm_pipeline(m, batch, seq, dir, recompute, swiglu));
   return load_pipeline_file(path);
 }
 
@@ -233,8 +233,9 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   };
   auto t0 = Clock::now();
-  FUSEBOX_ASSIGN_OR_RETURN(impl->fwd, model_pipeline(config.model, impl->local_batch, config.model.context,
-                                                     (dir / "forward").string(), config.train.recompute));
+  FUSEBOX_ASSIGN_OR_RETURN(
+      impl->fwd, model_pipeline(config.model, impl->local_batch, config.model.context,
+                                (dir / "forward").string(), config.train.recompute, config.train.swiglu));
   impl->startup.push_back({"forward pipeline written and loaded", ms_since(t0)});
   t0 = Clock::now();
   FUSEBOX_ASSIGN_OR_RETURN(impl->derived, derive_pipeline_backward(impl->fwd, lm_backward_options(config)));
@@ -603,7 +604,7 @@ Result<GradientCheck> LmTrainer::check_gradients(int64_t seq, uint32_t seed) {
   Impl& s = *impl_;
   const std::filesystem::path dir = std::filesystem::path(s.options.work_dir) / "gradcheck";
   FUSEBOX_ASSIGN_OR_RETURN(Pipeline fwd, model_pipeline(s.config.model, 1, seq, (dir / "forward").string(),
-                                                        s.config.train.recompute));
+                                                        s.config.train.recompute, s.config.train.swiglu));
   FUSEBOX_ASSIGN_OR_RETURN(PipelineBackward b, derive_pipeline_backward(fwd, lm_backward_options(s.config)));
   FUSEBOX_ASSIGN_OR_RETURN(std::string bpath, write_pipeline_backward(fwd, b, (dir / "backward").string()));
   FUSEBOX_ASSIGN_OR_RETURN(Pipeline bwd, load_pipeline_file(bpath));
