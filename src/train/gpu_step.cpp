@@ -540,8 +540,18 @@ std::string GpuStep::plan_summary() const {
   // deserialization), plans built now (cuDNN's, partitions), fusebox's own kernels, the plan check.
   int partitioned = 0, cached = 0, stages = 0, native = 0, built = 0;
   double cached_ms = 0, built_ms = 0, native_ms = 0, check_ms = 0;
-  for (const PipelineBuild* b : {&s.fbuild, &s.bbuild})
+  std::vector<std::pair<double, std::string>> slowest;  // (ms, what), the 3 slowest stage builds
+  for (const auto& [b, p] : {std::pair{&s.fbuild, s.fwd}, std::pair{&s.bbuild, s.bwd}})
     for (const StageBuild& sb : b->stages) {
+      char what[96];
+      std::snprintf(what, sizeof what, " %.0f ms (check %.0f ms%s)", sb.ms, sb.report.plan_check.ms,
+                    sb.report.cache == "hit"       ? ", cached"
+                    : !sb.report.partition.empty() ? ", partitioned"
+                                                   : "");
+      slowest.emplace_back(sb.ms, p->stages.at(static_cast<size_t>(sb.stage)).name + what);
+      std::sort(slowest.begin(), slowest.end(),
+                [](const auto& x, const auto& y) { return x.first > y.first; });
+      if (slowest.size() > 3) slowest.pop_back();
       ++stages;
       partitioned += sb.report.partition.empty() ? 0 : 1;
       check_ms += sb.report.plan_check.ms;
@@ -556,15 +566,17 @@ std::string GpuStep::plan_summary() const {
         built_ms += sb.ms;
       }
     }
+  std::string slow;
+  for (const auto& [ms, what] : slowest) slow += (slow.empty() ? "" : ", ") + what;
   char buf[512];
   std::snprintf(
       buf, sizeof buf,
       "%d stages (%d partitioned, %d from the plan cache) built in %.0f ms [cache hits %d: %.0f ms; "
-      "built now %d: %.0f ms; fusebox kernels %d: %.0f ms; plan check %.0f ms of these]%s%s",
+      "built now %d: %.0f ms; fusebox kernels %d: %.0f ms; plan check %.0f ms of these]",
       stages, partitioned, cached, s.build_ms, cached, cached_ms, built, built_ms, native, native_ms,
-      check_ms, s.graph_failed ? "; the step runs eagerly: " : "",
-      s.graph_failed ? s.graph_note.c_str() : "");
-  return buf;
+      check_ms);
+  return buf + (slow.empty() ? "" : "; slowest: " + slow) +
+         (s.graph_failed ? "; the step runs eagerly: " + s.graph_note : "");
 }
 
 }  // namespace fusebox
