@@ -76,7 +76,13 @@ TEST(PipelineBackward, ThreeStagesAgainstFiniteDifferences) {
   EXPECT_EQ(b->seeds, std::vector<std::string>{"y"});
   EXPECT_EQ(b->gradients.size(), 4u) << "x, w1, b1, w2; freqs carries none";
   EXPECT_EQ(b->gradients.at("x"), "x.grad") << "x is read by two stages: its parts are summed";
-  EXPECT_NE(b->pipeline_json.find("\"x.grad_sum\""), std::string::npos) << b->pipeline_json;
+  // mlp's part of x's gradient comes out of fc1's matmul: out's part (the residual's) is added in
+  // that matmul's epilogue, not in an accumulation stage.
+  EXPECT_EQ(b->pipeline_json.find("\"x.grad_sum\""), std::string::npos) << b->pipeline_json;
+  ASSERT_TRUE(b->graph_files.count("mlp.bwd.json")) << b->pipeline_json;
+  const std::string& mlp_bwd = b->graph_files.at("mlp.bwd.json");
+  EXPECT_NE(mlp_bwd.find(".acc0"), std::string::npos) << mlp_bwd;
+  EXPECT_NE(mlp_bwd.find(".acc_add0"), std::string::npos) << mlp_bwd;
   EXPECT_EQ(b->recomputed, (std::vector<std::string>{"mlp: fc1", "mlp: bias1"}));
   auto path = write_pipeline_backward(*fwd, *b, dir.file("bwd"));
   ASSERT_TRUE(path.ok()) << path.status().ToString();

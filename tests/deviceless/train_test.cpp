@@ -398,7 +398,12 @@ TEST(LmTrainer, TwoRanksTakeTheSameStepsAsOneWithTheWholeBatch) {
     EXPECT_GT(a.buckets, 1);
     EXPECT_EQ(a.tokens, r->tokens) << "the global batch";
     EXPECT_EQ(a.loss, got[1][static_cast<size_t>(s)].loss);
-    EXPECT_NEAR(a.loss, r->loss, 1e-5 * r->loss) << "step " << s;
+    // Float summation order only: the ranks round their half-batch gradients to bf16 before the
+    // all-reduce. Measured (2026-12-06): steps 0-4 within 6e-8 of the loss; step 5 jumps in
+    // the loss to 1.3e-6 (1.0e-5 since the gradient parts are added in the GEMMs' epilogues)
+    // and in the gradient norm to 5.6e-5 either way: AdamW's normalized update magnifies an
+    // element's rounding difference once its moments are small.
+    EXPECT_NEAR(a.loss, r->loss, (s < 5 ? 1e-6 : 3e-5) * r->loss) << "step " << s;
     EXPECT_NEAR(a.grad_norm, r->grad_norm, 1e-4 * r->grad_norm) << "step " << s;
   }
   EXPECT_EQ(ranks[0]->parameters(), ranks[1]->parameters()) << "the ranks stay identical";
