@@ -94,6 +94,19 @@ struct LmTrainer::Impl {
                                 std::chrono::steady_clock::time_point t0);
   // The step taken: the counters advanced, the timing filled in.
   LmStepResult finish_step(LmStepResult r, std::chrono::steady_clock::time_point t0);
+  // The next step's micro-batches of `train` (this rank's slice of each global one), micro-batch
+  // after micro-batch; the data position does not move.
+  void next_micro_batches(const TokenStream& train, std::vector<int32_t>* all_ids,
+                          std::vector<int32_t>* all_labels) const {
+    const LmTrainConfig& tc = config.train;
+    std::vector<int32_t> ids, labels;
+    for (int64_t k = 0; k < tc.accum; ++k) {
+      lm_micro_batch(train, config.model.context, local_batch, sequences + k * tc.batch + rank * local_batch,
+                     &ids, &labels);
+      all_ids->insert(all_ids->end(), ids.begin(), ids.end());
+      all_labels->insert(all_labels->end(), labels.begin(), labels.end());
+    }
+  }
   Status sync_to_host() {
     if (gpu && host_stale) {
       FUSEBOX_RETURN_IF_ERROR(gpu->download(&master, &m, &v));
@@ -284,17 +297,11 @@ void LmTrainer::init_parameters() {
 
 Result<LmStepResult> LmTrainer::step(const TokenStream& train) {
   Impl& s = *impl_;
-  const LmTrainConfig& tc = s.config.train;
   const int64_t seq = s.config.model.context;
   if (train.sequences(seq) < 1)
     return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
-  std::vector<int32_t> ids, labels, all_ids, all_labels;
-  for (int64_t k = 0; k < tc.accum; ++k) {  // this rank's slice of each global micro-batch
-    lm_micro_batch(train, seq, s.local_batch, s.sequences + k * tc.batch + s.rank * s.local_batch, &ids,
-                   &labels);
-    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
-    all_labels.insert(all_labels.end(), labels.begin(), labels.end());
-  }
+  std::vector<int32_t> all_ids, all_labels;
+  s.next_micro_batches(train, &all_ids, &all_labels);
   return step_tokens(all_ids, all_labels);
 }
 
@@ -403,17 +410,11 @@ LmStepResult LmTrainer::Impl::finish_step(LmStepResult r, std::chrono::steady_cl
 Result<LmStepProfile> LmTrainer::profile_step(const TokenStream& train, int iters) {
   Impl& s = *impl_;
   if (!s.gpu) return NotSupported("train: profile_step needs the gpu backend");
-  const LmTrainConfig& tc = s.config.train;
   const int64_t seq = s.config.model.context;
   if (train.sequences(seq) < 1)
     return InvalidArgument(train.path + ": too few tokens for one sequence of " + std::to_string(seq));
-  std::vector<int32_t> ids, labels, all_ids, all_labels;
-  for (int64_t k = 0; k < tc.accum; ++k) {  // the next step's micro-batches; the position stays
-    lm_micro_batch(train, seq, s.local_batch, s.sequences + k * tc.batch + s.rank * s.local_batch, &ids,
-                   &labels);
-    all_ids.insert(all_ids.end(), ids.begin(), ids.end());
-    all_labels.insert(all_labels.end(), labels.begin(), labels.end());
-  }
+  std::vector<int32_t> all_ids, all_labels;
+  s.next_micro_batches(train, &all_ids, &all_labels);  // the position stays
   FUSEBOX_RETURN_IF_ERROR(s.sync_to_device());
   FUSEBOX_RETURN_IF_ERROR(s.sync_to_host());  // the state the profile's optimizer runs overwrite
   auto p = s.gpu->profile(all_ids, all_labels, iters);
