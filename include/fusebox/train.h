@@ -158,6 +158,20 @@ struct LmStepProfile {
   std::string graph_note;    // why step_ms is 0 (the step could not be captured)
 };
 
+// An LmStepProfile summed by kind: a stage name's ".<n>." becomes ".*." (the layers summed);
+// times and FLOPs per step (a forward or backward row times accum); largest time first.
+struct LmStepProfileKind {
+  std::string part, stage;
+  double ms = 0, flops = 0;
+  int count = 0;                     // rows summed
+  std::vector<std::string> engines;  // distinct, sorted
+};
+std::vector<LmStepProfileKind> lm_profile_by_kind(const LmStepProfile& p);
+// Every row's time per step, summed: what the step would take run part by part.
+double lm_profile_sum_ms(const LmStepProfile& p);
+// The profile as one JSON document: the totals, the kinds and every row (`train lm --profile`).
+std::string lm_profile_json(const LmStepProfile& p);
+
 class LmTrainer {
  public:
   static Result<std::unique_ptr<LmTrainer>> create(const LmConfig& config, const LmTrainerOptions& options);

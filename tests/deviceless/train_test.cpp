@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
 #include <thread>
@@ -426,6 +427,44 @@ TEST(LmTrainer, TwoRanksTakeTheSameStepsAsOneWithTheWholeBatch) {
   auto gpu = LmTrainer::create(c, o);
   ASSERT_FALSE(gpu.ok());
   EXPECT_EQ(gpu.status().code(), StatusCode::kNotSupported) << gpu.status().ToString();
+}
+
+}  // namespace
+}  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// train lm --profile's table: the layers summed by kind, a micro-batch row counted accum times, the
+// optimizer's once, largest first; the JSON holds the totals, the kinds and every row.
+TEST(LmStepProfile, KindsSumTheLayersPerStep) {
+  LmStepProfile p;
+  p.iters = 5;
+  p.accum = 2;
+  p.step_ms = 9.5;
+  p.rows = {{"forward", "layers.0.q", "eng0", 1.0, 1e9},
+            {"forward", "layers.1.q", "eng0", 1.5, 1e9},
+            {"forward", "layers.10.q", "eng4_k24=45", 0.5, 1e9},
+            {"backward", "layers.0.q.bwd", "eng0", 0.25, 2e9},
+            {"optimizer", "AdamW", "", 3.0, 0}};
+  EXPECT_DOUBLE_EQ(lm_profile_sum_ms(p), 2 * (1.0 + 1.5 + 0.5 + 0.25) + 3.0);
+  const std::vector<LmStepProfileKind> k = lm_profile_by_kind(p);
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_EQ(k[0].stage, "layers.*.q");
+  EXPECT_EQ(k[0].part, "forward");
+  EXPECT_DOUBLE_EQ(k[0].ms, 6.0);
+  EXPECT_DOUBLE_EQ(k[0].flops, 6e9);
+  EXPECT_EQ(k[0].count, 3);
+  EXPECT_EQ(k[0].engines, (std::vector<std::string>{"eng0", "eng4_k24=45"}));
+  EXPECT_EQ(k[1].stage, "AdamW");
+  EXPECT_DOUBLE_EQ(k[1].ms, 3.0) << "the optimizer runs once a step, not once a micro-batch";
+  EXPECT_EQ(k[2].stage, "layers.*.q.bwd");
+  EXPECT_DOUBLE_EQ(k[2].ms, 0.5);
+  const nlohmann::json j = nlohmann::json::parse(lm_profile_json(p));
+  EXPECT_EQ(j["rows"].size(), 5u);
+  EXPECT_EQ(j["kinds"].size(), 3u);
+  EXPECT_DOUBLE_EQ(j["sum_ms"].get<double>(), 9.5);
+  EXPECT_EQ(j["kinds"][0]["stage"], "layers.*.q");
 }
 
 }  // namespace

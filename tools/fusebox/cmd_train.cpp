@@ -10,8 +10,6 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -49,32 +47,7 @@ std::string duration(double s) {
 int print_profile(LmTrainer& t, const TokenStream& train, int iters, const fs::path& out) {
   auto p = t.profile_step(train, iters);
   if (!p.ok()) return fail("train lm", p.status());
-  struct Kind {
-    std::string part, stage;
-    double ms = 0, flops = 0;
-    int count = 0;
-    std::set<std::string> engines;
-  };
-  std::map<std::pair<std::string, std::string>, Kind> kinds;
-  const std::regex layer("\\.[0-9]+\\.");
-  double sum = 0;
-  nlohmann::json rows = nlohmann::json::array();
-  for (const LmStepProfileRow& r : p->rows) {
-    const double per_step = r.part == "optimizer" ? r.ms : r.ms * static_cast<double>(p->accum);
-    sum += per_step;
-    Kind& k = kinds[{r.part, std::regex_replace(r.stage, layer, ".*.")}];
-    k.part = r.part;
-    k.stage = std::regex_replace(r.stage, layer, ".*.");
-    k.ms += per_step;
-    k.flops += r.flops * (r.part == "optimizer" ? 1.0 : static_cast<double>(p->accum));
-    ++k.count;
-    if (!r.engine.empty()) k.engines.insert(r.engine);
-    rows.push_back(
-        {{"part", r.part}, {"stage", r.stage}, {"engine", r.engine}, {"ms", r.ms}, {"flops", r.flops}});
-  }
-  std::vector<Kind> sorted;
-  for (auto& [key, k] : kinds) sorted.push_back(k);
-  std::sort(sorted.begin(), sorted.end(), [](const Kind& a, const Kind& b) { return a.ms > b.ms; });
+  const double sum = lm_profile_sum_ms(*p);
   std::printf(
       "profile (%d runs of each, back to back, median): the step %.2f ms as a CUDA graph%s, %.2f ms eagerly; "
       "its %zu parts, each run alone, add up to %.2f ms\n",
@@ -82,7 +55,7 @@ int print_profile(LmTrainer& t, const TokenStream& train, int iters, const fs::p
       p->step_eager_ms, p->rows.size(), sum);
   std::printf("  %9s %6s %5s %8s  %-9s %s\n", "ms/step", "share", "runs", "TFLOP/s", "part",
               "stage (engines)");
-  for (const Kind& k : sorted) {
+  for (const LmStepProfileKind& k : lm_profile_by_kind(*p)) {
     std::string engines;
     for (const std::string& e : k.engines) {
       if (engines.size() > 60) {
@@ -95,15 +68,8 @@ int print_profile(LmTrainer& t, const TokenStream& train, int iters, const fs::p
                 k.ms > 0 ? k.flops / (k.ms * 1e-3) / 1e12 : 0.0, k.part.c_str(), k.stage.c_str(),
                 engines.empty() ? "" : (" (" + engines + ")").c_str());
   }
-  const nlohmann::json doc = {{"iters", p->iters},
-                              {"accum", p->accum},
-                              {"step_ms", p->step_ms},
-                              {"step_eager_ms", p->step_eager_ms},
-                              {"graph_note", p->graph_note},
-                              {"sum_ms", sum},
-                              {"rows", rows}};
   const std::string path = (out / "profile.json").string();
-  if (Status st = common::write_file_atomic(path, doc.dump(1) + "\n", "profile"); !st.ok())
+  if (Status st = common::write_file_atomic(path, lm_profile_json(*p), "profile"); !st.ok())
     return fail("train lm", st);
   std::printf("profile: %s\n", path.c_str());
   return 0;
