@@ -93,6 +93,10 @@ bool add_in_epilogue(GraphSpec& spec, const std::string& grad, size_t parts) {
   if (producer == spec.ops.end() || out == spec.tensors.end() ||
       op_traits(producer->attrs).family != "matmul")
     return false;
+  // An op of the graph that reads the gradient would read the sum instead of this stage's part.
+  for (const OpSpec& op : spec.ops)
+    for (const auto& [role, t] : op.inputs)
+      if (t == grad) return false;
   auto used = [&](const std::string& n) {
     return std::any_of(spec.tensors.begin(), spec.tensors.end(),
                        [&](const TensorSpec& t) { return t.name == n; }) ||
