@@ -34,6 +34,9 @@ unsigned short float_to_fp16_bits(float f);
 float fp16_bits_to_float(unsigned short b);
 unsigned char float_to_fp8_bits(float f, DType t);  // saturating, t is e4m3 or e5m2
 float fp8_bits_to_float(unsigned char b, DType t);
+// The distance between neighbouring values of t (e4m3 or e5m2) at magnitude |v|: the subnormals'
+// spacing below the smallest normal.
+double fp8_spacing(DType t, double v);
 // The value a saturating cast to t clamps to (fp8: e4m3 448, e5m2 57344), or 0 for a dtype whose
 // casts do not saturate.
 double dtype_saturation(DType t);

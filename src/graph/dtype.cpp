@@ -94,6 +94,16 @@ double round_half_even(double q) {
   return r;
 }
 
+// The exponent of the format's spacing at magnitude a >= 0: its subnormals' below the smallest
+// normal, else man_bits below a's binade.
+int quantum_exponent(double a, const SmallFloat& f) {
+  const int emin = 1 - f.bias;  // exponent of the smallest normal
+  if (a < std::ldexp(1.0, emin)) return emin - f.man_bits;
+  int ex = 0;
+  std::frexp(a, &ex);
+  return (ex - 1) - f.man_bits;
+}
+
 // Encodes v (any double) into the format, rounding to nearest even.
 // Infinity: inf where the format has one, else max_finite (saturating).
 unsigned encode_small(double v, const SmallFloat& f) {
@@ -126,14 +136,7 @@ unsigned encode_small(double v, const SmallFloat& f) {
     return encode_finite(f.max_finite);
   }
   if (a == 0.0) return sign;
-  int quantum_exp;
-  if (a < std::ldexp(1.0, emin)) {
-    quantum_exp = emin - f.man_bits;
-  } else {
-    int ex = 0;
-    std::frexp(a, &ex);
-    quantum_exp = (ex - 1) - f.man_bits;
-  }
+  const int quantum_exp = quantum_exponent(a, f);
   // Values far above the range: avoid huge quotients.
   if (a > 2.0 * f.max_finite) return overflow();
   double q = std::ldexp(a, -quantum_exp);  // exact: scaling by a power of two
@@ -283,6 +286,10 @@ void store_element(void* dst, DType t, double v) {
       store_raw<uint8_t>(dst, to_int_saturating<uint8_t>(v));
       return;
   }
+}
+
+double fp8_spacing(DType t, double v) {
+  return std::ldexp(1.0, quantum_exponent(std::fabs(v), fp8_format(t)));
 }
 
 double dtype_saturation(DType t) {

@@ -279,11 +279,12 @@ Result<PipelineBackward> PipelineDeriver::run(const BackwardOptions& opt) {
         bind(stage, name, bn, spec_view(name), true);
       }
     }
-    // The gradients this stage gives its inputs' buffers, and any other output its
-    // backward ops write to memory (kept in a buffer of its own, unread).
+    // The earlier parts the epilogues add, read in each gradient's own layout.
     for (const auto& [gname, parts] : added)
       for (size_t k = 0; k < parts.size(); ++k)
         bind(stage, gname + ".acc" + std::to_string(k), parts[k], spec_view(gname), true);
+    // The gradients this stage gives its inputs' buffers, and any other output its
+    // backward ops write to memory (kept in a buffer of its own, unread).
     std::set<std::string> grads;
     for (const auto& [x, gname] : bw->gradients) {
       const int b = st.bind.at(x);

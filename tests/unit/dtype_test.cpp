@@ -130,6 +130,24 @@ TEST(DType, AllFp8PatternsRoundTrip) {
   }
 }
 
+// The spacing the fp8 casts round to: man_bits below the binade, the subnormals' below the
+// smallest normal (e4m3 2^-6, e5m2 2^-14); the neighbours of every representable value differ by it.
+TEST(DType, Fp8Spacing) {
+  EXPECT_EQ(fp8_spacing(DType::kFP8E4M3, 136.0), 16.0);
+  EXPECT_EQ(fp8_spacing(DType::kFP8E4M3, -100.0), 8.0);
+  EXPECT_EQ(fp8_spacing(DType::kFP8E4M3, 0x1p-8), 0x1p-9);
+  EXPECT_EQ(fp8_spacing(DType::kFP8E4M3, 0.0), 0x1p-9);
+  EXPECT_EQ(fp8_spacing(DType::kFP8E5M2, 1.0), 0.25);
+  EXPECT_EQ(fp8_spacing(DType::kFP8E5M2, 0x1p-15), 0x1p-16);
+  for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2})
+    for (unsigned b = 0; b < 0x7E; ++b) {  // positive finite values below the largest
+      const float v = fp8_bits_to_float(static_cast<unsigned char>(b), t);
+      const float next = fp8_bits_to_float(static_cast<unsigned char>(b + 1), t);
+      if (!std::isfinite(next)) continue;
+      EXPECT_EQ(next - v, fp8_spacing(t, v)) << dtype_name(t) << " at " << v;
+    }
+}
+
 TEST(DType, LoadStoreElement) {
   unsigned char buf[8];
   for (DType t : {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt32,

@@ -392,12 +392,7 @@ Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
       }
       const double expected =
           fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(std::fabs(scaled)), dt), dt);
-      // One step of X's format at the expected value (3 mantissa bits in e4m3, 2 in e5m2), and
-      // no finer than its subnormals' spacing (2^-9 in e4m3, 2^-16 in e5m2).
-      const int mantissa = dt == DType::kFP8E4M3 ? 3 : 2;
-      const double subnormal = std::ldexp(1.0, dt == DType::kFP8E4M3 ? -9 : -16);
-      const double step =
-          expected > 0 ? std::max(std::ldexp(1.0, std::ilogb(expected) - mantissa), subnormal) : subnormal;
+      const double step = fp8_spacing(dt, expected);  // one step of X's format there
       c.max_abs = std::fabs(written - expected);
       c.rel_l2 = c.max_abs_rel = expected > 0 ? c.max_abs / expected : c.max_abs;
       c.tolerance = {expected > 0 ? step / expected : 0.0, expected > 0 ? step / expected : 0.0};
