@@ -2,7 +2,8 @@
 // Forward: one block per row, one pass over the row keeping a running (max, sum
 // of exp) per thread, merged across the block; loss = lse - logits[label].
 // Backward: one block per row, (exp(x - lse) - onehot) * dloss. Both read the
-// logits as stored (bf16, fp16, fp32) and compute in fp32 with the accurate expf.
+// logits as stored (bf16, fp16, fp32; 16-bit rows of a multiple of 8 classes 8 at a
+// time) and compute in fp32 with the accurate expf.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "cross_entropy.h"
 #include "dtype_access.cuh"
 #include "kernel_base.h"
+#include "packed16.cuh"
 
 namespace fusebox::kernels {
 
@@ -93,12 +95,123 @@ __global__ void ce_backward(const void* logits, int dtype, int64_t row_stride, c
   }
 }
 
+// The same two kernels for 16-bit logits read 8 at a time (one 16-byte load: rows of a multiple
+// of 8 classes, 16-byte aligned), and 16-bit dlogits written so. Measured on an H100 (2026-12-06,
+// the 125M training step, 32768 x 16384 bf16): one value per load took 1.22 ms forward and 1.25 ms
+// backward, where moving the logits takes about 0.33 ms and 0.67 ms.
+template <bool kHalf>
+__device__ __forceinline__ uint32_t float_to_bits(float f) {
+  if constexpr (kHalf) {
+    return __half_as_ushort(__float2half_rn(f));
+  } else {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+}
+
+template <bool kHalf>
+__global__ void ce_forward_vec8(const void* logits, int64_t row_stride, const int* labels,
+                                int64_t label_stride, int64_t v, int64_t ignore, float* loss,
+                                float* lse_out) {
+  const int64_t r = blockIdx.x;
+  const auto* row = static_cast<const uint16_t*>(logits) + r * row_stride;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x * 8; c < v; c += blockDim.x * 8) {
+    const uint4 u = load8<true>(row + c, 8);
+    float x[8], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      x[i] = value<kHalf>(u, i);
+      mx = fmaxf(mx, x[i]);
+    }
+    if (mx > m) {
+      s *= expf(m - mx);
+      m = mx;
+    }
+    if (m > -INFINITY) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += expf(x[i] - m);  // a NaN logit makes the row's loss NaN
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
+    merge(m, s, m2, s2);
+  }
+  __shared__ float ms[kRowThreads / 32], ss[kRowThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    ms[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) merge(m, s, ms[w], ss[w]);
+  const float lse = m + logf(s);
+  const int y = labels[r * label_stride];
+  float l = __int_as_float(0x7fc00000);  // NaN: a label outside the classes
+  if (y == ignore) {
+    l = 0.f;
+  } else if (y >= 0 && y < v) {
+    l = lse - bits_to_float<kHalf>(row[y]);
+  }
+  loss[r] = l;
+  if (lse_out) lse_out[r] = lse;
+}
+
+template <bool kHalf>
+__global__ void ce_backward_vec8(const void* logits, int64_t row_stride, const int* labels,
+                                 int64_t label_stride, const float* lse, int64_t lse_stride,
+                                 const float* dloss, int64_t dloss_stride, void* dlogits,
+                                 int64_t d_row_stride, int64_t n, int64_t v, int64_t ignore) {
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const int y = labels[r * label_stride];
+    const bool ignored = y == ignore, inside = y >= 0 && y < v;
+    const float row_lse = inside ? lse[r * lse_stride] : 0.f, g = inside ? dloss[r * dloss_stride] : 0.f;
+    const auto* in = static_cast<const uint16_t*>(logits) + r * row_stride;
+    auto* out = static_cast<uint16_t*>(dlogits) + r * d_row_stride;
+    for (int64_t c = threadIdx.x * 8; c < v; c += blockDim.x * 8) {
+      const uint4 u = load8<true>(in + c, 8);
+      uint32_t b[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float d = __int_as_float(0x7fc00000);  // NaN: a label outside the classes
+        if (ignored) {
+          d = 0.f;
+        } else if (inside) {
+          d = (expf(value<kHalf>(u, i) - row_lse) - (c + i == y ? 1.f : 0.f)) * g;
+        }
+        b[i] = float_to_bits<kHalf>(d);
+      }
+      *reinterpret_cast<uint4*>(out + c) =
+          make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
+    }
+  }
+}
+
+bool is_16bit(int dtype) {
+  return dtype == static_cast<int>(DType::kBF16) || dtype == static_cast<int>(DType::kFP16);
+}
+
 class CrossEntropyKernel final : public KernelBase {
  public:
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     auto stream = static_cast<cudaStream_t>(stream_ptr);
     if (n_ == 0 || v_ == 0) return Status::Ok();
-    if (!backward_) {
+    const bool half = dtype_ == static_cast<int>(DType::kFP16);
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    const bool vec = is_16bit(dtype_) && v_ % 8 == 0 && row_stride_ % 8 == 0 && aligned(ptrs[0]) &&
+                     (!backward_ || (d_dtype_ == dtype_ && d_row_stride_ % 8 == 0 && aligned(ptrs[4])));
+    if (vec && !backward_) {
+      auto* kernel = half ? ce_forward_vec8<true> : ce_forward_vec8<false>;
+      kernel<<<static_cast<unsigned>(n_), kRowThreads, 0, stream>>>(
+          ptrs[0], row_stride_, static_cast<const int*>(ptrs[1]), label_stride_, v_, ignore_,
+          static_cast<float*>(ptrs[2]), has_lse_ ? static_cast<float*>(ptrs[3]) : nullptr);
+    } else if (vec) {
+      auto* kernel = half ? ce_backward_vec8<true> : ce_backward_vec8<false>;
+      kernel<<<static_cast<unsigned>(std::min<int64_t>(n_, int64_t{1} << 20)), kRowThreads, 0, stream>>>(
+          ptrs[0], row_stride_, static_cast<const int*>(ptrs[1]), label_stride_,
+          static_cast<const float*>(ptrs[2]), lse_stride_, static_cast<const float*>(ptrs[3]), dloss_stride_,
+          ptrs[4], d_row_stride_, n_, v_, ignore_);
+    } else if (!backward_) {
       ce_forward<<<static_cast<unsigned>(n_), kRowThreads, 0, stream>>>(
           ptrs[0], dtype_, row_stride_, static_cast<const int*>(ptrs[1]), label_stride_, v_, ignore_,
           static_cast<float*>(ptrs[2]), has_lse_ ? static_cast<float*>(ptrs[3]) : nullptr);

@@ -64,7 +64,8 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"cross_entropy_small", "fusebox_cross_entropy"},
     {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"},
     {"embedding_bwd_small", "fusebox_embedding_bwd"},
-    {"matmul_decode_silu", "fusebox_gemv"}};
+    {"matmul_decode_silu", "fusebox_gemv"},
+    {"swiglu_bwd_small", "fusebox_pointwise"}};
 // Of those, the ones whose kernel needs a workspace (none since the paged decode attention, measured
 // slower than cuDNN's engine, runs only when pinned).
 const std::set<std::string> kNativeWorkspace = {};

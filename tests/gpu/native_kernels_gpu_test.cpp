@@ -496,7 +496,8 @@ TEST_F(NativeKernelsGpu, RopeAndItsBackwardMatchTheReferences) {
         "fusebox_rope");
 }
 
-// cross_entropy / cross_entropy_bwd (src/kernels/cross_entropy.cu): logits [N, V, 1, 1].
+// cross_entropy / cross_entropy_bwd (src/kernels/cross_entropy.cu): logits [N, V, 1, 1]; 16-bit rows
+// of a multiple of 8 classes take the 8-at-a-time kernels, the others one value per load.
 std::string cross_entropy_json(bool bwd, int64_t n, int64_t v, const char* io) {
   const std::string rows = dims_text({n, 1, 1, 1});
   std::string t = R"({"name": "logits", "dims": )" + dims_text({n, v, 1, 1}) +
@@ -521,12 +522,69 @@ TEST_F(NativeKernelsGpu, CrossEntropyAndItsBackwardMatchTheReferences) {
   check(cross_entropy_json(false, 4096, 32000, "bf16"), "fusebox_cross_entropy");
   check(cross_entropy_json(false, 100, 50257, "fp16"), "fusebox_cross_entropy");
   check(cross_entropy_json(false, 7, 3, "fp32"), "fusebox_cross_entropy");
+  // 16-bit rows of a multiple of 8 classes go 8 at a time, forward and backward, in both dtypes.
+  check(cross_entropy_json(false, 257, 4096, "fp16"), "fusebox_cross_entropy");
+  check(cross_entropy_json(true, 300, 24, "fp16"), "fusebox_cross_entropy_bwd");
   check(cross_entropy_json(true, 2048, 16384, "bf16"), "fusebox_cross_entropy_bwd");
   check(cross_entropy_json(true, 33, 1001, "fp32"), "fusebox_cross_entropy_bwd");
   // Few classes: there the softmax term is a large part of dlogits, so a wrong softmax cannot hide
   // behind the one-hot term in the relative L2 (at 16384 classes it is about 1/sqrt(V) of it).
   check(cross_entropy_json(true, 512, 64, "bf16"), "fusebox_cross_entropy_bwd");
   check(cross_entropy_json(true, 300, 7, "fp16"), "fusebox_cross_entropy_bwd");
+}
+
+// A graph of pointwise ops only with several outputs (src/kernels/pointwise.cu): one kernel where
+// cuDNN 9.19 runs one plan per output. Every mode, the three dtypes, a one-element tensor and a
+// by-value scalar broadcast, an NHWC layout, sizes that are no multiple of a block.
+TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
+  auto graph = [](const char* io, const std::string& tensors, const std::string& ops) {
+    return std::string(R"({"name": "pw", "io_dtype": ")") + io +
+           R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" + tensors +
+           R"(], "ops": [)" + ops + "]}";
+  };
+  auto op = [](const char* type, const char* name, const std::string& inputs, const char* y) {
+    return std::string(R"({"op": ")") + type + R"(", "name": ")" + name + R"(", "inputs": {)" + inputs +
+           R"(}, "outputs": {"y": ")" + y + R"("}})";
+  };
+  // The SwiGLU backward of the training step (examples/graphs/swiglu_bwd.json), odd sizes.
+  const std::string swiglu_ops = op("mul", "dy_b", R"("a": "dy", "b": "b")", "t") + "," +
+                                 op("silu_bwd", "da", R"("dy": "t", "x": "a")", "da") + "," +
+                                 op("silu", "silu_a", R"("x": "a")", "s") + "," +
+                                 op("mul", "db", R"("a": "dy", "b": "s")", "db");
+  for (const char* dims : {"[4, 1000, 257]", "[1, 3, 5]"}) {
+    const std::string d = dims;
+    check(graph("bf16",
+                R"({"name": "dy", "dims": )" + d + R"(}, {"name": "a", "dims": )" + d +
+                    R"(}, {"name": "b", "dims": )" + d + R"(}, {"name": "da"}, {"name": "db"})",
+                swiglu_ops),
+          "fusebox_pointwise");
+  }
+  // The GELU forms and their backward, a by-value scalar, outputs of three dtypes, fp16 in.
+  check(graph("fp16",
+              R"({"name": "x", "dims": [3, 517, 33]}, {"name": "dy", "dims": [3, 517, 33]},)"
+              R"({"name": "half", "scalar": 0.5}, {"name": "y1"}, {"name": "y2", "dtype": "fp32"},)"
+              R"({"name": "y3", "dtype": "bf16"})",
+              op("gelu_tanh", "g1", R"("x": "x")", "y1") + "," +
+                  op("gelu_tanh_bwd", "g2", R"("dy": "dy", "x": "x")", "t2") + "," +
+                  op("scale", "s2", R"("x": "t2", "scale": "half")", "y2") + "," +
+                  op("gelu_erf", "g3", R"("x": "x")", "e") + "," +
+                  op("gelu_erf_bwd", "g4", R"("dy": "e", "x": "dy")", "y3")),
+        "fusebox_pointwise");
+  // A one-element tensor broadcast, NHWC, the other activations and their backward, fp32 io.
+  const char* nhwc = R"(, "layout": "nhwc")";
+  check(graph("fp32",
+              std::string(R"({"name": "x", "dims": [2, 6, 5, 7])") + nhwc +
+                  R"(}, {"name": "c", "dims": [1, 1, 1, 1]}, {"name": "dy", "dims": [2, 6, 5, 7])" + nhwc +
+                  R"(}, {"name": "y1"}, {"name": "y2"}, {"name": "y3"})",
+              op("tanh", "t", R"("x": "x")", "th") + "," + op("add", "y1", R"("a": "th", "b": "c")", "y1") +
+                  "," + op("sigmoid", "sg", R"("x": "x")", "sg") + "," +
+                  op("sub", "y2", R"("a": "sg", "b": "c")", "y2") + "," +
+                  op("relu_bwd", "rb", R"("dy": "dy", "x": "x")", "rb") + "," +
+                  op("sigmoid_bwd", "sb", R"("dy": "rb", "x": "x")", "sb") + "," +
+                  op("tanh_bwd", "tb", R"("dy": "sb", "x": "x")", "tb") + "," +
+                  op("relu", "r", R"("x": "tb")", "r") + "," +
+                  op("bias_add", "y3", R"("x": "r", "bias": "c")", "y3")),
+        "fusebox_pointwise");
 }
 
 TEST_F(NativeKernelsGpu, APinnedCudnnEngineStillRunsCudnn) {
