@@ -76,6 +76,12 @@ struct EngineOptions {
   // the decode step needs no prompt; `serve lm --profile-decode` sets it), and a prompt then builds
   // its bucket on the request path.
   bool warm_prompt_buckets = true;
+  // A request's tokens do not depend on the requests it runs beside (issue 34, "continuous batching
+  // changes nothing"), bit for bit: each prompt is prefilled alone (its own batch, no prefix pages
+  // shared with other requests), and on kGpu the decode step runs kernels whose rows do not depend
+  // on the batch: fusebox_gemv for every GEMM (the RMSNorms in its prologue) and
+  // fusebox_sdpa_decode for the attention, pinned, where cuDNN's engines are faster. bf16 weights.
+  bool deterministic = false;
 };
 
 struct EngineStats {

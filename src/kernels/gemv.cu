@@ -34,6 +34,9 @@ constexpr int64_t kMinWeights = int64_t{1} << 20;
 // model's 2048 x 128256 LM head (525 MB) at one row in 124 us on the H200, near the copy peak.
 constexpr int64_t kMaxWeights = int64_t{1} << 26;
 constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not split K across blocks
+// Pinned (the serving engine's deterministic mode): up to 256 rows, in block rows of 8, and weights
+// of any size: slower than cuDNN there, but a row's values do not depend on the other rows.
+constexpr int64_t kMaxPinnedRows = 256;
 
 // The epilogue: none, a unary pointwise op of the product, or a binary one of the product and a
 // tensor (the product its first input, or with product_second its second).
@@ -54,8 +57,10 @@ struct GemvArgs {
   int product_second = 0;
 };
 
-// kM rows at most (the real count is p.m), a and w fp16 (kHalf) or bf16, kVec: 16-byte loads. A
-// row's values do not depend on kM: each is summed in the same order whatever the other rows.
+// kM rows at most a block (the real count is p.m; block row blockIdx.y takes rows from
+// blockIdx.y x kM on, where more than 8 rows run pinned), a and w fp16 (kHalf) or bf16, kVec:
+// 16-byte loads. A row's values do not depend on kM or on its block row: each is summed in the
+// same order whatever the other rows.
 template <int kM, bool kHalf, bool kVec>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   __shared__ float sm[kSmemFloats];
@@ -65,7 +70,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   const int tid = threadIdx.x, ct = tid % ct_n, slice = tid / ct_n;
   const int64_t col0 = (static_cast<int64_t>(blockIdx.x) * ct_n + ct) * 8;
   const int64_t cols_in = col0 < p.n ? (p.n - col0 < 8 ? p.n - col0 : 8) : 0;
-  const auto* a = static_cast<const uint16_t*>(p.a);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kM;
+  const int64_t rows = p.m - row0 < kM ? p.m - row0 : kM;
+  const auto* a = static_cast<const uint16_t*>(p.a) + row0 * p.lda;
   const auto* w = static_cast<const uint16_t*>(p.w);
   float acc[kM][8], sq[kM];
 #pragma unroll
@@ -91,7 +98,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
                                               : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int m = 0; m < kM; ++m)
-        av[u][m] = m < p.m && rows_in > 0 ? load8<kVec>(a + m * p.lda + k0, rows_in) : make_uint4(0, 0, 0, 0);
+        av[u][m] =
+            m < rows && rows_in > 0 ? load8<kVec>(a + m * p.lda + k0, rows_in) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -140,7 +148,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   for (int idx = tid; idx < kM * cols; idx += kThreads) {
     const int m = idx / cols, cc = idx % cols;
     const int64_t col = static_cast<int64_t>(blockIdx.x) * cols + cc;
-    if (m >= p.m || col >= p.n) continue;
+    if (m >= rows || col >= p.n) continue;
     float z = 0.f, ss = 0.f;
     for (int v = 0; v < kWarps; ++v) {
       z += sm[(v * kM + m) * cols + cc];
@@ -150,15 +158,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
     if (p.epi == EpiKind::kUnary) {
       z = common::pointwise_apply(p.mode, z, 0.f);
     } else if (p.epi == EpiKind::kBinary) {
-      const float e = load_as_float(p.e, p.e_dtype, m * p.lde + col);
+      const float e = load_as_float(p.e, p.e_dtype, (row0 + m) * p.lde + col);
       z = p.product_second ? common::pointwise_apply(p.mode, e, z) : common::pointwise_apply(p.mode, z, e);
     }
-    store_from_float(p.y, p.y_dtype, m * p.ldy + col, z);
+    store_from_float(p.y, p.y_dtype, (row0 + m) * p.ldy + col, z);
   }
 }
 
 template <int kM, bool kHalf>
-void launch_rows(bool vec, unsigned grid, cudaStream_t st, const GemvArgs& p) {
+void launch_rows(bool vec, dim3 grid, cudaStream_t st, const GemvArgs& p) {
   if (vec) {
     gemv_kernel<kM, kHalf, true><<<grid, kThreads, 0, st>>>(p);
   } else {
@@ -167,8 +175,8 @@ void launch_rows(bool vec, unsigned grid, cudaStream_t st, const GemvArgs& p) {
 }
 
 template <bool kHalf>
-void launch_dtype(int rows, bool vec, unsigned grid, cudaStream_t st, const GemvArgs& p) {
-  switch (rows) {  // the builder rounds M up to 1, 2, 4 or 8
+void launch_dtype(int rows, bool vec, dim3 grid, cudaStream_t st, const GemvArgs& p) {
+  switch (rows) {  // the builder rounds M up to 1, 2, 4 or 8 (more rows: block rows of 8)
     case 1:
       launch_rows<1, kHalf>(vec, grid, st, p);
       break;
@@ -198,17 +206,18 @@ class GemvKernel final : public KernelBase {
     p.y = ptrs[i];
     const auto st = static_cast<cudaStream_t>(stream);
     const bool vec = vec_shapes_ && aligned16(p.a) && aligned16(p.w);
+    const dim3 grid(grid_, row_blocks_);
     if (half_) {
-      launch_dtype<true>(rows_, vec, grid_, st, p);
+      launch_dtype<true>(rows_, vec, grid, st, p);
     } else {
-      launch_dtype<false>(rows_, vec, grid_, st, p);
+      launch_dtype<false>(rows_, vec, grid, st, p);
     }
     return common::cuda_status(cudaGetLastError(), where_, " few-row matmul kernel launch");
   }
 
   GemvArgs args_;
-  int rows_ = 1;  // M rounded up to a power of two
-  unsigned grid_ = 1;
+  int rows_ = 1;  // M rounded up to a power of two, at most kMaxRows
+  unsigned grid_ = 1, row_blocks_ = 1;
   bool half_ = false, vec_shapes_ = false, norm_ = false;
 };
 
@@ -265,7 +274,8 @@ int64_t row_stride(const ResolvedTensor& t, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
+std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, bool* by_default) {
+  if (by_default) *by_default = false;
   if (g.ops.empty() || g.ops.size() > 3 || g.compute_dtype != DType::kFP32 ||
       g.intermediate_dtype != DType::kFP32)
     return nullptr;
@@ -325,8 +335,8 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
     return nullptr;
   const size_t r = a->dims.size();
   const int64_t M = a->dims[r - 2], K = a->dims[r - 1], N = w->dims[r - 1];
-  if (M < 1 || M > kMaxRows || K < 1 || N < kMinColumns || K * N < kMinWeights || K * N > kMaxWeights)
-    return nullptr;
+  if (M < 1 || M > kMaxPinnedRows || K < 1 || N < 1) return nullptr;
+  const bool faster = M <= kMaxRows && N >= kMinColumns && K * N >= kMinWeights && K * N <= kMaxWeights;
   const int64_t lda = row_stride(*a, M, K), ldw = row_stride(*w, K, N), ldy = row_stride(*y, M, N),
                 lde = e ? row_stride(*e, M, N) : 0;
   if (!lda || !ldw || !ldy || (e && !lde)) return nullptr;
@@ -341,7 +351,8 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   auto kern = std::make_shared<GemvKernel>();
   kern->name_ = "fusebox_gemv";
   kern->where_ = common::op_where("matmul", mm.name);
-  while (kern->rows_ < M) kern->rows_ *= 2;
+  while (kern->rows_ < M && kern->rows_ < kMaxRows) kern->rows_ *= 2;
+  kern->row_blocks_ = static_cast<unsigned>((M + kern->rows_ - 1) / kern->rows_);
   GemvArgs& p = kern->args_;
   p.m = M;
   p.k = K;
@@ -373,6 +384,7 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g) {
   kern->tensors_.push_back(w->name);
   if (e) kern->tensors_.push_back(e->name);
   kern->tensors_.push_back(y->name);
+  if (by_default) *by_default = faster;
   return kern;
 }
 

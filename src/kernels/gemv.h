@@ -17,7 +17,9 @@ namespace fusebox::kernels {
 // compute; a and w both bf16 or both fp16, every batch dim 1, M <= 8, N >= 256 and
 // 2^20 <= K x N <= 2^26 (smaller weights leave the GPU idle either way, and K is not split across
 // blocks; cuDNN reads larger ones near the copy peak), a's K and every N dim of stride 1; y (and
-// the epilogue's tensor) bf16, fp16 or fp32.
-std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g);
+// the epilogue's tensor) bf16, fp16 or fp32. `*by_default` says whether it is that form; up to 256
+// rows and weights of any size it runs too, pinned (engine "fusebox_gemv"), for a row's values that
+// do not depend on the batch (the serving engine's deterministic mode), `*by_default` false.
+std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, bool* by_default);
 
 }  // namespace fusebox::kernels

@@ -124,7 +124,14 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 // 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s. With an RMSNorm before the
 // matmul (the prologue), cuDNN runs no single plan at all: the graph would be two.
 FasterKernel gemv_kernel(const ResolvedGraph& g) {
-  if (auto k = make_gemv_kernel(g)) {
+  bool faster = false;
+  if (auto k = make_gemv_kernel(g, &faster)) {
+    if (!faster) {  // more rows, or weights outside the measured range: for batch invariance, pinned
+      return {k,
+              "a row's values do not depend on the other rows, bit for bit (the serving engine's "
+              "deterministic mode); cuDNN's GEMM is faster here",
+              false};
+    }
     return {k,
             "cuDNN 9.19's GEMM engines are much slower than the memory allows for a few rows times a weight "
             "matrix: 0.2-1.5 TB/s of weights read on the H200 (the Llama-3.2-1B decode step at batch 1)"};

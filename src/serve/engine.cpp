@@ -351,6 +351,10 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
                            " pages need " + std::to_string(bytes / (1 << 30)) +
                            " GiB of host memory; this machine has " + std::to_string(phys / (1 << 30)) +
                            " GiB");
+  if (options.deterministic && options.weights != ServeWeights::kBF16)
+    return InvalidArgument(
+        "serve: the deterministic mode takes bf16 weights (its decode GEMMs are fusebox_gemv's; the FP8 "
+        "weights' GEMMs are cuDNN's, whose rows may depend on the batch)");
   auto impl = std::make_unique<Impl>();
   impl->cfg = config;
   impl->opt = options;
@@ -450,19 +454,22 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
     Request& r = s.requests.at(id);
     // A prompt that would share pages with one admitted in this step waits a step, until that
     // one's pages are published, rather than computing them again (and so do the ones behind it).
+    // (Deterministic: no pages are shared.)
+    const bool det = s.opt.deterministic;
     bool shares = false;
     for (int64_t other : admitted)
-      shares = shares || s.pool->shareable(r.r.prompt, s.requests.at(other).r.prompt) > 0;
+      shares = shares || (!det && s.pool->shareable(r.r.prompt, s.requests.at(other).r.prompt) > 0);
     if (shares) break;
     const int64_t total = static_cast<int64_t>(r.r.prompt.size()) + r.r.max_new_tokens;
-    const int64_t cached = s.pool->admit(&r.seq, r.r.prompt, total);
+    const int64_t cached = s.pool->admit(&r.seq, r.r.prompt, total, /*share=*/!det);
     if (cached < 0) break;  // the pool is full: it waits, and so do the ones behind it
     s.waiting.erase(s.waiting.begin());
     r.len = cached;
     admitted.push_back(id);
   }
   // Their prompts' uncached parts are prefilled together, one padded batch per prefill bucket
-  // (prompts of similar length; as many rows as the bucket takes), and each first token sampled.
+  // (prompts of similar length; as many rows as the bucket takes; deterministic: one prompt a
+  // batch, so its rows are computed alike whatever else arrived), and each first token sampled.
   std::map<int64_t, std::vector<int64_t>> by_bucket;
   for (int64_t id : admitted) {
     const Request& r = s.requests.at(id);
@@ -471,7 +478,10 @@ Result<std::vector<TokenEvent>> LmEngine::step() {
   }
   std::vector<std::vector<int64_t>> groups;
   for (const auto& [sb, ids] : by_bucket) {
-    const auto rows = static_cast<size_t>(serve::prefill_rows(sb, s.cfg.model.context, s.opt.max_batch));
+    const auto rows =
+        s.opt.deterministic
+            ? size_t{1}
+            : static_cast<size_t>(serve::prefill_rows(sb, s.cfg.model.context, s.opt.max_batch));
     for (size_t i = 0; i < ids.size(); i += rows)
       groups.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(i),
                           ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + rows)));

@@ -107,13 +107,16 @@ struct GpuForward::Impl {
     return cuda_status(cudaMemcpy(m.as<void>(), src, bytes, cudaMemcpyHostToDevice), "serve: upload " + what);
   }
 
-  Result<const Plan*> plan(Result<LmGraph> made) {
+  // The plan of `made` (with `engine` pinned, else the session's choice).
+  Result<const Plan*> plan(Result<LmGraph> made, const std::string& engine = "") {
     if (!made.ok()) return made.status();
     auto it = plans.find(made->key);
     if (it != plans.end()) return &it->second;
     auto gi = graphs.emplace(made->key, std::move(*made)).first;
     PlanReport rep;
-    FUSEBOX_ASSIGN_OR_RETURN(Plan p, session->get_plan(gi->second.graph, PlanRequest{}, &rep));
+    PlanRequest request;
+    request.engine = engine;
+    FUSEBOX_ASSIGN_OR_RETURN(Plan p, session->get_plan(gi->second.graph, request, &rep));
     const bool built = rep.source == PlanSource::kBuilt;
     (built ? plan_cost.built : plan_cost.cached) += 1;
     (built ? plan_cost.built_ms : plan_cost.cached_ms) += rep.total_ms;
@@ -130,9 +133,10 @@ struct GpuForward::Impl {
     p.labels.push_back(std::move(label));
   }
 
-  Status bind(Program& p, Result<LmGraph> made, const std::map<std::string, void*>& buffers) {
+  Status bind(Program& p, Result<LmGraph> made, const std::map<std::string, void*>& buffers,
+              const std::string& engine = "") {
     const std::string key = made.ok() ? made->key : std::string();
-    FUSEBOX_ASSIGN_OR_RETURN(const Plan* pl, plan(std::move(made)));
+    FUSEBOX_ASSIGN_OR_RETURN(const Plan* pl, plan(std::move(made), engine));
     FUSEBOX_ASSIGN_OR_RETURN(BoundPlan b, session->bind(*pl, buffers));
     BoundPlan* bp = &p.bound.emplace_back(std::move(b));
     add(p, key, [bp] { return bp->execute(); });
@@ -167,8 +171,13 @@ struct GpuForward::Impl {
     } else {
       extra["a"] = x.as<void>();
     }
-    return bind(p, gemm_graph(N, k, n_out, e, false, fp8), extra);
+    return bind(p, gemm_graph(N, k, n_out, e, false, fp8), extra, row_engine("fusebox_gemv"));
   }
+
+  // The deterministic mode's decode step (EngineOptions::deterministic; one token a row): `kernel`,
+  // pinned, whose rows do not depend on the batch; else "" (the session's choice).
+  bool rows_pinned = false;
+  std::string row_engine(const char* kernel) const { return rows_pinned ? kernel : ""; }
 
   // y = rmsnorm(x) (gain `scale`) @ weight `name`, then the epilogue with `extra`: one graph, which
   // fusebox's few-row matmul runs as one kernel (the decode buckets of at most 8 rows, bf16).
@@ -178,7 +187,7 @@ struct GpuForward::Impl {
     extra["scale"] = scale;
     extra["w"] = w.at(name).as<void>();
     extra["y"] = y;
-    return bind(p, normed_gemm_graph(cfg.model, N, k, n_out, e), extra);
+    return bind(p, normed_gemm_graph(cfg.model, N, k, n_out, e), extra, row_engine("fusebox_gemv"));
   }
 
   // Every step of bucket (B, S): the inputs' upload, the model, sampling, the tokens' download.
@@ -195,10 +204,13 @@ struct GpuForward::Impl {
         bind(p, embedding_graph(m, N),
              {{"ids", in(off_ids)}, {"table", w.at("tok_embeddings").as<void>()}, {"y", h.as<void>()}}));
     const bool fp8 = !w_scale.empty();
+    rows_pinned = opt.deterministic && S == 1;
     // Decode buckets of at most 8 rows (bf16 weights): each RMSNorm goes into the GEMMs that read
     // it (fusebox_gemv's prologue): no norm launch, the normalized rows never stored. Only where
     // that kernel takes the graph (large enough weights): elsewhere the graph would be partitioned.
+    // The deterministic mode's decode step: always (pinned; a graph it cannot take fails to build).
     auto gemv_takes = [&](int64_t rows, int64_t k, int64_t n_out, Epilogue e, bool fp32_out) {
+      if (rows_pinned) return true;
       auto g = normed_gemm_graph(m, rows, k, n_out, e, fp32_out);
       if (!g.ok()) return false;
       const auto f = kernels::faster_native_kernel(g->graph);
@@ -256,7 +268,8 @@ struct GpuForward::Impl {
                                     {"table", in(off_table)},
                                     {"lq", in(off_lq)},
                                     {"lkv", in(off_lkv)},
-                                    {"o", o.as<void>()}}));
+                                    {"o", o.as<void>()}},
+                                   row_engine("fusebox_sdpa_decode")));
       if (fp8) quantize(p, o, N, H * dh);
       FUSEBOX_RETURN_IF_ERROR(
           gemm(p, N, H * dh, D, Epilogue::kResidual, pre + "wo", o, h1, {{"r", h.as<void>()}}));
@@ -297,7 +310,8 @@ struct GpuForward::Impl {
                                    {{"x", x},
                                     {"scale", w.at("norm").as<void>()},
                                     {"w", w.at("output").as<void>()},
-                                    {"y", logits.as<void>()}}));
+                                    {"y", logits.as<void>()}},
+                                   row_engine("fusebox_gemv")));
     } else {
       FUSEBOX_RETURN_IF_ERROR(
           bind(p, rmsnorm_graph(m, B), {{"x", x}, {"scale", w.at("norm").as<void>()}, {"y", hn.as<void>()}}));

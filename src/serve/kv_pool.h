@@ -23,8 +23,8 @@ class KvPool {
   // longest cached run of whole prompt pages is shared (never the page holding the last
   // prompt token: its logits must be computed), the rest freshly allocated. Returns the number
   // of prompt tokens whose K/V are already in the shared pages, or -1 (nothing taken) when the
-  // pool cannot hold the sequence now.
-  int64_t admit(Seq* s, const std::vector<int32_t>& prompt, int64_t total);
+  // pool cannot hold the sequence now. `share` false: nothing is shared (all pages fresh, 0).
+  int64_t admit(Seq* s, const std::vector<int32_t>& prompt, int64_t total, bool share = true);
   // After the prompt's K/V are written: its whole pages become prefix-cache entries.
   void publish(const Seq& s, const std::vector<int32_t>& prompt);
   // Pages admit() would share with `published` once it is published: the whole pages both

@@ -81,8 +81,9 @@ class Engine : public ::testing::Test {
     ASSERT_TRUE(trainer_->save_checkpoint(dir_.file("ck.safetensors")).ok());
   }
   std::unique_ptr<LmEngine> engine(int64_t pages, int64_t max_batch = 8,
-                                   ServeWeights weights = ServeWeights::kBF16) {
+                                   ServeWeights weights = ServeWeights::kBF16, bool deterministic = false) {
     EngineOptions o;
+    o.deterministic = deterministic;
     o.page_size = 4;
     o.pool_pages = pages;
     o.max_batch = max_batch;
@@ -184,6 +185,44 @@ TEST_F(Engine, PromptsAdmittedTogetherArePrefilledInPaddedBatchesByBucket) {
   int checked2 = 0;
   EXPECT_EQ(run(*alone, reqs, &checked2), out);
   EXPECT_EQ(alone->stats().prefill_batches, 5);
+}
+
+// The deterministic mode's scheduling (EngineOptions::deterministic; its GPU kernels are
+// ServeGpu.DeterministicModeGivesARequestTheSameLogitsAloneOrAmong63): each prompt prefilled in a
+// batch of its own, no prefix pages shared, the same tokens as without it; FP8 weights refused.
+TEST_F(Engine, DeterministicModePrefillsEachPromptAloneAndSharesNoPages) {
+  std::vector<LmRequest> reqs(4);
+  reqs[0].prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  reqs[1].prompt = {1, 2, 3, 4, 5, 6, 7, 8, 20, 21};  // two pages shareable with the first
+  reqs[2].prompt = {30, 31};
+  reqs[3].prompt = {5, 9, 13};
+  reqs[3].sampling = {0.8, 10, 0.9, 77};
+  for (LmRequest& r : reqs) r.max_new_tokens = 4;
+  auto plain = engine(64);
+  ASSERT_TRUE(plain);
+  int checked = 0;
+  const auto out = run(*plain, reqs, &checked);
+  EXPECT_EQ(plain->stats().cached_prompt_tokens, 8);
+  auto det = engine(64, 8, ServeWeights::kBF16, /*deterministic=*/true);
+  ASSERT_TRUE(det);
+  int checked_det = 0;
+  for (const LmRequest& r : reqs) ASSERT_TRUE(det->add_request(r).ok());
+  auto first = det->step();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->size(), 4u) << "every prompt prefilled in the first step";
+  EXPECT_EQ(det->stats().prefill_batches, 4) << "one batch per prompt";
+  EXPECT_EQ(det->stats().cached_prompt_tokens, 0) << "no prefix pages shared";
+  auto det2 = engine(64, 8, ServeWeights::kBF16, /*deterministic=*/true);
+  ASSERT_TRUE(det2);
+  EXPECT_EQ(run(*det2, reqs, &checked_det), out);
+  EXPECT_EQ(det2->stats().cached_prompt_tokens, 0);
+  EngineOptions o;
+  o.deterministic = true;
+  o.weights = ServeWeights::kFP8Channel;
+  auto fp8 = LmEngine::create(config_, dir_.file("ck.safetensors"), o);
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_NE(fp8.status().message().find("deterministic mode takes bf16 weights"), std::string::npos)
+      << fp8.status().message();
 }
 
 TEST_F(Engine, Fp8WeightsStayCloseToTheFullForward) {

@@ -42,8 +42,9 @@ class ServeGpu : public ::testing::Test {
     ASSERT_TRUE(trainer_->save_checkpoint(dir_.file("ck.safetensors")).ok());
   }
   std::unique_ptr<LmEngine> engine(ServeBackend b, int64_t pages, int64_t max_batch,
-                                   ServeWeights weights = ServeWeights::kBF16) {
+                                   ServeWeights weights = ServeWeights::kBF16, bool deterministic = false) {
     EngineOptions o;
+    o.deterministic = deterministic;
     o.weights = weights;
     o.backend = b;
     o.page_size = 16;
@@ -140,6 +141,63 @@ TEST_F(ServeGpu, LogitsMatchTheFullForwardAndBatchingChangesNothing) {
       "reference engine %.3e; %d of %d tokens equal to the reference engine's before any divergence\n",
       worst, worst_alone, worst_ref, same, total);
   EXPECT_GT(same, total / 2);
+}
+
+// The deterministic mode (EngineOptions::deterministic): 64 requests served together (decode
+// buckets up to 64 rows, prompts sharing prefixes) give every token's logits bit for bit as the
+// same requests served one at a time, and the tokens with them.
+TEST_F(ServeGpu, DeterministicModeGivesARequestTheSameLogitsAloneOrAmong63) {
+  std::vector<LmRequest> reqs(64);
+  for (size_t r = 0; r < reqs.size(); ++r) {
+    const int n = 1 + static_cast<int>((r * 13) % 40);
+    for (int i = 0; i < n; ++i)  // every fourth request begins like the one before it
+      reqs[r].prompt.push_back(r % 4 == 1 && i < 20 ? (i * 5 + 1) % 64
+                                                    : static_cast<int>((r * 7 + i * 3) % 64));
+    reqs[r].max_new_tokens = 4 + static_cast<int64_t>(r % 5);
+    if (r % 3 == 0) reqs[r].sampling = {0.9, 8, 0.95, 100 + r};
+  }
+  // (request index, token index) -> that token's logits
+  auto serve = [&](LmEngine& e, bool one_at_a_time) {
+    std::map<std::pair<size_t, size_t>, std::vector<float>> logits;
+    std::map<int64_t, size_t> index;
+    std::map<size_t, std::vector<int32_t>> tokens;
+    auto drain = [&] {
+      for (int guard = 0; !e.idle() && guard < 1000; ++guard) {
+        auto ev = e.step();
+        ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+        for (const TokenEvent& t : *ev) {
+          const size_t r = index.at(t.request);
+          logits[{r, tokens[r].size()}] = e.last_logits(t.request);
+          tokens[r].push_back(t.token);
+        }
+      }
+    };
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      auto id = e.add_request(reqs[r]);
+      EXPECT_TRUE(id.ok()) << id.status().ToString();
+      index[*id] = r;
+      if (one_at_a_time) drain();
+    }
+    drain();
+    return std::make_pair(logits, tokens);
+  };
+  auto together = engine(ServeBackend::kGpu, 256, 64, ServeWeights::kBF16, /*deterministic=*/true);
+  ASSERT_TRUE(together);
+  std::printf("[ serve ] deterministic: %s\n", together->summary().c_str());
+  const auto [l64, t64] = serve(*together, false);
+  EXPECT_EQ(together->stats().cached_prompt_tokens, 0) << "no prefix pages are shared";
+  EXPECT_EQ(together->stats().prefill_batches, 64) << "each prompt is prefilled alone";
+  auto alone = engine(ServeBackend::kGpu, 8, 1, ServeWeights::kBF16, /*deterministic=*/true);
+  ASSERT_TRUE(alone);
+  const auto [l1, t1] = serve(*alone, true);
+  EXPECT_EQ(t64, t1) << "a request's tokens depend on the others in its batch";
+  ASSERT_EQ(l64.size(), l1.size());
+  int differ = 0;
+  for (const auto& [key, v] : l64) differ += l1.count(key) && l1.at(key) == v ? 0 : 1;
+  EXPECT_EQ(differ, 0) << differ << " of " << l64.size() << " tokens' logits differ in some bit";
+  std::printf(
+      "[ serve ] deterministic: %zu tokens of 64 requests, logits equal bit for bit alone and together: %s\n",
+      l64.size(), differ == 0 ? "yes" : "no");
 }
 
 // FP8 weights (kernels/quantize.h, the FP8 GEMM graphs of lm_graphs.h): every token's logits

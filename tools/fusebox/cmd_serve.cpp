@@ -31,6 +31,7 @@ struct ServeArgs {
   std::vector<std::string> prompts;
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
   int64_t profile_decode = 0;  // a context length: time the decode step at batch 1 and max_batch
+  bool deterministic = false;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
   CacheFlags cache;
@@ -320,6 +321,7 @@ int run_serve(const ServeArgs& a) {
   if (!a.cache.off) o.plan_cache = a.cache.path.empty() ? default_cache_path() : a.cache.path;
   o.keep_logits = !a.forced.empty();
   o.warm_prompt_buckets = a.profile_decode == 0;  // a decode profile runs no prompt
+  o.deterministic = a.deterministic;
   auto engine = LmEngine::create(*cfg, ck, o);
   if (!engine.ok()) return fail(engine.status());
   LmEngine& e = **engine;
@@ -438,6 +440,10 @@ Runner add_serve(CLI::App& app) {
          "The layers' matrices: bf16, fp8 (e4m3, a scale per output channel) or fp8-tensor (one scale "
          "per matrix); activations quantized by token")
       ->check(CLI::IsMember({"bf16", "fp8", "fp8-tensor"}));
+  cmd->add_flag("--deterministic", a->deterministic,
+                "A request's tokens do not depend on the requests beside it, bit for bit: each prompt "
+                "prefilled alone, no shared prefix pages, and on the GPU decode kernels whose rows do not "
+                "depend on the batch (slower; bf16 weights)");
   cmd->add_option(
       "--bench", a->bench,
       "Replay a request trace (python3 -m fusebox_tools.models.lm_trace make): latencies, tokens/s, KV use");
