@@ -27,7 +27,7 @@ extern "C" {
 /* The C API's version: bumped when a declaration here changes. Additions
  * only: version 2 added the calls marked "(v2)", version 3 those marked
  * "(v3)", version 4 those marked "(v4)"; a program built against an earlier version runs unchanged. */
-#define FUSEBOX_C_API_VERSION 7
+#define FUSEBOX_C_API_VERSION 8
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -263,6 +263,12 @@ fusebox_status fusebox_lm_engine_create(const char* checkpoint, const char* back
 fusebox_status fusebox_lm_engine_create_with_weights(const char* checkpoint, const char* backend,
                                                      const char* weights, int64_t page_size,
                                                      int64_t pool_pages, int64_t max_batch,
+                                                     fusebox_lm_engine** out);
+/* Version 8: the same with `deterministic` nonzero: a request's tokens do not depend on the
+ * requests beside it, bit for bit (slower; bf16 weights; docs/serving.md, "Deterministic mode"). */
+fusebox_status fusebox_lm_engine_create_with_options(const char* checkpoint, const char* backend,
+                                                     const char* weights, int64_t page_size,
+                                                     int64_t pool_pages, int64_t max_batch, int deterministic,
                                                      fusebox_lm_engine** out);
 void fusebox_lm_engine_free(fusebox_lm_engine* engine);
 /* Queues a request (temperature 0: greedy; top_k 0 and top_p 1: all; stop_token -1: none). */

@@ -723,6 +723,14 @@ fusebox_status fusebox_lm_engine_create_with_weights(const char* checkpoint, con
                                                      const char* weights, int64_t page_size,
                                                      int64_t pool_pages, int64_t max_batch,
                                                      fusebox_lm_engine** out) {
+  return fusebox_lm_engine_create_with_options(checkpoint, backend, weights, page_size, pool_pages, max_batch,
+                                               0, out);
+}
+
+fusebox_status fusebox_lm_engine_create_with_options(const char* checkpoint, const char* backend,
+                                                     const char* weights, int64_t page_size,
+                                                     int64_t pool_pages, int64_t max_batch, int deterministic,
+                                                     fusebox_lm_engine** out) {
   const char* fn = "fusebox_lm_engine_create";
   return guarded(fn, [&] {
     if (!out) return null_arg(fn, "out");
@@ -746,6 +754,7 @@ fusebox_status fusebox_lm_engine_create_with_weights(const char* checkpoint, con
     o.page_size = page_size;
     o.pool_pages = pool_pages;
     o.max_batch = max_batch;
+    o.deterministic = deterministic != 0;
     auto e = fusebox::LmEngine::create(*cfg, checkpoint, o);
     if (!e.ok()) return fail(fn, e.status());
     auto h = std::make_unique<fusebox_lm_engine>();

@@ -73,6 +73,15 @@ def test_the_engine_serves_the_checkpoint_as_the_command_does(trained):
                         "--max-new", "6", "--weights", "fp8"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "".join(f"[{t}]" for t in [1, 4, 7, 10, 13] + fp8)
+    # The deterministic mode: the same tokens from Python and the command (--deterministic).
+    g = fusebox.LmEngine(str(d / "ck.safetensors"), page_size=4, pool_pages=64, max_batch=4, deterministic=True)
+    det = g.generate(prompts, max_new_tokens=6)
+    p = subprocess.run([exe, "serve", "lm", "--model", str(d / "ck.safetensors"), "--prompt-ids", "1,4,7,10,13",
+                        "--max-new", "6", "--deterministic"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "".join(f"[{t}]" for t in [1, 4, 7, 10, 13] + det[0])
+    with pytest.raises(fusebox.InvalidArgument, match="deterministic mode takes bf16 weights"):
+        fusebox.LmEngine(str(d / "ck.safetensors"), weights="fp8", deterministic=True)
 
 
 def test_bad_input_raises(trained, tmp_path):
