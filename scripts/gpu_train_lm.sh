@@ -10,7 +10,7 @@
 #   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
 #   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
-#   SWIGLU=split (PARTs 4-6): the config's train.swiglu set to it (docs/lm.md).
+#   SWIGLU=split (PARTs 2-6): the config's train.swiglu set to it (docs/lm.md).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -33,7 +33,7 @@ FB=$W/fusebox
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())' | tee -a "$OUT/gpu.txt"
 summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-# SWIGLU=split (PARTs 4 to 6): the config with train.swiglu set, written under $W; its path.
+# SWIGLU=split (PARTs 2 to 6): the config with train.swiglu set, written under $W; its path.
 with_swiglu() {
   if [ -z "${SWIGLU:-}" ]; then echo "$1"; return; fi
   local out="$W/$(basename "$1" .json)_swiglu_$SWIGLU.json"
@@ -61,7 +61,7 @@ case "$PART" in
 2)
   summary "125M: 30 steps on the GPU, step-0 gradients vs torch"
   rm -rf "$W/m125"
-  timeout 330 "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 30 --out "$W/m125" \
+  timeout 330 "$FB" train lm --config "$(with_swiglu examples/train/lm_125m.json)" --data "$W/lm" --steps 30 --out "$W/m125" \
     --backend gpu --dump-grads "$W/m125/fusebox_grads.safetensors" --generate 0 > "$OUT/m125.txt" 2>&1
   echo "exit $?" | tee -a "$OUT/summary.txt"
   grep -E "^model|^GPU|^saved|^validation" "$OUT/m125.txt" | tee -a "$OUT/summary.txt"
@@ -78,7 +78,7 @@ case "$PART" in
 3)
   summary "125M: 500 steps, fusebox gpu vs torch.compile default, same init and batches"
   rm -rf "$W/m500"
-  timeout 360 "$FB" train lm --config examples/train/lm_125m.json --data "$W/lm" --steps 500 --out "$W/m500" \
+  timeout 360 "$FB" train lm --config "$(with_swiglu examples/train/lm_125m.json)" --data "$W/lm" --steps 500 --out "$W/m500" \
     --backend gpu --save-every 100 > "$OUT/m500.txt" 2>&1
   echo "fusebox exit $?: $(grep -E '^validation' "$OUT/m500.txt")" | tee -a "$OUT/summary.txt"
   cp "$W/m500/losses.csv" "$OUT/fusebox_losses.csv" 2>/dev/null
