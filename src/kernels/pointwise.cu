@@ -29,7 +29,7 @@ namespace {
 
 constexpr int kMaxTensors = 8;  // tensors in memory (each read or written through a pointer)
 constexpr int kMaxOps = 16;
-constexpr int kMaxRegs = kMaxTensors + kMaxOps;
+constexpr int kMaxRegs = 2 * kMaxTensors + kMaxOps;  // tensors read, by-value scalars, ops
 
 struct PwInstr {
   uint8_t mode = 0, dst = 0, a = 0, b = 0;
