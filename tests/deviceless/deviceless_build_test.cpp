@@ -595,6 +595,30 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
   EXPECT_FALSE(native(build(reduce(
       R"({"op": "reduce_max", "name": "r", "reduce_dims": [0, 2, 3], "inputs": {"x": "x"}, "outputs": {"y": "y"}})",
       "fp32"))));
+  // A pointwise graph of several outputs (fusebox_pointwise): y1 = silu(x) * g, y2 = x + b. Not with
+  // one output (cuDNN's pointwise engine: one pass either way), an output another op reads, or a
+  // broadcast bias of more than one value.
+  auto pw = [](const char* b_dims, const char* y1_extra, const std::string& third) {
+    return std::string(
+               R"({"name": "pw", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [4, 6, 8]},)") +
+           R"({"name": "g", "dims": [4, 6, 8]}, {"name": "b", "dims": )" + b_dims + R"(}, {"name": "y1")" +
+           y1_extra + R"(}, {"name": "y2"}], "ops": [)" +
+           R"({"op": "silu", "name": "s", "inputs": {"x": "x"}, "outputs": {"y": "s"}},)" +
+           R"({"op": "mul", "name": "m", "inputs": {"a": "s", "b": "g"}, "outputs": {"y": "y1"}},)" + third +
+           "]}";
+  };
+  const std::string add_xb =
+      R"({"op": "add", "name": "a", "inputs": {"a": "x", "b": "b"}, "outputs": {"y": "y2"}})";
+  const std::string add_y1b =
+      R"({"op": "add", "name": "a", "inputs": {"a": "y1", "b": "b"}, "outputs": {"y": "y2"}})";
+  EXPECT_TRUE(native(build(pw("[4, 6, 8]", "", add_xb))));
+  EXPECT_TRUE(native(build(pw("[1, 1, 1]", R"(, "dtype": "fp32")", add_xb))));  // one value, an fp32 output
+  EXPECT_FALSE(native(build(pw("[1, 1, 8]", "", add_xb))));                     // a broadcast bias
+  EXPECT_FALSE(native(build(pw("[4, 6, 8]", "", add_y1b))));                    // y1 read by an op
+  auto one = build(
+      std::string(R"({"name": "pw1", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [4, 8]},)") +
+      R"({"name": "y"}], "ops": [{"op": "silu", "name": "s", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]})");
+  EXPECT_FALSE(one.ok() && one->native());
 }
 
 // A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving
@@ -659,6 +683,11 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
   // a pinned cuDNN engine: not fusebox's (deviceless, cuDNN may refuse it, which is fine here)
   EXPECT_FALSE(native(build(gemm(1, 2048, 2048), "eng0")));
   EXPECT_EQ(build(gemm(1, 2048, 2048), "fusebox_gemv"), "fusebox_gemv");
+  // Pinned (the serving engine's deterministic mode): more rows and any weight size; not past 256 rows.
+  EXPECT_EQ(build(gemm(64, 2048, 2048), "fusebox_gemv"), "fusebox_gemv");
+  EXPECT_EQ(build(gemm(37, 64, 64), "fusebox_gemv"), "fusebox_gemv");
+  EXPECT_EQ(build(gemm(256, 64, 8), "fusebox_gemv"), "fusebox_gemv");
+  EXPECT_FALSE(native(build(gemm(257, 64, 64), "fusebox_gemv"))) << "257 rows";
 
   // An RMSNorm before it (the prologue): x [1, m, k] normalized over k, its y (virtual) the matmul's a.
   auto normed = [](int m, const std::string& norm_fields, const std::string& epi, const char* xn = "",
