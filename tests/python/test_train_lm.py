@@ -150,7 +150,11 @@ def test_data_parallel_ranks_follow_one_rank_and_a_torchrun_world_is_refused(fus
     assert "data parallel: 2 ranks in this process" in p.stdout, p.stdout
     a, b = _losses(one / "losses.csv")[:5], _losses(out / "losses.csv")
     assert len(b) == 5
-    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4, (a, b)
+    # Steps 0 and 1 agree to float rounding; later ones drift as AdamW amplifies the summation order
+    # of the two ranks' gradients (1.1e-4 at step 4 on the docs of 2026-12-06, whose text is this
+    # test's data). A rank's gradient lost or counted twice halves or doubles the first update instead.
+    assert max(abs(x - y) for x, y in zip(a[:2], b[:2])) < 1e-5, (a, b)
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-3, (a, b)
     env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
     q = subprocess.run([fusebox, "train", "lm", "--config", CONFIG, "--data", str(data), "--out", str(tmp_path / "w"),
                         "--steps", "2"], capture_output=True, text=True, env=env, timeout=120)
