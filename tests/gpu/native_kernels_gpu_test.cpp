@@ -533,9 +533,10 @@ TEST_F(NativeKernelsGpu, CrossEntropyAndItsBackwardMatchTheReferences) {
   check(cross_entropy_json(true, 300, 7, "fp16"), "fusebox_cross_entropy_bwd");
 }
 
-// A graph of pointwise ops only with several outputs (src/kernels/pointwise.cu): one kernel where
-// cuDNN 9.19 runs one plan per output. Every mode, the three dtypes, a one-element tensor and a
-// by-value scalar broadcast, an NHWC layout, sizes that are no multiple of a block.
+// A graph of pointwise ops only with several outputs (src/kernels/pointwise.cu), pinned: one kernel
+// where cuDNN 9.19 runs one plan per output (slower so far: kernels::faster_native_kernel). Every mode, the
+// three dtypes, a one-element tensor and a by-value scalar broadcast, an NHWC layout, sizes that are no
+// multiple of a block.
 TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
   auto graph = [](const char* io, const std::string& tensors, const std::string& ops) {
     return std::string(R"({"name": "pw", "io_dtype": ")") + io +
@@ -557,7 +558,7 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
                 R"({"name": "dy", "dims": )" + d + R"(}, {"name": "a", "dims": )" + d +
                     R"(}, {"name": "b", "dims": )" + d + R"(}, {"name": "da"}, {"name": "db"})",
                 swiglu_ops),
-          "fusebox_pointwise");
+          "fusebox_pointwise", /*pin=*/true);
   }
   // The GELU forms and their backward, a by-value scalar, outputs of three dtypes, fp16 in.
   check(graph("fp16",
@@ -569,7 +570,7 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
                   op("scale", "s2", R"("x": "t2", "scale": "half")", "y2") + "," +
                   op("gelu_erf", "g3", R"("x": "x")", "e") + "," +
                   op("gelu_erf_bwd", "g4", R"("dy": "e", "x": "dy")", "y3")),
-        "fusebox_pointwise");
+        "fusebox_pointwise", /*pin=*/true);
   // A one-element tensor broadcast, NHWC, the other activations and their backward, fp32 io.
   const char* nhwc = R"(, "layout": "nhwc")";
   check(graph("fp32",
@@ -584,7 +585,7 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
                   op("tanh_bwd", "tb", R"("dy": "sb", "x": "x")", "tb") + "," +
                   op("relu", "r", R"("x": "tb")", "r") + "," +
                   op("bias_add", "y3", R"("x": "r", "bias": "c")", "y3")),
-        "fusebox_pointwise");
+        "fusebox_pointwise", /*pin=*/true);
 }
 
 TEST_F(NativeKernelsGpu, APinnedCudnnEngineStillRunsCudnn) {

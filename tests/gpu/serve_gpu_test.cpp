@@ -187,7 +187,12 @@ TEST_F(ServeGpu, DeterministicModeGivesARequestTheSameLogitsAloneOrAmong63) {
   const auto [l64, t64] = serve(*together, false);
   EXPECT_EQ(together->stats().cached_prompt_tokens, 0) << "no prefix pages are shared";
   EXPECT_EQ(together->stats().prefill_batches, 64) << "each prompt is prefilled alone";
-  auto alone = engine(ServeBackend::kGpu, 8, 1, ServeWeights::kBF16, /*deterministic=*/true);
+  // The same engine configuration (pool and batch buckets: the step graphs depend on them, and
+  // so may the engines cuDNN picks), each request served alone. (On an H100, 2026-12-06, with a second
+  // engine of 8 pages and batch 1 instead, 4 of 382 tokens' logits differed in some bit and no
+  // token did; the two pools' attention graphs differ in shape, which may take other cuDNN prefill
+  // engines: not yet confirmed.)
+  auto alone = engine(ServeBackend::kGpu, 256, 64, ServeWeights::kBF16, /*deterministic=*/true);
   ASSERT_TRUE(alone);
   const auto [l1, t1] = serve(*alone, true);
   EXPECT_EQ(t64, t1) << "a request's tokens depend on the others in its batch";
