@@ -190,8 +190,8 @@ constexpr bool fuses_epilogue(const RmsNormAttrs&) { return true; }
 // three parts on an H100). fusebox_pointwise runs it in one pass, but **only when pinned**: measured
 // on an H100 (2026-12-06, `run --verify`), it took 5.05 ms on that SwiGLU backward and 4.25 ms on
 // the one-output forward silu(a) * b, where cuDNN's engine took 0.204 ms (130-180 GB/s against
-// 2.7 TB/s: the interpreted program and its registers live in local memory). Correct (the GPU tests
-// pass), not yet fast.
+// 2.7 TB/s: the interpreted program and its registers lived in local memory). Correct (the GPU tests
+// pass); rewritten since with both in shared memory, not yet timed.
 FasterKernel pointwise_graph_kernel(const ResolvedGraph& g) {
   if (auto k = make_pointwise_graph_kernel(g)) {
     return {k,

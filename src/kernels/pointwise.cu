@@ -6,6 +6,8 @@
 // layer that way on an H100 (cuDNN 9.19, 2026-12-06, `train lm --profile`), where moving its
 // 640 MB takes about 0.2 ms.
 //
+// Only when pinned so far (kernels::faster_native_kernel says why).
+//
 // How: the graph becomes a short program (one instruction per op, registers in SSA form: the
 // tensors read, then one per op). A thread runs it for one element at a time, in fp32, through
 // the graph's dense, common layout (every full tensor laid out alike, so element e sits at
@@ -102,21 +104,36 @@ __device__ __forceinline__ float apply(int mode, float a, float b) {
   return __int_as_float(0x7fc00000);  // not reached: the host refuses a mode it does not know
 }
 
+constexpr int kThreads = 256;
+
+// The program and the pointers in shared memory (read alike by every thread: broadcasts), and each
+// thread's registers in a shared column (regs[reg][thread]: no bank conflicts), so nothing is
+// indexed at run time in local memory. (The first version kept them in local memory, each thread a
+// copy: 130-180 GB/s on an H100.)
 template <typename I>
-__global__ void __launch_bounds__(256) pointwise_graph_kernel(PwProgram p, PwPointers q, I n) {
-  float r[kMaxRegs];
+__global__ void __launch_bounds__(kThreads) pointwise_graph_kernel(PwProgram prog, PwPointers ptrs, I n) {
+  __shared__ PwProgram p;
+  __shared__ PwPointers q;
+  __shared__ float regs[kMaxRegs][kThreads];
+  if (threadIdx.x == 0) {
+    p = prog;
+    q = ptrs;
+  }
+  __syncthreads();
+  float* r = &regs[0][threadIdx.x];  // register k of this thread: r[k * kThreads]
   for (int i = 0; i < p.n_in; ++i)
-    if (p.in_single[i]) r[i] = load_as_float(q.in[i], p.in_dtype[i], 0);
-  for (int i = 0; i < p.n_const; ++i) r[p.n_in + i] = p.konst[i];
+    if (p.in_single[i]) r[i * kThreads] = load_as_float(q.in[i], p.in_dtype[i], 0);
+  for (int i = 0; i < p.n_const; ++i) r[(p.n_in + i) * kThreads] = p.konst[i];
   for (I e = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<I>(gridDim.x) * blockDim.x) {
     for (int i = 0; i < p.n_in; ++i)
-      if (!p.in_single[i]) r[i] = load_as_float(q.in[i], p.in_dtype[i], e);
+      if (!p.in_single[i]) r[i * kThreads] = load_as_float(q.in[i], p.in_dtype[i], e);
     for (int k = 0; k < p.n_ops; ++k) {
       const PwInstr o = p.ops[k];
-      r[o.dst] = apply(o.mode, r[o.a], r[o.b]);
+      r[o.dst * kThreads] = apply(o.mode, r[o.a * kThreads], r[o.b * kThreads]);
     }
-    for (int k = 0; k < p.n_out; ++k) store_from_float(q.out[k], p.out_dtype[k], e, r[p.out_reg[k]]);
+    for (int k = 0; k < p.n_out; ++k)
+      store_from_float(q.out[k], p.out_dtype[k], e, r[p.out_reg[k] * kThreads]);
   }
 }
 
@@ -127,7 +144,6 @@ class PointwiseGraphKernel final : public KernelBase {
     PwPointers q;
     for (int i = 0; i < program_.n_in; ++i) q.in[i] = ptrs[i];
     for (int i = 0; i < program_.n_out; ++i) q.out[i] = ptrs[program_.n_in + i];
-    constexpr int kThreads = 256;
     const int blocks = grid_stride_blocks(n_, kThreads);
     const auto stream = static_cast<cudaStream_t>(stream_ptr);
     if (n_ + static_cast<int64_t>(blocks) * kThreads < (int64_t{1} << 31))
