@@ -32,20 +32,12 @@ __device__ __forceinline__ void merge(float& m, float& s, float m2, float s2) {
   }
 }
 
-__global__ void ce_forward(const void* logits, int dtype, int64_t row_stride, const int* labels,
-                           int64_t label_stride, int64_t v, int64_t ignore, float* loss, float* lse_out) {
-  const int64_t r = blockIdx.x;
-  const int64_t base = r * row_stride;
-  float m = -INFINITY, s = 0.f;
-  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
-    const float x = load_as_float(logits, dtype, base + c);
-    if (x > m) {
-      s = s * expf(m - x) + 1.f;
-      m = x;
-    } else if (x > -INFINITY) {  // a -inf logit (a masked class) adds nothing
-      s += expf(x - m);
-    }
-  }
+// The block's running (max, sum of exp) merged across its threads (warp shuffles, then the warps
+// in order); thread 0 writes row r's loss (lse - its label's logit, `logit_of(label)`) and lse.
+template <typename LogitOf>
+__device__ __forceinline__ void finish_row(float m, float s, int64_t r, const int* labels,
+                                           int64_t label_stride, int64_t v, int64_t ignore, float* loss,
+                                           float* lse_out, LogitOf logit_of) {
   for (int off = 16; off > 0; off >>= 1) {
     const float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
     merge(m, s, m2, s2);
@@ -65,10 +57,28 @@ __global__ void ce_forward(const void* logits, int dtype, int64_t row_stride, co
   if (y == ignore) {
     l = 0.f;
   } else if (y >= 0 && y < v) {
-    l = lse - load_as_float(logits, dtype, base + y);
+    l = lse - logit_of(y);
   }
   loss[r] = l;
   if (lse_out) lse_out[r] = lse;
+}
+
+__global__ void ce_forward(const void* logits, int dtype, int64_t row_stride, const int* labels,
+                           int64_t label_stride, int64_t v, int64_t ignore, float* loss, float* lse_out) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = r * row_stride;
+  float m = -INFINITY, s = 0.f;
+  for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
+    const float x = load_as_float(logits, dtype, base + c);
+    if (x > m) {
+      s = s * expf(m - x) + 1.f;
+      m = x;
+    } else if (x > -INFINITY) {  // a -inf logit (a masked class) adds nothing
+      s += expf(x - m);
+    }
+  }
+  finish_row(m, s, r, labels, label_stride, v, ignore, loss, lse_out,
+             [&](int y) { return load_as_float(logits, dtype, base + y); });
 }
 
 // One block per row (grid-stride over rows): the row's label, lse and dloss are read once, and
@@ -132,29 +142,8 @@ __global__ void ce_forward_vec8(const void* logits, int64_t row_stride, const in
       for (int i = 0; i < 8; ++i) s += expf(x[i] - m);  // a NaN logit makes the row's loss NaN
     }
   }
-  for (int off = 16; off > 0; off >>= 1) {
-    const float m2 = __shfl_down_sync(0xffffffffu, m, off), s2 = __shfl_down_sync(0xffffffffu, s, off);
-    merge(m, s, m2, s2);
-  }
-  __shared__ float ms[kRowThreads / 32], ss[kRowThreads / 32];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    ms[warp] = m;
-    ss[warp] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) merge(m, s, ms[w], ss[w]);
-  const float lse = m + logf(s);
-  const int y = labels[r * label_stride];
-  float l = __int_as_float(0x7fc00000);  // NaN: a label outside the classes
-  if (y == ignore) {
-    l = 0.f;
-  } else if (y >= 0 && y < v) {
-    l = lse - bits_to_float<kHalf>(row[y]);
-  }
-  loss[r] = l;
-  if (lse_out) lse_out[r] = lse;
+  finish_row(m, s, r, labels, label_stride, v, ignore, loss, lse_out,
+             [&](int y) { return bits_to_float<kHalf>(row[y]); });
 }
 
 template <bool kHalf>

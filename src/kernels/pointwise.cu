@@ -11,8 +11,8 @@
 // How: the graph becomes a short program (one instruction per op, registers in SSA form: the
 // tensors read, then one per op). A thread runs it for one element at a time, in fp32, through
 // the graph's dense, common layout (every full tensor laid out alike, so element e sits at
-// offset e of each), and stores each output in its dtype. The formulas are the reference's
-// (src/reference/ops/pointwise_cpu.cpp) in fp32.
+// offset e of each), and stores each output in its dtype. The formulas are the GPU reference's and
+// the other kernels' epilogues' (common/pointwise_math.cuh).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,6 +21,7 @@
 #include <variant>
 
 #include "common/cuda_status.h"
+#include "common/pointwise_math.cuh"
 #include "dtype_access.cuh"
 #include "kernel_base.h"
 #include "pointwise.h"
@@ -54,56 +55,6 @@ struct PwPointers {
   void* out[kMaxTensors] = {};
 };
 
-// One op on fp32 values: a (and b for two inputs) in the order of op_input_roles: (a, b),
-// (dy, x), (x, bias), (x, scale), or (x).
-__device__ __forceinline__ float apply(int mode, float a, float b) {
-  constexpr float kTanhK = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kRsqrt2 = 0.7071067811865476f, kRsqrt2Pi = 0.3989422804014327f;
-  switch (static_cast<PointwiseMode>(mode)) {
-    case PointwiseMode::kAdd:
-    case PointwiseMode::kBiasAdd:
-      return a + b;
-    case PointwiseMode::kSub:
-      return a - b;
-    case PointwiseMode::kMul:
-    case PointwiseMode::kScale:
-      return a * b;
-    case PointwiseMode::kRelu:
-      return a > 0.f ? a : 0.f;
-    case PointwiseMode::kGeluTanh:
-      return 0.5f * a * (1.f + tanhf(kTanhK * (a + 0.044715f * a * a * a)));
-    case PointwiseMode::kGeluErf:
-      return 0.5f * a * (1.f + erff(a * kRsqrt2));
-    case PointwiseMode::kSilu:
-      return a / (1.f + expf(-a));
-    case PointwiseMode::kSigmoid:
-      return 1.f / (1.f + expf(-a));
-    case PointwiseMode::kTanh:
-      return tanhf(a);
-    case PointwiseMode::kReluBwd:
-      return b > 0.f ? a : 0.f;
-    case PointwiseMode::kGeluTanhBwd: {
-      const float t = tanhf(kTanhK * (b + 0.044715f * b * b * b));
-      return a * (0.5f * (1.f + t) + 0.5f * b * (1.f - t * t) * kTanhK * (1.f + 3.f * 0.044715f * b * b));
-    }
-    case PointwiseMode::kGeluErfBwd:
-      return a * (0.5f * (1.f + erff(b * kRsqrt2)) + b * expf(-0.5f * b * b) * kRsqrt2Pi);
-    case PointwiseMode::kSiluBwd: {
-      const float s = 1.f / (1.f + expf(-b));
-      return a * s * (1.f + b * (1.f - s));
-    }
-    case PointwiseMode::kSigmoidBwd: {
-      const float s = 1.f / (1.f + expf(-b));
-      return a * s * (1.f - s);
-    }
-    case PointwiseMode::kTanhBwd: {
-      const float t = tanhf(b);
-      return a * (1.f - t * t);
-    }
-  }
-  return __int_as_float(0x7fc00000);  // not reached: the host refuses a mode it does not know
-}
-
 constexpr int kThreads = 256;
 
 // The program and the pointers in shared memory (read alike by every thread: broadcasts), and each
@@ -130,7 +81,8 @@ __global__ void __launch_bounds__(kThreads) pointwise_graph_kernel(PwProgram pro
       if (!p.in_single[i]) r[i * kThreads] = load_as_float(q.in[i], p.in_dtype[i], e);
     for (int k = 0; k < p.n_ops; ++k) {
       const PwInstr o = p.ops[k];
-      r[o.dst * kThreads] = apply(o.mode, r[o.a * kThreads], r[o.b * kThreads]);
+      r[o.dst * kThreads] =
+          common::pointwise_apply(static_cast<PointwiseMode>(o.mode), r[o.a * kThreads], r[o.b * kThreads]);
     }
     for (int k = 0; k < p.n_out; ++k)
       store_from_float(q.out[k], p.out_dtype[k], e, r[p.out_reg[k] * kThreads]);
