@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <variant>
 
 #include "common/cuda_status.h"
@@ -124,13 +125,14 @@ bool dense(const ResolvedTensor& t) { return t.storage_elements() == t.element_c
 std::shared_ptr<const NativeKernel> make_pointwise_graph_kernel(const ResolvedGraph& g) {
   if (g.ops.empty() || g.ops.size() > static_cast<size_t>(kMaxOps) || g.intermediate_dtype != DType::kFP32)
     return nullptr;
-  auto k = std::make_shared<PointwiseGraphKernel>();
-  PwProgram& p = k->program_;
-  std::map<int, bool> read_by_op;
+  std::set<int> read_by_op;  // tensors some op reads
   for (const ResolvedOp& op : g.ops) {
     if (!std::visit([](const auto& a) { return mode_of(a).has_value(); }, op.attrs)) return nullptr;
-    for (const auto& [role, t] : op.inputs) read_by_op[t] = true;
+    for (const auto& [role, t] : op.inputs) read_by_op.insert(t);
   }
+  auto k =
+      std::make_shared<PointwiseGraphKernel>();  // (every graph built asks: only pointwise ones get here)
+  PwProgram& p = k->program_;
   // The layout every full tensor shares: the first op's output's dims; the first full tensor in
   // memory's strides.
   const std::vector<int64_t>& dims = g.tensors[static_cast<size_t>(g.ops[0].outputs.at("y"))].dims;

@@ -47,10 +47,10 @@ bool KvPool::cached_for(const std::vector<Key>& k, const std::vector<int32_t>& p
 
 int64_t KvPool::admit(Seq* s, const std::vector<int32_t>& prompt, int64_t total, bool share) {
   const int64_t n = static_cast<int64_t>(prompt.size());
-  // Shareable: whole pages strictly before the last prompt token's page.
-  const std::vector<Key> k = keys(prompt, (n - 1) / page_size_);
+  // Shareable: whole pages strictly before the last prompt token's page (none when not sharing).
+  const std::vector<Key> k = share ? keys(prompt, (n - 1) / page_size_) : std::vector<Key>{};
   int64_t shared = 0;
-  while (share && shared < static_cast<int64_t>(k.size()) && cached_for(k, prompt, shared)) ++shared;
+  while (shared < static_cast<int64_t>(k.size()) && cached_for(k, prompt, shared)) ++shared;
   const int64_t need = pages_for(total) - shared;
   // Shared pages that are free now (cached, unheld) stop being free when taken.
   int64_t shared_free = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace fusebox {
 
@@ -48,7 +49,7 @@ void Fp8DelayedScaling::update_scale(Entry& e) const {
                          : *std::max_element(e.history.begin(), e.history.end());
   if (!(amax > 0.f)) return;  // nothing to scale by: the scale stays
   const double s = dtype_saturation(e.dtype) / static_cast<double>(amax) / std::ldexp(1.0, config_.margin);
-  if (std::isfinite(s) && s <= 3.0e38) e.scale = static_cast<float>(s);
+  if (s <= std::numeric_limits<float>::max()) e.scale = static_cast<float>(s);  // else it stays
 }
 
 Status Fp8DelayedScaling::record(const std::string& tensor, float amax) {
