@@ -186,17 +186,19 @@ constexpr bool fuses_epilogue(const RmsNormAttrs&) { return true; }
 
 // A graph of pointwise ops only: cuDNN 9.19 builds one output per pointwise plan, so a graph of
 // several outputs runs as a partitioned plan that reads the inputs once per output (the 125M
-// training step's SwiGLU backward, bf16 32768x2816, 3 tensors in and 2 out: 0.76 ms per layer in
-// three parts on an H100). fusebox_pointwise runs it in one pass, but **only when pinned**: measured
-// on an H100 (2026-12-06, `run --verify`), it took 5.05 ms on that SwiGLU backward and 4.25 ms on
-// the one-output forward silu(a) * b, where cuDNN's engine took 0.204 ms (130-180 GB/s against
-// 2.7 TB/s: the interpreted program and its registers lived in local memory). Correct (the GPU tests
-// pass); rewritten since with both in shared memory, not yet timed.
+// training step's SwiGLU backward, bf16 32768x2816, 3 tensors in and 2 out: 0.74 ms per layer in
+// three parts on an H100). fusebox_pointwise runs it in one pass. Its interpreted program is slow,
+// so it runs only when pinned: on an H100 (2026-12-06, `run --verify`) 1.52 ms on that SwiGLU
+// backward and 1.03 ms on the one-output forward silu(a) * b, where cuDNN took 0.738 and 0.204 ms
+// (the first version, with the program in local memory, took 5.05 and 4.25 ms). The SwiGLU forms
+// run as compiled kernels (pointwise.cu) and are taken by default: FIXME measured.
 FasterKernel pointwise_graph_kernel(const ResolvedGraph& g) {
   if (auto k = make_pointwise_graph_kernel(g)) {
+    if (const char* form = pointwise_form_name(*k))
+      return {k, std::string("the ") + form + " form compiled, in one pass over memory", true};
     return {k,
             "one pass over memory for any number of outputs, but slower than cuDNN's pointwise engine "
-            "(H100: 5.05 ms against 3 x 0.25 ms on the SwiGLU backward of bf16 32768x2816)",
+            "(H100: 1.52 ms against 0.738 ms on the SwiGLU backward of bf16 32768x2816)",
             false};
   }
   return {};

@@ -27,6 +27,21 @@ __device__ __forceinline__ float value(const uint4& u, int i) {
   return bits_to_float<kHalf>(i % 2 ? word >> 16 : word & 0xffffu);
 }
 
+// The 16-bit bits (bf16 or fp16, rounded to nearest even) of v.
+template <bool kHalf>
+__device__ __forceinline__ uint32_t float_to_bits(float v) {
+  if constexpr (kHalf) {
+    return __half_as_ushort(__float2half_rn(v));
+  } else {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+// 8 16-bit values' bits (float_to_bits), as one 16-byte store takes them.
+__device__ __forceinline__ uint4 pack8(const uint32_t (&b)[8]) {
+  return make_uint4(b[0] | b[1] << 16, b[2] | b[3] << 16, b[4] | b[5] << 16, b[6] | b[7] << 16);
+}
+
 // 8 16-bit values from p, `stride` values apart: one 16-byte load (kVec: p aligned, stride 1, all
 // 8 inside the tensor), else one at a time, the first `count` read and the rest 0.
 template <bool kVec>

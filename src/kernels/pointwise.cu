@@ -6,15 +6,20 @@
 // layer that way on an H100 (cuDNN 9.19, 2026-12-06, `train lm --profile`), where moving its
 // 640 MB takes about 0.2 ms.
 //
-// Only when pinned so far (kernels::faster_native_kernel says why).
-//
 // How: the graph becomes a short program (one instruction per op, registers in SSA form: the
 // tensors read, then one per op). A thread runs it for one element at a time, in fp32, through
 // the graph's dense, common layout (every full tensor laid out alike, so element e sits at
 // offset e of each), and stores each output in its dtype. The formulas are the GPU reference's and
 // the other kernels' epilogues' (common/pointwise_math.cuh).
+//
+// That interpreted program is general but slow (about 0.55-0.6 TB/s on an H100, kernels::
+// faster_native_kernel has the numbers), so it runs only when pinned. A program that is one of the
+// forms below (the SwiGLU forward and backward) runs instead as that form's compiled kernel: the
+// same ops in the same order on the same fp32 values, so the same bits, with the registers in
+// registers and the 16-bit tensors read and written 8 values (16 bytes) at a time.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -25,6 +30,7 @@
 #include "common/pointwise_math.cuh"
 #include "dtype_access.cuh"
 #include "kernel_base.h"
+#include "packed16.cuh"
 #include "pointwise.h"
 
 namespace fusebox::kernels {
@@ -90,15 +96,171 @@ __global__ void __launch_bounds__(kThreads) pointwise_graph_kernel(PwProgram pro
   }
 }
 
+// A form: a program written over registers as the interpreter's (the kIn tensors read, then one
+// per op), compiled. Each instruction is packed as mode << 24 | dst << 16 | a << 8 | b, and output
+// k is register byte k of kOuts.
+constexpr uint32_t instr(PointwiseMode m, int dst, int a, int b) {
+  return static_cast<uint32_t>(m) << 24 | static_cast<uint32_t>(dst) << 16 | static_cast<uint32_t>(a) << 8 |
+         static_cast<uint32_t>(b);
+}
+
+template <int kIn_, int kOut_, uint32_t kOuts_, uint32_t... kInstr>
+struct Form {
+  static constexpr int kIn = kIn_, kOut = kOut_, kOps = sizeof...(kInstr), kRegs = kIn_ + kOps;
+  static constexpr uint32_t kOuts = kOuts_;
+  template <uint32_t I>
+  __device__ static void step(float (&r)[kRegs]) {
+    r[(I >> 16) & 0xffu] =
+        common::pointwise_apply(static_cast<PointwiseMode>(I >> 24), r[(I >> 8) & 0xffu], r[I & 0xffu]);
+  }
+  __device__ static void run(float (&r)[kRegs]) { (step<kInstr>(r), ...); }
+  static PwProgram program() {
+    PwProgram p;
+    p.n_in = kIn;
+    p.n_out = kOut;
+    for (uint32_t i : {kInstr...})
+      p.ops[p.n_ops++] = {static_cast<uint8_t>(i >> 24), static_cast<uint8_t>(i >> 16),
+                          static_cast<uint8_t>(i >> 8), static_cast<uint8_t>(i)};
+    for (int k = 0; k < kOut; ++k) p.out_reg[k] = static_cast<uint8_t>(kOuts >> (8 * k));
+    return p;
+  }
+};
+
+using PM = PointwiseMode;
+// y = silu(a) * b (inputs a, b): the training step's SwiGLU with its GEMMs split (LmTrainConfig::swiglu).
+using SwigluForward = Form<2, 1, 3, instr(PM::kSilu, 2, 0, 0), instr(PM::kMul, 3, 2, 1)>;
+// Its backward as `fusebox backward` derives it (inputs dy, a, b): da = silu_bwd(dy * b, a),
+// db = dy * silu(a).
+using SwigluBackward = Form<3, 2, 4u | 6u << 8, instr(PM::kMul, 3, 0, 2), instr(PM::kSiluBwd, 4, 3, 1),
+                            instr(PM::kSilu, 5, 1, 1), instr(PM::kMul, 6, 0, 5)>;
+
+// One thread per 8 elements: each tensor read (written) as one 16-byte load (store) of 16-bit
+// values; `q` in the form's order of inputs and outputs.
+template <class F, bool kHalf>
+__global__ void __launch_bounds__(kThreads) pointwise_form_kernel(PwPointers q, int64_t n8) {
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < n8;
+       v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint4 in[F::kIn];
+#pragma unroll
+    for (int i = 0; i < F::kIn; ++i) in[i] = load8<true>(static_cast<const uint4*>(q.in[i]) + v, 8);
+    uint32_t bits[F::kOut][8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float r[F::kRegs];
+#pragma unroll
+      for (int i = 0; i < F::kIn; ++i) r[i] = value<kHalf>(in[i], j);
+      F::run(r);
+#pragma unroll
+      for (int k = 0; k < F::kOut; ++k) bits[k][j] = float_to_bits<kHalf>(r[(F::kOuts >> (8 * k)) & 0xffu]);
+    }
+#pragma unroll
+    for (int k = 0; k < F::kOut; ++k) static_cast<uint4*>(q.out[k])[v] = pack8(bits[k]);
+  }
+}
+
+using FormLaunch = void (*)(const PwPointers&, int64_t, int, cudaStream_t);
+template <class F, bool kHalf>
+void launch_form(const PwPointers& q, int64_t n8, int blocks, cudaStream_t stream) {
+  pointwise_form_kernel<F, kHalf><<<blocks, kThreads, 0, stream>>>(q, n8);
+}
+
+struct FormEntry {
+  const char* name;
+  PwProgram (*program)();
+  FormLaunch bf16, fp16;
+};
+template <class F>
+constexpr FormEntry form_entry(const char* name) {
+  return {name, &F::program, &launch_form<F, false>, &launch_form<F, true>};
+}
+const FormEntry kForms[] = {form_entry<SwigluForward>("swiglu"), form_entry<SwigluBackward>("swiglu_bwd")};
+
+bool commutes(uint8_t mode) {
+  return mode == static_cast<uint8_t>(PM::kAdd) || mode == static_cast<uint8_t>(PM::kMul);
+}
+
+// Whether program `p` computes form `f`'s outputs: the same ops on the same operands, in any order,
+// a commuting op's operands either way round, under a one-to-one map of p's registers to f's that
+// takes p's inputs to f's by `in_perm` (p's input i is f's in_perm[i]). On success, out_perm[k] is the
+// form's output that p's output k is.
+struct FormMatch {
+  const PwProgram& p;
+  const PwProgram& f;
+  int reg_map[kMaxRegs];  // p's register -> f's; -1 unmapped
+  bool op_used[kMaxOps] = {};
+
+  bool operands(const PwInstr& po, const PwInstr& fo, bool swap) const {
+    return reg_map[po.a] == (swap ? fo.b : fo.a) && reg_map[po.b] == (swap ? fo.a : fo.b);
+  }
+  bool ops_from(int k) {
+    if (k == p.n_ops) return true;
+    const PwInstr& po = p.ops[k];
+    for (int j = 0; j < f.n_ops; ++j) {
+      const PwInstr& fo = f.ops[j];
+      if (op_used[j] || fo.mode != po.mode) continue;
+      if (!operands(po, fo, false) && !(commutes(po.mode) && operands(po, fo, true))) continue;
+      op_used[j] = true;
+      reg_map[po.dst] = fo.dst;
+      if (ops_from(k + 1)) return true;
+      op_used[j] = false;
+      reg_map[po.dst] = -1;
+    }
+    return false;
+  }
+};
+
+// The form program `p` is, with its maps of inputs and outputs; -1 for none.
+int match_form(const PwProgram& p, uint8_t (&in_perm)[kMaxTensors], uint8_t (&out_perm)[kMaxTensors]) {
+  if (p.n_const != 0) return -1;
+  for (int i = 0; i < p.n_in; ++i)
+    if (p.in_single[i]) return -1;
+  for (int fi = 0; fi < static_cast<int>(std::size(kForms)); ++fi) {
+    const PwProgram f = kForms[fi].program();
+    if (f.n_in != p.n_in || f.n_out != p.n_out || f.n_ops != p.n_ops) continue;
+    int perm[kMaxTensors];
+    for (int i = 0; i < p.n_in; ++i) perm[i] = i;
+    do {
+      FormMatch m{p, f, {}};
+      std::fill(std::begin(m.reg_map), std::end(m.reg_map), -1);
+      for (int i = 0; i < p.n_in; ++i) m.reg_map[i] = perm[i];
+      if (!m.ops_from(0)) continue;
+      bool outs = true;
+      // (f's outputs are distinct registers, and p's too, so a hit for each is one-to-one)
+      for (int k = 0; k < p.n_out && outs; ++k) {
+        const auto hit = std::find(f.out_reg, f.out_reg + f.n_out, m.reg_map[p.out_reg[k]]);
+        outs = hit != f.out_reg + f.n_out;
+        if (outs) out_perm[k] = static_cast<uint8_t>(hit - f.out_reg);
+      }
+      if (!outs) continue;
+      for (int i = 0; i < p.n_in; ++i) in_perm[i] = static_cast<uint8_t>(perm[i]);
+      return fi;
+    } while (std::next_permutation(perm, perm + p.n_in));
+  }
+  return -1;
+}
+
 class PointwiseGraphKernel final : public KernelBase {
  public:
   Status launch(void* const* ptrs, void* stream_ptr) const override {
     if (n_ == 0) return Status::Ok();
+    const auto stream = static_cast<cudaStream_t>(stream_ptr);
+    if (form_ >= 0) {
+      bool aligned = true;
+      for (int i = 0; i < program_.n_in + program_.n_out; ++i)
+        aligned = aligned && reinterpret_cast<uintptr_t>(ptrs[i]) % 16 == 0;
+      if (aligned) {
+        PwPointers q;
+        for (int i = 0; i < program_.n_in; ++i) q.in[in_perm_[i]] = ptrs[i];
+        for (int k = 0; k < program_.n_out; ++k) q.out[out_perm_[k]] = ptrs[program_.n_in + k];
+        const FormEntry& f = kForms[form_];
+        (half_ ? f.fp16 : f.bf16)(q, n_ / 8, grid_stride_blocks(n_ / 8, kThreads), stream);
+        return common::cuda_status(cudaGetLastError(), where_, " pointwise form kernel launch");
+      }
+    }
     PwPointers q;
     for (int i = 0; i < program_.n_in; ++i) q.in[i] = ptrs[i];
     for (int i = 0; i < program_.n_out; ++i) q.out[i] = ptrs[program_.n_in + i];
     const int blocks = grid_stride_blocks(n_, kThreads);
-    const auto stream = static_cast<cudaStream_t>(stream_ptr);
     if (n_ + static_cast<int64_t>(blocks) * kThreads < (int64_t{1} << 31))
       pointwise_graph_kernel<int32_t><<<blocks, kThreads, 0, stream>>>(program_, q, static_cast<int32_t>(n_));
     else
@@ -108,6 +270,11 @@ class PointwiseGraphKernel final : public KernelBase {
 
   PwProgram program_;
   int64_t n_ = 0;
+  // The compiled form (kForms) the program is, or -1; used where every tensor is 16-bit of one dtype
+  // (half_: fp16), the element count a multiple of 8 and, at launch, every pointer 16-byte aligned.
+  int form_ = -1;
+  bool half_ = false;
+  uint8_t in_perm_[kMaxTensors] = {}, out_perm_[kMaxTensors] = {};
 };
 
 // The mode of a pointwise op; nullopt for an op of another family (by overload: the variant's
@@ -203,9 +370,23 @@ std::shared_ptr<const NativeKernel> make_pointwise_graph_kernel(const ResolvedGr
   k->name_ = "fusebox_pointwise";
   k->where_ = "[graph '" + g.name + "']";
   k->n_ = g.tensors[static_cast<size_t>(out_tensors[0])].element_count();
+  // A compiled form: every tensor in memory of one 16-bit dtype, whole vectors of 8.
+  const int dt = p.in_dtype[0];
+  bool one_16bit = dt == static_cast<int>(DType::kBF16) || dt == static_cast<int>(DType::kFP16);
+  for (int i = 0; i < p.n_in; ++i) one_16bit = one_16bit && p.in_dtype[i] == dt;
+  for (int i = 0; i < p.n_out; ++i) one_16bit = one_16bit && p.out_dtype[i] == dt;
+  if (one_16bit && k->n_ % 8 == 0) {
+    k->form_ = match_form(p, k->in_perm_, k->out_perm_);
+    k->half_ = dt == static_cast<int>(DType::kFP16);
+  }
   for (int t : in_tensors) k->tensors_.push_back(g.tensors[static_cast<size_t>(t)].name);
   for (int t : out_tensors) k->tensors_.push_back(g.tensors[static_cast<size_t>(t)].name);
   return k;
+}
+
+const char* pointwise_form_name(const NativeKernel& k) {
+  const auto* pk = dynamic_cast<const PointwiseGraphKernel*>(&k);
+  return pk && pk->form_ >= 0 ? kForms[pk->form_].name : nullptr;
 }
 
 }  // namespace fusebox::kernels

@@ -620,6 +620,58 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
       std::string(R"({"name": "pw1", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [4, 8]},)") +
       R"({"name": "y"}], "ops": [{"op": "silu", "name": "s", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]})";
   EXPECT_TRUE(native(build(one, pin)));
+  // The SwiGLU forms run compiled, by default: y = silu(a) * b, and its backward da = silu_bwd(dy * b,
+  // a), db = dy * silu(a), with the ops in any order, a product's operands either way round, the
+  // tensors in any order; one 16-bit dtype throughout and whole vectors of 8 elements. Anything
+  // else (another formula, fp32, a mixed dtype, 6 * 5 elements) stays pinned-only.
+  auto swiglu = [](const char* io, const char* dims, const std::string& tensors, const std::string& ops) {
+    std::string t = tensors;
+    for (size_t at; (at = t.find("DIMS")) != std::string::npos;) t.replace(at, 4, dims);
+    return std::string(R"({"name": "glu", "io_dtype": ")") + io +
+           R"(", "intermediate_dtype": "fp32", "tensors": [)" + t + R"(], "ops": [)" + ops + "]}";
+  };
+  auto op = [](const char* type, const char* inputs, const char* y) {
+    return std::string(R"({"op": ")") + type + R"(", "name": ")" + y + R"(", "inputs": {)" + inputs +
+           R"(}, "outputs": {"y": ")" + y + R"("}})";
+  };
+  const std::string fwd_tensors =
+      R"({"name": "b", "dims": DIMS}, {"name": "a", "dims": DIMS}, {"name": "y"})";
+  const std::string fwd_ops = op("silu", R"("x": "a")", "g") + "," + op("mul", R"("a": "b", "b": "g")", "y");
+  EXPECT_TRUE(native(build(swiglu("bf16", "[4, 6, 8]", fwd_tensors, fwd_ops))));
+  EXPECT_TRUE(native(build(swiglu("fp16", "[4, 6, 8]", fwd_tensors, fwd_ops))));
+  EXPECT_FALSE(native(build(swiglu("fp32", "[4, 6, 8]", fwd_tensors, fwd_ops))));
+  EXPECT_FALSE(native(build(swiglu("bf16", "[1, 6, 5]", fwd_tensors, fwd_ops))));
+  EXPECT_FALSE(native(
+      build(swiglu("bf16", "[4, 6, 8]", fwd_tensors,
+                   op("sigmoid", R"("x": "a")", "g") + "," + op("mul", R"("a": "b", "b": "g")", "y")))));
+  EXPECT_FALSE(native(build(
+      swiglu("bf16", "[4, 6, 8]",
+             R"({"name": "b", "dims": DIMS}, {"name": "a", "dims": DIMS}, {"name": "y", "dtype": "fp32"})",
+             fwd_ops))));
+  const std::string bwd_tensors =
+      R"({"name": "dy", "dims": DIMS}, {"name": "b", "dims": DIMS}, {"name": "a", "dims": DIMS}, )"
+      R"({"name": "a.grad"}, {"name": "b.grad"})";
+  // As `fusebox backward` derives it, and in another order.
+  const std::string bwd_ops = op("mul", R"("a": "dy", "b": "b")", "t") + "," +
+                              op("silu", R"("x": "a")", "s") + "," +
+                              op("mul", R"("a": "dy", "b": "s")", "b.grad") + "," +
+                              op("silu_bwd", R"("dy": "t", "x": "a")", "a.grad");
+  const std::string bwd_ops2 =
+      op("silu", R"("x": "a")", "s") + "," + op("mul", R"("a": "s", "b": "dy")", "b.grad") + "," +
+      op("mul", R"("a": "b", "b": "dy")", "t") + "," + op("silu_bwd", R"("dy": "t", "x": "a")", "a.grad");
+  EXPECT_TRUE(native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors, bwd_ops))));
+  EXPECT_TRUE(native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors, bwd_ops2))));
+  // silu_bwd's operands the other way round, or silu of the wrong input: another function.
+  EXPECT_FALSE(
+      native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors,
+                          op("mul", R"("a": "dy", "b": "b")", "t") + "," + op("silu", R"("x": "a")", "s") +
+                              "," + op("mul", R"("a": "dy", "b": "s")", "b.grad") + "," +
+                              op("silu_bwd", R"("dy": "a", "x": "t")", "a.grad")))));
+  EXPECT_FALSE(
+      native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors,
+                          op("mul", R"("a": "dy", "b": "b")", "t") + "," + op("silu", R"("x": "b")", "s") +
+                              "," + op("mul", R"("a": "dy", "b": "s")", "b.grad") + "," +
+                              op("silu_bwd", R"("dy": "t", "x": "a")", "a.grad")))));
 }
 
 // A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving

@@ -547,7 +547,8 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
     return std::string(R"({"op": ")") + type + R"(", "name": ")" + name + R"(", "inputs": {)" + inputs +
            R"(}, "outputs": {"y": ")" + y + R"("}})";
   };
-  // The SwiGLU backward of the training step (examples/graphs/swiglu_bwd.json), odd sizes.
+  // The SwiGLU backward of the training step, pinned: [4, 1000, 257] runs as the compiled form,
+  // [1, 3, 5] (not whole vectors of 8) as the interpreted program.
   const std::string swiglu_ops = op("mul", "dy_b", R"("a": "dy", "b": "b")", "t") + "," +
                                  op("silu_bwd", "da", R"("dy": "t", "x": "a")", "da") + "," +
                                  op("silu", "silu_a", R"("x": "a")", "s") + "," +
@@ -560,6 +561,24 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
                 swiglu_ops),
           "fusebox_pointwise", /*pin=*/true);
   }
+  // The SwiGLU forms, compiled (pointwise.cu), taken by default: the backward as `fusebox backward`
+  // derives it (tensors and ops in its order) in both 16-bit dtypes, and the forward.
+  const std::string derived_ops = op("mul", "glu.da", R"("a": "y.grad", "b": "b")", "t") + "," +
+                                  op("silu", "silu.recompute", R"("x": "a")", "s") + "," +
+                                  op("mul", "glu.db", R"("a": "y.grad", "b": "s")", "b.grad") + "," +
+                                  op("silu_bwd", "silu.dx", R"("dy": "t", "x": "a")", "a.grad");
+  for (const char* io : {"bf16", "fp16"}) {
+    const std::string d = "[2, 1024, 344]";
+    check(graph(io,
+                R"({"name": "y.grad", "dims": )" + d + R"(}, {"name": "b", "dims": )" + d +
+                    R"(}, {"name": "a", "dims": )" + d + R"(}, {"name": "a.grad"}, {"name": "b.grad"})",
+                derived_ops),
+          "fusebox_pointwise");
+  }
+  check(graph("bf16",
+              R"({"name": "a", "dims": [3, 128, 40]}, {"name": "b", "dims": [3, 128, 40]}, {"name": "y"})",
+              op("silu", "s", R"("x": "a")", "g") + "," + op("mul", "glu", R"("a": "g", "b": "b")", "y")),
+        "fusebox_pointwise");
   // The GELU forms and their backward, a by-value scalar, outputs of three dtypes, fp16 in.
   check(graph("fp16",
               R"({"name": "x", "dims": [3, 517, 33]}, {"name": "dy", "dims": [3, 517, 33]},)"
