@@ -127,12 +127,15 @@ struct Form {
 };
 
 using PM = PointwiseMode;
-// y = silu(a) * b (inputs a, b): the training step's SwiGLU with its GEMMs split (LmTrainConfig::swiglu).
-using SwigluForward = Form<2, 1, 3, instr(PM::kSilu, 2, 0, 0), instr(PM::kMul, 3, 2, 1)>;
-// Its backward as `fusebox backward` derives it (inputs dy, a, b): da = silu_bwd(dy * b, a),
-// db = dy * silu(a).
-using SwigluBackward = Form<3, 2, 4u | 6u << 8, instr(PM::kMul, 3, 0, 2), instr(PM::kSiluBwd, 4, 3, 1),
-                            instr(PM::kSilu, 5, 1, 1), instr(PM::kMul, 6, 0, 5)>;
+// y = act(a) * b (inputs a, b): the gated MLPs' product, SwiGLU (act silu: the training step's MLP
+// with its GEMMs split, LmTrainConfig::swiglu) and GeGLU (either GELU).
+template <PM kAct>
+using GluForward = Form<2, 1, 3, instr(kAct, 2, 0, 0), instr(PM::kMul, 3, 2, 1)>;
+// Its backward as `fusebox backward` derives it (inputs dy, a, b): da = act_bwd(dy * b, a),
+// db = dy * act(a).
+template <PM kAct, PM kActBwd>
+using GluBackward = Form<3, 2, 4u | 6u << 8, instr(PM::kMul, 3, 0, 2), instr(kActBwd, 4, 3, 1),
+                         instr(kAct, 5, 1, 1), instr(PM::kMul, 6, 0, 5)>;
 
 // One thread per 8 elements: each tensor read (written) as one 16-byte load (store) of 16-bit
 // values; `q` in the form's order of inputs and outputs.
@@ -173,7 +176,14 @@ template <class F>
 constexpr FormEntry form_entry(const char* name) {
   return {name, &F::program, &launch_form<F, false>, &launch_form<F, true>};
 }
-const FormEntry kForms[] = {form_entry<SwigluForward>("swiglu"), form_entry<SwigluBackward>("swiglu_bwd")};
+const FormEntry kForms[] = {
+    form_entry<GluForward<PM::kSilu>>("swiglu"),
+    form_entry<GluBackward<PM::kSilu, PM::kSiluBwd>>("swiglu_bwd"),
+    form_entry<GluForward<PM::kGeluTanh>>("geglu_tanh"),
+    form_entry<GluBackward<PM::kGeluTanh, PM::kGeluTanhBwd>>("geglu_tanh_bwd"),
+    form_entry<GluForward<PM::kGeluErf>>("geglu_erf"),
+    form_entry<GluBackward<PM::kGeluErf, PM::kGeluErfBwd>>("geglu_erf_bwd"),
+};
 
 bool commutes(uint8_t mode) {
   return mode == static_cast<uint8_t>(PM::kAdd) || mode == static_cast<uint8_t>(PM::kMul);

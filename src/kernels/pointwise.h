@@ -13,14 +13,14 @@ namespace fusebox::kernels {
 // scalar); no output read by another op; fp32 intermediates. Each element's ops run in fp32
 // registers, so a graph of several outputs is one pass over memory where cuDNN, which builds one
 // output per pointwise plan, runs one partitioned plan per output.
-// Where the graph is one of the compiled forms (the SwiGLU forward or backward, pointwise.cu) with
+// Where the graph is one of the compiled forms (the SwiGLU or GeGLU forward or backward, pointwise.cu) with
 // every tensor of one 16-bit dtype and a multiple of 8 elements, the kernel runs that form's
 // compiled code instead of the interpreted program (at launch, where every pointer is 16-byte
 // aligned).
 std::shared_ptr<const NativeKernel> make_pointwise_graph_kernel(const ResolvedGraph& g);
 
-// The compiled form a kernel of make_pointwise_graph_kernel runs ("swiglu", "swiglu_bwd"); null for
-// none, or another kernel.
+// The compiled form a kernel of make_pointwise_graph_kernel runs ("swiglu", "swiglu_bwd", "geglu_tanh", ...);
+// null for none, or another kernel.
 const char* pointwise_form_name(const NativeKernel& k);
 
 }  // namespace fusebox::kernels

@@ -620,10 +620,10 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
       std::string(R"({"name": "pw1", "io_dtype": "bf16", "tensors": [{"name": "x", "dims": [4, 8]},)") +
       R"({"name": "y"}], "ops": [{"op": "silu", "name": "s", "inputs": {"x": "x"}, "outputs": {"y": "y"}}]})";
   EXPECT_TRUE(native(build(one, pin)));
-  // The SwiGLU forms run compiled, by default: y = silu(a) * b, and its backward da = silu_bwd(dy * b,
-  // a), db = dy * silu(a), with the ops in any order, a product's operands either way round, the
-  // tensors in any order; one 16-bit dtype throughout and whole vectors of 8 elements. Anything
-  // else (another formula, fp32, a mixed dtype, 6 * 5 elements) stays pinned-only.
+  // The gated-MLP forms run compiled, by default. SwiGLU: y = silu(a) * b, and its backward da = silu_bwd(dy
+  // * b, a), db = dy * silu(a), with the ops in any order, a product's operands either way round, the tensors
+  // in any order; one 16-bit dtype throughout and whole vectors of 8 elements. Anything else (another
+  // formula, fp32, a mixed dtype, 6 * 5 elements) stays pinned-only.
   auto swiglu = [](const char* io, const char* dims, const std::string& tensors, const std::string& ops) {
     std::string t = tensors;
     for (size_t at; (at = t.find("DIMS")) != std::string::npos;) t.replace(at, 4, dims);
@@ -661,6 +661,20 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
       op("mul", R"("a": "b", "b": "dy")", "t") + "," + op("silu_bwd", R"("dy": "t", "x": "a")", "a.grad");
   EXPECT_TRUE(native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors, bwd_ops))));
   EXPECT_TRUE(native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors, bwd_ops2))));
+  // GeGLU (either GELU) the same way; an activation and a backward of two different functions, no.
+  auto glu_bwd = [&](const char* act, const char* act_bwd) {
+    return op("mul", R"("a": "dy", "b": "b")", "t") + "," + op(act, R"("x": "a")", "s") + "," +
+           op("mul", R"("a": "dy", "b": "s")", "b.grad") + "," +
+           op(act_bwd, R"("dy": "t", "x": "a")", "a.grad");
+  };
+  EXPECT_TRUE(
+      native(build(swiglu("fp16", "[2, 64, 96]", bwd_tensors, glu_bwd("gelu_tanh", "gelu_tanh_bwd")))));
+  EXPECT_TRUE(native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors, glu_bwd("gelu_erf", "gelu_erf_bwd")))));
+  EXPECT_FALSE(
+      native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors, glu_bwd("gelu_erf", "gelu_tanh_bwd")))));
+  EXPECT_TRUE(native(
+      build(swiglu("bf16", "[4, 6, 8]", fwd_tensors,
+                   op("gelu_tanh", R"("x": "a")", "g") + "," + op("mul", R"("a": "g", "b": "b")", "y")))));
   // silu_bwd's operands the other way round, or silu of the wrong input: another function.
   EXPECT_FALSE(
       native(build(swiglu("bf16", "[2, 64, 96]", bwd_tensors,

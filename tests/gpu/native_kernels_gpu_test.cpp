@@ -561,8 +561,8 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
                 swiglu_ops),
           "fusebox_pointwise", /*pin=*/true);
   }
-  // The SwiGLU forms, compiled (pointwise.cu), taken by default: the backward as `fusebox backward`
-  // derives it (tensors and ops in its order) in both 16-bit dtypes, and the forward.
+  // The gated-MLP forms, compiled (pointwise.cu), taken by default. SwiGLU: the backward as `fusebox
+  // backward` derives it (tensors and ops in its order) in both 16-bit dtypes, and the forward.
   const std::string derived_ops = op("mul", "glu.da", R"("a": "y.grad", "b": "b")", "t") + "," +
                                   op("silu", "silu.recompute", R"("x": "a")", "s") + "," +
                                   op("mul", "glu.db", R"("a": "y.grad", "b": "s")", "b.grad") + "," +
@@ -578,6 +578,15 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
   check(graph("bf16",
               R"({"name": "a", "dims": [3, 128, 40]}, {"name": "b", "dims": [3, 128, 40]}, {"name": "y"})",
               op("silu", "s", R"("x": "a")", "g") + "," + op("mul", "glu", R"("a": "g", "b": "b")", "y")),
+        "fusebox_pointwise");
+  // GeGLU's backward (tanh GELU), fp16, its tensors and products in another order.
+  check(graph("fp16",
+              R"({"name": "dy", "dims": [5, 64, 48]}, {"name": "a", "dims": [5, 64, 48]},)"
+              R"({"name": "b", "dims": [5, 64, 48]}, {"name": "da"}, {"name": "db"})",
+              op("mul", "t", R"("a": "b", "b": "dy")", "t") + "," +
+                  op("gelu_tanh_bwd", "da", R"("dy": "t", "x": "a")", "da") + "," +
+                  op("gelu_tanh", "g", R"("x": "a")", "g") + "," +
+                  op("mul", "db", R"("a": "g", "b": "dy")", "db")),
         "fusebox_pointwise");
   // The GELU forms and their backward, a by-value scalar, outputs of three dtypes, fp16 in.
   check(graph("fp16",
