@@ -561,8 +561,7 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
                 swiglu_ops),
           "fusebox_pointwise", /*pin=*/true);
   }
-  // The gated-MLP forms, compiled (pointwise.cu), taken by default where they have several outputs
-  // (the one-output forward pinned). SwiGLU: the backward as `fusebox
+  // The gated-MLP forms, compiled (pointwise.cu), taken by default. SwiGLU: the backward as `fusebox
   // backward` derives it (tensors and ops in its order) in both 16-bit dtypes, and the forward.
   const std::string derived_ops = op("mul", "glu.da", R"("a": "y.grad", "b": "b")", "t") + "," +
                                   op("silu", "silu.recompute", R"("x": "a")", "s") + "," +
@@ -579,7 +578,7 @@ TEST_F(NativeKernelsGpu, PointwiseGraphsOfSeveralOutputsMatchTheReferences) {
   check(graph("bf16",
               R"({"name": "a", "dims": [3, 128, 40]}, {"name": "b", "dims": [3, 128, 40]}, {"name": "y"})",
               op("silu", "s", R"("x": "a")", "g") + "," + op("mul", "glu", R"("a": "g", "b": "b")", "y")),
-        "fusebox_pointwise", /*pin=*/true);
+        "fusebox_pointwise");
   // GeGLU's backward (tanh GELU), fp16, its tensors and products in another order.
   check(graph("fp16",
               R"({"name": "dy", "dims": [5, 64, 48]}, {"name": "a", "dims": [5, 64, 48]},)"
