@@ -10,7 +10,8 @@
 #   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
 #   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
-#   SWIGLU=split (PARTs 2-6): the config's train.swiglu set to it (docs/lm.md).
+#   SWIGLU=split|fused (PARTs 2-6): the config's train.swiglu set to it (docs/lm.md; the 125M and 350M
+#           configs say "split" since 2026-12-06: SWIGLU=fused measures the other).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
