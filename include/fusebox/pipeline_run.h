@@ -96,6 +96,27 @@ ResolvedTensor buffer_tensor(const Pipeline& p, int b);
 // session (its stream and workspace arena). Executing is an ordered list of
 // BoundPlan executes (steps()), so another executor (a CUDA graph capturing
 // the same list) can take the steps as they are.
+// Where intermediate buffers may share memory: each of `buffers` (indices of buffers with memory
+// of their own, not views) lives from the first to the last step (position in Pipeline::order) of
+// a stage that binds it or a view of it; two whose lives overlap never overlap in memory.
+// `offsets[b]` is buffer b's byte offset in one arena of `arena_bytes` (256-byte aligned); -1 for
+// buffers not in the set. Placement: largest first, each at the lowest offset clear of every placed
+// buffer it lives beside.
+struct BufferArenaPlan {
+  std::vector<int64_t> offsets;  // by buffer index
+  int64_t arena_bytes = 0;       // the arena
+  int64_t separate_bytes = 0;    // the same buffers, one allocation each (256-byte aligned)
+};
+BufferArenaPlan plan_buffer_arena(const Pipeline& p, const std::vector<int>& buffers);
+
+struct PipelineExecutorOptions {
+  // Intermediate buffers (not external, not given data) share one arena by their lives in the
+  // pipeline's order (plan_buffer_arena), instead of one allocation each: for a caller that reads
+  // no intermediate after execute() (device() and download() of one give whatever a later stage
+  // left there). A backward pass's gradient parts, mostly.
+  bool share_intermediates = false;
+};
+
 class PipelineExecutor {
  public:
   // Allocates every buffer, uploads `data` (every input and constant),
@@ -109,7 +130,8 @@ class PipelineExecutor {
   static Result<std::unique_ptr<PipelineExecutor>> create(Session& session, const Pipeline& p,
                                                           const std::vector<const Plan*>& plans,
                                                           const PipelineHostData& data,
-                                                          const std::map<int, void*>& external = {});
+                                                          const std::map<int, void*>& external = {},
+                                                          const PipelineExecutorOptions& options = {});
   ~PipelineExecutor();
 
   // Bound plans in Pipeline::order; step i runs stage step_stages()[i].

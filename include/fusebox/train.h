@@ -49,6 +49,10 @@ struct LmTrainConfig {
   // an uninterrupted one bit for bit on the GPU too; slower there. The reference backend is
   // deterministic either way.
   bool deterministic = false;
+  // The backward's intermediate buffers (gradient parts, mostly) share one device arena by their
+  // lives in the backward's stage order (fusebox/pipeline_run.h, plan_buffer_arena) instead of one
+  // allocation each. GPU backend only; not yet the default (not yet run on a GPU).
+  bool share_buffers = false;
   double lr = 6e-4, min_lr = 6e-5, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   uint64_t seed = 1;
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <limits>
 #include <new>
 #include <optional>
 #include <set>
@@ -262,10 +263,68 @@ Result<PipelineHostData> load_pipeline_data(const Pipeline& p, uint64_t seed,
 
 // ---------------------------------------------------------------- executor
 
+BufferArenaPlan plan_buffer_arena(const Pipeline& p, const std::vector<int>& buffers) {
+  constexpr int64_t kAlign = 256;
+  auto aligned = [&](int64_t bytes) { return (std::max<int64_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; };
+  BufferArenaPlan plan;
+  plan.offsets.assign(p.buffers.size(), -1);
+  // Each buffer's life: the steps of the stages that bind it or a view of it.
+  std::vector<int> step_of(p.stages.size(), -1);
+  for (size_t i = 0; i < p.order.size(); ++i) step_of[static_cast<size_t>(p.order[i])] = static_cast<int>(i);
+  auto root = [&](int b) {
+    while (p.buffers[static_cast<size_t>(b)].is_view()) b = p.buffers[static_cast<size_t>(b)].view_of;
+    return b;
+  };
+  std::vector<int> first(p.buffers.size(), std::numeric_limits<int>::max()), last(p.buffers.size(), -1);
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    const int step = step_of[s];
+    if (step < 0) continue;
+    for (const auto& [tensor, b] : p.stages[s].bind) {
+      const size_t r = static_cast<size_t>(root(b));
+      first[r] = std::min(first[r], step);
+      last[r] = std::max(last[r], step);
+    }
+  }
+  struct Item {
+    int b;
+    int64_t bytes;
+  };
+  std::vector<Item> items;
+  for (int b : buffers) {
+    const int64_t bytes = aligned(buffer_tensor(p, b).storage_bytes());
+    plan.separate_bytes += bytes;
+    items.push_back({b, bytes});
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& c) { return a.bytes > c.bytes; });
+  std::vector<Item> placed;
+  for (const Item& it : items) {
+    const size_t b = static_cast<size_t>(it.b);
+    // The placed buffers alive beside it, by offset: it goes in the first gap that fits.
+    std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end)
+    for (const Item& q : placed) {
+      const size_t c = static_cast<size_t>(q.b);
+      if (first[b] <= last[c] && first[c] <= last[b])
+        busy.push_back({plan.offsets[c], plan.offsets[c] + q.bytes});
+    }
+    std::sort(busy.begin(), busy.end());
+    int64_t at = 0;
+    for (const auto& [lo, hi] : busy) {
+      if (at + it.bytes <= lo) break;
+      at = std::max(at, hi);
+    }
+    plan.offsets[b] = at;
+    plan.arena_bytes = std::max(plan.arena_bytes, at + it.bytes);
+    placed.push_back(it);
+  }
+  return plan;
+}
+
 struct PipelineExecutor::Impl {
   Session* session = nullptr;
   const Pipeline* p = nullptr;
   std::vector<DeviceBuffer> buffers;  // by buffer index (none allocated for a view)
+  DeviceBuffer shared;                // the intermediates' arena (PipelineExecutorOptions)
   std::vector<void*> ptrs;            // by buffer index: its memory, a view's inside its parent's
   std::vector<BoundPlan> steps;
   std::vector<int> step_stages;
@@ -280,7 +339,8 @@ PipelineExecutor::~PipelineExecutor() = default;
 Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& session, const Pipeline& p,
                                                                    const std::vector<const Plan*>& plans,
                                                                    const PipelineHostData& data,
-                                                                   const std::map<int, void*>& external) {
+                                                                   const std::map<int, void*>& external,
+                                                                   const PipelineExecutorOptions& options) {
   if (session.deviceless() || !session.context())
     return Status(StatusCode::kNoDevice, where(p) + ": a deviceless session cannot run a pipeline");
   if (plans.size() != p.stages.size())
@@ -295,6 +355,22 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
     if (bi < 0 || bi >= static_cast<int>(p.buffers.size()) || p.buffers[static_cast<size_t>(bi)].is_view())
       return InvalidArgument(where(p) + ": external memory for buffer index " + std::to_string(bi) +
                              ": not a buffer with memory of its own (a view takes its parent's)");
+  BufferArenaPlan arena;
+  if (options.share_intermediates) {
+    std::vector<int> shared;
+    for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
+      const PipelineBuffer& buf = p.buffers[bi];
+      if (buf.kind == BufferKind::kIntermediate && !buf.is_view() && !external.count(static_cast<int>(bi)) &&
+          !data.count(static_cast<int>(bi)))
+        shared.push_back(static_cast<int>(bi));
+    }
+    arena = plan_buffer_arena(p, shared);
+    if (!shared.empty()) {
+      FUSEBOX_RETURN_IF_ERROR(impl->shared.allocate(static_cast<size_t>(arena.arena_bytes),
+                                                    where(p) + ": the intermediates' arena"));
+      impl->buffer_bytes += arena.arena_bytes;
+    }
+  }
   for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
     const PipelineBuffer& buf = p.buffers[bi];
     if (buf.is_view()) continue;  // below, once its parent has memory
@@ -305,6 +381,8 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
       if (!ext->second)
         return InvalidArgument(where(p) + ": buffer " + sq(buf.name) + ": a null external pointer");
       impl->ptrs[bi] = ext->second;  // the caller's memory: neither allocated nor poisoned here
+    } else if (!arena.offsets.empty() && arena.offsets[bi] >= 0) {
+      impl->ptrs[bi] = static_cast<char*>(impl->shared.get()) + arena.offsets[bi];
     } else {
       DeviceBuffer& d = impl->buffers[bi];
       FUSEBOX_RETURN_IF_ERROR(d.allocate(static_cast<size_t>(bytes), where(p) + ": buffer " + sq(buf.name)));

@@ -264,7 +264,8 @@ Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const P
     }
   }
   FUSEBOX_ASSIGN_OR_RETURN(
-      s.be, PipelineExecutor::create(*s.session, bwd, s.bbuild.plans_by_stage(bwd), bdata, bext));
+      s.be, PipelineExecutor::create(*s.session, bwd, s.bbuild.plans_by_stage(bwd), bdata, bext,
+                                     PipelineExecutorOptions{config.train.share_buffers}));
 
   // The optimizer's tables.
   for (size_t i = 0; i < s.params.size(); ++i) {

@@ -116,11 +116,12 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
     return InvalidArgument(where +
                            ": train.swiglu \"split\" keeps the MLP's activations, train.recompute "
                            "\"mlp\" recomputes them: choose one");
-  if (train.is_object() && train.contains("deterministic")) {
-    if (!train["deterministic"].is_boolean())
-      return InvalidArgument(where + ": train.deterministic must be true or false");
-    t.deterministic = train["deterministic"].get<bool>();
-    train.erase("deterministic");
+  for (auto [key, flag] : {std::pair<const char*, bool*>{"deterministic", &t.deterministic},
+                           std::pair<const char*, bool*>{"share_buffers", &t.share_buffers}}) {
+    if (!train.is_object() || !train.contains(key)) continue;
+    if (!train[key].is_boolean()) return InvalidArgument(where + ": train." + key + " must be true or false");
+    *flag = train[key].get<bool>();
+    train.erase(key);
   }
   if (root.contains("train"))
     FUSEBOX_RETURN_IF_ERROR(read_fields(train, where + ": train",
@@ -185,7 +186,8 @@ std::string lm_config_json(const LmConfig& c) {
               {"seed", t.seed},
               {"recompute", t.recompute},
               {"swiglu", t.swiglu},
-              {"deterministic", t.deterministic}}}};
+              {"deterministic", t.deterministic},
+              {"share_buffers", t.share_buffers}}}};
   return j.dump();
 }
 

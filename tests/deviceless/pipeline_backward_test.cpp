@@ -16,6 +16,7 @@
 #include <random>
 
 #include "fusebox/pipeline_run.h"
+#include "fusebox/train.h"
 #include "test_util.h"
 
 namespace fusebox {
@@ -137,6 +138,76 @@ TEST(PipelineBackward, RefusesToReplaceTheForwardsFiles) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("wrt 'h' is not an input or constant buffer"), std::string::npos)
       << bad.status().message();
+}
+
+// The 125M language model's backward (split SwiGLU, as its example config): its intermediate
+// buffers placed in one arena by their lives (plan_buffer_arena). Checked against lives computed
+// here: no two buffers alive at one step overlap in memory, each inside the arena and aligned.
+TEST(BufferArena, TheLanguageModelsBackwardIntermediatesShareMemoryWithoutOverlap) {
+  TempDir dir;
+  LmModelConfig m;
+  m.vocab = 16384;
+  m.dim = 768;
+  m.layers = 12;
+  m.heads = 12;
+  m.kv_heads = 4;
+  m.head_dim = 64;
+  m.ffn_dim = 2816;
+  m.context = 1024;
+  auto path = write_lm_pipeline(m, 32, 1024, dir.file("fwd"), "none", "split");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  auto fwd = load_pipeline_file(*path);
+  ASSERT_TRUE(fwd.ok()) << fwd.status().ToString();
+  BackwardOptions o;  // as the trainer asks: every parameter, from the loss
+  for (const LmParameter& par : lm_parameters(m)) o.wrt.push_back(par.name);
+  o.seeds = {"loss"};
+  auto derived = derive_pipeline_backward(*fwd, o);
+  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+  auto bpath = write_pipeline_backward(*fwd, *derived, dir.file("bwd"));
+  ASSERT_TRUE(bpath.ok()) << bpath.status().ToString();
+  auto bwd = load_pipeline_file(*bpath);
+  ASSERT_TRUE(bwd.ok()) << bwd.status().ToString();
+  const Pipeline& p = *bwd;
+  std::vector<int> shared;
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    if (p.buffers[b].kind == BufferKind::kIntermediate && !p.buffers[b].is_view())
+      shared.push_back(static_cast<int>(b));
+  ASSERT_GT(shared.size(), 100u);
+  const BufferArenaPlan plan = plan_buffer_arena(p, shared);
+  // Lives: the first and last position in the order of a stage binding the buffer (or a view of it).
+  std::map<int, std::pair<size_t, size_t>> life;
+  for (size_t i = 0; i < p.order.size(); ++i) {
+    for (const auto& [tensor, b0] : p.stages[static_cast<size_t>(p.order[i])].bind) {
+      int b = b0;
+      while (p.buffers[static_cast<size_t>(b)].is_view()) b = p.buffers[static_cast<size_t>(b)].view_of;
+      auto [it, fresh] = life.try_emplace(b, i, i);
+      it->second.second = i;
+    }
+  }
+  for (size_t x = 0; x < shared.size(); ++x) {
+    const int a = shared[x];
+    const int64_t a_at = plan.offsets[static_cast<size_t>(a)];
+    const int64_t a_bytes = buffer_tensor(p, a).storage_bytes();
+    ASSERT_GE(a_at, 0) << p.buffers[static_cast<size_t>(a)].name;
+    EXPECT_EQ(a_at % 256, 0);
+    EXPECT_LE(a_at + a_bytes, plan.arena_bytes);
+    for (size_t y = x + 1; y < shared.size(); ++y) {
+      const int c = shared[y];
+      if (life.at(a).first > life.at(c).second || life.at(c).first > life.at(a).second) continue;
+      const int64_t c_at = plan.offsets[static_cast<size_t>(c)];
+      const int64_t c_bytes = buffer_tensor(p, c).storage_bytes();
+      EXPECT_TRUE(a_at + a_bytes <= c_at || c_at + c_bytes <= a_at)
+          << p.buffers[static_cast<size_t>(a)].name << " and " << p.buffers[static_cast<size_t>(c)].name
+          << " live at once and overlap";
+    }
+  }
+  std::printf(
+      "125M backward: %zu intermediate buffers, %.2f GiB one allocation each, %.2f GiB in one arena\n",
+      shared.size(), plan.separate_bytes / 1073741824.0, plan.arena_bytes / 1073741824.0);
+  EXPECT_LT(plan.arena_bytes, plan.separate_bytes / 4);
+  // Buffers outside the set are left alone.
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    if (p.buffers[b].kind != BufferKind::kIntermediate) EXPECT_EQ(plan.offsets[b], -1) << p.buffers[b].name;
 }
 
 }  // namespace

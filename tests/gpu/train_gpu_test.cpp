@@ -104,6 +104,29 @@ TEST_F(TrainGpu, StepsFollowTheReferenceBackend) {
   EXPECT_TRUE(std::isfinite(*v));
 }
 
+// The backward's intermediates in one arena by their lives (train.share_buffers) against one
+// allocation each: the same steps (deterministic config: the same kernels on the same values, so
+// the same losses and gradients), in less device memory.
+TEST_F(TrainGpu, SharedIntermediatesTakeTheSameStepsInLessMemory) {
+  TempDir d;
+  const TokenStream data = tokens(20000, 3);
+  auto separate = make(TrainBackend::kGpu, d.file("separate"));
+  config_.train.share_buffers = true;
+  auto shared = make(TrainBackend::kGpu, d.file("shared"));
+  ASSERT_TRUE(separate && shared);
+  std::printf("device memory: %.2f MiB one allocation each, %.2f MiB shared\n",
+              separate->device_bytes() / 1048576.0, shared->device_bytes() / 1048576.0);
+  EXPECT_LT(shared->device_bytes(), separate->device_bytes());
+  for (int s = 0; s < 6; ++s) {
+    auto a = separate->step(data);
+    auto b = shared->step(data);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_NEAR(b->loss, a->loss, 1e-6 * std::fabs(a->loss)) << "step " << s;
+    EXPECT_NEAR(b->grad_norm, a->grad_norm, 1e-6 * std::fabs(a->grad_norm)) << "step " << s;
+  }
+}
+
 TEST_F(TrainGpu, ResumeIsExactAndNonFiniteStepsChangeNothing) {
   TempDir d;
   const TokenStream data = tokens(20000, 2);
