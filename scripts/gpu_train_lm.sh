@@ -11,7 +11,8 @@
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
 #   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
 #   SWIGLU=split|fused (PARTs 2-6): the config's train.swiglu set to it (docs/lm.md; the 125M and 350M
-#           configs say "split" since 2026-12-06: SWIGLU=fused measures the other).
+#           configs say "split" since 2026-12-06: SWIGLU=fused measures the other). SHARE=1: with
+#           train.share_buffers (the backward's intermediates in one arena; docs/lm.md).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -34,12 +35,16 @@ FB=$W/fusebox
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())' | tee -a "$OUT/gpu.txt"
 summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-# SWIGLU=split (PARTs 2 to 6): the config with train.swiglu set, written under $W; its path.
+# SWIGLU=split|fused and SHARE=1 (PARTs 2 to 6): the config with train.swiglu, and
+# train.share_buffers true, written under $W; its path.
 with_swiglu() {
-  if [ -z "${SWIGLU:-}" ]; then echo "$1"; return; fi
-  local out="$W/$(basename "$1" .json)_swiglu_$SWIGLU.json"
-  $PY -c 'import json, sys; c = json.load(open(sys.argv[1])); c["train"]["swiglu"] = sys.argv[2]; json.dump(c, open(sys.argv[3], "w"))' \
-    "$1" "$SWIGLU" "$out" && echo "$out"
+  if [ -z "${SWIGLU:-}" ] && [ -z "${SHARE:-}" ]; then echo "$1"; return; fi
+  local out="$W/$(basename "$1" .json)_swiglu_${SWIGLU:-asis}_share_${SHARE:-0}.json"
+  $PY -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+if sys.argv[2]: c["train"]["swiglu"] = sys.argv[2]
+if sys.argv[3] == "1": c["train"]["share_buffers"] = True
+json.dump(c, open(sys.argv[4], "w"))' "$1" "${SWIGLU:-}" "${SHARE:-}" "$out" && echo "$out"
 }
 
 case "$PART" in
