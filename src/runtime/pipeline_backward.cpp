@@ -168,8 +168,12 @@ void PipelineDeriver::pass_through(const PipelineStage& st, BackwardGraph& bw) {
       const PipelineBuffer& a = p_.buffers[static_cast<size_t>(b_in)];
       const PipelineBuffer& c = p_.buffers[static_cast<size_t>(b_out)];
       const auto ft = tensor(from), gt = tensor(gname);
+      // The same layout everywhere: the two buffers', and the stage's view of each (a copy between
+      // two layouts would move elements).
       passed = grad_.count(b_in) && a.dims == c.dims && a.strides == c.strides && a.dtype == c.dtype &&
-               ft != spec.tensors.end() && gt != spec.tensors.end() && ft->dtype == gt->dtype;
+               ft != spec.tensors.end() && gt != spec.tensors.end() && ft->dtype == gt->dtype &&
+               ft->dims == a.dims && ft->strides == a.strides && gt->dims == c.dims &&
+               gt->strides == c.strides;
     }
     if (!passed) {
       ++it;

@@ -98,6 +98,47 @@ TEST(PipelineBackward, ThreeStagesAgainstFiniteDifferences) {
   EXPECT_TRUE(check->pass());
 }
 
+// A residual add's gradient is the incoming one passed through: no stage copies it where it is one
+// part of a sum (the block above: out's stage has no scale-by-1 copy, its part is y's gradient
+// buffer itself), and a gradient handed out that is nothing else is copied once, into a buffer of its
+// own (x.grad_copy), never the seed's buffer.
+TEST(PipelineBackward, PassedThroughGradientsAreNotCopiedExceptIntoTheirOwnOutput) {
+  TempDir dir;
+  auto fwd = write_block(dir);
+  ASSERT_TRUE(fwd.ok()) << fwd.status().ToString();
+  auto b = derive_pipeline_backward(*fwd);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_TRUE(b->graph_files.count("out.bwd.json")) << b->pipeline_json;
+  EXPECT_EQ(b->graph_files.at("out.bwd.json").find("\"scale\""), std::string::npos)
+      << b->graph_files.at("out.bwd.json");
+
+  // One stage: y = r2 @ w2 + x2, every input a gradient wanted.
+  write_text(dir.file("out.json"), kOut);
+  write_text(dir.file("one.json"), R"({"name": "one", "graphs": {"out": "out.json"},
+    "buffers": {"r": {"kind": "input"}, "w2": {"kind": "input"}, "x": {"kind": "input"}, "y": {"kind": "output"}},
+    "bind": {"out": {"r2": "r", "w2": "w2", "x2": "x", "y": "y"}}})");
+  auto one = load_pipeline_file(dir.file("one.json"));
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  auto ob = derive_pipeline_backward(*one);
+  ASSERT_TRUE(ob.ok()) << ob.status().ToString();
+  EXPECT_EQ(ob->gradients.at("x"), "x.grad");
+  EXPECT_NE(ob->pipeline_json.find("\"x.grad_copy\""), std::string::npos) << ob->pipeline_json;
+  EXPECT_EQ(ob->graph_files.at("out.bwd.json").find("\"scale\""), std::string::npos);
+  auto path = write_pipeline_backward(*one, *ob, dir.file("one_bwd"));
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  auto obwd = load_pipeline_file(*path);
+  ASSERT_TRUE(obwd.ok()) << obwd.status().ToString() << "\n" << ob->pipeline_json;
+  const int seed = obwd->find_buffer("y.grad"), xg = obwd->find_buffer("x.grad");
+  ASSERT_GE(seed, 0);
+  ASSERT_GE(xg, 0);
+  EXPECT_EQ(obwd->buffers[static_cast<size_t>(seed)].kind, BufferKind::kInput);
+  EXPECT_EQ(obwd->buffers[static_cast<size_t>(xg)].kind, BufferKind::kOutput);
+  auto check = check_pipeline_gradients(*one, *ob, *obwd);
+  ASSERT_TRUE(check.ok()) << check.status().ToString();
+  EXPECT_EQ(check->rows.size(), 3u);
+  for (const GradientCheckRow& r : check->rows) EXPECT_TRUE(r.pass) << r.ToString();
+}
+
 TEST(PipelineBackward, RefusesToReplaceTheForwardsFiles) {
   TempDir dir;
   auto fwd = write_block(dir);
