@@ -108,6 +108,9 @@ struct BufferArenaPlan {
   int64_t separate_bytes = 0;    // the same buffers, one allocation each (256-byte aligned)
 };
 BufferArenaPlan plan_buffer_arena(const Pipeline& p, const std::vector<int>& buffers);
+// The same for every intermediate buffer with memory of its own (what `fusebox pipeline check`
+// reports, and PipelineExecutorOptions::share_intermediates shares when the caller owns none of them).
+BufferArenaPlan plan_buffer_arena(const Pipeline& p);
 
 struct PipelineExecutorOptions {
   // Intermediate buffers (not external, not given data) share one arena by their lives in the
@@ -174,6 +177,10 @@ struct PipelineRunOptions {
   // timed with CUDA events after `warmup` (StageRun::latency): which stage
   // costs the time. Stages run on what the last run left in their inputs.
   bool profile = false;
+  // The intermediates in one arena by their lives (PipelineExecutorOptions::share_intermediates):
+  // less device memory, but no intermediate is left to verify or keep, so not with `verify` or
+  // `keep_intermediates` (InvalidArgument).
+  bool share_intermediates = false;
 };
 
 struct StageRun {

@@ -320,6 +320,14 @@ BufferArenaPlan plan_buffer_arena(const Pipeline& p, const std::vector<int>& buf
   return plan;
 }
 
+BufferArenaPlan plan_buffer_arena(const Pipeline& p) {
+  std::vector<int> intermediates;
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    if (p.buffers[b].kind == BufferKind::kIntermediate && !p.buffers[b].is_view())
+      intermediates.push_back(static_cast<int>(b));
+  return plan_buffer_arena(p, intermediates);
+}
+
 struct PipelineExecutor::Impl {
   Session* session = nullptr;
   const Pipeline* p = nullptr;
@@ -601,8 +609,12 @@ Result<PipelineRunResult> run_pipeline(Session& session, const Pipeline& p,
                                        const std::vector<const Plan*>& plans, const PipelineHostData& data,
                                        const PipelineRunOptions& options) {
   PipelineRunResult r;
+  if (options.share_intermediates && (options.verify || options.keep_intermediates))
+    return InvalidArgument(where(p) + ": sharing the intermediates' memory leaves none to " +
+                           (options.verify ? "verify" : "keep") + ": run without one of the two");
   FUSEBOX_ASSIGN_OR_RETURN(std::unique_ptr<PipelineExecutor> ex,
-                           PipelineExecutor::create(session, p, plans, data));
+                           PipelineExecutor::create(session, p, plans, data, {},
+                                                    PipelineExecutorOptions{options.share_intermediates}));
   r.buffer_bytes = ex->buffer_bytes();
   r.workspace_bytes = session.workspace_bytes();
   r.peak_device_bytes = ex->peak_device_bytes();

@@ -577,6 +577,16 @@ elif grep -q "deviceless" "$TMP/stdout" && grep -qE "1\. conv1 +graph conv_bias_
    && grep -q "workspace arena needed" "$TMP/stdout"; then pass "pipeline build --device two_convs"
 else fail "pipeline build --device two_convs" "stages conv1 then conv2 built now, deviceless, the arena size"
 fi
+# pipeline check: the intermediates' memory, one allocation each and in one arena by their lives
+# (conv10: 9 intermediates in a chain; two alive at a time).
+run_fb pipeline check "$PIPE_EX/conv10.json" --json
+if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline check: intermediate bytes" "exit 0 $(crash_reason)"
+elif json_check 'd["intermediate_bytes"]["shared"] * 4 < d["intermediate_bytes"]["separate"] and d["intermediate_bytes"]["shared"] > 0'
+then pass "pipeline check: intermediate bytes, shared under a quarter of separate"
+else fail "pipeline check: intermediate bytes" "$WHY"
+fi
+expect_bad "pipeline run: --share-intermediates with --verify" "--share-intermediates leaves no intermediate buffer to check: drop --verify or --share-intermediates" \
+  pipeline run "$PIPE_EX/conv10.json" --share-intermediates --verify
 # conv10: 10 stages of one graph; the first builds, the other nine hit the heuristic cache entry.
 run_fb pipeline build "$PIPE_EX/conv10.json" --device "$DEVPROP" --cache "$TMP/pipe-cache.sqlite" --json
 if [ -n "$(crash_reason)" ] || [ "$RC" -ne 0 ]; then fail "pipeline build --device conv10 --json" "exit 0 $(crash_reason)"

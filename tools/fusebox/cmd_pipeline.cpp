@@ -115,6 +115,8 @@ ordered_json pipeline_json(const Pipeline& p) {
   }
   j["buffers"] = std::move(buffers);
   j["flops"] = p.flops();
+  const BufferArenaPlan arena = plan_buffer_arena(p);
+  j["intermediate_bytes"] = {{"separate", arena.separate_bytes}, {"shared", arena.arena_bytes}};
   return j;
 }
 
@@ -144,6 +146,11 @@ void print_pipeline(const Pipeline& p) {
                 common::dims_string(b.dims).c_str(), safe(who).c_str());
   }
   std::printf("total flops %g\n", p.flops());
+  const BufferArenaPlan arena = plan_buffer_arena(p);
+  std::printf(
+      "intermediate buffers: %s one allocation each, %s in one arena by their lives "
+      "(pipeline run --share-intermediates)\n",
+      format_bytes(arena.separate_bytes).c_str(), format_bytes(arena.arena_bytes).c_str());
 }
 
 // ---------------------------------------------------------------- build, tune, run
@@ -558,7 +565,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     std::string path, save_outputs, shape, devices, batch_symbol;
     std::vector<std::string> inputs;
     PlanFlags plan;
-    bool verify = false, json = false, cuda_graph = false, profile = false;
+    bool verify = false, json = false, cuda_graph = false, profile = false, share = false;
     uint64_t seed = 1;
     int warmup = 10, iters = 50;
     CacheFlags cache;
@@ -566,6 +573,9 @@ Runner add_pipeline_run(CLI::App& cmd) {
   auto a = std::make_shared<Args>();
   auto* c = cmd.add_subcommand(
       "run", "Run a pipeline on the GPU: every stage bound once, executed in order; verify and time");
+  c->add_flag("--share-intermediates", a->share,
+              "Put the intermediate buffers in one arena by their lives in the stage order (fusebox pipeline "
+              "check reports the sizes): less memory, nothing left to --verify or --save-outputs");
   c->add_flag(
       "--profile", a->profile,
       "After the timing, time each stage alone (--iters executes of its plan): which stage costs the time");
@@ -603,6 +613,10 @@ Runner add_pipeline_run(CLI::App& cmd) {
       if (a->json) print_json_error(st);
       return fail("pipeline run", st);
     };
+    if (a->share && (a->verify || !a->save_outputs.empty()))
+      return bad(InvalidArgument(std::string("--share-intermediates leaves no intermediate buffer to ") +
+                                 (a->verify ? "check: drop --verify" : "save: drop --save-outputs") +
+                                 " or --share-intermediates"));
     std::vector<int> devices;
     if (!a->devices.empty()) {
       auto d = parse_device_list(a->devices);
@@ -665,6 +679,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
       dp.run.iters = a->iters;
       dp.run.cuda_graph = a->cuda_graph;
       dp.run.profile = a->profile;
+      dp.run.share_intermediates = a->share;
       auto r = run_pipeline_data_parallel(*p, *data, dp);
       if (!r.ok()) return bad(r.status());
       // --save-outputs: the inputs as given and the outputs stacked from the devices (each
@@ -719,6 +734,7 @@ Runner add_pipeline_run(CLI::App& cmd) {
     ro.keep_intermediates = !a->save_outputs.empty();
     ro.cuda_graph = a->cuda_graph;
     ro.profile = a->profile;
+    ro.share_intermediates = a->share;
     auto r = run_pipeline(**session, *p, b.plans_by_stage(*p), *data, ro);
     if (!r.ok()) return bad(r.status());
 
