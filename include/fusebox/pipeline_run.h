@@ -108,12 +108,13 @@ struct BufferArenaPlan {
   int64_t separate_bytes = 0;    // the same buffers, one allocation each (256-byte aligned)
 };
 BufferArenaPlan plan_buffer_arena(const Pipeline& p, const std::vector<int>& buffers);
-// The same for every intermediate buffer with memory of its own (what `fusebox pipeline check`
-// reports, and PipelineExecutorOptions::share_intermediates shares when the caller owns none of them).
+// The same for every floating-point intermediate buffer with memory of its own (what `fusebox
+// pipeline check` reports, and PipelineExecutorOptions::share_intermediates shares when the caller
+// owns none of them; integer intermediates, indices, keep their own).
 BufferArenaPlan plan_buffer_arena(const Pipeline& p);
 
 struct PipelineExecutorOptions {
-  // Intermediate buffers (not external, not given data) share one arena by their lives in the
+  // Floating-point intermediate buffers (not external, not given data) share one arena by their lives in the
   // pipeline's order (plan_buffer_arena), instead of one allocation each: for a caller that reads
   // no intermediate after execute() (device() and download() of one give whatever a later stage
   // left there). A backward pass's gradient parts, mostly.

@@ -320,11 +320,21 @@ BufferArenaPlan plan_buffer_arena(const Pipeline& p, const std::vector<int>& buf
   return plan;
 }
 
+namespace {
+
+// Intermediates that may share memory: floating-point ones with memory of their own. (Integer ones,
+// indices a later stage reads, keep theirs: a stage run alone, as --profile does, would otherwise
+// read another buffer's bits as indices.)
+bool shareable(const PipelineBuffer& b) {
+  return b.kind == BufferKind::kIntermediate && !b.is_view() && dtype_is_float(b.dtype);
+}
+
+}  // namespace
+
 BufferArenaPlan plan_buffer_arena(const Pipeline& p) {
   std::vector<int> intermediates;
   for (size_t b = 0; b < p.buffers.size(); ++b)
-    if (p.buffers[b].kind == BufferKind::kIntermediate && !p.buffers[b].is_view())
-      intermediates.push_back(static_cast<int>(b));
+    if (shareable(p.buffers[b])) intermediates.push_back(static_cast<int>(b));
   return plan_buffer_arena(p, intermediates);
 }
 
@@ -368,8 +378,7 @@ Result<std::unique_ptr<PipelineExecutor>> PipelineExecutor::create(Session& sess
     std::vector<int> shared;
     for (size_t bi = 0; bi < p.buffers.size(); ++bi) {
       const PipelineBuffer& buf = p.buffers[bi];
-      if (buf.kind == BufferKind::kIntermediate && !buf.is_view() && !external.count(static_cast<int>(bi)) &&
-          !data.count(static_cast<int>(bi)))
+      if (shareable(buf) && !external.count(static_cast<int>(bi)) && !data.count(static_cast<int>(bi)))
         shared.push_back(static_cast<int>(bi));
     }
     arena = plan_buffer_arena(p, shared);
