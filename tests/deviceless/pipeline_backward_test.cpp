@@ -181,6 +181,43 @@ TEST(PipelineBackward, RefusesToReplaceTheForwardsFiles) {
       << bad.status().message();
 }
 
+// plan_buffer_arena on pipelines whose lives are known. conv10: act1..act9 each written by one stage
+// and read by the next, all one size: two slots, alternating. split_convs: 'hidden' is written by
+// the first stage and read only through its two views, by the second and third, so it lives until
+// the third, where 'out_1' is written: the two may not share memory (they would, were the views'
+// reads not counted).
+TEST(BufferArena, ChainsAlternateTwoSlotsAndViewsKeepTheirParentAlive) {
+  auto conv10 = load_pipeline_file(testing::source_dir() + "/examples/pipelines/conv10.json");
+  ASSERT_TRUE(conv10.ok()) << conv10.status().ToString();
+  const BufferArenaPlan chain = plan_buffer_arena(*conv10);
+  std::vector<int> hs;
+  for (int k = 1; k <= 9; ++k) {
+    const int b = conv10->find_buffer("act" + std::to_string(k));
+    ASSERT_GE(b, 0) << "act" << k;
+    hs.push_back(b);
+  }
+  const int64_t slot = (buffer_tensor(*conv10, hs[0]).storage_bytes() + 255) / 256 * 256;
+  EXPECT_EQ(chain.arena_bytes, 2 * slot);
+  EXPECT_EQ(chain.separate_bytes, 9 * slot);
+  for (size_t k = 0; k + 1 < hs.size(); ++k)
+    EXPECT_NE(chain.offsets[static_cast<size_t>(hs[k])], chain.offsets[static_cast<size_t>(hs[k + 1])]) << k;
+  for (size_t k = 0; k + 2 < hs.size(); ++k)
+    EXPECT_EQ(chain.offsets[static_cast<size_t>(hs[k])], chain.offsets[static_cast<size_t>(hs[k + 2])]) << k;
+
+  auto split = load_pipeline_file(testing::source_dir() + "/examples/pipelines/split_convs.json");
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  const int hidden = split->find_buffer("hidden"), out1 = split->find_buffer("out_1"),
+            out0 = split->find_buffer("out_0");
+  ASSERT_TRUE(hidden >= 0 && out1 >= 0 && out0 >= 0);
+  const BufferArenaPlan two = plan_buffer_arena(*split, {hidden, out1});
+  const int64_t h_at = two.offsets[static_cast<size_t>(hidden)],
+                o_at = two.offsets[static_cast<size_t>(out1)];
+  EXPECT_TRUE(h_at + buffer_tensor(*split, hidden).storage_bytes() <= o_at ||
+              o_at + buffer_tensor(*split, out1).storage_bytes() <= h_at)
+      << "hidden at " << h_at << ", out_1 at " << o_at;
+  EXPECT_EQ(two.offsets[static_cast<size_t>(out0)], -1);
+}
+
 // The 125M language model's backward (split SwiGLU, as its example config): its intermediate
 // buffers placed in one arena by their lives (plan_buffer_arena). Checked against lives computed
 // here: no two buffers alive at one step overlap in memory, each inside the arena and aligned.
