@@ -14,7 +14,7 @@
 //
 // That interpreted program is general but slow (about 0.55-0.6 TB/s on an H100, kernels::
 // faster_native_kernel has the numbers), so it runs only when pinned. A program that is one of the
-// forms below (the SwiGLU forward and backward) runs instead as that form's compiled kernel: the
+// forms below (the gated MLP's product and its backward) runs instead as that form's compiled kernel: the
 // same ops in the same order on the same fp32 values, so the same bits, with the registers in
 // registers and the 16-bit tensors read and written 8 values (16 bytes) at a time.
 #include <cuda_runtime.h>
