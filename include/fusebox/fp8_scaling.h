@@ -1,15 +1,16 @@
 // fusebox: per-tensor delayed scaling for FP8 training (issue 33, "FP8 training"), the recipe of
 // Transformer Engine: each FP8 tensor of a step (a GEMM's e4m3 inputs forward, its e5m2 gradients
 // backward) is quantized with a scale chosen from the amaxes of earlier steps, so the step needs
-// no pass over the tensor before its cast; the step's own amax (from the GEMM epilogues) is
-// recorded after it for the next ones.
+// no pass over the tensor before its cast; the step's own amax (written by the casts: the quantize
+// op's amax output) is recorded after it for the next ones.
 //
 //   scale = fp8_max(dtype) / amax_history / 2^margin,  x_fp8 = cast(x * scale), x = x_fp8 / scale
 //
 // amax_history is the largest of the last `history` recorded amaxes (or the last one, kMostRecent).
 // A scale stays as it was where that amax is 0 (nothing recorded yet, or an all-zero tensor); a
 // non-finite amax is refused, naming the tensor (the step that produced it overflowed or diverged).
-// The trainer's FP8 step is not built yet: this is its scaling state, with its checkpoint form.
+// The trainer's FP8 step (fusebox/fp8_training.h, train.fp8) keeps this state on the host for the
+// reference backend; the GPU step keeps the same rule on the device (src/train/optim_kernels.h).
 #pragma once
 
 #include <cstdint>

@@ -32,6 +32,7 @@
 #include "fusebox/ops/norm.h"
 #include "fusebox/ops/pointwise.h"
 #include "fusebox/ops/pool.h"
+#include "fusebox/ops/quantize.h"
 #include "fusebox/ops/reduction.h"
 #include "fusebox/ops/rope.h"
 #include "fusebox/ops/sdpa.h"
@@ -112,7 +113,8 @@ std::vector<int64_t> dense_strides_like(const std::vector<int64_t>& dims,
   X(EmbeddingAttrs)          \
   X(RopeAttrs)               \
   X(CrossEntropyAttrs)       \
-  X(TransposeAttrs)
+  X(TransposeAttrs)          \
+  X(QuantizeAttrs)
 
 namespace op_list_detail {
 struct Begin;

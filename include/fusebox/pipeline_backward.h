@@ -55,12 +55,15 @@ Result<PipelineHostData> pipeline_host_data(const Pipeline& p, const GradientInp
 // The backward pipeline's input data after a forward run: each seed's gradient from `seeds`
 // (forward buffer name -> logical values), each saved buffer from `forward_inputs` (the
 // forward's inputs and constants by name, logical values) or from `chain` (reference_chain()'s
-// values), rounded to the forward buffer's dtype as the forward stored it.
+// values), rounded to the forward buffer's dtype as the forward stored it. `extra_inputs`: values of
+// backward inputs that are no forward buffer (FP8 training's scales, fusebox/fp8_training.h), by
+// buffer name.
 Result<PipelineHostData> backward_pipeline_data(
     const Pipeline& fwd, const PipelineBackward& b, const Pipeline& bwd,
     const std::map<std::string, std::vector<double>>& forward_inputs,
     const std::map<std::string, std::vector<float>>& chain,
-    const std::map<std::string, std::vector<double>>& seeds);
+    const std::map<std::string, std::vector<double>>& seeds,
+    const std::map<std::string, std::vector<double>>& extra_inputs = {});
 
 // check_gradients() for pipelines: `bwd` is the backward pipeline `b` loaded from the
 // files write_pipeline_backward() wrote. Both run through the reference chain with

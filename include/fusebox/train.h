@@ -53,6 +53,12 @@ struct LmTrainConfig {
   // lives in the backward's stage order (fusebox/pipeline_run.h, plan_buffer_arena) instead of one
   // allocation each. GPU backend only; not yet the default (not yet run on a GPU).
   bool share_buffers = false;
+  // FP8 training (fusebox/fp8_training.h): the transformer blocks' GEMMs read e4m3 copies of their
+  // inputs and weights forward and e5m2 copies of the gradients backward, each with a per-tensor
+  // delayed scale (fusebox/fp8_scaling.h: the largest amax of the last fp8_history steps, over
+  // 2^fp8_margin); the output projection stays in bf16. Master weights and AdamW stay fp32.
+  bool fp8 = false;
+  int64_t fp8_history = 16, fp8_margin = 0;
   double lr = 6e-4, min_lr = 6e-5, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   uint64_t seed = 1;
 };

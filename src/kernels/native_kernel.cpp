@@ -11,6 +11,7 @@
 #include "norm.h"
 #include "pointwise.h"
 #include "pool.h"
+#include "quantize_op.h"
 #include "reduction.h"
 #include "rope.h"
 #include "sdpa_decode.h"
@@ -47,6 +48,10 @@ Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGrap
                                                               const CrossEntropyAttrs& a,
                                                               const std::string&) {
   return make_cross_entropy_kernel(g, op, a);
+}
+Result<std::shared_ptr<const NativeKernel>> native_kernel_for(const ResolvedGraph& g, const ResolvedOp& op,
+                                                              const QuantizeAttrs& a, const std::string&) {
+  return make_quantize_kernel(g, op, a);
 }
 
 }  // namespace

@@ -1,14 +1,22 @@
-// fusebox: row-wise FP8 quantization (kernels/quantize.h): one block per row, the row's largest
-// magnitude by a block reduction, then each element divided by the scale and converted.
+// fusebox: FP8 quantization. Row-wise (kernels/quantize.h, the serving engine's): one block per row,
+// the row's largest magnitude by a block reduction, then each element divided by the scale and
+// converted. Per tensor: the quantize op's kernel (quantize_op.h), below.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
+#include "common/cuda_status.h"
+#include "common/op_where.h"
 #include "fusebox/dtype.h"
+#include "kernel_base.h"
 #include "kernels/quantize.h"
+#include "quantize_op.h"
 
 namespace fusebox::kernels {
 namespace {
@@ -62,6 +70,265 @@ void quantize_rows_fp8_host(const float* x, int64_t rows, int64_t cols, uint8_t*
     for (int64_t c = 0; c < cols; ++c)
       q[r * cols + c] = float_to_fp8_bits(x[r * cols + c] / s, DType::kFP8E4M3);
   }
+}
+
+// ---- the quantize op (include/fusebox/ops/quantize.h): y = fp8(x * scale) in y's own layout,
+// amax = max |x|. Three forms: x and y in one dense layout (a flat loop), y transposed against x
+// over the two dims each is contiguous in (32 x 32 tiles through shared memory, both sides
+// coalesced), anything else element by element.
+namespace {
+
+constexpr int kQRank = 8;
+constexpr int kTile = 32;
+
+struct QuantizeShape {
+  int rank = 0;
+  int64_t dims[kQRank] = {};
+  int64_t xs[kQRank] = {}, ys[kQRank] = {};
+  int64_t n = 0;
+  int inner_x = -1, inner_y = -1;  // the transposed form: the dim x, and the dim y, is contiguous in
+  int64_t batches = 1;             // the transposed form: the product of the other dims
+};
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_f(__half v) {
+  return __half2float(v);
+}
+
+__device__ __forceinline__ unsigned char to_fp8(float v, bool e5m2) {
+  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+// The block's largest |x| into *amax (as bits: non-negative floats order like them); NaN is skipped.
+__device__ void block_amax(float m, unsigned* amax) {
+  __shared__ float warp_max[32];
+  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const int t = threadIdx.x + threadIdx.y * blockDim.x, lane = t % 32, warp = t / 32;
+  const int warps = (blockDim.x * blockDim.y + 31) / 32;
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  if (t == 0) {
+    float r = 0.f;
+    for (int w = 0; w < warps; ++w) r = fmaxf(r, warp_max[w]);
+    atomicMax(amax, __float_as_uint(r));
+  }
+}
+
+__device__ __forceinline__ float scale_of(const float* scale_ptr, float scale_value) {
+  return scale_ptr ? *scale_ptr : scale_value;
+}
+
+template <typename T>
+__global__ void quantize_flat_kernel(const T* x, unsigned char* y, int64_t n, const float* sp, float sv,
+                                     bool e5m2, unsigned* amax) {
+  const float s = scale_of(sp, sv);
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = to_f(x[i]);
+    m = fmaxf(m, fabsf(v));
+    y[i] = to_fp8(v * s, e5m2);
+  }
+  if (amax) block_amax(m, amax);
+}
+
+// The offsets in x and y of batch `b` (the dims other than inner_x and inner_y, row-major).
+__device__ __forceinline__ void batch_offsets(const QuantizeShape& q, int64_t b, int64_t* xo, int64_t* yo) {
+  *xo = 0;
+  *yo = 0;
+  for (int k = q.rank - 1; k >= 0; --k) {
+    if (k == q.inner_x || k == q.inner_y) continue;
+    const int64_t i = b % q.dims[k];
+    b /= q.dims[k];
+    *xo += i * q.xs[k];
+    *yo += i * q.ys[k];
+  }
+}
+
+// Blocks of kTile x 8 threads; block (bx, by, bz) covers y-contiguous indices [bx * 32, +32) and
+// x-contiguous ones [by * 32, +32) of batch bz (a grid-stride loop over batches past 65535).
+template <typename T>
+__global__ void quantize_transpose_kernel(const T* x, unsigned char* y, QuantizeShape q, const float* sp,
+                                          float sv, bool e5m2, unsigned* amax) {
+  __shared__ float tile[kTile][kTile + 1];
+  const float s = scale_of(sp, sv);
+  const int64_t ny = q.dims[q.inner_y], nx = q.dims[q.inner_x];
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile, i0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t sxj = q.xs[q.inner_y], syi = q.ys[q.inner_x];
+  float m = 0.f;
+  for (int64_t b = blockIdx.z; b < q.batches; b += gridDim.z) {
+    int64_t xo, yo;
+    batch_offsets(q, b, &xo, &yo);
+    // Read along x's contiguous dim (threadIdx.x), rows of the y-contiguous dim.
+    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+      const int64_t i = i0 + threadIdx.x, j = j0 + r;
+      float v = 0.f;
+      if (i < nx && j < ny) {
+        v = to_f(x[xo + i + j * sxj]);
+        m = fmaxf(m, fabsf(v));
+      }
+      tile[r][threadIdx.x] = v;
+    }
+    __syncthreads();
+    // Write along y's contiguous dim (threadIdx.x).
+    for (int r = threadIdx.y; r < kTile; r += blockDim.y) {
+      const int64_t j = j0 + threadIdx.x, i = i0 + r;
+      if (i < nx && j < ny) y[yo + j + i * syi] = to_fp8(tile[threadIdx.x][r] * s, e5m2);
+    }
+    __syncthreads();
+  }
+  if (amax) block_amax(m, amax);
+}
+
+template <typename T>
+__global__ void quantize_strided_kernel(const T* x, unsigned char* y, QuantizeShape q, const float* sp,
+                                        float sv, bool e5m2, unsigned* amax) {
+  const float s = scale_of(sp, sv);
+  float m = 0.f;
+  for (int64_t o = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; o < q.n;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t rem = o, xo = 0, yo = 0;
+    for (int k = q.rank - 1; k >= 0; --k) {
+      const int64_t i = rem % q.dims[k];
+      rem /= q.dims[k];
+      xo += i * q.xs[k];
+      yo += i * q.ys[k];
+    }
+    const float v = to_f(x[xo]);
+    m = fmaxf(m, fabsf(v));
+    y[yo] = to_fp8(v * s, e5m2);
+  }
+  if (amax) block_amax(m, amax);
+}
+
+bool dense(const ResolvedTensor& t) {
+  // Some order of the dims packs the tensor without gaps: sort by stride, check each.
+  std::vector<size_t> order(t.dims.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
+  int64_t expect = 1;
+  for (size_t k : order) {
+    if (t.dims[k] == 1) continue;
+    if (t.strides[k] != expect) return false;
+    expect *= t.dims[k];
+  }
+  return true;
+}
+
+// The dim of stride 1 and extent > 1, or -1.
+int contiguous_dim(const ResolvedTensor& t) {
+  for (size_t k = 0; k < t.dims.size(); ++k)
+    if (t.strides[k] == 1 && t.dims[k] > 1) return static_cast<int>(k);
+  return -1;
+}
+
+class QuantizeKernel final : public KernelBase {
+ public:
+  Status launch(void* const* ptrs, void* stream_ptr) const override {
+    const auto stream = static_cast<cudaStream_t>(stream_ptr);
+    int p = 0;
+    const void* x = ptrs[p++];
+    const float* sp = scale_by_value_ ? nullptr : static_cast<const float*>(ptrs[p++]);
+    auto* y = static_cast<unsigned char*>(ptrs[p++]);
+    unsigned* amax = has_amax_ ? static_cast<unsigned*>(ptrs[p++]) : nullptr;
+    if (amax) {
+      const cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
+      if (e != cudaSuccess) return common::cuda_status(e, where_, " amax reset");
+    }
+    if (q_.n == 0) return Status::Ok();
+    switch (x_dtype_) {
+      case DType::kBF16:
+        run(static_cast<const __nv_bfloat16*>(x), y, sp, amax, stream);
+        break;
+      case DType::kFP16:
+        run(static_cast<const __half*>(x), y, sp, amax, stream);
+        break;
+      default:
+        run(static_cast<const float*>(x), y, sp, amax, stream);
+        break;
+    }
+    return common::cuda_status(cudaGetLastError(), where_, " quantize kernel launch");
+  }
+
+  template <typename T>
+  void run(const T* x, unsigned char* y, const float* sp, unsigned* amax, cudaStream_t stream) const {
+    if (form_ == Form::kFlat) {
+      quantize_flat_kernel<T>
+          <<<grid_stride_blocks(q_.n, 256), 256, 0, stream>>>(x, y, q_.n, sp, scale_, e5m2_, amax);
+    } else if (form_ == Form::kTranspose) {
+      const dim3 grid(static_cast<unsigned>((q_.dims[q_.inner_y] + kTile - 1) / kTile),
+                      static_cast<unsigned>((q_.dims[q_.inner_x] + kTile - 1) / kTile),
+                      static_cast<unsigned>(std::min<int64_t>(q_.batches, 65535)));
+      quantize_transpose_kernel<T><<<grid, dim3(kTile, 8), 0, stream>>>(x, y, q_, sp, scale_, e5m2_, amax);
+    } else {
+      quantize_strided_kernel<T>
+          <<<grid_stride_blocks(q_.n, 256), 256, 0, stream>>>(x, y, q_, sp, scale_, e5m2_, amax);
+    }
+  }
+
+  enum class Form { kFlat, kTranspose, kStrided };
+  Form form_ = Form::kStrided;
+  QuantizeShape q_;
+  DType x_dtype_ = DType::kBF16;
+  bool e5m2_ = false, has_amax_ = false, scale_by_value_ = false;
+  float scale_ = 1.f;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const NativeKernel>> make_quantize_kernel(const ResolvedGraph& g, const ResolvedOp& op,
+                                                                 const QuantizeAttrs& a) {
+  auto k = std::make_shared<QuantizeKernel>();
+  k->name_ = "fusebox_quantize";
+  k->where_ = common::op_where("quantize", op.name);
+  const ResolvedTensor& x = g.tensors[static_cast<size_t>(op.inputs.at("x"))];
+  const ResolvedTensor& s = g.tensors[static_cast<size_t>(op.inputs.at("scale"))];
+  const ResolvedTensor& y = g.tensors[static_cast<size_t>(op.outputs.at("y"))];
+  if (y.is_virtual)
+    return InvalidArgument(k->where_ + " output 'y' ('" + y.name + "') must be a graph output");
+  if (x.dims.size() > static_cast<size_t>(kQRank))
+    return InvalidArgument(k->where_ + " x has rank " + std::to_string(x.dims.size()) + " (at most 8)");
+  k->x_dtype_ = x.dtype;
+  k->e5m2_ = y.dtype == DType::kFP8E5M2;
+  k->has_amax_ = a.amax;
+  k->scale_by_value_ = s.scalar_value.has_value();
+  if (s.scalar_value) k->scale_ = static_cast<float>(*s.scalar_value);
+  QuantizeShape& q = k->q_;
+  q.rank = static_cast<int>(x.dims.size());
+  q.n = 1;
+  for (int i = 0; i < q.rank; ++i) {
+    q.dims[i] = x.dims[static_cast<size_t>(i)];
+    q.xs[i] = x.strides[static_cast<size_t>(i)];
+    q.ys[i] = y.strides[static_cast<size_t>(i)];
+    q.n *= q.dims[i];
+  }
+  const int cx = contiguous_dim(x), cy = contiguous_dim(y);
+  if (dense(x) && dense(y) && x.strides == y.strides) {
+    k->form_ = QuantizeKernel::Form::kFlat;
+  } else if (dense(x) && dense(y) && cx >= 0 && cy >= 0 && cx != cy) {
+    k->form_ = QuantizeKernel::Form::kTranspose;
+    q.inner_x = cx;
+    q.inner_y = cy;
+    q.batches = q.n / (q.dims[cx] * q.dims[cy]);
+  }
+  k->tensors_ = {x.name};
+  if (!s.scalar_value) k->tensors_.push_back(s.name);
+  k->tensors_.push_back(y.name);
+  if (a.amax) {
+    const ResolvedTensor& m = g.tensors[static_cast<size_t>(op.outputs.at("amax"))];
+    if (m.is_virtual)
+      return InvalidArgument(k->where_ + " output 'amax' ('" + m.name + "') must be a graph output");
+    k->tensors_.push_back(m.name);
+  }
+  return std::shared_ptr<const NativeKernel>(std::move(k));
 }
 
 }  // namespace fusebox::kernels

@@ -478,7 +478,8 @@ Result<PipelineHostData> backward_pipeline_data(
     const Pipeline& fwd, const PipelineBackward& b, const Pipeline& bwd,
     const std::map<std::string, std::vector<double>>& forward_inputs,
     const std::map<std::string, std::vector<float>>& chain,
-    const std::map<std::string, std::vector<double>>& seeds) {
+    const std::map<std::string, std::vector<double>>& seeds,
+    const std::map<std::string, std::vector<double>>& extra_inputs) {
   // The seeds, and saved forward buffers (the same bytes, whatever view the backward's
   // first reader takes).
   PipelineHostData bdata;
@@ -486,7 +487,12 @@ Result<PipelineHostData> backward_pipeline_data(
     const PipelineBuffer& buf = bwd.buffers[i];
     if (buf.kind != BufferKind::kInput) continue;
     auto bi = b.inputs.find(buf.name);
-    if (bi == b.inputs.end()) return Internal("backward input buffer '" + buf.name + "' has no binding");
+    if (bi == b.inputs.end()) {
+      auto x = extra_inputs.find(buf.name);
+      if (x == extra_inputs.end()) return Internal("backward input buffer '" + buf.name + "' has no binding");
+      bdata.emplace(i, host_tensor_of(buffer_tensor(bwd, i), x->second));
+      continue;
+    }
     const std::string& from = bi->second.forward_tensor;
     if (bi->second.kind == BackwardInput::Kind::kGradient) {
       auto g = seeds.find(from);

@@ -42,6 +42,11 @@ struct GpuStep::Impl {
   std::unique_ptr<PipelineExecutor> fe, be;
   Mem master, m, v, accum, work, segs, chunks, partials, scalars, hyper;
   Mem pinned_ids, pinned_labels, pinned_hyper, pinned_scalars;
+  // train.fp8: the device scaling state (floats: scale, scale_inv, amax, step_amax, fp8_max, then
+  // the history rings) and its ring position; the tensors' indices by buffer name.
+  Mem fp8_mem, fp8_pos;
+  tk::Fp8State fp8;
+  std::map<std::string, int> fp8_index;
   std::vector<tk::Segment> host_segs;
   std::vector<tk::Chunk> host_chunks;
   std::vector<int64_t> offset;  // by parameter: its first element in master, m, v, accum
@@ -79,6 +84,7 @@ struct GpuStep::Impl {
                                    scalars.as<tk::StepScalars>(), hyper.as<tk::Hyper>(), s),
                       "train: loss sum"));
       FUSEBOX_RETURN_IF_ERROR(be->execute());
+      FUSEBOX_RETURN_IF_ERROR(cuda_status(tk::fp8_fold_amax(fp8, k == 0, s), "train: FP8 amax"));
       if (!from_grad)
         FUSEBOX_RETURN_IF_ERROR(
             cuda_status(tk::accumulate(segs.as<tk::Segment>(), chunks.as<tk::Chunk>(), nchunks(), k == 0, s),
@@ -92,6 +98,7 @@ struct GpuStep::Impl {
         cuda_status(tk::adamw(segs.as<tk::Segment>(), chunks.as<tk::Chunk>(), nchunks(), from_grad,
                               scalars.as<tk::StepScalars>(), hyper.as<tk::Hyper>(), s),
                     "train: AdamW"));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(tk::fp8_update(fp8, s), "train: FP8 scales"));
     return cuda_status(cudaMemcpyAsync(pinned_scalars.as<void>(), scalars.as<void>(), sizeof(tk::StepScalars),
                                        cudaMemcpyDeviceToHost, s),
                        "train: download the step's loss and norm");
@@ -160,6 +167,52 @@ struct GpuStep::Impl {
     std::memcpy(pinned_hyper.as<void>(), &h, sizeof h);
   }
 
+  // train.fp8: the device memory of pipeline buffer `name` when it is a scaling buffer
+  // (fp8.scale.<b>, fp8.scale_inv.<b>, fp8.amax.<b>), else null.
+  void* fp8_buffer(const std::string& name) const {
+    for (auto [prefix, base] : {std::pair<const char*, float*>{"fp8.scale.", fp8.scale},
+                                std::pair<const char*, float*>{"fp8.scale_inv.", fp8.scale_inv},
+                                std::pair<const char*, float*>{"fp8.amax.", fp8.amax}}) {
+      const std::string p(prefix);
+      if (name.compare(0, p.size(), p) != 0) continue;
+      auto it = fp8_index.find(name.substr(p.size()));
+      return it == fp8_index.end() ? nullptr : base + it->second;
+    }
+    return nullptr;
+  }
+
+  // train.fp8: the scaling state, every scale 1 and no amax recorded.
+  Status init_fp8(const GpuFp8& f) {
+    const int n = static_cast<int>(f.tensors.size());
+    const int64_t h = f.history;
+    FUSEBOX_RETURN_IF_ERROR(
+        fp8_mem.alloc(static_cast<size_t>(5 * n + n * h) * sizeof(float), false, "FP8 scaling state"));
+    FUSEBOX_RETURN_IF_ERROR(fp8_pos.alloc(sizeof(int32_t), false, "FP8 scaling state"));
+    std::vector<float> host(static_cast<size_t>(5 * n + n * h), 0.f);
+    for (int i = 0; i < n; ++i) {
+      fp8_index[f.tensors[static_cast<size_t>(i)].first] = i;
+      host[static_cast<size_t>(i)] = 1.f;      // scale
+      host[static_cast<size_t>(n + i)] = 1.f;  // scale_inv
+      host[static_cast<size_t>(4 * n + i)] =
+          static_cast<float>(dtype_saturation(f.tensors[static_cast<size_t>(i)].second));
+    }
+    float* base = fp8_mem.as<float>();
+    fp8.scale = base;
+    fp8.scale_inv = base + n;
+    fp8.amax = base + 2 * n;
+    fp8.step_amax = base + 3 * n;
+    fp8.fp8_max = base + 4 * n;
+    fp8.history = base + 5 * n;
+    fp8.pos = fp8_pos.as<int32_t>();
+    fp8.n = n;
+    fp8.h = static_cast<int32_t>(h);
+    fp8.margin = static_cast<int32_t>(f.margin);
+    FUSEBOX_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(base, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
+                    "train: FP8 state"));
+    return cuda_status(cudaMemset(fp8.pos, 0, sizeof(int32_t)), "train: FP8 state");
+  }
+
   Status copy_ids(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels, int64_t micro) {
     const size_t want = static_cast<size_t>(tokens * micro);
     if (ids.size() != want || labels.size() != want)
@@ -179,7 +232,7 @@ GpuStep::~GpuStep() {
 
 Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const Pipeline& fwd,
                                                  const Pipeline& bwd, const PipelineBackward& derived,
-                                                 const std::string& plan_cache) {
+                                                 const std::string& plan_cache, const GpuFp8* fp8) {
   auto impl = std::make_unique<Impl>();
   Impl& s = *impl;
   s.cfg = config;
@@ -219,8 +272,12 @@ Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const P
   if (config.train.accum > 1) FUSEBOX_RETURN_IF_ERROR(s.accum.alloc(fbytes, false, "gradient sums"));
   FUSEBOX_RETURN_IF_ERROR(s.work.alloc(static_cast<size_t>(work_bytes), false, "bf16 working weights"));
 
-  // The forward: parameters in the arenas, ids and labels uploaded per step, RoPE angles once.
+  if (fp8) FUSEBOX_RETURN_IF_ERROR(s.init_fp8(*fp8));
+  // The forward: parameters in the arenas, ids and labels uploaded per step, RoPE angles once,
+  // FP8 scaling buffers in the scaling state.
   std::map<int, void*> fext;
+  for (int i = 0; i < static_cast<int>(fwd.buffers.size()); ++i)
+    if (void* p = s.fp8_buffer(fwd.buffers[static_cast<size_t>(i)].name)) fext[i] = p;
   PipelineHostData fdata;
   for (size_t i = 0; i < s.params.size(); ++i) {
     const int fb = fwd.find_buffer(s.params[i].name);
@@ -248,6 +305,10 @@ Result<std::unique_ptr<GpuStep>> GpuStep::create(const LmConfig& config, const P
   PipelineHostData bdata;
   for (int i = 0; i < static_cast<int>(bwd.buffers.size()); ++i) {
     const PipelineBuffer& b = bwd.buffers[static_cast<size_t>(i)];
+    if (void* p = s.fp8_buffer(b.name)) {
+      bext[i] = p;
+      continue;
+    }
     if (b.kind != BufferKind::kInput) continue;
     auto it = derived.inputs.find(b.name);
     if (it == derived.inputs.end()) return Internal("train: backward input '" + b.name + "' has no binding");
@@ -469,6 +530,87 @@ Result<LmStepProfile> GpuStep::profile(const std::vector<int32_t>& ids, const st
     p.graph_note = s.graph_note;
   }
   return p;
+}
+
+Result<int> GpuStep::fp8_calibrate(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                                   int max_passes) {
+  Impl& s = *impl_;
+  if (s.fp8.n == 0) return 0;
+  FUSEBOX_RETURN_IF_ERROR(s.copy_ids(ids, labels, 1));
+  const cudaStream_t st = s.stream();
+  const size_t n = static_cast<size_t>(s.fp8.n);
+  std::vector<float> amax(n);
+  size_t zero = n + 1;
+  int passes = 0;
+  while (passes < max_passes) {
+    ++passes;
+    FUSEBOX_RETURN_IF_ERROR(s.upload_first_micro_batch("train: FP8 calibration"));
+    FUSEBOX_RETURN_IF_ERROR(s.fe->execute());
+    FUSEBOX_RETURN_IF_ERROR(s.be->execute());
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(tk::fp8_fold_amax(s.fp8, true, st), "train: FP8 amax"));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(tk::fp8_update(s.fp8, st), "train: FP8 scales"));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpyAsync(amax.data(), s.fp8.step_amax, n * sizeof(float), cudaMemcpyDeviceToHost, st),
+        "train: FP8 calibration"));
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(st), "train: FP8 calibration"));
+    size_t now = 0;
+    for (float a : amax) now += a > 0.f ? 0 : 1;
+    if (now == 0 || now >= zero) break;
+    zero = now;
+  }
+  return passes;
+}
+
+Result<std::map<std::string, std::vector<float>>> GpuStep::fp8_state() const {
+  const Impl& s = *impl_;
+  const size_t n = static_cast<size_t>(s.fp8.n), h = static_cast<size_t>(s.fp8.h);
+  std::vector<float> scale(n), ring(n * h);
+  int32_t pos = 0;
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpy(scale.data(), s.fp8.scale, n * sizeof(float), cudaMemcpyDeviceToHost), "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(ring.data(), s.fp8.history, n * h * sizeof(float), cudaMemcpyDeviceToHost),
+                  "train: FP8 state"));
+  if (n > 0)
+    FUSEBOX_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpy(&pos, s.fp8.pos, sizeof pos, cudaMemcpyDeviceToHost), "train: FP8 state"));
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, i] : s.fp8_index) {
+    out["fp8_scale." + name] = {scale[static_cast<size_t>(i)]};
+    std::vector<float>& hist = out["fp8_amax_history." + name];
+    for (size_t k = 0; k < h; ++k)  // the slot written next is the oldest
+      hist.push_back(ring[static_cast<size_t>(i) * h + (static_cast<size_t>(pos) + k) % h]);
+  }
+  return out;
+}
+
+Status GpuStep::fp8_restore(const std::map<std::string, std::vector<float>>& state) {
+  Impl& s = *impl_;
+  const size_t n = static_cast<size_t>(s.fp8.n), h = static_cast<size_t>(s.fp8.h);
+  std::vector<float> scale(n, 1.f), inv(n, 1.f), ring(n * h, 0.f);
+  for (const auto& [name, i] : s.fp8_index) {
+    auto sc = state.find("fp8_scale." + name);
+    auto hi = state.find("fp8_amax_history." + name);
+    if (sc == state.end() || hi == state.end() || sc->second.size() != 1 || hi->second.size() != h)
+      return InvalidArgument("train: FP8 state of '" + name + "' missing or of the wrong size");
+    scale[static_cast<size_t>(i)] = sc->second[0];
+    inv[static_cast<size_t>(i)] = 1.f / sc->second[0];
+    std::copy(hi->second.begin(), hi->second.end(),
+              ring.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(i) * h));
+  }
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpy(s.fp8.scale, scale.data(), n * sizeof(float), cudaMemcpyHostToDevice), "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(s.fp8.scale_inv, inv.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+                  "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(s.fp8.history, ring.data(), n * h * sizeof(float), cudaMemcpyHostToDevice),
+                  "train: FP8 state"));
+  if (n > 0)  // oldest first from slot 0: slot 0 is written next
+    FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemset(s.fp8.pos, 0, sizeof(int32_t)), "train: FP8 state"));
+  return Status::Ok();
 }
 
 Result<double> GpuStep::loss(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels) {

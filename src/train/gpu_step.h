@@ -29,14 +29,32 @@ struct GpuStepResult {
   bool graph = false;  // replayed as a CUDA graph
 };
 
+// train.fp8: the buffers the pipelines quantize (each with fp8.scale.<b>, fp8.scale_inv.<b> and,
+// where recorded, fp8.amax.<b> buffers: fusebox/fp8_training.h) and the delayed scaling's history
+// and margin. The step keeps the scaling state on the device (optim_kernels.h, Fp8State).
+struct GpuFp8 {
+  std::vector<std::pair<std::string, DType>> tensors;
+  int64_t history = 16, margin = 0;
+};
+
 class GpuStep {
  public:
   // `fwd` is the model at the training batch; `bwd` and `derived` its backward. The pipelines
   // must outlive the step. `plan_cache`: a plan cache file ("" none).
   static Result<std::unique_ptr<GpuStep>> create(const LmConfig& config, const Pipeline& fwd,
                                                  const Pipeline& bwd, const PipelineBackward& derived,
-                                                 const std::string& plan_cache);
+                                                 const std::string& plan_cache, const GpuFp8* fp8 = nullptr);
   ~GpuStep();
+
+  // train.fp8: forward and backward passes of the first micro-batch of ids and labels, without an
+  // update, each recording the amaxes and updating the scales, until every quantized buffer has an
+  // amax above 0 or a pass adds none (at most max_passes). Returns the passes run.
+  Result<int> fp8_calibrate(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
+                            int max_passes);
+  // train.fp8: the device scaling state in Fp8DelayedScaling::state()'s form ("fp8_scale.<b>" [1],
+  // "fp8_amax_history.<b>" [history], oldest first), and back (restore() has checked it).
+  Result<std::map<std::string, std::vector<float>>> fp8_state() const;
+  Status fp8_restore(const std::map<std::string, std::vector<float>>& state);
 
   Status upload(const ParamMap& master, const ParamMap& m, const ParamMap& v);
   Status download(ParamMap* master, ParamMap* m, ParamMap* v) const;

@@ -117,7 +117,8 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
                            ": train.swiglu \"split\" keeps the MLP's activations, train.recompute "
                            "\"mlp\" recomputes them: choose one");
   for (auto [key, flag] : {std::pair<const char*, bool*>{"deterministic", &t.deterministic},
-                           std::pair<const char*, bool*>{"share_buffers", &t.share_buffers}}) {
+                           std::pair<const char*, bool*>{"share_buffers", &t.share_buffers},
+                           std::pair<const char*, bool*>{"fp8", &t.fp8}}) {
     if (!train.is_object() || !train.contains(key)) continue;
     if (!train[key].is_boolean()) return InvalidArgument(where + ": train." + key + " must be true or false");
     *flag = train[key].get<bool>();
@@ -136,7 +137,9 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
                                          {"beta2", nullptr, &t.beta2, 0, 0.999999999},
                                          {"eps", nullptr, &t.eps, 1e-30, 1},
                                          {"clip", nullptr, &t.clip, 0, 1e12},
-                                         {"seed", &seed, nullptr, 0, 1e15}}));
+                                         {"seed", &seed, nullptr, 0, 1e15},
+                                         {"fp8_history", &t.fp8_history, nullptr, 1, 1024},
+                                         {"fp8_margin", &t.fp8_margin, nullptr, 0, 32}}));
   t.seed = static_cast<uint64_t>(seed);
   if (m.heads % m.kv_heads != 0)
     return InvalidArgument(where + ": model.heads = " + std::to_string(m.heads) +
@@ -187,7 +190,10 @@ std::string lm_config_json(const LmConfig& c) {
               {"recompute", t.recompute},
               {"swiglu", t.swiglu},
               {"deterministic", t.deterministic},
-              {"share_buffers", t.share_buffers}}}};
+              {"share_buffers", t.share_buffers},
+              {"fp8", t.fp8},
+              {"fp8_history", t.fp8_history},
+              {"fp8_margin", t.fp8_margin}}}};
   return j.dump();
 }
 

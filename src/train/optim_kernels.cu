@@ -133,6 +133,47 @@ cudaError_t loss_sum(const float* loss, int64_t n, bool first, StepScalars* s, c
   return cudaGetLastError();
 }
 
+namespace {
+
+__global__ void fp8_fold_kernel(Fp8State st, bool first) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < st.n; i += gridDim.x * blockDim.x)
+    st.step_amax[i] = first ? st.amax[i] : fmaxf(st.step_amax[i], st.amax[i]);
+}
+
+// One block: every thread reads the ring position before thread 0 advances it.
+__global__ void fp8_update_kernel(Fp8State st) {
+  const int pos = *st.pos;
+  __syncthreads();
+  for (int i = threadIdx.x; i < st.n; i += blockDim.x) {
+    float a = st.step_amax[i];
+    if (!(a >= 0.f) || isinf(a)) a = 0.f;
+    float* ring = st.history + static_cast<int64_t>(i) * st.h;
+    ring[pos] = a;
+    float m = 0.f;
+    for (int k = 0; k < st.h; ++k) m = fmaxf(m, ring[k]);
+    if (!(m > 0.f)) continue;
+    const double s = static_cast<double>(st.fp8_max[i]) / static_cast<double>(m) / ldexp(1.0, st.margin);
+    if (s > 3.4028234663852886e38) continue;
+    st.scale[i] = static_cast<float>(s);
+    st.scale_inv[i] = 1.f / st.scale[i];
+  }
+  if (threadIdx.x == 0) *st.pos = (pos + 1) % st.h;
+}
+
+}  // namespace
+
+cudaError_t fp8_fold_amax(const Fp8State& st, bool first, cudaStream_t stream) {
+  if (st.n == 0) return cudaSuccess;
+  fp8_fold_kernel<<<(st.n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(st, first);
+  return cudaGetLastError();
+}
+
+cudaError_t fp8_update(const Fp8State& st, cudaStream_t stream) {
+  if (st.n == 0) return cudaSuccess;
+  fp8_update_kernel<<<1, kThreads, 0, stream>>>(st);
+  return cudaGetLastError();
+}
+
 cudaError_t copy_to_working(const Segment* segs, const Chunk* chunks, int nchunks, cudaStream_t stream) {
   copy_kernel<<<nchunks, kThreads, 0, stream>>>(segs, chunks);
   return cudaGetLastError();

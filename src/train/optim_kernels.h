@@ -60,6 +60,27 @@ cudaError_t adamw(const Segment* segs, const Chunk* chunks, int nchunks, bool fr
 // s->loss_sum = (first ? 0 : s->loss_sum) + sum(loss[0..n)) * h->loss_scale (one block, fixed order).
 cudaError_t loss_sum(const float* loss, int64_t n, bool first, StepScalars* s, const Hyper* h,
                      cudaStream_t stream);
+// FP8 training's delayed scaling on the device (fusebox/fp8_scaling.h is the host rule): one
+// entry per quantized buffer. The pipelines' quantize stages read scale, the FP8 GEMMs scale_inv,
+// and each pass writes amax (max |x| of that pass).
+struct Fp8State {
+  float* scale = nullptr;          // [n]
+  float* scale_inv = nullptr;      // [n]
+  float* amax = nullptr;           // [n], this pass's
+  float* step_amax = nullptr;      // [n], the largest over the step's micro-batches
+  float* history = nullptr;        // [n * h]: a ring of the last h steps' amaxes (0 where none yet)
+  const float* fp8_max = nullptr;  // [n]: 448 (e4m3) or 57344 (e5m2)
+  int32_t* pos = nullptr;          // [1]: the ring's next slot
+  int32_t n = 0, h = 1, margin = 0;
+};
+// step_amax = first ? amax : max(step_amax, amax).
+cudaError_t fp8_fold_amax(const Fp8State& st, bool first, cudaStream_t stream);
+// The step's amaxes into the ring, then every scale from the largest amax in it, as
+// Fp8DelayedScaling::record does: scale = fp8_max / amax / 2^margin computed in double (a scale
+// stays where the ring holds no amax above 0, or where that would overflow fp32), scale_inv =
+// 1 / scale in fp32. A non-finite amax is recorded as 0 (the step's loss or norm reports it).
+cudaError_t fp8_update(const Fp8State& st, cudaStream_t stream);
+
 // work = master rounded to the working type, every segment with a working copy.
 cudaError_t copy_to_working(const Segment* segs, const Chunk* chunks, int nchunks, cudaStream_t stream);
 

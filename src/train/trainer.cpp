@@ -14,6 +14,8 @@
 #include <set>
 #include <string>
 
+#include "fusebox/fp8_scaling.h"
+#include "fusebox/fp8_training.h"
 #include "fusebox/pipeline_backward.h"
 #include "fusebox/pipeline_run.h"
 #include "fusebox/tensor.h"
@@ -67,6 +69,12 @@ struct LmTrainer::Impl {
   Pipeline fwd, bwd;
   PipelineBackward derived;
   std::optional<Pipeline> gen;  // batch 1, context tokens: generate()
+  // train.fp8: the delayed scaling of every quantized buffer, the buffers whose amax the pipelines
+  // record, and this step's amaxes so far (the largest over its micro-batches).
+  std::optional<Fp8DelayedScaling> fp8;
+  std::vector<std::string> fp8_amax;
+  std::map<std::string, float> fp8_step_amax;
+  bool fp8_calibrated = false;
   std::map<std::string, std::vector<float>> master, m, v, grad;
   int64_t step = 0, sequences = 0;
   double last_loss = 0;
@@ -92,6 +100,47 @@ struct LmTrainer::Impl {
   }
   Result<LmStepResult> step_gpu(const std::vector<int32_t>& ids, const std::vector<int32_t>& labels,
                                 std::chrono::steady_clock::time_point t0);
+  // train.fp8: the forward and backward pipelines with their GEMMs in FP8 (fusebox/fp8_training.h)
+  // replace fwd and bwd; the scaling state starts with every scale 1.
+  Status use_fp8(const std::string& fwd_path, const std::string& bwd_path, const std::filesystem::path& dir) {
+    if (world > 1)
+      return InvalidArgument(
+          "train: train.fp8 with " + std::to_string(world) +
+          " ranks: not yet (each rank's amaxes would have to be all-reduced); run one rank");
+    Fp8RewriteOptions fo;
+    fo.keep_buffers = {"output", "h_norm"};  // the output projection stays bf16
+    FUSEBOX_ASSIGN_OR_RETURN(Fp8PipelineRewrite f,
+                             fp8_rewrite_pipeline(fwd_path, (dir / "fp8_forward").string(), fo));
+    Fp8RewriteOptions bo = fo;
+    bo.amax_of_e4m3 = false;
+    for (const PipelineBuffer& b : bwd.buffers) {
+      auto it = derived.inputs.find(b.name);
+      if (it == derived.inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
+        bo.gradients.insert(b.name);
+    }
+    FUSEBOX_ASSIGN_OR_RETURN(Fp8PipelineRewrite b,
+                             fp8_rewrite_pipeline(bwd_path, (dir / "fp8_backward").string(), bo));
+    FUSEBOX_ASSIGN_OR_RETURN(fwd, load_pipeline_file(f.pipeline_path));
+    FUSEBOX_ASSIGN_OR_RETURN(bwd, load_pipeline_file(b.pipeline_path));
+    std::map<std::string, DType> all = f.quantized;
+    all.insert(b.quantized.begin(), b.quantized.end());
+    std::vector<std::pair<std::string, DType>> tensors(all.begin(), all.end());
+    fp8_dtype = all;
+    Fp8ScalingConfig sc;
+    sc.history = config.train.fp8_history;
+    sc.margin = static_cast<int>(config.train.fp8_margin);
+    FUSEBOX_ASSIGN_OR_RETURN(Fp8DelayedScaling state, Fp8DelayedScaling::create(tensors, sc));
+    fp8 = std::move(state);
+    fp8_amax = f.amax;
+    fp8_amax.insert(fp8_amax.end(), b.amax.begin(), b.amax.end());
+    fp8_summary = std::to_string(f.gemms) + " forward and " + std::to_string(b.gemms) +
+                  " backward GEMMs in FP8, " + std::to_string(f.casts + b.casts) + " casts, " +
+                  std::to_string(tensors.size()) + " scaled tensors; " +
+                  std::to_string(f.kept.size() + b.kept.size()) + " GEMMs kept in bf16";
+    return Status::Ok();
+  }
+  std::string fp8_summary;
+  std::map<std::string, DType> fp8_dtype;  // each quantized buffer's format
   // The step taken: the counters advanced, the timing filled in.
   LmStepResult finish_step(LmStepResult r, std::chrono::steady_clock::time_point t0);
   // The next step's micro-batches of `train` (this rank's slice of each global one), micro-batch
@@ -160,7 +209,38 @@ struct LmTrainer::Impl {
     in["labels"] = widen(labels);
     in["freqs"] = widen(lm_rope_angles(config.model, seq));
     for (const LmParameter& p : params) in[p.name] = widen(master.at(p.name));
+    for (auto& [name, value] : fp8_scales())
+      if (fwd.find_buffer(name) >= 0) in[name] = value;
     return in;
+  }
+
+  // train.fp8: every scale buffer's value for the coming step, by buffer name.
+  Values fp8_scales() const {
+    Values out;
+    if (!fp8) return out;
+    for (const std::string& b : fp8->tensors()) {
+      out[fp8_scale_buffer(b)] = {static_cast<double>(*fp8->scale(b))};
+      out[fp8_scale_inv_buffer(b)] = {static_cast<double>(*fp8->scale_inv(b))};
+    }
+    return out;
+  }
+
+  // train.fp8: the amaxes a pass recorded (its outputs by buffer name), into this step's.
+  void fold_amax(const std::map<std::string, std::vector<float>>& outputs) {
+    for (const std::string& b : fp8_amax) {
+      auto it = outputs.find(fp8_amax_buffer(b));
+      if (it == outputs.end() || it->second.empty()) continue;
+      float& m = fp8_step_amax[b];
+      m = std::max(m, it->second[0]);
+    }
+  }
+
+  // train.fp8: this step's amaxes into the scaling state (the next step's scales).
+  Status record_amax() {
+    if (!fp8) return Status::Ok();
+    for (const auto& [b, a] : fp8_step_amax) FUSEBOX_RETURN_IF_ERROR(fp8->record(b, a));
+    fp8_step_amax.clear();
+    return Status::Ok();
   }
 
   // Forward (and, with `grad_scale` > 0, backward adding grad_scale * dL/dp into `grad`) of
@@ -171,6 +251,7 @@ struct LmTrainer::Impl {
     const Values in = forward_inputs(ids, labels, seq);
     FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData data, pipeline_host_data(fwd, in));
     FUSEBOX_ASSIGN_OR_RETURN(auto chain, reference_chain(fwd, data, kCpuFlops));
+    fold_amax(chain);
     const std::vector<float>& loss = chain.at("loss");
     double sum = 0;
     for (float l : loss) sum += l;
@@ -179,8 +260,9 @@ struct LmTrainer::Impl {
     Values seeds;
     seeds["loss"].assign(loss.size(), grad_scale / static_cast<double>(loss.size()));
     FUSEBOX_ASSIGN_OR_RETURN(PipelineHostData bdata,
-                             backward_pipeline_data(fwd, derived, bwd, in, chain, seeds));
+                             backward_pipeline_data(fwd, derived, bwd, in, chain, seeds, fp8_scales()));
     FUSEBOX_ASSIGN_OR_RETURN(auto grads, reference_chain(bwd, bdata, kCpuFlops));
+    fold_amax(grads);
     for (const LmParameter& p : params) {
       auto it = grads.find(derived.gradients.at(p.name));
       if (it == grads.end()) return Internal("the backward produced no gradient for '" + p.name + "'");
@@ -256,6 +338,11 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
                            write_pipeline_backward(impl->fwd, impl->derived, (dir / "backward").string()));
   FUSEBOX_ASSIGN_OR_RETURN(impl->bwd, load_pipeline_file(bpath));
   impl->startup.push_back({"backward derived, written and loaded", ms_since(t0)});
+  if (config.train.fp8) {
+    t0 = Clock::now();
+    FUSEBOX_RETURN_IF_ERROR(impl->use_fp8((dir / "forward" / "lm.json").string(), bpath, dir));
+    impl->startup.push_back({"FP8: " + impl->fp8_summary, ms_since(t0)});
+  }
   for (const LmParameter& p : impl->params) {
     if (!impl->derived.gradients.count(p.name))
       return Internal("train: the derived backward has no gradient for parameter '" + p.name + "'");
@@ -263,7 +350,15 @@ Result<std::unique_ptr<LmTrainer>> LmTrainer::create(const LmConfig& config,
   }
   if (options.backend == TrainBackend::kGpu) {
     t0 = Clock::now();
-    auto g = GpuStep::create(config, impl->fwd, impl->bwd, impl->derived, options.plan_cache);
+    std::optional<GpuFp8> fp8;
+    if (impl->fp8) {
+      fp8.emplace();
+      fp8->tensors.assign(impl->fp8_dtype.begin(), impl->fp8_dtype.end());
+      fp8->history = config.train.fp8_history;
+      fp8->margin = config.train.fp8_margin;
+    }
+    auto g = GpuStep::create(config, impl->fwd, impl->bwd, impl->derived, options.plan_cache,
+                             fp8 ? &*fp8 : nullptr);
     if (!g.ok()) return g.status().WithContext("train: the GPU step");
     impl->gpu = std::move(*g);
     impl->startup.push_back(
@@ -324,7 +419,29 @@ Result<LmStepResult> LmTrainer::step_tokens(const std::vector<int32_t>& all_ids,
                              ", label " + std::to_string(all_labels[i]) + ") is outside the vocabulary [0, " +
                              std::to_string(s.config.model.vocab) + ")");
   if (s.gpu) return s.step_gpu(all_ids, all_labels, t0);
+  if (s.fp8 && !s.fp8_calibrated) {
+    // FP8's first step: no amax is known, every scale is 1, and gradients smaller than e5m2's
+    // smallest value (2^-16) round to 0, so the layers below a zeroed one see no gradient either.
+    // Calibration passes of the first micro-batch, discarded, record the amaxes first: each pass
+    // reaches one layer deeper, until every quantized tensor has one (or a pass finds none new).
+    const std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + static_cast<std::ptrdiff_t>(micro));
+    const std::vector<int32_t> labels(all_labels.begin(),
+                                      all_labels.begin() + static_cast<std::ptrdiff_t>(micro));
+    size_t zero = std::numeric_limits<size_t>::max();
+    for (int64_t pass = 0; pass < s.config.model.layers + 2; ++pass) {
+      s.fp8_step_amax.clear();
+      auto l = s.micro_batch(ids, labels, 1.0);
+      if (!l.ok()) return l.status().WithContext("train: FP8 calibration");
+      size_t now = 0;
+      for (const auto& [b, a] : s.fp8_step_amax) now += a > 0 ? 0 : 1;
+      FUSEBOX_RETURN_IF_ERROR(s.record_amax());
+      if (now == 0 || now >= zero) break;
+      zero = now;
+    }
+    s.fp8_calibrated = true;
+  }
   for (auto& [name, g] : s.grad) std::fill(g.begin(), g.end(), 0.f);
+  s.fp8_step_amax.clear();
   double loss = 0;
   for (int64_t k = 0; k < tc.accum; ++k) {
     const auto from = static_cast<std::ptrdiff_t>(micro * static_cast<size_t>(k));
@@ -366,6 +483,7 @@ Result<LmStepResult> LmTrainer::step_tokens(const std::vector<int32_t>& all_ids,
   r.grad_norm = global_grad_norm(tensors);
   adamw_step(tensors, AdamWHyper{r.lr, tc.beta1, tc.beta2, tc.eps, tc.weight_decay}, s.step + 1,
              clip_coefficient(r.grad_norm, tc.clip));
+  FUSEBOX_RETURN_IF_ERROR(s.record_amax());
   return s.finish_step(r, t0);
 }
 
@@ -378,6 +496,14 @@ Result<LmStepResult> LmTrainer::Impl::step_gpu(const std::vector<int32_t>& all_i
   LmStepResult r;
   r.step = s.step;
   r.lr = lm_learning_rate(tc, s.step, s.options.total_steps);
+  if (s.fp8 && !s.fp8_calibrated) {  // as the reference backend's step_tokens() does
+    const auto micro = static_cast<std::ptrdiff_t>(s.local_batch * s.config.model.context);
+    const std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + micro);
+    const std::vector<int32_t> labels(all_labels.begin(), all_labels.begin() + micro);
+    auto passes = s.gpu->fp8_calibrate(ids, labels, static_cast<int>(s.config.model.layers) + 2);
+    if (!passes.ok()) return passes.status().WithContext("train: FP8 calibration");
+    s.fp8_calibrated = true;
+  }
   auto g = s.gpu->step(all_ids, all_labels, r.lr, s.step + 1);
   if (!g.ok()) return g.status().WithContext("train: step " + std::to_string(s.step));
   if (!g->finite) {
@@ -494,11 +620,23 @@ Status LmTrainer::save_checkpoint(const std::string& path) const {
   for (const LmParameter& p : s.params) e.push_back({p.name, p.shape, s.master.at(p.name).data()});
   for (const LmParameter& p : s.params) e.push_back({"adam_m." + p.name, p.shape, s.m.at(p.name).data()});
   for (const LmParameter& p : s.params) e.push_back({"adam_v." + p.name, p.shape, s.v.at(p.name).data()});
-  return write_safetensors_f32(path, e,
-                               {{"format", kCheckpointFormat},
-                                {"step", std::to_string(s.step)},
-                                {"sequences", std::to_string(s.sequences)},
-                                {"config", lm_config_json(s.config)}});
+  std::map<std::string, std::string> meta{{"format", kCheckpointFormat},
+                                          {"step", std::to_string(s.step)},
+                                          {"sequences", std::to_string(s.sequences)},
+                                          {"config", lm_config_json(s.config)}};
+  // train.fp8: the delayed scaling's state, once it holds amaxes (before the first step a resumed
+  // run calibrates, as a new one does).
+  std::map<std::string, std::vector<float>> fp8_state;
+  if (s.fp8 && s.fp8_calibrated) {
+    if (s.gpu) {
+      FUSEBOX_ASSIGN_OR_RETURN(fp8_state, s.gpu->fp8_state());
+    } else {
+      fp8_state = s.fp8->state();
+    }
+    for (const auto& [key, v] : fp8_state) e.push_back({key, {static_cast<int64_t>(v.size())}, v.data()});
+    meta["fp8_state"] = "1";
+  }
+  return write_safetensors_f32(path, e, meta);
 }
 
 namespace {
@@ -576,6 +714,23 @@ Status LmTrainer::load_checkpoint(const std::string& path) {
     if (theirs_m[it.key()] != it.value())
       return InvalidArgument(where + "a checkpoint of another model: model." + it.key() + " is " +
                              theirs_m[it.key()].dump() + " there, " + it.value().dump() + " here");
+  if (s.fp8 && meta["fp8_state"] == "1") {
+    std::map<std::string, std::vector<float>> state;
+    for (const std::string& b : s.fp8->tensors())
+      for (auto [prefix, len] :
+           {std::pair<const char*, int64_t>{"fp8_scale.", 1},
+            std::pair<const char*, int64_t>{"fp8_amax_history.", s.config.train.fp8_history}}) {
+        const std::string key = prefix + b;
+        auto t = read_safetensors_for(path, key, fp32_tensor(key, {len}));
+        if (!t.ok()) return t.status().WithContext(where + "the FP8 scaling state");
+        state[key] = t->to_float_logical();
+      }
+    FUSEBOX_RETURN_IF_ERROR(s.fp8->restore(state));
+    if (s.gpu) FUSEBOX_RETURN_IF_ERROR(s.gpu->fp8_restore(state));
+    s.fp8_calibrated = true;
+  } else if (s.fp8) {
+    s.fp8_calibrated = false;  // a checkpoint without FP8 state: the first step calibrates
+  }
   s.master = std::move(master);
   s.m = std::move(m);
   s.v = std::move(v);

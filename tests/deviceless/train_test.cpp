@@ -469,3 +469,57 @@ TEST(LmStepProfile, KindsSumTheLayersPerStep) {
 
 }  // namespace
 }  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// FP8 training on the reference backend (fusebox/fp8_training.h): the blocks' GEMMs in FP8 with
+// delayed scaling follow the bf16 run's losses, the loss falls, and a run resumed from a
+// checkpoint (which holds the scaling state) repeats the uninterrupted one bit for bit.
+TEST(LmTrainer, Fp8StepsFollowTheBf16OnesAndResumeExactly) {
+  TempDir d;
+  ASSERT_TRUE(write_tokens(d.file("train.npy"), 4000, 3).ok());
+  auto data = load_token_stream(d.file("train.npy"), 32, 16);
+  ASSERT_TRUE(data.ok());
+  LmConfig bf16 = tiny(), fp8 = tiny();
+  bf16.train.swiglu = fp8.train.swiglu = "split";
+  fp8.train.fp8 = true;
+  auto a = LmTrainer::create(bf16, {d.file("a"), 20, TrainBackend::kReference});
+  auto b = LmTrainer::create(fp8, {d.file("b"), 20, TrainBackend::kReference});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  bool listed = false;
+  for (const auto& [what, ms] : (*b)->startup_ms())
+    listed |= what.find("14 forward and 28 backward GEMMs in FP8") != std::string::npos;
+  EXPECT_TRUE(listed) << "the start-up phases say what was rewritten";
+  std::vector<double> la, lb;
+  for (int s = 0; s < 20; ++s) {
+    auto ra = (*a)->step(*data);
+    auto rb = (*b)->step(*data);
+    ASSERT_TRUE(ra.ok()) << ra.status().ToString();
+    ASSERT_TRUE(rb.ok()) << rb.status().ToString();
+    la.push_back(ra->loss);
+    lb.push_back(rb->loss);
+    if (s == 9) ASSERT_TRUE((*b)->save_checkpoint(d.file("ck.safetensors")).ok());
+  }
+  double diff = 0;
+  for (int s = 0; s < 20; ++s)
+    diff = std::max(diff, std::fabs(la[static_cast<size_t>(s)] - lb[static_cast<size_t>(s)]));
+  EXPECT_LT(diff, 0.15) << "FP8 follows bf16: worst step difference " << diff;
+  EXPECT_GT(diff, 0) << "FP8 must round somewhere";
+  const double last = (lb[17] + lb[18] + lb[19]) / 3;
+  EXPECT_LT(last, lb[0] - 0.5) << "the FP8 loss must fall: " << lb[0] << " -> " << last;
+
+  auto u = LmTrainer::create(fp8, {d.file("c"), 20, TrainBackend::kReference});
+  ASSERT_TRUE(u.ok());
+  ASSERT_TRUE((*u)->load_checkpoint(d.file("ck.safetensors")).ok());
+  for (int s = 10; s < 20; ++s) {
+    auto r = (*u)->step(*data);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->loss, lb[static_cast<size_t>(s)]) << "step " << s;
+  }
+  EXPECT_EQ((*u)->parameters(), (*b)->parameters());
+}
+
+}  // namespace
+}  // namespace fusebox

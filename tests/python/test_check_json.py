@@ -22,7 +22,7 @@ PRIMARY = {"conv_fprop": "y", "conv_dgrad": "dx", "conv_wgrad": "dw", "matmul": 
            "batchnorm": "y", "batchnorm_inference": "y", "batchnorm_bwd": "dx", "reduce_sum": "y", "reduce_max": "y",
            "reduce_min": "y", "reduce_amax": "y", "reduce_mean": "y", "embedding": "y", "embedding_bwd": "dtable",
            "rope": "y", "rope_bwd": "dx", "cross_entropy": "loss", "cross_entropy_bwd": "dlogits",
-           "transpose": "y"}
+           "transpose": "y", "quantize": "y"}
 POINTWISE = {"add": ("a", "b"), "sub": ("a", "b"), "mul": ("a", "b"), "bias_add": ("x", "bias"),
              "scale": ("x", "scale"), "relu": ("x",), "gelu_tanh": ("x",), "gelu_erf": ("x",), "silu": ("x",),
              "sigmoid": ("x",), "tanh": ("x",), "relu_bwd": ("dy", "x"),

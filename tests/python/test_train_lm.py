@@ -94,6 +94,30 @@ def test_resume_continues_exactly(fusebox, data, run, tmp_path):
     assert p.returncode == 0 and "no steps left" in p.stdout, p.stdout + p.stderr
 
 
+def test_fp8_follows_bf16_the_loss_falls_and_a_resume_is_exact(fusebox, data, run, tmp_path):
+    """--fp8 (docs/training.md, "FP8 training") on the reference backend: the blocks' GEMMs in FP8
+    follow the bf16 run of the module fixture, the loss falls, and a run stopped after 7 steps and
+    resumed (the checkpoint holds the delayed scaling's state) ends with the same losses and the
+    same checkpoint as an uninterrupted one."""
+    out, _ = run
+    full = tmp_path / "fp8"
+    p = _train(fusebox, data, full, "--steps", "20", "--fp8", "--generate", "0", "--no-plot")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "GEMMs in FP8" in p.stdout, p.stdout
+    bf16, fp8 = _losses(out / "losses.csv"), _losses(full / "losses.csv")
+    assert len(fp8) == 20
+    assert np.mean(fp8[-3:]) < fp8[0] - 0.5, fp8
+    worst = max(abs(a - b) for a, b in zip(bf16, fp8))
+    assert 0 < worst < 0.2, (worst, bf16, fp8)
+    part = tmp_path / "fp8_part"
+    p = _train(fusebox, data, part, "--steps", "20", "--fp8", "--stop-after", "7", "--generate", "0", "--no-plot")
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = _train(fusebox, data, part, "--steps", "20", "--fp8", "--resume", "--generate", "0", "--no-plot")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert _losses(part / "losses.csv") == fp8
+    assert (part / "checkpoint.safetensors").read_bytes() == (full / "checkpoint.safetensors").read_bytes()
+
+
 def test_bad_files_are_one_clear_error(fusebox, data, run, tmp_path):
     out, _ = run
     # Text where tokens belong.

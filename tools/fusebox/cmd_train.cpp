@@ -28,7 +28,7 @@ struct TrainArgs {
   std::string config, data, out, backend = "reference", dump_grads, prompt;
   int64_t steps = 0, save_every = 0, prompt_tokens = 16, generate = 24, val_batches = -1, stop_after = 0;
   int ranks = 1, profile = 0;
-  bool resume = false, check_gradients = false, no_plot = false;
+  bool resume = false, check_gradients = false, no_plot = false, fp8 = false;
   CacheFlags cache;
 };
 
@@ -93,6 +93,7 @@ int run_train(const TrainArgs& a) {
   auto cfg = load_lm_config(a.config);
   if (!cfg.ok()) return fail(cfg.status());
   if (a.val_batches > 0) cfg->train.val_batches = a.val_batches;
+  if (a.fp8) cfg->train.fp8 = true;
   const int64_t S = cfg->model.context;
   // The data: a folder (train.npy, val.npy, vocab_bytes.json) or one token file.
   std::string train_path = a.data, val_path, vocab_path;
@@ -343,6 +344,9 @@ Runner add_train(CLI::App& app) {
   cmd->add_option("--out", a->out, "Output folder: checkpoints, losses.csv, the generated pipelines")
       ->required();
   cmd->add_flag("--resume", a->resume, "Continue from OUT/checkpoint.safetensors");
+  cmd->add_flag("--fp8", a->fp8,
+                "The transformer blocks' GEMMs in FP8 (e4m3 forward, e5m2 gradients, delayed scaling): the "
+                "config's train.fp8 (docs/training.md)");
   cmd->add_option("--backend", a->backend, "reference (CPU, small models) or gpu")
       ->check(CLI::IsMember({"reference", "gpu"}));
   cmd->add_option("--save-every", a->save_every, "Also write the checkpoint every K steps")

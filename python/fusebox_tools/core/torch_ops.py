@@ -763,6 +763,17 @@ def cross_entropy(ins, op):
     return {"dlogits": dx.reshape(ins["logits"].shape)}
 
 
+def quantize(ins, op, dtypes):
+    """quantize: y = fp8(x * scale), the product in fp32, saturated to the format's largest finite
+    value (torch's own cast turns an overflow into NaN, so clamp first), rounded to nearest even by
+    torch's float8 cast; amax = max |x| (of x, not of the scaled values)."""
+    x = ins["x"].float()
+    e5m2 = (dtypes or {}).get("y") == "fp8_e5m2"
+    fmt, top = (torch.float8_e5m2, 57344.0) if e5m2 else (torch.float8_e4m3fn, 448.0)
+    y = (x * ins["scale"].float().reshape(-1)[0]).clamp(-top, top).to(fmt).float()
+    return {"y": y, "amax": x.abs().amax().reshape([1] * x.dim())}
+
+
 def _outputs_of(res, op):
     return {r: res[r] for r in op["outputs"] if r in res}
 
@@ -793,6 +804,7 @@ TORCH_OPS = {
     "conv_wgrad": lambda op, ins, dtypes: {"dw": conv_wgrad(ins["dy"], ins["x"], op, ins.get("w"))},
     "matmul": lambda op, ins, dtypes: torch.matmul(ins["a"], ins["b"]),
     "transpose": lambda op, ins, dtypes: ins["x"].permute(*op["attrs"]["permutation"]).contiguous(),
+    "quantize": lambda op, ins, dtypes: _outputs_of(quantize(ins, op, dtypes), op),
     **{kind: (lambda op, ins, dtypes: pool(ins, op)) for kind in POOL_OPS},
     **{kind: (lambda op, ins, dtypes: reduction(ins["x"], op)) for kind in REDUCTION_OPS},
     **{kind: (lambda op, ins, dtypes, f=f: f(ins)) for kind, f in _POINTWISE.items()},

@@ -1,5 +1,5 @@
 // The ops fusebox runs only with its own kernel (OpTraits::native_only:
-// embedding, rope, cross_entropy; docs/architecture.md, "Native ops") have no
+// embedding, rope, cross_entropy, quantize; docs/architecture.md, "Native ops") have no
 // lowering: their lower_op (one line each, below) is this refusal, reached only by a
 // graph that mixes such an op with cuDNN ops (the kernels layer refuses it
 // first, with the same advice).
@@ -21,6 +21,9 @@ Status lower_op(LowerContext& ctx, const ResolvedOp&, const RopeAttrs&) {
 }
 Status lower_op(LowerContext& ctx, const ResolvedOp&, const CrossEntropyAttrs&) {
   return lower_native_op(ctx, "softmax cross-entropy");
+}
+Status lower_op(LowerContext& ctx, const ResolvedOp&, const QuantizeAttrs&) {
+  return lower_native_op(ctx, "quantize (a cast to FP8 with its amax)");
 }
 
 }  // namespace fusebox::cudnn

@@ -1,0 +1,61 @@
+// fusebox: FP8 training's GEMMs (issue 33, "FP8 training"; docs/training.md). The user declares the
+// forward in bf16 and fusebox derives the backward; then each pipeline's matmuls whose two operands
+// come from memory are rewritten to read FP8 copies of them, Transformer Engine's recipe:
+//
+//   forward   y = a @ w        a, w quantized to e4m3
+//   backward  da = dy @ w^T    dy (an incoming gradient) to e5m2, w^T to e4m3
+//             dw = a^T @ dy    a^T to e4m3, dy to e5m2
+//
+// Each quantized operand gets a `quantize` stage (include/fusebox/ops/quantize.h) that writes its
+// FP8 copy in the layout Hopper's FP8 GEMMs read (K contiguous in both operands: a row-major, b
+// column-major; a transposed view is a transposed copy), and the matmul's fp32 product is
+// multiplied by the two inverse scales before its epilogue (the residual add, the gradient parts
+// summed in it) and its one rounding. Scales are per buffer, the same for every copy of it, forward
+// and backward: buffers `fp8.scale.<b>` and `fp8.scale_inv.<b>` (inputs the trainer fills from its
+// delayed scaling, fusebox/fp8_scaling.h) and `fp8.amax.<b>` (an output: max |b| of this step).
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "fusebox/dtype.h"
+#include "fusebox/status.h"
+
+namespace fusebox {
+
+struct Fp8RewriteOptions {
+  // Buffers quantized to e5m2 (gradients); every other operand goes to e4m3.
+  std::set<std::string> gradients;
+  // Record the amax of e4m3 operands too. The forward: yes; the backward, whose e4m3 operands are
+  // the forward's saved buffers and weights (recorded there): no.
+  bool amax_of_e4m3 = true;
+  // Buffers whose matmuls stay in bf16: a matmul with an operand bound to one of them (the language
+  // model's output projection and its backward, by its weight and input: Transformer Engine's
+  // recipe keeps the LM head in higher precision).
+  std::set<std::string> keep_buffers;
+};
+
+struct Fp8PipelineRewrite {
+  std::string pipeline_path;               // the rewritten pipeline file
+  std::map<std::string, DType> quantized;  // buffer -> its FP8 format (its scale buffers exist)
+  std::vector<std::string> amax;           // buffers whose fp8.amax.<b> this pipeline writes
+  int gemms = 0;                           // matmuls rewritten
+  int casts = 0;                           // quantize stages added (one per buffer and layout)
+  std::vector<std::string> kept;           // "<stage>: matmul '<op>': why" left in bf16
+};
+
+std::string fp8_scale_buffer(const std::string& buffer);      // "fp8.scale.<buffer>"
+std::string fp8_scale_inv_buffer(const std::string& buffer);  // "fp8.scale_inv.<buffer>"
+std::string fp8_amax_buffer(const std::string& buffer);       // "fp8.amax.<buffer>"
+
+// Reads the pipeline file (and its graph files) and writes the rewritten pipeline as
+// `out_dir`/NAME.json with every stage's graph in `out_dir`/graphs/ (atomically, each; `out_dir`
+// must not be the input's folder). A matmul is rewritten when both operands are bf16 or fp16 graph
+// inputs bound to buffers; one with an operand computed in its graph (a recomputed GEMM's input)
+// stays as it is, listed in `kept`.
+Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path, const std::string& out_dir,
+                                                const Fp8RewriteOptions& options);
+
+}  // namespace fusebox

@@ -1,0 +1,287 @@
+// fusebox train layer: FP8 training's pipeline rewrite (fusebox/fp8_training.h).
+#include "fusebox/fp8_training.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "common/file_io.h"
+
+namespace fusebox {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+constexpr uint64_t kMaxFileBytes = 64u << 20;
+
+Result<Json> read_json(const std::string& path, std::string_view what) {
+  FUSEBOX_ASSIGN_OR_RETURN(std::string text, common::read_file_bounded(path, kMaxFileBytes, what));
+  Json j = Json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return InvalidArgument(path + ": " + std::string(what) + " is not a JSON object");
+  return j;
+}
+
+const char* fp8_name(DType t) { return t == DType::kFP8E5M2 ? "fp8_e5m2" : "fp8_e4m3"; }
+
+Json ones(size_t rank) { return Json(std::vector<int64_t>(rank, 1)); }
+
+// The declaration of graph tensor `name`, or null.
+Json* find_tensor(Json& g, const std::string& name) {
+  for (Json& t : g["tensors"])
+    if (t.value("name", "") == name) return &t;
+  return nullptr;
+}
+
+// The names op `op` binds to its inputs or outputs (`side`).
+std::vector<std::string> bound(const Json& op, const char* side) {
+  std::vector<std::string> out;
+  if (!op.contains(side) || !op[side].is_object()) return out;
+  for (const auto& [role, t] : op[side].items())
+    if (t.is_string()) out.push_back(t.get<std::string>());
+  return out;
+}
+
+bool produced_in(const Json& g, const std::string& name) {
+  for (const Json& op : g["ops"])
+    for (const std::string& t : bound(op, "outputs"))
+      if (t == name) return true;
+  return false;
+}
+
+int readers_in(const Json& g, const std::string& name) {
+  int n = 0;
+  for (const Json& op : g["ops"])
+    for (const std::string& t : bound(op, "inputs"))
+      if (t == name) ++n;
+  return n;
+}
+
+bool name_taken(const Json& g, const std::string& name) {
+  for (const Json& t : g["tensors"])
+    if (t.value("name", "") == name) return true;
+  for (const Json& op : g["ops"]) {
+    if (op.value("name", "") == name) return true;
+    for (const std::string& t : bound(op, "outputs"))
+      if (t == name) return true;
+  }
+  return false;
+}
+
+std::string fresh(const Json& g, const std::string& base) {
+  std::string n = base;
+  for (int i = 2; name_taken(g, n); ++i) n = base + "_" + std::to_string(i);
+  return n;
+}
+
+class Rewriter {
+ public:
+  Rewriter(Json pipeline, const Fp8RewriteOptions& o) : p_(std::move(pipeline)), o_(o) {}
+
+  // One matmul operand (role a or b) of op `op` in stage `stage`'s graph `g`: quantized, or why not.
+  Result<std::string> operand(const std::string& stage, Json& g, Json& op, const char* role) {
+    const std::string t = op["inputs"].value(role, "");
+    Json* decl = find_tensor(g, t);
+    if (!decl || produced_in(g, t)) return std::string("operand '") + role + "' is computed in the graph";
+    if (!decl->contains("dims") || decl->contains("values") || decl->contains("scalar"))
+      return std::string("operand '") + role + "' is not a tensor in memory with declared dims";
+    const std::string dtype = decl->value("dtype", g.value("io_dtype", "fp32"));
+    if (dtype != "bf16" && dtype != "fp16")
+      return std::string("operand '") + role + "' is " + dtype + " (bf16 or fp16 are quantized)";
+    Json& bind = p_["bind"][stage];
+    if (!bind.contains(t)) return std::string("operand '") + role + "' is bound to no buffer";
+    return std::string();
+  }
+
+  // Rewrites matmul g["ops"][i] of stage `stage` (both operands checked by operand()): the scale
+  // ops go in after it.
+  void rewrite(const std::string& stage, Json& g, size_t i) {
+    // p_["bind"] is an ordered map over a vector: cast() adds stages to it, so no reference into
+    // it is held across a call.
+    auto bind = [&]() -> Json& { return p_["bind"][stage]; };
+    Json op = g["ops"][i];
+    for (const char* role : {"a", "b"}) {
+      const std::string t = op["inputs"][role];
+      Json decl = *find_tensor(g, t);
+      if (!decl.contains("dtype")) decl["dtype"] = g.value("io_dtype", "fp32");
+      const std::string buffer = bind()[t].get<std::string>();
+      const DType fmt = o_.gradients.count(buffer) ? DType::kFP8E5M2 : DType::kFP8E4M3;
+      const DType use = r_.quantized.emplace(buffer, fmt).first->second;  // one format per buffer
+      const size_t rank = decl["dims"].size();
+      Json q8 = {{"dims", decl["dims"]}, {"dtype", fp8_name(use)}};
+      if (std::string(role) == "b") q8["layout"] = "col_major";  // K contiguous
+      const std::string copy = cast(buffer, decl, q8, use, rank);
+      // The matmul reads the copy through a tensor of its own.
+      const std::string t8 = fresh(g, t + "_fp8");
+      Json d8 = q8;
+      d8["name"] = t8;
+      g["tensors"].push_back(d8);
+      bind()[t8] = copy;
+      op["inputs"][role] = t8;
+      g["ops"][i] = op;  // readers_in() below counts the operand's other readers
+      const std::string ds = fresh(g, t + "_descale");
+      g["tensors"].push_back({{"name", ds}, {"dims", ones(rank)}, {"dtype", "fp32"}});
+      bind()[ds] = fp8_scale_inv_buffer(buffer);
+      declare_scale(fp8_scale_inv_buffer(buffer));
+      descales_.push_back(ds);
+      if (readers_in(g, t) == 0) {  // no other op reads the bf16 operand: it leaves the graph
+        auto& ts = g["tensors"];
+        for (auto it = ts.begin(); it != ts.end(); ++it)
+          if (it->value("name", "") == t) {
+            ts.erase(it);
+            break;
+          }
+        bind().erase(t);
+      }
+    }
+    // y = (a8 @ b8) * descale_a * descale_b, in fp32, then the op's epilogue as before.
+    const std::string y = op["outputs"]["y"];
+    const std::string acc = fresh(g, y + "_fp8_acc"), mid = fresh(g, y + "_fp8_acc_a");
+    const std::string name = op["name"];
+    const std::string sa = fresh(g, name + "_descale_a"), sb = fresh(g, name + "_descale_b");
+    op["outputs"]["y"] = acc;
+    g["ops"][i] = op;
+    Json& ops = g["ops"];
+    ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+               Json{{"op", "scale"},
+                    {"name", sa},
+                    {"inputs", {{"x", acc}, {"scale", descales_[descales_.size() - 2]}}},
+                    {"outputs", {{"y", mid}}}});
+    ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 2,
+               Json{{"op", "scale"},
+                    {"name", sb},
+                    {"inputs", {{"x", mid}, {"scale", descales_.back()}}},
+                    {"outputs", {{"y", y}}}});
+    ++r_.gemms;
+  }
+
+  // The FP8 copy of `buffer` as seen through `decl`, in the layout of `q8`: a quantize stage's
+  // output, one per buffer, view and layout.
+  std::string cast(const std::string& buffer, const Json& decl, const Json& q8, DType fmt, size_t rank) {
+    Json view = {{"dims", decl["dims"]}};
+    for (const char* k : {"layout", "strides"})
+      if (decl.contains(k)) view[k] = decl[k];
+    const std::string key = buffer + "|" + view.dump() + "|" + q8.dump();
+    if (auto it = casts_.find(key); it != casts_.end()) return it->second;
+    const std::string copy = buffer + ".fp8." + std::to_string(++copies_[buffer]);
+    const std::string stage = copy + ".cast";
+    Json x = view;
+    x["name"] = "x";
+    x["dtype"] = decl["dtype"];
+    Json y = q8;
+    y["name"] = "y";
+    Json tensors = Json::array({x, {{"name", "scale"}, {"dims", ones(rank)}, {"dtype", "fp32"}}, y});
+    Json outputs = {{"y", "y"}};
+    Json bind = {{"x", buffer}, {"scale", fp8_scale_buffer(buffer)}, {"y", copy}};
+    const bool want_amax = fmt == DType::kFP8E5M2 || o_.amax_of_e4m3;
+    if (want_amax && amax_done_.insert(buffer).second) {
+      tensors.push_back({{"name", "amax"}, {"dims", ones(rank)}, {"dtype", "fp32"}});
+      outputs["amax"] = "amax";
+      bind["amax"] = fp8_amax_buffer(buffer);
+      p_["buffers"][fp8_amax_buffer(buffer)] = {{"kind", "output"}, {"reshape", true}};
+      r_.amax.push_back(buffer);
+    }
+    Json g = {{"name", stage},
+              {"io_dtype", "bf16"},
+              {"tensors", tensors},
+              {"ops", Json::array({{{"op", "quantize"},
+                                    {"name", "cast"},
+                                    {"inputs", {{"x", "x"}, {"scale", "scale"}}},
+                                    {"outputs", outputs}}})}};
+    new_graphs_.emplace_back(stage, g);
+    p_["bind"][stage] = bind;
+    p_["buffers"][copy] = {{"kind", "intermediate"}};
+    declare_scale(fp8_scale_buffer(buffer));
+    casts_[key] = copy;
+    ++r_.casts;
+    return copy;
+  }
+
+  void declare_scale(const std::string& b) { p_["buffers"][b] = {{"kind", "input"}, {"reshape", true}}; }
+
+  Json p_;
+  const Fp8RewriteOptions& o_;
+  Fp8PipelineRewrite r_;
+  std::map<std::string, std::string> casts_;
+  std::map<std::string, int> copies_;
+  std::set<std::string> amax_done_;
+  std::vector<std::string> descales_;
+  std::vector<std::pair<std::string, Json>> new_graphs_;
+};
+
+}  // namespace
+
+std::string fp8_scale_buffer(const std::string& buffer) { return "fp8.scale." + buffer; }
+std::string fp8_scale_inv_buffer(const std::string& buffer) { return "fp8.scale_inv." + buffer; }
+std::string fp8_amax_buffer(const std::string& buffer) { return "fp8.amax." + buffer; }
+
+Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path, const std::string& out_dir,
+                                                const Fp8RewriteOptions& options) {
+  FUSEBOX_ASSIGN_OR_RETURN(Json p, read_json(pipeline_path, "pipeline file"));
+  for (const char* k : {"name", "graphs", "buffers", "bind"})
+    if (!p.contains(k)) return InvalidArgument(pipeline_path + ": pipeline file has no '" + k + "'");
+  if (!p["graphs"].is_object() || !p["bind"].is_object() || !p["buffers"].is_object())
+    return InvalidArgument(pipeline_path + ": pipeline file's graphs, buffers and bind must be objects");
+  const fs::path in_dir = fs::absolute(fs::path(pipeline_path)).parent_path();
+  std::error_code ec;
+  if (fs::equivalent(in_dir, fs::path(out_dir), ec))
+    return InvalidArgument(
+        "fp8 rewrite: out_dir " + out_dir +
+        " is the input pipeline's folder: give another, so that no file of it is replaced");
+  Rewriter rw(p, options);
+  std::vector<std::pair<std::string, Json>> graphs;
+  for (const auto& [stage, file] : p["graphs"].items()) {
+    if (!file.is_string())
+      return InvalidArgument(pipeline_path + ": stage '" + stage + "' names no graph file");
+    fs::path gp(file.get<std::string>());
+    if (gp.is_relative()) gp = in_dir / gp;
+    FUSEBOX_ASSIGN_OR_RETURN(Json g, read_json(gp.string(), "graph file"));
+    if (!g.contains("tensors") || !g.contains("ops") || !rw.p_["bind"].contains(stage))
+      return InvalidArgument(gp.string() + ": stage '" + stage + "' has no tensors, ops or bind entry");
+    for (size_t i = 0; i < g["ops"].size(); ++i) {
+      Json& op = g["ops"][i];
+      if (op.value("op", "") != "matmul") continue;
+      const std::string where = stage + ": matmul '" + op.value("name", "") + "'";
+      const Json& sb = rw.p_["bind"][stage];
+      std::string keep;
+      for (const char* role : {"a", "b"}) {
+        const std::string t = op["inputs"].value(role, "");
+        if (sb.contains(t) && options.keep_buffers.count(sb[t].get<std::string>())) keep = sb[t];
+      }
+      if (!keep.empty()) {
+        rw.r_.kept.push_back(where + ": it reads '" + keep + "', kept in bf16");
+        continue;
+      }
+      std::string why;
+      for (const char* role : {"a", "b"}) {
+        FUSEBOX_ASSIGN_OR_RETURN(std::string w, rw.operand(stage, g, op, role));
+        if (why.empty()) why = w;
+      }
+      if (!why.empty()) {
+        rw.r_.kept.push_back(where + ": " + why);
+        continue;
+      }
+      rw.rewrite(stage, g, i);  // inserts the scale ops after i: the loop steps over them
+      i += 2;
+    }
+    graphs.emplace_back(stage, std::move(g));
+  }
+  for (auto& ng : rw.new_graphs_) graphs.push_back(std::move(ng));
+  fs::create_directories(fs::path(out_dir) / "graphs", ec);
+  if (ec) return IoError(out_dir + ": cannot create the folder: " + ec.message());
+  Json files = Json::object();
+  for (const auto& [stage, g] : graphs) {
+    const std::string rel = "graphs/" + stage + ".json";
+    FUSEBOX_RETURN_IF_ERROR(
+        common::write_file_atomic((fs::path(out_dir) / rel).string(), g.dump(1), "FP8 stage graph file"));
+    files[stage] = rel;
+  }
+  rw.p_["graphs"] = files;
+  rw.p_["name"] = rw.p_["name"].get<std::string>() + "_fp8";
+  const std::string out = (fs::path(out_dir) / (fs::path(pipeline_path).stem().string() + ".json")).string();
+  FUSEBOX_RETURN_IF_ERROR(common::write_file_atomic(out, rw.p_.dump(1), "FP8 pipeline file"));
+  rw.r_.pipeline_path = out;
+  return rw.r_;
+}
+
+}  // namespace fusebox

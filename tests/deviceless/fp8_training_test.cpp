@@ -1,0 +1,170 @@
+// FP8 training's pipeline rewrite (fusebox/fp8_training.h) on the language model's pipelines,
+// through the CPU references: which GEMMs it rewrites and which it keeps, that the results load as
+// pipelines, that the FP8 forward's loss stays near the bf16 one's with scales from the bf16
+// amaxes, the amax outputs equal max |x| of the buffers they record, and that a rewrite never
+// writes into the input's folder.
+#include "fusebox/fp8_training.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "fusebox/pipeline_backward.h"
+#include "fusebox/pipeline_run.h"
+#include "fusebox/train.h"
+#include "test_util.h"
+
+namespace fusebox {
+namespace {
+
+using testing::TempDir;
+
+LmModelConfig tiny_model() {
+  LmModelConfig m;
+  m.vocab = 32;
+  m.dim = 32;
+  m.layers = 2;
+  m.heads = 4;
+  m.kv_heads = 2;
+  m.head_dim = 8;
+  m.ffn_dim = 64;
+  m.context = 16;
+  return m;
+}
+
+std::map<std::string, std::vector<double>> forward_values(const LmModelConfig& m, int64_t batch) {
+  std::mt19937 rng(5);
+  std::normal_distribution<double> w(0, 0.2);
+  std::map<std::string, std::vector<double>> in;
+  const int64_t n = batch * m.context;
+  for (const char* k : {"ids", "labels"}) {
+    std::vector<double>& v = in[k];
+    for (int64_t i = 0; i < n; ++i) v.push_back(static_cast<double>(rng() % m.vocab));
+  }
+  const std::vector<float> a = lm_rope_angles(m, m.context);
+  in["freqs"].assign(a.begin(), a.end());
+  for (const LmParameter& p : lm_parameters(m)) {
+    std::vector<double>& v = in[p.name];
+    for (int64_t i = 0; i < p.elements(); ++i) v.push_back(p.init_std == 0 ? 1.0 : w(rng));
+  }
+  return in;
+}
+
+double mean_loss(const std::map<std::string, std::vector<float>>& chain) {
+  double s = 0;
+  for (float l : chain.at("loss")) s += l;
+  return s / static_cast<double>(chain.at("loss").size());
+}
+
+float amax_of(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+TEST(Fp8Training, TheBlocksGemmsAreRewrittenTheOutputProjectionKeptAndTheLossStaysClose) {
+  TempDir d;
+  const LmModelConfig m = tiny_model();
+  auto path = write_lm_pipeline(m, 2, m.context, d.file("fwd"), "none", "split");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  Fp8RewriteOptions o;
+  o.keep_buffers = {"output", "h_norm"};
+  auto r = fp8_rewrite_pipeline(*path, d.file("fp8"), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gemms, 7 * m.layers) << "q, k, v, wo, gate, up and down in every layer";
+  ASSERT_EQ(r->kept.size(), 1u);
+  EXPECT_NE(r->kept[0].find("'output'"), std::string::npos) << r->kept[0];
+  // One cast per buffer and layout: the attention norm's output feeds q, k and v through one copy.
+  EXPECT_EQ(r->casts, 11 * m.layers);
+  EXPECT_EQ(r->amax.size(), static_cast<size_t>(r->casts));
+  for (const auto& [b, t] : r->quantized) EXPECT_EQ(t, DType::kFP8E4M3) << b;
+
+  auto bf16 = load_pipeline_file(*path);
+  auto fp8 = load_pipeline_file(r->pipeline_path);
+  ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
+  ASSERT_TRUE(fp8.ok()) << fp8.status().ToString();
+  auto in = forward_values(m, 2);
+  auto bdata = pipeline_host_data(*bf16, in);
+  ASSERT_TRUE(bdata.ok()) << bdata.status().ToString();
+  auto bchain = reference_chain(*bf16, *bdata, 1e300);
+  ASSERT_TRUE(bchain.ok()) << bchain.status().ToString();
+  // Scales from the bf16 forward's amaxes (what delayed scaling converges to), e4m3's 448.
+  for (const auto& [b, t] : r->quantized) {
+    auto it = bchain->find(b);
+    const float a = it != bchain->end() ? amax_of(it->second) : [&] {
+      float mm = 0;
+      for (double x : in.at(b)) mm = std::max(mm, static_cast<float>(std::fabs(x)));
+      return mm;
+    }();
+    ASSERT_GT(a, 0) << b;
+    in[fp8_scale_buffer(b)] = {448.0 / a};
+    in[fp8_scale_inv_buffer(b)] = {static_cast<double>(1.f / static_cast<float>(448.0 / a))};
+  }
+  auto fdata = pipeline_host_data(*fp8, in);
+  ASSERT_TRUE(fdata.ok()) << fdata.status().ToString();
+  auto fchain = reference_chain(*fp8, *fdata, 1e300);
+  ASSERT_TRUE(fchain.ok()) << fchain.status().ToString();
+  const double lb = mean_loss(*bchain), lf = mean_loss(*fchain);
+  EXPECT_NEAR(lf, lb, 0.02 * lb) << "bf16 " << lb << ", fp8 " << lf;
+  EXPECT_NE(lf, lb) << "the FP8 forward must round somewhere";
+  // The amax outputs are max |x| of the buffer each records, as the FP8 forward computed it.
+  for (const std::string& b : r->amax) {
+    auto a = fchain->find(fp8_amax_buffer(b));
+    ASSERT_NE(a, fchain->end()) << b;
+    auto x = fchain->find(b);
+    const float want = x != fchain->end() ? amax_of(x->second) : [&] {
+      float mm = 0;
+      for (double v : in.at(b)) mm = std::max(mm, std::fabs(static_cast<float>(v)));
+      return mm;
+    }();
+    EXPECT_NEAR(a->second.at(0), want, 1e-2 * want) << b;  // the buffer rounded to bf16 before its cast
+  }
+}
+
+TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
+  TempDir d;
+  const LmModelConfig m = tiny_model();
+  auto path = write_lm_pipeline(m, 1, m.context, d.file("fwd"), "none", "split");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  auto fwd = load_pipeline_file(*path);
+  ASSERT_TRUE(fwd.ok());
+  BackwardOptions bo;
+  for (const LmParameter& p : lm_parameters(m)) bo.wrt.push_back(p.name);
+  bo.seeds = {"loss"};
+  auto derived = derive_pipeline_backward(*fwd, bo);
+  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+  auto bpath = write_pipeline_backward(*fwd, *derived, d.file("bwd"));
+  ASSERT_TRUE(bpath.ok()) << bpath.status().ToString();
+  auto bwd = load_pipeline_file(*bpath);
+  ASSERT_TRUE(bwd.ok());
+  Fp8RewriteOptions o;
+  o.keep_buffers = {"output", "h_norm"};
+  o.amax_of_e4m3 = false;
+  for (const PipelineBuffer& b : bwd->buffers) {
+    auto it = derived->inputs.find(b.name);
+    if (it == derived->inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
+      o.gradients.insert(b.name);
+  }
+  auto r = fp8_rewrite_pipeline(*bpath, d.file("fp8"), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gemms, 2 * 7 * m.layers) << "a dgrad and a wgrad GEMM per forward GEMM";
+  int e5m2 = 0;
+  for (const auto& [b, t] : r->quantized) {
+    EXPECT_EQ(t == DType::kFP8E5M2, o.gradients.count(b) > 0) << b;
+    e5m2 += t == DType::kFP8E5M2;
+  }
+  EXPECT_GT(e5m2, 0);
+  EXPECT_EQ(r->amax.size(), static_cast<size_t>(e5m2)) << "the saved buffers' amaxes are the forward's";
+  auto loaded = load_pipeline_file(r->pipeline_path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  // Never into the input's folder.
+  auto same = fp8_rewrite_pipeline(*bpath, d.file("bwd"), o);
+  ASSERT_FALSE(same.ok());
+  EXPECT_NE(same.status().message().find("no file of it is replaced"), std::string::npos)
+      << same.status().ToString();
+}
+
+}  // namespace
+}  // namespace fusebox
