@@ -64,15 +64,18 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"cross_entropy_small", "fusebox_cross_entropy"},
     {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"},
     {"embedding_bwd_small", "fusebox_embedding_bwd"},
+    {"quantize_fp8_transposed", "fusebox_quantize"},
+    {"quantize_small", "fusebox_quantize"},
+    {"quantize_transposed_small", "fusebox_quantize"},
     {"matmul_decode_silu", "fusebox_gemv"}};
 // Of those, the ones whose kernel needs a workspace (none since the paged decode attention, measured
 // slower than cuDNN's engine, runs only when pinned).
 const std::set<std::string> kNativeWorkspace = {};
 // Of those, the ones only fusebox runs (cuDNN has no op for them on 9.19, and fusebox
 // does not lower to 9.24's RoPE yet): no cuDNN engine to pin instead.
-const std::set<std::string> kOnlyFusebox = {"fusebox_embedding",         "fusebox_rope",
-                                            "fusebox_rope_bwd",          "fusebox_cross_entropy",
-                                            "fusebox_cross_entropy_bwd", "fusebox_embedding_bwd"};
+const std::set<std::string> kOnlyFusebox = {
+    "fusebox_embedding",         "fusebox_rope",          "fusebox_rope_bwd", "fusebox_cross_entropy",
+    "fusebox_cross_entropy_bwd", "fusebox_embedding_bwd", "fusebox_quantize"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());

@@ -173,6 +173,11 @@ def test_example_document(run_check, path):
             assert lb["dtype"] == "int32" and lb["dims"] == [lg["dims"][0], 1, 1, 1]
             assert op["attrs"] == {"classes": lg["dims"][1], "ignore_index": -100, "lse": "lse" in op["outputs"],
                                    "native_kernel": True}
+        elif op["op"] == "quantize":
+            # y = fp8(x * scale) in y's own layout, x's dims; fusebox's own kernel
+            x, y = tensors[op["inputs"]["x"]], tensors[op["outputs"]["y"]]
+            assert y["dims"] == x["dims"] and y["dtype"] in ("fp8_e4m3", "fp8_e5m2")
+            assert op["attrs"] == {"amax": "amax" in op["outputs"], "native_kernel": True}
         elif op["op"] == "transpose":
             # y's dim i is x's dim permutation[i]; same dtype
             x, y = tensors[op["inputs"]["x"]], tensors[op["outputs"]["y"]]
