@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/cuda_status.h"
@@ -16,6 +17,7 @@
 #include "fusebox/dtype.h"
 #include "kernel_base.h"
 #include "kernels/quantize.h"
+#include "packed16.cuh"
 #include "quantize_op.h"
 
 namespace fusebox::kernels {
@@ -140,6 +142,33 @@ __global__ void quantize_flat_kernel(const T* x, unsigned char* y, int64_t n, co
   if (amax) block_amax(m, amax);
 }
 
+// The flat form with 16-bit x, 8 elements a thread: one 16-byte load, one 8-byte store (x 16-byte
+// and y 8-byte aligned, n a multiple of 8; the launch checks).
+template <bool kHalf>
+__global__ void quantize_flat8_kernel(const uint4* x, uint2* y, int64_t n8, const float* sp, float sv,
+                                      bool e5m2, unsigned* amax) {
+  const float s = scale_of(sp, sv);
+  float m = 0.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint4 u = x[i];
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float v = value<kHalf>(u, k);
+      m = fmaxf(m, fabsf(v));
+      const uint32_t b = to_fp8(v * s, e5m2);
+      if (k < 4) {
+        lo |= b << (8 * k);
+      } else {
+        hi |= b << (8 * (k - 4));
+      }
+    }
+    y[i] = make_uint2(lo, hi);
+  }
+  if (amax) block_amax(m, amax);
+}
+
 // The offsets in x and y of batch `b` (the dims other than inner_x and inner_y, row-major).
 __device__ __forceinline__ void batch_offsets(const QuantizeShape& q, int64_t b, int64_t* xo, int64_t* yo) {
   *xo = 0;
@@ -260,7 +289,13 @@ class QuantizeKernel final : public KernelBase {
 
   template <typename T>
   void run(const T* x, unsigned char* y, const float* sp, unsigned* amax, cudaStream_t stream) const {
-    if (form_ == Form::kFlat) {
+    constexpr bool k16 = sizeof(T) == 2;
+    const bool packed = k16 && q_.n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(y) % 8 == 0;
+    if (form_ == Form::kFlat && packed) {
+      quantize_flat8_kernel<std::is_same_v<T, __half>><<<grid_stride_blocks(q_.n / 8, 256), 256, 0, stream>>>(
+          reinterpret_cast<const uint4*>(x), reinterpret_cast<uint2*>(y), q_.n / 8, sp, scale_, e5m2_, amax);
+    } else if (form_ == Form::kFlat) {
       quantize_flat_kernel<T>
           <<<grid_stride_blocks(q_.n, 256), 256, 0, stream>>>(x, y, q_.n, sp, scale_, e5m2_, amax);
     } else if (form_ == Form::kTranspose) {
