@@ -176,37 +176,40 @@ struct GpuStep::Impl {
       const std::string p(prefix);
       if (name.compare(0, p.size(), p) != 0) continue;
       auto it = fp8_index.find(name.substr(p.size()));
-      return it == fp8_index.end() ? nullptr : base + it->second;
+      return it == fp8_index.end() ? nullptr : base + static_cast<int64_t>(it->second) * fp8.stride;
     }
     return nullptr;
   }
 
-  // train.fp8: the scaling state, every scale 1 and no amax recorded.
+  // train.fp8: the scaling state, every scale 1 and no amax recorded. scale, scale_inv and amax
+  // hold each entry in a 256-byte slot of its own (Fp8State::stride); then step_amax, fp8_max and
+  // the history rings, packed.
   Status init_fp8(const GpuFp8& f) {
-    const int n = static_cast<int>(f.tensors.size());
-    const int64_t h = f.history;
+    const int64_t n = static_cast<int64_t>(f.tensors.size()), h = f.history, st = 64;
+    const int64_t floats = 3 * n * st + 2 * n + n * h;
     FUSEBOX_RETURN_IF_ERROR(
-        fp8_mem.alloc(static_cast<size_t>(5 * n + n * h) * sizeof(float), false, "FP8 scaling state"));
+        fp8_mem.alloc(static_cast<size_t>(floats) * sizeof(float), false, "FP8 scaling state"));
     FUSEBOX_RETURN_IF_ERROR(fp8_pos.alloc(sizeof(int32_t), false, "FP8 scaling state"));
-    std::vector<float> host(static_cast<size_t>(5 * n + n * h), 0.f);
-    for (int i = 0; i < n; ++i) {
-      fp8_index[f.tensors[static_cast<size_t>(i)].first] = i;
-      host[static_cast<size_t>(i)] = 1.f;      // scale
-      host[static_cast<size_t>(n + i)] = 1.f;  // scale_inv
-      host[static_cast<size_t>(4 * n + i)] =
+    std::vector<float> host(static_cast<size_t>(floats), 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      fp8_index[f.tensors[static_cast<size_t>(i)].first] = static_cast<int>(i);
+      host[static_cast<size_t>(i * st)] = 1.f;         // scale
+      host[static_cast<size_t>((n + i) * st)] = 1.f;   // scale_inv
+      host[static_cast<size_t>(3 * n * st + n + i)] =  // fp8_max
           static_cast<float>(dtype_saturation(f.tensors[static_cast<size_t>(i)].second));
     }
     float* base = fp8_mem.as<float>();
     fp8.scale = base;
-    fp8.scale_inv = base + n;
-    fp8.amax = base + 2 * n;
-    fp8.step_amax = base + 3 * n;
-    fp8.fp8_max = base + 4 * n;
-    fp8.history = base + 5 * n;
+    fp8.scale_inv = base + n * st;
+    fp8.amax = base + 2 * n * st;
+    fp8.step_amax = base + 3 * n * st;
+    fp8.fp8_max = base + 3 * n * st + n;
+    fp8.history = base + 3 * n * st + 2 * n;
     fp8.pos = fp8_pos.as<int32_t>();
-    fp8.n = n;
+    fp8.n = static_cast<int32_t>(n);
     fp8.h = static_cast<int32_t>(h);
     fp8.margin = static_cast<int32_t>(f.margin);
+    fp8.stride = static_cast<int32_t>(st);
     FUSEBOX_RETURN_IF_ERROR(
         cuda_status(cudaMemcpy(base, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice),
                     "train: FP8 state"));
@@ -564,11 +567,13 @@ Result<int> GpuStep::fp8_calibrate(const std::vector<int32_t>& ids, const std::v
 Result<std::map<std::string, std::vector<float>>> GpuStep::fp8_state() const {
   const Impl& s = *impl_;
   const size_t n = static_cast<size_t>(s.fp8.n), h = static_cast<size_t>(s.fp8.h);
-  std::vector<float> scale(n), ring(n * h);
+  const size_t st = static_cast<size_t>(s.fp8.stride);
+  std::vector<float> scale(n * st), ring(n * h);
   int32_t pos = 0;
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: FP8 state"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpy(scale.data(), s.fp8.scale, n * sizeof(float), cudaMemcpyDeviceToHost), "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(scale.data(), s.fp8.scale, n * st * sizeof(float), cudaMemcpyDeviceToHost),
+                  "train: FP8 state"));
   FUSEBOX_RETURN_IF_ERROR(
       cuda_status(cudaMemcpy(ring.data(), s.fp8.history, n * h * sizeof(float), cudaMemcpyDeviceToHost),
                   "train: FP8 state"));
@@ -577,7 +582,7 @@ Result<std::map<std::string, std::vector<float>>> GpuStep::fp8_state() const {
         cuda_status(cudaMemcpy(&pos, s.fp8.pos, sizeof pos, cudaMemcpyDeviceToHost), "train: FP8 state"));
   std::map<std::string, std::vector<float>> out;
   for (const auto& [name, i] : s.fp8_index) {
-    out["fp8_scale." + name] = {scale[static_cast<size_t>(i)]};
+    out["fp8_scale." + name] = {scale[static_cast<size_t>(i) * st]};
     std::vector<float>& hist = out["fp8_amax_history." + name];
     for (size_t k = 0; k < h; ++k)  // the slot written next is the oldest
       hist.push_back(ring[static_cast<size_t>(i) * h + (static_cast<size_t>(pos) + k) % h]);
@@ -588,14 +593,15 @@ Result<std::map<std::string, std::vector<float>>> GpuStep::fp8_state() const {
 Status GpuStep::fp8_restore(const std::map<std::string, std::vector<float>>& state) {
   Impl& s = *impl_;
   const size_t n = static_cast<size_t>(s.fp8.n), h = static_cast<size_t>(s.fp8.h);
-  std::vector<float> scale(n, 1.f), inv(n, 1.f), ring(n * h, 0.f);
+  const size_t st = static_cast<size_t>(s.fp8.stride);
+  std::vector<float> scale(n * st, 0.f), inv(n * st, 0.f), ring(n * h, 0.f);
   for (const auto& [name, i] : s.fp8_index) {
     auto sc = state.find("fp8_scale." + name);
     auto hi = state.find("fp8_amax_history." + name);
     if (sc == state.end() || hi == state.end() || sc->second.size() != 1 || hi->second.size() != h)
       return InvalidArgument("train: FP8 state of '" + name + "' missing or of the wrong size");
-    scale[static_cast<size_t>(i)] = sc->second[0];
-    inv[static_cast<size_t>(i)] = 1.f / sc->second[0];
+    scale[static_cast<size_t>(i) * st] = sc->second[0];
+    inv[static_cast<size_t>(i) * st] = 1.f / sc->second[0];
     std::copy(hi->second.begin(), hi->second.end(),
               ring.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(i) * h));
   }

@@ -137,7 +137,7 @@ namespace {
 
 __global__ void fp8_fold_kernel(Fp8State st, bool first) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < st.n; i += gridDim.x * blockDim.x)
-    st.step_amax[i] = first ? st.amax[i] : fmaxf(st.step_amax[i], st.amax[i]);
+    st.step_amax[i] = first ? st.amax[i * st.stride] : fmaxf(st.step_amax[i], st.amax[i * st.stride]);
 }
 
 // One block: every thread reads the ring position before thread 0 advances it.
@@ -154,8 +154,9 @@ __global__ void fp8_update_kernel(Fp8State st) {
     if (!(m > 0.f)) continue;
     const double s = static_cast<double>(st.fp8_max[i]) / static_cast<double>(m) / ldexp(1.0, st.margin);
     if (s > 3.4028234663852886e38) continue;
-    st.scale[i] = static_cast<float>(s);
-    st.scale_inv[i] = 1.f / st.scale[i];
+    const float f = static_cast<float>(s);
+    st.scale[i * st.stride] = f;
+    st.scale_inv[i * st.stride] = 1.f / f;
   }
   if (threadIdx.x == 0) *st.pos = (pos + 1) % st.h;
 }

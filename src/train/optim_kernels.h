@@ -71,7 +71,7 @@ struct Fp8State {
   float* history = nullptr;        // [n * h]: a ring of the last h steps' amaxes (0 where none yet)
   const float* fp8_max = nullptr;  // [n]: 448 (e4m3) or 57344 (e5m2)
   int32_t* pos = nullptr;          // [1]: the ring's next slot
-  int32_t n = 0, h = 1, margin = 0;
+  int32_t n = 0, h = 1, margin = 0, stride = 64;
 };
 // step_amax = first ? amax : max(step_amax, amax).
 cudaError_t fp8_fold_amax(const Fp8State& st, bool first, cudaStream_t stream);
