@@ -8,7 +8,8 @@
 //
 // Each quantized operand gets a `quantize` stage (include/fusebox/ops/quantize.h) that writes its
 // FP8 copy in the layout Hopper's FP8 GEMMs read (K contiguous in both operands: a row-major, b
-// column-major; a transposed view is a transposed copy), and the matmul's fp32 product is
+// column-major; a transposed view is a transposed copy; a gradient read by a dgrad and a wgrad GEMM
+// gets both its copies from one stage, one read), and the matmul's fp32 product is
 // multiplied by the two inverse scales before its epilogue (the residual add, the gradient parts
 // summed in it) and its one rounding. Scales are per buffer, the same for every copy of it, forward
 // and backward: buffers `fp8.scale.<b>` and `fp8.scale_inv.<b>` (inputs the trainer fills from its
@@ -42,8 +43,8 @@ struct Fp8PipelineRewrite {
   std::map<std::string, DType> quantized;  // buffer -> its FP8 format (its scale buffers exist)
   std::vector<std::string> amax;           // buffers whose fp8.amax.<b> this pipeline writes
   int gemms = 0;                           // matmuls rewritten
-  int casts = 0;                           // quantize stages added (one per buffer and layout)
-  std::vector<std::string> kept;           // "<stage>: matmul '<op>': why" left in bf16
+  int casts = 0;  // quantize stages added: one per buffer and view, writing at most two layouts
+  std::vector<std::string> kept;  // "<stage>: matmul '<op>': why" left in bf16
 };
 
 std::string fp8_scale_buffer(const std::string& buffer);      // "fp8.scale.<buffer>"

@@ -187,9 +187,10 @@ __device__ __forceinline__ void batch_offsets(const QuantizeShape& q, int64_t b,
 
 // Blocks of kTile x 8 threads; block (bx, by, bz) covers y-contiguous indices [bx * 32, +32) and
 // x-contiguous ones [by * 32, +32) of batch bz (a grid-stride loop over batches past 65535).
+// `same` (or null): a second copy in x's own layout, written as x is read.
 template <typename T>
-__global__ void quantize_transpose_kernel(const T* x, unsigned char* y, QuantizeShape q, const float* sp,
-                                          float sv, bool e5m2, unsigned* amax) {
+__global__ void quantize_transpose_kernel(const T* x, unsigned char* y, unsigned char* same, QuantizeShape q,
+                                          const float* sp, float sv, bool e5m2, unsigned* amax) {
   __shared__ float tile[kTile][kTile + 1];
   const float s = scale_of(sp, sv);
   const int64_t ny = q.dims[q.inner_y], nx = q.dims[q.inner_x];
@@ -206,6 +207,7 @@ __global__ void quantize_transpose_kernel(const T* x, unsigned char* y, Quantize
       if (i < nx && j < ny) {
         v = to_f(x[xo + i + j * sxj]);
         m = fmaxf(m, fabsf(v));
+        if (same) same[xo + i + j * sxj] = to_fp8(v * s, e5m2);
       }
       tile[r][threadIdx.x] = v;
     }
@@ -271,54 +273,95 @@ class QuantizeKernel final : public KernelBase {
     const float* sp = scale_by_value_ ? nullptr : static_cast<const float*>(ptrs[p++]);
     auto* y = static_cast<unsigned char*>(ptrs[p++]);
     unsigned* amax = has_amax_ ? static_cast<unsigned*>(ptrs[p++]) : nullptr;
+    auto* y2 = has_y2_ ? static_cast<unsigned char*>(ptrs[p++]) : nullptr;
     if (amax) {
       const cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(float), stream);
       if (e != cudaSuccess) return common::cuda_status(e, where_, " amax reset");
     }
-    if (q_.n == 0) return Status::Ok();
+    if (q_[0].n == 0) return Status::Ok();
     switch (x_dtype_) {
       case DType::kBF16:
-        run(static_cast<const __nv_bfloat16*>(x), y, sp, amax, stream);
+        run(static_cast<const __nv_bfloat16*>(x), y, y2, sp, amax, stream);
         break;
       case DType::kFP16:
-        run(static_cast<const __half*>(x), y, sp, amax, stream);
+        run(static_cast<const __half*>(x), y, y2, sp, amax, stream);
         break;
       default:
-        run(static_cast<const float*>(x), y, sp, amax, stream);
+        run(static_cast<const float*>(x), y, y2, sp, amax, stream);
         break;
     }
     return common::cuda_status(cudaGetLastError(), where_, " quantize kernel launch");
   }
 
+  enum class Form { kFlat, kTranspose, kStrided };
+
   template <typename T>
-  void run(const T* x, unsigned char* y, const float* sp, unsigned* amax, cudaStream_t stream) const {
+  void run(const T* x, unsigned char* y, unsigned char* y2, const float* sp, unsigned* amax,
+           cudaStream_t stream) const {
+    if (y2 && fused_ >= 0) {  // one pass: output fused_ transposed, the other in x's layout
+      unsigned char* t = fused_ == 0 ? y : y2;
+      unsigned char* same = fused_ == 0 ? y2 : y;
+      one(x, t, same, q_[static_cast<size_t>(fused_)], Form::kTranspose, sp, amax, stream);
+      return;
+    }
+    one(x, y, nullptr, q_[0], form_[0], sp, amax, stream);
+    if (y2) one(x, y2, nullptr, q_[1], form_[1], sp, nullptr, stream);  // amax once
+  }
+
+  template <typename T>
+  void one(const T* x, unsigned char* y, unsigned char* same, const QuantizeShape& q, Form form,
+           const float* sp, unsigned* amax, cudaStream_t stream) const {
     constexpr bool k16 = sizeof(T) == 2;
-    const bool packed = k16 && q_.n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+    const bool packed = k16 && q.n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(y) % 8 == 0;
-    if (form_ == Form::kFlat && packed) {
-      quantize_flat8_kernel<std::is_same_v<T, __half>><<<grid_stride_blocks(q_.n / 8, 256), 256, 0, stream>>>(
-          reinterpret_cast<const uint4*>(x), reinterpret_cast<uint2*>(y), q_.n / 8, sp, scale_, e5m2_, amax);
-    } else if (form_ == Form::kFlat) {
+    if (form == Form::kFlat && packed) {
+      quantize_flat8_kernel<std::is_same_v<T, __half>><<<grid_stride_blocks(q.n / 8, 256), 256, 0, stream>>>(
+          reinterpret_cast<const uint4*>(x), reinterpret_cast<uint2*>(y), q.n / 8, sp, scale_, e5m2_, amax);
+    } else if (form == Form::kFlat) {
       quantize_flat_kernel<T>
-          <<<grid_stride_blocks(q_.n, 256), 256, 0, stream>>>(x, y, q_.n, sp, scale_, e5m2_, amax);
-    } else if (form_ == Form::kTranspose) {
-      const dim3 grid(static_cast<unsigned>((q_.dims[q_.inner_y] + kTile - 1) / kTile),
-                      static_cast<unsigned>((q_.dims[q_.inner_x] + kTile - 1) / kTile),
-                      static_cast<unsigned>(std::min<int64_t>(q_.batches, 65535)));
-      quantize_transpose_kernel<T><<<grid, dim3(kTile, 8), 0, stream>>>(x, y, q_, sp, scale_, e5m2_, amax);
+          <<<grid_stride_blocks(q.n, 256), 256, 0, stream>>>(x, y, q.n, sp, scale_, e5m2_, amax);
+    } else if (form == Form::kTranspose) {
+      const dim3 grid(static_cast<unsigned>((q.dims[q.inner_y] + kTile - 1) / kTile),
+                      static_cast<unsigned>((q.dims[q.inner_x] + kTile - 1) / kTile),
+                      static_cast<unsigned>(std::min<int64_t>(q.batches, 65535)));
+      quantize_transpose_kernel<T>
+          <<<grid, dim3(kTile, 8), 0, stream>>>(x, y, same, q, sp, scale_, e5m2_, amax);
     } else {
       quantize_strided_kernel<T>
-          <<<grid_stride_blocks(q_.n, 256), 256, 0, stream>>>(x, y, q_, sp, scale_, e5m2_, amax);
+          <<<grid_stride_blocks(q.n, 256), 256, 0, stream>>>(x, y, q, sp, scale_, e5m2_, amax);
     }
   }
 
-  enum class Form { kFlat, kTranspose, kStrided };
-  Form form_ = Form::kStrided;
-  QuantizeShape q_;
+  // By output (y, y2): its shape and form; fused_: the output written transposed by one pass that
+  // also writes the other in x's layout (-1: none).
+  QuantizeShape q_[2];
+  Form form_[2] = {Form::kStrided, Form::kStrided};
+  int fused_ = -1;
   DType x_dtype_ = DType::kBF16;
-  bool e5m2_ = false, has_amax_ = false, scale_by_value_ = false;
+  bool e5m2_ = false, has_amax_ = false, has_y2_ = false, scale_by_value_ = false;
   float scale_ = 1.f;
 };
+
+// Output y's shape and form against x.
+QuantizeKernel::Form plan_output(const ResolvedTensor& x, const ResolvedTensor& y, QuantizeShape& q) {
+  q.rank = static_cast<int>(x.dims.size());
+  q.n = 1;
+  for (int i = 0; i < q.rank; ++i) {
+    q.dims[i] = x.dims[static_cast<size_t>(i)];
+    q.xs[i] = x.strides[static_cast<size_t>(i)];
+    q.ys[i] = y.strides[static_cast<size_t>(i)];
+    q.n *= q.dims[i];
+  }
+  const int cx = contiguous_dim(x), cy = contiguous_dim(y);
+  if (dense(x) && dense(y) && x.strides == y.strides) return QuantizeKernel::Form::kFlat;
+  if (dense(x) && dense(y) && cx >= 0 && cy >= 0 && cx != cy) {
+    q.inner_x = cx;
+    q.inner_y = cy;
+    q.batches = q.n / (q.dims[cx] * q.dims[cy]);
+    return QuantizeKernel::Form::kTranspose;
+  }
+  return QuantizeKernel::Form::kStrided;
+}
 
 }  // namespace
 
@@ -337,25 +380,18 @@ Result<std::shared_ptr<const NativeKernel>> make_quantize_kernel(const ResolvedG
   k->x_dtype_ = x.dtype;
   k->e5m2_ = y.dtype == DType::kFP8E5M2;
   k->has_amax_ = a.amax;
+  k->has_y2_ = a.y2;
   k->scale_by_value_ = s.scalar_value.has_value();
   if (s.scalar_value) k->scale_ = static_cast<float>(*s.scalar_value);
-  QuantizeShape& q = k->q_;
-  q.rank = static_cast<int>(x.dims.size());
-  q.n = 1;
-  for (int i = 0; i < q.rank; ++i) {
-    q.dims[i] = x.dims[static_cast<size_t>(i)];
-    q.xs[i] = x.strides[static_cast<size_t>(i)];
-    q.ys[i] = y.strides[static_cast<size_t>(i)];
-    q.n *= q.dims[i];
-  }
-  const int cx = contiguous_dim(x), cy = contiguous_dim(y);
-  if (dense(x) && dense(y) && x.strides == y.strides) {
-    k->form_ = QuantizeKernel::Form::kFlat;
-  } else if (dense(x) && dense(y) && cx >= 0 && cy >= 0 && cx != cy) {
-    k->form_ = QuantizeKernel::Form::kTranspose;
-    q.inner_x = cx;
-    q.inner_y = cy;
-    q.batches = q.n / (q.dims[cx] * q.dims[cy]);
+  k->form_[0] = plan_output(x, y, k->q_[0]);
+  const ResolvedTensor* y2 = a.y2 ? &g.tensors[static_cast<size_t>(op.outputs.at("y2"))] : nullptr;
+  if (y2) {
+    if (y2->is_virtual)
+      return InvalidArgument(k->where_ + " output 'y2' ('" + y2->name + "') must be a graph output");
+    k->form_[1] = plan_output(x, *y2, k->q_[1]);
+    using F = QuantizeKernel::Form;
+    if (k->form_[0] == F::kTranspose && k->form_[1] == F::kFlat) k->fused_ = 0;
+    if (k->form_[0] == F::kFlat && k->form_[1] == F::kTranspose) k->fused_ = 1;
   }
   k->tensors_ = {x.name};
   if (!s.scalar_value) k->tensors_.push_back(s.name);
@@ -366,6 +402,7 @@ Result<std::shared_ptr<const NativeKernel>> make_quantize_kernel(const ResolvedG
       return InvalidArgument(k->where_ + " output 'amax' ('" + m.name + "') must be a graph output");
     k->tensors_.push_back(m.name);
   }
+  if (y2) k->tensors_.push_back(y2->name);
   return std::shared_ptr<const NativeKernel>(std::move(k));
 }
 

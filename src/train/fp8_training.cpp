@@ -155,47 +155,84 @@ class Rewriter {
     ++r_.gemms;
   }
 
-  // The FP8 copy of `buffer` as seen through `decl`, in the layout of `q8`: a quantize stage's
-  // output, one per buffer, view and layout.
+  // The FP8 copy of `buffer` as seen through `decl`, in the layout of `q8`: one per buffer, view
+  // and layout, named now; the quantize stages that write them come from finish(), one per buffer
+  // and view, with up to two copies each (y and y2: one read for a row-major and a transposed copy).
   std::string cast(const std::string& buffer, const Json& decl, const Json& q8, DType fmt, size_t rank) {
     Json view = {{"dims", decl["dims"]}};
     for (const char* k : {"layout", "strides"})
       if (decl.contains(k)) view[k] = decl[k];
-    const std::string key = buffer + "|" + view.dump() + "|" + q8.dump();
+    const std::string vkey = buffer + "|" + view.dump();
+    const std::string key = vkey + "|" + q8.dump();
     if (auto it = casts_.find(key); it != casts_.end()) return it->second;
     const std::string copy = buffer + ".fp8." + std::to_string(++copies_[buffer]);
-    const std::string stage = copy + ".cast";
-    Json x = view;
-    x["name"] = "x";
-    x["dtype"] = decl["dtype"];
-    Json y = q8;
-    y["name"] = "y";
-    Json tensors = Json::array({x, {{"name", "scale"}, {"dims", ones(rank)}, {"dtype", "fp32"}}, y});
-    Json outputs = {{"y", "y"}};
-    Json bind = {{"x", buffer}, {"scale", fp8_scale_buffer(buffer)}, {"y", copy}};
-    const bool want_amax = fmt == DType::kFP8E5M2 || o_.amax_of_e4m3;
-    if (want_amax && amax_done_.insert(buffer).second) {
-      tensors.push_back({{"name", "amax"}, {"dims", ones(rank)}, {"dtype", "fp32"}});
-      outputs["amax"] = "amax";
-      bind["amax"] = fp8_amax_buffer(buffer);
-      p_["buffers"][fp8_amax_buffer(buffer)] = {{"kind", "output"}, {"reshape", true}};
-      r_.amax.push_back(buffer);
+    auto [g, fresh_group] = groups_.try_emplace(vkey);
+    if (fresh_group) {
+      g->second.buffer = buffer;
+      g->second.x = view;
+      g->second.x["dtype"] = decl["dtype"];
+      g->second.fmt = fmt;
+      g->second.rank = rank;
+      group_order_.push_back(vkey);
     }
-    Json g = {{"name", stage},
-              {"io_dtype", "bf16"},
-              {"tensors", tensors},
-              {"ops", Json::array({{{"op", "quantize"},
-                                    {"name", "cast"},
-                                    {"inputs", {{"x", "x"}, {"scale", "scale"}}},
-                                    {"outputs", outputs}}})}};
-    new_graphs_.emplace_back(stage, g);
-    p_["bind"][stage] = bind;
+    g->second.copies.push_back({q8, copy});
     p_["buffers"][copy] = {{"kind", "intermediate"}};
     declare_scale(fp8_scale_buffer(buffer));
     casts_[key] = copy;
-    ++r_.casts;
     return copy;
   }
+
+  // The quantize stages of every copy cast() named, in the order their views were first asked for.
+  void finish() {
+    for (const std::string& vkey : group_order_) {
+      const Group& gr = groups_.at(vkey);
+      for (size_t c = 0; c < gr.copies.size(); c += 2) {
+        const std::string& first = gr.copies[c].second;
+        const std::string stage = first + ".cast";
+        Json x = gr.x;
+        x["name"] = "x";
+        Json tensors = Json::array({x, {{"name", "scale"}, {"dims", ones(gr.rank)}, {"dtype", "fp32"}}});
+        Json outputs = Json::object();
+        Json bind = {{"x", gr.buffer}, {"scale", fp8_scale_buffer(gr.buffer)}};
+        for (size_t k = c; k < std::min(c + 2, gr.copies.size()); ++k) {
+          const std::string role = k == c ? "y" : "y2";
+          Json y = gr.copies[k].first;
+          y["name"] = role;
+          tensors.push_back(y);
+          outputs[role] = role;
+          bind[role] = gr.copies[k].second;
+        }
+        const bool want_amax = gr.fmt == DType::kFP8E5M2 || o_.amax_of_e4m3;
+        if (want_amax && amax_done_.insert(gr.buffer).second) {
+          tensors.push_back({{"name", "amax"}, {"dims", ones(gr.rank)}, {"dtype", "fp32"}});
+          outputs["amax"] = "amax";
+          bind["amax"] = fp8_amax_buffer(gr.buffer);
+          p_["buffers"][fp8_amax_buffer(gr.buffer)] = {{"kind", "output"}, {"reshape", true}};
+          r_.amax.push_back(gr.buffer);
+        }
+        Json g = {{"name", stage},
+                  {"io_dtype", "bf16"},
+                  {"tensors", tensors},
+                  {"ops", Json::array({{{"op", "quantize"},
+                                        {"name", "cast"},
+                                        {"inputs", {{"x", "x"}, {"scale", "scale"}}},
+                                        {"outputs", outputs}}})}};
+        new_graphs_.emplace_back(stage, g);
+        p_["bind"][stage] = bind;
+        ++r_.casts;
+      }
+    }
+  }
+
+  struct Group {
+    std::string buffer;
+    Json x;  // the view the copies read the buffer through, with its dtype
+    DType fmt = DType::kFP8E4M3;
+    size_t rank = 0;
+    std::vector<std::pair<Json, std::string>> copies;  // (layout declaration, copy buffer)
+  };
+  std::map<std::string, Group> groups_;
+  std::vector<std::string> group_order_;
 
   void declare_scale(const std::string& b) { p_["buffers"][b] = {{"kind", "input"}, {"reshape", true}}; }
 
@@ -266,6 +303,7 @@ Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path
     }
     graphs.emplace_back(stage, std::move(g));
   }
+  rw.finish();
   for (auto& ng : rw.new_graphs_) graphs.push_back(std::move(ng));
   fs::create_directories(fs::path(out_dir) / "graphs", ec);
   if (ec) return IoError(out_dir + ": cannot create the folder: " + ec.message());

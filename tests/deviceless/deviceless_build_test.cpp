@@ -67,6 +67,7 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"quantize_fp8_transposed", "fusebox_quantize"},
     {"quantize_small", "fusebox_quantize"},
     {"quantize_transposed_small", "fusebox_quantize"},
+    {"quantize_two_copies_small", "fusebox_quantize"},
     {"matmul_decode_silu", "fusebox_gemv"}};
 // Of those, the ones whose kernel needs a workspace (none since the paged decode attention, measured
 // slower than cuDNN's engine, runs only when pinned).

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 
 #include "fusebox/pipeline_backward.h"
@@ -159,6 +161,15 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
   EXPECT_EQ(r->amax.size(), static_cast<size_t>(e5m2)) << "the saved buffers' amaxes are the forward's";
   auto loaded = load_pipeline_file(r->pipeline_path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  // A gradient read by a dgrad GEMM (row-major, as operand a) and a wgrad GEMM (column-major, as
+  // operand b) is cast once into both copies: a quantize stage with y2, one per such gradient.
+  int two_copies = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d.file("fp8") + "/graphs")) {
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    two_copies += text.find("\"y2\"") != std::string::npos;
+  }
+  EXPECT_EQ(two_copies, e5m2) << "every quantized gradient feeds one dgrad and one wgrad here";
   // Never into the input's folder.
   auto same = fp8_rewrite_pipeline(*bpath, d.file("bwd"), o);
   ASSERT_FALSE(same.ok());

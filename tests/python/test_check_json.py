@@ -177,7 +177,7 @@ def test_example_document(run_check, path):
             # y = fp8(x * scale) in y's own layout, x's dims; fusebox's own kernel
             x, y = tensors[op["inputs"]["x"]], tensors[op["outputs"]["y"]]
             assert y["dims"] == x["dims"] and y["dtype"] in ("fp8_e4m3", "fp8_e5m2")
-            assert op["attrs"] == {"amax": "amax" in op["outputs"], "native_kernel": True}
+            assert op["attrs"] == {"amax": "amax" in op["outputs"], "y2": "y2" in op["outputs"], "native_kernel": True}
         elif op["op"] == "transpose":
             # y's dim i is x's dim permutation[i]; same dtype
             x, y = tensors[op["inputs"]["x"]], tensors[op["outputs"]["y"]]

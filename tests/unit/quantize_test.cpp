@@ -105,6 +105,30 @@ TEST(Quantize, ATransposedYHoldsTheSameValuesInItsOwnLayout) {
   }
 }
 
+TEST(Quantize, ASecondCopyHoldsYsValuesInItsOwnLayoutAndYsDtype) {
+  auto r = resolve_json(R"({"name": "q2", "io_dtype": "float", "tensors": [
+      {"name": "x", "dims": [1, 2, 3]}, {"name": "s", "scalar": 2.0, "dtype": "fp32"},
+      {"name": "y", "dtype": "fp8_e5m2"}, {"name": "yt", "layout": "col_major"}],
+    "ops": [{"op": "quantize", "name": "cast", "inputs": {"x": "x", "scale": "s"},
+             "outputs": {"y": "y", "y2": "yt"}}]})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(T(*r, "yt").dtype, DType::kFP8E5M2) << "y2 takes y's dtype";
+  EXPECT_EQ(T(*r, "yt").strides, (std::vector<int64_t>{6, 1, 2}));
+  std::map<std::string, HostTensor> in;
+  in["x"] = host_from(T(*r, "x"), {0.3, -5, 200, 1e5, 0, -0.3});
+  auto out = reference_cpu(*r, in);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->at("y"), (std::vector<float>{0.625f, -10.f, 384.f, 57344.f, 0.f, -0.625f}));
+  EXPECT_EQ(out->at("yt"), out->at("y"));
+  auto bad = resolve_json(R"({"name": "q3", "io_dtype": "float", "tensors": [
+      {"name": "x", "dims": [1, 2, 3]}, {"name": "s", "scalar": 2.0, "dtype": "fp32"},
+      {"name": "y", "dtype": "fp8_e5m2"}, {"name": "yt", "dtype": "fp8_e4m3"}],
+    "ops": [{"op": "quantize", "name": "cast", "inputs": {"x": "x", "scale": "s"},
+             "outputs": {"y": "y", "y2": "yt"}}]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("a second copy of y"), std::string::npos) << bad.status().message();
+}
+
 TEST(Quantize, HasNoGradientRuleAndSaysWhatToDoInstead) {
   auto fwd = resolve_json(graph_json("", false));
   ASSERT_TRUE(fwd.ok()) << fwd.status().ToString();

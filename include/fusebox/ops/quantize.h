@@ -10,6 +10,9 @@
 //          operand an FP8 GEMM on Hopper reads
 //   amax   fp32 [1, ...] of x's rank, optional: max |x| over the whole tensor (of x, not of
 //          x * scale: the amax history of delayed scaling records it)
+//   y2     optional: the same values as y in a layout of its own (y's dims and dtype): one read of
+//          x for two copies, e.g. a gradient's row-major copy for its dgrad GEMM and its transposed
+//          copy for its wgrad GEMM (Transformer Engine's cast-transpose)
 // y = fp8(x * scale): the product in fp32, rounded to nearest even and saturated to the format's
 // largest finite value (448 for e4m3, 57344 for e5m2); NaN stays NaN. It has no cuDNN op in 9.19:
 // fusebox's kernel runs it, alone in its graph (a pipeline stage of its own).
@@ -19,6 +22,7 @@ namespace fusebox {
 
 struct QuantizeAttrs {
   bool amax = false;  // the optional output `amax` is declared
+  bool y2 = false;    // the optional output `y2` is declared
 };
 
 }  // namespace fusebox

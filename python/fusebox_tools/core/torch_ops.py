@@ -766,12 +766,13 @@ def cross_entropy(ins, op):
 def quantize(ins, op, dtypes):
     """quantize: y = fp8(x * scale), the product in fp32, saturated to the format's largest finite
     value (torch's own cast turns an overflow into NaN, so clamp first), rounded to nearest even by
-    torch's float8 cast; amax = max |x| (of x, not of the scaled values)."""
+    torch's float8 cast; y2 (a second copy in its own layout) holds the same values; amax = max |x|
+    (of x, not of the scaled values)."""
     x = ins["x"].float()
     e5m2 = (dtypes or {}).get("y") == "fp8_e5m2"
     fmt, top = (torch.float8_e5m2, 57344.0) if e5m2 else (torch.float8_e4m3fn, 448.0)
     y = (x * ins["scale"].float().reshape(-1)[0]).clamp(-top, top).to(fmt).float()
-    return {"y": y, "amax": x.abs().amax().reshape([1] * x.dim())}
+    return {"y": y, "y2": y, "amax": x.abs().amax().reshape([1] * x.dim())}
 
 
 def _outputs_of(res, op):

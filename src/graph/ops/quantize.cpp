@@ -26,13 +26,16 @@ std::optional<OpAttrs> make_attrs(std::string_view name, std::type_identity<Quan
 std::string_view type_name(const QuantizeAttrs&) { return "quantize"; }
 std::vector<std::string_view> input_roles(const QuantizeAttrs&) { return {"x", "scale"}; }
 std::vector<std::string_view> output_roles(const QuantizeAttrs& a) {
-  if (a.amax) return {"y", "amax"};
-  return {"y"};
+  std::vector<std::string_view> r{"y"};
+  if (a.amax) r.push_back("amax");
+  if (a.y2) r.push_back("y2");
+  return r;
 }
 
 Status parse_json(const JsonReader&, const nlohmann::json&, const std::string&, OpSpec& op,
                   QuantizeAttrs& a) {
-  a.amax = op.outputs.count("amax") > 0;  // an optional output
+  a.amax = op.outputs.count("amax") > 0;  // optional outputs
+  a.y2 = op.outputs.count("y2") > 0;
   return Status::Ok();
 }
 void write_json(const QuantizeAttrs&, nlohmann::ordered_json&) {}
@@ -57,6 +60,15 @@ Status infer(const InferContext& ctx, QuantizeAttrs& a) {
   const ResolvedTensor& y = ctx.out("y");
   FUSEBOX_RETURN_IF_ERROR(check_dtype_in(ctx.out_where("y"), y.dtype, {DType::kFP8E4M3, DType::kFP8E5M2},
                                          "quantize writes y in fp8_e4m3 or fp8_e5m2"));
+  if (a.y2) {
+    FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("y2", x.dims, dense_strides_like(x.dims, {}), y.dtype));
+    const ResolvedTensor& y2 = ctx.out("y2");
+    if (y2.dtype != y.dtype) {
+      return InvalidArgument(ctx.out_where("y2") + " is " + std::string(dtype_name(y2.dtype)) + " but y is " +
+                             std::string(dtype_name(y.dtype)) +
+                             ": y2 is a second copy of y in a layout of its own (omit its dtype)");
+    }
+  }
   if (a.amax) {
     const std::vector<int64_t> one(x.dims.size(), 1);
     FUSEBOX_RETURN_IF_ERROR(ctx.finish_output("amax", one, one, DType::kFP32));
@@ -71,13 +83,18 @@ Status infer(const InferContext& ctx, QuantizeAttrs& a) {
   return Status::Ok();
 }
 
-void canonical(const QuantizeAttrs& a, CanonicalWriter& w) { w.field("amax", a.amax); }
+void canonical(const QuantizeAttrs& a, CanonicalWriter& w) {
+  w.field("amax", a.amax);
+  w.field("y2", a.y2);
+}
 void describe(const QuantizeAttrs& a, std::ostream& os) {
   if (a.amax) os << ", with amax";
+  if (a.y2) os << ", two copies";
   os << ", fusebox kernel";
 }
 void resolved_json(const FlopsContext&, const QuantizeAttrs& a, nlohmann::ordered_json& j) {
   j["amax"] = a.amax;
+  j["y2"] = a.y2;
   j["native_kernel"] = true;
 }
 // Per element a multiply (and an abs and a max for amax).

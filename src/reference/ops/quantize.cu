@@ -65,6 +65,10 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const QuantizeAttrs& a) 
     FUSEBOX_ASSIGN_OR_RETURN(Values * am, ctx.out("amax"));
     am->data.assign(1, m);
   }
+  if (a.y2) {
+    FUSEBOX_ASSIGN_OR_RETURN(Values * y2, ctx.out("y2"));
+    y2->data = y->data;  // logical values: the layout is where a kernel writes them
+  }
   return Status::Ok();
 }
 
@@ -96,6 +100,12 @@ Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const QuantizeAttrs& qa)
   if (a.n > 0) {
     quantize_kernel<<<grid_for(a.n, 256), 256, 0, ctx.stream()>>>(a, y, amax);
     FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+  }
+  if (qa.y2 && a.n > 0) {
+    FUSEBOX_ASSIGN_OR_RETURN(const int y2idx, ctx.output_index("y2"));
+    FUSEBOX_ASSIGN_OR_RETURN(float* y2, ctx.destination(y2idx));
+    FUSEBOX_CUDA_RETURN(op_where(op), cudaMemcpyAsync(y2, y, static_cast<size_t>(a.n) * sizeof(float),
+                                                      cudaMemcpyDeviceToDevice, ctx.stream()));
   }
   return Status::Ok();
 }
