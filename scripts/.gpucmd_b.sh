@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a $R/gpu
 pack() { tar czf "$O/rb.tgz" -C $R . 2>/dev/null; }
 med() { python3 -c 'import csv,statistics,sys; r=list(csv.DictReader(open(sys.argv[1]))); print("median tokens/s steps 10+:", statistics.median(float(x["tokens_per_s"]) for x in r[10:]), "last loss", r[-1]["loss"])' "$1"; }
 rm -rf $W/f8
-timeout 230 $FB train lm --config examples/train/lm_125m.json --data $W/lm --steps 40 --out $W/f8 --backend gpu --fp8 --no-plot --generate 0 > $R/m125_fp8.txt 2>&1
+timeout 220 $FB train lm --config examples/train/lm_125m.json --data $W/lm --steps 40 --out $W/f8 --backend gpu --fp8 --no-plot --generate 0 > $R/m125_fp8.txt 2>&1
 echo "125M fp8 rc $?" >> $R/gpu_b.txt; grep -E "^start-up|^GPU|^model|validation|error|Error" $R/m125_fp8.txt | head -8 >> $R/gpu_b.txt
 [ -f $W/f8/losses.csv ] && med $W/f8/losses.csv >> $R/gpu_b.txt
 pack
