@@ -12,7 +12,9 @@
 #   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
 #   SWIGLU=split|fused (PARTs 2-6): the config's train.swiglu set to it (docs/lm.md; the 125M and 350M
 #           configs say "split" since 2026-12-06: SWIGLU=fused measures the other). SHARE=1: with
-#           train.share_buffers (the backward's intermediates in one arena; docs/lm.md).
+#           train.share_buffers (the backward's intermediates in one arena; docs/lm.md). FP8=1: with
+#           train.fp8 (the blocks' GEMMs in FP8, docs/training.md "FP8 training"); PART=4 with FP8=1
+#           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps.
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -38,13 +40,14 @@ summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # SWIGLU=split|fused and SHARE=1 (PARTs 2 to 6): the config with train.swiglu, and
 # train.share_buffers true, written under $W; its path.
 with_swiglu() {
-  if [ -z "${SWIGLU:-}" ] && [ -z "${SHARE:-}" ]; then echo "$1"; return; fi
-  local out="$W/$(basename "$1" .json)_swiglu_${SWIGLU:-asis}_share_${SHARE:-0}.json"
+  if [ -z "${SWIGLU:-}" ] && [ -z "${SHARE:-}" ] && [ -z "${FP8:-}" ]; then echo "$1"; return; fi
+  local out="$W/$(basename "$1" .json)_swiglu_${SWIGLU:-asis}_share_${SHARE:-0}_fp8_${FP8:-0}.json"
   $PY -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 if sys.argv[2]: c["train"]["swiglu"] = sys.argv[2]
 if sys.argv[3] == "1": c["train"]["share_buffers"] = True
-json.dump(c, open(sys.argv[4], "w"))' "$1" "${SWIGLU:-}" "${SHARE:-}" "$out" && echo "$out"
+if sys.argv[4] == "1": c["train"]["fp8"] = True
+json.dump(c, open(sys.argv[5], "w"))' "$1" "${SWIGLU:-}" "${SHARE:-}" "${FP8:-}" "$out" && echo "$out"
 }
 
 case "$PART" in
