@@ -606,10 +606,11 @@ Status GpuStep::fp8_restore(const std::map<std::string, std::vector<float>>& sta
               ring.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(i) * h));
   }
   FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(s.stream()), "train: FP8 state"));
-  FUSEBOX_RETURN_IF_ERROR(cuda_status(
-      cudaMemcpy(s.fp8.scale, scale.data(), n * sizeof(float), cudaMemcpyHostToDevice), "train: FP8 state"));
   FUSEBOX_RETURN_IF_ERROR(
-      cuda_status(cudaMemcpy(s.fp8.scale_inv, inv.data(), n * sizeof(float), cudaMemcpyHostToDevice),
+      cuda_status(cudaMemcpy(s.fp8.scale, scale.data(), n * st * sizeof(float), cudaMemcpyHostToDevice),
+                  "train: FP8 state"));
+  FUSEBOX_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(s.fp8.scale_inv, inv.data(), n * st * sizeof(float), cudaMemcpyHostToDevice),
                   "train: FP8 state"));
   FUSEBOX_RETURN_IF_ERROR(
       cuda_status(cudaMemcpy(s.fp8.history, ring.data(), n * h * sizeof(float), cudaMemcpyHostToDevice),
