@@ -51,7 +51,8 @@ std::string fp8_scale_buffer(const std::string& buffer);      // "fp8.scale.<buf
 std::string fp8_scale_inv_buffer(const std::string& buffer);  // "fp8.scale_inv.<buffer>"
 std::string fp8_amax_buffer(const std::string& buffer);       // "fp8.amax.<buffer>"
 
-// Reads the pipeline file (and its graph files) and writes the rewritten pipeline as
+// Reads the pipeline file (and its graph files: load_pipeline_file() checks them all first, so a
+// hostile file is that loader's one error) and writes the rewritten pipeline as
 // `out_dir`/NAME.json with every stage's graph in `out_dir`/graphs/ (atomically, each; `out_dir`
 // must not be the input's folder). A matmul is rewritten when both operands are bf16 or fp16 graph
 // inputs bound to buffers; one with an operand computed in its graph (a recomputed GEMM's input)

@@ -243,19 +243,8 @@ __global__ void quantize_strided_kernel(const T* x, unsigned char* y, QuantizeSh
   if (amax) block_amax(m, amax);
 }
 
-bool dense(const ResolvedTensor& t) {
-  // Some order of the dims packs the tensor without gaps: sort by stride, check each.
-  std::vector<size_t> order(t.dims.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.strides[a] < t.strides[b]; });
-  int64_t expect = 1;
-  for (size_t k : order) {
-    if (t.dims[k] == 1) continue;
-    if (t.strides[k] != expect) return false;
-    expect *= t.dims[k];
-  }
-  return true;
-}
+// No gaps between the elements (some order of the dims packs them).
+bool dense(const ResolvedTensor& t) { return t.storage_elements() == t.element_count(); }
 
 // The dim of stride 1 and extent > 1, or -1.
 int contiguous_dim(const ResolvedTensor& t) {

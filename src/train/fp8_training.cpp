@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
+#include "fusebox/pipeline.h"
 
 namespace fusebox {
 namespace {
@@ -78,8 +79,8 @@ class Rewriter {
  public:
   Rewriter(Json pipeline, const Fp8RewriteOptions& o) : p_(std::move(pipeline)), o_(o) {}
 
-  // One matmul operand (role a or b) of op `op` in stage `stage`'s graph `g`: quantized, or why not.
-  Result<std::string> operand(const std::string& stage, Json& g, Json& op, const char* role) {
+  // Why matmul operand `role` of op `op` in stage `stage`'s graph `g` cannot be quantized ("": it can).
+  std::string operand(const std::string& stage, Json& g, Json& op, const char* role) {
     const std::string t = op["inputs"].value(role, "");
     Json* decl = find_tensor(g, t);
     if (!decl || produced_in(g, t)) return std::string("operand '") + role + "' is computed in the graph";
@@ -100,6 +101,7 @@ class Rewriter {
     // it is held across a call.
     auto bind = [&]() -> Json& { return p_["bind"][stage]; };
     Json op = g["ops"][i];
+    std::string descale[2];  // the inverse-scale tensors of a and b
     for (const char* role : {"a", "b"}) {
       const std::string t = op["inputs"][role];
       Json decl = *find_tensor(g, t);
@@ -123,7 +125,7 @@ class Rewriter {
       g["tensors"].push_back({{"name", ds}, {"dims", ones(rank)}, {"dtype", "fp32"}});
       bind()[ds] = fp8_scale_inv_buffer(buffer);
       declare_scale(fp8_scale_inv_buffer(buffer));
-      descales_.push_back(ds);
+      descale[std::string(role) == "a" ? 0 : 1] = ds;
       if (readers_in(g, t) == 0) {  // no other op reads the bf16 operand: it leaves the graph
         auto& ts = g["tensors"];
         for (auto it = ts.begin(); it != ts.end(); ++it)
@@ -145,12 +147,12 @@ class Rewriter {
     ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 1,
                Json{{"op", "scale"},
                     {"name", sa},
-                    {"inputs", {{"x", acc}, {"scale", descales_[descales_.size() - 2]}}},
+                    {"inputs", {{"x", acc}, {"scale", descale[0]}}},
                     {"outputs", {{"y", mid}}}});
     ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(i) + 2,
                Json{{"op", "scale"},
                     {"name", sb},
-                    {"inputs", {{"x", mid}, {"scale", descales_.back()}}},
+                    {"inputs", {{"x", mid}, {"scale", descale[1]}}},
                     {"outputs", {{"y", y}}}});
     ++r_.gemms;
   }
@@ -242,7 +244,6 @@ class Rewriter {
   std::map<std::string, std::string> casts_;
   std::map<std::string, int> copies_;
   std::set<std::string> amax_done_;
-  std::vector<std::string> descales_;
   std::vector<std::pair<std::string, Json>> new_graphs_;
 };
 
@@ -254,6 +255,9 @@ std::string fp8_amax_buffer(const std::string& buffer) { return "fp8.amax." + bu
 
 Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path, const std::string& out_dir,
                                                 const Fp8RewriteOptions& options) {
+  // The pipeline loader checks the file and every graph file first (limits, structure, types), so
+  // that the JSON below is walked as the formats define it, never as a hostile file shapes it.
+  FUSEBOX_RETURN_IF_ERROR(load_pipeline_file(pipeline_path).status().WithContext("fp8 rewrite"));
   FUSEBOX_ASSIGN_OR_RETURN(Json p, read_json(pipeline_path, "pipeline file"));
   for (const char* k : {"name", "graphs", "buffers", "bind"})
     if (!p.contains(k)) return InvalidArgument(pipeline_path + ": pipeline file has no '" + k + "'");
@@ -290,10 +294,8 @@ Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path
         continue;
       }
       std::string why;
-      for (const char* role : {"a", "b"}) {
-        FUSEBOX_ASSIGN_OR_RETURN(std::string w, rw.operand(stage, g, op, role));
-        if (why.empty()) why = w;
-      }
+      for (const char* role : {"a", "b"})
+        if (why.empty()) why = rw.operand(stage, g, op, role);
       if (!why.empty()) {
         rw.r_.kept.push_back(where + ": " + why);
         continue;

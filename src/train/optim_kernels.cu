@@ -1,6 +1,7 @@
 // fusebox: the optimizer's CUDA kernels (optim_kernels.h).
 #include <cuda_bf16.h>
 
+#include <cfloat>
 #include <cmath>
 
 #include "optim_kernels.h"
@@ -153,7 +154,7 @@ __global__ void fp8_update_kernel(Fp8State st) {
     for (int k = 0; k < st.h; ++k) m = fmaxf(m, ring[k]);
     if (!(m > 0.f)) continue;
     const double s = static_cast<double>(st.fp8_max[i]) / static_cast<double>(m) / ldexp(1.0, st.margin);
-    if (s > 3.4028234663852886e38) continue;
+    if (s > static_cast<double>(FLT_MAX)) continue;
     const float f = static_cast<float>(s);
     st.scale[i * st.stride] = f;
     st.scale_inv[i * st.stride] = 1.f / f;

@@ -175,6 +175,17 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
   ASSERT_FALSE(same.ok());
   EXPECT_NE(same.status().message().find("no file of it is replaced"), std::string::npos)
       << same.status().ToString();
+  // A hostile graph file (types the format does not allow where the rewrite walks) is one error
+  // from the pipeline loader, before anything is written.
+  for (const auto& e : std::filesystem::directory_iterator(d.file("bwd"))) {
+    if (e.path().filename().string().find(".bwd.json") == std::string::npos) continue;
+    std::ofstream(e.path()) << R"({"name": "x", "io_dtype": "bf16", "tensors": 5, "ops": [{"op": 7}]})";
+    break;
+  }
+  auto hostile = fp8_rewrite_pipeline(*bpath, d.file("fp8_hostile"), o);
+  ASSERT_FALSE(hostile.ok());
+  EXPECT_NE(hostile.status().message().find("fp8 rewrite"), std::string::npos) << hostile.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(d.file("fp8_hostile")));
 }
 
 }  // namespace
