@@ -26,6 +26,15 @@
 
 namespace fusebox {
 
+// An FP8 copy of a buffer: which bytes it holds (`order`: its elements' offsets in the buffer, in
+// the copy's memory order, as canonical (extent, stride) runs), in which format, under which name.
+struct Fp8Copy {
+  std::string buffer;
+  std::string copy;
+  std::string order;
+  DType format = DType::kFP8E4M3;
+};
+
 struct Fp8RewriteOptions {
   // Buffers quantized to e5m2 (gradients); every other operand goes to e4m3.
   std::set<std::string> gradients;
@@ -36,6 +45,17 @@ struct Fp8RewriteOptions {
   // model's output projection and its backward, by its weight and input: Transformer Engine's
   // recipe keeps the LM head in higher precision).
   std::set<std::string> keep_buffers;
+  // The forward: buffers (the ones the backward reads as saved) whose copies are listed in
+  // `exported`, for the backward to take instead of casting the buffer again. A cast stage of one
+  // with a single copy also writes the other layout (row-major <-> column-major) from the same
+  // read, unless the buffer is in `skip_transposed`.
+  std::set<std::string> export_copies;
+  std::set<std::string> skip_transposed;
+  // The backward: FP8 copies the forward wrote (its `exported`, with `buffer` named as in this
+  // pipeline). A copy this pipeline needs that holds the same bytes (buffer, format and element
+  // order) is read from there, an input buffer of the same name, instead of cast again; a bf16
+  // input buffer that no stage reads after that leaves the pipeline.
+  std::vector<Fp8Copy> provided;
 };
 
 struct Fp8PipelineRewrite {
@@ -45,6 +65,12 @@ struct Fp8PipelineRewrite {
   int gemms = 0;                           // matmuls rewritten
   int casts = 0;  // quantize stages added: one per buffer and view, writing at most two layouts
   std::vector<std::string> kept;  // "<stage>: matmul '<op>': why" left in bf16
+  // The forward: every copy of an export_copies buffer (the backward may read each), and which of
+  // them were added for the backward alone (its transposed copies).
+  std::vector<Fp8Copy> exported;
+  std::vector<std::string> added;
+  std::vector<std::string> taken;    // the backward: provided copies it reads (their names)
+  std::vector<std::string> dropped;  // the backward: input buffers no stage reads any more
 };
 
 std::string fp8_scale_buffer(const std::string& buffer);      // "fp8.scale.<buffer>"

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_io.h"
+#include "fusebox/graph.h"
 #include "fusebox/pipeline.h"
 
 namespace fusebox {
@@ -73,6 +74,51 @@ std::string fresh(const Json& g, const std::string& base) {
   std::string n = base;
   for (int i = 2; name_taken(g, n); ++i) n = base + "_" + std::to_string(i);
   return n;
+}
+
+// Which bytes a copy of a buffer holds: its elements' offsets in the buffer (through `view`: dims
+// with strides or a layout), in the copy's memory order (`copy`: the same dims in its own layout),
+// as runs "extent:stride" with size-1 dims left out and contiguous runs merged. Two copies of one
+// buffer with the same order hold the same bytes. "" where a layout does not resolve (never for a
+// graph the loader accepted).
+std::string element_order(const Json& view, const Json& copy) {
+  const std::vector<int64_t> dims = view["dims"].get<std::vector<int64_t>>();
+  std::vector<int64_t> in;
+  if (view.contains("strides")) {
+    in = view["strides"].get<std::vector<int64_t>>();
+  } else {
+    auto s = layout_strides(dims, view.value("layout", ""));
+    if (!s.ok()) return "";
+    in = *s;
+  }
+  auto out = layout_strides(dims, copy.value("layout", ""));
+  if (!out.ok() || in.size() != dims.size()) return "";
+  std::vector<size_t> order;
+  for (size_t d = 0; d < dims.size(); ++d)
+    if (dims[d] != 1) order.push_back(d);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return (*out)[a] > (*out)[b]; });
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (extent, stride in the buffer), outermost first
+  for (size_t d : order) {
+    if (!runs.empty() && runs.back().second == dims[d] * in[d]) {
+      runs.back() = {runs.back().first * dims[d], in[d]};
+    } else {
+      runs.emplace_back(dims[d], in[d]);
+    }
+  }
+  std::string key;
+  for (const auto& [e, st] : runs) key += std::to_string(e) + ":" + std::to_string(st) + " ";
+  return key;
+}
+
+// The other of a matrix copy's two layouts: row-major <-> column-major (the last two dims).
+Json other_layout(const Json& q8) {
+  Json t = q8;
+  if (t.value("layout", "") == "col_major") {
+    t.erase("layout");
+  } else {
+    t["layout"] = "col_major";
+  }
+  return t;
 }
 
 class Rewriter {
@@ -167,6 +213,16 @@ class Rewriter {
     const std::string vkey = buffer + "|" + view.dump();
     const std::string key = vkey + "|" + q8.dump();
     if (auto it = casts_.find(key); it != casts_.end()) return it->second;
+    // A copy the forward wrote with these bytes: read it, cast nothing.
+    const std::string order = element_order(view, q8);
+    for (const Fp8Copy& c : o_.provided)
+      if (!order.empty() && c.buffer == buffer && c.order == order && c.format == fmt) {
+        p_["buffers"][c.copy] = {{"kind", "input"}};
+        r_.taken.push_back(c.copy);
+        replaced_.insert(buffer);
+        casts_[key] = c.copy;
+        return c.copy;
+      }
     const std::string copy = buffer + ".fp8." + std::to_string(++copies_[buffer]);
     auto [g, fresh_group] = groups_.try_emplace(vkey);
     if (fresh_group) {
@@ -187,7 +243,19 @@ class Rewriter {
   // The quantize stages of every copy cast() named, in the order their views were first asked for.
   void finish() {
     for (const std::string& vkey : group_order_) {
-      const Group& gr = groups_.at(vkey);
+      Group& gr = groups_.at(vkey);
+      if (o_.export_copies.count(gr.buffer)) {
+        if (gr.copies.size() == 1 && gr.rank >= 2 && !o_.skip_transposed.count(gr.buffer)) {
+          // The same read also writes the other layout, for the backward alone.
+          const Json t = other_layout(gr.copies[0].first);
+          const std::string copy = gr.buffer + ".fp8.t" + std::to_string(++copies_[gr.buffer]);
+          gr.copies.push_back({t, copy});
+          p_["buffers"][copy] = {{"kind", "output"}};
+          r_.added.push_back(copy);
+        }
+        for (const auto& [q8, copy] : gr.copies)  // the forward's own copies serve the backward too
+          r_.exported.push_back({gr.buffer, copy, element_order(gr.x, q8), gr.fmt});
+      }
       for (size_t c = 0; c < gr.copies.size(); c += 2) {
         const std::string& first = gr.copies[c].second;
         const std::string stage = first + ".cast";
@@ -226,6 +294,20 @@ class Rewriter {
     }
   }
 
+  // Input buffers whose every reader now reads a provided copy: they leave the pipeline.
+  void drop_unread() {
+    for (const std::string& b : replaced_) {
+      bool read = false;
+      for (const auto& [stage, bind] : p_["bind"].items())
+        for (const auto& [t, buf] : bind.items())
+          if (buf.is_string() && buf.get<std::string>() == b) read = true;
+      const Json& decl = p_["buffers"].contains(b) ? p_["buffers"][b] : Json();
+      if (read || decl.value("kind", "") != "input") continue;  // (no view is of an input)
+      p_["buffers"].erase(b);
+      r_.dropped.push_back(b);
+    }
+  }
+
   struct Group {
     std::string buffer;
     Json x;  // the view the copies read the buffer through, with its dtype
@@ -244,6 +326,7 @@ class Rewriter {
   std::map<std::string, std::string> casts_;
   std::map<std::string, int> copies_;
   std::set<std::string> amax_done_;
+  std::set<std::string> replaced_;  // buffers with a provided copy read instead of a cast
   std::vector<std::pair<std::string, Json>> new_graphs_;
 };
 
@@ -306,6 +389,7 @@ Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path
     graphs.emplace_back(stage, std::move(g));
   }
   rw.finish();
+  rw.drop_unread();
   for (auto& ng : rw.new_graphs_) graphs.push_back(std::move(ng));
   fs::create_directories(fs::path(out_dir) / "graphs", ec);
   if (ec) return IoError(out_dir + ": cannot create the folder: " + ec.message());

@@ -109,10 +109,16 @@ struct LmTrainer::Impl {
           " ranks: not yet (each rank's amaxes would have to be all-reduced); run one rank");
     Fp8RewriteOptions fo;
     fo.keep_buffers = {"output", "h_norm"};  // the output projection stays bf16
-    FUSEBOX_ASSIGN_OR_RETURN(Fp8PipelineRewrite f,
-                             fp8_rewrite_pipeline(fwd_path, (dir / "fp8_forward").string(), fo));
+    // Buffers the backward reads as saved under the forward's name (so under the same scales): the
+    // forward's casts of them also write the transposed copies the backward's GEMMs read.
+    for (const auto& [name, in] : derived.inputs)
+      if (in.kind == BackwardInput::Kind::kSaved && name == in.forward_tensor) fo.export_copies.insert(name);
+    const std::string fdir = (dir / "fp8_forward").string();
+    FUSEBOX_ASSIGN_OR_RETURN(Fp8PipelineRewrite f, fp8_rewrite_pipeline(fwd_path, fdir, fo));
     Fp8RewriteOptions bo = fo;
+    bo.export_copies.clear();
     bo.amax_of_e4m3 = false;
+    bo.provided = f.exported;
     for (const PipelineBuffer& b : bwd.buffers) {
       auto it = derived.inputs.find(b.name);
       if (it == derived.inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
@@ -120,6 +126,24 @@ struct LmTrainer::Impl {
     }
     FUSEBOX_ASSIGN_OR_RETURN(Fp8PipelineRewrite b,
                              fp8_rewrite_pipeline(bwd_path, (dir / "fp8_backward").string(), bo));
+    // A copy added for the backward that it did not take is not written: the forward again without.
+    const std::set<std::string> taken(b.taken.begin(), b.taken.end());
+    size_t unused = 0;
+    for (const Fp8Copy& c : f.exported)
+      if (!taken.count(c.copy) && std::count(f.added.begin(), f.added.end(), c.copy))
+        unused += fo.skip_transposed.insert(c.buffer).second ? 1 : 0;
+    if (unused > 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(fdir, ec);
+      FUSEBOX_ASSIGN_OR_RETURN(f, fp8_rewrite_pipeline(fwd_path, fdir, fo));
+    }
+    std::set<std::string> written;
+    for (const Fp8Copy& c : f.exported) written.insert(c.copy);
+    for (const std::string& c : taken) {
+      if (!written.count(c))
+        return Internal("train: FP8 copy '" + c + "' is read by the backward, written by no forward");
+      derived.inputs[c] = BackwardInput{BackwardInput::Kind::kSaved, c, false};
+    }
     FUSEBOX_ASSIGN_OR_RETURN(fwd, load_pipeline_file(f.pipeline_path));
     FUSEBOX_ASSIGN_OR_RETURN(bwd, load_pipeline_file(b.pipeline_path));
     std::map<std::string, DType> all = f.quantized;
@@ -134,7 +158,8 @@ struct LmTrainer::Impl {
     fp8_amax = f.amax;
     fp8_amax.insert(fp8_amax.end(), b.amax.begin(), b.amax.end());
     fp8_summary = std::to_string(f.gemms) + " forward and " + std::to_string(b.gemms) +
-                  " backward GEMMs in FP8, " + std::to_string(f.casts + b.casts) + " casts, " +
+                  " backward GEMMs in FP8, " + std::to_string(f.casts + b.casts) + " casts (" +
+                  std::to_string(taken.size()) + " of the forward's copies read by the backward), " +
                   std::to_string(tensors.size()) + " scaled tensors; " +
                   std::to_string(f.kept.size() + b.kept.size()) + " GEMMs kept in bf16";
     return Status::Ok();
@@ -792,7 +817,7 @@ int64_t LmTrainer::saved_activation_bytes() const {
   int64_t bytes = 0;
   std::set<int> seen;  // a buffer saved as is and transposed is one allocation
   for (const auto& [name, in] : s.derived.inputs) {
-    if (in.kind != BackwardInput::Kind::kSaved) continue;
+    if (in.kind != BackwardInput::Kind::kSaved || s.bwd.find_buffer(name) < 0) continue;  // FP8: dropped
     const int b = s.fwd.find_buffer(in.forward_tensor);
     if (b < 0 || s.fwd.buffers[static_cast<size_t>(b)].kind == BufferKind::kInput || !seen.insert(b).second)
       continue;

@@ -188,5 +188,93 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
   EXPECT_FALSE(std::filesystem::exists(d.file("fp8_hostile")));
 }
 
+// The forward's casts of the saved buffers write the copies the backward's GEMMs read (the
+// transposed ones from the same read): the backward then casts only gradients, drops the bf16
+// buffers its GEMMs alone read, and computes bit for bit the gradients it computes casting them
+// itself.
+TEST(Fp8Training, TheBackwardReadsTheForwardsCopiesAndGetsTheSameGradients) {
+  TempDir d;
+  const LmModelConfig m = tiny_model();
+  auto path = write_lm_pipeline(m, 1, m.context, d.file("fwd"), "none", "split");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  auto fwd = load_pipeline_file(*path);
+  ASSERT_TRUE(fwd.ok());
+  BackwardOptions bopt;
+  for (const LmParameter& p : lm_parameters(m)) bopt.wrt.push_back(p.name);
+  bopt.seeds = {"loss"};
+  auto derived = derive_pipeline_backward(*fwd, bopt);
+  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+  auto bpath = write_pipeline_backward(*fwd, *derived, d.file("bwd"));
+  ASSERT_TRUE(bpath.ok()) << bpath.status().ToString();
+  auto bwd = load_pipeline_file(*bpath);
+  ASSERT_TRUE(bwd.ok());
+
+  Fp8RewriteOptions fo;
+  fo.keep_buffers = {"output", "h_norm"};
+  for (const auto& [name, in] : derived->inputs)
+    if (in.kind == BackwardInput::Kind::kSaved && name == in.forward_tensor) fo.export_copies.insert(name);
+  auto f = fp8_rewrite_pipeline(*path, d.file("fp8_fwd"), fo);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->casts, 11 * m.layers) << "the transposed copies come from the same casts";
+  EXPECT_EQ(f->added.size(), static_cast<size_t>(f->casts));
+
+  Fp8RewriteOptions bo;
+  bo.keep_buffers = fo.keep_buffers;
+  bo.amax_of_e4m3 = false;
+  for (const PipelineBuffer& b : bwd->buffers) {
+    auto it = derived->inputs.find(b.name);
+    if (it == derived->inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
+      bo.gradients.insert(b.name);
+  }
+  auto plain = fp8_rewrite_pipeline(*bpath, d.file("fp8_bwd_plain"), bo);
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  bo.provided = f->exported;
+  auto shared = fp8_rewrite_pipeline(*bpath, d.file("fp8_bwd_shared"), bo);
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_EQ(shared->gemms, plain->gemms);
+  int gradient_casts = 0;
+  for (const auto& [b, t] : plain->quantized) gradient_casts += t == DType::kFP8E5M2;
+  EXPECT_EQ(shared->casts, gradient_casts) << "only gradients are cast in the backward";
+  EXPECT_LT(shared->casts, plain->casts);
+  EXPECT_EQ(shared->taken.size(), static_cast<size_t>(11 * m.layers))
+      << "7 weights and 4 activations a layer";
+  EXPECT_FALSE(shared->dropped.empty()) << "a buffer only GEMMs read is no longer saved in bf16";
+
+  // Both backwards from one forward (the one that writes the copies), every scale 1.
+  auto ffp8 = load_pipeline_file(f->pipeline_path);
+  auto bplain = load_pipeline_file(plain->pipeline_path);
+  auto bshared = load_pipeline_file(shared->pipeline_path);
+  ASSERT_TRUE(ffp8.ok() && bplain.ok() && bshared.ok());
+  auto in = forward_values(m, 1);
+  std::map<std::string, std::vector<double>> scales;
+  for (const auto* q : {&f->quantized, &plain->quantized})
+    for (const auto& [b, t] : *q) scales[fp8_scale_buffer(b)] = scales[fp8_scale_inv_buffer(b)] = {1.0};
+  for (const auto& [k, v] : scales) in[k] = v;
+  auto fdata = pipeline_host_data(*ffp8, in);
+  ASSERT_TRUE(fdata.ok()) << fdata.status().ToString();
+  auto chain = reference_chain(*ffp8, *fdata, 1e300);
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  std::map<std::string, std::vector<double>> seeds;
+  seeds["loss"].assign(chain->at("loss").size(), 1.0 / static_cast<double>(chain->at("loss").size()));
+  PipelineBackward with_copies = *derived;
+  for (const std::string& c : shared->taken)
+    with_copies.inputs[c] = BackwardInput{BackwardInput::Kind::kSaved, c, false};
+  std::map<std::string, std::vector<float>> grads[2];
+  for (int k = 0; k < 2; ++k) {
+    const Pipeline& b = k == 0 ? *bplain : *bshared;
+    auto data = backward_pipeline_data(*ffp8, k == 0 ? *derived : with_copies, b, in, *chain, seeds, scales);
+    ASSERT_TRUE(data.ok()) << data.status().ToString();
+    auto out = reference_chain(b, *data, 1e300);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    grads[k] = std::move(*out);
+  }
+  for (const LmParameter& p : lm_parameters(m)) {
+    const std::string& g = derived->gradients.at(p.name);
+    ASSERT_TRUE(grads[0].count(g) && grads[1].count(g)) << g;
+    EXPECT_GT(amax_of(grads[0].at(g)), 0) << g;
+    EXPECT_EQ(grads[0].at(g), grads[1].at(g)) << p.name;
+  }
+}
+
 }  // namespace
 }  // namespace fusebox
