@@ -222,6 +222,85 @@ __global__ void quantize_transpose_kernel(const T* x, unsigned char* y, unsigned
   if (amax) block_amax(m, amax);
 }
 
+// The transposed form with 16-bit x, 8 elements a thread both ways: 64 x 64 tiles, each row of x
+// read as 16-byte loads (and, with `same`, its FP8 copy in x's layout stored as 8-byte stores at
+// once), the FP8 bytes through shared memory, y written as 8-byte stores along its contiguous dim.
+// Both extents, every stride other than the contiguous dims' and the pointers' offsets are
+// multiples of 8 elements (the launch checks), so a chunk of 8 is all in range or all out.
+constexpr int kTile8 = 64;
+
+template <bool kHalf>
+__global__ void __launch_bounds__(256)
+    quantize_transpose8_kernel(const uint16_t* x, unsigned char* y, unsigned char* same, QuantizeShape q,
+                               const float* sp, float sv, bool e5m2, unsigned* amax) {
+  // Row stride 65 bytes: the write phase's column reads (8 rows apart per thread) land in
+  // different banks.
+  __shared__ unsigned char tile[kTile8][kTile8 + 1];
+  const float s = scale_of(sp, sv);
+  const int64_t ny = q.dims[q.inner_y], nx = q.dims[q.inner_x];
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kTile8,
+                i0 = static_cast<int64_t>(blockIdx.y) * kTile8;
+  const int64_t sxj = q.xs[q.inner_y], syi = q.ys[q.inner_x];
+  float m = 0.f;
+  for (int64_t b = blockIdx.z; b < q.batches; b += gridDim.z) {
+    int64_t xo, yo;
+    batch_offsets(q, b, &xo, &yo);
+    // Read: tile row r is x's row j0 + r, 8 chunks of 8 along x's contiguous dim.
+    for (int e = threadIdx.x; e < kTile8 * 8; e += blockDim.x) {
+      const int r = e / 8, c = (e % 8) * 8;
+      const int64_t j = j0 + r, i = i0 + c;
+      uint32_t lo = 0, hi = 0;
+      if (j < ny && i < nx) {
+        const int64_t at = xo + i + j * sxj;
+        const uint4 u = *reinterpret_cast<const uint4*>(x + at);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float v = value<kHalf>(u, k);
+          m = fmaxf(m, fabsf(v));
+          const uint32_t bits = to_fp8(v * s, e5m2);
+          if (k < 4) {
+            lo |= bits << (8 * k);
+          } else {
+            hi |= bits << (8 * (k - 4));
+          }
+        }
+        if (same) *reinterpret_cast<uint2*>(same + at) = make_uint2(lo, hi);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        tile[r][c + k] = static_cast<unsigned char>(((k < 4 ? lo : hi) >> (8 * (k % 4))) & 0xffu);
+    }
+    __syncthreads();
+    // Write: y's row i0 + r (x's column), 8 chunks of 8 along y's contiguous dim.
+    for (int e = threadIdx.x; e < kTile8 * 8; e += blockDim.x) {
+      const int r = e / 8, c = (e % 8) * 8;
+      const int64_t i = i0 + r, j = j0 + c;
+      if (i < nx && j < ny) {
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          lo |= static_cast<uint32_t>(tile[c + k][r]) << (8 * k);
+          hi |= static_cast<uint32_t>(tile[c + 4 + k][r]) << (8 * k);
+        }
+        *reinterpret_cast<uint2*>(y + yo + j + i * syi) = make_uint2(lo, hi);
+      }
+    }
+    __syncthreads();
+  }
+  if (amax) block_amax(m, amax);
+}
+
+// Whether the transposed form can take 8 elements a thread (quantize_transpose8_kernel's terms).
+bool transpose8_fits(const QuantizeShape& q, const void* x, const void* y, const void* same) {
+  if (q.inner_x < 0 || q.dims[q.inner_x] % 8 != 0 || q.dims[q.inner_y] % 8 != 0) return false;
+  for (int k = 0; k < q.rank; ++k) {
+    if (k != q.inner_x && q.xs[k] % 8 != 0) return false;
+    if (k != q.inner_y && q.ys[k] % 8 != 0) return false;
+  }
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(same) % 8 == 0;
+}
+
 template <typename T>
 __global__ void quantize_strided_kernel(const T* x, unsigned char* y, QuantizeShape q, const float* sp,
                                         float sv, bool e5m2, unsigned* amax) {
@@ -309,6 +388,12 @@ class QuantizeKernel final : public KernelBase {
     } else if (form == Form::kFlat) {
       quantize_flat_kernel<T>
           <<<grid_stride_blocks(q.n, 256), 256, 0, stream>>>(x, y, q.n, sp, scale_, e5m2_, amax);
+    } else if (form == Form::kTranspose && k16 && transpose8_fits(q, x, y, same)) {
+      const dim3 grid(static_cast<unsigned>((q.dims[q.inner_y] + kTile8 - 1) / kTile8),
+                      static_cast<unsigned>((q.dims[q.inner_x] + kTile8 - 1) / kTile8),
+                      static_cast<unsigned>(std::min<int64_t>(q.batches, 65535)));
+      quantize_transpose8_kernel<std::is_same_v<T, __half>><<<grid, 256, 0, stream>>>(
+          reinterpret_cast<const uint16_t*>(x), y, same, q, sp, scale_, e5m2_, amax);
     } else if (form == Form::kTranspose) {
       const dim3 grid(static_cast<unsigned>((q.dims[q.inner_y] + kTile - 1) / kTile),
                       static_cast<unsigned>((q.dims[q.inner_x] + kTile - 1) / kTile),

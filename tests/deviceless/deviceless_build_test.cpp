@@ -64,6 +64,7 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"cross_entropy_small", "fusebox_cross_entropy"},
     {"cross_entropy_bwd_small", "fusebox_cross_entropy_bwd"},
     {"embedding_bwd_small", "fusebox_embedding_bwd"},
+    {"quantize_fp8_cast_transpose", "fusebox_quantize"},
     {"quantize_fp8_transposed", "fusebox_quantize"},
     {"quantize_small", "fusebox_quantize"},
     {"quantize_transposed_small", "fusebox_quantize"},
