@@ -66,6 +66,7 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"embedding_bwd_small", "fusebox_embedding_bwd"},
     {"quantize_fp8_cast_transpose", "fusebox_quantize"},
     {"quantize_fp8_transposed", "fusebox_quantize"},
+    {"quantize_fp16_batched_small", "fusebox_quantize"},
     {"quantize_small", "fusebox_quantize"},
     {"quantize_transposed_small", "fusebox_quantize"},
     {"quantize_two_copies_small", "fusebox_quantize"},
