@@ -71,6 +71,8 @@ struct Fp8PipelineRewrite {
   std::vector<std::string> added;
   std::vector<std::string> taken;    // the backward: provided copies it reads (their names)
   std::vector<std::string> dropped;  // the backward: input buffers no stage reads any more
+  // Stages split into one per independent op group (a dgrad and a wgrad GEMM: "<stage>.<k>").
+  std::vector<std::string> split;
 };
 
 std::string fp8_scale_buffer(const std::string& buffer);      // "fp8.scale.<buffer>"

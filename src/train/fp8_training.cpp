@@ -1,6 +1,7 @@
 // fusebox train layer: FP8 training's pipeline rewrite (fusebox/fp8_training.h).
 #include "fusebox/fp8_training.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -119,6 +120,66 @@ Json other_layout(const Json& q8) {
     t["layout"] = "col_major";
   }
   return t;
+}
+
+// The tensor names an op's inputs or outputs name (a role's value: a name, or a list of names).
+std::vector<std::string> names_of(const Json& roles) {
+  std::vector<std::string> out;
+  if (!roles.is_object()) return out;
+  for (const auto& [role, v] : roles.items()) {
+    if (v.is_string()) out.push_back(v.get<std::string>());
+    if (v.is_array())
+      for (const Json& e : v)
+        if (e.is_string()) out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+// Graph `g` split into its independent op groups (ops joined by a tensor one writes and another
+// reads; shared inputs join nothing), each a graph of its own with the tensors its ops name, in
+// the graph's order: one entry when it is connected. A backward GEMM stage holds its dgrad and its
+// wgrad, independent: cuDNN runs one connected graph, so the runtime would partition it into
+// consecutive ops of its own topological order, which puts both FP8 matmuls first and leaves their
+// descales as parts of their own (an fp32 product through memory, and on an H100 with cuDNN 9.19
+// parts no engine took, run by the reference kernels). As stages of their own, each GEMM with its
+// descales and epilogue is one plan, as a forward GEMM is.
+std::vector<Json> independent_graphs(const Json& g) {
+  const Json& ops = g["ops"];
+  const size_t n = ops.size();
+  std::vector<size_t> parent(n);
+  for (size_t i = 0; i < n; ++i) parent[i] = i;
+  auto root = [&](size_t i) {
+    while (parent[i] != i) i = parent[i] = parent[parent[i]];
+    return i;
+  };
+  std::map<std::string, size_t> writer;
+  for (size_t i = 0; i < n; ++i)
+    for (const std::string& t : names_of(ops[i]["outputs"])) writer[t] = i;
+  for (size_t i = 0; i < n; ++i)
+    for (const std::string& t : names_of(ops[i]["inputs"]))
+      if (auto w = writer.find(t); w != writer.end()) parent[root(i)] = root(w->second);
+  std::vector<size_t> order;  // each group's root, in the order of its first op
+  for (size_t i = 0; i < n; ++i)
+    if (std::find(order.begin(), order.end(), root(i)) == order.end()) order.push_back(root(i));
+  if (order.size() <= 1) return {g};
+  std::vector<Json> out;
+  for (size_t k = 0; k < order.size(); ++k) {
+    Json part = g;
+    part["name"] = g.value("name", "graph") + "_" + std::to_string(k);
+    part["ops"] = Json::array();
+    std::set<std::string> used;
+    for (size_t i = 0; i < n; ++i) {
+      if (root(i) != order[k]) continue;
+      part["ops"].push_back(ops[i]);
+      for (const char* side : {"inputs", "outputs"})
+        for (const std::string& t : names_of(ops[i][side])) used.insert(t);
+    }
+    part["tensors"] = Json::array();
+    for (const Json& t : g["tensors"])
+      if (used.count(t.value("name", ""))) part["tensors"].push_back(t);
+    out.push_back(std::move(part));
+  }
+  return out;
 }
 
 class Rewriter {
@@ -362,6 +423,7 @@ Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path
     FUSEBOX_ASSIGN_OR_RETURN(Json g, read_json(gp.string(), "graph file"));
     if (!g.contains("tensors") || !g.contains("ops") || !rw.p_["bind"].contains(stage))
       return InvalidArgument(gp.string() + ": stage '" + stage + "' has no tensors, ops or bind entry");
+    const int gemms_before = rw.r_.gemms;
     for (size_t i = 0; i < g["ops"].size(); ++i) {
       Json& op = g["ops"][i];
       if (op.value("op", "") != "matmul") continue;
@@ -386,7 +448,27 @@ Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path
       rw.rewrite(stage, g, i);  // inserts the scale ops after i: the loop steps over them
       i += 2;
     }
-    graphs.emplace_back(stage, std::move(g));
+    std::vector<Json> parts =
+        rw.r_.gemms > gemms_before ? independent_graphs(g) : std::vector<Json>{std::move(g)};
+    if (parts.size() == 1) {
+      graphs.emplace_back(stage, std::move(parts[0]));
+      continue;
+    }
+    // One stage per independent group, each binding the tensors its graph declares.
+    const Json bind = rw.p_["bind"][stage];
+    rw.p_["bind"].erase(stage);
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const std::string name = stage + "." + std::to_string(k);
+      if (rw.p_["bind"].contains(name) || p["graphs"].contains(name))
+        return InvalidArgument(pipeline_path + ": stage '" + stage + "' splits into '" + name +
+                               "', a stage that exists already");
+      Json b = Json::object();
+      for (const Json& t : parts[k]["tensors"])
+        if (bind.contains(t.value("name", ""))) b[t.value("name", "")] = bind[t.value("name", "")];
+      rw.p_["bind"][name] = b;
+      graphs.emplace_back(name, std::move(parts[k]));
+    }
+    rw.r_.split.push_back(stage);
   }
   rw.finish();
   rw.drop_unread();

@@ -161,7 +161,8 @@ struct LmTrainer::Impl {
                   " backward GEMMs in FP8, " + std::to_string(f.casts + b.casts) + " casts (" +
                   std::to_string(taken.size()) + " of the forward's copies read by the backward), " +
                   std::to_string(tensors.size()) + " scaled tensors; " +
-                  std::to_string(f.kept.size() + b.kept.size()) + " GEMMs kept in bf16";
+                  std::to_string(f.kept.size() + b.kept.size()) + " GEMMs kept in bf16; " +
+                  std::to_string(f.split.size() + b.split.size()) + " stages split per GEMM";
     return Status::Ok();
   }
   std::string fp8_summary;

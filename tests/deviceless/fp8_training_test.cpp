@@ -161,6 +161,17 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
   EXPECT_EQ(r->amax.size(), static_cast<size_t>(e5m2)) << "the saved buffers' amaxes are the forward's";
   auto loaded = load_pipeline_file(r->pipeline_path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  // Each dgrad and wgrad GEMM is a stage of its own (one connected graph: one plan with its descales).
+  EXPECT_EQ(r->split.size(), static_cast<size_t>(7 * m.layers)) << "a stage per forward GEMM, split in two";
+  for (const std::string& split : r->split)
+    for (const char* k : {".0", ".1"}) {
+      const int at = loaded->find_stage(split + k);
+      ASSERT_GE(at, 0) << split << k;
+      int matmuls = 0;
+      for (const auto& op : loaded->stages[static_cast<size_t>(at)].graph.ops)
+        matmuls += op_type_name(op.attrs) == "matmul";
+      EXPECT_EQ(matmuls, 1) << split << k;
+    }
   // A gradient read by a dgrad GEMM (row-major, as operand a) and a wgrad GEMM (column-major, as
   // operand b) is cast once into both copies: a quantize stage with y2, one per such gradient.
   int two_copies = 0;
