@@ -66,6 +66,35 @@ float amax_of(const std::vector<float>& v) {
   return m;
 }
 
+// The tiny model's forward pipeline and its derived backward, written under `d`, with the
+// backward's rewrite options as the trainer sets them (gradients to e5m2, no e4m3 amax).
+struct TinyBackward {
+  std::string path, bpath;
+  Pipeline fwd, bwd;
+  PipelineBackward derived;
+  Fp8RewriteOptions options;
+};
+
+Result<TinyBackward> tiny_backward(TempDir& d, const LmModelConfig& m) {
+  TinyBackward t;
+  FUSEBOX_ASSIGN_OR_RETURN(t.path, write_lm_pipeline(m, 1, m.context, d.file("fwd"), "none", "split"));
+  FUSEBOX_ASSIGN_OR_RETURN(t.fwd, load_pipeline_file(t.path));
+  BackwardOptions bo;
+  for (const LmParameter& p : lm_parameters(m)) bo.wrt.push_back(p.name);
+  bo.seeds = {"loss"};
+  FUSEBOX_ASSIGN_OR_RETURN(t.derived, derive_pipeline_backward(t.fwd, bo));
+  FUSEBOX_ASSIGN_OR_RETURN(t.bpath, write_pipeline_backward(t.fwd, t.derived, d.file("bwd")));
+  FUSEBOX_ASSIGN_OR_RETURN(t.bwd, load_pipeline_file(t.bpath));
+  t.options.keep_buffers = {"output", "h_norm"};
+  t.options.amax_of_e4m3 = false;
+  for (const PipelineBuffer& b : t.bwd.buffers) {
+    auto it = t.derived.inputs.find(b.name);
+    if (it == t.derived.inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
+      t.options.gradients.insert(b.name);
+  }
+  return t;
+}
+
 TEST(Fp8Training, TheBlocksGemmsAreRewrittenTheOutputProjectionKeptAndTheLossStaysClose) {
   TempDir d;
   const LmModelConfig m = tiny_model();
@@ -128,28 +157,11 @@ TEST(Fp8Training, TheBlocksGemmsAreRewrittenTheOutputProjectionKeptAndTheLossSta
 TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
   TempDir d;
   const LmModelConfig m = tiny_model();
-  auto path = write_lm_pipeline(m, 1, m.context, d.file("fwd"), "none", "split");
-  ASSERT_TRUE(path.ok()) << path.status().ToString();
-  auto fwd = load_pipeline_file(*path);
-  ASSERT_TRUE(fwd.ok());
-  BackwardOptions bo;
-  for (const LmParameter& p : lm_parameters(m)) bo.wrt.push_back(p.name);
-  bo.seeds = {"loss"};
-  auto derived = derive_pipeline_backward(*fwd, bo);
-  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
-  auto bpath = write_pipeline_backward(*fwd, *derived, d.file("bwd"));
-  ASSERT_TRUE(bpath.ok()) << bpath.status().ToString();
-  auto bwd = load_pipeline_file(*bpath);
-  ASSERT_TRUE(bwd.ok());
-  Fp8RewriteOptions o;
-  o.keep_buffers = {"output", "h_norm"};
-  o.amax_of_e4m3 = false;
-  for (const PipelineBuffer& b : bwd->buffers) {
-    auto it = derived->inputs.find(b.name);
-    if (it == derived->inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
-      o.gradients.insert(b.name);
-  }
-  auto r = fp8_rewrite_pipeline(*bpath, d.file("fp8"), o);
+  auto t = tiny_backward(d, m);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string& bpath = t->bpath;
+  const Fp8RewriteOptions& o = t->options;
+  auto r = fp8_rewrite_pipeline(bpath, d.file("fp8"), o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->gemms, 2 * 7 * m.layers) << "a dgrad and a wgrad GEMM per forward GEMM";
   int e5m2 = 0;
@@ -182,7 +194,7 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
   }
   EXPECT_EQ(two_copies, e5m2) << "every quantized gradient feeds one dgrad and one wgrad here";
   // Never into the input's folder.
-  auto same = fp8_rewrite_pipeline(*bpath, d.file("bwd"), o);
+  auto same = fp8_rewrite_pipeline(bpath, d.file("bwd"), o);
   ASSERT_FALSE(same.ok());
   EXPECT_NE(same.status().message().find("no file of it is replaced"), std::string::npos)
       << same.status().ToString();
@@ -193,7 +205,7 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
     std::ofstream(e.path()) << R"({"name": "x", "io_dtype": "bf16", "tensors": 5, "ops": [{"op": 7}]})";
     break;
   }
-  auto hostile = fp8_rewrite_pipeline(*bpath, d.file("fp8_hostile"), o);
+  auto hostile = fp8_rewrite_pipeline(bpath, d.file("fp8_hostile"), o);
   ASSERT_FALSE(hostile.ok());
   EXPECT_NE(hostile.status().message().find("fp8 rewrite"), std::string::npos) << hostile.status().ToString();
   EXPECT_FALSE(std::filesystem::exists(d.file("fp8_hostile")));
@@ -206,41 +218,26 @@ TEST(Fp8Training, TheBackwardQuantizesGradientsToE5M2AndRecordsOnlyTheirAmax) {
 TEST(Fp8Training, TheBackwardReadsTheForwardsCopiesAndGetsTheSameGradients) {
   TempDir d;
   const LmModelConfig m = tiny_model();
-  auto path = write_lm_pipeline(m, 1, m.context, d.file("fwd"), "none", "split");
-  ASSERT_TRUE(path.ok()) << path.status().ToString();
-  auto fwd = load_pipeline_file(*path);
-  ASSERT_TRUE(fwd.ok());
-  BackwardOptions bopt;
-  for (const LmParameter& p : lm_parameters(m)) bopt.wrt.push_back(p.name);
-  bopt.seeds = {"loss"};
-  auto derived = derive_pipeline_backward(*fwd, bopt);
-  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
-  auto bpath = write_pipeline_backward(*fwd, *derived, d.file("bwd"));
-  ASSERT_TRUE(bpath.ok()) << bpath.status().ToString();
-  auto bwd = load_pipeline_file(*bpath);
-  ASSERT_TRUE(bwd.ok());
+  auto t = tiny_backward(d, m);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  const std::string& path = t->path;
+  const std::string& bpath = t->bpath;
+  const PipelineBackward& derived = t->derived;
 
   Fp8RewriteOptions fo;
   fo.keep_buffers = {"output", "h_norm"};
-  for (const auto& [name, in] : derived->inputs)
+  for (const auto& [name, in] : derived.inputs)
     if (in.kind == BackwardInput::Kind::kSaved && name == in.forward_tensor) fo.export_copies.insert(name);
-  auto f = fp8_rewrite_pipeline(*path, d.file("fp8_fwd"), fo);
+  auto f = fp8_rewrite_pipeline(path, d.file("fp8_fwd"), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ(f->casts, 11 * m.layers) << "the transposed copies come from the same casts";
   EXPECT_EQ(f->added.size(), static_cast<size_t>(f->casts));
 
-  Fp8RewriteOptions bo;
-  bo.keep_buffers = fo.keep_buffers;
-  bo.amax_of_e4m3 = false;
-  for (const PipelineBuffer& b : bwd->buffers) {
-    auto it = derived->inputs.find(b.name);
-    if (it == derived->inputs.end() || it->second.kind != BackwardInput::Kind::kSaved)
-      bo.gradients.insert(b.name);
-  }
-  auto plain = fp8_rewrite_pipeline(*bpath, d.file("fp8_bwd_plain"), bo);
+  Fp8RewriteOptions bo = t->options;
+  auto plain = fp8_rewrite_pipeline(bpath, d.file("fp8_bwd_plain"), bo);
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
   bo.provided = f->exported;
-  auto shared = fp8_rewrite_pipeline(*bpath, d.file("fp8_bwd_shared"), bo);
+  auto shared = fp8_rewrite_pipeline(bpath, d.file("fp8_bwd_shared"), bo);
   ASSERT_TRUE(shared.ok()) << shared.status().ToString();
   EXPECT_EQ(shared->gemms, plain->gemms);
   int gradient_casts = 0;
@@ -267,20 +264,20 @@ TEST(Fp8Training, TheBackwardReadsTheForwardsCopiesAndGetsTheSameGradients) {
   ASSERT_TRUE(chain.ok()) << chain.status().ToString();
   std::map<std::string, std::vector<double>> seeds;
   seeds["loss"].assign(chain->at("loss").size(), 1.0 / static_cast<double>(chain->at("loss").size()));
-  PipelineBackward with_copies = *derived;
+  PipelineBackward with_copies = derived;
   for (const std::string& c : shared->taken)
     with_copies.inputs[c] = BackwardInput{BackwardInput::Kind::kSaved, c, false};
   std::map<std::string, std::vector<float>> grads[2];
   for (int k = 0; k < 2; ++k) {
     const Pipeline& b = k == 0 ? *bplain : *bshared;
-    auto data = backward_pipeline_data(*ffp8, k == 0 ? *derived : with_copies, b, in, *chain, seeds, scales);
+    auto data = backward_pipeline_data(*ffp8, k == 0 ? derived : with_copies, b, in, *chain, seeds, scales);
     ASSERT_TRUE(data.ok()) << data.status().ToString();
     auto out = reference_chain(b, *data, 1e300);
     ASSERT_TRUE(out.ok()) << out.status().ToString();
     grads[k] = std::move(*out);
   }
   for (const LmParameter& p : lm_parameters(m)) {
-    const std::string& g = derived->gradients.at(p.name);
+    const std::string& g = derived.gradients.at(p.name);
     ASSERT_TRUE(grads[0].count(g) && grads[1].count(g)) << g;
     EXPECT_GT(amax_of(grads[0].at(g)), 0) << g;
     EXPECT_EQ(grads[0].at(g), grads[1].at(g)) << p.name;
