@@ -284,5 +284,56 @@ TEST(Fp8Training, TheBackwardReadsTheForwardsCopiesAndGetsTheSameGradients) {
   }
 }
 
+// A stage of two independent GEMMs becomes two stages, each binding only what its graph declares;
+// where a split's name is a stage already, the rewrite is one error naming both, and writes nothing.
+TEST(Fp8Training, IndependentGemmsSplitIntoStagesAndANameClashIsRefused) {
+  TempDir d;
+  const std::string two = R"({"name": "two", "io_dtype": "bf16", "tensors": [
+      {"name": "a", "dims": [1, 16, 32]}, {"name": "b", "dims": [1, 32, 8]}, {"name": "c", "dims": [1, 32, 8]},
+      {"name": "y1", "dims": [1, 16, 8]}, {"name": "y2", "dims": [1, 16, 8]}],
+    "ops": [{"op": "matmul", "name": "m1", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "y1"}},
+            {"op": "matmul", "name": "m2", "inputs": {"a": "a", "b": "c"}, "outputs": {"y": "y2"}}]})";
+  const std::string one = R"({"name": "one", "io_dtype": "bf16", "tensors": [
+      {"name": "x", "dims": [1, 16, 8]}, {"name": "w", "dims": [1, 8, 8]}, {"name": "y", "dims": [1, 16, 8]}],
+    "ops": [{"op": "matmul", "name": "m", "inputs": {"a": "x", "b": "w"}, "outputs": {"y": "y"}}]})";
+  auto pipeline = [&](const std::string& dir, const std::string& other) {
+    std::filesystem::create_directories(d.file(dir));
+    std::ofstream(d.file(dir) + "/two.json") << two;
+    std::ofstream(d.file(dir) + "/one.json") << one;
+    std::ofstream(d.file(dir) + "/p.json") << R"({"name": "p", "graphs": {"s": "two.json", ")" << other
+                                           << R"(": "one.json"},
+      "buffers": {"a": {"kind": "input"}, "b": {"kind": "input"}, "c": {"kind": "input"}, "w": {"kind": "input"},
+                  "y1": {"kind": "intermediate"}, "y2": {"kind": "output"}, "y3": {"kind": "output"}},
+      "bind": {"s": {"a": "a", "b": "b", "c": "c", "y1": "y1", "y2": "y2"},
+               ")" << other << R"(": {"x": "y1", "w": "w", "y": "y3"}}})";
+    return d.file(dir) + "/p.json";
+  };
+  Fp8RewriteOptions o;
+  auto r = fp8_rewrite_pipeline(pipeline("ok", "t"), d.file("ok_fp8"), o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->gemms, 3);
+  ASSERT_EQ(r->split, std::vector<std::string>{"s"});
+  auto loaded = load_pipeline_file(r->pipeline_path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  for (const char* stage : {"s.0", "s.1"}) {
+    const int at = loaded->find_stage(stage);
+    ASSERT_GE(at, 0) << stage;
+    const PipelineStage& st = loaded->stages[static_cast<size_t>(at)];
+    int matmuls = 0;
+    for (const auto& op : st.graph.ops) matmuls += op_type_name(op.attrs) == "matmul";
+    EXPECT_EQ(matmuls, 1) << stage;
+    EXPECT_EQ(st.bind.count(std::string(stage) == "s.0" ? "y1" : "y2"), 1u) << stage;
+    EXPECT_EQ(st.bind.count(std::string(stage) == "s.0" ? "y2" : "y1"), 0u) << stage;
+  }
+  EXPECT_LT(loaded->find_stage("s"), 0);
+
+  auto clash = fp8_rewrite_pipeline(pipeline("clash", "s.0"), d.file("clash_fp8"), o);
+  ASSERT_FALSE(clash.ok());
+  EXPECT_NE(clash.status().message().find("splits into 's.0', a stage that exists already"),
+            std::string::npos)
+      << clash.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(d.file("clash_fp8")));
+}
+
 }  // namespace
 }  // namespace fusebox
