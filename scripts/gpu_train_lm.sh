@@ -14,7 +14,8 @@
 #           configs say "split" since 2026-12-06: SWIGLU=fused measures the other). SHARE=1: with
 #           train.share_buffers (the backward's intermediates in one arena; docs/lm.md). FP8=1: with
 #           train.fp8 (the blocks' GEMMs in FP8, docs/training.md "FP8 training"); PART=4 with FP8=1
-#           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps.
+#           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps. TORCH=0 (PARTs 4
+#           and 5): fusebox alone, no torch bench (a cold FP8 start-up needs FB_TIMEOUT=330).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -117,11 +118,15 @@ rows = list(csv.DictReader(open(sys.argv[1])))
 print(statistics.median(float(r["tokens_per_s"]) for r in rows[10:]))
 PYEOF
   grep -E "^GPU" "$OUT/speed_fusebox.txt" | tee -a "$OUT/summary.txt"
-  timeout "${TORCH_TIMEOUT:-330}" $PY -m fusebox_tools.models.lm_torch bench --config "$cfg" --data "$W/lm" \
-    --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" --json "$OUT/torch_bench.json" \
-    > "$OUT/torch_bench.txt" 2>&1
-  echo "torch bench exit $?" | tee -a "$OUT/summary.txt"
-  tail -12 "$OUT/torch_bench.txt" | tee -a "$OUT/summary.txt"
+  if [ "${TORCH:-1}" = 0 ]; then  # fusebox alone (FP8=1 beside bf16 in calls of their own)
+    echo "torch bench skipped (TORCH=0)" | tee -a "$OUT/summary.txt"
+  else
+    timeout "${TORCH_TIMEOUT:-330}" $PY -m fusebox_tools.models.lm_torch bench --config "$cfg" --data "$W/lm" \
+      --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune-no-cudagraphs}" --json "$OUT/torch_bench.json" \
+      > "$OUT/torch_bench.txt" 2>&1
+    echo "torch bench exit $?" | tee -a "$OUT/summary.txt"
+    tail -12 "$OUT/torch_bench.txt" | tee -a "$OUT/summary.txt"
+  fi
   ;;
 6)
   summary "profile: examples/train/lm_125m.json, 3 steps, then each stage alone (train lm --profile)"
