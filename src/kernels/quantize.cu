@@ -90,6 +90,9 @@ struct QuantizeShape {
   int64_t n = 0;
   int inner_x = -1, inner_y = -1;  // the transposed form: the dim x, and the dim y, is contiguous in
   int64_t batches = 1;             // the transposed form: the product of the other dims
+  // The transposed form with 16-bit x: extents and strides let it take 8 elements a thread
+  // (quantize_transpose8_kernel; the launch checks the pointers' alignment).
+  bool by8 = false;
 };
 
 template <typename T>
@@ -145,6 +148,24 @@ __global__ void quantize_flat_kernel(const T* x, unsigned char* y, int64_t n, co
   if (amax) block_amax(m, amax);
 }
 
+// 8 packed 16-bit values as 8 FP8 bytes (value k in byte k of the pair), their largest |x| into m.
+template <bool kHalf>
+__device__ __forceinline__ uint2 fp8x8(const uint4& u, float s, bool e5m2, float& m) {
+  uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float v = value<kHalf>(u, k);
+    m = fmaxf(m, fabsf(v));
+    const uint32_t b = to_fp8(v * s, e5m2);
+    if (k < 4) {
+      lo |= b << (8 * k);
+    } else {
+      hi |= b << (8 * (k - 4));
+    }
+  }
+  return make_uint2(lo, hi);
+}
+
 // The flat form with 16-bit x, 8 elements a thread: one 16-byte load, one 8-byte store (x 16-byte
 // and y 8-byte aligned, n a multiple of 8; the launch checks).
 template <bool kHalf>
@@ -154,20 +175,7 @@ __global__ void quantize_flat8_kernel(const uint4* x, uint2* y, int64_t n8, cons
   float m = 0.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint4 u = x[i];
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float v = value<kHalf>(u, k);
-      m = fmaxf(m, fabsf(v));
-      const uint32_t b = to_fp8(v * s, e5m2);
-      if (k < 4) {
-        lo |= b << (8 * k);
-      } else {
-        hi |= b << (8 * (k - 4));
-      }
-    }
-    y[i] = make_uint2(lo, hi);
+    y[i] = fp8x8<kHalf>(x[i], s, e5m2, m);
   }
   if (amax) block_amax(m, amax);
 }
@@ -249,26 +257,15 @@ __global__ void __launch_bounds__(256)
     for (int e = threadIdx.x; e < kTile8 * 8; e += blockDim.x) {
       const int r = e / 8, c = (e % 8) * 8;
       const int64_t j = j0 + r, i = i0 + c;
-      uint32_t lo = 0, hi = 0;
+      uint2 b = make_uint2(0, 0);
       if (j < ny && i < nx) {
         const int64_t at = xo + i + j * sxj;
-        const uint4 u = *reinterpret_cast<const uint4*>(x + at);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float v = value<kHalf>(u, k);
-          m = fmaxf(m, fabsf(v));
-          const uint32_t bits = to_fp8(v * s, e5m2);
-          if (k < 4) {
-            lo |= bits << (8 * k);
-          } else {
-            hi |= bits << (8 * (k - 4));
-          }
-        }
-        if (same) *reinterpret_cast<uint2*>(same + at) = make_uint2(lo, hi);
+        b = fp8x8<kHalf>(*reinterpret_cast<const uint4*>(x + at), s, e5m2, m);
+        if (same) *reinterpret_cast<uint2*>(same + at) = b;
       }
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        tile[r][c + k] = static_cast<unsigned char>(((k < 4 ? lo : hi) >> (8 * (k % 4))) & 0xffu);
+        tile[r][c + k] = static_cast<unsigned char>(((k < 4 ? b.x : b.y) >> (8 * (k % 4))) & 0xffu);
     }
     __syncthreads();
     // Write: y's row i0 + r (x's column), 8 chunks of 8 along y's contiguous dim.
@@ -290,15 +287,15 @@ __global__ void __launch_bounds__(256)
   if (amax) block_amax(m, amax);
 }
 
-// Whether the transposed form can take 8 elements a thread (quantize_transpose8_kernel's terms).
-bool transpose8_fits(const QuantizeShape& q, const void* x, const void* y, const void* same) {
+// Whether the transposed form's extents and strides let it take 8 elements a thread
+// (quantize_transpose8_kernel's terms, but for the pointers).
+bool transpose8_shape(const QuantizeShape& q) {
   if (q.inner_x < 0 || q.dims[q.inner_x] % 8 != 0 || q.dims[q.inner_y] % 8 != 0) return false;
   for (int k = 0; k < q.rank; ++k) {
     if (k != q.inner_x && q.xs[k] % 8 != 0) return false;
     if (k != q.inner_y && q.ys[k] % 8 != 0) return false;
   }
-  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(same) % 8 == 0;
+  return true;
 }
 
 template <typename T>
@@ -388,7 +385,8 @@ class QuantizeKernel final : public KernelBase {
     } else if (form == Form::kFlat) {
       quantize_flat_kernel<T>
           <<<grid_stride_blocks(q.n, 256), 256, 0, stream>>>(x, y, q.n, sp, scale_, e5m2_, amax);
-    } else if (form == Form::kTranspose && k16 && transpose8_fits(q, x, y, same)) {
+    } else if (form == Form::kTranspose && k16 && q.by8 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(y) % 8 == 0 && reinterpret_cast<uintptr_t>(same) % 8 == 0) {
       const dim3 grid(static_cast<unsigned>((q.dims[q.inner_y] + kTile8 - 1) / kTile8),
                       static_cast<unsigned>((q.dims[q.inner_x] + kTile8 - 1) / kTile8),
                       static_cast<unsigned>(std::min<int64_t>(q.batches, 65535)));
@@ -432,6 +430,7 @@ QuantizeKernel::Form plan_output(const ResolvedTensor& x, const ResolvedTensor& 
     q.inner_x = cx;
     q.inner_y = cy;
     q.batches = q.n / (q.dims[cx] * q.dims[cy]);
+    q.by8 = transpose8_shape(q);
     return QuantizeKernel::Form::kTranspose;
   }
   return QuantizeKernel::Form::kStrided;

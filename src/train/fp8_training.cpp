@@ -357,13 +357,13 @@ class Rewriter {
 
   // Input buffers whose every reader now reads a provided copy: they leave the pipeline.
   void drop_unread() {
+    std::set<std::string> bound;
+    for (const auto& [stage, bind] : p_["bind"].items())
+      for (const auto& [t, buf] : bind.items())
+        if (buf.is_string()) bound.insert(buf.get<std::string>());
     for (const std::string& b : replaced_) {
-      bool read = false;
-      for (const auto& [stage, bind] : p_["bind"].items())
-        for (const auto& [t, buf] : bind.items())
-          if (buf.is_string() && buf.get<std::string>() == b) read = true;
       const Json& decl = p_["buffers"].contains(b) ? p_["buffers"][b] : Json();
-      if (read || decl.value("kind", "") != "input") continue;  // (no view is of an input)
+      if (bound.count(b) || decl.value("kind", "") != "input") continue;  // (no view is of an input)
       p_["buffers"].erase(b);
       r_.dropped.push_back(b);
     }
