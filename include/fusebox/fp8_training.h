@@ -56,6 +56,14 @@ struct Fp8RewriteOptions {
   // order) is read from there, an input buffer of the same name, instead of cast again; a bf16
   // input buffer that no stage reads after that leaves the pipeline.
   std::vector<Fp8Copy> provided;
+  // A cast whose buffer one stage of pointwise ops writes (the gated MLP's product and its
+  // backward, a gradient sum) goes into that stage as its quantize op, after its ops: one pass
+  // over memory (fusebox's pointwise-quantize kernel) instead of the buffer written and read again.
+  // The bf16 buffer then leaves the pipeline (the stage's tensor turns virtual) where no other stage
+  // binds it and it is an intermediate; where another pipeline reads such a buffer
+  // (`read_elsewhere`: the backward, the forward's saved buffers) the cast stays a stage of its own.
+  bool fuse_casts = true;
+  std::set<std::string> read_elsewhere;
 };
 
 struct Fp8PipelineRewrite {
@@ -73,6 +81,10 @@ struct Fp8PipelineRewrite {
   std::vector<std::string> dropped;  // the backward: input buffers no stage reads any more
   // Stages split into one per independent op group (a dgrad and a wgrad GEMM: "<stage>.<k>").
   std::vector<std::string> split;
+  // Casts fused into the stage that writes their buffer (fuse_casts), and the buffers that left
+  // the pipeline with them.
+  int fused = 0;
+  std::vector<std::string> virtualized;
 };
 
 std::string fp8_scale_buffer(const std::string& buffer);      // "fp8.scale.<buffer>"

@@ -68,6 +68,16 @@ Result<std::shared_ptr<const NativeKernel>> make_native_kernel(const ResolvedGra
   }
   if (!native) return InvalidArgument("graph '" + g.name + "' has no op fusebox runs with its own kernel");
   const std::string where = common::op_where(op_type_name(native->attrs), native->name);
+  if (!others.empty() && std::holds_alternative<QuantizeAttrs>(native->attrs)) {
+    // Casts of a pointwise graph's outputs (FP8 training's, fused into the stage that computes them).
+    if (auto k = make_pointwise_quantize_kernel(g)) return k;
+    return NotSupported(where +
+                        " fusebox's pointwise-quantize kernel takes a graph of quantize ops only "
+                        "after a compiled pointwise form (the gated MLPs', with every tensor of one 16-bit "
+                        "dtype, a multiple of 8 elements a row, FP8 copies in the form's layout or one "
+                        "transposed one): graph '" +
+                        g.name + "' also has " + others + "; it runs in parts");
+  }
   if (!others.empty()) {
     return InvalidArgument(
         where + " fusebox runs " + std::string(op_type_name(native->attrs)) +

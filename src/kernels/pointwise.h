@@ -23,4 +23,13 @@ std::shared_ptr<const NativeKernel> make_pointwise_graph_kernel(const ResolvedGr
 // null for none, or another kernel.
 const char* pointwise_form_name(const NativeKernel& k);
 
+// A compiled form (above) whose outputs are cast to FP8 by quantize ops in the same graph: each
+// quantize reads a different output of the form (stored in memory or virtual) and writes its FP8
+// copies in the form's layout and/or transposed against it (the same transposed layout for every
+// cast), with its amax; the form's tensors of one 16-bit dtype, dense in one layout, with a
+// multiple of 8 elements along the contiguous dim (and along the transposed copies' contiguous
+// dim). One pass over memory: FP8 training's casts fused into the stage that computes their
+// input (fusebox/fp8_training.h). Null when the graph is not of that shape.
+std::shared_ptr<const NativeKernel> make_pointwise_quantize_kernel(const ResolvedGraph& g);
+
 }  // namespace fusebox::kernels

@@ -14,6 +14,7 @@
 
 #include "common/cuda_status.h"
 #include "common/op_where.h"
+#include "fp8_pack.cuh"
 #include "fusebox/dtype.h"
 #include "kernel_base.h"
 #include "kernels/quantize.h"
@@ -108,28 +109,6 @@ __device__ __forceinline__ float to_f(__half v) {
   return __half2float(v);
 }
 
-__device__ __forceinline__ unsigned char to_fp8(float v, bool e5m2) {
-  return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
-}
-
-// The block's largest |x| into *amax (as bits: non-negative floats order like them); NaN is skipped.
-__device__ void block_amax(float m, unsigned* amax) {
-  __shared__ float warp_max[32];
-  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  const int t = threadIdx.x + threadIdx.y * blockDim.x, lane = t % 32, warp = t / 32;
-  const int warps = (blockDim.x * blockDim.y + 31) / 32;
-  if (lane == 0) warp_max[warp] = m;
-  __syncthreads();
-  if (t == 0) {
-    float r = 0.f;
-    for (int w = 0; w < warps; ++w) r = fmaxf(r, warp_max[w]);
-    // Most blocks find a larger amax already there: reading first keeps them off the one address
-    // every block would otherwise update atomically (the transposed cast of a [32768, 768] tensor,
-    // 24576 blocks each with its atomic, moved 483 GB/s on an H100, 2026-12-06).
-    if (r > __uint_as_float(*reinterpret_cast<volatile unsigned*>(amax))) atomicMax(amax, __float_as_uint(r));
-  }
-}
-
 __device__ __forceinline__ float scale_of(const float* scale_ptr, float scale_value) {
   return scale_ptr ? *scale_ptr : scale_value;
 }
@@ -146,24 +125,6 @@ __global__ void quantize_flat_kernel(const T* x, unsigned char* y, int64_t n, co
     y[i] = to_fp8(v * s, e5m2);
   }
   if (amax) block_amax(m, amax);
-}
-
-// 8 packed 16-bit values as 8 FP8 bytes (value k in byte k of the pair), their largest |x| into m.
-template <bool kHalf>
-__device__ __forceinline__ uint2 fp8x8(const uint4& u, float s, bool e5m2, float& m) {
-  uint32_t lo = 0, hi = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float v = value<kHalf>(u, k);
-    m = fmaxf(m, fabsf(v));
-    const uint32_t b = to_fp8(v * s, e5m2);
-    if (k < 4) {
-      lo |= b << (8 * k);
-    } else {
-      hi |= b << (8 * (k - 4));
-    }
-  }
-  return make_uint2(lo, hi);
 }
 
 // The flat form with 16-bit x, 8 elements a thread: one 16-byte load, one 8-byte store (x 16-byte
@@ -264,8 +225,7 @@ __global__ void __launch_bounds__(256)
         if (same) *reinterpret_cast<uint2*>(same + at) = b;
       }
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
-        tile[r][c + k] = static_cast<unsigned char>(((k < 4 ? b.x : b.y) >> (8 * (k % 4))) & 0xffu);
+      for (int k = 0; k < 8; ++k) tile[r][c + k] = fp8_byte(b, k);
     }
     __syncthreads();
     // Write: y's row i0 + r (x's column), 8 chunks of 8 along y's contiguous dim.

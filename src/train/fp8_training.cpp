@@ -3,7 +3,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <variant>
 
 #include "common/file_io.h"
 #include "fusebox/graph.h"
@@ -133,6 +136,22 @@ std::vector<std::string> names_of(const Json& roles) {
         if (e.is_string()) out.push_back(e.get<std::string>());
   }
   return out;
+}
+
+// Whether graph `g` (a file the pipeline loader checked) is pointwise ops, and the casts fused into
+// it already.
+bool all_pointwise(const Json& g) {
+  auto spec = parse_graph_json(g.dump(), "fp8 rewrite");
+  if (!spec.ok()) return false;
+  int pointwise = 0;
+  for (const OpSpec& op : spec->ops) {
+    if (std::holds_alternative<PointwiseAttrs>(op.attrs)) {
+      ++pointwise;
+    } else if (!std::holds_alternative<QuantizeAttrs>(op.attrs)) {
+      return false;
+    }
+  }
+  return pointwise > 0;
 }
 
 // Graph `g` split into its independent op groups (ops joined by a tensor one writes and another
@@ -355,6 +374,75 @@ class Rewriter {
     }
   }
 
+  // Each cast stage whose buffer a stage of pointwise ops writes, merged into that stage
+  // (Fp8RewriteOptions::fuse_casts); `graphs` are the pipeline's other stages.
+  void fuse_casts(std::vector<std::pair<std::string, Json>>& graphs) {
+    std::vector<std::pair<std::string, Json>> left;
+    for (auto& [stage, g] : new_graphs_)
+      if (!o_.fuse_casts || !fuse(graphs, stage, g)) left.emplace_back(stage, std::move(g));
+    new_graphs_ = std::move(left);
+  }
+
+  bool fuse(std::vector<std::pair<std::string, Json>>& graphs, const std::string& cast_stage, Json& cg) {
+    const Json cb = p_["bind"][cast_stage];
+    const std::string buffer = cb["x"].get<std::string>();
+    std::pair<std::string, Json>* writer = nullptr;
+    std::string wt;  // the writer's tensor of the buffer
+    for (auto& sg : graphs) {
+      const Json& sb = p_["bind"][sg.first];
+      for (const Json& op : sg.second["ops"])
+        for (const std::string& t : names_of(op["outputs"]))
+          if (sb.contains(t) && sb[t] == buffer) {
+            if (writer) return false;  // (a buffer written twice: left as it is)
+            writer = &sg;
+            wt = t;
+          }
+    }
+    if (!writer || !all_pointwise(writer->second)) return false;
+    Json& wg = writer->second;
+    const Json* wdecl = find_tensor(wg, wt);
+    const Json* xdecl = find_tensor(cg, "x");
+    if (!wdecl || !xdecl || !wdecl->contains("dims") || (*wdecl)["dims"] != (*xdecl)["dims"]) return false;
+    const Json row_major = {{"dims", (*xdecl)["dims"]}};
+    const std::string order = element_order(*xdecl, row_major);
+    if (order.empty() || element_order(*wdecl, row_major) != order) return false;  // another view
+    const std::string ws = writer->first;
+    // Whether another stage reads the buffer; an intermediate no stage would read any more must
+    // leave the pipeline (the loader refuses an unread one), which it may not where another
+    // pipeline reads it: that cast stays a stage of its own.
+    bool read_here = false;
+    for (const auto& [stage, bind] : p_["bind"].items())
+      if (stage != ws && stage != cast_stage)
+        for (const auto& [t, b] : bind.items()) read_here = read_here || b == buffer;
+    const Json& decl = p_["buffers"].contains(buffer) ? p_["buffers"][buffer] : Json();
+    const bool intermediate = decl.value("kind", "") == "intermediate";
+    if (!read_here && intermediate && o_.read_elsewhere.count(buffer)) return false;
+    // The cast's tensors other than x join the writer's graph under fresh names, bound as before.
+    std::map<std::string, std::string> rename = {{"x", wt}};
+    for (const Json& t : cg["tensors"]) {
+      const std::string n = t.value("name", "");
+      if (n == "x") continue;
+      Json d = t;
+      d["name"] = rename[n] = fresh(wg, wt + "_" + n);
+      wg["tensors"].push_back(d);
+      p_["bind"][ws][rename[n]] = cb[n];
+    }
+    Json op = cg["ops"][0];
+    op["name"] = fresh(wg, wt + "_cast");
+    for (const char* side : {"inputs", "outputs"})
+      for (auto& [role, t] : op[side].items()) t = rename.at(t.get<std::string>());
+    wg["ops"].push_back(op);
+    p_["bind"].erase(cast_stage);
+    ++r_.fused;
+    // The bf16 buffer leaves the pipeline where nothing else reads it.
+    if (read_here || !intermediate) return true;
+    (*find_tensor(wg, wt))["virtual"] = true;
+    p_["bind"][ws].erase(wt);
+    p_["buffers"].erase(buffer);
+    r_.virtualized.push_back(buffer);
+    return true;
+  }
+
   // Input buffers whose every reader now reads a provided copy: they leave the pipeline.
   void drop_unread() {
     std::set<std::string> bound;
@@ -471,6 +559,7 @@ Result<Fp8PipelineRewrite> fp8_rewrite_pipeline(const std::string& pipeline_path
     rw.r_.split.push_back(stage);
   }
   rw.finish();
+  rw.fuse_casts(graphs);
   rw.drop_unread();
   for (auto& ng : rw.new_graphs_) graphs.push_back(std::move(ng));
   fs::create_directories(fs::path(out_dir) / "graphs", ec);

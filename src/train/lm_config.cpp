@@ -118,7 +118,8 @@ Result<LmConfig> parse_lm_config(std::string_view text, std::string_view origin)
                            "\"mlp\" recomputes them: choose one");
   for (auto [key, flag] : {std::pair<const char*, bool*>{"deterministic", &t.deterministic},
                            std::pair<const char*, bool*>{"share_buffers", &t.share_buffers},
-                           std::pair<const char*, bool*>{"fp8", &t.fp8}}) {
+                           std::pair<const char*, bool*>{"fp8", &t.fp8},
+                           std::pair<const char*, bool*>{"fp8_fuse_casts", &t.fp8_fuse_casts}}) {
     if (!train.is_object() || !train.contains(key)) continue;
     if (!train[key].is_boolean()) return InvalidArgument(where + ": train." + key + " must be true or false");
     *flag = train[key].get<bool>();
@@ -192,6 +193,7 @@ std::string lm_config_json(const LmConfig& c) {
               {"deterministic", t.deterministic},
               {"share_buffers", t.share_buffers},
               {"fp8", t.fp8},
+              {"fp8_fuse_casts", t.fp8_fuse_casts},
               {"fp8_history", t.fp8_history},
               {"fp8_margin", t.fp8_margin}}}};
   return j.dump();

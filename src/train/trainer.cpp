@@ -109,10 +109,14 @@ struct LmTrainer::Impl {
           " ranks: not yet (each rank's amaxes would have to be all-reduced); run one rank");
     Fp8RewriteOptions fo;
     fo.keep_buffers = {"output", "h_norm"};  // the output projection stays bf16
+    fo.fuse_casts = config.train.fp8_fuse_casts;
     // Buffers the backward reads as saved under the forward's name (so under the same scales): the
     // forward's casts of them also write the transposed copies the backward's GEMMs read.
-    for (const auto& [name, in] : derived.inputs)
-      if (in.kind == BackwardInput::Kind::kSaved && name == in.forward_tensor) fo.export_copies.insert(name);
+    for (const auto& [name, in] : derived.inputs) {
+      if (in.kind != BackwardInput::Kind::kSaved) continue;
+      if (name == in.forward_tensor) fo.export_copies.insert(name);
+      fo.read_elsewhere.insert(in.forward_tensor);  // the backward reads it: it stays in memory
+    }
     const std::string fdir = (dir / "fp8_forward").string();
     FUSEBOX_ASSIGN_OR_RETURN(Fp8PipelineRewrite f, fp8_rewrite_pipeline(fwd_path, fdir, fo));
     Fp8RewriteOptions bo = fo;
@@ -132,6 +136,15 @@ struct LmTrainer::Impl {
     for (const Fp8Copy& c : f.exported)
       if (!taken.count(c.copy) && std::count(f.added.begin(), f.added.end(), c.copy))
         unused += fo.skip_transposed.insert(c.buffer).second ? 1 : 0;
+    // A saved buffer the backward no longer reads (it takes the forward's FP8 copies instead) may
+    // leave the forward too, where a cast fused into the stage that writes it was its last reader.
+    const std::set<std::string> dropped(b.dropped.begin(), b.dropped.end());
+    std::set<std::string> still_read;
+    for (const auto& [name, in] : derived.inputs)
+      if (in.kind == BackwardInput::Kind::kSaved && !dropped.count(name))
+        still_read.insert(in.forward_tensor);
+    unused += fo.read_elsewhere.size() - still_read.size();
+    fo.read_elsewhere = std::move(still_read);
     if (unused > 0) {
       std::error_code ec;
       std::filesystem::remove_all(fdir, ec);
@@ -157,12 +170,14 @@ struct LmTrainer::Impl {
     fp8 = std::move(state);
     fp8_amax = f.amax;
     fp8_amax.insert(fp8_amax.end(), b.amax.begin(), b.amax.end());
-    fp8_summary = std::to_string(f.gemms) + " forward and " + std::to_string(b.gemms) +
-                  " backward GEMMs in FP8, " + std::to_string(f.casts + b.casts) + " casts (" +
-                  std::to_string(taken.size()) + " of the forward's copies read by the backward), " +
-                  std::to_string(tensors.size()) + " scaled tensors; " +
-                  std::to_string(f.kept.size() + b.kept.size()) + " GEMMs kept in bf16; " +
-                  std::to_string(f.split.size() + b.split.size()) + " stages split per GEMM";
+    fp8_summary =
+        std::to_string(f.gemms) + " forward and " + std::to_string(b.gemms) + " backward GEMMs in FP8, " +
+        std::to_string(f.casts + b.casts) + " casts (" + std::to_string(taken.size()) +
+        " of the forward's copies read by the backward), " + std::to_string(tensors.size()) +
+        " scaled tensors; " + std::to_string(f.kept.size() + b.kept.size()) + " GEMMs kept in bf16; " +
+        std::to_string(f.split.size() + b.split.size()) + " stages split per GEMM; " +
+        std::to_string(f.fused + b.fused) + " casts fused into the pointwise stages before them (" +
+        std::to_string(f.virtualized.size() + b.virtualized.size()) + " bf16 buffers no longer written)";
     return Status::Ok();
   }
   std::string fp8_summary;

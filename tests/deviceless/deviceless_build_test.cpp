@@ -70,6 +70,10 @@ const std::map<std::string, std::string> kNativeKernel = {
     {"quantize_small", "fusebox_quantize"},
     {"quantize_transposed_small", "fusebox_quantize"},
     {"quantize_two_copies_small", "fusebox_quantize"},
+    {"swiglu_fp8_cast", "fusebox_pointwise_quantize"},
+    {"swiglu_bwd_fp8_cast", "fusebox_pointwise_quantize"},
+    {"swiglu_bwd_fp8_cast_small", "fusebox_pointwise_quantize"},
+    {"add_fp8_cast_small", "fusebox_pointwise_quantize"},
     {"matmul_decode_silu", "fusebox_gemv"}};
 // Of those, the ones whose kernel needs a workspace (none since the paged decode attention, measured
 // slower than cuDNN's engine, runs only when pinned).
@@ -78,7 +82,7 @@ const std::set<std::string> kNativeWorkspace = {};
 // does not lower to 9.24's RoPE yet): no cuDNN engine to pin instead.
 const std::set<std::string> kOnlyFusebox = {
     "fusebox_embedding",         "fusebox_rope",          "fusebox_rope_bwd", "fusebox_cross_entropy",
-    "fusebox_cross_entropy_bwd", "fusebox_embedding_bwd", "fusebox_quantize"};
+    "fusebox_cross_entropy_bwd", "fusebox_embedding_bwd", "fusebox_quantize", "fusebox_pointwise_quantize"};
 
 DeviceTarget h200() {
   auto t = DeviceTarget::from_file(testing::devprop_path());
@@ -839,6 +843,53 @@ TEST(ReferenceKernelBuild, TakesAKeepMaskOfDropoutZeroOnly) {
   EXPECT_EQ(refused.status().code(), StatusCode::kNotSupported);
   EXPECT_NE(refused.status().message().find("op 'attn' draws a dropout mask"), std::string::npos)
       << refused.status().message();
+}
+
+}  // namespace
+}  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+// Quantize ops after a compiled pointwise form (FP8 training's casts fused into the stage that
+// computes their input) take fusebox_pointwise_quantize, deviceless as on a GPU; quantize after any
+// other pointwise graph is refused as "not supported", so that the session splits the graph into parts.
+TEST(NativeKernel, CastsAfterAPointwiseFormTakeThePointwiseQuantizeKernel) {
+  for (const char* name : {"swiglu_fp8_cast", "swiglu_bwd_fp8_cast", "small/swiglu_bwd_fp8_cast_small",
+                           "small/add_fp8_cast_small"}) {
+    const ResolvedGraph g = load(testing::source_dir() + "/examples/graphs/" + name + ".json");
+    auto plan = build_plan(g, h200(), BuildOptions{}, nullptr);
+    ASSERT_TRUE(plan.ok()) << name << ": " << plan.status().ToString();
+    EXPECT_EQ(plan->engine_name(), "fusebox_pointwise_quantize") << name;
+  }
+  auto build = [](const std::string& op, const std::string& y_decl) {
+    auto spec = parse_graph_json(R"({"name": "q", "io_dtype": "bf16", "tensors": [
+      {"name": "a", "dims": [1, 64, 64]}, {"name": "b", "dims": [1, 64, 64]}, {"name": "r", "virtual": true},
+      {"name": "scale", "dims": [1, 1, 1], "dtype": "fp32"}, )" +
+                                 y_decl + R"(],
+      "ops": [)" + op + R"(, {"op": "quantize", "name": "cast", "inputs": {"x": "r", "scale": "scale"},
+      "outputs": {"y": "y8"}}]})");
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    auto g = resolve(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return build_plan(*g, h200(), BuildOptions{}, nullptr);
+  };
+  const std::string add =
+      R"({"op": "add", "name": "s", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "r"}})";
+  const std::string sub =
+      R"({"op": "sub", "name": "s", "inputs": {"a": "a", "b": "b"}, "outputs": {"y": "r"}})";
+  const std::string flat = R"({"name": "y8", "dtype": "fp8_e4m3"})";
+  EXPECT_TRUE(build(add, flat).ok());
+  // Not a form, or a copy neither in the form's layout nor transposed: not supported (parts).
+  for (const auto& [op, y] :
+       {std::pair{sub, flat},
+        std::pair{add, std::string(R"({"name": "y8", "dtype": "fp8_e4m3", "dims": [1, 64, 64],
+                                                             "strides": [8192, 128, 1]})")}}) {
+    auto p = build(op, y);
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.status().code(), StatusCode::kNotSupported) << p.status().ToString();
+    EXPECT_NE(p.status().message().find("[quantize 'cast']"), std::string::npos) << p.status().ToString();
+  }
 }
 
 }  // namespace

@@ -15,7 +15,10 @@
 //          copy for its wgrad GEMM (Transformer Engine's cast-transpose)
 // y = fp8(x * scale): the product in fp32, rounded to nearest even and saturated to the format's
 // largest finite value (448 for e4m3, 57344 for e5m2); NaN stays NaN. It has no cuDNN op in 9.19:
-// fusebox's kernel runs it, alone in its graph (a pipeline stage of its own).
+// fusebox's kernel runs it, alone in its graph (a pipeline stage of its own), or after the
+// compiled pointwise form that computes x in the same graph (the gated MLP's product or its
+// backward, a sum: one kernel, fusebox_pointwise_quantize; x may then be virtual, and is quantized
+// from its fp32 value).
 #pragma once
 
 namespace fusebox {
