@@ -14,7 +14,8 @@
 #           configs say "split" since 2026-12-06: SWIGLU=fused measures the other). SHARE=1: with
 #           train.share_buffers (the backward's intermediates in one arena; docs/lm.md). FP8=1: with
 #           train.fp8 (the blocks' GEMMs in FP8, docs/training.md "FP8 training"); PART=4 with FP8=1
-#           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps. TORCH=0 (PARTs 4
+#           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps; FUSE=1 with it sets
+#           train.fp8_fuse_casts (the casts in the pointwise stages before them). TORCH=0 (PARTs 4
 #           and 5): fusebox alone, no torch bench (a cold FP8 start-up needs FB_TIMEOUT=330).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
@@ -42,13 +43,14 @@ summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # train.share_buffers true, written under $W; its path.
 with_swiglu() {
   if [ -z "${SWIGLU:-}" ] && [ -z "${SHARE:-}" ] && [ -z "${FP8:-}" ]; then echo "$1"; return; fi
-  local out="$W/$(basename "$1" .json)_swiglu_${SWIGLU:-asis}_share_${SHARE:-0}_fp8_${FP8:-0}.json"
+  local out="$W/$(basename "$1" .json)_swiglu_${SWIGLU:-asis}_share_${SHARE:-0}_fp8_${FP8:-0}_fuse_${FUSE:-0}.json"
   $PY -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 if sys.argv[2]: c["train"]["swiglu"] = sys.argv[2]
 if sys.argv[3] == "1": c["train"]["share_buffers"] = True
 if sys.argv[4] == "1": c["train"]["fp8"] = True
-json.dump(c, open(sys.argv[5], "w"))' "$1" "${SWIGLU:-}" "${SHARE:-}" "${FP8:-}" "$out" && echo "$out"
+if sys.argv[5] == "1": c["train"]["fp8_fuse_casts"] = True
+json.dump(c, open(sys.argv[6], "w"))' "$1" "${SWIGLU:-}" "${SHARE:-}" "${FP8:-}" "${FUSE:-}" "$out" && echo "$out"
 }
 
 case "$PART" in

@@ -53,6 +53,7 @@ class TrainGpu : public ::testing::Test {
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? std::move(*t) : nullptr;
   }
+  void fp8_steps_follow_the_reference(bool fuse_casts);
   LmConfig config_;
 };
 
@@ -132,11 +133,14 @@ TEST_F(TrainGpu, SharedIntermediatesTakeTheSameStepsInLessMemory) {
 // every GEMM the rewrite made builds an engine, the losses stay close, the loss falls, the step
 // replays as a CUDA graph with the scale update inside it, and a checkpoint's scaling state
 // resumes the GPU run where it stood.
-TEST_F(TrainGpu, Fp8StepsFollowTheReferenceBackendsFp8Steps) {
+// 12 FP8 steps of the tiny model on the GPU against the reference backend's, in a CUDA graph, then
+// a resume; `fuse_casts`: with train.fp8_fuse_casts (fusebox_pointwise_quantize in the step).
+void TrainGpu::fp8_steps_follow_the_reference(bool fuse_casts) {
   TempDir d;
   const TokenStream data = tokens(20000, 7);
   config_.train.swiglu = "split";
   config_.train.fp8 = true;
+  config_.train.fp8_fuse_casts = fuse_casts;
   auto ref = make(TrainBackend::kReference, d.file("ref"));
   auto gpu = make(TrainBackend::kGpu, d.file("gpu"));
   ASSERT_TRUE(ref && gpu);
@@ -157,6 +161,13 @@ TEST_F(TrainGpu, Fp8StepsFollowTheReferenceBackendsFp8Steps) {
     if (s == 5) ASSERT_TRUE(gpu->save_checkpoint(d.file("ck.safetensors")).ok());
   }
   EXPECT_TRUE(graph) << gpu->plan_summary();
+  if (fuse_casts) {
+    bool fused = false;
+    for (const auto& [what, ms] : gpu->startup_ms())
+      fused = fused || (what.find(" casts fused") != std::string::npos &&
+                        what.find(" 0 casts fused") == std::string::npos);
+    EXPECT_TRUE(fused) << "the start-up line counts the casts fused";
+  }
   double mad = 0;
   for (size_t i = 0; i < lr.size(); ++i) mad += std::fabs(lr[i] - lg[i]) / lr.size();
   EXPECT_LT(mad, 0.05) << "mean |loss difference| over 12 FP8 steps";
@@ -170,6 +181,12 @@ TEST_F(TrainGpu, Fp8StepsFollowTheReferenceBackendsFp8Steps) {
     EXPECT_NEAR(b->loss, lg[static_cast<size_t>(s)], 1e-3 * lg[static_cast<size_t>(s)])
         << "resumed step " << s;
   }
+}
+
+TEST_F(TrainGpu, Fp8StepsFollowTheReferenceBackendsFp8Steps) { fp8_steps_follow_the_reference(false); }
+
+TEST_F(TrainGpu, Fp8StepsWithFusedCastsFollowTheReferenceBackendsFp8Steps) {
+  fp8_steps_follow_the_reference(true);
 }
 
 TEST_F(TrainGpu, ResumeIsExactAndNonFiniteStepsChangeNothing) {
