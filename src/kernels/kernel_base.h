@@ -27,6 +27,16 @@ inline const ResolvedTensor* role_tensor(const ResolvedGraph& g, const std::map<
   return it == roles.end() ? nullptr : &g.tensors[static_cast<size_t>(it->second)];
 }
 
+// No gaps between a tensor's elements (some order of its dims packs them).
+inline bool dense(const ResolvedTensor& t) { return t.storage_elements() == t.element_count(); }
+
+// The dim of stride 1 and extent > 1, or -1.
+inline int contiguous_dim(const ResolvedTensor& t) {
+  for (size_t k = 0; k < t.dims.size(); ++k)
+    if (t.strides[k] == 1 && t.dims[k] > 1) return static_cast<int>(k);
+  return -1;
+}
+
 // A rank-4 tensor's strides, passed to a kernel by value.
 struct Strides4 {
   int64_t s[4] = {};

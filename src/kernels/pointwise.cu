@@ -462,8 +462,6 @@ std::optional<PointwiseMode> mode_of(const A&) {
   return std::nullopt;
 }
 
-bool dense(const ResolvedTensor& t) { return t.storage_elements() == t.element_count(); }
-
 }  // namespace
 
 namespace {
@@ -604,13 +602,6 @@ const char* pointwise_form_name(const NativeKernel& k) {
 
 namespace fusebox::kernels {
 namespace {
-
-// The dim of stride 1 and extent > 1, or -1.
-int contiguous_dim(const ResolvedTensor& t) {
-  for (size_t k = 0; k < t.dims.size(); ++k)
-    if (t.strides[k] == 1 && t.dims[k] > 1) return static_cast<int>(k);
-  return -1;
-}
 
 class PointwiseQuantizeKernel final : public KernelBase {
  public:

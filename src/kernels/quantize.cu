@@ -279,16 +279,6 @@ __global__ void quantize_strided_kernel(const T* x, unsigned char* y, QuantizeSh
   if (amax) block_amax(m, amax);
 }
 
-// No gaps between the elements (some order of the dims packs them).
-bool dense(const ResolvedTensor& t) { return t.storage_elements() == t.element_count(); }
-
-// The dim of stride 1 and extent > 1, or -1.
-int contiguous_dim(const ResolvedTensor& t) {
-  for (size_t k = 0; k < t.dims.size(); ++k)
-    if (t.strides[k] == 1 && t.dims[k] > 1) return static_cast<int>(k);
-  return -1;
-}
-
 class QuantizeKernel final : public KernelBase {
  public:
   Status launch(void* const* ptrs, void* stream_ptr) const override {
