@@ -400,6 +400,8 @@ class Rewriter {
     }
     if (!writer || !all_pointwise(writer->second)) return false;
     Json& wg = writer->second;
+    for (const Json& op : wg["ops"])  // (one cast a tensor: the kernel takes no second one)
+      if (op.value("op", "") == "quantize" && op["inputs"].value("x", "") == wt) return false;
     const Json* wdecl = find_tensor(wg, wt);
     const Json* xdecl = find_tensor(cg, "x");
     if (!wdecl || !xdecl || !wdecl->contains("dims") || (*wdecl)["dims"] != (*xdecl)["dims"]) return false;
