@@ -10,6 +10,8 @@
 #   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
 #   PART=6  where the 125M step's time goes: `train lm --profile 20` after 3 steps (profile.json).
+#   PART=7  the FP8 casts fused into pointwise stages: `run --verify` of the fused-cast examples,
+#           then the FP8 step's gtests (unfused and fused) and the pointwise kernel tests.
 #   SWIGLU=split|fused (PARTs 2-6): the config's train.swiglu set to it (docs/lm.md; the 125M and 350M
 #           configs say "split" since 2026-12-06: SWIGLU=fused measures the other). SHARE=1: with
 #           train.share_buffers (the backward's intermediates in one arena; docs/lm.md). FP8=1: with
@@ -139,6 +141,17 @@ PYEOF
   sed -n '/^profile (/,$p' "$OUT/profile.txt" | head -40 | tee -a "$OUT/summary.txt"
   cp "$W/profile/profile.json" "$OUT/profile.json" 2>/dev/null
   ;;
-*) echo "PART must be 1 to 6" >&2; exit 2 ;;
+7)
+  summary "the FP8 casts fused into pointwise stages (fusebox_pointwise_quantize): examples, then the FP8 step gtests"
+  for g in small/swiglu_bwd_fp8_cast_small small/add_fp8_cast_small swiglu_fp8_cast swiglu_bwd_fp8_cast; do
+    timeout 60 "$FB" run "examples/graphs/$g.json" --verify --iters 20 > "$OUT/verify_$(basename "$g").txt" 2>&1
+    echo "$g: exit $? $(grep -E 'engine:|latency' "$OUT/verify_$(basename "$g").txt" | tr -s ' ' | tr '\n' ' ' | cut -c1-220)" \
+      | tee -a "$OUT/summary.txt"
+    grep -E 'verify .*(FAIL|PASS)' "$OUT/verify_$(basename "$g").txt" | cut -c1-150 | tee -a "$OUT/summary.txt"
+  done
+  timeout 200 "$W/fusebox_gpu_tests" --gtest_filter='TrainGpu.Fp8*:NativeKernelsGpu.Pointwise*' > "$OUT/fp8_gtest.txt" 2>&1
+  echo "gtest exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/fp8_gtest.txt" | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+  ;;
+*) echo "PART must be 1 to 7" >&2; exit 2 ;;
 esac
 tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null
