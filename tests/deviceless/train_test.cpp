@@ -59,9 +59,16 @@ TEST(LmConfig, DefaultsAndErrorsThatNameTheKey) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->model.dim, 768);
   EXPECT_EQ(c->train.batch, 32);
+  EXPECT_FALSE(c->train.fp8_fuse_casts);
   auto round = parse_lm_config(lm_config_json(*c), "again");
   ASSERT_TRUE(round.ok());
   EXPECT_EQ(lm_config_json(*round), lm_config_json(*c));
+  auto fused =
+      parse_lm_config(R"({"model": {"vocab": 100}, "train": {"fp8": true, "fp8_fuse_casts": true}})", "f");
+  ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+  EXPECT_TRUE(fused->train.fp8_fuse_casts);
+  EXPECT_NE(lm_config_json(*fused).find("\"fp8_fuse_casts\":true"), std::string::npos)
+      << lm_config_json(*fused);
   struct Bad {
     const char* json;
     const char* says;
@@ -73,6 +80,8 @@ TEST(LmConfig, DefaultsAndErrorsThatNameTheKey) {
         Bad{R"({"model": {"vocab": 100, "head_dim": 7}})", "must be even"},
         Bad{R"({"model": {"vocab": 100}, "train": {"lr": "fast"}})", "train.lr must be a number"},
         Bad{R"({"model": {"vocab": 100}, "train": {"batch": 0}})", "train.batch = 0 is outside"},
+        Bad{R"({"model": {"vocab": 100}, "train": {"fp8_fuse_casts": 1}})",
+            "train.fp8_fuse_casts must be true or false"},
         Bad{R"({"model": {"vocab": 1e40}})", "model.vocab must be an integer"},
         Bad{R"([1, 2])", "a config is a JSON object"}, Bad{R"({"model": )", "not valid JSON"}}) {
     auto r = parse_lm_config(b.json, "c.json");
