@@ -136,15 +136,18 @@ struct LmTrainer::Impl {
     for (const Fp8Copy& c : f.exported)
       if (!taken.count(c.copy) && std::count(f.added.begin(), f.added.end(), c.copy))
         unused += fo.skip_transposed.insert(c.buffer).second ? 1 : 0;
-    // A saved buffer the backward no longer reads (it takes the forward's FP8 copies instead) may
-    // leave the forward too, where a cast fused into the stage that writes it was its last reader.
-    const std::set<std::string> dropped(b.dropped.begin(), b.dropped.end());
-    std::set<std::string> still_read;
-    for (const auto& [name, in] : derived.inputs)
-      if (in.kind == BackwardInput::Kind::kSaved && !dropped.count(name))
-        still_read.insert(in.forward_tensor);
-    unused += fo.read_elsewhere.size() - still_read.size();
-    fo.read_elsewhere = std::move(still_read);
+    // With the casts fused: a saved buffer the backward no longer reads (it takes the forward's FP8
+    // copies instead) may leave the forward too, where a cast fused into the stage that writes it
+    // was its last reader. (Unfused, nothing changes: no second rewrite for it.)
+    if (fo.fuse_casts) {
+      const std::set<std::string> dropped(b.dropped.begin(), b.dropped.end());
+      std::set<std::string> still_read;
+      for (const auto& [name, in] : derived.inputs)
+        if (in.kind == BackwardInput::Kind::kSaved && !dropped.count(name))
+          still_read.insert(in.forward_tensor);
+      unused += fo.read_elsewhere.size() - still_read.size();
+      fo.read_elsewhere = std::move(still_read);
+    }
     if (unused > 0) {
       std::error_code ec;
       std::filesystem::remove_all(fdir, ec);
