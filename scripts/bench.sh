@@ -46,6 +46,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
+bash scripts/gpu_unpack.sh "$BUNDLE" || exit 1  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 OUT=${OUT:-/tmp/out}
 BENCH_DIR=${BENCH_DIR:-.bench}
 # The parts of fusebox_tools.bench.bench_run (its PARTS), in the order the report merges them.

@@ -2,7 +2,7 @@
 # Copies what the GPU machine needs from a build folder into .gpu/ (git-ignored):
 # the CLI and the test binaries, nothing else (examples, scripts and the Python
 # tools in python/ travel with the repository). Carry .gpu with the device tool and run scripts/gpu_check.sh there.
-#   usage: scripts/gpu_bundle.sh BUILD_DIR
+#   usage: [PACK=1] scripts/gpu_bundle.sh BUILD_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
@@ -79,6 +79,18 @@ fi
 # The binary from before the canonical form (issue 9), if built: FUSEBOX_OLD_BIN=path.
 if [ -n "${FUSEBOX_OLD_BIN:-}" ] && [ -x "$FUSEBOX_OLD_BIN" ]; then
   mkdir -p "$DEST/old" && cp "$FUSEBOX_OLD_BIN" "$DEST/old/fusebox" || exit 1
+fi
+# PACK=1: the binaries xz-compressed and the plans in one archive (about 15 MB instead of 60), so the
+# bundle fits one carry beside .gpu-train (scripts/gpu_train_bundle.sh); the scripts that read .gpu
+# unpack it there first (scripts/gpu_unpack.sh). The deviceless tests and the bench binary stay
+# behind (they run here).
+if [ "${PACK:-0}" = 1 ]; then
+  rm -f "$DEST/fusebox_deviceless_tests" "$DEST/bound_execute_bench"
+  for f in fusebox fusebox_gpu_tests "$DEST"/libfusebox.so*; do
+    f=$(basename "$f")
+    [ -f "$DEST/$f" ] && { xz -T2 -6 -c "$DEST/$f" > "$DEST/$f.xz" && rm "$DEST/$f" || exit 1; }
+  done
+  tar -C "$DEST" -czf "$DEST/aot.tgz" aot && rm -rf "$DEST/aot" || exit 1
 fi
 ls -l "$DEST"
 echo "gpu_bundle: $(du -sh "$DEST" | cut -f1) in $DEST ($(du -sb "$DEST" | cut -f1) bytes; the carry limit is 64 MiB)"

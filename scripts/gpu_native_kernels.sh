@@ -12,6 +12,7 @@ else
   export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib
 fi
 export FUSEBOX_SOURCE_DIR=$PWD FUSEBOX_DEVPROP=$PWD/devices/h200-cudnn-9.27.devprop
+[ -d .gpu ] && { bash scripts/gpu_unpack.sh .gpu || exit 1; }  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv,noheader
 timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu*:EmbeddingGpu*' --gtest_color=no > $OUT/native_tests.log 2>&1
 echo "tests rc=$?"; grep -E "^\[  (FAILED|PASSED|  OK) |Failure|Expected|Which is|actual|rel_l2" $OUT/native_tests.log | head -40

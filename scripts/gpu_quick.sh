@@ -11,6 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 BUNDLE=${1:-.gpu}
+bash scripts/gpu_unpack.sh "$BUNDLE" || exit 1  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 FB="$BUNDLE/fusebox"

@@ -29,6 +29,7 @@ export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudn
 export FUSEBOX_SOURCE_DIR=$PWD PYTHONPATH=$PWD/python FUSEBOX_CACHE=$W/plans.sqlite
 PY=/opt/torch/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
+bash scripts/gpu_unpack.sh .gpu || exit 1  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 FB=$PWD/.gpu/fusebox
 S="$OUT/summary.txt"
 [ -f .gpu/plans.sqlite ] && [ ! -f "$W/plans.sqlite" ] && cp .gpu/plans.sqlite "$W/plans.sqlite"

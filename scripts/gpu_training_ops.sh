@@ -15,6 +15,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+[ -d .gpu ] && { bash scripts/gpu_unpack.sh .gpu || exit 1; }  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 FB=${FB:-.gpu/fusebox}
 if [ "${FUSEBOX_GPU_CUDNN:-torch}" = pinned ]; then
   source scripts/gpu_cudnn.sh env || exit 1

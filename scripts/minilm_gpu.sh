@@ -14,6 +14,7 @@ MODEL=${1:-models/minilm/fusebox}
 OUT=${OUT:-/tmp/minilm_gpu}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+[ -d .gpu ] && { bash scripts/gpu_unpack.sh .gpu || exit 1; }  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 export FUSEBOX_BIN=${FUSEBOX_BIN:-$PWD/.gpu/fusebox}
 export FUSEBOX_CACHE=${FUSEBOX_CACHE:-${TMPDIR:-/tmp}/minilm_plans.sqlite}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}

@@ -21,6 +21,7 @@ OUT=${OUT:-/tmp/models_verify}
 PARTS=${PARTS:-minilm,resnet50}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+[ -d .gpu ] && { bash scripts/gpu_unpack.sh .gpu || exit 1; }  # a PACK=1 bundle (scripts/gpu_bundle.sh)
 export FUSEBOX_BIN=${FUSEBOX_BIN:-$PWD/.gpu/fusebox}
 [ -x "$FUSEBOX_BIN" ] || FUSEBOX_BIN=$PWD/build/fusebox
 # One plan cache for the runs of one pipeline: the later batches start warm.
