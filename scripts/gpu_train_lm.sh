@@ -19,6 +19,10 @@
 #           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps; FUSE=1 with it sets
 #           train.fp8_fuse_casts (the casts in the pointwise stages before them). TORCH=0 (PARTs 4
 #           and 5): fusebox alone, no torch bench (a cold FP8 start-up needs FB_TIMEOUT=330).
+# The plan cache: a machine's first call builds every plan cold (about 150 s at 125M). Each call
+# leaves its cache in $OUT/plans_<GPU>.sqlite.xz; kept here under .gpu-plans/ (git-ignored) and
+# carried, it seeds the next machine of that GPU model (the cache itself refuses entries of another
+# cuDNN, driver or device, and every plan it serves passed the plan check where it was built).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
@@ -39,6 +43,11 @@ done
 [ -d "$W/lm-ci" ] || tar -C "$W" -xJf .gpu-train/lm-ci.tar.xz
 FB=$W/fusebox
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+GPU_TAG=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr -c 'A-Za-z0-9\n' '_' | tr -d '\n')
+SEED=.gpu-plans/plans_$GPU_TAG.sqlite.xz
+if [ ! -f "$W/plans.sqlite" ] && [ -f "$SEED" ]; then
+  xz -dc "$SEED" > "$W/plans.sqlite" && echo "plan cache seeded from $SEED" | tee -a "$OUT/gpu.txt"
+fi
 $PY -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())' | tee -a "$OUT/gpu.txt"
 summary() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 # SWIGLU=split|fused and SHARE=1 (PARTs 2 to 6): the config with train.swiglu, and
@@ -154,4 +163,5 @@ PYEOF
   ;;
 *) echo "PART must be 1 to 7" >&2; exit 2 ;;
 esac
-tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . 2>/dev/null
+[ -f "$W/plans.sqlite" ] && xz -T4 -c "$W/plans.sqlite" > "$W/plans_$GPU_TAG.sqlite.xz" && mv "$W/plans_$GPU_TAG.sqlite.xz" "$OUT/"
+tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz --exclude 'plans_*.sqlite.xz' . 2>/dev/null
