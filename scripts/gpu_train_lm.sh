@@ -21,8 +21,8 @@
 #           and 5): fusebox alone, no torch bench (a cold FP8 start-up needs FB_TIMEOUT=330).
 # The plan cache: a machine's first call builds every plan cold (about 150 s at 125M). Each call
 # leaves its cache in $OUT/plans_<GPU>.sqlite.xz; kept here under .gpu-plans/ (git-ignored) and
-# carried, it seeds the next machine of that GPU model (the cache itself refuses entries of another
-# cuDNN, driver or device, and every plan it serves passed the plan check where it was built).
+# carried, it seeds the next machine of that GPU model (the cache's key holds the device and cuDNN;
+# a plan of fusebox's kernels is checked again when the kernels changed since; docs/gpu.md).
 # Logs and CSVs under $OUT (tar them: $OUT returns at most 8 files). Run from the repository root:
 #   run(command="PART=1 bash scripts/gpu_train_lm.sh", carry=[".gpu-train"])
 set -u
