@@ -86,6 +86,32 @@ constexpr SmallFloat kBF16{8, 7, 127, 0x1.FEp127, true, false, 0x7FC0u};
 constexpr SmallFloat kE4M3{4, 3, 7, 448.0, false, true, 0x7Fu};
 constexpr SmallFloat kE5M2{5, 2, 15, 57344.0, true, true, 0x7Eu};
 
+// The bits of v rounded to nearest even in f, read off the double's own bits, where v and the
+// result are normal numbers of f no larger than max_finite; -1 elsewhere (zeros, subnormals,
+// overflow, inf, NaN: encode_small's general path). The same rounding as encode_small's, about
+// 30 times faster: every random input and reference output goes through here.
+int64_t encode_normal_fast(double v, const SmallFloat& f) {
+  uint64_t u;
+  std::memcpy(&u, &v, 8);
+  const int e_double = static_cast<int>((u >> 52) & 0x7FFu);
+  if (e_double == 0 || e_double == 0x7FF) return -1;
+  const int e = e_double - 1023 + f.bias;  // f's biased exponent before rounding
+  if (e < 1) return -1;                    // below f's normals: the subnormals' spacing
+  const int shift = 52 - f.man_bits;
+  const uint64_t m = u & ((uint64_t{1} << 52) - 1);
+  const uint64_t r = m + ((uint64_t{1} << (shift - 1)) - 1) + ((m >> shift) & 1u);  // ties to even
+  const uint64_t carry = r >> 52;  // rounded up into the next binade (mantissa 0)
+  const uint64_t mant = (r >> shift) & ((uint64_t{1} << f.man_bits) - 1);
+  const uint64_t magnitude = (static_cast<uint64_t>(e) + carry) << f.man_bits | mant;
+  // The largest finite value's bits: every format's is below its inf / NaN patterns.
+  const uint64_t exp_all = (uint64_t{1} << f.exp_bits) - 1;
+  const uint64_t max_bits = f.has_inf ? ((exp_all - 1) << f.man_bits | ((uint64_t{1} << f.man_bits) - 1))
+                                      : (exp_all << f.man_bits | ((uint64_t{1} << f.man_bits) - 2));
+  if (magnitude > max_bits) return -1;
+  const uint64_t sign = (u >> 63) << (f.exp_bits + f.man_bits);
+  return static_cast<int64_t>(sign | magnitude);
+}
+
 // Round-to-nearest-even of a non-negative double to an integer (exact for |q| < 2^52).
 double round_half_even(double q) {
   double r = std::floor(q);
@@ -107,6 +133,7 @@ int quantum_exponent(double a, const SmallFloat& f) {
 // Encodes v (any double) into the format, rounding to nearest even.
 // Infinity: inf where the format has one, else max_finite (saturating).
 unsigned encode_small(double v, const SmallFloat& f) {
+  if (const int64_t fast = encode_normal_fast(v, f); fast >= 0) return static_cast<unsigned>(fast);
   const int total_bits = 1 + f.exp_bits + f.man_bits;
   const unsigned sign = std::signbit(v) ? (1u << (total_bits - 1)) : 0u;
   const unsigned exp_all = (1u << f.exp_bits) - 1;
@@ -167,6 +194,24 @@ double decode_small(unsigned bits, const SmallFloat& f) {
 
 const SmallFloat& fp8_format(DType t) { return t == DType::kFP8E5M2 ? kE5M2 : kE4M3; }
 
+// Every value of a 16- or 8-bit format, decoded once (decode_small's ldexp per element was most of
+// the time of reading a large tensor on the host).
+template <int kBits>
+struct DecodeTable {
+  explicit DecodeTable(const SmallFloat& f) {
+    for (unsigned b = 0; b < (1u << kBits); ++b) values[b] = decode_small(b, f);
+  }
+  double values[1u << kBits];
+};
+const DecodeTable<16>& fp16_table() {
+  static const auto* t = new DecodeTable<16>(kFP16);  // 512 KiB, built on first use, never freed
+  return *t;
+}
+const DecodeTable<8>& fp8_table(DType t) {
+  static const DecodeTable<8> e4m3(kE4M3), e5m2(kE5M2);
+  return t == DType::kFP8E5M2 ? e5m2 : e4m3;
+}
+
 template <typename T>
 T load_raw(const void* src) {
   T v;
@@ -213,28 +258,27 @@ unsigned short float_to_fp16_bits(float f) {
   return static_cast<unsigned short>(encode_small(static_cast<double>(f), kFP16));
 }
 
-float fp16_bits_to_float(unsigned short b) { return static_cast<float>(decode_small(b, kFP16)); }
+float fp16_bits_to_float(unsigned short b) { return static_cast<float>(fp16_table().values[b]); }
 
 unsigned char float_to_fp8_bits(float f, DType t) {
   return static_cast<unsigned char>(encode_small(static_cast<double>(f), fp8_format(t)));
 }
 
-float fp8_bits_to_float(unsigned char b, DType t) {
-  return static_cast<float>(decode_small(b, fp8_format(t)));
-}
+float fp8_bits_to_float(unsigned char b, DType t) { return static_cast<float>(fp8_table(t).values[b]); }
 
 double load_element(const void* src, DType t) {
   switch (t) {
-    case DType::kBF16:
-      return decode_small(load_raw<uint16_t>(src), kBF16);
+    case DType::kBF16: {  // the top half of a float: exact, NaN aside (decode_small's quiet NaN)
+      const uint16_t b = load_raw<uint16_t>(src);
+      return (b & 0x7FFFu) > 0x7F80u ? decode_small(b, kBF16) : static_cast<double>(bf16_bits_to_float(b));
+    }
     case DType::kFP16:
-      return decode_small(load_raw<uint16_t>(src), kFP16);
+      return fp16_table().values[load_raw<uint16_t>(src)];
     case DType::kFP32:
       return static_cast<double>(load_raw<float>(src));
     case DType::kFP8E4M3:
-      return decode_small(load_raw<uint8_t>(src), kE4M3);
     case DType::kFP8E5M2:
-      return decode_small(load_raw<uint8_t>(src), kE5M2);
+      return fp8_table(t).values[load_raw<uint8_t>(src)];
     case DType::kInt32:
       return static_cast<double>(load_raw<int32_t>(src));
     case DType::kInt64:

@@ -7,6 +7,7 @@
 
 #include "fusebox/reference.h"
 #include "ops/ops.h"
+#include "tensor_util.h"
 
 namespace fusebox {
 
@@ -62,6 +63,50 @@ Tolerance tolerance_for(const ResolvedGraph& g, const std::string& output) {
   return tol;
 }
 
+namespace {
+
+// One stretch of a comparison: compare() sums these in order, so its result depends on the
+// element count alone, not on how many threads ran.
+struct Partial {
+  double diff2 = 0, ref2 = 0, max_ref = 0, max_abs = 0;
+  int64_t worst_index = -1, first_non_finite = -1, non_finite = 0, saturated = 0;
+};
+
+Partial compare_range(const float* reference, const float* actual, int64_t begin, int64_t end,
+                      const Tolerance& tol) {
+  Partial c;
+  for (int64_t i = begin; i < end; ++i) {
+    const double a = actual[i];
+    double r = reference[i];
+    if (tol.saturate_at > 0 && std::fabs(r) > tol.saturate_at) {  // the output's saturating cast
+      r = std::copysign(tol.saturate_at, r);
+      ++c.saturated;
+    }
+    if (!std::isfinite(a)) {
+      if (c.non_finite++ == 0) c.first_non_finite = i;
+      continue;
+    }
+    if (std::isfinite(r)) {
+      c.ref2 += r * r;
+      c.max_ref = std::max(c.max_ref, std::fabs(r));
+    }
+    const double d = std::fabs(a - r);
+    if (!std::isfinite(d)) {
+      // A non-finite reference (overflow in the reference itself) cannot match a finite output.
+      if (c.non_finite++ == 0) c.first_non_finite = i;
+      continue;
+    }
+    c.diff2 += d * d;
+    if (d > c.max_abs || c.worst_index < 0) {
+      c.max_abs = std::max(c.max_abs, d);
+      c.worst_index = i;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
 Comparison compare(const std::string& tensor, const std::vector<float>& reference,
                    const std::vector<float>& actual, Tolerance tol) {
   Comparison c;
@@ -74,33 +119,28 @@ Comparison compare(const std::string& tensor, const std::vector<float>& referenc
     c.pass = false;
     return c;
   }
+  // Stretches of 2^20 elements, on several threads for large outputs, combined in order: the
+  // first worst element and the first non-finite one, as one pass would find them.
+  constexpr int64_t kStretch = int64_t{1} << 20;
+  const int64_t n = c.elements, stretches = (n + kStretch - 1) / kStretch;
+  std::vector<Partial> parts(static_cast<size_t>(stretches));
+  reference_detail::parallel_for(stretches, 4.0 * kStretch, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k)
+      parts[static_cast<size_t>(k)] =
+          compare_range(reference.data(), actual.data(), k * kStretch, std::min(n, (k + 1) * kStretch), tol);
+  });
   double diff2 = 0, ref2 = 0, max_ref = 0;
   int64_t first_non_finite = -1;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double a = actual[i];
-    double r = reference[i];
-    if (tol.saturate_at > 0 && std::fabs(r) > tol.saturate_at) {  // the output's saturating cast
-      r = std::copysign(tol.saturate_at, r);
-      ++c.saturated;
-    }
-    if (!std::isfinite(a)) {
-      if (c.non_finite++ == 0) first_non_finite = static_cast<int64_t>(i);
-      continue;
-    }
-    if (std::isfinite(r)) {
-      ref2 += r * r;
-      max_ref = std::max(max_ref, std::fabs(r));
-    }
-    const double d = std::fabs(a - r);
-    if (!std::isfinite(d)) {
-      // A non-finite reference (overflow in the reference itself) cannot match a finite output.
-      if (c.non_finite++ == 0) first_non_finite = static_cast<int64_t>(i);
-      continue;
-    }
-    diff2 += d * d;
-    if (d > c.max_abs || c.worst_index < 0) {
-      c.max_abs = std::max(c.max_abs, d);
-      c.worst_index = static_cast<int64_t>(i);
+  for (const Partial& p : parts) {
+    diff2 += p.diff2;
+    ref2 += p.ref2;
+    max_ref = std::max(max_ref, p.max_ref);
+    c.saturated += p.saturated;
+    c.non_finite += p.non_finite;
+    if (first_non_finite < 0) first_non_finite = p.first_non_finite;
+    if (p.worst_index >= 0 && (c.worst_index < 0 || p.max_abs > c.max_abs)) {
+      c.max_abs = p.max_abs;
+      c.worst_index = p.worst_index;
     }
   }
   // An all-zero reference has no scale: the errors are taken as absolute

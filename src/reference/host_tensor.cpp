@@ -47,10 +47,36 @@ double HostTensor::at(const std::vector<int64_t>& idx) const {
 }
 
 std::vector<float> HostTensor::to_float_logical() const {
-  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(element_count(), 0)));
+  const int64_t n = std::max<int64_t>(element_count(), 0);
+  std::vector<float> out(static_cast<size_t>(n));
   const size_t esize = dtype_size_bytes(dtype);
-  for_each_element(dims, strides, [&](int64_t i, int64_t off) {
-    out[i] = static_cast<float>(load_element(data.data() + off * esize, dtype));
+  const uint8_t* base = data.data();
+  // Logical order is storage order (row-major strides): a plain run, bf16 and fp32 without a
+  // call per element. Large tensors on several threads (the plan check reads outputs of 10^9).
+  const bool row_major = common::logical_is_storage_order(dims, strides);
+  reference_detail::parallel_for(n, 4.0, [&](int64_t begin, int64_t end) {
+    if (!row_major) {
+      reference_detail::for_each_element_in(dims, strides, begin, end, [&](int64_t i, int64_t off) {
+        out[static_cast<size_t>(i)] = static_cast<float>(load_element(base + off * esize, dtype));
+      });
+      return;
+    }
+    if (dtype == DType::kFP32) {
+      std::memcpy(out.data() + begin, base + begin * 4, static_cast<size_t>(end - begin) * 4);
+      return;
+    }
+    for (int64_t i = begin; i < end; ++i) {
+      const uint8_t* p = base + i * static_cast<int64_t>(esize);
+      if (dtype == DType::kBF16) {
+        uint16_t b;
+        std::memcpy(&b, p, 2);
+        if ((b & 0x7FFFu) <= 0x7F80u) {  // not NaN: the top half of a float
+          out[static_cast<size_t>(i)] = bf16_bits_to_float(b);
+          continue;
+        }
+      }
+      out[static_cast<size_t>(i)] = static_cast<float>(load_element(p, dtype));
+    }
   });
   return out;
 }

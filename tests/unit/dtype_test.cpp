@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "fusebox/status.h"
 
@@ -226,4 +229,103 @@ TEST(DType, Bf16StoreIsNearestEven) {
   uint16_t b;
   store_element(&b, DType::kBF16, 1.0 + 0x1p-8 + 0x1p-40);
   EXPECT_EQ(b, 0x3F81);
+}
+
+// Every narrow float format rounds a double to nearest, ties to even, on the fast path read off
+// the double's bits (normal results) and on the general one (zeros, subnormals, overflow) alike:
+// every midpoint between two neighbouring values of the format (exactly a tie), the doubles just
+// beside it, and random doubles from below the subnormals to beyond the largest value.
+TEST(DType, EveryNarrowFormatStoresToNearestEven) {
+  struct Format {
+    DType t;
+    int bits;
+    bool saturates;  // beyond the largest value: the largest (fp8), else infinity
+  };
+  uint64_t s = 99;
+  auto next = [&] { return s = s * 6364136223846793005ULL + 1442695040888963407ULL, s >> 11; };
+  for (const Format f : {Format{DType::kBF16, 16, false}, Format{DType::kFP16, 16, false},
+                         Format{DType::kFP8E4M3, 8, true}, Format{DType::kFP8E5M2, 8, true}}) {
+    SCOPED_TRACE(std::string(dtype_name(f.t)));
+    auto load = [&](uint32_t b) {
+      uint16_t raw = static_cast<uint16_t>(b);
+      return load_element(&raw, f.t);
+    };
+    auto store = [&](double v) {
+      uint16_t raw = 0;
+      store_element(&raw, f.t, v);
+      return static_cast<uint32_t>(raw);
+    };
+    // The positive finite patterns in increasing order of value: 0 .. the largest.
+    std::vector<uint32_t> ladder;
+    for (uint32_t b = 0; b < (1u << (f.bits - 1)); ++b)
+      if (std::isfinite(load(b))) ladder.push_back(b);
+    const double largest = load(ladder.back());
+    for (size_t i = 0; i + 1 < ladder.size(); ++i) {
+      const double lo = load(ladder[i]), hi = load(ladder[i + 1]);
+      const double mid = lo + (hi - lo) / 2;  // exact: a double holds it
+      const uint32_t even = (ladder[i] & 1) == 0 ? ladder[i] : ladder[i + 1];
+      ASSERT_EQ(store(mid), even) << "tie " << mid << " between " << lo << " and " << hi;
+      ASSERT_EQ(store(-mid), even | (1u << (f.bits - 1))) << "tie " << -mid;
+      ASSERT_EQ(store(std::nextafter(mid, 0.0)), ladder[i]) << mid;
+      ASSERT_EQ(store(std::nextafter(mid, 1e300)), ladder[i + 1]) << mid;
+      ASSERT_EQ(store(lo), ladder[i]) << lo;
+    }
+    for (int i = 0; i < 200000; ++i) {
+      const double mag =
+          std::ldexp(1.0 + static_cast<double>(next()) * 0x1p-53, static_cast<int>(next() % 200) - 150);
+      const double v = (next() & 1) ? -mag : mag;
+      if (std::fabs(v) > largest) {
+        const double g = load(store(v));
+        if (f.saturates) {
+          ASSERT_EQ(std::fabs(g), largest) << v;
+        } else if (!std::isinf(g)) {  // within half a step above the largest: rounds down to it
+          ASSERT_EQ(std::fabs(g), largest) << v;
+        }
+        continue;
+      }
+      const uint32_t got = store(v);
+      const uint32_t mag_bits = got & ((1u << (f.bits - 1)) - 1);
+      const auto at = std::find(ladder.begin(), ladder.end(), mag_bits);
+      ASSERT_NE(at, ladder.end()) << v;
+      const double g = std::fabs(load(got)), a = std::fabs(v);
+      if (at != ladder.begin()) ASSERT_LE(std::fabs(g - a), std::fabs(load(*(at - 1)) - a)) << v;
+      if (at + 1 != ladder.end()) ASSERT_LE(std::fabs(g - a), std::fabs(load(*(at + 1)) - a)) << v;
+      if (mag_bits != 0) ASSERT_EQ(std::signbit(load(got)), std::signbit(v)) << v;
+    }
+  }
+}
+
+// Every 16- and 8-bit pattern decodes to the value its fields say (the table and the bf16 shift
+// against the formula), NaN patterns to NaN.
+TEST(DType, EveryNarrowPatternLoadsToItsValue) {
+  struct Format {
+    DType t;
+    int exp_bits, man_bits, bias;
+    bool ieee;  // all-ones exponent is inf / NaN (else e4m3: only S.1111.111 is NaN)
+  };
+  for (const Format f : {Format{DType::kBF16, 8, 7, 127, true}, Format{DType::kFP16, 5, 10, 15, true},
+                         Format{DType::kFP8E4M3, 4, 3, 7, false}, Format{DType::kFP8E5M2, 5, 2, 15, true}}) {
+    const int bits = 1 + f.exp_bits + f.man_bits;
+    for (uint32_t b = 0; b < (1u << bits); ++b) {
+      const uint32_t e = (b >> f.man_bits) & ((1u << f.exp_bits) - 1), m = b & ((1u << f.man_bits) - 1);
+      const bool neg = (b >> (bits - 1)) & 1;
+      const uint32_t e_all = (1u << f.exp_bits) - 1;
+      uint16_t raw = static_cast<uint16_t>(b);
+      const double got = load_element(&raw, f.t);
+      if ((f.ieee && e == e_all && m != 0) || (!f.ieee && e == e_all && m == (1u << f.man_bits) - 1)) {
+        ASSERT_TRUE(std::isnan(got)) << dtype_name(f.t) << " 0x" << std::hex << b;
+        continue;
+      }
+      double want;
+      if (f.ieee && e == e_all) {
+        want = std::numeric_limits<double>::infinity();
+      } else if (e == 0) {
+        want = std::ldexp(static_cast<double>(m), 1 - f.bias - f.man_bits);
+      } else {
+        want = std::ldexp(static_cast<double>(m + (1u << f.man_bits)),
+                          static_cast<int>(e) - f.bias - f.man_bits);
+      }
+      ASSERT_EQ(got, neg ? -want : want) << dtype_name(f.t) << " 0x" << std::hex << b;
+    }
+  }
 }

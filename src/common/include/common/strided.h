@@ -30,6 +30,18 @@ inline std::vector<int64_t> dense_row_major(const std::vector<int64_t>& dims) {
   return s;
 }
 
+// Whether element i in logical (row-major) order sits at storage offset i: the row-major strides,
+// where a dim of extent 1 may have any stride (NHWC tensors with H = W = 1, say).
+inline bool logical_is_storage_order(const std::vector<int64_t>& dims, const std::vector<int64_t>& strides) {
+  int64_t expect = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    if (dims[i] == 1) continue;
+    if (i >= strides.size() || strides[i] != expect) return false;
+    expect *= dims[i];
+  }
+  return true;
+}
+
 // Calls fn(logical_index, storage_offset) for the elements with logical
 // (row-major) indices [begin, end), in order; the offset follows `strides`.
 template <typename Fn>
