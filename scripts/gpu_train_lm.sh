@@ -5,7 +5,7 @@
 #           tiny model 20 steps on both backends (compare-losses);
 #   PART=2  the 125M model's first 30 steps on the GPU (plans built cold into the plan cache,
 #           tokens/s, memory, CUDA graph) and its step-0 gradients against plain torch;
-#   PART=3  the 500-step comparison: fusebox and torch (torch.compile default) from the same
+#   PART=3  the 500-step comparison (limits FB_TIMEOUT 360, TORCH_TIMEOUT 200): fusebox and torch (torch.compile default) from the same
 #           init.safetensors, compare-losses over the last 100 steps, validation losses, the plot;
 #   PART=4  the speed table for the 125M config: fusebox's steady tokens/s and torch bench (eager,
 #           default, reduce-overhead, max-autotune-no-cudagraphs); PART=5 the same for 350M.
@@ -101,12 +101,12 @@ case "$PART" in
 3)
   summary "125M: 500 steps, fusebox gpu vs torch.compile default, same init and batches"
   rm -rf "$W/m500"
-  timeout 360 "$FB" train lm --config "$(with_swiglu examples/train/lm_125m.json)" --data "$W/lm" --steps 500 --out "$W/m500" \
+  timeout "${FB_TIMEOUT:-360}" "$FB" train lm --config "$(with_swiglu examples/train/lm_125m.json)" --data "$W/lm" --steps 500 --out "$W/m500" \
     --backend gpu --save-every 100 > "$OUT/m500.txt" 2>&1
   echo "fusebox exit $?: $(grep -E '^validation' "$OUT/m500.txt")" | tee -a "$OUT/summary.txt"
   cp "$W/m500/losses.csv" "$OUT/fusebox_losses.csv" 2>/dev/null
   if [ -f "$W/m500/init.safetensors" ]; then
-    timeout 200 $PY -m fusebox_tools.models.lm_torch train --checkpoint "$W/m500/init.safetensors" --data "$W/lm" \
+    timeout "${TORCH_TIMEOUT:-200}" $PY -m fusebox_tools.models.lm_torch train --checkpoint "$W/m500/init.safetensors" --data "$W/lm" \
       --steps 500 --csv "$OUT/torch_losses.csv" --summary "$OUT/torch_train.json" --compile default \
       > "$OUT/torch_train.txt" 2>&1
     echo "torch exit $?: $(cat "$OUT/torch_train.json" 2>/dev/null)" | tee -a "$OUT/summary.txt"
