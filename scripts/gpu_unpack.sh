@@ -6,6 +6,11 @@
 set -uo pipefail
 BUNDLE=${1:-.gpu}
 [ -d "$BUNDLE" ] || { echo "gpu_unpack: no bundle folder $BUNDLE: scripts/gpu_bundle.sh first" >&2; exit 1; }
+# Only where a GPU is: unpacked here, the bundle (about 80 MB) would no longer fit the carry.
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "gpu_unpack: no GPU here: $BUNDLE left packed" >&2
+  exit 0
+fi
 for z in "$BUNDLE"/*.xz; do
   [ -f "$z" ] || continue
   f=${z%.xz}
