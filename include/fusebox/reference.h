@@ -145,6 +145,11 @@ struct Comparison {
 // Compares `actual` (logical row-major floats) with `reference`.
 Comparison compare(const std::string& tensor, const std::vector<float>& reference,
                    const std::vector<float>& actual, Tolerance tol);
+// The same for an output as stored: read in place where its logical order is its storage order
+// and its dtype is bf16, fp16 or fp32 (a plan check's outputs of 10^9 elements need no float
+// copy), else through to_float_logical(). The result is compare()'s on to_float_logical().
+Comparison compare(const std::string& tensor, const std::vector<float>& reference, const HostTensor& actual,
+                   Tolerance tol);
 
 // Checks a dumped dropout keep-mask (logical row-major fp32) drawn with
 // dropout probability `p`: every counted value is exactly 0 or 1, and the

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <variant>
 
 #include "fusebox/reference.h"
@@ -72,11 +73,13 @@ struct Partial {
   int64_t worst_index = -1, first_non_finite = -1, non_finite = 0, saturated = 0;
 };
 
-Partial compare_range(const float* reference, const float* actual, int64_t begin, int64_t end,
+// `at(i)`: the actual value of logical element i, as float.
+template <class At>
+Partial compare_range(const float* reference, const At& at, int64_t begin, int64_t end,
                       const Tolerance& tol) {
   Partial c;
   for (int64_t i = begin; i < end; ++i) {
-    const double a = actual[i];
+    const double a = at(i);
     double r = reference[i];
     if (tol.saturate_at > 0 && std::fabs(r) > tol.saturate_at) {  // the output's saturating cast
       r = std::copysign(tol.saturate_at, r);
@@ -105,16 +108,16 @@ Partial compare_range(const float* reference, const float* actual, int64_t begin
   return c;
 }
 
-}  // namespace
-
-Comparison compare(const std::string& tensor, const std::vector<float>& reference,
-                   const std::vector<float>& actual, Tolerance tol) {
+// compare()'s body for n elements read by `at`.
+template <class At>
+Comparison compare_with(const std::string& tensor, const std::vector<float>& reference, int64_t n,
+                        const At& at, const Tolerance& tol) {
   Comparison c;
   c.tensor = tensor;
   c.tolerance = tol;
-  c.elements = static_cast<int64_t>(actual.size());
-  if (reference.size() != actual.size()) {
-    c.error = "size mismatch: actual has " + std::to_string(actual.size()) + " elements, reference " +
+  c.elements = n;
+  if (static_cast<int64_t>(reference.size()) != n) {
+    c.error = "size mismatch: actual has " + std::to_string(n) + " elements, reference " +
               std::to_string(reference.size());
     c.pass = false;
     return c;
@@ -122,12 +125,12 @@ Comparison compare(const std::string& tensor, const std::vector<float>& referenc
   // Stretches of 2^20 elements, on several threads for large outputs, combined in order: the
   // first worst element and the first non-finite one, as one pass would find them.
   constexpr int64_t kStretch = int64_t{1} << 20;
-  const int64_t n = c.elements, stretches = (n + kStretch - 1) / kStretch;
+  const int64_t stretches = (n + kStretch - 1) / kStretch;
   std::vector<Partial> parts(static_cast<size_t>(stretches));
   reference_detail::parallel_for(stretches, 4.0 * kStretch, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k)
       parts[static_cast<size_t>(k)] =
-          compare_range(reference.data(), actual.data(), k * kStretch, std::min(n, (k + 1) * kStretch), tol);
+          compare_range(reference.data(), at, k * kStretch, std::min(n, (k + 1) * kStretch), tol);
   });
   double diff2 = 0, ref2 = 0, max_ref = 0;
   int64_t first_non_finite = -1;
@@ -151,6 +154,45 @@ Comparison compare(const std::string& tensor, const std::vector<float>& referenc
   if (first_non_finite >= 0) c.worst_index = first_non_finite;
   c.pass = c.non_finite == 0 && c.rel_l2 <= tol.rel_l2 && c.max_abs_rel <= tol.max_abs_rel;
   return c;
+}
+
+}  // namespace
+
+Comparison compare(const std::string& tensor, const std::vector<float>& reference,
+                   const std::vector<float>& actual, Tolerance tol) {
+  const float* a = actual.data();
+  return compare_with(
+      tensor, reference, static_cast<int64_t>(actual.size()), [a](int64_t i) { return a[i]; }, tol);
+}
+
+Comparison compare(const std::string& tensor, const std::vector<float>& reference, const HostTensor& actual,
+                   Tolerance tol) {
+  const int64_t n = std::max<int64_t>(actual.element_count(), 0);
+  const uint8_t* base = actual.data.data();
+  const bool in_place = common::logical_is_storage_order(actual.dims, actual.strides) &&
+                        actual.data.size() >= static_cast<size_t>(n) * dtype_size_bytes(actual.dtype);
+  if (in_place && actual.dtype == DType::kFP32) {
+    return compare_with(
+        tensor, reference, n,
+        [base](int64_t i) {
+          float v;
+          std::memcpy(&v, base + i * 4, 4);
+          return v;
+        },
+        tol);
+  }
+  if (in_place && (actual.dtype == DType::kBF16 || actual.dtype == DType::kFP16)) {
+    const bool bf16 = actual.dtype == DType::kBF16;
+    return compare_with(
+        tensor, reference, n,
+        [base, bf16](int64_t i) {
+          uint16_t b;
+          std::memcpy(&b, base + i * 2, 2);
+          return bf16 ? bf16_bits_to_float(b) : fp16_bits_to_float(b);  // NaN stays NaN either way
+        },
+        tol);
+  }
+  return compare(tensor, reference, actual.to_float_logical(), tol);
 }
 
 namespace {

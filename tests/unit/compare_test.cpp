@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "fusebox/reference.h"
+#include "fusebox/tensor.h"
 
 namespace fusebox {
 namespace {
@@ -120,6 +123,64 @@ TEST(Compare, ToStringIsOneLine) {
   EXPECT_EQ(s.find('\n'), std::string::npos);
   EXPECT_EQ(s.rfind("y: rel_l2=", 0), 0u) << s;
   EXPECT_NE(s.find("over 100 elements: PASS (tol rel_l2<=1e-02, max<=4e-02)"), std::string::npos) << s;
+}
+
+// An output compared as stored (bf16, fp16, fp32; in place where its logical order is its storage
+// order, NHWC with H = W = 1 included, converted otherwise) gives exactly the comparison of its
+// float copy, over several 2^20-element stretches: the same sums, the first worst element, the
+// first non-finite one and the counts.
+TEST(Compare, AnOutputAsStoredComparesAsItsFloatCopy) {
+  const int64_t rows = 3000, cols = 1000;  // 3e6 elements: three stretches
+  std::vector<float> reference(static_cast<size_t>(rows * cols));
+  uint64_t s = 7;
+  auto next = [&] { return s = s * 6364136223846793005ULL + 1442695040888963407ULL, s >> 40; };
+  for (float& r : reference) r = static_cast<float>(next() % 2000) / 1000.f - 1.f;
+  struct Layout {
+    std::vector<int64_t> dims, strides;
+  };
+  for (const DType t : {DType::kBF16, DType::kFP16, DType::kFP32}) {
+    for (const Layout& l :
+         {Layout{{rows, cols}, {cols, 1}}, Layout{{rows, cols, 1, 1}, {cols, 1, cols, cols}},
+          Layout{{rows, cols}, {1, rows}}}) {
+      HostTensor out;
+      out.dtype = t;
+      out.dims = l.dims;
+      out.strides = l.strides;
+      out.data.resize(static_cast<size_t>(rows * cols) * dtype_size_bytes(t));
+      // Logical element i: the reference plus noise, two equal worst errors, one NaN, one inf.
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        double v = reference[static_cast<size_t>(i)] + (static_cast<double>(next() % 200) - 100) * 1e-5;
+        if (i == 1500000 || i == 2500000) v = reference[static_cast<size_t>(i)] + 0.5;
+        if (i == 2100000) v = std::numeric_limits<double>::quiet_NaN();
+        if (i == 2900000) v = std::numeric_limits<double>::infinity();
+        const int64_t r = i / cols, c = i % cols;
+        store_element(out.data.data() + (r * l.strides[0] + c * l.strides[1]) * dtype_size_bytes(t), t, v);
+      }
+      const Comparison stored = compare("y", reference, out, default_tolerance(t));
+      const Comparison copied = compare("y", reference, out.to_float_logical(), default_tolerance(t));
+      SCOPED_TRACE(std::string(dtype_name(t)) + " strides " + std::to_string(l.strides[0]));
+      EXPECT_EQ(stored.elements, rows * cols);
+      EXPECT_EQ(stored.rel_l2, copied.rel_l2);
+      EXPECT_EQ(stored.max_abs, copied.max_abs);
+      EXPECT_EQ(stored.max_abs_rel, copied.max_abs_rel);
+      EXPECT_EQ(stored.non_finite, 2);
+      EXPECT_EQ(copied.non_finite, 2);
+      EXPECT_EQ(stored.worst_index, 2100000);  // the first non-finite element
+      EXPECT_EQ(copied.worst_index, 2100000);
+      EXPECT_FALSE(stored.pass);
+      EXPECT_EQ(stored.ToString(), copied.ToString());
+      // Without the NaN and the inf: the first of the two largest errors is the worst.
+      for (int64_t i : {int64_t{2100000}, int64_t{2900000}}) {
+        const int64_t r = i / cols, c = i % cols;
+        store_element(out.data.data() + (r * l.strides[0] + c * l.strides[1]) * dtype_size_bytes(t), t,
+                      reference[static_cast<size_t>(i)]);
+      }
+      const Comparison clean = compare("y", reference, out, default_tolerance(t));
+      EXPECT_EQ(clean.non_finite, 0);
+      EXPECT_EQ(clean.worst_index, 1500000);
+      EXPECT_EQ(clean.rel_l2, compare("y", reference, out.to_float_logical(), default_tolerance(t)).rel_l2);
+    }
+  }
 }
 
 }  // namespace
