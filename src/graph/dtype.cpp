@@ -88,8 +88,9 @@ constexpr SmallFloat kE5M2{5, 2, 15, 57344.0, true, true, 0x7Eu};
 
 // The bits of v rounded to nearest even in f, read off the double's own bits, where v and the
 // result are normal numbers of f no larger than max_finite; -1 elsewhere (zeros, subnormals,
-// overflow, inf, NaN: encode_small's general path). The same rounding as encode_small's, about
-// 30 times faster: every random input and reference output goes through here.
+// overflow, inf, NaN: encode_small's general path). The same rounding as encode_small's without
+// its frexp / ldexp / floor (6 ns a value on this project's 2-core machine): every random input and
+// reference output goes through here.
 int64_t encode_normal_fast(double v, const SmallFloat& f) {
   uint64_t u;
   std::memcpy(&u, &v, 8);
