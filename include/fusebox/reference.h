@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,11 @@ struct Comparison {
   int64_t worst_index = -1;  // logical index of max |a - r|
   int64_t non_finite = 0;    // NaN/Inf in the actual output
   int64_t saturated = 0;     // reference values beyond +-tolerance.saturate_at, compared as the clamp
+  // FP8 attention backward (move_reference_within_fp8_ties): how many of cuDNN's internal fp8
+  // rounding ties the comparison took as cast the other way (the reference's rows moved by those
+  // steps), and the largest such move of one value; -1: not computed (too large for the CPU).
+  int64_t ties_taken = 0;
+  double tie_largest_move = 0;
   Tolerance tolerance;
   bool pass = false;
   std::string error;             // why no comparison was possible (size mismatch); empty otherwise
@@ -179,5 +185,25 @@ Result<std::vector<Comparison>> check_dropout_masks(const ResolvedGraph& g,
 Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
                                                const std::map<std::string, HostTensor>& inputs,
                                                const std::map<std::string, std::vector<float>>& outputs);
+
+// FP8 attention backward: cuDNN computes dS and P before their fp8 casts in its own precision, so a
+// value within kFp8TieRel (2^-8, relative) of a rounding midpoint may be cast the other way than
+// the reference (fp64) casts it. That moves one whole row of dq and of dk (a dS8 tie: the step times
+// k or q) or of dv (a P8 tie: times do); an e5m2 step of a large dS is a quarter of it, enough to
+// fail dq's check with no error in the op (src/reference/ops/sdpa_fp8_bwd.h, "Rounding ties").
+// For every sdpa_fp8_bwd output among `outputs` (tensor names; the failing ones): per row of
+// `reference`, the ties that row has in reach, largest first, each taken (its whole-row move
+// applied) only where it brings the row closer to `actual` by at least half that move (both
+// logical row-major fp32, the output's saturation applied). compare() again then sees only what no tie
+// explains: a wrong scale, mask or value still fails. Returns per tensor the ties taken and the largest move;
+// an op whose ties would take more than cpu_max_flops on the CPU is left alone (-1).
+struct TieMoves {
+  int64_t ties = 0;  // -1: not computed (too large for the CPU)
+  double largest = 0;
+};
+Result<std::map<std::string, TieMoves>> move_reference_within_fp8_ties(
+    const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
+    const std::map<std::string, std::vector<float>>& actual, const std::set<std::string>& outputs,
+    std::map<std::string, std::vector<float>>& reference, double cpu_max_flops = 4e10);
 
 }  // namespace fusebox

@@ -221,6 +221,16 @@ std::string Comparison::ToString() const {
     s += "; " + std::to_string(saturated) + " reference values beyond +-" + sat + " compared as +-" + sat +
          " (the output's saturating fp8 cast)";
   }
+  if (ties_taken > 0) {
+    char moved[160];
+    std::snprintf(
+        moved, sizeof moved,
+        " internal fp8 rounding ties taken as cast the other way (the reference moved by up to %.2g)",
+        tie_largest_move);
+    s += "; " + std::to_string(ties_taken) + moved;
+  } else if (ties_taken < 0) {
+    s += "; internal fp8 rounding ties not searched (too large for the CPU)";
+  }
   if (non_finite > 0)
     s += "; " + std::to_string(non_finite) + " non-finite values, first at index " +
          std::to_string(worst_index);

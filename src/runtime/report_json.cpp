@@ -124,6 +124,8 @@ std::string comparison_json(const Comparison& c) {
                {"max_abs_rel", c.max_abs_rel},
                {"non_finite", c.non_finite},
                {"saturated", c.saturated},
+               {"ties_taken", c.ties_taken},
+               {"tie_largest_move", c.tie_largest_move},
                {"tol_rel_l2", c.tolerance.rel_l2},
                {"tol_max_abs_rel", c.tolerance.max_abs_rel},
                {"pass", c.pass}});

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,8 +31,9 @@ using testing_util::r8;
 
 // The independent computation: per (b, h) the full S, P, dP, dS matrices, with
 // sdpa_keeps() as the mask. Real = double: fp64 like the CPU reference;
-// float: fp32 arithmetic (as a GPU would), for the tolerance tests.
-template <typename Real>
+// float: fp32 arithmetic (as a GPU would), for the tolerance tests. kDs16: dS also rounded to fp16
+// before its fp8 cast (a GPU whose dS is off by up to 2^-11: rounding ties cast the other way).
+template <typename Real, bool kDs16 = false>
 ReferenceOutputs by_hand(const Fp8BwdCase& c, const Fp8BwdProblem& p) {
   auto vals = [&](const char* n) { return p.inputs.at(n).to_float_logical(); };
   const std::vector<float> q = vals("q"), k = vals("k"), v = vals("v"), o = vals("o"), dout = vals("do"),
@@ -67,8 +69,9 @@ ReferenceOutputs by_hand(const Fp8BwdCase& c, const Fp8BwdProblem& p) {
           const Real P = std::exp(sc - static_cast<Real>(stats[row]));
           const Real p8 = static_cast<Real>(r8(P * s("scale_s"), DType::kFP8E4M3));
           dp = dp * s("descale_do") * s("descale_v");
-          const Real ds = (dp - di) * P * attn;
+          Real ds = (dp - di) * P * attn;
           amax_dp = std::max(amax_dp, std::fabs(ds));
+          if (kDs16) ds = static_cast<Real>(fp16_bits_to_float(float_to_fp16_bits(static_cast<float>(ds))));
           const Real ds8 = static_cast<Real>(r8(ds * s("scale_dp"), c.do_dtype));
           for (int64_t d = 0; d < c.D; ++d) {
             dq_acc[d] += ds8 * k[kr * c.D + d];
@@ -362,6 +365,66 @@ TEST(SdpaFp8BwdReferenceCpu, AmaxIsCheckedAgainstTheOutputItDescribes) {
   for (float& x : dq)
     if (std::fabs(x) >= std::fabs(*big) * 0.8f) x *= 0.75f;
   EXPECT_FALSE(judge(moved).at("amax_dq of dq").pass);
+}
+
+// move_reference_within_fp8_ties(): the geometry of sweep seed 7312
+// (tests/cases/wrong-values/sdpa_fp8_bwd_dS8_tie_saturating.json: GQA 2 over 1, Sq 256, Skv 64,
+// D 128, do e5m2, dq and dk a third saturated), where an H100 cast dS * scale_dp = -2304.318 (an
+// e5m2 midpoint 2304 + 1.4e-4) to -2048: dq's row and dk's row moved by 0.29 of the saturated
+// max. Here the "GPU" is the fp32 loop with dS through fp16 (off by up to 2^-11, within the 2^-8
+// the ties allow): the plain comparison fails, the ties explain it; a wrong scale or a row moved
+// the same everywhere still fails.
+TEST(SdpaFp8BwdReferenceCpu, RoundingTiesExplainOnlyWhatTheyReach) {
+  Fp8BwdCase c;
+  c.B = 2, c.Hq = 2, c.Hk = 1, c.Sq = 256, c.Skv = 64, c.D = 128, c.Dv = 128;
+  c.do_dtype = DType::kFP8E5M2;
+  c.options.attn_scale = 1.0;
+  c.scales = {{"descale_q", 1},  {"descale_k", 1},         {"descale_v", 1},           {"descale_o", 0.0625},
+              {"descale_do", 1}, {"descale_s", 1 / 448.0}, {"descale_dp", 1 / 1024.0}, {"scale_s", 448},
+              {"scale_dq", 256}, {"scale_dk", 256},        {"scale_dv", 64},           {"scale_dp", 1024}};
+  auto e4m3 = [](ReferenceOutputs out) {
+    for (const char* o : {"dq", "dk", "dv"})
+      for (float& x : out[o]) x = static_cast<float>(r8(x, DType::kFP8E4M3));
+    return out;
+  };
+  bool shown = false;
+  for (uint64_t seed = 1; seed <= 8 && !shown; ++seed) {
+    const Fp8BwdProblem p = make_fp8_bwd(c, seed);
+    auto ref = reference_cpu(p.g, p.inputs);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    const ReferenceOutputs gpu = e4m3(by_hand<float, true>(c, p));
+    std::set<std::string> failing;
+    for (const char* out : {"dq", "dk", "dv"})
+      if (!compare(out, ref->at(out), gpu.at(out), tolerance_for(p.g, out)).pass) failing.insert(out);
+    if (failing.empty()) continue;  // no tie of this seed moved a row far enough: the next one
+    shown = true;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    ReferenceOutputs moved = *ref;
+    auto n = move_reference_within_fp8_ties(p.g, p.inputs, gpu, failing, moved);
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    for (const std::string& out : failing) {
+      ASSERT_TRUE(n->count(out)) << out;
+      EXPECT_GT(n->at(out).ties, 0) << out;
+      EXPECT_GT(n->at(out).largest, 0.1 * 448) << out << ": the moves that explain a failure are large";
+      const Comparison cmp = compare(out, moved.at(out), gpu.at(out), tolerance_for(p.g, out));
+      EXPECT_TRUE(cmp.pass) << cmp.ToString();
+    }
+    // Wrong values are not explained: dq written with scale_dq x2, or one dq row moved by 160
+    // everywhere (0.36 of the saturated range).
+    ReferenceOutputs wrong = gpu;
+    for (float& x : wrong["dq"]) x = static_cast<float>(r8(2.0 * x, DType::kFP8E4M3));
+    ReferenceOutputs again = *ref;
+    ASSERT_TRUE(move_reference_within_fp8_ties(p.g, p.inputs, wrong, {"dq"}, again).ok());
+    EXPECT_FALSE(compare("dq", again.at("dq"), wrong.at("dq"), tolerance_for(p.g, "dq")).pass);
+    const int64_t row = c.Sq / 2;  // any row: no tie moves a row by the same amount everywhere
+    ReferenceOutputs shifted = *ref;
+    for (int64_t d = 0; d < c.D; ++d) shifted["dq"][row * c.D + d] += 160.0f;
+    shifted = e4m3(shifted);
+    ReferenceOutputs third = *ref;
+    ASSERT_TRUE(move_reference_within_fp8_ties(p.g, p.inputs, shifted, {"dq"}, third).ok());
+    EXPECT_FALSE(compare("dq", third.at("dq"), shifted.at("dq"), tolerance_for(p.g, "dq")).pass);
+  }
+  EXPECT_TRUE(shown) << "no seed showed a rounding tie past the tolerance: widen the search";
 }
 
 }  // namespace

@@ -85,6 +85,31 @@ struct SdpaFp8BwdCpuArgs {
 };
 void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, float* dv, double amax[4]);
 
+// Rounding ties. cuDNN computes dS and P before their fp8 casts (dS8, P8) in its own precision, not
+// the reference's fp64. On an H100 (cuDNN 9.19, sweep seed 7312,
+// tests/cases/wrong-values/sdpa_fp8_bwd_dS8_tie_saturating.json, run seeds 1-60), values of
+// dS * scale_dp from 3.8e-5 to 2.5e-3 (relative) past an e5m2 midpoint were cast the other way
+// (mostly toward zero), each moving one dq row and one dk row by a whole e5m2 step times k or q, up
+// to 0.30 of the saturated max|dq|: 15 of the 60 seeds failed dq or dk so, with every other row
+// as the reference has it. kFp8TieRel = 2^-8 covers the largest seen 1.5 times over.
+inline constexpr double kFp8TieRel = 1.0 / 256;
+// The step x's cast takes if x, off by up to rel * |x|, lands on the other side of an fp8 midpoint
+// (type t, saturating): the other neighbour minus round_to_fp8(x); 0 where x lies farther than that
+// from every midpoint.
+double fp8_tie_other_way(double x, DType t, double rel);
+// One tie: the row (query row of a key's list, key of a query row's list) and the cast's step.
+struct SdpaFp8BwdTie {
+  int64_t other = 0;
+  double step = 0;
+};
+// Every tie of `a` within `rel`: by query row the dS8 ties over its keys (they move dq's row by
+// step * k[key]), by key the dS8 ties over its query rows (dk's row: step * q[row]) and the P8
+// ties (dv's row: step * do[row]); rows and keys are dense indices (b, h, i), (b, hk, j).
+struct SdpaFp8BwdTies {
+  std::vector<std::vector<SdpaFp8BwdTie>> by_row, ds_by_key, p_by_key;
+};
+SdpaFp8BwdTies sdpa_fp8_bwd_ties(const SdpaFp8BwdCpuArgs& a, double rel);
+
 // The adapter the CPU reference (ops/sdpa_cpu.cpp) calls: `in` / `out` map roles to objects with
 // `dims` and `data` (logical row-major floats), as its SdpaTensors hold them
 // (in also "dropout_mask" with dropout). Checks shapes and lengths.
@@ -95,6 +120,10 @@ struct SdpaFp8BwdValues {
 Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
                         const std::map<std::string, SdpaFp8BwdValues>& in,
                         const std::map<std::string, std::vector<float>*>& out);
+// The checked arguments of the core (pointers into `in`).
+Result<SdpaFp8BwdCpuArgs> sdpa_fp8_bwd_cpu_args(const ResolvedGraph& g, const ResolvedOp& op,
+                                                const SdpaFp8BwdAttrs& attrs,
+                                                const std::map<std::string, SdpaFp8BwdValues>& in);
 template <typename InMap, typename OutMap>
 Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
                         const InMap& in, const OutMap& out) {

@@ -2,6 +2,7 @@
 // accumulation with cuDNN's two fp8 roundings (P8, dS8) emulated; its
 // verification tolerance.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -27,34 +28,52 @@ double round_to_fp8(double x, DType t) {
   return fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(x), t), t);
 }
 
+// P (before dropout), F and dS (after attn_scale, unrounded) of a kept (b, h, i, j), in fp64: what
+// the core and the tie reach both read.
+class DsOf {
+ public:
+  explicit DsOf(const SdpaFp8BwdCpuArgs& a) : a_(a), sh_(a.sh), G_(a.sh.Hq / a.sh.Hk) {
+    const SdpaFp8BwdScales& sc = a.sc;
+    score_scale_ = a.attn_scale * sc.descale_q * sc.descale_k;
+    const int64_t rows = sh_.B * sh_.Hq * sh_.Sq;
+    Di_.assign(static_cast<size_t>(rows), 0.0);
+    for (int64_t row = 0; row < rows; ++row) {
+      double di = 0;
+      for (int64_t d = 0; d < sh_.Dv; ++d)
+        di += static_cast<double>(a.dout[row * sh_.Dv + d]) * a.o[row * sh_.Dv + d];
+      Di_[row] = di * sc.descale_do * sc.descale_o;
+    }
+  }
+  int64_t groups() const { return G_; }
+  void operator()(int64_t b, int64_t h, int64_t i, int64_t j, double* p, double* f, double* ds) const {
+    const int64_t row = (b * sh_.Hq + h) * sh_.Sq + i, hk = h / G_;
+    const float* qr = a_.q + row * sh_.D;
+    const float* kr = a_.k + ((b * sh_.Hk + hk) * sh_.Skv + j) * sh_.D;
+    double dot = 0;
+    for (int64_t d = 0; d < sh_.D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+    *p = std::exp(score_scale_ * dot - a_.stats[row]);
+    *f = a_.dropout_mask ? a_.dropout_mask[row * sh_.Skv + j] * a_.dropout_scale : 1.0;
+    const float* dor = a_.dout + row * sh_.Dv;
+    const float* vr = a_.v + ((b * sh_.Hk + hk) * sh_.Skv + j) * sh_.Dv;
+    double dp = 0;
+    for (int64_t d = 0; d < sh_.Dv; ++d) dp += static_cast<double>(dor[d]) * vr[d];
+    dp *= a_.sc.descale_do * a_.sc.descale_v;
+    *ds = *p * (*f * dp - Di_[row]) * a_.attn_scale;
+  }
+
+ private:
+  const SdpaFp8BwdCpuArgs& a_;
+  const SdpaFp8BwdShape& sh_;
+  int64_t G_;
+  double score_scale_ = 1;
+  std::vector<double> Di_;
+};
+
 void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, float* dv, double amax[4]) {
   const SdpaFp8BwdShape& sh = a.sh;
   const SdpaFp8BwdScales& sc = a.sc;
   const int64_t G = sh.Hq / sh.Hk, rows = sh.B * sh.Hq * sh.Sq, keys = sh.B * sh.Hk * sh.Skv;
-  const double score_scale = a.attn_scale * sc.descale_q * sc.descale_k;
-  std::vector<double> Di(static_cast<size_t>(rows), 0.0);
-  for (int64_t row = 0; row < rows; ++row) {
-    double di = 0;
-    for (int64_t d = 0; d < sh.Dv; ++d)
-      di += static_cast<double>(a.dout[row * sh.Dv + d]) * a.o[row * sh.Dv + d];
-    Di[row] = di * sc.descale_do * sc.descale_o;
-  }
-  // P (before dropout), F, and dS (after attn_scale, unrounded) of a kept (b, h, i, j).
-  auto p_f_ds = [&](int64_t b, int64_t h, int64_t i, int64_t j, double* p, double* f, double* ds) {
-    const int64_t row = (b * sh.Hq + h) * sh.Sq + i, hk = h / G;
-    const float* qr = a.q + row * sh.D;
-    const float* kr = a.k + ((b * sh.Hk + hk) * sh.Skv + j) * sh.D;
-    double dot = 0;
-    for (int64_t d = 0; d < sh.D; ++d) dot += static_cast<double>(qr[d]) * kr[d];
-    *p = std::exp(score_scale * dot - a.stats[row]);
-    *f = a.dropout_mask ? a.dropout_mask[row * sh.Skv + j] * a.dropout_scale : 1.0;
-    const float* dor = a.dout + row * sh.Dv;
-    const float* vr = a.v + ((b * sh.Hk + hk) * sh.Skv + j) * sh.Dv;
-    double dp = 0;
-    for (int64_t d = 0; d < sh.Dv; ++d) dp += static_cast<double>(dor[d]) * vr[d];
-    dp *= sc.descale_do * sc.descale_v;
-    *ds = *p * (*f * dp - Di[row]) * a.attn_scale;
-  };
+  const DsOf p_f_ds(a);
   std::vector<double> row_amax_dq(static_cast<size_t>(rows), 0.0),
       row_amax_dp(static_cast<size_t>(rows), 0.0);
   parallel_for(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
@@ -129,9 +148,9 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
     amax[1] = std::max(amax[1], key_amax_dk[k]), amax[2] = std::max(amax[2], key_amax_dv[k]);
 }
 
-Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
-                        const std::map<std::string, SdpaFp8BwdValues>& in,
-                        const std::map<std::string, std::vector<float>*>& out) {
+Result<SdpaFp8BwdCpuArgs> sdpa_fp8_bwd_cpu_args(const ResolvedGraph& g, const ResolvedOp& op,
+                                                const SdpaFp8BwdAttrs& attrs,
+                                                const std::map<std::string, SdpaFp8BwdValues>& in) {
   const std::string where = op_where(op);
   const SdpaOptions* o = &attrs;
   if (o->bias || o->alibi) return NotSupported(where + "sdpa_fp8_bwd takes no bias and no ALiBi");
@@ -208,27 +227,100 @@ Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const Sdpa
   a.ds_dtype = fp8_or_e4m3(dtype_of("do"));
   a.q = get("q")->data->data(), a.k = get("k")->data->data(), a.v = get("v")->data->data();
   a.o = get("o")->data->data(), a.dout = get("do")->data->data(), a.stats = get("stats")->data->data();
-  std::vector<float>* dst[3];
+  return a;
+}
+
+namespace {
+
+// The outputs dq, dk, dv of `out`, checked against the shapes of `a`.
+Result<std::array<float*, 3>> gradient_outputs(const ResolvedOp& op, const SdpaFp8BwdCpuArgs& a,
+                                               const std::map<std::string, std::vector<float>*>& out) {
+  const SdpaFp8BwdShape& sh = a.sh;
   const char* grads[3] = {"dq", "dk", "dv"};
   const int64_t sizes[3] = {sh.B * sh.Hq * sh.Sq * sh.D, sh.B * sh.Hk * sh.Skv * sh.D,
                             sh.B * sh.Hk * sh.Skv * sh.Dv};
+  std::array<float*, 3> dst{};
   for (int n = 0; n < 3; ++n) {
     auto it = out.find(grads[n]);
     if (it == out.end() || static_cast<int64_t>(it->second->size()) != sizes[n])
-      return InvalidArgument(where + "output '" + grads[n] + "' missing or of the wrong size");
-    dst[n] = it->second;
+      return InvalidArgument(op_where(op) + "output '" + grads[n] + "' missing or of the wrong size");
+    dst[n] = it->second->data();
   }
+  return dst;
+}
+
+}  // namespace
+
+Status sdpa_fp8_bwd_cpu(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFp8BwdAttrs& attrs,
+                        const std::map<std::string, SdpaFp8BwdValues>& in,
+                        const std::map<std::string, std::vector<float>*>& out) {
+  FUSEBOX_ASSIGN_OR_RETURN(const SdpaFp8BwdCpuArgs a, sdpa_fp8_bwd_cpu_args(g, op, attrs, in));
+  FUSEBOX_ASSIGN_OR_RETURN(const auto dst, gradient_outputs(op, a, out));
   double amax[4];
-  sdpa_fp8_bwd_cpu_core(a, dst[0]->data(), dst[1]->data(), dst[2]->data(), amax);
+  sdpa_fp8_bwd_cpu_core(a, dst[0], dst[1], dst[2], amax);
   const char* amax_roles[4] = {"amax_dq", "amax_dk", "amax_dv", "amax_dp"};
   for (int n = 0; n < 4; ++n) {
     auto it = out.find(amax_roles[n]);
     if (it == out.end()) continue;
     if (it->second->size() != 1)
-      return InvalidArgument(where + "output '" + amax_roles[n] + "' must be one value");
+      return InvalidArgument(op_where(op) + "output '" + amax_roles[n] + "' must be one value");
     (*it->second)[0] = static_cast<float>(amax[n]);
   }
   return Status::Ok();
+}
+
+double fp8_tie_other_way(double x, DType t, double rel) {
+  if (!std::isfinite(x)) return 0;
+  const double lo = round_to_fp8(x * (1 - rel), t), hi = round_to_fp8(x * (1 + rel), t);
+  if (lo == hi) return 0;
+  const double cast = round_to_fp8(x, t);
+  return (cast == lo ? hi : lo) - cast;
+}
+
+SdpaFp8BwdTies sdpa_fp8_bwd_ties(const SdpaFp8BwdCpuArgs& a, double rel) {
+  const SdpaFp8BwdShape& sh = a.sh;
+  const SdpaFp8BwdScales& sc = a.sc;
+  const DsOf p_f_ds(a);
+  const int64_t G = p_f_ds.groups(), rows = sh.B * sh.Hq * sh.Sq, keys = sh.B * sh.Hk * sh.Skv;
+  SdpaFp8BwdTies t;
+  t.by_row.resize(static_cast<size_t>(rows));
+  t.ds_by_key.resize(static_cast<size_t>(keys));
+  t.p_by_key.resize(static_cast<size_t>(keys));
+  // Per query row (dq): the dS8 ties over its keys.
+  parallel_for(rows, static_cast<double>(sh.Skv) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
+      int64_t lo, hi;
+      sdpa_kept_keys(a.mask, i, a.lq[b], a.lkv[b], &lo, &hi);
+      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Skv - 1);
+      for (int64_t j = lo; j <= hi; ++j) {
+        double p, f, ds;
+        p_f_ds(b, h, i, j, &p, &f, &ds);
+        const double step = fp8_tie_other_way(ds * sc.scale_dp, a.ds_dtype, rel);
+        if (step != 0) t.by_row[row].push_back({(b * sh.Hk + h / G) * sh.Skv + j, step});
+      }
+    }
+  });
+  // Per key (dk, dv): the dS8 and P8 ties over the query rows that read it.
+  parallel_for(keys, static_cast<double>(G * sh.Sq) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
+    for (int64_t key = begin; key < end; ++key) {
+      const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;
+      int64_t lo, hi;
+      sdpa_kept_rows(a.mask, j, a.lq[b], a.lkv[b], &lo, &hi);
+      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Sq - 1);
+      for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
+        for (int64_t i = lo; i <= hi; ++i) {
+          double p, f, ds;
+          p_f_ds(b, h, i, j, &p, &f, &ds);
+          const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
+          const double step_s = fp8_tie_other_way(ds * sc.scale_dp, a.ds_dtype, rel);
+          const double step_p = fp8_tie_other_way(p * f * sc.scale_s, a.p_dtype, rel);
+          if (step_s != 0) t.ds_by_key[key].push_back({row, step_s});
+          if (step_p != 0) t.p_by_key[key].push_back({row, step_p});
+        }
+    }
+  });
+  return t;
 }
 
 Result<ResolvedGraph> sdpa_fp8_bwd_forward_of(const ResolvedGraph& g, const ResolvedOp& op,

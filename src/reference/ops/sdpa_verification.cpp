@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <tuple>
 #include <variant>
 
@@ -411,6 +413,124 @@ Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
     }
   }
   return out;
+}
+
+}  // namespace fusebox
+
+namespace fusebox {
+
+Result<std::map<std::string, TieMoves>> move_reference_within_fp8_ties(
+    const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
+    const std::map<std::string, std::vector<float>>& actual, const std::set<std::string>& outputs,
+    std::map<std::string, std::vector<float>>& reference, double cpu_max_flops) {
+  std::map<std::string, TieMoves> moved;
+  for (const ResolvedOp& op : g.ops) {
+    const auto* attrs = std::get_if<SdpaFp8BwdAttrs>(&op.attrs);
+    if (!attrs) continue;
+    std::vector<std::pair<std::string, std::string>> grads;  // (role, tensor) among `outputs`
+    for (const char* role : {"dq", "dk", "dv"}) {
+      auto it = op.outputs.find(role);
+      if (it == op.outputs.end() || it->second < 0 || it->second >= static_cast<int>(g.tensors.size()))
+        continue;
+      const std::string& name = g.tensors[it->second].name;
+      if (outputs.count(name) && actual.count(name) && reference.count(name)) grads.emplace_back(role, name);
+    }
+    if (grads.empty()) continue;
+    // The op's inputs as the CPU reference reads them (logical row-major floats); the keep-mask,
+    // with dropout, is cuDNN's own output.
+    std::map<std::string, std::vector<float>> values;
+    std::map<std::string, std::vector<int64_t>> dims;
+    for (const auto& [role, idx] : op.inputs) {
+      if (idx < 0 || idx >= static_cast<int>(g.tensors.size())) continue;
+      const ResolvedTensor& t = g.tensors[idx];
+      auto it = inputs.find(t.name);
+      if (it != inputs.end())
+        values[role] = it->second.to_float_logical();
+      else if (t.scalar_value)
+        values[role] = {static_cast<float>(*t.scalar_value)};
+      else
+        continue;
+      dims[role] = t.dims;
+    }
+    auto mask = op.outputs.find("dropout_mask");
+    if (mask != op.outputs.end() && mask->second >= 0 && mask->second < static_cast<int>(g.tensors.size())) {
+      const ResolvedTensor& t = g.tensors[mask->second];
+      auto it = actual.find(t.name);
+      if (it != actual.end()) values["dropout_mask"] = it->second, dims["dropout_mask"] = t.dims;
+    }
+    std::map<std::string, reference_detail::SdpaFp8BwdValues> in;
+    for (const auto& [role, v] : values) in[role] = {&dims[role], &v};
+    FUSEBOX_ASSIGN_OR_RETURN(const reference_detail::SdpaFp8BwdCpuArgs args,
+                             reference_detail::sdpa_fp8_bwd_cpu_args(g, op, *attrs, in));
+    const reference_detail::SdpaFp8BwdShape& sh = args.sh;
+    const double flops = 2.0 * static_cast<double>(sh.B * sh.Hq * sh.Sq) * static_cast<double>(sh.Skv) *
+                         static_cast<double>(2 * sh.D + sh.Dv);
+    if (flops > cpu_max_flops) {
+      for (const auto& [role, name] : grads) moved[name].ties = -1;
+      continue;
+    }
+    const reference_detail::SdpaFp8BwdTies ties =
+        reference_detail::sdpa_fp8_bwd_ties(args, reference_detail::kFp8TieRel);
+    const reference_detail::SdpaFp8BwdScales& sc = args.sc;
+    for (const auto& [role, name] : grads) {
+      // dq: row (b, h, i), ties over keys, moves step * k[key]; dk and dv: row (b, hk, j), ties over
+      // query rows, moves step * q[row] or step * do[row].
+      const bool dq = role == "dq", dk = role == "dk";
+      const auto& lists = dq ? ties.by_row : dk ? ties.ds_by_key : ties.p_by_key;
+      const float* along = dq ? args.k : dk ? args.q : args.dout;
+      const int64_t len = role == "dv" ? sh.Dv : sh.D;
+      const double factor = dq   ? sc.descale_dp * sc.descale_k * sc.scale_dq
+                            : dk ? sc.descale_dp * sc.descale_q * sc.scale_dk
+                                 : sc.descale_s * sc.descale_do * sc.scale_dv;
+      const std::vector<float>& a = actual.at(name);
+      std::vector<float>& ref = reference.at(name);
+      if (static_cast<int64_t>(a.size()) != static_cast<int64_t>(lists.size()) * len ||
+          a.size() != ref.size())
+        return InvalidArgument(op_where(op) + "output '" + role + "' (tensor '" + name + "') has " +
+                               std::to_string(a.size()) + " values; its dims need " +
+                               std::to_string(static_cast<int64_t>(lists.size()) * len));
+      const double sat = tolerance_for(g, name).saturate_at;
+      auto stored = [sat](double x) { return sat > 0 ? std::clamp(x, -sat, sat) : x; };
+      TieMoves& n = moved[name];
+      std::vector<double> row(static_cast<size_t>(len)), cand(static_cast<size_t>(len));
+      for (size_t r = 0; r < lists.size(); ++r) {
+        if (lists[r].empty()) continue;
+        const int64_t base = static_cast<int64_t>(r) * len;
+        auto cost = [&](const std::vector<double>& x) {
+          double c = 0;
+          for (int64_t d = 0; d < len; ++d) {
+            const double e = static_cast<double>(a[base + d]) - stored(x[d]);
+            c += std::isfinite(e) ? e * e : 0;
+          }
+          return c;
+        };
+        for (int64_t d = 0; d < len; ++d) row[d] = ref[base + d];
+        double now = cost(row);
+        // Greedy, largest steps first: a tie is taken where casting it the other way brings the
+        // row closer to the output by at least half its own move (a row moved by that tie and
+        // the output's rounding: nearly all of it; a tie unrelated to the difference: less than
+        // nothing, unless the difference happens to point its way); other rows stay as they were.
+        std::vector<reference_detail::SdpaFp8BwdTie> order = lists[r];
+        std::sort(order.begin(), order.end(),
+                  [](const auto& x, const auto& y) { return std::fabs(x.step) > std::fabs(y.step); });
+        for (const auto& t : order) {
+          const float* v = along + t.other * len;
+          for (int64_t d = 0; d < len; ++d) cand[d] = row[d] + t.step * v[d] * factor;
+          double move = 0;  // the tie's own move of the row as stored
+          for (int64_t d = 0; d < len; ++d)
+            move += (stored(cand[d]) - stored(row[d])) * (stored(cand[d]) - stored(row[d]));
+          const double c = cost(cand);
+          if (!(move > 0 && now - c >= 0.5 * move)) continue;
+          now = c;
+          row.swap(cand);
+          ++n.ties;
+          n.largest = std::max(n.largest, std::fabs(t.step * factor));
+        }
+        for (int64_t d = 0; d < len; ++d) ref[base + d] = static_cast<float>(row[d]);
+      }
+    }
+  }
+  return moved;
 }
 
 }  // namespace fusebox
