@@ -17,7 +17,8 @@
 #           train.share_buffers (the backward's intermediates in one arena; docs/lm.md). FP8=1: with
 #           train.fp8 (the blocks' GEMMs in FP8, docs/training.md "FP8 training"); PART=4 with FP8=1
 #           is the FP8 step's speed beside PART=4's bf16 one, PART=3 its 500 steps; FUSE=1 with it sets
-#           train.fp8_fuse_casts (the casts in the pointwise stages before them). TORCH=0 (PARTs 4
+#           train.fp8_fuse_casts (the casts in the pointwise stages before them; the default since
+#           2026-12-07), FUSE=0 (or unset) turns it off. TORCH=0 (PARTs 4
 #           and 5): fusebox alone, no torch bench (a cold FP8 start-up needs FB_TIMEOUT=330).
 # The plan cache: a machine's first call builds every plan cold (about 150 s at 125M). Each call
 # leaves its cache in $OUT/plans_<GPU>.sqlite.xz; kept here under .gpu-plans/ (git-ignored) and
@@ -60,7 +61,7 @@ c = json.load(open(sys.argv[1]))
 if sys.argv[2]: c["train"]["swiglu"] = sys.argv[2]
 if sys.argv[3] == "1": c["train"]["share_buffers"] = True
 if sys.argv[4] == "1": c["train"]["fp8"] = True
-if sys.argv[5] == "1": c["train"]["fp8_fuse_casts"] = True
+c["train"]["fp8_fuse_casts"] = sys.argv[5] == "1"
 json.dump(c, open(sys.argv[6], "w"))' "$1" "${SWIGLU:-}" "${SHARE:-}" "${FP8:-}" "${FUSE:-}" "$out" && echo "$out"
 }
 

@@ -60,9 +60,9 @@ struct LmTrainConfig {
   bool fp8 = false;
   // FP8: the casts of buffers a pointwise stage writes (the gated MLP's product and its backward,
   // gradient sums) fused into that stage (Fp8RewriteOptions::fuse_casts; its kernel,
-  // fusebox_pointwise_quantize, has not run on a GPU yet, so off by default); false: stages of
-  // their own.
-  bool fp8_fuse_casts = false;
+  // fusebox_pointwise_quantize, verified on an H100 and 3.4% faster on the 125M step, docs/training.md);
+  // false: stages of their own.
+  bool fp8_fuse_casts = true;
   int64_t fp8_history = 16, fp8_margin = 0;
   double lr = 6e-4, min_lr = 6e-5, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, clip = 1.0;
   uint64_t seed = 1;
