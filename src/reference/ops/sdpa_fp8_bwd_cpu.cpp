@@ -28,8 +28,8 @@ double round_to_fp8(double x, DType t) {
   return fp8_bits_to_float(float_to_fp8_bits(static_cast<float>(x), t), t);
 }
 
-// P (before dropout), F and dS (after attn_scale, unrounded) of a kept (b, h, i, j), in fp64: what
-// the core and the tie reach both read.
+// P (before dropout), F and dS (after attn_scale, unrounded) of a kept (b, h, i, j), in fp64, and
+// the pairs the mask keeps: what the core and the ties both read.
 class DsOf {
  public:
   explicit DsOf(const SdpaFp8BwdCpuArgs& a) : a_(a), sh_(a.sh), G_(a.sh.Hq / a.sh.Hk) {
@@ -45,6 +45,33 @@ class DsOf {
     }
   }
   int64_t groups() const { return G_; }
+  // fn(key, p, f, ds) for every key that query row `row` keeps (row, key: dense (b, h, i), (b, hk, j)).
+  template <typename Fn>
+  void over_keys(int64_t row, Fn&& fn) const {
+    const int64_t i = row % sh_.Sq, bh = row / sh_.Sq, h = bh % sh_.Hq, b = bh / sh_.Hq;
+    int64_t lo, hi;
+    sdpa_kept_keys(a_.mask, i, a_.lq[b], a_.lkv[b], &lo, &hi);
+    lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh_.Skv - 1);
+    for (int64_t j = lo; j <= hi; ++j) {
+      double p, f, ds;
+      (*this)(b, h, i, j, &p, &f, &ds);
+      fn((b * sh_.Hk + h / G_) * sh_.Skv + j, p, f, ds);
+    }
+  }
+  // fn(row, p, f, ds) for every query row (the G heads of its group) that keeps key `key`.
+  template <typename Fn>
+  void over_rows(int64_t key, Fn&& fn) const {
+    const int64_t j = key % sh_.Skv, bhk = key / sh_.Skv, hk = bhk % sh_.Hk, b = bhk / sh_.Hk;
+    int64_t lo, hi;
+    sdpa_kept_rows(a_.mask, j, a_.lq[b], a_.lkv[b], &lo, &hi);
+    lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh_.Sq - 1);
+    for (int64_t h = hk * G_; h < (hk + 1) * G_; ++h)
+      for (int64_t i = lo; i <= hi; ++i) {
+        double p, f, ds;
+        (*this)(b, h, i, j, &p, &f, &ds);
+        fn((b * sh_.Hq + h) * sh_.Sq + i, p, f, ds);
+      }
+  }
   void operator()(int64_t b, int64_t h, int64_t i, int64_t j, double* p, double* f, double* ds) const {
     const int64_t row = (b * sh_.Hq + h) * sh_.Sq + i, hk = h / G_;
     const float* qr = a_.q + row * sh_.D;
@@ -72,27 +99,21 @@ class DsOf {
 void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, float* dv, double amax[4]) {
   const SdpaFp8BwdShape& sh = a.sh;
   const SdpaFp8BwdScales& sc = a.sc;
-  const int64_t G = sh.Hq / sh.Hk, rows = sh.B * sh.Hq * sh.Sq, keys = sh.B * sh.Hk * sh.Skv;
   const DsOf p_f_ds(a);
+  const int64_t G = p_f_ds.groups(), rows = sh.B * sh.Hq * sh.Sq, keys = sh.B * sh.Hk * sh.Skv;
   std::vector<double> row_amax_dq(static_cast<size_t>(rows), 0.0),
       row_amax_dp(static_cast<size_t>(rows), 0.0);
   parallel_for(rows, static_cast<double>(sh.Skv) * (2 * sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(sh.D));
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
       std::fill(acc.begin(), acc.end(), 0.0);
-      int64_t lo, hi;
-      sdpa_kept_keys(a.mask, i, a.lq[b], a.lkv[b], &lo, &hi);
-      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Skv - 1);
       double dp_max = 0;
-      for (int64_t j = lo; j <= hi; ++j) {
-        double p, f, ds;
-        p_f_ds(b, h, i, j, &p, &f, &ds);
+      p_f_ds.over_keys(row, [&](int64_t key, double, double, double ds) {
         dp_max = std::max(dp_max, std::fabs(ds));
         const double ds8 = round_to_fp8(ds * sc.scale_dp, a.ds_dtype);
-        const float* kr = a.k + ((b * sh.Hk + h / G) * sh.Skv + j) * sh.D;
+        const float* kr = a.k + key * sh.D;
         for (int64_t d = 0; d < sh.D; ++d) acc[d] += ds8 * kr[d];
-      }
+      });
       double dq_max = 0;
       for (int64_t d = 0; d < sh.D; ++d) {
         const double x = acc[d] * sc.descale_dp * sc.descale_k;
@@ -108,24 +129,16 @@ void sdpa_fp8_bwd_cpu_core(const SdpaFp8BwdCpuArgs& a, float* dq, float* dk, flo
   parallel_for(keys, static_cast<double>(G * sh.Sq) * 2 * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
     std::vector<double> acc_k(static_cast<size_t>(sh.D)), acc_v(static_cast<size_t>(sh.Dv));
     for (int64_t key = begin; key < end; ++key) {
-      const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;
       std::fill(acc_k.begin(), acc_k.end(), 0.0);
       std::fill(acc_v.begin(), acc_v.end(), 0.0);
-      int64_t lo, hi;
-      sdpa_kept_rows(a.mask, j, a.lq[b], a.lkv[b], &lo, &hi);
-      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Sq - 1);
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
-        for (int64_t i = lo; i <= hi; ++i) {
-          double p, f, ds;
-          p_f_ds(b, h, i, j, &p, &f, &ds);
-          const double p8 = round_to_fp8(p * f * sc.scale_s, a.p_dtype);
-          const double ds8 = round_to_fp8(ds * sc.scale_dp, a.ds_dtype);
-          const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
-          const float* qr = a.q + row * sh.D;
-          const float* dor = a.dout + row * sh.Dv;
-          for (int64_t d = 0; d < sh.D; ++d) acc_k[d] += ds8 * qr[d];
-          for (int64_t d = 0; d < sh.Dv; ++d) acc_v[d] += p8 * dor[d];
-        }
+      p_f_ds.over_rows(key, [&](int64_t row, double p, double f, double ds) {
+        const double p8 = round_to_fp8(p * f * sc.scale_s, a.p_dtype);
+        const double ds8 = round_to_fp8(ds * sc.scale_dp, a.ds_dtype);
+        const float* qr = a.q + row * sh.D;
+        const float* dor = a.dout + row * sh.Dv;
+        for (int64_t d = 0; d < sh.D; ++d) acc_k[d] += ds8 * qr[d];
+        for (int64_t d = 0; d < sh.Dv; ++d) acc_v[d] += p8 * dor[d];
+      });
       double k_max = 0, v_max = 0;
       for (int64_t d = 0; d < sh.D; ++d) {
         const double x = acc_k[d] * sc.descale_dp * sc.descale_q;
@@ -288,37 +301,21 @@ SdpaFp8BwdTies sdpa_fp8_bwd_ties(const SdpaFp8BwdCpuArgs& a, double rel) {
   t.p_by_key.resize(static_cast<size_t>(keys));
   // Per query row (dq): the dS8 ties over its keys.
   parallel_for(rows, static_cast<double>(sh.Skv) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % sh.Sq, bh = row / sh.Sq, h = bh % sh.Hq, b = bh / sh.Hq;
-      int64_t lo, hi;
-      sdpa_kept_keys(a.mask, i, a.lq[b], a.lkv[b], &lo, &hi);
-      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Skv - 1);
-      for (int64_t j = lo; j <= hi; ++j) {
-        double p, f, ds;
-        p_f_ds(b, h, i, j, &p, &f, &ds);
+    for (int64_t row = begin; row < end; ++row)
+      p_f_ds.over_keys(row, [&](int64_t key, double, double, double ds) {
         const double step = fp8_tie_other_way(ds * sc.scale_dp, a.ds_dtype, rel);
-        if (step != 0) t.by_row[row].push_back({(b * sh.Hk + h / G) * sh.Skv + j, step});
-      }
-    }
+        if (step != 0) t.by_row[row].push_back({key, step});
+      });
   });
   // Per key (dk, dv): the dS8 and P8 ties over the query rows that read it.
   parallel_for(keys, static_cast<double>(G * sh.Sq) * (sh.D + sh.Dv), [&](int64_t begin, int64_t end) {
-    for (int64_t key = begin; key < end; ++key) {
-      const int64_t j = key % sh.Skv, bhk = key / sh.Skv, hk = bhk % sh.Hk, b = bhk / sh.Hk;
-      int64_t lo, hi;
-      sdpa_kept_rows(a.mask, j, a.lq[b], a.lkv[b], &lo, &hi);
-      lo = std::max<int64_t>(lo, 0), hi = std::min(hi, sh.Sq - 1);
-      for (int64_t h = hk * G; h < (hk + 1) * G; ++h)
-        for (int64_t i = lo; i <= hi; ++i) {
-          double p, f, ds;
-          p_f_ds(b, h, i, j, &p, &f, &ds);
-          const int64_t row = (b * sh.Hq + h) * sh.Sq + i;
-          const double step_s = fp8_tie_other_way(ds * sc.scale_dp, a.ds_dtype, rel);
-          const double step_p = fp8_tie_other_way(p * f * sc.scale_s, a.p_dtype, rel);
-          if (step_s != 0) t.ds_by_key[key].push_back({row, step_s});
-          if (step_p != 0) t.p_by_key[key].push_back({row, step_p});
-        }
-    }
+    for (int64_t key = begin; key < end; ++key)
+      p_f_ds.over_rows(key, [&](int64_t row, double p, double f, double ds) {
+        const double step_s = fp8_tie_other_way(ds * sc.scale_dp, a.ds_dtype, rel);
+        const double step_p = fp8_tie_other_way(p * f * sc.scale_s, a.p_dtype, rel);
+        if (step_s != 0) t.ds_by_key[key].push_back({row, step_s});
+        if (step_p != 0) t.p_by_key[key].push_back({row, step_p});
+      });
   });
   return t;
 }

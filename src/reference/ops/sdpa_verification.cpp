@@ -415,10 +415,6 @@ Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
   return out;
 }
 
-}  // namespace fusebox
-
-namespace fusebox {
-
 Result<std::map<std::string, TieMoves>> move_reference_within_fp8_ties(
     const ResolvedGraph& g, const std::map<std::string, HostTensor>& inputs,
     const std::map<std::string, std::vector<float>>& actual, const std::set<std::string>& outputs,
