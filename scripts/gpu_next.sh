@@ -11,6 +11,9 @@
 #           with train.fp8 unfused (fusebox alone, TORCH=0), as far as the deadline allows
 #   train   issue 33's tables: PART=3 (500 steps against torch.compile) and PART=4 (speed against
 #           every torch mode) for the 125M model, as far as the deadline allows
+#   sweep   never a wrong answer: scripts/gpu_never_wrong.sh (the case graphs cold and warm, the
+#           open cases, COUNT (320) random valid graphs from SEED (random; the summary says which)),
+#           the sweep cut to the deadline (about 2.5 minutes on an H100 for 320)
 # DEADLINE (seconds, default 560): when the last step must end; each step's limits are cut to what
 # is left, and a step with under a minute left is skipped (and says so).
 # $OUT gets at most three files: all.tgz (every log), the plan cache plans_<GPU>.sqlite.xz (keep it
@@ -59,7 +62,17 @@ train)
   train part3 200 200 PART=3
   train part4 150 330 PART=4
   ;;
-*) echo "gpu_next: STEP must be checks, fp8 or train" >&2; exit 2 ;;
+sweep)
+  # Never a wrong answer: scripts/gpu_never_wrong.sh (every tests/cases graph cold and warm, the
+  # open cases, then COUNT random valid graphs from SEED with --verify), cut to the deadline.
+  seed=${SEED:-$((RANDOM % 9000 + 1000))}
+  echo "sweep: $((${COUNT:-320})) graphs from seed $seed" >> "$O/summary.txt"
+  OUT=$O/never_wrong DEADLINE_S=$(($(left) - 150)) timeout $(($(left) - 10)) \
+    bash scripts/gpu_never_wrong.sh "${COUNT:-320}" "$seed" > "$O/never_wrong.log" 2>&1
+  echo "gpu_never_wrong exit $?" >> "$O/summary.txt"
+  grep -vE '^\[ (cold|warm) ' "$O/never_wrong/summary.txt" | grep -vE '^(PASSREF|UNVERIF) ' >> "$O/summary.txt"
+  ;;
+*) echo "gpu_next: STEP must be checks, fp8, train or sweep" >&2; exit 2 ;;
 esac
 # Back: the newest plan cache, the summary, every log in one archive.
 plans=$(find "$O" -name 'plans_*.sqlite.xz' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -n1 | cut -d' ' -f2-)
