@@ -423,6 +423,41 @@ TEST(SdpaFp8BwdReferenceCpu, RoundingTiesExplainOnlyWhatTheyReach) {
     ReferenceOutputs third = *ref;
     ASSERT_TRUE(move_reference_within_fp8_ties(p.g, p.inputs, shifted, {"dq"}, third).ok());
     EXPECT_FALSE(compare("dq", third.at("dq"), shifted.at("dq"), tolerance_for(p.g, "dq")).pass);
+    // The same shape as a tie, where there is none: one dq row moved by one e5m2 step of its
+    // largest dS that lies far (more than 2^-6) from every midpoint, times that key's k.
+    auto in = [&](const char* n) { return p.inputs.at(n).to_float_logical(); };
+    const std::vector<float> q = in("q"), k = in("k"), v = in("v"), o = in("o"), dout = in("do"),
+                             stats = in("stats");
+    auto sc = [&](const char* n) { return c.scales.at(n); };
+    double best = 0;
+    int64_t best_row = -1, best_key = -1;
+    for (int64_t r = 0; r < c.Sq; ++r) {  // batch 0, head 0 (key group 0)
+      double di = 0;
+      for (int64_t d = 0; d < c.Dv; ++d) di += static_cast<double>(dout[r * c.Dv + d]) * o[r * c.Dv + d];
+      di *= sc("descale_do") * sc("descale_o");
+      for (int64_t j = 0; j < c.Skv; ++j) {
+        double qk = 0, dp = 0;
+        for (int64_t d = 0; d < c.D; ++d) qk += static_cast<double>(q[r * c.D + d]) * k[j * c.D + d];
+        for (int64_t d = 0; d < c.Dv; ++d) dp += static_cast<double>(dout[r * c.Dv + d]) * v[j * c.Dv + d];
+        const double P = std::exp(qk * sc("descale_q") * sc("descale_k") - stats[r]);
+        const double x = P * (dp * sc("descale_do") * sc("descale_v") - di) * sc("scale_dp");
+        const bool far = r8(x * (1 - 1.0 / 64), DType::kFP8E5M2) == r8(x * (1 + 1.0 / 64), DType::kFP8E5M2);
+        if (far && std::fabs(x) > best) best = std::fabs(x), best_row = r, best_key = j;
+      }
+    }
+    ASSERT_GE(best_row, 0);
+    const double cast = r8(best, DType::kFP8E5M2);
+    const double step = r8(cast * 1.25, DType::kFP8E5M2) - cast;  // the next e5m2 value up
+    ReferenceOutputs fake = *ref;
+    for (int64_t d = 0; d < c.D; ++d)
+      fake["dq"][best_row * c.D + d] += static_cast<float>(step * k[best_key * c.D + d] * sc("descale_dp") *
+                                                           sc("descale_k") * sc("scale_dq"));
+    fake = e4m3(fake);
+    ASSERT_FALSE(compare("dq", ref->at("dq"), fake.at("dq"), tolerance_for(p.g, "dq")).pass)
+        << "the fake flip is too small to fail: pick a larger dS";
+    ReferenceOutputs fourth = *ref;
+    ASSERT_TRUE(move_reference_within_fp8_ties(p.g, p.inputs, fake, {"dq"}, fourth).ok());
+    EXPECT_FALSE(compare("dq", fourth.at("dq"), fake.at("dq"), tolerance_for(p.g, "dq")).pass);
   }
   EXPECT_TRUE(shown) << "no seed showed a rounding tie past the tolerance: widen the search";
 }
