@@ -189,7 +189,7 @@ Result<std::vector<Comparison>> check_fp8_amax(const ResolvedGraph& g,
 // FP8 attention backward: cuDNN computes dS and P before their fp8 casts in its own precision, so a
 // value within kFp8TieRel (2^-8, relative) of a rounding midpoint may be cast the other way than
 // the reference (fp64) casts it. That moves one whole row of dq and of dk (a dS8 tie: the step times
-// k or q) or of dv (a P8 tie: times do); an e5m2 step of a large dS is a quarter of it, enough to
+// k or q) or of dv (a P8 tie: times do); an e5m2 step of a large dS is up to a quarter of it, enough to
 // fail dq's check with no error in the op (src/reference/ops/sdpa_fp8_bwd.h, "Rounding ties").
 // For every sdpa_fp8_bwd output among `outputs` (tensor names; the failing ones): per row of
 // `reference`, the ties that row has in reach, largest first, each taken (its whole-row move
