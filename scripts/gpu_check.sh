@@ -372,9 +372,10 @@ aot_cudnn() { cat "$BUNDLE/aot/CUDNN_VERSION" 2>/dev/null; }
 run_cudnn() { "$FB" info --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["cudnn_runtime"])'; }
 do_cpu_plans() {
   local fails=0 used=0 p name g dir eng
-  local built_with here
+  local built_with here precompiled
   built_with=$(aot_cudnn)
   here=$(run_cudnn)
+  precompiled=$("$FB" info --json 2>/dev/null | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["cudnn_engine_libraries"]["precompiled"])' 2>/dev/null)
   for p in "$BUNDLE"/aot/*.plan; do
     [ -f "$p" ] || continue
     name=$(basename "$p" .plan)
@@ -387,6 +388,17 @@ do_cpu_plans() {
         echo "ok $name: the plan built with cuDNN $built_with is refused on $here, naming both"; used=$((used + 1))
       else
         echo "FAIL $name: refused without naming the versions"; sed -n 1,3p "$OUT/cpu_plan_$name.txt"; fails=$((fails + 1))
+      fi
+      continue
+    fi
+    if [ "$precompiled" = False ]; then
+      # A runtime-compiled-only cuDNN (the JIT set): deviceless plans use precompiled engines.
+      if timeout 180 "$FB" run "$g" --plan "$p" --iters 0 > "$OUT/cpu_plan_$name.txt" 2>&1; then
+        echo "FAIL $name: a deviceless plan ran on a cuDNN without precompiled engines"; fails=$((fails + 1))
+      elif grep -q "has no libcudnn_engines_precompiled" "$OUT/cpu_plan_$name.txt"; then
+        echo "ok $name: refused on cuDNN $here without precompiled engines, saying so"; used=$((used + 1))
+      else
+        echo "FAIL $name: refused without naming the missing engines"; sed -n 1,3p "$OUT/cpu_plan_$name.txt"; fails=$((fails + 1))
       fi
       continue
     fi

@@ -391,9 +391,12 @@ struct SystemInfo {
   int64_t cudnn_header_version = 0;   // CUDNN_VERSION, e.g. 91900
   int64_t cudnn_runtime_version = 0;  // cudnnGetVersion()
   std::string cudnn_library_path;     // the libcudnn actually loaded
-  int cuda_runtime_version = 0;       // cudaRuntimeGetVersion
-  int cuda_driver_version = 0;        // 0 when no driver
-  std::string cuda_driver_library;    // what libcuda.so.1 is here: the driver, the toolkit's stub, none
+  // Which engine libraries the loaded cuDNN has (cudnn_engine_libraries()).
+  bool cudnn_precompiled_engines = false;
+  bool cudnn_runtime_compiled_engines = false;
+  int cuda_runtime_version = 0;     // cudaRuntimeGetVersion
+  int cuda_driver_version = 0;      // 0 when no driver
+  std::string cuda_driver_library;  // what libcuda.so.1 is here: the driver, the toolkit's stub, none
   std::vector<GpuInfo> gpus;
   std::string gpu_error;  // why no GPU is seen, if none
 };
@@ -409,5 +412,16 @@ Status check_cudnn_runtime();
 
 // Number of CUDA GPUs visible (0 on a machine without a GPU or driver).
 int gpu_count();
+
+// The engine libraries of the loaded cuDNN 9, which it opens by name at first use: found beside
+// the loaded libcudnn, or already loaded. A runtime-compiled-only set (the nvidia-cudnn-jit
+// wheel) has no precompiled engines, so a plan built deviceless, or with a precompiled engine,
+// cannot be loaded on it (cuDNN says CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH).
+struct CudnnEngineLibraries {
+  bool precompiled = false;       // libcudnn_engines_precompiled.so.9
+  bool runtime_compiled = false;  // libcudnn_engines_runtime_compiled.so.9
+  std::string directory;          // where the loaded libcudnn is
+};
+CudnnEngineLibraries cudnn_engine_libraries();
 
 }  // namespace fusebox

@@ -67,6 +67,13 @@ Status run_step(BuildReport& r, const std::string& name, const std::function<fe:
           "need NVRTC plus a driver to load the kernel, or a cuBLAS handle; on a machine without a driver "
           "fusebox leaves the runtime-compiled ones out); only graphs with a precompiled engine (e.g. "
           "conv_fprop + bias + relu) build deviceless. Build this one on the GPU (without --device)";
+      const CudnnEngineLibraries libs = cudnn_engine_libraries();
+      if (!libs.precompiled) {
+        detail += "\n  and the loaded cuDNN (" + libs.directory +
+                  ") has no libcudnn_engines_precompiled.so.9 (a runtime-compiled-only set, like the "
+                  "nvidia-cudnn-jit wheel), so nothing builds deviceless with it: put the full cuDNN first "
+                  "on LD_LIBRARY_PATH";
+      }
     }
     step.status = Status(step.status.code(), first_line + detail);
   }
@@ -652,6 +659,23 @@ Result<std::vector<EngineCandidate>> list_engines(const ResolvedGraph& g, const 
   return set.candidates();
 }
 
+namespace {
+
+// A plan that fails to load on a cuDNN without its precompiled engines (a runtime-compiled-only
+// set: cuDNN then says CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH) gets the reason added.
+Status without_precompiled_engines(Status failed) {
+  const CudnnEngineLibraries libs = cudnn_engine_libraries();
+  if (libs.precompiled) return failed;
+  return Status(failed.code(),
+                failed.message() + "; the loaded cuDNN (" + libs.directory +
+                    ") has no libcudnn_engines_precompiled.so.9 (a runtime-compiled-only set, like the "
+                    "nvidia-cudnn-jit wheel): a plan built deviceless or with a precompiled engine "
+                    "loads only on the full cuDNN; put it first on LD_LIBRARY_PATH, or build the plan on "
+                    "this machine");
+}
+
+}  // namespace
+
 Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>& bytes,
                               const DeviceTarget& target, GpuContext* ctx, const std::string& engine_name) {
   using namespace cudnn;
@@ -666,16 +690,17 @@ Result<Plan> deserialize_plan(const ResolvedGraph& g, const std::vector<uint8_t>
     if (ctx) {
       // No warm-up capture (the frontend's default): the first execution loads
       // the kernels instead, and fusebox reports it as such.
-      FUSEBOX_RETURN_IF_ERROR(
-          from_fe(graph->deserialize(ctx->impl()->handle, bytes, /*enforce_precompiled=*/false,
-                                     /*run_warmup=*/false),
-                  "deserialize plan"));
+      Status loaded = from_fe(graph->deserialize(ctx->impl()->handle, bytes, /*enforce_precompiled=*/false,
+                                                 /*run_warmup=*/false),
+                              "deserialize plan");
+      if (!loaded.ok()) return without_precompiled_engines(std::move(loaded));
     } else {
       if (!target.deviceless())
         return InvalidArgument("deserialize_plan: no GpuContext and no device properties");
       FUSEBOX_ASSIGN_OR_RETURN(auto props, device_properties_for(target));
       graph->set_device_properties(props);
-      FUSEBOX_RETURN_IF_ERROR(from_fe(graph->deserialize(bytes), "deserialize plan (handle-less)"));
+      Status loaded = from_fe(graph->deserialize(bytes), "deserialize plan (handle-less)");
+      if (!loaded.ok()) return without_precompiled_engines(std::move(loaded));
     }
     if (!graph->get_plan_name(impl->engine).is_good() || impl->engine.empty()) {
       impl->engine = engine_name.empty() ? "(deserialized)" : engine_name;

@@ -1,7 +1,9 @@
 // Versions, GPUs, device-properties files and the cuDNN runtime check.
 #include <dlfcn.h>
 
+#include <filesystem>
 #include <limits>
+#include <system_error>
 
 #include "common/device_properties_check.h"
 #include "common/file_io.h"
@@ -29,7 +31,26 @@ std::string loaded_cudnn_path() {
   return "(unknown path)";
 }
 
+// Beside the loaded libcudnn, or loaded already from elsewhere on the search path.
+bool engine_library_present(const std::string& directory, const char* name) {
+  std::error_code ec;
+  if (!directory.empty() && std::filesystem::exists(directory + "/" + name, ec)) return true;
+  void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != nullptr;
+}
+
 }  // namespace
+
+CudnnEngineLibraries cudnn_engine_libraries() {
+  CudnnEngineLibraries out;
+  const std::string path = loaded_cudnn_path();
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos) out.directory = path.substr(0, slash);
+  out.precompiled = engine_library_present(out.directory, "libcudnn_engines_precompiled.so.9");
+  out.runtime_compiled = engine_library_present(out.directory, "libcudnn_engines_runtime_compiled.so.9");
+  return out;
+}
 
 std::string_view heuristic_mode_name(HeuristicMode m) {
   switch (m) {
@@ -101,6 +122,9 @@ SystemInfo system_info(bool enumerate_gpus) {
   s.cudnn_header_version = CUDNN_VERSION;
   s.cudnn_runtime_version = static_cast<int64_t>(cudnnGetVersion());
   s.cudnn_library_path = loaded_cudnn_path();
+  const CudnnEngineLibraries engines = cudnn_engine_libraries();
+  s.cudnn_precompiled_engines = engines.precompiled;
+  s.cudnn_runtime_compiled_engines = engines.runtime_compiled;
   switch (cudnn::driver_load()) {
     case cudnn::DriverLoad::kDriver:
       s.cuda_driver_library = "libcuda.so.1";

@@ -80,6 +80,25 @@ if [ "$RC" -eq 2 ] && grep -qi "lacks .*smCountOrigin.*capture it again with \`f
 else fail "a device file captured under 9.19 on cuDNN 9.27" "exit 2 naming smCountOrigin and fusebox devprop expected, got $RC"
 fi
 
+
+# ---- the pinned cuDNN's runtime-compiled set alone (the nvidia-cudnn-jit wheel; the GPU machine's
+# second cuDNN, scripts/gpu_cudnn.sh): no precompiled engines, so nothing builds deviceless and a
+# deviceless-built plan does not load; both say why.
+on "" info --json
+check "info: the pinned cuDNN has its precompiled and runtime-compiled engines" \
+  'd["cudnn_engine_libraries"] == {"precompiled": True, "runtime_compiled": True}'
+PINNED_DIR=$(dirname "$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["cudnn_library"])' "$TMP/stdout")")
+mkdir -p "$TMP/jit"
+for f in libcudnn.so.9 libcudnn_graph.so.9 libcudnn_engines_runtime_compiled.so.9; do ln -s "$PINNED_DIR/$f" "$TMP/jit/$f"; done
+on "$TMP/jit" info --json
+check "info on the runtime-compiled set alone: precompiled engines absent" \
+  'd["cudnn_engine_libraries"] == {"precompiled": False, "runtime_compiled": True} and d["cudnn_runtime"] == args[0]' "$BUILT"
+on "$TMP/jit" build "$GRAPH" --device "$DEVPROP" --no-cache
+if [ "$RC" -ne 0 ] && grep -q "has no libcudnn_engines_precompiled.so.9 (a runtime-compiled-only set" "$TMP/stderr"; then
+  pass "a deviceless build on the runtime-compiled set alone fails, naming the missing library"
+else fail "a deviceless build on the runtime-compiled set alone" "a non-zero exit naming libcudnn_engines_precompiled expected, got $RC"
+fi
+
 # ---- another cuDNN (this machine's 9.19)
 OTHER_VERSION=""
 if ls "$OTHER"/libcudnn.so.9* >/dev/null 2>&1; then

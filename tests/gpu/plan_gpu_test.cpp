@@ -163,6 +163,11 @@ TEST_P(GpuExample, DevicelessPlanMatchesGpuBuiltPlanBitForBit) {
     GTEST_SKIP() << "device-properties file is for " << devprop->device_name << ", this GPU is "
                  << target_.device_name;
   }
+  if (!cudnn_engine_libraries().precompiled) {
+    GTEST_SKIP() << "the loaded cuDNN (" << cudnn_engine_libraries().directory
+                 << ") has no precompiled engines (a runtime-compiled-only set): deviceless-built plans "
+                    "do not load on it (DevicelessPlanIsRefusedWithoutPrecompiledEngines)";
+  }
   auto aot = build_plan(g_, *devprop, BuildOptions{}, nullptr);
   if (!aot.ok())
     GTEST_SKIP() << "no deviceless plan for this graph: " << aot.status().message().substr(0, 200);
