@@ -142,6 +142,7 @@ struct Comparison {
   // steps), and the largest such move of one value; -1: not computed (too large for the CPU).
   int64_t ties_taken = 0;
   double tie_largest_move = 0;
+  std::string tie_search_error;  // why the tie search itself failed (the comparison stands as it was)
   Tolerance tolerance;
   bool pass = false;
   std::string error;             // why no comparison was possible (size mismatch); empty otherwise

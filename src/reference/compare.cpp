@@ -231,6 +231,7 @@ std::string Comparison::ToString() const {
   } else if (ties_taken < 0) {
     s += "; internal fp8 rounding ties not searched (too large for the CPU)";
   }
+  if (!tie_search_error.empty()) s += "; internal fp8 rounding ties not searched: " + tie_search_error;
   if (non_finite > 0)
     s += "; " + std::to_string(non_finite) + " non-finite values, first at index " +
          std::to_string(worst_index);

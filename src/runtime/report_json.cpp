@@ -126,6 +126,7 @@ std::string comparison_json(const Comparison& c) {
                {"saturated", c.saturated},
                {"ties_taken", c.ties_taken},
                {"tie_largest_move", c.tie_largest_move},
+               {"tie_search_error", c.tie_search_error},
                {"tol_rel_l2", c.tolerance.rel_l2},
                {"tol_max_abs_rel", c.tolerance.max_abs_rel},
                {"pass", c.pass}});
