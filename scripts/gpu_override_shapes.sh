@@ -47,4 +47,5 @@ for ver in $VERSIONS; do
     head -8 "$OUT/shapes_${ver}_$g.txt" >> "$OUT/summary.txt"
   done
 done
-tar czf "$OUT/logs.tgz" -C "$OUT" --exclude=logs.tgz --exclude=summary.txt . 2>/dev/null
+# Written beside $OUT and moved in: tar into the folder it reads exits 1 ("file changed").
+tar czf "$OUT.logs.tgz" -C "$OUT" --exclude=logs.tgz --exclude=summary.txt . && mv "$OUT.logs.tgz" "$OUT/logs.tgz"
