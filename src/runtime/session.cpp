@@ -189,6 +189,9 @@ struct Session::Impl {
     ResolvedGraph override_graph;
     std::string override_refused;
     std::set<std::string> override_checked;  // shapes (shape_text) that passed the plan check by override
+    // Per engine, the shapes whose plan, the first shape's engine replayed with the warm kernel
+    // cache, passed the plan check (see kShapesCheckedPerPath).
+    std::map<std::string, std::set<std::string>> replay_checked;
   };
   std::map<std::string, KernelCacheSlot> kernel_caches;
   // fusebox's own kernels (Plan::native()) that passed the plan check in this session, by the
@@ -466,9 +469,13 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
 
   if (slot && !slot->override_refused.empty()) rep.override_refused = slot->override_refused;
   // The plan check of shapes served by override: the plan itself passed at its built shape; the
-  // override path is checked at the first kOverrideShapesChecked other shapes, then trusted (on
+  // override path is checked at the first kShapesCheckedPerPath other shapes, then trusted (on
   // the H200 the check cost 70-140 ms a shape of matmul_bias_gelu_dyn, the override 0.03 ms).
-  constexpr size_t kOverrideShapesChecked = 2;
+  // The same holds for the kernel cache's replay of the first shape's engine (the same
+  // shape-generic kernels at another shape): checked at its first kShapesCheckedPerPath replayed
+  // shapes, then trusted (on an H100 with cuDNN 9.27 the check cost 15-50 ms a shape of
+  // conv_bias_relu_dyn, growing with N, the replayed build about 2 ms).
+  constexpr size_t kShapesCheckedPerPath = 2;
   if (override_wanted && slot->override_plan) {
     const common::Stopwatch watch;
     auto served = plan_at_shape(*slot->override_plan, slot->override_graph, g, *ctx);
@@ -478,7 +485,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       const std::string& m = served.status().message();
       rep.override_refused = m.substr(0, m.find('\n'));
     } else if (s.check_limit(*served, limit, "shape override").ok() &&
-               (!checking || slot->override_checked.size() >= kOverrideShapesChecked ||
+               (!checking || slot->override_checked.size() >= kShapesCheckedPerPath ||
                 slot->override_checked.count(shape_text(g.shape)) || check_now(*served, nullptr))) {
       if (checking && rep.plan_check.state == "passed") slot->override_checked.insert(shape_text(g.shape));
       if (checking && rep.plan_check.state == "not run") {
@@ -607,7 +614,21 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   // build runs again without it, taking the next candidate.
   PlanCheckRun verdict;
   bool partitioned_after_check = false, whole_on_reference_kernels = false;
-  while (plan.ok() && checking && !check_now(*plan, &verdict)) {
+  const std::string shape_now = shape_text(g.shape);
+  bool replay_trusted = false;
+  if (plan.ok() && checking && rep.engine_replayed) {
+    const auto done = slot->replay_checked.find(plan->engine_name());
+    if (done != slot->replay_checked.end() && done->second.size() >= kShapesCheckedPerPath &&
+        !done->second.count(shape_now)) {
+      replay_trusted = true;
+      rep.plan_check.state = "trusted";
+      rep.plan_check.detail =
+          "engine " + plan->engine_name() +
+          ", the first shape's engine replayed with the kernel cache, passed the check at " +
+          std::to_string(done->second.size()) + " other replayed shapes of this graph";
+    }
+  }
+  while (plan.ok() && checking && !replay_trusted && !check_now(*plan, &verdict)) {
     // Refused: what went wrong, then every rejected plan and why.
     auto refuse = [&](const std::string& head) {
       rep.plan_check.state = "failed";
@@ -668,6 +689,8 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     if (!plan.ok()) return refuse("no plan passed the plan check: " + plan.status().message().substr(0, 400));
   }
   if (!plan.ok()) return finish(plan.status());
+  if (checking && rep.engine_replayed && verdict.passed && rep.plan_check.rejected.empty())
+    slot->replay_checked[plan->engine_name()].insert(shape_now);
   rep.source = PlanSource::kBuilt;
   if (by_policy && rep.build.notes_known && has_note(rep.build.behavior_notes, "RUNTIME_COMPILATION")) {
     // The policy expected precompiled kernels but the build took a runtime-compiled engine (the
