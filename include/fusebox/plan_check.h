@@ -39,8 +39,11 @@ struct PlanCheckReport {
   // "off" (PlanRequest::check_plan false), "deviceless" (nothing runs; fusebox's
   // own kernels are checked like cuDNN's plans), "trusted" (a sealed
   // passing verdict came with the plan), "session" (fusebox's own kernel, which
-  // passed on an equal graph earlier in this session), "passed" (checked now), "failed" (no
-  // candidate passed), "unavailable" (the check could not run: see detail).
+  // passed on an equal graph earlier in this session), "other shapes" (a symbolic graph's plan at
+  // a new shape, by execute-time override or the first shape's engine replayed with the kernel
+  // cache, after that path passed the check at two other shapes: see detail; never sealed into a
+  // plan file or cache entry), "passed" (checked now), "failed" (no candidate passed),
+  // "unavailable" (the check could not run: see detail).
   std::string state = "off";
   std::string detail;  // the served plan's comparisons, or why no check ran
   double ms = 0;       // time spent checking (every plan checked)

@@ -60,6 +60,8 @@ std::string PlanCheckReport::text() const {
     s = "not run (deviceless: it runs on the GPU's first build or load)";
   } else if (state == "trusted") {
     s = "passed earlier on this GPU and cuDNN (recorded with the plan): not run again";
+  } else if (state == "other shapes") {
+    s = "not run at this shape: " + detail;
   } else if (state == "session") {
     s = "passed earlier in this session (fusebox's kernel on an equal graph): not run again";
   } else if (state == "passed") {

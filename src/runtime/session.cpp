@@ -489,7 +489,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
                 slot->override_checked.count(shape_text(g.shape)) || check_now(*served, nullptr))) {
       if (checking && rep.plan_check.state == "passed") slot->override_checked.insert(shape_text(g.shape));
       if (checking && rep.plan_check.state == "not run") {
-        rep.plan_check.state = "trusted";
+        rep.plan_check.state = "other shapes";
         rep.plan_check.detail = "the override plan passed the check at its built shape and at " +
                                 std::to_string(slot->override_checked.size()) + " other shapes";
       }
@@ -621,7 +621,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     if (done != slot->replay_checked.end() && done->second.size() >= kShapesCheckedPerPath &&
         !done->second.count(shape_now)) {
       replay_trusted = true;
-      rep.plan_check.state = "trusted";
+      rep.plan_check.state = "other shapes";
       rep.plan_check.detail =
           "engine " + plan->engine_name() +
           ", the first shape's engine replayed with the kernel cache, passed the check at " +
