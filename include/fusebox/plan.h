@@ -413,8 +413,8 @@ Status check_cudnn_runtime();
 // Number of CUDA GPUs visible (0 on a machine without a GPU or driver).
 int gpu_count();
 
-// The engine libraries of the loaded cuDNN 9, which it opens by name at first use: found beside
-// the loaded libcudnn, or already loaded. A runtime-compiled-only set (the nvidia-cudnn-jit
+// The engine libraries of the loaded cuDNN 9, which it opens by name at first use: those beside
+// the loaded libcudnn. A runtime-compiled-only set (the nvidia-cudnn-jit
 // wheel) has no precompiled engines, so a plan built deviceless, or with a precompiled engine,
 // cannot be loaded on it (cuDNN says CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH).
 struct CudnnEngineLibraries {

@@ -31,13 +31,12 @@ std::string loaded_cudnn_path() {
   return "(unknown path)";
 }
 
-// Beside the loaded libcudnn, or loaded already from elsewhere on the search path.
+// Beside the loaded libcudnn (its wheel or package keeps them together). Not "loadable by name":
+// the GPU machine's older system cuDNN (9.14, /usr/lib/x86_64-linux-gnu) would answer for the
+// JIT set's missing precompiled engines, and cuDNN refuses another version's library.
 bool engine_library_present(const std::string& directory, const char* name) {
   std::error_code ec;
-  if (!directory.empty() && std::filesystem::exists(directory + "/" + name, ec)) return true;
-  void* h = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
-  if (h) dlclose(h);
-  return h != nullptr;
+  return !directory.empty() && std::filesystem::exists(directory + "/" + name, ec);
 }
 
 }  // namespace
