@@ -385,18 +385,26 @@ struct GpuInfo {
   int64_t memory_bytes = 0;
 };
 
+// The engine libraries of the loaded cuDNN 9, which it opens by name at first use: those beside
+// the loaded libcudnn. A runtime-compiled-only set (the nvidia-cudnn-jit wheel) has no
+// precompiled engines, so a plan built deviceless, or with a precompiled engine, cannot be loaded
+// on it (cuDNN says CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH).
+struct CudnnEngineLibraries {
+  bool precompiled = false;       // libcudnn_engines_precompiled.so.9
+  bool runtime_compiled = false;  // libcudnn_engines_runtime_compiled.so.9
+  std::string directory;          // where the loaded libcudnn is
+};
+
 struct SystemInfo {
   std::string fusebox_version;
-  std::string frontend_version;       // headers compiled against
-  int64_t cudnn_header_version = 0;   // CUDNN_VERSION, e.g. 91900
-  int64_t cudnn_runtime_version = 0;  // cudnnGetVersion()
-  std::string cudnn_library_path;     // the libcudnn actually loaded
-  // Which engine libraries the loaded cuDNN has (cudnn_engine_libraries()).
-  bool cudnn_precompiled_engines = false;
-  bool cudnn_runtime_compiled_engines = false;
-  int cuda_runtime_version = 0;     // cudaRuntimeGetVersion
-  int cuda_driver_version = 0;      // 0 when no driver
-  std::string cuda_driver_library;  // what libcuda.so.1 is here: the driver, the toolkit's stub, none
+  std::string frontend_version;        // headers compiled against
+  int64_t cudnn_header_version = 0;    // CUDNN_VERSION, e.g. 91900
+  int64_t cudnn_runtime_version = 0;   // cudnnGetVersion()
+  std::string cudnn_library_path;      // the libcudnn actually loaded
+  CudnnEngineLibraries cudnn_engines;  // which engine libraries the loaded cuDNN has
+  int cuda_runtime_version = 0;        // cudaRuntimeGetVersion
+  int cuda_driver_version = 0;         // 0 when no driver
+  std::string cuda_driver_library;     // what libcuda.so.1 is here: the driver, the toolkit's stub, none
   std::vector<GpuInfo> gpus;
   std::string gpu_error;  // why no GPU is seen, if none
 };
@@ -413,15 +421,7 @@ Status check_cudnn_runtime();
 // Number of CUDA GPUs visible (0 on a machine without a GPU or driver).
 int gpu_count();
 
-// The engine libraries of the loaded cuDNN 9, which it opens by name at first use: those beside
-// the loaded libcudnn. A runtime-compiled-only set (the nvidia-cudnn-jit
-// wheel) has no precompiled engines, so a plan built deviceless, or with a precompiled engine,
-// cannot be loaded on it (cuDNN says CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH).
-struct CudnnEngineLibraries {
-  bool precompiled = false;       // libcudnn_engines_precompiled.so.9
-  bool runtime_compiled = false;  // libcudnn_engines_runtime_compiled.so.9
-  std::string directory;          // where the loaded libcudnn is
-};
+// The loaded cuDNN's engine libraries (CudnnEngineLibraries).
 CudnnEngineLibraries cudnn_engine_libraries();
 
 }  // namespace fusebox

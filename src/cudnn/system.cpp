@@ -121,9 +121,7 @@ SystemInfo system_info(bool enumerate_gpus) {
   s.cudnn_header_version = CUDNN_VERSION;
   s.cudnn_runtime_version = static_cast<int64_t>(cudnnGetVersion());
   s.cudnn_library_path = loaded_cudnn_path();
-  const CudnnEngineLibraries engines = cudnn_engine_libraries();
-  s.cudnn_precompiled_engines = engines.precompiled;
-  s.cudnn_runtime_compiled_engines = engines.runtime_compiled;
+  s.cudnn_engines = cudnn_engine_libraries();
   switch (cudnn::driver_load()) {
     case cudnn::DriverLoad::kDriver:
       s.cuda_driver_library = "libcuda.so.1";

@@ -469,12 +469,12 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
 
   if (slot && !slot->override_refused.empty()) rep.override_refused = slot->override_refused;
   // The plan check of shapes served by override: the plan itself passed at its built shape; the
-  // override path is checked at the first kShapesCheckedPerPath other shapes, then trusted (on
-  // the H200 the check cost 70-140 ms a shape of matmul_bias_gelu_dyn, the override 0.03 ms).
-  // The same holds for the kernel cache's replay of the first shape's engine (the same
-  // shape-generic kernels at another shape): checked at its first kShapesCheckedPerPath replayed
-  // shapes, then trusted (on an H100 with cuDNN 9.27 the check cost 15-50 ms a shape of
-  // conv_bias_relu_dyn, growing with N, the replayed build about 2 ms).
+  // override path is checked at the first kShapesCheckedPerPath other shapes, then served
+  // unchecked with the state "other shapes" (on the H200 the check cost 70-140 ms a shape of
+  // matmul_bias_gelu_dyn, the override 0.03 ms). The same holds for the kernel cache's replay of
+  // the first shape's engine (the same shape-generic kernels at another shape): checked at its
+  // first kShapesCheckedPerPath replayed shapes (on an H100 with cuDNN 9.27 the check cost 15-50 ms
+  // a shape of conv_bias_relu_dyn, growing with N, the replayed build about 2 ms).
   constexpr size_t kShapesCheckedPerPath = 2;
   if (override_wanted && slot->override_plan) {
     const common::Stopwatch watch;

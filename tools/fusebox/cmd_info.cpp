@@ -46,8 +46,8 @@ Runner add_info(CLI::App& app) {
                           {"cudnn_runtime", ver(s.cudnn_runtime_version)},
                           {"cudnn_library", s.cudnn_library_path},
                           {"cudnn_engine_libraries",
-                           {{"precompiled", s.cudnn_precompiled_engines},
-                            {"runtime_compiled", s.cudnn_runtime_compiled_engines}}},
+                           {{"precompiled", s.cudnn_engines.precompiled},
+                            {"runtime_compiled", s.cudnn_engines.runtime_compiled}}},
                           {"cudnn_runtime_ok", runtime.ok()},
                           {"cudnn_runtime_error", runtime.message()},
                           {"cuda_runtime", cuda_ver(s.cuda_runtime_version)},
@@ -64,8 +64,8 @@ Runner add_info(CLI::App& app) {
       std::printf("cuDNN           headers %s, runtime %s (%s)\n", ver(s.cudnn_header_version).c_str(),
                   ver(s.cudnn_runtime_version).c_str(), safe(s.cudnn_library_path).c_str());
       std::printf("cuDNN engines   precompiled %s, runtime-compiled %s%s\n",
-                  s.cudnn_precompiled_engines ? "yes" : "no", s.cudnn_runtime_compiled_engines ? "yes" : "no",
-                  s.cudnn_precompiled_engines
+                  s.cudnn_engines.precompiled ? "yes" : "no", s.cudnn_engines.runtime_compiled ? "yes" : "no",
+                  s.cudnn_engines.precompiled
                       ? ""
                       : " (a runtime-compiled-only set: no deviceless-built plans, no precompiled engines)");
       std::printf("CUDA            runtime %s, driver %s (libcuda: %s)\n",

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <variant>
 
 #include "fusebox/reference.h"
+#include "ops/cpu_context.h"
 #include "ops/sdpa_fp8_bwd.h"
 #include "ops/sdpa_mask.h"
 #include "ops/sdpa_paged.h"
@@ -432,30 +434,23 @@ Result<std::map<std::string, TieMoves>> move_reference_within_fp8_ties(
       if (outputs.count(name) && actual.count(name) && reference.count(name)) grads.emplace_back(role, name);
     }
     if (grads.empty()) continue;
-    // The op's inputs as the CPU reference reads them (logical row-major floats); the keep-mask,
-    // with dropout, is cuDNN's own output.
-    std::map<std::string, std::vector<float>> values;
-    std::map<std::string, std::vector<int64_t>> dims;
-    for (const auto& [role, idx] : op.inputs) {
-      if (idx < 0 || idx >= static_cast<int>(g.tensors.size())) continue;
-      const ResolvedTensor& t = g.tensors[idx];
-      auto it = inputs.find(t.name);
-      if (it != inputs.end())
-        values[role] = it->second.to_float_logical();
-      else if (t.scalar_value)
-        values[role] = {static_cast<float>(*t.scalar_value)};
-      else
-        continue;
-      dims[role] = t.dims;
+    // The op's inputs as the CPU reference reads them (CpuOpContext: dims checked, scalars
+    // filled); the keep-mask, with dropout, is cuDNN's own output.
+    std::vector<std::optional<reference_detail::Values>> read(g.tensors.size());
+    reference_detail::CpuOpContext ctx(g, inputs, read, op);
+    std::map<std::string, reference_detail::SdpaFp8BwdValues> in;
+    for (std::string_view r : op_input_roles(op.attrs)) {
+      const std::string role(r);
+      FUSEBOX_ASSIGN_OR_RETURN(const reference_detail::Values* v, ctx.in(role));
+      in[role] = {&v->dims, &v->data};
     }
+    std::vector<int64_t> mask_dims;
     auto mask = op.outputs.find("dropout_mask");
     if (mask != op.outputs.end() && mask->second >= 0 && mask->second < static_cast<int>(g.tensors.size())) {
       const ResolvedTensor& t = g.tensors[mask->second];
       auto it = actual.find(t.name);
-      if (it != actual.end()) values["dropout_mask"] = it->second, dims["dropout_mask"] = t.dims;
+      if (it != actual.end()) mask_dims = t.dims, in["dropout_mask"] = {&mask_dims, &it->second};
     }
-    std::map<std::string, reference_detail::SdpaFp8BwdValues> in;
-    for (const auto& [role, v] : values) in[role] = {&dims[role], &v};
     FUSEBOX_ASSIGN_OR_RETURN(const reference_detail::SdpaFp8BwdCpuArgs args,
                              reference_detail::sdpa_fp8_bwd_cpu_args(g, op, *attrs, in));
     const reference_detail::SdpaFp8BwdShape& sh = args.sh;
