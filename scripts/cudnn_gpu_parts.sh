@@ -6,7 +6,7 @@
 #                                 runtime-compiled engines (about 55 MB; the same
 #                                 files as the nvidia-cudnn-jit-cu13 wheel of this version)
 #   .gpu-cudnn/full.tar.xz.NN     the other libraries (precompiled engines,
-#                                 heuristics, ...), split into parts of 60 MB
+#                                 heuristics, ...), split into parts of 50 MiB (each part and the tree fit one 64 MiB carry)
 #   .gpu-cudnn/MANIFEST           the version, the part names and their SHA-256
 # Then, one call per file: run(command="bash scripts/gpu_cudnn.sh receive .gpu-cudnn/FILE",
 # carry=[".gpu-cudnn/FILE"]); see scripts/gpu_cudnn.sh.
@@ -24,7 +24,7 @@ for f in "$SRC"/lib/*.so.9; do
   [[ " ${jit[*]} " == *" $b "* ]] || rest+=("$b")
 done
 tar -C "$SRC/lib" -cf - "${jit[@]}" | xz -6 -T0 > "$DEST/jit.tar.xz"
-tar -C "$SRC/lib" -cf - "${rest[@]}" | xz -6 -T0 | split -b 60M -d - "$DEST/full.tar.xz."
+tar -C "$SRC/lib" -cf - "${rest[@]}" | xz -6 -T0 | split -b 50M -d - "$DEST/full.tar.xz."
 {
   echo "version $(cat "$SRC/VERSION")"
   (cd "$DEST" && sha256sum jit.tar.xz full.tar.xz.*)

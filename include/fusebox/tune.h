@@ -21,7 +21,8 @@ struct TunePolicy {
   bool deterministic_only = false;        // drop NONDETERMINISTIC candidates
   bool allow_runtime_compilation = true;  // false: drop RUNTIME_COMPILATION candidates
   int top_k = 0;                          // >0: time only the first K admissible candidates
-  double budget_ms = 0;                   // >0: stop timing once this much wall time is spent
+  double budget_ms = 0;  // >0: stop timing once this much wall time is spent timing (the first admissible
+                         // candidate is always timed)
   uint64_t seed = 1;
   // Verify the fastest candidate before it wins; one that fails is rejected
   // and the next fastest is verified, until one passes (the plan check).

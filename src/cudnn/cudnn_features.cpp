@@ -28,9 +28,11 @@ constexpr std::array kFeatures = {
                  "the workspace queried per variant pack of override shapes",
                  "the workspace of each shape served by override (plan_at_shape)",
                  "override shapes stay off (the built shape's workspace may be too small)"},
-    CudnnFeature{"rope", 92400, "RoPE forward and backward as cuDNN operations (ROPE_FWD/BWD descriptors)",
-                 "not used yet: fusebox's own kernel runs rope and rope_bwd (issue 35, part 4)",
-                 "fusebox's own kernel (rope, rope_bwd)"},
+    CudnnFeature{
+        "rope", 92400, "RoPE forward and backward as cuDNN operations (ROPE_FWD/BWD descriptors)",
+        "not used: cuDNN 9.27 runs no RoPE graph alone (no engine), only rope before sdpa in one graph; "
+        "fusebox's own kernel runs rope and rope_bwd (issue 35, part 4)",
+        "fusebox's own kernel (rope, rope_bwd)"},
     CudnnFeature{"reduction_group_offset", 92400, "reductions over ragged groups (a group-offset tensor)",
                  "not used", "none"},
     CudnnFeature{"sdpa_block_mask", 92600, "SDPA block masks (Blackwell only)",

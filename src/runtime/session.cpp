@@ -438,8 +438,10 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const bool override_wanted = slot && slot->refused.empty() && slot->override_refused.empty() &&
                                request.override_shapes && request.engine.empty() && ctx &&
                                override_shapes_available();
-  if (slot && !slot->probed && slot->builds == 0 && request.static_when_precompiled &&
-      request.engine.empty()) {
+  // The probe runs before the graph's first build, or once override shapes are refused (then
+  // the static policy serves as it does where cuDNN has none).
+  if (slot && !slot->probed && (slot->builds == 0 || !slot->override_refused.empty()) &&
+      request.static_when_precompiled && request.engine.empty()) {
     // A warm cache answers before the probe (no heuristic query at start-up): an entry of
     // either kind, dynamic-shape or static, is a plan for this very shape.
     for (const std::string& key : {base_key + ";dyn=1", base_key}) {
@@ -534,11 +536,30 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       auto plan = build_plan(g, s.target, o, r, ctx);
       const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
       if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
-      // No engine builds this graph override-enabled: dynamic shapes and the kernel cache serve.
+      // No engine builds this graph override-enabled: the static policy below, else dynamic
+      // shapes and the kernel cache serve.
       const std::string& m = plan.status().message();
       slot->override_refused = "no engine builds it override-enabled: " + m.substr(0, m.find('\n'));
       rep.override_refused = slot->override_refused;
-      slot->probed = false;
+      // Then the static policy, as where cuDNN has no override shapes: an engine with precompiled
+      // kernels builds this shape statically. (Without this, cuDNN 9.27's full set served
+      // conv_bias_relu_dyn through its runtime-compiled dynamic-shape engine eng52 at 2.0x the time
+      // per call of 9.19's static eng41: H100, 2026-12-07.)
+      if (request.static_when_precompiled && !slot->probed) {
+        slot->probed = true;
+        const common::Stopwatch watch;
+        slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
+        rep.static_probe_ms += watch.ms();
+      }
+    }
+    if (o.override_shapes && !slot->override_refused.empty() && request.static_when_precompiled &&
+        !slot->precompiled.empty()) {
+      rep.static_policy = slot->precompiled;
+      BuildOptions fixed = o;
+      fixed.dynamic_shape = false;
+      fixed.kernel_cache = nullptr;
+      fixed.override_shapes = false;
+      return build_plan(g, s.target, fixed, r, ctx);
     }
     BuildOptions plain = o;
     plain.override_shapes = false;

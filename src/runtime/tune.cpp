@@ -55,14 +55,19 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
   }
   const int to_time = policy.top_k > 0 ? std::min(policy.top_k, admissible) : admissible;
 
+  // The time budget counts timing only (building every candidate above can take longer than a
+  // small budget on its own), and never stops tuning before one candidate is timed: a budget
+  // that leaves nothing timed would fail a graph that has engines.
+  const common::Stopwatch timing;
   int done = 0;
+  int timed = 0;
   for (TuneEntry& e : result.entries) {
     if (!e.admissible) continue;
     if (done >= to_time) {
       e.skipped_why = "not timed: beyond --top";
       continue;
     }
-    if (policy.budget_ms > 0 && elapsed.ms() > policy.budget_ms) {
+    if (policy.budget_ms > 0 && timed > 0 && timing.ms() > policy.budget_ms) {
       e.skipped_why = "not timed: time budget spent";
       continue;
     }
@@ -90,6 +95,7 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
     }
     e.timed = true;
     e.latency = *lat;
+    ++timed;
   }
 
   // Rank: timed first by median, then the rest in candidate order.

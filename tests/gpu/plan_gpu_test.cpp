@@ -299,6 +299,24 @@ TEST(GpuTune, RanksEnginesVerifiesWinnerAndPinsIt) {
   ASSERT_TRUE(ran.ok()) << ran.status().ToString();
   EXPECT_TRUE(ran->verified_ok);
 
+  // A budget smaller than any timing still times the first admissible candidate (the budget
+  // counts timing only, not the candidates' builds) and stops there: tune never fails a graph
+  // that has engines because of its budget (session 35: --budget-ms 4000 left layernorm_bwd
+  // with nothing timed).
+  TunePolicy tiny = policy;
+  tiny.budget_ms = 1e-6;
+  auto budgeted = tune(*g, **ctx, tiny);
+  ASSERT_TRUE(budgeted.ok()) << budgeted.status().ToString();
+  int budget_timed = 0;
+  int budget_spent = 0;
+  for (const auto& e : budgeted->entries) {
+    budget_timed += e.timed ? 1 : 0;
+    budget_spent += e.skipped_why == "not timed: time budget spent" ? 1 : 0;
+  }
+  EXPECT_EQ(budget_timed, 1);
+  EXPECT_GE(budget_spent, timed - 1);
+  EXPECT_TRUE(budgeted->winner_run.verified_ok);
+
   // Deterministic-only tuning never picks a nondeterministic engine.
   policy.deterministic_only = true;
   auto det = tune(*g, **ctx, policy);

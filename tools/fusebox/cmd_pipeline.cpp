@@ -462,7 +462,9 @@ Runner add_pipeline_tune(CLI::App& cmd) {
   c->add_flag("--deterministic", a->policy.deterministic_only, "Drop nondeterministic engines");
   c->add_option("--top", a->policy.top_k, "Time only the first K admissible engines per stage")
       ->check(CLI::NonNegativeNumber);
-  c->add_option("--budget-ms", a->policy.budget_ms, "Per stage: stop timing after this much wall time")
+  c->add_option("--budget-ms", a->policy.budget_ms,
+                "Per stage: stop timing after this much wall time spent timing (the first admissible "
+                "candidate is always timed)")
       ->check(CLI::NonNegativeNumber);
   c->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
   add_tune_cuda_graph_flag(c, a->policy);

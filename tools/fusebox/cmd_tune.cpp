@@ -38,7 +38,9 @@ Runner add_tune(CLI::App& app) {
       "Drop runtime-compiled engines");
   cmd->add_option("--top", a->policy.top_k, "Time only the first K admissible engines")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--budget-ms", a->policy.budget_ms, "Stop timing after this much wall time")
+  cmd->add_option("--budget-ms", a->policy.budget_ms,
+                  "Stop timing after this much wall time spent timing (building the candidates is not "
+                  "counted; the first admissible candidate is always timed)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->policy.seed, "Seed for random inputs")->capture_default_str();
   add_tune_cuda_graph_flag(cmd, a->policy);
