@@ -554,12 +554,17 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     }
     if (o.override_shapes && !slot->override_refused.empty() && request.static_when_precompiled &&
         !slot->precompiled.empty()) {
-      rep.static_policy = slot->precompiled;
       BuildOptions fixed = o;
       fixed.dynamic_shape = false;
       fixed.kernel_cache = nullptr;
       fixed.override_shapes = false;
-      return build_plan(g, s.target, fixed, r, ctx);
+      auto static_plan = build_plan(g, s.target, fixed, r, ctx);
+      const StatusCode code = static_plan.ok() ? StatusCode::kOk : static_plan.status().code();
+      if (static_plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) {
+        rep.static_policy = slot->precompiled;
+        return static_plan;
+      }
+      // This shape has no static plan in this mode: the dynamic build below serves it.
     }
     BuildOptions plain = o;
     plain.override_shapes = false;
