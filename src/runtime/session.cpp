@@ -438,6 +438,14 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
   const bool override_wanted = slot && slot->refused.empty() && slot->override_refused.empty() &&
                                request.override_shapes && request.engine.empty() && ctx &&
                                override_shapes_available();
+  // The static policy's question, once per graph in the session: would a static build take an
+  // engine with precompiled kernels (PlanRequest::static_when_precompiled)?
+  auto probe_static = [&] {
+    slot->probed = true;
+    const common::Stopwatch watch;
+    slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
+    rep.static_probe_ms += watch.ms();
+  };
   // The probe runs before the graph's first build, or once override shapes are refused (then
   // the static policy serves as it does where cuDNN has none).
   if (slot && !slot->probed && (slot->builds == 0 || !slot->override_refused.empty()) &&
@@ -449,12 +457,7 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       if (hit.ok() && take_hit(*hit, PlanSource::kHeuristicCache, key)) return finish(std::move(hit->plan));
     }
     looked_up = true;
-    if (!override_wanted) {
-      slot->probed = true;
-      const common::Stopwatch watch;
-      slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
-      rep.static_probe_ms = watch.ms();
-    }
+    if (!override_wanted) probe_static();
   }
   const bool by_policy = slot && slot->refused.empty() && !slot->precompiled.empty() &&
                          request.static_when_precompiled && !override_wanted;
@@ -524,18 +527,23 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     base.kernel_cache = slot->cache;
     base.override_shapes = override_wanted && !slot->override_plan && slot->override_refused.empty();
   }
+  // A static build of `o`'s graph: no dynamic shapes, kernel cache or override.
+  auto static_build = [&](BuildOptions o, BuildReport* r) {
+    o.dynamic_shape = false;
+    o.kernel_cache = nullptr;
+    o.override_shapes = false;
+    return build_plan(g, s.target, o, r, ctx);
+  };
+  // A build whose result stands: built, or a failure no other way of building would avoid.
+  auto settled = [](const Result<Plan>& p) {
+    return p.ok() || p.status().code() == StatusCode::kCudaError ||
+           p.status().code() == StatusCode::kNoDevice;
+  };
   const BuildFn build = [&](const BuildOptions& o, BuildReport* r) -> Result<Plan> {
-    if (!o.dynamic_shape || !slot->refused.empty()) {
-      BuildOptions fixed = o;
-      fixed.dynamic_shape = false;
-      fixed.kernel_cache = nullptr;
-      fixed.override_shapes = false;
-      return build_plan(g, s.target, fixed, r, ctx);
-    }
+    if (!o.dynamic_shape || !slot->refused.empty()) return static_build(o, r);
     if (o.override_shapes && slot->override_refused.empty()) {
       auto plan = build_plan(g, s.target, o, r, ctx);
-      const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
-      if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
+      if (settled(plan)) return plan;
       // No engine builds this graph override-enabled: the static policy below, else dynamic
       // shapes and the kernel cache serve.
       const std::string& m = plan.status().message();
@@ -545,22 +553,12 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
       // kernels builds this shape statically. (Without this, cuDNN 9.27's full set served
       // conv_bias_relu_dyn through its runtime-compiled dynamic-shape engine eng52 at 2.0x the time
       // per call of 9.19's static eng41: H100, 2026-12-07.)
-      if (request.static_when_precompiled && !slot->probed) {
-        slot->probed = true;
-        const common::Stopwatch watch;
-        slot->precompiled = static_engine_precompiled(g, s.target, request, limit, ctx);
-        rep.static_probe_ms += watch.ms();
-      }
+      if (request.static_when_precompiled && !slot->probed) probe_static();
     }
     if (o.override_shapes && !slot->override_refused.empty() && request.static_when_precompiled &&
         !slot->precompiled.empty()) {
-      BuildOptions fixed = o;
-      fixed.dynamic_shape = false;
-      fixed.kernel_cache = nullptr;
-      fixed.override_shapes = false;
-      auto static_plan = build_plan(g, s.target, fixed, r, ctx);
-      const StatusCode code = static_plan.ok() ? StatusCode::kOk : static_plan.status().code();
-      if (static_plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) {
+      auto static_plan = static_build(o, r);
+      if (settled(static_plan)) {
         rep.static_policy = slot->precompiled;
         return static_plan;
       }
@@ -569,18 +567,14 @@ Result<Plan> Session::get_plan(const ResolvedGraph& g, const PlanRequest& reques
     BuildOptions plain = o;
     plain.override_shapes = false;
     auto plan = build_plan(g, s.target, plain, r, ctx);
-    const StatusCode code = plan.ok() ? StatusCode::kOk : plan.status().code();
-    if (plan.ok() || code == StatusCode::kCudaError || code == StatusCode::kNoDevice) return plan;
+    if (settled(plan)) return plan;
     // Engines that refuse dynamic shapes (cuDNN's unified SDPA, some
     // precompiled ones) may still build statically: the graph builds static
     // from now on in this session.
     const std::string& m = plan.status().message();
     const std::string refused = m.substr(0, m.find('\n'));
     const double failed_ms = r->total_ms();
-    BuildOptions fixed = o;
-    fixed.dynamic_shape = false;
-    fixed.kernel_cache = nullptr;
-    auto static_plan = build_plan(g, s.target, fixed, r, ctx);
+    auto static_plan = static_build(o, r);
     // Only a static success shows that dynamic shapes were the obstacle.
     if (static_plan.ok()) {
       slot->refused = refused;
