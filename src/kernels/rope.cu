@@ -22,12 +22,17 @@ struct RopeShape {
   int64_t nh = 0, ns = 0, d = 0, lead = 0, half = 0, np = 0;
   bool interleaved = false;
   float scale = 1.f, sign = 1.f;
+  int64_t head_groups = 1, heads_per_group = 0;  // the heads a thread loops over: one group of them
 };
 
-// One thread per (batch, position, unit of the row) looping over the heads: a unit is one
-// passed-through value or one rotated pair (two values of x, one angle). The angle's sincosf and
-// the index arithmetic are done once for every head (the row's heads share the position), and a
-// warp reads and writes consecutive units of one row per head. I: the index type of the work
+// One thread per (batch, position, unit of the row, group of heads) looping over the group's heads: a
+// unit is one passed-through value or one rotated pair (two values of x, one angle). The angle's
+// sincosf and the index arithmetic are done once for every head of the group (the row's heads share
+// the position), and a warp reads and writes consecutive units of one row per head. Where the rows
+// are many (training) a group is every head; where they are few (a decode step: one row of 40
+// heads, 32 pairs each) the heads are split into groups so that the launch still has about 128k
+// threads: one thread looping over 40 heads made a 1-row call take 13 us on an H100 (session 36),
+// for 10 KB. A value's arithmetic is the same whatever the grouping. I: the index type of the work
 // items, 32-bit where the work fits (the usual case). Measured on an H100 (2026-12-06, the 125M
 // training step, q of 32x12x1024x64 bf16): one thread per pair and head took 149 us a call, set
 // by the divisions and the sincosf repeated per head, where moving the 100 MB takes about 33 us.
@@ -37,11 +42,14 @@ __global__ void rope_kernel(const void* x, int x_dtype, Strides4 xs, const float
                             RopeShape sh, I total) {
   const I units = static_cast<I>(sh.lead + sh.half);  // per row: passed-through values, then pairs
   const I ns = static_cast<I>(sh.ns);
-  const int nh = static_cast<int>(sh.nh);
+  const I groups = static_cast<I>(sh.head_groups);
   for (I u = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; u < total;
        u += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I k = u % units, row = u / units;
+    const I k = u % units, rest = u / units;
+    const I g = rest % groups, row = rest / groups;
     const I s = row % ns, b = row / ns;
+    const int h0 = static_cast<int>(g * static_cast<I>(sh.heads_per_group));
+    const int h1 = static_cast<int>(h0 + sh.heads_per_group < sh.nh ? h0 + sh.heads_per_group : sh.nh);
     const int64_t xb = b * xs.s[0] + s * xs.s[2];
     const int64_t yb = b * ys.s[0] + s * ys.s[2];
     const int64_t pos = (offset ? static_cast<int64_t>(offset[b * offset_stride]) : 0) + s;
@@ -50,7 +58,7 @@ __global__ void rope_kernel(const void* x, int x_dtype, Strides4 xs, const float
     if (k < sh.lead) {
       const float scale = inside ? sh.scale : nan;
 #pragma unroll 4
-      for (int h = 0; h < nh; ++h) {
+      for (int h = h0; h < h1; ++h) {
         const float v = load_as_float(x, x_dtype, xb + h * xs.s[1] + k * xs.s[3]);
         store_from_float(y, y_dtype, yb + h * ys.s[1] + k * ys.s[3], scale * v);
       }
@@ -68,7 +76,7 @@ __global__ void rope_kernel(const void* x, int x_dtype, Strides4 xs, const float
     const int64_t xl = xb + jl * xs.s[3], xu = xb + ju * xs.s[3];
     const int64_t yl = yb + jl * ys.s[3], yu = yb + ju * ys.s[3];
 #pragma unroll 4
-    for (int h = 0; h < nh; ++h) {
+    for (int h = h0; h < h1; ++h) {
       const float vl = load_as_float(x, x_dtype, xl + h * xs.s[1]);
       const float vu = load_as_float(x, x_dtype, xu + h * xs.s[1]);
       store_from_float(y, y_dtype, yl + h * ys.s[1], fmaf(vl, c, -vu * sn));
@@ -135,7 +143,15 @@ Result<std::shared_ptr<const NativeKernel>> make_rope_kernel(const ResolvedGraph
                         a.layout == RopeLayout::kInterleaved,
                         static_cast<float>(a.scale),
                         a.backward ? -1.f : 1.f};
-  k->total_ = x.dims.at(0) * x.dims.at(2) * (k->shape_.lead + k->shape_.half);  // the heads: a loop
+  // The heads: a loop, split into groups where the rows are too few to fill the GPU on their own.
+  const int64_t nh = k->shape_.nh, items = x.dims.at(0) * x.dims.at(2) * (k->shape_.lead + k->shape_.half);
+  constexpr int64_t kWantThreads = int64_t{1} << 17;
+  const int64_t want =
+      items > 0 ? std::clamp<int64_t>((kWantThreads + items - 1) / items, 1, std::max<int64_t>(nh, 1)) : 1;
+  k->shape_.heads_per_group = std::max<int64_t>((nh + want - 1) / want, 1);
+  k->shape_.head_groups =
+      std::max<int64_t>((nh + k->shape_.heads_per_group - 1) / k->shape_.heads_per_group, 1);
+  k->total_ = items * k->shape_.head_groups;
   k->tensors_ = {x.name, freqs.name};
   k->has_offset_ = a.offset;
   if (a.offset) {

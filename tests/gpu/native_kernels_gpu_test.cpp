@@ -494,6 +494,12 @@ TEST_F(NativeKernelsGpu, RopeAndItsBackwardMatchTheReferences) {
         "fusebox_rope_bwd");
   check(rope_json("rope", {2, 3, 33, 10}, "fp32", "bhsd", R"("layout": "interleaved", )", 33, false),
         "fusebox_rope");
+  // Few rows: the heads split into groups, 40 into groups of 14, 14 and 12 (2 x 700 rows of 32 pairs
+  // want 3 groups), and one decode row of 40 heads (a group a head), as the serving engine calls it.
+  check(rope_json("rope", {2, 40, 700, 64}, "bf16", "bshd", "", 1024, true), "fusebox_rope");
+  check(rope_json("rope_bwd", {2, 40, 700, 64}, "bf16", "bhsd", R"("rope_dim": 48, )", 1024, false),
+        "fusebox_rope_bwd");
+  check(rope_json("rope", {1, 40, 1, 64}, "bf16", "bshd", "", 8192, true), "fusebox_rope");
 }
 
 // cross_entropy / cross_entropy_bwd (src/kernels/cross_entropy.cu): logits [N, V, 1, 1]; 16-bit rows
