@@ -30,6 +30,9 @@ constexpr int kMaxGroupValues = 1024;  // group heads x D: the combine kernel's 
 // Chunks of at least 64 keys, at most 32 a sequence: the workspace stays within 32 chunks' partials
 // a pair whatever the context, and batch 1 at 2048 tokens still gets 8 x 32 blocks.
 constexpr int64_t kMinChunk = 64, kMaxChunks = 32;
+// Keys in flight a slot, and the page-table entries a block stages in shared memory (a chunk of
+// more pages reads the table key by key).
+constexpr int kT = 4, kStagedPages = 64;
 
 struct DecodeArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
@@ -69,6 +72,18 @@ __device__ __forceinline__ int64_t key_base(const int32_t* table, const Strides4
   return page * ps.s[0] + h * ps.s[1] + static_cast<int64_t>(jj - slot * ps32) * ps.s[2];
 }
 
+// The page of table slot `slot` of sequence b, or -1 when the slot or its entry is outside the pool.
+__device__ __forceinline__ int64_t page_of(const int32_t* table, const Strides4& ts, int64_t pages,
+                                           int64_t max_pages, int64_t b, int64_t slot) {
+  if (slot >= max_pages) return -1;
+  const int64_t page = table[b * ts.s[0] + slot * ts.s[2]];
+  return page < 0 || page >= pages ? -1 : page;
+}
+// Where row r of KV head h of a page lives, -1 for no page.
+__device__ __forceinline__ int64_t row_base(int64_t page, const Strides4& ps, int64_t h, int64_t r) {
+  return page < 0 ? -1 : page * ps.s[0] + h * ps.s[1] + r * ps.s[2];
+}
+
 // kG query heads per KV head, kL lanes a key (8 values of a row each: D <= 8 kL), 16-bit values
 // (kHalf: fp16, else bf16), kVec: 16-byte loads. The per-thread arrays have constant sizes, so
 // they stay in registers.
@@ -76,6 +91,7 @@ template <int kG, int kL, bool kHalf, bool kVec>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   constexpr int kSlots = kThreads / kL, kRow = 8 * kL;
   __shared__ float sm_m[kSlots][kG], sm_l[kSlots][kG];
+  __shared__ int64_t sm_page_k[kStagedPages], sm_page_v[kStagedPages];
   __shared__ float sm_acc[kSlots * kG * kRow];  // 1024 kG floats
   const int64_t bh = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
   const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads;
@@ -113,25 +129,43 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
       q[g][e] = value<kHalf>(u, e) * a.scale;
     }
   }
+  // The chunk's page-table entries, staged in shared memory where they fit: one round of loads,
+  // then no key waits for its page's entry.
+  const int64_t first_slot = lo / a.page_size;
+  const int64_t n_slots = hi >= lo ? hi / a.page_size - first_slot + 1 : 0;
+  const bool staged = n_slots <= kStagedPages;
+  if (staged) {
+    for (int64_t i = threadIdx.x; i < n_slots; i += kThreads) {
+      sm_page_k[i] = page_of(a.table_k, a.tks, a.pages_k, a.max_pages_k, b, first_slot + i);
+      sm_page_v[i] = page_of(a.table_v, a.tvs, a.pages_v, a.max_pages_v, b, first_slot + i);
+    }
+    __syncthreads();
+  }
   // Every thread takes the same number of turns (the shuffles need the whole warp): a slot past
-  // the last key scores nothing.
-  for (int64_t j0 = lo; j0 <= hi; j0 += 2 * kSlots) {
-    uint4 kx[2], vx[2];
-    bool valid[2];
+  // the last key scores nothing. A slot takes its keys in increasing order, kT at a time.
+  for (int64_t j0 = lo; j0 <= hi; j0 += kT * kSlots) {
+    uint4 kx[kT], vx[kT];
+    bool valid[kT];
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < kT; ++t) {
       const int64_t j = j0 + slot + t * kSlots;
-      const int64_t kb =
-          j <= hi ? key_base(a.table_k, a.tks, a.ks, a.pages_k, a.max_pages_k, a.page_size, b, h, j) : -1;
-      const int64_t vb =
-          j <= hi ? key_base(a.table_v, a.tvs, a.vs, a.pages_v, a.max_pages_v, a.page_size, b, h, j) : -1;
+      int64_t kb = -1, vb = -1;
+      if (j <= hi && staged) {
+        const auto jj = static_cast<uint32_t>(j), ps32 = static_cast<uint32_t>(a.page_size);
+        const int64_t i = jj / ps32 - first_slot, r = j - (first_slot + i) * a.page_size;
+        kb = row_base(sm_page_k[i], a.ks, h, r);
+        vb = row_base(sm_page_v[i], a.vs, h, r);
+      } else if (j <= hi) {
+        kb = key_base(a.table_k, a.tks, a.ks, a.pages_k, a.max_pages_k, a.page_size, b, h, j);
+        vb = key_base(a.table_v, a.tvs, a.vs, a.pages_v, a.max_pages_v, a.page_size, b, h, j);
+      }
       valid[t] = kb >= 0 && vb >= 0;
       const bool in = valid[t] && dn > 0;
       kx[t] = in ? load8<kVec>(kp + kb + d0 * a.ks.s[3], dn, a.ks.s[3]) : make_uint4(0, 0, 0, 0);
       vx[t] = in ? load8<kVec>(vp + vb + d0 * a.vs.s[3], dn, a.vs.s[3]) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < kT; ++t) {
       float kf[8], vf[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
@@ -195,22 +229,46 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
 
 // The split blocks of one (sequence, KV head) merged, over the splits in order: o = sum_s acc_s
 // e^(M_s - M) / sum_s L_s e^(M_s - M), M the largest M_s (a split that kept no key: M_s = -inf).
+// Every split's maxima and sums are loaded at once (a thread each), each head's factors e^(M_s - M)
+// are computed once into shared memory, and a value's kSum partials are loaded together before they
+// are added in split order: the same sums, in the same order, as one thread looping over the splits.
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(DecodeArgs a) {
+  constexpr int kSum = 8;
+  __shared__ float sm_f[kMaxChunks][kMaxGroup], sm_ls[kMaxChunks][kMaxGroup], sm_l[kMaxGroup];
   const int64_t bh = blockIdx.x, b = bh / a.kv_heads, h = bh % a.kv_heads, G = a.group, D = a.dim;
-  const float* part = a.part + bh * a.splits * part_floats(G, D);
+  const int64_t S = a.splits, pf = part_floats(G, D);
+  const float* part = a.part + bh * S * pf;
+  for (int64_t t = threadIdx.x; t < S * G; t += kThreads) {
+    const int64_t s = t / G, g = t % G;
+    sm_f[s][g] = part[s * pf + g];
+    sm_ls[s][g] = part[s * pf + G + g];
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = static_cast<int>(threadIdx.x);
+    float M = -INFINITY;
+    for (int64_t s = 0; s < S; ++s) M = fmaxf(M, sm_f[s][g]);
+    float L = 0.f;
+    for (int64_t s = 0; s < S; ++s) {
+      const float f = M > -INFINITY ? __expf(sm_f[s][g] - M) : 0.f;  // a split that kept no key: 0
+      sm_f[s][g] = f;
+      L += sm_ls[s][g] * f;
+    }
+    sm_l[g] = L;
+  }
+  __syncthreads();
   for (int64_t idx = threadIdx.x; idx < G * D; idx += kThreads) {
     const int64_t g = idx / D, d = idx % D;
-    float M = -INFINITY;
-    for (int64_t s = 0; s < a.splits; ++s) M = fmaxf(M, part[s * part_floats(G, D) + g]);
-    float L = 0.f, sum = 0.f;
-    if (M > -INFINITY) {
-      for (int64_t s = 0; s < a.splits; ++s) {
-        const float* ps = part + s * part_floats(G, D);
-        const float f = __expf(ps[g] - M);  // a split that kept no key: exp(-inf) = 0
-        L += ps[G + g] * f;
-        sum += ps[2 * G + idx] * f;
-      }
+    float sum = 0.f;
+    for (int64_t s0 = 0; s0 < S; s0 += kSum) {
+      float v[kSum];
+#pragma unroll
+      for (int u = 0; u < kSum; ++u) v[u] = s0 + u < S ? part[(s0 + u) * pf + 2 * G + idx] : 0.f;
+#pragma unroll
+      for (int u = 0; u < kSum; ++u)
+        if (s0 + u < S) sum += v[u] * sm_f[s0 + u][g];
     }
+    const float L = sm_l[g];
     store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
                      L > 0.f ? sum / L : 0.f);
   }
