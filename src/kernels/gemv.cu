@@ -14,6 +14,7 @@
 #include <optional>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include "common/cuda_status.h"
 #include "common/op_where.h"
@@ -38,13 +39,16 @@ constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not
 // of any size: slower than cuDNN there, but a row's values do not depend on the other rows.
 constexpr int64_t kMaxPinnedRows = 256;
 
-// The epilogue: none, a unary pointwise op of the product, or a binary one of the product and a
-// tensor (the product its first input, or with product_second its second).
-enum class EpiKind : int { kNone, kUnary, kBinary };
+// The epilogue: none, a unary pointwise op of the product, a binary one of the product and a
+// tensor (the product its first input, or with product_second its second), or gated: the unary op
+// of the product times a second product of the same rows with a second weight (w2, of w's shape):
+// y = act(a w) * (a w2), a SwiGLU's gate and up projections in one pass over both weights.
+enum class EpiKind : int { kNone, kUnary, kBinary, kGated };
 
 struct GemvArgs {
   const void* a = nullptr;
   const void* w = nullptr;
+  const void* w2 = nullptr;     // the gated epilogue's second weight (w's shape and strides), else null
   const void* e = nullptr;      // the epilogue's tensor (add, sub, mul), else null
   const void* scale = nullptr;  // the RMSNorm prologue's gain [K], else null
   void* y = nullptr;
@@ -59,10 +63,12 @@ struct GemvArgs {
 
 // kM rows at most a block (the real count is p.m; block row blockIdx.y takes rows from
 // blockIdx.y x kM on, where more than 8 rows run pinned), a and w fp16 (kHalf) or bf16, kVec:
-// 16-byte loads. A row's values do not depend on kM or on its block row: each is summed in the
-// same order whatever the other rows.
-template <int kM, bool kHalf, bool kVec>
+// 16-byte loads, kGate: the gated epilogue (two products, kM <= 4: their sums share `sm`). A row's
+// values do not depend on kM or on its block row: each is summed in the same order whatever the
+// other rows.
+template <int kM, bool kHalf, bool kVec, bool kGate>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
+  static_assert(!kGate || kM <= 4, "the gated form's two sets of sums fill sm at 4 rows");
   __shared__ float sm[kSmemFloats];
   __shared__ float sm_sq[kWarps][kM];  // the prologue's sums of squares, per warp and row
   const bool norm = p.scale != nullptr;
@@ -74,20 +80,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   const int64_t rows = p.m - row0 < kM ? p.m - row0 : kM;
   const auto* a = static_cast<const uint16_t*>(p.a) + row0 * p.lda;
   const auto* w = static_cast<const uint16_t*>(p.w);
-  float acc[kM][8], sq[kM];
+  const auto* w2 = static_cast<const uint16_t*>(p.w2);
+  constexpr int kM2 = kGate ? kM : 1;  // the second product's rows (none without the gate)
+  float acc[kM][8], acc2[kM2][8], sq[kM];
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
     sq[m] = 0.f;
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[m][j] = 0.f;
   }
+#pragma unroll
+  for (int m = 0; m < kM2; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc2[m][j] = 0.f;
 
-  // kU chunks of 8 rows in flight a thread (two where the registers allow: 1 or 2 rows). Chunk
-  // q is summed before chunk q + slices whatever kU, so a row's sums do not depend on kM.
-  constexpr int kU = kM <= 2 ? 2 : 1;
+  // kU chunks of 8 rows in flight a thread (two where the registers allow: 1 or 2 rows and one
+  // weight). Chunk q is summed before chunk q + slices whatever kU, so a row's sums do not depend
+  // on kM, and the gated form's first product is summed as the plain form sums it.
+  constexpr int kU = kM <= 2 && !kGate ? 2 : 1;
   const int64_t chunks = (p.k + 7) / 8;
   for (int64_t q0 = slice; q0 < chunks; q0 += kU * slices) {
-    uint4 wv[kU][8], av[kU][kM];
+    uint4 wv[kU][8], wv2[kU][kGate ? 8 : 1], av[kU][kM];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int64_t q = q0 + u * slices, k0 = q * 8;
@@ -96,6 +109,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
       for (int r = 0; r < 8; ++r)
         wv[u][r] = cols_in > 0 && r < rows_in ? load8<kVec>(w + (k0 + r) * p.ldw + col0, cols_in)
                                               : make_uint4(0, 0, 0, 0);
+      if constexpr (kGate) {
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+          wv2[u][r] = cols_in > 0 && r < rows_in ? load8<kVec>(w2 + (k0 + r) * p.ldw + col0, cols_in)
+                                                 : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
       for (int m = 0; m < kM; ++m)
         av[u][m] =
@@ -112,9 +131,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
         gain[r] = norm && r < rows_in ? load_as_float(p.scale, p.scale_dtype, k0 + r) : 1.f;
 #pragma unroll
       for (int r = 0; r < 8; ++r) {
-        float wr[8];
+        float wr[8], wr2[kGate ? 8 : 1];
 #pragma unroll
         for (int j = 0; j < 8; ++j) wr[j] = value<kHalf>(wv[u][r], j);
+        if constexpr (kGate) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) wr2[j] = value<kHalf>(wv2[u][r], j);
+        }
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           float x = value<kHalf>(av[u][m], r);
@@ -122,6 +145,10 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
           x *= gain[r];
 #pragma unroll
           for (int j = 0; j < 8; ++j) acc[m][j] = fmaf(x, wr[j], acc[m][j]);
+          if constexpr (kGate) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc2[m][j] = fmaf(x, wr2[j], acc2[m][j]);
+          }
         }
       }
     }
@@ -135,13 +162,22 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
       if (norm) sq[m] += __shfl_xor_sync(0xffffffffu, sq[m], o);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[m][j] += __shfl_xor_sync(0xffffffffu, acc[m][j], o);
+      if constexpr (kGate) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc2[m][j] += __shfl_xor_sync(0xffffffffu, acc2[m][j], o);
+      }
     }
+  constexpr int kSecond = kSmemFloats / 2;  // where the gated form's second sums start
   if (lane < ct_n) {
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
       if (lane == 0) sm_sq[warp][m] = sq[m];  // every slice's rows once: the warp's column thread 0
 #pragma unroll
       for (int j = 0; j < 8; ++j) sm[(warp * kM + m) * cols + ct * 8 + j] = acc[m][j];
+      if constexpr (kGate) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sm[kSecond + (warp * kM + m) * cols + ct * 8 + j] = acc2[m][j];
+      }
     }
   }
   __syncthreads();
@@ -149,13 +185,20 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
     const int m = idx / cols, cc = idx % cols;
     const int64_t col = static_cast<int64_t>(blockIdx.x) * cols + cc;
     if (m >= rows || col >= p.n) continue;
-    float z = 0.f, ss = 0.f;
+    float z = 0.f, z2 = 0.f, ss = 0.f;
     for (int v = 0; v < kWarps; ++v) {
       z += sm[(v * kM + m) * cols + cc];
+      if constexpr (kGate) z2 += sm[kSecond + (v * kM + m) * cols + cc];
       ss += sm_sq[v][m];
     }
-    if (norm) z *= 1.f / sqrtf(ss / static_cast<float>(p.k) + p.epsilon);
-    if (p.epi == EpiKind::kUnary) {
+    if (norm) {
+      const float inv = 1.f / sqrtf(ss / static_cast<float>(p.k) + p.epsilon);
+      z *= inv;
+      z2 *= inv;
+    }
+    if (kGate) {
+      z = common::pointwise_apply(p.mode, z, 0.f) * z2;
+    } else if (p.epi == EpiKind::kUnary) {
       z = common::pointwise_apply(p.mode, z, 0.f);
     } else if (p.epi == EpiKind::kBinary) {
       const float e = load_as_float(p.e, p.e_dtype, (row0 + m) * p.lde + col);
@@ -165,29 +208,29 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvArgs p) {
   }
 }
 
-template <int kM, bool kHalf>
+template <int kM, bool kHalf, bool kGate>
 void launch_rows(bool vec, dim3 grid, cudaStream_t st, const GemvArgs& p) {
   if (vec) {
-    gemv_kernel<kM, kHalf, true><<<grid, kThreads, 0, st>>>(p);
+    gemv_kernel<kM, kHalf, true, kGate><<<grid, kThreads, 0, st>>>(p);
   } else {
-    gemv_kernel<kM, kHalf, false><<<grid, kThreads, 0, st>>>(p);
+    gemv_kernel<kM, kHalf, false, kGate><<<grid, kThreads, 0, st>>>(p);
   }
 }
 
-template <bool kHalf>
+template <bool kHalf, bool kGate>
 void launch_dtype(int rows, bool vec, dim3 grid, cudaStream_t st, const GemvArgs& p) {
-  switch (rows) {  // the builder rounds M up to 1, 2, 4 or 8 (more rows: block rows of 8)
+  switch (rows) {  // the builder rounds M up to 1, 2, 4 or 8 (4 gated; more rows: block rows)
     case 1:
-      launch_rows<1, kHalf>(vec, grid, st, p);
+      launch_rows<1, kHalf, kGate>(vec, grid, st, p);
       break;
     case 2:
-      launch_rows<2, kHalf>(vec, grid, st, p);
+      launch_rows<2, kHalf, kGate>(vec, grid, st, p);
       break;
     case 4:
-      launch_rows<4, kHalf>(vec, grid, st, p);
+      launch_rows<4, kHalf, kGate>(vec, grid, st, p);
       break;
     default:
-      launch_rows<8, kHalf>(vec, grid, st, p);
+      if constexpr (!kGate) launch_rows<8, kHalf, false>(vec, grid, st, p);
       break;
   }
 }
@@ -202,15 +245,21 @@ class GemvKernel final : public KernelBase {
     p.a = ptrs[i++];
     if (norm_) p.scale = ptrs[i++];
     p.w = ptrs[i++];
+    if (p.epi == EpiKind::kGated) p.w2 = ptrs[i++];
     if (p.epi == EpiKind::kBinary) p.e = ptrs[i++];
     p.y = ptrs[i];
     const auto st = static_cast<cudaStream_t>(stream);
-    const bool vec = vec_shapes_ && aligned16(p.a) && aligned16(p.w);
+    const bool vec = vec_shapes_ && aligned16(p.a) && aligned16(p.w) && (!p.w2 || aligned16(p.w2));
     const dim3 grid(grid_, row_blocks_);
-    if (half_) {
-      launch_dtype<true>(rows_, vec, grid, st, p);
+    const bool gated = p.epi == EpiKind::kGated;
+    if (half_ && gated) {
+      launch_dtype<true, true>(rows_, vec, grid, st, p);
+    } else if (half_) {
+      launch_dtype<true, false>(rows_, vec, grid, st, p);
+    } else if (gated) {
+      launch_dtype<false, true>(rows_, vec, grid, st, p);
     } else {
-      launch_dtype<false>(rows_, vec, grid, st, p);
+      launch_dtype<false, false>(rows_, vec, grid, st, p);
     }
     return common::cuda_status(cudaGetLastError(), where_, " few-row matmul kernel launch");
   }
@@ -260,6 +309,67 @@ bool is_matmul(const A&) {
 }
 bool is_matmul(const MatmulAttrs&) { return true; }
 
+// The gated form's ops after the prologue, in whatever order the graph keeps them: two matmuls of
+// the same a, a unary op of the first one's product (the gate) and a mul of that with the second
+// one's product (the up projection), every intermediate virtual. Null when `g` is not that form.
+struct GatedOps {
+  size_t gate = 0, up = 0, mul = 0;
+  PointwiseMode mode = PointwiseMode::kSilu;
+};
+std::optional<GatedOps> gated_ops(const ResolvedGraph& g, size_t from) {
+  if (g.ops.size() != from + 4) return std::nullopt;
+  std::vector<size_t> mms;
+  std::optional<size_t> act, mul;
+  GatedOps r;
+  for (size_t i = from; i < g.ops.size(); ++i) {
+    const auto& attrs = g.ops[i].attrs;
+    if (std::visit([](const auto& x) { return is_matmul(x); }, attrs)) {
+      mms.push_back(i);
+      continue;
+    }
+    const auto e = std::visit([](const auto& x) { return epilogue_of(x); }, attrs);
+    if (e && e->kind == EpiKind::kUnary && !act) {
+      act = i;
+      r.mode = e->mode;
+    } else if (e && e->kind == EpiKind::kBinary && e->mode == PointwiseMode::kMul && !mul) {
+      mul = i;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (mms.size() != 2 || !act || !mul) return std::nullopt;
+  const ResolvedOp &A = g.ops[*act], &M = g.ops[*mul];
+  if (A.inputs.size() != 1 || A.outputs.size() != 1 || M.inputs.size() != 2 || M.outputs.size() != 1 ||
+      A.compute_dtype != DType::kFP32 || M.compute_dtype != DType::kFP32)
+    return std::nullopt;
+  auto product = [&](size_t i) {
+    const auto it = g.ops[i].outputs.find("y");
+    return it == g.ops[i].outputs.end() || g.ops[i].outputs.size() != 1 ? -1 : it->second;
+  };
+  const int act_in = A.inputs.begin()->second, act_out = A.outputs.begin()->second;
+  if (product(mms[0]) == act_in) {
+    r.gate = mms[0];
+    r.up = mms[1];
+  } else if (product(mms[1]) == act_in) {
+    r.gate = mms[1];
+    r.up = mms[0];
+  } else {
+    return std::nullopt;
+  }
+  const int z2 = product(r.up);
+  const auto ia = M.inputs.find("a"), ib = M.inputs.find("b");
+  if (z2 < 0 || ia == M.inputs.end() || ib == M.inputs.end() ||
+      !((ia->second == act_out && ib->second == z2) || (ia->second == z2 && ib->second == act_out)))
+    return std::nullopt;
+  const auto ga = g.ops[r.gate].inputs.find("a"), ua = g.ops[r.up].inputs.find("a");
+  if (ga == g.ops[r.gate].inputs.end() || ua == g.ops[r.up].inputs.end() || ga->second != ua->second)
+    return std::nullopt;
+  for (int t : {act_in, act_out, z2})
+    if (!g.tensors[static_cast<size_t>(t)].is_virtual) return std::nullopt;
+  r.mul = *mul;
+  return r;
+}
+
 bool is_16bit(DType t) { return t == DType::kBF16 || t == DType::kFP16; }
 bool is_float_io(DType t) { return is_16bit(t) || t == DType::kFP32; }
 
@@ -276,7 +386,7 @@ int64_t row_stride(const ResolvedTensor& t, int64_t rows, int64_t cols) {
 
 std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, bool* by_default) {
   if (by_default) *by_default = false;
-  if (g.ops.empty() || g.ops.size() > 3 || g.compute_dtype != DType::kFP32 ||
+  if (g.ops.empty() || g.ops.size() > 5 || g.compute_dtype != DType::kFP32 ||
       g.intermediate_dtype != DType::kFP32)
     return nullptr;
   auto tensor = [&](const std::map<std::string, int>& m, const char* role) {
@@ -295,7 +405,8 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
         n.inputs.size() != 2 || n.outputs.size() != 1 || n.compute_dtype != DType::kFP32 || g.ops.size() < 2)
       return nullptr;
   }
-  const ResolvedOp& mm = g.ops[mm_at];
+  const std::optional<GatedOps> gated = gated_ops(g, mm_at);
+  const ResolvedOp& mm = g.ops[gated ? gated->gate : mm_at];
   if (!std::visit([](const auto& attrs) { return is_matmul(attrs); }, mm.attrs)) return nullptr;
   const ResolvedTensor *a = tensor(mm.inputs, "a"), *w = tensor(mm.inputs, "b"), *z = tensor(mm.outputs, "y");
   if (!a || !w || !z || mm.inputs.size() != 2 || mm.compute_dtype != DType::kFP32) return nullptr;
@@ -304,10 +415,16 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
     a = x;  // the kernel reads x and normalizes it on the way
   }
   const ResolvedTensor* y = z;
-  const ResolvedTensor* e = nullptr;
+  const ResolvedTensor *e = nullptr, *w2 = nullptr;
   Epilogue epi;
   bool product_second = false;
-  if (g.ops.size() == mm_at + 2) {
+  if (gated) {
+    const ResolvedOp& up = g.ops[gated->up];
+    w2 = tensor(up.inputs, "b");
+    if (!w2 || up.inputs.size() != 2 || up.compute_dtype != DType::kFP32) return nullptr;
+    epi = Epilogue{EpiKind::kGated, gated->mode};
+    y = &g.tensors[static_cast<size_t>(g.ops[gated->mul].outputs.begin()->second)];
+  } else if (g.ops.size() == mm_at + 2) {
     const ResolvedOp& pw = g.ops[mm_at + 1];
     auto found = std::visit([](const auto& attrs) { return epilogue_of(attrs); }, pw.attrs);
     if (!found || !z->is_virtual || pw.outputs.size() != 1 || pw.compute_dtype != DType::kFP32)
@@ -329,10 +446,12 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
     return nullptr;
   }
   if (y->is_virtual || a->is_virtual) return nullptr;
-  for (const ResolvedTensor* t : {a, w, y, e})
+  for (const ResolvedTensor* t : {a, w, y, e, w2})
     if (t && (t->scalar_value || t->dims.size() != a->dims.size())) return nullptr;
   if (!is_16bit(a->dtype) || w->dtype != a->dtype || !is_float_io(y->dtype) || (e && !is_float_io(e->dtype)))
     return nullptr;
+  if (w2 && (w2->is_virtual || w2->dtype != w->dtype || w2->dims != w->dims || w2->strides != w->strides))
+    return nullptr;  // the second weight is read with the first one's offsets
   const size_t r = a->dims.size();
   const int64_t M = a->dims[r - 2], K = a->dims[r - 1], N = w->dims[r - 1];
   if (M < 1 || M > kMaxPinnedRows || K < 1 || N < 1) return nullptr;
@@ -351,7 +470,9 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
   auto kern = std::make_shared<GemvKernel>();
   kern->name_ = "fusebox_gemv";
   kern->where_ = common::op_where("matmul", mm.name);
-  while (kern->rows_ < M && kern->rows_ < kMaxRows) kern->rows_ *= 2;
+  // Rows a block: the gated form's two sets of sums fit shared memory at 4 (8 rows: two block rows).
+  const int max_rows = gated ? 4 : kMaxRows;
+  while (kern->rows_ < M && kern->rows_ < max_rows) kern->rows_ *= 2;
   kern->row_blocks_ = static_cast<unsigned>((M + kern->rows_ - 1) / kern->rows_);
   GemvArgs& p = kern->args_;
   p.m = M;
@@ -382,6 +503,7 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
   kern->tensors_ = {a->name};
   if (scale) kern->tensors_.push_back(scale->name);
   kern->tensors_.push_back(w->name);
+  if (w2) kern->tensors_.push_back(w2->name);
   if (e) kern->tensors_.push_back(e->name);
   kern->tensors_.push_back(y->name);
   if (by_default) *by_default = faster;

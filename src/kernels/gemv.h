@@ -13,7 +13,9 @@ namespace fusebox::kernels {
 // The kernel for `g`, or null when `g` is not the form it serves: a matmul, optionally after an
 // inference rmsnorm of a over its last dim (no bias; its output virtual and the matmul's a), alone
 // or with its product (virtual, fp32) feeding one pointwise op (add, sub or mul with a tensor of
-// y's dims, or relu, silu, sigmoid, tanh, gelu_tanh, gelu_erf), with fp32 intermediates and
+// y's dims, or relu, silu, sigmoid, tanh, gelu_tanh, gelu_erf), or gated: two matmuls of the same a
+// (weights of one shape and layout), the unary op of the first product times the second product
+// (a SwiGLU's gate and up projections: one pass over both weights), with fp32 intermediates and
 // compute; a and w both bf16 or both fp16, every batch dim 1, M <= 8, N >= 256 and
 // 2^20 <= K x N <= 2^26 (smaller weights leave the GPU idle either way, and K is not split across
 // blocks; cuDNN reads larger ones near the copy peak), a's K and every N dim of stride 1; y (and

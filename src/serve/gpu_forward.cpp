@@ -219,6 +219,15 @@ struct GpuForward::Impl {
     const bool fuse_qkv = !fp8 && gemv_takes(N, D, W, Epilogue::kNone, false),
                fuse_ffn = !fp8 && gemv_takes(N, D, F, Epilogue::kSilu, false) &&
                           gemv_takes(N, D, F, Epilogue::kMul, false);
+    // The gate and up projections as one graph where the few-row matmul's gated form takes it: one
+    // launch over both weights instead of two, the gate's activations never stored.
+    const bool fuse_swiglu = fuse_ffn && [&] {
+      if (rows_pinned) return true;
+      auto g = normed_swiglu_graph(m, N, D, F);
+      if (!g.ok()) return false;
+      const auto f = kernels::faster_native_kernel(g->graph);
+      return f.kernel != nullptr && f.by_default;
+    }();
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string pre = "layers." + std::to_string(l) + ".";
       auto wp = [&](const char* name) { return w.at(pre + name).as<void>(); };
@@ -273,7 +282,15 @@ struct GpuForward::Impl {
       if (fp8) quantize(p, o, N, H * dh);
       FUSEBOX_RETURN_IF_ERROR(
           gemm(p, N, H * dh, D, Epilogue::kResidual, pre + "wo", o, h1, {{"r", h.as<void>()}}));
-      if (fuse_ffn) {
+      if (fuse_swiglu) {
+        FUSEBOX_RETURN_IF_ERROR(bind(p, normed_swiglu_graph(m, N, D, F),
+                                     {{"x", h1.as<void>()},
+                                      {"scale", wp("ffn_norm")},
+                                      {"w_gate", w.at(pre + "w_gate").as<void>()},
+                                      {"w_up", w.at(pre + "w_up").as<void>()},
+                                      {"y", act.as<void>()}},
+                                     row_engine("fusebox_gemv")));
+      } else if (fuse_ffn) {
         FUSEBOX_RETURN_IF_ERROR(
             normed_gemm(p, N, D, F, Epilogue::kSilu, pre + "w_gate", h1, wp("ffn_norm"), g.as<void>()));
         FUSEBOX_RETURN_IF_ERROR(normed_gemm(p, N, D, F, Epilogue::kMul, pre + "w_up", h1, wp("ffn_norm"),

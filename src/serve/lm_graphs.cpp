@@ -99,6 +99,19 @@ Result<LmGraph> normed_gemm_graph(const LmModelConfig& m, int64_t n, int64_t k, 
   return gemm(n, k, p, e, fp32_out, false, m.norm_eps);
 }
 
+Result<LmGraph> normed_swiglu_graph(const LmModelConfig& m, int64_t n, int64_t k, int64_t p) {
+  Json norm = op("rmsnorm", "norm", {{"x", "x"}, {"scale", "scale"}}, {{"y", "a"}});
+  norm["epsilon"] = m.norm_eps;
+  return make(
+      "ngemm_swiglu_" + dims_key({n, k, p}),
+      {json_tensor("x", {1, n, k}), json_tensor("scale", {1, 1, k}, nullptr, "fp32"),
+       json_tensor("w_gate", {1, k, p}), json_tensor("w_up", {1, k, p}), json_tensor("y", {1, n, p})},
+      Json::array({std::move(norm), op("matmul", "gate", {{"a", "a"}, {"b", "w_gate"}}, {{"y", "zg"}}),
+                   op("silu", "act", {{"x", "zg"}}, {{"y", "g"}}),
+                   op("matmul", "up", {{"a", "a"}, {"b", "w_up"}}, {{"y", "zu"}}),
+                   op("mul", "glu", {{"a", "g"}, {"b", "zu"}}, {{"y", "y"}})}));
+}
+
 Fp8Weight quantize_weight(const std::vector<float>& w, int64_t k, int64_t p, bool per_tensor) {
   std::vector<float> t(w.size());  // [p][k]
   for (int64_t i = 0; i < k; ++i)

@@ -37,6 +37,11 @@ Result<LmGraph> gemm_graph(int64_t n, int64_t k, int64_t p, Epilogue e, bool fp3
 // (kernels/gemv.h); cuDNN would run it as two plans.
 Result<LmGraph> normed_gemm_graph(const LmModelConfig& m, int64_t n, int64_t k, int64_t p, Epilogue e,
                                   bool fp32_out = false);
+// y [1, n, p] = silu(rmsnorm(x) @ w_gate) * (rmsnorm(x) @ w_up): a SwiGLU's gate and up projections
+// of one normalized x in one graph (x [1, n, k] bf16, scale [1, 1, k] fp32, both weights [1, k, p]),
+// which fusebox's few-row matmul runs as one pass over both weights (its gated form) in the decode
+// buckets; cuDNN would run it in parts.
+Result<LmGraph> normed_swiglu_graph(const LmModelConfig& m, int64_t n, int64_t k, int64_t p);
 // A weight matrix w [k, p] (row-major, the checkpoint's) in FP8: q [p][k] e4m3 (w column-major)
 // and scale [p] (per output channel, or one value repeated with `per_tensor`), w ~= q * scale.
 struct Fp8Weight {

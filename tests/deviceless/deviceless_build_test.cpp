@@ -785,6 +785,42 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
       native(build(normed(1, R"(, "inv_variance": "inv")", "", R"(, {"name": "inv", "dtype": "fp32"})"))))
       << "training phase";
   EXPECT_FALSE(native(build(normed(2, "", "", "", "[1, 2, 2048]")))) << "normalized over rows too";
+
+  // Gated (a SwiGLU's gate and up projections): act(a w_gate) * (a w_up), the ops in any order the
+  // graph keeps them, with or without the RMSNorm before them.
+  auto gated = [](int m, const std::string& ops, const char* w_up_fields = "", const char* extra = "",
+                  bool norm = true) {
+    return std::string(R"({"name": "g", "io_dtype": "bf16", "tensors": [{"name": ")") + (norm ? "x" : "a") +
+           R"(", "dims": [1, )" + std::to_string(m) + R"(, 2048]}, )" +
+           (norm ? R"({"name": "scale", "dims": [1, 1, 2048], "dtype": "fp32"}, )" : "") +
+           R"({"name": "wg", "dims": [1, 2048, 8192]}, {"name": "wu", "dims": [1, 2048, 8192])" +
+           w_up_fields + R"(}, {"name": "y"})" + extra + R"(], "ops": [)" +
+           (norm
+                ? R"({"op": "rmsnorm", "name": "n", "inputs": {"x": "x", "scale": "scale"}, "outputs": {"y": "a"}}, )"
+                : "") +
+           ops + "]}";
+  };
+  const std::string
+      mm_g = R"({"op": "matmul", "name": "g", "inputs": {"a": "a", "b": "wg"}, "outputs": {"y": "zg"}})",
+      mm_u = R"({"op": "matmul", "name": "u", "inputs": {"a": "a", "b": "wu"}, "outputs": {"y": "zu"}})",
+      act = R"({"op": "silu", "name": "s", "inputs": {"x": "zg"}, "outputs": {"y": "sg"}})",
+      mul = R"({"op": "mul", "name": "m", "inputs": {"a": "sg", "b": "zu"}, "outputs": {"y": "y"}})",
+      mul_rev = R"({"op": "mul", "name": "m", "inputs": {"a": "zu", "b": "sg"}, "outputs": {"y": "y"}})";
+  const std::string swiglu = mm_g + ", " + act + ", " + mm_u + ", " + mul;
+  EXPECT_EQ(build(gated(1, swiglu)), "fusebox_gemv");
+  EXPECT_EQ(build(gated(8, mm_u + ", " + mm_g + ", " + act + ", " + mul_rev)), "fusebox_gemv");
+  EXPECT_EQ(build(gated(4, mm_g + ", " + mm_u + ", " + act + ", " + mul)), "fusebox_gemv");
+  EXPECT_EQ(build(gated(2, swiglu, "", "", false)), "fusebox_gemv") << "without the norm";
+  EXPECT_FALSE(native(build(gated(1, swiglu, R"(, "layout": "col_major")")))) << "w_up transposed";
+  EXPECT_FALSE(native(build(gated(1, swiglu, "", R"(, {"name": "sg"})")))) << "the gate's activations stored";
+  EXPECT_FALSE(native(build(gated(1, swiglu, "", R"(, {"name": "zu"})")))) << "the up product stored";
+  EXPECT_FALSE(native(build(gated(
+      1, mm_g + ", " + act + ", " + mm_u +
+             R"(, {"op": "add", "name": "m", "inputs": {"a": "sg", "b": "zu"}, "outputs": {"y": "y"}})"))))
+      << "add, not mul";
+  EXPECT_FALSE(native(build(gated(16, swiglu)))) << "16 rows";
+  EXPECT_EQ(build(gated(16, swiglu), "fusebox_gemv"), "fusebox_gemv")
+      << "pinned: more rows, in block rows of 4";
 }
 
 // The serving engine's GEMM graphs (serve::gemm_graph) as its decode buckets of 1 to 8 rows build
@@ -815,6 +851,13 @@ TEST(FasterNativeKernel, TheServingEnginesDecodeGemmsTakeTheGemvKernel) {
       auto plan = build_plan(g->graph, h200(), BuildOptions{}, nullptr);
       EXPECT_EQ(plan.ok() ? plan->engine_name() : plan.status().ToString(), "fusebox_gemv") << g->key;
     }
+  // The SwiGLU's gate and up projections as one graph (serve::normed_swiglu_graph): the gated form.
+  for (int64_t n : {1, 2, 4, 8}) {
+    auto g = serve::normed_swiglu_graph(m, n, 2048, 8192);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    auto plan = build_plan(g->graph, h200(), BuildOptions{}, nullptr);
+    EXPECT_EQ(plan.ok() ? plan->engine_name() : plan.status().ToString(), "fusebox_gemv") << g->key;
+  }
 }
 
 }  // namespace

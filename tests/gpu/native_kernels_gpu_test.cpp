@@ -309,6 +309,32 @@ std::string gemv_json(int m, int k, int n, const char* io, const std::string& ep
          ops + "]}";
 }
 
+// y = act(a w_gate) * (a w_up), a [1, m, k], both weights [1, k, n] (the gated form), with an RMSNorm
+// of a first when `norm_scale` names the gain's dtype.
+std::string gated_gemv_json(int m, int k, int n, const char* io, const char* act, const char* norm_scale) {
+  auto dims = [](int x, int y) { return "[1, " + std::to_string(x) + ", " + std::to_string(y) + "]"; };
+  std::string t = R"({"name": "a", "dims": )" + dims(m, k) + R"(}, {"name": "wg", "dims": )" + dims(k, n) +
+                  R"(}, {"name": "wu", "dims": )" + dims(k, n) + R"(}, {"name": "y"})";
+  std::string ops;
+  if (norm_scale) {
+    t += R"(, {"name": "scale", "dims": )" + dims(1, k) + R"(, "dtype": ")" + norm_scale + "\"}";
+    ops = R"({"op": "rmsnorm", "name": "n", "epsilon": 1e-5, "inputs": {"x": "a", "scale": "scale"}, )"
+          R"("outputs": {"y": "an"}}, )";
+  }
+  const std::string in = norm_scale ? "an" : "a";
+  ops +=
+      R"({"op": "matmul", "name": "g", "inputs": {"a": ")" + in +
+      R"(", "b": "wg"}, "outputs": {"y": "zg"}}, {"op": ")" + act +
+      R"(", "name": "s", "inputs": {"x": "zg"}, "outputs": {"y": "sg"}}, {"op": "matmul", "name": "u", )"
+      R"("inputs": {"a": ")" +
+      in +
+      R"(", "b": "wu"}, "outputs": {"y": "zu"}}, {"op": "mul", "name": "m", "inputs": {"a": "sg", "b": "zu"}, )"
+      R"("outputs": {"y": "y"}})";
+  return std::string(R"({"name": "gated", "io_dtype": ")") + io +
+         R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" + t + R"(], "ops": [)" +
+         ops + "]}";
+}
+
 TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
   // The Llama-3.2-1B decode GEMMs (16-byte loads) at batch 1, 4 and 8: fused QKV, the output
   // projection with the residual, the gate with SiLU, the up projection times the gate, the down
@@ -332,6 +358,12 @@ TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
   check(gemv_json(8, 2048, 8192, "bf16", "silu", true, nullptr, nullptr, "fp32"), "fusebox_gemv");
   check(gemv_json(4, 2048, 8192, "bf16", "mul", false, nullptr, nullptr, "bf16"), "fusebox_gemv");
   check(gemv_json(3, 1001, 1100, "fp16", "", true, nullptr, nullptr, "fp32"), "fusebox_gemv");
+  // Gated (the SwiGLU's gate and up projections in one pass): the 1B shapes at 1 and 8 rows (two
+  // block rows of 4) with the RMSNorm, unaligned fp16 without it, another activation.
+  check(gated_gemv_json(1, 2048, 8192, "bf16", "silu", "fp32"), "fusebox_gemv");
+  check(gated_gemv_json(8, 2048, 8192, "bf16", "silu", "bf16"), "fusebox_gemv");
+  check(gated_gemv_json(3, 1001, 1100, "fp16", "silu", nullptr), "fusebox_gemv");
+  check(gated_gemv_json(2, 1024, 2048, "bf16", "gelu_tanh", "fp32"), "fusebox_gemv");
   // 16 rows: cuDNN.
   ResolvedGraph rows16 = load(gemv_json(16, 2048, 2048, "bf16", ""));
   auto plan = build_plan(rows16, target_, BuildOptions{}, nullptr, ctx_.get());
