@@ -16,15 +16,7 @@ for required in fusebox fusebox_gpu_tests; do
   fi
 done
 
-# fusebox's own CUDA kernels for the GPU machine's sm_90: a build folder configured by hand for an
-# older architecture only (this machine's build/ had CMAKE_CUDA_ARCHITECTURES=75 until 2026-12-06)
-# gives PTX that the driver compiles at load, without sm_80's bf16 instructions.
-archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null)
-case ";$archs;" in
-  *";90;"* | *";90-real;"* | *";90a;"* | *";all;"* | *";all-major;"* | *";native;"*) ;;
-  *) echo "gpu_bundle: warning: $BUILD_DIR builds CUDA for '$archs', not sm_90 (the H100/H200): reconfigure with" \
-       "cmake -S . -B $BUILD_DIR -DCMAKE_CUDA_ARCHITECTURES='80;90' (the project's default)" >&2 ;;
-esac
+bash scripts/check_cuda_archs.sh "$BUILD_DIR" || exit 1
 
 rm -rf "$DEST"
 mkdir -p "$DEST"

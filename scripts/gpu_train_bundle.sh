@@ -11,6 +11,7 @@ DEST=.gpu-train
 for f in fusebox fusebox_gpu_tests; do
   [ -x "$BUILD_DIR/$f" ] || { echo "gpu_train_bundle: $BUILD_DIR/$f not found: build first" >&2; exit 1; }
 done
+bash scripts/check_cuda_archs.sh "$BUILD_DIR"
 [ -f data/lm/train.npy ] || { echo "gpu_train_bundle: data/lm missing: run scripts/fetch_lm_data.sh" >&2; exit 1; }
 if [ ! -f data/lm-ci/train.npy ]; then
   PYTHONPATH=python python3 -m fusebox_tools.models.lm_data prepare --text docs/*.md --vocab 512 --out data/lm-ci
