@@ -94,6 +94,18 @@ TEST(Embedding, CpuReferenceLooksUpAddsAndGivesNanOutsideTheTable) {
       EXPECT_EQ(y[static_cast<size_t>(n * 8 + h)], static_cast<float>(want)) << n << "," << h;
     }
   }
+  // A table whose rows are padded (row stride 12 for 8 values): the lookup reads each row where it
+  // lies in the caller's data (the reference reads the table in place, not a float copy of it).
+  auto padded = resolve_json(embed_json(R"("dims": [6, 1, 1, 1], "dtype": "int32")",
+                                        R"("dims": [10, 8, 1, 1], "strides": [12, 1, 12, 12])"));
+  ASSERT_TRUE(padded.ok()) << padded.status().ToString();
+  std::map<std::string, HostTensor> in_padded{
+      {"ids", host_from(padded->tensors[padded->find_tensor("ids")], ids)},
+      {"table", host_from(padded->tensors[padded->find_tensor("table")], table)},
+      {"add", host_from(padded->tensors[padded->find_tensor("add")], add)}};
+  auto ref_padded = reference_cpu(*padded, in_padded);
+  ASSERT_TRUE(ref_padded.ok()) << ref_padded.status().ToString();
+  EXPECT_EQ(ref_padded->at("y"), y);
   // An id outside [0, V): the check names it; the reference gives its row NaN.
   in["ids"] = host_from(ids_t, {7, 0, 10, 3, -1, 5});
   Status bad = check_embedding_ids(*g, in);

@@ -33,21 +33,53 @@ Status run_backward(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttr
   return Status::Ok();
 }
 
+// The table as the caller gave it, when it is a graph input whose data spans its dims: the lookup
+// reads the rows the ids name from it, instead of widening the whole table to floats first (the
+// Llama-3.2-1B table is 128256 x 2048: 1 GB as floats, for a plan check of a few rows). Null
+// otherwise (the driver's path, which also explains what is wrong with a bad input).
+const HostTensor* raw_table(CpuOpContext& ctx, const ResolvedOp& op) {
+  const auto idx = op.inputs.find("table");
+  if (idx == op.inputs.end() || idx->second < 0 ||
+      idx->second >= static_cast<int>(ctx.graph().tensors.size()))
+    return nullptr;
+  const ResolvedTensor& t = ctx.graph().tensors[static_cast<size_t>(idx->second)];
+  const auto it = ctx.host_inputs().find(t.name);
+  if (t.scalar_value || it == ctx.host_inputs().end()) return nullptr;
+  const HostTensor& h = it->second;
+  if (h.dims != t.dims || h.dims.size() < 2 || h.strides.size() != h.dims.size() ||
+      h.data.size() < static_cast<size_t>(storage_span(h.dims, h.strides)) * dtype_size_bytes(h.dtype))
+    return nullptr;
+  return &h;
+}
+
 }  // namespace
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a) {
   if (a.backward) return run_backward(ctx, op, a);
   FUSEBOX_ASSIGN_OR_RETURN(const Values* ids, ctx.in("ids"));
-  FUSEBOX_ASSIGN_OR_RETURN(const Values* table, ctx.in("table"));
+  const HostTensor* raw = raw_table(ctx, op);
+  const Values* table = nullptr;
+  if (!raw) {
+    FUSEBOX_ASSIGN_OR_RETURN(table, ctx.in("table"));
+  }
   const Values* add = nullptr;
   if (a.add) {
     FUSEBOX_ASSIGN_OR_RETURN(add, ctx.in("add"));
   }
   FUSEBOX_ASSIGN_OR_RETURN(Values * y, ctx.out("y"));
-  const int64_t n = ids->dims.at(0), v = table->dims.at(0), h = table->dims.at(1);
+  const std::vector<int64_t>& table_dims = raw ? raw->dims : table->dims;
+  const int64_t n = ids->dims.at(0), v = table_dims.at(0), h = table_dims.at(1);
   const int64_t p = add ? add->dims.at(0) : 1;
   if (y->dims.at(0) != n || y->dims.at(1) != h)
     return InvalidArgument(op_where(op) + "y " + dims_string(y->dims) + " is not [N, H, 1, 1]");
+  // Element (row, c) of the table as float, read where it lies (raw) or from its float copy.
+  const auto esize = raw ? static_cast<int64_t>(dtype_size_bytes(raw->dtype)) : 0;
+  auto element = [&](int64_t row, int64_t c) -> float {
+    if (raw)
+      return static_cast<float>(
+          load_element(raw->data.data() + (row * raw->strides[0] + c * raw->strides[1]) * esize, raw->dtype));
+    return table->data[static_cast<size_t>(row * h + c)];
+  };
   for (int64_t r = 0; r < n; ++r) {
     const double id = ids->data[static_cast<size_t>(r)];
     const bool inside = id >= 0 && id < static_cast<double>(v);
@@ -55,7 +87,7 @@ Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a)
     for (int64_t c = 0; c < h; ++c) {
       double s = std::numeric_limits<double>::quiet_NaN();
       if (inside) {
-        s = table->data[static_cast<size_t>(row * h + c)];
+        s = element(row, c);
         if (add) s += add->data[static_cast<size_t>((r % p) * h + c)];
       }
       y->data[static_cast<size_t>(r * h + c)] = static_cast<float>(s);
