@@ -58,20 +58,6 @@ struct DecodeArgs {
 // Floats of one block's partials.
 __host__ __device__ inline int64_t part_floats(int64_t group, int64_t dim) { return group * (dim + 2); }
 
-// Where key j of sequence b lives in a pool: its page from the table, its row in the page; -1
-// when the table entry is outside the pool (then the key counts as masked). 32-bit division: the
-// builder keeps keys and pages under 2^31.
-__device__ __forceinline__ int64_t key_base(const int32_t* table, const Strides4& ts, const Strides4& ps,
-                                            int64_t pages, int64_t max_pages, int64_t page_size, int64_t b,
-                                            int64_t h, int64_t j) {
-  const auto jj = static_cast<uint32_t>(j), ps32 = static_cast<uint32_t>(page_size);
-  const uint32_t slot = jj / ps32;
-  if (slot >= max_pages) return -1;
-  const int64_t page = table[b * ts.s[0] + slot * ts.s[2]];
-  if (page < 0 || page >= pages) return -1;
-  return page * ps.s[0] + h * ps.s[1] + static_cast<int64_t>(jj - slot * ps32) * ps.s[2];
-}
-
 // The page of table slot `slot` of sequence b, or -1 when the slot or its entry is outside the pool.
 __device__ __forceinline__ int64_t page_of(const int32_t* table, const Strides4& ts, int64_t pages,
                                            int64_t max_pages, int64_t b, int64_t slot) {
@@ -82,6 +68,16 @@ __device__ __forceinline__ int64_t page_of(const int32_t* table, const Strides4&
 // Where row r of KV head h of a page lives, -1 for no page.
 __device__ __forceinline__ int64_t row_base(int64_t page, const Strides4& ps, int64_t h, int64_t r) {
   return page < 0 ? -1 : page * ps.s[0] + h * ps.s[1] + r * ps.s[2];
+}
+// Where key j of sequence b lives in a pool: its page from the table, its row in the page; -1
+// when the table entry is outside the pool (then the key counts as masked). 32-bit division: the
+// builder keeps keys and pages under 2^31.
+__device__ __forceinline__ int64_t key_base(const int32_t* table, const Strides4& ts, const Strides4& ps,
+                                            int64_t pages, int64_t max_pages, int64_t page_size, int64_t b,
+                                            int64_t h, int64_t j) {
+  const auto jj = static_cast<uint32_t>(j), ps32 = static_cast<uint32_t>(page_size);
+  const uint32_t slot = jj / ps32;
+  return row_base(page_of(table, ts, pages, max_pages, b, slot), ps, h, jj - slot * ps32);
 }
 
 // kG query heads per KV head, kL lanes a key (8 values of a row each: D <= 8 kL), 16-bit values

@@ -26,11 +26,38 @@ using reference_detail::Values;
 
 namespace reference_detail {
 
-// Computed earlier, a by-value scalar, or a caller input.
-Result<const Values*> CpuOpContext::tensor(const std::string& role, int idx) {
+// The caller's data of tensor `idx`, checked against the graph's dims; null for a tensor an earlier
+// op computed or a by-value scalar.
+Result<const HostTensor*> CpuOpContext::host_tensor(const std::string& role, int idx) {
   if (idx < 0 || idx >= static_cast<int>(g_.tensors.size()))
     return InvalidArgument(op_where(op_) + "input '" + role + "' refers to tensor index " +
                            std::to_string(idx) + " outside the graph");
+  const ResolvedTensor& t = g_.tensors[idx];
+  if (values_[idx] || t.scalar_value) return nullptr;
+  auto it = inputs_.find(t.name);
+  if (it == inputs_.end())
+    return InvalidArgument(op_where(op_) + "input '" + role + "': no values for tensor '" + t.name +
+                           "' (neither supplied as an input nor produced by an earlier op)");
+  const HostTensor& h = it->second;
+  if (h.dims != t.dims)
+    return InvalidArgument(op_where(op_) + "input tensor '" + t.name + "' has dims " + dims_string(h.dims) +
+                           " but the graph says " + dims_string(t.dims));
+  if (h.strides.size() != h.dims.size() ||
+      h.data.size() < static_cast<size_t>(storage_span(h.dims, h.strides)) * dtype_size_bytes(h.dtype))
+    return InvalidArgument(op_where(op_) + "input tensor '" + t.name +
+                           "': its data is smaller than its dims " + "and strides span");
+  return &h;
+}
+
+Result<const HostTensor*> CpuOpContext::host_in(const std::string& role) {
+  auto it = op_.inputs.find(role);
+  if (it == op_.inputs.end()) return InvalidArgument(op_where(op_) + "missing input '" + role + "'");
+  return host_tensor(role, it->second);
+}
+
+// Computed earlier, a by-value scalar, or a caller input.
+Result<const Values*> CpuOpContext::tensor(const std::string& role, int idx) {
+  FUSEBOX_ASSIGN_OR_RETURN(const HostTensor* h, host_tensor(role, idx));
   if (values_[idx]) return &*values_[idx];
   const ResolvedTensor& t = g_.tensors[idx];
   Values v;
@@ -38,19 +65,7 @@ Result<const Values*> CpuOpContext::tensor(const std::string& role, int idx) {
   if (t.scalar_value) {
     v.data.assign(static_cast<size_t>(product(t.dims)), static_cast<float>(*t.scalar_value));
   } else {
-    auto it = inputs_.find(t.name);
-    if (it == inputs_.end())
-      return InvalidArgument(op_where(op_) + "input '" + role + "': no values for tensor '" + t.name +
-                             "' (neither supplied as an input nor produced by an earlier op)");
-    const HostTensor& h = it->second;
-    if (h.dims != t.dims)
-      return InvalidArgument(op_where(op_) + "input tensor '" + t.name + "' has dims " + dims_string(h.dims) +
-                             " but the graph says " + dims_string(t.dims));
-    if (h.strides.size() != h.dims.size() ||
-        h.data.size() < static_cast<size_t>(storage_span(h.dims, h.strides)) * dtype_size_bytes(h.dtype))
-      return InvalidArgument(op_where(op_) + "input tensor '" + t.name +
-                             "': its data is smaller than its dims " + "and strides span");
-    v.data = h.to_float_logical();
+    v.data = h->to_float_logical();
   }
   values_[idx] = std::move(v);
   return &*values_[idx];

@@ -209,25 +209,21 @@ struct GpuForward::Impl {
     // it (fusebox_gemv's prologue): no norm launch, the normalized rows never stored. Only where
     // that kernel takes the graph (large enough weights): elsewhere the graph would be partitioned.
     // The deterministic mode's decode step: always (pinned; a graph it cannot take fails to build).
-    auto gemv_takes = [&](int64_t rows, int64_t k, int64_t n_out, Epilogue e, bool fp32_out) {
+    auto takes = [&](const Result<LmGraph>& g) {
       if (rows_pinned) return true;
-      auto g = normed_gemm_graph(m, rows, k, n_out, e, fp32_out);
       if (!g.ok()) return false;
       const auto f = kernels::faster_native_kernel(g->graph);
       return f.kernel != nullptr && f.by_default;
+    };
+    auto gemv_takes = [&](int64_t rows, int64_t k, int64_t n_out, Epilogue e, bool fp32_out) {
+      return takes(normed_gemm_graph(m, rows, k, n_out, e, fp32_out));
     };
     const bool fuse_qkv = !fp8 && gemv_takes(N, D, W, Epilogue::kNone, false),
                fuse_ffn = !fp8 && gemv_takes(N, D, F, Epilogue::kSilu, false) &&
                           gemv_takes(N, D, F, Epilogue::kMul, false);
     // The gate and up projections as one graph where the few-row matmul's gated form takes it: one
     // launch over both weights instead of two, the gate's activations never stored.
-    const bool fuse_swiglu = fuse_ffn && [&] {
-      if (rows_pinned) return true;
-      auto g = normed_swiglu_graph(m, N, D, F);
-      if (!g.ok()) return false;
-      const auto f = kernels::faster_native_kernel(g->graph);
-      return f.kernel != nullptr && f.by_default;
-    }();
+    const bool fuse_swiglu = fuse_ffn && takes(normed_swiglu_graph(m, N, D, F));
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string pre = "layers." + std::to_string(l) + ".";
       auto wp = [&](const char* name) { return w.at(pre + name).as<void>(); };

@@ -34,8 +34,14 @@ class CpuOpContext {
 
   // Input `role` of the op; InvalidArgument when it has none.
   Result<const Values*> in(const std::string& role);
+  // Input `role` as the caller gave it, not widened to float (an op that reads a few values of a
+  // large input); null when an earlier op computed it or it is a by-value scalar. The same errors
+  // as in().
+  Result<const HostTensor*> host_in(const std::string& role);
   // Tensor `idx` read as input `role` (the role names it in messages).
   Result<const Values*> tensor(const std::string& role, int idx);
+  // Tensor `idx`'s caller data (host_in's answer for it).
+  Result<const HostTensor*> host_tensor(const std::string& role, int idx);
   // The zeroed buffer of output `role`; InvalidArgument when the op has no valid one.
   Result<Values*> out(const std::string& role);
 

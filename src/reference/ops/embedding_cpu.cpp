@@ -33,31 +33,15 @@ Status run_backward(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttr
   return Status::Ok();
 }
 
-// The table as the caller gave it, when it is a graph input whose data spans its dims: the lookup
-// reads the rows the ids name from it, instead of widening the whole table to floats first (the
-// Llama-3.2-1B table is 128256 x 2048: 1 GB as floats, for a plan check of a few rows). Null
-// otherwise (the driver's path, which also explains what is wrong with a bad input).
-const HostTensor* raw_table(CpuOpContext& ctx, const ResolvedOp& op) {
-  const auto idx = op.inputs.find("table");
-  if (idx == op.inputs.end() || idx->second < 0 ||
-      idx->second >= static_cast<int>(ctx.graph().tensors.size()))
-    return nullptr;
-  const ResolvedTensor& t = ctx.graph().tensors[static_cast<size_t>(idx->second)];
-  const auto it = ctx.host_inputs().find(t.name);
-  if (t.scalar_value || it == ctx.host_inputs().end()) return nullptr;
-  const HostTensor& h = it->second;
-  if (h.dims != t.dims || h.dims.size() < 2 || h.strides.size() != h.dims.size() ||
-      h.data.size() < static_cast<size_t>(storage_span(h.dims, h.strides)) * dtype_size_bytes(h.dtype))
-    return nullptr;
-  return &h;
-}
-
 }  // namespace
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const EmbeddingAttrs& a) {
   if (a.backward) return run_backward(ctx, op, a);
   FUSEBOX_ASSIGN_OR_RETURN(const Values* ids, ctx.in("ids"));
-  const HostTensor* raw = raw_table(ctx, op);
+  // The table as the caller gave it, where it is a graph input: the lookup reads the rows the ids
+  // name where they lie, instead of widening the whole table to floats first (the Llama-3.2-1B
+  // table is 128256 x 2048: 1 GB as floats, for a plan check of a few rows).
+  FUSEBOX_ASSIGN_OR_RETURN(const HostTensor* raw, ctx.host_in("table"));
   const Values* table = nullptr;
   if (!raw) {
     FUSEBOX_ASSIGN_OR_RETURN(table, ctx.in("table"));
