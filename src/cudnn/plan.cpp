@@ -381,7 +381,7 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
     }
     return plan;
   }
-  auto faster = kernels::faster_native_kernel(g);
+  auto faster = kernels::faster_native_kernel(g, options.engine);
   if (faster.kernel && !excluded(faster.kernel->name()) &&
       (options.engine == faster.kernel->name() ||
        (options.engine.empty() && options.native_kernels && faster.by_default))) {
@@ -523,7 +523,7 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
   impl->owned_ctx = maybe_context(target, ctx, &ctx_status);
   FUSEBOX_RETURN_IF_ERROR(ctx_status);
   if (impl->owned_ctx) ctx = impl->owned_ctx.get();
-  auto faster = kernels::faster_native_kernel(g);
+  auto faster = kernels::faster_native_kernel(g, options.engine);
   const bool faster_excluded =
       faster.kernel && std::find(options.excluded_engines.begin(), options.excluded_engines.end(),
                                  faster.kernel->name()) != options.excluded_engines.end();

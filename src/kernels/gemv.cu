@@ -39,11 +39,7 @@ constexpr int64_t kMinColumns = 256;  // 16 blocks at least: the kernel does not
 // of any size: slower than cuDNN there, but a row's values do not depend on the other rows.
 constexpr int64_t kMaxPinnedRows = 256;
 
-// The epilogue: none, a unary pointwise op of the product, a binary one of the product and a
-// tensor (the product its first input, or with product_second its second), or gated: the unary op
-// of the product times a second product of the same rows with a second weight (w2, of w's shape):
-// y = act(a w) * (a w2), a SwiGLU's gate and up projections in one pass over both weights.
-enum class EpiKind : int { kNone, kUnary, kBinary, kGated };
+using EpiKind = GemvEpi;
 
 struct GemvArgs {
   const void* a = nullptr;
@@ -384,11 +380,10 @@ int64_t row_stride(const ResolvedTensor& t, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, bool* by_default) {
-  if (by_default) *by_default = false;
+std::optional<GemvForm> match_gemv_form(const ResolvedGraph& g) {
   if (g.ops.empty() || g.ops.size() > 5 || g.compute_dtype != DType::kFP32 ||
       g.intermediate_dtype != DType::kFP32)
-    return nullptr;
+    return std::nullopt;
   auto tensor = [&](const std::map<std::string, int>& m, const char* role) {
     return role_tensor(g, m, role);
   };
@@ -403,15 +398,15 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
     const ResolvedTensor* xn = tensor(n.outputs, "y");
     if (rms->bias || rms->phase != NormPhase::kInference || !x || !scale || !xn || !xn->is_virtual ||
         n.inputs.size() != 2 || n.outputs.size() != 1 || n.compute_dtype != DType::kFP32 || g.ops.size() < 2)
-      return nullptr;
+      return std::nullopt;
   }
   const std::optional<GatedOps> gated = gated_ops(g, mm_at);
   const ResolvedOp& mm = g.ops[gated ? gated->gate : mm_at];
-  if (!std::visit([](const auto& attrs) { return is_matmul(attrs); }, mm.attrs)) return nullptr;
+  if (!std::visit([](const auto& attrs) { return is_matmul(attrs); }, mm.attrs)) return std::nullopt;
   const ResolvedTensor *a = tensor(mm.inputs, "a"), *w = tensor(mm.inputs, "b"), *z = tensor(mm.outputs, "y");
-  if (!a || !w || !z || mm.inputs.size() != 2 || mm.compute_dtype != DType::kFP32) return nullptr;
+  if (!a || !w || !z || mm.inputs.size() != 2 || mm.compute_dtype != DType::kFP32) return std::nullopt;
   if (rms) {
-    if (mm.inputs.at("a") != g.ops[0].outputs.at("y")) return nullptr;
+    if (mm.inputs.at("a") != g.ops[0].outputs.at("y")) return std::nullopt;
     a = x;  // the kernel reads x and normalizes it on the way
   }
   const ResolvedTensor* y = z;
@@ -421,76 +416,100 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
   if (gated) {
     const ResolvedOp& up = g.ops[gated->up];
     w2 = tensor(up.inputs, "b");
-    if (!w2 || up.inputs.size() != 2 || up.compute_dtype != DType::kFP32) return nullptr;
+    if (!w2 || up.inputs.size() != 2 || up.compute_dtype != DType::kFP32) return std::nullopt;
     epi = Epilogue{EpiKind::kGated, gated->mode};
     y = &g.tensors[static_cast<size_t>(g.ops[gated->mul].outputs.begin()->second)];
   } else if (g.ops.size() == mm_at + 2) {
     const ResolvedOp& pw = g.ops[mm_at + 1];
     auto found = std::visit([](const auto& attrs) { return epilogue_of(attrs); }, pw.attrs);
     if (!found || !z->is_virtual || pw.outputs.size() != 1 || pw.compute_dtype != DType::kFP32)
-      return nullptr;
+      return std::nullopt;
     epi = *found;
     y = &g.tensors[static_cast<size_t>(pw.outputs.begin()->second)];
     const int zi = mm.outputs.at("y");
     if (epi.kind == EpiKind::kUnary) {
-      if (pw.inputs.size() != 1 || pw.inputs.begin()->second != zi) return nullptr;
+      if (pw.inputs.size() != 1 || pw.inputs.begin()->second != zi) return std::nullopt;
     } else {
       auto ia = pw.inputs.find("a"), ib = pw.inputs.find("b");
       if (pw.inputs.size() != 2 || ia == pw.inputs.end() || ib == pw.inputs.end() ||
           (ia->second == zi) == (ib->second == zi))
-        return nullptr;  // z exactly once
+        return std::nullopt;  // z exactly once
       product_second = ib->second == zi;
       e = &g.tensors[static_cast<size_t>(ia->second == zi ? ib->second : ia->second)];
     }
   } else if (g.ops.size() != mm_at + 1) {
-    return nullptr;
+    return std::nullopt;
   }
-  if (y->is_virtual || a->is_virtual) return nullptr;
+  if (y->is_virtual || a->is_virtual) return std::nullopt;
   for (const ResolvedTensor* t : {a, w, y, e, w2})
-    if (t && (t->scalar_value || t->dims.size() != a->dims.size())) return nullptr;
+    if (t && (t->scalar_value || t->dims.size() != a->dims.size())) return std::nullopt;
   if (!is_16bit(a->dtype) || w->dtype != a->dtype || !is_float_io(y->dtype) || (e && !is_float_io(e->dtype)))
-    return nullptr;
+    return std::nullopt;
   if (w2 && (w2->is_virtual || w2->dtype != w->dtype || w2->dims != w->dims || w2->strides != w->strides))
-    return nullptr;  // the second weight is read with the first one's offsets
+    return std::nullopt;  // the second weight is read with the first one's offsets
   const size_t r = a->dims.size();
   const int64_t M = a->dims[r - 2], K = a->dims[r - 1], N = w->dims[r - 1];
-  if (M < 1 || M > kMaxPinnedRows || K < 1 || N < 1) return nullptr;
-  const bool faster = M <= kMaxRows && N >= kMinColumns && K * N >= kMinWeights && K * N <= kMaxWeights;
+  if (M < 1 || M > kMaxPinnedRows || K < 1 || N < 1) return std::nullopt;
   const int64_t lda = row_stride(*a, M, K), ldw = row_stride(*w, K, N), ldy = row_stride(*y, M, N),
                 lde = e ? row_stride(*e, M, N) : 0;
-  if (!lda || !ldw || !ldy || (e && !lde)) return nullptr;
+  if (!lda || !ldw || !ldy || (e && !lde)) return std::nullopt;
   if (scale) {  // [1, ..., 1, K]: the gain of each of a row's K values
     if (scale->is_virtual || scale->scalar_value || scale->dims.size() != r || !is_float_io(scale->dtype) ||
         scale->dims.back() != K || scale->strides.back() != 1)
-      return nullptr;
+      return std::nullopt;
     for (size_t i = 0; i + 1 < r; ++i)
-      if (scale->dims[i] != 1) return nullptr;
+      if (scale->dims[i] != 1) return std::nullopt;
   }
 
+  GemvForm f;
+  f.a = a;
+  f.w = w;
+  f.w2 = w2;
+  f.e = e;
+  f.scale = scale;
+  f.y = y;
+  f.mm = &mm;
+  f.epsilon = rms ? rms->epsilon : 0.0;
+  f.epi = epi.kind;
+  f.mode = epi.mode;
+  f.product_second = product_second;
+  f.m = M;
+  f.k = K;
+  f.n = N;
+  f.lda = lda;
+  f.ldw = ldw;
+  f.lde = lde;
+  f.ldy = ldy;
+  return f;
+}
+
+std::shared_ptr<const NativeKernel> make_gemv_kernel(const GemvForm& f, bool* by_default) {
+  const int64_t M = f.m, K = f.k, N = f.n;
+  const bool faster = M <= kMaxRows && gemv_weights_in_range(K, N);
   auto kern = std::make_shared<GemvKernel>();
-  kern->name_ = "fusebox_gemv";
-  kern->where_ = common::op_where("matmul", mm.name);
+  kern->name_ = kGemvName;
+  kern->where_ = common::op_where("matmul", f.mm->name);
   // Rows a block: the gated form's two sets of sums fit shared memory at 4 (8 rows: two block rows).
-  const int max_rows = gated ? 4 : kMaxRows;
+  const int max_rows = f.epi == EpiKind::kGated ? 4 : kMaxRows;
   while (kern->rows_ < M && kern->rows_ < max_rows) kern->rows_ *= 2;
   kern->row_blocks_ = static_cast<unsigned>((M + kern->rows_ - 1) / kern->rows_);
   GemvArgs& p = kern->args_;
   p.m = M;
   p.k = K;
   p.n = N;
-  p.lda = lda;
-  p.ldw = ldw;
-  p.lde = lde;
-  p.ldy = ldy;
-  p.y_dtype = static_cast<int>(y->dtype);
-  p.e_dtype = e ? static_cast<int>(e->dtype) : 0;
-  p.epi = epi.kind;
-  p.mode = epi.mode;
-  p.product_second = product_second ? 1 : 0;
-  if (scale) {
+  p.lda = f.lda;
+  p.ldw = f.ldw;
+  p.lde = f.lde;
+  p.ldy = f.ldy;
+  p.y_dtype = static_cast<int>(f.y->dtype);
+  p.e_dtype = f.e ? static_cast<int>(f.e->dtype) : 0;
+  p.epi = f.epi;
+  p.mode = f.mode;
+  p.product_second = f.product_second ? 1 : 0;
+  if (f.scale) {
     kern->norm_ = true;
-    p.scale_dtype = static_cast<int>(scale->dtype);
-    p.epsilon = static_cast<float>(rms->epsilon);
+    p.scale_dtype = static_cast<int>(f.scale->dtype);
+    p.epsilon = static_cast<float>(f.epsilon);
   }
   // Column threads: enough blocks to fill a large GPU (about 256), at least 2 (32-byte row segments),
   // at most 16 (the shared-memory sums of 8 rows). Chosen from N alone, so a row's sums are added in
@@ -498,16 +517,31 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, boo
   p.ct = 2;
   while (p.ct < 16 && N / (8 * p.ct * 2) >= 256) p.ct *= 2;
   kern->grid_ = static_cast<unsigned>((N + 8 * p.ct - 1) / (8 * p.ct));
-  kern->half_ = a->dtype == DType::kFP16;
-  kern->vec_shapes_ = K % 8 == 0 && N % 8 == 0 && lda % 8 == 0 && ldw % 8 == 0;
-  kern->tensors_ = {a->name};
-  if (scale) kern->tensors_.push_back(scale->name);
-  kern->tensors_.push_back(w->name);
-  if (w2) kern->tensors_.push_back(w2->name);
-  if (e) kern->tensors_.push_back(e->name);
-  kern->tensors_.push_back(y->name);
+  kern->half_ = f.a->dtype == DType::kFP16;
+  kern->vec_shapes_ = K % 8 == 0 && N % 8 == 0 && f.lda % 8 == 0 && f.ldw % 8 == 0;
+  kern->tensors_ = gemv_tensor_names(f);
   if (by_default) *by_default = faster;
   return kern;
+}
+
+bool gemv_weights_in_range(int64_t k, int64_t n) {
+  return n >= kMinColumns && k * n >= kMinWeights && k * n <= kMaxWeights;
+}
+
+std::vector<std::string> gemv_tensor_names(const GemvForm& f) {
+  std::vector<std::string> names = {f.a->name};
+  if (f.scale) names.push_back(f.scale->name);
+  names.push_back(f.w->name);
+  if (f.w2) names.push_back(f.w2->name);
+  if (f.e) names.push_back(f.e->name);
+  names.push_back(f.y->name);
+  return names;
+}
+
+std::shared_ptr<const NativeKernel> make_gemv_kernel(const ResolvedGraph& g, bool* by_default) {
+  if (by_default) *by_default = false;
+  const auto f = match_gemv_form(g);
+  return f ? make_gemv_kernel(*f, by_default) : nullptr;
 }
 
 }  // namespace fusebox::kernels

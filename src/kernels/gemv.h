@@ -5,10 +5,40 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
+#include "fusebox/ops/pointwise.h"
 #include "kernels/native_kernel.h"
 
 namespace fusebox::kernels {
+
+// The epilogue: none, a unary pointwise op of the product, a binary one of the product and a
+// tensor (the product its first input, or with product_second its second), or gated: the unary op
+// of the product times a second product of the same rows with a second weight (w2, of w's shape):
+// y = act(a w) * (a w2), a SwiGLU's gate and up projections in one pass over both weights.
+enum class GemvEpi : int { kNone, kUnary, kBinary, kGated };
+
+// A graph of the form below, matched once for every kernel that runs it (this file's and the
+// few-row tensor-core matmul, skinny_gemm.h): its tensors, epilogue and row strides.
+struct GemvForm {
+  const ResolvedTensor *a = nullptr, *w = nullptr, *w2 = nullptr, *e = nullptr, *scale = nullptr,
+                       *y = nullptr;
+  const ResolvedOp* mm = nullptr;  // the (first) matmul: the messages' op
+  double epsilon = 0;              // the RMSNorm prologue's (scale set)
+  GemvEpi epi = GemvEpi::kNone;
+  PointwiseMode mode = PointwiseMode::kAdd;
+  bool product_second = false;
+  int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
+};
+std::optional<GemvForm> match_gemv_form(const ResolvedGraph& g);
+// Weights of K x N where fusebox's few-row kernels were measured faster than cuDNN's GEMMs: N >= 256
+// and 2^20 <= K x N <= 2^26.
+bool gemv_weights_in_range(int64_t k, int64_t n);
+// The kernel's tensors in launch order: a, scale, w, w2, e, y (those the form has).
+std::vector<std::string> gemv_tensor_names(const GemvForm& f);
+std::shared_ptr<const NativeKernel> make_gemv_kernel(const GemvForm& f, bool* by_default);
 
 // The kernel for `g`, or null when `g` is not the form it serves: a matmul, optionally after an
 // inference rmsnorm of a over its last dim (no bias; its output virtual and the matmul's a), alone

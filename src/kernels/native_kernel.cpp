@@ -15,6 +15,7 @@
 #include "reduction.h"
 #include "rope.h"
 #include "sdpa_decode.h"
+#include "skinny_gemm.h"
 
 namespace fusebox::kernels {
 
@@ -137,10 +138,22 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 // Measured on the H200 (cuDNN 9.19, 2026-12-06, docs/serving.md): the serving engine's decode
 // step of the Llama-3.2-1B shapes at batch 1 ran its GEMMs (one row of a times the weights) at
 // 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s. With an RMSNorm before the
-// matmul (the prologue), cuDNN runs no single plan at all: the graph would be two.
-FasterKernel gemv_kernel(const ResolvedGraph& g) {
+// matmul (the prologue), cuDNN runs no single plan at all: the graph would be two. From 9 to 64 rows
+// (no prologue, no gate) the tensor-core form takes it, unless fusebox_gemv is pinned (`pinned`):
+// its rows do not depend on the other rows.
+FasterKernel gemv_kernel(const ResolvedGraph& g, const std::string& pinned = "") {
+  const auto form = match_gemv_form(g);
+  if (!form) return {};
   bool faster = false;
-  if (auto k = make_gemv_kernel(g, &faster)) {
+  if (pinned != kGemvName) {
+    if (auto k = make_skinny_gemm_kernel(*form, &faster)) {
+      return {k,
+              "cuDNN 9.19's GEMM engines read the weights at about half the copy peak for 16 to 64 rows (the "
+              "Llama-3.2-1B decode step at batch 64 on an H100: 1.64 ms of GEMMs for 2.47 GB of weights)",
+              faster};
+    }
+  }
+  if (auto k = make_gemv_kernel(*form, &faster)) {
     if (!faster) {  // more rows, or weights outside the measured range: for batch invariance, pinned
       return {k,
               "a row's values do not depend on the other rows, bit for bit (the serving engine's "
@@ -226,8 +239,11 @@ FasterKernel pointwise_graph_kernel(const ResolvedGraph& g) {
 
 }  // namespace
 
-FasterKernel faster_native_kernel(const ResolvedGraph& g) {
+FasterKernel faster_native_kernel(const ResolvedGraph& g, const std::string& pinned) {
   if (g.ops.empty()) return {};
+  if (pinned == kGemvName) {  // fusebox_gemv where another kernel of fusebox's is the graph's default
+    if (auto k = gemv_kernel(g, pinned); k.kernel) return k;
+  }
   if (auto k = pointwise_graph_kernel(g); k.kernel) return k;
   const ResolvedOp& op = g.ops[0];
   return std::visit(

@@ -699,8 +699,8 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
 }
 
 // A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving
-// engine's decode GEMMs); more rows, small weights, a transposed weight, fp8, two epilogues, an
-// epilogue that is not pointwise on the product, or a pinned cuDNN engine: cuDNN.
+// engine's decode GEMMs), of 9 to 64 rows fusebox_skinny_gemm; more rows, small weights, a transposed weight,
+// fp8, two epilogues, an epilogue that is not pointwise on the product, or a pinned cuDNN engine: cuDNN.
 TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
   // y = epilogue(a [1, m, k] x w [1, k, n]); `extra` adds tensors, `epi` the ops after the matmul.
   auto gemm = [](int m, int k, int n, const std::string& epi = "", const std::string& extra = "",
@@ -726,6 +726,7 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
     return plan.ok() ? plan->engine_name() : plan.status().ToString();
   };
   const std::string r = R"(, {"name": "r", "dims": [1, 1, 2048]})";
+  const std::string r9 = R"(, {"name": "r9", "dims": [1, 9, 2048]})";
   auto unary = [](const char* op) {
     return std::string(R"(, {"op": ")") + op +
            R"(", "name": "e", "inputs": {"x": "z"}, "outputs": {"y": "y"}})";
@@ -745,7 +746,16 @@ TEST(FasterNativeKernel, AFewRowMatmulWithItsEpilogueTakesTheGemvKernel) {
   // The LM head: fp32 logits.
   EXPECT_EQ(build(gemm(1, 2048, 32768, "", "", "bf16", "", R"(, "dtype": "fp32")")), "fusebox_gemv");
   auto native = [](const std::string& engine) { return engine.rfind("fusebox_", 0) == 0; };
-  EXPECT_FALSE(native(build(gemm(16, 2048, 2048)))) << "16 rows";
+  // 9 to 64 rows: the tensor-core form (the decode GEMMs at batches 16 to 64), with its epilogues;
+  // not with small weights, sizes not multiples of 8, or more rows.
+  EXPECT_EQ(build(gemm(16, 2048, 2048)), "fusebox_skinny_gemm");
+  EXPECT_EQ(build(gemm(64, 2048, 8192, unary("silu"))), "fusebox_skinny_gemm");
+  EXPECT_EQ(build(gemm(9, 8192, 2048, binary("add", "z", "r9"), r9)), "fusebox_skinny_gemm");
+  EXPECT_EQ(build(gemm(40, 2048, 2048, "", "", "fp16")), "fusebox_skinny_gemm");
+  EXPECT_FALSE(native(build(gemm(65, 2048, 2048)))) << "65 rows";
+  EXPECT_FALSE(native(build(gemm(64, 512, 512)))) << "small weights";
+  EXPECT_FALSE(native(build(gemm(16, 1000, 1100)))) << "sizes not multiples of 8";
+  EXPECT_EQ(build(gemm(64, 512, 512), "fusebox_skinny_gemm"), "fusebox_skinny_gemm") << "pinned";
   EXPECT_FALSE(native(build(gemm(1, 64, 64)))) << "small weights";
   EXPECT_FALSE(native(build(gemm(1, 16384, 128)))) << "few columns (one block)";
   EXPECT_FALSE(native(build(gemm(1, 2048, 128256, "", "", "bf16", "", R"(, "dtype": "fp32")"))))

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -364,11 +365,104 @@ TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
   check(gated_gemv_json(8, 2048, 8192, "bf16", "silu", "bf16"), "fusebox_gemv");
   check(gated_gemv_json(3, 1001, 1100, "fp16", "silu", nullptr), "fusebox_gemv");
   check(gated_gemv_json(2, 1024, 2048, "bf16", "gelu_tanh", "fp32"), "fusebox_gemv");
-  // 16 rows: cuDNN.
-  ResolvedGraph rows16 = load(gemv_json(16, 2048, 2048, "bf16", ""));
-  auto plan = build_plan(rows16, target_, BuildOptions{}, nullptr, ctx_.get());
+  // 16 rows, pinned: fusebox_gemv's block rows of 8 (the deterministic mode's decode step).
+  check(gemv_json(16, 2048, 2048, "bf16", "add"), "fusebox_gemv", true);
+  // 65 rows: cuDNN.
+  ResolvedGraph rows65 = load(gemv_json(65, 2048, 2048, "bf16", ""));
+  auto plan = build_plan(rows65, target_, BuildOptions{}, nullptr, ctx_.get());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_FALSE(plan->native()) << plan->engine_name();
+}
+
+TEST_F(NativeKernelsGpu, SkinnyTensorCoreMatmulsMatchTheReferences) {
+  // The Llama-3.2-1B decode GEMMs at batch 64: QKV, the output projection with the residual, the
+  // gate with SiLU, the up projection times the gate (the product second), the down projection
+  // with the residual (8 K splits on sm_90, a cluster each).
+  check(gemv_json(64, 2048, 3072, "bf16", ""), "fusebox_skinny_gemm");
+  check(gemv_json(64, 2048, 2048, "bf16", "add"), "fusebox_skinny_gemm");
+  check(gemv_json(64, 2048, 8192, "bf16", "silu"), "fusebox_skinny_gemm");
+  check(gemv_json(64, 2048, 8192, "bf16", "mul", false), "fusebox_skinny_gemm");
+  check(gemv_json(64, 8192, 2048, "bf16", "add"), "fusebox_skinny_gemm");
+  // 16, 32 and 48 rows (one to three row tiles), 9 rows (a tile mostly padding), fp16; N not a
+  // multiple of the 128-column tile and K not a multiple of the 32-row step nor of the splits; fp32
+  // outputs and epilogue tensors; the product as sub's second input; every activation.
+  check(gemv_json(16, 2048, 2048, "bf16", "add"), "fusebox_skinny_gemm");
+  check(gemv_json(32, 2048, 8192, "bf16", "silu"), "fusebox_skinny_gemm");
+  check(gemv_json(48, 4096, 1096, "fp16", "sub", false), "fusebox_skinny_gemm");
+  check(gemv_json(9, 1032, 1032, "fp16", "gelu_erf", true, "fp32"), "fusebox_skinny_gemm");
+  check(gemv_json(33, 4104, 520, "bf16", "add", true, nullptr, "fp32"), "fusebox_skinny_gemm");
+  for (const char* act : {"relu", "sigmoid", "tanh", "gelu_tanh"})
+    check(gemv_json(24, 1024, 1024, "bf16", act), "fusebox_skinny_gemm");
+  // Weights under 2^20 values: pinned (cuDNN by default); one K split.
+  check(gemv_json(64, 256, 512, "bf16", "add"), "fusebox_skinny_gemm", true);
+}
+
+// The tensor-core form's pointers off 16-byte boundaries run fusebox_gemv's loop (the same plan):
+// a 48-row product read from a buffer 2 bytes in, against the same product on aligned buffers.
+TEST_F(NativeKernelsGpu, SkinnyMatmulOffSixteenByteBoundariesMatchesAligned) {
+  constexpr int M = 48, K = 1024, N = 1024;
+  ResolvedGraph g = load(gemv_json(M, K, N, "bf16", ""));
+  auto session = Session::create();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  auto plan = (*session)->get_plan(g);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->engine_name(), "fusebox_skinny_gemm");
+  uint32_t state = 777;
+  std::vector<uint16_t> x(M * K + 8), w(static_cast<size_t>(K) * N + 8);
+  for (auto* v : {&x, &w})
+    for (auto& e : *v) {
+      state = state * 1664525u + 1013904223u;
+      const float f = static_cast<float>(state >> 8) / static_cast<float>(1u << 24) - 0.5f;
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      e = static_cast<uint16_t>(bits >> 16);
+    }
+  void *dx = nullptr, *dw = nullptr, *dy = nullptr, *dy2 = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx, x.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw, w.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy, M * N * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dy2, M * N * 4), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  // The same values at an offset of one element (2 bytes) in a second copy.
+  void *dx1 = nullptr, *dw1 = nullptr;
+  ASSERT_EQ(cudaMalloc(&dx1, x.size() * 2 + 16), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dw1, w.size() * 2 + 16), cudaSuccess);
+  void* xo = static_cast<char*>(dx1) + 2;
+  void* wo = static_cast<char*>(dw1) + 2;
+  ASSERT_EQ(cudaMemcpy(xo, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(wo, w.data(), w.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  auto ba = (*session)->bind(*plan, {{"a", dx}, {"w", dw}, {"y", dy}});
+  auto bo = (*session)->bind(*plan, {{"a", xo}, {"w", wo}, {"y", dy2}});
+  ASSERT_TRUE(ba.ok() && bo.ok()) << (ba.ok() ? bo.status().ToString() : ba.status().ToString());
+  ASSERT_TRUE(ba->execute().ok());
+  ASSERT_TRUE(bo->execute().ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint16_t> y(M * N), y2(M * N);
+  ASSERT_EQ(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(y2.data(), dy2, y2.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  // Both against a host product in double: the two kernels sum in different orders.
+  auto as_float = [](uint16_t b) {
+    const uint32_t bits = static_cast<uint32_t>(b) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  double err = 0, err2 = 0, ref2 = 0;
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double r = 0;
+      for (int k = 0; k < K; ++k)
+        r += static_cast<double>(as_float(x[m * K + k])) * as_float(w[static_cast<size_t>(k) * N + n]);
+      const size_t i = static_cast<size_t>(m) * N + n;
+      err += (as_float(y[i]) - r) * (as_float(y[i]) - r);
+      err2 += (as_float(y2[i]) - r) * (as_float(y2[i]) - r);
+      ref2 += r * r;
+    }
+  EXPECT_GT(ref2, 0.0);
+  EXPECT_LT(std::sqrt(err / ref2), 1e-2) << "aligned (tensor cores)";
+  EXPECT_LT(std::sqrt(err2 / ref2), 1e-2) << "off 16-byte boundaries (fusebox_gemv's loop)";
+  for (void* p : {dx, dw, dy, dy2, dx1, dw1}) cudaFree(p);
 }
 
 // A row's result does not depend on the other rows (the serving engine's batching changes nothing):

@@ -55,7 +55,13 @@ struct FasterKernel {
   std::string why;
   bool by_default = true;
 };
-FasterKernel faster_native_kernel(const ResolvedGraph& g);
+// `pinned`: the engine a build pins, where it names a kernel of fusebox's that runs the graph
+// besides its default one (fusebox_gemv, for the rows the tensor-core form takes by default).
+FasterKernel faster_native_kernel(const ResolvedGraph& g, const std::string& pinned = "");
+
+// The few-row matmul kernel whose rows do not depend on the batch (the serving engine's
+// deterministic mode pins it).
+inline constexpr const char* kGemvName = "fusebox_gemv";
 
 // The engine name of the reference kernel below.
 inline constexpr const char* kReferenceKernelName = "fusebox_reference";
