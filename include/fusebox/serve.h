@@ -82,6 +82,12 @@ struct EngineOptions {
   // on the batch: fusebox_gemv for every GEMM (the RMSNorms in its prologue) and
   // fusebox_sdpa_decode for the attention, pinned, where cuDNN's engines are faster. bf16 weights.
   bool deterministic = false;
+  // An FP8 KV cache: each new key and value row (head_dim values of one token and KV head) is stored
+  // as e4m3 times 448 / its largest magnitude, with that magnitude / 448 beside it (fp32): 1 byte a
+  // value instead of 2, plus 4 bytes a row. Attention reads it through sdpa_fwd's FP8 cache
+  // (descale_k, descale_v): on kGpu fusebox_sdpa_decode for the decode step, cuDNN 9.19 having no
+  // such attention. bf16 weights or FP8 ones alike.
+  bool fp8_kv = false;
 };
 
 struct EngineStats {

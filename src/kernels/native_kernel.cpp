@@ -139,8 +139,8 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 // step of the Llama-3.2-1B shapes at batch 1 ran its GEMMs (one row of a times the weights) at
 // 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s. With an RMSNorm before the
 // matmul (the prologue), cuDNN runs no single plan at all: the graph would be two. From 9 to 64 rows
-// (no prologue, no gate) the tensor-core form takes it, unless fusebox_gemv is pinned (`pinned`):
-// its rows do not depend on the other rows.
+// (no prologue, no gate) the tensor-core form runs it when pinned (slower than cuDNN: not by
+// default), unless fusebox_gemv is pinned (`pinned`): its rows do not depend on the other rows.
 FasterKernel gemv_kernel(const ResolvedGraph& g, const std::string& pinned = "") {
   const auto form = match_gemv_form(g);
   if (!form) return {};
@@ -148,8 +148,8 @@ FasterKernel gemv_kernel(const ResolvedGraph& g, const std::string& pinned = "")
   if (pinned != kGemvName) {
     if (auto k = make_skinny_gemm_kernel(*form, &faster)) {
       return {k,
-              "cuDNN 9.19's GEMM engines read the weights at about half the copy peak for 16 to 64 rows (the "
-              "Llama-3.2-1B decode step at batch 64 on an H100: 1.64 ms of GEMMs for 2.47 GB of weights)",
+              "fusebox's tensor-core form of a few rows, when pinned; cuDNN's GEMM is faster here (H100, the "
+              "1B decode GEMMs at 64 rows: about twice cuDNN's time, skinny_gemm.h)",
               faster};
     }
   }
@@ -191,6 +191,12 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 // not 0.23.) Pinned, it gives a sequence the same output at any batch size.
 FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, const SdpaFwdAttrs& a) {
   if (auto k = make_sdpa_decode_kernel(g, op, a)) {
+    if (a.fp8_kv) {
+      return {k,
+              "an FP8 K/V cache with 16-bit q: cuDNN 9.19 has no mixed-precision SDPA (its FP8 SDPA takes "
+              "fp8 q and writes fp8 o), so fusebox's kernel is the only one that runs it without the GPU "
+              "reference"};
+    }
     return {k,
             "a sequence's output does not depend on the batch it runs in, bit for bit (cuDNN's engine, "
             "the default, is faster: 0.399 ms against 0.731 on example sdpa_paged_decode, H100)",

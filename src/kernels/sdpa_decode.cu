@@ -7,6 +7,7 @@
 // shuffles; the block's 128 / kL key slots take every (128 / kL)-th key, two keys in flight each,
 // with an online softmax per slot in fp32; the slots meet in shared memory in a fixed order. A
 // sequence's result therefore depends on its own keys only, never on the batch it runs in.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,8 +38,9 @@ constexpr int kT = 4, kStagedPages = 64;
 struct DecodeArgs {
   const void *q = nullptr, *k = nullptr, *v = nullptr;
   const int32_t *lq = nullptr, *lkv = nullptr, *table_k = nullptr, *table_v = nullptr;
+  const float *dk = nullptr, *dv = nullptr;  // an FP8 cache's descales (fp8_kv), else null
   void* o = nullptr;
-  Strides4 qs, ks, vs, os, tks, tvs;
+  Strides4 qs, ks, vs, os, tks, tvs, dks, dvs;  // dks, dvs: 0 where a descale is one for the tensor
   int64_t lq_stride = 1, lkv_stride = 1;
   int64_t kv_heads = 0, group = 0, dim = 0, page_size = 0, max_pages_k = 0, max_pages_v = 0;
   int64_t pages_k = 0, pages_v = 0, max_kv = 0;
@@ -69,21 +71,41 @@ __device__ __forceinline__ int64_t page_of(const int32_t* table, const Strides4&
 __device__ __forceinline__ int64_t row_base(int64_t page, const Strides4& ps, int64_t h, int64_t r) {
   return page < 0 ? -1 : page * ps.s[0] + h * ps.s[1] + r * ps.s[2];
 }
-// Where key j of sequence b lives in a pool: its page from the table, its row in the page; -1
-// when the table entry is outside the pool (then the key counts as masked). 32-bit division: the
-// builder keeps keys and pages under 2^31.
-__device__ __forceinline__ int64_t key_base(const int32_t* table, const Strides4& ts, const Strides4& ps,
-                                            int64_t pages, int64_t max_pages, int64_t page_size, int64_t b,
-                                            int64_t h, int64_t j) {
-  const auto jj = static_cast<uint32_t>(j), ps32 = static_cast<uint32_t>(page_size);
-  const uint32_t slot = jj / ps32;
-  return row_base(page_of(table, ts, pages, max_pages, b, slot), ps, h, jj - slot * ps32);
+// 8 values of a K or V row from `base` + `off` (elements): 16-bit ones (load8), or with kFp8 8 bytes
+// of e4m3 in the low half (one 8-byte load with kVec).
+template <bool kFp8, bool kVec>
+__device__ __forceinline__ uint4 load_kv(const void* base, int64_t off, int64_t count, int64_t stride) {
+  if constexpr (kFp8) {
+    const auto* p = static_cast<const uint8_t*>(base) + off;
+    if constexpr (kVec) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+      return make_uint4(u.x, u.y, 0, 0);
+    } else {
+      uint32_t w[2] = {0u, 0u};
+      for (int i = 0; i < 8; ++i)
+        if (i < count) w[i / 4] |= static_cast<uint32_t>(p[i * stride]) << (8 * (i % 4));
+      return make_uint4(w[0], w[1], 0, 0);
+    }
+  } else {
+    return load8<kVec>(static_cast<const uint16_t*>(base) + off, count, stride);
+  }
+}
+// Value e (0-7) of what load_kv loaded.
+template <bool kFp8, bool kHalf>
+__device__ __forceinline__ float kv_value(const uint4& u, int e) {
+  if constexpr (kFp8) {
+    const auto byte = static_cast<__nv_fp8_storage_t>(((e < 4 ? u.x : u.y) >> (8 * (e % 4))) & 0xffu);
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(byte, __NV_E4M3)));
+  } else {
+    return value<kHalf>(u, e);
+  }
 }
 
-// kG query heads per KV head, kL lanes a key (8 values of a row each: D <= 8 kL), 16-bit values
-// (kHalf: fp16, else bf16), kVec: 16-byte loads. The per-thread arrays have constant sizes, so
-// they stay in registers.
-template <int kG, int kL, bool kHalf, bool kVec>
+// kG query heads per KV head, kL lanes a key (8 values of a row each: D <= 8 kL), 16-bit q and o
+// (kHalf: fp16, else bf16), K and V of q's dtype or with kFp8 e4m3 times their descales, kVec:
+// 16-byte loads (8-byte ones of fp8 rows). The per-thread arrays have constant sizes, so they stay
+// in registers.
+template <int kG, int kL, bool kHalf, bool kVec, bool kFp8>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   constexpr int kSlots = kThreads / kL, kRow = 8 * kL;
   __shared__ float sm_m[kSlots][kG], sm_l[kSlots][kG];
@@ -109,8 +131,6 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   }
 
   const auto* qp = static_cast<const uint16_t*>(a.q);
-  const auto* kp = static_cast<const uint16_t*>(a.k);
-  const auto* vp = static_cast<const uint16_t*>(a.v);
   float q[kG][8], acc[kG][8], m[kG], l[kG];
 #pragma unroll
   for (int g = 0; g < kG; ++g) {
@@ -141,32 +161,44 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   // the last key scores nothing. A slot takes its keys in increasing order, kT at a time.
   for (int64_t j0 = lo; j0 <= hi; j0 += kT * kSlots) {
     uint4 kx[kT], vx[kT];
+    float ksc[kT], vsc[kT];  // the keys' descales (kFp8)
     bool valid[kT];
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
       const int64_t j = j0 + slot + t * kSlots;
-      int64_t kb = -1, vb = -1;
-      if (j <= hi && staged) {
+      // The key's pages (-1: none, or a table entry outside the pool: the key counts as masked) and
+      // its row in them. 32-bit division: the builder keeps keys and pages under 2^31.
+      int64_t pk = -1, pv = -1, r = 0;
+      if (j <= hi) {
         const auto jj = static_cast<uint32_t>(j), ps32 = static_cast<uint32_t>(a.page_size);
-        const int64_t i = jj / ps32 - first_slot, r = j - (first_slot + i) * a.page_size;
-        kb = row_base(sm_page_k[i], a.ks, h, r);
-        vb = row_base(sm_page_v[i], a.vs, h, r);
-      } else if (j <= hi) {
-        kb = key_base(a.table_k, a.tks, a.ks, a.pages_k, a.max_pages_k, a.page_size, b, h, j);
-        vb = key_base(a.table_v, a.tvs, a.vs, a.pages_v, a.max_pages_v, a.page_size, b, h, j);
+        const int64_t slot_j = jj / ps32;
+        r = j - slot_j * a.page_size;
+        pk = staged ? sm_page_k[slot_j - first_slot]
+                    : page_of(a.table_k, a.tks, a.pages_k, a.max_pages_k, b, slot_j);
+        pv = staged ? sm_page_v[slot_j - first_slot]
+                    : page_of(a.table_v, a.tvs, a.pages_v, a.max_pages_v, b, slot_j);
       }
+      const int64_t kb = row_base(pk, a.ks, h, r), vb = row_base(pv, a.vs, h, r);
       valid[t] = kb >= 0 && vb >= 0;
       const bool in = valid[t] && dn > 0;
-      kx[t] = in ? load8<kVec>(kp + kb + d0 * a.ks.s[3], dn, a.ks.s[3]) : make_uint4(0, 0, 0, 0);
-      vx[t] = in ? load8<kVec>(vp + vb + d0 * a.vs.s[3], dn, a.vs.s[3]) : make_uint4(0, 0, 0, 0);
+      kx[t] = in ? load_kv<kFp8, kVec>(a.k, kb + d0 * a.ks.s[3], dn, a.ks.s[3]) : make_uint4(0, 0, 0, 0);
+      vx[t] = in ? load_kv<kFp8, kVec>(a.v, vb + d0 * a.vs.s[3], dn, a.vs.s[3]) : make_uint4(0, 0, 0, 0);
+      if constexpr (kFp8) {
+        ksc[t] = valid[t] ? a.dk[row_base(pk, a.dks, h, r)] : 0.f;
+        vsc[t] = valid[t] ? a.dv[row_base(pv, a.dvs, h, r)] : 0.f;
+      }
     }
 #pragma unroll
     for (int t = 0; t < kT; ++t) {
       float kf[8], vf[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        kf[e] = value<kHalf>(kx[t], e);
-        vf[e] = value<kHalf>(vx[t], e);
+        kf[e] = kv_value<kFp8, kHalf>(kx[t], e);
+        vf[e] = kv_value<kFp8, kHalf>(vx[t], e);
+        if constexpr (kFp8) {
+          kf[e] *= ksc[t];
+          vf[e] *= vsc[t];
+        }
       }
 #pragma unroll
       for (int g = 0; g < kG; ++g) {
@@ -272,43 +304,57 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(DecodeArgs a) 
 
 // The kernel for kG heads a group at kL lanes a key (4 to 32; 8 heads of more than 128 values are
 // refused by the builder: a group's values are at most 1024).
-template <int kG, bool kHalf, bool kVec>
+template <int kG, bool kHalf, bool kVec, bool kFp8>
 void launch_lanes(int lanes, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
   switch (lanes) {
     case 4:
-      sdpa_decode_kernel<kG, 4, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
+      sdpa_decode_kernel<kG, 4, kHalf, kVec, kFp8><<<grid, kThreads, 0, st>>>(a);
       break;
     case 8:
-      sdpa_decode_kernel<kG, 8, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
+      sdpa_decode_kernel<kG, 8, kHalf, kVec, kFp8><<<grid, kThreads, 0, st>>>(a);
       break;
     case 16:
-      sdpa_decode_kernel<kG, 16, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
+      sdpa_decode_kernel<kG, 16, kHalf, kVec, kFp8><<<grid, kThreads, 0, st>>>(a);
       break;
     default:
-      if constexpr (kG < 8) sdpa_decode_kernel<kG, 32, kHalf, kVec><<<grid, kThreads, 0, st>>>(a);
+      if constexpr (kG < 8) sdpa_decode_kernel<kG, 32, kHalf, kVec, kFp8><<<grid, kThreads, 0, st>>>(a);
       break;
   }
 }
 
-template <bool kHalf, bool kVec>
+template <bool kHalf, bool kVec, bool kFp8>
 void launch_group(int lanes, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
   switch (a.group) {  // the builder accepts powers of two up to 8
     case 1:
-      launch_lanes<1, kHalf, kVec>(lanes, grid, st, a);
+      launch_lanes<1, kHalf, kVec, kFp8>(lanes, grid, st, a);
       break;
     case 2:
-      launch_lanes<2, kHalf, kVec>(lanes, grid, st, a);
+      launch_lanes<2, kHalf, kVec, kFp8>(lanes, grid, st, a);
       break;
     case 4:
-      launch_lanes<4, kHalf, kVec>(lanes, grid, st, a);
+      launch_lanes<4, kHalf, kVec, kFp8>(lanes, grid, st, a);
       break;
     default:
-      launch_lanes<8, kHalf, kVec>(lanes, grid, st, a);
+      launch_lanes<8, kHalf, kVec, kFp8>(lanes, grid, st, a);
       break;
+  }
+}
+
+template <bool kFp8>
+void launch_dtype(bool vec, bool half, int lanes, unsigned grid, cudaStream_t st, const DecodeArgs& a) {
+  if (vec && half) {
+    launch_group<true, true, kFp8>(lanes, grid, st, a);
+  } else if (vec) {
+    launch_group<false, true, kFp8>(lanes, grid, st, a);
+  } else if (half) {
+    launch_group<true, false, kFp8>(lanes, grid, st, a);
+  } else {
+    launch_group<false, false, kFp8>(lanes, grid, st, a);
   }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
 
 class SdpaDecodeKernel final : public KernelBase {
  public:
@@ -332,20 +378,21 @@ class SdpaDecodeKernel final : public KernelBase {
     a.lkv = static_cast<const int32_t*>(ptrs[4]);
     a.table_k = static_cast<const int32_t*>(ptrs[5]);
     a.table_v = static_cast<const int32_t*>(ptrs[6]);
-    a.o = ptrs[7];
+    if (fp8_) {
+      a.dk = static_cast<const float*>(ptrs[7]);
+      a.dv = static_cast<const float*>(ptrs[8]);
+    }
+    a.o = ptrs[fp8_ ? 9 : 7];
     if (blocks_ == 0) return Status::Ok();
     const auto st = static_cast<cudaStream_t>(stream);
     const auto grid = static_cast<unsigned>(blocks_ * a.splits);
-    const bool vec = vec_shapes_ && aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+    auto kv_aligned = [&](const void* p) { return fp8_ ? aligned8(p) : aligned16(p); };
+    const bool vec = vec_shapes_ && aligned16(a.q) && kv_aligned(a.k) && kv_aligned(a.v);
     const bool half = a.dtype == static_cast<int>(DType::kFP16);
-    if (vec && half) {
-      launch_group<true, true>(lanes_, grid, st, a);
-    } else if (vec) {
-      launch_group<false, true>(lanes_, grid, st, a);
-    } else if (half) {
-      launch_group<true, false>(lanes_, grid, st, a);
+    if (fp8_) {
+      launch_dtype<true>(vec, half, lanes_, grid, st, a);
     } else {
-      launch_group<false, false>(lanes_, grid, st, a);
+      launch_dtype<false>(vec, half, lanes_, grid, st, a);
     }
     FUSEBOX_RETURN_IF_ERROR(
         common::cuda_status(cudaGetLastError(), where_, " paged decode attention kernel launch"));
@@ -357,6 +404,7 @@ class SdpaDecodeKernel final : public KernelBase {
   DecodeArgs args_;
   int64_t blocks_ = 0;
   int lanes_ = 4;            // lanes a key: a power of two >= D / 8, at least 4
+  bool fp8_ = false;         // an FP8 cache: e4m3 K and V, their descales after the page tables
   bool vec_shapes_ = false;  // rows of 8 values on 16-byte boundaries (the pointers checked at launch)
 };
 
@@ -376,9 +424,17 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   const ResolvedTensor& o = g.tensors[static_cast<size_t>(out->second)];
   for (const ResolvedTensor* t : {q, k, v, lq, lkv, tk, tv, &o})
     if (t->is_virtual || t->scalar_value || t->dims.size() != 4) return nullptr;
-  if ((q->dtype != DType::kBF16 && q->dtype != DType::kFP16) || k->dtype != q->dtype ||
-      v->dtype != q->dtype || o.dtype != q->dtype)
+  const DType kv_dtype = a.fp8_kv ? DType::kFP8E4M3 : q->dtype;
+  if ((q->dtype != DType::kBF16 && q->dtype != DType::kFP16) || k->dtype != kv_dtype ||
+      v->dtype != kv_dtype || o.dtype != q->dtype)
     return nullptr;
+  // An FP8 cache's descales: [1,1,1,1] (strides 0: one value) or one per row of the pool.
+  const ResolvedTensor *dk = a.fp8_kv ? in("descale_k") : nullptr, *dv = a.fp8_kv ? in("descale_v") : nullptr;
+  if (a.fp8_kv) {
+    if (!dk || !dv) return nullptr;
+    for (const ResolvedTensor* t : {dk, dv})
+      if (t->is_virtual || t->scalar_value || t->dims.size() != 4 || t->dtype != DType::kFP32) return nullptr;
+  }
   for (const ResolvedTensor* t : {lq, lkv, tk, tv})
     if (t->dtype != DType::kInt32) return nullptr;
   const int64_t B = q->dims[0], H = q->dims[1], Sq = q->dims[2], D = q->dims[3];
@@ -400,6 +456,21 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   d.os = strides4(o);
   d.tks = strides4(*tk);
   d.tvs = strides4(*tv);
+  if (a.fp8_kv) {
+    // One value for the tensor: strides 0. One per row: [pages, KVH, P, 1] (the validator's shapes).
+    auto descale_strides = [](const ResolvedTensor& t, const ResolvedTensor& pool) {
+      Strides4 s;
+      if (t.dims == std::vector<int64_t>{1, 1, 1, 1}) return s;
+      std::vector<int64_t> per_row = pool.dims;
+      per_row.back() = 1;
+      if (t.dims != per_row) return Strides4{{-1, -1, -1, -1}};
+      return strides4(t);
+    };
+    d.dks = descale_strides(*dk, *k);
+    d.dvs = descale_strides(*dv, *v);
+    if (d.dks.s[0] < 0 || d.dvs.s[0] < 0) return nullptr;
+    kern->fp8_ = true;
+  }
   d.lq_stride = lq->strides[0];
   d.lkv_stride = lkv->strides[0];
   d.kv_heads = KVH;
@@ -429,7 +500,9 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
     return t.s[3] == 1 && t.s[0] % 8 == 0 && t.s[1] % 8 == 0 && t.s[2] % 8 == 0;
   };
   kern->vec_shapes_ = D % 8 == 0 && rows16(d.qs) && rows16(d.ks) && rows16(d.vs);
-  kern->tensors_ = {q->name, k->name, v->name, lq->name, lkv->name, tk->name, tv->name, o.name};
+  kern->tensors_ = {q->name, k->name, v->name, lq->name, lkv->name, tk->name, tv->name};
+  if (a.fp8_kv) kern->tensors_.insert(kern->tensors_.end(), {dk->name, dv->name});
+  kern->tensors_.push_back(o.name);
   return kern;
 }
 

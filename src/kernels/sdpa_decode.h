@@ -12,8 +12,9 @@ namespace fusebox::kernels {
 
 // The kernel for `op`, or null when the graph is not the form it serves: an sdpa_fwd alone with
 // paged K and V (padding lengths), one query per sequence (Sq = 1), no stats, bias, ALiBi,
-// dropout, sink or block mask; q, k, v and o bf16 or fp16 alike with Dv = D <= 256 and at most
-// 8 query heads per KV head (at most 1024 values of a group's rows). A (sequence, KV head) pair's
+// dropout, sink or block mask; q, k, v and o bf16 or fp16 alike (or, with an FP8 cache
+// (SdpaFwdAttrs::fp8_kv), k and v e4m3 times their descales, one a tensor or one a row) with Dv = D <= 256
+// and at most 8 query heads per KV head (at most 1024 values of a group's rows). A (sequence, KV head) pair's
 // keys go to blocks of a fixed chunk (at least 64 keys, at most 32 chunks for the pool's longest
 // sequence), their softmax partials in the plan's workspace, merged by a second kernel; a pool of
 // one chunk needs no workspace. The chunks depend on the pool only: a sequence's result is the

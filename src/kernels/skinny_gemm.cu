@@ -275,7 +275,8 @@ std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f, b
   kern->tiles_ = static_cast<unsigned>(tiles);
   kern->half_ = f.a->dtype == DType::kFP16;
   kern->tensors_ = gemv_tensor_names(f);
-  if (by_default) *by_default = gemv_weights_in_range(f.k, f.n);
+  // Pinned only: measured slower than cuDNN's GEMMs (see skinny_gemm.h).
+  if (by_default) *by_default = false;
   return kern;
 }
 

@@ -17,6 +17,7 @@
 #include "fusebox/serve.h"
 #include "fusebox/tensor.h"
 #include "gpu_forward.h"
+#include "kernels/kv_pages.h"
 #include "kernels/quantize.h"
 #include "kv_pool.h"
 #include "lm_graphs.h"
@@ -39,6 +40,17 @@ Values rounded(DType d, const Values& v) {
 void store_bf16(HostTensor& t, int64_t i, float f) {
   const uint16_t b = float_to_bf16_bits(f);
   std::memcpy(t.data.data() + i * 2, &b, 2);
+}
+
+// Row `row` (dh values at x) of an FP8 cache: e4m3 values and their descale, as the GPU's KV write
+// rounds them (kernels::fp8_row_scale).
+void store_fp8_row(HostTensor& pool, HostTensor& descale, int64_t row, int64_t dh, const float* x) {
+  float amax = 0.f;
+  for (int64_t d = 0; d < dh; ++d) amax = std::fmax(amax, std::fabs(x[d]));
+  const kernels::Fp8Row r = kernels::fp8_row_scale(amax);
+  for (int64_t d = 0; d < dh; ++d)
+    pool.data[static_cast<size_t>(row * dh + d)] = float_to_fp8_bits(x[d] * r.inv, DType::kFP8E4M3);
+  std::memcpy(descale.data.data() + row * 4, &r.descale, 4);
 }
 
 // [B*S, H*dh] rows <-> [B, H, S, dh] logical order.
@@ -81,6 +93,7 @@ struct LmEngine::Impl {
   std::map<std::string, Values> w;         // weights as the GPU buffers hold them (FP8: the e4m3 values)
   std::map<std::string, Values> w_scale;   // FP8 matrices' per-channel scales ([p])
   std::vector<HostTensor> k_pool, v_pool;  // by layer: [pages, kv_heads, page_size, head_dim]
+  std::vector<HostTensor> k_descale, v_descale;  // fp8_kv: by layer, [pages, kv_heads, page_size, 1]
   std::unique_ptr<KvPool> pool;
   std::map<std::string, ResolvedGraph> graphs;  // by key: built once per shape
   std::map<int64_t, Request> requests;
@@ -192,8 +205,9 @@ struct LmEngine::Impl {
     h = rounded(DType::kBF16, h);
 
     const int64_t HK = H + KV, W = (HK + KV) * dh;  // the fused projection's heads and row
-    FUSEBOX_ASSIGN_OR_RETURN(const ResolvedGraph* ag,
-                             graph(serve::attention_graph(m, B, S, max_pages, opt.pool_pages, P, HK * dh)));
+    FUSEBOX_ASSIGN_OR_RETURN(
+        const ResolvedGraph* ag,
+        graph(serve::attention_graph(m, B, S, max_pages, opt.pool_pages, P, HK * dh, opt.fp8_kv)));
     for (int64_t l = 0; l < m.layers; ++l) {
       const std::string p = "layers." + std::to_string(l) + ".";
       FUSEBOX_ASSIGN_OR_RETURN(Values a, rmsnorm(N, h, p + "attention_norm"));
@@ -219,16 +233,27 @@ struct LmEngine::Impl {
           const int64_t pos = batch[static_cast<size_t>(b)]->len + s;
           const int64_t page = batch[static_cast<size_t>(b)]->seq.pages[static_cast<size_t>(pos / P)];
           for (int64_t hk = 0; hk < KV; ++hk) {
-            const int64_t dst = ((page * KV + hk) * P + pos % P) * dh, src = ((b * KV + hk) * S + s) * dh;
+            const int64_t row = (page * KV + hk) * P + pos % P, src = ((b * KV + hk) * S + s) * dh;
+            const size_t L = static_cast<size_t>(l);
+            if (opt.fp8_kv) {
+              store_fp8_row(k_pool[L], k_descale[L], row, dh, kr.data() + src);
+              store_fp8_row(v_pool[L], v_descale[L], row, dh, vb.data() + src);
+              continue;
+            }
             for (int64_t d = 0; d < dh; ++d) {
-              store_bf16(k_pool[static_cast<size_t>(l)], dst + d, kr[static_cast<size_t>(src + d)]);
-              store_bf16(v_pool[static_cast<size_t>(l)], dst + d, vb[static_cast<size_t>(src + d)]);
+              store_bf16(k_pool[L], row * dh + d, kr[static_cast<size_t>(src + d)]);
+              store_bf16(v_pool[L], row * dh + d, vb[static_cast<size_t>(src + d)]);
             }
           }
         }
+      std::map<std::string, const HostTensor*> pools = {{"k", &k_pool[static_cast<size_t>(l)]},
+                                                        {"v", &v_pool[static_cast<size_t>(l)]}};
+      if (opt.fp8_kv) {
+        pools["dk"] = &k_descale[static_cast<size_t>(l)];
+        pools["dv"] = &v_descale[static_cast<size_t>(l)];
+      }
       FUSEBOX_ASSIGN_OR_RETURN(
-          auto att, run(*ag, {{"q", &qr}, {"table", &table}, {"lq", &lens_q}, {"lkv", &lens_kv}},
-                        {{"k", &k_pool[static_cast<size_t>(l)]}, {"v", &v_pool[static_cast<size_t>(l)]}}));
+          auto att, run(*ag, {{"q", &qr}, {"table", &table}, {"lq", &lens_q}, {"lkv", &lens_kv}}, pools));
       const Values o = bhsd_to_rows(att.at("o"), B, S, H, dh);
       FUSEBOX_ASSIGN_OR_RETURN(Values h1, gemm(N, H * dh, D, o, p + "wo", serve::Epilogue::kResidual, &h));
       FUSEBOX_ASSIGN_OR_RETURN(Values mm, rmsnorm(N, h1, p + "ffn_norm"));
@@ -390,10 +415,18 @@ Result<std::unique_ptr<LmEngine>> LmEngine::create(const LmConfig& config, const
   ResolvedTensor pool;
   pool.dims = {options.pool_pages, m.kv_heads, options.page_size, m.head_dim};
   pool.strides = dense_strides_like(pool.dims, {});  // row-major
-  pool.dtype = DType::kBF16;
+  pool.dtype = options.fp8_kv ? DType::kFP8E4M3 : DType::kBF16;
+  ResolvedTensor descale;  // fp8_kv: one fp32 a row
+  descale.dims = {options.pool_pages, m.kv_heads, options.page_size, 1};
+  descale.strides = dense_strides_like(descale.dims, {});
+  descale.dtype = DType::kFP32;
   for (int64_t l = 0; l < m.layers; ++l) {
     impl->k_pool.push_back(HostTensor::like(pool));
     impl->v_pool.push_back(HostTensor::like(pool));
+    if (options.fp8_kv) {
+      impl->k_descale.push_back(HostTensor::like(descale));
+      impl->v_descale.push_back(HostTensor::like(descale));
+    }
   }
   return std::unique_ptr<LmEngine>(new LmEngine(std::move(impl)));
 }

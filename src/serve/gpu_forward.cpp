@@ -64,6 +64,9 @@ struct GpuForward::Impl {
   Mem freqs;
   // The KV pools by layer (a deque: Mem does not move): [pool_pages, kv_heads, page_size, head_dim] bf16.
   std::deque<Mem> kpool, vpool;
+  // EngineOptions::fp8_kv: the pools are e4m3 and these their rows' descales, [pool_pages, kv_heads,
+  // page_size] fp32 by layer (kernels::KvWrite::fp8_scale).
+  std::deque<Mem> kscale, vscale;
   // Activations, sized for the largest bucket's rows.
   Mem h, a, qkv, qkr, o, h1, mm, g, act, last, hn, logits, tokens, top_keys;
   // The step's inputs: one pinned block uploaded with one copy, in aligned segments.
@@ -259,6 +262,10 @@ struct GpuForward::Impl {
       wr.elem_bytes = 2;
       wr.pool = kpool[static_cast<size_t>(l)].as<void>();
       wr.pool2 = vpool[static_cast<size_t>(l)].as<void>();
+      if (opt.fp8_kv) {
+        wr.fp8_scale = kscale[static_cast<size_t>(l)].as<float>();
+        wr.fp8_scale2 = vscale[static_cast<size_t>(l)].as<float>();
+      }
       wr.num_pages = opt.pool_pages;
       wr.page_size = P;
       wr.max_pages = max_pages;
@@ -266,15 +273,20 @@ struct GpuForward::Impl {
       wr.start = reinterpret_cast<const int32_t*>(in(off_start));
       wr.count = reinterpret_cast<const int32_t*>(in(off_count));
       add(p, "write_kv_pages", [this, wr] { return kernels::write_kv_pages(wr, stream()); });
-      FUSEBOX_RETURN_IF_ERROR(bind(p, attention_graph(m, B, S, max_pages, opt.pool_pages, P, HK * dh),
-                                   {{"q", qkr.as<void>()},
-                                    {"k", kpool[static_cast<size_t>(l)].as<void>()},
-                                    {"v", vpool[static_cast<size_t>(l)].as<void>()},
-                                    {"table", in(off_table)},
-                                    {"lq", in(off_lq)},
-                                    {"lkv", in(off_lkv)},
-                                    {"o", o.as<void>()}},
-                                   row_engine("fusebox_sdpa_decode")));
+      std::map<std::string, void*> att = {{"q", qkr.as<void>()},
+                                          {"k", kpool[static_cast<size_t>(l)].as<void>()},
+                                          {"v", vpool[static_cast<size_t>(l)].as<void>()},
+                                          {"table", in(off_table)},
+                                          {"lq", in(off_lq)},
+                                          {"lkv", in(off_lkv)},
+                                          {"o", o.as<void>()}};
+      if (opt.fp8_kv) {
+        att["dk"] = kscale[static_cast<size_t>(l)].as<void>();
+        att["dv"] = vscale[static_cast<size_t>(l)].as<void>();
+      }
+      FUSEBOX_RETURN_IF_ERROR(
+          bind(p, attention_graph(m, B, S, max_pages, opt.pool_pages, P, HK * dh, opt.fp8_kv), att,
+               row_engine("fusebox_sdpa_decode")));
       if (fp8) quantize(p, o, N, H * dh);
       FUSEBOX_RETURN_IF_ERROR(
           gemm(p, N, H * dh, D, Epilogue::kResidual, pre + "wo", o, h1, {{"r", h.as<void>()}}));
@@ -519,7 +531,11 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
   // many again, twice). More would sit unused, and the attention plan's check would fill a pool of
   // millions of pages with random values (a tiny model on an H100 asked for 16M pages: the check
   // ran past 150 s).
-  const size_t page_bytes = static_cast<size_t>(m.kv_heads * options.page_size * m.head_dim) * 2;
+  // A page of one pool: bf16 values, or e4m3 ones and an fp32 descale a row.
+  const size_t rows_a_page = static_cast<size_t>(m.kv_heads * options.page_size);
+  const size_t value_bytes = rows_a_page * static_cast<size_t>(m.head_dim) * (options.fp8_kv ? 1 : 2);
+  const size_t scale_bytes = options.fp8_kv ? rows_a_page * 4 : 0;
+  const size_t page_bytes = value_bytes + scale_bytes;
   if (s.opt.pool_pages == 0) {
     size_t free = 0, total = 0;
     FUSEBOX_RETURN_IF_ERROR(cuda_status(cudaMemGetInfo(&free, &total), "serve: free device memory"));
@@ -535,13 +551,21 @@ Result<std::unique_ptr<GpuForward>> GpuForward::create(
                              std::to_string(s.max_pages) +
                              ": give pool_pages, or a smaller model or context");
   }
-  const size_t pool_bytes = static_cast<size_t>(s.opt.pool_pages) * page_bytes;
-  for (int64_t l = 0; l < m.layers; ++l)
+  const size_t pool_bytes = static_cast<size_t>(s.opt.pool_pages) * value_bytes;
+  for (int64_t l = 0; l < m.layers; ++l) {
     for (auto* pool : {&s.kpool.emplace_back(), &s.vpool.emplace_back()}) {
       FUSEBOX_RETURN_IF_ERROR(pool->alloc(pool_bytes, false, "KV pool", "serve"));
       FUSEBOX_RETURN_IF_ERROR(
           cuda_status(cudaMemset(pool->as<void>(), 0, pool_bytes), "serve: clear the KV pool"));
     }
+    if (!options.fp8_kv) continue;
+    const size_t bytes = static_cast<size_t>(s.opt.pool_pages) * scale_bytes;
+    for (auto* scale : {&s.kscale.emplace_back(), &s.vscale.emplace_back()}) {
+      FUSEBOX_RETURN_IF_ERROR(scale->alloc(bytes, false, "KV descales", "serve"));
+      FUSEBOX_RETURN_IF_ERROR(
+          cuda_status(cudaMemset(scale->as<void>(), 0, bytes), "serve: clear the KV descales"));
+    }
+  }
 
   // Warm-up: every bucket's plans, one eager run of each (all rows padding: nothing written to
   // the pools), then the decode buckets' CUDA graphs (the workspace arena no longer grows).
@@ -709,7 +733,10 @@ Result<std::string> GpuForward::profile(int64_t B, int64_t context, int iters) {
     for (const auto& [name, mem] : *ws)
       if (name != "tok_embeddings") weights += static_cast<double>(mem.bytes());
   weights += static_cast<double>(B * m.dim * 4);
-  const double kv = 2.0 * static_cast<double>(m.layers * B * context * m.kv_heads * m.head_dim * 2);
+  // K and V: bf16 values, or e4m3 ones and an fp32 descale a row (fp8_kv).
+  const double row_bytes =
+      s.opt.fp8_kv ? static_cast<double>(m.head_dim + 4) : 2.0 * static_cast<double>(m.head_dim);
+  const double kv = 2.0 * static_cast<double>(m.layers * B * context * m.kv_heads) * row_bytes;
   const double step = p->exec ? median(graph_ms) : median(eager_ms);
   const double gbs = step > 0 ? (weights + kv) / (step * 1e6) : 0;
   char line[512];
@@ -758,8 +785,9 @@ std::string GpuForward::summary() const {
                                                                      : "FP8 e4m3 per tensor";
   return std::string("weights ") + weights + ", " + std::to_string(s.programs.size()) + " step programs (" +
          std::to_string(graphs) + " decode CUDA graphs), " + std::to_string(s.plans.size()) + " plans, " +
-         std::to_string(s.opt.pool_pages) + " KV pages of " + std::to_string(s.opt.page_size) +
-         " tokens, prompts served by length and row buckets (static stage graphs: no execute-time shape "
+         std::to_string(s.opt.pool_pages) + " KV pages of " + std::to_string(s.opt.page_size) + " tokens (" +
+         (s.opt.fp8_kv ? "e4m3 with a descale a row" : "bf16") +
+         "), prompts served by length and row buckets (static stage graphs: no execute-time shape "
          "override" +
          (s.opt.warm_prompt_buckets ? ""
                                     : "; prompt buckets not built at warm-up: each prompt bucket builds on "
@@ -787,7 +815,7 @@ int64_t GpuForward::device_bytes() const {
   int64_t n = 0;
   for (const auto* ws : {&s.w, &s.w_scale})
     for (const auto& [name, m] : *ws) n += static_cast<int64_t>(m.bytes());
-  for (const auto* pools : {&s.kpool, &s.vpool})
+  for (const auto* pools : {&s.kpool, &s.vpool, &s.kscale, &s.vscale})
     for (const Mem& m : *pools) n += static_cast<int64_t>(m.bytes());
   for (const Mem* m : {&s.h, &s.a, &s.qkv, &s.qkr, &s.o, &s.h1, &s.mm, &s.g, &s.act, &s.last, &s.hn,
                        &s.logits, &s.tokens, &s.top_keys, &s.in_dev, &s.freqs, &s.x8, &s.x8_scale})

@@ -157,17 +157,20 @@ Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t
 }
 
 Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, int64_t max_pages,
-                                int64_t pool_pages, int64_t page_size, int64_t q_row) {
+                                int64_t pool_pages, int64_t page_size, int64_t q_row, bool fp8_kv) {
   const int64_t dh = m.head_dim;
-  Json attn = op("sdpa_fwd", "attn",
-                 {{"q", "q"},
-                  {"k", "k"},
-                  {"v", "v"},
-                  {"seq_len_q", "lq"},
-                  {"seq_len_kv", "lkv"},
-                  {"page_table_k", "table"},
-                  {"page_table_v", "table"}},
-                 {{"o", "o"}});
+  std::map<std::string, std::string> inputs = {{"q", "q"},
+                                               {"k", "k"},
+                                               {"v", "v"},
+                                               {"seq_len_q", "lq"},
+                                               {"seq_len_kv", "lkv"},
+                                               {"page_table_k", "table"},
+                                               {"page_table_v", "table"}};
+  if (fp8_kv) {
+    inputs["descale_k"] = "dk";
+    inputs["descale_v"] = "dv";
+  }
+  Json attn = op("sdpa_fwd", "attn", inputs, {{"o", "o"}});
   attn["causal"] = true;
   attn["alignment"] = "bottom_right";
   attn["attn_scale"] = 1.0 / std::sqrt(static_cast<double>(dh));
@@ -175,14 +178,22 @@ Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, in
   const std::vector<int64_t> pool = {pool_pages, m.kv_heads, page_size, dh};
   Json q = json_tensor("q", {B, m.heads, S, dh}, q_row > 0 ? nullptr : "bshd");
   if (q_row > 0) q["strides"] = {S * q_row, dh, q_row, 1};
-  return make(
-      "attn_" + dims_key({B, S, max_pages, pool_pages, page_size}) +
-          (q_row > 0 ? "_row" + std::to_string(q_row) : ""),
-      {q, json_tensor("k", pool), json_tensor("v", pool),
-       json_tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"),
-       json_tensor("lq", {B, 1, 1, 1}, nullptr, "int32"), json_tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"),
-       json_tensor("o", {B, m.heads, S, dh}, "bshd")},
-      Json::array({attn}));
+  const char* pool_dtype = fp8_kv ? "fp8_e4m3" : nullptr;
+  Json tensors = {q,
+                  json_tensor("k", pool, nullptr, pool_dtype),
+                  json_tensor("v", pool, nullptr, pool_dtype),
+                  json_tensor("table", {B, 1, max_pages, 1}, nullptr, "int32"),
+                  json_tensor("lq", {B, 1, 1, 1}, nullptr, "int32"),
+                  json_tensor("lkv", {B, 1, 1, 1}, nullptr, "int32"),
+                  json_tensor("o", {B, m.heads, S, dh}, "bshd")};
+  if (fp8_kv) {
+    const std::vector<int64_t> rows = {pool_pages, m.kv_heads, page_size, 1};
+    tensors.push_back(json_tensor("dk", rows, nullptr, "fp32"));
+    tensors.push_back(json_tensor("dv", rows, nullptr, "fp32"));
+  }
+  return make("attn_" + dims_key({B, S, max_pages, pool_pages, page_size}) +
+                  (q_row > 0 ? "_row" + std::to_string(q_row) : "") + (fp8_kv ? "_fp8kv" : ""),
+              tensors, Json::array({attn}));
 }
 
 std::string qkv_name(int64_t layer) { return "layers." + std::to_string(layer) + ".wqkv"; }

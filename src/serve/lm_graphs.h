@@ -64,8 +64,11 @@ Result<LmGraph> rope_graph(const LmModelConfig& m, int64_t B, int64_t H, int64_t
 // [B, heads, S, head_dim] "bshd", k and v pools [pool_pages, kv_heads, page_size, head_dim], one
 // page table [B, 1, max_pages, 1] for both, seq_len_q "lq" and seq_len_kv "lkv" [B, 1, 1, 1].
 // With `q_row` > 0, q's rows are q_row elements apart (the rotated queries beside the keys).
+// `fp8_kv`: an FP8 cache (EngineOptions::fp8_kv): e4m3 pools and their descales "dk", "dv"
+// [pool_pages, kv_heads, page_size, 1] fp32, one a row.
 Result<LmGraph> attention_graph(const LmModelConfig& m, int64_t B, int64_t S, int64_t max_pages,
-                                int64_t pool_pages, int64_t page_size, int64_t q_row = 0);
+                                int64_t pool_pages, int64_t page_size, int64_t q_row = 0,
+                                bool fp8_kv = false);
 
 // The fused Q/K/V projection: the layer's wq, wk and wv side by side ([dim, (heads + 2 kv_heads)
 // x head_dim], one GEMM), under this name beside them.

@@ -81,9 +81,11 @@ class Engine : public ::testing::Test {
     ASSERT_TRUE(trainer_->save_checkpoint(dir_.file("ck.safetensors")).ok());
   }
   std::unique_ptr<LmEngine> engine(int64_t pages, int64_t max_batch = 8,
-                                   ServeWeights weights = ServeWeights::kBF16, bool deterministic = false) {
+                                   ServeWeights weights = ServeWeights::kBF16, bool deterministic = false,
+                                   bool fp8_kv = false) {
     EngineOptions o;
     o.deterministic = deterministic;
+    o.fp8_kv = fp8_kv;
     o.page_size = 4;
     o.pool_pages = pages;
     o.max_batch = max_batch;
@@ -251,6 +253,33 @@ TEST_F(Engine, Fp8WeightsStayCloseToTheFullForward) {
     std::printf("[ fp8 ] %s: worst logits rel-L2 %.3g (bf16 weights: %.3g)\n",
                 w == ServeWeights::kFP8Channel ? "per channel" : "per tensor", worst, worst_bf16);
   }
+}
+
+// An FP8 KV cache (EngineOptions::fp8_kv): every token's logits within 5% rel-L2 of the full
+// forward, measurably not the bf16 cache's (the e4m3 rows really were read), with shared prefix
+// pages and continuous batching; the same tokens alone as batched.
+TEST_F(Engine, Fp8KvCacheStaysCloseToTheFullForward) {
+  std::vector<LmRequest> reqs(3);
+  reqs[0].prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  reqs[1].prompt = {1, 2, 3, 4, 5, 6, 7, 8, 20, 21};  // two pages shared with the first
+  reqs[2].prompt = {5, 9, 13, 17, 21, 25, 29};
+  for (LmRequest& r : reqs) r.max_new_tokens = 5;
+  double worst_bf16 = 0, worst = 0;
+  int checked = 0, n = 0;
+  auto bf16 = engine(64);
+  ASSERT_TRUE(bf16);
+  run(*bf16, reqs, &checked, 1e-2, &worst_bf16);
+  auto e = engine(64, 8, ServeWeights::kBF16, false, /*fp8_kv=*/true);
+  ASSERT_TRUE(e);
+  const auto out = run(*e, reqs, &n, 5e-2, &worst);
+  EXPECT_EQ(n, 15);
+  EXPECT_EQ(e->stats().cached_prompt_tokens, 8);
+  EXPECT_GT(worst, std::max(2 * worst_bf16, 1e-4)) << "the FP8 cache changed nothing: was it read?";
+  std::printf("[ fp8 kv ] worst logits rel-L2 %.3g (bf16 cache: %.3g)\n", worst, worst_bf16);
+  auto alone = engine(64, 1, ServeWeights::kBF16, false, true);
+  ASSERT_TRUE(alone);
+  int n2 = 0;
+  EXPECT_EQ(run(*alone, reqs, &n2, 5e-2), out);
 }
 
 TEST_F(Engine, TeacherForcingEmitsTheForcedTokensWithTheirLogits) {

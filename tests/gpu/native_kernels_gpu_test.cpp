@@ -129,9 +129,15 @@ TEST_F(NativeKernelsGpu, LayerNormAndRmsNormWithFp32ParamsMatchTheReferences) {
 // A paged decode attention graph (one query per sequence) as the serving engine declares it:
 // q [B, H, 1, D] (rows `q_row` apart when given), pools [pages, KVH, page, D], one table for K
 // and V, random lengths (the graph's values leave seq_len_kv random), `mask` the op's mask fields.
+// `fp8`: an FP8 cache, e4m3 pools with fp32 descales "dk" and "dv" of dims `fp8` (one per row or
+// [1, 1, 1, 1]).
 std::string decode_json(int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, int64_t max_pages,
-                        const char* io, const char* mask, int64_t q_row = 0) {
+                        const char* io, const char* mask, int64_t q_row = 0, const char* fp8 = nullptr) {
   const int64_t pages = B * max_pages + 3;
+  const std::string pool_dtype = fp8 ? R"(, "dtype": "fp8_e4m3")" : "";
+  const std::string descales = fp8 ? std::string(R"({"name": "dk", "dtype": "fp32", "dims": )") + fp8 +
+                                         R"(}, {"name": "dv", "dtype": "fp32", "dims": )" + fp8 + "},"
+                                   : std::string();
   const std::string q_strides =
       q_row ? ", \"strides\": " + dims_text({q_row, D, q_row, 1}) : std::string(", \"layout\": \"bshd\"");
   std::string ones;
@@ -140,15 +146,26 @@ std::string decode_json(int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t pa
   return std::string(R"({"name": "decode", "io_dtype": ")") + io +
          R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" +
          R"({"name": "q", "dims": )" + dims_text({B, H, 1, D}) + q_strides + "}," +
-         R"({"name": "k", "dims": )" + dims_text({pages, KVH, page, D}) + "}," + R"({"name": "v", "dims": )" +
-         dims_text({pages, KVH, page, D}) + "}," + R"({"name": "table", "dims": )" +
-         dims_text({B, 1, max_pages, 1}) + R"(, "dtype": "int32"},)" + R"({"name": "lq", "dims": )" +
-         dims_text({B, 1, 1, 1}) + R"(, "dtype": "int32", "values": [)" + ones + "]}," +
-         R"({"name": "lkv", "dims": )" + dims_text({B, 1, 1, 1}) + R"(, "dtype": "int32"},)" +
+         R"({"name": "k", "dims": )" + dims_text({pages, KVH, page, D}) + pool_dtype + "}," +
+         R"({"name": "v", "dims": )" + dims_text({pages, KVH, page, D}) + pool_dtype + "}," + descales +
+         R"({"name": "table", "dims": )" + dims_text({B, 1, max_pages, 1}) + R"(, "dtype": "int32"},)" +
+         R"({"name": "lq", "dims": )" + dims_text({B, 1, 1, 1}) + R"(, "dtype": "int32", "values": [)" +
+         ones + "]}," + R"({"name": "lkv", "dims": )" + dims_text({B, 1, 1, 1}) + R"(, "dtype": "int32"},)" +
          R"({"name": "o", "layout": "bshd"}], "ops": [{"op": "sdpa_fwd", "name": "attn", )" + mask +
          R"("max_seq_len_kv": )" + std::to_string(max_pages * page) +
          R"(, "inputs": {"q": "q", "k": "k", "v": "v", "seq_len_q": "lq", "seq_len_kv": "lkv", )" +
+         (fp8 ? R"("descale_k": "dk", "descale_v": "dv", )" : "") +
          R"("page_table_k": "table", "page_table_v": "table"}, "outputs": {"o": "o"}}]})";
+}
+
+// An FP8 cache (e4m3 K and V, fp32 descales per row or per tensor): fusebox_sdpa_decode by default
+// (cuDNN 9.19 has no such SDPA); 8-byte loads, and one value at a time (q rows 324 values apart).
+TEST_F(NativeKernelsGpu, PagedDecodeAttentionOverAnFp8CacheMatchesTheReferences) {
+  const char* causal = R"("causal": true, "alignment": "bottom_right", )";
+  check(decode_json(64, 32, 8, 64, 16, 8, "bf16", causal, 40 * 64, "[515, 8, 16, 1]"), "fusebox_sdpa_decode");
+  check(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal, 0, "[131, 8, 16, 1]"), "fusebox_sdpa_decode");
+  check(decode_json(8, 16, 4, 128, 32, 4, "fp16", causal, 0, "[1, 1, 1, 1]"), "fusebox_sdpa_decode");
+  check(decode_json(5, 8, 2, 40, 16, 6, "bf16", "", 324, "[33, 2, 16, 1]"), "fusebox_sdpa_decode");
 }
 
 TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
@@ -374,26 +391,27 @@ TEST_F(NativeKernelsGpu, FewRowMatmulsMatchTheReferences) {
   EXPECT_FALSE(plan->native()) << plan->engine_name();
 }
 
+// Pinned (cuDNN's GEMMs are faster, skinny_gemm.h).
 TEST_F(NativeKernelsGpu, SkinnyTensorCoreMatmulsMatchTheReferences) {
   // The Llama-3.2-1B decode GEMMs at batch 64: QKV, the output projection with the residual, the
   // gate with SiLU, the up projection times the gate (the product second), the down projection
   // with the residual (8 K splits on sm_90, a cluster each).
-  check(gemv_json(64, 2048, 3072, "bf16", ""), "fusebox_skinny_gemm");
-  check(gemv_json(64, 2048, 2048, "bf16", "add"), "fusebox_skinny_gemm");
-  check(gemv_json(64, 2048, 8192, "bf16", "silu"), "fusebox_skinny_gemm");
-  check(gemv_json(64, 2048, 8192, "bf16", "mul", false), "fusebox_skinny_gemm");
-  check(gemv_json(64, 8192, 2048, "bf16", "add"), "fusebox_skinny_gemm");
+  check(gemv_json(64, 2048, 3072, "bf16", ""), "fusebox_skinny_gemm", true);
+  check(gemv_json(64, 2048, 2048, "bf16", "add"), "fusebox_skinny_gemm", true);
+  check(gemv_json(64, 2048, 8192, "bf16", "silu"), "fusebox_skinny_gemm", true);
+  check(gemv_json(64, 2048, 8192, "bf16", "mul", false), "fusebox_skinny_gemm", true);
+  check(gemv_json(64, 8192, 2048, "bf16", "add"), "fusebox_skinny_gemm", true);
   // 16, 32 and 48 rows (one to three row tiles), 9 rows (a tile mostly padding), fp16; N not a
   // multiple of the 128-column tile and K not a multiple of the 32-row step nor of the splits; fp32
   // outputs and epilogue tensors; the product as sub's second input; every activation.
-  check(gemv_json(16, 2048, 2048, "bf16", "add"), "fusebox_skinny_gemm");
-  check(gemv_json(32, 2048, 8192, "bf16", "silu"), "fusebox_skinny_gemm");
-  check(gemv_json(48, 4096, 1096, "fp16", "sub", false), "fusebox_skinny_gemm");
-  check(gemv_json(9, 1032, 1032, "fp16", "gelu_erf", true, "fp32"), "fusebox_skinny_gemm");
-  check(gemv_json(33, 4104, 520, "bf16", "add", true, nullptr, "fp32"), "fusebox_skinny_gemm");
+  check(gemv_json(16, 2048, 2048, "bf16", "add"), "fusebox_skinny_gemm", true);
+  check(gemv_json(32, 2048, 8192, "bf16", "silu"), "fusebox_skinny_gemm", true);
+  check(gemv_json(48, 4096, 1096, "fp16", "sub", false), "fusebox_skinny_gemm", true);
+  check(gemv_json(9, 1032, 1032, "fp16", "gelu_erf", true, "fp32"), "fusebox_skinny_gemm", true);
+  check(gemv_json(33, 4104, 520, "bf16", "add", true, nullptr, "fp32"), "fusebox_skinny_gemm", true);
   for (const char* act : {"relu", "sigmoid", "tanh", "gelu_tanh"})
-    check(gemv_json(24, 1024, 1024, "bf16", act), "fusebox_skinny_gemm");
-  // Weights under 2^20 values: pinned (cuDNN by default); one K split.
+    check(gemv_json(24, 1024, 1024, "bf16", act), "fusebox_skinny_gemm", true);
+  // Weights under 2^20 values: one K split.
   check(gemv_json(64, 256, 512, "bf16", "add"), "fusebox_skinny_gemm", true);
 }
 
@@ -404,7 +422,9 @@ TEST_F(NativeKernelsGpu, SkinnyMatmulOffSixteenByteBoundariesMatchesAligned) {
   ResolvedGraph g = load(gemv_json(M, K, N, "bf16", ""));
   auto session = Session::create();
   ASSERT_TRUE(session.ok()) << session.status().ToString();
-  auto plan = (*session)->get_plan(g);
+  PlanRequest pin;
+  pin.engine = "fusebox_skinny_gemm";
+  auto plan = (*session)->get_plan(g, pin);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->engine_name(), "fusebox_skinny_gemm");
   uint32_t state = 777;

@@ -42,9 +42,11 @@ class ServeGpu : public ::testing::Test {
     ASSERT_TRUE(trainer_->save_checkpoint(dir_.file("ck.safetensors")).ok());
   }
   std::unique_ptr<LmEngine> engine(ServeBackend b, int64_t pages, int64_t max_batch,
-                                   ServeWeights weights = ServeWeights::kBF16, bool deterministic = false) {
+                                   ServeWeights weights = ServeWeights::kBF16, bool deterministic = false,
+                                   bool fp8_kv = false) {
     EngineOptions o;
     o.deterministic = deterministic;
+    o.fp8_kv = fp8_kv;
     o.weights = weights;
     o.backend = b;
     o.page_size = 16;
@@ -236,6 +238,37 @@ TEST_F(ServeGpu, Fp8WeightsMatchTheReferenceEngine) {
         w == ServeWeights::kFP8Channel ? "per channel" : "per tensor", worst, worst_ref, same, total);
     EXPECT_GT(same, total / 2);
   }
+}
+
+// An FP8 KV cache (EngineOptions::fp8_kv): the GPU's KV write rounds each row as the reference
+// engine does (kernels::fp8_row_scale), its decode attention is fusebox_sdpa_decode over the e4m3
+// pool and its prefill attention fusebox's GPU reference: every token's logits within 5% of the full
+// forward, the GPU's worst within 1.5x of the reference engine's plus 1e-2, and the tokens the
+// reference engine's where no near-tie decides.
+TEST_F(ServeGpu, Fp8KvCacheMatchesTheReferenceEngine) {
+  const std::vector<LmRequest> reqs = requests();
+  auto gpu = engine(ServeBackend::kGpu, 64, 8, ServeWeights::kBF16, false, /*fp8_kv=*/true);
+  ASSERT_TRUE(gpu);
+  const std::string summary = gpu->summary();
+  std::printf("[ serve ] %s\n", summary.c_str());
+  EXPECT_NE(summary.find("e4m3 with a descale a row"), std::string::npos) << summary;
+  double worst = 0, worst_ref = 0;
+  const auto mine = run(*gpu, reqs, &worst, 5e-2);
+  auto ref = engine(ServeBackend::kReference, 64, 8, ServeWeights::kBF16, false, true);
+  ASSERT_TRUE(ref);
+  const auto reference = run(*ref, reqs, &worst_ref, 5e-2);
+  EXPECT_LT(worst, 1.5 * worst_ref + 1e-2)
+      << "the GPU's FP8 cache is further from the full forward than the host's";
+  int same = 0, total = 0;
+  for (size_t r = 0; r < reqs.size(); ++r)
+    for (size_t i = 0; i < mine[r].size() && i < reference[r].size(); ++i, ++total) {
+      if (mine[r][i] != reference[r][i]) break;
+      ++same;
+    }
+  std::printf(
+      "[ serve ] FP8 KV cache: worst logits rel-L2 GPU %.3e, reference engine %.3e; %d of %d tokens equal\n",
+      worst, worst_ref, same, total);
+  EXPECT_GT(same, total / 2);
 }
 
 TEST_F(ServeGpu, BadRequestsAndAFullPool) {

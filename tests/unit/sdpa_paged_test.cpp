@@ -31,15 +31,25 @@ struct PagedCase {
   std::string extra_attrs;  // e.g. ", \"max_seq_len_kv\": 120"
   std::string op = "sdpa_fwd";
   bool padding = true;
+  // An FP8 cache: the dims of descale_k and descale_v ("" none); the pools' dtype.
+  std::string descale_dims;
+  std::string pool_dtype = "";
 };
 
 // A decode graph: q [3,8,1,64], pools [24,2,16,64], tables [3,1,8,1] (128 keys).
 std::string paged_json(const PagedCase& c) {
   std::string s = R"({"name": "paged", "io_dtype": "bf16", "tensors": [
     {"name": "q", "dims": [3, 8, 1, 64]},
-    {"name": "k_cache", "dims": [24, 2, 16, 64]},
+    {"name": "k_cache", "dims": [24, 2, 16, 64])" +
+                  (c.pool_dtype.empty() ? std::string() : R"(, "dtype": ")" + c.pool_dtype + "\"") + R"(},
     {"name": "v_cache", "dims": )" +
-                  c.v_dims + R"(},
+                  c.v_dims +
+                  (c.pool_dtype.empty() ? std::string() : R"(, "dtype": ")" + c.pool_dtype + "\"") + R"(},)" +
+                  (c.descale_dims.empty()
+                       ? std::string()
+                       : R"({"name": "dk", "dtype": "fp32", "dims": )" + c.descale_dims +
+                             R"(}, {"name": "dv", "dtype": "fp32", "dims": )" + c.descale_dims + "},") +
+                  R"(
     {"name": "pt_k", "dtype": ")" +
                   c.table_dtype + R"(", "dims": )" + c.table_dims +
                   (c.table_values.empty() ? "" : ", \"values\": " + c.table_values) + R"(},
@@ -55,6 +65,7 @@ std::string paged_json(const PagedCase& c) {
                   c.op + R"(", "name": "attn", "causal": true, "alignment": "bottom_right")" + c.extra_attrs +
                   R"(, "inputs": {"q": "q", "k": "k_cache", "v": "v_cache", )" +
                   (c.padding ? R"("seq_len_q": "lq", "seq_len_kv": "lkv", )" : "") +
+                  (c.descale_dims.empty() ? "" : R"("descale_k": "dk", "descale_v": "dv", )") +
                   R"("page_table_k": "pt_k", "page_table_v": "pt_v"}, "outputs": {"o": "o"}}]})";
   return s;
 }
@@ -277,6 +288,72 @@ TEST(SdpaPagedReferenceCpu, EqualsDenseReferenceOnTheGatheredCache) {
     const Comparison cmp = compare("o", dense->at("o"), ignored->at("o"), default_tolerance(DType::kBF16));
     EXPECT_FALSE(cmp.pass) << cmp.ToString();
   }
+}
+
+// An FP8 K/V cache (SdpaFwdAttrs::fp8_kv): e4m3 pools with fp32 descales, one per row or one per
+// tensor, and q and o bf16; what is refused says what would be accepted.
+TEST(SdpaFp8Cache, ResolveRulesAndMessages) {
+  PagedCase c;
+  c.pool_dtype = "fp8_e4m3";
+  for (const char* dims : {"[24, 2, 16, 1]", "[1, 1, 1, 1]"}) {
+    c.descale_dims = dims;
+    auto r = resolve_json(paged_json(c));
+    ASSERT_TRUE(r.ok()) << dims << ": " << r.status().ToString();
+    const auto& a = std::get<SdpaFwdAttrs>(r->ops[0].attrs);
+    EXPECT_TRUE(a.fp8_kv);
+    EXPECT_EQ(r->tensors[r->find_tensor("o")].dtype, DType::kBF16) << "o takes q's dtype";
+  }
+  c.descale_dims = "[24, 2, 16, 64]";
+  expect_error(c, {"descale_k", "[24, 2, 16, 1]", "[1, 1, 1, 1]"});
+  c.descale_dims = "";
+  expect_error(c, {"k_cache", "fp8_e4m3", "bf16 or fp16"});  // fp8 pools without descales
+  c.pool_dtype = "";
+  c.descale_dims = "[1, 1, 1, 1]";
+  expect_error(c, {"k_cache", "FP8 K/V cache", "fp8_e4m3"});  // descales with bf16 pools
+}
+
+// The CPU reference of an FP8 cache equals the bf16 cache that holds its values times their
+// descales: powers of two, so that each e4m3 value times its descale is a bf16 value exactly.
+TEST(SdpaFp8Cache, ReferenceEqualsTheBf16CacheOfTheDescaledValues) {
+  PagedCase c8;
+  c8.pool_dtype = "fp8_e4m3";
+  c8.descale_dims = "[24, 2, 16, 1]";
+  c8.extra_attrs = R"(, "max_seq_len_kv": 128)";
+  PagedInputs p8 = paged_inputs(c8, 5);
+  const double pow2[] = {0.25, 0.5, 1.0, 2.0, 4.0};
+  std::vector<double> dk, dv;
+  for (int64_t i = 0; i < 24 * 2 * 16; ++i) {
+    dk.push_back(pow2[i % 5]);
+    dv.push_back(pow2[(i * 3 + 1) % 5]);
+  }
+  p8.in["dk"] = host_from(p8.g.tensors[p8.g.find_tensor("dk")], dk);
+  p8.in["dv"] = host_from(p8.g.tensors[p8.g.find_tensor("dv")], dv);
+  auto out8 = reference_cpu(p8.g, p8.in);
+  ASSERT_TRUE(out8.ok()) << out8.status().ToString();
+
+  PagedCase c16 = c8;
+  c16.pool_dtype = "";
+  c16.descale_dims = "";
+  auto g16 = resolve_json(paged_json(c16));
+  ASSERT_TRUE(g16.ok()) << g16.status().ToString();
+  std::map<std::string, HostTensor> in16 = p8.in;
+  in16.erase("dk");
+  in16.erase("dv");
+  for (auto [pool, scale] : {std::pair{"k_cache", &dk}, std::pair{"v_cache", &dv}}) {
+    const std::vector<float> x = p8.in.at(pool).to_float_logical();
+    std::vector<double> real(x.size());
+    for (size_t i = 0; i < x.size(); ++i) real[i] = static_cast<double>(x[i]) * (*scale)[i / 64];
+    in16[pool] = host_from(g16->tensors[g16->find_tensor(pool)], real);
+    EXPECT_EQ(in16[pool].to_float_logical(), std::vector<float>(real.begin(), real.end())) << "exact in bf16";
+  }
+  auto out16 = reference_cpu(*g16, in16);
+  ASSERT_TRUE(out16.ok()) << out16.status().ToString();
+  EXPECT_EQ(out8->at("o"), out16->at("o"));
+  // Descales ignored (the raw e4m3 values) give another answer.
+  p8.in["dk"] = host_from(p8.g.tensors[p8.g.find_tensor("dk")], std::vector<double>(dk.size(), 1.0));
+  auto plain = reference_cpu(p8.g, p8.in);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(compare("o", out16->at("o"), plain->at("o"), default_tolerance(DType::kBF16)).pass);
 }
 
 TEST(SdpaPagedInputs, BadTableOrLengthNamesTensorAndBatchEntry) {

@@ -28,6 +28,7 @@ using Clock = std::chrono::steady_clock;
 struct ServeArgs {
   std::string model, data, prompt_ids, bench, report, backend = "reference", forced, logits_out;
   std::string weights = "bf16";
+  std::string kv_cache = "bf16";
   std::vector<std::string> prompts;
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
   int64_t profile_decode = 0;  // a context length: time the decode step at batch 1 and max_batch
@@ -180,6 +181,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
   nlohmann::ordered_json r = {{"trace", a.bench},
                               {"backend", a.backend},
                               {"weights", a.weights},
+                              {"kv_cache", a.kv_cache},
                               {"requests", n},
                               {"tokens", tokens},
                               {"wall_s", wall},
@@ -322,6 +324,7 @@ int run_serve(const ServeArgs& a) {
   o.keep_logits = !a.forced.empty();
   o.warm_prompt_buckets = a.profile_decode == 0;  // a decode profile runs no prompt
   o.deterministic = a.deterministic;
+  o.fp8_kv = a.kv_cache == "fp8";
   auto engine = LmEngine::create(*cfg, ck, o);
   if (!engine.ok()) return fail(engine.status());
   LmEngine& e = **engine;
@@ -440,6 +443,10 @@ Runner add_serve(CLI::App& app) {
          "The layers' matrices: bf16, fp8 (e4m3, a scale per output channel) or fp8-tensor (one scale "
          "per matrix); activations quantized by token")
       ->check(CLI::IsMember({"bf16", "fp8", "fp8-tensor"}));
+  cmd->add_option("--kv-cache", a->kv_cache,
+                  "The KV cache: bf16, or fp8 (e4m3 with an fp32 descale per token and KV head: about half "
+                  "the bytes; the decode step's attention on fusebox's own kernel)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_flag("--deterministic", a->deterministic,
                 "A request's tokens do not depend on the requests beside it, bit for bit: each prompt "
                 "prefilled alone, no shared prefix pages, and on the GPU decode kernels whose rows do not "

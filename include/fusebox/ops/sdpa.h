@@ -100,6 +100,13 @@ inline int64_t sdpa_kv_length(const SdpaOptions& o, const std::vector<int64_t>& 
 // outputs "o" [B,Hq,Sq,Dv] and, with generate_stats, "stats".
 struct SdpaFwdAttrs : SdpaOptions {
   bool generate_stats = false;  // also write "stats" (training mode)
+  // An FP8 K/V cache: inputs "descale_k" and "descale_v" (fp32) make k and v fp8_e4m3 while q and o
+  // stay bf16 or fp16. Key j's values are k[..., j, :] * descale_k[..., j, 0] (v likewise), the
+  // descale either [1,1,1,1] (one for the tensor) or k's (v's) dims with a last dim of 1 (one per
+  // row of D values: per token and KV head, as the serving engine quantizes its cache). cuDNN 9.19
+  // has no mixed-precision SDPA: fusebox_sdpa_decode runs one query row a sequence, the GPU
+  // reference kernel anything else.
+  bool fp8_kv = false;
 };
 
 // sdpa_bwd: inputs q, k, v, o, do (dL/do, like o), stats (from sdpa_fwd with

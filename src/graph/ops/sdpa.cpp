@@ -144,6 +144,9 @@ std::vector<std::string_view> sdpa_input_roles(const T& a) {
   if (a.padding) r.insert(r.end(), {"seq_len_q", "seq_len_kv"});
   if (a.paged) r.insert(r.end(), {"page_table_k", "page_table_v"});
   if (a.sink) r.push_back("sink_token");
+  if constexpr (std::is_same_v<T, SdpaFwdAttrs>) {
+    if (a.fp8_kv) r.insert(r.end(), {"descale_k", "descale_v"});
+  }
   if (a.block_mask) r.push_back("block_mask");
   if (a.bias) r.push_back("bias");
   if (a.dropout) r.insert(r.end(), {"seed", "offset"});
@@ -237,6 +240,10 @@ Status sdpa_parse_json(const JsonReader& r, const nlohmann::json& v, const std::
   // Stats are generated exactly when a "stats" output is named.
   if constexpr (std::is_same_v<T, SdpaFwdAttrs> || std::is_same_v<T, SdpaFp8FwdAttrs>) {
     a.generate_stats = op.outputs.count("stats") > 0;
+  }
+  // descale_k/descale_v -> an FP8 K/V cache (the role check then asks for both).
+  if constexpr (std::is_same_v<T, SdpaFwdAttrs>) {
+    a.fp8_kv = op.inputs.count("descale_k") > 0 || op.inputs.count("descale_v") > 0;
   }
   return Status::Ok();
 }
@@ -383,6 +390,8 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
   const ResolvedTensor& qt = ctx.in("q");
   const ResolvedTensor& k = ctx.in("k");
   const ResolvedTensor& v = ctx.in("v");
+  bool fp8_kv = false;  // sdpa_fwd's FP8 K/V cache: fp8 k and v with bf16 or fp16 q
+  if constexpr (std::is_same_v<T, SdpaFwdAttrs>) fp8_kv = o.fp8_kv;
   struct Named {
     const char* role;
     const ResolvedTensor* t;
@@ -392,15 +401,20 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                   Named{"v", &v, "[B, Hk, Skv, Dv]"}}) {
     FUSEBOX_RETURN_IF_ERROR(check_sdpa_tensor(ctx, n.role, n.shape, type));
     const std::string in_where = ctx.in_where(n.role);
+    const bool fp8_cache = fp8_kv && n.t != &qt;
     if (fp8) {
       FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kFP8E4M3},
                                              type + " takes fp8_e4m3 q, k and v (cuDNN 9.19 on Hopper)"));
+    } else if (fp8_cache) {
+      FUSEBOX_RETURN_IF_ERROR(check_dtype_in(in_where, n.t->dtype, {DType::kFP8E4M3},
+                                             type + " with 'descale_k' and 'descale_v' (an FP8 K/V cache) "
+                                                    "takes fp8_e4m3 k and v"));
     } else {
       FUSEBOX_RETURN_IF_ERROR(
           check_dtype_in(in_where, n.t->dtype, {DType::kBF16, DType::kFP16},
                          type + " takes bf16 or fp16 q, k and v (sdpa_fp8_fwd takes fp8)"));
     }
-    if (n.t->dtype != qt.dtype) {
+    if (n.t->dtype != qt.dtype && !fp8_cache) {
       return InvalidArgument(in_where + " has dtype " + std::string(dtype_name(n.t->dtype)) + " but 'q' (" +
                              squote(qt.name) + ") has " + std::string(dtype_name(qt.dtype)) +
                              ": q, k and v must share one dtype");
@@ -568,6 +582,25 @@ Result<SdpaDims> infer_sdpa_inputs(const InferContext& ctx, T& o) {
                                           std::string("the dropout ") + role + " (Philox RNG)"));
       ctx.in(role).random_lo = 0;
       ctx.in(role).random_hi = 2147483647.0;
+    }
+  }
+  if (fp8_kv) {
+    for (auto [role, of] : {std::pair<const char*, const char*>{"descale_k", "k"}, {"descale_v", "v"}}) {
+      ResolvedTensor& t = ctx.in(role);
+      std::vector<int64_t> per_row = ctx.in(of).dims;
+      per_row.back() = 1;
+      const std::vector<int64_t> single = {1, 1, 1, 1};
+      if (t.scalar_value || !t.is_input || (t.dims != per_row && t.dims != single) ||
+          t.dtype != DType::kFP32) {
+        return InvalidArgument(ctx.in_where(role) + " is " + (t.is_input ? "" : "produced by an op, ") +
+                               std::string(dtype_name(t.dtype)) + " " + dims_string(t.dims) + ": the " + of +
+                               " cache's descale is an fp32 graph input in memory, [1, 1, 1, 1] (one for "
+                               "the tensor) or " +
+                               dims_string(per_row) + " (one per row of '" + of + "')");
+      }
+      // Random descales near 1 (the fp8 values' own range is e4m3's); fixed values win.
+      t.random_lo = 0.5;
+      t.random_hi = 2.0;
     }
   }
   if constexpr (fp8) {

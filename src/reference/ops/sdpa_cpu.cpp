@@ -448,9 +448,38 @@ Result<Values> gather_pages(const CpuOpContext& ctx, const ResolvedOp& op, const
   return dense;
 }
 
-Status run(CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind) {
+// An FP8 K/V cache (SdpaFwdAttrs::fp8_kv): `role` (k or v) times its descale, one for the tensor
+// or one per row of its last dim.
+Result<Values> descaled(const ResolvedOp& op, const SdpaTensors& t, const char* role,
+                        const char* scale_role) {
+  const Values &x = t[role], &s = t[scale_role];
+  Values out = x;
+  const int64_t D = x.dims.empty() ? 1 : x.dims.back(), rows = D > 0 ? product(x.dims) / D : 0;
+  const int64_t n = product(s.dims);
+  if (n != 1 && n != rows)
+    return InvalidArgument(op_where(op) + "input '" + scale_role + "' " + dims_string(s.dims) + " has " +
+                           std::to_string(n) + " values: one, or one per row of '" + role + "' " +
+                           dims_string(x.dims) + " (" + std::to_string(rows) + ")");
+  for (int64_t r = 0; r < rows; ++r) {
+    const float f = s.data[static_cast<size_t>(n == 1 ? 0 : r)];
+    for (int64_t d = 0; d < D; ++d) out.data[static_cast<size_t>(r * D + d)] *= f;
+  }
+  return out;
+}
+
+Status run(CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind,
+           bool fp8_kv = false) {
   SdpaTensors t;
   FUSEBOX_RETURN_IF_ERROR(gather(ctx, op, o, t));
+  Values real_k, real_v;  // with an FP8 cache: k and v descaled
+  if (fp8_kv) {
+    FUSEBOX_ASSIGN_OR_RETURN(real_k, descaled(op, t, "k", "descale_k"));
+    FUSEBOX_ASSIGN_OR_RETURN(real_v, descaled(op, t, "v", "descale_v"));
+    t.in["k"] = &real_k;
+    t.in["v"] = &real_v;
+    t.in.erase("descale_k");
+    t.in.erase("descale_v");
+  }
   Values dense_k, dense_v;  // with paged K/V: what t.in["k"], t.in["v"] point to
   if (o.paged) {
     FUSEBOX_ASSIGN_OR_RETURN(dense_k, gather_pages(ctx, op, o, t, "k", "page_table_k"));
@@ -464,7 +493,7 @@ Status run(CpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKi
 }  // namespace
 
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& a) {
-  return run(ctx, op, a, SdpaKind::kFwd);
+  return run(ctx, op, a, SdpaKind::kFwd, a.fp8_kv);
 }
 Status run_cpu(CpuOpContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& a) {
   return run(ctx, op, a, SdpaKind::kBwd);

@@ -426,10 +426,55 @@ Status gather_pages(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& 
   return Status::Ok();
 }
 
+// An FP8 K/V cache (SdpaFwdAttrs::fp8_kv): x (rank 4) times its descale s, one value ([1,1,1,1]) or
+// one per row of x's last dim, into dense fp32 `out` of x's dims.
+__global__ void sdpa_descale_kernel(DevTensor x, DevTensor s, bool single, float* out) {
+  const int64_t D = x.dims[3], n = x.dims[0] * x.dims[1] * x.dims[2] * D;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t r = i / D, idx[3];
+    const int64_t d = i % D;
+    for (int k = 2; k >= 0; --k) {
+      idx[k] = r % x.dims[k];
+      r /= x.dims[k];
+    }
+    const int64_t xo =
+        idx[0] * x.strides[0] + idx[1] * x.strides[1] + idx[2] * x.strides[2] + d * x.strides[3];
+    const int64_t so = single ? 0 : idx[0] * s.strides[0] + idx[1] * s.strides[1] + idx[2] * s.strides[2];
+    out[i] = load_at(x, xo) * load_at(s, so);
+  }
+}
+
+// `role` (k or v) replaced by itself times input `scale_role`, dense fp32.
+Status descale_input(GpuOpContext& ctx, const ResolvedOp& op, std::map<std::string, Located>& in,
+                     const char* role, const char* scale_role) {
+  const Located &x = in[role], &s = in[scale_role];
+  std::vector<int64_t> per_row = x.dims;
+  per_row.back() = 1;
+  const bool single = s.dims == std::vector<int64_t>{1, 1, 1, 1};
+  if (!x.t.ptr || !s.t.ptr || (!single && s.dims != per_row))
+    return InvalidArgument(op_where(op) + "input '" + scale_role + "' " + dims_string(s.dims) +
+                           " must be in memory, [1, 1, 1, 1] or " + dims_string(per_row));
+  const int64_t n = x.dims[0] * x.dims[1] * x.dims[2] * x.dims[3];
+  FUSEBOX_ASSIGN_OR_RETURN(float* dense, ctx.temporary(n));
+  sdpa_descale_kernel<<<grid_for(n, 256), 256, 0, ctx.stream()>>>(x.t, s.t, single, dense);
+  FUSEBOX_CUDA_RETURN(op_where(op), cudaGetLastError());
+  Located g;
+  g.dims = x.dims;
+  g.t.ptr = dense;
+  g.t.dtype = static_cast<int>(DType::kFP32);
+  g.t.rank = 4;
+  const int64_t strides[4] = {x.dims[1] * x.dims[2] * x.dims[3], x.dims[2] * x.dims[3], x.dims[3], 1};
+  for (int r = 0; r < 4; ++r) g.t.dims[r] = g.dims[r], g.t.strides[r] = strides[r];
+  in[role] = g;
+  return Status::Ok();
+}
+
 enum class SdpaKind { kFwd, kBwd, kFp8Fwd, kFp8Bwd };
 
 // sdpa_fwd, sdpa_bwd, sdpa_fp8_fwd (and sdpa_fp8_bwd: ops/sdpa_fp8_bwd_gpu.cu).
-Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind) {
+Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, SdpaKind kind,
+                bool fp8_kv = false) {
   const cudaStream_t stream = ctx.stream();
   const bool dropout = o.dropout && *o.dropout > 0;
   std::string mask_name;
@@ -442,6 +487,10 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
     FUSEBOX_ASSIGN_OR_RETURN(in[role], ctx.in(role));
     if (in[role].dims.size() != 4)
       return InvalidArgument(op_where(op) + "input '" + role + "' must have rank 4");
+  }
+  if (fp8_kv) {
+    FUSEBOX_RETURN_IF_ERROR(descale_input(ctx, op, in, "k", "descale_k"));
+    FUSEBOX_RETURN_IF_ERROR(descale_input(ctx, op, in, "v", "descale_v"));
   }
   if (o.paged) {
     FUSEBOX_RETURN_IF_ERROR(gather_pages(ctx, op, o, in, "k", "page_table_k"));
@@ -570,7 +619,7 @@ Status run_sdpa(GpuOpContext& ctx, const ResolvedOp& op, const SdpaOptions& o, S
 }  // namespace
 
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& a) {
-  return run_sdpa(ctx, op, a, SdpaKind::kFwd);
+  return run_sdpa(ctx, op, a, SdpaKind::kFwd, a.fp8_kv);
 }
 Status run_gpu(GpuOpContext& ctx, const ResolvedOp& op, const SdpaBwdAttrs& a) {
   return run_sdpa(ctx, op, a, SdpaKind::kBwd);

@@ -9,6 +9,12 @@
 
 #include "fusebox/status.h"
 
+#ifdef __CUDACC__
+#define FUSEBOX_KV_HOST_DEVICE __host__ __device__
+#else
+#define FUSEBOX_KV_HOST_DEVICE
+#endif
+
 namespace fusebox::kernels {
 
 struct KvWrite {
@@ -34,7 +40,28 @@ struct KvWrite {
   const void* src2 = nullptr;
   int64_t src2_strides[4] = {0, 0, 0, 0};
   void* pool2 = nullptr;
+  // An FP8 cache (fp8_scale set; the source 16-bit, fp16 with src_half, else bf16): each row of D
+  // values x is written as e4m3(x * 448 / max|x|) and its descale max|x| / 448 (1 for a row of
+  // zeros) into fp8_scale at [page, h, row] of a dense [num_pages, H, page_size] fp32 array
+  // (fp8_scale2 for the second copy): the descales sdpa_fwd's FP8 cache reads (SdpaFwdAttrs::fp8_kv).
+  float* fp8_scale = nullptr;
+  float* fp8_scale2 = nullptr;
+  bool src_half = false;
 };
+
+// The factor into e4m3 and the descale of one row of D values whose largest magnitude is `amax`:
+// the FP8 cache's rounding, the same on the host and the device.
+struct Fp8Row {
+  float inv = 1.f, descale = 1.f;
+};
+FUSEBOX_KV_HOST_DEVICE inline Fp8Row fp8_row_scale(float amax) {
+  Fp8Row r;
+  if (amax > 0.f && amax < 3.0e38f) {
+    r.inv = 448.f / amax;
+    r.descale = amax / 448.f;
+  }
+  return r;
+}
 
 // Enqueues the copy on `stream` (a cudaStream_t); capturable in a CUDA graph. The sizes are
 // checked here (InvalidArgument naming the one at fault); the tables' values on the device.
@@ -45,5 +72,10 @@ Status write_kv_pages(const KvWrite& w, void* stream);
 int64_t write_kv_pages_host(const KvWrite& w, std::vector<uint8_t>& pool,
                             const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
                             const std::vector<int32_t>& count);
+// The FP8 form on the host (w.fp8_scale's layout, `scales` the host copy): the tests' and the
+// reference engine's; rows left out counted as above.
+int64_t write_kv_pages_fp8_host(const KvWrite& w, std::vector<uint8_t>& pool, std::vector<float>& scales,
+                                const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
+                                const std::vector<int32_t>& count);
 
 }  // namespace fusebox::kernels
