@@ -41,20 +41,16 @@ constexpr int64_t kMaxPinnedRows = 256;
 
 using EpiKind = GemvEpi;
 
-struct GemvArgs {
+struct GemvArgs : FewRowShape {
   const void* a = nullptr;
   const void* w = nullptr;
   const void* w2 = nullptr;     // the gated epilogue's second weight (w's shape and strides), else null
   const void* e = nullptr;      // the epilogue's tensor (add, sub, mul), else null
   const void* scale = nullptr;  // the RMSNorm prologue's gain [K], else null
   void* y = nullptr;
-  int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
   int ct = 2;  // column threads a block, 8 columns each: a power of two, 2 to 16
-  int y_dtype = 0, e_dtype = 0, scale_dtype = 0;
+  int scale_dtype = 0;
   float epsilon = 0.f;  // the prologue's
-  EpiKind epi = EpiKind::kNone;
-  PointwiseMode mode = PointwiseMode::kAdd;
-  int product_second = 0;
 };
 
 // kM rows at most a block (the real count is p.m; block row blockIdx.y takes rows from
@@ -494,18 +490,7 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const GemvForm& f, bool* by
   while (kern->rows_ < M && kern->rows_ < max_rows) kern->rows_ *= 2;
   kern->row_blocks_ = static_cast<unsigned>((M + kern->rows_ - 1) / kern->rows_);
   GemvArgs& p = kern->args_;
-  p.m = M;
-  p.k = K;
-  p.n = N;
-  p.lda = f.lda;
-  p.ldw = f.ldw;
-  p.lde = f.lde;
-  p.ldy = f.ldy;
-  p.y_dtype = static_cast<int>(f.y->dtype);
-  p.e_dtype = f.e ? static_cast<int>(f.e->dtype) : 0;
-  p.epi = f.epi;
-  p.mode = f.mode;
-  p.product_second = f.product_second ? 1 : 0;
+  static_cast<FewRowShape&>(p) = few_row_shape(f);
   if (f.scale) {
     kern->norm_ = true;
     p.scale_dtype = static_cast<int>(f.scale->dtype);
@@ -522,6 +507,23 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const GemvForm& f, bool* by
   kern->tensors_ = gemv_tensor_names(f);
   if (by_default) *by_default = faster;
   return kern;
+}
+
+FewRowShape few_row_shape(const GemvForm& f) {
+  FewRowShape s;
+  s.m = f.m;
+  s.k = f.k;
+  s.n = f.n;
+  s.lda = f.lda;
+  s.ldw = f.ldw;
+  s.lde = f.lde;
+  s.ldy = f.ldy;
+  s.y_dtype = static_cast<int>(f.y->dtype);
+  s.e_dtype = f.e ? static_cast<int>(f.e->dtype) : 0;
+  s.epi = f.epi;
+  s.mode = f.mode;
+  s.product_second = f.product_second ? 1 : 0;
+  return s;
 }
 
 bool gemv_weights_in_range(int64_t k, int64_t n) {

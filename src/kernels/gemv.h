@@ -33,6 +33,16 @@ struct GemvForm {
   int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
 };
 std::optional<GemvForm> match_gemv_form(const ResolvedGraph& g);
+// What every few-row kernel's arguments carry of a GemvForm: sizes, row strides, the output's and
+// the epilogue tensor's dtypes (DType as int), the epilogue.
+struct FewRowShape {
+  int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
+  int y_dtype = 0, e_dtype = 0;
+  GemvEpi epi = GemvEpi::kNone;
+  PointwiseMode mode = PointwiseMode::kAdd;
+  int product_second = 0;
+};
+FewRowShape few_row_shape(const GemvForm& f);
 // Weights of K x N where fusebox's few-row kernels were measured faster than cuDNN's GEMMs: N >= 256
 // and 2^20 <= K x N <= 2^26.
 bool gemv_weights_in_range(int64_t k, int64_t n);

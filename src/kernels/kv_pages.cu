@@ -161,57 +161,57 @@ Status write_kv_pages(const KvWrite& w, void* stream) {
   return Status::Ok();
 }
 
-int64_t write_kv_pages_host(const KvWrite& w, std::vector<uint8_t>& pool,
-                            const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
-                            const std::vector<int32_t>& count) {
+namespace {
+
+// Calls fn(b, t, h, dst) for each row the write stores (dst: its index in [num_pages, H, page_size]),
+// on host copies of the tables; returns the rows left out (outside their table or the pool).
+template <typename Fn>
+int64_t for_each_host_row(const KvWrite& w, const std::vector<int32_t>& page_table,
+                          const std::vector<int32_t>& start, const std::vector<int32_t>& count, Fn&& fn) {
   int64_t left_out = 0;
-  const auto* src = static_cast<const uint8_t*>(w.src);
   for (int64_t b = 0; b < w.batch; ++b) {
     for (int64_t t = 0; t < w.tokens; ++t) {
       bool bad = false;
       const int64_t row = dest_row(w, page_table.data(), start.data(), count.data(), b, t, &bad);
       if (bad) ++left_out;
       if (row < 0) continue;
-      for (int64_t h = 0; h < w.heads; ++h) {
-        for (int64_t d = 0; d < w.dim; ++d) {
-          const int64_t dst = (row + h * w.page_size) * w.dim + d;
-          const int64_t s =
-              b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2] + d * w.src_strides[3];
-          std::memcpy(pool.data() + dst * w.elem_bytes, src + s * w.elem_bytes,
-                      static_cast<size_t>(w.elem_bytes));
-        }
-      }
+      for (int64_t h = 0; h < w.heads; ++h) fn(b, t, h, row + h * w.page_size);
     }
   }
   return left_out;
 }
 
+}  // namespace
+
+int64_t write_kv_pages_host(const KvWrite& w, std::vector<uint8_t>& pool,
+                            const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
+                            const std::vector<int32_t>& count) {
+  const auto* src = static_cast<const uint8_t*>(w.src);
+  return for_each_host_row(w, page_table, start, count, [&](int64_t b, int64_t t, int64_t h, int64_t dst) {
+    for (int64_t d = 0; d < w.dim; ++d) {
+      const int64_t s =
+          b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2] + d * w.src_strides[3];
+      std::memcpy(pool.data() + (dst * w.dim + d) * w.elem_bytes, src + s * w.elem_bytes,
+                  static_cast<size_t>(w.elem_bytes));
+    }
+  });
+}
+
 int64_t write_kv_pages_fp8_host(const KvWrite& w, std::vector<uint8_t>& pool, std::vector<float>& scales,
                                 const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
                                 const std::vector<int32_t>& count) {
-  int64_t left_out = 0;
   const auto* src = static_cast<const uint16_t*>(w.src);
-  for (int64_t b = 0; b < w.batch; ++b) {
-    for (int64_t t = 0; t < w.tokens; ++t) {
-      bool bad = false;
-      const int64_t row = dest_row(w, page_table.data(), start.data(), count.data(), b, t, &bad);
-      if (bad) ++left_out;
-      if (row < 0) continue;
-      for (int64_t h = 0; h < w.heads; ++h) {
-        const uint16_t* from = src + b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2];
-        float amax = 0.f;
-        for (int64_t d = 0; d < w.dim; ++d)
-          amax = std::fmax(amax, std::fabs(source_value(from[d * w.src_strides[3]], w.src_half)));
-        const Fp8Row r = fp8_row_scale(amax);
-        const int64_t dst = row + h * w.page_size;
-        for (int64_t d = 0; d < w.dim; ++d)
-          pool[static_cast<size_t>(dst * w.dim + d)] =
-              to_e4m3(source_value(from[d * w.src_strides[3]], w.src_half) * r.inv);
-        scales[static_cast<size_t>(dst)] = r.descale;
-      }
-    }
-  }
-  return left_out;
+  return for_each_host_row(w, page_table, start, count, [&](int64_t b, int64_t t, int64_t h, int64_t dst) {
+    const uint16_t* from = src + b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2];
+    float amax = 0.f;
+    for (int64_t d = 0; d < w.dim; ++d)
+      amax = std::fmax(amax, std::fabs(source_value(from[d * w.src_strides[3]], w.src_half)));
+    const Fp8Row r = fp8_row_scale(amax);
+    for (int64_t d = 0; d < w.dim; ++d)
+      pool[static_cast<size_t>(dst * w.dim + d)] =
+          to_e4m3(source_value(from[d * w.src_strides[3]], w.src_half) * r.inv);
+    scales[static_cast<size_t>(dst)] = r.descale;
+  });
 }
 
 }  // namespace fusebox::kernels

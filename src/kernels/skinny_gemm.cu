@@ -33,16 +33,11 @@ constexpr int kSmemBytes = kStages * (kWStage + kAStage) * 2;
 static_assert(kSmemBytes >= 16 * kMaxTiles * kLdc * 4, "the fp32 sums reuse the stages' shared memory");
 static_assert(kSmemBytes <= 48 * 1024, "static shared memory");
 
-struct SkinnyArgs {
+struct SkinnyArgs : FewRowShape {
   const void *a = nullptr, *w = nullptr, *e = nullptr;
   void* y = nullptr;
-  int64_t m = 0, k = 0, n = 0, lda = 0, ldw = 0, lde = 0, ldy = 0;
   int64_t k_slice = 0;  // K rows a split (a multiple of kTK)
   int splits = 1;
-  int y_dtype = 0, e_dtype = 0;
-  GemvEpi epi = GemvEpi::kNone;
-  PointwiseMode mode = PointwiseMode::kAdd;
-  int product_second = 0;
 };
 
 // A 16-byte copy into shared memory that does not wait; `in` false: 16 zero bytes (nothing read).
@@ -252,18 +247,7 @@ std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f, b
   kern->where_ = common::op_where("matmul", f.mm->name);
   kern->fallback_ = std::move(fallback);
   SkinnyArgs& p = kern->args_;
-  p.m = f.m;
-  p.k = f.k;
-  p.n = f.n;
-  p.lda = f.lda;
-  p.ldw = f.ldw;
-  p.lde = f.lde;
-  p.ldy = f.ldy;
-  p.y_dtype = static_cast<int>(f.y->dtype);
-  p.e_dtype = f.e ? static_cast<int>(f.e->dtype) : 0;
-  p.epi = f.epi;
-  p.mode = f.mode;
-  p.product_second = f.product_second ? 1 : 0;
+  static_cast<FewRowShape&>(p) = few_row_shape(f);
   kern->row_tiles_ = static_cast<int>((f.m + 15) / 16);
   const int64_t tiles = (f.n + kTN - 1) / kTN, steps = (f.k + kTK - 1) / kTK;
   // K splits (sm_90 clusters): powers of two up to 8 while the grid is under about 256 blocks and

@@ -6,6 +6,7 @@
 // near-tie decides.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -91,6 +92,19 @@ class ServeGpu : public ::testing::Test {
     for (int64_t id : ids) v.push_back(out[id]);
     return v;
   }
+  // How many tokens of each request agree before its first difference, summed; *total: the tokens
+  // both sides generated (each request's shorter length), so that same > total / 2 can fail.
+  static int leading_agreement(const std::vector<std::vector<int32_t>>& mine,
+                               const std::vector<std::vector<int32_t>>& reference, int* total) {
+    int same = 0;
+    *total = 0;
+    for (size_t r = 0; r < mine.size() && r < reference.size(); ++r) {
+      const size_t n = std::min(mine[r].size(), reference[r].size());
+      *total += static_cast<int>(n);
+      for (size_t i = 0; i < n && mine[r][i] == reference[r][i]; ++i) ++same;
+    }
+    return same;
+  }
   std::vector<LmRequest> requests() const {
     std::vector<LmRequest> reqs(7);
     for (int i = 0; i < 20; ++i) reqs[0].prompt.push_back((i * 5 + 1) % 64);
@@ -132,15 +146,12 @@ TEST_F(ServeGpu, LogitsMatchTheFullForwardAndBatchingChangesNothing) {
   ASSERT_TRUE(ref);
   double worst_ref = 0;
   const auto reference = run(*ref, reqs, &worst_ref);
-  int same = 0, total = 0;
-  for (size_t r = 0; r < reqs.size(); ++r)
-    for (size_t i = 0; i < together[r].size() && i < reference[r].size(); ++i, ++total) {
-      if (together[r][i] != reference[r][i]) break;
-      ++same;
-    }
+  int total = 0;
+  const int same = leading_agreement(together, reference, &total);
   std::printf(
       "[ serve ] worst logits rel-L2 against the full forward: GPU batched %.3e, alone %.3e, "
-      "reference engine %.3e; %d of %d tokens equal to the reference engine's before any divergence\n",
+      "reference engine %.3e; %d of %d tokens equal to the reference engine's before each request's "
+      "first divergence\n",
       worst, worst_alone, worst_ref, same, total);
   EXPECT_GT(same, total / 2);
 }
@@ -227,14 +238,11 @@ TEST_F(ServeGpu, Fp8WeightsMatchTheReferenceEngine) {
     const auto reference = run(*ref, reqs, &worst_ref, 0.12);
     EXPECT_LT(worst, 1.5 * worst_ref + 1e-2)
         << "the GPU's FP8 path is further from the full forward than the host's";
-    int same = 0, total = 0;
-    for (size_t r = 0; r < reqs.size(); ++r)
-      for (size_t i = 0; i < mine[r].size() && i < reference[r].size(); ++i, ++total) {
-        if (mine[r][i] != reference[r][i]) break;
-        ++same;
-      }
+    int total = 0;
+    const int same = leading_agreement(mine, reference, &total);
     std::printf(
-        "[ serve ] FP8 %s: worst logits rel-L2 GPU %.3e, reference engine %.3e; %d of %d tokens equal\n",
+        "[ serve ] FP8 %s: worst logits rel-L2 GPU %.3e, reference engine %.3e; %d of %d tokens equal "
+        "before each request's first divergence\n",
         w == ServeWeights::kFP8Channel ? "per channel" : "per tensor", worst, worst_ref, same, total);
     EXPECT_GT(same, total / 2);
   }
@@ -259,12 +267,8 @@ TEST_F(ServeGpu, Fp8KvCacheMatchesTheReferenceEngine) {
   const auto reference = run(*ref, reqs, &worst_ref, 5e-2);
   EXPECT_LT(worst, 1.5 * worst_ref + 1e-2)
       << "the GPU's FP8 cache is further from the full forward than the host's";
-  int same = 0, total = 0;
-  for (size_t r = 0; r < reqs.size(); ++r)
-    for (size_t i = 0; i < mine[r].size() && i < reference[r].size(); ++i, ++total) {
-      if (mine[r][i] != reference[r][i]) break;
-      ++same;
-    }
+  int total = 0;
+  const int same = leading_agreement(mine, reference, &total);
   std::printf(
       "[ serve ] FP8 KV cache: worst logits rel-L2 GPU %.3e, reference engine %.3e; %d of %d tokens equal\n",
       worst, worst_ref, same, total);
