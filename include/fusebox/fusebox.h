@@ -27,7 +27,7 @@ extern "C" {
 /* The C API's version: bumped when a declaration here changes. Additions
  * only: version 2 added the calls marked "(v2)", version 3 those marked
  * "(v3)", version 4 those marked "(v4)"; a program built against an earlier version runs unchanged. */
-#define FUSEBOX_C_API_VERSION 8
+#define FUSEBOX_C_API_VERSION 9
 
 typedef enum fusebox_status {
   FUSEBOX_OK = 0,
@@ -270,6 +270,13 @@ fusebox_status fusebox_lm_engine_create_with_options(const char* checkpoint, con
                                                      const char* weights, int64_t page_size,
                                                      int64_t pool_pages, int64_t max_batch, int deterministic,
                                                      fusebox_lm_engine** out);
+/* Version 9: the same with the KV cache `kv_cache` "bf16" (NULL too) or "fp8" (e4m3 with an fp32
+ * descale per token and KV head; docs/serving.md, "FP8 KV cache"). */
+fusebox_status fusebox_lm_engine_create_with_kv_cache(const char* checkpoint, const char* backend,
+                                                      const char* weights, const char* kv_cache,
+                                                      int64_t page_size, int64_t pool_pages,
+                                                      int64_t max_batch, int deterministic,
+                                                      fusebox_lm_engine** out);
 void fusebox_lm_engine_free(fusebox_lm_engine* engine);
 /* Queues a request (temperature 0: greedy; top_k 0 and top_p 1: all; stop_token -1: none). */
 fusebox_status fusebox_lm_engine_add(fusebox_lm_engine* engine, const int32_t* prompt, size_t length,

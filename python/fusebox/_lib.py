@@ -20,7 +20,7 @@ from . import errors
 # The C API version this module needs: 2 added bind_with_workspace, tune,
 # find_tensor, session_device_id and plan_cache_result; 3 tune_in_cuda_graph; 5 backward;
 # 6 the language model's trainer and serving engine.
-C_API_VERSION = 8
+C_API_VERSION = 9
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -141,6 +141,8 @@ def _declare(lib):
                                                       c.c_int64, c.POINTER(P)]),
         "fusebox_lm_engine_create_with_options": (S, [c.c_char_p, c.c_char_p, c.c_char_p, c.c_int64, c.c_int64,
                                                       c.c_int64, c.c_int, c.POINTER(P)]),
+        "fusebox_lm_engine_create_with_kv_cache": (S, [c.c_char_p, c.c_char_p, c.c_char_p, c.c_char_p, c.c_int64,
+                                                       c.c_int64, c.c_int64, c.c_int, c.POINTER(P)]),
         "fusebox_lm_engine_free": (None, [P]),
         "fusebox_lm_engine_add": (S, [P, c.POINTER(c.c_int32), c.c_size_t, c.c_int64, c.c_double, c.c_int64,
                                       c.c_double, c.c_uint64, c.c_int32, c.POINTER(c.c_int64)]),

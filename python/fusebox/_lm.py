@@ -78,13 +78,15 @@ class LmEngine:
     """fusebox/serve.h's LmEngine over a checkpoint: continuous batching over a paged KV pool."""
 
     def __init__(self, checkpoint, backend="reference", page_size=16, pool_pages=256, max_batch=8, weights="bf16",
-                 deterministic=False):
+                 deterministic=False, kv_cache="bf16"):
         """weights: "bf16", "fp8" (e4m3, a scale per output channel) or "fp8-tensor" (docs/serving.md).
-        deterministic: a request's tokens do not depend on the requests beside it, bit for bit (slower)."""
+        deterministic: a request's tokens do not depend on the requests beside it, bit for bit (slower).
+        kv_cache: "bf16" or "fp8" (e4m3 with a descale per token and KV head, docs/serving.md)."""
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fusebox_lm_engine_create_with_options(
+        _lib.check(_lib.lib().fusebox_lm_engine_create_with_kv_cache(
             _lib.encode(checkpoint, "checkpoint"), _lib.encode(backend, "backend"), _lib.encode(weights, "weights"),
-            int(page_size), int(pool_pages), int(max_batch), 1 if deterministic else 0, ctypes.byref(h)))
+            _lib.encode(kv_cache, "kv_cache"), int(page_size), int(pool_pages), int(max_batch),
+            1 if deterministic else 0, ctypes.byref(h)))
         self._h = h
         self._max_batch = int(max_batch)
 

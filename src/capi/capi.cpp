@@ -731,6 +731,15 @@ fusebox_status fusebox_lm_engine_create_with_options(const char* checkpoint, con
                                                      const char* weights, int64_t page_size,
                                                      int64_t pool_pages, int64_t max_batch, int deterministic,
                                                      fusebox_lm_engine** out) {
+  return fusebox_lm_engine_create_with_kv_cache(checkpoint, backend, weights, nullptr, page_size, pool_pages,
+                                                max_batch, deterministic, out);
+}
+
+fusebox_status fusebox_lm_engine_create_with_kv_cache(const char* checkpoint, const char* backend,
+                                                      const char* weights, const char* kv_cache,
+                                                      int64_t page_size, int64_t pool_pages,
+                                                      int64_t max_batch, int deterministic,
+                                                      fusebox_lm_engine** out) {
   const char* fn = "fusebox_lm_engine_create";
   return guarded(fn, [&] {
     if (!out) return null_arg(fn, "out");
@@ -744,9 +753,14 @@ fusebox_status fusebox_lm_engine_create_with_options(const char* checkpoint, con
     if (w != "bf16" && w != "fp8" && w != "fp8-tensor")
       return fail(FUSEBOX_INVALID_ARGUMENT,
                   std::string(fn) + ": weights '" + w + "' (accepted: bf16, fp8, fp8-tensor)");
+    const std::string kv = kv_cache ? kv_cache : "bf16";
+    if (kv != "bf16" && kv != "fp8")
+      return fail(FUSEBOX_INVALID_ARGUMENT,
+                  std::string(fn) + ": kv_cache '" + kv + "' (accepted: bf16, fp8)");
     auto cfg = fusebox::lm_checkpoint_config(checkpoint);
     if (!cfg.ok()) return fail(fn, cfg.status());
     fusebox::EngineOptions o;
+    o.fp8_kv = kv == "fp8";
     o.backend = b == "gpu" ? fusebox::ServeBackend::kGpu : fusebox::ServeBackend::kReference;
     o.weights = w == "fp8"          ? fusebox::ServeWeights::kFP8Channel
                 : w == "fp8-tensor" ? fusebox::ServeWeights::kFP8Tensor

@@ -698,6 +698,37 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
                               op("silu_bwd", R"("dy": "t", "x": "a")", "a.grad")))));
 }
 
+// A paged decode attention over an FP8 cache (sdpa_fwd with descale_k, descale_v) takes
+// fusebox_sdpa_decode by default (cuDNN has no such SDPA); the same op with more than one query row
+// finds no cuDNN engine and says so by name (deviceless: no GPU reference either).
+TEST(FasterNativeKernel, AnFp8CacheDecodeTakesTheDecodeKernel) {
+  auto json = [](int sq) {
+    const std::string q = "[4, 8, " + std::to_string(sq) + ", 64]";
+    return R"({"name": "d", "io_dtype": "bf16", "tensors": [{"name": "q", "dims": )" + q +
+           R"(, "layout": "bshd"}, {"name": "k", "dims": [20, 2, 16, 64], "dtype": "fp8_e4m3"},
+      {"name": "v", "dims": [20, 2, 16, 64], "dtype": "fp8_e4m3"}, {"name": "dk", "dims": [20, 2, 16, 1], "dtype": "fp32"},
+      {"name": "dv", "dims": [1, 1, 1, 1], "dtype": "fp32"}, {"name": "t", "dims": [4, 1, 5, 1], "dtype": "int32"},
+      {"name": "lq", "dims": [4, 1, 1, 1], "dtype": "int32"}, {"name": "lkv", "dims": [4, 1, 1, 1], "dtype": "int32"},
+      {"name": "o", "layout": "bshd"}], "ops": [{"op": "sdpa_fwd", "name": "attn", "causal": true,
+      "alignment": "bottom_right", "inputs": {"q": "q", "k": "k", "v": "v", "descale_k": "dk", "descale_v": "dv",
+      "seq_len_q": "lq", "seq_len_kv": "lkv", "page_table_k": "t", "page_table_v": "t"}, "outputs": {"o": "o"}}]})";
+  };
+  auto build = [](const std::string& text) {
+    auto spec = parse_graph_json(text);
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    auto g = resolve(*spec);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return build_plan(*g, h200(), BuildOptions{}, nullptr);
+  };
+  auto decode = build(json(1));
+  ASSERT_TRUE(decode.ok()) << decode.status().ToString();
+  EXPECT_EQ(decode->engine_name(), "fusebox_sdpa_decode");
+  auto prefill = build(json(3));
+  ASSERT_FALSE(prefill.ok());
+  EXPECT_NE(prefill.status().message().find("FP8 K/V cache"), std::string::npos)
+      << prefill.status().ToString();
+}
+
 // A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving
 // engine's decode GEMMs; fusebox_skinny_gemm for 9 to 64 rows when pinned); more rows, small weights, a
 // transposed weight, fp8, two epilogues, an epilogue that is not pointwise on the product, or a pinned cuDNN

@@ -82,6 +82,15 @@ def test_the_engine_serves_the_checkpoint_as_the_command_does(trained):
     assert p.stdout.strip() == "".join(f"[{t}]" for t in [1, 4, 7, 10, 13] + det[0])
     with pytest.raises(fusebox.InvalidArgument, match="deterministic mode takes bf16 weights"):
         fusebox.LmEngine(str(d / "ck.safetensors"), weights="fp8", deterministic=True)
+    # An FP8 KV cache: the same tokens from Python and the command (--kv-cache fp8).
+    k = fusebox.LmEngine(str(d / "ck.safetensors"), page_size=4, pool_pages=64, max_batch=4, kv_cache="fp8")
+    kv8 = k.generate(prompts[:1], max_new_tokens=6)[0]
+    p = subprocess.run([exe, "serve", "lm", "--model", str(d / "ck.safetensors"), "--prompt-ids", "1,4,7,10,13",
+                        "--max-new", "6", "--kv-cache", "fp8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "".join(f"[{t}]" for t in [1, 4, 7, 10, 13] + kv8)
+    with pytest.raises(fusebox.InvalidArgument, match="kv_cache 'fp4'"):
+        fusebox.LmEngine(str(d / "ck.safetensors"), kv_cache="fp4")
 
 
 def test_bad_input_raises(trained, tmp_path):

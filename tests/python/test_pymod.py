@@ -92,7 +92,7 @@ def like_graph(graph, **overrides):
 def test_version_and_library(library):
     assert fusebox.version() == "0.1.0"
     assert os.path.isfile(library)
-    assert fusebox.C_API_VERSION == 8
+    assert fusebox.C_API_VERSION == 9
 
 
 def test_graph_from_path_check_info():
