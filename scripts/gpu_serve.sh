@@ -9,6 +9,7 @@
 #                                                                      # profile (bf16, FP8), a trace at batch 1
 #   PART=4: the Llama-3.2-1B shapes at batch 64 against torch; PART=5: their teacher-forced logits up to 4096;
 #   PART=6: the 125M decode profile cold and warm on one plan cache
+#   PART=8: the FP8 KV cache: its GPU tests, the 1B decode profile with an FP8 and a bf16 cache
 #   PART=7: fusebox's decode kernels (paged attention, few-row matmul): their GPU tests, each example
 #           against cuDNN's first supported engine (run --cuda-graph), the 1B bf16 decode profile
 #   FB_REPORT=PATH: bench() takes fusebox's report from PATH (an earlier call's, carried in .gpu)
@@ -198,6 +199,18 @@ case "${PART:-1}" in
     init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
     profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
     ;;
-  *) echo "gpu_serve: PART must be 1 to 7" >&2; exit 2 ;;
+  8)
+    # The FP8 KV cache (docs/serving.md): its kernel and engine tests, then the 1B decode profile with
+    # an FP8 cache and with a bf16 one, batch 1 and 64 at 2048 tokens, in one call.
+    timeout 240 .gpu/fusebox_gpu_tests \
+      --gtest_filter='NativeKernelsGpu.PagedDecodeAttentionOverAnFp8Cache*:NativeKernelsGpu.Skinny*:ServeGpu.*' \
+      > "$D/gtest.txt" 2>&1
+    echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$D/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
+    grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$D/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    profile l1b_fp8kv "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136)) --kv-cache fp8
+    profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
+    ;;
+  *) echo "gpu_serve: PART must be 1 to 8" >&2; exit 2 ;;
 esac
 echo "gpu_serve: done; $S" | tee -a "$S"
