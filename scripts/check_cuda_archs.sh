@@ -2,10 +2,10 @@
 # Whether BUILD_DIR compiles fusebox's own CUDA kernels for the GPU machine's sm_90 (the bundles'
 # check: scripts/gpu_bundle.sh, scripts/gpu_train_bundle.sh). A build folder configured by hand for
 # an older architecture only gives PTX that the driver compiles at load, without sm_80's bf16
-# instructions, and every timing of fusebox's own kernels from it is off. This machine's build/ had
-# CMAKE_CUDA_ARCHITECTURES=75 until 2026-12-06 and again, at the latest from 2026-12-06 20:33 (the
-# cache's last write), to session 36 (the warning the bundle script printed then went unread), so it is an error now; ALLOW_ARCH=1 lets
-# such a build through with the warning.
+# instructions, and every timing of fusebox's own kernels from it is off. Every fresh configure
+# got CMAKE_CUDA_ARCHITECTURES=75 until session 37 (CMakeLists.txt set its default after
+# project(), too late; the warning the bundle script printed went unread), so it is an error now;
+# ALLOW_ARCH=1 lets such a build through with the warning.
 #   usage: scripts/check_cuda_archs.sh BUILD_DIR
 set -u
 BUILD_DIR=${1:?usage: check_cuda_archs.sh BUILD_DIR}
