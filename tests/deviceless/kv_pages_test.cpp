@@ -6,7 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+
+#include "fusebox/dtype.h"
 
 namespace fusebox::kernels {
 namespace {
@@ -50,6 +54,59 @@ TEST(KvPages, RowsLandWhereThePagedAttentionReadsThem) {
   const std::vector<int32_t> far = {5, 0};  // sequence 0 at positions 5.. -> slot 2 (page 9), then slot 3
   std::vector<uint8_t> pool2(pool.size(), 0);
   EXPECT_EQ(write_kv_pages_host(w, pool2, bad_table, far, count), 3);
+}
+
+// The FP8 form (KvWrite::fp8_scale): each bf16 row stored as e4m3 with a descale, its largest value
+// landing on 448 (e4m3's largest), every value back within e4m3's rounding (1/16 of itself, or its
+// row's 2^-9 quantum near zero), a row of zeros with descale 1, at the rows the bf16 form uses.
+TEST(KvPages, Fp8RowsKeepTheirValuesWithinE4m3Rounding) {
+  KvWrite w;
+  w.batch = 1, w.heads = 2, w.tokens = 3, w.dim = 16;
+  const int64_t strides[4] = {2 * 3 * 16, 3 * 16, 16, 1};  // dense [B, H, T, D]
+  std::memcpy(w.src_strides, strides, sizeof strides);
+  w.elem_bytes = 2;
+  w.num_pages = 2, w.page_size = 4, w.max_pages = 2;
+  std::vector<float> x(2 * 3 * 16);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (i % 16 == 3 ? 9.f : 1.f);
+  for (int d = 0; d < 16; ++d) x[static_cast<size_t>(48 + 16 + d)] = 0.f;  // head 1, token 1: zeros
+  std::vector<uint16_t> src(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t b;
+    std::memcpy(&b, &x[i], 4);
+    src[i] = static_cast<uint16_t>(b >> 16);  // bf16 (truncated)
+    const uint32_t back = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(&x[i], &back, 4);
+  }
+  w.src = src.data();
+  const std::vector<int32_t> table = {1, 0}, start = {2},
+                             count = {3};  // positions 2, 3 on page 1; 4 on page 0
+  std::vector<uint8_t> pool(static_cast<size_t>(2 * 2 * 4 * 16), 0);
+  std::vector<float> scales(static_cast<size_t>(2 * 2 * 4), 0.f);
+  ASSERT_EQ(write_kv_pages_fp8_host(w, pool, scales, table, start, count), 0);
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t t = 0; t < 3; ++t) {
+      const int64_t pos = 2 + t, page = table[static_cast<size_t>(pos / 4)];
+      const int64_t row = (page * 2 + h) * 4 + pos % 4;
+      const float* want = x.data() + (h * 3 + t) * 16;
+      float amax = 0.f;
+      for (int d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(want[d]));
+      const float descale = scales[static_cast<size_t>(row)];
+      if (amax == 0.f) {
+        EXPECT_EQ(descale, 1.f) << "a row of zeros";
+        continue;
+      }
+      EXPECT_FLOAT_EQ(descale, amax / 448.f);
+      float largest = 0.f;
+      for (int d = 0; d < 16; ++d) {
+        const float q = fp8_bits_to_float(pool[static_cast<size_t>(row * 16 + d)], DType::kFP8E4M3);
+        largest = std::max(largest, std::fabs(q));
+        EXPECT_NEAR(q * descale, want[d], std::fabs(want[d]) / 16 + descale * 0.002f)
+            << "h " << h << " t " << t << " d " << d;
+      }
+      EXPECT_EQ(largest, 448.f);
+    }
+  EXPECT_EQ(scales[static_cast<size_t>((1 * 2 + 0) * 4 + 0)], 0.f) << "position 0 was not written";
 }
 
 }  // namespace
