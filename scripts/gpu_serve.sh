@@ -203,7 +203,7 @@ case "${PART:-1}" in
     # The FP8 KV cache (docs/serving.md): its kernel and engine tests, then the 1B decode profile with
     # an FP8 cache and with a bf16 one, batch 1 and 64 at 2048 tokens, in one call.
     timeout 240 .gpu/fusebox_gpu_tests \
-      --gtest_filter='NativeKernelsGpu.PagedDecodeAttentionOverAnFp8Cache*:NativeKernelsGpu.Skinny*:ServeGpu.*' \
+      --gtest_filter='NativeKernelsGpu.PagedDecodeAttentionOverAnFp8Cache*:NativeKernelsGpu.Skinny*:KvPagesGpu.*:ServeGpu.*' \
       > "$D/gtest.txt" 2>&1
     echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$D/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
     grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$D/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
