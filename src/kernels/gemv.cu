@@ -483,7 +483,7 @@ std::shared_ptr<const NativeKernel> make_gemv_kernel(const GemvForm& f, bool* by
   const int64_t M = f.m, K = f.k, N = f.n;
   const bool faster = M <= kMaxRows && gemv_weights_in_range(K, N);
   auto kern = std::make_shared<GemvKernel>();
-  kern->name_ = kGemvName;
+  kern->name_ = "fusebox_gemv";
   kern->where_ = common::op_where("matmul", f.mm->name);
   // Rows a block: the gated form's two sets of sums fit shared memory at 4 (8 rows: two block rows).
   const int max_rows = f.epi == EpiKind::kGated ? 4 : kMaxRows;

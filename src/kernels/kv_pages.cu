@@ -201,17 +201,21 @@ int64_t write_kv_pages_fp8_host(const KvWrite& w, std::vector<uint8_t>& pool, st
                                 const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
                                 const std::vector<int32_t>& count) {
   const auto* src = static_cast<const uint16_t*>(w.src);
+  std::vector<float> x(static_cast<size_t>(w.dim));
   return for_each_host_row(w, page_table, start, count, [&](int64_t b, int64_t t, int64_t h, int64_t dst) {
     const uint16_t* from = src + b * w.src_strides[0] + h * w.src_strides[1] + t * w.src_strides[2];
-    float amax = 0.f;
     for (int64_t d = 0; d < w.dim; ++d)
-      amax = std::fmax(amax, std::fabs(source_value(from[d * w.src_strides[3]], w.src_half)));
-    const Fp8Row r = fp8_row_scale(amax);
-    for (int64_t d = 0; d < w.dim; ++d)
-      pool[static_cast<size_t>(dst * w.dim + d)] =
-          to_e4m3(source_value(from[d * w.src_strides[3]], w.src_half) * r.inv);
-    scales[static_cast<size_t>(dst)] = r.descale;
+      x[static_cast<size_t>(d)] = source_value(from[d * w.src_strides[3]], w.src_half);
+    scales[static_cast<size_t>(dst)] = quantize_fp8_row(x.data(), w.dim, pool.data() + dst * w.dim);
   });
+}
+
+float quantize_fp8_row(const float* x, int64_t n, uint8_t* q) {
+  float amax = 0.f;
+  for (int64_t d = 0; d < n; ++d) amax = std::fmax(amax, std::fabs(x[d]));
+  const Fp8Row r = fp8_row_scale(amax);
+  for (int64_t d = 0; d < n; ++d) q[d] = to_e4m3(x[d] * r.inv);
+  return r.descale;
 }
 
 }  // namespace fusebox::kernels

@@ -138,22 +138,10 @@ FasterKernel faster_kernel_for(const ResolvedGraph& g, const ResolvedOp& op, con
 // Measured on the H200 (cuDNN 9.19, 2026-12-06, docs/serving.md): the serving engine's decode
 // step of the Llama-3.2-1B shapes at batch 1 ran its GEMMs (one row of a times the weights) at
 // 0.2-1.5 TB/s, where reading the weights once allows about 4 TB/s. With an RMSNorm before the
-// matmul (the prologue), cuDNN runs no single plan at all: the graph would be two. From 9 to 64 rows
-// (no prologue, no gate) the tensor-core form runs it when pinned (slower than cuDNN: not by
-// default), unless fusebox_gemv is pinned (`pinned`): its rows do not depend on the other rows.
-FasterKernel gemv_kernel(const ResolvedGraph& g, const std::string& pinned = "") {
-  const auto form = match_gemv_form(g);
-  if (!form) return {};
+// matmul (the prologue), cuDNN runs no single plan at all: the graph would be two.
+FasterKernel gemv_kernel(const ResolvedGraph& g) {
   bool faster = false;
-  if (pinned != kGemvName) {
-    if (auto k = make_skinny_gemm_kernel(*form, &faster)) {
-      return {k,
-              "fusebox's tensor-core form of a few rows, when pinned; cuDNN's GEMM is faster here (H100, the "
-              "1B decode GEMMs at 64 rows: about twice cuDNN's time, skinny_gemm.h)",
-              faster};
-    }
-  }
-  if (auto k = make_gemv_kernel(*form, &faster)) {
+  if (auto k = make_gemv_kernel(g, &faster)) {
     if (!faster) {  // more rows, or weights outside the measured range: for batch invariance, pinned
       return {k,
               "a row's values do not depend on the other rows, bit for bit (the serving engine's "
@@ -163,6 +151,19 @@ FasterKernel gemv_kernel(const ResolvedGraph& g, const std::string& pinned = "")
     return {k,
             "cuDNN 9.19's GEMM engines are much slower than the memory allows for a few rows times a weight "
             "matrix: 0.2-1.5 TB/s of weights read on the H200 (the Llama-3.2-1B decode step at batch 1)"};
+  }
+  return {};
+}
+
+// The few-row matmul on tensor cores (9 to 64 rows): slower than cuDNN's GEMMs (skinny_gemm.h), so
+// a graph's faster kernel only where a build pins it by name.
+FasterKernel skinny_gemm_kernel(const ResolvedGraph& g) {
+  const auto form = match_gemv_form(g);
+  if (auto k = form ? make_skinny_gemm_kernel(*form) : nullptr) {
+    return {k,
+            "fusebox's tensor-core form of a few rows, when pinned; cuDNN's GEMM is faster here (H100, the "
+            "1B decode GEMMs at 64 rows: about twice cuDNN's time, skinny_gemm.h)",
+            false};
   }
   return {};
 }
@@ -247,8 +248,8 @@ FasterKernel pointwise_graph_kernel(const ResolvedGraph& g) {
 
 FasterKernel faster_native_kernel(const ResolvedGraph& g, const std::string& pinned) {
   if (g.ops.empty()) return {};
-  if (pinned == kGemvName) {  // fusebox_gemv where another kernel of fusebox's is the graph's default
-    if (auto k = gemv_kernel(g, pinned); k.kernel) return k;
+  if (pinned == kSkinnyGemmName) {  // a kernel of fusebox's that runs only when asked for by name
+    if (auto k = skinny_gemm_kernel(g); k.kernel) return k;
   }
   if (auto k = pointwise_graph_kernel(g); k.kernel) return k;
   const ResolvedOp& op = g.ops[0];

@@ -234,8 +234,7 @@ class SkinnyGemmKernel final : public KernelBase {
 
 }  // namespace
 
-std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f, bool* by_default) {
-  if (by_default) *by_default = false;
+std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f) {
   if (f.scale || f.w2 || f.epi == GemvEpi::kGated || f.m < kMinRows || f.m > kMaxRows ||
       (f.a->dtype != DType::kBF16 && f.a->dtype != DType::kFP16) || f.k % 8 != 0 || f.n % 8 != 0 ||
       f.lda % 8 != 0 || f.ldw % 8 != 0)
@@ -243,7 +242,7 @@ std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f, b
   auto fallback = make_gemv_kernel(f, nullptr);
   if (!fallback) return nullptr;
   auto kern = std::make_shared<SkinnyGemmKernel>();
-  kern->name_ = "fusebox_skinny_gemm";
+  kern->name_ = kSkinnyGemmName;
   kern->where_ = common::op_where("matmul", f.mm->name);
   kern->fallback_ = std::move(fallback);
   SkinnyArgs& p = kern->args_;
@@ -259,8 +258,6 @@ std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f, b
   kern->tiles_ = static_cast<unsigned>(tiles);
   kern->half_ = f.a->dtype == DType::kFP16;
   kern->tensors_ = gemv_tensor_names(f);
-  // Pinned only: measured slower than cuDNN's GEMMs (see skinny_gemm.h).
-  if (by_default) *by_default = false;
   return kern;
 }
 

@@ -19,12 +19,12 @@ namespace fusebox::kernels {
 // (up to 8, enough for about 256 blocks) run as one thread-block cluster and are added in slice
 // order through distributed shared memory, by the block that owns each value's share (no
 // workspace, the same order every run); before sm_90 a block takes all of K. Pointers not on
-// 16-byte boundaries run fusebox_gemv's loop instead. `*by_default` false: it runs when pinned
-// (engine "fusebox_skinny_gemm"). Measured on an H100 (2026-12-07, cuDNN 9.19, `run --cuda-graph`,
-// the 1B decode GEMMs at 64 rows, weights in L2 for both sides) it took about twice cuDNN's best
-// heuristic engine: QKV 17.9 us against 9.9, the output projection 19.4 against 9.5, gate 37.3
+// 16-byte boundaries run fusebox_gemv's loop instead. It runs only when pinned (engine
+// "fusebox_skinny_gemm", faster_native_kernel's `pinned`). Measured on an H100 (2026-12-07, cuDNN 9.19, `run
+// --cuda-graph`, the 1B decode GEMMs at 64 rows, weights in L2 for both sides) it took about twice cuDNN's
+// best heuristic engine: QKV 17.9 us against 9.9, the output projection 19.4 against 9.5, gate 37.3
 // against 16.4, up 40.0 against 21.3, down 46.1 against 22.6; the batch-64 decode step 4.33 ms
 // against 3.21 with cuDNN's. Left for tuning (deeper pipelines, fewer splits), not by default.
-std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f, bool* by_default);
+std::shared_ptr<const NativeKernel> make_skinny_gemm_kernel(const GemvForm& f);
 
 }  // namespace fusebox::kernels

@@ -43,14 +43,10 @@ void store_bf16(HostTensor& t, int64_t i, float f) {
 }
 
 // Row `row` (dh values at x) of an FP8 cache: e4m3 values and their descale, as the GPU's KV write
-// rounds them (kernels::fp8_row_scale).
+// rounds them (kernels::quantize_fp8_row).
 void store_fp8_row(HostTensor& pool, HostTensor& descale, int64_t row, int64_t dh, const float* x) {
-  float amax = 0.f;
-  for (int64_t d = 0; d < dh; ++d) amax = std::fmax(amax, std::fabs(x[d]));
-  const kernels::Fp8Row r = kernels::fp8_row_scale(amax);
-  for (int64_t d = 0; d < dh; ++d)
-    pool.data[static_cast<size_t>(row * dh + d)] = float_to_fp8_bits(x[d] * r.inv, DType::kFP8E4M3);
-  std::memcpy(descale.data.data() + row * 4, &r.descale, 4);
+  const float s = kernels::quantize_fp8_row(x, dh, pool.data.data() + row * dh);
+  std::memcpy(descale.data.data() + row * 4, &s, 4);
 }
 
 // [B*S, H*dh] rows <-> [B, H, S, dh] logical order.

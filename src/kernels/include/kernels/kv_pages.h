@@ -72,6 +72,9 @@ Status write_kv_pages(const KvWrite& w, void* stream);
 int64_t write_kv_pages_host(const KvWrite& w, std::vector<uint8_t>& pool,
                             const std::vector<int32_t>& page_table, const std::vector<int32_t>& start,
                             const std::vector<int32_t>& count);
+// One row of `n` values quantized for an FP8 cache on the host, as the device kernel rounds it: its
+// e4m3 bytes into `q`, its descale returned (fp8_row_scale).
+float quantize_fp8_row(const float* x, int64_t n, uint8_t* q);
 // The FP8 form on the host (w.fp8_scale's layout, `scales` the host copy): the tests' and the
 // reference engine's; rows left out counted as above.
 int64_t write_kv_pages_fp8_host(const KvWrite& w, std::vector<uint8_t>& pool, std::vector<float>& scales,

@@ -55,13 +55,12 @@ struct FasterKernel {
   std::string why;
   bool by_default = true;
 };
-// `pinned`: the engine a build pins, where it names a kernel of fusebox's that runs the graph
-// besides its default one (fusebox_gemv, for the rows the tensor-core form takes by default).
+// `pinned`: the engine a build pins, where it names a kernel of fusebox's that is never a graph's
+// default (fusebox_skinny_gemm): then that kernel, where it takes the graph.
 FasterKernel faster_native_kernel(const ResolvedGraph& g, const std::string& pinned = "");
 
-// The few-row matmul kernel whose rows do not depend on the batch (the serving engine's
-// deterministic mode pins it).
-inline constexpr const char* kGemvName = "fusebox_gemv";
+// The few-row matmul on tensor cores (9 to 64 rows), pinned only.
+inline constexpr const char* kSkinnyGemmName = "fusebox_skinny_gemm";
 
 // The engine name of the reference kernel below.
 inline constexpr const char* kReferenceKernelName = "fusebox_reference";
