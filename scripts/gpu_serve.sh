@@ -10,6 +10,7 @@
 #   PART=4: the Llama-3.2-1B shapes at batch 64 against torch; PART=5: their teacher-forced logits up to 4096;
 #   PART=6: the 125M decode profile cold and warm on one plan cache
 #   PART=8: the FP8 KV cache: its GPU tests, the 1B decode profile with an FP8 and a bf16 cache
+#   PART=9: fusebox_sdpa_decode's tensor-core form: its tests, graphs against cuDNN, both 1B profiles
 #   PART=7: fusebox's decode kernels (paged attention, few-row matmul): their GPU tests, each example
 #           against cuDNN's first supported engine (run --cuda-graph), the 1B bf16 decode profile
 #   FB_REPORT=PATH: bench() takes fusebox's report from PATH (an earlier call's, carried in .gpu)
@@ -211,6 +212,54 @@ case "${PART:-1}" in
     profile l1b_fp8kv "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136)) --kv-cache fp8
     profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
     ;;
-  *) echo "gpu_serve: PART must be 1 to 8" >&2; exit 2 ;;
+  9)
+    # fusebox_sdpa_decode's tensor-core form (session 38, src/kernels/sdpa_decode.cu): the decode
+    # attention GPU tests; each decode attention graph pinned to it and on cuDNN's first engine (an
+    # FP8 cache has no cuDNN engine); the 1B decode profile with an FP8 and a bf16 cache.
+    timeout 240 .gpu/fusebox_gpu_tests \
+      --gtest_filter='NativeKernelsGpu.PagedDecode*:KvPagesGpu.*:ServeGpu.*' > "$D/gtest.txt" 2>&1
+    echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$D/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
+    grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$D/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
+    # The 1B shapes at batch 64, every sequence 2048 tokens, bf16 and FP8 (descales a row).
+    for kv in bf16 fp8; do
+      $PY - "$kv" > "$W/decode_b64_$kv.json" <<'PYEOF'
+import json, sys
+fp8 = sys.argv[1] == "fp8"
+B, H, KVH, D, P, MP = 64, 32, 8, 64, 16, 128
+pages = B * MP
+pool = {"dims": [pages, KVH, P, D]}
+if fp8:
+    pool["dtype"] = "fp8_e4m3"
+t = [{"name": "q", "dims": [B, H, 1, D], "layout": "bshd"},
+     dict(name="k", **pool), dict(name="v", **pool),
+     {"name": "table", "dims": [B, 1, MP, 1], "dtype": "int32", "values": list(range(B * MP))},
+     {"name": "lq", "dims": [B, 1, 1, 1], "dtype": "int32", "values": [1] * B},
+     {"name": "lkv", "dims": [B, 1, 1, 1], "dtype": "int32", "values": [MP * P] * B},
+     {"name": "o", "layout": "bshd"}]
+inputs = {"q": "q", "k": "k", "v": "v", "seq_len_q": "lq", "seq_len_kv": "lkv",
+          "page_table_k": "table", "page_table_v": "table"}
+if fp8:
+    t[3:3] = [{"name": n, "dtype": "fp32", "dims": [pages, KVH, P, 1]} for n in ("dk", "dv")]
+    inputs.update(descale_k="dk", descale_v="dv")
+print(json.dumps({"name": "decode_b64_" + sys.argv[1], "io_dtype": "bf16", "intermediate_dtype": "fp32",
+                  "compute_dtype": "fp32", "tensors": t,
+                  "ops": [{"op": "sdpa_fwd", "name": "attn", "causal": True, "alignment": "bottom_right",
+                           "max_seq_len_kv": MP * P, "inputs": inputs, "outputs": {"o": "o"}}]}))
+PYEOF
+    done
+    for g in examples/graphs/sdpa_paged_decode.json examples/graphs/sdpa_paged_decode_b1.json \
+      "$W/decode_b64_bf16.json" "$W/decode_b64_fp8.json"; do
+      n=$(basename "$g" .json)
+      e=$("$FB" engines "$g" --cudnn 2>/dev/null | awk '$3 == "yes" {print $2; exit}')
+      for pin in fusebox_sdpa_decode $e; do
+        timeout 120 "$FB" run "$g" --verify --cuda-graph --iters 200 --engine "$pin" > "$D/run_${n}_$pin.txt" 2>&1
+        echo "$n [$pin] exit $?: $(grep -E 'verify|latency' "$D/run_${n}_$pin.txt" | cut -c1-200 | tr '\n' ' ')" | tee -a "$S"
+      done
+    done
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    profile l1b_fp8kv "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136)) --kv-cache fp8
+    profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
+    ;;
+  *) echo "gpu_serve: PART must be 1 to 9" >&2; exit 2 ;;
 esac
 echo "gpu_serve: done; $S" | tee -a "$S"

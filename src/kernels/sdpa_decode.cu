@@ -28,9 +28,10 @@ namespace {
 
 constexpr int kThreads = 128, kMaxGroup = 8, kMaxDim = 256;
 constexpr int kMaxGroupValues = 1024;  // group heads x D: the combine kernel's rows
-// Chunks of at least 64 keys, at most 32 a sequence: the workspace stays within 32 chunks' partials
-// a pair whatever the context, and batch 1 at 2048 tokens still gets 8 x 32 blocks.
-constexpr int64_t kMinChunk = 64, kMaxChunks = 32;
+// Chunks of at least 128 keys (a round of the tensor-core kernel's 4 warps of two 16-key tiles), at
+// most 32 a sequence: the workspace stays within 32 chunks' partials a pair whatever the context,
+// and batch 1 at 2048 tokens still gets 8 x 16 blocks.
+constexpr int64_t kMinChunk = 128, kMaxChunks = 32;
 // Keys in flight a slot, and the page-table entries a block stages in shared memory (a chunk of
 // more pages reads the table key by key).
 constexpr int kT = 4, kStagedPages = 64;
@@ -101,6 +102,57 @@ __device__ __forceinline__ float kv_value(const uint4& u, int e) {
   }
 }
 
+// Block (b, split)'s keys [lo, hi]: the kept keys of sequence b's single query row (sdpa_kept_keys
+// for i = 0), cut to the block's chunk of them (empty past their end).
+__device__ __forceinline__ void kept_keys(const DecodeArgs& a, int64_t b, int64_t split, int64_t& lo,
+                                          int64_t& hi) {
+  const int64_t lq = a.lq ? a.lq[b * a.lq_stride] : 1;
+  int64_t lkv = a.lkv ? a.lkv[b * a.lkv_stride] : a.max_kv;
+  if (lkv > a.max_kv) lkv = a.max_kv;
+  lo = 0;
+  hi = lq > 0 ? lkv - 1 : -1;
+  const int64_t off = a.bottom_right ? lkv - lq : 0;
+  if (a.has_right && off + a.right < hi) hi = off + a.right;
+  if (a.has_left && off - a.left + 1 > lo) lo = off - a.left + 1;
+  if (a.splits > 1) {
+    lo += split * a.chunk;
+    if (lo + a.chunk - 1 < hi) hi = lo + a.chunk - 1;
+  }
+}
+
+// A block's slots merged in slot order (each slot's maximum m, sum l and unnormalized outputs acc, the
+// maxima in the natural-log domain), written as the block's partials (split keys) or to o.
+template <class MOf, class LOf, class AccOf>
+__device__ __forceinline__ void finish_block(const DecodeArgs& a, int64_t b, int64_t h, int slots, MOf m_of,
+                                             LOf l_of, AccOf acc_of) {
+  const int64_t G = a.group, D = a.dim;
+  float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;
+  for (int64_t idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int64_t g = idx / D, d = idx % D;
+    float M = -INFINITY;
+    for (int s = 0; s < slots; ++s) M = fmaxf(M, m_of(s, g));
+    float L = 0.f, sum = 0.f;
+    if (M > -INFINITY) {
+      for (int s = 0; s < slots; ++s) {
+        const float f = __expf(m_of(s, g) - M);  // a slot that kept no key: exp(-inf) = 0
+        L += l_of(s, g) * f;
+        sum += acc_of(s, g, d) * f;
+      }
+    }
+    if (part) {  // the block's partials: its maximum and sum per head, its unnormalized outputs
+      if (d == 0) {
+        part[g] = M;
+        part[G + g] = L;
+      }
+      part[2 * G + idx] = sum;
+      continue;
+    }
+    // A row that keeps no key (or is padding) gets 0, as the reference writes it.
+    store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
+                     L > 0.f ? sum / L : 0.f);
+  }
+}
+
 // kG query heads per KV head, kL lanes a key (8 values of a row each: D <= 8 kL), 16-bit q and o
 // (kHalf: fp16, else bf16), K and V of q's dtype or with kFp8 e4m3 times their descales, kVec:
 // 16-byte loads (8-byte ones of fp8 rows). The per-thread arrays have constant sizes, so they stay
@@ -117,18 +169,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   constexpr int64_t G = kG;
   const int64_t D = a.dim, d0 = 8 * part_lane;
   const int64_t dn = D - d0 < 0 ? 0 : (D - d0 < 8 ? D - d0 : 8);  // this lane's values of a row
-  // Kept keys of the single query row (sdpa_kept_keys for i = 0).
-  const int64_t lq = a.lq ? a.lq[b * a.lq_stride] : 1;
-  int64_t lkv = a.lkv ? a.lkv[b * a.lkv_stride] : a.max_kv;
-  if (lkv > a.max_kv) lkv = a.max_kv;
-  int64_t lo = 0, hi = lq > 0 ? lkv - 1 : -1;
-  const int64_t off = a.bottom_right ? lkv - lq : 0;
-  if (a.has_right && off + a.right < hi) hi = off + a.right;
-  if (a.has_left && off - a.left + 1 > lo) lo = off - a.left + 1;
-  if (a.splits > 1) {  // this block's chunk of the kept keys (empty past their end)
-    lo += split * a.chunk;
-    if (lo + a.chunk - 1 < hi) hi = lo + a.chunk - 1;
-  }
+  int64_t lo = 0, hi = -1;
+  kept_keys(a, b, split, lo, hi);
 
   const auto* qp = static_cast<const uint16_t*>(a.q);
   float q[kG][8], acc[kG][8], m[kG], l[kG];
@@ -228,31 +270,289 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
     for (int e = 0; e < 8; ++e) sm_acc[(slot * kG + g) * kRow + d0 + e] = acc[g][e];
   }
   __syncthreads();
-  float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;
-  for (int64_t idx = threadIdx.x; idx < G * D; idx += kThreads) {
-    const int64_t g = idx / D, d = idx % D;
-    float M = -INFINITY;
-    for (int s = 0; s < kSlots; ++s) M = fmaxf(M, sm_m[s][g]);
-    float L = 0.f, sum = 0.f;
-    if (M > -INFINITY) {
-      for (int s = 0; s < kSlots; ++s) {
-        const float f = __expf(sm_m[s][g] - M);  // a slot that kept no key: exp(-inf) = 0
-        L += sm_l[s][g] * f;
-        sum += sm_acc[(s * kG + g) * kRow + d] * f;
-      }
-    }
-    if (part) {  // the block's partials: its maximum and sum per head, its unnormalized outputs
-      if (d == 0) {
-        part[g] = M;
-        part[G + g] = L;
-      }
-      part[2 * G + idx] = sum;
-      continue;
-    }
-    // A row that keeps no key (or is padding) gets 0, as the reference writes it.
-    store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
-                     L > 0.f ? sum / L : 0.f);
+  finish_block(
+      a, b, h, kSlots, [&](int s, int64_t g) { return sm_m[s][g]; },
+      [&](int s, int64_t g) { return sm_l[s][g]; },
+      [&](int s, int64_t g, int64_t d) { return sm_acc[(s * kG + g) * kRow + d]; });
+}
+
+// The tensor-core form (sdpa_decode_mma_kernel): one warp's scores of 16 keys for the group's (up to
+// 8) query heads as S = Q K^T, m16n8k16 MMAs (heads the rows, rows 8-15 zero; keys the columns, two
+// n8 tiles), then O += P V with P straight from S's accumulators. K and V go from global memory to
+// the operand registers without shared memory: a dot product's order over D is free, so each lane
+// loads a contiguous piece of a key's row (16 bytes) and the same piece of q, and V's 8-dim tiles
+// take every (D / 8)-th dim, so a lane's dims of a row are contiguous too.
+template <bool kF16>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  if constexpr (kF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
   }
+}
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// Two floats as one register of 16-bit operands (lo in the low half): fp16 (kF16) or bf16.
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kF16) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+// Two e4m3 values (the low 16 bits of w) as two fp16 ones (exact: e4m3 lies inside fp16).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | static_cast<uint32_t>(r.y) << 16;
+}
+template <int kN>
+__device__ __forceinline__ void load_words(uint32_t (&w)[kN], const void* p, bool in) {
+  static_assert(kN == 2 || kN % 4 == 0, "8 or 16n bytes");
+  if constexpr (kN == 2) {
+    const uint2 u = in ? __ldg(static_cast<const uint2*>(p)) : make_uint2(0, 0);
+    w[0] = u.x;
+    w[1] = u.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN / 4; ++i) {
+      const uint4 u = in ? __ldg(static_cast<const uint4*>(p) + i) : make_uint4(0, 0, 0, 0);
+      w[4 * i] = u.x;
+      w[4 * i + 1] = u.y;
+      w[4 * i + 2] = u.z;
+      w[4 * i + 3] = u.w;
+    }
+  }
+}
+
+// kD 64 or 128; q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or with kFp8 e4m3
+// times their descales. The MMAs take bf16 for bf16 K and V, fp16 otherwise: an FP8 cache's values
+// are exact in fp16, q is scaled by a power of two per head into fp16's range (its largest value
+// to [2^14, 2^15)), and P by the descale of V's row over the tile's largest one (at most 1), that
+// largest one applied to the tile's product in fp32. Needs 16-key tiles inside one page (page size
+// a multiple of 16), 16-byte aligned rows.
+template <int kD, bool kHalf, bool kFp8>
+__global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a) {
+  constexpr int kWarps = kThreads / 32, kSteps = kD / 16, kTiles = kD / 8;
+  constexpr bool kF16 = kHalf || kFp8;
+  constexpr int kKWords = kFp8 ? kD / 16 : kD / 8;   // a lane's words of a K row
+  constexpr int kVWords = kFp8 ? kD / 32 : kD / 16;  // a lane's words of a V row: kTiles values
+  constexpr int kNT = (kD == 128 && !kFp8) ? 1 : 2;  // 16-key tiles a warp loads at once
+  constexpr float kLog2e = 1.4426950408889634f;
+  __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
+  __shared__ float sm_acc[kWarps][kMaxGroup][kD];
+  const int64_t bh = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads, G = a.group;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;  // the MMA's group (a head of A and C, a key or dim of B) and thread
+  int64_t lo = 0, hi = -1;
+  kept_keys(a, b, split, lo, hi);
+
+  // q as A operands (row g: head h G + g; the same pieces of the row as the K loads below).
+  uint32_t qa[kSteps][2];
+  float qscale = a.scale * kLog2e;  // scores in the log2 domain
+  {
+    const auto* qrow = static_cast<const uint16_t*>(a.q) + b * a.qs.s[0] + (h * G + g) * a.qs.s[1];
+    const bool in = g < G;
+    if constexpr (!kFp8) {
+#pragma unroll
+      for (int i = 0; i < kD / 32; ++i) {
+        uint32_t w[4];
+        load_words(w, qrow + 32 * i + 8 * t, in);
+        qa[2 * i][0] = w[0];
+        qa[2 * i][1] = w[1];
+        qa[2 * i + 1][0] = w[2];
+        qa[2 * i + 1][1] = w[3];
+      }
+    } else {
+      float v[kD / 4];
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < kD / 64; ++i) {
+        uint32_t w[8];
+        load_words(w, qrow + 64 * i + 16 * t, in);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          v[16 * i + e] = bits_to_float<kHalf>(e % 2 ? w[e / 2] >> 16 : w[e / 2] & 0xffffu);
+          amax = fmaxf(amax, fabsf(v[16 * i + e]));
+        }
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      int e2 = 0;
+      if (amax > 0.f && amax <= 3.0e38f) {
+        frexpf(amax, &e2);  // amax < 2^e2
+        e2 = 15 - e2;
+        e2 = e2 > 100 ? 100 : e2;
+      }
+      const float up = ldexpf(1.f, e2);
+      qscale = ldexpf(qscale, -e2);
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        const int e = 16 * (s / 4) + 4 * (s % 4);
+        qa[s][0] = pack2<true>(v[e] * up, v[e + 1] * up);
+        qa[s][1] = pack2<true>(v[e + 2] * up, v[e + 3] * up);
+      }
+    }
+  }
+
+  float m = -INFINITY, l = 0.f;  // head g's running maximum (log2 domain) and this lane's share of its sum
+  float acc[kTiles][4];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  const auto* kbase = static_cast<const uint8_t*>(a.k);
+  const auto* vbase = static_cast<const uint8_t*>(a.v);
+  constexpr int64_t kElem = kFp8 ? 1 : 2;
+  const int64_t first = hi >= lo ? lo - lo % 16 : 0;
+  for (int64_t base = first + 16 * kNT * warp; base <= hi; base += 16 * kNT * kWarps) {
+    uint32_t kw[kNT][2][kKWords], vw[kNT][4][kVWords];
+    float dk[kNT][4], dv[kNT][4];  // an FP8 cache's descales of the keys of the V rows
+    bool keep[kNT][4];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      const int64_t key0 = base + 16 * n;
+      const int64_t slot =
+          key0 <= hi ? static_cast<int64_t>(static_cast<uint32_t>(key0) / static_cast<uint32_t>(a.page_size))
+                     : a.max_pages_k;
+      const int64_t pk = page_of(a.table_k, a.tks, a.pages_k, a.max_pages_k, b, slot);
+      const int64_t pv = page_of(a.table_v, a.tvs, a.pages_v, a.max_pages_v, b, slot);
+      const int64_t r0 = key0 - slot * a.page_size;
+      auto kept = [&](int64_t key) { return key >= lo && key <= hi; };
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {  // K rows of keys g and g + 8
+        const int64_t r = r0 + g + 8 * j;
+        const bool in = pk >= 0 && kept(key0 + g + 8 * j);
+        const int64_t off = in ? row_base(pk, a.ks, h, r) : 0;
+#pragma unroll
+        for (int i = 0; i < kKWords / 4; ++i) {  // 16 bytes at [64 i + 16 t) bytes... of the row
+          uint32_t w[4];
+          load_words(w, kbase + (off + (kFp8 ? 64 : 32) * i + (kFp8 ? 16 : 8) * t) * kElem, in);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) kw[n][j][4 * i + u] = w[u];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {  // V rows of keys 2t, 2t + 1, 2t + 8, 2t + 9: dims [kTiles g, +kTiles)
+        // A key without both pages, or not kept, scores -inf and reads no V row (a NaN there would
+        // survive p = 0).
+        const int jj = 2 * t + (j % 2) + 8 * (j / 2);
+        const bool in = pk >= 0 && pv >= 0 && kept(key0 + jj);
+        keep[n][j] = in;
+        const int64_t off = in ? row_base(pv, a.vs, h, r0 + jj) : 0;
+        load_words(vw[n][j], vbase + (off + kTiles * g) * kElem, in);
+        if constexpr (kFp8) {
+          dk[n][j] = in ? a.dk[row_base(pk, a.dks, h, r0 + jj)] : 0.f;
+          dv[n][j] = in ? a.dv[row_base(pv, a.dvs, h, r0 + jj)] : 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        uint32_t b00, b01, b10, b11;
+        if constexpr (kFp8) {
+          b00 = e4m3x2_to_f16x2(kw[n][0][s]);
+          b01 = e4m3x2_to_f16x2(kw[n][0][s] >> 16);
+          b10 = e4m3x2_to_f16x2(kw[n][1][s]);
+          b11 = e4m3x2_to_f16x2(kw[n][1][s] >> 16);
+        } else {
+          b00 = kw[n][0][2 * s];
+          b01 = kw[n][0][2 * s + 1];
+          b10 = kw[n][1][2 * s];
+          b11 = kw[n][1][2 * s + 1];
+        }
+        mma16816<kF16>(s0, qa[s][0], qa[s][1], b00, b01);
+        mma16816<kF16>(s1, qa[s][0], qa[s][1], b10, b11);
+      }
+      // Head g's scores of keys 2t, 2t + 1, 2t + 8, 2t + 9 (the V rows this lane loaded).
+      float sc[4] = {s0[0], s0[1], s1[0], s1[1]};
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kFp8) sc[j] *= dk[n][j];
+        sc[j] = keep[n][j] ? sc[j] * qscale : -INFINITY;
+        tmax = fmaxf(tmax, sc[j]);
+      }
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+      const float m_new = fmaxf(m, tmax);
+      const float mu = m_new == -INFINITY ? 0.f : m_new;
+      const float corr = fast_exp2(m - mu);  // 0 while m is -inf
+      float p[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) p[j] = fast_exp2(sc[j] - mu);
+      l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
+      m = m_new;
+      float vmax = 1.f;
+      if constexpr (kFp8) {  // P times V's descales over the tile's largest (0 for a masked key)
+        vmax = fmaxf(fmaxf(dv[n][0], dv[n][1]), fmaxf(dv[n][2], dv[n][3]));
+        vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));
+        vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 2));
+        const float inv = vmax > 0.f ? 1.f / vmax : 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[j] *= dv[n][j] * inv;
+      }
+      const uint32_t pa0 = pack2<kF16>(p[0], p[1]), pa2 = pack2<kF16>(p[2], p[3]);
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) {
+        uint32_t b0, b1;  // keys (2t, 2t + 1) and (2t + 8, 2t + 9) at dim kTiles g + i
+        if constexpr (kFp8) {
+          const int sel = (i % 4) | (4 + i % 4) << 4;
+          b0 = e4m3x2_to_f16x2(__byte_perm(vw[n][0][i / 4], vw[n][1][i / 4], sel));
+          b1 = e4m3x2_to_f16x2(__byte_perm(vw[n][2][i / 4], vw[n][3][i / 4], sel));
+        } else {
+          const int sel = i % 2 ? 0x7632 : 0x5410;
+          b0 = __byte_perm(vw[n][0][i / 2], vw[n][1][i / 2], sel);
+          b1 = __byte_perm(vw[n][2][i / 2], vw[n][3][i / 2], sel);
+        }
+        if constexpr (kFp8) {
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+          mma16816<true>(d, pa0, pa2, b0, b1);
+          acc[i][0] = fmaf(d[0], vmax, acc[i][0] * corr);
+          acc[i][1] = fmaf(d[1], vmax, acc[i][1] * corr);
+        } else {
+          acc[i][0] *= corr;
+          acc[i][1] *= corr;
+          mma16816<kF16>(acc[i], pa0, pa2, b0, b1);
+        }
+      }
+    }
+  }
+  // The warps meet in shared memory (dims in their places: tile i's column c is dim kTiles c + i),
+  // maxima in the natural-log domain as finish_block takes them.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (g < G) {
+    if (t == 0) {
+      sm_m[warp][g] = m * 0.6931471805599453f;
+      sm_l[warp][g] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      sm_acc[warp][g][kTiles * (2 * t) + i] = acc[i][0];
+      sm_acc[warp][g][kTiles * (2 * t + 1) + i] = acc[i][1];
+    }
+  }
+  __syncthreads();
+  finish_block(
+      a, b, h, kWarps, [&](int s, int64_t gg) { return sm_m[s][gg]; },
+      [&](int s, int64_t gg) { return sm_l[s][gg]; },
+      [&](int s, int64_t gg, int64_t d) { return sm_acc[s][gg][d]; });
 }
 
 // The split blocks of one (sequence, KV head) merged, over the splits in order: o = sum_s acc_s
@@ -389,7 +689,9 @@ class SdpaDecodeKernel final : public KernelBase {
     auto kv_aligned = [&](const void* p) { return fp8_ ? aligned8(p) : aligned16(p); };
     const bool vec = vec_shapes_ && aligned16(a.q) && kv_aligned(a.k) && kv_aligned(a.v);
     const bool half = a.dtype == static_cast<int>(DType::kFP16);
-    if (fp8_) {
+    if (mma_shapes_ && aligned16(a.q) && aligned16(a.k) && aligned16(a.v)) {
+      launch_mma(half, grid, st, a);
+    } else if (fp8_) {
       launch_dtype<true>(vec, half, lanes_, grid, st, a);
     } else {
       launch_dtype<false>(vec, half, lanes_, grid, st, a);
@@ -401,11 +703,32 @@ class SdpaDecodeKernel final : public KernelBase {
     return common::cuda_status(cudaGetLastError(), where_, " decode attention combine launch");
   }
 
+  // The tensor-core kernel for D 64 or 128 (sdpa_decode_mma_kernel).
+  void launch_mma(bool half, unsigned grid, cudaStream_t st, const DecodeArgs& a) const {
+    const bool d64 = a.dim == 64;
+    if (fp8_) {
+      if (half) {
+        d64 ? sdpa_decode_mma_kernel<64, true, true><<<grid, kThreads, 0, st>>>(a)
+            : sdpa_decode_mma_kernel<128, true, true><<<grid, kThreads, 0, st>>>(a);
+      } else {
+        d64 ? sdpa_decode_mma_kernel<64, false, true><<<grid, kThreads, 0, st>>>(a)
+            : sdpa_decode_mma_kernel<128, false, true><<<grid, kThreads, 0, st>>>(a);
+      }
+    } else if (half) {
+      d64 ? sdpa_decode_mma_kernel<64, true, false><<<grid, kThreads, 0, st>>>(a)
+          : sdpa_decode_mma_kernel<128, true, false><<<grid, kThreads, 0, st>>>(a);
+    } else {
+      d64 ? sdpa_decode_mma_kernel<64, false, false><<<grid, kThreads, 0, st>>>(a)
+          : sdpa_decode_mma_kernel<128, false, false><<<grid, kThreads, 0, st>>>(a);
+    }
+  }
+
   DecodeArgs args_;
   int64_t blocks_ = 0;
   int lanes_ = 4;            // lanes a key: a power of two >= D / 8, at least 4
   bool fp8_ = false;         // an FP8 cache: e4m3 K and V, their descales after the page tables
   bool vec_shapes_ = false;  // rows of 8 values on 16-byte boundaries (the pointers checked at launch)
+  bool mma_shapes_ = false;  // the tensor-core kernel's shapes (the pointers checked at launch)
 };
 
 }  // namespace
@@ -493,13 +816,19 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   // Chunks by the pool's longest sequence only, so a sequence's sums run in the same order whatever
   // the batch (the serving engine's buckets share one pool).
   d.chunk = std::max(kMinChunk, (d.max_kv + kMaxChunks - 1) / kMaxChunks);
-  d.chunk = (d.chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
+  d.chunk = (d.chunk + kMinChunk - 1) / kMinChunk * kMinChunk;  // whole 16-key tiles
   d.splits = std::max<int64_t>(1, (d.max_kv + d.chunk - 1) / d.chunk);
   while (8 * kern->lanes_ < D) kern->lanes_ *= 2;
   auto rows16 = [](const Strides4& t) {
     return t.s[3] == 1 && t.s[0] % 8 == 0 && t.s[1] % 8 == 0 && t.s[2] % 8 == 0;
   };
   kern->vec_shapes_ = D % 8 == 0 && rows16(d.qs) && rows16(d.ks) && rows16(d.vs);
+  // The tensor-core kernel: 16-key tiles inside a page, every row on a 16-byte boundary.
+  auto rows_of_16_bytes = [&](const Strides4& t) {
+    return a.fp8_kv ? t.s[3] == 1 && t.s[0] % 16 == 0 && t.s[1] % 16 == 0 && t.s[2] % 16 == 0 : rows16(t);
+  };
+  kern->mma_shapes_ = (D == 64 || D == 128) && P % 16 == 0 && rows16(d.qs) && rows_of_16_bytes(d.ks) &&
+                      rows_of_16_bytes(d.vs);
   kern->tensors_ = {q->name, k->name, v->name, lq->name, lkv->name, tk->name, tv->name};
   if (a.fp8_kv) kern->tensors_.insert(kern->tensors_.end(), {dk->name, dv->name});
   kern->tensors_.push_back(o.name);
