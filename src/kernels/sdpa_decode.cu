@@ -45,6 +45,7 @@ struct DecodeArgs {
   int64_t lq_stride = 1, lkv_stride = 1;
   int64_t kv_heads = 0, group = 0, dim = 0, page_size = 0, max_pages_k = 0, max_pages_v = 0;
   int64_t pages_k = 0, pages_v = 0, max_kv = 0;
+  int64_t rows = 1;   // query rows a sequence (Sq): a block per (sequence, row, KV head, chunk)
   int64_t chunk = 0;  // keys a block (the kept keys from the first on)
   int dtype = 0;
   float scale = 1.f;
@@ -102,28 +103,46 @@ __device__ __forceinline__ float kv_value(const uint4& u, int e) {
   }
 }
 
-// Block (b, split)'s keys [lo, hi]: the kept keys of sequence b's single query row (sdpa_kept_keys
-// for i = 0), cut to the block's chunk of them (empty past their end).
-__device__ __forceinline__ void kept_keys(const DecodeArgs& a, int64_t b, int64_t split, int64_t& lo,
-                                          int64_t& hi) {
-  const int64_t lq = a.lq ? a.lq[b * a.lq_stride] : 1;
-  int64_t lkv = a.lkv ? a.lkv[b * a.lkv_stride] : a.max_kv;
+// Where block `block` of the main kernels (or the combine kernel's, with splits 1) works: sequence b,
+// query row i, KV head h, chunk `split`.
+struct BlockPos {
+  int64_t b = 0, i = 0, h = 0, split = 0;
+};
+__device__ __forceinline__ BlockPos block_pos(const DecodeArgs& a, int64_t block, int64_t splits) {
+  BlockPos p;
+  const int64_t pair = block / splits;
+  p.split = block % splits;
+  p.h = pair % a.kv_heads;
+  p.i = pair / a.kv_heads % a.rows;
+  p.b = pair / a.kv_heads / a.rows;
+  return p;
+}
+
+// Block p's keys [lo, hi]: the kept keys of sequence b's query row i (sdpa_kept_keys), cut to the
+// block's chunk of them (empty past their end).
+__device__ __forceinline__ void kept_keys(const DecodeArgs& a, const BlockPos& p, int64_t& lo, int64_t& hi) {
+  const int64_t lq = a.lq ? a.lq[p.b * a.lq_stride] : a.rows;
+  int64_t lkv = a.lkv ? a.lkv[p.b * a.lkv_stride] : a.max_kv;
   if (lkv > a.max_kv) lkv = a.max_kv;
   lo = 0;
-  hi = lq > 0 ? lkv - 1 : -1;
+  hi = p.i < lq ? lkv - 1 : -1;
   const int64_t off = a.bottom_right ? lkv - lq : 0;
-  if (a.has_right && off + a.right < hi) hi = off + a.right;
-  if (a.has_left && off - a.left + 1 > lo) lo = off - a.left + 1;
+  if (a.has_right && p.i + off + a.right < hi) hi = p.i + off + a.right;
+  if (a.has_left && p.i + off - a.left + 1 > lo) lo = p.i + off - a.left + 1;
   if (a.splits > 1) {
-    lo += split * a.chunk;
+    lo += p.split * a.chunk;
     if (lo + a.chunk - 1 < hi) hi = lo + a.chunk - 1;
   }
+}
+// Where head `head`'s value d of block p's row lives in q or o.
+__device__ __forceinline__ int64_t row_at(const Strides4& s, const BlockPos& p, int64_t head, int64_t d) {
+  return p.b * s.s[0] + head * s.s[1] + p.i * s.s[2] + d * s.s[3];
 }
 
 // A block's slots merged in slot order (each slot's maximum m, sum l and unnormalized outputs acc, the
 // maxima in the natural-log domain), written as the block's partials (split keys) or to o.
 template <class MOf, class LOf, class AccOf>
-__device__ __forceinline__ void finish_block(const DecodeArgs& a, int64_t b, int64_t h, int slots, MOf m_of,
+__device__ __forceinline__ void finish_block(const DecodeArgs& a, const BlockPos& p, int slots, MOf m_of,
                                              LOf l_of, AccOf acc_of) {
   const int64_t G = a.group, D = a.dim;
   float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;
@@ -148,8 +167,7 @@ __device__ __forceinline__ void finish_block(const DecodeArgs& a, int64_t b, int
       continue;
     }
     // A row that keeps no key (or is padding) gets 0, as the reference writes it.
-    store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
-                     L > 0.f ? sum / L : 0.f);
+    store_from_float(a.o, a.dtype, row_at(a.os, p, p.h * G + g, d), L > 0.f ? sum / L : 0.f);
   }
 }
 
@@ -163,14 +181,14 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   __shared__ float sm_m[kSlots][kG], sm_l[kSlots][kG];
   __shared__ int64_t sm_page_k[kStagedPages], sm_page_v[kStagedPages];
   __shared__ float sm_acc[kSlots * kG * kRow];  // 1024 kG floats
-  const int64_t bh = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads;
+  const BlockPos pos = block_pos(a, blockIdx.x, a.splits);
+  const int64_t b = pos.b, h = pos.h;
   const int slot = threadIdx.x / kL, part_lane = threadIdx.x % kL;
   constexpr int64_t G = kG;
   const int64_t D = a.dim, d0 = 8 * part_lane;
   const int64_t dn = D - d0 < 0 ? 0 : (D - d0 < 8 ? D - d0 : 8);  // this lane's values of a row
   int64_t lo = 0, hi = -1;
-  kept_keys(a, b, split, lo, hi);
+  kept_keys(a, pos, lo, hi);
 
   const auto* qp = static_cast<const uint16_t*>(a.q);
   float q[kG][8], acc[kG][8], m[kG], l[kG];
@@ -179,8 +197,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
     m[g] = -INFINITY;
     l[g] = 0.f;
     const uint4 u =
-        dn > 0 ? load8<kVec>(qp + b * a.qs.s[0] + (h * G + g) * a.qs.s[1] + d0 * a.qs.s[3], dn, a.qs.s[3])
-               : make_uint4(0, 0, 0, 0);
+        dn > 0 ? load8<kVec>(qp + row_at(a.qs, pos, h * G + g, d0), dn, a.qs.s[3]) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       acc[g][e] = 0.f;
@@ -271,7 +288,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   }
   __syncthreads();
   finish_block(
-      a, b, h, kSlots, [&](int s, int64_t g) { return sm_m[s][g]; },
+      a, pos, kSlots, [&](int s, int64_t g) { return sm_m[s][g]; },
       [&](int s, int64_t g) { return sm_l[s][g]; },
       [&](int s, int64_t g, int64_t d) { return sm_acc[(s * kG + g) * kRow + d]; });
 }
@@ -354,18 +371,18 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
   __shared__ float sm_acc[kWarps][kMaxGroup][kD];
-  const int64_t bh = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int64_t b = bh / a.kv_heads, h = bh % a.kv_heads, G = a.group;
+  const BlockPos pos = block_pos(a, blockIdx.x, a.splits);
+  const int64_t b = pos.b, h = pos.h, G = a.group;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;  // the MMA's group (a head of A and C, a key or dim of B) and thread
   int64_t lo = 0, hi = -1;
-  kept_keys(a, b, split, lo, hi);
+  kept_keys(a, pos, lo, hi);
 
   // q as A operands (row g: head h G + g; the same pieces of the row as the K loads below).
   uint32_t qa[kSteps][2];
   float qscale = a.scale * kLog2e;  // scores in the log2 domain
   {
-    const auto* qrow = static_cast<const uint16_t*>(a.q) + b * a.qs.s[0] + (h * G + g) * a.qs.s[1];
+    const auto* qrow = static_cast<const uint16_t*>(a.q) + row_at(a.qs, pos, h * G + g, 0);
     const bool in = g < G;
     if constexpr (!kFp8) {
 #pragma unroll
@@ -550,7 +567,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
   }
   __syncthreads();
   finish_block(
-      a, b, h, kWarps, [&](int s, int64_t gg) { return sm_m[s][gg]; },
+      a, pos, kWarps, [&](int s, int64_t gg) { return sm_m[s][gg]; },
       [&](int s, int64_t gg) { return sm_l[s][gg]; },
       [&](int s, int64_t gg, int64_t d) { return sm_acc[s][gg][d]; });
 }
@@ -563,7 +580,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
 __global__ void __launch_bounds__(kThreads) decode_combine_kernel(DecodeArgs a) {
   constexpr int kSum = 8;
   __shared__ float sm_f[kMaxChunks][kMaxGroup], sm_ls[kMaxChunks][kMaxGroup], sm_l[kMaxGroup];
-  const int64_t bh = blockIdx.x, b = bh / a.kv_heads, h = bh % a.kv_heads, G = a.group, D = a.dim;
+  const BlockPos pos = block_pos(a, blockIdx.x, 1);
+  const int64_t bh = blockIdx.x, h = pos.h, G = a.group, D = a.dim;
   const int64_t S = a.splits, pf = part_floats(G, D);
   const float* part = a.part + bh * S * pf;
   for (int64_t t = threadIdx.x; t < S * G; t += kThreads) {
@@ -597,8 +615,7 @@ __global__ void __launch_bounds__(kThreads) decode_combine_kernel(DecodeArgs a) 
         if (s0 + u < S) sum += v[u] * sm_f[s0 + u][g];
     }
     const float L = sm_l[g];
-    store_from_float(a.o, a.dtype, b * a.os.s[0] + (h * G + g) * a.os.s[1] + d * a.os.s[3],
-                     L > 0.f ? sum / L : 0.f);
+    store_from_float(a.o, a.dtype, row_at(a.os, pos, h * G + g, d), L > 0.f ? sum / L : 0.f);
   }
 }
 
@@ -763,9 +780,9 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   const int64_t B = q->dims[0], H = q->dims[1], Sq = q->dims[2], D = q->dims[3];
   const int64_t KVH = k->dims[1], P = k->dims[2];
   const int64_t group = KVH >= 1 && H % KVH == 0 ? H / KVH : 0;
-  if (Sq != 1 || group < 1 || group > kMaxGroup || (group & (group - 1)) != 0 || D < 1 || D > kMaxDim ||
+  if (Sq < 1 || group < 1 || group > kMaxGroup || (group & (group - 1)) != 0 || D < 1 || D > kMaxDim ||
       (H / KVH) * D > kMaxGroupValues || v->dims[1] != KVH || v->dims[2] != P || v->dims[3] != D ||
-      k->dims[3] != D || o.dims != std::vector<int64_t>{B, H, 1, D} || tv->dims[2] != tk->dims[2] ||
+      k->dims[3] != D || o.dims != std::vector<int64_t>{B, H, Sq, D} || tv->dims[2] != tk->dims[2] ||
       lq->dims[0] != B || lkv->dims[0] != B || tk->dims[0] != B || tv->dims[0] != B ||
       sdpa_kv_length(a, k->dims) >= (int64_t{1} << 31))
     return nullptr;
@@ -812,12 +829,17 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   d.has_left = a.left_bound ? 1 : 0;
   d.left = a.left_bound.value_or(0);
   d.bottom_right = a.alignment == SdpaAlignment::kBottomRight ? 1 : 0;
-  kern->blocks_ = B * KVH;
+  d.rows = Sq;
+  kern->blocks_ = B * Sq * KVH;
   // Chunks by the pool's longest sequence only, so a sequence's sums run in the same order whatever
   // the batch (the serving engine's buckets share one pool).
   d.chunk = std::max(kMinChunk, (d.max_kv + kMaxChunks - 1) / kMaxChunks);
   d.chunk = (d.chunk + kMinChunk - 1) / kMinChunk * kMinChunk;  // whole 16-key tiles
   d.splits = std::max<int64_t>(1, (d.max_kv + d.chunk - 1) / d.chunk);
+  // Several query rows (a prompt over the cache): a block per row is parallel enough, and split
+  // partials would grow with the rows; each block takes all its row's keys.
+  if (Sq > 1) d.splits = 1;
+  if (kern->blocks_ * d.splits >= (int64_t{1} << 31)) return nullptr;  // past a grid's x
   while (8 * kern->lanes_ < D) kern->lanes_ *= 2;
   auto rows16 = [](const Strides4& t) {
     return t.s[3] == 1 && t.s[0] % 8 == 0 && t.s[1] % 8 == 0 && t.s[2] % 8 == 0;

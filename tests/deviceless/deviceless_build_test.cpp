@@ -698,9 +698,9 @@ TEST(FasterNativeKernel, TakesOnlyItsFormAndYieldsToAPinnedEngine) {
                               op("silu_bwd", R"("dy": "t", "x": "a")", "a.grad")))));
 }
 
-// A paged decode attention over an FP8 cache (sdpa_fwd with descale_k, descale_v) takes
-// fusebox_sdpa_decode by default (cuDNN has no such SDPA); the same op with more than one query row
-// finds no cuDNN engine and says so by name (deviceless: no GPU reference either).
+// A paged attention over an FP8 cache (sdpa_fwd with descale_k, descale_v) takes fusebox_sdpa_decode
+// by default (cuDNN has no such SDPA), one query row a sequence or several (a prompt); the same op
+// over unpaged K and V finds no cuDNN engine and says so by name (deviceless: no GPU reference either).
 TEST(FasterNativeKernel, AnFp8CacheDecodeTakesTheDecodeKernel) {
   auto json = [](int sq) {
     const std::string q = "[4, 8, " + std::to_string(sq) + ", 64]";
@@ -724,9 +724,22 @@ TEST(FasterNativeKernel, AnFp8CacheDecodeTakesTheDecodeKernel) {
   ASSERT_TRUE(decode.ok()) << decode.status().ToString();
   EXPECT_EQ(decode->engine_name(), "fusebox_sdpa_decode");
   auto prefill = build(json(3));
-  ASSERT_FALSE(prefill.ok());
-  EXPECT_NE(prefill.status().message().find("FP8 K/V cache"), std::string::npos)
-      << prefill.status().ToString();
+  ASSERT_TRUE(prefill.ok()) << prefill.status().ToString();
+  EXPECT_EQ(prefill->engine_name(), "fusebox_sdpa_decode");
+  EXPECT_EQ(prefill->workspace_bytes(), 0) << "a block per query row takes all its keys";
+  // The same prompt over K and V of [batch, KV heads, 40 keys, D]: no page tables.
+  std::string unpaged = json(3);
+  auto replace_all = [&unpaged](const std::string& from, const std::string& to) {
+    for (size_t at = unpaged.find(from); at != std::string::npos; at = unpaged.find(from, at + to.size()))
+      unpaged.replace(at, from.size(), to);
+  };
+  replace_all("[20, 2, 16, 64]", "[4, 2, 40, 64]");
+  replace_all("[20, 2, 16, 1]", "[4, 2, 40, 1]");
+  replace_all(R"({"name": "t", "dims": [4, 1, 5, 1], "dtype": "int32"},)", "");
+  replace_all(R"(, "page_table_k": "t", "page_table_v": "t")", "");
+  auto dense = build(unpaged);
+  ASSERT_FALSE(dense.ok());
+  EXPECT_NE(dense.status().message().find("FP8 K/V cache"), std::string::npos) << dense.status().ToString();
 }
 
 // A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving

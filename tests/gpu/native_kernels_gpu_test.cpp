@@ -130,22 +130,23 @@ TEST_F(NativeKernelsGpu, LayerNormAndRmsNormWithFp32ParamsMatchTheReferences) {
 // q [B, H, 1, D] (rows `q_row` apart when given), pools [pages, KVH, page, D], one table for K
 // and V, random lengths (the graph's values leave seq_len_kv random), `mask` the op's mask fields.
 // `fp8`: an FP8 cache, e4m3 pools with fp32 descales "dk" and "dv" of dims `fp8` (one per row or
-// [1, 1, 1, 1]).
+// [1, 1, 1, 1]). `sq` query rows a sequence (a prompt over the cache: 1 to sq of them kept).
 std::string decode_json(int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, int64_t max_pages,
-                        const char* io, const char* mask, int64_t q_row = 0, const char* fp8 = nullptr) {
+                        const char* io, const char* mask, int64_t q_row = 0, const char* fp8 = nullptr,
+                        int64_t sq = 1) {
   const int64_t pages = B * max_pages + 3;
   const std::string pool_dtype = fp8 ? R"(, "dtype": "fp8_e4m3")" : "";
   const std::string descales = fp8 ? std::string(R"({"name": "dk", "dtype": "fp32", "dims": )") + fp8 +
                                          R"(}, {"name": "dv", "dtype": "fp32", "dims": )" + fp8 + "},"
                                    : std::string();
-  const std::string q_strides =
-      q_row ? ", \"strides\": " + dims_text({q_row, D, q_row, 1}) : std::string(", \"layout\": \"bshd\"");
+  const std::string q_strides = q_row ? ", \"strides\": " + dims_text({sq * q_row, D, q_row, 1})
+                                      : std::string(", \"layout\": \"bshd\"");
   std::string ones;
-  for (int64_t b = 0; b < B; ++b)
-    ones += (b ? ", " : "") + std::string(b % 7 == 3 ? "0" : "1");  // some padding rows
+  for (int64_t b = 0; b < B; ++b)  // some padding rows
+    ones += (b ? ", " : "") + std::to_string(b % 7 == 3 ? 0 : b % 2 ? sq : 1 + b % sq);
   return std::string(R"({"name": "decode", "io_dtype": ")") + io +
          R"(", "intermediate_dtype": "fp32", "compute_dtype": "fp32", "tensors": [)" +
-         R"({"name": "q", "dims": )" + dims_text({B, H, 1, D}) + q_strides + "}," +
+         R"({"name": "q", "dims": )" + dims_text({B, H, sq, D}) + q_strides + "}," +
          R"({"name": "k", "dims": )" + dims_text({pages, KVH, page, D}) + pool_dtype + "}," +
          R"({"name": "v", "dims": )" + dims_text({pages, KVH, page, D}) + pool_dtype + "}," + descales +
          R"({"name": "table", "dims": )" + dims_text({B, 1, max_pages, 1}) + R"(, "dtype": "int32"},)" +
@@ -166,6 +167,11 @@ TEST_F(NativeKernelsGpu, PagedDecodeAttentionOverAnFp8CacheMatchesTheReferences)
   check(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal, 0, "[131, 8, 16, 1]"), "fusebox_sdpa_decode");
   check(decode_json(8, 16, 4, 128, 32, 4, "fp16", causal, 0, "[1, 1, 1, 1]"), "fusebox_sdpa_decode");
   check(decode_json(5, 8, 2, 40, 16, 6, "bf16", "", 324, "[33, 2, 16, 1]"), "fusebox_sdpa_decode");
+  // Prompts over the cache (several query rows a sequence): the serving engine's FP8 prefill.
+  check(decode_json(4, 32, 8, 64, 16, 16, "bf16", causal, 40 * 64, "[67, 8, 16, 1]", 37),
+        "fusebox_sdpa_decode");
+  check(decode_json(3, 16, 2, 128, 32, 5, "fp16", causal, 0, "[1, 1, 1, 1]", 9), "fusebox_sdpa_decode");
+  check(decode_json(2, 8, 4, 48, 16, 4, "bf16", causal, 0, "[11, 4, 16, 1]", 5), "fusebox_sdpa_decode");
 }
 
 TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
@@ -190,6 +196,11 @@ TEST_F(NativeKernelsGpu, PagedDecodeAttentionMatchesTheReferences) {
         "fusebox_sdpa_decode", true);
   check(decode_json(4, 8, 2, 64, 16, 20, "fp16", causal), "fusebox_sdpa_decode", true);
   check(decode_json(2, 16, 2, 128, 64, 10, "bf16", ""), "fusebox_sdpa_decode", true);
+  // Several query rows a sequence (pinned; cuDNN takes bf16 prompts by default).
+  check(decode_json(4, 32, 8, 64, 16, 12, "bf16", causal, 0, nullptr, 21), "fusebox_sdpa_decode", true);
+  check(decode_json(3, 8, 8, 128, 16, 4, "fp16", R"("left_bound": 7, "alignment": "bottom_right", )", 0,
+                    nullptr, 6),
+        "fusebox_sdpa_decode", true);
   {
     ResolvedGraph one = load(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal));
     BuildOptions pinned;

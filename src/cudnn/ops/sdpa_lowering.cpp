@@ -98,11 +98,10 @@ Status block_mask_runs_on(const LowerContext& ctx, const ResolvedOp& op) {
 
 Status lower_op(LowerContext& ctx, const ResolvedOp& op, const SdpaFwdAttrs& fwd) {
   if (fwd.fp8_kv) {
-    return NotSupported(
-        ctx.where() +
-        " an FP8 K/V cache ('descale_k', 'descale_v') with bf16 or fp16 q: cuDNN 9.19 has no "
-        "mixed-precision SDPA (its FP8 SDPA takes fp8 q, k and v and writes fp8 o); "
-        "fusebox_sdpa_decode runs one query row a sequence, fusebox's GPU reference the rest");
+    return NotSupported(ctx.where() +
+                        " an FP8 K/V cache ('descale_k', 'descale_v') with bf16 or fp16 q: cuDNN 9.19 has no "
+                        "mixed-precision SDPA (its FP8 SDPA takes fp8 q, k and v and writes fp8 o); "
+                        "fusebox_sdpa_decode runs it over paged K and V, fusebox's GPU reference the rest");
   }
   const double scale = attn_scale(ctx, op, fwd);
   auto attrs = fe::graph::SDPA_attributes()
