@@ -454,7 +454,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
         const bool in = pk >= 0 && kept(key0 + g + 8 * j);
         const int64_t off = in ? row_base(pk, a.ks, h, r) : 0;
 #pragma unroll
-        for (int i = 0; i < kKWords / 4; ++i) {  // 16 bytes at [64 i + 16 t) bytes... of the row
+        for (int i = 0; i < kKWords / 4;
+             ++i) {  // 16 bytes of the row from value 32 i + 8 t (fp8: 64 i + 16 t)
           uint32_t w[4];
           load_words(w, kbase + (off + (kFp8 ? 64 : 32) * i + (kFp8 ? 16 : 8) * t) * kElem, in);
 #pragma unroll
