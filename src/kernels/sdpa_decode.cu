@@ -45,8 +45,9 @@ struct DecodeArgs {
   int64_t lq_stride = 1, lkv_stride = 1;
   int64_t kv_heads = 0, group = 0, dim = 0, page_size = 0, max_pages_k = 0, max_pages_v = 0;
   int64_t pages_k = 0, pages_v = 0, max_kv = 0;
-  int64_t rows = 1;   // query rows a sequence (Sq): a block per (sequence, row, KV head, chunk)
-  int64_t chunk = 0;  // keys a block (the kept keys from the first on)
+  int64_t rows = 1;      // query rows a sequence (Sq): a block per (sequence, row tile, KV head, chunk)
+  int64_t row_tile = 1;  // query rows a block (the tensor-core kernel's prompts: 16 / group)
+  int64_t chunk = 0;     // keys a block (the kept keys from the first on)
   int dtype = 0;
   float scale = 1.f;
   // The mask (SdpaOptions, as src/reference/ops/sdpa_mask.h applies it to row 0).
@@ -104,7 +105,7 @@ __device__ __forceinline__ float kv_value(const uint4& u, int e) {
 }
 
 // Where block `block` of the main kernels (or the combine kernel's, with splits 1) works: sequence b,
-// query row i, KV head h, chunk `split`.
+// query rows [i, i + row_tile), KV head h, chunk `split`.
 struct BlockPos {
   int64_t b = 0, i = 0, h = 0, split = 0;
 };
@@ -113,61 +114,69 @@ __device__ __forceinline__ BlockPos block_pos(const DecodeArgs& a, int64_t block
   const int64_t pair = block / splits;
   p.split = block % splits;
   p.h = pair % a.kv_heads;
-  p.i = pair / a.kv_heads % a.rows;
-  p.b = pair / a.kv_heads / a.rows;
+  const int64_t tiles = (a.rows + a.row_tile - 1) / a.row_tile;
+  p.i = pair / a.kv_heads % tiles * a.row_tile;
+  p.b = pair / a.kv_heads / tiles;
   return p;
 }
 
-// Block p's keys [lo, hi]: the kept keys of sequence b's query row i (sdpa_kept_keys), cut to the
-// block's chunk of them (empty past their end).
-__device__ __forceinline__ void kept_keys(const DecodeArgs& a, const BlockPos& p, int64_t& lo, int64_t& hi) {
-  const int64_t lq = a.lq ? a.lq[p.b * a.lq_stride] : a.rows;
-  int64_t lkv = a.lkv ? a.lkv[p.b * a.lkv_stride] : a.max_kv;
+// Sequence b's query row i's keys [lo, hi] (sdpa_kept_keys; empty past the rows), cut to chunk
+// `split`'s of them (empty past their end).
+__device__ __forceinline__ void kept_keys(const DecodeArgs& a, int64_t b, int64_t i, int64_t split,
+                                          int64_t& lo, int64_t& hi) {
+  const int64_t lq = a.lq ? a.lq[b * a.lq_stride] : a.rows;
+  int64_t lkv = a.lkv ? a.lkv[b * a.lkv_stride] : a.max_kv;
   if (lkv > a.max_kv) lkv = a.max_kv;
   lo = 0;
-  hi = p.i < lq ? lkv - 1 : -1;
+  hi = i < lq && i < a.rows ? lkv - 1 : -1;
   const int64_t off = a.bottom_right ? lkv - lq : 0;
-  if (a.has_right && p.i + off + a.right < hi) hi = p.i + off + a.right;
-  if (a.has_left && p.i + off - a.left + 1 > lo) lo = p.i + off - a.left + 1;
+  if (a.has_right && i + off + a.right < hi) hi = i + off + a.right;
+  if (a.has_left && i + off - a.left + 1 > lo) lo = i + off - a.left + 1;
   if (a.splits > 1) {
-    lo += p.split * a.chunk;
+    lo += split * a.chunk;
     if (lo + a.chunk - 1 < hi) hi = lo + a.chunk - 1;
   }
 }
-// Where head `head`'s value d of block p's row lives in q or o.
-__device__ __forceinline__ int64_t row_at(const Strides4& s, const BlockPos& p, int64_t head, int64_t d) {
-  return p.b * s.s[0] + head * s.s[1] + p.i * s.s[2] + d * s.s[3];
+__device__ __forceinline__ void kept_keys(const DecodeArgs& a, const BlockPos& p, int64_t& lo, int64_t& hi) {
+  kept_keys(a, p.b, p.i, p.split, lo, hi);
+}
+// Where head `head`'s value d of block p's query row p.i + di lives in q or o.
+__device__ __forceinline__ int64_t row_at(const Strides4& s, const BlockPos& p, int64_t head, int64_t d,
+                                          int64_t di = 0) {
+  return p.b * s.s[0] + head * s.s[1] + (p.i + di) * s.s[2] + d * s.s[3];
 }
 
 // A block's slots merged in slot order (each slot's maximum m, sum l and unnormalized outputs acc, the
-// maxima in the natural-log domain), written as the block's partials (split keys) or to o.
+// maxima in the natural-log domain), written as the block's partials (split keys) or to o. The
+// block's m_rows rows: row r is query row p.i + r / group's head r % group.
 template <class MOf, class LOf, class AccOf>
-__device__ __forceinline__ void finish_block(const DecodeArgs& a, const BlockPos& p, int slots, MOf m_of,
-                                             LOf l_of, AccOf acc_of) {
+__device__ __forceinline__ void finish_block(const DecodeArgs& a, const BlockPos& p, int slots,
+                                             int64_t m_rows, MOf m_of, LOf l_of, AccOf acc_of) {
   const int64_t G = a.group, D = a.dim;
-  float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;
-  for (int64_t idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int64_t g = idx / D, d = idx % D;
+  float* part = a.splits > 1 ? a.part + blockIdx.x * part_floats(G, D) : nullptr;  // m_rows = G
+  for (int64_t idx = threadIdx.x; idx < m_rows * D; idx += blockDim.x) {
+    const int64_t r = idx / D, d = idx % D;
+    if (p.i + r / G >= a.rows) break;  // past the last query row (rows in order)
     float M = -INFINITY;
-    for (int s = 0; s < slots; ++s) M = fmaxf(M, m_of(s, g));
+    for (int s = 0; s < slots; ++s) M = fmaxf(M, m_of(s, r));
     float L = 0.f, sum = 0.f;
     if (M > -INFINITY) {
       for (int s = 0; s < slots; ++s) {
-        const float f = __expf(m_of(s, g) - M);  // a slot that kept no key: exp(-inf) = 0
-        L += l_of(s, g) * f;
-        sum += acc_of(s, g, d) * f;
+        const float f = __expf(m_of(s, r) - M);  // a slot that kept no key: exp(-inf) = 0
+        L += l_of(s, r) * f;
+        sum += acc_of(s, r, d) * f;
       }
     }
     if (part) {  // the block's partials: its maximum and sum per head, its unnormalized outputs
       if (d == 0) {
-        part[g] = M;
-        part[G + g] = L;
+        part[r] = M;
+        part[G + r] = L;
       }
       part[2 * G + idx] = sum;
       continue;
     }
     // A row that keeps no key (or is padding) gets 0, as the reference writes it.
-    store_from_float(a.o, a.dtype, row_at(a.os, p, p.h * G + g, d), L > 0.f ? sum / L : 0.f);
+    store_from_float(a.o, a.dtype, row_at(a.os, p, p.h * G + r % G, d, r / G), L > 0.f ? sum / L : 0.f);
   }
 }
 
@@ -288,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
   }
   __syncthreads();
   finish_block(
-      a, pos, kSlots, [&](int s, int64_t g) { return sm_m[s][g]; },
+      a, pos, kSlots, kG, [&](int s, int64_t g) { return sm_m[s][g]; },
       [&](int s, int64_t g) { return sm_l[s][g]; },
       [&](int s, int64_t g, int64_t d) { return sm_acc[(s * kG + g) * kRow + d]; });
 }
@@ -300,19 +309,20 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_kernel(DecodeArgs a) {
 // loads a contiguous piece of a key's row (16 bytes) and the same piece of q, and V's 8-dim tiles
 // take every (D / 8)-th dim, so a lane's dims of a row are contiguous too.
 template <bool kF16>
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
   if constexpr (kF16) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   } else {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
   }
 }
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -357,42 +367,75 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kN], const void* p, boo
 
 // kD 64 or 128; q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or with kFp8 e4m3
 // times their descales. The MMAs take bf16 for bf16 K and V, fp16 otherwise: an FP8 cache's values
-// are exact in fp16, q is scaled by a power of two per head into fp16's range (its largest value
+// are exact in fp16, q is scaled by a power of two per row into fp16's range (its largest value
 // to [2^14, 2^15)), and P by the descale of V's row over the tile's largest one (at most 1), that
 // largest one applied to the tile's product in fp32. Needs 16-key tiles inside one page (page size
-// a multiple of 16), 16-byte aligned rows.
-template <int kD, bool kHalf, bool kFp8>
+// a multiple of 16), 16-byte aligned rows. The A operand's 16 rows: without kMulti the group's
+// heads of one query row (rows past the group zero), with kMulti (prompts) a.row_tile = 16 / group
+// query rows of them, row r the query row p.i + r / group's head r % group, each row masked by its
+// own kept keys.
+template <int kD, bool kHalf, bool kFp8, bool kMulti>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a) {
   constexpr int kWarps = kThreads / 32, kSteps = kD / 16, kTiles = kD / 8;
   constexpr bool kF16 = kHalf || kFp8;
   constexpr int kKWords = kFp8 ? kD / 16 : kD / 8;   // a lane's words of a K row
   constexpr int kVWords = kFp8 ? kD / 32 : kD / 16;  // a lane's words of a V row: kTiles values
   constexpr int kNT = (kD == 128 && !kFp8) ? 1 : 2;  // 16-key tiles a warp loads at once
+  constexpr int kR = kMulti ? 2 : 1;                 // A rows a lane holds: g, and g + 8 with kMulti
+  constexpr int kRows = kMulti ? 16 : kMaxGroup;     // A rows the block merges
   constexpr float kLog2e = 1.4426950408889634f;
-  __shared__ float sm_m[kWarps][kMaxGroup], sm_l[kWarps][kMaxGroup];
-  __shared__ float sm_acc[kWarps][kMaxGroup][kD];
+  __shared__ float sm_m[kWarps][kRows], sm_l[kWarps][kRows];
+  __shared__ float sm_acc[kWarps][kRows][kD];
   const BlockPos pos = block_pos(a, blockIdx.x, a.splits);
   const int64_t b = pos.b, h = pos.h, G = a.group;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;  // the MMA's group (a head of A and C, a key or dim of B) and thread
-  int64_t lo = 0, hi = -1;
-  kept_keys(a, pos, lo, hi);
+  const int g = lane / 4, t = lane % 4;  // the MMA's group (a row of A and C, a key or dim of B) and thread
+  // The block's keys: the union of its rows' (the loop's bounds, alike in every lane), and each of
+  // this lane's rows' own.
+  int64_t lo = 0, hi = -1, rlo[kR], rhi[kR], rdi[kR], rhead[kR];
+  bool rin[kR];
+  if constexpr (kMulti) {
+    lo = INT64_MAX;
+    for (int64_t di = 0; di < a.row_tile; ++di) {
+      int64_t l0, h0;
+      kept_keys(a, pos.b, pos.i + di, pos.split, l0, h0);
+      if (l0 <= h0) {
+        lo = l0 < lo ? l0 : lo;
+        hi = h0 > hi ? h0 : hi;
+      }
+    }
+    if (lo > hi) lo = 0;
+  } else {
+    kept_keys(a, pos, lo, hi);
+  }
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const int mr = g + 8 * r;
+    rdi[r] = kMulti ? mr / G : 0;
+    rhead[r] = kMulti ? mr % G : mr;
+    rin[r] = kMulti ? rdi[r] < a.row_tile && pos.i + rdi[r] < a.rows : mr < G;
+    rlo[r] = lo;
+    rhi[r] = rin[r] ? hi : -1;
+    if (kMulti && rin[r]) kept_keys(a, pos.b, pos.i + rdi[r], pos.split, rlo[r], rhi[r]);
+  }
 
-  // q as A operands (row g: head h G + g; the same pieces of the row as the K loads below).
-  uint32_t qa[kSteps][2];
-  float qscale = a.scale * kLog2e;  // scores in the log2 domain
-  {
-    const auto* qrow = static_cast<const uint16_t*>(a.q) + row_at(a.qs, pos, h * G + g, 0);
-    const bool in = g < G;
+  // q as A operands (the same pieces of each row as the K loads below): qa[s][r] = {cols 2t, 2t + 8}.
+  uint32_t qa[kSteps][kR][2];
+  float qscale[kR];  // scores in the log2 domain
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    qscale[r] = a.scale * kLog2e;
+    const auto* qrow = static_cast<const uint16_t*>(a.q) + row_at(a.qs, pos, h * G + rhead[r], 0, rdi[r]);
+    const bool in = rin[r];
     if constexpr (!kFp8) {
 #pragma unroll
       for (int i = 0; i < kD / 32; ++i) {
         uint32_t w[4];
         load_words(w, qrow + 32 * i + 8 * t, in);
-        qa[2 * i][0] = w[0];
-        qa[2 * i][1] = w[1];
-        qa[2 * i + 1][0] = w[2];
-        qa[2 * i + 1][1] = w[3];
+        qa[2 * i][r][0] = w[0];
+        qa[2 * i][r][1] = w[1];
+        qa[2 * i + 1][r][0] = w[2];
+        qa[2 * i + 1][r][1] = w[3];
       }
     } else {
       float v[kD / 4];
@@ -416,17 +459,23 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
         e2 = e2 > 100 ? 100 : e2;
       }
       const float up = ldexpf(1.f, e2);
-      qscale = ldexpf(qscale, -e2);
+      qscale[r] = ldexpf(qscale[r], -e2);
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
         const int e = 16 * (s / 4) + 4 * (s % 4);
-        qa[s][0] = pack2<true>(v[e] * up, v[e + 1] * up);
-        qa[s][1] = pack2<true>(v[e + 2] * up, v[e + 3] * up);
+        qa[s][r][0] = pack2<true>(v[e] * up, v[e + 1] * up);
+        qa[s][r][1] = pack2<true>(v[e + 2] * up, v[e + 3] * up);
       }
     }
   }
+  auto a_row1 = [&](int s, int c) { return kMulti ? qa[s][kR - 1][c] : 0u; };  // A rows g + 8
 
-  float m = -INFINITY, l = 0.f;  // head g's running maximum (log2 domain) and this lane's share of its sum
+  float m[kR], l[kR];  // each row's running maximum (log2 domain) and this lane's share of its sum
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+  }
   float acc[kTiles][4];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
@@ -464,8 +513,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // V rows of keys 2t, 2t + 1, 2t + 8, 2t + 9: dims [kTiles g, +kTiles)
-        // A key without both pages, or not kept, scores -inf and reads no V row (a NaN there would
-        // survive p = 0).
+        // A key without both pages, or kept by none of the block's rows, scores -inf and reads no V
+        // row (a NaN there would survive p = 0).
         const int jj = 2 * t + (j % 2) + 8 * (j / 2);
         const bool in = pk >= 0 && pv >= 0 && kept(key0 + jj);
         keep[n][j] = in;
@@ -479,6 +528,7 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
     }
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
+      const int64_t key0 = base + 16 * n;
       float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
@@ -494,28 +544,32 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
           b10 = kw[n][1][2 * s];
           b11 = kw[n][1][2 * s + 1];
         }
-        mma16816<kF16>(s0, qa[s][0], qa[s][1], b00, b01);
-        mma16816<kF16>(s1, qa[s][0], qa[s][1], b10, b11);
+        mma16816<kF16>(s0, qa[s][0][0], a_row1(s, 0), qa[s][0][1], a_row1(s, 1), b00, b01);
+        mma16816<kF16>(s1, qa[s][0][0], a_row1(s, 0), qa[s][0][1], a_row1(s, 1), b10, b11);
       }
-      // Head g's scores of keys 2t, 2t + 1, 2t + 8, 2t + 9 (the V rows this lane loaded).
-      float sc[4] = {s0[0], s0[1], s1[0], s1[1]};
-      float tmax = -INFINITY;
+      // Row r's scores of keys 2t, 2t + 1, 2t + 8, 2t + 9 (the V rows this lane loaded).
+      float p[kR][4], corr[kR];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (kFp8) sc[j] *= dk[n][j];
-        sc[j] = keep[n][j] ? sc[j] * qscale : -INFINITY;
-        tmax = fmaxf(tmax, sc[j]);
+      for (int r = 0; r < kR; ++r) {
+        float sc[4] = {s0[2 * r], s0[2 * r + 1], s1[2 * r], s1[2 * r + 1]};
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int64_t key = key0 + 2 * t + (j % 2) + 8 * (j / 2);
+          if constexpr (kFp8) sc[j] *= dk[n][j];
+          sc[j] = keep[n][j] && (!kMulti || (key >= rlo[r] && key <= rhi[r])) ? sc[j] * qscale[r] : -INFINITY;
+          tmax = fmaxf(tmax, sc[j]);
+        }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float m_new = fmaxf(m[r], tmax);
+        const float mu = m_new == -INFINITY ? 0.f : m_new;
+        corr[r] = fast_exp2(m[r] - mu);  // 0 while m is -inf
+#pragma unroll
+        for (int j = 0; j < 4; ++j) p[r][j] = fast_exp2(sc[j] - mu);
+        l[r] = l[r] * corr[r] + ((p[r][0] + p[r][1]) + (p[r][2] + p[r][3]));
+        m[r] = m_new;
       }
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-      tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-      const float m_new = fmaxf(m, tmax);
-      const float mu = m_new == -INFINITY ? 0.f : m_new;
-      const float corr = fast_exp2(m - mu);  // 0 while m is -inf
-      float p[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) p[j] = fast_exp2(sc[j] - mu);
-      l = l * corr + ((p[0] + p[1]) + (p[2] + p[3]));
-      m = m_new;
       float vmax = 1.f;
       if constexpr (kFp8) {  // P times V's descales over the tile's largest (0 for a masked key)
         vmax = fmaxf(fmaxf(dv[n][0], dv[n][1]), fmaxf(dv[n][2], dv[n][3]));
@@ -523,9 +577,14 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
         vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 2));
         const float inv = vmax > 0.f ? 1.f / vmax : 0.f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) p[j] *= dv[n][j] * inv;
+        for (int r = 0; r < kR; ++r)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) p[r][j] *= dv[n][j] * inv;
       }
-      const uint32_t pa0 = pack2<kF16>(p[0], p[1]), pa2 = pack2<kF16>(p[2], p[3]);
+      const uint32_t pa0 = pack2<kF16>(p[0][0], p[0][1]), pa2 = pack2<kF16>(p[0][2], p[0][3]);
+      const uint32_t pa1 = kMulti ? pack2<kF16>(p[kR - 1][0], p[kR - 1][1]) : 0u;
+      const uint32_t pa3 = kMulti ? pack2<kF16>(p[kR - 1][2], p[kR - 1][3]) : 0u;
+      const float corr1 = corr[kR - 1];
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         uint32_t b0, b1;  // keys (2t, 2t + 1) and (2t + 8, 2t + 9) at dim kTiles g + i
@@ -540,37 +599,48 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
         }
         if constexpr (kFp8) {
           float d[4] = {0.f, 0.f, 0.f, 0.f};
-          mma16816<true>(d, pa0, pa2, b0, b1);
-          acc[i][0] = fmaf(d[0], vmax, acc[i][0] * corr);
-          acc[i][1] = fmaf(d[1], vmax, acc[i][1] * corr);
+          mma16816<true>(d, pa0, pa1, pa2, pa3, b0, b1);
+          acc[i][0] = fmaf(d[0], vmax, acc[i][0] * corr[0]);
+          acc[i][1] = fmaf(d[1], vmax, acc[i][1] * corr[0]);
+          if constexpr (kMulti) {
+            acc[i][2] = fmaf(d[2], vmax, acc[i][2] * corr1);
+            acc[i][3] = fmaf(d[3], vmax, acc[i][3] * corr1);
+          }
         } else {
-          acc[i][0] *= corr;
-          acc[i][1] *= corr;
-          mma16816<kF16>(acc[i], pa0, pa2, b0, b1);
+          acc[i][0] *= corr[0];
+          acc[i][1] *= corr[0];
+          if constexpr (kMulti) {
+            acc[i][2] *= corr1;
+            acc[i][3] *= corr1;
+          }
+          mma16816<kF16>(acc[i], pa0, pa1, pa2, pa3, b0, b1);
         }
       }
     }
   }
   // The warps meet in shared memory (dims in their places: tile i's column c is dim kTiles c + i),
   // maxima in the natural-log domain as finish_block takes them.
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (g < G) {
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int mr = g + 8 * r;
+    if (!rin[r]) continue;
     if (t == 0) {
-      sm_m[warp][g] = m * 0.6931471805599453f;
-      sm_l[warp][g] = l;
+      sm_m[warp][mr] = m[r] * 0.6931471805599453f;
+      sm_l[warp][mr] = l[r];
     }
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
-      sm_acc[warp][g][kTiles * (2 * t) + i] = acc[i][0];
-      sm_acc[warp][g][kTiles * (2 * t + 1) + i] = acc[i][1];
+      sm_acc[warp][mr][kTiles * (2 * t) + i] = acc[i][2 * r];
+      sm_acc[warp][mr][kTiles * (2 * t + 1) + i] = acc[i][2 * r + 1];
     }
   }
   __syncthreads();
   finish_block(
-      a, pos, kWarps, [&](int s, int64_t gg) { return sm_m[s][gg]; },
-      [&](int s, int64_t gg) { return sm_l[s][gg]; },
-      [&](int s, int64_t gg, int64_t d) { return sm_acc[s][gg][d]; });
+      a, pos, kWarps, kMulti ? a.row_tile * G : G, [&](int s, int64_t r) { return sm_m[s][r]; },
+      [&](int s, int64_t r) { return sm_l[s][r]; },
+      [&](int s, int64_t r, int64_t d) { return sm_acc[s][r][d]; });
 }
 
 // The split blocks of one (sequence, KV head) merged, over the splits in order: o = sum_s acc_s
@@ -671,6 +741,24 @@ void launch_dtype(bool vec, bool half, int lanes, unsigned grid, cudaStream_t st
   }
 }
 
+// The tensor-core kernel for D 64 or 128 (sdpa_decode_mma_kernel), one query row a block or a tile.
+template <bool kHalf, bool kFp8, bool kMulti>
+void launch_mma_dim(unsigned grid, cudaStream_t st, const DecodeArgs& a) {
+  if (a.dim == 64) {
+    sdpa_decode_mma_kernel<64, kHalf, kFp8, kMulti><<<grid, kThreads, 0, st>>>(a);
+  } else {
+    sdpa_decode_mma_kernel<128, kHalf, kFp8, kMulti><<<grid, kThreads, 0, st>>>(a);
+  }
+}
+template <bool kHalf, bool kFp8>
+void launch_mma(unsigned grid, cudaStream_t st, const DecodeArgs& a) {
+  if (a.row_tile > 1) {
+    launch_mma_dim<kHalf, kFp8, true>(grid, st, a);
+  } else {
+    launch_mma_dim<kHalf, kFp8, false>(grid, st, a);
+  }
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 bool aligned8(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 7u) == 0; }
 
@@ -703,12 +791,20 @@ class SdpaDecodeKernel final : public KernelBase {
     a.o = ptrs[fp8_ ? 9 : 7];
     if (blocks_ == 0) return Status::Ok();
     const auto st = static_cast<cudaStream_t>(stream);
-    const auto grid = static_cast<unsigned>(blocks_ * a.splits);
     auto kv_aligned = [&](const void* p) { return fp8_ ? aligned8(p) : aligned16(p); };
     const bool vec = vec_shapes_ && aligned16(a.q) && kv_aligned(a.k) && kv_aligned(a.v);
     const bool half = a.dtype == static_cast<int>(DType::kFP16);
-    if (mma_shapes_ && aligned16(a.q) && aligned16(a.k) && aligned16(a.v)) {
-      launch_mma(half, grid, st, a);
+    const bool mma = mma_shapes_ && aligned16(a.q) && aligned16(a.k) && aligned16(a.v);
+    // Prompts on tensor cores: 16 / group query rows a block (the A operand's 16 rows).
+    a.row_tile = mma && a.rows > 1 ? 16 / a.group : 1;
+    const auto grid =
+        static_cast<unsigned>(blocks_ / a.rows * ((a.rows + a.row_tile - 1) / a.row_tile) * a.splits);
+    if (mma) {
+      if (fp8_) {
+        half ? launch_mma<true, true>(grid, st, a) : launch_mma<false, true>(grid, st, a);
+      } else {
+        half ? launch_mma<true, false>(grid, st, a) : launch_mma<false, false>(grid, st, a);
+      }
     } else if (fp8_) {
       launch_dtype<true>(vec, half, lanes_, grid, st, a);
     } else {
@@ -721,28 +817,8 @@ class SdpaDecodeKernel final : public KernelBase {
     return common::cuda_status(cudaGetLastError(), where_, " decode attention combine launch");
   }
 
-  // The tensor-core kernel for D 64 or 128 (sdpa_decode_mma_kernel).
-  void launch_mma(bool half, unsigned grid, cudaStream_t st, const DecodeArgs& a) const {
-    const bool d64 = a.dim == 64;
-    if (fp8_) {
-      if (half) {
-        d64 ? sdpa_decode_mma_kernel<64, true, true><<<grid, kThreads, 0, st>>>(a)
-            : sdpa_decode_mma_kernel<128, true, true><<<grid, kThreads, 0, st>>>(a);
-      } else {
-        d64 ? sdpa_decode_mma_kernel<64, false, true><<<grid, kThreads, 0, st>>>(a)
-            : sdpa_decode_mma_kernel<128, false, true><<<grid, kThreads, 0, st>>>(a);
-      }
-    } else if (half) {
-      d64 ? sdpa_decode_mma_kernel<64, true, false><<<grid, kThreads, 0, st>>>(a)
-          : sdpa_decode_mma_kernel<128, true, false><<<grid, kThreads, 0, st>>>(a);
-    } else {
-      d64 ? sdpa_decode_mma_kernel<64, false, false><<<grid, kThreads, 0, st>>>(a)
-          : sdpa_decode_mma_kernel<128, false, false><<<grid, kThreads, 0, st>>>(a);
-    }
-  }
-
   DecodeArgs args_;
-  int64_t blocks_ = 0;
+  int64_t blocks_ = 0;       // (sequence, query row, KV head) triples
   int lanes_ = 4;            // lanes a key: a power of two >= D / 8, at least 4
   bool fp8_ = false;         // an FP8 cache: e4m3 K and V, their descales after the page tables
   bool vec_shapes_ = false;  // rows of 8 values on 16-byte boundaries (the pointers checked at launch)
