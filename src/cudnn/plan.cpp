@@ -502,6 +502,10 @@ Result<Plan> build_plan(const ResolvedGraph& g, const DeviceTarget& target, cons
 struct CandidateSet::Impl {
   std::unique_ptr<GpuContext> owned_ctx;
   std::optional<Plan> native;  // a graph fusebox runs itself: its one candidate
+  // fusebox's kernel for the graph where it runs only when pinned (FasterKernel::by_default false):
+  // a candidate after cuDNN's, so that listing and tuning see it.
+  std::optional<Plan> pinned_native;
+  int64_t cudnn_count = 0;  // cuDNN's candidates, before pinned_native's
   cudnn::LoweredGraph lowered;
   std::vector<EngineCandidate> candidates;
   BuildReport* report = nullptr;
@@ -560,6 +564,20 @@ Result<CandidateSet> CandidateSet::create(const ResolvedGraph& g, const DeviceTa
     }
   }
   FUSEBOX_CATCH_ALL("listing candidates")
+  impl->cudnn_count = static_cast<int64_t>(impl->candidates.size());
+  if (faster.kernel && !faster_excluded && options.engine.empty() && options.native_kernels) {
+    BuildReport own;  // not a step of the cuDNN build's report
+    auto plan = build_native_plan(g, target, options, own, &faster);
+    if (plan.ok()) {
+      EngineCandidate c;
+      c.index = impl->cudnn_count;
+      c.name = plan->engine_name();
+      c.supported = true;
+      c.workspace_bytes = plan->workspace_bytes();
+      impl->candidates.push_back(std::move(c));
+      impl->pinned_native.emplace(std::move(*plan));
+    }
+  }
   return CandidateSet(std::move(impl));
 }
 
@@ -583,9 +601,10 @@ void CandidateSet::check_all(bool build) {
     step.ms = watch.ms();
     r.steps.push_back(step);
   };
+  const int64_t n_cudnn = impl_->cudnn_count;  // a pinned-only kernel of fusebox's after them: built
   timed("check_support", [&] {
     for (auto& c : impl_->candidates) {
-      if (c.duplicate_of >= 0) continue;
+      if (c.duplicate_of >= 0 || c.index >= n_cudnn) continue;
       if (auto ex = impl_->lowered.excluded.find(c.name); ex != impl_->lowered.excluded.end()) {
         c.supported = false;
         c.support_message = "excluded: " + ex->second;
@@ -611,7 +630,7 @@ void CandidateSet::check_all(bool build) {
     // Builds every candidate that passed, in parallel; failures are read per index below.
     (void)graph.build_plans(fe::BuildPlanPolicy_t::ALL, /*do_multithreaded_builds=*/true);
     for (auto& c : impl_->candidates) {
-      if (!c.supported || c.duplicate_of >= 0) continue;
+      if (!c.supported || c.duplicate_of >= 0 || c.index >= n_cudnn) continue;
       auto st = from_fe(graph.build_plan_at_index(c.index), "build_plan");
       c.supported = st.ok();
       if (!st.ok()) c.support_message = st.message().substr(0, st.message().find('\n'));
@@ -631,6 +650,10 @@ Result<Plan> CandidateSet::plan_at(int64_t index) {
   }
   if (impl_->native) {  // a copy sharing the kernel
     auto impl = std::make_unique<Plan::Impl>(*impl_->native->impl());
+    return Plan(std::move(impl));
+  }
+  if (index >= impl_->cudnn_count && impl_->pinned_native) {
+    auto impl = std::make_unique<Plan::Impl>(*impl_->pinned_native->impl());
     return Plan(std::move(impl));
   }
   auto& graph = *impl_->lowered.graph;

@@ -742,6 +742,41 @@ TEST(FasterNativeKernel, AnFp8CacheDecodeTakesTheDecodeKernel) {
   EXPECT_NE(dense.status().message().find("FP8 K/V cache"), std::string::npos) << dense.status().ToString();
 }
 
+// A graph whose kernel of fusebox's runs only when pinned (a bf16 paged decode: cuDNN's engine is
+// the default) lists that kernel as its last candidate, after cuDNN's, so that `engines` shows it
+// and `tune` times it; a pinned cuDNN engine lists no other.
+TEST(FasterNativeKernel, APinnedOnlyKernelIsTheLastCandidate) {
+  const std::string json = R"({"name": "d", "io_dtype": "bf16", "tensors": [
+      {"name": "q", "dims": [4, 8, 1, 64], "layout": "bshd"}, {"name": "k", "dims": [20, 2, 16, 64]},
+      {"name": "v", "dims": [20, 2, 16, 64]}, {"name": "t", "dims": [4, 1, 5, 1], "dtype": "int32"},
+      {"name": "lq", "dims": [4, 1, 1, 1], "dtype": "int32"}, {"name": "lkv", "dims": [4, 1, 1, 1], "dtype": "int32"},
+      {"name": "o", "layout": "bshd"}], "ops": [{"op": "sdpa_fwd", "name": "attn", "causal": true,
+      "alignment": "bottom_right", "inputs": {"q": "q", "k": "k", "v": "v", "seq_len_q": "lq",
+      "seq_len_kv": "lkv", "page_table_k": "t", "page_table_v": "t"}, "outputs": {"o": "o"}}]})";
+  auto spec = parse_graph_json(json);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  auto g = resolve(*spec);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto listed = list_engines(*g, h200(), BuildOptions{}, false, nullptr);
+  ASSERT_TRUE(listed.ok()) << listed.status().ToString();
+  ASSERT_GE(listed->size(), 2u);
+  const EngineCandidate& last = listed->back();
+  EXPECT_EQ(last.name, "fusebox_sdpa_decode");
+  EXPECT_TRUE(last.supported);
+  EXPECT_EQ(last.index, static_cast<int64_t>(listed->size()) - 1);
+  for (size_t i = 0; i + 1 < listed->size(); ++i) EXPECT_NE((*listed)[i].name, "fusebox_sdpa_decode");
+  BuildOptions pinned;
+  pinned.engine = (*listed)[0].name;
+  auto only_cudnn = list_engines(*g, h200(), pinned, false, nullptr);
+  ASSERT_TRUE(only_cudnn.ok()) << only_cudnn.status().ToString();
+  for (const auto& c : *only_cudnn) EXPECT_NE(c.name, "fusebox_sdpa_decode");
+  BuildOptions no_native;
+  no_native.native_kernels = false;
+  auto without = list_engines(*g, h200(), no_native, false, nullptr);
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_EQ(without->size(), listed->size() - 1);
+}
+
 // A matmul of at most 8 rows, alone or with one pointwise epilogue, takes fusebox_gemv (the serving
 // engine's decode GEMMs; fusebox_skinny_gemm for 9 to 64 rows when pinned); more rows, small weights, a
 // transposed weight, fp8, two epilogues, an epilogue that is not pointwise on the product, or a pinned cuDNN
