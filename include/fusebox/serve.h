@@ -88,6 +88,12 @@ struct EngineOptions {
   // (descale_k, descale_v): on kGpu fusebox_sdpa_decode for the decode step, cuDNN 9.19 having no
   // such attention. bf16 weights or FP8 ones alike.
   bool fp8_kv = false;
+  // kGpu: every decode-step graph whose engine is not pinned is tuned at warm-up (TunePolicy,
+  // CUDA-graph timing, cuDNN's first 4 admissible candidates and fusebox's pinned-only kernel:
+  // engines' last candidate), and the verified winner runs; with a plan cache the winners
+  // are stored, so a later start reads them instead of tuning again. A graph that cannot be tuned
+  // takes the session's choice. Not with `deterministic` (its kernels are pinned).
+  bool tune_decode = false;
 };
 
 struct EngineStats {

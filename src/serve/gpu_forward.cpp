@@ -13,6 +13,7 @@
 
 #include "common/cuda_mem.h"
 #include "common/cuda_status.h"
+#include "common/stopwatch.h"
 #include "fusebox/plan_cache.h"
 #include "fusebox/session.h"
 #include "kernels/kv_pages.h"
@@ -91,8 +92,8 @@ struct GpuForward::Impl {
   // Where the warm-up went (summary()): every get_plan's wall time, split by where the plan came
   // from, the plan checks inside it, the slowest graphs, the eager runs and the graph captures.
   struct PlanCost {
-    int built = 0, cached = 0;
-    double built_ms = 0, cached_ms = 0, check_ms = 0;
+    int built = 0, cached = 0, tuned = 0, tune_hits = 0;
+    double built_ms = 0, cached_ms = 0, check_ms = 0, tune_ms = 0;
     std::vector<std::pair<double, std::string>> slowest;  // (ms, graph key), the 3 slowest
   } plan_cost;
   double eager_ms = 0, capture_ms = 0;
@@ -116,6 +117,10 @@ struct GpuForward::Impl {
     auto it = plans.find(made->key);
     if (it != plans.end()) return &it->second;
     auto gi = graphs.emplace(made->key, std::move(*made)).first;
+    if (tuning && engine.empty()) {
+      if (auto tuned = tuned_plan(gi->second))
+        return &plans.emplace(gi->first, std::move(*tuned)).first->second;
+    }
     PlanReport rep;
     PlanRequest request;
     request.engine = engine;
@@ -129,6 +134,22 @@ struct GpuForward::Impl {
     std::sort(slow.begin(), slow.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     if (slow.size() > 3) slow.pop_back();
     return &plans.emplace(gi->first, std::move(p)).first->second;
+  }
+
+  // EngineOptions::tune_decode: the tuned (or cached tuned) winner of `g`, verified; none where the
+  // graph cannot be tuned or no candidate verifies (the session's choice then).
+  std::optional<Plan> tuned_plan(const LmGraph& g) {
+    TunePolicy policy;
+    policy.cuda_graph = true;  // the decode step runs as a CUDA graph
+    policy.top_k = 4;          // cuDNN's first 4, and fusebox's kernel (tune times it whatever top_k leaves)
+    policy.warmup = 3;
+    policy.iters = 20;
+    const common::Stopwatch watch;
+    auto t = session->tune(g.graph, policy);
+    plan_cost.tune_ms += watch.ms();
+    if (!t.ok() || (!t->hit && !t->result.winner_run.verified_ok)) return std::nullopt;
+    (t->hit ? plan_cost.tune_hits : plan_cost.tuned) += 1;
+    return std::move(t->plan);
   }
 
   static void add(Program& p, std::string label, std::function<Status()> step) {
@@ -180,6 +201,7 @@ struct GpuForward::Impl {
   // The deterministic mode's decode step (EngineOptions::deterministic; one token a row): `kernel`,
   // pinned, whose rows do not depend on the batch; else "" (the session's choice).
   bool rows_pinned = false;
+  bool tuning = false;  // EngineOptions::tune_decode while a decode bucket is built
   std::string row_engine(const char* kernel) const { return rows_pinned ? kernel : ""; }
 
   // y = rmsnorm(x) (gain `scale`) @ weight `name`, then the epilogue with `extra`: one graph, which
@@ -208,6 +230,7 @@ struct GpuForward::Impl {
              {{"ids", in(off_ids)}, {"table", w.at("tok_embeddings").as<void>()}, {"y", h.as<void>()}}));
     const bool fp8 = !w_scale.empty();
     rows_pinned = opt.deterministic && S == 1;
+    tuning = opt.tune_decode && S == 1 && !rows_pinned;
     // Decode buckets of at most 8 rows (bf16 weights): each RMSNorm goes into the GEMMs that read
     // it (fusebox_gemv's prologue): no norm launch, the normalized rows never stored. Only where
     // that kernel takes the graph (large enough weights): elsewhere the graph would be partitioned.
@@ -804,8 +827,13 @@ std::string GpuForward::warmup_breakdown() const {
   for (const auto& [t, key] : c.slowest) slowest += (slowest.empty() ? "" : ", ") + key + " " + ms(t);
   return "plans: " + std::to_string(c.built) + " built in " + ms(c.built_ms) + ", " +
          std::to_string(c.cached) + " from the plan cache in " + ms(c.cached_ms) + ", plan checks " +
-         ms(c.check_ms) + " of that" + (slowest.empty() ? "" : "; slowest " + slowest) + "; eager runs " +
-         ms(s.eager_ms) + ", CUDA graph captures " + ms(s.capture_ms);
+         ms(c.check_ms) + " of that" +
+         (c.tuned + c.tune_hits > 0
+              ? ", " + std::to_string(c.tuned) + " tuned now and " + std::to_string(c.tune_hits) +
+                    " tuned winners read in " + ms(c.tune_ms)
+              : std::string()) +
+         (slowest.empty() ? "" : "; slowest " + slowest) + "; eager runs " + ms(s.eager_ms) +
+         ", CUDA graph captures " + ms(s.capture_ms);
 }
 
 int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }

@@ -33,6 +33,7 @@ struct ServeArgs {
   int64_t max_new = 32, top_k = 0, page_size = 16, pool_pages = 256, max_batch = 8;
   int64_t profile_decode = 0;  // a context length: time the decode step at batch 1 and max_batch
   bool deterministic = false;
+  bool tune_decode = false;
   double temperature = 0, top_p = 1;
   uint64_t seed = 0;
   CacheFlags cache;
@@ -182,6 +183,7 @@ int run_bench(const ServeArgs& a, LmEngine& e, int64_t vocab) {
                               {"backend", a.backend},
                               {"weights", a.weights},
                               {"kv_cache", a.kv_cache},
+                              {"tune_decode", a.tune_decode},
                               {"requests", n},
                               {"tokens", tokens},
                               {"wall_s", wall},
@@ -324,6 +326,7 @@ int run_serve(const ServeArgs& a) {
   o.keep_logits = !a.forced.empty();
   o.warm_prompt_buckets = a.profile_decode == 0;  // a decode profile runs no prompt
   o.deterministic = a.deterministic;
+  o.tune_decode = a.tune_decode;
   o.fp8_kv = a.kv_cache == "fp8";
   auto engine = LmEngine::create(*cfg, ck, o);
   if (!engine.ok()) return fail(engine.status());
@@ -447,6 +450,10 @@ Runner add_serve(CLI::App& app) {
                   "The KV cache: bf16, or fp8 (e4m3 with an fp32 descale per token and KV head: about half "
                   "the bytes; the decode step's attention on fusebox's own kernel)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  cmd->add_flag("--tune-decode", a->tune_decode,
+                "Tune every decode-step graph at warm-up (CUDA-graph timing, cuDNN's first 4 candidates and "
+                "fusebox's pinned-only kernel) and run the winners; stored in the plan cache (--cache, "
+                "default $FUSEBOX_CACHE), so a later start reads them");
   cmd->add_flag("--deterministic", a->deterministic,
                 "A request's tokens do not depend on the requests beside it, bit for bit: each prompt "
                 "prefilled alone, no shared prefix pages, and on the GPU decode kernels whose rows do not "
