@@ -365,15 +365,14 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kN], const void* p, boo
   }
 }
 
-// kD 64 or 128; q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or with kFp8 e4m3
-// times their descales. The MMAs take bf16 for bf16 K and V, fp16 otherwise: an FP8 cache's values
-// are exact in fp16, q is scaled by a power of two per row into fp16's range (its largest value
-// to [2^14, 2^15)), and P by the descale of V's row over the tile's largest one (at most 1), that
-// largest one applied to the tile's product in fp32. Needs 16-key tiles inside one page (page size
-// a multiple of 16), 16-byte aligned rows. The A operand's 16 rows: without kMulti the group's
-// heads of one query row (rows past the group zero), with kMulti (prompts) a.row_tile = 16 / group
-// query rows of them, row r the query row p.i + r / group's head r % group, each row masked by its
-// own kept keys.
+// kD a multiple of 32 (64 is instantiated); q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or
+// with kFp8 e4m3 times their descales. The MMAs take bf16 for bf16 K and V, fp16 otherwise: an FP8 cache's
+// values are exact in fp16, q is scaled by a power of two per row into fp16's range (its largest value to
+// [2^14, 2^15)), and P by the descale of V's row over the tile's largest one (at most 1), that largest one
+// applied to the tile's product in fp32. Needs 16-key tiles inside one page (page size a multiple of 16),
+// 16-byte aligned rows. The A operand's 16 rows: without kMulti the group's heads of one query row (rows past
+// the group zero), with kMulti (prompts) a.row_tile = 16 / group query rows of them, row r the query row p.i
+// + r / group's head r % group, each row masked by its own kept keys.
 template <int kD, bool kHalf, bool kFp8, bool kMulti>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a) {
   constexpr int kWarps = kThreads / 32, kSteps = kD / 16, kTiles = kD / 8;
@@ -741,14 +740,11 @@ void launch_dtype(bool vec, bool half, int lanes, unsigned grid, cudaStream_t st
   }
 }
 
-// The tensor-core kernel for D 64 or 128 (sdpa_decode_mma_kernel), one query row a block or a tile.
+// The tensor-core kernel (sdpa_decode_mma_kernel), one query row a block or a tile: head dim 64 only
+// (the builder's mma_shapes_).
 template <bool kHalf, bool kFp8, bool kMulti>
 void launch_mma_dim(unsigned grid, cudaStream_t st, const DecodeArgs& a) {
-  if (a.dim == 64) {
-    sdpa_decode_mma_kernel<64, kHalf, kFp8, kMulti><<<grid, kThreads, 0, st>>>(a);
-  } else {
-    sdpa_decode_mma_kernel<128, kHalf, kFp8, kMulti><<<grid, kThreads, 0, st>>>(a);
-  }
+  sdpa_decode_mma_kernel<64, kHalf, kFp8, kMulti><<<grid, kThreads, 0, st>>>(a);
 }
 template <bool kHalf, bool kFp8>
 void launch_mma(unsigned grid, cudaStream_t st, const DecodeArgs& a) {
@@ -926,8 +922,11 @@ std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph&
   auto rows_of_16_bytes = [&](const Strides4& t) {
     return a.fp8_kv ? t.s[3] == 1 && t.s[0] % 16 == 0 && t.s[1] % 16 == 0 && t.s[2] % 16 == 0 : rows16(t);
   };
-  kern->mma_shapes_ = (D == 64 || D == 128) && P % 16 == 0 && rows16(d.qs) && rows_of_16_bytes(d.ks) &&
-                      rows_of_16_bytes(d.vs);
+  // Head dim 64 only: at 128 the tensor-core kernel (two blocks an SM at 208 registers, one 16-key
+  // tile a warp in flight) took 1.70 ms on example sdpa_paged_decode where the CUDA-core one took
+  // 0.73 (H100, session 38).
+  kern->mma_shapes_ =
+      D == 64 && P % 16 == 0 && rows16(d.qs) && rows_of_16_bytes(d.ks) && rows_of_16_bytes(d.vs);
   kern->tensors_ = {q->name, k->name, v->name, lq->name, lkv->name, tk->name, tv->name};
   if (a.fp8_kv) kern->tensors_.insert(kern->tensors_.end(), {dk->name, dv->name});
   kern->tensors_.push_back(o.name);

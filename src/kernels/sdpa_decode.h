@@ -18,7 +18,7 @@ namespace fusebox::kernels {
 // pair's keys go to blocks of a fixed chunk (at least 128 keys, at most 32 chunks for the pool's
 // longest sequence), their softmax partials in the plan's workspace, merged by a second kernel; a
 // pool of one chunk needs no workspace. The chunks depend on the pool only: a sequence's result is
-// the same at any batch size. D 64 or 128 with pages of a multiple of 16 keys and 16-byte aligned
+// the same at any batch size. D 64 with pages of a multiple of 16 keys and 16-byte aligned
 // rows runs on tensor cores (sdpa_decode_mma_kernel), other shapes on CUDA cores.
 std::shared_ptr<const NativeKernel> make_sdpa_decode_kernel(const ResolvedGraph& g, const ResolvedOp& op,
                                                             const SdpaFwdAttrs& a);
