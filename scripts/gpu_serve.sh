@@ -11,6 +11,7 @@
 #   PART=6: the 125M decode profile cold and warm on one plan cache
 #   PART=8: the FP8 KV cache: its GPU tests, the 1B decode profile with an FP8 and a bf16 cache
 #   PART=9: fusebox_sdpa_decode's tensor-core form: its tests, graphs against cuDNN, both 1B profiles
+#   PART=10: the FP8 cache's attention at the engine's shapes standalone, and its profile unchecked
 #   PART=7: fusebox's decode kernels (paged attention, few-row matmul): their GPU tests, each example
 #           against cuDNN's first supported engine (run --cuda-graph), the 1B bf16 decode profile
 #   FB_REPORT=PATH: bench() takes fusebox's report from PATH (an earlier call's, carried in .gpu)
@@ -120,6 +121,37 @@ l1b_trace() {
   bench "l1b_b$1" "$W/l1b.safetensors" "$W/l1b_trace_$1.json" "$1" --pool-pages $(($1 * 136))  # 2112 tokens each
 }
 
+# decode_graph KV B MAX_PAGES POOL_PAGES Q_ROW: a paged decode attention graph of the 1B shapes (32
+# heads over 8, head dim 64, 16-token pages), every sequence 2048 tokens on pages of its own, KV bf16
+# or fp8 (a descale a row), q packed or rows Q_ROW values apart (the engine's fused rows: 2560).
+decode_graph() {
+  $PY - "$@" <<'PYEOF'
+import json, sys
+kv, B, MP, PP, QR = sys.argv[1], *map(int, sys.argv[2:6])
+fp8 = kv == "fp8"
+H, KVH, D, P = 32, 8, 64, 16
+pool = {"dims": [PP, KVH, P, D]}
+if fp8:
+    pool["dtype"] = "fp8_e4m3"
+q = {"name": "q", "dims": [B, H, 1, D]}
+q.update({"strides": [QR, D, QR, 1]} if QR else {"layout": "bshd"})
+t = [q, dict(name="k", **pool), dict(name="v", **pool),
+     {"name": "table", "dims": [B, 1, MP, 1], "dtype": "int32", "values": [(b * MP + i) % PP for b in range(B) for i in range(MP)]},
+     {"name": "lq", "dims": [B, 1, 1, 1], "dtype": "int32", "values": [1] * B},
+     {"name": "lkv", "dims": [B, 1, 1, 1], "dtype": "int32", "values": [2048] * B},
+     {"name": "o", "layout": "bshd"}]
+inputs = {"q": "q", "k": "k", "v": "v", "seq_len_q": "lq", "seq_len_kv": "lkv",
+          "page_table_k": "table", "page_table_v": "table"}
+if fp8:
+    t[3:3] = [{"name": n, "dtype": "fp32", "dims": [PP, KVH, P, 1]} for n in ("dk", "dv")]
+    inputs.update(descale_k="dk", descale_v="dv")
+print(json.dumps({"name": "decode_%s_b%d_mp%d" % (kv, B, MP), "io_dtype": "bf16", "intermediate_dtype": "fp32",
+                  "compute_dtype": "fp32", "tensors": t,
+                  "ops": [{"op": "sdpa_fwd", "name": "attn", "causal": True, "alignment": "bottom_right",
+                           "max_seq_len_kv": MP * P, "inputs": inputs, "outputs": {"o": "o"}}]}))
+PYEOF
+}
+
 case "${PART:-1}" in
   1)
     timeout 240 .gpu/fusebox_gpu_tests --gtest_filter='NativeKernelsGpu.FewRow*:NativeKernelsGpu.PagedDecode*:ServeGpu.*:SamplingGpu.*:KvPagesGpu.*:QuantizeGpu.*' > "$D/gtest.txt" 2>&1
@@ -222,32 +254,7 @@ case "${PART:-1}" in
     echo "gtests exit $?: $(grep -E '^\[  (PASSED|FAILED) ' "$D/gtest.txt" | tr '\n' ' ')" | tee -a "$S"
     grep -E '^\[  FAILED  \]|Failure|^\[ serve' "$D/gtest.txt" | cut -c1-300 | head -20 | tee -a "$S"
     # The 1B shapes at batch 64, every sequence 2048 tokens, bf16 and FP8 (descales a row).
-    for kv in bf16 fp8; do
-      $PY - "$kv" > "$W/decode_b64_$kv.json" <<'PYEOF'
-import json, sys
-fp8 = sys.argv[1] == "fp8"
-B, H, KVH, D, P, MP = 64, 32, 8, 64, 16, 128
-pages = B * MP
-pool = {"dims": [pages, KVH, P, D]}
-if fp8:
-    pool["dtype"] = "fp8_e4m3"
-t = [{"name": "q", "dims": [B, H, 1, D], "layout": "bshd"},
-     dict(name="k", **pool), dict(name="v", **pool),
-     {"name": "table", "dims": [B, 1, MP, 1], "dtype": "int32", "values": list(range(B * MP))},
-     {"name": "lq", "dims": [B, 1, 1, 1], "dtype": "int32", "values": [1] * B},
-     {"name": "lkv", "dims": [B, 1, 1, 1], "dtype": "int32", "values": [MP * P] * B},
-     {"name": "o", "layout": "bshd"}]
-inputs = {"q": "q", "k": "k", "v": "v", "seq_len_q": "lq", "seq_len_kv": "lkv",
-          "page_table_k": "table", "page_table_v": "table"}
-if fp8:
-    t[3:3] = [{"name": n, "dtype": "fp32", "dims": [pages, KVH, P, 1]} for n in ("dk", "dv")]
-    inputs.update(descale_k="dk", descale_v="dv")
-print(json.dumps({"name": "decode_b64_" + sys.argv[1], "io_dtype": "bf16", "intermediate_dtype": "fp32",
-                  "compute_dtype": "fp32", "tensors": t,
-                  "ops": [{"op": "sdpa_fwd", "name": "attn", "causal": True, "alignment": "bottom_right",
-                           "max_seq_len_kv": MP * P, "inputs": inputs, "outputs": {"o": "o"}}]}))
-PYEOF
-    done
+    for kv in bf16 fp8; do decode_graph "$kv" 64 128 8192 0 > "$W/decode_b64_$kv.json"; done
     for g in examples/graphs/sdpa_paged_decode.json examples/graphs/sdpa_paged_decode_b1.json \
       "$W/decode_b64_bf16.json" "$W/decode_b64_fp8.json"; do
       n=$(basename "$g" .json)
@@ -264,6 +271,23 @@ PYEOF
     profile l1b_tuned "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136)) --tune-decode
     profile l1b "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136))
     ;;
-  *) echo "gpu_serve: PART must be 1 to 9" >&2; exit 2 ;;
+  10)
+    # Why the FP8 cache's attention took 7x longer in the engine's decode profile than on its
+    # standalone graph (session 38, docs/serving.md): the engine's shapes standalone (a pool of 8704
+    # pages, 256 table slots: 32 chunks, half of them empty at 2048 tokens; q rows 2560 values
+    # apart), against the 128-slot graph; then the engine's profile again.
+    for spec in "fp8 64 256 8704 2560" "fp8 64 128 8704 2560" "fp8 64 128 8192 0" "fp8 1 256 8704 2560" \
+      "bf16 64 256 8704 2560"; do
+      set -- $spec
+      g="$W/engine_$1_b$2_mp$3_q$5.json"
+      decode_graph "$@" > "$g"
+      n=$(basename "$g" .json)
+      timeout 60 "$FB" run "$g" --verify --cuda-graph --iters 100 --engine fusebox_sdpa_decode > "$D/run_$n.txt" 2>&1
+      echo "$n exit $?: $(grep -E 'verify|latency' "$D/run_$n.txt" | cut -c1-200 | tr '\n' ' ')" | tee -a "$S"
+    done
+    init examples/serve/llama32_1b_shapes.json "$W/l1b.safetensors" || exit 1
+    profile l1b_fp8kv "$W/l1b.safetensors" 64 2048 --pool-pages $((64 * 136)) --kv-cache fp8
+    ;;
+  *) echo "gpu_serve: PART must be 1 to 10" >&2; exit 2 ;;
 esac
 echo "gpu_serve: done; $S" | tee -a "$S"

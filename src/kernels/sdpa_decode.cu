@@ -368,10 +368,11 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kN], const void* p, boo
 // kD a multiple of 32 (64 is instantiated); q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or
 // with kFp8 e4m3 times their descales. The MMAs take bf16 for bf16 K and V, fp16 otherwise: an FP8 cache's
 // values are exact in fp16, q is scaled by a power of two per row into fp16's range (its largest value to
-// [2^14, 2^15)), and P by the descale of V's row over the tile's largest one (at most 1), that largest one
-// applied to the tile's product in fp32. Needs 16-key tiles inside one page (page size a multiple of 16),
-// 16-byte aligned rows. The A operand's 16 rows: without kMulti the group's heads of one query row (rows past
-// the group zero), with kMulti (prompts) a.row_tile = 16 / group query rows of them, row r the query row p.i
+// [2^14, 2^15)), and P by the descale of V's row over the tile's largest magnitude (at most 1 in magnitude:
+// a descale may be negative), that largest applied to the tile's product in fp32. Needs 16-key tiles inside
+// one page (page size a multiple of 16), 16-byte aligned rows. The A operand's 16 rows: without kMulti the
+// group's heads of one query row (rows past the group zero), with kMulti (prompts) a.row_tile = 16 / group
+// query rows of them, row r the query row p.i
 // + r / group's head r % group, each row masked by its own kept keys.
 template <int kD, bool kHalf, bool kFp8, bool kMulti>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a) {
@@ -570,8 +571,8 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
         m[r] = m_new;
       }
       float vmax = 1.f;
-      if constexpr (kFp8) {  // P times V's descales over the tile's largest (0 for a masked key)
-        vmax = fmaxf(fmaxf(dv[n][0], dv[n][1]), fmaxf(dv[n][2], dv[n][3]));
+      if constexpr (kFp8) {  // P times V's descales over the tile's largest magnitude (0 for a masked key)
+        vmax = fmaxf(fmaxf(fabsf(dv[n][0]), fabsf(dv[n][1])), fmaxf(fabsf(dv[n][2]), fabsf(dv[n][3])));
         vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 1));
         vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, 2));
         const float inv = vmax > 0.f ? 1.f / vmax : 0.f;

@@ -167,6 +167,10 @@ TEST_F(NativeKernelsGpu, PagedDecodeAttentionOverAnFp8CacheMatchesTheReferences)
   check(decode_json(1, 32, 8, 64, 16, 128, "bf16", causal, 0, "[131, 8, 16, 1]"), "fusebox_sdpa_decode");
   check(decode_json(8, 16, 4, 128, 32, 4, "fp16", causal, 0, "[1, 1, 1, 1]"), "fusebox_sdpa_decode");
   check(decode_json(5, 8, 2, 40, 16, 6, "bf16", "", 324, "[33, 2, 16, 1]"), "fusebox_sdpa_decode");
+  // Negative descales (the op allows any): every tile's V descales below zero, so a tile scaled by
+  // its largest descale instead of its largest magnitude would drop out.
+  check(decode_json(16, 32, 8, 64, 16, 8, "bf16", causal, 0, R"([1, 1, 1, 1], "values": [-0.5])"),
+        "fusebox_sdpa_decode");
   // Prompts over the cache (several query rows a sequence): the serving engine's FP8 prefill.
   check(decode_json(4, 32, 8, 64, 16, 16, "bf16", causal, 40 * 64, "[67, 8, 16, 1]", 37),
         "fusebox_sdpa_decode");
