@@ -85,6 +85,12 @@ Result<TuneResult> tune(const ResolvedGraph& g, GpuContext& ctx, const TunePolic
       e.skipped_why = "build failed: " + plan.status().message();
       continue;
     }
+    e.candidate.workspace_bytes = plan->workspace_bytes();  // known once built (top_k: built here)
+    if (policy.max_workspace_bytes >= 0 && plan->workspace_bytes() > policy.max_workspace_bytes) {
+      e.admissible = false;
+      e.skipped_why = "filtered: workspace " + std::to_string(plan->workspace_bytes()) + " bytes";
+      continue;
+    }
     runtime::DeviceBuffer workspace;
     Status st = workspace.allocate(static_cast<size_t>(plan->workspace_bytes()), "workspace");
     if (!st.ok()) {
