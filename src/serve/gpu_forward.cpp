@@ -95,6 +95,8 @@ struct GpuForward::Impl {
     int built = 0, cached = 0, tuned = 0, tune_hits = 0;
     double built_ms = 0, cached_ms = 0, check_ms = 0, tune_ms = 0;
     std::vector<std::pair<double, std::string>> slowest;  // (ms, graph key), the 3 slowest
+    // Engines a plan check refused (the graph then served by the next candidate): "graph: engine".
+    std::vector<std::string> refused;
   } plan_cost;
   double eager_ms = 0, capture_ms = 0;
 
@@ -129,6 +131,8 @@ struct GpuForward::Impl {
     (built ? plan_cost.built : plan_cost.cached) += 1;
     (built ? plan_cost.built_ms : plan_cost.cached_ms) += rep.total_ms;
     plan_cost.check_ms += rep.plan_check.ms;
+    for (const auto& r : rep.plan_check.rejected)
+      plan_cost.refused.push_back(gi->first + ": " + r.engine + " -> " + p.engine_name());
     auto& slow = plan_cost.slowest;
     slow.emplace_back(rep.total_ms, gi->first);
     std::sort(slow.begin(), slow.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -151,6 +155,8 @@ struct GpuForward::Impl {
     (t->hit ? plan_cost.tune_hits : plan_cost.tuned) += 1;
     return std::move(t->plan);
   }
+
+  std::string refused_text() const;
 
   static void add(Program& p, std::string label, std::function<Status()> step) {
     p.steps.push_back(std::move(step));
@@ -819,6 +825,15 @@ std::string GpuForward::summary() const {
          "), " + std::to_string(device_bytes() >> 20) + " MiB on the device" + notes;
 }
 
+// The plan checks' refusals (the first 3), or "".
+std::string GpuForward::Impl::refused_text() const {
+  const auto& r = plan_cost.refused;
+  if (r.empty()) return "";
+  std::string t = "; plan checks refused " + std::to_string(r.size()) + " engine(s): ";
+  for (size_t i = 0; i < r.size() && i < 3; ++i) t += (i ? ", " : "") + r[i];
+  return t + (r.size() > 3 ? ", ..." : "");
+}
+
 std::string GpuForward::warmup_breakdown() const {
   const Impl& s = *impl_;
   const Impl::PlanCost& c = s.plan_cost;
@@ -832,8 +847,8 @@ std::string GpuForward::warmup_breakdown() const {
               ? ", " + std::to_string(c.tuned) + " tuned now and " + std::to_string(c.tune_hits) +
                     " tuned winners read in " + ms(c.tune_ms)
               : std::string()) +
-         (slowest.empty() ? "" : "; slowest " + slowest) + "; eager runs " + ms(s.eager_ms) +
-         ", CUDA graph captures " + ms(s.capture_ms);
+         (slowest.empty() ? "" : "; slowest " + slowest) + s.refused_text() + "; eager runs " +
+         ms(s.eager_ms) + ", CUDA graph captures " + ms(s.capture_ms);
 }
 
 int64_t GpuForward::pool_pages() const { return impl_->opt.pool_pages; }
