@@ -365,24 +365,26 @@ __device__ __forceinline__ void load_words(uint32_t (&w)[kN], const void* p, boo
   }
 }
 
-// kD a multiple of 32 (64 is instantiated); q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or
+// kD a multiple of 64 (64 is the one instantiated: at 128 the kernel measured slower than the CUDA-core
+// one, the builder's mma_shapes_); q and o 16-bit (kHalf: fp16, else bf16); K and V of q's dtype, or
 // with kFp8 e4m3 times their descales. The MMAs take bf16 for bf16 K and V, fp16 otherwise: an FP8 cache's
 // values are exact in fp16, q is scaled by a power of two per row into fp16's range (its largest value to
 // [2^14, 2^15)), and P by the descale of V's row over the tile's largest magnitude (at most 1 in magnitude:
 // a descale may be negative), that largest applied to the tile's product in fp32. Needs 16-key tiles inside
 // one page (page size a multiple of 16), 16-byte aligned rows. The A operand's 16 rows: without kMulti the
 // group's heads of one query row (rows past the group zero), with kMulti (prompts) a.row_tile = 16 / group
-// query rows of them, row r the query row p.i
-// + r / group's head r % group, each row masked by its own kept keys.
+// query rows of them, row r being query row p.i + r / group's head r % group, each row masked by its own
+// kept keys.
 template <int kD, bool kHalf, bool kFp8, bool kMulti>
 __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a) {
   constexpr int kWarps = kThreads / 32, kSteps = kD / 16, kTiles = kD / 8;
   constexpr bool kF16 = kHalf || kFp8;
   constexpr int kKWords = kFp8 ? kD / 16 : kD / 8;   // a lane's words of a K row
   constexpr int kVWords = kFp8 ? kD / 32 : kD / 16;  // a lane's words of a V row: kTiles values
-  constexpr int kNT = (kD == 128 && !kFp8) ? 1 : 2;  // 16-key tiles a warp loads at once
-  constexpr int kR = kMulti ? 2 : 1;                 // A rows a lane holds: g, and g + 8 with kMulti
-  constexpr int kRows = kMulti ? 16 : kMaxGroup;     // A rows the block merges
+  static_assert(kD % 64 == 0, "whole 64-value pieces of a row (the FP8 loads)");
+  constexpr int kNT = 2;                          // 16-key tiles a warp loads at once
+  constexpr int kR = kMulti ? 2 : 1;              // A rows a lane holds: g, and g + 8 with kMulti
+  constexpr int kRows = kMulti ? 16 : kMaxGroup;  // A rows the block merges
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ float sm_m[kWarps][kRows], sm_l[kWarps][kRows];
   __shared__ float sm_acc[kWarps][kRows][kD];
@@ -502,9 +504,9 @@ __global__ void __launch_bounds__(kThreads) sdpa_decode_mma_kernel(DecodeArgs a)
         const int64_t r = r0 + g + 8 * j;
         const bool in = pk >= 0 && kept(key0 + g + 8 * j);
         const int64_t off = in ? row_base(pk, a.ks, h, r) : 0;
+        // 16 bytes of the row from value 32 i + 8 t (fp8: 64 i + 16 t).
 #pragma unroll
-        for (int i = 0; i < kKWords / 4;
-             ++i) {  // 16 bytes of the row from value 32 i + 8 t (fp8: 64 i + 16 t)
+        for (int i = 0; i < kKWords / 4; ++i) {
           uint32_t w[4];
           load_words(w, kbase + (off + (kFp8 ? 64 : 32) * i + (kFp8 ? 16 : 8) * t) * kElem, in);
 #pragma unroll
